@@ -1,0 +1,50 @@
+"""PostgreSQL connections: asyncpg pools with JSON codecs, and the LISTEN channel names."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+JOBS_CHANNEL = "z9_jobs"  # payload: the region whose jobs became claimable
+SCHEDULER_CHANNEL = "z9_scheduler"  # a job entered `retry`; the scheduler recomputes its sleep
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    """Register json/jsonb codecs so jsonb columns read and write as Python objects."""
+    for typ in ("json", "jsonb"):
+        await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(
+    dsn: str, *, min_size: int = 1, max_size: int = 10, application_name: str = "z9", **kw: Any
+) -> asyncpg.Pool:
+    """An asyncpg pool on ``dsn`` whose connections decode jsonb. Raises asyncpg/OSError errors
+    when the server cannot be reached."""
+    return await asyncpg.create_pool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        init=init_connection,
+        server_settings={"application_name": application_name},
+        **kw,
+    )
+
+
+async def connect(dsn: str, *, application_name: str = "z9") -> asyncpg.Connection:
+    """One connection with the jsonb codecs (LISTEN connections, migrations, tools)."""
+    conn = await asyncpg.connect(dsn, server_settings={"application_name": application_name})
+    await init_connection(conn)
+    return conn
+
+
+TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    ConnectionError,
+    OSError,
+    TimeoutError,
+)
+"""Errors meaning "the database is unreachable right now": services back off and reconnect."""

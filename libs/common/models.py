@@ -1,0 +1,131 @@
+"""Rows as typed objects, and their public (API) JSON shapes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+TERMINAL = frozenset({"succeeded", "failed"})
+
+
+def _ts(v: datetime | None) -> str | None:
+    return v.isoformat().replace("+00:00", "Z") if v else None
+
+
+@dataclass
+class Job:
+    """A row of ``jobs``. ``steps`` is ``[{name, state, started_at, finished_at, detail}]``;
+    ``error`` is ``{class, message, at}`` or None; ``memo`` holds what an attempt told the world
+    (for example the vmid and UPID of a clone) so a later attempt can find it again."""
+
+    id: str
+    seq: int
+    kind: str
+    region: str
+    tenant_id: str | None
+    resource_type: str | None
+    resource_id: str | None
+    args: dict[str, Any]
+    status: str
+    attempt: int
+    max_attempts: int
+    run_after: datetime
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    steps: list[dict[str, Any]]
+    memo: dict[str, Any]
+    error: dict[str, Any] | None
+    trace_context: dict[str, Any] | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+
+    @classmethod
+    def from_record(cls, r: asyncpg.Record) -> "Job":
+        return cls(**{k: r[k] for k in cls.__dataclass_fields__})
+
+    def brief(self) -> dict[str, Any]:
+        """The ``job`` object of a 202 answer: id, kind, status."""
+        return {"id": self.id, "kind": self.kind, "status": self.status}
+
+    def public(self) -> dict[str, Any]:
+        """``GET /v1/jobs/{id}``."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "region": self.region,
+            "resource": {"type": self.resource_type, "id": self.resource_id}
+            if self.resource_id
+            else None,
+            "status": self.status,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "run_after": _ts(self.run_after) if self.status in ("pending", "retry") else None,
+            "steps": self.steps,
+            "error": self.error,
+            "created_at": _ts(self.created_at),
+            "started_at": _ts(self.started_at),
+            "finished_at": _ts(self.finished_at),
+            "updated_at": _ts(self.updated_at),
+        }
+
+
+@dataclass
+class Server:
+    """A row of ``servers``."""
+
+    id: str
+    tenant_id: str
+    region: str
+    name: str
+    image: str
+    cores: int
+    memory_mib: int
+    disk_gib: int
+    ssh_keys: list[str]
+    status: str
+    status_reason: str | None
+    vmid: int | None
+    node: str | None
+    power_state: str | None
+    status_before_delete: str | None
+    power_before_delete: str | None
+    delete_after: datetime | None
+    observed_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    deleted_at: datetime | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_record(cls, r: asyncpg.Record) -> "Server":
+        names = [k for k in cls.__dataclass_fields__ if k != "extra"]
+        return cls(**{k: r[k] for k in names})
+
+    def public(self) -> dict[str, Any]:
+        """``GET /v1/servers/{id}``."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "region": self.region,
+            "image": self.image,
+            "cores": self.cores,
+            "memory_mib": self.memory_mib,
+            "disk_gib": self.disk_gib,
+            "ssh_keys": list(self.ssh_keys),
+            "status": self.status,
+            "status_reason": self.status_reason,
+            "observed": {
+                "vmid": self.vmid,
+                "node": self.node,
+                "power_state": self.power_state,
+                "at": _ts(self.observed_at),
+            },
+            "delete_after": _ts(self.delete_after) if self.status == "deleting" else None,
+            "created_at": _ts(self.created_at),
+            "updated_at": _ts(self.updated_at),
+            "deleted_at": _ts(self.deleted_at),
+        }

@@ -1,0 +1,257 @@
+-- Every SQL statement z9 runs, each under a `-- name: <table_verb>` header.
+-- Loaded once by z9.common.sql; called only through the typed wrappers in z9.common.store.
+-- Writes to a running job are fenced: WHERE id = $1 AND lease_owner = $2 AND attempt = $3
+-- AND status = 'running'. Zero rows means the lease is lost.
+
+-- name: tenant_upsert
+INSERT INTO tenants (id, name) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
+RETURNING id, name;
+
+-- name: api_token_insert
+INSERT INTO api_tokens (id, tenant_id, name, token_sha256) VALUES ($1, $2, $3, $4);
+
+-- name: api_token_tenant
+SELECT t.id, t.name
+FROM api_tokens k JOIN tenants t ON t.id = k.tenant_id
+WHERE k.token_sha256 = $1 AND k.revoked_at IS NULL;
+
+-- name: idempotency_get
+SELECT request_sha256, response_status, response_body
+FROM idempotency_keys WHERE tenant_id = $1 AND key = $2;
+
+-- name: idempotency_insert
+INSERT INTO idempotency_keys (tenant_id, key, request_sha256, response_status, response_body)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (tenant_id, key) DO NOTHING
+RETURNING key;
+
+-- name: server_insert
+INSERT INTO servers (id, tenant_id, region, name, image, cores, memory_mib, disk_gib, ssh_keys)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+RETURNING *;
+
+-- name: server_get
+SELECT * FROM servers WHERE id = $1 AND tenant_id = $2;
+
+-- name: server_get_any
+SELECT * FROM servers WHERE id = $1;
+
+-- name: server_list
+SELECT * FROM servers
+WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3::server_status IS NULL OR status = $3)
+ORDER BY id
+LIMIT $4;
+
+-- name: server_mark_deleting
+UPDATE servers
+SET status = 'deleting',
+    delete_after = now() + make_interval(secs => $3),
+    status_before_delete = status,
+    power_before_delete = power_state,
+    status_reason = NULL,
+    updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status IN ('creating', 'running', 'stopped', 'failed')
+RETURNING *;
+
+-- name: server_cancel_deletion
+UPDATE servers
+SET status = coalesce(status_before_delete, 'running'),
+    delete_after = NULL,
+    status_before_delete = NULL,
+    updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status = 'deleting' AND delete_after > now()
+RETURNING *, power_before_delete AS restore_power;
+
+-- name: server_reap_expired
+WITH due AS (
+    SELECT id FROM servers
+    WHERE status = 'deleting' AND delete_after <= now()
+    ORDER BY delete_after
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE servers s
+SET status = 'destroying', updated_at = now()
+FROM due WHERE s.id = due.id
+RETURNING s.*;
+
+-- name: server_observed
+-- $5: the status verify observed; applied only outside the deletion states.
+UPDATE servers
+SET vmid = $2, node = $3, power_state = $4, observed_at = now(), updated_at = now(),
+    status = CASE WHEN $5::server_status IS NOT NULL AND status IN ('creating', 'running', 'stopped', 'failed')
+                  THEN $5::server_status ELSE status END,
+    status_reason = CASE WHEN $5::server_status IS NOT NULL AND status IN ('creating', 'running', 'stopped', 'failed')
+                         THEN NULL ELSE status_reason END
+WHERE id = $1
+RETURNING *;
+
+-- name: server_deleted
+UPDATE servers
+SET status = 'deleted', deleted_at = now(), power_state = NULL, vmid = NULL, node = NULL,
+    status_reason = NULL, observed_at = now(), updated_at = now()
+WHERE id = $1
+RETURNING *;
+
+-- name: server_mark_failed
+UPDATE servers
+SET status = 'failed', status_reason = $2, updated_at = now()
+WHERE id = $1 AND status <> 'deleted'
+RETURNING *;
+
+-- name: job_insert
+INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+RETURNING *;
+
+-- name: job_insert_many
+INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::int[])
+RETURNING *;
+
+-- name: jobs_notify
+SELECT pg_notify('z9_jobs', r) FROM unnest($1::text[]) AS r;
+
+-- name: job_get
+SELECT * FROM jobs WHERE id = $1 AND tenant_id = $2;
+
+-- name: job_get_any
+SELECT * FROM jobs WHERE id = $1;
+
+-- name: job_list_for_resource
+SELECT * FROM jobs
+WHERE tenant_id = $1 AND resource_id = $2 AND ($3::bigint IS NULL OR seq > $3)
+ORDER BY seq
+LIMIT $4;
+
+-- name: job_list
+SELECT * FROM jobs
+WHERE tenant_id = $1 AND ($2::bigint IS NULL OR seq > $2)
+ORDER BY seq
+LIMIT $3;
+
+-- name: job_claim
+-- The earliest pending job of each resource only (per-resource order), oldest first.
+WITH candidates AS (
+    SELECT j.id FROM jobs j
+    WHERE j.status = 'pending' AND j.region = ANY($1::text[]) AND j.run_after <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM jobs e
+          WHERE e.resource_id = j.resource_id AND e.seq < j.seq
+            AND e.status IN ('pending', 'running', 'retry'))
+    ORDER BY j.seq
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs
+SET status = 'running',
+    attempt = jobs.attempt + 1,
+    lease_owner = $3,
+    lease_expires_at = now() + make_interval(secs => $4),
+    started_at = coalesce(jobs.started_at, now()),
+    updated_at = now()
+FROM candidates
+WHERE jobs.id = candidates.id
+RETURNING jobs.*;
+
+-- name: job_heartbeat
+UPDATE jobs
+SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
+WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
+RETURNING id;
+
+-- name: job_progress
+UPDATE jobs
+SET steps = $4, lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
+WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
+RETURNING id;
+
+-- name: job_remember
+UPDATE jobs
+SET memo = memo || $4::jsonb, lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
+WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
+RETURNING id;
+
+-- name: job_succeed
+UPDATE jobs
+SET status = 'succeeded', steps = $4, error = NULL, lease_owner = NULL, lease_expires_at = NULL,
+    finished_at = now(), updated_at = now()
+WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
+RETURNING id;
+
+-- name: job_retry
+-- $7 = attempts to give back (1 for a snooze or a hand-over, else 0).
+UPDATE jobs
+SET status = 'retry', steps = $4, error = $5,
+    run_after = now() + make_interval(secs => $6),
+    attempt = attempt - $7,
+    lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
+RETURNING id, run_after;
+
+-- name: job_fail
+UPDATE jobs
+SET status = 'failed', steps = $4, error = $5, lease_owner = NULL, lease_expires_at = NULL,
+    finished_at = now(), updated_at = now()
+WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
+RETURNING id;
+
+-- name: scheduler_notify
+SELECT pg_notify('z9_scheduler', '');
+
+-- name: job_retry_due
+WITH due AS (
+    SELECT id FROM jobs
+    WHERE status = 'retry' AND run_after <= now()
+    ORDER BY run_after
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs SET status = 'pending', updated_at = now()
+FROM due WHERE jobs.id = due.id
+RETURNING jobs.id, jobs.region;
+
+-- name: job_retry_next_in
+-- Seconds until the earliest retry is due (negative when overdue), NULL when none waits.
+SELECT extract(epoch FROM min(run_after) - now())::float8 FROM jobs WHERE status = 'retry';
+
+-- name: lease_reclaim_expired
+-- Guarded: the outer WHERE re-checks status and expiry on the locked row, so a job that
+-- finished between selection and update is never overwritten.
+WITH expired AS (
+    SELECT id FROM jobs
+    WHERE status = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs
+SET status = CASE WHEN jobs.attempt >= jobs.max_attempts THEN 'failed' ELSE 'retry' END::job_status,
+    error = jsonb_build_object(
+        'class', 'temporary',
+        'message', CASE WHEN jobs.attempt >= jobs.max_attempts
+                        THEN 'out of attempts (' || jobs.max_attempts || '): '
+                        ELSE '' END
+                   || 'lease of ' || jobs.lease_owner || ' expired at '
+                   || to_char(jobs.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                   || ' (worker lost or stalled)',
+        'at', now()),
+    run_after = now(),
+    finished_at = CASE WHEN jobs.attempt >= jobs.max_attempts THEN now() END,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = now()
+FROM expired
+WHERE jobs.id = expired.id AND jobs.status = 'running' AND jobs.lease_expires_at < now()
+RETURNING jobs.id, jobs.status, jobs.region, jobs.resource_type, jobs.resource_id, jobs.error;
+
+-- name: job_prune_finished
+DELETE FROM jobs
+WHERE id IN (
+    SELECT id FROM jobs
+    WHERE status IN ('succeeded', 'failed') AND finished_at < now() - make_interval(secs => $1)
+    ORDER BY finished_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+);

@@ -1,0 +1,90 @@
+"""Installation settings: one pydantic-settings model, every variable prefixed ``Z9_``.
+
+Built once in each service's ``main`` and passed down; nothing here is created at import time.
+Nested values (``Z9_REGIONS``) are JSON, e.g.::
+
+    Z9_REGIONS='{"dev-1": {"url": "https://127.0.0.1:8006", "token_id": "root@pam!z9",
+                 "token_secret": "…", "verify_ssl": false, "images": ["debian-12"]}}'
+
+Defaults follow the architecture notes (§5): backoff base 2 s, cap 300 s, jitter ±25 %,
+10 attempts, lease TTL 30 s, heartbeat 10 s, deletion buffer 600 s, retention 7 days.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RegionSettings(BaseModel):
+    """One region = one Proxmox VE cluster.
+
+    ``url`` is the API endpoint (``https://host:8006``); ``token_id`` is ``USER@REALM!TOKENID`` and
+    ``token_secret`` its secret (Proxmox API token auth). ``verify_ssl`` is a bool or the path of
+    a CA bundle. ``images`` lists the template names the API accepts for this region (empty: any
+    name; the executor then finds out whether the template exists). ``request_timeout_s`` bounds
+    one HTTP request to Proxmox (seconds).
+    """
+
+    url: str
+    token_id: str = "root@pam!z9"
+    token_secret: SecretStr
+    verify_ssl: bool | str = True
+    images: list[str] = Field(default_factory=list)
+    request_timeout_s: float = 10.0
+
+    @field_validator("url")
+    @classmethod
+    def _https_only(cls, v: str) -> str:
+        if not v.startswith("https://"):
+            raise ValueError("Proxmox VE is reached over HTTPS only (url must start with https://)")
+        return v.rstrip("/")
+
+
+class Settings(BaseSettings):
+    """Every z9 setting. Units are in the names (``_s`` seconds, ``_mib`` MiB)."""
+
+    model_config = SettingsConfigDict(env_prefix="Z9_", extra="ignore")
+
+    database_url: str | None = None
+    data_dir: Path = Path(".z9")
+    regions: dict[str, RegionSettings] = Field(default_factory=dict)
+
+    # api
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+
+    # executor
+    executor_concurrency: int = Field(8, ge=1, le=1024)
+    lease_ttl_s: float = Field(30.0, gt=0)
+    heartbeat_s: float = Field(10.0, gt=0)
+    poll_interval_s: float = Field(5.0, gt=0)
+    step_timeout_s: float = Field(900.0, gt=0)
+    task_poll_s: float = Field(1.0, gt=0)
+    task_deadline_s: float = Field(600.0, gt=0)
+    shutdown_grace_s: float = Field(20.0, ge=0)
+    snooze_s: float = Field(5.0, gt=0)
+
+    # backoff and attempts
+    backoff_base_s: float = Field(2.0, gt=0)
+    backoff_cap_s: float = Field(300.0, gt=0)
+    backoff_jitter: float = Field(0.25, ge=0, lt=1)
+    max_attempts: int = Field(10, ge=1)
+
+    # scheduler, reaper, retention
+    scheduler_interval_s: float = Field(1.0, gt=0)
+    reaper_interval_s: float = Field(2.0, gt=0)
+    deletion_buffer_s: float = Field(600.0, ge=0)
+    job_retention_s: float = Field(7 * 86400.0, gt=0)
+
+    log_level: str = "INFO"
+
+    def require_database_url(self) -> str:
+        """The database URL; raises ``SystemExit`` with a hint when ``Z9_DATABASE_URL`` is unset."""
+        if not self.database_url:
+            raise SystemExit(
+                "Z9_DATABASE_URL is not set. Point it at PostgreSQL, or run `z9 dev`, "
+                "which starts an embedded PostgreSQL for you."
+            )
+        return self.database_url

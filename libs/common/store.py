@@ -1,0 +1,265 @@
+"""Typed wrappers around the named queries of ``queries.sql``: one function per query.
+
+Every function takes ``db`` — an asyncpg ``Connection`` or ``Pool`` — as its first argument and
+returns models (``Job``, ``Server``) or plain values. Fenced job writes take a :class:`Lease` and
+raise :class:`~z9.common.errors.LeaseLost` when they match no row.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable, Protocol
+
+from .errors import LeaseLost
+from .ids import new_id
+from .models import Job, Server
+from .sql import q
+
+
+class DB(Protocol):
+    async def fetch(self, query: str, *args: Any) -> list[Any]: ...
+    async def fetchrow(self, query: str, *args: Any) -> Any: ...
+    async def fetchval(self, query: str, *args: Any) -> Any: ...
+    async def execute(self, query: str, *args: Any) -> str: ...
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What fences a worker's writes: the job id, this worker's identity and the attempt."""
+
+    job_id: str
+    owner: str
+    attempt: int
+
+
+def token_sha256(token: str) -> bytes:
+    """SHA-256 of an API token (tokens are 256-bit random, so a fast hash is enough)."""
+    return hashlib.sha256(token.encode()).digest()
+
+
+# ---------------------------------------------------------------- tenants and tokens
+
+async def tenant_upsert(db: DB, name: str) -> str:
+    """Create tenant ``name`` if missing; return its id."""
+    row = await db.fetchrow(q("tenant_upsert"), new_id("ten"), name)
+    return row["id"]
+
+
+async def api_token_insert(db: DB, tenant_id: str, token: str, name: str = "default") -> str:
+    """Store the hash of ``token`` for ``tenant_id``; return the token's id."""
+    tid = new_id("tok")
+    await db.execute(q("api_token_insert"), tid, tenant_id, name, token_sha256(token))
+    return tid
+
+
+async def api_token_tenant(db: DB, token: str) -> str | None:
+    """The tenant id owning ``token``, or None (unknown or revoked)."""
+    row = await db.fetchrow(q("api_token_tenant"), token_sha256(token))
+    return row["id"] if row else None
+
+
+# ---------------------------------------------------------------- idempotency keys
+
+async def idempotency_get(db: DB, tenant_id: str, key: str) -> Any:
+    return await db.fetchrow(q("idempotency_get"), tenant_id, key)
+
+
+async def idempotency_insert(
+    db: DB, tenant_id: str, key: str, request_sha256: bytes, status: int, body: Any
+) -> bool:
+    """Record a response for ``key``; False when another request stored one first."""
+    return await db.fetchval(q("idempotency_insert"), tenant_id, key, request_sha256, status, body) is not None
+
+
+# ---------------------------------------------------------------- servers
+
+async def server_insert(db: DB, *, tenant_id: str, region: str, name: str, image: str, cores: int,
+                        memory_mib: int, disk_gib: int, ssh_keys: list[str]) -> Server:
+    row = await db.fetchrow(q("server_insert"), new_id("srv"), tenant_id, region, name, image,
+                            cores, memory_mib, disk_gib, ssh_keys)
+    return Server.from_record(row)
+
+
+async def server_get(db: DB, server_id: str, tenant_id: str | None = None) -> Server | None:
+    """The server, scoped to ``tenant_id`` when given; None when absent (or another tenant's)."""
+    if tenant_id is None:
+        row = await db.fetchrow(q("server_get_any"), server_id)
+    else:
+        row = await db.fetchrow(q("server_get"), server_id, tenant_id)
+    return Server.from_record(row) if row else None
+
+
+async def server_list(db: DB, tenant_id: str, *, after: str | None = None, status: str | None = None,
+                      limit: int = 100) -> list[Server]:
+    rows = await db.fetch(q("server_list"), tenant_id, after, status, limit)
+    return [Server.from_record(r) for r in rows]
+
+
+async def server_mark_deleting(db: DB, server_id: str, tenant_id: str, buffer_s: float) -> Server | None:
+    """Start the deletion buffer; None when the server is not in a deletable state."""
+    row = await db.fetchrow(q("server_mark_deleting"), server_id, tenant_id, buffer_s)
+    return Server.from_record(row) if row else None
+
+
+async def server_cancel_deletion(db: DB, server_id: str, tenant_id: str) -> tuple[Server, str | None] | None:
+    """End the deletion buffer early; returns (server, power state to restore) or None when
+    the server is not ``deleting`` or its buffer has expired."""
+    row = await db.fetchrow(q("server_cancel_deletion"), server_id, tenant_id)
+    return (Server.from_record(row), row["restore_power"]) if row else None
+
+
+async def server_reap_expired(db: DB, limit: int = 100) -> list[Server]:
+    """Move servers whose buffer expired to ``destroying`` (rows stay locked until commit)."""
+    return [Server.from_record(r) for r in await db.fetch(q("server_reap_expired"), limit)]
+
+
+async def server_observed(db: DB, server_id: str, *, vmid: int | None, node: str | None,
+                          power_state: str | None, status: str | None = None) -> Server | None:
+    row = await db.fetchrow(q("server_observed"), server_id, vmid, node, power_state, status)
+    return Server.from_record(row) if row else None
+
+
+async def server_deleted(db: DB, server_id: str) -> None:
+    await db.execute(q("server_deleted"), server_id)
+
+
+async def server_mark_failed(db: DB, server_id: str, reason: str) -> None:
+    await db.execute(q("server_mark_failed"), server_id, reason)
+
+
+# ---------------------------------------------------------------- jobs: producers
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job to enqueue."""
+
+    kind: str
+    region: str
+    tenant_id: str | None = None
+    resource_type: str | None = None
+    resource_id: str | None = None
+    args: dict[str, Any] | None = None
+    max_attempts: int = 10
+    trace_context: dict[str, Any] | None = None
+
+
+async def job_insert(db: DB, job: NewJob, *, notify: bool = True) -> Job:
+    """Insert one job (and NOTIFY its region, delivered at commit). Call inside the transaction
+    that writes the job's intent."""
+    row = await db.fetchrow(q("job_insert"), new_id("job"), job.kind, job.region, job.tenant_id,
+                            job.resource_type, job.resource_id, job.args or {}, job.max_attempts,
+                            job.trace_context)
+    if notify:
+        await jobs_notify(db, [job.region])
+    return Job.from_record(row)
+
+
+async def job_insert_many(db: DB, jobs: list[NewJob], *, notify: bool = True) -> list[Job]:
+    """Insert many jobs in one statement; NOTIFY each distinct region once."""
+    if not jobs:
+        return []
+    rows = await db.fetch(
+        q("job_insert_many"),
+        [new_id("job") for _ in jobs], [j.kind for j in jobs], [j.region for j in jobs],
+        [j.tenant_id for j in jobs], [j.resource_type for j in jobs], [j.resource_id for j in jobs],
+        [j.args or {} for j in jobs], [j.max_attempts for j in jobs],
+    )
+    if notify:
+        await jobs_notify(db, sorted({j.region for j in jobs}))
+    return [Job.from_record(r) for r in rows]
+
+
+async def jobs_notify(db: DB, regions: Iterable[str]) -> None:
+    """``NOTIFY z9_jobs, '<region>'`` for each region (one statement)."""
+    regions = list(regions)
+    if regions:
+        await db.execute(q("jobs_notify"), regions)
+
+
+async def job_get(db: DB, job_id: str, tenant_id: str | None = None) -> Job | None:
+    if tenant_id is None:
+        row = await db.fetchrow(q("job_get_any"), job_id)
+    else:
+        row = await db.fetchrow(q("job_get"), job_id, tenant_id)
+    return Job.from_record(row) if row else None
+
+
+async def job_list(db: DB, tenant_id: str, *, resource_id: str | None = None, after_seq: int | None = None,
+                   limit: int = 100) -> list[Job]:
+    if resource_id is not None:
+        rows = await db.fetch(q("job_list_for_resource"), tenant_id, resource_id, after_seq, limit)
+    else:
+        rows = await db.fetch(q("job_list"), tenant_id, after_seq, limit)
+    return [Job.from_record(r) for r in rows]
+
+
+# ---------------------------------------------------------------- jobs: workers (fenced)
+
+async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float) -> list[Job]:
+    """Claim up to ``limit`` pending jobs of ``regions`` (``FOR UPDATE SKIP LOCKED``), at most the
+    earliest live job of each resource; each gets ``lease_owner = owner`` and attempt + 1."""
+    rows = await db.fetch(q("job_claim"), regions, limit, owner, lease_ttl_s)
+    return [Job.from_record(r) for r in rows]
+
+
+async def _fenced(db: DB, name: str, lease: Lease, *args: Any) -> Any:
+    row = await db.fetchrow(q(name), lease.job_id, lease.owner, lease.attempt, *args)
+    if row is None:
+        raise LeaseLost(f"job {lease.job_id}: lease of {lease.owner} (attempt {lease.attempt}) is lost")
+    return row
+
+
+async def job_heartbeat(db: DB, lease: Lease, lease_ttl_s: float) -> None:
+    """Extend the lease by ``lease_ttl_s`` seconds from now. Raises LeaseLost."""
+    await _fenced(db, "job_heartbeat", lease, lease_ttl_s)
+
+
+async def job_progress(db: DB, lease: Lease, steps: list[dict[str, Any]], lease_ttl_s: float) -> None:
+    """Write the step list and extend the lease. Raises LeaseLost."""
+    await _fenced(db, "job_progress", lease, steps, lease_ttl_s)
+
+
+async def job_remember(db: DB, lease: Lease, facts: dict[str, Any], lease_ttl_s: float) -> None:
+    """Merge ``facts`` into the job's memo (kept across attempts) and extend the lease."""
+    await _fenced(db, "job_remember", lease, facts, lease_ttl_s)
+
+
+async def job_succeed(db: DB, lease: Lease, steps: list[dict[str, Any]]) -> None:
+    await _fenced(db, "job_succeed", lease, steps)
+
+
+async def job_retry(db: DB, lease: Lease, steps: list[dict[str, Any]], error: dict[str, Any],
+                    delay_s: float, *, refund_attempt: bool = False) -> datetime:
+    """Back to ``retry`` with ``run_after = now + delay_s``; wakes the scheduler. Returns run_after."""
+    row = await _fenced(db, "job_retry", lease, steps, error, delay_s, 1 if refund_attempt else 0)
+    await db.execute(q("scheduler_notify"))
+    return row["run_after"]
+
+
+async def job_fail(db: DB, lease: Lease, steps: list[dict[str, Any]], error: dict[str, Any]) -> None:
+    await _fenced(db, "job_fail", lease, steps, error)
+
+
+# ---------------------------------------------------------------- jobs: scheduler
+
+async def job_retry_due(db: DB, limit: int = 1000) -> list[Any]:
+    """Move due ``retry`` jobs to ``pending``; returns rows (id, region)."""
+    return await db.fetch(q("job_retry_due"), limit)
+
+
+async def job_retry_next_in(db: DB) -> float | None:
+    """Seconds (database clock) until the earliest ``retry`` job is due; None when none waits."""
+    return await db.fetchval(q("job_retry_next_in"))
+
+
+async def lease_reclaim_expired(db: DB, limit: int = 1000) -> list[Any]:
+    """Expired leases → ``retry`` (or ``failed`` when out of attempts); rows (id, status, region,
+    resource_type, resource_id, error)."""
+    return await db.fetch(q("lease_reclaim_expired"), limit)
+
+
+async def job_prune_finished(db: DB, retention_s: float, limit: int = 1000) -> int:
+    """Delete up to ``limit`` terminal jobs finished more than ``retention_s`` seconds ago."""
+    status = await db.execute(q("job_prune_finished"), retention_s, limit)
+    return int(status.split()[-1])

@@ -1,0 +1,301 @@
+"""aiohttp application factory and handlers of the ``/v1`` API.
+
+Errors are JSON ``{"error": {"code", "message", "details"}}``: 400 malformed JSON, 401 missing or
+unknown token, 404 unknown (or another tenant's) resource, 409 a failed precondition (the
+message names it), 422 invalid fields (the message names each field). Nothing else ever leaks
+as a 500 without being logged once.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import asyncpg
+from aiohttp import web
+from pydantic import ValidationError
+
+from z9.common import store
+from z9.common.db import create_pool
+from z9.common.errors import ApiError, BadRequest, Conflict, NotFound, Unauthorized, ValidationFailed
+from z9.common.ids import is_id
+from z9.common.models import Job
+from z9.common.settings import Settings
+from z9.common.store import NewJob
+
+from .schemas import ServerCreate
+
+log = logging.getLogger("z9.api")
+
+SETTINGS = web.AppKey("settings", Settings)
+POOL = web.AppKey("pool", asyncpg.Pool)
+TENANT = web.RequestKey("tenant_id", str)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error_body(status: int, code: str, message: str, details: Any = None) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message, "details": details}}, status=status)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Typed errors → JSON 4xx; aiohttp's HTTP errors → JSON; anything else → logged 500."""
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return _error_body(e.status, e.code, e.message, e.details)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return _error_body(e.status, e.reason.lower().replace(" ", "_"), f"{e.reason}: {request.method} {request.path}")
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error_body(500, "internal", "internal error; it has been logged")
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """``Authorization: Bearer <token>`` on every ``/v1`` route; the token's tenant scopes it."""
+    if not request.path.startswith("/v1/") or request.path == "/v1/openapi.json":
+        return await handler(request)
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+    tenant = await store.api_token_tenant(request.app[POOL], token.strip())
+    if tenant is None:
+        raise Unauthorized("unknown or revoked API token")
+    request[TENANT] = tenant
+    return await handler(request)
+
+
+async def _json_body(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+        return json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"request body is not valid JSON: {e}")
+
+
+def _validation_error(e: ValidationError) -> ValidationFailed:
+    details = []
+    for err in e.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "body"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif err["type"] == "missing":
+            msg = "field required"
+        details.append({"field": field, "message": msg})
+    text = "; ".join(f"{d['field']}: {d['message']}" for d in details)
+    return ValidationFailed(f"invalid request: {text}", details=details)
+
+
+def _tenant(request: web.Request) -> str:
+    return request[TENANT]
+
+
+def _resource_id(request: web.Request, prefix: str) -> str:
+    rid = request.match_info["id"]
+    if not is_id(rid, prefix):
+        raise NotFound(f"no {'server' if prefix == 'srv' else 'job'} {rid!r}")
+    return rid
+
+
+def _limit(request: web.Request) -> int:
+    raw = request.query.get("limit", "100")
+    if not raw.isdigit() or not 1 <= int(raw) <= 500:
+        raise ValidationFailed("limit: must be an integer from 1 to 500", details=[{"field": "limit", "message": "1..500"}])
+    return int(raw)
+
+
+# ---------------------------------------------------------------------------------- servers
+
+async def create_server(request: web.Request) -> web.Response:
+    settings, pool, tenant = request.app[SETTINGS], request.app[POOL], _tenant(request)
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    try:
+        spec = ServerCreate.model_validate(body)
+    except ValidationError as e:
+        raise _validation_error(e)
+    region = settings.regions.get(spec.region)
+    if region is None:
+        known = ", ".join(sorted(settings.regions)) or "none configured"
+        raise ValidationFailed(f"region: unknown region {spec.region!r} (known: {known})",
+                               details=[{"field": "region", "message": "unknown region"}])
+    if region.images and spec.image not in region.images:
+        raise ValidationFailed(f"image: {spec.image!r} is not offered in region {spec.region} "
+                               f"(offered: {', '.join(region.images)})",
+                               details=[{"field": "image", "message": "unknown image"}])
+
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not 1 <= len(key) <= 255:
+        raise BadRequest("Idempotency-Key must be 1 to 255 characters")
+    req_hash = hashlib.sha256(json.dumps(spec.model_dump(), sort_keys=True).encode()).digest()
+
+    class _Replay(Exception):
+        pass
+
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            if key is not None:
+                prior = await store.idempotency_get(conn, tenant, key)
+                if prior is not None:
+                    return _replay(prior, req_hash)
+            try:
+                server = await store.server_insert(
+                    conn, tenant_id=tenant, region=spec.region, name=spec.name, image=spec.image,
+                    cores=spec.cores, memory_mib=spec.memory_mib, disk_gib=spec.disk_gib, ssh_keys=spec.ssh_keys)
+            except asyncpg.UniqueViolationError:
+                raise Conflict(f"a server named {spec.name!r} already exists in this tenant; "
+                               "choose another name or delete that server first")
+            job = await store.job_insert(conn, NewJob(
+                kind="ServerCreate", region=spec.region, tenant_id=tenant, resource_type="server",
+                resource_id=server.id, args=spec.model_dump(), max_attempts=settings.max_attempts))
+            answer = {"server": server.public(), "job": job.brief()}
+            if key is not None and not await store.idempotency_insert(conn, tenant, key, req_hash, 202, answer):
+                raise _Replay()
+    except _Replay:
+        prior = await store.idempotency_get(pool, tenant, key)
+        return _replay(prior, req_hash)
+    return web.json_response(answer, status=202)
+
+
+def _replay(prior: Any, req_hash: bytes) -> web.Response:
+    if bytes(prior["request_sha256"]) != req_hash:
+        raise ValidationFailed("Idempotency-Key was already used with a different request body",
+                               details=[{"field": "Idempotency-Key", "message": "reused"}])
+    return web.json_response(prior["response_body"], status=prior["response_status"],
+                             headers={"Idempotent-Replayed": "true"})
+
+
+async def list_servers(request: web.Request) -> web.Response:
+    after = request.query.get("after")
+    status = request.query.get("status")
+    statuses = ("creating", "running", "stopped", "deleting", "destroying", "deleted", "failed")
+    if status is not None and status not in statuses:
+        raise ValidationFailed(f"status: must be one of {', '.join(statuses)}",
+                               details=[{"field": "status", "message": "unknown status"}])
+    servers = await store.server_list(request.app[POOL], _tenant(request), after=after, status=status,
+                                      limit=_limit(request))
+    return web.json_response({"servers": [s.public() for s in servers],
+                              "next_after": servers[-1].id if servers else None})
+
+
+async def get_server(request: web.Request) -> web.Response:
+    sid = _resource_id(request, "srv")
+    server = await store.server_get(request.app[POOL], sid, _tenant(request))
+    if server is None:
+        raise NotFound(f"no server {sid!r}")
+    return web.json_response({"server": server.public()})
+
+
+async def delete_server(request: web.Request) -> web.Response:
+    settings, pool, tenant = request.app[SETTINGS], request.app[POOL], _tenant(request)
+    sid = _resource_id(request, "srv")
+    async with pool.acquire() as conn, conn.transaction():
+        server = await store.server_mark_deleting(conn, sid, tenant, settings.deletion_buffer_s)
+        if server is None:
+            current = await store.server_get(conn, sid, tenant)
+            if current is None:
+                raise NotFound(f"no server {sid!r}")
+            raise Conflict(_not_deletable(current.id, current.status))
+        job = await store.job_insert(conn, NewJob(
+            kind="ServerStop", region=server.region, tenant_id=tenant, resource_type="server",
+            resource_id=server.id, max_attempts=settings.max_attempts))
+    return web.json_response({"server": server.public(), "job": job.brief()}, status=202)
+
+
+def _not_deletable(sid: str, status: str) -> str:
+    if status == "deleting":
+        return f"server {sid} is deleting; cancel the deletion or wait"
+    if status == "destroying":
+        return f"server {sid} is being destroyed; its deletion buffer has expired"
+    return f"server {sid} is {status}; it cannot be deleted again"
+
+
+async def cancel_deletion(request: web.Request) -> web.Response:
+    settings, pool, tenant = request.app[SETTINGS], request.app[POOL], _tenant(request)
+    sid = _resource_id(request, "srv")
+    async with pool.acquire() as conn, conn.transaction():
+        res = await store.server_cancel_deletion(conn, sid, tenant)
+        if res is None:
+            current = await store.server_get(conn, sid, tenant)
+            if current is None:
+                raise NotFound(f"no server {sid!r}")
+            if current.status == "deleting":
+                raise Conflict(f"server {sid}: the deletion buffer expired at "
+                               f"{current.public()['delete_after']}; the deletion can no longer be cancelled")
+            if current.status in ("destroying", "deleted"):
+                raise Conflict(f"server {sid} is {current.status}: the deletion buffer has expired and "
+                               "the deletion can no longer be cancelled")
+            raise Conflict(f"server {sid} is {current.status}, not deleting: there is no deletion to cancel")
+        server, restore_power = res
+        kind = "ServerStart" if restore_power == "running" else "ServerStop"
+        job = await store.job_insert(conn, NewJob(
+            kind=kind, region=server.region, tenant_id=tenant, resource_type="server",
+            resource_id=server.id, max_attempts=settings.max_attempts))
+    return web.json_response({"server": server.public(), "job": job.brief()}, status=202)
+
+
+# ---------------------------------------------------------------------------------- jobs
+
+async def get_job(request: web.Request) -> web.Response:
+    jid = _resource_id(request, "job")
+    job = await store.job_get(request.app[POOL], jid, _tenant(request))
+    if job is None:
+        raise NotFound(f"no job {jid!r}")
+    return web.json_response(job.public())
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    rid = request.query.get("resource_id")
+    after = request.query.get("after")
+    after_seq = None
+    pool, tenant = request.app[POOL], _tenant(request)
+    if after is not None:
+        ref = await store.job_get(pool, after, tenant) if is_id(after, "job") else None
+        if ref is None:
+            raise ValidationFailed(f"after: no job {after!r}", details=[{"field": "after", "message": "unknown job"}])
+        after_seq = ref.seq
+    jobs: list[Job] = await store.job_list(pool, tenant, resource_id=rid, after_seq=after_seq, limit=_limit(request))
+    return web.json_response({"jobs": [j.public() for j in jobs], "next_after": jobs[-1].id if jobs else None})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    await request.app[POOL].fetchval("SELECT 1")
+    return web.json_response({"status": "ok"})
+
+
+# ---------------------------------------------------------------------------------- factory
+
+def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.Application:
+    """The API application. Owns an asyncpg pool on ``settings.database_url`` unless ``pool``
+    is given (tests)."""
+    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=256 * 1024)
+    app[SETTINGS] = settings
+
+    async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
+        if pool is not None:
+            app[POOL] = pool
+            yield
+            return
+        app[POOL] = await create_pool(settings.require_database_url(), min_size=2, max_size=16,
+                                      application_name="z9-api")
+        yield
+        await app[POOL].close()
+
+    app.cleanup_ctx.append(pool_ctx)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_post("/v1/servers", create_server)
+    app.router.add_get("/v1/servers", list_servers)
+    app.router.add_get("/v1/servers/{id}", get_server)
+    app.router.add_delete("/v1/servers/{id}", delete_server)
+    app.router.add_post("/v1/servers/{id}/actions/cancel-deletion", cancel_deletion)
+    app.router.add_get("/v1/jobs", list_jobs)
+    app.router.add_get("/v1/jobs/{id}", get_job)
+    return app

@@ -1,0 +1,118 @@
+"""What a running job sees: its row, its lease, the region's hypervisor client, and fenced
+ways to report progress.
+
+Lease and heartbeat (architecture §2, §4). A claim gives the worker the lease
+``(job id, lease_owner, attempt)`` valid for ``lease_ttl_s`` seconds. Every write the worker
+makes — step progress, memo, heartbeat, finish — is fenced by that triple and by
+``status = 'running'``; a write matching no row raises :class:`LeaseLost` and the worker drops
+the job at once. The lease is renewed by every progress write and, while a step waits on the
+hypervisor, by a heartbeat every ``heartbeat_s`` seconds — but only while the job keeps making
+progress: once nothing has progressed for ``step_timeout_s`` seconds the heartbeat stops, the
+lease expires and the scheduler hands the job to another worker.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import asyncpg
+
+from z9.common import store
+from z9.common.models import Job
+from z9.common.settings import Settings
+from z9.common.store import Lease
+
+from .proxmox import ProxmoxClient
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class Step:
+    """One planned step: ``name`` (a verb such as ``clone``), ``detail`` (free-form, e.g. the
+    UPID being waited on) and ``state`` pending|running|done|failed|skipped."""
+
+    name: str
+    detail: dict[str, Any] = field(default_factory=dict)
+    state: str = "pending"
+    started_at: str | None = None
+    finished_at: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "state": self.state, "started_at": self.started_at,
+                "finished_at": self.finished_at, "detail": self.detail}
+
+
+class JobContext:
+    """Per-attempt handle given to a job kind's observe/apply/verify.
+
+    ``pool`` is the executor's asyncpg pool, ``pve`` the region's :class:`ProxmoxClient`.
+    """
+
+    def __init__(self, job: Job, owner: str, pool: asyncpg.Pool, pve: ProxmoxClient, settings: Settings):
+        self.job = job
+        self.lease = Lease(job.id, owner, job.attempt)
+        self.pool = pool
+        self.pve = pve
+        self.settings = settings
+        self.steps: list[Step] = []
+        self.memo: dict[str, Any] = dict(job.memo)
+        self.last_progress = time.monotonic()
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return self.job.args
+
+    def steps_json(self) -> list[dict[str, Any]]:
+        return [s.as_json() for s in self.steps]
+
+    def touch(self) -> None:
+        """Mark in-memory progress (the heartbeat renews the lease while this is recent)."""
+        self.last_progress = time.monotonic()
+
+    async def on_poll(self) -> None:
+        """Called by the task waiter after each poll: the hypervisor answered, we progress."""
+        self.touch()
+
+    async def _write_steps(self) -> None:
+        self.touch()
+        await store.job_progress(self.pool, self.lease, self.steps_json(), self.settings.lease_ttl_s)
+
+    async def set_plan(self, steps: list[Step]) -> None:
+        """Replace the job's step list with this attempt's plan (fenced)."""
+        self.steps = steps
+        await self._write_steps()
+
+    async def step_running(self, step: Step) -> None:
+        step.state, step.started_at = "running", _now()
+        await self._write_steps()
+
+    async def step_detail(self, step: Step, **detail: Any) -> None:
+        """Record details (the UPID being waited on, the vmid chosen) before waiting."""
+        step.detail.update(detail)
+        await self._write_steps()
+
+    async def step_done(self, step: Step, state: str = "done") -> None:
+        step.state, step.finished_at = state, _now()
+        await self._write_steps()
+
+    def mark_running_step_failed(self) -> None:
+        for s in self.steps:
+            if s.state == "running":
+                s.state, s.finished_at = "failed", _now()
+
+    async def remember(self, **facts: Any) -> None:
+        """Persist facts about what this job told the world (kept across attempts), fenced."""
+        self.memo.update(facts)
+        self.touch()
+        await store.job_remember(self.pool, self.lease, facts, self.settings.lease_ttl_s)
+
+    async def wait_task(self, step: Step, upid: str) -> str:
+        """Record ``upid`` in ``step`` and wait for the task to stop (see ProxmoxClient.wait_task)."""
+        await self.step_detail(step, upid=upid)
+        return await self.pve.wait_task(upid, deadline_s=self.settings.task_deadline_s,
+                                        poll_s=self.settings.task_poll_s, on_poll=self.on_poll)

@@ -1,0 +1,43 @@
+"""Job kinds: one module per kind, each with ``observe``, ``plan`` (pure), ``apply``, ``verify``
+together, plus ``record`` (write what verify saw, in the transaction that finishes the job) and
+``record_failure`` (the resource carries a permanent failure's reason).
+
+:data:`REGISTRY` maps the ``kind`` column to its module; :func:`register` adds one (benchmarks
+register a no-op kind this way).
+"""
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from z9.common.errors import PermanentError
+
+from . import server_create, server_delete, server_start, server_stop
+
+REGISTRY: dict[str, Any] = {}
+
+
+def register(module: ModuleType | Any) -> None:
+    """Register a job kind: anything with KIND, observe, plan, apply, verify, record,
+    record_failure."""
+    for attr in ("KIND", "observe", "plan", "apply", "verify", "record", "record_failure"):
+        if not hasattr(module, attr):
+            raise TypeError(f"job kind {module!r} lacks {attr}")
+    REGISTRY[module.KIND] = module
+
+
+for _m in (server_create, server_stop, server_start, server_delete):
+    register(_m)
+
+
+class UnknownKind:
+    """Stands in for a ``kind`` no module handles: the job fails permanently, saying so."""
+
+    def __init__(self, kind: str):
+        self.KIND = kind
+
+    async def observe(self, ctx: Any) -> None:
+        raise PermanentError(f"unknown job kind {self.KIND!r}: no executor module handles it")
+
+    async def record_failure(self, conn: Any, ctx: Any, message: str) -> None:
+        return None

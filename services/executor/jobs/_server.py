@@ -1,0 +1,130 @@
+"""What the server job kinds share: finding a server's VM by its identity tag, the deletion
+guard, and the desired Proxmox config of a server.
+
+Identity is the tag ``z9-id-<server id>``, never the vmid or the name (proxmox-api.md, "Where
+peers broke" 3 and 4): a vmid is reused the moment a VM is destroyed, and names can be changed.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+from urllib.parse import quote
+
+from z9.common.errors import GuardRefusal, PermanentError, TemporaryError
+from z9.common.tags import ROLE_CUSTOMER, format_tags, customer_vm_tags, identity_tag, platform_roles
+
+from ..context import JobContext
+from ..proxmox import VmLocked, VmState
+
+log = logging.getLogger("z9.executor.jobs")
+
+DISK_KEYS = tuple(f"{bus}{i}" for bus in ("scsi", "virtio", "sata", "ide") for i in range(6))
+_SIZE_RE = re.compile(r"(?:^|,)size=(\d+(?:\.\d+)?)([KMGT]?)(?:,|$)")
+_UNIT_GIB = {"K": 1 / (1024 * 1024), "M": 1 / 1024, "G": 1.0, "T": 1024.0, "": 1 / (1024 ** 3)}
+
+
+async def find_vms(ctx: JobContext, resource_id: str) -> list[VmState]:
+    """Every VM carrying ``resource_id``'s identity tag, each confirmed on its node (fresh
+    config and tags). Raises TemporaryError when a tagged VM vanishes while being read."""
+    tag = identity_tag(resource_id)
+    out = []
+    for ref in await ctx.pve.find_by_tag(tag):
+        st = await ctx.pve.vm_state(ref.node, ref.vmid)
+        if st is None:
+            raise TemporaryError(f"VM {ref.vmid} carrying {tag} vanished from {ref.node} while observing")
+        if tag not in st.tags:
+            # The cluster list said tagged, the node says not (a write in between): look again.
+            raise TemporaryError(f"VM {ref.vmid}: cluster list and node disagree about tag {tag}")
+        out.append(st)
+    return out
+
+
+async def find_one_vm(ctx: JobContext, resource_id: str) -> VmState | None:
+    """The single VM of ``resource_id`` or None. Raises PermanentError when several VMs carry
+    its identity tag (a manual clone of a customer VM inherits its tags)."""
+    vms = await find_vms(ctx, resource_id)
+    if len(vms) > 1:
+        where = ", ".join(f"{v.vmid} on {v.node}" for v in vms)
+        raise PermanentError(f"{len(vms)} VMs carry {identity_tag(resource_id)} ({where}); "
+                             "an operator must remove the extra ones")
+    return vms[0] if vms else None
+
+
+def guard(resource_id: str, vm: VmState) -> None:
+    """The deletion guard (architecture §6): touch ``vm`` only when it carries this resource's
+    identity tag and ``z9-role-customer``. Any platform role refuses unconditionally.
+
+    Raises GuardRefusal (permanent) otherwise; logs at error level.
+    """
+    platform = platform_roles(vm.tags)
+    if platform:
+        msg = (f"deletion guard refused VM {vm.vmid} on {vm.node}: it carries platform role "
+               f"{', '.join(sorted(platform))}")
+    elif identity_tag(resource_id) not in vm.tags:
+        msg = f"deletion guard refused VM {vm.vmid} on {vm.node}: it does not carry {identity_tag(resource_id)}"
+    elif ROLE_CUSTOMER not in vm.tags:
+        msg = f"deletion guard refused VM {vm.vmid} on {vm.node}: it does not carry {ROLE_CUSTOMER}"
+    else:
+        return
+    log.error("%s (resource %s)", msg, resource_id)
+    raise GuardRefusal(msg)
+
+
+def refuse_if_locked(vm: VmState, *, allowed: tuple[str, ...] = ()) -> None:
+    """Snooze (without spending an attempt) while another task holds the VM's config lock."""
+    if vm.lock and vm.lock not in allowed:
+        raise VmLocked(f"VM {vm.vmid} is locked ({vm.lock}); waiting for the other task")
+
+
+def boot_disk(config: dict[str, Any]) -> tuple[str, float] | None:
+    """``(key, size in GiB)`` of the first data disk (not a cloud-init drive or CD-ROM)."""
+    for key in DISK_KEYS:
+        val = config.get(key)
+        if not isinstance(val, str) or "media=cdrom" in val or "cloudinit" in val:
+            continue
+        m = _SIZE_RE.search(val)
+        if m:
+            return key, float(m.group(1)) * _UNIT_GIB[m.group(2)]
+    return None
+
+
+def encode_ssh_keys(keys: list[str]) -> str:
+    """Proxmox's ``sshkeys`` value: the keys joined by newlines, URL-encoded with every space
+    and newline percent-encoded (proxmox-api.md, "Cloud-init")."""
+    return quote("\n".join(keys) + "\n", safe="")
+
+
+def marker(resource_id: str) -> str:
+    """Text put in a new VM's description so an attempt can recognise its own half-made clone
+    before the identity tag is set."""
+    return f"z9 resource {resource_id} ({identity_tag(resource_id)})"
+
+
+def desired_config(resource_id: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The config keys z9 owns on a server's VM, in Proxmox's stored form."""
+    cfg: dict[str, Any] = {
+        "name": args["name"],
+        "cores": int(args["cores"]),
+        "memory": str(int(args["memory_mib"])),
+        "tags": format_tags(customer_vm_tags(resource_id)),
+        "ipconfig0": "ip=dhcp",
+    }
+    if args.get("ssh_keys"):
+        cfg["sshkeys"] = encode_ssh_keys(args["ssh_keys"])
+    return cfg
+
+
+def config_diff(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    """The desired keys whose current value differs (tags compared as normalised sets)."""
+    from z9.common.tags import normalize_tags
+
+    out = {}
+    for k, v in desired.items():
+        cur = current.get(k)
+        if k == "tags":
+            if normalize_tags(cur) != normalize_tags(v):
+                out[k] = v
+        elif str(cur) != str(v):
+            out[k] = v
+    return out

@@ -1,0 +1,212 @@
+"""ServerCreate: make the server's VM exist, configured and running.
+
+observe  the template named by ``image`` (a template VM in ``/cluster/resources``) and the VM
+         carrying ``z9-id-<server id>`` anywhere in the cluster; failing that, a clone this job
+         started in an earlier attempt (its vmid is in the job's memo and its description
+         carries our marker: a clone has no tags of its own until ``configure``).
+plan     (pure) clone → wait_clone → configure → resize_disk → start, keeping only what is
+         missing. An existing, configured, running VM gives the empty plan.
+apply    each step re-reads the VM and acts only if still needed; the clone's vmid is written
+         to the memo *before* the POST and its UPID right after, so a lost response or a crash
+         never leads to a second clone: the next attempt waits on the same UPID or adopts the VM.
+verify   observe again; the plan must be empty. The server becomes ``running`` with the
+         observed vmid, node and power state.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from z9.common import store
+from z9.common.errors import PermanentError, TemporaryError
+from z9.common.models import Job
+
+from ..context import JobContext, Step
+from ..proxmox import VmidTaken, VmRef, VmState
+from . import _server
+
+KIND = "ServerCreate"
+CLONE_TRIES = 5
+
+
+@dataclass
+class World:
+    template: VmRef | None
+    vm: VmState | None
+
+
+async def observe(ctx: JobContext) -> World:
+    image = ctx.args["image"]
+    vms = await ctx.pve.list_vms()
+    templates = [v for v in vms if v.template and v.name == image]
+    vm = await _server.find_one_vm(ctx, ctx.job.resource_id)
+    if vm is None:
+        vm = await _adopt_own_clone(ctx)
+    return World(template=templates[0] if templates else None, vm=vm)
+
+
+async def _adopt_own_clone(ctx: JobContext) -> VmState | None:
+    """The VM an earlier attempt cloned but did not tag yet, recognised by the memo's vmid and
+    our marker in its description (while the clone runs, only ``lock: clone`` is visible)."""
+    clone = ctx.memo.get("clone")
+    if not clone:
+        return None
+    st = await ctx.pve.vm_state(clone["node"], int(clone["vmid"]))
+    if st is None:
+        return None
+    if st.lock == "clone":
+        return st  # a clone is running there; wait_clone checks the marker once it is done
+    if _server.marker(ctx.job.resource_id) in str(st.config.get("description", "")):
+        return st
+    return None  # that vmid belongs to someone else now
+
+
+def plan(job: Job, world: World) -> list[Step]:
+    args = job.args
+    if world.vm is None:
+        if world.template is None:
+            raise PermanentError(f"image {args['image']!r}: no template with that name in region {job.region}")
+        return [Step("clone"), Step("configure"), Step("resize_disk"), Step("start")]
+    vm = world.vm
+    if vm.lock == "clone":
+        return [Step("wait_clone", {"vmid": vm.vmid}), Step("configure"), Step("resize_disk"), Step("start")]
+    _server.refuse_if_locked(vm)
+    steps = []
+    if _server.config_diff(vm.config, _server.desired_config(job.resource_id, args)):
+        steps.append(Step("configure"))
+    disk = _server.boot_disk(vm.config)
+    if disk is None:
+        raise PermanentError(f"VM {vm.vmid} has no data disk to size")
+    if disk[1] > args["disk_gib"] + 1e-9:
+        raise PermanentError(f"disk_gib {args['disk_gib']} is smaller than the image's disk "
+                             f"({disk[1]:g} GiB); disks cannot shrink")
+    if disk[1] < args["disk_gib"] - 1e-9:
+        steps.append(Step("resize_disk"))
+    if not vm.running:
+        steps.append(Step("start"))
+    return steps
+
+
+async def apply(ctx: JobContext, world: World, step: Step) -> None:
+    if step.name == "clone":
+        await _clone(ctx, world, step)
+    elif step.name == "wait_clone":
+        await _wait_clone(ctx, world, step)
+    elif step.name == "configure":
+        vm = await _current(ctx, world)
+        _server.refuse_if_locked(vm)
+        diff = _server.config_diff(vm.config, _server.desired_config(ctx.job.resource_id, ctx.args))
+        if diff:
+            upid = await ctx.pve.configure(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))
+            await ctx.wait_task(step, upid)
+    elif step.name == "resize_disk":
+        vm = await _current(ctx, world)
+        _server.refuse_if_locked(vm)
+        disk = _server.boot_disk(vm.config)
+        if disk is None:
+            raise PermanentError(f"VM {vm.vmid} has no data disk to size")
+        if disk[1] < ctx.args["disk_gib"] - 1e-9:
+            step.detail["disk"] = disk[0]
+            upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], ctx.args["disk_gib"])
+            if upid:
+                await ctx.wait_task(step, upid)
+        elif disk[1] > ctx.args["disk_gib"] + 1e-9:
+            raise PermanentError(f"disk_gib {ctx.args['disk_gib']} is smaller than the image's disk "
+                                 f"({disk[1]:g} GiB); disks cannot shrink")
+    elif step.name == "start":
+        vm = await _current(ctx, world)
+        _server.refuse_if_locked(vm)
+        if not vm.running:
+            upid = await ctx.pve.start(vm.node, vm.vmid)
+            try:
+                await ctx.wait_task(step, upid)
+            except TemporaryError as e:
+                if "already running" not in str(e):
+                    raise
+    else:
+        raise PermanentError(f"{KIND}: unknown step {step.name!r}")
+
+
+async def _current(ctx: JobContext, world: World) -> VmState:
+    """Re-read our VM (the previous step changed it)."""
+    if world.vm is None:
+        raise TemporaryError("no VM to act on yet")
+    st = await ctx.pve.vm_state(world.vm.node, world.vm.vmid)
+    if st is None:
+        raise TemporaryError(f"VM {world.vm.vmid} disappeared from {world.vm.node}")
+    world.vm = st
+    return st
+
+
+async def _clone(ctx: JobContext, world: World, step: Step) -> None:
+    tpl = world.template
+    assert tpl is not None
+    for _ in range(CLONE_TRIES):
+        newid = await ctx.pve.next_id()
+        # Remember the vmid *before* asking: if the answer is lost, the next attempt looks there.
+        await ctx.remember(clone={"vmid": newid, "node": tpl.node, "upid": None})
+        await ctx.step_detail(step, vmid=newid, node=tpl.node, template=tpl.vmid)
+        try:
+            upid = await ctx.pve.clone(tpl.node, tpl.vmid, newid=newid, name=ctx.args["name"],
+                                       description=_server.marker(ctx.job.resource_id))
+        except VmidTaken:
+            continue  # a parallel create won this vmid: pick again, never adopt its VM
+        await ctx.remember(clone={"vmid": newid, "node": tpl.node, "upid": upid})
+        await ctx.wait_task(step, upid)
+        st = await ctx.pve.vm_state(tpl.node, newid)
+        if st is None:
+            raise TemporaryError(f"clone task {upid} ended OK but VM {newid} is not on {tpl.node}")
+        world.vm = st
+        return
+    raise TemporaryError(f"every vmid tried was taken by a parallel create ({CLONE_TRIES} tries)")
+
+
+async def _wait_clone(ctx: JobContext, world: World, step: Step) -> None:
+    """Wait for a clone started by an earlier attempt: on its UPID when recorded, else until the
+    target's ``lock: clone`` goes away."""
+    clone = ctx.memo.get("clone") or {}
+    vm = world.vm
+    assert vm is not None
+    if clone.get("upid") and int(clone["vmid"]) == vm.vmid:
+        await ctx.wait_task(step, clone["upid"])
+    else:
+        deadline = time.monotonic() + ctx.settings.task_deadline_s
+        while True:
+            st = await ctx.pve.vm_state(vm.node, vm.vmid)
+            if st is None:
+                raise TemporaryError(f"VM {vm.vmid} vanished while its clone was running")
+            if st.lock != "clone":
+                break
+            if time.monotonic() > deadline:
+                raise TemporaryError(f"VM {vm.vmid} still locked (clone) after {ctx.settings.task_deadline_s:.0f}s")
+            ctx.touch()
+            await asyncio.sleep(ctx.settings.task_poll_s)
+    st = await ctx.pve.vm_state(vm.node, vm.vmid)
+    if st is None or _server.marker(ctx.job.resource_id) not in str(st.config.get("description", "")):
+        raise TemporaryError(f"the clone at VM {vm.vmid} did not produce our VM; observing again")
+    world.vm = st
+
+
+async def verify(ctx: JobContext) -> VmState:
+    world = await observe(ctx)
+    remaining = plan(ctx.job, world)
+    if remaining or world.vm is None:
+        raise TemporaryError("verify: still to do: " + ", ".join(s.name for s in remaining))
+    return world.vm
+
+
+async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
+    await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
+                                power_state="running" if vm.running else "stopped", status="running")
+
+
+async def record_failure(conn: asyncpg.Connection, ctx: JobContext, message: str) -> None:
+    await store.server_mark_failed(conn, ctx.job.resource_id, message)
+
+
+def describe(args: dict[str, Any]) -> str:
+    return f"create server {args.get('name')}"

@@ -1,0 +1,101 @@
+"""ServerDelete: the final, irreversible step of a two-phase deletion (enqueued by the reaper
+when the deletion buffer expires).
+
+observe  every VM carrying ``z9-id-<server id>``, plus the VM at the vmid/node the database
+         last recorded for the server — a *suspect*, never trusted: a stale row can point at a
+         vmid that now belongs to someone else, or at the region's own agent VM.
+plan     (pure) the deletion guard (architecture §6) on every VM found: any platform role
+         refuses unconditionally (permanent; the server carries the reason). Our VMs must also
+         carry ``z9-role-customer``. A suspect without our tag and without a platform role is
+         someone else's VM: left alone. Then ``stop`` (if running) and ``destroy`` per VM.
+apply    re-reads the VM's tags right before destroying it and re-applies the guard.
+verify   no VM in the cluster carries the identity tag (never "vmid N is gone": the vmid is
+         reused at once). The server becomes ``deleted``.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from z9.common import store
+from z9.common.errors import PermanentError, TemporaryError
+from z9.common.models import Job
+from z9.common.tags import identity_tag, platform_roles
+
+from ..context import JobContext, Step
+from ..proxmox import VmState
+from . import _server
+
+KIND = "ServerDelete"
+log = logging.getLogger("z9.executor.jobs")
+
+
+@dataclass
+class World:
+    ours: list[VmState] = field(default_factory=list)
+    suspects: list[VmState] = field(default_factory=list)
+
+
+async def observe(ctx: JobContext) -> World:
+    ours = await _server.find_vms(ctx, ctx.job.resource_id)
+    suspects = []
+    server = await store.server_get(ctx.pool, ctx.job.resource_id)
+    if server and server.vmid is not None and not any(v.vmid == server.vmid for v in ours):
+        st = await ctx.pve.vm_state(server.node, server.vmid)
+        if st is not None:
+            suspects.append(st)
+    return World(ours=ours, suspects=suspects)
+
+
+def plan(job: Job, world: World) -> list[Step]:
+    tag = identity_tag(job.resource_id)
+    for vm in world.suspects:
+        if platform_roles(vm.tags):
+            _server.guard(job.resource_id, vm)  # raises GuardRefusal
+        log.warning("job %s: recorded VM %s on %s does not carry %s; it is not ours, leaving it alone",
+                    job.id, vm.vmid, vm.node, tag)
+    steps = []
+    for vm in world.ours:
+        _server.guard(job.resource_id, vm)
+        if vm.lock == "destroyed":
+            continue  # a destroy is already under way; verify waits for it
+        _server.refuse_if_locked(vm)
+        if vm.running:
+            steps.append(Step("stop", {"vmid": vm.vmid, "node": vm.node}))
+        steps.append(Step("destroy", {"vmid": vm.vmid, "node": vm.node}))
+    return steps
+
+
+async def apply(ctx: JobContext, world: World, step: Step) -> None:
+    vmid, node = step.detail["vmid"], step.detail["node"]
+    st = await ctx.pve.vm_state(node, vmid)
+    if st is None:
+        return  # already gone; verify checks by tag
+    _server.guard(ctx.job.resource_id, st)  # re-check the tags right before acting
+    _server.refuse_if_locked(st)
+    if step.name == "stop":
+        if st.running:
+            await ctx.wait_task(step, await ctx.pve.stop(node, vmid))
+    elif step.name == "destroy":
+        if st.running:
+            raise TemporaryError(f"VM {vmid} is running again; stopping it first next attempt")
+        await ctx.wait_task(step, await ctx.pve.destroy(node, vmid))
+    else:
+        raise PermanentError(f"{KIND}: unknown step {step.name!r}")
+
+
+async def verify(ctx: JobContext) -> None:
+    left = await ctx.pve.find_by_tag(identity_tag(ctx.job.resource_id))
+    if left:
+        raise TemporaryError("verify: VMs still carry the identity tag: "
+                             + ", ".join(f"{v.vmid} on {v.node}" for v in left))
+
+
+async def record(conn: asyncpg.Connection, ctx: JobContext, _: None) -> None:
+    await store.server_deleted(conn, ctx.job.resource_id)
+
+
+async def record_failure(conn: asyncpg.Connection, ctx: JobContext, message: str) -> None:
+    await store.server_mark_failed(conn, ctx.job.resource_id, message)

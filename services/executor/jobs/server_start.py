@@ -1,0 +1,80 @@
+"""ServerStart: make sure the server's VM runs (restoring the power state when a deletion is
+cancelled).
+
+observe  the VM carrying ``z9-id-<server id>``; none is a permanent error (the VM is gone).
+plan     (pure) the guard (never start a platform VM); ``start`` when it is not running.
+apply    ``status/start`` and wait for the task (a task failing with ``already running`` means
+         someone else started it: done).
+verify   observe again: running. Records ``running`` (outside the deletion states).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from z9.common import store
+from z9.common.errors import PermanentError, TemporaryError
+from z9.common.models import Job
+from z9.common.tags import identity_tag
+
+from ..context import JobContext, Step
+from ..proxmox import VmState
+from . import _server
+
+KIND = "ServerStart"
+
+
+@dataclass
+class World:
+    vm: VmState | None
+
+
+async def observe(ctx: JobContext) -> World:
+    return World(vm=await _server.find_one_vm(ctx, ctx.job.resource_id))
+
+
+def plan(job: Job, world: World) -> list[Step]:
+    vm = world.vm
+    if vm is None:
+        raise PermanentError(f"no VM carries {identity_tag(job.resource_id)}: the server's VM is gone")
+    _server.guard(job.resource_id, vm)
+    if vm.running:
+        return []
+    _server.refuse_if_locked(vm)
+    return [Step("start", {"vmid": vm.vmid, "node": vm.node})]
+
+
+async def apply(ctx: JobContext, world: World, step: Step) -> None:
+    if step.name != "start":
+        raise PermanentError(f"{KIND}: unknown step {step.name!r}")
+    vm = world.vm
+    assert vm is not None
+    st = await ctx.pve.vm_state(vm.node, vm.vmid)
+    if st is None:
+        raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
+    _server.guard(ctx.job.resource_id, st)
+    _server.refuse_if_locked(st)
+    if not st.running:
+        upid = await ctx.pve.start(st.node, st.vmid)
+        try:
+            await ctx.wait_task(step, upid)
+        except TemporaryError as e:
+            if "already running" not in str(e):
+                raise
+
+
+async def verify(ctx: JobContext) -> VmState:
+    world = await observe(ctx)
+    if world.vm is None or not world.vm.running:
+        raise TemporaryError("verify: the VM is not running")
+    return world.vm
+
+
+async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
+    await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
+                                power_state="running", status="running")
+
+
+async def record_failure(conn: asyncpg.Connection, ctx: JobContext, message: str) -> None:
+    await store.server_mark_failed(conn, ctx.job.resource_id, message)

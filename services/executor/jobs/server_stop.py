@@ -1,0 +1,79 @@
+"""ServerStop: make sure the server's VM is not running (first phase of a deletion, or the
+power state to restore when a deletion is cancelled).
+
+observe  the VM carrying ``z9-id-<server id>`` (none is fine: nothing to stop).
+plan     (pure) the deletion guard on that VM; ``shutdown`` when it runs.
+apply    ACPI shutdown, forced off after a timeout (``forceStop=1``); waits for the task.
+verify   observe again: not running. Records the power state; the status stays as it is
+         (``deleting`` during the deletion buffer).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from z9.common import store
+from z9.common.errors import PermanentError, TemporaryError
+from z9.common.models import Job
+
+from ..context import JobContext, Step
+from ..proxmox import VmState
+from . import _server
+
+KIND = "ServerStop"
+SHUTDOWN_TIMEOUT_S = 60
+
+
+@dataclass
+class World:
+    vm: VmState | None
+
+
+async def observe(ctx: JobContext) -> World:
+    return World(vm=await _server.find_one_vm(ctx, ctx.job.resource_id))
+
+
+def plan(job: Job, world: World) -> list[Step]:
+    vm = world.vm
+    if vm is None:
+        return []
+    _server.guard(job.resource_id, vm)
+    if not vm.running:
+        return []
+    _server.refuse_if_locked(vm)
+    return [Step("shutdown", {"vmid": vm.vmid, "node": vm.node})]
+
+
+async def apply(ctx: JobContext, world: World, step: Step) -> None:
+    if step.name != "shutdown":
+        raise PermanentError(f"{KIND}: unknown step {step.name!r}")
+    vm = world.vm
+    assert vm is not None
+    st = await ctx.pve.vm_state(vm.node, vm.vmid)
+    if st is None:
+        raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
+    _server.guard(ctx.job.resource_id, st)
+    _server.refuse_if_locked(st)
+    if st.running:
+        upid = await ctx.pve.shutdown(st.node, st.vmid, timeout_s=SHUTDOWN_TIMEOUT_S)
+        await ctx.wait_task(step, upid)
+
+
+async def verify(ctx: JobContext) -> VmState | None:
+    world = await observe(ctx)
+    if world.vm is not None and world.vm.running:
+        raise TemporaryError(f"verify: VM {world.vm.vmid} is still running")
+    return world.vm
+
+
+async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState | None) -> None:
+    if vm is None:
+        await store.server_observed(conn, ctx.job.resource_id, vmid=None, node=None, power_state=None)
+    else:
+        await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
+                                    power_state="stopped", status="stopped")
+
+
+async def record_failure(conn: asyncpg.Connection, ctx: JobContext, message: str) -> None:
+    await store.server_mark_failed(conn, ctx.job.resource_id, message)

@@ -1,0 +1,379 @@
+"""The hypervisor adapter: z9's narrow, domain-level interface to one Proxmox VE cluster.
+
+This is the only module that imports proxmoxer. proxmoxer is synchronous (requests), so every
+call runs in a thread of this client's own pool. Every foreign error (proxmoxer's
+``ResourceException``, requests' transport errors) is translated into z9's typed errors in
+:func:`translate` — the single boundary — following ``shared/design/proxmox-api.md``:
+
+- 595/596/502/503/504, connection errors, timeouts, config flock timeouts
+  (``can't lock file … - got timeout``), ``checksum mismatch`` → :class:`TemporaryError`
+- ``VM is locked (<lock>)`` → :class:`VmLocked` (a :class:`Snooze`: waiting on the world)
+- ``Configuration file '…' does not exist`` → :class:`VmMissing`
+- ``… already exists`` on create/clone → :class:`VmidTaken`
+- 400 ``Parameter verification failed.`` and 501 → :class:`PermanentError`
+- anything else → :class:`TemporaryError` (retries are safe: every step is idempotent)
+
+Tasks: mutations return a UPID at once; :meth:`ProxmoxClient.wait_task` polls the UPID's node
+about once a second until the task has stopped, tolerating a few ``no such task`` answers and
+read timeouts, and judges ``exitstatus`` (``OK`` and ``WARNINGS: n`` are success).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+from urllib.parse import urlsplit
+
+import requests
+from proxmoxer import ProxmoxAPI
+from proxmoxer.core import ResourceException
+
+from z9.common.errors import PermanentError, Snooze, TemporaryError
+from z9.common.settings import RegionSettings
+from z9.common.tags import normalize_tags
+
+log = logging.getLogger("z9.proxmox")
+
+UPID_RE = re.compile(
+    r"^UPID:(?P<node>[a-zA-Z0-9._-]+):(?P<pid>[0-9A-F]{8}):(?P<pstart>[0-9A-F]{8,9}):"
+    r"(?P<starttime>[0-9A-F]{8}):(?P<type>[^:]*):(?P<id>[^:]*):(?P<user>[^:]+):$"
+)
+
+
+class VmMissing(TemporaryError):
+    """The VM's config file does not exist on that node (gone, moved, or never made)."""
+
+
+class VmidTaken(TemporaryError):
+    """create/clone found the requested vmid taken (``already exists``): pick another."""
+
+
+class VmLocked(Snooze):
+    """The VM holds a config lock (``clone``, ``backup``, …) set by another task."""
+
+
+class TaskFailed(TemporaryError):
+    """A hypervisor task stopped with an error ``exitstatus``; ``log_tail`` is its last lines."""
+
+    def __init__(self, message: str, *, upid: str, exitstatus: str, log_tail: list[str]):
+        super().__init__(message)
+        self.upid = upid
+        self.exitstatus = exitstatus
+        self.log_tail = log_tail
+
+
+class TaskFailedPermanently(TaskFailed, PermanentError):
+    """A task failure that retrying cannot fix."""
+
+
+@dataclass(frozen=True)
+class Upid:
+    """A parsed UPID (pve-common ``UPID.pm``): node, pid, pstart, starttime, type, id, user."""
+
+    raw: str
+    node: str
+    type: str
+    id: str
+    user: str
+
+    @classmethod
+    def parse(cls, raw: str) -> "Upid":
+        """Raises PermanentError when ``raw`` is not a UPID."""
+        m = UPID_RE.match(raw or "")
+        if not m:
+            raise PermanentError(f"not a UPID: {raw!r}")
+        return cls(raw, m["node"], m["type"], m["id"], m["user"])
+
+
+@dataclass(frozen=True)
+class VmRef:
+    """One entry of ``/cluster/resources?type=vm``. ``tags`` and ``lock`` are fresh; ``name``
+    and ``status`` come from a stats cache that lags ~10 s (proxmox-api.md)."""
+
+    vmid: int
+    node: str
+    name: str | None
+    status: str | None
+    tags: frozenset[str]
+    lock: str | None
+    template: bool
+
+
+@dataclass(frozen=True)
+class VmState:
+    """A VM read on its node: config (with ``digest``), fresh tags, lock and power status."""
+
+    vmid: int
+    node: str
+    config: dict[str, Any]
+    status: str  # running | stopped
+    tags: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def lock(self) -> str | None:
+        return self.config.get("lock")
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+
+_LOCK_TIMEOUT = re.compile(r"can't lock file .* got timeout|got timeout", re.I)
+_VM_LOCKED = re.compile(r"VM is locked \((?P<lock>[a-z-]+)\)")
+_MISSING = re.compile(r"Configuration file '.*' does not exist|does not exist")
+_TAKEN = re.compile(r"already exists")
+
+
+def translate(exc: BaseException, what: str) -> Exception:
+    """Map a proxmoxer/requests exception raised while doing ``what`` to a z9 error.
+
+    This is the single place where foreign hypervisor errors become TemporaryError,
+    PermanentError or Snooze (see the module docstring for the table).
+    """
+    if isinstance(exc, ResourceException):
+        status = exc.status_code
+        reason = str(exc.content or exc.status_message or "")
+        errors = exc.errors
+        msg = f"{what}: {status} {reason}" + (f" {errors}" if errors else "")
+        m = _VM_LOCKED.search(reason)
+        if m:
+            return VmLocked(msg)
+        if _LOCK_TIMEOUT.search(reason):
+            return TemporaryError(msg)
+        if status == 400:
+            return PermanentError(msg)
+        if status in (401, 403):
+            return TemporaryError(msg + " (check the region's API token and its permissions)")
+        if status == 501:
+            return PermanentError(msg)
+        if _TAKEN.search(reason):
+            return VmidTaken(msg)
+        if _MISSING.search(reason):
+            return VmMissing(msg)
+        return TemporaryError(msg)
+    if isinstance(exc, (requests.Timeout, TimeoutError)):
+        return TemporaryError(f"{what}: timed out ({exc.__class__.__name__})")
+    if isinstance(exc, (requests.ConnectionError, ConnectionError, OSError)):
+        return TemporaryError(f"{what}: connection failed ({exc.__class__.__name__}: {exc})")
+    if isinstance(exc, requests.RequestException):
+        return TemporaryError(f"{what}: {exc.__class__.__name__}: {exc}")
+    return TemporaryError(f"{what}: unexpected {exc.__class__.__name__}: {exc}")
+
+
+def _bool(v: bool) -> int:
+    # Proxmox booleans are 1/0; Python True would be sent as 'True' and rejected (JSONSchema.pm).
+    return 1 if v else 0
+
+
+class ProxmoxClient:
+    """Async, domain-level client of one region's Proxmox VE API.
+
+    Every method raises only z9 errors (TemporaryError, PermanentError, Snooze subclasses).
+    ``on_call`` (optional) is called after every HTTP request as
+    ``on_call(endpoint_template, outcome, seconds)`` (metrics).
+    """
+
+    def __init__(self, region: str, settings: RegionSettings, *, max_threads: int = 32,
+                 on_call: Callable[[str, str, float], None] | None = None):
+        self.region = region
+        self.settings = settings
+        url = urlsplit(settings.url)
+        user, _, token_name = settings.token_id.partition("!")
+        self._api = ProxmoxAPI(
+            url.hostname,
+            port=url.port or 8006,
+            user=user,
+            token_name=token_name,
+            token_value=settings.token_secret.get_secret_value(),
+            verify_ssl=settings.verify_ssl,
+            timeout=settings.request_timeout_s,
+            service="PVE",
+        )
+        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix=f"pve-{region}")
+        self._on_call = on_call
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _call(self, endpoint: str, what: str, fn: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
+        outcome = "ok"
+        try:
+            return await loop.run_in_executor(self._pool, fn)
+        except BaseException as exc:  # translated at this single boundary
+            if isinstance(exc, asyncio.CancelledError):
+                outcome = "cancelled"
+                raise
+            outcome = str(getattr(exc, "status_code", None) or exc.__class__.__name__)
+            raise translate(exc, what) from exc
+        finally:
+            if self._on_call:
+                self._on_call(endpoint, outcome, time.monotonic() - t0)
+
+    # ------------------------------------------------------------------ reads
+
+    async def list_vms(self) -> list[VmRef]:
+        """``GET /cluster/resources?type=vm`` → every VM and template of the cluster."""
+        rows = await self._call("GET /cluster/resources", "list VMs",
+                                lambda: self._api.cluster.resources.get(type="vm"))
+        out = []
+        for r in rows or []:
+            if r.get("type") not in (None, "qemu"):
+                continue
+            out.append(VmRef(
+                vmid=int(r["vmid"]), node=r["node"], name=r.get("name"), status=r.get("status"),
+                tags=normalize_tags(r.get("tags")), lock=r.get("lock") or None,
+                template=bool(int(r.get("template") or 0)),
+            ))
+        return out
+
+    async def find_by_tag(self, tag: str) -> list[VmRef]:
+        """Every VM carrying ``tag`` (tags compared as normalised sets)."""
+        tag = tag.lower()
+        return [v for v in await self.list_vms() if tag in v.tags]
+
+    async def vm_state(self, node: str, vmid: int) -> VmState | None:
+        """Config and power status of VM ``vmid`` on ``node``; None when its config does not
+        exist there."""
+        try:
+            cfg = await self._call("GET /nodes/{node}/qemu/{vmid}/config", f"read config of VM {vmid}",
+                                   lambda: self._api.nodes(node).qemu(vmid).config.get())
+            st = await self._call("GET /nodes/{node}/qemu/{vmid}/status/current",
+                                  f"read status of VM {vmid}",
+                                  lambda: self._api.nodes(node).qemu(vmid).status.current.get())
+        except VmMissing:
+            return None
+        cfg = dict(cfg or {})
+        return VmState(vmid=vmid, node=node, config=cfg, status=(st or {}).get("status", "unknown"),
+                       tags=normalize_tags(cfg.get("tags")))
+
+    async def next_id(self) -> int:
+        """``GET /cluster/nextid``: the lowest free vmid ≥ 100 (a string on the wire; reserves
+        nothing, so a clone may still find it taken)."""
+        v = await self._call("GET /cluster/nextid", "get next free vmid",
+                             lambda: self._api.cluster.nextid.get())
+        return int(v)
+
+    async def task_status(self, node: str, upid: str) -> dict[str, Any]:
+        return await self._call("GET /nodes/{node}/tasks/{upid}/status", f"read task {upid}",
+                                lambda: self._api.nodes(node).tasks(upid).status.get())
+
+    async def task_log_tail(self, node: str, upid: str, lines: int = 20) -> list[str]:
+        """The last ``lines`` lines of a task's log (best effort: [] when unreadable)."""
+        try:
+            rows = await self._call("GET /nodes/{node}/tasks/{upid}/log", f"read log of task {upid}",
+                                    lambda: self._api.nodes(node).tasks(upid).log.get(start=0, limit=500))
+        except (TemporaryError, PermanentError):
+            return []
+        return [str(r.get("t", "")) for r in (rows or [])][-lines:]
+
+    # ------------------------------------------------------------------ mutations (return UPIDs)
+
+    async def clone(self, node: str, template_vmid: int, *, newid: int, name: str,
+                    description: str) -> str:
+        """Full clone of ``template_vmid`` to ``newid`` on the same node. The target holds
+        ``lock: clone`` until the task ends and inherits the source's tags. Raises VmidTaken."""
+        return await self._call(
+            "POST /nodes/{node}/qemu/{vmid}/clone", f"clone VM {template_vmid} to {newid}",
+            lambda: self._api.nodes(node).qemu(template_vmid).clone.post(
+                newid=newid, name=name, description=description, full=_bool(True)))
+
+    async def configure(self, node: str, vmid: int, params: dict[str, Any], *, digest: str | None) -> str:
+        """``POST …/config`` (asynchronous: returns a ``qmconfig`` UPID). ``digest`` makes the write
+        fail with ``checksum mismatch`` if the config changed since it was read."""
+        data = dict(params)
+        if digest:
+            data["digest"] = digest
+        return await self._call("POST /nodes/{node}/qemu/{vmid}/config", f"configure VM {vmid}",
+                                lambda: self._api.nodes(node).qemu(vmid).config.post(**data))
+
+    async def resize(self, node: str, vmid: int, disk: str, size_gib: int) -> str | None:
+        """``PUT …/resize`` to an absolute ``size_gib`` GiB; returns the task's UPID (PVE ≥ 8)."""
+        return await self._call("PUT /nodes/{node}/qemu/{vmid}/resize", f"resize {disk} of VM {vmid}",
+                                lambda: self._api.nodes(node).qemu(vmid).resize.put(disk=disk, size=f"{size_gib}G"))
+
+    async def start(self, node: str, vmid: int) -> str:
+        return await self._call("POST /nodes/{node}/qemu/{vmid}/status/start", f"start VM {vmid}",
+                                lambda: self._api.nodes(node).qemu(vmid).status.start.post())
+
+    async def shutdown(self, node: str, vmid: int, *, timeout_s: int = 60) -> str:
+        """ACPI shutdown, forced off after ``timeout_s`` seconds (``forceStop=1``)."""
+        return await self._call("POST /nodes/{node}/qemu/{vmid}/status/shutdown", f"shut down VM {vmid}",
+                                lambda: self._api.nodes(node).qemu(vmid).status.shutdown.post(
+                                    timeout=timeout_s, forceStop=_bool(True)))
+
+    async def stop(self, node: str, vmid: int) -> str:
+        return await self._call("POST /nodes/{node}/qemu/{vmid}/status/stop", f"stop VM {vmid}",
+                                lambda: self._api.nodes(node).qemu(vmid).status.stop.post())
+
+    async def destroy(self, node: str, vmid: int) -> str:
+        """``DELETE /nodes/{node}/qemu/{vmid}`` with ``purge=1`` and
+        ``destroy-unreferenced-disks=1``. A running VM is refused (``VM n is running``)."""
+        return await self._call("DELETE /nodes/{node}/qemu/{vmid}", f"destroy VM {vmid}",
+                                lambda: self._api.nodes(node).qemu(vmid).delete(
+                                    **{"purge": 1, "destroy-unreferenced-disks": 1}))
+
+    # ------------------------------------------------------------------ the task waiter
+
+    async def wait_task(self, upid: str, *, deadline_s: float, poll_s: float = 1.0,
+                        on_poll: Callable[[], Awaitable[None]] | None = None,
+                        max_unknown: int = 5) -> str:
+        """Wait until task ``upid`` has stopped; return its ``exitstatus`` (``OK`` or
+        ``WARNINGS: n``).
+
+        Polls ``/nodes/<node of the UPID>/tasks/<upid>/status`` every ``poll_s`` seconds. Up to
+        ``max_unknown`` consecutive ``no such task`` answers (normal right after the POST) and
+        any number of read timeouts or connection errors are tolerated: the task's fate is
+        unknown, not failed. ``on_poll`` runs after each poll (the caller renews its lease).
+
+        Raises TaskFailed (temporary) or TaskFailedPermanently with the log's last lines when
+        the task stopped with an error; TemporaryError when ``deadline_s`` seconds pass with the
+        task still running (the caller keeps the UPID and waits on it again next attempt — never
+        starts the task a second time).
+        """
+        up = Upid.parse(upid)
+        deadline = time.monotonic() + deadline_s
+        unknown = 0
+        while True:
+            try:
+                st = await self.task_status(up.node, upid)
+                unknown = 0
+            except PermanentError as e:
+                if "no such task" not in str(e):
+                    raise
+                unknown += 1
+                if unknown > max_unknown:
+                    raise TemporaryError(f"task {upid}: node {up.node} keeps answering 'no such task'") from e
+                st = None
+            except TemporaryError as e:
+                log.info("task %s: status unknown (%s); polling again", upid, e)
+                st = None
+            if st and st.get("status") == "stopped":
+                exitstatus = str(st.get("exitstatus") or "unexpected status")
+                if exitstatus == "OK" or exitstatus.startswith("WARNINGS:"):
+                    return exitstatus
+                tail = await self.task_log_tail(up.node, upid)
+                raise task_failure(upid, up.type, exitstatus, tail)
+            if on_poll is not None:
+                await on_poll()
+            if time.monotonic() >= deadline:
+                raise TemporaryError(
+                    f"task {upid} still running after {deadline_s:.0f}s; will wait on the same task again")
+            await asyncio.sleep(poll_s)
+
+
+def task_failure(upid: str, task_type: str, exitstatus: str, tail: list[str]) -> TaskFailed:
+    """Classify a failed task by its ``exitstatus``: lock timeouts, a locked VM and a dead worker
+    (``unexpected status``) are temporary; so is any other failure by default, because every
+    step is idempotent and attempts are bounded."""
+    msg = f"task {task_type} ({upid}) failed: {exitstatus}"
+    if _VM_LOCKED.search(exitstatus):
+        return TaskFailed(msg, upid=upid, exitstatus=exitstatus, log_tail=tail)
+    if "shrinking disks is not supported" in exitstatus:
+        return TaskFailedPermanently(msg, upid=upid, exitstatus=exitstatus, log_tail=tail)
+    return TaskFailed(msg, upid=upid, exitstatus=exitstatus, log_tail=tail)

@@ -1,0 +1,118 @@
+"""Runs one claimed job through observe → plan → apply → verify and writes its outcome.
+
+Outcomes (architecture §2, §4):
+
+- plan empty, or every step applied and verify reads the world back as intended →
+  ``succeeded``; the kind's ``record`` writes the observed state in the same transaction.
+- :class:`Snooze` (a VM lock held by another task) → ``retry`` after the snooze delay, the
+  attempt given back.
+- :class:`TemporaryError` (or any unexpected exception) → ``retry`` with exponential backoff;
+  the resource keeps its status. Out of attempts → ``failed`` and the resource carries it.
+- :class:`PermanentError` → ``failed`` at once; the resource carries the reason.
+- :class:`LeaseLost` → the job belongs to another worker now: stop and write nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timezone
+from typing import Any
+
+from z9.common import store
+from z9.common.backoff import backoff_delay_s
+from z9.common.errors import JobError, LeaseLost, PermanentError, Snooze, TemporaryError
+
+from .context import JobContext
+
+log = logging.getLogger("z9.executor")
+
+
+def _error(exc: BaseException, cls: str | None = None) -> dict[str, Any]:
+    return {"class": cls or getattr(exc, "error_class", "temporary"), "message": str(exc) or repr(exc),
+            "at": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")}
+
+
+async def run_job(ctx: JobContext, kind: Any) -> str:
+    """Run ``ctx.job`` with job-kind module ``kind``; return the outcome
+    (succeeded | retry | snoozed | failed | lost). Raises CancelledError when cancelled (the
+    caller hands the job over or has lost its lease)."""
+    job = ctx.job
+    extra = {"job_id": job.id, "kind": job.kind, "region": job.region, "attempt": job.attempt}
+    try:
+        try:
+            world = await kind.observe(ctx)
+            steps = kind.plan(job, world)
+            await ctx.set_plan(steps)
+            for step in steps:
+                await ctx.step_running(step)
+                await kind.apply(ctx, world, step)
+                await ctx.step_done(step)
+            observed = await kind.verify(ctx)
+        except (JobError, LeaseLost, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # a bug or an untranslated error: retrying is safe, say so loudly
+            log.exception("job %s: unexpected error", job.id, extra=extra)
+            raise TemporaryError(f"internal error: {exc.__class__.__name__}: {exc}") from exc
+        async with ctx.pool.acquire() as conn, conn.transaction():
+            await store.job_succeed(conn, ctx.lease, ctx.steps_json())
+            await kind.record(conn, ctx, observed)
+        log.info("job %s succeeded (%d steps)", job.id, len(ctx.steps), extra=extra)
+        return "succeeded"
+    except LeaseLost as exc:
+        log.warning("job %s: %s; abandoning it", job.id, exc, extra=extra)
+        return "lost"
+    except Snooze as exc:
+        ctx.mark_running_step_failed()
+        delay = exc.delay_s or ctx.settings.snooze_s
+        return await _finish_retry(ctx, exc, delay, refund=True, extra=extra)
+    except PermanentError as exc:
+        ctx.mark_running_step_failed()
+        return await _finish_failed(ctx, kind, _error(exc), extra=extra)
+    except TemporaryError as exc:
+        ctx.mark_running_step_failed()
+        if job.attempt >= job.max_attempts:
+            err = _error(exc)
+            err["message"] = f"out of attempts ({job.max_attempts}): {err['message']}"
+            return await _finish_failed(ctx, kind, err, extra=extra)
+        delay = backoff_delay_s(job.attempt, base_s=ctx.settings.backoff_base_s,
+                                cap_s=ctx.settings.backoff_cap_s, jitter=ctx.settings.backoff_jitter)
+        return await _finish_retry(ctx, exc, delay, refund=False, extra=extra)
+
+
+async def _finish_retry(ctx: JobContext, exc: BaseException, delay_s: float, *, refund: bool,
+                        extra: dict[str, Any]) -> str:
+    try:
+        await store.job_retry(ctx.pool, ctx.lease, ctx.steps_json(), _error(exc), delay_s,
+                              refund_attempt=refund)
+    except LeaseLost as lost:
+        log.warning("job %s: %s; abandoning it", ctx.job.id, lost, extra=extra)
+        return "lost"
+    log.warning("job %s: %s in %.1fs: %s", ctx.job.id, "snoozed" if refund else "retry",
+                delay_s, exc, extra=extra)
+    return "snoozed" if refund else "retry"
+
+
+async def _finish_failed(ctx: JobContext, kind: Any, err: dict[str, Any], *, extra: dict[str, Any]) -> str:
+    try:
+        async with ctx.pool.acquire() as conn, conn.transaction():
+            await store.job_fail(conn, ctx.lease, ctx.steps_json(), err)
+            await kind.record_failure(conn, ctx, err["message"])
+    except LeaseLost as lost:
+        log.warning("job %s: %s; abandoning it", ctx.job.id, lost, extra=extra)
+        return "lost"
+    log.error("job %s failed: %s", ctx.job.id, err["message"], extra=extra)
+    return "failed"
+
+
+async def hand_over(ctx: JobContext, reason: str) -> bool:
+    """Give a job back (``retry`` due now, attempt refunded) when this worker stops; False when
+    the lease was already lost."""
+    ctx.mark_running_step_failed()
+    try:
+        await store.job_retry(ctx.pool, ctx.lease, ctx.steps_json(),
+                              {"class": "temporary", "message": reason,
+                               "at": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")},
+                              0.0, refund_attempt=True)
+        return True
+    except LeaseLost:
+        return False

@@ -1,0 +1,228 @@
+"""The executor process: LISTEN for work, claim under a lease, run jobs, heartbeat, stop cleanly.
+
+- Wakeups: ``LISTEN z9_jobs`` on a dedicated connection (payload = region) plus a slow poll
+  every ``poll_interval_s``. A dropped LISTEN connection is re-established with backoff and
+  followed at once by a catch-up claim.
+- Claims take at most the free capacity (``executor_concurrency`` − in flight), with
+  ``FOR UPDATE SKIP LOCKED``; at most the earliest live job of a resource is claimable.
+- One heartbeat loop renews the lease of every job in flight that made progress within
+  ``step_timeout_s``; a lost lease cancels that job's task at once.
+- SIGTERM (``stop()``): claim nothing more, let running jobs end for ``shutdown_grace_s``
+  seconds, then cancel the rest and hand them over (``retry`` due now, attempt refunded).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from typing import Any, Callable
+
+import asyncpg
+
+from z9.common import store
+from z9.common.db import JOBS_CHANNEL, TRANSIENT_DB_ERRORS, create_pool
+from z9.common.errors import LeaseLost
+from z9.common.models import Job
+from z9.common.settings import Settings
+
+from .context import JobContext
+from .jobs import REGISTRY, UnknownKind
+from .proxmox import ProxmoxClient
+from .runner import hand_over, run_job
+
+log = logging.getLogger("z9.executor")
+
+
+def worker_identity() -> str:
+    """``host:pid:random`` — unique per process even when two hosts share a name."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class Executor:
+    """Claims and runs the jobs of ``regions``. ``run()`` until ``stop()``.
+
+    ``client_factory(region) -> ProxmoxClient`` may be replaced (tests).
+    """
+
+    def __init__(self, settings: Settings, regions: list[str], *, owner: str | None = None,
+                 client_factory: Callable[[str], ProxmoxClient] | None = None):
+        missing = [r for r in regions if r not in settings.regions]
+        if not regions:
+            raise ValueError("an executor needs at least one region (--region)")
+        if missing and client_factory is None:
+            raise ValueError(f"region(s) {', '.join(missing)} not configured in Z9_REGIONS")
+        self.settings = settings
+        self.regions = list(regions)
+        self.owner = owner or worker_identity()
+        factory = client_factory or (lambda r: ProxmoxClient(r, settings.regions[r]))
+        self.clients = {r: factory(r) for r in self.regions}
+        self.pool: asyncpg.Pool | None = None
+        self.inflight: dict[str, tuple[asyncio.Task, JobContext]] = {}
+        self.listen_healthy = False
+        self.claims = 0
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._dsn = settings.require_database_url()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def stop(self) -> None:
+        """Stop claiming; ``run()`` then drains and returns."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        conc = self.settings.executor_concurrency
+        self.pool = await self._connect_pool(conc + 4)
+        listener = asyncio.create_task(self._listen_loop(), name="z9-listen")
+        heartbeat = asyncio.create_task(self._heartbeat_loop(), name="z9-heartbeat")
+        log.info("executor %s serving regions %s (concurrency %d)", self.owner, ",".join(self.regions), conc)
+        try:
+            while not self._stopping.is_set():
+                self._wake.clear()
+                more = await self._claim_once()
+                if more:
+                    continue
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.settings.poll_interval_s)
+                except TimeoutError:
+                    pass
+        finally:
+            await self._drain()
+            listener.cancel()
+            heartbeat.cancel()
+            await asyncio.gather(listener, heartbeat, return_exceptions=True)
+            await self.pool.close()
+            for c in self.clients.values():
+                c.close()
+            log.info("executor %s stopped", self.owner)
+
+    async def _connect_pool(self, size: int) -> asyncpg.Pool:
+        delay = 0.5
+        while True:
+            try:
+                return await create_pool(self._dsn, min_size=1, max_size=size, application_name="z9-executor")
+            except TRANSIENT_DB_ERRORS as e:
+                if self._stopping.is_set():
+                    raise
+                log.warning("database unreachable (%s); retrying in %.1fs", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10)
+
+    # ---------------------------------------------------------------- claiming
+
+    async def _claim_once(self) -> bool:
+        """Claim up to the free capacity; True when capacity was filled (more may wait)."""
+        free = self.settings.executor_concurrency - len(self.inflight)
+        if free <= 0:
+            return False
+        try:
+            jobs = await store.job_claim(self.pool, self.regions, free, self.owner, self.settings.lease_ttl_s)
+        except TRANSIENT_DB_ERRORS as e:
+            log.warning("claim failed (%s); retrying after a pause", e)
+            await asyncio.sleep(1.0)
+            return False
+        self.claims += 1
+        for job in jobs:
+            self._spawn(job)
+        return len(jobs) == free and len(jobs) > 0 and len(self.inflight) < self.settings.executor_concurrency
+
+    def _spawn(self, job: Job) -> None:
+        ctx = JobContext(job, self.owner, self.pool, self.clients[job.region], self.settings)
+        task = asyncio.create_task(self._run(ctx), name=f"job-{job.id}")
+        self.inflight[job.id] = (task, ctx)
+
+    async def _run(self, ctx: JobContext) -> None:
+        job = ctx.job
+        try:
+            kind = REGISTRY.get(job.kind) or UnknownKind(job.kind)
+            await run_job(ctx, kind)
+        except asyncio.CancelledError:
+            pass
+        except TRANSIENT_DB_ERRORS as e:
+            log.warning("job %s: database lost while finishing (%s); the lease will expire and the "
+                        "scheduler will hand it on", job.id, e)
+        except Exception:
+            log.exception("job %s: executor error", job.id)
+        finally:
+            self.inflight.pop(job.id, None)
+            self._wake.set()
+
+    # ---------------------------------------------------------------- LISTEN
+
+    def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        if payload in self.regions or payload == "":
+            self._wake.set()
+
+    async def _listen_loop(self) -> None:
+        delay = 0.2
+        while not self._stopping.is_set():
+            conn = None
+            try:
+                conn = await asyncpg.connect(self._dsn, server_settings={"application_name": "z9-executor-listen"})
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _c: lost.set())
+                await conn.add_listener(JOBS_CHANNEL, self._on_notify)
+                self.listen_healthy = True
+                log.info("LISTEN %s established", JOBS_CHANNEL)
+                self._wake.set()  # catch up on anything missed while not listening
+                delay = 0.2
+                while not lost.is_set():
+                    try:
+                        await asyncio.wait_for(lost.wait(), timeout=self.settings.poll_interval_s)
+                    except TimeoutError:
+                        await conn.fetchval("SELECT 1", timeout=5)
+                log.warning("LISTEN connection lost; re-establishing")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # TRANSIENT_DB_ERRORS and protocol errors alike
+                log.warning("LISTEN connection failed (%s); retrying in %.1fs", e, delay)
+            finally:
+                self.listen_healthy = False
+                if conn is not None:
+                    conn.terminate()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    # ---------------------------------------------------------------- heartbeat
+
+    async def _heartbeat_loop(self) -> None:
+        s = self.settings
+        while True:
+            await asyncio.sleep(s.heartbeat_s)
+            now = time.monotonic()
+            for job_id, (task, ctx) in list(self.inflight.items()):
+                if now - ctx.last_progress > s.step_timeout_s:
+                    log.warning("job %s: no progress for %.0fs; letting its lease expire", job_id,
+                                now - ctx.last_progress)
+                    continue
+                try:
+                    await store.job_heartbeat(self.pool, ctx.lease, s.lease_ttl_s)
+                except LeaseLost as e:
+                    log.warning("job %s: %s; cancelling it", job_id, e)
+                    task.cancel()
+                except TRANSIENT_DB_ERRORS as e:
+                    log.warning("heartbeat failed (%s)", e)
+
+    # ---------------------------------------------------------------- shutdown
+
+    async def _drain(self) -> None:
+        if not self.inflight:
+            return
+        grace = self.settings.shutdown_grace_s
+        log.info("stopping: waiting up to %.0fs for %d running job(s)", grace, len(self.inflight))
+        tasks = [t for t, _ in self.inflight.values()]
+        await asyncio.wait(tasks, timeout=grace)
+        left = list(self.inflight.values())
+        for task, _ in left:
+            task.cancel()
+        await asyncio.gather(*(t for t, _ in left), return_exceptions=True)
+        for _, ctx in left:
+            try:
+                if await hand_over(ctx, f"handed over: executor {self.owner} is shutting down"):
+                    log.info("job %s handed over", ctx.job.id)
+            except TRANSIENT_DB_ERRORS as e:
+                log.warning("job %s: could not hand over (%s); its lease will expire", ctx.job.id, e)

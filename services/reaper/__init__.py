@@ -1,0 +1,69 @@
+"""The reaper: finalises expired deletion buffers (second phase of a two-phase delete).
+
+``run_once`` moves every server whose ``delete_after`` has passed from ``deleting`` to
+``destroying`` and enqueues its ``ServerDelete`` job, in one transaction (``SKIP LOCKED``, so
+several replicas never enqueue twice), and NOTIFYs the regions concerned. A cancellation racing
+the reaper is decided by the row lock: ``cancel-deletion`` only matches ``delete_after > now()``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+
+from z9.common import store
+from z9.common.db import TRANSIENT_DB_ERRORS, create_pool
+from z9.common.settings import Settings
+from z9.common.store import NewJob
+
+log = logging.getLogger("z9.reaper")
+
+
+class Reaper:
+    """See the module docstring. ``run()`` until ``stop()``; scans every ``reaper_interval_s``."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.pool: asyncpg.Pool | None = None
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run_once(self, batch: int = 100) -> int:
+        """Finalise up to ``batch`` expired buffers; return how many."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            servers = await store.server_reap_expired(conn, batch)
+            await store.job_insert_many(conn, [
+                NewJob(kind="ServerDelete", region=s.region, tenant_id=s.tenant_id, resource_type="server",
+                       resource_id=s.id, max_attempts=self.settings.max_attempts)
+                for s in servers
+            ])
+        for s in servers:
+            log.info("server %s: deletion buffer expired; ServerDelete enqueued", s.id,
+                     extra={"region": s.region})
+        return len(servers)
+
+    async def run(self) -> None:
+        dsn = self.settings.require_database_url()
+        delay = 0.5
+        while not self._stopping.is_set():
+            try:
+                if self.pool is None:
+                    self.pool = await create_pool(dsn, min_size=1, max_size=2, application_name="z9-reaper")
+                n = await self.run_once()
+                delay = 0.5
+                if n:
+                    continue
+            except TRANSIENT_DB_ERRORS as e:
+                log.warning("database unreachable (%s); retrying in %.1fs", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10)
+                continue
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=self.settings.reaper_interval_s)
+            except TimeoutError:
+                pass
+        if self.pool is not None:
+            await self.pool.close()

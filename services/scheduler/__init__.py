@@ -1,0 +1,113 @@
+"""The scheduler: turns due retries into pending work and reclaims expired leases.
+
+``run_once`` (what tests call) does, each in its own short transaction:
+
+1. ``lease_reclaim_expired`` — running jobs whose lease expired (the worker died or stalled)
+   go to ``retry`` due now; the attempt the dead worker spent still counts, so a job out of
+   attempts goes to ``failed`` and its resource carries the reason. The update re-checks the
+   row under its lock, so a job that finished in between is never overwritten.
+2. ``job_retry_due`` — ``retry`` jobs whose ``run_after`` has come go to ``pending``, and each
+   of their regions is NOTIFYed on ``z9_jobs``.
+3. every ``prune_every`` passes, ``job_prune_finished`` — terminal jobs older than the retention
+   are deleted in batches (``SKIP LOCKED``: never blocks claims).
+
+The loop sleeps until the earliest ``run_after`` or ``scheduler_interval_s`` (the lease scan
+period), whichever comes first, and wakes early on ``NOTIFY z9_scheduler`` (a job entered
+``retry``). Several replicas may run: every statement uses ``SKIP LOCKED`` and guarded updates.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import asyncpg
+
+from z9.common import store
+from z9.common.db import SCHEDULER_CHANNEL, TRANSIENT_DB_ERRORS, create_pool
+from z9.common.settings import Settings
+
+log = logging.getLogger("z9.scheduler")
+
+
+@dataclass
+class PassCounts:
+    """What one ``run_once`` did."""
+
+    reclaimed: int = 0
+    reclaimed_failed: int = 0
+    promoted: int = 0
+    pruned: int = 0
+
+
+class Scheduler:
+    """See the module docstring. ``run()`` until ``stop()``."""
+
+    def __init__(self, settings: Settings, *, prune_every: int = 60):
+        self.settings = settings
+        self.prune_every = prune_every
+        self.pool: asyncpg.Pool | None = None
+        self._passes = 0
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    async def run_once(self) -> PassCounts:
+        counts = PassCounts()
+        async with self.pool.acquire() as conn:
+            async with conn.transaction():
+                rows = await store.lease_reclaim_expired(conn)
+                for r in rows:
+                    counts.reclaimed += 1
+                    log.warning("job %s: lease expired; now %s", r["id"], r["status"],
+                                extra={"job_id": r["id"], "region": r["region"]})
+                    if r["status"] == "failed":
+                        counts.reclaimed_failed += 1
+                        if r["resource_type"] == "server":
+                            await store.server_mark_failed(conn, r["resource_id"], r["error"]["message"])
+            async with conn.transaction():
+                due = await store.job_retry_due(conn)
+                counts.promoted = len(due)
+                await store.jobs_notify(conn, sorted({r["region"] for r in due}))
+            self._passes += 1
+            if self._passes % self.prune_every == 1:
+                counts.pruned = await store.job_prune_finished(conn, self.settings.job_retention_s)
+        return counts
+
+    async def run(self) -> None:
+        dsn = self.settings.require_database_url()
+        delay = 0.5
+        listen: asyncpg.Connection | None = None
+        while not self._stopping.is_set():
+            try:
+                if self.pool is None:
+                    self.pool = await create_pool(dsn, min_size=1, max_size=2, application_name="z9-scheduler")
+                if listen is None or listen.is_closed():
+                    listen = await asyncpg.connect(dsn, server_settings={"application_name": "z9-scheduler-listen"})
+                    await listen.add_listener(SCHEDULER_CHANNEL, lambda *_: self._wake.set())
+                self._wake.clear()
+                await self.run_once()
+                next_in = await store.job_retry_next_in(self.pool)
+                delay = 0.5
+            except TRANSIENT_DB_ERRORS as e:
+                log.warning("database unreachable (%s); retrying in %.1fs", e, delay)
+                if listen is not None:
+                    listen.terminate()
+                    listen = None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10)
+                continue
+            sleep = self.settings.scheduler_interval_s
+            if next_in is not None:
+                sleep = max(0.0, min(sleep, next_in))
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=sleep)
+            except TimeoutError:
+                pass
+        if listen is not None:
+            await listen.close()
+        if self.pool is not None:
+            await self.pool.close()

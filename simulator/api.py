@@ -1,0 +1,475 @@
+"""aiohttp application of the simulator: the PVE API under ``/api2/json`` and the admin API ``/_sim``.
+
+PVE request pipeline, in pve-http-server's order (facts: Transport and auth, Envelope and errors):
+
+1. auth: ``Authorization: PVEAPIToken=USER@REALM!TOKENID=SECRET`` (split at the last ``=``) or the
+   ``PVEAuthCookie`` ticket from ``POST /access/ticket`` (+ ``CSRFPreventionToken`` header on non-GET).
+   None → 401 ``No ticket``; wrong → 401 ``Authentication failed!`` (after ``auth_delay_s``, real PVE: 3).
+2. schema (:mod:`z9.sim.schema`): unknown path/method → 501 ``Method 'GET /x' not implemented``;
+   parameter errors → 400 ``Parameter verification failed.`` with ``errors``.
+3. faults (:mod:`z9.sim.faults`), then the handler.
+
+Parameters come from the query string and, for POST/PUT, from a form-encoded (proxmoxer) or JSON body.
+Success: ``{"data": ...}``. Error: reason phrase = first line of the message, body
+``{"data": null, "message": "<msg>\\n"[, "errors": {...}]}`` (PVE >= 9).
+
+Admin API (no auth, loopback peers only), JSON in and out:
+
+- ``POST /_sim/faults`` body :class:`z9.sim.faults.FaultSpec` → ``{"id": n}``; ``GET /_sim/faults`` →
+  ``[{id, method, path, action, status, reason, seconds, exitstatus, times, probability, remaining,
+  hits}]``; ``DELETE /_sim/faults`` → ``{"deleted": n}``; ``DELETE /_sim/faults/{id}`` → ``{"deleted": 1}``
+  or 404.
+- ``POST /_sim/reset`` → ``{"ok": true}``: seeded VMs back, tasks, faults and counters cleared.
+- ``GET /_sim/state`` → ``{"vms": [{vmid, node, config, running, template, lock}], "tasks": [{upid, node,
+  type, id, user, status, exitstatus, starttime, endtime, log: [str]}], "counters": {"requests":
+  [{method, path, status, count}], "tasks_started": {type: n}}, "stats_refreshed_at": unix_s}``.
+- ``POST /_sim/stats/refresh`` → ``{"ok": true}`` (refresh the ``/cluster/resources`` stats cache now).
+- ``POST /_sim/vms`` ``{vmid, node, config: {k: v}, running}`` → the VM (upsert);
+  ``DELETE /_sim/vms/{vmid}`` → ``{"deleted": 1}``.
+- ``POST /_sim/flock`` ``{vmid, seconds}`` → ``{"ok": true}``: hold the VM's config flock (lock contention).
+- ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?}``
+  → the current values (changes timing at run time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import json
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from .cluster import VM, Cluster, PveError
+from .faults import FaultSpec, FaultStore
+from .schema import PveSchema, stringify
+
+log = logging.getLogger("z9.sim")
+
+Handler = Callable[["SimContext", dict[str, str], str, "str | None"], Awaitable[Any]]
+
+
+@dataclass
+class SimContext:
+    """Everything the handlers share (one per running simulator)."""
+
+    cluster: Cluster
+    seed: Callable[[], list[VM]]
+    token_id: str
+    token_secret: str
+    password: str = "z9-dev-password"
+    auth_delay_s: float = 0.0
+    schema: PveSchema = field(default_factory=PveSchema.load)
+    faults: FaultStore = field(default_factory=FaultStore)
+    requests: collections.Counter = field(default_factory=collections.Counter)
+    tickets: dict[str, tuple[str, str, float]] = field(default_factory=dict)
+
+    def counters(self) -> dict:
+        return {
+            "requests": [{"method": m, "path": p, "status": s, "count": n}
+                         for (m, p, s), n in sorted(self.requests.items())],
+            "tasks_started": dict(self.cluster.tasks_started),
+        }
+
+
+CTX = web.AppKey("sim_ctx", SimContext)
+
+
+def pve_error(status: int, message: str, errors: dict | None = None) -> web.Response:
+    reason = message.split("\n")[0].strip() or "error"
+    body: dict[str, Any] = {"data": None, "message": message if message.endswith("\n") else message + "\n"}
+    if errors:
+        body["errors"] = errors
+    return web.json_response(body, status=status, reason=reason)
+
+
+# ---- PVE handlers ---------------------------------------------------------------------------------
+def _vmid(p: dict[str, str]) -> int:
+    return int(p["vmid"])
+
+
+async def h_version(ctx, p, user, fail):
+    return {"version": "9.1.3", "release": "9.1", "repoid": "z9sim000", "console": "xtermjs"}
+
+
+async def h_nodes(ctx, p, user, fail):
+    return [{"node": n, "status": "online", "type": "node", "id": f"node/{n}", "maxcpu": 16, "cpu": 0.02,
+             "maxmem": 64 * 1024**3, "mem": 8 * 1024**3, "maxdisk": 500 * 1024**3, "disk": 10 * 1024**3,
+             "uptime": 86400, "level": "", "ssl_fingerprint": "00:" * 31 + "00"} for n in ctx.cluster.nodes]
+
+
+async def h_resources(ctx, p, user, fail):
+    return ctx.cluster.resources(p.get("type"))
+
+
+async def h_nextid(ctx, p, user, fail):
+    return ctx.cluster.nextid(p.get("vmid"))
+
+
+async def h_qemu_list(ctx, p, user, fail):
+    return ctx.cluster.list_qemu(p["node"])
+
+
+async def h_qemu_create(ctx, p, user, fail):
+    return await ctx.cluster.create(p["node"], p, user, fail)
+
+
+async def h_config_get(ctx, p, user, fail):
+    return ctx.cluster.get_config(p["node"], _vmid(p))
+
+
+async def h_config_put(ctx, p, user, fail):
+    await ctx.cluster.put_config(p["node"], _vmid(p), p)
+    return None
+
+
+async def h_config_post(ctx, p, user, fail):
+    return await ctx.cluster.post_config(p["node"], _vmid(p), p, user, fail)
+
+
+async def h_clone(ctx, p, user, fail):
+    return await ctx.cluster.clone(p["node"], _vmid(p), p, user, fail)
+
+
+async def h_destroy(ctx, p, user, fail):
+    return await ctx.cluster.destroy(p["node"], _vmid(p), p, user, fail)
+
+
+async def h_resize(ctx, p, user, fail):
+    return await ctx.cluster.resize(p["node"], _vmid(p), p, user, fail)
+
+
+async def h_cloudinit(ctx, p, user, fail):
+    await ctx.cluster.regenerate_cloudinit(p["node"], _vmid(p))
+    return None
+
+
+async def h_status_current(ctx, p, user, fail):
+    return ctx.cluster.status_current(p["node"], _vmid(p))
+
+
+async def h_status_index(ctx, p, user, fail):
+    ctx.cluster.vm_on(p["node"], _vmid(p))
+    return [{"subdir": s} for s in ("current", "start", "stop", "reset", "shutdown", "suspend", "reboot")]
+
+
+def _power(action: str) -> Handler:
+    async def h(ctx, p, user, fail):
+        return await ctx.cluster.power(p["node"], _vmid(p), action, p, user, fail)
+    return h
+
+
+async def h_task_status(ctx, p, user, fail):
+    return ctx.cluster.get_task(p["node"], p["upid"]).status_json()
+
+
+async def h_task_log(ctx, p, user, fail):
+    return ctx.cluster.task_log(p["node"], p["upid"], int(p.get("start", 0)), int(p.get("limit", 50)))
+
+
+async def h_task_list(ctx, p, user, fail):
+    return ctx.cluster.list_tasks(p["node"], p)
+
+
+async def h_task_index(ctx, p, user, fail):
+    ctx.cluster.get_task(p["node"], p["upid"])
+    return [{"name": "log"}, {"name": "status"}]
+
+
+async def h_task_stop(ctx, p, user, fail):
+    task = ctx.cluster.get_task(p["node"], p["upid"])
+    for w in list(ctx.cluster._workers):
+        if w.get_name() == task.upid:
+            w.cancel()
+    return None
+
+
+async def h_ticket(ctx, p, user, fail):
+    username = p["username"]
+    if "@" not in username and p.get("realm"):
+        username = f"{username}@{p['realm']}"
+    if username != ctx.token_id.split("!")[0] or p["password"] != ctx.password:
+        if ctx.auth_delay_s:
+            await asyncio.sleep(ctx.auth_delay_s)
+        raise PveError(401, "authentication failure")
+    ticket = f"PVE:{username}:{int(time.time()):08X}::" + base64.b64encode(os.urandom(48)).decode()
+    csrf = f"{int(time.time()):08X}:" + base64.b64encode(os.urandom(20)).decode().rstrip("=")
+    ctx.tickets[ticket] = (username, csrf, time.time() + 7200)
+    return {"username": username, "ticket": ticket, "CSRFPreventionToken": csrf, "cap": {}}
+
+
+ROUTES: dict[tuple[str, str], Handler] = {
+    ("GET", "/version"): h_version,
+    ("GET", "/nodes"): h_nodes,
+    ("GET", "/cluster/resources"): h_resources,
+    ("GET", "/cluster/nextid"): h_nextid,
+    ("GET", "/nodes/{node}/qemu"): h_qemu_list,
+    ("POST", "/nodes/{node}/qemu"): h_qemu_create,
+    ("GET", "/nodes/{node}/qemu/{vmid}/config"): h_config_get,
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config"): h_config_put,
+    ("POST", "/nodes/{node}/qemu/{vmid}/config"): h_config_post,
+    ("POST", "/nodes/{node}/qemu/{vmid}/clone"): h_clone,
+    ("DELETE", "/nodes/{node}/qemu/{vmid}"): h_destroy,
+    ("PUT", "/nodes/{node}/qemu/{vmid}/resize"): h_resize,
+    ("PUT", "/nodes/{node}/qemu/{vmid}/cloudinit"): h_cloudinit,
+    ("GET", "/nodes/{node}/qemu/{vmid}/status"): h_status_index,
+    ("GET", "/nodes/{node}/qemu/{vmid}/status/current"): h_status_current,
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/start"): _power("start"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/stop"): _power("stop"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/shutdown"): _power("shutdown"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/reboot"): _power("reboot"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/reset"): _power("reset"),
+    ("GET", "/nodes/{node}/tasks"): h_task_list,
+    ("GET", "/nodes/{node}/tasks/{upid}"): h_task_index,
+    ("DELETE", "/nodes/{node}/tasks/{upid}"): h_task_stop,
+    ("GET", "/nodes/{node}/tasks/{upid}/status"): h_task_status,
+    ("GET", "/nodes/{node}/tasks/{upid}/log"): h_task_log,
+    ("POST", "/access/ticket"): h_ticket,
+}
+NO_AUTH = {("POST", "/access/ticket")}
+
+
+async def _read_params(request: web.Request) -> dict[str, Any]:
+    params: dict[str, Any] = {k: v for k, v in request.query.items()}
+    if request.method in ("POST", "PUT") and request.can_read_body:
+        ctype = request.content_type
+        if ctype == "application/json":
+            body = await request.json()
+            if isinstance(body, dict):
+                params.update({k: stringify(v) for k, v in body.items() if v is not None})
+        else:
+            form = await request.post()
+            params.update({k: v for k, v in form.items() if isinstance(v, str)})
+    return params
+
+
+async def _authenticate(ctx: SimContext, request: web.Request) -> str | PveError:
+    """Return the user (``root@pam!z9`` for the token) or the PveError to answer."""
+    auth = request.headers.get("Authorization", "")
+    if auth.startswith("PVEAPIToken"):
+        value = auth[len("PVEAPIToken"):].lstrip("= ")
+        tokenid, sep, secret = value.rpartition("=")
+        if sep and tokenid == ctx.token_id and secrets.compare_digest(secret, ctx.token_secret):
+            return tokenid
+    elif cookie := request.cookies.get("PVEAuthCookie"):
+        entry = ctx.tickets.get(cookie)
+        if entry and entry[2] > time.time():
+            if request.method != "GET" and request.headers.get("CSRFPreventionToken") != entry[1]:
+                return PveError(401, "Permission denied - invalid csrf token")
+            return entry[0]
+    else:
+        return PveError(401, "No ticket")
+    if ctx.auth_delay_s:
+        await asyncio.sleep(ctx.auth_delay_s)
+    return PveError(401, "Authentication failed!")
+
+
+async def api_handler(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CTX]
+    method = request.method
+    path = "/" + request.match_info["tail"].lstrip("/")
+    template: str | None = None
+    status = 500
+    try:
+        resp, template, drop = await _handle(ctx, request, method, path)
+        status = resp.status
+        if drop:
+            status = 0  # counted as "no response"
+            if request.transport is not None:
+                request.transport.abort()
+            raise asyncio.CancelledError  # aiohttp: handler gone, nothing is written
+        return resp
+    finally:
+        ctx.requests[(method, template or path, status)] += 1
+
+
+async def _handle(ctx: SimContext, request: web.Request, method: str, path: str):
+    ep, _ = ctx.schema.match(method, path)
+    template = ep.template if ep else None
+    if (method, template) not in NO_AUTH:
+        user = await _authenticate(ctx, request)
+        if isinstance(user, PveError):
+            return pve_error(user.status, user.message), template, False
+    else:
+        user = ""
+    try:
+        params = await _read_params(request)
+    except (ValueError, json.JSONDecodeError):
+        return pve_error(400, "Parameter verification failed."), template, False
+    template, errors = ctx.schema.validate(method, path, params)
+    if template is None:
+        return pve_error(501, f"Method '{method} {path}' not implemented"), None, False
+    if errors:
+        return pve_error(400, "Parameter verification failed.", errors), template, False
+    _, path_params = ctx.schema.match(method, path)
+    values = {k: stringify(v) for k, v in params.items()}
+    values.update(path_params)
+
+    fault = ctx.faults.match(method, path)
+    fail: str | None = None
+    drop = False
+    if fault is not None:
+        if fault.action == "error":
+            return pve_error(fault.status, fault.reason), template, False
+        if fault.action == "delay":
+            await asyncio.sleep(fault.seconds)
+        elif fault.action == "drop":
+            drop = True
+        elif fault.action == "fail_task":
+            vmid = values.get("vmid", "0")
+            fail = fault.exitstatus or f"can't lock file '/var/lock/qemu-server/lock-{vmid}.conf' - got timeout"
+
+    handler = ROUTES.get((method, template))
+    if handler is None:
+        return pve_error(501, f"Method '{method} {path}' not implemented (z9 simulator)"), template, drop
+    try:
+        data = await handler(ctx, values, user, fail)
+    except PveError as e:
+        return pve_error(e.status, e.message, e.errors), template, drop
+    return web.json_response({"data": data}), template, drop
+
+
+# ---- admin API ------------------------------------------------------------------------------------
+@web.middleware
+async def loopback_only(request: web.Request, handler):
+    if request.path.startswith("/_sim") and request.remote not in ("127.0.0.1", "::1", "localhost"):
+        return web.json_response({"error": "admin API is loopback-only"}, status=403)
+    return await handler(request)
+
+
+async def _json(request: web.Request) -> dict:
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except json.JSONDecodeError as e:
+        raise web.HTTPBadRequest(text=json.dumps({"error": f"invalid JSON: {e}"}), content_type="application/json")
+    return body if isinstance(body, dict) else {}
+
+
+async def admin_fault_add(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    try:
+        spec = FaultSpec.model_validate(await _json(request))
+    except (ValidationError, ValueError) as e:
+        return web.json_response({"error": str(e)}, status=400)
+    return web.json_response({"id": ctx.faults.add(spec).id})
+
+
+async def admin_fault_list(request: web.Request) -> web.Response:
+    return web.json_response(request.app[CTX].faults.list())
+
+
+async def admin_fault_clear(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    n = len(ctx.faults.list())
+    ctx.faults.clear()
+    return web.json_response({"deleted": n})
+
+
+async def admin_fault_delete(request: web.Request) -> web.Response:
+    ok = request.app[CTX].faults.delete(int(request.match_info["id"]))
+    return web.json_response({"deleted": int(ok)}, status=200 if ok else 404)
+
+
+async def admin_reset(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    ctx.faults.clear()
+    ctx.requests.clear()
+    ctx.tickets.clear()
+    await ctx.cluster.reset(ctx.seed())
+    return web.json_response({"ok": True})
+
+
+async def admin_state(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    c = ctx.cluster
+    return web.json_response({
+        "vms": [vm.to_json() for vm in sorted(c.vms.values(), key=lambda v: v.vmid)],
+        "tasks": [t.to_json() for t in c.tasks.values()],
+        "counters": ctx.counters(),
+        "stats_refreshed_at": c.stats_refreshed_at,
+    })
+
+
+async def admin_stats_refresh(request: web.Request) -> web.Response:
+    request.app[CTX].cluster.refresh_stats()
+    return web.json_response({"ok": True})
+
+
+async def admin_vm_put(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    b = await _json(request)
+    try:
+        vm = VM(int(b["vmid"]), str(b.get("node", ctx.cluster.nodes[0])),
+                {k: stringify(v) for k, v in (b.get("config") or {}).items()}, bool(b.get("running", False)),
+                time.time() if b.get("running") else None)
+    except (KeyError, ValueError, TypeError) as e:
+        return web.json_response({"error": f"bad VM: {e}"}, status=400)
+    if vm.node not in ctx.cluster.nodes:
+        return web.json_response({"error": f"unknown node {vm.node}"}, status=400)
+    ctx.cluster.add_vm(vm)
+    return web.json_response(vm.to_json())
+
+
+async def admin_vm_delete(request: web.Request) -> web.Response:
+    ok = request.app[CTX].cluster.vms.pop(int(request.match_info["vmid"]), None) is not None
+    return web.json_response({"deleted": int(ok)}, status=200 if ok else 404)
+
+
+async def admin_flock(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    b = await _json(request)
+    vmid, seconds = int(b["vmid"]), float(b.get("seconds", 1.0))
+    await ctx.cluster.flock(vmid).acquire(vmid, timeout=30)
+
+    async def release_later():
+        await asyncio.sleep(seconds)
+        await ctx.cluster.flock(vmid).release()
+
+    t = asyncio.create_task(release_later())
+    ctx.cluster._workers.add(t)
+    t.add_done_callback(ctx.cluster._workers.discard)
+    return web.json_response({"ok": True})
+
+
+async def admin_config(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    c = ctx.cluster
+    b = await _json(request)
+    if "task_seconds" in b:
+        c.task_seconds.update({str(k): float(v) for k, v in b["task_seconds"].items()})
+    for k in ("task_default_s", "stats_lag_s", "task_invisible_s"):
+        if k in b:
+            setattr(c, k, float(b[k]))
+    if "auth_delay_s" in b:
+        ctx.auth_delay_s = float(b["auth_delay_s"])
+    return web.json_response({"task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
+                              "stats_lag_s": c.stats_lag_s, "task_invisible_s": c.task_invisible_s,
+                              "auth_delay_s": ctx.auth_delay_s})
+
+
+def create_app(ctx: SimContext) -> web.Application:
+    """The simulator's aiohttp application (PVE API + admin API) around one :class:`SimContext`."""
+    app = web.Application(middlewares=[loopback_only], client_max_size=16 * 1024**2)
+    app[CTX] = ctx
+    app.router.add_post("/_sim/faults", admin_fault_add)
+    app.router.add_get("/_sim/faults", admin_fault_list)
+    app.router.add_delete("/_sim/faults", admin_fault_clear)
+    app.router.add_delete("/_sim/faults/{id:\\d+}", admin_fault_delete)
+    app.router.add_post("/_sim/reset", admin_reset)
+    app.router.add_get("/_sim/state", admin_state)
+    app.router.add_post("/_sim/stats/refresh", admin_stats_refresh)
+    app.router.add_post("/_sim/vms", admin_vm_put)
+    app.router.add_delete("/_sim/vms/{vmid:\\d+}", admin_vm_delete)
+    app.router.add_post("/_sim/flock", admin_flock)
+    app.router.add_put("/_sim/config", admin_config)
+    app.router.add_route("*", "/api2/json{tail:.*}", api_handler)
+    return app

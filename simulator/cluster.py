@@ -1,0 +1,813 @@
+"""In-memory state and behaviour of a simulated Proxmox VE cluster (qemu VMs, tasks, locks, stats).
+
+Every behaviour here reproduces a fact of ``/work/shared/design/proxmox-api.md`` (cited as "facts:
+<section>") or of the Proxmox Perl sources named there. Units: seconds everywhere.
+
+Shapes
+------
+- VM: ``{vmid, node, config: {key: str}, running: bool}``; ``template`` and ``lock`` live in the config
+  (``template: "1"``, ``lock: "clone"``) as in a ``qemu-server/<vmid>.conf`` file.
+- Task: UPID ``UPID:<node>:<pid 8 HEX>:<pstart 8 HEX>:<starttime 8 HEX>:<type>:<id>:<user>:``
+  (pve-common ``PVE::Tools::upid_encode``; facts: Tasks). ``status`` ``running`` → ``stopped`` with
+  ``exitstatus`` ``OK`` / ``WARNINGS: n`` / the error text; the log ends ``TASK OK`` / ``TASK
+  WARNINGS: n`` / ``TASK ERROR: <msg>``.
+- Errors are :class:`PveError` ``(status, message, errors)``; the HTTP layer turns them into PVE
+  replies (message as reason phrase).
+
+Where checks happen (qemu-server ``API2/Qemu.pm``): checks done before ``fork_worker`` are HTTP errors
+(missing config, ``VM <id> is running - destroy failed``, clone's ``config file already exists`` and
+source lock, config digest/lock for PUT/POST config); checks done by the worker under the config flock
+are task failures (start's ``already running`` / template / lock, stop/shutdown/destroy lock, resize's
+shrink, every flock timeout of a task). PUT ``/config`` is synchronous: its flock timeout is an HTTP 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import random
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from .schema import split_list
+
+log = logging.getLogger("z9.sim")
+
+# facts: Locks - waits of the config flock, seconds
+FLOCK_WAIT_S = {"config": 10.0, "start": 10.0, "stop": 10.0, "destroy": 10.0, "create": 5.0, "clone": 1.0}
+
+GiB = 1024**3
+
+
+class PveError(Exception):
+    """An error PVE reports: HTTP ``status``, ``message`` (reason phrase), optional param ``errors``."""
+
+    def __init__(self, status: int, message: str, errors: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.errors = errors
+
+
+def param_error(errors: dict[str, str]) -> PveError:
+    return PveError(400, "Parameter verification failed.", errors)
+
+
+def not_exist(node: str, vmid: int) -> PveError:
+    # PVE::AbstractConfig::load_config; facts: Endpoints (config)
+    return PveError(500, f"Configuration file 'nodes/{node}/qemu-server/{vmid}.conf' does not exist")
+
+
+def lock_timeout(vmid: int) -> PveError:
+    return PveError(500, f"can't lock file '/var/lock/qemu-server/lock-{vmid}.conf' - got timeout")
+
+
+def parse_size(text: str) -> int | None:
+    """PVE::JSONSchema::parse_size: ``<n>[KMGT]`` → bytes."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT])?", text)
+    if not m:
+        return None
+    mult = {None: 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}[m.group(2)]
+    return int(float(m.group(1)) * mult)
+
+
+def format_size(size: int) -> str:
+    """PVE::JSONSchema::format_size: largest unit that divides exactly."""
+    size = int(size)
+    for unit, div in (("T", 1024**4), ("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if size % div == 0:
+            return f"{size // div}{unit}"
+    return str(size)
+
+
+def normalize_tags(text: str) -> str:
+    """facts: Tags - split on ``;`` ``,`` space, lower-case, de-duplicate, sort, ``;``-join."""
+    return ";".join(sorted({t.lower() for t in split_list(text)}))
+
+
+DISK_RE = re.compile(r"(ide|scsi|sata|virtio|efidisk|tpmstate|unused)\d+")
+
+
+def random_mac() -> str:
+    return "BC:24:11:" + ":".join(f"{random.randrange(256):02X}" for _ in range(3))
+
+
+@dataclass
+class VM:
+    vmid: int
+    node: str
+    config: dict[str, str]
+    running: bool = False
+    started_at: float | None = None
+
+    @property
+    def template(self) -> bool:
+        return self.config.get("template") == "1"
+
+    @property
+    def lock(self) -> str | None:
+        return self.config.get("lock")
+
+    def digest(self) -> str:
+        """sha1 of the rendered config file (PVE: ``digest`` = sha1 of the raw file)."""
+        lines = [f"#{line}" for line in self.config.get("description", "").split("\n") if "description" in self.config]
+        lines += [f"{k}: {v}" for k, v in sorted(self.config.items()) if k != "description"]
+        return hashlib.sha1(("\n".join(lines) + "\n").encode()).hexdigest()
+
+    def disk_bytes(self) -> int:
+        total = 0
+        for k, v in self.config.items():
+            if DISK_RE.fullmatch(k) and not k.startswith("unused") and "media=cdrom" not in v:
+                m = re.search(r"(?:^|,)size=([^,]+)", v)
+                if m:
+                    total += parse_size(m.group(1)) or 0
+        return total
+
+    def maxmem(self) -> int:
+        m = re.match(r"(?:current=)?(\d+)", self.config.get("memory", "512"))
+        return int(m.group(1)) * 1024 * 1024 if m else 512 * 1024 * 1024
+
+    def maxcpu(self) -> int:
+        return int(self.config.get("cores", "1")) * int(self.config.get("sockets", "1"))
+
+    def to_json(self) -> dict:
+        return {"vmid": self.vmid, "node": self.node, "config": dict(self.config), "running": self.running,
+                "template": self.template, "lock": self.lock}
+
+
+@dataclass
+class Task:
+    upid: str
+    node: str
+    pid: int
+    pstart: int
+    starttime: int
+    type: str
+    id: str
+    user: str
+    visible_at: float  # monotonic seconds
+    status: str = "running"
+    exitstatus: str | None = None
+    endtime: int | None = None
+    lines: list[str] = field(default_factory=list)
+
+    def status_json(self) -> dict:
+        user, _, tokenid = self.user.partition("!")
+        d: dict[str, Any] = {"upid": self.upid, "node": self.node, "pid": self.pid, "pstart": self.pstart,
+                             "starttime": self.starttime, "type": self.type, "id": self.id, "user": user,
+                             "status": self.status}
+        if tokenid:
+            d["tokenid"] = tokenid
+        if self.status == "stopped":
+            d["exitstatus"] = self.exitstatus
+        return d
+
+    def to_json(self) -> dict:
+        return {**self.status_json(), "endtime": self.endtime, "log": list(self.lines)}
+
+
+class FLock:
+    """The per-VM config flock (``/var/lock/qemu-server/lock-<vmid>.conf``), shared or exclusive."""
+
+    def __init__(self) -> None:
+        self.readers = 0
+        self.writer = False
+        self.cond = asyncio.Condition()
+
+    async def acquire(self, vmid: int, *, timeout: float, shared: bool = False) -> None:
+        async with self.cond:
+            pred = (lambda: not self.writer) if shared else (lambda: not self.writer and self.readers == 0)
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.cond.wait_for(pred)
+            except TimeoutError:
+                raise lock_timeout(vmid) from None
+            if shared:
+                self.readers += 1
+            else:
+                self.writer = True
+
+    async def release(self, *, shared: bool = False) -> None:
+        async with self.cond:
+            if shared:
+                self.readers -= 1
+            else:
+                self.writer = False
+            self.cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, vmid: int, *, timeout: float, shared: bool = False):
+        await self.acquire(vmid, timeout=timeout, shared=shared)
+        try:
+            yield
+        finally:
+            await self.release(shared=shared)
+
+
+@dataclass
+class TaskPlan:
+    """What a worker does: ``run`` does the checks and the work (raising PveError to fail),
+    ``cleanup`` runs when the task did not succeed (e.g. remove a clone's placeholder config)."""
+
+    run: Callable[["Task"], Awaitable[None]]
+    cleanup: Callable[[], None] | None = None
+
+
+class Cluster:
+    """A Proxmox VE cluster's qemu state. Construct, :meth:`seed`, then ``await start()``.
+
+    ``task_seconds`` maps a task type (``qmclone``...) to its duration, ``task_default_s`` is used for
+    the others; ``stats_lag_s`` is the period of the stats cache behind ``/cluster/resources``
+    (``name``/``status``; facts: Endpoints); ``task_invisible_s`` is the window after a task's creation
+    during which its status answers ``no such task`` (facts: Tasks).
+    """
+
+    def __init__(self, nodes: list[str], *, task_seconds: dict[str, float] | None = None,
+                 task_default_s: float = 0.2, stats_lag_s: float = 10.0, task_invisible_s: float = 0.0):
+        self.nodes = list(nodes)
+        self.task_seconds = dict(task_seconds or {})
+        self.task_default_s = task_default_s
+        self.stats_lag_s = stats_lag_s
+        self.task_invisible_s = task_invisible_s
+        self.vms: dict[int, VM] = {}
+        self.tasks: dict[str, Task] = {}
+        self.flocks: dict[int, FLock] = {}
+        self.stats: dict[int, dict] = {}
+        self.stats_refreshed_at = 0.0
+        self.tasks_started: dict[str, int] = {}
+        self._workers: set[asyncio.Task] = set()
+        self._stats_loop: asyncio.Task | None = None
+        self._pid = itertools.count(random.randrange(100000, 900000))
+        self._pstart = int(time.monotonic() * 100) % 10**7 + 10**6
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.refresh_stats()
+        self._stats_loop = asyncio.create_task(self._stats_forever())
+
+    async def stop(self) -> None:
+        if self._stats_loop:
+            self._stats_loop.cancel()
+        for t in list(self._workers):
+            t.cancel()
+        await asyncio.gather(*self._workers, *( [self._stats_loop] if self._stats_loop else []),
+                             return_exceptions=True)
+
+    async def reset(self, vms: list[VM]) -> None:
+        """Cancel running workers, replace all VMs, forget tasks and counters, refresh stats."""
+        for t in list(self._workers):
+            t.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self.vms = {vm.vmid: vm for vm in vms}
+        self.tasks.clear()
+        self.flocks.clear()
+        self.tasks_started.clear()
+        self.refresh_stats()
+
+    async def _stats_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.stats_lag_s)
+            self.refresh_stats()
+
+    def refresh_stats(self) -> None:
+        """Snapshot name/status/sizes per vmid, as pvestatd's rrd broadcast (keyed by vmid only)."""
+        now = time.time()
+        self.stats = {
+            vm.vmid: {"name": vm.config.get("name", f"VM {vm.vmid}"),
+                      "status": "running" if vm.running else "stopped",
+                      "uptime": int(now - vm.started_at) if vm.running and vm.started_at else 0,
+                      "maxmem": vm.maxmem(), "maxcpu": vm.maxcpu(), "maxdisk": vm.disk_bytes()}
+            for vm in self.vms.values()
+        }
+        self.stats_refreshed_at = now
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def add_vm(self, vm: VM) -> None:
+        self.vms[vm.vmid] = vm
+
+    def flock(self, vmid: int) -> FLock:
+        return self.flocks.setdefault(vmid, FLock())
+
+    def check_node(self, node: str) -> None:
+        if node not in self.nodes:
+            # pveproxy cannot resolve a node that is not a cluster member
+            raise PveError(500, f"hostname lookup '{node}' failed - failed to get address info for: "
+                                f"{node}: Name or service not known")
+
+    def vm_on(self, node: str, vmid: int) -> VM:
+        """The VM whose config is on ``node``; a VM on another node 'does not exist' there (facts)."""
+        self.check_node(node)
+        vm = self.vms.get(vmid)
+        if vm is None or vm.node != node:
+            raise not_exist(node, vmid)
+        return vm
+
+    def vm_alive(self, vm: VM) -> VM:
+        """Re-load inside a worker: the config may be gone meanwhile."""
+        cur = self.vms.get(vm.vmid)
+        if cur is not vm:
+            raise not_exist(vm.node, vm.vmid)
+        return vm
+
+    @staticmethod
+    def check_lock(vm: VM, skiplock: bool = False) -> None:
+        # PVE::AbstractConfig::check_lock; facts: Locks
+        if vm.lock and not skiplock:
+            raise PveError(500, f"VM is locked ({vm.lock})")
+
+    def duration(self, ttype: str) -> float:
+        return self.task_seconds.get(ttype, self.task_default_s)
+
+    # ---- tasks -----------------------------------------------------------------------------------
+    def new_task(self, node: str, ttype: str, tid: str | int, user: str) -> Task:
+        pid = next(self._pid)
+        self._pstart += random.randrange(1, 50)
+        now = int(time.time())
+        upid = f"UPID:{node}:{pid:08X}:{self._pstart:08X}:{now:08X}:{ttype}:{tid}:{user}:"
+        task = Task(upid=upid, node=node, pid=pid, pstart=self._pstart, starttime=now, type=ttype, id=str(tid),
+                    user=user, visible_at=time.monotonic() + self.task_invisible_s)
+        self.tasks[upid] = task
+        self.tasks_started[ttype] = self.tasks_started.get(ttype, 0) + 1
+        return task
+
+    def spawn(self, node: str, ttype: str, tid: str | int, user: str, plan: TaskPlan,
+              fail_exitstatus: str | None = None) -> str:
+        """Start a worker and return its UPID at once (facts: Tasks - mutations return a UPID).
+
+        ``fail_exitstatus`` (fault ``fail_task``): the task runs for its duration and ends with that
+        exitstatus without its effect, unless it starts with ``WARNINGS`` (then the effect happens)."""
+        task = self.new_task(node, ttype, tid, user)
+        w = asyncio.create_task(self._run_task(task, plan, fail_exitstatus), name=task.upid)
+        self._workers.add(w)
+        w.add_done_callback(self._workers.discard)
+        return task.upid
+
+    async def _run_task(self, task: Task, plan: TaskPlan, fail_exitstatus: str | None) -> None:
+        ok = False
+        try:
+            if fail_exitstatus and not fail_exitstatus.startswith("WARNINGS"):
+                await asyncio.sleep(self.duration(task.type))
+                raise PveError(500, fail_exitstatus)
+            await plan.run(task)
+            ok = True
+            if fail_exitstatus:
+                n = fail_exitstatus.partition(":")[2].strip() or "1"
+                task.lines.append("WARN: simulated warning")
+                self._finish(task, f"WARNINGS: {n}", f"TASK WARNINGS: {n}")
+            else:
+                self._finish(task, "OK", "TASK OK")
+        except PveError as e:
+            msg = e.message.split("\n")[0]
+            self._finish(task, msg, f"TASK ERROR: {msg}")
+        except asyncio.CancelledError:
+            self._finish(task, "unexpected status", "TASK ERROR: interrupted by signal")
+            raise
+        except Exception as e:  # pragma: no cover - a simulator bug must not hang clients
+            log.exception("task %s crashed", task.upid)
+            self._finish(task, f"simulator error: {e}", f"TASK ERROR: simulator error: {e}")
+        finally:
+            if not ok and plan.cleanup:
+                plan.cleanup()
+
+    @staticmethod
+    def _finish(task: Task, exitstatus: str, last_line: str) -> None:
+        task.lines.append(last_line)
+        task.status = "stopped"
+        task.exitstatus = exitstatus
+        task.endtime = int(time.time())
+
+    def get_task(self, node: str, upid: str) -> Task:
+        """``GET /nodes/{node}/tasks/{upid}/...`` lookup: unknown, not yet visible or asked on another
+        node → 400 ``errors.upid`` (pve-manager API2/Tasks.pm)."""
+        self.check_node(node)
+        if not re.fullmatch(r"UPID:[^:]+:[0-9A-F]{8}:[0-9A-F]{8,9}:[0-9A-F]{8}:[^:]*:[^:]*:[^:]+:", upid):
+            raise param_error({"upid": "unable to parse worker upid"})
+        task = self.tasks.get(upid)
+        if task is None or task.node != node or time.monotonic() < task.visible_at:
+            raise param_error({"upid": "no such task"})
+        return task
+
+    def task_log(self, node: str, upid: str, start: int = 0, limit: int = 50) -> list[dict]:
+        task = self.get_task(node, upid)
+        limit = limit or 50
+        return [{"n": i + 1, "t": t} for i, t in enumerate(task.lines)][start:start + limit]
+
+    def list_tasks(self, node: str, params: dict[str, str]) -> list[dict]:
+        self.check_node(node)
+        out = []
+        for t in sorted(self.tasks.values(), key=lambda t: t.starttime, reverse=True):
+            if t.node != node or time.monotonic() < t.visible_at:
+                continue
+            if params.get("vmid") and t.id != params["vmid"]:
+                continue
+            if params.get("typefilter") and t.type != params["typefilter"]:
+                continue
+            d = t.status_json()
+            if t.status == "stopped":
+                d["status"] = t.exitstatus
+                d["endtime"] = t.endtime
+            else:
+                d.pop("status")
+            out.append(d)
+        start = int(params.get("start", 0))
+        return out[start:start + int(params.get("limit", 50) or 50)]
+
+    # ---- read endpoints --------------------------------------------------------------------------
+    def nextid(self, vmid: str | None = None) -> str:
+        """``GET /cluster/nextid``: lowest free id >= 100 as a JSON string; reserves nothing (facts)."""
+        if vmid is not None:
+            if int(vmid) in self.vms:
+                raise param_error({"vmid": f"VM {int(vmid)} already exists"})
+            return str(int(vmid))
+        return str(next(i for i in itertools.count(100) if i not in self.vms))
+
+    def get_config(self, node: str, vmid: int) -> dict:
+        """Config with values typed by the schema's return types, plus ``digest``."""
+        vm = self.vm_on(node, vmid)
+        out: dict[str, Any] = {}
+        for k, v in vm.config.items():
+            typ = self._return_type(k)
+            if typ in ("integer", "boolean") and re.fullmatch(r"-?\d+", v):
+                out[k] = int(v)
+            elif typ == "number" and re.fullmatch(r"-?\d+(\.\d+)?", v):
+                out[k] = float(v) if "." in v else int(v)
+            else:
+                out[k] = v
+        out["digest"] = vm.digest()
+        return out
+
+    _RET_TYPES: dict[str, str] | None = None
+
+    def _return_type(self, key: str) -> str | None:
+        if Cluster._RET_TYPES is None:
+            import json
+            import importlib.resources
+
+            # the GET config return schema lives in the raw tree; build a flat name -> type map once
+            tree = json.loads(importlib.resources.files("z9.sim").joinpath("pve-api-schema.json").read_text())
+            types: dict[str, str] = {}
+
+            def walk(n):
+                if n["path"] == "/nodes/{node}/qemu/{vmid}/config":
+                    for name, p in n["info"]["GET"]["returns"]["properties"].items():
+                        types[re.sub(r"\[n\]$", "", name)] = p.get("type", "string")
+                for c in n.get("children") or []:
+                    walk(c)
+
+            for n in tree:
+                walk(n)
+            Cluster._RET_TYPES = types
+        base = re.sub(r"\d+$", "", key) if key not in Cluster._RET_TYPES else key
+        return Cluster._RET_TYPES.get(base)
+
+    def vm_status(self, vm: VM) -> dict:
+        """Fresh status of one VM (``status/current``, ``GET /nodes/{node}/qemu``)."""
+        d: dict[str, Any] = {
+            "vmid": vm.vmid, "name": vm.config.get("name", f"VM {vm.vmid}"),
+            "status": "running" if vm.running else "stopped",
+            "qmpstatus": "running" if vm.running else "stopped",
+            "uptime": int(time.time() - vm.started_at) if vm.running and vm.started_at else 0,
+            "cpus": vm.maxcpu(), "maxmem": vm.maxmem(), "maxdisk": vm.disk_bytes(),
+            "mem": vm.maxmem() // 4 if vm.running else 0, "cpu": 0.01 if vm.running else 0,
+            "disk": 0, "diskread": 0, "diskwrite": 0, "netin": 0, "netout": 0,
+            "ha": {"managed": 0},
+        }
+        if vm.running:
+            d["pid"] = 10000 + vm.vmid
+        if vm.template:
+            d["template"] = 1
+        if vm.lock:
+            d["lock"] = vm.lock
+        if vm.config.get("tags"):
+            d["tags"] = vm.config["tags"]
+        if vm.config.get("agent", "").startswith(("1", "enabled=1")):
+            d["agent"] = 1
+        return d
+
+    def status_current(self, node: str, vmid: int) -> dict:
+        return self.vm_status(self.vm_on(node, vmid))
+
+    def list_qemu(self, node: str) -> list[dict]:
+        self.check_node(node)
+        return [self.vm_status(vm) for vm in sorted(self.vms.values(), key=lambda v: v.vmid) if vm.node == node]
+
+    def resources(self, rtype: str | None = None) -> list[dict]:
+        """``GET /cluster/resources``: membership, node, tags, lock and template are fresh; name,
+        status and sizes come from the stats snapshot (new VM: no name, status ``unknown``; facts)."""
+        out: list[dict] = []
+        if rtype in (None, "vm"):
+            for vm in sorted(self.vms.values(), key=lambda v: v.vmid):
+                e: dict[str, Any] = {"id": f"qemu/{vm.vmid}", "type": "qemu", "vmid": vm.vmid, "node": vm.node,
+                                     "template": 1 if vm.template else 0}
+                st = self.stats.get(vm.vmid)
+                if st:
+                    e.update(name=st["name"], status=st["status"], uptime=st["uptime"], maxmem=st["maxmem"],
+                             maxcpu=st["maxcpu"], maxdisk=st["maxdisk"], mem=0, cpu=0, disk=0, diskread=0,
+                             diskwrite=0, netin=0, netout=0)
+                else:
+                    e["status"] = "unknown"
+                if vm.config.get("tags"):
+                    e["tags"] = vm.config["tags"]
+                if vm.lock:
+                    e["lock"] = vm.lock
+                out.append(e)
+        if rtype in (None, "node"):
+            for n in self.nodes:
+                out.append({"id": f"node/{n}", "type": "node", "node": n, "status": "online", "maxcpu": 16,
+                            "maxmem": 64 * GiB, "maxdisk": 500 * GiB, "cpu": 0.02, "mem": 8 * GiB, "disk": 10 * GiB,
+                            "uptime": 86400, "level": ""})
+        if rtype in (None, "storage"):
+            for n in self.nodes:
+                for s, content in (("local", "iso,vztmpl,backup"), ("local-lvm", "images,rootdir")):
+                    out.append({"id": f"storage/{n}/{s}", "type": "storage", "storage": s, "node": n,
+                                "status": "available", "content": content, "shared": 0,
+                                "maxdisk": 400 * GiB, "disk": 20 * GiB, "plugintype": "lvmthin" if s != "local" else "dir"})
+        return out
+
+    # ---- config ----------------------------------------------------------------------------------
+    def _apply_config(self, vm: VM, params: dict[str, str]) -> None:
+        deletes = split_list(params.get("delete", ""))
+        for k in deletes:
+            vm.config.pop(k, None)
+        for k, v in params.items():
+            if k in ("delete", "digest", "skiplock", "force", "revert", "background_delay", "node", "vmid"):
+                continue
+            if k == "tags":
+                v = normalize_tags(v)
+                if not v:
+                    vm.config.pop("tags", None)
+                    continue
+            if k == "sshkeys":
+                pass  # stored URL-encoded as sent, like PVE
+            vm.config[k] = v
+
+    def _check_config_write(self, vm: VM, params: dict[str, str]) -> None:
+        digest = params.get("digest")
+        if digest and digest != vm.digest():
+            raise PveError(500, "checksum mismatch (file change by other user?)")
+        self.check_lock(vm, params.get("skiplock") == "1")
+        both = set(split_list(params.get("delete", ""))) & {k for k in params if k not in ("delete",)}
+        if both:
+            k = sorted(both)[0]
+            raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
+
+    async def put_config(self, node: str, vmid: int, params: dict[str, str]) -> None:
+        """``PUT .../config``: synchronous; waits up to 10 s for the flock (HTTP 500 on timeout)."""
+        vm = self.vm_on(node, vmid)
+        async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+            vm = self.vm_alive(vm)
+            self._check_config_write(vm, params)
+            self._apply_config(vm, params)
+
+    async def post_config(self, node: str, vmid: int, params: dict[str, str], user: str,
+                          fail: str | None = None) -> str:
+        """``POST .../config``: checks now (HTTP errors), applies in a ``qmconfig`` task."""
+        vm = self.vm_on(node, vmid)
+        async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+            self._check_config_write(vm, params)
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                await asyncio.sleep(self.duration("qmconfig"))
+                v = self.vm_alive(vm)
+                self._check_config_write(v, {k: x for k, x in params.items() if k != "digest"})
+                self._apply_config(v, params)
+                task.lines.append(f"update VM {vmid}: " + " ".join(f"-{k} {x}" for k, x in sorted(params.items())
+                                                                 if k not in ("node", "vmid")))
+
+        return self.spawn(node, "qmconfig", vmid, user, TaskPlan(run), fail)
+
+    async def regenerate_cloudinit(self, node: str, vmid: int) -> None:
+        vm = self.vm_on(node, vmid)
+        async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+            self.check_lock(self.vm_alive(vm))
+
+    # ---- create / clone / destroy ----------------------------------------------------------------
+    def _taken_for_create(self, vmid: int) -> None:
+        if vmid in self.vms:
+            other = self.vms[vmid]
+            raise PveError(500, f"unable to create VM {vmid} - VM {vmid} already exists on node '{other.node}'")
+
+    async def create(self, node: str, params: dict[str, str], user: str, fail: str | None = None) -> str:
+        """``POST /nodes/{node}/qemu``: config holds only ``lock: create`` until the task ends."""
+        self.check_node(node)
+        vmid = int(params["vmid"])
+        self._taken_for_create(vmid)
+        placeholder = VM(vmid, node, {"lock": "create"})
+        self.vms[vmid] = placeholder
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["create"]):
+                await asyncio.sleep(self.duration("qmcreate"))
+                conf: dict[str, str] = {}
+                disk_n = 0
+                for k, v in params.items():
+                    if k in ("node", "vmid", "start", "unique", "archive", "force", "pool", "storage", "live-restore"):
+                        continue
+                    if DISK_RE.fullmatch(k) and (m := re.fullmatch(r"([\w-]+):(\d+(?:\.\d+)?)(,.*)?", v)):
+                        name = f"vm-{vmid}-disk-{disk_n}"
+                        disk_n += 1
+                        task.lines.append(f"  Logical volume \"{name}\" created.")
+                        v = f"{m.group(1)}:{name},size={format_size(int(float(m.group(2)) * GiB))}{m.group(3) or ''}"
+                    if k == "tags":
+                        v = normalize_tags(v)
+                    conf[k] = v
+                for k, v in list(conf.items()):
+                    if re.fullmatch(r"net\d+", k) and not re.match(r"\w+=[0-9A-Fa-f:]{17}", v):
+                        model, _, rest = v.partition(",")
+                        conf[k] = f"{model.split('=')[0]}={random_mac()}" + (f",{rest}" if rest else "")
+                conf.setdefault("smbios1", f"uuid={uuid.uuid4()}")
+                conf.setdefault("vmgenid", str(uuid.uuid4()))
+                placeholder.config = conf
+                if params.get("start") == "1":
+                    placeholder.running, placeholder.started_at = True, time.time()
+
+        def cleanup() -> None:
+            if self.vms.get(vmid) is placeholder:
+                del self.vms[vmid]
+
+        return self.spawn(node, "qmcreate", vmid, user, TaskPlan(run, cleanup), fail)
+
+    async def clone(self, node: str, vmid: int, params: dict[str, str], user: str, fail: str | None = None) -> str:
+        """``POST .../clone``: task ``qmclone`` with id = **source** vmid. The target config holds only
+        ``lock: clone`` until the task ends, then the source's config (disks renamed
+        ``vm-<newid>-disk-N``, new MACs/uuid, new name, tags inherited, ``template`` dropped). Taken
+        newid → 500 ``unable to create VM <id>: config file already exists`` (facts: Endpoints)."""
+        src = self.vm_on(node, vmid)
+        self.check_lock(src)
+        newid = int(params["newid"])
+        target = params.get("target") or node
+        self.check_node(target)
+        if newid in self.vms:
+            raise PveError(500, f"unable to create VM {newid}: config file already exists")
+        full = params.get("full", "0" if src.template else "1") == "1"
+        if not full and not src.template:
+            raise PveError(500, "Linked clone feature is not supported for drive 'scsi0'")
+        placeholder = VM(newid, target, {"lock": "clone"})
+        self.vms[newid] = placeholder
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["clone"], shared=not src.running):
+                async with self.flock(newid).hold(newid, timeout=FLOCK_WAIT_S["clone"]):
+                    source = self.vm_alive(src)
+                    self.check_lock(source)
+                    conf: dict[str, str] = {}
+                    disk_n = 0
+                    for k, v in sorted(source.config.items()):
+                        if k in ("template", "lock") or k.startswith("unused"):
+                            continue
+                        if DISK_RE.fullmatch(k):
+                            volid, _, opts = v.partition(",")
+                            if "media=cdrom" in opts and "cloudinit" not in volid:
+                                conf[k] = v
+                                continue
+                            store = volid.split(":", 1)[0]
+                            if "cloudinit" in volid:
+                                conf[k] = f"{store}:vm-{newid}-cloudinit" + (f",{opts}" if opts else "")
+                                continue
+                            name = f"vm-{newid}-disk-{disk_n}"
+                            disk_n += 1
+                            kind = "full" if full else "linked"
+                            task.lines.append(f"create {kind} clone of drive {k} ({volid})")
+                            if not full:
+                                name = f"{volid.split(':', 1)[1]}/{name}"
+                            conf[k] = f"{store}:{name}" + (f",{opts}" if opts else "")
+                        elif re.fullmatch(r"net\d+", k):
+                            model, _, rest = v.partition(",")
+                            conf[k] = f"{model.split('=')[0]}={random_mac()}" + (f",{rest}" if rest else "")
+                        elif k == "smbios1":
+                            conf[k] = re.sub(r"uuid=[^,]+", f"uuid={uuid.uuid4()}", v)
+                        elif k == "vmgenid":
+                            conf[k] = str(uuid.uuid4())
+                        else:
+                            conf[k] = v
+                    conf["name"] = params.get("name") or f"Copy-of-VM-{source.config.get('name', vmid)}"
+                    if params.get("description") is not None:
+                        conf["description"] = params["description"]
+                    await asyncio.sleep(self.duration("qmclone"))
+                    if self.vms.get(newid) is not placeholder:
+                        raise PveError(500, f"unable to create VM {newid}: config file already exists")
+                    placeholder.config = conf
+
+        def cleanup() -> None:
+            if self.vms.get(newid) is placeholder:
+                del self.vms[newid]
+
+        return self.spawn(node, "qmclone", vmid, user, TaskPlan(run, cleanup), fail)
+
+    async def destroy(self, node: str, vmid: int, params: dict[str, str], user: str,
+                      fail: str | None = None) -> str:
+        """``DELETE /nodes/{n}/qemu/{vmid}``: running → 500 ``VM <id> is running - destroy failed``;
+        during the task the config holds only ``lock: destroyed``; the vmid is free once it ends."""
+        vm = self.vm_on(node, vmid)
+        if vm.config.get("protection") == "1":
+            raise PveError(500, f"can't remove VM {vmid} - protection mode enabled")
+        if vm.running:
+            raise PveError(500, f"VM {vmid} is running - destroy failed")
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["destroy"]):
+                v = self.vm_alive(vm)
+                self.check_lock(v, params.get("skiplock") == "1")
+                if v.running:
+                    raise PveError(500, f"VM {vmid} is running - destroy failed")
+                for k, val in sorted(v.config.items()):
+                    if DISK_RE.fullmatch(k) and ("media=cdrom" not in val or "cloudinit" in val):
+                        task.lines.append(f"  Logical volume \"{val.split(',')[0].split(':')[-1]}\" successfully removed.")
+                v.config = {"lock": "destroyed"}
+                await asyncio.sleep(self.duration("qmdestroy"))
+                if self.vms.get(vmid) is v:
+                    del self.vms[vmid]
+                if params.get("purge") == "1":
+                    task.lines.append(f"purging VM {vmid} from related configurations..")
+
+        return self.spawn(node, "qmdestroy", vmid, user, TaskPlan(run), fail)
+
+    # ---- power -----------------------------------------------------------------------------------
+    async def power(self, node: str, vmid: int, action: str, params: dict[str, str], user: str,
+                    fail: str | None = None) -> str:
+        """``POST status/start|stop|shutdown`` → UPID. Start on a running VM: the task fails ``VM <id>
+        already running``; stop/shutdown of a stopped VM: task OK; templates cannot start."""
+        vm = self.vm_on(node, vmid)
+        ttype = {"start": "qmstart", "stop": "qmstop", "shutdown": "qmshutdown", "reboot": "qmreboot",
+                 "reset": "qmreset", "suspend": "qmsuspend", "resume": "qmresume"}[action]
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["start"]):
+                v = self.vm_alive(vm)
+                self.check_lock(v, params.get("skiplock") == "1")
+                if action == "start":
+                    if v.template:
+                        raise PveError(500, "you can't start a vm if it's a template")
+                    if v.running:
+                        raise PveError(500, f"VM {vmid} already running")
+                    await asyncio.sleep(self.duration(ttype))
+                    v.running, v.started_at = True, time.time()
+                elif action in ("stop", "shutdown"):
+                    if not v.running:
+                        return
+                    await asyncio.sleep(self.duration(ttype))
+                    v.running, v.started_at = False, None
+                else:
+                    if not v.running:
+                        raise PveError(500, f"VM {vmid} not running")
+                    await asyncio.sleep(self.duration(ttype))
+
+        return self.spawn(node, ttype, vmid, user, TaskPlan(run), fail)
+
+    async def resize(self, node: str, vmid: int, params: dict[str, str], user: str,
+                     fail: str | None = None) -> str:
+        """``PUT .../resize`` → ``resize`` task (PVE >= 8.? returns a UPID). ``+5G`` relative, ``20G``
+        absolute; shrinking → task error ``shrinking disks is not supported``."""
+        vm = self.vm_on(node, vmid)
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                v = self.vm_alive(vm)
+                digest = params.get("digest")
+                if digest and digest != v.digest():
+                    raise PveError(500, "checksum mismatch (file change by other user?)")
+                self.check_lock(v, params.get("skiplock") == "1")
+                disk = params["disk"]
+                value = v.config.get(disk)
+                if value is None:
+                    raise PveError(500, f"disk '{disk}' does not exist")
+                if "media=cdrom" in value:
+                    raise PveError(500, "you can't resize a cdrom")
+                m = re.search(r"(?:^|,)size=([^,]+)", value)
+                old = parse_size(m.group(1)) if m else 0
+                size = params["size"]
+                rel = size.startswith("+")
+                amount = parse_size(size.lstrip("+"))
+                if amount is None:
+                    raise PveError(500, f"invalid size '{size}'")
+                new = old + amount if rel else amount
+                if new < old:
+                    raise PveError(500, "shrinking disks is not supported")
+                await asyncio.sleep(self.duration("resize"))
+                if new == old:
+                    return
+                task.lines.append(f"  Size of logical volume changed from {format_size(old)} to {format_size(new)}.")
+                if m:
+                    v.config[disk] = value[:m.start(1)] + format_size(new) + value[m.end(1):]
+                else:
+                    v.config[disk] = f"{value},size={format_size(new)}"
+
+        return self.spawn(node, "resize", vmid, user, TaskPlan(run), fail)
+
+    # ---- persistence -----------------------------------------------------------------------------
+    def dump(self) -> dict:
+        return {"vms": [vm.to_json() for vm in sorted(self.vms.values(), key=lambda v: v.vmid)
+                        if vm.lock not in ("clone", "create", "destroyed")]}
+
+    @staticmethod
+    def vms_from_dump(data: dict) -> list[VM]:
+        return [VM(int(d["vmid"]), d["node"], dict(d["config"]), bool(d.get("running")),
+                   time.time() if d.get("running") else None) for d in data.get("vms", [])]
+

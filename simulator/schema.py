@@ -1,0 +1,295 @@
+"""Request validation against the real Proxmox VE 9.1.3 API schema.
+
+The schema (``pve-api-schema.json``, a tree of ``{path, text, leaf, children?, info?}``) ships with
+this package. :class:`PveSchema` indexes it by ``(method, path template)`` and re-implements the parts
+of pve-common ``PVE::JSONSchema::check_prop``/``check_type`` that decide whether PVE answers
+``400 Parameter verification failed.``. Texts are the Perl texts, including the trailing newline of
+messages that come from a ``die "...\\n"`` in a format validator (PVE returns them that way).
+
+Checked, in PVE's order (``check_prop``): missing non-optional → ``property is missing and it is not
+optional``; type (``integer``/``number`` regexes of ``is_integer``/``is_number``; ``boolean`` accepts
+only ``1`` and ``0`` as ``check_type`` does, so Python's ``True`` → ``type check ('boolean') failed -
+got 'True'``); format (``pve-tag-list``, ``urlencoded``, ``pve-vmid``, ``pve-node``, ``dns-name``,
+``pve-configid``, ``pve-configid-list``; every other format is accepted) → ``invalid format - <msg>``;
+pattern (anchored) → ``value does not match the regex pattern``; maxLength/minLength; maximum/minimum;
+enum. Unknown parameters → ``property is not defined in schema and the schema does not allow additional
+properties``. Path placeholders (``{node}``, ``{vmid}``, ``{upid}``, ...) are parameters too.
+
+Usage::
+
+    from z9.sim.schema import PveSchema
+    template, errors = PveSchema.load().validate("POST", "/nodes/pve1/qemu/9000/clone", {"newid": "101"})
+    # template is None -> 501 "Method 'POST /x' not implemented"; errors != {} -> 400
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+PARAM_ERROR = "Parameter verification failed."
+MSG_UNKNOWN = "property is not defined in schema and the schema does not allow additional properties"
+MSG_MISSING = "property is missing and it is not optional"
+
+# pve-common PVE::JSONSchema
+_TAG_RE = re.compile(r"[a-z0-9_][a-z0-9_\-+.]*", re.I)
+_URLENCODED_RE = re.compile(r"[-%a-zA-Z0-9_.!~*'()]*")
+_VMID_RE = re.compile(r"[1-9][0-9]{2,8}")
+_NODE_RE = re.compile(r"[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?")
+_DNS_LABEL = r"([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?)"
+_DNS_RE = re.compile(rf"({_DNS_LABEL}\.)*{_DNS_LABEL}")
+_CONFIGID_RE = re.compile(r"[a-z][a-z0-9_-]+", re.I)
+_INT_RE = re.compile(r"[+-]?\d+")
+_NUM_RE = re.compile(r"[+-]?(\d+\.\d+|\d+\.|\.\d+|\d+)([eE][+-]?\d+)?")
+
+# Highest index + 1 of the "name[n]" options of qemu-server (QemuServer.pm / Drive.pm constants).
+_INDEX_LIMITS = {
+    "net": 32, "ipconfig": 32, "scsi": 31, "virtio": 16, "sata": 6, "ide": 4, "unused": 256,
+    "usb": 14, "hostpci": 16, "serial": 4, "parallel": 3, "numa": 8, "virtiofs": 10,
+}
+
+
+def split_list(text: str) -> list[str]:
+    """PVE::Tools::split_list: separators are ``,`` ``;`` and whitespace; empty items dropped."""
+    return [p for p in re.split(r"[,;\s]+", text or "") if p]
+
+
+def _fmt_tag(v: str) -> None:
+    if not _TAG_RE.fullmatch(v):
+        raise ValueError("invalid characters in tag\n")
+
+
+def _fmt_urlencoded(v: str) -> None:
+    if not _URLENCODED_RE.fullmatch(v):
+        raise ValueError(f"invalid urlencoded string: {v}\n")
+
+
+def _fmt_vmid(v: str) -> None:
+    if not _VMID_RE.fullmatch(v):
+        raise ValueError("value does not look like a valid VM ID\n")
+
+
+def _fmt_node(v: str) -> None:
+    if not _NODE_RE.fullmatch(v):
+        raise ValueError("value does not look like a valid node name\n")
+
+
+def _fmt_dns(v: str) -> None:
+    if not _DNS_RE.fullmatch(v):
+        raise ValueError("value does not look like a valid DNS name\n")
+
+
+def _fmt_configid(v: str) -> None:
+    if not _CONFIGID_RE.fullmatch(v):
+        raise ValueError(f"invalid configuration ID '{v}'\n")
+
+
+_FORMATS = {
+    "pve-tag": _fmt_tag,
+    "urlencoded": _fmt_urlencoded,
+    "pve-vmid": _fmt_vmid,
+    "pve-node": _fmt_node,
+    "dns-name": _fmt_dns,
+    "pve-configid": _fmt_configid,
+}
+
+
+def check_format(fmt: Any, value: str) -> None:
+    """PVE::JSONSchema::check_format for the formats the simulator knows; raises ValueError(msg)."""
+    if not isinstance(fmt, str):
+        return  # property-string formats (hash) are accepted as-is
+    m = re.fullmatch(r"(.*?)(?:-(list|opt))?", fmt)
+    name, kind = m.group(1), m.group(2)
+    fn = _FORMATS.get(name)
+    if fn is None:
+        return
+    if kind == "list":
+        for item in split_list(value):
+            fn(item)
+    elif kind == "opt":
+        if value:
+            fn(value)
+    else:
+        fn(value)
+
+
+def _num(v: Any) -> float:
+    return float(v)
+
+
+def check_prop(value: str | None, schema: dict) -> str | None:
+    """Return the PVE error text for one parameter, or None if it is valid."""
+    if value is None:
+        if not schema.get("optional") and not schema.get("alias"):
+            return MSG_MISSING
+        return None
+    typ = schema.get("type")
+    if typ == "boolean" and value not in ("1", "0"):
+        return f"type check ('boolean') failed - got '{value}'"
+    if typ == "integer" and not _INT_RE.fullmatch(value):
+        return f"type check ('integer') failed - got '{value}'"
+    if typ == "number" and not _NUM_RE.fullmatch(value):
+        return f"type check ('number') failed - got '{value}'"
+    if typ in ("array", "object"):
+        return None  # never sent by the clients z9 uses; form data cannot carry them
+    fmt = schema.get("format")
+    if fmt:
+        try:
+            check_format(fmt, value)
+        except ValueError as e:
+            return f"invalid format - {e}"
+    pattern = schema.get("pattern")
+    if pattern and not re.fullmatch(pattern, value):
+        return "value does not match the regex pattern"
+    if schema.get("maxLength") is not None and len(value) > int(schema["maxLength"]):
+        return f"value may only be {schema['maxLength']} characters long"
+    if schema.get("minLength") is not None and len(value) < int(schema["minLength"]):
+        return f"value must be at least {schema['minLength']} characters long"
+    if _NUM_RE.fullmatch(value):
+        if schema.get("maximum") is not None and float(value) > _num(schema["maximum"]):
+            return f"value must have a maximum value of {schema['maximum']}"
+        if schema.get("minimum") is not None and float(value) < _num(schema["minimum"]):
+            return f"value must have a minimum value of {schema['minimum']}"
+    enum = schema.get("enum")
+    if enum and value not in [str(e) for e in enum]:
+        return f"value '{value}' does not have a value in the enumeration '{', '.join(map(str, enum))}'"
+    return None
+
+
+@dataclass
+class Endpoint:
+    """One (method, path template) of the schema."""
+
+    method: str
+    template: str
+    properties: dict[str, dict]
+    additional: bool
+    indexed: list[tuple[re.Pattern, str, dict]] = field(default_factory=list)
+
+    def lookup(self, name: str) -> dict | None:
+        if name in self.properties:
+            return self.properties[name]
+        for rx, base, schema in self.indexed:
+            m = rx.fullmatch(name)
+            if m and int(m.group(1)) < _INDEX_LIMITS.get(base, 10**6):
+                return schema
+        return None
+
+
+class _Node:
+    __slots__ = ("literal", "param", "endpoints", "template")
+
+    def __init__(self) -> None:
+        self.literal: dict[str, _Node] = {}
+        self.param: tuple[str, _Node] | None = None
+        self.endpoints: dict[str, Endpoint] = {}
+        self.template: str = ""
+
+
+def stringify(value: Any) -> str:
+    """How a JSON body value reaches the Perl validator: JSON booleans become 1/0."""
+    if value is True:
+        return "1"
+    if value is False:
+        return "0"
+    return str(value)
+
+
+class PveSchema:
+    """Index of the PVE API schema. Build once with :meth:`load` (cached)."""
+
+    def __init__(self, tree: list[dict]):
+        self._root = _Node()
+        self.endpoints: dict[tuple[str, str], Endpoint] = {}
+        for n in tree:
+            self._add(n)
+
+    @classmethod
+    @functools.cache
+    def load(cls) -> "PveSchema":
+        text = importlib.resources.files("z9.sim").joinpath("pve-api-schema.json").read_text("utf-8")
+        return cls(json.loads(text))
+
+    def _add(self, node: dict) -> None:
+        path = node["path"]
+        cur = self._root
+        for seg in [s for s in path.split("/") if s]:
+            if seg.startswith("{") and seg.endswith("}"):
+                if cur.param is None:
+                    cur.param = (seg[1:-1], _Node())
+                cur = cur.param[1]
+            else:
+                cur = cur.literal.setdefault(seg, _Node())
+        cur.template = path
+        for method, info in (node.get("info") or {}).items():
+            params = info.get("parameters") or {}
+            props = dict(params.get("properties") or {})
+            ep = Endpoint(method, path, props, bool(params.get("additionalProperties")))
+            for name, schema in list(props.items()):
+                m = re.fullmatch(r"([a-z0-9_-]+)\[n\]", name)
+                if m:
+                    del props[name]
+                    ep.indexed.append((re.compile(re.escape(m.group(1)) + r"(\d+)"), m.group(1), schema))
+            cur.endpoints[method] = ep
+            self.endpoints[(method, path)] = ep
+        for child in node.get("children") or []:
+            self._add(child)
+
+    def match(self, method: str, path: str) -> tuple[Endpoint | None, dict[str, str]]:
+        """Find the endpoint for a concrete path (relative to /api2/json). Literal segments win."""
+        segs = [s for s in path.split("/") if s]
+
+        def rec(node: _Node, i: int, params: dict[str, str]):
+            if i == len(segs):
+                ep = node.endpoints.get(method)
+                return (ep, params) if ep else None
+            seg = segs[i]
+            if seg in node.literal:
+                r = rec(node.literal[seg], i + 1, params)
+                if r:
+                    return r
+            if node.param is not None:
+                name, child = node.param
+                return rec(child, i + 1, {**params, name: seg})
+            return None
+
+        r = rec(self._root, 0, {})
+        return r if r else (None, {})
+
+    def validate(
+        self, method: str, path: str, params: dict[str, Any]
+    ) -> tuple[str | None, dict[str, str]]:
+        """Validate one request.
+
+        ``path`` is the concrete path after ``/api2/json`` (e.g. ``/nodes/pve1/qemu/100/config``),
+        ``params`` the query/form parameters (values are converted with :func:`stringify`).
+        Returns ``(template, errors)``: ``template`` is None when PVE would answer 501; ``errors`` maps
+        parameter name → PVE error text (empty when valid). Path placeholders are validated as
+        parameters (a query parameter may not override them).
+        """
+        ep, path_params = self.match(method.upper(), path)
+        if ep is None:
+            return None, {}
+        values = {k: stringify(v) for k, v in params.items() if v is not None}
+        values.update(path_params)
+        errors: dict[str, str] = {}
+        for name, schema in ep.properties.items():
+            err = check_prop(values.get(name), schema)
+            if err:
+                errors[name] = err
+        for name, value in values.items():
+            if name in ep.properties:
+                continue
+            schema = ep.lookup(name)
+            if schema is None:
+                if not ep.additional:
+                    errors[name] = MSG_UNKNOWN
+                continue
+            err = check_prop(value, schema)
+            if err:
+                errors[name] = err
+        return ep.template, errors

@@ -1,0 +1,238 @@
+"""Run the Proxmox VE simulator: in-process for tests (:func:`start_simulator`) or as ``z9 sim``
+(:func:`main`).
+
+Example (tests)::
+
+    server = await start_simulator(SimConfig(task_seconds={"qmclone": 0.2}), cert_dir=tmp_path)
+    api = ProxmoxAPI("127.0.0.1", port=server.port, user="root@pam", token_name="z9",
+                     token_value=server.token_secret, verify_ssl=False)  # or verify_ssl=str(server.cert_path)
+    ...
+    await server.stop()
+
+The dev region seed (:func:`seed_dev_region`): template 9000 ``debian-12`` on the first node
+(``template: 1``, ``scsi0: local-lvm:base-9000-disk-0,size=2G``, cloud-init drive on ide2, ``net0``
+virtio on ``vmbr0``, tags ``z9-image`` so clones inherit it, facts: "Where peers broke" 8) and the
+region agent VM 100 ``z9-agent-<region>`` on the first node, running, tagged ``z9-role-agent``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from .api import SimContext, create_app
+from .cluster import VM, Cluster
+from .faults import FaultStore
+from .tls import ensure_certificate, server_context
+
+log = logging.getLogger("z9.sim")
+
+DEV_TOKEN_SECRET = "5f0c7a8e-2b1d-4c3e-9a6f-7d8e9f0a1b2c"
+
+
+class SimConfig(BaseModel):
+    """Simulator settings. Durations in seconds."""
+
+    region: str = "dev-1"
+    nodes: list[str] = Field(default_factory=lambda: ["pve1", "pve2", "pve3"], min_length=1)
+    token_id: str = "root@pam!z9"  # USER@REALM!TOKENID
+    token_secret: str = DEV_TOKEN_SECRET
+    password: str = "z9-dev-password"  # for POST /access/ticket as the token's user
+    task_seconds: dict[str, float] = Field(default_factory=dict)  # task type -> duration
+    task_default_s: float = 0.2  # duration of task types not in task_seconds
+    stats_lag_s: float = 10.0  # period of the /cluster/resources name/status cache
+    task_invisible_s: float = 0.0  # a new UPID answers "no such task" for this long
+    auth_delay_s: float = 0.0  # delay of 401 replies (real PVE: 3)
+    seed: Literal["dev", "empty"] = "dev"  # initial VMs (and what /_sim/reset restores)
+    state_file: Path | None = None  # load VMs at start if present; save periodically and at stop
+    state_save_s: float = 5.0
+
+
+def seed_dev_region(config: SimConfig) -> list[VM]:
+    """The dev region's VMs (fresh objects on every call)."""
+    if config.seed == "empty":
+        return []
+    node = config.nodes[0]
+    template = VM(9000, node, {
+        "name": "debian-12", "template": "1", "cores": "1", "memory": "1024", "ostype": "l26",
+        "scsihw": "virtio-scsi-single", "scsi0": "local-lvm:base-9000-disk-0,size=2G",
+        "ide2": "local-lvm:vm-9000-cloudinit,media=cdrom", "boot": "order=scsi0",
+        "net0": "virtio=BC:24:11:90:00:00,bridge=vmbr0", "serial0": "socket", "vga": "serial0",
+        "agent": "1", "tags": "z9-image", "smbios1": "uuid=9a9e1c52-0f6a-4f4e-a0c8-000000009000",
+        "vmgenid": "4a3c2b1d-0000-4000-8000-000000009000",
+    })
+    agent = VM(100, node, {
+        "name": f"z9-agent-{config.region}", "cores": "2", "memory": "2048", "ostype": "l26",
+        "scsihw": "virtio-scsi-single", "scsi0": "local-lvm:vm-100-disk-0,size=8G",
+        "ide2": "local-lvm:vm-100-cloudinit,media=cdrom", "boot": "order=scsi0",
+        "net0": "virtio=BC:24:11:00:01:00,bridge=vmbr0", "ipconfig0": "ip=dhcp", "ciuser": "debian",
+        "serial0": "socket", "vga": "serial0", "agent": "1", "tags": "z9-role-agent",
+        "smbios1": f"uuid={uuid.UUID(int=100)}", "vmgenid": str(uuid.UUID(int=0x100)),
+    }, running=True, started_at=time.time())
+    return [template, agent]
+
+
+class SimServer:
+    """A running simulator. ``url`` is ``https://<host>:<port>`` (proxmoxer adds ``/api2/json``),
+    ``admin_url`` is ``<url>/_sim``; ``cluster`` gives tests direct access to the state."""
+
+    def __init__(self, config: SimConfig, ctx: SimContext, runner: web.AppRunner, host: str, port: int,
+                 cert_path: Path, key_path: Path):
+        self.config = config
+        self.ctx = ctx
+        self.cluster: Cluster = ctx.cluster
+        self.faults: FaultStore = ctx.faults
+        self._runner = runner
+        self.host = host
+        self.port = port
+        self.url = f"https://{host}:{port}"
+        self.admin_url = f"{self.url}/_sim"
+        self.cert_path = cert_path
+        self.key_path = key_path
+        self.token_id = config.token_id
+        self.token_secret = config.token_secret
+        self._saver: asyncio.Task | None = None
+
+    @property
+    def auth_header(self) -> dict[str, str]:
+        return {"Authorization": f"PVEAPIToken={self.token_id}={self.token_secret}"}
+
+    async def reset(self) -> None:
+        """Same as ``POST /_sim/reset``."""
+        self.ctx.faults.clear()
+        self.ctx.requests.clear()
+        await self.cluster.reset(seed_dev_region(self.config))
+
+    def save_state(self) -> None:
+        if not self.config.state_file:
+            return
+        path = Path(self.config.state_file)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.cluster.dump(), indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+    async def _save_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.state_save_s)
+            try:
+                self.save_state()
+            except OSError as e:  # pragma: no cover
+                log.warning("cannot save state: %s", e)
+
+    async def stop(self) -> None:
+        if self._saver:
+            self._saver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._saver
+        await self.cluster.stop()
+        with contextlib.suppress(OSError):
+            self.save_state()
+        await self._runner.cleanup()
+
+
+async def start_simulator(config: SimConfig | None = None, host: str = "127.0.0.1", port: int = 0,
+                          cert_dir: Path | str | None = None) -> SimServer:
+    """Start the simulator on ``host:port`` (0 = any free port) with TLS; return when it listens.
+
+    ``cert_dir`` holds the self-signed certificate (created if missing; a temp dir if None)."""
+    config = config or SimConfig()
+    cert_path, key_path = ensure_certificate(cert_dir or tempfile.mkdtemp(prefix="z9-sim-"))
+    cluster = Cluster(config.nodes, task_seconds=config.task_seconds, task_default_s=config.task_default_s,
+                      stats_lag_s=config.stats_lag_s, task_invisible_s=config.task_invisible_s)
+    vms = seed_dev_region(config)
+    if config.state_file and Path(config.state_file).exists():
+        vms = Cluster.vms_from_dump(json.loads(Path(config.state_file).read_text()))
+    for vm in vms:
+        cluster.add_vm(vm)
+    await cluster.start()
+    ctx = SimContext(cluster=cluster, seed=lambda: seed_dev_region(config), token_id=config.token_id,
+                     token_secret=config.token_secret, password=config.password, auth_delay_s=config.auth_delay_s)
+    runner = web.AppRunner(create_app(ctx), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=server_context(cert_path, key_path))
+    await site.start()
+    bound_port = runner.addresses[0][1]
+    server = SimServer(config, ctx, runner, host, bound_port, cert_path, key_path)
+    if config.state_file:
+        server._saver = asyncio.create_task(server._save_forever())
+    return server
+
+
+def _parse_task_seconds(text: str) -> tuple[dict[str, float], float | None]:
+    """``0.5`` (all types) or ``qmclone=2,qmstart=0.5,default=0.3``."""
+    try:
+        return {}, float(text)
+    except ValueError:
+        pass
+    out: dict[str, float] = {}
+    default = None
+    for part in text.split(","):
+        k, _, v = part.partition("=")
+        if k.strip() == "default":
+            default = float(v)
+        else:
+            out[k.strip()] = float(v)
+    return out, default
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``z9 sim``: run a simulator until SIGINT/SIGTERM; prints one line with URL and token."""
+    p = argparse.ArgumentParser(prog="z9 sim", description="Proxmox VE API simulator for z9")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8006)
+    p.add_argument("--region", default="dev-1")
+    p.add_argument("--nodes", default="pve1,pve2,pve3", help="comma-separated node names")
+    p.add_argument("--cert-dir", type=Path, default=None, help="default: ~/.cache/z9-sim/<region>")
+    p.add_argument("--task-seconds", default="1.0",
+                   help="seconds per task: a number for all, or qmclone=3,qmstart=1,default=0.5")
+    p.add_argument("--stats-lag-s", type=float, default=10.0)
+    p.add_argument("--token-secret", default=DEV_TOKEN_SECRET)
+    p.add_argument("--auth-delay-s", type=float, default=0.0)
+    p.add_argument("--state-file", type=Path, default=None)
+    p.add_argument("--empty", action="store_true", help="start without the dev seed VMs")
+    args = p.parse_args(argv)
+    per_type, default = _parse_task_seconds(args.task_seconds)
+    config = SimConfig(region=args.region, nodes=[n for n in args.nodes.split(",") if n],
+                       token_secret=args.token_secret, task_seconds=per_type,
+                       task_default_s=default if default is not None else 1.0, stats_lag_s=args.stats_lag_s,
+                       auth_delay_s=args.auth_delay_s, state_file=args.state_file,
+                       seed="empty" if args.empty else "dev")
+    cert_dir = args.cert_dir or Path.home() / ".cache" / "z9-sim" / args.region
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    async def serve() -> None:
+        server = await start_simulator(config, args.host, args.port, cert_dir)
+        print(f"z9 sim: region={config.region} url={server.url} token={server.token_id}={server.token_secret} "
+              f"cert={server.cert_path} admin={server.admin_url}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.stop()
+
+    try:
+        asyncio.run(serve())
+    except OSError as e:
+        print(f"z9 sim: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Fixtures: one simulator per session, run on its own event loop in a background thread so that the
+synchronous proxmoxer/requests clients can drive it from plain test functions."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import requests
+from proxmoxer import ProxmoxAPI
+
+from z9.sim.server import SimConfig, SimServer, start_simulator
+
+TASK_SECONDS = {"qmclone": 0.25, "qmdestroy": 0.2}
+
+
+class SimThread:
+    def __init__(self, config: SimConfig, cert_dir):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="z9-sim")
+        self.thread.start()
+        self.server: SimServer = self.run(start_simulator(config, cert_dir=cert_dir))
+
+    def run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def close(self) -> None:
+        self.run(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture(scope="session")
+def sim_thread(tmp_path_factory):
+    config = SimConfig(task_seconds=TASK_SECONDS, task_default_s=0.1, stats_lag_s=3600)
+    st = SimThread(config, tmp_path_factory.mktemp("simcert"))
+    yield st
+    st.close()
+
+
+@pytest.fixture
+def sim(sim_thread) -> SimServer:
+    """The running simulator, reset to the dev seed before each test."""
+    r = requests.post(f"{sim_thread.server.admin_url}/reset", verify=False, timeout=10)
+    r.raise_for_status()
+    return sim_thread.server
+
+
+@pytest.fixture
+def pve(sim) -> ProxmoxAPI:
+    return ProxmoxAPI("127.0.0.1", port=sim.port, user="root@pam", token_name="z9",
+                      token_value=sim.token_secret, verify_ssl=str(sim.cert_path), timeout=10)
+
+
+@pytest.fixture
+def admin(sim):
+    """POST/GET/PUT/DELETE helper for the admin API: admin("post", "/faults", json={...})."""
+
+    def call(method: str, path: str, **kw):
+        r = requests.request(method, f"{sim.admin_url}{path}", verify=False, timeout=10, **kw)
+        r.raise_for_status()
+        return r.json()
+
+    return call
+
+
+def wait_task(pve: ProxmoxAPI, upid: str, timeout: float = 10.0) -> dict:
+    node = upid.split(":")[1]
+    deadline = time.monotonic() + timeout
+    while True:
+        st = pve.nodes(node).tasks(upid).status.get()
+        if st["status"] == "stopped":
+            return st
+        assert time.monotonic() < deadline, f"task {upid} still running"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def wait(pve):
+    """wait(upid) -> the stopped task's status dict."""
+    return lambda upid, timeout=10.0: wait_task(pve, upid, timeout)
+
+
+@pytest.fixture
+def sim_thread_factory():
+    """SimThread(config, cert_dir) for tests that need their own simulator."""
+    return SimThread

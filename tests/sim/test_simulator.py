@@ -1,0 +1,396 @@
+"""The simulator through proxmoxer over HTTPS (and requests for the admin API): each test checks one fact
+of /work/shared/design/proxmox-api.md."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import requests
+from proxmoxer import ProxmoxAPI, ResourceException
+
+from z9.sim.schema import PveSchema
+
+UPID_RE = re.compile(r"^UPID:([^:]+):([0-9A-F]{8}):([0-9A-F]{8}):([0-9A-F]{8}):([^:]+):([^:]*):([^:]+):$")
+
+
+def resources(pve) -> dict[int, dict]:
+    return {r["vmid"]: r for r in pve.cluster.resources.get(type="vm")}
+
+
+def clone(pve, wait, newid: int = 101, name: str = "web-1", **kw) -> str:
+    upid = pve.nodes("pve1").qemu(9000).clone.post(newid=newid, name=name, full=1, **kw)
+    if wait:
+        assert wait(upid)["exitstatus"] == "OK"
+    return upid
+
+
+# ---- tasks ---------------------------------------------------------------------------------------
+def test_upid_format_task_status_and_log(pve, wait):
+    upid = pve.nodes("pve1").qemu(100).status.stop.post()
+    m = UPID_RE.match(upid)
+    assert m, upid
+    assert m.group(1) == "pve1" and m.group(5) == "qmstop" and m.group(6) == "100"
+    assert m.group(7) == "root@pam!z9" and len(upid.split(":")) == 9
+    assert int(m.group(4), 16) == pytest.approx(time.time(), abs=5)
+    running = pve.nodes("pve1").tasks(upid).status.get()
+    assert running["status"] == "running" and "exitstatus" not in running
+    st = wait(upid)
+    assert st["exitstatus"] == "OK" and st["type"] == "qmstop" and st["user"] == "root@pam"
+    assert st["tokenid"] == "z9" and st["upid"] == upid
+    log = pve.nodes("pve1").tasks(upid).log.get(start=0, limit=50)
+    assert log[-1] == {"n": len(log), "t": "TASK OK"}
+    assert pve.nodes("pve1").qemu(100).status.current.get()["status"] == "stopped"
+
+
+def test_unknown_upid_and_wrong_node(pve, wait):
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").tasks("UPID:pve1:00001234:00001234:6543ABCD:qmstart:100:root@pam:").status.get()
+    assert e.value.status_code == 400 and e.value.errors == {"upid": "no such task"}
+    upid = pve.nodes("pve1").qemu(100).status.stop.post()
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve2").tasks(upid).status.get()
+    assert e.value.errors == {"upid": "no such task"}
+    wait(upid)
+
+
+def test_start_on_running_vm_fails_in_the_task(pve, wait):
+    upid = pve.nodes("pve1").qemu(100).status.start.post()
+    st = wait(upid)
+    assert st["exitstatus"] == "VM 100 already running"
+    assert pve.nodes("pve1").tasks(upid).log.get()[-1]["t"] == "TASK ERROR: VM 100 already running"
+
+
+def test_template_cannot_start_and_stop_of_stopped_vm_is_ok(pve, wait):
+    assert wait(pve.nodes("pve1").qemu(9000).status.start.post())["exitstatus"] == \
+        "you can't start a vm if it's a template"
+    assert wait(pve.nodes("pve1").qemu(9000).status.stop.post())["exitstatus"] == "OK"
+    assert wait(pve.nodes("pve1").qemu(9000).status.shutdown.post())["exitstatus"] == "OK"
+
+
+# ---- clone ---------------------------------------------------------------------------------------
+def test_clone_lifecycle_lock_then_inherited_tags(pve, wait, admin):
+    assert pve.cluster.nextid.get() == "101"
+    upid = clone(pve, None, description="made by z9")
+    assert UPID_RE.match(upid).group(5, 6) == ("qmclone", "9000")  # id = SOURCE vmid
+    cfg = pve.nodes("pve1").qemu(101).config.get()
+    assert set(cfg) == {"lock", "digest"} and cfg["lock"] == "clone"
+    r = resources(pve)[101]
+    assert r["lock"] == "clone" and "tags" not in r
+    # the clone worker holds the target's config flock: a PUT waits for it (up to 10 s), then applies
+    pve.nodes("pve1").qemu(101).config.put(cores=2)
+    assert pve.nodes("pve1").tasks(upid).status.get()["status"] == "stopped"
+    assert wait(upid)["exitstatus"] == "OK"
+    cfg = pve.nodes("pve1").qemu(101).config.get()
+    assert cfg["name"] == "web-1" and cfg["tags"] == "z9-image" and "template" not in cfg and "lock" not in cfg
+    assert cfg["scsi0"] == "local-lvm:vm-101-disk-0,size=2G" and cfg["description"] == "made by z9"
+    assert cfg["cores"] == 2 and cfg["net0"] != "virtio=BC:24:11:90:00:00,bridge=vmbr0"
+    assert admin("get", "/state")["counters"]["tasks_started"]["qmclone"] == 1
+
+
+def test_locked_vm(pve, wait, admin):
+    admin("post", "/vms", json={"vmid": 120, "node": "pve3", "config": {"name": "stuck", "lock": "backup"}})
+    for call in (lambda: pve.nodes("pve3").qemu(120).config.put(cores=2),
+                 lambda: pve.nodes("pve3").qemu(120).config.post(cores=2),
+                 lambda: pve.nodes("pve1").qemu(120).clone.post(newid=121)):
+        with pytest.raises(ResourceException) as e:
+            call()
+        assert e.value.status_code == 500
+    assert e.value.content.startswith("Configuration file 'nodes/pve1/qemu-server/120.conf'")
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve3").qemu(120).config.put(cores=2)
+    assert e.value.content == "VM is locked (backup)"
+    assert wait(pve.nodes("pve3").qemu(120).status.start.post())["exitstatus"] == "VM is locked (backup)"
+    assert wait(pve.nodes("pve3").qemu(120).delete())["exitstatus"] == "VM is locked (backup)"
+    assert resources(pve)[120]["lock"] == "backup"
+    pve.nodes("pve3").qemu(120).config.put(cores=2, skiplock=1)
+
+
+def test_clone_to_taken_newid_and_missing_source(pve):
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(9000).clone.post(newid=100, full=1)
+    assert (e.value.status_code, e.value.content) == (500, "unable to create VM 100: config file already exists")
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(4242).clone.post(newid=101, full=1)
+    assert e.value.content == "Configuration file 'nodes/pve1/qemu-server/4242.conf' does not exist"
+    # a VM on another node "does not exist" on the URL's node
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve2").qemu(100).config.get()
+    assert e.value.content == "Configuration file 'nodes/pve2/qemu-server/100.conf' does not exist"
+
+
+def test_clone_to_other_node(pve, wait):
+    clone(pve, wait, newid=150, target="pve2")
+    assert pve.nodes("pve2").qemu(150).config.get()["name"] == "web-1"
+    assert resources(pve)[150]["node"] == "pve2"
+
+
+# ---- destroy / nextid ----------------------------------------------------------------------------
+def test_destroy_running_vm_refused(pve):
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(100).delete(purge=1, **{"destroy-unreferenced-disks": 1})
+    assert (e.value.status_code, e.value.content) == (500, "VM 100 is running - destroy failed")
+
+
+def test_destroy_lock_and_vmid_reuse(pve, wait):
+    clone(pve, wait)
+    assert pve.cluster.nextid.get() == "102"
+    upid = pve.nodes("pve1").qemu(101).delete(purge=1, **{"destroy-unreferenced-disks": 1})
+    assert UPID_RE.match(upid).group(5) == "qmdestroy"
+    time.sleep(0.05)
+    assert pve.nodes("pve1").qemu(101).config.get()["lock"] == "destroyed"
+    assert "tags" not in resources(pve)[101]
+    assert wait(upid)["exitstatus"] == "OK"
+    assert pve.cluster.nextid.get() == "101"
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(101).status.current.get()
+    assert e.value.content == "Configuration file 'nodes/pve1/qemu-server/101.conf' does not exist"
+
+
+def test_nextid_with_taken_vmid(pve):
+    assert pve.cluster.nextid.get(vmid=555) == "555"
+    with pytest.raises(ResourceException) as e:
+        pve.cluster.nextid.get(vmid=100)
+    assert e.value.status_code == 400 and e.value.errors == {"vmid": "VM 100 already exists"}
+
+
+# ---- config --------------------------------------------------------------------------------------
+def test_tags_normalised_and_invalid_tag(pve):
+    pve.nodes("pve1").qemu(100).config.put(tags="Z9-Role-Agent;beta,alpha  beta")
+    assert pve.nodes("pve1").qemu(100).config.get()["tags"] == "alpha;beta;z9-role-agent"
+    assert resources(pve)[100]["tags"] == "alpha;beta;z9-role-agent"
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(100).config.put(tags="ok;not/ok")
+    assert e.value.status_code == 400 and e.value.content == "Parameter verification failed."
+    assert e.value.errors == {"tags": "invalid format - invalid characters in tag\n"}
+
+
+def test_digest_delete_and_sshkeys(pve):
+    cfg = pve.nodes("pve1").qemu(100).config.get()
+    pve.nodes("pve1").qemu(100).config.put(cores=4, digest=cfg["digest"], delete="ipconfig0",
+                                          sshkeys="ssh-ed25519%20AAAA%20me%40host")
+    new = pve.nodes("pve1").qemu(100).config.get()
+    assert new["cores"] == 4 and "ipconfig0" not in new and new["digest"] != cfg["digest"]
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(100).config.put(cores=2, digest=cfg["digest"])
+    assert (e.value.status_code, e.value.content) == (500, "checksum mismatch (file change by other user?)")
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(100).config.put(sshkeys="ssh-ed25519 AAAA me@host")
+    assert e.value.errors["sshkeys"].startswith("invalid format - invalid urlencoded string")
+
+
+def test_post_config_is_a_task(pve, wait):
+    upid = pve.nodes("pve1").qemu(100).config.post(memory=4096, ciuser="z9")
+    assert UPID_RE.match(upid).group(5) == "qmconfig"
+    assert wait(upid)["exitstatus"] == "OK"
+    cfg = pve.nodes("pve1").qemu(100).config.get()
+    assert cfg["memory"] == "4096" and cfg["ciuser"] == "z9"
+
+
+def test_resize(pve, wait):
+    assert wait(pve.nodes("pve1").qemu(100).resize.put(disk="scsi0", size="+2G"))["exitstatus"] == "OK"
+    assert pve.nodes("pve1").qemu(100).config.get()["scsi0"] == "local-lvm:vm-100-disk-0,size=10G"
+    assert wait(pve.nodes("pve1").qemu(100).resize.put(disk="scsi0", size="20G"))["exitstatus"] == "OK"
+    st = wait(pve.nodes("pve1").qemu(100).resize.put(disk="scsi0", size="5G"))
+    assert st["exitstatus"] == "shrinking disks is not supported" and st["type"] == "resize"
+
+
+def test_status_current_and_stats_lag(pve, wait, admin):
+    cur = pve.nodes("pve1").qemu(100).status.current.get()
+    assert cur["status"] == "running" and cur["qmpstatus"] == "running" and cur["name"] == "z9-agent-dev-1"
+    assert cur["tags"] == "z9-role-agent" and "lock" not in cur
+    clone(pve, wait)
+    r = resources(pve)[101]
+    assert r["status"] == "unknown" and "name" not in r and r["tags"] == "z9-image"
+    pve.nodes("pve1").qemu(100).config.put(name="renamed")
+    assert resources(pve)[100]["name"] == "z9-agent-dev-1"  # stale until the stats refresh
+    admin("post", "/stats/refresh")
+    res = resources(pve)
+    assert (res[101]["name"], res[101]["status"]) == ("web-1", "stopped")
+    assert res[100]["name"] == "renamed"
+    assert [v["vmid"] for v in pve.nodes("pve1").qemu.get()] == [100, 101, 9000]
+
+
+# ---- schema / auth -------------------------------------------------------------------------------
+def test_schema_rejections_over_http(pve):
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(9000).clone.post(newid=101, full=True)
+    assert e.value.status_code == 400
+    assert e.value.errors == {"full": "type check ('boolean') failed - got 'True'"}
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(100).config.put(colour="blue")
+    assert e.value.errors == {"colour": "property is not defined in schema and the schema does not allow "
+                                        "additional properties"}
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(9000).clone.post(name="x")
+    assert e.value.errors == {"newid": "property is missing and it is not optional"}
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").frobnicate.get()
+    assert (e.value.status_code, e.value.content) == (501, "Method 'GET /nodes/pve1/frobnicate' not implemented")
+
+
+def test_schema_standalone():
+    s = PveSchema.load()
+    assert s.validate("GET", "/nope", {}) == (None, {})
+    t, errors = s.validate("PUT", "/nodes/pve1/qemu/100/config", {"net0": "virtio,bridge=vmbr0", "scsi31": "x",
+                                                                  "cores": "0", "name": "bad_name",
+                                                                  "lock": "frozen", "digest": "x" * 41})
+    assert t == "/nodes/{node}/qemu/{vmid}/config"
+    assert errors == {
+        "scsi31": "property is not defined in schema and the schema does not allow additional properties",
+        "cores": "value must have a minimum value of 1",
+        "name": "invalid format - value does not look like a valid DNS name\n",
+        "lock": "value 'frozen' does not have a value in the enumeration 'backup, clone, create, migrate, "
+                "rollback, snapshot, snapshot-delete, suspending, suspended'",
+        "digest": "value may only be 40 characters long",
+    }
+    assert s.validate("PUT", "/nodes/pve1/qemu/100/resize", {"disk": "scsi0", "size": "5X"})[1] == \
+        {"size": "value does not match the regex pattern"}
+    assert s.validate("GET", "/nodes/pve1/qemu/abc/config", {})[1] == \
+        {"vmid": "type check ('integer') failed - got 'abc'"}
+    assert s.validate("POST", "/nodes/pve1/qemu/100/status/start", {"skiplock": True})[1] == {}
+
+
+def test_auth_errors(sim):
+    url = f"{sim.url}/api2/json/version"
+    r = requests.get(url, verify=False, timeout=5)
+    assert (r.status_code, r.reason) == (401, "No ticket")
+    r = requests.get(url, verify=False, timeout=5, headers={"Authorization": "PVEAPIToken=root@pam!z9=wrong"})
+    assert (r.status_code, r.reason) == (401, "Authentication failed!")
+    r = requests.get(url, verify=False, timeout=5, headers=sim.auth_header)
+    assert r.status_code == 200 and r.json()["data"]["version"].startswith("9.")
+
+
+def test_ticket_auth(sim):
+    api = ProxmoxAPI("127.0.0.1", port=sim.port, user="root@pam", password=sim.config.password,
+                     verify_ssl=False, timeout=5)
+    assert api.cluster.nextid.get() == "101"
+    api.nodes("pve1").qemu(100).config.put(cores=3)
+    r = requests.post(f"{sim.url}/api2/json/access/ticket", data={"username": "root@pam", "password": "x"},
+                      verify=False, timeout=5)
+    assert (r.status_code, r.reason) == (401, "authentication failure")
+
+
+# ---- faults / admin ------------------------------------------------------------------------------
+CLONE_PATH = r"^/nodes/[^/]+/qemu/\d+/clone$"
+
+
+def test_fault_error(pve, admin):
+    fid = admin("post", "/faults", json={"method": "POST", "path": CLONE_PATH, "action": "error", "status": 500,
+                                         "reason": "can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout"})["id"]
+    assert admin("get", "/faults")[0]["remaining"] == 1 and admin("get", "/faults")[0]["id"] == fid
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(9000).clone.post(newid=101, full=1)
+    assert e.value.content == "can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout"
+    assert 101 not in resources(pve)
+    assert admin("get", "/faults") == []
+    pve.nodes("pve1").qemu(9000).clone.post(newid=101, full=1)  # rule used up
+
+
+def test_fault_error_595_and_times(pve, admin):
+    admin("post", "/faults", json={"path": "/status/current$", "action": "error", "status": 595,
+                                   "reason": "Connection refused", "times": 2})
+    for _ in range(2):
+        with pytest.raises(ResourceException) as e:
+            pve.nodes("pve1").qemu(100).status.current.get()
+        assert (e.value.status_code, e.value.content) == (595, "Connection refused")
+    assert pve.nodes("pve1").qemu(100).status.current.get()["status"] == "running"
+
+
+def test_fault_delay(sim, admin):
+    admin("post", "/faults", json={"method": "GET", "path": "^/cluster/nextid$", "action": "delay", "seconds": 0.4})
+    slow = ProxmoxAPI("127.0.0.1", port=sim.port, user="root@pam", token_name="z9", token_value=sim.token_secret,
+                      verify_ssl=False, timeout=0.2)
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        slow.cluster.nextid.get()
+    t0 = time.monotonic()
+    assert slow.cluster.nextid.get() == "101"
+    assert time.monotonic() - t0 < 0.2
+
+
+def test_fault_drop_effect_happens(pve, wait, admin):
+    admin("post", "/faults", json={"method": "POST", "path": CLONE_PATH, "action": "drop"})
+    with pytest.raises(requests.exceptions.ConnectionError):
+        pve.nodes("pve1").qemu(9000).clone.post(newid=101, name="lost", full=1)
+    assert resources(pve)[101]["lock"] == "clone"  # the clone runs although the reply was lost
+    tasks = [t for t in admin("get", "/state")["tasks"] if t["type"] == "qmclone"]
+    assert len(tasks) == 1
+    wait(tasks[0]["upid"])
+    assert pve.nodes("pve1").qemu(101).config.get()["name"] == "lost"
+    reqs = admin("get", "/state")["counters"]["requests"]
+    assert {"method": "POST", "path": "/nodes/{node}/qemu/{vmid}/clone", "status": 0, "count": 1} in reqs
+
+
+def test_fault_fail_task(pve, wait, admin):
+    admin("post", "/faults", json={"method": "POST", "path": CLONE_PATH, "action": "fail_task"})
+    upid = pve.nodes("pve1").qemu(9000).clone.post(newid=101, full=1)
+    st = wait(upid)
+    assert st["exitstatus"] == "can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout"
+    assert 101 not in resources(pve)
+    admin("post", "/faults", json={"path": "/status/shutdown$", "action": "fail_task",
+                                   "exitstatus": "VM quit/powerdown failed - got timeout"})
+    st = wait(pve.nodes("pve1").qemu(100).status.shutdown.post())
+    assert st["exitstatus"] == "VM quit/powerdown failed - got timeout"
+    assert pve.nodes("pve1").qemu(100).status.current.get()["status"] == "running"
+    admin("post", "/faults", json={"path": "/status/stop$", "action": "fail_task", "exitstatus": "WARNINGS: 2"})
+    upid = pve.nodes("pve1").qemu(100).status.stop.post()
+    assert wait(upid)["exitstatus"] == "WARNINGS: 2"
+    assert pve.nodes("pve1").tasks(upid).log.get()[-1]["t"] == "TASK WARNINGS: 2"
+    assert pve.nodes("pve1").qemu(100).status.current.get()["status"] == "stopped"
+
+
+def test_flock_contention(pve, admin):
+    admin("post", "/flock", json={"vmid": 100, "seconds": 0.3})
+    t0 = time.monotonic()
+    pve.nodes("pve1").qemu(100).config.put(cores=3)  # waits for the flock (max 10 s)
+    assert time.monotonic() - t0 >= 0.25
+
+
+def test_reset_and_counters(pve, wait, admin):
+    clone(pve, wait)
+    admin("post", "/faults", json={"path": ".*", "action": "delay", "seconds": 0, "times": 5})
+    state = admin("get", "/state")
+    assert {vm["vmid"] for vm in state["vms"]} == {100, 101, 9000}
+    assert any(r["path"] == "/nodes/{node}/tasks/{upid}/status" and r["status"] == 200
+               for r in state["counters"]["requests"])
+    admin("post", "/reset")
+    state = admin("get", "/state")
+    assert {vm["vmid"] for vm in state["vms"]} == {100, 9000}
+    assert state["tasks"] == [] and state["counters"] == {"requests": [], "tasks_started": {}}
+    assert admin("get", "/faults") == []
+    vm = next(v for v in state["vms"] if v["vmid"] == 9000)
+    assert vm["template"] is True and vm["config"]["tags"] == "z9-image" and vm["node"] == "pve1"
+
+
+def test_task_invisible_window(pve, wait, admin):
+    admin("put", "/config", json={"task_invisible_s": 0.3})
+    try:
+        upid = pve.nodes("pve1").qemu(100).status.stop.post()
+        with pytest.raises(ResourceException) as e:
+            pve.nodes("pve1").tasks(upid).status.get()
+        assert e.value.errors == {"upid": "no such task"}
+        time.sleep(0.35)
+        assert wait(upid)["exitstatus"] == "OK"
+    finally:
+        admin("put", "/config", json={"task_invisible_s": 0})
+
+
+def test_state_file_survives_restart(tmp_path, sim_thread_factory):
+    from z9.sim.server import SimConfig
+
+    SimThread = sim_thread_factory
+
+    state = tmp_path / "state.json"
+    config = SimConfig(seed="dev", state_file=state, task_default_s=0.05, nodes=["pve1"])
+    st = SimThread(config, tmp_path / "cert")
+    try:
+        st.server.cluster.vms[100].config["name"] = "kept"
+    finally:
+        st.close()
+    st = SimThread(config, tmp_path / "cert")
+    try:
+        assert st.server.cluster.vms[100].config["name"] == "kept"
+        assert st.server.cluster.vms[100].running
+    finally:
+        st.close()

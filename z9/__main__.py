@@ -1,0 +1,3 @@
+from z9.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,169 @@
+"""The ``z9`` command: one subcommand per service, plus ``migrate``, ``token``, ``sim`` and ``dev``.
+
+Every service reads its settings from ``Z9_*`` environment variables (``z9.common.settings``);
+command-line flags override the few that differ per process.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import signal
+import sys
+from typing import Any, Awaitable, Callable
+
+from z9.common.logs import setup_logging
+from z9.common.settings import Settings
+
+
+async def _serve(service: Any) -> None:
+    """Run ``service.run()`` until SIGINT/SIGTERM, which call ``service.stop()``."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, service.stop)
+    await service.run()
+
+
+def _run(coro_fn: Callable[[], Awaitable[Any]]) -> int:
+    try:
+        asyncio.run(coro_fn())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
+    from aiohttp import web
+
+    from z9.api.app import create_app
+
+    settings.require_database_url()
+    web.run_app(create_app(settings), host=args.host or settings.api_host, port=args.port or settings.api_port,
+                print=lambda *_: None, access_log=None)
+    return 0
+
+
+def cmd_scheduler(args: argparse.Namespace, settings: Settings) -> int:
+    from z9.scheduler import Scheduler
+
+    return _run(lambda: _serve(Scheduler(settings)))
+
+
+def cmd_reaper(args: argparse.Namespace, settings: Settings) -> int:
+    from z9.reaper import Reaper
+
+    return _run(lambda: _serve(Reaper(settings)))
+
+
+def cmd_executor(args: argparse.Namespace, settings: Settings) -> int:
+    from z9.executor.worker import Executor
+
+    if args.concurrency:
+        settings.executor_concurrency = args.concurrency
+    regions = args.region or sorted(settings.regions)
+    try:
+        executor = Executor(settings, regions)
+    except ValueError as e:
+        print(f"z9 executor: {e}", file=sys.stderr)
+        return 2
+    return _run(lambda: _serve(executor))
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from z9.common.db import connect
+    from z9.db import migrate
+
+    async def go() -> None:
+        conn = await connect(settings.require_database_url(), application_name="z9-migrate")
+        try:
+            applied = await migrate(conn)
+        finally:
+            await conn.close()
+        print(f"applied migrations: {applied}" if applied else "schema is up to date")
+
+    asyncio.run(go())
+    return 0
+
+
+def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
+    from z9.common import store
+    from z9.common.db import connect
+
+    async def go() -> str:
+        conn = await connect(settings.require_database_url(), application_name="z9-token")
+        try:
+            async with conn.transaction():
+                tenant = await store.tenant_upsert(conn, args.tenant)
+                token = "z9t_" + secrets.token_urlsafe(32)
+                await store.api_token_insert(conn, tenant, token, args.name)
+        finally:
+            await conn.close()
+        return token
+
+    print(asyncio.run(go()))
+    return 0
+
+
+def cmd_sim(args: argparse.Namespace, settings: Settings) -> int:
+    from z9.sim.server import main as sim_main
+
+    return sim_main(args.sim_args)
+
+
+def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
+    from z9.dev import run_dev
+
+    return run_dev(args, settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="z9", description="z9 control-plane job system")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("api", help="serve the REST API")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.set_defaults(fn=cmd_api)
+
+    s = sub.add_parser("scheduler", help="retry backoff and lease expiry")
+    s.set_defaults(fn=cmd_scheduler)
+
+    s = sub.add_parser("executor", help="claim and run jobs of one or more regions")
+    s.add_argument("--region", action="append", help="region to serve (repeatable; default: all configured)")
+    s.add_argument("--concurrency", type=int, help="jobs run at once (Z9_EXECUTOR_CONCURRENCY)")
+    s.set_defaults(fn=cmd_executor)
+
+    s = sub.add_parser("reaper", help="finalise expired deletion buffers")
+    s.set_defaults(fn=cmd_reaper)
+
+    s = sub.add_parser("migrate", help="apply database migrations (safe to run concurrently)")
+    s.set_defaults(fn=cmd_migrate)
+
+    s = sub.add_parser("token", help="create an API token for a tenant (created if missing)")
+    s.add_argument("--tenant", required=True)
+    s.add_argument("--name", default="default")
+    s.set_defaults(fn=cmd_token)
+
+    s = sub.add_parser("sim", help="run the Proxmox VE simulator (see `z9 sim --help`)", add_help=False)
+    s.add_argument("sim_args", nargs=argparse.REMAINDER)
+    s.set_defaults(fn=cmd_sim)
+
+    s = sub.add_parser("dev", help="run the whole stack locally on embedded PostgreSQL and the simulator")
+    s.add_argument("--port", type=int, default=8080, help="API port (default 8080)")
+    s.add_argument("--sim-port", type=int, default=0, help="simulator port (default: a free one)")
+    s.add_argument("--data-dir", default=None, help="state folder (default .z9, or Z9_DATA_DIR)")
+    s.add_argument("--task-seconds", type=float, default=1.0, help="simulated task duration (seconds)")
+    s.set_defaults(fn=cmd_dev)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings()
+    except Exception as e:  # pydantic ValidationError: say which variable is wrong
+        print(f"z9: invalid settings: {e}", file=sys.stderr)
+        return 2
+    if args.command != "sim":
+        setup_logging(args.command, settings.log_level)
+    return args.fn(args, settings)

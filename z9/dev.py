@@ -1,0 +1,169 @@
+"""``z9 dev``: the whole stack on one machine with nothing to set up.
+
+Starts, in order: PostgreSQL (embedded, data in ``<data dir>/pg``, kept across runs — unless
+``Z9_DATABASE_URL`` is set), the migrations, a dev tenant and token (``<data dir>/dev-token``),
+the Proxmox VE simulator as region ``dev-1`` (three nodes, a ``debian-12`` template, a region
+agent VM tagged ``z9-role-agent``; its state in ``<data dir>/sim-state.json``), then the api,
+scheduler, executor and reaper as separate processes. Ctrl-C stops everything, the database
+included.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from z9.common import store
+from z9.common.db import connect
+from z9.common.embedded_pg import EmbeddedPostgres
+from z9.common.settings import Settings
+from z9.db import migrate
+
+REGION = "dev-1"
+SIM_TOKEN_ID = "root@pam!z9"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_busy(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"z9 dev: {what} exited with code {proc.returncode} while starting")
+        if _port_busy(port):
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"z9 dev: {what} did not listen on port {port} within {timeout_s:.0f}s")
+
+
+async def _prepare_db(admin_url: str | None, url: str, token_file: Path) -> str:
+    if admin_url:
+        conn = await connect(admin_url, application_name="z9-dev")
+        try:
+            if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = 'z9'"):
+                await conn.execute("CREATE DATABASE z9")
+        finally:
+            await conn.close()
+    conn = await connect(url, application_name="z9-dev")
+    try:
+        await migrate(conn)
+        if token_file.exists():
+            token = token_file.read_text().strip()
+            if await store.api_token_tenant(conn, token):
+                return token
+        async with conn.transaction():
+            tenant = await store.tenant_upsert(conn, "dev")
+            token = "z9t_" + secrets.token_urlsafe(32)
+            await store.api_token_insert(conn, tenant, token, "dev")
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+        return token
+    finally:
+        await conn.close()
+
+
+def run_dev(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the stack until Ctrl-C; returns the exit code."""
+    data_dir = Path(args.data_dir or settings.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if _port_busy(args.port):
+        print(f"z9 dev: port {args.port} is in use; pass --port", file=sys.stderr)
+        return 2
+
+    pg = None
+    if settings.database_url:
+        url, admin_url = settings.database_url, None
+    else:
+        print("z9 dev: starting embedded PostgreSQL …", flush=True)
+        pg = EmbeddedPostgres(data_dir / "pg").start()
+        url, admin_url = pg.url("z9"), pg.url("postgres")
+
+    children: list[tuple[str, subprocess.Popen]] = []
+    stopping = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    code = 0
+    try:
+        token = asyncio.run(_prepare_db(admin_url, url, data_dir / "dev-token"))
+
+        secret_file = data_dir / "sim-secret"
+        if not secret_file.exists():
+            secret_file.write_text(secrets.token_hex(16) + "\n")
+            secret_file.chmod(0o600)
+        sim_secret = secret_file.read_text().strip()
+        sim_port = args.sim_port or _free_port()
+        z9 = [sys.executable, "-m", "z9"]
+        sim = subprocess.Popen(z9 + [
+            "sim", "--host", "127.0.0.1", "--port", str(sim_port), "--region", REGION,
+            "--cert-dir", str(data_dir / "sim"), "--state-file", str(data_dir / "sim-state.json"),
+            "--token-secret", sim_secret, "--task-seconds", str(args.task_seconds)])
+        children.append(("sim", sim))
+        _wait_port(sim_port, sim, "the Proxmox VE simulator")
+
+        env = dict(os.environ)
+        env["Z9_DATABASE_URL"] = url
+        env["Z9_REGIONS"] = json.dumps({REGION: {
+            "url": f"https://127.0.0.1:{sim_port}", "token_id": SIM_TOKEN_ID, "token_secret": sim_secret,
+            "verify_ssl": False, "images": ["debian-12"]}})
+        for name, extra in (("api", ["--port", str(args.port)]), ("scheduler", []),
+                            ("executor", ["--region", REGION]), ("reaper", [])):
+            children.append((name, subprocess.Popen(z9 + [name] + extra, env=env)))
+        _wait_port(args.port, children[1][1], "the API")
+
+        api = f"http://127.0.0.1:{args.port}/v1"
+        print(f"""
+z9 is running.
+  API:        {api}
+  token:      {token}   (also in {data_dir / 'dev-token'})
+  simulator:  https://127.0.0.1:{sim_port}  (region {REGION}; admin API under /_sim/)
+Try:
+  export Z9={api} AUTH="Authorization: Bearer $(cat {data_dir / 'dev-token'})"
+  curl -s -H "$AUTH" $Z9/servers
+Ctrl-C stops everything.
+""", flush=True)
+        while not stopping:
+            for name, proc in children:
+                if proc.poll() is not None:
+                    print(f"z9 dev: {name} exited with code {proc.returncode}; stopping the stack",
+                          file=sys.stderr)
+                    stopping, code = True, 1
+                    break
+            time.sleep(0.2)
+    finally:
+        print("z9 dev: stopping …", flush=True)
+        for _, proc in reversed(children):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for _, proc in children:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if pg is not None:
+            pg.stop()
+        print("z9 dev: stopped", flush=True)
+    return code
