@@ -31,6 +31,7 @@ from z9.sim.server import SimConfig, SimServer, start_simulator
 
 REGION = "dev-1"
 TERMINAL = ("succeeded", "failed")
+SIM_TIMING: dict[str, Any] = {"task_default_s": 0.05, "task_seconds": {"qmclone": 0.2}, "stats_lag_s": 0.5}
 
 
 def with_database(url: str, database: str) -> str:
@@ -96,7 +97,7 @@ async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
 @pytest.fixture(scope="session")
 async def sim_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SimServer]:
     server = await start_simulator(
-        SimConfig(region=REGION, task_default_s=0.05, task_seconds={"qmclone": 0.2}, stats_lag_s=0.5),
+        SimConfig(region=REGION, **SIM_TIMING),
         cert_dir=tmp_path_factory.mktemp("sim-cert"))
     yield server
     await server.stop()
@@ -148,6 +149,7 @@ class SimAdmin:
 async def sim(sim_server: SimServer) -> AsyncIterator[SimAdmin]:
     await sim_server.reset()
     admin = SimAdmin(sim_server)
+    await admin.configure(**SIM_TIMING)
     yield admin
     # Every request z9 sent must be a real path/method with valid parameters (schema-checked).
     bad = [r for r in (await admin.counters())["requests"] if r["status"] in (400, 501)]

@@ -51,6 +51,27 @@ async def find_one_vm(ctx: JobContext, resource_id: str) -> VmState | None:
     return vms[0] if vms else None
 
 
+async def find_suspect(ctx: JobContext, ours: list[VmState]) -> VmState | None:
+    """The VM at the vmid/node the database last recorded for this server, when it is not one
+    of ``ours``: a row can be stale and point at someone else's VM — or at a platform VM."""
+    from z9.common import store
+
+    server = await store.server_get(ctx.pool, ctx.job.resource_id)
+    if server is None or server.vmid is None or any(v.vmid == server.vmid for v in ours):
+        return None
+    return await ctx.pve.vm_state(server.node, server.vmid)
+
+
+def guard_suspect(resource_id: str, vm: VmState | None) -> None:
+    """Refuse (GuardRefusal) when the recorded-but-untagged VM carries a platform role: a stale
+    row pointed a destructive job at a platform VM. Any other untagged VM is simply not ours."""
+    if vm is not None and platform_roles(vm.tags):
+        guard(resource_id, vm)
+    if vm is not None:
+        log.warning("resource %s: recorded VM %s on %s does not carry %s; not ours, leaving it alone",
+                    resource_id, vm.vmid, vm.node, identity_tag(resource_id))
+
+
 def guard(resource_id: str, vm: VmState) -> None:
     """The deletion guard (architecture §6): touch ``vm`` only when it carries this resource's
     identity tag and ``z9-role-customer``. Any platform role refuses unconditionally.

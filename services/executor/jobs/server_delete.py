@@ -14,7 +14,6 @@ verify   no VM in the cluster carries the identity tag (never "vmid N is gone": 
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -22,14 +21,13 @@ import asyncpg
 from z9.common import store
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
-from z9.common.tags import identity_tag, platform_roles
+from z9.common.tags import identity_tag
 
 from ..context import JobContext, Step
 from ..proxmox import VmState
 from . import _server
 
 KIND = "ServerDelete"
-log = logging.getLogger("z9.executor.jobs")
 
 
 @dataclass
@@ -40,22 +38,13 @@ class World:
 
 async def observe(ctx: JobContext) -> World:
     ours = await _server.find_vms(ctx, ctx.job.resource_id)
-    suspects = []
-    server = await store.server_get(ctx.pool, ctx.job.resource_id)
-    if server and server.vmid is not None and not any(v.vmid == server.vmid for v in ours):
-        st = await ctx.pve.vm_state(server.node, server.vmid)
-        if st is not None:
-            suspects.append(st)
-    return World(ours=ours, suspects=suspects)
+    suspect = await _server.find_suspect(ctx, ours)
+    return World(ours=ours, suspects=[suspect] if suspect else [])
 
 
 def plan(job: Job, world: World) -> list[Step]:
-    tag = identity_tag(job.resource_id)
     for vm in world.suspects:
-        if platform_roles(vm.tags):
-            _server.guard(job.resource_id, vm)  # raises GuardRefusal
-        log.warning("job %s: recorded VM %s on %s does not carry %s; it is not ours, leaving it alone",
-                    job.id, vm.vmid, vm.node, tag)
+        _server.guard_suspect(job.resource_id, vm)
     steps = []
     for vm in world.ours:
         _server.guard(job.resource_id, vm)

@@ -1,8 +1,10 @@
 """ServerStop: make sure the server's VM is not running (first phase of a deletion, or the
 power state to restore when a deletion is cancelled).
 
-observe  the VM carrying ``z9-id-<server id>`` (none is fine: nothing to stop).
-plan     (pure) the deletion guard on that VM; ``shutdown`` when it runs.
+observe  the VM carrying ``z9-id-<server id>`` (none is fine: nothing to stop), and the VM at
+         the vmid the database last recorded, as a suspect (see ServerDelete).
+plan     (pure) the deletion guard on both (a recorded VM with a platform role refuses the
+         whole job); ``shutdown`` when our VM runs.
 apply    ACPI shutdown, forced off after a timeout (``forceStop=1``); waits for the task.
 verify   observe again: not running. Records the power state; the status stays as it is
          (``deleting`` during the deletion buffer).
@@ -28,13 +30,16 @@ SHUTDOWN_TIMEOUT_S = 60
 @dataclass
 class World:
     vm: VmState | None
+    suspect: VmState | None = None
 
 
 async def observe(ctx: JobContext) -> World:
-    return World(vm=await _server.find_one_vm(ctx, ctx.job.resource_id))
+    vm = await _server.find_one_vm(ctx, ctx.job.resource_id)
+    return World(vm=vm, suspect=await _server.find_suspect(ctx, [vm] if vm else []))
 
 
 def plan(job: Job, world: World) -> list[Step]:
+    _server.guard_suspect(job.resource_id, world.suspect)
     vm = world.vm
     if vm is None:
         return []

@@ -1,0 +1,250 @@
+"""Servers end to end through the job table, against the Proxmox VE simulator over HTTPS
+(issue 2, tests 1-9). Assertions are on the state of the world (the simulator's VMs and tasks,
+the database rows), not on the calls made."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from proxmoxer import ProxmoxAPI
+
+from z9.common import store
+from z9.common.tags import identity_tag, normalize_tags
+
+from conftest import REGION, SimAdmin, Stack
+
+
+async def _tasks(sim: SimAdmin, kind: str) -> int:
+    return (await sim.counters())["tasks_started"].get(kind, 0)
+
+
+async def _created(stack: Stack, sim: SimAdmin, name: str = "web-1") -> tuple[dict, dict]:
+    server, job = await stack.create_server(name)
+    done = await stack.wait_job(job["id"])
+    assert done["status"] == "succeeded", done
+    return await stack.server(server["id"]), done
+
+
+async def _rerun(stack: Stack, job_id: str) -> dict:
+    """An operator re-running a finished job: the same kind, args and resource, as a new job."""
+    old = await store.job_get(stack.pool, job_id)
+    async with stack.pool.acquire() as conn, conn.transaction():
+        new = await store.job_insert(conn, store.NewJob(
+            kind=old.kind, region=old.region, tenant_id=old.tenant_id, resource_type=old.resource_type,
+            resource_id=old.resource_id, args=old.args))
+    return await stack.wait_job(new.id)
+
+
+# 1
+async def test_create_server_end_to_end(stack: Stack, sim: SimAdmin) -> None:
+    server, job = await _created(stack, sim)
+    assert [s["name"] for s in job["steps"]] == ["clone", "configure", "resize_disk", "start"]
+    assert all(s["state"] == "done" for s in job["steps"])
+    assert job["steps"][0]["detail"]["upid"].startswith("UPID:pve1:")
+    vms = await sim.vms_tagged(identity_tag(server["id"]))
+    assert len(vms) == 1
+    vm = vms[0]
+    assert vm["running"] and not vm["lock"]
+    assert normalize_tags(vm["config"]["tags"]) == {identity_tag(server["id"]), "z9-role-customer"}
+    assert vm["config"]["cores"] in ("2", 2) and str(vm["config"]["memory"]) == "2048"
+    assert "size=10G" in vm["config"]["scsi0"]
+    assert server["status"] == "running"
+    assert server["observed"] == {"vmid": vm["vmid"], "node": vm["node"], "power_state": "running",
+                                  "at": server["observed"]["at"]}
+
+
+# 2
+async def test_rerun_create_is_a_no_op(stack: Stack, sim: SimAdmin) -> None:
+    server, job = await _created(stack, sim)
+    before_state, before_mut = await sim.state(), await sim.mutations()
+    again = await _rerun(stack, job["id"])
+    assert again["status"] == "succeeded" and again["steps"] == []
+    assert await sim.mutations() == before_mut
+    after_state = await sim.state()
+    assert [v["config"] for v in after_state["vms"]] == [v["config"] for v in before_state["vms"]]
+
+
+# 3
+async def test_rename_out_of_band_found_by_tag(stack: Stack, sim: SimAdmin) -> None:
+    server, job = await _created(stack, sim)
+    vmid, node = server["observed"]["vmid"], server["observed"]["node"]
+    pve = ProxmoxAPI("127.0.0.1", port=sim.server.port, user="root@pam", token_name="z9",
+                     token_value=sim.server.token_secret, verify_ssl=str(sim.server.cert_path))
+    await asyncio.to_thread(lambda: pve.nodes(node).qemu(vmid).config.put(name="renamed-by-operator"))
+    again = await _rerun(stack, job["id"])
+    assert again["status"] == "succeeded"
+    assert [s["name"] for s in again["steps"]] == ["configure"]  # the name is z9's: put back
+    vms = await sim.vms_tagged(identity_tag(server["id"]))
+    assert len(vms) == 1 and vms[0]["vmid"] == vmid
+    assert vms[0]["config"]["name"] == "web-1"
+    assert await _tasks(sim, "qmclone") == 1
+
+
+# 4
+async def test_delete_then_cancel_within_buffer(stack: Stack, sim: SimAdmin) -> None:
+    server, _ = await _created(stack, sim)
+    vmid = server["observed"]["vmid"]
+    status, out = await stack.call("DELETE", f"/servers/{server['id']}")
+    assert status == 202, out
+    assert out["server"]["status"] == "deleting" and out["server"]["delete_after"]
+    assert out["job"]["kind"] == "ServerStop"
+    stop = await stack.wait_job(out["job"]["id"])
+    assert stop["status"] == "succeeded", stop
+    assert not (await sim.vm(vmid))["running"]
+    s = await stack.server(server["id"])
+    assert s["status"] == "deleting" and s["observed"]["power_state"] == "stopped"
+
+    status, out = await stack.call("POST", f"/servers/{server['id']}/actions/cancel-deletion")
+    assert status == 202, out
+    assert out["job"]["kind"] == "ServerStart"
+    start = await stack.wait_job(out["job"]["id"])
+    assert start["status"] == "succeeded", start
+    s = await stack.server(server["id"])
+    assert s["status"] == "running" and s["observed"]["power_state"] == "running"
+    assert (await sim.vm(vmid))["running"]
+    assert await _tasks(sim, "qmdestroy") == 0
+
+
+# 5
+async def test_delete_after_buffer_destroys_vm(stack: Stack, sim: SimAdmin) -> None:
+    stack.settings.deletion_buffer_s = 0.5
+    server, _ = await _created(stack, sim)
+    status, out = await stack.call("DELETE", f"/servers/{server['id']}")
+    assert status == 202
+    await stack.wait_job(out["job"]["id"])
+    for _ in range(200):
+        s = await stack.server(server["id"])
+        if s["status"] == "deleted":
+            break
+        await asyncio.sleep(0.05)
+    assert s["status"] == "deleted", s
+    assert await sim.vms_tagged(identity_tag(server["id"])) == []
+    status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
+    kinds = [(j["kind"], j["status"]) for j in jobs["jobs"]]
+    assert kinds == [("ServerCreate", "succeeded"), ("ServerStop", "succeeded"), ("ServerDelete", "succeeded")]
+    agent = await sim.vm(100)
+    assert agent is not None and agent["running"]
+    status, out = await stack.call("POST", f"/servers/{server['id']}/actions/cancel-deletion")
+    assert status == 409 and "deleted" in out["error"]["message"]
+
+
+# 6
+@pytest.mark.parametrize("stale_from", ["before_stop", "before_destroy"])
+async def test_stale_row_pointing_at_agent_is_refused(stack: Stack, sim: SimAdmin, stale_from: str) -> None:
+    """A server whose VM never came to be, and whose (stale) row points at the agent's vmid.
+    Whichever job of the deletion touches VMs first refuses; the agent is never touched."""
+    stack.settings.deletion_buffer_s = 1.0
+    await stack.stop_service("executor")
+    server, job = await stack.create_server("ghost")
+    await stack.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(), "
+                             "error = '{\"class\": \"permanent\", \"message\": \"test\"}' WHERE id = $1", job["id"])
+    stale = ("UPDATE servers SET vmid = 100, node = 'pve1', power_state = 'running', status = "
+             "CASE WHEN status = 'creating' THEN 'running'::server_status ELSE status END WHERE id = $1")
+    if stale_from == "before_stop":
+        await stack.pool.execute(stale, server["id"])
+    await stack.start_service("executor")
+    status, out = await stack.call("DELETE", f"/servers/{server['id']}")
+    assert status == 202
+    stop = await stack.wait_job(out["job"]["id"])
+    if stale_from == "before_stop":
+        refused = stop
+    else:
+        assert stop["status"] == "succeeded", stop
+        await stack.pool.execute(stale, server["id"])
+        for _ in range(400):
+            status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
+            final = [j for j in jobs["jobs"] if j["kind"] == "ServerDelete"]
+            if final and final[0]["status"] in ("succeeded", "failed"):
+                break
+            await asyncio.sleep(0.05)
+        refused = final[0]
+    assert refused["status"] == "failed" and refused["attempt"] == 1, refused
+    assert refused["error"]["class"] == "permanent"
+    assert "z9-role-agent" in refused["error"]["message"]
+    s = await stack.server(server["id"])
+    assert s["status"] == "failed" and "z9-role-agent" in s["status_reason"]
+    await asyncio.sleep(1.2)  # past the buffer: nothing else may happen to the agent
+    agent = await sim.vm(100)
+    assert agent is not None and agent["running"]
+    for kind in ("qmdestroy", "qmstop", "qmshutdown"):
+        assert await _tasks(sim, kind) == 0, kind
+
+
+# 7
+async def test_lock_timeout_once_retries_then_succeeds(stack: Stack, sim: SimAdmin) -> None:
+    stack.settings.backoff_base_s = 1.0
+    await sim.fault(method="POST", path=r"^/nodes/[^/]+/qemu/\d+/clone$", action="error", status=500,
+                    reason="can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout", times=1)
+    server, job = await stack.create_server()
+    seen: list[str] = []
+    server_statuses = set()
+
+    async def watch_server() -> None:
+        while True:
+            server_statuses.add((await stack.server(server["id"]))["status"])
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch_server())
+    done = await stack.wait_job(job["id"], seen=seen)
+    watcher.cancel()
+    assert done["status"] == "succeeded", done
+    assert "retry" in seen, seen
+    assert done["attempt"] == 2
+    assert "failed" not in server_statuses, server_statuses
+    assert (await stack.server(server["id"]))["status"] == "running"
+    assert len(await sim.vms_tagged(identity_tag(server["id"]))) == 1
+
+
+# 8
+async def test_missing_template_fails_permanently(stack: Stack, sim: SimAdmin) -> None:
+    await sim.delete_vm(9000)
+    server, job = await stack.create_server()
+    done = await stack.wait_job(job["id"])
+    assert done["status"] == "failed" and done["attempt"] == 1
+    assert done["error"]["class"] == "permanent" and "template" in done["error"]["message"]
+    s = await stack.server(server["id"])
+    assert s["status"] == "failed" and "debian-12" in s["status_reason"]
+    assert await _tasks(sim, "qmclone") == 0
+
+
+# 9
+async def test_sigkill_during_clone_second_executor_finishes(stack: Stack, sim: SimAdmin) -> None:
+    await stack.stop_service("executor")
+    await sim.configure(task_seconds={"qmclone": 3.0})
+    s = stack.settings
+    env = dict(os.environ, Z9_DATABASE_URL=s.database_url, Z9_LEASE_TTL_S="2", Z9_HEARTBEAT_S="0.5",
+               Z9_TASK_POLL_S="0.1", Z9_POLL_INTERVAL_S="0.5", Z9_REGIONS=json.dumps(
+                   {REGION: {"url": s.regions[REGION].url, "token_id": s.regions[REGION].token_id,
+                             "token_secret": s.regions[REGION].token_secret.get_secret_value(),
+                             "verify_ssl": False}}))
+    proc = subprocess.Popen([sys.executable, "-m", "z9", "executor", "--region", REGION], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        server, job = await stack.create_server()
+        for _ in range(300):  # until the clone task is running on the hypervisor
+            if await _tasks(sim, "qmclone") == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert await _tasks(sim, "qmclone") == 1
+        await asyncio.sleep(0.3)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stack.settings.lease_ttl_s = 2
+    await stack.start_service("executor")
+    done = await stack.wait_job(job["id"], timeout_s=40)
+    assert done["status"] == "succeeded", done
+    assert done["attempt"] == 2  # the killed attempt counts
+    # The second attempt resumed the first one's clone (waited on it or adopted it).
+    assert done["steps"][0]["name"] in ("wait_clone", "configure"), done["steps"]
+    assert await _tasks(sim, "qmclone") == 1
+    vms = await sim.vms_tagged(identity_tag(server["id"]))
+    assert len(vms) == 1 and vms[0]["running"]
+    assert (await stack.server(server["id"]))["status"] == "running"
