@@ -104,12 +104,6 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_sim(args: argparse.Namespace, settings: Settings) -> int:
-    from z9.sim.server import main as sim_main
-
-    return sim_main(args.sim_args)
-
-
 def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
     from z9.dev import run_dev
 
@@ -144,9 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", default="default")
     s.set_defaults(fn=cmd_token)
 
-    s = sub.add_parser("sim", help="run the Proxmox VE simulator (see `z9 sim --help`)", add_help=False)
-    s.add_argument("sim_args", nargs=argparse.REMAINDER)
-    s.set_defaults(fn=cmd_sim)
+    sub.add_parser("sim", help="run the Proxmox VE simulator (options: `z9 sim --help`)", add_help=False)
 
     s = sub.add_parser("dev", help="run the whole stack locally on embedded PostgreSQL and the simulator")
     s.add_argument("--port", type=int, default=8080, help="API port (default 8080)")
@@ -158,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sim"]:  # the simulator has its own options (`z9 sim --help`)
+        from z9.sim.server import main as sim_main
+
+        return sim_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         settings = Settings()

