@@ -208,6 +208,19 @@ async def test_limit_is_honoured(api: Stack) -> None:
     assert status == 200 and len(jobs["jobs"]) == 1
 
 
+async def test_status_filter(api: Stack) -> None:
+    a, _ = await api.create_server("a-1")
+    await api.create_server("b-1")
+    await api.call("DELETE", f"/servers/{a['id']}")
+    status, out = await api.call("GET", "/servers?status=deleting")
+    assert status == 200 and [s["id"] for s in out["servers"]] == [a["id"]]
+    status, out = await api.call("GET", "/servers?status=creating")
+    assert status == 200 and len(out["servers"]) == 1
+    status, out = await api.call("GET", "/servers?status=bogus")
+    assert status == 422, out
+    assert_error(out, "validation_failed", "status")
+
+
 # ---------------------------------------------------------------------------------- conflicts
 
 async def test_duplicate_name_is_409_naming_it(api: Stack) -> None:

@@ -248,3 +248,68 @@ async def test_sigkill_during_clone_second_executor_finishes(stack: Stack, sim: 
     vms = await sim.vms_tagged(identity_tag(server["id"]))
     assert len(vms) == 1 and vms[0]["running"]
     assert (await stack.server(server["id"]))["status"] == "running"
+
+
+# proxmox-api.md, "Where peers broke" 1: the clone's response is lost but the task ran.
+async def test_lost_clone_response_never_makes_a_second_vm(stack: Stack, sim: SimAdmin) -> None:
+    await sim.fault(method="POST", path=r"/clone$", action="drop", times=1)
+    server, job = await stack.create_server()
+    done = await stack.wait_job(job["id"])
+    assert done["status"] == "succeeded" and done["attempt"] == 2, done
+    assert await _tasks(sim, "qmclone") == 1
+    assert len(await sim.vms_tagged(identity_tag(server["id"]))) == 1
+    assert len([v for v in (await sim.state())["vms"] if not v["template"]]) == 2  # the agent and ours
+
+
+# "Where peers broke" 2: parallel creates all get the same nextid; losers pick again.
+async def test_parallel_creates_get_distinct_vms(stack: Stack, sim: SimAdmin) -> None:
+    made = [await stack.create_server(f"p-{i}") for i in range(6)]
+    results = await asyncio.gather(*(stack.wait_job(j["id"]) for _, j in made))
+    assert all(r["status"] == "succeeded" for r in results), results
+    vmids = set()
+    for server, _ in made:
+        vms = await sim.vms_tagged(identity_tag(server["id"]))
+        assert len(vms) == 1
+        vmids.add(vms[0]["vmid"])
+    assert len(vmids) == 6 and 100 not in vmids
+
+
+async def test_failed_task_is_retried_with_its_log_shown(stack: Stack, sim: SimAdmin) -> None:
+    stack.settings.backoff_base_s = 0.5
+    await sim.fault(method="POST", path=r"/status/start$", action="fail_task",
+                    exitstatus="start failed: QEMU exited with code 1", times=1)
+    server, job = await stack.create_server()
+    seen: list[str] = []
+    retried = None
+    for _ in range(400):
+        j = await stack.job(job["id"])
+        if j["status"] == "retry":
+            retried = j
+            break
+        await asyncio.sleep(0.02)
+    assert retried is not None
+    assert retried["error"]["class"] == "temporary" and "QEMU exited" in retried["error"]["message"]
+    assert any("TASK ERROR" in line for line in retried["error"]["task_log"])
+    assert [s["state"] for s in retried["steps"]][-1] == "failed"
+    done = await stack.wait_job(job["id"], seen=seen)
+    assert done["status"] == "succeeded" and done["steps"] and done["steps"][-1]["name"] == "start"
+    assert (await stack.server(server["id"]))["status"] == "running"
+
+
+async def test_sigterm_hands_a_long_job_over(stack: Stack, sim: SimAdmin) -> None:
+    await sim.configure(task_seconds={"qmclone": 2.0})
+    stack.settings.shutdown_grace_s = 0.2
+    server, job = await stack.create_server()
+    for _ in range(300):
+        if await _tasks(sim, "qmclone") == 1:
+            break
+        await asyncio.sleep(0.02)
+    await stack.stop_service("executor")  # what SIGTERM calls
+    j = await stack.job(job["id"])
+    assert j["status"] in ("retry", "pending") and j["attempt"] == 0, j  # handed over, attempt given back
+    assert "handed over" in j["error"]["message"]
+    await stack.start_service("executor")
+    done = await stack.wait_job(job["id"])
+    assert done["status"] == "succeeded" and done["attempt"] == 1
+    assert await _tasks(sim, "qmclone") == 1
+    assert len(await sim.vms_tagged(identity_tag(server["id"]))) == 1

@@ -28,8 +28,14 @@ log = logging.getLogger("z9.executor")
 
 
 def _error(exc: BaseException, cls: str | None = None) -> dict[str, Any]:
-    return {"class": cls or getattr(exc, "error_class", "temporary"), "message": str(exc) or repr(exc),
-            "at": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")}
+    """The job row's ``error``: ``{class, message, at}``, plus ``task_log`` (the failed
+    hypervisor task's last log lines) when there is one."""
+    err = {"class": cls or getattr(exc, "error_class", "temporary"), "message": str(exc) or repr(exc),
+           "at": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")}
+    tail = getattr(exc, "log_tail", None)
+    if tail:
+        err["task_log"] = tail[-10:]
+    return err
 
 
 async def run_job(ctx: JobContext, kind: Any) -> str:
