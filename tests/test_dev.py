@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from conftest import free_port
+from tests.support import free_port
 
 
 def _start(data_dir: Path, port: int) -> subprocess.Popen:

@@ -13,7 +13,7 @@ from z9.common.store import Lease, NewJob
 from z9.reaper import Reaper
 from z9.scheduler import Scheduler
 
-from conftest import make_tenant
+from tests.support import make_tenant
 
 TTL = 30.0
 

@@ -8,7 +8,7 @@ from z9.common.errors import PermanentError, TemporaryError
 from z9.common.settings import RegionSettings
 from z9.executor.proxmox import ProxmoxClient, TaskFailed, Upid, VmidTaken, VmLocked
 
-from conftest import SimAdmin
+from tests.support import SimAdmin
 
 
 def _client(sim: SimAdmin, timeout_s: float = 10.0) -> ProxmoxClient:

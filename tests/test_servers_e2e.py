@@ -16,7 +16,7 @@ from proxmoxer import ProxmoxAPI
 from z9.common import store
 from z9.common.tags import identity_tag, normalize_tags
 
-from conftest import REGION, SimAdmin, Stack
+from tests.support import REGION, SimAdmin, Stack
 
 
 async def _tasks(sim: SimAdmin, kind: str) -> int:
