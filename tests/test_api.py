@@ -10,8 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-import conftest
-from conftest import REGION, Stack
+from tests.support import REGION, Stack, make_tenant
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDa8 alice@example"
 
@@ -179,18 +178,11 @@ async def test_bad_limit_is_422(api: Stack, path: str) -> None:
     assert_error(out, "validation_failed", "limit")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: services/api/app.py _limit() checks raw.isdigit(), which is True "
-                                       "for '²', then int('²') raises ValueError → 500 (use raw.isdecimal() "
-                                       "or try int())")
 async def test_superscript_limit_is_422_not_500(api: Stack) -> None:
     status, out = await api.call("GET", "/servers?limit=²")
     assert status == 422, out
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an ssh key (or any free text) containing NUL passes "
-                                       "schemas.ServerCreate._keys, then PostgreSQL rejects it in "
-                                       "store.server_insert (app.py create_server) → 500; reject '\\x00' "
-                                       "in the validator")
 async def test_nul_in_ssh_key_is_422_not_500(api: Stack) -> None:
     status, out = await api.call("POST", "/servers", json=body(ssh_keys=["ssh-ed25519 AAAA\u0000 a@b"]))
     assert status == 422, out
@@ -231,7 +223,7 @@ async def test_duplicate_name_is_409_naming_it(api: Stack) -> None:
     assert await counts(api) == (1, 1, 0)
     # another name is fine; the same name in another tenant is fine
     await api.create_server("dup-2")
-    _, token = await conftest.make_tenant(api.pool, "other")
+    _, token = await make_tenant(api.pool, "other")
     status, out = await api.call("POST", "/servers", json=body(name="dup-1"), token=token)
     assert status == 202, out
     assert await counts(api) == (3, 3, 0)
@@ -248,7 +240,7 @@ async def test_name_is_free_again_once_deleted(api: Stack) -> None:
 
 async def test_other_tenant_sees_nothing(api: Stack) -> None:
     srv, job = await api.create_server()
-    _, token = await conftest.make_tenant(api.pool, "other")
+    _, token = await make_tenant(api.pool, "other")
     for path in (f"/servers/{srv['id']}", f"/jobs/{job['id']}"):
         status, out = await api.call("GET", path, token=token)
         assert status == 404, (path, out)
@@ -442,7 +434,7 @@ async def test_idempotency_key_replays(api: Stack) -> None:
 
 
 async def test_idempotency_keys_are_per_tenant(api: Stack) -> None:
-    _, token = await conftest.make_tenant(api.pool, "other")
+    _, token = await make_tenant(api.pool, "other")
     s1, o1, _ = await raw(api, "POST", "/servers", json=body(), headers={**api.headers(), "Idempotency-Key": "k"})
     s2, o2, _ = await raw(api, "POST", "/servers", json=body(cores=4),
                           headers={**api.headers(token), "Idempotency-Key": "k"})
@@ -459,11 +451,6 @@ async def test_bad_idempotency_key_is_400(api: Stack, key: str) -> None:
     assert await counts(api) == (0, 0, 0)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: services/api/app.py create_server: two concurrent requests with "
-                                       "the same Idempotency-Key and body both miss idempotency_get, the second's "
-                                       "server_insert then hits the unique name index → 409 instead of a replay; "
-                                       "serialise on the key (pg_advisory_xact_lock on tenant+key) before "
-                                       "idempotency_get, or on UniqueViolation re-check the key and replay")
 async def test_concurrent_retries_with_one_idempotency_key_both_succeed(api: Stack) -> None:
     h = {**api.headers(), "Idempotency-Key": "same-request"}
     blocker = await asyncpg.connect(api.settings.database_url)

@@ -13,24 +13,9 @@ from typing import Any, AsyncIterator
 import asyncpg
 import pytest
 
-import z9.db
-from conftest import with_database
+from tests.support import with_database
 from z9.common.ids import new_id
 from z9.db import describe_schema, list_migrations, migrate, schema_snapshot
-
-DESCRIBE_BUG = ("BUG: db/__init__.py:88 (_DESCRIBE['columns']) concatenates ' IDENTITY ' || a.attidentity; "
-                "attidentity is \"char\", so PostgreSQL (15 and 18 alike) answers 'operator is not unique: "
-                "unknown || \"char\"' and describe_schema() always raises; cast it: a.attidentity::text")
-
-
-@pytest.fixture
-def describable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Works around DESCRIBE_BUG in this process only (the same query with the cast added) so the
-    schema comparison itself is still tested; a no-op once the product is fixed."""
-    sql = z9.db._DESCRIBE["columns"]
-    monkeypatch.setitem(z9.db._DESCRIBE, "columns",
-                        sql.replace("' IDENTITY ' || a.attidentity ", "' IDENTITY ' || a.attidentity::text "))
-
 
 @asynccontextmanager
 async def fresh_database(pg_url: str) -> AsyncIterator[str]:
@@ -47,7 +32,6 @@ async def fresh_database(pg_url: str) -> AsyncIterator[str]:
         await admin.close()
 
 
-@pytest.mark.xfail(strict=True, raises=asyncpg.AmbiguousFunctionError, reason=DESCRIBE_BUG)
 async def test_describe_schema_runs(pg_url: str) -> None:
     async with fresh_database(pg_url) as url:
         conn = await asyncpg.connect(url)
@@ -59,7 +43,7 @@ async def test_describe_schema_runs(pg_url: str) -> None:
             await conn.close()
 
 
-async def test_migrations_and_snapshot_agree(pg_url: str, describable: None) -> None:
+async def test_migrations_and_snapshot_agree(pg_url: str) -> None:
     async with fresh_database(pg_url) as url_a, fresh_database(pg_url) as url_b:
         a = await asyncpg.connect(url_a)
         b = await asyncpg.connect(url_b)
@@ -93,7 +77,7 @@ async def test_migrations_and_snapshot_agree(pg_url: str, describable: None) -> 
             await b.close()
 
 
-async def test_migrate_twice_applies_nothing_the_second_time(pg_url: str, describable: None) -> None:
+async def test_migrate_twice_applies_nothing_the_second_time(pg_url: str) -> None:
     async with fresh_database(pg_url) as url:
         conn = await asyncpg.connect(url)
         try:

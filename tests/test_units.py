@@ -147,8 +147,6 @@ class TestTags:
         with pytest.raises(ValueError):
             format_tags({"ok", bad})
 
-    @pytest.mark.xfail(strict=True, reason="BUG: tags.TAG_RE ends in '$' (matches before a trailing newline), "
-                                           "so format_tags accepts 'abc\\n' (use re.fullmatch / '\\Z')")
     def test_format_rejects_trailing_newline(self) -> None:
         with pytest.raises(ValueError):
             format_tags({"abc\n"})
@@ -225,8 +223,6 @@ class TestIds:
         assert not is_id("srv_x")
         assert not is_id("job_bogus")
 
-    @pytest.mark.xfail(strict=True, reason="BUG: ids.ID_RE ends in '$', which also matches before a trailing "
-                                           "newline, so is_id accepts 'srv_…\\n' (use '\\Z' or re.fullmatch)")
     def test_is_id_rejects_trailing_newline(self) -> None:
         assert not is_id("srv_" + "0123456789abcdefghjkmnpqrs" + "\n")
 
@@ -273,7 +269,7 @@ def converged_vm(sid: str, *, tags: str | None = None, status: str = "running", 
     cfg: dict[str, Any] = {
         "name": "web-1", "cores": 2, "memory": "2048", "ipconfig0": "ip=dhcp",
         "sshkeys": encode_ssh_keys(SSH_KEYS),
-        "scsi0": f"local-lvm:vm-101-disk-0,size=10G",
+        "scsi0": "local-lvm:vm-101-disk-0,size=10G",
         "ide2": "local-lvm:vm-101-cloudinit,media=cdrom",
         "description": f"z9 resource {sid}",
     }
@@ -540,8 +536,6 @@ class TestUpid:
         with pytest.raises(PermanentError):
             Upid.parse(junk)
 
-    @pytest.mark.xfail(strict=True, reason="BUG: proxmox.UPID_RE ends in '$' (matches before a trailing "
-                                           "newline), so Upid.parse accepts 'UPID:…:\\n' (use re.fullmatch / '\\Z')")
     def test_rejects_trailing_newline(self) -> None:
         with pytest.raises(PermanentError):
             Upid.parse(self.RAW + "\n")

@@ -11,7 +11,7 @@ import time
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 PREFIXES = ("srv", "adr", "k8s", "lb", "job", "ten", "tok")
-ID_RE = re.compile(r"^(srv|adr|k8s|lb|job|ten|tok)_[0-9a-hjkmnp-tv-z]{26}$")
+ID_RE = re.compile(r"(srv|adr|k8s|lb|job|ten|tok)_[0-9a-hjkmnp-tv-z]{26}")
 
 
 def new_id(prefix: str, *, now_ms: int | None = None) -> str:
@@ -29,6 +29,6 @@ def new_id(prefix: str, *, now_ms: int | None = None) -> str:
 
 def is_id(value: str, prefix: str | None = None) -> bool:
     """True when ``value`` is a well-formed id (of ``prefix`` when given)."""
-    if not ID_RE.match(value or ""):
+    if not ID_RE.fullmatch(value or ""):
         return False
     return prefix is None or value.startswith(prefix + "_")

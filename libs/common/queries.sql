@@ -16,6 +16,9 @@ SELECT t.id, t.name
 FROM api_tokens k JOIN tenants t ON t.id = k.tenant_id
 WHERE k.token_sha256 = $1 AND k.revoked_at IS NULL;
 
+-- name: idempotency_lock
+SELECT pg_advisory_xact_lock(hashtextextended($1, 31289));
+
 -- name: idempotency_get
 SELECT request_sha256, response_status, response_body
 FROM idempotency_keys WHERE tenant_id = $1 AND key = $2;

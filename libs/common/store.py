@@ -61,6 +61,12 @@ async def api_token_tenant(db: DB, token: str) -> str | None:
 
 # ---------------------------------------------------------------- idempotency keys
 
+async def idempotency_lock(db: DB, tenant_id: str, key: str) -> None:
+    """Transaction-scoped advisory lock on (tenant, key): concurrent requests with one key
+    run one after the other."""
+    await db.execute(q("idempotency_lock"), f"{tenant_id}/{key}")
+
+
 async def idempotency_get(db: DB, tenant_id: str, key: str) -> Any:
     return await db.fetchrow(q("idempotency_get"), tenant_id, key)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-TAG_RE = re.compile(r"^[a-z0-9_][a-z0-9_+.-]*$")
+TAG_RE = re.compile(r"[a-z0-9_][a-z0-9_+.-]*")
 ROLE_PREFIX = "z9-role-"
 ROLE_CUSTOMER = "z9-role-customer"
 ROLE_AGENT = "z9-role-agent"
@@ -26,7 +26,7 @@ def normalize_tags(raw: str | None) -> frozenset[str]:
 def format_tags(tags: frozenset[str] | set[str]) -> str:
     """The stored Proxmox form: sorted, ``;``-joined. Raises ``ValueError`` on an invalid tag."""
     for t in tags:
-        if not TAG_RE.match(t):
+        if not TAG_RE.fullmatch(t):
             raise ValueError(f"invalid characters in tag {t!r}")
     return ";".join(sorted(tags))
 

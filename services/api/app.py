@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import asyncpg
@@ -106,7 +107,7 @@ def _resource_id(request: web.Request, prefix: str) -> str:
 
 def _limit(request: web.Request) -> int:
     raw = request.query.get("limit", "100")
-    if not raw.isdigit() or not 1 <= int(raw) <= 500:
+    if not re.fullmatch(r"[0-9]{1,3}", raw) or not 1 <= int(raw) <= 500:
         raise ValidationFailed("limit: must be an integer from 1 to 500", details=[{"field": "limit", "message": "1..500"}])
     return int(raw)
 
@@ -133,8 +134,8 @@ async def create_server(request: web.Request) -> web.Response:
                                details=[{"field": "image", "message": "unknown image"}])
 
     key = request.headers.get("Idempotency-Key")
-    if key is not None and not 1 <= len(key) <= 255:
-        raise BadRequest("Idempotency-Key must be 1 to 255 characters")
+    if key is not None and not re.fullmatch(r"[\x21-\x7e]{1,255}", key):
+        raise BadRequest("Idempotency-Key must be 1 to 255 printable ASCII characters")
     req_hash = hashlib.sha256(json.dumps(spec.model_dump(), sort_keys=True).encode()).digest()
 
     class _Replay(Exception):
@@ -143,6 +144,8 @@ async def create_server(request: web.Request) -> web.Response:
     try:
         async with pool.acquire() as conn, conn.transaction():
             if key is not None:
+                # Serialise requests carrying the same key: the second waits, then replays.
+                await store.idempotency_lock(conn, tenant, key)
                 prior = await store.idempotency_get(conn, tenant, key)
                 if prior is not None:
                     return _replay(prior, req_hash)

@@ -39,8 +39,8 @@ from z9.common.tags import normalize_tags
 log = logging.getLogger("z9.proxmox")
 
 UPID_RE = re.compile(
-    r"^UPID:(?P<node>[a-zA-Z0-9._-]+):(?P<pid>[0-9A-F]{8}):(?P<pstart>[0-9A-F]{8,9}):"
-    r"(?P<starttime>[0-9A-F]{8}):(?P<type>[^:]*):(?P<id>[^:]*):(?P<user>[^:]+):$"
+    r"UPID:(?P<node>[a-zA-Z0-9._-]+):(?P<pid>[0-9A-F]{8}):(?P<pstart>[0-9A-F]{8,9}):"
+    r"(?P<starttime>[0-9A-F]{8}):(?P<type>[^:]*):(?P<id>[^:]*):(?P<user>[^:]+):"
 )
 
 
@@ -83,7 +83,7 @@ class Upid:
     @classmethod
     def parse(cls, raw: str) -> "Upid":
         """Raises PermanentError when ``raw`` is not a UPID."""
-        m = UPID_RE.match(raw or "")
+        m = UPID_RE.fullmatch(raw or "")
         if not m:
             raise PermanentError(f"not a UPID: {raw!r}")
         return cls(raw, m["node"], m["type"], m["id"], m["user"])
