@@ -25,6 +25,7 @@ from z9.common.models import Job
 from z9.common.settings import Settings
 from z9.common.store import NewJob
 
+from .openapi import openapi_document
 from .schemas import ServerCreate
 
 log = logging.getLogger("z9.api")
@@ -269,6 +270,10 @@ async def list_jobs(request: web.Request) -> web.Response:
     return web.json_response({"jobs": [j.public() for j in jobs], "next_after": jobs[-1].id if jobs else None})
 
 
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document())
+
+
 async def healthz(request: web.Request) -> web.Response:
     await request.app[POOL].fetchval("SELECT 1")
     return web.json_response({"status": "ok"})
@@ -294,6 +299,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
 
     app.cleanup_ctx.append(pool_ctx)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_post("/v1/servers", create_server)
     app.router.add_get("/v1/servers", list_servers)
     app.router.add_get("/v1/servers/{id}", get_server)
