@@ -14,7 +14,7 @@ from urllib.parse import quote
 from z9.common.errors import GuardRefusal, PermanentError, TemporaryError
 from z9.common.tags import ROLE_CUSTOMER, format_tags, customer_vm_tags, identity_tag, platform_roles
 
-from ..context import JobContext
+from ..context import JobContext, Step
 from ..proxmox import VmLocked, VmState
 
 log = logging.getLogger("z9.executor.jobs")
@@ -96,6 +96,30 @@ def refuse_if_locked(vm: VmState, *, allowed: tuple[str, ...] = ()) -> None:
     """Snooze (without spending an attempt) while another task holds the VM's config lock."""
     if vm.lock and vm.lock not in allowed:
         raise VmLocked(f"VM {vm.vmid} is locked ({vm.lock}); waiting for the other task")
+
+
+async def reread_guarded(ctx: JobContext, vm: VmState) -> VmState:
+    """Read ``vm`` again right before acting on it and re-apply the guard and the lock check.
+    Raises TemporaryError when it is gone, GuardRefusal, or VmLocked."""
+    st = await ctx.pve.vm_state(vm.node, vm.vmid)
+    if st is None:
+        raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
+    guard(ctx.job.resource_id, st)
+    refuse_if_locked(st)
+    return st
+
+
+async def ensure_running(ctx: JobContext, step: Step, vm: VmState) -> None:
+    """Start ``vm`` unless it runs, and wait for the task. A start task failing with ``VM n
+    already running`` means someone else started it: done (proxmox-api.md, Endpoints)."""
+    if vm.running:
+        return
+    upid = await ctx.pve.start(vm.node, vm.vmid)
+    try:
+        await ctx.wait_task(step, upid)
+    except TemporaryError as e:
+        if "already running" not in str(e):
+            raise
 
 
 def boot_disk(config: dict[str, Any]) -> tuple[str, float] | None:

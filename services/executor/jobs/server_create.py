@@ -120,13 +120,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     elif step.name == "start":
         vm = await _current(ctx, world)
         _server.refuse_if_locked(vm)
-        if not vm.running:
-            upid = await ctx.pve.start(vm.node, vm.vmid)
-            try:
-                await ctx.wait_task(step, upid)
-            except TemporaryError as e:
-                if "already running" not in str(e):
-                    raise
+        await _server.ensure_running(ctx, step, vm)
     else:
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
 

@@ -48,20 +48,8 @@ def plan(job: Job, world: World) -> list[Step]:
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
     if step.name != "start":
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
-    vm = world.vm
-    assert vm is not None
-    st = await ctx.pve.vm_state(vm.node, vm.vmid)
-    if st is None:
-        raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
-    _server.guard(ctx.job.resource_id, st)
-    _server.refuse_if_locked(st)
-    if not st.running:
-        upid = await ctx.pve.start(st.node, st.vmid)
-        try:
-            await ctx.wait_task(step, upid)
-        except TemporaryError as e:
-            if "already running" not in str(e):
-                raise
+    assert world.vm is not None
+    await _server.ensure_running(ctx, step, await _server.reread_guarded(ctx, world.vm))
 
 
 async def verify(ctx: JobContext) -> VmState:

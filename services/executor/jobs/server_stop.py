@@ -53,13 +53,8 @@ def plan(job: Job, world: World) -> list[Step]:
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
     if step.name != "shutdown":
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
-    vm = world.vm
-    assert vm is not None
-    st = await ctx.pve.vm_state(vm.node, vm.vmid)
-    if st is None:
-        raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
-    _server.guard(ctx.job.resource_id, st)
-    _server.refuse_if_locked(st)
+    assert world.vm is not None
+    st = await _server.reread_guarded(ctx, world.vm)
     if st.running:
         upid = await ctx.pve.shutdown(st.node, st.vmid, timeout_s=SHUTDOWN_TIMEOUT_S)
         await ctx.wait_task(step, upid)
