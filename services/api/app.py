@@ -18,7 +18,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from z9.common import store
-from z9.common.db import create_pool
+from z9.common.db import TRANSIENT_DB_ERRORS, create_pool
 from z9.common.errors import ApiError, BadRequest, Conflict, NotFound, Unauthorized, ValidationFailed
 from z9.common.ids import is_id
 from z9.common.models import Job
@@ -43,11 +43,17 @@ def _error_body(status: int, code: str, message: str, details: Any = None) -> we
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Typed errors → JSON 4xx; aiohttp's HTTP errors → JSON; anything else → logged 500."""
+    """Typed errors → JSON 4xx; database unreachable → 503 with Retry-After; aiohttp's HTTP
+    errors → JSON; anything else → logged 500."""
     try:
         return await handler(request)
     except ApiError as e:
         return _error_body(e.status, e.code, e.message, e.details)
+    except TRANSIENT_DB_ERRORS as e:
+        log.warning("database unavailable on %s %s: %s", request.method, request.path, e)
+        resp = _error_body(503, "unavailable", "the database is unreachable right now; retry shortly")
+        resp.headers["Retry-After"] = "2"
+        return resp
     except web.HTTPException as e:
         if e.status < 400:
             raise

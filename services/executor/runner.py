@@ -20,6 +20,7 @@ from typing import Any
 
 from z9.common import store
 from z9.common.backoff import backoff_delay_s
+from z9.common.db import TRANSIENT_DB_ERRORS
 from z9.common.errors import JobError, LeaseLost, PermanentError, Snooze, TemporaryError
 
 from .context import JobContext
@@ -54,7 +55,7 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
                 await kind.apply(ctx, world, step)
                 await ctx.step_done(step)
             observed = await kind.verify(ctx)
-        except (JobError, LeaseLost, asyncio.CancelledError):
+        except (JobError, LeaseLost, asyncio.CancelledError, *TRANSIENT_DB_ERRORS):
             raise
         except Exception as exc:  # a bug or an untranslated error: retrying is safe, say so loudly
             log.exception("job %s: unexpected error", job.id, extra=extra)

@@ -206,6 +206,8 @@ class Executor:
                     task.cancel()
                 except TRANSIENT_DB_ERRORS as e:
                     log.warning("heartbeat failed (%s)", e)
+                except Exception:  # never let the heartbeat loop die: leases would expire
+                    log.exception("job %s: heartbeat error", job_id)
 
     # ---------------------------------------------------------------- shutdown
 
