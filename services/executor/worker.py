@@ -82,10 +82,8 @@ class Executor:
         log.info("executor %s serving regions %s (concurrency %d)", self.owner, ",".join(self.regions), conc)
         try:
             while not self._stopping.is_set():
-                self._wake.clear()
-                more = await self._claim_once()
-                if more:
-                    continue
+                self._wake.clear()  # a NOTIFY or a finished job during the claim sets it again
+                await self._claim_once()
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=self.settings.poll_interval_s)
                 except TimeoutError:
@@ -114,21 +112,21 @@ class Executor:
 
     # ---------------------------------------------------------------- claiming
 
-    async def _claim_once(self) -> bool:
-        """Claim up to the free capacity; True when capacity was filled (more may wait)."""
+    async def _claim_once(self) -> None:
+        """Claim up to the free capacity. When capacity is full, the next finished job wakes the
+        loop; when there was less work than capacity, the next NOTIFY or poll does."""
         free = self.settings.executor_concurrency - len(self.inflight)
         if free <= 0:
-            return False
+            return
         try:
             jobs = await store.job_claim(self.pool, self.regions, free, self.owner, self.settings.lease_ttl_s)
         except TRANSIENT_DB_ERRORS as e:
             log.warning("claim failed (%s); retrying after a pause", e)
             await asyncio.sleep(1.0)
-            return False
+            return
         self.claims += 1
         for job in jobs:
             self._spawn(job)
-        return len(jobs) == free and len(jobs) > 0 and len(self.inflight) < self.settings.executor_concurrency
 
     def _spawn(self, job: Job) -> None:
         ctx = JobContext(job, self.owner, self.pool, self.clients[job.region], self.settings)
