@@ -326,8 +326,10 @@ async def test_cancel_deletion_of_a_creating_server(api: Stack) -> None:
     assert status == 202, out
     assert out["server"]["status"] == "creating"
     assert out["server"]["delete_after"] is None
-    # no power state was recorded: the server stays stopped (ServerStop)
-    assert out["job"]["kind"] == "ServerStop" and out["job"]["status"] == "pending"
+    # it was still being created: the creation goes on (a ServerCreate with the server's spec)
+    assert out["job"]["kind"] == "ServerCreate" and out["job"]["status"] == "pending"
+    job = await api.pool.fetchrow("SELECT args FROM jobs WHERE id = $1", out["job"]["id"])
+    assert job["args"]["name"] == srv["name"] and job["args"]["disk_gib"] == srv["disk_gib"]
     row = await api.pool.fetchrow("SELECT * FROM servers WHERE id = $1", srv["id"])
     assert row["status"] == "creating" and row["delete_after"] is None and row["status_before_delete"] is None
 
@@ -387,7 +389,7 @@ async def test_jobs_listed_by_resource_in_order(api: Stack) -> None:
     stop1 = (await api.call("DELETE", f"/servers/{a['id']}"))[1]["job"]
     restore = (await api.call("POST", f"/servers/{a['id']}/actions/cancel-deletion"))[1]["job"]
     stop2 = (await api.call("DELETE", f"/servers/{a['id']}"))[1]["job"]
-    assert [stop1["kind"], restore["kind"], stop2["kind"]] == ["ServerStop", "ServerStop", "ServerStop"]
+    assert [stop1["kind"], restore["kind"], stop2["kind"]] == ["ServerStop", "ServerCreate", "ServerStop"]
     status, out = await api.call("GET", f"/jobs?resource_id={a['id']}")
     assert status == 200
     assert [j["id"] for j in out["jobs"]] == [ja["id"], stop1["id"], restore["id"], stop2["id"]]
@@ -538,3 +540,25 @@ async def test_openapi_document_is_valid_and_covers_every_route(api: Stack) -> N
         if path.startswith("/v1/") and path != "/v1/openapi.json" and route.method != "HEAD":
             routes.add((path[3:], route.method.lower()))
     assert routes == documented
+
+
+async def test_hostile_input_is_4xx_never_500(api: Stack) -> None:
+    cases = [
+        ("POST", "/servers", {"data": b"[" * 100_000, "headers": {"Content-Type": "application/json"}}),
+        ("GET", "/servers?after=a%00b", {}),
+        ("GET", "/servers?after=srv_bogus", {}),
+        ("GET", "/jobs?resource_id=a%00b", {}),
+        ("POST", "/servers", {"json": {"name": "web-9", "region": "dev-1", "image": "debian-12", "cores": 1,
+                                       "memory_mib": 1024, "disk_gib": 4, "ssh_keys": ["ssh-rsa \ud800 x"]}}),
+        ("POST", "/servers", {"json": {"name": "web-9", "region": "dev-1", "image": "debian-12", "cores": 1,
+                                       "memory_mib": 1024, "disk_gib": 4, "ssh_keys": ["ssh-rsa AAAA x\ry"]}}),
+    ]
+    for method, path, kw in cases:
+        async with api.http.request(method, api.base + path, headers={**api.headers(), **kw.pop("headers", {})},
+                                    **kw) as r:
+            body = await r.json()
+            assert 400 <= r.status < 500, (path, r.status, body)
+            assert body["error"]["message"]
+    async with api.http.get(api.base + "/servers", headers={"Authorization": "Bearer z9t_\u00e9"}) as r:
+        assert r.status == 401
+    assert await api.pool.fetchval("SELECT count(*) FROM servers") == 0

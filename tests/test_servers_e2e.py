@@ -313,3 +313,96 @@ async def test_sigterm_hands_a_long_job_over(stack: Stack, sim: SimAdmin) -> Non
     assert done["status"] == "succeeded" and done["attempt"] == 1
     assert await _tasks(sim, "qmclone") == 1
     assert len(await sim.vms_tagged(identity_tag(server["id"]))) == 1
+
+
+async def _wait_status(stack: Stack, server_id: str, status: str, timeout_s: float = 20) -> dict:
+    for _ in range(int(timeout_s / 0.05)):
+        s = await stack.server(server_id)
+        if s["status"] == status:
+            return s
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"server {server_id} not {status}: {s}")
+
+
+async def test_delete_removes_an_untagged_clone_left_by_a_failed_create(stack: Stack, sim: SimAdmin) -> None:
+    sim.allow_rejections = True  # the injected fault answers 400
+    stack.settings.deletion_buffer_s = 0.3
+    await sim.fault(method="POST", path=r"/qemu/\d+/config$", action="error", status=400,
+                    reason="Parameter verification failed.", times=1)
+    server, job = await stack.create_server()
+    failed = await stack.wait_job(job["id"])
+    assert failed["status"] == "failed" and failed["steps"][0]["name"] == "clone"
+    marker = f"z9 resource {server['id']}"
+    leaked = [v for v in (await sim.state())["vms"] if marker in str(v["config"].get("description", ""))]
+    assert len(leaked) == 1 and not leaked[0]["config"].get("tags", "").count("z9-id-")
+    status, out = await stack.call("DELETE", f"/servers/{server['id']}")
+    assert status == 202
+    await _wait_status(stack, server["id"], "deleted")
+    assert await sim.vm(leaked[0]["vmid"]) is None
+    assert (await sim.vm(100))["running"]
+
+
+async def test_a_failure_during_the_buffer_does_not_undo_the_deletion(stack: Stack, sim: SimAdmin) -> None:
+    sim.allow_rejections = True
+    stack.settings.deletion_buffer_s = 1.0
+    await stack.stop_service("executor")
+    await sim.fault(method="POST", path=r"/clone$", action="error", status=400,
+                    reason="Parameter verification failed.", times=1)
+    server, job = await stack.create_server()
+    status, out = await stack.call("DELETE", f"/servers/{server['id']}")
+    assert status == 202
+    await stack.start_service("executor")
+    assert (await stack.wait_job(job["id"]))["status"] == "failed"
+    s = await stack.server(server["id"])
+    assert s["status"] == "deleting" and "400" in s["status_reason"]  # the reason, and still deleting
+    await _wait_status(stack, server["id"], "deleted")
+
+
+async def test_cancel_restores_running_even_after_repeated_delete_and_cancel(stack: Stack, sim: SimAdmin) -> None:
+    server, _ = await _created(stack, sim)
+    sid = server["id"]
+    for _ in range(2):
+        assert (await stack.call("DELETE", f"/servers/{sid}"))[0] == 202
+        status, out = await stack.call("POST", f"/servers/{sid}/actions/cancel-deletion")
+        assert status == 202 and out["job"]["kind"] == "ServerStart"
+    done = await stack.wait_job(out["job"]["id"])
+    assert done["status"] == "succeeded"
+    s = await stack.server(sid)
+    assert s["status"] == "running" and s["observed"]["power_state"] == "running"
+    assert (await sim.vm(s["observed"]["vmid"]))["running"]
+
+
+async def test_cancel_of_a_failed_server_keeps_it_failed_with_its_reason(stack: Stack, sim: SimAdmin) -> None:
+    await sim.delete_vm(9000)
+    server, job = await stack.create_server()
+    assert (await stack.wait_job(job["id"]))["status"] == "failed"
+    reason = (await stack.server(server["id"]))["status_reason"]
+    assert (await stack.call("DELETE", f"/servers/{server['id']}"))[0] == 202
+    status, out = await stack.call("POST", f"/servers/{server['id']}/actions/cancel-deletion")
+    assert status == 202
+    assert (await stack.wait_job(out["job"]["id"]))["status"] == "succeeded"
+    s = await stack.server(server["id"])
+    assert s["status"] == "failed" and s["status_reason"] == reason
+
+
+async def test_disk_smaller_than_the_image_fails_before_cloning(stack: Stack, sim: SimAdmin) -> None:
+    server, job = await stack.create_server(disk_gib=1)
+    done = await stack.wait_job(job["id"])
+    assert done["status"] == "failed" and "cannot shrink" in done["error"]["message"]
+    assert await _tasks(sim, "qmclone") == 0
+
+
+async def test_a_stale_vm_lock_is_waited_on_then_surfaces(stack: Stack, sim: SimAdmin) -> None:
+    stack.settings.snooze_limit_s = 0.5
+    stack.settings.max_attempts = 2
+    server, _ = await _created(stack, sim)
+    vm = await sim.vm(server["observed"]["vmid"])
+    await sim._req("POST", "/vms", json={"vmid": vm["vmid"], "node": vm["node"], "running": True,
+                                           "config": dict(vm["config"], lock="backup")})
+    status, out = await stack.call("DELETE", f"/servers/{server['id']}")
+    seen: list[str] = []
+    done = await stack.wait_job(out["job"]["id"], seen=seen)
+    assert "retry" in seen
+    assert done["status"] == "failed" and "locked (backup)" in done["error"]["message"]
+    assert "longer than" in done["error"]["message"]
+    assert (await sim.vm(vm["vmid"]))["running"]  # never touched while locked

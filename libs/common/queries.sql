@@ -52,7 +52,6 @@ SET status = 'deleting',
     delete_after = now() + make_interval(secs => $3),
     status_before_delete = status,
     power_before_delete = power_state,
-    status_reason = NULL,
     updated_at = now()
 WHERE id = $1 AND tenant_id = $2 AND status IN ('creating', 'running', 'stopped', 'failed')
 RETURNING *;
@@ -80,12 +79,13 @@ FROM due WHERE s.id = due.id
 RETURNING s.*;
 
 -- name: server_observed
--- $5: the status verify observed; applied only outside the deletion states.
+-- $5: the status verify established, applied only when the current status is one of $6
+-- (never over the deletion states).
 UPDATE servers
 SET vmid = $2, node = $3, power_state = $4, observed_at = now(), updated_at = now(),
-    status = CASE WHEN $5::server_status IS NOT NULL AND status IN ('creating', 'running', 'stopped', 'failed')
+    status = CASE WHEN $5::server_status IS NOT NULL AND status = ANY($6::server_status[])
                   THEN $5::server_status ELSE status END,
-    status_reason = CASE WHEN $5::server_status IS NOT NULL AND status IN ('creating', 'running', 'stopped', 'failed')
+    status_reason = CASE WHEN $5::server_status IS NOT NULL AND status = ANY($6::server_status[])
                          THEN NULL ELSE status_reason END
 WHERE id = $1
 RETURNING *;
@@ -98,8 +98,11 @@ WHERE id = $1
 RETURNING *;
 
 -- name: server_mark_failed
+-- A failure while the deletion buffer runs leaves the deletion going (the reaper still ends
+-- it) unless $3: a deletion-guard refusal ends the deletion. The reason is kept either way.
 UPDATE servers
-SET status = 'failed', status_reason = $2, updated_at = now()
+SET status = CASE WHEN status = 'deleting' AND NOT $3 THEN status ELSE 'failed' END,
+    status_reason = $2, updated_at = now()
 WHERE id = $1 AND status <> 'deleted'
 RETURNING *;
 
@@ -133,6 +136,12 @@ SELECT * FROM jobs
 WHERE tenant_id = $1 AND ($2::bigint IS NULL OR seq > $2)
 ORDER BY seq
 LIMIT $3;
+
+-- name: job_clone_memos
+-- Every clone a ServerCreate of this resource started (vmid, node), from the jobs' memos.
+SELECT DISTINCT (memo -> 'clone' ->> 'vmid')::int AS vmid, memo -> 'clone' ->> 'node' AS node
+FROM jobs
+WHERE resource_id = $1 AND memo ? 'clone';
 
 -- name: job_claim
 -- The earliest pending job of each resource only (per-resource order), oldest first.

@@ -65,6 +65,7 @@ class Settings(BaseSettings):
     task_deadline_s: float = Field(600.0, gt=0)
     shutdown_grace_s: float = Field(20.0, ge=0)
     snooze_s: float = Field(5.0, gt=0)
+    snooze_limit_s: float = Field(1800.0, ge=0)
 
     # backoff and attempts
     backoff_base_s: float = Field(2.0, gt=0)

@@ -121,8 +121,11 @@ async def server_reap_expired(db: DB, limit: int = 100) -> list[Server]:
 
 
 async def server_observed(db: DB, server_id: str, *, vmid: int | None, node: str | None,
-                          power_state: str | None, status: str | None = None) -> Server | None:
-    row = await db.fetchrow(q("server_observed"), server_id, vmid, node, power_state, status)
+                          power_state: str | None, status: str | None = None,
+                          from_statuses: tuple[str, ...] = ()) -> Server | None:
+    """Write what verify observed; move to ``status`` only from one of ``from_statuses``."""
+    row = await db.fetchrow(q("server_observed"), server_id, vmid, node, power_state, status,
+                            list(from_statuses))
     return Server.from_record(row) if row else None
 
 
@@ -130,8 +133,10 @@ async def server_deleted(db: DB, server_id: str) -> None:
     await db.execute(q("server_deleted"), server_id)
 
 
-async def server_mark_failed(db: DB, server_id: str, reason: str) -> None:
-    await db.execute(q("server_mark_failed"), server_id, reason)
+async def server_mark_failed(db: DB, server_id: str, reason: str, *, ends_deletion: bool = False) -> None:
+    """The server carries ``reason``. It becomes ``failed`` unless its deletion buffer is
+    running (the deletion goes on) — and even then when ``ends_deletion`` (a guard refusal)."""
+    await db.execute(q("server_mark_failed"), server_id, reason, ends_deletion)
 
 
 # ---------------------------------------------------------------- jobs: producers
@@ -201,6 +206,12 @@ async def job_list(db: DB, tenant_id: str, *, resource_id: str | None = None, af
 
 
 # ---------------------------------------------------------------- jobs: workers (fenced)
+
+async def job_clone_memos(db: DB, resource_id: str) -> list[tuple[int, str]]:
+    """(vmid, node) of every clone a job of ``resource_id`` recorded in its memo."""
+    return [(r["vmid"], r["node"]) for r in await db.fetch(q("job_clone_memos"), resource_id)
+            if r["vmid"] is not None and r["node"]]
+
 
 async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float) -> list[Job]:
     """Claim up to ``limit`` pending jobs of ``regions`` (``FOR UPDATE SKIP LOCKED``), at most the

@@ -21,7 +21,7 @@ from z9.common import store
 from z9.common.db import TRANSIENT_DB_ERRORS, create_pool
 from z9.common.errors import ApiError, BadRequest, Conflict, NotFound, Unauthorized, ValidationFailed
 from z9.common.ids import is_id
-from z9.common.models import Job
+from z9.common.models import Job, Server
 from z9.common.settings import Settings
 from z9.common.store import NewJob
 
@@ -72,7 +72,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    tenant = await store.api_token_tenant(request.app[POOL], token.strip())
+    tenant = await store.api_token_tenant(request.app[POOL], token.strip()) if token.strip().isascii() else None
     if tenant is None:
         raise Unauthorized("unknown or revoked API token")
     request[TENANT] = tenant
@@ -83,7 +83,7 @@ async def _json_body(request: web.Request) -> Any:
     try:
         raw = await request.read()
         return json.loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise BadRequest(f"request body is not valid JSON: {e}")
 
 
@@ -185,6 +185,9 @@ def _replay(prior: Any, req_hash: bytes) -> web.Response:
 
 async def list_servers(request: web.Request) -> web.Response:
     after = request.query.get("after")
+    if after is not None and not is_id(after, "srv"):
+        raise ValidationFailed(f"after: {after!r} is not a server id",
+                               details=[{"field": "after", "message": "not a server id"}])
     status = request.query.get("status")
     statuses = ("creating", "running", "stopped", "deleting", "destroying", "deleted", "failed")
     if status is not None and status not in statuses:
@@ -244,12 +247,26 @@ async def cancel_deletion(request: web.Request) -> web.Response:
                 raise Conflict(f"server {sid} is {current.status}: the deletion buffer has expired and "
                                "the deletion can no longer be cancelled")
             raise Conflict(f"server {sid} is {current.status}, not deleting: there is no deletion to cancel")
-        server, restore_power = res
-        kind = "ServerStart" if restore_power == "running" else "ServerStop"
+        server, power_before = res
+        kind, args = _restore_job(server, power_before)
         job = await store.job_insert(conn, NewJob(
             kind=kind, region=server.region, tenant_id=tenant, resource_type="server",
-            resource_id=server.id, max_attempts=settings.max_attempts))
+            resource_id=server.id, args=args, max_attempts=settings.max_attempts))
     return web.json_response({"server": server.public(), "job": job.brief()}, status=202)
+
+
+def _restore_job(server: Server, power_before: str | None) -> tuple[str, dict[str, Any]]:
+    """The job that gives a server back what it had before its deletion, from the status it
+    returns to: a server still being created is created (the ServerCreate re-runs: it converges
+    and starts the VM), a running one is started, a stopped one stays stopped, a failed one gets
+    the power state it had."""
+    if server.status == "creating":
+        return "ServerCreate", {"name": server.name, "region": server.region, "image": server.image,
+                                "cores": server.cores, "memory_mib": server.memory_mib,
+                                "disk_gib": server.disk_gib, "ssh_keys": list(server.ssh_keys)}
+    if server.status == "running" or (server.status == "failed" and power_before == "running"):
+        return "ServerStart", {}
+    return "ServerStop", {}
 
 
 # ---------------------------------------------------------------------------------- jobs
@@ -264,6 +281,9 @@ async def get_job(request: web.Request) -> web.Response:
 
 async def list_jobs(request: web.Request) -> web.Response:
     rid = request.query.get("resource_id")
+    if rid is not None and not is_id(rid):
+        raise ValidationFailed(f"resource_id: {rid!r} is not a resource id",
+                               details=[{"field": "resource_id", "message": "not a resource id"}])
     after = request.query.get("after")
     after_seq = None
     pool, tenant = request.app[POOL], _tenant(request)

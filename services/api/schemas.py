@@ -28,7 +28,8 @@ class ServerCreate(BaseModel):
         out = []
         for i, k in enumerate(keys):
             k = k.strip()
-            if "\n" in k or "\x00" in k or not k.startswith(SSH_KEY_PREFIXES) or len(k.split()) < 2 or len(k) > 16384:
+            if (not k.isascii() or not k.isprintable() or not k.startswith(SSH_KEY_PREFIXES)
+                    or len(k.split()) < 2 or len(k) > 16384):
                 raise ValueError(f"ssh_keys[{i}] is not a single OpenSSH public key line")
             out.append(k)
         return out

@@ -62,6 +62,7 @@ class JobContext:
         self.steps: list[Step] = []
         self.memo: dict[str, Any] = dict(job.memo)
         self.last_progress = time.monotonic()
+        self.finished = False  # set before the final write: the heartbeat leaves the job alone
 
     @property
     def args(self) -> dict[str, Any]:

@@ -5,7 +5,8 @@ Outcomes (architecture §2, §4):
 - plan empty, or every step applied and verify reads the world back as intended →
   ``succeeded``; the kind's ``record`` writes the observed state in the same transaction.
 - :class:`Snooze` (a VM lock held by another task) → ``retry`` after the snooze delay, the
-  attempt given back.
+  attempt given back — for at most ``snooze_limit_s`` seconds of waiting in all (the first
+  snooze is kept in the memo); past that, a snooze counts as a temporary error.
 - :class:`TemporaryError` (or any unexpected exception) → ``retry`` with exponential backoff;
   the resource keeps its status. Out of attempts → ``failed`` and the resource carries it.
 - :class:`PermanentError` → ``failed`` at once; the resource carries the reason.
@@ -15,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import datetime, timezone
 from typing import Any
 
 from z9.common import store
 from z9.common.backoff import backoff_delay_s
 from z9.common.db import TRANSIENT_DB_ERRORS
-from z9.common.errors import JobError, LeaseLost, PermanentError, Snooze, TemporaryError
+from z9.common.errors import GuardRefusal, JobError, LeaseLost, PermanentError, Snooze, TemporaryError
 
 from .context import JobContext
 
@@ -36,6 +38,8 @@ def _error(exc: BaseException, cls: str | None = None) -> dict[str, Any]:
     tail = getattr(exc, "log_tail", None)
     if tail:
         err["task_log"] = tail[-10:]
+    if isinstance(exc, GuardRefusal):
+        err["refused"] = True
     return err
 
 
@@ -60,6 +64,7 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
         except Exception as exc:  # a bug or an untranslated error: retrying is safe, say so loudly
             log.exception("job %s: unexpected error", job.id, extra=extra)
             raise TemporaryError(f"internal error: {exc.__class__.__name__}: {exc}") from exc
+        ctx.finished = True
         async with ctx.pool.acquire() as conn, conn.transaction():
             await store.job_succeed(conn, ctx.lease, ctx.steps_json())
             await kind.record(conn, ctx, observed)
@@ -70,24 +75,47 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
         return "lost"
     except Snooze as exc:
         ctx.mark_running_step_failed()
-        delay = exc.delay_s or ctx.settings.snooze_s
-        return await _finish_retry(ctx, exc, delay, refund=True, extra=extra)
+        try:
+            waited = await _snoozed_for(ctx)
+        except LeaseLost as lost:
+            log.warning("job %s: %s; abandoning it", job.id, lost, extra=extra)
+            return "lost"
+        if waited <= ctx.settings.snooze_limit_s:
+            return await _finish_retry(ctx, exc, exc.delay_s or ctx.settings.snooze_s, refund=True, extra=extra)
+        temp = TemporaryError(f"{exc} (waited {waited:.0f}s on the world, longer than {ctx.settings.snooze_limit_s:.0f}s)")
+        return await _finish_temporary(ctx, kind, temp, extra=extra)
     except PermanentError as exc:
         ctx.mark_running_step_failed()
         return await _finish_failed(ctx, kind, _error(exc), extra=extra)
     except TemporaryError as exc:
         ctx.mark_running_step_failed()
-        if job.attempt >= job.max_attempts:
-            err = _error(exc)
-            err["message"] = f"out of attempts ({job.max_attempts}): {err['message']}"
-            return await _finish_failed(ctx, kind, err, extra=extra)
-        delay = backoff_delay_s(job.attempt, base_s=ctx.settings.backoff_base_s,
-                                cap_s=ctx.settings.backoff_cap_s, jitter=ctx.settings.backoff_jitter)
-        return await _finish_retry(ctx, exc, delay, refund=False, extra=extra)
+        return await _finish_temporary(ctx, kind, exc, extra=extra)
+
+
+async def _snoozed_for(ctx: JobContext) -> float:
+    """Seconds this job has been waiting on the world (first snooze kept in its memo)."""
+    since = ctx.memo.get("snoozed_since")
+    if since is None:
+        await ctx.remember(snoozed_since=time.time())
+        return 0.0
+    return time.time() - float(since)
+
+
+async def _finish_temporary(ctx: JobContext, kind: Any, exc: TemporaryError, *, extra: dict[str, Any]) -> str:
+    """Retry with backoff, or fail when this was the last attempt."""
+    job = ctx.job
+    if job.attempt >= job.max_attempts:
+        err = _error(exc)
+        err["message"] = f"out of attempts ({job.max_attempts}): {err['message']}"
+        return await _finish_failed(ctx, kind, err, extra=extra)
+    delay = backoff_delay_s(job.attempt, base_s=ctx.settings.backoff_base_s,
+                            cap_s=ctx.settings.backoff_cap_s, jitter=ctx.settings.backoff_jitter)
+    return await _finish_retry(ctx, exc, delay, refund=False, extra=extra)
 
 
 async def _finish_retry(ctx: JobContext, exc: BaseException, delay_s: float, *, refund: bool,
                         extra: dict[str, Any]) -> str:
+    ctx.finished = True
     try:
         await store.job_retry(ctx.pool, ctx.lease, ctx.steps_json(), _error(exc), delay_s,
                               refund_attempt=refund)
@@ -100,10 +128,11 @@ async def _finish_retry(ctx: JobContext, exc: BaseException, delay_s: float, *, 
 
 
 async def _finish_failed(ctx: JobContext, kind: Any, err: dict[str, Any], *, extra: dict[str, Any]) -> str:
+    ctx.finished = True
     try:
         async with ctx.pool.acquire() as conn, conn.transaction():
             await store.job_fail(conn, ctx.lease, ctx.steps_json(), err)
-            await kind.record_failure(conn, ctx, err["message"])
+            await kind.record_failure(conn, ctx, err)
     except LeaseLost as lost:
         log.warning("job %s: %s; abandoning it", ctx.job.id, lost, extra=extra)
         return "lost"

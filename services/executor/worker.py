@@ -193,6 +193,8 @@ class Executor:
             await asyncio.sleep(s.heartbeat_s)
             now = time.monotonic()
             for job_id, (task, ctx) in list(self.inflight.items()):
+                if ctx.finished or task.done():
+                    continue
                 if now - ctx.last_progress > s.step_timeout_s:
                     log.warning("job %s: no progress for %.0fs; letting its lease expire", job_id,
                                 now - ctx.last_progress)
@@ -200,6 +202,8 @@ class Executor:
                 try:
                     await store.job_heartbeat(self.pool, ctx.lease, s.lease_ttl_s)
                 except LeaseLost as e:
+                    if ctx.finished:  # it finished while we were renewing: nothing was lost
+                        continue
                     log.warning("job %s: %s; cancelling it", job_id, e)
                     task.cancel()
                 except TRANSIENT_DB_ERRORS as e:

@@ -1,6 +1,7 @@
 """Job kinds: one module per kind, each with ``observe``, ``plan`` (pure), ``apply``, ``verify``
 together, plus ``record`` (write what verify saw, in the transaction that finishes the job) and
-``record_failure`` (the resource carries a permanent failure's reason).
+``record_failure(conn, ctx, error)`` (the resource carries a failed job's reason; ``error`` is
+the job row's error, ``{class, message, …}``).
 
 :data:`REGISTRY` maps the ``kind`` column to its module; :func:`register` adds one (benchmarks
 register a no-op kind this way).
@@ -39,5 +40,5 @@ class UnknownKind:
     async def observe(self, ctx: Any) -> None:
         raise PermanentError(f"unknown job kind {self.KIND!r}: no executor module handles it")
 
-    async def record_failure(self, conn: Any, ctx: Any, message: str) -> None:
+    async def record_failure(self, conn: Any, ctx: Any, error: dict[str, Any]) -> None:
         return None

@@ -51,6 +51,24 @@ async def find_one_vm(ctx: JobContext, resource_id: str) -> VmState | None:
     return vms[0] if vms else None
 
 
+async def find_own_clones(ctx: JobContext, exclude: set[int]) -> list[VmState]:
+    """VMs that a ServerCreate of this resource cloned (vmid in a job memo) but did not tag yet:
+    recognised by our marker in their description — or still under ``lock: clone`` (the caller
+    waits and checks the marker then). A VM carrying another resource's identity is never ours."""
+    from z9.common import store
+
+    mine, out = identity_tag(ctx.job.resource_id), []
+    for vmid, node in await store.job_clone_memos(ctx.pool, ctx.job.resource_id):
+        if vmid in exclude:
+            continue
+        st = await ctx.pve.vm_state(node, vmid)
+        if st is None or any(t.startswith("z9-id-") and t != mine for t in st.tags):
+            continue
+        if st.lock == "clone" or marker(ctx.job.resource_id) in str(st.config.get("description", "")):
+            out.append(st)
+    return out
+
+
 async def find_suspect(ctx: JobContext, ours: list[VmState]) -> VmState | None:
     """The VM at the vmid/node the database last recorded for this server, when it is not one
     of ``ours``: a row can be stale and point at someone else's VM — or at a platform VM."""
@@ -90,6 +108,25 @@ def guard(resource_id: str, vm: VmState) -> None:
         return
     log.error("%s (resource %s)", msg, resource_id)
     raise GuardRefusal(msg)
+
+
+def guard_own_clone(resource_id: str, vm: VmState) -> None:
+    """The guard for an untagged clone of ours: our marker must be in its description, and any
+    platform role (inherited from a template that carries one) refuses unconditionally."""
+    if platform_roles(vm.tags):
+        guard(resource_id, vm)
+    if marker(resource_id) not in str(vm.config.get("description", "")):
+        msg = f"deletion guard refused VM {vm.vmid} on {vm.node}: it does not carry our marker"
+        log.error("%s (resource %s)", msg, resource_id)
+        raise GuardRefusal(msg)
+
+
+async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
+    """The server carries a failed job's reason; a guard refusal also ends a deletion."""
+    from z9.common import store
+
+    await store.server_mark_failed(conn, ctx.job.resource_id, error["message"],
+                                   ends_deletion=bool(error.get("refused")))
 
 
 def refuse_if_locked(vm: VmState, *, allowed: tuple[str, ...] = ()) -> None:

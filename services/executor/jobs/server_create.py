@@ -1,8 +1,8 @@
 """ServerCreate: make the server's VM exist, configured and running.
 
 observe  the template named by ``image`` (a template VM in ``/cluster/resources``) and the VM
-         carrying ``z9-id-<server id>`` anywhere in the cluster; failing that, a clone this job
-         started in an earlier attempt (its vmid is in the job's memo and its description
+         carrying ``z9-id-<server id>`` anywhere in the cluster; failing that, a clone a create
+         job of this server started earlier (its vmid is in that job's memo and its description
          carries our marker: a clone has no tags of its own until ``configure``).
 plan     (pure) clone → wait_clone → configure → resize_disk → start, keeping only what is
          missing. An existing, configured, running VM gives the empty plan.
@@ -37,32 +37,25 @@ CLONE_TRIES = 5
 class World:
     template: VmRef | None
     vm: VmState | None
+    template_disk_gib: float | None = None
 
 
 async def observe(ctx: JobContext) -> World:
     image = ctx.args["image"]
     vms = await ctx.pve.list_vms()
     templates = [v for v in vms if v.template and v.name == image]
+    template = templates[0] if templates else None
     vm = await _server.find_one_vm(ctx, ctx.job.resource_id)
     if vm is None:
-        vm = await _adopt_own_clone(ctx)
-    return World(template=templates[0] if templates else None, vm=vm)
-
-
-async def _adopt_own_clone(ctx: JobContext) -> VmState | None:
-    """The VM an earlier attempt cloned but did not tag yet, recognised by the memo's vmid and
-    our marker in its description (while the clone runs, only ``lock: clone`` is visible)."""
-    clone = ctx.memo.get("clone")
-    if not clone:
-        return None
-    st = await ctx.pve.vm_state(clone["node"], int(clone["vmid"]))
-    if st is None:
-        return None
-    if st.lock == "clone":
-        return st  # a clone is running there; wait_clone checks the marker once it is done
-    if _server.marker(ctx.job.resource_id) in str(st.config.get("description", "")):
-        return st
-    return None  # that vmid belongs to someone else now
+        # A clone an earlier attempt (or an earlier job) made but did not tag yet.
+        clones = await _server.find_own_clones(ctx, set())
+        vm = clones[0] if clones else None
+    disk = None
+    if vm is None and template is not None:
+        tpl = await ctx.pve.vm_state(template.node, template.vmid)
+        found = _server.boot_disk(tpl.config) if tpl else None
+        disk = found[1] if found else None
+    return World(template=template, vm=vm, template_disk_gib=disk)
 
 
 def plan(job: Job, world: World) -> list[Step]:
@@ -70,6 +63,9 @@ def plan(job: Job, world: World) -> list[Step]:
     if world.vm is None:
         if world.template is None:
             raise PermanentError(f"image {args['image']!r}: no template with that name in region {job.region}")
+        if world.template_disk_gib is not None and world.template_disk_gib > args["disk_gib"] + 1e-9:
+            raise PermanentError(f"disk_gib {args['disk_gib']} is smaller than image {args['image']!r}'s disk "
+                                 f"({world.template_disk_gib:g} GiB); disks cannot shrink")
         return [Step("clone"), Step("configure"), Step("resize_disk"), Step("start")]
     vm = world.vm
     if vm.lock == "clone":
@@ -160,8 +156,8 @@ async def _clone(ctx: JobContext, world: World, step: Step) -> None:
 
 
 async def _wait_clone(ctx: JobContext, world: World, step: Step) -> None:
-    """Wait for a clone started by an earlier attempt: on its UPID when recorded, else until the
-    target's ``lock: clone`` goes away."""
+    """Wait for a clone started by an earlier attempt: on its UPID when this job recorded it,
+    else until the target's ``lock: clone`` goes away."""
     clone = ctx.memo.get("clone") or {}
     vm = world.vm
     assert vm is not None
@@ -195,11 +191,11 @@ async def verify(ctx: JobContext) -> VmState:
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
     await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
-                                power_state="running" if vm.running else "stopped", status="running")
+                                power_state="running" if vm.running else "stopped", status="running",
+                                from_statuses=("creating", "failed", "running", "stopped"))
 
 
-async def record_failure(conn: asyncpg.Connection, ctx: JobContext, message: str) -> None:
-    await store.server_mark_failed(conn, ctx.job.resource_id, message)
+record_failure = _server.record_failure
 
 
 def describe(args: dict[str, Any]) -> str:

@@ -1,16 +1,17 @@
 """ServerDelete: the final, irreversible step of a two-phase deletion (enqueued by the reaper
 when the deletion buffer expires).
 
-observe  every VM carrying ``z9-id-<server id>``, plus the VM at the vmid/node the database
-         last recorded for the server — a *suspect*, never trusted: a stale row can point at a
+observe  every VM carrying ``z9-id-<server id>``; every untagged clone a create job of this
+         server made (its memo's vmid, our marker in the description); plus the VM at the
+         vmid/node the database last recorded for the server — a *suspect*, never trusted: a stale row can point at a
          vmid that now belongs to someone else, or at the region's own agent VM.
 plan     (pure) the deletion guard (architecture §6) on every VM found: any platform role
          refuses unconditionally (permanent; the server carries the reason). Our VMs must also
          carry ``z9-role-customer``. A suspect without our tag and without a platform role is
          someone else's VM: left alone. Then ``stop`` (if running) and ``destroy`` per VM.
 apply    re-reads the VM's tags right before destroying it and re-applies the guard.
-verify   no VM in the cluster carries the identity tag (never "vmid N is gone": the vmid is
-         reused at once). The server becomes ``deleted``.
+verify   no VM in the cluster carries the identity tag and no untagged clone of ours is left
+         (never "vmid N is gone": the vmid is reused at once). The server becomes ``deleted``.
 """
 from __future__ import annotations
 
@@ -33,13 +34,15 @@ KIND = "ServerDelete"
 @dataclass
 class World:
     ours: list[VmState] = field(default_factory=list)
+    clones: list[VmState] = field(default_factory=list)
     suspects: list[VmState] = field(default_factory=list)
 
 
 async def observe(ctx: JobContext) -> World:
     ours = await _server.find_vms(ctx, ctx.job.resource_id)
-    suspect = await _server.find_suspect(ctx, ours)
-    return World(ours=ours, suspects=[suspect] if suspect else [])
+    clones = await _server.find_own_clones(ctx, {v.vmid for v in ours})
+    suspect = await _server.find_suspect(ctx, ours + clones)
+    return World(ours=ours, clones=clones, suspects=[suspect] if suspect else [])
 
 
 def plan(job: Job, world: World) -> list[Step]:
@@ -54,6 +57,13 @@ def plan(job: Job, world: World) -> list[Step]:
         if vm.running:
             steps.append(Step("stop", {"vmid": vm.vmid, "node": vm.node}))
         steps.append(Step("destroy", {"vmid": vm.vmid, "node": vm.node}))
+    for vm in world.clones:  # half-made: cloned, never tagged (the create failed or was cut short)
+        _server.refuse_if_locked(vm)
+        _server.guard_own_clone(job.resource_id, vm)
+        detail = {"vmid": vm.vmid, "node": vm.node, "untagged": True}
+        if vm.running:
+            steps.append(Step("stop", dict(detail)))
+        steps.append(Step("destroy", dict(detail)))
     return steps
 
 
@@ -62,7 +72,11 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     st = await ctx.pve.vm_state(node, vmid)
     if st is None:
         return  # already gone; verify checks by tag
-    _server.guard(ctx.job.resource_id, st)  # re-check the tags right before acting
+    # Re-check right before acting: the tags (or, for an untagged clone, our marker).
+    if step.detail.get("untagged"):
+        _server.guard_own_clone(ctx.job.resource_id, st)
+    else:
+        _server.guard(ctx.job.resource_id, st)
     _server.refuse_if_locked(st)
     if step.name == "stop":
         if st.running:
@@ -80,11 +94,14 @@ async def verify(ctx: JobContext) -> None:
     if left:
         raise TemporaryError("verify: VMs still carry the identity tag: "
                              + ", ".join(f"{v.vmid} on {v.node}" for v in left))
+    clones = await _server.find_own_clones(ctx, set())
+    if clones:
+        raise TemporaryError("verify: untagged clones of ours remain: "
+                             + ", ".join(f"{v.vmid} on {v.node}" for v in clones))
 
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, _: None) -> None:
     await store.server_deleted(conn, ctx.job.resource_id)
 
 
-async def record_failure(conn: asyncpg.Connection, ctx: JobContext, message: str) -> None:
-    await store.server_mark_failed(conn, ctx.job.resource_id, message)
+record_failure = _server.record_failure

@@ -61,8 +61,7 @@ async def verify(ctx: JobContext) -> VmState:
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
     await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
-                                power_state="running", status="running")
+                                power_state="running", status="running", from_statuses=("running", "stopped"))
 
 
-async def record_failure(conn: asyncpg.Connection, ctx: JobContext, message: str) -> None:
-    await store.server_mark_failed(conn, ctx.job.resource_id, message)
+record_failure = _server.record_failure

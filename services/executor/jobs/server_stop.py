@@ -6,8 +6,8 @@ observe  the VM carrying ``z9-id-<server id>`` (none is fine: nothing to stop), 
 plan     (pure) the deletion guard on both (a recorded VM with a platform role refuses the
          whole job); ``shutdown`` when our VM runs.
 apply    ACPI shutdown, forced off after a timeout (``forceStop=1``); waits for the task.
-verify   observe again: not running. Records the power state; the status stays as it is
-         (``deleting`` during the deletion buffer).
+verify   observe again: not running. Records the power state only; the status is the API's
+         (``deleting`` during the deletion buffer, restored by a cancellation).
 """
 from __future__ import annotations
 
@@ -72,8 +72,7 @@ async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState | None) 
         await store.server_observed(conn, ctx.job.resource_id, vmid=None, node=None, power_state=None)
     else:
         await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
-                                    power_state="stopped", status="stopped")
+                                    power_state="stopped")
 
 
-async def record_failure(conn: asyncpg.Connection, ctx: JobContext, message: str) -> None:
-    await store.server_mark_failed(conn, ctx.job.resource_id, message)
+record_failure = _server.record_failure
