@@ -79,6 +79,20 @@ async def _prepare_db(admin_url: str | None, url: str, token_file: Path) -> str:
         await conn.close()
 
 
+def _terminate(procs: list[subprocess.Popen], timeout_s: float = 30) -> None:
+    """SIGTERM every process, wait up to ``timeout_s`` seconds in all, SIGKILL what is left."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def run_dev(args: argparse.Namespace, settings: Settings) -> int:
     """Run the stack until Ctrl-C; returns the exit code."""
     data_dir = Path(args.data_dir or settings.data_dir).resolve()
@@ -107,6 +121,7 @@ def run_dev(args: argparse.Namespace, settings: Settings) -> int:
     code = 0
     try:
         token = asyncio.run(_prepare_db(admin_url, url, data_dir / "dev-token"))
+        (data_dir / "database-url").write_text(url + "\n")  # for `z9 token`, psql, …
 
         secret_file = data_dir / "sim-secret"
         if not secret_file.exists():
@@ -138,6 +153,7 @@ z9 is running.
   API:        {api}
   token:      {token}   (also in {data_dir / 'dev-token'})
   simulator:  https://127.0.0.1:{sim_port}  (region {REGION}; admin API under /_sim/)
+  database:   {url}   (also in {data_dir / 'database-url'})
 Try:
   export Z9={api} AUTH="Authorization: Bearer $(cat {data_dir / 'dev-token'})"
   curl -s -H "$AUTH" $Z9/servers
@@ -153,15 +169,11 @@ Ctrl-C stops everything.
             time.sleep(0.2)
     finally:
         print("z9 dev: stopping …", flush=True)
-        for _, proc in reversed(children):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        for _, proc in children:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        # The services first (the executor finishes or hands over its jobs while the simulator
+        # still answers), then the simulator, then the database.
+        services = [p for name, p in children if name != "sim"]
+        _terminate(services)
+        _terminate([p for name, p in children if name == "sim"])
         if pg is not None:
             pg.stop()
         print("z9 dev: stopped", flush=True)

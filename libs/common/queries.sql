@@ -57,13 +57,19 @@ WHERE id = $1 AND tenant_id = $2 AND status IN ('creating', 'running', 'stopped'
 RETURNING *;
 
 -- name: server_cancel_deletion
+-- The status goes back to what it was, except that a running/stopped server shows the power
+-- state last observed (the deletion may have stopped it; the restoring job's verify says when
+-- it runs again). status_before_delete is kept: the API picks the restoring job from it.
 UPDATE servers
-SET status = coalesce(status_before_delete, 'running'),
+SET status = CASE
+        WHEN status_before_delete IN ('running', 'stopped')
+            THEN (CASE WHEN power_state = 'running' THEN 'running' ELSE 'stopped' END)::server_status
+        ELSE coalesce(status_before_delete, 'stopped')
+    END,
     delete_after = NULL,
-    status_before_delete = NULL,
     updated_at = now()
 WHERE id = $1 AND tenant_id = $2 AND status = 'deleting' AND delete_after > now()
-RETURNING *, power_before_delete AS restore_power;
+RETURNING *;
 
 -- name: server_reap_expired
 WITH due AS (

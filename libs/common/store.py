@@ -108,11 +108,11 @@ async def server_mark_deleting(db: DB, server_id: str, tenant_id: str, buffer_s:
     return Server.from_record(row) if row else None
 
 
-async def server_cancel_deletion(db: DB, server_id: str, tenant_id: str) -> tuple[Server, str | None] | None:
-    """End the deletion buffer early; returns (server, power state to restore) or None when
-    the server is not ``deleting`` or its buffer has expired."""
+async def server_cancel_deletion(db: DB, server_id: str, tenant_id: str) -> Server | None:
+    """End the deletion buffer early; None when the server is not ``deleting`` or its buffer
+    has expired. ``status_before_delete`` and ``power_before_delete`` say what to restore."""
     row = await db.fetchrow(q("server_cancel_deletion"), server_id, tenant_id)
-    return (Server.from_record(row), row["restore_power"]) if row else None
+    return Server.from_record(row) if row else None
 
 
 async def server_reap_expired(db: DB, limit: int = 100) -> list[Server]:

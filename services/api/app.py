@@ -193,10 +193,10 @@ async def list_servers(request: web.Request) -> web.Response:
     if status is not None and status not in statuses:
         raise ValidationFailed(f"status: must be one of {', '.join(statuses)}",
                                details=[{"field": "status", "message": "unknown status"}])
-    servers = await store.server_list(request.app[POOL], _tenant(request), after=after, status=status,
-                                      limit=_limit(request))
+    limit = _limit(request)
+    servers = await store.server_list(request.app[POOL], _tenant(request), after=after, status=status, limit=limit)
     return web.json_response({"servers": [s.public() for s in servers],
-                              "next_after": servers[-1].id if servers else None})
+                              "next_after": servers[-1].id if len(servers) == limit else None})
 
 
 async def get_server(request: web.Request) -> web.Response:
@@ -235,8 +235,8 @@ async def cancel_deletion(request: web.Request) -> web.Response:
     settings, pool, tenant = request.app[SETTINGS], request.app[POOL], _tenant(request)
     sid = _resource_id(request, "srv")
     async with pool.acquire() as conn, conn.transaction():
-        res = await store.server_cancel_deletion(conn, sid, tenant)
-        if res is None:
+        server = await store.server_cancel_deletion(conn, sid, tenant)
+        if server is None:
             current = await store.server_get(conn, sid, tenant)
             if current is None:
                 raise NotFound(f"no server {sid!r}")
@@ -247,24 +247,24 @@ async def cancel_deletion(request: web.Request) -> web.Response:
                 raise Conflict(f"server {sid} is {current.status}: the deletion buffer has expired and "
                                "the deletion can no longer be cancelled")
             raise Conflict(f"server {sid} is {current.status}, not deleting: there is no deletion to cancel")
-        server, power_before = res
-        kind, args = _restore_job(server, power_before)
+        kind, args = _restore_job(server)
         job = await store.job_insert(conn, NewJob(
             kind=kind, region=server.region, tenant_id=tenant, resource_type="server",
             resource_id=server.id, args=args, max_attempts=settings.max_attempts))
     return web.json_response({"server": server.public(), "job": job.brief()}, status=202)
 
 
-def _restore_job(server: Server, power_before: str | None) -> tuple[str, dict[str, Any]]:
-    """The job that gives a server back what it had before its deletion, from the status it
-    returns to: a server still being created is created (the ServerCreate re-runs: it converges
-    and starts the VM), a running one is started, a stopped one stays stopped, a failed one gets
-    the power state it had."""
-    if server.status == "creating":
+def _restore_job(server: Server) -> tuple[str, dict[str, Any]]:
+    """The job that gives a server back what it had before its deletion, from its status then:
+    a server still being created is created (the ServerCreate re-runs: it converges and starts
+    the VM), a running one is started, a stopped one stays stopped, a failed one gets the power
+    state it had."""
+    before, power_before = server.status_before_delete, server.power_before_delete
+    if before == "creating":
         return "ServerCreate", {"name": server.name, "region": server.region, "image": server.image,
                                 "cores": server.cores, "memory_mib": server.memory_mib,
                                 "disk_gib": server.disk_gib, "ssh_keys": list(server.ssh_keys)}
-    if server.status == "running" or (server.status == "failed" and power_before == "running"):
+    if before == "running" or (before == "failed" and power_before == "running"):
         return "ServerStart", {}
     return "ServerStop", {}
 
@@ -292,8 +292,10 @@ async def list_jobs(request: web.Request) -> web.Response:
         if ref is None:
             raise ValidationFailed(f"after: no job {after!r}", details=[{"field": "after", "message": "unknown job"}])
         after_seq = ref.seq
-    jobs: list[Job] = await store.job_list(pool, tenant, resource_id=rid, after_seq=after_seq, limit=_limit(request))
-    return web.json_response({"jobs": [j.public() for j in jobs], "next_after": jobs[-1].id if jobs else None})
+    limit = _limit(request)
+    jobs: list[Job] = await store.job_list(pool, tenant, resource_id=rid, after_seq=after_seq, limit=limit)
+    return web.json_response({"jobs": [j.public() for j in jobs],
+                              "next_after": jobs[-1].id if len(jobs) == limit else None})
 
 
 async def openapi(request: web.Request) -> web.Response:
