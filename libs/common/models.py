@@ -1,7 +1,7 @@
 """Rows as typed objects, and their public (API) JSON shapes."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -98,12 +98,10 @@ class Server:
     created_at: datetime
     updated_at: datetime
     deleted_at: datetime | None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_record(cls, r: asyncpg.Record) -> "Server":
-        names = [k for k in cls.__dataclass_fields__ if k != "extra"]
-        return cls(**{k: r[k] for k in names})
+        return cls(**{k: r[k] for k in cls.__dataclass_fields__})
 
     def public(self) -> dict[str, Any]:
         """``GET /v1/servers/{id}``."""

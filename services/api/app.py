@@ -145,9 +145,6 @@ async def create_server(request: web.Request) -> web.Response:
         raise BadRequest("Idempotency-Key must be 1 to 255 printable ASCII characters")
     req_hash = hashlib.sha256(json.dumps(spec.model_dump(), sort_keys=True).encode()).digest()
 
-    class _Replay(Exception):
-        pass
-
     try:
         async with pool.acquire() as conn, conn.transaction():
             if key is not None:
@@ -173,6 +170,10 @@ async def create_server(request: web.Request) -> web.Response:
         prior = await store.idempotency_get(pool, tenant, key)
         return _replay(prior, req_hash)
     return web.json_response(answer, status=202)
+
+
+class _Replay(Exception):
+    """Another request stored a response for this Idempotency-Key first: roll back, replay it."""
 
 
 def _replay(prior: Any, req_hash: bytes) -> web.Response:
