@@ -7,7 +7,6 @@ from typing import Any
 
 import asyncpg
 
-TERMINAL = frozenset({"succeeded", "failed"})
 
 
 def _ts(v: datetime | None) -> str | None:
