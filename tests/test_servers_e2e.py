@@ -361,6 +361,7 @@ async def test_a_failure_during_the_buffer_does_not_undo_the_deletion(stack: Sta
 async def test_cancel_restores_running_even_after_repeated_delete_and_cancel(stack: Stack, sim: SimAdmin) -> None:
     server, _ = await _created(stack, sim)
     sid = server["id"]
+    await sim.fault(method="POST", path=r"/status/start$", action="delay", seconds=1.0, times=1)
     for _ in range(2):
         assert (await stack.call("DELETE", f"/servers/{sid}"))[0] == 202
         status, out = await stack.call("POST", f"/servers/{sid}/actions/cancel-deletion")
@@ -406,3 +407,103 @@ async def test_a_stale_vm_lock_is_waited_on_then_surfaces(stack: Stack, sim: Sim
     assert done["status"] == "failed" and "locked (backup)" in done["error"]["message"]
     assert "longer than" in done["error"]["message"]
     assert (await sim.vm(vm["vmid"]))["running"]  # never touched while locked
+
+
+async def test_vms_are_protected_against_stray_destroys(stack: Stack, sim: SimAdmin) -> None:
+    from proxmoxer.core import ResourceException
+
+    stack.settings.deletion_buffer_s = 0.3
+    server, _ = await _created(stack, sim)
+    vmid, node = server["observed"]["vmid"], server["observed"]["node"]
+    assert str((await sim.vm(vmid))["config"].get("protection")) == "1"
+    pve = ProxmoxAPI("127.0.0.1", port=sim.server.port, user="root@pam", token_name="z9",
+                     token_value=sim.server.token_secret, verify_ssl=str(sim.server.cert_path))
+    await asyncio.to_thread(lambda: pve.nodes(node).qemu(vmid).status.stop.post())
+    await asyncio.sleep(0.3)
+    with pytest.raises(ResourceException, match="protection"):  # e.g. a late request aimed at a reused vmid
+        await asyncio.to_thread(lambda: pve.nodes(node).qemu(vmid).delete())
+    assert await sim.vm(vmid) is not None
+    assert (await stack.call("DELETE", f"/servers/{server['id']}"))[0] == 202
+    await _wait_status(stack, server["id"], "deleted")
+    assert await sim.vm(vmid) is None
+
+
+async def test_a_failure_after_the_buffer_does_not_stop_the_final_delete(stack: Stack, sim: SimAdmin) -> None:
+    sim.allow_rejections = True
+    stack.settings.deletion_buffer_s = 0.2
+    server, _ = await _created(stack, sim)
+    await stack.stop_service("executor")
+    status, out = await stack.call("DELETE", f"/servers/{server['id']}")
+    await _wait_status(stack, server["id"], "destroying")  # the reaper ran; ServerStop still queued
+    await sim.fault(method="GET", path=r"^/cluster/resources$", action="error", status=400,
+                    reason="Parameter verification failed.", times=1)
+    await stack.start_service("executor")
+    stop = await stack.wait_job(out["job"]["id"])
+    assert stop["status"] == "failed"
+    s = await stack.server(server["id"])
+    assert s["status"] in ("destroying", "deleted")  # never failed: the deletion was final
+    status, out = await stack.call("POST", f"/servers/{server['id']}/actions/cancel-deletion")
+    assert status == 409
+    await _wait_status(stack, server["id"], "deleted")
+    assert await sim.vms_tagged(identity_tag(server["id"])) == []
+
+
+async def test_a_superseded_final_delete_does_nothing(stack: Stack, sim: SimAdmin) -> None:
+    stack.settings.deletion_buffer_s = 0.2
+    server, _ = await _created(stack, sim)
+    vmid = server["observed"]["vmid"]
+    await stack.stop_service("executor")
+    await stack.call("DELETE", f"/servers/{server['id']}")
+    await _wait_status(stack, server["id"], "destroying")
+    # The server failed meanwhile (an operator, a lease lost after the last attempt), and its
+    # owner deletes it again with a long buffer: the queued ServerDelete must not destroy it.
+    await stack.pool.execute("UPDATE servers SET status = 'failed', status_reason = 'x' WHERE id = $1", server["id"])
+    stack.settings.deletion_buffer_s = 600
+    assert (await stack.call("DELETE", f"/servers/{server['id']}"))[0] == 202
+    await stack.start_service("executor")
+    status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
+    final = next(j for j in jobs["jobs"] if j["kind"] == "ServerDelete")
+    done = await stack.wait_job(final["id"])
+    assert done["status"] == "succeeded" and done["steps"] == []
+    assert await sim.vm(vmid) is not None
+    status, out = await stack.call("POST", f"/servers/{server['id']}/actions/cancel-deletion")
+    assert status == 202
+
+
+async def test_platform_roles_are_never_rewritten(stack: Stack, sim: SimAdmin) -> None:
+    server, job = await _created(stack, sim)
+    vm = await sim.vm(server["observed"]["vmid"])
+    tags = vm["config"]["tags"] + ";z9-role-platform"
+    await sim._req("POST", "/vms", json={"vmid": vm["vmid"], "node": vm["node"], "running": True,
+                                           "config": dict(vm["config"], tags=tags)})
+    again = await _rerun(stack, job["id"])
+    assert again["status"] == "failed" and "z9-role-platform" in again["error"]["message"]
+    assert "z9-role-platform" in (await sim.vm(vm["vmid"]))["config"]["tags"]
+
+
+async def test_a_template_with_a_platform_role_is_not_cloned(stack: Stack, sim: SimAdmin) -> None:
+    tpl = await sim.vm(9000)
+    await sim._req("POST", "/vms", json={"vmid": 9000, "node": tpl["node"], "running": False,
+                                         "config": dict(tpl["config"], tags="z9-image;z9-role-platform")})
+    server, job = await stack.create_server()
+    done = await stack.wait_job(job["id"])
+    assert done["status"] == "failed" and "z9-role-platform" in done["error"]["message"]
+    assert await _tasks(sim, "qmclone") == 0
+
+
+async def test_delete_waits_out_a_clone_request_whose_answer_was_lost(stack: Stack, sim: SimAdmin) -> None:
+    stack.settings.deletion_buffer_s = 0.1
+    stack.settings.uncertain_window_s = 2.0
+    await sim.fault(method="POST", path=r"/clone$", action="drop", times=1)
+    server, job = await stack.create_server()
+    assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
+    memo = await stack.pool.fetchval("SELECT memo FROM jobs WHERE id = $1", job["id"])
+    assert memo["clones"][0].get("uncertain_at")
+    t0 = asyncio.get_running_loop().time()
+    assert (await stack.call("DELETE", f"/servers/{server['id']}"))[0] == 202
+    await _wait_status(stack, server["id"], "deleted")
+    status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
+    final = next(j for j in jobs["jobs"] if j["kind"] == "ServerDelete")
+    assert final["attempt"] == 1  # snoozes gave their attempts back
+    assert asyncio.get_running_loop().time() - t0 >= 0.5
+    assert [v for v in (await sim.state())["vms"] if server["id"] in str(v["config"].get("description", ""))] == []

@@ -267,7 +267,7 @@ def vm(vmid: int = 101, *, tags: str | None, status: str = "running", **config: 
 def converged_vm(sid: str, *, tags: str | None = None, status: str = "running", **config: Any) -> VmState:
     """A VM exactly as ServerCreate leaves it for ``create_args()``."""
     cfg: dict[str, Any] = {
-        "name": "web-1", "cores": 2, "memory": "2048", "ipconfig0": "ip=dhcp",
+        "name": "web-1", "cores": 2, "memory": "2048", "ipconfig0": "ip=dhcp", "protection": "1",
         "sshkeys": encode_ssh_keys(SSH_KEYS),
         "scsi0": "local-lvm:vm-101-disk-0,size=10G",
         "ide2": "local-lvm:vm-101-cloudinit,media=cdrom",

@@ -57,15 +57,12 @@ WHERE id = $1 AND tenant_id = $2 AND status IN ('creating', 'running', 'stopped'
 RETURNING *;
 
 -- name: server_cancel_deletion
--- The status goes back to what it was, except that a running/stopped server shows the power
--- state last observed (the deletion may have stopped it; the restoring job's verify says when
--- it runs again). status_before_delete is kept: the API picks the restoring job from it.
+-- The status (the server's lifecycle state, not its observed power state) goes back to what it
+-- was; status_before_delete is kept: the API picks the restoring job from it. A reason left
+-- by a failure during the buffer goes, unless the server was failed before.
 UPDATE servers
-SET status = CASE
-        WHEN status_before_delete IN ('running', 'stopped')
-            THEN (CASE WHEN power_state = 'running' THEN 'running' ELSE 'stopped' END)::server_status
-        ELSE coalesce(status_before_delete, 'stopped')
-    END,
+SET status = coalesce(status_before_delete, 'running'),
+    status_reason = CASE WHEN status_before_delete = 'failed' THEN status_reason END,
     delete_after = NULL,
     updated_at = now()
 WHERE id = $1 AND tenant_id = $2 AND status = 'deleting' AND delete_after > now()
@@ -100,14 +97,15 @@ RETURNING *;
 UPDATE servers
 SET status = 'deleted', deleted_at = now(), power_state = NULL, vmid = NULL, node = NULL,
     status_reason = NULL, observed_at = now(), updated_at = now()
-WHERE id = $1
+WHERE id = $1 AND status = 'destroying'
 RETURNING *;
 
 -- name: server_mark_failed
--- A failure while the deletion buffer runs leaves the deletion going (the reaper still ends
--- it) unless $3: a deletion-guard refusal ends the deletion. The reason is kept either way.
+-- A failure during a deletion (buffer running, or final delete queued) leaves the deletion
+-- going, unless $3: a deletion-guard refusal, or the final delete job itself failing, ends it.
+-- The reason is kept either way.
 UPDATE servers
-SET status = CASE WHEN status = 'deleting' AND NOT $3 THEN status ELSE 'failed' END,
+SET status = CASE WHEN status IN ('deleting', 'destroying') AND NOT $3 THEN status ELSE 'failed' END,
     status_reason = $2, updated_at = now()
 WHERE id = $1 AND status <> 'deleted'
 RETURNING *;
@@ -144,10 +142,13 @@ ORDER BY seq
 LIMIT $3;
 
 -- name: job_clone_memos
--- Every clone a ServerCreate of this resource started (vmid, node), from the jobs' memos.
-SELECT DISTINCT (memo -> 'clone' ->> 'vmid')::int AS vmid, memo -> 'clone' ->> 'node' AS node
-FROM jobs
-WHERE resource_id = $1 AND memo ? 'clone';
+-- Every clone request a ServerCreate of this resource sent (memo "clones": [{vmid, node,
+-- uncertain_at?}]); uncertain_at (epoch seconds) marks a request whose answer was lost.
+SELECT (c ->> 'vmid')::int AS vmid, c ->> 'node' AS node, max((c ->> 'uncertain_at')::float8) AS uncertain_at
+FROM jobs, jsonb_array_elements(CASE WHEN jsonb_typeof(memo -> 'clones') = 'array'
+                                     THEN memo -> 'clones' ELSE '[]'::jsonb END) AS c
+WHERE resource_id = $1
+GROUP BY 1, 2;
 
 -- name: job_claim
 -- The earliest pending job of each resource only (per-resource order), oldest first.

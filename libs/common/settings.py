@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(20.0, ge=0)
     snooze_s: float = Field(5.0, gt=0)
     snooze_limit_s: float = Field(1800.0, ge=0)
+    # A mutation whose answer was lost may still be performed this long afterwards (seconds).
+    uncertain_window_s: float = Field(120.0, ge=0)
 
     # backoff and attempts
     backoff_base_s: float = Field(2.0, gt=0)

@@ -207,9 +207,10 @@ async def job_list(db: DB, tenant_id: str, *, resource_id: str | None = None, af
 
 # ---------------------------------------------------------------- jobs: workers (fenced)
 
-async def job_clone_memos(db: DB, resource_id: str) -> list[tuple[int, str]]:
-    """(vmid, node) of every clone a job of ``resource_id`` recorded in its memo."""
-    return [(r["vmid"], r["node"]) for r in await db.fetch(q("job_clone_memos"), resource_id)
+async def job_clone_memos(db: DB, resource_id: str) -> list[tuple[int, str, float | None]]:
+    """(vmid, node, uncertain_at) of every clone request the jobs of ``resource_id`` recorded;
+    ``uncertain_at`` (epoch seconds) when that request's answer was lost."""
+    return [(r["vmid"], r["node"], r["uncertain_at"]) for r in await db.fetch(q("job_clone_memos"), resource_id)
             if r["vmid"] is not None and r["node"]]
 
 

@@ -5,7 +5,9 @@ call runs in a thread of this client's own pool. Every foreign error (proxmoxer'
 ``ResourceException``, requests' transport errors) is translated into z9's typed errors in
 :func:`translate` — the single boundary — following ``shared/design/proxmox-api.md``:
 
-- 595/596/502/503/504, connection errors, timeouts, config flock timeouts
+- connection errors and timeouts → :class:`OutcomeUnknown` (temporary; the request may still
+  be performed)
+- 595/596/502/503/504, config flock timeouts
   (``can't lock file … - got timeout``), ``checksum mismatch`` → :class:`TemporaryError`
 - ``VM is locked (<lock>)`` → :class:`VmLocked` (a :class:`Snooze`: waiting on the world)
 - ``Configuration file '…' does not exist`` → :class:`VmMissing`
@@ -46,6 +48,11 @@ UPID_RE = re.compile(
 
 class VmMissing(TemporaryError):
     """The VM's config file does not exist on that node (gone, moved, or never made)."""
+
+
+class OutcomeUnknown(TemporaryError):
+    """The request got no answer (timeout, connection dropped): it may or may not have been
+    performed — and may still be (proxmox-api.md, Tasks: "observe again, never send blindly")."""
 
 
 class VmidTaken(TemporaryError):
@@ -156,9 +163,9 @@ def translate(exc: BaseException, what: str) -> Exception:
             return VmMissing(msg)
         return TemporaryError(msg)
     if isinstance(exc, (requests.Timeout, TimeoutError)):
-        return TemporaryError(f"{what}: timed out ({exc.__class__.__name__})")
+        return OutcomeUnknown(f"{what}: timed out ({exc.__class__.__name__})")
     if isinstance(exc, (requests.ConnectionError, ConnectionError, OSError)):
-        return TemporaryError(f"{what}: connection failed ({exc.__class__.__name__}: {exc})")
+        return OutcomeUnknown(f"{what}: connection failed ({exc.__class__.__name__}: {exc})")
     if isinstance(exc, requests.RequestException):
         return TemporaryError(f"{what}: {exc.__class__.__name__}: {exc}")
     return TemporaryError(f"{what}: unexpected {exc.__class__.__name__}: {exc}")

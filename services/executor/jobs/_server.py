@@ -58,7 +58,7 @@ async def find_own_clones(ctx: JobContext, exclude: set[int]) -> list[VmState]:
     from z9.common import store
 
     mine, out = identity_tag(ctx.job.resource_id), []
-    for vmid, node in await store.job_clone_memos(ctx.pool, ctx.job.resource_id):
+    for vmid, node, _ in await store.job_clone_memos(ctx.pool, ctx.job.resource_id):
         if vmid in exclude:
             continue
         st = await ctx.pve.vm_state(node, vmid)
@@ -67,6 +67,21 @@ async def find_own_clones(ctx: JobContext, exclude: set[int]) -> list[VmState]:
         if st.lock == "clone" or marker(ctx.job.resource_id) in str(st.config.get("description", "")):
             out.append(st)
     return out
+
+
+async def clone_uncertain_since(ctx: JobContext) -> float | None:
+    """Epoch seconds of the latest clone request of this resource whose answer was lost (it may
+    still be performed), or None."""
+    from z9.common import store
+
+    times = [u for _, _, u in await store.job_clone_memos(ctx.pool, ctx.job.resource_id) if u is not None]
+    return max(times) if times else None
+
+
+def refuse_platform(resource_id: str, vm: VmState) -> None:
+    """GuardRefusal when ``vm`` carries any platform role: z9 never changes such a VM."""
+    if platform_roles(vm.tags):
+        guard(resource_id, vm)
 
 
 async def find_suspect(ctx: JobContext, ours: list[VmState]) -> VmState | None:
@@ -113,8 +128,7 @@ def guard(resource_id: str, vm: VmState) -> None:
 def guard_own_clone(resource_id: str, vm: VmState) -> None:
     """The guard for an untagged clone of ours: our marker must be in its description, and any
     platform role (inherited from a template that carries one) refuses unconditionally."""
-    if platform_roles(vm.tags):
-        guard(resource_id, vm)
+    refuse_platform(resource_id, vm)
     if marker(resource_id) not in str(vm.config.get("description", "")):
         msg = f"deletion guard refused VM {vm.vmid} on {vm.node}: it does not carry our marker"
         log.error("%s (resource %s)", msg, resource_id)
@@ -127,6 +141,13 @@ async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> N
 
     await store.server_mark_failed(conn, ctx.job.resource_id, error["message"],
                                    ends_deletion=bool(error.get("refused")))
+
+
+async def record_failure_ending_deletion(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
+    """The server carries the reason and is ``failed`` (its deletion can be asked again)."""
+    from z9.common import store
+
+    await store.server_mark_failed(conn, ctx.job.resource_id, error["message"], ends_deletion=True)
 
 
 def refuse_if_locked(vm: VmState, *, allowed: tuple[str, ...] = ()) -> None:
@@ -191,6 +212,10 @@ def desired_config(resource_id: str, args: dict[str, Any]) -> dict[str, Any]:
         "memory": str(int(args["memory_mib"])),
         "tags": format_tags(customer_vm_tags(resource_id)),
         "ipconfig0": "ip=dhcp",
+        # Proxmox refuses to destroy a protected VM ("protection mode enabled"): a destroy
+        # request of someone else's that lands late on a reused vmid cannot remove this VM.
+        # Only ServerDelete lifts it, right before its own destroy.
+        "protection": "1",
     }
     if args.get("ssh_keys"):
         cfg["sshkeys"] = encode_ssh_keys(args["ssh_keys"])

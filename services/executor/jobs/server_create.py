@@ -24,9 +24,10 @@ import asyncpg
 from z9.common import store
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
+from z9.common.tags import platform_roles
 
 from ..context import JobContext, Step
-from ..proxmox import VmidTaken, VmRef, VmState
+from ..proxmox import OutcomeUnknown, VmidTaken, VmRef, VmState
 from . import _server
 
 KIND = "ServerCreate"
@@ -63,11 +64,16 @@ def plan(job: Job, world: World) -> list[Step]:
     if world.vm is None:
         if world.template is None:
             raise PermanentError(f"image {args['image']!r}: no template with that name in region {job.region}")
+        if platform_roles(world.template.tags):
+            raise PermanentError(f"image {args['image']!r}: template {world.template.vmid} carries platform role "
+                                 f"{', '.join(sorted(platform_roles(world.template.tags)))}; its clones would "
+                                 "inherit it, so z9 does not clone it")
         if world.template_disk_gib is not None and world.template_disk_gib > args["disk_gib"] + 1e-9:
             raise PermanentError(f"disk_gib {args['disk_gib']} is smaller than image {args['image']!r}'s disk "
                                  f"({world.template_disk_gib:g} GiB); disks cannot shrink")
         return [Step("clone"), Step("configure"), Step("resize_disk"), Step("start")]
     vm = world.vm
+    _server.refuse_platform(job.resource_id, vm)
     if vm.lock == "clone":
         return [Step("wait_clone", {"vmid": vm.vmid}), Step("configure"), Step("resize_disk"), Step("start")]
     _server.refuse_if_locked(vm)
@@ -94,6 +100,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         await _wait_clone(ctx, world, step)
     elif step.name == "configure":
         vm = await _current(ctx, world)
+        _server.refuse_platform(ctx.job.resource_id, vm)  # never rewrite a platform VM's tags
         _server.refuse_if_locked(vm)
         diff = _server.config_diff(vm.config, _server.desired_config(ctx.job.resource_id, ctx.args))
         if diff:
@@ -137,14 +144,21 @@ async def _clone(ctx: JobContext, world: World, step: Step) -> None:
     assert tpl is not None
     for _ in range(CLONE_TRIES):
         newid = await ctx.pve.next_id()
-        # Remember the vmid *before* asking: if the answer is lost, the next attempt looks there.
-        await ctx.remember(clone={"vmid": newid, "node": tpl.node, "upid": None})
+        # Remember the vmid *before* asking: if the answer is lost, the next attempt looks there
+        # (and a deletion looks at every vmid ever asked for).
+        sent = {"vmid": newid, "node": tpl.node}
+        clones = list(ctx.memo.get("clones", [])) + [sent]
+        await ctx.remember(clone={**sent, "upid": None}, clones=clones)
         await ctx.step_detail(step, vmid=newid, node=tpl.node, template=tpl.vmid)
         try:
             upid = await ctx.pve.clone(tpl.node, tpl.vmid, newid=newid, name=ctx.args["name"],
                                        description=_server.marker(ctx.job.resource_id))
         except VmidTaken:
             continue  # a parallel create won this vmid: pick again, never adopt its VM
+        except OutcomeUnknown:
+            clones[-1] = {**sent, "uncertain_at": time.time()}  # it may still be performed
+            await ctx.remember(clones=clones)
+            raise
         await ctx.remember(clone={"vmid": newid, "node": tpl.node, "upid": upid})
         await ctx.wait_task(step, upid)
         st = await ctx.pve.vm_state(tpl.node, newid)

@@ -10,17 +10,26 @@ plan     (pure) the deletion guard (architecture §6) on every VM found: any pla
          carry ``z9-role-customer``. A suspect without our tag and without a platform role is
          someone else's VM: left alone. Then ``stop`` (if running) and ``destroy`` per VM.
 apply    re-reads the VM's tags right before destroying it and re-applies the guard.
+         Our VMs carry ``protection=1`` (set by ServerCreate): it is lifted, with the digest of
+         the config the guard just read, right before the destroy.
 verify   no VM in the cluster carries the identity tag and no untagged clone of ours is left
-         (never "vmid N is gone": the vmid is reused at once). The server becomes ``deleted``.
+         (never "vmid N is gone": the vmid is reused at once) — after waiting out
+         ``uncertain_window_s`` from any clone request whose answer was lost, since it may
+         still be performed. The server becomes ``deleted``.
+
+Only a ``destroying`` server is touched: a job whose server is in any other state was
+superseded (its server failed and was deleted again) and does nothing. Its own failure makes
+the server ``failed`` with the reason (a deletion can then be asked again).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import asyncpg
 
 from z9.common import store
-from z9.common.errors import PermanentError, TemporaryError
+from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.models import Job
 from z9.common.tags import identity_tag
 
@@ -36,9 +45,15 @@ class World:
     ours: list[VmState] = field(default_factory=list)
     clones: list[VmState] = field(default_factory=list)
     suspects: list[VmState] = field(default_factory=list)
+    superseded: str | None = None
 
 
 async def observe(ctx: JobContext) -> World:
+    server = await store.server_get(ctx.pool, ctx.job.resource_id)
+    if server is None or server.status != "destroying":
+        # Only a server whose buffer expired is destroyed; anything else means this job was
+        # superseded (the server failed and was deleted again: the reaper enqueues a new one).
+        return World(superseded=server.status if server else "gone")
     ours = await _server.find_vms(ctx, ctx.job.resource_id)
     clones = await _server.find_own_clones(ctx, {v.vmid for v in ours})
     suspect = await _server.find_suspect(ctx, ours + clones)
@@ -46,6 +61,8 @@ async def observe(ctx: JobContext) -> World:
 
 
 def plan(job: Job, world: World) -> list[Step]:
+    if world.superseded:
+        return []
     for vm in world.suspects:
         _server.guard_suspect(job.resource_id, vm)
     steps = []
@@ -84,12 +101,25 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     elif step.name == "destroy":
         if st.running:
             raise TemporaryError(f"VM {vmid} is running again; stopping it first next attempt")
+        if str(st.config.get("protection", "0")) == "1":
+            # Lift our protection on exactly the config the guard just read (digest), then destroy.
+            upid = await ctx.pve.configure(node, vmid, {"delete": "protection"}, digest=st.config.get("digest"))
+            await ctx.wait_task(step, upid)
         await ctx.wait_task(step, await ctx.pve.destroy(node, vmid))
     else:
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
 
 
 async def verify(ctx: JobContext) -> None:
+    server = await store.server_get(ctx.pool, ctx.job.resource_id)
+    if server is None or server.status != "destroying":
+        return None  # superseded: nothing was done, nothing to check
+    since = await _server.clone_uncertain_since(ctx)
+    if since is not None:
+        wait = since + ctx.settings.uncertain_window_s - time.time()
+        if wait > 0:
+            raise Snooze(f"a clone request sent {time.time() - since:.0f}s ago got no answer and may still "
+                         f"be performed; checking again in {wait:.0f}s", delay_s=min(wait, 30.0))
     left = await ctx.pve.find_by_tag(identity_tag(ctx.job.resource_id))
     if left:
         raise TemporaryError("verify: VMs still carry the identity tag: "
@@ -104,4 +134,4 @@ async def record(conn: asyncpg.Connection, ctx: JobContext, _: None) -> None:
     await store.server_deleted(conn, ctx.job.resource_id)
 
 
-record_failure = _server.record_failure
+record_failure = _server.record_failure_ending_deletion
