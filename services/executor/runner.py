@@ -5,8 +5,8 @@ Outcomes (architecture §2, §4):
 - plan empty, or every step applied and verify reads the world back as intended →
   ``succeeded``; the kind's ``record`` writes the observed state in the same transaction.
 - :class:`Snooze` (a VM lock held by another task) → ``retry`` after the snooze delay, the
-  attempt given back — for at most ``snooze_limit_s`` seconds of waiting in all (the first
-  snooze is kept in the memo); past that, a snooze counts as a temporary error.
+  attempt given back — until ``snooze_limit_s`` seconds have passed since the job's first
+  snooze (kept in its memo); past that, a snooze counts as a temporary error.
 - :class:`TemporaryError` (or any unexpected exception) → ``retry`` with exponential backoff;
   the resource keeps its status. Out of attempts → ``failed`` and the resource carries it.
 - :class:`PermanentError` → ``failed`` at once; the resource carries the reason.
