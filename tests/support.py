@@ -52,6 +52,12 @@ class SimAdmin:
     async def vm(self, vmid: int) -> dict[str, Any] | None:
         return next((v for v in (await self.state())["vms"] if v["vmid"] == vmid), None)
 
+    async def set_config(self, vmid: int, **changes: Any) -> None:
+        """Change a VM's config out of band (the admin API replaces the VM as given)."""
+        vm = await self.vm(vmid)
+        await self._req("POST", "/vms", json={"vmid": vmid, "node": vm["node"], "running": vm["running"],
+                                              "config": dict(vm["config"], **changes)})
+
     async def fault(self, **spec: Any) -> str:
         return (await self._req("POST", "/faults", json=spec))["id"]
 

@@ -398,8 +398,7 @@ async def test_a_stale_vm_lock_is_waited_on_then_surfaces(stack: Stack, sim: Sim
     stack.settings.max_attempts = 2
     server, _ = await _created(stack, sim)
     vm = await sim.vm(server["observed"]["vmid"])
-    await sim._req("POST", "/vms", json={"vmid": vm["vmid"], "node": vm["node"], "running": True,
-                                           "config": dict(vm["config"], lock="backup")})
+    await sim.set_config(vm["vmid"], lock="backup")
     status, out = await stack.call("DELETE", f"/servers/{server['id']}")
     seen: list[str] = []
     done = await stack.wait_job(out["job"]["id"], seen=seen)
@@ -473,18 +472,14 @@ async def test_a_superseded_final_delete_does_nothing(stack: Stack, sim: SimAdmi
 async def test_platform_roles_are_never_rewritten(stack: Stack, sim: SimAdmin) -> None:
     server, job = await _created(stack, sim)
     vm = await sim.vm(server["observed"]["vmid"])
-    tags = vm["config"]["tags"] + ";z9-role-platform"
-    await sim._req("POST", "/vms", json={"vmid": vm["vmid"], "node": vm["node"], "running": True,
-                                           "config": dict(vm["config"], tags=tags)})
+    await sim.set_config(vm["vmid"], tags=vm["config"]["tags"] + ";z9-role-platform")
     again = await _rerun(stack, job["id"])
     assert again["status"] == "failed" and "z9-role-platform" in again["error"]["message"]
     assert "z9-role-platform" in (await sim.vm(vm["vmid"]))["config"]["tags"]
 
 
 async def test_a_template_with_a_platform_role_is_not_cloned(stack: Stack, sim: SimAdmin) -> None:
-    tpl = await sim.vm(9000)
-    await sim._req("POST", "/vms", json={"vmid": 9000, "node": tpl["node"], "running": False,
-                                         "config": dict(tpl["config"], tags="z9-image;z9-role-platform")})
+    await sim.set_config(9000, tags="z9-image;z9-role-platform")
     server, job = await stack.create_server()
     done = await stack.wait_job(job["id"])
     assert done["status"] == "failed" and "z9-role-platform" in done["error"]["message"]
