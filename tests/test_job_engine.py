@@ -150,3 +150,22 @@ async def test_reaper_turns_expired_buffers_into_delete_jobs(pool: asyncpg.Pool,
     assert (await store.server_get(pool, s.id)).status == "destroying"
     assert (await store.server_get(pool, s2.id)).status == "deleting"
     assert await store.server_cancel_deletion(pool, s.id, tenant) is None  # too late
+
+
+async def test_final_delete_out_of_attempts_by_reclaim_leaves_the_server_deletable(pool: asyncpg.Pool, settings) -> None:
+    tenant, _ = await make_tenant(pool, "acme")
+    s = await store.server_insert(pool, tenant_id=tenant, region="dev-1", name="a", image="debian-12", cores=1,
+                                  memory_mib=1024, disk_gib=4, ssh_keys=[])
+    await store.server_mark_deleting(pool, s.id, tenant, 0.0)
+    reaper = Reaper(settings)
+    reaper.pool = pool
+    assert await reaper.run_once() == 1
+    await pool.execute("UPDATE jobs SET max_attempts = 1 WHERE resource_id = $1", s.id)
+    assert len(await store.job_claim(pool, ["dev-1"], 10, "ghost:1:x", 0.05)) == 1  # the worker dies
+    await asyncio.sleep(0.1)
+    sched = Scheduler(settings)
+    sched.pool = pool
+    assert (await sched.run_once()).reclaimed_failed == 1
+    server = await store.server_get(pool, s.id)
+    assert server.status == "failed" and "expired" in server.status_reason
+    assert await store.server_mark_deleting(pool, s.id, tenant, 600.0) is not None  # deletable again

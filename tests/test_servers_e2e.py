@@ -502,3 +502,35 @@ async def test_delete_waits_out_a_clone_request_whose_answer_was_lost(stack: Sta
     assert final["attempt"] == 1  # snoozes gave their attempts back
     assert asyncio.get_running_loop().time() - t0 >= 0.5
     assert [v for v in (await sim.state())["vms"] if server["id"] in str(v["config"].get("description", ""))] == []
+
+
+async def test_lost_clone_answer_landing_late_still_makes_one_vm(stack: Stack, sim: SimAdmin) -> None:
+    await stack.stop_service("executor")
+    region = stack.settings.regions[REGION]
+    stack.settings.regions[REGION] = region.model_copy(update={"request_timeout_s": 1.0})
+    stack.settings.uncertain_window_s = 5.0
+    await sim.fault(method="POST", path=r"/clone$", action="delay", seconds=2.0, times=1)  # lands after the timeout
+    await stack.start_service("executor")
+    server, job = await stack.create_server()
+    done = await stack.wait_job(job["id"], timeout_s=60)
+    assert done["status"] == "succeeded", done
+    mine = [v for v in (await sim.state())["vms"] if server["id"] in str(v["config"].get("description", ""))]
+    assert len(mine) == 1, mine
+    assert await _tasks(sim, "qmclone") == 1
+
+
+async def test_no_lease_renewal_without_hypervisor_answers(stack: Stack, sim: SimAdmin) -> None:
+    await stack.stop_service("executor")
+    stack.settings.step_timeout_s = 1.0
+    stack.settings.lease_ttl_s = 2.0
+    stack.settings.heartbeat_s = 0.5
+    await stack.start_service("executor")
+    await sim.fault(method="GET", path=r"/tasks/.*/status$", action="error", status=595,
+                    reason="Connection refused", probability=1.0)
+    server, job = await stack.create_server()
+    for _ in range(300):
+        row = await stack.pool.fetchrow("SELECT status, attempt, error FROM jobs WHERE id = $1", job["id"])
+        if row["error"] and "lease" in row["error"]["message"]:
+            break
+        await asyncio.sleep(0.05)
+    assert row["error"] and "expired" in row["error"]["message"], dict(row)

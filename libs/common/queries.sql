@@ -263,14 +263,18 @@ SET status = CASE WHEN jobs.attempt >= jobs.max_attempts THEN 'failed' ELSE 'ret
     updated_at = now()
 FROM expired
 WHERE jobs.id = expired.id AND jobs.status = 'running' AND jobs.lease_expires_at < now()
-RETURNING jobs.id, jobs.status, jobs.region, jobs.resource_type, jobs.resource_id, jobs.error;
+RETURNING jobs.id, jobs.kind, jobs.status, jobs.region, jobs.resource_type, jobs.resource_id, jobs.error;
 
 -- name: job_prune_finished
+-- Keeps the jobs whose memo lists clone requests while their server is not deleted: a later
+-- ServerDelete finds half-made clones through them.
 DELETE FROM jobs
 WHERE id IN (
-    SELECT id FROM jobs
-    WHERE status IN ('succeeded', 'failed') AND finished_at < now() - make_interval(secs => $1)
-    ORDER BY finished_at
+    SELECT j.id FROM jobs j
+    WHERE j.status IN ('succeeded', 'failed') AND j.finished_at < now() - make_interval(secs => $1)
+      AND NOT (j.memo ? 'clones' AND EXISTS (
+          SELECT 1 FROM servers s WHERE s.id = j.resource_id AND s.status <> 'deleted'))
+    ORDER BY j.finished_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 );

@@ -60,7 +60,8 @@ class Settings(BaseSettings):
     lease_ttl_s: float = Field(30.0, gt=0)
     heartbeat_s: float = Field(10.0, gt=0)
     poll_interval_s: float = Field(5.0, gt=0)
-    step_timeout_s: float = Field(900.0, gt=0)
+    # No progress (no answer about the job's task) for this long: stop renewing its lease.
+    step_timeout_s: float = Field(120.0, gt=0)
     task_poll_s: float = Field(1.0, gt=0)
     task_deadline_s: float = Field(600.0, gt=0)
     shutdown_grace_s: float = Field(20.0, ge=0)

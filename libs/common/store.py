@@ -272,8 +272,8 @@ async def job_retry_next_in(db: DB) -> float | None:
 
 
 async def lease_reclaim_expired(db: DB, limit: int = 1000) -> list[Any]:
-    """Expired leases → ``retry`` (or ``failed`` when out of attempts); rows (id, status, region,
-    resource_type, resource_id, error)."""
+    """Expired leases → ``retry`` (or ``failed`` when out of attempts); rows (id, kind, status,
+    region, resource_type, resource_id, error)."""
     return await db.fetch(q("lease_reclaim_expired"), limit)
 
 

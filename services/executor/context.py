@@ -76,7 +76,7 @@ class JobContext:
         self.last_progress = time.monotonic()
 
     async def on_poll(self) -> None:
-        """Called by the task waiter after each poll: the hypervisor answered, we progress."""
+        """Called by the task waiter when the node answered that the task still runs."""
         self.touch()
 
     async def _write_steps(self) -> None:

@@ -336,7 +336,8 @@ class ProxmoxClient:
         Polls ``/nodes/<node of the UPID>/tasks/<upid>/status`` every ``poll_s`` seconds. Up to
         ``max_unknown`` consecutive ``no such task`` answers (normal right after the POST) and
         any number of read timeouts or connection errors are tolerated: the task's fate is
-        unknown, not failed. ``on_poll`` runs after each poll (the caller renews its lease).
+        unknown, not failed. ``on_poll`` runs after each poll the node answered with the task
+        still running (the caller counts that as progress and keeps its lease).
 
         Raises TaskFailed (temporary) or TaskFailedPermanently with the log's last lines when
         the task stopped with an error; TemporaryError when ``deadline_s`` seconds pass with the
@@ -366,7 +367,7 @@ class ProxmoxClient:
                     return exitstatus
                 tail = await self.task_log_tail(up.node, upid)
                 raise task_failure(upid, up.type, exitstatus, tail)
-            if on_poll is not None:
+            if st and on_poll is not None:  # progress only when the node answered for the task
                 await on_poll()
             if time.monotonic() >= deadline:
                 raise TemporaryError(

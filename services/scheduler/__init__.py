@@ -67,7 +67,10 @@ class Scheduler:
                     if r["status"] == "failed":
                         counts.reclaimed_failed += 1
                         if r["resource_type"] == "server":
-                            await store.server_mark_failed(conn, r["resource_id"], r["error"]["message"])
+                            # As when the executor fails it: the final delete failing ends the
+                            # deletion (the owner may ask again); any other job lets it go on.
+                            await store.server_mark_failed(conn, r["resource_id"], r["error"]["message"],
+                                                           ends_deletion=r["kind"] == "ServerDelete")
             async with conn.transaction():
                 due = await store.job_retry_due(conn)
                 counts.promoted = len(due)

@@ -5,7 +5,9 @@ observe  the template named by ``image`` (a template VM in ``/cluster/resources`
          job of this server started earlier (its vmid is in that job's memo and its description
          carries our marker: a clone has no tags of its own until ``configure``).
 plan     (pure) clone → wait_clone → configure → resize_disk → start, keeping only what is
-         missing. An existing, configured, running VM gives the empty plan.
+         missing. An existing, configured, running VM gives the empty plan. No VM, but a clone
+         request whose answer was lost less than ``uncertain_window_s`` ago: snooze (it may
+         still land) rather than clone a second time.
 apply    each step re-reads the VM and acts only if still needed; the clone's vmid is written
          to the memo *before* the POST and its UPID right after, so a lost response or a crash
          never leads to a second clone: the next attempt waits on the same UPID or adopts the VM.
@@ -22,7 +24,7 @@ from typing import Any
 import asyncpg
 
 from z9.common import store
-from z9.common.errors import PermanentError, TemporaryError
+from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.models import Job
 from z9.common.tags import platform_roles
 
@@ -39,6 +41,7 @@ class World:
     template: VmRef | None
     vm: VmState | None
     template_disk_gib: float | None = None
+    clone_in_flight_s: float = 0.0  # a clone request without answer may land for this long yet
 
 
 async def observe(ctx: JobContext) -> World:
@@ -51,17 +54,25 @@ async def observe(ctx: JobContext) -> World:
         # A clone an earlier attempt (or an earlier job) made but did not tag yet.
         clones = await _server.find_own_clones(ctx, set())
         vm = clones[0] if clones else None
+    in_flight = 0.0
+    if vm is None:
+        since = await _server.clone_uncertain_since(ctx)
+        if since is not None:
+            in_flight = max(0.0, since + ctx.settings.uncertain_window_s - time.time())
     disk = None
     if vm is None and template is not None:
         tpl = await ctx.pve.vm_state(template.node, template.vmid)
         found = _server.boot_disk(tpl.config) if tpl else None
         disk = found[1] if found else None
-    return World(template=template, vm=vm, template_disk_gib=disk)
+    return World(template=template, vm=vm, template_disk_gib=disk, clone_in_flight_s=in_flight)
 
 
 def plan(job: Job, world: World) -> list[Step]:
     args = job.args
     if world.vm is None:
+        if world.clone_in_flight_s > 0:  # never clone again while the lost request may still land
+            raise Snooze(f"an earlier clone request got no answer and may still be performed; "
+                         f"waiting up to {world.clone_in_flight_s:.0f}s for it", delay_s=min(world.clone_in_flight_s, 10.0))
         if world.template is None:
             raise PermanentError(f"image {args['image']!r}: no template with that name in region {job.region}")
         if platform_roles(world.template.tags):
@@ -155,9 +166,12 @@ async def _clone(ctx: JobContext, world: World, step: Step) -> None:
                                        description=_server.marker(ctx.job.resource_id))
         except VmidTaken:
             continue  # a parallel create won this vmid: pick again, never adopt its VM
-        except OutcomeUnknown:
+        except (OutcomeUnknown, asyncio.CancelledError):
             clones[-1] = {**sent, "uncertain_at": time.time()}  # it may still be performed
-            await ctx.remember(clones=clones)
+            try:
+                await ctx.remember(clones=clones)
+            except Exception:  # lease lost or database gone: the vmid is in the memo already
+                pass
             raise
         await ctx.remember(clone={"vmid": newid, "node": tpl.node, "upid": upid})
         await ctx.wait_task(step, upid)
