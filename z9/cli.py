@@ -58,8 +58,8 @@ def cmd_reaper(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_executor(args: argparse.Namespace, settings: Settings) -> int:
     from z9.executor.worker import Executor
 
-    if args.concurrency:
-        settings.executor_concurrency = args.concurrency
+    if args.concurrency is not None:
+        settings = settings.model_copy(update={"executor_concurrency": args.concurrency})
     regions = args.region or sorted(settings.regions)
     try:
         executor = Executor(settings, regions)
@@ -110,6 +110,12 @@ def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
     return run_dev(args, settings)
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number ≥ 1, not {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="z9", description="z9 control-plane job system")
     sub = p.add_subparsers(dest="command", required=True)
@@ -124,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("executor", help="claim and run jobs of one or more regions")
     s.add_argument("--region", action="append", help="region to serve (repeatable; default: all configured)")
-    s.add_argument("--concurrency", type=int, help="jobs run at once (Z9_EXECUTOR_CONCURRENCY)")
+    s.add_argument("--concurrency", type=_positive_int, help="jobs run at once (Z9_EXECUTOR_CONCURRENCY)")
     s.set_defaults(fn=cmd_executor)
 
     s = sub.add_parser("reaper", help="finalise expired deletion buffers")

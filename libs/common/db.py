@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import asyncpg
@@ -39,12 +40,14 @@ async def connect(dsn: str, *, application_name: str = "z9") -> asyncpg.Connecti
 
 
 TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.AdminShutdownError,
-    ConnectionError,
-    OSError,
-    TimeoutError,
+    asyncpg.PostgresConnectionError,  # includes ConnectionDoesNotExistError
+    asyncpg.InterfaceError,  # "connection is closed", pool closing
+    asyncpg.CannotConnectNowError,  # starting up / shutting down
+    asyncpg.AdminShutdownError,  # terminated by the administrator
+    ConnectionRefusedError,
+    ConnectionResetError,
+    FileNotFoundError,  # the Unix socket is gone (a local server stopped)
+    socket.gaierror,
+    TimeoutError,  # connect timeout
 )
 """Errors meaning "the database is unreachable right now": services back off and reconnect."""

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -81,8 +83,18 @@ class Settings(BaseSettings):
     reaper_interval_s: float = Field(2.0, gt=0)
     deletion_buffer_s: float = Field(600.0, ge=0)
     job_retention_s: float = Field(7 * 86400.0, gt=0)
+    idempotency_retention_s: float = Field(86400.0, gt=0)
 
-    log_level: str = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Settings":
+        if self.heartbeat_s >= self.lease_ttl_s:
+            raise ValueError(f"Z9_HEARTBEAT_S ({self.heartbeat_s}) must be shorter than Z9_LEASE_TTL_S "
+                             f"({self.lease_ttl_s}), or every lease expires between heartbeats")
+        if self.backoff_cap_s < self.backoff_base_s:
+            raise ValueError("Z9_BACKOFF_CAP_S must be at least Z9_BACKOFF_BASE_S")
+        return self
 
     def require_database_url(self) -> str:
         """The database URL; raises ``SystemExit`` with a hint when ``Z9_DATABASE_URL`` is unset."""

@@ -67,7 +67,14 @@ async def idempotency_lock(db: DB, tenant_id: str, key: str) -> None:
     await db.execute(q("idempotency_lock"), f"{tenant_id}/{key}")
 
 
+async def idempotency_prune(db: DB, retention_s: float) -> int:
+    """Forget Idempotency-Keys older than ``retention_s`` seconds; returns how many."""
+    return int((await db.execute(q("idempotency_prune"), retention_s)).split()[-1])
+
+
 async def idempotency_get(db: DB, tenant_id: str, key: str) -> Any:
+    """The stored answer for (tenant, key): a record (request_sha256, response_status,
+    response_body), or None."""
     return await db.fetchrow(q("idempotency_get"), tenant_id, key)
 
 
@@ -134,9 +141,18 @@ async def server_deleted(db: DB, server_id: str) -> None:
 
 
 async def server_mark_failed(db: DB, server_id: str, reason: str, *, ends_deletion: bool = False) -> None:
-    """The server carries ``reason``. It becomes ``failed`` unless its deletion buffer is
-    running (the deletion goes on) — and even then when ``ends_deletion`` (a guard refusal)."""
+    """The server carries ``reason``. It becomes ``failed`` unless a deletion is under way
+    (``deleting`` or ``destroying``: the deletion goes on) — and even then when
+    ``ends_deletion``."""
     await db.execute(q("server_mark_failed"), server_id, reason, ends_deletion)
+
+
+async def server_mark_failed_by_job(db: DB, server_id: str, reason: str, *, kind: str,
+                                    refused: bool = False) -> None:
+    """A failed job's reason on its server — the one rule for executor and scheduler alike: a
+    deletion-guard refusal (``refused``), or the final ``ServerDelete`` failing, ends a deletion
+    (the server is ``failed``; its owner may delete it again); any other job lets it go on."""
+    await server_mark_failed(db, server_id, reason, ends_deletion=refused or kind == "ServerDelete")
 
 
 # ---------------------------------------------------------------- jobs: producers

@@ -7,8 +7,11 @@ makes — step progress, memo, heartbeat, finish — is fenced by that triple an
 ``status = 'running'``; a write matching no row raises :class:`LeaseLost` and the worker drops
 the job at once. The lease is renewed by every progress write and, while a step waits on the
 hypervisor, by a heartbeat every ``heartbeat_s`` seconds — but only while the job keeps making
-progress: once nothing has progressed for ``step_timeout_s`` seconds the heartbeat stops, the
-lease expires and the scheduler hands the job to another worker.
+progress (an answer from the hypervisor about the job's task counts): once nothing has
+progressed for ``step_timeout_s`` seconds the executor cancels the job, the lease expires and
+the scheduler hands the job to another worker. Right before each mutating hypervisor call a
+job calls :meth:`JobContext.fence`, a fenced renewal, so a worker that lost its lease sends
+nothing more to the hypervisor.
 """
 from __future__ import annotations
 
@@ -78,6 +81,12 @@ class JobContext:
     async def on_poll(self) -> None:
         """Called by the task waiter when the node answered that the task still runs."""
         self.touch()
+
+    async def fence(self) -> None:
+        """A fenced lease renewal right before a mutating hypervisor call: raises LeaseLost when
+        the job is no longer ours, so a worker that lost its lease sends nothing more."""
+        self.touch()
+        await store.job_heartbeat(self.pool, self.lease, self.settings.lease_ttl_s)
 
     async def _write_steps(self) -> None:
         self.touch()

@@ -63,18 +63,22 @@ class VmLocked(Snooze):
     """The VM holds a config lock (``clone``, ``backup``, …) set by another task."""
 
 
-class TaskFailed(TemporaryError):
-    """A hypervisor task stopped with an error ``exitstatus``; ``log_tail`` is its last lines."""
+class _TaskFailure:
+    """Fields of a failed hypervisor task: its UPID, ``exitstatus`` and last log lines."""
 
     def __init__(self, message: str, *, upid: str, exitstatus: str, log_tail: list[str]):
-        super().__init__(message)
+        super().__init__(message)  # type: ignore[call-arg]
         self.upid = upid
         self.exitstatus = exitstatus
         self.log_tail = log_tail
 
 
-class TaskFailedPermanently(TaskFailed, PermanentError):
-    """A task failure that retrying cannot fix."""
+class TaskFailed(_TaskFailure, TemporaryError):
+    """A hypervisor task stopped with an error ``exitstatus`` that a retry may fix."""
+
+
+class TaskFailedPermanently(_TaskFailure, PermanentError):
+    """A task failure that retrying cannot fix (e.g. ``shrinking disks is not supported``)."""
 
 
 @dataclass(frozen=True)
@@ -129,9 +133,9 @@ class VmState:
         return self.status == "running"
 
 
-_LOCK_TIMEOUT = re.compile(r"can't lock file .* got timeout|got timeout", re.I)
+_LOCK_TIMEOUT = re.compile(r"can't lock file '[^']*' - got timeout")
 _VM_LOCKED = re.compile(r"VM is locked \((?P<lock>[a-z-]+)\)")
-_MISSING = re.compile(r"Configuration file '.*' does not exist|does not exist")
+_MISSING = re.compile(r"Configuration file '[^']*' does not exist")
 _TAKEN = re.compile(r"already exists")
 
 
@@ -179,13 +183,11 @@ def _bool(v: bool) -> int:
 class ProxmoxClient:
     """Async, domain-level client of one region's Proxmox VE API.
 
-    Every method raises only z9 errors (TemporaryError, PermanentError, Snooze subclasses).
-    ``on_call`` (optional) is called after every HTTP request as
-    ``on_call(endpoint_template, outcome, seconds)`` (metrics).
+    Every method raises only z9 errors (TemporaryError — OutcomeUnknown when the request got
+    no answer —, PermanentError, Snooze subclasses). ``max_threads`` bounds concurrent requests.
     """
 
-    def __init__(self, region: str, settings: RegionSettings, *, max_threads: int = 32,
-                 on_call: Callable[[str, str, float], None] | None = None):
+    def __init__(self, region: str, settings: RegionSettings, *, max_threads: int = 32):
         self.region = region
         self.settings = settings
         url = urlsplit(settings.url)
@@ -201,31 +203,28 @@ class ProxmoxClient:
             service="PVE",
         )
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix=f"pve-{region}")
-        self._on_call = on_call
 
     def close(self) -> None:
+        """Stop the client's threads (requests in flight finish in the background)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _call(self, endpoint: str, what: str, fn: Callable[[], Any]) -> Any:
+        """Run one proxmoxer call in this client's thread pool; translate its errors.
+        ``endpoint`` is the path template (for logs and, later, metrics)."""
         loop = asyncio.get_running_loop()
-        t0 = time.monotonic()
-        outcome = "ok"
         try:
             return await loop.run_in_executor(self._pool, fn)
-        except BaseException as exc:  # translated at this single boundary
-            if isinstance(exc, asyncio.CancelledError):
-                outcome = "cancelled"
-                raise
-            outcome = str(getattr(exc, "status_code", None) or exc.__class__.__name__)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # translated at this single boundary
+            log.debug("%s (%s) failed: %r", what, endpoint, exc)
             raise translate(exc, what) from exc
-        finally:
-            if self._on_call:
-                self._on_call(endpoint, outcome, time.monotonic() - t0)
 
     # ------------------------------------------------------------------ reads
 
     async def list_vms(self) -> list[VmRef]:
-        """``GET /cluster/resources?type=vm`` → every VM and template of the cluster."""
+        """``GET /cluster/resources?type=vm`` → every VM and template of the cluster (a list of
+        :class:`VmRef`)."""
         rows = await self._call("GET /cluster/resources", "list VMs",
                                 lambda: self._api.cluster.resources.get(type="vm"))
         out = []
@@ -267,6 +266,8 @@ class ProxmoxClient:
         return int(v)
 
     async def task_status(self, node: str, upid: str) -> dict[str, Any]:
+        """``GET /nodes/{node}/tasks/{upid}/status`` → ``{status: running|stopped, exitstatus?, …}``;
+        an unknown UPID raises PermanentError (400 ``no such task``)."""
         return await self._call("GET /nodes/{node}/tasks/{upid}/status", f"read task {upid}",
                                 lambda: self._api.nodes(node).tasks(upid).status.get())
 
@@ -283,8 +284,9 @@ class ProxmoxClient:
 
     async def clone(self, node: str, template_vmid: int, *, newid: int, name: str,
                     description: str) -> str:
-        """Full clone of ``template_vmid`` to ``newid`` on the same node. The target holds
-        ``lock: clone`` until the task ends and inherits the source's tags. Raises VmidTaken."""
+        """Full clone of ``template_vmid`` to ``newid`` on the same node → UPID. The target holds
+        ``lock: clone`` until the task ends and inherits the source's tags. Raises VmidTaken
+        (``config file already exists``), OutcomeUnknown (no answer: it may have happened)."""
         return await self._call(
             "POST /nodes/{node}/qemu/{vmid}/clone", f"clone VM {template_vmid} to {newid}",
             lambda: self._api.nodes(node).qemu(template_vmid).clone.post(
@@ -305,6 +307,7 @@ class ProxmoxClient:
                                 lambda: self._api.nodes(node).qemu(vmid).resize.put(disk=disk, size=f"{size_gib}G"))
 
     async def start(self, node: str, vmid: int) -> str:
+        """``POST …/status/start`` → UPID. On a running VM the *task* fails (``already running``)."""
         return await self._call("POST /nodes/{node}/qemu/{vmid}/status/start", f"start VM {vmid}",
                                 lambda: self._api.nodes(node).qemu(vmid).status.start.post())
 
@@ -315,6 +318,7 @@ class ProxmoxClient:
                                     timeout=timeout_s, forceStop=_bool(True)))
 
     async def stop(self, node: str, vmid: int) -> str:
+        """``POST …/status/stop`` (hard stop) → UPID; a no-op task on a stopped VM."""
         return await self._call("POST /nodes/{node}/qemu/{vmid}/status/stop", f"stop VM {vmid}",
                                 lambda: self._api.nodes(node).qemu(vmid).status.stop.post())
 
@@ -375,7 +379,7 @@ class ProxmoxClient:
             await asyncio.sleep(poll_s)
 
 
-def task_failure(upid: str, task_type: str, exitstatus: str, tail: list[str]) -> TaskFailed:
+def task_failure(upid: str, task_type: str, exitstatus: str, tail: list[str]) -> TaskFailed | TaskFailedPermanently:
     """Classify a failed task by its ``exitstatus``: lock timeouts, a locked VM and a dead worker
     (``unexpected status``) are temporary; so is any other failure by default, because every
     step is idempotent and attempts are bounded."""

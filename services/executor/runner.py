@@ -46,7 +46,8 @@ def _error(exc: BaseException, cls: str | None = None) -> dict[str, Any]:
 async def run_job(ctx: JobContext, kind: Any) -> str:
     """Run ``ctx.job`` with job-kind module ``kind``; return the outcome
     (succeeded | retry | snoozed | failed | lost). Raises CancelledError when cancelled (the
-    caller hands the job over or has lost its lease)."""
+    caller hands the job over or has lost its lease) and the database's connection errors
+    (``TRANSIENT_DB_ERRORS``: the lease then expires and the scheduler hands the job on)."""
     job = ctx.job
     extra = {"job_id": job.id, "kind": job.kind, "region": job.region, "attempt": job.attempt}
     try:
@@ -65,9 +66,15 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
             log.exception("job %s: unexpected error", job.id, extra=extra)
             raise TemporaryError(f"internal error: {exc.__class__.__name__}: {exc}") from exc
         ctx.finished = True
-        async with ctx.pool.acquire() as conn, conn.transaction():
-            await store.job_succeed(conn, ctx.lease, ctx.steps_json())
-            await kind.record(conn, ctx, observed)
+        try:
+            async with ctx.pool.acquire() as conn, conn.transaction():
+                await store.job_succeed(conn, ctx.lease, ctx.steps_json())
+                await kind.record(conn, ctx, observed)
+        except (LeaseLost, *TRANSIENT_DB_ERRORS):
+            raise
+        except Exception as exc:  # recording failed: the transaction rolled back; retry the job
+            log.exception("job %s: recording the result failed", job.id, extra=extra)
+            raise TemporaryError(f"internal error recording the result: {exc.__class__.__name__}: {exc}") from exc
         log.info("job %s succeeded (%d steps)", job.id, len(ctx.steps), extra=extra)
         return "succeeded"
     except LeaseLost as exc:

@@ -6,7 +6,9 @@
 - Claims take at most the free capacity (``executor_concurrency`` − in flight), with
   ``FOR UPDATE SKIP LOCKED``; at most the earliest live job of a resource is claimable.
 - One heartbeat loop renews the lease of every job in flight that made progress within
-  ``step_timeout_s``; a lost lease cancels that job's task at once.
+  ``step_timeout_s``; a stalled job is cancelled and left to lease expiry; a lost lease cancels
+  that job's task at once. Job code also makes a fenced write right before every mutating
+  hypervisor call (``JobContext.fence``), so a worker that lost its lease sends nothing more.
 - SIGTERM (``stop()``): claim nothing more, let running jobs end for ``shutdown_grace_s``
   seconds, then cancel the rest and hand them over (``retry`` due now, attempt refunded).
 """
@@ -61,8 +63,7 @@ class Executor:
         self.clients = {r: factory(r) for r in self.regions}
         self.pool: asyncpg.Pool | None = None
         self.inflight: dict[str, tuple[asyncio.Task, JobContext]] = {}
-        self.listen_healthy = False
-        self.claims = 0
+        self.listen_healthy = False  # True while the LISTEN connection is established
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._dsn = settings.require_database_url()
@@ -124,7 +125,6 @@ class Executor:
             log.warning("claim failed (%s); retrying after a pause", e)
             await asyncio.sleep(1.0)
             return
-        self.claims += 1
         for job in jobs:
             self._spawn(job)
 
@@ -146,7 +146,10 @@ class Executor:
         except Exception:
             log.exception("job %s: executor error", job.id)
         finally:
-            self.inflight.pop(job.id, None)
+            # Only our own entry: after a reclaim this executor may already run the next attempt.
+            entry = self.inflight.get(job.id)
+            if entry is not None and entry[1] is ctx:
+                del self.inflight[job.id]
             self._wake.set()
 
     # ---------------------------------------------------------------- LISTEN
@@ -196,8 +199,12 @@ class Executor:
                 if ctx.finished or task.done():
                     continue
                 if now - ctx.last_progress > s.step_timeout_s:
-                    log.warning("job %s: no progress for %.0fs; letting its lease expire", job_id,
-                                now - ctx.last_progress)
+                    # Stalled: give it up (no hand-over). Its lease expires and the scheduler hands
+                    # the job on; the task is cancelled so it can act on nothing any more.
+                    log.warning("job %s: no progress for %.0fs; giving it up, its lease will expire",
+                                job_id, now - ctx.last_progress)
+                    ctx.finished = True
+                    task.cancel()
                     continue
                 try:
                     await store.job_heartbeat(self.pool, ctx.lease, s.lease_ttl_s)

@@ -8,8 +8,9 @@
    row under its lock, so a job that finished in between is never overwritten.
 2. ``job_retry_due`` — ``retry`` jobs whose ``run_after`` has come go to ``pending``, and each
    of their regions is NOTIFYed on ``z9_jobs``.
-3. every ``prune_every`` passes, ``job_prune_finished`` — terminal jobs older than the retention
-   are deleted in batches (``SKIP LOCKED``: never blocks claims).
+3. on the first pass and every ``prune_every`` passes after, ``job_prune_finished`` — terminal
+   jobs older than the retention are deleted in batches (``SKIP LOCKED``: never blocks claims) —
+   and ``idempotency_prune`` — Idempotency-Keys older than their retention.
 
 The loop sleeps until the earliest ``run_after`` or ``scheduler_interval_s`` (the lease scan
 period), whichever comes first, and wakes early on ``NOTIFY z9_scheduler`` (a job entered
@@ -67,18 +68,28 @@ class Scheduler:
                     if r["status"] == "failed":
                         counts.reclaimed_failed += 1
                         if r["resource_type"] == "server":
-                            # As when the executor fails it: the final delete failing ends the
-                            # deletion (the owner may ask again); any other job lets it go on.
-                            await store.server_mark_failed(conn, r["resource_id"], r["error"]["message"],
-                                                           ends_deletion=r["kind"] == "ServerDelete")
+                            await store.server_mark_failed_by_job(conn, r["resource_id"], r["error"]["message"],
+                                                                  kind=r["kind"])
             async with conn.transaction():
                 due = await store.job_retry_due(conn)
                 counts.promoted = len(due)
                 await store.jobs_notify(conn, sorted({r["region"] for r in due}))
+            if self._passes % self.prune_every == 0:
+                counts.pruned = await self._prune(conn)
             self._passes += 1
-            if self._passes % self.prune_every == 1:
-                counts.pruned = await store.job_prune_finished(conn, self.settings.job_retention_s)
         return counts
+
+    async def _prune(self, conn: asyncpg.Connection, batch: int = 1000, max_batches: int = 20) -> int:
+        """Delete finished jobs past the retention (batches of ``batch``, each its own short
+        statement) and expired idempotency keys; returns the jobs deleted."""
+        total = 0
+        for _ in range(max_batches):
+            n = await store.job_prune_finished(conn, self.settings.job_retention_s, batch)
+            total += n
+            if n < batch:
+                break
+        await store.idempotency_prune(conn, self.settings.idempotency_retention_s)
+        return total
 
     async def run(self) -> None:
         dsn = self.settings.require_database_url()

@@ -11,8 +11,10 @@ import re
 from typing import Any
 from urllib.parse import quote
 
+from z9.common import store
 from z9.common.errors import GuardRefusal, PermanentError, TemporaryError
-from z9.common.tags import ROLE_CUSTOMER, format_tags, customer_vm_tags, identity_tag, platform_roles
+from z9.common.tags import (ROLE_CUSTOMER, customer_vm_tags, format_tags, identity_tag, normalize_tags,
+                            platform_roles)
 
 from ..context import JobContext, Step
 from ..proxmox import VmLocked, VmState
@@ -55,8 +57,6 @@ async def find_own_clones(ctx: JobContext, exclude: set[int]) -> list[VmState]:
     """VMs that a ServerCreate of this resource cloned (vmid in a job memo) but did not tag yet:
     recognised by our marker in their description — or still under ``lock: clone`` (the caller
     waits and checks the marker then). A VM carrying another resource's identity is never ours."""
-    from z9.common import store
-
     mine, out = identity_tag(ctx.job.resource_id), []
     for vmid, node, _ in await store.job_clone_memos(ctx.pool, ctx.job.resource_id):
         if vmid in exclude:
@@ -72,8 +72,6 @@ async def find_own_clones(ctx: JobContext, exclude: set[int]) -> list[VmState]:
 async def clone_uncertain_since(ctx: JobContext) -> float | None:
     """Epoch seconds of the latest clone request of this resource whose answer was lost (it may
     still be performed), or None."""
-    from z9.common import store
-
     times = [u for _, _, u in await store.job_clone_memos(ctx.pool, ctx.job.resource_id) if u is not None]
     return max(times) if times else None
 
@@ -87,8 +85,6 @@ def refuse_platform(resource_id: str, vm: VmState) -> None:
 async def find_suspect(ctx: JobContext, ours: list[VmState]) -> VmState | None:
     """The VM at the vmid/node the database last recorded for this server, when it is not one
     of ``ours``: a row can be stale and point at someone else's VM — or at a platform VM."""
-    from z9.common import store
-
     server = await store.server_get(ctx.pool, ctx.job.resource_id)
     if server is None or server.vmid is None or any(v.vmid == server.vmid for v in ours):
         return None
@@ -98,9 +94,8 @@ async def find_suspect(ctx: JobContext, ours: list[VmState]) -> VmState | None:
 def guard_suspect(resource_id: str, vm: VmState | None) -> None:
     """Refuse (GuardRefusal) when the recorded-but-untagged VM carries a platform role: a stale
     row pointed a destructive job at a platform VM. Any other untagged VM is simply not ours."""
-    if vm is not None and platform_roles(vm.tags):
-        guard(resource_id, vm)
     if vm is not None:
+        refuse_platform(resource_id, vm)
         log.warning("resource %s: recorded VM %s on %s does not carry %s; not ours, leaving it alone",
                     resource_id, vm.vmid, vm.node, identity_tag(resource_id))
 
@@ -136,18 +131,9 @@ def guard_own_clone(resource_id: str, vm: VmState) -> None:
 
 
 async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
-    """The server carries a failed job's reason; a guard refusal also ends a deletion."""
-    from z9.common import store
-
-    await store.server_mark_failed(conn, ctx.job.resource_id, error["message"],
-                                   ends_deletion=bool(error.get("refused")))
-
-
-async def record_failure_ending_deletion(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
-    """The server carries the reason and is ``failed`` (its deletion can be asked again)."""
-    from z9.common import store
-
-    await store.server_mark_failed(conn, ctx.job.resource_id, error["message"], ends_deletion=True)
+    """The server carries a failed job's reason (see ``store.server_mark_failed_by_job``)."""
+    await store.server_mark_failed_by_job(conn, ctx.job.resource_id, error["message"], kind=ctx.job.kind,
+                                          refused=bool(error.get("refused")))
 
 
 def refuse_if_locked(vm: VmState, *, allowed: tuple[str, ...] = ()) -> None:
@@ -172,6 +158,7 @@ async def ensure_running(ctx: JobContext, step: Step, vm: VmState) -> None:
     already running`` means someone else started it: done (proxmox-api.md, Endpoints)."""
     if vm.running:
         return
+    await ctx.fence()
     upid = await ctx.pve.start(vm.node, vm.vmid)
     try:
         await ctx.wait_task(step, upid)
@@ -224,8 +211,6 @@ def desired_config(resource_id: str, args: dict[str, Any]) -> dict[str, Any]:
 
 def config_diff(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
     """The desired keys whose current value differs (tags compared as normalised sets)."""
-    from z9.common.tags import normalize_tags
-
     out = {}
     for k, v in desired.items():
         cur = current.get(k)

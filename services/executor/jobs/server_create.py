@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import asyncpg
 
@@ -115,6 +114,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         _server.refuse_if_locked(vm)
         diff = _server.config_diff(vm.config, _server.desired_config(ctx.job.resource_id, ctx.args))
         if diff:
+            await ctx.fence()
             upid = await ctx.pve.configure(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))
             await ctx.wait_task(step, upid)
     elif step.name == "resize_disk":
@@ -125,6 +125,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
             raise PermanentError(f"VM {vm.vmid} has no data disk to size")
         if disk[1] < ctx.args["disk_gib"] - 1e-9:
             step.detail["disk"] = disk[0]
+            await ctx.fence()
             upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], ctx.args["disk_gib"])
             if upid:
                 await ctx.wait_task(step, upid)
@@ -165,7 +166,10 @@ async def _clone(ctx: JobContext, world: World, step: Step) -> None:
             upid = await ctx.pve.clone(tpl.node, tpl.vmid, newid=newid, name=ctx.args["name"],
                                        description=_server.marker(ctx.job.resource_id))
         except VmidTaken:
-            continue  # a parallel create won this vmid: pick again, never adopt its VM
+            # A parallel create won this vmid (a definite answer: nothing was cloned). Forget it
+            # and pick again; never adopt that VM.
+            await ctx.remember(clones=clones[:-1])
+            continue
         except (OutcomeUnknown, asyncio.CancelledError):
             clones[-1] = {**sent, "uncertain_at": time.time()}  # it may still be performed
             try:
@@ -225,6 +229,3 @@ async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None
 
 record_failure = _server.record_failure
 
-
-def describe(args: dict[str, Any]) -> str:
-    return f"create server {args.get('name')}"

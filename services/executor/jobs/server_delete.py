@@ -97,14 +97,17 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     _server.refuse_if_locked(st)
     if step.name == "stop":
         if st.running:
+            await ctx.fence()
             await ctx.wait_task(step, await ctx.pve.stop(node, vmid))
     elif step.name == "destroy":
         if st.running:
             raise TemporaryError(f"VM {vmid} is running again; stopping it first next attempt")
         if str(st.config.get("protection", "0")) == "1":
             # Lift our protection on exactly the config the guard just read (digest), then destroy.
+            await ctx.fence()
             upid = await ctx.pve.configure(node, vmid, {"delete": "protection"}, digest=st.config.get("digest"))
             await ctx.wait_task(step, upid)
+        await ctx.fence()
         await ctx.wait_task(step, await ctx.pve.destroy(node, vmid))
     else:
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
@@ -134,4 +137,4 @@ async def record(conn: asyncpg.Connection, ctx: JobContext, _: None) -> None:
     await store.server_deleted(conn, ctx.job.resource_id)
 
 
-record_failure = _server.record_failure_ending_deletion
+record_failure = _server.record_failure

@@ -56,6 +56,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     assert world.vm is not None
     st = await _server.reread_guarded(ctx, world.vm)
     if st.running:
+        await ctx.fence()
         upid = await ctx.pve.shutdown(st.node, st.vmid, timeout_s=SHUTDOWN_TIMEOUT_S)
         await ctx.wait_task(step, upid)
 
