@@ -98,8 +98,11 @@ class Stack:
     def headers(self, token: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {token or self.token}"}
 
-    async def call(self, method: str, path: str, *, token: str | None = None, **kw: Any) -> tuple[int, Any]:
-        async with self.http.request(method, self.base + path, headers=self.headers(token), **kw) as r:
+    async def call(self, method: str, path: str, *, token: str | None = None,
+                   headers: dict[str, str] | None = None, **kw: Any) -> tuple[int, Any]:
+        """``(status, JSON body)`` of one API request (``headers`` add to the token header)."""
+        async with self.http.request(method, self.base + path, headers={**self.headers(token), **(headers or {})},
+                                     **kw) as r:
             return r.status, await r.json()
 
     async def create_server(self, name: str = "web-1", **over: Any) -> tuple[dict, dict]:

@@ -562,3 +562,15 @@ async def test_hostile_input_is_4xx_never_500(api: Stack) -> None:
     async with api.http.get(api.base + "/servers", headers={"Authorization": "Bearer z9t_\u00e9"}) as r:
         assert r.status == 401
     assert await api.pool.fetchval("SELECT count(*) FROM servers") == 0
+
+
+async def test_cancel_deletion_with_idempotency_key_replays(api: Stack) -> None:
+    srv, _ = await api.create_server()
+    assert (await api.call("DELETE", f"/servers/{srv['id']}"))[0] == 202
+    path = f"/servers/{srv['id']}/actions/cancel-deletion"
+    first = await api.call("POST", path, headers={"Idempotency-Key": "cancel-1"})
+    again = await api.call("POST", path, headers={"Idempotency-Key": "cancel-1"})
+    assert first[0] == again[0] == 202 and first[1]["job"]["id"] == again[1]["job"]["id"]
+    assert (await api.call("POST", path))[0] == 409  # without the key: nothing to cancel any more
+    n = await api.pool.fetchval("SELECT count(*) FROM jobs WHERE resource_id = $1", srv["id"])
+    assert n == 3  # create, stop, one restoring job

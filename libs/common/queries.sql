@@ -28,9 +28,7 @@ DELETE FROM idempotency_keys WHERE created_at < now() - make_interval(secs => $1
 
 -- name: idempotency_insert
 INSERT INTO idempotency_keys (tenant_id, key, request_sha256, response_status, response_body)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (tenant_id, key) DO NOTHING
-RETURNING key;
+VALUES ($1, $2, $3, $4, $5);
 
 -- name: server_insert
 INSERT INTO servers (id, tenant_id, region, name, image, cores, memory_mib, disk_gib, ssh_keys)

@@ -80,9 +80,9 @@ async def idempotency_get(db: DB, tenant_id: str, key: str) -> Any:
 
 async def idempotency_insert(
     db: DB, tenant_id: str, key: str, request_sha256: bytes, status: int, body: Any
-) -> bool:
-    """Record a response for ``key``; False when another request stored one first."""
-    return await db.fetchval(q("idempotency_insert"), tenant_id, key, request_sha256, status, body) is not None
+) -> None:
+    """Record the answer given for ``key`` (callers hold ``idempotency_lock``)."""
+    await db.execute(q("idempotency_insert"), tenant_id, key, request_sha256, status, body)
 
 
 # ---------------------------------------------------------------- servers

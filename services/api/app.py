@@ -140,40 +140,57 @@ async def create_server(request: web.Request) -> web.Response:
                                f"(offered: {', '.join(region.images)})",
                                details=[{"field": "image", "message": "unknown image"}])
 
-    key = request.headers.get("Idempotency-Key")
-    if key is not None and not re.fullmatch(r"[\x21-\x7e]{1,255}", key):
-        raise BadRequest("Idempotency-Key must be 1 to 255 printable ASCII characters")
-    req_hash = hashlib.sha256(json.dumps(spec.model_dump(), sort_keys=True).encode()).digest()
-
-    try:
-        async with pool.acquire() as conn, conn.transaction():
-            if key is not None:
-                # Serialise requests carrying the same key: the second waits, then replays.
-                await store.idempotency_lock(conn, tenant, key)
-                prior = await store.idempotency_get(conn, tenant, key)
-                if prior is not None:
-                    return _replay(prior, req_hash)
-            try:
-                server = await store.server_insert(
-                    conn, tenant_id=tenant, region=spec.region, name=spec.name, image=spec.image,
-                    cores=spec.cores, memory_mib=spec.memory_mib, disk_gib=spec.disk_gib, ssh_keys=spec.ssh_keys)
-            except asyncpg.UniqueViolationError:
-                raise Conflict(f"a server named {spec.name!r} already exists in this tenant; "
-                               "choose another name or delete that server first")
-            job = await store.job_insert(conn, NewJob(
-                kind="ServerCreate", region=spec.region, tenant_id=tenant, resource_type="server",
-                resource_id=server.id, args=spec.model_dump(), max_attempts=settings.max_attempts))
-            answer = {"server": server.public(), "job": job.brief()}
-            if key is not None and not await store.idempotency_insert(conn, tenant, key, req_hash, 202, answer):
-                raise _Replay()
-    except _Replay:
-        prior = await store.idempotency_get(pool, tenant, key)
-        return _replay(prior, req_hash)
+    key = _idempotency_key(request)
+    req_hash = _request_hash("POST /servers", spec.model_dump())
+    async with pool.acquire() as conn, conn.transaction():
+        replay = await _idempotency_begin(conn, tenant, key, req_hash)
+        if replay is not None:
+            return replay
+        try:
+            server = await store.server_insert(
+                conn, tenant_id=tenant, region=spec.region, name=spec.name, image=spec.image,
+                cores=spec.cores, memory_mib=spec.memory_mib, disk_gib=spec.disk_gib, ssh_keys=spec.ssh_keys)
+        except asyncpg.UniqueViolationError:
+            raise Conflict(f"a server named {spec.name!r} already exists in this tenant; "
+                           "choose another name or delete that server first")
+        job = await store.job_insert(conn, NewJob(
+            kind="ServerCreate", region=spec.region, tenant_id=tenant, resource_type="server",
+            resource_id=server.id, args=spec.model_dump(), max_attempts=settings.max_attempts))
+        answer = {"server": server.public(), "job": job.brief()}
+        await _idempotency_end(conn, tenant, key, req_hash, 202, answer)
     return web.json_response(answer, status=202)
 
 
-class _Replay(Exception):
-    """Another request stored a response for this Idempotency-Key first: roll back, replay it."""
+# ---------------------------------------------------------------------------------- Idempotency-Key
+
+def _idempotency_key(request: web.Request) -> str | None:
+    """The request's ``Idempotency-Key`` (1-255 printable ASCII characters) or None."""
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not re.fullmatch(r"[\x21-\x7e]{1,255}", key):
+        raise BadRequest("Idempotency-Key must be 1 to 255 printable ASCII characters")
+    return key
+
+
+def _request_hash(route: str, body: Any) -> bytes:
+    return hashlib.sha256(json.dumps([route, body], sort_keys=True).encode()).digest()
+
+
+async def _idempotency_begin(conn: asyncpg.Connection, tenant: str, key: str | None,
+                             req_hash: bytes) -> web.Response | None:
+    """Inside the request's transaction: serialise requests carrying the same key (advisory
+    lock) and return the stored answer to replay, if there is one."""
+    if key is None:
+        return None
+    await store.idempotency_lock(conn, tenant, key)
+    prior = await store.idempotency_get(conn, tenant, key)
+    return _replay(prior, req_hash) if prior is not None else None
+
+
+async def _idempotency_end(conn: asyncpg.Connection, tenant: str, key: str | None, req_hash: bytes,
+                           status: int, answer: Any) -> None:
+    """Store the answer under the key, in the transaction that made it."""
+    if key is not None:
+        await store.idempotency_insert(conn, tenant, key, req_hash, status, answer)
 
 
 def _replay(prior: Any, req_hash: bytes) -> web.Response:
@@ -235,7 +252,12 @@ def _not_deletable(sid: str, status: str) -> str:
 async def cancel_deletion(request: web.Request) -> web.Response:
     settings, pool, tenant = request.app[SETTINGS], request.app[POOL], _tenant(request)
     sid = _resource_id(request, "srv")
+    key = _idempotency_key(request)
+    req_hash = _request_hash("POST /servers/{id}/actions/cancel-deletion", sid)
     async with pool.acquire() as conn, conn.transaction():
+        replay = await _idempotency_begin(conn, tenant, key, req_hash)
+        if replay is not None:
+            return replay
         server = await store.server_cancel_deletion(conn, sid, tenant)
         if server is None:
             current = await store.server_get(conn, sid, tenant)
@@ -252,7 +274,9 @@ async def cancel_deletion(request: web.Request) -> web.Response:
         job = await store.job_insert(conn, NewJob(
             kind=kind, region=server.region, tenant_id=tenant, resource_type="server",
             resource_id=server.id, args=args, max_attempts=settings.max_attempts))
-    return web.json_response({"server": server.public(), "job": job.brief()}, status=202)
+        answer = {"server": server.public(), "job": job.brief()}
+        await _idempotency_end(conn, tenant, key, req_hash, 202, answer)
+    return web.json_response(answer, status=202)
 
 
 def _restore_job(server: Server) -> tuple[str, dict[str, Any]]:

@@ -11,6 +11,8 @@ from .schemas import ServerCreate
 
 _ERR = {"$ref": "#/components/responses/Error"}
 _ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+_IDEMPOTENCY = {"name": "Idempotency-Key", "in": "header", "schema": {"type": "string", "maxLength": 255},
+                "description": "retrying with the same key and request replays the first answer"}
 _PAGE = [
     {"name": "after", "in": "query", "schema": {"type": "string"}, "description": "id of the last item of the previous page"},
     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 100}},
@@ -38,8 +40,7 @@ def openapi_document() -> dict[str, Any]:
         "paths": {
             "/servers": {
                 "post": {"summary": "Create a server", "operationId": "createServer",
-                         "parameters": [{"name": "Idempotency-Key", "in": "header", "schema": {"type": "string", "maxLength": 255},
-                                         "description": "retrying with the same key and body replays the first answer"}],
+                         "parameters": [_IDEMPOTENCY],
                          "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ServerCreate"}}}},
                          "responses": {"202": _accepted("server"), "400": _ERR, "401": _ERR, "409": _ERR, "422": _ERR}},
                 "get": {"summary": "List servers", "operationId": "listServers",
@@ -60,7 +61,8 @@ def openapi_document() -> dict[str, Any]:
             },
             "/servers/{id}/actions/cancel-deletion": {
                 "post": {"summary": "Cancel a deletion within its buffer", "operationId": "cancelServerDeletion",
-                         "parameters": [_ID], "responses": {"202": _accepted("server"), "401": _ERR, "404": _ERR, "409": _ERR}},
+                         "parameters": [_ID, _IDEMPOTENCY],
+                         "responses": {"202": _accepted("server"), "401": _ERR, "404": _ERR, "409": _ERR}},
             },
             "/jobs": {
                 "get": {"summary": "List jobs", "operationId": "listJobs",
