@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import asyncpg
@@ -11,6 +11,11 @@ import asyncpg
 
 def _ts(v: datetime | None) -> str | None:
     return v.isoformat().replace("+00:00", "Z") if v else None
+
+
+def utc_now_iso() -> str:
+    """Now, as the API writes times: ISO 8601 in UTC with a ``Z``."""
+    return _ts(datetime.now(timezone.utc))  # type: ignore[return-value]
 
 
 @dataclass

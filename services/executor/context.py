@@ -17,21 +17,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 import asyncpg
 
 from z9.common import store
-from z9.common.models import Job
+from z9.common.models import Job, utc_now_iso
 from z9.common.settings import Settings
 from z9.common.store import Lease
 
 from .proxmox import ProxmoxClient
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 @dataclass
@@ -98,7 +93,7 @@ class JobContext:
         await self._write_steps()
 
     async def step_running(self, step: Step) -> None:
-        step.state, step.started_at = "running", _now()
+        step.state, step.started_at = "running", utc_now_iso()
         await self._write_steps()
 
     async def step_detail(self, step: Step, **detail: Any) -> None:
@@ -107,13 +102,13 @@ class JobContext:
         await self._write_steps()
 
     async def step_done(self, step: Step, state: str = "done") -> None:
-        step.state, step.finished_at = state, _now()
+        step.state, step.finished_at = state, utc_now_iso()
         await self._write_steps()
 
     def mark_running_step_failed(self) -> None:
         for s in self.steps:
             if s.state == "running":
-                s.state, s.finished_at = "failed", _now()
+                s.state, s.finished_at = "failed", utc_now_iso()
 
     async def remember(self, **facts: Any) -> None:
         """Persist facts about what this job told the world (kept across attempts), fenced."""

@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import datetime, timezone
 from typing import Any
 
 from z9.common import store
 from z9.common.backoff import backoff_delay_s
 from z9.common.db import TRANSIENT_DB_ERRORS
 from z9.common.errors import GuardRefusal, JobError, LeaseLost, PermanentError, Snooze, TemporaryError
+from z9.common.models import utc_now_iso
 
 from .context import JobContext
 
@@ -34,7 +34,7 @@ def _error(exc: BaseException, cls: str | None = None) -> dict[str, Any]:
     """The job row's ``error``: ``{class, message, at}``, plus ``task_log`` (the failed
     hypervisor task's last log lines) when there is one."""
     err = {"class": cls or getattr(exc, "error_class", "temporary"), "message": str(exc) or repr(exc),
-           "at": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")}
+           "at": utc_now_iso()}
     tail = getattr(exc, "log_tail", None)
     if tail:
         err["task_log"] = tail[-10:]
@@ -154,7 +154,7 @@ async def hand_over(ctx: JobContext, reason: str) -> bool:
     try:
         await store.job_retry(ctx.pool, ctx.lease, ctx.steps_json(),
                               {"class": "temporary", "message": reason,
-                               "at": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")},
+                               "at": utc_now_iso()},
                               0.0, refund_attempt=True)
         return True
     except LeaseLost:

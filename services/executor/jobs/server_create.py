@@ -78,9 +78,8 @@ def plan(job: Job, world: World) -> list[Step]:
             raise PermanentError(f"image {args['image']!r}: template {world.template.vmid} carries platform role "
                                  f"{', '.join(sorted(platform_roles(world.template.tags)))}; its clones would "
                                  "inherit it, so z9 does not clone it")
-        if world.template_disk_gib is not None and world.template_disk_gib > args["disk_gib"] + 1e-9:
-            raise PermanentError(f"disk_gib {args['disk_gib']} is smaller than image {args['image']!r}'s disk "
-                                 f"({world.template_disk_gib:g} GiB); disks cannot shrink")
+        if world.template_disk_gib is not None:
+            _check_no_shrink(world.template_disk_gib, args)
         return [Step("clone"), Step("configure"), Step("resize_disk"), Step("start")]
     vm = world.vm
     _server.refuse_platform(job.resource_id, vm)
@@ -93,9 +92,7 @@ def plan(job: Job, world: World) -> list[Step]:
     disk = _server.boot_disk(vm.config)
     if disk is None:
         raise PermanentError(f"VM {vm.vmid} has no data disk to size")
-    if disk[1] > args["disk_gib"] + 1e-9:
-        raise PermanentError(f"disk_gib {args['disk_gib']} is smaller than the image's disk "
-                             f"({disk[1]:g} GiB); disks cannot shrink")
+    _check_no_shrink(disk[1], args)
     if disk[1] < args["disk_gib"] - 1e-9:
         steps.append(Step("resize_disk"))
     if not vm.running:
@@ -123,21 +120,27 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         disk = _server.boot_disk(vm.config)
         if disk is None:
             raise PermanentError(f"VM {vm.vmid} has no data disk to size")
+        _check_no_shrink(disk[1], ctx.args)
         if disk[1] < ctx.args["disk_gib"] - 1e-9:
             step.detail["disk"] = disk[0]
             await ctx.fence()
             upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], ctx.args["disk_gib"])
             if upid:
                 await ctx.wait_task(step, upid)
-        elif disk[1] > ctx.args["disk_gib"] + 1e-9:
-            raise PermanentError(f"disk_gib {ctx.args['disk_gib']} is smaller than the image's disk "
-                                 f"({disk[1]:g} GiB); disks cannot shrink")
     elif step.name == "start":
         vm = await _current(ctx, world)
         _server.refuse_if_locked(vm)
         await _server.ensure_running(ctx, step, vm)
     else:
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
+
+
+def _check_no_shrink(size_gib: float, args: dict) -> None:
+    """PermanentError when the disk (``size_gib`` GiB) is already larger than ``disk_gib``:
+    Proxmox cannot shrink disks (``shrinking disks is not supported``)."""
+    if size_gib > args["disk_gib"] + 1e-9:
+        raise PermanentError(f"disk_gib {args['disk_gib']} is smaller than image {args['image']!r}'s disk "
+                             f"({size_gib:g} GiB); disks cannot shrink")
 
 
 async def _current(ctx: JobContext, world: World) -> VmState:
