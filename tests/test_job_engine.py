@@ -169,3 +169,21 @@ async def test_final_delete_out_of_attempts_by_reclaim_leaves_the_server_deletab
     server = await store.server_get(pool, s.id)
     assert server.status == "failed" and "expired" in server.status_reason
     assert await store.server_mark_deleting(pool, s.id, tenant, 600.0) is not None  # deletable again
+
+
+async def test_scheduler_prunes_on_its_first_pass_and_keeps_clone_memos_of_live_servers(pool: asyncpg.Pool,
+                                                                                     settings) -> None:
+    tenant, _ = await make_tenant(pool, "acme")
+    live = await store.server_insert(pool, tenant_id=tenant, region="dev-1", name="live", image="debian-12",
+                                     cores=1, memory_mib=1024, disk_gib=4, ssh_keys=[])
+    old = [await _enqueue(pool, resource_id=None) for _ in range(3)] + [await _enqueue(pool, resource_id=live.id)]
+    await pool.execute("UPDATE jobs SET status = 'succeeded', finished_at = now() - interval '30 days', "
+                       "memo = CASE WHEN resource_id IS NULL THEN '{}'::jsonb "
+                       "ELSE '{\"clones\": [{\"vmid\": 101, \"node\": \"pve1\"}]}'::jsonb END")
+    await store.idempotency_insert(pool, tenant, "k", b"x" * 32, 202, {})
+    await pool.execute("UPDATE idempotency_keys SET created_at = now() - interval '2 days'")
+    sched = Scheduler(settings, prune_every=1)
+    sched.pool = pool
+    assert (await sched.run_once()).pruned == 3
+    assert [r["id"] for r in await pool.fetch("SELECT id FROM jobs")] == [old[-1]]
+    assert await pool.fetchval("SELECT count(*) FROM idempotency_keys") == 0

@@ -559,3 +559,40 @@ class TestEncodeSshKeys:
         out = encode_ssh_keys(keys)
         assert out.count("%0A") == 2
         assert unquote(out).splitlines() == keys
+
+
+def test_task_failures_carry_their_class() -> None:
+    from z9.common.errors import PermanentError, TemporaryError
+    from z9.executor.proxmox import TaskFailed, TaskFailedPermanently, task_failure
+
+    shrink = task_failure("UPID:pve1:00000001:00000002:6B000000:resize:101:root@pam!z9:", "resize",
+                          "shrinking disks is not supported", ["TASK ERROR: shrinking disks is not supported"])
+    assert isinstance(shrink, TaskFailedPermanently) and isinstance(shrink, PermanentError)
+    assert not isinstance(shrink, TemporaryError) and shrink.error_class == "permanent"
+    assert shrink.log_tail == ["TASK ERROR: shrinking disks is not supported"]
+    other = task_failure("UPID:pve1:00000001:00000002:6B000000:qmstart:101:root@pam!z9:", "qmstart",
+                         "start failed", [])
+    assert isinstance(other, TaskFailed) and other.error_class == "temporary"
+
+
+def test_only_a_missing_vm_config_is_vm_missing() -> None:
+    from proxmoxer.core import ResourceException
+
+    from z9.executor.proxmox import VmMissing, translate
+
+    assert isinstance(translate(ResourceException(500, "x", "Configuration file 'nodes/pve1/qemu-server/100.conf' "
+                                                            "does not exist"), "t"), VmMissing)
+    assert not isinstance(translate(ResourceException(500, "x", "storage 'fast' does not exist"), "t"), VmMissing)
+
+
+def test_settings_refuse_inconsistent_values() -> None:
+    from pydantic import ValidationError
+
+    from z9.common.settings import Settings
+
+    with pytest.raises(ValidationError, match="HEARTBEAT"):
+        Settings(lease_ttl_s=5, heartbeat_s=5)
+    with pytest.raises(ValidationError):
+        Settings(log_level="verbose")
+    with pytest.raises(ValidationError):
+        Settings(backoff_base_s=10, backoff_cap_s=1)
