@@ -18,6 +18,8 @@ from .sql import q
 
 
 class DB(Protocol):
+    """What the wrappers need: an asyncpg ``Connection`` or ``Pool``."""
+
     async def fetch(self, query: str, *args: Any) -> list[Any]: ...
     async def fetchrow(self, query: str, *args: Any) -> Any: ...
     async def fetchval(self, query: str, *args: Any) -> Any: ...
@@ -89,6 +91,8 @@ async def idempotency_insert(
 
 async def server_insert(db: DB, *, tenant_id: str, region: str, name: str, image: str, cores: int,
                         memory_mib: int, disk_gib: int, ssh_keys: list[str]) -> Server:
+    """A new ``creating`` server. Raises asyncpg.UniqueViolationError when the tenant already has
+    a live server of that name."""
     row = await db.fetchrow(q("server_insert"), new_id("srv"), tenant_id, region, name, image,
                             cores, memory_mib, disk_gib, ssh_keys)
     return Server.from_record(row)
@@ -105,6 +109,7 @@ async def server_get(db: DB, server_id: str, tenant_id: str | None = None) -> Se
 
 async def server_list(db: DB, tenant_id: str, *, after: str | None = None, status: str | None = None,
                       limit: int = 100) -> list[Server]:
+    """Up to ``limit`` servers of the tenant ordered by id, after id ``after``, of one status."""
     rows = await db.fetch(q("server_list"), tenant_id, after, status, limit)
     return [Server.from_record(r) for r in rows]
 
@@ -137,6 +142,7 @@ async def server_observed(db: DB, server_id: str, *, vmid: int | None, node: str
 
 
 async def server_deleted(db: DB, server_id: str) -> None:
+    """``destroying`` → ``deleted`` (no-op in any other status)."""
     await db.execute(q("server_deleted"), server_id)
 
 
@@ -205,6 +211,7 @@ async def jobs_notify(db: DB, regions: Iterable[str]) -> None:
 
 
 async def job_get(db: DB, job_id: str, tenant_id: str | None = None) -> Job | None:
+    """The job, scoped to ``tenant_id`` when given; None when absent (or another tenant's)."""
     if tenant_id is None:
         row = await db.fetchrow(q("job_get_any"), job_id)
     else:
@@ -214,6 +221,7 @@ async def job_get(db: DB, job_id: str, tenant_id: str | None = None) -> Job | No
 
 async def job_list(db: DB, tenant_id: str, *, resource_id: str | None = None, after_seq: int | None = None,
                    limit: int = 100) -> list[Job]:
+    """Up to ``limit`` jobs of the tenant (of one resource) in submission order, after ``after_seq``."""
     if resource_id is not None:
         rows = await db.fetch(q("job_list_for_resource"), tenant_id, resource_id, after_seq, limit)
     else:
@@ -255,23 +263,27 @@ async def job_progress(db: DB, lease: Lease, steps: list[dict[str, Any]], lease_
 
 
 async def job_remember(db: DB, lease: Lease, facts: dict[str, Any], lease_ttl_s: float) -> None:
-    """Merge ``facts`` into the job's memo (kept across attempts) and extend the lease."""
+    """Merge ``facts`` into the job's memo (kept across attempts) and extend the lease.
+    Raises LeaseLost."""
     await _fenced(db, "job_remember", lease, facts, lease_ttl_s)
 
 
 async def job_succeed(db: DB, lease: Lease, steps: list[dict[str, Any]]) -> None:
+    """``running`` → ``succeeded`` with the final steps. Raises LeaseLost."""
     await _fenced(db, "job_succeed", lease, steps)
 
 
 async def job_retry(db: DB, lease: Lease, steps: list[dict[str, Any]], error: dict[str, Any],
                     delay_s: float, *, refund_attempt: bool = False) -> datetime:
-    """Back to ``retry`` with ``run_after = now + delay_s``; wakes the scheduler. Returns run_after."""
+    """Back to ``retry`` with ``run_after = now + delay_s`` (seconds; the attempt given back when
+    ``refund_attempt``); wakes the scheduler. Returns run_after. Raises LeaseLost."""
     row = await _fenced(db, "job_retry", lease, steps, error, delay_s, 1 if refund_attempt else 0)
     await db.execute(q("scheduler_notify"))
     return row["run_after"]
 
 
 async def job_fail(db: DB, lease: Lease, steps: list[dict[str, Any]], error: dict[str, Any]) -> None:
+    """``running`` → ``failed`` with ``error`` ``{class, message, at, …}``. Raises LeaseLost."""
     await _fenced(db, "job_fail", lease, steps, error)
 
 

@@ -67,6 +67,7 @@ class JobContext:
         return self.job.args
 
     def steps_json(self) -> list[dict[str, Any]]:
+        """The step list as stored in the job row."""
         return [s.as_json() for s in self.steps]
 
     def touch(self) -> None:
@@ -93,6 +94,7 @@ class JobContext:
         await self._write_steps()
 
     async def step_running(self, step: Step) -> None:
+        """Mark ``step`` running (fenced write). Raises LeaseLost."""
         step.state, step.started_at = "running", utc_now_iso()
         await self._write_steps()
 
@@ -102,10 +104,12 @@ class JobContext:
         await self._write_steps()
 
     async def step_done(self, step: Step, state: str = "done") -> None:
+        """Mark ``step`` done (or ``state``), fenced. Raises LeaseLost."""
         step.state, step.finished_at = state, utc_now_iso()
         await self._write_steps()
 
     def mark_running_step_failed(self) -> None:
+        """In memory: the step that was running when the attempt ended is ``failed``."""
         for s in self.steps:
             if s.state == "running":
                 s.state, s.finished_at = "failed", utc_now_iso()

@@ -76,6 +76,8 @@ class Executor:
         self._wake.set()
 
     async def run(self) -> None:
+        """Serve until :meth:`stop`; then drain (see the module docstring). Retries the database
+        connection with backoff at start."""
         conc = self.settings.executor_concurrency
         self.pool = await self._connect_pool(conc + 4)
         listener = asyncio.create_task(self._listen_loop(), name="z9-listen")

@@ -29,6 +29,7 @@ class Reaper:
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
+        """Make :meth:`run` return after its current pass."""
         self._stopping.set()
 
     async def run_once(self, batch: int = 100) -> int:
@@ -46,6 +47,7 @@ class Reaper:
         return len(servers)
 
     async def run(self) -> None:
+        """Scan until :meth:`stop`, reconnecting to the database with backoff."""
         dsn = self.settings.require_database_url()
         delay = 0.5
         while not self._stopping.is_set():

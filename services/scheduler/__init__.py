@@ -53,10 +53,12 @@ class Scheduler:
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
+        """Make :meth:`run` return after its current pass."""
         self._stopping.set()
         self._wake.set()
 
     async def run_once(self) -> PassCounts:
+        """One pass (reclaim, promote, maybe prune) on ``self.pool``; returns what it did."""
         counts = PassCounts()
         async with self.pool.acquire() as conn:
             async with conn.transaction():
@@ -92,6 +94,7 @@ class Scheduler:
         return total
 
     async def run(self) -> None:
+        """Pass after pass until :meth:`stop`, reconnecting to the database with backoff."""
         dsn = self.settings.require_database_url()
         delay = 0.5
         listen: asyncpg.Connection | None = None

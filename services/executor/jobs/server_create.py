@@ -44,6 +44,8 @@ class World:
 
 
 async def observe(ctx: JobContext) -> World:
+    """The template, and our VM (by tag, else an untagged clone of ours). Raises TemporaryError
+    on hypervisor trouble, PermanentError when several VMs carry our tag."""
     image = ctx.args["image"]
     vms = await ctx.pve.list_vms()
     templates = [v for v in vms if v.template and v.name == image]
@@ -67,6 +69,9 @@ async def observe(ctx: JobContext) -> World:
 
 
 def plan(job: Job, world: World) -> list[Step]:
+    """Pure: the steps still missing. Raises PermanentError (no template, platform-tagged
+    template, disk too small), GuardRefusal (our VM carries a platform role), Snooze (VM locked,
+    or a lost clone request may still land)."""
     args = job.args
     if world.vm is None:
         if world.clone_in_flight_s > 0:  # never clone again while the lost request may still land
@@ -101,6 +106,7 @@ def plan(job: Job, world: World) -> list[Step]:
 
 
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
+    """Run one step if still needed (each re-reads the VM first) and wait for its task."""
     if step.name == "clone":
         await _clone(ctx, world, step)
     elif step.name == "wait_clone":
@@ -217,6 +223,7 @@ async def _wait_clone(ctx: JobContext, world: World, step: Step) -> None:
 
 
 async def verify(ctx: JobContext) -> VmState:
+    """Observe again; the plan must be empty (else TemporaryError). Returns our VM."""
     world = await observe(ctx)
     remaining = plan(ctx.job, world)
     if remaining or world.vm is None:
@@ -225,6 +232,7 @@ async def verify(ctx: JobContext) -> VmState:
 
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
+    """In the finishing transaction: the server is ``running`` with what verify saw."""
     await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
                                 power_state="running" if vm.running else "stopped", status="running",
                                 from_statuses=("creating", "failed", "running", "stopped"))

@@ -49,6 +49,7 @@ class World:
 
 
 async def observe(ctx: JobContext) -> World:
+    """Our tagged VMs, our untagged clones, the DB-recorded suspect; or ``superseded``."""
     server = await store.server_get(ctx.pool, ctx.job.resource_id)
     if server is None or server.status != "destroying":
         # Only a server whose buffer expired is destroyed; anything else means this job was
@@ -61,6 +62,8 @@ async def observe(ctx: JobContext) -> World:
 
 
 def plan(job: Job, world: World) -> list[Step]:
+    """Pure: stop/destroy per VM of ours. Raises GuardRefusal (platform role, or not ours),
+    Snooze (VM locked)."""
     if world.superseded:
         return []
     for vm in world.suspects:
@@ -85,6 +88,7 @@ def plan(job: Job, world: World) -> list[Step]:
 
 
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
+    """Stop or destroy one VM after re-reading it and re-applying the guard; waits for tasks."""
     vmid, node = step.detail["vmid"], step.detail["node"]
     st = await ctx.pve.vm_state(node, vmid)
     if st is None:
@@ -114,6 +118,8 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
 
 
 async def verify(ctx: JobContext) -> None:
+    """No VM carries our tag and no untagged clone of ours is left (else TemporaryError); waits
+    (Snooze) while a lost clone request may still land."""
     server = await store.server_get(ctx.pool, ctx.job.resource_id)
     if server is None or server.status != "destroying":
         return None  # superseded: nothing was done, nothing to check
@@ -134,6 +140,7 @@ async def verify(ctx: JobContext) -> None:
 
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, _: None) -> None:
+    """``destroying`` → ``deleted``."""
     await store.server_deleted(conn, ctx.job.resource_id)
 
 

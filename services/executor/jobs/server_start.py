@@ -31,10 +31,12 @@ class World:
 
 
 async def observe(ctx: JobContext) -> World:
+    """Our VM by tag (or None)."""
     return World(vm=await _server.find_one_vm(ctx, ctx.job.resource_id))
 
 
 def plan(job: Job, world: World) -> list[Step]:
+    """Pure: ``start`` when stopped. Raises PermanentError (no VM), GuardRefusal, Snooze."""
     vm = world.vm
     if vm is None:
         raise PermanentError(f"no VM carries {identity_tag(job.resource_id)}: the server's VM is gone")
@@ -46,6 +48,7 @@ def plan(job: Job, world: World) -> list[Step]:
 
 
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
+    """Start the VM (re-read and guarded first) and wait for the task."""
     if step.name != "start":
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
     assert world.vm is not None
@@ -53,6 +56,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
 
 
 async def verify(ctx: JobContext) -> VmState:
+    """Our VM runs (else TemporaryError); returns it."""
     world = await observe(ctx)
     if world.vm is None or not world.vm.running:
         raise TemporaryError("verify: the VM is not running")
@@ -60,6 +64,7 @@ async def verify(ctx: JobContext) -> VmState:
 
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
+    """Power state ``running``; status ``running`` when it was running or stopped."""
     await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
                                 power_state="running", status="running", from_statuses=("running", "stopped"))
 

@@ -34,11 +34,13 @@ class World:
 
 
 async def observe(ctx: JobContext) -> World:
+    """Our VM by tag (or None) and the DB-recorded VM as a suspect."""
     vm = await _server.find_one_vm(ctx, ctx.job.resource_id)
     return World(vm=vm, suspect=await _server.find_suspect(ctx, [vm] if vm else []))
 
 
 def plan(job: Job, world: World) -> list[Step]:
+    """Pure: ``shutdown`` when our VM runs. Raises GuardRefusal, Snooze (VM locked)."""
     _server.guard_suspect(job.resource_id, world.suspect)
     vm = world.vm
     if vm is None:
@@ -51,6 +53,7 @@ def plan(job: Job, world: World) -> list[Step]:
 
 
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
+    """Shut the VM down (re-read and guarded first) and wait for the task."""
     if step.name != "shutdown":
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
     assert world.vm is not None
@@ -62,6 +65,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
 
 
 async def verify(ctx: JobContext) -> VmState | None:
+    """Our VM is not running (else TemporaryError); returns it (or None)."""
     world = await observe(ctx)
     if world.vm is not None and world.vm.running:
         raise TemporaryError(f"verify: VM {world.vm.vmid} is still running")
@@ -69,6 +73,7 @@ async def verify(ctx: JobContext) -> VmState | None:
 
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState | None) -> None:
+    """The observed power state; the status is left alone."""
     if vm is None:
         await store.server_observed(conn, ctx.job.resource_id, vmid=None, node=None, power_state=None)
     else:
