@@ -17,6 +17,7 @@ verify   observe again; the plan must be empty. The server becomes ``running`` w
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from dataclasses import dataclass
 
@@ -163,8 +164,10 @@ async def _current(ctx: JobContext, world: World) -> VmState:
 async def _clone(ctx: JobContext, world: World, step: Step) -> None:
     tpl = world.template
     assert tpl is not None
-    for _ in range(CLONE_TRIES):
-        newid = await ctx.pve.next_id()
+    for attempt in range(CLONE_TRIES):
+        # nextid hands every parallel create the same lowest free id (it reserves nothing): after
+        # a collision, spread out above it instead of racing for the same id again.
+        newid = await ctx.pve.next_id() + (random.randint(1, 8 * attempt) if attempt else 0)
         # Remember the vmid *before* asking: if the answer is lost, the next attempt looks there
         # (and a deletion looks at every vmid ever asked for).
         sent = {"vmid": newid, "node": tpl.node}
@@ -193,7 +196,8 @@ async def _clone(ctx: JobContext, world: World, step: Step) -> None:
             raise TemporaryError(f"clone task {upid} ended OK but VM {newid} is not on {tpl.node}")
         world.vm = st
         return
-    raise TemporaryError(f"every vmid tried was taken by a parallel create ({CLONE_TRIES} tries)")
+    # Contention with other creates is waiting on the world, not a failure of this job.
+    raise Snooze(f"every vmid tried was taken by a parallel create ({CLONE_TRIES} tries)", delay_s=1.0)
 
 
 async def _wait_clone(ctx: JobContext, world: World, step: Step) -> None:
