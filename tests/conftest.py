@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -40,11 +41,13 @@ def pg_url() -> Any:
         return
     from z9.common.embedded_pg import EmbeddedPostgres
 
-    pg = EmbeddedPostgres(Path(tempfile.mkdtemp(prefix="z9-test-pg-")) / "data", delete=True).start()
+    parent = Path(tempfile.mkdtemp(prefix="z9-test-pg-"))
+    pg = EmbeddedPostgres(parent / "data", delete=True).start()
     try:
         yield pg.url("postgres")
     finally:
         pg.stop()
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
