@@ -237,8 +237,9 @@ RETURNING jobs.id, jobs.region;
 SELECT extract(epoch FROM min(run_after) - now())::float8 FROM jobs WHERE status = 'retry';
 
 -- name: lease_reclaim_expired
--- Guarded: the outer WHERE re-checks status and expiry on the locked row, so a job that
--- finished between selection and update is never overwritten.
+-- Guarded: FOR UPDATE re-evaluates the CTE's predicate on a row changed since the snapshot,
+-- and the outer WHERE repeats it on the locked row (belt and braces), so a job that finished
+-- between selection and update is never overwritten.
 WITH expired AS (
     SELECT id FROM jobs
     WHERE status = 'running' AND lease_expires_at < now()

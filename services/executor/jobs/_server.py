@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from z9.common import store
 from z9.common.errors import GuardRefusal, PermanentError, TemporaryError
+from z9.common.models import Server
 from z9.common.tags import (ROLE_CUSTOMER, customer_vm_tags, format_tags, identity_tag, normalize_tags,
                             platform_roles)
 
@@ -53,12 +54,20 @@ async def find_one_vm(ctx: JobContext, resource_id: str) -> VmState | None:
     return vms[0] if vms else None
 
 
-async def find_own_clones(ctx: JobContext, exclude: set[int]) -> list[VmState]:
-    """VMs that a ServerCreate of this resource cloned (vmid in a job memo) but did not tag yet:
+CloneMemo = tuple[int, str, "float | None"]  # (vmid, node, uncertain_at) of one clone request
+
+
+async def clone_memos(ctx: JobContext) -> list[CloneMemo]:
+    """Every clone request the create jobs of this resource recorded (one query)."""
+    return await store.job_clone_memos(ctx.pool, ctx.job.resource_id)
+
+
+async def find_own_clones(ctx: JobContext, memos: list[CloneMemo], exclude: set[int]) -> list[VmState]:
+    """VMs that a ServerCreate of this resource cloned (vmid in ``memos``) but did not tag yet:
     recognised by our marker in their description — or still under ``lock: clone`` (the caller
     waits and checks the marker then). A VM carrying another resource's identity is never ours."""
     mine, out = identity_tag(ctx.job.resource_id), []
-    for vmid, node, _ in await store.job_clone_memos(ctx.pool, ctx.job.resource_id):
+    for vmid, node, _ in memos:
         if vmid in exclude:
             continue
         st = await ctx.pve.vm_state(node, vmid)
@@ -69,10 +78,10 @@ async def find_own_clones(ctx: JobContext, exclude: set[int]) -> list[VmState]:
     return out
 
 
-async def clone_uncertain_since(ctx: JobContext) -> float | None:
-    """Epoch seconds of the latest clone request of this resource whose answer was lost (it may
-    still be performed), or None."""
-    times = [u for _, _, u in await store.job_clone_memos(ctx.pool, ctx.job.resource_id) if u is not None]
+def clone_uncertain_since(memos: list[CloneMemo]) -> float | None:
+    """Epoch seconds of the latest clone request in ``memos`` whose answer was lost (it may still
+    be performed), or None."""
+    times = [u for _, _, u in memos if u is not None]
     return max(times) if times else None
 
 
@@ -82,10 +91,9 @@ def refuse_platform(resource_id: str, vm: VmState) -> None:
         guard(resource_id, vm)
 
 
-async def find_suspect(ctx: JobContext, ours: list[VmState]) -> VmState | None:
-    """The VM at the vmid/node the database last recorded for this server, when it is not one
-    of ``ours``: a row can be stale and point at someone else's VM — or at a platform VM."""
-    server = await store.server_get(ctx.pool, ctx.job.resource_id)
+async def find_suspect(ctx: JobContext, server: Server | None, ours: list[VmState]) -> VmState | None:
+    """The VM at the vmid/node the database last recorded for ``server``, when it is not one of
+    ``ours``: a row can be stale and point at someone else's VM — or at a platform VM."""
     if server is None or server.vmid is None or any(v.vmid == server.vmid for v in ours):
         return None
     return await ctx.pve.vm_state(server.node, server.vmid)

@@ -52,13 +52,13 @@ async def observe(ctx: JobContext) -> World:
     templates = [v for v in vms if v.template and v.name == image]
     template = templates[0] if templates else None
     vm = await _server.find_one_vm(ctx, ctx.job.resource_id)
-    if vm is None:
-        # A clone an earlier attempt (or an earlier job) made but did not tag yet.
-        clones = await _server.find_own_clones(ctx, set())
-        vm = clones[0] if clones else None
     in_flight = 0.0
     if vm is None:
-        since = await _server.clone_uncertain_since(ctx)
+        # A clone an earlier attempt (or an earlier job) made but did not tag yet.
+        memos = await _server.clone_memos(ctx)
+        clones = await _server.find_own_clones(ctx, memos, set())
+        vm = clones[0] if clones else None
+        since = _server.clone_uncertain_since(memos) if vm is None else None
         if since is not None:
             in_flight = max(0.0, since + ctx.settings.uncertain_window_s - time.time())
     disk = None
@@ -186,8 +186,9 @@ async def _clone(ctx: JobContext, world: World, step: Step) -> None:
             clones[-1] = {**sent, "uncertain_at": time.time()}  # it may still be performed
             try:
                 await ctx.remember(clones=clones)
-            except Exception:  # lease lost or database gone: the vmid is in the memo already
-                pass
+            except Exception as e:  # lease lost or database gone: the vmid is in the memo already
+                _server.log.warning("job %s: could not mark clone request to VM %s uncertain: %s",
+                                    ctx.job.id, newid, e)
             raise
         await ctx.remember(clone={"vmid": newid, "node": tpl.node, "upid": upid})
         await ctx.wait_task(step, upid)

@@ -3,8 +3,9 @@ when the deletion buffer expires).
 
 observe  every VM carrying ``z9-id-<server id>``; every untagged clone a create job of this
          server made (its memo's vmid, our marker in the description); plus the VM at the
-         vmid/node the database last recorded for the server — a *suspect*, never trusted: a stale row can point at a
-         vmid that now belongs to someone else, or at the region's own agent VM.
+         vmid/node the database last recorded for the server — a *suspect*, never trusted: a
+         stale row can point at a vmid that now belongs to someone else, or at the region's own
+         agent VM.
 plan     (pure) the deletion guard (architecture §6) on every VM found: any platform role
          refuses unconditionally (permanent; the server carries the reason). Our VMs must also
          carry ``z9-role-customer``. A suspect without our tag and without a platform role is
@@ -56,8 +57,8 @@ async def observe(ctx: JobContext) -> World:
         # superseded (the server failed and was deleted again: the reaper enqueues a new one).
         return World(superseded=server.status if server else "gone")
     ours = await _server.find_vms(ctx, ctx.job.resource_id)
-    clones = await _server.find_own_clones(ctx, {v.vmid for v in ours})
-    suspect = await _server.find_suspect(ctx, ours + clones)
+    clones = await _server.find_own_clones(ctx, await _server.clone_memos(ctx), {v.vmid for v in ours})
+    suspect = await _server.find_suspect(ctx, server, ours + clones)
     return World(ours=ours, clones=clones, suspects=[suspect] if suspect else [])
 
 
@@ -123,7 +124,8 @@ async def verify(ctx: JobContext) -> None:
     server = await store.server_get(ctx.pool, ctx.job.resource_id)
     if server is None or server.status != "destroying":
         return None  # superseded: nothing was done, nothing to check
-    since = await _server.clone_uncertain_since(ctx)
+    memos = await _server.clone_memos(ctx)
+    since = _server.clone_uncertain_since(memos)
     if since is not None:
         wait = since + ctx.settings.uncertain_window_s - time.time()
         if wait > 0:
@@ -133,7 +135,7 @@ async def verify(ctx: JobContext) -> None:
     if left:
         raise TemporaryError("verify: VMs still carry the identity tag: "
                              + ", ".join(f"{v.vmid} on {v.node}" for v in left))
-    clones = await _server.find_own_clones(ctx, set())
+    clones = await _server.find_own_clones(ctx, memos, set())
     if clones:
         raise TemporaryError("verify: untagged clones of ours remain: "
                              + ", ".join(f"{v.vmid} on {v.node}" for v in clones))

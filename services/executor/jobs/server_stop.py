@@ -36,7 +36,8 @@ class World:
 async def observe(ctx: JobContext) -> World:
     """Our VM by tag (or None) and the DB-recorded VM as a suspect."""
     vm = await _server.find_one_vm(ctx, ctx.job.resource_id)
-    return World(vm=vm, suspect=await _server.find_suspect(ctx, [vm] if vm else []))
+    server = await store.server_get(ctx.pool, ctx.job.resource_id)
+    return World(vm=vm, suspect=await _server.find_suspect(ctx, server, [vm] if vm else []))
 
 
 def plan(job: Job, world: World) -> list[Step]:
