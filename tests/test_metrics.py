@@ -421,7 +421,8 @@ async def processes(settings: Settings, sim: SimAdmin) -> AsyncIterator[dict[str
         for name in ("scheduler", "executor", "reaper"):
             port = free_port()
             proc = subprocess.Popen([sys.executable, "-m", "z9", name], env=_env(settings, port),
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                    stdout=subprocess.DEVNULL, text=True,  # the executor's log is read
+                                    stderr=subprocess.PIPE if name == "executor" else subprocess.DEVNULL)
             procs[name] = (proc, f"http://127.0.0.1:{port}/metrics")
         yield procs
     finally:
