@@ -14,6 +14,7 @@ from typing import Any, Awaitable, Callable
 
 from z9.common.logs import setup_logging
 from z9.common.settings import Settings
+from z9.common.tracing import setup_tracing
 
 
 async def _serve(service: Any) -> None:
@@ -169,4 +170,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command != "sim":
         setup_logging(args.command, settings.log_level)
-    return args.fn(args, settings)
+    if args.command == "dev":  # a supervisor: each child process sets up its own tracing
+        return args.fn(args, settings)
+    try:
+        tracer = setup_tracing(args.command)  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    except ValueError as e:
+        print(f"z9: invalid tracing settings: {e}", file=sys.stderr)
+        return 2
+    try:
+        return args.fn(args, settings)
+    finally:
+        tracer.shutdown()  # flush the spans still queued

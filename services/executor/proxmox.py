@@ -22,6 +22,7 @@ read timeouts, and judges ``exitstatus`` (``OK`` and ``WARNINGS: n`` are success
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import re
 import time
@@ -31,9 +32,11 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
 import requests
+from opentelemetry.trace import SpanKind
 from proxmoxer import ProxmoxAPI
 from proxmoxer.core import ResourceException
 
+from z9.common import tracing
 from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.settings import RegionSettings
 from z9.common.tags import normalize_tags
@@ -210,15 +213,23 @@ class ProxmoxClient:
 
     async def _call(self, endpoint: str, what: str, fn: Callable[[], Any]) -> Any:
         """Run one proxmoxer call in this client's thread pool; translate its errors.
-        ``endpoint`` is the path template (for logs and, later, metrics)."""
+        ``endpoint`` is ``"<METHOD> <path template>"`` (logs, metrics, and the call's span name)."""
         loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._pool, fn)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # translated at this single boundary
-            log.debug("%s (%s) failed: %r", what, endpoint, exc)
-            raise translate(exc, what) from exc
+        method, _, path = endpoint.partition(" ")
+        with tracing.span(endpoint, {"http.request.method": method, "url.template": path, "z9.region": self.region},
+                          kind=SpanKind.CLIENT) as span:
+            try:
+                # In a copy of this context, so the thread sees this call's span as current.
+                result = await loop.run_in_executor(self._pool, contextvars.copy_context().run, fn)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # translated at this single boundary
+                log.debug("%s (%s) failed: %r", what, endpoint, exc)
+                if isinstance(exc, ResourceException):
+                    span.set_attribute("http.response.status_code", exc.status_code)
+                raise translate(exc, what) from exc
+            span.set_attribute("http.response.status_code", 200)  # proxmoxer raises on any status >= 400
+            return result
 
     # ------------------------------------------------------------------ reads
 

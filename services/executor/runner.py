@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any
 
-from z9.common import store
+from z9.common import store, tracing
 from z9.common.backoff import backoff_delay_s
 from z9.common.db import TRANSIENT_DB_ERRORS
 from z9.common.errors import GuardRefusal, JobError, LeaseLost, PermanentError, Snooze, TemporaryError
@@ -52,14 +52,19 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
     extra = {"job_id": job.id, "kind": job.kind, "region": job.region, "attempt": job.attempt}
     try:
         try:
-            world = await kind.observe(ctx)
-            steps = kind.plan(job, world)
-            await ctx.set_plan(steps)
-            for step in steps:
-                await ctx.step_running(step)
-                await kind.apply(ctx, world, step)
-                await ctx.step_done(step)
-            observed = await kind.verify(ctx)
+            with tracing.span("observe", {"z9.phase": "observe"}):
+                world = await kind.observe(ctx)
+            with tracing.span("plan", {"z9.phase": "plan"}):
+                steps = kind.plan(job, world)
+                await ctx.set_plan(steps)
+            with tracing.span("apply", {"z9.phase": "apply"}):
+                for step in steps:
+                    with tracing.span(f"step {step.name}", {"z9.step": step.name}):
+                        await ctx.step_running(step)
+                        await kind.apply(ctx, world, step)
+                        await ctx.step_done(step)
+            with tracing.span("verify", {"z9.phase": "verify"}):
+                observed = await kind.verify(ctx)
         except (JobError, LeaseLost, asyncio.CancelledError, *TRANSIENT_DB_ERRORS):
             raise
         except Exception as exc:  # a bug or an untranslated error: retrying is safe, say so loudly
@@ -82,6 +87,7 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
         return "lost"
     except Snooze as exc:
         ctx.mark_running_step_failed()
+        tracing.record_error(exc)
         try:
             waited = await _snoozed_for(ctx)
         except LeaseLost as lost:
@@ -93,9 +99,11 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
         return await _finish_temporary(ctx, kind, temp, extra=extra)
     except PermanentError as exc:
         ctx.mark_running_step_failed()
+        tracing.record_error(exc)
         return await _finish_failed(ctx, kind, _error(exc), extra=extra)
     except TemporaryError as exc:
         ctx.mark_running_step_failed()
+        tracing.record_error(exc)
         return await _finish_temporary(ctx, kind, exc, extra=extra)
 
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import asyncpg
 
-from z9.common import store
+from z9.common import store, tracing
 from z9.common.db import JOBS_CHANNEL, TRANSIENT_DB_ERRORS, create_pool
 from z9.common.errors import LeaseLost
 from z9.common.models import Job
@@ -139,7 +139,8 @@ class Executor:
         job = ctx.job
         try:
             kind = REGISTRY.get(job.kind) or UnknownKind(job.kind)
-            await run_job(ctx, kind)
+            with tracing.job_span(job) as span:  # current while the job runs: logs read its ids
+                span.set_attribute("job.outcome", await run_job(ctx, kind))
         except asyncio.CancelledError:
             pass
         except TRANSIENT_DB_ERRORS as e:
