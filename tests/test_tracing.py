@@ -383,3 +383,4 @@ def test_sdk_disabled_wins_over_an_endpoint(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     assert not tracing.export_configured()
     assert not tracing.setup_tracing("reaper").enabled
+

@@ -28,9 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, ContextManager, Iterator, Mapping, Sequence
 
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -84,13 +85,16 @@ def make_exporter() -> Any:
 
 def make_provider(service: str, processors: Sequence[Any] = ()) -> Any:
     """An SDK ``TracerProvider`` for service ``service`` (``service.name`` = ``z9-<service>``
-    unless ``OTEL_SERVICE_NAME`` is set) with ``processors`` added. Its sampler is the one
+    unless ``OTEL_SERVICE_NAME`` is set; ``service.instance.id`` = ``host:pid``) with
+    ``processors`` added. Its sampler is the one
     ``OTEL_TRACES_SAMPLER`` names (parent-based always-on by default), wrapped in
     :class:`SkipOrphanQueries`."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
 
-    attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: f"z9-{service}"}
+    attrs = {"service.instance.id": f"{socket.gethostname()}:{os.getpid()}"}
+    if not os.environ.get("OTEL_SERVICE_NAME"):
+        attrs[SERVICE_NAME] = f"z9-{service}"
     provider = TracerProvider(resource=Resource.create(attrs))
     provider.sampler = SkipOrphanQueries(provider.sampler)  # before any tracer is made from it
     for p in processors:
@@ -204,6 +208,8 @@ class SkipOrphanQueries:
 def current_trace_context() -> dict[str, str] | None:
     """The current span's W3C context as ``{"traceparent": …, "tracestate"?: …}`` (what a job
     row stores), or None when there is no current span (or tracing is off)."""
+    if not _active:
+        return None
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return carrier or None
@@ -242,13 +248,36 @@ def record_error(exc: BaseException, span: Any = None) -> None:
     span.set_attribute("z9.error_class", error_class(exc))
 
 
-@contextmanager
+class _Off:
+    """The span context manager while tracing is off: yields the invalid (no-op) span and
+    attaches nothing, at the cost of a ``with`` statement."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Any:
+        return trace.INVALID_SPAN
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_OFF = _Off()
+
+
 def span(name: str, attributes: Mapping[str, Any] | None = None, *, kind: SpanKind = SpanKind.INTERNAL,
-         parent: Any = None) -> Iterator[Any]:
-    """A span named ``name``, current for the ``with`` body (and for threads started from a
-    copy of the context). ``parent`` is an OTel context (:func:`context_from`); None means the
-    current span. An exception leaving the body is recorded (:func:`record_error`) and re-raised.
-    When tracing is off this yields the no-op span at the cost of a few context switches."""
+         parent: Any = None) -> ContextManager[Any]:
+    """A span named ``name``, current for the ``with`` body (and for threads run in a copy of
+    the context). ``parent`` is an OTel context (:func:`context_from`); None means the current
+    span. An exception leaving the body is recorded (:func:`record_error`) and re-raised.
+    When tracing is off this is a shared no-op context manager yielding the invalid span
+    (``bench/tracing_overhead.py`` measures both)."""
+    if not _active:
+        return _OFF
+    return _recording_span(name, attributes, kind, parent)
+
+
+@contextmanager
+def _recording_span(name: str, attributes: Mapping[str, Any] | None, kind: SpanKind, parent: Any) -> Iterator[Any]:
     with _tracer.start_as_current_span(name, context=parent, kind=kind, attributes=attributes,
                                        record_exception=False, set_status_on_exception=False) as s:
         try:
@@ -267,10 +296,10 @@ def job_attributes(job: Any) -> dict[str, Any]:
     return attrs
 
 
-@contextmanager
-def job_span(job: Any) -> Iterator[Any]:
+def job_span(job: Any) -> ContextManager[Any]:
     """The span of one attempt of ``job`` (``job <Kind>``), a child of the context stored in
     its row when there is one; set ``job.outcome`` on it when the attempt ends."""
-    with span(f"job {job.kind}", job_attributes(job), kind=SpanKind.CONSUMER,
-              parent=context_from(job.trace_context)) as s:
-        yield s
+    if not _active:
+        return _OFF
+    return _recording_span(f"job {job.kind}", job_attributes(job), SpanKind.CONSUMER,
+                           context_from(job.trace_context))
