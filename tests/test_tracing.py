@@ -242,6 +242,17 @@ async def test_delete_and_cancel_jobs_carry_their_request_trace(stack: Stack, sp
         assert _descends(js, http, _by_id(_trace(spans, http.context.trace_id)))
 
 
+async def test_a_client_traceparent_is_continued(api: Stack, spans: InMemorySpanExporter) -> None:
+    tid, sid = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    body = {"name": "traced-tp", "region": REGION, "image": "debian-12", "cores": 1, "memory_mib": 512, "disk_gib": 10}
+    status, out = await api.call("POST", "/servers", json=body, headers={"traceparent": f"00-{tid}-{sid}-01"})
+    assert status == 202, out
+    http = _server_span(spans, "POST /v1/servers")
+    assert format(http.context.trace_id, "032x") == tid and format(http.parent.span_id, "016x") == sid
+    row = await store.job_get(api.pool, out["job"]["id"])
+    assert row.trace_context["traceparent"] == f"00-{tid}-{format(http.context.span_id, '016x')}-01"
+
+
 async def test_bulk_inserted_jobs_carry_the_current_context(pool: Any, spans: InMemorySpanExporter) -> None:
     """``job_insert_many`` (the reaper's) writes ``trace_context``: the current span's, none
     outside a span."""
@@ -384,3 +395,19 @@ def test_sdk_disabled_wins_over_an_endpoint(monkeypatch: pytest.MonkeyPatch) -> 
     assert not tracing.export_configured()
     assert not tracing.setup_tracing("reaper").enabled
 
+
+
+def test_protocol_picks_the_exporter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", raising=False)
+    assert tracing.otlp_protocol() == "http/protobuf"
+    http = tracing.make_exporter()
+    assert type(http).__module__.startswith("opentelemetry.exporter.otlp.proto.http")
+    http.shutdown()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    grpc = tracing.make_exporter()  # connects lazily: nothing is sent here
+    assert type(grpc).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
+    grpc.shutdown()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")  # the traces-specific one wins
+    assert tracing.otlp_protocol() == "http/protobuf"
