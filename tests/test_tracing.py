@@ -179,8 +179,12 @@ async def test_create_request_and_its_job_are_one_trace(stack: Stack, spans: InM
     assert any(_descends(s, http, index) and not _descends(s, job_span, index)
                and "INSERT INTO jobs" in s.attributes.get("db.statement", "") for s in db)
     assert any(_descends(s, job_span, index) for s in db)
-    # Nothing recorded as an error on a clean run.
-    assert not [s.name for s in everything if s.status.status_code == StatusCode.ERROR]
+    # Nothing recorded as an error on a clean run, except task polls answered "no such task"
+    # (400: a task not yet visible on its node, tolerated by the waiter).
+    errors = [(s.name, s.attributes.get("http.response.status_code"), s.status.description)
+              for s in everything if s.status.status_code == StatusCode.ERROR]
+    assert all(e[0] == "GET /nodes/{node}/tasks/{upid}/status" and e[1] == 400 and "no such task" in e[2]
+               for e in errors), errors
 
 
 async def test_a_retried_job_keeps_both_attempts_in_the_request_trace(stack: Stack, sim: SimAdmin,
