@@ -15,6 +15,7 @@ from typing import Any, Awaitable, Callable
 
 from z9.common.logs import setup_logging
 from z9.common.settings import Settings
+from z9.common.tracing import setup_tracing
 
 
 async def _serve(service: Any) -> None:
@@ -196,4 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         # z9 dev talks to a terminal: text, unless Z9_LOG_FORMAT says otherwise
         fmt = "text" if args.command == "dev" and "Z9_LOG_FORMAT" not in os.environ else settings.log_format
         setup_logging(args.command, settings.log_level, fmt)
-    return args.fn(args, settings)
+    if args.command == "dev":  # a supervisor: each child process sets up its own tracing
+        return args.fn(args, settings)
+    try:
+        tracer = setup_tracing(args.command)  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    except ValueError as e:
+        print(f"z9: invalid tracing settings: {e}", file=sys.stderr)
+        return 2
+    try:
+        return args.fn(args, settings)
+    finally:
+        tracer.shutdown()  # flush the spans still queued

@@ -117,8 +117,9 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 RETURNING *;
 
 -- name: job_insert_many
-INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::int[])
+INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::int[],
+                     $9::jsonb[])
 RETURNING *;
 
 -- name: jobs_notify

@@ -7,7 +7,7 @@ raise :class:`~z9.common.errors.LeaseLost` when they match no row.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Protocol
 
@@ -15,6 +15,7 @@ from .errors import LeaseLost
 from .ids import new_id
 from .models import Job, Server
 from .sql import q
+from .tracing import current_trace_context
 
 
 class DB(Protocol):
@@ -165,7 +166,8 @@ async def server_mark_failed_by_job(db: DB, server_id: str, reason: str, *, kind
 
 @dataclass(frozen=True)
 class NewJob:
-    """A job to enqueue."""
+    """A job to enqueue. ``trace_context`` (W3C ``traceparent``/``tracestate``) defaults to the
+    current span's, taken when the NewJob is made: the executor's job span continues that trace."""
 
     kind: str
     region: str
@@ -174,7 +176,7 @@ class NewJob:
     resource_id: str | None = None
     args: dict[str, Any] | None = None
     max_attempts: int = 10
-    trace_context: dict[str, Any] | None = None
+    trace_context: dict[str, Any] | None = field(default_factory=current_trace_context)
 
 
 async def job_insert(db: DB, job: NewJob, *, notify: bool = True) -> Job:
@@ -196,7 +198,7 @@ async def job_insert_many(db: DB, jobs: list[NewJob], *, notify: bool = True) ->
         q("job_insert_many"),
         [new_id("job") for _ in jobs], [j.kind for j in jobs], [j.region for j in jobs],
         [j.tenant_id for j in jobs], [j.resource_type for j in jobs], [j.resource_id for j in jobs],
-        [j.args or {} for j in jobs], [j.max_attempts for j in jobs],
+        [j.args or {} for j in jobs], [j.max_attempts for j in jobs], [j.trace_context for j in jobs],
     )
     if notify:
         await jobs_notify(db, sorted({j.region for j in jobs}))

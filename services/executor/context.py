@@ -21,12 +21,12 @@ from typing import Any
 
 import asyncpg
 
-from z9.common import store
+from z9.common import store, tracing
 from z9.common.models import Job, utc_now_iso
 from z9.common.settings import Settings
 from z9.common.store import Lease
 
-from .proxmox import ProxmoxClient
+from .proxmox import ProxmoxClient, Upid
 
 
 @dataclass
@@ -124,5 +124,9 @@ class JobContext:
     async def wait_task(self, step: Step, upid: str) -> str:
         """Record ``upid`` in ``step`` and wait for the task to stop (see ProxmoxClient.wait_task)."""
         await self.step_detail(step, upid=upid)
-        return await self.pve.wait_task(upid, deadline_s=self.settings.task_deadline_s,
-                                        poll_s=self.settings.task_poll_s, on_poll=self.on_poll)
+        up = Upid.parse(upid)
+        with tracing.span(f"wait {up.type}", {"pve.task.type": up.type, "pve.node": up.node, "pve.upid": upid}) as span:
+            exitstatus = await self.pve.wait_task(upid, deadline_s=self.settings.task_deadline_s,
+                                                  poll_s=self.settings.task_poll_s, on_poll=self.on_poll)
+            span.set_attribute("pve.task.exitstatus", exitstatus)
+        return exitstatus

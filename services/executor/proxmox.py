@@ -22,6 +22,7 @@ read timeouts, and judges ``exitstatus`` (``OK`` and ``WARNINGS: n`` are success
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import re
 import time
@@ -31,10 +32,11 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
 import requests
+from opentelemetry.trace import SpanKind
 from proxmoxer import ProxmoxAPI
 from proxmoxer.core import ResourceException
 
-from z9.common import metrics
+from z9.common import metrics, tracing
 from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.settings import RegionSettings
 from z9.common.tags import normalize_tags
@@ -225,17 +227,25 @@ class ProxmoxClient:
 
     async def _call(self, endpoint: str, what: str, fn: Callable[[], Any]) -> Any:
         """Run one proxmoxer call in this client's thread pool; translate its errors.
-        ``endpoint`` is ``"METHOD /path/template"`` (one of :data:`ENDPOINTS`; logs and the
-        ``z9_proxmox_request*`` metrics)."""
+        ``endpoint`` is ``"METHOD /path/template"`` (one of :data:`ENDPOINTS`; logs, the
+        ``z9_proxmox_request*`` metrics and the call's span name)."""
         loop = asyncio.get_running_loop()
-        with metrics.proxmox_request(self.region, endpoint):
+        method, _, path = endpoint.partition(" ")
+        with metrics.proxmox_request(self.region, endpoint), \
+                tracing.span(endpoint, {"http.request.method": method, "url.template": path, "z9.region": self.region},
+                             kind=SpanKind.CLIENT) as span:
             try:
-                return await loop.run_in_executor(self._pool, fn)
+                # In a copy of this context, so the thread sees this call's span as current.
+                result = await loop.run_in_executor(self._pool, contextvars.copy_context().run, fn)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # translated at this single boundary
                 log.debug("%s (%s) failed: %r", what, endpoint, exc)
+                if isinstance(exc, ResourceException):
+                    span.set_attribute("http.response.status_code", exc.status_code)
                 raise translate(exc, what) from exc
+            span.set_attribute("http.response.status_code", 200)  # proxmoxer raises on any status >= 400
+            return result
 
     # ------------------------------------------------------------------ reads
 

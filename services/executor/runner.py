@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any
 
-from z9.common import metrics, store
+from z9.common import metrics, store, tracing
 from z9.common.backoff import backoff_delay_s
 from z9.common.db import TRANSIENT_DB_ERRORS
 from z9.common.errors import (GuardRefusal, InternalError, JobError, LeaseLost, PermanentError, Snooze,
@@ -53,17 +53,18 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
     extra = {"job_id": job.id, "kind": job.kind, "region": job.region, "attempt": job.attempt}
     try:
         try:
-            with metrics.phase(job, "observe"):
+            with metrics.phase(job, "observe"), tracing.span("observe", {"z9.phase": "observe"}):
                 world = await kind.observe(ctx)
-            with metrics.phase(job, "plan"):
+            with metrics.phase(job, "plan"), tracing.span("plan", {"z9.phase": "plan"}):
                 steps = kind.plan(job, world)
                 await ctx.set_plan(steps)
-            with metrics.phase(job, "apply"):
+            with metrics.phase(job, "apply"), tracing.span("apply", {"z9.phase": "apply"}):
                 for step in steps:
-                    await ctx.step_running(step)
-                    await kind.apply(ctx, world, step)
-                    await ctx.step_done(step)
-            with metrics.phase(job, "verify"):
+                    with tracing.span(f"step {step.name}", {"z9.step": step.name}):
+                        await ctx.step_running(step)
+                        await kind.apply(ctx, world, step)
+                        await ctx.step_done(step)
+            with metrics.phase(job, "verify"), tracing.span("verify", {"z9.phase": "verify"}):
                 observed = await kind.verify(ctx)
         except (JobError, LeaseLost, asyncio.CancelledError, *TRANSIENT_DB_ERRORS):
             raise
@@ -87,6 +88,7 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
         return _ended(ctx, "lost", "lease_lost")
     except Snooze as exc:
         ctx.mark_running_step_failed()
+        tracing.record_error(exc)
         try:
             waited = await _snoozed_for(ctx)
         except LeaseLost as lost:
@@ -98,11 +100,13 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
         return await _finish_temporary(ctx, kind, temp, extra=extra)
     except PermanentError as exc:
         ctx.mark_running_step_failed()
+        tracing.record_error(exc)
         if isinstance(exc, GuardRefusal):
             metrics.guard_refused(job)
         return await _finish_failed(ctx, kind, _error(exc), metrics.error_class(exc), extra=extra)
     except TemporaryError as exc:
         ctx.mark_running_step_failed()
+        tracing.record_error(exc)
         return await _finish_temporary(ctx, kind, exc, extra=extra)
 
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import asyncpg
 
-from z9.common import metrics, store
+from z9.common import metrics, store, tracing
 from z9.common.db import JOBS_CHANNEL, TRANSIENT_DB_ERRORS, create_pool
 from z9.common.errors import LeaseLost
 from z9.common.logs import bind_job, job_fields
@@ -143,7 +143,8 @@ class Executor:
         bind_job(job)  # every log line of this task carries the job's fields
         try:
             kind = REGISTRY.get(job.kind) or UnknownKind(job.kind)
-            await run_job(ctx, kind)
+            with tracing.job_span(job) as span:  # current while the job runs: logs read its ids
+                span.set_attribute("job.outcome", await run_job(ctx, kind))
         except asyncio.CancelledError:
             if not self._stopping.is_set():  # stalled or lease lost; on shutdown _drain counts it
                 metrics.attempt_ended(job, "lease_lost", "lease_lost", ctx.claimed_at)

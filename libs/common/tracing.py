@@ -1,0 +1,305 @@
+"""OpenTelemetry traces: one trace from an API request through every job attempt it caused.
+
+How a trace crosses processes. The API's request span (aiohttp server instrumentation, named
+after the route template, e.g. ``POST /v1/servers``) is the current span when the handler builds
+its :class:`~z9.common.store.NewJob`; the W3C ``traceparent``/``tracestate`` of that span go into
+the job row (``jobs.trace_context``, via :func:`current_trace_context`). The executor's job span
+(``job <Kind>``) of every attempt is a child of that stored context, so retries — on any
+executor — land in the same trace, each attempt one job span. Below it: one span per phase
+(``observe``, ``plan``, ``apply``, ``verify``), one per step (``step <name>``), one per Proxmox
+call (``GET /nodes/{node}/qemu/{vmid}/config``), one per task wait (``wait <UPID type>``), and
+the asyncpg instrumentation's query spans.
+
+On or off. :func:`setup_tracing` exports by OTLP only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set and ``OTEL_SDK_DISABLED`` is not ``true``;
+otherwise it installs nothing: no SDK provider, no instrumentation, and the spans below are
+the API's non-recording no-op spans (see ``bench/tracing_overhead.py`` for their cost).
+The protocol is ``http/protobuf`` unless ``OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL`` is ``grpc``;
+every other standard ``OTEL_*`` variable (headers, timeout, compression, certificates,
+``OTEL_BSP_*`` batching, ``OTEL_TRACES_SAMPLER``, ``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES``) is read by the SDK itself.
+
+Database queries that run outside any span (the scheduler's passes, the executor's claim
+polls, LISTEN health checks) would each start a one-span trace every second or so; the
+sampler drops them (:class:`SkipOrphanQueries`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, ContextManager, Iterator, Mapping, Sequence
+
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+log = logging.getLogger("z9.tracing")
+
+_tracer = trace.get_tracer("z9")  # a proxy: follows the global provider once one is set
+_active = False  # True once this process installed an SDK provider (setup_tracing or install)
+
+# Paths of the aiohttp server whose requests are not traced unless
+# OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS says otherwise (health checks and scrapes).
+DEFAULT_EXCLUDED_URLS = "/healthz$,/metrics$"
+
+
+# ------------------------------------------------------------------------------ setup
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() == "true"
+
+
+def export_configured() -> bool:
+    """True when the environment asks for OTLP export: ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` set (non-empty) and ``OTEL_SDK_DISABLED`` not true."""
+    if _env_true("OTEL_SDK_DISABLED"):
+        return False
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+                or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip())
+
+
+def otlp_protocol() -> str:
+    """``grpc`` or ``http/protobuf`` (the default), from ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``,
+    else ``OTEL_EXPORTER_OTLP_PROTOCOL``. Raises ValueError for another value (``http/json`` is
+    not supported by the installed exporters)."""
+    proto = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "").strip()
+             or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip() or "http/protobuf")
+    if proto not in ("grpc", "http/protobuf"):
+        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={proto!r}: z9 exports traces by 'http/protobuf' or 'grpc'")
+    return proto
+
+
+def make_exporter() -> Any:
+    """The OTLP span exporter for :func:`otlp_protocol`, configured by the standard
+    ``OTEL_EXPORTER_OTLP_*`` variables (read by the exporter)."""
+    if otlp_protocol() == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    return OTLPSpanExporter()
+
+
+def make_provider(service: str, processors: Sequence[Any] = ()) -> Any:
+    """An SDK ``TracerProvider`` for service ``service`` (``service.name`` = ``z9-<service>``
+    unless ``OTEL_SERVICE_NAME`` is set; ``service.instance.id`` = ``host:pid``) with
+    ``processors`` added. Its sampler is the one
+    ``OTEL_TRACES_SAMPLER`` names (parent-based always-on by default), wrapped in
+    :class:`SkipOrphanQueries`."""
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    attrs = {"service.instance.id": f"{socket.gethostname()}:{os.getpid()}"}
+    if not os.environ.get("OTEL_SERVICE_NAME"):
+        attrs[SERVICE_NAME] = f"z9-{service}"
+    provider = TracerProvider(resource=Resource.create(attrs))
+    provider.sampler = SkipOrphanQueries(provider.sampler)  # before any tracer is made from it
+    for p in processors:
+        provider.add_span_processor(p)
+    return provider
+
+
+def install(provider: Any) -> None:
+    """Make ``provider`` the process's global tracer provider and turn on the asyncpg and
+    aiohttp server instrumentations (the latter wraps every ``aiohttp.web.Application`` made
+    after this call, so call it before the app factory). The global provider can be set only
+    once per process: a second call leaves the first provider in place (the SDK logs a warning)."""
+    global _active
+    from opentelemetry.instrumentation.aiohttp_server import AioHttpServerInstrumentor
+    from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
+
+    os.environ.setdefault("OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS", DEFAULT_EXCLUDED_URLS)
+    trace.set_tracer_provider(provider)
+    AsyncPGInstrumentor().instrument()
+    AioHttpServerInstrumentor().instrument()
+    _active = True
+
+
+def uninstall_instrumentation() -> None:
+    """Undo the instrumentations of :func:`install` (the global provider stays: the API
+    cannot unset it). For tests."""
+    global _active
+    from opentelemetry.instrumentation.aiohttp_server import AioHttpServerInstrumentor
+    from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
+
+    AsyncPGInstrumentor().uninstrument()
+    AioHttpServerInstrumentor().uninstrument()
+    _active = False
+
+
+@dataclass
+class Tracing:
+    """What :func:`setup_tracing` set up. ``provider`` is None when tracing is off."""
+
+    service: str
+    provider: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.provider is not None
+
+    def shutdown(self) -> None:
+        """Flush the spans still queued (bounded by ``OTEL_BSP_EXPORT_TIMEOUT``) and stop the
+        exporter. Safe to call when tracing is off, and more than once."""
+        if self.provider is not None:
+            provider, self.provider = self.provider, None
+            try:
+                provider.shutdown()
+            except Exception:  # exporting is best effort; never fail a service's exit over it
+                log.warning("flushing traces failed", exc_info=True)
+
+
+def setup_tracing(service: str) -> Tracing:
+    """Set up tracing for one z9 process named ``service`` (``api``, ``executor``, ...).
+
+    With an OTLP endpoint configured (:func:`export_configured`): an SDK provider
+    (:func:`make_provider`) exporting through a ``BatchSpanProcessor`` and the exporter of
+    :func:`make_exporter`, installed globally with the asyncpg and aiohttp server
+    instrumentations (:func:`install`). Otherwise nothing is installed and spans are no-ops.
+    Call :meth:`Tracing.shutdown` on exit to flush. Raises ValueError for an unsupported
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``.
+    """
+    if not export_configured():
+        return Tracing(service)
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = make_provider(service, [BatchSpanProcessor(make_exporter())])
+    install(provider)
+    log.info("tracing: exporting spans of z9-%s by OTLP (%s)", service, otlp_protocol())
+    return Tracing(service, provider)
+
+
+def active() -> bool:
+    """True when this process records spans (an SDK provider was installed)."""
+    return _active
+
+
+# ------------------------------------------------------------------------------ sampling
+
+
+class SkipOrphanQueries:
+    """A sampler that drops root spans of database queries (a query with no parent span: the
+    scheduler's passes, claim polls, health checks) and defers everything else to ``delegate``.
+    A query inside a request or job span follows its parent as usual."""
+
+    def __init__(self, delegate: Any):
+        self.delegate = delegate
+
+    def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
+                      attributes: Any = None, links: Any = None, trace_state: Any = None) -> Any:
+        from opentelemetry.sdk.trace.sampling import Decision, SamplingResult
+
+        if (kind == SpanKind.CLIENT and attributes and "db.system" in attributes
+                and not trace.get_current_span(parent_context).get_span_context().is_valid):
+            return SamplingResult(Decision.DROP)
+        return self.delegate.should_sample(parent_context, trace_id, name, kind, attributes, links,
+                                           trace_state)
+
+    def get_description(self) -> str:
+        return f"SkipOrphanQueries{{{self.delegate.get_description()}}}"
+
+
+# ------------------------------------------------------------------------------ propagation
+
+
+def current_trace_context() -> dict[str, str] | None:
+    """The current span's W3C context as ``{"traceparent": …, "tracestate"?: …}`` (what a job
+    row stores), or None when there is no current span (or tracing is off)."""
+    if not _active:
+        return None
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier or None
+
+
+def context_from(trace_context: Mapping[str, str] | None) -> Any:
+    """The OTel context a stored ``trace_context`` dict describes (None when there is none or
+    tracing is off: the span then starts a new trace)."""
+    if not trace_context or not _active:
+        return None
+    return propagate.extract(dict(trace_context))
+
+
+# ------------------------------------------------------------------------------ spans
+
+
+def error_class(exc: BaseException) -> str:
+    """The z9 error class of ``exc``: ``temporary``, ``permanent``, ``snooze`` (its
+    ``error_class``), ``cancelled`` for task cancellation, else ``internal``."""
+    cls = getattr(exc, "error_class", None)
+    if cls:
+        return str(cls)
+    return "cancelled" if isinstance(exc, asyncio.CancelledError) else "internal"
+
+
+def record_error(exc: BaseException, span: Any = None) -> None:
+    """Mark ``span`` (default: the current span) failed by ``exc``: status ERROR with the
+    message, an ``exception`` event, ``error.type`` (the exception class) and ``z9.error_class``
+    (:func:`error_class`)."""
+    span = span if span is not None else trace.get_current_span()
+    if not span.is_recording():
+        return
+    span.set_status(Status(StatusCode.ERROR, f"{exc.__class__.__name__}: {exc}"))
+    span.record_exception(exc)
+    span.set_attribute("error.type", exc.__class__.__qualname__)
+    span.set_attribute("z9.error_class", error_class(exc))
+
+
+class _Off:
+    """The span context manager while tracing is off: yields the invalid (no-op) span and
+    attaches nothing, at the cost of a ``with`` statement."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Any:
+        return trace.INVALID_SPAN
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_OFF = _Off()
+
+
+def span(name: str, attributes: Mapping[str, Any] | None = None, *, kind: SpanKind = SpanKind.INTERNAL,
+         parent: Any = None) -> ContextManager[Any]:
+    """A span named ``name``, current for the ``with`` body (and for threads run in a copy of
+    the context). ``parent`` is an OTel context (:func:`context_from`); None means the current
+    span. An exception leaving the body is recorded (:func:`record_error`) and re-raised.
+    When tracing is off this is a shared no-op context manager yielding the invalid span
+    (``bench/tracing_overhead.py`` measures both)."""
+    if not _active:
+        return _OFF
+    return _recording_span(name, attributes, kind, parent)
+
+
+@contextmanager
+def _recording_span(name: str, attributes: Mapping[str, Any] | None, kind: SpanKind, parent: Any) -> Iterator[Any]:
+    with _tracer.start_as_current_span(name, context=parent, kind=kind, attributes=attributes,
+                                       record_exception=False, set_status_on_exception=False) as s:
+        try:
+            yield s
+        except BaseException as exc:
+            record_error(exc, s)
+            raise
+
+
+def job_attributes(job: Any) -> dict[str, Any]:
+    """Span attributes of a job row (``z9.common.models.Job``)."""
+    attrs = {"job.id": job.id, "job.kind": job.kind, "job.region": job.region, "job.attempt": job.attempt}
+    if job.resource_id:
+        attrs["z9.resource.id"] = job.resource_id
+        attrs["z9.resource.type"] = job.resource_type or ""
+    return attrs
+
+
+def job_span(job: Any) -> ContextManager[Any]:
+    """The span of one attempt of ``job`` (``job <Kind>``), a child of the context stored in
+    its row when there is one; set ``job.outcome`` on it when the attempt ends."""
+    if not _active:
+        return _OFF
+    return _recording_span(f"job {job.kind}", job_attributes(job), SpanKind.CONSUMER,
+                           context_from(job.trace_context))
