@@ -444,6 +444,13 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
         prom_url = f"http://127.0.0.1:{prom_port}"
         _wait_listening(prom_port, prom, "prometheus")
         deadline = time.monotonic() + 30
+        while True:  # listening is not ready: queries answer 503 until the TSDB is open
+            try:
+                with urllib.request.urlopen(f"{prom_url}/-/ready", timeout=2):
+                    break
+            except OSError:
+                assert prom.poll() is None and time.monotonic() < deadline, "prometheus never got ready"
+                await asyncio.sleep(0.2)
         while True:
             up = _prom_query(prom_url, 'sum(up{job="z9"})')
             if up and float(up[0]["value"][1]) == 4:
