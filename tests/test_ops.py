@@ -38,7 +38,7 @@ ENV_EXAMPLE = ROOT / ".env.example"
 
 
 def _load_script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"z9_deploy_{name}", DEPLOY / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"z9_deploy_{name.replace('/', '_')}", DEPLOY / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
@@ -47,6 +47,7 @@ def _load_script(name: str) -> ModuleType:
 
 check_queries = _load_script("check_queries")
 gen_grafana_alerts = _load_script("gen_grafana_alerts")
+gen_dashboard = _load_script("grafana/gen_dashboard")
 
 
 def _binary(name: str) -> str:
@@ -211,6 +212,22 @@ def test_compose_has_no_secrets_health_checks_restart_policies_and_ordered_start
     assert "api:8080" in targets
 
 
+def test_dev_prometheus_config_reads_the_targets_file_z9_dev_writes(tmp_path: Path) -> None:
+    from z9.dev import metrics_ports, write_prometheus_targets
+
+    config = yaml.safe_load((DEPLOY / "prometheus" / "dev.yml").read_text())
+    assert config["rule_files"] == ["rules/z9.rules.yml"]
+    (job,) = config["scrape_configs"]
+    (files,) = [sd["files"] for sd in job["file_sd_configs"]]
+    # Prometheus resolves relative paths against the config file's folder.
+    assert [(DEPLOY / "prometheus" / f).resolve() for f in files] == [ROOT / ".z9" / "prometheus-targets.json"]
+    assert "prometheus-targets.json" in (ROOT / "z9" / "dev.py").read_text()
+    write_prometheus_targets(tmp_path / "t.json", metrics_ports(8080, 9101))
+    groups = json.loads((tmp_path / "t.json").read_text())
+    assert {g["labels"]["service"] for g in groups} == {"api", "scheduler", "executor", "reaper"}
+    assert all(len(g["targets"]) == 1 and g["targets"][0].startswith("127.0.0.1:") for g in groups)
+
+
 # --- Prometheus rules ------------------------------------------------------------------------
 
 def test_promtool_checks_the_rules_and_configs() -> None:
@@ -292,6 +309,7 @@ def test_grafana_alerts_are_generated_from_the_prometheus_rules() -> None:
 
 
 def test_dashboard_is_valid_and_every_panel_has_a_datasource_and_queries() -> None:
+    assert gen_dashboard.main(["--check"]) == 0, "run python deploy/grafana/gen_dashboard.py"
     dashboard = json.loads(DASHBOARD.read_text())
     assert dashboard["uid"] and dashboard["title"]
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
