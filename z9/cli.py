@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import signal
 import sys
@@ -192,5 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"z9: invalid settings: {e}", file=sys.stderr)
         return 2
     if args.command != "sim":
-        setup_logging(args.command, settings.log_level, settings.log_format)
+        # z9 dev talks to a terminal: text, unless Z9_LOG_FORMAT says otherwise
+        fmt = "text" if args.command == "dev" and "Z9_LOG_FORMAT" not in os.environ else settings.log_format
+        setup_logging(args.command, settings.log_level, fmt)
     return args.fn(args, settings)

@@ -22,9 +22,14 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Iterable, Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
+from prometheus_client.exposition import choose_encoder
 
 from .errors import GuardRefusal, InternalError, PermanentError, Snooze, TemporaryError
+
+# No ``*_created`` series next to every counter and histogram: they double the series count and
+# no z9 dashboard or alert uses them (prometheus-client's switch; process-wide).
+disable_created_metrics()
 
 # ---------------------------------------------------------------------------------- label sets
 
@@ -343,9 +348,12 @@ _seen_job_series: set[tuple[str, str, str]] = set()
 
 # ---------------------------------------------------------------------------------- serving
 
-def exposition() -> tuple[bytes, str]:
-    """The default registry in the text exposition format: ``(body, content type)``."""
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+def exposition(accept: str | None = None) -> tuple[bytes, str]:
+    """The default registry as ``(body, content type)``, in the format the ``Accept`` header
+    asks for (OpenMetrics, or the Prometheus text format; 0.0.4 by default) — as
+    prometheus-client's own server answers."""
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(REGISTRY), content_type
 
 
 def serve(host: str, port: int) -> Any:

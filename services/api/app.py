@@ -350,7 +350,7 @@ async def openapi(request: web.Request) -> web.Response:
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
     """``GET /metrics``: this process's Prometheus metrics (no authentication)."""
-    body, content_type = metrics.exposition()
+    body, content_type = metrics.exposition(request.headers.get("Accept"))
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
