@@ -228,6 +228,15 @@ def test_dev_prometheus_config_reads_the_targets_file_z9_dev_writes(tmp_path: Pa
     assert all(len(g["targets"]) == 1 and g["targets"][0].startswith("127.0.0.1:") for g in groups)
 
 
+def test_a_missing_prometheus_binary_skips_unless_required(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("Z9_REQUIRE_PROMETHEUS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y prometheus"):
+        _binary("z9-no-such-binary")
+    monkeypatch.setenv("Z9_REQUIRE_PROMETHEUS", "1")
+    with pytest.raises(pytest.fail.Exception, match="Z9_REQUIRE_PROMETHEUS=1"):
+        _binary("z9-no-such-binary")
+
+
 # --- Prometheus rules ------------------------------------------------------------------------
 
 def test_promtool_checks_the_rules_and_configs() -> None:
@@ -503,6 +512,30 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
                         break
                 assert time.monotonic() < deadline, "the deleted server never reached `deleted`"
                 await asyncio.sleep(0.2)
+            # The near-miss of the seeds: a stale row pointing at the region's agent VM (vmid 100,
+            # tagged z9-role-agent). Stopping it is refused by the deletion guard.
+            await pool.execute("UPDATE servers SET vmid = 100, node = 'pve1', power_state = 'running', "
+                               "status = 'running' WHERE id = $1", created[2]["server"]["id"])
+            async with http.delete(f"{base}/servers/{created[2]['server']['id']}") as r:
+                assert r.status == 202, await r.text()
+                guarded = (await r.json())["job"]
+            job = await _wait_terminal(http, base, guarded["id"])
+            assert job["status"] == "failed" and "z9-role-agent" in job["error"]["message"], job
+
+        # The page fires at once (no `for:`) from the real metrics; the failed jobs' alert is
+        # pending (for: 1m); nothing else fires on this otherwise healthy stack.
+        deadline = time.monotonic() + 30
+        while True:
+            alerts = {(a["metric"]["alertname"], a["metric"]["alertstate"])
+                      for a in _prom_query(prom_url, "ALERTS")}
+            if ("Z9DeletionGuardRefusal", "firing") in alerts and ("Z9JobsFailed", "pending") in alerts:
+                break
+            assert time.monotonic() < deadline, f"alerts now: {alerts}"
+            await asyncio.sleep(0.5)
+        guard = _prom_query(prom_url, 'ALERTS{alertname="Z9DeletionGuardRefusal"}')
+        assert [(a["metric"]["kind"], a["metric"]["region"], a["metric"]["severity"]) for a in guard] == [
+            ("ServerStop", REGION, "page")]
+        assert {name for name, _ in alerts} <= {"Z9DeletionGuardRefusal", "Z9JobsFailed", "Z9JobRetryRateHigh"}, alerts
 
         variables = {"region": REGION, "__rate_interval": "1m", "__interval": "15s", "__range": "1h"}
         queries = check_queries.all_queries(DASHBOARD, RULES, variables)
