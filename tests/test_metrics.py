@@ -421,7 +421,8 @@ async def processes(settings: Settings, sim: SimAdmin) -> AsyncIterator[dict[str
         for name in ("scheduler", "executor", "reaper"):
             port = free_port()
             proc = subprocess.Popen([sys.executable, "-m", "z9", name], env=_env(settings, port),
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                    stdout=subprocess.DEVNULL, text=True,  # the executor's log is read
+                                    stderr=subprocess.PIPE if name == "executor" else subprocess.DEVNULL)
             procs[name] = (proc, f"http://127.0.0.1:{port}/metrics")
         yield procs
     finally:
@@ -497,3 +498,74 @@ def test_every_proxmox_endpoint_has_pre_created_series() -> None:
     source = Path(proxmox.__file__).read_text()
     used = set(re.findall(r'"((?:GET|POST|PUT|DELETE) /[^"]*)"', source))
     assert used and used == set(proxmox.ENDPOINTS)
+
+
+# ---------------------------------------------------------------------------------- outcomes
+
+async def test_retries_task_failures_and_proxmox_statuses_are_counted(stack: Stack, sim: SimAdmin) -> None:
+    await sim.fault(method="POST", path=r"/clone$", action="error", status=500,
+                    reason="can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout", times=1)
+    await sim.fault(method="POST", path=r"/status/start$", action="fail_task",
+                    exitstatus="start failed: QEMU exited with code 1", times=1)
+    before = local()
+    _, job = await stack.create_server("m-7")
+    done = await stack.wait_job(job["id"])
+    assert done["status"] == "succeeded" and done["attempt"] == 3, done
+    after = await settled("z9_job_attempts_total", before, kind="ServerCreate", region=REGION,
+                          outcome="succeeded", error_class="none")
+    create = {"kind": "ServerCreate", "region": REGION}
+    assert delta(after, before, "z9_job_attempts_total", **create, outcome="retry", error_class="temporary") == 2
+    assert delta(after, before, "z9_job_duration_seconds_count", **create, outcome="retry") == 2
+    clone = {"region": REGION, "method": "POST", "endpoint": "/nodes/{node}/qemu/{vmid}/clone"}
+    assert delta(after, before, "z9_proxmox_requests_total", **clone, status="500") == 1
+    assert delta(after, before, "z9_proxmox_requests_total", **clone, status="200") == 1
+    assert delta(after, before, "z9_proxmox_task_wait_seconds_count", region=REGION, task_type="qmstart",
+                 outcome="failed") == 1
+    assert delta(after, before, "z9_proxmox_task_wait_seconds_count", region=REGION, task_type="qmstart",
+                 outcome="ok") == 1
+
+
+async def test_a_dropped_answer_counts_as_error(stack: Stack, sim: SimAdmin) -> None:
+    await sim.fault(method="POST", path=r"/clone$", action="drop", times=1)
+    before = local()
+    _, job = await stack.create_server("m-8")
+    assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
+    after = local()
+    assert delta(after, before, "z9_proxmox_requests_total", region=REGION, method="POST",
+                 endpoint="/nodes/{node}/qemu/{vmid}/clone", status="error") == 1
+
+
+async def test_shutdown_hands_over_and_counts_it(stack: Stack, sim: SimAdmin) -> None:
+    await sim.configure(task_seconds={"qmclone": 5.0})
+    stack.settings.shutdown_grace_s = 0.2
+    before = local()
+    _, job = await stack.create_server("m-9")
+    for _ in range(200):
+        steps = (await stack.job(job["id"]))["steps"]
+        if steps and steps[0]["state"] == "running" and steps[0]["detail"].get("upid"):
+            break
+        await asyncio.sleep(0.05)
+    assert val(local(), "z9_executor_jobs_in_flight", region=REGION) == 1
+    await stack.stop_service("executor")
+    after = local()
+    assert delta(after, before, "z9_job_attempts_total", kind="ServerCreate", region=REGION,
+                 outcome="handed_over", error_class="none") == 1
+    assert val(after, "z9_executor_jobs_in_flight", region=REGION) == 0
+    assert (await stack.job(job["id"]))["status"] in ("retry", "pending")
+
+
+async def test_an_expired_deletion_buffer_is_counted(stack: Stack, sim: SimAdmin) -> None:
+    stack.settings.deletion_buffer_s = 0.3
+    server, job = await stack.create_server("m-10")
+    assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
+    before = local()
+    status, out = await stack.call("DELETE", f"/servers/{server['id']}")
+    assert status == 202
+    for _ in range(400):
+        if (await stack.server(server["id"]))["status"] == "deleted":
+            break
+        await asyncio.sleep(0.05)
+    after = local()
+    assert delta(after, before, "z9_deletion_buffer_expiries_total", region=REGION) == 1
+    assert delta(after, before, "z9_job_attempts_total", kind="ServerDelete", region=REGION,
+                 outcome="succeeded", error_class="none") == 1
