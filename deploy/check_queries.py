@@ -19,7 +19,8 @@ is only required to be accepted, while the expression with every comparison to a
 must return data (that shows the metric names, labels and aggregations match what the services
 export). Recording rules are checked as their expression and as their recorded name.
 
-Exit status 0 when every check passes, 1 otherwise (each failure printed). Needs Python ≥ 3.11 and
+Exit status 0 when every check passes, 1 otherwise (each failure printed), 2 when Prometheus
+does not answer at all. Needs Python ≥ 3.11 and
 PyYAML; no other dependency, so an operator can run it from any checkout.
 """
 from __future__ import annotations
@@ -224,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     variables = {"region": args.region, "__rate_interval": args.rate_interval, "__interval": args.interval,
                  "__range": args.range}
     queries = all_queries(args.dashboard, args.rules, variables)
+    try:
+        instant_query(args.prometheus, "vector(1)")
+    except RuntimeError as e:
+        print(f"check_queries: {e}", file=sys.stderr)
+        return 2
     results = check(args.prometheus, queries, args.wait)
     failed = [r for r in results if r.error]
     for r in results:
