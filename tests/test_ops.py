@@ -523,12 +523,13 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
             assert job["status"] == "failed" and "z9-role-agent" in job["error"]["message"], job
 
         # The page fires at once (no `for:`) from the real metrics; the failed jobs' alert is
-        # pending (for: 1m); nothing else fires on this otherwise healthy stack.
+        # pending (for: 1m; firing on a slow machine); nothing else fires on this healthy stack.
         deadline = time.monotonic() + 30
         while True:
             alerts = {(a["metric"]["alertname"], a["metric"]["alertstate"])
                       for a in _prom_query(prom_url, "ALERTS")}
-            if ("Z9DeletionGuardRefusal", "firing") in alerts and ("Z9JobsFailed", "pending") in alerts:
+            if ("Z9DeletionGuardRefusal", "firing") in alerts and {
+                    ("Z9JobsFailed", "pending"), ("Z9JobsFailed", "firing")} & alerts:
                 break
             assert time.monotonic() < deadline, f"alerts now: {alerts}"
             await asyncio.sleep(0.5)
