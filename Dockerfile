@@ -1,0 +1,28 @@
+# The one z9 image: every service is `z9 <command>` (see compose.yaml for the commands).
+#   docker build -t z9 .
+#   docker run --rm z9 --help
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+RUN useradd --system --create-home --home-dir /home/z9 --shell /usr/sbin/nologin z9 \
+    && mkdir -p /var/lib/z9-sim && chown z9:z9 /var/lib/z9-sim
+
+WORKDIR /app
+# Only what the package needs (see pyproject.toml's package-dir); secrets and state stay out
+# (.dockerignore).
+COPY pyproject.toml README.md ./
+COPY z9 ./z9
+COPY libs ./libs
+COPY services ./services
+COPY db ./db
+COPY simulator ./simulator
+RUN pip install . && z9 --help >/dev/null
+
+USER z9
+WORKDIR /home/z9
+ENTRYPOINT ["z9"]
+CMD ["--help"]
