@@ -468,6 +468,8 @@ async def test_service_processes_serve_metrics_and_json_logs(api: Stack, process
         assert time.monotonic() < deadline, "the scheduler never counted the finished job"
         await asyncio.sleep(0.2)
     assert not any("z9_http" in name for name, _ in s)  # each process serves its own metrics
+    for other in (s, r):  # only executors export the LISTEN health
+        assert not any(name.startswith("z9_executor_listen") for name, _ in other)
 
     executor.terminate()
     _, err = executor.communicate(timeout=30)

@@ -126,10 +126,12 @@ EXECUTOR_IN_FLIGHT = Gauge(
     ["region"])
 EXECUTOR_LISTEN_HEALTHY = Gauge(
     "z9_executor_listen_healthy",
-    "1 while the executor's LISTEN connection is up, 0 while it is being re-established.")
+    "1 while the executor's LISTEN connection is up, 0 while it is being re-established.",
+    registry=None)  # registered by init_executor: only executors export it
 EXECUTOR_LISTEN_RECONNECTS = Counter(
     "z9_executor_listen_reconnects_total",
-    "LISTEN connections re-established (each followed by a catch-up claim).")
+    "LISTEN connections re-established (each followed by a catch-up claim).",
+    registry=None)  # registered by init_executor
 
 # ---------------------------------------------------------------------------------- reaper
 
@@ -165,10 +167,17 @@ def init_scheduler(kinds: Iterable[str], regions: Iterable[str]) -> None:
                 JOBS.labels(kind, region, status)
 
 
+_registered: set[Any] = set()
+
+
 def init_executor(kinds: Iterable[str], regions: Iterable[str]) -> None:
     """Create the executor's per-job series at 0 for every ``kind`` × ``region`` × the outcome /
     error-class pairs of :data:`ATTEMPT_ENDINGS`, phases and outcomes."""
     kinds, regions = list(kinds), list(regions)
+    for metric in (EXECUTOR_LISTEN_HEALTHY, EXECUTOR_LISTEN_RECONNECTS):
+        if metric not in _registered:  # once per process, however many executors it runs
+            REGISTRY.register(metric)
+            _registered.add(metric)
     EXECUTOR_LISTEN_HEALTHY.set(0)
     for region in regions:
         EXECUTOR_IN_FLIGHT.labels(region)
