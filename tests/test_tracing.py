@@ -415,3 +415,21 @@ def test_protocol_picks_the_exporter(monkeypatch: pytest.MonkeyPatch) -> None:
     grpc.shutdown()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")  # the traces-specific one wins
     assert tracing.otlp_protocol() == "http/protobuf"
+
+
+@pytest.mark.parametrize("bad", ["garbage", [1, 2], {"traceparent": 5}, {"traceparent": {"a": 1}},
+                                 {"traceparent": "00-zz-yy-01"}])
+async def test_a_malformed_stored_trace_context_does_not_stop_the_job(stack: Stack, spans: InMemorySpanExporter,
+                                                                        bad: Any) -> None:
+    """A job row whose ``trace_context`` is not a ``{str: str}`` W3C carrier runs normally, in a
+    trace of its own (it used to crash the job span before the job ran, until the lease expired)."""
+    server, job = await stack.create_server("traced-bad")
+    assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
+    async with stack.pool.acquire() as conn, conn.transaction():
+        start = await store.job_insert(conn, store.NewJob(
+            kind="ServerStart", region=REGION, tenant_id=stack.tenant_id,
+            resource_type="server", resource_id=server["id"], trace_context=bad))
+    done = await stack.wait_job(start.id, timeout_s=20)
+    assert done["status"] == "succeeded" and done["attempt"] == 1, done
+    [js] = await _job_spans(spans, start.id, 1)
+    assert js.parent is None  # a new trace

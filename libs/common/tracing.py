@@ -215,12 +215,21 @@ def current_trace_context() -> dict[str, str] | None:
     return carrier or None
 
 
-def context_from(trace_context: Mapping[str, str] | None) -> Any:
-    """The OTel context a stored ``trace_context`` dict describes (None when there is none or
-    tracing is off: the span then starts a new trace)."""
+def context_from(trace_context: Any) -> Any:
+    """The OTel context a stored ``trace_context`` describes (None when there is none, when
+    tracing is off, or when the value is not a ``{str: str}`` mapping the W3C propagator accepts:
+    the span then starts a new trace). Never raises: a malformed row must not stop its job."""
     if not trace_context or not _active:
         return None
-    return propagate.extract(dict(trace_context))
+    if not isinstance(trace_context, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in trace_context.items()):
+        log.warning("ignoring a malformed trace_context %.200r", trace_context)
+        return None
+    try:
+        return propagate.extract(dict(trace_context))
+    except Exception as exc:  # a propagator's parse error: start a new trace instead
+        log.warning("ignoring trace_context %.200r: %s", trace_context, exc)
+        return None
 
 
 # ------------------------------------------------------------------------------ spans
