@@ -113,6 +113,9 @@ async def test_api_metrics_by_route_template_without_auth(api: Stack) -> None:
         assert r.status == 404
     status, _ = await api.call("GET", "/servers", token="z9t_wrong")
     assert status == 401
+    for verb in ("PROPFIND", "MKCALENDAR", "LOCK"):  # not z9's methods: one `other` label value
+        async with api.http.request(verb, api.base.removesuffix("/v1") + "/healthz") as r:
+            assert r.status == 405
 
     after = await scrape(metrics_url(api))
     assert delta(after, before, "z9_http_requests_total", method="POST", route="/v1/servers", status="202") == 1
@@ -125,6 +128,8 @@ async def test_api_metrics_by_route_template_without_auth(api: Stack) -> None:
     # the first scrape itself was counted, by its own route
     assert delta(after, before, "z9_http_requests_total", method="GET", route="/metrics", status="200") == 1
     assert not any("srv_" in str(labels) for _, labels in after)  # never an id in a label
+    assert delta(after, before, "z9_http_requests_total", method="other", route="unmatched", status="405") == 3
+    assert not any(dict(labels).get("method") in ("PROPFIND", "MKCALENDAR", "LOCK") for _, labels in after)
 
 
 # ---------------------------------------------------------------------------------- executor, in process

@@ -211,6 +211,16 @@ def init_reaper(regions: Iterable[str]) -> None:
         DELETION_BUFFER_EXPIRIES.labels(region)
 
 
+#: HTTP methods kept as ``method`` label values; any other (``PROPFIND``, an invented token the
+#: pure-Python parser lets through) is ``other``, so clients cannot grow the label set.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def http_method_label(method: str) -> str:
+    """``method`` when it is one of :data:`HTTP_METHODS`, else ``other``."""
+    return method if method in HTTP_METHODS else "other"
+
+
 def init_api(routes: Iterable[tuple[str, str]]) -> None:
     """Create the API's series at 0 for every ``(method, route template)``: its duration and a
     ``500`` count, so error-rate expressions return 0 rather than nothing."""

@@ -58,8 +58,9 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     finally:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else "unmatched"
-        metrics.HTTP_REQUEST_DURATION.labels(request.method, route).observe(time.perf_counter() - start)
-        metrics.HTTP_REQUESTS.labels(request.method, route, str(status)).inc()
+        method = metrics.http_method_label(request.method)
+        metrics.HTTP_REQUEST_DURATION.labels(method, route).observe(time.perf_counter() - start)
+        metrics.HTTP_REQUESTS.labels(method, route, str(status)).inc()
 
 
 @web.middleware
