@@ -214,6 +214,26 @@ async def test_lease_reclaim_and_promotion_are_counted(stack: Stack, sim: SimAdm
     after = local()
     assert delta(after, before, "z9_lease_reclaims_total", kind="ServerCreate", region=REGION) == 1
     assert delta(after, before, "z9_job_promotions_total", region=REGION) == 1
+    assert delta(after, before, "z9_job_attempts_total", kind="ServerCreate", region=REGION,
+                 outcome="failed", error_class="attempts_exhausted") == 0
+
+
+async def test_a_job_failed_at_lease_reclaim_counts_as_a_failed_attempt(stack: Stack, sim: SimAdmin) -> None:
+    """Out of attempts when its lease expires: the scheduler fails it, and counts it where the
+    failure alerts look (no executor is there to count it)."""
+    await stack.stop_service("executor")
+    _, job = await stack.create_server("m-6")
+    await stack.pool.execute("UPDATE jobs SET status = 'running', attempt = max_attempts, lease_owner = 'dead', "
+                             "lease_expires_at = now() - interval '1 second' WHERE id = $1", job["id"])
+    before = local()
+    for _ in range(100):
+        if (await stack.job(job["id"]))["status"] == "failed":
+            break
+        await asyncio.sleep(0.05)
+    after = local()
+    assert delta(after, before, "z9_lease_reclaims_total", kind="ServerCreate", region=REGION) == 1
+    assert delta(after, before, "z9_job_attempts_total", kind="ServerCreate", region=REGION,
+                 outcome="failed", error_class="attempts_exhausted") == 1
 
 
 # 6 (issue 2): the deletion guard, now counted

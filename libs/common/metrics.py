@@ -163,8 +163,16 @@ def init_scheduler(kinds: Iterable[str], regions: Iterable[str]) -> None:
         JOB_PROMOTIONS.labels(region)
         for kind in kinds:
             LEASE_RECLAIMS.labels(kind, region)
+            JOB_ATTEMPTS.labels(kind, region, "failed", "attempts_exhausted")  # see reclaim_failed
             for status in JOB_STATUSES:
                 JOBS.labels(kind, region, status)
+
+
+def reclaim_failed(kind: str, region: str) -> None:
+    """Count a job the scheduler failed at lease reclaim (its attempts ran out while no executor
+    held it) as ``z9_job_attempts_total{outcome="failed", error_class="attempts_exhausted"}``: no
+    executor can count that ending, and the failure alerts must see it."""
+    JOB_ATTEMPTS.labels(kind, region, "failed", "attempts_exhausted").inc()
 
 
 _registered: set[Any] = set()

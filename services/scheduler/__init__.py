@@ -82,6 +82,7 @@ class Scheduler:
                                        "attempt": r["attempt"]})
                     if r["status"] == "failed":
                         counts.reclaimed_failed += 1
+                        metrics.reclaim_failed(r["kind"], r["region"])
                         if r["resource_type"] == "server":
                             await store.server_mark_failed_by_job(conn, r["resource_id"], r["error"]["message"],
                                                                   kind=r["kind"])
