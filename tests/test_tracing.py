@@ -433,3 +433,24 @@ async def test_a_malformed_stored_trace_context_does_not_stop_the_job(stack: Sta
     assert done["status"] == "succeeded" and done["attempt"] == 1, done
     [js] = await _job_spans(spans, start.id, 1)
     assert js.parent is None  # a new trace
+
+
+async def test_the_final_delete_continues_the_delete_request_trace(stack: Stack, spans: InMemorySpanExporter) -> None:
+    """The reaper's ServerDelete (after the buffer) is in the trace of ``DELETE /v1/servers/{id}``."""
+    stack.settings.deletion_buffer_s = 0.3
+    server, job = await stack.create_server("traced-gone")
+    assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
+    status, out = await stack.call("DELETE", f"/servers/{server['id']}")
+    assert status == 202, out
+    for _ in range(300):
+        if (await stack.server(server["id"]))["status"] == "deleted":
+            break
+        await asyncio.sleep(0.05)
+    status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
+    [final] = [j for j in jobs["jobs"] if j["kind"] == "ServerDelete"]
+    assert final["status"] == "succeeded", final
+    http = _server_span(spans, "DELETE /v1/servers/{id}")
+    row = await store.job_get(stack.pool, final["id"])
+    assert _traceparent_trace_id(row.trace_context) == http.context.trace_id
+    [js] = await _job_spans(spans, final["id"], 1)
+    assert js.context.trace_id == http.context.trace_id

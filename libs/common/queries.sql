@@ -80,7 +80,11 @@ WITH due AS (
 UPDATE servers s
 SET status = 'destroying', updated_at = now()
 FROM due WHERE s.id = due.id
-RETURNING s.*;
+RETURNING s.*,
+    -- the trace of the request that started the deletion (its ServerStop, the server's latest
+    -- job): the final ServerDelete continues it
+    (SELECT j.trace_context FROM jobs j
+     WHERE j.resource_id = s.id ORDER BY j.seq DESC LIMIT 1) AS deletion_trace_context;
 
 -- name: server_observed
 -- $5: the status verify established, applied only when the current status is one of $6

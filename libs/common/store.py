@@ -128,9 +128,12 @@ async def server_cancel_deletion(db: DB, server_id: str, tenant_id: str) -> Serv
     return Server.from_record(row) if row else None
 
 
-async def server_reap_expired(db: DB, limit: int = 100) -> list[Server]:
-    """Move servers whose buffer expired to ``destroying`` (rows stay locked until commit)."""
-    return [Server.from_record(r) for r in await db.fetch(q("server_reap_expired"), limit)]
+async def server_reap_expired(db: DB, limit: int = 100) -> list[tuple[Server, dict[str, Any] | None]]:
+    """Move up to ``limit`` servers whose buffer expired to ``destroying`` (rows stay locked until
+    commit). Returns each with the ``trace_context`` of its latest job (the deletion request's
+    ServerStop), which the final ServerDelete continues."""
+    return [(Server.from_record(r), r["deletion_trace_context"])
+            for r in await db.fetch(q("server_reap_expired"), limit)]
 
 
 async def server_observed(db: DB, server_id: str, *, vmid: int | None, node: str | None,

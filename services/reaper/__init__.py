@@ -17,6 +17,7 @@ from z9.common.db import TRANSIENT_DB_ERRORS, create_pool
 from z9.common.logs import job_fields
 from z9.common.settings import Settings
 from z9.common.store import NewJob
+from z9.common.tracing import current_trace_context
 
 log = logging.getLogger("z9.reaper")
 
@@ -37,11 +38,13 @@ class Reaper:
     async def run_once(self, batch: int = 100) -> int:
         """Finalise up to ``batch`` expired buffers; return how many."""
         async with self.pool.acquire() as conn, conn.transaction():
-            servers = await store.server_reap_expired(conn, batch)
+            reaped = await store.server_reap_expired(conn, batch)
+            servers = [s for s, _ in reaped]
             jobs = await store.job_insert_many(conn, [
                 NewJob(kind="ServerDelete", region=s.region, tenant_id=s.tenant_id, resource_type="server",
-                       resource_id=s.id, max_attempts=self.settings.max_attempts)
-                for s in servers
+                       resource_id=s.id, max_attempts=self.settings.max_attempts,
+                       trace_context=trace_context or current_trace_context())
+                for s, trace_context in reaped
             ])
         job_of = {j.resource_id: j for j in jobs}
         for s in servers:
