@@ -495,6 +495,8 @@ async def test_service_processes_serve_metrics_and_json_logs(api: Stack, process
     assert not any("z9_http" in name for name, _ in s)  # each process serves its own metrics
     for other in (s, r):  # only executors export the LISTEN health
         assert not any(name.startswith("z9_executor_listen") for name, _ in other)
+    for other in (e, r):  # only schedulers count pruned jobs
+        assert not any(name.startswith("z9_jobs_pruned") for name, _ in other)
 
     executor.terminate()
     _, err = executor.communicate(timeout=30)

@@ -83,7 +83,8 @@ JOB_PROMOTIONS = Counter(
     ["region"])
 JOBS_PRUNED = Counter(
     "z9_jobs_pruned_total",
-    "Finished jobs deleted after the retention period.")
+    "Finished jobs deleted after the retention period.",
+    registry=None)  # registered by init_scheduler: only schedulers export it
 
 # ---------------------------------------------------------------------------------- executor
 
@@ -157,7 +158,7 @@ HTTP_REQUEST_DURATION = Histogram(
 def init_scheduler(kinds: Iterable[str], regions: Iterable[str]) -> None:
     """Create the scheduler's series at 0 for every ``kind`` × ``region`` (× job status)."""
     kinds, regions = list(kinds), list(regions)
-    JOBS_PRUNED.inc(0)
+    _register_once(JOBS_PRUNED)
     for region in regions:
         JOB_OLDEST_PENDING_AGE.labels(region).set(0)
         JOB_PROMOTIONS.labels(region)
@@ -178,14 +179,21 @@ def reclaim_failed(kind: str, region: str) -> None:
 _registered: set[Any] = set()
 
 
+def _register_once(metric: Any) -> None:
+    """Add an unlabelled metric (made with ``registry=None``, since it would otherwise be exported
+    at 0 by every process) to the default registry, once per process however many services of
+    its kind the process runs."""
+    if metric not in _registered:
+        REGISTRY.register(metric)
+        _registered.add(metric)
+
+
 def init_executor(kinds: Iterable[str], regions: Iterable[str]) -> None:
     """Create the executor's per-job series at 0 for every ``kind`` × ``region`` × the outcome /
     error-class pairs of :data:`ATTEMPT_ENDINGS`, phases and outcomes."""
     kinds, regions = list(kinds), list(regions)
     for metric in (EXECUTOR_LISTEN_HEALTHY, EXECUTOR_LISTEN_RECONNECTS):
-        if metric not in _registered:  # once per process, however many executors it runs
-            REGISTRY.register(metric)
-            _registered.add(metric)
+        _register_once(metric)
     EXECUTOR_LISTEN_HEALTHY.set(0)
     for region in regions:
         EXECUTOR_IN_FLIGHT.labels(region)
