@@ -17,7 +17,11 @@ e.g. ``/ (total >= 4)``). On a healthy stack those comparisons filter everything
 the point of an alert and says nothing about whether the query is right; so the full expression
 is only required to be accepted, while the expression with every comparison to a number removed
 must return data (that shows the metric names, labels and aggregations match what the services
-export). Recording rules are checked as their expression and as their recorded name.
+export). Absence alerts work the other way round: ``absent(x)`` (and ``absent_over_time(x[d])``)
+returns nothing while ``x`` exists, so the checker replaces each by ``x``, which must return data
+(the metric the alert watches for is really exported). Scrape-health alerts such as
+``up{job="z9"} == 0`` need nothing special: without the comparison, ``up{job="z9"}`` must return
+the z9 targets. Recording rules are checked as their expression and as their recorded name.
 
 Exit status 0 when every check passes, 1 otherwise (each failure printed), 2 when Prometheus
 does not answer at all. Needs Python ≥ 3.11 and
@@ -99,6 +103,27 @@ def strip_comparisons(expr: str) -> str:
     return _COMPARISON.sub("", expr.strip()).strip()
 
 
+_ABSENT = re.compile(r"\babsent(?P<over_time>_over_time)?\s*\(")
+
+
+def unwrap_absent(expr: str) -> str:
+    """``expr`` with every ``absent(x)`` replaced by ``x`` and every ``absent_over_time(x[d])``
+    by ``x`` (what must exist for the absence alert to stay quiet)."""
+    while m := _ABSENT.search(expr):
+        depth = 0
+        for end in range(m.end() - 1, len(expr)):
+            depth += {"(": 1, ")": -1}.get(expr[end], 0)
+            if depth == 0:
+                break
+        else:
+            return expr  # unbalanced: leave it to Prometheus to reject
+        inner = expr[m.end():end].strip()
+        if m.group("over_time"):
+            inner = re.sub(r"\[[^\]]*\]$", "", inner).strip()
+        expr = expr[:m.start()] + inner + expr[end + 1:]
+    return expr
+
+
 def substitute(expr: str, variables: dict[str, str]) -> str:
     """Replace Grafana variables (``$name`` and ``${name}``, longest names first) in ``expr``."""
     for name in sorted(variables, key=len, reverse=True):
@@ -135,7 +160,7 @@ def dashboard_queries(dashboard: dict[str, Any], variables: dict[str, str]) -> l
 
 def rule_queries(rules: dict[str, Any]) -> list[Query]:
     """Recording rules (expression and recorded name) and alerts (full expression: accepted;
-    without its comparisons to numbers: returns data)."""
+    without its comparisons to numbers and with ``absent(x)`` replaced by ``x``: returns data)."""
     out: list[Query] = []
     for group in rules.get("groups", []):
         for rule in group.get("rules", []):
@@ -145,13 +170,13 @@ def rule_queries(rules: dict[str, Any]) -> list[Query]:
                 out.append(Query(f"record {rule['record']} (recorded series)", rule["record"]))
                 continue
             name = rule["alert"]
-            bare = strip_comparisons(expr)
+            bare = unwrap_absent(strip_comparisons(expr))
             if bare == expr:
                 out.append(Query(f"alert {name}", expr))
                 continue
             # Firing or not depends on the stack's health: only ask Prometheus to accept it...
             out.append(Query(f"alert {name} (full expression)", expr, need_data=False))
-            # ...and require data from what the thresholds apply to.
+            # ...and require data from what the thresholds apply to (or what must not be absent).
             out.append(Query(f"alert {name} (comparisons removed)", bare))
     return out
 

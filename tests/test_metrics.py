@@ -200,6 +200,27 @@ async def test_scheduler_counts_jobs_and_the_oldest_pending_age(stack: Stack, si
     assert val(s, "z9_job_oldest_pending_age_seconds", region=REGION) == 0
 
 
+async def test_oldest_pending_age_of_a_region_gone_from_the_table_reads_0(stack: Stack) -> None:
+    """A region seen with pending jobs but neither configured nor pending any more (its jobs
+    finished, or it was removed from Z9_REGIONS) must not keep its last age: Z9QueueStalled
+    would keep firing."""
+    scheduler: Scheduler = stack.services["scheduler"]
+    await stack.pool.execute(
+        "INSERT INTO jobs (id, kind, region, resource_type, resource_id, status, attempt, created_at, run_after) "
+        "VALUES ($1, 'ServerCreate', 'gone-1', 'server', $2, 'pending', 0, now() - interval '400 seconds', "
+        "now() - interval '400 seconds')", "job_" + "g" * 26, "srv_" + "g" * 26)
+    await scheduler.refresh_job_metrics()
+    assert 400 <= val(local(), "z9_job_oldest_pending_age_seconds", region="gone-1") < 460
+    await stack.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(), "
+                             "error = '{\"class\": \"permanent\", \"message\": \"test\"}' WHERE id = $1",
+                             "job_" + "g" * 26)
+    await scheduler.refresh_job_metrics()
+    s = local()
+    assert val(s, "z9_job_oldest_pending_age_seconds", region="gone-1") == 0
+    assert val(s, "z9_jobs", kind="ServerCreate", region="gone-1", status="pending") == 0
+    assert val(s, "z9_jobs", kind="ServerCreate", region="gone-1", status="failed") == 1
+
+
 async def test_lease_reclaim_and_promotion_are_counted(stack: Stack, sim: SimAdmin) -> None:
     await stack.stop_service("executor")
     _, job = await stack.create_server("m-5")

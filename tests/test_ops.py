@@ -274,9 +274,17 @@ def test_alerts_have_severity_annotations_and_a_threshold_the_checker_can_strip(
     for name, rule in _alerts().items():
         assert rule["labels"]["severity"] in ("page", "warning"), name
         assert {"summary", "description", "runbook"} <= set(rule["annotations"]), name
-        assert check_queries.split_threshold(rule["expr"]), f"{name}: expression does not end in `<op> <number>`"
+        assert check_queries.split_threshold(rule["expr"]) or rule["expr"].startswith("absent"), (
+            f"{name}: expression neither ends in `<op> <number>` nor is an absent()")
     guard = _alerts()["Z9DeletionGuardRefusal"]
     assert guard["labels"]["severity"] == "page" and "for" not in guard  # any refusal pages at once
+    # Scrape-health alerts name a scrape job both Prometheus configurations define.
+    jobs = [{sc["job_name"] for sc in yaml.safe_load((DEPLOY / "prometheus" / cfg).read_text())["scrape_configs"]}
+            for cfg in ("prometheus.yml", "dev.yml")]
+    for name, rule in _alerts().items():
+        for job in re.findall(r'\bjob\s*=~?\s*"([^"]*)"', rule["expr"]):
+            assert all(job in defined for defined in jobs), f"{name}: no scrape job {job!r}"
+    assert _alerts()["Z9TargetDown"]["expr"].startswith('up{job="z9"}')
 
 
 def test_queries_use_only_catalogued_metrics_and_labels_and_filter_by_region() -> None:
@@ -294,6 +302,87 @@ def test_queries_use_only_catalogued_metrics_and_labels_and_filter_by_region() -
                         f"{source}: {name} has no label {label!r}")
             if source.startswith("panel") and "region" in catalog[base]:
                 assert f'{name}{{region=~"$region"' in expr, f"{source}: {name} not filtered by $region"
+
+
+_AGGREGATION = re.compile(r"\b(sum|max|min|avg|count|group|stddev|stdvar)\s*(?:(by|without)\s*\(([^)]*)\)\s*)?\(")
+_SELECTOR = re.compile(r"^\s*(z9_[a-z0-9_]+)\s*(?:\{([^}]*)\})?\s*$")
+
+
+def _scheduler_gauges() -> dict[str, set[str]]:
+    """docs/metrics.md's gauges served by the scheduler (every replica reports the same figure)
+    -> their labels."""
+    out: dict[str, set[str]] = {}
+    for line in (ROOT / "docs" / "metrics.md").read_text().splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 5 and cells[2] == "gauge" and cells[4] == "scheduler":
+            out[cells[1].strip("`")] = set(re.findall(r"`(\w+)`", cells[3]))
+    return out
+
+
+def replica_aggregation_errors(expr: str, gauges: dict[str, set[str]]) -> list[str]:
+    """What is wrong with each aggregation applied directly to a scheduler gauge of ``gauges``
+    (name -> labels) in ``expr``: replicas must be merged with ``max`` (or ``min``), never summed
+    or averaged, and that ``max`` must keep every label of the gauge not pinned by an equality
+    matcher (``max by (region, status) (z9_jobs)`` takes the largest kind, not the total; sum
+    over the kinds afterwards)."""
+    errors = []
+    for m in _AGGREGATION.finditer(expr):
+        op, mode, grouping = m.group(1), m.group(2), m.group(3)
+        start, depth = m.end() - 1, 0
+        for end in range(start, len(expr)):
+            depth += {"(": 1, ")": -1}.get(expr[end], 0)
+            if depth == 0:
+                break
+        sel = _SELECTOR.match(expr[start + 1:end])
+        if not sel or sel.group(1) not in gauges:
+            continue
+        name = sel.group(1)
+        if mode is None:  # `max (x) by (labels)`
+            trailing = re.match(r"\s*(by|without)\s*\(([^)]*)\)", expr[end + 1:])
+            mode, grouping = (trailing.group(1), trailing.group(2)) if trailing else ("by", "")
+        pinned = set(re.findall(r"(\w+)\s*=(?![=~])", sel.group(2) or ""))
+        needed = gauges[name] - pinned
+        labels = {g.strip() for g in (grouping or "").split(",") if g.strip()}
+        lost = needed & labels if mode == "without" else needed - labels
+        if op not in ("max", "min"):
+            errors.append(f"{op} over {name}: replicas report the same figure, merge them with max")
+        elif lost:
+            errors.append(f"{op} over {name} drops {sorted(lost)}: keep them in the max, then sum")
+    return errors
+
+
+def test_the_replica_aggregation_check_catches_max_over_part_of_the_labels() -> None:
+    gauges = _scheduler_gauges()
+    assert gauges == {"z9_jobs": {"kind", "region", "status"}, "z9_job_oldest_pending_age_seconds": {"region"}}
+    bad = replica_aggregation_errors
+    assert bad('max by (region, status) (z9_jobs{region=~"$region"})', gauges) == [
+        "max over z9_jobs drops ['kind']: keep them in the max, then sum"]
+    assert bad("max(z9_jobs) by (region)", gauges) and bad("max without (kind) (z9_jobs)", gauges)
+    assert bad("sum by (region, kind, status) (z9_jobs)", gauges)
+    assert bad("sum(z9_job_oldest_pending_age_seconds)", gauges)
+    assert not bad('sum by (region, status) (max by (kind, region, status) (z9_jobs{region=~"$region"}))', gauges)
+    assert not bad('max by (region, kind) (z9_jobs{status="retry"})', gauges)  # status pinned
+    assert not bad("max without (instance, job) (z9_jobs)", gauges)
+    assert not bad("sum by (region) (z9_executor_jobs_in_flight)", gauges)  # one series per executor
+
+
+def test_scheduler_gauges_are_merged_over_replicas_with_max_keeping_their_labels() -> None:
+    gauges = _scheduler_gauges()
+    errors = [f"{source}: {e}" for source, expr in _all_exprs() for e in replica_aggregation_errors(expr, gauges)]
+    assert not errors, "\n".join(errors)
+    assert any("z9_jobs" in expr for _, expr in _all_exprs())
+
+
+def test_comments_say_only_executors_export_the_listen_metrics() -> None:
+    # docs/metrics.md: served by executors only (init_executor registers them); the comments
+    # explaining the executor guard of the rule and the dashboard must not say otherwise.
+    rows = [line for line in (ROOT / "docs" / "metrics.md").read_text().splitlines()
+            if line.startswith("| `z9_executor_listen_")]
+    assert len(rows) == 2 and all(row.split("|")[4].strip() == "executor" for row in rows), rows
+    for path in (RULES, DEPLOY / "grafana" / "gen_dashboard.py"):
+        text = " ".join(path.read_text().split()).lower()
+        for claim in ("every z9 process exports", "0 outside executors"):
+            assert claim not in text, f"{path.name} says {claim!r}"
 
 
 # --- Grafana ---------------------------------------------------------------------------------
@@ -372,6 +461,18 @@ def test_checker_splits_thresholds_and_substitutes_variables() -> None:
     alert_parts = [q for q in queries if q.source.startswith("alert Z9JobRetryRateHigh")]
     assert [q.need_data for q in alert_parts] == [False, True]
     assert ">" not in alert_parts[1].expr and "= 4" not in alert_parts[1].expr
+    # absence alerts: the watched metric itself must return data; scrape health without `== 0`
+    unwrap = check_queries.unwrap_absent
+    assert unwrap("absent(z9_jobs)") == "z9_jobs"
+    assert unwrap('absent(up{job="z9", service="scheduler"} == 1)') == 'up{job="z9", service="scheduler"} == 1'
+    assert unwrap("absent_over_time(z9_jobs{status=~\"a|b\"}[5m]) or absent(sum(x))") == (
+        'z9_jobs{status=~"a|b"} or sum(x)')
+    assert unwrap("sum(x)") == "sum(x)"
+    parts = {q.source: q for q in queries if "Absent" in q.source or "TargetDown" in q.source}
+    assert parts["alert Z9SchedulerAbsent (comparisons removed)"].expr == "z9_job_oldest_pending_age_seconds"
+    assert parts["alert Z9ExecutorAbsent (comparisons removed)"].expr == "z9_executor_jobs_in_flight"
+    assert parts["alert Z9TargetDown (comparisons removed)"].expr == 'up{job="z9"}'
+    assert not parts["alert Z9SchedulerAbsent (full expression)"].need_data
 
 
 # --- every expression against a real Prometheus scraping a running stack ---------------------
@@ -433,6 +534,7 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
         "Z9_TASK_POLL_S": "0.05", "Z9_BACKOFF_BASE_S": "0.2", "Z9_BACKOFF_CAP_S": "1",
         "Z9_SCHEDULER_INTERVAL_S": "0.2", "Z9_REAPER_INTERVAL_S": "0.2", "Z9_DELETION_BUFFER_S": "1",
         "Z9_SNOOZE_S": "0.2", "Z9_SHUTDOWN_GRACE_S": "5", "Z9_UNCERTAIN_WINDOW_S": "1",
+        "Z9_JOB_METRICS_INTERVAL_S": "0.5", "Z9_JOB_METRICS_FINISHED_INTERVAL_S": "0.5",
     })
     procs: list[subprocess.Popen] = []
     logs = tmp_path / "logs"
@@ -448,9 +550,10 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
     try:
         z9 = [sys.executable, "-m", "z9"]
         api = spawn("api", z9 + ["api", "--port", str(api_port)])
+        services = {}
         for name, port in metrics_ports.items():
             extra = ["--region", REGION] if name == "executor" else []
-            spawn(name, z9 + [name] + extra, {"Z9_METRICS_PORT": str(port)})
+            services[name] = spawn(name, z9 + [name] + extra, {"Z9_METRICS_PORT": str(port)})
         _wait_listening(api_port, api, "the API")
         for (name, port), proc in zip(metrics_ports.items(), procs[1:]):
             _wait_listening(port, proc, f"the {name}'s metrics endpoint")
@@ -538,17 +641,54 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
             ("ServerStop", REGION, "page")]
         assert {name for name, _ in alerts} <= {"Z9DeletionGuardRefusal", "Z9JobsFailed", "Z9JobRetryRateHigh"}, alerts
 
+        # "Jobs by status" shows the total over kinds, as the job table counts it: several kinds
+        # finished (ServerCreate, ServerStop, ServerDelete), so the largest kind would not do.
+        panel = next(p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"] == "Jobs by status")
+        jobs_by_status = check_queries.substitute(panel["targets"][0]["expr"], {"region": REGION})
+        deadline = time.monotonic() + 30
+        while True:
+            rows = await pool.fetch("SELECT status::text, kind, count(*) AS n FROM jobs WHERE region = $1 "
+                                    "GROUP BY 1, 2", REGION)
+            truth = {s: float(sum(r["n"] for r in rows if r["status"] == s))
+                     for s in ("pending", "running", "retry", "succeeded", "failed")}
+            shown = {s["metric"]["status"]: float(s["value"][1]) for s in _prom_query(prom_url, jobs_by_status)
+                     if s["metric"]["region"] == REGION}
+            if shown == truth:
+                break
+            assert time.monotonic() < deadline, f"panel {shown} != job table {truth}"
+            await asyncio.sleep(0.5)
+        assert len({r["kind"] for r in rows if r["status"] == "succeeded"}) >= 2, rows
+        assert truth["succeeded"] > max(r["n"] for r in rows if r["status"] == "succeeded"), rows
+
         variables = {"region": REGION, "__rate_interval": "1m", "__interval": "15s", "__range": "1h"}
         queries = check_queries.all_queries(DASHBOARD, RULES, variables)
         results = await asyncio.to_thread(check_queries.check, prom_url, queries, 30.0, 1.0)
         failed = [f"{r.query.source}: {r.error}\n    {r.query.expr}" for r in results if r.error]
         assert not failed, "queries failing against a live Prometheus:\n" + "\n".join(failed)
         assert len(results) > 40
+        # Only the executor exports the LISTEN health gauge (the rule's comment says so).
+        listen = _prom_query(prom_url, "count by (service) (z9_executor_listen_healthy)")
+        assert [s["metric"]["service"] for s in listen] == ["executor"], listen
 
         # The checker can fail: unknown metrics return no data, bad PromQL is an error.
         bad = check_queries.check(prom_url, [check_queries.Query("unknown", "z9_no_such_metric_total"),
                                              check_queries.Query("syntax", "sum by (region (z9_jobs)")])
         assert bad[0].error == "no data" and "parse" in bad[1].error
+
+        # The presence alerts see a service die: the executor's target goes down and its
+        # metrics go stale at once, so both alerts are pending (for: 3m / 5m) within seconds.
+        executor = services["executor"]
+        executor.terminate()
+        executor.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while True:
+            pending = {(a["metric"]["alertname"], a["metric"].get("service"))
+                       for a in _prom_query(prom_url, 'ALERTS{alertstate="pending"}')}
+            if {("Z9TargetDown", "executor"), ("Z9ExecutorAbsent", None)} <= pending:
+                break
+            assert time.monotonic() < deadline, f"pending alerts: {pending}"
+            await asyncio.sleep(0.5)
+        assert not {name for name, _ in pending} & {"Z9SchedulerAbsent"}, pending
     finally:
         _stop_all(procs[::-1])
         for log in sorted(logs.glob("*.log")):

@@ -82,8 +82,12 @@ def panels() -> list[dict[str, Any]]:
     """Every row and panel of the dashboard, in order."""
     g = Layout()
     g.row("Jobs")
-    g.panel("Jobs by status", [(f"max by (region, status) (z9_jobs{{{R}}})", "{{region}} {{status}}")],
-            desc="Jobs in the table by status (z9_jobs, from the scheduler; max over replicas).")
+    # max over the scheduler replicas first (keeping kind: they all report the same figures),
+    # then the sum over kinds.
+    g.panel("Jobs by status",
+            [(f"sum by (region, status) (max by (kind, region, status) (z9_jobs{{{R}}}))", "{{region}} {{status}}")],
+            desc="Jobs in the table by status, all kinds (z9_jobs, from the scheduler; max over replicas, "
+                 "then summed over kinds).")
     g.panel("Throughput by outcome",
             [(f"sum by (region, outcome) (rate(z9_job_attempts_total{{{R}}}[{RI}]))", "{{region}} {{outcome}}")],
             unit="ops", desc="Attempts that ended per second, by outcome (succeeded, retry, snoozed, failed, "
@@ -142,8 +146,8 @@ def panels() -> list[dict[str, Any]]:
         unit="s", desc="Waiting for a Proxmox task (UPID) to end, by task type.")
 
     g.row("Executors")
-    # Every z9 process exports the unlabelled LISTEN metrics (0 outside executors): keep the
-    # targets that have executor series for the selected regions.
+    # Only executors export the unlabelled LISTEN metrics (registered by init_executor): keep
+    # the executors serving the selected regions.
     executors = f"on (instance) group by (instance) (z9_executor_jobs_in_flight{{{R}}})"
     g.panel("Executor jobs in flight", [(f"sum by (region) (z9_executor_jobs_in_flight{{{R}}})", "{{region}}")], w=8)
     g.panel("Executor LISTEN healthy", [(f"min by (instance) (z9_executor_listen_healthy and {executors})",

@@ -61,6 +61,7 @@ class Scheduler:
         self._stopping = asyncio.Event()
         self._metrics_at = self._finished_metrics_at = float("-inf")  # time.monotonic() of the last recounts
         self._kinds = sorted(REGISTRY)  # the registered job kinds: series pre-created for each
+        self._age_regions: set[str] = set()  # regions given a z9_job_oldest_pending_age_seconds value
         metrics.init_scheduler(self._kinds, settings.regions)
 
     def stop(self) -> None:
@@ -101,16 +102,19 @@ class Scheduler:
     async def refresh_job_metrics(self, *, finished: bool = True) -> None:
         """Recount the job table into ``z9_jobs`` (by kind, region, status: the live statuses,
         and the finished ones too when ``finished``) and ``z9_job_oldest_pending_age_seconds``
-        (configured regions and any region with live jobs), with index-only queries
-        (``job_count_by_status``, ``job_oldest_pending_age``)."""
+        (configured regions, any region with pending jobs, and every region set before, so a
+        region whose pending jobs are gone reads 0 instead of its last age), with index-only
+        queries (``job_count_by_status``, ``job_oldest_pending_age``)."""
         statuses = metrics.JOB_STATUSES if finished else metrics.LIVE_JOB_STATUSES
         async with self.pool.acquire() as conn:
             rows = await store.job_count_by_status(conn, statuses)
-            regions = sorted(set(self.settings.regions) | {r[1] for r in rows if r[2] == "pending"})
+            regions = sorted(set(self.settings.regions) | self._age_regions
+                             | {r[1] for r in rows if r[2] == "pending"})
             ages = await store.job_oldest_pending_age(conn, regions)
         metrics.set_job_counts(rows, statuses, self._kinds, self.settings.regions)
         for region, age_s in ages.items():
             metrics.JOB_OLDEST_PENDING_AGE.labels(region).set(age_s)
+        self._age_regions.update(ages)
 
     async def _maybe_refresh_job_metrics(self) -> None:
         now, s = time.monotonic(), self.settings
