@@ -365,14 +365,14 @@ async def test_database_restart_every_service_reconnects(settings: Settings, sim
                 await c.close()
 
         await wait_until(jobs_running, 20, "jobs to be running")
-        pg.stop()  # fast shutdown: every connection is cut
+        await asyncio.to_thread(pg.stop)  # fast shutdown: every connection is cut (the simulator keeps serving)
         down = asyncio.get_running_loop().time()
         status, _ = await client.call("POST", "/servers", json={"name": "during", "region": REGION,
                                                                 "image": "debian-12", "cores": 1, "memory_mib": 1024,
                                                                 "disk_gib": 4})
         assert status == 503, status  # refused while the database is away, nothing half-made
         await asyncio.sleep(max(0.0, 2.0 - (asyncio.get_running_loop().time() - down)))  # stay down 2 s
-        pg = EmbeddedPostgres(parent / "data", delete=False).start()
+        pg = await asyncio.to_thread(EmbeddedPostgres(parent / "data", delete=False).start)
         assert with_database(pg.url("postgres"), "z9_fire") == url  # same socket: services reconnect as they are
 
         for ex in executors:  # each executor re-LISTENs (its catch-up claim follows at once)
@@ -427,8 +427,9 @@ async def test_database_restart_every_service_reconnects(settings: Settings, sim
 
 
 # 6
-async def _insert_create_quietly(api: Stack, name: str) -> str:
-    """A ServerCreate committed *without* NOTIFY (as if its notification were lost); its job id."""
+async def _insert_create_quietly(api: Stack, name: str, due_in_s: float) -> str:
+    """A ServerCreate committed *without* NOTIFY (as if its notification were lost), claimable
+    only ``due_in_s`` seconds from now; its job id."""
     from z9.api.schemas import ServerCreate
 
     spec = ServerCreate.model_validate({"name": name, "region": REGION, "image": "debian-12", "cores": 1,
@@ -440,6 +441,8 @@ async def _insert_create_quietly(api: Stack, name: str) -> str:
         job = await store.job_insert(conn, store.NewJob(kind="ServerCreate", region=REGION, tenant_id=api.tenant_id,
                                                         resource_type="server", resource_id=server.id,
                                                         args=spec.model_dump()), notify=False)
+        await conn.execute("UPDATE jobs SET run_after = now() + make_interval(secs => $2) WHERE id = $1",
+                           job.id, due_in_s)
     return job.id
 
 
@@ -454,9 +457,12 @@ async def test_dead_listen_connection_is_reestablished_with_a_catch_up_claim(api
                   "AND application_name = 'z9-executor-listen'")
     old_pid = await wait_until(lambda: pool.fetchval(listen_sql, db), 10, "the executor's LISTEN backend")
 
-    quiet = await _insert_create_quietly(api, "quiet-1")
-    await asyncio.sleep(1.0)  # a window in which nothing may wake the executor
-    assert (await _row(pool, quiet))["status"] == "pending"  # a lost NOTIFY: only the 60 s poll would find it
+    # Claimable from 1 s on (so no claim still under way from the executor's start can take it),
+    # and nothing tells the executor: a lost NOTIFY, which only the 60 s poll would find.
+    quiet = await _insert_create_quietly(api, "quiet-1", due_in_s=1.0)
+    await wait_until(lambda: pool.fetchval("SELECT now() > run_after + interval '1 second' FROM jobs WHERE id = $1",
+                                           quiet), 10, "the quiet job to be due for a second")
+    assert (await _row(pool, quiet))["status"] == "pending"
 
     killed_at = asyncio.get_running_loop().time()
     assert await pool.fetchval("SELECT pg_terminate_backend($1)", old_pid)
@@ -631,7 +637,9 @@ async def test_a_delete_waits_for_the_running_create_of_its_server(api: Stack, s
         status, out = await api.call("DELETE", f"/servers/{s['id']}")
         assert status == 202, out
         stops[s["id"]] = out["job"]["id"]
+    deadline = asyncio.get_running_loop().time() + 30
     while True:  # as long as a create runs, its server's delete job waits
+        assert asyncio.get_running_loop().time() < deadline, "the creates did not finish"
         rows = {s["id"]: (await _row(pool, j["id"]), await _row(pool, stops[s["id"]])) for s, j in made}
         for create, stop in rows.values():
             if create["status"] != "succeeded":
