@@ -105,6 +105,10 @@ CREATE INDEX jobs_finished ON jobs (finished_at) WHERE status IN ('succeeded', '
 -- Listing the jobs of a resource / tenant.
 CREATE INDEX jobs_resource ON jobs (resource_id, seq);
 CREATE INDEX jobs_tenant ON jobs (tenant_id, seq);
+-- Metrics (migration 0002): z9_jobs counts, index-only; the oldest runnable pending job per region.
+CREATE INDEX jobs_status_counts ON jobs (status, region, kind);
+CREATE INDEX jobs_pending_runnable ON jobs (region, run_after) INCLUDE (created_at, resource_id, seq)
+    WHERE status = 'pending';
 
 CREATE FUNCTION jobs_terminal_immutable() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

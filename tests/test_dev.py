@@ -4,6 +4,7 @@ Ctrl-C, and its data kept across runs."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -16,11 +17,50 @@ import aiohttp
 from tests.support import free_port
 
 
-def _start(data_dir: Path, port: int) -> subprocess.Popen:
+def _metrics_base() -> int:
+    """A port p with p, p+1 and p+2 free (z9 dev's scheduler, executor and reaper metrics)."""
+    for _ in range(50):
+        base = free_port()
+        if base + 2 < 65536 and all(_free(base + i) for i in (1, 2)):
+            return base
+    raise AssertionError("no three consecutive free ports")
+
+
+def _free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _start(data_dir: Path, port: int, metrics_base: int) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("Z9_")}
     return subprocess.Popen([sys.executable, "-m", "z9", "dev", "--data-dir", str(data_dir), "--port", str(port),
-                             "--task-seconds", "0.05"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                             "--metrics-port", str(metrics_base), "--task-seconds", "0.05"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+async def _check_metrics(data_dir: Path, banner: str) -> None:
+    """The Prometheus file_sd target file lists every service, each serving z9 metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    groups = json.loads((data_dir / "prometheus-targets.json").read_text())
+    assert sorted(g["labels"]["service"] for g in groups) == ["api", "executor", "reaper", "scheduler"]
+    expect = {"api": "z9_http_requests_total", "scheduler": "z9_jobs", "executor": "z9_job_attempts_total",
+              "reaper": "z9_deletion_buffer_expiries_total"}
+    async with aiohttp.ClientSession() as http:
+        for g in groups:
+            (target,) = g["targets"]
+            url = f"http://{target}/metrics"
+            assert url in banner
+            async with http.get(url) as r:
+                assert r.status == 200
+                names = {s.name for f in text_string_to_metric_families(await r.text()) for s in f.samples}
+            assert expect[g["labels"]["service"]] in names, (g, sorted(names))
 
 
 def _wait_banner(proc: subprocess.Popen, timeout_s: float = 90) -> str:
@@ -63,21 +103,22 @@ async def _create_and_wait(base: str, token: str) -> str:
 
 
 async def test_z9_dev_runs_the_stack_and_keeps_data(tmp_path: Path) -> None:
-    data_dir, port = tmp_path / ".z9", free_port()
-    proc = _start(data_dir, port)
+    data_dir, port, metrics_base = tmp_path / ".z9", free_port(), _metrics_base()
+    proc = _start(data_dir, port, metrics_base)
     try:
         banner = await asyncio.to_thread(_wait_banner, proc)
         assert f"http://127.0.0.1:{port}/v1" in banner
         token = (data_dir / "dev-token").read_text().strip()
         assert token in banner
         server_id = await _create_and_wait(f"http://127.0.0.1:{port}/v1", token)
+        await _check_metrics(data_dir, banner)
     finally:
         out = await asyncio.to_thread(_stop, proc)
     assert proc.returncode == 0, out
     assert "z9 dev: stopped" in out
 
     # Second run: same token, same server, same VM (database and simulator state kept).
-    proc = _start(data_dir, port)
+    proc = _start(data_dir, port, metrics_base)
     try:
         await asyncio.to_thread(_wait_banner, proc)
         assert (data_dir / "dev-token").read_text().strip() == token

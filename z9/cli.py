@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import signal
 import sys
@@ -43,16 +44,36 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _serve_metrics(command: str, settings: Settings) -> bool:
+    """Serve ``/metrics`` on ``Z9_METRICS_HOST:Z9_METRICS_PORT`` (nothing when the port is 0);
+    False (after saying why) when the port cannot be bound."""
+    from z9.common import metrics
+
+    try:
+        metrics.serve(settings.metrics_host, settings.metrics_port)
+    except OSError as e:
+        print(f"z9 {command}: cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} "
+              f"(Z9_METRICS_HOST/Z9_METRICS_PORT): {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def cmd_scheduler(args: argparse.Namespace, settings: Settings) -> int:
     from z9.scheduler import Scheduler
 
-    return _run(lambda: _serve(Scheduler(settings)))
+    scheduler = Scheduler(settings)
+    if not _serve_metrics("scheduler", settings):
+        return 2
+    return _run(lambda: _serve(scheduler))
 
 
 def cmd_reaper(args: argparse.Namespace, settings: Settings) -> int:
     from z9.reaper import Reaper
 
-    return _run(lambda: _serve(Reaper(settings)))
+    reaper = Reaper(settings)
+    if not _serve_metrics("reaper", settings):
+        return 2
+    return _run(lambda: _serve(reaper))
 
 
 def cmd_executor(args: argparse.Namespace, settings: Settings) -> int:
@@ -65,6 +86,8 @@ def cmd_executor(args: argparse.Namespace, settings: Settings) -> int:
         executor = Executor(settings, regions)
     except ValueError as e:
         print(f"z9 executor: {e}", file=sys.stderr)
+        return 2
+    if not _serve_metrics("executor", settings):
         return 2
     return _run(lambda: _serve(executor))
 
@@ -151,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sim-port", type=int, default=0, help="simulator port (default: a free one)")
     s.add_argument("--data-dir", default=None, help="state folder (default .z9, or Z9_DATA_DIR)")
     s.add_argument("--task-seconds", type=float, default=1.0, help="simulated task duration (seconds)")
+    s.add_argument("--metrics-port", type=int, default=9101,
+                   help="first metrics port: scheduler on it, executor +1, reaper +2 (default 9101)")
     s.set_defaults(fn=cmd_dev)
     return p
 
@@ -168,5 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"z9: invalid settings: {e}", file=sys.stderr)
         return 2
     if args.command != "sim":
-        setup_logging(args.command, settings.log_level)
+        # z9 dev talks to a terminal: text, unless Z9_LOG_FORMAT says otherwise
+        fmt = "text" if args.command == "dev" and "Z9_LOG_FORMAT" not in os.environ else settings.log_format
+        setup_logging(args.command, settings.log_level, fmt)
     return args.fn(args, settings)

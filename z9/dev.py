@@ -6,6 +6,12 @@ the Proxmox VE simulator as region ``dev-1`` (three nodes, a ``debian-12`` templ
 agent VM tagged ``z9-role-agent``; its state in ``<data dir>/sim-state.json``), then the api,
 scheduler, executor and reaper as separate processes. Ctrl-C stops everything, the database
 included.
+
+Metrics: every service serves Prometheus ``/metrics`` on a fixed local port — the API on its
+own (``--port``, 8080), the scheduler on ``--metrics-port`` (9101), the executor on 9102, the
+reaper on 9103 — and ``<data dir>/prometheus-targets.json`` lists them as a Prometheus file_sd
+target file (one group per service, labelled ``service``). Services log as text
+(``Z9_LOG_FORMAT=text``) unless ``Z9_LOG_FORMAT`` says otherwise.
 """
 from __future__ import annotations
 
@@ -79,6 +85,24 @@ async def _prepare_db(admin_url: str | None, url: str, token_file: Path) -> str:
         await conn.close()
 
 
+#: The services whose metrics ``z9 dev`` serves on ``--metrics-port`` + offset.
+METRICS_OFFSETS = {"scheduler": 0, "executor": 1, "reaper": 2}
+
+
+def metrics_ports(api_port: int, base: int) -> dict[str, int]:
+    """``{service: port}`` of every service's ``/metrics`` in ``z9 dev``."""
+    return {"api": api_port, **{name: base + off for name, off in METRICS_OFFSETS.items()}}
+
+
+def write_prometheus_targets(path: Path, ports: dict[str, int]) -> None:
+    """Write a Prometheus file_sd target file: ``[{"targets": ["127.0.0.1:<port>"],
+    "labels": {"service": <name>}}]``, one group per service (written whole, then renamed)."""
+    groups = [{"targets": [f"127.0.0.1:{port}"], "labels": {"service": name}} for name, port in ports.items()]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(groups, indent=2) + "\n")
+    tmp.replace(path)
+
+
 def _terminate(procs: list[subprocess.Popen], timeout_s: float = 30) -> None:
     """SIGTERM every process, wait up to ``timeout_s`` seconds in all, SIGKILL what is left."""
     for proc in procs:
@@ -99,6 +123,11 @@ def run_dev(args: argparse.Namespace, settings: Settings) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     if _port_busy(args.port):
         print(f"z9 dev: port {args.port} is in use; pass --port", file=sys.stderr)
+        return 2
+    ports = metrics_ports(args.port, args.metrics_port)
+    busy = [f"{name} {port}" for name, port in ports.items() if name != "api" and _port_busy(port)]
+    if busy:
+        print(f"z9 dev: metrics port(s) in use ({', '.join(busy)}); pass --metrics-port", file=sys.stderr)
         return 2
 
     pg = None
@@ -142,18 +171,28 @@ def run_dev(args: argparse.Namespace, settings: Settings) -> int:
         env["Z9_REGIONS"] = json.dumps({REGION: {
             "url": f"https://127.0.0.1:{sim_port}", "token_id": SIM_TOKEN_ID, "token_secret": sim_secret,
             "verify_ssl": False, "images": ["debian-12"]}})
+        env.setdefault("Z9_LOG_FORMAT", "text")
+        env.setdefault("Z9_METRICS_HOST", "127.0.0.1")
         for name, extra in (("api", ["--port", str(args.port)]), ("scheduler", []),
                             ("executor", ["--region", REGION]), ("reaper", [])):
-            children.append((name, subprocess.Popen(z9 + [name] + extra, env=env)))
-        _wait_port(args.port, children[1][1], "the API")
+            metrics_env = {} if name == "api" else {"Z9_METRICS_PORT": str(ports[name])}
+            children.append((name, subprocess.Popen(z9 + [name] + extra, env={**env, **metrics_env})))
+        for name, proc in children[1:]:
+            _wait_port(ports[name], proc, f"the {name}'s metrics" if name != "api" else "the API")
+        targets = data_dir / "prometheus-targets.json"
+        write_prometheus_targets(targets, ports)
 
         api = f"http://127.0.0.1:{args.port}/v1"
+        metrics_urls = "\n              ".join(f"http://127.0.0.1:{port}/metrics  ({name})"
+                                                for name, port in ports.items())
         print(f"""
 z9 is running.
   API:        {api}
   token:      {token}   (also in {data_dir / 'dev-token'})
   simulator:  https://127.0.0.1:{sim_port}  (region {REGION}; admin API under /_sim/)
   database:   {url}   (also in {data_dir / 'database-url'})
+  metrics:    {metrics_urls}
+              (Prometheus file_sd targets: {targets})
 Try:
   export Z9={api} AUTH="Authorization: Bearer $(cat {data_dir / 'dev-token'})"
   curl -s -H "$AUTH" $Z9/servers

@@ -34,6 +34,11 @@ class TemporaryError(JobError):
     error_class = "temporary"
 
 
+class InternalError(TemporaryError):
+    """An unexpected exception (a bug, an untranslated error) during a job: retried like a
+    temporary error (the job row says ``temporary``); metrics count it apart as ``internal``."""
+
+
 class PermanentError(JobError):
     """Stop now; the job is ``failed`` and the resource carries ``str(self)`` as its reason."""
 

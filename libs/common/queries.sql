@@ -265,7 +265,8 @@ SET status = CASE WHEN jobs.attempt >= jobs.max_attempts THEN 'failed' ELSE 'ret
     updated_at = now()
 FROM expired
 WHERE jobs.id = expired.id AND jobs.status = 'running' AND jobs.lease_expires_at < now()
-RETURNING jobs.id, jobs.kind, jobs.status, jobs.region, jobs.resource_type, jobs.resource_id, jobs.error;
+RETURNING jobs.id, jobs.kind, jobs.status, jobs.region, jobs.attempt, jobs.resource_type, jobs.resource_id,
+          jobs.error;
 
 -- name: job_prune_finished
 -- Keeps the jobs whose memo lists clone requests while their server is not deleted: a later
@@ -280,3 +281,29 @@ WHERE id IN (
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: job_count_by_status
+-- z9_jobs for the statuses $1: an Index Only Scan of jobs_status_counts (status, region, kind)
+-- over those statuses' range only (the live ones are few; the finished ones are most of the
+-- table and are recounted less often).
+SELECT kind, region, status::text AS status, count(*) AS n
+FROM jobs
+WHERE status = ANY($1::job_status[])
+GROUP BY status, region, kind;
+
+-- name: job_oldest_pending_age
+-- z9_job_oldest_pending_age_seconds for each region of $1: seconds since the oldest runnable
+-- pending job became runnable (max(created_at, run_after)), 0 when none. Runnable: due, and the
+-- earliest live job of its resource (what job_claim may take). Walks jobs_pending_runnable in
+-- run_after order and stops at the first runnable job; both probes are index-only.
+-- (run_after is never earlier than created_at: it defaults to now() and only moves forward.)
+SELECT r.region, coalesce(extract(epoch FROM now() - (
+    SELECT greatest(j.created_at, j.run_after) FROM jobs j
+    WHERE j.status = 'pending' AND j.region = r.region AND j.run_after <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM jobs e
+          WHERE e.resource_id = j.resource_id AND e.seq < j.seq
+            AND e.status IN ('pending', 'running', 'retry'))
+    ORDER BY j.run_after
+    LIMIT 1)), 0)::float8 AS age_s
+FROM unnest($1::text[]) AS r(region);

@@ -85,7 +85,18 @@ class Settings(BaseSettings):
     job_retention_s: float = Field(7 * 86400.0, gt=0)
     idempotency_retention_s: float = Field(86400.0, gt=0)
 
+    # observability
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # json: one JSON object per line (services); text: human-readable (`z9 dev` sets it).
+    log_format: Literal["json", "text"] = "json"
+    # Prometheus /metrics of the scheduler, executor and reaper (the API serves it on its own
+    # port); port 0 = not served.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(0, ge=0, le=65535)
+    # How often the scheduler recounts the job table for z9_jobs and the oldest pending age
+    # (live statuses), and the finished jobs (most of the table) for z9_jobs.
+    job_metrics_interval_s: float = Field(5.0, gt=0)
+    job_metrics_finished_interval_s: float = Field(60.0, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Settings":

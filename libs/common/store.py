@@ -309,3 +309,18 @@ async def job_prune_finished(db: DB, retention_s: float, limit: int = 1000) -> i
     """Delete up to ``limit`` terminal jobs finished more than ``retention_s`` seconds ago."""
     status = await db.execute(q("job_prune_finished"), retention_s, limit)
     return int(status.split()[-1])
+
+
+# ---------------------------------------------------------------- jobs: metrics (scheduler)
+
+async def job_count_by_status(db: DB, statuses: Iterable[str]) -> list[tuple[str, str, str, int]]:
+    """``(kind, region, status, count)`` for every combination present in the job table with a
+    status among ``statuses`` (an index-only scan)."""
+    return [(r["kind"], r["region"], r["status"], r["n"])
+            for r in await db.fetch(q("job_count_by_status"), list(statuses))]
+
+
+async def job_oldest_pending_age(db: DB, regions: list[str]) -> dict[str, float]:
+    """``{region: seconds}`` since the oldest runnable pending job of each region became
+    runnable (database clock); 0.0 when the region has none."""
+    return {r["region"]: max(0.0, r["age_s"]) for r in await db.fetch(q("job_oldest_pending_age"), regions)}

@@ -11,13 +11,14 @@ import hashlib
 import json
 import logging
 import re
+import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import asyncpg
 from aiohttp import web
 from pydantic import ValidationError
 
-from z9.common import store
+from z9.common import metrics, store
 from z9.common.db import TRANSIENT_DB_ERRORS, create_pool
 from z9.common.errors import ApiError, BadRequest, Conflict, NotFound, Unauthorized, ValidationFailed
 from z9.common.ids import is_id
@@ -39,6 +40,26 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def _error_body(status: int, code: str, message: str, details: Any = None) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message, "details": details}}, status=status)
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Count and time every request by method, route template (``unmatched`` when no route
+    matched) and status (``z9_http_requests_total``, ``z9_http_request_duration_seconds``)."""
+    start = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as e:
+        status = e.status
+        raise
+    finally:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        metrics.HTTP_REQUEST_DURATION.labels(request.method, route).observe(time.perf_counter() - start)
+        metrics.HTTP_REQUESTS.labels(request.method, route, str(status)).inc()
 
 
 @web.middleware
@@ -327,6 +348,12 @@ async def openapi(request: web.Request) -> web.Response:
     return web.json_response(openapi_document())
 
 
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    """``GET /metrics``: this process's Prometheus metrics (no authentication)."""
+    body, content_type = metrics.exposition(request.headers.get("Accept"))
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
 async def healthz(request: web.Request) -> web.Response:
     await request.app[POOL].fetchval("SELECT 1")
     return web.json_response({"status": "ok"})
@@ -337,7 +364,8 @@ async def healthz(request: web.Request) -> web.Response:
 def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.Application:
     """The API application. Owns an asyncpg pool on ``settings.database_url`` unless ``pool``
     is given (tests)."""
-    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=256 * 1024)
+    app = web.Application(middlewares=[metrics_middleware, error_middleware, auth_middleware],
+                          client_max_size=256 * 1024)
     app[SETTINGS] = settings
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -360,4 +388,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     app.router.add_post("/v1/servers/{id}/actions/cancel-deletion", cancel_deletion)
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_get("/v1/jobs/{id}", get_job)
+    app.router.add_get("/metrics", metrics_endpoint)
+    metrics.init_api((r.method, r.resource.canonical) for r in app.router.routes()
+                     if r.resource is not None and r.method != "HEAD")
     return app

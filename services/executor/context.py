@@ -60,6 +60,7 @@ class JobContext:
         self.steps: list[Step] = []
         self.memo: dict[str, Any] = dict(job.memo)
         self.last_progress = time.monotonic()
+        self.claimed_at = self.last_progress  # time.monotonic() of the claim (attempt duration)
         self.finished = False  # set before the final write: the heartbeat leaves the job alone
 
     @property

@@ -34,6 +34,7 @@ import requests
 from proxmoxer import ProxmoxAPI
 from proxmoxer.core import ResourceException
 
+from z9.common import metrics
 from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.settings import RegionSettings
 from z9.common.tags import normalize_tags
@@ -43,6 +44,19 @@ log = logging.getLogger("z9.proxmox")
 UPID_RE = re.compile(
     r"UPID:(?P<node>[a-zA-Z0-9._-]+):(?P<pid>[0-9A-F]{8}):(?P<pstart>[0-9A-F]{8,9}):"
     r"(?P<starttime>[0-9A-F]{8}):(?P<type>[^:]*):(?P<id>[^:]*):(?P<user>[^:]+):"
+)
+
+
+#: Every Proxmox endpoint this adapter calls (``"METHOD /path/template"``, the ``endpoint``
+#: argument of ``ProxmoxClient._call``): metric series are pre-created for each.
+ENDPOINTS = (
+    "GET /cluster/resources", "GET /cluster/nextid",
+    "GET /nodes/{node}/qemu/{vmid}/config", "GET /nodes/{node}/qemu/{vmid}/status/current",
+    "GET /nodes/{node}/tasks/{upid}/status", "GET /nodes/{node}/tasks/{upid}/log",
+    "POST /nodes/{node}/qemu/{vmid}/clone", "POST /nodes/{node}/qemu/{vmid}/config",
+    "PUT /nodes/{node}/qemu/{vmid}/resize", "POST /nodes/{node}/qemu/{vmid}/status/start",
+    "POST /nodes/{node}/qemu/{vmid}/status/shutdown", "POST /nodes/{node}/qemu/{vmid}/status/stop",
+    "DELETE /nodes/{node}/qemu/{vmid}",
 )
 
 
@@ -203,6 +217,7 @@ class ProxmoxClient:
             service="PVE",
         )
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix=f"pve-{region}")
+        metrics.init_proxmox(region, ENDPOINTS)
 
     def close(self) -> None:
         """Stop the client's threads (requests in flight finish in the background)."""
@@ -210,15 +225,17 @@ class ProxmoxClient:
 
     async def _call(self, endpoint: str, what: str, fn: Callable[[], Any]) -> Any:
         """Run one proxmoxer call in this client's thread pool; translate its errors.
-        ``endpoint`` is the path template (for logs and, later, metrics)."""
+        ``endpoint`` is ``"METHOD /path/template"`` (one of :data:`ENDPOINTS`; logs and the
+        ``z9_proxmox_request*`` metrics)."""
         loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._pool, fn)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # translated at this single boundary
-            log.debug("%s (%s) failed: %r", what, endpoint, exc)
-            raise translate(exc, what) from exc
+        with metrics.proxmox_request(self.region, endpoint):
+            try:
+                return await loop.run_in_executor(self._pool, fn)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # translated at this single boundary
+                log.debug("%s (%s) failed: %r", what, endpoint, exc)
+                raise translate(exc, what) from exc
 
     # ------------------------------------------------------------------ reads
 
@@ -346,9 +363,18 @@ class ProxmoxClient:
         Raises TaskFailed (temporary) or TaskFailedPermanently with the log's last lines when
         the task stopped with an error; TemporaryError when ``deadline_s`` seconds pass with the
         task still running (the caller keeps the UPID and waits on it again next attempt — never
-        starts the task a second time).
+        starts the task a second time). The wait is timed in ``z9_proxmox_task_wait_seconds``.
         """
         up = Upid.parse(upid)
+        with metrics.proxmox_task_wait(self.region, up.type) as wait:
+            return wait.exitstatus(await self._poll_task(up, deadline_s, poll_s, on_poll, max_unknown, wait))
+
+    async def _poll_task(self, up: Upid, deadline_s: float, poll_s: float,
+                         on_poll: Callable[[], Awaitable[None]] | None, max_unknown: int,
+                         wait: metrics.TaskWait) -> str:
+        """The polling loop of :meth:`wait_task`; sets ``wait.outcome`` on a failed task or the
+        deadline."""
+        upid = up.raw
         deadline = time.monotonic() + deadline_s
         unknown = 0
         while True:
@@ -369,11 +395,13 @@ class ProxmoxClient:
                 exitstatus = str(st.get("exitstatus") or "unexpected status")
                 if exitstatus == "OK" or exitstatus.startswith("WARNINGS:"):
                     return exitstatus
+                wait.outcome = "failed"
                 tail = await self.task_log_tail(up.node, upid)
                 raise task_failure(upid, up.type, exitstatus, tail)
             if st and on_poll is not None:  # progress only when the node answered for the task
                 await on_poll()
             if time.monotonic() >= deadline:
+                wait.outcome = "deadline"
                 raise TemporaryError(
                     f"task {upid} still running after {deadline_s:.0f}s; will wait on the same task again")
             await asyncio.sleep(poll_s)

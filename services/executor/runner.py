@@ -19,10 +19,11 @@ import logging
 import time
 from typing import Any
 
-from z9.common import store
+from z9.common import metrics, store
 from z9.common.backoff import backoff_delay_s
 from z9.common.db import TRANSIENT_DB_ERRORS
-from z9.common.errors import GuardRefusal, JobError, LeaseLost, PermanentError, Snooze, TemporaryError
+from z9.common.errors import (GuardRefusal, InternalError, JobError, LeaseLost, PermanentError, Snooze,
+                              TemporaryError)
 from z9.common.models import utc_now_iso
 
 from .context import JobContext
@@ -52,19 +53,23 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
     extra = {"job_id": job.id, "kind": job.kind, "region": job.region, "attempt": job.attempt}
     try:
         try:
-            world = await kind.observe(ctx)
-            steps = kind.plan(job, world)
-            await ctx.set_plan(steps)
-            for step in steps:
-                await ctx.step_running(step)
-                await kind.apply(ctx, world, step)
-                await ctx.step_done(step)
-            observed = await kind.verify(ctx)
+            with metrics.phase(job, "observe"):
+                world = await kind.observe(ctx)
+            with metrics.phase(job, "plan"):
+                steps = kind.plan(job, world)
+                await ctx.set_plan(steps)
+            with metrics.phase(job, "apply"):
+                for step in steps:
+                    await ctx.step_running(step)
+                    await kind.apply(ctx, world, step)
+                    await ctx.step_done(step)
+            with metrics.phase(job, "verify"):
+                observed = await kind.verify(ctx)
         except (JobError, LeaseLost, asyncio.CancelledError, *TRANSIENT_DB_ERRORS):
             raise
         except Exception as exc:  # a bug or an untranslated error: retrying is safe, say so loudly
             log.exception("job %s: unexpected error", job.id, extra=extra)
-            raise TemporaryError(f"internal error: {exc.__class__.__name__}: {exc}") from exc
+            raise InternalError(f"internal error: {exc.__class__.__name__}: {exc}") from exc
         ctx.finished = True
         try:
             async with ctx.pool.acquire() as conn, conn.transaction():
@@ -74,26 +79,28 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
             raise
         except Exception as exc:  # recording failed: the transaction rolled back; retry the job
             log.exception("job %s: recording the result failed", job.id, extra=extra)
-            raise TemporaryError(f"internal error recording the result: {exc.__class__.__name__}: {exc}") from exc
+            raise InternalError(f"internal error recording the result: {exc.__class__.__name__}: {exc}") from exc
         log.info("job %s succeeded (%d steps)", job.id, len(ctx.steps), extra=extra)
-        return "succeeded"
+        return _ended(ctx, "succeeded", "none")
     except LeaseLost as exc:
         log.warning("job %s: %s; abandoning it", job.id, exc, extra=extra)
-        return "lost"
+        return _ended(ctx, "lost", "lease_lost")
     except Snooze as exc:
         ctx.mark_running_step_failed()
         try:
             waited = await _snoozed_for(ctx)
         except LeaseLost as lost:
             log.warning("job %s: %s; abandoning it", job.id, lost, extra=extra)
-            return "lost"
+            return _ended(ctx, "lost", "lease_lost")
         if waited <= ctx.settings.snooze_limit_s:
             return await _finish_retry(ctx, exc, exc.delay_s or ctx.settings.snooze_s, refund=True, extra=extra)
         temp = TemporaryError(f"{exc} (waited {waited:.0f}s on the world, longer than {ctx.settings.snooze_limit_s:.0f}s)")
         return await _finish_temporary(ctx, kind, temp, extra=extra)
     except PermanentError as exc:
         ctx.mark_running_step_failed()
-        return await _finish_failed(ctx, kind, _error(exc), extra=extra)
+        if isinstance(exc, GuardRefusal):
+            metrics.guard_refused(job)
+        return await _finish_failed(ctx, kind, _error(exc), metrics.error_class(exc), extra=extra)
     except TemporaryError as exc:
         ctx.mark_running_step_failed()
         return await _finish_temporary(ctx, kind, exc, extra=extra)
@@ -114,7 +121,7 @@ async def _finish_temporary(ctx: JobContext, kind: Any, exc: TemporaryError, *, 
     if job.attempt >= job.max_attempts:
         err = _error(exc)
         err["message"] = f"out of attempts ({job.max_attempts}): {err['message']}"
-        return await _finish_failed(ctx, kind, err, extra=extra)
+        return await _finish_failed(ctx, kind, err, "attempts_exhausted", extra=extra)
     delay = backoff_delay_s(job.attempt, base_s=ctx.settings.backoff_base_s,
                             cap_s=ctx.settings.backoff_cap_s, jitter=ctx.settings.backoff_jitter)
     return await _finish_retry(ctx, exc, delay, refund=False, extra=extra)
@@ -128,13 +135,14 @@ async def _finish_retry(ctx: JobContext, exc: BaseException, delay_s: float, *, 
                               refund_attempt=refund)
     except LeaseLost as lost:
         log.warning("job %s: %s; abandoning it", ctx.job.id, lost, extra=extra)
-        return "lost"
+        return _ended(ctx, "lost", "lease_lost")
     log.warning("job %s: %s in %.1fs: %s", ctx.job.id, "snoozed" if refund else "retry",
                 delay_s, exc, extra=extra)
-    return "snoozed" if refund else "retry"
+    return _ended(ctx, "snoozed", "none") if refund else _ended(ctx, "retry", metrics.error_class(exc))
 
 
-async def _finish_failed(ctx: JobContext, kind: Any, err: dict[str, Any], *, extra: dict[str, Any]) -> str:
+async def _finish_failed(ctx: JobContext, kind: Any, err: dict[str, Any], error_class: str, *,
+                         extra: dict[str, Any]) -> str:
     ctx.finished = True
     try:
         async with ctx.pool.acquire() as conn, conn.transaction():
@@ -142,9 +150,17 @@ async def _finish_failed(ctx: JobContext, kind: Any, err: dict[str, Any], *, ext
             await kind.record_failure(conn, ctx, err)
     except LeaseLost as lost:
         log.warning("job %s: %s; abandoning it", ctx.job.id, lost, extra=extra)
-        return "lost"
+        return _ended(ctx, "lost", "lease_lost")
     log.error("job %s failed: %s", ctx.job.id, err["message"], extra=extra)
-    return "failed"
+    return _ended(ctx, "failed", error_class)
+
+
+def _ended(ctx: JobContext, outcome: str, error_class: str) -> str:
+    """Count the attempt's end in ``z9_job_attempts_total`` (``lost`` as ``lease_lost``) and
+    return ``outcome``."""
+    metrics.attempt_ended(ctx.job, "lease_lost" if outcome == "lost" else outcome, error_class,
+                          ctx.claimed_at)
+    return outcome
 
 
 async def hand_over(ctx: JobContext, reason: str) -> bool:

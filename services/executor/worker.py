@@ -24,9 +24,10 @@ from typing import Any, Callable
 
 import asyncpg
 
-from z9.common import store
+from z9.common import metrics, store
 from z9.common.db import JOBS_CHANNEL, TRANSIENT_DB_ERRORS, create_pool
 from z9.common.errors import LeaseLost
+from z9.common.logs import bind_job, job_fields
 from z9.common.models import Job
 from z9.common.settings import Settings
 
@@ -61,6 +62,7 @@ class Executor:
         self.owner = owner or worker_identity()
         factory = client_factory or (lambda r: ProxmoxClient(r, settings.regions[r]))
         self.clients = {r: factory(r) for r in self.regions}
+        metrics.init_executor(REGISTRY, self.regions)
         self.pool: asyncpg.Pool | None = None
         self.inflight: dict[str, tuple[asyncio.Task, JobContext]] = {}
         self.listen_healthy = False  # True while the LISTEN connection is established
@@ -132,22 +134,28 @@ class Executor:
 
     def _spawn(self, job: Job) -> None:
         ctx = JobContext(job, self.owner, self.pool, self.clients[job.region], self.settings)
+        metrics.job_claimed(job)
         task = asyncio.create_task(self._run(ctx), name=f"job-{job.id}")
         self.inflight[job.id] = (task, ctx)
 
     async def _run(self, ctx: JobContext) -> None:
         job = ctx.job
+        bind_job(job)  # every log line of this task carries the job's fields
         try:
             kind = REGISTRY.get(job.kind) or UnknownKind(job.kind)
             await run_job(ctx, kind)
         except asyncio.CancelledError:
-            pass
+            if not self._stopping.is_set():  # stalled or lease lost; on shutdown _drain counts it
+                metrics.attempt_ended(job, "lease_lost", "lease_lost", ctx.claimed_at)
         except TRANSIENT_DB_ERRORS as e:
+            metrics.attempt_ended(job, "lease_lost", "temporary", ctx.claimed_at)
             log.warning("job %s: database lost while finishing (%s); the lease will expire and the "
                         "scheduler will hand it on", job.id, e)
         except Exception:
+            metrics.attempt_ended(job, "lease_lost", "internal", ctx.claimed_at)
             log.exception("job %s: executor error", job.id)
         finally:
+            metrics.job_released(job)
             # Only our own entry: after a reclaim this executor may already run the next attempt.
             entry = self.inflight.get(job.id)
             if entry is not None and entry[1] is ctx:
@@ -162,6 +170,7 @@ class Executor:
 
     async def _listen_loop(self) -> None:
         delay = 0.2
+        established = False  # a LISTEN connection was up before (for the reconnect counter)
         while not self._stopping.is_set():
             conn = None
             try:
@@ -170,6 +179,8 @@ class Executor:
                 conn.add_termination_listener(lambda _c: lost.set())
                 await conn.add_listener(JOBS_CHANNEL, self._on_notify)
                 self.listen_healthy = True
+                metrics.listen_up(reconnected=established)
+                established = True
                 log.info("LISTEN %s established", JOBS_CHANNEL)
                 self._wake.set()  # catch up on anything missed while not listening
                 delay = 0.2
@@ -185,6 +196,7 @@ class Executor:
                 log.warning("LISTEN connection failed (%s); retrying in %.1fs", e, delay)
             finally:
                 self.listen_healthy = False
+                metrics.listen_down()
                 if conn is not None:
                     conn.terminate()
             await asyncio.sleep(delay)
@@ -204,7 +216,7 @@ class Executor:
                     # Stalled: give it up (no hand-over). Its lease expires and the scheduler hands
                     # the job on; the task is cancelled so it can act on nothing any more.
                     log.warning("job %s: no progress for %.0fs; giving it up, its lease will expire",
-                                job_id, now - ctx.last_progress)
+                                job_id, now - ctx.last_progress, extra=job_fields(ctx.job))
                     ctx.finished = True
                     task.cancel()
                     continue
@@ -213,12 +225,12 @@ class Executor:
                 except LeaseLost as e:
                     if ctx.finished:  # it finished while we were renewing: nothing was lost
                         continue
-                    log.warning("job %s: %s; cancelling it", job_id, e)
+                    log.warning("job %s: %s; cancelling it", job_id, e, extra=job_fields(ctx.job))
                     task.cancel()
                 except TRANSIENT_DB_ERRORS as e:
                     log.warning("heartbeat failed (%s)", e)
                 except Exception:  # never let the heartbeat loop die: leases would expire
-                    log.exception("job %s: heartbeat error", job_id)
+                    log.exception("job %s: heartbeat error", job_id, extra=job_fields(ctx.job))
 
     # ---------------------------------------------------------------- shutdown
 
@@ -236,6 +248,11 @@ class Executor:
         for _, ctx in left:
             try:
                 if await hand_over(ctx, f"handed over: executor {self.owner} is shutting down"):
-                    log.info("job %s handed over", ctx.job.id)
+                    metrics.attempt_ended(ctx.job, "handed_over", "none", ctx.claimed_at)
+                    log.info("job %s handed over", ctx.job.id, extra=job_fields(ctx.job))
+                else:
+                    metrics.attempt_ended(ctx.job, "lease_lost", "lease_lost", ctx.claimed_at)
             except TRANSIENT_DB_ERRORS as e:
-                log.warning("job %s: could not hand over (%s); its lease will expire", ctx.job.id, e)
+                metrics.attempt_ended(ctx.job, "lease_lost", "temporary", ctx.claimed_at)
+                log.warning("job %s: could not hand over (%s); its lease will expire", ctx.job.id, e,
+                            extra=job_fields(ctx.job))

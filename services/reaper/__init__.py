@@ -12,8 +12,9 @@ import logging
 
 import asyncpg
 
-from z9.common import store
+from z9.common import metrics, store
 from z9.common.db import TRANSIENT_DB_ERRORS, create_pool
+from z9.common.logs import job_fields
 from z9.common.settings import Settings
 from z9.common.store import NewJob
 
@@ -27,6 +28,7 @@ class Reaper:
         self.settings = settings
         self.pool: asyncpg.Pool | None = None
         self._stopping = asyncio.Event()
+        metrics.init_reaper(settings.regions)
 
     def stop(self) -> None:
         """Make :meth:`run` return after its current pass."""
@@ -36,14 +38,17 @@ class Reaper:
         """Finalise up to ``batch`` expired buffers; return how many."""
         async with self.pool.acquire() as conn, conn.transaction():
             servers = await store.server_reap_expired(conn, batch)
-            await store.job_insert_many(conn, [
+            jobs = await store.job_insert_many(conn, [
                 NewJob(kind="ServerDelete", region=s.region, tenant_id=s.tenant_id, resource_type="server",
                        resource_id=s.id, max_attempts=self.settings.max_attempts)
                 for s in servers
             ])
+        job_of = {j.resource_id: j for j in jobs}
         for s in servers:
-            log.info("server %s: deletion buffer expired; ServerDelete enqueued", s.id,
-                     extra={"region": s.region})
+            job = job_of[s.id]
+            metrics.DELETION_BUFFER_EXPIRIES.labels(s.region).inc()
+            log.info("server %s: deletion buffer expired; ServerDelete %s enqueued", s.id, job.id,
+                     extra=job_fields(job))
         return len(servers)
 
     async def run(self) -> None:

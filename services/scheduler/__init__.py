@@ -12,6 +12,12 @@
    jobs older than the retention are deleted in batches (``SKIP LOCKED``: never blocks claims) —
    and ``idempotency_prune`` — Idempotency-Keys older than their retention.
 
+Metrics: reclaims, promotions and prunes are counted as they happen; ``run`` also recounts the
+job table with index-only queries (:meth:`Scheduler.refresh_job_metrics`): the live statuses
+(``pending``, ``running``, ``retry``) and ``z9_job_oldest_pending_age_seconds`` at most every
+``job_metrics_interval_s`` seconds, the finished ones (most of the table: 0.2 s per million rows)
+at most every ``job_metrics_finished_interval_s``.
+
 The loop sleeps until the earliest ``run_after`` or ``scheduler_interval_s`` (the lease scan
 period), whichever comes first, and wakes early on ``NOTIFY z9_scheduler`` (a job entered
 ``retry``). Several replicas may run: every statement uses ``SKIP LOCKED`` and guarded updates.
@@ -20,13 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import store
+from z9.common import metrics, store
 from z9.common.db import SCHEDULER_CHANNEL, TRANSIENT_DB_ERRORS, create_pool
 from z9.common.settings import Settings
+from z9.executor.jobs import REGISTRY
 
 log = logging.getLogger("z9.scheduler")
 
@@ -51,6 +59,9 @@ class Scheduler:
         self._passes = 0
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._metrics_at = self._finished_metrics_at = float("-inf")  # time.monotonic() of the last recounts
+        self._kinds = sorted(REGISTRY)  # the registered job kinds: series pre-created for each
+        metrics.init_scheduler(self._kinds, settings.regions)
 
     def stop(self) -> None:
         """Make :meth:`run` return after its current pass."""
@@ -65,8 +76,10 @@ class Scheduler:
                 rows = await store.lease_reclaim_expired(conn)
                 for r in rows:
                     counts.reclaimed += 1
+                    metrics.LEASE_RECLAIMS.labels(r["kind"], r["region"]).inc()
                     log.warning("job %s: lease expired; now %s", r["id"], r["status"],
-                                extra={"job_id": r["id"], "region": r["region"]})
+                                extra={"job_id": r["id"], "kind": r["kind"], "region": r["region"],
+                                       "attempt": r["attempt"]})
                     if r["status"] == "failed":
                         counts.reclaimed_failed += 1
                         if r["resource_type"] == "server":
@@ -75,11 +88,38 @@ class Scheduler:
             async with conn.transaction():
                 due = await store.job_retry_due(conn)
                 counts.promoted = len(due)
+                for r in due:
+                    metrics.JOB_PROMOTIONS.labels(r["region"]).inc()
                 await store.jobs_notify(conn, sorted({r["region"] for r in due}))
             if self._passes % self.prune_every == 0:
                 counts.pruned = await self._prune(conn)
+                metrics.JOBS_PRUNED.inc(counts.pruned)
             self._passes += 1
         return counts
+
+    async def refresh_job_metrics(self, *, finished: bool = True) -> None:
+        """Recount the job table into ``z9_jobs`` (by kind, region, status: the live statuses,
+        and the finished ones too when ``finished``) and ``z9_job_oldest_pending_age_seconds``
+        (configured regions and any region with live jobs), with index-only queries
+        (``job_count_by_status``, ``job_oldest_pending_age``)."""
+        statuses = metrics.JOB_STATUSES if finished else metrics.LIVE_JOB_STATUSES
+        async with self.pool.acquire() as conn:
+            rows = await store.job_count_by_status(conn, statuses)
+            regions = sorted(set(self.settings.regions) | {r[1] for r in rows if r[2] == "pending"})
+            ages = await store.job_oldest_pending_age(conn, regions)
+        metrics.set_job_counts(rows, statuses, self._kinds, self.settings.regions)
+        for region, age_s in ages.items():
+            metrics.JOB_OLDEST_PENDING_AGE.labels(region).set(age_s)
+
+    async def _maybe_refresh_job_metrics(self) -> None:
+        now, s = time.monotonic(), self.settings
+        if now - self._metrics_at < s.job_metrics_interval_s:
+            return
+        finished = now - self._finished_metrics_at >= s.job_metrics_finished_interval_s
+        self._metrics_at = now
+        if finished:
+            self._finished_metrics_at = now
+        await self.refresh_job_metrics(finished=finished)
 
     async def _prune(self, conn: asyncpg.Connection, batch: int = 1000, max_batches: int = 20) -> int:
         """Delete finished jobs past the retention (batches of ``batch``, each its own short
@@ -107,6 +147,7 @@ class Scheduler:
                     await listen.add_listener(SCHEDULER_CHANNEL, lambda *_: self._wake.set())
                 self._wake.clear()
                 await self.run_once()
+                await self._maybe_refresh_job_metrics()
                 next_in = await store.job_retry_next_in(self.pool)
                 delay = 0.5
             except TRANSIENT_DB_ERRORS as e:
