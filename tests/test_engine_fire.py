@@ -427,6 +427,21 @@ async def test_database_restart_every_service_reconnects(settings: Settings, sim
 
 
 # 6
+async def _metric(port: int, name: str) -> float:
+    """The value of the unlabelled sample ``name`` on the service's ``/metrics`` (Z9_METRICS_PORT)."""
+    import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
+        assert r.status == 200
+        text = await r.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and not sample.labels:
+                return sample.value
+    raise AssertionError(f"no sample {name} on :{port}/metrics")
+
+
 async def _insert_create_quietly(api: Stack, name: str, due_in_s: float) -> str:
     """A ServerCreate committed *without* NOTIFY (as if its notification were lost), claimable
     only ``due_in_s`` seconds from now; its job id."""
@@ -450,9 +465,12 @@ async def test_dead_listen_connection_is_reestablished_with_a_catch_up_claim(api
                                                                             services: Services) -> None:
     pool = api.pool
     db = await pool.fetchval("SELECT current_database()")
-    ex = services.start("executor", poll_interval_s=60)  # the slow poll cannot be what claims
+    port = free_port()
+    ex = services.start("executor", poll_interval_s=60, metrics_port=port)  # the slow poll cannot be what claims
     await services.executor_owner(ex)
     await ex.wait_log("LISTEN z9_jobs established")
+    assert await _metric(port, "z9_executor_listen_healthy") == 1
+    assert await _metric(port, "z9_executor_listen_reconnects_total") == 0
     listen_sql = ("SELECT pid FROM pg_stat_activity WHERE datname = $1 "
                   "AND application_name = 'z9-executor-listen'")
     old_pid = await wait_until(lambda: pool.fetchval(listen_sql, db), 10, "the executor's LISTEN backend")
@@ -476,6 +494,9 @@ async def test_dead_listen_connection_is_reestablished_with_a_catch_up_claim(api
     # The health is visible in the log: the loss, then the connection established again.
     await ex.wait_log(r"LISTEN connection lost; re-establishing")
     assert ex.log().count("LISTEN z9_jobs established") == 2, ex.log()
+    # ... and in the executor's metrics: connected again, one reconnection counted.
+    assert await _metric(port, "z9_executor_listen_reconnects_total") == 1
+    assert await _metric(port, "z9_executor_listen_healthy") == 1
     assert (await api.wait_job(quiet, timeout_s=30))["status"] == "succeeded"
     # And NOTIFY works on the new connection.
     _, job = await api.create_server("loud-1")
