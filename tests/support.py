@@ -280,7 +280,7 @@ class Services:
             p.close()
 
     def logs(self) -> str:
-        return "\n".join(f"===== {p.name} (pid {p.pid}, rc {p.proc.poll()})\n{p.log()[-4000:]}" for p in self.procs)
+        return "\n".join(f"===== {p.name} (pid {p.pid}, rc {p.proc.poll()})\n{p.log()[-8000:]}" for p in self.procs)
 
 
 # ---------------------------------------------------------------- job history (a trigger in the test database)
