@@ -254,7 +254,7 @@ async def test_crash_storm_every_job_succeeds_once(api: Stack, sim: SimAdmin, se
         return await pool.fetchval("SELECT count(*) FROM jobs WHERE id = ANY($1) AND status IN ('succeeded', 'failed')",
                                    job_ids) == len(job_ids)
 
-    await wait_until(all_done, 120, "every job to finish")
+    await wait_until(all_done, max(120, 3 * n_creates), "every job to finish")
     statuses = {r["id"]: r["status"] for r in await pool.fetch("SELECT id, status FROM jobs WHERE id = ANY($1)", job_ids)}
     assert set(statuses.values()) == {"succeeded"}, {k: v for k, v in statuses.items() if v != "succeeded"}
 
