@@ -3,9 +3,16 @@ API client, tenants, database URLs."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import re
 import secrets
+import signal
 import socket
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -158,3 +165,198 @@ async def make_tenant(pool: asyncpg.Pool, name: str) -> tuple[str, str]:
     token = "z9t_" + secrets.token_urlsafe(24)
     await store.api_token_insert(pool, tenant, token)
     return tenant, token
+
+
+# ---------------------------------------------------------------- polling
+
+async def wait_until(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    """Poll ``predicate()`` (sync or async) until it returns something truthy; return that.
+    Raises AssertionError naming ``what`` after ``timeout_s`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        got = predicate()
+        if asyncio.iscoroutine(got):
+            got = await got
+        if got:
+            return got
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        await asyncio.sleep(interval_s)
+
+
+# ---------------------------------------------------------------- real service processes
+
+def service_env(settings: Settings, **overrides: Any) -> dict[str, str]:
+    """Environment for a ``z9 <service>`` subprocess: the database and regions of ``settings``
+    plus ``overrides`` given as setting names (``lease_ttl_s=2`` → ``Z9_LEASE_TTL_S=2``)."""
+    regions = {name: {"url": r.url, "token_id": r.token_id, "token_secret": r.token_secret.get_secret_value(),
+                      "verify_ssl": r.verify_ssl, "images": r.images}
+               for name, r in settings.regions.items()}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("Z9_")}
+    env.update(Z9_DATABASE_URL=settings.require_database_url(), Z9_REGIONS=json.dumps(regions), Z9_LOG_LEVEL="INFO")
+    env.update({f"Z9_{k.upper()}": str(v) for k, v in overrides.items()})
+    return env
+
+
+class ServiceProcess:
+    """One real ``z9 <args>`` process (``python -m z9``), stdout and stderr appended to
+    ``log_path``. Signals go to this process only, by its pid."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_path: Path):
+        self.name = name
+        self.log_path = log_path
+        self._out = open(log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "z9", *args], env=env, stdout=self._out,
+                                     stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            self.proc.send_signal(sig)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def wait_log(self, pattern: str, timeout_s: float = 20) -> re.Match:
+        """The first match of regex ``pattern`` in the log, polled until ``timeout_s``."""
+        rx = re.compile(pattern)
+
+        def found() -> re.Match | None:
+            m = rx.search(self.log())
+            if m is None and not self.alive():
+                raise AssertionError(f"{self.name} exited ({self.proc.returncode}) before logging "
+                                     f"{pattern!r}:\n{self.log()[-3000:]}")
+            return m
+        return await wait_until(found, timeout_s, f"{self.name} to log {pattern!r}")
+
+    async def wait_exit(self, timeout_s: float = 20) -> int:
+        await wait_until(lambda: not self.alive(), timeout_s, f"{self.name} (pid {self.pid}) to exit")
+        return self.proc.returncode
+
+    async def kill(self) -> None:
+        """SIGKILL and reap."""
+        self.signal(signal.SIGKILL)
+        await self.wait_exit(10)
+
+    def close(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait(10)
+        self._out.close()
+
+
+class Services:
+    """Real z9 service processes of one test, all killed at teardown. ``start`` gives each its
+    own log file; ``env`` is the base environment (see :func:`service_env`)."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path):
+        self.env = env
+        self.log_dir = log_dir
+        self.procs: list[ServiceProcess] = []
+
+    def start(self, service: str, *args: str, **overrides: Any) -> ServiceProcess:
+        """Start ``z9 <service> <args>``; ``overrides`` as in :func:`service_env`."""
+        env = dict(self.env, **{f"Z9_{k.upper()}": str(v) for k, v in overrides.items()})
+        name = f"{service}-{len(self.procs)}"
+        if service == "executor" and "--region" not in args:
+            args = ("--region", REGION, *args)
+        p = ServiceProcess(name, [service, *args], env, self.log_dir / f"{name}.log")
+        self.procs.append(p)
+        return p
+
+    async def executor_owner(self, p: ServiceProcess, timeout_s: float = 20) -> str:
+        """The lease owner of executor ``p`` (once it serves)."""
+        return (await p.wait_log(r"executor (\S+) serving regions", timeout_s)).group(1)
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.close()
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {p.name} (pid {p.pid}, rc {p.proc.poll()})\n{p.log()[-8000:]}" for p in self.procs)
+
+
+# ---------------------------------------------------------------- job history (a trigger in the test database)
+
+JOB_LOG_DDL = """
+CREATE TABLE test_job_log (
+    seq bigserial PRIMARY KEY,
+    at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    tx_at timestamptz NOT NULL DEFAULT now(),
+    job_id text NOT NULL, resource_id text, kind text, status text, attempt int, lease_owner text,
+    run_after timestamptz, error jsonb);
+CREATE FUNCTION test_job_log() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' OR NEW.status IS DISTINCT FROM OLD.status OR NEW.attempt IS DISTINCT FROM OLD.attempt
+       OR NEW.lease_owner IS DISTINCT FROM OLD.lease_owner THEN
+        INSERT INTO test_job_log (job_id, resource_id, kind, status, attempt, lease_owner, run_after, error)
+        VALUES (NEW.id, NEW.resource_id, NEW.kind, NEW.status::text, NEW.attempt, NEW.lease_owner, NEW.run_after,
+                NEW.error);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER test_job_log AFTER INSERT OR UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION test_job_log();
+"""
+
+
+async def install_job_log(db: Any) -> None:
+    """Record every state change of every job (status, attempt, lease owner) with its time, in
+    the test's own database (table ``test_job_log``)."""
+    await db.execute(JOB_LOG_DDL)
+
+
+async def job_log(db: Any, job_id: str | None = None) -> list[dict[str, Any]]:
+    """The recorded changes, oldest first (of one job, or all)."""
+    rows = await db.fetch("SELECT * FROM test_job_log WHERE $1::text IS NULL OR job_id = $1 ORDER BY seq", job_id)
+    return [dict(r) for r in rows]
+
+
+@dataclass
+class Run:
+    """One attempt of a job as the database saw it: from its claim until it left ``running``."""
+
+    job_id: str
+    resource_id: str | None
+    attempt: int
+    owner: str
+    start: Any
+    end: Any = None  # None: still running
+    ended_as: str | None = None
+
+
+def runs(log: list[dict[str, Any]]) -> list[Run]:
+    """The running intervals in a :func:`job_log`."""
+    out: list[Run] = []
+    open_: dict[str, Run] = {}
+    for e in log:
+        cur = open_.get(e["job_id"])
+        if cur is not None and (e["status"] != "running" or e["lease_owner"] != cur.owner
+                                or e["attempt"] != cur.attempt):
+            cur.end, cur.ended_as = e["at"], e["status"]
+            del open_[e["job_id"]]
+        if e["status"] == "running" and e["job_id"] not in open_:
+            r = Run(e["job_id"], e["resource_id"], e["attempt"], e["lease_owner"], e["at"])
+            open_[e["job_id"]] = r
+            out.append(r)
+    return out
+
+
+def overlapping(rs: list[Run]) -> list[tuple[Run, Run]]:
+    """Pairs of runs of one resource (or one job) that were running at the same time."""
+    bad = []
+    by_key: dict[str, list[Run]] = {}
+    for r in rs:
+        by_key.setdefault(r.resource_id or r.job_id, []).append(r)
+    for group in by_key.values():
+        group.sort(key=lambda r: r.start)
+        for a, b in zip(group, group[1:]):
+            if a.end is None or b.start < a.end:
+                bad.append((a, b))
+    return bad

@@ -44,6 +44,10 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.InterfaceError,  # "connection is closed", pool closing
     asyncpg.CannotConnectNowError,  # starting up / shutting down
     asyncpg.AdminShutdownError,  # terminated by the administrator
+    # The server ended the session (shutdown, pg_terminate_backend) while the connection sat idle
+    # inside a transaction: asyncpg's protocol is left mid-error and the next statement (often
+    # the COMMIT) raises this instead of a connection error.
+    asyncpg.InternalClientError,
     ConnectionRefusedError,
     ConnectionResetError,
     FileNotFoundError,  # the Unix socket is gone (a local server stopped)
