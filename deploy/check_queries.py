@@ -79,6 +79,9 @@ class Result:
     series: int
     error: str | None = None
     sample: list[dict[str, Any]] = field(default_factory=list)
+    #: every value returned is NaN (a ratio or quantile over a window with no observations): the
+    #: query works, but nothing was measured in the window — run some jobs, or ``--strict`` fails it
+    only_nan: bool = False
 
 
 def split_threshold(expr: str) -> tuple[str, str] | None:
@@ -213,7 +216,8 @@ def check_one(prometheus: str, q: Query) -> Result:
         return Result(q, 0, "no data")
     if q.label and any(q.label not in s["metric"] for s in result):
         return Result(q, len(result), f"series without label {q.label!r}", result[:3])
-    return Result(q, len(result), None, result[:3])
+    only_nan = bool(result) and all(str(s["value"][1]).lower() == "nan" for s in result)
+    return Result(q, len(result), None, result[:3], only_nan)
 
 
 def check(prometheus: str, queries: list[Query], wait_s: float = 0.0, poll_s: float = 2.0) -> list[Result]:
@@ -246,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--range", default="1h", help="value of $__range")
     p.add_argument("--wait", type=float, default=0.0, help="retry failing queries for this many seconds")
     p.add_argument("-v", "--verbose", action="store_true", help="print passing queries too")
+    p.add_argument("--strict", action="store_true",
+                   help="also fail queries whose every value is NaN (nothing measured in the window)")
     args = p.parse_args(argv)
     variables = {"region": args.region, "__rate_interval": args.rate_interval, "__interval": args.interval,
                  "__range": args.range}
@@ -256,12 +262,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check_queries: {e}", file=sys.stderr)
         return 2
     results = check(args.prometheus, queries, args.wait)
+    for r in results:
+        if args.strict and r.error is None and r.only_nan:
+            r.error = "only NaN: nothing measured in the window"
     failed = [r for r in results if r.error]
     for r in results:
-        if r.error or args.verbose:
-            print(f"{'FAIL' if r.error else 'ok  '} {r.query.source}: {r.error or f'{r.series} series'}\n"
+        if r.error or args.verbose or r.only_nan:
+            tag = "FAIL" if r.error else ("nan " if r.only_nan else "ok  ")
+            print(f"{tag} {r.query.source}: {r.error or f'{r.series} series'}\n"
                   f"     {' '.join(r.query.expr.split())}")
     print(f"{len(results) - len(failed)}/{len(results)} queries passed against {args.prometheus}")
+    nan = [r for r in results if r.only_nan and not r.error]
+    if nan:
+        print(f"{len(nan)} of them returned only NaN (no observations in the window: run some jobs "
+              f"and check again, or pass --strict)")
     return 1 if failed else 0
 
 

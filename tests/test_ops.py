@@ -666,6 +666,10 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
         failed = [f"{r.query.source}: {r.error}\n    {r.query.expr}" for r in results if r.error]
         assert not failed, "queries failing against a live Prometheus:\n" + "\n".join(failed)
         assert len(results) > 40
+        # Jobs of every kind just ran, inside every rate window: each query measured something
+        # (NaN everywhere would mean a ratio or quantile over no observations).
+        nan = [f"{r.query.source}: {r.query.expr}" for r in results if r.only_nan]
+        assert not nan, "queries measuring nothing after jobs ran:\n" + "\n".join(nan)
         # Only the executor exports the LISTEN health gauge (the rule's comment says so).
         listen = _prom_query(prom_url, "count by (service) (z9_executor_listen_healthy)")
         assert [s["metric"]["service"] for s in listen] == ["executor"], listen
