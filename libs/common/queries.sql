@@ -116,6 +116,15 @@ INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args,
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 RETURNING *;
 
+-- name: job_insert_notify
+-- job_insert and its NOTIFY (delivered at commit) in one statement: one round trip.
+WITH ins AS (
+    INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    RETURNING *
+)
+SELECT ins.*, pg_notify('z9_jobs', ins.region)::text AS notified FROM ins;
+
 -- name: job_insert_many
 INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::int[])
@@ -152,10 +161,13 @@ WHERE resource_id = $1
 GROUP BY 1, 2;
 
 -- name: job_claim
--- The earliest pending job of each resource only (per-resource order), oldest first.
+-- The earliest pending job of each resource only (per-resource order), oldest first, of one
+-- region: `region = $1` (a scalar, not `= ANY(array)`) lets the scan walk jobs_claimable in seq
+-- order and stop after $2 rows; with an array PostgreSQL 15 cannot take the order from that
+-- index and walks the unique index on seq instead, through every finished job.
 WITH candidates AS (
     SELECT j.id FROM jobs j
-    WHERE j.status = 'pending' AND j.region = ANY($1::text[]) AND j.run_after <= now()
+    WHERE j.status = 'pending' AND j.region = $1 AND j.run_after <= now()
       AND NOT EXISTS (
           SELECT 1 FROM jobs e
           WHERE e.resource_id = j.resource_id AND e.seq < j.seq
@@ -181,6 +193,15 @@ SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
 RETURNING id;
 
+-- name: job_heartbeat_many
+-- Batch renewal: ($1 ids, $2 owners, $3 attempts) fenced row by row; returns the (id, attempt)
+-- of the leases still held — a lease missing from the answer is lost.
+UPDATE jobs j
+SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::int[]) AS f(id, owner, attempt)
+WHERE j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status = 'running'
+RETURNING j.id, j.attempt;
+
 -- name: job_progress
 UPDATE jobs
 SET steps = $4, lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
@@ -199,6 +220,18 @@ SET status = 'succeeded', steps = $4, error = NULL, lease_owner = NULL, lease_ex
     finished_at = now(), updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
 RETURNING id;
+
+-- name: job_succeed_many
+-- Batch finish of concurrent jobs: ($1 ids, $2 owners, $3 attempts, $4 steps) fenced row by
+-- row like job_succeed; returns the (id, attempt) of the rows that matched — a job missing
+-- from the answer has lost its lease. Steps come as JSON text ($4 text[]): a jsonb[] of lists
+-- would be read by the driver as a multi-dimensional array.
+UPDATE jobs j
+SET status = 'succeeded', steps = f.steps::jsonb, error = NULL, lease_owner = NULL, lease_expires_at = NULL,
+    finished_at = now(), updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::int[], $4::text[]) AS f(id, owner, attempt, steps)
+WHERE j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status = 'running'
+RETURNING j.id, j.attempt;
 
 -- name: job_retry
 -- $7 = attempts to give back (1 for a snooze or a hand-over, else 0).

@@ -67,15 +67,13 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
             raise TemporaryError(f"internal error: {exc.__class__.__name__}: {exc}") from exc
         ctx.finished = True
         try:
-            async with ctx.pool.acquire() as conn, conn.transaction():
-                await store.job_succeed(conn, ctx.lease, ctx.steps_json())
-                await kind.record(conn, ctx, observed)
+            await ctx.succeed(kind, observed)  # fenced finish + record, one transaction (maybe batched)
         except (LeaseLost, *TRANSIENT_DB_ERRORS):
             raise
         except Exception as exc:  # recording failed: the transaction rolled back; retry the job
             log.exception("job %s: recording the result failed", job.id, extra=extra)
             raise TemporaryError(f"internal error recording the result: {exc.__class__.__name__}: {exc}") from exc
-        log.info("job %s succeeded (%d steps)", job.id, len(ctx.steps), extra=extra)
+        log.debug("job %s succeeded (%d steps)", job.id, len(ctx.steps), extra=extra)
         return "succeeded"
     except LeaseLost as exc:
         log.warning("job %s: %s; abandoning it", job.id, exc, extra=extra)

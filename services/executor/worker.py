@@ -30,6 +30,7 @@ from z9.common.errors import LeaseLost
 from z9.common.models import Job
 from z9.common.settings import Settings
 
+from .batching import FinishBatcher
 from .context import JobContext
 from .jobs import REGISTRY, UnknownKind
 from .proxmox import ProxmoxClient
@@ -62,6 +63,7 @@ class Executor:
         factory = client_factory or (lambda r: ProxmoxClient(r, settings.regions[r]))
         self.clients = {r: factory(r) for r in self.regions}
         self.pool: asyncpg.Pool | None = None
+        self.finisher: FinishBatcher | None = None  # success finishes share transactions
         self.inflight: dict[str, tuple[asyncio.Task, JobContext]] = {}
         self.listen_healthy = False  # True while the LISTEN connection is established
         self._wake = asyncio.Event()
@@ -80,6 +82,7 @@ class Executor:
         connection with backoff at start."""
         conc = self.settings.executor_concurrency
         self.pool = await self._connect_pool(conc + 4)
+        self.finisher = FinishBatcher(self.pool)
         listener = asyncio.create_task(self._listen_loop(), name="z9-listen")
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="z9-heartbeat")
         log.info("executor %s serving regions %s (concurrency %d)", self.owner, ",".join(self.regions), conc)
@@ -131,7 +134,8 @@ class Executor:
             self._spawn(job)
 
     def _spawn(self, job: Job) -> None:
-        ctx = JobContext(job, self.owner, self.pool, self.clients[job.region], self.settings)
+        ctx = JobContext(job, self.owner, self.pool, self.clients[job.region], self.settings,
+                         finisher=self.finisher)
         task = asyncio.create_task(self._run(ctx), name=f"job-{job.id}")
         self.inflight[job.id] = (task, ctx)
 
@@ -196,29 +200,45 @@ class Executor:
         s = self.settings
         while True:
             await asyncio.sleep(s.heartbeat_s)
-            now = time.monotonic()
-            for job_id, (task, ctx) in list(self.inflight.items()):
-                if ctx.finished or task.done():
-                    continue
-                if now - ctx.last_progress > s.step_timeout_s:
-                    # Stalled: give it up (no hand-over). Its lease expires and the scheduler hands
-                    # the job on; the task is cancelled so it can act on nothing any more.
-                    log.warning("job %s: no progress for %.0fs; giving it up, its lease will expire",
-                                job_id, now - ctx.last_progress)
-                    ctx.finished = True
-                    task.cancel()
-                    continue
-                try:
-                    await store.job_heartbeat(self.pool, ctx.lease, s.lease_ttl_s)
-                except LeaseLost as e:
-                    if ctx.finished:  # it finished while we were renewing: nothing was lost
-                        continue
-                    log.warning("job %s: %s; cancelling it", job_id, e)
-                    task.cancel()
-                except TRANSIENT_DB_ERRORS as e:
-                    log.warning("heartbeat failed (%s)", e)
-                except Exception:  # never let the heartbeat loop die: leases would expire
-                    log.exception("job %s: heartbeat error", job_id)
+            try:
+                await self._heartbeat_once()
+            except asyncio.CancelledError:
+                raise
+            except TRANSIENT_DB_ERRORS as e:
+                log.warning("heartbeat failed (%s)", e)
+            except Exception:  # never let the heartbeat loop die: leases would expire
+                log.exception("heartbeat error")
+
+    async def _heartbeat_once(self) -> None:
+        """Renew, in one statement, the lease of every job in flight that made progress within
+        ``step_timeout_s``; cancel the stalled ones and those whose lease is lost."""
+        s = self.settings
+        now = time.monotonic()
+        renew: list[tuple[str, asyncio.Task, JobContext]] = []
+        for job_id, (task, ctx) in list(self.inflight.items()):
+            if ctx.finished or task.done():
+                continue
+            if now - ctx.last_progress > s.step_timeout_s:
+                # Stalled: give it up (no hand-over). Its lease expires and the scheduler hands
+                # the job on; the task is cancelled so it can act on nothing any more.
+                log.warning("job %s: no progress for %.0fs; giving it up, its lease will expire",
+                            job_id, now - ctx.last_progress)
+                ctx.finished = True
+                task.cancel()
+                continue
+            renew.append((job_id, task, ctx))
+        if not renew:
+            return
+        lost = {(l.job_id, l.attempt) for l in await store.job_heartbeat_many(
+            self.pool, [ctx.lease for _, _, ctx in renew], s.lease_ttl_s)}
+        for job_id, task, ctx in renew:
+            if (ctx.lease.job_id, ctx.lease.attempt) not in lost:
+                continue
+            if ctx.finished:  # it finished while we were renewing: nothing was lost
+                continue
+            log.warning("job %s: lease of %s (attempt %d) is lost; cancelling it", job_id, ctx.lease.owner,
+                        ctx.lease.attempt)
+            task.cancel()
 
     # ---------------------------------------------------------------- shutdown
 
