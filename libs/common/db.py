@@ -32,6 +32,15 @@ async def init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+async def _no_session_reset(conn: asyncpg.Connection) -> None:
+    """Pool ``reset``: nothing beyond asyncpg's own rollback of an open transaction. z9 never
+    leaves session state on pooled connections (no SET, LISTEN, session advisory locks or
+    cursors: LISTEN and migrations use their own connections), so asyncpg's default reset
+    query (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``) would only cost a
+    round trip on every release."""
+    return None
+
+
 async def create_pool(
     dsn: str, *, min_size: int = 1, max_size: int = 10, application_name: str = "z9", **kw: Any
 ) -> asyncpg.Pool:
@@ -42,6 +51,7 @@ async def create_pool(
         min_size=min_size,
         max_size=max_size,
         init=init_connection,
+        reset=_no_session_reset,
         server_settings=_server_settings(application_name),
         **kw,
     )

@@ -22,6 +22,7 @@ from z9.common.db import TRANSIENT_DB_ERRORS, create_pool
 from z9.common.errors import ApiError, BadRequest, Conflict, NotFound, Unauthorized, ValidationFailed
 from z9.common.ids import is_id
 from z9.common.models import Job, Server
+from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 from z9.common.store import NewJob
 
@@ -32,6 +33,7 @@ log = logging.getLogger("z9.api")
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
+NOTIFIER = web.AppKey("notifier", JobNotifier)  # NOTIFY after commit, coalesced (z9.common.notify)
 TENANT = web.RequestKey("tenant_id", str)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -155,9 +157,10 @@ async def create_server(request: web.Request) -> web.Response:
                            "choose another name or delete that server first")
         job = await store.job_insert(conn, NewJob(
             kind="ServerCreate", region=spec.region, tenant_id=tenant, resource_type="server",
-            resource_id=server.id, args=spec.model_dump(), max_attempts=settings.max_attempts))
+            resource_id=server.id, args=spec.model_dump(), max_attempts=settings.max_attempts), notify=False)
         answer = {"server": server.public(), "job": job.brief()}
         await _idempotency_end(conn, tenant, key, req_hash, 202, answer)
+    request.app[NOTIFIER].notify(job.region)
     return web.json_response(answer, status=202)
 
 
@@ -237,7 +240,8 @@ async def delete_server(request: web.Request) -> web.Response:
             raise Conflict(_not_deletable(current.id, current.status))
         job = await store.job_insert(conn, NewJob(
             kind="ServerStop", region=server.region, tenant_id=tenant, resource_type="server",
-            resource_id=server.id, max_attempts=settings.max_attempts))
+            resource_id=server.id, max_attempts=settings.max_attempts), notify=False)
+    request.app[NOTIFIER].notify(job.region)
     return web.json_response({"server": server.public(), "job": job.brief()}, status=202)
 
 
@@ -273,9 +277,10 @@ async def cancel_deletion(request: web.Request) -> web.Response:
         kind, args = _restore_job(server)
         job = await store.job_insert(conn, NewJob(
             kind=kind, region=server.region, tenant_id=tenant, resource_type="server",
-            resource_id=server.id, args=args, max_attempts=settings.max_attempts))
+            resource_id=server.id, args=args, max_attempts=settings.max_attempts), notify=False)
         answer = {"server": server.public(), "job": job.brief()}
         await _idempotency_end(conn, tenant, key, req_hash, 202, answer)
+    request.app[NOTIFIER].notify(job.region)
     return web.json_response(answer, status=202)
 
 
@@ -343,11 +348,15 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
         if pool is not None:
             app[POOL] = pool
+            app[NOTIFIER] = JobNotifier(pool)
             yield
+            await app[NOTIFIER].flush()
             return
         app[POOL] = await create_pool(settings.require_database_url(), min_size=2, max_size=16,
                                       application_name="z9-api")
+        app[NOTIFIER] = JobNotifier(app[POOL])
         yield
+        await app[NOTIFIER].flush()
         await app[POOL].close()
 
     app.cleanup_ctx.append(pool_ctx)

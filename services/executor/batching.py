@@ -11,8 +11,12 @@ One flush, in one transaction:
    ``(id, lease_owner, attempt, status = 'running')`` exactly like the single ``job_succeed``;
 2. each kind's ``record(conn, ctx, observed)`` for the jobs whose row matched, in the same
    transaction (as on the single path);
-3. commit. Then each waiting job gets its own answer: done, or :class:`LeaseLost` when its row
-   did not match (that job is reported lost and writes nothing more; the others succeed).
+3. optionally (``claim_next``), the executor's next claim, for the slots these finishes free:
+   one commit — one WAL flush — then both ends the old jobs and leases the new ones, instead
+   of one for each (at concurrency 1 that halves the flushes per job);
+4. commit. Then each waiting job gets its own answer: done, or :class:`LeaseLost` when its row
+   did not match (that job is reported lost and writes nothing more; the others succeed), and
+   the claimed jobs go to ``on_claimed``.
 
 If anything else goes wrong in the shared transaction (a ``record`` raising, a deadlock with
 the scheduler's reclaim), it rolls back and every job of the batch is finished again on its
@@ -25,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import asyncpg
 
@@ -54,11 +58,17 @@ async def succeed_one(pool: asyncpg.Pool, ctx: Any, kind: Any, observed: Any) ->
 
 class FinishBatcher:
     """Coalesces the success finishes of one executor's jobs (see the module docstring).
-    ``max_batch``: most jobs per transaction."""
+    ``max_batch``: most jobs per transaction. ``claim_next(conn, freed) -> (reserved, jobs)``
+    claims inside the finish transaction (``freed``: jobs this commit ends); after commit
+    ``on_claimed(reserved, jobs)`` gets the jobs — or ``[]`` when the transaction rolled back."""
 
-    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 256):
+    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 256,
+                 claim_next: Callable[[Any, int], Awaitable[tuple[int, list[Any]]]] | None = None,
+                 on_claimed: Callable[[int, list[Any]], None] | None = None):
         self.pool = pool
         self.max_batch = max_batch
+        self.claim_next = claim_next
+        self.on_claimed = on_claimed
         self._queue: list[_Finish] = []
         self._task: asyncio.Task[None] | None = None
         self.flushes = 0  # transactions run (tests, benchmarks)
@@ -87,22 +97,38 @@ class FinishBatcher:
 
     async def _flush(self, batch: list[_Finish]) -> None:
         self.flushes += 1
-        if len(batch) == 1:
-            await self._alone(batch[0])
-            return
+        claimed: tuple[int, list[Any]] = (0, [])
         try:
-            async with self.pool.acquire() as conn, conn.transaction():
-                lost = await store.job_succeed_many(conn, [(f.ctx.lease, f.ctx.steps_json()) for f in batch])
-                lost_ids = {(l.job_id, l.attempt) for l in lost}
-                won = [f for f in batch if (f.ctx.lease.job_id, f.ctx.lease.attempt) not in lost_ids]
-                for f in won:
-                    await f.kind.record(conn, f.ctx, f.observed)
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    if len(batch) == 1:
+                        await store.job_succeed(conn, batch[0].ctx.lease, batch[0].ctx.steps_json())
+                        lost_ids: set[tuple[str, int]] = set()
+                    else:
+                        lost = await store.job_succeed_many(conn, [(f.ctx.lease, f.ctx.steps_json()) for f in batch])
+                        lost_ids = {(l.job_id, l.attempt) for l in lost}
+                    won = [f for f in batch if (f.ctx.lease.job_id, f.ctx.lease.attempt) not in lost_ids]
+                    for f in won:
+                        await f.kind.record(conn, f.ctx, f.observed)
+                    if self.claim_next is not None and won:
+                        claimed = await self.claim_next(conn, len(won))
+            except BaseException:
+                if claimed[0] and self.on_claimed is not None:
+                    self.on_claimed(claimed[0], [])  # rolled back: those claims never happened
+                claimed = (0, [])
+                raise
+        except LeaseLost as e:  # the single job's row did not match
+            _resolve(batch[0], e)
+            return
         except TRANSIENT_DB_ERRORS as e:
             for f in batch:
                 _resolve(f, e)
             return
         except Exception as e:  # a record failing, a deadlock: each job on its own instead
-            log.debug("batch finish of %d jobs rolled back (%r); finishing them one by one", len(batch), e)
+            log.debug("finish of %d job(s) rolled back (%r); finishing them one by one", len(batch), e)
+            if len(batch) == 1:
+                _resolve(batch[0], e)
+                return
             for f in batch:
                 await self._alone(f)
             return
@@ -112,6 +138,8 @@ class FinishBatcher:
                 _resolve(f, LeaseLost(f"job {l.job_id}: lease of {l.owner} (attempt {l.attempt}) is lost"))
             else:
                 _resolve(f)
+        if self.on_claimed is not None and claimed[0]:
+            self.on_claimed(*claimed)
 
     async def _alone(self, f: _Finish) -> None:
         try:

@@ -66,6 +66,7 @@ class Executor:
         self.finisher: FinishBatcher | None = None  # success finishes share transactions
         self.inflight: dict[str, tuple[asyncio.Task, JobContext]] = {}
         self.listen_healthy = False  # True while the LISTEN connection is established
+        self._reserved = 0  # slots promised to claims in flight (so two claims never overfill)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._dsn = settings.require_database_url()
@@ -82,7 +83,7 @@ class Executor:
         connection with backoff at start."""
         conc = self.settings.executor_concurrency
         self.pool = await self._connect_pool(conc + 4)
-        self.finisher = FinishBatcher(self.pool)
+        self.finisher = FinishBatcher(self.pool, claim_next=self._claim_in_finish, on_claimed=self._claimed)
         listener = asyncio.create_task(self._listen_loop(), name="z9-listen")
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="z9-heartbeat")
         log.info("executor %s serving regions %s (concurrency %d)", self.owner, ",".join(self.regions), conc)
@@ -121,15 +122,37 @@ class Executor:
     async def _claim_once(self) -> None:
         """Claim up to the free capacity. When capacity is full, the next finished job wakes the
         loop; when there was less work than capacity, the next NOTIFY or poll does."""
-        free = self.settings.executor_concurrency - len(self.inflight)
+        free = self.settings.executor_concurrency - len(self.inflight) - self._reserved
         if free <= 0:
             return
+        self._reserved += free
+        jobs: list[Job] = []
         try:
             jobs = await store.job_claim(self.pool, self.regions, free, self.owner, self.settings.lease_ttl_s)
         except TRANSIENT_DB_ERRORS as e:
             log.warning("claim failed (%s); retrying after a pause", e)
             await asyncio.sleep(1.0)
-            return
+        finally:
+            self._claimed(free, jobs)
+
+    async def _claim_in_finish(self, conn: asyncpg.Connection, freed: int) -> tuple[int, list[Job]]:
+        """Inside the transaction finishing ``freed`` jobs: claim for the slots they free (and
+        any other free ones). Returns (slots reserved, jobs); :meth:`_claimed` runs after commit."""
+        if self._stopping.is_set():
+            return 0, []
+        free = self.settings.executor_concurrency - len(self.inflight) - self._reserved + freed
+        if free <= 0:
+            return 0, []
+        self._reserved += free
+        try:
+            return free, await store.job_claim(conn, self.regions, free, self.owner, self.settings.lease_ttl_s)
+        except BaseException:
+            self._reserved -= free
+            raise
+
+    def _claimed(self, reserved: int, jobs: list[Job]) -> None:
+        """Release ``reserved`` slots and start ``jobs`` (claimed, and committed)."""
+        self._reserved -= reserved
         for job in jobs:
             self._spawn(job)
 
