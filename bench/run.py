@@ -484,8 +484,8 @@ end
 
 WRK_DONE = r"""
 done = function(summary, latency, requests)
-  io.write(string.format("JSON{\"requests\":%%d,\"p50_us\":%%d,\"p90_us\":%%d,\"p99_us\":%%d,\"max_us\":%%d," ..
-    "\"connect\":%%d,\"read\":%%d,\"write\":%%d,\"timeout\":%%d,\"status\":%%d,\"duration_us\":%%d}\n",
+  io.write(string.format("JSON{\"requests\":%d,\"p50_us\":%d,\"p90_us\":%d,\"p99_us\":%d,\"max_us\":%d," ..
+    "\"connect\":%d,\"read\":%d,\"write\":%d,\"timeout\":%d,\"status\":%d,\"duration_us\":%d}\n",
     summary.requests, latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max,
     summary.errors.connect, summary.errors.read, summary.errors.write, summary.errors.timeout,
     summary.errors.status, summary.duration))

@@ -35,6 +35,20 @@ INSERT INTO servers (id, tenant_id, region, name, image, cores, memory_mib, disk
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 RETURNING *;
 
+-- name: server_insert_with_job
+-- server_insert and the job that creates it, in one statement (atomic without an explicit
+-- transaction: one round trip). No NOTIFY: the caller notifies after commit.
+WITH s AS (
+    INSERT INTO servers (id, tenant_id, region, name, image, cores, memory_mib, disk_gib, ssh_keys)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    RETURNING *
+), j AS (
+    INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context)
+    SELECT $10, $11, s.region, s.tenant_id, 'server', s.id, $12, $13, $14 FROM s
+    RETURNING id, kind, status
+)
+SELECT s.*, j.id AS job_id, j.kind AS job_kind, j.status AS job_status FROM s, j;
+
 -- name: server_get
 SELECT * FROM servers WHERE id = $1 AND tenant_id = $2;
 

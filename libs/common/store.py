@@ -99,6 +99,19 @@ async def server_insert(db: DB, *, tenant_id: str, region: str, name: str, image
     return Server.from_record(row)
 
 
+async def server_insert_with_job(db: DB, *, tenant_id: str, region: str, name: str, image: str, cores: int,
+                                 memory_mib: int, disk_gib: int, ssh_keys: list[str],
+                                 job: NewJob) -> tuple[Server, dict[str, Any]]:
+    """A new ``creating`` server and its job (``job``: kind, args, max_attempts, trace_context;
+    region, tenant and resource come from the server) in one statement, without NOTIFY.
+    Returns (server, job brief ``{id, kind, status}``). Raises asyncpg.UniqueViolationError
+    when the tenant already has a live server of that name (nothing is written)."""
+    row = await db.fetchrow(q("server_insert_with_job"), new_id("srv"), tenant_id, region, name, image,
+                            cores, memory_mib, disk_gib, ssh_keys, new_id("job"), job.kind, job.args or {},
+                            job.max_attempts, job.trace_context)
+    return Server.from_record(row), {"id": row["job_id"], "kind": row["job_kind"], "status": row["job_status"]}
+
+
 async def server_get(db: DB, server_id: str, tenant_id: str | None = None) -> Server | None:
     """The server, scoped to ``tenant_id`` when given; None when absent (or another tenant's)."""
     if tenant_id is None:

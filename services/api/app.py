@@ -7,8 +7,10 @@ as a 500 without being logged once.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import time
 import logging
 import re
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -74,11 +76,36 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    tenant = await store.api_token_tenant(request.app[POOL], token.strip()) if token.strip().isascii() else None
+    tenant = await _token_tenant(request.app, token.strip()) if token.strip().isascii() else None
     if tenant is None:
         raise Unauthorized("unknown or revoked API token")
     request[TENANT] = tenant
     return await handler(request)
+
+
+TOKEN_CACHE = web.AppKey("token_cache", dict)  # token → (tenant id, monotonic expiry)
+_TOKEN_CACHE_MAX = 10_000
+
+
+async def _token_tenant(app: web.Application, token: str) -> str | None:
+    """The token's tenant, remembered for ``api_token_cache_s`` seconds (only known tokens are
+    remembered; the cache is emptied when it holds ``_TOKEN_CACHE_MAX`` entries)."""
+    ttl = app[SETTINGS].api_token_cache_s
+    if ttl <= 0:
+        return await store.api_token_tenant(app[POOL], token)
+    cache = app[TOKEN_CACHE]
+    hit = cache.get(token)
+    now = time.monotonic()
+    if hit is not None and hit[1] > now:
+        return hit[0]
+    tenant = await store.api_token_tenant(app[POOL], token)
+    if tenant is None:
+        cache.pop(token, None)
+        return None
+    if len(cache) >= _TOKEN_CACHE_MAX:
+        cache.clear()
+    cache[token] = (tenant, now + ttl)
+    return tenant
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -144,23 +171,24 @@ async def create_server(request: web.Request) -> web.Response:
 
     key = _idempotency_key(request)
     req_hash = _request_hash("POST /servers", spec.model_dump())
-    async with pool.acquire() as conn, conn.transaction():
+    # Without an Idempotency-Key, server and job go in one statement: atomic on its own, one
+    # round trip; with a key, the key's lock and answer share an explicit transaction.
+    async with pool.acquire() as conn, (conn.transaction() if key is not None else contextlib.nullcontext()):
         replay = await _idempotency_begin(conn, tenant, key, req_hash)
         if replay is not None:
             return replay
         try:
-            server = await store.server_insert(
+            server, job = await store.server_insert_with_job(
                 conn, tenant_id=tenant, region=spec.region, name=spec.name, image=spec.image,
-                cores=spec.cores, memory_mib=spec.memory_mib, disk_gib=spec.disk_gib, ssh_keys=spec.ssh_keys)
+                cores=spec.cores, memory_mib=spec.memory_mib, disk_gib=spec.disk_gib, ssh_keys=spec.ssh_keys,
+                job=NewJob(kind="ServerCreate", region=spec.region, args=spec.model_dump(),
+                           max_attempts=settings.max_attempts))
         except asyncpg.UniqueViolationError:
             raise Conflict(f"a server named {spec.name!r} already exists in this tenant; "
                            "choose another name or delete that server first")
-        job = await store.job_insert(conn, NewJob(
-            kind="ServerCreate", region=spec.region, tenant_id=tenant, resource_type="server",
-            resource_id=server.id, args=spec.model_dump(), max_attempts=settings.max_attempts), notify=False)
-        answer = {"server": server.public(), "job": job.brief()}
+        answer = {"server": server.public(), "job": job}
         await _idempotency_end(conn, tenant, key, req_hash, 202, answer)
-    request.app[NOTIFIER].notify(job.region)
+    request.app[NOTIFIER].notify(server.region)
     return web.json_response(answer, status=202)
 
 
@@ -344,6 +372,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     is given (tests)."""
     app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=256 * 1024)
     app[SETTINGS] = settings
+    app[TOKEN_CACHE] = {}
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
         if pool is not None:
