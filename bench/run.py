@@ -415,7 +415,7 @@ async def explain_hot_queries(dsn: str, label: str) -> None:
     try:
         await conn.execute("SET plan_cache_mode = force_custom_plan")
         async with conn.transaction():
-            ids = [r["id"] for r in await store.job_insert_many(conn, [job() for _ in range(100)], notify=False)]
+            ids = [j.id for j in await store.job_insert_many(conn, [job() for _ in range(100)], notify=False)]
         claimed = await store.job_claim(conn, [REGION], 4, "explain:owner", 30.0)
         c = claimed[0]
         lease = (c.id, c.lease_owner, c.attempt)
@@ -426,15 +426,8 @@ async def explain_hot_queries(dsn: str, label: str) -> None:
             ("finish_single", q("job_succeed"), (*lease, [])),
             ("heartbeat_single", q("job_heartbeat"), (*lease, 30.0)),
         ]
-        for name in ("job_succeed_many", "job_heartbeat_many"):
-            try:
-                sql = q(name)
-            except KeyError:
-                continue
-            args = arr + (([[]] * len(claimed),) if name == "job_succeed_many" else (30.0,))
-            if name == "job_succeed_many":
-                args = arr
-            plans.append((name.replace("job_", "").replace("_many", "_batch"), sql, args))
+        plans.append(("finish_batch", q("job_succeed_many"), arr + (["[]"] * len(claimed),)))
+        plans.append(("heartbeat_batch", q("job_heartbeat_many"), arr + (30.0,)))
         plans += [
             ("promote", q("job_retry_due"), (1000,)),
             ("reclaim", q("lease_reclaim_expired"), (1000,)),

@@ -178,14 +178,18 @@ GROUP BY 1, 2;
 -- The earliest pending job of each resource only (per-resource order), oldest first, of one
 -- region: `region = $1` (a scalar, not `= ANY(array)`) lets the scan walk jobs_claimable in seq
 -- order and stop after $2 rows; with an array PostgreSQL 15 cannot take the order from that
--- index and walks the unique index on seq instead, through every finished job.
+-- index and walks the unique index on seq instead, through every finished job. The check for
+-- an earlier live job is a correlated subplan probing jobs_resource_live by resource_id (and
+-- skipped for jobs without a resource): written as an anti-join, stale statistics (a queue
+-- table that looked empty at its last ANALYZE) made the planner scan the whole live index for
+-- every candidate.
 WITH candidates AS (
     SELECT j.id FROM jobs j
     WHERE j.status = 'pending' AND j.region = $1 AND j.run_after <= now()
-      AND NOT EXISTS (
+      AND (j.resource_id IS NULL OR NOT EXISTS (
           SELECT 1 FROM jobs e
           WHERE e.resource_id = j.resource_id AND e.seq < j.seq
-            AND e.status IN ('pending', 'running', 'retry'))
+            AND e.status IN ('pending', 'running', 'retry')))
     ORDER BY j.seq
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -213,7 +217,11 @@ RETURNING id;
 UPDATE jobs j
 SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
 FROM unnest($1::text[], $2::text[], $3::int[]) AS f(id, owner, attempt)
-WHERE j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status = 'running'
+-- `status::text`: the same test, but it matches no partial index's predicate, so the planner
+-- probes the primary key for the ids — stale statistics would otherwise have it scan every live
+-- job through jobs_resource_live.
+WHERE j.id = ANY($1::text[])
+  AND j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status::text = 'running'
 RETURNING j.id, j.attempt;
 
 -- name: job_progress
@@ -244,7 +252,11 @@ UPDATE jobs j
 SET status = 'succeeded', steps = f.steps::jsonb, error = NULL, lease_owner = NULL, lease_expires_at = NULL,
     finished_at = now(), updated_at = now()
 FROM unnest($1::text[], $2::text[], $3::int[], $4::text[]) AS f(id, owner, attempt, steps)
-WHERE j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status = 'running'
+-- `status::text`: the same test, but it matches no partial index's predicate, so the planner
+-- probes the primary key for the ids — stale statistics would otherwise have it scan every live
+-- job through jobs_resource_live.
+WHERE j.id = ANY($1::text[])
+  AND j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status::text = 'running'
 RETURNING j.id, j.attempt;
 
 -- name: job_retry
@@ -311,7 +323,8 @@ SET status = CASE WHEN jobs.attempt >= jobs.max_attempts THEN 'failed' ELSE 'ret
     lease_expires_at = NULL,
     updated_at = now()
 FROM expired
-WHERE jobs.id = expired.id AND jobs.status = 'running' AND jobs.lease_expires_at < now()
+WHERE jobs.id = ANY(ARRAY(SELECT id FROM expired))  -- primary-key probes, not a scan of live jobs
+  AND jobs.id = expired.id AND jobs.status::text = 'running' AND jobs.lease_expires_at < now()
 RETURNING jobs.id, jobs.kind, jobs.status, jobs.region, jobs.resource_type, jobs.resource_id, jobs.error;
 
 -- name: job_prune_finished
