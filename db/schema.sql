@@ -65,7 +65,7 @@ CREATE INDEX servers_deletion_due ON servers (delete_after) WHERE status = 'dele
 
 CREATE TABLE jobs (
     id                text PRIMARY KEY CHECK (id ~ '^job_[0-9a-z]{26}$'),
-    seq               bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    seq               bigint GENERATED ALWAYS AS IDENTITY,
     kind              text NOT NULL,
     region            text NOT NULL,
     tenant_id         text REFERENCES tenants (id),
@@ -93,7 +93,8 @@ CREATE TABLE jobs (
     CHECK (status <> 'failed' OR error IS NOT NULL)
 );
 
--- Claim: pending jobs of a region in submission order.
+-- Claim: pending jobs of a region in submission order (the only ordered path to them: seq has
+-- no index of its own, see migrations/0002_claim_index.sql).
 CREATE INDEX jobs_claimable ON jobs (region, seq) WHERE status = 'pending';
 -- Per-resource order: the earliest live job of a resource.
 CREATE INDEX jobs_resource_live ON jobs (resource_id, seq) WHERE status IN ('pending', 'running', 'retry');

@@ -464,7 +464,7 @@ async def test_concurrent_retries_with_one_idempotency_key_both_succeed(api: Sta
         await blocker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
         t1 = asyncio.create_task(raw(api, "POST", "/servers", json=body(), headers=h))
         t2 = asyncio.create_task(raw(api, "POST", "/servers", json=body(), headers=h))
-        for _ in range(200):
+        for _ in range(750):  # up to 15 s on a loaded machine
             waiting = await blocker.fetchval(
                 "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
                 "WHERE NOT l.granted AND a.datname = current_database()")

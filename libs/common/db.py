@@ -10,11 +10,35 @@ import asyncpg
 JOBS_CHANNEL = "z9_jobs"  # payload: the region whose jobs became claimable
 SCHEDULER_CHANNEL = "z9_scheduler"  # a job entered `retry`; the scheduler recomputes its sleep
 
+PLAN_CACHE_MODE: str | None = "force_custom_plan"
+"""``plan_cache_mode`` of every z9 connection (None: the server's default, ``auto``). asyncpg
+prepares every statement; under ``auto`` PostgreSQL switches a statement to a generic plan after
+five executions when that plan looks no dearer — and on the queue's partial indexes a generic
+plan built while the table looked empty can be a sequential scan. Custom plans cost a planning
+per execution (tens of µs for z9's hot queries) and keep the plan right for the parameters and
+the table as it is now; bench/README.md has the measurements."""
+
+
+def _server_settings(application_name: str) -> dict[str, str]:
+    out = {"application_name": application_name}
+    if PLAN_CACHE_MODE:
+        out["plan_cache_mode"] = PLAN_CACHE_MODE
+    return out
+
 
 async def init_connection(conn: asyncpg.Connection) -> None:
     """Register json/jsonb codecs so jsonb columns read and write as Python objects."""
     for typ in ("json", "jsonb"):
         await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def _no_session_reset(conn: asyncpg.Connection) -> None:
+    """Pool ``reset``: nothing beyond asyncpg's own rollback of an open transaction. z9 never
+    leaves session state on pooled connections (no SET, LISTEN, session advisory locks or
+    cursors: LISTEN and migrations use their own connections), so asyncpg's default reset
+    query (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``) would only cost a
+    round trip on every release."""
+    return None
 
 
 async def create_pool(
@@ -27,14 +51,15 @@ async def create_pool(
         min_size=min_size,
         max_size=max_size,
         init=init_connection,
-        server_settings={"application_name": application_name},
+        reset=_no_session_reset,
+        server_settings=_server_settings(application_name),
         **kw,
     )
 
 
 async def connect(dsn: str, *, application_name: str = "z9") -> asyncpg.Connection:
     """One connection with the jsonb codecs (LISTEN connections, migrations, tools)."""
-    conn = await asyncpg.connect(dsn, server_settings={"application_name": application_name})
+    conn = await asyncpg.connect(dsn, server_settings=_server_settings(application_name))
     await init_connection(conn)
     return conn
 

@@ -1,7 +1,10 @@
 -- Every SQL statement z9 runs, each under a `-- name: <table_verb>` header.
 -- Loaded once by z9.common.sql; called only through the typed wrappers in z9.common.store.
 -- Writes to a running job are fenced: WHERE id = $1 AND lease_owner = $2 AND attempt = $3
--- AND status = 'running'. Zero rows means the lease is lost.
+-- AND status = 'running'. Zero rows means the lease is lost. (Written `status::text = 'running'`:
+-- the same test, but no partial index's predicate matches it, so the planner always probes the
+-- primary key. With `status = 'running'` and statistics taken while no job was live, it chose
+-- to scan every live job through jobs_resource_live — see bench/README.md.)
 
 -- name: tenant_upsert
 INSERT INTO tenants (id, name) VALUES ($1, $2)
@@ -34,6 +37,20 @@ VALUES ($1, $2, $3, $4, $5);
 INSERT INTO servers (id, tenant_id, region, name, image, cores, memory_mib, disk_gib, ssh_keys)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 RETURNING *;
+
+-- name: server_insert_with_job
+-- server_insert and the job that creates it, in one statement (atomic without an explicit
+-- transaction: one round trip). No NOTIFY: the caller notifies after commit.
+WITH s AS (
+    INSERT INTO servers (id, tenant_id, region, name, image, cores, memory_mib, disk_gib, ssh_keys)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    RETURNING *
+), j AS (
+    INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context)
+    SELECT $10, $11, s.region, s.tenant_id, 'server', s.id, $12, $13, $14 FROM s
+    RETURNING id, kind, status
+)
+SELECT s.*, j.id AS job_id, j.kind AS job_kind, j.status AS job_status FROM s, j;
 
 -- name: server_get
 SELECT * FROM servers WHERE id = $1 AND tenant_id = $2;
@@ -120,6 +137,15 @@ INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args,
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 RETURNING *;
 
+-- name: job_insert_notify
+-- job_insert and its NOTIFY (delivered at commit) in one statement: one round trip.
+WITH ins AS (
+    INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    RETURNING *
+)
+SELECT ins.*, pg_notify('z9_jobs', ins.region)::text AS notified FROM ins;
+
 -- name: job_insert_many
 INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::int[],
@@ -157,14 +183,21 @@ WHERE resource_id = $1
 GROUP BY 1, 2;
 
 -- name: job_claim
--- The earliest pending job of each resource only (per-resource order), oldest first.
+-- The earliest pending job of each resource only (per-resource order), oldest first, of one
+-- region: `region = $1` (a scalar, not `= ANY(array)`) lets the scan walk jobs_claimable in seq
+-- order and stop after $2 rows; with an array PostgreSQL 15 cannot take the order from that
+-- index and walks the unique index on seq instead, through every finished job. The check for
+-- an earlier live job is a correlated subplan probing jobs_resource_live by resource_id (and
+-- skipped for jobs without a resource): written as an anti-join, stale statistics (a queue
+-- table that looked empty at its last ANALYZE) made the planner scan the whole live index for
+-- every candidate.
 WITH candidates AS (
     SELECT j.id FROM jobs j
-    WHERE j.status = 'pending' AND j.region = ANY($1::text[]) AND j.run_after <= now()
-      AND NOT EXISTS (
+    WHERE j.status = 'pending' AND j.region = $1 AND j.run_after <= now()
+      AND (j.resource_id IS NULL OR NOT EXISTS (
           SELECT 1 FROM jobs e
           WHERE e.resource_id = j.resource_id AND e.seq < j.seq
-            AND e.status IN ('pending', 'running', 'retry'))
+            AND e.status IN ('pending', 'running', 'retry')))
     ORDER BY j.seq
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -183,27 +216,56 @@ RETURNING jobs.*;
 -- name: job_heartbeat
 UPDATE jobs
 SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
-WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
+WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
 RETURNING id;
+
+-- name: job_heartbeat_many
+-- Batch renewal: ($1 ids, $2 owners, $3 attempts) fenced row by row; returns the (id, attempt)
+-- of the leases still held — a lease missing from the answer is lost.
+UPDATE jobs j
+SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::int[]) AS f(id, owner, attempt)
+-- `status::text`: the same test, but it matches no partial index's predicate, so the planner
+-- probes the primary key for the ids — stale statistics would otherwise have it scan every live
+-- job through jobs_resource_live.
+WHERE j.id = ANY($1::text[])
+  AND j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status::text = 'running'
+RETURNING j.id, j.attempt;
 
 -- name: job_progress
 UPDATE jobs
 SET steps = $4, lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
-WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
+WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
 RETURNING id;
 
 -- name: job_remember
 UPDATE jobs
 SET memo = memo || $4::jsonb, lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
-WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
+WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
 RETURNING id;
 
 -- name: job_succeed
 UPDATE jobs
 SET status = 'succeeded', steps = $4, error = NULL, lease_owner = NULL, lease_expires_at = NULL,
     finished_at = now(), updated_at = now()
-WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
+WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
 RETURNING id;
+
+-- name: job_succeed_many
+-- Batch finish of concurrent jobs: ($1 ids, $2 owners, $3 attempts, $4 steps) fenced row by
+-- row like job_succeed; returns the (id, attempt) of the rows that matched — a job missing
+-- from the answer has lost its lease. Steps come as JSON text ($4 text[]): a jsonb[] of lists
+-- would be read by the driver as a multi-dimensional array.
+UPDATE jobs j
+SET status = 'succeeded', steps = f.steps::jsonb, error = NULL, lease_owner = NULL, lease_expires_at = NULL,
+    finished_at = now(), updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::int[], $4::text[]) AS f(id, owner, attempt, steps)
+-- `status::text`: the same test, but it matches no partial index's predicate, so the planner
+-- probes the primary key for the ids — stale statistics would otherwise have it scan every live
+-- job through jobs_resource_live.
+WHERE j.id = ANY($1::text[])
+  AND j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status::text = 'running'
+RETURNING j.id, j.attempt;
 
 -- name: job_retry
 -- $7 = attempts to give back (1 for a snooze or a hand-over, else 0).
@@ -212,14 +274,14 @@ SET status = 'retry', steps = $4, error = $5,
     run_after = now() + make_interval(secs => $6),
     attempt = attempt - $7,
     lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
+WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
 RETURNING id, run_after;
 
 -- name: job_fail
 UPDATE jobs
 SET status = 'failed', steps = $4, error = $5, lease_owner = NULL, lease_expires_at = NULL,
     finished_at = now(), updated_at = now()
-WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status = 'running'
+WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
 RETURNING id;
 
 -- name: scheduler_notify
@@ -269,7 +331,8 @@ SET status = CASE WHEN jobs.attempt >= jobs.max_attempts THEN 'failed' ELSE 'ret
     lease_expires_at = NULL,
     updated_at = now()
 FROM expired
-WHERE jobs.id = expired.id AND jobs.status = 'running' AND jobs.lease_expires_at < now()
+WHERE jobs.id = ANY(ARRAY(SELECT id FROM expired))  -- primary-key probes, not a scan of live jobs
+  AND jobs.id = expired.id AND jobs.status::text = 'running' AND jobs.lease_expires_at < now()
 RETURNING jobs.id, jobs.kind, jobs.status, jobs.region, jobs.attempt, jobs.resource_type, jobs.resource_id,
           jobs.error;
 

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     # api
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    # An API token's tenant is remembered this long per API process (seconds); a revoked token
+    # keeps working for at most this long. 0: look every request's token up in the database.
+    api_token_cache_s: float = Field(5.0, ge=0)
 
     # executor
     executor_concurrency: int = Field(8, ge=1, le=1024)

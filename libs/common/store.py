@@ -7,6 +7,7 @@ raise :class:`~z9.common.errors.LeaseLost` when they match no row.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Protocol
@@ -99,6 +100,19 @@ async def server_insert(db: DB, *, tenant_id: str, region: str, name: str, image
     return Server.from_record(row)
 
 
+async def server_insert_with_job(db: DB, *, tenant_id: str, region: str, name: str, image: str, cores: int,
+                                 memory_mib: int, disk_gib: int, ssh_keys: list[str],
+                                 job: NewJob) -> tuple[Server, dict[str, Any]]:
+    """A new ``creating`` server and its job (``job``: kind, args, max_attempts, trace_context;
+    region, tenant and resource come from the server) in one statement, without NOTIFY.
+    Returns (server, job brief ``{id, kind, status}``). Raises asyncpg.UniqueViolationError
+    when the tenant already has a live server of that name (nothing is written)."""
+    row = await db.fetchrow(q("server_insert_with_job"), new_id("srv"), tenant_id, region, name, image,
+                            cores, memory_mib, disk_gib, ssh_keys, new_id("job"), job.kind, job.args or {},
+                            job.max_attempts, job.trace_context)
+    return Server.from_record(row), {"id": row["job_id"], "kind": row["job_kind"], "status": row["job_status"]}
+
+
 async def server_get(db: DB, server_id: str, tenant_id: str | None = None) -> Server | None:
     """The server, scoped to ``tenant_id`` when given; None when absent (or another tenant's)."""
     if tenant_id is None:
@@ -183,13 +197,13 @@ class NewJob:
 
 
 async def job_insert(db: DB, job: NewJob, *, notify: bool = True) -> Job:
-    """Insert one job (and NOTIFY its region, delivered at commit). Call inside the transaction
-    that writes the job's intent."""
-    row = await db.fetchrow(q("job_insert"), new_id("job"), job.kind, job.region, job.tenant_id,
-                            job.resource_type, job.resource_id, job.args or {}, job.max_attempts,
-                            job.trace_context)
-    if notify:
-        await jobs_notify(db, [job.region])
+    """Insert one job (and NOTIFY its region, delivered at commit; one statement). Call inside
+    the transaction that writes the job's intent, or on a pool (its own transaction). With
+    ``notify=False`` the caller notifies after commit, e.g. through
+    :class:`z9.common.notify.JobNotifier` (coalesced)."""
+    row = await db.fetchrow(q("job_insert_notify" if notify else "job_insert"), new_id("job"), job.kind,
+                            job.region, job.tenant_id, job.resource_type, job.resource_id, job.args or {},
+                            job.max_attempts, job.trace_context)
     return Job.from_record(row)
 
 
@@ -245,9 +259,15 @@ async def job_clone_memos(db: DB, resource_id: str) -> list[tuple[int, str, floa
 
 async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float) -> list[Job]:
     """Claim up to ``limit`` pending jobs of ``regions`` (``FOR UPDATE SKIP LOCKED``), at most the
-    earliest live job of each resource; each gets ``lease_owner = owner`` and attempt + 1."""
-    rows = await db.fetch(q("job_claim"), regions, limit, owner, lease_ttl_s)
-    return [Job.from_record(r) for r in rows]
+    earliest live job of each resource; each gets ``lease_owner = owner`` and attempt + 1.
+    One statement per region (in the order given) until ``limit`` jobs are claimed."""
+    out: list[Job] = []
+    for region in regions:
+        if len(out) >= limit:
+            break
+        rows = await db.fetch(q("job_claim"), region, limit - len(out), owner, lease_ttl_s)
+        out.extend(Job.from_record(r) for r in rows)
+    return out
 
 
 async def _fenced(db: DB, name: str, lease: Lease, *args: Any) -> Any:
@@ -260,6 +280,17 @@ async def _fenced(db: DB, name: str, lease: Lease, *args: Any) -> Any:
 async def job_heartbeat(db: DB, lease: Lease, lease_ttl_s: float) -> None:
     """Extend the lease by ``lease_ttl_s`` seconds from now. Raises LeaseLost."""
     await _fenced(db, "job_heartbeat", lease, lease_ttl_s)
+
+
+async def job_heartbeat_many(db: DB, leases: list[Lease], lease_ttl_s: float) -> list[Lease]:
+    """Extend every lease of ``leases`` by ``lease_ttl_s`` seconds in one statement (each row
+    fenced like :func:`job_heartbeat`); returns the leases that were *lost* (matched no row)."""
+    if not leases:
+        return []
+    rows = await db.fetch(q("job_heartbeat_many"), [l.job_id for l in leases], [l.owner for l in leases],
+                          [l.attempt for l in leases], lease_ttl_s)
+    held = {(r["id"], r["attempt"]) for r in rows}
+    return [l for l in leases if (l.job_id, l.attempt) not in held]
 
 
 async def job_progress(db: DB, lease: Lease, steps: list[dict[str, Any]], lease_ttl_s: float) -> None:
@@ -276,6 +307,19 @@ async def job_remember(db: DB, lease: Lease, facts: dict[str, Any], lease_ttl_s:
 async def job_succeed(db: DB, lease: Lease, steps: list[dict[str, Any]]) -> None:
     """``running`` → ``succeeded`` with the final steps. Raises LeaseLost."""
     await _fenced(db, "job_succeed", lease, steps)
+
+
+async def job_succeed_many(db: DB, finishes: list[tuple[Lease, list[dict[str, Any]]]]) -> list[Lease]:
+    """``running`` → ``succeeded`` for many jobs in one statement, each row fenced like
+    :func:`job_succeed`; ``finishes`` is ``[(lease, final steps)]``. Returns the leases that
+    were *lost* (matched no row: those jobs are not changed). Call inside a transaction when
+    results are recorded alongside."""
+    if not finishes:
+        return []
+    rows = await db.fetch(q("job_succeed_many"), [l.job_id for l, _ in finishes], [l.owner for l, _ in finishes],
+                          [l.attempt for l, _ in finishes], [json.dumps(s) for _, s in finishes])
+    done = {(r["id"], r["attempt"]) for r in rows}
+    return [l for l, _ in finishes if (l.job_id, l.attempt) not in done]
 
 
 async def job_retry(db: DB, lease: Lease, steps: list[dict[str, Any]], error: dict[str, Any],

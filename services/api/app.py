@@ -7,6 +7,7 @@ as a 500 without being logged once.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -23,6 +24,7 @@ from z9.common.db import TRANSIENT_DB_ERRORS, create_pool
 from z9.common.errors import ApiError, BadRequest, Conflict, NotFound, Unauthorized, ValidationFailed
 from z9.common.ids import is_id
 from z9.common.models import Job, Server
+from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 from z9.common.store import NewJob
 
@@ -33,6 +35,7 @@ log = logging.getLogger("z9.api")
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", asyncpg.Pool)
+NOTIFIER = web.AppKey("notifier", JobNotifier)  # NOTIFY after commit, coalesced (z9.common.notify)
 TENANT = web.RequestKey("tenant_id", str)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -94,11 +97,36 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    tenant = await store.api_token_tenant(request.app[POOL], token.strip()) if token.strip().isascii() else None
+    tenant = await _token_tenant(request.app, token.strip()) if token.strip().isascii() else None
     if tenant is None:
         raise Unauthorized("unknown or revoked API token")
     request[TENANT] = tenant
     return await handler(request)
+
+
+TOKEN_CACHE = web.AppKey("token_cache", dict)  # token → (tenant id, monotonic expiry)
+_TOKEN_CACHE_MAX = 10_000
+
+
+async def _token_tenant(app: web.Application, token: str) -> str | None:
+    """The token's tenant, remembered for ``api_token_cache_s`` seconds (only known tokens are
+    remembered; the cache is emptied when it holds ``_TOKEN_CACHE_MAX`` entries)."""
+    ttl = app[SETTINGS].api_token_cache_s
+    if ttl <= 0:
+        return await store.api_token_tenant(app[POOL], token)
+    cache = app[TOKEN_CACHE]
+    hit = cache.get(token)
+    now = time.monotonic()
+    if hit is not None and hit[1] > now:
+        return hit[0]
+    tenant = await store.api_token_tenant(app[POOL], token)
+    if tenant is None:
+        cache.pop(token, None)
+        return None
+    if len(cache) >= _TOKEN_CACHE_MAX:
+        cache.clear()
+    cache[token] = (tenant, now + ttl)
+    return tenant
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -164,22 +192,24 @@ async def create_server(request: web.Request) -> web.Response:
 
     key = _idempotency_key(request)
     req_hash = _request_hash("POST /servers", spec.model_dump())
-    async with pool.acquire() as conn, conn.transaction():
+    # Without an Idempotency-Key, server and job go in one statement: atomic on its own, one
+    # round trip; with a key, the key's lock and answer share an explicit transaction.
+    async with pool.acquire() as conn, (conn.transaction() if key is not None else contextlib.nullcontext()):
         replay = await _idempotency_begin(conn, tenant, key, req_hash)
         if replay is not None:
             return replay
         try:
-            server = await store.server_insert(
+            server, job = await store.server_insert_with_job(
                 conn, tenant_id=tenant, region=spec.region, name=spec.name, image=spec.image,
-                cores=spec.cores, memory_mib=spec.memory_mib, disk_gib=spec.disk_gib, ssh_keys=spec.ssh_keys)
+                cores=spec.cores, memory_mib=spec.memory_mib, disk_gib=spec.disk_gib, ssh_keys=spec.ssh_keys,
+                job=NewJob(kind="ServerCreate", region=spec.region, args=spec.model_dump(),
+                           max_attempts=settings.max_attempts))
         except asyncpg.UniqueViolationError:
             raise Conflict(f"a server named {spec.name!r} already exists in this tenant; "
                            "choose another name or delete that server first")
-        job = await store.job_insert(conn, NewJob(
-            kind="ServerCreate", region=spec.region, tenant_id=tenant, resource_type="server",
-            resource_id=server.id, args=spec.model_dump(), max_attempts=settings.max_attempts))
-        answer = {"server": server.public(), "job": job.brief()}
+        answer = {"server": server.public(), "job": job}
         await _idempotency_end(conn, tenant, key, req_hash, 202, answer)
+    request.app[NOTIFIER].notify(server.region)
     return web.json_response(answer, status=202)
 
 
@@ -259,7 +289,8 @@ async def delete_server(request: web.Request) -> web.Response:
             raise Conflict(_not_deletable(current.id, current.status))
         job = await store.job_insert(conn, NewJob(
             kind="ServerStop", region=server.region, tenant_id=tenant, resource_type="server",
-            resource_id=server.id, max_attempts=settings.max_attempts))
+            resource_id=server.id, max_attempts=settings.max_attempts), notify=False)
+    request.app[NOTIFIER].notify(job.region)
     return web.json_response({"server": server.public(), "job": job.brief()}, status=202)
 
 
@@ -295,9 +326,10 @@ async def cancel_deletion(request: web.Request) -> web.Response:
         kind, args = _restore_job(server)
         job = await store.job_insert(conn, NewJob(
             kind=kind, region=server.region, tenant_id=tenant, resource_type="server",
-            resource_id=server.id, args=args, max_attempts=settings.max_attempts))
+            resource_id=server.id, args=args, max_attempts=settings.max_attempts), notify=False)
         answer = {"server": server.public(), "job": job.brief()}
         await _idempotency_end(conn, tenant, key, req_hash, 202, answer)
+    request.app[NOTIFIER].notify(job.region)
     return web.json_response(answer, status=202)
 
 
@@ -368,15 +400,20 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     app = web.Application(middlewares=[metrics_middleware, error_middleware, auth_middleware],
                           client_max_size=256 * 1024)
     app[SETTINGS] = settings
+    app[TOKEN_CACHE] = {}
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
         if pool is not None:
             app[POOL] = pool
+            app[NOTIFIER] = JobNotifier(pool)
             yield
+            await app[NOTIFIER].flush()
             return
         app[POOL] = await create_pool(settings.require_database_url(), min_size=2, max_size=16,
                                       application_name="z9-api")
+        app[NOTIFIER] = JobNotifier(app[POOL])
         yield
+        await app[NOTIFIER].flush()
         await app[POOL].close()
 
     app.cleanup_ctx.append(pool_ctx)

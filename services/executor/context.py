@@ -51,8 +51,10 @@ class JobContext:
     ``pool`` is the executor's asyncpg pool, ``pve`` the region's :class:`ProxmoxClient`.
     """
 
-    def __init__(self, job: Job, owner: str, pool: asyncpg.Pool, pve: ProxmoxClient, settings: Settings):
+    def __init__(self, job: Job, owner: str, pool: asyncpg.Pool, pve: ProxmoxClient, settings: Settings,
+                 finisher: Any = None):
         self.job = job
+        self.finisher = finisher  # the executor's FinishBatcher; None: finish on its own
         self.lease = Lease(job.id, owner, job.attempt)
         self.pool = pool
         self.pve = pve
@@ -90,9 +92,26 @@ class JobContext:
         await store.job_progress(self.pool, self.lease, self.steps_json(), self.settings.lease_ttl_s)
 
     async def set_plan(self, steps: list[Step]) -> None:
-        """Replace the job's step list with this attempt's plan (fenced)."""
+        """Replace the job's step list with this attempt's plan (fenced). An empty plan over an
+        empty stored list writes nothing: the row already says it, and the finish that follows
+        at once is fenced."""
         self.steps = steps
+        if not steps and not self.job.steps:
+            self.touch()
+            return
         await self._write_steps()
+
+    async def succeed(self, kind: Any, observed: Any) -> None:
+        """Finish the job as ``succeeded`` and ``kind.record`` what verify ``observed``, in one
+        transaction — shared with other jobs' finishes when the executor batches them
+        (:mod:`z9.executor.batching`). Raises LeaseLost (this job's row no longer matches its
+        lease), the database's connection errors, or what ``record`` raised (rolled back)."""
+        from .batching import succeed_one
+
+        if self.finisher is not None:
+            await self.finisher.succeed(self, kind, observed)
+        else:
+            await succeed_one(self.pool, self, kind, observed)
 
     async def step_running(self, step: Step) -> None:
         """Mark ``step`` running (fenced write). Raises LeaseLost."""

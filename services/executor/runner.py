@@ -73,9 +73,7 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
             raise InternalError(f"internal error: {exc.__class__.__name__}: {exc}") from exc
         ctx.finished = True
         try:
-            async with ctx.pool.acquire() as conn, conn.transaction():
-                await store.job_succeed(conn, ctx.lease, ctx.steps_json())
-                await kind.record(conn, ctx, observed)
+            await ctx.succeed(kind, observed)  # fenced finish + record, one transaction (maybe batched)
         except (LeaseLost, *TRANSIENT_DB_ERRORS):
             raise
         except Exception as exc:  # recording failed: the transaction rolled back; retry the job

@@ -26,11 +26,11 @@ import asyncpg
 
 from z9.common import metrics, store, tracing
 from z9.common.db import JOBS_CHANNEL, TRANSIENT_DB_ERRORS, create_pool
-from z9.common.errors import LeaseLost
 from z9.common.logs import bind_job, job_fields
 from z9.common.models import Job
 from z9.common.settings import Settings
 
+from .batching import FinishBatcher
 from .context import JobContext
 from .jobs import REGISTRY, UnknownKind
 from .proxmox import ProxmoxClient
@@ -64,8 +64,10 @@ class Executor:
         self.clients = {r: factory(r) for r in self.regions}
         metrics.init_executor(REGISTRY, self.regions)
         self.pool: asyncpg.Pool | None = None
+        self.finisher: FinishBatcher | None = None  # success finishes share transactions
         self.inflight: dict[str, tuple[asyncio.Task, JobContext]] = {}
         self.listen_healthy = False  # True while the LISTEN connection is established
+        self._reserved = 0  # slots promised to claims in flight (so two claims never overfill)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._dsn = settings.require_database_url()
@@ -82,6 +84,7 @@ class Executor:
         connection with backoff at start."""
         conc = self.settings.executor_concurrency
         self.pool = await self._connect_pool(conc + 4)
+        self.finisher = FinishBatcher(self.pool, claim_next=self._claim_in_finish, on_claimed=self._claimed)
         listener = asyncio.create_task(self._listen_loop(), name="z9-listen")
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="z9-heartbeat")
         log.info("executor %s serving regions %s (concurrency %d)", self.owner, ",".join(self.regions), conc)
@@ -120,20 +123,43 @@ class Executor:
     async def _claim_once(self) -> None:
         """Claim up to the free capacity. When capacity is full, the next finished job wakes the
         loop; when there was less work than capacity, the next NOTIFY or poll does."""
-        free = self.settings.executor_concurrency - len(self.inflight)
+        free = self.settings.executor_concurrency - len(self.inflight) - self._reserved
         if free <= 0:
             return
+        self._reserved += free
+        jobs: list[Job] = []
         try:
             jobs = await store.job_claim(self.pool, self.regions, free, self.owner, self.settings.lease_ttl_s)
         except TRANSIENT_DB_ERRORS as e:
             log.warning("claim failed (%s); retrying after a pause", e)
             await asyncio.sleep(1.0)
-            return
+        finally:
+            self._claimed(free, jobs)
+
+    async def _claim_in_finish(self, conn: asyncpg.Connection, freed: int) -> tuple[int, list[Job]]:
+        """Inside the transaction finishing ``freed`` jobs: claim for the slots they free (and
+        any other free ones). Returns (slots reserved, jobs); :meth:`_claimed` runs after commit."""
+        if self._stopping.is_set():
+            return 0, []
+        free = self.settings.executor_concurrency - len(self.inflight) - self._reserved + freed
+        if free <= 0:
+            return 0, []
+        self._reserved += free
+        try:
+            return free, await store.job_claim(conn, self.regions, free, self.owner, self.settings.lease_ttl_s)
+        except BaseException:
+            self._reserved -= free
+            raise
+
+    def _claimed(self, reserved: int, jobs: list[Job]) -> None:
+        """Release ``reserved`` slots and start ``jobs`` (claimed, and committed)."""
+        self._reserved -= reserved
         for job in jobs:
             self._spawn(job)
 
     def _spawn(self, job: Job) -> None:
-        ctx = JobContext(job, self.owner, self.pool, self.clients[job.region], self.settings)
+        ctx = JobContext(job, self.owner, self.pool, self.clients[job.region], self.settings,
+                         finisher=self.finisher)
         metrics.job_claimed(job)
         task = asyncio.create_task(self._run(ctx), name=f"job-{job.id}")
         self.inflight[job.id] = (task, ctx)
@@ -209,29 +235,45 @@ class Executor:
         s = self.settings
         while True:
             await asyncio.sleep(s.heartbeat_s)
-            now = time.monotonic()
-            for job_id, (task, ctx) in list(self.inflight.items()):
-                if ctx.finished or task.done():
-                    continue
-                if now - ctx.last_progress > s.step_timeout_s:
-                    # Stalled: give it up (no hand-over). Its lease expires and the scheduler hands
-                    # the job on; the task is cancelled so it can act on nothing any more.
-                    log.warning("job %s: no progress for %.0fs; giving it up, its lease will expire",
-                                job_id, now - ctx.last_progress, extra=job_fields(ctx.job))
-                    ctx.finished = True
-                    task.cancel()
-                    continue
-                try:
-                    await store.job_heartbeat(self.pool, ctx.lease, s.lease_ttl_s)
-                except LeaseLost as e:
-                    if ctx.finished:  # it finished while we were renewing: nothing was lost
-                        continue
-                    log.warning("job %s: %s; cancelling it", job_id, e, extra=job_fields(ctx.job))
-                    task.cancel()
-                except TRANSIENT_DB_ERRORS as e:
-                    log.warning("heartbeat failed (%s)", e)
-                except Exception:  # never let the heartbeat loop die: leases would expire
-                    log.exception("job %s: heartbeat error", job_id, extra=job_fields(ctx.job))
+            try:
+                await self._heartbeat_once()
+            except asyncio.CancelledError:
+                raise
+            except TRANSIENT_DB_ERRORS as e:
+                log.warning("heartbeat failed (%s)", e)
+            except Exception:  # never let the heartbeat loop die: leases would expire
+                log.exception("heartbeat error")
+
+    async def _heartbeat_once(self) -> None:
+        """Renew, in one statement, the lease of every job in flight that made progress within
+        ``step_timeout_s``; cancel the stalled ones and those whose lease is lost."""
+        s = self.settings
+        now = time.monotonic()
+        renew: list[tuple[str, asyncio.Task, JobContext]] = []
+        for job_id, (task, ctx) in list(self.inflight.items()):
+            if ctx.finished or task.done():
+                continue
+            if now - ctx.last_progress > s.step_timeout_s:
+                # Stalled: give it up (no hand-over). Its lease expires and the scheduler hands
+                # the job on; the task is cancelled so it can act on nothing any more.
+                log.warning("job %s: no progress for %.0fs; giving it up, its lease will expire",
+                            job_id, now - ctx.last_progress, extra=job_fields(ctx.job))
+                ctx.finished = True
+                task.cancel()
+                continue
+            renew.append((job_id, task, ctx))
+        if not renew:
+            return
+        lost = {(l.job_id, l.attempt) for l in await store.job_heartbeat_many(
+            self.pool, [ctx.lease for _, _, ctx in renew], s.lease_ttl_s)}
+        for job_id, task, ctx in renew:
+            if (ctx.lease.job_id, ctx.lease.attempt) not in lost:
+                continue
+            if ctx.finished:  # it finished while we were renewing: nothing was lost
+                continue
+            log.warning("job %s: lease of %s (attempt %d) is lost; cancelling it", job_id, ctx.lease.owner,
+                        ctx.lease.attempt, extra=job_fields(ctx.job))
+            task.cancel()
 
     # ---------------------------------------------------------------- shutdown
 

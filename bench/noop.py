@@ -1,0 +1,47 @@
+"""The benchmark's no-op job kind (``BenchNoop``): observe finds nothing, the plan is empty, so
+the job succeeds at once. Registered by the benchmark processes only (``register()``), never
+shipped as a product kind."""
+from __future__ import annotations
+
+from typing import Any
+
+KIND = "BenchNoop"
+
+
+async def observe(ctx: Any) -> None:
+    """Nothing to observe."""
+    return None
+
+
+def plan(job: Any, world: Any) -> list[Any]:
+    """Nothing to do: the empty plan."""
+    return []
+
+
+async def apply(ctx: Any, world: Any, step: Any) -> None:
+    """Never called (the plan is empty)."""
+    return None
+
+
+async def verify(ctx: Any) -> None:
+    """Nothing to verify."""
+    return None
+
+
+async def record(conn: Any, ctx: Any, observed: Any) -> None:
+    """Nothing to record."""
+    return None
+
+
+async def record_failure(conn: Any, ctx: Any, error: dict[str, Any]) -> None:
+    """Nothing to record."""
+    return None
+
+
+def register() -> None:
+    """Add this kind to the executor's REGISTRY (in the calling process)."""
+    import sys
+
+    from z9.executor.jobs import register as _register
+
+    _register(sys.modules[__name__])
