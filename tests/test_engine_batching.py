@@ -97,6 +97,44 @@ async def test_batch_finish_falls_back_to_one_by_one_when_a_record_fails(pool: a
     assert [await _status(pool, i) for i in ids[1:]] == [("succeeded", None, 1)] * 2
 
 
+async def test_a_lease_lost_raised_by_record_in_a_batch_answers_every_job(pool: asyncpg.Pool) -> None:
+    """A kind's record() raising LeaseLost inside a batch: every job of the batch gets its own
+    answer (finished one by one), none waits forever and none is told a lease it still holds is lost."""
+    ids = [await _enqueue(pool, f"srv_{i}") for i in range(3)]
+    claimed = {j.id: j for j in await store.job_claim(pool, ["r1"], 10, "w", TTL)}
+
+    class _Raises(_Kind):
+        async def record(self, conn: Any, ctx: Any, observed: Any) -> None:
+            if ctx.job.id == ids[1]:
+                raise LeaseLost(f"job {ids[1]}: lost while recording")
+            await super().record(conn, ctx, observed)
+
+    batcher = FinishBatcher(pool)
+    results = await asyncio.wait_for(asyncio.gather(
+        *(batcher.succeed(_ctx(claimed[i], "w"), _Raises(), None) for i in ids), return_exceptions=True), 10)
+    assert results[0] is None and results[2] is None, results
+    assert isinstance(results[1], LeaseLost)
+    assert [(await _status(pool, i))[0] for i in ids] == ["succeeded", "running", "succeeded"]
+
+
+async def test_an_executor_of_two_regions_does_not_starve_the_second(pool: asyncpg.Pool, db_url: str,
+                                                                    probe: _Probe) -> None:
+    """Region r1 always has more ready jobs than free slots; a job of r2 is still claimed within
+    a few claims (the claim order rotates), not after r1's backlog."""
+    busy = [await _enqueue(pool, None, kind=_Probe.KIND, region="r1") for _ in range(300)]
+    ex = Executor(_settings(db_url, 2, poll_s=60.0), ["r1", "r2"], client_factory=lambda r: _NoClient())  # type: ignore[arg-type,return-value]
+    task = asyncio.create_task(ex.run())
+    try:
+        await asyncio.sleep(0.2)
+        other = await _enqueue(pool, None, kind=_Probe.KIND, region="r2")
+        await _wait_done(pool, [other], 30)
+        done_r1 = await pool.fetchval("SELECT count(*) FROM jobs WHERE id = ANY($1) AND status = 'succeeded'", busy)
+    finally:
+        ex.stop()
+        await task
+    assert done_r1 < len(busy) - 50, f"r2's job waited for {done_r1} of r1's {len(busy)} jobs"
+
+
 async def test_store_batch_finish_and_heartbeat_report_lost_leases(pool: asyncpg.Pool) -> None:
     ids = [await _enqueue(pool, f"srv_{i}") for i in range(3)]
     jobs = {j.id: j for j in await store.job_claim(pool, ["r1"], 10, "w", TTL)}

@@ -67,6 +67,7 @@ class Executor:
         self.finisher: FinishBatcher | None = None  # success finishes share transactions
         self.inflight: dict[str, tuple[asyncio.Task, JobContext]] = {}
         self.listen_healthy = False  # True while the LISTEN connection is established
+        self._claim_turn = 0  # rotates the region a claim asks first (see _claim_order)
         self._reserved = 0  # slots promised to claims in flight (so two claims never overfill)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -129,12 +130,20 @@ class Executor:
         self._reserved += free
         jobs: list[Job] = []
         try:
-            jobs = await store.job_claim(self.pool, self.regions, free, self.owner, self.settings.lease_ttl_s)
+            jobs = await store.job_claim(self.pool, self._claim_order(), free, self.owner, self.settings.lease_ttl_s)
         except TRANSIENT_DB_ERRORS as e:
             log.warning("claim failed (%s); retrying after a pause", e)
             await asyncio.sleep(1.0)
         finally:
             self._claimed(free, jobs)
+
+    def _claim_order(self) -> list[str]:
+        """This executor's regions in the order the next claim asks them, rotated by one on every
+        claim: :func:`store.job_claim` fills the free slots region by region, so a fixed order
+        would let a region that always has work starve the others."""
+        i = self._claim_turn % len(self.regions)
+        self._claim_turn += 1
+        return self.regions[i:] + self.regions[:i]
 
     async def _claim_in_finish(self, conn: asyncpg.Connection, freed: int) -> tuple[int, list[Job]]:
         """Inside the transaction finishing ``freed`` jobs: claim for the slots they free (and
@@ -146,7 +155,7 @@ class Executor:
             return 0, []
         self._reserved += free
         try:
-            return free, await store.job_claim(conn, self.regions, free, self.owner, self.settings.lease_ttl_s)
+            return free, await store.job_claim(conn, self._claim_order(), free, self.owner, self.settings.lease_ttl_s)
         except BaseException:
             self._reserved -= free
             raise
