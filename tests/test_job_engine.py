@@ -89,8 +89,18 @@ async def test_expired_lease_is_reclaimed_and_fenced_out(pool: asyncpg.Pool, set
     job2 = (await store.job_claim(pool, ["r1"], 1, "w-dead-2", 0.05))[0]
     assert job2.attempt == 2
     await asyncio.sleep(0.1)
-    counts = await sched.run_once()
-    assert counts.reclaimed_failed == 1
+    heard: list[str] = []
+    listener = await asyncpg.connect(settings.database_url)
+    await listener.add_listener("z9_jobs", lambda *a: heard.append(a[3]))
+    try:
+        counts = await sched.run_once()
+        for _ in range(100):  # the failed job frees its resource's next job: executors are woken
+            if heard:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await listener.close()
+    assert counts.reclaimed_failed == 1 and heard == ["r1"]
     row = await store.job_get(pool, job.id)
     assert row.status == "failed" and "out of attempts" in row.error["message"]
 

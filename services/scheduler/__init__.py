@@ -87,6 +87,9 @@ class Scheduler:
                         if r["resource_type"] == "server":
                             await store.server_mark_failed_by_job(conn, r["resource_id"], r["error"]["message"],
                                                                   kind=r["kind"])
+                # A reclaimed job is pending again, or failed, which frees the next job of its
+                # resource: wake the executors now rather than at their next poll.
+                await store.jobs_notify(conn, sorted({r["region"] for r in rows}))
             async with conn.transaction():
                 due = await store.job_retry_due(conn)
                 counts.promoted = len(due)
