@@ -78,13 +78,13 @@ def metrics_url(stack: Stack) -> str:
 
 @pytest.fixture
 def json_logs() -> Iterator[io.StringIO]:
-    """JSON log lines of every ``z9.*`` logger (INFO and up) during the test."""
+    """JSON log lines of every ``z9.*`` logger (DEBUG and up) during the test."""
     out = io.StringIO()
     handler = make_handler("test", "json", stream=out)
     logger = logging.getLogger("z9")
     old = logger.level
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)  # the per-job success line is DEBUG
     try:
         yield out
     finally:
@@ -452,6 +452,7 @@ def _env(settings: Settings, port: int) -> dict[str, str]:
     region = settings.regions[REGION]
     env.update({
         "Z9_DATABASE_URL": settings.database_url, "Z9_METRICS_PORT": str(port), "Z9_LOG_FORMAT": "json",
+        "Z9_LOG_LEVEL": "DEBUG",  # the per-job success line is DEBUG
         "Z9_REGIONS": json.dumps({REGION: {"url": region.url, "token_id": region.token_id,
                                            "token_secret": region.token_secret.get_secret_value(),
                                            "verify_ssl": region.verify_ssl, "images": region.images}}),

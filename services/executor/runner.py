@@ -79,7 +79,7 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
         except Exception as exc:  # recording failed: the transaction rolled back; retry the job
             log.exception("job %s: recording the result failed", job.id, extra=extra)
             raise InternalError(f"internal error recording the result: {exc.__class__.__name__}: {exc}") from exc
-        log.info("job %s succeeded (%d steps)", job.id, len(ctx.steps), extra=extra)
+        log.debug("job %s succeeded (%d steps)", job.id, len(ctx.steps), extra=extra)
         return _ended(ctx, "succeeded", "none")
     except LeaseLost as exc:
         log.warning("job %s: %s; abandoning it", job.id, exc, extra=extra)
