@@ -596,3 +596,14 @@ def test_settings_refuse_inconsistent_values() -> None:
         Settings(log_level="verbose")
     with pytest.raises(ValidationError):
         Settings(backoff_base_s=10, backoff_cap_s=1)
+
+
+def test_every_named_query_starts_with_its_verb() -> None:
+    """Leading comments in queries.sql are stripped: the text sent starts with the statement's
+    verb (the asyncpg trace spans are named by it; a comment made them ``--``)."""
+    from z9.common.sql import queries
+
+    verbs = ("SELECT", "WITH", "INSERT", "UPDATE", "DELETE")
+    assert queries()
+    for name, text in queries().items():
+        assert text.split(None, 1)[0].upper() in verbs, (name, text[:60])
