@@ -334,6 +334,32 @@ async def test_cancel_deletion_of_a_creating_server(api: Stack) -> None:
     assert row["status"] == "creating" and row["delete_after"] is None
 
 
+async def test_delete_and_cancel_cannot_queue_jobs_without_end(api: Stack) -> None:
+    """While a server's jobs cannot run (no executor here), alternating DELETE and
+    cancel-deletion stops with a 409 at Z9_MAX_LIVE_JOBS_PER_RESOURCE live jobs, and the refused
+    request changes nothing."""
+    srv, _ = await api.create_server()
+    limit = api.settings.max_live_jobs_per_resource
+    live = 1  # the create
+    while live < limit:
+        status, out = await api.call("DELETE", f"/servers/{srv['id']}")
+        assert status == 202, out
+        live += 1
+        if live == limit:
+            break
+        status, out = await api.call("POST", f"/servers/{srv['id']}/actions/cancel-deletion")
+        assert status == 202, out
+        live += 1
+    before = await api.pool.fetchrow("SELECT status, delete_after FROM servers WHERE id = $1", srv["id"])
+    action = ("POST", f"/servers/{srv['id']}/actions/cancel-deletion") if before["status"] == "deleting" \
+        else ("DELETE", f"/servers/{srv['id']}")
+    status, out = await api.call(*action)
+    assert status == 409 and f"{limit} jobs waiting or running" in out["error"]["message"], out
+    after = await api.pool.fetchrow("SELECT status, delete_after FROM servers WHERE id = $1", srv["id"])
+    assert after == before
+    assert await api.pool.fetchval("SELECT count(*) FROM jobs WHERE resource_id = $1", srv["id"]) == limit
+
+
 async def test_cancel_deletion_restores_a_running_server(api: Stack) -> None:
     srv, _ = await api.create_server()
     await api.pool.execute("UPDATE servers SET power_state = 'running', status = 'running' WHERE id = $1",

@@ -375,3 +375,7 @@ SELECT r.region, coalesce(extract(epoch FROM now() - (
     ORDER BY j.run_after
     LIMIT 1)), 0)::float8 AS age_s
 FROM unnest($1::text[]) AS r(region);
+
+-- name: job_count_live_for_resource
+-- Live (pending, running, retry) jobs of one resource: index-only on jobs_resource_live.
+SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending', 'running', 'retry');

@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     backoff_cap_s: float = Field(300.0, gt=0)
     backoff_jitter: float = Field(0.25, ge=0, lt=1)
     max_attempts: int = Field(10, ge=1)
+    #: a DELETE or cancel-deletion answers 409 while the server already has this many live jobs:
+    #: alternating them while its first job waits in retry would otherwise queue jobs without end
+    #: (and every claim in the region steps over the queued ones)
+    max_live_jobs_per_resource: int = Field(8, ge=2)
 
     # scheduler, reaper, retention
     scheduler_interval_s: float = Field(1.0, gt=0)

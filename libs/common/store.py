@@ -222,6 +222,11 @@ async def job_insert_many(db: DB, jobs: list[NewJob], *, notify: bool = True) ->
     return [Job.from_record(r) for r in rows]
 
 
+async def job_count_live_for_resource(db: DB, resource_id: str) -> int:
+    """How many jobs of ``resource_id`` are live (pending, running or retry)."""
+    return await db.fetchval(q("job_count_live_for_resource"), resource_id)
+
+
 async def jobs_notify(db: DB, regions: Iterable[str]) -> None:
     """``NOTIFY z9_jobs, '<region>'`` for each region (one statement)."""
     regions = list(regions)

@@ -287,11 +287,22 @@ async def delete_server(request: web.Request) -> web.Response:
             if current is None:
                 raise NotFound(f"no server {sid!r}")
             raise Conflict(_not_deletable(current.id, current.status))
+        await _room_for_a_job(conn, settings, server.id)
         job = await store.job_insert(conn, NewJob(
             kind="ServerStop", region=server.region, tenant_id=tenant, resource_type="server",
             resource_id=server.id, max_attempts=settings.max_attempts), notify=False)
     request.app[NOTIFIER].notify(job.region)
     return web.json_response({"server": server.public(), "job": job.brief()}, status=202)
+
+
+async def _room_for_a_job(conn: Any, settings: Settings, sid: str) -> None:
+    """Raise Conflict (409) when server ``sid`` already has ``max_live_jobs_per_resource`` live
+    jobs. Called after the server row's update, which holds its lock until commit, so concurrent
+    requests for one server count one after the other; the Conflict rolls that update back."""
+    live = await store.job_count_live_for_resource(conn, sid)
+    if live >= settings.max_live_jobs_per_resource:
+        raise Conflict(f"server {sid} already has {live} jobs waiting or running; "
+                       "retry once they have finished (GET /v1/jobs?resource_id=...)")
 
 
 def _not_deletable(sid: str, status: str) -> str:
@@ -323,6 +334,7 @@ async def cancel_deletion(request: web.Request) -> web.Response:
                 raise Conflict(f"server {sid} is {current.status}: the deletion buffer has expired and "
                                "the deletion can no longer be cancelled")
             raise Conflict(f"server {sid} is {current.status}, not deleting: there is no deletion to cancel")
+        await _room_for_a_job(conn, settings, server.id)
         kind, args = _restore_job(server)
         job = await store.job_insert(conn, NewJob(
             kind=kind, region=server.region, tenant_id=tenant, resource_type="server",
