@@ -106,8 +106,10 @@ CREATE INDEX jobs_finished ON jobs (finished_at) WHERE status IN ('succeeded', '
 -- Listing the jobs of a resource / tenant.
 CREATE INDEX jobs_resource ON jobs (resource_id, seq);
 CREATE INDEX jobs_tenant ON jobs (tenant_id, seq);
--- Metrics (migration 0002): z9_jobs counts, index-only; the oldest runnable pending job per region.
-CREATE INDEX jobs_status_counts ON jobs (status, region, kind);
+-- Metrics (migration 0002): z9_jobs counts, index-only (live and finished jobs apart); the
+-- oldest runnable pending job per region.
+CREATE INDEX jobs_live_counts ON jobs (status, region, kind) WHERE status IN ('pending', 'running', 'retry');
+CREATE INDEX jobs_finished_counts ON jobs (status, region, kind) WHERE status IN ('succeeded', 'failed');
 CREATE INDEX jobs_pending_runnable ON jobs (region, run_after) INCLUDE (created_at, resource_id, seq)
     WHERE status = 'pending';
 

@@ -350,13 +350,19 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED
 );
 
--- name: job_count_by_status
--- z9_jobs for the statuses $1: an Index Only Scan of jobs_status_counts (status, region, kind)
--- over those statuses' range only (the live ones are few; the finished ones are most of the
--- table and are recounted less often).
+-- name: job_count_live
+-- z9_jobs for the live statuses: an Index Only Scan of jobs_live_counts (status, region, kind).
 SELECT kind, region, status::text AS status, count(*) AS n
 FROM jobs
-WHERE status = ANY($1::job_status[])
+WHERE status IN ('pending', 'running', 'retry')
+GROUP BY status, region, kind;
+
+-- name: job_count_finished
+-- z9_jobs for the finished statuses: an Index Only Scan of jobs_finished_counts; most of the
+-- table, so the scheduler runs it less often.
+SELECT kind, region, status::text AS status, count(*) AS n
+FROM jobs
+WHERE status IN ('succeeded', 'failed')
 GROUP BY status, region, kind;
 
 -- name: job_oldest_pending_age

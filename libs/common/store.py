@@ -367,11 +367,20 @@ async def job_prune_finished(db: DB, retention_s: float, limit: int = 1000) -> i
 
 # ---------------------------------------------------------------- jobs: metrics (scheduler)
 
+_LIVE_STATUSES = frozenset({"pending", "running", "retry"})
+
+
 async def job_count_by_status(db: DB, statuses: Iterable[str]) -> list[tuple[str, str, str, int]]:
     """``(kind, region, status, count)`` for every combination present in the job table with a
-    status among ``statuses`` (an index-only scan)."""
-    return [(r["kind"], r["region"], r["status"], r["n"])
-            for r in await db.fetch(q("job_count_by_status"), list(statuses))]
+    status among ``statuses``: index-only scans of the live jobs' partial index and, only when a
+    finished status is asked for, of ``jobs_finished``."""
+    wanted = set(statuses)
+    rows: list[Any] = []
+    if wanted & _LIVE_STATUSES:
+        rows += await db.fetch(q("job_count_live"))
+    if wanted - _LIVE_STATUSES:
+        rows += await db.fetch(q("job_count_finished"))
+    return [(r["kind"], r["region"], r["status"], r["n"]) for r in rows if r["status"] in wanted]
 
 
 async def job_oldest_pending_age(db: DB, regions: list[str]) -> dict[str, float]:
