@@ -15,17 +15,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-import aiohttp
 import asyncpg
 import pytest
-from aiohttp import web
 
 from z9.common.db import connect, create_pool
 from z9.common.settings import RegionSettings, Settings
 from z9.db import migrate
 from z9.sim.server import SimConfig, SimServer, start_simulator
 
-from tests.support import REGION, SIM_TIMING, SimAdmin, Stack, free_port, make_tenant, with_database
+from tests.support import REGION, SIM_TIMING, SimAdmin, Stack, api_stack, with_database
 
 @pytest.fixture(scope="session")
 def pg_url() -> Any:
@@ -121,21 +119,8 @@ def settings(db_url: str, sim_server: SimServer) -> Settings:
 @pytest.fixture
 async def api(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Stack]:
     """The API alone (no executor): requests are accepted and jobs stay pending."""
-    from z9.api.app import create_app
-
-    runner = web.AppRunner(create_app(settings, pool=pool))
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    tenant, token = await make_tenant(pool, "acme")
-    async with aiohttp.ClientSession() as http:
-        stack = Stack(settings, pool, f"http://127.0.0.1:{port}/v1", token, tenant, http)
-        try:
-            yield stack
-        finally:
-            for name in list(stack.services):
-                await stack.stop_service(name)
-            await runner.cleanup()
+    async with api_stack(settings, pool) as stack:
+        yield stack
 
 
 @pytest.fixture

@@ -11,9 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -360,3 +361,26 @@ def overlapping(rs: list[Run]) -> list[tuple[Run, Run]]:
             if a.end is None or b.start < a.end:
                 bad.append((a, b))
     return bad
+
+
+@asynccontextmanager
+async def api_stack(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Stack]:
+    """The API app served on a free local port, with a tenant ``acme`` and a client for it; the
+    services a test starts on the Stack are stopped on the way out."""
+    from aiohttp import web
+
+    from z9.api.app import create_app
+
+    runner = web.AppRunner(create_app(settings, pool=pool))
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    tenant, token = await make_tenant(pool, "acme")
+    async with aiohttp.ClientSession() as http:
+        stack = Stack(settings, pool, f"http://127.0.0.1:{port}/v1", token, tenant, http)
+        try:
+            yield stack
+        finally:
+            for name in list(stack.services):
+                await stack.stop_service(name)
+            await runner.cleanup()

@@ -6,32 +6,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator
 
-import aiohttp
 import asyncpg
 import pytest
-from aiohttp import web
 
 from z9.common.settings import Settings
 
-from tests.support import REGION, Stack, free_port, make_tenant
+from tests.support import REGION, Stack, api_stack
 
 
 @pytest.fixture
 async def api_cached(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Stack]:
     """The API with a 0.5 s token cache."""
-    from z9.api.app import create_app
-
-    settings = settings.model_copy(update={"api_token_cache_s": 0.5})
-    runner = web.AppRunner(create_app(settings, pool=pool))
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    tenant, token = await make_tenant(pool, "acme")
-    async with aiohttp.ClientSession() as http:
-        try:
-            yield Stack(settings, pool, f"http://127.0.0.1:{port}/v1", token, tenant, http)
-        finally:
-            await runner.cleanup()
+    async with api_stack(settings.model_copy(update={"api_token_cache_s": 0.5}), pool) as stack:
+        yield stack
 
 
 async def test_revoked_token_stops_working_when_its_cache_entry_expires(api_cached: Stack) -> None:
