@@ -94,7 +94,7 @@ CREATE TABLE jobs (
 );
 
 -- Claim: pending jobs of a region in submission order (the only ordered path to them: seq has
--- no index of its own, see migrations/0002_claim_index.sql).
+-- no index of its own, see migrations/0003_claim_index.sql).
 CREATE INDEX jobs_claimable ON jobs (region, seq) WHERE status = 'pending';
 -- Per-resource order: the earliest live job of a resource.
 CREATE INDEX jobs_resource_live ON jobs (resource_id, seq) WHERE status IN ('pending', 'running', 'retry');

@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from tests.support import REGION, SimAdmin, free_port, make_tenant
+from z9.dev import _terminate, write_prometheus_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -213,7 +214,7 @@ def test_compose_has_no_secrets_health_checks_restart_policies_and_ordered_start
 
 
 def test_dev_prometheus_config_reads_the_targets_file_z9_dev_writes(tmp_path: Path) -> None:
-    from z9.dev import metrics_ports, write_prometheus_targets
+    from z9.dev import metrics_ports
 
     config = yaml.safe_load((DEPLOY / "prometheus" / "dev.yml").read_text())
     assert config["rule_files"] == ["rules/z9.rules.yml"]
@@ -490,22 +491,6 @@ def _wait_listening(port: int, proc: subprocess.Popen, what: str, timeout_s: flo
     raise AssertionError(f"{what} did not listen on port {port} within {timeout_s}s")
 
 
-def _prom_query(url: str, expr: str) -> list[dict[str, Any]]:
-    return check_queries.instant_query(url, expr)
-
-
-def _stop_all(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 async def _wait_terminal(http: aiohttp.ClientSession, base: str, job_id: str, timeout_s: float = 60) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -560,9 +545,7 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
 
         # The targets file `z9 dev` writes, and deploy/prometheus/dev.yml with 1 s intervals.
         targets = tmp_path / "prometheus-targets.json"
-        targets.write_text(json.dumps(
-            [{"targets": [f"127.0.0.1:{api_port}"], "labels": {"service": "api"}}]
-            + [{"targets": [f"127.0.0.1:{port}"], "labels": {"service": name}} for name, port in metrics_ports.items()]))
+        write_prometheus_targets(targets, {"api": api_port, **metrics_ports})
         config = yaml.safe_load((DEPLOY / "prometheus" / "dev.yml").read_text())
         config["global"].update(scrape_interval="1s", evaluation_interval="1s")
         config["rule_files"] = [str(RULES)]
@@ -582,10 +565,10 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
                 assert prom.poll() is None and time.monotonic() < deadline, "prometheus never got ready"
                 await asyncio.sleep(0.2)
         while True:
-            up = _prom_query(prom_url, 'sum(up{job="z9"})')
+            up = check_queries.instant_query(prom_url, 'sum(up{job="z9"})')
             if up and float(up[0]["value"][1]) == 4:
                 break
-            assert time.monotonic() < deadline, f"not every z9 target is up: {_prom_query(prom_url, 'up')}"
+            assert time.monotonic() < deadline, f"not every z9 target is up: {check_queries.instant_query(prom_url, 'up')}"
             await asyncio.sleep(0.5)
 
         # Some jobs: a create that retries once (a 500 on the clone), a plain create, a create of
@@ -630,13 +613,13 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
         deadline = time.monotonic() + 30
         while True:
             alerts = {(a["metric"]["alertname"], a["metric"]["alertstate"])
-                      for a in _prom_query(prom_url, "ALERTS")}
+                      for a in check_queries.instant_query(prom_url, "ALERTS")}
             if ("Z9DeletionGuardRefusal", "firing") in alerts and {
                     ("Z9JobsFailed", "pending"), ("Z9JobsFailed", "firing")} & alerts:
                 break
             assert time.monotonic() < deadline, f"alerts now: {alerts}"
             await asyncio.sleep(0.5)
-        guard = _prom_query(prom_url, 'ALERTS{alertname="Z9DeletionGuardRefusal"}')
+        guard = check_queries.instant_query(prom_url, 'ALERTS{alertname="Z9DeletionGuardRefusal"}')
         assert [(a["metric"]["kind"], a["metric"]["region"], a["metric"]["severity"]) for a in guard] == [
             ("ServerStop", REGION, "page")]
         assert {name for name, _ in alerts} <= {"Z9DeletionGuardRefusal", "Z9JobsFailed", "Z9JobRetryRateHigh"}, alerts
@@ -651,7 +634,7 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
                                     "GROUP BY 1, 2", REGION)
             truth = {s: float(sum(r["n"] for r in rows if r["status"] == s))
                      for s in ("pending", "running", "retry", "succeeded", "failed")}
-            shown = {s["metric"]["status"]: float(s["value"][1]) for s in _prom_query(prom_url, jobs_by_status)
+            shown = {s["metric"]["status"]: float(s["value"][1]) for s in check_queries.instant_query(prom_url, jobs_by_status)
                      if s["metric"]["region"] == REGION}
             if shown == truth:
                 break
@@ -671,7 +654,7 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
         nan = [f"{r.query.source}: {r.query.expr}" for r in results if r.only_nan]
         assert not nan, "queries measuring nothing after jobs ran:\n" + "\n".join(nan)
         # Only the executor exports the LISTEN health gauge (the rule's comment says so).
-        listen = _prom_query(prom_url, "count by (service) (z9_executor_listen_healthy)")
+        listen = check_queries.instant_query(prom_url, "count by (service) (z9_executor_listen_healthy)")
         assert [s["metric"]["service"] for s in listen] == ["executor"], listen
 
         # The checker can fail: unknown metrics return no data, bad PromQL is an error.
@@ -687,14 +670,14 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
         deadline = time.monotonic() + 30
         while True:
             pending = {(a["metric"]["alertname"], a["metric"].get("service"))
-                       for a in _prom_query(prom_url, 'ALERTS{alertstate="pending"}')}
+                       for a in check_queries.instant_query(prom_url, 'ALERTS{alertstate="pending"}')}
             if {("Z9TargetDown", "executor"), ("Z9ExecutorAbsent", None)} <= pending:
                 break
             assert time.monotonic() < deadline, f"pending alerts: {pending}"
             await asyncio.sleep(0.5)
         assert not {name for name, _ in pending} & {"Z9SchedulerAbsent"}, pending
     finally:
-        _stop_all(procs[::-1])
+        _terminate(procs[::-1])
         for log in sorted(logs.glob("*.log")):
             text = log.read_text()
             if "Traceback" in text:

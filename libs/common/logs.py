@@ -2,8 +2,8 @@
 
 ``Z9_LOG_FORMAT=json`` (the default) writes one JSON object per line to stderr::
 
-    {"ts": "2026-11-29T13:05:01.123Z", "level": "INFO", "service": "executor",
-     "logger": "z9.executor", "msg": "job job_… succeeded (4 steps)", "job_id": "job_…",
+    {"ts": "2026-11-29T13:05:01.123Z", "level": "WARNING", "service": "executor",
+     "logger": "z9.executor", "msg": "job job_…: retry in 2.1s: …", "job_id": "job_…",
      "kind": "ServerCreate", "region": "dev-1", "attempt": 1,
      "trace_id": "…32 hex…", "span_id": "…16 hex…"}
 

@@ -11,8 +11,9 @@ Each service pre-initialises the label sets it knows at start (``init_api``,
 dashboard or an alert asks for exists at 0 before anything happens, so their expressions return
 data on a quiet stack.
 
-Serving: the API adds ``GET /metrics`` to its aiohttp app (:func:`metrics_handler`); the
-scheduler, executor and reaper call :func:`serve` with ``Z9_METRICS_HOST``/``Z9_METRICS_PORT``.
+Serving: the API's ``GET /metrics`` route answers from :func:`exposition`; ``z9 scheduler``,
+``z9 executor`` and ``z9 reaper`` (``z9/cli.py``) call :func:`serve` with
+``Z9_METRICS_HOST``/``Z9_METRICS_PORT``.
 """
 from __future__ import annotations
 
