@@ -117,25 +117,17 @@ class FinishBatcher:
                     self.on_claimed(claimed[0], [])  # rolled back: those claims never happened
                 claimed = (0, [])
                 raise
-        except LeaseLost as e:
-            if len(batch) == 1:  # the single job's row did not match
-                _resolve(batch[0], e)
-                return
-            # raised by a kind's record(), not by the fenced batch update (which reports lost rows
-            # by value): which job it concerns is unknown, so each finishes on its own instead
-            log.debug("finish of %d jobs rolled back (%s); finishing them one by one", len(batch), e)
-            for f in batch:
-                await self._alone(f)
-            return
         except TRANSIENT_DB_ERRORS as e:
             for f in batch:
                 _resolve(f, e)
             return
-        except Exception as e:  # a record failing, a deadlock: each job on its own instead
-            log.debug("finish of %d job(s) rolled back (%r); finishing them one by one", len(batch), e)
-            if len(batch) == 1:
+        except Exception as e:
+            if len(batch) == 1:  # its row did not match (LeaseLost), or its record failed
                 _resolve(batch[0], e)
                 return
+            # A record() failing (even with LeaseLost: the fenced batch update reports lost rows by
+            # value, so which job it concerns is unknown), a deadlock: each job on its own instead.
+            log.debug("finish of %d jobs rolled back (%r); finishing them one by one", len(batch), e)
             for f in batch:
                 await self._alone(f)
             return

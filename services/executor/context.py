@@ -26,6 +26,7 @@ from z9.common.models import Job, utc_now_iso
 from z9.common.settings import Settings
 from z9.common.store import Lease
 
+from .batching import succeed_one
 from .proxmox import ProxmoxClient, Upid
 
 
@@ -106,8 +107,6 @@ class JobContext:
         transaction — shared with other jobs' finishes when the executor batches them
         (:mod:`z9.executor.batching`). Raises LeaseLost (this job's row no longer matches its
         lease), the database's connection errors, or what ``record`` raised (rolled back)."""
-        from .batching import succeed_one
-
         if self.finisher is not None:
             await self.finisher.succeed(self, kind, observed)
         else:

@@ -24,6 +24,7 @@ from z9.common.backoff import backoff_delay_s
 from z9.common.db import TRANSIENT_DB_ERRORS
 from z9.common.errors import (GuardRefusal, InternalError, JobError, LeaseLost, PermanentError, Snooze,
                               TemporaryError)
+from z9.common.logs import job_fields
 from z9.common.models import utc_now_iso
 
 from .context import JobContext
@@ -50,7 +51,7 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
     caller hands the job over or has lost its lease) and the database's connection errors
     (``TRANSIENT_DB_ERRORS``: the lease then expires and the scheduler hands the job on)."""
     job = ctx.job
-    extra = {"job_id": job.id, "kind": job.kind, "region": job.region, "attempt": job.attempt}
+    extra = job_fields(job)
     try:
         try:
             with metrics.phase(job, "observe"), tracing.span("observe", {"z9.phase": "observe"}):

@@ -185,7 +185,7 @@ class Executor:
                 metrics.attempt_ended(job, "lease_lost", "lease_lost", ctx.claimed_at)
         except TRANSIENT_DB_ERRORS as e:
             metrics.attempt_ended(job, "lease_lost", "temporary", ctx.claimed_at)
-            log.warning("job %s: database lost while finishing (%s); the lease will expire and the "
+            log.warning("job %s: database lost (%s); the lease will expire and the "
                         "scheduler will hand it on", job.id, e)
         except Exception:
             metrics.attempt_ended(job, "lease_lost", "internal", ctx.claimed_at)
@@ -246,8 +246,6 @@ class Executor:
             await asyncio.sleep(s.heartbeat_s)
             try:
                 await self._heartbeat_once()
-            except asyncio.CancelledError:
-                raise
             except TRANSIENT_DB_ERRORS as e:
                 log.warning("heartbeat failed (%s)", e)
             except Exception:  # never let the heartbeat loop die: leases would expire

@@ -87,9 +87,10 @@ class Scheduler:
                         if r["resource_type"] == "server":
                             await store.server_mark_failed_by_job(conn, r["resource_id"], r["error"]["message"],
                                                                   kind=r["kind"])
-                # A reclaimed job is pending again, or failed, which frees the next job of its
-                # resource: wake the executors now rather than at their next poll.
-                await store.jobs_notify(conn, sorted({r["region"] for r in rows}))
+                # A job reclaimed as failed frees the next job of its resource: wake the executors
+                # now rather than at their next poll (one reclaimed as retry is notified when the
+                # promotion below, or a later pass, makes it pending).
+                await store.jobs_notify(conn, sorted({r["region"] for r in rows if r["status"] == "failed"}))
             async with conn.transaction():
                 due = await store.job_retry_due(conn)
                 counts.promoted = len(due)
