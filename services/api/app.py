@@ -415,18 +415,13 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     app[TOKEN_CACHE] = {}
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
-        if pool is not None:
-            app[POOL] = pool
-            app[NOTIFIER] = JobNotifier(pool)
-            yield
-            await app[NOTIFIER].flush()
-            return
-        app[POOL] = await create_pool(settings.require_database_url(), min_size=2, max_size=16,
-                                      application_name="z9-api")
+        app[POOL] = pool or await create_pool(settings.require_database_url(), min_size=2, max_size=16,
+                                              application_name="z9-api")
         app[NOTIFIER] = JobNotifier(app[POOL])
         yield
         await app[NOTIFIER].flush()
-        await app[POOL].close()
+        if pool is None:  # ours to close
+            await app[POOL].close()
 
     app.cleanup_ctx.append(pool_ctx)
     app.router.add_get("/healthz", healthz)
