@@ -415,8 +415,8 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     app[TOKEN_CACHE] = {}
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[POOL] = pool or await create_pool(settings.require_database_url(), min_size=2, max_size=16,
-                                              application_name="z9-api")
+        app[POOL] = pool if pool is not None else await create_pool(
+            settings.require_database_url(), min_size=2, max_size=16, application_name="z9-api")
         app[NOTIFIER] = JobNotifier(app[POOL])
         yield
         await app[NOTIFIER].flush()
