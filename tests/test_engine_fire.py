@@ -661,7 +661,10 @@ async def test_a_delete_waits_for_the_running_create_of_its_server(api: Stack, s
     deadline = asyncio.get_running_loop().time() + 30
     while True:  # as long as a create runs, its server's delete job waits
         assert asyncio.get_running_loop().time() < deadline, "the creates did not finish"
-        rows = {s["id"]: (await _row(pool, j["id"]), await _row(pool, stops[s["id"]])) for s, j in made}
+        # one statement, one snapshot: a create's finish and its delete's claim commit together
+        snap = {r["id"]: dict(r) for r in await pool.fetch(
+            "SELECT * FROM jobs WHERE id = ANY($1)", [j["id"] for _, j in made] + list(stops.values()))}
+        rows = {s["id"]: (snap[j["id"]], snap[stops[s["id"]]]) for s, j in made}
         for create, stop in rows.values():
             if create["status"] != "succeeded":
                 assert stop["status"] == "pending" and stop["attempt"] == 0, (create, stop)

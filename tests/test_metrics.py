@@ -204,6 +204,10 @@ async def test_oldest_pending_age_of_a_region_gone_from_the_table_reads_0(stack:
     finished, or it was removed from Z9_REGIONS) must not keep its last age: Z9QueueStalled
     would keep firing."""
     scheduler: Scheduler = stack.services["scheduler"]
+    for _ in range(200):  # its pool is made by its run loop, which has just started
+        if scheduler.pool is not None:
+            break
+        await asyncio.sleep(0.05)
     await stack.pool.execute(
         "INSERT INTO jobs (id, kind, region, resource_type, resource_id, status, attempt, created_at, run_after) "
         "VALUES ($1, 'ServerCreate', 'gone-1', 'server', $2, 'pending', 0, now() - interval '400 seconds', "
