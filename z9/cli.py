@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import secrets
 import signal
 import sys
@@ -93,28 +94,78 @@ def cmd_executor(args: argparse.Namespace, settings: Settings) -> int:
     return _run(lambda: _serve(executor))
 
 
+def _database_error(command: str, e: BaseException) -> str:
+    """One line saying why ``command`` could not use the database (no traceback)."""
+    import asyncpg
+
+    from z9.common.db import NotPrimaryError
+
+    if isinstance(e, asyncpg.InvalidCatalogNameError):
+        what = f"the database does not exist ({e})"
+    elif isinstance(e, asyncpg.InvalidAuthorizationSpecificationError | asyncpg.InvalidPasswordError):
+        what = f"the database refused the login ({e})"
+    elif isinstance(e, NotPrimaryError):
+        what = str(e)
+    elif isinstance(e, asyncpg.PostgresError):
+        what = f"the database answered {type(e).__name__}: {e}"
+    else:
+        what = f"cannot reach the database ({type(e).__name__}: {e or 'no detail'})"
+    return f"z9 {command}: {what}"
+
+
+def _db_command(command: str, coro_fn: Callable[[], Awaitable[Any]]) -> tuple[int, Any]:
+    """Run a one-shot database command; (0, result), or (1, None) after one line on stderr when
+    the database is unreachable, refuses the login or answers an error."""
+    import asyncpg
+
+    from z9.common.db import TRANSIENT_DB_ERRORS
+
+    try:
+        return 0, asyncio.run(coro_fn())
+    except (*TRANSIENT_DB_ERRORS, OSError, asyncpg.PostgresError) as e:
+        print(_database_error(command, e), file=sys.stderr)
+        return 1, None
+
+
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from z9.common.db import connect
+    from z9.common.db import connect, direct_url
     from z9.db import migrate
 
-    async def go() -> None:
-        conn = await connect(settings.require_database_url(), application_name="z9-migrate")
+    dsn = direct_url(settings)  # never through a transaction pooler: migrate holds a session lock
+
+    async def go() -> list[int]:
+        conn = await connect(dsn, application_name="z9-migrate")
         try:
-            applied = await migrate(conn)
+            return await migrate(conn)
         finally:
             await conn.close()
-        print(f"applied migrations: {applied}" if applied else "schema is up to date")
 
-    asyncio.run(go())
-    return 0
+    code, applied = _db_command("migrate", go)
+    if code == 0:
+        print(f"applied migrations: {applied}" if applied else "schema is up to date")
+    return code
+
+
+#: tenants.name's CHECK (db/schema.sql), checked before connecting so a bad name gets one line.
+TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
 
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     from z9.common import store
     from z9.common.db import connect
 
+    if not TENANT_NAME.fullmatch(args.tenant):
+        print(f"z9 token: invalid tenant name {args.tenant!r}: 1 to 63 lowercase letters, digits and "
+              "'-', starting with a letter or digit", file=sys.stderr)
+        return 2
+    if not args.name.strip() or len(args.name) > 200:
+        print(f"z9 token: invalid token name {args.name!r}: 1 to 200 characters, not only spaces",
+              file=sys.stderr)
+        return 2
+    dsn = settings.require_database_url()
+
     async def go() -> str:
-        conn = await connect(settings.require_database_url(), application_name="z9-token")
+        conn = await connect(dsn, application_name="z9-token")
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
@@ -124,8 +175,10 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
             await conn.close()
         return token
 
-    print(asyncio.run(go()))
-    return 0
+    code, token = _db_command("token", go)
+    if code == 0:
+        print(token)
+    return code
 
 
 def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
@@ -204,7 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"z9: invalid tracing settings: {e}", file=sys.stderr)
         return 2
+    from z9.common.errors import DatabaseMisconfigured
+
     try:
         return args.fn(args, settings)
+    except DatabaseMisconfigured as e:  # the service refuses to run: say why in one line
+        print(f"z9 {args.command}: {e}", file=sys.stderr)
+        return 2
     finally:
         tracer.shutdown()  # flush the spans still queued

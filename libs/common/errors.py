@@ -59,6 +59,12 @@ class Snooze(JobError):
         self.delay_s = delay_s
 
 
+class DatabaseMisconfigured(Z9Error):
+    """The database z9 reached is not set up the way z9 needs (``plan_cache_mode`` not
+    ``force_custom_plan`` behind a pooler, synchronous replication required but off): the
+    service refuses to run rather than run degraded. The message says what to change."""
+
+
 class LeaseLost(Z9Error):
     """A fenced write to a running job matched no row: this worker no longer owns the job."""
 

@@ -135,6 +135,14 @@ EXECUTOR_LISTEN_RECONNECTS = Counter(
     "LISTEN connections re-established (each followed by a catch-up claim).",
     registry=None)  # registered by init_executor
 
+# ---------------------------------------------------------------------------------- database
+
+DATABASE_SERVER = Gauge(
+    "z9_database_server_info",
+    "1 for the PostgreSQL server (host:port as configured) this process's connections of that kind "
+    "(pool, listen) last reached and checked as the primary; after a failover it names the new one.",
+    ["connection", "server"])
+
 # ---------------------------------------------------------------------------------- reaper
 
 DELETION_BUFFER_EXPIRIES = Counter(
@@ -329,6 +337,15 @@ def listen_up(reconnected: bool) -> None:
     EXECUTOR_LISTEN_HEALTHY.set(1)
     if reconnected:
         EXECUTOR_LISTEN_RECONNECTS.inc()
+
+
+def database_server(connection: str, server: str) -> None:
+    """The ``connection`` kind (``pool``, ``listen``) reached ``server`` (and it is the primary):
+    the one series of that kind, the previous server's removed."""
+    for labels in list(DATABASE_SERVER._metrics):  # prometheus-client keeps children by label tuple
+        if labels[0] == connection and labels[1] != server:
+            DATABASE_SERVER.remove(*labels)
+    DATABASE_SERVER.labels(connection, server).set(1)
 
 
 def listen_down() -> None:

@@ -49,7 +49,19 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="Z9_", extra="ignore")
 
+    # Pooled queries of every service (may go through PgBouncer). Several hosts for HA:
+    # postgresql://z9@db1:5432,db2:5432/z9?target_session_attrs=read-write
     database_url: str | None = None
+    # LISTEN connections and `z9 migrate`: direct to PostgreSQL (or a session pooler), never a
+    # transaction pooler. Unset: Z9_DATABASE_URL.
+    database_direct_url: str | None = None
+    # What sits in front of Z9_DATABASE_URL: none (direct), or PgBouncer in session or
+    # transaction pool mode (then plan_cache_mode must come from ALTER ROLE/DATABASE … SET, and
+    # transaction mode turns asyncpg's prepared-statement cache off).
+    database_pooler: Literal["none", "session", "transaction"] = "none"
+    # Refuse to LISTEN (so executors and the scheduler do not run) on a primary whose commits
+    # do not wait for a synchronous standby: the 202 promise survives a failover only then.
+    database_require_sync_replication: bool = False
     data_dir: Path = Path(".z9")
     regions: dict[str, RegionSettings] = Field(default_factory=dict)
 

@@ -20,7 +20,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from z9.common import metrics, store
-from z9.common.db import TRANSIENT_DB_ERRORS, create_pool
+from z9.common.db import TRANSIENT_DB_ERRORS, create_service_pool
 from z9.common.errors import ApiError, BadRequest, Conflict, NotFound, Unauthorized, ValidationFailed
 from z9.common.ids import is_id
 from z9.common.models import Job, Server
@@ -415,8 +415,8 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     app[TOKEN_CACHE] = {}
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[POOL] = pool if pool is not None else await create_pool(
-            settings.require_database_url(), min_size=2, max_size=16, application_name="z9-api")
+        app[POOL] = pool if pool is not None else await create_service_pool(
+            settings, min_size=2, max_size=16, application_name="z9-api")
         app[NOTIFIER] = JobNotifier(app[POOL])
         yield
         await app[NOTIFIER].flush()
