@@ -219,6 +219,17 @@ pidfile = {workdir / 'pgbouncer.pid'}
             time.sleep(0.05)
         raise TimeoutError(f"pgbouncer did not listen: {self.log()}")
 
+    def admin(self, command: str) -> list[dict[str, str]]:
+        """Rows of an admin console command (``SHOW SERVERS``) through ``psql --csv`` (the console
+        speaks the simple query protocol only; needs ``admin_users = postgres``)."""
+        import csv
+        import io
+
+        psql = shutil.which("psql") or str((pg_bindir() or Path("/usr/bin")) / "psql")
+        out = subprocess.run([psql, "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "--csv",
+                              "-c", command, "pgbouncer"], capture_output=True, text=True, check=True, timeout=30)
+        return list(csv.DictReader(io.StringIO(out.stdout)))
+
     def log(self) -> str:
         p = self.workdir / "pgbouncer.log"
         return p.read_text(errors="replace") if p.exists() else ""
