@@ -270,10 +270,13 @@ async def w2(dsn: str, n: int, rnd: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- W3 / W5
 
 async def drain_round(dsn: str, n: int, conc: int, rnd: int, workload: str, plan_cache_mode: str,
-                      **extra: Any) -> dict[str, Any]:
+                      executor_dsn: str | None = None, **extra: Any) -> dict[str, Any]:
+    """One drain of ``n`` no-op jobs by an executor child of concurrency ``conc``; ``executor_dsn``:
+    the child's ``Z9_DATABASE_URL`` when not ``dsn`` (e.g. through PgBouncer: the child then takes
+    ``Z9_DATABASE_DIRECT_URL``/``Z9_DATABASE_POOLER`` from the environment)."""
     await reset_jobs(dsn)
     await enqueue_batch(dsn, n)
-    child = Child(dsn, conc, plan_cache_mode)
+    child = Child(executor_dsn or dsn, conc, plan_cache_mode)
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("ANALYZE jobs")
