@@ -127,11 +127,46 @@ def _db_command(command: str, coro_fn: Callable[[], Awaitable[Any]]) -> tuple[in
         return 1, None
 
 
+async def _wait_migrated(dsn: str, wait_s: float) -> list[int]:
+    """Poll until every migration this z9 ships is applied (by ``z9 migrate`` elsewhere, e.g. the
+    Kubernetes Job); returns the versions still missing at the deadline (empty: up to date)."""
+    import asyncpg
+
+    from z9.common.db import connect
+    from z9.db import list_migrations
+
+    want = {m.version for m in list_migrations()}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        conn = await connect(dsn, application_name="z9-migrate-wait")
+        try:
+            done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+        except asyncpg.UndefinedTableError:
+            done = set()
+        finally:
+            await conn.close()
+        missing = sorted(want - done)
+        if not missing or loop.time() >= deadline:
+            return missing
+        await asyncio.sleep(min(2.0, max(0.0, deadline - loop.time())))
+
+
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from z9.common.db import connect, direct_url
     from z9.db import migrate
 
     dsn = direct_url(settings)  # never through a transaction pooler: migrate holds a session lock
+    if args.wait is not None:  # apply nothing: wait for the schema this version needs
+        code, missing = _db_command("migrate", lambda: _wait_migrated(dsn, args.wait))
+        if code:
+            return code
+        if missing:
+            print(f"z9 migrate: migrations {missing} are still not applied after {args.wait:g}s "
+                  "(is the migrate Job running?)", file=sys.stderr)
+            return 1
+        print("schema is up to date")
+        return 0
 
     async def go() -> list[int]:
         conn = await connect(dsn, application_name="z9-migrate")
@@ -214,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_reaper)
 
     s = sub.add_parser("migrate", help="apply database migrations (safe to run concurrently)")
+    s.add_argument("--wait", type=float, metavar="SECONDS", default=None,
+                   help="apply nothing: wait up to SECONDS until another `z9 migrate` has applied every "
+                        "migration of this version (exit 1 if not); for init containers")
     s.set_defaults(fn=cmd_migrate)
 
     s = sub.add_parser("token", help="create an API token for a tenant (created if missing)")
