@@ -130,10 +130,20 @@ def _pooled_init(require_sync_replication: bool) -> Any:
     return init
 
 
+_servers: dict[str, str] = {}  # connection kind -> the server it last reached (this process)
+
+
 def _note_server(connection: str, server: str) -> None:
+    """Export the server ``connection`` (``pool``/``listen``) reached; log when it changes (the
+    first connection, and after a failover)."""
     from . import metrics
 
     metrics.database_server(connection, server)
+    if _servers.get(connection) != server:
+        if connection == "pool":  # the LISTEN connection logs itself (connect_listener)
+            log.info("database pool connected to %s (primary)%s", server,
+                     f", was {_servers[connection]}" if connection in _servers else "")
+        _servers[connection] = server
 
 
 async def _no_session_reset(conn: asyncpg.Connection) -> None:
