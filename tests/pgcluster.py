@@ -30,29 +30,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_as() -> list[str]:
+def _run_as(user: str = "postgres") -> list[str]:
     """Command prefix running a server binary as a non-root user (PostgreSQL and PgBouncer
     refuse root)."""
     if os.geteuid() != 0:
         return []
-    return ["runuser", "-u", "postgres", "--"]
+    return ["runuser", "-u", user, "--"]
 
 
-def _chown(path: Path) -> None:
+def _chown(path: Path, user: str = "postgres") -> None:
     if os.geteuid() == 0:
-        pw = pwd.getpwnam("postgres")
+        pw = pwd.getpwnam(user)
         for p in [path, *path.rglob("*")]:
             os.chown(p, pw.pw_uid, pw.pw_gid)
 
 
-def make_workdir(prefix: str) -> Path:
+def make_workdir(prefix: str, user: str = "postgres") -> Path:
     """A fresh folder under the temp root that the server user owns (pytest's own temp folders
     are 0700 root and pytest resets that mode, so servers get their own). Remove it with
     :func:`remove_workdir`."""
     import tempfile
 
     d = Path(tempfile.mkdtemp(prefix=prefix))
-    _chown(d)
+    _chown(d, user)
     return d
 
 
@@ -166,11 +166,17 @@ def wait_sync_standby(primary: PgServer, timeout_s: float = 30) -> None:
 
 class PgBouncer:
     """Debian's PgBouncer (``/usr/sbin/pgbouncer``) in front of one server: one database entry
-    ``<alias>`` → ``dbname`` on ``host:port``, ``auth_type=trust``."""
+    ``<alias>`` → ``dbname`` on ``host:port`` (``host`` may be a Unix socket folder),
+    ``auth_type=trust``. Run as root, it runs as ``user`` (by default ``postgres``, or the owner
+    of the socket folder it must reach)."""
 
     def __init__(self, *, host: str, port: int, dbname: str, alias: str = "z9",
                  pool_mode: str = "transaction", default_pool_size: int = 4, extra: str = ""):
-        self.workdir = workdir = make_workdir("z9-pgbouncer-")
+        self.user = "postgres"
+        if host.startswith("/") and os.geteuid() == 0:
+            owner = pwd.getpwuid(os.stat(host).st_uid).pw_name
+            self.user = owner if owner != "root" else "postgres"
+        self.workdir = workdir = make_workdir("z9-pgbouncer-", self.user)
         self.port = free_port()
         self.alias = alias
         self.ini = workdir / "pgbouncer.ini"
@@ -193,7 +199,7 @@ logfile = {workdir / 'pgbouncer.log'}
 pidfile = {workdir / 'pgbouncer.pid'}
 {extra}
 """)
-        _chown(workdir)
+        _chown(workdir, self.user)
         self.proc: subprocess.Popen | None = None
 
     @staticmethod
@@ -207,7 +213,7 @@ pidfile = {workdir / 'pgbouncer.pid'}
         exe = self.binary()
         if exe is None:
             raise RuntimeError("pgbouncer is not installed (apt-get install pgbouncer)")
-        self.proc = subprocess.Popen([*_run_as(), exe, str(self.ini)], stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([*_run_as(self.user), exe, str(self.ini)], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

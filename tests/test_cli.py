@@ -10,7 +10,7 @@ import time
 
 import asyncpg
 
-from tests.support import free_port
+from tests.support import free_port, with_database
 
 
 def _z9(*args: str, url: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -35,11 +35,10 @@ def test_unreachable_missing_or_refused_database_is_one_line(pg_url: str) -> Non
         _one_line(_z9(*cmd, url=f"postgresql://postgres@127.0.0.1:{port}/z9"), 1,
                   f"z9 {cmd[0]}: cannot reach the database", "ConnectionRefusedError")
         _one_line(_z9(*cmd, url=f"postgresql://postgres@no-such-host.invalid:{port}/z9"), 1, "cannot reach the database")
-    base = pg_url.rsplit("/", 1)[0]
-    _one_line(_z9("migrate", url=f"{base}/z9_test_no_such_db"), 1, "the database does not exist",
+    _one_line(_z9("migrate", url=with_database(pg_url, "z9_test_no_such_db")), 1, "the database does not exist",
               "z9_test_no_such_db")
-    if "@" in base and "127.0.0.1" in base:  # a TCP server with trust: a missing role is refused
-        _one_line(_z9("token", "--tenant", "acme", url=base.replace("postgres@", "z9_no_such_role@") + "/postgres"),
+    if "postgres@" in pg_url:  # a missing role is refused
+        _one_line(_z9("token", "--tenant", "acme", url=pg_url.replace("postgres@", "z9_no_such_role@", 1)),
                   1, "refused the login")
     _one_line(_z9("migrate"), 1, "Z9_DATABASE_URL is not set")  # the hint, as before
 
@@ -58,9 +57,7 @@ async def test_migrate_wait_returns_once_another_migrate_applied_everything(pg_u
     name = f"z9_test_{secrets.token_hex(6)}"
     admin = await asyncpg.connect(pg_url)
     await admin.execute(f'CREATE DATABASE "{name}"')
-    url = pg_url.rsplit("/", 1)[0] + f"/{name}"
-    if "?" in pg_url:  # the embedded server's socket is in the query string
-        url = pg_url.split("?")[0].rsplit("/", 1)[0] + f"/{name}?" + pg_url.split("?", 1)[1]
+    url = with_database(pg_url, name)
     try:
         out = _z9("migrate", "--wait", "1", url=url)
         _one_line(out, 1, "still not applied after 1s")

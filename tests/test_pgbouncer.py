@@ -152,19 +152,20 @@ async def test_the_stack_runs_jobs_through_pgbouncer_with_listen_direct(
 
                 # LISTEN connections are direct, the rest went through PgBouncer's server connections.
                 servers = b.admin("SHOW SERVERS")  # the admin console speaks the simple protocol only
-                bouncer_ports = {int(r["local_port"]) for r in servers}
-                assert bouncer_ports, "PgBouncer holds no server connection: nothing went through it"
+                # remote_pid: the backend of each of PgBouncer's server connections (TCP or socket).
+                bouncer_pids = {int(r["remote_pid"]) for r in servers}
+                assert bouncer_pids, "PgBouncer holds no server connection: nothing went through it"
                 direct = await asyncpg.connect(db_url)
                 try:
                     rows = await direct.fetch(
-                        "SELECT application_name, client_port, query FROM pg_stat_activity "
+                        "SELECT application_name, pid, query FROM pg_stat_activity "
                         "WHERE datname = current_database() AND pid <> pg_backend_pid()")
                 finally:
                     await direct.close()
                 listeners = [r for r in rows if r["application_name"].endswith("-listen")]
                 assert {r["application_name"] for r in listeners} == {"z9-executor-listen", "z9-scheduler-listen"}, rows
-                assert all(r["client_port"] not in bouncer_ports for r in listeners), (rows, servers)
-                assert any(r["client_port"] in bouncer_ports for r in rows), (rows, servers)
+                assert all(r["pid"] not in bouncer_pids for r in listeners), (rows, servers)
+                assert any(r["pid"] in bouncer_pids for r in rows), (rows, servers)
         finally:
             await pool.close()
     finally:
