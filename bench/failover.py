@@ -6,7 +6,8 @@ promoted. The scenario is ``tests/failover_scenario.py`` (the suite runs it redu
 ``tests/test_ha.py``).
 
 Prints one JSON line: jobs accepted, jobs lost (must be 0), jobs run twice at once (0), committed
-rows that disappeared (0), servers without exactly one VM (0), seconds from the kill until every
+rows that disappeared (0), servers without exactly one VM (0), clone tasks beyond one per server
+(0), seconds from the kill until every
 listening service has its LISTEN on the new primary, and until the first job submitted after the
 kill succeeded.
 
@@ -59,7 +60,7 @@ async def main() -> int:
     out["detail"] = [d for d in out["detail"] if d][:5]
     print(json.dumps({"lib": "z9", "workload": "failover", "executors": args.executors, **out}), flush=True)
     bad = fig.jobs_lost or fig.jobs_run_twice_at_once or fig.committed_rows_disappeared \
-        or fig.servers_without_exactly_one_vm
+        or fig.servers_without_exactly_one_vm or fig.duplicate_clones
     print(f"service logs: {workdir}", file=sys.stderr)
     return 1 if bad else 0
 

@@ -9,7 +9,8 @@ the primary is SIGKILLed (postmaster and backends at once) and the standby promo
 Figures (``Figures``): jobs lost (a 202'd job that never succeeded), jobs run twice at once (two
 running intervals of one resource overlapping, from a trigger's log replicated with everything
 else), committed rows that disappeared (a server or job the API answered 202 for, missing on the
-new primary), servers with other than one VM, and the seconds from the kill until every
+new primary), servers with other than one VM, clone tasks beyond one per server (the world's
+view of "run twice"), and the seconds from the kill until every
 listening service has its LISTEN on the new primary (from the services' own JSON log lines) and
 until the first job submitted after the kill succeeded (catch-up claim done).
 """
@@ -48,6 +49,7 @@ class Figures:
     jobs_run_twice_at_once: int = 0
     committed_rows_disappeared: int = 0
     servers_without_exactly_one_vm: int = 0
+    duplicate_clones: int = 0  # clone tasks the simulator ran beyond one per accepted server
     listen_on_new_primary_s: float = 0.0
     first_new_job_succeeded_s: float = 0.0
     services_on_new_primary: dict[str, str] = field(default_factory=dict)
@@ -198,6 +200,8 @@ async def run(workdir: Path, base_settings: Settings, sim: SimAdmin, *, before: 
                         fig.servers_without_exactly_one_vm += 1
                         fig.detail.append(f"server {sid}: {len(vms)} VMs")
                 fig.jobs_run_twice_at_once = len(overlapping(runs(await job_log(new))))
+                clones = (await sim.counters())["tasks_started"].get("qmclone", 0)
+                fig.duplicate_clones = max(0, clones - len(accepted))
             finally:
                 await new.close()
         return fig

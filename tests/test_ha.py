@@ -102,6 +102,7 @@ async def test_failover_loses_nothing_and_every_service_moves_to_the_new_primary
     assert fig.committed_rows_disappeared == 0, fig.detail
     assert fig.jobs_run_twice_at_once == 0, fig.detail
     assert fig.servers_without_exactly_one_vm == 0, fig.detail
+    assert fig.duplicate_clones == 0, fig.detail
     assert fig.listen_on_new_primary_s == fig.listen_on_new_primary_s  # measured (not NaN)
     assert fig.first_new_job_succeeded_s == fig.first_new_job_succeeded_s
     assert "executor metrics do not name the new primary" not in fig.detail
