@@ -9,6 +9,10 @@ import asyncpg
 
 JOBS_CHANNEL = "z9_jobs"  # payload: the region whose jobs became claimable
 SCHEDULER_CHANNEL = "z9_scheduler"  # a job entered `retry`; the scheduler recomputes its sleep
+JOB_CHANGED_CHANNEL = "z9_job_changed"
+"""Payload: the id of a job whose status or steps changed. Sent by the very statements that
+change them (``pg_notify`` in queries.sql: claim, progress, finish, retry, promotion, reclaim),
+so it costs no extra commit; the API's long-poll (``GET /v1/jobs/{id}?wait_s=``) listens."""
 
 PLAN_CACHE_MODE: str | None = "force_custom_plan"
 """``plan_cache_mode`` of every z9 connection (None: the server's default, ``auto``). asyncpg
@@ -62,6 +66,14 @@ async def connect(dsn: str, *, application_name: str = "z9") -> asyncpg.Connecti
     conn = await asyncpg.connect(dsn, server_settings=_server_settings(application_name))
     await init_connection(conn)
     return conn
+
+
+async def connect_listener(dsn: str, *, application_name: str) -> asyncpg.Connection:
+    """A connection for ``LISTEN`` (the executor's wakeups, the API's job waiters): every LISTEN
+    connection of z9 is opened here, so how they reach the server (a direct URL past a
+    transaction pooler, keepalives) is decided in one place. Plain session, no codecs needed:
+    notification payloads are text."""
+    return await asyncpg.connect(dsn, server_settings={"application_name": application_name})
 
 
 TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (

@@ -5,6 +5,10 @@
 -- the same test, but no partial index's predicate matches it, so the planner always probes the
 -- primary key. With `status = 'running'` and statistics taken while no job was live, it chose
 -- to scan every live job through jobs_resource_live — see bench/README.md.)
+-- Every statement that changes a job's status or steps also runs
+-- pg_notify('z9_job_changed', <job id>) (column `notified`): delivered at the commit the change
+-- already makes, it wakes the API's long-polls (GET /v1/jobs/{id}?wait_s=) without an extra
+-- commit. Heartbeats and memos change neither and notify nothing.
 
 -- name: tenant_upsert
 INSERT INTO tenants (id, name) VALUES ($1, $2)
@@ -211,7 +215,7 @@ SET status = 'running',
     updated_at = now()
 FROM candidates
 WHERE jobs.id = candidates.id
-RETURNING jobs.*;
+RETURNING jobs.*, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_heartbeat
 UPDATE jobs
@@ -236,7 +240,7 @@ RETURNING j.id, j.attempt;
 UPDATE jobs
 SET steps = $4, lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-RETURNING id;
+RETURNING id, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_remember
 UPDATE jobs
@@ -249,7 +253,7 @@ UPDATE jobs
 SET status = 'succeeded', steps = $4, error = NULL, lease_owner = NULL, lease_expires_at = NULL,
     finished_at = now(), updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-RETURNING id;
+RETURNING id, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_succeed_many
 -- Batch finish of concurrent jobs: ($1 ids, $2 owners, $3 attempts, $4 steps) fenced row by
@@ -265,7 +269,7 @@ FROM unnest($1::text[], $2::text[], $3::int[], $4::text[]) AS f(id, owner, attem
 -- job through jobs_resource_live.
 WHERE j.id = ANY($1::text[])
   AND j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status::text = 'running'
-RETURNING j.id, j.attempt;
+RETURNING j.id, j.attempt, pg_notify('z9_job_changed', j.id)::text AS notified;
 
 -- name: job_retry
 -- $7 = attempts to give back (1 for a snooze or a hand-over, else 0).
@@ -275,14 +279,14 @@ SET status = 'retry', steps = $4, error = $5,
     attempt = attempt - $7,
     lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-RETURNING id, run_after;
+RETURNING id, run_after, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_fail
 UPDATE jobs
 SET status = 'failed', steps = $4, error = $5, lease_owner = NULL, lease_expires_at = NULL,
     finished_at = now(), updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-RETURNING id;
+RETURNING id, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: scheduler_notify
 SELECT pg_notify('z9_scheduler', '');
@@ -297,7 +301,7 @@ WITH due AS (
 )
 UPDATE jobs SET status = 'pending', updated_at = now()
 FROM due WHERE jobs.id = due.id
-RETURNING jobs.id, jobs.region;
+RETURNING jobs.id, jobs.region, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_retry_next_in
 -- Seconds until the earliest retry is due (negative when overdue), NULL when none waits.
@@ -334,7 +338,7 @@ FROM expired
 WHERE jobs.id = ANY(ARRAY(SELECT id FROM expired))  -- primary-key probes, not a scan of live jobs
   AND jobs.id = expired.id AND jobs.status::text = 'running' AND jobs.lease_expires_at < now()
 RETURNING jobs.id, jobs.kind, jobs.status, jobs.region, jobs.attempt, jobs.resource_type, jobs.resource_id,
-          jobs.error;
+          jobs.error, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_prune_finished
 -- Keeps the jobs whose memo lists clone requests while their server is not deleted: a later

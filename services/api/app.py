@@ -28,6 +28,7 @@ from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 from z9.common.store import NewJob
 
+from . import waiting
 from .openapi import openapi_document
 from .schemas import ServerCreate
 
@@ -362,14 +363,6 @@ def _restore_job(server: Server) -> tuple[str, dict[str, Any]]:
 
 # ---------------------------------------------------------------------------------- jobs
 
-async def get_job(request: web.Request) -> web.Response:
-    jid = _resource_id(request, "job")
-    job = await store.job_get(request.app[POOL], jid, _tenant(request))
-    if job is None:
-        raise NotFound(f"no job {jid!r}")
-    return web.json_response(job.public())
-
-
 async def list_jobs(request: web.Request) -> web.Response:
     rid = request.query.get("resource_id")
     if rid is not None and not is_id(rid):
@@ -424,6 +417,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
             await app[POOL].close()
 
     app.cleanup_ctx.append(pool_ctx)
+    waiting.install(app, settings.require_database_url())
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_post("/v1/servers", create_server)
@@ -432,7 +426,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     app.router.add_delete("/v1/servers/{id}", delete_server)
     app.router.add_post("/v1/servers/{id}/actions/cancel-deletion", cancel_deletion)
     app.router.add_get("/v1/jobs", list_jobs)
-    app.router.add_get("/v1/jobs/{id}", get_job)
+    app.router.add_get("/v1/jobs/{id}", waiting.get_job)
     app.router.add_get("/metrics", metrics_endpoint)
     metrics.init_api((r.method, r.resource.canonical) for r in app.router.routes()
                      if r.resource is not None and r.method != "HEAD")

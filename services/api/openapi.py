@@ -73,9 +73,13 @@ def openapi_document() -> dict[str, Any]:
                                       "401": _ERR, "422": _ERR}},
             },
             "/jobs/{id}": {
-                "get": {"summary": "Get a job: status, attempt, steps, error", "operationId": "getJob", "parameters": [_ID],
-                        "responses": {"200": {"description": "The job", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Job"}}}},
-                                      "401": _ERR, "404": _ERR}},
+                "get": {"summary": "Get a job: status, attempt, steps, error", "operationId": "getJob",
+                        "parameters": [_ID, {"name": "wait_s", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": 60, "default": 0},
+                                             "description": "long-poll: answer as soon as the job's status or steps change, or after this many seconds "
+                                                            "with the job as it is (a terminal job answers at once)"}],
+                        "responses": {"200": {"description": "The job (a job not yet terminal carries `Retry-After: 5`, the polling interval)",
+                                              "headers": {"Retry-After": {"schema": {"type": "integer"}}}, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Job"}}}},
+                                      "400": _ERR, "401": _ERR, "404": _ERR}},
             },
         },
         "components": {

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import asyncpg
 
 from z9.common import metrics, store, tracing
-from z9.common.db import JOBS_CHANNEL, TRANSIENT_DB_ERRORS, create_pool
+from z9.common.db import JOBS_CHANNEL, TRANSIENT_DB_ERRORS, connect_listener, create_pool
 from z9.common.logs import bind_job, job_fields
 from z9.common.models import Job
 from z9.common.settings import Settings
@@ -210,7 +210,7 @@ class Executor:
         while not self._stopping.is_set():
             conn = None
             try:
-                conn = await asyncpg.connect(self._dsn, server_settings={"application_name": "z9-executor-listen"})
+                conn = await connect_listener(self._dsn, application_name="z9-executor-listen")
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c: lost.set())
                 await conn.add_listener(JOBS_CHANNEL, self._on_notify)
