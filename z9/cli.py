@@ -110,16 +110,23 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
+    from datetime import datetime, timedelta, timezone
+
+    from z9.api.tokens import new_secret
     from z9.common import store
     from z9.common.db import connect
+
+    scopes = args.scope or ["read", "write"]
+    expires_at = (datetime.now(timezone.utc) + timedelta(seconds=args.expires_in)
+                  if args.expires_in is not None else None)
 
     async def go() -> str:
         conn = await connect(settings.require_database_url(), application_name="z9-token")
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
-                token = "z9t_" + secrets.token_urlsafe(32)
-                await store.api_token_insert(conn, tenant, token, args.name)
+                token = new_secret()
+                await store.api_token_insert(conn, tenant, token, args.name, scopes=scopes, expires_at=expires_at)
         finally:
             await conn.close()
         return token
@@ -166,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("token", help="create an API token for a tenant (created if missing)")
     s.add_argument("--tenant", required=True)
     s.add_argument("--name", default="default")
+    s.add_argument("--scope", action="append", choices=("read", "write", "operator"),
+                   help="repeatable; default read and write. operator (sees the platform's Proxmox "
+                        "details in job steps) is granted only here, never through the API")
+    s.add_argument("--expires-in", type=_positive_int, metavar="SECONDS", help="the token stops working after this")
     s.set_defaults(fn=cmd_token)
 
     sub.add_parser("sim", help="run the Proxmox VE simulator (options: `z9 sim --help`)", add_help=False)

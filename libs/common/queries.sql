@@ -16,12 +16,38 @@ ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
 RETURNING id, name;
 
 -- name: api_token_insert
-INSERT INTO api_tokens (id, tenant_id, name, token_sha256) VALUES ($1, $2, $3, $4);
+INSERT INTO api_tokens (id, tenant_id, name, token_sha256, scopes, expires_at, created_by)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING id, tenant_id, name, scopes, created_at, expires_at, last_used_at, revoked_at, created_by;
 
 -- name: api_token_tenant
 SELECT t.id, t.name
 FROM api_tokens k JOIN tenants t ON t.id = k.tenant_id
-WHERE k.token_sha256 = $1 AND k.revoked_at IS NULL;
+WHERE k.token_sha256 = $1 AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now());
+
+-- name: api_token_auth
+-- The principal of a bearer token: unknown, revoked and expired tokens match nothing.
+SELECT id, tenant_id, scopes, expires_at
+FROM api_tokens
+WHERE token_sha256 = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now());
+
+-- name: api_token_list
+SELECT id, tenant_id, name, scopes, created_at, expires_at, last_used_at, revoked_at, created_by
+FROM api_tokens
+WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3 OR revoked_at IS NULL)
+ORDER BY id
+LIMIT $4;
+
+-- name: api_token_revoke
+-- Revoking twice answers the token again (revoked_at unchanged): DELETE is idempotent.
+UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())
+WHERE id = $1 AND tenant_id = $2
+RETURNING id, tenant_id, name, scopes, created_at, expires_at, last_used_at, revoked_at, created_by;
+
+-- name: api_token_touch
+-- Coarse last use: only rows not touched within $2 seconds are written.
+UPDATE api_tokens SET last_used_at = now()
+WHERE id = ANY($1::text[]) AND (last_used_at IS NULL OR last_used_at < now() - make_interval(secs => $2));
 
 -- name: idempotency_lock
 SELECT pg_advisory_xact_lock(hashtextextended($1, 31289));
@@ -50,8 +76,9 @@ WITH s AS (
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
     RETURNING *
 ), j AS (
-    INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context)
-    SELECT $10, $11, s.region, s.tenant_id, 'server', s.id, $12, $13, $14 FROM s
+    INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
+                      actor_token_id, request_id)
+    SELECT $10, $11, s.region, s.tenant_id, 'server', s.id, $12, $13, $14, $15, $16 FROM s
     RETURNING id, kind, status
 )
 SELECT s.*, j.id AS job_id, j.kind AS job_kind, j.status AS job_status FROM s, j;
@@ -137,23 +164,26 @@ WHERE id = $1 AND status <> 'deleted'
 RETURNING *;
 
 -- name: job_insert
-INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
+                  actor_token_id, request_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 RETURNING *;
 
 -- name: job_insert_notify
 -- job_insert and its NOTIFY (delivered at commit) in one statement: one round trip.
 WITH ins AS (
-    INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
+                      actor_token_id, request_id)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
     RETURNING *
 )
 SELECT ins.*, pg_notify('z9_jobs', ins.region)::text AS notified FROM ins;
 
 -- name: job_insert_many
-INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context)
+INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
+                  actor_token_id, request_id)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::int[],
-                     $9::jsonb[])
+                     $9::jsonb[], $10::text[], $11::text[])
 RETURNING *;
 
 -- name: jobs_notify
@@ -168,12 +198,14 @@ SELECT * FROM jobs WHERE id = $1;
 -- name: job_list_for_resource
 SELECT * FROM jobs
 WHERE tenant_id = $1 AND resource_id = $2 AND ($3::bigint IS NULL OR seq > $3)
+  AND ($5::text IS NULL OR actor_token_id = $5)
 ORDER BY seq
 LIMIT $4;
 
 -- name: job_list
+-- $4: only the jobs asked for by that token (no index of its own: see migration 0007).
 SELECT * FROM jobs
-WHERE tenant_id = $1 AND ($2::bigint IS NULL OR seq > $2)
+WHERE tenant_id = $1 AND ($2::bigint IS NULL OR seq > $2) AND ($4::text IS NULL OR actor_token_id = $4)
 ORDER BY seq
 LIMIT $3;
 

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     # An API token's tenant is remembered this long per API process (seconds); a revoked token
     # keeps working for at most this long. 0: look every request's token up in the database.
     api_token_cache_s: float = Field(5.0, ge=0)
+    # A token's last use (GET /v1/tokens) is written at most once per this many seconds per API
+    # process, for all tokens used meanwhile in one statement: never a write per request.
+    api_token_last_used_s: float = Field(60.0, gt=0)
 
     # executor
     executor_concurrency: int = Field(8, ge=1, le=1024)
