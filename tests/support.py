@@ -372,7 +372,9 @@ async def api_stack(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Sta
 
     from z9.api.app import create_app
 
-    runner = web.AppRunner(create_app(settings, pool=pool))
+    from z9.api.middleware import Runner
+
+    runner = Runner(create_app(settings, pool=pool))
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()

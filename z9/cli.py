@@ -35,14 +35,11 @@ def _run(coro_fn: Callable[[], Awaitable[Any]]) -> int:
 
 
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
-    from aiohttp import web
-
     from z9.api.app import create_app
+    from z9.api.middleware import serve
 
     settings.require_database_url()
-    web.run_app(create_app(settings), host=args.host or settings.api_host, port=args.port or settings.api_port,
-                print=lambda *_: None, access_log=None)
-    return 0
+    return _run(lambda: serve(create_app(settings), args.host or settings.api_host, args.port or settings.api_port))
 
 
 def _serve_metrics(command: str, settings: Settings) -> bool:

@@ -28,7 +28,7 @@ from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 from z9.common.store import NewJob
 
-from . import tokens, waiting
+from . import middleware, tokens, waiting
 from .openapi import openapi_document
 from .schemas import ServerCreate
 
@@ -365,7 +365,9 @@ async def healthz(request: web.Request) -> web.Response:
 def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.Application:
     """The API application. Owns an asyncpg pool on ``settings.database_url`` unless ``pool``
     is given (tests)."""
-    app = web.Application(middlewares=[metrics_middleware, error_middleware, tokens.auth_middleware],
+    app = web.Application(middlewares=[middleware.request_id_middleware, metrics_middleware, error_middleware,
+                                       tokens.auth_middleware, middleware.rate_limit_middleware,
+                                       middleware.query_params_middleware],
                           client_max_size=256 * 1024)
     app[SETTINGS] = settings
 
@@ -381,6 +383,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     app.cleanup_ctx.append(pool_ctx)
     waiting.install(app, settings.require_database_url())
     tokens.install(app)
+    middleware.install(app, settings)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_post("/v1/servers", create_server)
