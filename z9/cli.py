@@ -144,9 +144,21 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+class _SectionedHelp(argparse.RawDescriptionHelpFormatter):
+    """Lists the subcommands in two sections (customer, operator) instead of one."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if isinstance(action, argparse._SubParsersAction):
+            return ""
+        return super()._format_action(action)
+
+
+OPERATOR_COMMANDS = ("api", "scheduler", "executor", "reaper", "migrate", "token", "sim", "dev")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="z9", description="z9 control-plane job system")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(prog="z9", description="z9 control-plane job system", formatter_class=_SectionedHelp)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("api", help="serve the REST API")
     s.add_argument("--host")
@@ -186,6 +198,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-port", type=int, default=9101,
                    help="first metrics port: scheduler on it, executor +1, reaper +2 (default 9101)")
     s.set_defaults(fn=cmd_dev)
+
+    from z9.client.cli import register as register_customer_commands
+
+    customer = register_customer_commands(sub)
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    width = max(len(n) for n in helps)
+    p.epilog = (
+        "customer commands (the REST API: Z9_API_URL and Z9_TOKEN, or a context; `z9 COMMAND --help`):\n"
+        + "".join(f"  {n:<{width}}  {helps[n]}\n" for n in customer)
+        + "\noperator commands (run the services; need Z9_DATABASE_URL):\n"
+        + "".join(f"  {n:<{width}}  {helps[n]}\n" for n in OPERATOR_COMMANDS))
     return p
 
 
@@ -196,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return sim_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command not in OPERATOR_COMMANDS:  # a customer command: the API, no settings
+        from z9.client.cli import run as run_customer_command
+
+        return run_customer_command(args)
     try:
         settings = Settings()
     except Exception as e:  # pydantic ValidationError: say which variable is wrong
