@@ -192,3 +192,27 @@ async def test_step_details_hidden_from_tenants_shown_to_operators(fast: Stack, 
     assert account not in str(listed)
     # the operator token is read-only here: operator adds visibility, not rights
     assert (await call(fast, "DELETE", f"/servers/{job['id']}", operator))[0] == 403
+
+
+async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: Stack) -> None:
+    """Walks the router: every route with an {id}, called by another tenant with ids that exist
+    in this one, answers 404 and changes nothing."""
+    server, job = await fast.create_server("mine-1")
+    _, tok, _ = await call(fast, "POST", "/tokens", json={"name": "mine"})
+    ids = {"srv": server["id"], "job": job["id"], "tok": tok["token"]["id"]}
+    _, other = await make_tenant(fast.pool, "intruder")
+    routes = sorted({(r.method, r.resource.canonical) for r in fast.app.router.routes()
+                     if r.resource is not None and "{id}" in r.resource.canonical and r.method != "HEAD"})
+    assert len(routes) >= 5, routes
+    before = await fast.pool.fetchval("SELECT count(*) FROM jobs"), await fast.pool.fetchval(
+        "SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL")
+    for method, template in routes:
+        prefix = {"servers": "srv", "jobs": "job", "tokens": "tok"}[template.split("/")[2]]
+        path = template.removeprefix("/v1").replace("{id}", ids[prefix])
+        status, out, _ = await call(fast, method, path, other, json={} if method == "POST" else None)
+        assert status == 404, (method, path, status, out)
+        assert out["error"]["code"] == "not_found"
+    after = await fast.pool.fetchval("SELECT count(*) FROM jobs"), await fast.pool.fetchval(
+        "SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL")
+    assert before == after
+    assert (await fast.server(server["id"]))["status"] == "creating"

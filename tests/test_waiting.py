@@ -134,6 +134,7 @@ async def test_500_concurrent_waiters_over_http(api: Stack) -> None:
         await wait_until(lambda: w.waiting == 500, 60, "500 waiters to register", interval_s=0.1)
         assert len(w._slots) == 10  # coalesced per job id
         t0 = time.monotonic()
+        reads0 = w.reads
         claimed = await store.job_claim(api.pool, [REGION], 100, OWNER, 30)
         assert {j.id for j in claimed} == set(jobs)
         answers = await asyncio.wait_for(asyncio.gather(*waiters), 30)
@@ -141,3 +142,4 @@ async def test_500_concurrent_waiters_over_http(api: Stack) -> None:
     last = max(at for _, _, _, at in answers) - t0
     assert last < 10, f"the last of 500 waiters answered {last:.1f}s after the change"
     assert w.waiting == 0 and not w._slots
+    assert w.reads - reads0 <= 20  # one read per job and wakeup, shared by its 50 waiters

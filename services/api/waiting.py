@@ -37,8 +37,14 @@ TERMINAL = ("succeeded", "failed")
 
 @dataclass
 class _Slot:
+    """The waiters of one job id: ``event`` is set (and replaced) by the job's next
+    notification (``gen`` counts them); ``reads`` holds the read made after notification
+    ``gen`` for each reader key, which every waiter woken by it shares."""
+
     event: asyncio.Event = field(default_factory=asyncio.Event)
     refs: int = 0
+    gen: int = 0
+    reads: dict[Any, tuple[int, "asyncio.Task[Job | None]"]] = field(default_factory=dict)
 
 
 class JobWaiters:
@@ -50,6 +56,7 @@ class JobWaiters:
         self.application_name = application_name
         self.listening = False  # True while the LISTEN connection is established
         self.notifications = 0  # notifications received (tests, benchmarks)
+        self.reads = 0  # job reads made after a wakeup (shared by the waiters it woke)
         self._slots: dict[str, _Slot] = {}
         self._task: asyncio.Task[None] | None = None
         self._up = asyncio.Event()
@@ -90,13 +97,11 @@ class JobWaiters:
         self.notifications += 1
         slot = self._slots.get(payload)
         if slot is not None:
-            old, slot.event = slot.event, asyncio.Event()
-            old.set()
+            _wake(slot)
 
     def _wake_all(self) -> None:
         for slot in self._slots.values():
-            old, slot.event = slot.event, asyncio.Event()
-            old.set()
+            _wake(slot)
 
     async def _listen_loop(self) -> None:
         delay = 0.2
@@ -146,9 +151,21 @@ class JobWaiters:
             if slot.refs == 0 and self._slots.get(job_id) is slot:
                 del self._slots[job_id]
 
-    async def wait(self, job_id: str, read: Callable[[], Awaitable[Job | None]], wait_s: float) -> Job | None:
+    async def _shared_read(self, slot: _Slot, key: Any, read: Callable[[], Awaitable[Job | None]]) -> Job | None:
+        """The job read once per wakeup for all waiters with reader key ``key`` (the tenant)."""
+        hit = slot.reads.get(key)
+        if hit is None or hit[0] != slot.gen:
+            self.reads += 1
+            hit = (slot.gen, asyncio.get_running_loop().create_task(read()))
+            slot.reads[key] = hit
+        return await asyncio.shield(hit[1])
+
+    async def wait(self, job_id: str, read: Callable[[], Awaitable[Job | None]], wait_s: float,
+                   read_key: Any = None) -> Job | None:
         """``read()`` the job; if it is not terminal, wait up to ``wait_s`` seconds for its
-        status, attempt or steps to change and return it as it then is (None: not found)."""
+        status, attempt or steps to change and return it as it then is (None: not found).
+        Waiters of one job with the same ``read_key`` (the tenant: ``read`` must answer the
+        same for them) share the read made after each wakeup."""
         loop = asyncio.get_running_loop()
         with self._watch(job_id) as slot:
             event = slot.event  # taken before the read: a change after it wakes us
@@ -168,9 +185,16 @@ class JobWaiters:
                     if self.listening and step >= remaining:
                         return current
                 event = slot.event
-                current = await read()
+                current = await self._shared_read(slot, read_key, read)
                 if current is None or _changed(first, current) or self.closing:
                     return current
+
+
+def _wake(slot: _Slot) -> None:
+    old, slot.event = slot.event, asyncio.Event()
+    slot.gen += 1
+    slot.reads.clear()
+    old.set()
 
 
 def _changed(a: Job, b: Job) -> bool:
@@ -205,7 +229,7 @@ async def get_job(request: web.Request) -> web.Response:
     async def read() -> Job | None:
         return await store.job_get(pool, jid, tenant)
 
-    job = await request.app[WAITERS].wait(jid, read, wait_s) if wait_s else await read()
+    job = await request.app[WAITERS].wait(jid, read, wait_s, tenant) if wait_s else await read()
     if job is None:
         raise NotFound(f"no job {jid!r}")
     resp = web.json_response(job.public())
