@@ -383,7 +383,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     app.cleanup_ctx.append(pool_ctx)
     waiting.install(app, settings.require_database_url())
     tokens.install(app)
-    middleware.install(app, settings)
+    middleware.install(app, settings, openapi_document())
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_post("/v1/servers", create_server)

@@ -230,9 +230,8 @@ async def serve(app: web.Application, host: str, port: int) -> None:
         await runner.cleanup()
 
 
-def install(app: web.Application, settings: Any) -> None:
-    """The query-parameter table (from the OpenAPI document) and the rate limits of ``app``."""
-    from .openapi import openapi_document
-
-    app[QUERY_PARAMS] = declared_query_params(openapi_document())
+def install(app: web.Application, settings: Any, document: dict[str, Any]) -> None:
+    """The query-parameter table (from ``document``, the OpenAPI document the app serves) and
+    the rate limits of ``app``."""
+    app[QUERY_PARAMS] = declared_query_params(document)
     app[RATE_LIMITS] = TokenBuckets(settings.api_rate_limit_per_s, settings.api_rate_limit_burst)
