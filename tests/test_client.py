@@ -196,3 +196,25 @@ async def test_client_retries_503_and_429_after_retry_after_with_one_idempotency
 SERVER: dict[str, Any] = {"id": "srv_1", "name": "web-1", "region": "r", "image": "debian-12", "cores": 1,
                           "memory_mib": 1024, "disk_gib": 10, "status": "creating",
                           "observed": {"vmid": None, "node": None, "power_state": None, "at": None}}
+
+
+def test_progress_on_a_terminal_is_a_live_table() -> None:
+    import io
+
+    from rich.console import Console
+
+    from z9.client.models import Job
+    from z9.client.progress import StepProgress
+
+    buf = io.StringIO()
+    progress = StepProgress(Console(file=buf, force_terminal=True, width=100))
+    job = Job.model_validate({"id": "job_1", "kind": "ServerCreate", "region": "r", "status": "running", "attempt": 1,
+                              "max_attempts": 10, "steps": [{"name": "clone", "state": "running",
+                                                             "started_at": "2026-12-01T04:00:00Z",
+                                                             "detail": {"vmid": 101}}]})
+    progress.update(job)
+    progress.update(job.model_copy(update={"status": "succeeded"}))
+    progress.close()
+    text = buf.getvalue()
+    assert "clone" in text and "vmid=101" in text and "succeeded" in text
+    assert "\x1b[" in text  # drawn in place, not line by line
