@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import secrets
 import signal
 import sys
 from typing import Any, Awaitable, Callable

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from z9.common import metrics, store
 from z9.common.db import TRANSIENT_DB_ERRORS, create_pool
-from z9.common.errors import ApiError, BadRequest, Conflict, NotFound, Unauthorized, ValidationFailed
+from z9.common.errors import ApiError, BadRequest, Conflict, NotFound, ValidationFailed
 from z9.common.ids import is_id
 from z9.common.models import Job, Server
 from z9.common.notify import JobNotifier

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..cli import Ctx, OK, follow, outcome, table
+from ..cli import Ctx, OK, follow, table
 from ..models import Job
 from ._group import group, verb
 
