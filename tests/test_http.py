@@ -144,8 +144,12 @@ async def test_rate_limit_per_token(limited: Stack) -> None:
         assert headers["RateLimit-Policy"] == '"token";q=3;w=2'
         seen.append(headers["RateLimit"])
     assert seen[0].startswith('"token";r=2;') and seen[2].startswith('"token";r=0;')
+    from prometheus_client import REGISTRY
+
+    limited0 = REGISTRY.get_sample_value("z9_api_rate_limited_total") or 0
     status, out, headers = await req(limited, "GET", "/servers")
     assert status == 429 and out["error"]["code"] == "rate_limited"
+    assert REGISTRY.get_sample_value("z9_api_rate_limited_total") == limited0 + 1
     assert int(headers["Retry-After"]) >= 1 and headers["RateLimit"].startswith('"token";r=0;')
     # another token has its own bucket
     _, other = await make_tenant(limited.pool, "other")

@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client import REGISTRY
 
 from z9.api.waiting import WAITERS, JobWaiters
 from z9.common import store
@@ -115,6 +116,7 @@ async def test_wait_survives_a_lost_listen_connection(api: Stack) -> None:
         "WHERE application_name = 'z9-api-listen' AND datname = current_database()")
     assert killed == 1
     await wait_until(lambda: not w.listening, 5, "the loss to be noticed")
+    assert REGISTRY.get_sample_value("z9_api_listen_healthy") == 0
     waiter = asyncio.create_task(get(api, f"/jobs/{job['id']}?wait_s=30"))
     await asyncio.sleep(0.3)
     await claim(api, job["id"])
@@ -122,6 +124,7 @@ async def test_wait_survives_a_lost_listen_connection(api: Stack) -> None:
     _, body, _, _ = await asyncio.wait_for(waiter, 8)
     assert body["status"] == "running"
     await wait_until(lambda: w.listening, 10, "LISTEN to be re-established")
+    assert REGISTRY.get_sample_value("z9_api_listen_healthy") == 1
 
 
 @pytest.mark.timeout(120)
@@ -133,6 +136,7 @@ async def test_500_concurrent_waiters_over_http(api: Stack) -> None:
         waiters = [asyncio.create_task(get(api, f"/jobs/{jobs[i % 10]}?wait_s=60", session)) for i in range(500)]
         await wait_until(lambda: w.waiting == 500, 60, "500 waiters to register", interval_s=0.1)
         assert len(w._slots) == 10  # coalesced per job id
+        assert REGISTRY.get_sample_value("z9_api_job_waiters") == 500
         t0 = time.monotonic()
         reads0 = w.reads
         claimed = await store.job_claim(api.pool, [REGION], 100, OWNER, 30)

@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from z9.common import metrics
 from z9.common.errors import ApiError, BadRequest, TooManyRequests
 from z9.common.requestctx import REQUEST_ID
 
@@ -168,6 +169,7 @@ async def rate_limit_middleware(request: web.Request, handler: Handler) -> web.S
     allowed, level = buckets.take(principal.token_id)
     headers = buckets.headers(level)
     if not allowed:
+        metrics.API_RATE_LIMITED.inc()
         wait = buckets.retry_after(level)
         raise TooManyRequests(f"rate limit of this token exceeded ({buckets.burst} requests, refilled at "
                               f"{buckets.per_s:g}/s); retry in {wait}s",

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 
 from aiohttp import web
 
+from z9.common import metrics
 from z9.common.db import JOB_CHANGED_CHANNEL, connect_listener
 from z9.common.errors import BadRequest, NotFound
 from z9.common.models import Job
@@ -68,6 +69,8 @@ class JobWaiters:
         return sum(s.refs for s in self._slots.values())
 
     async def start(self) -> None:
+        metrics.API_JOB_WAITERS.set_function(lambda: self.waiting)
+        metrics.API_LISTEN_HEALTHY.set_function(lambda: 1 if self.listening else 0)
         self._task = asyncio.get_running_loop().create_task(self._listen_loop(), name="z9-api-listen")
 
     async def wait_listening(self, timeout_s: float) -> bool:
