@@ -147,3 +147,17 @@ async def test_500_concurrent_waiters_over_http(api: Stack) -> None:
     assert last < 10, f"the last of 500 waiters answered {last:.1f}s after the change"
     assert w.waiting == 0 and not w._slots
     assert w.reads - reads0 <= 20  # one read per job and wakeup, shared by its 50 waiters
+
+
+async def test_a_waiter_whose_client_left_stops_waiting(api: Stack) -> None:
+    w = await waiters_of(api)
+    _, job = await api.create_server("gone-1")
+    host, port = api.base.removeprefix("http://").split("/")[0].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"GET /v1/jobs/{job['id']}?wait_s=60 HTTP/1.1\r\nHost: x\r\n"
+                 f"Authorization: Bearer {api.token}\r\n\r\n".encode())
+    await writer.drain()
+    await wait_until(lambda: w.waiting == 1, 5, "the waiter to register")
+    writer.close()
+    # gone within the check interval, not after the 60 s wait
+    await wait_until(lambda: w.waiting == 0, 8, "the waiter to notice its client left")

@@ -33,6 +33,7 @@ log = logging.getLogger("z9.api")
 MAX_WAIT_S = 60
 RETRY_AFTER_S = 5  # the hint on a non-terminal job: the seeds' polling interval
 FALLBACK_POLL_S = 1.0
+GONE_CHECK_S = 2.0  # how often a waiter checks that its client is still connected
 TERMINAL = ("succeeded", "failed")
 
 
@@ -164,11 +165,12 @@ class JobWaiters:
         return await asyncio.shield(hit[1])
 
     async def wait(self, job_id: str, read: Callable[[], Awaitable[Job | None]], wait_s: float,
-                   read_key: Any = None) -> Job | None:
+                   read_key: Any = None, gone: Callable[[], bool] | None = None) -> Job | None:
         """``read()`` the job; if it is not terminal, wait up to ``wait_s`` seconds for its
         status, attempt or steps to change and return it as it then is (None: not found).
         Waiters of one job with the same ``read_key`` (the tenant: ``read`` must answer the
-        same for them) share the read made after each wakeup."""
+        same for them) share the read made after each wakeup. ``gone()`` true: the client
+        left (checked every ``GONE_CHECK_S``), stop waiting."""
         loop = asyncio.get_running_loop()
         with self._watch(job_id) as slot:
             event = slot.event  # taken before the read: a change after it wakes us
@@ -182,11 +184,17 @@ class JobWaiters:
                 if remaining <= 0:
                     return current
                 step = remaining if self.listening else min(remaining, FALLBACK_POLL_S)
+                if gone is not None:
+                    step = min(step, GONE_CHECK_S)
                 try:
                     await asyncio.wait_for(event.wait(), step)
+                    woke = True
                 except TimeoutError:
-                    if self.listening and step >= remaining:
-                        return current
+                    woke = False
+                if gone is not None and gone():
+                    return current
+                if not woke and self.listening:
+                    continue  # nothing changed; the deadline is checked at the top
                 event = slot.event
                 current = await self._shared_read(slot, read_key, read)
                 if current is None or _changed(first, current) or self.closing:
@@ -232,7 +240,11 @@ async def get_job(request: web.Request) -> web.Response:
     async def read() -> Job | None:
         return await store.job_get(pool, jid, tenant)
 
-    job = await request.app[WAITERS].wait(jid, read, wait_s, tenant) if wait_s else await read()
+    def gone() -> bool:
+        transport = request.transport
+        return transport is None or transport.is_closing()
+
+    job = await request.app[WAITERS].wait(jid, read, wait_s, tenant, gone) if wait_s else await read()
     if job is None:
         raise NotFound(f"no job {jid!r}")
     resp = web.json_response(job.public())
