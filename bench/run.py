@@ -520,7 +520,7 @@ async def w6(dsn: str, rnd: int, duration_s: int, connections: int) -> list[dict
     finally:
         await conn.close()
     port = free_port()
-    env = dict(os.environ, Z9_DATABASE_URL=dsn, Z9_LOG_LEVEL="WARNING",
+    env = dict(os.environ, Z9_DATABASE_URL=dsn, Z9_LOG_LEVEL="WARNING", Z9_API_RATE_LIMIT_PER_S="0",
                Z9_REGIONS=json.dumps({REGION: {"url": "https://127.0.0.1:9", "token_secret": "x",
                                                "images": ["debian-12"]}}))
     z9 = os.path.join(os.path.dirname(sys.executable), "z9")

@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import os
 import re
-import secrets
 import signal
 import sys
 from typing import Any, Awaitable, Callable
@@ -36,14 +35,11 @@ def _run(coro_fn: Callable[[], Awaitable[Any]]) -> int:
 
 
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
-    from aiohttp import web
-
     from z9.api.app import create_app
+    from z9.api.middleware import serve
 
     settings.require_database_url()
-    web.run_app(create_app(settings), host=args.host or settings.api_host, port=args.port or settings.api_port,
-                print=lambda *_: None, access_log=None)
-    return 0
+    return _run(lambda: serve(create_app(settings), args.host or settings.api_host, args.port or settings.api_port))
 
 
 def _serve_metrics(command: str, settings: Settings) -> bool:
@@ -186,6 +182,9 @@ TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
 
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
+    from datetime import datetime, timedelta, timezone
+
+    from z9.api.tokens import new_secret
     from z9.common import store
     from z9.common.db import connect
 
@@ -197,6 +196,9 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
         print(f"z9 token: invalid token name {args.name!r}: 1 to 200 characters, not only spaces",
               file=sys.stderr)
         return 2
+    scopes = args.scope or ["read", "write"]
+    expires_at = (datetime.now(timezone.utc) + timedelta(seconds=args.expires_in)
+                  if args.expires_in is not None else None)
     dsn = settings.require_database_url()
 
     async def go() -> str:
@@ -204,8 +206,8 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
-                token = "z9t_" + secrets.token_urlsafe(32)
-                await store.api_token_insert(conn, tenant, token, args.name)
+                token = new_secret()
+                await store.api_token_insert(conn, tenant, token, args.name, scopes=scopes, expires_at=expires_at)
         finally:
             await conn.close()
         return token
@@ -228,9 +230,21 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+class _SectionedHelp(argparse.RawDescriptionHelpFormatter):
+    """Lists the subcommands in two sections (customer, operator) instead of one."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if isinstance(action, argparse._SubParsersAction):
+            return ""
+        return super()._format_action(action)
+
+
+OPERATOR_COMMANDS = ("api", "scheduler", "executor", "reaper", "migrate", "token", "sim", "dev")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="z9", description="z9 control-plane job system")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(prog="z9", description="z9 control-plane job system", formatter_class=_SectionedHelp)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("api", help="serve the REST API")
     s.add_argument("--host")
@@ -257,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("token", help="create an API token for a tenant (created if missing)")
     s.add_argument("--tenant", required=True)
     s.add_argument("--name", default="default")
+    s.add_argument("--scope", action="append", choices=("read", "write", "operator"),
+                   help="repeatable; default read and write. operator (sees the platform's Proxmox "
+                        "details in job steps) is granted only here, never through the API")
+    s.add_argument("--expires-in", type=_positive_int, metavar="SECONDS", help="the token stops working after this")
     s.set_defaults(fn=cmd_token)
 
     sub.add_parser("sim", help="run the Proxmox VE simulator (options: `z9 sim --help`)", add_help=False)
@@ -269,6 +287,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-port", type=int, default=9101,
                    help="first metrics port: scheduler on it, executor +1, reaper +2 (default 9101)")
     s.set_defaults(fn=cmd_dev)
+
+    from z9.client.cli import register as register_customer_commands
+
+    customer = register_customer_commands(sub)
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    width = max(len(n) for n in helps)
+    p.epilog = (
+        "customer commands (the REST API: Z9_API_URL and Z9_TOKEN, or a context; `z9 COMMAND --help`):\n"
+        + "".join(f"  {n:<{width}}  {helps[n]}\n" for n in customer)
+        + "\noperator commands (run the services; need Z9_DATABASE_URL):\n"
+        + "".join(f"  {n:<{width}}  {helps[n]}\n" for n in OPERATOR_COMMANDS))
     return p
 
 
@@ -279,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return sim_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command not in OPERATOR_COMMANDS:  # a customer command: the API, no settings
+        from z9.client.cli import run as run_customer_command
+
+        return run_customer_command(args)
     try:
         settings = Settings()
     except Exception as e:  # pydantic ValidationError: say which variable is wrong

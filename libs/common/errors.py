@@ -75,10 +75,12 @@ class ApiError(Z9Error):
     status = 400
     code = "bad_request"
 
-    def __init__(self, message: str, *, details: Any = None, code: str | None = None):
+    def __init__(self, message: str, *, details: Any = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.message = message
         self.details = details
+        self.headers = headers or {}  # sent with the answer (WWW-Authenticate, Retry-After, …)
         if code:
             self.code = code
 
@@ -89,6 +91,16 @@ class BadRequest(ApiError):
 
 class Unauthorized(ApiError):
     status, code = 401, "unauthorized"
+
+
+class Forbidden(ApiError):
+    """The token is valid but lacks the scope (or quota) the request needs."""
+
+    status, code = 403, "forbidden"
+
+
+class TooManyRequests(ApiError):
+    status, code = 429, "rate_limited"
 
 
 class NotFound(ApiError):

@@ -160,6 +160,18 @@ HTTP_REQUEST_DURATION = Histogram(
     "z9_http_request_duration_seconds",
     "API request duration.",
     ["method", "route"], buckets=_REQUEST_BUCKETS)
+API_JOB_WAITERS = Gauge(
+    "z9_api_job_waiters",
+    "Requests waiting now on a job's change (GET /v1/jobs/{id}?wait_s=).",
+    registry=None)  # registered by init_api: only API processes export it
+API_LISTEN_HEALTHY = Gauge(
+    "z9_api_listen_healthy",
+    "1 while the API's LISTEN connection for job changes is up; 0 while waiters poll every second instead.",
+    registry=None)  # registered by init_api
+API_RATE_LIMITED = Counter(
+    "z9_api_rate_limited_total",
+    "Requests answered 429 because their token's rate limit was exceeded.",
+    registry=None)  # registered by init_api
 
 
 # ---------------------------------------------------------------------------------- pre-initialisation
@@ -252,6 +264,8 @@ def init_api(routes: Iterable[tuple[str, str]]) -> None:
     for method, route in routes:
         HTTP_REQUEST_DURATION.labels(method, route)
         HTTP_REQUESTS.labels(method, route, "500")
+    for metric in (API_JOB_WAITERS, API_LISTEN_HEALTHY, API_RATE_LIMITED):
+        _register_once(metric)
 
 
 # ---------------------------------------------------------------------------------- executor helpers

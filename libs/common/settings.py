@@ -71,6 +71,13 @@ class Settings(BaseSettings):
     # An API token's tenant is remembered this long per API process (seconds); a revoked token
     # keeps working for at most this long. 0: look every request's token up in the database.
     api_token_cache_s: float = Field(5.0, ge=0)
+    # A token's last use (GET /v1/tokens) is written at most once per this many seconds per API
+    # process, for all tokens used meanwhile in one statement: never a write per request.
+    api_token_last_used_s: float = Field(60.0, gt=0)
+    # Rate limit per API token and API process: a bucket of this many requests, refilled at this
+    # rate (requests per second); 0 turns it off. Over it: 429 with Retry-After.
+    api_rate_limit_per_s: float = Field(20.0, ge=0)
+    api_rate_limit_burst: int = Field(200, ge=0)
 
     # executor
     executor_concurrency: int = Field(8, ge=1, le=1024)

@@ -28,6 +28,7 @@ from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 from z9.common.store import NewJob
 
+from . import middleware, tokens, waiting
 from .openapi import openapi_document
 from .schemas import ServerCreate
 
@@ -73,7 +74,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ApiError as e:
-        return _error_body(e.status, e.code, e.message, e.details)
+        resp = _error_body(e.status, e.code, e.message, e.details)
+        resp.headers.update(e.headers)
+        return resp
     except TRANSIENT_DB_ERRORS as e:
         log.warning("database unavailable on %s %s: %s", request.method, request.path, e)
         resp = _error_body(503, "unavailable", "the database is unreachable right now; retry shortly")
@@ -86,47 +89,6 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _error_body(500, "internal", "internal error; it has been logged")
-
-
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """``Authorization: Bearer <token>`` on every ``/v1`` route; the token's tenant scopes it."""
-    if not request.path.startswith("/v1/") or request.path == "/v1/openapi.json":
-        return await handler(request)
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    tenant = await _token_tenant(request.app, token.strip()) if token.strip().isascii() else None
-    if tenant is None:
-        raise Unauthorized("unknown or revoked API token")
-    request[TENANT] = tenant
-    return await handler(request)
-
-
-TOKEN_CACHE = web.AppKey("token_cache", dict)  # token → (tenant id, monotonic expiry)
-_TOKEN_CACHE_MAX = 10_000
-
-
-async def _token_tenant(app: web.Application, token: str) -> str | None:
-    """The token's tenant, remembered for ``api_token_cache_s`` seconds (only known tokens are
-    remembered; the cache is emptied when it holds ``_TOKEN_CACHE_MAX`` entries)."""
-    ttl = app[SETTINGS].api_token_cache_s
-    if ttl <= 0:
-        return await store.api_token_tenant(app[POOL], token)
-    cache = app[TOKEN_CACHE]
-    hit = cache.get(token)
-    now = time.monotonic()
-    if hit is not None and hit[1] > now:
-        return hit[0]
-    tenant = await store.api_token_tenant(app[POOL], token)
-    if tenant is None:
-        cache.pop(token, None)
-        return None
-    if len(cache) >= _TOKEN_CACHE_MAX:
-        cache.clear()
-    cache[token] = (tenant, now + ttl)
-    return tenant
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -362,14 +324,6 @@ def _restore_job(server: Server) -> tuple[str, dict[str, Any]]:
 
 # ---------------------------------------------------------------------------------- jobs
 
-async def get_job(request: web.Request) -> web.Response:
-    jid = _resource_id(request, "job")
-    job = await store.job_get(request.app[POOL], jid, _tenant(request))
-    if job is None:
-        raise NotFound(f"no job {jid!r}")
-    return web.json_response(job.public())
-
-
 async def list_jobs(request: web.Request) -> web.Response:
     rid = request.query.get("resource_id")
     if rid is not None and not is_id(rid):
@@ -384,7 +338,9 @@ async def list_jobs(request: web.Request) -> web.Response:
             raise ValidationFailed(f"after: no job {after!r}", details=[{"field": "after", "message": "unknown job"}])
         after_seq = ref.seq
     limit = _limit(request)
-    jobs: list[Job] = await store.job_list(pool, tenant, resource_id=rid, after_seq=after_seq, limit=limit)
+    actor = tokens.actor_filter(request)
+    jobs: list[Job] = await store.job_list(pool, tenant, resource_id=rid, after_seq=after_seq, limit=limit,
+                                           actor_token_id=actor)
     return web.json_response({"jobs": [j.public() for j in jobs],
                               "next_after": jobs[-1].id if len(jobs) == limit else None})
 
@@ -409,10 +365,11 @@ async def healthz(request: web.Request) -> web.Response:
 def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.Application:
     """The API application. Owns an asyncpg pool on ``settings.database_url`` unless ``pool``
     is given (tests)."""
-    app = web.Application(middlewares=[metrics_middleware, error_middleware, auth_middleware],
+    app = web.Application(middlewares=[middleware.request_id_middleware, metrics_middleware, error_middleware,
+                                       tokens.auth_middleware, middleware.rate_limit_middleware,
+                                       middleware.query_params_middleware],
                           client_max_size=256 * 1024)
     app[SETTINGS] = settings
-    app[TOKEN_CACHE] = {}
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
         app[POOL] = pool if pool is not None else await create_service_pool(
@@ -424,6 +381,9 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
             await app[POOL].close()
 
     app.cleanup_ctx.append(pool_ctx)
+    waiting.install(app, settings)
+    tokens.install(app)
+    middleware.install(app, settings, openapi_document())
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_post("/v1/servers", create_server)
@@ -432,7 +392,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     app.router.add_delete("/v1/servers/{id}", delete_server)
     app.router.add_post("/v1/servers/{id}/actions/cancel-deletion", cancel_deletion)
     app.router.add_get("/v1/jobs", list_jobs)
-    app.router.add_get("/v1/jobs/{id}", get_job)
+    app.router.add_get("/v1/jobs/{id}", waiting.get_job)
     app.router.add_get("/metrics", metrics_endpoint)
     metrics.init_api((r.method, r.resource.canonical) for r in app.router.routes()
                      if r.resource is not None and r.method != "HEAD")

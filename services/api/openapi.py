@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .schemas import ServerCreate
+from .tokens import Token, TokenCreate
 
 _ERR = {"$ref": "#/components/responses/Error"}
 _ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -66,16 +67,42 @@ def openapi_document() -> dict[str, Any]:
             },
             "/jobs": {
                 "get": {"summary": "List jobs", "operationId": "listJobs",
-                        "parameters": _PAGE + [{"name": "resource_id", "in": "query", "schema": {"type": "string"}}],
+                        "parameters": _PAGE + [{"name": "resource_id", "in": "query", "schema": {"type": "string"}},
+                                               {"name": "actor", "in": "query", "schema": {"type": "string"},
+                                                "description": "only the jobs asked for by this token id (`me`: the calling token)"}],
                         "responses": {"200": {"description": "A page of jobs, oldest first", "content": {"application/json": {"schema": {
                             "type": "object", "properties": {"jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}},
                                                              "next_after": {"type": ["string", "null"]}}}}}},
                                       "401": _ERR, "422": _ERR}},
             },
             "/jobs/{id}": {
-                "get": {"summary": "Get a job: status, attempt, steps, error", "operationId": "getJob", "parameters": [_ID],
-                        "responses": {"200": {"description": "The job", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Job"}}}},
-                                      "401": _ERR, "404": _ERR}},
+                "get": {"summary": "Get a job: status, attempt, steps, error", "operationId": "getJob",
+                        "parameters": [_ID, {"name": "wait_s", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": 60, "default": 0},
+                                             "description": "long-poll: answer as soon as the job's status or steps change, or after this many seconds "
+                                                            "with the job as it is (a terminal job answers at once)"}],
+                        "responses": {"200": {"description": "The job (a job not yet terminal carries `Retry-After: 5`, the polling interval)",
+                                              "headers": {"Retry-After": {"schema": {"type": "integer"}}}, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Job"}}}},
+                                      "400": _ERR, "401": _ERR, "404": _ERR}},
+            },
+            "/tokens": {
+                "post": {"summary": "Create an API token for this tenant (its secret is shown once)", "operationId": "createToken",
+                         "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TokenCreate"}}}},
+                         "responses": {"201": {"description": "The token and its secret", "content": {"application/json": {"schema": {
+                             "type": "object", "required": ["token", "secret"],
+                             "properties": {"token": {"$ref": "#/components/schemas/Token"}, "secret": {"type": "string"}}}}}},
+                                       "400": _ERR, "401": _ERR, "403": _ERR, "422": _ERR}},
+                "get": {"summary": "List this tenant's tokens (with their last use, coarse)", "operationId": "listTokens",
+                        "parameters": _PAGE + [{"name": "include_revoked", "in": "query", "schema": {"type": "boolean", "default": False}}],
+                        "responses": {"200": {"description": "A page of tokens", "content": {"application/json": {"schema": {
+                            "type": "object", "properties": {"tokens": {"type": "array", "items": {"$ref": "#/components/schemas/Token"}},
+                                                             "next_after": {"type": ["string", "null"]}}}}}},
+                                      "401": _ERR, "422": _ERR}},
+            },
+            "/tokens/{id}": {
+                "delete": {"summary": "Revoke a token", "operationId": "revokeToken", "parameters": [_ID],
+                           "responses": {"200": {"description": "The revoked token", "content": {"application/json": {"schema": {
+                               "type": "object", "properties": {"token": {"$ref": "#/components/schemas/Token"}}}}}},
+                                         "401": _ERR, "403": _ERR, "404": _ERR}},
             },
         },
         "components": {
@@ -84,6 +111,8 @@ def openapi_document() -> dict[str, Any]:
                                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}},
             "schemas": {
                 "ServerCreate": ServerCreate.model_json_schema(),
+                "TokenCreate": TokenCreate.model_json_schema(),
+                "Token": Token.model_json_schema(),
                 "ServerStatus": {"type": "string", "enum": ["creating", "running", "stopped", "deleting", "destroying", "deleted", "failed"]},
                 "Server": {"type": "object", "properties": {
                     "id": {"type": "string"}, "name": {"type": "string"}, "region": {"type": "string"},
@@ -112,7 +141,9 @@ def openapi_document() -> dict[str, Any]:
                         "class": {"type": "string", "enum": ["temporary", "permanent", "snooze"]},
                         "message": {"type": "string"}, "at": ts,
                         "task_log": {"type": "array", "items": {"type": "string"}}}},
-                    "created_at": ts, "started_at": ts, "finished_at": ts, "updated_at": ts}},
+                    "created_at": ts, "started_at": ts, "finished_at": ts, "updated_at": ts,
+                    "actor": {"type": ["string", "null"], "description": "the API token that asked for the job (null: z9 itself)"},
+                    "request_id": {"type": ["string", "null"], "description": "the X-Request-Id of that request"}}},
                 "Error": {"type": "object", "required": ["error"], "properties": {"error": {
                     "type": "object", "required": ["code", "message"],
                     "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "details": {}}}}},
