@@ -43,6 +43,9 @@ DESCRIPTIONS: dict[str, str] = {
     "api_host": "Bind address of `z9 api`.",
     "api_port": "Port of `z9 api` (it also serves `GET /metrics` there).",
     "api_token_cache_s": "How long an API process remembers a valid token's tenant (a revoked token keeps working up to this long); 0: no cache.",
+    "api_token_last_used_s": "How often an API process writes the last use of the tokens it saw (one write for all of them, not one per request); `GET /v1/tokens` shows last use this coarsely.",
+    "api_rate_limit_per_s": "Rate limit per API token and API process: requests per second refilling the token's bucket; 0 turns rate limiting off. Over it: 429 with `Retry-After` and `RateLimit` headers.",
+    "api_rate_limit_burst": "Rate limit per API token and API process: the bucket's size (requests allowed at once).",
     # executor
     "executor_concurrency": "Jobs one executor runs at once (`z9 executor --concurrency`).",
     "lease_ttl_s": "Lease of a running job; an executor that stops renewing it loses the job to the scheduler's reclaim.",

@@ -163,7 +163,7 @@ async def test_the_stack_runs_jobs_through_pgbouncer_with_listen_direct(
                 finally:
                     await direct.close()
                 listeners = [r for r in rows if r["application_name"].endswith("-listen")]
-                assert {r["application_name"] for r in listeners} == {"z9-executor-listen", "z9-scheduler-listen"}, rows
+                assert {r["application_name"] for r in listeners} == {"z9-api-listen", "z9-executor-listen", "z9-scheduler-listen"}, rows
                 assert all(r["pid"] not in bouncer_pids for r in listeners), (rows, servers)
                 assert any(r["pid"] in bouncer_pids for r in rows), (rows, servers)
         finally:
