@@ -183,6 +183,10 @@ async def _raw(api: Stack, data: bytes) -> tuple[int, bytes]:
 async def test_malformed_requests_get_the_json_error_and_one_log_line(api: Stack, captured: Capture) -> None:
     import json
 
+    from z9.api.waiting import WAITERS
+
+    # The API's job waiters log once when their LISTEN is up: let that happen before counting lines.
+    assert await api.app[WAITERS].wait_listening(30)
     for data in (b"GET /v1/\xff HTTP/1.1\r\nHost: x\r\n\r\n",
                  b"GET /v1/servers HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
                  b"GET /v1/servers HTTP/1.1\r\nHost: x\r\nX-A: a\rb\r\n\r\n"):
