@@ -39,9 +39,15 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 
     from z9.api.app import create_app
 
+    from z9.common.errors import PoolConfigError
+
     settings.require_database_url()
-    web.run_app(create_app(settings), host=args.host or settings.api_host, port=args.port or settings.api_port,
-                print=lambda *_: None, access_log=None)
+    try:
+        web.run_app(create_app(settings), host=args.host or settings.api_host, port=args.port or settings.api_port,
+                    print=lambda *_: None, access_log=None)
+    except PoolConfigError as e:  # the address pools of Z9_REGIONS cannot be written
+        print(f"z9 api: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -94,18 +100,27 @@ def cmd_executor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    """Apply the migrations, then write the address pools of ``Z9_REGIONS`` to the database."""
+    from z9.common import store
     from z9.common.db import connect
+    from z9.common.errors import PoolConfigError
     from z9.db import migrate
 
     async def go() -> None:
         conn = await connect(settings.require_database_url(), application_name="z9-migrate")
         try:
             applied = await migrate(conn)
+            pools = await store.address_pools_sync(conn, settings.regions)
         finally:
             await conn.close()
         print(f"applied migrations: {applied}" if applied else "schema is up to date")
+        print(f"address pools: {', '.join(sorted(pools)) or 'none configured'}")
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    except PoolConfigError as e:
+        print(f"z9 migrate: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

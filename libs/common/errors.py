@@ -95,3 +95,8 @@ class Conflict(ApiError):
 
 class ValidationFailed(ApiError):
     status, code = 422, "validation_failed"
+
+
+class PoolConfigError(Z9Error):
+    """The address pools of the settings cannot be written to the database (two pools of a
+    region overlap). Services refuse to start with this message."""

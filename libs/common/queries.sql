@@ -385,3 +385,103 @@ FROM unnest($1::text[]) AS r(region);
 -- name: job_count_live_for_resource
 -- Live (pending, running, retry) jobs of one resource: index-only on jobs_resource_live.
 SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending', 'running', 'retry');
+
+-- ---------------------------------------------------------------- address pools (migration 0005)
+
+-- name: address_pools_sync_lock
+SELECT pg_advisory_xact_lock(hashtextextended('z9-address-pools-sync', 0));
+
+-- name: address_pools_retire_region
+-- Before a region's pools are written again: every pool of the region is set aside (a pool left
+-- out of the settings stays so, and stops counting in the overlap rule); address_pool_upsert
+-- brings back the configured ones, so pools that swap ranges never overlap in between.
+UPDATE address_pools SET disabled_at = coalesce(disabled_at, now()), updated_at = now()
+WHERE region = $1;
+
+-- name: address_pool_upsert
+INSERT INTO address_pools (id, region, name, family, cidr, gateway, first_ip, last_ip, reserved,
+                           bridge, vlan, nameservers, quarantine_s)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+ON CONFLICT (region, name) DO UPDATE
+SET family = EXCLUDED.family, cidr = EXCLUDED.cidr, gateway = EXCLUDED.gateway,
+    first_ip = EXCLUDED.first_ip, last_ip = EXCLUDED.last_ip, reserved = EXCLUDED.reserved,
+    bridge = EXCLUDED.bridge, vlan = EXCLUDED.vlan, nameservers = EXCLUDED.nameservers,
+    quarantine_s = EXCLUDED.quarantine_s, disabled_at = NULL, updated_at = now()
+RETURNING id;
+
+-- name: address_pool_overlapping
+-- The enabled pools of region $1 other than $3 whose network overlaps $2 (for the message
+-- when address_pools_no_overlap refuses a pool).
+SELECT name, cidr FROM address_pools
+WHERE region = $1 AND disabled_at IS NULL AND cidr && $2::cidr AND name <> $3
+ORDER BY name;
+
+-- name: address_pool_ips_prune
+-- Free rows the pool no longer hands out (out of its range, reserved, its gateway). Rows held
+-- by a live address stay until it is released.
+DELETE FROM address_pool_ips i
+USING address_pools p
+WHERE p.id = $1 AND i.pool_id = p.id AND i.address_id IS NULL
+  AND (i.ip < p.first_ip OR i.ip > p.last_ip OR i.ip = ANY (p.reserved)
+       OR i.ip = p.gateway OR NOT i.ip << p.cidr);
+
+-- name: address_pool_ips_fill
+-- One row per allocatable IP of the pool (the range minus reserved IPs and the gateway).
+INSERT INTO address_pool_ips (pool_id, ip)
+SELECT p.id, p.first_ip + n
+FROM address_pools p, generate_series(0::bigint, p.last_ip - p.first_ip) AS n
+WHERE p.id = $1 AND NOT (p.first_ip + n = ANY (p.reserved)) AND (p.first_ip + n) IS DISTINCT FROM p.gateway
+ON CONFLICT (pool_id, ip) DO NOTHING;
+
+-- name: address_pool_list
+SELECT p.*,
+       (SELECT count(*) FROM address_pool_ips i WHERE i.pool_id = p.id) AS size,
+       (SELECT count(*) FROM address_pool_ips i WHERE i.pool_id = p.id AND i.address_id IS NOT NULL) AS used
+FROM address_pools p
+WHERE ($1::text IS NULL OR p.region = $1) AND p.disabled_at IS NULL
+ORDER BY p.region, p.name;
+
+-- name: address_pool_pick
+-- The enabled pool of region $1 and family $2 that an allocation draws from: the one named $3,
+-- or without a name the one named 'public', or else the region's only pool of that family.
+-- Returns every candidate (the caller tells "none" from "which one?").
+SELECT * FROM address_pools
+WHERE region = $1 AND family = $2 AND disabled_at IS NULL AND ($3::text IS NULL OR name = $3)
+ORDER BY (name = 'public') DESC, name;
+
+-- ---------------------------------------------------------------- addresses (migration 0005)
+
+-- name: address_allocate
+-- Allocate the lowest free IP of pool $2 to a new address, in the caller's transaction (the one
+-- that inserts the job using it, or the server it belongs to). Concurrent allocators skip each
+-- other's locked rows instead of waiting; a quarantined row is skipped until reusable_after.
+-- No row: the pool is exhausted (or every free row is held by an allocation in flight).
+WITH slot AS (
+    SELECT i.pool_id, i.ip FROM address_pool_ips i
+    WHERE i.pool_id = $2 AND i.address_id IS NULL
+      AND (i.reusable_after IS NULL OR i.reusable_after <= now())
+    ORDER BY i.ip
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), adr AS (
+    INSERT INTO addresses (id, tenant_id, region, pool_id, ip, family, kind, name, dns_ptr,
+                           protect_delete, auto_delete, server_id)
+    SELECT $1, $3, p.region, p.id, slot.ip, p.family, $4, $5, $6, $7, $8, $9
+    FROM slot JOIN address_pools p ON p.id = slot.pool_id
+    RETURNING *
+), held AS (
+    UPDATE address_pool_ips i SET address_id = $1, reusable_after = NULL
+    FROM slot WHERE i.pool_id = slot.pool_id AND i.ip = slot.ip
+    RETURNING i.ip
+)
+SELECT adr.*, p.name AS pool_name, masklen(p.cidr) AS prefix, p.gateway
+FROM adr JOIN address_pools p ON p.id = adr.pool_id, held;
+
+-- name: address_release
+-- The address's IP goes back to its pool, quarantined for the pool's quarantine_s (migration
+-- 0005). Called in the transaction that marks the address deleted.
+UPDATE address_pool_ips i
+SET address_id = NULL, reusable_after = now() + make_interval(secs => p.quarantine_s)
+FROM address_pools p
+WHERE i.address_id = $1 AND p.id = i.pool_id
+RETURNING i.ip, i.reusable_after;

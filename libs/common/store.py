@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Protocol
 
-from .errors import LeaseLost
+import asyncpg
+
+from .errors import LeaseLost, PoolConfigError
 from .ids import new_id
-from .models import Job, Server
+from .models import Address, Job, Server
 from .sql import q
 from .tracing import current_trace_context
 
@@ -387,3 +389,68 @@ async def job_oldest_pending_age(db: DB, regions: list[str]) -> dict[str, float]
     """``{region: seconds}`` since the oldest runnable pending job of each region became
     runnable (database clock); 0.0 when the region has none."""
     return {r["region"]: max(0.0, r["age_s"]) for r in await db.fetch(q("job_oldest_pending_age"), regions)}
+
+
+# ---------------------------------------------------------------- address pools and addresses
+
+async def address_pools_sync(conn: asyncpg.Connection, regions: dict[str, Any]) -> dict[str, str]:
+    """Write the address pools of ``regions`` (``{region: RegionSettings}``) to ``address_pools``
+    and their allocatable IPs to ``address_pool_ips``, in one transaction under an advisory lock
+    (API processes starting together sync one after the other). A pool left out of its region's
+    settings is disabled, not deleted. Returns ``{"region/name": pool id}``.
+
+    Raises :class:`PoolConfigError` naming both pools when the database refuses a pool as
+    overlapping another enabled pool of its region (``address_pools_no_overlap``)."""
+    ids: dict[str, str] = {}
+    async with conn.transaction():
+        await conn.execute(q("address_pools_sync_lock"))
+        for region, rs in sorted(regions.items()):
+            await conn.execute(q("address_pools_retire_region"), region)
+            for pool in rs.address_pools:
+                first, last = pool.first_last
+                try:
+                    async with conn.transaction():
+                        pid = await conn.fetchval(
+                            q("address_pool_upsert"), new_id("apl"), region, pool.name, pool.family,
+                            pool.cidr, pool.gateway, first, last, list(pool.reserved), pool.bridge,
+                            pool.vlan, list(pool.nameservers), pool.quarantine_s)
+                except asyncpg.ExclusionViolationError:
+                    others = await conn.fetch(q("address_pool_overlapping"), region, pool.cidr, pool.name)
+                    names = ", ".join(f"{r['name']!r} ({r['cidr']})" for r in others) or "another pool"
+                    raise PoolConfigError(
+                        f"address pool {pool.name!r} ({pool.cidr}) of region {region} overlaps "
+                        f"address pool {names}: pools of one region must not overlap") from None
+                await conn.execute(q("address_pool_ips_prune"), pid)
+                await conn.execute(q("address_pool_ips_fill"), pid)
+                ids[f"{region}/{pool.name}"] = pid
+    return ids
+
+
+async def address_pool_list(db: DB, region: str | None = None) -> list[dict[str, Any]]:
+    """The enabled pools (of ``region``), with ``size`` (allocatable IPs) and ``used``."""
+    return [dict(r) for r in await db.fetch(q("address_pool_list"), region)]
+
+
+async def address_pool_pick(db: DB, region: str, family: int, name: str | None) -> list[dict[str, Any]]:
+    """Candidate pools for an allocation (see the query); the first is the one to use when
+    ``name`` is given or the first is named ``public`` or it is the only one."""
+    return [dict(r) for r in await db.fetch(q("address_pool_pick"), region, family, name)]
+
+
+async def address_allocate(db: DB, *, pool_id: str, tenant_id: str, kind: str, name: str | None = None,
+                           dns_ptr: str | None = None, protect_delete: bool = False,
+                           auto_delete: bool = False, server_id: str | None = None,
+                           address_id: str | None = None) -> Address | None:
+    """A new ``creating`` address holding the lowest free IP of ``pool_id`` (one statement; call
+    it in the transaction that also inserts the job using it). None: the pool has no free IP.
+    Raises asyncpg.UniqueViolationError when the name is taken, or the server already has a
+    primary address of that family (``addresses_primary_per_server``)."""
+    row = await db.fetchrow(q("address_allocate"), address_id or new_id("adr"), pool_id, tenant_id, kind,
+                            name, dns_ptr, protect_delete, auto_delete, server_id)
+    return Address.from_record(row) if row else None
+
+
+async def address_release(db: DB, address_id: str) -> list[Any]:
+    """Give the address's IP back to its pool, quarantined; returns the released rows
+    (``ip``, ``reusable_after``)."""
+    return list(await db.fetch(q("address_release"), address_id))

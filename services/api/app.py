@@ -418,6 +418,13 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
         app[POOL] = pool if pool is not None else await create_pool(
             settings.require_database_url(), min_size=2, max_size=16, application_name="z9-api")
         app[NOTIFIER] = JobNotifier(app[POOL])
+        try:
+            async with app[POOL].acquire() as conn:  # the address pools of Z9_REGIONS (migration 0005)
+                await store.address_pools_sync(conn, settings.regions)
+        except BaseException:
+            if pool is None:
+                await app[POOL].close()
+            raise
         yield
         await app[NOTIFIER].flush()
         if pool is None:  # ours to close
