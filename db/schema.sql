@@ -175,6 +175,9 @@ CREATE TABLE addresses (
     tenant_id             text NOT NULL REFERENCES tenants (id),
     region                text NOT NULL,
     pool_id               text NOT NULL REFERENCES address_pools (id),
+    pool_name             text NOT NULL,      -- the pool's name, prefix and gateway, copied at
+    prefix                smallint NOT NULL,  -- allocation: the address's network for its life
+    gateway               inet,
     ip                    inet NOT NULL,
     family                smallint NOT NULL CHECK (family IN (4, 6)),
     kind                  text NOT NULL CHECK (kind IN ('primary', 'floating')),
@@ -197,7 +200,7 @@ CREATE TABLE addresses (
     CHECK (status <> 'deleting' OR delete_after IS NOT NULL),
     CHECK ((status = 'deleted') = (deleted_at IS NOT NULL)),
     CHECK (status <> 'deleted' OR server_id IS NULL),
-    CHECK (kind <> 'primary' OR status IN ('deleted', 'failed') OR server_id IS NOT NULL)
+    CHECK (prefix BETWEEN 0 AND CASE family WHEN 4 THEN 32 ELSE 128 END)
 );
 
 -- The last line of "never given twice": two live addresses of a region never share an IP.

@@ -150,8 +150,8 @@ async def test_unique_index_is_the_last_line(pool: asyncpg.Pool) -> None:
         a = await store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating")
         with pytest.raises(asyncpg.UniqueViolationError) as e:
             await conn.execute(
-                "INSERT INTO addresses (id, tenant_id, region, pool_id, ip, family, kind)"
-                " VALUES ('adr_00000000000000000000000000', $1, $2, $3, $4, 4, 'floating')",
+                "INSERT INTO addresses (id, tenant_id, region, pool_id, pool_name, prefix, ip, family, kind)"
+                " VALUES ('adr_00000000000000000000000000', $1, $2, $3, 'public', 24, $4, 4, 'floating')",
                 tenant, REGION, pid, a.ip)
         assert e.value.constraint_name == "addresses_ip_live"
 

@@ -464,9 +464,10 @@ WITH slot AS (
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), adr AS (
-    INSERT INTO addresses (id, tenant_id, region, pool_id, ip, family, kind, name, dns_ptr,
-                           protect_delete, auto_delete, server_id)
-    SELECT $1, $3, p.region, p.id, slot.ip, p.family, $4, $5, $6, $7, $8, $9
+    INSERT INTO addresses (id, tenant_id, region, pool_id, pool_name, prefix, gateway, ip, family, kind,
+                           name, dns_ptr, protect_delete, auto_delete, server_id)
+    SELECT $1, $3, p.region, p.id, p.name, masklen(p.cidr), p.gateway, slot.ip, p.family, $4,
+           $5, $6, $7, $8, $9
     FROM slot JOIN address_pools p ON p.id = slot.pool_id
     RETURNING *
 ), held AS (
@@ -474,8 +475,7 @@ WITH slot AS (
     FROM slot WHERE i.pool_id = slot.pool_id AND i.ip = slot.ip
     RETURNING i.ip
 )
-SELECT adr.*, p.name AS pool_name, masklen(p.cidr) AS prefix, p.gateway
-FROM adr JOIN address_pools p ON p.id = adr.pool_id, held;
+SELECT adr.* FROM adr, held;
 
 -- name: address_release
 -- The address's IP goes back to its pool, quarantined for the pool's quarantine_s (migration
@@ -485,3 +485,80 @@ SET address_id = NULL, reusable_after = now() + make_interval(secs => p.quaranti
 FROM address_pools p
 WHERE i.address_id = $1 AND p.id = i.pool_id
 RETURNING i.ip, i.reusable_after;
+
+-- name: address_get
+SELECT * FROM addresses WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2);
+
+-- name: address_list
+SELECT * FROM addresses
+WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3::address_status IS NULL OR status = $3)
+  AND ($4::text IS NULL OR region = $4) AND ($5::text IS NULL OR server_id = $5)
+ORDER BY id
+LIMIT $6;
+
+-- name: address_observed
+-- What verify saw ($2), and the status it established ($3) when the current one is in $4
+-- (never over the deletion states); the reason becomes $5 (a conflict, or NULL).
+UPDATE addresses
+SET observed = $2, observed_at = now(), updated_at = now(),
+    status = CASE WHEN $3::address_status IS NOT NULL AND status = ANY($4::address_status[])
+                  THEN $3::address_status ELSE status END,
+    status_reason = CASE WHEN status IN ('deleting', 'destroying') AND $5::text IS NULL
+                         THEN status_reason ELSE $5 END
+WHERE id = $1 AND status <> 'deleted'
+RETURNING *;
+
+-- name: address_deleted
+-- The final delete's finish: destroying → deleted, the IP back to its pool, quarantined.
+WITH a AS (
+    UPDATE addresses
+    SET status = 'deleted', deleted_at = now(), server_id = NULL, observed = $2, observed_at = now(),
+        status_reason = NULL, updated_at = now()
+    WHERE id = $1 AND status = 'destroying'
+    RETURNING id
+)
+UPDATE address_pool_ips i
+SET address_id = NULL, reusable_after = now() + make_interval(secs => p.quarantine_s)
+FROM address_pools p, a
+WHERE i.address_id = a.id AND p.id = i.pool_id
+RETURNING i.ip;
+
+-- name: address_mark_failed
+UPDATE addresses
+SET status = CASE WHEN status IN ('deleting', 'destroying') AND NOT $3 THEN status ELSE 'failed' END,
+    status_reason = $2, updated_at = now()
+WHERE id = $1 AND status <> 'deleted';
+
+-- name: server_has_primary_address
+SELECT EXISTS (SELECT 1 FROM addresses WHERE server_id = $1 AND kind = 'primary' AND status <> 'deleted');
+
+-- name: address_pool_nameservers
+SELECT coalesce(array_agg(host(n) ORDER BY o), '{}')
+FROM address_pools p, unnest(p.nameservers) WITH ORDINALITY AS u(n, o)
+WHERE p.id = $1;
+
+-- name: addresses_release_for_server
+-- A server's final delete, after verify saw its VM gone, in its finishing transaction: its
+-- floating addresses and kept primaries become unassigned (the VM, its tags and IP set went
+-- with it); its auto-delete primaries are deleted and their IPs go back to the pool,
+-- quarantined. Returns the addresses changed.
+WITH gone AS (
+    UPDATE addresses
+    SET status = 'deleted', deleted_at = now(), server_id = NULL, observed = NULL, observed_at = now(),
+        status_reason = NULL, updated_at = now()
+    WHERE server_id = $1 AND kind = 'primary' AND auto_delete AND status <> 'deleted'
+    RETURNING id
+), freed AS (
+    UPDATE address_pool_ips i
+    SET address_id = NULL, reusable_after = now() + make_interval(secs => p.quarantine_s)
+    FROM address_pools p, gone
+    WHERE i.address_id = gone.id AND p.id = i.pool_id
+    RETURNING i.address_id
+), kept AS (
+    UPDATE addresses
+    SET server_id = NULL, observed = jsonb_set(coalesce(observed, '{}'), '{holder}', 'null'),
+        observed_at = now(), updated_at = now()
+    WHERE server_id = $1 AND NOT (kind = 'primary' AND auto_delete) AND status <> 'deleted'
+    RETURNING id
+)
+SELECT id, 'deleted' AS outcome FROM gone UNION ALL SELECT id, 'unassigned' FROM kept;

@@ -454,3 +454,53 @@ async def address_release(db: DB, address_id: str) -> list[Any]:
     """Give the address's IP back to its pool, quarantined; returns the released rows
     (``ip``, ``reusable_after``)."""
     return list(await db.fetch(q("address_release"), address_id))
+
+
+async def address_get(db: DB, address_id: str, tenant_id: str | None = None) -> Address | None:
+    """The address, scoped to ``tenant_id`` when given; None when absent (or another tenant's)."""
+    row = await db.fetchrow(q("address_get"), address_id, tenant_id)
+    return Address.from_record(row) if row else None
+
+
+async def address_list(db: DB, tenant_id: str, *, after: str | None = None, status: str | None = None,
+                       region: str | None = None, server_id: str | None = None, limit: int = 100) -> list[Address]:
+    """Up to ``limit`` addresses of the tenant ordered by id, after id ``after``, filtered."""
+    rows = await db.fetch(q("address_list"), tenant_id, after, status, region, server_id, limit)
+    return [Address.from_record(r) for r in rows]
+
+
+async def address_observed(db: DB, address_id: str, observed: dict[str, Any], *, status: str | None = None,
+                           from_statuses: tuple[str, ...] = (), reason: str | None = None) -> Address | None:
+    """Write what verify saw; move to ``status`` only from one of ``from_statuses``; the reason
+    becomes ``reason`` (a conflict) — a deletion's reason is kept when there is none."""
+    row = await db.fetchrow(q("address_observed"), address_id, observed, status, list(from_statuses), reason)
+    return Address.from_record(row) if row else None
+
+
+async def address_deleted(db: DB, address_id: str, observed: dict[str, Any] | None = None) -> list[Any]:
+    """``destroying`` → ``deleted`` and its IP back to the pool, quarantined (one statement);
+    returns the released IPs (none when the address was not ``destroying``)."""
+    return [r["ip"] for r in await db.fetch(q("address_deleted"), address_id, observed)]
+
+
+async def address_mark_failed(db: DB, address_id: str, reason: str, *, ends_deletion: bool = False) -> None:
+    """The address carries ``reason``; ``failed`` unless a deletion is under way (which goes
+    on) — and even then when ``ends_deletion``."""
+    await db.execute(q("address_mark_failed"), address_id, reason, ends_deletion)
+
+
+async def server_has_primary_address(db: DB, server_id: str) -> bool:
+    """Whether the server has a live primary address (its VM's IP filter can then be on)."""
+    return bool(await db.fetchval(q("server_has_primary_address"), server_id))
+
+
+async def address_pool_nameservers(db: DB, pool_id: str) -> list[str]:
+    """The pool's nameservers, in order, as text."""
+    return list(await db.fetchval(q("address_pool_nameservers"), pool_id) or [])
+
+
+async def addresses_release_for_server(db: DB, server_id: str) -> dict[str, str]:
+    """A server's final delete (after verify saw its VM gone, in its finishing transaction):
+    ``{address id: "deleted" | "unassigned"}`` — auto-delete primaries deleted with their IPs
+    quarantined, every other address of the server unassigned."""
+    return {r["id"]: r["outcome"] for r in await db.fetch(q("addresses_release_for_server"), server_id)}
