@@ -13,7 +13,8 @@ from typing import Any
 
 from z9.common.errors import PermanentError
 
-from . import server_create, server_delete, server_start, server_stop
+from . import (address_assign, address_create, address_delete, address_unassign, server_create, server_delete,
+               server_start, server_stop)
 
 REGISTRY: dict[str, Any] = {}
 
@@ -27,7 +28,8 @@ def register(module: ModuleType | Any) -> None:
     REGISTRY[module.KIND] = module
 
 
-for _m in (server_create, server_stop, server_start, server_delete):
+for _m in (server_create, server_stop, server_start, server_delete, address_create, address_assign,
+           address_unassign, address_delete):
     register(_m)
 
 

@@ -166,7 +166,7 @@ async def observe(ctx: JobContext, want: str | None) -> World:
             st = await ctx.pve.vm_state(r.node, r.vmid)
             for key, used in config_ips(st.config if st else {}).items():
                 if used == ip:
-                    conflicts.append({"vmid": r.vmid, "node": r.node, "name": r.name,
+                    conflicts.append({"vmid": r.vmid, "node": r.node, "name": st.config.get("name") if st else None,
                                       "why": f"{key} uses {ip}"})
     pool_ns = await store.address_pool_nameservers(ctx.pool, address.pool_id)
     try:
