@@ -206,7 +206,8 @@ def desired_config(resource_id: str, args: dict[str, Any]) -> dict[str, Any]:
         "cores": int(args["cores"]),
         "memory": str(int(args["memory_mib"])),
         "tags": format_tags(customer_vm_tags(resource_id)),
-        "ipconfig0": "ip=dhcp",
+        # a primary address from a pool (the API put it in the args: issue 8), else DHCP
+        "ipconfig0": args.get("ipconfig0") or "ip=dhcp",
         # Proxmox refuses to destroy a protected VM ("protection mode enabled"): a destroy
         # request of someone else's that lands late on a reused vmid cannot remove this VM.
         # Only ServerDelete lifts it, right before its own destroy.
@@ -214,7 +215,12 @@ def desired_config(resource_id: str, args: dict[str, Any]) -> dict[str, Any]:
     }
     if args.get("ssh_keys"):
         cfg["sshkeys"] = encode_ssh_keys(args["ssh_keys"])
+    if args.get("nameserver"):
+        cfg["nameserver"] = args["nameserver"]
     return cfg
+
+
+ADDRESS_TAG_PREFIX = "z9-addr-"  # an address's tag on the VM it is on: the address jobs own it
 
 
 def config_diff(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
@@ -223,8 +229,10 @@ def config_diff(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, A
     for k, v in desired.items():
         cur = current.get(k)
         if k == "tags":
-            if normalize_tags(cur) != normalize_tags(v):
-                out[k] = v
+            # the address tags (z9-addr-…) are the address jobs': kept, never compared
+            keep = {t for t in normalize_tags(cur) if t.startswith(ADDRESS_TAG_PREFIX)}
+            if normalize_tags(cur) - keep != normalize_tags(v):
+                out[k] = format_tags(normalize_tags(v) | keep)
         elif str(cur) != str(v):
             out[k] = v
     return out

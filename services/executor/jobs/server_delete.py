@@ -142,8 +142,11 @@ async def verify(ctx: JobContext) -> None:
 
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, _: None) -> None:
-    """``destroying`` → ``deleted``."""
+    """``destroying`` → ``deleted``; and now that verify saw the VM gone (never before: a live VM
+    keeps its addresses), its addresses are released in this same transaction: auto-delete
+    primaries deleted with their IPs quarantined, the others unassigned."""
     await store.server_deleted(conn, ctx.job.resource_id)
+    await store.addresses_release_for_server(conn, ctx.job.resource_id)
 
 
 record_failure = _server.record_failure
