@@ -75,7 +75,9 @@ CREATE TABLE addresses (
     dns_ptr               text CHECK (length(dns_ptr) BETWEEN 1 AND 253),
     protect_delete        boolean NOT NULL DEFAULT false,
     auto_delete           boolean NOT NULL DEFAULT false,
-    server_id             text REFERENCES servers (id),
+    -- deferred: a server's primary address is allocated before the server row is written, in
+    -- the one transaction that inserts both and their jobs
+    server_id             text REFERENCES servers (id) DEFERRABLE INITIALLY DEFERRED,
     status                address_status NOT NULL DEFAULT 'creating',
     status_reason         text,
     status_before_delete  address_status,
