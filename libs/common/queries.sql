@@ -564,3 +564,54 @@ WITH gone AS (
     RETURNING id
 )
 SELECT id, 'deleted' AS outcome FROM gone UNION ALL SELECT id, 'unassigned' FROM kept;
+
+-- name: address_allocate_with_job
+-- address_allocate and the job that uses it, in one statement (atomic without an explicit
+-- transaction: one round trip). No row: the pool is exhausted (nothing written). No NOTIFY:
+-- the caller notifies after commit.
+WITH slot AS (
+    SELECT i.pool_id, i.ip FROM address_pool_ips i
+    WHERE i.pool_id = $2 AND i.address_id IS NULL
+      AND (i.reusable_after IS NULL OR i.reusable_after <= now())
+    ORDER BY i.ip
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), adr AS (
+    INSERT INTO addresses (id, tenant_id, region, pool_id, pool_name, prefix, gateway, ip, family, kind,
+                           name, dns_ptr, protect_delete, auto_delete, server_id)
+    SELECT $1, $3, p.region, p.id, p.name, masklen(p.cidr), p.gateway, slot.ip, p.family, $4,
+           $5, $6, $7, $8, $9
+    FROM slot JOIN address_pools p ON p.id = slot.pool_id
+    RETURNING *
+), held AS (
+    UPDATE address_pool_ips i SET address_id = $1, reusable_after = NULL
+    FROM slot WHERE i.pool_id = slot.pool_id AND i.ip = slot.ip
+    RETURNING i.ip
+), j AS (
+    INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
+                      extra_lock_keys)
+    SELECT $10, $11, adr.region, adr.tenant_id, 'address', adr.id, $12, $13, $14, $15 FROM adr
+    RETURNING id, kind, status
+)
+SELECT adr.*, j.id AS job_id, j.kind AS job_kind, j.status AS job_status FROM adr, held, j;
+
+-- name: address_get_for_update
+SELECT * FROM addresses WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
+
+-- name: address_set_server
+-- The server the address should be on ($2; NULL: none): the API's intent, which the job it
+-- enqueues in the same transaction makes true.
+UPDATE addresses SET server_id = $2, updated_at = now()
+WHERE id = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
+RETURNING *;
+
+-- name: address_patch
+-- Database-only changes: $3/$5 say whether name/dns_ptr are given (they may be set to NULL).
+UPDATE addresses
+SET name = CASE WHEN $3 THEN $4 ELSE name END,
+    dns_ptr = CASE WHEN $5 THEN $6 ELSE dns_ptr END,
+    protect_delete = coalesce($7, protect_delete),
+    auto_delete = coalesce($8, auto_delete),
+    updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
+RETURNING *;

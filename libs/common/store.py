@@ -504,3 +504,43 @@ async def addresses_release_for_server(db: DB, server_id: str) -> dict[str, str]
     ``{address id: "deleted" | "unassigned"}`` — auto-delete primaries deleted with their IPs
     quarantined, every other address of the server unassigned."""
     return {r["id"]: r["outcome"] for r in await db.fetch(q("addresses_release_for_server"), server_id)}
+
+
+async def address_allocate_with_job(db: DB, *, pool_id: str, tenant_id: str, kind: str, job: NewJob,
+                                    name: str | None = None, dns_ptr: str | None = None,
+                                    protect_delete: bool = False, auto_delete: bool = False,
+                                    server_id: str | None = None) -> tuple[Address, dict[str, Any]] | None:
+    """The lowest free IP of ``pool_id`` as a new ``creating`` address and its job (``job``: kind,
+    args, max_attempts, trace_context, extra_lock_keys; region, tenant and resource come from the
+    address) in one statement, without NOTIFY. None: the pool has no free IP (nothing written).
+    Raises asyncpg.UniqueViolationError (a live name of the tenant, a second primary)."""
+    row = await db.fetchrow(q("address_allocate_with_job"), new_id("adr"), pool_id, tenant_id, kind, name,
+                            dns_ptr, protect_delete, auto_delete, server_id, new_id("job"), job.kind,
+                            job.args or {}, job.max_attempts, job.trace_context, list(job.extra_lock_keys))
+    if row is None:
+        return None
+    return Address.from_record(row), {"id": row["job_id"], "kind": row["job_kind"], "status": row["job_status"]}
+
+
+async def address_get_for_update(db: DB, address_id: str, tenant_id: str) -> Address | None:
+    """The tenant's address, its row locked until commit (an action's checks and writes)."""
+    row = await db.fetchrow(q("address_get_for_update"), address_id, tenant_id)
+    return Address.from_record(row) if row else None
+
+
+async def address_set_server(db: DB, address_id: str, server_id: str | None) -> Address | None:
+    """Record the server the address should be on (None: none); None when it is being deleted.
+    Raises asyncpg.UniqueViolationError when that server already has a primary of the family."""
+    row = await db.fetchrow(q("address_set_server"), address_id, server_id)
+    return Address.from_record(row) if row else None
+
+
+async def address_patch(db: DB, address_id: str, tenant_id: str, *, name: tuple[str | None] | None = None,
+                        dns_ptr: tuple[str | None] | None = None, protect_delete: bool | None = None,
+                        auto_delete: bool | None = None) -> Address | None:
+    """Change the given fields (``name``/``dns_ptr`` as a 1-tuple, so None can be set); None when
+    the address is absent, another tenant's, or deleted. Raises asyncpg.UniqueViolationError for a
+    live name taken."""
+    row = await db.fetchrow(q("address_patch"), address_id, tenant_id, name is not None, name[0] if name else None,
+                            dns_ptr is not None, dns_ptr[0] if dns_ptr else None, protect_delete, auto_delete)
+    return Address.from_record(row) if row else None
