@@ -94,3 +94,62 @@ async def test_foreign_vm_with_the_same_ip_is_reported_and_never_touched(stack: 
     assert after["config"] == before["config"]
     fw = (await sim.state())["firewall"]["vms"].get("777")
     assert not fw or not fw.get("ipsets")
+
+
+# ---------------------------------------------------------------- SIGKILL mid-move (issue 8, test 4)
+
+import signal  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import AsyncIterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+from z9.common.settings import Settings  # noqa: E402
+
+from tests.support import Services, service_env, wait_until  # noqa: E402
+
+FAST = dict(lease_ttl_s=2, heartbeat_s=0.25, task_poll_s=0.1, poll_interval_s=1, scheduler_interval_s=0.1,
+            reaper_interval_s=0.1, backoff_base_s=0.2, backoff_cap_s=1, snooze_s=0.2, uncertain_window_s=1,
+            shutdown_grace_s=5, task_deadline_s=60)
+
+
+@pytest.fixture
+async def services(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
+    settings.regions[REGION].address_pools = [POOL]
+    svc = Services(service_env(settings, **FAST), tmp_path)
+    try:
+        yield svc
+    finally:
+        svc.close()
+        print(svc.logs())
+
+
+@pytest.mark.parametrize("kill_at", ["untag", "tag"])
+async def test_sigkill_mid_move_leaves_exactly_one_holder(api: Stack, sim: SimAdmin, services: Services,
+                                                           kill_at: str) -> None:
+    pid = await _pool(api)
+    services.start("scheduler")
+    first = services.start("executor")
+    a, b = await _server(api, "a"), await _server(api, "b")
+    tenant = (await store.server_get(api.pool, a["id"])).tenant_id
+    adr = await store.address_allocate(api.pool, pool_id=pid, tenant_id=tenant, kind="floating")
+    tag, ip = f"z9-addr-{adr.id}", adr.ip_text
+    assert (await _job(api, "AddressAssign", adr.id, tenant, server_id=a["id"]))["status"] == "succeeded"
+
+    await sim.configure(task_seconds={"qmconfig": 3.0})   # tag changes are config tasks: a wide window
+    async with api.pool.acquire() as conn, conn.transaction():
+        move = await store.job_insert(conn, store.NewJob(kind="AddressAssign", region=REGION, tenant_id=tenant,
+                                                         resource_type="address", resource_id=adr.id,
+                                                         args={"server_id": b["id"]}))
+
+    async def at_step() -> bool:
+        j = await store.job_get(api.pool, move.id)
+        return any(s["name"] == kill_at and s["state"] == "running" for s in j.steps)
+    await wait_until(at_step, 30, f"the move to run its {kill_at} step")
+    await first.kill()
+    await sim.configure(task_seconds={"qmconfig": 0.05})
+    services.start("executor")
+    done = await api.wait_job(move.id, timeout_s=60)
+    assert done["status"] == "succeeded", done
+    assert done["attempt"] >= 2
+    assert _holders(await sim.state(), tag, ip) == ([b["observed"]["vmid"]], [b["observed"]["vmid"]])
