@@ -216,6 +216,35 @@ CREATE INDEX addresses_tenant_id ON addresses (tenant_id, id);
 CREATE INDEX addresses_server ON addresses (server_id) WHERE server_id IS NOT NULL;
 CREATE INDEX addresses_deletion_due ON addresses (delete_after) WHERE status = 'deleting';
 
+-- The lifecycle queries are written once for every resource table (migration 0004); what a
+-- deletion means for an address the table keeps itself: a protected address is not deleted
+-- (the API answers 409 protected); a deletion takes the address off its server (its buffer's
+-- AddressUnassign makes that true in the world) and remembers the server, which a cancellation
+-- gives back (the restoring AddressAssign then puts it on again).
+CREATE FUNCTION addresses_deletion() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.status IN ('deleting', 'destroying') AND OLD.status NOT IN ('deleting', 'destroying') THEN
+        IF OLD.protect_delete THEN
+            RAISE EXCEPTION 'address % is protected against deletion; turn protection.delete off first', OLD.id
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'addresses_protected';
+        END IF;
+        NEW.server_before_delete := OLD.server_id;
+        NEW.server_id := NULL;
+    ELSIF OLD.status = 'deleting' AND NEW.status NOT IN ('deleting', 'destroying', 'deleted') THEN
+        -- back on its server, unless that server has gone meanwhile
+        NEW.server_id := (SELECT s.id FROM servers s WHERE s.id = OLD.server_before_delete
+                          AND s.status NOT IN ('destroying', 'deleted'));
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER addresses_deletion
+    BEFORE UPDATE OF status ON addresses
+    FOR EACH ROW
+    WHEN (NEW.status IS DISTINCT FROM OLD.status)
+    EXECUTE FUNCTION addresses_deletion();
+
 CREATE TABLE address_pool_ips (
     pool_id         text NOT NULL REFERENCES address_pools (id),
     ip              inet NOT NULL,
