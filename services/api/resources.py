@@ -84,6 +84,11 @@ class ApiResource:
     check: Callable[[Settings, Any], None] | None = None
     transactional: bool = False
     actions: Callable[["ApiResource"], list[Operation]] | None = None  # the type's own routes
+    # More list filters than after/limit/status: a model of the extra query parameters (strings
+    # validated by it, 422 naming the parameter) and the query that applies them:
+    # ``list_rows(db, tenant_id, filters, after=, status=, limit=) -> rows``.
+    list_filters: type[BaseModel] | None = None
+    list_rows: Callable[..., Awaitable[list[Any]]] | None = None
     tag_description: str = ""
     models: dict[str, type[BaseModel]] = field(default_factory=dict)  # filled by resource_operations
 
@@ -271,7 +276,16 @@ def _list_handler(api: ApiResource, page: type[BaseModel]) -> Handler:
             raise ValidationFailed(f"status: must be one of {', '.join(rt.statuses)}",
                                    details=[{"field": "status", "message": "unknown status"}])
         limit = limit_param(request)
-        rows = await rt.list(request.app[POOL], tenant(request), after=after, status=status, limit=limit)
+        if api.list_filters is not None and api.list_rows is not None:
+            given = {k: v for k, v in request.query.items() if k in api.list_filters.model_fields}
+            try:
+                filters = api.list_filters.model_validate(given)
+            except ValidationError as e:
+                raise validation_error(e)
+            rows = await api.list_rows(request.app[POOL], tenant(request), filters, after=after, status=status,
+                                       limit=limit)
+        else:
+            rows = await rt.list(request.app[POOL], tenant(request), after=after, status=status, limit=limit)
         return web.json_response(dump(page, {rt.plural: [r.public() for r in rows],
                                              "next_after": rows[-1].id if len(rows) == limit else None}))
 
@@ -372,7 +386,7 @@ def resource_operations(api: ApiResource) -> list[Operation]:
                         **{rt.plural: (list[public], ...),
                            "next_after": (str | None, Field(description="pass as `after` for the next page; "
                                                                          "null on the last"))})
-    status_enum = create_model(f"{plural_cap}ListQuery", __base__=ListQuery,
+    status_enum = create_model(f"{plural_cap}ListQuery", __base__=(ListQuery, *( [api.list_filters] if api.list_filters else [])),
                                status=(str | None, Field(default=None, json_schema_extra={"enum": list(rt.statuses)},
                                                          description=f"only {rt.plural} in this status")))
     api.models = {"accepted": accepted, "one": one, "page": page}

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Protocol, TypeVar
 
 from .. import store
+from ..ids import PREFIXES
 from ..store import DB, NewJob
 
 _TABLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -86,6 +87,8 @@ class ResourceType(Generic[R]):
     extra: dict[str, Any] = field(default_factory=dict)  # type-specific knowledge (API, jobs)
 
     def __post_init__(self) -> None:
+        if self.prefix not in PREFIXES:
+            raise ValueError(f"resource type {self.name}: id prefix {self.prefix!r} is not one of {PREFIXES}")
         if not self.status_type:
             object.__setattr__(self, "status_type", f"{self.name}_status")
         for ident in (self.table, self.status_type):
