@@ -493,17 +493,19 @@ async def test_delete_waits_out_a_clone_request_whose_answer_was_lost(stack: Sta
     await sim.fault(method="POST", path=r"/clone$", action="drop", times=1)
     server, job = await stack.create_server()
     assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
-    memo = await stack.pool.fetchval("SELECT memo FROM jobs WHERE id = $1", job["id"])
-    assert memo["clones"][0].get("uncertain_at")
+    # the request whose answer was dropped stays unanswered (uncertain); the retry adopted its VM
+    [req] = await store.vm_clone_requests(stack.pool, server["id"])
+    uncertain = req.uncertain_since
+    assert req.upid is None and uncertain is not None, req
     assert (await stack.call("DELETE", f"/servers/{server['id']}"))[0] == 202
     await _wait_status(stack, server["id"], "deleted")
     status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
     final = next(j for j in jobs["jobs"] if j["kind"] == "ServerDelete")
     assert final["attempt"] == 1  # snoozes gave their attempts back
     finished = await stack.pool.fetchval("SELECT extract(epoch FROM finished_at) FROM jobs WHERE id = $1", final["id"])
-    uncertain = (await stack.pool.fetchval("SELECT memo FROM jobs WHERE id = $1", job["id"]))["clones"][0]["uncertain_at"]
     assert finished >= uncertain + 2.0 - 0.1  # not before the window had passed (it snoozes if early)
     assert [v for v in (await sim.state())["vms"] if server["id"] in str(v["config"].get("description", ""))] == []
+    assert await store.vm_clone_requests(stack.pool, server["id"]) == []  # they go with the server
 
 
 async def test_lost_clone_answer_landing_late_still_makes_one_vm(stack: Stack, sim: SimAdmin) -> None:

@@ -1,7 +1,7 @@
 """Rows as typed objects, and their public (API) JSON shapes."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -46,6 +46,7 @@ class Job:
     started_at: datetime | None
     finished_at: datetime | None
     updated_at: datetime
+    extra_lock_keys: list[str] = field(default_factory=list)  # locked besides resource_id
 
     @classmethod
     def from_record(cls, r: asyncpg.Record) -> "Job":

@@ -17,7 +17,7 @@ import asyncpg
 from .errors import LeaseLost, PoolConfigError
 from .ids import new_id
 from .models import Address, Job, Server
-from .sql import q
+from .sql import q, qt
 from .tracing import current_trace_context
 
 
@@ -124,61 +124,100 @@ async def server_get(db: DB, server_id: str, tenant_id: str | None = None) -> Se
     return Server.from_record(row) if row else None
 
 
-async def server_list(db: DB, tenant_id: str, *, after: str | None = None, status: str | None = None,
-                      limit: int = 100) -> list[Server]:
-    """Up to ``limit`` servers of the tenant ordered by id, after id ``after``, of one status."""
-    rows = await db.fetch(q("server_list"), tenant_id, after, status, limit)
-    return [Server.from_record(r) for r in rows]
-
-
-async def server_mark_deleting(db: DB, server_id: str, tenant_id: str, buffer_s: float) -> Server | None:
-    """Start the deletion buffer; None when the server is not in a deletable state."""
-    row = await db.fetchrow(q("server_mark_deleting"), server_id, tenant_id, buffer_s)
-    return Server.from_record(row) if row else None
-
-
-async def server_cancel_deletion(db: DB, server_id: str, tenant_id: str) -> Server | None:
-    """End the deletion buffer early; None when the server is not ``deleting`` or its buffer
-    has expired. ``status_before_delete`` and ``power_before_delete`` say what to restore."""
-    row = await db.fetchrow(q("server_cancel_deletion"), server_id, tenant_id)
-    return Server.from_record(row) if row else None
-
-
-async def server_reap_expired(db: DB, limit: int = 100) -> list[tuple[Server, dict[str, Any] | None]]:
-    """Move up to ``limit`` servers whose buffer expired to ``destroying`` (rows stay locked until
-    commit). Returns each with the ``trace_context`` of its latest job (the deletion request's
-    ServerStop), which the final ServerDelete continues."""
-    return [(Server.from_record(r), r["deletion_trace_context"])
-            for r in await db.fetch(q("server_reap_expired"), limit)]
-
-
 async def server_observed(db: DB, server_id: str, *, vmid: int | None, node: str | None,
-                          power_state: str | None, status: str | None = None,
-                          from_statuses: tuple[str, ...] = ()) -> Server | None:
-    """Write what verify observed; move to ``status`` only from one of ``from_statuses``."""
-    row = await db.fetchrow(q("server_observed"), server_id, vmid, node, power_state, status,
-                            list(from_statuses))
+                          power_state: str | None) -> Server | None:
+    """Write the VM facts verify observed (the status: ``ResourceType.observed``)."""
+    row = await db.fetchrow(q("server_observed"), server_id, vmid, node, power_state)
     return Server.from_record(row) if row else None
 
 
-async def server_deleted(db: DB, server_id: str) -> None:
-    """``destroying`` → ``deleted`` (no-op in any other status)."""
-    await db.execute(q("server_deleted"), server_id)
+# ---------------------------------------------------------------- resource lifecycle
+# Written once for every resource table; ``sql`` is the type's (table, status enum type) from the
+# registry (z9.common.resources.ResourceType.sql), which wraps these with its row model.
+
+SqlTarget = tuple[str, str]
 
 
-async def server_mark_failed(db: DB, server_id: str, reason: str, *, ends_deletion: bool = False) -> None:
-    """The server carries ``reason``. It becomes ``failed`` unless a deletion is under way
-    (``deleting`` or ``destroying``: the deletion goes on) — and even then when
-    ``ends_deletion``."""
-    await db.execute(q("server_mark_failed"), server_id, reason, ends_deletion)
+async def resource_get(db: DB, sql: SqlTarget, rid: str, tenant_id: str | None) -> Any:
+    return await db.fetchrow(qt("resource_get", *sql), rid, tenant_id)
 
 
-async def server_mark_failed_by_job(db: DB, server_id: str, reason: str, *, kind: str,
-                                    refused: bool = False) -> None:
-    """A failed job's reason on its server — the one rule for executor and scheduler alike: a
-    deletion-guard refusal (``refused``), or the final ``ServerDelete`` failing, ends a deletion
-    (the server is ``failed``; its owner may delete it again); any other job lets it go on."""
-    await server_mark_failed(db, server_id, reason, ends_deletion=refused or kind == "ServerDelete")
+async def resource_list(db: DB, sql: SqlTarget, tenant_id: str, after: str | None, status: str | None,
+                        limit: int) -> list[Any]:
+    return await db.fetch(qt("resource_list", *sql), tenant_id, after, status, limit)
+
+
+async def resource_mark_deleting(db: DB, sql: SqlTarget, rid: str, tenant_id: str, buffer_s: float) -> Any:
+    return await db.fetchrow(qt("resource_mark_deleting", *sql), rid, tenant_id, buffer_s)
+
+
+async def resource_mark_destroying(db: DB, sql: SqlTarget, rid: str, tenant_id: str) -> Any:
+    return await db.fetchrow(qt("resource_mark_destroying", *sql), rid, tenant_id)
+
+
+async def resource_cancel_deletion(db: DB, sql: SqlTarget, rid: str, tenant_id: str) -> Any:
+    return await db.fetchrow(qt("resource_cancel_deletion", *sql), rid, tenant_id)
+
+
+async def resource_reap_expired(db: DB, sql: SqlTarget, limit: int) -> list[Any]:
+    return await db.fetch(qt("resource_reap_expired", *sql), limit)
+
+
+async def resource_observed(db: DB, sql: SqlTarget, rid: str, status: str | None, from_statuses: list[str]) -> Any:
+    return await db.fetchrow(qt("resource_observed", *sql), rid, status, from_statuses)
+
+
+async def resource_deleted(db: DB, sql: SqlTarget, rid: str) -> bool:
+    return bool(await db.fetchval(qt("resource_deleted", *sql), rid))
+
+
+async def resource_mark_failed(db: DB, sql: SqlTarget, rid: str, reason: str, ends_deletion: bool) -> None:
+    await db.fetchval(qt("resource_mark_failed", *sql), rid, reason, ends_deletion)
+
+
+async def resource_count_live_jobs(db: DB, resource_id: str) -> int:
+    """How many live (pending, running, retry) jobs lock ``resource_id`` (as their resource or
+    as an extra lock key)."""
+    return await db.fetchval(q("resource_count_live_jobs"), resource_id)
+
+
+# ---------------------------------------------------------------- VM clone requests
+
+@dataclass(frozen=True)
+class CloneRequest:
+    """A clone request of one member of a resource. ``uncertain_since`` (epoch seconds) while no
+    answer was recorded: it may still be performed, whoever sent it."""
+
+    member: str
+    vmid: int
+    node: str
+    job_id: str
+    upid: str | None
+    sent_at: float
+    uncertain_since: float | None
+
+
+async def vm_clone_sent(db: DB, lease: Lease, resource_id: str, member: str, vmid: int, node: str) -> None:
+    """Record a clone request before sending it (fenced by ``lease``). Raises LeaseLost."""
+    await _fenced(db, "vm_clone_sent", lease, resource_id, member, vmid, node)
+
+
+async def vm_clone_answered(db: DB, resource_id: str, member: str, vmid: int, upid: str | None) -> None:
+    """The request to ``vmid`` was answered — with the clone task's ``upid``, or with an error
+    (None): no longer uncertain."""
+    await db.fetchval(q("vm_clone_answered"), resource_id, member, vmid, upid)
+
+
+async def vm_clone_refused(db: DB, resource_id: str, member: str, vmid: int) -> None:
+    """The request to ``vmid`` was refused (nothing cloned): forget it."""
+    await db.execute(q("vm_clone_refused"), resource_id, member, vmid)
+
+
+async def vm_clone_requests(db: DB, resource_id: str, member: str | None = None) -> list[CloneRequest]:
+    """Every clone request recorded for ``resource_id`` (of one ``member`` when given)."""
+    return [CloneRequest(r["member"], r["vmid"], r["node"], r["job_id"], r["upid"], r["sent_at"],
+                         r["uncertain_since"])
+            for r in await db.fetch(q("vm_clone_requests"), resource_id, member)]
 
 
 # ---------------------------------------------------------------- jobs: producers
@@ -196,6 +235,9 @@ class NewJob:
     args: dict[str, Any] | None = None
     max_attempts: int = 10
     trace_context: dict[str, Any] | None = field(default_factory=current_trace_context)
+    extra_lock_keys: tuple[str, ...] = ()
+    """Resources this job touches besides its own: it runs only when no earlier live job of
+    any of them (or of its own) is running or waiting."""
 
 
 async def job_insert(db: DB, job: NewJob, *, notify: bool = True) -> Job:
@@ -205,7 +247,7 @@ async def job_insert(db: DB, job: NewJob, *, notify: bool = True) -> Job:
     :class:`z9.common.notify.JobNotifier` (coalesced)."""
     row = await db.fetchrow(q("job_insert_notify" if notify else "job_insert"), new_id("job"), job.kind,
                             job.region, job.tenant_id, job.resource_type, job.resource_id, job.args or {},
-                            job.max_attempts, job.trace_context)
+                            job.max_attempts, job.trace_context, list(job.extra_lock_keys))
     return Job.from_record(row)
 
 
@@ -218,15 +260,11 @@ async def job_insert_many(db: DB, jobs: list[NewJob], *, notify: bool = True) ->
         [new_id("job") for _ in jobs], [j.kind for j in jobs], [j.region for j in jobs],
         [j.tenant_id for j in jobs], [j.resource_type for j in jobs], [j.resource_id for j in jobs],
         [j.args or {} for j in jobs], [j.max_attempts for j in jobs], [j.trace_context for j in jobs],
+        [json.dumps(list(j.extra_lock_keys)) for j in jobs],
     )
     if notify:
         await jobs_notify(db, sorted({j.region for j in jobs}))
     return [Job.from_record(r) for r in rows]
-
-
-async def job_count_live_for_resource(db: DB, resource_id: str) -> int:
-    """How many jobs of ``resource_id`` are live (pending, running or retry)."""
-    return await db.fetchval(q("job_count_live_for_resource"), resource_id)
 
 
 async def jobs_notify(db: DB, regions: Iterable[str]) -> None:
@@ -256,13 +294,6 @@ async def job_list(db: DB, tenant_id: str, *, resource_id: str | None = None, af
 
 
 # ---------------------------------------------------------------- jobs: workers (fenced)
-
-async def job_clone_memos(db: DB, resource_id: str) -> list[tuple[int, str, float | None]]:
-    """(vmid, node, uncertain_at) of every clone request the jobs of ``resource_id`` recorded;
-    ``uncertain_at`` (epoch seconds) when that request's answer was lost."""
-    return [(r["vmid"], r["node"], r["uncertain_at"]) for r in await db.fetch(q("job_clone_memos"), resource_id)
-            if r["vmid"] is not None and r["node"]]
-
 
 async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float) -> list[Job]:
     """Claim up to ``limit`` pending jobs of ``regions`` (``FOR UPDATE SKIP LOCKED``), at most the
@@ -481,12 +512,6 @@ async def address_deleted(db: DB, address_id: str, observed: dict[str, Any] | No
     """``destroying`` → ``deleted`` and its IP back to the pool, quarantined (one statement);
     returns the released IPs (none when the address was not ``destroying``)."""
     return [r["ip"] for r in await db.fetch(q("address_deleted"), address_id, observed)]
-
-
-async def address_mark_failed(db: DB, address_id: str, reason: str, *, ends_deletion: bool = False) -> None:
-    """The address carries ``reason``; ``failed`` unless a deletion is under way (which goes
-    on) — and even then when ``ends_deletion``."""
-    await db.execute(q("address_mark_failed"), address_id, reason, ends_deletion)
 
 
 async def server_has_primary_address(db: DB, server_id: str) -> bool:

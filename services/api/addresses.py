@@ -19,16 +19,16 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_
 
 from z9.common import kinds, store
 from z9.common.errors import Conflict, NotFound, ValidationFailed
-from z9.common.ids import is_id
 from z9.common.models import Address, Server
 from z9.common.resources.address import ADDRESS
 from z9.common.settings import Settings
+from z9.common.store import NewJob
 
 from . import schemas
 from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin,
                         idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant)
 
-DNS_PTR_PATTERN = r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?$"
+DNS_PTR_PATTERN = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?$"
 SERVER_ID = r"^srv_[0-9a-z]{26}$"
 
 
@@ -45,8 +45,7 @@ class AddressCreate(BaseModel):
     """``POST /v1/addresses``: an address from a pool of the region (the lowest free IP), on no
     server or assigned to ``server_id`` (floating: it moves live between servers)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"region": "dev-1", "name": "www", "server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"}]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"region": "dev-1", "name": "www"}]})
 
     region: StrictStr = Field(min_length=1, max_length=63)
     family: Literal[4, 6] = Field(4, description="IP version")
@@ -54,7 +53,7 @@ class AddressCreate(BaseModel):
                                    description="pool name; default: the region's pool named public, or its only one")
     name: StrictStr | None = Field(None, pattern=schemas.NAME_PATTERN)
     server_id: StrictStr | None = Field(None, pattern=SERVER_ID, description="assign it to this server at once")
-    dns_ptr: StrictStr | None = Field(None, pattern=DNS_PTR_PATTERN, description="reverse DNS name")
+    dns_ptr: StrictStr | None = Field(None, pattern=DNS_PTR_PATTERN, max_length=253, description="reverse DNS name")
     protection: ProtectionIn | None = None
 
 
@@ -65,7 +64,7 @@ class AddressPatch(BaseModel):
         {"name": "www", "dns_ptr": "www.example.com", "protection": {"delete": True}}]})
 
     name: StrictStr | None = Field(None, pattern=schemas.NAME_PATTERN)
-    dns_ptr: StrictStr | None = Field(None, pattern=DNS_PTR_PATTERN)
+    dns_ptr: StrictStr | None = Field(None, pattern=DNS_PTR_PATTERN, max_length=253)
     protection: ProtectionIn | None = None
     auto_delete: StrictBool | None = Field(None, description="primary: deleted with its server")
 
@@ -222,9 +221,8 @@ async def create(ctx: CreateContext, spec: AddressCreate) -> tuple[Address, dict
             ctx.conn, pool_id=pool["id"], tenant_id=ctx.tenant_id, kind="floating", name=spec.name,
             dns_ptr=spec.dns_ptr, protect_delete=bool(spec.protection and spec.protection.delete),
             server_id=spec.server_id,
-            job=ADDRESS.new_job_for(spec.region, ctx.tenant_id, kind,
-                                    args={"server_id": spec.server_id} if spec.server_id else {},
-                                    max_attempts=ctx.settings.max_attempts, extra_lock_keys=extra))
+            job=NewJob(kind=kind, region=spec.region, args={"server_id": spec.server_id} if spec.server_id else {},
+                       max_attempts=ctx.settings.max_attempts, extra_lock_keys=extra))
     except asyncpg.UniqueViolationError as e:
         raise _unique(e, spec.name)
     if got is None:
@@ -343,21 +341,22 @@ def _operations(api: ApiResource) -> list[Operation]:
     ]
 
 
-def list_filters(request: web.Request) -> dict[str, Any]:
-    """``region`` and ``server_id`` filters of ``GET /v1/addresses``."""
-    out: dict[str, Any] = {}
-    if "region" in request.query:
-        out["region"] = request.query["region"]
-    if "server_id" in request.query:
-        sid = request.query["server_id"]
-        if not is_id(sid, "srv"):
-            raise ValidationFailed(f"server_id: {sid!r} is not a server id",
-                                   details=[{"field": "server_id", "message": "not a server id"}])
-        out["server_id"] = sid
-    return out
+class AddressFilters(BaseModel):
+    """``GET /v1/addresses`` filters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    region: StrictStr | None = Field(None, min_length=1, max_length=63, description="only addresses of this region")
+    server_id: StrictStr | None = Field(None, pattern=SERVER_ID, description="only addresses on this server")
+
+
+async def list_rows(db: Any, tenant_id: str, filters: AddressFilters, *, after: str | None, status: str | None,
+                    limit: int) -> list[Address]:
+    return await store.address_list(db, tenant_id, after=after, status=status, region=filters.region,
+                                    server_id=filters.server_id, limit=limit)
 
 
 API = ApiResource(rtype=ADDRESS, create_model=AddressCreate, public_model=AddressOut, create=create,
-                  example=EXAMPLE, actions=_operations,
+                  example=EXAMPLE, actions=_operations, list_filters=AddressFilters, list_rows=list_rows,
                   tag_description="Public addresses from the region's pools: floating ones move between "
                                   "servers; a server's primary one is its cloud-init ipconfig0.")

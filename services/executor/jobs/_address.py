@@ -36,6 +36,7 @@ import asyncpg
 from z9.common import store
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Address, Job
+from z9.common.resources.address import ADDRESS
 from z9.common.tags import ROLE_CUSTOMER, format_tags, identity_tag, platform_roles
 
 from ..context import JobContext, Step
@@ -340,6 +341,7 @@ async def record(conn: asyncpg.Connection, ctx: JobContext, observed: dict[str, 
 
 
 async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
-    """The address carries a failed job's reason."""
-    await store.address_mark_failed(conn, ctx.job.resource_id, error["message"],
-                                    ends_deletion=bool(error.get("refused")) or ctx.job.kind == "AddressDelete")
+    """The address carries a failed job's reason (the registry's rule: the final delete failing
+    ends a deletion, another job's failure lets it go on)."""
+    await ADDRESS.mark_failed_by_job(conn, ctx.job.resource_id, error["message"], kind=ctx.job.kind,
+                                     refused=bool(error.get("refused")))

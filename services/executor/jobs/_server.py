@@ -14,6 +14,7 @@ from urllib.parse import quote
 from z9.common import store
 from z9.common.errors import GuardRefusal, PermanentError, TemporaryError
 from z9.common.models import Server
+from z9.common.resources.server import SERVER
 from z9.common.tags import (ROLE_CUSTOMER, customer_vm_tags, format_tags, identity_tag, normalize_tags,
                             platform_roles)
 
@@ -54,20 +55,21 @@ async def find_one_vm(ctx: JobContext, resource_id: str) -> VmState | None:
     return vms[0] if vms else None
 
 
-CloneMemo = tuple[int, str, "float | None"]  # (vmid, node, uncertain_at) of one clone request
+MEMBER = "main"  # a server's one VM
 
 
-async def clone_memos(ctx: JobContext) -> list[CloneMemo]:
-    """Every clone request the create jobs of this resource recorded (one query)."""
-    return await store.job_clone_memos(ctx.pool, ctx.job.resource_id)
+async def clone_memos(ctx: JobContext) -> list[store.CloneRequest]:
+    """Every clone request recorded for this resource (one query)."""
+    return await store.vm_clone_requests(ctx.pool, ctx.job.resource_id)
 
 
-async def find_own_clones(ctx: JobContext, memos: list[CloneMemo], exclude: set[int]) -> list[VmState]:
+async def find_own_clones(ctx: JobContext, memos: list[store.CloneRequest], exclude: set[int]) -> list[VmState]:
     """VMs that a ServerCreate of this resource cloned (vmid in ``memos``) but did not tag yet:
     recognised by our marker in their description — or still under ``lock: clone`` (the caller
     waits and checks the marker then). A VM carrying another resource's identity is never ours."""
     mine, out = identity_tag(ctx.job.resource_id), []
-    for vmid, node, _ in memos:
+    for m in memos:
+        vmid, node = m.vmid, m.node
         if vmid in exclude:
             continue
         st = await ctx.pve.vm_state(node, vmid)
@@ -78,10 +80,10 @@ async def find_own_clones(ctx: JobContext, memos: list[CloneMemo], exclude: set[
     return out
 
 
-def clone_uncertain_since(memos: list[CloneMemo]) -> float | None:
-    """Epoch seconds of the latest clone request in ``memos`` whose answer was lost (it may still
-    be performed), or None."""
-    times = [u for _, _, u in memos if u is not None]
+def clone_uncertain_since(memos: list[store.CloneRequest]) -> float | None:
+    """Epoch seconds of the latest clone request in ``memos`` without a recorded answer (it may
+    still be performed), or None."""
+    times = [m.uncertain_since for m in memos if m.uncertain_since is not None]
     return max(times) if times else None
 
 
@@ -139,9 +141,9 @@ def guard_own_clone(resource_id: str, vm: VmState) -> None:
 
 
 async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
-    """The server carries a failed job's reason (see ``store.server_mark_failed_by_job``)."""
-    await store.server_mark_failed_by_job(conn, ctx.job.resource_id, error["message"], kind=ctx.job.kind,
-                                          refused=bool(error.get("refused")))
+    """The server carries a failed job's reason (``ResourceType.mark_failed_by_job``)."""
+    await SERVER.mark_failed_by_job(conn, ctx.job.resource_id, error["message"], kind=ctx.job.kind,
+                                    refused=bool(error.get("refused")))
 
 
 def refuse_if_locked(vm: VmState, *, allowed: tuple[str, ...] = ()) -> None:

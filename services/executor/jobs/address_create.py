@@ -11,12 +11,13 @@ from typing import Any
 
 import asyncpg
 
+from z9.common import kinds
 from z9.common.models import Job
 
 from ..context import JobContext, Step
 from . import _address
 
-KIND = "AddressCreate"
+KIND = kinds.ADDRESS_CREATE
 
 
 async def observe(ctx: JobContext) -> _address.World:

@@ -15,12 +15,13 @@ from typing import Any
 import asyncpg
 
 from z9.common import store
+from z9.common import kinds
 from z9.common.models import Job
 
 from ..context import JobContext, Step
 from . import _address
 
-KIND = "AddressDelete"
+KIND = kinds.ADDRESS_DELETE
 
 
 async def observe(ctx: JobContext) -> _address.World:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import store
+from z9.common import kinds, store
+from z9.common.resources.server import SERVER
 from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.models import Job
 from z9.common.tags import platform_roles
@@ -32,7 +33,7 @@ from ..context import JobContext, Step
 from ..proxmox import OutcomeUnknown, VmidTaken, VmRef, VmState
 from . import _server
 
-KIND = "ServerCreate"
+KIND = kinds.SERVER_CREATE
 CLONE_TRIES = 5
 
 
@@ -168,11 +169,10 @@ async def _clone(ctx: JobContext, world: World, step: Step) -> None:
         # nextid hands every parallel create the same lowest free id (it reserves nothing): after
         # a collision, spread out above it instead of racing for the same id again.
         newid = await ctx.pve.next_id() + (random.randint(1, 8 * attempt) if attempt else 0)
-        # Remember the vmid *before* asking: if the answer is lost, the next attempt looks there
-        # (and a deletion looks at every vmid ever asked for).
-        sent = {"vmid": newid, "node": tpl.node}
-        clones = list(ctx.memo.get("clones", [])) + [sent]
-        await ctx.remember(clone={**sent, "upid": None}, clones=clones)
+        # Record the request *before* sending it: until its answer is recorded it is uncertain
+        # (the next attempt waits for it and a deletion looks at every vmid ever asked for).
+        await store.vm_clone_sent(ctx.pool, ctx.lease, ctx.job.resource_id, _server.MEMBER, newid, tpl.node)
+        await ctx.remember(clone={"vmid": newid, "node": tpl.node, "upid": None})
         await ctx.step_detail(step, vmid=newid, node=tpl.node, template=tpl.vmid)
         try:
             upid = await ctx.pve.clone(tpl.node, tpl.vmid, newid=newid, name=ctx.args["name"],
@@ -180,16 +180,16 @@ async def _clone(ctx: JobContext, world: World, step: Step) -> None:
         except VmidTaken:
             # A parallel create won this vmid (a definite answer: nothing was cloned). Forget it
             # and pick again; never adopt that VM.
-            await ctx.remember(clones=clones[:-1])
+            await store.vm_clone_refused(ctx.pool, ctx.job.resource_id, _server.MEMBER, newid)
             continue
         except (OutcomeUnknown, asyncio.CancelledError):
-            clones[-1] = {**sent, "uncertain_at": time.time()}  # it may still be performed
-            try:
-                await ctx.remember(clones=clones)
-            except Exception as e:  # lease lost or database gone: the vmid is in the memo already
-                _server.log.warning("job %s: could not mark clone request to VM %s uncertain: %s",
-                                    ctx.job.id, newid, e)
+            raise  # the answer is lost: the request stays unanswered, uncertain since it was recorded
+        except Exception:
+            # Any other error is an answer (the hypervisor refused or failed the request): not
+            # uncertain. The vmid stays recorded, so a deletion still looks there.
+            await store.vm_clone_answered(ctx.pool, ctx.job.resource_id, _server.MEMBER, newid, None)
             raise
+        await store.vm_clone_answered(ctx.pool, ctx.job.resource_id, _server.MEMBER, newid, upid)
         await ctx.remember(clone={"vmid": newid, "node": tpl.node, "upid": upid})
         await ctx.wait_task(step, upid)
         st = await ctx.pve.vm_state(tpl.node, newid)
@@ -239,8 +239,9 @@ async def verify(ctx: JobContext) -> VmState:
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
     """In the finishing transaction: the server is ``running`` with what verify saw."""
     await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
-                                power_state="running" if vm.running else "stopped", status="running",
-                                from_statuses=("creating", "failed", "running", "stopped"))
+                                power_state="running" if vm.running else "stopped")
+    await SERVER.observed(conn, ctx.job.resource_id, status="running",
+                          from_statuses=("creating", "failed", "running", "stopped"))
 
 
 record_failure = _server.record_failure

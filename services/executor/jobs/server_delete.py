@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from z9.common import store
+from z9.common import kinds, store
+from z9.common.resources.server import SERVER
 from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.models import Job
 from z9.common.tags import identity_tag
@@ -38,7 +39,7 @@ from ..context import JobContext, Step
 from ..proxmox import VmState
 from . import _server
 
-KIND = "ServerDelete"
+KIND = kinds.SERVER_DELETE
 
 
 @dataclass
@@ -142,11 +143,13 @@ async def verify(ctx: JobContext) -> None:
 
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, _: None) -> None:
-    """``destroying`` → ``deleted``; and now that verify saw the VM gone (never before: a live VM
-    keeps its addresses), its addresses are released in this same transaction: auto-delete
-    primaries deleted with their IPs quarantined, the others unassigned."""
-    await store.server_deleted(conn, ctx.job.resource_id)
-    await store.addresses_release_for_server(conn, ctx.job.resource_id)
+    """``destroying`` → ``deleted`` (its VM facts and clone requests go); and now that verify saw
+    the VM gone (never before: a live VM keeps its addresses), its addresses are released in this
+    same transaction: auto-delete primaries deleted with their IPs quarantined, the others
+    unassigned."""
+    if await SERVER.deleted(conn, ctx.job.resource_id):
+        await store.server_observed(conn, ctx.job.resource_id, vmid=None, node=None, power_state=None)
+        await store.addresses_release_for_server(conn, ctx.job.resource_id)
 
 
 record_failure = _server.record_failure

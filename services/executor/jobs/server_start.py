@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import store
+from z9.common import kinds, store
+from z9.common.resources.server import SERVER
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 from z9.common.tags import identity_tag
@@ -22,7 +23,7 @@ from ..context import JobContext, Step
 from ..proxmox import VmState
 from . import _server
 
-KIND = "ServerStart"
+KIND = kinds.SERVER_START
 
 
 @dataclass
@@ -65,8 +66,8 @@ async def verify(ctx: JobContext) -> VmState:
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
     """Power state ``running``; status ``running`` when it was running or stopped."""
-    await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
-                                power_state="running", status="running", from_statuses=("running", "stopped"))
+    await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node, power_state="running")
+    await SERVER.observed(conn, ctx.job.resource_id, status="running", from_statuses=("running", "stopped"))
 
 
 record_failure = _server.record_failure

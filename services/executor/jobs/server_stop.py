@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import store
+from z9.common import kinds, store
+from z9.common.resources.server import SERVER
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 
@@ -23,7 +24,7 @@ from ..context import JobContext, Step
 from ..proxmox import VmState
 from . import _server
 
-KIND = "ServerStop"
+KIND = kinds.SERVER_STOP
 SHUTDOWN_TIMEOUT_S = 60
 
 
@@ -80,6 +81,7 @@ async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState | None) 
     else:
         await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
                                     power_state="stopped")
+    await SERVER.observed(conn, ctx.job.resource_id)
 
 
 record_failure = _server.record_failure
