@@ -135,6 +135,44 @@ CREATE TRIGGER addresses_deletion
     WHEN (NEW.status IS DISTINCT FROM OLD.status)
     EXECUTE FUNCTION addresses_deletion();
 
+-- A server shows its primary IPv4 address (GET /v1/servers): kept on the server row by the
+-- addresses table itself, in the transaction that changes the address, so every server query
+-- (the generic lifecycle ones included) returns it without a join.
+ALTER TABLE servers ADD COLUMN primary_ipv4_id text, ADD COLUMN primary_ipv4 inet;
+
+CREATE FUNCTION addresses_server_primary() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    sid text;
+BEGIN
+    FOREACH sid IN ARRAY ARRAY[CASE WHEN TG_OP = 'UPDATE' THEN OLD.server_id END, NEW.server_id] LOOP
+        IF sid IS NOT NULL THEN
+            -- (at most one: addresses_primary_per_server)
+            UPDATE servers s
+            SET primary_ipv4_id = (SELECT a.id FROM addresses a WHERE a.server_id = sid AND a.kind = 'primary'
+                                   AND a.family = 4 AND a.status <> 'deleted'),
+                primary_ipv4 = (SELECT a.ip FROM addresses a WHERE a.server_id = sid AND a.kind = 'primary'
+                                AND a.family = 4 AND a.status <> 'deleted')
+            WHERE s.id = sid;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER addresses_server_primary_insert
+    AFTER INSERT ON addresses
+    FOR EACH ROW
+    WHEN (NEW.kind = 'primary' AND NEW.server_id IS NOT NULL)
+    EXECUTE FUNCTION addresses_server_primary();
+
+CREATE TRIGGER addresses_server_primary_update
+    AFTER UPDATE OF server_id, status, kind ON addresses
+    FOR EACH ROW
+    WHEN ((NEW.kind = 'primary' OR OLD.kind = 'primary')
+          AND (NEW.server_id IS DISTINCT FROM OLD.server_id OR NEW.status IS DISTINCT FROM OLD.status
+               OR NEW.kind IS DISTINCT FROM OLD.kind))
+    EXECUTE FUNCTION addresses_server_primary();
+
 CREATE TABLE address_pool_ips (
     pool_id         text NOT NULL REFERENCES address_pools (id),
     ip              inet NOT NULL,

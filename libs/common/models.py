@@ -103,6 +103,9 @@ class Server:
     created_at: datetime
     updated_at: datetime
     deleted_at: datetime | None
+    # its primary IPv4 address (kept on the row by the addresses table: migration 0005)
+    primary_ipv4_id: str | None = None
+    primary_ipv4: Any = None
 
     @classmethod
     def from_record(cls, r: asyncpg.Record) -> "Server":
@@ -127,6 +130,8 @@ class Server:
                 "power_state": self.power_state,
                 "at": _ts(self.observed_at),
             },
+            "public_ipv4": {"id": self.primary_ipv4_id, "ip": str(getattr(self.primary_ipv4, "ip", self.primary_ipv4))}
+            if self.primary_ipv4_id else None,
             "delete_after": _ts(self.delete_after) if self.status == "deleting" else None,
             "created_at": _ts(self.created_at),
             "updated_at": _ts(self.updated_at),
@@ -173,6 +178,15 @@ class Address:
     def ip_text(self) -> str:
         """The address without a prefix length (``203.0.113.17``)."""
         return str(getattr(self.ip, "ip", self.ip))
+
+    def ipconfig0(self) -> str:
+        """Its Proxmox cloud-init ``ipconfig0`` as a primary address:
+        ``ip=<ip>/<prefix>[,gw=<gateway>]`` (``ip6``, ``gw6`` for IPv6)."""
+        six = "6" if self.family == 6 else ""
+        out = f"ip{six}={self.ip_text}/{self.prefix}"
+        if self.gateway is not None:
+            out += f",gw{six}={getattr(self.gateway, 'ip', self.gateway)}"
+        return out
 
     def public(self) -> dict[str, Any]:
         """``GET /v1/addresses/{id}``."""

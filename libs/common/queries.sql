@@ -684,3 +684,14 @@ SET name = CASE WHEN $3 THEN $4 ELSE name END,
     updated_at = now()
 WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
 RETURNING *;
+
+-- name: job_args_merge
+-- Add keys to a job's args before its transaction commits (a server create with a primary
+-- address: the address is allocated after the server and its job were inserted).
+UPDATE jobs SET args = args || $2::jsonb WHERE id = $1 AND status = 'pending';
+
+-- name: address_make_primary
+-- An unassigned address becomes server $2's primary (POST /v1/servers with public_ipv4: <id>).
+UPDATE addresses SET kind = 'primary', server_id = $2, updated_at = now()
+WHERE id = $1 AND server_id IS NULL AND status IN ('creating', 'active')
+RETURNING *;

@@ -569,3 +569,15 @@ async def address_patch(db: DB, address_id: str, tenant_id: str, *, name: tuple[
     row = await db.fetchrow(q("address_patch"), address_id, tenant_id, name is not None, name[0] if name else None,
                             dns_ptr is not None, dns_ptr[0] if dns_ptr else None, protect_delete, auto_delete)
     return Address.from_record(row) if row else None
+
+
+async def job_args_merge(db: DB, job_id: str, args: dict[str, Any]) -> None:
+    """Add ``args`` to a still pending job's args (in the transaction that inserted it)."""
+    await db.execute(q("job_args_merge"), job_id, args)
+
+
+async def address_make_primary(db: DB, address_id: str, server_id: str) -> Address | None:
+    """An unassigned live address becomes ``server_id``'s primary; None otherwise. Raises
+    asyncpg.UniqueViolationError when the server has a primary of that family already."""
+    row = await db.fetchrow(q("address_make_primary"), address_id, server_id)
+    return Address.from_record(row) if row else None

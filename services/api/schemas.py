@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema, field_validator
 
 # A Proxmox VM name must be a DNS name (qemu-server: format 'dns-name'); z9 keeps to one label.
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -42,6 +42,10 @@ class ServerCreate(BaseModel):
     memory_mib: StrictInt = Field(ge=512, le=1048576)
     disk_gib: StrictInt = Field(ge=1, le=16384)
     ssh_keys: list[StrictStr] = Field(default_factory=list, max_length=32)
+    public_ipv4: StrictBool | Annotated[StrictStr, Field(pattern=r"^adr_[0-9a-z]{26}$")] = Field(
+        False, description="true: a primary IPv4 address from the region's pool (the lowest free IP), "
+                           "written as cloud-init ipconfig0; or the id of an unassigned address of the "
+                           "region to use as the primary; false: DHCP")
 
     @field_validator("ssh_keys")
     @classmethod
@@ -68,6 +72,13 @@ class ServerObserved(Response):
     at: OptTimestamp
 
 
+class ServerPublicIpv4(Response):
+    """A server's primary IPv4 address."""
+
+    id: str = Field(pattern=r"^adr_[0-9a-z]{26}$")
+    ip: str
+
+
 class Server(Response):
     """A server (``GET /v1/servers/{id}``)."""
 
@@ -82,6 +93,7 @@ class Server(Response):
     status: ServerStatus
     status_reason: str | None = Field(description="why the server is failed (or what failed during its deletion)")
     observed: ServerObserved
+    public_ipv4: ServerPublicIpv4 | None = Field(description="its primary IPv4 address (GET /v1/addresses/{id})")
     delete_after: OptTimestamp = Field(description="while deleting: when the buffer ends")
     created_at: Timestamp
     updated_at: Timestamp

@@ -86,13 +86,8 @@ def config_ips(config: dict[str, Any]) -> dict[str, str]:
 
 
 def ipconfig0(address: Address) -> str:
-    """The ``ipconfig0`` value of a primary address: ``ip=<ip>/<prefix>[,gw=<gateway>]`` (``ip6``,
-    ``gw6`` for IPv6)."""
-    six = "6" if address.family == 6 else ""
-    out = f"ip{six}={address.ip_text}/{address.prefix}"
-    if address.gateway is not None:
-        out += f",gw{six}={address.gateway}"
-    return out
+    """The ``ipconfig0`` value of a primary address (see ``Address.ipconfig0``)."""
+    return address.ipconfig0()
 
 
 @dataclass
