@@ -234,3 +234,46 @@ async def test_server_delete_releases_its_addresses_only_after_its_vm_is_gone(st
 
 async def _deleted_server(stack: Stack, sid: str) -> bool:
     return (await stack.server(sid))["status"] == "deleted"
+
+
+# 1
+async def test_300_concurrent_allocations_through_4_api_processes(settings: Settings, pool: Any, sim: SimAdmin,
+                                                                 tmp_path: Path) -> None:
+    """A pool of 254 usable IPs, 300 concurrent POST /v1/addresses spread over 4 real API
+    processes: 254 distinct addresses, 46 answers 409 pool_exhausted, never one IP twice."""
+    env = service_env(settings)
+    regions = json.loads(env["Z9_REGIONS"])
+    regions[REGION]["address_pools"] = [{"name": "public", "cidr": "10.30.0.0/23", "gateway": "10.30.1.1",
+                                         "range": ["10.30.0.1", "10.30.0.254"]}]
+    env["Z9_REGIONS"] = json.dumps(regions)
+    svc = Services(env, tmp_path)
+    try:
+        ports = [free_port() for _ in range(4)]
+        procs = [svc.start("api", "--port", str(p)) for p in ports]
+        _, token = await make_tenant(pool, "storm")
+        async with aiohttp.ClientSession() as http:
+            async def up(port: int) -> bool:
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/healthz") as r:
+                        return r.status == 200
+                except aiohttp.ClientError:
+                    return False
+            for port, proc in zip(ports, procs):
+                await wait_until(lambda port=port: up(port), 60, f"API on {port}")
+
+            async def post(i: int) -> tuple[int, Any]:
+                async with http.post(f"http://127.0.0.1:{ports[i % 4]}/v1/addresses", json={"region": REGION},
+                                     headers={"Authorization": f"Bearer {token}"}) as r:
+                    return r.status, await r.json()
+            answers = await asyncio.gather(*(post(i) for i in range(300)))
+    finally:
+        svc.close()
+    ok = [b["address"]["ip"] for s, b in answers if s == 202]
+    refused = [b["error"] for s, b in answers if s != 202]
+    assert len(ok) == 254 and len(set(ok)) == 254, (len(ok), len(set(ok)))
+    assert len(refused) == 46 and {e["code"] for e in refused} == {"pool_exhausted"}
+    assert all("'public'" in e["message"] for e in refused)
+    assert {ipaddress.ip_address(i) for i in ok} == {ipaddress.ip_address("10.30.0.0") + n for n in range(1, 255)}
+    assert await pool.fetchval("SELECT count(DISTINCT ip) FROM addresses WHERE status <> 'deleted'") == 254
+    assert await pool.fetchval("SELECT count(*) FROM addresses") == 254
+    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE kind = 'AddressCreate'") == 254
