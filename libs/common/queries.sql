@@ -636,11 +636,21 @@ SELECT id, 'deleted' AS outcome FROM gone UNION ALL SELECT id, 'unassigned' FROM
 
 -- name: address_allocate_with_job
 -- address_allocate and the job that uses it, in one statement (atomic without an explicit
--- transaction: one round trip). No row: the pool is exhausted (nothing written). No NOTIFY:
--- the caller notifies after commit.
-WITH slot AS (
+-- transaction: one round trip). The pool: region $2, family $16, named $17 — or, unnamed, the
+-- one named 'public', else the region's only pool of that family. No row: no such pool, or it
+-- is exhausted (nothing written; the caller tells which). No NOTIFY: the caller notifies after
+-- commit.
+WITH cand AS (
+    SELECT id, name FROM address_pools
+    WHERE region = $2 AND family = $16 AND disabled_at IS NULL AND ($17::text IS NULL OR name = $17)
+), pool AS (
+    SELECT id FROM cand
+    WHERE $17::text IS NOT NULL OR name = 'public' OR (SELECT count(*) FROM cand) = 1
+    ORDER BY (name = 'public') DESC
+    LIMIT 1
+), slot AS (
     SELECT i.pool_id, i.ip FROM address_pool_ips i
-    WHERE i.pool_id = $2 AND i.address_id IS NULL
+    WHERE i.pool_id = (SELECT id FROM pool) AND i.address_id IS NULL
       AND (i.reusable_after IS NULL OR i.reusable_after <= now())
     ORDER BY i.ip
     LIMIT 1

@@ -531,17 +531,20 @@ async def addresses_release_for_server(db: DB, server_id: str) -> dict[str, str]
     return {r["id"]: r["outcome"] for r in await db.fetch(q("addresses_release_for_server"), server_id)}
 
 
-async def address_allocate_with_job(db: DB, *, pool_id: str, tenant_id: str, kind: str, job: NewJob,
-                                    name: str | None = None, dns_ptr: str | None = None,
+async def address_allocate_with_job(db: DB, *, region: str, family: int, pool: str | None, tenant_id: str,
+                                    kind: str, job: NewJob, name: str | None = None, dns_ptr: str | None = None,
                                     protect_delete: bool = False, auto_delete: bool = False,
                                     server_id: str | None = None) -> tuple[Address, dict[str, Any]] | None:
-    """The lowest free IP of ``pool_id`` as a new ``creating`` address and its job (``job``: kind,
-    args, max_attempts, trace_context, extra_lock_keys; region, tenant and resource come from the
-    address) in one statement, without NOTIFY. None: the pool has no free IP (nothing written).
-    Raises asyncpg.UniqueViolationError (a live name of the tenant, a second primary)."""
-    row = await db.fetchrow(q("address_allocate_with_job"), new_id("adr"), pool_id, tenant_id, kind, name,
+    """The lowest free IP of the region's pool (named ``pool``; unnamed: ``public``, or the only
+    pool of ``family``) as a new ``creating`` address and its job (``job``: kind, args,
+    max_attempts, trace_context, extra_lock_keys; region, tenant and resource come from the
+    address) in one statement, without NOTIFY. None: no such pool, or no free IP (nothing
+    written; :func:`address_pool_pick` tells which). Raises asyncpg.UniqueViolationError (a live
+    name of the tenant, a second primary)."""
+    row = await db.fetchrow(q("address_allocate_with_job"), new_id("adr"), region, tenant_id, kind, name,
                             dns_ptr, protect_delete, auto_delete, server_id, new_id("job"), job.kind,
-                            job.args or {}, job.max_attempts, job.trace_context, list(job.extra_lock_keys))
+                            job.args or {}, job.max_attempts, job.trace_context, list(job.extra_lock_keys),
+                            family, pool)
     if row is None:
         return None
     return Address.from_record(row), {"id": row["job_id"], "kind": row["job_kind"], "status": row["job_status"]}

@@ -209,8 +209,8 @@ def _require_stopped(server: Server, what: str) -> None:
 
 async def create(ctx: CreateContext, spec: AddressCreate) -> tuple[Address, dict[str, Any]]:
     """The lowest free IP of the pool, the address and its job (AddressAssign when a server is
-    named, else AddressCreate), in one statement."""
-    pool = await pick_pool(ctx.conn, ctx.settings, spec.region, spec.family, spec.pool)
+    named, else AddressCreate), in one statement (the pool is chosen in it too: one round trip;
+    only a refusal reads the pools again to say why)."""
     extra: tuple[str, ...] = ()
     if spec.server_id is not None:
         await _target_server(ctx.conn, ctx.tenant_id, spec.server_id, None, spec.region)
@@ -218,15 +218,15 @@ async def create(ctx: CreateContext, spec: AddressCreate) -> tuple[Address, dict
     kind = kinds.ADDRESS_ASSIGN if spec.server_id else kinds.ADDRESS_CREATE
     try:
         got = await store.address_allocate_with_job(
-            ctx.conn, pool_id=pool["id"], tenant_id=ctx.tenant_id, kind="floating", name=spec.name,
-            dns_ptr=spec.dns_ptr, protect_delete=bool(spec.protection and spec.protection.delete),
-            server_id=spec.server_id,
+            ctx.conn, region=spec.region, family=spec.family, pool=spec.pool, tenant_id=ctx.tenant_id,
+            kind="floating", name=spec.name, dns_ptr=spec.dns_ptr,
+            protect_delete=bool(spec.protection and spec.protection.delete), server_id=spec.server_id,
             job=NewJob(kind=kind, region=spec.region, args={"server_id": spec.server_id} if spec.server_id else {},
                        max_attempts=ctx.settings.max_attempts, extra_lock_keys=extra))
     except asyncpg.UniqueViolationError as e:
         raise _unique(e, spec.name)
-    if got is None:
-        raise exhausted(pool)
+    if got is None:  # which: no such pool (422), or exhausted (409)
+        raise exhausted(await pick_pool(ctx.conn, ctx.settings, spec.region, spec.family, spec.pool))
     return got
 
 
