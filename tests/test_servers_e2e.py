@@ -202,12 +202,20 @@ async def test_lock_timeout_once_retries_then_succeeds(stack: Stack, sim: SimAdm
 
 
 # 8
-async def test_missing_template_fails_permanently(stack: Stack, sim: SimAdmin) -> None:
+async def test_missing_template_is_waited_for_then_fails_naming_it(stack: Stack, sim: SimAdmin) -> None:
+    """No template of that name: waiting on the world (it may be being imported; issue 8) — the
+    server stays creating and no attempt is spent — until the wait passes snooze_limit_s; then the
+    job fails with the reason naming the image, and nothing was cloned."""
+    stack.settings.snooze_limit_s = 1.5
+    stack.settings.max_attempts = 2
     await sim.delete_vm(9000)
     server, job = await stack.create_server()
-    done = await stack.wait_job(job["id"])
-    assert done["status"] == "failed" and done["attempt"] == 1
-    assert done["error"]["class"] == "permanent" and "template" in done["error"]["message"]
+    await asyncio.sleep(0.7)
+    waiting = await stack.job(job["id"])
+    assert waiting["status"] != "failed" and waiting["error"]["class"] == "snooze", waiting
+    assert (await stack.server(server["id"]))["status"] == "creating"
+    done = await stack.wait_job(job["id"], timeout_s=30)
+    assert done["status"] == "failed" and "template" in done["error"]["message"], done
     s = await stack.server(server["id"])
     assert s["status"] == "failed" and "debian-12" in s["status_reason"]
     assert await _tasks(sim, "qmclone") == 0
@@ -375,8 +383,7 @@ async def test_cancel_restores_running_even_after_repeated_delete_and_cancel(sta
 
 
 async def test_cancel_of_a_failed_server_keeps_it_failed_with_its_reason(stack: Stack, sim: SimAdmin) -> None:
-    await sim.delete_vm(9000)
-    server, job = await stack.create_server()
+    server, job = await stack.create_server(disk_gib=1)  # smaller than the image: fails permanently
     assert (await stack.wait_job(job["id"]))["status"] == "failed"
     reason = (await stack.server(server["id"]))["status_reason"]
     assert (await stack.call("DELETE", f"/servers/{server['id']}"))[0] == 202

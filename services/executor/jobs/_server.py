@@ -44,6 +44,20 @@ async def find_vms(ctx: JobContext, resource_id: str) -> list[VmState]:
     return out
 
 
+async def find_template(ctx: JobContext, image: str) -> VmState | None:
+    """The template whose config is named ``image`` now. ``/cluster/resources`` has the template
+    flag fresh but names from a stats cache that lags (proxmox-api.md): it only orders the
+    candidates — the templates it lists under that name are read first — and each one's config on
+    its node decides. None when no template has that name (yet)."""
+    refs = sorted((v for v in await ctx.pve.list_vms() if v.template),
+                  key=lambda v: (v.name != image, v.vmid))
+    for ref in refs:
+        st = await ctx.pve.vm_state(ref.node, ref.vmid)
+        if st is not None and st.config.get("name") == image and str(st.config.get("template", "0")) == "1":
+            return st
+    return None
+
+
 async def find_one_vm(ctx: JobContext, resource_id: str) -> VmState | None:
     """The single VM of ``resource_id`` or None. Raises PermanentError when several VMs carry
     its identity tag (a manual clone of a customer VM inherits its tags)."""
@@ -64,20 +78,36 @@ async def clone_memos(ctx: JobContext) -> list[store.CloneRequest]:
 
 
 async def find_own_clones(ctx: JobContext, memos: list[store.CloneRequest], exclude: set[int]) -> list[VmState]:
-    """VMs that a ServerCreate of this resource cloned (vmid in ``memos``) but did not tag yet:
-    recognised by our marker in their description — or still under ``lock: clone`` (the caller
-    waits and checks the marker then). A VM carrying another resource's identity is never ours."""
+    """VMs that a clone request of this resource made (vmid in ``memos``) but that are not tagged
+    yet: recognised by our marker in their description — or, still under ``lock: clone`` (no
+    description yet), only while *our* request may be the clone running there: its answer is not
+    recorded yet (uncertain), or it was answered with a UPID whose task still runs. A locked VM
+    at a vmid we asked for whose request was refused, failed or whose task has ended is someone
+    else's clone; so is a VM carrying another resource's identity."""
     mine, out = identity_tag(ctx.job.resource_id), []
     for m in memos:
-        vmid, node = m.vmid, m.node
-        if vmid in exclude:
+        if m.vmid in exclude:
             continue
-        st = await ctx.pve.vm_state(node, vmid)
+        st = await ctx.pve.vm_state(m.node, m.vmid)
         if st is None or any(t.startswith("z9-id-") and t != mine for t in st.tags):
             continue
-        if st.lock == "clone" or marker(ctx.job.resource_id) in str(st.config.get("description", "")):
+        if marker(ctx.job.resource_id) in str(st.config.get("description", "")):
+            out.append(st)
+        elif st.lock == "clone" and await _clone_in_flight(ctx, m):
             out.append(st)
     return out
+
+
+async def _clone_in_flight(ctx: JobContext, m: store.CloneRequest) -> bool:
+    """Whether our request ``m`` may be the clone running at its vmid now."""
+    if m.uncertain_since is not None:
+        return True  # no answer recorded: it may be ours
+    if not m.upid:
+        return False  # answered with an error: nothing of ours runs there
+    try:
+        return (await ctx.pve.task_status(m.node, m.upid)).get("status") == "running"
+    except PermanentError:
+        return False  # the node does not know our task (any more): not ours
 
 
 def clone_uncertain_since(memos: list[store.CloneRequest]) -> float | None:

@@ -1,6 +1,8 @@
 """ServerCreate: make the server's VM exist, configured and running.
 
-observe  the template named by ``image`` (a template VM in ``/cluster/resources``) and the VM
+observe  the template named by ``image`` — by the name its config has now, not the name
+         ``/cluster/resources`` shows (its stats lag: a template renamed or imported moments ago
+         shows its old name, or none; a missing template is waited for) — and the VM
          carrying ``z9-id-<server id>`` anywhere in the cluster; failing that, a clone a create
          job of this server started earlier (its vmid is in that job's memo and its description
          carries our marker: a clone has no tags of its own until ``configure``).
@@ -49,9 +51,6 @@ async def observe(ctx: JobContext) -> World:
     """The template, and our VM (by tag, else an untagged clone of ours). Raises TemporaryError
     on hypervisor trouble, PermanentError when several VMs carry our tag."""
     image = ctx.args["image"]
-    vms = await ctx.pve.list_vms()
-    templates = [v for v in vms if v.template and v.name == image]
-    template = templates[0] if templates else None
     vm = await _server.find_one_vm(ctx, ctx.job.resource_id)
     in_flight = 0.0
     if vm is None:
@@ -62,11 +61,14 @@ async def observe(ctx: JobContext) -> World:
         since = _server.clone_uncertain_since(memos) if vm is None else None
         if since is not None:
             in_flight = max(0.0, since + ctx.settings.uncertain_window_s - time.time())
-    disk = None
-    if vm is None and template is not None:
-        tpl = await ctx.pve.vm_state(template.node, template.vmid)
-        found = _server.boot_disk(tpl.config) if tpl else None
-        disk = found[1] if found else None
+    template, disk = None, None
+    if vm is None:
+        tpl = await _server.find_template(ctx, image)
+        if tpl is not None:
+            template = VmRef(vmid=tpl.vmid, node=tpl.node, name=image, status=tpl.status, tags=tpl.tags,
+                             lock=tpl.lock, template=True)
+            found = _server.boot_disk(tpl.config)
+            disk = found[1] if found else None
     return World(template=template, vm=vm, template_disk_gib=disk, clone_in_flight_s=in_flight)
 
 
@@ -80,7 +82,10 @@ def plan(job: Job, world: World) -> list[Step]:
             raise Snooze(f"an earlier clone request got no answer and may still be performed; "
                          f"waiting up to {world.clone_in_flight_s:.0f}s for it", delay_s=min(world.clone_in_flight_s, 10.0))
         if world.template is None:
-            raise PermanentError(f"image {args['image']!r}: no template with that name in region {job.region}")
+            # Not visible yet (an image being imported, a template being renamed): waiting on the
+            # world, not a failure (it spends no attempt; snooze_limit_s bounds the wait).
+            raise Snooze(f"image {args['image']!r}: no template with that name in region {job.region} yet; "
+                         "waiting for it to appear", delay_s=5.0)
         if platform_roles(world.template.tags):
             raise PermanentError(f"image {args['image']!r}: template {world.template.vmid} carries platform role "
                                  f"{', '.join(sorted(platform_roles(world.template.tags)))}; its clones would "

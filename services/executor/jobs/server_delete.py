@@ -137,6 +137,10 @@ async def verify(ctx: JobContext) -> None:
         raise TemporaryError("verify: VMs still carry the identity tag: "
                              + ", ".join(f"{v.vmid} on {v.node}" for v in left))
     clones = await _server.find_own_clones(ctx, memos, set())
+    running = [v for v in clones if v.lock == "clone"]
+    if running:  # a clone of ours is still being made: waiting on the world spends no attempt
+        raise Snooze("verify: a clone of ours is still running at "
+                     + ", ".join(f"{v.vmid} on {v.node}" for v in running) + "; waiting for it", delay_s=2.0)
     if clones:
         raise TemporaryError("verify: untagged clones of ours remain: "
                              + ", ".join(f"{v.vmid} on {v.node}" for v in clones))
