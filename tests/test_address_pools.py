@@ -187,3 +187,22 @@ async def test_concurrent_allocations_never_give_an_ip_twice(pool: asyncpg.Pool,
     assert len(set(ips)) == 254
     assert {ipaddress.ip_address(i) for i in ips} == {ipaddress.ip_address("10.20.0.0") + n for n in range(1, 255)}
     assert await pool.fetchval("SELECT count(DISTINCT ip) FROM addresses WHERE status <> 'deleted'") == 254
+
+
+async def test_pool_choice(pool: asyncpg.Pool) -> None:
+    """Unnamed: the pool named public, else the region's only pool of the family; named: that one."""
+    tenant, _ = await make_tenant(pool, "acme")
+    job = store.NewJob(kind="AddressCreate", region=REGION)
+    async with pool.acquire() as conn:
+        await store.address_pools_sync(conn, {REGION: region_with(
+            {"name": "private", "cidr": "10.9.0.0/24"}, PUBLIC, {"name": "v6", "cidr": "2001:db8::/120"})})
+        alloc = lambda **kw: store.address_allocate_with_job(conn, region=REGION, tenant_id=tenant,  # noqa: E731
+                                                             kind="floating", job=job, **kw)
+        assert (await alloc(family=4, pool=None))[0].pool_name == "public"
+        assert (await alloc(family=4, pool="private"))[0].ip_text == "10.9.0.1"
+        assert (await alloc(family=6, pool=None))[0].ip_text == "2001:db8::1"
+        assert await alloc(family=4, pool="nope") is None
+        await store.address_pools_sync(conn, {REGION: region_with(
+            {"name": "private", "cidr": "10.9.0.0/24"}, {"name": "dmz", "cidr": "10.8.0.0/24"})})
+        assert await alloc(family=4, pool=None) is None            # which one? the API asks (422)
+        assert (await alloc(family=4, pool="dmz"))[0].ip_text == "10.8.0.1"
