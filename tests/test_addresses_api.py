@@ -277,3 +277,23 @@ async def test_300_concurrent_allocations_through_4_api_processes(settings: Sett
     assert await pool.fetchval("SELECT count(DISTINCT ip) FROM addresses WHERE status <> 'deleted'") == 254
     assert await pool.fetchval("SELECT count(*) FROM addresses") == 254
     assert await pool.fetchval("SELECT count(*) FROM jobs WHERE kind = 'AddressCreate'") == 254
+
+
+# 7
+async def test_foreign_vm_using_the_ip_is_reported_never_touched(stack: Stack, sim: SimAdmin) -> None:
+    """A VM without z9 tags, configured out of band with the IP the pool hands out next: z9
+    reports the conflict on the address and leaves that VM (config, tags, IP sets) alone."""
+    a = await _server(stack, "c7")
+    foreign = {"name": "legacy", "ipconfig0": "ip=203.0.113.10/24,gw=203.0.113.1",
+               "net0": "virtio=BC:24:11:00:00:07,bridge=vmbr0", "tags": "legacy"}
+    await sim._req("POST", "/vms", json={"vmid": 707, "node": "pve2", "config": foreign, "running": True})
+    before = await sim.vm(707)
+    adr = await _address(stack, server_id=a["id"])
+    assert adr["ip"] == "203.0.113.10"
+    assert adr["observed"]["conflicts"] == [{"vmid": 707, "node": "pve2", "name": "legacy",
+                                             "why": "ipconfig0 uses 203.0.113.10"}]
+    assert adr["status"] == "active" and adr["status_reason"].startswith("conflict: 203.0.113.10 is also used")
+    assert adr["observed"]["holder"]["vmid"] == a["observed"]["vmid"]     # its own assignment went ahead
+    after = await sim.vm(707)
+    assert after == before
+    assert not (await sim.state())["firewall"]["vms"].get("707")
