@@ -296,7 +296,8 @@ CREATE INDEX addresses_deletion_due ON addresses (delete_after) WHERE status = '
 
 -- The lifecycle queries are written once for every resource table (migration 0004); what a
 -- deletion means for an address the table keeps itself: a protected address is not deleted
--- (the API answers 409 protected); a deletion takes the address off its server (its buffer's
+-- (the API answers 409 protected), nor a server's primary (409 must_be_unassigned: its VM's
+-- cloud-init still names it); a deletion takes the address off its server (its buffer's
 -- AddressUnassign makes that true in the world) and remembers the server, which a cancellation
 -- gives back (the restoring AddressAssign then puts it on again).
 CREATE FUNCTION addresses_deletion() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -305,6 +306,11 @@ BEGIN
         IF OLD.protect_delete THEN
             RAISE EXCEPTION 'address % is protected against deletion; turn protection.delete off first', OLD.id
                 USING ERRCODE = 'check_violation', CONSTRAINT = 'addresses_protected';
+        END IF;
+        IF OLD.kind = 'primary' AND OLD.server_id IS NOT NULL AND NEW.status = 'deleting' THEN
+            RAISE EXCEPTION 'address % is the primary address of server %; unassign it first (with the server '
+                            'stopped), or delete the server', OLD.id, OLD.server_id
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'addresses_must_be_unassigned';
         END IF;
         NEW.server_before_delete := OLD.server_id;
         NEW.server_id := NULL;

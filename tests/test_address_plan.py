@@ -105,3 +105,14 @@ def test_helpers() -> None:
     assert ipconfig0(six) == "ip6=2001:db8::7/64"
     assert _address.conflict_reason({"conflicts": [{"vmid": 300, "node": "pve2", "why": "ipconfig0 uses x"}]},
                                     "198.51.100.7").startswith("conflict: 198.51.100.7 is also used by a VM z9 does not manage")
+
+
+def test_a_primary_taken_off_a_stopped_vm_leaves_its_cloud_init_on_dhcp() -> None:
+    a = address("primary", server_id=None)
+    old = Holder(vm(101, SRV_A, address_tag(ADR), running=False, ipconfig0="ip=198.51.100.7/24,gw=198.51.100.1"),
+                 ENTRY)
+    steps = _address.plan(None, world(a, target=None, holders=[old]))  # type: ignore[arg-type]
+    assert names(steps) == ["remove_entry@101", "clear_ipconfig@101", "untag@101"]
+    running = Holder(vm(101, SRV_A, address_tag(ADR), ipconfig0="ip=198.51.100.7/24"), ENTRY)
+    with pytest.raises(PermanentError, match="running"):
+        _address.plan(None, world(a, target=None, holders=[running]))  # type: ignore[arg-type]

@@ -130,6 +130,10 @@ async def test_primary_changes_only_on_a_stopped_server(stack: Stack, sim: SimAd
     status, out = await stack.call("POST", f"/addresses/{pub}/actions/unassign")
     assert status == 409 and out["error"]["code"] == "server_not_stopped"
     assert "next boot" in out["error"]["message"] and "new instance" in out["error"]["message"]
+    status, out = await stack.call("DELETE", f"/addresses/{pub}")
+    assert status == 409 and out["error"]["code"] == "must_be_unassigned"
+    assert f"primary address of server {server['id']}" in out["error"]["message"]
+    assert (await _get(stack, pub))["status"] == "active"
 
 
 # 4 (through the API: one job moves it; exactly one holder afterwards)

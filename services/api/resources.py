@@ -226,6 +226,11 @@ def _replay(prior: Any, req_hash: bytes) -> web.Response:
 
 # ---------------------------------------------------------------------------------- generic handlers
 
+DELETION_RULE_CODES = ("protected", "must_be_unassigned")
+"""409 codes a table's own deletion rule may raise (a trigger's ``check_violation`` with
+``CONSTRAINT = '<table>_<code>'``)."""
+
+
 def _not_deletable(name: str, rid: str, status: str) -> str:
     if status == "deleting":
         return f"{name} {rid} is deleting; cancel the deletion or wait"
@@ -316,9 +321,11 @@ def _delete_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
             try:
                 row = await rt.mark_deleting(conn, rid, tenant_id, settings.deletion_buffer_s)
             except asyncpg.CheckViolationError as e:
-                # a table's own deletion rule refused (e.g. addresses_protected: delete protection)
-                if (e.constraint_name or "").endswith("_protected"):
-                    raise Conflict(e.message, code="protected") from e
+                # a table's own deletion rule refused: its constraint is named <table>_<code>
+                # (addresses_protected → 409 protected, addresses_must_be_unassigned → …)
+                name = e.constraint_name or ""
+                if name.startswith(rt.table + "_") and name[len(rt.table) + 1:] in DELETION_RULE_CODES:
+                    raise Conflict(e.message, code=name[len(rt.table) + 1:]) from e
                 raise
             if row is None:
                 current = await rt.get(conn, rid, tenant_id)

@@ -176,7 +176,7 @@ async def observe(ctx: JobContext, want: str | None) -> World:
 def plan(job: Job, world: World) -> list[Step]:
     """Pure: the steps still missing for the address to be on ``world.want``'s VM only.
 
-    Old holders: ``remove_entry`` then ``untag``. Target: ``tag``, ``create_ipset``,
+    Old holders: ``remove_entry``, (a primary on a stopped VM) ``clear_ipconfig``, then ``untag``. Target: ``tag``, ``create_ipset``,
     ``add_entry``, for a primary ``set_ipconfig`` (stopped VM only), then ``enable_ipfilter``
     when enforced. A VM locked by another task is waited on (Snooze)."""
     a = world.address
@@ -186,6 +186,13 @@ def plan(job: Job, world: World) -> list[Step]:
         d = {"vmid": h.vm.vmid, "node": h.vm.node}
         if h.has_entry(ip):
             steps.append(Step("remove_entry", dict(d)))
+        if a.kind == "primary" and config_ips({"ipconfig0": h.vm.config.get("ipconfig0")}).get("ipconfig0") == ip:
+            # its cloud-init must not keep an address it no longer holds (stopped VM only: the API
+            # refuses to take a primary off a running server)
+            if h.vm.running:
+                raise PermanentError(f"VM {h.vm.vmid} is running: its primary address is taken off only while "
+                                     "it is stopped")
+            steps.append(Step("clear_ipconfig", dict(d)))
         steps.append(Step("untag", dict(d)))
     t = world.target
     if t is not None:
@@ -277,6 +284,16 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         await ctx.wait_task(step, await ctx.pve.configure(node, vmid, params, digest=st.config.get("digest")))
         await ctx.fence()
         await ctx.pve.cloudinit_regenerate(node, vmid)
+    elif step.name == "clear_ipconfig":
+        st = await ctx.pve.vm_state(node, vmid)
+        if st is None:
+            raise TemporaryError(f"VM {vmid} disappeared from {node}")
+        if config_ips({"ipconfig0": st.config.get("ipconfig0")}).get("ipconfig0") == ip:
+            if st.running:
+                raise PermanentError(f"VM {vmid} is running: its primary address is taken off only while stopped")
+            await ctx.fence()
+            await ctx.wait_task(step, await ctx.pve.configure(node, vmid, {"ipconfig0": "ip=dhcp"},
+                                                              digest=st.config.get("digest")))
     elif step.name == "enable_ipfilter":
         st = await ctx.pve.vm_state(node, vmid)
         if st is None:
