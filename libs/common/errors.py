@@ -63,6 +63,25 @@ class LeaseLost(Z9Error):
     """A fenced write to a running job matched no row: this worker no longer owns the job."""
 
 
+class DatabaseError(Z9Error):
+    """Base of the errors the store (the one PostgreSQL boundary, ``z9.common.store``) raises
+    instead of asyncpg's."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database cannot be reached right now (connection lost or refused, server shutting
+    down): back off and retry; nothing of the statement can be assumed either way."""
+
+
+class UniqueViolation(DatabaseError):
+    """A write would break a unique constraint; ``constraint`` names it (e.g.
+    ``servers_tenant_name_live``), so the caller can say which precondition failed."""
+
+    def __init__(self, constraint: str, message: str = ""):
+        super().__init__(message or f"unique constraint {constraint} violated")
+        self.constraint = constraint
+
+
 class ApiError(Z9Error):
     """An error answered to an API client as ``{"error": {"code", "message", "details"}}``."""
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import asyncpg
-
 from z9.common import kinds, store
-from z9.common.errors import Conflict, ValidationFailed
+from z9.common.errors import Conflict, UniqueViolation, ValidationFailed
 from z9.common.models import Server
 from z9.common.resources.server import SERVER
 from z9.common.settings import Settings
@@ -44,7 +42,9 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
             cores=spec.cores, memory_mib=spec.memory_mib, disk_gib=spec.disk_gib, ssh_keys=spec.ssh_keys,
             job=NewJob(kind=kinds.SERVER_CREATE, region=spec.region, args=spec.model_dump(),
                        max_attempts=ctx.settings.max_attempts))
-    except asyncpg.UniqueViolationError:
+    except UniqueViolation as e:
+        if e.constraint != "servers_tenant_name_live":
+            raise
         raise Conflict(f"a server named {spec.name!r} already exists in this tenant; "
                        "choose another name or delete that server first")
 
