@@ -73,13 +73,21 @@ class DatabaseUnavailable(DatabaseError):
     down): back off and retry; nothing of the statement can be assumed either way."""
 
 
-class UniqueViolation(DatabaseError):
-    """A write would break a unique constraint; ``constraint`` names it (e.g.
-    ``servers_tenant_name_live``), so the caller can say which precondition failed."""
+class ConstraintViolation(DatabaseError):
+    """A write would break a constraint; ``constraint`` names it, so the caller can say which
+    precondition failed."""
 
     def __init__(self, constraint: str, message: str = ""):
-        super().__init__(message or f"unique constraint {constraint} violated")
+        super().__init__(message or f"constraint {constraint} violated")
         self.constraint = constraint
+
+
+class UniqueViolation(ConstraintViolation):
+    """A unique constraint or index (e.g. ``servers_tenant_name_live``)."""
+
+
+class ExclusionViolation(ConstraintViolation):
+    """An exclusion constraint (e.g. overlapping ranges)."""
 
 
 class ApiError(Z9Error):

@@ -6,7 +6,8 @@ raise :class:`~z9.common.errors.LeaseLost` when they match no row.
 
 This module is the PostgreSQL error boundary: every public coroutine below translates asyncpg's
 errors (see :func:`_boundary`) — a unique violation becomes
-:class:`~z9.common.errors.UniqueViolation` naming its constraint, a lost or refused connection one
+:class:`~z9.common.errors.UniqueViolation` (an exclusion violation
+:class:`~z9.common.errors.ExclusionViolation`) naming its constraint, a lost or refused connection one
 :class:`~z9.common.errors.DatabaseUnavailable` — so services never catch asyncpg types.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Iterable, Protocol
 import asyncpg
 
 from .db import TRANSIENT_DB_ERRORS
-from .errors import DatabaseUnavailable, LeaseLost, UniqueViolation
+from .errors import ConstraintViolation, DatabaseUnavailable, ExclusionViolation, LeaseLost, UniqueViolation
 from .ids import new_id
 from .models import Job, Server
 from .sql import q, qt
@@ -438,10 +439,12 @@ def _boundary(fn: Any) -> Any:
     async def translated(*args: Any, **kw: Any) -> Any:
         try:
             return await fn(*args, **kw)
-        except (DatabaseUnavailable, UniqueViolation):
+        except (DatabaseUnavailable, ConstraintViolation):
             raise
         except asyncpg.UniqueViolationError as e:
             raise UniqueViolation(e.constraint_name or "unknown", str(e)) from e
+        except asyncpg.ExclusionViolationError as e:
+            raise ExclusionViolation(e.constraint_name or "unknown", str(e)) from e
         except TRANSIENT_DB_ERRORS as e:
             raise DatabaseUnavailable(f"database unavailable: {type(e).__name__}: {e}") from e
     return translated
