@@ -50,7 +50,7 @@ async def test_create_server_end_to_end(stack: Stack, sim: SimAdmin) -> None:
     assert len(vms) == 1
     vm = vms[0]
     assert vm["running"] and not vm["lock"]
-    assert normalize_tags(vm["config"]["tags"]) == {identity_tag(server["id"]), "z9-role-customer"}
+    assert normalize_tags(vm["config"]["tags"]) == {identity_tag(server["id"]), "z9-member-main", "z9-role-customer"}
     assert vm["config"]["cores"] in ("2", 2) and str(vm["config"]["memory"]) == "2048"
     assert "size=10G" in vm["config"]["scsi0"]
     assert server["status"] == "running"

@@ -95,7 +95,7 @@ async def test_a_clone_request_whose_sender_died_is_waited_for_not_repeated(stac
     (SIGKILL, freeze: nothing marks it lost): the next attempt must not clone again while it may
     still be performed — it waits (no attempt spent) and adopts the VM when the request lands.
     Cloning again made the late request's VM an orphan (3 clone tasks for 2 creates)."""
-    from z9.executor.jobs._server import marker
+    from z9.executor.vms import marker
 
     await stack.stop_service("executor")
     stack.settings.uncertain_window_s = 30.0

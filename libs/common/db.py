@@ -7,6 +7,8 @@ from typing import Any
 
 import asyncpg
 
+from .errors import DatabaseUnavailable
+
 JOBS_CHANNEL = "z9_jobs"  # payload: the region whose jobs became claimable
 SCHEDULER_CHANNEL = "z9_scheduler"  # a job entered `retry`; the scheduler recomputes its sleep
 
@@ -65,6 +67,7 @@ async def connect(dsn: str, *, application_name: str = "z9") -> asyncpg.Connecti
 
 
 TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
+    DatabaseUnavailable,  # what the store raises for all of the below
     asyncpg.PostgresConnectionError,  # includes ConnectionDoesNotExistError
     asyncpg.InterfaceError,  # "connection is closed", pool closing
     asyncpg.CannotConnectNowError,  # starting up / shutting down
@@ -79,4 +82,7 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     socket.gaierror,
     TimeoutError,  # connect timeout
 )
-"""Errors meaning "the database is unreachable right now": services back off and reconnect."""
+"""Errors meaning "the database is unreachable right now": services back off and reconnect. The
+store translates them into :class:`~z9.common.errors.DatabaseUnavailable`; the tuple is what
+services catch around the few database calls that are not the store's (pool creation, LISTEN
+connections, a transaction's COMMIT)."""

@@ -3,10 +3,18 @@
 Every function takes ``db`` — an asyncpg ``Connection`` or ``Pool`` — as its first argument and
 returns models (``Job``, ``Server``) or plain values. Fenced job writes take a :class:`Lease` and
 raise :class:`~z9.common.errors.LeaseLost` when they match no row.
+
+This module is the PostgreSQL error boundary: every public coroutine below translates asyncpg's
+errors (see :func:`_boundary`) — a unique violation becomes
+:class:`~z9.common.errors.UniqueViolation` (an exclusion violation
+:class:`~z9.common.errors.ExclusionViolation`) naming its constraint, a lost or refused connection one
+:class:`~z9.common.errors.DatabaseUnavailable` — so services never catch asyncpg types.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -14,7 +22,9 @@ from typing import Any, Iterable, Protocol
 
 import asyncpg
 
-from .errors import LeaseLost, PoolConfigError
+from .db import TRANSIENT_DB_ERRORS
+from .errors import (CheckViolation, ConstraintViolation, DatabaseUnavailable, ExclusionViolation, LeaseLost,
+                     PoolConfigError, UniqueViolation)
 from .ids import new_id
 from .models import Address, Job, Server
 from .sql import q, qt
@@ -95,7 +105,7 @@ async def idempotency_insert(
 
 async def server_insert(db: DB, *, tenant_id: str, region: str, name: str, image: str, cores: int,
                         memory_mib: int, disk_gib: int, ssh_keys: list[str]) -> Server:
-    """A new ``creating`` server. Raises asyncpg.UniqueViolationError when the tenant already has
+    """A new ``creating`` server. Raises UniqueViolation (servers_tenant_name_live) when the tenant already has
     a live server of that name."""
     row = await db.fetchrow(q("server_insert"), new_id("srv"), tenant_id, region, name, image,
                             cores, memory_mib, disk_gib, ssh_keys)
@@ -107,7 +117,7 @@ async def server_insert_with_job(db: DB, *, tenant_id: str, region: str, name: s
                                  job: NewJob) -> tuple[Server, dict[str, Any]]:
     """A new ``creating`` server and its job (``job``: kind, args, max_attempts, trace_context;
     region, tenant and resource come from the server) in one statement, without NOTIFY.
-    Returns (server, job brief ``{id, kind, status}``). Raises asyncpg.UniqueViolationError
+    Returns (server, job brief ``{id, kind, status}``). Raises UniqueViolation (servers_tenant_name_live)
     when the tenant already has a live server of that name (nothing is written)."""
     row = await db.fetchrow(q("server_insert_with_job"), new_id("srv"), tenant_id, region, name, image,
                             cores, memory_mib, disk_gib, ssh_keys, new_id("job"), job.kind, job.args or {},
@@ -584,3 +594,27 @@ async def address_make_primary(db: DB, address_id: str, server_id: str) -> Addre
     asyncpg.UniqueViolationError when the server has a primary of that family already."""
     row = await db.fetchrow(q("address_make_primary"), address_id, server_id)
     return Address.from_record(row) if row else None
+# ---------------------------------------------------------------- the error boundary
+
+def _boundary(fn: Any) -> Any:
+    """``fn`` with asyncpg's errors translated (see the module docstring)."""
+    @functools.wraps(fn)
+    async def translated(*args: Any, **kw: Any) -> Any:
+        try:
+            return await fn(*args, **kw)
+        except (DatabaseUnavailable, ConstraintViolation):
+            raise
+        except asyncpg.UniqueViolationError as e:
+            raise UniqueViolation(e.constraint_name or "unknown", str(e)) from e
+        except asyncpg.ExclusionViolationError as e:
+            raise ExclusionViolation(e.constraint_name or "unknown", str(e)) from e
+        except asyncpg.CheckViolationError as e:
+            raise CheckViolation(e.constraint_name or "unknown", str(e)) from e
+        except TRANSIENT_DB_ERRORS as e:
+            raise DatabaseUnavailable(f"database unavailable: {type(e).__name__}: {e}") from e
+    return translated
+
+
+for _name, _fn in list(globals().items()):
+    if not _name.startswith("_") and inspect.iscoroutinefunction(_fn) and _fn.__module__ == __name__:
+        globals()[_name] = _boundary(_fn)

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import asyncpg
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
 from z9.common import kinds, store
-from z9.common.errors import Conflict, NotFound, ValidationFailed
+from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed
 from z9.common.models import Address, Server
 from z9.common.resources.address import ADDRESS
 from z9.common.settings import Settings
@@ -173,10 +172,10 @@ def exhausted(pool: dict[str, Any]) -> Conflict:
                     code="pool_exhausted", details={"pool": pool["name"], "region": pool["region"]})
 
 
-def _unique(e: asyncpg.UniqueViolationError, name: str | None) -> Conflict:
-    if e.constraint_name == "addresses_tenant_name_live":
+def _unique(e: UniqueViolation, name: str | None) -> Conflict:
+    if e.constraint == "addresses_tenant_name_live":
         return Conflict(f"an address named {name!r} already exists in this tenant", code="uniqueness_error")
-    if e.constraint_name == "addresses_primary_per_server":
+    if e.constraint == "addresses_primary_per_server":
         return Conflict("the server already has a primary address of this family", code="server_has_ipv4")
     raise e
 
@@ -223,7 +222,7 @@ async def create(ctx: CreateContext, spec: AddressCreate) -> tuple[Address, dict
             protect_delete=bool(spec.protection and spec.protection.delete), server_id=spec.server_id,
             job=NewJob(kind=kind, region=spec.region, args={"server_id": spec.server_id} if spec.server_id else {},
                        max_attempts=ctx.settings.max_attempts, extra_lock_keys=extra))
-    except asyncpg.UniqueViolationError as e:
+    except UniqueViolation as e:
         raise _unique(e, spec.name)
     if got is None:  # which: no such pool (422), or exhausted (409)
         raise exhausted(await pick_pool(ctx.conn, ctx.settings, spec.region, spec.family, spec.pool))
@@ -281,7 +280,7 @@ def _operations(api: ApiResource) -> list[Operation]:
                 _require_stopped(server, "assigning a primary address")
             try:
                 row = await store.address_set_server(conn, a.id, server.id)
-            except asyncpg.UniqueViolationError as e:
+            except UniqueViolation as e:
                 raise Conflict(f"server {server.id} already has a primary IPv{a.family} address",
                                code=f"server_has_ipv{a.family}") from e
             extra = tuple(s for s in (server.id, a.server_id) if s)
@@ -314,7 +313,7 @@ def _operations(api: ApiResource) -> list[Operation]:
                 dns_ptr=(spec.dns_ptr,) if "dns_ptr" in fields else None,
                 protect_delete=spec.protection.delete if spec.protection is not None else None,
                 auto_delete=spec.auto_delete)
-        except asyncpg.UniqueViolationError as e:
+        except UniqueViolation as e:
             raise _unique(e, spec.name)
         if row is None:
             current = await store.address_get(pool, rid, tenant_id)

@@ -20,7 +20,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from z9.common import store
-from z9.common.errors import BadRequest, Conflict, NotFound, ValidationFailed
+from z9.common.errors import BadRequest, CheckViolation, Conflict, NotFound, ValidationFailed
 from z9.common.ids import is_id
 from z9.common.notify import JobNotifier
 from z9.common.resources import Buffered, ResourceType
@@ -231,6 +231,11 @@ DELETION_RULE_CODES = ("protected", "must_be_unassigned")
 ``CONSTRAINT = '<table>_<code>'``)."""
 
 
+def _rule_message(e: Exception) -> str:
+    """The trigger's own message (the translated error's text, without PostgreSQL's prefix)."""
+    return str(e).split("\n")[0]
+
+
 def _not_deletable(name: str, rid: str, status: str) -> str:
     if status == "deleting":
         return f"{name} {rid} is deleting; cancel the deletion or wait"
@@ -320,12 +325,12 @@ def _delete_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
         async with pool.acquire() as conn, conn.transaction():
             try:
                 row = await rt.mark_deleting(conn, rid, tenant_id, settings.deletion_buffer_s)
-            except asyncpg.CheckViolationError as e:
+            except CheckViolation as e:
                 # a table's own deletion rule refused: its constraint is named <table>_<code>
                 # (addresses_protected → 409 protected, addresses_must_be_unassigned → …)
-                name = e.constraint_name or ""
+                name = e.constraint
                 if name.startswith(rt.table + "_") and name[len(rt.table) + 1:] in DELETION_RULE_CODES:
-                    raise Conflict(e.message, code=name[len(rt.table) + 1:]) from e
+                    raise Conflict(_rule_message(e), code=name[len(rt.table) + 1:]) from e
                 raise
             if row is None:
                 current = await rt.get(conn, rid, tenant_id)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import asyncpg
-
 from z9.common import kinds, store
-from z9.common.errors import Conflict, ValidationFailed
+from z9.common.errors import Conflict, UniqueViolation, ValidationFailed
 from z9.common.models import Address, Server
 from z9.common.resources.address import ADDRESS
 from z9.common.resources.server import SERVER
@@ -68,7 +66,9 @@ async def _insert(ctx: CreateContext, spec: schemas.ServerCreate, job: NewJob) -
         return await store.server_insert_with_job(
             ctx.conn, tenant_id=ctx.tenant_id, region=spec.region, name=spec.name, image=spec.image,
             cores=spec.cores, memory_mib=spec.memory_mib, disk_gib=spec.disk_gib, ssh_keys=spec.ssh_keys, job=job)
-    except asyncpg.UniqueViolationError:
+    except UniqueViolation as e:
+        if e.constraint != "servers_tenant_name_live":
+            raise
         raise Conflict(f"a server named {spec.name!r} already exists in this tenant; "
                        "choose another name or delete that server first")
 

@@ -21,6 +21,7 @@ from z9.common.tags import identity_tag
 
 from ..context import JobContext, Step
 from ..proxmox import VmState
+from .. import vms
 from . import _server
 
 KIND = kinds.SERVER_START
@@ -33,7 +34,7 @@ class World:
 
 async def observe(ctx: JobContext) -> World:
     """Our VM by tag (or None)."""
-    return World(vm=await _server.find_one_vm(ctx, ctx.job.resource_id))
+    return World(vm=await vms.find_one_vm(ctx, ctx.job.resource_id))
 
 
 def plan(job: Job, world: World) -> list[Step]:
@@ -41,10 +42,10 @@ def plan(job: Job, world: World) -> list[Step]:
     vm = world.vm
     if vm is None:
         raise PermanentError(f"no VM carries {identity_tag(job.resource_id)}: the server's VM is gone")
-    _server.guard(job.resource_id, vm)
+    vms.guard(job.resource_id, vm)
     if vm.running:
         return []
-    _server.refuse_if_locked(vm)
+    vms.refuse_if_locked(vm)
     return [Step("start", {"vmid": vm.vmid, "node": vm.node})]
 
 
@@ -53,7 +54,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     if step.name != "start":
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
     assert world.vm is not None
-    await _server.ensure_running(ctx, step, await _server.reread_guarded(ctx, world.vm))
+    await vms.ensure_running(ctx, step, await vms.reread_guarded(ctx, ctx.job.resource_id, world.vm))
 
 
 async def verify(ctx: JobContext) -> VmState:
