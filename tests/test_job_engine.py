@@ -9,7 +9,7 @@ import pytest
 
 from z9.common import store
 from z9.common.resources.server import SERVER
-from z9.common.errors import LeaseLost
+from z9.common.errors import CheckViolation, LeaseLost
 from z9.common.store import Lease, NewJob
 from z9.reaper import Reaper
 from z9.scheduler import Scheduler
@@ -101,8 +101,9 @@ async def test_a_job_locking_two_resources_waits_for_earlier_jobs_of_both(pool: 
 
 
 async def test_extra_lock_keys_need_a_resource(pool: asyncpg.Pool) -> None:
-    with pytest.raises(asyncpg.CheckViolationError):
+    with pytest.raises(CheckViolation) as e:  # translated at the store's boundary, naming the constraint
         await store.job_insert(pool, NewJob(kind="Noop", region="r1", extra_lock_keys=("srv_s",)))
+    assert e.value.constraint == "jobs_extra_lock_keys_need_resource"
 
 
 async def test_writes_are_fenced(pool: asyncpg.Pool) -> None:
