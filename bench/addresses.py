@@ -4,7 +4,8 @@ pool, from one API process — target ≥ 800 allocations/s, p99 < 50 ms, zero d
 ``POST /v1/servers`` through the same API (target ≥ 1,200 req/s).
 
 Each round runs in a fresh database (``z9_bench_<random>``, created, migrated and dropped here),
-with one pool of 65,534 allocatable IPs (a /16) in region ``bench`` and one ``z9 api`` process.
+with one pool of 65,534 allocatable IPs (a /16) in region ``bench`` and one ``z9 api`` process;
+each endpoint gets a 1 s warm-up first (not measured: the API's connection pool grows).
 Load comes from ``wrk`` (``apt-get install -y wrk``), like W6 of ``bench/run.py``. After the
 allocations the script checks the database: every 202 answer is one address row, and no IP is
 held by two live addresses (``duplicates``, must be 0). Figures are JSON lines (the fields of
@@ -108,8 +109,11 @@ async def round_(admin_dsn: str, rnd: int, connections: int, duration_s: int) ->
             await conn.close()
         api, port, log = await _api(db.dsn)
         try:
-            for endpoint, script in (("POST /v1/addresses", WRK_ADDRESS % token),
-                                     ("POST /v1/servers", WRK_POST % (f"r{rnd}", token))):
+            for endpoint, script, warm in (
+                    ("POST /v1/addresses", WRK_ADDRESS % token, WRK_ADDRESS % token),
+                    # server names must not repeat: the warm-up has its own prefix
+                    ("POST /v1/servers", WRK_POST % (f"r{rnd}", token), WRK_POST % (f"w{rnd}", token))):
+                await _wrk(port, warm, connections, 1, api.pid)  # warm-up (the API's pool grows to 16)
                 d, cpu = await _wrk(port, script, connections, duration_s, api.pid)
                 secs = d["duration_us"] / 1e6
                 extra: dict[str, Any] = {}
