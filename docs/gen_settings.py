@@ -86,6 +86,11 @@ REGION_DESCRIPTIONS: dict[str, str] = {
     "verify_ssl": "`true`/`false`, or the path of a CA bundle.",
     "images": "Template names the API accepts for the region (empty: any; the executor finds out).",
     "request_timeout_s": "Timeout of one HTTP request to Proxmox (seconds).",
+    "address_pools": "The region's address pools: a list of `{name, cidr, gateway?, range?: [first, last], "
+                     "reserved?: [ip…], bridge? (vmbr0), vlan?, nameservers?, quarantine_s? (3600)}`; `range` "
+                     "defaults to every host address, at most 65,536 per pool; pools of a region must not "
+                     "overlap. Written to the database by `z9 migrate` and every API start; a pool taken "
+                     "out is disabled, not deleted. See `docs/addresses.md`.",
 }
 
 #: Variables outside the settings model (read by one tool or by the tests), listed by hand.

@@ -22,9 +22,13 @@ Admin API (no auth, loopback peers only), JSON in and out:
 - ``POST /_sim/reset`` → ``{"ok": true}``: seeded VMs back, tasks, faults and counters cleared.
 - ``GET /_sim/state`` → ``{"vms": [{vmid, node, config, running, template, lock}], "tasks": [{upid, node,
   type, id, user, status, exitstatus, starttime, endtime, log: [str]}], "counters": {"requests":
-  [{method, path, status, count}], "tasks_started": {type: n}}, "stats_refreshed_at": unix_s}``.
+  [{method, path, status, count}], "tasks_started": {type: n}}, "stats_refreshed_at": unix_s,
+  "firewall": {"vms": {"<vmid>": {options, ipsets: {name: [{cidr, comment?, nomatch?}]}, comments}},
+  "cluster_options": {}}}``.
 - ``POST /_sim/stats/refresh`` → ``{"ok": true}`` (refresh the ``/cluster/resources`` stats cache now).
-- ``POST /_sim/vms`` ``{vmid, node, config: {k: v}, running}`` → the VM (upsert);
+- ``POST /_sim/vms`` ``{vmid, node, config: {k: v}, running}`` → the VM (upsert) — a VM changed out of
+  band, e.g. a foreign VM with its own ``ipconfig0``: its cloud-init keys count as applied and, when
+  running, it booted from the drive they generate;
   ``DELETE /_sim/vms/{vmid}`` → ``{"deleted": 1}``.
 - ``POST /_sim/flock`` ``{vmid, seconds}`` → ``{"ok": true}``: hold the VM's config flock (lock contention).
 - ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?}``
@@ -151,6 +155,73 @@ async def h_cloudinit(ctx, p, user, fail):
     return None
 
 
+async def h_cloudinit_get(ctx, p, user, fail):
+    return ctx.cluster.cloudinit_pending(p["node"], _vmid(p))
+
+
+async def h_cloudinit_dump(ctx, p, user, fail):
+    return ctx.cluster.cloudinit_dump(p["node"], _vmid(p), p["type"])
+
+
+# firewall: keyed by vmid like /etc/pve/firewall/<vmid>.fw; only the node must exist (proxyto node)
+def _fw(ctx, p) -> int:
+    ctx.cluster.check_node(p["node"])
+    return _vmid(p)
+
+
+async def h_fw_index(ctx, p, user, fail):
+    _fw(ctx, p)
+    return [{"name": n} for n in ("rules", "aliases", "ipset", "refs", "options", "log")]
+
+
+async def h_fw_options_get(ctx, p, user, fail):
+    return ctx.cluster.firewall.get_vm_options(_fw(ctx, p))
+
+
+async def h_fw_options_put(ctx, p, user, fail):
+    ctx.cluster.firewall.set_vm_options(_fw(ctx, p), p)
+
+
+async def h_fw_ipset_list(ctx, p, user, fail):
+    return ctx.cluster.firewall.list_ipsets(_fw(ctx, p))
+
+
+async def h_fw_ipset_create(ctx, p, user, fail):
+    ctx.cluster.firewall.create_ipset(_fw(ctx, p), p)
+
+
+async def h_fw_ipset_get(ctx, p, user, fail):
+    return ctx.cluster.firewall.get_ipset(_fw(ctx, p), p["name"])
+
+
+async def h_fw_ipset_add(ctx, p, user, fail):
+    ctx.cluster.firewall.add_ip(_fw(ctx, p), p["name"], p)
+
+
+async def h_fw_ipset_delete(ctx, p, user, fail):
+    ctx.cluster.firewall.delete_ipset(_fw(ctx, p), p["name"], p.get("force") == "1")
+
+
+async def h_fw_ip_get(ctx, p, user, fail):
+    return ctx.cluster.firewall.read_ip(_fw(ctx, p), p["name"], p["cidr"])
+
+
+async def h_fw_ip_put(ctx, p, user, fail):
+    ctx.cluster.firewall.update_ip(_fw(ctx, p), p["name"], p["cidr"], p)
+
+
+async def h_fw_ip_delete(ctx, p, user, fail):
+    ctx.cluster.firewall.remove_ip(_fw(ctx, p), p["name"], p["cidr"], p)
+
+
+async def h_cluster_fw_options_get(ctx, p, user, fail):
+    return ctx.cluster.firewall.get_cluster_options()
+
+
+async def h_cluster_fw_options_put(ctx, p, user, fail):
+    ctx.cluster.firewall.set_cluster_options(p)
+
+
 async def h_status_current(ctx, p, user, fail):
     return ctx.cluster.status_current(p["node"], _vmid(p))
 
@@ -219,6 +290,21 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("DELETE", "/nodes/{node}/qemu/{vmid}"): h_destroy,
     ("PUT", "/nodes/{node}/qemu/{vmid}/resize"): h_resize,
     ("PUT", "/nodes/{node}/qemu/{vmid}/cloudinit"): h_cloudinit,
+    ("GET", "/nodes/{node}/qemu/{vmid}/cloudinit"): h_cloudinit_get,
+    ("GET", "/nodes/{node}/qemu/{vmid}/cloudinit/dump"): h_cloudinit_dump,
+    ("GET", "/nodes/{node}/qemu/{vmid}/firewall"): h_fw_index,
+    ("GET", "/nodes/{node}/qemu/{vmid}/firewall/options"): h_fw_options_get,
+    ("PUT", "/nodes/{node}/qemu/{vmid}/firewall/options"): h_fw_options_put,
+    ("GET", "/nodes/{node}/qemu/{vmid}/firewall/ipset"): h_fw_ipset_list,
+    ("POST", "/nodes/{node}/qemu/{vmid}/firewall/ipset"): h_fw_ipset_create,
+    ("GET", "/nodes/{node}/qemu/{vmid}/firewall/ipset/{name}"): h_fw_ipset_get,
+    ("POST", "/nodes/{node}/qemu/{vmid}/firewall/ipset/{name}"): h_fw_ipset_add,
+    ("DELETE", "/nodes/{node}/qemu/{vmid}/firewall/ipset/{name}"): h_fw_ipset_delete,
+    ("GET", "/nodes/{node}/qemu/{vmid}/firewall/ipset/{name}/{cidr}"): h_fw_ip_get,
+    ("PUT", "/nodes/{node}/qemu/{vmid}/firewall/ipset/{name}/{cidr}"): h_fw_ip_put,
+    ("DELETE", "/nodes/{node}/qemu/{vmid}/firewall/ipset/{name}/{cidr}"): h_fw_ip_delete,
+    ("GET", "/cluster/firewall/options"): h_cluster_fw_options_get,
+    ("PUT", "/cluster/firewall/options"): h_cluster_fw_options_put,
     ("GET", "/nodes/{node}/qemu/{vmid}/status"): h_status_index,
     ("GET", "/nodes/{node}/qemu/{vmid}/status/current"): h_status_current,
     ("POST", "/nodes/{node}/qemu/{vmid}/status/start"): _power("start"),
@@ -396,6 +482,7 @@ async def admin_state(request: web.Request) -> web.Response:
         "tasks": [t.to_json() for t in c.tasks.values()],
         "counters": ctx.counters(),
         "stats_refreshed_at": c.stats_refreshed_at,
+        "firewall": c.firewall.dump(),
     })
 
 

@@ -35,6 +35,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from .errors import PveError, param_error
+from . import cloudinit
+from .firewall import Firewall
 from .schema import split_list
 
 log = logging.getLogger("z9.sim")
@@ -43,20 +46,6 @@ log = logging.getLogger("z9.sim")
 FLOCK_WAIT_S = {"config": 10.0, "start": 10.0, "stop": 10.0, "destroy": 10.0, "create": 5.0, "clone": 1.0}
 
 GiB = 1024**3
-
-
-class PveError(Exception):
-    """An error PVE reports: HTTP ``status``, ``message`` (reason phrase), optional param ``errors``."""
-
-    def __init__(self, status: int, message: str, errors: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.errors = errors
-
-
-def param_error(errors: dict[str, str]) -> PveError:
-    return PveError(400, "Parameter verification failed.", errors)
 
 
 def not_exist(node: str, vmid: int) -> PveError:
@@ -105,6 +94,10 @@ class VM:
     config: dict[str, str]
     running: bool = False
     started_at: float | None = None
+    # cloud-init keys as of the last regeneration of the drive (PVE's [special:cloudinit]; see cloudinit.py)
+    ci_applied: dict[str, str] | None = None
+    # the files of PVE's cloud-init drive as last generated (None: no drive, or never generated)
+    ci_drive: dict[str, bytes] | None = None
 
     @property
     def template(self) -> bool:
@@ -242,6 +235,7 @@ class Cluster:
         self.stats_refreshed_at = 0.0
         self.tasks_started: dict[str, int] = {}
         self._workers: set[asyncio.Task] = set()
+        self.firewall = Firewall()
         self._stats_loop: asyncio.Task | None = None
         self._pid = itertools.count(random.randrange(100000, 900000))
         self._pstart = int(time.monotonic() * 100) % 10**7 + 10**6
@@ -264,7 +258,10 @@ class Cluster:
         for t in list(self._workers):
             t.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
-        self.vms = {vm.vmid: vm for vm in vms}
+        self.vms = {}
+        for vm in vms:
+            self.add_vm(vm)
+        self.firewall.clear()
         self.tasks.clear()
         self.flocks.clear()
         self.tasks_started.clear()
@@ -289,6 +286,12 @@ class Cluster:
 
     # ---- helpers ---------------------------------------------------------------------------------
     def add_vm(self, vm: VM) -> None:
+        """Put a VM in place as if its config file appeared (seed, state file, ``POST /_sim/vms``): its
+        cloud-init keys count as applied, and a running VM has the drive it was started with."""
+        if vm.ci_applied is None:
+            vm.ci_applied = cloudinit.ci_values(vm.config)
+        if vm.running and vm.ci_drive is None:
+            vm.ci_drive = cloudinit.generate(vm.config, vm.vmid)
         self.vms[vm.vmid] = vm
 
     def flock(self, vmid: int) -> FLock:
@@ -584,9 +587,30 @@ class Cluster:
         return self.spawn(node, "qmconfig", vmid, user, TaskPlan(run), fail)
 
     async def regenerate_cloudinit(self, node: str, vmid: int) -> None:
+        """``PUT …/cloudinit`` (``cloudinit_update``): under the flock, after ``check_lock``, regenerate the
+        drive if the VM has one (a running VM gets the new medium; its guest reads it at its next boot)."""
         vm = self.vm_on(node, vmid)
         async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
-            self.check_lock(self.vm_alive(vm))
+            vm = self.vm_alive(vm)
+            self.check_lock(vm)
+            self.apply_cloudinit(vm)
+
+    @staticmethod
+    def apply_cloudinit(vm: VM) -> None:
+        """``apply_cloudinit_config``: regenerate the drive from the config (no drive: nothing to do)."""
+        files = cloudinit.generate(vm.config, vm.vmid)
+        if files is None:
+            return
+        vm.ci_drive = files
+        vm.ci_applied = cloudinit.ci_values(vm.config)
+
+    def cloudinit_pending(self, node: str, vmid: int) -> list[dict]:
+        vm = self.vm_on(node, vmid)
+        return cloudinit.pending(vm.config, vm.ci_applied or {})
+
+    def cloudinit_dump(self, node: str, vmid: int, kind: str) -> str:
+        vm = self.vm_on(node, vmid)
+        return cloudinit.dump(vm.config, vmid, kind)
 
     # ---- create / clone / destroy ----------------------------------------------------------------
     def _taken_for_create(self, vmid: int) -> None:
@@ -625,7 +649,9 @@ class Cluster:
                 conf.setdefault("smbios1", f"uuid={uuid.uuid4()}")
                 conf.setdefault("vmgenid", str(uuid.uuid4()))
                 placeholder.config = conf
+                placeholder.ci_applied = cloudinit.ci_values(conf)
                 if params.get("start") == "1":
+                    self.apply_cloudinit(placeholder)
                     placeholder.running, placeholder.started_at = True, time.time()
 
         def cleanup() -> None:
@@ -694,6 +720,8 @@ class Cluster:
                     if self.vms.get(newid) is not placeholder:
                         raise PveError(500, f"unable to create VM {newid}: config file already exists")
                     placeholder.config = conf
+                    placeholder.ci_applied = cloudinit.ci_values(conf)
+                    self.firewall.clone(vmid, newid)
 
         def cleanup() -> None:
             if self.vms.get(newid) is placeholder:
@@ -724,6 +752,7 @@ class Cluster:
                 await asyncio.sleep(self.duration("qmdestroy"))
                 if self.vms.get(vmid) is v:
                     del self.vms[vmid]
+                    self.firewall.remove(vmid)
                 if params.get("purge") == "1":
                     task.lines.append(f"purging VM {vmid} from related configurations..")
 
@@ -748,6 +777,7 @@ class Cluster:
                     if v.running:
                         raise PveError(500, f"VM {vmid} already running")
                     await asyncio.sleep(self.duration(ttype))
+                    self.apply_cloudinit(v)
                     v.running, v.started_at = True, time.time()
                 elif action in ("stop", "shutdown"):
                     if not v.running:
@@ -804,7 +834,8 @@ class Cluster:
     # ---- persistence -----------------------------------------------------------------------------
     def dump(self) -> dict:
         return {"vms": [vm.to_json() for vm in sorted(self.vms.values(), key=lambda v: v.vmid)
-                        if vm.lock not in ("clone", "create", "destroyed")]}
+                        if vm.lock not in ("clone", "create", "destroyed")],
+                "firewall": self.firewall.dump()}
 
     @staticmethod
     def vms_from_dump(data: dict) -> list[VM]:

@@ -25,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import functools
+import ipaddress
 import importlib.resources
 import json
 import re
@@ -88,6 +89,36 @@ def _fmt_configid(v: str) -> None:
         raise ValueError(f"invalid configuration ID '{v}'\n")
 
 
+def _fmt_ip_or_cidr(v: str) -> None:
+    """pve-common ``pve_verify_ip_or_cidr``; Net::IP refuses host bits set under the prefix."""
+    m = re.fullmatch(r"([0-9a-fA-F:.]+)(?:/(\d+))?", v)
+    try:
+        addr = ipaddress.ip_address(m.group(1)) if m else None
+    except ValueError:
+        addr = None
+    if addr is None:
+        raise ValueError("value does not look like a valid IP address or CIDR network\n")
+    if m.group(2) is not None:
+        prefix = int(m.group(2))
+        if prefix > addr.max_prefixlen:
+            raise ValueError(f"Invalid prefix length /{prefix}\n")
+        try:
+            ipaddress.ip_network(v, strict=True)
+        except ValueError:
+            bits = format(int(addr), f"0{addr.max_prefixlen}b")
+            raise ValueError(f"Invalid prefix {bits}/{prefix}\n") from None
+
+
+_ALIAS_RE = re.compile(r"(?:dc/|guest/)?[A-Za-z][A-Za-z0-9\-_]+")
+
+
+def _fmt_ip_cidr_alias(v: str) -> None:
+    """pve-firewall ``pve_verify_ip_or_cidr_or_alias``."""
+    if _ALIAS_RE.fullmatch(v):
+        return
+    _fmt_ip_or_cidr(v)
+
+
 _FORMATS = {
     "pve-tag": _fmt_tag,
     "urlencoded": _fmt_urlencoded,
@@ -95,6 +126,8 @@ _FORMATS = {
     "pve-node": _fmt_node,
     "dns-name": _fmt_dns,
     "pve-configid": _fmt_configid,
+    "IPorCIDR": _fmt_ip_or_cidr,
+    "IPorCIDRorAlias": _fmt_ip_cidr_alias,
 }
 
 
@@ -254,6 +287,10 @@ class PveSchema:
                     return r
             if node.param is not None:
                 name, child = node.param
+                if name == "cidr" and not child.literal and child.param is None:
+                    # pve-firewall registers {cidr} with fragmentDelimiter '': it takes the rest of
+                    # the path, slashes included (.../ipset/z9/10.0.0.5/32)
+                    return rec(child, len(segs), {**params, name: "/".join(segs[i:])})
                 return rec(child, i + 1, {**params, name: seg})
             return None
 

@@ -156,7 +156,9 @@ async def start_simulator(config: SimConfig | None = None, host: str = "127.0.0.
                       stats_lag_s=config.stats_lag_s, task_invisible_s=config.task_invisible_s)
     vms = seed_dev_region(config)
     if config.state_file and Path(config.state_file).exists():
-        vms = Cluster.vms_from_dump(json.loads(Path(config.state_file).read_text()))
+        saved = json.loads(Path(config.state_file).read_text())
+        vms = Cluster.vms_from_dump(saved)
+        cluster.firewall.load(saved.get("firewall") or {})
     for vm in vms:
         cluster.add_vm(vm)
     await cluster.start()

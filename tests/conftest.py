@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from z9.common.db import connect, create_pool
-from z9.common.settings import RegionSettings, Settings
+from z9.common.settings import AddressPoolSettings, RegionSettings, Settings
 from z9.db import migrate
 from z9.sim.server import SimConfig, SimServer, start_simulator
 
@@ -103,13 +103,19 @@ async def sim(sim_server: SimServer) -> AsyncIterator[SimAdmin]:
     assert admin.allow_rejections or not bad, f"z9 sent requests the Proxmox schema rejects: {bad}"
 
 
+# the test region's address pool (TEST-NET-3, like `z9 dev`'s)
+TEST_POOL = AddressPoolSettings(name="public", cidr="203.0.113.0/24", gateway="203.0.113.1",
+                                range=["203.0.113.10", "203.0.113.250"], nameservers=["203.0.113.53"])
+
+
 @pytest.fixture
 def settings(db_url: str, sim_server: SimServer) -> Settings:
     return Settings(
         database_url=db_url,
         regions={REGION: RegionSettings(url=sim_server.url, token_id=sim_server.token_id,
                                         token_secret=sim_server.token_secret,
-                                        verify_ssl=str(sim_server.cert_path), images=["debian-12"])},
+                                        verify_ssl=str(sim_server.cert_path), images=["debian-12"],
+                                        address_pools=[TEST_POOL])},
         lease_ttl_s=5.0, heartbeat_s=1.0, poll_interval_s=1.0, task_poll_s=0.05, task_deadline_s=60,
         backoff_base_s=0.2, backoff_cap_s=2.0, scheduler_interval_s=0.1, reaper_interval_s=0.1,
         snooze_s=0.2, shutdown_grace_s=5.0, uncertain_window_s=1.0,

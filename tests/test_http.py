@@ -109,11 +109,12 @@ async def test_request_id_is_on_every_log_line_of_the_request(captured: Capture)
 
 
 async def test_unknown_query_parameters_answer_400_naming_them(api: Stack) -> None:
-    _, job = await api.create_server("q1")
+    srv, job = await api.create_server("q1")
     for path, names in (("/servers?stauts=running", ["stauts"]), ("/servers?status=running&label=a&x=1", ["label", "x"]),
                         ("/jobs?resource=srv_x", ["resource"]), (f"/jobs/{job['id']}?wait=3", ["wait"]),
                         ("/servers/srv_00000000000000000000000000?verbose=1", ["verbose"]),
-                        ("/tokens?all=1", ["all"])):
+                        ("/tokens?all=1", ["all"]), ("/addresses?regoin=dev-1", ["regoin"]),
+                        ("/addresses/adr_00000000000000000000000000?verbose=1", ["verbose"])):
         status, out, _ = await req(api, "GET", path)
         assert status == 400, (path, out)
         assert out["error"]["code"] == "unknown_parameter"
@@ -122,9 +123,15 @@ async def test_unknown_query_parameters_answer_400_naming_them(api: Stack) -> No
             assert n in out["error"]["message"]
     status, out, _ = await req(api, "DELETE", "/servers/srv_00000000000000000000000000?force=true")
     assert status == 400 and "force" in out["error"]["message"]
+    for method, path in (("PATCH", "/addresses/adr_00000000000000000000000000?force=1"),
+                         ("POST", "/addresses/adr_00000000000000000000000000/actions/assign?force=1"),
+                         ("POST", "/addresses?dry_run=1")):
+        status, out, _ = await req(api, method, path, json={"region": "dev-1"})
+        assert status == 400 and out["error"]["code"] == "unknown_parameter", (method, path, out)
     # declared ones pass
     for path in ("/servers?status=running&limit=5", f"/jobs?resource_id={job['id']}&limit=1",
-                 f"/jobs/{job['id']}?wait_s=0", "/tokens?include_revoked=true"):
+                 f"/jobs/{job['id']}?wait_s=0", "/tokens?include_revoked=true",
+                 f"/addresses?region=dev-1&server_id={srv['id']}&status=creating&limit=5"):
         status, out, _ = await req(api, "GET", path)
         assert status == 200, (path, out)
 

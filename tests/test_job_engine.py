@@ -8,7 +8,8 @@ import asyncpg
 import pytest
 
 from z9.common import store
-from z9.common.errors import LeaseLost
+from z9.common.resources.server import SERVER
+from z9.common.errors import CheckViolation, LeaseLost
 from z9.common.store import Lease, NewJob
 from z9.reaper import Reaper
 from z9.scheduler import Scheduler
@@ -54,6 +55,55 @@ async def test_one_job_per_resource_in_submission_order(pool: asyncpg.Pool) -> N
     assert [j.id for j in again] == [first] and again[0].attempt == 2
     await store.job_succeed(pool, Lease(first, "w", 2), [])
     assert [j.id for j in await store.job_claim(pool, ["r1"], 10, "w", TTL)] == [second]
+
+
+async def _enqueue_locking(pool: asyncpg.Pool, resource_id: str, *also: str) -> str:
+    async with pool.acquire() as conn, conn.transaction():
+        job = await store.job_insert(conn, NewJob(kind="Noop", region="r1", resource_type="server",
+                                                  resource_id=resource_id, extra_lock_keys=also))
+    return job.id
+
+
+async def _claim_ids(pool: asyncpg.Pool) -> set[str]:
+    return {j.id for j in await store.job_claim(pool, ["r1"], 10, "w", TTL)}
+
+
+async def _finish(pool: asyncpg.Pool, *ids: str) -> None:
+    for jid in ids:
+        job = await store.job_get(pool, jid)
+        await store.job_succeed(pool, Lease(jid, "w", job.attempt), [])
+
+
+async def test_a_job_locking_two_resources_waits_for_earlier_jobs_of_both(pool: asyncpg.Pool) -> None:
+    """Lock keys: a job runs only when no earlier live job shares any of its keys — whether the
+    key is that job's resource or one of its extra keys — and later jobs of either resource wait
+    for it. Waiting only on earlier jobs (a total order) leaves no cycle: every wave below makes
+    progress."""
+    a1 = await _enqueue_locking(pool, "adr_a")                  # address a
+    s1 = await _enqueue_locking(pool, "srv_s")                  # server s
+    both = await _enqueue_locking(pool, "adr_a", "srv_s")       # assign a to s
+    s2 = await _enqueue_locking(pool, "srv_s")                  # a later job of s
+    a2 = await _enqueue_locking(pool, "adr_a", "srv_t")         # move a on to t
+    t1 = await _enqueue_locking(pool, "srv_t")                  # t: waits for the move (its extra key)
+    u1 = await _enqueue_locking(pool, "srv_u")                  # unrelated
+    assert await _claim_ids(pool) == {a1, s1, u1}
+    assert await store.resource_count_live_jobs(pool, "srv_t") == 2  # a2 (extra key) and t1
+    await _finish(pool, a1)
+    assert await _claim_ids(pool) == set()  # `both` still waits for s1
+    await _finish(pool, s1, u1)
+    assert await _claim_ids(pool) == {both}
+    await _finish(pool, both)
+    assert await _claim_ids(pool) == {s2, a2}  # s2 (key s) and a2 (keys a, t) share nothing
+    await _finish(pool, a2)
+    assert await _claim_ids(pool) == {t1}
+    await _finish(pool, s2, t1)
+    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE status <> 'succeeded'") == 0
+
+
+async def test_extra_lock_keys_need_a_resource(pool: asyncpg.Pool) -> None:
+    with pytest.raises(CheckViolation) as e:  # translated at the store's boundary, naming the constraint
+        await store.job_insert(pool, NewJob(kind="Noop", region="r1", extra_lock_keys=("srv_s",)))
+    assert e.value.constraint == "jobs_extra_lock_keys_need_resource"
 
 
 async def test_writes_are_fenced(pool: asyncpg.Pool) -> None:
@@ -148,8 +198,8 @@ async def test_reaper_turns_expired_buffers_into_delete_jobs(pool: asyncpg.Pool,
                                   memory_mib=1024, disk_gib=4, ssh_keys=[])
     s2 = await store.server_insert(pool, tenant_id=tenant, region="dev-1", name="b", image="debian-12", cores=1,
                                    memory_mib=1024, disk_gib=4, ssh_keys=[])
-    await store.server_mark_deleting(pool, s.id, tenant, 0.0)
-    await store.server_mark_deleting(pool, s2.id, tenant, 600.0)
+    await SERVER.mark_deleting(pool, s.id, tenant, 0.0)
+    await SERVER.mark_deleting(pool, s2.id, tenant, 600.0)
     reapers = [Reaper(settings), Reaper(settings)]
     for r in reapers:
         r.pool = pool
@@ -159,14 +209,14 @@ async def test_reaper_turns_expired_buffers_into_delete_jobs(pool: asyncpg.Pool,
     assert [j.kind for j in jobs] == ["ServerDelete"]
     assert (await store.server_get(pool, s.id)).status == "destroying"
     assert (await store.server_get(pool, s2.id)).status == "deleting"
-    assert await store.server_cancel_deletion(pool, s.id, tenant) is None  # too late
+    assert await SERVER.cancel_deletion(pool, s.id, tenant) is None  # too late
 
 
 async def test_final_delete_out_of_attempts_by_reclaim_leaves_the_server_deletable(pool: asyncpg.Pool, settings) -> None:
     tenant, _ = await make_tenant(pool, "acme")
     s = await store.server_insert(pool, tenant_id=tenant, region="dev-1", name="a", image="debian-12", cores=1,
                                   memory_mib=1024, disk_gib=4, ssh_keys=[])
-    await store.server_mark_deleting(pool, s.id, tenant, 0.0)
+    await SERVER.mark_deleting(pool, s.id, tenant, 0.0)
     reaper = Reaper(settings)
     reaper.pool = pool
     assert await reaper.run_once() == 1
@@ -178,22 +228,27 @@ async def test_final_delete_out_of_attempts_by_reclaim_leaves_the_server_deletab
     assert (await sched.run_once()).reclaimed_failed == 1
     server = await store.server_get(pool, s.id)
     assert server.status == "failed" and "expired" in server.status_reason
-    assert await store.server_mark_deleting(pool, s.id, tenant, 600.0) is not None  # deletable again
+    assert await SERVER.mark_deleting(pool, s.id, tenant, 600.0) is not None  # deletable again
 
 
-async def test_scheduler_prunes_on_its_first_pass_and_keeps_clone_memos_of_live_servers(pool: asyncpg.Pool,
-                                                                                     settings) -> None:
+async def test_scheduler_prunes_on_its_first_pass_without_looking_at_resources(pool: asyncpg.Pool,
+                                                                                settings) -> None:
+    """Pruning knows the job table only: what a later job of a live resource needs (its clone
+    requests) is kept in vm_clone_requests, which outlives the jobs that wrote it."""
     tenant, _ = await make_tenant(pool, "acme")
     live = await store.server_insert(pool, tenant_id=tenant, region="dev-1", name="live", image="debian-12",
                                      cores=1, memory_mib=1024, disk_gib=4, ssh_keys=[])
     old = [await _enqueue(pool, resource_id=None) for _ in range(3)] + [await _enqueue(pool, resource_id=live.id)]
+    [job] = [j for j in await store.job_claim(pool, ["r1"], 4, "w", 30.0) if j.resource_id == live.id]
+    await store.vm_clone_sent(pool, Lease(job.id, "w", 1), live.id, "main", 101, "pve1")
     await pool.execute("UPDATE jobs SET status = 'succeeded', finished_at = now() - interval '30 days', "
-                       "memo = CASE WHEN resource_id IS NULL THEN '{}'::jsonb "
-                       "ELSE '{\"clones\": [{\"vmid\": 101, \"node\": \"pve1\"}]}'::jsonb END")
+                       "lease_owner = NULL, lease_expires_at = NULL")
     await store.idempotency_insert(pool, tenant, "k", b"x" * 32, 202, {})
     await pool.execute("UPDATE idempotency_keys SET created_at = now() - interval '2 days'")
     sched = Scheduler(settings, prune_every=1)
     sched.pool = pool
-    assert (await sched.run_once()).pruned == 3
-    assert [r["id"] for r in await pool.fetch("SELECT id FROM jobs")] == [old[-1]]
+    assert (await sched.run_once()).pruned == 4
+    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+    [req] = await store.vm_clone_requests(pool, live.id)
+    assert (req.vmid, req.node, req.job_id) == (101, "pve1", job.id) and req.uncertain_since is not None
     assert await pool.fetchval("SELECT count(*) FROM idempotency_keys") == 0

@@ -58,7 +58,8 @@ async def test_migrations_and_snapshot_agree(pg_url: str) -> None:
 
             # the description is not vacuous: it sees every table, enum, index, function and trigger
             cols = "\n".join(da["columns"])
-            for table in ("tenants", "api_tokens", "servers", "jobs", "idempotency_keys"):
+            for table in ("tenants", "api_tokens", "servers", "jobs", "idempotency_keys",
+                          "address_pools", "address_pool_ips", "addresses"):
                 assert f"\n{table}." in "\n" + cols, table
             assert "schema_migrations" not in cols
             assert any(e.startswith("job_status pending,running,retry,succeeded,failed") for e in da["enums"])
@@ -66,6 +67,10 @@ async def test_migrations_and_snapshot_agree(pg_url: str) -> None:
             assert any(f.startswith("jobs_terminal_immutable ") for f in da["functions"])
             assert any("jobs_terminal_immutable" in t for t in da["triggers"])
             assert da["constraints"]
+            # migration 0005: the overlap rule, the last line of "never given twice", the table's own rules
+            assert any("address_pools EXCLUDE USING gist" in c for c in da["constraints"])
+            assert any("addresses_ip_live" in i for i in da["indexes"])
+            assert any(t.startswith("CREATE TRIGGER addresses_deletion") for t in da["triggers"])
 
             # and it notices a difference
             await b.execute("ALTER TABLE jobs ADD COLUMN extra integer")

@@ -511,7 +511,7 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("Z9_", "OTEL_"))}
     env.update({
         "Z9_DATABASE_URL": db_url,
-        # No image list: the API accepts any template name, so a missing one fails in the executor.
+        # No image list: the API accepts any template name (a missing one is waited for in the executor).
         "Z9_REGIONS": json.dumps({REGION: {"url": server.url, "token_id": server.token_id,
                                            "token_secret": server.token_secret,
                                            "verify_ssl": str(server.cert_path), "images": []}}),
@@ -571,8 +571,9 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
             assert time.monotonic() < deadline, f"not every z9 target is up: {check_queries.instant_query(prom_url, 'up')}"
             await asyncio.sleep(0.5)
 
-        # Some jobs: a create that retries once (a 500 on the clone), a plain create, a create of
-        # a missing template (fails), and a delete whose buffer expires (stop, then ServerDelete).
+        # Some jobs: a create that retries once (a 500 on the clone), a plain create, a create
+        # whose disk is smaller than its image's (fails permanently: disks cannot shrink), and a
+        # delete whose buffer expires (stop, then ServerDelete).
         _, token = await make_tenant(pool, "ops")
         base = f"http://127.0.0.1:{api_port}/v1"
         await sim.fault(method="POST", path=r"/clone$", action="error", status=500,
@@ -580,8 +581,9 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
         spec = {"region": REGION, "cores": 1, "memory_mib": 1024, "disk_gib": 4}
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
             created = []
-            for name, image in (("ops-1", "debian-12"), ("ops-2", "debian-12"), ("ops-3", "no-such-template")):
-                async with http.post(f"{base}/servers", json=dict(spec, name=name, image=image)) as r:
+            for name, disk in (("ops-1", 4), ("ops-2", 4), ("ops-3", 1)):
+                async with http.post(f"{base}/servers", json=dict(spec, name=name, image="debian-12",
+                                                                  disk_gib=disk)) as r:
                     assert r.status == 202, await r.text()
                     created.append(await r.json())
             jobs = [await _wait_terminal(http, base, c["job"]["id"]) for c in created]

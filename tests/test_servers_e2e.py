@@ -50,7 +50,7 @@ async def test_create_server_end_to_end(stack: Stack, sim: SimAdmin) -> None:
     assert len(vms) == 1
     vm = vms[0]
     assert vm["running"] and not vm["lock"]
-    assert normalize_tags(vm["config"]["tags"]) == {identity_tag(server["id"]), "z9-role-customer"}
+    assert normalize_tags(vm["config"]["tags"]) == {identity_tag(server["id"]), "z9-member-main", "z9-role-customer"}
     assert vm["config"]["cores"] in ("2", 2) and str(vm["config"]["memory"]) == "2048"
     assert "size=10G" in vm["config"]["scsi0"]
     assert server["status"] == "running"
@@ -202,12 +202,20 @@ async def test_lock_timeout_once_retries_then_succeeds(stack: Stack, sim: SimAdm
 
 
 # 8
-async def test_missing_template_fails_permanently(stack: Stack, sim: SimAdmin) -> None:
+async def test_missing_template_is_waited_for_then_fails_naming_it(stack: Stack, sim: SimAdmin) -> None:
+    """No template of that name: waiting on the world (it may be being imported; issue 8) — the
+    server stays creating and no attempt is spent — until the wait passes snooze_limit_s; then the
+    job fails with the reason naming the image, and nothing was cloned."""
+    stack.settings.snooze_limit_s = 1.5
+    stack.settings.max_attempts = 2
     await sim.delete_vm(9000)
     server, job = await stack.create_server()
-    done = await stack.wait_job(job["id"])
-    assert done["status"] == "failed" and done["attempt"] == 1
-    assert done["error"]["class"] == "permanent" and "template" in done["error"]["message"]
+    await asyncio.sleep(0.7)
+    waiting = await stack.job(job["id"])
+    assert waiting["status"] != "failed" and waiting["error"]["class"] == "snooze", waiting
+    assert (await stack.server(server["id"]))["status"] == "creating"
+    done = await stack.wait_job(job["id"], timeout_s=30)
+    assert done["status"] == "failed" and "template" in done["error"]["message"], done
     s = await stack.server(server["id"])
     assert s["status"] == "failed" and "debian-12" in s["status_reason"]
     assert await _tasks(sim, "qmclone") == 0
@@ -375,8 +383,7 @@ async def test_cancel_restores_running_even_after_repeated_delete_and_cancel(sta
 
 
 async def test_cancel_of_a_failed_server_keeps_it_failed_with_its_reason(stack: Stack, sim: SimAdmin) -> None:
-    await sim.delete_vm(9000)
-    server, job = await stack.create_server()
+    server, job = await stack.create_server(disk_gib=1)  # smaller than the image: fails permanently
     assert (await stack.wait_job(job["id"]))["status"] == "failed"
     reason = (await stack.server(server["id"]))["status_reason"]
     assert (await stack.call("DELETE", f"/servers/{server['id']}"))[0] == 202
@@ -493,17 +500,19 @@ async def test_delete_waits_out_a_clone_request_whose_answer_was_lost(stack: Sta
     await sim.fault(method="POST", path=r"/clone$", action="drop", times=1)
     server, job = await stack.create_server()
     assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
-    memo = await stack.pool.fetchval("SELECT memo FROM jobs WHERE id = $1", job["id"])
-    assert memo["clones"][0].get("uncertain_at")
+    # the request whose answer was dropped stays unanswered (uncertain); the retry adopted its VM
+    [req] = await store.vm_clone_requests(stack.pool, server["id"])
+    uncertain = req.uncertain_since
+    assert req.upid is None and uncertain is not None, req
     assert (await stack.call("DELETE", f"/servers/{server['id']}"))[0] == 202
     await _wait_status(stack, server["id"], "deleted")
     status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
     final = next(j for j in jobs["jobs"] if j["kind"] == "ServerDelete")
     assert final["attempt"] == 1  # snoozes gave their attempts back
     finished = await stack.pool.fetchval("SELECT extract(epoch FROM finished_at) FROM jobs WHERE id = $1", final["id"])
-    uncertain = (await stack.pool.fetchval("SELECT memo FROM jobs WHERE id = $1", job["id"]))["clones"][0]["uncertain_at"]
     assert finished >= uncertain + 2.0 - 0.1  # not before the window had passed (it snoozes if early)
     assert [v for v in (await sim.state())["vms"] if server["id"] in str(v["config"].get("description", ""))] == []
+    assert await store.vm_clone_requests(stack.pool, server["id"]) == []  # they go with the server
 
 
 async def test_lost_clone_answer_landing_late_still_makes_one_vm(stack: Stack, sim: SimAdmin) -> None:

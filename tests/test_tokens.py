@@ -199,20 +199,42 @@ async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: St
     in this one, answers 404 and changes nothing."""
     server, job = await fast.create_server("mine-1")
     _, tok, _ = await call(fast, "POST", "/tokens", json={"name": "mine"})
-    ids = {"srv": server["id"], "job": job["id"], "tok": tok["token"]["id"]}
+    _, adr, _ = await call(fast, "POST", "/addresses", json={"region": "dev-1", "name": "mine-a"})
+    ids = {"srv": server["id"], "job": job["id"], "tok": tok["token"]["id"], "adr": adr["address"]["id"]}
     _, other = await make_tenant(fast.pool, "intruder")
     routes = sorted({(r.method, r.resource.canonical) for r in fast.app.router.routes()
                      if r.resource is not None and "{id}" in r.resource.canonical and r.method != "HEAD"})
-    assert len(routes) >= 5, routes
+    assert len(routes) >= 11, routes  # servers (3), jobs, tokens, addresses (6)
     before = await fast.pool.fetchval("SELECT count(*) FROM jobs"), await fast.pool.fetchval(
         "SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL")
     for method, template in routes:
-        prefix = {"servers": "srv", "jobs": "job", "tokens": "tok"}[template.split("/")[2]]
+        prefix = {"servers": "srv", "jobs": "job", "tokens": "tok", "addresses": "adr"}[template.split("/")[2]]
         path = template.removeprefix("/v1").replace("{id}", ids[prefix])
-        status, out, _ = await call(fast, method, path, other, json={} if method == "POST" else None)
+        body = {"server_id": server["id"]} if template.endswith("/assign") else {"name": "taken-over"}
+        status, out, _ = await call(fast, method, path, other, json=body if method in ("POST", "PATCH") else None)
         assert status == 404, (method, path, status, out)
         assert out["error"]["code"] == "not_found"
     after = await fast.pool.fetchval("SELECT count(*) FROM jobs"), await fast.pool.fetchval(
         "SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL")
     assert before == after
     assert (await fast.server(server["id"]))["status"] == "creating"
+    _, mine, _ = await call(fast, "GET", f"/addresses/{adr['address']['id']}")
+    assert mine["address"]["name"] == "mine-a" and mine["address"]["status"] != "deleting"
+
+
+async def test_address_job_details_hidden_from_tenants(fast: Stack, settings: Settings) -> None:
+    """The redaction is not tied to a resource type: an address job's UPID reads `hidden` too."""
+    status, out, _ = await call(fast, "POST", "/addresses", json={"region": REGION, "name": "up-a"})
+    assert status == 202, out
+    job = out["job"]
+    claimed = await store.job_claim(fast.pool, [REGION], 10, "owner-x", 30)
+    assert [c.id for c in claimed] == [job["id"]]
+    lease = Lease(job["id"], "owner-x", claimed[0].attempt)
+    account = settings.regions[REGION].token_id
+    upid = f"UPID:pve1:0000A1B2:0012C3D4:6756A1B2:qmconfig:105:{account}:"
+    await store.job_progress(fast.pool, lease, [{"name": "tag", "state": "running", "detail": {"upid": upid}}], 30)
+    for path in (f"/jobs/{job['id']}", f"/jobs?resource_id={out['address']['id']}"):
+        status, view, _ = await call(fast, "GET", path)
+        assert status == 200, view
+        assert account not in str(view) and "root@pam" not in str(view), path
+        assert ":qmconfig:105:hidden:" in str(view), path

@@ -38,8 +38,15 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     from z9.api.app import create_app
     from z9.api.middleware import serve
 
+    from z9.common.errors import PoolConfigError
+
     settings.require_database_url()
-    return _run(lambda: serve(create_app(settings), args.host or settings.api_host, args.port or settings.api_port))
+    try:
+        return _run(lambda: serve(create_app(settings), args.host or settings.api_host,
+                                  args.port or settings.api_port))
+    except PoolConfigError as e:  # the address pools of Z9_REGIONS cannot be written
+        print(f"z9 api: {e}", file=sys.stderr)
+        return 2
 
 
 def _serve_metrics(command: str, settings: Settings) -> bool:
@@ -149,7 +156,11 @@ async def _wait_migrated(dsn: str, wait_s: float) -> list[int]:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    """Apply the migrations, then write the address pools of ``Z9_REGIONS`` to the database
+    (``--wait``: apply nothing, wait until another ``z9 migrate`` has applied them)."""
+    from z9.common import store
     from z9.common.db import connect, direct_url
+    from z9.common.errors import PoolConfigError
     from z9.db import migrate
 
     dsn = direct_url(settings)  # never through a transaction pooler: migrate holds a session lock
@@ -164,16 +175,24 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         print("schema is up to date")
         return 0
 
-    async def go() -> list[int]:
+    async def go() -> tuple[list[int], list[str]]:
         conn = await connect(dsn, application_name="z9-migrate")
         try:
-            return await migrate(conn)
+            applied = await migrate(conn)
+            pools = await store.address_pools_sync(conn, settings.regions)
+            return applied, sorted(pools)
         finally:
             await conn.close()
 
-    code, applied = _db_command("migrate", go)
+    try:
+        code, result = _db_command("migrate", go)
+    except PoolConfigError as e:
+        print(f"z9 migrate: {e}", file=sys.stderr)
+        return 2
     if code == 0:
+        applied, pools = result
         print(f"applied migrations: {applied}" if applied else "schema is up to date")
+        print(f"address pools: {', '.join(pools) or 'none configured'}")
     return code
 
 

@@ -37,6 +37,11 @@ from z9.common.settings import Settings
 from z9.db import migrate
 
 REGION = "dev-1"
+# The dev region's address pool (documentation range TEST-NET-3, RFC 5737): the API syncs it
+# into the database at start; POST /v1/addresses and public_ipv4 draw from it.
+DEV_ADDRESS_POOLS = [{"name": "public", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1",
+                      "range": ["203.0.113.10", "203.0.113.250"], "nameservers": ["203.0.113.1"],
+                      "bridge": "vmbr0"}]
 SIM_TOKEN_ID = "root@pam!z9"
 
 
@@ -236,7 +241,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         env["Z9_DATABASE_URL"] = url
         env["Z9_REGIONS"] = json.dumps({REGION: {
             "url": f"https://127.0.0.1:{sim_port}", "token_id": SIM_TOKEN_ID, "token_secret": sim_secret,
-            "verify_ssl": False, "images": ["debian-12"]}})
+            "verify_ssl": False, "images": ["debian-12"], "address_pools": DEV_ADDRESS_POOLS}})
         env.setdefault("Z9_LOG_FORMAT", "text")
         env.setdefault("Z9_METRICS_HOST", "127.0.0.1")
         for name, extra in (("api", ["--port", str(args.port)]), ("scheduler", []),

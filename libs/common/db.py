@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from .errors import DatabaseMisconfigured
+from .errors import DatabaseMisconfigured, DatabaseUnavailable
 
 if TYPE_CHECKING:  # pragma: no cover
     from .settings import Settings
@@ -234,6 +234,7 @@ async def connect_listener(settings: "Settings", *, application_name: str) -> as
 
 
 TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
+    DatabaseUnavailable,  # what the store raises for all of the below
     asyncpg.PostgresConnectionError,  # includes ConnectionDoesNotExistError
     asyncpg.InterfaceError,  # "connection is closed", pool closing
     asyncpg.CannotConnectNowError,  # starting up / shutting down
@@ -252,4 +253,7 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     # read-only transaction" / "… during recovery" (SQLSTATE 25006).
     asyncpg.ReadOnlySQLTransactionError,
 )
-"""Errors meaning "the database is unreachable right now": services back off and reconnect."""
+"""Errors meaning "the database is unreachable right now": services back off and reconnect. The
+store translates them into :class:`~z9.common.errors.DatabaseUnavailable`; the tuple is what
+services catch around the few database calls that are not the store's (pool creation, LISTEN
+connections, a transaction's COMMIT)."""

@@ -69,6 +69,38 @@ class LeaseLost(Z9Error):
     """A fenced write to a running job matched no row: this worker no longer owns the job."""
 
 
+class DatabaseError(Z9Error):
+    """Base of the errors the store (the one PostgreSQL boundary, ``z9.common.store``) raises
+    instead of asyncpg's."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database cannot be reached right now (connection lost or refused, server shutting
+    down): back off and retry; nothing of the statement can be assumed either way."""
+
+
+class ConstraintViolation(DatabaseError):
+    """A write would break a constraint; ``constraint`` names it, so the caller can say which
+    precondition failed."""
+
+    def __init__(self, constraint: str, message: str = ""):
+        super().__init__(message or f"constraint {constraint} violated")
+        self.constraint = constraint
+
+
+class UniqueViolation(ConstraintViolation):
+    """A unique constraint or index (e.g. ``servers_tenant_name_live``)."""
+
+
+class CheckViolation(ConstraintViolation):
+    """A CHECK constraint, or a table's own rule raised as one by a trigger (e.g.
+    ``addresses_protected``: a deletion-protected address)."""
+
+
+class ExclusionViolation(ConstraintViolation):
+    """An exclusion constraint (e.g. overlapping ranges)."""
+
+
 class ApiError(Z9Error):
     """An error answered to an API client as ``{"error": {"code", "message", "details"}}``."""
 
@@ -113,3 +145,8 @@ class Conflict(ApiError):
 
 class ValidationFailed(ApiError):
     status, code = 422, "validation_failed"
+
+
+class PoolConfigError(Z9Error):
+    """The address pools of the settings cannot be written to the database (two pools of a
+    region overlap). Services refuse to start with this message."""

@@ -89,101 +89,174 @@ SELECT * FROM servers WHERE id = $1 AND tenant_id = $2;
 -- name: server_get_any
 SELECT * FROM servers WHERE id = $1;
 
--- name: server_list
-SELECT * FROM servers
-WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3::server_status IS NULL OR status = $3)
+-- name: server_observed
+-- The VM facts verify saw (the status is the lifecycle's: resource_observed).
+UPDATE servers
+SET vmid = $2, node = $3, power_state = $4, observed_at = now(), updated_at = now()
+WHERE id = $1
+RETURNING *;
+
+-- ================================================================ resource lifecycle
+-- Written once for every resource table: `{table}` is filled in by the resource-type registry
+-- (z9.common.resources) with a table name it validated; the table keeps the lifecycle columns
+-- (db/migrations/0004_resource_layer.sql).
+
+-- name: resource_get
+SELECT * FROM {table} WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2);
+
+-- name: resource_list
+SELECT * FROM {table}
+WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3::text IS NULL OR status::text = $3)
 ORDER BY id
 LIMIT $4;
 
--- name: server_mark_deleting
-UPDATE servers
+-- name: resource_mark_deleting
+-- The deletion buffer starts; status_before_delete says what a cancellation restores.
+UPDATE {table}
 SET status = 'deleting',
     delete_after = now() + make_interval(secs => $3),
     status_before_delete = status,
-    power_before_delete = power_state,
     updated_at = now()
-WHERE id = $1 AND tenant_id = $2 AND status IN ('creating', 'running', 'stopped', 'failed')
+WHERE id = $1 AND tenant_id = $2 AND status NOT IN ('deleting', 'destroying', 'deleted')
 RETURNING *;
 
--- name: server_cancel_deletion
--- The status (the server's lifecycle state, not its observed power state) goes back to what it
--- was; status_before_delete is kept: the API picks the restoring job from it. A reason left
--- by a failure during the buffer goes, unless the server was failed before.
-UPDATE servers
-SET status = coalesce(status_before_delete, 'running'),
+-- name: resource_mark_destroying
+-- An immediate deletion: straight to the final job.
+UPDATE {table}
+SET status = 'destroying',
+    delete_after = NULL,
+    status_before_delete = status,
+    updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status NOT IN ('deleting', 'destroying', 'deleted')
+RETURNING *;
+
+-- name: resource_cancel_deletion
+-- The status (the lifecycle state, not anything observed) goes back to what it was;
+-- status_before_delete is kept: the restoring job is picked from it. A reason left by a failure
+-- during the buffer goes, unless the resource was failed before.
+UPDATE {table}
+SET status = status_before_delete,
     status_reason = CASE WHEN status_before_delete = 'failed' THEN status_reason END,
     delete_after = NULL,
     updated_at = now()
 WHERE id = $1 AND tenant_id = $2 AND status = 'deleting' AND delete_after > now()
 RETURNING *;
 
--- name: server_reap_expired
+-- name: resource_reap_expired
 WITH due AS (
-    SELECT id FROM servers
+    SELECT id FROM {table}
     WHERE status = 'deleting' AND delete_after <= now()
     ORDER BY delete_after
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
-UPDATE servers s
+UPDATE {table} s
 SET status = 'destroying', updated_at = now()
 FROM due WHERE s.id = due.id
 RETURNING s.*,
-    -- the trace of the request that started the deletion (its ServerStop, the server's latest
-    -- job): the final ServerDelete continues it
+    -- the trace of the request that started the deletion (its first job, the resource's latest
+    -- job): the final job continues it
     (SELECT j.trace_context FROM jobs j
      WHERE j.resource_id = s.id ORDER BY j.seq DESC LIMIT 1) AS deletion_trace_context;
 
--- name: server_observed
--- $5: the status verify established, applied only when the current status is one of $6
--- (never over the deletion states).
-UPDATE servers
-SET vmid = $2, node = $3, power_state = $4, observed_at = now(), updated_at = now(),
-    status = CASE WHEN $5::server_status IS NOT NULL AND status = ANY($6::server_status[])
-                  THEN $5::server_status ELSE status END,
-    status_reason = CASE WHEN $5::server_status IS NOT NULL AND status = ANY($6::server_status[])
+-- name: resource_observed
+-- Verify saw the resource now. $2: the status it established, applied only when the current
+-- status is one of $3 (never over the deletion states).
+UPDATE {table}
+SET observed_at = now(), updated_at = now(),
+    status = CASE WHEN $2::text IS NOT NULL AND status::text = ANY($3::text[])
+                  THEN $2::text ELSE status::text END::{status_type},
+    status_reason = CASE WHEN $2::text IS NOT NULL AND status::text = ANY($3::text[])
                          THEN NULL ELSE status_reason END
 WHERE id = $1
 RETURNING *;
 
--- name: server_deleted
-UPDATE servers
-SET status = 'deleted', deleted_at = now(), power_state = NULL, vmid = NULL, node = NULL,
-    status_reason = NULL, observed_at = now(), updated_at = now()
-WHERE id = $1 AND status = 'destroying'
-RETURNING *;
+-- name: resource_deleted
+-- destroying → deleted; the clone requests of its VMs go with it.
+WITH r AS (
+    UPDATE {table}
+    SET status = 'deleted', deleted_at = now(), status_reason = NULL, observed_at = now(), updated_at = now()
+    WHERE id = $1 AND status = 'destroying'
+    RETURNING id
+), c AS (
+    DELETE FROM vm_clone_requests WHERE resource_id IN (SELECT id FROM r)
+)
+SELECT count(*) FROM r;
 
--- name: server_mark_failed
+-- name: resource_mark_failed
 -- A failure during a deletion (buffer running, or final delete queued) leaves the deletion
 -- going, unless $3: a deletion-guard refusal, or the final delete job itself failing, ends it.
 -- The reason is kept either way.
-UPDATE servers
+UPDATE {table}
 SET status = CASE WHEN status IN ('deleting', 'destroying') AND NOT $3 THEN status ELSE 'failed' END,
     status_reason = $2, updated_at = now()
 WHERE id = $1 AND status <> 'deleted'
-RETURNING *;
+RETURNING id;
+
+-- name: resource_count_live_jobs
+-- Live (pending, running, retry) jobs holding a lock on one resource: as their own resource
+-- (index-only on jobs_resource_live) or as an extra lock key (jobs_extra_locks_live).
+SELECT (SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending', 'running', 'retry'))
+     + (SELECT count(*) FROM jobs
+        WHERE extra_lock_keys @> ARRAY[$1::text] AND cardinality(extra_lock_keys) > 0
+          AND status IN ('pending', 'running', 'retry'));
+
+-- ================================================================ VM clone requests
+
+-- name: vm_clone_sent
+-- Before the clone POST (fenced by the sender's lease): the request may be performed from now.
+INSERT INTO vm_clone_requests (resource_id, member, vmid, node, job_id)
+SELECT $4, $5, $6, $7, j.id FROM jobs j
+WHERE j.id = $1 AND j.lease_owner = $2 AND j.attempt = $3 AND j.status::text = 'running'
+ON CONFLICT (resource_id, member, vmid) DO UPDATE
+SET node = EXCLUDED.node, job_id = EXCLUDED.job_id, sent_at = now(), answered_at = NULL, upid = NULL
+RETURNING vmid;
+
+-- name: vm_clone_answered
+-- The hypervisor answered with the clone task's UPID.
+UPDATE vm_clone_requests SET answered_at = now(), upid = $4
+WHERE resource_id = $1 AND member = $2 AND vmid = $3
+RETURNING vmid;
+
+-- name: vm_clone_refused
+-- The hypervisor refused the vmid (taken): nothing was cloned; the request is forgotten.
+DELETE FROM vm_clone_requests WHERE resource_id = $1 AND member = $2 AND vmid = $3;
+
+-- name: vm_clone_requests
+-- The clone requests of one resource (every member, or one); uncertain_since is sent_at while no
+-- answer was recorded.
+SELECT member, vmid, node, job_id, upid, extract(epoch FROM sent_at)::float8 AS sent_at,
+       CASE WHEN answered_at IS NULL THEN extract(epoch FROM sent_at)::float8 END AS uncertain_since
+FROM vm_clone_requests
+WHERE resource_id = $1 AND ($2::text IS NULL OR member = $2)
+ORDER BY member, sent_at;
 
 -- name: job_insert
 INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
-                  actor_token_id, request_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                  extra_lock_keys, actor_token_id, request_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 RETURNING *;
 
 -- name: job_insert_notify
 -- job_insert and its NOTIFY (delivered at commit) in one statement: one round trip.
 WITH ins AS (
     INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
-                      actor_token_id, request_id)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                      extra_lock_keys, actor_token_id, request_id)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
     RETURNING *
 )
 SELECT ins.*, pg_notify('z9_jobs', ins.region)::text AS notified FROM ins;
 
 -- name: job_insert_many
+-- $10: each job's extra lock keys as a JSON array text (a text[][] would have to be rectangular).
 INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
-                  actor_token_id, request_id)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::int[],
-                     $9::jsonb[], $10::text[], $11::text[])
+                  extra_lock_keys, actor_token_id, request_id)
+SELECT u.id, u.kind, u.region, u.tenant_id, u.resource_type, u.resource_id, u.args, u.max_attempts,
+       u.trace_context, ARRAY(SELECT jsonb_array_elements_text(u.keys::jsonb)), u.actor_token_id, u.request_id
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::int[],
+            $9::jsonb[], $10::text[], $11::text[], $12::text[])
+     AS u(id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context, keys,
+          actor_token_id, request_id)
 RETURNING *;
 
 -- name: jobs_notify
@@ -209,31 +282,31 @@ WHERE tenant_id = $1 AND ($2::bigint IS NULL OR seq > $2) AND ($4::text IS NULL 
 ORDER BY seq
 LIMIT $3;
 
--- name: job_clone_memos
--- Every clone request a ServerCreate of this resource sent (memo "clones": [{vmid, node,
--- uncertain_at?}]); uncertain_at (epoch seconds) marks a request whose answer was lost.
-SELECT (c ->> 'vmid')::int AS vmid, c ->> 'node' AS node, max((c ->> 'uncertain_at')::float8) AS uncertain_at
-FROM jobs, jsonb_array_elements(CASE WHEN jsonb_typeof(memo -> 'clones') = 'array'
-                                     THEN memo -> 'clones' ELSE '[]'::jsonb END) AS c
-WHERE resource_id = $1
-GROUP BY 1, 2;
-
 -- name: job_claim
--- The earliest pending job of each resource only (per-resource order), oldest first, of one
--- region: `region = $1` (a scalar, not `= ANY(array)`) lets the scan walk jobs_claimable in seq
--- order and stop after $2 rows; with an array PostgreSQL 15 cannot take the order from that
--- index and walks the unique index on seq instead, through every finished job. The check for
--- an earlier live job is a correlated subplan probing jobs_resource_live by resource_id (and
--- skipped for jobs without a resource): written as an anti-join, stale statistics (a queue
--- table that looked empty at its last ANALYZE) made the planner scan the whole live index for
--- every candidate.
+-- The earliest pending jobs of one region whose lock keys no earlier live job holds (per-resource
+-- order, extended to a job's extra_lock_keys), oldest first: `region = $1` (a scalar, not
+-- `= ANY(array)`) lets the scan walk jobs_claimable in seq order and stop after $2 rows; with an
+-- array PostgreSQL 15 cannot take the order from that index and walks every finished job. The
+-- check for an earlier live job of the candidate's resource is a correlated subplan probing
+-- jobs_resource_live by resource_id (skipped for jobs without a resource): written as an
+-- anti-join, stale statistics (a queue table that looked empty at its last ANALYZE) made the
+-- planner scan the whole live index for every candidate. The other keys — a candidate's extra
+-- keys, and earlier jobs holding its keys as extra keys — are checked by jobs_lock_held
+-- (migration 0004), only for a candidate with extra keys or while any live job has some (one
+-- probe of jobs_multikey_live per claim). Jobs wait only for earlier jobs (a total order), so
+-- there is no lock cycle.
 WITH candidates AS (
     SELECT j.id FROM jobs j
     WHERE j.status = 'pending' AND j.region = $1 AND j.run_after <= now()
-      AND (j.resource_id IS NULL OR NOT EXISTS (
-          SELECT 1 FROM jobs e
-          WHERE e.resource_id = j.resource_id AND e.seq < j.seq
-            AND e.status IN ('pending', 'running', 'retry')))
+      AND (j.resource_id IS NULL OR (
+          NOT EXISTS (
+              SELECT 1 FROM jobs e
+              WHERE e.resource_id = j.resource_id AND e.seq < j.seq
+                AND e.status IN ('pending', 'running', 'retry'))
+          AND ((cardinality(j.extra_lock_keys) = 0
+                AND NOT (SELECT EXISTS (SELECT 1 FROM jobs x WHERE cardinality(x.extra_lock_keys) > 0
+                                                                AND x.status IN ('pending', 'running', 'retry'))))
+               OR NOT jobs_lock_held(j.resource_id, j.extra_lock_keys, j.seq))))
     ORDER BY j.seq
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -373,14 +446,12 @@ RETURNING jobs.id, jobs.kind, jobs.status, jobs.region, jobs.attempt, jobs.resou
           jobs.error, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_prune_finished
--- Keeps the jobs whose memo lists clone requests while their server is not deleted: a later
--- ServerDelete finds half-made clones through them.
+-- Terminal jobs past the retention; nothing outside the job table decides (what a later job needs
+-- to know — clone requests — lives in its own table).
 DELETE FROM jobs
 WHERE id IN (
     SELECT j.id FROM jobs j
     WHERE j.status IN ('succeeded', 'failed') AND j.finished_at < now() - make_interval(secs => $1)
-      AND NOT (j.memo ? 'clones' AND EXISTS (
-          SELECT 1 FROM servers s WHERE s.id = j.resource_id AND s.status <> 'deleted'))
     ORDER BY j.finished_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -403,9 +474,10 @@ GROUP BY status, region, kind;
 
 -- name: job_oldest_pending_age
 -- z9_job_oldest_pending_age_seconds for each region of $1: seconds since the oldest runnable
--- pending job became runnable (max(created_at, run_after)), 0 when none. Runnable: due, and the
--- earliest live job of its resource (what job_claim may take). Walks jobs_pending_runnable in
--- run_after order and stops at the first runnable job; both probes are index-only.
+-- pending job became runnable (max(created_at, run_after)), 0 when none. Runnable: due, and no
+-- earlier live job holds one of its lock keys (what job_claim may take). Walks
+-- jobs_pending_runnable in run_after order and stops at the first runnable job; the walk and the
+-- per-resource probes are index-only.
 -- (run_after is never earlier than created_at: it defaults to now() and only moves forward.)
 SELECT r.region, coalesce(extract(epoch FROM now() - (
     SELECT greatest(j.created_at, j.run_after) FROM jobs j
@@ -414,10 +486,256 @@ SELECT r.region, coalesce(extract(epoch FROM now() - (
           SELECT 1 FROM jobs e
           WHERE e.resource_id = j.resource_id AND e.seq < j.seq
             AND e.status IN ('pending', 'running', 'retry'))
+      AND (j.resource_id IS NULL
+           OR (cardinality(j.extra_lock_keys) = 0
+               AND NOT (SELECT EXISTS (SELECT 1 FROM jobs x WHERE cardinality(x.extra_lock_keys) > 0
+                                                               AND x.status IN ('pending', 'running', 'retry'))))
+           OR NOT jobs_lock_held(j.resource_id, j.extra_lock_keys, j.seq))
     ORDER BY j.run_after
     LIMIT 1)), 0)::float8 AS age_s
 FROM unnest($1::text[]) AS r(region);
 
--- name: job_count_live_for_resource
--- Live (pending, running, retry) jobs of one resource: index-only on jobs_resource_live.
-SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending', 'running', 'retry');
+-- ---------------------------------------------------------------- address pools (migration 0005)
+
+-- name: address_pools_sync_lock
+SELECT pg_advisory_xact_lock(hashtextextended('z9-address-pools-sync', 0));
+
+-- name: address_pools_retire_region
+-- Before a region's pools are written again: every pool of the region is set aside (a pool left
+-- out of the settings stays so, and stops counting in the overlap rule); address_pool_upsert
+-- brings back the configured ones, so pools that swap ranges never overlap in between.
+UPDATE address_pools SET disabled_at = coalesce(disabled_at, now()), updated_at = now()
+WHERE region = $1;
+
+-- name: address_pool_upsert
+INSERT INTO address_pools (id, region, name, family, cidr, gateway, first_ip, last_ip, reserved,
+                           bridge, vlan, nameservers, quarantine_s)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+ON CONFLICT (region, name) DO UPDATE
+SET family = EXCLUDED.family, cidr = EXCLUDED.cidr, gateway = EXCLUDED.gateway,
+    first_ip = EXCLUDED.first_ip, last_ip = EXCLUDED.last_ip, reserved = EXCLUDED.reserved,
+    bridge = EXCLUDED.bridge, vlan = EXCLUDED.vlan, nameservers = EXCLUDED.nameservers,
+    quarantine_s = EXCLUDED.quarantine_s, disabled_at = NULL, updated_at = now()
+RETURNING id;
+
+-- name: address_pool_overlapping
+-- The enabled pools of region $1 other than $3 whose network overlaps $2 (for the message
+-- when address_pools_no_overlap refuses a pool).
+SELECT name, cidr FROM address_pools
+WHERE region = $1 AND disabled_at IS NULL AND cidr && $2::cidr AND name <> $3
+ORDER BY name;
+
+-- name: address_pool_ips_prune
+-- Free rows the pool no longer hands out (out of its range, reserved, its gateway). Rows held
+-- by a live address stay until it is released.
+DELETE FROM address_pool_ips i
+USING address_pools p
+WHERE p.id = $1 AND i.pool_id = p.id AND i.address_id IS NULL
+  AND (i.ip < p.first_ip OR i.ip > p.last_ip OR i.ip = ANY (p.reserved)
+       OR i.ip = p.gateway OR NOT i.ip << p.cidr);
+
+-- name: address_pool_ips_fill
+-- One row per allocatable IP of the pool (the range minus reserved IPs and the gateway).
+INSERT INTO address_pool_ips (pool_id, ip)
+SELECT p.id, p.first_ip + n
+FROM address_pools p, generate_series(0::bigint, p.last_ip - p.first_ip) AS n
+WHERE p.id = $1 AND NOT (p.first_ip + n = ANY (p.reserved)) AND (p.first_ip + n) IS DISTINCT FROM p.gateway
+ON CONFLICT (pool_id, ip) DO NOTHING;
+
+-- name: address_pool_list
+SELECT p.*,
+       (SELECT count(*) FROM address_pool_ips i WHERE i.pool_id = p.id) AS size,
+       (SELECT count(*) FROM address_pool_ips i WHERE i.pool_id = p.id AND i.address_id IS NOT NULL) AS used
+FROM address_pools p
+WHERE ($1::text IS NULL OR p.region = $1) AND p.disabled_at IS NULL
+ORDER BY p.region, p.name;
+
+-- name: address_pool_pick
+-- The enabled pool of region $1 and family $2 that an allocation draws from: the one named $3,
+-- or without a name the one named 'public', or else the region's only pool of that family.
+-- Returns every candidate (the caller tells "none" from "which one?").
+SELECT * FROM address_pools
+WHERE region = $1 AND family = $2 AND disabled_at IS NULL AND ($3::text IS NULL OR name = $3)
+ORDER BY (name = 'public') DESC, name;
+
+-- ---------------------------------------------------------------- addresses (migration 0005)
+
+-- name: address_allocate
+-- Allocate the lowest free IP of pool $2 to a new address, in the caller's transaction (the one
+-- that inserts the job using it, or the server it belongs to). Concurrent allocators skip each
+-- other's locked rows instead of waiting; a quarantined row is skipped until reusable_after.
+-- No row: the pool is exhausted (or every free row is held by an allocation in flight).
+WITH slot AS (
+    SELECT i.pool_id, i.ip FROM address_pool_ips i
+    WHERE i.pool_id = $2 AND i.address_id IS NULL
+      AND (i.reusable_after IS NULL OR i.reusable_after <= now())
+    ORDER BY i.ip
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), adr AS (
+    INSERT INTO addresses (id, tenant_id, region, pool_id, pool_name, prefix, gateway, ip, family, kind,
+                           name, dns_ptr, protect_delete, auto_delete, server_id)
+    SELECT $1, $3, p.region, p.id, p.name, masklen(p.cidr), p.gateway, slot.ip, p.family, $4,
+           $5, $6, $7, $8, $9
+    FROM slot JOIN address_pools p ON p.id = slot.pool_id
+    RETURNING *
+), held AS (
+    UPDATE address_pool_ips i SET address_id = $1, reusable_after = NULL
+    FROM slot WHERE i.pool_id = slot.pool_id AND i.ip = slot.ip
+    RETURNING i.ip
+)
+SELECT adr.* FROM adr, held;
+
+-- name: address_release
+-- The address's IP goes back to its pool, quarantined for the pool's quarantine_s (migration
+-- 0005). Called in the transaction that marks the address deleted.
+UPDATE address_pool_ips i
+SET address_id = NULL, reusable_after = now() + make_interval(secs => p.quarantine_s)
+FROM address_pools p
+WHERE i.address_id = $1 AND p.id = i.pool_id
+RETURNING i.ip, i.reusable_after;
+
+-- name: address_get
+SELECT * FROM addresses WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2);
+
+-- name: address_list
+SELECT * FROM addresses
+WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3::address_status IS NULL OR status = $3)
+  AND ($4::text IS NULL OR region = $4) AND ($5::text IS NULL OR server_id = $5)
+ORDER BY id
+LIMIT $6;
+
+-- name: address_observed
+-- What verify saw ($2), and the status it established ($3) when the current one is in $4
+-- (never over the deletion states); the reason becomes $5 (a conflict, or NULL).
+UPDATE addresses
+SET observed = $2, observed_at = now(), updated_at = now(),
+    status = CASE WHEN $3::address_status IS NOT NULL AND status = ANY($4::address_status[])
+                  THEN $3::address_status ELSE status END,
+    status_reason = CASE WHEN status IN ('deleting', 'destroying') AND $5::text IS NULL
+                         THEN status_reason ELSE $5 END
+WHERE id = $1 AND status <> 'deleted'
+RETURNING *;
+
+-- name: address_deleted
+-- The final delete's finish: destroying → deleted, the IP back to its pool, quarantined.
+WITH a AS (
+    UPDATE addresses
+    SET status = 'deleted', deleted_at = now(), server_id = NULL, observed = $2, observed_at = now(),
+        status_reason = NULL, updated_at = now()
+    WHERE id = $1 AND status = 'destroying'
+    RETURNING id
+)
+UPDATE address_pool_ips i
+SET address_id = NULL, reusable_after = now() + make_interval(secs => p.quarantine_s)
+FROM address_pools p, a
+WHERE i.address_id = a.id AND p.id = i.pool_id
+RETURNING i.ip;
+
+-- name: server_has_primary_address
+SELECT EXISTS (SELECT 1 FROM addresses WHERE server_id = $1 AND kind = 'primary' AND status <> 'deleted');
+
+-- name: address_pool_nameservers
+SELECT coalesce(array_agg(host(n) ORDER BY o), '{}')
+FROM address_pools p, unnest(p.nameservers) WITH ORDINALITY AS u(n, o)
+WHERE p.id = $1;
+
+-- name: addresses_release_for_server
+-- A server's final delete, after verify saw its VM gone, in its finishing transaction: its
+-- floating addresses and kept primaries become unassigned (the VM, its tags and IP set went
+-- with it); its auto-delete primaries are deleted and their IPs go back to the pool,
+-- quarantined. Nothing unless the server is deleted. Returns the addresses changed.
+WITH gone AS (
+    UPDATE addresses
+    SET status = 'deleted', deleted_at = now(), server_id = NULL, observed = NULL, observed_at = now(),
+        status_reason = NULL, updated_at = now()
+    WHERE server_id = $1 AND kind = 'primary' AND auto_delete AND status <> 'deleted'
+      AND EXISTS (SELECT 1 FROM servers s WHERE s.id = $1 AND s.status = 'deleted')
+    RETURNING id
+), freed AS (
+    UPDATE address_pool_ips i
+    SET address_id = NULL, reusable_after = now() + make_interval(secs => p.quarantine_s)
+    FROM address_pools p, gone
+    WHERE i.address_id = gone.id AND p.id = i.pool_id
+    RETURNING i.address_id
+), kept AS (
+    UPDATE addresses
+    SET server_id = NULL, observed = jsonb_set(coalesce(observed, '{}'), '{holder}', 'null'),
+        observed_at = now(), updated_at = now()
+    WHERE server_id = $1 AND NOT (kind = 'primary' AND auto_delete) AND status <> 'deleted'
+      AND EXISTS (SELECT 1 FROM servers s WHERE s.id = $1 AND s.status = 'deleted')
+    RETURNING id
+)
+SELECT id, 'deleted' AS outcome FROM gone UNION ALL SELECT id, 'unassigned' FROM kept;
+
+-- name: address_allocate_with_job
+-- address_allocate and the job that uses it, in one statement (atomic without an explicit
+-- transaction: one round trip). The pool: region $2, family $16, named $17 — or, unnamed, the
+-- one named 'public', else the region's only pool of that family. No row: no such pool, or it
+-- is exhausted (nothing written; the caller tells which). No NOTIFY: the caller notifies after
+-- commit.
+WITH cand AS (
+    SELECT id, name FROM address_pools
+    WHERE region = $2 AND family = $16 AND disabled_at IS NULL AND ($17::text IS NULL OR name = $17)
+), pool AS (
+    SELECT id FROM cand
+    WHERE $17::text IS NOT NULL OR name = 'public' OR (SELECT count(*) FROM cand) = 1
+    ORDER BY (name = 'public') DESC
+    LIMIT 1
+), slot AS (
+    SELECT i.pool_id, i.ip FROM address_pool_ips i
+    WHERE i.pool_id = (SELECT id FROM pool) AND i.address_id IS NULL
+      AND (i.reusable_after IS NULL OR i.reusable_after <= now())
+    ORDER BY i.ip
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), adr AS (
+    INSERT INTO addresses (id, tenant_id, region, pool_id, pool_name, prefix, gateway, ip, family, kind,
+                           name, dns_ptr, protect_delete, auto_delete, server_id)
+    SELECT $1, $3, p.region, p.id, p.name, masklen(p.cidr), p.gateway, slot.ip, p.family, $4,
+           $5, $6, $7, $8, $9
+    FROM slot JOIN address_pools p ON p.id = slot.pool_id
+    RETURNING *
+), held AS (
+    UPDATE address_pool_ips i SET address_id = $1, reusable_after = NULL
+    FROM slot WHERE i.pool_id = slot.pool_id AND i.ip = slot.ip
+    RETURNING i.ip
+), j AS (
+    INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
+                      extra_lock_keys)
+    SELECT $10, $11, adr.region, adr.tenant_id, 'address', adr.id, $12, $13, $14, $15 FROM adr
+    RETURNING id, kind, status
+)
+SELECT adr.*, j.id AS job_id, j.kind AS job_kind, j.status AS job_status FROM adr, held, j;
+
+-- name: address_get_for_update
+SELECT * FROM addresses WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
+
+-- name: address_set_server
+-- The server the address should be on ($2; NULL: none): the API's intent, which the job it
+-- enqueues in the same transaction makes true.
+UPDATE addresses SET server_id = $2, updated_at = now()
+WHERE id = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
+RETURNING *;
+
+-- name: address_patch
+-- Database-only changes: $3/$5 say whether name/dns_ptr are given (they may be set to NULL).
+UPDATE addresses
+SET name = CASE WHEN $3 THEN $4 ELSE name END,
+    dns_ptr = CASE WHEN $5 THEN $6 ELSE dns_ptr END,
+    protect_delete = coalesce($7, protect_delete),
+    auto_delete = coalesce($8, auto_delete),
+    updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
+RETURNING *;
+
+-- name: job_args_merge
+-- Add keys to a job's args before its transaction commits (a server create with a primary
+-- address: the address is allocated after the server and its job were inserted).
+UPDATE jobs SET args = args || $2::jsonb WHERE id = $1 AND status = 'pending';
+
+-- name: address_make_primary
+-- An unassigned address becomes server $2's primary (POST /v1/servers with public_ipv4: <id>).
+UPDATE addresses SET kind = 'primary', server_id = $2, updated_at = now()
+WHERE id = $1 AND server_id IS NULL AND status IN ('creating', 'active')
+RETURNING *;

@@ -11,12 +11,89 @@ Defaults follow the architecture notes (§5): backoff base 2 s, cap 300 s, jitte
 """
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddr = ipaddress.IPv4Address | ipaddress.IPv6Address
+MAX_POOL_SIZE = 65536  # addresses per pool range: every allocatable IP has a row (db migration 0005)
+
+
+class AddressPoolSettings(BaseModel):
+    """One address pool of a region (``Z9_REGIONS[r].address_pools``), e.g.::
+
+        {"name": "public", "cidr": "203.0.113.0/24", "gateway": "203.0.113.1",
+         "range": ["203.0.113.10", "203.0.113.250"], "reserved": ["203.0.113.53"],
+         "bridge": "vmbr0", "vlan": null, "nameservers": ["203.0.113.53"]}
+
+    ``family`` is taken from ``cidr``. ``range`` (first, last) is the allocatable part of the
+    network (default: every host address; the gateway and ``reserved`` are never handed out);
+    at most 65,536 addresses. ``bridge``/``vlan`` say how a VM's ``net0`` reaches the network;
+    ``nameservers`` go to cloud-init with a primary address. A released address is not handed
+    out again for ``quarantine_s`` seconds.
+    """
+
+    model_config = {"extra": "forbid"}
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    cidr: IPNetwork
+    gateway: IPAddr | None = None
+    range: tuple[IPAddr, IPAddr] | None = None
+    reserved: list[IPAddr] = Field(default_factory=list)
+    bridge: str = Field("vmbr0", pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,15}$")
+    vlan: int | None = Field(None, ge=1, le=4094)
+    nameservers: list[IPAddr] = Field(default_factory=list)
+    quarantine_s: int = Field(3600, ge=0)
+
+    @field_validator("cidr", mode="before")
+    @classmethod
+    def _strict_network(cls, v: object) -> object:
+        if isinstance(v, str):
+            try:
+                return ipaddress.ip_network(v, strict=True)
+            except ValueError as e:
+                raise ValueError(f"{v!r} is not a network address with its prefix ({e})") from None
+        return v
+
+    @property
+    def family(self) -> int:
+        return self.cidr.version
+
+    @property
+    def first_last(self) -> tuple[IPAddr, IPAddr]:
+        """The allocatable range: ``range``, or every host address of ``cidr``."""
+        if self.range is not None:
+            return self.range
+        net = self.cidr
+        if net.num_addresses <= 2:
+            return net[0], net[-1]
+        if net.version == 4:
+            return net[1], net[-2]
+        return net[1], net[-1]
+
+    @model_validator(mode="after")
+    def _inside(self) -> "AddressPoolSettings":
+        net = self.cidr
+        for label, ip in [("gateway", self.gateway), *[("reserved", r) for r in self.reserved],
+                          *([("range", r) for r in self.range] if self.range else [])]:
+            if ip is not None and (ip.version != net.version or ip not in net):
+                raise ValueError(f"pool {self.name!r}: {label} {ip} is not inside {net}")
+        first, last = self.first_last
+        if first > last:
+            raise ValueError(f"pool {self.name!r}: range starts after it ends ({first} > {last})")
+        if int(last) - int(first) + 1 > MAX_POOL_SIZE:
+            raise ValueError(f"pool {self.name!r}: range {first}-{last} holds more than {MAX_POOL_SIZE} "
+                             "addresses; split it into several pools")
+        for ns in self.nameservers:
+            if ns.version != net.version:
+                raise ValueError(f"pool {self.name!r}: nameserver {ns} is not IPv{net.version}")
+        return self
 
 
 class RegionSettings(BaseModel):
@@ -35,6 +112,7 @@ class RegionSettings(BaseModel):
     verify_ssl: bool | str = True
     images: list[str] = Field(default_factory=list)
     request_timeout_s: float = 10.0
+    address_pools: list[AddressPoolSettings] = Field(default_factory=list)
 
     @field_validator("url")
     @classmethod
@@ -42,6 +120,19 @@ class RegionSettings(BaseModel):
         if not v.startswith("https://"):
             raise ValueError("Proxmox VE is reached over HTTPS only (url must start with https://)")
         return v.rstrip("/")
+
+    @field_validator("address_pools")
+    @classmethod
+    def _pools_apart(cls, pools: list[AddressPoolSettings]) -> list[AddressPoolSettings]:
+        """Pool names are unique and pools do not overlap (the database refuses it too:
+        ``address_pools_no_overlap``); the message names both pools."""
+        for i, a in enumerate(pools):
+            for b in pools[i + 1:]:
+                if a.name == b.name:
+                    raise ValueError(f"two address pools are named {a.name!r}")
+                if a.cidr.version == b.cidr.version and a.cidr.overlaps(b.cidr):
+                    raise ValueError(f"address pools {a.name!r} ({a.cidr}) and {b.name!r} ({b.cidr}) overlap")
+        return pools
 
 
 class Settings(BaseSettings):

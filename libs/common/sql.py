@@ -28,3 +28,11 @@ def queries() -> dict[str, str]:
 def q(name: str) -> str:
     """The SQL text of query ``name``; ``KeyError`` when there is none."""
     return queries()[name]
+
+
+@functools.cache
+def qt(name: str, table: str, status_type: str) -> str:
+    """Query ``name`` written once for every resource table (``resource_*``), with ``{table}`` and
+    ``{status_type}`` filled in. Both come from the resource-type registry, which validated them
+    as plain identifiers: never from input."""
+    return q(name).replace("{table}", table).replace("{status_type}", status_type)

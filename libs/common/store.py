@@ -3,20 +3,32 @@
 Every function takes ``db`` — an asyncpg ``Connection`` or ``Pool`` — as its first argument and
 returns models (``Job``, ``Server``) or plain values. Fenced job writes take a :class:`Lease` and
 raise :class:`~z9.common.errors.LeaseLost` when they match no row.
+
+This module is the PostgreSQL error boundary: every public coroutine below translates asyncpg's
+errors (see :func:`_boundary`) — a unique violation becomes
+:class:`~z9.common.errors.UniqueViolation` (an exclusion violation
+:class:`~z9.common.errors.ExclusionViolation`) naming its constraint, a lost or refused connection one
+:class:`~z9.common.errors.DatabaseUnavailable` — so services never catch asyncpg types.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Protocol
 
-from .errors import LeaseLost
+import asyncpg
+
+from .db import TRANSIENT_DB_ERRORS
+from .errors import (CheckViolation, ConstraintViolation, DatabaseUnavailable, ExclusionViolation, LeaseLost,
+                     PoolConfigError, UniqueViolation)
 from .ids import new_id
-from .models import Job, Server
-from .sql import q
+from .models import Address, Job, Server
 from .requestctx import current_actor, current_request_id
+from .sql import q, qt
 from .tracing import current_trace_context
 
 
@@ -128,7 +140,7 @@ async def idempotency_insert(
 
 async def server_insert(db: DB, *, tenant_id: str, region: str, name: str, image: str, cores: int,
                         memory_mib: int, disk_gib: int, ssh_keys: list[str]) -> Server:
-    """A new ``creating`` server. Raises asyncpg.UniqueViolationError when the tenant already has
+    """A new ``creating`` server. Raises UniqueViolation (servers_tenant_name_live) when the tenant already has
     a live server of that name."""
     row = await db.fetchrow(q("server_insert"), new_id("srv"), tenant_id, region, name, image,
                             cores, memory_mib, disk_gib, ssh_keys)
@@ -140,7 +152,7 @@ async def server_insert_with_job(db: DB, *, tenant_id: str, region: str, name: s
                                  job: NewJob) -> tuple[Server, dict[str, Any]]:
     """A new ``creating`` server and its job (``job``: kind, args, max_attempts, trace_context;
     region, tenant and resource come from the server) in one statement, without NOTIFY.
-    Returns (server, job brief ``{id, kind, status}``). Raises asyncpg.UniqueViolationError
+    Returns (server, job brief ``{id, kind, status}``). Raises UniqueViolation (servers_tenant_name_live)
     when the tenant already has a live server of that name (nothing is written)."""
     row = await db.fetchrow(q("server_insert_with_job"), new_id("srv"), tenant_id, region, name, image,
                             cores, memory_mib, disk_gib, ssh_keys, new_id("job"), job.kind, job.args or {},
@@ -157,61 +169,100 @@ async def server_get(db: DB, server_id: str, tenant_id: str | None = None) -> Se
     return Server.from_record(row) if row else None
 
 
-async def server_list(db: DB, tenant_id: str, *, after: str | None = None, status: str | None = None,
-                      limit: int = 100) -> list[Server]:
-    """Up to ``limit`` servers of the tenant ordered by id, after id ``after``, of one status."""
-    rows = await db.fetch(q("server_list"), tenant_id, after, status, limit)
-    return [Server.from_record(r) for r in rows]
-
-
-async def server_mark_deleting(db: DB, server_id: str, tenant_id: str, buffer_s: float) -> Server | None:
-    """Start the deletion buffer; None when the server is not in a deletable state."""
-    row = await db.fetchrow(q("server_mark_deleting"), server_id, tenant_id, buffer_s)
-    return Server.from_record(row) if row else None
-
-
-async def server_cancel_deletion(db: DB, server_id: str, tenant_id: str) -> Server | None:
-    """End the deletion buffer early; None when the server is not ``deleting`` or its buffer
-    has expired. ``status_before_delete`` and ``power_before_delete`` say what to restore."""
-    row = await db.fetchrow(q("server_cancel_deletion"), server_id, tenant_id)
-    return Server.from_record(row) if row else None
-
-
-async def server_reap_expired(db: DB, limit: int = 100) -> list[tuple[Server, dict[str, Any] | None]]:
-    """Move up to ``limit`` servers whose buffer expired to ``destroying`` (rows stay locked until
-    commit). Returns each with the ``trace_context`` of its latest job (the deletion request's
-    ServerStop), which the final ServerDelete continues."""
-    return [(Server.from_record(r), r["deletion_trace_context"])
-            for r in await db.fetch(q("server_reap_expired"), limit)]
-
-
 async def server_observed(db: DB, server_id: str, *, vmid: int | None, node: str | None,
-                          power_state: str | None, status: str | None = None,
-                          from_statuses: tuple[str, ...] = ()) -> Server | None:
-    """Write what verify observed; move to ``status`` only from one of ``from_statuses``."""
-    row = await db.fetchrow(q("server_observed"), server_id, vmid, node, power_state, status,
-                            list(from_statuses))
+                          power_state: str | None) -> Server | None:
+    """Write the VM facts verify observed (the status: ``ResourceType.observed``)."""
+    row = await db.fetchrow(q("server_observed"), server_id, vmid, node, power_state)
     return Server.from_record(row) if row else None
 
 
-async def server_deleted(db: DB, server_id: str) -> None:
-    """``destroying`` → ``deleted`` (no-op in any other status)."""
-    await db.execute(q("server_deleted"), server_id)
+# ---------------------------------------------------------------- resource lifecycle
+# Written once for every resource table; ``sql`` is the type's (table, status enum type) from the
+# registry (z9.common.resources.ResourceType.sql), which wraps these with its row model.
+
+SqlTarget = tuple[str, str]
 
 
-async def server_mark_failed(db: DB, server_id: str, reason: str, *, ends_deletion: bool = False) -> None:
-    """The server carries ``reason``. It becomes ``failed`` unless a deletion is under way
-    (``deleting`` or ``destroying``: the deletion goes on) — and even then when
-    ``ends_deletion``."""
-    await db.execute(q("server_mark_failed"), server_id, reason, ends_deletion)
+async def resource_get(db: DB, sql: SqlTarget, rid: str, tenant_id: str | None) -> Any:
+    return await db.fetchrow(qt("resource_get", *sql), rid, tenant_id)
 
 
-async def server_mark_failed_by_job(db: DB, server_id: str, reason: str, *, kind: str,
-                                    refused: bool = False) -> None:
-    """A failed job's reason on its server — the one rule for executor and scheduler alike: a
-    deletion-guard refusal (``refused``), or the final ``ServerDelete`` failing, ends a deletion
-    (the server is ``failed``; its owner may delete it again); any other job lets it go on."""
-    await server_mark_failed(db, server_id, reason, ends_deletion=refused or kind == "ServerDelete")
+async def resource_list(db: DB, sql: SqlTarget, tenant_id: str, after: str | None, status: str | None,
+                        limit: int) -> list[Any]:
+    return await db.fetch(qt("resource_list", *sql), tenant_id, after, status, limit)
+
+
+async def resource_mark_deleting(db: DB, sql: SqlTarget, rid: str, tenant_id: str, buffer_s: float) -> Any:
+    return await db.fetchrow(qt("resource_mark_deleting", *sql), rid, tenant_id, buffer_s)
+
+
+async def resource_mark_destroying(db: DB, sql: SqlTarget, rid: str, tenant_id: str) -> Any:
+    return await db.fetchrow(qt("resource_mark_destroying", *sql), rid, tenant_id)
+
+
+async def resource_cancel_deletion(db: DB, sql: SqlTarget, rid: str, tenant_id: str) -> Any:
+    return await db.fetchrow(qt("resource_cancel_deletion", *sql), rid, tenant_id)
+
+
+async def resource_reap_expired(db: DB, sql: SqlTarget, limit: int) -> list[Any]:
+    return await db.fetch(qt("resource_reap_expired", *sql), limit)
+
+
+async def resource_observed(db: DB, sql: SqlTarget, rid: str, status: str | None, from_statuses: list[str]) -> Any:
+    return await db.fetchrow(qt("resource_observed", *sql), rid, status, from_statuses)
+
+
+async def resource_deleted(db: DB, sql: SqlTarget, rid: str) -> bool:
+    return bool(await db.fetchval(qt("resource_deleted", *sql), rid))
+
+
+async def resource_mark_failed(db: DB, sql: SqlTarget, rid: str, reason: str, ends_deletion: bool) -> None:
+    await db.fetchval(qt("resource_mark_failed", *sql), rid, reason, ends_deletion)
+
+
+async def resource_count_live_jobs(db: DB, resource_id: str) -> int:
+    """How many live (pending, running, retry) jobs lock ``resource_id`` (as their resource or
+    as an extra lock key)."""
+    return await db.fetchval(q("resource_count_live_jobs"), resource_id)
+
+
+# ---------------------------------------------------------------- VM clone requests
+
+@dataclass(frozen=True)
+class CloneRequest:
+    """A clone request of one member of a resource. ``uncertain_since`` (epoch seconds) while no
+    answer was recorded: it may still be performed, whoever sent it."""
+
+    member: str
+    vmid: int
+    node: str
+    job_id: str
+    upid: str | None
+    sent_at: float
+    uncertain_since: float | None
+
+
+async def vm_clone_sent(db: DB, lease: Lease, resource_id: str, member: str, vmid: int, node: str) -> None:
+    """Record a clone request before sending it (fenced by ``lease``). Raises LeaseLost."""
+    await _fenced(db, "vm_clone_sent", lease, resource_id, member, vmid, node)
+
+
+async def vm_clone_answered(db: DB, resource_id: str, member: str, vmid: int, upid: str | None) -> None:
+    """The request to ``vmid`` was answered — with the clone task's ``upid``, or with an error
+    (None): no longer uncertain."""
+    await db.fetchval(q("vm_clone_answered"), resource_id, member, vmid, upid)
+
+
+async def vm_clone_refused(db: DB, resource_id: str, member: str, vmid: int) -> None:
+    """The request to ``vmid`` was refused (nothing cloned): forget it."""
+    await db.execute(q("vm_clone_refused"), resource_id, member, vmid)
+
+
+async def vm_clone_requests(db: DB, resource_id: str, member: str | None = None) -> list[CloneRequest]:
+    """Every clone request recorded for ``resource_id`` (of one ``member`` when given)."""
+    return [CloneRequest(r["member"], r["vmid"], r["node"], r["job_id"], r["upid"], r["sent_at"],
+                         r["uncertain_since"])
+            for r in await db.fetch(q("vm_clone_requests"), resource_id, member)]
 
 
 # ---------------------------------------------------------------- jobs: producers
@@ -229,6 +280,9 @@ class NewJob:
     args: dict[str, Any] | None = None
     max_attempts: int = 10
     trace_context: dict[str, Any] | None = field(default_factory=current_trace_context)
+    extra_lock_keys: tuple[str, ...] = ()
+    """Resources this job touches besides its own: it runs only when no earlier live job of
+    any of them (or of its own) is running or waiting."""
     #: the API token and request that asked for the job (``z9.common.requestctx``: taken from
     #: the request being served when the NewJob is made; None for z9's own jobs)
     actor_token_id: str | None = field(default_factory=current_actor)
@@ -242,7 +296,8 @@ async def job_insert(db: DB, job: NewJob, *, notify: bool = True) -> Job:
     :class:`z9.common.notify.JobNotifier` (coalesced)."""
     row = await db.fetchrow(q("job_insert_notify" if notify else "job_insert"), new_id("job"), job.kind,
                             job.region, job.tenant_id, job.resource_type, job.resource_id, job.args or {},
-                            job.max_attempts, job.trace_context, job.actor_token_id, job.request_id)
+                            job.max_attempts, job.trace_context, list(job.extra_lock_keys),
+                            job.actor_token_id, job.request_id)
     return Job.from_record(row)
 
 
@@ -255,16 +310,12 @@ async def job_insert_many(db: DB, jobs: list[NewJob], *, notify: bool = True) ->
         [new_id("job") for _ in jobs], [j.kind for j in jobs], [j.region for j in jobs],
         [j.tenant_id for j in jobs], [j.resource_type for j in jobs], [j.resource_id for j in jobs],
         [j.args or {} for j in jobs], [j.max_attempts for j in jobs], [j.trace_context for j in jobs],
+        [json.dumps(list(j.extra_lock_keys)) for j in jobs],
         [j.actor_token_id for j in jobs], [j.request_id for j in jobs],
     )
     if notify:
         await jobs_notify(db, sorted({j.region for j in jobs}))
     return [Job.from_record(r) for r in rows]
-
-
-async def job_count_live_for_resource(db: DB, resource_id: str) -> int:
-    """How many jobs of ``resource_id`` are live (pending, running or retry)."""
-    return await db.fetchval(q("job_count_live_for_resource"), resource_id)
 
 
 async def jobs_notify(db: DB, regions: Iterable[str]) -> None:
@@ -295,13 +346,6 @@ async def job_list(db: DB, tenant_id: str, *, resource_id: str | None = None, af
 
 
 # ---------------------------------------------------------------- jobs: workers (fenced)
-
-async def job_clone_memos(db: DB, resource_id: str) -> list[tuple[int, str, float | None]]:
-    """(vmid, node, uncertain_at) of every clone request the jobs of ``resource_id`` recorded;
-    ``uncertain_at`` (epoch seconds) when that request's answer was lost."""
-    return [(r["vmid"], r["node"], r["uncertain_at"]) for r in await db.fetch(q("job_clone_memos"), resource_id)
-            if r["vmid"] is not None and r["node"]]
-
 
 async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float) -> list[Job]:
     """Claim up to ``limit`` pending jobs of ``regions`` (``FOR UPDATE SKIP LOCKED``), at most the
@@ -428,3 +472,191 @@ async def job_oldest_pending_age(db: DB, regions: list[str]) -> dict[str, float]
     """``{region: seconds}`` since the oldest runnable pending job of each region became
     runnable (database clock); 0.0 when the region has none."""
     return {r["region"]: max(0.0, r["age_s"]) for r in await db.fetch(q("job_oldest_pending_age"), regions)}
+
+
+# ---------------------------------------------------------------- address pools and addresses
+
+async def address_pools_sync(conn: asyncpg.Connection, regions: dict[str, Any]) -> dict[str, str]:
+    """Write the address pools of ``regions`` (``{region: RegionSettings}``) to ``address_pools``
+    and their allocatable IPs to ``address_pool_ips``, in one transaction under an advisory lock
+    (API processes starting together sync one after the other). A pool left out of its region's
+    settings is disabled, not deleted. Returns ``{"region/name": pool id}``.
+
+    Raises :class:`PoolConfigError` naming both pools when the database refuses a pool as
+    overlapping another enabled pool of its region (``address_pools_no_overlap``)."""
+    ids: dict[str, str] = {}
+    async with conn.transaction():
+        await conn.execute(q("address_pools_sync_lock"))
+        for region, rs in sorted(regions.items()):
+            await conn.execute(q("address_pools_retire_region"), region)
+            for pool in rs.address_pools:
+                first, last = pool.first_last
+                try:
+                    async with conn.transaction():
+                        pid = await conn.fetchval(
+                            q("address_pool_upsert"), new_id("apl"), region, pool.name, pool.family,
+                            pool.cidr, pool.gateway, first, last, list(pool.reserved), pool.bridge,
+                            pool.vlan, list(pool.nameservers), pool.quarantine_s)
+                except asyncpg.ExclusionViolationError:
+                    others = await conn.fetch(q("address_pool_overlapping"), region, pool.cidr, pool.name)
+                    names = ", ".join(f"{r['name']!r} ({r['cidr']})" for r in others) or "another pool"
+                    raise PoolConfigError(
+                        f"address pool {pool.name!r} ({pool.cidr}) of region {region} overlaps "
+                        f"address pool {names}: pools of one region must not overlap") from None
+                await conn.execute(q("address_pool_ips_prune"), pid)
+                await conn.execute(q("address_pool_ips_fill"), pid)
+                ids[f"{region}/{pool.name}"] = pid
+    return ids
+
+
+async def address_pool_list(db: DB, region: str | None = None) -> list[dict[str, Any]]:
+    """The enabled pools (of ``region``), with ``size`` (allocatable IPs) and ``used``."""
+    return [dict(r) for r in await db.fetch(q("address_pool_list"), region)]
+
+
+async def address_pool_pick(db: DB, region: str, family: int, name: str | None) -> list[dict[str, Any]]:
+    """Candidate pools for an allocation (see the query); the first is the one to use when
+    ``name`` is given or the first is named ``public`` or it is the only one."""
+    return [dict(r) for r in await db.fetch(q("address_pool_pick"), region, family, name)]
+
+
+async def address_allocate(db: DB, *, pool_id: str, tenant_id: str, kind: str, name: str | None = None,
+                           dns_ptr: str | None = None, protect_delete: bool = False,
+                           auto_delete: bool = False, server_id: str | None = None,
+                           address_id: str | None = None) -> Address | None:
+    """A new ``creating`` address holding the lowest free IP of ``pool_id`` (one statement; call
+    it in the transaction that also inserts the job using it). None: the pool has no free IP.
+    Raises asyncpg.UniqueViolationError when the name is taken, or the server already has a
+    primary address of that family (``addresses_primary_per_server``)."""
+    row = await db.fetchrow(q("address_allocate"), address_id or new_id("adr"), pool_id, tenant_id, kind,
+                            name, dns_ptr, protect_delete, auto_delete, server_id)
+    return Address.from_record(row) if row else None
+
+
+async def address_release(db: DB, address_id: str) -> list[Any]:
+    """Give the address's IP back to its pool, quarantined; returns the released rows
+    (``ip``, ``reusable_after``)."""
+    return list(await db.fetch(q("address_release"), address_id))
+
+
+async def address_get(db: DB, address_id: str, tenant_id: str | None = None) -> Address | None:
+    """The address, scoped to ``tenant_id`` when given; None when absent (or another tenant's)."""
+    row = await db.fetchrow(q("address_get"), address_id, tenant_id)
+    return Address.from_record(row) if row else None
+
+
+async def address_list(db: DB, tenant_id: str, *, after: str | None = None, status: str | None = None,
+                       region: str | None = None, server_id: str | None = None, limit: int = 100) -> list[Address]:
+    """Up to ``limit`` addresses of the tenant ordered by id, after id ``after``, filtered."""
+    rows = await db.fetch(q("address_list"), tenant_id, after, status, region, server_id, limit)
+    return [Address.from_record(r) for r in rows]
+
+
+async def address_observed(db: DB, address_id: str, observed: dict[str, Any], *, status: str | None = None,
+                           from_statuses: tuple[str, ...] = (), reason: str | None = None) -> Address | None:
+    """Write what verify saw; move to ``status`` only from one of ``from_statuses``; the reason
+    becomes ``reason`` (a conflict) — a deletion's reason is kept when there is none."""
+    row = await db.fetchrow(q("address_observed"), address_id, observed, status, list(from_statuses), reason)
+    return Address.from_record(row) if row else None
+
+
+async def address_deleted(db: DB, address_id: str, observed: dict[str, Any] | None = None) -> list[Any]:
+    """``destroying`` → ``deleted`` and its IP back to the pool, quarantined (one statement);
+    returns the released IPs (none when the address was not ``destroying``)."""
+    return [r["ip"] for r in await db.fetch(q("address_deleted"), address_id, observed)]
+
+
+async def server_has_primary_address(db: DB, server_id: str) -> bool:
+    """Whether the server has a live primary address (its VM's IP filter can then be on)."""
+    return bool(await db.fetchval(q("server_has_primary_address"), server_id))
+
+
+async def address_pool_nameservers(db: DB, pool_id: str) -> list[str]:
+    """The pool's nameservers, in order, as text."""
+    return list(await db.fetchval(q("address_pool_nameservers"), pool_id) or [])
+
+
+async def addresses_release_for_server(db: DB, server_id: str) -> dict[str, str]:
+    """A server's final delete (after verify saw its VM gone, in its finishing transaction):
+    ``{address id: "deleted" | "unassigned"}`` — auto-delete primaries deleted with their IPs
+    quarantined, every other address of the server unassigned."""
+    return {r["id"]: r["outcome"] for r in await db.fetch(q("addresses_release_for_server"), server_id)}
+
+
+async def address_allocate_with_job(db: DB, *, region: str, family: int, pool: str | None, tenant_id: str,
+                                    kind: str, job: NewJob, name: str | None = None, dns_ptr: str | None = None,
+                                    protect_delete: bool = False, auto_delete: bool = False,
+                                    server_id: str | None = None) -> tuple[Address, dict[str, Any]] | None:
+    """The lowest free IP of the region's pool (named ``pool``; unnamed: ``public``, or the only
+    pool of ``family``) as a new ``creating`` address and its job (``job``: kind, args,
+    max_attempts, trace_context, extra_lock_keys; region, tenant and resource come from the
+    address) in one statement, without NOTIFY. None: no such pool, or no free IP (nothing
+    written; :func:`address_pool_pick` tells which). Raises asyncpg.UniqueViolationError (a live
+    name of the tenant, a second primary)."""
+    row = await db.fetchrow(q("address_allocate_with_job"), new_id("adr"), region, tenant_id, kind, name,
+                            dns_ptr, protect_delete, auto_delete, server_id, new_id("job"), job.kind,
+                            job.args or {}, job.max_attempts, job.trace_context, list(job.extra_lock_keys),
+                            family, pool)
+    if row is None:
+        return None
+    return Address.from_record(row), {"id": row["job_id"], "kind": row["job_kind"], "status": row["job_status"]}
+
+
+async def address_get_for_update(db: DB, address_id: str, tenant_id: str) -> Address | None:
+    """The tenant's address, its row locked until commit (an action's checks and writes)."""
+    row = await db.fetchrow(q("address_get_for_update"), address_id, tenant_id)
+    return Address.from_record(row) if row else None
+
+
+async def address_set_server(db: DB, address_id: str, server_id: str | None) -> Address | None:
+    """Record the server the address should be on (None: none); None when it is being deleted.
+    Raises asyncpg.UniqueViolationError when that server already has a primary of the family."""
+    row = await db.fetchrow(q("address_set_server"), address_id, server_id)
+    return Address.from_record(row) if row else None
+
+
+async def address_patch(db: DB, address_id: str, tenant_id: str, *, name: tuple[str | None] | None = None,
+                        dns_ptr: tuple[str | None] | None = None, protect_delete: bool | None = None,
+                        auto_delete: bool | None = None) -> Address | None:
+    """Change the given fields (``name``/``dns_ptr`` as a 1-tuple, so None can be set); None when
+    the address is absent, another tenant's, or deleted. Raises asyncpg.UniqueViolationError for a
+    live name taken."""
+    row = await db.fetchrow(q("address_patch"), address_id, tenant_id, name is not None, name[0] if name else None,
+                            dns_ptr is not None, dns_ptr[0] if dns_ptr else None, protect_delete, auto_delete)
+    return Address.from_record(row) if row else None
+
+
+async def job_args_merge(db: DB, job_id: str, args: dict[str, Any]) -> None:
+    """Add ``args`` to a still pending job's args (in the transaction that inserted it)."""
+    await db.execute(q("job_args_merge"), job_id, args)
+
+
+async def address_make_primary(db: DB, address_id: str, server_id: str) -> Address | None:
+    """An unassigned live address becomes ``server_id``'s primary; None otherwise. Raises
+    asyncpg.UniqueViolationError when the server has a primary of that family already."""
+    row = await db.fetchrow(q("address_make_primary"), address_id, server_id)
+    return Address.from_record(row) if row else None
+# ---------------------------------------------------------------- the error boundary
+
+def _boundary(fn: Any) -> Any:
+    """``fn`` with asyncpg's errors translated (see the module docstring)."""
+    @functools.wraps(fn)
+    async def translated(*args: Any, **kw: Any) -> Any:
+        try:
+            return await fn(*args, **kw)
+        except (DatabaseUnavailable, ConstraintViolation):
+            raise
+        except asyncpg.UniqueViolationError as e:
+            raise UniqueViolation(e.constraint_name or "unknown", str(e)) from e
+        except asyncpg.ExclusionViolationError as e:
+            raise ExclusionViolation(e.constraint_name or "unknown", str(e)) from e
+        except asyncpg.CheckViolationError as e:
+            raise CheckViolation(e.constraint_name or "unknown", str(e)) from e
+        except TRANSIENT_DB_ERRORS as e:
+            raise DatabaseUnavailable(f"database unavailable: {type(e).__name__}: {e}") from e
+    return translated
+
+
+for _name, _fn in list(globals().items()):
+    if not _name.startswith("_") and inspect.iscoroutinefunction(_fn) and _fn.__module__ == __name__:
+        globals()[_name] = _boundary(_fn)

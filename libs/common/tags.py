@@ -14,6 +14,7 @@ ROLE_PREFIX = "z9-role-"
 ROLE_CUSTOMER = "z9-role-customer"
 ROLE_AGENT = "z9-role-agent"
 ROLE_PLATFORM = "z9-role-platform"
+MEMBER_PREFIX = "z9-member-"
 
 
 def normalize_tags(raw: str | None) -> frozenset[str]:
@@ -46,6 +47,11 @@ def platform_roles(tags: frozenset[str]) -> frozenset[str]:
     return frozenset(r for r in roles(tags) if r != ROLE_CUSTOMER)
 
 
-def customer_vm_tags(resource_id: str) -> frozenset[str]:
-    """The exact tag set a customer VM of ``resource_id`` carries."""
-    return frozenset({identity_tag(resource_id), ROLE_CUSTOMER})
+def member_tag(member: str) -> str:
+    """``z9-member-<member>``: which of its owner's VMs a VM is (``main`` for a server's one VM)."""
+    return f"{MEMBER_PREFIX}{member.lower()}"
+
+
+def customer_vm_tags(resource_id: str, member: str = "main") -> frozenset[str]:
+    """The exact tag set a customer VM of ``resource_id`` (member ``member``) carries."""
+    return frozenset({identity_tag(resource_id), member_tag(member), ROLE_CUSTOMER})

@@ -1,18 +1,39 @@
-"""Request bodies of the REST API (pydantic v2, unknown fields rejected)."""
+"""Request and response bodies of the REST API (pydantic v2). Requests reject unknown fields;
+responses are built through their models (so what is served is what the OpenAPI document,
+generated from these models, says). A resource type's own models live with its API registration
+(``z9.api.servers``); the shapes every type shares are here.
+"""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema, field_validator
 
 # A Proxmox VM name must be a DNS name (qemu-server: format 'dns-name'); z9 keeps to one label.
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 SSH_KEY_PREFIXES = ("ssh-", "ecdsa-sha2-", "sk-ssh-", "sk-ecdsa-")
 
+Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+"""A time as the API writes it: ISO 8601 in UTC with a ``Z``."""
+OptTimestamp = Annotated[str | None, WithJsonSchema({"type": ["string", "null"], "format": "date-time"})]
+
+
+class Response(BaseModel):
+    """Base of response bodies: every field is listed as required in the document (a field that
+    can be empty is ``null``, never absent)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
+
+
+# ---------------------------------------------------------------------------------- servers
 
 class ServerCreate(BaseModel):
     """``POST /v1/servers``. ``memory_mib`` in MiB, ``disk_gib`` in GiB (the boot disk's size;
     it can only grow from the image's size)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "name": "web-1", "region": "dev-1", "image": "debian-12", "cores": 2, "memory_mib": 2048,
+        "disk_gib": 20, "ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDa8 alice@example"]}]})
 
     name: StrictStr = Field(pattern=NAME_PATTERN, description="DNS label, lower case, 1-63 chars")
     region: StrictStr = Field(min_length=1, max_length=63)
@@ -21,6 +42,10 @@ class ServerCreate(BaseModel):
     memory_mib: StrictInt = Field(ge=512, le=1048576)
     disk_gib: StrictInt = Field(ge=1, le=16384)
     ssh_keys: list[StrictStr] = Field(default_factory=list, max_length=32)
+    public_ipv4: StrictBool | Annotated[StrictStr, Field(pattern=r"^adr_[0-9a-z]{26}$")] = Field(
+        False, description="true: a primary IPv4 address from the region's pool (the lowest free IP), "
+                           "written as cloud-init ipconfig0; or the id of an unassigned address of the "
+                           "region to use as the primary; false: DHCP")
 
     @field_validator("ssh_keys")
     @classmethod
@@ -33,3 +58,130 @@ class ServerCreate(BaseModel):
                 raise ValueError(f"ssh_keys[{i}] is not a single OpenSSH public key line")
             out.append(k)
         return out
+
+
+ServerStatus = Literal["creating", "running", "stopped", "deleting", "destroying", "deleted", "failed"]
+
+
+class ServerObserved(Response):
+    """What the last job's verify saw of the server's VM."""
+
+    vmid: int | None
+    node: str | None
+    power_state: Literal["running", "stopped"] | None
+    at: OptTimestamp
+
+
+class ServerPublicIpv4(Response):
+    """A server's primary IPv4 address."""
+
+    id: str = Field(pattern=r"^adr_[0-9a-z]{26}$")
+    ip: str
+
+
+class Server(Response):
+    """A server (``GET /v1/servers/{id}``)."""
+
+    id: str = Field(pattern=r"^srv_[0-9a-z]{26}$")
+    name: str
+    region: str
+    image: str
+    cores: int
+    memory_mib: int
+    disk_gib: int
+    ssh_keys: list[str]
+    status: ServerStatus
+    status_reason: str | None = Field(description="why the server is failed (or what failed during its deletion)")
+    observed: ServerObserved
+    public_ipv4: ServerPublicIpv4 | None = Field(description="its primary IPv4 address (GET /v1/addresses/{id})")
+    delete_after: OptTimestamp = Field(description="while deleting: when the buffer ends")
+    created_at: Timestamp
+    updated_at: Timestamp
+    deleted_at: OptTimestamp
+
+
+# ---------------------------------------------------------------------------------- jobs
+
+JobStatus = Literal["pending", "running", "retry", "succeeded", "failed"]
+
+
+class JobRef(Response):
+    """The ``job`` of a 202 answer: poll ``GET /v1/jobs/{id}`` until it is terminal."""
+
+    id: str = Field(pattern=r"^job_[0-9a-z]{26}$")
+    kind: str
+    status: JobStatus
+
+
+class Step(BaseModel):
+    """One step of a job's plan."""
+
+    model_config = ConfigDict(extra="allow", json_schema_serialization_defaults_required=True)
+
+    name: str
+    state: Literal["pending", "running", "done", "failed", "skipped"]
+    started_at: OptTimestamp = None
+    finished_at: OptTimestamp = None
+    detail: dict[str, Any] = Field(default_factory=dict, description="e.g. the UPID being waited on, the vmid chosen")
+
+
+class JobErrorBody(BaseModel):
+    """Why the last attempt failed."""
+
+    model_config = ConfigDict(extra="allow", json_schema_serialization_defaults_required=True)
+
+    class_: Literal["temporary", "permanent", "snooze"] = Field(alias="class")
+    message: str
+    at: OptTimestamp = None
+    task_log: list[str] | None = None
+
+
+class JobResource(Response):
+    type: str
+    id: str
+
+
+class Job(Response):
+    """A job (``GET /v1/jobs/{id}``): status, attempt, steps, error."""
+
+    id: str = Field(pattern=r"^job_[0-9a-z]{26}$")
+    kind: str
+    region: str
+    resource: JobResource | None
+    status: JobStatus
+    attempt: int
+    max_attempts: int
+    run_after: OptTimestamp = Field(description="while pending or retry: when it may run")
+    steps: list[Step]
+    error: JobErrorBody | None
+    created_at: Timestamp
+    started_at: OptTimestamp
+    finished_at: OptTimestamp
+    updated_at: Timestamp
+    actor: str | None = Field(description="the API token that asked for the job (null: z9 itself)")
+    request_id: str | None = Field(description="the X-Request-Id of that request")
+
+
+class JobList(Response):
+    """A page of jobs, oldest first."""
+
+    jobs: list[Job]
+    next_after: str | None = Field(description="pass as `after` for the next page; null on the last")
+
+
+# ---------------------------------------------------------------------------------- errors
+
+class ErrorDetail(Response):
+    code: str = Field(description="machine-readable: not_found, conflict, validation_failed, …")
+    message: str = Field(description="names the field or the precondition")
+    details: Any = None
+
+
+class Error(Response):
+    """Every error answer."""
+
+    error: ErrorDetail
+
+
+class Health(Response):
+    status: Literal["ok"]

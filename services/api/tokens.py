@@ -37,6 +37,8 @@ from z9.common.errors import BadRequest, Forbidden, NotFound, Unauthorized, Vali
 from z9.common.ids import is_id
 from z9.common.requestctx import ACTOR_TOKEN_ID
 
+from . import resources as api
+
 log = logging.getLogger("z9.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -60,7 +62,8 @@ class TokenCreate(BaseModel):
     ``write`` (at most the caller's own); ``expires_in_s``: seconds until it stops working
     (none: until revoked)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"name": "ci", "scopes": ["read"], "expires_in_s": 86400}]})
 
     name: StrictStr = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     scopes: list[Literal["read", "write"]] = Field(default_factory=lambda: ["read", "write"], min_length=1,
@@ -86,6 +89,27 @@ class TokenCreated(BaseModel):
 
     token: Token
     secret: str
+
+
+class TokenList(BaseModel):
+    """A page of tokens (``GET /v1/tokens``)."""
+
+    tokens: list[Token]
+    next_after: str | None = Field(description="pass as `after` for the next page; null on the last")
+
+
+class TokenRevoked(BaseModel):
+    """The answer to ``DELETE /v1/tokens/{id}``: the revoked token."""
+
+    token: Token
+
+
+class TokenListQuery(BaseModel):
+    """Query parameters of ``GET /v1/tokens``."""
+
+    after: str | None = Field(default=None, description="id of the last token of the previous page")
+    limit: int = Field(default=100, ge=1, le=500)
+    include_revoked: bool = Field(default=False, description="list revoked tokens too")
 
 
 def _token_json(row: Any) -> dict[str, Any]:
@@ -146,8 +170,6 @@ class _Toucher:
 
 
 async def _principal(app: web.Application, token: str) -> Principal | None:
-    from . import app as api
-
     ttl = app[api.SETTINGS].api_token_cache_s
     key = hashlib.sha256(token.encode()).digest()
     cache = app[CACHE]
@@ -178,8 +200,6 @@ def unauthorized(message: str) -> Unauthorized:
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Bearer token on every ``/v1`` route but the OpenAPI document; scope checks; the actor of
     the jobs the request makes; platform details hidden from tokens without ``operator``."""
-    from . import app as api
-
     if not request.path.startswith("/v1/") or request.path == "/v1/openapi.json":
         return await handler(request)
     header = request.headers.get("Authorization", "")
@@ -242,21 +262,17 @@ def redact(body: bytes, users: tuple[bytes, ...]) -> bytes:
 # ---------------------------------------------------------------------------------- handlers
 
 def _pydantic_error(e: ValidationError) -> Exception:
-    from . import app as api
-
-    return api._validation_error(e)
+    return api.validation_error(e)
 
 
 async def create_token(request: web.Request) -> web.Response:
     """``POST /v1/tokens`` → 201 ``{"token", "secret"}`` (the secret is shown once: only its
     hash is stored)."""
-    from . import app as api
-
     if "Idempotency-Key" in request.headers:
         raise BadRequest("Idempotency-Key is not accepted on POST /v1/tokens: its answer holds a secret "
                          "that z9 never stores, so it cannot be replayed; list the tokens instead "
                          "(GET /v1/tokens) to see whether a lost request made one")
-    body = await api._json_body(request)
+    body = await api.json_body(request)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     try:
@@ -281,8 +297,6 @@ async def create_token(request: web.Request) -> web.Response:
 async def list_tokens(request: web.Request) -> web.Response:
     """``GET /v1/tokens[?include_revoked=true&after=&limit=]``: the tenant's tokens with their
     last use (coarse: see the module docstring)."""
-    from . import app as api
-
     after = request.query.get("after")
     if after is not None and not is_id(after, "tok"):
         raise ValidationFailed(f"after: {after!r} is not a token id",
@@ -291,7 +305,7 @@ async def list_tokens(request: web.Request) -> web.Response:
     if raw not in ("true", "false"):
         raise ValidationFailed("include_revoked: must be true or false",
                                    details=[{"field": "include_revoked", "message": "true or false"}])
-    limit = api._limit(request)
+    limit = api.limit_param(request)
     rows = await store.api_token_list(request.app[api.POOL], request[PRINCIPAL].tenant_id, after=after,
                                       include_revoked=raw == "true", limit=limit)
     return web.json_response({"tokens": [_token_json(r) for r in rows],
@@ -301,8 +315,6 @@ async def list_tokens(request: web.Request) -> web.Response:
 async def revoke_token(request: web.Request) -> web.Response:
     """``DELETE /v1/tokens/{id}`` → 200 with the revoked token (again on a repeat). It stops
     working at once on this API process, within the token cache time on the others."""
-    from . import app as api
-
     tid = request.match_info["id"]
     me = request[PRINCIPAL]
     row = await store.api_token_revoke(request.app[api.POOL], tid, me.tenant_id) if is_id(tid, "tok") else None
@@ -330,8 +342,6 @@ def actor_filter(request: web.Request) -> str | None:
 
 def install(app: web.Application) -> None:
     """Token state of ``app`` (cache, last-use writer) and the ``/v1/tokens`` routes."""
-    from . import app as api
-
     app[CACHE] = {}
     app[PLATFORM_USERS] = platform_users(app[api.SETTINGS])
 
@@ -343,6 +353,3 @@ def install(app: web.Application) -> None:
         await toucher.stop()
 
     app.cleanup_ctx.append(ctx)
-    app.router.add_post("/v1/tokens", create_token)
-    app.router.add_get("/v1/tokens", list_tokens)
-    app.router.add_delete("/v1/tokens/{id}", revoke_token)

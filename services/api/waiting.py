@@ -231,12 +231,14 @@ WAITERS = web.AppKey("job_waiters", JobWaiters)
 async def get_job(request: web.Request) -> web.Response:
     """``GET /v1/jobs/{id}[?wait_s=N]``: the job; with ``wait_s``, once it changed or after N
     seconds. A non-terminal job's answer carries ``Retry-After: 5`` for clients that poll."""
-    from . import app as api  # the app module registers this handler (no import cycle at load)
     from z9.common import store
 
-    jid = api._resource_id(request, "job")
+    from . import resources as api
+    from . import schemas
+
+    jid = api.path_id(request, "job", "job")
     wait_s = parse_wait_s(request)
-    pool, tenant = request.app[api.POOL], api._tenant(request)
+    pool, tenant = request.app[api.POOL], api.tenant(request)
 
     async def read() -> Job | None:
         return await store.job_get(pool, jid, tenant)
@@ -248,7 +250,7 @@ async def get_job(request: web.Request) -> web.Response:
     job = await request.app[WAITERS].wait(jid, read, wait_s, tenant, gone) if wait_s else await read()
     if job is None:
         raise NotFound(f"no job {jid!r}")
-    resp = web.json_response(job.public())
+    resp = web.json_response(api.dump(schemas.Job, job.public()))
     if job.status not in TERMINAL:
         resp.headers["Retry-After"] = str(RETRY_AFTER_S)
     return resp

@@ -59,6 +59,10 @@ ENDPOINTS = (
     "PUT /nodes/{node}/qemu/{vmid}/resize", "POST /nodes/{node}/qemu/{vmid}/status/start",
     "POST /nodes/{node}/qemu/{vmid}/status/shutdown", "POST /nodes/{node}/qemu/{vmid}/status/stop",
     "DELETE /nodes/{node}/qemu/{vmid}",
+    "GET /cluster/firewall/options", "GET /nodes/{node}/qemu/{vmid}/firewall/options",
+    "PUT /nodes/{node}/qemu/{vmid}/firewall/options", "POST /nodes/{node}/qemu/{vmid}/firewall/ipset",
+    "GET /nodes/{node}/qemu/{vmid}/firewall/ipset/{name}", "POST /nodes/{node}/qemu/{vmid}/firewall/ipset/{name}",
+    "DELETE /nodes/{node}/qemu/{vmid}/firewall/ipset/{name}/{cidr}", "PUT /nodes/{node}/qemu/{vmid}/cloudinit",
 )
 
 
@@ -73,6 +77,14 @@ class OutcomeUnknown(TemporaryError):
 
 class VmidTaken(TemporaryError):
     """create/clone found the requested vmid taken (``already exists``): pick another."""
+
+
+class EntryExists(PermanentError):
+    """400 ``… already exists`` from an IP set (the set, or the entry): what was asked is there."""
+
+
+class EntryMissing(PermanentError):
+    """``no such IPSet '<name>'`` (500) or ``no such IP/Network`` (400): it is not there."""
 
 
 class VmLocked(Snooze):
@@ -153,6 +165,8 @@ _LOCK_TIMEOUT = re.compile(r"can't lock file '[^']*' - got timeout")
 _VM_LOCKED = re.compile(r"VM is locked \((?P<lock>[a-z-]+)\)")
 _MISSING = re.compile(r"Configuration file '[^']*' does not exist")
 _TAKEN = re.compile(r"already exists")
+_IPSET_EXISTS = re.compile(r"(address '[^']*'|IPSet '[^']*') already exists")
+_IPSET_MISSING = re.compile(r"no such IPSet '[^']*'|no such IP/Network")
 
 
 def translate(exc: BaseException, what: str) -> Exception:
@@ -171,6 +185,10 @@ def translate(exc: BaseException, what: str) -> Exception:
             return VmLocked(msg)
         if _LOCK_TIMEOUT.search(reason):
             return TemporaryError(msg)
+        if status in (400, 500) and _IPSET_EXISTS.search(msg):
+            return EntryExists(msg)
+        if status in (400, 500) and _IPSET_MISSING.search(msg):
+            return EntryMissing(msg)
         if status == 400:
             return PermanentError(msg)
         if status in (401, 403):
@@ -355,6 +373,72 @@ class ProxmoxClient:
         return await self._call("DELETE /nodes/{node}/qemu/{vmid}", f"destroy VM {vmid}",
                                 lambda: self._api.nodes(node).qemu(vmid).delete(
                                     **{"purge": 1, "destroy-unreferenced-disks": 1}))
+
+    # ------------------------------------------------------------------ firewall, IP sets, cloud-init
+
+    async def cluster_firewall_options(self) -> dict[str, Any]:
+        """``GET /cluster/firewall/options`` (``enable`` 0/1 …): whether the datacenter firewall,
+        and so any VM's IP filter, is in force at all."""
+        return dict(await self._call("GET /cluster/firewall/options", "read cluster firewall options",
+                                     lambda: self._api.cluster.firewall.options.get()) or {})
+
+    async def firewall_options(self, node: str, vmid: int) -> dict[str, Any]:
+        """``GET …/firewall/options`` of VM ``vmid`` (``enable``, ``ipfilter`` …, 0/1)."""
+        return dict(await self._call("GET /nodes/{node}/qemu/{vmid}/firewall/options",
+                                     f"read firewall options of VM {vmid}",
+                                     lambda: self._api.nodes(node).qemu(vmid).firewall.options.get()) or {})
+
+    async def set_firewall_options(self, node: str, vmid: int, **options: bool) -> None:
+        """``PUT …/firewall/options`` (booleans sent as 1/0)."""
+        data = {k: _bool(v) for k, v in options.items()}
+        await self._call("PUT /nodes/{node}/qemu/{vmid}/firewall/options", f"set firewall options of VM {vmid}",
+                         lambda: self._api.nodes(node).qemu(vmid).firewall.options.put(**data))
+
+    async def ipset_entries(self, node: str, vmid: int, name: str) -> list[dict[str, Any]] | None:
+        """The entries (``{cidr, comment?, nomatch?}``) of VM ``vmid``'s IP set ``name``; None
+        when the set does not exist."""
+        try:
+            rows = await self._call("GET /nodes/{node}/qemu/{vmid}/firewall/ipset/{name}",
+                                    f"read IP set {name} of VM {vmid}",
+                                    lambda: self._api.nodes(node).qemu(vmid).firewall.ipset(name).get())
+        except EntryMissing:
+            return None
+        return [dict(r) for r in rows or []]
+
+    async def ipset_create(self, node: str, vmid: int, name: str, *, comment: str) -> bool:
+        """Create IP set ``name`` on VM ``vmid``; False when it already existed."""
+        try:
+            await self._call("POST /nodes/{node}/qemu/{vmid}/firewall/ipset", f"create IP set {name} of VM {vmid}",
+                             lambda: self._api.nodes(node).qemu(vmid).firewall.ipset.post(name=name, comment=comment))
+        except EntryExists:
+            return False
+        return True
+
+    async def ipset_add(self, node: str, vmid: int, name: str, cidr: str, *, comment: str) -> bool:
+        """Add ``cidr`` to IP set ``name`` of VM ``vmid``; False when it was there already."""
+        try:
+            await self._call("POST /nodes/{node}/qemu/{vmid}/firewall/ipset/{name}",
+                             f"add {cidr} to IP set {name} of VM {vmid}",
+                             lambda: self._api.nodes(node).qemu(vmid).firewall.ipset(name).post(
+                                 cidr=cidr, comment=comment))
+        except EntryExists:
+            return False
+        return True
+
+    async def ipset_remove(self, node: str, vmid: int, name: str, cidr: str) -> None:
+        """Remove ``cidr`` from IP set ``name`` of VM ``vmid`` (absent entry or set: done)."""
+        try:
+            await self._call("DELETE /nodes/{node}/qemu/{vmid}/firewall/ipset/{name}/{cidr}",
+                             f"remove {cidr} from IP set {name} of VM {vmid}",
+                             lambda: self._api.nodes(node).qemu(vmid).firewall.ipset(name)(cidr).delete())
+        except EntryMissing:
+            return
+
+    async def cloudinit_regenerate(self, node: str, vmid: int) -> None:
+        """``PUT …/cloudinit``: rebuild the cloud-init drive from the config now (the guest
+        reads it at its next boot)."""
+        await self._call("PUT /nodes/{node}/qemu/{vmid}/cloudinit", f"regenerate cloud-init drive of VM {vmid}",
+                         lambda: self._api.nodes(node).qemu(vmid).cloudinit.put())
 
     # ------------------------------------------------------------------ the task waiter
 

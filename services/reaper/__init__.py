@@ -1,8 +1,9 @@
 """The reaper: finalises expired deletion buffers (second phase of a two-phase delete).
 
-``run_once`` moves every server whose ``delete_after`` has passed from ``deleting`` to
-``destroying`` and enqueues its ``ServerDelete`` job, in one transaction (``SKIP LOCKED``, so
-several replicas never enqueue twice), and NOTIFYs the regions concerned. A cancellation racing
+``run_once`` moves every resource (of each type whose deletion is buffered, from the registry
+``z9.common.resources``) whose ``delete_after`` has passed from ``deleting`` to ``destroying`` and
+enqueues its type's final job, in one transaction per type (``SKIP LOCKED``, so several replicas
+never enqueue twice), and NOTIFYs the regions concerned. A cancellation racing
 the reaper is decided by the row lock: ``cancel-deletion`` only matches ``delete_after > now()``.
 """
 from __future__ import annotations
@@ -12,11 +13,10 @@ import logging
 
 import asyncpg
 
-from z9.common import metrics, store
+from z9.common import metrics, resources, store
 from z9.common.db import TRANSIENT_DB_ERRORS, create_service_pool
 from z9.common.logs import job_fields
 from z9.common.settings import Settings
-from z9.common.store import NewJob
 from z9.common.tracing import current_trace_context
 
 log = logging.getLogger("z9.reaper")
@@ -36,23 +36,24 @@ class Reaper:
         self._stopping.set()
 
     async def run_once(self, batch: int = 100) -> int:
-        """Finalise up to ``batch`` expired buffers; return how many."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            reaped = await store.server_reap_expired(conn, batch)
-            servers = [s for s, _ in reaped]
-            jobs = await store.job_insert_many(conn, [
-                NewJob(kind="ServerDelete", region=s.region, tenant_id=s.tenant_id, resource_type="server",
-                       resource_id=s.id, max_attempts=self.settings.max_attempts,
-                       trace_context=trace_context or current_trace_context())
-                for s, trace_context in reaped
-            ])
-        job_of = {j.resource_id: j for j in jobs}
-        for s in servers:
-            job = job_of[s.id]
-            metrics.DELETION_BUFFER_EXPIRIES.labels(s.region).inc()
-            log.info("server %s: deletion buffer expired; ServerDelete %s enqueued", s.id, job.id,
-                     extra=job_fields(job))
-        return len(servers)
+        """Finalise up to ``batch`` expired buffers of each type; return how many."""
+        total = 0
+        for rtype in resources.buffered():
+            async with self.pool.acquire() as conn, conn.transaction():
+                reaped = await rtype.reap_expired(conn, batch)
+                jobs = await store.job_insert_many(conn, [
+                    rtype.new_job(row, rtype.final_kind, max_attempts=self.settings.max_attempts,
+                                  trace_context=trace_context or current_trace_context())
+                    for row, trace_context in reaped
+                ])
+            job_of = {j.resource_id: j for j in jobs}
+            for row, _ in reaped:
+                job = job_of[row.id]
+                metrics.DELETION_BUFFER_EXPIRIES.labels(row.region).inc()
+                log.info("%s %s: deletion buffer expired; %s %s enqueued", rtype.name, row.id, job.kind, job.id,
+                         extra=job_fields(job))
+            total += len(reaped)
+        return total
 
     async def run(self) -> None:
         """Scan until :meth:`stop`, reconnecting to the database with backoff."""

@@ -31,10 +31,9 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import metrics, store
+from z9.common import kinds, metrics, resources, store
 from z9.common.db import SCHEDULER_CHANNEL, TRANSIENT_DB_ERRORS, connect_listener, create_service_pool
 from z9.common.settings import Settings
-from z9.executor.jobs import REGISTRY
 
 log = logging.getLogger("z9.scheduler")
 
@@ -60,7 +59,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._metrics_at = self._finished_metrics_at = float("-inf")  # time.monotonic() of the last recounts
-        self._kinds = sorted(REGISTRY)  # the registered job kinds: series pre-created for each
+        self._kinds = sorted(kinds.ALL)  # the known job kinds: series pre-created for each
         self._age_regions: set[str] = set()  # regions given a z9_job_oldest_pending_age_seconds value
         metrics.init_scheduler(self._kinds, settings.regions)
 
@@ -84,9 +83,8 @@ class Scheduler:
                     if r["status"] == "failed":
                         counts.reclaimed_failed += 1
                         metrics.reclaim_failed(r["kind"], r["region"])
-                        if r["resource_type"] == "server":
-                            await store.server_mark_failed_by_job(conn, r["resource_id"], r["error"]["message"],
-                                                                  kind=r["kind"])
+                        await resources.mark_failed_by_job(conn, r["resource_type"], r["resource_id"],
+                                                           r["error"]["message"], kind=r["kind"])
                 # A job reclaimed as failed frees the next job of its resource: wake the executors
                 # now rather than at their next poll (one reclaimed as retry is notified when the
                 # promotion below, or a later pass, makes it pending).

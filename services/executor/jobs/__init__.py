@@ -11,9 +11,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from z9.common import kinds
 from z9.common.errors import PermanentError
 
-from . import server_create, server_delete, server_start, server_stop
+from . import (address_assign, address_create, address_delete, address_unassign, server_create, server_delete,
+               server_start, server_stop)
 
 REGISTRY: dict[str, Any] = {}
 
@@ -25,9 +27,11 @@ def register(module: ModuleType | Any) -> None:
         if not hasattr(module, attr):
             raise TypeError(f"job kind {module!r} lacks {attr}")
     REGISTRY[module.KIND] = module
+    kinds.add(module.KIND)
 
 
-for _m in (server_create, server_stop, server_start, server_delete):
+for _m in (server_create, server_stop, server_start, server_delete, address_create, address_assign,
+           address_unassign, address_delete):
     register(_m)
 
 

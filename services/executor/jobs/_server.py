@@ -1,230 +1,34 @@
-"""What the server job kinds share: finding a server's VM by its identity tag, the deletion
-guard, and the desired Proxmox config of a server.
-
-Identity is the tag ``z9-id-<server id>``, never the vmid or the name (proxmox-api.md, "Where
-peers broke" 3 and 4): a vmid is reused the moment a VM is destroyed, and names can be changed.
-"""
+"""What the server job kinds share: a server is the owner of one VM, member ``main``; the VM
+machinery itself (finding VMs by tag, the guard, the clone ladder) is :mod:`z9.executor.vms`."""
 from __future__ import annotations
 
-import logging
-import re
 from typing import Any
-from urllib.parse import quote
 
 from z9.common import store
-from z9.common.errors import GuardRefusal, PermanentError, TemporaryError
-from z9.common.models import Server
-from z9.common.tags import (ROLE_CUSTOMER, customer_vm_tags, format_tags, identity_tag, normalize_tags,
-                            platform_roles)
+from z9.common.models import Job
+from z9.common.resources.server import SERVER
 
-from ..context import JobContext, Step
-from ..proxmox import VmLocked, VmState
-
-log = logging.getLogger("z9.executor.jobs")
-
-DISK_KEYS = tuple(f"{bus}{i}" for bus in ("scsi", "virtio", "sata", "ide") for i in range(6))
-_SIZE_RE = re.compile(r"(?:^|,)size=(\d+(?:\.\d+)?)([KMGT]?)(?:,|$)")
-_UNIT_GIB = {"K": 1 / (1024 * 1024), "M": 1 / 1024, "G": 1.0, "T": 1024.0, "": 1 / (1024 ** 3)}
+from ..context import JobContext
+from ..vms import MAIN, VmSpec
 
 
-async def find_vms(ctx: JobContext, resource_id: str) -> list[VmState]:
-    """Every VM carrying ``resource_id``'s identity tag, each confirmed on its node (fresh
-    config and tags). Raises TemporaryError when a tagged VM vanishes while being read."""
-    tag = identity_tag(resource_id)
-    out = []
-    for ref in await ctx.pve.find_by_tag(tag):
-        st = await ctx.pve.vm_state(ref.node, ref.vmid)
-        if st is None:
-            raise TemporaryError(f"VM {ref.vmid} carrying {tag} vanished from {ref.node} while observing")
-        if tag not in st.tags:
-            # The cluster list said tagged, the node says not (a write in between): look again.
-            raise TemporaryError(f"VM {ref.vmid}: cluster list and node disagree about tag {tag}")
-        out.append(st)
-    return out
+def spec(job: Job) -> VmSpec:
+    """The server's VM, from the job's arguments (the create body)."""
+    a = job.args
+    return VmSpec(owner=job.resource_id, member=MAIN, name=a["name"], image=a["image"], cores=int(a["cores"]),
+                  memory_mib=int(a["memory_mib"]), disk_gib=int(a["disk_gib"]),
+                  ssh_keys=tuple(a.get("ssh_keys") or ()),
+                  # a primary address from a pool: the API put its cloud-init keys in the args
+                  config={k: str(a[k]) for k in ("ipconfig0", "nameserver") if a.get(k)})
 
 
-async def find_one_vm(ctx: JobContext, resource_id: str) -> VmState | None:
-    """The single VM of ``resource_id`` or None. Raises PermanentError when several VMs carry
-    its identity tag (a manual clone of a customer VM inherits its tags)."""
-    vms = await find_vms(ctx, resource_id)
-    if len(vms) > 1:
-        where = ", ".join(f"{v.vmid} on {v.node}" for v in vms)
-        raise PermanentError(f"{len(vms)} VMs carry {identity_tag(resource_id)} ({where}); "
-                             "an operator must remove the extra ones")
-    return vms[0] if vms else None
-
-
-CloneMemo = tuple[int, str, "float | None"]  # (vmid, node, uncertain_at) of one clone request
-
-
-async def clone_memos(ctx: JobContext) -> list[CloneMemo]:
-    """Every clone request the create jobs of this resource recorded (one query)."""
-    return await store.job_clone_memos(ctx.pool, ctx.job.resource_id)
-
-
-async def find_own_clones(ctx: JobContext, memos: list[CloneMemo], exclude: set[int]) -> list[VmState]:
-    """VMs that a ServerCreate of this resource cloned (vmid in ``memos``) but did not tag yet:
-    recognised by our marker in their description — or still under ``lock: clone`` (the caller
-    waits and checks the marker then). A VM carrying another resource's identity is never ours."""
-    mine, out = identity_tag(ctx.job.resource_id), []
-    for vmid, node, _ in memos:
-        if vmid in exclude:
-            continue
-        st = await ctx.pve.vm_state(node, vmid)
-        if st is None or any(t.startswith("z9-id-") and t != mine for t in st.tags):
-            continue
-        if st.lock == "clone" or marker(ctx.job.resource_id) in str(st.config.get("description", "")):
-            out.append(st)
-    return out
-
-
-def clone_uncertain_since(memos: list[CloneMemo]) -> float | None:
-    """Epoch seconds of the latest clone request in ``memos`` whose answer was lost (it may still
-    be performed), or None."""
-    times = [u for _, _, u in memos if u is not None]
-    return max(times) if times else None
-
-
-def refuse_platform(resource_id: str, vm: VmState) -> None:
-    """GuardRefusal when ``vm`` carries any platform role: z9 never changes such a VM."""
-    if platform_roles(vm.tags):
-        guard(resource_id, vm)
-
-
-async def find_suspect(ctx: JobContext, server: Server | None, ours: list[VmState]) -> VmState | None:
-    """The VM at the vmid/node the database last recorded for ``server``, when it is not one of
-    ``ours``: a row can be stale and point at someone else's VM — or at a platform VM."""
-    if server is None or server.vmid is None or any(v.vmid == server.vmid for v in ours):
-        return None
-    return await ctx.pve.vm_state(server.node, server.vmid)
-
-
-def guard_suspect(resource_id: str, vm: VmState | None) -> None:
-    """Refuse (GuardRefusal) when the recorded-but-untagged VM carries a platform role: a stale
-    row pointed a destructive job at a platform VM. Any other untagged VM is simply not ours."""
-    if vm is not None:
-        refuse_platform(resource_id, vm)
-        log.warning("resource %s: recorded VM %s on %s does not carry %s; not ours, leaving it alone",
-                    resource_id, vm.vmid, vm.node, identity_tag(resource_id))
-
-
-def guard(resource_id: str, vm: VmState) -> None:
-    """The deletion guard (architecture §6): touch ``vm`` only when it carries this resource's
-    identity tag and ``z9-role-customer``. Any platform role refuses unconditionally.
-
-    Raises GuardRefusal (permanent) otherwise; logs at error level.
-    """
-    platform = platform_roles(vm.tags)
-    if platform:
-        msg = (f"deletion guard refused VM {vm.vmid} on {vm.node}: it carries platform role "
-               f"{', '.join(sorted(platform))}")
-    elif identity_tag(resource_id) not in vm.tags:
-        msg = f"deletion guard refused VM {vm.vmid} on {vm.node}: it does not carry {identity_tag(resource_id)}"
-    elif ROLE_CUSTOMER not in vm.tags:
-        msg = f"deletion guard refused VM {vm.vmid} on {vm.node}: it does not carry {ROLE_CUSTOMER}"
-    else:
-        return
-    log.error("%s (resource %s)", msg, resource_id)
-    raise GuardRefusal(msg)
-
-
-def guard_own_clone(resource_id: str, vm: VmState) -> None:
-    """The guard for an untagged clone of ours: our marker must be in its description, and any
-    platform role (inherited from a template that carries one) refuses unconditionally."""
-    refuse_platform(resource_id, vm)
-    if marker(resource_id) not in str(vm.config.get("description", "")):
-        msg = f"deletion guard refused VM {vm.vmid} on {vm.node}: it does not carry our marker"
-        log.error("%s (resource %s)", msg, resource_id)
-        raise GuardRefusal(msg)
+async def recorded_vm(ctx: JobContext) -> list[tuple[int, str]]:
+    """The (vmid, node) the database last recorded for the server (a suspect, never trusted)."""
+    server = await store.server_get(ctx.pool, ctx.job.resource_id)
+    return [(server.vmid, server.node)] if server is not None and server.vmid is not None else []
 
 
 async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
-    """The server carries a failed job's reason (see ``store.server_mark_failed_by_job``)."""
-    await store.server_mark_failed_by_job(conn, ctx.job.resource_id, error["message"], kind=ctx.job.kind,
-                                          refused=bool(error.get("refused")))
-
-
-def refuse_if_locked(vm: VmState, *, allowed: tuple[str, ...] = ()) -> None:
-    """Snooze (without spending an attempt) while another task holds the VM's config lock."""
-    if vm.lock and vm.lock not in allowed:
-        raise VmLocked(f"VM {vm.vmid} is locked ({vm.lock}); waiting for the other task")
-
-
-async def reread_guarded(ctx: JobContext, vm: VmState) -> VmState:
-    """Read ``vm`` again right before acting on it and re-apply the guard and the lock check.
-    Raises TemporaryError when it is gone, GuardRefusal, or VmLocked."""
-    st = await ctx.pve.vm_state(vm.node, vm.vmid)
-    if st is None:
-        raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
-    guard(ctx.job.resource_id, st)
-    refuse_if_locked(st)
-    return st
-
-
-async def ensure_running(ctx: JobContext, step: Step, vm: VmState) -> None:
-    """Start ``vm`` unless it runs, and wait for the task. A start task failing with ``VM n
-    already running`` means someone else started it: done (proxmox-api.md, Endpoints)."""
-    if vm.running:
-        return
-    await ctx.fence()
-    upid = await ctx.pve.start(vm.node, vm.vmid)
-    try:
-        await ctx.wait_task(step, upid)
-    except TemporaryError as e:
-        if "already running" not in str(e):
-            raise
-
-
-def boot_disk(config: dict[str, Any]) -> tuple[str, float] | None:
-    """``(key, size in GiB)`` of the first data disk (not a cloud-init drive or CD-ROM)."""
-    for key in DISK_KEYS:
-        val = config.get(key)
-        if not isinstance(val, str) or "media=cdrom" in val or "cloudinit" in val:
-            continue
-        m = _SIZE_RE.search(val)
-        if m:
-            return key, float(m.group(1)) * _UNIT_GIB[m.group(2)]
-    return None
-
-
-def encode_ssh_keys(keys: list[str]) -> str:
-    """Proxmox's ``sshkeys`` value: the keys joined by newlines, URL-encoded with every space
-    and newline percent-encoded (proxmox-api.md, "Cloud-init")."""
-    return quote("\n".join(keys) + "\n", safe="")
-
-
-def marker(resource_id: str) -> str:
-    """Text put in a new VM's description so an attempt can recognise its own half-made clone
-    before the identity tag is set."""
-    return f"z9 resource {resource_id} ({identity_tag(resource_id)})"
-
-
-def desired_config(resource_id: str, args: dict[str, Any]) -> dict[str, Any]:
-    """The config keys z9 owns on a server's VM, in Proxmox's stored form."""
-    cfg: dict[str, Any] = {
-        "name": args["name"],
-        "cores": int(args["cores"]),
-        "memory": str(int(args["memory_mib"])),
-        "tags": format_tags(customer_vm_tags(resource_id)),
-        "ipconfig0": "ip=dhcp",
-        # Proxmox refuses to destroy a protected VM ("protection mode enabled"): a destroy
-        # request of someone else's that lands late on a reused vmid cannot remove this VM.
-        # Only ServerDelete lifts it, right before its own destroy.
-        "protection": "1",
-    }
-    if args.get("ssh_keys"):
-        cfg["sshkeys"] = encode_ssh_keys(args["ssh_keys"])
-    return cfg
-
-
-def config_diff(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
-    """The desired keys whose current value differs (tags compared as normalised sets)."""
-    out = {}
-    for k, v in desired.items():
-        cur = current.get(k)
-        if k == "tags":
-            if normalize_tags(cur) != normalize_tags(v):
-                out[k] = v
-        elif str(cur) != str(v):
-            out[k] = v
-    return out
+    """The server carries a failed job's reason (``ResourceType.mark_failed_by_job``)."""
+    await SERVER.mark_failed_by_job(conn, ctx.job.resource_id, error["message"], kind=ctx.job.kind,
+                                    refused=bool(error.get("refused")))

@@ -13,16 +13,18 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import store
+from z9.common import kinds, store
+from z9.common.resources.server import SERVER
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 from z9.common.tags import identity_tag
 
 from ..context import JobContext, Step
 from ..proxmox import VmState
+from .. import vms
 from . import _server
 
-KIND = "ServerStart"
+KIND = kinds.SERVER_START
 
 
 @dataclass
@@ -32,7 +34,7 @@ class World:
 
 async def observe(ctx: JobContext) -> World:
     """Our VM by tag (or None)."""
-    return World(vm=await _server.find_one_vm(ctx, ctx.job.resource_id))
+    return World(vm=await vms.find_one_vm(ctx, ctx.job.resource_id))
 
 
 def plan(job: Job, world: World) -> list[Step]:
@@ -40,10 +42,10 @@ def plan(job: Job, world: World) -> list[Step]:
     vm = world.vm
     if vm is None:
         raise PermanentError(f"no VM carries {identity_tag(job.resource_id)}: the server's VM is gone")
-    _server.guard(job.resource_id, vm)
+    vms.guard(job.resource_id, vm)
     if vm.running:
         return []
-    _server.refuse_if_locked(vm)
+    vms.refuse_if_locked(vm)
     return [Step("start", {"vmid": vm.vmid, "node": vm.node})]
 
 
@@ -52,7 +54,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     if step.name != "start":
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
     assert world.vm is not None
-    await _server.ensure_running(ctx, step, await _server.reread_guarded(ctx, world.vm))
+    await vms.ensure_running(ctx, step, await vms.reread_guarded(ctx, ctx.job.resource_id, world.vm))
 
 
 async def verify(ctx: JobContext) -> VmState:
@@ -65,8 +67,8 @@ async def verify(ctx: JobContext) -> VmState:
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
     """Power state ``running``; status ``running`` when it was running or stopped."""
-    await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
-                                power_state="running", status="running", from_statuses=("running", "stopped"))
+    await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node, power_state="running")
+    await SERVER.observed(conn, ctx.job.resource_id, status="running", from_statuses=("running", "stopped"))
 
 
 record_failure = _server.record_failure

@@ -15,15 +15,17 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import store
+from z9.common import kinds, store
+from z9.common.resources.server import SERVER
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 
 from ..context import JobContext, Step
 from ..proxmox import VmState
+from .. import vms
 from . import _server
 
-KIND = "ServerStop"
+KIND = kinds.SERVER_STOP
 SHUTDOWN_TIMEOUT_S = 60
 
 
@@ -35,21 +37,21 @@ class World:
 
 async def observe(ctx: JobContext) -> World:
     """Our VM by tag (or None) and the DB-recorded VM as a suspect."""
-    vm = await _server.find_one_vm(ctx, ctx.job.resource_id)
-    server = await store.server_get(ctx.pool, ctx.job.resource_id)
-    return World(vm=vm, suspect=await _server.find_suspect(ctx, server, [vm] if vm else []))
+    vm = await vms.find_one_vm(ctx, ctx.job.resource_id)
+    recorded = await _server.recorded_vm(ctx)
+    return World(vm=vm, suspect=await vms.find_suspect(ctx, recorded[0] if recorded else None, [vm] if vm else []))
 
 
 def plan(job: Job, world: World) -> list[Step]:
     """Pure: ``shutdown`` when our VM runs. Raises GuardRefusal, Snooze (VM locked)."""
-    _server.guard_suspect(job.resource_id, world.suspect)
+    vms.guard_suspect(job.resource_id, world.suspect)
     vm = world.vm
     if vm is None:
         return []
-    _server.guard(job.resource_id, vm)
+    vms.guard(job.resource_id, vm)
     if not vm.running:
         return []
-    _server.refuse_if_locked(vm)
+    vms.refuse_if_locked(vm)
     return [Step("shutdown", {"vmid": vm.vmid, "node": vm.node})]
 
 
@@ -58,7 +60,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     if step.name != "shutdown":
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
     assert world.vm is not None
-    st = await _server.reread_guarded(ctx, world.vm)
+    st = await vms.reread_guarded(ctx, ctx.job.resource_id, world.vm)
     if st.running:
         await ctx.fence()
         upid = await ctx.pve.shutdown(st.node, st.vmid, timeout_s=SHUTDOWN_TIMEOUT_S)
@@ -80,6 +82,7 @@ async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState | None) 
     else:
         await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
                                     power_state="stopped")
+    await SERVER.observed(conn, ctx.job.resource_id)
 
 
 record_failure = _server.record_failure

@@ -1,0 +1,216 @@
+"""The resource-type registry: what the scheduler, the reaper, the executor and the API know
+about a type of resource (server, address, …), without naming one.
+
+A type is a :class:`ResourceType`: its name (``jobs.resource_type``), id prefix, table, row model,
+deletion policy (:class:`Buffered` — a buffer during which the deletion can be cancelled, then a
+final job — or :class:`Immediate` — the final job at once), the job that restores it when a
+deletion is cancelled, and what a failed job does to it (:meth:`ResourceType.failure_ends_deletion`).
+Its module (``z9.common.resources.<type>``) builds one and calls :func:`register`; this package
+imports the built-in ones at the bottom.
+
+The table keeps the lifecycle columns described in ``db/migrations/0004_resource_layer.sql``; the
+lifecycle queries are written once (``resource_*`` in ``queries.sql``) and run through the
+wrappers below, which fill in the table.
+
+Deletion (two-phase when buffered)::
+
+    live ──DELETE──> deleting ──buffer expires (reaper: final job)──> destroying ──final job ok──> deleted
+     ^                  │ cancel-deletion (restore job)                   │ final job failed / guard refused
+     └──────────────────┘                                                 └──> failed (deletable again)
+
+An immediate deletion goes from live to ``destroying`` (and the final job) at once.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Protocol, TypeVar
+
+from .. import store
+from ..ids import PREFIXES
+from ..store import DB, NewJob
+
+_TABLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+class Row(Protocol):
+    """What a resource row model offers: built from a record, public JSON, lifecycle fields."""
+
+    id: str
+    tenant_id: str
+    region: str
+    status: str
+    status_before_delete: str | None
+
+    @classmethod
+    def from_record(cls, r: Any) -> Any: ...
+
+    def public(self) -> dict[str, Any]: ...
+
+
+R = TypeVar("R", bound=Row)
+
+
+@dataclass(frozen=True)
+class Buffered:
+    """Deleting starts a buffer of ``deletion_buffer_s`` (settings) with job ``first_kind`` (e.g.
+    stop the VM); the reaper enqueues ``final_kind`` when the buffer expires; cancel-deletion
+    enqueues the type's restore job."""
+
+    first_kind: str
+    final_kind: str
+
+
+@dataclass(frozen=True)
+class Immediate:
+    """Deleting enqueues ``final_kind`` at once (``destroying``); there is nothing to cancel."""
+
+    final_kind: str
+
+
+@dataclass(frozen=True)
+class ResourceType(Generic[R]):
+    """One type of resource. ``restore(row) -> (kind, args)`` is the job that gives a resource
+    back what it had before a cancelled deletion (``Buffered`` only). ``statuses`` is the status
+    enum in order (list filters, the OpenAPI document)."""
+
+    name: str
+    prefix: str
+    table: str
+    model: type[R]
+    kinds: tuple[str, ...]
+    deletion: Buffered | Immediate
+    statuses: tuple[str, ...]
+    restore: Callable[[R], tuple[str, dict[str, Any]]] | None = None
+    status_type: str = ""  # the status column's enum type; default <name>_status
+    plural: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # type-specific knowledge (API, jobs)
+
+    def __post_init__(self) -> None:
+        if self.prefix not in PREFIXES:
+            raise ValueError(f"resource type {self.name}: id prefix {self.prefix!r} is not one of {PREFIXES}")
+        if not self.status_type:
+            object.__setattr__(self, "status_type", f"{self.name}_status")
+        for ident in (self.table, self.status_type):
+            if not _TABLE_RE.match(ident):
+                raise ValueError(f"resource type {self.name}: {ident!r} is not a plain identifier")
+        for s in ("deleting", "destroying", "deleted", "failed"):
+            if s not in self.statuses:
+                raise ValueError(f"resource type {self.name}: status {s!r} missing (lifecycle contract)")
+        if isinstance(self.deletion, Buffered) and self.restore is None:
+            raise ValueError(f"resource type {self.name}: a buffered deletion needs a restore job")
+        if not self.plural:
+            object.__setattr__(self, "plural", self.name + "s")
+
+    @property
+    def sql(self) -> tuple[str, str]:
+        """What fills in the lifecycle queries: (table, status enum type)."""
+        return (self.table, self.status_type)
+
+    @property
+    def final_kind(self) -> str:
+        return self.deletion.final_kind
+
+    def failure_ends_deletion(self, kind: str, *, refused: bool = False) -> bool:
+        """A failed job's effect on a deletion under way: a deletion-guard refusal, or the final
+        delete job itself failing, ends it (the resource is ``failed``; its owner may delete it
+        again); any other job's failure lets it go on (the reason is kept either way)."""
+        return refused or kind == self.final_kind
+
+    # ------------------------------------------------------------ lifecycle (queries written once)
+
+    async def get(self, db: DB, rid: str, tenant_id: str | None = None) -> R | None:
+        """The row, scoped to ``tenant_id`` when given; None when absent (or another tenant's)."""
+        row = await store.resource_get(db, self.sql, rid, tenant_id)
+        return self.model.from_record(row) if row else None
+
+    async def list(self, db: DB, tenant_id: str, *, after: str | None = None, status: str | None = None,
+                   limit: int = 100) -> list[R]:
+        """Up to ``limit`` rows of the tenant by id, after id ``after``, of one status."""
+        return [self.model.from_record(r)
+                for r in await store.resource_list(db, self.sql, tenant_id, after, status, limit)]
+
+    async def mark_deleting(self, db: DB, rid: str, tenant_id: str, buffer_s: float) -> R | None:
+        """Start the deletion (``deleting`` with a buffer, or ``destroying`` when immediate);
+        None when the resource is absent or not in a deletable state. The row stays locked
+        until commit."""
+        if isinstance(self.deletion, Immediate):
+            row = await store.resource_mark_destroying(db, self.sql, rid, tenant_id)
+        else:
+            row = await store.resource_mark_deleting(db, self.sql, rid, tenant_id, buffer_s)
+        return self.model.from_record(row) if row else None
+
+    async def cancel_deletion(self, db: DB, rid: str, tenant_id: str) -> R | None:
+        """End the buffer early (status back to ``status_before_delete``); None when the
+        resource is not ``deleting`` or its buffer has expired."""
+        row = await store.resource_cancel_deletion(db, self.sql, rid, tenant_id)
+        return self.model.from_record(row) if row else None
+
+    async def reap_expired(self, db: DB, limit: int) -> list[tuple[R, dict[str, Any] | None]]:
+        """Move up to ``limit`` rows whose buffer expired to ``destroying``, each with the trace
+        context of its latest job (the deletion request's first job, which the final job
+        continues)."""
+        return [(self.model.from_record(r), r["deletion_trace_context"])
+                for r in await store.resource_reap_expired(db, self.sql, limit)]
+
+    async def mark_failed(self, db: DB, rid: str, reason: str, *, ends_deletion: bool = False) -> None:
+        """The resource carries ``reason``; ``failed`` unless a deletion is under way (which goes
+        on) — and even then when ``ends_deletion``."""
+        await store.resource_mark_failed(db, self.sql, rid, reason, ends_deletion)
+
+    async def mark_failed_by_job(self, db: DB, rid: str, reason: str, *, kind: str, refused: bool = False) -> None:
+        """A failed job's reason on its resource: the one rule for executor and scheduler alike
+        (:meth:`failure_ends_deletion`)."""
+        await self.mark_failed(db, rid, reason, ends_deletion=self.failure_ends_deletion(kind, refused=refused))
+
+    async def observed(self, db: DB, rid: str, *, status: str | None = None,
+                       from_statuses: tuple[str, ...] = ()) -> R | None:
+        """Verify saw the resource now (``observed_at``); it moves to ``status`` only from one of
+        ``from_statuses`` (never over the deletion states), clearing its reason."""
+        row = await store.resource_observed(db, self.sql, rid, status, list(from_statuses))
+        return self.model.from_record(row) if row else None
+
+    async def deleted(self, db: DB, rid: str) -> bool:
+        """``destroying`` → ``deleted`` (no-op in any other status: False); its clone requests go."""
+        return await store.resource_deleted(db, self.sql, rid)
+
+    def new_job(self, row: R, kind: str, *, args: dict[str, Any] | None = None, max_attempts: int = 10,
+                extra_lock_keys: tuple[str, ...] = (), **kw: Any) -> NewJob:
+        """A job on ``row`` (region, tenant and resource from it)."""
+        return NewJob(kind=kind, region=row.region, tenant_id=row.tenant_id, resource_type=self.name,
+                      resource_id=row.id, args=args, max_attempts=max_attempts,
+                      extra_lock_keys=tuple(extra_lock_keys), **kw)
+
+
+REGISTRY: dict[str, ResourceType[Any]] = {}
+
+
+def register(rtype: ResourceType[Any]) -> ResourceType[Any]:
+    """Add a resource type (its name, prefix and table unique); returns it."""
+    for other in REGISTRY.values():
+        if other.name != rtype.name and (other.prefix == rtype.prefix or other.table == rtype.table):
+            raise ValueError(f"resource types {other.name} and {rtype.name} share a prefix or a table")
+    REGISTRY[rtype.name] = rtype
+    return rtype
+
+
+def get(name: str | None) -> ResourceType[Any] | None:
+    """The registered type called ``name`` (a ``jobs.resource_type``), or None."""
+    return REGISTRY.get(name) if name else None
+
+
+def buffered() -> list[ResourceType[Any]]:
+    """The types whose deletion has a buffer (the reaper's work)."""
+    return [t for t in REGISTRY.values() if isinstance(t.deletion, Buffered)]
+
+
+async def mark_failed_by_job(db: DB, resource_type: str | None, resource_id: str | None, reason: str, *,
+                             kind: str, refused: bool = False) -> None:
+    """A failed job's reason on its resource, whatever its type (no-op for a job without a
+    registered resource)."""
+    rtype = get(resource_type)
+    if rtype is not None and resource_id is not None:
+        await rtype.mark_failed_by_job(db, resource_id, reason, kind=kind, refused=refused)
+
+
+from . import address, server  # noqa: E402,F401  (the built-in types register themselves)

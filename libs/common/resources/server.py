@@ -1,0 +1,38 @@
+"""The ``server`` resource type: one VM (member ``main``), two-phase deletion (ServerStop during
+the buffer, ServerDelete at its end)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import kinds
+from ..models import Server
+from . import Buffered, ResourceType, register
+
+STATUSES = ("creating", "running", "stopped", "deleting", "destroying", "deleted", "failed")
+
+
+def create_args(server: Server) -> dict[str, Any]:
+    """The ServerCreate arguments that build ``server`` (the API's create body)."""
+    return {"name": server.name, "region": server.region, "image": server.image, "cores": server.cores,
+            "memory_mib": server.memory_mib, "disk_gib": server.disk_gib, "ssh_keys": list(server.ssh_keys)}
+
+
+def restore(server: Server) -> tuple[str, dict[str, Any]]:
+    """The job that gives a server back what it had before its deletion, from its status then:
+    a server still being created is created (the ServerCreate re-runs: it converges and starts
+    the VM), a running one is started, a stopped one stays stopped, a failed one gets the power
+    state it had."""
+    before, power_before = server.status_before_delete, server.power_before_delete
+    if before == "creating":
+        return kinds.SERVER_CREATE, create_args(server)
+    if before == "running" or (before == "failed" and power_before == "running"):
+        return kinds.SERVER_START, {}
+    return kinds.SERVER_STOP, {}
+
+
+SERVER: ResourceType[Server] = register(ResourceType(
+    name="server", prefix="srv", table="servers", model=Server,
+    kinds=(kinds.SERVER_CREATE, kinds.SERVER_START, kinds.SERVER_STOP, kinds.SERVER_DELETE),
+    deletion=Buffered(first_kind=kinds.SERVER_STOP, final_kind=kinds.SERVER_DELETE),
+    statuses=STATUSES, restore=restore,
+))

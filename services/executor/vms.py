@@ -1,0 +1,638 @@
+"""The VM machinery of every resource kind that owns VMs (a server owns one; a load balancer or
+a Kubernetes cluster owns N): each VM is a *member* of its owner, described by a :class:`VmSpec`.
+
+Identity is tags, never the vmid or the name (proxmox-api.md, "Where peers broke" 3 and 4: a vmid
+is reused the moment a VM is destroyed, names can be changed): ``z9-id-<owner>`` says whose VM it
+is, ``z9-member-<member>`` which of its VMs (a VM carrying the owner's tag and no member tag is
+member ``main``: servers' VMs made before members existed), ``z9-role-customer`` that it is a
+customer VM.
+
+Per member (the phases of a kind's module call these, in order):
+
+observe  :func:`observe_member` — the template named by the spec's image, known by its config's
+         name (``/cluster/resources`` names lag; not visible yet is waited for), and the member's
+         VM by tag; failing that, a clone of ours not tagged yet (:func:`find_own_clones`), or a
+         clone request that may still land (``vm_clone_requests``).
+plan     :func:`plan_member` (pure) — clone → wait_clone → configure → resize_disk → start,
+         keeping only what is missing; the empty plan for a converged, running VM.
+apply    :func:`apply_member_step` — each step re-reads the VM and acts only if still needed. The
+         clone ladder: the request is recorded (vmid, node) *before* the POST and its answer
+         (UPID) right after; unanswered, it stays uncertain for ``uncertain_window_s`` whoever
+         sent it, so a lost answer, a killed or frozen sender never leads to a second clone.
+verify   :func:`verify_member` — observe again; the plan must be empty.
+
+Removal (every VM of an owner): :func:`observe_removal`, :func:`plan_removal` (the deletion
+guard on every VM found), :func:`apply_removal_step`, :func:`verify_removed`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+from urllib.parse import quote
+
+from z9.common import store
+from z9.common.errors import GuardRefusal, PermanentError, Snooze, TemporaryError
+from z9.common.tags import (MEMBER_PREFIX, ROLE_CUSTOMER, customer_vm_tags, format_tags, identity_tag,
+                            member_tag, normalize_tags, platform_roles)
+
+from .context import JobContext, Step
+from .proxmox import OutcomeUnknown, VmidTaken, VmLocked, VmRef, VmState
+
+log = logging.getLogger("z9.executor.vms")
+
+MAIN = "main"  # the member name of a resource's only VM
+CLONE_TRIES = 5
+DISK_KEYS = tuple(f"{bus}{i}" for bus in ("scsi", "virtio", "sata", "ide") for i in range(6))
+_SIZE_RE = re.compile(r"(?:^|,)size=(\d+(?:\.\d+)?)([KMGT]?)(?:,|$)")
+_UNIT_GIB = {"K": 1 / (1024 * 1024), "M": 1 / 1024, "G": 1.0, "T": 1024.0, "": 1 / (1024 ** 3)}
+
+
+# ================================================================ the spec
+
+@dataclass(frozen=True)
+class VmSpec:
+    """One VM of ``owner`` (a resource id): member ``member``, Proxmox name ``name``, cloned from
+    the template named ``image``. ``config`` adds or overrides desired config keys (e.g. a
+    cloud-init ``ipconfig0`` with an address, ``nameserver``)."""
+
+    owner: str
+    member: str
+    name: str
+    image: str
+    cores: int
+    memory_mib: int
+    disk_gib: int
+    ssh_keys: tuple[str, ...] = ()
+    config: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def tags(self) -> frozenset[str]:
+        return customer_vm_tags(self.owner, self.member)
+
+    @property
+    def marker(self) -> str:
+        return marker(self.owner, self.member)
+
+    def desired_config(self) -> dict[str, Any]:
+        """The config keys z9 owns on this VM, in Proxmox's stored form."""
+        cfg: dict[str, Any] = {
+            "name": self.name,
+            "cores": int(self.cores),
+            "memory": str(int(self.memory_mib)),
+            "tags": format_tags(self.tags),
+            "ipconfig0": "ip=dhcp",
+            # Proxmox refuses to destroy a protected VM ("protection mode enabled"): a destroy
+            # request of someone else's that lands late on a reused vmid cannot remove this VM.
+            # Only the removal lifts it, right before its own destroy.
+            "protection": "1",
+        }
+        if self.ssh_keys:
+            cfg["sshkeys"] = encode_ssh_keys(list(self.ssh_keys))
+        cfg.update(self.config)
+        return cfg
+
+
+def marker(owner: str, member: str = MAIN) -> str:
+    """Text put in a new VM's description so an attempt can recognise its own half-made clone
+    before the identity tag is set."""
+    base = f"z9 resource {owner} ({identity_tag(owner)})"
+    return base if member == MAIN else f"{base} member {member}"
+
+
+def member_of(vm: VmState) -> str:
+    """The member a VM of an owner is (``main`` without a member tag)."""
+    names = [t[len(MEMBER_PREFIX):] for t in vm.tags if t.startswith(MEMBER_PREFIX)]
+    return names[0] if len(names) == 1 else MAIN if not names else ",".join(sorted(names))
+
+
+# ================================================================ finding VMs
+
+async def find_vms(ctx: JobContext, owner: str, member: str | None = None) -> list[VmState]:
+    """Every VM carrying ``owner``'s identity tag (of ``member`` when given), each confirmed on
+    its node (fresh config and tags). Raises TemporaryError when a tagged VM vanishes while being
+    read."""
+    tag = identity_tag(owner)
+    out = []
+    for ref in await ctx.pve.find_by_tag(tag):
+        st = await ctx.pve.vm_state(ref.node, ref.vmid)
+        if st is None:
+            raise TemporaryError(f"VM {ref.vmid} carrying {tag} vanished from {ref.node} while observing")
+        if tag not in st.tags:
+            # The cluster list said tagged, the node says not (a write in between): look again.
+            raise TemporaryError(f"VM {ref.vmid}: cluster list and node disagree about tag {tag}")
+        if member is None or member_of(st) == member:
+            out.append(st)
+    return out
+
+
+async def find_one_vm(ctx: JobContext, owner: str, member: str = MAIN) -> VmState | None:
+    """The VM of (``owner``, ``member``) or None. Raises PermanentError when several VMs carry
+    that identity (a manual clone of a customer VM inherits its tags)."""
+    vms = await find_vms(ctx, owner, member)
+    if len(vms) > 1:
+        where = ", ".join(f"{v.vmid} on {v.node}" for v in vms)
+        raise PermanentError(f"{len(vms)} VMs carry {identity_tag(owner)} ({where}); "
+                             "an operator must remove the extra ones")
+    return vms[0] if vms else None
+
+
+async def find_template(ctx: JobContext, image: str) -> VmState | None:
+    """The template whose config is named ``image`` now. ``/cluster/resources`` has the template
+    flag fresh but names from a stats cache that lags (proxmox-api.md): it only orders the
+    candidates — the templates it lists under that name are read first — and each one's config on
+    its node decides. None when no template has that name (yet)."""
+    refs = sorted((v for v in await ctx.pve.list_vms() if v.template),
+                  key=lambda v: (v.name != image, v.vmid))
+    for ref in refs:
+        st = await ctx.pve.vm_state(ref.node, ref.vmid)
+        if st is not None and st.config.get("name") == image and str(st.config.get("template", "0")) == "1":
+            return st
+    return None
+
+
+async def clone_requests(ctx: JobContext, owner: str, member: str | None = None) -> list[store.CloneRequest]:
+    """Every clone request recorded for ``owner`` (of ``member`` when given; one query)."""
+    return await store.vm_clone_requests(ctx.pool, owner, member)
+
+
+async def find_own_clones(ctx: JobContext, owner: str, requests: list[store.CloneRequest],
+                          exclude: set[int]) -> list[VmState]:
+    """VMs that a clone request of ``owner`` made (vmid in ``requests``) but that are not tagged
+    yet: recognised by the member's marker in their description — or, still under ``lock:
+    clone`` (no description yet), only while *our* request may be the clone running there: its
+    answer is not recorded yet (uncertain), or it was answered with a UPID whose task still runs.
+    A locked VM at a vmid we asked for whose request was refused, failed or whose task has ended
+    is someone else's clone; so is a VM carrying another resource's identity."""
+    mine, out = identity_tag(owner), []
+    for m in requests:
+        if m.vmid in exclude:
+            continue
+        st = await ctx.pve.vm_state(m.node, m.vmid)
+        if st is None or any(t.startswith("z9-id-") and t != mine for t in st.tags):
+            continue
+        if marker(owner, m.member) in str(st.config.get("description", "")):
+            out.append(st)
+        elif st.lock == "clone" and await _clone_in_flight(ctx, m):
+            out.append(st)
+    return out
+
+
+async def _clone_in_flight(ctx: JobContext, m: store.CloneRequest) -> bool:
+    """Whether our request ``m`` may be the clone running at its vmid now."""
+    if m.uncertain_since is not None:
+        return True  # no answer recorded: it may be ours
+    if not m.upid:
+        return False  # answered with an error: nothing of ours runs there
+    try:
+        return (await ctx.pve.task_status(m.node, m.upid)).get("status") == "running"
+    except PermanentError:
+        return False  # the node does not know our task (any more): not ours
+
+
+def clone_uncertain_since(requests: list[store.CloneRequest]) -> float | None:
+    """Epoch seconds of the latest request in ``requests`` without a recorded answer (it may
+    still be performed), or None."""
+    times = [m.uncertain_since for m in requests if m.uncertain_since is not None]
+    return max(times) if times else None
+
+
+async def find_suspect(ctx: JobContext, recorded: tuple[int, str] | None, ours: list[VmState]) -> VmState | None:
+    """The VM at the (vmid, node) the database last recorded, when it is not one of ``ours``: a
+    row can be stale and point at someone else's VM — or at a platform VM."""
+    if recorded is None or any(v.vmid == recorded[0] for v in ours):
+        return None
+    return await ctx.pve.vm_state(recorded[1], recorded[0])
+
+
+# ================================================================ the deletion guard
+
+def refuse_platform(owner: str, vm: VmState) -> None:
+    """GuardRefusal when ``vm`` carries any platform role: z9 never changes such a VM."""
+    if platform_roles(vm.tags):
+        guard(owner, vm)
+
+
+def guard_suspect(owner: str, vm: VmState | None) -> None:
+    """Refuse (GuardRefusal) when the recorded-but-untagged VM carries a platform role: a stale
+    row pointed a destructive job at a platform VM. Any other untagged VM is simply not ours."""
+    if vm is not None:
+        refuse_platform(owner, vm)
+        log.warning("resource %s: recorded VM %s on %s does not carry %s; not ours, leaving it alone",
+                    owner, vm.vmid, vm.node, identity_tag(owner))
+
+
+def guard(owner: str, vm: VmState) -> None:
+    """The deletion guard (architecture §6): touch ``vm`` only when it carries ``owner``'s
+    identity tag and ``z9-role-customer``. Any platform role refuses unconditionally.
+
+    Raises GuardRefusal (permanent) otherwise; logs at error level.
+    """
+    platform = platform_roles(vm.tags)
+    if platform:
+        msg = (f"deletion guard refused VM {vm.vmid} on {vm.node}: it carries platform role "
+               f"{', '.join(sorted(platform))}")
+    elif identity_tag(owner) not in vm.tags:
+        msg = f"deletion guard refused VM {vm.vmid} on {vm.node}: it does not carry {identity_tag(owner)}"
+    elif ROLE_CUSTOMER not in vm.tags:
+        msg = f"deletion guard refused VM {vm.vmid} on {vm.node}: it does not carry {ROLE_CUSTOMER}"
+    else:
+        return
+    log.error("%s (resource %s)", msg, owner)
+    raise GuardRefusal(msg)
+
+
+def guard_own_clone(owner: str, vm: VmState) -> None:
+    """The guard for an untagged clone of ours: a marker of ``owner`` must be in its description,
+    and any platform role (inherited from a template that carries one) refuses unconditionally."""
+    refuse_platform(owner, vm)
+    if marker(owner) not in str(vm.config.get("description", "")):
+        msg = f"deletion guard refused VM {vm.vmid} on {vm.node}: it does not carry our marker"
+        log.error("%s (resource %s)", msg, owner)
+        raise GuardRefusal(msg)
+
+
+def refuse_if_locked(vm: VmState, *, allowed: tuple[str, ...] = ()) -> None:
+    """Snooze (without spending an attempt) while another task holds the VM's config lock."""
+    if vm.lock and vm.lock not in allowed:
+        raise VmLocked(f"VM {vm.vmid} is locked ({vm.lock}); waiting for the other task")
+
+
+async def reread_guarded(ctx: JobContext, owner: str, vm: VmState) -> VmState:
+    """Read ``vm`` again right before acting on it and re-apply the guard and the lock check.
+    Raises TemporaryError when it is gone, GuardRefusal, or VmLocked."""
+    st = await ctx.pve.vm_state(vm.node, vm.vmid)
+    if st is None:
+        raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
+    guard(owner, st)
+    refuse_if_locked(st)
+    return st
+
+
+async def ensure_running(ctx: JobContext, step: Step, vm: VmState) -> None:
+    """Start ``vm`` unless it runs, and wait for the task. A start task failing with ``VM n
+    already running`` means someone else started it: done (proxmox-api.md, Endpoints)."""
+    if vm.running:
+        return
+    await ctx.fence()
+    upid = await ctx.pve.start(vm.node, vm.vmid)
+    try:
+        await ctx.wait_task(step, upid)
+    except TemporaryError as e:
+        if "already running" not in str(e):
+            raise
+
+
+# ================================================================ config helpers
+
+def boot_disk(config: dict[str, Any]) -> tuple[str, float] | None:
+    """``(key, size in GiB)`` of the first data disk (not a cloud-init drive or CD-ROM)."""
+    for key in DISK_KEYS:
+        val = config.get(key)
+        if not isinstance(val, str) or "media=cdrom" in val or "cloudinit" in val:
+            continue
+        m = _SIZE_RE.search(val)
+        if m:
+            return key, float(m.group(1)) * _UNIT_GIB[m.group(2)]
+    return None
+
+
+def encode_ssh_keys(keys: list[str]) -> str:
+    """Proxmox's ``sshkeys`` value: the keys joined by newlines, URL-encoded with every space
+    and newline percent-encoded (proxmox-api.md, "Cloud-init")."""
+    return quote("\n".join(keys) + "\n", safe="")
+
+
+ADDRESS_TAG_PREFIX = "z9-addr-"  # an address's tag on the VM it is on: the address jobs own it
+
+
+def config_diff(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    """The desired keys whose current value differs (tags compared as normalised sets)."""
+    out = {}
+    for k, v in desired.items():
+        cur = current.get(k)
+        if k == "tags":
+            # the address tags (z9-addr-…) are the address jobs' (issue 8): kept, never compared
+            keep = {t for t in normalize_tags(cur) if t.startswith(ADDRESS_TAG_PREFIX)}
+            if normalize_tags(cur) - keep != normalize_tags(v):
+                out[k] = format_tags(normalize_tags(v) | keep)
+        elif str(cur) != str(v):
+            out[k] = v
+    return out
+
+
+def check_no_shrink(spec: VmSpec, size_gib: float) -> None:
+    """PermanentError when the disk (``size_gib`` GiB) is already larger than the spec's:
+    Proxmox cannot shrink disks (``shrinking disks is not supported``)."""
+    if size_gib > spec.disk_gib + 1e-9:
+        raise PermanentError(f"disk_gib {spec.disk_gib} is smaller than image {spec.image!r}'s disk "
+                             f"({size_gib:g} GiB); disks cannot shrink")
+
+
+# ================================================================ one member: observe, plan, apply, verify
+
+@dataclass
+class MemberWorld:
+    """What observe found for one member."""
+
+    template: VmRef | None
+    vm: VmState | None
+    template_disk_gib: float | None = None
+    clone_in_flight_s: float = 0.0  # a clone request without answer may land for this long yet
+
+
+async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
+    """The member's VM (by tag, else an untagged clone of ours) and, when there is none, the
+    template. Raises TemporaryError on hypervisor trouble, PermanentError when several VMs carry
+    the member's identity."""
+    vm = await find_one_vm(ctx, spec.owner, spec.member)
+    in_flight = 0.0
+    if vm is None:
+        # A clone an earlier attempt (or an earlier job) made but did not tag yet.
+        requests = await clone_requests(ctx, spec.owner, spec.member)
+        clones = await find_own_clones(ctx, spec.owner, requests, set())
+        vm = clones[0] if clones else None
+        since = clone_uncertain_since(requests) if vm is None else None
+        if since is not None:
+            in_flight = max(0.0, since + ctx.settings.uncertain_window_s - time.time())
+    template, disk = None, None
+    if vm is None:
+        tpl = await find_template(ctx, spec.image)
+        if tpl is not None:
+            template = VmRef(vmid=tpl.vmid, node=tpl.node, name=spec.image, status=tpl.status, tags=tpl.tags,
+                             lock=tpl.lock, template=True)
+            found = boot_disk(tpl.config)
+            disk = found[1] if found else None
+    return MemberWorld(template=template, vm=vm, template_disk_gib=disk, clone_in_flight_s=in_flight)
+
+
+def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[Step]:
+    """Pure: the steps still missing. Raises PermanentError (platform-tagged template, disk too
+    small), GuardRefusal (the VM carries a platform role), Snooze (VM locked, a lost clone
+    request may still land, or no template of that name yet)."""
+    if world.vm is None:
+        if world.clone_in_flight_s > 0:  # never clone again while the lost request may still land
+            raise Snooze(f"an earlier clone request got no answer and may still be performed; "
+                         f"waiting up to {world.clone_in_flight_s:.0f}s for it", delay_s=min(world.clone_in_flight_s, 10.0))
+        if world.template is None:
+            # Not visible yet (an image being imported, a template being renamed): waiting on the
+            # world, not a failure (it spends no attempt; snooze_limit_s bounds the wait).
+            raise Snooze(f"image {spec.image!r}: no template with that name in region {region} yet; "
+                         "waiting for it to appear", delay_s=5.0)
+        if platform_roles(world.template.tags):
+            raise PermanentError(f"image {spec.image!r}: template {world.template.vmid} carries platform role "
+                                 f"{', '.join(sorted(platform_roles(world.template.tags)))}; its clones would "
+                                 "inherit it, so z9 does not clone it")
+        if world.template_disk_gib is not None:
+            check_no_shrink(spec, world.template_disk_gib)
+        return [Step("clone"), Step("configure"), Step("resize_disk"), Step("start")]
+    vm = world.vm
+    refuse_platform(spec.owner, vm)
+    if vm.lock == "clone":
+        return [Step("wait_clone", {"vmid": vm.vmid}), Step("configure"), Step("resize_disk"), Step("start")]
+    refuse_if_locked(vm)
+    steps = []
+    if config_diff(vm.config, spec.desired_config()):
+        steps.append(Step("configure"))
+    disk = boot_disk(vm.config)
+    if disk is None:
+        raise PermanentError(f"VM {vm.vmid} has no data disk to size")
+    check_no_shrink(spec, disk[1])
+    if disk[1] < spec.disk_gib - 1e-9:
+        steps.append(Step("resize_disk"))
+    if not vm.running:
+        steps.append(Step("start"))
+    return steps
+
+
+async def apply_member_step(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
+    """Run one step if still needed (each re-reads the VM first) and wait for its task."""
+    if step.name == "clone":
+        await _clone(ctx, spec, world, step)
+    elif step.name == "wait_clone":
+        await _wait_clone(ctx, spec, world, step)
+    elif step.name == "configure":
+        vm = await _current(ctx, world)
+        refuse_platform(spec.owner, vm)  # never rewrite a platform VM's tags
+        refuse_if_locked(vm)
+        diff = config_diff(vm.config, spec.desired_config())
+        if diff:
+            await ctx.fence()
+            upid = await ctx.pve.configure(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))
+            await ctx.wait_task(step, upid)
+    elif step.name == "resize_disk":
+        vm = await _current(ctx, world)
+        refuse_if_locked(vm)
+        disk = boot_disk(vm.config)
+        if disk is None:
+            raise PermanentError(f"VM {vm.vmid} has no data disk to size")
+        check_no_shrink(spec, disk[1])
+        if disk[1] < spec.disk_gib - 1e-9:
+            step.detail["disk"] = disk[0]
+            await ctx.fence()
+            upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], spec.disk_gib)
+            if upid:
+                await ctx.wait_task(step, upid)
+    elif step.name == "start":
+        vm = await _current(ctx, world)
+        refuse_if_locked(vm)
+        await ensure_running(ctx, step, vm)
+    else:
+        raise PermanentError(f"{ctx.job.kind}: unknown step {step.name!r}")
+
+
+async def verify_member(ctx: JobContext, spec: VmSpec) -> VmState:
+    """Observe again; the plan must be empty (else TemporaryError). Returns the member's VM."""
+    world = await observe_member(ctx, spec)
+    remaining = plan_member(spec, world, region=ctx.job.region)
+    if remaining or world.vm is None:
+        raise TemporaryError("verify: still to do: " + ", ".join(s.name for s in remaining))
+    return world.vm
+
+
+async def _current(ctx: JobContext, world: MemberWorld) -> VmState:
+    """Re-read the member's VM (the previous step changed it)."""
+    if world.vm is None:
+        raise TemporaryError("no VM to act on yet")
+    st = await ctx.pve.vm_state(world.vm.node, world.vm.vmid)
+    if st is None:
+        raise TemporaryError(f"VM {world.vm.vmid} disappeared from {world.vm.node}")
+    world.vm = st
+    return st
+
+
+async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
+    """The clone ladder: pick a vmid, record the request, POST, record the answer, wait."""
+    tpl = world.template
+    assert tpl is not None
+    for attempt in range(CLONE_TRIES):
+        # nextid hands every parallel create the same lowest free id (it reserves nothing): after
+        # a collision, spread out above it instead of racing for the same id again.
+        newid = await ctx.pve.next_id() + (random.randint(1, 8 * attempt) if attempt else 0)
+        # Record the request *before* sending it: until its answer is recorded it is uncertain
+        # (the next attempt waits for it and a deletion looks at every vmid ever asked for).
+        await store.vm_clone_sent(ctx.pool, ctx.lease, spec.owner, spec.member, newid, tpl.node)
+        await ctx.remember(clone={"member": spec.member, "vmid": newid, "node": tpl.node, "upid": None})
+        await ctx.step_detail(step, vmid=newid, node=tpl.node, template=tpl.vmid)
+        try:
+            upid = await ctx.pve.clone(tpl.node, tpl.vmid, newid=newid, name=spec.name, description=spec.marker)
+        except VmidTaken:
+            # A parallel create won this vmid (a definite answer: nothing was cloned). Forget it
+            # and pick again; never adopt that VM.
+            await store.vm_clone_refused(ctx.pool, spec.owner, spec.member, newid)
+            continue
+        except (OutcomeUnknown, asyncio.CancelledError):
+            raise  # the answer is lost: the request stays unanswered, uncertain since it was recorded
+        except Exception:
+            # Any other error is an answer (the hypervisor refused or failed the request): not
+            # uncertain. The vmid stays recorded, so a deletion still looks there.
+            await store.vm_clone_answered(ctx.pool, spec.owner, spec.member, newid, None)
+            raise
+        await store.vm_clone_answered(ctx.pool, spec.owner, spec.member, newid, upid)
+        await ctx.remember(clone={"member": spec.member, "vmid": newid, "node": tpl.node, "upid": upid})
+        await ctx.wait_task(step, upid)
+        st = await ctx.pve.vm_state(tpl.node, newid)
+        if st is None:
+            raise TemporaryError(f"clone task {upid} ended OK but VM {newid} is not on {tpl.node}")
+        world.vm = st
+        return
+    # Contention with other creates is waiting on the world, not a failure of this job.
+    raise Snooze(f"every vmid tried was taken by a parallel create ({CLONE_TRIES} tries)", delay_s=1.0)
+
+
+async def _wait_clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
+    """Wait for a clone started earlier: on its UPID when one was recorded for that vmid, else
+    until the target's ``lock: clone`` goes away; then it must carry the member's marker."""
+    vm = world.vm
+    assert vm is not None
+    upid = next((m.upid for m in await clone_requests(ctx, spec.owner, spec.member)
+                 if m.vmid == vm.vmid and m.upid), None)
+    if upid:
+        await ctx.wait_task(step, upid)
+    else:
+        deadline = time.monotonic() + ctx.settings.task_deadline_s
+        while True:
+            st = await ctx.pve.vm_state(vm.node, vm.vmid)
+            if st is None:
+                raise TemporaryError(f"VM {vm.vmid} vanished while its clone was running")
+            if st.lock != "clone":
+                break
+            if time.monotonic() > deadline:
+                raise TemporaryError(f"VM {vm.vmid} still locked (clone) after {ctx.settings.task_deadline_s:.0f}s")
+            ctx.touch()
+            await asyncio.sleep(ctx.settings.task_poll_s)
+    st = await ctx.pve.vm_state(vm.node, vm.vmid)
+    if st is None or spec.marker not in str(st.config.get("description", "")):
+        raise TemporaryError(f"the clone at VM {vm.vmid} did not produce our VM; observing again")
+    world.vm = st
+
+
+# ================================================================ removal: every VM of an owner
+
+@dataclass
+class Removal:
+    """What a removal found: the owner's tagged VMs, its untagged clones, and suspects (the VM
+    the database last recorded, when it is not one of ours)."""
+
+    ours: list[VmState] = field(default_factory=list)
+    clones: list[VmState] = field(default_factory=list)
+    suspects: list[VmState] = field(default_factory=list)
+    superseded: str | None = None
+
+
+async def observe_removal(ctx: JobContext, owner: str, recorded: list[tuple[int, str]] = ()) -> Removal:
+    """Every VM of ``owner`` (all members), its untagged clones, and the recorded (vmid, node)
+    that are not among them, as suspects."""
+    ours = await find_vms(ctx, owner)
+    clones = await find_own_clones(ctx, owner, await clone_requests(ctx, owner), {v.vmid for v in ours})
+    suspects = []
+    for rec in recorded:
+        s = await find_suspect(ctx, rec, ours + clones)
+        if s is not None:
+            suspects.append(s)
+    return Removal(ours=ours, clones=clones, suspects=suspects)
+
+
+def plan_removal(owner: str, world: Removal) -> list[Step]:
+    """Pure: stop/destroy per VM of ours. Raises GuardRefusal (platform role, or not ours),
+    Snooze (VM locked)."""
+    if world.superseded:
+        return []
+    for vm in world.suspects:
+        guard_suspect(owner, vm)
+    steps = []
+    for vm in world.ours:
+        guard(owner, vm)
+        if vm.lock == "destroyed":
+            continue  # a destroy is already under way; verify waits for it
+        refuse_if_locked(vm)
+        if vm.running:
+            steps.append(Step("stop", {"vmid": vm.vmid, "node": vm.node}))
+        steps.append(Step("destroy", {"vmid": vm.vmid, "node": vm.node}))
+    for vm in world.clones:  # half-made: cloned, never tagged (the create failed or was cut short)
+        refuse_if_locked(vm)
+        guard_own_clone(owner, vm)
+        detail = {"vmid": vm.vmid, "node": vm.node, "untagged": True}
+        if vm.running:
+            steps.append(Step("stop", dict(detail)))
+        steps.append(Step("destroy", dict(detail)))
+    return steps
+
+
+async def apply_removal_step(ctx: JobContext, owner: str, step: Step) -> None:
+    """Stop or destroy one VM after re-reading it and re-applying the guard; waits for tasks."""
+    vmid, node = step.detail["vmid"], step.detail["node"]
+    st = await ctx.pve.vm_state(node, vmid)
+    if st is None:
+        return  # already gone; verify checks by tag
+    # Re-check right before acting: the tags (or, for an untagged clone, our marker).
+    if step.detail.get("untagged"):
+        guard_own_clone(owner, st)
+    else:
+        guard(owner, st)
+    refuse_if_locked(st)
+    if step.name == "stop":
+        if st.running:
+            await ctx.fence()
+            await ctx.wait_task(step, await ctx.pve.stop(node, vmid))
+    elif step.name == "destroy":
+        if st.running:
+            raise TemporaryError(f"VM {vmid} is running again; stopping it first next attempt")
+        if str(st.config.get("protection", "0")) == "1":
+            # Lift our protection on exactly the config the guard just read (digest), then destroy.
+            await ctx.fence()
+            upid = await ctx.pve.configure(node, vmid, {"delete": "protection"}, digest=st.config.get("digest"))
+            await ctx.wait_task(step, upid)
+        await ctx.fence()
+        await ctx.wait_task(step, await ctx.pve.destroy(node, vmid))
+    else:
+        raise PermanentError(f"{ctx.job.kind}: unknown step {step.name!r}")
+
+
+async def verify_removed(ctx: JobContext, owner: str) -> None:
+    """No VM carries ``owner``'s tag and no untagged clone of ours is left (else TemporaryError);
+    waits (Snooze) while a clone request without answer may still land, or a clone of ours still
+    runs."""
+    requests = await clone_requests(ctx, owner)
+    since = clone_uncertain_since(requests)
+    if since is not None:
+        wait = since + ctx.settings.uncertain_window_s - time.time()
+        if wait > 0:
+            raise Snooze(f"a clone request sent {time.time() - since:.0f}s ago got no answer and may still "
+                         f"be performed; checking again in {wait:.0f}s", delay_s=min(wait, 30.0))
+    left = await ctx.pve.find_by_tag(identity_tag(owner))
+    if left:
+        raise TemporaryError("verify: VMs still carry the identity tag: "
+                             + ", ".join(f"{v.vmid} on {v.node}" for v in left))
+    clones = await find_own_clones(ctx, owner, requests, set())
+    running = [v for v in clones if v.lock == "clone"]
+    if running:  # a clone of ours is still being made: waiting on the world spends no attempt
+        raise Snooze("verify: a clone of ours is still running at "
+                     + ", ".join(f"{v.vmid} on {v.node}" for v in running) + "; waiting for it", delay_s=2.0)
+    if clones:
+        raise TemporaryError("verify: untagged clones of ours remain: "
+                             + ", ".join(f"{v.vmid} on {v.node}" for v in clones))

@@ -1,0 +1,179 @@
+"""The OpenAPI document is generated from the API's models and operation table: it validates, its
+examples match its own schemas, and a walk over every route (every registered resource type's
+generic routes, and the jobs') checks each answer — success and error alike — against the schema
+the document gives for that path, method and status."""
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tests.support import Stack
+
+
+def _resolve(doc: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in node and node["$ref"].startswith("#/components/responses/"):
+        node = doc["components"]["responses"][node["$ref"].rsplit("/", 1)[1]]
+    return node
+
+
+def _check(doc: dict[str, Any], path: str, method: str, status: int, body: Any) -> None:
+    """``body`` matches the schema documented for (path, method, status); an undocumented status
+    fails."""
+    op = doc["paths"][path][method]
+    assert str(status) in op["responses"], (path, method, status, body)
+    schema = _resolve(doc, op["responses"][str(status)])["content"]["application/json"]["schema"]
+    # the whole document as the root: its "#/components/schemas/…" references resolve
+    jsonschema.Draft202012Validator({**doc, **schema}).validate(body)
+
+
+class Walker:
+    """Calls routes and checks every answer against the document; remembers what it covered."""
+
+    def __init__(self, api: Stack, doc: dict[str, Any]):
+        self.api, self.doc = api, doc
+        self.covered: set[tuple[str, str, int]] = set()
+
+    async def call(self, method: str, template: str, path: str, expect: int, **kw: Any) -> Any:
+        status, body = await self.api.call(method, path, **kw)
+        assert status == expect, (method, path, status, body)
+        _check(self.doc, template, method.lower(), status, body)
+        self.covered.add((template, method.lower(), status))
+        return body
+
+
+@pytest.fixture
+async def doc(api: Stack) -> dict[str, Any]:
+    async with api.http.get(api.base + "/openapi.json") as r:  # no token needed
+        assert r.status == 200
+        return await r.json()
+
+
+async def test_document_validates_and_its_examples_match_its_schemas(doc: dict[str, Any]) -> None:
+    from openapi_spec_validator import validate
+
+    validate(doc)
+    tags = {t["name"] for t in doc["tags"]}
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            assert len(op["tags"]) == 1 and op["tags"][0] in tags, (path, method)
+            successes = [s for s in op["responses"] if s.startswith("2")]
+            assert successes, (path, method)
+            for s in successes:
+                content = op["responses"][s]["content"]["application/json"]
+                assert "example" in content, (path, method, s)
+                _check(doc, path, method, int(s), content["example"])
+            if "requestBody" in op:
+                body = op["requestBody"]["content"]["application/json"]
+                assert "example" in body, (path, method)
+                schema = body["schema"]
+                jsonschema.Draft202012Validator({**doc, **schema}).validate(body["example"])
+    # required fields are marked: every property of a response body is required (null, never absent)
+    server = doc["components"]["schemas"]["Server"]
+    assert set(server["required"]) == set(server["properties"])
+    create = doc["components"]["schemas"]["ServerCreate"]
+    assert set(create["required"]) == {"name", "region", "image", "cores", "memory_mib", "disk_gib"}
+
+
+async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[str, Any]) -> None:
+    from z9.api.app import RESOURCES, create_app
+
+    w = Walker(api, doc)
+    for reg in RESOURCES:
+        rt = reg.rtype
+        base, item = f"/{rt.plural}", f"/{rt.plural}/{{id}}"
+        example = reg.create_model.model_config["json_schema_extra"]["examples"][0]
+        created = await w.call("POST", base, base, 202, json=example)
+        rid = created[rt.name]["id"]
+        await w.call("POST", base, base, 409, json=example)  # the name is taken
+        await w.call("POST", base, base, 422, json={**example, "region": "nowhere"})
+        await w.call("POST", base, base, 400, data=b"{", headers={"Content-Type": "application/json"})
+        await w.call("POST", base, base, 401, token="z9t_unknown", json=example)
+        await w.call("GET", base, base, 200)
+        await w.call("GET", base, base + "?status=" + rt.statuses[0] + "&limit=1", 200)
+        await w.call("GET", base, base + "?limit=0", 422)
+        await w.call("GET", base, base, 401, token="z9t_unknown")
+        await w.call("GET", item, f"{base}/{rid}", 200)
+        await w.call("GET", item, f"{base}/{rt.prefix}_nope", 404)
+        await w.call("GET", item, f"{base}/{rid}", 401, token="z9t_unknown")
+        if ("/" + rt.plural + "/{id}/actions/cancel-deletion") in doc["paths"]:
+            cancel = f"{item}/actions/cancel-deletion"
+            await w.call("POST", cancel, f"{base}/{rid}/actions/cancel-deletion", 409)  # nothing to cancel
+            await w.call("POST", cancel, f"{base}/{rt.prefix}_nope/actions/cancel-deletion", 404)
+            await w.call("POST", cancel, f"{base}/{rid}/actions/cancel-deletion", 401, token="z9t_unknown")
+        await w.call("DELETE", item, f"{base}/{rid}", 202)
+        await w.call("DELETE", item, f"{base}/{rid}", 409)  # already deleting
+        await w.call("DELETE", item, f"{base}/{rt.prefix}_nope", 404)
+        await w.call("DELETE", item, f"{base}/{rid}", 401, token="z9t_unknown")
+        if ("/" + rt.plural + "/{id}/actions/cancel-deletion") in doc["paths"]:
+            await w.call("POST", cancel, f"{base}/{rid}/actions/cancel-deletion", 202,
+                         headers={"Idempotency-Key": f"walk-{rt.name}"})
+            other = (await w.call("POST", base, base, 202, json={**example, "name": example["name"] + "-b"}))
+            await w.call("POST", cancel, f"{base}/{other[rt.name]['id']}/actions/cancel-deletion", 422,
+                         headers={"Idempotency-Key": f"walk-{rt.name}"})  # the key was used for another request
+    # the address type's own routes (PATCH, assign, unassign) and its list filters
+    srv = (await w.call("POST", "/servers", "/servers", 202,
+                        json={"name": "walk-srv", "region": "dev-1", "image": "debian-12", "cores": 1,
+                              "memory_mib": 1024, "disk_gib": 10}))["server"]["id"]
+    adr = (await w.call("POST", "/addresses", "/addresses", 202, json={"region": "dev-1", "name": "walk"}))["address"]["id"]
+    item = "/addresses/{id}"
+    await w.call("GET", "/addresses", f"/addresses?region=dev-1&server_id={srv}", 200)
+    await w.call("GET", "/addresses", "/addresses?server_id=nope", 422)
+    await w.call("PATCH", item, f"/addresses/{adr}", 200, json={"dns_ptr": "walk.example.com", "protection": {"delete": True}})
+    await w.call("PATCH", item, f"/addresses/{adr}", 422, json={})
+    await w.call("PATCH", item, f"/addresses/{adr}", 400, data=b"{", headers={"Content-Type": "application/json"})
+    await w.call("PATCH", item, "/addresses/adr_nope", 404, json={"name": "x"})
+    await w.call("PATCH", item, f"/addresses/{adr}", 401, token="z9t_unknown", json={"name": "x"})
+    await w.call("DELETE", item, f"/addresses/{adr}", 409)  # protected
+    await w.call("PATCH", item, f"/addresses/{adr}", 409, json={"name": "www"})  # a live name of the tenant
+    assign, unassign = f"{item}/actions/assign", f"{item}/actions/unassign"
+    await w.call("POST", unassign, f"/addresses/{adr}/actions/unassign", 409)  # not assigned
+    await w.call("POST", assign, f"/addresses/{adr}/actions/assign", 202, json={"server_id": srv})
+    await w.call("POST", assign, f"/addresses/{adr}/actions/assign", 409, json={"server_id": srv})  # already
+    await w.call("POST", assign, f"/addresses/{adr}/actions/assign", 422, json={"server_id": "nope"})
+    await w.call("POST", assign, f"/addresses/{adr}/actions/assign", 400, data=b"{",
+                 headers={"Content-Type": "application/json"})
+    await w.call("POST", assign, "/addresses/adr_nope/actions/assign", 404, json={"server_id": srv})
+    await w.call("POST", assign, f"/addresses/{adr}/actions/assign", 401, token="z9t_unknown", json={"server_id": srv})
+    await w.call("POST", unassign, f"/addresses/{adr}/actions/unassign", 202)
+    await w.call("POST", unassign, "/addresses/adr_nope/actions/unassign", 404)
+    await w.call("POST", unassign, f"/addresses/{adr}/actions/unassign", 401, token="z9t_unknown")
+
+    jobs = await w.call("GET", "/jobs", "/jobs", 200)
+    await w.call("GET", "/jobs", "/jobs?after=job_nope", 422)
+    await w.call("GET", "/jobs", "/jobs", 401, token="z9t_unknown")
+    await w.call("GET", "/jobs/{id}", f"/jobs/{jobs['jobs'][0]['id']}", 200)
+    await w.call("GET", "/jobs/{id}", "/jobs/job_nope", 404)
+    await w.call("GET", "/jobs/{id}", "/jobs/job_nope", 401, token="z9t_unknown")
+    await w.call("GET", "/jobs/{id}", f"/jobs/{jobs['jobs'][0]['id']}?wait_s=1", 200)
+    await w.call("GET", "/jobs/{id}", f"/jobs/{jobs['jobs'][0]['id']}?wait_s=61", 400)
+    await w.call("GET", "/jobs", f"/jobs?actor=me", 200)
+    await w.call("GET", "/jobs", "/jobs?actor=nope", 422)
+
+    # the tokens' routes (issue 12)
+    tok = await w.call("POST", "/tokens", "/tokens", 201, json={"name": "walk", "scopes": ["read"]})
+    await w.call("POST", "/tokens", "/tokens", 422, json={"name": ""})
+    await w.call("POST", "/tokens", "/tokens", 400, data=b"{", headers={"Content-Type": "application/json"})
+    await w.call("POST", "/tokens", "/tokens", 401, token="z9t_unknown", json={"name": "walk"})
+    await w.call("POST", "/tokens", "/tokens", 403, token=tok["secret"], json={"name": "walk2"})  # read-only
+    await w.call("GET", "/tokens", "/tokens?include_revoked=true", 200)
+    await w.call("GET", "/tokens", "/tokens?limit=0", 422)
+    await w.call("GET", "/tokens", "/tokens", 401, token="z9t_unknown")
+    await w.call("DELETE", "/tokens/{id}", f"/tokens/{tok['token']['id']}", 403, token=tok["secret"])
+    await w.call("DELETE", "/tokens/{id}", f"/tokens/{tok['token']['id']}", 200)
+    await w.call("DELETE", "/tokens/{id}", "/tokens/tok_nope", 404)
+    await w.call("DELETE", "/tokens/{id}", "/tokens/tok_nope", 401, token="z9t_unknown")
+
+    # every route of the app is documented, and every documented success was exercised
+    routes = set()
+    for route in create_app(api.settings, pool=api.pool).router.routes():
+        path = route.resource.canonical
+        if path.startswith("/v1/") and path != "/v1/openapi.json" and route.method != "HEAD":
+            routes.add((path[3:], route.method.lower()))
+    assert routes == {(p, m) for p, ops in doc["paths"].items() for m in ops}
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            for s in op["responses"]:
+                if s.startswith("2") or s in ("401", "404"):
+                    assert (path, method, int(s)) in w.covered, (path, method, s)

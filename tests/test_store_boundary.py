@@ -1,0 +1,40 @@
+"""The store is the one PostgreSQL error boundary: a unique violation is a typed error naming its
+constraint, a lost connection one DatabaseUnavailable; asyncpg's types do not leak."""
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from z9.common import store
+from z9.common.db import create_pool
+from z9.common.errors import DatabaseUnavailable, UniqueViolation
+
+from tests.support import make_tenant
+
+
+async def test_a_unique_violation_names_its_constraint(pool: asyncpg.Pool) -> None:
+    tenant, _ = await make_tenant(pool, "acme")
+    spec = dict(tenant_id=tenant, region="dev-1", name="a", image="debian-12", cores=1, memory_mib=1024,
+                disk_gib=4, ssh_keys=[])
+    await store.server_insert(pool, **spec)
+    with pytest.raises(UniqueViolation) as ei:
+        await store.server_insert(pool, **spec)
+    assert ei.value.constraint == "servers_tenant_name_live"
+    assert not isinstance(ei.value, asyncpg.PostgresError)
+
+
+async def test_a_lost_connection_is_database_unavailable(db_url: str) -> None:
+    p = await create_pool(db_url, min_size=1, max_size=1)
+    conn = await p.acquire()
+    pid = conn.get_server_pid()
+    killer = await asyncpg.connect(db_url)
+    try:
+        await killer.fetchval("SELECT pg_terminate_backend($1)", pid)
+        with pytest.raises(DatabaseUnavailable):
+            await store.job_get(conn, "job_01jd3x5v8q2m6n4p7r9s1t3w5y")
+    finally:
+        await killer.close()
+        await p.release(conn)
+        await p.close()
+    with pytest.raises(DatabaseUnavailable):  # a closed pool, too
+        await store.job_get(p, "job_01jd3x5v8q2m6n4p7r9s1t3w5y")
