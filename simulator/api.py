@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -53,6 +54,7 @@ from pydantic import ValidationError
 
 from .cluster import VM, Cluster, PveError
 from .faults import FaultSpec, FaultStore
+from .guest import OSINFO as GUEST_OSINFO
 from .schema import PveSchema, stringify
 
 log = logging.getLogger("z9.sim")
@@ -74,6 +76,8 @@ class SimContext:
     faults: FaultStore = field(default_factory=FaultStore)
     requests: collections.Counter = field(default_factory=collections.Counter)
     tickets: dict[str, tuple[str, str, float]] = field(default_factory=dict)
+    # local port -> node: the simulator listens once per node; a request is received by that node
+    port_nodes: dict[int, str] = field(default_factory=dict)
 
     def counters(self) -> dict:
         return {
@@ -222,6 +226,123 @@ async def h_cluster_fw_options_put(ctx, p, user, fail):
     ctx.cluster.firewall.set_cluster_options(p)
 
 
+# ---- storage --------------------------------------------------------------------------------------
+async def h_storage_list(ctx, p, user, fail):
+    return ctx.cluster.storage.list_storages(p["node"], p)
+
+
+async def h_storage_index(ctx, p, user, fail):
+    ctx.cluster.check_node(p["node"])
+    ctx.cluster.storage.definition(p["storage"])
+    return [{"subdir": s} for s in ("content", "download-url", "file-restore", "import-metadata", "prunebackups",
+                                    "rrd", "rrddata", "status", "upload")]
+
+
+async def h_storage_status(ctx, p, user, fail):
+    rows = ctx.cluster.storage.list_storages(p["node"], {"storage": p["storage"]})
+    if not rows:
+        ctx.cluster.storage.definition(p["storage"])
+    return rows[0]
+
+
+async def h_storage_content(ctx, p, user, fail):
+    return ctx.cluster.storage.content(p["node"], p["storage"], p)
+
+
+async def h_storage_volume(ctx, p, user, fail):
+    st = ctx.cluster.storage
+    sid = p["storage"]
+    volid = p["volume"] if ":" in p["volume"] else f"{sid}:{p['volume']}"
+    vol = st.volume(volid, p["node"])
+    if vol is None:
+        raise PveError(500, f"volume '{volid}' does not exist")
+    sdef = st.definition(volid.split(":", 1)[0])
+    return {"path": st._path(sdef, volid.split(":", 1)[1]), "size": vol.size, "used": vol.size, "format": vol.format}
+
+
+async def h_storage_volume_delete(ctx, p, user, fail):
+    return await ctx.cluster.storage.delete(p["node"], p["storage"], p["volume"], p, user, fail)
+
+
+async def h_upload(ctx, p, user, fail):
+    if "tmpfilename" in p:
+        raise PveError(400, "'tmpfilename' query parameter is not allowed for file uploads")
+    data = p.get("@file")
+    if data is not None and p.get("@corrupt"):
+        mid = len(data) // 2
+        data = data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:] if data else b"\0"
+    return ctx.cluster.storage.upload(p["node"], p.get("@received_on") or p["node"], p["storage"], p, data, user,
+                                      fail)
+
+
+# ---- guest agent ----------------------------------------------------------------------------------
+def _agent_vm(ctx, p):
+    return ctx.cluster.vm_on(p["node"], _vmid(p))
+
+
+async def h_agent_index(ctx, p, user, fail):
+    _agent_vm(ctx, p)
+    return [{"name": n} for n in ("exec", "exec-status", "file-read", "file-write", "get-host-name", "get-osinfo",
+                                  "info", "network-get-interfaces", "ping")]
+
+
+def _agent_simple(name: str) -> Handler:
+    async def h(ctx, p, user, fail):
+        vm = _agent_vm(ctx, p)
+        g = ctx.cluster.guests.agent(vm)
+        cmd = p.get("command", name)
+        if cmd == "ping":
+            return {"result": {}}
+        if cmd == "get-osinfo":
+            return {"result": dict(GUEST_OSINFO)}
+        if cmd == "network-get-interfaces":
+            return {"result": g.interfaces()}
+        if cmd == "get-host-name":
+            return {"result": {"host-name": g.hostname or "localhost"}}
+        if cmd == "info":
+            return {"result": {"version": "7.2.0", "supported_commands": []}}
+        raise PveError(501, f"agent command '{cmd}' not implemented (z9 simulator)")
+    return h
+
+
+async def h_agent_exec(ctx, p, user, fail):
+    vm = _agent_vm(ctx, p)
+    cmd = p.get("command")
+    argv = list(cmd) if isinstance(cmd, list) else [cmd] if cmd else []
+    stdin = p.get("input-data", "").encode()
+    return {"pid": ctx.cluster.guests.exec(vm, [str(a) for a in argv], stdin)}
+
+
+async def h_agent_exec_status(ctx, p, user, fail):
+    return ctx.cluster.guests.exec_status(_agent_vm(ctx, p), int(p["pid"]))
+
+
+async def h_agent_file_read(ctx, p, user, fail):
+    vm = _agent_vm(ctx, p)
+    data, truncated = ctx.cluster.guests.file_read(vm, p["file"], int(p.get("offset", 0)),
+                                                   int(p.get("count", 16777216)))
+    # PVE returns the bytes as a Perl byte string: JSON-encoded as if latin-1 (decode=0: base64)
+    out = {"content": data.decode("latin-1") if p.get("decode", "1") == "1" else base64.b64encode(data).decode()}
+    if truncated:
+        out["truncated"] = 1
+    return out
+
+
+async def h_agent_file_write(ctx, p, user, fail):
+    vm = _agent_vm(ctx, p)
+    content = p["content"]
+    if p.get("encode", "1") == "1":
+        data = content.encode("utf-8")
+    else:
+        try:
+            data = base64.b64decode(content, validate=True)
+        except ValueError:
+            raise PveError(500, f"VM {vm.vmid} qmp command 'guest-file-write' failed - "
+                                "Invalid parameter type for 'buf-b64', expected: base64") from None
+    ctx.cluster.guests.file_write(vm, p["file"], data)
+    return None
+
+
 async def h_status_current(ctx, p, user, fail):
     return ctx.cluster.status_current(p["node"], _vmid(p))
 
@@ -318,21 +439,64 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("GET", "/nodes/{node}/tasks/{upid}/status"): h_task_status,
     ("GET", "/nodes/{node}/tasks/{upid}/log"): h_task_log,
     ("POST", "/access/ticket"): h_ticket,
+    ("GET", "/nodes/{node}/storage"): h_storage_list,
+    ("GET", "/nodes/{node}/storage/{storage}"): h_storage_index,
+    ("GET", "/nodes/{node}/storage/{storage}/status"): h_storage_status,
+    ("GET", "/nodes/{node}/storage/{storage}/content"): h_storage_content,
+    ("GET", "/nodes/{node}/storage/{storage}/content/{volume}"): h_storage_volume,
+    ("DELETE", "/nodes/{node}/storage/{storage}/content/{volume}"): h_storage_volume_delete,
+    ("POST", "/nodes/{node}/storage/{storage}/upload"): h_upload,
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent"): h_agent_index,
+    ("POST", "/nodes/{node}/qemu/{vmid}/agent"): _agent_simple(""),
+    ("POST", "/nodes/{node}/qemu/{vmid}/agent/ping"): _agent_simple("ping"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/get-osinfo"): _agent_simple("get-osinfo"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/network-get-interfaces"): _agent_simple("network-get-interfaces"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/get-host-name"): _agent_simple("get-host-name"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/info"): _agent_simple("info"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"): h_agent_exec,
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status"): h_agent_exec_status,
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/file-read"): h_agent_file_read,
+    ("POST", "/nodes/{node}/qemu/{vmid}/agent/file-write"): h_agent_file_write,
 }
+UPLOAD_TEMPLATE = "/nodes/{node}/storage/{storage}/upload"
+MAX_BODY = 512 * 1024  # pve-http-server: non-upload POST/PUT bodies (64 KiB before "fix #6230")
 NO_AUTH = {("POST", "/access/ticket")}
 
 
-async def _read_params(request: web.Request) -> dict[str, Any]:
-    params: dict[str, Any] = {k: v for k, v in request.query.items()}
+async def _read_params(request: web.Request, arrays: set[str]) -> dict[str, Any]:
+    """Query + body parameters. ``arrays``: the endpoint's array-typed parameters, which collect
+    repeated form fields (``command=a&command=b``) into a list; other repeated fields: the last wins.
+    A multipart file part named ``filename`` gives ``filename`` (its file name) and ``@file`` (bytes)."""
+    params: dict[str, Any] = {}
+
+    def put(k: str, v: Any) -> None:
+        if k in arrays:
+            params.setdefault(k, []).append(v)
+        else:
+            params[k] = v
+
+    for k, v in request.query.items():
+        put(k, v)
     if request.method in ("POST", "PUT") and request.can_read_body:
         ctype = request.content_type
         if ctype == "application/json":
             body = await request.json()
             if isinstance(body, dict):
-                params.update({k: stringify(v) for k, v in body.items() if v is not None})
+                for k, v in body.items():
+                    if v is None:
+                        continue
+                    if k in arrays and isinstance(v, list):
+                        params[k] = [stringify(x) for x in v]
+                    else:
+                        put(k, stringify(v))
         else:
             form = await request.post()
-            params.update({k: v for k, v in form.items() if isinstance(v, str)})
+            for k, v in form.items():
+                if isinstance(v, str):
+                    put(k, v)
+                elif isinstance(v, web.FileField) and k == "filename":
+                    params["filename"] = v.filename or ""
+                    params["@file"] = v.file.read()
     return params
 
 
@@ -385,24 +549,40 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
             return pve_error(user.status, user.message), template, False
     else:
         user = ""
+    upload = template == UPLOAD_TEMPLATE
+    if method in ("POST", "PUT") and not upload and (request.content_length or 0) > MAX_BODY:
+        return pve_error(501, "for data too large"), template, False
+    if upload and ctx.faults.match(method, path, actions={"abort"}) is not None:
+        # the upload breaks off: part of the body arrives, then the connection is gone (no task, no file)
+        with contextlib.suppress(Exception):
+            await request.content.read(1024)
+        return pve_error(500, "upload aborted"), template, True
+    arrays = {k for k, sch in ep.properties.items() if sch.get("type") == "array"} if ep else set()
     try:
-        params = await _read_params(request)
+        params = await _read_params(request, arrays)
     except (ValueError, json.JSONDecodeError):
         return pve_error(400, "Parameter verification failed."), template, False
+    extra = {k: params.pop(k) for k in [k for k in params if k.startswith("@")]}
     template, errors = ctx.schema.validate(method, path, params)
     if template is None:
         return pve_error(501, f"Method '{method} {path}' not implemented"), None, False
     if errors:
         return pve_error(400, "Parameter verification failed.", errors), template, False
     _, path_params = ctx.schema.match(method, path)
-    values = {k: stringify(v) for k, v in params.items()}
+    values: dict[str, Any] = {k: (v if isinstance(v, list) else stringify(v)) for k, v in params.items()}
     values.update(path_params)
+    values.update(extra)
+    if upload:
+        sock = request.transport.get_extra_info("sockname") if request.transport else None
+        values["@received_on"] = ctx.port_nodes.get(sock[1]) if sock else None
 
     fault = ctx.faults.match(method, path)
     fail: str | None = None
     drop = False
     if fault is not None:
-        if fault.action == "error":
+        if fault.action == "corrupt":
+            values["@corrupt"] = "1"
+        elif fault.action == "error":
             return pve_error(fault.status, fault.reason), template, False
         if fault.action == "delay":
             await asyncio.sleep(fault.seconds)
@@ -483,6 +663,9 @@ async def admin_state(request: web.Request) -> web.Response:
         "counters": ctx.counters(),
         "stats_refreshed_at": c.stats_refreshed_at,
         "firewall": c.firewall.dump(),
+        "guests": {str(v): g.summary() for v, g in sorted(c.guests.guests.items())
+                   if c.guests.get(v) is not None},
+        "storage": c.storage.dump(),
     })
 
 
@@ -507,7 +690,12 @@ async def admin_vm_put(request: web.Request) -> web.Response:
 
 
 async def admin_vm_delete(request: web.Request) -> web.Response:
-    ok = request.app[CTX].cluster.vms.pop(int(request.match_info["vmid"]), None) is not None
+    c = request.app[CTX].cluster
+    vmid = int(request.match_info["vmid"])
+    ok = c.vms.pop(vmid, None) is not None
+    if ok:
+        c.firewall.remove(vmid)
+        c.guests.remove(vmid)
     return web.json_response({"deleted": int(ok)}, status=200 if ok else 404)
 
 
@@ -527,10 +715,68 @@ async def admin_flock(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+async def admin_guest(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    g = ctx.cluster.guests.get(int(request.match_info["vmid"]))
+    if g is None:
+        return web.json_response({"error": "no guest: the VM was never started (or is destroyed)"}, status=404)
+    return web.json_response(g.to_json())
+
+
+async def admin_guest_address(request: web.Request) -> web.Response:
+    """Configure (POST) or remove (DELETE) an address inside a running guest, as ``ip addr add`` would."""
+    ctx = request.app[CTX]
+    vmid = int(request.match_info["vmid"])
+    g = ctx.cluster.guests.get(vmid)
+    if g is None or not g.booted:
+        return web.json_response({"error": f"VM {vmid} has no booted guest"}, status=409)
+    b = await _json(request)
+    try:
+        iface, address = str(b.get("iface", "eth0")), str(b["address"])
+        if request.method == "POST":
+            g.add_address(iface, address)
+        elif not g.remove_address(iface, address):
+            return web.json_response({"error": f"{address} is not on {iface}"}, status=404)
+    except (KeyError, ValueError) as e:
+        return web.json_response({"error": f"bad address: {e}"}, status=400)
+    return web.json_response({"interfaces": g.interfaces()})
+
+
+async def admin_guest_fault_add(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    b = await _json(request)
+    try:
+        f = ctx.cluster.guests.add_fault(str(b.get("kind")), int(b["vmid"]) if b.get("vmid") is not None else None,
+                                         b.get("name"), b.get("message"))
+    except (ValueError, TypeError) as e:
+        return web.json_response({"error": str(e)}, status=400)
+    return web.json_response({"id": f.id})
+
+
+async def admin_guest_fault_list(request: web.Request) -> web.Response:
+    return web.json_response([f.to_json() for f in request.app[CTX].cluster.guests.faults])
+
+
+async def admin_guest_fault_clear(request: web.Request) -> web.Response:
+    g = request.app[CTX].cluster.guests
+    n = len(g.faults)
+    g.faults.clear()
+    return web.json_response({"deleted": n})
+
+
+async def admin_guest_fault_delete(request: web.Request) -> web.Response:
+    ok = request.app[CTX].cluster.guests.delete_fault(int(request.match_info["id"]))
+    return web.json_response({"deleted": int(ok)}, status=200 if ok else 404)
+
+
 async def admin_config(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     c = ctx.cluster
     b = await _json(request)
+    if "guest_boot_s" in b:
+        c.guests.settings.boot_s = float(b["guest_boot_s"])
+    if "cloud_init_s" in b:
+        c.guests.settings.cloud_init_s = float(b["cloud_init_s"])
     if "task_seconds" in b:
         c.task_seconds.update({str(k): float(v) for k, v in b["task_seconds"].items()})
     for k in ("task_default_s", "stats_lag_s", "task_invisible_s"):
@@ -540,12 +786,13 @@ async def admin_config(request: web.Request) -> web.Response:
         ctx.auth_delay_s = float(b["auth_delay_s"])
     return web.json_response({"task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
                               "stats_lag_s": c.stats_lag_s, "task_invisible_s": c.task_invisible_s,
-                              "auth_delay_s": ctx.auth_delay_s})
+                              "auth_delay_s": ctx.auth_delay_s, "guest_boot_s": c.guests.settings.boot_s,
+                              "cloud_init_s": c.guests.settings.cloud_init_s})
 
 
 def create_app(ctx: SimContext) -> web.Application:
     """The simulator's aiohttp application (PVE API + admin API) around one :class:`SimContext`."""
-    app = web.Application(middlewares=[loopback_only], client_max_size=16 * 1024**2)
+    app = web.Application(middlewares=[loopback_only], client_max_size=1024**3)  # uploads: ISOs
     app[CTX] = ctx
     app.router.add_post("/_sim/faults", admin_fault_add)
     app.router.add_get("/_sim/faults", admin_fault_list)
@@ -558,5 +805,12 @@ def create_app(ctx: SimContext) -> web.Application:
     app.router.add_delete("/_sim/vms/{vmid:\\d+}", admin_vm_delete)
     app.router.add_post("/_sim/flock", admin_flock)
     app.router.add_put("/_sim/config", admin_config)
+    app.router.add_get("/_sim/guests/{vmid:\\d+}", admin_guest)
+    app.router.add_post("/_sim/guests/{vmid:\\d+}/addresses", admin_guest_address)
+    app.router.add_delete("/_sim/guests/{vmid:\\d+}/addresses", admin_guest_address)
+    app.router.add_post("/_sim/guest-faults", admin_guest_fault_add)
+    app.router.add_get("/_sim/guest-faults", admin_guest_fault_list)
+    app.router.add_delete("/_sim/guest-faults", admin_guest_fault_clear)
+    app.router.add_delete("/_sim/guest-faults/{id:\\d+}", admin_guest_fault_delete)
     app.router.add_route("*", "/api2/json{tail:.*}", api_handler)
     return app

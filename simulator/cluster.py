@@ -38,6 +38,8 @@ from typing import Any, Awaitable, Callable
 from .errors import PveError, param_error
 from . import cloudinit
 from .firewall import Firewall
+from .guest import Guests, GuestSettings
+from .storage import Storage
 from .schema import split_list
 
 log = logging.getLogger("z9.sim")
@@ -222,7 +224,8 @@ class Cluster:
     """
 
     def __init__(self, nodes: list[str], *, task_seconds: dict[str, float] | None = None,
-                 task_default_s: float = 0.2, stats_lag_s: float = 10.0, task_invisible_s: float = 0.0):
+                 task_default_s: float = 0.2, stats_lag_s: float = 10.0, task_invisible_s: float = 0.0,
+                 guest: GuestSettings | None = None):
         self.nodes = list(nodes)
         self.task_seconds = dict(task_seconds or {})
         self.task_default_s = task_default_s
@@ -236,6 +239,8 @@ class Cluster:
         self.tasks_started: dict[str, int] = {}
         self._workers: set[asyncio.Task] = set()
         self.firewall = Firewall()
+        self.storage = Storage(self)
+        self.guests = Guests(self, guest)
         self._stats_loop: asyncio.Task | None = None
         self._pid = itertools.count(random.randrange(100000, 900000))
         self._pstart = int(time.monotonic() * 100) % 10**7 + 10**6
@@ -259,9 +264,11 @@ class Cluster:
             t.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
         self.vms = {}
+        self.firewall.clear()
+        self.storage.clear()
+        self.guests.clear()
         for vm in vms:
             self.add_vm(vm)
-        self.firewall.clear()
         self.tasks.clear()
         self.flocks.clear()
         self.tasks_started.clear()
@@ -293,6 +300,10 @@ class Cluster:
         if vm.running and vm.ci_drive is None:
             vm.ci_drive = cloudinit.generate(vm.config, vm.vmid)
         self.vms[vm.vmid] = vm
+        if vm.running:
+            self.guests.power_on(vm, already_up=True)
+        else:
+            self.guests.power_off(vm.vmid)
 
     def flock(self, vmid: int) -> FLock:
         return self.flocks.setdefault(vmid, FLock())
@@ -612,6 +623,15 @@ class Cluster:
         vm = self.vm_on(node, vmid)
         return cloudinit.dump(vm.config, vmid, kind)
 
+    def check_volumes(self, vm: VM) -> None:
+        """At start: every ISO a drive references must exist on a storage the VM's node sees."""
+        for k, val in sorted(vm.config.items()):
+            if DISK_RE.fullmatch(k) and not k.startswith("unused"):
+                volid = val.split(",", 1)[0]
+                if re.fullmatch(r"[a-z][a-z0-9\-_.]*[a-z0-9]:iso/.+", volid) and \
+                        self.storage.volume(volid, vm.node) is None:
+                    raise PveError(500, f"volume '{volid}' does not exist")
+
     # ---- create / clone / destroy ----------------------------------------------------------------
     def _taken_for_create(self, vmid: int) -> None:
         if vmid in self.vms:
@@ -653,6 +673,7 @@ class Cluster:
                 if params.get("start") == "1":
                     self.apply_cloudinit(placeholder)
                     placeholder.running, placeholder.started_at = True, time.time()
+                    self.guests.power_on(placeholder)
 
         def cleanup() -> None:
             if self.vms.get(vmid) is placeholder:
@@ -753,6 +774,7 @@ class Cluster:
                 if self.vms.get(vmid) is v:
                     del self.vms[vmid]
                     self.firewall.remove(vmid)
+                    self.guests.remove(vmid)
                 if params.get("purge") == "1":
                     task.lines.append(f"purging VM {vmid} from related configurations..")
 
@@ -776,18 +798,27 @@ class Cluster:
                         raise PveError(500, "you can't start a vm if it's a template")
                     if v.running:
                         raise PveError(500, f"VM {vmid} already running")
+                    self.check_volumes(v)
                     await asyncio.sleep(self.duration(ttype))
                     self.apply_cloudinit(v)
                     v.running, v.started_at = True, time.time()
+                    self.guests.power_on(v)
                 elif action in ("stop", "shutdown"):
                     if not v.running:
                         return
                     await asyncio.sleep(self.duration(ttype))
                     v.running, v.started_at = False, None
+                    self.guests.power_off(vmid)
                 else:
                     if not v.running:
                         raise PveError(500, f"VM {vmid} not running")
                     await asyncio.sleep(self.duration(ttype))
+                    if action == "reboot":  # qm reboot: shutdown, then a new start (which regenerates cloud-init)
+                        self.apply_cloudinit(v)
+                        v.started_at = time.time()
+                        self.guests.power_on(v)
+                    elif action == "reset":  # same QEMU process: the guest reboots from the current media
+                        self.guests.power_on(v)
 
         return self.spawn(node, ttype, vmid, user, TaskPlan(run), fail)
 

@@ -119,7 +119,13 @@ def _fmt_ip_cidr_alias(v: str) -> None:
     _fmt_ip_or_cidr(v)
 
 
+def _fmt_storage_id(v: str) -> None:
+    if not re.fullmatch(r"[a-z][a-z0-9\-_.]*[a-z0-9]", v, re.I):
+        raise ValueError(f"storage ID '{v}' contains illegal characters\n")
+
+
 _FORMATS = {
+    "pve-storage-id": _fmt_storage_id,
     "pve-tag": _fmt_tag,
     "urlencoded": _fmt_urlencoded,
     "pve-vmid": _fmt_vmid,
@@ -161,6 +167,8 @@ def check_prop(value: str | None, schema: dict) -> str | None:
             return MSG_MISSING
         return None
     typ = schema.get("type")
+    if isinstance(value, list):
+        return None if typ == "array" else check_prop(value[-1] if value else "", schema)
     if typ == "boolean" and value not in ("1", "0"):
         return f"type check ('boolean') failed - got '{value}'"
     if typ == "integer" and not _INT_RE.fullmatch(value):
@@ -275,6 +283,13 @@ class PveSchema:
     def match(self, method: str, path: str) -> tuple[Endpoint | None, dict[str, str]]:
         """Find the endpoint for a concrete path (relative to /api2/json). Literal segments win."""
         segs = [s for s in path.split("/") if s]
+        # a UPID's id may hold a '/' (imgdel of 'local:iso/x.iso'): rejoin it up to its closing ':'
+        for i, seg in enumerate(segs):
+            if seg.startswith("UPID:") and not seg.endswith(":"):
+                j = next((k for k in range(i + 1, len(segs)) if segs[k].endswith(":")), None)
+                if j is not None:
+                    segs[i:j + 1] = ["/".join(segs[i:j + 1])]
+                break
 
         def rec(node: _Node, i: int, params: dict[str, str]):
             if i == len(segs):
@@ -287,9 +302,10 @@ class PveSchema:
                     return r
             if node.param is not None:
                 name, child = node.param
-                if name == "cidr" and not child.literal and child.param is None:
-                    # pve-firewall registers {cidr} with fragmentDelimiter '': it takes the rest of
-                    # the path, slashes included (.../ipset/z9/10.0.0.5/32)
+                if name in ("cidr", "volume") and not child.literal and child.param is None:
+                    # pve-firewall ({cidr}) and pve-storage ({volume}) register these with
+                    # fragmentDelimiter '': they take the rest of the path, slashes included
+                    # (.../ipset/z9/10.0.0.5/32, .../content/local:iso/seed.iso)
                     return rec(child, len(segs), {**params, name: "/".join(segs[i:])})
                 return rec(child, i + 1, {**params, name: seg})
             return None
@@ -311,7 +327,7 @@ class PveSchema:
         ep, path_params = self.match(method.upper(), path)
         if ep is None:
             return None, {}
-        values = {k: stringify(v) for k, v in params.items() if v is not None}
+        values = {k: (v if isinstance(v, list) else stringify(v)) for k, v in params.items() if v is not None}
         values.update(path_params)
         errors: dict[str, str] = {}
         for name, schema in ep.properties.items():
@@ -329,4 +345,9 @@ class PveSchema:
             err = check_prop(value, schema)
             if err:
                 errors[name] = err
+        for name in values:  # PVE::JSONSchema::check_object: a present property may require another
+            schema = ep.properties.get(name) or {}
+            req = schema.get("requires")
+            if isinstance(req, str) and values.get(req) is None and req not in errors:
+                errors[req] = f"missing property - '{name}' requires this property"
         return ep.template, errors
