@@ -9,9 +9,22 @@ PVE request pipeline, in pve-http-server's order (facts: Transport and auth, Env
    parameter errors → 400 ``Parameter verification failed.`` with ``errors``.
 3. faults (:mod:`z9.sim.faults`), then the handler.
 
-Parameters come from the query string and, for POST/PUT, from a form-encoded (proxmoxer) or JSON body.
+Parameters come from the query string and, for POST/PUT, from a form-encoded (proxmoxer), JSON or
+(upload only) multipart body; array parameters (``agent/exec``'s ``command``) collect repeated fields.
+A non-upload POST/PUT body over 512 KiB → 501 ``for data too large`` (pve-http-server, before anything).
 Success: ``{"data": ...}``. Error: reason phrase = first line of the message, body
 ``{"data": null, "message": "<msg>\\n"[, "errors": {...}]}`` (PVE >= 9).
+
+Endpoints with a handler (everything else in the schema answers 501 ``… not implemented (z9 simulator)``):
+version, nodes, cluster resources/nextid, qemu list/create/config/clone/destroy/resize/status/power,
+tasks; firewall (:mod:`z9.sim.firewall`): ``/nodes/{n}/qemu/{vmid}/firewall`` index, ``options``
+GET/PUT, ``ipset`` GET/POST, ``ipset/{name}`` GET/POST/DELETE, ``ipset/{name}/{cidr}`` GET/PUT/DELETE,
+``/cluster/firewall/options`` GET/PUT; cloud-init (:mod:`z9.sim.cloudinit`): ``…/cloudinit`` GET/PUT,
+``…/cloudinit/dump``; storage (:mod:`z9.sim.storage`): ``/nodes/{n}/storage``, ``…/{storage}`` index,
+``status``, ``content`` GET, ``content/{volume}`` GET/DELETE, ``upload``; guest agent
+(:mod:`z9.sim.guest`): ``agent`` index, POST ``agent`` (command=ping|get-osinfo|…), ``ping``,
+``get-osinfo``, ``network-get-interfaces``, ``get-host-name``, ``info``, ``exec``, ``exec-status``,
+``file-read``, ``file-write``.
 
 Admin API (no auth, loopback peers only), JSON in and out:
 
@@ -31,8 +44,22 @@ Admin API (no auth, loopback peers only), JSON in and out:
   running, it booted from the drive they generate;
   ``DELETE /_sim/vms/{vmid}`` → ``{"deleted": 1}``.
 - ``POST /_sim/flock`` ``{vmid, seconds}`` → ``{"ok": true}``: hold the VM's config flock (lock contention).
-- ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?}``
-  → the current values (changes timing at run time).
+- ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
+  guest_boot_s?, cloud_init_s?}`` → the current values (changes timing at run time).
+- ``GET /_sim/guests/{vmid}`` → the guest (:meth:`z9.sim.guest.Guest.to_json`: ``powered``, ``booted``,
+  ``boots``, ``instance_id``, ``host_key`` (SSH host key fingerprint), ``hostname``, ``cloud_init``
+  ``{status, errors, datasource}``, ``agent``, ``files`` (paths), ``interfaces``, ``extra_addresses``,
+  ``models``, ``inputs.source`` (the CD-ROM cloud-init read)); 404 when the VM never started or is gone.
+  ``GET /_sim/state`` has ``"guests": {"<vmid>": summary}`` and ``"storage": {"local@pve1": [{volid,
+  content, format, size, ctime, sha256}], "isos": [...]}``.
+- ``POST /_sim/guests/{vmid}/addresses`` ``{iface: "eth0", address: "203.0.113.7/32"}`` → ``{interfaces}``:
+  configure an address inside a booted guest (as ``ip addr add`` through ``agent/exec`` does); it is
+  reported by ``network-get-interfaces`` until the next boot. ``DELETE`` with the same body removes it.
+  409 when the guest is not booted.
+- ``POST /_sim/guest-faults`` ``{kind: "agent_never_starts"|"cloud_init_fails", vmid?, name?, message?}`` →
+  ``{"id": n}``: applies to VMs matching ``vmid`` and/or config ``name`` at their next start (and to a
+  guest still booting / running cloud-init now). ``GET`` lists, ``DELETE /_sim/guest-faults[/{id}]``
+  removes. Upload faults are ordinary ``/_sim/faults`` rules with ``action`` ``corrupt`` or ``abort``.
 """
 
 from __future__ import annotations
@@ -113,8 +140,12 @@ async def h_nodes(ctx, p, user, fail):
              "uptime": 86400, "level": "", "ssl_fingerprint": "00:" * 31 + "00"} for n in ctx.cluster.nodes]
 
 
+class RawJson(bytes):
+    """A handler's answer that is already the encoded PVE envelope ``{"data": ...}``."""
+
+
 async def h_resources(ctx, p, user, fail):
-    return ctx.cluster.resources(p.get("type"))
+    return RawJson(ctx.cluster.resources_json(p.get("type")))
 
 
 async def h_nextid(ctx, p, user, fail):
@@ -599,6 +630,8 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
         data = await handler(ctx, values, user, fail)
     except PveError as e:
         return pve_error(e.status, e.message, e.errors), template, drop
+    if isinstance(data, RawJson):
+        return web.Response(body=data, content_type="application/json"), template, drop
     return web.json_response({"data": data}), template, drop
 
 
