@@ -34,9 +34,9 @@ Lifecycle (one :class:`Guest` per vmid, created at the VM's first start, removed
 
 The agent (``/nodes/{node}/qemu/{vmid}/agent/...``; qemu-server ``Agent.pm`` ``assert_agent_available``)
 --------------------------------------------------------------------------------------------------------
-500 ``No QEMU guest agent configured`` (``agent`` not enabled in the config), then 500 ``VM <vmid> is not
-running``, then 500 ``QEMU guest agent is not running`` (booting, ``agent`` enabled only after start, or
-the fault ``agent_never_starts``). Errors of a guest command are 500 ``VM <vmid> qmp command 'guest-<cmd>'
+500 ``No QEMU guest agent configured`` (no ``agent`` key in the config), then 500 ``VM <vmid> is not
+running``, then 500 ``QEMU guest agent is not running`` (``agent: 0``, booting, ``agent`` enabled only
+after the start, or the fault ``agent_never_starts``). Errors of a guest command are 500 ``VM <vmid> qmp command 'guest-<cmd>'
 failed - <desc>`` (QMPClient), e.g. file-read of a missing file, exec-status of an unknown pid (a pid's
 final status is reported once, then it is forgotten, as qemu-ga does).
 
@@ -588,8 +588,10 @@ class Guests:
 
     # -- agent --
     def agent(self, vm: "VM") -> Guest:
-        """``assert_agent_available``: the guest whose agent answers, or the PVE error."""
-        if not agent_enabled(vm.config):
+        """``assert_agent_available`` (qemu-server Agent.pm): the guest whose agent answers, or the PVE
+        error. ``No QEMU guest agent configured`` only when the config has no ``agent`` key at all;
+        ``agent: 0`` reaches the guest-ping, which fails (no virtio port)."""
+        if "agent" not in vm.config:
             raise PveError(500, "No QEMU guest agent configured")
         if not vm.running:
             raise PveError(500, f"VM {vm.vmid} is not running")

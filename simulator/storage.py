@@ -29,13 +29,17 @@ content not allowed → 500 ``storage '<s>' does not support '<content>' content
 ``imgcopy`` (UPID id empty) copies the file, **overwriting** an existing one; with a checksum it fails
 ``checksum mismatch: got '<hex>' != expect '<given>'`` and no file is written.
 
-Node-local versus shared (the CAPMOX#112 class): the simulator listens once per node (see
-:class:`z9.sim.server.SimServer` ``node_urls``); a request arriving at node A's listener is received by
-A. An upload whose URL names another node B is handed to B, where the temporary file does not exist:
-the ``imgcopy`` task on B fails ``import failed: /usr/bin/scp: stat local "/var/tmp/pveupload-<hex>": No
-such file or directory`` — for shared storage too (CAPMOX#569). Upload through the node you name; use a
-shared storage to make one ISO visible to VMs on every node. A VM that references a volume its node
-cannot see fails to start with ``volume '<volid>' does not exist``.
+Node-local versus shared, and the receiving node (the CAPMOX#112 class): the simulator listens once per
+node (:class:`z9.sim.server.SimServer` ``node_urls``); a request arriving at node A's listener is
+received by A. ``upload`` has no ``proxyto`` (pve-storage 9 ``Status.pm``): the worker runs on the node
+that **received** the file, so an upload through A's API naming node B returns a UPID **of node A**
+(asking B for it answers 400 ``no such task``, community.proxmox#222) and the task copies the file to B
+with scp (log ``command: /usr/bin/scp … [<B's address>]:<dest>``). Where the file lands follows the
+storage: node B's own ``local``, or the one shared ``isos``. A VM whose config references a volume its
+node cannot see fails to start with ``volume '<volid>' does not exist`` (the ISO uploaded to another
+node's ``local``). The older failure of CAPMOX#112 (``import failed: /usr/bin/scp: stat local
+"/var/tmp/pveupload-…": No such file or directory``) is reproduced with a ``fail_task`` fault whose
+``exitstatus`` is that text, see :func:`capmox_112_exitstatus`.
 
 Faults (admin ``/_sim/faults``, matched on the upload path): ``corrupt`` stores the bytes with one
 byte changed (so a checksum mismatches, and an ISO without a checksum is unreadable to the guest);
@@ -99,6 +103,15 @@ class Volume:
     def to_json(self) -> dict:
         return {"volid": self.volid, "content": self.content, "format": self.format, "size": self.size,
                 "ctime": self.ctime, "sha256": hashlib.sha256(self.data).hexdigest()}
+
+
+def capmox_112_exitstatus(tmp: str = "/var/tmp/pveupload-d8b6bc08693595b3c3911689a95457d7") -> str:
+    """The ``imgcopy`` failure CAPMOX#112 reported (PVE 8.1), for a ``fail_task`` fault."""
+    return f'import failed: /usr/bin/scp: stat local "{tmp}": No such file or directory'
+
+
+def node_ip(cluster: "Cluster", node: str) -> str:
+    return f"192.0.2.{11 + cluster.nodes.index(node)}"
 
 
 def normalize_filename(name: str) -> str:
@@ -233,7 +246,7 @@ class Storage:
 
     def upload(self, node: str, received_on: str, sid: str, params: dict[str, str], data: bytes | None,
                user: str, fail: str | None = None) -> str:
-        """Check, then start the ``imgcopy`` task; returns its UPID."""
+        """Check, then start the ``imgcopy`` task on the receiving node; returns its UPID."""
         sdef, volname = self.check_upload(node, sid, params, data is not None)
         assert data is not None
         tmp = f"/var/tmp/pveupload-{secrets.token_hex(16)}"
@@ -245,7 +258,7 @@ class Storage:
             task.lines.append(f"starting file import from: {tmp}")
             algo, expect = params.get("checksum-algorithm"), params.get("checksum")
             await asyncio.sleep(self.cluster.duration("imgcopy"))
-            if algo and not remote:
+            if algo:
                 got = hashlib.new(algo, data).hexdigest()
                 if got.lower() != (expect or "").lower():
                     task.lines.append("calculating checksum...")
@@ -255,16 +268,19 @@ class Storage:
             task.lines.append(f"target file: {dest}")
             task.lines.append(f"file size is: {len(data)}")
             if remote:
-                task.lines.append(f"command: /usr/bin/scp -o BatchMode=yes -p -- {tmp} [{node}]:{dest}")
-                raise PveError(500, f'import failed: /usr/bin/scp: stat local "{tmp}": No such file or directory')
-            task.lines.append(f"command: cp -- {tmp} {dest}")
+                ip = node_ip(self.cluster, node)
+                task.lines.append(f"command: /usr/bin/scp -o BatchMode=yes -o HostKeyAlias={node} -o "
+                                  f"UserKnownHostsFile=/etc/pve/nodes/{node}/ssh_known_hosts -o "
+                                  f"GlobalKnownHostsFile=none -p -- {tmp} [{ip}]:{dest}")
+            else:
+                task.lines.append(f"command: cp -- {tmp} {dest}")
             self._bucket(sid, node)[volname] = Volume(f"{sid}:{volname}", content, "iso" if content == "iso"
                                                       else content, data, int(time.time()))
             task.lines.append("finished file import successfully")
 
         from .cluster import TaskPlan
 
-        return self.cluster.spawn(node, "imgcopy", "", user, TaskPlan(run), fail)
+        return self.cluster.spawn(received_on, "imgcopy", "", user, TaskPlan(run), fail)
 
     # ---- delete ----------------------------------------------------------------------------------
     async def delete(self, node: str, sid: str, volume: str, params: dict[str, str], user: str,

@@ -131,27 +131,39 @@ def test_upload_refusals(pve, wait, tmp_path):
     assert pve.nodes("pve1").storage("local").content.get()[0]["volid"] == "local:iso/my_seed__1_.iso"
 
 
-def test_upload_through_another_nodes_api_fails_like_capmox_112(pve, pve_at, wait, tmp_path):
+def test_upload_through_another_nodes_api(pve, pve_at, wait, tmp_path, admin):
+    """pve-storage 9: upload has no proxyto, the worker runs on the node that received the file and
+    scp's it to the named node: the UPID names the receiving node (community.proxmox#222)."""
     iso = build_nocloud_iso(USER_DATA, "instance-id: x\n")
-    st = wait(upload(pve, tmp_path, iso, node="pve2"))  # received by pve1, names pve2
-    assert st["exitstatus"].startswith('import failed: /usr/bin/scp: stat local "/var/tmp/pveupload-')
-    assert st["exitstatus"].endswith('": No such file or directory')
-    st = wait(upload(pve, tmp_path, iso, node="pve2", storage="isos"))  # shared storage: the same (CAPMOX#569)
-    assert st["exitstatus"].startswith("import failed:")
-    # through pve2's own API it works; a shared storage is seen by every node
-    pve2 = pve_at("pve2")
-    assert wait(upload(pve2, tmp_path, iso, node="pve2"))["exitstatus"] == "OK"
+    upid = upload(pve, tmp_path, iso, node="pve2")  # received by pve1, names pve2
+    assert upid.split(":")[1] == "pve1"
+    e = err(lambda: pve.nodes("pve2").tasks(upid).status.get())
+    assert e.status_code == 400 and e.errors == {"upid": "no such task"}
+    assert wait(upid)["exitstatus"] == "OK"
+    log = [line["t"] for line in pve.nodes("pve1").tasks(upid).log.get()]
+    assert "target node: pve2" in log and any(t.startswith("command: /usr/bin/scp ") for t in log)
     assert [c["volid"] for c in pve.nodes("pve2").storage("local").content.get()] == ["local:iso/seed-101.iso"]
     assert pve.nodes("pve1").storage("local").content.get() == []
+    # through pve2's own API: a task of pve2, a plain cp
+    upid = upload(pve_at("pve2"), tmp_path, iso, name="seed-b.iso", node="pve2")
+    assert upid.split(":")[1] == "pve2" and wait(upid)["exitstatus"] == "OK"
+    # a shared storage is seen by every node
     assert wait(upload(pve, tmp_path, iso, storage="isos"))["exitstatus"] == "OK"
     assert [c["volid"] for c in pve.nodes("pve3").storage("isos").content.get()] == ["isos:iso/seed-101.iso"]
-    # a VM on pve3 cannot start from pve2's local ISO
+    # a VM on pve3 cannot start from pve2's local ISO; from the shared one it can
     clone(pve, wait, 101, node="pve3")
     pve.nodes("pve3").qemu(101).config.put(ide0="local:iso/seed-101.iso,media=cdrom")
     st = wait(pve.nodes("pve3").qemu(101).status.start.post())
     assert st["exitstatus"] == "volume 'local:iso/seed-101.iso' does not exist"
     pve.nodes("pve3").qemu(101).config.put(ide0="isos:iso/seed-101.iso,media=cdrom")
     assert wait(pve.nodes("pve3").qemu(101).status.start.post())["exitstatus"] == "OK"
+    # the failure CAPMOX#112 reported on PVE 8.1, as a fault
+    from z9.sim.storage import capmox_112_exitstatus
+
+    admin("post", "/faults", json={"path": "/upload$", "action": "fail_task", "exitstatus": capmox_112_exitstatus()})
+    st = wait(upload(pve, tmp_path, iso, name="seed-c.iso", node="pve3"))
+    assert st["exitstatus"].startswith('import failed: /usr/bin/scp: stat local "/var/tmp/pveupload-')
+    assert pve.nodes("pve3").storage("local").content.get() == []
 
 
 def test_storage_list_and_delete(pve, wait, tmp_path):
@@ -293,12 +305,14 @@ def test_agent_errors(pve, wait, admin):
     vm = pve.nodes("pve1").qemu(101)
     e = err(lambda: vm.agent.ping.post())
     assert (e.status_code, e.content) == (500, "VM 101 is not running")
-    vm.config.put(agent="0")
+    vm.config.put(delete="agent")
     e = err(lambda: vm.agent("network-get-interfaces").get())
     assert (e.status_code, e.content) == (500, "No QEMU guest agent configured")
+    vm.config.put(agent="0")  # agent off: the key exists, the guest-ping fails (Agent.pm)
+    assert err(lambda: vm.agent.ping.post()).content == "VM 101 is not running"
     wait(vm.status.start.post())
     time.sleep(0.6)
-    assert err(lambda: vm.agent.ping.post()).content == "No QEMU guest agent configured"
+    assert err(lambda: vm.agent.ping.post()).content == "QEMU guest agent is not running"
     vm.config.put(agent="enabled=1,fstrim_cloned_disks=1")  # enabled after start: no virtio port yet
     assert err(lambda: vm.agent.ping.post()).content == "QEMU guest agent is not running"
     wait(vm.status.stop.post())
