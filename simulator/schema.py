@@ -137,10 +137,72 @@ _FORMATS = {
 }
 
 
-def check_format(fmt: Any, value: str) -> None:
+_IPV4_RE = r"(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+
+
+def _is_ipv6(v: str) -> bool:
+    try:
+        ipaddress.IPv6Address(v)
+        return True
+    except ValueError:
+        return False
+
+
+def _cidr_ok(v: str, six: bool) -> bool:
+    """pve_verify_cidrv4/6: an address and a prefix of 8..32 (8..128)."""
+    addr, sep, prefix = v.partition("/")
+    if not sep or not prefix.isdigit():
+        return False
+    ok = _is_ipv6(addr) if six else re.fullmatch(_IPV4_RE, addr) is not None
+    return ok and 8 <= int(prefix) <= (128 if six else 32)
+
+
+# pve-qm-ipconfig (qemu-server Network.pm $ipconfig_fmt): key -> (validator, message)
+_IPCONFIG_KEYS = {
+    "ip": (lambda v: v in ("dhcp", "manual") or _cidr_ok(v, False),
+           "value does not look like a valid ipv4 network configuration"),
+    "gw": (lambda v: re.fullmatch(_IPV4_RE, v) is not None, "value does not look like a valid IPv4 address"),
+    "ip6": (lambda v: v in ("dhcp", "auto", "manual") or _cidr_ok(v, True),
+            "value does not look like a valid ipv6 network configuration"),
+    "gw6": (_is_ipv6, "value does not look like a valid IPv6 address"),
+}
+
+
+def _fmt_ipconfig(v: str, path: str) -> None:
+    """``parse_property_string($ipconfig_fmt, ...)``: one message as PVE::Exception stringifies it
+    (``format error`` + one ``<path>.<key>: <error>`` line per bad key)."""
+    seen: dict[str, str] = {}
+    for part in v.split(","):
+        if part == "":
+            continue
+        k, sep, val = part.partition("=")
+        if not sep:
+            raise ValueError("value without key, but schema does not define a default key\n")
+        if k in seen:
+            raise ValueError(f"duplicate key in comma-separated list property: {k}\n")
+        seen[k] = val
+    errs = []
+    for k, val in seen.items():
+        rule = _IPCONFIG_KEYS.get(k)
+        if rule is None:
+            errs.append(f"{path}.{k}: property is not defined in schema and the schema does not allow additional "
+                        "properties\n")
+        elif not rule[0](val):
+            errs.append(f"{path}.{k}: invalid format - {rule[1]}\n")
+    if errs:
+        raise ValueError("format error\n" + "".join(errs))
+
+
+_PATH_FORMATS = {"pve-qm-ipconfig": _fmt_ipconfig}
+
+
+def check_format(fmt: Any, value: str, path: str = "") -> None:
     """PVE::JSONSchema::check_format for the formats the simulator knows; raises ValueError(msg)."""
     if not isinstance(fmt, str):
         return  # property-string formats (hash) are accepted as-is
+    if fmt in _PATH_FORMATS:
+        _PATH_FORMATS[fmt](value, path)
+        return
     m = re.fullmatch(r"(.*?)(?:-(list|opt))?", fmt)
     name, kind = m.group(1), m.group(2)
     fn = _FORMATS.get(name)
@@ -160,7 +222,7 @@ def _num(v: Any) -> float:
     return float(v)
 
 
-def check_prop(value: str | None, schema: dict) -> str | None:
+def check_prop(value: str | None, schema: dict, path: str = "") -> str | None:
     """Return the PVE error text for one parameter, or None if it is valid."""
     if value is None:
         if not schema.get("optional") and not schema.get("alias"):
@@ -168,7 +230,7 @@ def check_prop(value: str | None, schema: dict) -> str | None:
         return None
     typ = schema.get("type")
     if isinstance(value, list):
-        return None if typ == "array" else check_prop(value[-1] if value else "", schema)
+        return None if typ == "array" else check_prop(value[-1] if value else "", schema, path)
     if typ == "boolean" and value not in ("1", "0"):
         return f"type check ('boolean') failed - got '{value}'"
     if typ == "integer" and not _INT_RE.fullmatch(value):
@@ -180,7 +242,7 @@ def check_prop(value: str | None, schema: dict) -> str | None:
     fmt = schema.get("format")
     if fmt:
         try:
-            check_format(fmt, value)
+            check_format(fmt, value, path)
         except ValueError as e:
             return f"invalid format - {e}"
     pattern = schema.get("pattern")
@@ -331,7 +393,7 @@ class PveSchema:
         values.update(path_params)
         errors: dict[str, str] = {}
         for name, schema in ep.properties.items():
-            err = check_prop(values.get(name), schema)
+            err = check_prop(values.get(name), schema, name)
             if err:
                 errors[name] = err
         for name, value in values.items():
@@ -342,7 +404,7 @@ class PveSchema:
                 if not ep.additional:
                     errors[name] = MSG_UNKNOWN
                 continue
-            err = check_prop(value, schema)
+            err = check_prop(value, schema, name)
             if err:
                 errors[name] = err
         for name in values:  # PVE::JSONSchema::check_object: a present property may require another
