@@ -931,7 +931,7 @@ class Cluster:
     def dump(self) -> dict:
         return {"vms": [vm.to_json() for vm in sorted(self.vms.values(), key=lambda v: v.vmid)
                         if vm.lock not in ("clone", "create", "destroyed")],
-                "firewall": self.firewall.dump()}
+                "firewall": self.firewall.dump(), "storage": self.storage.save(), "guests": self.guests.save()}
 
     @staticmethod
     def vms_from_dump(data: dict) -> list[VM]:

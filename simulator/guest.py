@@ -322,6 +322,32 @@ class Guests:
         self.guests.clear()
         self.faults.clear()
 
+    # -- persistence (the simulator's state file) --
+    def save(self) -> dict:
+        out = {}
+        for vmid, g in self.guests.items():
+            models = {}
+            for k, v in g.models.items():
+                try:
+                    json.dumps(v)
+                    models[k] = v
+                except (TypeError, ValueError):
+                    pass  # a model that is not JSON is not kept across a simulator restart
+            out[str(vmid)] = {"files": {p: base64.b64encode(b).decode() for p, b in g._files.items()},
+                              "instance_id": g.instance_id, "host_key": g.host_key, "hostname": g.hostname,
+                              "boots": g.boots, "net_applied": g.net_applied, "models": models}
+        return out
+
+    def load(self, d: dict) -> None:
+        """Guests as saved (disk state only: a running VM boots again, as after a host restart)."""
+        self.guests.clear()
+        for vmid, v in (d or {}).items():
+            g = Guest(self, int(vmid), {p: base64.b64decode(b) for p, b in (v.get("files") or {}).items()},
+                      v.get("instance_id"), v.get("host_key"), v.get("hostname"), int(v.get("boots") or 0))
+            g.net_applied = list(v.get("net_applied") or [])
+            g.models = dict(v.get("models") or {})
+            self.guests[int(vmid)] = g
+
     # -- faults --
     def add_fault(self, kind: str, vmid: int | None = None, name: str | None = None,
                   message: str | None = None) -> GuestFault:

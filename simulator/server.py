@@ -169,6 +169,8 @@ async def start_simulator(config: SimConfig | None = None, host: str = "127.0.0.
         saved = json.loads(Path(config.state_file).read_text())
         vms = Cluster.vms_from_dump(saved)
         cluster.firewall.load(saved.get("firewall") or {})
+        cluster.storage.load(saved.get("storage") or {})
+        cluster.guests.load(saved.get("guests") or {})
     for vm in vms:
         cluster.add_vm(vm)
     await cluster.start()

@@ -53,6 +53,7 @@ error as a 500 otherwise). A missing volume fails the task ``unlink '<path>' - N
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import re
 import secrets
@@ -129,6 +130,22 @@ class Storage:
 
     def clear(self) -> None:
         self.files.clear()
+
+    def save(self) -> dict:
+        """Everything, bytes included (base64), for the state file."""
+        return {(sid if node is None else f"{sid}@{node}"): {name: {"content": v.content, "format": v.format,
+                                                                    "ctime": v.ctime,
+                                                                    "data": base64.b64encode(v.data).decode()}
+                                                             for name, v in b.items()}
+                for (sid, node), b in self.files.items() if b}
+
+    def load(self, d: dict) -> None:
+        self.files.clear()
+        for key, vols in (d or {}).items():
+            sid, _, node = key.partition("@")
+            self.files[(sid, node or None)] = {
+                name: Volume(f"{sid}:{name}", v["content"], v["format"], base64.b64decode(v["data"]), int(v["ctime"]))
+                for name, v in vols.items()}
 
     def dump(self) -> dict:
         """``{"<storage>" or "<storage>@<node>": [volume...]}`` (admin state)."""
