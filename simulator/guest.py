@@ -30,7 +30,11 @@ Lifecycle (one :class:`Guest` per vmid, created at the VM's first start, removed
   or ``error`` with the error text (unparsable user-data, a failing ``runcmd`` item, or the fault
   ``cloud_init_fails``). ``cloud-init status --format json`` through ``agent/exec``.
 - **Files** (``agent/file-write``/``file-read``, ``write_files``, command handlers) persist per VM across
-  reboots and are gone when the VM is destroyed; a new VM at a reused vmid starts from nothing.
+  reboots and are gone when the VM is destroyed; a new VM at a reused vmid starts from nothing. With a
+  ``state_file`` the guests' disks (files, instance-id, host key, applied network, JSON-able models)
+  survive a simulator restart; running VMs then boot again.
+- **Clone** copies no guest state (the template never ran in the simulator); the clone boots as a new
+  instance from its own media.
 
 The agent (``/nodes/{node}/qemu/{vmid}/agent/...``; qemu-server ``Agent.pm`` ``assert_agent_available``)
 --------------------------------------------------------------------------------------------------------

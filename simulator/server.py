@@ -225,13 +225,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--auth-delay-s", type=float, default=0.0)
     p.add_argument("--state-file", type=Path, default=None)
     p.add_argument("--empty", action="store_true", help="start without the dev seed VMs")
+    p.add_argument("--guest-boot-s", type=float, default=1.0, help="from a VM's start to its guest agent answering")
+    p.add_argument("--cloud-init-s", type=float, default=1.0, help="how long cloud-init runs after the boot")
     args = p.parse_args(argv)
     per_type, default = _parse_task_seconds(args.task_seconds)
     config = SimConfig(region=args.region, nodes=[n for n in args.nodes.split(",") if n],
                        token_secret=args.token_secret, task_seconds=per_type,
                        task_default_s=default if default is not None else 1.0, stats_lag_s=args.stats_lag_s,
                        auth_delay_s=args.auth_delay_s, state_file=args.state_file,
-                       seed="empty" if args.empty else "dev")
+                       seed="empty" if args.empty else "dev", guest_boot_s=args.guest_boot_s,
+                       cloud_init_s=args.cloud_init_s)
     cert_dir = args.cert_dir or Path.home() / ".cache" / "z9-sim" / args.region
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
