@@ -204,6 +204,11 @@ class Task:
     exitstatus: str | None = None
     endtime: int | None = None
     lines: list[str] = field(default_factory=list)
+    warnings: int = 0  # ``warn`` in a worker: "WARN: <text>" lines, the task ends "WARNINGS: n"
+
+    def warn(self, text: str) -> None:
+        self.lines.append(f"WARN: {text}")
+        self.warnings += 1
 
     def status_json(self) -> dict:
         user, _, tokenid = self.user.partition("!")
@@ -428,6 +433,8 @@ class Cluster:
                 n = fail_exitstatus.partition(":")[2].strip() or "1"
                 task.lines.append("WARN: simulated warning")
                 self._finish(task, f"WARNINGS: {n}", f"TASK WARNINGS: {n}")
+            elif task.warnings:
+                self._finish(task, f"WARNINGS: {task.warnings}", f"TASK WARNINGS: {task.warnings}")
             else:
                 self._finish(task, "OK", "TASK OK")
         except PveError as e:

@@ -345,13 +345,6 @@ class PveSchema:
     def match(self, method: str, path: str) -> tuple[Endpoint | None, dict[str, str]]:
         """Find the endpoint for a concrete path (relative to /api2/json). Literal segments win."""
         segs = [s for s in path.split("/") if s]
-        # a UPID's id may hold a '/' (imgdel of 'local:iso/x.iso'): rejoin it up to its closing ':'
-        for i, seg in enumerate(segs):
-            if seg.startswith("UPID:") and not seg.endswith(":"):
-                j = next((k for k in range(i + 1, len(segs)) if segs[k].endswith(":")), None)
-                if j is not None:
-                    segs[i:j + 1] = ["/".join(segs[i:j + 1])]
-                break
 
         def rec(node: _Node, i: int, params: dict[str, str]):
             if i == len(segs):

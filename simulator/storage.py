@@ -45,9 +45,11 @@ Faults (admin ``/_sim/faults``, matched on the upload path): ``corrupt`` stores 
 byte changed (so a checksum mismatches, and an ISO without a checksum is unreadable to the guest);
 ``abort`` reads part of the body and closes the connection (the upload broke off: no task, no file).
 
-Deletion (``DELETE …/content/{volume}``, ``volume`` = ``iso/x.iso`` or the full volid): a task ``imgdel``;
-with ``delay`` the call waits up to that many seconds and answers ``null`` when the task ended OK (its
-error as a 500 otherwise). A missing volume fails the task ``unlink '<path>' - No such file or directory``.
+Deletion (``DELETE …/content/{volume}``, ``volume`` = ``iso/x.iso`` or the full volid; another storage's
+volid → 400 ``errors.volume = "storage ID mismatch (<a> != <b>)"``): a task ``imgdel`` (UPID id = the
+storage); with ``delay`` the call waits up to that many seconds and answers ``null`` when the task ended
+without error (its error as a 500 otherwise). A missing file is a warning, as in ``Plugin::free_image``:
+the task ends ``WARNINGS: 1`` with ``WARN: disk image '<path>' does not exist``.
 """
 
 from __future__ import annotations
@@ -302,30 +304,32 @@ class Storage:
     # ---- delete ----------------------------------------------------------------------------------
     async def delete(self, node: str, sid: str, volume: str, params: dict[str, str], user: str,
                      fail: str | None = None) -> str | None:
+        """``DELETE …/content/{volume}`` (pve-storage ``Content.pm``): task ``imgdel`` with id = storage."""
         self.cluster.check_node(node)
+        if ":" in volume:
+            vsid, _, volname = volume.partition(":")
+            if sid and vsid != sid:
+                raise param_error({"volume": f"storage ID mismatch ({vsid} != {sid})\n"})
+            sid = vsid
+        else:
+            volname = volume
         sdef = self.definition(sid)
-        volname = volume.split(":", 1)[1] if volume.startswith(f"{sid}:") else volume
-        if ":" in volname:
-            other = volume.split(":", 1)[0]
-            raise PveError(500, f"storage '{other}' does not exist" if other not in {s.id for s in STORAGES}
-                           else f"volume '{volume}' is not on storage '{sid}'")
         volid = f"{sid}:{volname}"
-        if sdef.type == "lvmthin":
-            raise PveError(500, f"unable to parse volume name '{volname}'" if "/" in volname
-                           else f"deleting images of storage type '{sdef.type}' is not simulated")
+        if sdef.path is None:
+            raise PveError(500, f"unable to parse lvm volume name '{volname}'")
 
         async def run(task: "Task") -> None:
             await asyncio.sleep(self.cluster.duration("imgdel"))
             bucket = self._bucket(sid, node)
-            if volname not in bucket:
-                raise PveError(500, f"unlink '{self._path(sdef, volname)}' - No such file or directory")
-            del bucket[volname]
+            if volname in bucket:
+                del bucket[volname]
+            else:  # Plugin::free_image warns and returns: the task ends with WARNINGS
+                task.warn(f"disk image '{self._path(sdef, volname)}' does not exist")
             task.lines.append(f"Removed volume '{volid}'")
 
         from .cluster import TaskPlan
 
-        # the UPID's id field cannot hold ':' (PVE escapes it as \x3a)
-        upid = self.cluster.spawn(node, "imgdel", volid.replace(":", "\\x3a"), user, TaskPlan(run), fail)
+        upid = self.cluster.spawn(node, "imgdel", sid, user, TaskPlan(run), fail)
         delay = params.get("delay")
         if delay:
             end = time.monotonic() + int(delay)
