@@ -502,3 +502,16 @@ def test_upload_rejects_unknown_parameter_and_tmpfilename(pve, tmp_path):
     assert e.status_code == 400 and e.errors == {"filename": "value may only be 255 characters long"}
     e = err(lambda: pve.nodes("pve1").storage("local").upload.post(content="iso", filename="plain.iso"))
     assert (e.status_code, e.content) == (500, "missing temporary file name")  # no file part
+
+
+def test_upload_with_a_ticket_needs_no_csrf_token(sim, wait, pve):
+    base = f"{sim.url}/api2/json"
+    t = requests.post(f"{base}/access/ticket", data={"username": "root@pam", "password": sim.config.password},
+                      verify=False, timeout=10).json()["data"]
+    cookies = {"PVEAuthCookie": t["ticket"]}
+    iso = build_nocloud_iso("#cloud-config\n", "instance-id: t\n")
+    r = requests.post(f"{base}/nodes/pve1/storage/local/upload", cookies=cookies, verify=False, timeout=10,
+                      data={"content": "iso"}, files={"filename": ("t.iso", iso)})
+    assert r.status_code == 200 and wait(r.json()["data"])["exitstatus"] == "OK"
+    r = requests.post(f"{base}/nodes/pve1/qemu/100/agent/ping", cookies=cookies, verify=False, timeout=10)
+    assert (r.status_code, r.reason) == (401, "Permission denied - invalid csrf token")
