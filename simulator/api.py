@@ -37,7 +37,8 @@ Admin API (no auth, loopback peers only), JSON in and out:
   type, id, user, status, exitstatus, starttime, endtime, log: [str]}], "counters": {"requests":
   [{method, path, status, count}], "tasks_started": {type: n}}, "stats_refreshed_at": unix_s,
   "firewall": {"vms": {"<vmid>": {options, ipsets: {name: [{cidr, comment?, nomatch?}]}, comments}},
-  "cluster_options": {}}}``.
+  "cluster_options": {}}, "node_ports": {node: port}}`` (each node's own API listener, see
+  :class:`z9.sim.server.SimServer`).
 - ``POST /_sim/stats/refresh`` → ``{"ok": true}`` (refresh the ``/cluster/resources`` stats cache now).
 - ``POST /_sim/vms`` ``{vmid, node, config: {k: v}, running}`` → the VM (upsert) — a VM changed out of
   band, e.g. a foreign VM with its own ``ipconfig0``: its cloud-init keys count as applied and, when
@@ -697,6 +698,7 @@ async def admin_state(request: web.Request) -> web.Response:
         "counters": ctx.counters(),
         "stats_refreshed_at": c.stats_refreshed_at,
         "firewall": c.firewall.dump(),
+        "node_ports": {n: p for p, n in sorted(ctx.port_nodes.items())},
         "guests": {str(v): g.summary() for v, g in sorted(c.guests.guests.items())
                    if c.guests.get(v) is not None},
         "storage": c.storage.dump(),

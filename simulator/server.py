@@ -241,8 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     async def serve() -> None:
         server = await start_simulator(config, args.host, args.port, cert_dir)
         print(f"z9 sim: region={config.region} url={server.url} token={server.token_id}={server.token_secret} "
-              f"cert={server.cert_path} admin={server.admin_url} "
-              f"nodes={','.join(f'{n}={u}' for n, u in server.node_urls.items())}", flush=True)
+              f"cert={server.cert_path} admin={server.admin_url}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
