@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
-import json
 import logging
 import random
 import re
@@ -35,6 +34,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
+
+import orjson
 
 from .errors import PveError, param_error
 from . import cloudinit
@@ -579,7 +580,7 @@ class Cluster:
         hit = self._resources_cache.get(rtype)
         if hit is not None and hit[0] == key:
             return hit[1]
-        body = json.dumps({"data": self.resources(rtype)}, separators=(",", ":")).encode()
+        body = orjson.dumps({"data": self.resources(rtype)})
         self._resources_cache[rtype] = (key, body)
         return body
 
