@@ -142,11 +142,17 @@ async def h_nodes(ctx, p, user, fail):
 
 
 class RawJson(bytes):
-    """A handler's answer that is already the encoded PVE envelope ``{"data": ...}``."""
+    """A handler's answer that is already the encoded PVE envelope ``{"data": ...}``; ``gzip``: the
+    bytes are gzip-compressed."""
+
+    gzip = False
 
 
 async def h_resources(ctx, p, user, fail):
-    return RawJson(ctx.cluster.resources_json(p.get("type")))
+    gz = "gzip" in p.get("@accept_encoding", "")
+    out = RawJson(ctx.cluster.resources_json(p.get("type"), gzip=gz))
+    out.gzip = gz
+    return out
 
 
 async def h_nextid(ctx, p, user, fail):
@@ -491,6 +497,7 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("POST", "/nodes/{node}/qemu/{vmid}/agent/file-write"): h_agent_file_write,
 }
 UPLOAD_TEMPLATE = "/nodes/{node}/storage/{storage}/upload"
+GZIP_MIN = 1024  # pve-http-server compresses answers over 1 KiB for clients that accept gzip
 MAX_BODY = 512 * 1024  # pve-http-server: non-upload POST/PUT bodies (64 KiB before "fix #6230")
 NO_AUTH = {("POST", "/access/ticket")}
 
@@ -604,7 +611,10 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
     _, path_params = ctx.schema.match(method, path)
     values: dict[str, Any] = {k: (v if isinstance(v, list) else stringify(v)) for k, v in params.items()}
     values.update(path_params)
-    values.update(extra)
+    if upload:  # the file part reaches the upload handler only
+        values.update(extra)
+    if template == "/cluster/resources":
+        values["@accept_encoding"] = request.headers.get("Accept-Encoding", "")
     if upload:
         sock = request.transport.get_extra_info("sockname") if request.transport else None
         values["@received_on"] = ctx.port_nodes.get(sock[1]) if sock else None
@@ -614,7 +624,8 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
     drop = False
     if fault is not None:
         if fault.action == "corrupt":
-            values["@corrupt"] = "1"
+            if upload:
+                values["@corrupt"] = "1"
         elif fault.action == "error":
             return pve_error(fault.status, fault.reason), template, False
         if fault.action == "delay":
@@ -633,8 +644,14 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
     except PveError as e:
         return pve_error(e.status, e.message, e.errors), template, drop
     if isinstance(data, RawJson):
-        return web.Response(body=data, content_type="application/json"), template, drop
-    return web.json_response({"data": data}), template, drop
+        resp = web.Response(body=data, content_type="application/json")
+        if data.gzip:
+            resp.headers["Content-Encoding"] = "gzip"
+        return resp, template, drop
+    resp = web.json_response({"data": data})
+    if resp.body is not None and len(resp.body) > GZIP_MIN and "gzip" in request.headers.get("Accept-Encoding", ""):
+        resp.enable_compression(web.ContentCoding.gzip)  # pve-http-server gzips larger answers
+    return resp, template, drop
 
 
 # ---- admin API ------------------------------------------------------------------------------------

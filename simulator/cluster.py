@@ -52,6 +52,13 @@ FLOCK_WAIT_S = {"config": 10.0, "start": 10.0, "stop": 10.0, "destroy": 10.0, "c
 GiB = 1024**3
 
 
+def zlib_gzip(data: bytes) -> bytes:
+    """gzip framing at level 1 (the cache compresses once per change; size matters less than time)."""
+    import gzip as _gzip
+
+    return _gzip.compress(data, compresslevel=1, mtime=0)
+
+
 def not_exist(node: str, vmid: int) -> PveError:
     # PVE::AbstractConfig::load_config; facts: Endpoints (config)
     return PveError(500, f"Configuration file 'nodes/{node}/qemu-server/{vmid}.conf' does not exist")
@@ -291,7 +298,7 @@ class Cluster:
         self.stats_lag_s = stats_lag_s
         self.task_invisible_s = task_invisible_s
         self.vms: dict[int, VM] = TrackedDict()
-        self._resources_cache: dict[str | None, tuple[tuple, bytes]] = {}
+        self._resources_cache: dict[tuple[str | None, bool], tuple[tuple, bytes]] = {}
         self.tasks: dict[str, Task] = {}
         self.flocks: dict[int, FLock] = {}
         self.stats: dict[int, dict] = {}
@@ -573,15 +580,18 @@ class Cluster:
         self.check_node(node)
         return [self.vm_status(vm) for vm in sorted(self.vms.values(), key=lambda v: v.vmid) if vm.node == node]
 
-    def resources_json(self, rtype: str | None = None) -> bytes:
-        """The encoded ``{"data": resources(rtype)}``, cached until a VM, the VM set or the stats
-        snapshot changes (:class:`Generation`)."""
+    def resources_json(self, rtype: str | None = None, gzip: bool = False) -> bytes:
+        """The encoded ``{"data": resources(rtype)}`` (gzip-compressed if ``gzip``), cached until a VM,
+        the VM set or the stats snapshot changes (:class:`Generation`)."""
         key = (Generation.value, self.stats_refreshed_at)
-        hit = self._resources_cache.get(rtype)
+        hit = self._resources_cache.get((rtype, gzip))
         if hit is not None and hit[0] == key:
             return hit[1]
-        body = orjson.dumps({"data": self.resources(rtype)})
-        self._resources_cache[rtype] = (key, body)
+        if gzip:
+            body = zlib_gzip(self.resources_json(rtype))
+        else:
+            body = orjson.dumps({"data": self.resources(rtype)})
+        self._resources_cache[(rtype, gzip)] = (key, body)
         return body
 
     def resources(self, rtype: str | None = None) -> list[dict]:

@@ -526,3 +526,15 @@ def test_upload_with_a_ticket_needs_no_csrf_token(sim, wait, pve):
     assert r.status_code == 200 and wait(r.json()["data"])["exitstatus"] == "OK"
     r = requests.post(f"{base}/nodes/pve1/qemu/100/agent/ping", cookies=cookies, verify=False, timeout=10)
     assert (r.status_code, r.reason) == (401, "Permission denied - invalid csrf token")
+
+
+def test_large_answers_are_gzipped_for_clients_that_accept_it(sim, pve):
+    base = f"{sim.url}/api2/json"
+    for accept in ("gzip, deflate", "identity"):
+        r = requests.get(f"{base}/cluster/resources", headers={**sim.auth_header, "Accept-Encoding": accept},
+                         verify=False, timeout=10, stream=True)
+        assert r.headers.get("Content-Encoding") == ("gzip" if accept != "identity" else None)
+        assert len(json.loads(r.content)["data"]) > 3  # requests decodes transparently
+    r = requests.get(f"{base}/nodes/pve1/qemu/100/config", headers={**sim.auth_header, "Accept-Encoding": "gzip"},
+                     verify=False, timeout=10)
+    assert r.headers.get("Content-Encoding") is None  # under 1 KiB: sent as is
