@@ -8,7 +8,7 @@ as z9 uses it), seeded with N VMs shaped like z9's clones (tags, cloud-init driv
 quarter of them running, their guests booted). The clients are C asyncio tasks in this process, each
 with its own keep-alive HTTPS connection, issuing requests back to back for ``--seconds``; every
 request's latency is recorded. One JSON line per endpoint: count, req/s, p50/p90/p99/max (ms),
-response size, plus ``load1`` (the machine's load when measured) and the parameters.
+response size (decoded and on the wire: the client accepts gzip, as proxmoxer does), plus ``load1`` (the machine's load when measured) and the parameters.
 
     .venv/bin/python bench/sim_scale.py                       # 10,000 VMs, 10 nodes, 16 clients, 20 s each
     .venv/bin/python bench/sim_scale.py --vms 1000 --nodes 3 --seconds 5     # a quick check
@@ -88,6 +88,7 @@ async def measure(port: int, paths, clients: int, seconds: float) -> dict:
     headers = {"Authorization": f"PVEAPIToken={TOKEN}=bench-secret"}
     lat: list[float] = []
     sizes: list[int] = []
+    wire: list[int] = []
     errors = 0
 
     async def client(k: int) -> None:
@@ -103,6 +104,7 @@ async def measure(port: int, paths, clients: int, seconds: float) -> dict:
                     body = await r.read()
                 lat.append((time.perf_counter() - t0) * 1000)
                 sizes.append(len(body))
+                wire.append(r.content_length if r.content_length is not None else len(body))
                 if r.status != 200:
                     errors += 1
 
@@ -112,7 +114,7 @@ async def measure(port: int, paths, clients: int, seconds: float) -> dict:
     return {"count": len(lat), "req_s": round(len(lat) / wall, 1), "errors": errors,
             "p50_ms": round(pct(lat, 50), 2), "p90_ms": round(pct(lat, 90), 2), "p99_ms": round(pct(lat, 99), 2),
             "max_ms": round(max(lat), 2), "mean_ms": round(statistics.fmean(lat), 2),
-            "bytes": int(statistics.median(sizes))}
+            "bytes": int(statistics.median(sizes)), "wire_bytes": int(statistics.median(wire))}
 
 
 def main(argv: list[str] | None = None) -> int:
