@@ -157,6 +157,24 @@ async def test_every_job_records_its_actor(fast: Stack) -> None:
     assert [j["id"] for j in listed["jobs"]] == [job1["id"]]
     status, err, _ = await call(fast, "GET", "/jobs?actor=bob")
     assert status == 422 and err["error"]["message"].startswith("actor:")
+    # every job of every resource type: an address create (its own allocating statement), an
+    # assignment, a server create with a primary address (its AddressAssign)
+    status, out, _ = await call(fast, "POST", "/addresses", second, json={"region": REGION, "name": "a3"},
+                                headers={"X-Request-Id": "req-a3"})
+    assert status == 202, out
+    status, assigned, _ = await call(fast, "POST", f"/addresses/{out['address']['id']}/actions/assign", second,
+                                     json={"server_id": j2["resource"]["id"]}, headers={"X-Request-Id": "req-a4"})
+    assert status == 202, assigned
+    status, primary, _ = await call(fast, "POST", "/servers", second,
+                                    json={"name": "a5", "region": REGION, "image": "debian-12", "cores": 1,
+                                          "memory_mib": 1024, "disk_gib": 10, "public_ipv4": True},
+                                    headers={"X-Request-Id": "req-a5"})
+    assert status == 202, primary
+    _, listed, _ = await call(fast, "GET", "/jobs?actor=me&limit=500", second)
+    seen = {(j["kind"], j["request_id"]) for j in listed["jobs"]}
+    assert {("AddressCreate", "req-a3"), ("AddressAssign", "req-a4"), ("ServerCreate", "req-a5"),
+            ("AddressAssign", "req-a5")} <= seen, seen
+    assert all(j["actor"] == second_id for j in listed["jobs"])
 
 
 def test_redact_hides_the_upid_user_and_known_accounts() -> None:

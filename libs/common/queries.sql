@@ -682,7 +682,7 @@ SELECT id, 'deleted' AS outcome FROM gone UNION ALL SELECT id, 'unassigned' FROM
 -- transaction: one round trip). The pool: region $2, family $16, named $17 — or, unnamed, the
 -- one named 'public', else the region's only pool of that family. No row: no such pool, or it
 -- is exhausted (nothing written; the caller tells which). No NOTIFY: the caller notifies after
--- commit.
+-- commit. $18, $19: the job's actor token and request id (migration 0007).
 WITH cand AS (
     SELECT id, name FROM address_pools
     WHERE region = $2 AND family = $16 AND disabled_at IS NULL AND ($17::text IS NULL OR name = $17)
@@ -711,8 +711,8 @@ WITH cand AS (
     RETURNING i.ip
 ), j AS (
     INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
-                      extra_lock_keys)
-    SELECT $10, $11, adr.region, adr.tenant_id, 'address', adr.id, $12, $13, $14, $15 FROM adr
+                      extra_lock_keys, actor_token_id, request_id)
+    SELECT $10, $11, adr.region, adr.tenant_id, 'address', adr.id, $12, $13, $14, $15, $18, $19 FROM adr
     RETURNING id, kind, status
 )
 SELECT adr.*, j.id AS job_id, j.kind AS job_kind, j.status AS job_status FROM adr, held, j;

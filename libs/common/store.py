@@ -601,7 +601,7 @@ async def address_allocate_with_job(db: DB, *, region: str, family: int, pool: s
     row = await db.fetchrow(q("address_allocate_with_job"), new_id("adr"), region, tenant_id, kind, name,
                             dns_ptr, protect_delete, auto_delete, server_id, new_id("job"), job.kind,
                             job.args or {}, job.max_attempts, job.trace_context, list(job.extra_lock_keys),
-                            family, pool)
+                            family, pool, job.actor_token_id, job.request_id)
     if row is None:
         return None
     return Address.from_record(row), {"id": row["job_id"], "kind": row["job_kind"], "status": row["job_status"]}
