@@ -12,6 +12,8 @@ PVE request pipeline, in pve-http-server's order (facts: Transport and auth, Env
 Parameters come from the query string and, for POST/PUT, from a form-encoded (proxmoxer), JSON or
 (upload only) multipart body; array parameters (``agent/exec``'s ``command``) collect repeated fields.
 A non-upload POST/PUT body over 512 KiB → 501 ``for data too large`` (pve-http-server, before anything).
+Answers over 1 KiB are gzipped when the client sends ``Accept-Encoding: gzip`` (pve-http-server does;
+proxmoxer/requests and aiohttp decode it transparently).
 Success: ``{"data": ...}``. Error: reason phrase = first line of the message, body
 ``{"data": null, "message": "<msg>\\n"[, "errors": {...}]}`` (PVE >= 9).
 
