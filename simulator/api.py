@@ -504,11 +504,13 @@ MAX_BODY = 512 * 1024  # pve-http-server: non-upload POST/PUT bodies (64 KiB bef
 NO_AUTH = {("POST", "/access/ticket")}
 
 
-async def _read_params(request: web.Request, arrays: set[str]) -> dict[str, Any]:
-    """Query + body parameters. ``arrays``: the endpoint's array-typed parameters, which collect
-    repeated form fields (``command=a&command=b``) into a list; other repeated fields: the last wins.
-    A multipart file part named ``filename`` gives ``filename`` (its file name) and ``@file`` (bytes)."""
+async def _read_params(request: web.Request, arrays: set[str]) -> tuple[dict[str, Any], bytes | None]:
+    """Query + body parameters, and the uploaded file's bytes. ``arrays``: the endpoint's array-typed
+    parameters, which collect repeated form fields (``command=a&command=b``) into a list; other repeated
+    fields: the last wins. A multipart file part named ``filename`` gives ``filename`` (its file name) and
+    the bytes (returned apart, so no client parameter can stand in for them)."""
     params: dict[str, Any] = {}
+    file: bytes | None = None
 
     def put(k: str, v: Any) -> None:
         if k in arrays:
@@ -537,8 +539,8 @@ async def _read_params(request: web.Request, arrays: set[str]) -> dict[str, Any]
                     put(k, v)
                 elif isinstance(v, web.FileField) and k == "filename":
                     params["filename"] = v.filename or ""
-                    params["@file"] = v.file.read()
-    return params
+                    file = v.file.read()
+    return params, file
 
 
 async def _authenticate(ctx: SimContext, request: web.Request, csrf: bool = True) -> str | PveError:
@@ -601,10 +603,9 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
         return pve_error(500, "upload aborted"), template, True
     arrays = {k for k, sch in ep.properties.items() if sch.get("type") == "array"} if ep else set()
     try:
-        params = await _read_params(request, arrays)
+        params, file = await _read_params(request, arrays)
     except (ValueError, json.JSONDecodeError):
         return pve_error(400, "Parameter verification failed."), template, False
-    extra = {k: params.pop(k) for k in [k for k in params if k.startswith("@")]}
     template, errors = ctx.schema.validate(method, path, params)
     if template is None:
         return pve_error(501, f"Method '{method} {path}' not implemented"), None, False
@@ -613,8 +614,9 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
     _, path_params = ctx.schema.match(method, path)
     values: dict[str, Any] = {k: (v if isinstance(v, list) else stringify(v)) for k, v in params.items()}
     values.update(path_params)
-    if upload:  # the file part reaches the upload handler only
-        values.update(extra)
+    # request-internal values ("@..."): set here only; a client's "@x" parameter failed the schema above
+    if upload and file is not None:  # the file part reaches the upload handler only
+        values["@file"] = file
     if template == "/cluster/resources":
         values["@accept_encoding"] = request.headers.get("Accept-Encoding", "")
     if upload:
