@@ -52,7 +52,7 @@ Admin API (no auth, loopback peers only), JSON in and out:
 - ``GET /_sim/guests/{vmid}`` → the guest (:meth:`z9.sim.guest.Guest.to_json`: ``powered``, ``booted``,
   ``boots``, ``instance_id``, ``host_key`` (SSH host key fingerprint), ``hostname``, ``cloud_init``
   ``{status, errors, datasource}``, ``agent``, ``files`` (paths), ``interfaces``, ``extra_addresses``,
-  ``models``, ``inputs.source`` (the CD-ROM cloud-init read)); 404 when the VM never started or is gone.
+  ``models``, ``inputs.source`` (the CD-ROM cloud-init read)); 404 when the VM never started (nor was cloned from one that did) or is gone.
   ``GET /_sim/state`` has ``"guests": {"<vmid>": summary}`` and ``"storage": {"local@pve1": [{volid,
   content, format, size, ctime, sha256}], "isos": [...]}``.
 - ``POST /_sim/guests/{vmid}/addresses`` ``{iface: "eth0", address: "203.0.113.7/32"}`` → ``{interfaces}``:

@@ -826,6 +826,7 @@ class Cluster:
                     placeholder.config = conf
                     placeholder.ci_applied = cloudinit.ci_values(conf)
                     self.firewall.clone(vmid, newid)
+                    self.guests.clone_disk(vmid, newid)
 
         def cleanup() -> None:
             if self.vms.get(newid) is placeholder:

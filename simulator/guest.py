@@ -33,8 +33,12 @@ Lifecycle (one :class:`Guest` per vmid, created at the VM's first start, removed
   reboots and are gone when the VM is destroyed; a new VM at a reused vmid starts from nothing. With a
   ``state_file`` the guests' disks (files, instance-id, host key, applied network, JSON-able models)
   survive a simulator restart; running VMs then boot again.
-- **Clone** copies no guest state (the template never ran in the simulator); the clone boots as a new
-  instance from its own media.
+- **Clone** copies the source's disks, so the clone's guest starts with the source guest's disk state as of
+  the clone (files, instance-id, host key, hostname, applied network, JSON-able models; not the run-time
+  addresses or processes) — as on PVE. It boots as a new instance only if its cloud-init instance-id
+  differs (PVE's drive: it does, the name and MACs differ; a NoCloud ISO with a fixed instance-id shared
+  by source and clone: it does not, and the clone keeps the source's host key). A template never ran in
+  the simulator, so clones of it start from nothing.
 
 The agent (``/nodes/{node}/qemu/{vmid}/agent/...``; qemu-server ``Agent.pm`` ``assert_agent_available``)
 --------------------------------------------------------------------------------------------------------
@@ -328,29 +332,13 @@ class Guests:
 
     # -- persistence (the simulator's state file) --
     def save(self) -> dict:
-        out = {}
-        for vmid, g in self.guests.items():
-            models = {}
-            for k, v in g.models.items():
-                try:
-                    json.dumps(v)
-                    models[k] = v
-                except (TypeError, ValueError):
-                    pass  # a model that is not JSON is not kept across a simulator restart
-            out[str(vmid)] = {"files": {p: base64.b64encode(b).decode() for p, b in g._files.items()},
-                              "instance_id": g.instance_id, "host_key": g.host_key, "hostname": g.hostname,
-                              "boots": g.boots, "net_applied": g.net_applied, "models": models}
-        return out
+        return {str(vmid): self.save_one(g) for vmid, g in self.guests.items()}
 
     def load(self, d: dict) -> None:
         """Guests as saved (disk state only: a running VM boots again, as after a host restart)."""
         self.guests.clear()
         for vmid, v in (d or {}).items():
-            g = Guest(self, int(vmid), {p: base64.b64decode(b) for p, b in (v.get("files") or {}).items()},
-                      v.get("instance_id"), v.get("host_key"), v.get("hostname"), int(v.get("boots") or 0))
-            g.net_applied = list(v.get("net_applied") or [])
-            g.models = dict(v.get("models") or {})
-            self.guests[int(vmid)] = g
+            self.guests[int(vmid)] = self.load_one(int(vmid), v)
 
     # -- faults --
     def add_fault(self, kind: str, vmid: int | None = None, name: str | None = None,
@@ -414,6 +402,37 @@ class Guests:
 
     def remove(self, vmid: int) -> None:
         self.guests.pop(vmid, None)
+
+    def clone_disk(self, src: int, dst: int) -> None:
+        """A clone's disks are copies of the source's (full: ``qemu-img convert``/drive-mirror; linked:
+        the same base): the new VM's guest starts powered off with the source's disk state as of now
+        (files, instance-id, host key, hostname, applied network, JSON-able models) and no process,
+        no address configured at run time. No source guest (a template, a VM that never ran): nothing."""
+        self.guests.pop(dst, None)
+        g = self.guests.get(src)
+        if g is None:
+            return
+        saved = self.save_one(g)
+        c = self.guests[dst] = self.load_one(dst, saved)
+        c.boots = 0
+
+    def save_one(self, g: Guest) -> dict:
+        models = {}
+        for k, v in g.models.items():
+            try:
+                models[k] = json.loads(json.dumps(v))
+            except (TypeError, ValueError):
+                pass  # a model that is not JSON is not kept (state file, clone)
+        return {"files": {p: base64.b64encode(b).decode() for p, b in g._files.items()},
+                "instance_id": g.instance_id, "host_key": g.host_key, "hostname": g.hostname,
+                "boots": g.boots, "net_applied": g.net_applied, "models": models}
+
+    def load_one(self, vmid: int, v: dict) -> Guest:
+        g = Guest(self, int(vmid), {p: base64.b64decode(b) for p, b in (v.get("files") or {}).items()},
+                  v.get("instance_id"), v.get("host_key"), v.get("hostname"), int(v.get("boots") or 0))
+        g.net_applied = json.loads(json.dumps(v.get("net_applied") or []))
+        g.models = dict(v.get("models") or {})
+        return g
 
     # -- boot --
     def _read_cdroms(self, vm: "VM") -> dict:
@@ -492,6 +511,10 @@ class Guests:
         elif text.startswith("#!"):
             script = text
         new_instance = iid != g.instance_id
+        if not new_instance:  # the rendered network config stays; the NICs are the VM's own (a clone's new MACs)
+            macs = [n["mac"] for n in self._network(vm, None)]
+            for n, mac in zip(g.net_applied, macs):
+                n["mac"] = mac
         hostname = str(cfg.get("hostname") or meta.get("local-hostname") or vm.config.get("name") or f"VM{vm.vmid}")
         g.hostname = hostname
         g.write_file("/etc/hostname", hostname + "\n")

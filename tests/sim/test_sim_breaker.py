@@ -43,3 +43,67 @@ def test_client_parameters_named_like_internal_values_are_refused(sim, pve, wait
     assert r.status_code == 200, r.text
     assert wait(r.json()["data"])["exitstatus"] == "OK"
     assert admin("get", "/state")["storage"]["local@pve1"][0]["sha256"] == digest
+
+
+def _addrs(vm) -> dict[str, set[str]]:
+    return {i["name"]: {a["ip-address"] for a in i["ip-addresses"]}
+            for i in vm.agent("network-get-interfaces").get()["result"]}
+
+
+def test_clone_of_a_vm_that_ran_copies_its_disk(pve, wait, admin, tmp_path):
+    """PVE's clone copies the disks: the guest files of a VM that ran are on the clone. With PVE's own
+    drive the clone is a new instance (new name and MACs → new instance-id → new host key); files
+    written to the source after the clone are not on the clone."""
+    clone(pve, wait, 101, name="src")
+    src = pve.nodes("pve1").qemu(101)
+    src.config.put(ipconfig0="ip=10.20.0.5/24,gw=10.20.0.1")
+    wait(src.status.start.post())
+    until(lambda: src.agent.ping.post())
+    src.agent("file-write").post(file="/etc/app.conf", content="v1")
+    before = admin("get", "/guests/101")
+    assert wait(src.clone.post(newid=102, name="copy", full=1))["exitstatus"] == "OK"
+    src.agent("file-write").post(file="/etc/app.conf", content="v2")  # after the clone: not copied
+    src.agent("file-write").post(file="/etc/later.conf", content="x")
+    dst = pve.nodes("pve1").qemu(102)
+    assert admin("get", "/guests/102")["booted"] is False  # a disk, not a running guest
+    wait(dst.status.start.post())
+    until(lambda: dst.agent.ping.post())
+    assert dst.agent("file-read").get(file="/etc/app.conf")["content"] == "v1"
+    e = err(lambda: dst.agent("file-read").get(file="/etc/later.conf"))
+    assert "No such file or directory" in e.content
+    after = admin("get", "/guests/102")
+    assert after["instance_id"] != before["instance_id"] and after["host_key"] != before["host_key"]
+    assert after["hostname"] == "copy" and after["boots"] == 1
+    mac = dst.config.get()["net0"].split(",")[0].split("=")[1].lower()
+    eth0 = next(i for i in dst.agent("network-get-interfaces").get()["result"] if i["name"] == "eth0")
+    assert eth0["hardware-address"] == mac
+    assert "10.20.0.5" in {a["ip-address"] for a in eth0["ip-addresses"]}
+    # destroying the source leaves the clone's disk alone
+    wait(src.status.stop.post())
+    assert wait(src.delete())["exitstatus"] == "OK"
+    assert dst.agent("file-read").get(file="/etc/app.conf")["content"] == "v1"
+
+
+def test_clone_sharing_a_fixed_instance_id_iso_keeps_the_sources_identity(pve, wait, admin, tmp_path):
+    """A NoCloud ISO with a fixed instance-id, attached to source and clone (the CD-ROM is not copied,
+    it is referenced): the clone is NOT a new instance for cloud-init — it keeps the source's host key
+    (the classic cloned-VM pitfall) and reports its own MAC."""
+    iso = build_nocloud_iso("#cloud-config\n", "instance-id: fixed-1\n")
+    path = tmp_path / "seed-fixed.iso"
+    path.write_bytes(iso)
+    with open(path, "rb") as f:
+        wait(pve.nodes("pve1").storage("isos").upload.post(content="iso", filename=f))
+    clone(pve, wait, 101, name="src")
+    src = pve.nodes("pve1").qemu(101)
+    src.config.put(ide0="isos:iso/seed-fixed.iso,media=cdrom")
+    wait(src.status.start.post())
+    until(lambda: src.agent.ping.post())
+    key = admin("get", "/guests/101")["host_key"]
+    assert wait(src.clone.post(newid=102, name="copy", full=1))["exitstatus"] == "OK"
+    dst = pve.nodes("pve1").qemu(102)
+    wait(dst.status.start.post())
+    until(lambda: dst.agent.ping.post())
+    g = admin("get", "/guests/102")
+    assert g["instance_id"] == "fixed-1" and g["host_key"] == key
+    mac = dst.config.get()["net0"].split(",")[0].split("=")[1].lower()
+    assert {i["hardware-address"] for i in dst.agent("network-get-interfaces").get()["result"]} >= {mac}
