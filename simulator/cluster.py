@@ -628,6 +628,19 @@ class Cluster:
         return out
 
     # ---- config ----------------------------------------------------------------------------------
+    @staticmethod
+    def _cloudinit_alloc(vmid: int, key: str, value: str) -> str:
+        """qemu-server ``create_disks``: a drive ``<storage>:cloudinit`` allocates the VM's cloud-init
+        volume ``<storage>:vm-<vmid>-cloudinit`` and is a CD-ROM; any other value is kept as sent."""
+        if not DISK_RE.fullmatch(key) or key.startswith(("unused", "efidisk", "tpmstate")):
+            return value
+        volid, _, opts = value.partition(",")
+        m = re.fullmatch(r"([a-z][a-z0-9\-_.]*[a-z0-9]):cloudinit", volid, re.I)
+        if m is None:
+            return value
+        rest = [o for o in opts.split(",") if o and not o.startswith("media=")]
+        return ",".join([f"{m.group(1)}:vm-{vmid}-cloudinit", "media=cdrom", *rest])
+
     def _apply_config(self, vm: VM, params: dict[str, str]) -> None:
         deletes = split_list(params.get("delete", ""))
         for k in deletes:
@@ -642,7 +655,7 @@ class Cluster:
                     continue
             if k == "sshkeys":
                 pass  # stored URL-encoded as sent, like PVE
-            vm.config[k] = v
+            vm.config[k] = self._cloudinit_alloc(vm.vmid, k, v)
 
     def _check_config_write(self, vm: VM, params: dict[str, str]) -> None:
         digest = params.get("digest")
@@ -744,7 +757,7 @@ class Cluster:
                         v = f"{m.group(1)}:{name},size={format_size(int(float(m.group(2)) * GiB))}{m.group(3) or ''}"
                     if k == "tags":
                         v = normalize_tags(v)
-                    conf[k] = v
+                    conf[k] = self._cloudinit_alloc(vmid, k, v)
                 for k, v in list(conf.items()):
                     if re.fullmatch(r"net\d+", k) and not re.match(r"\w+=[0-9A-Fa-f:]{17}", v):
                         model, _, rest = v.partition(",")

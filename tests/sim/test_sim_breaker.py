@@ -107,3 +107,22 @@ def test_clone_sharing_a_fixed_instance_id_iso_keeps_the_sources_identity(pve, w
     assert g["instance_id"] == "fixed-1" and g["host_key"] == key
     mac = dst.config.get()["net0"].split(",")[0].split("=")[1].lower()
     assert {i["hardware-address"] for i in dst.agent("network-get-interfaces").get()["result"]} >= {mac}
+
+
+def test_a_cloudinit_drive_given_as_storage_cloudinit_is_allocated(pve, wait, admin):
+    """``ide2=local-lvm:cloudinit`` (create or config) allocates ``local-lvm:vm-<vmid>-cloudinit,media=cdrom``
+    as qemu-server does; the VM then boots from PVE's drive with its ipconfig0."""
+    n = pve.nodes("pve1")
+    upid = n.qemu.post(vmid=103, name="fresh", net0="virtio,bridge=vmbr0", agent=1, ide2="local-lvm:cloudinit",
+                       ipconfig0="ip=10.9.9.9/24,gw=10.9.9.1", start=1)
+    assert wait(upid)["exitstatus"] == "OK"
+    vm = n.qemu(103)
+    assert vm.config.get()["ide2"] == "local-lvm:vm-103-cloudinit,media=cdrom"
+    until(lambda: vm.agent.ping.post())
+    assert "10.9.9.9" in _addrs(vm)["eth0"]
+    assert "address: '10.9.9.9'" in vm.cloudinit.dump.get(type="network")
+    # added later through PUT config on a VM without one
+    assert wait(n.qemu.post(vmid=104, name="later", net0="virtio,bridge=vmbr0"))["exitstatus"] == "OK"
+    n.qemu(104).config.put(scsi1="local-lvm:cloudinit", ipconfig0="ip=10.9.9.10/24")
+    assert n.qemu(104).config.get()["scsi1"] == "local-lvm:vm-104-cloudinit,media=cdrom"
+    assert [e for e in n.qemu(104).cloudinit.get() if e["key"] == "ipconfig0"]
