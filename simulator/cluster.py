@@ -24,6 +24,7 @@ shrink, every flock timeout of a task). PUT ``/config`` is synchronous: its floc
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import itertools
@@ -961,12 +962,29 @@ class Cluster:
 
     # ---- persistence -----------------------------------------------------------------------------
     def dump(self) -> dict:
-        return {"vms": [vm.to_json() for vm in sorted(self.vms.values(), key=lambda v: v.vmid)
+        """The state file: VMs (with the cloud-init keys of their last regeneration, PVE's
+        ``[special:cloudinit]``, and the drive's files), firewall, storage, guests' disks."""
+        def vm_entry(vm: VM) -> dict:
+            d = vm.to_json()
+            d["ci_applied"] = vm.ci_applied
+            d["ci_drive"] = None if vm.ci_drive is None else {
+                k: base64.b64encode(v).decode() for k, v in vm.ci_drive.items()}
+            return d
+
+        return {"vms": [vm_entry(vm) for vm in sorted(self.vms.values(), key=lambda v: v.vmid)
                         if vm.lock not in ("clone", "create", "destroyed")],
                 "firewall": self.firewall.dump(), "storage": self.storage.save(), "guests": self.guests.save()}
 
     @staticmethod
     def vms_from_dump(data: dict) -> list[VM]:
-        return [VM(int(d["vmid"]), d["node"], dict(d["config"]), bool(d.get("running")),
-                   time.time() if d.get("running") else None) for d in data.get("vms", [])]
+        vms = []
+        for d in data.get("vms", []):
+            vm = VM(int(d["vmid"]), d["node"], dict(d["config"]), bool(d.get("running")),
+                    time.time() if d.get("running") else None)
+            if d.get("ci_applied") is not None:
+                vm.ci_applied = dict(d["ci_applied"])
+            if d.get("ci_drive") is not None:
+                vm.ci_drive = {k: base64.b64decode(v) for k, v in d["ci_drive"].items()}
+            vms.append(vm)
+        return vms
 

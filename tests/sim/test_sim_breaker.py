@@ -126,3 +126,50 @@ def test_a_cloudinit_drive_given_as_storage_cloudinit_is_allocated(pve, wait, ad
     n.qemu(104).config.put(scsi1="local-lvm:cloudinit", ipconfig0="ip=10.9.9.10/24")
     assert n.qemu(104).config.get()["scsi1"] == "local-lvm:vm-104-cloudinit,media=cdrom"
     assert [e for e in n.qemu(104).cloudinit.get() if e["key"] == "ipconfig0"]
+
+
+def test_state_file_keeps_pending_cloud_init_and_the_drive(tmp_path, sim_thread_factory):
+    """A pending ipconfig0 change survives a simulator restart as pending (PVE keeps
+    ``[special:cloudinit]`` in the config file), and a running VM boots again from the drive it had —
+    not from one regenerated out of the pending keys (which would make it a new instance)."""
+    from proxmoxer import ProxmoxAPI
+
+    from z9.sim.server import SimConfig
+
+    state = tmp_path / "state.json"
+    config = SimConfig(seed="dev", state_file=state, task_default_s=0.05, nodes=["pve1"], guest_boot_s=0.2,
+                       cloud_init_s=0.2)
+
+    def client(st):
+        return ProxmoxAPI("127.0.0.1", port=st.server.port, user="root@pam", token_name="z9",
+                          token_value=st.server.token_secret, verify_ssl=False, timeout=10)
+
+    def wait(pve, upid):
+        until(lambda: pve.nodes("pve1").tasks(upid).status.get()["status"] == "stopped")
+        return pve.nodes("pve1").tasks(upid).status.get()
+
+    st = sim_thread_factory(config, tmp_path / "cert")
+    try:
+        pve = client(st)
+        assert wait(pve, pve.nodes("pve1").qemu(9000).clone.post(newid=101, name="r", full=1))["exitstatus"] == "OK"
+        vm = pve.nodes("pve1").qemu(101)
+        vm.config.put(ipconfig0="ip=10.30.0.5/24")
+        wait(pve, vm.status.start.post())
+        until(lambda: vm.agent.ping.post())
+        key = st.server.cluster.guests.get(101).host_key
+        vm.config.put(ipconfig0="ip=10.30.0.6/24")  # pending: not on the drive yet
+        pending = vm.cloudinit.get()
+        assert {"key": "ipconfig0", "value": "ip=10.30.0.5/24", "pending": "ip=10.30.0.6/24"} in pending
+    finally:
+        st.close()
+    st = sim_thread_factory(config, tmp_path / "cert")
+    try:
+        pve = client(st)
+        vm = pve.nodes("pve1").qemu(101)
+        assert vm.cloudinit.get() == pending
+        until(lambda: vm.agent.ping.post())
+        g = st.server.cluster.guests.get(101)
+        assert g.host_key == key  # the same instance
+        assert "10.30.0.5" in _addrs(vm)["eth0"] and "10.30.0.6" not in _addrs(vm)["eth0"]
+    finally:
+        st.close()
