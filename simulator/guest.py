@@ -54,16 +54,17 @@ Command handlers (the extension point for HAProxy, kubeadm, kubectl models)
 (``/usr/sbin/haproxy`` → ``haproxy``). Unknown programs exit 127 with ``/bin/sh: 1: <prog>: not found``.
 Register a handler once, for every simulator in the process::
 
-    from z9.sim.guest import command, ExecResult
+    from z9.sim.guest import command, ExecContext, ExecResult
 
     @command("haproxy")
-    def haproxy(ctx: "ExecContext") -> ExecResult:
+    def haproxy(ctx: ExecContext) -> ExecResult:
         # ctx.argv: list[str]; ctx.stdin: bytes; ctx.guest: Guest (files, addresses, model state)
         if ctx.argv[1:3] == ["-c", "-f"]:
             cfg = ctx.guest.read_file(ctx.argv[3])          # None when missing
             if cfg is None:
                 return ExecResult(1, err=f"[ALERT] Cannot open configuration file '{ctx.argv[3]}'\\n")
-            ctx.guest.model("haproxy")["checked"] = cfg     # per-VM state of your model (a dict)
+            ctx.guest.model("haproxy")["checked"] = cfg.decode()  # per-VM model state: keep it JSON
+            # (it is on the guest's disk: kept across reboots, restarts (state file) and into clones)
             return ExecResult(0, out="Configuration file is valid\\n")
         return ExecResult(2, err="usage: haproxy ...\\n")
 
@@ -71,8 +72,9 @@ or per simulator: ``server.cluster.guests.register("kubectl", handler)`` (wins o
 ``ExecResult(exitcode, out="", err="", seconds=0.0, on_exit=None)``: the process reports
 ``exited: 0`` for ``seconds`` (the simulator's clock), then its result; ``on_exit()`` runs at that moment
 (effects that appear when a long command finishes). A handler may call ``ctx.run(["cat", path])`` to
-run another command, ``ctx.guest.write_file(path, data)``, ``ctx.guest.add_address("eth0",
-"10.0.0.5/24")``, and read the VM's config via ``ctx.config``. Handlers run on the simulator's event loop:
+run another command to its end (its ``on_exit`` has run when ``ctx.run`` returns, as in a shell — so
+``sh -c "kubeadm init && kubectl get nodes"`` and ``runcmd`` items see each other's effects),
+``ctx.guest.write_file(path, data)``, ``ctx.guest.add_address("eth0", "10.0.0.5/24")``, and read the VM's config via ``ctx.config``. Handlers run on the simulator's event loop:
 never block. Built-ins: ``cloud-init``, ``sh``/``bash -c`` (``;``, ``&&``, ``||``, quoting), ``cat``, ``echo``,
 ``true``, ``false``, ``test``/``[``, ``mkdir``, ``rm``, ``hostname``, ``ssh-keygen -lf``, ``ip addr add|del``,
 ``ip -j addr``.
@@ -86,6 +88,7 @@ import email.utils
 import hashlib
 import ipaddress
 import json
+import logging
 import os
 import re
 import shlex
@@ -100,6 +103,8 @@ from .errors import PveError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cluster import VM, Cluster
+
+log = logging.getLogger("z9.sim.guest")
 
 OSINFO = {"id": "debian", "kernel-release": "6.1.0-28-amd64",
           "kernel-version": "#1 SMP PREEMPT_DYNAMIC Debian 6.1.119-1 (2024-11-22)", "machine": "x86_64",
@@ -129,8 +134,11 @@ class ExecContext:
     config: dict[str, str]
 
     def run(self, argv: list[str], stdin: bytes = b"") -> ExecResult:
-        """Run another command in the same guest (synchronously; its ``seconds`` are not waited for)."""
-        return self.guest.guests.run_command(self.guest, argv, stdin, self.config)
+        """Run another command in the same guest, to its end: synchronously, its ``seconds`` are not
+        waited for and its ``on_exit`` effect has happened when this returns (as in a shell, the next
+        command sees it). The returned result keeps ``seconds``; its ``on_exit`` is spent (None)."""
+        r = self.guest.guests.run_command(self.guest, argv, stdin, self.config)
+        return _finish_now(r)
 
 
 CommandHandler = Callable[[ExecContext], ExecResult]
@@ -145,6 +153,17 @@ def command(name: str) -> Callable[[CommandHandler], CommandHandler]:
         return fn
 
     return deco
+
+
+def _finish_now(r: ExecResult) -> ExecResult:
+    """Run ``r.on_exit`` at once (a nested command ran to its end) and return ``r`` without it."""
+    if r.on_exit is not None:
+        fn, r.on_exit = r.on_exit, None
+        try:
+            fn()
+        except Exception:  # a handler bug must not take the simulator down (nor the request)
+            log.exception("command on_exit failed")
+    return r
 
 
 def _text(b: str | bytes) -> str:
@@ -541,7 +560,7 @@ class Guests:
             for item in cfg.get("runcmd") or []:
                 self._run_item(g, vm, item, ci, "runcmd")
             if script is not None:
-                r = self.run_command(g, ["sh", "-c", script], b"", vm.config)
+                r = _finish_now(self.run_command(g, ["sh", "-c", script], b"", vm.config))
                 if r.exitcode != 0:
                     ci["errors"].append("Failed to run module scripts_user (scripts in "
                                         "/var/lib/cloud/instance/scripts)")
@@ -549,7 +568,7 @@ class Guests:
 
     def _run_item(self, g: Guest, vm: "VM", item: Any, ci: dict, module: str) -> None:
         argv = [str(x) for x in item] if isinstance(item, list) else ["sh", "-c", str(item)]
-        r = self.run_command(g, argv, b"", vm.config)
+        r = _finish_now(self.run_command(g, argv, b"", vm.config))  # boot runs each item to its end
         g.write_file("/var/log/cloud-init-output.log", _text(r.out) + _text(r.err), append=True)
         if r.exitcode != 0:
             ci["errors"].append(f"Failed to run module scripts_user (scripts in /var/lib/cloud/instance/scripts)"
@@ -666,11 +685,11 @@ class Guests:
 
                 def fire() -> None:
                     if g.boot_id == boot_id and g.powered:
-                        r.on_exit()
+                        _finish_now(r)
 
                 asyncio.get_running_loop().call_later(r.seconds, fire)
             else:
-                r.on_exit()
+                _finish_now(r)
         return pid
 
     def exec_status(self, vm: "VM", pid: int) -> dict:
@@ -696,9 +715,13 @@ class Guests:
         if handler is None:
             return ExecResult(127, err=f"/bin/sh: 1: {argv[0]}: not found\n")
         try:
-            return handler(ExecContext(list(argv), stdin, g, dict(config)))
+            r = handler(ExecContext(list(argv), stdin, g, dict(config)))
         except Exception as e:  # a handler bug must not take the simulator down
             return ExecResult(1, err=f"{name}: simulator handler error: {e}\n")
+        if not isinstance(r, ExecResult):
+            return ExecResult(1, err=f"{name}: simulator handler error: returned {type(r).__name__}, "
+                                     "not ExecResult\n")
+        return r
 
     def file_read(self, vm: "VM", path: str, offset: int, count: int) -> tuple[bytes, bool]:
         g = self.agent(vm)

@@ -12,7 +12,9 @@ from proxmoxer import ResourceException
 
 from z9.common.nocloud import build_nocloud_iso
 
-from .test_sim_guest import agent_exec, clone, err, until
+from z9.sim.guest import ExecContext, ExecResult
+
+from .test_sim_guest import agent_exec, boot_with_iso, clone, err, until
 
 
 def raw(sim, method: str, path: str, **kw) -> requests.Response:
@@ -173,3 +175,32 @@ def test_state_file_keeps_pending_cloud_init_and_the_drive(tmp_path, sim_thread_
         assert "10.30.0.5" in _addrs(vm)["eth0"] and "10.30.0.6" not in _addrs(vm)["eth0"]
     finally:
         st.close()
+
+
+def test_a_handler_written_from_the_docstring_composes_in_sh_and_runcmd(sim, pve, wait, tmp_path):
+    """A next issue's handler, written from simulator/guest.py's docstring only: a long command whose
+    effect appears at its end (on_exit). Run by ``sh -c "a && b"`` or a ``runcmd`` item, the next command
+    sees the effect (before, a nested command's on_exit was silently dropped). A handler returning
+    something other than an ExecResult fails its command, not the request."""
+
+    def kubeadm(ctx: ExecContext) -> ExecResult:
+        if ctx.argv[1:2] != ["init"]:
+            return ExecResult(2, err="usage\n")
+        ctx.guest.model("kubeadm")["inits"] = ctx.guest.model("kubeadm").get("inits", 0) + 1
+        return ExecResult(0, out="init started\n", seconds=0.3,
+                          on_exit=lambda: ctx.guest.write_file("/etc/kubernetes/admin.conf", "kubeconfig"))
+
+    sim.cluster.guests.register("z9b-kubeadm", kubeadm)
+    sim.cluster.guests.register("z9b-broken", lambda ctx: None)
+    iso = build_nocloud_iso("#cloud-config\nruncmd:\n  - [z9b-kubeadm, init]\n  - [cat, /etc/kubernetes/admin.conf]\n",
+                            "instance-id: k8s-1\n")
+    vm = boot_with_iso(pve, wait, tmp_path, iso)
+    until(lambda: vm.agent.ping.post())
+    st = agent_exec(vm, ["cloud-init", "status", "--wait", "--format", "json"], timeout=5)
+    assert st["exitcode"] == 0, st  # the runcmd 'cat' found the file kubeadm's effect wrote
+    assert vm.agent("file-read").get(file="/etc/kubernetes/admin.conf")["content"] == "kubeconfig"
+    vm.agent("file-write").post(file="/etc/kubernetes/admin.conf", content="old")
+    r = agent_exec(vm, ["sh", "-c", "rm /etc/kubernetes/admin.conf && z9b-kubeadm init && cat /etc/kubernetes/admin.conf"])
+    assert r == {"exited": 1, "exitcode": 0, "out-data": "init started\nkubeconfig"}
+    r = agent_exec(vm, ["z9b-broken"])
+    assert r["exitcode"] == 1 and "not ExecResult" in r["err-data"]
