@@ -86,6 +86,7 @@ from .cluster import VM, Cluster, PveError
 from .faults import FaultSpec, FaultStore
 from .guest import OSINFO as GUEST_OSINFO
 from .schema import PveSchema, stringify
+from .storage import check_volname
 
 log = logging.getLogger("z9.sim")
 
@@ -293,6 +294,8 @@ async def h_storage_volume(ctx, p, user, fail):
     st = ctx.cluster.storage
     sid = p["storage"]
     volid = p["volume"] if ":" in p["volume"] else f"{sid}:{p['volume']}"
+    ctx.cluster.check_node(p["node"])
+    check_volname(st.definition(volid.split(":", 1)[0]), volid.split(":", 1)[1])
     vol = st.volume(volid, p["node"])
     if vol is None:
         raise PveError(500, f"volume '{volid}' does not exist")

@@ -204,3 +204,20 @@ def test_a_handler_written_from_the_docstring_composes_in_sh_and_runcmd(sim, pve
     assert r == {"exited": 1, "exitcode": 0, "out-data": "init started\nkubeconfig"}
     r = agent_exec(vm, ["z9b-broken"])
     assert r["exitcode"] == 1 and "not ExecResult" in r["err-data"]
+
+
+def test_volume_names_outside_the_storage_layout_are_refused(sim, pve, wait):
+    """``PVE::Storage::path`` → ``parse_volname`` before any work: no imgdel task for a name in a
+    sub-directory, without a content directory or with the wrong extension (requests already folds ``..``
+    segments of a URL, so a traversal reaches the simulator as one of these)."""
+    st = pve.nodes("pve1").storage("local")
+    for volume in ("nope", "iso/sub/x.iso", "iso/x.txt", "template/iso/x.iso"):
+        r = raw(sim, "DELETE", f"/nodes/pve1/storage/local/content/{volume}")
+        assert (r.status_code, r.json()["message"]) == (500, f"unable to parse directory volume name '{volume}'\n")
+        r = raw(sim, "GET", f"/nodes/pve1/storage/local/content/local:{volume}")
+        assert (r.status_code, r.json()["message"]) == (500, f"unable to parse directory volume name '{volume}'\n")
+    assert not [t for t in pve.nodes("pve1").tasks.get() if t["type"] == "imgdel"]
+    e = err(lambda: st.content("iso/missing.iso").get())
+    assert (e.status_code, e.content) == (500, "volume 'local:iso/missing.iso' does not exist")
+    # a well-formed missing name still gets its task (a warning, as Plugin::free_image)
+    assert wait(st.content("iso/missing.iso").delete())["exitstatus"] == "WARNINGS: 1"
