@@ -85,7 +85,7 @@ from pydantic import ValidationError
 from .cluster import VM, Cluster, PveError
 from .faults import FaultSpec, FaultStore
 from .guest import OSINFO as GUEST_OSINFO
-from .schema import PveSchema, stringify
+from .schema import JsonRef, PveSchema, stringify
 from .storage import check_volname
 
 log = logging.getLogger("z9.sim")
@@ -532,7 +532,9 @@ async def _read_params(request: web.Request, arrays: set[str]) -> tuple[dict[str
                     if v is None:
                         continue
                     if k in arrays and isinstance(v, list):
-                        params[k] = [stringify(x) for x in v]
+                        params[k] = [JsonRef.of(x) if isinstance(x, (dict, list)) else stringify(x) for x in v]
+                    elif isinstance(v, (dict, list)):
+                        params[k] = JsonRef.of(v)  # a reference where a scalar (or an array) is wanted
                     else:
                         put(k, stringify(v))
         else:

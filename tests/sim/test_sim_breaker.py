@@ -221,3 +221,25 @@ def test_volume_names_outside_the_storage_layout_are_refused(sim, pve, wait):
     assert (e.status_code, e.content) == (500, "volume 'local:iso/missing.iso' does not exist")
     # a well-formed missing name still gets its task (a warning, as Plugin::free_image)
     assert wait(st.content("iso/missing.iso").delete())["exitstatus"] == "WARNINGS: 1"
+
+
+def test_json_bodies_with_objects_or_arrays_where_the_schema_wants_otherwise_are_refused(sim, pve, wait):
+    """A JSON body is typed: an object or array for a string/boolean parameter, or an object for
+    ``command`` (an array of strings), fails PVE's check_type instead of running its Python repr."""
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    wait(vm.status.start.post())
+    until(lambda: vm.agent.ping.post())
+    path = "/nodes/pve1/qemu/101/agent"
+    cases = [
+        (f"{path}/exec", {"command": {"a": 1}}, {"command": "type check ('array') failed"}),
+        (f"{path}/exec", {"command": ["echo", {"a": 1}]}, {"command": "type check ('string') failed - got HASH"}),
+        (f"{path}/file-write", {"file": ["/a"], "content": "x"}, {"file": "type check ('string') failed - got ARRAY"}),
+        (f"{path}/file-write", {"file": "/a", "content": "x", "encode": {"x": 1}},
+         {"encode": "type check ('boolean') failed - got HASH"}),
+    ]
+    for url, body, errors in cases:
+        r = raw(sim, "POST", url, json=body)
+        assert (r.status_code, r.json().get("errors")) == (400, errors), (body, r.text)
+    r = raw(sim, "POST", f"{path}/exec", json={"command": ["echo", "hi"]})
+    assert r.status_code == 200 and "pid" in r.json()["data"]
