@@ -243,3 +243,25 @@ def test_json_bodies_with_objects_or_arrays_where_the_schema_wants_otherwise_are
         assert (r.status_code, r.json().get("errors")) == (400, errors), (body, r.text)
     r = raw(sim, "POST", f"{path}/exec", json={"command": ["echo", "hi"]})
     assert r.status_code == 200 and "pid" in r.json()["data"]
+
+
+def test_ipset_add_normalises_a_host_prefix(pve):
+    """pve-firewall create_ip runs parse_ip_or_cidr before its duplicate check: '/32' and '/128' are
+    dropped, so 10.0.0.5/32 is stored as 10.0.0.5 and is a duplicate of it; the entry's own path is
+    the bare address (a '/32' path finds nothing)."""
+    fw = pve.nodes("pve1").qemu(101).firewall
+    fw.ipset.post(name="ipfilter-net0")
+    s = fw.ipset("ipfilter-net0")
+    s.post(cidr="10.0.0.5/32")
+    s.post(cidr="2001:db8::1/128")
+    s.post(cidr="10.0.1.0/24")
+    assert [e["cidr"] for e in s.get()] == ["10.0.1.0/24", "2001:db8::1", "10.0.0.5"]
+    e = err(lambda: s.post(cidr="10.0.0.5"))
+    assert e.errors == {"cidr": "address '10.0.0.5' already exists"}
+    e = err(lambda: s.post(cidr="2001:db8::1/128"))
+    assert e.errors == {"cidr": "address '2001:db8::1' already exists"}
+    assert err(lambda: s("10.0.0.5/32").get()).errors == {"cidr": "no such IP/Network"}
+    s("10.0.0.5/32").delete()  # nothing by that name: OK, nothing removed
+    assert len(s.get()) == 3
+    s("10.0.0.5").delete()
+    assert [e["cidr"] for e in s.get()] == ["10.0.1.0/24", "2001:db8::1"]
