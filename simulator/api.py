@@ -47,7 +47,7 @@ Admin API (no auth, loopback peers only), JSON in and out:
   running, it booted from the drive they generate;
   ``DELETE /_sim/vms/{vmid}`` → ``{"deleted": 1}``.
 - ``POST /_sim/flock`` ``{vmid, seconds}`` → ``{"ok": true}``: hold the VM's config flock (lock contention).
-- ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
+- ``PUT /_sim/config`` (400 on an unknown key or a bad value; nothing applied then) ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
   guest_boot_s?, cloud_init_s?}`` → the current values (changes timing at run time).
 - ``GET /_sim/guests/{vmid}`` → the guest (:meth:`z9.sim.guest.Guest.to_json`: ``powered``, ``booted``,
   ``boots``, ``instance_id``, ``host_key`` (SSH host key fingerprint), ``hostname``, ``cloud_init``
@@ -764,7 +764,10 @@ async def admin_vm_delete(request: web.Request) -> web.Response:
 async def admin_flock(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     b = await _json(request)
-    vmid, seconds = int(b["vmid"]), float(b.get("seconds", 1.0))
+    try:
+        vmid, seconds = int(b["vmid"]), float(b.get("seconds", 1.0))
+    except (KeyError, ValueError, TypeError) as e:
+        return web.json_response({"error": f"bad flock request (vmid, seconds): {e!r}"}, status=400)
     await ctx.cluster.flock(vmid).acquire(vmid, timeout=30)
 
     async def release_later():
@@ -835,17 +838,27 @@ async def admin_config(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     c = ctx.cluster
     b = await _json(request)
-    if "guest_boot_s" in b:
-        c.guests.settings.boot_s = float(b["guest_boot_s"])
-    if "cloud_init_s" in b:
-        c.guests.settings.cloud_init_s = float(b["cloud_init_s"])
-    if "task_seconds" in b:
-        c.task_seconds.update({str(k): float(v) for k, v in b["task_seconds"].items()})
+    scalars = ("guest_boot_s", "cloud_init_s", "task_default_s", "stats_lag_s", "task_invisible_s", "auth_delay_s")
+    try:  # all values checked before any is applied
+        unknown = sorted(set(b) - set(scalars) - {"task_seconds"})
+        if unknown:
+            raise ValueError(f"unknown setting(s) {unknown}")
+        vals = {k: float(b[k]) for k in scalars if k in b}
+        if any(v < 0 for v in vals.values()):
+            raise ValueError("durations must not be negative")
+        task_seconds = {str(k): float(v) for k, v in (b.get("task_seconds") or {}).items()}
+    except (ValueError, TypeError, AttributeError) as e:
+        return web.json_response({"error": f"bad config: {e}"}, status=400)
+    if "guest_boot_s" in vals:
+        c.guests.settings.boot_s = vals["guest_boot_s"]
+    if "cloud_init_s" in vals:
+        c.guests.settings.cloud_init_s = vals["cloud_init_s"]
+    c.task_seconds.update(task_seconds)
     for k in ("task_default_s", "stats_lag_s", "task_invisible_s"):
-        if k in b:
-            setattr(c, k, float(b[k]))
-    if "auth_delay_s" in b:
-        ctx.auth_delay_s = float(b["auth_delay_s"])
+        if k in vals:
+            setattr(c, k, vals[k])
+    if "auth_delay_s" in vals:
+        ctx.auth_delay_s = vals["auth_delay_s"]
     return web.json_response({"task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
                               "stats_lag_s": c.stats_lag_s, "task_invisible_s": c.task_invisible_s,
                               "auth_delay_s": ctx.auth_delay_s, "guest_boot_s": c.guests.settings.boot_s,

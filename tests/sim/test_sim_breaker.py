@@ -265,3 +265,17 @@ def test_ipset_add_normalises_a_host_prefix(pve):
     assert len(s.get()) == 3
     s("10.0.0.5").delete()
     assert [e["cidr"] for e in s.get()] == ["10.0.1.0/24", "2001:db8::1"]
+
+
+def test_admin_settings_refuse_bad_values_whole(sim, admin):
+    """PUT /_sim/config and POST /_sim/flock answer 400 for bad input (they raised: 500 with a
+    traceback), and a bad value applies nothing (no half-applied settings)."""
+    before = admin("put", "/config", json={})
+    for body in ({"guest_boot_s": "abc"}, {"task_seconds": [1]}, {"cloud_init_s": 0.5, "task_default_s": "x"},
+                 {"guest_boot_s": -1}, {"guest_boot": 1}):
+        r = requests.put(f"{sim.admin_url}/config", json=body, verify=False, timeout=10)
+        assert r.status_code == 400 and "bad config" in r.json()["error"], (body, r.text)
+    assert admin("put", "/config", json={}) == before
+    for body in ({}, {"vmid": "x"}, {"vmid": 100, "seconds": "long"}):
+        r = requests.post(f"{sim.admin_url}/flock", json=body, verify=False, timeout=10)
+        assert r.status_code == 400, (body, r.text)
