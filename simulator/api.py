@@ -47,8 +47,9 @@ Admin API (no auth, loopback peers only), JSON in and out:
   running, it booted from the drive they generate;
   ``DELETE /_sim/vms/{vmid}`` → ``{"deleted": 1}``.
 - ``POST /_sim/flock`` ``{vmid, seconds}`` → ``{"ok": true}``: hold the VM's config flock (lock contention).
-- ``PUT /_sim/config`` (400 on an unknown key or a bad value; nothing applied then) ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
-  guest_boot_s?, cloud_init_s?}`` → the current values (changes timing at run time).
+- ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
+  guest_boot_s?, cloud_init_s?}`` → the current values (changes timing at run time); 400 on an unknown
+  key or a bad value, and then nothing is applied.
 - ``GET /_sim/guests/{vmid}`` → the guest (:meth:`z9.sim.guest.Guest.to_json`: ``powered``, ``booted``,
   ``boots``, ``instance_id``, ``host_key`` (SSH host key fingerprint), ``hostname``, ``cloud_init``
   ``{status, errors, datasource}``, ``agent``, ``files`` (paths), ``interfaces``, ``extra_addresses``,
