@@ -912,6 +912,20 @@ class Cluster:
                         raise PveError(500, f"VM {vmid} not running")
                     await asyncio.sleep(self.duration(ttype))
                     if action == "reboot":  # qm reboot: shutdown, then a new start (which regenerates cloud-init)
+                        try:
+                            self.check_volumes(v)
+                        except PveError as e:
+                            # qemu-server vm_reboot only stops the VM; qmeventd's cleanup starts it again in
+                            # its own qmstart task, which fails: the reboot is OK, the VM stays stopped
+                            v.running, v.started_at = False, None
+                            self.guests.power_off(vmid)
+                            task.lines.append(f"VM {vmid} stopped for reboot; its start failed: {e.message}")
+
+                            async def failed_start(t: Task, err: PveError = e) -> None:
+                                raise err
+
+                            self.spawn(v.node, "qmstart", vmid, "root@pam", TaskPlan(failed_start))
+                            return
                         self.apply_cloudinit(v)
                         v.started_at = time.time()
                         self.guests.power_on(v)

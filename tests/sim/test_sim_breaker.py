@@ -279,3 +279,20 @@ def test_admin_settings_refuse_bad_values_whole(sim, admin):
     for body in ({}, {"vmid": "x"}, {"vmid": 100, "seconds": "long"}):
         r = requests.post(f"{sim.admin_url}/flock", json=body, verify=False, timeout=10)
         assert r.status_code == 400, (body, r.text)
+
+
+def test_reboot_after_the_attached_iso_was_deleted_leaves_the_vm_stopped(pve, wait, tmp_path):
+    """qm reboot = stop + a new start (qmeventd). Deleting the seed ISO a running VM still references
+    (CAPMOX deletes it after cloud-init) and then rebooting: the reboot task is OK, the start fails
+    ``volume '…' does not exist`` in its own qmstart task, and the VM is stopped — not booted without it."""
+    iso = build_nocloud_iso("#cloud-config\n", "instance-id: r-1\n")
+    vm = boot_with_iso(pve, wait, tmp_path, iso)
+    until(lambda: vm.agent.ping.post())
+    assert wait(pve.nodes("pve1").storage("local").content("iso/seed-101.iso").delete())["exitstatus"] == "OK"
+    assert wait(vm.status.reboot.post())["exitstatus"] == "OK"
+    assert vm.status.current.get()["status"] == "stopped"
+    starts = [t for t in pve.nodes("pve1").tasks.get(vmid=101, source="all") if t["type"] == "qmstart"]
+    st = wait(starts[0]["upid"])  # the newest first
+    assert st["exitstatus"] == "volume 'local:iso/seed-101.iso' does not exist"
+    e = err(lambda: vm.agent.ping.post())
+    assert e.content == "VM 101 is not running"
