@@ -723,16 +723,38 @@ class Guests:
                                      "not ExecResult\n")
         return r
 
+    @staticmethod
+    def _is_dir(g: Guest, path: str) -> bool:
+        """A directory of the file model: ``/`` or a prefix of a file's path (directories are implicit)."""
+        prefix = path.rstrip("/") + "/"
+        return path.rstrip("/") == "" or any(p.startswith(prefix) for p in g._files)
+
     def file_read(self, vm: "VM", path: str, offset: int, count: int) -> tuple[bytes, bool]:
+        """qemu-ga ``guest-file-open`` (mode ``r``) + ``guest-file-read``: a directory opens, its read fails."""
         g = self.agent(vm)
         data = g.read_file(path)
         if data is None:
+            if path and self._is_dir(g, path):
+                raise qmp_error(vm.vmid, "file-read", "failed to read file: Is a directory")
             raise qmp_error(vm.vmid, "file-open", f"failed to open file '{path}' (mode: 'r'): No such file or directory")
         chunk = data[offset:offset + count]
         return chunk, offset + count < len(data)
 
     def file_write(self, vm: "VM", path: str, data: bytes) -> None:
+        """qemu-ga ``guest-file-open`` (mode ``wb``): an empty path, a directory, or a path below a file fail
+        with the open(2) error; parent directories are implicit (the model has no mkdir -p failure)."""
         g = self.agent(vm)
+        why = None
+        if path == "":
+            why = "No such file or directory"
+        elif path.endswith("/") or self._is_dir(g, path):
+            why = "Is a directory"
+        else:
+            parts = path.split("/")
+            if any(g.read_file("/".join(parts[:i])) is not None for i in range(1, len(parts))):
+                why = "Not a directory"
+        if why:
+            raise qmp_error(vm.vmid, "file-open", f"failed to open file '{path}' (mode: 'wb'): {why}")
         g.write_file(path, data)
 
 

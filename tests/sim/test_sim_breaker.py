@@ -296,3 +296,23 @@ def test_reboot_after_the_attached_iso_was_deleted_leaves_the_vm_stopped(pve, wa
     assert st["exitstatus"] == "volume 'local:iso/seed-101.iso' does not exist"
     e = err(lambda: vm.agent.ping.post())
     assert e.content == "VM 101 is not running"
+
+
+def test_file_write_and_read_of_paths_a_file_cannot_have(pve, wait):
+    """qemu-ga open(2) errors: an empty path, a directory (also one implied by a file below it), a path
+    below a file. Before, each was stored as a file ('' or '/etc/' became readable files)."""
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    wait(vm.status.start.post())
+    until(lambda: vm.agent.ping.post())
+    vm.agent("file-write").post(file="/etc/app/app.conf", content="x")
+    fw = vm.agent("file-write")
+    for path, why in (("", "No such file or directory"), ("/etc/", "Is a directory"), ("/etc/app", "Is a directory"),
+                      ("/", "Is a directory"), ("/etc/app/app.conf/x", "Not a directory")):
+        e = err(lambda: fw.post(file=path, content="y"))
+        assert (e.status_code, e.content) == (
+            500, f"VM 101 qmp command 'guest-file-open' failed - failed to open file '{path}' (mode: 'wb'): {why}")
+    e = err(lambda: vm.agent("file-read").get(file="/etc/app"))
+    assert e.content == "VM 101 qmp command 'guest-file-read' failed - failed to read file: Is a directory"
+    assert vm.agent("file-read").get(file="/etc/app/app.conf")["content"] == "x"
+    fw.post(file="relative.txt", content="ok")  # qemu-ga opens it relative to its cwd: allowed
