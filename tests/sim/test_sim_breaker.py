@@ -291,9 +291,8 @@ def test_reboot_after_the_attached_iso_was_deleted_leaves_the_vm_stopped(pve, wa
     assert wait(pve.nodes("pve1").storage("local").content("iso/seed-101.iso").delete())["exitstatus"] == "OK"
     assert wait(vm.status.reboot.post())["exitstatus"] == "OK"
     assert vm.status.current.get()["status"] == "stopped"
-    starts = [t for t in pve.nodes("pve1").tasks.get(vmid=101, source="all") if t["type"] == "qmstart"]
-    st = wait(starts[0]["upid"])  # the newest first
-    assert st["exitstatus"] == "volume 'local:iso/seed-101.iso' does not exist"
+    starts = [t["upid"] for t in pve.nodes("pve1").tasks.get(vmid=101, source="all") if t["type"] == "qmstart"]
+    assert sorted(wait(u)["exitstatus"] for u in starts) == ["OK", "volume 'local:iso/seed-101.iso' does not exist"]
     e = err(lambda: vm.agent.ping.post())
     assert e.content == "VM 101 is not running"
 
@@ -316,3 +315,32 @@ def test_file_write_and_read_of_paths_a_file_cannot_have(pve, wait):
     assert e.content == "VM 101 qmp command 'guest-file-read' failed - failed to read file: Is a directory"
     assert vm.agent("file-read").get(file="/etc/app/app.conf")["content"] == "x"
     fw.post(file="relative.txt", content="ok")  # qemu-ga opens it relative to its cwd: allowed
+
+
+def test_shell_redirections_and_pipes(pve, wait):
+    """'echo 0 > /tmp/f; cat /tmp/f' printed '0 > /tmp/f' and wrote nothing, and 'a | b' passed '|' as an
+    argument: the simulator's sh now redirects and pipes, and refuses what it does not model."""
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    wait(vm.status.start.post())
+    until(lambda: vm.agent.ping.post())
+
+    def sh(script: str) -> dict:
+        return agent_exec(vm, ["sh", "-c", script])
+
+    assert sh("echo 0 > /tmp/f; echo 1 >> /tmp/f; cat /tmp/f") == {"exited": 1, "exitcode": 0, "out-data": "0\n1\n"}
+    assert sh("echo hello | cat") == {"exited": 1, "exitcode": 0, "out-data": "hello\n"}
+    assert sh("cat < /tmp/f | cat > /tmp/g && cat /tmp/g")["out-data"] == "0\n1\n"
+    r = sh("cat /nope 2>/dev/null || echo missing")
+    assert r == {"exited": 1, "exitcode": 0, "out-data": "missing\n"}
+    r = sh("cat /nope 2>&1")
+    assert r == {"exited": 1, "exitcode": 1, "out-data": "cat: /nope: No such file or directory\n"}
+    r = sh("cat /nope 2> /tmp/err; cat /tmp/err")
+    assert r["out-data"] == "cat: /nope: No such file or directory\n" and "err-data" not in r
+    assert sh("echo 'a > b | c'")["out-data"] == "a > b | c\n"  # quoted: no redirection
+    assert sh("echo x >/dev/null") == {"exited": 1, "exitcode": 0}
+    r = sh("sleep 1 &")
+    assert r["exitcode"] == 2 and "not supported" in r["err-data"]
+    r = sh("echo >")
+    assert r["exitcode"] == 2 and "Syntax error" in r["err-data"]
+    assert vm.agent("file-read").get(file="/tmp/f")["content"] == "0\n1\n"
