@@ -344,3 +344,22 @@ def test_shell_redirections_and_pipes(pve, wait):
     r = sh("echo >")
     assert r["exitcode"] == 2 and "Syntax error" in r["err-data"]
     assert vm.agent("file-read").get(file="/tmp/f")["content"] == "0\n1\n"
+
+
+def test_cicustom_needs_snippets_the_api_cannot_write(pve, wait):
+    """qemu-server reads cicustom files from snippets volumes; the API cannot upload snippets, so a VM
+    with cicustom cannot start (nor regenerate or dump its drive) — before, cicustom was ignored and
+    the VM booted from the generated user-data."""
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    vm.config.put(cicustom="user=local:snippets/user-101.yaml")
+    st = wait(vm.status.start.post())
+    assert st["exitstatus"] == "can't open '/var/lib/vz/snippets/user-101.yaml' - No such file or directory"
+    assert vm.status.current.get()["status"] == "stopped"
+    vm.config.put(cicustom="user=local:iso/seed.iso,network=isos:snippets/n.yaml")
+    e = err(lambda: vm.cloudinit.put())
+    assert (e.status_code, e.content) == (500, "local:iso/seed.iso is not in the snippets directory")
+    e = err(lambda: vm.cloudinit.dump.get(type="user"))
+    assert e.content == "local:iso/seed.iso is not in the snippets directory"
+    vm.config.put(delete="cicustom")
+    assert wait(vm.status.start.post())["exitstatus"] == "OK"
