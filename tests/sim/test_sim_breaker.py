@@ -363,3 +363,18 @@ def test_cicustom_needs_snippets_the_api_cannot_write(pve, wait):
     assert e.content == "local:iso/seed.iso is not in the snippets directory"
     vm.config.put(delete="cicustom")
     assert wait(vm.status.start.post())["exitstatus"] == "OK"
+
+
+def test_upload_needs_a_multipart_body_of_known_length(sim):
+    """pve-http-server streams uploads: another Content-Type or a chunked body (no Content-Length) is
+    refused before the handler (they reached it: 'missing temporary file name' or an accepted upload)."""
+    url = "/nodes/pve1/storage/local/upload"
+    r = raw(sim, "POST", url, json={"content": "iso", "filename": "a.iso"})
+    assert (r.status_code, r.json()["message"]) == (501, "upload 'Content-Type 'application/json' not implemented\n")
+    body = (b"--xx\r\nContent-Disposition: form-data; name=\"content\"\r\n\r\niso\r\n--xx\r\nContent-Disposition: "
+            b"form-data; name=\"filename\"; filename=\"c.iso\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+            b"data\r\n--xx--\r\n")
+    r = raw(sim, "POST", url, data=iter([body]), headers={"Content-Type": "multipart/form-data; boundary=xx"})
+    assert (r.status_code, r.json()["message"]) == (501, "upload without content length header not supported\n")
+    r = raw(sim, "POST", url, data=body, headers={"Content-Type": "multipart/form-data; boundary=xx"})
+    assert r.status_code == 200 and ":imgcopy:" in r.json()["data"]
