@@ -206,3 +206,37 @@ async def test_pool_choice(pool: asyncpg.Pool) -> None:
             {"name": "private", "cidr": "10.9.0.0/24"}, {"name": "dmz", "cidr": "10.8.0.0/24"})})
         assert await alloc(family=4, pool=None) is None            # which one? the API asks (422)
         assert (await alloc(family=4, pool="dmz"))[0].ip_text == "10.8.0.1"
+
+
+async def test_pool_renamed_while_an_address_is_live_never_hands_its_ip_out(pool: asyncpg.Pool) -> None:
+    """An operator renames the region's pool (same network) while an address of the old one is
+    live: the renamed pool gets rows for the same IPs; the live address's IP is skipped (it was
+    handed out again and the insert hit addresses_ip_live: every allocation failed)."""
+    tenant, _ = await make_tenant(pool, "acme")
+    async with pool.acquire() as conn:
+        old = await _pool_id(conn, range=["198.51.100.10", "198.51.100.12"])
+        live = await store.address_allocate(conn, pool_id=old, tenant_id=tenant, kind="floating")
+        assert live.ip_text == "198.51.100.10"
+        ids = await store.address_pools_sync(conn, {REGION: region_with(
+            dict(PUBLIC, name="public-v4", range=["198.51.100.10", "198.51.100.12"]))})
+        new = ids[f"{REGION}/public-v4"]
+        got = await store.address_allocate(conn, pool_id=new, tenant_id=tenant, kind="floating")
+        assert got is not None and got.ip_text == "198.51.100.11"
+
+
+async def test_ip_reserved_while_live_is_not_handed_out_after_its_release(pool: asyncpg.Pool) -> None:
+    """An IP the settings reserve (or move out of the range) while an address holds it keeps its
+    row until the release; after the quarantine it must not come back as allocatable."""
+    tenant, _ = await make_tenant(pool, "acme")
+    async with pool.acquire() as conn:
+        pid = await _pool_id(conn, range=["198.51.100.10", "198.51.100.12"])
+        live = await store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating")
+        top = [await store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating") for _ in range(2)]
+        assert [a.ip_text for a in [live, *top]] == ["198.51.100.10", "198.51.100.11", "198.51.100.12"]
+        # .10 reserved and .12 out of the range, both while live
+        await _pool_id(conn, range=["198.51.100.10", "198.51.100.11"], reserved=["198.51.100.10"])
+        for a in (live, top[1]):
+            await conn.execute("UPDATE addresses SET status = 'deleted', deleted_at = now() WHERE id = $1", a.id)
+            await store.address_release(conn, a.id)
+        await conn.execute("UPDATE address_pool_ips SET reusable_after = now() - interval '1 s' WHERE address_id IS NULL")
+        assert await store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating") is None

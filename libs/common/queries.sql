@@ -574,13 +574,19 @@ ORDER BY (name = 'public') DESC, name;
 -- that inserts the job using it, or the server it belongs to). Concurrent allocators skip each
 -- other's locked rows instead of waiting; a quarantined row is skipped until reusable_after.
 -- No row: the pool is exhausted (or every free row is held by an allocation in flight).
+-- Only a row the pool still hands out (settings may have reserved its IP or moved it out of the
+-- range while an address held it) and whose IP no live address of the region holds (a pool
+-- renamed or replaced in the settings has rows for IPs the disabled one's addresses still hold).
 WITH slot AS (
-    SELECT i.pool_id, i.ip FROM address_pool_ips i
+    SELECT i.pool_id, i.ip FROM address_pool_ips i JOIN address_pools p ON p.id = i.pool_id
     WHERE i.pool_id = $2 AND i.address_id IS NULL
       AND (i.reusable_after IS NULL OR i.reusable_after <= now())
+      AND i.ip BETWEEN p.first_ip AND p.last_ip AND NOT (i.ip = ANY (p.reserved))
+      AND i.ip IS DISTINCT FROM p.gateway
+      AND NOT EXISTS (SELECT 1 FROM addresses a WHERE a.region = p.region AND a.ip = i.ip AND a.status <> 'deleted')
     ORDER BY i.ip
     LIMIT 1
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF i SKIP LOCKED
 ), adr AS (
     INSERT INTO addresses (id, tenant_id, region, pool_id, pool_name, prefix, gateway, ip, family, kind,
                            name, dns_ptr, protect_delete, auto_delete, server_id)
@@ -692,12 +698,16 @@ WITH cand AS (
     ORDER BY (name = 'public') DESC
     LIMIT 1
 ), slot AS (
-    SELECT i.pool_id, i.ip FROM address_pool_ips i
+    -- as address_allocate: only IPs the pool still hands out and no live address holds
+    SELECT i.pool_id, i.ip FROM address_pool_ips i JOIN address_pools p ON p.id = i.pool_id
     WHERE i.pool_id = (SELECT id FROM pool) AND i.address_id IS NULL
       AND (i.reusable_after IS NULL OR i.reusable_after <= now())
+      AND i.ip BETWEEN p.first_ip AND p.last_ip AND NOT (i.ip = ANY (p.reserved))
+      AND i.ip IS DISTINCT FROM p.gateway
+      AND NOT EXISTS (SELECT 1 FROM addresses a WHERE a.region = $2 AND a.ip = i.ip AND a.status <> 'deleted')
     ORDER BY i.ip
     LIMIT 1
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF i SKIP LOCKED
 ), adr AS (
     INSERT INTO addresses (id, tenant_id, region, pool_id, pool_name, prefix, gateway, ip, family, kind,
                            name, dns_ptr, protect_delete, auto_delete, server_id)
