@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from tests.support import REGION, Stack, make_tenant
+from z9.common import store
 
 ADR = "adr_01jd3x5v8q2m6n4p7r9s1t3w5y"
 SRV = "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"
@@ -80,3 +81,35 @@ async def test_hostile_bodies_and_ids_never_500(api: Stack) -> None:
     assert await _counts(api) == (before[0], before[1] + 1)
     assert await api.pool.fetchval("SELECT kind FROM jobs WHERE resource_id = $1 ORDER BY seq DESC LIMIT 1",
                                    adr) == "AddressUnassign"
+
+
+async def _finish_all(api: Stack) -> None:
+    await api.pool.execute("UPDATE jobs SET status = 'succeeded', finished_at = now()"
+                           " WHERE status IN ('pending', 'running', 'retry')")
+
+
+async def test_deletion_and_its_cancel_lock_the_server_the_address_is_on(api: Stack) -> None:
+    """The deletion's AddressUnassign takes the address off its server's VM and the cancel's
+    AddressAssign puts it back: both touch that server, so both hold its lock key like any
+    assign — they are ordered with the server's own jobs, and the server's deletion waits for
+    them (they count among its live jobs). They used to lock the address alone."""
+    srv, _ = await api.create_server("lk-1")
+    status, out = await api.call("POST", "/addresses", json={"region": REGION, "server_id": srv["id"]})
+    assert status == 202, out
+    adr = out["address"]["id"]
+    await _finish_all(api)
+    await api.pool.execute("UPDATE servers SET status = 'running' WHERE id = $1", srv["id"])
+
+    status, out = await api.call("DELETE", f"/addresses/{adr}")
+    assert status == 202 and out["job"]["kind"] == "AddressUnassign", out
+    keys = await api.pool.fetchval("SELECT extra_lock_keys FROM jobs WHERE id = $1", out["job"]["id"])
+    assert keys == [srv["id"]]
+    assert await store.resource_count_live_jobs(api.pool, srv["id"]) == 1
+    await _finish_all(api)
+
+    status, out = await api.call("POST", f"/addresses/{adr}/actions/cancel-deletion")
+    assert status == 202 and out["job"]["kind"] == "AddressAssign" and out["address"]["server_id"] == srv["id"], out
+    keys = await api.pool.fetchval("SELECT extra_lock_keys FROM jobs WHERE id = $1", out["job"]["id"])
+    assert keys == [srv["id"]]
+    assert await store.resource_count_live_jobs(api.pool, srv["id"]) == 1
+

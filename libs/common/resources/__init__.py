@@ -82,6 +82,10 @@ class ResourceType(Generic[R]):
     deletion: Buffered | Immediate
     statuses: tuple[str, ...]
     restore: Callable[[R], tuple[str, dict[str, Any]]] | None = None
+    # the other resources a job of this row touches, from the row alone (e.g. the server an
+    # address is on, or was on before its deletion): every job built by new_job holds them as
+    # lock keys — the generic delete, cancel-deletion and the reaper's final job included
+    lock_keys: Callable[[R], tuple[str, ...]] | None = None
     status_type: str = ""  # the status column's enum type; default <name>_status
     plural: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # type-specific knowledge (API, jobs)
@@ -176,10 +180,13 @@ class ResourceType(Generic[R]):
 
     def new_job(self, row: R, kind: str, *, args: dict[str, Any] | None = None, max_attempts: int = 10,
                 extra_lock_keys: tuple[str, ...] = (), **kw: Any) -> NewJob:
-        """A job on ``row`` (region, tenant and resource from it)."""
+        """A job on ``row`` (region, tenant and resource from it), holding ``extra_lock_keys``
+        and the type's own ``lock_keys(row)``."""
+        keys = (*extra_lock_keys, *(self.lock_keys(row) if self.lock_keys else ()))
+        keys = tuple(dict.fromkeys(k for k in keys if k and k != row.id))
         return NewJob(kind=kind, region=row.region, tenant_id=row.tenant_id, resource_type=self.name,
                       resource_id=row.id, args=args, max_attempts=max_attempts,
-                      extra_lock_keys=tuple(extra_lock_keys), **kw)
+                      extra_lock_keys=keys, **kw)
 
 
 REGISTRY: dict[str, ResourceType[Any]] = {}

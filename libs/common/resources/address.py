@@ -20,9 +20,20 @@ def restore(address: Address) -> tuple[str, dict[str, Any]]:
     return kinds.ADDRESS_UNASSIGN, {}
 
 
+def lock_keys(address: Address) -> tuple[str, ...]:
+    """The server an address job touches: the one it is on, and during a deletion the one it
+    was on (the deletion's AddressUnassign takes it off that server's VM; the cancel's
+    AddressAssign puts it back). Like an assign, those jobs are then ordered with the server's
+    own jobs instead of running beside them."""
+    keys = [address.server_id]
+    if address.status in ("deleting", "destroying"):
+        keys.append(address.server_before_delete)
+    return tuple(k for k in keys if k)
+
+
 ADDRESS: ResourceType[Address] = register(ResourceType(
     name="address", prefix="adr", table="addresses", model=Address, plural="addresses",
     kinds=(kinds.ADDRESS_CREATE, kinds.ADDRESS_ASSIGN, kinds.ADDRESS_UNASSIGN, kinds.ADDRESS_DELETE),
     deletion=Buffered(first_kind=kinds.ADDRESS_UNASSIGN, final_kind=kinds.ADDRESS_DELETE),
-    statuses=STATUSES, restore=restore,
+    statuses=STATUSES, restore=restore, lock_keys=lock_keys,
 ))
