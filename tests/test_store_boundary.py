@@ -38,3 +38,29 @@ async def test_a_lost_connection_is_database_unavailable(db_url: str) -> None:
         await p.close()
     with pytest.raises(DatabaseUnavailable):  # a closed pool, too
         await store.job_get(p, "job_01jd3x5v8q2m6n4p7r9s1t3w5y")
+
+
+async def test_a_connection_refused_for_too_many_clients_is_database_unavailable(pool: asyncpg.Pool,
+                                                                                 db_url: str) -> None:
+    """PostgreSQL at max_connections (or a role's connection limit) refuses a new connection with
+    SQLSTATE 53300 'sorry, too many clients already': the database is unavailable right now, not
+    an internal error (an API answered 500 and a service's loop did not back off). Reproduced
+    with a role whose connection limit is 0."""
+    import secrets
+    from urllib.parse import urlsplit, urlunsplit
+
+    from z9.common.db import TRANSIENT_DB_ERRORS
+    role = f"z9_test_nolimit_{secrets.token_hex(4)}"
+    await pool.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 0")
+    u = urlsplit(db_url)
+    url = urlunsplit(u._replace(netloc=f"{role}@{u.hostname}:{u.port or 5432}"))
+    p = await create_pool(url, min_size=0, max_size=1)
+    try:
+        with pytest.raises(DatabaseUnavailable):
+            await store.job_get(p, "job_01jd3x5v8q2m6n4p7r9s1t3w5y")
+        with pytest.raises(TRANSIENT_DB_ERRORS):  # a service's own acquire, outside the store
+            async with p.acquire():
+                pass
+    finally:
+        await p.close()
+        await pool.execute(f"DROP ROLE {role}")

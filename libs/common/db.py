@@ -239,6 +239,9 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.InterfaceError,  # "connection is closed", pool closing
     asyncpg.CannotConnectNowError,  # starting up / shutting down
     asyncpg.AdminShutdownError,  # terminated by the administrator
+    # a new connection refused: the server is at max_connections, or the role at its limit
+    # ("sorry, too many clients already", SQLSTATE 53300) — capacity, gone once others close
+    asyncpg.TooManyConnectionsError,
     # The server ended the session (shutdown, pg_terminate_backend) while the connection sat idle
     # inside a transaction: asyncpg's protocol is left mid-error and the next statement (often
     # the COMMIT) raises this instead of a connection error.
