@@ -113,3 +113,21 @@ async def test_deletion_and_its_cancel_lock_the_server_the_address_is_on(api: St
     assert keys == [srv["id"]]
     assert await store.resource_count_live_jobs(api.pool, srv["id"]) == 1
 
+
+async def test_a_failed_assignment_can_be_retried_to_the_same_server(api: Stack) -> None:
+    """An AddressAssign that failed leaves the address ``failed`` and still meant for its server
+    (the world may hold it nowhere): assigning it to that server again is the retry, not a
+    409 address_already_assigned (which left unassign + assign, two jobs, as the only way)."""
+    srv, _ = await api.create_server("rt-1")
+    status, out = await api.call("POST", "/addresses", json={"region": REGION, "server_id": srv["id"]})
+    adr = out["address"]["id"]
+    await api.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(),"
+                           " error = '{\"class\": \"permanent\", \"message\": \"server has no VM\"}' WHERE resource_id = $1", adr)
+    await api.pool.execute("UPDATE addresses SET status = 'failed', status_reason = 'server has no VM'"
+                           " WHERE id = $1", adr)
+    status, out = await api.call("POST", f"/addresses/{adr}/actions/assign", json={"server_id": srv["id"]})
+    assert status == 202 and out["job"]["kind"] == "AddressAssign", out
+    # an active one already there: still a 409 naming it
+    await api.pool.execute("UPDATE addresses SET status = 'active' WHERE id = $1", adr)
+    status, out = await api.call("POST", f"/addresses/{adr}/actions/assign", json={"server_id": srv["id"]})
+    assert status == 409 and out["error"]["code"] == "address_already_assigned", out

@@ -269,12 +269,12 @@ def _operations(api: ApiResource) -> list[Operation]:
         spec = await parse_body(request, AddressAssign)
 
         async def fn(conn: Any, settings: Settings, tenant_id: str, a: Address) -> Any:
-            if a.server_id == spec.server_id:
+            if a.server_id == spec.server_id and a.status != "failed":  # failed: this is the retry
                 raise Conflict(f"address {a.id} is already assigned to server {a.server_id}",
                                code="address_already_assigned")
             server = await _target_server(conn, tenant_id, spec.server_id, a, a.region)
             if a.kind == "primary":
-                if a.server_id is not None:
+                if a.server_id is not None and a.server_id != server.id:
                     raise Conflict(f"primary address {a.id} is assigned to server {a.server_id}; unassign it "
                                    "first (with that server stopped)", code="address_already_assigned")
                 _require_stopped(server, "assigning a primary address")
