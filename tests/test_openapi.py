@@ -177,3 +177,34 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
             for s in op["responses"]:
                 if s.startswith("2") or s in ("401", "404"):
                     assert (path, method, int(s)) in w.covered, (path, method, s)
+
+
+async def test_refusals_before_the_handler_are_documented_on_every_route(api: Stack, doc: dict[str, Any]) -> None:
+    """What any route may answer before its own checks — a read-only token on a write (403), an
+    Idempotency-Key that is not 1-255 printable characters (400) where the operation takes one,
+    a body over the size limit (413) — is in the document for that route, with the error
+    schema (a 403 on POST /servers was undocumented)."""
+    w = Walker(api, doc)
+    srv, _ = await api.create_server("refusals")
+    status, out = await api.call("POST", "/addresses", json={"region": "dev-1", "server_id": srv["id"]})
+    assert status == 202, out
+    adr = out["address"]["id"]
+    status, ro = await api.call("POST", "/tokens", json={"name": "ro", "scopes": ["read"]})
+    assert status == 201, ro
+    ids = {"servers": srv["id"], "addresses": adr}
+    for path, ops in doc["paths"].items():
+        parts = path.split("/")
+        if "{id}" in parts and parts[1] not in ids:
+            continue
+        real = path.replace("{id}", ids.get(parts[1], ""))
+        for method, op in ops.items():
+            if method in ("get", "head"):
+                continue
+            if any(p.get("name") == "Idempotency-Key" for p in op.get("parameters", [])):
+                await w.call(method.upper(), path, real, 400, headers={"Idempotency-Key": "bad key"},
+                             json=op.get("requestBody", {}).get("content", {}).get("application/json", {})
+                             .get("example"))
+            await w.call(method.upper(), path, real, 403, token=ro["secret"], json={})
+            if "requestBody" in op:
+                await w.call(method.upper(), path, real, 413, data=b"{" + b" " * (300 * 1024) + b"}",
+                             headers={"Content-Type": "application/json"})

@@ -23,7 +23,26 @@ _STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted: poll the job until it
                 400: "Malformed request (not JSON, an unknown query parameter)",
                 403: "The token lacks the scope this needs",
                 401: "Missing, unknown or revoked token", 404: "No such resource (or another tenant's)",
-                409: "A precondition failed; the message names it", 422: "Invalid fields; the message names each"}
+                409: "A precondition failed; the message names it", 422: "Invalid fields; the message names each",
+                413: "The request body is larger than 256 KiB",
+                429: "Over the token's request rate; retry after Retry-After seconds",
+                503: "The database is unreachable right now; retry after Retry-After seconds"}
+
+
+def _refusals(op: Operation) -> set[int]:
+    """What an operation may answer before its own checks, from the app's middleware: an invalid
+    Idempotency-Key (400), a read-only token on a mutation (403), a body over the limit (413),
+    the rate limit (429), the database unreachable (503) — for authenticated operations."""
+    if 401 not in op.responses:
+        return set()
+    out = {429, 503}
+    if op.idempotent:
+        out.add(400)
+    if op.method.upper() not in ("GET", "HEAD"):
+        out.add(403)
+    if op.request is not None:
+        out.add(413)
+    return out
 
 
 def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
@@ -68,7 +87,7 @@ def openapi_document(operations: Iterable[Operation], *, tag_descriptions: dict[
         if op.query is not None:
             params += _query_parameters(op.query)
         responses: dict[str, Any] = {}
-        for status, model in sorted(op.responses.items()):
+        for status, model in sorted({**dict.fromkeys(_refusals(op)), **op.responses}.items()):
             if model is None:
                 responses[str(status)] = {"$ref": "#/components/responses/Error"}
                 continue
