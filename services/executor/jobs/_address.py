@@ -142,6 +142,13 @@ async def observe(ctx: JobContext, want: str | None) -> World:
         if len(mine) > 1:
             raise PermanentError(f"{len(mine)} VMs carry {identity_tag(want)}; an operator must remove the extra ones")
         if not mine:
+            if server.status == "failed":
+                # ordered after the server's create (its lock key): that create failed for good,
+                # and nothing will make a VM; retrying would only spend attempts while the
+                # server's deletion waits behind this job (assign again once it has a VM)
+                raise PermanentError(f"server {want} failed and has no VM"
+                                     + (f" ({server.status_reason})" if server.status_reason else "")
+                                     + f"; address {address.id} cannot go on it")
             raise TemporaryError(f"server {want} has no VM yet; the address goes on it once it exists")
         target = await _holder(ctx, mine[0], firewall=True)
         if target is None:
