@@ -114,7 +114,7 @@ class RegionSettings(BaseModel):
     verify_ssl: bool | str = True
     images: list[str] = Field(default_factory=list)
     request_timeout_s: float = 10.0
-    resources_snapshot_s: float = Field(1.5, ge=0.0, le=60.0)
+    resources_snapshot_s: float = Field(2.0, ge=0.0, le=60.0)
     address_pools: list[AddressPoolSettings] = Field(default_factory=list)
 
     @field_validator("url")

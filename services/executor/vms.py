@@ -174,8 +174,7 @@ async def find_template(ctx: JobContext, image: str) -> VmState | None:
     flag fresh but names from a stats cache that lags (proxmox-api.md): it only orders the
     candidates — the templates it lists under that name are read first — and each one's config on
     its node decides. None when no template has that name (yet)."""
-    refs = sorted((v for v in await ctx.pve.list_vms() if v.template),
-                  key=lambda v: (v.name != image, v.vmid))
+    refs = sorted((await ctx.pve.snapshot()).templates(), key=lambda v: (v.name != image, v.vmid))
     for ref in refs:
         st = await ctx.pve.vm_state(ref.node, ref.vmid)
         if st is not None and st.config.get("name") == image and str(st.config.get("template", "0")) == "1":
