@@ -259,8 +259,9 @@ class ClusterView:
     own changes (tags set by a configure, a VM gone after a destroy) are seen at once.
     ``fetches`` counts the listings sent, ``shared`` the lookups answered without one."""
 
-    def __init__(self, fetch: Callable[[], Awaitable[list[dict[str, Any]]]], max_age_s: float):
+    def __init__(self, fetch: Callable[[], Awaitable[list[dict[str, Any]]]], max_age_s: float, region: str = ""):
         self._fetch = fetch
+        self.region = region
         self.max_age_s = max_age_s
         self._snap: ClusterSnapshot | None = None
         self._inflight: asyncio.Future | None = None
@@ -274,6 +275,7 @@ class ClusterView:
         snap = self._snap
         if snap is not None and snap.started >= floor and time.monotonic() - snap.started <= self.max_age_s:
             self.shared += 1
+            metrics.proxmox_snapshot_lookup(self.region, "shared")
             return snap
         fut = self._inflight
         if fut is None or self._inflight_started < floor:
@@ -281,8 +283,10 @@ class ClusterView:
             fut = asyncio.ensure_future(self._run(started))
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even with no waiter left
             self._inflight, self._inflight_started = fut, started
+            metrics.proxmox_snapshot_lookup(self.region, "listed")
         else:
             self.shared += 1
+            metrics.proxmox_snapshot_lookup(self.region, "shared")
         # shield: one waiter's cancellation must not cancel the request the others wait on
         return await asyncio.shield(fut)
 
@@ -391,7 +395,7 @@ class ProxmoxClient:
         )
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix=f"pve-{region}")
         metrics.init_proxmox(region, ENDPOINTS)
-        self.view = ClusterView(self._fetch_vms, settings.resources_snapshot_s)
+        self.view = ClusterView(self._fetch_vms, settings.resources_snapshot_s, region)
         self._vmid_lane = random.SystemRandom().randrange(VMID_LANES)
         self._vmids_asked: dict[int, float] = {}
 
