@@ -134,6 +134,23 @@ async def test_vmid_lanes_keep_a_process_apart_from_itself_and_others(settings: 
         b.close()
 
 
+async def test_a_vmid_the_snapshot_shows_taken_is_skipped(settings: Settings, sim: SimAdmin) -> None:
+    """nextid is the lowest free id of the whole cluster, not of the lane: the lane's ids above it
+    may be taken (an older clone of this process, another's); the snapshot shows them."""
+    agent = await sim.vm(100)
+    await sim._req("POST", "/vms", json={"vmid": 101 + VMID_LANES, "node": agent["node"], "running": False,
+                                         "config": dict(agent["config"], name="taken", tags="z9-test")})
+    c = _client(settings, 30.0)
+    try:
+        assert (await c.next_id()) == 101
+        c._vmid_lane = 101 % VMID_LANES
+        await c.list_vms()
+        assert await c.pick_vmid() == 101
+        assert await c.pick_vmid() == 101 + 2 * VMID_LANES  # 133 is taken: skipped, no refused clone
+    finally:
+        c.close()
+
+
 @pytest.mark.timeout(180)
 async def test_racing_creates_across_executors(stack: Stack, sim: SimAdmin) -> None:
     """Creates racing in three executor processes (three clients, three views, three lanes): every

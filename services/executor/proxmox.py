@@ -206,6 +206,7 @@ class ClusterSnapshot:
         self.started = started
         self.received = received
         self.rows = [r for r in rows if r.get("type") in (None, "qemu")]
+        self.vmids = {int(r["vmid"]) for r in self.rows}
         self.by_tag: dict[str, list[int]] = {}
         for i, r in enumerate(self.rows):
             for t in _row_tags(r.get("tags")):
@@ -269,6 +270,11 @@ class ClusterView:
         self.seen: dict[int, _Seen] = {}
         self.fetches = 0
         self.shared = 0
+
+    @property
+    def latest(self) -> ClusterSnapshot | None:
+        """The newest snapshot received, whatever its age (None before the first)."""
+        return self._snap
 
     async def get(self, not_before: float | None = None) -> ClusterSnapshot:
         floor = float("-inf") if not_before is None else not_before
@@ -492,8 +498,10 @@ class ProxmoxClient:
 
     async def pick_vmid(self) -> int:
         """A vmid for a new clone: the lowest one ≥ ``/cluster/nextid`` in this process's *lane*
-        (vmid ≡ lane mod :data:`VMID_LANES`, the lane drawn at random per client) that this
-        process has not asked for in the last :data:`VMID_ASKED_TTL_S` seconds.
+        (vmid ≡ lane mod :data:`VMID_LANES`, the lane drawn at random per client) that is not in
+        the latest shared snapshot (``nextid`` is the lowest free id of the whole cluster: the
+        lane's ids above it may be taken) and that this process has not asked for in the last
+        :data:`VMID_ASKED_TTL_S` seconds.
 
         ``nextid`` reserves nothing: it hands every racing create the same lowest free id, and
         each collision cost a clone request answered ``already exists`` (3,309 requests for
@@ -505,8 +513,9 @@ class ProxmoxClient:
         now = time.monotonic()
         if len(self._vmids_asked) > 256:
             self._vmids_asked = {v: t for v, t in self._vmids_asked.items() if now - t < VMID_ASKED_TTL_S}
+        known = self.view.latest.vmids if self.view.latest is not None else frozenset()
         cand = base + (self._vmid_lane - base) % VMID_LANES
-        while now - self._vmids_asked.get(cand, float("-inf")) < VMID_ASKED_TTL_S:
+        while cand in known or now - self._vmids_asked.get(cand, float("-inf")) < VMID_ASKED_TTL_S:
             cand += VMID_LANES
         if cand > VMID_MAX:
             raise TemporaryError(f"no free vmid in lane {self._vmid_lane} at or above {base}")
