@@ -185,3 +185,23 @@ async def test_racing_creates_across_executors(stack: Stack, sim: SimAdmin) -> N
         for e in extra:
             e.stop()
         await asyncio.gather(*tasks)
+
+
+async def test_the_simulator_seeds_a_region_at_scale(tmp_path) -> None:
+    """``z9 sim --seed-vms N`` (SimConfig.seed_vms): N customer-shaped VMs over the nodes, on top
+    of the dev seed, and back after a reset."""
+    from z9.common.tags import normalize_tags
+    from z9.sim.server import SCALE_FIRST_VMID, SimConfig, start_simulator
+
+    nodes = [f"pve{i}" for i in range(1, 5)]
+    srv = await start_simulator(SimConfig(nodes=nodes, seed_vms=40), cert_dir=tmp_path)
+    try:
+        for _ in range(2):
+            vms = srv.cluster.vms
+            scale = [v for v in vms.values() if v.vmid >= SCALE_FIRST_VMID]
+            assert len(scale) == 40 and {100, 9000} <= set(vms)
+            assert {v.node for v in scale} == set(nodes)
+            assert all("z9-role-customer" in normalize_tags(v.config["tags"]) for v in scale)
+            await srv.reset()
+    finally:
+        await srv.stop()

@@ -11,7 +11,8 @@ Per member (the phases of a kind's module call these, in order):
 
 observe  :func:`observe_member` — the template named by the spec's image, known by its config's
          name (``/cluster/resources`` names lag; not visible yet is waited for), and the member's
-         VM by tag; failing that, a clone of ours not tagged yet (:func:`find_own_clones`), or a
+         VM by tag (candidates from the executor process's shared, short-lived ``/cluster/resources``
+         snapshot, each confirmed by its own config: :func:`find_vms`); failing that, a clone of ours not tagged yet (:func:`find_own_clones`), or a
          clone request that may still land (``vm_clone_requests``).
 plan     :func:`plan_member` (pure) — clone → wait_clone → configure → resize_disk → start,
          keeping only what is missing; the empty plan for a converged, running VM.
