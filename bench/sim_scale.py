@@ -29,30 +29,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 TOKEN = "root@pam!z9"
 
 
 def seed_vms(n: int, nodes: list[str]):
-    from z9.sim.cluster import VM
+    from z9.sim.server import scale_vms
 
-    vms = []
-    for i in range(n):
-        vmid = 1000 + i
-        node = nodes[i % len(nodes)]
-        running = i % 4 == 0
-        vms.append(VM(vmid, node, {
-            "name": f"srv-{i:05d}", "cores": "2", "memory": "2048", "ostype": "l26", "agent": "1",
-            "scsihw": "virtio-scsi-single", "scsi0": f"local-lvm:vm-{vmid}-disk-0,size=20G",
-            "ide2": f"local-lvm:vm-{vmid}-cloudinit,media=cdrom", "boot": "order=scsi0",
-            "net0": f"virtio=BC:24:11:{(i >> 16) & 255:02X}:{(i >> 8) & 255:02X}:{i & 255:02X},bridge=vmbr0",
-            "ipconfig0": f"ip=10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255 or 1}/8,gw=10.0.0.1",
-            "tags": f"z9-id-{uuid.UUID(int=i)};z9-image;z9-member-main",
-            "smbios1": f"uuid={uuid.UUID(int=vmid)}", "vmgenid": str(uuid.UUID(int=vmid + 1)),
-        }, running=running, started_at=time.time() if running else None))
-    return vms
+    return scale_vms(n, nodes)
 
 
 def serve(args) -> None:

@@ -86,6 +86,11 @@ REGION_DESCRIPTIONS: dict[str, str] = {
     "verify_ssl": "`true`/`false`, or the path of a CA bundle.",
     "images": "Template names the API accepts for the region (empty: any; the executor finds out).",
     "request_timeout_s": "Timeout of one HTTP request to Proxmox (seconds).",
+    "resources_snapshot_s": "How old the executor process's shared `/cluster/resources` snapshot may be (seconds): "
+                            "every job of the process reads it (one request in flight, shared) instead of listing the "
+                            "cluster itself, and confirms each VM by its own config; a job that needs a newer listing "
+                            "(after its claim, after a disagreement) waits for one. 0: a new listing for every lookup "
+                            "not already sharing one in flight.",
     "address_pools": "The region's address pools: a list of `{name, cidr, gateway?, range?: [first, last], "
                      "reserved?: [ip…], bridge? (vmbr0), vlan?, nameservers?, quarantine_s? (3600)}`; `range` "
                      "defaults to every host address, at most 65,536 per pool; pools of a region must not "

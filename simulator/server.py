@@ -63,12 +63,38 @@ class SimConfig(BaseModel):
     state_save_s: float = 5.0
     guest_boot_s: float = 1.0  # from a VM's start to its guest agent answering
     cloud_init_s: float = 1.0  # cloud-init runs this long after the boot
+    seed_vms: int = Field(0, ge=0, le=200_000)  # customer-shaped VMs added to the seed (scale runs)
+
+
+SCALE_FIRST_VMID = 10_000
+
+
+def scale_vms(n: int, nodes: list[str], first_vmid: int = SCALE_FIRST_VMID) -> list[VM]:
+    """``n`` VMs shaped like z9's clones (tags ``z9-id-…``/``z9-member-main``/``z9-role-customer``,
+    a cloud-init drive, ``net0``, a 20 GiB disk; a quarter of them running), spread round-robin
+    over ``nodes``, at vmids ``first_vmid`` … — a region at scale (issue 13 §4)."""
+    vms = []
+    now = time.time()
+    for i in range(n):
+        vmid = first_vmid + i
+        running = i % 4 == 0
+        vms.append(VM(vmid, nodes[i % len(nodes)], {
+            "name": f"srv-{i:05d}", "cores": "2", "memory": "2048", "ostype": "l26", "agent": "1",
+            "scsihw": "virtio-scsi-single", "scsi0": f"local-lvm:vm-{vmid}-disk-0,size=20G",
+            "ide2": f"local-lvm:vm-{vmid}-cloudinit,media=cdrom", "boot": "order=scsi0",
+            "net0": f"virtio=BC:24:11:{(i >> 16) & 255:02X}:{(i >> 8) & 255:02X}:{i & 255:02X},bridge=vmbr0",
+            "ipconfig0": f"ip=10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255 or 1}/8,gw=10.0.0.1",
+            "tags": f"z9-id-{uuid.UUID(int=i)};z9-image;z9-member-main;z9-role-customer",
+            "smbios1": f"uuid={uuid.UUID(int=vmid)}", "vmgenid": str(uuid.UUID(int=vmid + 1)),
+        }, running=running, started_at=now if running else None))
+    return vms
 
 
 def seed_dev_region(config: SimConfig) -> list[VM]:
-    """The dev region's VMs (fresh objects on every call)."""
+    """The dev region's VMs (fresh objects on every call), plus ``seed_vms`` scale VMs."""
+    extra = scale_vms(config.seed_vms, config.nodes) if config.seed_vms else []
     if config.seed == "empty":
-        return []
+        return extra
     node = config.nodes[0]
     template = VM(9000, node, {
         "name": "debian-12", "template": "1", "cores": "1", "memory": "1024", "ostype": "l26",
@@ -86,7 +112,7 @@ def seed_dev_region(config: SimConfig) -> list[VM]:
         "serial0": "socket", "vga": "serial0", "agent": "1", "tags": "z9-role-agent",
         "smbios1": f"uuid={uuid.UUID(int=100)}", "vmgenid": str(uuid.UUID(int=0x100)),
     }, running=True, started_at=time.time())
-    return [template, agent]
+    return [template, agent, *extra]
 
 
 class SimServer:
@@ -242,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--auth-delay-s", type=float, default=0.0)
     p.add_argument("--state-file", type=Path, default=None)
     p.add_argument("--empty", action="store_true", help="start without the dev seed VMs")
+    p.add_argument("--seed-vms", type=int, default=0, metavar="N",
+                   help="add N customer-shaped VMs over the nodes (vmids from 10000; a region at scale)")
     p.add_argument("--guest-boot-s", type=float, default=1.0, help="from a VM's start to its guest agent answering")
     p.add_argument("--cloud-init-s", type=float, default=1.0, help="how long cloud-init runs after the boot")
     args = p.parse_args(argv)
@@ -256,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                        task_default_s=default if default is not None else 1.0, stats_lag_s=args.stats_lag_s,
                        auth_delay_s=args.auth_delay_s, state_file=args.state_file,
                        seed="empty" if args.empty else "dev", guest_boot_s=args.guest_boot_s,
-                       cloud_init_s=args.cloud_init_s)
+                       cloud_init_s=args.cloud_init_s, seed_vms=args.seed_vms)
     cert_dir = args.cert_dir or Path.home() / ".cache" / "z9-sim" / args.region
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 

@@ -160,8 +160,13 @@ async def test_a_create_job_moves_the_executor_metrics(stack: Stack, sim: SimAdm
     clone = {"region": REGION, "method": "POST", "endpoint": "/nodes/{node}/qemu/{vmid}/clone"}
     assert delta(after, before, "z9_proxmox_requests_total", **clone, status="200") == 1
     assert delta(after, before, "z9_proxmox_request_duration_seconds_count", **clone) == 1
-    assert delta(after, before, "z9_proxmox_requests_total", region=REGION, method="GET",
-                 endpoint="/cluster/resources", status="200") >= 2  # observe and verify
+    # observe and verify both look the VM up in the process's shared snapshot (issue 13 §4): every
+    # listing sent is counted once as 'listed', the lookups it spared as 'shared'
+    listed = delta(after, before, "z9_proxmox_requests_total", region=REGION, method="GET",
+                   endpoint="/cluster/resources", status="200")
+    assert listed >= 1
+    assert delta(after, before, "z9_proxmox_snapshot_lookups_total", region=REGION, outcome="listed") == listed
+    assert listed + delta(after, before, "z9_proxmox_snapshot_lookups_total", region=REGION, outcome="shared") >= 3
     for task_type in ("qmclone", "qmconfig", "resize", "qmstart"):
         assert delta(after, before, "z9_proxmox_task_wait_seconds_count", region=REGION, task_type=task_type,
                      outcome="ok") == 1, task_type

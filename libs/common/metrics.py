@@ -118,6 +118,11 @@ PROXMOX_REQUEST_DURATION = Histogram(
     "z9_proxmox_request_duration_seconds",
     "Proxmox API call duration.",
     ["region", "method", "endpoint"], buckets=_REQUEST_BUCKETS)
+PROXMOX_SNAPSHOT_LOOKUPS = Counter(
+    "z9_proxmox_snapshot_lookups_total",
+    "Lookups of the executor process's shared /cluster/resources snapshot: 'listed' sent a new listing, "
+    "'shared' was answered by a young snapshot or a listing already in flight.",
+    ["region", "outcome"])
 PROXMOX_TASK_WAIT = Histogram(
     "z9_proxmox_task_wait_seconds",
     "Waiting for a Proxmox task (UPID) to end, by task type and outcome (ok, warnings, failed, deadline).",
@@ -240,6 +245,13 @@ def init_proxmox(region: str, endpoints: Iterable[str]) -> None:
     for task_type in TASK_TYPES:
         for outcome in TASK_OUTCOMES:
             PROXMOX_TASK_WAIT.labels(region, task_type, outcome)
+    for outcome in ("listed", "shared"):
+        PROXMOX_SNAPSHOT_LOOKUPS.labels(region, outcome)
+
+
+def proxmox_snapshot_lookup(region: str, outcome: str) -> None:
+    """One lookup of the shared ``/cluster/resources`` snapshot: ``listed`` or ``shared``."""
+    PROXMOX_SNAPSHOT_LOOKUPS.labels(region, outcome).inc()
 
 
 def init_reaper(regions: Iterable[str]) -> None:

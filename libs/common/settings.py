@@ -103,7 +103,9 @@ class RegionSettings(BaseModel):
     ``token_secret`` its secret (Proxmox API token auth). ``verify_ssl`` is a bool or the path of
     a CA bundle. ``images`` lists the template names the API accepts for this region (empty: any
     name; the executor then finds out whether the template exists). ``request_timeout_s`` bounds
-    one HTTP request to Proxmox (seconds).
+    one HTTP request to Proxmox (seconds). ``resources_snapshot_s`` is how old the executor
+    process's shared ``/cluster/resources`` snapshot may be (seconds; every job of the process reads
+    it instead of listing the cluster itself, and confirms each VM by its own config).
     """
 
     url: str
@@ -112,6 +114,7 @@ class RegionSettings(BaseModel):
     verify_ssl: bool | str = True
     images: list[str] = Field(default_factory=list)
     request_timeout_s: float = 10.0
+    resources_snapshot_s: float = Field(2.0, ge=0.0, le=60.0)
     address_pools: list[AddressPoolSettings] = Field(default_factory=list)
 
     @field_validator("url")

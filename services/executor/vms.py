@@ -11,7 +11,8 @@ Per member (the phases of a kind's module call these, in order):
 
 observe  :func:`observe_member` — the template named by the spec's image, known by its config's
          name (``/cluster/resources`` names lag; not visible yet is waited for), and the member's
-         VM by tag; failing that, a clone of ours not tagged yet (:func:`find_own_clones`), or a
+         VM by tag (candidates from the executor process's shared, short-lived ``/cluster/resources``
+         snapshot, each confirmed by its own config: :func:`find_vms`); failing that, a clone of ours not tagged yet (:func:`find_own_clones`), or a
          clone request that may still land (``vm_clone_requests``).
 plan     :func:`plan_member` (pure) — clone → wait_clone → configure → resize_disk → start,
          keeping only what is missing; the empty plan for a converged, running VM.
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import re
 import time
 from dataclasses import dataclass, field
@@ -112,28 +112,57 @@ def member_of(vm: VmState) -> str:
 
 # ================================================================ finding VMs
 
-async def find_vms(ctx: JobContext, owner: str, member: str | None = None) -> list[VmState]:
+async def find_vms(ctx: JobContext, owner: str, member: str | None = None, *,
+                   fresh_negative: bool = True) -> list[VmState]:
     """Every VM carrying ``owner``'s identity tag (of ``member`` when given), each confirmed on
-    its node (fresh config and tags). Raises TemporaryError when a tagged VM vanishes while being
-    read."""
+    its node (fresh config and tags).
+
+    The candidates come from the executor process's shared ``/cluster/resources`` snapshot
+    (:class:`~z9.executor.proxmox.ClusterView`, at most ``resources_snapshot_s`` old, with this
+    process's own newer reads laid over it), never from a listing of this job's own. What a
+    snapshot can get wrong is settled so:
+
+    - a candidate is only ever taken after its own config on its node confirms the tag;
+    - a candidate its node disagrees about (gone, moved, tag removed) makes one new listing
+      requested after that read; a disagreement left raises TemporaryError, as before;
+    - "no such VM" is only answered from a listing requested after this attempt was claimed
+      (``fresh_negative``), unless the caller has an authority of its own for the negative: a
+      create's clone ledger (``vm_clone_requests``) names every VM z9 ever cloned for the member,
+      each read on its node (:func:`observe_member`).
+    """
     tag = identity_tag(owner)
-    out = []
-    for ref in await ctx.pve.find_by_tag(tag):
-        st = await ctx.pve.vm_state(ref.node, ref.vmid)
-        if st is None:
-            raise TemporaryError(f"VM {ref.vmid} carrying {tag} vanished from {ref.node} while observing")
-        if tag not in st.tags:
-            # The cluster list said tagged, the node says not (a write in between): look again.
-            raise TemporaryError(f"VM {ref.vmid}: cluster list and node disagree about tag {tag}")
-        if member is None or member_of(st) == member:
-            out.append(st)
+    not_before: float | None = None
+    for again in (False, True):
+        snap = await ctx.pve.snapshot(not_before=not_before)
+        out, disagree = [], None
+        for ref in snap.tagged(tag):
+            st = await ctx.pve.vm_state(ref.node, ref.vmid)
+            if st is None:
+                disagree = f"VM {ref.vmid} carrying {tag} vanished from {ref.node} while observing"
+                break
+            if tag not in st.tags:
+                # The cluster list said tagged, the node says not (a write in between): look again.
+                disagree = f"VM {ref.vmid}: cluster list and node disagree about tag {tag}"
+                break
+            if member is None or member_of(st) == member:
+                out.append(st)
+        if disagree is None:
+            if out or not fresh_negative or snap.started >= ctx.claimed_at:
+                return out
+            not_before = ctx.claimed_at  # a negative answer needs a listing newer than the claim
+        elif again:
+            raise TemporaryError(disagree)
+        else:
+            not_before = time.monotonic()  # newer than the read that disagreed
     return out
 
 
-async def find_one_vm(ctx: JobContext, owner: str, member: str = MAIN) -> VmState | None:
-    """The VM of (``owner``, ``member``) or None. Raises PermanentError when several VMs carry
-    that identity (a manual clone of a customer VM inherits its tags)."""
-    vms = await find_vms(ctx, owner, member)
+async def find_one_vm(ctx: JobContext, owner: str, member: str = MAIN, *,
+                      fresh_negative: bool = True) -> VmState | None:
+    """The VM of (``owner``, ``member``) or None (see :func:`find_vms` for ``fresh_negative``).
+    Raises PermanentError when several VMs carry that identity (a manual clone of a customer VM
+    inherits its tags)."""
+    vms = await find_vms(ctx, owner, member, fresh_negative=fresh_negative)
     if len(vms) > 1:
         where = ", ".join(f"{v.vmid} on {v.node}" for v in vms)
         raise PermanentError(f"{len(vms)} VMs carry {identity_tag(owner)} ({where}); "
@@ -146,8 +175,7 @@ async def find_template(ctx: JobContext, image: str) -> VmState | None:
     flag fresh but names from a stats cache that lags (proxmox-api.md): it only orders the
     candidates — the templates it lists under that name are read first — and each one's config on
     its node decides. None when no template has that name (yet)."""
-    refs = sorted((v for v in await ctx.pve.list_vms() if v.template),
-                  key=lambda v: (v.name != image, v.vmid))
+    refs = sorted((await ctx.pve.snapshot()).templates(), key=lambda v: (v.name != image, v.vmid))
     for ref in refs:
         st = await ctx.pve.vm_state(ref.node, ref.vmid)
         if st is not None and st.config.get("name") == image and str(st.config.get("template", "0")) == "1":
@@ -355,10 +383,13 @@ async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
     """The member's VM (by tag, else an untagged clone of ours) and, when there is none, the
     template. Raises TemporaryError on hypervisor trouble, PermanentError when several VMs carry
     the member's identity."""
-    vm = await find_one_vm(ctx, spec.owner, spec.member)
+    # A negative from the shared snapshot is enough here: the clone ledger read next names every
+    # VM z9 ever cloned for this member, and each is read on its node (tagged or not).
+    vm = await find_one_vm(ctx, spec.owner, spec.member, fresh_negative=False)
     in_flight = 0.0
     if vm is None:
-        # A clone an earlier attempt (or an earlier job) made but did not tag yet.
+        # A clone an earlier attempt (or an earlier job) made but did not tag yet — or tagged
+        # less than a snapshot's age ago by another executor process.
         requests = await clone_requests(ctx, spec.owner, spec.member)
         clones = await find_own_clones(ctx, spec.owner, requests, set())
         vm = clones[0] if clones else None
@@ -475,10 +506,10 @@ async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) 
     """The clone ladder: pick a vmid, record the request, POST, record the answer, wait."""
     tpl = world.template
     assert tpl is not None
-    for attempt in range(CLONE_TRIES):
-        # nextid hands every parallel create the same lowest free id (it reserves nothing): after
-        # a collision, spread out above it instead of racing for the same id again.
-        newid = await ctx.pve.next_id() + (random.randint(1, 8 * attempt) if attempt else 0)
+    for _ in range(CLONE_TRIES):
+        # nextid hands every parallel create the same lowest free id (it reserves nothing): each
+        # process picks in its own lane above it, never an id it asked for moments ago.
+        newid = await ctx.pve.pick_vmid()
         # Record the request *before* sending it: until its answer is recorded it is uncertain
         # (the next attempt waits for it and a deletion looks at every vmid ever asked for).
         await store.vm_clone_sent(ctx.pool, ctx.lease, spec.owner, spec.member, newid, tpl.node)
@@ -490,6 +521,7 @@ async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) 
             # A parallel create won this vmid (a definite answer: nothing was cloned). Forget it
             # and pick again; never adopt that VM.
             await store.vm_clone_refused(ctx.pool, spec.owner, spec.member, newid)
+            ctx.pve.vmid_taken(newid)
             continue
         except (OutcomeUnknown, asyncio.CancelledError):
             # The answer is lost: the request stays unanswered; it was in flight until now (a
@@ -636,7 +668,8 @@ async def verify_removed(ctx: JobContext, owner: str) -> None:
         if wait > 0:
             raise Snooze(f"a clone request sent {time.time() - since:.0f}s ago got no answer and may still "
                          f"be performed; checking again in {wait:.0f}s", delay_s=min(wait, 30.0))
-    left = await ctx.pve.find_by_tag(identity_tag(owner))
+    # each VM the snapshot names is confirmed on its node; "none left" needs a listing newer than the claim
+    left = await find_vms(ctx, owner)
     if left:
         raise TemporaryError("verify: VMs still carry the identity tag: "
                              + ", ".join(f"{v.vmid} on {v.node}" for v in left))

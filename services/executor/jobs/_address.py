@@ -28,6 +28,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,7 +131,10 @@ async def observe(ctx: JobContext, want: str | None) -> World:
     if address is None:
         raise PermanentError(f"address {ctx.job.resource_id} does not exist")
     tag, ip = address_tag(address.id), address.ip_text
-    refs = await ctx.pve.list_vms()
+    # A listing requested now (shared only with lookups in flight that started after this one):
+    # the address's holders move between VMs by this job's own steps, which verify must see, and
+    # a foreign VM using the IP is known only from the list.
+    refs = await ctx.pve.list_vms(not_before=time.monotonic())
     target: Holder | None = None
     enforce = False
     if want is not None:
