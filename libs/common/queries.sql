@@ -339,16 +339,32 @@ RETURNING id;
 
 -- name: job_heartbeat_many
 -- Batch renewal: ($1 ids, $2 owners, $3 attempts) fenced row by row; returns the (id, attempt)
--- of the leases still held — a lease missing from the answer is lost.
-UPDATE jobs j
-SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
-FROM unnest($1::text[], $2::text[], $3::int[]) AS f(id, owner, attempt)
+-- of the leases still held — a lease missing from the answer is lost. Never waits on a row lock:
+-- a row another transaction holds (this executor's own finish waiting on a lock, a frozen API
+-- process) is skipped and answered from the statement's snapshot (still ours: not lost, renewed
+-- at the next beat) — one locked row must not hold up every other job's renewal.
 -- `status::text`: the same test, but it matches no partial index's predicate, so the planner
 -- probes the primary key for the ids — stale statistics would otherwise have it scan every live
 -- job through jobs_resource_live.
-WHERE j.id = ANY($1::text[])
-  AND j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status::text = 'running'
-RETURNING j.id, j.attempt;
+WITH f AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::int[]) AS f(id, owner, attempt)
+), held AS (
+    SELECT j.id FROM jobs j JOIN f ON j.id = f.id
+    WHERE j.id = ANY($1::text[]) AND j.lease_owner = f.owner AND j.attempt = f.attempt
+      AND j.status::text = 'running'
+    FOR UPDATE OF j SKIP LOCKED
+), renewed AS (
+    UPDATE jobs j
+    SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
+    FROM held
+    WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.id = held.id
+    RETURNING j.id, j.attempt
+)
+SELECT id, attempt FROM renewed
+UNION ALL
+SELECT j.id, j.attempt FROM jobs j JOIN f ON j.id = f.id
+WHERE j.id = ANY($1::text[]) AND j.lease_owner = f.owner AND j.attempt = f.attempt
+  AND j.status::text = 'running' AND j.id NOT IN (SELECT id FROM held);
 
 -- name: job_progress
 UPDATE jobs

@@ -22,8 +22,8 @@ from typing import Any, Iterable, Protocol
 
 import asyncpg
 
-from .db import TRANSIENT_DB_ERRORS
-from .errors import (CheckViolation, ConstraintViolation, DatabaseUnavailable, ExclusionViolation, LeaseLost,
+from .db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS
+from .errors import (CheckViolation, ConstraintViolation, DatabaseUnavailable, ExclusionViolation, LeaseLost, LockWaitTimeout,
                      PoolConfigError, UniqueViolation)
 from .ids import new_id
 from .models import Address, Job, Server
@@ -649,8 +649,10 @@ def _boundary(fn: Any) -> Any:
     async def translated(*args: Any, **kw: Any) -> Any:
         try:
             return await fn(*args, **kw)
-        except (DatabaseUnavailable, ConstraintViolation):
+        except (DatabaseUnavailable, ConstraintViolation, LockWaitTimeout):
             raise
+        except LOCK_WAIT_ERRORS as e:
+            raise LockWaitTimeout(f"gave up waiting: {type(e).__name__}: {e}") from e
         except asyncpg.UniqueViolationError as e:
             raise UniqueViolation(e.constraint_name or "unknown", str(e)) from e
         except asyncpg.ExclusionViolationError as e:
