@@ -293,7 +293,9 @@ LIMIT $3;
 
 -- name: job_claim
 -- The earliest pending jobs of one region whose lock keys no earlier live job holds (per-resource
--- order, extended to a job's extra_lock_keys), oldest first: `region = $1` (a scalar, not
+-- order, extended to a job's extra_lock_keys), oldest first. `NOT blocked` (migration 0010): jobs
+-- waiting behind a live job of one of their keys are not in jobs_claimable at all, so the walk never
+-- steps over them; the checks below stay as a guard: `region = $1` (a scalar, not
 -- `= ANY(array)`) lets the scan walk jobs_claimable in seq order and stop after $2 rows; with an
 -- array PostgreSQL 15 cannot take the order from that index and walks every finished job. The
 -- check for an earlier live job of the candidate's resource is a correlated subplan probing
@@ -306,7 +308,7 @@ LIMIT $3;
 -- there is no lock cycle.
 WITH candidates AS (
     SELECT j.id FROM jobs j
-    WHERE j.status = 'pending' AND j.region = $1 AND j.run_after <= now()
+    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = $1 AND j.run_after <= now()
       AND (j.resource_id IS NULL OR (
           NOT EXISTS (
               SELECT 1 FROM jobs e
@@ -330,6 +332,13 @@ SET status = 'running',
 FROM candidates
 WHERE jobs.id = candidates.id
 RETURNING jobs.*, pg_notify('z9_job_changed', jobs.id)::text AS notified;
+
+-- name: jobs_unblock_now
+-- Inside a transaction that ended jobs with resources: run their deferred unblocking
+-- (jobs_unblock_after_end, migration 0010) now, so a claim later in the same transaction can take
+-- the jobs that waited on them. Issued after the finishes' records, so the advisory key locks come
+-- after every row lock the transaction takes (an API transaction takes a resource row, then a key).
+SET CONSTRAINTS jobs_unblock_after_end, jobs_unblock_after_delete IMMEDIATE;
 
 -- name: job_heartbeat
 UPDATE jobs
@@ -506,7 +515,7 @@ GROUP BY status, region, kind;
 -- (run_after is never earlier than created_at: it defaults to now() and only moves forward.)
 SELECT r.region, coalesce(extract(epoch FROM now() - (
     SELECT greatest(j.created_at, j.run_after) FROM jobs j
-    WHERE j.status = 'pending' AND j.region = r.region AND j.run_after <= now()
+    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = r.region AND j.run_after <= now()
       AND NOT EXISTS (
           SELECT 1 FROM jobs e
           WHERE e.resource_id = j.resource_id AND e.seq < j.seq

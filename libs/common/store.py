@@ -352,6 +352,12 @@ async def job_list(db: DB, tenant_id: str, *, resource_id: str | None = None, af
 
 # ---------------------------------------------------------------- jobs: workers (fenced)
 
+async def jobs_unblock_now(db: DB) -> None:
+    """In a transaction that ended jobs with a resource: make the jobs waiting on them claimable
+    now rather than at commit (see ``jobs_unblock_now`` in queries.sql)."""
+    await db.execute(q("jobs_unblock_now"))
+
+
 async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float) -> list[Job]:
     """Claim up to ``limit`` pending jobs of ``regions`` (``FOR UPDATE SKIP LOCKED``), at most the
     earliest live job of each resource; each gets ``lease_owner = owner`` and attempt + 1.

@@ -11,7 +11,9 @@ One flush, in one transaction:
    ``(id, lease_owner, attempt, status = 'running')`` exactly like the single ``job_succeed``;
 2. each kind's ``record(conn, ctx, observed)`` for the jobs whose row matched, in the same
    transaction (as on the single path);
-3. optionally (``claim_next``), the executor's next claim, for the slots these finishes free:
+3. optionally (``claim_next``), the executor's next claim, for the slots these finishes free
+   (after ``jobs_unblock_now`` when a finished job had a resource: the jobs waiting on it become
+   claimable in this transaction, not only at its commit):
    one commit — one WAL flush — then both ends the old jobs and leases the new ones, instead
    of one for each (at concurrency 1 that halves the flushes per job);
 4. commit. Then each waiting job gets its own answer: done, or :class:`LeaseLost` when its row
@@ -126,6 +128,8 @@ class FinishBatcher:
                     for f in won:
                         await f.kind.record(conn, f.ctx, f.observed)
                     if self.claim_next is not None and won:
+                        if any(f.ctx.job.resource_id for f in won):  # their waiters, claimable now
+                            await store.jobs_unblock_now(conn)
                         claimed = await self.claim_next(conn, len(won))
             except BaseException:
                 if claimed[0] and self.on_claimed is not None:
