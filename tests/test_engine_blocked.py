@@ -117,3 +117,19 @@ async def test_the_claim_does_not_scan_blocked_jobs(pool: asyncpg.Pool) -> None:
     assert scans and all(n["Actual Rows"] <= 51 for n in scans), [(n["Node Type"], n["Actual Rows"]) for n in scans]
     assert plan[0]["Plan"]["Actual Rows"] == 1
     assert await _blocked(pool, free) == [False]
+
+
+async def test_the_scheduler_frees_a_blocked_job_nothing_blocks(pool: asyncpg.Pool, db_url: str) -> None:
+    from z9.common.settings import Settings
+    from z9.scheduler import Scheduler
+
+    a1, a2 = await _enqueue(pool, "srv_a"), await _enqueue(pool, "srv_a")
+    lone = await _enqueue(pool, "srv_l")
+    # a flag no trigger would leave (written behind the triggers' back): lone blocked by nothing
+    await pool.execute("UPDATE jobs SET blocked = true WHERE id = $1", lone)
+    sched = Scheduler(Settings(database_url=db_url, regions={}))
+    sched.pool = pool
+    counts = await sched.run_once()  # the first pass runs the safety net
+    assert counts.unblocked == 1
+    assert await _blocked(pool, a1, a2, lone) == [False, True, False]  # a2 still waits on a1
+    assert set(await _claim(pool)) == {a1, lone}

@@ -340,6 +340,22 @@ RETURNING jobs.*, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 -- after every row lock the transaction takes (an API transaction takes a resource row, then a key).
 SET CONSTRAINTS jobs_unblock_after_end, jobs_unblock_after_delete IMMEDIATE;
 
+-- name: jobs_unblock_missed
+-- The scheduler's safety net (at its prune cadence): blocked pending jobs that no earlier live job
+-- holds a key of any more — which the triggers of migration 0010 should never leave — are made
+-- claimable and their regions notified. SKIP LOCKED: never waits on a row in use.
+WITH missed AS (
+    SELECT j.id FROM jobs j
+    WHERE j.status = 'pending' AND j.blocked AND NOT jobs_key_held(j.resource_id, j.extra_lock_keys, j.seq)
+    ORDER BY j.seq
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs SET blocked = false
+FROM missed
+WHERE jobs.id = missed.id AND jobs.blocked AND jobs.status = 'pending'
+RETURNING jobs.id, jobs.region, pg_notify('z9_jobs', jobs.region)::text AS notified;
+
 -- name: job_heartbeat
 UPDATE jobs
 SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()

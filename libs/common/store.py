@@ -358,6 +358,11 @@ async def jobs_unblock_now(db: DB) -> None:
     await db.execute(q("jobs_unblock_now"))
 
 
+async def jobs_unblock_missed(db: DB, limit: int = 1000) -> list[Any]:
+    """Blocked pending jobs nothing blocks any more → claimable (rows: id, region); see queries.sql."""
+    return await db.fetch(q("jobs_unblock_missed"), limit)
+
+
 async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float) -> list[Job]:
     """Claim up to ``limit`` pending jobs of ``regions`` (``FOR UPDATE SKIP LOCKED``), at most the
     earliest live job of each resource; each gets ``lease_owner = owner`` and attempt + 1.
