@@ -87,6 +87,8 @@ async def main() -> None:
     line = await reader.readline()
     assert line.strip() == b"go", line
     count_round_trips()
+    from z9.common import tracing  # tracing as deployed when the parent sets OTEL_EXPORTER_OTLP_ENDPOINT
+    traced = tracing.setup_tracing("executor") if os.environ.get("Z9_BENCH_TRACING") == "1" else None
     cpu0 = time.process_time()
     ex = Executor(settings, ["bench"], client_factory=lambda r: _NoClient())  # type: ignore[arg-type,return-value]
     task = asyncio.create_task(ex.run())
@@ -98,6 +100,8 @@ async def main() -> None:
           flush=True)
     ex.stop()
     await task
+    if traced is not None:
+        traced.shutdown()  # flush what is still queued
 
 
 if __name__ == "__main__":

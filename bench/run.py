@@ -53,7 +53,7 @@ import noop  # noqa: E402
 VERSION = "0.1.0"
 REGION = "bench"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-ALL = ["W1", "W2", "W3", "W4", "W5", "W6", "NOTIFY", "PLAN", "BLOCKED"]
+ALL = ["W1", "W2", "W3", "W4", "W5", "W6", "NOTIFY", "PLAN", "BLOCKED", "TRACING"]
 
 
 # ---------------------------------------------------------------------------------- output
@@ -183,8 +183,8 @@ class Child:
     """The executor in its own process (``executor_child.py``)."""
 
     def __init__(self, dsn: str, concurrency: int, plan_cache_mode: str = "-", log_level: str = "INFO",
-                 handler_times: bool = False):
-        env = dict(os.environ, Z9_LOG_LEVEL=log_level)
+                 handler_times: bool = False, env_extra: dict[str, str] | None = None):
+        env = dict(os.environ, Z9_LOG_LEVEL=log_level, **(env_extra or {}))
         if handler_times:
             env["Z9_BENCH_HANDLER_TIMES"] = "1"
         self.log = tempfile.TemporaryFile()
@@ -281,13 +281,14 @@ async def w2(dsn: str, n: int, rnd: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- W3 / W5
 
 async def drain_round(dsn: str, n: int, conc: int, rnd: int, workload: str, plan_cache_mode: str,
-                      executor_dsn: str | None = None, **extra: Any) -> dict[str, Any]:
+                      executor_dsn: str | None = None, child_env: dict[str, str] | None = None,
+                      **extra: Any) -> dict[str, Any]:
     """One drain of ``n`` no-op jobs by an executor child of concurrency ``conc``; ``executor_dsn``:
     the child's ``Z9_DATABASE_URL`` when not ``dsn`` (e.g. through PgBouncer: the child then takes
     ``Z9_DATABASE_DIRECT_URL``/``Z9_DATABASE_POOLER`` from the environment)."""
     await reset_jobs(dsn)
     await enqueue_batch(dsn, n)
-    child = Child(executor_dsn or dsn, conc, plan_cache_mode)
+    child = Child(executor_dsn or dsn, conc, plan_cache_mode, env_extra=child_env)
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("ANALYZE jobs")
@@ -736,6 +737,51 @@ async def main() -> None:
                 ratios = [b["jobs_per_s"] / a["jobs_per_s"] for a, b in zip(base, res)]
                 emit_median("blocked", res, ratio_to_empty=round(statistics.median(ratios), 3),
                             ratios=[round(x, 3) for x in ratios])
+    if "TRACING" in wanted:
+        # Issue 14: drain(C) as deployed — tracing on, OTLP/HTTP export to a local receiver (in this
+        # process: it parses every request, as a collector would) — against tracing off, rounds
+        # interleaved; spans_per_job = spans the receiver got per job.
+        from aiohttp import web
+
+        received = {"spans": 0, "requests": 0}
+
+        async def handle(request: web.Request) -> web.Response:
+            from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+                ExportTraceServiceRequest, ExportTraceServiceResponse)
+            msg = ExportTraceServiceRequest.FromString(await request.read())
+            received["requests"] += 1
+            received["spans"] += sum(len(ss.spans) for rs in msg.resource_spans for ss in rs.scope_spans)
+            return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
+                                content_type="application/x-protobuf")
+
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_post("/v1/traces", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        on_env = {"Z9_BENCH_TRACING": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
+        try:
+            async with BenchDB(args.dsn) as db:
+                for c in concs:
+                    off: list[dict[str, Any]] = []
+                    on: list[dict[str, Any]] = []
+                    for r in rounds:
+                        off.append(await drain_round(db.dsn, args.n, c, r, "tracing_off", args.plan_cache_mode))
+                        before = received["spans"]
+                        line = await drain_round(db.dsn, args.n, c, r, "tracing_on", args.plan_cache_mode,
+                                                 child_env=on_env)
+                        await asyncio.sleep(1.0)  # the last export request
+                        line["spans_per_job"] = round((received["spans"] - before) / args.n, 2)
+                        emit("tracing_on_spans", r, concurrency=c, n=args.n, spans_per_job=line["spans_per_job"])
+                        on.append(line)
+                    emit_median("tracing_off", off)
+                    ratios = [b["jobs_per_s"] / a["jobs_per_s"] for a, b in zip(off, on)]
+                    emit_median("tracing_on", on, ratio_to_off=round(statistics.median(ratios), 3),
+                                ratios=[round(x, 3) for x in ratios],
+                                spans_per_job=statistics.median(x["spans_per_job"] for x in on))
+        finally:
+            await runner.cleanup()
     if "W6" in wanted:
         async with BenchDB(args.dsn) as db:
             per: dict[str, list[dict[str, Any]]] = {}
