@@ -186,3 +186,35 @@ async def test_z9_sessions_carry_bounded_waits_and_a_frozen_one_releases_its_loc
     finally:
         frozen.send_signal(signal.SIGCONT)
         frozen.wait(10)
+
+
+async def test_an_api_request_waiting_on_a_frozen_lock_answers_503_busy(settings: Settings, db_url: str) -> None:
+    from tests.support import api_stack
+    from z9.common.db import create_service_pool
+
+    s = settings.model_copy(update={"api_db_lock_timeout_s": 0.5})
+    api_pool = await create_service_pool(s, application_name="z9-api")  # the API's bounded connections
+    try:
+        async with api_stack(s, api_pool) as api:
+            server, _ = await api.create_server("held-1")
+            frozen = _freeze_holding_server(db_url, server["id"])
+            try:
+                t0 = time.monotonic()
+                status, body = await api.call("DELETE", f"/servers/{server['id']}")
+                assert status == 503 and body["error"]["code"] == "busy", body
+                assert time.monotonic() - t0 < 5
+            finally:
+                frozen.send_signal(signal.SIGCONT)
+                frozen.wait(10)
+            status, body = await api.call("DELETE", f"/servers/{server['id']}")  # the lock is gone
+            assert status == 202, body
+    finally:
+        await api_pool.close()
+
+
+def _freeze_holding_server(db_url: str, server_id: str) -> subprocess.Popen[str]:
+    code = FROZEN.replace("UPDATE stall_rows SET n = n WHERE id = $1", "UPDATE servers SET updated_at = now() WHERE id = $1")
+    proc = subprocess.Popen([sys.executable, "-c", code, db_url, server_id, "idle_in_transaction_session_timeout=0"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    return proc
