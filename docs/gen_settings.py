@@ -33,7 +33,9 @@ DESCRIPTIONS: dict[str, str] = {
                            "(or a session pooler), never a transaction pooler (it drops notifications silently). Unset: `Z9_DATABASE_URL`.",
     "database_pooler": "What sits in front of `Z9_DATABASE_URL`: `none`; `session` or `transaction` = PgBouncer in that pool mode "
                        "(z9 then sends no `plan_cache_mode` startup parameter — set it with `ALTER ROLE/DATABASE … SET plan_cache_mode = "
-                       "force_custom_plan`, checked on every connection — and `transaction` turns asyncpg's prepared-statement cache off).",
+                       "force_custom_plan`, checked on every connection — and `transaction` turns asyncpg's prepared-statement cache off). "
+                       "The bounded waits (`Z9_*_DB_LOCK_TIMEOUT_S`, `Z9_DB_STATEMENT_TIMEOUT_S`, `Z9_DB_IDLE_IN_TRANSACTION_TIMEOUT_S`, "
+                       "the server side's keepalives) cannot be startup parameters behind PgBouncer either: set them with `ALTER ROLE … SET`.",
     "database_require_sync_replication": "Refuse to run (pool and LISTEN connections) on a server whose commits do not wait for a "
                                          "synchronous standby (`synchronous_standby_names` empty or `synchronous_commit` off/local): "
                                          "the 202 promise survives a failover only with synchronous replication.",
