@@ -2,8 +2,9 @@
 
 Protocol on stdin/stdout (one line each): the parent writes ``go`` → the executor starts (pool,
 LISTEN, claims: start-up is inside the measured window) and the child answers ``started``;
-the parent writes ``stop`` → the child prints ``{"cpu_s": …}`` (process CPU seconds, user +
-system, since ``go``), stops the executor and exits.
+the parent writes ``stop`` → the child prints ``{"cpu_s": …, "round_trips": …}`` (process CPU
+seconds, user + system, since ``go``; statements sent to PostgreSQL, BEGIN/COMMIT included), stops
+the executor and exits.
 
 Usage: ``executor_child.py DSN CONCURRENCY [PLAN_CACHE_MODE|-]``
 """
@@ -14,6 +15,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,6 +48,29 @@ def strip_job_change_notify() -> None:
     assert not any("z9_job_changed" in t for t in qs.values())
 
 
+ROUND_TRIPS = 0
+
+
+def count_round_trips() -> None:
+    """Count the executor's round trips to PostgreSQL: every statement call on a connection
+    (``execute``/``fetch*``/``executemany``, which is also how transactions send BEGIN and COMMIT)
+    is one. Prepares are not counted (asyncpg caches them per connection: once per statement)."""
+    import asyncpg
+
+    def wrap(name: str) -> None:
+        orig = getattr(asyncpg.Connection, name)
+
+        async def counted(self: Any, *a: Any, **kw: Any) -> Any:
+            global ROUND_TRIPS
+            ROUND_TRIPS += 1
+            return await orig(self, *a, **kw)
+
+        setattr(asyncpg.Connection, name, counted)
+
+    for name in ("execute", "executemany", "fetch", "fetchrow", "fetchval"):
+        wrap(name)
+
+
 async def main() -> None:
     dsn, conc = sys.argv[1], int(sys.argv[2])
     mode = sys.argv[3] if len(sys.argv) > 3 else "-"
@@ -61,15 +86,22 @@ async def main() -> None:
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     line = await reader.readline()
     assert line.strip() == b"go", line
+    count_round_trips()
+    from z9.common import tracing  # tracing as deployed when the parent sets OTEL_EXPORTER_OTLP_ENDPOINT
+    traced = tracing.setup_tracing("executor") if os.environ.get("Z9_BENCH_TRACING") == "1" else None
     cpu0 = time.process_time()
     ex = Executor(settings, ["bench"], client_factory=lambda r: _NoClient())  # type: ignore[arg-type,return-value]
     task = asyncio.create_task(ex.run())
     print("started", flush=True)
     line = await reader.readline()
     cpu = time.process_time() - cpu0
-    print(json.dumps({"cpu_s": cpu}), flush=True)
+    print(json.dumps({"cpu_s": cpu, "round_trips": ROUND_TRIPS,
+                      "handler_started": noop.HANDLER_STARTED if os.environ.get("Z9_BENCH_HANDLER_TIMES") else {}}),
+          flush=True)
     ex.stop()
     await task
+    if traced is not None:
+        traced.shutdown()  # flush what is still queued
 
 
 if __name__ == "__main__":

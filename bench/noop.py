@@ -3,13 +3,18 @@ the job succeeds at once. Registered by the benchmark processes only (``register
 shipped as a product kind."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 KIND = "BenchNoop"
 
+HANDLER_STARTED: dict[str, float] = {}
+"""job id → wall clock (``time.time()``) when the handler started (W4 measures to it)."""
+
 
 async def observe(ctx: Any) -> None:
-    """Nothing to observe."""
+    """Nothing to observe; notes when the handler started (the first thing a job runs)."""
+    HANDLER_STARTED[ctx.job.id] = time.time()
     return None
 
 

@@ -53,7 +53,7 @@ import noop  # noqa: E402
 VERSION = "0.1.0"
 REGION = "bench"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-ALL = ["W1", "W2", "W3", "W4", "W5", "W6", "NOTIFY", "PLAN"]
+ALL = ["W1", "W2", "W3", "W4", "W5", "W6", "NOTIFY", "PLAN", "BLOCKED", "TRACING"]
 
 
 # ---------------------------------------------------------------------------------- output
@@ -82,12 +82,14 @@ def emit_median(workload: str, rounds: list[dict[str, Any]], **extra: Any) -> di
     out: dict[str, Any] = {}
     for k in ("jobs_per_s", "seconds", "p50_ms", "p90_ms", "p99_ms", "max_ms", "client_cpu_us_per_job",
               "requests_per_s", "errors", "commit_p50_ms", "commit_p99_ms", "notifies_sent",
-              "api_cpu_us_per_request"):
+              "api_cpu_us_per_request", "round_trips_per_job", "commits_per_job", "claim_buffers",
+              "claim_p50_ms", "claim_p99_ms"):
         vals = [r[k] for r in rounds if isinstance(r.get(k), (int, float))]
         if vals:
             out[k] = round(statistics.median(vals), 3)
     first = rounds[0]
-    for k in ("n", "concurrency", "mode", "endpoint", "history_rows", "plan_cache_mode"):
+    for k in ("n", "concurrency", "mode", "endpoint", "history_rows", "plan_cache_mode", "blocked_jobs",
+              "blocked_resources"):
         if k in first:
             out[k] = first[k]
     out["rounds"] = len(rounds)
@@ -180,8 +182,11 @@ async def enqueue_batch(dsn: str, n: int) -> None:
 class Child:
     """The executor in its own process (``executor_child.py``)."""
 
-    def __init__(self, dsn: str, concurrency: int, plan_cache_mode: str = "-", log_level: str = "INFO"):
-        env = dict(os.environ, Z9_LOG_LEVEL=log_level)
+    def __init__(self, dsn: str, concurrency: int, plan_cache_mode: str = "-", log_level: str = "INFO",
+                 handler_times: bool = False, env_extra: dict[str, str] | None = None):
+        env = dict(os.environ, Z9_LOG_LEVEL=log_level, **(env_extra or {}))
+        if handler_times:
+            env["Z9_BENCH_HANDLER_TIMES"] = "1"
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "executor_child.py"), dsn, str(concurrency), plan_cache_mode],
@@ -199,14 +204,17 @@ class Child:
             raise RuntimeError(f"executor child did not start: {line!r}\n{self.stderr()}")
 
     def stop(self) -> float:
-        """Stop it; returns its CPU seconds since ``go``."""
+        """Stop it; returns its CPU seconds since ``go`` (``round_trips``: its statements)."""
         assert self.proc.stdin and self.proc.stdout
         self.proc.stdin.write("stop\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         self.proc.wait(timeout=60)
         try:
-            return float(json.loads(line)["cpu_s"])
+            out = json.loads(line)
+            self.round_trips = int(out.get("round_trips", 0))
+            self.handler_started = {k: float(v) for k, v in out.get("handler_started", {}).items()}
+            return float(out["cpu_s"])
         except (ValueError, KeyError) as e:
             raise RuntimeError(f"executor child failed: {line!r}\n{self.stderr()}") from e
 
@@ -220,15 +228,18 @@ class Child:
             self.proc.wait()
 
 
-async def wait_drained(conn: asyncpg.Connection, timeout_s: float, poll_s: float = 0.02) -> None:
-    """Until no benchmark job is live (partial index on live jobs: cheap at any history size)."""
+async def wait_drained(conn: asyncpg.Connection, timeout_s: float, poll_s: float = 0.02) -> int:
+    """Until no benchmark job is live (partial index on live jobs: cheap at any history size).
+    Returns the number of polls (each one transaction of this connection)."""
     deadline = time.monotonic() + timeout_s
+    polls = 0
     while True:
+        polls += 1
         live = await conn.fetchval(
             "SELECT EXISTS (SELECT 1 FROM jobs WHERE status IN ('pending', 'running', 'retry') AND kind = $1)",
             noop.KIND)
         if not live:
-            return
+            return polls
         if time.monotonic() > deadline:
             raise TimeoutError("drain did not finish in time")
         await asyncio.sleep(poll_s)
@@ -270,25 +281,32 @@ async def w2(dsn: str, n: int, rnd: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- W3 / W5
 
 async def drain_round(dsn: str, n: int, conc: int, rnd: int, workload: str, plan_cache_mode: str,
-                      executor_dsn: str | None = None, **extra: Any) -> dict[str, Any]:
+                      executor_dsn: str | None = None, child_env: dict[str, str] | None = None,
+                      **extra: Any) -> dict[str, Any]:
     """One drain of ``n`` no-op jobs by an executor child of concurrency ``conc``; ``executor_dsn``:
     the child's ``Z9_DATABASE_URL`` when not ``dsn`` (e.g. through PgBouncer: the child then takes
     ``Z9_DATABASE_DIRECT_URL``/``Z9_DATABASE_POOLER`` from the environment)."""
     await reset_jobs(dsn)
     await enqueue_batch(dsn, n)
-    child = Child(executor_dsn or dsn, conc, plan_cache_mode)
+    child = Child(executor_dsn or dsn, conc, plan_cache_mode, env_extra=child_env)
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("ANALYZE jobs")
+        claim_buffers = await claim_buffers_of(conn, conc)
         await conn.execute("CHECKPOINT")
         await asyncio.sleep(0.2)
+        commits0 = await db_commits(conn)
         t0_wall = time.time()
         t0 = time.perf_counter()
         child.go()
         await asyncio.get_running_loop().run_in_executor(None, child.wait_started)
-        await wait_drained(conn, timeout_s=600)
+        polls = await wait_drained(conn, timeout_s=600)
         wall = time.perf_counter() - t0
         cpu = child.stop()
+        # the executor's commits: the database's, less this connection's own (the drain polls, and
+        # the statistics snapshot reads; pg_stat_database lags up to 0.5 s, hence the pause)
+        await asyncio.sleep(0.7)
+        commits = await db_commits(conn) - commits0 - polls - 1
         last = await conn.fetchval("SELECT extract(epoch FROM max(finished_at)) FROM jobs WHERE kind = $1 "
                                    "AND created_at > now() - interval '1 hour'", noop.KIND)
         done = await conn.fetchval("SELECT count(*) FROM jobs WHERE kind = $1 AND status = 'succeeded' "
@@ -300,7 +318,59 @@ async def drain_round(dsn: str, n: int, conc: int, rnd: int, workload: str, plan
         await conn.close()
     secs = min(wall, float(last) - t0_wall) if last else wall
     return emit(workload, rnd, n=n, concurrency=conc, jobs_per_s=round(n / secs, 1), seconds=round(secs, 3),
-                client_cpu_us_per_job=round(cpu / n * 1e6, 1), plan_cache_mode=plan_cache_mode, **extra)
+                client_cpu_us_per_job=round(cpu / n * 1e6, 1), plan_cache_mode=plan_cache_mode,
+                round_trips_per_job=round(child.round_trips / n, 2), commits_per_job=round(commits / n, 2),
+                claim_buffers=claim_buffers, **extra)
+
+
+async def db_commits(conn: asyncpg.Connection) -> int:
+    """Transactions committed in this database so far (``pg_stat_database``; a fresh snapshot)."""
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    return int(await conn.fetchval("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"))
+
+
+async def claim_buffers_of(conn: asyncpg.Connection, limit: int) -> int:
+    """Shared buffers (hit + read) one claim of ``limit`` jobs touches, from its
+    ``EXPLAIN (ANALYZE, BUFFERS)`` — run in a transaction rolled back, so nothing is claimed."""
+    tr = conn.transaction()
+    await tr.start()
+    try:
+        plan = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.q("job_claim"),
+                                   REGION, limit, "explain", 30.0)
+    finally:
+        await tr.rollback()
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    top = plan[0]["Plan"]
+    return int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
+
+
+async def insert_blocked(dsn: str, resources: int, jobs: int) -> float:
+    """The blocked-work set-up of the BLOCKED workload: ``resources`` running jobs (leases held
+    by another executor for an hour) and ``jobs`` pending jobs queued behind them, evenly over those
+    resources, all in the benchmark's region and ahead (lower seq) of the drained no-op jobs.
+    Returns seconds taken."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        t0 = time.perf_counter()
+        await conn.execute("""
+            INSERT INTO jobs (id, kind, region, resource_type, resource_id, status, attempt, lease_owner,
+                              lease_expires_at, started_at)
+            SELECT 'job_' || lpad('b' || i::text, 26, '0'), 'ServerCreate', $2, 'server',
+                   'srv_' || lpad(i::text, 26, '0'), 'running', 1, 'elsewhere', now() + interval '1 hour', now()
+            FROM generate_series(1, $1) AS i""", resources, REGION)
+        per = max(jobs // resources, 1)
+        for lo in range(0, resources, 100):  # 100 resources a transaction: one key lock each (0010)
+            await conn.execute("""
+                INSERT INTO jobs (id, kind, region, resource_type, resource_id)
+                SELECT 'job_' || lpad('w' || r::text || 'x' || k::text, 26, '0'), 'ServerCreate', $4, 'server',
+                       'srv_' || lpad(r::text, 26, '0')
+                FROM generate_series($1::int, $2::int) AS r, generate_series(1, $3::int) AS k""",
+                lo + 1, min(lo + 100, resources), per, REGION)
+        await conn.execute("VACUUM ANALYZE jobs")
+        return time.perf_counter() - t0
+    finally:
+        await conn.close()
 
 
 async def insert_history(dsn: str, rows: int) -> float:
@@ -331,7 +401,7 @@ async def insert_history(dsn: str, rows: int) -> float:
 
 async def w4(dsn: str, rnd: int, count: int = 200, plan_cache_mode: str = "-") -> dict[str, Any]:
     await reset_jobs(dsn)
-    child = Child(dsn, 1, plan_cache_mode)
+    child = Child(dsn, 1, plan_cache_mode, handler_times=True)
     pool = await create_pool(dsn, min_size=1, max_size=2)
     try:
         child.go()
@@ -352,9 +422,13 @@ async def w4(dsn: str, rnd: int, count: int = 200, plan_cache_mode: str = "-") -
     finally:
         child.kill()
         await pool.close()
-    lat = [float(r["s"]) - before[r["id"]] for r in rows]
+    # WORKLOADS.md: to the handler's start (after the claim committed), as the peers measure;
+    # the claim transaction's start (started_at) kept beside it as claim_p50/p99_ms.
+    lat = [child.handler_started[i] - t for i, t in before.items()]
+    claim = [float(r["s"]) - before[r["id"]] for r in rows]
     return emit("latency", rnd, n=count, concurrency=1, p50_ms=ms(pct(lat, 50)), p90_ms=ms(pct(lat, 90)),
                 p99_ms=ms(pct(lat, 99)), max_ms=ms(max(lat)), client_cpu_us_per_job=round(cpu / count * 1e6, 1),
+                claim_p50_ms=ms(pct(claim, 50)), claim_p99_ms=ms(pct(claim, 99)), measured_to="handler_start",
                 plan_cache_mode=plan_cache_mode)
 
 
@@ -599,6 +673,8 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=20000, help="jobs per W1/W2/W3/W5 round")
     ap.add_argument("--concurrency", default="1,4,16", help="W3/W5 executor concurrencies")
     ap.add_argument("--history", type=int, default=5_000_000, help="W5 terminal rows")
+    ap.add_argument("--blocked-jobs", type=int, default=100_000, help="BLOCKED: pending jobs behind busy resources")
+    ap.add_argument("--blocked-resources", type=int, default=2_000, help="BLOCKED: resources with a running job")
     ap.add_argument("--latency-jobs", type=int, default=200)
     ap.add_argument("--api-seconds", type=int, default=20)
     ap.add_argument("--api-connections", type=int, default=64)
@@ -641,6 +717,71 @@ async def main() -> None:
                 if c in w3_medians:
                     extra["ratio_to_w3"] = round(statistics.median(x["jobs_per_s"] for x in res) / w3_medians[c], 3)
                 emit_median("history", res, **extra)
+    if "BLOCKED" in wanted:
+        # Issue 14: drain(C) with --blocked-jobs pending jobs queued behind --blocked-resources
+        # running ones, against drain(C) on an otherwise empty table, rounds interleaved (one
+        # database each, so neither's table carries the other's dead rows).
+        async with BenchDB(args.dsn) as empty, BenchDB(args.dsn) as blocked:
+            secs = await insert_blocked(blocked.dsn, args.blocked_resources, args.blocked_jobs)
+            print(json.dumps({"lib": "z9", "workload": "blocked_insert", "resources": args.blocked_resources,
+                              "jobs": args.blocked_jobs, "seconds": round(secs, 1), "at": now_iso()}), flush=True)
+            for c in concs:
+                base: list[dict[str, Any]] = []
+                res: list[dict[str, Any]] = []
+                for r in rounds:
+                    base.append(await drain_round(empty.dsn, args.n, c, r, "blocked_baseline", args.plan_cache_mode))
+                    res.append(await drain_round(blocked.dsn, args.n, c, r, "blocked", args.plan_cache_mode,
+                                                 blocked_jobs=args.blocked_jobs,
+                                                 blocked_resources=args.blocked_resources))
+                emit_median("blocked_baseline", base)
+                ratios = [b["jobs_per_s"] / a["jobs_per_s"] for a, b in zip(base, res)]
+                emit_median("blocked", res, ratio_to_empty=round(statistics.median(ratios), 3),
+                            ratios=[round(x, 3) for x in ratios])
+    if "TRACING" in wanted:
+        # Issue 14: drain(C) as deployed — tracing on, OTLP/HTTP export to a local receiver (in this
+        # process: it parses every request, as a collector would) — against tracing off, rounds
+        # interleaved; spans_per_job = spans the receiver got per job.
+        from aiohttp import web
+
+        received = {"spans": 0, "requests": 0}
+
+        async def handle(request: web.Request) -> web.Response:
+            from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+                ExportTraceServiceRequest, ExportTraceServiceResponse)
+            msg = ExportTraceServiceRequest.FromString(await request.read())
+            received["requests"] += 1
+            received["spans"] += sum(len(ss.spans) for rs in msg.resource_spans for ss in rs.scope_spans)
+            return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
+                                content_type="application/x-protobuf")
+
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_post("/v1/traces", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        on_env = {"Z9_BENCH_TRACING": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
+        try:
+            async with BenchDB(args.dsn) as db:
+                for c in concs:
+                    off: list[dict[str, Any]] = []
+                    on: list[dict[str, Any]] = []
+                    for r in rounds:
+                        off.append(await drain_round(db.dsn, args.n, c, r, "tracing_off", args.plan_cache_mode))
+                        before = received["spans"]
+                        line = await drain_round(db.dsn, args.n, c, r, "tracing_on", args.plan_cache_mode,
+                                                 child_env=on_env)
+                        await asyncio.sleep(1.0)  # the last export request
+                        line["spans_per_job"] = round((received["spans"] - before) / args.n, 2)
+                        emit("tracing_on_spans", r, concurrency=c, n=args.n, spans_per_job=line["spans_per_job"])
+                        on.append(line)
+                    emit_median("tracing_off", off)
+                    ratios = [b["jobs_per_s"] / a["jobs_per_s"] for a, b in zip(off, on)]
+                    emit_median("tracing_on", on, ratio_to_off=round(statistics.median(ratios), 3),
+                                ratios=[round(x, 3) for x in ratios],
+                                spans_per_job=statistics.median(x["spans_per_job"] for x in on))
+        finally:
+            await runner.cleanup()
     if "W6" in wanted:
         async with BenchDB(args.dsn) as db:
             per: dict[str, list[dict[str, Any]]] = {}

@@ -136,6 +136,9 @@ CREATE TABLE jobs (
     -- migration 0007: the API token that asked for the job (NULL: z9 itself) and its request id
     actor_token_id    text,
     request_id        text CHECK (length(request_id) <= 200),
+    -- migration 0010: pending behind an earlier live job holding one of its lock keys (kept by
+    -- the triggers jobs_block_on_insert / jobs_unblock_after_end); the claim does not scan it
+    blocked           boolean NOT NULL DEFAULT false,
     CHECK ((resource_type IS NULL) = (resource_id IS NULL)),
     CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
     CHECK ((status = 'running') = (lease_owner IS NOT NULL)),
@@ -146,7 +149,7 @@ CREATE TABLE jobs (
 
 -- Claim: pending jobs of a region in submission order (the only ordered path to them: seq has
 -- no index of its own, see migrations/0003_claim_index.sql).
-CREATE INDEX jobs_claimable ON jobs (region, seq) WHERE status = 'pending';
+CREATE INDEX jobs_claimable ON jobs (region, seq) WHERE status = 'pending' AND NOT blocked;
 -- Per-resource order: the earliest live job of a resource.
 CREATE INDEX jobs_resource_live ON jobs (resource_id, seq) WHERE status IN ('pending', 'running', 'retry');
 -- Scheduler: due retries and expired leases.
@@ -162,7 +165,7 @@ CREATE INDEX jobs_tenant ON jobs (tenant_id, seq);
 CREATE INDEX jobs_live_counts ON jobs (status, region, kind) WHERE status IN ('pending', 'running', 'retry');
 CREATE INDEX jobs_finished_counts ON jobs (status, region, kind) WHERE status IN ('succeeded', 'failed');
 CREATE INDEX jobs_pending_runnable ON jobs (region, run_after)
-    INCLUDE (created_at, resource_id, seq, extra_lock_keys) WHERE status = 'pending';
+    INCLUDE (created_at, resource_id, seq, extra_lock_keys) WHERE status = 'pending' AND NOT blocked;
 -- Lock keys (migration 0004): live jobs that lock resources besides their own.
 CREATE INDEX jobs_extra_locks_live ON jobs USING gin (extra_lock_keys)
     WHERE status IN ('pending', 'running', 'retry') AND cardinality(extra_lock_keys) > 0;
@@ -186,6 +189,89 @@ LANGUAGE sql STABLE COST 1 AS $$
                    WHERE e.extra_lock_keys && (extra || resource) AND e.seq < before_seq
                      AND e.status IN ('pending', 'running', 'retry') AND cardinality(e.extra_lock_keys) > 0)
 $$;
+
+-- Blocked jobs (migration 0010, which explains the locking).
+-- Whether an earlier live job holds a key of a job on `resource` with extra keys `extra`.
+CREATE FUNCTION jobs_key_held(resource text, extra text[], before_seq bigint) RETURNS boolean
+LANGUAGE sql STABLE COST 1 AS $$
+    SELECT EXISTS (SELECT 1 FROM jobs e
+                   WHERE e.resource_id = resource AND e.seq < before_seq
+                     AND e.status IN ('pending', 'running', 'retry'))
+        OR (cardinality(extra) > 0 AND jobs_lock_held(resource, extra, before_seq))
+        OR EXISTS (SELECT 1 FROM jobs e
+                   WHERE e.extra_lock_keys && ARRAY[resource] AND e.seq < before_seq
+                     AND e.status IN ('pending', 'running', 'retry') AND cardinality(e.extra_lock_keys) > 0)
+$$;
+
+CREATE FUNCTION jobs_block_on_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    k text;
+BEGIN
+    FOR k IN SELECT DISTINCT u FROM unnest(NEW.extra_lock_keys || NEW.resource_id) AS u ORDER BY u LOOP
+        PERFORM pg_advisory_xact_lock_shared(hashtextextended('z9-lock-key:' || k, 0));
+    END LOOP;
+    -- A new statement: its snapshot is taken after the locks (READ COMMITTED).
+    SELECT jobs_key_held(NEW.resource_id, NEW.extra_lock_keys, NEW.seq) INTO NEW.blocked;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER jobs_block_on_insert
+    BEFORE INSERT ON jobs
+    FOR EACH ROW
+    WHEN (NEW.resource_id IS NOT NULL AND NEW.status = 'pending')
+    EXECUTE FUNCTION jobs_block_on_insert();
+
+CREATE FUNCTION jobs_unblock_after_end() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    k text;
+    keys text[] := OLD.extra_lock_keys || OLD.resource_id;
+    waiters text[];
+BEGIN
+    FOR k IN SELECT DISTINCT u FROM unnest(keys) AS u ORDER BY u LOOP
+        PERFORM pg_advisory_xact_lock(hashtextextended('z9-lock-key:' || k, 0));
+    END LOOP;
+    -- For each key: the earliest later live job holding it (as its resource or an extra key).
+    SELECT array_agg(c.id ORDER BY c.seq) INTO waiters
+    FROM unnest(keys) AS key
+    CROSS JOIN LATERAL (
+        (SELECT e.id, e.seq FROM jobs e
+         WHERE e.resource_id = key AND e.seq > OLD.seq AND e.status IN ('pending', 'running', 'retry')
+         ORDER BY e.seq LIMIT 1)
+        UNION ALL
+        (SELECT e.id, e.seq FROM jobs e
+         WHERE e.extra_lock_keys && ARRAY[key] AND e.seq > OLD.seq
+           AND e.status IN ('pending', 'running', 'retry') AND cardinality(e.extra_lock_keys) > 0
+         ORDER BY e.seq LIMIT 1)) AS c;
+    IF waiters IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- Lock the blocked ones (seq order), then decide with a snapshot taken after the locks.
+    PERFORM 1 FROM jobs WHERE id = ANY(waiters) AND blocked AND status = 'pending' ORDER BY seq FOR UPDATE;
+    FOR k IN UPDATE jobs SET blocked = false
+             WHERE id = ANY(waiters) AND blocked AND status = 'pending'
+               AND NOT jobs_key_held(resource_id, extra_lock_keys, seq)
+             RETURNING region LOOP
+        PERFORM pg_notify('z9_jobs', k);  -- one per region: NOTIFY folds repeats within a transaction
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+CREATE CONSTRAINT TRIGGER jobs_unblock_after_end
+    AFTER UPDATE OF status ON jobs
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN (OLD.resource_id IS NOT NULL AND OLD.status IN ('pending', 'running', 'retry')
+          AND NEW.status IN ('succeeded', 'failed'))
+    EXECUTE FUNCTION jobs_unblock_after_end();
+
+CREATE CONSTRAINT TRIGGER jobs_unblock_after_delete
+    AFTER DELETE ON jobs
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN (OLD.resource_id IS NOT NULL AND OLD.status IN ('pending', 'running', 'retry'))
+    EXECUTE FUNCTION jobs_unblock_after_end();
 
 CREATE FUNCTION jobs_terminal_immutable() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

@@ -33,10 +33,28 @@ DESCRIPTIONS: dict[str, str] = {
                            "(or a session pooler), never a transaction pooler (it drops notifications silently). Unset: `Z9_DATABASE_URL`.",
     "database_pooler": "What sits in front of `Z9_DATABASE_URL`: `none`; `session` or `transaction` = PgBouncer in that pool mode "
                        "(z9 then sends no `plan_cache_mode` startup parameter — set it with `ALTER ROLE/DATABASE … SET plan_cache_mode = "
-                       "force_custom_plan`, checked on every connection — and `transaction` turns asyncpg's prepared-statement cache off).",
+                       "force_custom_plan`, checked on every connection — and `transaction` turns asyncpg's prepared-statement cache off). "
+                       "The bounded waits (`Z9_*_DB_LOCK_TIMEOUT_S`, `Z9_DB_STATEMENT_TIMEOUT_S`, `Z9_DB_IDLE_IN_TRANSACTION_TIMEOUT_S`, "
+                       "the server side's keepalives) cannot be startup parameters behind PgBouncer either: set them with `ALTER ROLE … SET`.",
     "database_require_sync_replication": "Refuse to run (pool and LISTEN connections) on a server whose commits do not wait for a "
                                          "synchronous standby (`synchronous_standby_names` empty or `synchronous_commit` off/local): "
                                          "the 202 promise survives a failover only with synchronous replication.",
+    "api_db_lock_timeout_s": "`lock_timeout` of the API's pooled connections (seconds, 0 = none): a request waiting on a row another "
+                             "transaction holds gives up after this long (503, retry) instead of piling up behind it.",
+    "executor_db_lock_timeout_s": "`lock_timeout` of the executor's pooled connections (seconds, 0 = none). A batched finish that hits it "
+                                  "rolls back; its jobs finish one by one, and the one still blocked is retried on its own (its lease "
+                                  "kept renewed) while every other job and claim goes on.",
+    "scheduler_db_lock_timeout_s": "`lock_timeout` of the scheduler's and the reaper's pooled connections (seconds, 0 = none).",
+    "db_statement_timeout_s": "`statement_timeout` of every service's pooled connections (seconds, 0 = none).",
+    "db_idle_in_transaction_timeout_s": "`idle_in_transaction_session_timeout` of every service's connections (seconds, 0 = none): "
+                                        "PostgreSQL ends the session of a process frozen inside a transaction (SIGSTOP, a stuck "
+                                        "event loop), so the row locks it holds are released. z9 never waits on anything else "
+                                        "inside a transaction.",
+    "db_tcp_keepalives_idle_s": "TCP keepalive of every z9 connection, both ends (PostgreSQL's `tcp_keepalives_idle` and the client "
+                                "socket's): seconds of silence before the first probe (0 = the system's default, about 2 hours).",
+    "db_tcp_keepalives_interval_s": "Seconds between TCP keepalive probes (both ends; 0 = the system's default).",
+    "db_tcp_keepalives_count": "Unanswered TCP keepalive probes before the connection is dropped (both ends; 0 = the system's "
+                               "default): a partitioned peer's session and its locks end after idle + interval × count seconds.",
     "data_dir": "State folder of `z9 dev` (embedded PostgreSQL data, dev token, simulator state and secret).",
     "regions": "JSON object: region name → Proxmox VE cluster (fields below).",
     # api

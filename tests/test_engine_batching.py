@@ -168,6 +168,7 @@ async def test_batch_claim_takes_only_the_earliest_live_job_of_each_resource(poo
     # transaction (the executor's claim-in-finish)
     async with pool.acquire() as conn, conn.transaction():
         await store.job_succeed(conn, Lease(a1, "w", 1), [])
+        await store.jobs_unblock_now(conn)  # as the executor's batcher does before its claim
         nxt = await store.job_claim(conn, ["r1"], 16, "w", TTL)
     assert [j.id for j in nxt] == [a2]
     await store.job_succeed(pool, Lease(a2, "w", 1), [])

@@ -66,11 +66,56 @@ class NotPrimaryError(ConnectionError):
     LISTENs on the primary only. Transient — reconnecting finds the primary after a failover."""
 
 
-def _server_settings(application_name: str, pooler: str = "none") -> dict[str, str]:
+def _server_settings(application_name: str, pooler: str = "none",
+                     bounds: dict[str, str] | None = None) -> dict[str, str]:
     out = {"application_name": application_name}
     if PLAN_CACHE_MODE and pooler == "none":
         out["plan_cache_mode"] = PLAN_CACHE_MODE
+    if bounds and pooler == "none":  # PgBouncer refuses startup parameters it does not track
+        out.update(bounds)
     return out
+
+
+def _ms(seconds: float) -> str:
+    return str(int(round(seconds * 1000)))
+
+
+def session_bounds(settings: "Settings", role: str | None) -> dict[str, str]:
+    """The bounded waits of a connection, as PostgreSQL startup parameters (docs/settings.md):
+    ``lock_timeout`` of the ``role`` (``api``/``executor``/``scheduler``; None: no lock or statement
+    bound — LISTEN connections run nothing that waits), ``statement_timeout``,
+    ``idle_in_transaction_session_timeout`` and the server side's TCP keepalives. A frozen or
+    partitioned process holding a row lock then stalls others for seconds, not hours. Behind
+    PgBouncer these cannot be startup parameters: set them with ``ALTER ROLE … SET``."""
+    out: dict[str, str] = {}
+    if role is not None:
+        out["lock_timeout"] = _ms(settings.db_lock_timeout_s(role))
+        out["statement_timeout"] = _ms(settings.db_statement_timeout_s)
+    out["idle_in_transaction_session_timeout"] = _ms(settings.db_idle_in_transaction_timeout_s)
+    if settings.db_tcp_keepalives_idle_s:
+        out["tcp_keepalives_idle"] = str(settings.db_tcp_keepalives_idle_s)
+    if settings.db_tcp_keepalives_interval_s:
+        out["tcp_keepalives_interval"] = str(settings.db_tcp_keepalives_interval_s)
+    if settings.db_tcp_keepalives_count:
+        out["tcp_keepalives_count"] = str(settings.db_tcp_keepalives_count)
+    return out
+
+
+def set_client_keepalive(conn: asyncpg.Connection, idle_s: int, interval_s: int, count: int) -> None:
+    """TCP keepalive on the client's socket (asyncpg sets none): a server that vanished behind a
+    partition is noticed after ``idle + interval × count`` seconds instead of the kernel's two
+    hours. Unix sockets and platforms without the options are left alone."""
+    transport = getattr(conn, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, value in (("TCP_KEEPIDLE", idle_s), ("TCP_KEEPINTVL", interval_s), ("TCP_KEEPCNT", count)):
+            if value and hasattr(socket, opt):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+    except OSError as e:  # pragma: no cover - platform specific
+        log.debug("TCP keepalive not set: %s", e)
 
 
 def server_label(conn: asyncpg.Connection) -> str:
@@ -123,8 +168,10 @@ async def init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-def _pooled_init(require_sync_replication: bool) -> Any:
+def _pooled_init(require_sync_replication: bool, keepalive: tuple[int, int, int] | None = None) -> Any:
     async def init(conn: asyncpg.Connection) -> None:
+        if keepalive is not None:
+            set_client_keepalive(conn, *keepalive)
         await check_server(conn)
         if require_sync_replication:
             await check_synchronous_replication(conn)
@@ -161,7 +208,8 @@ async def _no_session_reset(conn: asyncpg.Connection) -> None:
 
 async def create_pool(
     dsn: str, *, min_size: int = 1, max_size: int = 10, application_name: str = "z9",
-    pooler: str = "none", require_sync_replication: bool = False, **kw: Any
+    pooler: str = "none", require_sync_replication: bool = False, bounds: dict[str, str] | None = None,
+    keepalive: tuple[int, int, int] | None = None, **kw: Any
 ) -> asyncpg.Pool:
     """An asyncpg pool on ``dsn`` whose connections decode jsonb and passed :func:`check_server`
     (primary, ``plan_cache_mode``; with ``require_sync_replication``,
@@ -176,20 +224,30 @@ async def create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
-        init=_pooled_init(require_sync_replication),
+        init=_pooled_init(require_sync_replication, keepalive),
         reset=_no_session_reset,
-        server_settings=_server_settings(application_name, pooler),
+        server_settings=_server_settings(application_name, pooler, bounds),
         **kw,
     )
 
 
+def _keepalive(settings: "Settings") -> tuple[int, int, int]:
+    return (settings.db_tcp_keepalives_idle_s, settings.db_tcp_keepalives_interval_s,
+            settings.db_tcp_keepalives_count)
+
+
 async def create_service_pool(settings: "Settings", *, application_name: str, min_size: int = 1,
-                              max_size: int = 10) -> asyncpg.Pool:
+                              max_size: int = 10, role: str | None = None) -> asyncpg.Pool:
     """The pooled connections of a service: ``Z9_DATABASE_URL`` through ``Z9_DATABASE_POOLER``,
-    checked as ``Z9_DATABASE_REQUIRE_SYNC_REPLICATION`` says."""
+    checked as ``Z9_DATABASE_REQUIRE_SYNC_REPLICATION`` says, with the bounded waits of ``role``
+    (``api``/``executor``/``scheduler``; default: from ``application_name``, see
+    :func:`session_bounds`)."""
+    if role is None:
+        role = {"z9-api": "api", "z9-executor": "executor"}.get(application_name, "scheduler")
     return await create_pool(settings.require_database_url(), min_size=min_size, max_size=max_size,
                              application_name=application_name, pooler=settings.database_pooler,
-                             require_sync_replication=settings.database_require_sync_replication)
+                             require_sync_replication=settings.database_require_sync_replication,
+                             bounds=session_bounds(settings, role), keepalive=_keepalive(settings))
 
 
 async def connect(dsn: str, *, application_name: str = "z9") -> asyncpg.Connection:
@@ -210,8 +268,10 @@ async def connect_direct(settings: "Settings", *, application_name: str) -> asyn
     """A direct connection (:func:`direct_url`) that passed :func:`check_server` — on the primary,
     ``plan_cache_mode`` right — and, with ``Z9_DATABASE_REQUIRE_SYNC_REPLICATION``,
     :func:`check_synchronous_replication`. Logs and exports which server it reached."""
-    conn = await asyncpg.connect(direct_url(settings), server_settings=_server_settings(application_name))
+    conn = await asyncpg.connect(direct_url(settings), server_settings=_server_settings(
+        application_name, bounds=session_bounds(settings, None)))
     try:
+        set_client_keepalive(conn, *_keepalive(settings))
         await check_server(conn)
         if settings.database_require_sync_replication:
             await check_synchronous_replication(conn)
@@ -231,6 +291,17 @@ async def connect_listener(settings: "Settings", *, application_name: str) -> as
     _note_server("listen", server)
     log.info("LISTEN connection on %s (primary)", server)
     return conn
+
+
+LOCK_WAIT_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.LockNotAvailableError,  # lock_timeout (SQLSTATE 55P03)
+    asyncpg.QueryCanceledError,  # statement_timeout (57014)
+    asyncpg.DeadlockDetectedError,  # 40P01
+)
+"""A statement gave up waiting for a lock another transaction holds (the connection's bounded
+waits, :func:`session_bounds`), or was chosen as a deadlock's victim: nothing was written, the
+transaction is rolled back; retry it later (the store raises
+:class:`~z9.common.errors.LockWaitTimeout` for them)."""
 
 
 TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (

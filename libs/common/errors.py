@@ -79,6 +79,12 @@ class DatabaseUnavailable(DatabaseError):
     down): back off and retry; nothing of the statement can be assumed either way."""
 
 
+class LockWaitTimeout(DatabaseError):
+    """A statement waited longer than its connection's bound (``lock_timeout``,
+    ``statement_timeout``) for a row another transaction holds, or lost a deadlock: rolled back,
+    nothing written; retry later."""
+
+
 class ConstraintViolation(DatabaseError):
     """A write would break a constraint; ``constraint`` names it, so the caller can say which
     precondition failed."""

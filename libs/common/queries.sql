@@ -293,7 +293,9 @@ LIMIT $3;
 
 -- name: job_claim
 -- The earliest pending jobs of one region whose lock keys no earlier live job holds (per-resource
--- order, extended to a job's extra_lock_keys), oldest first: `region = $1` (a scalar, not
+-- order, extended to a job's extra_lock_keys), oldest first. `NOT blocked` (migration 0010): jobs
+-- waiting behind a live job of one of their keys are not in jobs_claimable at all, so the walk never
+-- steps over them; the checks below stay as a guard: `region = $1` (a scalar, not
 -- `= ANY(array)`) lets the scan walk jobs_claimable in seq order and stop after $2 rows; with an
 -- array PostgreSQL 15 cannot take the order from that index and walks every finished job. The
 -- check for an earlier live job of the candidate's resource is a correlated subplan probing
@@ -306,7 +308,7 @@ LIMIT $3;
 -- there is no lock cycle.
 WITH candidates AS (
     SELECT j.id FROM jobs j
-    WHERE j.status = 'pending' AND j.region = $1 AND j.run_after <= now()
+    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = $1 AND j.run_after <= now()
       AND (j.resource_id IS NULL OR (
           NOT EXISTS (
               SELECT 1 FROM jobs e
@@ -331,6 +333,29 @@ FROM candidates
 WHERE jobs.id = candidates.id
 RETURNING jobs.*, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
+-- name: jobs_unblock_now
+-- Inside a transaction that ended jobs with resources: run their deferred unblocking
+-- (jobs_unblock_after_end, migration 0010) now, so a claim later in the same transaction can take
+-- the jobs that waited on them. Issued after the finishes' records, so the advisory key locks come
+-- after every row lock the transaction takes (an API transaction takes a resource row, then a key).
+SET CONSTRAINTS jobs_unblock_after_end, jobs_unblock_after_delete IMMEDIATE;
+
+-- name: jobs_unblock_missed
+-- The scheduler's safety net (at its prune cadence): blocked pending jobs that no earlier live job
+-- holds a key of any more — which the triggers of migration 0010 should never leave — are made
+-- claimable and their regions notified. SKIP LOCKED: never waits on a row in use.
+WITH missed AS (
+    SELECT j.id FROM jobs j
+    WHERE j.status = 'pending' AND j.blocked AND NOT jobs_key_held(j.resource_id, j.extra_lock_keys, j.seq)
+    ORDER BY j.seq
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs SET blocked = false
+FROM missed
+WHERE jobs.id = missed.id AND jobs.blocked AND jobs.status = 'pending'
+RETURNING jobs.id, jobs.region, pg_notify('z9_jobs', jobs.region)::text AS notified;
+
 -- name: job_heartbeat
 UPDATE jobs
 SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
@@ -339,16 +364,32 @@ RETURNING id;
 
 -- name: job_heartbeat_many
 -- Batch renewal: ($1 ids, $2 owners, $3 attempts) fenced row by row; returns the (id, attempt)
--- of the leases still held — a lease missing from the answer is lost.
-UPDATE jobs j
-SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
-FROM unnest($1::text[], $2::text[], $3::int[]) AS f(id, owner, attempt)
+-- of the leases still held — a lease missing from the answer is lost. Never waits on a row lock:
+-- a row another transaction holds (this executor's own finish waiting on a lock, a frozen API
+-- process) is skipped and answered from the statement's snapshot (still ours: not lost, renewed
+-- at the next beat) — one locked row must not hold up every other job's renewal.
 -- `status::text`: the same test, but it matches no partial index's predicate, so the planner
 -- probes the primary key for the ids — stale statistics would otherwise have it scan every live
 -- job through jobs_resource_live.
-WHERE j.id = ANY($1::text[])
-  AND j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status::text = 'running'
-RETURNING j.id, j.attempt;
+WITH f AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::int[]) AS f(id, owner, attempt)
+), held AS (
+    SELECT j.id FROM jobs j JOIN f ON j.id = f.id
+    WHERE j.id = ANY($1::text[]) AND j.lease_owner = f.owner AND j.attempt = f.attempt
+      AND j.status::text = 'running'
+    FOR UPDATE OF j SKIP LOCKED
+), renewed AS (
+    UPDATE jobs j
+    SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
+    FROM held
+    WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.id = held.id
+    RETURNING j.id, j.attempt
+)
+SELECT id, attempt FROM renewed
+UNION ALL
+SELECT j.id, j.attempt FROM jobs j JOIN f ON j.id = f.id
+WHERE j.id = ANY($1::text[]) AND j.lease_owner = f.owner AND j.attempt = f.attempt
+  AND j.status::text = 'running' AND j.id NOT IN (SELECT id FROM held);
 
 -- name: job_progress
 UPDATE jobs
@@ -490,7 +531,7 @@ GROUP BY status, region, kind;
 -- (run_after is never earlier than created_at: it defaults to now() and only moves forward.)
 SELECT r.region, coalesce(extract(epoch FROM now() - (
     SELECT greatest(j.created_at, j.run_after) FROM jobs j
-    WHERE j.status = 'pending' AND j.region = r.region AND j.run_after <= now()
+    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = r.region AND j.run_after <= now()
       AND NOT EXISTS (
           SELECT 1 FROM jobs e
           WHERE e.resource_id = j.resource_id AND e.seq < j.seq

@@ -156,6 +156,20 @@ class Settings(BaseSettings):
     # Refuse to LISTEN (so executors and the scheduler do not run) on a primary whose commits
     # do not wait for a synchronous standby: the 202 promise survives a failover only then.
     database_require_sync_replication: bool = False
+    # Bounded waits of every pooled connection (seconds; 0 = no bound), per role: a transaction
+    # frozen while holding a row lock (a SIGSTOPped or partitioned process) stalls whoever waits on
+    # it only this long. lock_timeout per role (the executor's is short: a finish that hits it is
+    # retried on its own while the job keeps its lease); statement_timeout and
+    # idle_in_transaction_session_timeout for all; TCP keepalives (server side, and the client's
+    # socket) so a partitioned peer's session — and its locks — end within a minute, not two hours.
+    api_db_lock_timeout_s: float = Field(5.0, ge=0)
+    executor_db_lock_timeout_s: float = Field(2.0, ge=0)
+    scheduler_db_lock_timeout_s: float = Field(5.0, ge=0)
+    db_statement_timeout_s: float = Field(60.0, ge=0)
+    db_idle_in_transaction_timeout_s: float = Field(15.0, ge=0)
+    db_tcp_keepalives_idle_s: int = Field(30, ge=0)
+    db_tcp_keepalives_interval_s: int = Field(10, ge=0)
+    db_tcp_keepalives_count: int = Field(3, ge=0)
     data_dir: Path = Path(".z9")
     regions: dict[str, RegionSettings] = Field(default_factory=dict)
 
@@ -226,6 +240,12 @@ class Settings(BaseSettings):
         if self.backoff_cap_s < self.backoff_base_s:
             raise ValueError("Z9_BACKOFF_CAP_S must be at least Z9_BACKOFF_BASE_S")
         return self
+
+    def db_lock_timeout_s(self, role: str) -> float:
+        """``lock_timeout`` (seconds) of a service's pooled connections: ``api``, ``executor``,
+        or ``scheduler`` (the scheduler and the reaper)."""
+        return {"api": self.api_db_lock_timeout_s, "executor": self.executor_db_lock_timeout_s}.get(
+            role, self.scheduler_db_lock_timeout_s)
 
     def require_database_url(self) -> str:
         """The database URL; raises ``SystemExit`` with a hint when ``Z9_DATABASE_URL`` is unset."""

@@ -22,8 +22,8 @@ from typing import Any, Iterable, Protocol
 
 import asyncpg
 
-from .db import TRANSIENT_DB_ERRORS
-from .errors import (CheckViolation, ConstraintViolation, DatabaseUnavailable, ExclusionViolation, LeaseLost,
+from .db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS
+from .errors import (CheckViolation, ConstraintViolation, DatabaseUnavailable, ExclusionViolation, LeaseLost, LockWaitTimeout,
                      PoolConfigError, UniqueViolation)
 from .ids import new_id
 from .models import Address, Job, Server
@@ -352,6 +352,17 @@ async def job_list(db: DB, tenant_id: str, *, resource_id: str | None = None, af
 
 # ---------------------------------------------------------------- jobs: workers (fenced)
 
+async def jobs_unblock_now(db: DB) -> None:
+    """In a transaction that ended jobs with a resource: make the jobs waiting on them claimable
+    now rather than at commit (see ``jobs_unblock_now`` in queries.sql)."""
+    await db.execute(q("jobs_unblock_now"))
+
+
+async def jobs_unblock_missed(db: DB, limit: int = 1000) -> list[Any]:
+    """Blocked pending jobs nothing blocks any more → claimable (rows: id, region); see queries.sql."""
+    return await db.fetch(q("jobs_unblock_missed"), limit)
+
+
 async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float) -> list[Job]:
     """Claim up to ``limit`` pending jobs of ``regions`` (``FOR UPDATE SKIP LOCKED``), at most the
     earliest live job of each resource; each gets ``lease_owner = owner`` and attempt + 1.
@@ -649,8 +660,10 @@ def _boundary(fn: Any) -> Any:
     async def translated(*args: Any, **kw: Any) -> Any:
         try:
             return await fn(*args, **kw)
-        except (DatabaseUnavailable, ConstraintViolation):
+        except (DatabaseUnavailable, ConstraintViolation, LockWaitTimeout):
             raise
+        except LOCK_WAIT_ERRORS as e:
+            raise LockWaitTimeout(f"gave up waiting: {type(e).__name__}: {e}") from e
         except asyncpg.UniqueViolationError as e:
             raise UniqueViolation(e.constraint_name or "unknown", str(e)) from e
         except asyncpg.ExclusionViolationError as e:

@@ -16,7 +16,8 @@ import asyncpg
 from aiohttp import web
 
 from z9.common import metrics, store
-from z9.common.db import TRANSIENT_DB_ERRORS, create_service_pool
+from z9.common.db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS, create_service_pool
+from z9.common.errors import LockWaitTimeout
 from z9.common.errors import ApiError, ValidationFailed
 from z9.common.ids import is_id
 from z9.common.models import Job
@@ -76,6 +77,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         log.warning("database unavailable on %s %s: %s", request.method, request.path, e)
         resp = _error_body(503, "unavailable", "the database is unreachable right now; retry shortly")
         resp.headers["Retry-After"] = "2"
+        return resp
+    except (LockWaitTimeout, *LOCK_WAIT_ERRORS) as e:
+        log.warning("gave up waiting for a lock on %s %s: %s", request.method, request.path, e)
+        resp = _error_body(503, "busy", "another change to the same objects is still in progress; retry shortly")
+        resp.headers["Retry-After"] = "1"
         return resp
     except web.HTTPException as e:
         if e.status < 400:

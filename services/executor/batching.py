@@ -11,7 +11,9 @@ One flush, in one transaction:
    ``(id, lease_owner, attempt, status = 'running')`` exactly like the single ``job_succeed``;
 2. each kind's ``record(conn, ctx, observed)`` for the jobs whose row matched, in the same
    transaction (as on the single path);
-3. optionally (``claim_next``), the executor's next claim, for the slots these finishes free:
+3. optionally (``claim_next``), the executor's next claim, for the slots these finishes free
+   (after ``jobs_unblock_now`` when a finished job had a resource: the jobs waiting on it become
+   claimable in this transaction, not only at its commit):
    one commit — one WAL flush — then both ends the old jobs and leases the new ones, instead
    of one for each (at concurrency 1 that halves the flushes per job);
 4. commit. Then each waiting job gets its own answer: done, or :class:`LeaseLost` when its row
@@ -23,6 +25,14 @@ the scheduler's reclaim), it rolls back and every job of the batch is finished a
 own, through the single path, so each gets exactly the outcome it would have had alone. A
 lost database connection is raised to every job of the batch (the leases then expire and the
 scheduler hands the jobs on, as on the single path).
+
+No stuck transaction stalls the others. A finish waiting on a row another transaction holds (an
+API process frozen inside a DELETE that locked the resource row its ``record`` updates) gives up
+after the connection's ``lock_timeout`` (``Z9_EXECUTOR_DB_LOCK_TIMEOUT_S``); the batch rolls back
+and its jobs are finished one by one, *concurrently and outside the batcher's loop*: the others
+commit at once, later finishes and the claims go on, and the blocked one is retried on its own
+with backoff until it commits or its lease is lost — marked ``flushing`` meanwhile, so the
+executor's heartbeat keeps renewing its lease (a finished but unrecorded job is still running).
 """
 from __future__ import annotations
 
@@ -34,10 +44,15 @@ from typing import Any, Awaitable, Callable
 import asyncpg
 
 from z9.common import store
-from z9.common.db import TRANSIENT_DB_ERRORS
-from z9.common.errors import LeaseLost
+from z9.common.db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS
+from z9.common.errors import LeaseLost, LockWaitTimeout
 
 log = logging.getLogger("z9.executor")
+
+BLOCKED_ERRORS: tuple[type[BaseException], ...] = (LockWaitTimeout, *LOCK_WAIT_ERRORS)
+"""A finish that gave up waiting on a lock (or lost a deadlock): rolled back, retried alone."""
+RETRY_FIRST_S = 0.2  # pause before a blocked finish's next try, doubled up to RETRY_CAP_S
+RETRY_CAP_S = 5.0
 
 
 @dataclass
@@ -71,7 +86,9 @@ class FinishBatcher:
         self.on_claimed = on_claimed
         self._queue: list[_Finish] = []
         self._task: asyncio.Task[None] | None = None
+        self._alone_tasks: set[asyncio.Task[None]] = set()  # finishes retried on their own
         self.flushes = 0  # transactions run (tests, benchmarks)
+        self.blocked_retries = 0  # finishes that gave up on a lock and were tried again (tests)
 
     async def succeed(self, ctx: Any, kind: Any, observed: Any) -> None:
         """Finish ``ctx.job`` as succeeded (recording ``observed`` through ``kind.record``),
@@ -111,6 +128,8 @@ class FinishBatcher:
                     for f in won:
                         await f.kind.record(conn, f.ctx, f.observed)
                     if self.claim_next is not None and won:
+                        if any(f.ctx.job.resource_id for f in won):  # their waiters, claimable now
+                            await store.jobs_unblock_now(conn)
                         claimed = await self.claim_next(conn, len(won))
             except BaseException:
                 if claimed[0] and self.on_claimed is not None:
@@ -122,14 +141,18 @@ class FinishBatcher:
                 _resolve(f, e)
             return
         except Exception as e:
-            if len(batch) == 1:  # its row did not match (LeaseLost), or its record failed
+            blocked = isinstance(e, BLOCKED_ERRORS)
+            if len(batch) == 1 and not blocked:  # its row did not match (LeaseLost), or its record failed
                 _resolve(batch[0], e)
                 return
             # A record() failing (even with LeaseLost: the fenced batch update reports lost rows by
-            # value, so which job it concerns is unknown), a deadlock: each job on its own instead.
-            log.debug("finish of %d jobs rolled back (%r); finishing them one by one", len(batch), e)
+            # value, so which job it concerns is unknown), a lock wait given up, a deadlock: each
+            # job on its own instead — concurrently and not awaited here, so one still-blocked job
+            # holds up neither the others nor the next batches.
+            (log.warning if blocked else log.debug)(
+                "finish of %d job(s) rolled back (%s); finishing them one by one", len(batch), e)
             for f in batch:
-                await self._alone(f)
+                self._spawn_alone(f, retry_blocked=True, first_blocked=blocked and len(batch) == 1)
             return
         for f in batch:
             if (f.ctx.lease.job_id, f.ctx.lease.attempt) in lost_ids:
@@ -140,13 +163,43 @@ class FinishBatcher:
         if self.on_claimed is not None and claimed[0]:
             self.on_claimed(*claimed)
 
-    async def _alone(self, f: _Finish) -> None:
-        try:
-            await succeed_one(self.pool, f.ctx, f.kind, f.observed)
-        except Exception as e:
-            _resolve(f, e)
-        else:
-            _resolve(f)
+    def _spawn_alone(self, f: _Finish, *, retry_blocked: bool, first_blocked: bool = False) -> None:
+        task = asyncio.get_running_loop().create_task(self._alone(f, retry_blocked, first_blocked),
+                                                      name=f"z9-finish-{f.ctx.job.id}")
+        self._alone_tasks.add(task)
+        task.add_done_callback(self._alone_tasks.discard)
+
+    async def _alone(self, f: _Finish, retry_blocked: bool = False, first_blocked: bool = False) -> None:
+        """Finish one job on the single path; with ``retry_blocked``, a try that gave up on a lock
+        is repeated with backoff (the job marked ``flushing``: its lease stays renewed) until it
+        commits, its lease is lost, or its waiter is gone."""
+        delay = RETRY_FIRST_S
+        if first_blocked:  # the batch of one just gave up on this lock: pause before trying again
+            f.ctx.flushing = True
+            self.blocked_retries += 1
+            await asyncio.sleep(delay)
+        while True:
+            try:
+                await succeed_one(self.pool, f.ctx, f.kind, f.observed)
+            except BLOCKED_ERRORS as e:
+                if not retry_blocked or f.future.done():
+                    _resolve(f, e)
+                    return
+                f.ctx.flushing = True
+                self.blocked_retries += 1
+                log.warning("job %s: finishing it waited too long on a lock (%s); retrying in %.1fs",
+                            f.ctx.job.id, e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_CAP_S)
+                continue
+            except Exception as e:
+                _resolve(f, e)
+            else:
+                _resolve(f)
+            finally:
+                if f.future.done():
+                    f.ctx.flushing = False
+            return
 
 
 def _resolve(f: _Finish, exc: BaseException | None = None) -> None:

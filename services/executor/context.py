@@ -65,6 +65,9 @@ class JobContext:
         self.last_progress = time.monotonic()
         self.claimed_at = self.last_progress  # time.monotonic() of the claim (attempt duration)
         self.finished = False  # set before the final write: the heartbeat leaves the job alone
+        # ... except while its success finish is being retried after a lock wait (batching.py):
+        # the job is done but not recorded, so it is still running and its lease is renewed.
+        self.flushing = False
 
     @property
     def args(self) -> dict[str, Any]:

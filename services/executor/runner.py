@@ -15,6 +15,7 @@ Outcomes (architecture §2, §4):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -59,7 +60,10 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
             with metrics.phase(job, "plan"), tracing.span("plan", {"z9.phase": "plan"}):
                 steps = kind.plan(job, world)
                 await ctx.set_plan(steps)
-            with metrics.phase(job, "apply"), tracing.span("apply", {"z9.phase": "apply"}):
+            # An empty plan applies nothing: no apply span (with tracing on, every span costs the
+            # executor CPU per job — bench/run.py -w TRACING; a job with nothing to do is most of a drain).
+            with metrics.phase(job, "apply"), (tracing.span("apply", {"z9.phase": "apply"}) if steps
+                                               else contextlib.nullcontext()):
                 for step in steps:
                     with tracing.span(f"step {step.name}", {"z9.step": step.name}):
                         await ctx.step_running(step)

@@ -259,7 +259,11 @@ class Executor:
         now = time.monotonic()
         renew: list[tuple[str, asyncio.Task, JobContext]] = []
         for job_id, (task, ctx) in list(self.inflight.items()):
-            if ctx.finished or task.done():
+            if task.done():
+                continue
+            if ctx.finished:
+                if ctx.flushing:  # done, its finish retried after a lock wait: keep the lease
+                    renew.append((job_id, task, ctx))
                 continue
             if now - ctx.last_progress > s.step_timeout_s:
                 # Stalled: give it up (no hand-over). Its lease expires and the scheduler hands

@@ -10,7 +10,9 @@
    of their regions is NOTIFYed on ``z9_jobs``.
 3. on the first pass and every ``prune_every`` passes after, ``job_prune_finished`` — terminal
    jobs older than the retention are deleted in batches (``SKIP LOCKED``: never blocks claims) —
-   and ``idempotency_prune`` — Idempotency-Keys older than their retention.
+   and ``idempotency_prune`` — Idempotency-Keys older than their retention — and
+   ``jobs_unblock_missed``, a safety net: a blocked job (migration 0010) that nothing blocks any
+   more is made claimable (the triggers should leave none; a warning says when it did).
 
 Metrics: reclaims, promotions and prunes are counted as they happen; ``run`` also recounts the
 job table with index-only queries (:meth:`Scheduler.refresh_job_metrics`): the live statuses
@@ -46,6 +48,7 @@ class PassCounts:
     reclaimed_failed: int = 0
     promoted: int = 0
     pruned: int = 0
+    unblocked: int = 0  # blocked jobs the safety net found free (jobs_unblock_missed): 0 normally
 
 
 class Scheduler:
@@ -98,6 +101,11 @@ class Scheduler:
             if self._passes % self.prune_every == 0:
                 counts.pruned = await self._prune(conn)
                 metrics.JOBS_PRUNED.inc(counts.pruned)
+                missed = await store.jobs_unblock_missed(conn)
+                counts.unblocked = len(missed)
+                if missed:  # the triggers of migration 0010 should leave none: say so loudly
+                    log.warning("%d blocked job(s) had nothing blocking them any more; made claimable: %s",
+                                len(missed), ", ".join(r["id"] for r in missed[:10]))
             self._passes += 1
         return counts
 
