@@ -748,3 +748,47 @@ UPDATE jobs SET args = args || $2::jsonb WHERE id = $1 AND status = 'pending';
 UPDATE addresses SET kind = 'primary', server_id = $2, updated_at = now()
 WHERE id = $1 AND server_id IS NULL AND status IN ('creating', 'active')
 RETURNING *;
+
+-- name: tenant_quota_get
+-- A tenant's quota overrides (no row: none).
+SELECT servers, cores, memory_mib, addresses FROM tenant_quotas WHERE tenant_id = $1;
+
+-- name: tenant_quota_set
+-- `z9 quota`: $3..$6 with $2 telling which are given (a NULL given resets it to the default).
+INSERT INTO tenant_quotas AS t (tenant_id, servers, cores, memory_mib, addresses)
+VALUES ($1, CASE WHEN 'servers' = ANY($2::text[]) THEN $3::integer END, CASE WHEN 'cores' = ANY($2::text[]) THEN $4::integer END,
+        CASE WHEN 'memory_mib' = ANY($2::text[]) THEN $5::bigint END, CASE WHEN 'addresses' = ANY($2::text[]) THEN $6::integer END)
+ON CONFLICT (tenant_id) DO UPDATE
+SET servers = CASE WHEN 'servers' = ANY($2::text[]) THEN $3::integer ELSE t.servers END,
+    cores = CASE WHEN 'cores' = ANY($2::text[]) THEN $4::integer ELSE t.cores END,
+    memory_mib = CASE WHEN 'memory_mib' = ANY($2::text[]) THEN $5::bigint ELSE t.memory_mib END,
+    addresses = CASE WHEN 'addresses' = ANY($2::text[]) THEN $6::integer ELSE t.addresses END,
+    updated_at = now()
+RETURNING servers, cores, memory_mib, addresses;
+
+-- name: tenant_quota_lock
+-- Inside the request's transaction: the tenant's quota lock, held until commit. A statement of
+-- its own: a READ COMMITTED statement's snapshot is taken when it starts, so counting in the
+-- statement that waited for the lock would miss the rows the holder committed meanwhile.
+SELECT pg_advisory_xact_lock(hashtextextended('z9-quota:' || $1, 0));
+
+-- name: tenant_quota_usage
+-- The tenant's use (after tenant_quota_lock, in a new statement). Rows not yet deleted count.
+SELECT (SELECT count(*) FROM servers WHERE tenant_id = $1 AND status <> 'deleted') AS servers,
+       (SELECT coalesce(sum(cores), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted') AS cores,
+       (SELECT coalesce(sum(memory_mib), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted') AS memory_mib,
+       (SELECT count(*) FROM addresses WHERE tenant_id = $1 AND status <> 'deleted') AS addresses;
+
+-- name: server_get_for_update
+SELECT * FROM servers WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
+
+-- name: server_set_sizes
+-- A resize's intent (its ServerResize job, enqueued in the same transaction, makes it true).
+UPDATE servers SET cores = $2, memory_mib = $3, disk_gib = $4, updated_at = now()
+WHERE id = $1 RETURNING *;
+
+-- name: server_patch
+-- Database-only changes (name, labels); NULL: unchanged.
+UPDATE servers SET name = coalesce($3, name), labels = coalesce($4::jsonb, labels), updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
+RETURNING *;

@@ -641,6 +641,51 @@ async def address_make_primary(db: DB, address_id: str, server_id: str) -> Addre
     asyncpg.UniqueViolationError when the server has a primary of that family already."""
     row = await db.fetchrow(q("address_make_primary"), address_id, server_id)
     return Address.from_record(row) if row else None
+# ---------------------------------------------------------------- quotas (migration 0011)
+
+QUOTA_KEYS = ("servers", "cores", "memory_mib", "addresses")
+
+
+async def tenant_quota_get(db: DB, tenant_id: str) -> dict[str, int | None]:
+    """The tenant's quota overrides (None: the settings' default)."""
+    row = await db.fetchrow(q("tenant_quota_get"), tenant_id)
+    return {k: (row[k] if row else None) for k in QUOTA_KEYS}
+
+
+async def tenant_quota_set(db: DB, tenant_id: str, values: dict[str, int | None]) -> dict[str, int | None]:
+    """Set the given overrides (a None value resets it to the default); returns all of them."""
+    row = await db.fetchrow(q("tenant_quota_set"), tenant_id, list(values), values.get("servers"),
+                            values.get("cores"), values.get("memory_mib"), values.get("addresses"))
+    return {k: row[k] for k in QUOTA_KEYS}
+
+
+async def tenant_quota_lock_usage(db: DB, tenant_id: str) -> dict[str, int]:
+    """Take the tenant's quota lock (until the transaction ends), then read its use (in a
+    statement of its own: it sees what the lock's previous holder committed)."""
+    await db.execute(q("tenant_quota_lock"), tenant_id)
+    row = await db.fetchrow(q("tenant_quota_usage"), tenant_id)
+    return {k: int(row[k]) for k in QUOTA_KEYS}
+
+
+async def server_get_for_update(db: DB, server_id: str, tenant_id: str) -> Server | None:
+    """The tenant's server, its row locked until commit (an action's checks and writes)."""
+    row = await db.fetchrow(q("server_get_for_update"), server_id, tenant_id)
+    return Server.from_record(row) if row else None
+
+
+async def server_set_sizes(db: DB, server_id: str, *, cores: int, memory_mib: int, disk_gib: int) -> Server:
+    row = await db.fetchrow(q("server_set_sizes"), server_id, cores, memory_mib, disk_gib)
+    return Server.from_record(row)
+
+
+async def server_patch(db: DB, server_id: str, tenant_id: str, *, name: str | None,
+                       labels: dict[str, str] | None) -> Server | None:
+    """Rename / relabel (None: unchanged); None when absent, another tenant's or deleted. Raises
+    UniqueViolation (servers_tenant_name_live) for a live name taken."""
+    row = await db.fetchrow(q("server_patch"), server_id, tenant_id, name, labels)
+    return Server.from_record(row) if row else None
+
+
 # ---------------------------------------------------------------- the error boundary
 
 def _boundary(fn: Any) -> Any:
@@ -665,3 +710,4 @@ def _boundary(fn: Any) -> Any:
 for _name, _fn in list(globals().items()):
     if not _name.startswith("_") and inspect.iscoroutinefunction(_fn) and _fn.__module__ == __name__:
         globals()[_name] = _boundary(_fn)
+

@@ -23,7 +23,7 @@ from z9.common.resources.address import ADDRESS
 from z9.common.settings import Settings
 from z9.common.store import NewJob
 
-from . import schemas
+from . import quotas, schemas
 from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin,
                         idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant)
 
@@ -125,6 +125,7 @@ class AddressOut(schemas.Response):
     dns_ptr: str | None
     protection: Protection
     auto_delete: bool
+    labels: dict[str, str]
     status: Literal["creating", "active", "deleting", "destroying", "deleted", "failed"]
     status_reason: str | None = Field(description="why it failed, or a conflict seen in the world")
     observed: AddressObserved | None
@@ -139,7 +140,7 @@ EXAMPLE: dict[str, Any] = {
     "ip": "203.0.113.10", "prefix": 24, "gateway": "203.0.113.1", "kind": "floating",
     "server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y", "dns_ptr": None, "protection": {"delete": False},
     "auto_delete": False, "status": "creating", "status_reason": None, "observed": None, "delete_after": None,
-    "created_at": "2026-12-01T04:00:00Z", "updated_at": "2026-12-01T04:00:00Z", "deleted_at": None,
+    "created_at": "2026-12-01T04:00:00Z", "updated_at": "2026-12-01T04:00:00Z", "deleted_at": None, "labels": {},
 }
 
 
@@ -210,6 +211,7 @@ async def create(ctx: CreateContext, spec: AddressCreate) -> tuple[Address, dict
     """The lowest free IP of the pool, the address and its job (AddressAssign when a server is
     named, else AddressCreate), in one statement (the pool is chosen in it too: one round trip;
     only a refusal reads the pools again to say why)."""
+    await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1)
     extra: tuple[str, ...] = ()
     if spec.server_id is not None:
         await _target_server(ctx.conn, ctx.tenant_id, spec.server_id, None, spec.region)
@@ -356,6 +358,6 @@ async def list_rows(db: Any, tenant_id: str, filters: AddressFilters, *, after: 
 
 
 API = ApiResource(rtype=ADDRESS, create_model=AddressCreate, public_model=AddressOut, create=create,
-                  example=EXAMPLE, actions=_operations, list_filters=AddressFilters, list_rows=list_rows,
+                  example=EXAMPLE, transactional=True, actions=_operations, list_filters=AddressFilters, list_rows=list_rows,
                   tag_description="Public addresses from the region's pools: floating ones move between "
                                   "servers; a server's primary one is its cloud-init ipconfig0.")
