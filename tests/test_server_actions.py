@@ -153,3 +153,34 @@ async def test_20_concurrent_creates_against_a_quota_of_10(api: Stack) -> None:
     status, out = await api.call("POST", "/servers", json={"name": "big", "region": "dev-1", "image": "debian-12",
                                                             "cores": 2, "memory_mib": 1024, "disk_gib": 10})
     assert status == 403 and out["error"]["details"]["limit"] == "cores" and out["error"]["details"]["used"] == 10
+
+
+async def test_operator_sets_a_tenants_quota_with_z9_quota(api: Stack) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import make_tenant, service_env
+
+    _, token = await make_tenant(api.pool, "quota-cli")
+    z9 = os.path.join(os.path.dirname(sys.executable), "z9")
+    env = service_env(api.settings, QUOTA_ADDRESSES="5")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([z9, "quota", "--tenant", "quota-cli", *args], env=env, capture_output=True, text=True,
+                              timeout=60)
+
+    out = run("--servers", "1", "--memory-mib", "4096")
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()[1:]}
+    assert rows["servers"] == ["1", "tenant", "0"] and rows["addresses"] == ["5", "default", "0"]
+    assert rows["cores"] == ["none", "default", "0"]
+    body = {"name": "one", "region": "dev-1", "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10}
+    assert (await api.call("POST", "/servers", token=token, json=body))[0] == 202
+    status, out2 = await api.call("POST", "/servers", token=token, json={**body, "name": "two"})
+    assert status == 403 and out2["error"]["code"] == "quota_exceeded"
+    assert "servers" in out2["error"]["message"] and "uses 1" in out2["error"]["message"]
+    out = run("--servers", "default")
+    assert out.returncode == 0 and "servers" in out.stdout
+    assert (await api.call("POST", "/servers", token=token, json={**body, "name": "two"}))[0] == 202
+    assert run("--servers", "-3").returncode == 2
