@@ -165,6 +165,31 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     await w.call("PATCH", sitem, "/servers/srv_nope", 404, json={"name": "x"})
     await w.call("PATCH", sitem, f"/servers/{srv}", 401, token="z9t_unknown", json={"name": "x"})
 
+    # a job's own routes: cancel a pending one, re-run it (a cancelled job is failed)
+    listed = await w.call("GET", "/jobs", f"/jobs?resource_id={srv}", 200)
+    resized = [j["id"] for j in listed["jobs"] if j["kind"] == "ServerResize"][0]
+    cancel, rerun = "/jobs/{id}/actions/cancel", "/jobs/{id}/actions/rerun"
+    await w.call("POST", rerun, f"/jobs/{resized}/actions/rerun", 409)  # not failed
+    done = await w.call("POST", cancel, f"/jobs/{resized}/actions/cancel", 200)
+    assert done["job"]["status"] == "failed" and done["job"]["error"]["class"] == "cancelled"
+    await w.call("POST", cancel, f"/jobs/{resized}/actions/cancel", 409)  # finished
+    await w.call("POST", cancel, "/jobs/job_nope/actions/cancel", 404)
+    await w.call("POST", cancel, f"/jobs/{resized}/actions/cancel", 401, token="z9t_unknown")
+    again = await w.call("POST", rerun, f"/jobs/{resized}/actions/rerun", 202)
+    assert again["job"]["kind"] == "ServerResize" and again["job"]["status"] == "pending"
+    assert again["job"]["id"] != resized
+    await w.call("POST", rerun, "/jobs/job_nope/actions/rerun", 404)
+    await w.call("POST", rerun, f"/jobs/{resized}/actions/rerun", 401, token="z9t_unknown")
+    # the catalogue
+    regions = await w.call("GET", "/regions", "/regions", 200)
+    assert [r["name"] for r in regions["regions"]] == ["dev-1"]
+    await w.call("GET", "/regions", "/regions", 401, token="z9t_unknown")
+    await w.call("GET", "/regions", "/regions?color=red", 400)
+    images = await w.call("GET", "/images", "/images?region=dev-1", 200)
+    assert images["images"] == [{"name": "debian-12", "regions": ["dev-1"]}]
+    await w.call("GET", "/images", "/images?region=nowhere", 422)
+    await w.call("GET", "/images", "/images", 401, token="z9t_unknown")
+
     jobs = await w.call("GET", "/jobs", "/jobs", 200)
     await w.call("GET", "/jobs", "/jobs?after=job_nope", 422)
     await w.call("GET", "/jobs", "/jobs", 401, token="z9t_unknown")

@@ -792,3 +792,14 @@ WHERE id = $1 RETURNING *;
 UPDATE servers SET name = coalesce($3, name), labels = coalesce($4::jsonb, labels), updated_at = now()
 WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
 RETURNING *;
+
+-- name: job_get_for_update
+SELECT * FROM jobs WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
+
+-- name: job_cancel
+-- A job that has not started (pending) or waits between attempts (retry) ends failed with
+-- error class `cancelled`; a running job is never touched here (its steps act on the world).
+UPDATE jobs
+SET status = 'failed', error = $3, finished_at = now(), updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status IN ('pending', 'retry')
+RETURNING *, pg_notify('z9_job_changed', jobs.id)::text AS notified;

@@ -686,6 +686,20 @@ async def server_patch(db: DB, server_id: str, tenant_id: str, *, name: str | No
     return Server.from_record(row) if row else None
 
 
+# ---------------------------------------------------------------- job actions (cancel, re-run)
+
+async def job_get_for_update(db: DB, job_id: str, tenant_id: str) -> Job | None:
+    """The tenant's job, its row locked until commit."""
+    row = await db.fetchrow(q("job_get_for_update"), job_id, tenant_id)
+    return Job.from_record(row) if row else None
+
+
+async def job_cancel(db: DB, job_id: str, tenant_id: str, error: dict[str, Any]) -> Job | None:
+    """pending/retry → failed with ``error`` (class ``cancelled``); None when it was in neither."""
+    row = await db.fetchrow(q("job_cancel"), job_id, tenant_id, error)
+    return Job.from_record(row) if row else None
+
+
 # ---------------------------------------------------------------- the error boundary
 
 def _boundary(fn: Any) -> Any:

@@ -23,7 +23,7 @@ from z9.common.models import Job
 from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 
-from . import addresses, middleware, schemas, servers, tokens, waiting
+from . import addresses, catalog, job_actions, middleware, schemas, servers, tokens, waiting
 from .openapi import openapi_document
 from .resources import (NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, dump, limit_param,
                         resource_operations, tenant)
@@ -160,6 +160,8 @@ def operations() -> list[Operation]:
         Operation("GET", "/jobs/{id}", waiting.get_job, "getJob", "Get a job: status, attempt, steps, error", "jobs",
                   {200: schemas.Job, 400: None, 401: None, 404: None}, query=JobGetQuery,
                   path_id="the job's id (job_…)", example=JOB_EXAMPLE),
+        *job_actions.operations(JOB_EXAMPLE),
+        *catalog.operations(),
         Operation("POST", "/tokens", tokens.create_token, "createToken",
                   "Create an API token for this tenant (its secret is shown once)", "tokens",
                   {201: tokens.TokenCreated, 400: None, 401: None, 403: None, 422: None}, request=tokens.TokenCreate,

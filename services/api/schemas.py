@@ -140,7 +140,7 @@ class JobErrorBody(BaseModel):
 
     model_config = ConfigDict(extra="allow", json_schema_serialization_defaults_required=True)
 
-    class_: Literal["temporary", "permanent", "snooze"] = Field(alias="class")
+    class_: Literal["temporary", "permanent", "snooze", "cancelled"] = Field(alias="class")
     message: str
     at: OptTimestamp = None
     task_log: list[str] | None = None
