@@ -45,6 +45,7 @@ CREATE INDEX api_tokens_tenant ON api_tokens (tenant_id, id);
 --     id (text, '<prefix>_' + ULID), tenant_id, region, name, status (an enum holding at least
 --     'deleting', 'destroying', 'deleted', 'failed'), status_reason, status_before_delete (same
 --     enum), delete_after, observed_at, created_at, updated_at, deleted_at,
+--     labels (jsonb object, NOT NULL DEFAULT '{}': migration 0011; the generic list filters on it),
 --     CHECK (status <> 'deleting' OR delete_after IS NOT NULL),
 --     CHECK ((status = 'deleted') = (deleted_at IS NOT NULL)),
 --     and the index <table>_deletion_due ON (delete_after) WHERE status = 'deleting'.

@@ -105,8 +105,15 @@ RETURNING *;
 SELECT * FROM {table} WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2);
 
 -- name: resource_list
+-- $5 a name, $6-$10 a label selector (every type has name and labels: lifecycle columns).
 SELECT * FROM {table}
 WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3::text IS NULL OR status::text = $3)
+  AND ($5::text IS NULL OR name = $5)
+  -- the label selector (z9.common.labels): $6 k=v, $7 k!=v, $8 k, $9 !k, $10 k in (…)
+  AND labels @> $6::jsonb AND NOT (labels @> ANY($7::jsonb[])) AND labels ?& $8::text[]
+  AND NOT (labels ?| $9::text[])
+  AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements($10::jsonb) r
+                  WHERE NOT coalesce((r->'v') ? (labels->>(r->>'k')), false))
 ORDER BY id
 LIMIT $4;
 
@@ -610,9 +617,15 @@ SELECT * FROM addresses WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2);
 -- name: address_list
 SELECT * FROM addresses
 WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3::address_status IS NULL OR status = $3)
-  AND ($4::text IS NULL OR region = $4) AND ($5::text IS NULL OR server_id = $5)
+  AND ($4::text IS NULL OR region = $4) AND ($11::text IS NULL OR server_id = $11)
+  AND ($5::text IS NULL OR name = $5)
+  -- the label selector (z9.common.labels): $6 k=v, $7 k!=v, $8 k, $9 !k, $10 k in (…)
+  AND labels @> $6::jsonb AND NOT (labels @> ANY($7::jsonb[])) AND labels ?& $8::text[]
+  AND NOT (labels ?| $9::text[])
+  AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements($10::jsonb) r
+                  WHERE NOT coalesce((r->'v') ? (labels->>(r->>'k')), false))
 ORDER BY id
-LIMIT $6;
+LIMIT $12;
 
 -- name: address_observed
 -- What verify saw ($2), and the status it established ($3) when the current one is in $4
@@ -734,6 +747,7 @@ SET name = CASE WHEN $3 THEN $4 ELSE name END,
     dns_ptr = CASE WHEN $5 THEN $6 ELSE dns_ptr END,
     protect_delete = coalesce($7, protect_delete),
     auto_delete = coalesce($8, auto_delete),
+    labels = coalesce($9::jsonb, labels),
     updated_at = now()
 WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
 RETURNING *;

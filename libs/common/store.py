@@ -27,6 +27,7 @@ from .errors import (CheckViolation, ConstraintViolation, DatabaseUnavailable, E
                      PoolConfigError, UniqueViolation)
 from .ids import new_id
 from .models import Address, Job, Server
+from .labels import Selector
 from .requestctx import current_actor, current_request_id
 from .sql import q, qt
 from .tracing import current_trace_context
@@ -188,8 +189,9 @@ async def resource_get(db: DB, sql: SqlTarget, rid: str, tenant_id: str | None) 
 
 
 async def resource_list(db: DB, sql: SqlTarget, tenant_id: str, after: str | None, status: str | None,
-                        limit: int) -> list[Any]:
-    return await db.fetch(qt("resource_list", *sql), tenant_id, after, status, limit)
+                        limit: int, name: str | None = None, selector: Selector | None = None) -> list[Any]:
+    return await db.fetch(qt("resource_list", *sql), tenant_id, after, status, limit, name,
+                          *(selector or Selector()).params())
 
 
 async def resource_mark_deleting(db: DB, sql: SqlTarget, rid: str, tenant_id: str, buffer_s: float) -> Any:
@@ -551,9 +553,11 @@ async def address_get(db: DB, address_id: str, tenant_id: str | None = None) -> 
 
 
 async def address_list(db: DB, tenant_id: str, *, after: str | None = None, status: str | None = None,
-                       region: str | None = None, server_id: str | None = None, limit: int = 100) -> list[Address]:
+                       region: str | None = None, server_id: str | None = None, limit: int = 100,
+                       name: str | None = None, selector: Selector | None = None) -> list[Address]:
     """Up to ``limit`` addresses of the tenant ordered by id, after id ``after``, filtered."""
-    rows = await db.fetch(q("address_list"), tenant_id, after, status, region, server_id, limit)
+    rows = await db.fetch(q("address_list"), tenant_id, after, status, region, name,
+                          *(selector or Selector()).params(), server_id, limit)
     return [Address.from_record(r) for r in rows]
 
 
@@ -622,12 +626,12 @@ async def address_set_server(db: DB, address_id: str, server_id: str | None) -> 
 
 async def address_patch(db: DB, address_id: str, tenant_id: str, *, name: tuple[str | None] | None = None,
                         dns_ptr: tuple[str | None] | None = None, protect_delete: bool | None = None,
-                        auto_delete: bool | None = None) -> Address | None:
+                        auto_delete: bool | None = None, labels: dict[str, str] | None = None) -> Address | None:
     """Change the given fields (``name``/``dns_ptr`` as a 1-tuple, so None can be set); None when
     the address is absent, another tenant's, or deleted. Raises asyncpg.UniqueViolationError for a
     live name taken."""
     row = await db.fetchrow(q("address_patch"), address_id, tenant_id, name is not None, name[0] if name else None,
-                            dns_ptr is not None, dns_ptr[0] if dns_ptr else None, protect_delete, auto_delete)
+                            dns_ptr is not None, dns_ptr[0] if dns_ptr else None, protect_delete, auto_delete, labels)
     return Address.from_record(row) if row else None
 
 

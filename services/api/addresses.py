@@ -66,11 +66,12 @@ class AddressPatch(BaseModel):
     dns_ptr: StrictStr | None = Field(None, pattern=DNS_PTR_PATTERN, max_length=253)
     protection: ProtectionIn | None = None
     auto_delete: StrictBool | None = Field(None, description="primary: deleted with its server")
+    labels: schemas.Labels | None = None
 
     @model_validator(mode="after")
     def _something(self) -> "AddressPatch":
         if not self.model_fields_set:
-            raise ValueError("give at least one of name, dns_ptr, protection, auto_delete")
+            raise ValueError("give at least one of name, dns_ptr, protection, auto_delete, labels")
         return self
 
 
@@ -314,7 +315,7 @@ def _operations(api: ApiResource) -> list[Operation]:
                 name=(spec.name,) if "name" in fields else None,
                 dns_ptr=(spec.dns_ptr,) if "dns_ptr" in fields else None,
                 protect_delete=spec.protection.delete if spec.protection is not None else None,
-                auto_delete=spec.auto_delete)
+                auto_delete=spec.auto_delete, labels=spec.labels)
         except UniqueViolation as e:
             raise _unique(e, spec.name)
         if row is None:
@@ -352,9 +353,9 @@ class AddressFilters(BaseModel):
 
 
 async def list_rows(db: Any, tenant_id: str, filters: AddressFilters, *, after: str | None, status: str | None,
-                    limit: int) -> list[Address]:
+                    limit: int, name: str | None = None, selector: Any = None) -> list[Address]:
     return await store.address_list(db, tenant_id, after=after, status=status, region=filters.region,
-                                    server_id=filters.server_id, limit=limit)
+                                    server_id=filters.server_id, limit=limit, name=name, selector=selector)
 
 
 API = ApiResource(rtype=ADDRESS, create_model=AddressCreate, public_model=AddressOut, create=create,

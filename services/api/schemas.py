@@ -176,7 +176,8 @@ class JobList(Response):
     """A page of jobs, oldest first."""
 
     jobs: list[Job]
-    next_after: str | None = Field(description="pass as `after` for the next page; null on the last")
+    next_after: str | None = Field(description="pass as `after` for the next page (a page token that stays valid "
+                                               "after old jobs are pruned); null on the last")
 
 
 # ---------------------------------------------------------------------------------- errors
