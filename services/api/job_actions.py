@@ -5,7 +5,8 @@ with error class ``cancelled`` (the five statuses stay five). A ``running`` job 
 ``job_running``: its current step acts on the hypervisor (a UPID may be in flight) and stopping
 it half-way would leave the world between two states the job's own phases know how to finish;
 the executor's cancellation between steps (a job superseded by a delete) is the executor's to
-decide, not a customer's. A finished job answers 409 ``job_finished``. The job's resource is
+decide, not a customer's. A finished job answers 409 ``job_finished`` (a cancelled one answers
+200 again: cancelling is idempotent, so a client may retry it). The job's resource is
 left as it is, except where nothing else would ever move it on: a resource still ``creating``
 (its create was cancelled) or a cancelled final delete ends ``failed`` (the generic rule of a
 failed job, ``ResourceType.mark_failed_by_job``), so it can be deleted or re-created.
@@ -57,6 +58,8 @@ async def cancel(request: web.Request) -> web.Response:
             raise Conflict(f"job {job.id} is running (attempt {job.attempt}); a running job cannot be cancelled: its "
                            "current step acts on the hypervisor. Wait for it to finish, then undo its effect "
                            "with another request", code="job_running")
+        if job.status == "failed" and (job.error or {}).get("class") == "cancelled":
+            return web.json_response(dump(JobOne, {"job": job.public()}))  # cancelled already: the same answer
         if job.status in ("succeeded", "failed"):
             raise Conflict(f"job {job.id} is {job.status}; only a pending or retrying job can be cancelled",
                            code="job_finished")
