@@ -45,6 +45,7 @@ CREATE INDEX api_tokens_tenant ON api_tokens (tenant_id, id);
 --     id (text, '<prefix>_' + ULID), tenant_id, region, name, status (an enum holding at least
 --     'deleting', 'destroying', 'deleted', 'failed'), status_reason, status_before_delete (same
 --     enum), delete_after, observed_at, created_at, updated_at, deleted_at,
+--     labels (jsonb object, NOT NULL DEFAULT '{}': migration 0011; the generic list filters on it),
 --     CHECK (status <> 'deleting' OR delete_after IS NOT NULL),
 --     CHECK ((status = 'deleted') = (deleted_at IS NOT NULL)),
 --     and the index <table>_deletion_due ON (delete_after) WHERE status = 'deleting'.
@@ -83,6 +84,7 @@ CREATE TABLE servers (
     created_at           timestamptz NOT NULL DEFAULT now(),
     updated_at           timestamptz NOT NULL DEFAULT now(),
     deleted_at           timestamptz,
+    labels               jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(labels) = 'object'),  -- 0011
     CHECK (status <> 'deleting' OR delete_after IS NOT NULL),
     CHECK ((status = 'deleted') = (deleted_at IS NOT NULL)),
     CHECK ((vmid IS NULL) = (node IS NULL))
@@ -374,6 +376,7 @@ CREATE TABLE addresses (
     created_at            timestamptz NOT NULL DEFAULT now(),
     updated_at            timestamptz NOT NULL DEFAULT now(),
     deleted_at            timestamptz,
+    labels                jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(labels) = 'object'),  -- 0011
     CHECK (family(ip) = family AND masklen(ip) = CASE family WHEN 4 THEN 32 ELSE 128 END),
     CHECK (status <> 'deleting' OR delete_after IS NOT NULL),
     CHECK ((status = 'deleted') = (deleted_at IS NOT NULL)),
@@ -477,3 +480,14 @@ CREATE TABLE address_pool_ips (
 CREATE INDEX address_pool_ips_free ON address_pool_ips (pool_id, ip) INCLUDE (reusable_after)
     WHERE address_id IS NULL;
 CREATE UNIQUE INDEX address_pool_ips_holder ON address_pool_ips (address_id) WHERE address_id IS NOT NULL;
+
+-- Per-tenant overrides of the Z9_QUOTA_* defaults (NULL: the default), set by `z9 quota`; see
+-- db/migrations/0011_labels_and_quotas.sql.
+CREATE TABLE tenant_quotas (
+    tenant_id   text PRIMARY KEY REFERENCES tenants (id),
+    servers     integer CHECK (servers >= 0),
+    cores       integer CHECK (cores >= 0),
+    memory_mib  bigint CHECK (memory_mib >= 0),
+    addresses   integer CHECK (addresses >= 0),
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);

@@ -218,3 +218,47 @@ def test_progress_on_a_terminal_is_a_live_table() -> None:
     text = buf.getvalue()
     assert "clone" in text and "vmid=101" in text and "succeeded" in text
     assert "\x1b[" in text  # drawn in place, not line by line
+
+
+async def test_power_resize_labels_addresses_and_catalogue_from_the_client(stack: Stack, tmp_path: Path) -> None:
+    """A new user drives a server from the client alone: power, resize, labels, an address."""
+    env = client_env(stack, tmp_path)
+    code, out, err = await z9("regions", "list", "-o", "json", env=env)
+    assert code == 0 and json.loads(out)["regions"][0]["name"] == REGION
+    code, out, err = await z9("images", "list", env=env)
+    assert code == 0 and "debian-12" in out
+    code, out, err = await z9(*CREATE, "--name", "cli-p", "--wait", "-o", "json", env=env)
+    assert code == 0, err
+    sid = json.loads(out)["resource"]["id"]
+    code, out, err = await z9("servers", "resize", sid, "--cores", "2", env=env)
+    assert code == 3 and "not stopped" in err, err
+    code, out, err = await z9("servers", "stop", sid, "--wait", "-o", "json", env=env)
+    assert code == 0, err
+    assert "step shutdown: done" in err and json.loads(out)["resource"]["status"] == "stopped"
+    code, out, err = await z9("servers", "resize", sid, "--cores", "2", "--disk-gib", "20", "--wait", "-o", "json",
+                              env=env)
+    assert code == 0, err
+    got = json.loads(out)["resource"]
+    assert (got["cores"], got["disk_gib"]) == (2, 20)
+    code, out, err = await z9("servers", "start", sid, "--wait", env=env)
+    assert code == 0 and "step start: done" in err, err
+    code, out, err = await z9("servers", "reboot", sid, "--wait", env=env)
+    assert code == 0, err
+    code, out, err = await z9("servers", "update", sid, "--label", "env=prod", "--name", "cli-q", "-o", "json",
+                              env=env)
+    assert code == 0 and json.loads(out)["server"]["labels"] == {"env": "prod"}, err
+    code, out, err = await z9("servers", "list", "-l", "env=prod", "-o", "json", env=env)
+    assert [s["name"] for s in json.loads(out)["servers"]] == ["cli-q"]
+    code, out, err = await z9("servers", "list", "-l", "env!=prod", "-o", "json", env=env)
+    assert json.loads(out)["servers"] == []
+    code, out, err = await z9("addresses", "create", "--region", REGION, "--name", "cli-a", "--server", sid,
+                              "--wait", "-o", "json", env=env)
+    assert code == 0, err
+    adr = json.loads(out)["resource"]
+    assert adr["server_id"] == sid and adr["status"] == "active"
+    code, out, err = await z9("addresses", "unassign", adr["id"], "--wait", env=env)
+    assert code == 0, err
+    code, out, err = await z9("addresses", "list", "-o", "json", env=env)
+    assert [a["server_id"] for a in json.loads(out)["addresses"]] == [None]
+    code, out, err = await z9("servers", "poweroff", sid, "--wait", env=env)
+    assert code == 0 and "step poweroff: done" in err, err

@@ -140,6 +140,56 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     await w.call("POST", unassign, "/addresses/adr_nope/actions/unassign", 404)
     await w.call("POST", unassign, f"/addresses/{adr}/actions/unassign", 401, token="z9t_unknown")
 
+    # the server type's own routes (power actions, resize, PATCH): the walker's server is made
+    # running and stopped by hand (no executor here; the jobs stay pending)
+    sitem = "/servers/{id}"
+    await w.call("POST", sitem + "/actions/start", f"/servers/{srv}/actions/start", 409)  # still creating
+    await api.pool.execute("UPDATE servers SET status = 'running', power_state = 'running', vmid = 100, node = 'pve1' "
+                           "WHERE id = $1", srv)
+    for action in ("start", "shutdown", "poweroff", "reboot"):
+        path = f"{sitem}/actions/{action}"
+        await w.call("POST", path, f"/servers/{srv}/actions/{action}", 202)
+        await w.call("POST", path, f"/servers/srv_nope/actions/{action}", 404)
+        await w.call("POST", path, f"/servers/{srv}/actions/{action}", 401, token="z9t_unknown")
+    resize = sitem + "/actions/resize"
+    await w.call("POST", resize, f"/servers/{srv}/actions/resize", 409, json={"cores": 2})  # running
+    await w.call("POST", resize, f"/servers/{srv}/actions/resize", 422, json={"disk_gib": 1})  # shrink
+    await w.call("POST", resize, f"/servers/{srv}/actions/resize", 400, data=b"{",
+                 headers={"Content-Type": "application/json"})
+    await w.call("POST", resize, f"/servers/{srv}/actions/resize", 202, json={"disk_gib": 20})
+    await w.call("POST", resize, "/servers/srv_nope/actions/resize", 404, json={"disk_gib": 20})
+    await w.call("POST", resize, f"/servers/{srv}/actions/resize", 401, token="z9t_unknown", json={"disk_gib": 20})
+    await w.call("PATCH", sitem, f"/servers/{srv}", 200, json={"name": "walk-srv-2", "labels": {"env": "walk"}})
+    await w.call("PATCH", sitem, f"/servers/{srv}", 422, json={"labels": {"": "x"}})
+    await w.call("PATCH", sitem, f"/servers/{srv}", 400, data=b"{", headers={"Content-Type": "application/json"})
+    await w.call("PATCH", sitem, "/servers/srv_nope", 404, json={"name": "x"})
+    await w.call("PATCH", sitem, f"/servers/{srv}", 401, token="z9t_unknown", json={"name": "x"})
+
+    # a job's own routes: cancel a pending one, re-run it (a cancelled job is failed)
+    listed = await w.call("GET", "/jobs", f"/jobs?resource_id={srv}", 200)
+    resized = [j["id"] for j in listed["jobs"] if j["kind"] == "ServerResize"][0]
+    cancel, rerun = "/jobs/{id}/actions/cancel", "/jobs/{id}/actions/rerun"
+    await w.call("POST", rerun, f"/jobs/{resized}/actions/rerun", 409)  # not failed
+    done = await w.call("POST", cancel, f"/jobs/{resized}/actions/cancel", 200)
+    assert done["job"]["status"] == "failed" and done["job"]["error"]["class"] == "cancelled"
+    await w.call("POST", cancel, f"/jobs/{resized}/actions/cancel", 200)  # cancelled already: the same answer
+    await w.call("POST", cancel, "/jobs/job_nope/actions/cancel", 404)
+    await w.call("POST", cancel, f"/jobs/{resized}/actions/cancel", 401, token="z9t_unknown")
+    again = await w.call("POST", rerun, f"/jobs/{resized}/actions/rerun", 202)
+    assert again["job"]["kind"] == "ServerResize" and again["job"]["status"] == "pending"
+    assert again["job"]["id"] != resized
+    await w.call("POST", rerun, "/jobs/job_nope/actions/rerun", 404)
+    await w.call("POST", rerun, f"/jobs/{resized}/actions/rerun", 401, token="z9t_unknown")
+    # the catalogue
+    regions = await w.call("GET", "/regions", "/regions", 200)
+    assert [r["name"] for r in regions["regions"]] == ["dev-1"]
+    await w.call("GET", "/regions", "/regions", 401, token="z9t_unknown")
+    await w.call("GET", "/regions", "/regions?color=red", 400)
+    images = await w.call("GET", "/images", "/images?region=dev-1", 200)
+    assert images["images"] == [{"name": "debian-12", "regions": ["dev-1"]}]
+    await w.call("GET", "/images", "/images?region=nowhere", 422)
+    await w.call("GET", "/images", "/images", 401, token="z9t_unknown")
+
     jobs = await w.call("GET", "/jobs", "/jobs", 200)
     await w.call("GET", "/jobs", "/jobs?after=job_nope", 422)
     await w.call("GET", "/jobs", "/jobs", 401, token="z9t_unknown")

@@ -30,6 +30,7 @@ CREATE TABLE widgets (
     status widget_status NOT NULL DEFAULT 'creating', status_reason text, status_before_delete widget_status,
     delete_after timestamptz, observed_at timestamptz, created_at timestamptz NOT NULL DEFAULT now(),
     updated_at timestamptz NOT NULL DEFAULT now(), deleted_at timestamptz,
+    labels jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(labels) = 'object'),
     CHECK (status <> 'deleting' OR delete_after IS NOT NULL),
     CHECK ((status = 'deleted') = (deleted_at IS NOT NULL)));
 CREATE INDEX widgets_deletion_due ON widgets (delete_after) WHERE status = 'deleting';

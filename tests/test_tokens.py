@@ -222,13 +222,14 @@ async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: St
     _, other = await make_tenant(fast.pool, "intruder")
     routes = sorted({(r.method, r.resource.canonical) for r in fast.app.router.routes()
                      if r.resource is not None and "{id}" in r.resource.canonical and r.method != "HEAD"})
-    assert len(routes) >= 11, routes  # servers (3), jobs, tokens, addresses (6)
+    assert len(routes) >= 17, routes  # servers (9), jobs, tokens, addresses (6)
     before = await fast.pool.fetchval("SELECT count(*) FROM jobs"), await fast.pool.fetchval(
         "SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL")
     for method, template in routes:
         prefix = {"servers": "srv", "jobs": "job", "tokens": "tok", "addresses": "adr"}[template.split("/")[2]]
         path = template.removeprefix("/v1").replace("{id}", ids[prefix])
-        body = {"server_id": server["id"]} if template.endswith("/assign") else {"name": "taken-over"}
+        body = ({"server_id": server["id"]} if template.endswith("/assign") else
+                {"disk_gib": 50} if template.endswith("/resize") else {"name": "taken-over"})
         status, out, _ = await call(fast, method, path, other, json=body if method in ("POST", "PATCH") else None)
         assert status == 404, (method, path, status, out)
         assert out["error"]["code"] == "not_found"

@@ -237,6 +237,52 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     return code
 
 
+def _quota_value(text: str) -> int | None:
+    if text == "default":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number ≥ 0 or 'default', not {text!r}")
+    return int(text)
+
+
+def cmd_quota(args: argparse.Namespace, settings: Settings) -> int:
+    """Show a tenant's quotas (limit, where it comes from, current use); set the ones given."""
+    from z9.common import store
+    from z9.common.db import connect
+
+    if not TENANT_NAME.fullmatch(args.tenant):
+        print(f"z9 quota: invalid tenant name {args.tenant!r}", file=sys.stderr)
+        return 2
+    given = {k: getattr(args, k) for k in store.QUOTA_KEYS if getattr(args, k) is not _UNSET}
+    dsn = settings.require_database_url()
+
+    async def go() -> tuple[dict[str, Any], dict[str, int]]:
+        conn = await connect(dsn, application_name="z9-quota")
+        try:
+            async with conn.transaction():
+                tenant = await store.tenant_upsert(conn, args.tenant)
+                own = (await store.tenant_quota_set(conn, tenant, given) if given
+                       else await store.tenant_quota_get(conn, tenant))
+                used = await store.tenant_quota_lock_usage(conn, tenant)
+        finally:
+            await conn.close()
+        return own, used
+
+    code, got = _db_command("quota", go)
+    if code == 0:
+        own, used = got
+        print(f"{'quota':<12} {'limit':>10} {'source':<9} {'used':>10}")
+        for k in store.QUOTA_KEYS:
+            default = getattr(settings, f"quota_{k}")
+            limit = own[k] if own[k] is not None else default
+            source = "tenant" if own[k] is not None else "default"
+            print(f"{k:<12} {'none' if limit is None else limit:>10} {source:<9} {used[k]:>10}")
+    return code
+
+
+_UNSET: Any = object()
+
+
 def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
     from z9.dev import run_dev
 
@@ -258,7 +304,7 @@ class _SectionedHelp(argparse.RawDescriptionHelpFormatter):
         return super()._format_action(action)
 
 
-OPERATOR_COMMANDS = ("api", "scheduler", "executor", "reaper", "migrate", "token", "sim", "dev")
+OPERATOR_COMMANDS = ("api", "scheduler", "executor", "reaper", "migrate", "token", "quota", "sim", "dev")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -295,6 +341,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "details in job steps) is granted only here, never through the API")
     s.add_argument("--expires-in", type=_positive_int, metavar="SECONDS", help="the token stops working after this")
     s.set_defaults(fn=cmd_token)
+
+    s = sub.add_parser("quota", help="show a tenant's quotas and use; set them (created if missing)",
+                       description="Quotas: servers, cores, memory (MiB) and addresses not yet deleted. A "
+                                   "tenant's own limit overrides the Z9_QUOTA_* default; 'default' goes back "
+                                   "to it. The API answers 403 quota_exceeded past a limit.")
+    s.add_argument("--tenant", required=True)
+    for k in ("servers", "cores", "memory_mib", "addresses"):
+        s.add_argument("--" + k.replace("_", "-"), dest=k, type=_quota_value, default=_UNSET, metavar="N|default")
+    s.set_defaults(fn=cmd_quota)
 
     sub.add_parser("sim", help="run the Proxmox VE simulator (options: `z9 sim --help`)", add_help=False)
 

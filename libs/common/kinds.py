@@ -9,12 +9,14 @@ SERVER_CREATE = "ServerCreate"
 SERVER_START = "ServerStart"
 SERVER_STOP = "ServerStop"
 SERVER_DELETE = "ServerDelete"
+SERVER_REBOOT = "ServerReboot"
+SERVER_RESIZE = "ServerResize"
 ADDRESS_CREATE = "AddressCreate"
 ADDRESS_ASSIGN = "AddressAssign"
 ADDRESS_UNASSIGN = "AddressUnassign"
 ADDRESS_DELETE = "AddressDelete"
 
-ALL: set[str] = {SERVER_CREATE, SERVER_START, SERVER_STOP, SERVER_DELETE,
+ALL: set[str] = {SERVER_CREATE, SERVER_START, SERVER_STOP, SERVER_DELETE, SERVER_REBOOT, SERVER_RESIZE,
                  ADDRESS_CREATE, ADDRESS_ASSIGN, ADDRESS_UNASSIGN, ADDRESS_DELETE}
 """Every kind z9 runs (metrics pre-create a series for each). :func:`add` extends it (a
 benchmark's no-op kind)."""

@@ -9,6 +9,14 @@ import asyncpg
 
 
 
+def _labels(r: Any) -> dict[str, str]:
+    """A row's labels (migration 0011); ``{}`` for a query that does not select them."""
+    try:
+        return dict(r["labels"] or {})
+    except KeyError:
+        return {}
+
+
 def _ts(v: datetime | None) -> str | None:
     return v.isoformat().replace("+00:00", "Z") if v else None
 
@@ -110,10 +118,11 @@ class Server:
     # its primary IPv4 address (kept on the row by the addresses table: migration 0005)
     primary_ipv4_id: str | None = None
     primary_ipv4: Any = None
+    labels: dict[str, str] = field(default_factory=dict)  # migration 0011
 
     @classmethod
     def from_record(cls, r: asyncpg.Record) -> "Server":
-        return cls(**{k: r[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: r[k] for k in cls.__dataclass_fields__ if k != "labels"}, labels=_labels(r))
 
     def public(self) -> dict[str, Any]:
         """``GET /v1/servers/{id}``."""
@@ -126,6 +135,7 @@ class Server:
             "memory_mib": self.memory_mib,
             "disk_gib": self.disk_gib,
             "ssh_keys": list(self.ssh_keys),
+            "labels": dict(self.labels),
             "status": self.status,
             "status_reason": self.status_reason,
             "observed": {
@@ -173,10 +183,11 @@ class Address:
     created_at: datetime
     updated_at: datetime
     deleted_at: datetime | None
+    labels: dict[str, str] = field(default_factory=dict)  # migration 0011
 
     @classmethod
     def from_record(cls, r: asyncpg.Record) -> "Address":
-        return cls(**{k: r[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: r[k] for k in cls.__dataclass_fields__ if k != "labels"}, labels=_labels(r))
 
     @property
     def ip_text(self) -> str:
@@ -209,6 +220,7 @@ class Address:
             "dns_ptr": self.dns_ptr,
             "protection": {"delete": self.protect_delete},
             "auto_delete": self.auto_delete,
+            "labels": dict(self.labels),
             "status": self.status,
             "status_reason": self.status_reason,
             "observed": dict(self.observed, at=_ts(self.observed_at)) if self.observed is not None else None,

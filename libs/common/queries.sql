@@ -105,8 +105,15 @@ RETURNING *;
 SELECT * FROM {table} WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2);
 
 -- name: resource_list
+-- $5 a name, $6-$10 a label selector (every type has name and labels: lifecycle columns).
 SELECT * FROM {table}
 WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3::text IS NULL OR status::text = $3)
+  AND ($5::text IS NULL OR name = $5)
+  -- the label selector (z9.common.labels): $6 k=v, $7 k!=v, $8 k, $9 !k, $10 k in (…)
+  AND labels @> $6::jsonb AND NOT (labels @> ANY($7::jsonb[])) AND labels ?& $8::text[]
+  AND NOT (labels ?| $9::text[])
+  AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements($10::jsonb) r
+                  WHERE NOT coalesce((r->'v') ? (labels->>(r->>'k')), false))
 ORDER BY id
 LIMIT $4;
 
@@ -657,9 +664,15 @@ SELECT * FROM addresses WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2);
 -- name: address_list
 SELECT * FROM addresses
 WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3::address_status IS NULL OR status = $3)
-  AND ($4::text IS NULL OR region = $4) AND ($5::text IS NULL OR server_id = $5)
+  AND ($4::text IS NULL OR region = $4) AND ($11::text IS NULL OR server_id = $11)
+  AND ($5::text IS NULL OR name = $5)
+  -- the label selector (z9.common.labels): $6 k=v, $7 k!=v, $8 k, $9 !k, $10 k in (…)
+  AND labels @> $6::jsonb AND NOT (labels @> ANY($7::jsonb[])) AND labels ?& $8::text[]
+  AND NOT (labels ?| $9::text[])
+  AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements($10::jsonb) r
+                  WHERE NOT coalesce((r->'v') ? (labels->>(r->>'k')), false))
 ORDER BY id
-LIMIT $6;
+LIMIT $12;
 
 -- name: address_observed
 -- What verify saw ($2), and the status it established ($3) when the current one is in $4
@@ -785,6 +798,7 @@ SET name = CASE WHEN $3 THEN $4 ELSE name END,
     dns_ptr = CASE WHEN $5 THEN $6 ELSE dns_ptr END,
     protect_delete = coalesce($7, protect_delete),
     auto_delete = coalesce($8, auto_delete),
+    labels = coalesce($9::jsonb, labels),
     updated_at = now()
 WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
 RETURNING *;
@@ -799,3 +813,58 @@ UPDATE jobs SET args = args || $2::jsonb WHERE id = $1 AND status = 'pending';
 UPDATE addresses SET kind = 'primary', server_id = $2, updated_at = now()
 WHERE id = $1 AND server_id IS NULL AND status IN ('creating', 'active')
 RETURNING *;
+
+-- name: tenant_quota_get
+-- A tenant's quota overrides (no row: none).
+SELECT servers, cores, memory_mib, addresses FROM tenant_quotas WHERE tenant_id = $1;
+
+-- name: tenant_quota_set
+-- `z9 quota`: $3..$6 with $2 telling which are given (a NULL given resets it to the default).
+INSERT INTO tenant_quotas AS t (tenant_id, servers, cores, memory_mib, addresses)
+VALUES ($1, CASE WHEN 'servers' = ANY($2::text[]) THEN $3::integer END, CASE WHEN 'cores' = ANY($2::text[]) THEN $4::integer END,
+        CASE WHEN 'memory_mib' = ANY($2::text[]) THEN $5::bigint END, CASE WHEN 'addresses' = ANY($2::text[]) THEN $6::integer END)
+ON CONFLICT (tenant_id) DO UPDATE
+SET servers = CASE WHEN 'servers' = ANY($2::text[]) THEN $3::integer ELSE t.servers END,
+    cores = CASE WHEN 'cores' = ANY($2::text[]) THEN $4::integer ELSE t.cores END,
+    memory_mib = CASE WHEN 'memory_mib' = ANY($2::text[]) THEN $5::bigint ELSE t.memory_mib END,
+    addresses = CASE WHEN 'addresses' = ANY($2::text[]) THEN $6::integer ELSE t.addresses END,
+    updated_at = now()
+RETURNING servers, cores, memory_mib, addresses;
+
+-- name: tenant_quota_lock
+-- Inside the request's transaction: the tenant's quota lock, held until commit. A statement of
+-- its own: a READ COMMITTED statement's snapshot is taken when it starts, so counting in the
+-- statement that waited for the lock would miss the rows the holder committed meanwhile.
+SELECT pg_advisory_xact_lock(hashtextextended('z9-quota:' || $1, 0));
+
+-- name: tenant_quota_usage
+-- The tenant's use (after tenant_quota_lock, in a new statement). Rows not yet deleted count.
+SELECT (SELECT count(*) FROM servers WHERE tenant_id = $1 AND status <> 'deleted') AS servers,
+       (SELECT coalesce(sum(cores), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted') AS cores,
+       (SELECT coalesce(sum(memory_mib), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted') AS memory_mib,
+       (SELECT count(*) FROM addresses WHERE tenant_id = $1 AND status <> 'deleted') AS addresses;
+
+-- name: server_get_for_update
+SELECT * FROM servers WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
+
+-- name: server_set_sizes
+-- A resize's intent (its ServerResize job, enqueued in the same transaction, makes it true).
+UPDATE servers SET cores = $2, memory_mib = $3, disk_gib = $4, updated_at = now()
+WHERE id = $1 RETURNING *;
+
+-- name: server_patch
+-- Database-only changes (name, labels); NULL: unchanged.
+UPDATE servers SET name = coalesce($3, name), labels = coalesce($4::jsonb, labels), updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
+RETURNING *;
+
+-- name: job_get_for_update
+SELECT * FROM jobs WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
+
+-- name: job_cancel
+-- A job that has not started (pending) or waits between attempts (retry) ends failed with
+-- error class `cancelled`; a running job is never touched here (its steps act on the world).
+UPDATE jobs
+SET status = 'failed', error = $3, finished_at = now(), updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status IN ('pending', 'retry')
+RETURNING *, pg_notify('z9_job_changed', jobs.id)::text AS notified;

@@ -212,6 +212,12 @@ class Settings(BaseSettings):
     #: (and every claim in the region steps over the queued ones)
     max_live_jobs_per_resource: int = Field(8, ge=2)
 
+    # quotas per tenant (defaults; `z9 quota` sets a tenant's own): None is no limit
+    quota_servers: int | None = Field(None, ge=0)
+    quota_cores: int | None = Field(None, ge=0)
+    quota_memory_mib: int | None = Field(None, ge=0)
+    quota_addresses: int | None = Field(None, ge=0)
+
     # scheduler, reaper, retention
     scheduler_interval_s: float = Field(1.0, gt=0)
     reaper_interval_s: float = Field(2.0, gt=0)

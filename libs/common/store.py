@@ -27,6 +27,7 @@ from .errors import (CheckViolation, ConstraintViolation, DatabaseUnavailable, E
                      PoolConfigError, UniqueViolation)
 from .ids import new_id
 from .models import Address, Job, Server
+from .labels import Selector
 from .requestctx import current_actor, current_request_id
 from .sql import q, qt
 from .tracing import current_trace_context
@@ -188,8 +189,9 @@ async def resource_get(db: DB, sql: SqlTarget, rid: str, tenant_id: str | None) 
 
 
 async def resource_list(db: DB, sql: SqlTarget, tenant_id: str, after: str | None, status: str | None,
-                        limit: int) -> list[Any]:
-    return await db.fetch(qt("resource_list", *sql), tenant_id, after, status, limit)
+                        limit: int, name: str | None = None, selector: Selector | None = None) -> list[Any]:
+    return await db.fetch(qt("resource_list", *sql), tenant_id, after, status, limit, name,
+                          *(selector or Selector()).params())
 
 
 async def resource_mark_deleting(db: DB, sql: SqlTarget, rid: str, tenant_id: str, buffer_s: float) -> Any:
@@ -562,9 +564,11 @@ async def address_get(db: DB, address_id: str, tenant_id: str | None = None) -> 
 
 
 async def address_list(db: DB, tenant_id: str, *, after: str | None = None, status: str | None = None,
-                       region: str | None = None, server_id: str | None = None, limit: int = 100) -> list[Address]:
+                       region: str | None = None, server_id: str | None = None, limit: int = 100,
+                       name: str | None = None, selector: Selector | None = None) -> list[Address]:
     """Up to ``limit`` addresses of the tenant ordered by id, after id ``after``, filtered."""
-    rows = await db.fetch(q("address_list"), tenant_id, after, status, region, server_id, limit)
+    rows = await db.fetch(q("address_list"), tenant_id, after, status, region, name,
+                          *(selector or Selector()).params(), server_id, limit)
     return [Address.from_record(r) for r in rows]
 
 
@@ -633,12 +637,12 @@ async def address_set_server(db: DB, address_id: str, server_id: str | None) -> 
 
 async def address_patch(db: DB, address_id: str, tenant_id: str, *, name: tuple[str | None] | None = None,
                         dns_ptr: tuple[str | None] | None = None, protect_delete: bool | None = None,
-                        auto_delete: bool | None = None) -> Address | None:
+                        auto_delete: bool | None = None, labels: dict[str, str] | None = None) -> Address | None:
     """Change the given fields (``name``/``dns_ptr`` as a 1-tuple, so None can be set); None when
     the address is absent, another tenant's, or deleted. Raises asyncpg.UniqueViolationError for a
     live name taken."""
     row = await db.fetchrow(q("address_patch"), address_id, tenant_id, name is not None, name[0] if name else None,
-                            dns_ptr is not None, dns_ptr[0] if dns_ptr else None, protect_delete, auto_delete)
+                            dns_ptr is not None, dns_ptr[0] if dns_ptr else None, protect_delete, auto_delete, labels)
     return Address.from_record(row) if row else None
 
 
@@ -652,6 +656,65 @@ async def address_make_primary(db: DB, address_id: str, server_id: str) -> Addre
     asyncpg.UniqueViolationError when the server has a primary of that family already."""
     row = await db.fetchrow(q("address_make_primary"), address_id, server_id)
     return Address.from_record(row) if row else None
+# ---------------------------------------------------------------- quotas (migration 0011)
+
+QUOTA_KEYS = ("servers", "cores", "memory_mib", "addresses")
+
+
+async def tenant_quota_get(db: DB, tenant_id: str) -> dict[str, int | None]:
+    """The tenant's quota overrides (None: the settings' default)."""
+    row = await db.fetchrow(q("tenant_quota_get"), tenant_id)
+    return {k: (row[k] if row else None) for k in QUOTA_KEYS}
+
+
+async def tenant_quota_set(db: DB, tenant_id: str, values: dict[str, int | None]) -> dict[str, int | None]:
+    """Set the given overrides (a None value resets it to the default); returns all of them."""
+    row = await db.fetchrow(q("tenant_quota_set"), tenant_id, list(values), values.get("servers"),
+                            values.get("cores"), values.get("memory_mib"), values.get("addresses"))
+    return {k: row[k] for k in QUOTA_KEYS}
+
+
+async def tenant_quota_lock_usage(db: DB, tenant_id: str) -> dict[str, int]:
+    """Take the tenant's quota lock (until the transaction ends), then read its use (in a
+    statement of its own: it sees what the lock's previous holder committed)."""
+    await db.execute(q("tenant_quota_lock"), tenant_id)
+    row = await db.fetchrow(q("tenant_quota_usage"), tenant_id)
+    return {k: int(row[k]) for k in QUOTA_KEYS}
+
+
+async def server_get_for_update(db: DB, server_id: str, tenant_id: str) -> Server | None:
+    """The tenant's server, its row locked until commit (an action's checks and writes)."""
+    row = await db.fetchrow(q("server_get_for_update"), server_id, tenant_id)
+    return Server.from_record(row) if row else None
+
+
+async def server_set_sizes(db: DB, server_id: str, *, cores: int, memory_mib: int, disk_gib: int) -> Server:
+    row = await db.fetchrow(q("server_set_sizes"), server_id, cores, memory_mib, disk_gib)
+    return Server.from_record(row)
+
+
+async def server_patch(db: DB, server_id: str, tenant_id: str, *, name: str | None,
+                       labels: dict[str, str] | None) -> Server | None:
+    """Rename / relabel (None: unchanged); None when absent, another tenant's or deleted. Raises
+    UniqueViolation (servers_tenant_name_live) for a live name taken."""
+    row = await db.fetchrow(q("server_patch"), server_id, tenant_id, name, labels)
+    return Server.from_record(row) if row else None
+
+
+# ---------------------------------------------------------------- job actions (cancel, re-run)
+
+async def job_get_for_update(db: DB, job_id: str, tenant_id: str) -> Job | None:
+    """The tenant's job, its row locked until commit."""
+    row = await db.fetchrow(q("job_get_for_update"), job_id, tenant_id)
+    return Job.from_record(row) if row else None
+
+
+async def job_cancel(db: DB, job_id: str, tenant_id: str, error: dict[str, Any]) -> Job | None:
+    """pending/retry → failed with ``error`` (class ``cancelled``); None when it was in neither."""
+    row = await db.fetchrow(q("job_cancel"), job_id, tenant_id, error)
+    return Job.from_record(row) if row else None
+
+
 # ---------------------------------------------------------------- the error boundary
 
 def _boundary(fn: Any) -> Any:
@@ -678,3 +741,4 @@ def _boundary(fn: Any) -> Any:
 for _name, _fn in list(globals().items()):
     if not _name.startswith("_") and inspect.iscoroutinefunction(_fn) and _fn.__module__ == __name__:
         globals()[_name] = _boundary(_fn)
+

@@ -23,7 +23,7 @@ from z9.common.resources.address import ADDRESS
 from z9.common.settings import Settings
 from z9.common.store import NewJob
 
-from . import schemas
+from . import quotas, schemas
 from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin,
                         idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant)
 
@@ -66,11 +66,12 @@ class AddressPatch(BaseModel):
     dns_ptr: StrictStr | None = Field(None, pattern=DNS_PTR_PATTERN, max_length=253)
     protection: ProtectionIn | None = None
     auto_delete: StrictBool | None = Field(None, description="primary: deleted with its server")
+    labels: schemas.Labels | None = None
 
     @model_validator(mode="after")
     def _something(self) -> "AddressPatch":
         if not self.model_fields_set:
-            raise ValueError("give at least one of name, dns_ptr, protection, auto_delete")
+            raise ValueError("give at least one of name, dns_ptr, protection, auto_delete, labels")
         return self
 
 
@@ -125,6 +126,7 @@ class AddressOut(schemas.Response):
     dns_ptr: str | None
     protection: Protection
     auto_delete: bool
+    labels: dict[str, str]
     status: Literal["creating", "active", "deleting", "destroying", "deleted", "failed"]
     status_reason: str | None = Field(description="why it failed, or a conflict seen in the world")
     observed: AddressObserved | None
@@ -139,7 +141,7 @@ EXAMPLE: dict[str, Any] = {
     "ip": "203.0.113.10", "prefix": 24, "gateway": "203.0.113.1", "kind": "floating",
     "server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y", "dns_ptr": None, "protection": {"delete": False},
     "auto_delete": False, "status": "creating", "status_reason": None, "observed": None, "delete_after": None,
-    "created_at": "2026-12-01T04:00:00Z", "updated_at": "2026-12-01T04:00:00Z", "deleted_at": None,
+    "created_at": "2026-12-01T04:00:00Z", "updated_at": "2026-12-01T04:00:00Z", "deleted_at": None, "labels": {},
 }
 
 
@@ -210,6 +212,7 @@ async def create(ctx: CreateContext, spec: AddressCreate) -> tuple[Address, dict
     """The lowest free IP of the pool, the address and its job (AddressAssign when a server is
     named, else AddressCreate), in one statement (the pool is chosen in it too: one round trip;
     only a refusal reads the pools again to say why)."""
+    await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1)
     extra: tuple[str, ...] = ()
     if spec.server_id is not None:
         await _target_server(ctx.conn, ctx.tenant_id, spec.server_id, None, spec.region)
@@ -312,7 +315,7 @@ def _operations(api: ApiResource) -> list[Operation]:
                 name=(spec.name,) if "name" in fields else None,
                 dns_ptr=(spec.dns_ptr,) if "dns_ptr" in fields else None,
                 protect_delete=spec.protection.delete if spec.protection is not None else None,
-                auto_delete=spec.auto_delete)
+                auto_delete=spec.auto_delete, labels=spec.labels)
         except UniqueViolation as e:
             raise _unique(e, spec.name)
         if row is None:
@@ -350,12 +353,12 @@ class AddressFilters(BaseModel):
 
 
 async def list_rows(db: Any, tenant_id: str, filters: AddressFilters, *, after: str | None, status: str | None,
-                    limit: int) -> list[Address]:
+                    limit: int, name: str | None = None, selector: Any = None) -> list[Address]:
     return await store.address_list(db, tenant_id, after=after, status=status, region=filters.region,
-                                    server_id=filters.server_id, limit=limit)
+                                    server_id=filters.server_id, limit=limit, name=name, selector=selector)
 
 
 API = ApiResource(rtype=ADDRESS, create_model=AddressCreate, public_model=AddressOut, create=create,
-                  example=EXAMPLE, actions=_operations, list_filters=AddressFilters, list_rows=list_rows,
+                  example=EXAMPLE, transactional=True, actions=_operations, list_filters=AddressFilters, list_rows=list_rows,
                   tag_description="Public addresses from the region's pools: floating ones move between "
                                   "servers; a server's primary one is its cloud-init ipconfig0.")

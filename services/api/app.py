@@ -9,6 +9,7 @@ as a 500 without being logged once.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any, AsyncIterator
 
@@ -24,7 +25,7 @@ from z9.common.models import Job
 from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 
-from . import addresses, middleware, schemas, servers, tokens, waiting
+from . import addresses, catalog, job_actions, middleware, schemas, servers, tokens, waiting
 from .openapi import openapi_document
 from .resources import (NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, dump, limit_param,
                         resource_operations, tenant)
@@ -103,22 +104,51 @@ async def list_jobs(request: web.Request) -> web.Response:
     after_seq = None
     pool, tenant_id = request.app[POOL], tenant(request)
     if after is not None:
-        ref = await store.job_get(pool, after, tenant_id) if is_id(after, "job") else None
-        if ref is None:
-            raise ValidationFailed(f"after: no job {after!r}", details=[{"field": "after", "message": "unknown job"}])
-        after_seq = ref.seq
+        after_seq = page_seq(after)
+        if after_seq is None:
+            ref = await store.job_get(pool, after, tenant_id) if is_id(after, "job") else None
+            if ref is None:
+                raise ValidationFailed(f"after: no job {after!r} (and not a page token)",
+                                       details=[{"field": "after", "message": "unknown job"}])
+            after_seq = ref.seq
     limit = limit_param(request)
     actor = tokens.actor_filter(request)
     jobs: list[Job] = await store.job_list(pool, tenant_id, resource_id=rid, after_seq=after_seq, limit=limit,
                                            actor_token_id=actor)
     return web.json_response(dump(schemas.JobList, {"jobs": [j.public() for j in jobs],
-                                                    "next_after": jobs[-1].id if len(jobs) == limit else None}))
+                                                    "next_after": page_token(jobs[-1].seq) if len(jobs) == limit
+                                                    else None}))
+
+
+# Job pages: `next_after` is a page token carrying the last job's position (its seq), not its id,
+# so it stays valid after that job was pruned (Z9_JOB_RETENTION_S); `after` still takes a job id.
+_PAGE = re.compile(r"pg_([0-9a-z]{1,13})")
+
+
+def page_token(seq: int) -> str:
+    return "pg_" + _base36(seq)
+
+
+def page_seq(text: str) -> int | None:
+    m = _PAGE.fullmatch(text)
+    return int(m.group(1), 36) if m else None
+
+
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if n == 0:
+            return out
 
 
 class JobListQuery(schemas.BaseModel):
     """Query parameters of ``GET /v1/jobs``."""
 
-    after: str | None = schemas.Field(default=None, description="id of the last job of the previous page")
+    after: str | None = schemas.Field(default=None, description="the previous page's `next_after` (a page token, "
+                                                                "valid after old jobs are pruned) or a job id")
     limit: int = schemas.Field(default=100, ge=1, le=500)
     resource_id: str | None = schemas.Field(default=None, description="only the jobs of this resource")
     actor: str | None = schemas.Field(default=None, description="only the jobs asked for by this token id "
@@ -166,6 +196,8 @@ def operations() -> list[Operation]:
         Operation("GET", "/jobs/{id}", waiting.get_job, "getJob", "Get a job: status, attempt, steps, error", "jobs",
                   {200: schemas.Job, 400: None, 401: None, 404: None}, query=JobGetQuery,
                   path_id="the job's id (job_…)", example=JOB_EXAMPLE),
+        *job_actions.operations(JOB_EXAMPLE),
+        *catalog.operations(),
         Operation("POST", "/tokens", tokens.create_token, "createToken",
                   "Create an API token for this tenant (its secret is shown once)", "tokens",
                   {201: tokens.TokenCreated, 400: None, 401: None, 403: None, 422: None}, request=tokens.TokenCreate,

@@ -14,14 +14,15 @@ from .resources import Operation
 
 _REF = "#/components/schemas/{model}"
 _IDEMPOTENCY = {"name": "Idempotency-Key", "in": "header", "required": False,
-                "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+                "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
                 "description": "retrying with the same key and request replays the first answer"}
 _TAGS = {"jobs": "Jobs: every change is done by a job; poll it (or long-poll with `wait_s`) until it is "
                  "succeeded or failed.",
-         "tokens": "API tokens of the caller's tenant: `read` and/or `write` scopes; a secret is shown once."}
+         "tokens": "API tokens of the caller's tenant: `read` and/or `write` scopes; a secret is shown once.",
+         "regions": "What can be asked for: the regions, their images and address pools."}
 _STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted: poll the job until it is terminal",
                 400: "Malformed request (not JSON, an unknown query parameter)",
-                403: "The token lacks the scope this needs",
+                403: "The token lacks the scope this needs, or a quota would be exceeded (`quota_exceeded`)",
                 401: "Missing, unknown or revoked token", 404: "No such resource (or another tenant's)",
                 409: "A precondition failed; the message names it", 422: "Invalid fields; the message names each",
                 413: "The request body is larger than 256 KiB",
@@ -43,6 +44,12 @@ def _refusals(op: Operation) -> set[int]:
     if op.request is not None:
         out.add(413)
     return out
+
+
+_EVERY = (400, 401, 403, 429)
+_HEADERS = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"},
+            "RateLimit": {"$ref": "#/components/headers/RateLimit"},
+            "RateLimit-Policy": {"$ref": "#/components/headers/RateLimit-Policy"}}
 
 
 def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
@@ -87,14 +94,23 @@ def openapi_document(operations: Iterable[Operation], *, tag_descriptions: dict[
         if op.query is not None:
             params += _query_parameters(op.query)
         responses: dict[str, Any] = {}
-        for status, model in sorted({**dict.fromkeys(_refusals(op)), **op.responses}.items()):
+        # What every authenticated operation may answer besides its own statuses: a malformed
+        # request or unknown query parameter (400), no valid token (401), a missing scope (403),
+        # the rate limit (429), the database unreachable (503), the middleware's own refusals
+        # (_refusals); an operation on an id: 404.
+        every = (set(_EVERY) | _refusals(op)) if 401 in op.responses else set()
+        answers = {**dict.fromkeys(every), **({404: None} if op.path_id else {}), **op.responses}
+        for status, model in sorted(answers.items()):
             if model is None:
-                responses[str(status)] = {"$ref": "#/components/responses/Error"}
+                responses[str(status)] = {"$ref": "#/components/responses/" + ("RateLimited" if status == 429 else "Error")}
                 continue
             content: dict[str, Any] = {"schema": refs[(model, models[model])]}
             if op.example is not None:
                 content["example"] = op.example
-            responses[str(status)] = {"description": _STATUS_TEXT.get(status, "OK"),
+            headers = dict(_HEADERS)
+            if status == 202:
+                headers["Location"] = {"$ref": "#/components/headers/Location"}
+            responses[str(status)] = {"description": _STATUS_TEXT.get(status, "OK"), "headers": headers,
                                       "content": {"application/json": content}}
         entry: dict[str, Any] = {"operationId": op.operation_id, "summary": op.summary, "tags": [op.tag],
                                  "parameters": params, "responses": responses}
@@ -118,8 +134,26 @@ def openapi_document(operations: Iterable[Operation], *, tag_descriptions: dict[
         "paths": paths,
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "responses": {"Error": {"description": "An error; the message names the field or precondition",
-                                    "content": {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}}}},
+            "responses": {
+                "Error": {"description": "An error; the message names the field or precondition",
+                          "headers": dict(_HEADERS),
+                          "content": {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}}},
+                "RateLimited": {"description": "Rate limited: retry after `Retry-After` seconds",
+                                "headers": {**_HEADERS, "Retry-After": {"$ref": "#/components/headers/Retry-After"}},
+                                "content": {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}}},
+            },
+            "headers": {
+                "X-Request-Id": {"description": "the request's id (the client's own when it sent a valid one); "
+                                                "in every log line and in the jobs the request made",
+                                 "schema": {"type": "string"}},
+                "RateLimit": {"description": "the caller's rate limit state: `\"token\";r=<remaining>;t=<seconds "
+                                             "until full>` (IETF httpapi ratelimit-headers)",
+                              "schema": {"type": "string"}},
+                "RateLimit-Policy": {"description": "`\"token\";q=<burst>;w=<seconds to refill>`",
+                                     "schema": {"type": "string"}},
+                "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}},
+                "Location": {"description": "the job to follow (`/v1/jobs/{id}`)", "schema": {"type": "string"}},
+            },
             "schemas": defs.get("$defs", {}),
         },
     }

@@ -19,7 +19,7 @@ import asyncpg
 from aiohttp import web
 from pydantic import BaseModel, Field, ValidationError, create_model
 
-from z9.common import store
+from z9.common import labels, store
 from z9.common.errors import BadRequest, CheckViolation, Conflict, NotFound, ValidationFailed
 from z9.common.ids import is_id
 from z9.common.notify import JobNotifier
@@ -86,7 +86,7 @@ class ApiResource:
     actions: Callable[["ApiResource"], list[Operation]] | None = None  # the type's own routes
     # More list filters than after/limit/status: a model of the extra query parameters (strings
     # validated by it, 422 naming the parameter) and the query that applies them:
-    # ``list_rows(db, tenant_id, filters, after=, status=, limit=) -> rows``.
+    # ``list_rows(db, tenant_id, filters, after=, status=, limit=, name=, selector=) -> rows``.
     list_filters: type[BaseModel] | None = None
     list_rows: Callable[..., Awaitable[list[Any]]] | None = None
     tag_description: str = ""
@@ -286,6 +286,14 @@ def _list_handler(api: ApiResource, page: type[BaseModel]) -> Handler:
             raise ValidationFailed(f"status: must be one of {', '.join(rt.statuses)}",
                                    details=[{"field": "status", "message": "unknown status"}])
         limit = limit_param(request)
+        name, selector = request.query.get("name"), None
+        if name is not None and not 1 <= len(name) <= 63:
+            raise ValidationFailed("name: 1 to 63 characters", details=[{"field": "name", "message": "1..63 characters"}])
+        if "label_selector" in request.query:
+            try:
+                selector = labels.parse(request.query["label_selector"])
+            except ValueError as e:
+                raise ValidationFailed(f"label_selector: {e}", details=[{"field": "label_selector", "message": str(e)}])
         if api.list_filters is not None and api.list_rows is not None:
             given = {k: v for k, v in request.query.items() if k in api.list_filters.model_fields}
             try:
@@ -293,9 +301,10 @@ def _list_handler(api: ApiResource, page: type[BaseModel]) -> Handler:
             except ValidationError as e:
                 raise validation_error(e)
             rows = await api.list_rows(request.app[POOL], tenant(request), filters, after=after, status=status,
-                                       limit=limit)
+                                       limit=limit, name=name, selector=selector)
         else:
-            rows = await rt.list(request.app[POOL], tenant(request), after=after, status=status, limit=limit)
+            rows = await rt.list(request.app[POOL], tenant(request), after=after, status=status, limit=limit,
+                                 name=name, selector=selector)
         return web.json_response(dump(page, {rt.plural: [r.public() for r in rows],
                                              "next_after": rows[-1].id if len(rows) == limit else None}))
 
@@ -388,6 +397,10 @@ class ListQuery(BaseModel):
 
     after: str | None = Field(default=None, description="id of the last item of the previous page")
     limit: int = Field(default=100, ge=1, le=500)
+    name: str | None = Field(default=None, min_length=1, max_length=63, description="only the one of this name")
+    label_selector: str | None = Field(default=None, max_length=4096,
+                                       description="only those whose labels match: comma-separated requirements "
+                                                   "`k=v`, `k!=v`, `k`, `!k`, `k in (a,b)` (all must hold)")
 
 
 def resource_operations(api: ApiResource) -> list[Operation]:

@@ -17,6 +17,15 @@ Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-tim
 """A time as the API writes it: ISO 8601 in UTC with a ``Z``."""
 OptTimestamp = Annotated[str | None, WithJsonSchema({"type": ["string", "null"], "format": "date-time"})]
 
+# Labels (every resource type, migration 0011): Kubernetes' syntax, without key prefixes' DNS
+# subdomains longer than one name: a key is 1-63 characters ``[A-Za-z0-9._-]`` (optionally
+# ``prefix/``), starting and ending alphanumeric; a value 0-63 of the same.
+LABEL_KEY = r"^([a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
+LABEL_VALUE = r"^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$"
+LabelKey = Annotated[str, Field(pattern=LABEL_KEY, max_length=127)]
+LabelValue = Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)]
+Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=64, description="labels: key → value (at most 64)")]
+
 
 class Response(BaseModel):
     """Base of response bodies: every field is listed as required in the document (a field that
@@ -90,6 +99,7 @@ class Server(Response):
     memory_mib: int
     disk_gib: int
     ssh_keys: list[str]
+    labels: dict[str, str]
     status: ServerStatus
     status_reason: str | None = Field(description="why the server is failed (or what failed during its deletion)")
     observed: ServerObserved
@@ -130,7 +140,7 @@ class JobErrorBody(BaseModel):
 
     model_config = ConfigDict(extra="allow", json_schema_serialization_defaults_required=True)
 
-    class_: Literal["temporary", "permanent", "snooze"] = Field(alias="class")
+    class_: Literal["temporary", "permanent", "snooze", "cancelled"] = Field(alias="class")
     message: str
     at: OptTimestamp = None
     task_log: list[str] | None = None
@@ -166,7 +176,8 @@ class JobList(Response):
     """A page of jobs, oldest first."""
 
     jobs: list[Job]
-    next_after: str | None = Field(description="pass as `after` for the next page; null on the last")
+    next_after: str | None = Field(description="pass as `after` for the next page (a page token that stays valid "
+                                               "after old jobs are pruned); null on the last")
 
 
 # ---------------------------------------------------------------------------------- errors

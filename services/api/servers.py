@@ -12,13 +12,13 @@ from z9.common.resources.server import SERVER
 from z9.common.settings import Settings
 from z9.common.store import NewJob
 
-from . import addresses, schemas
+from . import addresses, quotas, schemas, server_actions
 from .resources import ApiResource, CreateContext
 
 EXAMPLE: dict[str, Any] = {
     "id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y", "name": "web-1", "region": "dev-1", "image": "debian-12",
     "cores": 2, "memory_mib": 2048, "disk_gib": 20,
-    "ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDa8 alice@example"],
+    "ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDa8 alice@example"], "labels": {"env": "prod"},
     "status": "creating", "status_reason": None,
     "observed": {"vmid": None, "node": None, "power_state": None, "at": None},
     "public_ipv4": {"id": "adr_01jd3x5v8q2m6n4p7r9s1t3w60", "ip": "203.0.113.10"},
@@ -44,6 +44,8 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
     configure step writes the address as cloud-init ``ipconfig0`` (+ the pool's nameservers)."""
     args = spec.model_dump(exclude={"public_ipv4"})
     job = NewJob(kind=kinds.SERVER_CREATE, region=spec.region, args=args, max_attempts=ctx.settings.max_attempts)
+    await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, servers=1, cores=spec.cores, memory_mib=spec.memory_mib,
+                       addresses=1 if spec.public_ipv4 is True else 0)
     if spec.public_ipv4 is False:
         return await _insert(ctx, spec, job)
     async with ctx.conn.transaction():  # (a savepoint when the handler's transaction is open)
@@ -104,4 +106,4 @@ async def _primary(ctx: CreateContext, spec: schemas.ServerCreate, server: Serve
 
 
 API = ApiResource(rtype=SERVER, create_model=schemas.ServerCreate, public_model=schemas.Server,
-                  create=create, check=check, example=EXAMPLE)
+                  create=create, check=check, example=EXAMPLE, transactional=True, actions=server_actions.operations)

@@ -153,6 +153,7 @@ class VmState:
     config: dict[str, Any]
     status: str  # running | stopped
     tags: frozenset[str] = field(default_factory=frozenset)
+    uptime_s: int | None = None  # seconds since the VM's QEMU process started (status/current)
 
     @property
     def lock(self) -> str | None:
@@ -483,8 +484,9 @@ class ProxmoxClient:
             self.view.saw(vmid, node, None, started)
             return None
         cfg = dict(cfg or {})
+        up = (st or {}).get("uptime")
         state = VmState(vmid=vmid, node=node, config=cfg, status=(st or {}).get("status", "unknown"),
-                        tags=normalize_tags(cfg.get("tags")))
+                        tags=normalize_tags(cfg.get("tags")), uptime_s=int(up) if up is not None else None)
         self.view.saw(vmid, node, state.tags, started, name=cfg.get("name"),
                       template=str(cfg.get("template", "0")) == "1")
         return state
@@ -584,6 +586,12 @@ class ProxmoxClient:
         """``POST …/status/stop`` (hard stop) → UPID; a no-op task on a stopped VM."""
         return await self._call("POST /nodes/{node}/qemu/{vmid}/status/stop", f"stop VM {vmid}",
                                 lambda: self._api.nodes(node).qemu(vmid).status.stop.post())
+
+    async def reboot(self, node: str, vmid: int, *, timeout_s: int = 60) -> str:
+        """``POST …/status/reboot``: ACPI shutdown (waiting ``timeout_s``), then a new start (which
+        applies pending config changes and regenerates cloud-init) → UPID."""
+        return await self._call("POST /nodes/{node}/qemu/{vmid}/status/reboot", f"reboot VM {vmid}",
+                                lambda: self._api.nodes(node).qemu(vmid).status.reboot.post(timeout=timeout_s))
 
     async def destroy(self, node: str, vmid: int) -> str:
         """``DELETE /nodes/{node}/qemu/{vmid}`` with ``purge=1`` and

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 
 import requests
 
-from .models import Accepted, Job, Page, Server, ServerCreate, Token, TokenCreate, TokenCreated
+from .models import Accepted, Address, Job, Page, Server, ServerCreate, Token, TokenCreate, TokenCreated
 
 USER_AGENT = "z9-client/1"
 
@@ -160,14 +160,17 @@ class Client:
         return Accepted[Server](resource=out["server"], job=out["job"])
 
     def list_servers(self, *, status: str | None = None, limit: int | None = None,
-                     after: str | None = None) -> Page[Server]:
-        _, out, _ = self.request("GET", "/servers", params={"status": status, "limit": limit, "after": after})
+                     after: str | None = None, name: str | None = None,
+                     label_selector: str | None = None) -> Page[Server]:
+        _, out, _ = self.request("GET", "/servers", params={"status": status, "limit": limit, "after": after,
+                                                            "name": name, "label_selector": label_selector})
         return Page[Server](items=out["servers"], next_after=out.get("next_after"))
 
-    def iter_servers(self, *, status: str | None = None) -> Iterator[Server]:
+    def iter_servers(self, *, status: str | None = None, name: str | None = None,
+                     label_selector: str | None = None) -> Iterator[Server]:
         after = None
         while True:
-            page = self.list_servers(status=status, after=after, limit=500)
+            page = self.list_servers(status=status, after=after, limit=500, name=name, label_selector=label_selector)
             yield from page.items
             if page.next_after is None:
                 return
@@ -190,7 +193,65 @@ class Client:
         _, out, _ = self.request("POST", f"/servers/{server_id}/actions/{action}", json=body)
         return Accepted[Server](resource=out["server"], job=out["job"])
 
+    def resize_server(self, server_id: str, *, cores: int | None = None, memory_mib: int | None = None,
+                      disk_gib: int | None = None) -> Accepted[Server]:
+        body = {k: v for k, v in (("cores", cores), ("memory_mib", memory_mib), ("disk_gib", disk_gib)) if v is not None}
+        return self.server_action(server_id, "resize", body)
+
+    def update_server(self, server_id: str, *, name: str | None = None,
+                      labels: dict[str, str] | None = None) -> Server:
+        """``PATCH /servers/{id}``: rename and/or replace the labels (no job)."""
+        body = {k: v for k, v in (("name", name), ("labels", labels)) if v is not None}
+        _, out, _ = self.request("PATCH", f"/servers/{server_id}", json=body)
+        return Server.model_validate(out["server"])
+
+    # ------------------------------------------------------------------ addresses
+
+    def create_address(self, body: dict[str, Any]) -> Accepted[Address]:
+        _, out, _ = self.request("POST", "/addresses", json=body)
+        return Accepted[Address](resource=out["address"], job=out["job"])
+
+    def list_addresses(self, *, status: str | None = None, limit: int | None = None, after: str | None = None,
+                       server_id: str | None = None, label_selector: str | None = None) -> Page[Address]:
+        _, out, _ = self.request("GET", "/addresses", params={"status": status, "limit": limit, "after": after,
+                                                              "server_id": server_id,
+                                                              "label_selector": label_selector})
+        return Page[Address](items=out["addresses"], next_after=out.get("next_after"))
+
+    def get_address(self, address_id: str) -> Address:
+        _, out, _ = self.request("GET", f"/addresses/{address_id}")
+        return Address.model_validate(out["address"])
+
+    def delete_address(self, address_id: str) -> Accepted[Address]:
+        _, out, _ = self.request("DELETE", f"/addresses/{address_id}")
+        return Accepted[Address](resource=out["address"], job=out["job"])
+
+    def address_action(self, address_id: str, action: str, body: dict[str, Any] | None = None) -> Accepted[Address]:
+        """``POST /addresses/{id}/actions/{action}`` (assign, unassign, cancel-deletion)."""
+        _, out, _ = self.request("POST", f"/addresses/{address_id}/actions/{action}", json=body)
+        return Accepted[Address](resource=out["address"], job=out["job"])
+
+    # ------------------------------------------------------------------ catalogue
+
+    def list_regions(self) -> list[dict[str, Any]]:
+        _, out, _ = self.request("GET", "/regions")
+        return list(out["regions"])
+
+    def list_images(self, *, region: str | None = None) -> list[dict[str, Any]]:
+        _, out, _ = self.request("GET", "/images", params={"region": region})
+        return list(out["images"])
+
     # ------------------------------------------------------------------ jobs
+
+    def cancel_job(self, job_id: str) -> Job:
+        """Cancel a pending or retrying job (409 ``job_running`` for a running one)."""
+        _, out, _ = self.request("POST", f"/jobs/{job_id}/actions/cancel")
+        return Job.model_validate(out["job"])
+
+    def rerun_job(self, job_id: str) -> Job:
+        """A failed job's intent as a new job (returned)."""
+        _, out, _ = self.request("POST", f"/jobs/{job_id}/actions/rerun")
+        return Job.model_validate(out["job"])
 
     def get_job(self, job_id: str, *, wait_s: int = 0) -> Job:
         """The job; with ``wait_s`` (≤ 60), once its status or steps changed or after that long."""

@@ -97,6 +97,7 @@ class Server(_Answer):
     memory_mib: int
     disk_gib: int
     ssh_keys: list[str] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
     status: str
     status_reason: str | None = None
     observed: Observed = Field(default_factory=Observed)
@@ -104,6 +105,23 @@ class Server(_Answer):
     created_at: datetime | None = None
     updated_at: datetime | None = None
     deleted_at: datetime | None = None
+
+
+class Address(_Answer):
+    id: str
+    name: str | None = None
+    region: str
+    pool: str
+    family: int
+    ip: str
+    kind: str
+    server_id: str | None = None
+    dns_ptr: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    status: str
+    status_reason: str | None = None
+    delete_after: datetime | None = None
+    created_at: datetime | None = None
 
 
 T = TypeVar("T")

@@ -32,7 +32,8 @@ def restore(server: Server) -> tuple[str, dict[str, Any]]:
 
 SERVER: ResourceType[Server] = register(ResourceType(
     name="server", prefix="srv", table="servers", model=Server,
-    kinds=(kinds.SERVER_CREATE, kinds.SERVER_START, kinds.SERVER_STOP, kinds.SERVER_DELETE),
+    kinds=(kinds.SERVER_CREATE, kinds.SERVER_START, kinds.SERVER_STOP, kinds.SERVER_DELETE, kinds.SERVER_REBOOT,
+           kinds.SERVER_RESIZE),
     deletion=Buffered(first_kind=kinds.SERVER_STOP, final_kind=kinds.SERVER_DELETE),
     statuses=STATUSES, restore=restore,
 ))

@@ -15,7 +15,7 @@ from z9.common import kinds
 from z9.common.errors import PermanentError
 
 from . import (address_assign, address_create, address_delete, address_unassign, server_create, server_delete,
-               server_start, server_stop)
+               server_reboot, server_resize, server_start, server_stop)
 
 REGISTRY: dict[str, Any] = {}
 
@@ -30,8 +30,8 @@ def register(module: ModuleType | Any) -> None:
     kinds.add(module.KIND)
 
 
-for _m in (server_create, server_stop, server_start, server_delete, address_create, address_assign,
-           address_unassign, address_delete):
+for _m in (server_create, server_stop, server_start, server_reboot, server_resize, server_delete, address_create,
+           address_assign, address_unassign, address_delete):
     register(_m)
 
 

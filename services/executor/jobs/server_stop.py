@@ -1,13 +1,18 @@
-"""ServerStop: make sure the server's VM is not running (first phase of a deletion, or the
-power state to restore when a deletion is cancelled).
+"""ServerStop: make sure the server's VM is not running (first phase of a deletion, the power
+state to restore when a deletion is cancelled, or the customer's ``shutdown``/``poweroff``).
+
+``args.mode``: ``shutdown`` (default: ACPI, forced off after the timeout) or ``poweroff`` (a hard
+stop at once, as pulling the plug).
 
 observe  the VM carrying ``z9-id-<server id>`` (none is fine: nothing to stop), and the VM at
          the vmid the database last recorded, as a suspect (see ServerDelete).
 plan     (pure) the deletion guard on both (a recorded VM with a platform role refuses the
          whole job); ``shutdown`` when our VM runs.
-apply    ACPI shutdown, forced off after a timeout (``forceStop=1``); waits for the task.
-verify   observe again: not running. Records the power state only; the status is the API's
-         (``deleting`` during the deletion buffer, restored by a cancellation).
+apply    ACPI shutdown, forced off after a timeout (``forceStop=1``), or ``status/stop`` for
+         ``poweroff``; waits for the task.
+verify   observe again: not running. Records the power state, and status ``stopped`` when the
+         server was ``running``/``stopped`` (never over the deletion states: during the buffer the
+         status stays ``deleting``).
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from . import _server
 
 KIND = kinds.SERVER_STOP
 SHUTDOWN_TIMEOUT_S = 60
+MODES = ("shutdown", "poweroff")
 
 
 @dataclass
@@ -52,18 +58,24 @@ def plan(job: Job, world: World) -> list[Step]:
     if not vm.running:
         return []
     vms.refuse_if_locked(vm)
-    return [Step("shutdown", {"vmid": vm.vmid, "node": vm.node})]
+    mode = job.args.get("mode", "shutdown")
+    if mode not in MODES:
+        raise PermanentError(f"{KIND}: unknown mode {mode!r} (one of {', '.join(MODES)})")
+    return [Step(mode, {"vmid": vm.vmid, "node": vm.node})]
 
 
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
     """Shut the VM down (re-read and guarded first) and wait for the task."""
-    if step.name != "shutdown":
+    if step.name not in MODES:
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
     assert world.vm is not None
     st = await vms.reread_guarded(ctx, ctx.job.resource_id, world.vm)
     if st.running:
         await ctx.fence()
-        upid = await ctx.pve.shutdown(st.node, st.vmid, timeout_s=SHUTDOWN_TIMEOUT_S)
+        if step.name == "poweroff":
+            upid = await ctx.pve.stop(st.node, st.vmid)
+        else:
+            upid = await ctx.pve.shutdown(st.node, st.vmid, timeout_s=SHUTDOWN_TIMEOUT_S)
         await ctx.wait_task(step, upid)
 
 
@@ -76,13 +88,13 @@ async def verify(ctx: JobContext) -> VmState | None:
 
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState | None) -> None:
-    """The observed power state; the status is left alone."""
+    """The observed power state; status ``stopped`` from ``running``/``stopped`` only."""
     if vm is None:
         await store.server_observed(conn, ctx.job.resource_id, vmid=None, node=None, power_state=None)
     else:
         await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
                                     power_state="stopped")
-    await SERVER.observed(conn, ctx.job.resource_id)
+    await SERVER.observed(conn, ctx.job.resource_id, status="stopped", from_statuses=("running", "stopped"))
 
 
 record_failure = _server.record_failure

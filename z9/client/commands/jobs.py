@@ -1,4 +1,4 @@
-"""``z9 jobs get|wait|list``."""
+"""``z9 jobs get|wait|list|cancel|rerun``."""
 from __future__ import annotations
 
 import argparse
@@ -56,8 +56,26 @@ def list_(ctx: Ctx) -> int:
     return OK
 
 
+def cancel(ctx: Ctx) -> int:
+    j = ctx.client.cancel_job(ctx.args.id)
+    ctx.emit(j, lambda: job_table(j))
+    return OK
+
+
+def rerun(ctx: Ctx) -> int:
+    j = ctx.client.rerun_job(ctx.args.id)
+    if not ctx.args.wait:
+        ctx.emit(j, lambda: job_table(j))
+        return OK
+    code = follow(ctx, j.id)
+    if code != 2:
+        done = ctx.client.get_job(j.id)
+        ctx.emit(done, lambda: job_table(done))
+    return code
+
+
 def register(sub: Any, common: argparse.ArgumentParser, waiting: argparse.ArgumentParser) -> str:
-    verbs = group(sub, "jobs", "jobs: get, wait, list")
+    verbs = group(sub, "jobs", "jobs: get, wait, list, cancel, rerun")
     p = verb(verbs, "get", "show a job (status, attempt, steps, error)", [common])
     p.add_argument("id")
     p.set_defaults(run=get)
@@ -78,4 +96,11 @@ def register(sub: Any, common: argparse.ArgumentParser, waiting: argparse.Argume
     p.add_argument("--after", help="the next_after of the previous page")
     p.add_argument("--all", action="store_true", help="every page")
     p.set_defaults(run=list_)
+
+    p = verb(verbs, "cancel", "cancel a pending or retrying job (it ends failed, error class cancelled)", [common])
+    p.add_argument("id")
+    p.set_defaults(run=cancel)
+    p = verb(verbs, "rerun", "re-run a failed job's intent as a new job", [common, waiting])
+    p.add_argument("id")
+    p.set_defaults(run=rerun)
     return "jobs"

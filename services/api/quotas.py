@@ -1,0 +1,44 @@
+"""Quotas per tenant: servers, cores, memory and addresses (rows not yet deleted).
+
+Limits: the ``Z9_QUOTA_*`` settings (None: no limit), overridden per tenant in ``tenant_quotas``
+(``z9 quota``). :func:`check` runs in the transaction of the request that would add to the use,
+before its writes: when a limit applies it takes the tenant's quota lock (an advisory
+transaction lock) and counts; a request over a limit gets 403 ``quota_exceeded`` naming the
+limit, the quota, the current use and what it asked for. The lock is held until commit, so a
+second request of the tenant counts after the first one's rows are visible: two requests can
+never both pass the last unit. A tenant without any limit takes no lock (creates stay parallel).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from z9.common import store
+from z9.common.errors import Forbidden
+from z9.common.settings import Settings
+
+UNITS = {"servers": "servers", "cores": "cores", "memory_mib": "MiB of memory", "addresses": "addresses"}
+
+
+async def limits(conn: Any, settings: Settings, tenant_id: str) -> dict[str, int | None]:
+    """The tenant's effective limits (its override, else the setting; None: no limit)."""
+    own = await store.tenant_quota_get(conn, tenant_id)
+    return {k: own[k] if own[k] is not None else getattr(settings, f"quota_{k}") for k in store.QUOTA_KEYS}
+
+
+async def check(conn: Any, settings: Settings, tenant_id: str, **adding: int) -> None:
+    """Raise 403 ``quota_exceeded`` when adding ``adding`` (servers=, cores=, memory_mib=,
+    addresses=) to the tenant's use passes a limit. ``conn`` must be in the request's
+    transaction (the lock is released at its end)."""
+    lim = await limits(conn, settings, tenant_id)
+    relevant = {k: v for k, v in adding.items() if v > 0 and lim[k] is not None}
+    if not relevant:
+        return
+    used = await store.tenant_quota_lock_usage(conn, tenant_id)
+    for k, n in relevant.items():
+        quota = lim[k]
+        assert quota is not None
+        if used[k] + n > quota:
+            raise Forbidden(f"quota exceeded: {k} — this tenant may use {quota} {UNITS[k]}, uses {used[k]}, and the "
+                            f"request needs {n} more; free some or ask the operator for a higher quota",
+                            code="quota_exceeded",
+                            details={"limit": k, "quota": quota, "used": used[k], "requested": n})
