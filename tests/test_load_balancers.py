@@ -1,0 +1,175 @@
+"""Load balancers through the API (issue 10), against real PostgreSQL and the simulator over HTTPS
+(its appliance model: HAProxy grammar, reload, show stat from the world, keepalived's VIP).
+Assertions are on the world (VMs, files in the guests, interfaces) and on what GET shows."""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import aiohttp
+
+from z9.common.tags import normalize_tags
+
+from tests.support import REGION, SimAdmin, Stack, wait_until
+
+SERVICE = {"protocol": "tcp", "listen_port": 80, "destination_port": 8080,
+           "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 3, "timeout_s": 2, "retries": 2}}
+
+
+async def _server(stack: Stack, name: str) -> dict:
+    server, job = await stack.create_server(name, public_ipv4=True)
+    assert (await stack.wait_job(job["id"], timeout_s=90))["status"] == "succeeded"
+
+    async def settled() -> Any:
+        s = await stack.server(server["id"])
+        return s if s["public_ipv4"] else None
+    return await wait_until(settled, 30, "the server's address")
+
+
+async def _listen(sim: SimAdmin, vmid: int, port: int) -> None:
+    async with aiohttp.ClientSession() as http:
+        async def booted() -> bool:
+            async with http.post(f"{sim.url}/guests/{vmid}/listen", json={"port": port}, ssl=False) as r:
+                return r.status == 200
+        await wait_until(booted, 20, f"VM {vmid} has a guest")
+
+
+async def _lb(stack: Stack, **body: Any) -> tuple[dict, dict]:
+    status, out = await stack.call("POST", "/load-balancers", json={"region": REGION, **body})
+    assert status == 202, out
+    return out["load_balancer"], out["job"]
+
+
+async def _get(stack: Stack, lb_id: str) -> dict:
+    status, out = await stack.call("GET", f"/load-balancers/{lb_id}")
+    assert status == 200, out
+    return out["load_balancer"]
+
+
+async def _guest_file(sim: SimAdmin, vmid: int) -> dict:
+    return await sim._req("GET", f"/guests/{vmid}")
+
+
+def _appliances(state: dict, lb_id: str) -> list[dict]:
+    return sorted((v for v in state["vms"] if f"z9-id-{lb_id}" in normalize_tags(v["config"].get("tags"))),
+                  key=lambda v: v["config"]["name"])
+
+
+async def test_lb_ha_two_server_targets(stack: Stack, sim: SimAdmin) -> None:
+    """Test 1, then 2 (a target stopped through the API) and 6 (a target deleted to the end)."""
+    a = await _server(stack, "web-a")
+    b = await _server(stack, "web-b")
+    for s in (a, b):
+        await _listen(sim, s["observed"]["vmid"], 8080)
+    lb, job = await _lb(stack, name="front", type="lb-ha", services=[SERVICE],
+                        targets=[{"type": "server", "server_id": a["id"]}, {"type": "server", "server_id": b["id"]}])
+    assert lb["status"] == "creating" and lb["health"] == "unknown"
+    assert all(h["reason"] == "initial" for t in lb["targets"] for h in t["health_status"])
+    done = await stack.wait_job(job["id"], timeout_s=120)
+    assert done["status"] == "succeeded", done
+    lb = await _get(stack, lb["id"])
+    assert lb["status"] == "active"
+    apps = _appliances(await sim.state(), lb["id"])
+    assert [v["config"]["name"] for v in apps] == ["front-lb-0", "front-lb-1"]
+    assert len({v["node"] for v in apps}) == 2                      # different nodes
+    for v in apps:
+        tags = normalize_tags(v["config"]["tags"])
+        assert {"z9-role-customer", f"z9-id-{lb['id']}"} <= tags
+    hashes = set()
+    vip = lb["public_net"]["ipv4"]["ip"]
+    holders = []
+    for v in apps:
+        g = await _guest_file(sim, v["vmid"])
+        assert "/etc/haproxy/haproxy.cfg" in g["files"]
+        ips = [x["ip-address"] for i in g["interfaces"] for x in i["ip-addresses"]]
+        holders += [v["vmid"]] if vip in ips else []
+    for m in lb["members"]:
+        hashes.add(m["config_hash"])
+    assert len(hashes) == 1 and lb["config_hash"] in hashes        # the same hash on both
+    assert len(holders) == 1                                       # the VIP on exactly one
+    assert [m["holds_vip"] for m in lb["members"]].count(True) == 1
+    assert lb["health"] == "healthy", lb
+    assert all(h["status"] == "healthy" for t in lb["targets"] for h in t["health_status"])
+
+    # 2: stop a target through the API: unhealthy / server_stopped within one health interval
+    status, out = await stack.call("POST", f"/servers/{a['id']}/actions/stop")
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+
+    async def degraded() -> dict | None:
+        cur = await _get(stack, lb["id"])
+        return cur if cur["health"] == "degraded" else None
+    cur = await wait_until(degraded, stack.settings.lb_health_interval_s + 15, "health degraded")
+    ta = next(t for t in cur["targets"] if t.get("server_id") == a["id"])
+    assert ta["health_status"] == [{"listen_port": 80, "status": "unhealthy", "reason": "server_stopped"}]
+
+    # 6: delete that server to the end: the config no longer names it, in the same transaction
+    status, out = await stack.call("DELETE", f"/servers/{a['id']}")
+    assert status == 202, out
+
+    async def reconfigured() -> list | None:
+        jobs = (await stack.call("GET", f"/jobs?resource_id={lb['id']}"))[1]["jobs"]
+        conf = [j for j in jobs if j["kind"] == "LoadBalancerConfigure"]
+        return conf if conf and all(j["status"] in ("succeeded", "failed") for j in conf) else None
+    conf = await wait_until(reconfigured, 90, "the load balancer reconfigured after the server's delete")
+    assert all(j["status"] == "succeeded" for j in conf), conf
+    server_job = [j for j in (await stack.call("GET", f"/jobs?resource_id={a['id']}"))[1]["jobs"]
+                  if j["kind"] == "ServerDelete"][0]
+    async with stack.pool.acquire() as c:   # enqueued in the transaction that finished the server
+        fin = await c.fetchval("SELECT finished_at FROM jobs WHERE id = $1", server_job["id"])
+        created = await c.fetchval("SELECT created_at FROM jobs WHERE id = $1", conf[0]["id"])
+        assert fin is not None and created <= fin
+    for v in _appliances(await sim.state(), lb["id"]):
+        g = await sim._req("GET", f"/guests/{v['vmid']}")
+        cfg = g["models"]["appliance"]["haproxy"]
+        assert a["id"] not in cfg and b["id"] in cfg
+    cur = await _get(stack, lb["id"])
+    ta = next(t for t in cur["targets"] if t.get("server_id") == a["id"])
+    assert ta["health_status"][0]["status"] == "unused" and ta["health_status"][0]["reason"] == "server_deleted"
+
+
+async def test_rejected_config_fails_permanently(stack: Stack, sim: SimAdmin) -> None:
+    """Test 4: a config HAProxy rejects: the job fails permanently with HAProxy's message; the
+    running config is untouched."""
+    lb, job = await _lb(stack, name="rej", type="lb-small", services=[SERVICE],
+                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+    assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    before = await _get(stack, lb["id"])
+    vm = _appliances(await sim.state(), lb["id"])[0]
+    running = (await sim._req("GET", f"/guests/{vm['vmid']}"))["models"]["appliance"]["haproxy"]
+    assert hashlib.sha256(running.encode()).hexdigest() == before["config_hash"]
+    await sim._req("POST", "/appliance-faults", json={
+        "contains": "203.0.113.241", "message": "[ALERT]    (1) : config : parsing [cfg:30] : unknown keyword 'x'."})
+    status, out = await stack.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
+                                   json={"type": "ip", "ip": "203.0.113.241"})
+    assert status == 202, out
+    failed = await stack.wait_job(out["job"]["id"], timeout_s=60)
+    assert failed["status"] == "failed" and failed["attempt"] == 1, failed
+    assert "unknown keyword 'x'" in failed["error"]["message"]
+    after = (await sim._req("GET", f"/guests/{vm['vmid']}"))["models"]["appliance"]["haproxy"]
+    assert after == running
+    await sim._req("DELETE", "/appliance-faults")
+
+
+async def test_action_preconditions(stack: Stack, sim: SimAdmin) -> None:
+    lb, _ = await _lb(stack, name="pre", services=[SERVICE], targets=[{"type": "ip", "ip": "203.0.113.240"}])
+    base = f"/load-balancers/{lb['id']}/actions"
+    status, out = await stack.call("POST", f"{base}/add_target", json={"type": "ip", "ip": "203.0.113.240"})
+    assert status == 409 and out["error"]["code"] == "target_already_defined", out
+    status, out = await stack.call("POST", f"{base}/add_service", json={**SERVICE})
+    assert status == 409 and out["error"]["code"] == "source_port_already_used", out
+    status, out = await stack.call("POST", f"{base}/remove_target", json={"type": "ip", "ip": "203.0.113.9"})
+    assert status == 409 and out["error"]["code"] == "target_not_found", out
+    status, out = await stack.call("POST", f"{base}/delete_service", json={"listen_port": 81})
+    assert status == 409 and out["error"]["code"] == "service_not_found", out
+    status, out = await stack.call("POST", "/load-balancers", json={"region": REGION, "name": "pre"})
+    assert status == 409 and out["error"]["code"] == "uniqueness_error", out
+    status, out = await stack.call("POST", "/load-balancers", json={"region": REGION, "name": "x",
+                                                                      "services": [SERVICE, SERVICE]})
+    assert status == 422, out
+    # the VIP is the load balancer's: not deleted on its own
+    vip = lb["public_net"]["ipv4"]["address_id"]
+    status, out = await stack.call("DELETE", f"/addresses/{vip}")
+    assert status == 409, out
+    status, out = await stack.call("POST", f"{base}/change_algorithm", json={"type": "least_connections"})
+    assert status == 202 and out["load_balancer"]["algorithm"] == "least_connections", out
