@@ -175,3 +175,75 @@ async def test_action_preconditions(stack: Stack, sim: SimAdmin) -> None:
     assert status == 409, out
     status, out = await stack.call("POST", f"{base}/change_algorithm", json={"type": "least_connections"})
     assert status == 202 and out["load_balancer"]["algorithm"] == "least_connections", out
+
+
+async def _pve(sim: SimAdmin, method: str, path: str) -> Any:
+    """An out-of-band request to the simulated PVE API, as an operator's tool would send it."""
+    srv = sim.server
+    auth = {"Authorization": f"PVEAPIToken={srv.token_id}={srv.token_secret}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.request(method, f"{srv.url}/api2/json{path}", headers=auth, ssl=False) as r:
+            assert r.status == 200, await r.text()
+            return (await r.json())["data"]
+
+
+async def test_vip_moves_when_its_holder_stops(stack: Stack, sim: SimAdmin) -> None:
+    """Test 5: the VIP holder is stopped out of band: the other appliance takes the VIP; the load
+    balancer reports it (the periodic observe job)."""
+    lb, job = await _lb(stack, name="ha", type="lb-ha", services=[SERVICE],
+                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+    assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    lb = await _get(stack, lb["id"])
+    holder = next(m for m in lb["members"] if m["holds_vip"])
+    other = next(m for m in lb["members"] if not m["holds_vip"])
+    await _pve(sim, "POST", f"/nodes/{holder['node']}/qemu/{holder['vmid']}/status/stop")
+
+    async def moved() -> dict | None:
+        cur = await _get(stack, lb["id"])
+        ms = {m["name"]: m for m in cur["members"]}
+        return cur if ms[other["name"]]["holds_vip"] and not ms[holder["name"]]["running"] else None
+    await wait_until(moved, stack.settings.lb_health_interval_s + 20, "the VIP on the other appliance")
+    g = await sim._req("GET", f"/guests/{other['vmid']}")
+    assert lb["public_net"]["ipv4"]["ip"] in [x["ip-address"] for i in g["interfaces"] for x in i["ip-addresses"]]
+
+
+async def test_delete_cancel_delete(stack: Stack, sim: SimAdmin) -> None:
+    """Test 7: delete with a buffer (appliances stopped, VIP kept), cancel (started again), then
+    delete to the end: appliances destroyed by the guarded removal, then the VIP and appliance
+    addresses released — only after the VMs are gone."""
+    lb, job = await _lb(stack, name="gone", type="lb-small", services=[SERVICE],
+                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+    assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    status, out = await stack.call("DELETE", f"/load-balancers/{lb['id']}")
+    assert status == 202 and out["job"]["kind"] == "LoadBalancerStop", out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    apps = _appliances(await sim.state(), lb["id"])
+    assert apps and all(not v["running"] for v in apps)
+    async with stack.pool.acquire() as c:
+        live = await c.fetchval("SELECT count(*) FROM addresses WHERE load_balancer_id = $1 AND status <> 'deleted'",
+                                lb["id"])
+    assert live == 2                                     # VIP and lb-0 kept during the buffer
+    status, out = await stack.call("POST", f"/load-balancers/{lb['id']}/actions/cancel-deletion")
+    assert status == 202 and out["job"]["kind"] == "LoadBalancerStart", out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=90))["status"] == "succeeded"
+    assert all(v["running"] for v in _appliances(await sim.state(), lb["id"]))
+    assert (await _get(stack, lb["id"]))["status"] == "active"
+
+    status, out = await stack.call("DELETE", f"/load-balancers/{lb['id']}")
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    async with stack.pool.acquire() as c:
+        await c.execute("UPDATE load_balancers SET delete_after = now() WHERE id = $1", lb["id"])
+
+    async def deleted() -> dict | None:
+        cur = await _get(stack, lb["id"])
+        return cur if cur["status"] == "deleted" else None
+    await wait_until(deleted, 90, "the load balancer deleted")
+    assert _appliances(await sim.state(), lb["id"]) == []
+    async with stack.pool.acquire() as c:
+        rows = await c.fetch("SELECT a.status::text, a.deleted_at, i.reusable_after FROM addresses a "
+                             "JOIN address_pool_ips i ON i.ip = a.ip WHERE a.load_balancer_id = $1", lb["id"])
+        fin = await c.fetchval("SELECT finished_at FROM jobs WHERE resource_id = $1 AND kind = 'LoadBalancerDelete'",
+                               lb["id"])
+    assert len(rows) == 2 and all(r["status"] == "deleted" and r["reusable_after"] is not None for r in rows)
+    assert all(r["deleted_at"] <= fin for r in rows)     # released in the delete's finishing transaction
