@@ -78,15 +78,6 @@ def seed_dev_region(config: SimConfig) -> list[VM]:
         "agent": "1", "tags": "z9-image", "smbios1": "uuid=9a9e1c52-0f6a-4f4e-a0c8-000000009000",
         "vmgenid": "4a3c2b1d-0000-4000-8000-000000009000",
     })
-    # the operator-provided load balancer appliance image (HAProxy, keepalived, guest agent)
-    lb_template = VM(9100, node, {
-        "name": "z9-lb-appliance", "template": "1", "cores": "1", "memory": "1024", "ostype": "l26",
-        "scsihw": "virtio-scsi-single", "scsi0": "local-lvm:base-9100-disk-0,size=2G",
-        "ide2": "local-lvm:vm-9100-cloudinit,media=cdrom", "boot": "order=scsi0",
-        "net0": "virtio=BC:24:11:91:00:00,bridge=vmbr0", "serial0": "socket", "vga": "serial0",
-        "agent": "1", "tags": "z9-image", "smbios1": "uuid=9a9e1c52-0f6a-4f4e-a0c8-000000009100",
-        "vmgenid": "4a3c2b1d-0000-4000-8000-000000009100",
-    })
     agent = VM(100, node, {
         "name": f"z9-agent-{config.region}", "cores": "2", "memory": "2048", "ostype": "l26",
         "scsihw": "virtio-scsi-single", "scsi0": "local-lvm:vm-100-disk-0,size=8G",
@@ -95,7 +86,7 @@ def seed_dev_region(config: SimConfig) -> list[VM]:
         "serial0": "socket", "vga": "serial0", "agent": "1", "tags": "z9-role-agent",
         "smbios1": f"uuid={uuid.UUID(int=100)}", "vmgenid": str(uuid.UUID(int=0x100)),
     }, running=True, started_at=time.time())
-    return [template, lb_template, agent]
+    return [template, agent]
 
 
 class SimServer:

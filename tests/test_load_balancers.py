@@ -7,10 +7,26 @@ import hashlib
 from typing import Any
 
 import aiohttp
+import pytest
 
 from z9.common.tags import normalize_tags
 
 from tests.support import REGION, SimAdmin, Stack, wait_until
+
+# the operator-provided appliance template (HAProxy, keepalived, the guest agent), put in place
+# the way an operator imports one: a template VM named as the region's lb_image setting
+LB_TEMPLATE = {"vmid": 9100, "node": "pve1", "config": {
+    "name": "z9-lb-appliance", "template": "1", "cores": "1", "memory": "1024", "ostype": "l26",
+    "scsihw": "virtio-scsi-single", "scsi0": "local-lvm:base-9100-disk-0,size=2G",
+    "ide2": "local-lvm:vm-9100-cloudinit,media=cdrom", "boot": "order=scsi0",
+    "net0": "virtio=BC:24:11:91:00:00,bridge=vmbr0", "serial0": "socket", "vga": "serial0", "agent": "1",
+    "tags": "z9-image"}}
+
+
+@pytest.fixture(autouse=True)
+async def lb_template(sim: SimAdmin) -> None:
+    await sim._req("POST", "/vms", json=LB_TEMPLATE)
+
 
 SERVICE = {"protocol": "tcp", "listen_port": 80, "destination_port": 8080,
            "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 3, "timeout_s": 2, "retries": 2}}

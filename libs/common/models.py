@@ -265,7 +265,8 @@ class LoadBalancer:
                        for s in self.services]
             seen = {h["listen_port"]: h for h in detail.get(key, [])}
             health = [seen.get(d["listen_port"], d) for d in default]
-            targets.append({**t, "health_status": health})
+            targets.append({"type": t["type"], "server_id": t.get("server_id"), "ip": t.get("ip"),
+                            "health_status": health})
         vip = self.addresses.get("vip") or {}
         return {
             "id": self.id,
@@ -278,8 +279,8 @@ class LoadBalancer:
             "targets": targets,
             "members": [
                 {"name": m, "ip": (self.addresses.get(m) or {}).get("ip"),
-                 **{k: v for k, v in ((self.observed or {}).get("members", {}).get(m) or {}).items()
-                    if k in ("vmid", "node", "running", "config_hash", "holds_vip")}}
+                 **{k: ((self.observed or {}).get("members", {}).get(m) or {}).get(k)
+                    for k in ("vmid", "node", "running", "config_hash", "holds_vip")}}
                 for m in self.members],
             "config_hash": self.config_hash,
             "health": self.health,

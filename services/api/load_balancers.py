@@ -163,19 +163,19 @@ class TargetHealth(schemas.Response):
 
 class TargetOut(schemas.Response):
     type: Literal["server", "ip"]
-    server_id: str | None = None
-    ip: str | None = None
+    server_id: str | None
+    ip: str | None
     health_status: list[TargetHealth]
 
 
 class Member(schemas.Response):
     name: str
     ip: str | None
-    vmid: int | None = None
-    node: str | None = None
-    running: bool | None = None
-    config_hash: str | None = None
-    holds_vip: bool | None = None
+    vmid: int | None
+    node: str | None
+    running: bool | None
+    config_hash: str | None
+    holds_vip: bool | None
 
 
 class LoadBalancerOut(schemas.Response):
@@ -207,9 +207,10 @@ EXAMPLE: dict[str, Any] = {
     "services": [{"protocol": "tcp", "listen_port": 80, "destination_port": 8080, "proxyprotocol": False,
                   "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 15, "timeout_s": 10, "retries": 3,
                                    "http": None}}],
-    "targets": [{"type": "ip", "ip": "203.0.113.200",
+    "targets": [{"type": "ip", "server_id": None, "ip": "203.0.113.200",
                  "health_status": [{"listen_port": 80, "status": "unknown", "reason": "initial"}]}],
-    "members": [{"name": "lb-0", "ip": "203.0.113.11"}], "config_hash": None, "health": "unknown",
+    "members": [{"name": "lb-0", "ip": "203.0.113.11", "vmid": None, "node": None, "running": None,
+                 "config_hash": None, "holds_vip": None}], "config_hash": None, "health": "unknown",
     "health_at": None, "status": "creating", "status_reason": None, "delete_after": None,
     "created_at": "2026-12-01T04:00:00Z", "updated_at": "2026-12-01T04:00:00Z", "deleted_at": None,
 }
