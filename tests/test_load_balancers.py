@@ -263,3 +263,73 @@ async def test_delete_cancel_delete(stack: Stack, sim: SimAdmin) -> None:
                                lb["id"])
     assert len(rows) == 2 and all(r["status"] == "deleted" and r["reusable_after"] is not None for r in rows)
     assert all(r["deleted_at"] <= fin for r in rows)     # released in the delete's finishing transaction
+
+
+# ---------------------------------------------------------------- SIGKILL mid-push (test 3)
+
+import signal  # noqa: E402,F401
+from pathlib import Path  # noqa: E402
+from typing import AsyncIterator  # noqa: E402
+
+from z9.common import store  # noqa: E402
+from z9.common.settings import Settings  # noqa: E402
+
+from tests.support import Services, service_env  # noqa: E402
+
+FAST = dict(lease_ttl_s=2, heartbeat_s=0.25, task_poll_s=0.1, poll_interval_s=1, scheduler_interval_s=0.1,
+            reaper_interval_s=0.1, backoff_base_s=0.2, backoff_cap_s=1, snooze_s=0.2, uncertain_window_s=1,
+            shutdown_grace_s=5, task_deadline_s=60, lb_health_interval_s=3600)
+
+
+@pytest.fixture
+async def services(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
+    svc = Services(service_env(settings, **FAST), tmp_path)
+    try:
+        yield svc
+    finally:
+        svc.close()
+        print(svc.logs())
+
+
+async def test_add_target_survives_sigkill_mid_push(api: Stack, sim: SimAdmin, services: Services) -> None:
+    """Test 3: the executor is SIGKILLed while lb-1's push is under way (its file-write held by the
+    simulator), lb-0 already pushed. After recovery both appliances run the new hash, and the
+    pushes that took effect after the crash are at most one per appliance (none on lb-0)."""
+    services.start("scheduler")
+    first = services.start("executor")
+    lb, job = await _lb(api, name="crash", type="lb-ha", services=[SERVICE],
+                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+    assert (await api.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    lb = await _get(api, lb["id"])
+    vm = {m["name"]: m["vmid"] for m in lb["members"]}
+    await sim._req("POST", "/faults", json={"method": "POST", "path": f"/qemu/{vm['lb-1']}/agent/file-write",
+                                            "action": "delay", "seconds": 8, "times": 1})
+    status, out = await api.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
+                                 json={"type": "ip", "ip": "203.0.113.241"})
+    assert status == 202, out
+    jid = out["job"]["id"]
+
+    async def mid_push() -> bool:
+        j = await store.job_get(api.pool, jid)
+        states = {(s["name"], s["detail"].get("member")): s["state"] for s in j.steps}
+        return states.get(("push_haproxy", "lb-0")) == "done" and states.get(("push_haproxy", "lb-1")) == "running"
+    await wait_until(mid_push, 60, "lb-0 pushed and lb-1's push under way")
+
+    async def reloads() -> dict[str, int]:
+        return {m: int((await sim._req("GET", f"/guests/{v}"))["models"]["appliance"].get("reloads", 0))
+                for m, v in vm.items()}
+    before = await reloads()
+    await first.kill()
+    services.start("executor")
+    done = await api.wait_job(jid, timeout_s=90)
+    assert done["status"] == "succeeded", done
+    assert done["attempt"] >= 2
+    after = await reloads()
+    assert after["lb-0"] == before["lb-0"]                 # lb-0 was not pushed again
+    assert after["lb-1"] - before["lb-1"] <= 1             # lb-1 at most once
+    lb = await _get(api, lb["id"])
+    assert {m["config_hash"] for m in lb["members"]} == {lb["config_hash"]}
+    for v in vm.values():
+        running = (await sim._req("GET", f"/guests/{v}"))["models"]["appliance"]["haproxy"]
+        assert "203.0.113.241" in running
+        assert hashlib.sha256(running.encode()).hexdigest() == lb["config_hash"]

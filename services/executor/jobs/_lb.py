@@ -279,6 +279,7 @@ async def run(ctx: JobContext, vm: VmState, argv: list[str], stdin: str | None =
     """Run a command in the appliance through the agent; ``(exitcode, stdout, stderr)``."""
     pid = await ctx.pve.agent_exec(vm.node, vm.vmid, argv, stdin)
     end = time.monotonic() + deadline_s
+    delay = 0.02  # these commands take milliseconds: ask at once, then back off to task_poll_s
     while True:
         st = await ctx.pve.agent_exec_status(vm.node, vm.vmid, pid)
         if int(st.get("exited") or 0):
@@ -286,7 +287,8 @@ async def run(ctx: JobContext, vm: VmState, argv: list[str], stdin: str | None =
         if time.monotonic() > end:
             raise TemporaryError(f"{argv[0]} in VM {vm.vmid} did not finish within {deadline_s:.0f}s")
         ctx.touch()
-        await asyncio.sleep(ctx.settings.task_poll_s)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, ctx.settings.task_poll_s)
 
 
 async def push(ctx: JobContext, app: Appliance, step: Step, text: str, path: str, check: list[str],
