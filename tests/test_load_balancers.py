@@ -333,3 +333,36 @@ async def test_add_target_survives_sigkill_mid_push(api: Stack, sim: SimAdmin, s
         running = (await sim._req("GET", f"/guests/{v}"))["models"]["appliance"]["haproxy"]
         assert "203.0.113.241" in running
         assert hashlib.sha256(running.encode()).hexdigest() == lb["config_hash"]
+
+
+async def test_drift_is_found_and_repaired(stack: Stack, sim: SimAdmin) -> None:
+    """A running config changed by hand (out of band, through the agent): the periodic observe job
+    sees the drift and enqueues a configure job in its finishing transaction, which puts the
+    rendered file back."""
+    lb, job = await _lb(stack, name="drift", type="lb-small", services=[SERVICE],
+                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+    assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    lb = await _get(stack, lb["id"])
+    m = lb["members"][0]
+    g = await sim._req("GET", f"/guests/{m['vmid']}")
+    edited = g["models"]["appliance"]["haproxy"].replace("balance roundrobin", "balance leastconn")
+    srv = sim.server
+    auth = {"Authorization": f"PVEAPIToken={srv.token_id}={srv.token_secret}"}
+    agent = f"{srv.url}/api2/json/nodes/{m['node']}/qemu/{m['vmid']}/agent"
+    async with aiohttp.ClientSession(headers=auth) as http:
+        async with http.post(f"{agent}/file-write", data={"file": "/etc/haproxy/haproxy.cfg", "content": edited},
+                             ssl=False) as r:
+            assert r.status == 200, await r.text()
+        async with http.post(f"{agent}/exec", data=[("command", "systemctl"), ("command", "reload"),
+                                                    ("command", "haproxy")], ssl=False) as r:
+            assert r.status == 200, await r.text()
+
+    async def repaired() -> list | None:
+        jobs = (await stack.call("GET", f"/jobs?resource_id={lb['id']}"))[1]["jobs"]
+        fix = [j for j in jobs if j["kind"] == "LoadBalancerConfigure" and j["status"] == "succeeded"]
+        return fix or None
+    fix = await wait_until(repaired, stack.settings.lb_health_interval_s + 30, "the drift repaired")
+    async with stack.pool.acquire() as c:
+        assert "drift on lb-0" in (await c.fetchval("SELECT args FROM jobs WHERE id = $1", fix[0]["id"]))["reason"]
+    running = (await sim._req("GET", f"/guests/{m['vmid']}"))["models"]["appliance"]["haproxy"]
+    assert hashlib.sha256(running.encode()).hexdigest() == lb["config_hash"]

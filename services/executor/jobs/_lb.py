@@ -424,7 +424,8 @@ async def record_seen(conn: Any, ctx: JobContext, seen: dict[str, Any] | None, *
                       from_statuses: tuple[str, ...] = ()) -> None:
     if seen is None:
         return
-    await store.lb_observed(conn, ctx.job.resource_id, observed={k: seen[k] for k in ("members", "vip_holder", "spread")},
+    await store.lb_observed(conn, ctx.job.resource_id,
+                            observed={k: seen.get(k) for k in ("members", "vip_holder", "spread", "drift")},
                             health=seen["health"], health_detail=seen["health_detail"],
                             config_hash=seen.get("config_hash"), status=status, from_statuses=from_statuses)
 
