@@ -57,6 +57,10 @@ Admin API (no auth, loopback peers only), JSON in and out:
   configure an address inside a booted guest (as ``ip addr add`` through ``agent/exec`` does); it is
   reported by ``network-get-interfaces`` until the next boot. ``DELETE`` with the same body removes it.
   409 when the guest is not booted.
+- ``POST /_sim/guests/{vmid}/listen`` ``{port, http_status?}`` / ``DELETE`` ``{port}``: a process in the guest
+  listens on a TCP port (what a load balancer's health check finds, :mod:`z9.sim.appliance`).
+- ``POST /_sim/appliance-faults`` ``{contains, message?}`` / ``DELETE``: ``haproxy -c`` rejects files containing
+  ``contains`` (with ``message``), e.g. a keyword the appliance's HAProxy does not know.
 - ``POST /_sim/guest-faults`` ``{kind: "agent_never_starts"|"cloud_init_fails", vmid?, name?, message?}`` →
   ``{"id": n}``: applies to VMs matching ``vmid`` and/or config ``name`` at their next start (and to a
   guest still booting / running cloud-init now). ``GET`` lists, ``DELETE /_sim/guest-faults[/{id}]``

@@ -207,12 +207,12 @@ class ResourceType(Generic[R]):
 
 REGISTRY: dict[str, ResourceType[Any]] = {}
 # (type name) -> hooks run in the transaction that finishes that type's final delete:
-# hook(conn, row id) -> list[NewJob] (e.g. reconfigure every load balancer targeting a server)
+# hook(conn, row id, max_attempts) -> list[NewJob] (a dependent type reacting, registered by it)
 DEPENDENT_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
 
 
 def on_final_delete(type_name: str, hook: Callable[..., Awaitable[list[Any]]]) -> None:
-    """Register ``hook(conn, resource id) -> [NewJob]`` for when a ``type_name`` resource is
+    """Register ``hook(conn, resource id, max_attempts) -> [NewJob]`` for when a ``type_name`` resource is
     deleted for good (its final job's finishing transaction): the jobs are inserted there."""
     DEPENDENT_HOOKS.setdefault(type_name, []).append(hook)
 
