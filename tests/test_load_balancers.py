@@ -366,3 +366,26 @@ async def test_drift_is_found_and_repaired(stack: Stack, sim: SimAdmin) -> None:
         assert "drift on lb-0" in (await c.fetchval("SELECT args FROM jobs WHERE id = $1", fix[0]["id"]))["reason"]
     running = (await sim._req("GET", f"/guests/{m['vmid']}"))["models"]["appliance"]["haproxy"]
     assert hashlib.sha256(running.encode()).hexdigest() == lb["config_hash"]
+
+
+async def test_server_target_preconditions(api: Stack) -> None:
+    """409 missing_ipv4 (no address the appliances can reach), server_deleting; 422 unknown server
+    (the API alone: no job needs to run)."""
+    lb, _ = await _lb(api, name="pre2", services=[SERVICE])
+    base = f"/load-balancers/{lb['id']}/actions/add_target"
+    server, _ = await api.create_server("no-ip")
+    status, out = await api.call("POST", base, json={"type": "server", "server_id": server["id"]})
+    assert status == 409 and out["error"]["code"] == "missing_ipv4", out
+    status, out = await api.call("DELETE", f"/servers/{server['id']}")
+    assert status == 202, out
+    status, out = await api.call("POST", base, json={"type": "server", "server_id": server["id"]})
+    assert status == 409 and out["error"]["code"] == "server_deleting", out
+    status, out = await api.call("POST", base, json={"type": "server", "server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"})
+    assert status == 422, out
+    status, out = await api.call("POST", "/load-balancers", json={
+        "region": REGION, "name": "pre3", "targets": [{"type": "server", "server_id": server["id"]}]})
+    assert status == 409 and out["error"]["code"] == "server_deleting", out
+    status, out = await api.call("DELETE", f"/load-balancers/{lb['id']}")
+    assert status == 202, out
+    status, out = await api.call("POST", base, json={"type": "ip", "ip": "203.0.113.250"})
+    assert status == 409 and out["error"]["code"] == "load_balancer_deleting", out
