@@ -12,6 +12,8 @@ PVE request pipeline, in pve-http-server's order (facts: Transport and auth, Env
 Parameters come from the query string and, for POST/PUT, from a form-encoded (proxmoxer), JSON or
 (upload only) multipart body; array parameters (``agent/exec``'s ``command``) collect repeated fields.
 A non-upload POST/PUT body over 512 KiB → 501 ``for data too large`` (pve-http-server, before anything).
+Answers over 1 KiB are gzipped when the client sends ``Accept-Encoding: gzip`` (pve-http-server does;
+proxmoxer/requests and aiohttp decode it transparently).
 Success: ``{"data": ...}``. Error: reason phrase = first line of the message, body
 ``{"data": null, "message": "<msg>\\n"[, "errors": {...}]}`` (PVE >= 9).
 
@@ -46,11 +48,12 @@ Admin API (no auth, loopback peers only), JSON in and out:
   ``DELETE /_sim/vms/{vmid}`` → ``{"deleted": 1}``.
 - ``POST /_sim/flock`` ``{vmid, seconds}`` → ``{"ok": true}``: hold the VM's config flock (lock contention).
 - ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
-  guest_boot_s?, cloud_init_s?}`` → the current values (changes timing at run time).
+  guest_boot_s?, cloud_init_s?}`` → the current values (changes timing at run time); 400 on an unknown
+  key or a bad value, and then nothing is applied.
 - ``GET /_sim/guests/{vmid}`` → the guest (:meth:`z9.sim.guest.Guest.to_json`: ``powered``, ``booted``,
   ``boots``, ``instance_id``, ``host_key`` (SSH host key fingerprint), ``hostname``, ``cloud_init``
   ``{status, errors, datasource}``, ``agent``, ``files`` (paths), ``interfaces``, ``extra_addresses``,
-  ``models``, ``inputs.source`` (the CD-ROM cloud-init read)); 404 when the VM never started or is gone.
+  ``models``, ``inputs.source`` (the CD-ROM cloud-init read)); 404 when the VM never started (nor was cloned from one that did) or is gone.
   ``GET /_sim/state`` has ``"guests": {"<vmid>": summary}`` and ``"storage": {"local@pve1": [{volid,
   content, format, size, ctime, sha256}], "isos": [...]}``.
 - ``POST /_sim/guests/{vmid}/addresses`` ``{iface: "eth0", address: "203.0.113.7/32"}`` → ``{interfaces}``:
@@ -88,7 +91,8 @@ from .cluster import VM, Cluster, PveError
 from .faults import FaultSpec, FaultStore
 from . import appliance
 from .guest import OSINFO as GUEST_OSINFO
-from .schema import PveSchema, stringify
+from .schema import JsonRef, PveSchema, stringify
+from .storage import check_volname
 
 log = logging.getLogger("z9.sim")
 
@@ -296,6 +300,8 @@ async def h_storage_volume(ctx, p, user, fail):
     st = ctx.cluster.storage
     sid = p["storage"]
     volid = p["volume"] if ":" in p["volume"] else f"{sid}:{p['volume']}"
+    ctx.cluster.check_node(p["node"])
+    check_volname(st.definition(volid.split(":", 1)[0]), volid.split(":", 1)[1])
     vol = st.volume(volid, p["node"])
     if vol is None:
         raise PveError(500, f"volume '{volid}' does not exist")
@@ -507,11 +513,13 @@ MAX_BODY = 512 * 1024  # pve-http-server: non-upload POST/PUT bodies (64 KiB bef
 NO_AUTH = {("POST", "/access/ticket")}
 
 
-async def _read_params(request: web.Request, arrays: set[str]) -> dict[str, Any]:
-    """Query + body parameters. ``arrays``: the endpoint's array-typed parameters, which collect
-    repeated form fields (``command=a&command=b``) into a list; other repeated fields: the last wins.
-    A multipart file part named ``filename`` gives ``filename`` (its file name) and ``@file`` (bytes)."""
+async def _read_params(request: web.Request, arrays: set[str]) -> tuple[dict[str, Any], bytes | None]:
+    """Query + body parameters, and the uploaded file's bytes. ``arrays``: the endpoint's array-typed
+    parameters, which collect repeated form fields (``command=a&command=b``) into a list; other repeated
+    fields: the last wins. A multipart file part named ``filename`` gives ``filename`` (its file name) and
+    the bytes (returned apart, so no client parameter can stand in for them)."""
     params: dict[str, Any] = {}
+    file: bytes | None = None
 
     def put(k: str, v: Any) -> None:
         if k in arrays:
@@ -530,7 +538,9 @@ async def _read_params(request: web.Request, arrays: set[str]) -> dict[str, Any]
                     if v is None:
                         continue
                     if k in arrays and isinstance(v, list):
-                        params[k] = [stringify(x) for x in v]
+                        params[k] = [JsonRef.of(x) if isinstance(x, (dict, list)) else stringify(x) for x in v]
+                    elif isinstance(v, (dict, list)):
+                        params[k] = JsonRef.of(v)  # a reference where a scalar (or an array) is wanted
                     else:
                         put(k, stringify(v))
         else:
@@ -540,8 +550,8 @@ async def _read_params(request: web.Request, arrays: set[str]) -> dict[str, Any]
                     put(k, v)
                 elif isinstance(v, web.FileField) and k == "filename":
                     params["filename"] = v.filename or ""
-                    params["@file"] = v.file.read()
-    return params
+                    file = v.file.read()
+    return params, file
 
 
 async def _authenticate(ctx: SimContext, request: web.Request, csrf: bool = True) -> str | PveError:
@@ -604,10 +614,9 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
         return pve_error(500, "upload aborted"), template, True
     arrays = {k for k, sch in ep.properties.items() if sch.get("type") == "array"} if ep else set()
     try:
-        params = await _read_params(request, arrays)
+        params, file = await _read_params(request, arrays)
     except (ValueError, json.JSONDecodeError):
         return pve_error(400, "Parameter verification failed."), template, False
-    extra = {k: params.pop(k) for k in [k for k in params if k.startswith("@")]}
     template, errors = ctx.schema.validate(method, path, params)
     if template is None:
         return pve_error(501, f"Method '{method} {path}' not implemented"), None, False
@@ -616,8 +625,9 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
     _, path_params = ctx.schema.match(method, path)
     values: dict[str, Any] = {k: (v if isinstance(v, list) else stringify(v)) for k, v in params.items()}
     values.update(path_params)
-    if upload:  # the file part reaches the upload handler only
-        values.update(extra)
+    # request-internal values ("@..."): set here only; a client's "@x" parameter failed the schema above
+    if upload and file is not None:  # the file part reaches the upload handler only
+        values["@file"] = file
     if template == "/cluster/resources":
         values["@accept_encoding"] = request.headers.get("Accept-Encoding", "")
     if upload:
@@ -760,7 +770,10 @@ async def admin_vm_delete(request: web.Request) -> web.Response:
 async def admin_flock(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     b = await _json(request)
-    vmid, seconds = int(b["vmid"]), float(b.get("seconds", 1.0))
+    try:
+        vmid, seconds = int(b["vmid"]), float(b.get("seconds", 1.0))
+    except (KeyError, ValueError, TypeError) as e:
+        return web.json_response({"error": f"bad flock request (vmid, seconds): {e!r}"}, status=400)
     await ctx.cluster.flock(vmid).acquire(vmid, timeout=30)
 
     async def release_later():
@@ -870,17 +883,27 @@ async def admin_config(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     c = ctx.cluster
     b = await _json(request)
-    if "guest_boot_s" in b:
-        c.guests.settings.boot_s = float(b["guest_boot_s"])
-    if "cloud_init_s" in b:
-        c.guests.settings.cloud_init_s = float(b["cloud_init_s"])
-    if "task_seconds" in b:
-        c.task_seconds.update({str(k): float(v) for k, v in b["task_seconds"].items()})
+    scalars = ("guest_boot_s", "cloud_init_s", "task_default_s", "stats_lag_s", "task_invisible_s", "auth_delay_s")
+    try:  # all values checked before any is applied
+        unknown = sorted(set(b) - set(scalars) - {"task_seconds"})
+        if unknown:
+            raise ValueError(f"unknown setting(s) {unknown}")
+        vals = {k: float(b[k]) for k in scalars if k in b}
+        if any(v < 0 for v in vals.values()):
+            raise ValueError("durations must not be negative")
+        task_seconds = {str(k): float(v) for k, v in (b.get("task_seconds") or {}).items()}
+    except (ValueError, TypeError, AttributeError) as e:
+        return web.json_response({"error": f"bad config: {e}"}, status=400)
+    if "guest_boot_s" in vals:
+        c.guests.settings.boot_s = vals["guest_boot_s"]
+    if "cloud_init_s" in vals:
+        c.guests.settings.cloud_init_s = vals["cloud_init_s"]
+    c.task_seconds.update(task_seconds)
     for k in ("task_default_s", "stats_lag_s", "task_invisible_s"):
-        if k in b:
-            setattr(c, k, float(b[k]))
-    if "auth_delay_s" in b:
-        ctx.auth_delay_s = float(b["auth_delay_s"])
+        if k in vals:
+            setattr(c, k, vals[k])
+    if "auth_delay_s" in vals:
+        ctx.auth_delay_s = vals["auth_delay_s"]
     return web.json_response({"task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
                               "stats_lag_s": c.stats_lag_s, "task_invisible_s": c.task_invisible_s,
                               "auth_delay_s": ctx.auth_delay_s, "guest_boot_s": c.guests.settings.boot_s,

@@ -24,6 +24,7 @@ shrink, every flock timeout of a task). PUT ``/config`` is synchronous: its floc
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import itertools
@@ -365,7 +366,10 @@ class Cluster:
         if vm.ci_applied is None:
             vm.ci_applied = cloudinit.ci_values(vm.config)
         if vm.running and vm.ci_drive is None:
-            vm.ci_drive = cloudinit.generate(vm.config, vm.vmid)
+            try:
+                vm.ci_drive = cloudinit.generate(vm.config, vm.vmid)
+            except PveError:  # e.g. cicustom snippets nobody can have written: no drive to boot from
+                vm.ci_drive = None
         self.vms[vm.vmid] = vm
         if vm.running:
             self.guests.power_on(vm, already_up=True)
@@ -628,6 +632,19 @@ class Cluster:
         return out
 
     # ---- config ----------------------------------------------------------------------------------
+    @staticmethod
+    def _cloudinit_alloc(vmid: int, key: str, value: str) -> str:
+        """qemu-server ``create_disks``: a drive ``<storage>:cloudinit`` allocates the VM's cloud-init
+        volume ``<storage>:vm-<vmid>-cloudinit`` and is a CD-ROM; any other value is kept as sent."""
+        if not DISK_RE.fullmatch(key) or key.startswith(("unused", "efidisk", "tpmstate")):
+            return value
+        volid, _, opts = value.partition(",")
+        m = re.fullmatch(r"([a-z][a-z0-9\-_.]*[a-z0-9]):cloudinit", volid, re.I)
+        if m is None:
+            return value
+        rest = [o for o in opts.split(",") if o and not o.startswith("media=")]
+        return ",".join([f"{m.group(1)}:vm-{vmid}-cloudinit", "media=cdrom", *rest])
+
     def _apply_config(self, vm: VM, params: dict[str, str]) -> None:
         deletes = split_list(params.get("delete", ""))
         for k in deletes:
@@ -642,7 +659,7 @@ class Cluster:
                     continue
             if k == "sshkeys":
                 pass  # stored URL-encoded as sent, like PVE
-            vm.config[k] = v
+            vm.config[k] = self._cloudinit_alloc(vm.vmid, k, v)
 
     def _check_config_write(self, vm: VM, params: dict[str, str]) -> None:
         digest = params.get("digest")
@@ -744,7 +761,7 @@ class Cluster:
                         v = f"{m.group(1)}:{name},size={format_size(int(float(m.group(2)) * GiB))}{m.group(3) or ''}"
                     if k == "tags":
                         v = normalize_tags(v)
-                    conf[k] = v
+                    conf[k] = self._cloudinit_alloc(vmid, k, v)
                 for k, v in list(conf.items()):
                     if re.fullmatch(r"net\d+", k) and not re.match(r"\w+=[0-9A-Fa-f:]{17}", v):
                         model, _, rest = v.partition(",")
@@ -826,6 +843,7 @@ class Cluster:
                     placeholder.config = conf
                     placeholder.ci_applied = cloudinit.ci_values(conf)
                     self.firewall.clone(vmid, newid)
+                    self.guests.clone_disk(vmid, newid)
 
         def cleanup() -> None:
             if self.vms.get(newid) is placeholder:
@@ -897,7 +915,21 @@ class Cluster:
                         raise PveError(500, f"VM {vmid} not running")
                     await asyncio.sleep(self.duration(ttype))
                     if action == "reboot":  # qm reboot: shutdown, then a new start (which regenerates cloud-init)
-                        self.apply_cloudinit(v)
+                        try:
+                            self.check_volumes(v)
+                            self.apply_cloudinit(v)
+                        except PveError as e:
+                            # qemu-server vm_reboot only stops the VM; qmeventd's cleanup starts it again in
+                            # its own qmstart task, which fails: the reboot is OK, the VM stays stopped
+                            v.running, v.started_at = False, None
+                            self.guests.power_off(vmid)
+                            task.lines.append(f"VM {vmid} stopped for reboot; its start failed: {e.message}")
+
+                            async def failed_start(t: Task, err: PveError = e) -> None:
+                                raise err
+
+                            self.spawn(v.node, "qmstart", vmid, "root@pam", TaskPlan(failed_start))
+                            return
                         v.started_at = time.time()
                         self.guests.power_on(v)
                     elif action == "reset":  # same QEMU process: the guest reboots from the current media
@@ -947,12 +979,29 @@ class Cluster:
 
     # ---- persistence -----------------------------------------------------------------------------
     def dump(self) -> dict:
-        return {"vms": [vm.to_json() for vm in sorted(self.vms.values(), key=lambda v: v.vmid)
+        """The state file: VMs (with the cloud-init keys of their last regeneration, PVE's
+        ``[special:cloudinit]``, and the drive's files), firewall, storage, guests' disks."""
+        def vm_entry(vm: VM) -> dict:
+            d = vm.to_json()
+            d["ci_applied"] = vm.ci_applied
+            d["ci_drive"] = None if vm.ci_drive is None else {
+                k: base64.b64encode(v).decode() for k, v in vm.ci_drive.items()}
+            return d
+
+        return {"vms": [vm_entry(vm) for vm in sorted(self.vms.values(), key=lambda v: v.vmid)
                         if vm.lock not in ("clone", "create", "destroyed")],
                 "firewall": self.firewall.dump(), "storage": self.storage.save(), "guests": self.guests.save()}
 
     @staticmethod
     def vms_from_dump(data: dict) -> list[VM]:
-        return [VM(int(d["vmid"]), d["node"], dict(d["config"]), bool(d.get("running")),
-                   time.time() if d.get("running") else None) for d in data.get("vms", [])]
+        vms = []
+        for d in data.get("vms", []):
+            vm = VM(int(d["vmid"]), d["node"], dict(d["config"]), bool(d.get("running")),
+                    time.time() if d.get("running") else None)
+            if d.get("ci_applied") is not None:
+                vm.ci_applied = dict(d["ci_applied"])
+            if d.get("ci_drive") is not None:
+                vm.ci_drive = {k: base64.b64decode(v) for k, v in d["ci_drive"].items()}
+            vms.append(vm)
+        return vms
 
