@@ -208,6 +208,7 @@ CREATE TABLE vm_clone_requests (
     node         text NOT NULL,
     job_id       text NOT NULL,  -- the job that sent it (no foreign key: jobs are pruned)
     sent_at      timestamptz NOT NULL DEFAULT now(),
+    lost_at      timestamptz,  -- its sender saw the answer lost (timeout, dropped): in flight until then
     answered_at  timestamptz,
     upid         text,
     PRIMARY KEY (resource_id, member, vmid),

@@ -222,6 +222,11 @@ async def vm_clone_answered(db: DB, resource_id: str, member: str, vmid: int, up
     await db.fetchval(q("vm_clone_answered"), resource_id, member, vmid, upid)
 
 
+async def vm_clone_lost(db: DB, resource_id: str, member: str, vmid: int) -> None:
+    """The sender saw the answer to the request to ``vmid`` lost: in flight until now."""
+    await db.fetchval(q("vm_clone_lost"), resource_id, member, vmid)
+
+
 async def vm_clone_refused(db: DB, resource_id: str, member: str, vmid: int) -> None:
     """The request to ``vmid`` was refused (nothing cloned): forget it."""
     await db.execute(q("vm_clone_refused"), resource_id, member, vmid)
