@@ -32,7 +32,7 @@ import ipaddress
 import re
 from typing import Any
 
-from .guest import ExecContext, ExecResult, Guest, Guests, command
+from .guest import INTERFACE_PROVIDERS, ExecContext, ExecResult, Guest, Guests, command
 
 SECTIONS = ("global", "defaults", "frontend", "backend", "listen", "resolvers", "peers", "userlist")
 BALANCE = ("roundrobin", "static-rr", "leastconn", "first", "source", "uri", "url_param", "hdr", "random")
@@ -375,8 +375,6 @@ def _socat(ctx: ExecContext) -> ExecResult:
     return ExecResult(0, out="Unknown command. Please enter one of the following commands only :\n  show stat\n")
 
 
-INTERFACE_PROVIDERS_REGISTERED = True
-from .guest import INTERFACE_PROVIDERS  # noqa: E402
-
+# keepalived's VIP shows in network-get-interfaces (once, however often this module is imported)
 if extra_interfaces not in INTERFACE_PROVIDERS:
     INTERFACE_PROVIDERS.append(extra_interfaces)
