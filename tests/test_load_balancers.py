@@ -87,7 +87,7 @@ async def test_lb_ha_two_server_targets(stack: Stack, sim: SimAdmin) -> None:
     assert lb["status"] == "active"
     apps = _appliances(await sim.state(), lb["id"])
     assert [v["config"]["name"] for v in apps] == ["front-lb-0", "front-lb-1"]
-    assert len({v["node"] for v in apps}) == 2                      # different nodes
+    assert len({v["node"] for v in apps}) == 2 and lb["spread"] is True   # different nodes
     for v in apps:
         tags = normalize_tags(v["config"]["tags"])
         assert {"z9-role-customer", f"z9-id-{lb['id']}"} <= tags
@@ -221,6 +221,18 @@ async def test_vip_moves_when_its_holder_stops(stack: Stack, sim: SimAdmin) -> N
     await wait_until(moved, stack.settings.lb_health_interval_s + 20, "the VIP on the other appliance")
     g = await sim._req("GET", f"/guests/{other['vmid']}")
     assert lb["public_net"]["ipv4"]["ip"] in [x["ip-address"] for i in g["interfaces"] for x in i["ip-addresses"]]
+
+    # the periodic observe saw an appliance down (lost redundancy) and enqueued a configure job,
+    # which starts it again; with nopreempt the VIP stays where it is
+    async def repaired() -> dict | None:
+        cur = await _get(stack, lb["id"])
+        ms = {m["name"]: m for m in cur["members"]}
+        return cur if ms[holder["name"]]["running"] and ms[holder["name"]]["config_hash"] else None
+    cur = await wait_until(repaired, stack.settings.lb_health_interval_s + 60, "the stopped appliance started again")
+    ms = {m["name"]: m for m in cur["members"]}
+    assert ms[other["name"]]["holds_vip"] and not ms[holder["name"]]["holds_vip"]
+    jobs = (await stack.call("GET", f"/jobs?resource_id={lb['id']}"))[1]["jobs"]
+    assert any(j["kind"] == "LoadBalancerConfigure" and j["status"] == "succeeded" for j in jobs)
 
 
 async def test_delete_cancel_delete(stack: Stack, sim: SimAdmin) -> None:

@@ -283,6 +283,8 @@ class LoadBalancer:
                     for k in ("vmid", "node", "running", "config_hash", "holds_vip")}}
                 for m in self.members],
             "config_hash": self.config_hash,
+            # lb-ha: the appliances run on different nodes (false: a node failure takes both)
+            "spread": (self.observed or {}).get("spread"),
             "health": self.health,
             "health_at": _ts(self.health_at),
             "status": self.status,

@@ -191,6 +191,7 @@ class LoadBalancerOut(schemas.Response):
     targets: list[TargetOut]
     members: list[Member]
     config_hash: str | None = Field(description="sha256 of the HAProxy config every appliance was verified to run")
+    spread: bool | None = Field(description="the appliances run on different nodes (lb-ha); null: not observed yet")
     health: Literal["healthy", "degraded", "unhealthy", "unknown"]
     health_at: schemas.OptTimestamp
     status: Literal["creating", "active", "deleting", "destroying", "deleted", "failed"]
@@ -210,7 +211,7 @@ EXAMPLE: dict[str, Any] = {
     "targets": [{"type": "ip", "server_id": None, "ip": "203.0.113.200",
                  "health_status": [{"listen_port": 80, "status": "unknown", "reason": "initial"}]}],
     "members": [{"name": "lb-0", "ip": "203.0.113.11", "vmid": None, "node": None, "running": None,
-                 "config_hash": None, "holds_vip": None}], "config_hash": None, "health": "unknown",
+                 "config_hash": None, "holds_vip": None}], "config_hash": None, "spread": None, "health": "unknown",
     "health_at": None, "status": "creating", "status_reason": None, "delete_after": None,
     "created_at": "2026-12-01T04:00:00Z", "updated_at": "2026-12-01T04:00:00Z", "deleted_at": None,
 }

@@ -5,8 +5,9 @@ has no live job; one attempt; its failure never marks the load balancer failed).
 observe  the appliances and their running hashes (as the configure job would).
 plan     always empty: it changes nothing in the world.
 verify   HAProxy's ``show stat`` and the VIP holder, joined with z9's view of the targets; and
-         drift: a running appliance whose HAProxy file is not the one rendered from the database
-         now (a target server's address changed, a file edited by hand).
+         drift: an appliance that is gone or not running (stopped out of band: the load
+         balancer has lost its redundancy), or whose HAProxy file is not the one rendered from
+         the database now (a target server's address changed, a file edited by hand).
 record   health, per-target status and the members; never the status. Drift on an ``active``
          load balancer enqueues a LoadBalancerConfigure in the same transaction (which repairs
          it); a ``failed`` one is left for its owner (a rejected config is not retried forever).
@@ -47,7 +48,7 @@ async def verify(ctx: JobContext) -> dict[str, Any] | None:
         return None
     seen = await _lb.read_health(ctx, world)
     want = _lb.sha256(world.desired_haproxy)
-    seen["drift"] = sorted(m for m, v in seen["members"].items() if v["running"] and v["config_hash"] != want)
+    seen["drift"] = sorted(m for m, v in seen["members"].items() if not v["running"] or v["config_hash"] != want)
     seen["status"] = world.lb.status if world.lb else None
     return seen
 
