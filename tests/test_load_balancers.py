@@ -401,3 +401,21 @@ async def test_server_target_preconditions(api: Stack) -> None:
     assert status == 202, out
     status, out = await api.call("POST", base, json={"type": "ip", "ip": "203.0.113.250"})
     assert status == 409 and out["error"]["code"] == "load_balancer_deleting", out
+
+
+async def test_a_config_larger_than_one_file_write(stack: Stack, sim: SimAdmin) -> None:
+    """500 targets × 4 services render a file far above PVE's 61,440-character file-write limit:
+    it is written in parts joined in the guest, checked, swapped and read back whole."""
+    services = [{**SERVICE, "listen_port": p, "destination_port": 8000 + p} for p in (80, 81, 82, 83)]
+    targets = [{"type": "ip", "ip": f"198.51.100.{i % 250 + 1}"} for i in range(250)] + \
+              [{"type": "ip", "ip": f"192.0.2.{i % 250 + 1}"} for i in range(250)]
+    lb, job = await _lb(stack, name="big", services=services, targets=targets)
+    done = await stack.wait_job(job["id"], timeout_s=120)
+    assert done["status"] == "succeeded", done
+    lb = await _get(stack, lb["id"])
+    vm = _appliances(await sim.state(), lb["id"])[0]
+    g = await sim._req("GET", f"/guests/{vm['vmid']}")
+    running = g["models"]["appliance"]["haproxy"]
+    assert len(running) > 100_000 and running.count("    server ") == 2000
+    assert hashlib.sha256(running.encode()).hexdigest() == lb["config_hash"]
+    assert not [f for f in g["files"] if ".part" in f or f.endswith(".tmp")]   # the parts are gone

@@ -291,6 +291,26 @@ async def run(ctx: JobContext, vm: VmState, argv: list[str], stdin: str | None =
         delay = min(delay * 2, ctx.settings.task_poll_s)
 
 
+# PVE's agent/file-write takes at most 61440 characters of content (base64 here: 46080 bytes)
+WRITE_CHUNK = 45_000
+
+
+async def write_file(ctx: JobContext, vm: VmState, path: str, data: bytes) -> None:
+    """Write ``path`` in the guest; a file larger than one file-write goes in parts that a shell
+    in the guest joins (``cat parts > path``), so ``path`` appears whole or not at all."""
+    if len(data) <= WRITE_CHUNK:
+        await ctx.pve.agent_file_write(vm.node, vm.vmid, path, data)
+        return
+    parts = [f"{path}.part{i}" for i in range(0, (len(data) + WRITE_CHUNK - 1) // WRITE_CHUNK)]
+    for i, part in enumerate(parts):
+        await ctx.pve.agent_file_write(vm.node, vm.vmid, part, data[i * WRITE_CHUNK:(i + 1) * WRITE_CHUNK])
+        ctx.touch()
+    code, out, err = await run(ctx, vm, ["sh", "-c", f"cat {' '.join(parts)} > {path}.tmp && mv {path}.tmp {path} "
+                                                     f"&& rm -f {' '.join(parts)}"])
+    if code != 0:
+        raise TemporaryError(f"joining {path} from {len(parts)} parts in VM {vm.vmid} failed: {(err or out).strip()}")
+
+
 async def push(ctx: JobContext, app: Appliance, step: Step, text: str, path: str, check: list[str],
                service: str) -> None:
     """Validate-then-swap one file on one appliance; nothing when it already runs ``text``."""
@@ -301,7 +321,7 @@ async def push(ctx: JobContext, app: Appliance, step: Step, text: str, path: str
         return  # an earlier attempt got here: never push twice
     new = path + ".new"
     await ctx.fence()
-    await ctx.pve.agent_file_write(vm.node, vm.vmid, new, text.encode())
+    await write_file(ctx, vm, new, text.encode())
     code, out, err = await run(ctx, vm, [*check, new])
     if code != 0:
         raise PermanentError(f"{service} rejected the configuration on {app.member} (VM {vm.vmid}), the running "
