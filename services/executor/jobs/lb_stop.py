@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from z9.common import kinds
+from z9.common.errors import TemporaryError
 from z9.common.models import Job
 from z9.common.resources.load_balancer import LOAD_BALANCER
 
@@ -20,7 +21,6 @@ from .. import vms
 from ..context import JobContext, Step
 from ..proxmox import VmState
 from . import _lb
-from z9.common.errors import TemporaryError
 
 KIND = kinds.LOAD_BALANCER_STOP
 record_failure = _lb.record_failure
