@@ -83,7 +83,7 @@ async def main(rounds: int, targets: int) -> None:
             url=sim.url, token_id=sim.token_id, token_secret=sim.token_secret, verify_ssl=str(sim.cert_path),
             address_pools=[AddressPoolSettings(name="public", cidr="10.99.0.0/24", gateway="10.99.0.1",
                                                range=["10.99.0.10", "10.99.0.250"])])},
-            lb_health_interval_s=3600)
+            lb_health_interval_s=3600, api_rate_limit_per_s=0)
         pool = await create_pool(dsn, min_size=1, max_size=8)
         runner = web.AppRunner(create_app(settings, pool=pool))
         await runner.setup()

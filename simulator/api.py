@@ -11,7 +11,9 @@ PVE request pipeline, in pve-http-server's order (facts: Transport and auth, Env
 
 Parameters come from the query string and, for POST/PUT, from a form-encoded (proxmoxer), JSON or
 (upload only) multipart body; array parameters (``agent/exec``'s ``command``) collect repeated fields.
-A non-upload POST/PUT body over 512 KiB → 501 ``for data too large`` (pve-http-server, before anything).
+A non-upload POST/PUT body over 512 KiB → 501 ``for data too large`` (pve-http-server, before anything);
+an upload that is not ``multipart/form-data`` → 501 ``upload 'Content-Type '<ct>' not implemented``, one
+without ``Content-Length`` (chunked) → 501 ``upload without content length header not supported``.
 Answers over 1 KiB are gzipped when the client sends ``Accept-Encoding: gzip`` (pve-http-server does;
 proxmoxer/requests and aiohttp decode it transparently).
 Success: ``{"data": ...}``. Error: reason phrase = first line of the message, body
@@ -79,6 +81,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -301,7 +304,14 @@ async def h_storage_volume(ctx, p, user, fail):
     sid = p["storage"]
     volid = p["volume"] if ":" in p["volume"] else f"{sid}:{p['volume']}"
     ctx.cluster.check_node(p["node"])
-    check_volname(st.definition(volid.split(":", 1)[0]), volid.split(":", 1)[1])
+    sdef = st.definition(volid.split(":", 1)[0])
+    check_volname(sdef, volid.split(":", 1)[1])
+    if sdef.path is None:  # a VM disk on the thin pool: its path under /dev/<vg>
+        for d in st.content(p["node"], sdef.id, {}):
+            if d["volid"] == volid:
+                return {"path": f"/dev/pve/{volid.split(':', 1)[1]}", "size": d["size"], "used": d["size"],
+                        "format": "raw"}
+        raise PveError(500, f"volume '{volid}' does not exist")
     vol = st.volume(volid, p["node"])
     if vol is None:
         raise PveError(500, f"volume '{volid}' does not exist")
@@ -604,9 +614,15 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
             return pve_error(user.status, user.message), template, False
     else:
         user = ""
-    upload = template == UPLOAD_TEMPLATE
+    upload = template == UPLOAD_TEMPLATE and method == "POST"
     if method in ("POST", "PUT") and not upload and (request.content_length or 0) > MAX_BODY:
         return pve_error(501, "for data too large"), template, False
+    if upload:  # pve-http-server AnyEvent.pm: the upload path streams a multipart body of known length
+        ctype = request.headers.get("Content-Type", "")
+        if not re.match(r"multipart/form-data;\s*boundary=.+", ctype):
+            return pve_error(501, f"upload 'Content-Type '{ctype}' not implemented"), template, False
+        if not request.content_length:
+            return pve_error(501, "upload without content length header not supported"), template, False
     if upload and ctx.faults.match(method, path, actions={"abort"}) is not None:
         # the upload breaks off: part of the body arrives, then the connection is gone (no task, no file)
         with contextlib.suppress(Exception):

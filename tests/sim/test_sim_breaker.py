@@ -363,3 +363,30 @@ def test_cicustom_needs_snippets_the_api_cannot_write(pve, wait):
     assert e.content == "local:iso/seed.iso is not in the snippets directory"
     vm.config.put(delete="cicustom")
     assert wait(vm.status.start.post())["exitstatus"] == "OK"
+
+
+def test_upload_needs_a_multipart_body_of_known_length(sim):
+    """pve-http-server streams uploads: another Content-Type or a chunked body (no Content-Length) is
+    refused before the handler (they reached it: 'missing temporary file name' or an accepted upload)."""
+    url = "/nodes/pve1/storage/local/upload"
+    r = raw(sim, "POST", url, json={"content": "iso", "filename": "a.iso"})
+    assert (r.status_code, r.json()["message"]) == (501, "upload 'Content-Type 'application/json' not implemented\n")
+    body = (b"--xx\r\nContent-Disposition: form-data; name=\"content\"\r\n\r\niso\r\n--xx\r\nContent-Disposition: "
+            b"form-data; name=\"filename\"; filename=\"c.iso\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+            b"data\r\n--xx--\r\n")
+    r = raw(sim, "POST", url, data=iter([body]), headers={"Content-Type": "multipart/form-data; boundary=xx"})
+    assert (r.status_code, r.json()["message"]) == (501, "upload without content length header not supported\n")
+    r = raw(sim, "POST", url, data=body, headers={"Content-Type": "multipart/form-data; boundary=xx"})
+    assert r.status_code == 200 and ":imgcopy:" in r.json()["data"]
+
+
+def test_thin_pool_volume_names(sim, pve, wait):
+    """A VM disk on local-lvm is a valid volume (its /dev path); a name outside LvmThin's layout is refused."""
+    clone(pve, wait, 101)
+    disk = next(d for d in pve.nodes("pve1").storage("local-lvm").content.get(vmid=101) if "disk" in d["volid"])
+    info = pve.nodes("pve1").storage("local-lvm").content(disk["volid"]).get()
+    assert info["path"] == "/dev/pve/" + disk["volid"].split(":", 1)[1] and info["size"] == disk["size"]
+    r = raw(sim, "GET", "/nodes/pve1/storage/local-lvm/content/local-lvm:iso/x.iso")
+    assert (r.status_code, r.json()["message"]) == (500, "unable to parse lvm volume name 'iso/x.iso'\n")
+    r = raw(sim, "GET", "/nodes/pve1/storage/local-lvm/content/local-lvm:vm-999-disk-0")
+    assert (r.status_code, r.json()["message"]) == (500, "volume 'local-lvm:vm-999-disk-0' does not exist\n")
