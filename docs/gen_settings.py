@@ -92,6 +92,9 @@ DESCRIPTIONS: dict[str, str] = {
     "deletion_buffer_s": "Time between `DELETE` (VM stopped) and the final delete job; cancel-deletion works within it.",
     "job_retention_s": "Finished jobs are pruned after this long.",
     "idempotency_retention_s": "How long an `Idempotency-Key` answer is kept.",
+    "lb_health_interval_s": "Load balancer health is at most this old: the reaper enqueues an observe-only "
+                            "`LoadBalancerObserve` for every live load balancer not observed for this long "
+                            "(and without a live job). See `docs/load-balancers.md`.",
     # observability
     "log_level": "`DEBUG`, `INFO`, `WARNING`, `ERROR`.",
     "log_format": "`json` (one object per line on stderr) or `text` (what `z9 dev` uses unless set).",
@@ -118,6 +121,8 @@ REGION_DESCRIPTIONS: dict[str, str] = {
                      "defaults to every host address, at most 65,536 per pool; pools of a region must not "
                      "overlap. Written to the database by `z9 migrate` and every API start; a pool taken "
                      "out is disabled, not deleted. See `docs/addresses.md`.",
+    "lb_image": "Name of the operator-provided template load balancer appliances are cloned from (HAProxy, "
+                "keepalived, the QEMU guest agent enabled, a cloud-init drive). See `docs/load-balancers.md`.",
 }
 
 #: Variables outside the settings model (read by one tool or by the tests), listed by hand.

@@ -62,6 +62,10 @@ Admin API (no auth, loopback peers only), JSON in and out:
   configure an address inside a booted guest (as ``ip addr add`` through ``agent/exec`` does); it is
   reported by ``network-get-interfaces`` until the next boot. ``DELETE`` with the same body removes it.
   409 when the guest is not booted.
+- ``POST /_sim/guests/{vmid}/listen`` ``{port, http_status?}`` / ``DELETE`` ``{port}``: a process in the guest
+  listens on a TCP port (what a load balancer's health check finds, :mod:`z9.sim.appliance`).
+- ``POST /_sim/appliance-faults`` ``{contains, message?}`` / ``DELETE``: ``haproxy -c`` rejects files containing
+  ``contains`` (with ``message``), e.g. a keyword the appliance's HAProxy does not know.
 - ``POST /_sim/guest-faults`` ``{kind: "agent_never_starts"|"cloud_init_fails", vmid?, name?, message?}`` →
   ``{"id": n}``: applies to VMs matching ``vmid`` and/or config ``name`` at their next start (and to a
   guest still booting / running cloud-init now). ``GET`` lists, ``DELETE /_sim/guest-faults[/{id}]``
@@ -88,6 +92,7 @@ from pydantic import ValidationError
 
 from .cluster import VM, Cluster, PveError
 from .faults import FaultSpec, FaultStore
+from . import appliance
 from .guest import OSINFO as GUEST_OSINFO
 from .schema import JsonRef, PveSchema, stringify
 from .storage import check_volname
@@ -824,6 +829,45 @@ async def admin_guest_address(request: web.Request) -> web.Response:
     return web.json_response({"interfaces": g.interfaces()})
 
 
+async def admin_guest_listen(request: web.Request) -> web.Response:
+    """A process in the guest listens (POST ``{port, http_status?}``) or stops listening (DELETE
+    ``{port}``) on a TCP port: what a load balancer's health check finds (:mod:`z9.sim.appliance`).
+    Kept across reboots (a service enabled in the guest)."""
+    ctx = request.app[CTX]
+    vmid = int(request.match_info["vmid"])
+    g = ctx.cluster.guests.guests.get(vmid)
+    if g is None:
+        return web.json_response({"error": f"VM {vmid} has no guest (never started)"}, status=409)
+    b = await _json(request)
+    try:
+        port = int(b["port"])
+        if not 0 < port < 65536:
+            raise ValueError(port)
+    except (KeyError, ValueError, TypeError):
+        return web.json_response({"error": "port: 1-65535 required"}, status=400)
+    lst = appliance.listening(g)
+    if request.method == "POST":
+        lst[str(port)] = {"http_status": int(b.get("http_status", 200))}
+    else:
+        lst.pop(str(port), None)
+    return web.json_response({"listen": lst})
+
+
+async def admin_appliance_fault(request: web.Request) -> web.Response:
+    """POST ``{contains, message?}``: ``haproxy -c`` rejects files containing ``contains``;
+    DELETE: no such fault any more."""
+    ctx = request.app[CTX]
+    faults = appliance.faults(ctx.cluster.guests)
+    if request.method == "DELETE":
+        faults.clear()
+        return web.json_response({"faults": []})
+    b = await _json(request)
+    if not isinstance(b.get("contains"), str) or not b["contains"]:
+        return web.json_response({"error": "contains: a non-empty string"}, status=400)
+    faults.append({"contains": b["contains"], "message": str(b.get("message") or "")})
+    return web.json_response({"faults": faults})
+
+
 async def admin_guest_fault_add(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     b = await _json(request)
@@ -900,6 +944,10 @@ def create_app(ctx: SimContext) -> web.Application:
     app.router.add_get("/_sim/guests/{vmid:\\d+}", admin_guest)
     app.router.add_post("/_sim/guests/{vmid:\\d+}/addresses", admin_guest_address)
     app.router.add_delete("/_sim/guests/{vmid:\\d+}/addresses", admin_guest_address)
+    app.router.add_post("/_sim/guests/{vmid:\\d+}/listen", admin_guest_listen)
+    app.router.add_delete("/_sim/guests/{vmid:\\d+}/listen", admin_guest_listen)
+    app.router.add_post("/_sim/appliance-faults", admin_appliance_fault)
+    app.router.add_delete("/_sim/appliance-faults", admin_appliance_fault)
     app.router.add_post("/_sim/guest-faults", admin_guest_fault_add)
     app.router.add_get("/_sim/guest-faults", admin_guest_fault_list)
     app.router.add_delete("/_sim/guest-faults", admin_guest_fault_clear)

@@ -144,6 +144,9 @@ class ExecContext:
 
 CommandHandler = Callable[[ExecContext], ExecResult]
 COMMANDS: dict[str, CommandHandler] = {}
+#: models that configure addresses inside a guest (keepalived's VIP): fn(guest) -> {iface: [cidr]},
+#: reported by network-get-interfaces next to the addresses of :meth:`Guest.add_address`
+INTERFACE_PROVIDERS: list[Callable[["Guest"], dict[str, list[str]]]] = []
 
 
 def command(name: str) -> Callable[[CommandHandler], CommandHandler]:
@@ -259,8 +262,12 @@ class Guest:
             {"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8},
             {"ip-address": "::1", "ip-address-type": "ipv6", "prefix": 128}],
             "statistics": _stats(0)}]
+        extra = {k: list(v) for k, v in self.extra.items()}
+        for provider in INTERFACE_PROVIDERS:
+            for iface, cidrs in provider(self).items():
+                extra.setdefault(iface, []).extend(c for c in cidrs if c not in extra.get(iface, []))
         for i, n in enumerate(self.net_applied):
-            addrs = list(n["addresses"]) + [a for a in self.extra.get(n["name"], []) if a not in n["addresses"]]
+            addrs = list(n["addresses"]) + [a for a in extra.get(n["name"], []) if a not in n["addresses"]]
             ips = [{"ip-address": str(ipaddress.ip_interface(a).ip),
                     "ip-address-type": "ipv4" if ipaddress.ip_interface(a).version == 4 else "ipv6",
                     "prefix": ipaddress.ip_interface(a).network.prefixlen} for a in addrs]
@@ -268,7 +275,7 @@ class Guest:
             out.append({"name": n["name"], "hardware-address": n["mac"], "ip-addresses": ips,
                         "statistics": _stats(i + 1)})
         known = {n["name"] for n in self.net_applied}
-        for iface, addrs in sorted(self.extra.items()):
+        for iface, addrs in sorted(extra.items()):
             if iface not in known and addrs:
                 out.append({"name": iface, "hardware-address": "00:00:00:00:00:00", "ip-addresses": [
                     {"ip-address": str(ipaddress.ip_interface(a).ip),

@@ -189,6 +189,26 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     assert images["images"] == [{"name": "debian-12", "regions": ["dev-1"]}]
     await w.call("GET", "/images", "/images?region=nowhere", 422)
     await w.call("GET", "/images", "/images", 401, token="z9t_unknown")
+    # the load balancer actions (a fresh one: the generic walk deleted its own)
+    created = await w.call("POST", "/load-balancers", "/load-balancers", 202, json={
+        "name": "walk-lb", "region": "dev-1", "services": [{"protocol": "tcp", "listen_port": 80,
+                                                            "destination_port": 8080}]})
+    lb = created["load_balancer"]["id"]
+    bodies = {"add_target": {"type": "ip", "ip": "203.0.113.201"}, "remove_target": {"type": "ip", "ip": "203.0.113.201"},
+              "add_service": {"protocol": "http", "listen_port": 81, "destination_port": 8081},
+              "update_service": {"listen_port": 81, "destination_port": 9081},
+              "delete_service": {"listen_port": 81}, "change_algorithm": {"type": "least_connections"}}
+    for name, body in bodies.items():
+        tpl = "/load-balancers/{id}/actions/" + name
+        await w.call("POST", tpl, f"/load-balancers/{lb}/actions/{name}", 202, json=body)
+        await w.call("POST", tpl, f"/load-balancers/lb_nope/actions/{name}", 404, json=body)
+        await w.call("POST", tpl, f"/load-balancers/{lb}/actions/{name}", 401, token="z9t_unknown", json=body)
+        await w.call("POST", tpl, f"/load-balancers/{lb}/actions/{name}", 400, data=b"{",
+                     headers={"Content-Type": "application/json"})
+    await w.call("POST", "/load-balancers/{id}/actions/delete_service",
+                 f"/load-balancers/{lb}/actions/delete_service", 409, json={"listen_port": 81})
+    await w.call("POST", "/load-balancers/{id}/actions/add_target",
+                 f"/load-balancers/{lb}/actions/add_target", 422, json={"type": "ip"})
 
     jobs = await w.call("GET", "/jobs", "/jobs", 200)
     await w.call("GET", "/jobs", "/jobs?after=job_nope", 422)

@@ -63,7 +63,8 @@ class Widget:
 
 
 def _widget_type(deletion: Buffered | Immediate) -> ResourceType[Widget]:
-    return ResourceType(name="widget", prefix="lb", table="widgets", model=Widget,
+    # (it borrows the prefix of address pools, "apl": pools are not a resource type, every resource prefix is taken)
+    return ResourceType(name="widget", prefix="apl", table="widgets", model=Widget,
                         kinds=("WidgetCreate", "WidgetDelete"), deletion=deletion,
                         statuses=("creating", "ready", "deleting", "destroying", "deleted", "failed"),
                         restore=lambda w: ("WidgetCreate", {"colour": w.colour}))
@@ -83,7 +84,7 @@ async def _insert(pool: asyncpg.Pool, tenant: str, name: str = "w1") -> Widget:
     from z9.common.ids import new_id
 
     row = await pool.fetchrow("INSERT INTO widgets (id, tenant_id, region, name, colour) VALUES ($1, $2, $3, $4, 'red') "
-                              "RETURNING *", new_id("lb"), tenant, REGION, name)
+                              "RETURNING *", new_id("apl"), tenant, REGION, name)
     return Widget.from_record(row)
 
 
@@ -197,11 +198,11 @@ async def test_a_registered_type_gets_the_generic_routes_and_document(settings: 
         async with ctx.conn.transaction():
             row = Widget.from_record(await ctx.conn.fetchrow(
                 "INSERT INTO widgets (id, tenant_id, region, name, colour) VALUES ($1, $2, $3, $4, $5) RETURNING *",
-                new_id("lb"), ctx.tenant_id, spec.region, spec.name, spec.colour))
+                new_id("apl"), ctx.tenant_id, spec.region, spec.name, spec.colour))
             job = await store.job_insert(ctx.conn, widgets.new_job(row, "WidgetCreate"), notify=False)
         return row, job.brief()
 
-    example = {"id": "lb_01jd3x5v8q2m6n4p7r9s1t3w5y", "name": "w1", "region": REGION, "colour": "red",
+    example = {"id": "apl_01jd3x5v8q2m6n4p7r9s1t3w5y", "name": "w1", "region": REGION, "colour": "red",
                "status": "creating", "status_reason": None}
     reg = ApiResource(rtype=widgets, create_model=WidgetCreate, public_model=WidgetOut, create=create,
                       example=example, transactional=True)

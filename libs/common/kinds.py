@@ -15,9 +15,17 @@ ADDRESS_CREATE = "AddressCreate"
 ADDRESS_ASSIGN = "AddressAssign"
 ADDRESS_UNASSIGN = "AddressUnassign"
 ADDRESS_DELETE = "AddressDelete"
+LOAD_BALANCER_CREATE = "LoadBalancerCreate"
+LOAD_BALANCER_CONFIGURE = "LoadBalancerConfigure"
+LOAD_BALANCER_STOP = "LoadBalancerStop"
+LOAD_BALANCER_START = "LoadBalancerStart"
+LOAD_BALANCER_DELETE = "LoadBalancerDelete"
+LOAD_BALANCER_OBSERVE = "LoadBalancerObserve"
 
 ALL: set[str] = {SERVER_CREATE, SERVER_START, SERVER_STOP, SERVER_DELETE, SERVER_REBOOT, SERVER_RESIZE,
-                 ADDRESS_CREATE, ADDRESS_ASSIGN, ADDRESS_UNASSIGN, ADDRESS_DELETE}
+                 ADDRESS_CREATE, ADDRESS_ASSIGN, ADDRESS_UNASSIGN, ADDRESS_DELETE,
+                 LOAD_BALANCER_CREATE, LOAD_BALANCER_CONFIGURE, LOAD_BALANCER_STOP, LOAD_BALANCER_START,
+                 LOAD_BALANCER_DELETE, LOAD_BALANCER_OBSERVE}
 """Every kind z9 runs (metrics pre-create a series for each). :func:`add` extends it (a
 benchmark's no-op kind)."""
 

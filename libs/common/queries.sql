@@ -200,6 +200,18 @@ SET status = CASE WHEN status IN ('deleting', 'destroying') AND NOT $3 THEN stat
 WHERE id = $1 AND status <> 'deleted'
 RETURNING id;
 
+-- name: resource_periodic_due
+-- Rows in a status of $1 not observed for $2 seconds and without a live job (their job's verify
+-- observes them anyway), stalest first; locked for the enqueuing transaction, skipping rows
+-- another reaper holds.
+SELECT r.* FROM {table} r
+WHERE r.status::text = ANY($1::text[])
+  AND (r.observed_at IS NULL OR r.observed_at < now() - make_interval(secs => $2))
+  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.resource_id = r.id AND j.status IN ('pending', 'running', 'retry'))
+ORDER BY r.observed_at NULLS FIRST
+LIMIT $3
+FOR UPDATE OF r SKIP LOCKED;
+
 -- name: resource_count_live_jobs
 -- Live (pending, running, retry) jobs holding a lock on one resource: as their own resource
 -- (index-only on jobs_resource_live) or as an extra lock key (jobs_extra_locks_live).
@@ -868,3 +880,86 @@ UPDATE jobs
 SET status = 'failed', error = $3, finished_at = now(), updated_at = now()
 WHERE id = $1 AND tenant_id = $2 AND status IN ('pending', 'retry')
 RETURNING *, pg_notify('z9_job_changed', jobs.id)::text AS notified;
+-- ---------------------------------------------------------------- load balancers (migration 0008)
+
+-- name: lb_insert
+INSERT INTO load_balancers (id, tenant_id, region, name, type, algorithm, services, targets)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+RETURNING *;
+
+-- name: lb_address_allocate
+-- One address of load balancer $3 (member $4, NULL: the VIP) from pool $2: the lowest free IP,
+-- as address_allocate, active at once (the load balancer's own jobs put it in place).
+WITH slot AS (
+    SELECT i.pool_id, i.ip FROM address_pool_ips i
+    WHERE i.pool_id = $2 AND i.address_id IS NULL
+      AND (i.reusable_after IS NULL OR i.reusable_after <= now())
+    ORDER BY i.ip
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), adr AS (
+    INSERT INTO addresses (id, tenant_id, region, pool_id, pool_name, prefix, gateway, ip, family, kind,
+                           load_balancer_id, lb_member, status)
+    SELECT $1, $5, p.region, p.id, p.name, masklen(p.cidr), p.gateway, slot.ip, p.family, 'load_balancer',
+           $3, $4, 'active'
+    FROM slot JOIN address_pools p ON p.id = slot.pool_id
+    RETURNING *
+), held AS (
+    UPDATE address_pool_ips i SET address_id = $1, reusable_after = NULL
+    FROM slot WHERE i.pool_id = slot.pool_id AND i.ip = slot.ip
+    RETURNING i.ip
+)
+SELECT adr.* FROM adr, held;
+
+-- name: lb_set_addresses
+UPDATE load_balancers SET addresses = $2, updated_at = now() WHERE id = $1 RETURNING *;
+
+-- name: lb_get_for_update
+SELECT * FROM load_balancers WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
+
+-- name: lb_change
+-- An action: services, targets and algorithm as they are now (the configure job renders them).
+UPDATE load_balancers
+SET services = $2, targets = $3, algorithm = $4, config_version = config_version + 1, updated_at = now()
+WHERE id = $1
+RETURNING *;
+
+-- name: lb_targeting_server
+-- Every live load balancer naming server $1 as a target (GIN index load_balancers_targets).
+SELECT * FROM load_balancers
+WHERE targets @> jsonb_build_array(jsonb_build_object('server_id', $1::text)) AND status <> 'deleted';
+
+-- name: lb_observed
+-- What verify/observe saw: members ($2), health ($3, $4), the hash every appliance holds ($5,
+-- NULL: leave it); the status $6 when the current one is in $7 (never over the deletion states).
+UPDATE load_balancers
+SET observed = $2, observed_at = now(), health = $3, health_detail = $4, health_at = now(),
+    config_hash = coalesce($5, config_hash), updated_at = now(),
+    status = CASE WHEN $6::text IS NOT NULL AND status::text = ANY($7::text[])
+                  THEN $6::load_balancer_status ELSE status END,
+    status_reason = CASE WHEN $6::text IS NOT NULL AND status::text = ANY($7::text[])
+                         THEN NULL ELSE status_reason END
+WHERE id = $1 AND status <> 'deleted'
+RETURNING *;
+
+-- name: lb_release_addresses
+-- The final delete's finish (after verify saw the appliances gone): the VIP and appliance
+-- addresses are deleted and their IPs go back to the pool, quarantined.
+WITH gone AS (
+    UPDATE addresses
+    SET status = 'deleted', deleted_at = now(), observed = NULL, observed_at = now(), status_reason = NULL,
+        updated_at = now()
+    WHERE load_balancer_id = $1 AND status <> 'deleted'
+      AND EXISTS (SELECT 1 FROM load_balancers l WHERE l.id = $1 AND l.status = 'deleted')
+    RETURNING id
+)
+UPDATE address_pool_ips i
+SET address_id = NULL, reusable_after = now() + make_interval(secs => p.quarantine_s)
+FROM address_pools p, gone
+WHERE i.address_id = gone.id AND p.id = i.pool_id
+RETURNING host(i.ip) AS ip;
+
+-- name: lb_servers
+-- The target servers of a load balancer, as z9 knows them: status, power and primary IPv4.
+SELECT id, status::text AS status, power_state, host(primary_ipv4) AS ip, region
+FROM servers WHERE id = ANY($1::text[]);

@@ -116,6 +116,9 @@ class RegionSettings(BaseModel):
     request_timeout_s: float = 10.0
     resources_snapshot_s: float = Field(2.0, ge=0.0, le=60.0)
     address_pools: list[AddressPoolSettings] = Field(default_factory=list)
+    # the operator-provided template that load balancer appliances are cloned from (HAProxy,
+    # keepalived and the QEMU guest agent installed; agent enabled; a cloud-init drive)
+    lb_image: str = "z9-lb-appliance"
 
     @field_validator("url")
     @classmethod
@@ -224,6 +227,9 @@ class Settings(BaseSettings):
     deletion_buffer_s: float = Field(600.0, ge=0)
     job_retention_s: float = Field(7 * 86400.0, gt=0)
     idempotency_retention_s: float = Field(86400.0, gt=0)
+    # Load balancer health is refreshed at least this often (seconds): the reaper enqueues a
+    # LoadBalancerObserve for every live load balancer whose health is older (no other job live).
+    lb_health_interval_s: float = Field(15.0, gt=0)
 
     # observability
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -26,7 +26,7 @@ from .db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS
 from .errors import (CheckViolation, ConstraintViolation, DatabaseUnavailable, ExclusionViolation, LeaseLost, LockWaitTimeout,
                      PoolConfigError, UniqueViolation)
 from .ids import new_id
-from .models import Address, Job, Server
+from .models import Address, Job, LoadBalancer, Server
 from .labels import Selector
 from .requestctx import current_actor, current_request_id
 from .sql import q, qt
@@ -208,6 +208,10 @@ async def resource_cancel_deletion(db: DB, sql: SqlTarget, rid: str, tenant_id: 
 
 async def resource_reap_expired(db: DB, sql: SqlTarget, limit: int) -> list[Any]:
     return await db.fetch(qt("resource_reap_expired", *sql), limit)
+
+
+async def resource_periodic_due(db: DB, sql: SqlTarget, statuses: list[str], interval_s: float, limit: int) -> list[Any]:
+    return await db.fetch(qt("resource_periodic_due", *sql), statuses, float(interval_s), limit)
 
 
 async def resource_observed(db: DB, sql: SqlTarget, rid: str, status: str | None, from_statuses: list[str]) -> Any:
@@ -601,6 +605,61 @@ async def addresses_release_for_server(db: DB, server_id: str) -> dict[str, str]
     ``{address id: "deleted" | "unassigned"}`` — auto-delete primaries deleted with their IPs
     quarantined, every other address of the server unassigned."""
     return {r["id"]: r["outcome"] for r in await db.fetch(q("addresses_release_for_server"), server_id)}
+
+
+async def lb_insert(db: DB, *, lb_id: str, tenant_id: str, region: str, name: str, type: str, algorithm: str,
+                    services: list[dict[str, Any]], targets: list[dict[str, Any]]) -> LoadBalancer:
+    """A new ``creating`` load balancer (call in the transaction that allocates its addresses and
+    inserts its job). Raises UniqueViolation(load_balancers_tenant_name_live)."""
+    row = await db.fetchrow(q("lb_insert"), lb_id, tenant_id, region, name, type, algorithm, services, targets)
+    return LoadBalancer.from_record(row)
+
+
+async def lb_address_allocate(db: DB, *, pool_id: str, lb_id: str, member: str | None,
+                              tenant_id: str) -> Address | None:
+    """An active address of load balancer ``lb_id`` (``member`` None: its VIP) holding the lowest
+    free IP of ``pool_id``; None when the pool has no free IP."""
+    row = await db.fetchrow(q("lb_address_allocate"), new_id("adr"), pool_id, lb_id, member, tenant_id)
+    return Address.from_record(row) if row else None
+
+
+async def lb_set_addresses(db: DB, lb_id: str, addresses: dict[str, Any]) -> LoadBalancer:
+    return LoadBalancer.from_record(await db.fetchrow(q("lb_set_addresses"), lb_id, addresses))
+
+
+async def lb_get_for_update(db: DB, lb_id: str, tenant_id: str) -> LoadBalancer | None:
+    """The tenant's load balancer, its row locked until commit (an action's checks and writes)."""
+    row = await db.fetchrow(q("lb_get_for_update"), lb_id, tenant_id)
+    return LoadBalancer.from_record(row) if row else None
+
+
+async def lb_change(db: DB, lb_id: str, *, services: list[dict[str, Any]], targets: list[dict[str, Any]],
+                    algorithm: str) -> LoadBalancer:
+    row = await db.fetchrow(q("lb_change"), lb_id, services, targets, algorithm)
+    return LoadBalancer.from_record(row)
+
+
+async def lb_targeting_server(db: DB, server_id: str) -> list[LoadBalancer]:
+    """Every live load balancer with ``server_id`` among its targets."""
+    return [LoadBalancer.from_record(r) for r in await db.fetch(q("lb_targeting_server"), server_id)]
+
+
+async def lb_observed(db: DB, lb_id: str, *, observed: dict[str, Any], health: str, health_detail: dict[str, Any],
+                      config_hash: str | None, status: str | None = None,
+                      from_statuses: tuple[str, ...] = ()) -> LoadBalancer | None:
+    row = await db.fetchrow(q("lb_observed"), lb_id, observed, health, health_detail, config_hash, status,
+                            list(from_statuses))
+    return LoadBalancer.from_record(row) if row else None
+
+
+async def lb_release_addresses(db: DB, lb_id: str) -> list[str]:
+    """A deleted load balancer's addresses: deleted, IPs back to the pool (quarantined)."""
+    return [r["ip"] for r in await db.fetch(q("lb_release_addresses"), lb_id)]
+
+
+async def lb_servers(db: DB, server_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """``{server id: {status, power_state, ip, region}}`` of the servers that exist."""
+    return {r["id"]: dict(r) for r in await db.fetch(q("lb_servers"), server_ids)}
 
 
 async def address_allocate_with_job(db: DB, *, region: str, family: int, pool: str | None, tenant_id: str,

@@ -121,7 +121,7 @@ class AddressOut(schemas.Response):
     ip: str
     prefix: int
     gateway: str | None
-    kind: Literal["primary", "floating"]
+    kind: Literal["primary", "floating", "load_balancer"]
     server_id: str | None = Field(description="the server it is (to be) on; null: unassigned")
     dns_ptr: str | None
     protection: Protection
@@ -248,6 +248,9 @@ def _operations(api: ApiResource) -> list[Operation]:
             raise Conflict(f"address {row.id} is {row.status}; cancel the deletion first"
                            if row.status == "deleting" else f"address {row.id} is {row.status}",
                            code="address_deleting")
+        if row.kind == "load_balancer":
+            raise Conflict(f"address {row.id} belongs to a load balancer; it is neither assigned nor unassigned "
+                           "on its own", code="load_balancer_address")
         return row
 
     async def _action(request: web.Request, route: str, body: Any, fn: Any) -> web.Response:

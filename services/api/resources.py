@@ -226,7 +226,7 @@ def _replay(prior: Any, req_hash: bytes) -> web.Response:
 
 # ---------------------------------------------------------------------------------- generic handlers
 
-DELETION_RULE_CODES = ("protected", "must_be_unassigned")
+DELETION_RULE_CODES = ("protected", "must_be_unassigned", "load_balancer_address")
 """409 codes a table's own deletion rule may raise (a trigger's ``check_violation`` with
 ``CONSTRAINT = '<table>_<code>'``)."""
 
@@ -305,7 +305,7 @@ def _list_handler(api: ApiResource, page: type[BaseModel]) -> Handler:
         else:
             rows = await rt.list(request.app[POOL], tenant(request), after=after, status=status, limit=limit,
                                  name=name, selector=selector)
-        return web.json_response(dump(page, {rt.plural: [r.public() for r in rows],
+        return web.json_response(dump(page, {rt.plural.replace("-", "_"): [r.public() for r in rows],
                                              "next_after": rows[-1].id if len(rows) == limit else None}))
 
     return list_
@@ -407,14 +407,15 @@ def resource_operations(api: ApiResource) -> list[Operation]:
     """The five generic operations of a resource type (four when its deletion is immediate)."""
     rt, public = api.rtype, api.public_model
     cap = "".join(p.capitalize() for p in rt.name.split("_"))
-    plural_cap = "".join(p.capitalize() for p in rt.plural.split("_"))
+    # a plural path segment may hold dashes (load-balancers); JSON keys and model names do not
+    plural_cap = "".join(p.capitalize() for p in rt.plural.replace("-", "_").split("_"))
     accepted = create_model(f"{cap}Accepted", __base__=schemas.Response,
                             __doc__=f"Accepted: the {rt.name} and its job; poll the job until it is terminal.",
                             **{rt.name: (public, ...), "job": (schemas.JobRef, ...)})
     one = create_model(f"{cap}Envelope", __base__=schemas.Response, __doc__=f"One {rt.name}.",
                        **{rt.name: (public, ...)})
     page = create_model(f"{plural_cap}Page", __base__=schemas.Response, __doc__=f"A page of {rt.plural}, by id.",
-                        **{rt.plural: (list[public], ...),
+                        **{rt.plural.replace("-", "_"): (list[public], ...),
                            "next_after": (str | None, Field(description="pass as `after` for the next page; "
                                                                          "null on the last"))})
     status_enum = create_model(f"{plural_cap}ListQuery", __base__=(ListQuery, *( [api.list_filters] if api.list_filters else [])),
@@ -432,7 +433,7 @@ def resource_operations(api: ApiResource) -> list[Operation]:
                   example={rt.name: api.example, "job": {**job_ref, "kind": rt.kinds[0]}}),
         Operation("GET", base, _list_handler(api, page), f"list{plural_cap}", f"List {rt.plural}", rt.plural,
                   {200: page, 401: None, 422: None}, query=status_enum,
-                  example={rt.plural: [api.example], "next_after": None}),
+                  example={rt.plural.replace("-", "_"): [api.example], "next_after": None}),
         Operation("GET", item, _get_handler(api, one), f"get{cap}", f"Get a {rt.name}", rt.plural,
                   {200: one, 401: None, 404: None}, path_id=id_doc, example={rt.name: api.example}),
     ]

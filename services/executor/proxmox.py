@@ -65,7 +65,14 @@ ENDPOINTS = (
     "PUT /nodes/{node}/qemu/{vmid}/firewall/options", "POST /nodes/{node}/qemu/{vmid}/firewall/ipset",
     "GET /nodes/{node}/qemu/{vmid}/firewall/ipset/{name}", "POST /nodes/{node}/qemu/{vmid}/firewall/ipset/{name}",
     "DELETE /nodes/{node}/qemu/{vmid}/firewall/ipset/{name}/{cidr}", "PUT /nodes/{node}/qemu/{vmid}/cloudinit",
+    "GET /nodes", "POST /nodes/{node}/qemu/{vmid}/agent/ping", "POST /nodes/{node}/qemu/{vmid}/agent/exec",
+    "GET /nodes/{node}/qemu/{vmid}/agent/exec-status", "GET /nodes/{node}/qemu/{vmid}/agent/file-read",
+    "POST /nodes/{node}/qemu/{vmid}/agent/file-write", "GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces",
 )
+
+
+class AgentUnavailable(TemporaryError):
+    """The VM's guest agent does not answer (not configured, VM not running, still booting)."""
 
 
 class VmMissing(TemporaryError):
@@ -548,14 +555,15 @@ class ProxmoxClient:
     # ------------------------------------------------------------------ mutations (return UPIDs)
 
     async def clone(self, node: str, template_vmid: int, *, newid: int, name: str,
-                    description: str) -> str:
+                    description: str, target: str | None = None) -> str:
         """Full clone of ``template_vmid`` to ``newid`` on the same node → UPID. The target holds
         ``lock: clone`` until the task ends and inherits the source's tags. Raises VmidTaken
         (``config file already exists``), OutcomeUnknown (no answer: it may have happened)."""
         return await self._call(
             "POST /nodes/{node}/qemu/{vmid}/clone", f"clone VM {template_vmid} to {newid}",
             lambda: self._api.nodes(node).qemu(template_vmid).clone.post(
-                newid=newid, name=name, description=description, full=_bool(True)))
+                newid=newid, name=name, description=description, full=_bool(True),
+                **({"target": target} if target and target != node else {})))
 
     async def configure(self, node: str, vmid: int, params: dict[str, Any], *, digest: str | None) -> str:
         """``POST …/config`` (asynchronous: returns a ``qmconfig`` UPID). ``digest`` makes the write
@@ -599,6 +607,71 @@ class ProxmoxClient:
         return await self._call("DELETE /nodes/{node}/qemu/{vmid}", f"destroy VM {vmid}",
                                 lambda: self._api.nodes(node).qemu(vmid).delete(
                                     **{"purge": 1, "destroy-unreferenced-disks": 1}))
+
+    # ------------------------------------------------------------------ nodes, guest agent
+
+    async def nodes(self) -> list[str]:
+        """``GET /nodes``: the names of the cluster's online nodes, sorted."""
+        rows = await self._call("GET /nodes", "list nodes", lambda: self._api.nodes.get())
+        return sorted(r["node"] for r in rows or [] if r.get("status", "online") == "online")
+
+    async def _agent(self, endpoint: str, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return await self._call(endpoint, what, fn)
+        except TemporaryError as e:
+            if re.search(r"agent is not running|No QEMU guest agent configured|is not running", str(e)):
+                raise AgentUnavailable(str(e)) from e
+            raise
+
+    async def agent_ping(self, node: str, vmid: int) -> None:
+        """Raises AgentUnavailable while the guest agent does not answer."""
+        await self._agent("POST /nodes/{node}/qemu/{vmid}/agent/ping", f"ping the agent of VM {vmid}",
+                          lambda: self._api.nodes(node).qemu(vmid).agent.ping.post())
+
+    async def agent_exec(self, node: str, vmid: int, argv: list[str], stdin: str | None = None) -> int:
+        """``agent/exec`` → the guest pid (the command runs on; poll :meth:`agent_exec_status`)."""
+        data: dict[str, Any] = {"command": list(argv)}
+        if stdin is not None:
+            data["input-data"] = stdin
+        r = await self._agent("POST /nodes/{node}/qemu/{vmid}/agent/exec", f"exec {argv[0]} in VM {vmid}",
+                              lambda: self._api.nodes(node).qemu(vmid).agent.exec.post(**data))
+        return int(r["pid"])
+
+    async def agent_exec_status(self, node: str, vmid: int, pid: int) -> dict[str, Any]:
+        """``{exited: 0|1, exitcode?, out-data?, err-data?}``."""
+        return await self._agent("GET /nodes/{node}/qemu/{vmid}/agent/exec-status",
+                                 f"exec status of pid {pid} in VM {vmid}",
+                                 lambda: self._api.nodes(node).qemu(vmid).agent("exec-status").get(pid=pid))
+
+    async def agent_file_read(self, node: str, vmid: int, path: str) -> bytes | None:
+        """The whole file (None when it does not exist)."""
+        out, offset = b"", 0
+        while True:
+            try:
+                r = await self._agent("GET /nodes/{node}/qemu/{vmid}/agent/file-read", f"read {path} in VM {vmid}",
+                                      lambda: self._api.nodes(node).qemu(vmid).agent("file-read").get(file=path))
+            except TemporaryError as e:
+                if "No such file or directory" in str(e):
+                    return None
+                raise
+            out += str(r.get("content", "")).encode("latin-1")
+            if not r.get("truncated"):
+                return out
+            raise TemporaryError(f"{path} in VM {vmid} is larger than one file-read (16 MiB)")
+
+    async def agent_file_write(self, node: str, vmid: int, path: str, data: bytes) -> None:
+        """``agent/file-write`` (base64, ``encode=0``: any bytes)."""
+        import base64
+        content = base64.b64encode(data).decode()
+        await self._agent("POST /nodes/{node}/qemu/{vmid}/agent/file-write", f"write {path} in VM {vmid}",
+                          lambda: self._api.nodes(node).qemu(vmid).agent("file-write").post(
+                              file=path, content=content, encode=_bool(False)))
+
+    async def agent_interfaces(self, node: str, vmid: int) -> list[dict[str, Any]]:
+        r = await self._agent("GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces",
+                              f"interfaces of VM {vmid}",
+                              lambda: self._api.nodes(node).qemu(vmid).agent("network-get-interfaces").get())
+        return list((r or {}).get("result") or [])
 
     # ------------------------------------------------------------------ firewall, IP sets, cloud-init
 

@@ -69,6 +69,7 @@ class VmSpec:
     disk_gib: int
     ssh_keys: tuple[str, ...] = ()
     config: Mapping[str, str] = field(default_factory=dict)
+    node: str | None = None  # clone onto this node (default: the template's); members spread over nodes
 
     @property
     def tags(self) -> frozenset[str]:
@@ -510,13 +511,15 @@ async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) 
         # nextid hands every parallel create the same lowest free id (it reserves nothing): each
         # process picks in its own lane above it, never an id it asked for moments ago.
         newid = await ctx.pve.pick_vmid()
+        node = spec.node or tpl.node  # where the clone lands (its config lives there from the start)
         # Record the request *before* sending it: until its answer is recorded it is uncertain
         # (the next attempt waits for it and a deletion looks at every vmid ever asked for).
-        await store.vm_clone_sent(ctx.pool, ctx.lease, spec.owner, spec.member, newid, tpl.node)
-        await ctx.remember(clone={"member": spec.member, "vmid": newid, "node": tpl.node, "upid": None})
-        await ctx.step_detail(step, vmid=newid, node=tpl.node, template=tpl.vmid)
+        await store.vm_clone_sent(ctx.pool, ctx.lease, spec.owner, spec.member, newid, node)
+        await ctx.remember(clone={"member": spec.member, "vmid": newid, "node": node, "upid": None})
+        await ctx.step_detail(step, vmid=newid, node=node, template=tpl.vmid)
         try:
-            upid = await ctx.pve.clone(tpl.node, tpl.vmid, newid=newid, name=spec.name, description=spec.marker)
+            upid = await ctx.pve.clone(tpl.node, tpl.vmid, newid=newid, name=spec.name, description=spec.marker,
+                                       target=node)
         except VmidTaken:
             # A parallel create won this vmid (a definite answer: nothing was cloned). Forget it
             # and pick again; never adopt that VM.
@@ -537,11 +540,11 @@ async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) 
             await store.vm_clone_answered(ctx.pool, spec.owner, spec.member, newid, None)
             raise
         await store.vm_clone_answered(ctx.pool, spec.owner, spec.member, newid, upid)
-        await ctx.remember(clone={"member": spec.member, "vmid": newid, "node": tpl.node, "upid": upid})
+        await ctx.remember(clone={"member": spec.member, "vmid": newid, "node": node, "upid": upid})
         await ctx.wait_task(step, upid)
-        st = await ctx.pve.vm_state(tpl.node, newid)
+        st = await ctx.pve.vm_state(node, newid)
         if st is None:
-            raise TemporaryError(f"clone task {upid} ended OK but VM {newid} is not on {tpl.node}")
+            raise TemporaryError(f"clone task {upid} ended OK but VM {newid} is not on {node}")
         world.vm = st
         return
     # Contention with other creates is waiting on the world, not a failure of this job.

@@ -53,7 +53,24 @@ class Reaper:
                 log.info("%s %s: deletion buffer expired; %s %s enqueued", rtype.name, row.id, job.kind, job.id,
                          extra=job_fields(job))
             total += len(reaped)
+        await self.enqueue_periodic(batch)
         return total
+
+    async def enqueue_periodic(self, batch: int = 100) -> int:
+        """The periodic observe-only jobs (types with ``periodic`` in the registry, e.g. load
+        balancer health): one per live row whose last observation is older than its interval
+        and which has no live job. The reaper already scans on a timer with SKIP LOCKED (safe
+        with replicas) over the registry; refreshing is the same shape of work, so no new
+        service. Returns how many were enqueued."""
+        n = 0
+        for rtype in resources.periodic():
+            interval = float(getattr(self.settings, rtype.periodic.interval_setting))
+            async with self.pool.acquire() as conn, conn.transaction():
+                due = await rtype.periodic_due(conn, interval, batch)
+                await store.job_insert_many(conn, [rtype.new_job(row, rtype.periodic.kind, max_attempts=1)
+                                                   for row in due])
+            n += len(due)
+        return n
 
     async def run(self) -> None:
         """Scan until :meth:`stop`, reconnecting to the database with backoff."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Generic, Protocol, TypeVar
 
 from .. import store
 from ..ids import PREFIXES
@@ -69,6 +69,19 @@ class Immediate:
 
 
 @dataclass(frozen=True)
+class Periodic:
+    """An observe-only job the reaper enqueues for every row in one of ``statuses`` whose
+    ``observed_at`` is older than ``interval_setting`` (a Settings field, seconds) and that has no
+    live job (a running job's own verify observes it anyway). The job never changes the world;
+    its failure never marks the resource failed (it is lowest priority: skipped while any other
+    job of the resource is live, one attempt)."""
+
+    kind: str
+    interval_setting: str
+    statuses: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ResourceType(Generic[R]):
     """One type of resource. ``restore(row) -> (kind, args)`` is the job that gives a resource
     back what it had before a cancelled deletion (``Buffered`` only). ``statuses`` is the status
@@ -89,6 +102,7 @@ class ResourceType(Generic[R]):
     status_type: str = ""  # the status column's enum type; default <name>_status
     plural: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # type-specific knowledge (API, jobs)
+    periodic: Periodic | None = None
 
     def __post_init__(self) -> None:
         if self.prefix not in PREFIXES:
@@ -166,6 +180,8 @@ class ResourceType(Generic[R]):
     async def mark_failed_by_job(self, db: DB, rid: str, reason: str, *, kind: str, refused: bool = False) -> None:
         """A failed job's reason on its resource: the one rule for executor and scheduler alike
         (:meth:`failure_ends_deletion`)."""
+        if self.periodic is not None and kind == self.periodic.kind:
+            return  # an observe-only job's failure says nothing about the resource
         await self.mark_failed(db, rid, reason, ends_deletion=self.failure_ends_deletion(kind, refused=refused))
 
     async def observed(self, db: DB, rid: str, *, status: str | None = None,
@@ -190,7 +206,40 @@ class ResourceType(Generic[R]):
                       extra_lock_keys=keys, **kw)
 
 
+    async def periodic_due(self, db: DB, interval_s: float, limit: int) -> list[R]:
+        """Rows due for the periodic observe job (locked, SKIP LOCKED: call in a transaction)."""
+        assert self.periodic is not None
+        return [self.model.from_record(r) for r in await store.resource_periodic_due(
+            db, self.sql, list(self.periodic.statuses), interval_s, limit)]
+
+
 REGISTRY: dict[str, ResourceType[Any]] = {}
+# (type name) -> hooks run in the transaction that finishes that type's final delete:
+# hook(conn, row id, max_attempts) -> list[NewJob] (a dependent type reacting, registered by it)
+DEPENDENT_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
+
+
+def on_final_delete(type_name: str, hook: Callable[..., Awaitable[list[Any]]]) -> None:
+    """Register ``hook(conn, resource id, max_attempts) -> [NewJob]`` for when a ``type_name`` resource is
+    deleted for good (its final job's finishing transaction): the jobs are inserted there."""
+    DEPENDENT_HOOKS.setdefault(type_name, []).append(hook)
+
+
+async def final_delete_dependents(conn: Any, type_name: str, resource_id: str, max_attempts: int = 10) -> list[Any]:
+    """Run the hooks registered for ``type_name`` and insert the jobs they ask for (same
+    transaction, without NOTIFY: the executor's poll or the caller's notify picks them up).
+    Returns the inserted jobs."""
+    jobs: list[NewJob] = []
+    for hook in DEPENDENT_HOOKS.get(type_name, []):
+        jobs.extend(await hook(conn, resource_id, max_attempts))
+    if not jobs:
+        return []
+    return list(await store.job_insert_many(conn, jobs))
+
+
+def periodic() -> list[ResourceType[Any]]:
+    """The types with a periodic observe job."""
+    return [t for t in REGISTRY.values() if t.periodic is not None]
 
 
 def register(rtype: ResourceType[Any]) -> ResourceType[Any]:
@@ -221,4 +270,4 @@ async def mark_failed_by_job(db: DB, resource_type: str | None, resource_id: str
         await rtype.mark_failed_by_job(db, resource_id, reason, kind=kind, refused=refused)
 
 
-from . import address, server  # noqa: E402,F401  (the built-in types register themselves)
+from . import address, load_balancer, server  # noqa: E402,F401  (the built-in types register themselves)

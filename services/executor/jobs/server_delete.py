@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from z9.common import kinds, store
+from z9.common import kinds, resources, store
 from z9.common.models import Job
 from z9.common.resources.server import SERVER
 
@@ -73,10 +73,13 @@ async def record(conn: asyncpg.Connection, ctx: JobContext, _: None) -> None:
     """``destroying`` → ``deleted`` (its VM facts and clone requests go); and now that verify saw
     the VM gone (never before: a live VM keeps its addresses), its addresses are released in this
     same transaction: auto-delete primaries deleted with their IPs quarantined, the others
-    unassigned."""
+    unassigned; and every resource depending on it reacts (the hooks types registered with
+    ``resources.on_final_delete("server", …)``) in this same transaction."""
     if await SERVER.deleted(conn, ctx.job.resource_id):
         await store.server_observed(conn, ctx.job.resource_id, vmid=None, node=None, power_state=None)
         await store.addresses_release_for_server(conn, ctx.job.resource_id)
+        # what depends on the server (registered by the dependent types), in this transaction
+        await resources.final_delete_dependents(conn, SERVER.name, ctx.job.resource_id, ctx.settings.max_attempts)
 
 
 record_failure = _server.record_failure

@@ -1,0 +1,446 @@
+"""The ``load_balancer`` type's API registration (issue 10): the create hook (the row, its VIP and
+one address per appliance from the region's pool, and its LoadBalancerCreate job, in one
+transaction) and the actions — ``add_target``, ``remove_target``, ``add_service``,
+``update_service``, ``delete_service``, ``change_algorithm`` — each changing the row and enqueuing a
+LoadBalancerConfigure in one transaction (202). List, get, delete (two-phase: appliances stopped,
+addresses kept) and cancel-deletion (appliances started again) are the generic ones.
+
+409 codes (Hetzner's where the meaning is the same): ``target_already_defined``,
+``target_not_found``, ``source_port_already_used``, ``service_not_found``, ``server_deleting``,
+``region_mismatch``, ``missing_ipv4``, ``load_balancer_deleting``, ``pool_exhausted``,
+``uniqueness_error``; each message names the precondition.
+"""
+from __future__ import annotations
+
+import ipaddress
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+
+from z9.common import kinds, store
+from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed
+from z9.common.ids import new_id
+from z9.common.models import LoadBalancer, target_key
+from z9.common.resources.load_balancer import LOAD_BALANCER
+from z9.common.settings import Settings
+
+from . import schemas
+from .addresses import exhausted, pick_pool
+from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin,
+                        idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant)
+
+SERVER_ID = r"^srv_[0-9a-z]{26}$"
+MAX_TARGETS = 500
+MAX_SERVICES = 16
+STATUS_CODE = r"^[1-5][0-9?]{2}$"
+
+
+class HttpCheck(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: StrictStr = Field("/", pattern=r"^/[\x21-\x7e]{0,255}$", description="request path")
+    status_codes: list[StrictStr] = Field(default_factory=lambda: ["2??", "3??"], min_length=1, max_length=8,
+                                          description="expected status codes; ? matches any digit")
+
+    @field_validator("status_codes")
+    @classmethod
+    def _codes(cls, v: list[str]) -> list[str]:
+        import re
+        for c in v:
+            if not re.match(STATUS_CODE, c):
+                raise ValueError(f"status code {c!r}: three characters, digits or ?, starting 1-5")
+        return v
+
+
+class HealthCheck(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    protocol: Literal["tcp", "http"] = "tcp"
+    port: StrictInt = Field(ge=1, le=65535)
+    interval_s: StrictInt = Field(15, ge=3, le=300)
+    timeout_s: StrictInt = Field(10, ge=1, le=300)
+    retries: StrictInt = Field(3, ge=1, le=10)
+    http: HttpCheck | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "HealthCheck":
+        if self.timeout_s > self.interval_s:
+            raise ValueError("timeout_s must not exceed interval_s")
+        if self.protocol == "http" and self.http is None:
+            self.http = HttpCheck()
+        if self.protocol == "tcp" and self.http is not None:
+            raise ValueError("http is only for protocol http")
+        return self
+
+
+class Service(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"protocol": "tcp", "listen_port": 80, "destination_port": 8080, "proxyprotocol": False,
+         "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 15, "timeout_s": 10, "retries": 3}}]})
+    protocol: Literal["tcp", "http"]
+    listen_port: StrictInt = Field(ge=1, le=65535)
+    destination_port: StrictInt = Field(ge=1, le=65535)
+    proxyprotocol: StrictBool = False
+    health_check: HealthCheck | None = None
+
+    def normalized(self) -> dict[str, Any]:
+        hc = self.health_check or HealthCheck(port=self.destination_port)
+        return {"protocol": self.protocol, "listen_port": self.listen_port, "destination_port": self.destination_port,
+                "proxyprotocol": self.proxyprotocol, "health_check": hc.model_dump()}
+
+
+class Target(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["server", "ip"]
+    server_id: StrictStr | None = Field(None, pattern=SERVER_ID)
+    ip: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "Target":
+        if self.type == "server":
+            if self.server_id is None or self.ip is not None:
+                raise ValueError("a server target has server_id (and no ip)")
+        else:
+            if self.ip is None or self.server_id is not None:
+                raise ValueError("an ip target has ip (and no server_id)")
+            try:
+                addr = ipaddress.ip_address(self.ip)
+            except ValueError:
+                raise ValueError(f"ip: {self.ip!r} is not an IP address") from None
+            if addr.version != 4 or addr.is_unspecified or addr.is_multicast or addr.is_loopback:
+                raise ValueError(f"ip: {self.ip} is not a usable IPv4 unicast address")
+            self.ip = str(addr)
+        return self
+
+    def normalized(self) -> dict[str, Any]:
+        return {"type": "server", "server_id": self.server_id} if self.type == "server" \
+            else {"type": "ip", "ip": self.ip}
+
+
+class LoadBalancerCreate(BaseModel):
+    """``POST /v1/load-balancers``."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "name": "web", "region": "dev-1", "type": "lb-small", "algorithm": "round_robin",
+        "services": [{"protocol": "tcp", "listen_port": 80, "destination_port": 8080,
+                      "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 15, "timeout_s": 10,
+                                       "retries": 3}}],
+        "targets": [{"type": "ip", "ip": "203.0.113.200"}]}]})
+
+    name: StrictStr = Field(pattern=schemas.NAME_PATTERN)
+    region: StrictStr = Field(min_length=1, max_length=63)
+    type: Literal["lb-small", "lb-ha"] = "lb-small"
+    algorithm: Literal["round_robin", "least_connections"] = "round_robin"
+    address_pool: StrictStr | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
+                                           description="pool of the VIP and appliance addresses (default public)")
+    services: list[Service] = Field(default_factory=list, max_length=MAX_SERVICES)
+    targets: list[Target] = Field(default_factory=list, max_length=MAX_TARGETS)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "LoadBalancerCreate":
+        ports = [s.listen_port for s in self.services]
+        if len(ports) != len(set(ports)):
+            raise ValueError("services: two services listen on the same port")
+        keys = [target_key(t.normalized()) for t in self.targets]
+        if len(keys) != len(set(keys)):
+            raise ValueError("targets: a target is listed twice")
+        return self
+
+
+class ServiceOut(schemas.Response):
+    protocol: Literal["tcp", "http"]
+    listen_port: int
+    destination_port: int
+    proxyprotocol: bool
+    health_check: dict[str, Any]
+
+
+class TargetHealth(schemas.Response):
+    listen_port: int
+    status: Literal["healthy", "unhealthy", "unknown", "unused"]
+    reason: str = Field(description="initial, connect_failed, timeout, response_code_mismatch, server_stopped, "
+                                    "server_deleted, no_address, no_appliance, ...")
+
+
+class TargetOut(schemas.Response):
+    type: Literal["server", "ip"]
+    server_id: str | None
+    ip: str | None
+    health_status: list[TargetHealth]
+
+
+class Member(schemas.Response):
+    name: str
+    ip: str | None
+    vmid: int | None
+    node: str | None
+    running: bool | None
+    config_hash: str | None
+    holds_vip: bool | None
+
+
+class LoadBalancerOut(schemas.Response):
+    """A load balancer (``GET /v1/load-balancers/{id}``)."""
+
+    id: str = Field(pattern=r"^lb_[0-9a-z]{26}$")
+    name: str
+    region: str
+    type: Literal["lb-small", "lb-ha"]
+    algorithm: Literal["round_robin", "least_connections"]
+    labels: dict[str, str]
+    public_net: dict[str, Any]
+    services: list[ServiceOut]
+    targets: list[TargetOut]
+    members: list[Member]
+    config_hash: str | None = Field(description="sha256 of the HAProxy config every appliance was verified to run")
+    spread: bool | None = Field(description="the appliances run on different nodes (lb-ha); null: not observed yet")
+    health: Literal["healthy", "degraded", "unhealthy", "unknown"]
+    health_at: schemas.OptTimestamp
+    status: Literal["creating", "active", "deleting", "destroying", "deleted", "failed"]
+    status_reason: str | None
+    delete_after: schemas.OptTimestamp
+    created_at: schemas.Timestamp
+    updated_at: schemas.Timestamp
+    deleted_at: schemas.OptTimestamp
+
+
+EXAMPLE: dict[str, Any] = {
+    "id": "lb_01jd3x5v8q2m6n4p7r9s1t3w5y", "name": "web", "region": "dev-1", "type": "lb-small",
+    "algorithm": "round_robin", "labels": {}, "public_net": {"ipv4": {"ip": "203.0.113.10", "address_id": "adr_01jd3x5v8q2m6n4p7r9s1t3w5y"}},
+    "services": [{"protocol": "tcp", "listen_port": 80, "destination_port": 8080, "proxyprotocol": False,
+                  "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 15, "timeout_s": 10, "retries": 3,
+                                   "http": None}}],
+    "targets": [{"type": "ip", "server_id": None, "ip": "203.0.113.200",
+                 "health_status": [{"listen_port": 80, "status": "unknown", "reason": "initial"}]}],
+    "members": [{"name": "lb-0", "ip": "203.0.113.11", "vmid": None, "node": None, "running": None,
+                 "config_hash": None, "holds_vip": None}], "config_hash": None, "spread": None, "health": "unknown",
+    "health_at": None, "status": "creating", "status_reason": None, "delete_after": None,
+    "created_at": "2026-12-01T04:00:00Z", "updated_at": "2026-12-01T04:00:00Z", "deleted_at": None,
+}
+
+
+# ---------------------------------------------------------------------------------- checks
+
+async def _check_server_targets(conn: Any, tenant_id: str, region: str, targets: list[dict[str, Any]]) -> None:
+    """Every server target is the tenant's, in the region, not being deleted, and has an IPv4
+    address the appliances can reach (its primary)."""
+    for t in targets:
+        if t["type"] != "server":
+            continue
+        server = await store.server_get(conn, t["server_id"], tenant_id)
+        if server is None:
+            raise ValidationFailed(f"targets: no server {t['server_id']!r}",
+                                   details=[{"field": "targets", "message": "unknown server"}])
+        if server.region != region:
+            raise Conflict(f"server {server.id} is in region {server.region}, the load balancer in {region}: "
+                           "targets must be in the load balancer's region", code="region_mismatch")
+        if server.status in ("deleting", "destroying", "deleted"):
+            raise Conflict(f"server {server.id} is {server.status}; it cannot become a target", code="server_deleting")
+        if server.primary_ipv4_id is None:
+            raise Conflict(f"server {server.id} has no public IPv4 address for the appliances to reach; create it "
+                           "with public_ipv4: true or assign it a primary address", code="missing_ipv4")
+
+
+# ---------------------------------------------------------------------------------- create
+
+async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBalancer, dict[str, Any]]:
+    """The row, the VIP and one address per appliance (the region's pool, lowest free IPs) and
+    the LoadBalancerCreate job, in the request's transaction."""
+    services = [s.normalized() for s in spec.services]
+    targets = [t.normalized() for t in spec.targets]
+    await _check_server_targets(ctx.conn, ctx.tenant_id, spec.region, targets)
+    pool = await pick_pool(ctx.conn, ctx.settings, spec.region, 4, spec.address_pool)
+    lb_id = new_id("lb")
+    try:
+        lb = await store.lb_insert(ctx.conn, lb_id=lb_id, tenant_id=ctx.tenant_id, region=spec.region,
+                                   name=spec.name, type=spec.type, algorithm=spec.algorithm, services=services,
+                                   targets=targets)
+    except UniqueViolation as e:
+        if e.constraint == "load_balancers_tenant_name_live":
+            raise Conflict(f"a load balancer named {spec.name!r} already exists in this tenant",
+                           code="uniqueness_error") from e
+        raise
+    addresses: dict[str, Any] = {}
+    for member in (None, *lb.members):
+        adr = await store.lb_address_allocate(ctx.conn, pool_id=pool["id"], lb_id=lb.id, member=member,
+                                              tenant_id=ctx.tenant_id)
+        if adr is None:
+            raise exhausted(pool)
+        gw = adr.gateway
+        addresses[member or "vip"] = {"id": adr.id, "ip": adr.ip_text, "prefix": adr.prefix,
+                                      "gateway": str(getattr(gw, "ip", gw)) if gw is not None else None}
+    addresses["nameservers"] = await store.address_pool_nameservers(ctx.conn, pool["id"])
+    lb = await store.lb_set_addresses(ctx.conn, lb.id, addresses)
+    job = await store.job_insert(ctx.conn, LOAD_BALANCER.new_job(lb, kinds.LOAD_BALANCER_CREATE,
+                                                                 max_attempts=ctx.settings.max_attempts),
+                                 notify=False)
+    return lb, job.brief()
+
+
+# ---------------------------------------------------------------------------------- actions
+
+class TargetBody(Target):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"type": "server", "server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"}]})
+
+
+class ServiceBody(Service):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"protocol": "tcp", "listen_port": 443, "destination_port": 8443}]})
+
+
+class ServiceUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"listen_port": 443, "destination_port": 9443}]})
+    listen_port: StrictInt = Field(ge=1, le=65535, description="the service to change")
+    protocol: Literal["tcp", "http"] | None = None
+    destination_port: StrictInt | None = Field(None, ge=1, le=65535)
+    proxyprotocol: StrictBool | None = None
+    health_check: HealthCheck | None = None
+
+
+class ServiceRef(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"listen_port": 443}]})
+    listen_port: StrictInt = Field(ge=1, le=65535)
+
+
+class AlgorithmBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"type": "least_connections"}]})
+    type: Literal["round_robin", "least_connections"]
+
+
+def _operations(api: ApiResource) -> list[Operation]:
+    accepted = api.models["accepted"]
+    id_doc = "the load balancer's id (lb_…)"
+
+    async def _action(request: web.Request, route: str, body: Any, fn: Any) -> web.Response:
+        settings, pool, tenant_id = request.app[SETTINGS], request.app[POOL], tenant(request)
+        key = idempotency_key(request)
+        req_hash = request_hash(route, [request.match_info["id"], body])
+        async with pool.acquire() as conn, conn.transaction():
+            replay = await idempotency_begin(conn, tenant_id, key, req_hash)
+            if replay is not None:
+                return replay
+            rid = path_id(request, "lb", "load balancer")
+            lb = await store.lb_get_for_update(conn, rid, tenant_id)
+            if lb is None:
+                raise NotFound(f"no load balancer {rid!r}")
+            if lb.status in ("deleting", "destroying", "deleted"):
+                raise Conflict(f"load balancer {lb.id} is {lb.status}" + ("; cancel the deletion first"
+                                                                           if lb.status == "deleting" else ""),
+                               code="load_balancer_deleting")
+            services = [dict(s) for s in lb.services]
+            targets = [dict(t) for t in lb.targets]
+            algorithm = await fn(conn, settings, tenant_id, lb, services, targets)
+            row = await store.lb_change(conn, lb.id, services=services, targets=targets,
+                                        algorithm=algorithm or lb.algorithm)
+            await room_for_a_job(conn, settings, "load balancer", row.id)
+            job = await store.job_insert(conn, LOAD_BALANCER.new_job(row, kinds.LOAD_BALANCER_CONFIGURE,
+                                                                     max_attempts=settings.max_attempts),
+                                         notify=False)
+            answer = dump(accepted, {"load_balancer": row.public(), "job": job.brief()})
+            await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
+        request.app[NOTIFIER].notify(job.region)
+        return web.json_response(answer, status=202)
+
+    async def add_target(request: web.Request) -> web.Response:
+        spec = await parse_body(request, TargetBody)
+
+        async def fn(conn: Any, settings: Settings, tenant_id: str, lb: LoadBalancer, services: list, targets: list):
+            t = spec.normalized()
+            if any(target_key(x) == target_key(t) for x in targets):
+                raise Conflict(f"load balancer {lb.id} already has target {target_key(t)}",
+                               code="target_already_defined")
+            if len(targets) >= MAX_TARGETS:
+                raise Conflict(f"load balancer {lb.id} has {MAX_TARGETS} targets, the most a load balancer has",
+                               code="resource_limit_exceeded")
+            await _check_server_targets(conn, tenant_id, lb.region, [t])
+            targets.append(t)
+
+        return await _action(request, "POST /load-balancers/{id}/actions/add_target", spec.model_dump(), fn)
+
+    async def remove_target(request: web.Request) -> web.Response:
+        spec = await parse_body(request, TargetBody)
+
+        async def fn(conn: Any, settings: Settings, tenant_id: str, lb: LoadBalancer, services: list, targets: list):
+            k = target_key(spec.normalized())
+            keep = [x for x in targets if target_key(x) != k]
+            if len(keep) == len(targets):
+                raise Conflict(f"load balancer {lb.id} has no target {k}", code="target_not_found")
+            targets[:] = keep
+
+        return await _action(request, "POST /load-balancers/{id}/actions/remove_target", spec.model_dump(), fn)
+
+    async def add_service(request: web.Request) -> web.Response:
+        spec = await parse_body(request, ServiceBody)
+
+        async def fn(conn: Any, settings: Settings, tenant_id: str, lb: LoadBalancer, services: list, targets: list):
+            if any(s["listen_port"] == spec.listen_port for s in services):
+                raise Conflict(f"load balancer {lb.id} already has a service listening on port {spec.listen_port}",
+                               code="source_port_already_used")
+            if len(services) >= MAX_SERVICES:
+                raise Conflict(f"load balancer {lb.id} has {MAX_SERVICES} services, the most a load balancer has",
+                               code="resource_limit_exceeded")
+            services.append(spec.normalized())
+            services.sort(key=lambda s: s["listen_port"])
+
+        return await _action(request, "POST /load-balancers/{id}/actions/add_service", spec.model_dump(), fn)
+
+    async def update_service(request: web.Request) -> web.Response:
+        spec = await parse_body(request, ServiceUpdate)
+
+        async def fn(conn: Any, settings: Settings, tenant_id: str, lb: LoadBalancer, services: list, targets: list):
+            for i, s in enumerate(services):
+                if s["listen_port"] == spec.listen_port:
+                    merged = {**s, **{k: v for k, v in spec.model_dump(exclude_unset=True).items()
+                                      if k not in ("listen_port", "health_check")}}
+                    if spec.health_check is not None:
+                        merged["health_check"] = spec.health_check.model_dump()
+                    services[i] = Service.model_validate(merged).normalized()
+                    return
+            raise Conflict(f"load balancer {lb.id} has no service listening on port {spec.listen_port}",
+                           code="service_not_found")
+
+        return await _action(request, "POST /load-balancers/{id}/actions/update_service", spec.model_dump(), fn)
+
+    async def delete_service(request: web.Request) -> web.Response:
+        spec = await parse_body(request, ServiceRef)
+
+        async def fn(conn: Any, settings: Settings, tenant_id: str, lb: LoadBalancer, services: list, targets: list):
+            keep = [s for s in services if s["listen_port"] != spec.listen_port]
+            if len(keep) == len(services):
+                raise Conflict(f"load balancer {lb.id} has no service listening on port {spec.listen_port}",
+                               code="service_not_found")
+            services[:] = keep
+
+        return await _action(request, "POST /load-balancers/{id}/actions/delete_service", spec.model_dump(), fn)
+
+    async def change_algorithm(request: web.Request) -> web.Response:
+        spec = await parse_body(request, AlgorithmBody)
+
+        async def fn(conn: Any, settings: Settings, tenant_id: str, lb: LoadBalancer, services: list, targets: list):
+            return spec.type
+
+        return await _action(request, "POST /load-balancers/{id}/actions/change_algorithm", spec.model_dump(), fn)
+
+    job_ref = {"id": "job_01jd3x5v8q2m6n4p7r9s1t3w5y", "status": "pending", "kind": kinds.LOAD_BALANCER_CONFIGURE}
+    example = {"load_balancer": {**EXAMPLE, "status": "active"}, "job": job_ref}
+    responses = {202: accepted, 400: None, 401: None, 404: None, 409: None, 422: None}
+    ops = []
+    for name, handler, body, summary in (
+            ("add_target", add_target, TargetBody, "Add a target (a server of the region, or an IP)"),
+            ("remove_target", remove_target, TargetBody, "Remove a target"),
+            ("add_service", add_service, ServiceBody, "Add a service (a listen port and its health check)"),
+            ("update_service", update_service, ServiceUpdate, "Change the service listening on listen_port"),
+            ("delete_service", delete_service, ServiceRef, "Delete the service listening on listen_port"),
+            ("change_algorithm", change_algorithm, AlgorithmBody, "Change the balancing algorithm")):
+        op_id = "".join(p.capitalize() for p in name.split("_"))
+        ops.append(Operation("POST", f"/load-balancers/{{id}}/actions/{name}", handler,
+                             f"{op_id[0].lower()}{op_id[1:]}LoadBalancer", summary, "load-balancers", responses,
+                             request=body, path_id=id_doc, idempotent=True, example=example))
+    return ops
+
+
+API = ApiResource(rtype=LOAD_BALANCER, create_model=LoadBalancerCreate, public_model=LoadBalancerOut, create=create,
+                  example=EXAMPLE, transactional=True, actions=_operations,
+                  tag_description="Load balancers: HAProxy appliances (one, or two with keepalived) in front of "
+                                  "servers or IPs, configured through the guest agent, with target health.")

@@ -1,0 +1,76 @@
+"""Load balancer rendering and health (pure: services/executor/jobs/_lb.py)."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from z9.common.models import LoadBalancer
+from z9.executor.jobs import _lb
+from z9.sim.appliance import parse_haproxy, parse_keepalived
+
+NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
+
+
+def _lb_row(**over) -> LoadBalancer:
+    base = dict(id="lb_01jd3x5v8q2m6n4p7r9s1t3w5y", tenant_id="ten_x", region="dev-1", name="web", type="lb-ha",
+                algorithm="round_robin",
+                services=[{"protocol": "http", "listen_port": 80, "destination_port": 8080, "proxyprotocol": False,
+                           "health_check": {"protocol": "http", "port": 8080, "interval_s": 5, "timeout_s": 2,
+                                            "retries": 3, "http": {"path": "/healthz", "status_codes": ["2??"]}}}],
+                targets=[{"type": "server", "server_id": "srv_b"}, {"type": "ip", "ip": "203.0.113.99"},
+                         {"type": "server", "server_id": "srv_a"}],
+                addresses={"vip": {"ip": "203.0.113.10", "prefix": 24}, "lb-0": {"ip": "203.0.113.11", "prefix": 24},
+                           "lb-1": {"ip": "203.0.113.12", "prefix": 24}},
+                config_hash=None, config_version=1, status="active", status_reason=None, status_before_delete=None,
+                delete_after=None, health="unknown", health_detail=None, health_at=None, observed=None,
+                observed_at=None, created_at=NOW, updated_at=NOW, deleted_at=None)
+    base.update(over)
+    return LoadBalancer(**base)
+
+
+SERVERS = {"srv_a": {"status": "running", "power_state": "running", "ip": "203.0.113.20"},
+           "srv_b": {"status": "deleted", "power_state": None, "ip": None}}
+
+
+def test_rendering_is_deterministic_valid_and_leaves_deleted_servers_out() -> None:
+    lb = _lb_row()
+    targets = _lb.resolve_targets(lb, SERVERS)
+    text = _lb.render_haproxy(lb, targets)
+    again = _lb.render_haproxy(_lb_row(targets=list(reversed(lb.targets))), _lb.resolve_targets(lb, SERVERS))
+    assert text == again                                  # target order does not matter
+    alerts, model = parse_haproxy(text)                   # HAProxy (the simulator's grammar) accepts it
+    assert alerts == []
+    names = [s[0] for s in model["backends"]["svc-80"]["servers"]]
+    assert names == ["ip-203.0.113.99", "srv_a"]          # srv_b (deleted) is not rendered
+    assert "option httpchk GET /healthz" in text and "http-check expect rstatus ^(2[0-9][0-9])$" in text
+    assert _lb.sha256(text) != _lb.sha256(_lb.render_haproxy(_lb_row(algorithm="least_connections"), targets))
+
+
+def test_keepalived_is_unicast_backup_nopreempt_towards_the_peer() -> None:
+    lb = _lb_row()
+    alerts, k0 = parse_keepalived(_lb.render_keepalived(lb, "lb-0"))
+    _, k1 = parse_keepalived(_lb.render_keepalived(lb, "lb-1"))
+    assert alerts == []
+    assert k0["state"] == k1["state"] == "BACKUP" and k0["nopreempt"] and k1["nopreempt"]
+    assert k0["peers"] == ["203.0.113.12"] and k1["peers"] == ["203.0.113.11"]
+    assert k0["vips"] == k1["vips"] == ["203.0.113.10/24"] and k0["vrid"] == k1["vrid"]
+    assert k0["priority"] > k1["priority"]
+
+
+def test_health_joins_haproxy_with_what_only_z9_knows() -> None:
+    lb = _lb_row()
+    servers = {**SERVERS, "srv_a": {"status": "stopped", "power_state": "stopped", "ip": "203.0.113.20"}}
+    targets = _lb.resolve_targets(lb, servers)
+    stat = {("svc-80", "ip-203.0.113.99"): {"status": "UP", "check_status": "L7OK"},
+            ("svc-80", "srv_a"): {"status": "DOWN", "check_status": "L4CON"}}
+    overall, detail = _lb.health(lb, targets, stat)
+    t = detail["targets"]
+    assert t["server:srv_a"] == [{"listen_port": 80, "status": "unhealthy", "reason": "server_stopped"}]
+    assert t["server:srv_b"] == [{"listen_port": 80, "status": "unused", "reason": "server_deleted"}]
+    assert t["ip:203.0.113.99"] == [{"listen_port": 80, "status": "healthy", "reason": "ok"}]
+    assert overall == "degraded"
+    stat[("svc-80", "ip-203.0.113.99")] = {"status": "DOWN", "check_status": "L7STS"}
+    overall, detail = _lb.health(lb, targets, stat)
+    assert overall == "unhealthy"
+    assert detail["targets"]["ip:203.0.113.99"][0]["reason"] == "response_code_mismatch"
+    assert _lb.health(lb, targets, None)[1]["targets"]["ip:203.0.113.99"][0]["reason"] == "no_appliance"
+    assert _lb.health(_lb_row(targets=[]), [], stat)[0] == "unknown"
