@@ -9,9 +9,22 @@ PVE request pipeline, in pve-http-server's order (facts: Transport and auth, Env
    parameter errors → 400 ``Parameter verification failed.`` with ``errors``.
 3. faults (:mod:`z9.sim.faults`), then the handler.
 
-Parameters come from the query string and, for POST/PUT, from a form-encoded (proxmoxer) or JSON body.
+Parameters come from the query string and, for POST/PUT, from a form-encoded (proxmoxer), JSON or
+(upload only) multipart body; array parameters (``agent/exec``'s ``command``) collect repeated fields.
+A non-upload POST/PUT body over 512 KiB → 501 ``for data too large`` (pve-http-server, before anything).
 Success: ``{"data": ...}``. Error: reason phrase = first line of the message, body
 ``{"data": null, "message": "<msg>\\n"[, "errors": {...}]}`` (PVE >= 9).
+
+Endpoints with a handler (everything else in the schema answers 501 ``… not implemented (z9 simulator)``):
+version, nodes, cluster resources/nextid, qemu list/create/config/clone/destroy/resize/status/power,
+tasks; firewall (:mod:`z9.sim.firewall`): ``/nodes/{n}/qemu/{vmid}/firewall`` index, ``options``
+GET/PUT, ``ipset`` GET/POST, ``ipset/{name}`` GET/POST/DELETE, ``ipset/{name}/{cidr}`` GET/PUT/DELETE,
+``/cluster/firewall/options`` GET/PUT; cloud-init (:mod:`z9.sim.cloudinit`): ``…/cloudinit`` GET/PUT,
+``…/cloudinit/dump``; storage (:mod:`z9.sim.storage`): ``/nodes/{n}/storage``, ``…/{storage}`` index,
+``status``, ``content`` GET, ``content/{volume}`` GET/DELETE, ``upload``; guest agent
+(:mod:`z9.sim.guest`): ``agent`` index, POST ``agent`` (command=ping|get-osinfo|…), ``ping``,
+``get-osinfo``, ``network-get-interfaces``, ``get-host-name``, ``info``, ``exec``, ``exec-status``,
+``file-read``, ``file-write``.
 
 Admin API (no auth, loopback peers only), JSON in and out:
 
@@ -24,15 +37,30 @@ Admin API (no auth, loopback peers only), JSON in and out:
   type, id, user, status, exitstatus, starttime, endtime, log: [str]}], "counters": {"requests":
   [{method, path, status, count}], "tasks_started": {type: n}}, "stats_refreshed_at": unix_s,
   "firewall": {"vms": {"<vmid>": {options, ipsets: {name: [{cidr, comment?, nomatch?}]}, comments}},
-  "cluster_options": {}}}``.
+  "cluster_options": {}}, "node_ports": {node: port}}`` (each node's own API listener, see
+  :class:`z9.sim.server.SimServer`).
 - ``POST /_sim/stats/refresh`` → ``{"ok": true}`` (refresh the ``/cluster/resources`` stats cache now).
 - ``POST /_sim/vms`` ``{vmid, node, config: {k: v}, running}`` → the VM (upsert) — a VM changed out of
   band, e.g. a foreign VM with its own ``ipconfig0``: its cloud-init keys count as applied and, when
   running, it booted from the drive they generate;
   ``DELETE /_sim/vms/{vmid}`` → ``{"deleted": 1}``.
 - ``POST /_sim/flock`` ``{vmid, seconds}`` → ``{"ok": true}``: hold the VM's config flock (lock contention).
-- ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?}``
-  → the current values (changes timing at run time).
+- ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
+  guest_boot_s?, cloud_init_s?}`` → the current values (changes timing at run time).
+- ``GET /_sim/guests/{vmid}`` → the guest (:meth:`z9.sim.guest.Guest.to_json`: ``powered``, ``booted``,
+  ``boots``, ``instance_id``, ``host_key`` (SSH host key fingerprint), ``hostname``, ``cloud_init``
+  ``{status, errors, datasource}``, ``agent``, ``files`` (paths), ``interfaces``, ``extra_addresses``,
+  ``models``, ``inputs.source`` (the CD-ROM cloud-init read)); 404 when the VM never started or is gone.
+  ``GET /_sim/state`` has ``"guests": {"<vmid>": summary}`` and ``"storage": {"local@pve1": [{volid,
+  content, format, size, ctime, sha256}], "isos": [...]}``.
+- ``POST /_sim/guests/{vmid}/addresses`` ``{iface: "eth0", address: "203.0.113.7/32"}`` → ``{interfaces}``:
+  configure an address inside a booted guest (as ``ip addr add`` through ``agent/exec`` does); it is
+  reported by ``network-get-interfaces`` until the next boot. ``DELETE`` with the same body removes it.
+  409 when the guest is not booted.
+- ``POST /_sim/guest-faults`` ``{kind: "agent_never_starts"|"cloud_init_fails", vmid?, name?, message?}`` →
+  ``{"id": n}``: applies to VMs matching ``vmid`` and/or config ``name`` at their next start (and to a
+  guest still booting / running cloud-init now). ``GET`` lists, ``DELETE /_sim/guest-faults[/{id}]``
+  removes. Upload faults are ordinary ``/_sim/faults`` rules with ``action`` ``corrupt`` or ``abort``.
 """
 
 from __future__ import annotations
@@ -40,6 +68,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -53,6 +82,7 @@ from pydantic import ValidationError
 
 from .cluster import VM, Cluster, PveError
 from .faults import FaultSpec, FaultStore
+from .guest import OSINFO as GUEST_OSINFO
 from .schema import PveSchema, stringify
 
 log = logging.getLogger("z9.sim")
@@ -74,6 +104,8 @@ class SimContext:
     faults: FaultStore = field(default_factory=FaultStore)
     requests: collections.Counter = field(default_factory=collections.Counter)
     tickets: dict[str, tuple[str, str, float]] = field(default_factory=dict)
+    # local port -> node: the simulator listens once per node; a request is received by that node
+    port_nodes: dict[int, str] = field(default_factory=dict)
 
     def counters(self) -> dict:
         return {
@@ -109,8 +141,18 @@ async def h_nodes(ctx, p, user, fail):
              "uptime": 86400, "level": "", "ssl_fingerprint": "00:" * 31 + "00"} for n in ctx.cluster.nodes]
 
 
+class RawJson(bytes):
+    """A handler's answer that is already the encoded PVE envelope ``{"data": ...}``; ``gzip``: the
+    bytes are gzip-compressed."""
+
+    gzip = False
+
+
 async def h_resources(ctx, p, user, fail):
-    return ctx.cluster.resources(p.get("type"))
+    gz = "gzip" in p.get("@accept_encoding", "")
+    out = RawJson(ctx.cluster.resources_json(p.get("type"), gzip=gz))
+    out.gzip = gz
+    return out
 
 
 async def h_nextid(ctx, p, user, fail):
@@ -222,6 +264,123 @@ async def h_cluster_fw_options_put(ctx, p, user, fail):
     ctx.cluster.firewall.set_cluster_options(p)
 
 
+# ---- storage --------------------------------------------------------------------------------------
+async def h_storage_list(ctx, p, user, fail):
+    return ctx.cluster.storage.list_storages(p["node"], p)
+
+
+async def h_storage_index(ctx, p, user, fail):
+    ctx.cluster.check_node(p["node"])
+    ctx.cluster.storage.definition(p["storage"])
+    return [{"subdir": s} for s in ("content", "download-url", "file-restore", "import-metadata", "prunebackups",
+                                    "rrd", "rrddata", "status", "upload")]
+
+
+async def h_storage_status(ctx, p, user, fail):
+    rows = ctx.cluster.storage.list_storages(p["node"], {"storage": p["storage"]})
+    if not rows:
+        ctx.cluster.storage.definition(p["storage"])
+    return rows[0]
+
+
+async def h_storage_content(ctx, p, user, fail):
+    return ctx.cluster.storage.content(p["node"], p["storage"], p)
+
+
+async def h_storage_volume(ctx, p, user, fail):
+    st = ctx.cluster.storage
+    sid = p["storage"]
+    volid = p["volume"] if ":" in p["volume"] else f"{sid}:{p['volume']}"
+    vol = st.volume(volid, p["node"])
+    if vol is None:
+        raise PveError(500, f"volume '{volid}' does not exist")
+    sdef = st.definition(volid.split(":", 1)[0])
+    return {"path": st._path(sdef, volid.split(":", 1)[1]), "size": vol.size, "used": vol.size, "format": vol.format}
+
+
+async def h_storage_volume_delete(ctx, p, user, fail):
+    return await ctx.cluster.storage.delete(p["node"], p["storage"], p["volume"], p, user, fail)
+
+
+async def h_upload(ctx, p, user, fail):
+    if "tmpfilename" in p:
+        raise PveError(400, "'tmpfilename' query parameter is not allowed for file uploads")
+    data = p.get("@file")
+    if data is not None and p.get("@corrupt"):
+        mid = len(data) // 2
+        data = data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:] if data else b"\0"
+    return ctx.cluster.storage.upload(p["node"], p.get("@received_on") or p["node"], p["storage"], p, data, user,
+                                      fail)
+
+
+# ---- guest agent ----------------------------------------------------------------------------------
+def _agent_vm(ctx, p):
+    return ctx.cluster.vm_on(p["node"], _vmid(p))
+
+
+async def h_agent_index(ctx, p, user, fail):
+    _agent_vm(ctx, p)
+    return [{"name": n} for n in ("exec", "exec-status", "file-read", "file-write", "get-host-name", "get-osinfo",
+                                  "info", "network-get-interfaces", "ping")]
+
+
+def _agent_simple(name: str) -> Handler:
+    async def h(ctx, p, user, fail):
+        vm = _agent_vm(ctx, p)
+        g = ctx.cluster.guests.agent(vm)
+        cmd = p.get("command", name)
+        if cmd == "ping":
+            return {"result": {}}
+        if cmd == "get-osinfo":
+            return {"result": dict(GUEST_OSINFO)}
+        if cmd == "network-get-interfaces":
+            return {"result": g.interfaces()}
+        if cmd == "get-host-name":
+            return {"result": {"host-name": g.hostname or "localhost"}}
+        if cmd == "info":
+            return {"result": {"version": "7.2.0", "supported_commands": []}}
+        raise PveError(501, f"agent command '{cmd}' not implemented (z9 simulator)")
+    return h
+
+
+async def h_agent_exec(ctx, p, user, fail):
+    vm = _agent_vm(ctx, p)
+    cmd = p.get("command")
+    argv = list(cmd) if isinstance(cmd, list) else [cmd] if cmd else []
+    stdin = p.get("input-data", "").encode()
+    return {"pid": ctx.cluster.guests.exec(vm, [str(a) for a in argv], stdin)}
+
+
+async def h_agent_exec_status(ctx, p, user, fail):
+    return ctx.cluster.guests.exec_status(_agent_vm(ctx, p), int(p["pid"]))
+
+
+async def h_agent_file_read(ctx, p, user, fail):
+    vm = _agent_vm(ctx, p)
+    data, truncated = ctx.cluster.guests.file_read(vm, p["file"], int(p.get("offset", 0)),
+                                                   int(p.get("count", 16777216)))
+    # PVE returns the bytes as a Perl byte string: JSON-encoded as if latin-1 (decode=0: base64)
+    out = {"content": data.decode("latin-1") if p.get("decode", "1") == "1" else base64.b64encode(data).decode()}
+    if truncated:
+        out["truncated"] = 1
+    return out
+
+
+async def h_agent_file_write(ctx, p, user, fail):
+    vm = _agent_vm(ctx, p)
+    content = p["content"]
+    if p.get("encode", "1") == "1":
+        data = content.encode("utf-8")
+    else:
+        try:
+            data = base64.b64decode(content, validate=True)
+        except ValueError:
+            raise PveError(500, f"VM {vm.vmid} qmp command 'guest-file-write' failed - "
+                                "Invalid parameter type for 'buf-b64', expected: base64") from None
+    ctx.cluster.guests.file_write(vm, p["file"], data)
+    return None
+
+
 async def h_status_current(ctx, p, user, fail):
     return ctx.cluster.status_current(p["node"], _vmid(p))
 
@@ -318,25 +477,69 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("GET", "/nodes/{node}/tasks/{upid}/status"): h_task_status,
     ("GET", "/nodes/{node}/tasks/{upid}/log"): h_task_log,
     ("POST", "/access/ticket"): h_ticket,
+    ("GET", "/nodes/{node}/storage"): h_storage_list,
+    ("GET", "/nodes/{node}/storage/{storage}"): h_storage_index,
+    ("GET", "/nodes/{node}/storage/{storage}/status"): h_storage_status,
+    ("GET", "/nodes/{node}/storage/{storage}/content"): h_storage_content,
+    ("GET", "/nodes/{node}/storage/{storage}/content/{volume}"): h_storage_volume,
+    ("DELETE", "/nodes/{node}/storage/{storage}/content/{volume}"): h_storage_volume_delete,
+    ("POST", "/nodes/{node}/storage/{storage}/upload"): h_upload,
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent"): h_agent_index,
+    ("POST", "/nodes/{node}/qemu/{vmid}/agent"): _agent_simple(""),
+    ("POST", "/nodes/{node}/qemu/{vmid}/agent/ping"): _agent_simple("ping"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/get-osinfo"): _agent_simple("get-osinfo"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/network-get-interfaces"): _agent_simple("network-get-interfaces"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/get-host-name"): _agent_simple("get-host-name"),
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/info"): _agent_simple("info"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/agent/exec"): h_agent_exec,
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status"): h_agent_exec_status,
+    ("GET", "/nodes/{node}/qemu/{vmid}/agent/file-read"): h_agent_file_read,
+    ("POST", "/nodes/{node}/qemu/{vmid}/agent/file-write"): h_agent_file_write,
 }
+UPLOAD_TEMPLATE = "/nodes/{node}/storage/{storage}/upload"
+GZIP_MIN = 1024  # pve-http-server compresses answers over 1 KiB for clients that accept gzip
+MAX_BODY = 512 * 1024  # pve-http-server: non-upload POST/PUT bodies (64 KiB before "fix #6230")
 NO_AUTH = {("POST", "/access/ticket")}
 
 
-async def _read_params(request: web.Request) -> dict[str, Any]:
-    params: dict[str, Any] = {k: v for k, v in request.query.items()}
+async def _read_params(request: web.Request, arrays: set[str]) -> dict[str, Any]:
+    """Query + body parameters. ``arrays``: the endpoint's array-typed parameters, which collect
+    repeated form fields (``command=a&command=b``) into a list; other repeated fields: the last wins.
+    A multipart file part named ``filename`` gives ``filename`` (its file name) and ``@file`` (bytes)."""
+    params: dict[str, Any] = {}
+
+    def put(k: str, v: Any) -> None:
+        if k in arrays:
+            params.setdefault(k, []).append(v)
+        else:
+            params[k] = v
+
+    for k, v in request.query.items():
+        put(k, v)
     if request.method in ("POST", "PUT") and request.can_read_body:
         ctype = request.content_type
         if ctype == "application/json":
             body = await request.json()
             if isinstance(body, dict):
-                params.update({k: stringify(v) for k, v in body.items() if v is not None})
+                for k, v in body.items():
+                    if v is None:
+                        continue
+                    if k in arrays and isinstance(v, list):
+                        params[k] = [stringify(x) for x in v]
+                    else:
+                        put(k, stringify(v))
         else:
             form = await request.post()
-            params.update({k: v for k, v in form.items() if isinstance(v, str)})
+            for k, v in form.items():
+                if isinstance(v, str):
+                    put(k, v)
+                elif isinstance(v, web.FileField) and k == "filename":
+                    params["filename"] = v.filename or ""
+                    params["@file"] = v.file.read()
     return params
 
 
-async def _authenticate(ctx: SimContext, request: web.Request) -> str | PveError:
+async def _authenticate(ctx: SimContext, request: web.Request, csrf: bool = True) -> str | PveError:
     """Return the user (``root@pam!z9`` for the token) or the PveError to answer."""
     auth = request.headers.get("Authorization", "")
     if auth.startswith("PVEAPIToken"):
@@ -347,7 +550,7 @@ async def _authenticate(ctx: SimContext, request: web.Request) -> str | PveError
     elif cookie := request.cookies.get("PVEAuthCookie"):
         entry = ctx.tickets.get(cookie)
         if entry and entry[2] > time.time():
-            if request.method != "GET" and request.headers.get("CSRFPreventionToken") != entry[1]:
+            if csrf and request.method != "GET" and request.headers.get("CSRFPreventionToken") != entry[1]:
                 return PveError(401, "Permission denied - invalid csrf token")
             return entry[0]
     else:
@@ -380,29 +583,50 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
     ep, _ = ctx.schema.match(method, path)
     template = ep.template if ep else None
     if (method, template) not in NO_AUTH:
-        user = await _authenticate(ctx, request)
+        # pve-manager HTTPServer.pm: the upload path skips the CSRF check (it checks the privilege instead)
+        user = await _authenticate(ctx, request, csrf=template != UPLOAD_TEMPLATE)
         if isinstance(user, PveError):
             return pve_error(user.status, user.message), template, False
     else:
         user = ""
+    upload = template == UPLOAD_TEMPLATE
+    if method in ("POST", "PUT") and not upload and (request.content_length or 0) > MAX_BODY:
+        return pve_error(501, "for data too large"), template, False
+    if upload and ctx.faults.match(method, path, actions={"abort"}) is not None:
+        # the upload breaks off: part of the body arrives, then the connection is gone (no task, no file)
+        with contextlib.suppress(Exception):
+            await request.content.read(1024)
+        return pve_error(500, "upload aborted"), template, True
+    arrays = {k for k, sch in ep.properties.items() if sch.get("type") == "array"} if ep else set()
     try:
-        params = await _read_params(request)
+        params = await _read_params(request, arrays)
     except (ValueError, json.JSONDecodeError):
         return pve_error(400, "Parameter verification failed."), template, False
+    extra = {k: params.pop(k) for k in [k for k in params if k.startswith("@")]}
     template, errors = ctx.schema.validate(method, path, params)
     if template is None:
         return pve_error(501, f"Method '{method} {path}' not implemented"), None, False
     if errors:
         return pve_error(400, "Parameter verification failed.", errors), template, False
     _, path_params = ctx.schema.match(method, path)
-    values = {k: stringify(v) for k, v in params.items()}
+    values: dict[str, Any] = {k: (v if isinstance(v, list) else stringify(v)) for k, v in params.items()}
     values.update(path_params)
+    if upload:  # the file part reaches the upload handler only
+        values.update(extra)
+    if template == "/cluster/resources":
+        values["@accept_encoding"] = request.headers.get("Accept-Encoding", "")
+    if upload:
+        sock = request.transport.get_extra_info("sockname") if request.transport else None
+        values["@received_on"] = ctx.port_nodes.get(sock[1]) if sock else None
 
     fault = ctx.faults.match(method, path)
     fail: str | None = None
     drop = False
     if fault is not None:
-        if fault.action == "error":
+        if fault.action == "corrupt":
+            if upload:
+                values["@corrupt"] = "1"
+        elif fault.action == "error":
             return pve_error(fault.status, fault.reason), template, False
         if fault.action == "delay":
             await asyncio.sleep(fault.seconds)
@@ -419,7 +643,15 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
         data = await handler(ctx, values, user, fail)
     except PveError as e:
         return pve_error(e.status, e.message, e.errors), template, drop
-    return web.json_response({"data": data}), template, drop
+    if isinstance(data, RawJson):
+        resp = web.Response(body=data, content_type="application/json")
+        if data.gzip:
+            resp.headers["Content-Encoding"] = "gzip"
+        return resp, template, drop
+    resp = web.json_response({"data": data})
+    if resp.body is not None and len(resp.body) > GZIP_MIN and "gzip" in request.headers.get("Accept-Encoding", ""):
+        resp.enable_compression(web.ContentCoding.gzip)  # pve-http-server gzips larger answers
+    return resp, template, drop
 
 
 # ---- admin API ------------------------------------------------------------------------------------
@@ -483,6 +715,10 @@ async def admin_state(request: web.Request) -> web.Response:
         "counters": ctx.counters(),
         "stats_refreshed_at": c.stats_refreshed_at,
         "firewall": c.firewall.dump(),
+        "node_ports": {n: p for p, n in sorted(ctx.port_nodes.items())},
+        "guests": {str(v): g.summary() for v, g in sorted(c.guests.guests.items())
+                   if c.guests.get(v) is not None},
+        "storage": c.storage.dump(),
     })
 
 
@@ -507,7 +743,12 @@ async def admin_vm_put(request: web.Request) -> web.Response:
 
 
 async def admin_vm_delete(request: web.Request) -> web.Response:
-    ok = request.app[CTX].cluster.vms.pop(int(request.match_info["vmid"]), None) is not None
+    c = request.app[CTX].cluster
+    vmid = int(request.match_info["vmid"])
+    ok = c.vms.pop(vmid, None) is not None
+    if ok:
+        c.firewall.remove(vmid)
+        c.guests.remove(vmid)
     return web.json_response({"deleted": int(ok)}, status=200 if ok else 404)
 
 
@@ -527,10 +768,68 @@ async def admin_flock(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+async def admin_guest(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    g = ctx.cluster.guests.get(int(request.match_info["vmid"]))
+    if g is None:
+        return web.json_response({"error": "no guest: the VM was never started (or is destroyed)"}, status=404)
+    return web.json_response(g.to_json())
+
+
+async def admin_guest_address(request: web.Request) -> web.Response:
+    """Configure (POST) or remove (DELETE) an address inside a running guest, as ``ip addr add`` would."""
+    ctx = request.app[CTX]
+    vmid = int(request.match_info["vmid"])
+    g = ctx.cluster.guests.get(vmid)
+    if g is None or not g.booted:
+        return web.json_response({"error": f"VM {vmid} has no booted guest"}, status=409)
+    b = await _json(request)
+    try:
+        iface, address = str(b.get("iface", "eth0")), str(b["address"])
+        if request.method == "POST":
+            g.add_address(iface, address)
+        elif not g.remove_address(iface, address):
+            return web.json_response({"error": f"{address} is not on {iface}"}, status=404)
+    except (KeyError, ValueError) as e:
+        return web.json_response({"error": f"bad address: {e}"}, status=400)
+    return web.json_response({"interfaces": g.interfaces()})
+
+
+async def admin_guest_fault_add(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
+    b = await _json(request)
+    try:
+        f = ctx.cluster.guests.add_fault(str(b.get("kind")), int(b["vmid"]) if b.get("vmid") is not None else None,
+                                         b.get("name"), b.get("message"))
+    except (ValueError, TypeError) as e:
+        return web.json_response({"error": str(e)}, status=400)
+    return web.json_response({"id": f.id})
+
+
+async def admin_guest_fault_list(request: web.Request) -> web.Response:
+    return web.json_response([f.to_json() for f in request.app[CTX].cluster.guests.faults])
+
+
+async def admin_guest_fault_clear(request: web.Request) -> web.Response:
+    g = request.app[CTX].cluster.guests
+    n = len(g.faults)
+    g.faults.clear()
+    return web.json_response({"deleted": n})
+
+
+async def admin_guest_fault_delete(request: web.Request) -> web.Response:
+    ok = request.app[CTX].cluster.guests.delete_fault(int(request.match_info["id"]))
+    return web.json_response({"deleted": int(ok)}, status=200 if ok else 404)
+
+
 async def admin_config(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     c = ctx.cluster
     b = await _json(request)
+    if "guest_boot_s" in b:
+        c.guests.settings.boot_s = float(b["guest_boot_s"])
+    if "cloud_init_s" in b:
+        c.guests.settings.cloud_init_s = float(b["cloud_init_s"])
     if "task_seconds" in b:
         c.task_seconds.update({str(k): float(v) for k, v in b["task_seconds"].items()})
     for k in ("task_default_s", "stats_lag_s", "task_invisible_s"):
@@ -540,12 +839,13 @@ async def admin_config(request: web.Request) -> web.Response:
         ctx.auth_delay_s = float(b["auth_delay_s"])
     return web.json_response({"task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
                               "stats_lag_s": c.stats_lag_s, "task_invisible_s": c.task_invisible_s,
-                              "auth_delay_s": ctx.auth_delay_s})
+                              "auth_delay_s": ctx.auth_delay_s, "guest_boot_s": c.guests.settings.boot_s,
+                              "cloud_init_s": c.guests.settings.cloud_init_s})
 
 
 def create_app(ctx: SimContext) -> web.Application:
     """The simulator's aiohttp application (PVE API + admin API) around one :class:`SimContext`."""
-    app = web.Application(middlewares=[loopback_only], client_max_size=16 * 1024**2)
+    app = web.Application(middlewares=[loopback_only], client_max_size=1024**3)  # uploads: ISOs
     app[CTX] = ctx
     app.router.add_post("/_sim/faults", admin_fault_add)
     app.router.add_get("/_sim/faults", admin_fault_list)
@@ -558,5 +858,12 @@ def create_app(ctx: SimContext) -> web.Application:
     app.router.add_delete("/_sim/vms/{vmid:\\d+}", admin_vm_delete)
     app.router.add_post("/_sim/flock", admin_flock)
     app.router.add_put("/_sim/config", admin_config)
+    app.router.add_get("/_sim/guests/{vmid:\\d+}", admin_guest)
+    app.router.add_post("/_sim/guests/{vmid:\\d+}/addresses", admin_guest_address)
+    app.router.add_delete("/_sim/guests/{vmid:\\d+}/addresses", admin_guest_address)
+    app.router.add_post("/_sim/guest-faults", admin_guest_fault_add)
+    app.router.add_get("/_sim/guest-faults", admin_guest_fault_list)
+    app.router.add_delete("/_sim/guest-faults", admin_guest_fault_clear)
+    app.router.add_delete("/_sim/guest-faults/{id:\\d+}", admin_guest_fault_delete)
     app.router.add_route("*", "/api2/json{tail:.*}", api_handler)
     return app

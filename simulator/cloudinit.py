@@ -203,6 +203,6 @@ def pending(conf: dict[str, str], applied: dict[str, str]) -> list[dict]:
             rows.append({"key": key, "delete": 1})
         elif cur[key] != applied[key]:
             rows.append({"key": key, "value": old, "pending": new})
-        else:
+        elif cur[key] not in ("", "0"):  # PVE: "next if !$conf->{$opt}"
             rows.append({"key": key, "value": new})
     return rows

@@ -35,9 +35,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+import orjson
+
 from .errors import PveError, param_error
 from . import cloudinit
 from .firewall import Firewall
+from .guest import Guests, GuestSettings
+from .storage import Storage
 from .schema import split_list
 
 log = logging.getLogger("z9.sim")
@@ -46,6 +50,13 @@ log = logging.getLogger("z9.sim")
 FLOCK_WAIT_S = {"config": 10.0, "start": 10.0, "stop": 10.0, "destroy": 10.0, "create": 5.0, "clone": 1.0}
 
 GiB = 1024**3
+
+
+def zlib_gzip(data: bytes) -> bytes:
+    """gzip framing at level 1 (the cache compresses once per change; size matters less than time)."""
+    import gzip as _gzip
+
+    return _gzip.compress(data, compresslevel=1, mtime=0)
 
 
 def not_exist(node: str, vmid: int) -> PveError:
@@ -87,6 +98,51 @@ def random_mac() -> str:
     return "BC:24:11:" + ":".join(f"{random.randrange(256):02X}" for _ in range(3))
 
 
+class Generation:
+    """A counter bumped by every change of a VM's config or node/power state and of the VM set: the
+    key of the encoded ``/cluster/resources`` cache (scale: 10,000 VMs are encoded once per change)."""
+
+    value = 0
+
+    @classmethod
+    def bump(cls) -> None:
+        cls.value += 1
+
+
+class TrackedDict(dict):
+    """A dict whose mutations bump :class:`Generation` (VM configs, the cluster's VM map)."""
+
+    __slots__ = ()
+
+    def __setitem__(self, k, v):
+        Generation.bump()
+        super().__setitem__(k, v)
+
+    def __delitem__(self, k):
+        Generation.bump()
+        super().__delitem__(k)
+
+    def pop(self, *a):
+        Generation.bump()
+        return super().pop(*a)
+
+    def popitem(self):
+        Generation.bump()
+        return super().popitem()
+
+    def clear(self):
+        Generation.bump()
+        super().clear()
+
+    def update(self, *a, **kw):
+        Generation.bump()
+        super().update(*a, **kw)
+
+    def setdefault(self, k, d=None):
+        Generation.bump()
+        return super().setdefault(k, d)
+
+
 @dataclass
 class VM:
     vmid: int
@@ -106,6 +162,13 @@ class VM:
     @property
     def lock(self) -> str | None:
         return self.config.get("lock")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "config" and not isinstance(value, TrackedDict):
+            value = TrackedDict(value)
+        if name in ("config", "node", "running"):
+            Generation.bump()
+        object.__setattr__(self, name, value)
 
     def digest(self) -> str:
         """sha1 of the rendered config file (PVE: ``digest`` = sha1 of the raw file)."""
@@ -149,6 +212,11 @@ class Task:
     exitstatus: str | None = None
     endtime: int | None = None
     lines: list[str] = field(default_factory=list)
+    warnings: int = 0  # ``warn`` in a worker: "WARN: <text>" lines, the task ends "WARNINGS: n"
+
+    def warn(self, text: str) -> None:
+        self.lines.append(f"WARN: {text}")
+        self.warnings += 1
 
     def status_json(self) -> dict:
         user, _, tokenid = self.user.partition("!")
@@ -222,13 +290,15 @@ class Cluster:
     """
 
     def __init__(self, nodes: list[str], *, task_seconds: dict[str, float] | None = None,
-                 task_default_s: float = 0.2, stats_lag_s: float = 10.0, task_invisible_s: float = 0.0):
+                 task_default_s: float = 0.2, stats_lag_s: float = 10.0, task_invisible_s: float = 0.0,
+                 guest: GuestSettings | None = None):
         self.nodes = list(nodes)
         self.task_seconds = dict(task_seconds or {})
         self.task_default_s = task_default_s
         self.stats_lag_s = stats_lag_s
         self.task_invisible_s = task_invisible_s
-        self.vms: dict[int, VM] = {}
+        self.vms: dict[int, VM] = TrackedDict()
+        self._resources_cache: dict[tuple[str | None, bool], tuple[tuple, bytes]] = {}
         self.tasks: dict[str, Task] = {}
         self.flocks: dict[int, FLock] = {}
         self.stats: dict[int, dict] = {}
@@ -236,6 +306,8 @@ class Cluster:
         self.tasks_started: dict[str, int] = {}
         self._workers: set[asyncio.Task] = set()
         self.firewall = Firewall()
+        self.storage = Storage(self)
+        self.guests = Guests(self, guest)
         self._stats_loop: asyncio.Task | None = None
         self._pid = itertools.count(random.randrange(100000, 900000))
         self._pstart = int(time.monotonic() * 100) % 10**7 + 10**6
@@ -258,10 +330,12 @@ class Cluster:
         for t in list(self._workers):
             t.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
-        self.vms = {}
+        self.vms = TrackedDict()
+        self.firewall.clear()
+        self.storage.clear()
+        self.guests.clear()
         for vm in vms:
             self.add_vm(vm)
-        self.firewall.clear()
         self.tasks.clear()
         self.flocks.clear()
         self.tasks_started.clear()
@@ -293,6 +367,10 @@ class Cluster:
         if vm.running and vm.ci_drive is None:
             vm.ci_drive = cloudinit.generate(vm.config, vm.vmid)
         self.vms[vm.vmid] = vm
+        if vm.running:
+            self.guests.power_on(vm, already_up=True)
+        else:
+            self.guests.power_off(vm.vmid)
 
     def flock(self, vmid: int) -> FLock:
         return self.flocks.setdefault(vmid, FLock())
@@ -363,6 +441,8 @@ class Cluster:
                 n = fail_exitstatus.partition(":")[2].strip() or "1"
                 task.lines.append("WARN: simulated warning")
                 self._finish(task, f"WARNINGS: {n}", f"TASK WARNINGS: {n}")
+            elif task.warnings:
+                self._finish(task, f"WARNINGS: {task.warnings}", f"TASK WARNINGS: {task.warnings}")
             else:
                 self._finish(task, "OK", "TASK OK")
         except PveError as e:
@@ -500,6 +580,20 @@ class Cluster:
         self.check_node(node)
         return [self.vm_status(vm) for vm in sorted(self.vms.values(), key=lambda v: v.vmid) if vm.node == node]
 
+    def resources_json(self, rtype: str | None = None, gzip: bool = False) -> bytes:
+        """The encoded ``{"data": resources(rtype)}`` (gzip-compressed if ``gzip``), cached until a VM,
+        the VM set or the stats snapshot changes (:class:`Generation`)."""
+        key = (Generation.value, self.stats_refreshed_at)
+        hit = self._resources_cache.get((rtype, gzip))
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        if gzip:
+            body = zlib_gzip(self.resources_json(rtype))
+        else:
+            body = orjson.dumps({"data": self.resources(rtype)})
+        self._resources_cache[(rtype, gzip)] = (key, body)
+        return body
+
     def resources(self, rtype: str | None = None) -> list[dict]:
         """``GET /cluster/resources``: membership, node, tags, lock and template are fresh; name,
         status and sizes come from the stats snapshot (new VM: no name, status ``unknown``; facts)."""
@@ -612,6 +706,15 @@ class Cluster:
         vm = self.vm_on(node, vmid)
         return cloudinit.dump(vm.config, vmid, kind)
 
+    def check_volumes(self, vm: VM) -> None:
+        """At start: every ISO a drive references must exist on a storage the VM's node sees."""
+        for k, val in sorted(vm.config.items()):
+            if DISK_RE.fullmatch(k) and not k.startswith("unused"):
+                volid = val.split(",", 1)[0]
+                if re.fullmatch(r"[a-z][a-z0-9\-_.]*[a-z0-9]:iso/.+", volid) and \
+                        self.storage.volume(volid, vm.node) is None:
+                    raise PveError(500, f"volume '{volid}' does not exist")
+
     # ---- create / clone / destroy ----------------------------------------------------------------
     def _taken_for_create(self, vmid: int) -> None:
         if vmid in self.vms:
@@ -653,6 +756,7 @@ class Cluster:
                 if params.get("start") == "1":
                     self.apply_cloudinit(placeholder)
                     placeholder.running, placeholder.started_at = True, time.time()
+                    self.guests.power_on(placeholder)
 
         def cleanup() -> None:
             if self.vms.get(vmid) is placeholder:
@@ -753,6 +857,7 @@ class Cluster:
                 if self.vms.get(vmid) is v:
                     del self.vms[vmid]
                     self.firewall.remove(vmid)
+                    self.guests.remove(vmid)
                 if params.get("purge") == "1":
                     task.lines.append(f"purging VM {vmid} from related configurations..")
 
@@ -776,18 +881,27 @@ class Cluster:
                         raise PveError(500, "you can't start a vm if it's a template")
                     if v.running:
                         raise PveError(500, f"VM {vmid} already running")
+                    self.check_volumes(v)
                     await asyncio.sleep(self.duration(ttype))
                     self.apply_cloudinit(v)
                     v.running, v.started_at = True, time.time()
+                    self.guests.power_on(v)
                 elif action in ("stop", "shutdown"):
                     if not v.running:
                         return
                     await asyncio.sleep(self.duration(ttype))
                     v.running, v.started_at = False, None
+                    self.guests.power_off(vmid)
                 else:
                     if not v.running:
                         raise PveError(500, f"VM {vmid} not running")
                     await asyncio.sleep(self.duration(ttype))
+                    if action == "reboot":  # qm reboot: shutdown, then a new start (which regenerates cloud-init)
+                        self.apply_cloudinit(v)
+                        v.started_at = time.time()
+                        self.guests.power_on(v)
+                    elif action == "reset":  # same QEMU process: the guest reboots from the current media
+                        self.guests.power_on(v)
 
         return self.spawn(node, ttype, vmid, user, TaskPlan(run), fail)
 
@@ -835,7 +949,7 @@ class Cluster:
     def dump(self) -> dict:
         return {"vms": [vm.to_json() for vm in sorted(self.vms.values(), key=lambda v: v.vmid)
                         if vm.lock not in ("clone", "create", "destroyed")],
-                "firewall": self.firewall.dump()}
+                "firewall": self.firewall.dump(), "storage": self.storage.save(), "guests": self.guests.save()}
 
     @staticmethod
     def vms_from_dump(data: dict) -> list[VM]:

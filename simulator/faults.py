@@ -13,6 +13,11 @@ A rule: ``{"method": "POST"|"*", "path": "<regex searched in the concrete path a
   ``exitstatus`` (default ``can't lock file '/var/lock/qemu-server/lock-<vmid>.conf' - got
   timeout``) without its effect; ``WARNINGS: n`` ends as a success with the effect.
 
+- ``abort`` (uploads): part of the body is read, then the connection is closed: the upload broke off,
+  nothing happens (no task, no file).
+- ``corrupt`` (uploads): the uploaded bytes are stored with one byte changed (a checksum fails; an ISO
+  is unreadable).
+
 ``times`` (default 1) counts matches; ``probability`` (0..1) makes the rule fire randomly forever
 (until deleted). Rules are checked in creation order; the first that fires wins.
 """
@@ -31,7 +36,7 @@ from pydantic import BaseModel, Field, field_validator
 class FaultSpec(BaseModel):
     method: str = "*"
     path: str = ".*"
-    action: Literal["error", "delay", "drop", "fail_task"]
+    action: Literal["error", "delay", "drop", "fail_task", "abort", "corrupt"]
     status: int = 500
     reason: str = "simulated failure"
     seconds: float = 0.0
@@ -89,11 +94,14 @@ class FaultStore:
             self._rules = [f for f in self._rules if f.id != fid]
             return len(self._rules) != n
 
-    def match(self, method: str, path: str) -> FaultSpec | None:
+    def match(self, method: str, path: str, actions: set[str] | None = None) -> FaultSpec | None:
+        """The first rule that fires (``actions``: only rules with one of these actions)."""
         with self._lock:
             for f in self._rules:
                 s = f.spec
                 if s.method not in ("*", method.upper()) or not re.search(s.path, path):
+                    continue
+                if actions is not None and s.action not in actions:
                     continue
                 if s.probability is not None and random.random() >= s.probability:
                     continue

@@ -119,7 +119,13 @@ def _fmt_ip_cidr_alias(v: str) -> None:
     _fmt_ip_or_cidr(v)
 
 
+def _fmt_storage_id(v: str) -> None:
+    if not re.fullmatch(r"[a-z][a-z0-9\-_.]*[a-z0-9]", v, re.I):
+        raise ValueError(f"storage ID '{v}' contains illegal characters\n")
+
+
 _FORMATS = {
+    "pve-storage-id": _fmt_storage_id,
     "pve-tag": _fmt_tag,
     "urlencoded": _fmt_urlencoded,
     "pve-vmid": _fmt_vmid,
@@ -131,10 +137,72 @@ _FORMATS = {
 }
 
 
-def check_format(fmt: Any, value: str) -> None:
+_IPV4_RE = r"(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+
+
+def _is_ipv6(v: str) -> bool:
+    try:
+        ipaddress.IPv6Address(v)
+        return True
+    except ValueError:
+        return False
+
+
+def _cidr_ok(v: str, six: bool) -> bool:
+    """pve_verify_cidrv4/6: an address and a prefix of 8..32 (8..128)."""
+    addr, sep, prefix = v.partition("/")
+    if not sep or not prefix.isdigit():
+        return False
+    ok = _is_ipv6(addr) if six else re.fullmatch(_IPV4_RE, addr) is not None
+    return ok and 8 <= int(prefix) <= (128 if six else 32)
+
+
+# pve-qm-ipconfig (qemu-server Network.pm $ipconfig_fmt): key -> (validator, message)
+_IPCONFIG_KEYS = {
+    "ip": (lambda v: v in ("dhcp", "manual") or _cidr_ok(v, False),
+           "value does not look like a valid ipv4 network configuration"),
+    "gw": (lambda v: re.fullmatch(_IPV4_RE, v) is not None, "value does not look like a valid IPv4 address"),
+    "ip6": (lambda v: v in ("dhcp", "auto", "manual") or _cidr_ok(v, True),
+            "value does not look like a valid ipv6 network configuration"),
+    "gw6": (_is_ipv6, "value does not look like a valid IPv6 address"),
+}
+
+
+def _fmt_ipconfig(v: str, path: str) -> None:
+    """``parse_property_string($ipconfig_fmt, ...)``: one message as PVE::Exception stringifies it
+    (``format error`` + one ``<path>.<key>: <error>`` line per bad key)."""
+    seen: dict[str, str] = {}
+    for part in v.split(","):
+        if part == "":
+            continue
+        k, sep, val = part.partition("=")
+        if not sep:
+            raise ValueError("value without key, but schema does not define a default key\n")
+        if k in seen:
+            raise ValueError(f"duplicate key in comma-separated list property: {k}\n")
+        seen[k] = val
+    errs = []
+    for k, val in seen.items():
+        rule = _IPCONFIG_KEYS.get(k)
+        if rule is None:
+            errs.append(f"{path}.{k}: property is not defined in schema and the schema does not allow additional "
+                        "properties\n")
+        elif not rule[0](val):
+            errs.append(f"{path}.{k}: invalid format - {rule[1]}\n")
+    if errs:
+        raise ValueError("format error\n" + "".join(errs))
+
+
+_PATH_FORMATS = {"pve-qm-ipconfig": _fmt_ipconfig}
+
+
+def check_format(fmt: Any, value: str, path: str = "") -> None:
     """PVE::JSONSchema::check_format for the formats the simulator knows; raises ValueError(msg)."""
     if not isinstance(fmt, str):
         return  # property-string formats (hash) are accepted as-is
+    if fmt in _PATH_FORMATS:
+        _PATH_FORMATS[fmt](value, path)
+        return
     m = re.fullmatch(r"(.*?)(?:-(list|opt))?", fmt)
     name, kind = m.group(1), m.group(2)
     fn = _FORMATS.get(name)
@@ -154,13 +222,15 @@ def _num(v: Any) -> float:
     return float(v)
 
 
-def check_prop(value: str | None, schema: dict) -> str | None:
+def check_prop(value: str | None, schema: dict, path: str = "") -> str | None:
     """Return the PVE error text for one parameter, or None if it is valid."""
     if value is None:
         if not schema.get("optional") and not schema.get("alias"):
             return MSG_MISSING
         return None
     typ = schema.get("type")
+    if isinstance(value, list):
+        return None if typ == "array" else check_prop(value[-1] if value else "", schema, path)
     if typ == "boolean" and value not in ("1", "0"):
         return f"type check ('boolean') failed - got '{value}'"
     if typ == "integer" and not _INT_RE.fullmatch(value):
@@ -172,7 +242,7 @@ def check_prop(value: str | None, schema: dict) -> str | None:
     fmt = schema.get("format")
     if fmt:
         try:
-            check_format(fmt, value)
+            check_format(fmt, value, path)
         except ValueError as e:
             return f"invalid format - {e}"
     pattern = schema.get("pattern")
@@ -287,9 +357,10 @@ class PveSchema:
                     return r
             if node.param is not None:
                 name, child = node.param
-                if name == "cidr" and not child.literal and child.param is None:
-                    # pve-firewall registers {cidr} with fragmentDelimiter '': it takes the rest of
-                    # the path, slashes included (.../ipset/z9/10.0.0.5/32)
+                if name in ("cidr", "volume") and not child.literal and child.param is None:
+                    # pve-firewall ({cidr}) and pve-storage ({volume}) register these with
+                    # fragmentDelimiter '': they take the rest of the path, slashes included
+                    # (.../ipset/z9/10.0.0.5/32, .../content/local:iso/seed.iso)
                     return rec(child, len(segs), {**params, name: "/".join(segs[i:])})
                 return rec(child, i + 1, {**params, name: seg})
             return None
@@ -311,11 +382,11 @@ class PveSchema:
         ep, path_params = self.match(method.upper(), path)
         if ep is None:
             return None, {}
-        values = {k: stringify(v) for k, v in params.items() if v is not None}
+        values = {k: (v if isinstance(v, list) else stringify(v)) for k, v in params.items() if v is not None}
         values.update(path_params)
         errors: dict[str, str] = {}
         for name, schema in ep.properties.items():
-            err = check_prop(values.get(name), schema)
+            err = check_prop(values.get(name), schema, name)
             if err:
                 errors[name] = err
         for name, value in values.items():
@@ -326,7 +397,12 @@ class PveSchema:
                 if not ep.additional:
                     errors[name] = MSG_UNKNOWN
                 continue
-            err = check_prop(value, schema)
+            err = check_prop(value, schema, name)
             if err:
                 errors[name] = err
+        for name in values:  # PVE::JSONSchema::check_object: a present property may require another
+            schema = ep.properties.get(name) or {}
+            req = schema.get("requires")
+            if isinstance(req, str) and values.get(req) is None and req not in errors:
+                errors[req] = f"missing property - '{name}' requires this property"
         return ep.template, errors

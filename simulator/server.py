@@ -36,6 +36,7 @@ from pydantic import BaseModel, Field
 
 from .api import SimContext, create_app
 from .cluster import VM, Cluster
+from .guest import GuestSettings
 from .faults import FaultStore
 from .tls import ensure_certificate, server_context
 
@@ -60,6 +61,8 @@ class SimConfig(BaseModel):
     seed: Literal["dev", "empty"] = "dev"  # initial VMs (and what /_sim/reset restores)
     state_file: Path | None = None  # load VMs at start if present; save periodically and at stop
     state_save_s: float = 5.0
+    guest_boot_s: float = 1.0  # from a VM's start to its guest agent answering
+    cloud_init_s: float = 1.0  # cloud-init runs this long after the boot
 
 
 def seed_dev_region(config: SimConfig) -> list[VM]:
@@ -88,7 +91,11 @@ def seed_dev_region(config: SimConfig) -> list[VM]:
 
 class SimServer:
     """A running simulator. ``url`` is ``https://<host>:<port>`` (proxmoxer adds ``/api2/json``),
-    ``admin_url`` is ``<url>/_sim``; ``cluster`` gives tests direct access to the state."""
+    ``admin_url`` is ``<url>/_sim``; ``cluster`` gives tests direct access to the state.
+
+    The simulator listens once per node, as a cluster has one pveproxy per node: ``url``/``port`` is the
+    first node's API, ``node_urls``/``node_ports`` map every node to its own. The PVE API is the same on
+    all of them except where PVE differs by receiving node (uploads: :mod:`z9.sim.storage`)."""
 
     def __init__(self, config: SimConfig, ctx: SimContext, runner: web.AppRunner, host: str, port: int,
                  cert_path: Path, key_path: Path):
@@ -106,6 +113,8 @@ class SimServer:
         self.token_id = config.token_id
         self.token_secret = config.token_secret
         self._saver: asyncio.Task | None = None
+        self.node_ports: dict[str, int] = {n: p for p, n in ctx.port_nodes.items()}
+        self.node_urls: dict[str, str] = {n: f"https://{host}:{p}" for n, p in self.node_ports.items()}
 
     @property
     def auth_header(self) -> dict[str, str]:
@@ -153,12 +162,15 @@ async def start_simulator(config: SimConfig | None = None, host: str = "127.0.0.
     config = config or SimConfig()
     cert_path, key_path = ensure_certificate(cert_dir or tempfile.mkdtemp(prefix="z9-sim-"))
     cluster = Cluster(config.nodes, task_seconds=config.task_seconds, task_default_s=config.task_default_s,
-                      stats_lag_s=config.stats_lag_s, task_invisible_s=config.task_invisible_s)
+                      stats_lag_s=config.stats_lag_s, task_invisible_s=config.task_invisible_s,
+                      guest=GuestSettings(boot_s=config.guest_boot_s, cloud_init_s=config.cloud_init_s))
     vms = seed_dev_region(config)
     if config.state_file and Path(config.state_file).exists():
         saved = json.loads(Path(config.state_file).read_text())
         vms = Cluster.vms_from_dump(saved)
         cluster.firewall.load(saved.get("firewall") or {})
+        cluster.storage.load(saved.get("storage") or {})
+        cluster.guests.load(saved.get("guests") or {})
     for vm in vms:
         cluster.add_vm(vm)
     await cluster.start()
@@ -169,6 +181,12 @@ async def start_simulator(config: SimConfig | None = None, host: str = "127.0.0.
     site = web.TCPSite(runner, host, port, ssl_context=server_context(cert_path, key_path))
     await site.start()
     bound_port = runner.addresses[0][1]
+    ctx.port_nodes[bound_port] = config.nodes[0]
+    for node in config.nodes[1:]:  # one listener per node (its pveproxy)
+        before = {a[1] for a in runner.addresses}
+        await web.TCPSite(runner, host, 0, ssl_context=server_context(cert_path, key_path)).start()
+        for port in {a[1] for a in runner.addresses} - before:
+            ctx.port_nodes[port] = node
     server = SimServer(config, ctx, runner, host, bound_port, cert_path, key_path)
     if config.state_file:
         server._saver = asyncio.create_task(server._save_forever())
@@ -207,13 +225,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--auth-delay-s", type=float, default=0.0)
     p.add_argument("--state-file", type=Path, default=None)
     p.add_argument("--empty", action="store_true", help="start without the dev seed VMs")
+    p.add_argument("--guest-boot-s", type=float, default=1.0, help="from a VM's start to its guest agent answering")
+    p.add_argument("--cloud-init-s", type=float, default=1.0, help="how long cloud-init runs after the boot")
     args = p.parse_args(argv)
     per_type, default = _parse_task_seconds(args.task_seconds)
     config = SimConfig(region=args.region, nodes=[n for n in args.nodes.split(",") if n],
                        token_secret=args.token_secret, task_seconds=per_type,
                        task_default_s=default if default is not None else 1.0, stats_lag_s=args.stats_lag_s,
                        auth_delay_s=args.auth_delay_s, state_file=args.state_file,
-                       seed="empty" if args.empty else "dev")
+                       seed="empty" if args.empty else "dev", guest_boot_s=args.guest_boot_s,
+                       cloud_init_s=args.cloud_init_s)
     cert_dir = args.cert_dir or Path.home() / ".cache" / "z9-sim" / args.region
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 

@@ -14,6 +14,8 @@ from proxmoxer import ProxmoxAPI
 from z9.sim.server import SimConfig, SimServer, start_simulator
 
 TASK_SECONDS = {"qmclone": 0.25, "qmdestroy": 0.2}
+GUEST_BOOT_S = 0.4
+CLOUD_INIT_S = 0.4
 
 
 class SimThread:
@@ -34,7 +36,8 @@ class SimThread:
 
 @pytest.fixture(scope="session")
 def sim_thread(tmp_path_factory):
-    config = SimConfig(task_seconds=TASK_SECONDS, task_default_s=0.1, stats_lag_s=3600)
+    config = SimConfig(task_seconds=TASK_SECONDS, task_default_s=0.1, stats_lag_s=3600, guest_boot_s=GUEST_BOOT_S,
+                       cloud_init_s=CLOUD_INIT_S)
     st = SimThread(config, tmp_path_factory.mktemp("simcert"))
     yield st
     st.close()
@@ -52,6 +55,13 @@ def sim(sim_thread) -> SimServer:
 def pve(sim) -> ProxmoxAPI:
     return ProxmoxAPI("127.0.0.1", port=sim.port, user="root@pam", token_name="z9",
                       token_value=sim.token_secret, verify_ssl=str(sim.cert_path), timeout=10)
+
+
+@pytest.fixture
+def pve_at(sim):
+    """pve_at("pve2"): a proxmoxer client connected to that node's own API endpoint."""
+    return lambda node: ProxmoxAPI("127.0.0.1", port=sim.node_ports[node], user="root@pam", token_name="z9",
+                                   token_value=sim.token_secret, verify_ssl=str(sim.cert_path), timeout=10)
 
 
 @pytest.fixture

@@ -203,3 +203,20 @@ def test_foreign_vm_out_of_band_with_an_address(pve, admin):
     vm.firewall.ipset.post(name="ipfilter-net0")
     vm.firewall.ipset("ipfilter-net0").post(cidr="203.0.113.10")
     assert admin("get", "/state")["firewall"]["vms"]["555"]["ipsets"] == {"ipfilter-net0": [{"cidr": "203.0.113.10"}]}
+
+
+def test_ipconfig_format_is_validated(pve, wait):
+    """pve-qm-ipconfig: CIDR with a prefix of 8..32, gateways are addresses, keys are ip/gw/ip6/gw6."""
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    for value, msg in [
+        ("ip=203.0.113.10", "format error\nipconfig0.ip: invalid format - value does not look like a valid ipv4 "
+                            "network configuration\n"),
+        ("ip=203.0.113.10/24,gw=203.0.113.300", "format error\nipconfig0.gw: invalid format - value does not look "
+                                                "like a valid IPv4 address\n"),
+        ("203.0.113.10/24", "value without key, but schema does not define a default key\n"),
+    ]:
+        e = err(lambda: vm.config.put(ipconfig0=value))
+        assert e.status_code == 400 and e.errors == {"ipconfig0": "invalid format - " + msg}
+    vm.config.put(ipconfig0="ip=203.0.113.10/24,gw=203.0.113.1,ip6=auto", ipconfig1="ip=dhcp")
+    assert vm.config.get()["ipconfig0"] == "ip=203.0.113.10/24,gw=203.0.113.1,ip6=auto"

@@ -386,11 +386,24 @@ def test_state_file_survives_restart(tmp_path, sim_thread_factory):
     st = SimThread(config, tmp_path / "cert")
     try:
         st.server.cluster.vms[100].config["name"] = "kept"
+        st.run(_guest_state(st.server))
     finally:
         st.close()
     st = SimThread(config, tmp_path / "cert")
     try:
         assert st.server.cluster.vms[100].config["name"] == "kept"
         assert st.server.cluster.vms[100].running
+        g = st.server.cluster.guests.get(100)  # the guest's disk and the uploaded ISO survive a restart
+        assert g.read_file("/etc/kept") == b"yes" and g.boots == 2  # booted again, with its disk
+        assert st.server.cluster.storage.volume("local:iso/kept.iso", "pve1").data == b"iso-bytes"
     finally:
         st.close()
+
+
+async def _guest_state(server) -> None:
+    from z9.sim.storage import Volume
+
+    g = server.cluster.guests.get(100)
+    g.write_file("/etc/kept", "yes")
+    server.cluster.storage._bucket("local", "pve1")["iso/kept.iso"] = Volume("local:iso/kept.iso", "iso", "iso",
+                                                                           b"iso-bytes", 0)

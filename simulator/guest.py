@@ -1,0 +1,928 @@
+"""The guest inside a simulated VM: boot, cloud-init, the QEMU guest agent, files and commands.
+
+Everything a guest does is derived from the bytes z9 sent (the VM config, PVE's cloud-init drive, an
+uploaded NoCloud ISO, files written and commands run through the agent), never from a flag a test
+sets. Faults (``/_sim/guest-faults``) are the only exception, and they model failures, not results.
+
+Lifecycle (one :class:`Guest` per vmid, created at the VM's first start, removed when the VM is destroyed)
+-----------------------------------------------------------------------------------------------------------
+- **Power on** (``status/start``, the start half of ``status/reboot``, ``status/reset``, create with
+  ``start=1``, ``POST /_sim/vms`` with ``running``): the guest takes a snapshot of its CD-ROMs (see
+  below) and of ``agent`` in the config (the virtio-serial port exists only if ``agent`` was enabled
+  at start), and boots after ``boot_s`` seconds (:class:`GuestSettings`, admin ``PUT /_sim/config``
+  ``guest_boot_s``). Stop/shutdown: the guest is down, running commands are gone, files stay.
+- **Boot** (evaluated lazily, so 10,000 guests cost nothing until asked): cloud-init reads the first
+  CD-ROM labelled ``cidata`` in bus order (``ide0``-``ide3``, ``sata0``-``sata5``, ``scsi0``-``scsi30``):
+  PVE's own drive (``<storage>:vm-<vmid>-cloudinit``, files as generated at the last regeneration, see
+  :mod:`z9.sim.cloudinit`) or an uploaded ISO (``<storage>:iso/<name>``, parsed from its real bytes with
+  pycdlib; an unreadable image has no label and is skipped). No ``cidata`` → cloud-init ``disabled``.
+- **Instance-id** (``meta-data``; NoCloud default ``nocloud``): if it differs from the last one seen, this
+  boot is a **new instance**: a new SSH host key (``/etc/ssh/ssh_host_ed25519_key.pub``; fingerprint in
+  the admin state), the network config is applied, ``users``/``ssh_authorized_keys``, ``write_files``
+  and ``runcmd`` run. The same instance-id → none of that (a changed ``network-config`` behind a fixed
+  instance-id is **not** applied, as on real NoCloud). ``bootcmd`` and the hostname run on every boot.
+- **Network**: ``network-config`` v1 (PVE's) or v2, matched to the VM's NICs by MAC (``netN`` →
+  ``ethN``); no network config → DHCP on the first NIC. A DHCP lease is derived from the MAC
+  (``10.<mac4>.<mac5>.<mac3 % 250 + 2>/8``). ``agent/network-get-interfaces`` reports ``lo``, the
+  addresses applied at the current instance's first boot, plus addresses configured inside since this
+  boot (:meth:`Guest.add_address` — the ``ip addr add`` command, or ``POST /_sim/guests/{vmid}/addresses``).
+- **cloud-init status** goes ``running`` for ``cloud_init_s`` seconds after boot, then ``done`` —
+  or ``error`` with the error text (unparsable user-data, a failing ``runcmd`` item, or the fault
+  ``cloud_init_fails``). ``cloud-init status --format json`` through ``agent/exec``.
+- **Files** (``agent/file-write``/``file-read``, ``write_files``, command handlers) persist per VM across
+  reboots and are gone when the VM is destroyed; a new VM at a reused vmid starts from nothing. With a
+  ``state_file`` the guests' disks (files, instance-id, host key, applied network, JSON-able models)
+  survive a simulator restart; running VMs then boot again.
+- **Clone** copies no guest state (the template never ran in the simulator); the clone boots as a new
+  instance from its own media.
+
+The agent (``/nodes/{node}/qemu/{vmid}/agent/...``; qemu-server ``Agent.pm`` ``assert_agent_available``)
+--------------------------------------------------------------------------------------------------------
+500 ``No QEMU guest agent configured`` (no ``agent`` key in the config), then 500 ``VM <vmid> is not
+running``, then 500 ``QEMU guest agent is not running`` (``agent: 0``, booting, ``agent`` enabled only
+after the start, or the fault ``agent_never_starts``). Errors of a guest command are 500 ``VM <vmid> qmp command 'guest-<cmd>'
+failed - <desc>`` (QMPClient), e.g. file-read of a missing file, exec-status of an unknown pid (a pid's
+final status is reported once, then it is forgotten, as qemu-ga does).
+
+Command handlers (the extension point for HAProxy, kubeadm, kubectl models)
+-------------------------------------------------------------------------
+``agent/exec`` runs ``command`` (an argv array) through a registry keyed by the program's base name
+(``/usr/sbin/haproxy`` → ``haproxy``). Unknown programs exit 127 with ``/bin/sh: 1: <prog>: not found``.
+Register a handler once, for every simulator in the process::
+
+    from z9.sim.guest import command, ExecResult
+
+    @command("haproxy")
+    def haproxy(ctx: "ExecContext") -> ExecResult:
+        # ctx.argv: list[str]; ctx.stdin: bytes; ctx.guest: Guest (files, addresses, model state)
+        if ctx.argv[1:3] == ["-c", "-f"]:
+            cfg = ctx.guest.read_file(ctx.argv[3])          # None when missing
+            if cfg is None:
+                return ExecResult(1, err=f"[ALERT] Cannot open configuration file '{ctx.argv[3]}'\\n")
+            ctx.guest.model("haproxy")["checked"] = cfg     # per-VM state of your model (a dict)
+            return ExecResult(0, out="Configuration file is valid\\n")
+        return ExecResult(2, err="usage: haproxy ...\\n")
+
+or per simulator: ``server.cluster.guests.register("kubectl", handler)`` (wins over the global one).
+``ExecResult(exitcode, out="", err="", seconds=0.0, on_exit=None)``: the process reports
+``exited: 0`` for ``seconds`` (the simulator's clock), then its result; ``on_exit()`` runs at that moment
+(effects that appear when a long command finishes). A handler may call ``ctx.run(["cat", path])`` to
+run another command, ``ctx.guest.write_file(path, data)``, ``ctx.guest.add_address("eth0",
+"10.0.0.5/24")``, and read the VM's config via ``ctx.config``. Handlers run on the simulator's event loop:
+never block. Built-ins: ``cloud-init``, ``sh``/``bash -c`` (``;``, ``&&``, ``||``, quoting), ``cat``, ``echo``,
+``true``, ``false``, ``test``/``[``, ``mkdir``, ``rm``, ``hostname``, ``ssh-keygen -lf``, ``ip addr add|del``,
+``ip -j addr``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import email.utils
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import yaml
+
+from . import cloudinit
+from .errors import PveError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cluster import VM, Cluster
+
+OSINFO = {"id": "debian", "kernel-release": "6.1.0-28-amd64",
+          "kernel-version": "#1 SMP PREEMPT_DYNAMIC Debian 6.1.119-1 (2024-11-22)", "machine": "x86_64",
+          "name": "Debian GNU/Linux", "pretty-name": "Debian GNU/Linux 12 (bookworm)", "version": "12 (bookworm)",
+          "version-id": "12"}
+CDROM_ORDER = [f"ide{i}" for i in range(4)] + [f"sata{i}" for i in range(6)] + [f"scsi{i}" for i in range(31)]
+FILE_READ_MAX = 16 * 1024 * 1024
+
+
+# ---- command registry -----------------------------------------------------------------------------
+@dataclass
+class ExecResult:
+    """What a command does: exit code, stdout, stderr, how long it runs (seconds), an effect at its end."""
+
+    exitcode: int
+    out: str | bytes = ""
+    err: str | bytes = ""
+    seconds: float = 0.0
+    on_exit: Callable[[], None] | None = None
+
+
+@dataclass
+class ExecContext:
+    argv: list[str]
+    stdin: bytes
+    guest: "Guest"
+    config: dict[str, str]
+
+    def run(self, argv: list[str], stdin: bytes = b"") -> ExecResult:
+        """Run another command in the same guest (synchronously; its ``seconds`` are not waited for)."""
+        return self.guest.guests.run_command(self.guest, argv, stdin, self.config)
+
+
+CommandHandler = Callable[[ExecContext], ExecResult]
+COMMANDS: dict[str, CommandHandler] = {}
+
+
+def command(name: str) -> Callable[[CommandHandler], CommandHandler]:
+    """Decorator: register a handler for programs whose base name is ``name`` (every simulator)."""
+
+    def deco(fn: CommandHandler) -> CommandHandler:
+        COMMANDS[name] = fn
+        return fn
+
+    return deco
+
+
+def _text(b: str | bytes) -> str:
+    return b.decode("utf-8", "replace") if isinstance(b, bytes) else b
+
+
+# ---- guest state ----------------------------------------------------------------------------------
+@dataclass
+class GuestSettings:
+    boot_s: float = 1.0  # from power-on to the agent answering
+    cloud_init_s: float = 1.0  # cloud-init runs this long after boot
+
+
+@dataclass
+class Proc:
+    pid: int
+    started: float
+    ends: float
+    result: ExecResult
+    boot_id: int
+
+
+@dataclass
+class Guest:
+    """One VM's guest. Public API for command handlers: :meth:`read_file`, :meth:`write_file`,
+    :meth:`delete_file`, :meth:`files`, :meth:`add_address`, :meth:`remove_address`,
+    :meth:`interfaces`, :meth:`model`, ``vmid``, ``hostname``, ``instance_id``, ``host_key``."""
+
+    guests: "Guests"
+    vmid: int
+    _files: dict[str, bytes] = field(default_factory=dict)
+    instance_id: str | None = None
+    host_key: str | None = None  # "SHA256:..." of the ED25519 host key
+    hostname: str | None = None
+    boots: int = 0
+    boot_id: int = 0
+    powered: bool = False
+    agent_port: bool = False
+    boot_at: float | None = None  # monotonic: when the pending boot completes
+    booted: bool = False
+    inputs: dict | None = None  # the CD-ROM snapshot taken at power-on
+    net_applied: list[dict] = field(default_factory=list)  # [{name, mac, addresses: [cidr]}] of this instance
+    extra: dict[str, list[str]] = field(default_factory=dict)  # iface -> cidrs configured inside since boot
+    ci: dict = field(default_factory=lambda: {"status": "not-run", "errors": [], "datasource": "", "detail": "",
+                                              "done_at": None, "last_update": None})
+    procs: dict[int, Proc] = field(default_factory=dict)
+    next_pid: int = 1000
+    models: dict[str, dict] = field(default_factory=dict)
+    fault_agent_dead: bool = False
+    fault_ci: str | None = None
+
+    # -- API for handlers --
+    def read_file(self, path: str) -> bytes | None:
+        return self._files.get(path)
+
+    def write_file(self, path: str, data: str | bytes, append: bool = False) -> None:
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        self._files[path] = (self._files.get(path, b"") + raw) if append else raw
+
+    def delete_file(self, path: str) -> bool:
+        return self._files.pop(path, None) is not None
+
+    def files(self) -> dict[str, bytes]:
+        return dict(self._files)
+
+    def model(self, name: str) -> dict:
+        """A per-VM dict for a command model (kept across reboots, gone with the VM)."""
+        return self.models.setdefault(name, {})
+
+    def add_address(self, iface: str, cidr: str) -> None:
+        """Configure an address inside the guest (``ip addr add``): reported until the next boot."""
+        cidr = str(ipaddress.ip_interface(cidr))
+        lst = self.extra.setdefault(iface, [])
+        if cidr not in lst:
+            lst.append(cidr)
+
+    def remove_address(self, iface: str, cidr: str) -> bool:
+        cidr = str(ipaddress.ip_interface(cidr))
+        for src in (self.extra.get(iface, []),):
+            if cidr in src:
+                src.remove(cidr)
+                return True
+        for n in self.net_applied:
+            if n["name"] == iface and cidr in n["addresses"]:
+                n["addresses"].remove(cidr)
+                return True
+        return False
+
+    def interfaces(self) -> list[dict]:
+        """``guest-network-get-interfaces`` (QEMU qga schema ``GuestNetworkInterface``)."""
+        out = [{"name": "lo", "hardware-address": "00:00:00:00:00:00", "ip-addresses": [
+            {"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8},
+            {"ip-address": "::1", "ip-address-type": "ipv6", "prefix": 128}],
+            "statistics": _stats(0)}]
+        for i, n in enumerate(self.net_applied):
+            addrs = list(n["addresses"]) + [a for a in self.extra.get(n["name"], []) if a not in n["addresses"]]
+            ips = [{"ip-address": str(ipaddress.ip_interface(a).ip),
+                    "ip-address-type": "ipv4" if ipaddress.ip_interface(a).version == 4 else "ipv6",
+                    "prefix": ipaddress.ip_interface(a).network.prefixlen} for a in addrs]
+            ips.append({"ip-address": _link_local(n["mac"]), "ip-address-type": "ipv6", "prefix": 64})
+            out.append({"name": n["name"], "hardware-address": n["mac"], "ip-addresses": ips,
+                        "statistics": _stats(i + 1)})
+        known = {n["name"] for n in self.net_applied}
+        for iface, addrs in sorted(self.extra.items()):
+            if iface not in known and addrs:
+                out.append({"name": iface, "hardware-address": "00:00:00:00:00:00", "ip-addresses": [
+                    {"ip-address": str(ipaddress.ip_interface(a).ip),
+                     "ip-address-type": "ipv4" if ipaddress.ip_interface(a).version == 4 else "ipv6",
+                     "prefix": ipaddress.ip_interface(a).network.prefixlen} for a in addrs],
+                    "statistics": _stats(0)})
+        return out
+
+    def summary(self) -> dict:
+        return {"vmid": self.vmid, "powered": self.powered, "booted": self.booted, "boots": self.boots,
+                "instance_id": self.instance_id, "host_key": self.host_key, "hostname": self.hostname,
+                "cloud_init": {k: self.ci[k] for k in ("status", "errors", "datasource")},
+                "agent": self.powered and self.booted and self.agent_port and not self.fault_agent_dead}
+
+    def to_json(self) -> dict:
+        return {**self.summary(), "files": sorted(self._files), "interfaces": self.interfaces(),
+                "extra_addresses": {k: list(v) for k, v in self.extra.items()}, "models": self.models,
+                "inputs": None if self.inputs is None else {"source": self.inputs.get("source")}}
+
+
+def _stats(i: int) -> dict:
+    return {"rx-bytes": 1000 * i, "rx-dropped": 0, "rx-errs": 0, "rx-packets": 10 * i, "tx-bytes": 900 * i,
+            "tx-dropped": 0, "tx-errs": 0, "tx-packets": 9 * i}
+
+
+def _link_local(mac: str) -> str:
+    b = [int(x, 16) for x in mac.split(":")]
+    b[0] ^= 2
+    eui = b[:3] + [0xFF, 0xFE] + b[3:]
+    groups = [f"{eui[i] << 8 | eui[i + 1]:x}" for i in range(0, 8, 2)]
+    return str(ipaddress.IPv6Address("fe80::" + ":".join(groups)))
+
+
+def _dhcp_lease(mac: str) -> str:
+    b = [int(x, 16) for x in mac.split(":")]
+    return f"10.{b[4]}.{b[5]}.{b[3] % 250 + 2}/8"
+
+
+def new_host_key(hostname: str) -> tuple[str, str]:
+    """``(public key line, fingerprint)`` of a fresh ED25519 host key (SSH wire format, like ssh-keygen)."""
+    raw = os.urandom(32)
+    blob = len(b"ssh-ed25519").to_bytes(4, "big") + b"ssh-ed25519" + len(raw).to_bytes(4, "big") + raw
+    fp = "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return f"ssh-ed25519 {base64.b64encode(blob).decode()} root@{hostname}\n", fp
+
+
+# ---- the manager ----------------------------------------------------------------------------------
+@dataclass
+class GuestFault:
+    id: int
+    kind: str  # agent_never_starts | cloud_init_fails
+    vmid: int | None = None
+    name: str | None = None
+    message: str | None = None
+
+    def matches(self, vm: "VM") -> bool:
+        return (self.vmid is None or self.vmid == vm.vmid) and (self.name is None or self.name == vm.config.get("name"))
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "kind": self.kind, "vmid": self.vmid, "name": self.name, "message": self.message}
+
+
+class Guests:
+    """All guests of a cluster (``cluster.guests``) and the command registry of this simulator."""
+
+    def __init__(self, cluster: "Cluster", settings: GuestSettings | None = None):
+        self.cluster = cluster
+        self.settings = settings or GuestSettings()
+        self.guests: dict[int, Guest] = {}
+        self.commands: dict[str, CommandHandler] = {}
+        self.faults: list[GuestFault] = []
+        self._fault_ids = 0
+
+    def register(self, name: str, handler: CommandHandler) -> None:
+        """Register a command handler for this simulator only (wins over :func:`command`)."""
+        self.commands[name] = handler
+
+    def clear(self) -> None:
+        self.guests.clear()
+        self.faults.clear()
+
+    # -- persistence (the simulator's state file) --
+    def save(self) -> dict:
+        out = {}
+        for vmid, g in self.guests.items():
+            models = {}
+            for k, v in g.models.items():
+                try:
+                    json.dumps(v)
+                    models[k] = v
+                except (TypeError, ValueError):
+                    pass  # a model that is not JSON is not kept across a simulator restart
+            out[str(vmid)] = {"files": {p: base64.b64encode(b).decode() for p, b in g._files.items()},
+                              "instance_id": g.instance_id, "host_key": g.host_key, "hostname": g.hostname,
+                              "boots": g.boots, "net_applied": g.net_applied, "models": models}
+        return out
+
+    def load(self, d: dict) -> None:
+        """Guests as saved (disk state only: a running VM boots again, as after a host restart)."""
+        self.guests.clear()
+        for vmid, v in (d or {}).items():
+            g = Guest(self, int(vmid), {p: base64.b64decode(b) for p, b in (v.get("files") or {}).items()},
+                      v.get("instance_id"), v.get("host_key"), v.get("hostname"), int(v.get("boots") or 0))
+            g.net_applied = list(v.get("net_applied") or [])
+            g.models = dict(v.get("models") or {})
+            self.guests[int(vmid)] = g
+
+    # -- faults --
+    def add_fault(self, kind: str, vmid: int | None = None, name: str | None = None,
+                  message: str | None = None) -> GuestFault:
+        if kind not in ("agent_never_starts", "cloud_init_fails"):
+            raise ValueError(f"unknown guest fault kind {kind!r} (agent_never_starts, cloud_init_fails)")
+        if vmid is None and name is None:
+            raise ValueError("a guest fault needs vmid or name")
+        self._fault_ids += 1
+        f = GuestFault(self._fault_ids, kind, vmid, name, message)
+        self.faults.append(f)
+        for vmid_, g in self.guests.items():  # a guest still booting or running cloud-init is hit too
+            vm = self.cluster.vms.get(vmid_)
+            if vm is not None and f.matches(vm):
+                self._advance(g, vm)
+                if kind == "agent_never_starts":
+                    g.fault_agent_dead = True
+                elif g.ci["status"] in ("running",) or (g.boot_at is not None and not g.booted):
+                    g.fault_ci = message or "simulated cloud-init failure"
+        return f
+
+    def delete_fault(self, fid: int) -> bool:
+        n = len(self.faults)
+        self.faults = [f for f in self.faults if f.id != fid]
+        return len(self.faults) != n
+
+    # -- lifecycle hooks called by the cluster --
+    def get(self, vmid: int) -> Guest | None:
+        g = self.guests.get(vmid)
+        vm = self.cluster.vms.get(vmid)
+        if g is not None and vm is not None:
+            self._advance(g, vm)
+        return g
+
+    def power_on(self, vm: "VM", already_up: bool = False) -> None:
+        """The VM's QEMU process started (or was reset): snapshot the CD-ROMs and the agent port.
+        ``already_up``: a VM put in place running (seed, state file, admin) booted long ago."""
+        g = self.guests.get(vm.vmid)
+        if g is None:
+            g = self.guests[vm.vmid] = Guest(self, vm.vmid)
+        g.powered = True
+        g.booted = False
+        g.boot_id += 1
+        g.procs.clear()
+        g.agent_port = agent_enabled(vm.config)
+        g.boot_at = time.monotonic() + self.settings.boot_s
+        if already_up:
+            g.boot_at = time.monotonic() - self.settings.boot_s - self.settings.cloud_init_s
+        g.inputs = self._read_cdroms(vm)
+        g.fault_agent_dead = any(f.kind == "agent_never_starts" and f.matches(vm) for f in self.faults)
+        fault = next((f for f in self.faults if f.kind == "cloud_init_fails" and f.matches(vm)), None)
+        g.fault_ci = (fault.message or "simulated cloud-init failure") if fault else None
+
+    def power_off(self, vmid: int) -> None:
+        g = self.guests.get(vmid)
+        if g is None:
+            return
+        g.powered = g.booted = False
+        g.boot_at = None
+        g.procs.clear()
+
+    def remove(self, vmid: int) -> None:
+        self.guests.pop(vmid, None)
+
+    # -- boot --
+    def _read_cdroms(self, vm: "VM") -> dict:
+        """The first ``cidata`` CD-ROM in bus order: ``{source, files}``; ``{source: None}`` if none."""
+        for key in CDROM_ORDER:
+            val = vm.config.get(key)
+            if not val or "media=cdrom" not in val:
+                continue
+            volid = val.split(",", 1)[0]
+            if volid in ("none", "cdrom"):
+                continue
+            if cloudinit.CLOUDINIT_VOL_RE.search(volid):
+                if vm.ci_drive is not None:
+                    return {"source": f"{key}:{volid}", "files": dict(vm.ci_drive), "label": "cidata"}
+                continue
+            vol = self.cluster.storage.volume(volid, vm.node)
+            if vol is None:
+                continue
+            from z9.common.nocloud import NoCloudError, read_nocloud_iso
+
+            try:
+                label, files = read_nocloud_iso(vol.data)
+            except NoCloudError:
+                continue
+            if label.lower() == "cidata":
+                return {"source": f"{key}:{volid}", "files": files, "label": label}
+        return {"source": None, "files": {}}
+
+    def _advance(self, g: Guest, vm: "VM") -> None:
+        now = time.monotonic()
+        if g.powered and not g.booted and g.boot_at is not None and now >= g.boot_at:
+            self._boot(g, vm, g.boot_at)
+        ci = g.ci
+        if ci["status"] == "running" and ci["done_at"] is not None and now >= ci["done_at"]:
+            if g.fault_ci:
+                ci["errors"].append(g.fault_ci)
+            ci["status"] = "error" if ci["errors"] else "done"
+            ci["last_update"] = time.time() - (now - ci["done_at"])
+
+    def _boot(self, g: Guest, vm: "VM", at: float) -> None:
+        g.booted = True
+        g.boots += 1
+        g.extra = {}
+        inputs = g.inputs or {"source": None, "files": {}}
+        files: dict[str, bytes] = inputs.get("files") or {}
+        ci = g.ci = {"status": "running", "errors": [], "datasource": "", "detail": "",
+                     "done_at": at + self.settings.cloud_init_s, "last_update": time.time()}
+        if inputs.get("source") is None:
+            ci.update(status="disabled", done_at=None)
+            if not g.net_applied:
+                g.net_applied = self._network(vm, None)
+            g.hostname = g.hostname or vm.config.get("name") or f"VM{vm.vmid}"
+            return
+        ci["datasource"] = "nocloud"
+        ci["detail"] = f"DataSourceNoCloud [seed=/dev/sr0][dsmode=net] ({inputs['source']})"
+        try:
+            meta = yaml.safe_load(files.get("meta-data", b"") or b"") or {}
+            if not isinstance(meta, dict):
+                raise ValueError("meta-data is not a mapping")
+        except (yaml.YAMLError, ValueError) as e:
+            ci["errors"].append(f"Failed loading yaml blob. {e}")
+            meta = {}
+        iid = str(meta.get("instance-id", "nocloud"))
+        user_raw = files.get("user-data", b"")
+        cfg: dict = {}
+        script: str | None = None
+        text = _text(user_raw)
+        if text.startswith("#cloud-config"):
+            try:
+                loaded = yaml.safe_load(text)
+                if loaded is not None and not isinstance(loaded, dict):
+                    raise ValueError("user-data is not a mapping")
+                cfg = loaded or {}
+            except (yaml.YAMLError, ValueError) as e:
+                ci["errors"].append(f"Failed loading yaml blob. Invalid format at line: {e}")
+        elif text.startswith("#!"):
+            script = text
+        new_instance = iid != g.instance_id
+        hostname = str(cfg.get("hostname") or meta.get("local-hostname") or vm.config.get("name") or f"VM{vm.vmid}")
+        g.hostname = hostname
+        g.write_file("/etc/hostname", hostname + "\n")
+        for item in cfg.get("bootcmd") or []:
+            self._run_item(g, vm, item, ci, "bootcmd")
+        if new_instance:
+            g.instance_id = iid
+            g.write_file("/var/lib/cloud/data/instance-id", iid + "\n")
+            pub, fp = new_host_key(hostname)
+            g.host_key = fp
+            g.write_file("/etc/ssh/ssh_host_ed25519_key.pub", pub)
+            net_raw = files.get("network-config")
+            try:
+                g.net_applied = self._network(vm, yaml.safe_load(net_raw) if net_raw else None)
+            except (yaml.YAMLError, ValueError, TypeError) as e:
+                ci["errors"].append(f"Failed loading network config: {e}")
+                g.net_applied = self._network(vm, None)
+            self._users(g, cfg)
+            for wf in cfg.get("write_files") or []:
+                try:
+                    self._write_file(g, wf)
+                except (KeyError, ValueError, TypeError) as e:
+                    ci["errors"].append(f"write_files: {e}")
+            for item in cfg.get("runcmd") or []:
+                self._run_item(g, vm, item, ci, "runcmd")
+            if script is not None:
+                r = self.run_command(g, ["sh", "-c", script], b"", vm.config)
+                if r.exitcode != 0:
+                    ci["errors"].append("Failed to run module scripts_user (scripts in "
+                                        "/var/lib/cloud/instance/scripts)")
+        g.write_file("/var/log/cloud-init-output.log", f"Cloud-init finished at boot {g.boots}\n", append=True)
+
+    def _run_item(self, g: Guest, vm: "VM", item: Any, ci: dict, module: str) -> None:
+        argv = [str(x) for x in item] if isinstance(item, list) else ["sh", "-c", str(item)]
+        r = self.run_command(g, argv, b"", vm.config)
+        g.write_file("/var/log/cloud-init-output.log", _text(r.out) + _text(r.err), append=True)
+        if r.exitcode != 0:
+            ci["errors"].append(f"Failed to run module scripts_user (scripts in /var/lib/cloud/instance/scripts)"
+                                if module == "runcmd" else f"{module}: command {argv!r} exited {r.exitcode}")
+
+    @staticmethod
+    def _users(g: Guest, cfg: dict) -> None:
+        keys = [str(k) for k in cfg.get("ssh_authorized_keys") or []]
+        user = cfg.get("user")
+        users = [user if isinstance(user, str) else (user or {}).get("name") if isinstance(user, dict) else None]
+        for u in cfg.get("users") or []:
+            if isinstance(u, dict) and u.get("name"):
+                users.append(u["name"])
+                ukeys = [str(k) for k in u.get("ssh_authorized_keys") or u.get("ssh-authorized-keys") or []]
+                if ukeys:
+                    home = "/root" if u["name"] == "root" else f"/home/{u['name']}"
+                    g.write_file(f"{home}/.ssh/authorized_keys", "".join(k + "\n" for k in ukeys))
+        default = next((u for u in users if u and u != "default"), "debian")
+        if keys:
+            home = "/root" if default == "root" else f"/home/{default}"
+            g.write_file(f"{home}/.ssh/authorized_keys", "".join(k + "\n" for k in keys))
+
+    @staticmethod
+    def _write_file(g: Guest, wf: dict) -> None:
+        path = wf["path"]
+        content = wf.get("content", "")
+        enc = str(wf.get("encoding", "")).lower()
+        if enc in ("b64", "base64"):
+            data = base64.b64decode(content)
+        elif enc in ("gz+b64", "gzip+base64", "gz+base64", "gzip+b64"):
+            import gzip
+
+            data = gzip.decompress(base64.b64decode(content))
+        else:
+            data = str(content).encode()
+        g.write_file(path, data, append=bool(wf.get("append")))
+
+    @staticmethod
+    def _network(vm: "VM", netcfg: Any) -> list[dict]:
+        """Addresses per NIC from network-config v1/v2 (matched by MAC), or DHCP on the first NIC."""
+        nics = []
+        for k in sorted((k for k in vm.config if re.fullmatch(r"net\d+", k)), key=lambda k: int(k[3:])):
+            mac = cloudinit.parse_net(vm.config[k]).get("macaddr", "").lower()
+            if mac:
+                nics.append({"name": f"eth{k[3:]}", "mac": mac, "addresses": []})
+        by_mac = {n["mac"]: n for n in nics}
+        if not netcfg:
+            if nics:
+                nics[0]["addresses"].append(_dhcp_lease(nics[0]["mac"]))
+            return nics
+        if not isinstance(netcfg, dict):
+            raise ValueError("network-config is not a mapping")
+        if "network" in netcfg and isinstance(netcfg["network"], dict):
+            netcfg = netcfg["network"]
+        version = int(netcfg.get("version", 1))
+        if version == 1:
+            for item in netcfg.get("config") or []:
+                if item.get("type") != "physical":
+                    continue
+                nic = by_mac.get(str(item.get("mac_address", "")).lower())
+                if nic is None:
+                    continue
+                if item.get("name"):
+                    nic["name"] = str(item["name"])
+                for sub in item.get("subnets") or []:
+                    t = sub.get("type")
+                    if t in ("dhcp", "dhcp4"):
+                        nic["addresses"].append(_dhcp_lease(nic["mac"]))
+                    elif t in ("static", "static6"):
+                        addr = str(sub["address"])
+                        if "/" not in addr:
+                            mask = sub.get("netmask") or sub.get("prefix") or ("32" if t == "static" else "128")
+                            addr = f"{addr}/{mask}"
+                        nic["addresses"].append(str(ipaddress.ip_interface(addr)))
+        else:
+            for name, eth in (netcfg.get("ethernets") or {}).items():
+                match = (eth or {}).get("match") or {}
+                nic = by_mac.get(str(match.get("macaddress", "")).lower())
+                if nic is None:
+                    nic = next((n for n in nics if n["name"] == name), None)
+                if nic is None:
+                    continue
+                nic["name"] = str(eth.get("set-name") or name)
+                if eth.get("dhcp4"):
+                    nic["addresses"].append(_dhcp_lease(nic["mac"]))
+                for a in eth.get("addresses") or []:
+                    nic["addresses"].append(str(ipaddress.ip_interface(str(a))))
+        return nics
+
+    # -- agent --
+    def agent(self, vm: "VM") -> Guest:
+        """``assert_agent_available`` (qemu-server Agent.pm): the guest whose agent answers, or the PVE
+        error. ``No QEMU guest agent configured`` only when the config has no ``agent`` key at all;
+        ``agent: 0`` reaches the guest-ping, which fails (no virtio port)."""
+        if "agent" not in vm.config:
+            raise PveError(500, "No QEMU guest agent configured")
+        if not vm.running:
+            raise PveError(500, f"VM {vm.vmid} is not running")
+        g = self.get(vm.vmid)
+        if g is None or not g.powered or not g.booted or not g.agent_port or g.fault_agent_dead:
+            raise PveError(500, "QEMU guest agent is not running")
+        return g
+
+    def exec(self, vm: "VM", argv: list[str], stdin: bytes) -> int:
+        g = self.agent(vm)
+        r = self.run_command(g, argv, stdin, vm.config)
+        pid = g.next_pid
+        g.next_pid += 1
+        now = time.monotonic()
+        g.procs[pid] = Proc(pid, now, now + max(0.0, r.seconds), r, g.boot_id)
+        if r.on_exit is not None:
+            if r.seconds > 0:
+                boot_id = g.boot_id
+
+                def fire() -> None:
+                    if g.boot_id == boot_id and g.powered:
+                        r.on_exit()
+
+                asyncio.get_running_loop().call_later(r.seconds, fire)
+            else:
+                r.on_exit()
+        return pid
+
+    def exec_status(self, vm: "VM", pid: int) -> dict:
+        g = self.agent(vm)
+        p = g.procs.get(pid)
+        if p is None:
+            raise qmp_error(vm.vmid, "exec-status", "Invalid parameter 'pid'")
+        if time.monotonic() < p.ends:
+            return {"exited": 0}
+        del g.procs[pid]
+        out: dict[str, Any] = {"exited": 1, "exitcode": p.result.exitcode}
+        if p.result.out:
+            out["out-data"] = _text(p.result.out)
+        if p.result.err:
+            out["err-data"] = _text(p.result.err)
+        return out
+
+    def run_command(self, g: Guest, argv: list[str], stdin: bytes, config: dict[str, str]) -> ExecResult:
+        if not argv:
+            return ExecResult(127, err="/bin/sh: 1: : not found\n")
+        name = argv[0].rsplit("/", 1)[-1]
+        handler = self.commands.get(name) or COMMANDS.get(name)
+        if handler is None:
+            return ExecResult(127, err=f"/bin/sh: 1: {argv[0]}: not found\n")
+        try:
+            return handler(ExecContext(list(argv), stdin, g, dict(config)))
+        except Exception as e:  # a handler bug must not take the simulator down
+            return ExecResult(1, err=f"{name}: simulator handler error: {e}\n")
+
+    def file_read(self, vm: "VM", path: str, offset: int, count: int) -> tuple[bytes, bool]:
+        g = self.agent(vm)
+        data = g.read_file(path)
+        if data is None:
+            raise qmp_error(vm.vmid, "file-open", f"failed to open file '{path}' (mode: 'r'): No such file or directory")
+        chunk = data[offset:offset + count]
+        return chunk, offset + count < len(data)
+
+    def file_write(self, vm: "VM", path: str, data: bytes) -> None:
+        g = self.agent(vm)
+        g.write_file(path, data)
+
+
+def qmp_error(vmid: int, cmd: str, desc: str) -> PveError:
+    return PveError(500, f"VM {vmid} qmp command 'guest-{cmd}' failed - {desc}")
+
+
+def agent_enabled(config: dict[str, str]) -> bool:
+    """``agent: [enabled=]1[,...]``."""
+    first = (config.get("agent") or "0").split(",", 1)[0]
+    return first.partition("=")[2] == "1" if first.startswith("enabled=") else first == "1"
+
+
+# ---- built-in commands ----------------------------------------------------------------------------
+def _ci_status_json(g: Guest) -> dict:
+    ci = g.ci
+    status = ci["status"]
+    last = ci.get("last_update") or time.time()
+    return {"boot_status_code": "enabled-by-generator" if status != "disabled" else "disabled-by-generator",
+            "datasource": ci["datasource"], "detail": ci["detail"] or ("Cloud-init enabled by systemd generator"
+                                                                       if status != "disabled" else
+                                                                       "Cloud-init disabled by cloud-init-generator"),
+            "errors": list(ci["errors"]), "extended_status": status,
+            "last_update": email.utils.formatdate(last, usegmt=False).replace("-0000", "+0000"),
+            "recoverable_errors": {}, "status": status}
+
+
+@command("cloud-init")
+def _cloud_init(ctx: ExecContext) -> ExecResult:
+    args = ctx.argv[1:]
+    g = ctx.guest
+    if not args or args[0] not in ("status", "query"):
+        return ExecResult(2, err="usage: cloud-init [-h] [--version] [--debug] [--force] {init,modules,single,query,"
+                                 "features,analyze,devel,collect-logs,clean,status,schema} ...\n")
+    if args[0] == "query":
+        if args[1:] == ["instance-id"] or args[1:] == ["instance_id"]:
+            return ExecResult(0, out=(g.instance_id or "") + "\n") if g.instance_id else ExecResult(1, err="")
+        return ExecResult(1, err="ERROR: Undefined instance-data key\n")
+    fmt = "tabular"
+    wait = "--wait" in args or "-w" in args
+    long = "--long" in args or "-l" in args
+    if "--format" in args:
+        i = args.index("--format")
+        fmt = args[i + 1] if i + 1 < len(args) else ""
+        if fmt not in ("json", "yaml", "tabular"):
+            return ExecResult(2, err=f"cloud-init status: error: argument --format: invalid choice: '{fmt}'\n")
+    seconds = 0.0
+    if wait and g.ci["status"] == "running" and g.ci["done_at"] is not None:
+        seconds = max(0.0, g.ci["done_at"] - time.monotonic())
+        # the result as it will be when cloud-init ends
+        status = "error" if (g.ci["errors"] or g.fault_ci) else "done"
+        st = {**_ci_status_json(g), "status": status, "extended_status": status,
+              "errors": list(g.ci["errors"]) + ([g.fault_ci] if g.fault_ci else [])}
+    else:
+        st = _ci_status_json(g)
+    code = 1 if st["status"] == "error" else 0
+    if fmt == "json":
+        out = json.dumps(st, indent=1, sort_keys=True) + "\n"
+    elif fmt == "yaml":
+        out = yaml.safe_dump(st, sort_keys=True)
+    else:
+        out = ("." * int(seconds * 2) + "\n" if wait and seconds else "") + f"status: {st['status']}\n"
+        if long:
+            out += (f"extended_status: {st['extended_status']}\nboot_status_code: {st['boot_status_code']}\n"
+                    f"last_update: {st['last_update']}\ndetail: {st['detail']}\n"
+                    f"errors: {json.dumps(st['errors'])}\nrecoverable_errors: {{}}\n")
+    return ExecResult(code, out=out, seconds=seconds)
+
+
+def _split_script(script: str) -> list[tuple[str, list[str]]]:
+    """``a && b || c ; d`` → [(op, argv)] where op is the connector before argv (';' first)."""
+    lex = shlex.shlex(script.replace("\n", " ; "), posix=True, punctuation_chars=";&|")
+    lex.whitespace_split = True
+    parts: list[tuple[str, list[str]]] = []
+    op, cur = ";", []
+    for tok in lex:
+        if tok in (";", "&&", "||"):
+            if cur:
+                parts.append((op, cur))
+            op, cur = tok, []
+        else:
+            cur.append(tok)
+    if cur:
+        parts.append((op, cur))
+    return parts
+
+
+@command("sh")
+@command("bash")
+def _sh(ctx: ExecContext) -> ExecResult:
+    args = ctx.argv[1:]
+    if args[:1] == ["-c"] and len(args) >= 2:
+        script = args[1]
+    elif not args:
+        script = ctx.stdin.decode("utf-8", "replace")
+    else:
+        data = ctx.guest.read_file(args[0])
+        if data is None:
+            return ExecResult(127, err=f"{ctx.argv[0]}: 0: cannot open {args[0]}: No such file\n")
+        script = data.decode("utf-8", "replace")
+    script = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+    try:
+        parts = _split_script(script)
+    except ValueError as e:
+        return ExecResult(2, err=f"{ctx.argv[0]}: 1: Syntax error: {e}\n")
+    out, err, code, seconds = [], [], 0, 0.0
+    for op, argv in parts:
+        if (op == "&&" and code != 0) or (op == "||" and code == 0):
+            continue
+        r = ctx.run(argv)
+        out.append(_text(r.out))
+        err.append(_text(r.err))
+        code, seconds = r.exitcode, seconds + r.seconds
+    return ExecResult(code, "".join(out), "".join(err), seconds)
+
+
+@command("cat")
+def _cat(ctx: ExecContext) -> ExecResult:
+    if len(ctx.argv) == 1:
+        return ExecResult(0, out=ctx.stdin)
+    out, err, code = b"", "", 0
+    for p in ctx.argv[1:]:
+        data = ctx.guest.read_file(p)
+        if data is None:
+            err += f"cat: {p}: No such file or directory\n"
+            code = 1
+        else:
+            out += data
+    return ExecResult(code, out=out, err=err)
+
+
+@command("echo")
+def _echo(ctx: ExecContext) -> ExecResult:
+    args = ctx.argv[1:]
+    nl = "\n"
+    if args[:1] == ["-n"]:
+        args, nl = args[1:], ""
+    return ExecResult(0, out=" ".join(args) + nl)
+
+
+@command("true")
+def _true(ctx: ExecContext) -> ExecResult:
+    return ExecResult(0)
+
+
+@command("false")
+def _false(ctx: ExecContext) -> ExecResult:
+    return ExecResult(1)
+
+
+@command("test")
+@command("[")
+def _test(ctx: ExecContext) -> ExecResult:
+    args = [a for a in ctx.argv[1:] if a != "]"]
+    if len(args) == 2 and args[0] in ("-e", "-f", "-s", "-r"):
+        data = ctx.guest.read_file(args[1])
+        ok = data is not None and (args[0] != "-s" or len(data) > 0)
+        return ExecResult(0 if ok else 1)
+    if len(args) == 2 and args[0] == "-d":
+        prefix = args[1].rstrip("/") + "/"
+        return ExecResult(0 if any(p.startswith(prefix) for p in ctx.guest.files()) else 1)
+    if len(args) == 3 and args[1] in ("=", "=="):
+        return ExecResult(0 if args[0] == args[2] else 1)
+    if len(args) == 3 and args[1] == "!=":
+        return ExecResult(0 if args[0] != args[2] else 1)
+    return ExecResult(2, err="test: unsupported expression in the simulator\n")
+
+
+@command("mkdir")
+def _mkdir(ctx: ExecContext) -> ExecResult:
+    return ExecResult(0)  # directories are implicit in the guest's file model
+
+
+@command("rm")
+def _rm(ctx: ExecContext) -> ExecResult:
+    force = any(a.startswith("-") and "f" in a for a in ctx.argv[1:])
+    code, err = 0, ""
+    for p in (a for a in ctx.argv[1:] if not a.startswith("-")):
+        if not ctx.guest.delete_file(p) and not force:
+            code, err = 1, err + f"rm: cannot remove '{p}': No such file or directory\n"
+    return ExecResult(code, err=err)
+
+
+@command("hostname")
+def _hostname(ctx: ExecContext) -> ExecResult:
+    return ExecResult(0, out=(ctx.guest.hostname or "localhost") + "\n")
+
+
+@command("ssh-keygen")
+def _ssh_keygen(ctx: ExecContext) -> ExecResult:
+    args = ctx.argv[1:]
+    if len(args) == 2 and args[0] == "-lf":
+        data = ctx.guest.read_file(args[1])
+        if data is None:
+            return ExecResult(255, err=f"{args[1]}: No such file or directory\n")
+        try:
+            kind, b64, *comment = data.decode().split()
+            blob = base64.b64decode(b64)
+        except (ValueError, UnicodeDecodeError):
+            return ExecResult(255, err=f"{args[1]} is not a public key file.\n")
+        fp = "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+        return ExecResult(0, out=f"256 {fp} {' '.join(comment) or 'no comment'} (ED25519)\n")
+    return ExecResult(1, err="usage: ssh-keygen -lf <file> (only this form is simulated)\n")
+
+
+@command("ip")
+def _ip(ctx: ExecContext) -> ExecResult:
+    args = ctx.argv[1:]
+    as_json = "-j" in args or "-json" in args
+    args = [a for a in args if a not in ("-j", "-json", "-4", "-6", "-o", "-br")]
+    if args[:1] in (["addr"], ["address"], ["a"]) and args[1:2] in (["add"], ["del"]) and len(args) >= 5 \
+            and args[3] == "dev":
+        try:
+            if args[1] == "add":
+                cur = {a for addrs in [ctx.guest.extra.get(args[4], [])] for a in addrs}
+                cur |= {a for n in ctx.guest.net_applied if n["name"] == args[4] for a in n["addresses"]}
+                if str(ipaddress.ip_interface(args[2])) in cur:
+                    return ExecResult(2, err="RTNETLINK answers: File exists\n")
+                ctx.guest.add_address(args[4], args[2])
+            elif not ctx.guest.remove_address(args[4], args[2]):
+                return ExecResult(2, err="RTNETLINK answers: Cannot assign requested address\n")
+        except ValueError:
+            return ExecResult(1, err=f'Error: any valid prefix is expected rather than "{args[2]}".\n')
+        return ExecResult(0)
+    if args[:1] in (["addr"], ["address"], ["a"]) and args[1:2] in ([], ["show"]):
+        ifaces = ctx.guest.interfaces()
+        if as_json:
+            rows = [{"ifname": i["name"], "address": i["hardware-address"], "addr_info": [
+                {"family": "inet" if a["ip-address-type"] == "ipv4" else "inet6", "local": a["ip-address"],
+                 "prefixlen": a["prefix"]} for a in i["ip-addresses"]]} for i in ifaces]
+            return ExecResult(0, out=json.dumps(rows) + "\n")
+        lines = []
+        for n, i in enumerate(ifaces, 1):
+            lines.append(f"{n}: {i['name']}: <UP> mtu 1500\n    link/ether {i['hardware-address']}\n")
+            for a in i["ip-addresses"]:
+                fam = "inet" if a["ip-address-type"] == "ipv4" else "inet6"
+                lines.append(f"    {fam} {a['ip-address']}/{a['prefix']}\n")
+        return ExecResult(0, out="".join(lines))
+    return ExecResult(1, err='Object "' + (args[0] if args else "") + '" is unknown, try "ip help".\n')

@@ -1,0 +1,343 @@
+"""Storages of the simulated cluster: listing, content, ISO uploads (``imgcopy`` tasks) and deletion.
+
+Source: pve-storage ``src/PVE/API2/Storage/{Status,Content}.pm`` and ``Storage.pm``
+(``normalize_content_filename``), pve-http-server ``AnyEvent.pm`` (upload handling), and the failures
+peers hit (research §2.2: CAPMOX#112/#569, Telmate#1196).
+
+Storages (the same on every node, as ``/etc/pve/storage.cfg``):
+
+======================  ========  ==========================  ======  =====================================
+id                      type      content                     shared  path
+======================  ========  ==========================  ======  =====================================
+``local``               dir       iso, vztmpl, backup, import no      ``/var/lib/vz``
+``local-lvm``           lvmthin   images, rootdir             no      (none: not file based)
+``isos``                nfs       iso, vztmpl, import         yes     ``/mnt/pve/isos``
+======================  ========  ==========================  ======  =====================================
+
+A node-local storage holds one set of files **per node**; a shared storage one set for the cluster.
+A volume is ``<storage>:iso/<name>`` and exists only after its ``imgcopy`` task ended OK.
+
+Upload (``POST /nodes/{node}/storage/{storage}/upload``, ``multipart/form-data``; the file part is
+named ``filename`` and its file name is the name to create; ``content``, ``checksum`` +
+``checksum-algorithm`` are form fields). Checks before the task, in PVE's order (HTTP errors):
+unknown storage → 500 ``storage '<s>' does not exist``; not file based → 500 ``can't upload to storage
+type '<type>'``; no file part → 500 ``missing temporary file name``; a client-supplied ``tmpfilename`` →
+400 ``'tmpfilename' query parameter is not allowed for file uploads``; the name is normalised
+(``[^a-zA-Z0-9_.-]`` → ``_``); ``iso`` without ``.iso``/``.img`` → 400 ``errors.filename = "wrong file
+extension"`` (``vztmpl`` needs ``.tar.gz|.tar.xz|.tar.zst``, ``import`` ``.ova|.ovf|.qcow2|.raw|.vmdk``);
+content not allowed → 500 ``storage '<s>' does not support '<content>' content``. Then a task
+``imgcopy`` (UPID id empty) copies the file, **overwriting** an existing one; with a checksum it fails
+``checksum mismatch: got '<hex>' != expect '<given>'`` and no file is written.
+
+Node-local versus shared, and the receiving node (the CAPMOX#112 class): the simulator listens once per
+node (:class:`z9.sim.server.SimServer` ``node_urls``); a request arriving at node A's listener is
+received by A. ``upload`` has no ``proxyto`` (pve-storage 9 ``Status.pm``): the worker runs on the node
+that **received** the file, so an upload through A's API naming node B returns a UPID **of node A**
+(asking B for it answers 400 ``no such task``, community.proxmox#222) and the task copies the file to B
+with scp (log ``command: /usr/bin/scp … [<B's address>]:<dest>``). Where the file lands follows the
+storage: node B's own ``local``, or the one shared ``isos``. A VM whose config references a volume its
+node cannot see fails to start with ``volume '<volid>' does not exist`` (the ISO uploaded to another
+node's ``local``). The older failure of CAPMOX#112 (``import failed: /usr/bin/scp: stat local
+"/var/tmp/pveupload-…": No such file or directory``) is reproduced with a ``fail_task`` fault whose
+``exitstatus`` is that text, see :func:`capmox_112_exitstatus`.
+
+Faults (admin ``/_sim/faults``, matched on the upload path): ``corrupt`` stores the bytes with one
+byte changed (so a checksum mismatches, and an ISO without a checksum is unreadable to the guest);
+``abort`` reads part of the body and closes the connection (the upload broke off: no task, no file).
+
+Deletion (``DELETE …/content/{volume}``, ``volume`` = ``iso/x.iso`` or the full volid; another storage's
+volid → 400 ``errors.volume = "storage ID mismatch (<a> != <b>)"``): a task ``imgdel`` (UPID id = the
+storage); with ``delay`` the call waits up to that many seconds and answers ``null`` when the task ended
+without error (its error as a 500 otherwise). A missing file is a warning, as in ``Plugin::free_image``:
+the task ends ``WARNINGS: 1`` with ``WARN: disk image '<path>' does not exist``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .errors import PveError, param_error
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cluster import Cluster, Task
+
+GiB = 1024**3
+ISO_EXT_RE = re.compile(r"[^/]+\.(?:iso|img)$", re.I)
+VZTMPL_EXT_RE = re.compile(r"[^/]+\.tar\.(?:gz|xz|zst)$", re.I)
+IMPORT_EXT_RE = re.compile(r"[^/]+\.(?:ova|ovf|qcow2|raw|vmdk)$", re.I)
+
+
+@dataclass(frozen=True)
+class StorageDef:
+    id: str
+    type: str
+    content: tuple[str, ...]
+    shared: bool
+    path: str | None
+    total: int = 400 * GiB
+
+
+STORAGES: tuple[StorageDef, ...] = (
+    StorageDef("local", "dir", ("backup", "import", "iso", "vztmpl"), False, "/var/lib/vz", 100 * GiB),
+    StorageDef("local-lvm", "lvmthin", ("images", "rootdir"), False, None, 400 * GiB),
+    StorageDef("isos", "nfs", ("import", "iso", "vztmpl"), True, "/mnt/pve/isos", 1024 * GiB),
+)
+
+
+@dataclass
+class Volume:
+    volid: str
+    content: str
+    format: str
+    data: bytes
+    ctime: int
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def to_json(self) -> dict:
+        return {"volid": self.volid, "content": self.content, "format": self.format, "size": self.size,
+                "ctime": self.ctime, "sha256": hashlib.sha256(self.data).hexdigest()}
+
+
+def capmox_112_exitstatus(tmp: str = "/var/tmp/pveupload-d8b6bc08693595b3c3911689a95457d7") -> str:
+    """The ``imgcopy`` failure CAPMOX#112 reported (PVE 8.1), for a ``fail_task`` fault."""
+    return f'import failed: /usr/bin/scp: stat local "{tmp}": No such file or directory'
+
+
+def node_ip(cluster: "Cluster", node: str) -> str:
+    return f"192.0.2.{11 + cluster.nodes.index(node)}"
+
+
+def normalize_filename(name: str) -> str:
+    """``PVE::Storage::normalize_content_filename``: base name, ``[^a-zA-Z0-9_.-]`` → ``_``."""
+    name = name.replace("\\", "/").rsplit("/", 1)[-1]
+    return re.sub(r"[^a-zA-Z0-9_.\-]", "_", name)
+
+
+@dataclass
+class Storage:
+    """The files on the cluster's storages: ``files[(storage, node or None if shared)][volname]``."""
+
+    cluster: "Cluster"
+    files: dict[tuple[str, str | None], dict[str, Volume]] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        self.files.clear()
+
+    def save(self) -> dict:
+        """Everything, bytes included (base64), for the state file."""
+        return {(sid if node is None else f"{sid}@{node}"): {name: {"content": v.content, "format": v.format,
+                                                                    "ctime": v.ctime,
+                                                                    "data": base64.b64encode(v.data).decode()}
+                                                             for name, v in b.items()}
+                for (sid, node), b in self.files.items() if b}
+
+    def load(self, d: dict) -> None:
+        self.files.clear()
+        for key, vols in (d or {}).items():
+            sid, _, node = key.partition("@")
+            self.files[(sid, node or None)] = {
+                name: Volume(f"{sid}:{name}", v["content"], v["format"], base64.b64decode(v["data"]), int(v["ctime"]))
+                for name, v in vols.items()}
+
+    def dump(self) -> dict:
+        """``{"<storage>" or "<storage>@<node>": [volume...]}`` (admin state)."""
+        return {(sid if node is None else f"{sid}@{node}"): [v.to_json() for _, v in sorted(b.items())]
+                for (sid, node), b in sorted(self.files.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
+                if b}
+
+    def definition(self, sid: str) -> StorageDef:
+        for s in STORAGES:
+            if s.id == sid:
+                return s
+        raise PveError(500, f"storage '{sid}' does not exist")
+
+    def _bucket(self, sid: str, node: str) -> dict[str, Volume]:
+        sdef = self.definition(sid)
+        return self.files.setdefault((sid, None if sdef.shared else node), {})
+
+    def _path(self, sdef: StorageDef, volname: str) -> str:
+        sub = {"iso": "template/iso", "vztmpl": "template/cache", "import": "import"}
+        kind, _, name = volname.partition("/")
+        return f"{sdef.path}/{sub.get(kind, kind)}/{name}"
+
+    # ---- read ------------------------------------------------------------------------------------
+    def volume(self, volid: str, node: str) -> Volume | None:
+        """The volume ``<storage>:<volname>`` as node ``node`` sees it (None: it does not exist there)."""
+        sid, sep, volname = volid.partition(":")
+        if not sep:
+            return None
+        try:
+            return self._bucket(sid, node).get(volname)
+        except PveError:
+            return None
+
+    def used(self, sid: str, node: str) -> int:
+        sdef = self.definition(sid)
+        if sdef.type == "lvmthin":
+            return sum(vm.disk_bytes() for vm in self.cluster.vms.values() if vm.node == node)
+        return sum(v.size for v in self._bucket(sid, node).values())
+
+    def list_storages(self, node: str, params: dict[str, str]) -> list[dict]:
+        """``GET /nodes/{node}/storage`` (filters ``content``, ``storage``, ``enabled``, ``target``)."""
+        self.cluster.check_node(node)
+        from .schema import split_list
+
+        want = set(split_list(params.get("content", "")))
+        target = params.get("target")
+        if target:
+            self.cluster.check_node(target)
+        out = []
+        for s in STORAGES:
+            if want and not want & set(s.content):
+                continue
+            if params.get("storage") and params["storage"] != s.id:
+                continue
+            if target and target != node and not s.shared:
+                continue
+            used = self.used(s.id, node)
+            out.append({"storage": s.id, "type": s.type, "content": ",".join(s.content), "shared": int(s.shared),
+                        "active": 1, "enabled": 1, "total": s.total, "used": used, "avail": s.total - used,
+                        "used_fraction": used / s.total})
+        return out
+
+    def content(self, node: str, sid: str, params: dict[str, str]) -> list[dict]:
+        """``GET …/storage/{storage}/content``: files, plus the VM disks of an ``images`` storage."""
+        self.cluster.check_node(node)
+        sdef = self.definition(sid)
+        kind = params.get("content")
+        vmid = params.get("vmid")
+        out: list[dict] = []
+        for volname, v in sorted(self._bucket(sid, node).items()):
+            if kind and v.content != kind or vmid:
+                continue
+            out.append({"volid": v.volid, "content": v.content, "format": v.format, "size": v.size,
+                        "ctime": v.ctime})
+        if "images" in sdef.content and kind in (None, "images"):
+            from .cluster import DISK_RE, parse_size
+
+            for vm in sorted(self.cluster.vms.values(), key=lambda x: x.vmid):
+                if vm.node != node or (vmid and int(vmid) != vm.vmid):
+                    continue
+                for k, val in sorted(vm.config.items()):
+                    volid = val.split(",", 1)[0]
+                    if DISK_RE.fullmatch(k) and volid.startswith(f"{sid}:") and "/" not in volid:
+                        m = re.search(r"(?:^|,)size=([^,]+)", val)
+                        size = (parse_size(m.group(1)) or 0) if m else 4 * 1024 * 1024
+                        out.append({"volid": volid, "content": "images", "format": "raw", "size": size,
+                                    "vmid": vm.vmid, "ctime": int(vm.started_at or 0)})
+        return out
+
+    # ---- upload ----------------------------------------------------------------------------------
+    def check_upload(self, node: str, sid: str, params: dict[str, str], has_file: bool) -> tuple[StorageDef, str]:
+        """The checks the upload handler makes before forking its worker; returns (storage, volname)."""
+        self.cluster.check_node(node)
+        sdef = self.definition(sid)
+        if sdef.path is None:
+            raise PveError(500, f"can't upload to storage type '{sdef.type}'")
+        if not has_file:
+            raise PveError(500, "missing temporary file name")
+        content = params["content"]
+        filename = normalize_filename(params["filename"])
+        if content == "iso":
+            if not ISO_EXT_RE.fullmatch(filename):
+                raise param_error({"filename": "wrong file extension"})
+        elif content == "vztmpl":
+            if not VZTMPL_EXT_RE.fullmatch(filename):
+                raise param_error({"filename": "wrong file extension"})
+        elif content == "import":
+            if not IMPORT_EXT_RE.fullmatch(filename):
+                raise param_error({"filename": "wrong file extension"})
+        else:  # pragma: no cover - the schema's enum refuses it first
+            raise param_error({"content": f"upload content type '{content}' not allowed"})
+        if content not in sdef.content:
+            raise PveError(500, f"storage '{sid}' does not support '{content}' content")
+        return sdef, f"{content}/{filename}"
+
+    def upload(self, node: str, received_on: str, sid: str, params: dict[str, str], data: bytes | None,
+               user: str, fail: str | None = None) -> str:
+        """Check, then start the ``imgcopy`` task on the receiving node; returns its UPID."""
+        sdef, volname = self.check_upload(node, sid, params, data is not None)
+        assert data is not None
+        tmp = f"/var/tmp/pveupload-{secrets.token_hex(16)}"
+        dest = self._path(sdef, volname)
+        content = params["content"]
+        remote = node != received_on
+
+        async def run(task: "Task") -> None:
+            task.lines.append(f"starting file import from: {tmp}")
+            algo, expect = params.get("checksum-algorithm"), params.get("checksum")
+            await asyncio.sleep(self.cluster.duration("imgcopy"))
+            if algo:
+                got = hashlib.new(algo, data).hexdigest()
+                if got.lower() != (expect or "").lower():
+                    task.lines.append("calculating checksum...")
+                    raise PveError(500, f"checksum mismatch: got '{got}' != expect '{expect}'")
+                task.lines.append("calculating checksum...OK, checksum verified")
+            task.lines.append(f"target node: {node}")
+            task.lines.append(f"target file: {dest}")
+            task.lines.append(f"file size is: {len(data)}")
+            if remote:
+                ip = node_ip(self.cluster, node)
+                task.lines.append(f"command: /usr/bin/scp -o BatchMode=yes -o HostKeyAlias={node} -o "
+                                  f"UserKnownHostsFile=/etc/pve/nodes/{node}/ssh_known_hosts -o "
+                                  f"GlobalKnownHostsFile=none -p -- {tmp} [{ip}]:{dest}")
+            else:
+                task.lines.append(f"command: cp -- {tmp} {dest}")
+            self._bucket(sid, node)[volname] = Volume(f"{sid}:{volname}", content, "iso" if content == "iso"
+                                                      else content, data, int(time.time()))
+            task.lines.append("finished file import successfully")
+
+        from .cluster import TaskPlan
+
+        return self.cluster.spawn(received_on, "imgcopy", "", user, TaskPlan(run), fail)
+
+    # ---- delete ----------------------------------------------------------------------------------
+    async def delete(self, node: str, sid: str, volume: str, params: dict[str, str], user: str,
+                     fail: str | None = None) -> str | None:
+        """``DELETE …/content/{volume}`` (pve-storage ``Content.pm``): task ``imgdel`` with id = storage."""
+        self.cluster.check_node(node)
+        if ":" in volume:
+            vsid, _, volname = volume.partition(":")
+            if sid and vsid != sid:
+                raise param_error({"volume": f"storage ID mismatch ({vsid} != {sid})\n"})
+            sid = vsid
+        else:
+            volname = volume
+        sdef = self.definition(sid)
+        volid = f"{sid}:{volname}"
+        if sdef.path is None:
+            raise PveError(500, f"unable to parse lvm volume name '{volname}'")
+
+        async def run(task: "Task") -> None:
+            await asyncio.sleep(self.cluster.duration("imgdel"))
+            bucket = self._bucket(sid, node)
+            if volname in bucket:
+                del bucket[volname]
+            else:  # Plugin::free_image warns and returns: the task ends with WARNINGS
+                task.warn(f"disk image '{self._path(sdef, volname)}' does not exist")
+            task.lines.append(f"Removed volume '{volid}'")
+
+        from .cluster import TaskPlan
+
+        upid = self.cluster.spawn(node, "imgdel", sid, user, TaskPlan(run), fail)
+        delay = params.get("delay")
+        if delay:
+            end = time.monotonic() + int(delay)
+            task = self.cluster.tasks[upid]
+            while task.status == "running" and time.monotonic() < end:
+                await asyncio.sleep(0.05)
+            if task.status == "stopped":
+                if task.exitstatus == "OK" or (task.exitstatus or "").startswith("WARNINGS"):
+                    return None
+                raise PveError(500, task.exitstatus or "unexpected status")
+        return upid
