@@ -13,9 +13,13 @@ ADDRESS_CREATE = "AddressCreate"
 ADDRESS_ASSIGN = "AddressAssign"
 ADDRESS_UNASSIGN = "AddressUnassign"
 ADDRESS_DELETE = "AddressDelete"
+CLUSTER_CREATE = "ClusterCreate"
+CLUSTER_RECONCILE = "ClusterReconcile"
+CLUSTER_DELETE = "ClusterDelete"
 
 ALL: set[str] = {SERVER_CREATE, SERVER_START, SERVER_STOP, SERVER_DELETE,
-                 ADDRESS_CREATE, ADDRESS_ASSIGN, ADDRESS_UNASSIGN, ADDRESS_DELETE}
+                 ADDRESS_CREATE, ADDRESS_ASSIGN, ADDRESS_UNASSIGN, ADDRESS_DELETE,
+                 CLUSTER_CREATE, CLUSTER_RECONCILE, CLUSTER_DELETE}
 """Every kind z9 runs (metrics pre-create a series for each). :func:`add` extends it (a
 benchmark's no-op kind)."""
 

@@ -19,7 +19,8 @@ _IDEMPOTENCY = {"name": "Idempotency-Key", "in": "header", "required": False,
 _TAGS = {"jobs": "Jobs: every change is done by a job; poll it until it is succeeded or failed."}
 _STATUS_TEXT = {200: "OK", 202: "Accepted: poll the job until it is terminal", 400: "Malformed request (not JSON)",
                 401: "Missing, unknown or revoked token", 404: "No such resource (or another tenant's)",
-                409: "A precondition failed; the message names it", 422: "Invalid fields; the message names each"}
+                409: "A precondition failed; the message names it", 422: "Invalid fields; the message names each",
+                503: "A setting the operation needs is missing; the message names it"}
 
 
 def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
