@@ -764,6 +764,12 @@ SET members = $2, observed_at = now(), updated_at = now(),
 WHERE id = $1 AND status NOT IN ('deleted')
 RETURNING *;
 
+-- name: cluster_degraded
+-- A failed reconcile of a cluster that was whole once: degraded (not failed), with the reason.
+UPDATE clusters SET status = 'degraded', status_reason = $2, updated_at = now()
+WHERE id = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
+RETURNING id;
+
 -- name: job_superseding
 -- The first job enqueued after job $1 on its resource whose kind ($2) supersedes it.
 SELECT j.id, j.kind FROM jobs j JOIN jobs me ON me.id = $1

@@ -648,6 +648,11 @@ async def cluster_members(db: DB, cluster_id: str, members: list[dict[str, Any]]
     return Cluster.from_record(row) if row else None
 
 
+async def cluster_degraded(db: DB, cluster_id: str, reason: str) -> None:
+    """A failed reconcile of a once-whole cluster: ``degraded`` with the reason."""
+    await db.execute(q("cluster_degraded"), cluster_id, reason)
+
+
 async def job_superseding(db: DB, job_id: str, kinds: list[str]) -> tuple[str, str] | None:
     """``(id, kind)`` of the first job enqueued after ``job_id`` on its resource with one of
     ``kinds``, or None."""

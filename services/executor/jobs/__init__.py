@@ -14,8 +14,8 @@ from typing import Any
 from z9.common import kinds
 from z9.common.errors import PermanentError
 
-from . import (address_assign, address_create, address_delete, address_unassign, server_create, server_delete,
-               server_start, server_stop)
+from . import (address_assign, address_create, address_delete, address_unassign, cluster_create, cluster_delete,
+               cluster_reconcile, server_create, server_delete, server_start, server_stop)
 
 REGISTRY: dict[str, Any] = {}
 
@@ -31,7 +31,7 @@ def register(module: ModuleType | Any) -> None:
 
 
 for _m in (server_create, server_stop, server_start, server_delete, address_create, address_assign,
-           address_unassign, address_delete):
+           address_unassign, address_delete, cluster_create, cluster_reconcile, cluster_delete):
     register(_m)
 
 
