@@ -109,3 +109,106 @@ async def test_bootstrap_material_deleted_once_ready(stack: Stack, sim: SimAdmin
     assert left == []
     counters = await sim.counters()
     assert counters["tasks_started"].get("imgcopy", 0) == 2 and counters["tasks_started"].get("imgdel", 0) == 2
+
+
+async def resize(stack: Stack, cid: str, count: int, pool: str = "workers") -> dict:
+    status, out = await stack.call("POST", f"/clusters/{cid}/actions/resize-node-pool", json={"pool": pool, "count": count})
+    assert status == 202, out
+    assert out["cluster"]["status"] == "updating"
+    return out["job"]
+
+
+# 3
+async def test_resize_pool_two_four_one(stack: Stack, sim: SimAdmin) -> None:
+    c, _ = await running(stack, sim, cps=1, workers=2)
+    ep = f"{c['endpoint']['address']}:6443"
+    before = {n: v.get("token") for n, v in (await model(sim))[ep]["nodes"].items()}
+    up = await stack.wait_job((await resize(stack, c["id"], 4))["id"], timeout_s=120)
+    assert up["status"] == "succeeded", up
+    k = (await model(sim))[ep]
+    assert sorted(k["nodes"]) == ["cp-0", "workers-0", "workers-1", "workers-2", "workers-3"]
+    new_tokens = {k["nodes"]["workers-2"]["token"], k["nodes"]["workers-3"]["token"]}
+    assert len(new_tokens) == 2 and not new_tokens & set(before.values())  # fresh tokens, one each
+    c = await cluster(stack, c["id"])
+    assert c["status"] == "running" and [p["ready"] for p in c["node_pools"]] == [4]
+
+    down = await stack.wait_job((await resize(stack, c["id"], 1))["id"], timeout_s=120)
+    assert down["status"] == "succeeded", down
+    assert [(s["name"], s["detail"].get("member")) for s in down["steps"]] == [
+        ("drain", "workers-3"), ("remove", "workers-3"), ("drain", "workers-2"), ("remove", "workers-2"),
+        ("drain", "workers-1"), ("remove", "workers-1")]
+    events = [(e[0], e[1]) for e in (await model(sim))[ep]["events"] if e[0] in ("drain", "delete")]
+    assert events == [("drain", "workers-3"), ("delete", "workers-3"), ("drain", "workers-2"), ("delete", "workers-2"),
+                      ("drain", "workers-1"), ("delete", "workers-1")]
+    vms = await sim.vms_tagged(identity_tag(c["id"]))
+    assert sorted(t for v in vms for t in normalize_tags(v["config"]["tags"]) if t.startswith("z9-member-")) == [
+        "z9-member-cp-0", "z9-member-workers-0"]
+    c = await cluster(stack, c["id"])
+    assert c["status"] == "running" and [m["name"] for m in c["members"]] == ["cp-0", "workers-0"]
+
+
+# 4
+async def test_delete_during_create_cancels_it(stack: Stack, sim: SimAdmin) -> None:
+    c, job = await create(stack, sim)
+    await sim.configure(cloud_init_s=1.5)  # a slower create: the DELETE lands while it works
+    await wait_until(lambda: _step_running(stack, job["id"], "join"), 60, "the create's join step")
+    status, out = await stack.call("DELETE", f"/clusters/{c['id']}")
+    assert status == 202, out
+    delete_job = out["job"]["id"]
+    created = await stack.wait_job(job["id"], timeout_s=120)
+    assert created["status"] == "failed"
+    assert created["error"]["class"] == "cancelled" and delete_job in created["error"]["message"], created["error"]
+    deleted = await stack.wait_job(delete_job, timeout_s=120)
+    assert deleted["status"] == "succeeded", deleted
+    assert await sim.vms_tagged(identity_tag(c["id"])) == []
+    assert await _our_isos(sim, c["id"]) == []
+    assert await stack.pool.fetchval("SELECT count(*) FROM cluster_keys WHERE cluster_id = $1", c["id"]) == 0
+    adr = await stack.pool.fetchrow("SELECT status, ip FROM addresses WHERE id = $1", c["endpoint"]["address_id"])
+    assert adr["status"] == "deleted"
+    assert await stack.pool.fetchval("SELECT count(*) FROM address_pool_ips WHERE address_id = $1",
+                                     c["endpoint"]["address_id"]) == 0
+    assert (await cluster(stack, c["id"]))["status"] == "deleted"
+    status, out = await stack.call("GET", f"/clusters/{c['id']}/kubeconfig")
+    assert status == 409
+
+
+async def _step_running(stack: Stack, job_id: str, name: str) -> bool:
+    job = await stack.job(job_id)
+    return any(s["name"] == name and s["state"] == "running" for s in job["steps"])
+
+
+# 5
+async def test_member_cloud_init_fails_create_failed_reconcile_degraded(stack: Stack, sim: SimAdmin) -> None:
+    await sim._req("POST", "/guest-faults", json={"kind": "cloud_init_fails", "name": "bad-workers-1",
+                                                   "message": "Failed to run module scripts_user (disk full)"})
+    c, job = await create(stack, sim, name="bad", cps=1, workers=2)
+    done = await stack.wait_job(job["id"], timeout_s=120)
+    assert done["status"] == "failed"
+    assert "workers-1" in done["error"]["message"] and "disk full" in done["error"]["message"], done["error"]
+    c = await cluster(stack, c["id"])
+    assert c["status"] == "failed" and "workers-1" in c["status_reason"]
+
+    await sim._req("DELETE", "/guest-faults")
+    await sim._req("POST", "/guest-faults", json={"kind": "cloud_init_fails", "name": "good-workers-1",
+                                                   "message": "runcmd exploded"})
+    good, _ = await running(stack, sim, name="good", cps=1, workers=1)
+    up = await stack.wait_job((await resize(stack, good["id"], 2))["id"], timeout_s=120)
+    assert up["status"] == "failed" and "workers-1" in up["error"]["message"] and "runcmd exploded" in up["error"]["message"]
+    good = await cluster(stack, good["id"])
+    assert good["status"] == "degraded" and "workers-1" in good["status_reason"]
+
+
+# 6
+async def test_platform_vm_with_cluster_tag_refused_by_delete(stack: Stack, sim: SimAdmin) -> None:
+    c, _ = await running(stack, sim, cps=1, workers=0)
+    vm = (await sim.vms_tagged(identity_tag(c["id"])))[0]
+    await sim.set_config(vm["vmid"], tags=vm["config"]["tags"] + ";z9-role-platform")
+    status, out = await stack.call("DELETE", f"/clusters/{c['id']}")
+    assert status == 202
+    done = await stack.wait_job(out["job"]["id"], timeout_s=60)
+    assert done["status"] == "failed" and "platform role" in done["error"]["message"] and done["error"].get("refused")
+    assert await sim.vm(vm["vmid"]) is not None
+    c = await cluster(stack, c["id"])
+    assert c["status"] == "failed" and "platform role" in c["status_reason"]
+    # its keys are kept (nothing was deleted): an operator can sort the VM out and delete again
+    assert await stack.pool.fetchval("SELECT count(*) FROM cluster_keys WHERE cluster_id = $1", c["id"]) == 1

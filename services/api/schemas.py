@@ -130,7 +130,8 @@ class JobErrorBody(BaseModel):
 
     model_config = ConfigDict(extra="allow", json_schema_serialization_defaults_required=True)
 
-    class_: Literal["temporary", "permanent", "snooze"] = Field(alias="class")
+    class_: Literal["temporary", "permanent", "snooze", "cancelled"] = Field(
+        alias="class", description="cancelled: a later job of the resource superseded it (by_job names it)")
     message: str
     at: OptTimestamp = None
     task_log: list[str] | None = None

@@ -69,6 +69,7 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
                         await ctx.step_running(step)
                         await kind.apply(ctx, world, step)
                         await ctx.step_done(step)
+            await ctx.check_superseded()  # … and before verify: a superseded job records nothing
             with metrics.phase(job, "verify"), tracing.span("verify", {"z9.phase": "verify"}):
                 observed = await kind.verify(ctx)
         except (JobError, LeaseLost, asyncio.CancelledError, *TRANSIENT_DB_ERRORS):

@@ -65,7 +65,7 @@ from typing import Any
 import yaml
 
 from z9.common import nocloud, pki, store
-from z9.common.errors import PermanentError, TemporaryError
+from z9.common.errors import Cancelled, PermanentError, TemporaryError
 from z9.common.models import Cluster, Job
 from z9.common.resources.cluster import CLUSTER
 from z9.common.tags import identity_tag
@@ -241,7 +241,7 @@ async def _join_all(ctx: JobContext, world: World, members: list[str]) -> None:
     if not failed:
         return
     for _, r in failed:
-        if isinstance(r, asyncio.CancelledError):
+        if isinstance(r, (asyncio.CancelledError, Cancelled)):
             raise r
     perm = [(n, r) for n, r in failed if isinstance(r, PermanentError)]
     chosen = perm or failed
@@ -405,6 +405,7 @@ async def wait_ready(ctx: JobContext, world: World, m: MemberSpec, vm: VmState) 
     last = "its guest agent does not answer yet"
     while time.monotonic() < deadline:
         ctx.touch()
+        await ctx.check_superseded()  # a member's wait is long: a DELETE ends it here too
         try:
             last = await _ready_once(ctx, world, m, vm)
             if last == "":

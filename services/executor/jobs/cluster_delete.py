@@ -38,17 +38,14 @@ class World:
 
 
 async def _isos(ctx: JobContext, cluster_id: str) -> list[tuple[str, str]]:
-    storage, prefix = ctx.settings.cluster_bootstrap_storage, f"{storage}:iso/{_cluster.iso_prefix(cluster_id)}"
-    nodes = sorted({v.node for v in await ctx.pve.list_vms()})
-    seen, out = set(), []
-    for node in nodes:
-        try:
-            volids = await ctx.pve.storage_isos(node, storage)
-        except TemporaryError:
-            raise
-        for volid in volids:
-            if volid.startswith(prefix) and (node, volid) not in seen and volid not in {v for _, v in out}:
-                seen.add((node, volid))
+    """The cluster's bootstrap ISOs on the bootstrap storage as each node sees it (a shared
+    storage's file once, from the first node that sees it; a node-local one's on its node)."""
+    storage = ctx.settings.cluster_bootstrap_storage
+    prefix = f"{storage}:iso/{_cluster.iso_prefix(cluster_id)}"
+    out: list[tuple[str, str]] = []
+    for node in sorted({v.node for v in await ctx.pve.list_vms()}):
+        for volid in await ctx.pve.storage_isos(node, storage):
+            if volid.startswith(prefix) and volid not in {v for _, v in out}:
                 out.append((node, volid))
     return out
 
