@@ -4,7 +4,12 @@ uploaded; assertions are on the world (VMs, storage, the model's cluster) and th
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import base64
 from typing import Any
 
@@ -212,3 +217,58 @@ async def test_platform_vm_with_cluster_tag_refused_by_delete(stack: Stack, sim:
     assert c["status"] == "failed" and "platform role" in c["status_reason"]
     # its keys are kept (nothing was deleted): an operator can sort the VM out and delete again
     assert await stack.pool.fetchval("SELECT count(*) FROM cluster_keys WHERE cluster_id = $1", c["id"]) == 1
+
+
+def _executor(stack: Stack) -> subprocess.Popen:
+    s = stack.settings
+    env = dict(os.environ, Z9_DATABASE_URL=s.database_url, Z9_LEASE_TTL_S="2", Z9_HEARTBEAT_S="0.5",
+               Z9_TASK_POLL_S="0.1", Z9_POLL_INTERVAL_S="0.5", Z9_BACKOFF_BASE_S="0.2", Z9_BACKOFF_CAP_S="1",
+               Z9_INSTALLATION_KEY=s.installation_key.get_secret_value(), Z9_REGIONS=json.dumps(
+                   {REGION: {"url": s.regions[REGION].url, "token_id": s.regions[REGION].token_id,
+                             "token_secret": s.regions[REGION].token_secret.get_secret_value(), "verify_ssl": False}}))
+    return subprocess.Popen([sys.executable, "-m", "z9", "executor", "--region", REGION], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def _tasks(sim: SimAdmin, kind: str) -> int:
+    return (await sim.counters())["tasks_started"].get(kind, 0)
+
+
+# 2
+async def test_sigkill_executor_twice_during_create(stack: Stack, sim: SimAdmin) -> None:
+    await stack.stop_service("executor")
+    await sim.configure(**K8S_TIMING)
+    await sim.configure(task_seconds={"qmclone": 1.0, "imgcopy": 1.0})
+    procs = []
+    try:
+        procs.append(_executor(stack))
+        c, job = await create(stack, sim)
+        await sim.configure(task_seconds={"qmclone": 1.0, "imgcopy": 1.0})
+        # kill 1: while cp-0's ISO upload (imgcopy) runs
+        await wait_until(lambda: _at_least(sim, "imgcopy", 1), 60, "cp-0's upload")
+        procs[-1].send_signal(signal.SIGKILL)
+        procs[-1].wait(10)
+        procs.append(_executor(stack))
+        # kill 2: while the joiners' clones run
+        await wait_until(lambda: _at_least(sim, "qmclone", 3), 60, "the joiners' clones")
+        await asyncio.sleep(0.3)
+        procs[-1].send_signal(signal.SIGKILL)
+        procs[-1].wait(10)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    stack.settings.lease_ttl_s = 2
+    await stack.start_service("executor")
+    done = await stack.wait_job(job["id"], timeout_s=180)
+    assert done["status"] == "succeeded", done
+    assert done["attempt"] >= 3
+    vms = await sim.vms_tagged(identity_tag(c["id"]))
+    assert len(vms) == 5 and all(v["running"] for v in vms)
+    assert await _tasks(sim, "qmclone") == 5  # no second clone of any member
+    assert await _tasks(sim, "imgcopy") == 5  # no second upload of any member's ISO
+    assert (await cluster(stack, c["id"]))["status"] == "running"
+
+
+async def _at_least(sim: SimAdmin, kind: str, n: int) -> bool:
+    return await _tasks(sim, kind) >= n

@@ -391,10 +391,20 @@ async def _ensure_iso(ctx: JobContext, cluster: Cluster, m: MemberSpec, vm: VmSt
     name = f"{iso_prefix(cluster.id)}{m.name}-{hashlib.sha256(data).hexdigest()[:16]}.iso"
     storage = ctx.settings.cluster_bootstrap_storage
     volid = f"{storage}:iso/{name}"
-    if volid not in await ctx.pve.storage_isos(vm.node, storage):
-        await ctx.fence()
-        upid = await ctx.pve.upload_iso(vm.node, storage, name, data)
-        await ctx.wait_task(step, upid)
+    if volid in await ctx.pve.storage_isos(vm.node, storage):
+        return volid
+    earlier = (ctx.memo.get("uploads") or {}).get(name)
+    if earlier:  # an earlier attempt sent this very file: wait for its task rather than send it again
+        try:
+            await ctx.wait_task(step, earlier)
+            if volid in await ctx.pve.storage_isos(vm.node, storage):
+                return volid
+        except (TemporaryError, PermanentError) as e:
+            log.warning("cluster %s: the earlier upload of %s (%s) did not land: %s", cluster.id, name, earlier, e)
+    await ctx.fence()
+    upid = await ctx.pve.upload_iso(vm.node, storage, name, data)
+    await ctx.remember(uploads={**(ctx.memo.get("uploads") or {}), name: upid})
+    await ctx.wait_task(step, upid)
     return volid
 
 
