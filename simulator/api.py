@@ -12,6 +12,8 @@ PVE request pipeline, in pve-http-server's order (facts: Transport and auth, Env
 Parameters come from the query string and, for POST/PUT, from a form-encoded (proxmoxer), JSON or
 (upload only) multipart body; array parameters (``agent/exec``'s ``command``) collect repeated fields.
 A non-upload POST/PUT body over 512 KiB → 501 ``for data too large`` (pve-http-server, before anything).
+Answers over 1 KiB are gzipped when the client sends ``Accept-Encoding: gzip`` (pve-http-server does;
+proxmoxer/requests and aiohttp decode it transparently).
 Success: ``{"data": ...}``. Error: reason phrase = first line of the message, body
 ``{"data": null, "message": "<msg>\\n"[, "errors": {...}]}`` (PVE >= 9).
 
@@ -52,7 +54,7 @@ Admin API (no auth, loopback peers only), JSON in and out:
 - ``GET /_sim/guests/{vmid}`` → the guest (:meth:`z9.sim.guest.Guest.to_json`: ``powered``, ``booted``,
   ``boots``, ``instance_id``, ``host_key`` (SSH host key fingerprint), ``hostname``, ``cloud_init``
   ``{status, errors, datasource}``, ``agent``, ``files`` (paths), ``interfaces``, ``extra_addresses``,
-  ``models``, ``inputs.source`` (the CD-ROM cloud-init read)); 404 when the VM never started or is gone.
+  ``models``, ``inputs.source`` (the CD-ROM cloud-init read)); 404 when the VM never started (nor was cloned from one that did) or is gone.
   ``GET /_sim/state`` has ``"guests": {"<vmid>": summary}`` and ``"storage": {"local@pve1": [{volid,
   content, format, size, ctime, sha256}], "isos": [...]}``.
 - ``POST /_sim/guests/{vmid}/addresses`` ``{iface: "eth0", address: "203.0.113.7/32"}`` → ``{interfaces}``:
@@ -505,11 +507,13 @@ MAX_BODY = 512 * 1024  # pve-http-server: non-upload POST/PUT bodies (64 KiB bef
 NO_AUTH = {("POST", "/access/ticket")}
 
 
-async def _read_params(request: web.Request, arrays: set[str]) -> dict[str, Any]:
-    """Query + body parameters. ``arrays``: the endpoint's array-typed parameters, which collect
-    repeated form fields (``command=a&command=b``) into a list; other repeated fields: the last wins.
-    A multipart file part named ``filename`` gives ``filename`` (its file name) and ``@file`` (bytes)."""
+async def _read_params(request: web.Request, arrays: set[str]) -> tuple[dict[str, Any], bytes | None]:
+    """Query + body parameters, and the uploaded file's bytes. ``arrays``: the endpoint's array-typed
+    parameters, which collect repeated form fields (``command=a&command=b``) into a list; other repeated
+    fields: the last wins. A multipart file part named ``filename`` gives ``filename`` (its file name) and
+    the bytes (returned apart, so no client parameter can stand in for them)."""
     params: dict[str, Any] = {}
+    file: bytes | None = None
 
     def put(k: str, v: Any) -> None:
         if k in arrays:
@@ -538,8 +542,8 @@ async def _read_params(request: web.Request, arrays: set[str]) -> dict[str, Any]
                     put(k, v)
                 elif isinstance(v, web.FileField) and k == "filename":
                     params["filename"] = v.filename or ""
-                    params["@file"] = v.file.read()
-    return params
+                    file = v.file.read()
+    return params, file
 
 
 async def _authenticate(ctx: SimContext, request: web.Request, csrf: bool = True) -> str | PveError:
@@ -602,10 +606,9 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
         return pve_error(500, "upload aborted"), template, True
     arrays = {k for k, sch in ep.properties.items() if sch.get("type") == "array"} if ep else set()
     try:
-        params = await _read_params(request, arrays)
+        params, file = await _read_params(request, arrays)
     except (ValueError, json.JSONDecodeError):
         return pve_error(400, "Parameter verification failed."), template, False
-    extra = {k: params.pop(k) for k in [k for k in params if k.startswith("@")]}
     template, errors = ctx.schema.validate(method, path, params)
     if template is None:
         return pve_error(501, f"Method '{method} {path}' not implemented"), None, False
@@ -614,8 +617,9 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
     _, path_params = ctx.schema.match(method, path)
     values: dict[str, Any] = {k: (v if isinstance(v, list) else stringify(v)) for k, v in params.items()}
     values.update(path_params)
-    if upload:  # the file part reaches the upload handler only
-        values.update(extra)
+    # request-internal values ("@..."): set here only; a client's "@x" parameter failed the schema above
+    if upload and file is not None:  # the file part reaches the upload handler only
+        values["@file"] = file
     if template == "/cluster/resources":
         values["@accept_encoding"] = request.headers.get("Accept-Encoding", "")
     if upload:

@@ -24,6 +24,7 @@ shrink, every flock timeout of a task). PUT ``/config`` is synchronous: its floc
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import itertools
@@ -628,6 +629,19 @@ class Cluster:
         return out
 
     # ---- config ----------------------------------------------------------------------------------
+    @staticmethod
+    def _cloudinit_alloc(vmid: int, key: str, value: str) -> str:
+        """qemu-server ``create_disks``: a drive ``<storage>:cloudinit`` allocates the VM's cloud-init
+        volume ``<storage>:vm-<vmid>-cloudinit`` and is a CD-ROM; any other value is kept as sent."""
+        if not DISK_RE.fullmatch(key) or key.startswith(("unused", "efidisk", "tpmstate")):
+            return value
+        volid, _, opts = value.partition(",")
+        m = re.fullmatch(r"([a-z][a-z0-9\-_.]*[a-z0-9]):cloudinit", volid, re.I)
+        if m is None:
+            return value
+        rest = [o for o in opts.split(",") if o and not o.startswith("media=")]
+        return ",".join([f"{m.group(1)}:vm-{vmid}-cloudinit", "media=cdrom", *rest])
+
     def _apply_config(self, vm: VM, params: dict[str, str]) -> None:
         deletes = split_list(params.get("delete", ""))
         for k in deletes:
@@ -642,7 +656,7 @@ class Cluster:
                     continue
             if k == "sshkeys":
                 pass  # stored URL-encoded as sent, like PVE
-            vm.config[k] = v
+            vm.config[k] = self._cloudinit_alloc(vm.vmid, k, v)
 
     def _check_config_write(self, vm: VM, params: dict[str, str]) -> None:
         digest = params.get("digest")
@@ -744,7 +758,7 @@ class Cluster:
                         v = f"{m.group(1)}:{name},size={format_size(int(float(m.group(2)) * GiB))}{m.group(3) or ''}"
                     if k == "tags":
                         v = normalize_tags(v)
-                    conf[k] = v
+                    conf[k] = self._cloudinit_alloc(vmid, k, v)
                 for k, v in list(conf.items()):
                     if re.fullmatch(r"net\d+", k) and not re.match(r"\w+=[0-9A-Fa-f:]{17}", v):
                         model, _, rest = v.partition(",")
@@ -826,6 +840,7 @@ class Cluster:
                     placeholder.config = conf
                     placeholder.ci_applied = cloudinit.ci_values(conf)
                     self.firewall.clone(vmid, newid)
+                    self.guests.clone_disk(vmid, newid)
 
         def cleanup() -> None:
             if self.vms.get(newid) is placeholder:
@@ -947,12 +962,29 @@ class Cluster:
 
     # ---- persistence -----------------------------------------------------------------------------
     def dump(self) -> dict:
-        return {"vms": [vm.to_json() for vm in sorted(self.vms.values(), key=lambda v: v.vmid)
+        """The state file: VMs (with the cloud-init keys of their last regeneration, PVE's
+        ``[special:cloudinit]``, and the drive's files), firewall, storage, guests' disks."""
+        def vm_entry(vm: VM) -> dict:
+            d = vm.to_json()
+            d["ci_applied"] = vm.ci_applied
+            d["ci_drive"] = None if vm.ci_drive is None else {
+                k: base64.b64encode(v).decode() for k, v in vm.ci_drive.items()}
+            return d
+
+        return {"vms": [vm_entry(vm) for vm in sorted(self.vms.values(), key=lambda v: v.vmid)
                         if vm.lock not in ("clone", "create", "destroyed")],
                 "firewall": self.firewall.dump(), "storage": self.storage.save(), "guests": self.guests.save()}
 
     @staticmethod
     def vms_from_dump(data: dict) -> list[VM]:
-        return [VM(int(d["vmid"]), d["node"], dict(d["config"]), bool(d.get("running")),
-                   time.time() if d.get("running") else None) for d in data.get("vms", [])]
+        vms = []
+        for d in data.get("vms", []):
+            vm = VM(int(d["vmid"]), d["node"], dict(d["config"]), bool(d.get("running")),
+                    time.time() if d.get("running") else None)
+            if d.get("ci_applied") is not None:
+                vm.ci_applied = dict(d["ci_applied"])
+            if d.get("ci_drive") is not None:
+                vm.ci_drive = {k: base64.b64decode(v) for k, v in d["ci_drive"].items()}
+            vms.append(vm)
+        return vms
 

@@ -33,8 +33,12 @@ Lifecycle (one :class:`Guest` per vmid, created at the VM's first start, removed
   reboots and are gone when the VM is destroyed; a new VM at a reused vmid starts from nothing. With a
   ``state_file`` the guests' disks (files, instance-id, host key, applied network, JSON-able models)
   survive a simulator restart; running VMs then boot again.
-- **Clone** copies no guest state (the template never ran in the simulator); the clone boots as a new
-  instance from its own media.
+- **Clone** copies the source's disks, so the clone's guest starts with the source guest's disk state as of
+  the clone (files, instance-id, host key, hostname, applied network, JSON-able models; not the run-time
+  addresses or processes) — as on PVE. It boots as a new instance only if its cloud-init instance-id
+  differs (PVE's drive: it does, the name and MACs differ; a NoCloud ISO with a fixed instance-id shared
+  by source and clone: it does not, and the clone keeps the source's host key). A template never ran in
+  the simulator, so clones of it start from nothing.
 
 The agent (``/nodes/{node}/qemu/{vmid}/agent/...``; qemu-server ``Agent.pm`` ``assert_agent_available``)
 --------------------------------------------------------------------------------------------------------
@@ -50,16 +54,17 @@ Command handlers (the extension point for HAProxy, kubeadm, kubectl models)
 (``/usr/sbin/haproxy`` → ``haproxy``). Unknown programs exit 127 with ``/bin/sh: 1: <prog>: not found``.
 Register a handler once, for every simulator in the process::
 
-    from z9.sim.guest import command, ExecResult
+    from z9.sim.guest import command, ExecContext, ExecResult
 
     @command("haproxy")
-    def haproxy(ctx: "ExecContext") -> ExecResult:
+    def haproxy(ctx: ExecContext) -> ExecResult:
         # ctx.argv: list[str]; ctx.stdin: bytes; ctx.guest: Guest (files, addresses, model state)
         if ctx.argv[1:3] == ["-c", "-f"]:
             cfg = ctx.guest.read_file(ctx.argv[3])          # None when missing
             if cfg is None:
                 return ExecResult(1, err=f"[ALERT] Cannot open configuration file '{ctx.argv[3]}'\\n")
-            ctx.guest.model("haproxy")["checked"] = cfg     # per-VM state of your model (a dict)
+            ctx.guest.model("haproxy")["checked"] = cfg.decode()  # per-VM model state: keep it JSON
+            # (it is on the guest's disk: kept across reboots, restarts (state file) and into clones)
             return ExecResult(0, out="Configuration file is valid\\n")
         return ExecResult(2, err="usage: haproxy ...\\n")
 
@@ -67,8 +72,9 @@ or per simulator: ``server.cluster.guests.register("kubectl", handler)`` (wins o
 ``ExecResult(exitcode, out="", err="", seconds=0.0, on_exit=None)``: the process reports
 ``exited: 0`` for ``seconds`` (the simulator's clock), then its result; ``on_exit()`` runs at that moment
 (effects that appear when a long command finishes). A handler may call ``ctx.run(["cat", path])`` to
-run another command, ``ctx.guest.write_file(path, data)``, ``ctx.guest.add_address("eth0",
-"10.0.0.5/24")``, and read the VM's config via ``ctx.config``. Handlers run on the simulator's event loop:
+run another command to its end (its ``on_exit`` has run when ``ctx.run`` returns, as in a shell — so
+``sh -c "kubeadm init && kubectl get nodes"`` and ``runcmd`` items see each other's effects),
+``ctx.guest.write_file(path, data)``, ``ctx.guest.add_address("eth0", "10.0.0.5/24")``, and read the VM's config via ``ctx.config``. Handlers run on the simulator's event loop:
 never block. Built-ins: ``cloud-init``, ``sh``/``bash -c`` (``;``, ``&&``, ``||``, quoting), ``cat``, ``echo``,
 ``true``, ``false``, ``test``/``[``, ``mkdir``, ``rm``, ``hostname``, ``ssh-keygen -lf``, ``ip addr add|del``,
 ``ip -j addr``.
@@ -82,6 +88,7 @@ import email.utils
 import hashlib
 import ipaddress
 import json
+import logging
 import os
 import re
 import shlex
@@ -96,6 +103,8 @@ from .errors import PveError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cluster import VM, Cluster
+
+log = logging.getLogger("z9.sim.guest")
 
 OSINFO = {"id": "debian", "kernel-release": "6.1.0-28-amd64",
           "kernel-version": "#1 SMP PREEMPT_DYNAMIC Debian 6.1.119-1 (2024-11-22)", "machine": "x86_64",
@@ -125,8 +134,11 @@ class ExecContext:
     config: dict[str, str]
 
     def run(self, argv: list[str], stdin: bytes = b"") -> ExecResult:
-        """Run another command in the same guest (synchronously; its ``seconds`` are not waited for)."""
-        return self.guest.guests.run_command(self.guest, argv, stdin, self.config)
+        """Run another command in the same guest, to its end: synchronously, its ``seconds`` are not
+        waited for and its ``on_exit`` effect has happened when this returns (as in a shell, the next
+        command sees it). The returned result keeps ``seconds``; its ``on_exit`` is spent (None)."""
+        r = self.guest.guests.run_command(self.guest, argv, stdin, self.config)
+        return _finish_now(r)
 
 
 CommandHandler = Callable[[ExecContext], ExecResult]
@@ -141,6 +153,17 @@ def command(name: str) -> Callable[[CommandHandler], CommandHandler]:
         return fn
 
     return deco
+
+
+def _finish_now(r: ExecResult) -> ExecResult:
+    """Run ``r.on_exit`` at once (a nested command ran to its end) and return ``r`` without it."""
+    if r.on_exit is not None:
+        fn, r.on_exit = r.on_exit, None
+        try:
+            fn()
+        except Exception:  # a handler bug must not take the simulator down (nor the request)
+            log.exception("command on_exit failed")
+    return r
 
 
 def _text(b: str | bytes) -> str:
@@ -329,29 +352,13 @@ class Guests:
 
     # -- persistence (the simulator's state file) --
     def save(self) -> dict:
-        out = {}
-        for vmid, g in self.guests.items():
-            models = {}
-            for k, v in g.models.items():
-                try:
-                    json.dumps(v)
-                    models[k] = v
-                except (TypeError, ValueError):
-                    pass  # a model that is not JSON is not kept across a simulator restart
-            out[str(vmid)] = {"files": {p: base64.b64encode(b).decode() for p, b in g._files.items()},
-                              "instance_id": g.instance_id, "host_key": g.host_key, "hostname": g.hostname,
-                              "boots": g.boots, "net_applied": g.net_applied, "models": models}
-        return out
+        return {str(vmid): self.save_one(g) for vmid, g in self.guests.items()}
 
     def load(self, d: dict) -> None:
         """Guests as saved (disk state only: a running VM boots again, as after a host restart)."""
         self.guests.clear()
         for vmid, v in (d or {}).items():
-            g = Guest(self, int(vmid), {p: base64.b64decode(b) for p, b in (v.get("files") or {}).items()},
-                      v.get("instance_id"), v.get("host_key"), v.get("hostname"), int(v.get("boots") or 0))
-            g.net_applied = list(v.get("net_applied") or [])
-            g.models = dict(v.get("models") or {})
-            self.guests[int(vmid)] = g
+            self.guests[int(vmid)] = self.load_one(int(vmid), v)
 
     # -- faults --
     def add_fault(self, kind: str, vmid: int | None = None, name: str | None = None,
@@ -415,6 +422,37 @@ class Guests:
 
     def remove(self, vmid: int) -> None:
         self.guests.pop(vmid, None)
+
+    def clone_disk(self, src: int, dst: int) -> None:
+        """A clone's disks are copies of the source's (full: ``qemu-img convert``/drive-mirror; linked:
+        the same base): the new VM's guest starts powered off with the source's disk state as of now
+        (files, instance-id, host key, hostname, applied network, JSON-able models) and no process,
+        no address configured at run time. No source guest (a template, a VM that never ran): nothing."""
+        self.guests.pop(dst, None)
+        g = self.guests.get(src)
+        if g is None:
+            return
+        saved = self.save_one(g)
+        c = self.guests[dst] = self.load_one(dst, saved)
+        c.boots = 0
+
+    def save_one(self, g: Guest) -> dict:
+        models = {}
+        for k, v in g.models.items():
+            try:
+                models[k] = json.loads(json.dumps(v))
+            except (TypeError, ValueError):
+                pass  # a model that is not JSON is not kept (state file, clone)
+        return {"files": {p: base64.b64encode(b).decode() for p, b in g._files.items()},
+                "instance_id": g.instance_id, "host_key": g.host_key, "hostname": g.hostname,
+                "boots": g.boots, "net_applied": g.net_applied, "models": models}
+
+    def load_one(self, vmid: int, v: dict) -> Guest:
+        g = Guest(self, int(vmid), {p: base64.b64decode(b) for p, b in (v.get("files") or {}).items()},
+                  v.get("instance_id"), v.get("host_key"), v.get("hostname"), int(v.get("boots") or 0))
+        g.net_applied = json.loads(json.dumps(v.get("net_applied") or []))
+        g.models = dict(v.get("models") or {})
+        return g
 
     # -- boot --
     def _read_cdroms(self, vm: "VM") -> dict:
@@ -493,6 +531,10 @@ class Guests:
         elif text.startswith("#!"):
             script = text
         new_instance = iid != g.instance_id
+        if not new_instance:  # the rendered network config stays; the NICs are the VM's own (a clone's new MACs)
+            macs = [n["mac"] for n in self._network(vm, None)]
+            for n, mac in zip(g.net_applied, macs):
+                n["mac"] = mac
         hostname = str(cfg.get("hostname") or meta.get("local-hostname") or vm.config.get("name") or f"VM{vm.vmid}")
         g.hostname = hostname
         g.write_file("/etc/hostname", hostname + "\n")
@@ -519,7 +561,7 @@ class Guests:
             for item in cfg.get("runcmd") or []:
                 self._run_item(g, vm, item, ci, "runcmd")
             if script is not None:
-                r = self.run_command(g, ["sh", "-c", script], b"", vm.config)
+                r = _finish_now(self.run_command(g, ["sh", "-c", script], b"", vm.config))
                 if r.exitcode != 0:
                     ci["errors"].append("Failed to run module scripts_user (scripts in "
                                         "/var/lib/cloud/instance/scripts)")
@@ -527,7 +569,7 @@ class Guests:
 
     def _run_item(self, g: Guest, vm: "VM", item: Any, ci: dict, module: str) -> None:
         argv = [str(x) for x in item] if isinstance(item, list) else ["sh", "-c", str(item)]
-        r = self.run_command(g, argv, b"", vm.config)
+        r = _finish_now(self.run_command(g, argv, b"", vm.config))  # boot runs each item to its end
         g.write_file("/var/log/cloud-init-output.log", _text(r.out) + _text(r.err), append=True)
         if r.exitcode != 0:
             ci["errors"].append(f"Failed to run module scripts_user (scripts in /var/lib/cloud/instance/scripts)"
@@ -644,11 +686,11 @@ class Guests:
 
                 def fire() -> None:
                     if g.boot_id == boot_id and g.powered:
-                        r.on_exit()
+                        _finish_now(r)
 
                 asyncio.get_running_loop().call_later(r.seconds, fire)
             else:
-                r.on_exit()
+                _finish_now(r)
         return pid
 
     def exec_status(self, vm: "VM", pid: int) -> dict:
@@ -674,9 +716,13 @@ class Guests:
         if handler is None:
             return ExecResult(127, err=f"/bin/sh: 1: {argv[0]}: not found\n")
         try:
-            return handler(ExecContext(list(argv), stdin, g, dict(config)))
+            r = handler(ExecContext(list(argv), stdin, g, dict(config)))
         except Exception as e:  # a handler bug must not take the simulator down
             return ExecResult(1, err=f"{name}: simulator handler error: {e}\n")
+        if not isinstance(r, ExecResult):
+            return ExecResult(1, err=f"{name}: simulator handler error: returned {type(r).__name__}, "
+                                     "not ExecResult\n")
+        return r
 
     def file_read(self, vm: "VM", path: str, offset: int, count: int) -> tuple[bytes, bool]:
         g = self.agent(vm)
