@@ -272,3 +272,28 @@ async def test_sigkill_executor_twice_during_create(stack: Stack, sim: SimAdmin)
 
 async def _at_least(sim: SimAdmin, kind: str, n: int) -> bool:
     return await _tasks(sim, kind) >= n
+
+
+# "every join uses a freshly minted, short-lived token; a scale-up a day after creation works":
+# every token the cluster knew has expired (the model's fault), and the scale-up still joins.
+async def test_scale_up_after_every_token_expired(stack: Stack, sim: SimAdmin) -> None:
+    c, _ = await running(stack, sim, cps=1, workers=1)
+    assert (await sim._req("POST", "/k8s/expire-tokens"))["expired"] >= 1
+    up = await stack.wait_job((await resize(stack, c["id"], 2))["id"], timeout_s=120)
+    assert up["status"] == "succeeded", up
+    k = (await model(sim))[f"{c['endpoint']['address']}:6443"]
+    assert k["nodes"]["workers-1"]["token"] != k["nodes"]["workers-0"]["token"]
+    assert (await cluster(stack, c["id"]))["status"] == "running"
+
+
+# Two VMs carrying one member tag (an operator's manual clone): a permanent error naming both.
+async def test_two_vms_with_one_member_tag_is_a_permanent_error(stack: Stack, sim: SimAdmin) -> None:
+    c, _ = await running(stack, sim, cps=1, workers=1)
+    vm = next(v for v in await sim.vms_tagged(identity_tag(c["id"])) if "z9-member-workers-0" in v["config"]["tags"])
+    await sim._req("POST", "/vms", json={"vmid": 777, "node": vm["node"], "running": False,
+                                         "config": {"name": "copy", "tags": vm["config"]["tags"], "cores": "1",
+                                                    "memory": "1024"}})
+    job = await stack.wait_job((await resize(stack, c["id"], 1))["id"], timeout_s=60)
+    assert job["status"] == "failed" and job["error"]["class"] == "permanent"
+    assert "z9-member-workers-0" in job["error"]["message"]
+    assert f"VM {vm['vmid']}" in job["error"]["message"] and "VM 777" in job["error"]["message"]
