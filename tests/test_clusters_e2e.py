@@ -297,3 +297,32 @@ async def test_two_vms_with_one_member_tag_is_a_permanent_error(stack: Stack, si
     assert job["status"] == "failed" and job["error"]["class"] == "permanent"
     assert "z9-member-workers-0" in job["error"]["message"]
     assert f"VM {vm['vmid']}" in job["error"]["message"] and "VM 777" in job["error"]["message"]
+
+
+# A member whose join was refused (its token expired while it booted) is reported; the next
+# reconcile replaces its VM — a new instance with a fresh token — and the cluster heals.
+async def test_member_with_failed_join_is_replaced_by_the_next_reconcile(stack: Stack, sim: SimAdmin) -> None:
+    c, _ = await running(stack, sim, cps=1, workers=1)
+    await sim.configure(guest_boot_s=1.5)
+    job = (await resize(stack, c["id"], 2))["id"]
+    # while workers-1 boots, every token expires (its own included)
+    await wait_until(lambda: _started(sim, "prod-workers-1"), 60, "workers-1 started")
+    await sim._req("POST", "/k8s/expire-tokens")
+    failed = await stack.wait_job(job, timeout_s=120)
+    assert failed["status"] == "failed" and "workers-1" in failed["error"]["message"]
+    assert "JWS signature" in failed["error"]["message"], failed["error"]  # kubeadm's text, from the output log
+    assert (await cluster(stack, c["id"]))["status"] == "degraded"
+    destroyed = await _tasks(sim, "qmdestroy")
+    again = await stack.wait_job((await resize(stack, c["id"], 2))["id"], timeout_s=120)
+    assert again["status"] == "succeeded", again
+    assert [s["name"] for s in again["steps"]][:2] == ["replace", "join"]
+    new = next(v["vmid"] for v in await sim.vms_tagged(identity_tag(c["id"])) if "z9-member-workers-1" in v["config"]["tags"])
+    k = (await model(sim))[f"{c['endpoint']['address']}:6443"]
+    assert sorted(k["nodes"]) == ["cp-0", "workers-0", "workers-1"] and k["nodes"]["workers-1"]["vmid"] == new
+    assert (await cluster(stack, c["id"]))["status"] == "running"
+    assert len(await sim.vms_tagged(identity_tag(c["id"]))) == 3
+    assert await _tasks(sim, "qmdestroy") == destroyed + 1  # the failed member's VM went, a new one joined
+
+
+async def _started(sim: SimAdmin, name: str) -> bool:
+    return any(v["config"].get("name") == name and v["running"] for v in (await sim.state())["vms"])

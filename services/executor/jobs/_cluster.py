@@ -40,7 +40,8 @@ Phases
 observe  the cluster row, the desired members, every VM of the cluster by tag (per member), and
          the nodes the API reports (``kubectl get nodes -o json`` through the agent of the first
          control plane whose API answers; None when none does).
-plan     (pure) ``init`` (cp-0, while no API answers) → ``join`` (every desired member that is not
+plan     (pure) ``init`` (cp-0, while no API answers) → ``replace`` (a member whose cloud-init
+         failed and that never became a node: its VM goes, a new instance joins) → ``join`` (every desired member that is not
          a Ready node: booted **in parallel** in one step) → per extra member, highest ordinal
          first: ``drain`` then ``remove`` → ``detach_bootstrap`` (Ready members still holding
          their ISO).
@@ -99,6 +100,7 @@ class World:
     vms: dict[str, VmState] = field(default_factory=dict)  # member -> its VM
     nodes: dict[str, bool] | None = None  # node name -> Ready; None: no API answered
     api_member: str | None = None  # the control plane whose API answered
+    failed_boot: dict[str, str] = field(default_factory=dict)  # member -> cloud-init error (never joined)
     superseded: str | None = None
 
 
@@ -140,7 +142,29 @@ async def observe(ctx: JobContext) -> World:
                                  "the extra one")
         world.vms[member] = found[0]
     world.nodes, world.api_member = await read_nodes(ctx, world)
+    if world.nodes is not None:
+        # A member that booted but never became a node and whose cloud-init failed (its join was
+        # refused: a token expired while it booted, …) gets a new VM — a new instance — with a
+        # fresh token: its bootstrap ran once and will not run again on that instance.
+        for member, vm in world.vms.items():
+            if vm.running and member not in world.nodes and member in {m.name for m in world.desired}:
+                failed = await cloud_init_error(ctx, vm)
+                if failed:
+                    world.failed_boot[member] = failed
     return world
+
+
+async def cloud_init_error(ctx: JobContext, vm: VmState) -> str | None:
+    """cloud-init's error text when it ended in error in ``vm``; None otherwise (or unknown)."""
+    try:
+        code, out, _ = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cloud-init", "status", "--format", "json"],
+                                                timeout_s=30)
+        st = json.loads(out) if out else {}
+    except (TemporaryError, PermanentError, ValueError):
+        return None
+    if st.get("status") == "error":
+        return "; ".join(str(e) for e in st.get("errors") or []) or "cloud-init failed"
+    return None
 
 
 async def read_nodes(ctx: JobContext, world: World) -> tuple[dict[str, bool] | None, str | None]:
@@ -182,6 +206,8 @@ def plan(job: Job, world: World) -> list[Step]:
         steps.append(Step("init", {"member": "cp-0"}))
     for vm in world.vms.values():
         vms.refuse_platform(world.cluster.id, vm)
+    for member in sorted(world.failed_boot, key=ordinal_key):
+        steps.append(Step("replace", {"member": member, "cloud_init": world.failed_boot[member]}))
     joining = [m.name for m in world.desired if not nodes.get(m.name) and not (steps and m.name == "cp-0")]
     if joining:
         steps.append(Step("join", {"members": joining}))
@@ -214,8 +240,9 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         await _join_all(ctx, world, step.detail["members"])
     elif step.name == "drain":
         await _drain(ctx, world, step.detail["member"])
-    elif step.name == "remove":
+    elif step.name in ("remove", "replace"):  # replace: the VM goes; the join step makes a new one
         await _remove(ctx, world, step, step.detail["member"])
+        world.vms.pop(step.detail["member"], None)
     elif step.name == "detach_bootstrap":
         for member in step.detail["members"]:
             vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
