@@ -326,3 +326,18 @@ async def test_member_with_failed_join_is_replaced_by_the_next_reconcile(stack: 
 
 async def _started(sim: SimAdmin, name: str) -> bool:
     return any(v["config"].get("name") == name and v["running"] for v in (await sim.state())["vms"])
+
+
+# The endpoint address belongs to the cluster: not deletable through /v1/addresses, even with its
+# protection turned off; the cluster's delete releases it.
+async def test_endpoint_address_is_the_clusters(stack: Stack, sim: SimAdmin) -> None:
+    c, _ = await create(stack, sim, cps=1, workers=0)
+    aid = c["endpoint"]["address_id"]
+    status, out = await stack.call("GET", f"/addresses/{aid}")
+    assert status == 200 and out["address"]["status"] == "active" and out["address"]["ip"] == c["endpoint"]["address"]
+    status, out = await stack.call("DELETE", f"/addresses/{aid}")
+    assert status == 409 and out["error"]["code"] == "cluster_endpoint", out
+    status, _ = await stack.call("PATCH", f"/addresses/{aid}", json={"protection": {"delete": False}})
+    assert status == 200
+    status, out = await stack.call("DELETE", f"/addresses/{aid}")
+    assert status == 409 and out["error"]["code"] == "cluster_endpoint", out
