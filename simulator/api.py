@@ -11,7 +11,9 @@ PVE request pipeline, in pve-http-server's order (facts: Transport and auth, Env
 
 Parameters come from the query string and, for POST/PUT, from a form-encoded (proxmoxer), JSON or
 (upload only) multipart body; array parameters (``agent/exec``'s ``command``) collect repeated fields.
-A non-upload POST/PUT body over 512 KiB → 501 ``for data too large`` (pve-http-server, before anything).
+A non-upload POST/PUT body over 512 KiB → 501 ``for data too large`` (pve-http-server, before anything);
+an upload that is not ``multipart/form-data`` → 501 ``upload 'Content-Type '<ct>' not implemented``, one
+without ``Content-Length`` (chunked) → 501 ``upload without content length header not supported``.
 Answers over 1 KiB are gzipped when the client sends ``Accept-Encoding: gzip`` (pve-http-server does;
 proxmoxer/requests and aiohttp decode it transparently).
 Success: ``{"data": ...}``. Error: reason phrase = first line of the message, body
@@ -50,7 +52,8 @@ Admin API (no auth, loopback peers only), JSON in and out:
 - ``GET /_sim/k8s/clusters`` → the kubeadm model's clusters; ``POST /_sim/k8s/expire-tokens`` → every
   bootstrap token expires now (fault), see :mod:`z9.sim.kubeadm`.
 - ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
-  guest_boot_s?, cloud_init_s?, k8s_api_delay_s?}`` → the current values (changes timing at run time).
+  guest_boot_s?, cloud_init_s?, k8s_api_delay_s?}`` → the current values (changes timing at run time);
+  400 on an unknown key or a bad value, and then nothing is applied.
 - ``GET /_sim/guests/{vmid}`` → the guest (:meth:`z9.sim.guest.Guest.to_json`: ``powered``, ``booted``,
   ``boots``, ``instance_id``, ``host_key`` (SSH host key fingerprint), ``hostname``, ``cloud_init``
   ``{status, errors, datasource}``, ``agent``, ``files`` (paths), ``interfaces``, ``extra_addresses``,
@@ -76,6 +79,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -88,7 +92,8 @@ from .cluster import VM, Cluster, PveError
 from .faults import FaultSpec, FaultStore
 from .guest import OSINFO as GUEST_OSINFO
 from . import kubeadm
-from .schema import PveSchema, stringify
+from .schema import JsonRef, PveSchema, stringify
+from .storage import check_volname
 
 log = logging.getLogger("z9.sim")
 
@@ -296,6 +301,8 @@ async def h_storage_volume(ctx, p, user, fail):
     st = ctx.cluster.storage
     sid = p["storage"]
     volid = p["volume"] if ":" in p["volume"] else f"{sid}:{p['volume']}"
+    ctx.cluster.check_node(p["node"])
+    check_volname(st.definition(volid.split(":", 1)[0]), volid.split(":", 1)[1])
     vol = st.volume(volid, p["node"])
     if vol is None:
         raise PveError(500, f"volume '{volid}' does not exist")
@@ -532,7 +539,9 @@ async def _read_params(request: web.Request, arrays: set[str]) -> tuple[dict[str
                     if v is None:
                         continue
                     if k in arrays and isinstance(v, list):
-                        params[k] = [stringify(x) for x in v]
+                        params[k] = [JsonRef.of(x) if isinstance(x, (dict, list)) else stringify(x) for x in v]
+                    elif isinstance(v, (dict, list)):
+                        params[k] = JsonRef.of(v)  # a reference where a scalar (or an array) is wanted
                     else:
                         put(k, stringify(v))
         else:
@@ -596,9 +605,15 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
             return pve_error(user.status, user.message), template, False
     else:
         user = ""
-    upload = template == UPLOAD_TEMPLATE
+    upload = template == UPLOAD_TEMPLATE and method == "POST"
     if method in ("POST", "PUT") and not upload and (request.content_length or 0) > MAX_BODY:
         return pve_error(501, "for data too large"), template, False
+    if upload:  # pve-http-server AnyEvent.pm: the upload path streams a multipart body of known length
+        ctype = request.headers.get("Content-Type", "")
+        if not re.match(r"multipart/form-data;\s*boundary=.+", ctype):
+            return pve_error(501, f"upload 'Content-Type '{ctype}' not implemented"), template, False
+        if not request.content_length:
+            return pve_error(501, "upload without content length header not supported"), template, False
     if upload and ctx.faults.match(method, path, actions={"abort"}) is not None:
         # the upload breaks off: part of the body arrives, then the connection is gone (no task, no file)
         with contextlib.suppress(Exception):
@@ -762,7 +777,10 @@ async def admin_vm_delete(request: web.Request) -> web.Response:
 async def admin_flock(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     b = await _json(request)
-    vmid, seconds = int(b["vmid"]), float(b.get("seconds", 1.0))
+    try:
+        vmid, seconds = int(b["vmid"]), float(b.get("seconds", 1.0))
+    except (KeyError, ValueError, TypeError) as e:
+        return web.json_response({"error": f"bad flock request (vmid, seconds): {e!r}"}, status=400)
     await ctx.cluster.flock(vmid).acquire(vmid, timeout=30)
 
     async def release_later():
@@ -843,20 +861,32 @@ async def admin_config(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     c = ctx.cluster
     b = await _json(request)
-    if "guest_boot_s" in b:
-        c.guests.settings.boot_s = float(b["guest_boot_s"])
-    if "cloud_init_s" in b:
-        c.guests.settings.cloud_init_s = float(b["cloud_init_s"])
-    if "task_seconds" in b:
-        c.task_seconds.update({str(k): float(v) for k, v in b["task_seconds"].items()})
+    scalars = ("guest_boot_s", "cloud_init_s", "task_default_s", "stats_lag_s", "task_invisible_s", "auth_delay_s",
+               "k8s_api_delay_s")
+    try:  # all values checked before any is applied
+        unknown = sorted(set(b) - set(scalars) - {"task_seconds"})
+        if unknown:
+            raise ValueError(f"unknown setting(s) {unknown}")
+        vals = {k: float(b[k]) for k in scalars if k in b}
+        if any(v < 0 for v in vals.values()):
+            raise ValueError("durations must not be negative")
+        task_seconds = {str(k): float(v) for k, v in (b.get("task_seconds") or {}).items()}
+    except (ValueError, TypeError, AttributeError) as e:
+        return web.json_response({"error": f"bad config: {e}"}, status=400)
+    if "guest_boot_s" in vals:
+        c.guests.settings.boot_s = vals["guest_boot_s"]
+    if "cloud_init_s" in vals:
+        c.guests.settings.cloud_init_s = vals["cloud_init_s"]
+    c.task_seconds.update(task_seconds)
     for k in ("task_default_s", "stats_lag_s", "task_invisible_s"):
-        if k in b:
-            setattr(c, k, float(b[k]))
-    if "auth_delay_s" in b:
-        ctx.auth_delay_s = float(b["auth_delay_s"])
-    if "k8s_api_delay_s" in b:
-        kubeadm.SETTINGS["api_delay_s"] = float(b["k8s_api_delay_s"])
-    return web.json_response({"k8s_api_delay_s": kubeadm.SETTINGS["api_delay_s"], "task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
+        if k in vals:
+            setattr(c, k, vals[k])
+    if "auth_delay_s" in vals:
+        ctx.auth_delay_s = vals["auth_delay_s"]
+    if "k8s_api_delay_s" in vals:
+        kubeadm.SETTINGS["api_delay_s"] = vals["k8s_api_delay_s"]
+    return web.json_response({"k8s_api_delay_s": kubeadm.SETTINGS["api_delay_s"],
+                              "task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
                               "stats_lag_s": c.stats_lag_s, "task_invisible_s": c.task_invisible_s,
                               "auth_delay_s": ctx.auth_delay_s, "guest_boot_s": c.guests.settings.boot_s,
                               "cloud_init_s": c.guests.settings.cloud_init_s})

@@ -18,7 +18,9 @@ The drive exists only if a disk of the VM is ``<storage>:vm-<vmid>-cloudinit`` (
 ``meta-data`` = ``instance-id: sha1(user-data . network-config)``, ``vendor-data`` (empty). Any
 change of a key therefore changes the instance-id, and a guest that boots from the new drive is a new
 instance (see :mod:`z9.sim.guest`). ``nameserver``/``searchdomain`` unset → the node's resolv.conf
-(:data:`HOST_DNS`). ``citype`` other than ``nocloud`` is not modelled (treated as nocloud).
+(:data:`HOST_DNS`). ``citype`` other than ``nocloud`` is not modelled (treated as nocloud). ``cicustom``
+needs snippets volumes, which the API cannot write: a VM with it fails to start, regenerate or dump its
+drive (:func:`check_cicustom`).
 """
 
 from __future__ import annotations
@@ -167,8 +169,32 @@ def metadata(user: str, net: str) -> str:
     return f"instance-id: {hashlib.sha1((user + net).encode()).hexdigest()}\n"
 
 
+def check_cicustom(conf: dict[str, str]) -> None:
+    """``cicustom`` files are read from **snippets** volumes (``read_cloudinit_snippets_file``), which the
+    API cannot write (``upload`` takes iso/vztmpl/import only): a volume of another type fails
+    ``<volid> is not in the snippets directory``, a snippet fails ``can't open '<path>' - No such file or
+    directory`` (pve-common ``file_get_contents``). So a VM with ``cicustom`` cannot start here, nor can
+    its drive be regenerated or dumped — as on a PVE whose snippets nobody copied in over SSH."""
+    from .errors import PveError
+    from .storage import STORAGES
+
+    for part in (conf.get("cicustom") or "").split(","):
+        kind, sep, volid = part.partition("=")
+        if not sep or kind not in ("user", "network", "meta", "vendor") or not volid:
+            continue
+        sid, colon, volname = volid.partition(":")
+        sdef = next((d for d in STORAGES if d.id == sid), None)
+        if not colon or sdef is None:
+            raise PveError(500, f"storage '{sid}' does not exist" if colon else f"unable to parse volume ID '{volid}'")
+        m = re.fullmatch(r"snippets/([^/]+)", volname)
+        if m is None or sdef.path is None:
+            raise PveError(500, f"{volid} is not in the snippets directory")
+        raise PveError(500, f"can't open '{sdef.path}/snippets/{m.group(1)}' - No such file or directory")
+
+
 def dump(conf: dict[str, str], vmid: int, kind: str) -> str:
     """``GET …/cloudinit/dump?type=user|network|meta`` (generated from the current config)."""
+    check_cicustom(conf)
     user = userdata(conf, vmid)
     if kind == "user":
         return user
@@ -182,6 +208,7 @@ def generate(conf: dict[str, str], vmid: int) -> dict[str, bytes] | None:
     """The files of the regenerated drive (``/user-data``...) or None without a cloud-init drive."""
     if cloudinit_drive(conf, vmid) is None:
         return None
+    check_cicustom(conf)
     user, net = userdata(conf, vmid), network(conf)
     return {"user-data": user.encode(), "network-config": net.encode(), "meta-data": metadata(user, net).encode(),
             "vendor-data": b""}

@@ -366,7 +366,10 @@ class Cluster:
         if vm.ci_applied is None:
             vm.ci_applied = cloudinit.ci_values(vm.config)
         if vm.running and vm.ci_drive is None:
-            vm.ci_drive = cloudinit.generate(vm.config, vm.vmid)
+            try:
+                vm.ci_drive = cloudinit.generate(vm.config, vm.vmid)
+            except PveError:  # e.g. cicustom snippets nobody can have written: no drive to boot from
+                vm.ci_drive = None
         self.vms[vm.vmid] = vm
         if vm.running:
             self.guests.power_on(vm, already_up=True)
@@ -912,7 +915,21 @@ class Cluster:
                         raise PveError(500, f"VM {vmid} not running")
                     await asyncio.sleep(self.duration(ttype))
                     if action == "reboot":  # qm reboot: shutdown, then a new start (which regenerates cloud-init)
-                        self.apply_cloudinit(v)
+                        try:
+                            self.check_volumes(v)
+                            self.apply_cloudinit(v)
+                        except PveError as e:
+                            # qemu-server vm_reboot only stops the VM; qmeventd's cleanup starts it again in
+                            # its own qmstart task, which fails: the reboot is OK, the VM stays stopped
+                            v.running, v.started_at = False, None
+                            self.guests.power_off(vmid)
+                            task.lines.append(f"VM {vmid} stopped for reboot; its start failed: {e.message}")
+
+                            async def failed_start(t: Task, err: PveError = e) -> None:
+                                raise err
+
+                            self.spawn(v.node, "qmstart", vmid, "root@pam", TaskPlan(failed_start))
+                            return
                         v.started_at = time.time()
                         self.guests.power_on(v)
                     elif action == "reset":  # same QEMU process: the guest reboots from the current media

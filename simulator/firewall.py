@@ -9,8 +9,12 @@ State, as on a PVE cluster (``/etc/pve/firewall/<vmid>.fw`` and ``cluster.fw``):
   keyed by the vmid alone, like the file: the endpoints do not check that the VM exists (an unknown
   node name still fails), a clone copies the source's file (``clone_vmfw_conf``) and destroy removes it
   (``remove_vmfw_conf``) — :meth:`Firewall.clone` / :meth:`Firewall.remove`, called by the cluster.
-- an entry is ``{cidr, comment?, nomatch?}``; a new entry goes to the **front** (PVE ``unshift``);
-  entries compare as strings (``10.0.0.5`` and ``10.0.0.5/32`` are two entries).
+- an entry is ``{cidr, comment?, nomatch?}``; a new entry goes to the **front** (PVE ``unshift``).
+  Adding normalises the address as pve-firewall's ``create_ip`` does ("normalize like config parser,
+  otherwise duplicates might slip through": ``parse_ip_or_cidr`` drops ``/32`` and ``/128``), so
+  ``10.0.0.5/32`` is stored — and listed — as ``10.0.0.5`` and is a duplicate of it (community.proxmox#248
+  met this). Read, update and delete compare the path's ``{cidr}`` as written: ``…/ipset/x/10.0.0.5/32``
+  does not find ``10.0.0.5`` (DELETE of it succeeds and removes nothing).
 
 Error texts (HTTP status):
 
@@ -73,6 +77,14 @@ def object_digest(obj: dict) -> tuple[dict, str]:
     digest = sha.hexdigest()
     out["digest"] = digest
     return out, digest
+
+
+def normalize_cidr(cidr: str) -> str:
+    """``PVE::Firewall::parse_ip_or_cidr``: a host prefix is dropped (``10.0.0.5/32`` → ``10.0.0.5``,
+    ``2001:db8::1/128`` → ``2001:db8::1``); anything else is kept as written."""
+    if ":" in cidr:
+        return re.sub(r"/128$", "", cidr)
+    return re.sub(r"/32$", "", cidr)
 
 
 def assert_if_modified(current: str, given: str | None) -> None:
@@ -233,6 +245,8 @@ class Firewall:
     def add_ip(self, vmid: int, name: str, params: dict[str, str]) -> None:
         fw, entries = self._ipset(vmid, name)
         cidr = params["cidr"]
+        if not ALIAS_RE.fullmatch(cidr):  # parse_ip_or_cidr: normalised like the config parser
+            cidr = normalize_cidr(cidr)
         if any(e["cidr"] == cidr for e in entries):
             raise param_error({"cidr": f"address '{cidr}' already exists"})
         if re.search(r"/0+$", cidr):

@@ -75,7 +75,8 @@ or per simulator: ``server.cluster.guests.register("kubectl", handler)`` (wins o
 run another command to its end (its ``on_exit`` has run when ``ctx.run`` returns, as in a shell — so
 ``sh -c "kubeadm init && kubectl get nodes"`` and ``runcmd`` items see each other's effects),
 ``ctx.guest.write_file(path, data)``, ``ctx.guest.add_address("eth0", "10.0.0.5/24")``, and read the VM's config via ``ctx.config``. Handlers run on the simulator's event loop:
-never block. Built-ins: ``cloud-init``, ``sh``/``bash -c`` (``;``, ``&&``, ``||``, quoting), ``cat``, ``echo``,
+never block. Built-ins: ``cloud-init``, ``sh``/``bash -c`` (``;``, ``&&``, ``||``, ``|``, ``>``, ``>>``, ``<``,
+``2>``, ``2>&1``, quoting), ``cat``, ``echo``,
 ``true``, ``false``, ``test``/``[``, ``mkdir``, ``rm``, ``hostname``, ``ssh-keygen -lf``, ``ip addr add|del``,
 ``ip -j addr``.
 """
@@ -724,16 +725,38 @@ class Guests:
                                      "not ExecResult\n")
         return r
 
+    @staticmethod
+    def _is_dir(g: Guest, path: str) -> bool:
+        """A directory of the file model: ``/`` or a prefix of a file's path (directories are implicit)."""
+        prefix = path.rstrip("/") + "/"
+        return path.rstrip("/") == "" or any(p.startswith(prefix) for p in g._files)
+
     def file_read(self, vm: "VM", path: str, offset: int, count: int) -> tuple[bytes, bool]:
+        """qemu-ga ``guest-file-open`` (mode ``r``) + ``guest-file-read``: a directory opens, its read fails."""
         g = self.agent(vm)
         data = g.read_file(path)
         if data is None:
+            if path and self._is_dir(g, path):
+                raise qmp_error(vm.vmid, "file-read", "failed to read file: Is a directory")
             raise qmp_error(vm.vmid, "file-open", f"failed to open file '{path}' (mode: 'r'): No such file or directory")
         chunk = data[offset:offset + count]
         return chunk, offset + count < len(data)
 
     def file_write(self, vm: "VM", path: str, data: bytes) -> None:
+        """qemu-ga ``guest-file-open`` (mode ``wb``): an empty path, a directory, or a path below a file fail
+        with the open(2) error; parent directories are implicit (the model has no mkdir -p failure)."""
         g = self.agent(vm)
+        why = None
+        if path == "":
+            why = "No such file or directory"
+        elif path.endswith("/") or self._is_dir(g, path):
+            why = "Is a directory"
+        else:
+            parts = path.split("/")
+            if any(g.read_file("/".join(parts[:i])) is not None for i in range(1, len(parts))):
+                why = "Not a directory"
+        if why:
+            raise qmp_error(vm.vmid, "file-open", f"failed to open file '{path}' (mode: 'wb'): {why}")
         g.write_file(path, data)
 
 
@@ -803,27 +826,87 @@ def _cloud_init(ctx: ExecContext) -> ExecResult:
     return ExecResult(code, out=out, seconds=seconds)
 
 
-def _split_script(script: str) -> list[tuple[str, list[str]]]:
-    """``a && b || c ; d`` → [(op, argv)] where op is the connector before argv (';' first)."""
-    lex = shlex.shlex(script.replace("\n", " ; "), posix=True, punctuation_chars=";&|")
+_FD_REDIRS = ((re.compile(r"(?<![^\s;&|])2>&1"), " \x00E2O "), (re.compile(r"(?<![^\s;&|])2>>"), " \x00EA "),
+              (re.compile(r"(?<![^\s;&|])2>"), " \x00EW "), (re.compile(r"(?<![^\s;&|])1>"), " > "))
+
+
+@dataclass
+class _Simple:
+    argv: list[str] = field(default_factory=list)
+    out: tuple[str, bool] | None = None  # (path, append)
+    err: tuple[str, bool] | str | None = None  # (path, append) or "stdout" (2>&1)
+    inp: str | None = None
+
+
+def _split_script(script: str) -> list[tuple[str, list[_Simple]]]:
+    """``a | b > f && c 2>/dev/null || d < f ; e`` → [(op, pipeline)], op the connector before it (';'
+    first); each simple command has its argv and its redirections (``>``, ``>>``, ``<``, ``2>``, ``2>>``,
+    ``2>&1``). Anything else a shell would do (``&``, ``$(…)``, globbing) is not modelled."""
+    for rx, rep in _FD_REDIRS:
+        script = rx.sub(rep, script)
+    lex = shlex.shlex(script.replace("\n", " ; "), posix=True, punctuation_chars=";&|<>")
     lex.whitespace_split = True
-    parts: list[tuple[str, list[str]]] = []
-    op, cur = ";", []
-    for tok in lex:
-        if tok in (";", "&&", "||"):
-            if cur:
-                parts.append((op, cur))
-            op, cur = tok, []
+    toks = list(lex)
+    parts: list[tuple[str, list[_Simple]]] = []
+    op, pipe, cur = ";", [], _Simple()
+    i = 0
+
+    def close_simple() -> None:
+        nonlocal cur
+        if not cur.argv and (cur.out or cur.err or cur.inp):
+            raise ValueError("redirection without a command")
+        if cur.argv:
+            pipe.append(cur)
+        cur = _Simple()
+
+    while i < len(toks):
+        tok = toks[i]
+        if tok in (">", ">>", "<", "\x00EW", "\x00EA"):
+            if i + 1 >= len(toks) or toks[i + 1] in (";", "&&", "||", "|", ">", ">>", "<"):
+                raise ValueError(f"redirection '{tok.replace(chr(0), '')}' without a file")
+            target = toks[i + 1]
+            if tok == "<":
+                cur.inp = target
+            elif tok in (">", ">>"):
+                cur.out = (target, tok == ">>")
+            else:
+                cur.err = (target, tok == "\x00EA")
+            i += 2
+            continue
+        if tok == "\x00E2O":
+            cur.err = "stdout"
+        elif tok == "|":
+            if not cur.argv:
+                raise ValueError("'|' unexpected")
+            close_simple()
+        elif tok in (";", "&&", "||"):
+            close_simple()
+            if pipe:
+                parts.append((op, pipe))
+            elif tok != ";":
+                raise ValueError(f"'{tok}' unexpected")
+            op, pipe = tok, []
+        elif set(tok) <= set("&|<>;"):
+            raise ValueError(f"'{tok}' is not supported by the simulator's shell")
         else:
-            cur.append(tok)
-    if cur:
-        parts.append((op, cur))
+            cur.argv.append(tok)
+        i += 1
+    close_simple()
+    if pipe:
+        parts.append((op, pipe))
     return parts
+
+
+def _bytes(b: str | bytes) -> bytes:
+    return b.encode() if isinstance(b, str) else bytes(b)
 
 
 @command("sh")
 @command("bash")
 def _sh(ctx: ExecContext) -> ExecResult:
+    """``sh -c SCRIPT`` / ``sh FILE`` / script on stdin: ``;``, ``&&``, ``||``, pipes ``|``, redirections
+    ``>``, ``>>``, ``<``, ``2>``, ``2>>``, ``2>&1`` (``/dev/null`` discards), quoting; each command runs to
+    its end before the next (its effects are seen)."""
     args = ctx.argv[1:]
     if args[:1] == ["-c"] and len(args) >= 2:
         script = args[1]
@@ -839,15 +922,46 @@ def _sh(ctx: ExecContext) -> ExecResult:
         parts = _split_script(script)
     except ValueError as e:
         return ExecResult(2, err=f"{ctx.argv[0]}: 1: Syntax error: {e}\n")
-    out, err, code, seconds = [], [], 0, 0.0
-    for op, argv in parts:
+    g = ctx.guest
+    out, err, code, seconds = b"", b"", 0, 0.0
+
+    def write(target: tuple[str, bool], data: bytes) -> None:
+        if target[0] != "/dev/null":
+            g.write_file(target[0], data, append=target[1])
+
+    for op, pipeline in parts:
         if (op == "&&" and code != 0) or (op == "||" and code == 0):
             continue
-        r = ctx.run(argv)
-        out.append(_text(r.out))
-        err.append(_text(r.err))
-        code, seconds = r.exitcode, seconds + r.seconds
-    return ExecResult(code, "".join(out), "".join(err), seconds)
+        stdin = b""
+        for n, cmd in enumerate(pipeline):
+            if cmd.inp is not None:
+                data = g.read_file(cmd.inp) if cmd.inp != "/dev/null" else b""
+                if data is None:
+                    err += f"{ctx.argv[0]}: 1: cannot open {cmd.inp}: No such file\n".encode()
+                    code, stdin = 2, b""
+                    continue
+                stdin = data
+            for target in (cmd.out, cmd.err if isinstance(cmd.err, tuple) else None):
+                if target is not None and target[0] != "/dev/null" and not target[1]:
+                    g.write_file(target[0], b"")  # the shell truncates before the command runs
+            r = ctx.run(cmd.argv, stdin)
+            seconds += r.seconds
+            c_out, c_err = _bytes(r.out), _bytes(r.err)
+            if cmd.err == "stdout":
+                c_out, c_err = c_out + c_err, b""
+            elif isinstance(cmd.err, tuple):
+                write(cmd.err, c_err)
+                c_err = b""
+            if cmd.out is not None:
+                write(cmd.out, c_out)
+                c_out = b""
+            err += c_err
+            code = r.exitcode
+            if n + 1 < len(pipeline):
+                stdin = c_out
+            else:
+                out += c_out
+    return ExecResult(code, out, err, seconds)
 
 
 @command("cat")

@@ -229,8 +229,15 @@ def check_prop(value: str | None, schema: dict, path: str = "") -> str | None:
             return MSG_MISSING
         return None
     typ = schema.get("type")
+    if isinstance(value, JsonRef):  # PVE::JSONSchema::check_type on a reference
+        return f"type check ('{typ}') failed" if typ in ("array", "object") else \
+            f"type check ('{typ}') failed - got {value.kind}"
     if isinstance(value, list):
-        return None if typ == "array" else check_prop(value[-1] if value else "", schema, path)
+        if typ == "array":
+            items = schema.get("items") or {}
+            refs = [x for x in value if isinstance(x, JsonRef)]
+            return check_prop(refs[0], items, path) if refs and items.get("type") not in ("array", "object") else None
+        return check_prop(value[-1] if value else "", schema, path)
     if typ == "boolean" and value not in ("1", "0"):
         return f"type check ('boolean') failed - got '{value}'"
     if typ == "integer" and not _INT_RE.fullmatch(value):
@@ -293,12 +300,28 @@ class _Node:
         self.template: str = ""
 
 
+class JsonRef(str):
+    """A JSON body value that is an object or an array where the schema wants a scalar (or an object
+    where it wants an array): to the Perl validator a HASH or ARRAY reference, which ``check_type``
+    refuses. The text is only for display."""
+
+    kind: str = "HASH"
+
+    @classmethod
+    def of(cls, value: Any) -> "JsonRef":
+        ref = cls(json.dumps(value))
+        ref.kind = "ARRAY" if isinstance(value, list) else "HASH"
+        return ref
+
+
 def stringify(value: Any) -> str:
     """How a JSON body value reaches the Perl validator: JSON booleans become 1/0."""
     if value is True:
         return "1"
     if value is False:
         return "0"
+    if isinstance(value, str):
+        return value  # a JsonRef stays one
     return str(value)
 
 

@@ -117,6 +117,21 @@ def node_ip(cluster: "Cluster", node: str) -> str:
     return f"192.0.2.{11 + cluster.nodes.index(node)}"
 
 
+_VOLNAME_RES = (re.compile(r"\d+/\S+"), re.compile(r"iso/[^/]+\.(?:iso|img)", re.I),
+                re.compile(r"vztmpl/[^/]+\.tar\.(?:gz|xz|zst)", re.I), re.compile(r"rootdir/\d+"),
+                re.compile(r"backup/[^/]+"), re.compile(r"snippets/[^/]+"),
+                re.compile(r"import/[^/]+\.(?:ova|ovf|qcow2|raw|vmdk)", re.I))
+
+
+def check_volname(sdef: "StorageDef", volname: str) -> None:
+    """``Plugin::parse_volname`` of a file-based storage (called through ``PVE::Storage::path`` before any
+    work): a name outside its layout, e.g. with ``..`` or a sub-directory, is refused."""
+    if sdef.path is None:
+        raise PveError(500, f"unable to parse lvm volume name '{volname}'")
+    if not any(rx.fullmatch(volname) for rx in _VOLNAME_RES):
+        raise PveError(500, f"unable to parse directory volume name '{volname}'")
+
+
 def normalize_filename(name: str) -> str:
     """``PVE::Storage::normalize_content_filename``: base name, ``[^a-zA-Z0-9_.-]`` → ``_``."""
     name = name.replace("\\", "/").rsplit("/", 1)[-1]
@@ -315,8 +330,7 @@ class Storage:
             volname = volume
         sdef = self.definition(sid)
         volid = f"{sid}:{volname}"
-        if sdef.path is None:
-            raise PveError(500, f"unable to parse lvm volume name '{volname}'")
+        check_volname(sdef, volname)
 
         async def run(task: "Task") -> None:
             await asyncio.sleep(self.cluster.duration("imgdel"))

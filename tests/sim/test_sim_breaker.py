@@ -204,3 +204,177 @@ def test_a_handler_written_from_the_docstring_composes_in_sh_and_runcmd(sim, pve
     assert r == {"exited": 1, "exitcode": 0, "out-data": "init started\nkubeconfig"}
     r = agent_exec(vm, ["z9b-broken"])
     assert r["exitcode"] == 1 and "not ExecResult" in r["err-data"]
+
+
+def test_volume_names_outside_the_storage_layout_are_refused(sim, pve, wait):
+    """``PVE::Storage::path`` → ``parse_volname`` before any work: no imgdel task for a name in a
+    sub-directory, without a content directory or with the wrong extension (requests already folds ``..``
+    segments of a URL, so a traversal reaches the simulator as one of these)."""
+    st = pve.nodes("pve1").storage("local")
+    for volume in ("nope", "iso/sub/x.iso", "iso/x.txt", "template/iso/x.iso"):
+        r = raw(sim, "DELETE", f"/nodes/pve1/storage/local/content/{volume}")
+        assert (r.status_code, r.json()["message"]) == (500, f"unable to parse directory volume name '{volume}'\n")
+        r = raw(sim, "GET", f"/nodes/pve1/storage/local/content/local:{volume}")
+        assert (r.status_code, r.json()["message"]) == (500, f"unable to parse directory volume name '{volume}'\n")
+    assert not [t for t in pve.nodes("pve1").tasks.get() if t["type"] == "imgdel"]
+    e = err(lambda: st.content("iso/missing.iso").get())
+    assert (e.status_code, e.content) == (500, "volume 'local:iso/missing.iso' does not exist")
+    # a well-formed missing name still gets its task (a warning, as Plugin::free_image)
+    assert wait(st.content("iso/missing.iso").delete())["exitstatus"] == "WARNINGS: 1"
+
+
+def test_json_bodies_with_objects_or_arrays_where_the_schema_wants_otherwise_are_refused(sim, pve, wait):
+    """A JSON body is typed: an object or array for a string/boolean parameter, or an object for
+    ``command`` (an array of strings), fails PVE's check_type instead of running its Python repr."""
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    wait(vm.status.start.post())
+    until(lambda: vm.agent.ping.post())
+    path = "/nodes/pve1/qemu/101/agent"
+    cases = [
+        (f"{path}/exec", {"command": {"a": 1}}, {"command": "type check ('array') failed"}),
+        (f"{path}/exec", {"command": ["echo", {"a": 1}]}, {"command": "type check ('string') failed - got HASH"}),
+        (f"{path}/file-write", {"file": ["/a"], "content": "x"}, {"file": "type check ('string') failed - got ARRAY"}),
+        (f"{path}/file-write", {"file": "/a", "content": "x", "encode": {"x": 1}},
+         {"encode": "type check ('boolean') failed - got HASH"}),
+    ]
+    for url, body, errors in cases:
+        r = raw(sim, "POST", url, json=body)
+        assert (r.status_code, r.json().get("errors")) == (400, errors), (body, r.text)
+    r = raw(sim, "POST", f"{path}/exec", json={"command": ["echo", "hi"]})
+    assert r.status_code == 200 and "pid" in r.json()["data"]
+
+
+def test_ipset_add_normalises_a_host_prefix(pve):
+    """pve-firewall create_ip runs parse_ip_or_cidr before its duplicate check: '/32' and '/128' are
+    dropped, so 10.0.0.5/32 is stored as 10.0.0.5 and is a duplicate of it; the entry's own path is
+    the bare address (a '/32' path finds nothing)."""
+    fw = pve.nodes("pve1").qemu(101).firewall
+    fw.ipset.post(name="ipfilter-net0")
+    s = fw.ipset("ipfilter-net0")
+    s.post(cidr="10.0.0.5/32")
+    s.post(cidr="2001:db8::1/128")
+    s.post(cidr="10.0.1.0/24")
+    assert [e["cidr"] for e in s.get()] == ["10.0.1.0/24", "2001:db8::1", "10.0.0.5"]
+    e = err(lambda: s.post(cidr="10.0.0.5"))
+    assert e.errors == {"cidr": "address '10.0.0.5' already exists"}
+    e = err(lambda: s.post(cidr="2001:db8::1/128"))
+    assert e.errors == {"cidr": "address '2001:db8::1' already exists"}
+    assert err(lambda: s("10.0.0.5/32").get()).errors == {"cidr": "no such IP/Network"}
+    s("10.0.0.5/32").delete()  # nothing by that name: OK, nothing removed
+    assert len(s.get()) == 3
+    s("10.0.0.5").delete()
+    assert [e["cidr"] for e in s.get()] == ["10.0.1.0/24", "2001:db8::1"]
+
+
+def test_admin_settings_refuse_bad_values_whole(sim, admin):
+    """PUT /_sim/config and POST /_sim/flock answer 400 for bad input (they raised: 500 with a
+    traceback), and a bad value applies nothing (no half-applied settings)."""
+    before = admin("put", "/config", json={})
+    for body in ({"guest_boot_s": "abc"}, {"task_seconds": [1]}, {"cloud_init_s": 0.5, "task_default_s": "x"},
+                 {"guest_boot_s": -1}, {"guest_boot": 1}):
+        r = requests.put(f"{sim.admin_url}/config", json=body, verify=False, timeout=10)
+        assert r.status_code == 400 and "bad config" in r.json()["error"], (body, r.text)
+    assert admin("put", "/config", json={}) == before
+    for body in ({}, {"vmid": "x"}, {"vmid": 100, "seconds": "long"}):
+        r = requests.post(f"{sim.admin_url}/flock", json=body, verify=False, timeout=10)
+        assert r.status_code == 400, (body, r.text)
+
+
+def test_reboot_after_the_attached_iso_was_deleted_leaves_the_vm_stopped(pve, wait, tmp_path):
+    """qm reboot = stop + a new start (qmeventd). Deleting the seed ISO a running VM still references
+    (CAPMOX deletes it after cloud-init) and then rebooting: the reboot task is OK, the start fails
+    ``volume '…' does not exist`` in its own qmstart task, and the VM is stopped — not booted without it."""
+    iso = build_nocloud_iso("#cloud-config\n", "instance-id: r-1\n")
+    vm = boot_with_iso(pve, wait, tmp_path, iso)
+    until(lambda: vm.agent.ping.post())
+    assert wait(pve.nodes("pve1").storage("local").content("iso/seed-101.iso").delete())["exitstatus"] == "OK"
+    assert wait(vm.status.reboot.post())["exitstatus"] == "OK"
+    assert vm.status.current.get()["status"] == "stopped"
+    starts = [t["upid"] for t in pve.nodes("pve1").tasks.get(vmid=101, source="all") if t["type"] == "qmstart"]
+    assert sorted(wait(u)["exitstatus"] for u in starts) == ["OK", "volume 'local:iso/seed-101.iso' does not exist"]
+    e = err(lambda: vm.agent.ping.post())
+    assert e.content == "VM 101 is not running"
+
+
+def test_file_write_and_read_of_paths_a_file_cannot_have(pve, wait):
+    """qemu-ga open(2) errors: an empty path, a directory (also one implied by a file below it), a path
+    below a file. Before, each was stored as a file ('' or '/etc/' became readable files)."""
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    wait(vm.status.start.post())
+    until(lambda: vm.agent.ping.post())
+    vm.agent("file-write").post(file="/etc/app/app.conf", content="x")
+    fw = vm.agent("file-write")
+    for path, why in (("", "No such file or directory"), ("/etc/", "Is a directory"), ("/etc/app", "Is a directory"),
+                      ("/", "Is a directory"), ("/etc/app/app.conf/x", "Not a directory")):
+        e = err(lambda: fw.post(file=path, content="y"))
+        assert (e.status_code, e.content) == (
+            500, f"VM 101 qmp command 'guest-file-open' failed - failed to open file '{path}' (mode: 'wb'): {why}")
+    e = err(lambda: vm.agent("file-read").get(file="/etc/app"))
+    assert e.content == "VM 101 qmp command 'guest-file-read' failed - failed to read file: Is a directory"
+    assert vm.agent("file-read").get(file="/etc/app/app.conf")["content"] == "x"
+    fw.post(file="relative.txt", content="ok")  # qemu-ga opens it relative to its cwd: allowed
+
+
+def test_shell_redirections_and_pipes(pve, wait):
+    """'echo 0 > /tmp/f; cat /tmp/f' printed '0 > /tmp/f' and wrote nothing, and 'a | b' passed '|' as an
+    argument: the simulator's sh now redirects and pipes, and refuses what it does not model."""
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    wait(vm.status.start.post())
+    until(lambda: vm.agent.ping.post())
+
+    def sh(script: str) -> dict:
+        return agent_exec(vm, ["sh", "-c", script])
+
+    assert sh("echo 0 > /tmp/f; echo 1 >> /tmp/f; cat /tmp/f") == {"exited": 1, "exitcode": 0, "out-data": "0\n1\n"}
+    assert sh("echo hello | cat") == {"exited": 1, "exitcode": 0, "out-data": "hello\n"}
+    assert sh("cat < /tmp/f | cat > /tmp/g && cat /tmp/g")["out-data"] == "0\n1\n"
+    r = sh("cat /nope 2>/dev/null || echo missing")
+    assert r == {"exited": 1, "exitcode": 0, "out-data": "missing\n"}
+    r = sh("cat /nope 2>&1")
+    assert r == {"exited": 1, "exitcode": 1, "out-data": "cat: /nope: No such file or directory\n"}
+    r = sh("cat /nope 2> /tmp/err; cat /tmp/err")
+    assert r["out-data"] == "cat: /nope: No such file or directory\n" and "err-data" not in r
+    assert sh("echo 'a > b | c'")["out-data"] == "a > b | c\n"  # quoted: no redirection
+    assert sh("echo x >/dev/null") == {"exited": 1, "exitcode": 0}
+    r = sh("sleep 1 &")
+    assert r["exitcode"] == 2 and "not supported" in r["err-data"]
+    r = sh("echo >")
+    assert r["exitcode"] == 2 and "Syntax error" in r["err-data"]
+    assert vm.agent("file-read").get(file="/tmp/f")["content"] == "0\n1\n"
+
+
+def test_cicustom_needs_snippets_the_api_cannot_write(pve, wait):
+    """qemu-server reads cicustom files from snippets volumes; the API cannot upload snippets, so a VM
+    with cicustom cannot start (nor regenerate or dump its drive) — before, cicustom was ignored and
+    the VM booted from the generated user-data."""
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    vm.config.put(cicustom="user=local:snippets/user-101.yaml")
+    st = wait(vm.status.start.post())
+    assert st["exitstatus"] == "can't open '/var/lib/vz/snippets/user-101.yaml' - No such file or directory"
+    assert vm.status.current.get()["status"] == "stopped"
+    vm.config.put(cicustom="user=local:iso/seed.iso,network=isos:snippets/n.yaml")
+    e = err(lambda: vm.cloudinit.put())
+    assert (e.status_code, e.content) == (500, "local:iso/seed.iso is not in the snippets directory")
+    e = err(lambda: vm.cloudinit.dump.get(type="user"))
+    assert e.content == "local:iso/seed.iso is not in the snippets directory"
+    vm.config.put(delete="cicustom")
+    assert wait(vm.status.start.post())["exitstatus"] == "OK"
+
+
+def test_upload_needs_a_multipart_body_of_known_length(sim):
+    """pve-http-server streams uploads: another Content-Type or a chunked body (no Content-Length) is
+    refused before the handler (they reached it: 'missing temporary file name' or an accepted upload)."""
+    url = "/nodes/pve1/storage/local/upload"
+    r = raw(sim, "POST", url, json={"content": "iso", "filename": "a.iso"})
+    assert (r.status_code, r.json()["message"]) == (501, "upload 'Content-Type 'application/json' not implemented\n")
+    body = (b"--xx\r\nContent-Disposition: form-data; name=\"content\"\r\n\r\niso\r\n--xx\r\nContent-Disposition: "
+            b"form-data; name=\"filename\"; filename=\"c.iso\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+            b"data\r\n--xx--\r\n")
+    r = raw(sim, "POST", url, data=iter([body]), headers={"Content-Type": "multipart/form-data; boundary=xx"})
+    assert (r.status_code, r.json()["message"]) == (501, "upload without content length header not supported\n")
+    r = raw(sim, "POST", url, data=body, headers={"Content-Type": "multipart/form-data; boundary=xx"})
+    assert r.status_code == 200 and ":imgcopy:" in r.json()["data"]

@@ -503,16 +503,28 @@ def test_new_endpoints_reject_what_the_schema_rejects(pve, call, field):
     assert e.status_code == 400 and field in e.errors, e.errors
 
 
-def test_upload_rejects_unknown_parameter_and_tmpfilename(pve, tmp_path):
+def test_upload_rejects_unknown_parameter_and_tmpfilename(pve, tmp_path, sim):
     iso = build_nocloud_iso("#cloud-config\n", "instance-id: x\n")
     e = err(lambda: upload(pve, tmp_path, iso, colour="red"))
     assert e.status_code == 400 and "colour" in e.errors
     e = err(lambda: upload(pve, tmp_path, iso, tmpfilename="/var/tmp/pveupload-abc"))
     assert (e.status_code, e.content) == (400, "'tmpfilename' query parameter is not allowed for file uploads")
-    e = err(lambda: pve.nodes("pve1").storage("local").upload.post(content="iso", filename="x" * 252 + ".iso"))
-    assert e.status_code == 400 and e.errors == {"filename": "value may only be 255 characters long"}
+    # a file name over 255 characters (the file part's name: no local file can have it, so send it raw)
+    r = requests.post(f"https://127.0.0.1:{sim.port}/api2/json/nodes/pve1/storage/local/upload",
+                      headers={"Authorization": f"PVEAPIToken=root@pam!z9={sim.token_secret}"},
+                      data={"content": "iso"}, files={"filename": ("x" * 252 + ".iso", iso)},
+                      verify=str(sim.cert_path), timeout=10)
+    assert r.status_code == 400 and r.json()["errors"] == {"filename": "value may only be 255 characters long"}
+    # no file part: proxmoxer then sends a form-encoded body, which pve-http-server refuses on this path
     e = err(lambda: pve.nodes("pve1").storage("local").upload.post(content="iso", filename="plain.iso"))
-    assert (e.status_code, e.content) == (500, "missing temporary file name")  # no file part
+    assert (e.status_code, e.content) == (501, "upload 'Content-Type 'application/x-www-form-urlencoded' not "
+                                               "implemented")
+    # a multipart body without a file part reaches the handler, which has no temporary file
+    r = requests.post(f"https://127.0.0.1:{sim.port}/api2/json/nodes/pve1/storage/local/upload",
+                      headers={"Authorization": f"PVEAPIToken=root@pam!z9={sim.token_secret}"},
+                      files={"content": (None, "iso"), "filename": (None, "plain.iso")}, verify=str(sim.cert_path),
+                      timeout=10)
+    assert (r.status_code, r.json()["message"]) == (500, "missing temporary file name\n")
 
 
 def test_upload_with_a_ticket_needs_no_csrf_token(sim, wait, pve):
