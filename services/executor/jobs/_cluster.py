@@ -318,12 +318,11 @@ async def _token(ctx: JobContext, world: World, m: MemberSpec) -> str:
     """The member's join token: remembered (memo) before it is registered on a control plane;
     replaced when older than half its ttl."""
     ttl = ctx.settings.cluster_join_token_ttl_s
-    tokens = dict(ctx.memo.get("tokens") or {})
-    got = tokens.get(m.name)
+    key = f"token:{m.name}"  # one memo key per member: parallel members' writes never overwrite each other
+    got = ctx.memo.get(key)
     if got is None or time.time() - float(got["minted_at"]) > ttl / 2:
         got = {"token": pki.new_bootstrap_token(), "minted_at": time.time()}
-        tokens[m.name] = got
-        await ctx.remember(tokens={**(ctx.memo.get("tokens") or {}), m.name: got})
+        await ctx.remember(**{key: got})
     cp = await _api_vm(ctx, world)
     code, out, err = await ctx.pve.agent_exec(cp.node, cp.vmid, ["kubeadm", "token", "create", got["token"], "--ttl",
                                                                  f"{int(ttl)}s", "--description",
@@ -420,7 +419,7 @@ async def _ensure_iso(ctx: JobContext, cluster: Cluster, m: MemberSpec, vm: VmSt
     volid = f"{storage}:iso/{name}"
     if volid in await ctx.pve.storage_isos(vm.node, storage):
         return volid
-    earlier = (ctx.memo.get("uploads") or {}).get(name)
+    earlier = ctx.memo.get(f"upload:{name}")
     if earlier:  # an earlier attempt sent this very file: wait for its task rather than send it again
         try:
             await ctx.wait_task(step, earlier)
@@ -430,7 +429,7 @@ async def _ensure_iso(ctx: JobContext, cluster: Cluster, m: MemberSpec, vm: VmSt
             log.warning("cluster %s: the earlier upload of %s (%s) did not land: %s", cluster.id, name, earlier, e)
     await ctx.fence()
     upid = await ctx.pve.upload_iso(vm.node, storage, name, data)
-    await ctx.remember(uploads={**(ctx.memo.get("uploads") or {}), name: upid})
+    await ctx.remember(**{f"upload:{name}": upid})
     await ctx.wait_task(step, upid)
     return volid
 
