@@ -8,19 +8,21 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-RUN useradd --system --create-home --home-dir /home/z9 --shell /usr/sbin/nologin z9 \
+# uid 10001: the Kubernetes manifests run the pods as this user (runAsNonRoot, runAsUser).
+RUN useradd --system --uid 10001 --create-home --home-dir /home/z9 --shell /usr/sbin/nologin z9 \
     && mkdir -p /var/lib/z9-sim && chown z9:z9 /var/lib/z9-sim
 
 WORKDIR /app
 # Only what the package needs (see pyproject.toml's package-dir); secrets and state stay out
 # (.dockerignore).
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY z9 ./z9
 COPY libs ./libs
 COPY services ./services
 COPY db ./db
 COPY simulator ./simulator
-RUN pip install . && z9 --help >/dev/null
+# The versions the tests passed with (constraints.txt; regenerate it as its header says).
+RUN pip install -c constraints.txt . && z9 --help >/dev/null
 
 USER z9
 WORKDIR /home/z9

@@ -32,12 +32,28 @@ class _NoClient:
         return None
 
 
+def strip_job_change_notify() -> None:
+    """Remove the ``pg_notify('z9_job_changed', …)`` column from every named query (the code as
+    it was before the job long-poll), to measure what those notifications cost the executor."""
+    import re
+
+    from z9.common import sql
+
+    pattern = re.compile(r",\s*pg_notify\('z9_job_changed', [a-z]+\.id\)::text AS notified")
+    qs = sql.queries()
+    for name, text in qs.items():
+        qs[name] = pattern.sub("", text)
+    assert not any("z9_job_changed" in t for t in qs.values())
+
+
 async def main() -> None:
     dsn, conc = sys.argv[1], int(sys.argv[2])
     mode = sys.argv[3] if len(sys.argv) > 3 else "-"
     if mode != "-":
         z9db.PLAN_CACHE_MODE = None if mode == "default" else mode
     setup_logging("executor", os.environ.get("Z9_LOG_LEVEL", "INFO"))
+    if os.environ.get("Z9_BENCH_NO_JOB_NOTIFY") == "1":  # baseline of bench/waiters.py
+        strip_job_change_notify()
     noop.register()
     settings = Settings(database_url=dsn, executor_concurrency=conc, regions={})
     loop = asyncio.get_running_loop()

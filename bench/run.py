@@ -270,10 +270,13 @@ async def w2(dsn: str, n: int, rnd: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- W3 / W5
 
 async def drain_round(dsn: str, n: int, conc: int, rnd: int, workload: str, plan_cache_mode: str,
-                      **extra: Any) -> dict[str, Any]:
+                      executor_dsn: str | None = None, **extra: Any) -> dict[str, Any]:
+    """One drain of ``n`` no-op jobs by an executor child of concurrency ``conc``; ``executor_dsn``:
+    the child's ``Z9_DATABASE_URL`` when not ``dsn`` (e.g. through PgBouncer: the child then takes
+    ``Z9_DATABASE_DIRECT_URL``/``Z9_DATABASE_POOLER`` from the environment)."""
     await reset_jobs(dsn)
     await enqueue_batch(dsn, n)
-    child = Child(dsn, conc, plan_cache_mode)
+    child = Child(executor_dsn or dsn, conc, plan_cache_mode)
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("ANALYZE jobs")
@@ -517,7 +520,7 @@ async def w6(dsn: str, rnd: int, duration_s: int, connections: int) -> list[dict
     finally:
         await conn.close()
     port = free_port()
-    env = dict(os.environ, Z9_DATABASE_URL=dsn, Z9_LOG_LEVEL="WARNING",
+    env = dict(os.environ, Z9_DATABASE_URL=dsn, Z9_LOG_LEVEL="WARNING", Z9_API_RATE_LIMIT_PER_S="0",
                Z9_REGIONS=json.dumps({REGION: {"url": "https://127.0.0.1:9", "token_secret": "x",
                                                "images": ["debian-12"]}}))
     z9 = os.path.join(os.path.dirname(sys.executable), "z9")

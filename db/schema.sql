@@ -29,8 +29,16 @@ CREATE TABLE api_tokens (
     name          text NOT NULL,
     token_sha256  bytea NOT NULL UNIQUE CHECK (length(token_sha256) = 32),
     created_at    timestamptz NOT NULL DEFAULT now(),
-    revoked_at    timestamptz
+    revoked_at    timestamptz,
+    -- migration 0007: read | write | operator (operator only from `z9 token`); coarse last use
+    scopes        text[] NOT NULL DEFAULT '{read,write}'
+                  CHECK (scopes <@ '{read,write,operator}'::text[] AND cardinality(scopes) >= 1),
+    expires_at    timestamptz,
+    last_used_at  timestamptz,
+    created_by    text
 );
+
+CREATE INDEX api_tokens_tenant ON api_tokens (tenant_id, id);
 
 -- Resources: one table per type (servers; addresses next; load balancers and clusters later),
 -- each carrying the same LIFECYCLE COLUMNS with the same meaning:
@@ -125,6 +133,9 @@ CREATE TABLE jobs (
     -- Resources locked besides resource_id (migration 0004): claimed only when no earlier live
     -- job shares any key.
     extra_lock_keys   text[] NOT NULL DEFAULT '{}',
+    -- migration 0007: the API token that asked for the job (NULL: z9 itself) and its request id
+    actor_token_id    text,
+    request_id        text CHECK (length(request_id) <= 200),
     CHECK ((resource_type IS NULL) = (resource_id IS NULL)),
     CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
     CHECK ((status = 'running') = (lease_owner IS NOT NULL)),
@@ -208,6 +219,7 @@ CREATE TABLE vm_clone_requests (
     node         text NOT NULL,
     job_id       text NOT NULL,  -- the job that sent it (no foreign key: jobs are pruned)
     sent_at      timestamptz NOT NULL DEFAULT now(),
+    lost_at      timestamptz,  -- its sender saw the answer lost (timeout, dropped): in flight until then
     answered_at  timestamptz,
     upid         text,
     PRIMARY KEY (resource_id, member, vmid),

@@ -302,7 +302,14 @@ async def h_storage_volume(ctx, p, user, fail):
     sid = p["storage"]
     volid = p["volume"] if ":" in p["volume"] else f"{sid}:{p['volume']}"
     ctx.cluster.check_node(p["node"])
-    check_volname(st.definition(volid.split(":", 1)[0]), volid.split(":", 1)[1])
+    sdef = st.definition(volid.split(":", 1)[0])
+    check_volname(sdef, volid.split(":", 1)[1])
+    if sdef.path is None:  # a VM disk on the thin pool: its path under /dev/<vg>
+        for d in st.content(p["node"], sdef.id, {}):
+            if d["volid"] == volid:
+                return {"path": f"/dev/pve/{volid.split(':', 1)[1]}", "size": d["size"], "used": d["size"],
+                        "format": "raw"}
+        raise PveError(500, f"volume '{volid}' does not exist")
     vol = st.volume(volid, p["node"])
     if vol is None:
         raise PveError(500, f"volume '{volid}' does not exist")

@@ -210,6 +210,20 @@ def _parse_task_seconds(text: str) -> tuple[dict[str, float], float | None]:
     return out, default
 
 
+def _token_secret(path: Path | None) -> tuple[str, str]:
+    """(secret, where it came from): ``path``'s first line, else ``$Z9_SIM_TOKEN_SECRET``, else the
+    dev secret. Raises OSError/ValueError for an unreadable or empty file."""
+    if path is not None:
+        secret = path.read_text().strip()
+        if not secret:
+            raise ValueError(f"--token-secret-file {path} is empty")
+        return secret, str(path)
+    env = os.environ.get("Z9_SIM_TOKEN_SECRET", "").strip()
+    if env:
+        return env, "Z9_SIM_TOKEN_SECRET"
+    return DEV_TOKEN_SECRET, "the built-in dev secret"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``z9 sim``: run a simulator until SIGINT/SIGTERM; prints one line with URL and token."""
     p = argparse.ArgumentParser(prog="z9 sim", description="Proxmox VE API simulator for z9")
@@ -221,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task-seconds", default="1.0",
                    help="seconds per task: a number for all, or qmclone=3,qmstart=1,default=0.5")
     p.add_argument("--stats-lag-s", type=float, default=10.0)
-    p.add_argument("--token-secret", default=DEV_TOKEN_SECRET)
+    # The API token's secret: from a file or Z9_SIM_TOKEN_SECRET, never the command line (every
+    # local user sees it with `ps`); without either, the well-known dev secret (a warning says so).
+    p.add_argument("--token-secret-file", type=Path, default=None,
+                   help="file holding the API token secret (default: $Z9_SIM_TOKEN_SECRET, else the dev secret)")
     p.add_argument("--auth-delay-s", type=float, default=0.0)
     p.add_argument("--state-file", type=Path, default=None)
     p.add_argument("--empty", action="store_true", help="start without the dev seed VMs")
@@ -229,8 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cloud-init-s", type=float, default=1.0, help="how long cloud-init runs after the boot")
     args = p.parse_args(argv)
     per_type, default = _parse_task_seconds(args.task_seconds)
+    try:
+        token_secret, secret_from = _token_secret(args.token_secret_file)
+    except (OSError, ValueError) as e:
+        print(f"z9 sim: {e}", file=sys.stderr)
+        return 2
     config = SimConfig(region=args.region, nodes=[n for n in args.nodes.split(",") if n],
-                       token_secret=args.token_secret, task_seconds=per_type,
+                       token_secret=token_secret, task_seconds=per_type,
                        task_default_s=default if default is not None else 1.0, stats_lag_s=args.stats_lag_s,
                        auth_delay_s=args.auth_delay_s, state_file=args.state_file,
                        seed="empty" if args.empty else "dev", guest_boot_s=args.guest_boot_s,
@@ -240,8 +262,11 @@ def main(argv: list[str] | None = None) -> int:
 
     async def serve() -> None:
         server = await start_simulator(config, args.host, args.port, cert_dir)
-        print(f"z9 sim: region={config.region} url={server.url} token={server.token_id}={server.token_secret} "
-              f"cert={server.cert_path} admin={server.admin_url}", flush=True)
+        print(f"z9 sim: region={config.region} url={server.url} token={server.token_id} (secret from "
+              f"{secret_from}) cert={server.cert_path} admin={server.admin_url}", flush=True)
+        if secret_from == "the built-in dev secret":
+            print("z9 sim: warning: using the well-known dev token secret; pass --token-secret-file or "
+                  "Z9_SIM_TOKEN_SECRET", file=sys.stderr, flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -123,11 +123,16 @@ _VOLNAME_RES = (re.compile(r"\d+/\S+"), re.compile(r"iso/[^/]+\.(?:iso|img)", re
                 re.compile(r"import/[^/]+\.(?:ova|ovf|qcow2|raw|vmdk)", re.I))
 
 
+LVM_VOLNAME_RE = re.compile(r"(?:base-\d+-\S+/)?(?:vm|base)-\d+-\S+")  # LvmThinPlugin::parse_volname
+
+
 def check_volname(sdef: "StorageDef", volname: str) -> None:
     """``Plugin::parse_volname`` of a file-based storage (called through ``PVE::Storage::path`` before any
     work): a name outside its layout, e.g. with ``..`` or a sub-directory, is refused."""
     if sdef.path is None:
-        raise PveError(500, f"unable to parse lvm volume name '{volname}'")
+        if not LVM_VOLNAME_RE.fullmatch(volname):
+            raise PveError(500, f"unable to parse lvm volume name '{volname}'")
+        return
     if not any(rx.fullmatch(volname) for rx in _VOLNAME_RES):
         raise PveError(500, f"unable to parse directory volume name '{volname}'")
 
@@ -331,6 +336,8 @@ class Storage:
         sdef = self.definition(sid)
         volid = f"{sid}:{volname}"
         check_volname(sdef, volname)
+        if sdef.path is None:
+            raise PveError(501, f"deleting the disk image '{volid}' is not implemented (z9 simulator)")
 
         async def run(task: "Task") -> None:
             await asyncio.sleep(self.cluster.duration("imgdel"))

@@ -124,6 +124,7 @@ def settings(db_url: str, sim_server: SimServer) -> Settings:
         backoff_base_s=0.2, backoff_cap_s=2.0, scheduler_interval_s=0.1, reaper_interval_s=0.1,
         snooze_s=0.2, shutdown_grace_s=5.0, uncertain_window_s=1.0,
         installation_key=TEST_INSTALLATION_KEY,
+        api_rate_limit_per_s=0,  # tests poll jobs at 20 Hz, often several at once (tests/test_http.py tests the limits)
     )
 
 

@@ -102,6 +102,7 @@ class Stack:
     http: aiohttp.ClientSession
     services: dict[str, Any] = field(default_factory=dict)
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)
+    app: Any = None  # the aiohttp application serving ``base``
 
     def headers(self, token: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {token or self.token}"}
@@ -372,13 +373,15 @@ async def api_stack(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Sta
 
     from z9.api.app import create_app
 
-    runner = web.AppRunner(create_app(settings, pool=pool))
+    from z9.api.middleware import Runner
+
+    runner = Runner(create_app(settings, pool=pool))
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     tenant, token = await make_tenant(pool, "acme")
     async with aiohttp.ClientSession() as http:
-        stack = Stack(settings, pool, f"http://127.0.0.1:{port}/v1", token, tenant, http)
+        stack = Stack(settings, pool, f"http://127.0.0.1:{port}/v1", token, tenant, http, app=runner.app)
         try:
             yield stack
         finally:

@@ -129,3 +129,81 @@ async def test_z9_dev_runs_the_stack_and_keeps_data(tmp_path: Path) -> None:
     finally:
         await asyncio.to_thread(_stop, proc)
     assert proc.returncode == 0
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"  # a zombie has exited
+
+
+def _wait_gone(pids: list[int], timeout_s: float = 40) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+def _start_on(db_url: str, data_dir: Path, port: int, metrics_base: int) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("Z9_")}
+    env["Z9_DATABASE_URL"] = db_url
+    return subprocess.Popen([sys.executable, "-m", "z9", "dev", "--data-dir", str(data_dir), "--port", str(port),
+                             "--metrics-port", str(metrics_base), "--task-seconds", "0.05"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+async def test_z9_dev_is_alone_on_its_data_dir_hides_the_secret_and_its_children_never_outlive_it(
+        tmp_path: Path, db_url: str) -> None:
+    data_dir = tmp_path / ".z9"
+    port, metrics_base = free_port(), _metrics_base()
+    proc = _start_on(db_url, data_dir, port, metrics_base)
+    try:
+        await asyncio.to_thread(_wait_banner, proc)
+        kids = _children(proc.pid)
+        assert len(kids) == 5, kids  # sim, api, scheduler, executor, reaper
+        # The simulator's token secret is on no command line, and not in the output.
+        secret = (data_dir / "sim-secret").read_text().strip()
+        for pid in kids:
+            assert secret not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"), pid
+        # A second z9 dev on the same data directory refuses at once.
+        other = subprocess.run([sys.executable, "-m", "z9", "dev", "--data-dir", str(data_dir), "--port",
+                                str(free_port()), "--metrics-port", str(_metrics_base())],
+                               env={k: v for k, v in os.environ.items() if not k.startswith("Z9_")},
+                               capture_output=True, text=True, timeout=60)
+        assert other.returncode == 2, other
+        assert f"another z9 dev (pid {proc.pid}) is running on {data_dir.resolve()}" in other.stderr, other.stderr
+        # Its output closed (`z9 dev | head`), then Ctrl-C: the shutdown still runs.
+        proc.stdout.close()
+        proc.send_signal(signal.SIGINT)
+        await asyncio.to_thread(proc.wait, 60)
+        assert await asyncio.to_thread(_wait_gone, kids) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert secret not in Path(data_dir / "dev-token").read_text()
+
+    # Killed outright (SIGKILL: no finally runs): the children are told to stop by the kernel.
+    proc = _start_on(db_url, data_dir, port, metrics_base)
+    try:
+        banner = await asyncio.to_thread(_wait_banner, proc)
+        assert secret not in banner
+        kids = _children(proc.pid)
+        assert len(kids) == 5, kids
+        proc.kill()
+        proc.wait()
+        assert await asyncio.to_thread(_wait_gone, kids) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -252,3 +252,22 @@ async def test_scheduler_prunes_on_its_first_pass_without_looking_at_resources(p
     [req] = await store.vm_clone_requests(pool, live.id)
     assert (req.vmid, req.node, req.job_id) == (101, "pve1", job.id) and req.uncertain_since is not None
     assert await pool.fetchval("SELECT count(*) FROM idempotency_keys") == 0
+
+
+async def test_a_clone_request_is_uncertain_from_when_it_was_last_known_in_flight(pool: asyncpg.Pool) -> None:
+    """Unanswered, a request is uncertain from when it was recorded (its sender may have died with
+    it in flight) — or from when its sender saw the answer lost (it was in flight until then)."""
+    jid = await _enqueue(pool, resource_id="srv_c")
+    [job] = await store.job_claim(pool, ["r1"], 1, "w", TTL)
+    lease = Lease(jid, "w", job.attempt)
+    await store.vm_clone_sent(pool, lease, "srv_c", "main", 101, "pve1")
+    await store.vm_clone_sent(pool, lease, "srv_c", "main", 102, "pve1")
+    await pool.execute("UPDATE vm_clone_requests SET sent_at = now() - interval '1 hour'")
+    await store.vm_clone_lost(pool, "srv_c", "main", 102)
+    await store.vm_clone_answered(pool, "srv_c", "main", 101, "UPID:pve1:1")
+    a, b = await store.vm_clone_requests(pool, "srv_c")
+    now = await pool.fetchval("SELECT extract(epoch FROM now())::float8")
+    assert a.vmid == 101 and a.uncertain_since is None and a.upid == "UPID:pve1:1"
+    assert b.vmid == 102 and abs(b.uncertain_since - now) < 5  # lost just now, not an hour ago
+    with pytest.raises(LeaseLost):  # recording a request is fenced by the sender's lease
+        await store.vm_clone_sent(pool, Lease(jid, "other", job.attempt), "srv_c", "main", 103, "pve1")

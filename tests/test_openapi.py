@@ -170,6 +170,24 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     await w.call("GET", "/jobs/{id}", f"/jobs/{jobs['jobs'][0]['id']}", 200)
     await w.call("GET", "/jobs/{id}", "/jobs/job_nope", 404)
     await w.call("GET", "/jobs/{id}", "/jobs/job_nope", 401, token="z9t_unknown")
+    await w.call("GET", "/jobs/{id}", f"/jobs/{jobs['jobs'][0]['id']}?wait_s=1", 200)
+    await w.call("GET", "/jobs/{id}", f"/jobs/{jobs['jobs'][0]['id']}?wait_s=61", 400)
+    await w.call("GET", "/jobs", f"/jobs?actor=me", 200)
+    await w.call("GET", "/jobs", "/jobs?actor=nope", 422)
+
+    # the tokens' routes (issue 12)
+    tok = await w.call("POST", "/tokens", "/tokens", 201, json={"name": "walk", "scopes": ["read"]})
+    await w.call("POST", "/tokens", "/tokens", 422, json={"name": ""})
+    await w.call("POST", "/tokens", "/tokens", 400, data=b"{", headers={"Content-Type": "application/json"})
+    await w.call("POST", "/tokens", "/tokens", 401, token="z9t_unknown", json={"name": "walk"})
+    await w.call("POST", "/tokens", "/tokens", 403, token=tok["secret"], json={"name": "walk2"})  # read-only
+    await w.call("GET", "/tokens", "/tokens?include_revoked=true", 200)
+    await w.call("GET", "/tokens", "/tokens?limit=0", 422)
+    await w.call("GET", "/tokens", "/tokens", 401, token="z9t_unknown")
+    await w.call("DELETE", "/tokens/{id}", f"/tokens/{tok['token']['id']}", 403, token=tok["secret"])
+    await w.call("DELETE", "/tokens/{id}", f"/tokens/{tok['token']['id']}", 200)
+    await w.call("DELETE", "/tokens/{id}", "/tokens/tok_nope", 404)
+    await w.call("DELETE", "/tokens/{id}", "/tokens/tok_nope", 401, token="z9t_unknown")
 
     # every route of the app is documented, and every documented success was exercised
     routes = set()

@@ -684,3 +684,46 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
             text = log.read_text()
             if "Traceback" in text:
                 print(f"--- {log.name}\n{text[-3000:]}")
+
+
+def test_compose_passes_no_secret_on_a_command_line() -> None:
+    """`ps` shows every process's arguments to every local user: secrets go by file or env."""
+    compose = _compose()
+    for name, svc in compose["services"].items():
+        for arg in svc.get("command") or []:
+            assert not re.search(r"\$\{[^}]*(SECRET|PASSWORD|TOKEN)", arg) and arg != "--token-secret", (name, arg)
+    sim = compose["services"]["sim"]
+    assert "--token-secret-file" in sim["command"] and sim["secrets"] == ["sim_token_secret"]
+    assert compose["secrets"]["sim_token_secret"] == {"environment": "Z9_SIM_TOKEN_SECRET"}
+
+
+def test_the_simulator_takes_its_secret_from_a_file_or_the_environment_and_prints_none(tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("s3cret-from-file\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("Z9_")}
+    for extra, env_secret, expect in ((["--token-secret-file", str(secret_file)], None, "s3cret-from-file"),
+                                      ([], "s3cret-from-env", "s3cret-from-env")):
+        port = free_port()
+        run_env = dict(env, **({"Z9_SIM_TOKEN_SECRET": env_secret} if env_secret else {}))
+        proc = subprocess.Popen([sys.executable, "-m", "z9", "sim", "--port", str(port), "--cert-dir",
+                                 str(tmp_path / "cert"), *extra], env=run_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            line = ""
+            while "z9 sim: region=" not in line:
+                line = proc.stdout.readline()
+                assert line, "z9 sim exited"
+            assert "z9 sim: region=dev-1" in line and expect not in line, line
+            import requests
+
+            r = requests.get(f"https://127.0.0.1:{port}/api2/json/version", verify=False, timeout=10,
+                             headers={"Authorization": f"PVEAPIToken=root@pam!z9={expect}"})
+            assert r.status_code == 200, r.text
+            r = requests.get(f"https://127.0.0.1:{port}/api2/json/version", verify=False, timeout=10,
+                             headers={"Authorization": "PVEAPIToken=root@pam!z9=wrong"})
+            assert r.status_code == 401
+        finally:
+            proc.terminate()
+            out, _ = proc.communicate(timeout=20)
+        assert expect not in out
+

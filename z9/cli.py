@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import secrets
+import re
 import signal
 import sys
 from typing import Any, Awaitable, Callable
@@ -35,20 +35,18 @@ def _run(coro_fn: Callable[[], Awaitable[Any]]) -> int:
 
 
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
-    from aiohttp import web
-
     from z9.api.app import create_app
+    from z9.api.middleware import serve
 
     from z9.common.errors import PoolConfigError
 
     settings.require_database_url()
     try:
-        web.run_app(create_app(settings), host=args.host or settings.api_host, port=args.port or settings.api_port,
-                    print=lambda *_: None, access_log=None)
+        return _run(lambda: serve(create_app(settings), args.host or settings.api_host,
+                                  args.port or settings.api_port))
     except PoolConfigError as e:  # the address pools of Z9_REGIONS cannot be written
         print(f"z9 api: {e}", file=sys.stderr)
         return 2
-    return 0
 
 
 def _serve_metrics(command: str, settings: Settings) -> bool:
@@ -99,48 +97,144 @@ def cmd_executor(args: argparse.Namespace, settings: Settings) -> int:
     return _run(lambda: _serve(executor))
 
 
-def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    """Apply the migrations, then write the address pools of ``Z9_REGIONS`` to the database."""
-    from z9.common import store
+def _database_error(command: str, e: BaseException) -> str:
+    """One line saying why ``command`` could not use the database (no traceback)."""
+    import asyncpg
+
+    from z9.common.db import NotPrimaryError
+
+    if isinstance(e, asyncpg.InvalidCatalogNameError):
+        what = f"the database does not exist ({e})"
+    elif isinstance(e, asyncpg.InvalidAuthorizationSpecificationError | asyncpg.InvalidPasswordError):
+        what = f"the database refused the login ({e})"
+    elif isinstance(e, NotPrimaryError):
+        what = str(e)
+    elif isinstance(e, asyncpg.PostgresError):
+        what = f"the database answered {type(e).__name__}: {e}"
+    else:
+        what = f"cannot reach the database ({type(e).__name__}: {e or 'no detail'})"
+    return f"z9 {command}: {what}"
+
+
+def _db_command(command: str, coro_fn: Callable[[], Awaitable[Any]]) -> tuple[int, Any]:
+    """Run a one-shot database command; (0, result), or (1, None) after one line on stderr when
+    the database is unreachable, refuses the login or answers an error."""
+    import asyncpg
+
+    from z9.common.db import TRANSIENT_DB_ERRORS
+
+    try:
+        return 0, asyncio.run(coro_fn())
+    except (*TRANSIENT_DB_ERRORS, OSError, asyncpg.PostgresError) as e:
+        print(_database_error(command, e), file=sys.stderr)
+        return 1, None
+
+
+async def _wait_migrated(dsn: str, wait_s: float) -> list[int]:
+    """Poll until every migration this z9 ships is applied (by ``z9 migrate`` elsewhere, e.g. the
+    Kubernetes Job); returns the versions still missing at the deadline (empty: up to date)."""
+    import asyncpg
+
     from z9.common.db import connect
+    from z9.db import list_migrations
+
+    want = {m.version for m in list_migrations()}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        conn = await connect(dsn, application_name="z9-migrate-wait")
+        try:
+            done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+        except asyncpg.UndefinedTableError:
+            done = set()
+        finally:
+            await conn.close()
+        missing = sorted(want - done)
+        if not missing or loop.time() >= deadline:
+            return missing
+        await asyncio.sleep(min(2.0, max(0.0, deadline - loop.time())))
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    """Apply the migrations, then write the address pools of ``Z9_REGIONS`` to the database
+    (``--wait``: apply nothing, wait until another ``z9 migrate`` has applied them)."""
+    from z9.common import store
+    from z9.common.db import connect, direct_url
     from z9.common.errors import PoolConfigError
     from z9.db import migrate
 
-    async def go() -> None:
-        conn = await connect(settings.require_database_url(), application_name="z9-migrate")
+    dsn = direct_url(settings)  # never through a transaction pooler: migrate holds a session lock
+    if args.wait is not None:  # apply nothing: wait for the schema this version needs
+        code, missing = _db_command("migrate", lambda: _wait_migrated(dsn, args.wait))
+        if code:
+            return code
+        if missing:
+            print(f"z9 migrate: migrations {missing} are still not applied after {args.wait:g}s "
+                  "(is the migrate Job running?)", file=sys.stderr)
+            return 1
+        print("schema is up to date")
+        return 0
+
+    async def go() -> tuple[list[int], list[str]]:
+        conn = await connect(dsn, application_name="z9-migrate")
         try:
             applied = await migrate(conn)
             pools = await store.address_pools_sync(conn, settings.regions)
+            return applied, sorted(pools)
         finally:
             await conn.close()
-        print(f"applied migrations: {applied}" if applied else "schema is up to date")
-        print(f"address pools: {', '.join(sorted(pools)) or 'none configured'}")
 
     try:
-        asyncio.run(go())
+        code, result = _db_command("migrate", go)
     except PoolConfigError as e:
         print(f"z9 migrate: {e}", file=sys.stderr)
         return 2
-    return 0
+    if code == 0:
+        applied, pools = result
+        print(f"applied migrations: {applied}" if applied else "schema is up to date")
+        print(f"address pools: {', '.join(pools) or 'none configured'}")
+    return code
+
+
+#: tenants.name's CHECK (db/schema.sql), checked before connecting so a bad name gets one line.
+TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
 
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
+    from datetime import datetime, timedelta, timezone
+
+    from z9.api.tokens import new_secret
     from z9.common import store
     from z9.common.db import connect
 
+    if not TENANT_NAME.fullmatch(args.tenant):
+        print(f"z9 token: invalid tenant name {args.tenant!r}: 1 to 63 lowercase letters, digits and "
+              "'-', starting with a letter or digit", file=sys.stderr)
+        return 2
+    if not args.name.strip() or len(args.name) > 200:
+        print(f"z9 token: invalid token name {args.name!r}: 1 to 200 characters, not only spaces",
+              file=sys.stderr)
+        return 2
+    scopes = args.scope or ["read", "write"]
+    expires_at = (datetime.now(timezone.utc) + timedelta(seconds=args.expires_in)
+                  if args.expires_in is not None else None)
+    dsn = settings.require_database_url()
+
     async def go() -> str:
-        conn = await connect(settings.require_database_url(), application_name="z9-token")
+        conn = await connect(dsn, application_name="z9-token")
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
-                token = "z9t_" + secrets.token_urlsafe(32)
-                await store.api_token_insert(conn, tenant, token, args.name)
+                token = new_secret()
+                await store.api_token_insert(conn, tenant, token, args.name, scopes=scopes, expires_at=expires_at)
         finally:
             await conn.close()
         return token
 
-    print(asyncio.run(go()))
-    return 0
+    code, token = _db_command("token", go)
+    if code == 0:
+        print(token)
+    return code
 
 
 def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
@@ -155,9 +249,21 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+class _SectionedHelp(argparse.RawDescriptionHelpFormatter):
+    """Lists the subcommands in two sections (customer, operator) instead of one."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if isinstance(action, argparse._SubParsersAction):
+            return ""
+        return super()._format_action(action)
+
+
+OPERATOR_COMMANDS = ("api", "scheduler", "executor", "reaper", "migrate", "token", "sim", "dev")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="z9", description="z9 control-plane job system")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(prog="z9", description="z9 control-plane job system", formatter_class=_SectionedHelp)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("api", help="serve the REST API")
     s.add_argument("--host")
@@ -176,11 +282,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_reaper)
 
     s = sub.add_parser("migrate", help="apply database migrations (safe to run concurrently)")
+    s.add_argument("--wait", type=float, metavar="SECONDS", default=None,
+                   help="apply nothing: wait up to SECONDS until another `z9 migrate` has applied every "
+                        "migration of this version (exit 1 if not); for init containers")
     s.set_defaults(fn=cmd_migrate)
 
     s = sub.add_parser("token", help="create an API token for a tenant (created if missing)")
     s.add_argument("--tenant", required=True)
     s.add_argument("--name", default="default")
+    s.add_argument("--scope", action="append", choices=("read", "write", "operator"),
+                   help="repeatable; default read and write. operator (sees the platform's Proxmox "
+                        "details in job steps) is granted only here, never through the API")
+    s.add_argument("--expires-in", type=_positive_int, metavar="SECONDS", help="the token stops working after this")
     s.set_defaults(fn=cmd_token)
 
     sub.add_parser("sim", help="run the Proxmox VE simulator (options: `z9 sim --help`)", add_help=False)
@@ -193,6 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-port", type=int, default=9101,
                    help="first metrics port: scheduler on it, executor +1, reaper +2 (default 9101)")
     s.set_defaults(fn=cmd_dev)
+
+    from z9.client.cli import register as register_customer_commands
+
+    customer = register_customer_commands(sub)
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    width = max(len(n) for n in helps)
+    p.epilog = (
+        "customer commands (the REST API: Z9_API_URL and Z9_TOKEN, or a context; `z9 COMMAND --help`):\n"
+        + "".join(f"  {n:<{width}}  {helps[n]}\n" for n in customer)
+        + "\noperator commands (run the services; need Z9_DATABASE_URL):\n"
+        + "".join(f"  {n:<{width}}  {helps[n]}\n" for n in OPERATOR_COMMANDS))
     return p
 
 
@@ -203,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return sim_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command not in OPERATOR_COMMANDS:  # a customer command: the API, no settings
+        from z9.client.cli import run as run_customer_command
+
+        return run_customer_command(args)
     try:
         settings = Settings()
     except Exception as e:  # pydantic ValidationError: say which variable is wrong
@@ -219,7 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"z9: invalid tracing settings: {e}", file=sys.stderr)
         return 2
+    from z9.common.errors import DatabaseMisconfigured
+
     try:
         return args.fn(args, settings)
+    except DatabaseMisconfigured as e:  # the service refuses to run: say why in one line
+        print(f"z9 {args.command}: {e}", file=sys.stderr)
+        return 2
     finally:
         tracer.shutdown()  # flush the spans still queued

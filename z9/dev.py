@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import errno
+import fcntl
 import json
 import os
 import secrets
@@ -91,6 +94,55 @@ async def _prepare_db(admin_url: str | None, url: str, token_file: Path) -> str:
         await conn.close()
 
 
+def _die_with_parent() -> None:
+    """In a child, before exec: SIGTERM when ``z9 dev`` dies, however it dies (even SIGKILL),
+    so no service outlives it (Linux ``PR_SET_PDEATHSIG``; nothing elsewhere)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def _spawn(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A child of ``z9 dev`` that never outlives it (:func:`_die_with_parent`)."""
+    return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+
+
+def _say(text: str, *, err: bool = False) -> None:
+    """Print, ignoring a closed output (``z9 dev | head``): losing a line must never skip the
+    shutdown that follows it."""
+    try:
+        print(text, file=sys.stderr if err else sys.stdout, flush=True)
+    except (BrokenPipeError, OSError):
+        pass
+
+
+class DataDirLocked(Exception):
+    """Another ``z9 dev`` holds the data directory."""
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Take ``<data dir>/dev.lock`` (``flock``, released by the kernel when the process ends,
+    however it ends); returns the open descriptor to keep. Raises :class:`DataDirLocked` naming
+    the holder's pid when another ``z9 dev`` runs on the same folder: two would start two
+    simulators on one state file and hand out the same vmid twice."""
+    path = data_dir / "dev.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise DataDirLocked(f"another z9 dev (pid {holder}) is running on {data_dir}; stop it first, "
+                                "or pass another --data-dir") from None
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
 #: The services whose metrics ``z9 dev`` serves on ``--metrics-port`` + offset.
 METRICS_OFFSETS = {"scheduler": 0, "executor": 1, "reaper": 2}
 
@@ -127,6 +179,18 @@ def run_dev(args: argparse.Namespace, settings: Settings) -> int:
     """Run the stack until Ctrl-C; returns the exit code."""
     data_dir = Path(args.data_dir or settings.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock_fd = lock_data_dir(data_dir)  # held until this process ends
+    except DataDirLocked as e:
+        print(f"z9 dev: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _run_locked(args, settings, data_dir)
+    finally:
+        os.close(lock_fd)
+
+
+def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
     if _port_busy(args.port):
         print(f"z9 dev: port {args.port} is in use; pass --port", file=sys.stderr)
         return 2
@@ -169,10 +233,12 @@ def run_dev(args: argparse.Namespace, settings: Settings) -> int:
             key_file.chmod(0o600)
         sim_port = args.sim_port or _free_port()
         z9 = [sys.executable, "-m", "z9"]
-        sim = subprocess.Popen(z9 + [
+        # The secret by file (0600), never on a command line; the children get it in Z9_REGIONS
+        # (their environment is readable by this user only).
+        sim = _spawn(z9 + [
             "sim", "--host", "127.0.0.1", "--port", str(sim_port), "--region", REGION,
             "--cert-dir", str(data_dir / "sim"), "--state-file", str(data_dir / "sim-state.json"),
-            "--token-secret", sim_secret, "--task-seconds", str(args.task_seconds)])
+            "--token-secret-file", str(secret_file), "--task-seconds", str(args.task_seconds)])
         children.append(("sim", sim))
         _wait_port(sim_port, sim, "the Proxmox VE simulator")
 
@@ -187,7 +253,7 @@ def run_dev(args: argparse.Namespace, settings: Settings) -> int:
         for name, extra in (("api", ["--port", str(args.port)]), ("scheduler", []),
                             ("executor", ["--region", REGION]), ("reaper", [])):
             metrics_env = {} if name == "api" else {"Z9_METRICS_PORT": str(ports[name])}
-            children.append((name, subprocess.Popen(z9 + [name] + extra, env={**env, **metrics_env})))
+            children.append((name, _spawn(z9 + [name] + extra, env={**env, **metrics_env})))
         for name, proc in children[1:]:
             _wait_port(ports[name], proc, f"the {name}'s metrics" if name != "api" else "the API")
         targets = data_dir / "prometheus-targets.json"
@@ -196,7 +262,7 @@ def run_dev(args: argparse.Namespace, settings: Settings) -> int:
         api = f"http://127.0.0.1:{args.port}/v1"
         metrics_urls = "\n              ".join(f"http://127.0.0.1:{port}/metrics  ({name})"
                                                 for name, port in ports.items())
-        print(f"""
+        _say(f"""
 z9 is running.
   API:        {api}
   token:      {token}   (also in {data_dir / 'dev-token'})
@@ -208,17 +274,16 @@ Try:
   export Z9={api} AUTH="Authorization: Bearer $(cat {data_dir / 'dev-token'})"
   curl -s -H "$AUTH" $Z9/servers
 Ctrl-C stops everything.
-""", flush=True)
+""")
         while not stopping:
             for name, proc in children:
                 if proc.poll() is not None:
-                    print(f"z9 dev: {name} exited with code {proc.returncode}; stopping the stack",
-                          file=sys.stderr)
+                    _say(f"z9 dev: {name} exited with code {proc.returncode}; stopping the stack", err=True)
                     stopping, code = True, 1
                     break
             time.sleep(0.2)
     finally:
-        print("z9 dev: stopping …", flush=True)
+        _say("z9 dev: stopping …")
         # The services first (the executor finishes or hands over its jobs while the simulator
         # still answers), then the simulator, then the database.
         services = [p for name, p in children if name != "sim"]
@@ -226,5 +291,5 @@ Ctrl-C stops everything.
         _terminate([p for name, p in children if name == "sim"])
         if pg is not None:
             pg.stop()
-        print("z9 dev: stopped", flush=True)
+        _say("z9 dev: stopped")
     return code

@@ -77,7 +77,8 @@ CREATE TRIGGER servers_remember_power
 -- POST (sent_at), answered after (answered_at with the UPID, or the row removed when the
 -- hypervisor refused the vmid: nothing was cloned). A request without an answer is uncertain
 -- from sent_at — whoever sent it, whether its sender died or lost the answer — since it may
--- still be performed. They used to live in job memos, which made pruning jobs depend on the
+-- still be performed; from lost_at when its sender saw the answer lost (it was in flight until
+-- then). They used to live in job memos, which made pruning jobs depend on the
 -- resource tables; rows go when their resource is deleted.
 CREATE TABLE vm_clone_requests (
     resource_id  text NOT NULL,
@@ -86,6 +87,7 @@ CREATE TABLE vm_clone_requests (
     node         text NOT NULL,
     job_id       text NOT NULL,  -- the job that sent it (no foreign key: jobs are pruned)
     sent_at      timestamptz NOT NULL DEFAULT now(),
+    lost_at      timestamptz,  -- its sender saw the answer lost (timeout, dropped): in flight until then
     answered_at  timestamptz,
     upid         text,
     PRIMARY KEY (resource_id, member, vmid),
@@ -94,10 +96,11 @@ CREATE TABLE vm_clone_requests (
 
 -- The clone memos of earlier jobs move here: a memo marked uncertain stays unanswered; the
 -- others were answered (their sender recorded no loss).
-INSERT INTO vm_clone_requests (resource_id, member, vmid, node, job_id, sent_at, answered_at, upid)
+INSERT INTO vm_clone_requests (resource_id, member, vmid, node, job_id, sent_at, lost_at, answered_at, upid)
 SELECT DISTINCT ON (j.resource_id, (c ->> 'vmid')::int)
        j.resource_id, 'main', (c ->> 'vmid')::int, c ->> 'node', j.id,
        coalesce(to_timestamp((c ->> 'uncertain_at')::float8), j.updated_at),
+       to_timestamp((c ->> 'uncertain_at')::float8),
        CASE WHEN c ? 'uncertain_at' THEN NULL ELSE j.updated_at END,
        CASE WHEN NOT c ? 'uncertain_at' AND (j.memo -> 'clone' ->> 'vmid')::int = (c ->> 'vmid')::int
             THEN j.memo -> 'clone' ->> 'upid' END

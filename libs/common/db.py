@@ -1,16 +1,47 @@
-"""PostgreSQL connections: asyncpg pools with JSON codecs, and the LISTEN channel names."""
+"""PostgreSQL connections: asyncpg pools with JSON codecs, the LISTEN channel names, and the
+checks every z9 connection passes (on the primary; ``plan_cache_mode`` as z9 needs it).
+
+Two connection strings (``libs/common/settings.py``):
+
+- ``Z9_DATABASE_URL`` — the pooled queries of every service. May go through PgBouncer
+  (``Z9_DATABASE_POOLER=transaction`` or ``session``).
+- ``Z9_DATABASE_DIRECT_URL`` (default: ``Z9_DATABASE_URL``) — every LISTEN connection and
+  ``z9 migrate``: LISTEN needs one server session for its whole life (a transaction pooler drops
+  notifications without an error) and the migrations hold a session advisory lock.
+  :func:`direct_url` is the one place that choice is made; :func:`connect_listener` the one
+  way a service opens a LISTEN connection.
+
+High availability: both strings may name several hosts
+(``postgresql://z9@db1:5432,db2:5432/z9?target_session_attrs=read-write``); asyncpg then tries
+them in order and keeps the first that accepts writes, so after a failover every reconnect
+lands on the new primary. Every connection z9 opens also checks ``pg_is_in_recovery()`` itself
+(the string may lack ``target_session_attrs``, or a pooler may sit in front) and is refused on a
+standby with :class:`NotPrimaryError` — a transient error: services back off and reconnect, and a
+LISTEN is never issued on a standby ("cannot execute LISTEN during recovery"). The server a
+connection landed on is logged and exported as ``z9_database_server_info``.
+"""
 from __future__ import annotations
 
 import json
+import logging
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from .errors import DatabaseUnavailable
+from .errors import DatabaseMisconfigured, DatabaseUnavailable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .settings import Settings
+
+log = logging.getLogger("z9.db")
 
 JOBS_CHANNEL = "z9_jobs"  # payload: the region whose jobs became claimable
 SCHEDULER_CHANNEL = "z9_scheduler"  # a job entered `retry`; the scheduler recomputes its sleep
+JOB_CHANGED_CHANNEL = "z9_job_changed"
+"""Payload: the id of a job whose status or steps changed. Sent by the very statements that
+change them (``pg_notify`` in queries.sql: claim, progress, finish, retry, promotion, reclaim),
+so it costs no extra commit; the API's long-poll (``GET /v1/jobs/{id}?wait_s=``) listens."""
 
 PLAN_CACHE_MODE: str | None = "force_custom_plan"
 """``plan_cache_mode`` of every z9 connection (None: the server's default, ``auto``). asyncpg
@@ -21,17 +52,102 @@ per execution (tens of µs for z9's hot queries) and keep the plan right for the
 the table as it is now; bench/README.md has the measurements."""
 
 
-def _server_settings(application_name: str) -> dict[str, str]:
+POOLERS = ("none", "session", "transaction")
+"""``Z9_DATABASE_POOLER``: what sits between z9's pooled connections and PostgreSQL. ``none``:
+direct. ``session``/``transaction``: PgBouncer in that pool mode — it refuses startup
+parameters it does not track (``plan_cache_mode``), so z9 does not send it and relies on
+``ALTER ROLE … SET plan_cache_mode`` (checked on every connection); ``transaction`` also turns
+asyncpg's named prepared-statement cache off (``statement_cache_size=0``: a named statement
+prepared on one server connection is unknown to the next transaction's)."""
+
+
+class NotPrimaryError(ConnectionError):
+    """The connection landed on a standby (in recovery) or a read-only session: z9 writes and
+    LISTENs on the primary only. Transient — reconnecting finds the primary after a failover."""
+
+
+def _server_settings(application_name: str, pooler: str = "none") -> dict[str, str]:
     out = {"application_name": application_name}
-    if PLAN_CACHE_MODE:
+    if PLAN_CACHE_MODE and pooler == "none":
         out["plan_cache_mode"] = PLAN_CACHE_MODE
     return out
+
+
+def server_label(conn: asyncpg.Connection) -> str:
+    """``host:port`` (or the Unix socket path) the connection reached, from the address asyncpg
+    connected to (the DSN's spelling, so logs and metrics name the host as configured)."""
+    addr = getattr(conn, "_addr", None)
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return f"{addr[0]}:{addr[1]}"
+    return str(addr) if addr else "unknown"
+
+
+async def check_server(conn: asyncpg.Connection) -> None:
+    """Refuse a connection z9 must not use: on a standby or read-only (:class:`NotPrimaryError`,
+    transient), or with a ``plan_cache_mode`` other than :data:`PLAN_CACHE_MODE`
+    (:class:`~z9.common.errors.DatabaseMisconfigured`: behind PgBouncer the startup parameter
+    cannot pass and the role's or database's default must say it; generic plans cut the claim's
+    throughput 18×). One round trip."""
+    row = await conn.fetchrow(
+        "SELECT pg_catalog.pg_is_in_recovery() AS recovery,"
+        " current_setting('transaction_read_only') AS read_only,"
+        " current_setting('plan_cache_mode') AS plan_cache_mode")
+    if row["recovery"] or row["read_only"] == "on":
+        raise NotPrimaryError(f"{server_label(conn)} is a standby (in recovery) or read-only; "
+                              "z9 needs the primary (use target_session_attrs=read-write)")
+    if PLAN_CACHE_MODE and row["plan_cache_mode"] != PLAN_CACHE_MODE:
+        raise DatabaseMisconfigured(
+            f"plan_cache_mode is {row['plan_cache_mode']!r} on {server_label(conn)}, z9 needs "
+            f"{PLAN_CACHE_MODE!r} (a pooler drops the startup setting): run "
+            f"ALTER ROLE <z9 user> SET plan_cache_mode = {PLAN_CACHE_MODE} "
+            f"(or ALTER DATABASE … SET, or set it in postgresql.conf)")
+
+
+async def check_synchronous_replication(conn: asyncpg.Connection) -> None:
+    """Raise :class:`~z9.common.errors.DatabaseMisconfigured` unless a commit on this server waits
+    for a synchronous standby (``synchronous_standby_names`` set and ``synchronous_commit`` at
+    least ``remote_write``): without it a failover can forget a job or an allocation the API
+    already answered 202 for (``Z9_DATABASE_REQUIRE_SYNC_REPLICATION``)."""
+    row = await conn.fetchrow("SELECT current_setting('synchronous_standby_names') AS names,"
+                              " current_setting('synchronous_commit') AS commit")
+    if not row["names"] or row["commit"] in ("off", "local"):
+        raise DatabaseMisconfigured(
+            f"Z9_DATABASE_REQUIRE_SYNC_REPLICATION is set but {server_label(conn)} commits without "
+            f"waiting for a standby (synchronous_standby_names={row['names']!r}, "
+            f"synchronous_commit={row['commit']!r})")
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:
     """Register json/jsonb codecs so jsonb columns read and write as Python objects."""
     for typ in ("json", "jsonb"):
         await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+def _pooled_init(require_sync_replication: bool) -> Any:
+    async def init(conn: asyncpg.Connection) -> None:
+        await check_server(conn)
+        if require_sync_replication:
+            await check_synchronous_replication(conn)
+        await init_connection(conn)
+        _note_server("pool", server_label(conn))
+
+    return init
+
+
+_servers: dict[str, str] = {}  # connection kind -> the server it last reached (this process)
+
+
+def _note_server(connection: str, server: str) -> None:
+    """Export the server ``connection`` (``pool``/``listen``) reached; log when it changes (the
+    first connection, and after a failover)."""
+    from . import metrics
+
+    metrics.database_server(connection, server)
+    if _servers.get(connection) != server:
+        if connection == "pool":  # the LISTEN connection logs itself (connect_listener)
+            log.info("database pool connected to %s (primary)%s", server,
+                     f", was {_servers[connection]}" if connection in _servers else "")
+        _servers[connection] = server
 
 
 async def _no_session_reset(conn: asyncpg.Connection) -> None:
@@ -44,25 +160,76 @@ async def _no_session_reset(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(
-    dsn: str, *, min_size: int = 1, max_size: int = 10, application_name: str = "z9", **kw: Any
+    dsn: str, *, min_size: int = 1, max_size: int = 10, application_name: str = "z9",
+    pooler: str = "none", require_sync_replication: bool = False, **kw: Any
 ) -> asyncpg.Pool:
-    """An asyncpg pool on ``dsn`` whose connections decode jsonb. Raises asyncpg/OSError errors
-    when the server cannot be reached."""
+    """An asyncpg pool on ``dsn`` whose connections decode jsonb and passed :func:`check_server`
+    (primary, ``plan_cache_mode``; with ``require_sync_replication``,
+    :func:`check_synchronous_replication`). ``pooler``: :data:`POOLERS`. Raises asyncpg/OSError errors
+    when the server cannot be reached, :class:`NotPrimaryError` on a standby,
+    :class:`~z9.common.errors.DatabaseMisconfigured` when ``plan_cache_mode`` is wrong."""
+    if pooler not in POOLERS:
+        raise ValueError(f"pooler must be one of {POOLERS}, not {pooler!r}")
+    if pooler == "transaction":
+        kw.setdefault("statement_cache_size", 0)
     return await asyncpg.create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
-        init=init_connection,
+        init=_pooled_init(require_sync_replication),
         reset=_no_session_reset,
-        server_settings=_server_settings(application_name),
+        server_settings=_server_settings(application_name, pooler),
         **kw,
     )
 
 
+async def create_service_pool(settings: "Settings", *, application_name: str, min_size: int = 1,
+                              max_size: int = 10) -> asyncpg.Pool:
+    """The pooled connections of a service: ``Z9_DATABASE_URL`` through ``Z9_DATABASE_POOLER``,
+    checked as ``Z9_DATABASE_REQUIRE_SYNC_REPLICATION`` says."""
+    return await create_pool(settings.require_database_url(), min_size=min_size, max_size=max_size,
+                             application_name=application_name, pooler=settings.database_pooler,
+                             require_sync_replication=settings.database_require_sync_replication)
+
+
 async def connect(dsn: str, *, application_name: str = "z9") -> asyncpg.Connection:
-    """One connection with the jsonb codecs (LISTEN connections, migrations, tools)."""
+    """One direct connection with the jsonb codecs (migrations, tools). Not checked: ``z9 dev``
+    and the tests also use it for administration."""
     conn = await asyncpg.connect(dsn, server_settings=_server_settings(application_name))
     await init_connection(conn)
+    return conn
+
+
+def direct_url(settings: "Settings") -> str:
+    """The connection string of every LISTEN connection and of ``z9 migrate``:
+    ``Z9_DATABASE_DIRECT_URL``, or ``Z9_DATABASE_URL`` when unset (no pooler in between)."""
+    return settings.database_direct_url or settings.require_database_url()
+
+
+async def connect_direct(settings: "Settings", *, application_name: str) -> asyncpg.Connection:
+    """A direct connection (:func:`direct_url`) that passed :func:`check_server` — on the primary,
+    ``plan_cache_mode`` right — and, with ``Z9_DATABASE_REQUIRE_SYNC_REPLICATION``,
+    :func:`check_synchronous_replication`. Logs and exports which server it reached."""
+    conn = await asyncpg.connect(direct_url(settings), server_settings=_server_settings(application_name))
+    try:
+        await check_server(conn)
+        if settings.database_require_sync_replication:
+            await check_synchronous_replication(conn)
+        await init_connection(conn)
+    except BaseException:
+        conn.terminate()
+        raise
+    return conn
+
+
+async def connect_listener(settings: "Settings", *, application_name: str) -> asyncpg.Connection:
+    """The LISTEN connection of a service (executor, scheduler, any other): direct, on the
+    primary (:func:`connect_direct`); logged and exported (``z9_database_server_info``,
+    ``connection="listen"``) with the server it reached. The caller adds its listeners."""
+    conn = await connect_direct(settings, application_name=application_name)
+    server = server_label(conn)
+    _note_server("listen", server)
+    log.info("LISTEN connection on %s (primary)", server)
     return conn
 
 
@@ -81,6 +248,10 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     FileNotFoundError,  # the Unix socket is gone (a local server stopped)
     socket.gaierror,
     TimeoutError,  # connect timeout
+    NotPrimaryError,  # landed on a standby (a failover in progress): reconnect
+    # A statement reached a server that is (now) a standby or read-only: "cannot execute … in a
+    # read-only transaction" / "… during recovery" (SQLSTATE 25006).
+    asyncpg.ReadOnlySQLTransactionError,
 )
 """Errors meaning "the database is unreachable right now": services back off and reconnect. The
 store translates them into :class:`~z9.common.errors.DatabaseUnavailable`; the tuple is what

@@ -70,6 +70,12 @@ class Snooze(JobError):
         self.delay_s = delay_s
 
 
+class DatabaseMisconfigured(Z9Error):
+    """The database z9 reached is not set up the way z9 needs (``plan_cache_mode`` not
+    ``force_custom_plan`` behind a pooler, synchronous replication required but off): the
+    service refuses to run rather than run degraded. The message says what to change."""
+
+
 class LeaseLost(Z9Error):
     """A fenced write to a running job matched no row: this worker no longer owns the job."""
 
@@ -112,10 +118,12 @@ class ApiError(Z9Error):
     status = 400
     code = "bad_request"
 
-    def __init__(self, message: str, *, details: Any = None, code: str | None = None):
+    def __init__(self, message: str, *, details: Any = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.message = message
         self.details = details
+        self.headers = headers or {}  # sent with the answer (WWW-Authenticate, Retry-After, …)
         if code:
             self.code = code
 
@@ -126,6 +134,16 @@ class BadRequest(ApiError):
 
 class Unauthorized(ApiError):
     status, code = 401, "unauthorized"
+
+
+class Forbidden(ApiError):
+    """The token is valid but lacks the scope (or quota) the request needs."""
+
+    status, code = 403, "forbidden"
+
+
+class TooManyRequests(ApiError):
+    status, code = 429, "rate_limited"
 
 
 class NotFound(ApiError):

@@ -10,7 +10,8 @@
 ``ts`` is ISO 8601 in UTC; ``exc`` (the formatted traceback, a string) is added when the record
 carries exception info. Job fields (``job_id``, ``kind``, ``region``, ``attempt``) come from the
 record's ``extra`` or, for every line logged inside a job's task, from :func:`bind_job` (a
-context variable: asyncio tasks each see their own). ``trace_id``/``span_id`` come from the
+context variable: asyncio tasks each see their own). ``request_id`` is on every line logged while
+the API serves a request (its ``X-Request-Id``). ``trace_id``/``span_id`` come from the
 current OpenTelemetry span when its context is valid. ``Z9_LOG_FORMAT=text`` writes the same
 facts as one human-readable line (``z9 dev`` uses it for its terminal).
 """
@@ -24,6 +25,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from opentelemetry import trace
+
+from .requestctx import REQUEST_ID
 
 JOB_FIELDS = ("job_id", "kind", "region", "attempt")
 
@@ -52,6 +55,10 @@ class JobContextFilter(logging.Filter):
             for key, value in bound.items():
                 if not hasattr(record, key):
                     setattr(record, key, value)
+        if not hasattr(record, "request_id"):
+            rid = REQUEST_ID.get()
+            if rid is not None:
+                record.request_id = rid
         if not hasattr(record, "trace_id"):
             ctx = trace.get_current_span().get_span_context()
             if ctx.is_valid:
@@ -76,7 +83,7 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {"ts": _ts(record), "level": record.levelname, "service": self.service,
                                "logger": record.name, "msg": record.getMessage()}
-        for key in (*JOB_FIELDS, "trace_id", "span_id"):
+        for key in (*JOB_FIELDS, "request_id", "trace_id", "span_id"):
             value = getattr(record, key, None)
             if value is not None:
                 out[key] = value
@@ -97,7 +104,7 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
-        extra = " ".join(f"{k}={getattr(record, k)}" for k in (*JOB_FIELDS, "trace_id")
+        extra = " ".join(f"{k}={getattr(record, k)}" for k in (*JOB_FIELDS, "request_id", "trace_id")
                          if getattr(record, k, None) is not None)
         return f"{line} [{extra}]" if extra else line
 

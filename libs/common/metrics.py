@@ -135,6 +135,14 @@ EXECUTOR_LISTEN_RECONNECTS = Counter(
     "LISTEN connections re-established (each followed by a catch-up claim).",
     registry=None)  # registered by init_executor
 
+# ---------------------------------------------------------------------------------- database
+
+DATABASE_SERVER = Gauge(
+    "z9_database_server_info",
+    "1 for the PostgreSQL server (host:port as configured) this process's connections of that kind "
+    "(pool, listen) last reached and checked as the primary; after a failover it names the new one.",
+    ["connection", "server"])
+
 # ---------------------------------------------------------------------------------- reaper
 
 DELETION_BUFFER_EXPIRIES = Counter(
@@ -152,6 +160,18 @@ HTTP_REQUEST_DURATION = Histogram(
     "z9_http_request_duration_seconds",
     "API request duration.",
     ["method", "route"], buckets=_REQUEST_BUCKETS)
+API_JOB_WAITERS = Gauge(
+    "z9_api_job_waiters",
+    "Requests waiting now on a job's change (GET /v1/jobs/{id}?wait_s=).",
+    registry=None)  # registered by init_api: only API processes export it
+API_LISTEN_HEALTHY = Gauge(
+    "z9_api_listen_healthy",
+    "1 while the API's LISTEN connection for job changes is up; 0 while waiters poll every second instead.",
+    registry=None)  # registered by init_api
+API_RATE_LIMITED = Counter(
+    "z9_api_rate_limited_total",
+    "Requests answered 429 because their token's rate limit was exceeded.",
+    registry=None)  # registered by init_api
 
 
 # ---------------------------------------------------------------------------------- pre-initialisation
@@ -244,6 +264,8 @@ def init_api(routes: Iterable[tuple[str, str]]) -> None:
     for method, route in routes:
         HTTP_REQUEST_DURATION.labels(method, route)
         HTTP_REQUESTS.labels(method, route, "500")
+    for metric in (API_JOB_WAITERS, API_LISTEN_HEALTHY, API_RATE_LIMITED):
+        _register_once(metric)
 
 
 # ---------------------------------------------------------------------------------- executor helpers
@@ -329,6 +351,15 @@ def listen_up(reconnected: bool) -> None:
     EXECUTOR_LISTEN_HEALTHY.set(1)
     if reconnected:
         EXECUTOR_LISTEN_RECONNECTS.inc()
+
+
+def database_server(connection: str, server: str) -> None:
+    """The ``connection`` kind (``pool``, ``listen``) reached ``server`` (and it is the primary):
+    the one series of that kind, the previous server's removed."""
+    for labels in list(DATABASE_SERVER._metrics):  # prometheus-client keeps children by label tuple
+        if labels[0] == connection and labels[1] != server:
+            DATABASE_SERVER.remove(*labels)
+    DATABASE_SERVER.labels(connection, server).set(1)
 
 
 def listen_down() -> None:

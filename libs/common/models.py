@@ -47,6 +47,8 @@ class Job:
     finished_at: datetime | None
     updated_at: datetime
     extra_lock_keys: list[str] = field(default_factory=list)  # locked besides resource_id
+    actor_token_id: str | None = None  # the API token that asked for it (None: z9 itself)
+    request_id: str | None = None  # that request's X-Request-Id
 
     @classmethod
     def from_record(cls, r: asyncpg.Record) -> "Job":
@@ -75,6 +77,8 @@ class Job:
             "started_at": _ts(self.started_at),
             "finished_at": _ts(self.finished_at),
             "updated_at": _ts(self.updated_at),
+            "actor": self.actor_token_id,
+            "request_id": self.request_id,
         }
 
 

@@ -5,6 +5,10 @@
 -- the same test, but no partial index's predicate matches it, so the planner always probes the
 -- primary key. With `status = 'running'` and statistics taken while no job was live, it chose
 -- to scan every live job through jobs_resource_live — see bench/README.md.)
+-- Every statement that changes a job's status or steps also runs
+-- pg_notify('z9_job_changed', <job id>) (column `notified`): delivered at the commit the change
+-- already makes, it wakes the API's long-polls (GET /v1/jobs/{id}?wait_s=) without an extra
+-- commit. Heartbeats and memos change neither and notify nothing.
 
 -- name: tenant_upsert
 INSERT INTO tenants (id, name) VALUES ($1, $2)
@@ -12,12 +16,38 @@ ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
 RETURNING id, name;
 
 -- name: api_token_insert
-INSERT INTO api_tokens (id, tenant_id, name, token_sha256) VALUES ($1, $2, $3, $4);
+INSERT INTO api_tokens (id, tenant_id, name, token_sha256, scopes, expires_at, created_by)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING id, tenant_id, name, scopes, created_at, expires_at, last_used_at, revoked_at, created_by;
 
 -- name: api_token_tenant
 SELECT t.id, t.name
 FROM api_tokens k JOIN tenants t ON t.id = k.tenant_id
-WHERE k.token_sha256 = $1 AND k.revoked_at IS NULL;
+WHERE k.token_sha256 = $1 AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now());
+
+-- name: api_token_auth
+-- The principal of a bearer token: unknown, revoked and expired tokens match nothing.
+SELECT id, tenant_id, scopes, expires_at
+FROM api_tokens
+WHERE token_sha256 = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now());
+
+-- name: api_token_list
+SELECT id, tenant_id, name, scopes, created_at, expires_at, last_used_at, revoked_at, created_by
+FROM api_tokens
+WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3 OR revoked_at IS NULL)
+ORDER BY id
+LIMIT $4;
+
+-- name: api_token_revoke
+-- Revoking twice answers the token again (revoked_at unchanged): DELETE is idempotent.
+UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())
+WHERE id = $1 AND tenant_id = $2
+RETURNING id, tenant_id, name, scopes, created_at, expires_at, last_used_at, revoked_at, created_by;
+
+-- name: api_token_touch
+-- Coarse last use: only rows not touched within $2 seconds are written.
+UPDATE api_tokens SET last_used_at = now()
+WHERE id = ANY($1::text[]) AND (last_used_at IS NULL OR last_used_at < now() - make_interval(secs => $2));
 
 -- name: idempotency_lock
 SELECT pg_advisory_xact_lock(hashtextextended($1, 31289));
@@ -46,8 +76,9 @@ WITH s AS (
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
     RETURNING *
 ), j AS (
-    INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context)
-    SELECT $10, $11, s.region, s.tenant_id, 'server', s.id, $12, $13, $14 FROM s
+    INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
+                      actor_token_id, request_id)
+    SELECT $10, $11, s.region, s.tenant_id, 'server', s.id, $12, $13, $14, $15, $16 FROM s
     RETURNING id, kind, status
 )
 SELECT s.*, j.id AS job_id, j.kind AS job_kind, j.status AS job_status FROM s, j;
@@ -178,7 +209,8 @@ INSERT INTO vm_clone_requests (resource_id, member, vmid, node, job_id)
 SELECT $4, $5, $6, $7, j.id FROM jobs j
 WHERE j.id = $1 AND j.lease_owner = $2 AND j.attempt = $3 AND j.status::text = 'running'
 ON CONFLICT (resource_id, member, vmid) DO UPDATE
-SET node = EXCLUDED.node, job_id = EXCLUDED.job_id, sent_at = now(), answered_at = NULL, upid = NULL
+SET node = EXCLUDED.node, job_id = EXCLUDED.job_id, sent_at = now(), lost_at = NULL, answered_at = NULL,
+    upid = NULL
 RETURNING vmid;
 
 -- name: vm_clone_answered
@@ -187,31 +219,39 @@ UPDATE vm_clone_requests SET answered_at = now(), upid = $4
 WHERE resource_id = $1 AND member = $2 AND vmid = $3
 RETURNING vmid;
 
+-- name: vm_clone_lost
+-- The sender saw the answer lost (timeout, connection dropped): the request was in flight until
+-- now, and may still be performed.
+UPDATE vm_clone_requests SET lost_at = now()
+WHERE resource_id = $1 AND member = $2 AND vmid = $3 AND answered_at IS NULL
+RETURNING vmid;
+
 -- name: vm_clone_refused
 -- The hypervisor refused the vmid (taken): nothing was cloned; the request is forgotten.
 DELETE FROM vm_clone_requests WHERE resource_id = $1 AND member = $2 AND vmid = $3;
 
 -- name: vm_clone_requests
--- The clone requests of one resource (every member, or one); uncertain_since is sent_at while no
--- answer was recorded.
+-- The clone requests of one resource (every member, or one); uncertain_since, while no answer was
+-- recorded, is when it was last known in flight (lost_at, else sent_at).
 SELECT member, vmid, node, job_id, upid, extract(epoch FROM sent_at)::float8 AS sent_at,
-       CASE WHEN answered_at IS NULL THEN extract(epoch FROM sent_at)::float8 END AS uncertain_since
+       CASE WHEN answered_at IS NULL THEN extract(epoch FROM coalesce(lost_at, sent_at))::float8 END
+           AS uncertain_since
 FROM vm_clone_requests
 WHERE resource_id = $1 AND ($2::text IS NULL OR member = $2)
-ORDER BY member, sent_at;
+ORDER BY member, sent_at, vmid;
 
 -- name: job_insert
 INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
-                  extra_lock_keys)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                  extra_lock_keys, actor_token_id, request_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 RETURNING *;
 
 -- name: job_insert_notify
 -- job_insert and its NOTIFY (delivered at commit) in one statement: one round trip.
 WITH ins AS (
     INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
-                      extra_lock_keys)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                      extra_lock_keys, actor_token_id, request_id)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
     RETURNING *
 )
 SELECT ins.*, pg_notify('z9_jobs', ins.region)::text AS notified FROM ins;
@@ -219,12 +259,13 @@ SELECT ins.*, pg_notify('z9_jobs', ins.region)::text AS notified FROM ins;
 -- name: job_insert_many
 -- $10: each job's extra lock keys as a JSON array text (a text[][] would have to be rectangular).
 INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
-                  extra_lock_keys)
+                  extra_lock_keys, actor_token_id, request_id)
 SELECT u.id, u.kind, u.region, u.tenant_id, u.resource_type, u.resource_id, u.args, u.max_attempts,
-       u.trace_context, ARRAY(SELECT jsonb_array_elements_text(u.keys::jsonb))
+       u.trace_context, ARRAY(SELECT jsonb_array_elements_text(u.keys::jsonb)), u.actor_token_id, u.request_id
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::jsonb[], $8::int[],
-            $9::jsonb[], $10::text[])
-     AS u(id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context, keys)
+            $9::jsonb[], $10::text[], $11::text[], $12::text[])
+     AS u(id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context, keys,
+          actor_token_id, request_id)
 RETURNING *;
 
 -- name: jobs_notify
@@ -239,12 +280,14 @@ SELECT * FROM jobs WHERE id = $1;
 -- name: job_list_for_resource
 SELECT * FROM jobs
 WHERE tenant_id = $1 AND resource_id = $2 AND ($3::bigint IS NULL OR seq > $3)
+  AND ($5::text IS NULL OR actor_token_id = $5)
 ORDER BY seq
 LIMIT $4;
 
 -- name: job_list
+-- $4: only the jobs asked for by that token (no index of its own: see migration 0007).
 SELECT * FROM jobs
-WHERE tenant_id = $1 AND ($2::bigint IS NULL OR seq > $2)
+WHERE tenant_id = $1 AND ($2::bigint IS NULL OR seq > $2) AND ($4::text IS NULL OR actor_token_id = $4)
 ORDER BY seq
 LIMIT $3;
 
@@ -286,7 +329,7 @@ SET status = 'running',
     updated_at = now()
 FROM candidates
 WHERE jobs.id = candidates.id
-RETURNING jobs.*;
+RETURNING jobs.*, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_heartbeat
 UPDATE jobs
@@ -311,7 +354,7 @@ RETURNING j.id, j.attempt;
 UPDATE jobs
 SET steps = $4, lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-RETURNING id;
+RETURNING id, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_remember
 UPDATE jobs
@@ -324,7 +367,7 @@ UPDATE jobs
 SET status = 'succeeded', steps = $4, error = NULL, lease_owner = NULL, lease_expires_at = NULL,
     finished_at = now(), updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-RETURNING id;
+RETURNING id, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_succeed_many
 -- Batch finish of concurrent jobs: ($1 ids, $2 owners, $3 attempts, $4 steps) fenced row by
@@ -340,7 +383,7 @@ FROM unnest($1::text[], $2::text[], $3::int[], $4::text[]) AS f(id, owner, attem
 -- job through jobs_resource_live.
 WHERE j.id = ANY($1::text[])
   AND j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status::text = 'running'
-RETURNING j.id, j.attempt;
+RETURNING j.id, j.attempt, pg_notify('z9_job_changed', j.id)::text AS notified;
 
 -- name: job_retry
 -- $7 = attempts to give back (1 for a snooze or a hand-over, else 0).
@@ -350,14 +393,14 @@ SET status = 'retry', steps = $4, error = $5,
     attempt = attempt - $7,
     lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-RETURNING id, run_after;
+RETURNING id, run_after, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_fail
 UPDATE jobs
 SET status = 'failed', steps = $4, error = $5, lease_owner = NULL, lease_expires_at = NULL,
     finished_at = now(), updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-RETURNING id;
+RETURNING id, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: scheduler_notify
 SELECT pg_notify('z9_scheduler', '');
@@ -372,7 +415,7 @@ WITH due AS (
 )
 UPDATE jobs SET status = 'pending', updated_at = now()
 FROM due WHERE jobs.id = due.id
-RETURNING jobs.id, jobs.region;
+RETURNING jobs.id, jobs.region, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_retry_next_in
 -- Seconds until the earliest retry is due (negative when overdue), NULL when none waits.
@@ -409,7 +452,7 @@ FROM expired
 WHERE jobs.id = ANY(ARRAY(SELECT id FROM expired))  -- primary-key probes, not a scan of live jobs
   AND jobs.id = expired.id AND jobs.status::text = 'running' AND jobs.lease_expires_at < now()
 RETURNING jobs.id, jobs.kind, jobs.status, jobs.region, jobs.attempt, jobs.resource_type, jobs.resource_id,
-          jobs.error;
+          jobs.error, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_prune_finished
 -- Terminal jobs past the retention; nothing outside the job table decides (what a later job needs
@@ -639,7 +682,7 @@ SELECT id, 'deleted' AS outcome FROM gone UNION ALL SELECT id, 'unassigned' FROM
 -- transaction: one round trip). The pool: region $2, family $16, named $17 — or, unnamed, the
 -- one named 'public', else the region's only pool of that family. No row: no such pool, or it
 -- is exhausted (nothing written; the caller tells which). No NOTIFY: the caller notifies after
--- commit.
+-- commit. $18, $19: the job's actor token and request id (migration 0007).
 WITH cand AS (
     SELECT id, name FROM address_pools
     WHERE region = $2 AND family = $16 AND disabled_at IS NULL AND ($17::text IS NULL OR name = $17)
@@ -668,8 +711,8 @@ WITH cand AS (
     RETURNING i.ip
 ), j AS (
     INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
-                      extra_lock_keys)
-    SELECT $10, $11, adr.region, adr.tenant_id, 'address', adr.id, $12, $13, $14, $15 FROM adr
+                      extra_lock_keys, actor_token_id, request_id)
+    SELECT $10, $11, adr.region, adr.tenant_id, 'address', adr.id, $12, $13, $14, $15, $18, $19 FROM adr
     RETURNING id, kind, status
 )
 SELECT adr.*, j.id AS job_id, j.kind AS job_kind, j.status AS job_status FROM adr, held, j;

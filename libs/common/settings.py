@@ -140,7 +140,19 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="Z9_", extra="ignore")
 
+    # Pooled queries of every service (may go through PgBouncer). Several hosts for HA:
+    # postgresql://z9@db1:5432,db2:5432/z9?target_session_attrs=read-write
     database_url: str | None = None
+    # LISTEN connections and `z9 migrate`: direct to PostgreSQL (or a session pooler), never a
+    # transaction pooler. Unset: Z9_DATABASE_URL.
+    database_direct_url: str | None = None
+    # What sits in front of Z9_DATABASE_URL: none (direct), or PgBouncer in session or
+    # transaction pool mode (then plan_cache_mode must come from ALTER ROLE/DATABASE … SET, and
+    # transaction mode turns asyncpg's prepared-statement cache off).
+    database_pooler: Literal["none", "session", "transaction"] = "none"
+    # Refuse to LISTEN (so executors and the scheduler do not run) on a primary whose commits
+    # do not wait for a synchronous standby: the 202 promise survives a failover only then.
+    database_require_sync_replication: bool = False
     data_dir: Path = Path(".z9")
     regions: dict[str, RegionSettings] = Field(default_factory=dict)
 
@@ -150,6 +162,13 @@ class Settings(BaseSettings):
     # An API token's tenant is remembered this long per API process (seconds); a revoked token
     # keeps working for at most this long. 0: look every request's token up in the database.
     api_token_cache_s: float = Field(5.0, ge=0)
+    # A token's last use (GET /v1/tokens) is written at most once per this many seconds per API
+    # process, for all tokens used meanwhile in one statement: never a write per request.
+    api_token_last_used_s: float = Field(60.0, gt=0)
+    # Rate limit per API token and API process: a bucket of this many requests, refilled at this
+    # rate (requests per second); 0 turns it off. Over it: 429 with Retry-After.
+    api_rate_limit_per_s: float = Field(20.0, ge=0)
+    api_rate_limit_burst: int = Field(200, ge=0)
 
     # executor
     executor_concurrency: int = Field(8, ge=1, le=1024)

@@ -27,6 +27,7 @@ from .errors import (CheckViolation, ConstraintViolation, DatabaseUnavailable, E
                      PoolConfigError, UniqueViolation)
 from .ids import new_id
 from .models import Address, Cluster, Job, Server
+from .requestctx import current_actor, current_request_id
 from .sql import q, qt
 from .tracing import current_trace_context
 
@@ -62,11 +63,45 @@ async def tenant_upsert(db: DB, name: str) -> str:
     return row["id"]
 
 
-async def api_token_insert(db: DB, tenant_id: str, token: str, name: str = "default") -> str:
-    """Store the hash of ``token`` for ``tenant_id``; return the token's id."""
-    tid = new_id("tok")
-    await db.execute(q("api_token_insert"), tid, tenant_id, name, token_sha256(token))
-    return tid
+async def api_token_insert(db: DB, tenant_id: str, token: str, name: str = "default", *,
+                           scopes: Iterable[str] = ("read", "write"), expires_at: datetime | None = None,
+                           created_by: str | None = None) -> str:
+    """Store the hash of ``token`` for ``tenant_id`` with ``scopes`` (read, write, operator),
+    valid until ``expires_at`` (None: until revoked); return the token's id."""
+    return (await api_token_create(db, tenant_id, token, name, scopes=scopes, expires_at=expires_at,
+                                   created_by=created_by))["id"]
+
+
+async def api_token_create(db: DB, tenant_id: str, token: str, name: str, *, scopes: Iterable[str],
+                           expires_at: datetime | None = None, created_by: str | None = None) -> Any:
+    """Like :func:`api_token_insert`; returns the stored row (id, tenant_id, name, scopes,
+    created_at, expires_at, last_used_at, revoked_at, created_by), never the secret."""
+    return await db.fetchrow(q("api_token_insert"), new_id("tok"), tenant_id, name, token_sha256(token),
+                             sorted(set(scopes)), expires_at, created_by)
+
+
+async def api_token_auth(db: DB, token: str) -> Any:
+    """The valid (known, not revoked, not expired) token ``token``: a row (id, tenant_id,
+    scopes, expires_at), or None."""
+    return await db.fetchrow(q("api_token_auth"), token_sha256(token))
+
+
+async def api_token_list(db: DB, tenant_id: str, *, after: str | None = None, include_revoked: bool = False,
+                         limit: int = 100) -> list[Any]:
+    """The tenant's tokens ordered by id (rows as :func:`api_token_create`'s)."""
+    return await db.fetch(q("api_token_list"), tenant_id, after, include_revoked, limit)
+
+
+async def api_token_revoke(db: DB, token_id: str, tenant_id: str) -> Any:
+    """Revoke the tenant's token ``token_id`` (idempotent); its row, or None when the tenant
+    has no such token."""
+    return await db.fetchrow(q("api_token_revoke"), token_id, tenant_id)
+
+
+async def api_token_touch(db: DB, token_ids: list[str], coarseness_s: float) -> None:
+    """Set ``last_used_at = now()`` on the tokens not touched within ``coarseness_s`` seconds."""
+    if token_ids:
+        await db.execute(q("api_token_touch"), token_ids, coarseness_s)
 
 
 async def api_token_tenant(db: DB, token: str) -> str | None:
@@ -121,7 +156,7 @@ async def server_insert_with_job(db: DB, *, tenant_id: str, region: str, name: s
     when the tenant already has a live server of that name (nothing is written)."""
     row = await db.fetchrow(q("server_insert_with_job"), new_id("srv"), tenant_id, region, name, image,
                             cores, memory_mib, disk_gib, ssh_keys, new_id("job"), job.kind, job.args or {},
-                            job.max_attempts, job.trace_context)
+                            job.max_attempts, job.trace_context, job.actor_token_id, job.request_id)
     return Server.from_record(row), {"id": row["job_id"], "kind": row["job_kind"], "status": row["job_status"]}
 
 
@@ -218,6 +253,11 @@ async def vm_clone_answered(db: DB, resource_id: str, member: str, vmid: int, up
     await db.fetchval(q("vm_clone_answered"), resource_id, member, vmid, upid)
 
 
+async def vm_clone_lost(db: DB, resource_id: str, member: str, vmid: int) -> None:
+    """The sender saw the answer to the request to ``vmid`` lost: in flight until now."""
+    await db.fetchval(q("vm_clone_lost"), resource_id, member, vmid)
+
+
 async def vm_clone_refused(db: DB, resource_id: str, member: str, vmid: int) -> None:
     """The request to ``vmid`` was refused (nothing cloned): forget it."""
     await db.execute(q("vm_clone_refused"), resource_id, member, vmid)
@@ -248,6 +288,10 @@ class NewJob:
     extra_lock_keys: tuple[str, ...] = ()
     """Resources this job touches besides its own: it runs only when no earlier live job of
     any of them (or of its own) is running or waiting."""
+    #: the API token and request that asked for the job (``z9.common.requestctx``: taken from
+    #: the request being served when the NewJob is made; None for z9's own jobs)
+    actor_token_id: str | None = field(default_factory=current_actor)
+    request_id: str | None = field(default_factory=current_request_id)
 
 
 async def job_insert(db: DB, job: NewJob, *, notify: bool = True) -> Job:
@@ -257,7 +301,8 @@ async def job_insert(db: DB, job: NewJob, *, notify: bool = True) -> Job:
     :class:`z9.common.notify.JobNotifier` (coalesced)."""
     row = await db.fetchrow(q("job_insert_notify" if notify else "job_insert"), new_id("job"), job.kind,
                             job.region, job.tenant_id, job.resource_type, job.resource_id, job.args or {},
-                            job.max_attempts, job.trace_context, list(job.extra_lock_keys))
+                            job.max_attempts, job.trace_context, list(job.extra_lock_keys),
+                            job.actor_token_id, job.request_id)
     return Job.from_record(row)
 
 
@@ -271,6 +316,7 @@ async def job_insert_many(db: DB, jobs: list[NewJob], *, notify: bool = True) ->
         [j.tenant_id for j in jobs], [j.resource_type for j in jobs], [j.resource_id for j in jobs],
         [j.args or {} for j in jobs], [j.max_attempts for j in jobs], [j.trace_context for j in jobs],
         [json.dumps(list(j.extra_lock_keys)) for j in jobs],
+        [j.actor_token_id for j in jobs], [j.request_id for j in jobs],
     )
     if notify:
         await jobs_notify(db, sorted({j.region for j in jobs}))
@@ -294,12 +340,13 @@ async def job_get(db: DB, job_id: str, tenant_id: str | None = None) -> Job | No
 
 
 async def job_list(db: DB, tenant_id: str, *, resource_id: str | None = None, after_seq: int | None = None,
-                   limit: int = 100) -> list[Job]:
-    """Up to ``limit`` jobs of the tenant (of one resource) in submission order, after ``after_seq``."""
+                   limit: int = 100, actor_token_id: str | None = None) -> list[Job]:
+    """Up to ``limit`` jobs of the tenant (of one resource; asked for by one token) in submission
+    order, after ``after_seq``."""
     if resource_id is not None:
-        rows = await db.fetch(q("job_list_for_resource"), tenant_id, resource_id, after_seq, limit)
+        rows = await db.fetch(q("job_list_for_resource"), tenant_id, resource_id, after_seq, limit, actor_token_id)
     else:
-        rows = await db.fetch(q("job_list"), tenant_id, after_seq, limit)
+        rows = await db.fetch(q("job_list"), tenant_id, after_seq, limit, actor_token_id)
     return [Job.from_record(r) for r in rows]
 
 
@@ -554,7 +601,7 @@ async def address_allocate_with_job(db: DB, *, region: str, family: int, pool: s
     row = await db.fetchrow(q("address_allocate_with_job"), new_id("adr"), region, tenant_id, kind, name,
                             dns_ptr, protect_delete, auto_delete, server_id, new_id("job"), job.kind,
                             job.args or {}, job.max_attempts, job.trace_context, list(job.extra_lock_keys),
-                            family, pool)
+                            family, pool, job.actor_token_id, job.request_id)
     if row is None:
         return None
     return Address.from_record(row), {"id": row["job_id"], "kind": row["job_kind"], "status": row["job_status"]}

@@ -16,17 +16,17 @@ import asyncpg
 from aiohttp import web
 
 from z9.common import metrics, store
-from z9.common.db import TRANSIENT_DB_ERRORS, create_pool
-from z9.common.errors import ApiError, NotFound, Unauthorized, ValidationFailed
+from z9.common.db import TRANSIENT_DB_ERRORS, create_service_pool
+from z9.common.errors import ApiError, ValidationFailed
 from z9.common.ids import is_id
 from z9.common.models import Job
 from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 
-from . import addresses, clusters, schemas, servers
+from . import addresses, clusters, middleware, schemas, servers, tokens, waiting
 from .openapi import openapi_document
 from .resources import (NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, dump, limit_param,
-                        path_id, resource_operations, tenant)
+                        resource_operations, tenant)
 
 log = logging.getLogger("z9.api")
 
@@ -69,7 +69,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ApiError as e:
-        return _error_body(e.status, e.code, e.message, e.details)
+        resp = _error_body(e.status, e.code, e.message, e.details)
+        resp.headers.update(e.headers)
+        return resp
     except TRANSIENT_DB_ERRORS as e:
         log.warning("database unavailable on %s %s: %s", request.method, request.path, e)
         resp = _error_body(503, "unavailable", "the database is unreachable right now; retry shortly")
@@ -84,56 +86,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return _error_body(500, "internal", "internal error; it has been logged")
 
 
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """``Authorization: Bearer <token>`` on every ``/v1`` route; the token's tenant scopes it."""
-    if not request.path.startswith("/v1/") or request.path == "/v1/openapi.json":
-        return await handler(request)
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    tenant = await _token_tenant(request.app, token.strip()) if token.strip().isascii() else None
-    if tenant is None:
-        raise Unauthorized("unknown or revoked API token")
-    request[TENANT] = tenant
-    return await handler(request)
-
-
-TOKEN_CACHE = web.AppKey("token_cache", dict)  # token → (tenant id, monotonic expiry)
-_TOKEN_CACHE_MAX = 10_000
-
-
-async def _token_tenant(app: web.Application, token: str) -> str | None:
-    """The token's tenant, remembered for ``api_token_cache_s`` seconds (only known tokens are
-    remembered; the cache is emptied when it holds ``_TOKEN_CACHE_MAX`` entries)."""
-    ttl = app[SETTINGS].api_token_cache_s
-    if ttl <= 0:
-        return await store.api_token_tenant(app[POOL], token)
-    cache = app[TOKEN_CACHE]
-    hit = cache.get(token)
-    now = time.monotonic()
-    if hit is not None and hit[1] > now:
-        return hit[0]
-    tenant = await store.api_token_tenant(app[POOL], token)
-    if tenant is None:
-        cache.pop(token, None)
-        return None
-    if len(cache) >= _TOKEN_CACHE_MAX:
-        cache.clear()
-    cache[token] = (tenant, now + ttl)
-    return tenant
-
-
 # ---------------------------------------------------------------------------------- jobs
-
-async def get_job(request: web.Request) -> web.Response:
-    jid = path_id(request, "job", "job")
-    job = await store.job_get(request.app[POOL], jid, tenant(request))
-    if job is None:
-        raise NotFound(f"no job {jid!r}")
-    return web.json_response(dump(schemas.Job, job.public()))
-
 
 async def list_jobs(request: web.Request) -> web.Response:
     rid = request.query.get("resource_id")
@@ -149,7 +102,9 @@ async def list_jobs(request: web.Request) -> web.Response:
             raise ValidationFailed(f"after: no job {after!r}", details=[{"field": "after", "message": "unknown job"}])
         after_seq = ref.seq
     limit = limit_param(request)
-    jobs: list[Job] = await store.job_list(pool, tenant_id, resource_id=rid, after_seq=after_seq, limit=limit)
+    actor = tokens.actor_filter(request)
+    jobs: list[Job] = await store.job_list(pool, tenant_id, resource_id=rid, after_seq=after_seq, limit=limit,
+                                           actor_token_id=actor)
     return web.json_response(dump(schemas.JobList, {"jobs": [j.public() for j in jobs],
                                                     "next_after": jobs[-1].id if len(jobs) == limit else None}))
 
@@ -160,6 +115,17 @@ class JobListQuery(schemas.BaseModel):
     after: str | None = schemas.Field(default=None, description="id of the last job of the previous page")
     limit: int = schemas.Field(default=100, ge=1, le=500)
     resource_id: str | None = schemas.Field(default=None, description="only the jobs of this resource")
+    actor: str | None = schemas.Field(default=None, description="only the jobs asked for by this token id "
+                                                                 "(`me`: the calling token)")
+
+
+class JobGetQuery(schemas.BaseModel):
+    """Query parameters of ``GET /v1/jobs/{id}``."""
+
+    wait_s: int = schemas.Field(default=0, ge=0, le=waiting.MAX_WAIT_S,
+                                description="long-poll: answer as soon as the job's status or steps change, or "
+                                            "after this many seconds with the job as it is (a terminal job "
+                                            "answers at once). A job not yet terminal carries `Retry-After: 5`")
 
 
 JOB_EXAMPLE: dict[str, Any] = {
@@ -172,11 +138,18 @@ JOB_EXAMPLE: dict[str, Any] = {
                "finished_at": None, "detail": {}}],
     "error": None, "created_at": "2026-12-01T04:00:00Z", "started_at": "2026-12-01T04:00:01Z",
     "finished_at": None, "updated_at": "2026-12-01T04:00:09Z",
+    "actor": "tok_01jd3x5v8q2m6n4p7r9s1t3w5y", "request_id": "req_01jd3x5v8q2m6n4p7r9s1t3w60",
+}
+
+TOKEN_EXAMPLE: dict[str, Any] = {
+    "id": "tok_01jd3x5v8q2m6n4p7r9s1t3w5y", "name": "ci", "scopes": ["read", "write"],
+    "created_at": "2026-12-01T04:00:00Z", "expires_at": None, "last_used_at": "2026-12-01T04:10:00Z",
+    "revoked_at": None, "created_by": "tok_01jd3x5v8q2m6n4p7r9s1t3w60",
 }
 
 
 def operations() -> list[Operation]:
-    """Every ``/v1`` operation: the registered resource types', then the jobs'."""
+    """Every ``/v1`` operation: the registered resource types', then the jobs', then the tokens'."""
     ops: list[Operation] = []
     for api in RESOURCES:
         ops += resource_operations(api)
@@ -184,8 +157,20 @@ def operations() -> list[Operation]:
         Operation("GET", "/jobs", list_jobs, "listJobs", "List jobs, oldest first", "jobs",
                   {200: schemas.JobList, 401: None, 422: None}, query=JobListQuery,
                   example={"jobs": [JOB_EXAMPLE], "next_after": None}),
-        Operation("GET", "/jobs/{id}", get_job, "getJob", "Get a job: status, attempt, steps, error", "jobs",
-                  {200: schemas.Job, 401: None, 404: None}, path_id="the job's id (job_…)", example=JOB_EXAMPLE),
+        Operation("GET", "/jobs/{id}", waiting.get_job, "getJob", "Get a job: status, attempt, steps, error", "jobs",
+                  {200: schemas.Job, 400: None, 401: None, 404: None}, query=JobGetQuery,
+                  path_id="the job's id (job_…)", example=JOB_EXAMPLE),
+        Operation("POST", "/tokens", tokens.create_token, "createToken",
+                  "Create an API token for this tenant (its secret is shown once)", "tokens",
+                  {201: tokens.TokenCreated, 400: None, 401: None, 403: None, 422: None}, request=tokens.TokenCreate,
+                  example={"token": TOKEN_EXAMPLE, "secret": "z9t_…"}),
+        Operation("GET", "/tokens", tokens.list_tokens, "listTokens",
+                  "List this tenant's tokens (with their last use, coarse)", "tokens",
+                  {200: tokens.TokenList, 401: None, 422: None}, query=tokens.TokenListQuery,
+                  example={"tokens": [TOKEN_EXAMPLE], "next_after": None}),
+        Operation("DELETE", "/tokens/{id}", tokens.revoke_token, "revokeToken", "Revoke a token", "tokens",
+                  {200: tokens.TokenRevoked, 401: None, 403: None, 404: None}, path_id="the token's id (tok_…)",
+                  example={"token": {**TOKEN_EXAMPLE, "revoked_at": "2026-12-01T05:00:00Z"}}),
     ]
     return ops
 
@@ -210,14 +195,15 @@ async def healthz(request: web.Request) -> web.Response:
 def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.Application:
     """The API application. Owns an asyncpg pool on ``settings.database_url`` unless ``pool``
     is given (tests)."""
-    app = web.Application(middlewares=[metrics_middleware, error_middleware, auth_middleware],
+    app = web.Application(middlewares=[middleware.request_id_middleware, metrics_middleware, error_middleware,
+                                       tokens.auth_middleware, middleware.rate_limit_middleware,
+                                       middleware.query_params_middleware],
                           client_max_size=256 * 1024)
     app[SETTINGS] = settings
-    app[TOKEN_CACHE] = {}
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[POOL] = pool if pool is not None else await create_pool(
-            settings.require_database_url(), min_size=2, max_size=16, application_name="z9-api")
+        app[POOL] = pool if pool is not None else await create_service_pool(
+            settings, min_size=2, max_size=16, application_name="z9-api")
         app[NOTIFIER] = JobNotifier(app[POOL])
         try:
             async with app[POOL].acquire() as conn:  # the address pools of Z9_REGIONS (migration 0005)
@@ -235,10 +221,17 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     ops = operations()
     app[OPENAPI] = openapi_document(ops, tag_descriptions={a.rtype.plural: a.tag_description
                                                            for a in RESOURCES if a.tag_description})
+    waiting.install(app, settings)
+    tokens.install(app)
+    # The query-parameter check reads the generated document: every route below is in it.
+    middleware.install(app, settings, app[OPENAPI])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/openapi.json", openapi)
     for op in ops:
-        app.router.add_route(op.method, "/v1" + op.path, op.handler)
+        if op.method == "GET":  # answers HEAD too (as aiohttp's add_get), so a 405's Allow lists it
+            app.router.add_get("/v1" + op.path, op.handler)
+        else:
+            app.router.add_route(op.method, "/v1" + op.path, op.handler)
     app.router.add_get("/metrics", metrics_endpoint)
     metrics.init_api((r.method, r.resource.canonical) for r in app.router.routes()
                      if r.resource is not None and r.method != "HEAD")

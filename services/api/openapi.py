@@ -16,8 +16,12 @@ _REF = "#/components/schemas/{model}"
 _IDEMPOTENCY = {"name": "Idempotency-Key", "in": "header", "required": False,
                 "schema": {"type": "string", "minLength": 1, "maxLength": 255},
                 "description": "retrying with the same key and request replays the first answer"}
-_TAGS = {"jobs": "Jobs: every change is done by a job; poll it until it is succeeded or failed."}
-_STATUS_TEXT = {200: "OK", 202: "Accepted: poll the job until it is terminal", 400: "Malformed request (not JSON)",
+_TAGS = {"jobs": "Jobs: every change is done by a job; poll it (or long-poll with `wait_s`) until it is "
+                 "succeeded or failed.",
+         "tokens": "API tokens of the caller's tenant: `read` and/or `write` scopes; a secret is shown once."}
+_STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted: poll the job until it is terminal",
+                400: "Malformed request (not JSON, an unknown query parameter)",
+                403: "The token lacks the scope this needs",
                 401: "Missing, unknown or revoked token", 404: "No such resource (or another tenant's)",
                 409: "A precondition failed; the message names it", 422: "Invalid fields; the message names each",
                 503: "A setting the operation needs is missing; the message names it"}

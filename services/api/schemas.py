@@ -159,6 +159,8 @@ class Job(Response):
     started_at: OptTimestamp
     finished_at: OptTimestamp
     updated_at: Timestamp
+    actor: str | None = Field(description="the API token that asked for the job (null: z9 itself)")
+    request_id: str | None = Field(description="the X-Request-Id of that request")
 
 
 class JobList(Response):

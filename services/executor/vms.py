@@ -177,8 +177,14 @@ async def find_own_clones(ctx: JobContext, owner: str, requests: list[store.Clon
             continue
         if marker(owner, m.member) in str(st.config.get("description", "")):
             out.append(st)
-        elif st.lock == "clone" and await _clone_in_flight(ctx, m):
-            out.append(st)
+        elif st.lock == "clone":
+            if await _clone_in_flight(ctx, m):
+                out.append(st)
+                continue
+            # Our task may have ended between the two reads: then the VM carries our marker now.
+            again = await ctx.pve.vm_state(m.node, m.vmid)
+            if again is not None and marker(owner, m.member) in str(again.config.get("description", "")):
+                out.append(again)
     return out
 
 
@@ -486,7 +492,13 @@ async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) 
             await store.vm_clone_refused(ctx.pool, spec.owner, spec.member, newid)
             continue
         except (OutcomeUnknown, asyncio.CancelledError):
-            raise  # the answer is lost: the request stays unanswered, uncertain since it was recorded
+            # The answer is lost: the request stays unanswered; it was in flight until now (a
+            # sender that dies here leaves it uncertain from when it was recorded).
+            try:
+                await store.vm_clone_lost(ctx.pool, spec.owner, spec.member, newid)
+            except Exception as e:  # database gone: it stays uncertain from sent_at
+                log.warning("job %s: could not mark the clone request to VM %s lost: %s", ctx.job.id, newid, e)
+            raise
         except Exception:
             # Any other error is an answer (the hypervisor refused or failed the request): not
             # uncertain. The vmid stays recorded, so a deletion still looks there.

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import asyncpg
 
 from z9.common import metrics, store, tracing
-from z9.common.db import JOBS_CHANNEL, TRANSIENT_DB_ERRORS, create_pool
+from z9.common.db import JOBS_CHANNEL, TRANSIENT_DB_ERRORS, connect_listener, create_service_pool, server_label
 from z9.common.logs import bind_job, job_fields
 from z9.common.models import Job
 from z9.common.settings import Settings
@@ -111,7 +111,8 @@ class Executor:
         delay = 0.5
         while True:
             try:
-                return await create_pool(self._dsn, min_size=1, max_size=size, application_name="z9-executor")
+                return await create_service_pool(self.settings, min_size=1, max_size=size,
+                                                 application_name="z9-executor")
             except TRANSIENT_DB_ERRORS as e:
                 if self._stopping.is_set():
                     raise
@@ -210,14 +211,14 @@ class Executor:
         while not self._stopping.is_set():
             conn = None
             try:
-                conn = await asyncpg.connect(self._dsn, server_settings={"application_name": "z9-executor-listen"})
+                conn = await connect_listener(self.settings, application_name="z9-executor-listen")
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c: lost.set())
                 await conn.add_listener(JOBS_CHANNEL, self._on_notify)
                 self.listen_healthy = True
                 metrics.listen_up(reconnected=established)
                 established = True
-                log.info("LISTEN %s established", JOBS_CHANNEL)
+                log.info("LISTEN %s established on %s", JOBS_CHANNEL, server_label(conn))
                 self._wake.set()  # catch up on anything missed while not listening
                 delay = 0.2
                 while not lost.is_set():

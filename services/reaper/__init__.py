@@ -14,7 +14,7 @@ import logging
 import asyncpg
 
 from z9.common import metrics, resources, store
-from z9.common.db import TRANSIENT_DB_ERRORS, create_pool
+from z9.common.db import TRANSIENT_DB_ERRORS, create_service_pool
 from z9.common.logs import job_fields
 from z9.common.settings import Settings
 from z9.common.tracing import current_trace_context
@@ -57,12 +57,13 @@ class Reaper:
 
     async def run(self) -> None:
         """Scan until :meth:`stop`, reconnecting to the database with backoff."""
-        dsn = self.settings.require_database_url()
+        self.settings.require_database_url()
         delay = 0.5
         while not self._stopping.is_set():
             try:
                 if self.pool is None:
-                    self.pool = await create_pool(dsn, min_size=1, max_size=2, application_name="z9-reaper")
+                    self.pool = await create_service_pool(self.settings, min_size=1, max_size=2,
+                                                          application_name="z9-reaper")
                 n = await self.run_once()
                 delay = 0.5
                 if n:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from z9.common import kinds, metrics, resources, store
-from z9.common.db import SCHEDULER_CHANNEL, TRANSIENT_DB_ERRORS, create_pool
+from z9.common.db import SCHEDULER_CHANNEL, TRANSIENT_DB_ERRORS, connect_listener, create_service_pool
 from z9.common.settings import Settings
 
 log = logging.getLogger("z9.scheduler")
@@ -142,15 +142,16 @@ class Scheduler:
 
     async def run(self) -> None:
         """Pass after pass until :meth:`stop`, reconnecting to the database with backoff."""
-        dsn = self.settings.require_database_url()
+        self.settings.require_database_url()
         delay = 0.5
         listen: asyncpg.Connection | None = None
         while not self._stopping.is_set():
             try:
                 if self.pool is None:
-                    self.pool = await create_pool(dsn, min_size=1, max_size=2, application_name="z9-scheduler")
+                    self.pool = await create_service_pool(self.settings, min_size=1, max_size=2,
+                                                          application_name="z9-scheduler")
                 if listen is None or listen.is_closed():
-                    listen = await asyncpg.connect(dsn, server_settings={"application_name": "z9-scheduler-listen"})
+                    listen = await connect_listener(self.settings, application_name="z9-scheduler-listen")
                     await listen.add_listener(SCHEDULER_CHANNEL, lambda *_: self._wake.set())
                 self._wake.clear()
                 await self.run_once()

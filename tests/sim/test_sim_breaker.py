@@ -378,3 +378,15 @@ def test_upload_needs_a_multipart_body_of_known_length(sim):
     assert (r.status_code, r.json()["message"]) == (501, "upload without content length header not supported\n")
     r = raw(sim, "POST", url, data=body, headers={"Content-Type": "multipart/form-data; boundary=xx"})
     assert r.status_code == 200 and ":imgcopy:" in r.json()["data"]
+
+
+def test_thin_pool_volume_names(sim, pve, wait):
+    """A VM disk on local-lvm is a valid volume (its /dev path); a name outside LvmThin's layout is refused."""
+    clone(pve, wait, 101)
+    disk = next(d for d in pve.nodes("pve1").storage("local-lvm").content.get(vmid=101) if "disk" in d["volid"])
+    info = pve.nodes("pve1").storage("local-lvm").content(disk["volid"]).get()
+    assert info["path"] == "/dev/pve/" + disk["volid"].split(":", 1)[1] and info["size"] == disk["size"]
+    r = raw(sim, "GET", "/nodes/pve1/storage/local-lvm/content/local-lvm:iso/x.iso")
+    assert (r.status_code, r.json()["message"]) == (500, "unable to parse lvm volume name 'iso/x.iso'\n")
+    r = raw(sim, "GET", "/nodes/pve1/storage/local-lvm/content/local-lvm:vm-999-disk-0")
+    assert (r.status_code, r.json()["message"]) == (500, "volume 'local-lvm:vm-999-disk-0' does not exist\n")

@@ -1,0 +1,227 @@
+"""Generate ``docs/settings.md``, the table of every ``Z9_`` setting, from the settings model
+(``libs/common/settings.py``): names, types, defaults and bounds come from the model, the
+meaning from the field's ``description`` or, when it has none, from :data:`DESCRIPTIONS` here.
+
+    .venv/bin/python docs/gen_settings.py           # rewrite docs/settings.md
+    .venv/bin/python docs/gen_settings.py --check   # exit 1 when it is out of date
+
+A new setting without a description fails the generator (and ``tests/test_settings_doc.py``):
+add one here (or as ``Field(description=…)``) and re-run it — after a merge that brought
+settings, re-running is all it takes.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from z9.common.settings import RegionSettings, Settings
+
+OUT = Path(__file__).resolve().parent / "settings.md"
+
+DESCRIPTIONS: dict[str, str] = {
+    # Kubernetes clusters (issue 11)
+    "installation_key": "32 bytes, base64: seals every Kubernetes cluster's private keys (AES-256-GCM, the cluster id as "
+                        "associated data). `z9 dev` generates one into its data dir. Unset: creating a cluster or "
+                        "minting a kubeconfig answers 503 `installation_key_missing`; the executor cannot bootstrap members.",
+    "cluster_join_token_ttl_s": "Life of a bootstrap token z9 mints for one member's join (kubeadm `--ttl`); a member not "
+                                "started yet whose token is older than half of it gets a new one.",
+    "cluster_bootstrap_storage": "Storage the members' NoCloud bootstrap ISOs are uploaded to (shared: every node sees it; "
+                                 "node-local: the ISO goes to the member's own node). Each ISO is deleted once its member is Ready.",
+    "cluster_member_ready_s": "How long a member may take from its start to a Ready Kubernetes node before the job says "
+                              "which member is late (a temporary error: the next attempt waits on).",
+    # database
+    "database_url": "PostgreSQL connection string of every service's pooled queries (may go through PgBouncer). "
+                    "Several hosts for high availability: `postgresql://z9@db1:5432,db2:5432/z9?target_session_attrs=read-write`; "
+                    "z9 also refuses any connection that lands on a standby. Required (except for `z9 dev`, which starts an embedded PostgreSQL).",
+    "database_direct_url": "Connection string of every LISTEN connection and of `z9 migrate`: direct to PostgreSQL "
+                           "(or a session pooler), never a transaction pooler (it drops notifications silently). Unset: `Z9_DATABASE_URL`.",
+    "database_pooler": "What sits in front of `Z9_DATABASE_URL`: `none`; `session` or `transaction` = PgBouncer in that pool mode "
+                       "(z9 then sends no `plan_cache_mode` startup parameter — set it with `ALTER ROLE/DATABASE … SET plan_cache_mode = "
+                       "force_custom_plan`, checked on every connection — and `transaction` turns asyncpg's prepared-statement cache off).",
+    "database_require_sync_replication": "Refuse to run (pool and LISTEN connections) on a server whose commits do not wait for a "
+                                         "synchronous standby (`synchronous_standby_names` empty or `synchronous_commit` off/local): "
+                                         "the 202 promise survives a failover only with synchronous replication.",
+    "data_dir": "State folder of `z9 dev` (embedded PostgreSQL data, dev token, simulator state and secret).",
+    "regions": "JSON object: region name → Proxmox VE cluster (fields below).",
+    # api
+    "api_host": "Bind address of `z9 api`.",
+    "api_port": "Port of `z9 api` (it also serves `GET /metrics` there).",
+    "api_token_cache_s": "How long an API process remembers a valid token's tenant (a revoked token keeps working up to this long); 0: no cache.",
+    "api_token_last_used_s": "How often an API process writes the last use of the tokens it saw (one write for all of them, not one per request); `GET /v1/tokens` shows last use this coarsely.",
+    "api_rate_limit_per_s": "Rate limit per API token and API process: requests per second refilling the token's bucket; 0 turns rate limiting off. Over it: 429 with `Retry-After` and `RateLimit` headers.",
+    "api_rate_limit_burst": "Rate limit per API token and API process: the bucket's size (requests allowed at once).",
+    # executor
+    "executor_concurrency": "Jobs one executor runs at once (`z9 executor --concurrency`).",
+    "lease_ttl_s": "Lease of a running job; an executor that stops renewing it loses the job to the scheduler's reclaim.",
+    "heartbeat_s": "How often an executor renews the leases of its running jobs (shorter than `Z9_LEASE_TTL_S`).",
+    "poll_interval_s": "Fallback claim poll of executors (besides NOTIFY), and the LISTEN connection's liveness check.",
+    "step_timeout_s": "No progress (no answer about the job's task) for this long: the executor stops renewing the job's lease.",
+    "task_poll_s": "How often a Proxmox task (UPID) is polled while a job waits for it.",
+    "task_deadline_s": "Longest wait for one Proxmox task before the attempt fails as temporary.",
+    "shutdown_grace_s": "On SIGTERM, how long an executor lets running jobs finish before handing them back.",
+    "snooze_s": "Wait before retrying a job whose VM is locked by another task (no attempt spent).",
+    "snooze_limit_s": "Longest a job waits on a locked VM (since its first snooze); after that the wait is a temporary error that spends an attempt.",
+    "uncertain_window_s": "A mutation whose answer was lost may still be performed this long afterwards: observe waits for it.",
+    # backoff
+    "backoff_base_s": "Retry backoff base: `min(cap, base·2^(attempt-1))` × a random factor.",
+    "backoff_cap_s": "Retry backoff cap (at least `Z9_BACKOFF_BASE_S`).",
+    "backoff_jitter": "Random factor range of the backoff: [1 − j, 1 + j].",
+    "max_attempts": "Attempts of a job before it fails for good.",
+    "max_live_jobs_per_resource": "A DELETE or cancel-deletion answers 409 while the server already has this many jobs waiting or running.",
+    # scheduler, reaper, retention
+    "scheduler_interval_s": "Longest sleep of the scheduler between passes (retry promotion, lease reclaim).",
+    "reaper_interval_s": "How often the reaper looks for expired deletion buffers.",
+    "deletion_buffer_s": "Time between `DELETE` (VM stopped) and the final delete job; cancel-deletion works within it.",
+    "job_retention_s": "Finished jobs are pruned after this long.",
+    "idempotency_retention_s": "How long an `Idempotency-Key` answer is kept.",
+    # observability
+    "log_level": "`DEBUG`, `INFO`, `WARNING`, `ERROR`.",
+    "log_format": "`json` (one object per line on stderr) or `text` (what `z9 dev` uses unless set).",
+    "metrics_host": "Bind address of the scheduler's, executor's and reaper's `/metrics` (`0.0.0.0` in containers).",
+    "metrics_port": "Their `/metrics` port; 0 serves none (`z9 dev` sets 9101–9103, moved by `--metrics-port`).",
+    "job_metrics_interval_s": "How often the scheduler recounts live jobs for `z9_jobs` and the oldest pending age.",
+    "job_metrics_finished_interval_s": "How often it recounts finished jobs (most of the table).",
+}
+
+REGION_DESCRIPTIONS: dict[str, str] = {
+    "url": "Proxmox VE API endpoint, `https://host:8006` (HTTPS only).",
+    "token_id": "API token id, `USER@REALM!TOKENID`.",
+    "token_secret": "API token secret.",
+    "verify_ssl": "`true`/`false`, or the path of a CA bundle.",
+    "images": "Template names the API accepts for the region (empty: any; the executor finds out).",
+    "request_timeout_s": "Timeout of one HTTP request to Proxmox (seconds).",
+    "address_pools": "The region's address pools: a list of `{name, cidr, gateway?, range?: [first, last], "
+                     "reserved?: [ip…], bridge? (vmbr0), vlan?, nameservers?, quarantine_s? (3600)}`; `range` "
+                     "defaults to every host address, at most 65,536 per pool; pools of a region must not "
+                     "overlap. Written to the database by `z9 migrate` and every API start; a pool taken "
+                     "out is disabled, not deleted. See `docs/addresses.md`.",
+}
+
+#: Variables outside the settings model (read by one tool or by the tests), listed by hand.
+OTHER = [
+    ("Z9_SIM_TOKEN_SECRET", "`z9 sim`: its API token secret when `--token-secret-file` is not given (never on a command line)."),
+    ("Z9_TEST_DATABASE_URL", "Tests: the PostgreSQL server they create their `z9_test_*` databases on (else an embedded one)."),
+    ("Z9_TEST_TESTCONTAINERS", "Tests: `1` = PostgreSQL from testcontainers when no URL is given."),
+    ("Z9_REQUIRE_PROMETHEUS", "Tests: `1` = fail instead of skipping without `prometheus`/`promtool`."),
+    ("Z9_REQUIRE_PGBOUNCER", "Tests: `1` = fail instead of skipping without `pgbouncer`."),
+    ("Z9_REQUIRE_HA", "Tests: `1` = fail instead of skipping without Debian's PostgreSQL binaries (failover tests)."),
+    ("Z9_BENCH_DSN", "Benchmarks: admin connection string (`bench/run.py --dsn`)."),
+]
+
+
+def _type(ann: Any) -> str:
+    origin = typing.get_origin(ann)
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{a}`" for a in typing.get_args(ann))
+    if ann is bool:
+        return "bool"
+    if ann is int:
+        return "int"
+    if ann is float:
+        return "number"
+    text = getattr(ann, "__name__", None) if origin is None else None
+    if text == "Path":
+        return "path"
+    if text == "str":
+        return "string"
+    s = str(ann).replace("typing.", "")
+    if "RegionSettings" in s:
+        return "JSON object"
+    if s in ("str | None",):
+        return "string"
+    if s == "bool | str":
+        return "bool or path"
+    if s == "list[str]":
+        return "JSON list of strings"
+    if "SecretStr" in s:
+        return "string (secret)"
+    return s
+
+
+def _default(f: FieldInfo) -> str:
+    if f.default is PydanticUndefined:
+        if f.default_factory is not None:
+            v = f.default_factory()
+            return f"`{v!r}`" if v else "empty"
+        return "required"
+    if f.default is None:
+        return "unset"
+    v = f.default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool):
+        v = str(v).lower()
+    return f"`{v}`"
+
+
+def _bounds(f: FieldInfo) -> str:
+    out = []
+    for m in f.metadata:
+        for attr, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+            v = getattr(m, attr, None)
+            if v is not None:
+                out.append(f"{sym} {v}")
+    return ", ".join(out)
+
+
+def _describe(name: str, f: FieldInfo, table: dict[str, str], where: str) -> str:
+    text = f.description or table.get(name)
+    if not text:
+        raise SystemExit(f"gen_settings: {where}.{name} has no description: add one to DESCRIPTIONS in "
+                         f"docs/gen_settings.py (or Field(description=…)) and re-run")
+    return text.replace("|", "\\|")
+
+
+def render() -> str:
+    lines = [
+        "# z9 settings",
+        "",
+        "<!-- Generated by `.venv/bin/python docs/gen_settings.py` from `libs/common/settings.py`; do not edit. -->",
+        "",
+        "Every service reads its settings from environment variables prefixed `Z9_` (one pydantic-settings",
+        "model, `libs/common/settings.py`); invalid values stop a service at start with the variable named.",
+        "Units are in the names: `_s` seconds. Nested values are JSON.",
+        "",
+        "| variable | type | default | bounds | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for name, f in Settings.model_fields.items():
+        lines.append(f"| `Z9_{name.upper()}` | {_type(f.annotation)} | {_default(f)} | {_bounds(f)} | "
+                     f"{_describe(name, f, DESCRIPTIONS, 'Settings')} |")
+    lines += ["", "## `Z9_REGIONS` entries", "",
+              "`Z9_REGIONS` maps a region name to one Proxmox VE cluster:",
+              "`{\"dev-1\": {\"url\": \"https://pve:8006\", \"token_id\": \"root@pam!z9\", \"token_secret\": \"…\", \"verify_ssl\": true, \"images\": [\"debian-12\"]}}`.",
+              "", "| field | type | default | meaning |", "|---|---|---|---|"]
+    for name, f in RegionSettings.model_fields.items():
+        lines.append(f"| `{name}` | {_type(f.annotation)} | {_default(f)} | "
+                     f"{_describe(name, f, REGION_DESCRIPTIONS, 'RegionSettings')} |")
+    lines += ["", "## Other variables", "", "Not settings of the services; read by one tool or by the tests.", "",
+              "| variable | meaning |", "|---|---|"]
+    lines += [f"| `{k}` | {v} |" for k, v in OTHER]
+    lines += ["", "Tracing is configured by the standard `OTEL_*` variables (see the README).", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="generate docs/settings.md from the settings model")
+    ap.add_argument("--check", action="store_true", help="exit 1 when docs/settings.md is out of date")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        if not OUT.exists() or OUT.read_text() != text:
+            print("docs/settings.md is out of date: run .venv/bin/python docs/gen_settings.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""HTTP as clients expect it: request ids, ``Location`` on 202, ``Allow`` on 405, unknown query
+parameters refused, rate limits per token, and malformed requests answered in the JSON error
+shape.
+
+- ``X-Request-Id``: the client's (1-200 printable ASCII characters) or a new ``req_…``; echoed
+  on every answer, on every log line logged while the request is served (``request_id``), and
+  stored on every job the request makes (``jobs.request_id``).
+- ``Location: /v1/jobs/{id}`` on every 202 (the job to follow); ``Allow`` on every 405.
+- A query parameter the route does not declare in the OpenAPI document answers 400 naming it:
+  a misspelt filter must never widen what a script acts on.
+- Rate limit per token: a token bucket per API process (``Z9_API_RATE_LIMIT_BURST`` requests,
+  refilled at ``Z9_API_RATE_LIMIT_PER_S``; 0 turns it off). Every answer to a token carries
+  ``RateLimit-Policy: "token";q=<burst>;w=<seconds to refill>`` and
+  ``RateLimit: "token";r=<remaining>;t=<seconds until full>`` (IETF httpapi ratelimit-headers);
+  over the limit: 429 ``rate_limited`` with ``Retry-After``.
+- A request aiohttp's parser rejects (a raw 0xFF in the path, NUL or CR in a header) never
+  reaches the middlewares: :class:`Runner` serves the app with a protocol handler that answers
+  it ``{"error": …}`` with one WARNING line instead of a text body and a traceback at ERROR.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import re
+import secrets
+import signal
+import time
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from z9.common import metrics
+from z9.common.errors import ApiError, BadRequest, TooManyRequests
+from z9.common.requestctx import REQUEST_ID
+
+log = logging.getLogger("z9.api")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_REQUEST_ID_RE = re.compile(r"[\x21-\x7e]{1,200}")
+
+
+def _new_request_id() -> str:
+    return "req_" + secrets.token_hex(12)
+
+
+@web.middleware
+async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Outermost: the request id, ``Location`` on 202, ``Allow`` on 405."""
+    given = request.headers.get("X-Request-Id")
+    rid = given if given is not None and _REQUEST_ID_RE.fullmatch(given) else _new_request_id()
+    REQUEST_ID.set(rid)
+    try:
+        response = await handler(request)
+    except web.HTTPException as e:  # a redirect or anything not turned into JSON further in
+        e.headers["X-Request-Id"] = rid
+        raise
+    response.headers["X-Request-Id"] = rid
+    if response.status == 202 and "Location" not in response.headers:
+        job_id = _job_id(response)
+        if job_id:
+            response.headers["Location"] = f"/v1/jobs/{job_id}"
+    elif response.status == 405 and "Allow" not in response.headers:
+        exc = getattr(request.match_info, "http_exception", None)
+        allowed = getattr(exc, "allowed_methods", None)
+        if allowed:
+            response.headers["Allow"] = ",".join(sorted(allowed))
+    return response
+
+
+def _job_id(response: web.StreamResponse) -> str | None:
+    body = getattr(response, "body", None)
+    if not isinstance(body, bytes):
+        return None
+    try:
+        job = json.loads(body).get("job")
+    except (ValueError, AttributeError):
+        return None
+    return job.get("id") if isinstance(job, dict) and isinstance(job.get("id"), str) else None
+
+
+# ---------------------------------------------------------------------------------- query parameters
+
+QUERY_PARAMS = web.AppKey("query_params", dict)  # (method, route template) → allowed names
+
+
+def declared_query_params(document: dict[str, Any], prefix: str = "/v1") -> dict[tuple[str, str], frozenset[str]]:
+    """``{(METHOD, "/v1/path/{id}"): {names}}`` of every operation of an OpenAPI document."""
+    out: dict[tuple[str, str], frozenset[str]] = {}
+    for path, ops in document.get("paths", {}).items():
+        for method, op in ops.items():
+            if not isinstance(op, dict) or method.startswith("x-") or method == "parameters":
+                continue
+            params = list(ops.get("parameters", [])) + list(op.get("parameters", []))
+            out[(method.upper(), prefix + path)] = frozenset(p["name"] for p in params if p.get("in") == "query")
+    return out
+
+
+@web.middleware
+async def query_params_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """400 naming every query parameter the matched route does not declare."""
+    resource = request.match_info.route.resource
+    if resource is not None and request.query:
+        allowed = request.app[QUERY_PARAMS].get((request.method, resource.canonical))
+        if allowed is not None:
+            unknown = sorted({k for k in request.query if k not in allowed})
+            if unknown:
+                accepted = ", ".join(sorted(allowed)) or "none"
+                raise BadRequest(f"unknown query parameter{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)} "
+                                 f"({request.method} {resource.canonical} accepts: {accepted})",
+                                 code="unknown_parameter",
+                                 details=[{"field": k, "message": "unknown query parameter"} for k in unknown])
+    return await handler(request)
+
+
+# ---------------------------------------------------------------------------------- rate limits
+
+class TokenBuckets:
+    """A token bucket per API token: ``burst`` requests at once, refilled at ``per_s``."""
+
+    def __init__(self, per_s: float, burst: int, *, max_entries: int = 100_000):
+        self.per_s = per_s
+        self.burst = burst
+        self.max_entries = max_entries
+        self._buckets: dict[str, tuple[float, float]] = {}  # token id → (level, monotonic time)
+
+    @property
+    def enabled(self) -> bool:
+        return self.per_s > 0 and self.burst > 0
+
+    def take(self, key: str, now: float | None = None) -> tuple[bool, float]:
+        """Spend one unit of ``key``'s bucket; (allowed, level after)."""
+        now = time.monotonic() if now is None else now
+        level, at = self._buckets.get(key, (float(self.burst), now))
+        level = min(float(self.burst), level + (now - at) * self.per_s)
+        allowed = level >= 1.0
+        if allowed:
+            level -= 1.0
+        if len(self._buckets) >= self.max_entries and key not in self._buckets:
+            self._buckets.clear()  # full buckets are the default: forgetting only forgives
+        self._buckets[key] = (level, now)
+        return allowed, level
+
+    def headers(self, level: float) -> dict[str, str]:
+        window = max(1, math.ceil(self.burst / self.per_s))
+        until_full = max(0, math.ceil((self.burst - level) / self.per_s))
+        return {"RateLimit-Policy": f'"token";q={self.burst};w={window}',
+                "RateLimit": f'"token";r={int(level)};t={until_full}'}
+
+    def retry_after(self, level: float) -> int:
+        return max(1, math.ceil((1.0 - level) / self.per_s))
+
+
+RATE_LIMITS = web.AppKey("rate_limits", TokenBuckets)
+
+
+@web.middleware
+async def rate_limit_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """After authentication: spend one unit of the token's bucket, or 429."""
+    from .tokens import PRINCIPAL
+
+    buckets = request.app[RATE_LIMITS]
+    principal = request.get(PRINCIPAL)
+    if principal is None or not buckets.enabled:
+        return await handler(request)
+    allowed, level = buckets.take(principal.token_id)
+    headers = buckets.headers(level)
+    if not allowed:
+        metrics.API_RATE_LIMITED.inc()
+        wait = buckets.retry_after(level)
+        raise TooManyRequests(f"rate limit of this token exceeded ({buckets.burst} requests, refilled at "
+                              f"{buckets.per_s:g}/s); retry in {wait}s",
+                              headers={**headers, "Retry-After": str(wait)})
+    try:
+        response = await handler(request)
+    except (web.HTTPException, ApiError) as e:  # answered further out: the headers go along
+        e.headers.update(headers)
+        raise
+    response.headers.update(headers)
+    return response
+
+
+# ---------------------------------------------------------------------------------- malformed requests
+
+class _RequestHandler(RequestHandler):
+    """aiohttp's protocol handler, but a request its parser rejects gets the JSON error shape
+    and one WARNING line (no traceback)."""
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        reason = message or (str(exc) if exc is not None else "malformed request")
+        reason = reason.splitlines()[0][:300] if reason else "malformed request"
+        log.warning("malformed HTTP request from %s rejected (%d): %s", request.remote, status, reason)
+        resp = web.json_response({"error": {"code": "bad_request", "message": f"malformed HTTP request: {reason}",
+                                            "details": None}}, status=status)
+        resp.force_close()
+        return resp
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _RequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class Runner(web.AppRunner):
+    """``web.AppRunner`` whose connections answer parser-rejected requests in JSON."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _Server  # same state, one method differs
+        return server
+
+
+async def serve(app: web.Application, host: str, port: int) -> None:
+    """Serve ``app`` on host:port until SIGINT/SIGTERM (what ``web.run_app`` does, with
+    :class:`Runner`)."""
+    runner = Runner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def install(app: web.Application, settings: Any, document: dict[str, Any]) -> None:
+    """The query-parameter table (from ``document``, the OpenAPI document the app serves) and
+    the rate limits of ``app``."""
+    app[QUERY_PARAMS] = declared_query_params(document)
+    app[RATE_LIMITS] = TokenBuckets(settings.api_rate_limit_per_s, settings.api_rate_limit_burst)

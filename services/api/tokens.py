@@ -1,0 +1,355 @@
+"""API tokens: authentication, scopes, management (``/v1/tokens``), what tenants may see.
+
+- **Authentication.** ``Authorization: Bearer <token>``; the token's row gives its tenant,
+  scopes and expiry, remembered per API process for ``Z9_API_TOKEN_CACHE_S`` seconds (never past
+  the token's expiry): a token revoked elsewhere keeps working at most that long; one revoked
+  through this process stops at once. 401 answers carry ``WWW-Authenticate: Bearer``.
+- **Scopes.** ``read``: GET only (a mutation answers 403 naming the scope); ``write``:
+  mutations too; ``operator``: sees platform details (below). ``operator`` is granted only by
+  ``z9 token --scope operator`` (database access), never through the API; a token can only
+  make tokens with scopes it has itself.
+- **Last use.** Each process notes the tokens used and writes ``last_used_at`` for all of them
+  in one statement every ``Z9_API_TOKEN_LAST_USED_S`` seconds (60): it is that coarse, and
+  costs no write per request.
+- **Platform details.** Answers to a token without ``operator`` carry no Proxmox account: the
+  user/token id inside UPIDs (``UPID:node:…:root@pam!z9:``) and the configured regions' token
+  ids are replaced by ``hidden``, in every JSON answer (jobs, servers, errors alike).
+- **Actor.** The token's id is put in :mod:`z9.common.requestctx`, so every job the request
+  makes records it (``jobs.actor_token_id``; ``GET /v1/jobs?actor=tok_…|me``).
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Awaitable, Callable, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+
+from z9.common import store
+from z9.common.errors import BadRequest, Forbidden, NotFound, Unauthorized, ValidationFailed
+from z9.common.ids import is_id
+from z9.common.requestctx import ACTOR_TOKEN_ID
+
+from . import resources as api
+
+log = logging.getLogger("z9.api")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+SCOPES = ("read", "write", "operator")
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+TOKEN_PREFIX = "z9t_"
+WWW_AUTHENTICATE = 'Bearer realm="z9"'
+_CACHE_MAX = 10_000
+
+
+def new_secret() -> str:
+    """A new API token: ``z9t_`` and 256 random bits."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+# ---------------------------------------------------------------------------------- models
+
+class TokenCreate(BaseModel):
+    """``POST /v1/tokens``: a token for the caller's tenant. ``scopes``: ``read`` and/or
+    ``write`` (at most the caller's own); ``expires_in_s``: seconds until it stops working
+    (none: until revoked)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"name": "ci", "scopes": ["read"], "expires_in_s": 86400}]})
+
+    name: StrictStr = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    scopes: list[Literal["read", "write"]] = Field(default_factory=lambda: ["read", "write"], min_length=1,
+                                                   max_length=2)
+    expires_in_s: StrictInt | None = Field(default=None, ge=60, le=5 * 366 * 86400)
+
+
+class Token(BaseModel):
+    """A token as listed (never its secret)."""
+
+    id: str
+    name: str
+    scopes: list[str]
+    created_at: datetime
+    expires_at: datetime | None = None
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = None
+    created_by: str | None = None
+
+
+class TokenCreated(BaseModel):
+    """The answer to ``POST /v1/tokens``: the token and its secret, shown this once."""
+
+    token: Token
+    secret: str
+
+
+class TokenList(BaseModel):
+    """A page of tokens (``GET /v1/tokens``)."""
+
+    tokens: list[Token]
+    next_after: str | None = Field(description="pass as `after` for the next page; null on the last")
+
+
+class TokenRevoked(BaseModel):
+    """The answer to ``DELETE /v1/tokens/{id}``: the revoked token."""
+
+    token: Token
+
+
+class TokenListQuery(BaseModel):
+    """Query parameters of ``GET /v1/tokens``."""
+
+    after: str | None = Field(default=None, description="id of the last token of the previous page")
+    limit: int = Field(default=100, ge=1, le=500)
+    include_revoked: bool = Field(default=False, description="list revoked tokens too")
+
+
+def _token_json(row: Any) -> dict[str, Any]:
+    return Token.model_validate(dict(row)).model_dump(mode="json")
+
+
+# ---------------------------------------------------------------------------------- principal
+
+@dataclass(frozen=True)
+class Principal:
+    token_id: str
+    tenant_id: str
+    scopes: frozenset[str]
+
+    @property
+    def operator(self) -> bool:
+        return "operator" in self.scopes
+
+
+PRINCIPAL = web.RequestKey("principal", Principal)
+CACHE = web.AppKey("token_principals", dict)  # sha256 → (Principal, monotonic expiry)
+TOUCHER = web.AppKey("token_toucher", object)
+
+
+class _Toucher:
+    """Writes ``last_used_at`` of the tokens used, all at once, every ``period_s`` seconds."""
+
+    def __init__(self, pool_of: Callable[[], Any], period_s: float):
+        self.pool_of = pool_of
+        self.period_s = period_s
+        self.used: set[str] = set()
+        self.writes = 0  # statements sent (tests)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="z9-token-touch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.flush()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self.used:
+            return
+        ids, self.used = sorted(self.used), set()
+        try:
+            await store.api_token_touch(self.pool_of(), ids, self.period_s / 2)
+            self.writes += 1
+        except Exception as e:  # last use is informative: never fail requests for it
+            log.warning("could not record the last use of %d token(s): %s", len(ids), e)
+
+
+async def _principal(app: web.Application, token: str) -> Principal | None:
+    ttl = app[api.SETTINGS].api_token_cache_s
+    key = hashlib.sha256(token.encode()).digest()
+    cache = app[CACHE]
+    now = time.monotonic()
+    hit = cache.get(key)
+    if ttl > 0 and hit is not None and hit[1] > now:
+        return hit[0]
+    row = await store.api_token_auth(app[api.POOL], token)
+    if row is None:
+        cache.pop(key, None)
+        return None
+    p = Principal(row["id"], row["tenant_id"], frozenset(row["scopes"]))
+    if ttl > 0:
+        until = now + ttl
+        if row["expires_at"] is not None:
+            until = min(until, now + (row["expires_at"] - datetime.now(timezone.utc)).total_seconds())
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        cache[key] = (p, until)
+    return p
+
+
+def unauthorized(message: str) -> Unauthorized:
+    return Unauthorized(message, headers={"WWW-Authenticate": WWW_AUTHENTICATE})
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bearer token on every ``/v1`` route but the OpenAPI document; scope checks; the actor of
+    the jobs the request makes; platform details hidden from tokens without ``operator``."""
+    if not request.path.startswith("/v1/") or request.path == "/v1/openapi.json":
+        return await handler(request)
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+    principal = await _principal(request.app, token) if token.isascii() and len(token) <= 200 else None
+    if principal is None:
+        raise unauthorized("unknown, expired or revoked API token")
+    request[PRINCIPAL] = principal
+    request[api.TENANT] = principal.tenant_id
+    ACTOR_TOKEN_ID.set(principal.token_id)
+    request.app[TOUCHER].used.add(principal.token_id)  # type: ignore[attr-defined]
+    if request.method not in READ_METHODS and "write" not in principal.scopes:
+        raise Forbidden(f"this token has scopes {','.join(sorted(principal.scopes))}: "
+                        f"{request.method} needs the write scope", code="insufficient_scope",
+                        details=[{"scope": "write"}])
+    response = await handler(request)
+    if not principal.operator and isinstance(response, web.Response) and response.body is not None:
+        body = response.body
+        if isinstance(body, bytes) and (b"@" in body or b"UPID:" in body):
+            redacted = redact(body, _platform_users(request.app))
+            if redacted is not body:
+                response.body = redacted
+    return response
+
+
+# ---------------------------------------------------------------------------------- redaction
+
+# UPID:<node>:<pid>:<pstart>:<starttime>:<type>:<id>:<user>:  — the user (user@realm!tokenid)
+_UPID_USER = re.compile(rb"(UPID:[^:\"\s]*:[0-9A-Fa-f]{8}:[0-9A-Fa-f]{8,9}:[0-9A-Fa-f]{8}:[^:\"\s]*:[^:\"\s]*:)"
+                        rb"([^:\"\s]+)(:)")
+PLATFORM_USERS = web.AppKey("platform_users", tuple)
+
+
+def _platform_users(app: web.Application) -> tuple[bytes, ...]:
+    """The configured regions' Proxmox token ids and their users, longest first."""
+    return app[PLATFORM_USERS]
+
+
+def platform_users(settings: Any) -> tuple[bytes, ...]:
+    names: set[str] = set()
+    for r in settings.regions.values():
+        names.add(r.token_id)
+        names.add(r.token_id.split("!", 1)[0])
+    return tuple(sorted((n.encode() for n in names if n), key=len, reverse=True))
+
+
+def redact(body: bytes, users: tuple[bytes, ...]) -> bytes:
+    """``body`` with the user of every UPID, and every name in ``users``, replaced by
+    ``hidden`` (the same object when there was nothing to hide)."""
+    out = _UPID_USER.sub(rb"\1hidden\3", body)
+    for u in users:
+        if u in out:
+            out = out.replace(u, b"hidden")
+    return body if out == body else out
+
+
+# ---------------------------------------------------------------------------------- handlers
+
+def _pydantic_error(e: ValidationError) -> Exception:
+    return api.validation_error(e)
+
+
+async def create_token(request: web.Request) -> web.Response:
+    """``POST /v1/tokens`` → 201 ``{"token", "secret"}`` (the secret is shown once: only its
+    hash is stored)."""
+    if "Idempotency-Key" in request.headers:
+        raise BadRequest("Idempotency-Key is not accepted on POST /v1/tokens: its answer holds a secret "
+                         "that z9 never stores, so it cannot be replayed; list the tokens instead "
+                         "(GET /v1/tokens) to see whether a lost request made one")
+    body = await api.json_body(request)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    try:
+        spec = TokenCreate.model_validate(body)
+    except ValidationError as e:
+        raise _pydantic_error(e)
+    me = request[PRINCIPAL]
+    missing = sorted(set(spec.scopes) - me.scopes)
+    if missing:
+        raise Forbidden(f"scopes: this token cannot grant {','.join(missing)}, which it does not have",
+                        code="insufficient_scope", details=[{"field": "scopes", "message": "not held"}])
+    expires_at = (datetime.now(timezone.utc) + timedelta(seconds=spec.expires_in_s)
+                  if spec.expires_in_s is not None else None)
+    secret = new_secret()
+    row = await store.api_token_create(request.app[api.POOL], me.tenant_id, secret, spec.name, scopes=spec.scopes,
+                                       expires_at=expires_at, created_by=me.token_id)
+    token = _token_json(row)
+    return web.json_response({"token": token, "secret": secret}, status=201,
+                             headers={"Location": f"/v1/tokens/{token['id']}", "Cache-Control": "no-store"})
+
+
+async def list_tokens(request: web.Request) -> web.Response:
+    """``GET /v1/tokens[?include_revoked=true&after=&limit=]``: the tenant's tokens with their
+    last use (coarse: see the module docstring)."""
+    after = request.query.get("after")
+    if after is not None and not is_id(after, "tok"):
+        raise ValidationFailed(f"after: {after!r} is not a token id",
+                                   details=[{"field": "after", "message": "not a token id"}])
+    raw = request.query.get("include_revoked", "false")
+    if raw not in ("true", "false"):
+        raise ValidationFailed("include_revoked: must be true or false",
+                                   details=[{"field": "include_revoked", "message": "true or false"}])
+    limit = api.limit_param(request)
+    rows = await store.api_token_list(request.app[api.POOL], request[PRINCIPAL].tenant_id, after=after,
+                                      include_revoked=raw == "true", limit=limit)
+    return web.json_response({"tokens": [_token_json(r) for r in rows],
+                              "next_after": rows[-1]["id"] if len(rows) == limit else None})
+
+
+async def revoke_token(request: web.Request) -> web.Response:
+    """``DELETE /v1/tokens/{id}`` → 200 with the revoked token (again on a repeat). It stops
+    working at once on this API process, within the token cache time on the others."""
+    tid = request.match_info["id"]
+    me = request[PRINCIPAL]
+    row = await store.api_token_revoke(request.app[api.POOL], tid, me.tenant_id) if is_id(tid, "tok") else None
+    if row is None:
+        raise NotFound(f"no token {tid!r}")
+    cache = request.app[CACHE]
+    for key in [k for k, (p, _) in cache.items() if p.token_id == tid]:
+        del cache[key]
+    return web.json_response({"token": _token_json(row)})
+
+
+def actor_filter(request: web.Request) -> str | None:
+    """The ``actor`` query parameter of ``GET /v1/jobs``: a token id, or ``me`` (the calling
+    token); None when absent."""
+    raw = request.query.get("actor")
+    if raw is None:
+        return None
+    if raw == "me":
+        return request[PRINCIPAL].token_id
+    if not is_id(raw, "tok"):
+        raise ValidationFailed(f"actor: {raw!r} is not a token id (tok_…) or 'me'",
+                               details=[{"field": "actor", "message": "not a token id"}])
+    return raw
+
+
+def install(app: web.Application) -> None:
+    """Token state of ``app`` (cache, last-use writer) and the ``/v1/tokens`` routes."""
+    app[CACHE] = {}
+    app[PLATFORM_USERS] = platform_users(app[api.SETTINGS])
+
+    async def ctx(app: web.Application) -> Any:
+        toucher = _Toucher(lambda: app[api.POOL], app[api.SETTINGS].api_token_last_used_s)
+        app[TOUCHER] = toucher
+        toucher.start()
+        yield
+        await toucher.stop()
+
+    app.cleanup_ctx.append(ctx)

@@ -1,0 +1,258 @@
+"""Token management and tenant lanes: POST/GET/DELETE /v1/tokens, scopes (read gets 403 on
+mutations; operator only from `z9 token`), expiry, revocation within the cache time, coarse last
+use, the actor of every job (GET /v1/jobs?actor=), and platform details hidden from tenants."""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from typing import Any, AsyncIterator
+
+import asyncpg
+import pytest
+
+from z9.api.tokens import TOUCHER, redact
+from z9.common import store
+from z9.common.settings import Settings
+from z9.common.store import Lease
+
+from tests.support import REGION, Stack, api_stack, make_tenant, service_env
+
+
+async def call(api: Stack, method: str, path: str, token: str | None = None, *,
+               headers: dict[str, str] | None = None, **kw: Any) -> tuple[int, Any, Any]:
+    async with api.http.request(method, api.base + path, headers={**api.headers(token), **(headers or {})},
+                                **kw) as r:
+        return r.status, await r.json(), r.headers
+
+
+async def token_id(api: Stack, token: str) -> str:
+    return (await store.api_token_auth(api.pool, token))["id"]
+
+
+@pytest.fixture
+async def fast(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Stack]:
+    """The API with a 0.5 s token cache and last use written every 0.3 s."""
+    async with api_stack(settings.model_copy(update={"api_token_cache_s": 0.5, "api_token_last_used_s": 0.3}),
+                         pool) as stack:
+        yield stack
+
+
+async def test_create_list_and_revoke(fast: Stack) -> None:
+    status, out, headers = await call(fast, "POST", "/tokens", json={"name": "ci", "scopes": ["read"],
+                                                                     "expires_in_s": 3600})
+    assert status == 201, out
+    assert headers["Location"] == f"/v1/tokens/{out['token']['id']}" and headers["Cache-Control"] == "no-store"
+    secret, tok = out["secret"], out["token"]
+    assert secret.startswith("z9t_") and tok["scopes"] == ["read"] and tok["expires_at"]
+    assert tok["created_by"] == await token_id(fast, fast.token)
+    # the secret works, is stored only as a hash, and is never listed
+    assert (await call(fast, "GET", "/servers", secret))[0] == 200
+    assert await fast.pool.fetchval("SELECT token_sha256 FROM api_tokens WHERE id = $1", tok["id"]) == \
+        store.token_sha256(secret)
+    assert await fast.pool.fetchval("SELECT count(*) FROM api_tokens t WHERE strpos(t::text, $1) > 0", secret) == 0
+    status, listed, _ = await call(fast, "GET", "/tokens")
+    assert status == 200 and secret not in str(listed)
+    assert {t["name"] for t in listed["tokens"]} == {"default", "ci"}
+    # revoke: 401 at once on this API process (its cache entry goes), with WWW-Authenticate
+    status, out, _ = await call(fast, "DELETE", f"/tokens/{tok['id']}")
+    assert status == 200 and out["token"]["revoked_at"]
+    status, out, headers = await call(fast, "GET", "/servers", secret)
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer")
+    assert (await call(fast, "DELETE", f"/tokens/{tok['id']}"))[0] == 200  # idempotent
+    status, listed, _ = await call(fast, "GET", "/tokens")
+    assert [t["name"] for t in listed["tokens"]] == ["default"]
+    status, listed, _ = await call(fast, "GET", "/tokens?include_revoked=true")
+    assert len(listed["tokens"]) == 2
+    for bad in ({"name": "x", "scopes": ["operator"]}, {"name": "x", "scopes": []}, {"name": "x", "expires_in_s": 5},
+                {"name": "", "scopes": ["read"]}, {"name": "x", "extra": 1}):
+        status, out, _ = await call(fast, "POST", "/tokens", json=bad)
+        assert status == 422, (bad, out)
+    status, out, _ = await call(fast, "POST", "/tokens", json={"name": "x"}, headers={"Idempotency-Key": "k1"})
+    assert status == 400 and "Idempotency-Key" in out["error"]["message"]
+
+
+async def test_revoked_elsewhere_stops_within_the_cache_time(fast: Stack, settings: Settings,
+                                                             pool: asyncpg.Pool) -> None:
+    _, out, _ = await call(fast, "POST", "/tokens", json={"name": "other-process"})
+    secret = out["secret"]
+    async with api_stack(settings.model_copy(update={"api_token_cache_s": 0.5}), pool) as other:
+        assert (await call(other, "GET", "/servers", secret))[0] == 200  # cached there now
+        assert (await call(fast, "DELETE", f"/tokens/{out['token']['id']}"))[0] == 200
+        t0 = time.monotonic()
+        while (await call(other, "GET", "/servers", secret))[0] == 200:
+            assert time.monotonic() - t0 < 0.5 + 0.5, "still accepted after the cache time"
+            await asyncio.sleep(0.05)
+        assert (await call(other, "GET", "/servers", secret))[0] == 401
+
+
+async def test_read_scope_cannot_mutate_and_scopes_are_not_escalated(fast: Stack) -> None:
+    _, out, _ = await call(fast, "POST", "/tokens", json={"name": "ro", "scopes": ["read"]})
+    ro = out["secret"]
+    assert (await call(fast, "GET", "/jobs", ro))[0] == 200
+    _, srv_job = await fast.create_server("ro-1")
+    for method, path, body in (("POST", "/servers", {"name": "x"}), ("DELETE", "/servers/srv_00000000000000000000000000", None),
+                               ("POST", "/tokens", {"name": "y", "scopes": ["read"]}),
+                               ("DELETE", f"/tokens/{out['token']['id']}", None)):
+        status, err, _ = await call(fast, method, path, ro, json=body)
+        assert status == 403 and err["error"]["code"] == "insufficient_scope", (method, path, err)
+        assert "write" in err["error"]["message"]
+    # a write token cannot grant what it lacks either: operator is not even a valid API scope
+    status, err, _ = await call(fast, "POST", "/tokens", json={"name": "op", "scopes": ["read", "operator"]})
+    assert status == 422 and "scopes" in err["error"]["message"]
+
+
+async def test_expired_token_is_refused(fast: Stack) -> None:
+    _, out, _ = await call(fast, "POST", "/tokens", json={"name": "short", "expires_in_s": 60})
+    await fast.pool.execute("UPDATE api_tokens SET expires_at = now() - interval '1 second' WHERE id = $1",
+                            out["token"]["id"])
+    await asyncio.sleep(0.6)  # past the cache time
+    status, err, headers = await call(fast, "GET", "/servers", out["secret"])
+    assert status == 401 and "expired" in err["error"]["message"] and "WWW-Authenticate" in headers
+
+
+async def test_last_use_is_coarse(fast: Stack) -> None:
+    toucher = fast.app[TOUCHER]
+    _, out, _ = await call(fast, "POST", "/tokens", json={"name": "used"})
+    writes0 = toucher.writes
+    for _ in range(30):
+        assert (await call(fast, "GET", "/servers", out["secret"]))[0] == 200
+    await asyncio.sleep(0.8)
+    assert toucher.writes - writes0 <= 4  # one statement per period for all tokens, not one per request
+    _, listed, _ = await call(fast, "GET", "/tokens")
+    used = {t["name"]: t for t in listed["tokens"]}["used"]
+    assert used["last_used_at"] is not None
+
+
+async def test_other_tenants_tokens_are_404(fast: Stack) -> None:
+    _, other = await make_tenant(fast.pool, "globex")
+    other_id = await token_id(fast, other)
+    status, err, _ = await call(fast, "DELETE", f"/tokens/{other_id}")
+    assert status == 404
+    _, listed, _ = await call(fast, "GET", "/tokens")
+    assert other_id not in str(listed)
+    assert (await call(fast, "GET", "/servers", other))[0] == 200  # untouched
+
+
+async def test_every_job_records_its_actor(fast: Stack) -> None:
+    _, out, _ = await call(fast, "POST", "/tokens", json={"name": "second"})
+    second, second_id = out["secret"], out["token"]["id"]
+    mine = await token_id(fast, fast.token)
+    _, job1 = await fast.create_server("a1")
+    status, out, _ = await call(fast, "POST", "/servers", second,
+                                json={"name": "a2", "region": REGION, "image": "debian-12", "cores": 1,
+                                      "memory_mib": 1024, "disk_gib": 10}, headers={"X-Request-Id": "req-a2"})
+    assert status == 202, out
+    job2 = out["job"]
+    assert (await fast.job(job1["id"]))["actor"] == mine
+    j2 = await fast.job(job2["id"])
+    assert j2["actor"] == second_id
+    _, listed, _ = await call(fast, "GET", f"/jobs?actor={second_id}")
+    assert [j["id"] for j in listed["jobs"]] == [job2["id"]]
+    _, listed, _ = await call(fast, "GET", "/jobs?actor=me", second)
+    assert [j["id"] for j in listed["jobs"]] == [job2["id"]]
+    _, listed, _ = await call(fast, "GET", "/jobs?actor=me")
+    assert [j["id"] for j in listed["jobs"]] == [job1["id"]]
+    status, err, _ = await call(fast, "GET", "/jobs?actor=bob")
+    assert status == 422 and err["error"]["message"].startswith("actor:")
+    # every job of every resource type: an address create (its own allocating statement), an
+    # assignment, a server create with a primary address (its AddressAssign)
+    status, out, _ = await call(fast, "POST", "/addresses", second, json={"region": REGION, "name": "a3"},
+                                headers={"X-Request-Id": "req-a3"})
+    assert status == 202, out
+    status, assigned, _ = await call(fast, "POST", f"/addresses/{out['address']['id']}/actions/assign", second,
+                                     json={"server_id": j2["resource"]["id"]}, headers={"X-Request-Id": "req-a4"})
+    assert status == 202, assigned
+    status, primary, _ = await call(fast, "POST", "/servers", second,
+                                    json={"name": "a5", "region": REGION, "image": "debian-12", "cores": 1,
+                                          "memory_mib": 1024, "disk_gib": 10, "public_ipv4": True},
+                                    headers={"X-Request-Id": "req-a5"})
+    assert status == 202, primary
+    _, listed, _ = await call(fast, "GET", "/jobs?actor=me&limit=500", second)
+    seen = {(j["kind"], j["request_id"]) for j in listed["jobs"]}
+    assert {("AddressCreate", "req-a3"), ("AddressAssign", "req-a4"), ("ServerCreate", "req-a5"),
+            ("AddressAssign", "req-a5")} <= seen, seen
+    assert all(j["actor"] == second_id for j in listed["jobs"])
+
+
+def test_redact_hides_the_upid_user_and_known_accounts() -> None:
+    upid = b"UPID:pve1:0000A1B2:0012C3D4:6756A1B2:qmclone:9000:root@pam!z9:"
+    body = b'{"steps": [{"detail": {"upid": "' + upid + b'"}}], "error": "root@pam!z9 lacks VM.Allocate"}'
+    out = redact(body, (b"root@pam!z9", b"root@pam"))
+    assert b"root@pam" not in out and b"!z9" not in out
+    assert b"UPID:pve1:0000A1B2:0012C3D4:6756A1B2:qmclone:9000:hidden:" in out
+    assert redact(b'{"a": "plain"}', ()) == b'{"a": "plain"}'
+
+
+async def test_step_details_hidden_from_tenants_shown_to_operators(fast: Stack, settings: Settings) -> None:
+    _, job = await fast.create_server("up-1")
+    claimed = await store.job_claim(fast.pool, [REGION], 10, "owner-x", 30)
+    lease = Lease(job["id"], "owner-x", claimed[0].attempt)
+    account = settings.regions[REGION].token_id
+    upid = f"UPID:pve1:0000A1B2:0012C3D4:6756A1B2:qmclone:9000:{account}:"
+    await store.job_progress(fast.pool, lease, [{"name": "clone", "state": "running", "detail": {"upid": upid}}], 30)
+    tenant_view = await fast.job(job["id"])
+    text = str(tenant_view)
+    assert account not in text and account.split("!")[0] not in text and "root@pam" not in text
+    assert tenant_view["steps"][0]["detail"]["upid"].endswith(":qmclone:9000:hidden:")
+    # an operator token (only `z9 token` grants it) of the same tenant sees it all
+    env = service_env(settings)
+    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "z9"), "token", "--tenant", "acme",
+                          "--name", "ops", "--scope", "read", "--scope", "operator"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    operator = out.stdout.strip()
+    status, op_view, _ = await call(fast, "GET", f"/jobs/{job['id']}", operator)
+    assert status == 200 and op_view["steps"][0]["detail"]["upid"] == upid
+    _, listed, _ = await call(fast, "GET", "/jobs")
+    assert account not in str(listed)
+    # the operator token is read-only here: operator adds visibility, not rights
+    assert (await call(fast, "DELETE", f"/servers/{job['id']}", operator))[0] == 403
+
+
+async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: Stack) -> None:
+    """Walks the router: every route with an {id}, called by another tenant with ids that exist
+    in this one, answers 404 and changes nothing."""
+    server, job = await fast.create_server("mine-1")
+    _, tok, _ = await call(fast, "POST", "/tokens", json={"name": "mine"})
+    _, adr, _ = await call(fast, "POST", "/addresses", json={"region": "dev-1", "name": "mine-a"})
+    ids = {"srv": server["id"], "job": job["id"], "tok": tok["token"]["id"], "adr": adr["address"]["id"]}
+    _, other = await make_tenant(fast.pool, "intruder")
+    routes = sorted({(r.method, r.resource.canonical) for r in fast.app.router.routes()
+                     if r.resource is not None and "{id}" in r.resource.canonical and r.method != "HEAD"})
+    assert len(routes) >= 11, routes  # servers (3), jobs, tokens, addresses (6)
+    before = await fast.pool.fetchval("SELECT count(*) FROM jobs"), await fast.pool.fetchval(
+        "SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL")
+    for method, template in routes:
+        prefix = {"servers": "srv", "jobs": "job", "tokens": "tok", "addresses": "adr"}[template.split("/")[2]]
+        path = template.removeprefix("/v1").replace("{id}", ids[prefix])
+        body = {"server_id": server["id"]} if template.endswith("/assign") else {"name": "taken-over"}
+        status, out, _ = await call(fast, method, path, other, json=body if method in ("POST", "PATCH") else None)
+        assert status == 404, (method, path, status, out)
+        assert out["error"]["code"] == "not_found"
+    after = await fast.pool.fetchval("SELECT count(*) FROM jobs"), await fast.pool.fetchval(
+        "SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL")
+    assert before == after
+    assert (await fast.server(server["id"]))["status"] == "creating"
+    _, mine, _ = await call(fast, "GET", f"/addresses/{adr['address']['id']}")
+    assert mine["address"]["name"] == "mine-a" and mine["address"]["status"] != "deleting"
+
+
+async def test_address_job_details_hidden_from_tenants(fast: Stack, settings: Settings) -> None:
+    """The redaction is not tied to a resource type: an address job's UPID reads `hidden` too."""
+    status, out, _ = await call(fast, "POST", "/addresses", json={"region": REGION, "name": "up-a"})
+    assert status == 202, out
+    job = out["job"]
+    claimed = await store.job_claim(fast.pool, [REGION], 10, "owner-x", 30)
+    assert [c.id for c in claimed] == [job["id"]]
+    lease = Lease(job["id"], "owner-x", claimed[0].attempt)
+    account = settings.regions[REGION].token_id
+    upid = f"UPID:pve1:0000A1B2:0012C3D4:6756A1B2:qmconfig:105:{account}:"
+    await store.job_progress(fast.pool, lease, [{"name": "tag", "state": "running", "detail": {"upid": upid}}], 30)
+    for path in (f"/jobs/{job['id']}", f"/jobs?resource_id={out['address']['id']}"):
+        status, view, _ = await call(fast, "GET", path)
+        assert status == 200, view
+        assert account not in str(view) and "root@pam" not in str(view), path
+        assert ":qmconfig:105:hidden:" in str(view), path

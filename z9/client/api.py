@@ -1,0 +1,240 @@
+"""A typed Python client of the z9 REST API (``/v1``)::
+
+    from z9.client import Client, ServerCreate
+
+    c = Client("http://127.0.0.1:8080/v1", token)
+    accepted = c.create_server(ServerCreate(name="web-1", region="dev-1", image="debian-12",
+                                            cores=2, memory_mib=2048, disk_gib=20))
+    job = c.wait_job(accepted.job.id, timeout_s=1800)       # long-poll, not a sleep loop
+    if job.status == "failed":
+        print(job.error.message)
+
+- **Retries**: a 503 (database away) or 429 (rate limit) is retried after its ``Retry-After``
+  (capped at ``max_retry_wait_s``), and so is a connection that failed before any answer; at most
+  ``max_retries`` times. A POST is retried only with an ``Idempotency-Key``, which the client
+  puts on every POST it may retry (one key per call, the same on each retry), so a retry can
+  never create a second server. ``POST /tokens`` is never retried (the API keeps no copy of its
+  answer).
+- **Errors**: an answer ≥ 400 raises :class:`ApiError` (``status``, ``code``, ``message``,
+  ``details``); 409 raises :class:`Conflict` (a failed precondition: never retried).
+- **Waiting**: :meth:`Client.wait_job` loops on ``GET /jobs/{id}?wait_s=…``, calling
+  ``on_change(job)`` on every answer that changed something; it returns the terminal job or
+  raises :class:`Deadline`.
+"""
+from __future__ import annotations
+
+import email.utils
+import random
+import secrets
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator
+
+import requests
+
+from .models import Accepted, Job, Page, Server, ServerCreate, Token, TokenCreate, TokenCreated
+
+USER_AGENT = "z9-client/1"
+
+
+class ApiError(Exception):
+    """The API refused a request (status ≥ 400), or could not be reached (``status`` 0)."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(f"{status} {code}: {message}" if status else message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+        self.headers = headers or {}
+
+
+class Conflict(ApiError):
+    """409: a precondition failed (the message names it). Retrying the same request does not help."""
+
+
+class Unreachable(ApiError):
+    """No answer from the API (connection refused, reset, timed out) after the retries."""
+
+
+class Deadline(Exception):
+    """:meth:`Client.wait_job` ran out of time; ``job`` is the job as last seen."""
+
+    def __init__(self, job: Job, timeout_s: float):
+        super().__init__(f"job {job.id} is still {job.status} after {timeout_s:g}s")
+        self.job = job
+        self.timeout_s = timeout_s
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delay-seconds or an HTTP date); None if absent or
+    unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+class Client:
+    """The z9 API at ``api_url`` (``…/v1``) as ``token``. ``sleep`` and ``session`` can be
+    replaced (tests)."""
+
+    RETRY_STATUSES = frozenset({429, 503})
+
+    def __init__(self, api_url: str, token: str, *, max_retries: int = 5, max_retry_wait_s: float = 60.0,
+                 request_timeout_s: float = 30.0, session: requests.Session | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.api_url = api_url.rstrip("/")
+        self.token = token
+        self.max_retries = max_retries
+        self.max_retry_wait_s = max_retry_wait_s
+        self.request_timeout_s = request_timeout_s
+        self.session = session or requests.Session()
+        self.sleep = sleep
+        self.retries = 0  # retried requests so far (tests)
+
+    # ------------------------------------------------------------------ transport
+
+    def request(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
+                retry: bool = True, timeout_s: float | None = None) -> tuple[int, Any, dict[str, str]]:
+        """One API call: (status, JSON body, headers) of a successful answer; raises
+        :class:`ApiError` / :class:`Conflict` / :class:`Unreachable` otherwise. See the module
+        docstring for what is retried."""
+        headers = {"Authorization": f"Bearer {self.token}", "User-Agent": USER_AGENT, "Accept": "application/json"}
+        if method == "POST" and retry:
+            headers["Idempotency-Key"] = "z9c-" + secrets.token_hex(16)
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        attempt = 0
+        while True:
+            try:
+                r = self.session.request(method, self.api_url + path, json=json, params=params, headers=headers,
+                                         timeout=timeout_s or self.request_timeout_s)
+            except (requests.ConnectionError, requests.Timeout) as e:
+                if not retry or attempt >= self.max_retries:
+                    raise Unreachable(0, "unreachable", f"cannot reach the z9 API at {self.api_url}: {e}") from e
+                attempt += 1
+                self.retries += 1
+                self.sleep(self._backoff(attempt))
+                continue
+            if r.status_code in self.RETRY_STATUSES and retry and attempt < self.max_retries:
+                attempt += 1
+                self.retries += 1
+                wait = retry_after_s(r.headers.get("Retry-After"))
+                self.sleep(min(self.max_retry_wait_s, wait if wait is not None else self._backoff(attempt)))
+                continue
+            return self._answer(r)
+
+    @staticmethod
+    def _backoff(attempt: int) -> float:
+        return min(10.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.75, 1.25)
+
+    @staticmethod
+    def _answer(r: requests.Response) -> tuple[int, Any, dict[str, str]]:
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        headers = dict(r.headers)
+        if r.status_code < 400:
+            return r.status_code, body, headers
+        err = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(err, dict):
+            err = {"code": "http_error", "message": (r.text or r.reason or "").strip()[:500]}
+        cls = Conflict if r.status_code == 409 else ApiError
+        raise cls(r.status_code, str(err.get("code")), str(err.get("message")), err.get("details"), headers)
+
+    # ------------------------------------------------------------------ servers
+
+    def create_server(self, spec: ServerCreate | dict[str, Any]) -> Accepted[Server]:
+        body = spec if isinstance(spec, ServerCreate) else ServerCreate.model_validate(spec)
+        _, out, _ = self.request("POST", "/servers", json=body.model_dump(mode="json"))
+        return Accepted[Server](resource=out["server"], job=out["job"])
+
+    def list_servers(self, *, status: str | None = None, limit: int | None = None,
+                     after: str | None = None) -> Page[Server]:
+        _, out, _ = self.request("GET", "/servers", params={"status": status, "limit": limit, "after": after})
+        return Page[Server](items=out["servers"], next_after=out.get("next_after"))
+
+    def iter_servers(self, *, status: str | None = None) -> Iterator[Server]:
+        after = None
+        while True:
+            page = self.list_servers(status=status, after=after, limit=500)
+            yield from page.items
+            if page.next_after is None:
+                return
+            after = page.next_after
+
+    def get_server(self, server_id: str) -> Server:
+        _, out, _ = self.request("GET", f"/servers/{server_id}")
+        return Server.model_validate(out["server"])
+
+    def delete_server(self, server_id: str) -> Accepted[Server]:
+        _, out, _ = self.request("DELETE", f"/servers/{server_id}")
+        return Accepted[Server](resource=out["server"], job=out["job"])
+
+    def restore_server(self, server_id: str) -> Accepted[Server]:
+        """Cancel a deletion within its buffer (``POST /servers/{id}/actions/cancel-deletion``)."""
+        return self.server_action(server_id, "cancel-deletion")
+
+    def server_action(self, server_id: str, action: str, body: dict[str, Any] | None = None) -> Accepted[Server]:
+        """``POST /servers/{id}/actions/{action}`` (every later action — start, stop, … — too)."""
+        _, out, _ = self.request("POST", f"/servers/{server_id}/actions/{action}", json=body)
+        return Accepted[Server](resource=out["server"], job=out["job"])
+
+    # ------------------------------------------------------------------ jobs
+
+    def get_job(self, job_id: str, *, wait_s: int = 0) -> Job:
+        """The job; with ``wait_s`` (≤ 60), once its status or steps changed or after that long."""
+        _, out, _ = self.request("GET", f"/jobs/{job_id}", params={"wait_s": wait_s or None},
+                                 timeout_s=self.request_timeout_s + wait_s)
+        return Job.model_validate(out)
+
+    def list_jobs(self, *, resource_id: str | None = None, actor: str | None = None, limit: int | None = None,
+                  after: str | None = None) -> Page[Job]:
+        _, out, _ = self.request("GET", "/jobs", params={"resource_id": resource_id, "actor": actor,
+                                                         "limit": limit, "after": after})
+        return Page[Job](items=out["jobs"], next_after=out.get("next_after"))
+
+    def wait_job(self, job_id: str, *, timeout_s: float = 1800.0, on_change: Callable[[Job], None] | None = None,
+                 poll_s: int = 30) -> Job:
+        """Follow the job until it is terminal (returned, succeeded or failed) through the
+        long-poll; raise :class:`Deadline` after ``timeout_s`` seconds."""
+        deadline = time.monotonic() + timeout_s
+        job = self.get_job(job_id)
+        if on_change:
+            on_change(job)
+        while not job.terminal:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Deadline(job, timeout_s)
+            seen = job
+            job = self.get_job(job_id, wait_s=max(1, min(poll_s, 60, int(left))))
+            if on_change and (job.status, job.attempt, job.steps) != (seen.status, seen.attempt, seen.steps):
+                on_change(job)
+        return job
+
+    # ------------------------------------------------------------------ tokens
+
+    def create_token(self, spec: TokenCreate | dict[str, Any]) -> TokenCreated:
+        body = spec if isinstance(spec, TokenCreate) else TokenCreate.model_validate(spec)
+        _, out, _ = self.request("POST", "/tokens", json=body.model_dump(mode="json", exclude_none=True), retry=False)
+        return TokenCreated.model_validate(out)
+
+    def list_tokens(self, *, include_revoked: bool = False, limit: int | None = None,
+                    after: str | None = None) -> Page[Token]:
+        _, out, _ = self.request("GET", "/tokens", params={"include_revoked": "true" if include_revoked else None,
+                                                           "limit": limit, "after": after})
+        return Page[Token](items=out["tokens"], next_after=out.get("next_after"))
+
+    def revoke_token(self, token_id: str) -> Token:
+        _, out, _ = self.request("DELETE", f"/tokens/{token_id}")
+        return Token.model_validate(out["token"])

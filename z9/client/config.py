@@ -1,0 +1,118 @@
+"""Where the client finds its API and token: flags, then ``Z9_API_URL``/``Z9_TOKEN``, then the
+config file's named context (as ``hcloud`` and ``kubectl`` do).
+
+The file is ``$Z9_CONFIG``, else ``$XDG_CONFIG_HOME/z9/config.toml``, else
+``~/.config/z9/config.toml`` (written mode 0600: it holds tokens)::
+
+    current_context = "dev"
+
+    [contexts.dev]
+    api_url = "http://127.0.0.1:8080/v1"
+    token = "z9t_…"
+
+``z9 context set|use|list|delete`` edit it. ``--context NAME`` (or ``Z9_CONTEXT``) picks another
+context for one command.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(Exception):
+    """The configuration is missing or unreadable (the message says what to do)."""
+
+
+def config_path() -> Path:
+    if os.environ.get("Z9_CONFIG"):
+        return Path(os.environ["Z9_CONFIG"])
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "z9" / "config.toml"
+
+
+@dataclass
+class ConfigFile:
+    path: Path
+    current_context: str | None = None
+    contexts: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> "ConfigFile":
+        path = path or config_path()
+        if not path.exists():
+            return cls(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read {path}: {e}")
+        contexts = data.get("contexts", {})
+        if not isinstance(contexts, dict) or not all(isinstance(v, dict) for v in contexts.values()):
+            raise ConfigError(f"{path}: [contexts.NAME] tables expected")
+        return cls(path, data.get("current_context"), {k: {kk: str(vv) for kk, vv in v.items()}
+                                                       for k, v in contexts.items()})
+
+    def save(self) -> None:
+        lines = []
+        if self.current_context:
+            lines.append(f"current_context = {_toml_str(self.current_context)}")
+        for name in sorted(self.contexts):
+            lines.append("")
+            lines.append(f"[contexts.{_toml_str(name)}]")
+            for k, v in sorted(self.contexts[name].items()):
+                lines.append(f"{k} = {_toml_str(v)}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(tmp, self.path)
+
+
+def _toml_str(s: str) -> str:
+    return json.dumps(s)  # a JSON string is a valid TOML basic string
+
+
+@dataclass(frozen=True)
+class Target:
+    api_url: str
+    token: str
+    source: str  # where they came from (for error messages)
+
+
+def resolve(*, api_url: str | None = None, token: str | None = None, context: str | None = None,
+            env: dict[str, str] | None = None) -> Target:
+    """The API URL and token to use: explicit values first, then ``Z9_API_URL``/``Z9_TOKEN``,
+    then the context (``context``, ``Z9_CONTEXT``, or the file's current one)."""
+    env = os.environ if env is None else env
+    url = api_url or env.get("Z9_API_URL")
+    tok = token or env.get("Z9_TOKEN")
+    source = "flags/environment"
+    ctx_name = context or env.get("Z9_CONTEXT")
+    if not (url and tok) or ctx_name:
+        cfg = ConfigFile.load()
+        name = ctx_name or cfg.current_context
+        if name:
+            ctx = cfg.contexts.get(name)
+            if ctx is None:
+                raise ConfigError(f"no context {name!r} in {cfg.path} (z9 context list)")
+            url = api_url or (env.get("Z9_API_URL") if not ctx_name else None) or ctx.get("api_url")
+            tok = token or (env.get("Z9_TOKEN") if not ctx_name else None) or ctx.get("token")
+            source = f"context {name!r} of {cfg.path}"
+    if not url or not tok:
+        missing = " and ".join(n for n, v in (("Z9_API_URL", url), ("Z9_TOKEN", tok)) if not v)
+        raise ConfigError(f"{missing} not set: export them, pass --api-url/--token, or make a context "
+                          "(z9 context set NAME --api-url URL --token TOKEN)")
+    return Target(url.rstrip("/"), tok, source)
+
+
+def mask(token: str) -> str:
+    return token[:8] + "…" if len(token) > 12 else "…"
+
+
+def describe(cfg: ConfigFile) -> list[dict[str, Any]]:
+    return [{"name": n, "current": n == cfg.current_context, "api_url": c.get("api_url"),
+             "token": mask(c.get("token", ""))} for n, c in sorted(cfg.contexts.items())]
