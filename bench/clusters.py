@@ -84,7 +84,7 @@ async def one(admin_dsn: str, rnd: int, workers: int, timeout_s: float) -> dict[
                 await conn.close()
             port = free_port()
             env = dict(os.environ, Z9_DATABASE_URL=db.dsn, Z9_LOG_LEVEL="WARNING",
-                       Z9_INSTALLATION_KEY=InstallationKey.generate(), Z9_EXECUTOR_CONCURRENCY="8",
+                       Z9_INSTALLATION_KEY=InstallationKey.generate(), Z9_EXECUTOR_CONCURRENCY="8", Z9_API_RATE_LIMIT_PER_S="0",
                        Z9_REGIONS=json.dumps({REGION: {"url": sim.url, "token_id": sim.token_id,
                                                        "token_secret": sim.token_secret, "verify_ssl": False,
                                                        "images": ["debian-12"], "address_pools": [POOL]}}))

@@ -100,6 +100,15 @@ class RemovePool(BaseModel):
     pool: StrictStr = Field(pattern=POOL_NAME)
 
 
+class KubeconfigQuery(BaseModel):
+    """``GET /v1/clusters/{id}/kubeconfig`` query parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    expiry_s: StrictStr | None = Field(None, description="the client certificate's life in seconds "
+                                                         f"({KUBECONFIG_EXPIRY_S[0]} to {KUBECONFIG_EXPIRY_S[1]}; default 3600)")
+
+
 class Endpoint(schemas.Response):
     address_id: str | None
     address: str | None
@@ -332,7 +341,7 @@ def actions(api: ApiResource) -> list[Operation]:
         Operation("GET", "/clusters/{id}/kubeconfig", kubeconfig, "getClusterKubeconfig",
                   "A kubeconfig with a freshly minted client certificate (query expiry_s, default 3600)",
                   "clusters", {200: Kubeconfig, 401: None, 404: None, 409: None, 422: None, 503: None},
-                  path_id=id_doc, example={"kubeconfig": "apiVersion: v1\nkind: Config\n...",
+                  path_id=id_doc, query=KubeconfigQuery, example={"kubeconfig": "apiVersion: v1\nkind: Config\n...",
                                            "expires_at": "2026-12-01T05:00:00Z", "user": "z9-admin-1a2b3c4d"}),
         Operation("POST", "/clusters/{id}/actions/add-node-pool", add_pool, "addClusterNodePool",
                   "Add a node pool (202 + ClusterReconcile)", "clusters", {202: accepted, **errors},
