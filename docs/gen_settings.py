@@ -25,6 +25,16 @@ from z9.common.settings import RegionSettings, Settings
 OUT = Path(__file__).resolve().parent / "settings.md"
 
 DESCRIPTIONS: dict[str, str] = {
+    # Kubernetes clusters (issue 11)
+    "installation_key": "32 bytes, base64: seals every Kubernetes cluster's private keys (AES-256-GCM, the cluster id as "
+                        "associated data). `z9 dev` generates one into its data dir. Unset: creating a cluster or "
+                        "minting a kubeconfig answers 503 `installation_key_missing`; the executor cannot bootstrap members.",
+    "cluster_join_token_ttl_s": "Life of a bootstrap token z9 mints for one member's join (kubeadm `--ttl`); a member not "
+                                "started yet whose token is older than half of it gets a new one.",
+    "cluster_bootstrap_storage": "Storage the members' NoCloud bootstrap ISOs are uploaded to (shared: every node sees it; "
+                                 "node-local: the ISO goes to the member's own node). Each ISO is deleted once its member is Ready.",
+    "cluster_member_ready_s": "How long a member may take from its start to a Ready Kubernetes node before the job says "
+                              "which member is late (a temporary error: the next attempt waits on).",
     # database
     "database_url": "PostgreSQL connection string of every service's pooled queries (may go through PgBouncer). "
                     "Several hosts for high availability: `postgresql://z9@db1:5432,db2:5432/z9?target_session_attrs=read-write`; "

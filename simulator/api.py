@@ -49,9 +49,11 @@ Admin API (no auth, loopback peers only), JSON in and out:
   running, it booted from the drive they generate;
   ``DELETE /_sim/vms/{vmid}`` → ``{"deleted": 1}``.
 - ``POST /_sim/flock`` ``{vmid, seconds}`` → ``{"ok": true}``: hold the VM's config flock (lock contention).
+- ``GET /_sim/k8s/clusters`` → the kubeadm model's clusters; ``POST /_sim/k8s/expire-tokens`` → every
+  bootstrap token expires now (fault), see :mod:`z9.sim.kubeadm`.
 - ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
-  guest_boot_s?, cloud_init_s?}`` → the current values (changes timing at run time); 400 on an unknown
-  key or a bad value, and then nothing is applied.
+  guest_boot_s?, cloud_init_s?, k8s_api_delay_s?}`` → the current values (changes timing at run time);
+  400 on an unknown key or a bad value, and then nothing is applied.
 - ``GET /_sim/guests/{vmid}`` → the guest (:meth:`z9.sim.guest.Guest.to_json`: ``powered``, ``booted``,
   ``boots``, ``instance_id``, ``host_key`` (SSH host key fingerprint), ``hostname``, ``cloud_init``
   ``{status, errors, datasource}``, ``agent``, ``files`` (paths), ``interfaces``, ``extra_addresses``,
@@ -94,6 +96,7 @@ from .cluster import VM, Cluster, PveError
 from .faults import FaultSpec, FaultStore
 from . import appliance
 from .guest import OSINFO as GUEST_OSINFO
+from . import kubeadm
 from .schema import JsonRef, PveSchema, stringify
 from .storage import check_volname
 
@@ -895,11 +898,22 @@ async def admin_guest_fault_delete(request: web.Request) -> web.Response:
     return web.json_response({"deleted": int(ok)}, status=200 if ok else 404)
 
 
+async def admin_k8s_expire_tokens(request: web.Request) -> web.Response:
+    """Fault: every bootstrap token of every simulated Kubernetes cluster expires now."""
+    return web.json_response({"expired": kubeadm.expire_tokens(request.app[CTX].cluster.guests)})
+
+
+async def admin_k8s_clusters(request: web.Request) -> web.Response:
+    """The kubeadm model's clusters by endpoint (CA hash, tokens, nodes, events)."""
+    return web.json_response(kubeadm.clusters(request.app[CTX].cluster.guests))
+
+
 async def admin_config(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     c = ctx.cluster
     b = await _json(request)
-    scalars = ("guest_boot_s", "cloud_init_s", "task_default_s", "stats_lag_s", "task_invisible_s", "auth_delay_s")
+    scalars = ("guest_boot_s", "cloud_init_s", "task_default_s", "stats_lag_s", "task_invisible_s", "auth_delay_s",
+               "k8s_api_delay_s")
     try:  # all values checked before any is applied
         unknown = sorted(set(b) - set(scalars) - {"task_seconds"})
         if unknown:
@@ -920,7 +934,10 @@ async def admin_config(request: web.Request) -> web.Response:
             setattr(c, k, vals[k])
     if "auth_delay_s" in vals:
         ctx.auth_delay_s = vals["auth_delay_s"]
-    return web.json_response({"task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
+    if "k8s_api_delay_s" in vals:
+        kubeadm.SETTINGS["api_delay_s"] = vals["k8s_api_delay_s"]
+    return web.json_response({"k8s_api_delay_s": kubeadm.SETTINGS["api_delay_s"],
+                              "task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
                               "stats_lag_s": c.stats_lag_s, "task_invisible_s": c.task_invisible_s,
                               "auth_delay_s": ctx.auth_delay_s, "guest_boot_s": c.guests.settings.boot_s,
                               "cloud_init_s": c.guests.settings.cloud_init_s})
@@ -942,6 +959,8 @@ def create_app(ctx: SimContext) -> web.Application:
     app.router.add_post("/_sim/flock", admin_flock)
     app.router.add_put("/_sim/config", admin_config)
     app.router.add_get("/_sim/guests/{vmid:\\d+}", admin_guest)
+    app.router.add_post("/_sim/k8s/expire-tokens", admin_k8s_expire_tokens)
+    app.router.add_get("/_sim/k8s/clusters", admin_k8s_clusters)
     app.router.add_post("/_sim/guests/{vmid:\\d+}/addresses", admin_guest_address)
     app.router.add_delete("/_sim/guests/{vmid:\\d+}/addresses", admin_guest_address)
     app.router.add_post("/_sim/guests/{vmid:\\d+}/listen", admin_guest_listen)

@@ -356,6 +356,7 @@ class Guests:
     def clear(self) -> None:
         self.guests.clear()
         self.faults.clear()
+        self.__dict__.pop("k8s_clusters", None)  # the kubeadm model's clusters (z9.sim.kubeadm)
 
     # -- persistence (the simulator's state file) --
     def save(self) -> dict:
@@ -1093,3 +1094,6 @@ def _ip(ctx: ExecContext) -> ExecResult:
                 lines.append(f"    {fam} {a['ip-address']}/{a['prefix']}\n")
         return ExecResult(0, out="".join(lines))
     return ExecResult(1, err='Object "' + (args[0] if args else "") + '" is unknown, try "ip help".\n')
+
+
+from . import kubeadm as _kubeadm  # noqa: E402,F401  (registers the kubeadm/kubectl command models)

@@ -108,6 +108,10 @@ TEST_POOL = AddressPoolSettings(name="public", cidr="203.0.113.0/24", gateway="2
                                 range=["203.0.113.10", "203.0.113.250"], nameservers=["203.0.113.53"])
 
 
+# the clusters' keys are sealed with it (issue 11); a fixed test value, 32 bytes base64
+TEST_INSTALLATION_KEY = "ejl0ZXN0LWluc3RhbGxhdGlvbi1rZXktMzJieXRlcyE"
+
+
 @pytest.fixture
 def settings(db_url: str, sim_server: SimServer) -> Settings:
     return Settings(
@@ -119,6 +123,7 @@ def settings(db_url: str, sim_server: SimServer) -> Settings:
         lease_ttl_s=5.0, heartbeat_s=1.0, poll_interval_s=1.0, task_poll_s=0.05, task_deadline_s=60,
         backoff_base_s=0.2, backoff_cap_s=2.0, scheduler_interval_s=0.1, reaper_interval_s=0.1,
         snooze_s=0.2, shutdown_grace_s=5.0, uncertain_window_s=1.0, lb_health_interval_s=2.0,
+        installation_key=TEST_INSTALLATION_KEY,
         api_rate_limit_per_s=0,  # tests poll jobs at 20 Hz, often several at once (tests/test_http.py tests the limits)
     )
 

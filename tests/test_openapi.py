@@ -209,6 +209,29 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
                  f"/load-balancers/{lb}/actions/delete_service", 409, json={"listen_port": 81})
     await w.call("POST", "/load-balancers/{id}/actions/add_target",
                  f"/load-balancers/{lb}/actions/add_target", 422, json={"type": "ip"})
+    # the cluster type's own routes: kubeconfig (409 before the first Ready, then minted) and node pools
+    k8s = (await w.call("POST", "/clusters", "/clusters", 202,
+                        json={"name": "walk-k8s", "region": "dev-1", "version": "1.33", "control_plane": {"count": 1},
+                              "node_pools": [{"name": "workers", "count": 1}]}))["cluster"]["id"]
+    kc = "/clusters/{id}/kubeconfig"
+    await w.call("GET", kc, f"/clusters/{k8s}/kubeconfig", 409)  # cluster_not_ready
+    await api.pool.execute("UPDATE clusters SET initialized_at = now() WHERE id = $1", k8s)
+    await w.call("GET", kc, f"/clusters/{k8s}/kubeconfig?expiry_s=600", 200)
+    await w.call("GET", kc, f"/clusters/{k8s}/kubeconfig?expiry_s=5", 422)
+    await w.call("GET", kc, "/clusters/k8s_nope/kubeconfig", 404)
+    await w.call("GET", kc, f"/clusters/{k8s}/kubeconfig", 401, token="z9t_unknown")
+    for action, good, bad in (("add-node-pool", {"name": "batch", "count": 1}, {"name": "cp", "count": 1}),
+                              ("resize-node-pool", {"pool": "workers", "count": 3}, {"pool": "nope", "count": 1}),
+                              ("remove-node-pool", {"pool": "batch"}, {"pool": "nope"})):
+        tpl = f"/clusters/{{id}}/actions/{action}"
+        await w.call("POST", tpl, f"/clusters/{k8s}/actions/{action}", 202, json=good)
+        await w.call("POST", tpl, f"/clusters/{k8s}/actions/{action}", 422, json=bad)
+        await w.call("POST", tpl, f"/clusters/{k8s}/actions/{action}", 400, data=b"{",
+                     headers={"Content-Type": "application/json"})
+        await w.call("POST", tpl, f"/clusters/k8s_nope/actions/{action}", 404, json=good)
+        await w.call("POST", tpl, f"/clusters/{k8s}/actions/{action}", 401, token="z9t_unknown", json=good)
+    await w.call("POST", "/clusters/{id}/actions/add-node-pool", f"/clusters/{k8s}/actions/add-node-pool", 409,
+                 json={"name": "workers", "count": 1})  # the pool exists
 
     jobs = await w.call("GET", "/jobs", "/jobs", 200)
     await w.call("GET", "/jobs", "/jobs?after=job_nope", 422)

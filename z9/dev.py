@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from z9.common.pki import InstallationKey
 from z9.common import store
 from z9.common.db import connect
 from z9.common.embedded_pg import EmbeddedPostgres
@@ -226,6 +227,10 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
             secret_file.write_text(secrets.token_hex(16) + "\n")
             secret_file.chmod(0o600)
         sim_secret = secret_file.read_text().strip()
+        key_file = data_dir / "installation-key"  # seals every cluster's private keys (issue 11)
+        if not key_file.exists():
+            key_file.write_text(InstallationKey.generate() + "\n")
+            key_file.chmod(0o600)
         sim_port = args.sim_port or _free_port()
         z9 = [sys.executable, "-m", "z9"]
         # The secret by file (0600), never on a command line; the children get it in Z9_REGIONS
@@ -239,6 +244,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
 
         env = dict(os.environ)
         env["Z9_DATABASE_URL"] = url
+        env.setdefault("Z9_INSTALLATION_KEY", key_file.read_text().strip())
         env["Z9_REGIONS"] = json.dumps({REGION: {
             "url": f"https://127.0.0.1:{sim_port}", "token_id": SIM_TOKEN_ID, "token_secret": sim_secret,
             "verify_ssl": False, "images": ["debian-12"], "address_pools": DEV_ADDRESS_POOLS}})

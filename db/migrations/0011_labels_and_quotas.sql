@@ -7,6 +7,7 @@
 ALTER TABLE servers ADD COLUMN labels jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(labels) = 'object');
 ALTER TABLE addresses ADD COLUMN labels jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(labels) = 'object');
 ALTER TABLE load_balancers ADD COLUMN labels jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(labels) = 'object');
+ALTER TABLE clusters ADD COLUMN labels jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(labels) = 'object');
 
 -- tenant_quotas: per-tenant overrides of the Z9_QUOTA_* defaults (NULL: the default), set by
 -- `z9 quota`. The API checks a quota in the transaction that would exceed it, after taking the

@@ -49,6 +49,17 @@ class GuardRefusal(PermanentError):
     """The deletion guard refused to touch a VM (platform role, or not this resource's VM)."""
 
 
+class Cancelled(PermanentError):
+    """The job was superseded by a later job of its resource that ends it (an immediate deletion):
+    it stops between two steps and fails with error class ``cancelled``, naming that job."""
+
+    error_class = "cancelled"
+
+    def __init__(self, message: str, by_job: str):
+        super().__init__(message)
+        self.by_job = by_job
+
+
 class Snooze(JobError):
     """Wait ``delay_s`` seconds for the world and try again without spending an attempt."""
 

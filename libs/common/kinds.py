@@ -22,10 +22,15 @@ LOAD_BALANCER_START = "LoadBalancerStart"
 LOAD_BALANCER_DELETE = "LoadBalancerDelete"
 LOAD_BALANCER_OBSERVE = "LoadBalancerObserve"
 
+CLUSTER_CREATE = "ClusterCreate"
+CLUSTER_RECONCILE = "ClusterReconcile"
+CLUSTER_DELETE = "ClusterDelete"
+
 ALL: set[str] = {SERVER_CREATE, SERVER_START, SERVER_STOP, SERVER_DELETE, SERVER_REBOOT, SERVER_RESIZE,
                  ADDRESS_CREATE, ADDRESS_ASSIGN, ADDRESS_UNASSIGN, ADDRESS_DELETE,
                  LOAD_BALANCER_CREATE, LOAD_BALANCER_CONFIGURE, LOAD_BALANCER_STOP, LOAD_BALANCER_START,
-                 LOAD_BALANCER_DELETE, LOAD_BALANCER_OBSERVE}
+                 LOAD_BALANCER_DELETE, LOAD_BALANCER_OBSERVE,
+                 CLUSTER_CREATE, CLUSTER_RECONCILE, CLUSTER_DELETE}
 """Every kind z9 runs (metrics pre-create a series for each). :func:`add` extends it (a
 benchmark's no-op kind)."""
 

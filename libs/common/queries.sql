@@ -951,6 +951,39 @@ WITH gone AS (
         updated_at = now()
     WHERE load_balancer_id = $1 AND status <> 'deleted'
       AND EXISTS (SELECT 1 FROM load_balancers l WHERE l.id = $1 AND l.status = 'deleted')
+-- ================================================================ clusters (issue 11, migration 0009)
+
+-- name: cluster_insert
+INSERT INTO clusters (id, tenant_id, region, name, version, image, control_plane, node_pools,
+                      endpoint_address_id, endpoint_ip)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+RETURNING *;
+
+-- name: cluster_keys_insert
+INSERT INTO cluster_keys (cluster_id, key_id, nonce, sealed) VALUES ($1, $2, $3, $4);
+
+-- name: cluster_keys_get
+SELECT key_id, nonce, sealed FROM cluster_keys WHERE cluster_id = $1;
+
+-- name: cluster_keys_destroy
+-- The delete's finishing transaction: the keys are gone with the cluster.
+DELETE FROM cluster_keys WHERE cluster_id = $1 RETURNING cluster_id;
+
+-- name: cluster_endpoint_activate
+-- The endpoint address is the cluster's from its allocation: active at once (no job of its own),
+-- protected against deletion through /v1/addresses.
+UPDATE addresses SET status = 'active', protect_delete = true, observed_at = now(), updated_at = now()
+WHERE id = $1
+RETURNING id;
+
+-- name: cluster_endpoint_release
+-- The delete's finishing transaction: the endpoint address is deleted and its IP goes back to its
+-- pool, quarantined (straight to deleted: the address's own deletion rules are for addresses the
+-- tenant holds; this one was the cluster's).
+WITH gone AS (
+    UPDATE addresses SET status = 'deleted', deleted_at = now(), protect_delete = false, server_id = NULL,
+                         status_reason = NULL, observed_at = now(), updated_at = now()
+    WHERE id = (SELECT endpoint_address_id FROM clusters WHERE id = $1) AND status <> 'deleted'
     RETURNING id
 )
 UPDATE address_pool_ips i
@@ -963,3 +996,34 @@ RETURNING host(i.ip) AS ip;
 -- The target servers of a load balancer, as z9 knows them: status, power and primary IPv4.
 SELECT id, status::text AS status, power_state, host(primary_ipv4) AS ip, region
 FROM servers WHERE id = ANY($1::text[]);
+RETURNING gone.id;
+
+-- name: cluster_get_for_update
+SELECT * FROM clusters WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
+
+-- name: cluster_set_shape
+-- A node-pool change: the new desired shape; the cluster is 'updating' until its reconcile ends.
+UPDATE clusters SET node_pools = $2, status = 'updating', status_reason = NULL, updated_at = now()
+WHERE id = $1
+RETURNING *;
+
+-- name: cluster_members
+-- What a converge saw: its members; $3 the cluster was whole (every desired member a Ready node).
+UPDATE clusters
+SET members = $2, observed_at = now(), updated_at = now(),
+    initialized_at = CASE WHEN $3 AND initialized_at IS NULL THEN now() ELSE initialized_at END
+WHERE id = $1 AND status NOT IN ('deleted')
+RETURNING *;
+
+-- name: cluster_degraded
+-- A failed reconcile of a cluster that was whole once: degraded (not failed), with the reason.
+UPDATE clusters SET status = 'degraded', status_reason = $2, updated_at = now()
+WHERE id = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
+RETURNING id;
+
+-- name: job_superseding
+-- The first job enqueued after job $1 on its resource whose kind ($2) supersedes it.
+SELECT j.id, j.kind FROM jobs j JOIN jobs me ON me.id = $1
+WHERE j.resource_id = me.resource_id AND j.seq > me.seq AND j.kind = ANY($2::text[])
+ORDER BY j.seq
+LIMIT 1;

@@ -220,6 +220,18 @@ class Settings(BaseSettings):
     quota_cores: int | None = Field(None, ge=0)
     quota_memory_mib: int | None = Field(None, ge=0)
     quota_addresses: int | None = Field(None, ge=0)
+    # Kubernetes clusters (issue 11). The installation key encrypts every cluster's private keys
+    # (AES-256-GCM, the cluster id as associated data): 32 bytes, base64 (urlsafe or standard).
+    # `z9 dev` generates one into its data dir. Unset: creating a cluster or minting a kubeconfig
+    # answers 503 (the API says which setting is missing).
+    installation_key: SecretStr | None = None
+    # a join token lives this long (kubeadm's --ttl); a member that has not joined by then gets a new one
+    cluster_join_token_ttl_s: float = Field(900.0, gt=0)
+    # storage the NoCloud bootstrap ISOs are uploaded to (shared: every node sees it; a node-local
+    # storage gets the ISO on the member's own node)
+    cluster_bootstrap_storage: str = "isos"
+    # how long a member may take from start to a Ready node before the job says which one is late
+    cluster_member_ready_s: float = Field(900.0, gt=0)
 
     # scheduler, reaper, retention
     scheduler_interval_s: float = Field(1.0, gt=0)

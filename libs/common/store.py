@@ -26,7 +26,7 @@ from .db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS
 from .errors import (CheckViolation, ConstraintViolation, DatabaseUnavailable, ExclusionViolation, LeaseLost, LockWaitTimeout,
                      PoolConfigError, UniqueViolation)
 from .ids import new_id
-from .models import Address, Job, LoadBalancer, Server
+from .models import Address, Cluster, Job, LoadBalancer, Server
 from .labels import Selector
 from .requestctx import current_actor, current_request_id
 from .sql import q, qt
@@ -772,6 +772,72 @@ async def job_cancel(db: DB, job_id: str, tenant_id: str, error: dict[str, Any])
     """pending/retry → failed with ``error`` (class ``cancelled``); None when it was in neither."""
     row = await db.fetchrow(q("job_cancel"), job_id, tenant_id, error)
     return Job.from_record(row) if row else None
+
+
+# ---------------------------------------------------------------- clusters (issue 11)
+
+async def cluster_insert(db: DB, *, cluster_id: str, tenant_id: str, region: str, name: str, version: str,
+                         image: str, control_plane: dict[str, Any], node_pools: list[dict[str, Any]],
+                         endpoint_address_id: str | None, endpoint_ip: Any) -> Cluster:
+    """A new ``creating`` cluster. Raises UniqueViolation (clusters_tenant_name_live)."""
+    row = await db.fetchrow(q("cluster_insert"), cluster_id, tenant_id, region, name, version, image, control_plane,
+                            node_pools, endpoint_address_id, endpoint_ip)
+    return Cluster.from_record(row)
+
+
+async def cluster_keys_insert(db: DB, cluster_id: str, key_id: str, nonce: bytes, sealed: bytes) -> None:
+    """The cluster's sealed PKI."""
+    await db.execute(q("cluster_keys_insert"), cluster_id, key_id, nonce, sealed)
+
+
+async def cluster_keys_get(db: DB, cluster_id: str) -> tuple[str, bytes, bytes] | None:
+    """``(key_id, nonce, sealed)`` of the cluster's PKI, or None (destroyed)."""
+    row = await db.fetchrow(q("cluster_keys_get"), cluster_id)
+    return (row["key_id"], bytes(row["nonce"]), bytes(row["sealed"])) if row else None
+
+
+async def cluster_keys_destroy(db: DB, cluster_id: str) -> bool:
+    """Delete the cluster's keys (the delete's finishing transaction); True when there were some."""
+    return await db.fetchrow(q("cluster_keys_destroy"), cluster_id) is not None
+
+
+async def cluster_endpoint_activate(db: DB, address_id: str) -> None:
+    """The endpoint address: active, protected against deletion through /v1/addresses."""
+    await db.execute(q("cluster_endpoint_activate"), address_id)
+
+
+async def cluster_endpoint_release(db: DB, cluster_id: str) -> list[str]:
+    """Delete the cluster's endpoint address and quarantine its IP; the address ids released."""
+    return [r["id"] for r in await db.fetch(q("cluster_endpoint_release"), cluster_id)]
+
+
+async def cluster_get_for_update(db: DB, cluster_id: str, tenant_id: str) -> Cluster | None:
+    """The tenant's cluster, its row locked until commit."""
+    row = await db.fetchrow(q("cluster_get_for_update"), cluster_id, tenant_id)
+    return Cluster.from_record(row) if row else None
+
+
+async def cluster_set_shape(db: DB, cluster_id: str, node_pools: list[dict[str, Any]]) -> Cluster:
+    """The cluster's new node pools; status ``updating``."""
+    return Cluster.from_record(await db.fetchrow(q("cluster_set_shape"), cluster_id, node_pools))
+
+
+async def cluster_members(db: DB, cluster_id: str, members: list[dict[str, Any]], whole: bool) -> Cluster | None:
+    """Record the members a converge saw; ``whole``: every desired member was a Ready node."""
+    row = await db.fetchrow(q("cluster_members"), cluster_id, members, whole)
+    return Cluster.from_record(row) if row else None
+
+
+async def cluster_degraded(db: DB, cluster_id: str, reason: str) -> None:
+    """A failed reconcile of a once-whole cluster: ``degraded`` with the reason."""
+    await db.execute(q("cluster_degraded"), cluster_id, reason)
+
+
+async def job_superseding(db: DB, job_id: str, kinds: list[str]) -> tuple[str, str] | None:
+    """``(id, kind)`` of the first job enqueued after ``job_id`` on its resource with one of
+    ``kinds``, or None."""
+    row = await db.fetchrow(q("job_superseding"), job_id, kinds)
+    return (row["id"], row["kind"]) if row else None
 
 
 # ---------------------------------------------------------------- the error boundary

@@ -25,14 +25,14 @@ from z9.common.models import Job
 from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 
-from . import addresses, catalog, job_actions, load_balancers, middleware, schemas, servers, tokens, waiting
+from . import addresses, catalog, clusters, job_actions, load_balancers, middleware, schemas, servers, tokens, waiting
 from .openapi import openapi_document
 from .resources import (NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, dump, limit_param,
                         resource_operations, tenant)
 
 log = logging.getLogger("z9.api")
 
-RESOURCES: list[ApiResource] = [servers.API, addresses.API, load_balancers.API]
+RESOURCES: list[ApiResource] = [servers.API, addresses.API, load_balancers.API, clusters.API]
 """The resource types the API serves (each gets create, list, get, delete, cancel-deletion and
 its own actions); a new type appends its registration here."""
 

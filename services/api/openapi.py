@@ -27,7 +27,7 @@ _STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted: poll the job until it
                 409: "A precondition failed; the message names it", 422: "Invalid fields; the message names each",
                 413: "The request body is larger than 256 KiB",
                 429: "Over the token's request rate; retry after Retry-After seconds",
-                503: "The database is unreachable right now; retry after Retry-After seconds"}
+                503: "The database is unreachable right now (retry after Retry-After seconds), or a setting the operation needs is missing (the message names it)"}
 
 
 def _refusals(op: Operation) -> set[int]:

@@ -226,7 +226,7 @@ def _replay(prior: Any, req_hash: bytes) -> web.Response:
 
 # ---------------------------------------------------------------------------------- generic handlers
 
-DELETION_RULE_CODES = ("protected", "must_be_unassigned", "load_balancer_address")
+DELETION_RULE_CODES = ("protected", "must_be_unassigned", "load_balancer_address", "cluster_endpoint")
 """409 codes a table's own deletion rule may raise (a trigger's ``check_violation`` with
 ``CONSTRAINT = '<table>_<code>'``)."""
 

@@ -140,7 +140,9 @@ class JobErrorBody(BaseModel):
 
     model_config = ConfigDict(extra="allow", json_schema_serialization_defaults_required=True)
 
-    class_: Literal["temporary", "permanent", "snooze", "cancelled"] = Field(alias="class")
+    class_: Literal["temporary", "permanent", "snooze", "cancelled"] = Field(
+        alias="class", description="cancelled: cancelled by the tenant (POST /v1/jobs/{id}/actions/cancel), or "
+                                   "superseded by a later job of the resource (by_job names it)")
     message: str
     at: OptTimestamp = None
     task_log: list[str] | None = None

@@ -21,7 +21,8 @@ from typing import Any
 
 import asyncpg
 
-from z9.common import store, tracing
+from z9.common import resources, store, tracing
+from z9.common.errors import Cancelled
 from z9.common.models import Job, utc_now_iso
 from z9.common.settings import Settings
 from z9.common.store import Lease
@@ -94,6 +95,20 @@ class JobContext:
     async def _write_steps(self) -> None:
         self.touch()
         await store.job_progress(self.pool, self.lease, self.steps_json(), self.settings.lease_ttl_s)
+
+    async def check_superseded(self) -> None:
+        """Raise :class:`Cancelled` when a later job of this job's resource supersedes it (its
+        type's rule, :meth:`ResourceType.superseded_by`: an immediate deletion ends a create
+        under way). Called before observe and between steps: a step under way finishes (its
+        task recorded), nothing new starts."""
+        rtype = resources.get(self.job.resource_type)
+        kinds = rtype.superseded_by(self.job.kind) if rtype is not None else ()
+        if not kinds or self.job.resource_id is None:
+            return
+        found = await store.job_superseding(self.pool, self.job.id, list(kinds))
+        if found is not None:
+            raise Cancelled(f"cancelled: {rtype.name} {self.job.resource_id} is being deleted by {found[1]} job "
+                            f"{found[0]}", by_job=found[0])
 
     async def set_plan(self, steps: list[Step]) -> None:
         """Replace the job's step list with this attempt's plan (fenced). An empty plan over an

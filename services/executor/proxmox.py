@@ -68,6 +68,8 @@ ENDPOINTS = (
     "GET /nodes", "POST /nodes/{node}/qemu/{vmid}/agent/ping", "POST /nodes/{node}/qemu/{vmid}/agent/exec",
     "GET /nodes/{node}/qemu/{vmid}/agent/exec-status", "GET /nodes/{node}/qemu/{vmid}/agent/file-read",
     "POST /nodes/{node}/qemu/{vmid}/agent/file-write", "GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces",
+    "GET /nodes/{node}/storage/{storage}/content", "POST /nodes/{node}/storage/{storage}/upload",
+    "DELETE /nodes/{node}/storage/{storage}/content/{volume}",
 )
 
 
@@ -738,6 +740,56 @@ class ProxmoxClient:
         reads it at its next boot)."""
         await self._call("PUT /nodes/{node}/qemu/{vmid}/cloudinit", f"regenerate cloud-init drive of VM {vmid}",
                          lambda: self._api.nodes(node).qemu(vmid).cloudinit.put())
+
+    # ------------------------------------------------------------------ storage (bootstrap ISOs)
+
+    async def storage_isos(self, node: str, storage: str) -> list[str]:
+        """The volids of the ISO images ``node`` sees on ``storage``."""
+        rows = await self._call("GET /nodes/{node}/storage/{storage}/content", f"list ISOs on {storage}",
+                                lambda: self._api.nodes(node).storage(storage).content.get(content="iso"))
+        return [str(r.get("volid")) for r in rows or []]
+
+    async def upload_iso(self, node: str, storage: str, filename: str, data: bytes) -> str:
+        """``POST …/storage/{storage}/upload`` (multipart, ``content=iso``) with its SHA-256 checksum:
+        the ``imgcopy`` task verifies it (``checksum mismatch``) before the file exists. Returns the
+        task's UPID (it names the node that received the upload)."""
+        import hashlib
+        import io
+
+        digest = hashlib.sha256(data).hexdigest()
+
+        def send() -> Any:
+            f = io.BytesIO(data)
+            f.name = filename
+            return self._api.nodes(node).storage(storage).upload.post(
+                content="iso", filename=f, checksum=digest, **{"checksum-algorithm": "sha256"})
+
+        return await self._call("POST /nodes/{node}/storage/{storage}/upload", f"upload {filename} to {storage}", send)
+
+    async def delete_volume(self, node: str, storage: str, volid: str) -> str | None:
+        """``DELETE …/storage/{storage}/content/{volume}`` → the ``imgdel`` UPID (or None)."""
+        return await self._call("DELETE /nodes/{node}/storage/{storage}/content/{volume}", f"delete {volid}",
+                                lambda: self._api.nodes(node).storage(storage).content(volid).delete())
+
+    # ------------------------------------------------------------------ the guest agent
+
+    async def agent_exec(self, node: str, vmid: int, argv: list[str], *, timeout_s: float = 60.0,
+                         poll_s: float = 0.2) -> tuple[int, str, str]:
+        """Run ``argv`` in the guest (``agent/exec``, then ``agent/exec-status`` until it exited):
+        ``(exitcode, stdout, stderr)``. Raises TemporaryError while the agent does not answer
+        (booting: ``QEMU guest agent is not running``) or when the command outlives ``timeout_s``."""
+        res = await self._call("POST /nodes/{node}/qemu/{vmid}/agent/exec", f"exec {argv[0]} in VM {vmid}",
+                               lambda: self._api.nodes(node).qemu(vmid).agent.exec.post(command=list(argv)))
+        pid = int(res["pid"])
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = await self._call("GET /nodes/{node}/qemu/{vmid}/agent/exec-status", f"exec-status in VM {vmid}",
+                                  lambda: self._api.nodes(node).qemu(vmid).agent("exec-status").get(pid=pid))
+            if int(st.get("exited") or 0):
+                return int(st.get("exitcode", -1)), str(st.get("out-data") or ""), str(st.get("err-data") or "")
+            if time.monotonic() > deadline:
+                raise TemporaryError(f"{argv[0]} in VM {vmid} still running after {timeout_s:.0f}s")
+            await asyncio.sleep(poll_s)
 
     # ------------------------------------------------------------------ the task waiter
 

@@ -23,7 +23,7 @@ from typing import Any
 from z9.common import metrics, store, tracing
 from z9.common.backoff import backoff_delay_s
 from z9.common.db import TRANSIENT_DB_ERRORS
-from z9.common.errors import (GuardRefusal, InternalError, JobError, LeaseLost, PermanentError, Snooze,
+from z9.common.errors import (Cancelled, GuardRefusal, InternalError, JobError, LeaseLost, PermanentError, Snooze,
                               TemporaryError)
 from z9.common.logs import job_fields
 from z9.common.models import utc_now_iso
@@ -43,6 +43,8 @@ def _error(exc: BaseException, cls: str | None = None) -> dict[str, Any]:
         err["task_log"] = tail[-10:]
     if isinstance(exc, GuardRefusal):
         err["refused"] = True
+    if isinstance(exc, Cancelled):
+        err["by_job"] = exc.by_job
     return err
 
 
@@ -55,6 +57,7 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
     extra = job_fields(job)
     try:
         try:
+            await ctx.check_superseded()
             with metrics.phase(job, "observe"), tracing.span("observe", {"z9.phase": "observe"}):
                 world = await kind.observe(ctx)
             with metrics.phase(job, "plan"), tracing.span("plan", {"z9.phase": "plan"}):
@@ -65,10 +68,12 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
             with metrics.phase(job, "apply"), (tracing.span("apply", {"z9.phase": "apply"}) if steps
                                                else contextlib.nullcontext()):
                 for step in steps:
+                    await ctx.check_superseded()  # a later job may have superseded this one
                     with tracing.span(f"step {step.name}", {"z9.step": step.name}):
                         await ctx.step_running(step)
                         await kind.apply(ctx, world, step)
                         await ctx.step_done(step)
+            await ctx.check_superseded()  # … and before verify: a superseded job records nothing
             with metrics.phase(job, "verify"), tracing.span("verify", {"z9.phase": "verify"}):
                 observed = await kind.verify(ctx)
         except (JobError, LeaseLost, asyncio.CancelledError, *TRANSIENT_DB_ERRORS):

@@ -135,6 +135,16 @@ class ResourceType(Generic[R]):
         again); any other job's failure lets it go on (the reason is kept either way)."""
         return refused or kind == self.final_kind
 
+    def superseded_by(self, kind: str) -> tuple[str, ...]:
+        """The kinds whose later job ends a live job of ``kind`` on the same resource between its
+        steps (:class:`~z9.common.errors.Cancelled`): an immediate deletion's final job supersedes
+        every other job of the resource (a delete must not wait behind a 20-minute create);
+        nothing supersedes the final job itself, nor anything of a buffered type (its deletion
+        can be cancelled: the work under way is kept)."""
+        if isinstance(self.deletion, Immediate) and kind != self.deletion.final_kind:
+            return (self.deletion.final_kind,)
+        return ()
+
     # ------------------------------------------------------------ lifecycle (queries written once)
 
     async def get(self, db: DB, rid: str, tenant_id: str | None = None) -> R | None:
@@ -270,4 +280,4 @@ async def mark_failed_by_job(db: DB, resource_type: str | None, resource_id: str
         await rtype.mark_failed_by_job(db, resource_id, reason, kind=kind, refused=refused)
 
 
-from . import address, load_balancer, server  # noqa: E402,F401  (the built-in types register themselves)
+from . import address, cluster, load_balancer, server  # noqa: E402,F401  (the built-in types register themselves)

@@ -1,0 +1,619 @@
+"""What ClusterCreate and ClusterReconcile share: converging a Kubernetes cluster's members to its
+desired shape (issue 11). The kinds' modules are thin; the four phases are here.
+
+Members and identity
+    Member ``cp-<i>`` (control plane, ``i < control_plane.count``) and ``<pool>-<i>`` (``i <
+    pool.count``) — stable ordinals: a resize only adds or removes the highest ordinals. Each
+    member is one VM of the cluster through the VM machinery (:mod:`z9.executor.vms`): tags
+    ``z9-id-<cluster>``, ``z9-role-customer``, ``z9-member-<name>``; two VMs carrying one member tag
+    is a permanent error naming both. Its Kubernetes node is named like the member.
+
+Bootstrap data: a NoCloud ISO (not guest-agent file writes)
+    Bootstrap data reaches a member through the Proxmox API only. We chose a NoCloud seed ISO
+    (:func:`z9.common.nocloud.build_nocloud_iso`) over ``agent/file-write`` because (1) the data is
+    there at the guest's *first* boot, before any agent runs, so cloud-init (``write_files``,
+    ``runcmd: kubeadm init|join``) does the whole bootstrap the way every image expects — file
+    writes would need the guest up first and a second, z9-driven "now run kubeadm" exec whose
+    loss or retry is harder to make idempotent; (2) one upload of a content-addressed file is
+    easy to make exactly-once across executor crashes (the name is the content: present ⇒ done),
+    whereas N file writes of ≤ 60 KiB each (``file-write`` caps ``content`` at 61440 chars and
+    PVE caps bodies at 512 KiB) are N more requests per member; (3) the cloud-init result
+    (``cloud-init status``) then tells exactly whether the bootstrap worked. The ISO is named by
+    identity and content hash — ``z9-<cluster>-<member>-<sha256[:16]>.iso`` — never by vmid
+    (PVE recycles vmids), uploaded with its SHA-256 (the ``imgcopy`` task verifies it) to
+    ``cluster_bootstrap_storage`` on the member's node (shared storage: every node sees it; a
+    node-local one: the member's own node, the one its VM runs on — CAPMOX#112), attached as
+    ``ide0`` (before PVE's own cloud-init drive on ``ide2``: cloud-init reads the first ``cidata``),
+    and — since it holds keys (control planes get the cluster's CA keys) and a join token — set
+    to ``none`` and deleted from storage as soon as the member is a Ready node.
+
+Joins
+    The first control plane runs ``kubeadm init`` with the cluster's PKI (z9 owns it; kubeadm's
+    external-CA mode); every other member joins with a **fresh bootstrap token** z9 mints
+    (:func:`z9.common.pki.new_bootstrap_token`), registers on a running control plane through
+    the agent (``kubeadm token create <token> --ttl <cluster_join_token_ttl_s>s``) and ships with
+    the CA hash. The token is remembered in the job's memo *before* it is registered, so a retried
+    attempt rebuilds the same ISO (same name: no second upload); a token older than half its ttl
+    for a member not started yet is replaced (a scale-up a day later works: each join mints its own).
+
+Phases
+observe  the cluster row, the desired members, every VM of the cluster by tag (per member), and
+         the nodes the API reports (``kubectl get nodes -o json`` through the agent of the first
+         control plane whose API answers; None when none does).
+plan     (pure) ``init`` (cp-0, while no API answers) → ``replace`` (a member whose cloud-init
+         failed and that never became a node: its VM goes, a new instance joins) → ``join`` (every desired member that is not
+         a Ready node: booted **in parallel** in one step) → per extra member, highest ordinal
+         first: ``drain`` then ``remove`` → ``detach_bootstrap`` (Ready members still holding
+         their ISO).
+apply    each step re-reads what it acts on; clones through the VM machinery's ladder (no second
+         clone after a crash); readiness is verified **inside** the guests: ``cloud-init status``
+         done, ``kubectl get --raw /readyz`` ``ok`` on control planes, the member a Ready node.
+         A member whose cloud-init fails is a permanent error naming it with cloud-init's error
+         text and the last line of its output log.
+verify   observe again: every desired member a Ready node, nothing extra left.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from z9.common import nocloud, pki, store
+from z9.common.errors import Cancelled, PermanentError, TemporaryError
+from z9.common.models import Cluster, Job
+from z9.common.resources.cluster import CLUSTER
+from z9.common.tags import identity_tag
+
+from .. import vms
+from ..context import JobContext, Step
+from ..proxmox import VmState
+
+log = logging.getLogger("z9.executor.cluster")
+
+ADMIN = ["--kubeconfig", "/etc/kubernetes/admin.conf"]
+_MEMBER_RE = re.compile(r"^(?P<pool>[a-z][a-z0-9-]*)-(?P<ordinal>\d+)$")
+BOOTSTRAP_DRIVE = "ide0"
+
+
+@dataclass(frozen=True)
+class MemberSpec:
+    name: str  # cp-0, workers-2
+    role: str  # control-plane | worker
+    pool: str | None
+    ordinal: int
+    cores: int
+    memory_mib: int
+    disk_gib: int
+
+
+@dataclass
+class World:
+    cluster: Cluster | None
+    desired: list[MemberSpec] = field(default_factory=list)
+    vms: dict[str, VmState] = field(default_factory=dict)  # member -> its VM
+    nodes: dict[str, bool] | None = None  # node name -> Ready; None: no API answered
+    api_member: str | None = None  # the control plane whose API answered
+    failed_boot: dict[str, str] = field(default_factory=dict)  # member -> cloud-init error (never joined)
+    superseded: str | None = None
+
+
+def desired_members(cluster: Cluster) -> list[MemberSpec]:
+    cp = cluster.control_plane
+    out = [MemberSpec(f"cp-{i}", "control-plane", None, i, int(cp.get("cores", 2)), int(cp.get("memory_mib", 4096)),
+                      int(cp.get("disk_gib", 30))) for i in range(int(cp["count"]))]
+    for p in cluster.node_pools:
+        out += [MemberSpec(f"{p['name']}-{i}", "worker", p["name"], i, int(p.get("cores", 2)),
+                           int(p.get("memory_mib", 4096)), int(p.get("disk_gib", 30))) for i in range(int(p["count"]))]
+    return out
+
+
+def ordinal_key(member: str) -> tuple[str, int]:
+    m = _MEMBER_RE.match(member)
+    return (m["pool"], int(m["ordinal"])) if m else (member, -1)
+
+
+def vm_spec(cluster: Cluster, m: MemberSpec) -> vms.VmSpec:
+    """The member's VM: cloned from the cluster's image, agent on (readiness is read inside)."""
+    return vms.VmSpec(owner=cluster.id, member=m.name, name=f"{cluster.name}-{m.name}", image=cluster.image,
+                      cores=m.cores, memory_mib=m.memory_mib, disk_gib=m.disk_gib, config={"agent": "1"})
+
+
+# ================================================================ observe
+
+async def observe(ctx: JobContext) -> World:
+    cluster = await CLUSTER.get(ctx.pool, ctx.job.resource_id)
+    if cluster is None or cluster.status in ("destroying", "deleted"):
+        return World(cluster=cluster, superseded=cluster.status if cluster else "gone")
+    world = World(cluster=cluster, desired=desired_members(cluster))
+    by_member: dict[str, list[VmState]] = {}
+    for vm in await vms.find_vms(ctx, cluster.id):
+        by_member.setdefault(vms.member_of(vm), []).append(vm)
+    for member, found in by_member.items():
+        if len(found) > 1:
+            raise PermanentError(f"cluster {cluster.id}: {len(found)} VMs carry member tag z9-member-{member} "
+                                 f"({', '.join(f'VM {v.vmid} on {v.node}' for v in found)}); an operator must remove "
+                                 "the extra one")
+        world.vms[member] = found[0]
+    world.nodes, world.api_member = await read_nodes(ctx, world)
+    if world.nodes is not None:
+        # A member that booted but never became a node and whose cloud-init failed (its join was
+        # refused: a token expired while it booted, …) gets a new VM — a new instance — with a
+        # fresh token: its bootstrap ran once and will not run again on that instance.
+        for member, vm in world.vms.items():
+            if vm.running and member not in world.nodes and member in {m.name for m in world.desired}:
+                failed = await cloud_init_error(ctx, vm)
+                if failed:
+                    world.failed_boot[member] = failed
+    return world
+
+
+async def cloud_init_error(ctx: JobContext, vm: VmState) -> str | None:
+    """cloud-init's error text when it ended in error in ``vm``; None otherwise (or unknown)."""
+    try:
+        code, out, _ = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cloud-init", "status", "--format", "json"],
+                                                timeout_s=30)
+        st = json.loads(out) if out else {}
+    except (TemporaryError, PermanentError, ValueError):
+        return None
+    if st.get("status") == "error":
+        return "; ".join(str(e) for e in st.get("errors") or []) or "cloud-init failed"
+    return None
+
+
+async def read_nodes(ctx: JobContext, world: World) -> tuple[dict[str, bool] | None, str | None]:
+    """The nodes the cluster's API reports (name -> Ready), asked inside the first running
+    control plane whose API answers; (None, None) when none does."""
+    cps = sorted((m for m in world.vms if m.startswith("cp-")), key=ordinal_key)
+    for member in cps:
+        vm = world.vms[member]
+        if not vm.running:
+            continue
+        try:
+            code, out, _ = await ctx.pve.agent_exec(vm.node, vm.vmid, ["kubectl", *ADMIN, "get", "nodes", "-o", "json"],
+                                                    timeout_s=30)
+        except (TemporaryError, PermanentError):
+            continue  # agent not up yet, VM gone meanwhile
+        if code != 0:
+            continue
+        try:
+            items = json.loads(out).get("items", [])
+        except ValueError:
+            continue
+        nodes = {}
+        for it in items:
+            conds = {c.get("type"): c.get("status") for c in (it.get("status") or {}).get("conditions") or []}
+            nodes[it["metadata"]["name"]] = conds.get("Ready") == "True"
+        return nodes, member
+    return None, None
+
+
+# ================================================================ plan (pure)
+
+def plan(job: Job, world: World) -> list[Step]:
+    if world.superseded or world.cluster is None:
+        return []
+    desired = {m.name for m in world.desired}
+    nodes = world.nodes or {}
+    steps: list[Step] = []
+    if world.nodes is None and "cp-0" in desired:
+        steps.append(Step("init", {"member": "cp-0"}))
+    for vm in world.vms.values():
+        vms.refuse_platform(world.cluster.id, vm)
+    for member in sorted(world.failed_boot, key=ordinal_key):
+        steps.append(Step("replace", {"member": member, "cloud_init": world.failed_boot[member]}))
+    joining = [m.name for m in world.desired if not nodes.get(m.name) and not (steps and m.name == "cp-0")]
+    if joining:
+        steps.append(Step("join", {"members": joining}))
+    extra = sorted({m for m in world.vms if m not in desired} | {n for n in nodes if n not in desired},
+                   key=ordinal_key, reverse=True)
+    for member in extra:
+        steps.append(Step("drain", {"member": member}))
+        steps.append(Step("remove", {"member": member}))
+    holding = [m for m, vm in world.vms.items()
+               if m in desired and nodes.get(m) and m not in joining and _bootstrap_volume(vm)]
+    if holding:
+        steps.append(Step("detach_bootstrap", {"members": sorted(holding, key=ordinal_key)}))
+    return steps
+
+
+def _bootstrap_volume(vm: VmState) -> str | None:
+    """The bootstrap ISO's volid attached to ``vm``, or None."""
+    val = str(vm.config.get(BOOTSTRAP_DRIVE) or "")
+    volid = val.split(",", 1)[0]
+    return volid if "iso/z9-" in volid else None
+
+
+# ================================================================ apply
+
+async def apply(ctx: JobContext, world: World, step: Step) -> None:
+    assert world.cluster is not None
+    if step.name == "init":
+        await provision(ctx, world, _spec(world, "cp-0"), init=True)
+    elif step.name == "join":
+        await _join_all(ctx, world, step.detail["members"])
+    elif step.name == "drain":
+        await _drain(ctx, world, step.detail["member"])
+    elif step.name in ("remove", "replace"):  # replace: the VM goes; the join step makes a new one
+        await _remove(ctx, world, step, step.detail["member"])
+        world.vms.pop(step.detail["member"], None)
+    elif step.name == "detach_bootstrap":
+        for member in step.detail["members"]:
+            vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
+            if vm is not None:
+                await detach_bootstrap(ctx, world.cluster, vm, Step(f"detach {member}"))
+    else:
+        raise PermanentError(f"{ctx.job.kind}: unknown step {step.name!r}")
+
+
+def _spec(world: World, member: str) -> MemberSpec:
+    for m in world.desired:
+        if m.name == member:
+            return m
+    raise PermanentError(f"member {member} is not part of the desired cluster")
+
+
+async def _join_all(ctx: JobContext, world: World, members: list[str]) -> None:
+    """Every member in parallel (each: VM, token, ISO, start, Ready); the first failure — a
+    permanent one first — is raised once all have ended, naming every member that failed."""
+    specs = [_spec(world, m) for m in members]
+    results = await asyncio.gather(*(provision(ctx, world, s, init=False) for s in specs), return_exceptions=True)
+    failed = [(s.name, r) for s, r in zip(specs, results) if isinstance(r, BaseException)]
+    if not failed:
+        return
+    for _, r in failed:
+        if isinstance(r, (asyncio.CancelledError, Cancelled)):
+            raise r
+    perm = [(n, r) for n, r in failed if isinstance(r, PermanentError)]
+    chosen = perm or failed
+    msg = "; ".join(str(r) for _, r in chosen)
+    if perm:
+        raise PermanentError(msg)
+    if all(isinstance(r, TemporaryError) for _, r in chosen):
+        raise TemporaryError(msg)
+    raise chosen[0][1]
+
+
+async def provision(ctx: JobContext, world: World, m: MemberSpec, *, init: bool) -> None:
+    """Make member ``m`` a Ready node: its VM (the VM machinery's clone ladder), its bootstrap ISO
+    (token registered first for a joiner), started, verified inside, ISO detached and deleted."""
+    cluster = world.cluster
+    assert cluster is not None
+    spec = vm_spec(cluster, m)
+    step = Step(f"member {m.name}")
+    mw = await vms.observe_member(ctx, spec)
+    for s in vms.plan_member(spec, mw, region=ctx.job.region):
+        if s.name != "start":
+            await vms.apply_member_step(ctx, spec, mw, s)
+    vm = await ctx.pve.vm_state(mw.vm.node, mw.vm.vmid) if mw.vm is not None else None
+    if vm is None:
+        raise TemporaryError(f"member {m.name}: its VM is not there yet")
+    # A member that was a node before (stopped since) is only started: its instance already ran
+    # its bootstrap (same instance-id); a first boot gets its ISO (a joiner: a fresh token first).
+    known = (init and cluster.initialized_at is not None) or (world.nodes is not None and m.name in world.nodes)
+    if not vm.running and not known:
+        token = None if init else await _token(ctx, world, m)
+        volid = await _ensure_iso(ctx, cluster, m, vm, token, step)
+        vm = await ctx.pve.vm_state(vm.node, vm.vmid) or vm
+        if str(vm.config.get(BOOTSTRAP_DRIVE) or "").split(",", 1)[0] != volid:
+            await ctx.fence()
+            await ctx.wait_task(step, await ctx.pve.configure(vm.node, vm.vmid,
+                                                              {BOOTSTRAP_DRIVE: f"{volid},media=cdrom"},
+                                                              digest=vm.config.get("digest")))
+        vm = await ctx.pve.vm_state(vm.node, vm.vmid) or vm
+    if not vm.running:
+        await vms.ensure_running(ctx, step, vm)
+    await wait_ready(ctx, world, m, vm)
+    vm = await ctx.pve.vm_state(vm.node, vm.vmid) or vm
+    await detach_bootstrap(ctx, cluster, vm, step)
+
+
+async def _token(ctx: JobContext, world: World, m: MemberSpec) -> str:
+    """The member's join token: remembered (memo) before it is registered on a control plane;
+    replaced when older than half its ttl."""
+    ttl = ctx.settings.cluster_join_token_ttl_s
+    key = f"token:{m.name}"  # one memo key per member: parallel members' writes never overwrite each other
+    got = ctx.memo.get(key)
+    if got is None or time.time() - float(got["minted_at"]) > ttl / 2:
+        got = {"token": pki.new_bootstrap_token(), "minted_at": time.time()}
+        await ctx.remember(**{key: got})
+    cp = await _api_vm(ctx, world)
+    code, out, err = await ctx.pve.agent_exec(cp.node, cp.vmid, ["kubeadm", "token", "create", got["token"], "--ttl",
+                                                                 f"{int(ttl)}s", "--description",
+                                                                 f"z9 join of {m.name}"], timeout_s=60)
+    if code != 0 and "already exists" not in err:
+        raise TemporaryError(f"member {m.name}: registering its join token on {cp.config.get('name')} failed: "
+                             f"{err.strip() or out.strip()}")
+    return str(got["token"])
+
+
+async def _api_vm(ctx: JobContext, world: World) -> VmState:
+    """A running control plane whose API answers (re-read each time: cp-0 may have just come up)."""
+    if world.api_member is None or world.api_member not in world.vms:
+        cluster = world.cluster
+        assert cluster is not None
+        world.vms.update({vms.member_of(v): v for v in await vms.find_vms(ctx, cluster.id)})
+        world.nodes, world.api_member = await read_nodes(ctx, world)
+    if world.api_member is None:
+        raise TemporaryError("no control plane of the cluster answers yet")
+    return world.vms[world.api_member]
+
+
+def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, token: str | None) -> dict[str, str]:
+    """``user-data`` and ``meta-data`` of member ``m`` (deterministic for one token)."""
+    endpoint = f"{_ip(cluster.endpoint_ip)}:6443"
+    version = f"v{cluster.version}.0"
+    files = [{"path": "/etc/kubernetes/pki/ca.crt", "content": material["ca.crt"], "permissions": "0644"}]
+    if m.role == "control-plane":
+        for name in ("ca.key", "sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key", "etcd/ca.crt",
+                     "etcd/ca.key"):
+            files.append({"path": f"/etc/kubernetes/pki/{name}", "content": material[name],
+                          "permissions": "0600" if name.endswith(".key") else "0644"})
+        files.append({"path": "/etc/kubernetes/manifests/kube-vip.yaml", "permissions": "0600",
+                      "content": yaml.safe_dump(_kube_vip(_ip(cluster.endpoint_ip)), sort_keys=False)})
+    if token is None:
+        docs = [{"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "InitConfiguration",
+                 "nodeRegistration": {"name": m.name}},
+                {"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "ClusterConfiguration", "clusterName": cluster.name,
+                 "kubernetesVersion": version, "controlPlaneEndpoint": endpoint,
+                 "encryptionAlgorithm": "ECDSA-P256"}]
+        cmd = ["kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml"]
+    else:
+        join: dict[str, Any] = {"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "JoinConfiguration",
+                                "discovery": {"bootstrapToken": {"apiServerEndpoint": endpoint, "token": token,
+                                                                 "caCertHashes": [pki.ca_cert_hash(material["ca.crt"])]}},
+                                "nodeRegistration": {"name": m.name}}
+        if m.role == "control-plane":
+            join["controlPlane"] = {}
+        docs = [join]
+        cmd = ["kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml"]
+    files.append({"path": "/etc/z9/kubeadm.yaml", "permissions": "0600", "content": yaml.safe_dump_all(docs, sort_keys=False)})
+    user = {"hostname": f"{cluster.name}-{m.name}", "write_files": files, "runcmd": [cmd]}
+    meta = {"instance-id": f"{cluster.id}-{m.name}", "local-hostname": f"{cluster.name}-{m.name}"}
+    return {"user-data": "#cloud-config\n" + yaml.safe_dump(user, sort_keys=False), "meta-data": yaml.safe_dump(meta)}
+
+
+def _kube_vip(vip: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "kube-vip", "namespace": "kube-system"},
+            "spec": {"hostNetwork": True, "containers": [{
+                "name": "kube-vip", "image": "ghcr.io/kube-vip/kube-vip:v0.8.0", "args": ["manager"],
+                "env": [{"name": "address", "value": vip}, {"name": "port", "value": "6443"},
+                        {"name": "vip_arp", "value": "true"}, {"name": "cp_enable", "value": "true"},
+                        {"name": "vip_leaderelection", "value": "true"}]}]}}
+
+
+def _ip(v: Any) -> str:
+    return str(getattr(v, "ip", v))
+
+
+async def material_of(ctx: JobContext, cluster: Cluster) -> dict[str, str]:
+    """The cluster's PKI, opened with the installation key."""
+    if ctx.settings.installation_key is None:
+        raise PermanentError("Z9_INSTALLATION_KEY is not set on the executor: the cluster's keys cannot be opened")
+    sealed = await store.cluster_keys_get(ctx.pool, cluster.id)
+    if sealed is None:
+        raise PermanentError(f"cluster {cluster.id} has no keys (destroyed)")
+    try:
+        return pki.InstallationKey.parse(ctx.settings.installation_key.get_secret_value()).open(cluster.id, *sealed)
+    except pki.SealError as e:
+        raise PermanentError(str(e)) from e
+
+
+def iso_prefix(cluster_id: str) -> str:
+    return f"z9-{cluster_id}-"
+
+
+async def _ensure_iso(ctx: JobContext, cluster: Cluster, m: MemberSpec, vm: VmState, token: str | None,
+                      step: Step) -> str:
+    """Build the member's ISO; upload it unless a file of that (content-addressed) name exists."""
+    files = bootstrap_files(cluster, await material_of(ctx, cluster), m, token)
+    data = nocloud.build_nocloud_iso(user_data=files["user-data"], meta_data=files["meta-data"])
+    name = f"{iso_prefix(cluster.id)}{m.name}-{hashlib.sha256(data).hexdigest()[:16]}.iso"
+    storage = ctx.settings.cluster_bootstrap_storage
+    volid = f"{storage}:iso/{name}"
+    if volid in await ctx.pve.storage_isos(vm.node, storage):
+        return volid
+    earlier = ctx.memo.get(f"upload:{name}")
+    if earlier:  # an earlier attempt sent this very file: wait for its task rather than send it again
+        try:
+            await ctx.wait_task(step, earlier)
+            if volid in await ctx.pve.storage_isos(vm.node, storage):
+                return volid
+        except (TemporaryError, PermanentError) as e:
+            log.warning("cluster %s: the earlier upload of %s (%s) did not land: %s", cluster.id, name, earlier, e)
+    await ctx.fence()
+    upid = await ctx.pve.upload_iso(vm.node, storage, name, data)
+    await ctx.remember(**{f"upload:{name}": upid})
+    await ctx.wait_task(step, upid)
+    return volid
+
+
+async def wait_ready(ctx: JobContext, world: World, m: MemberSpec, vm: VmState) -> None:
+    """Inside the guest: cloud-init done (its error text otherwise); a control plane's API
+    ``/readyz`` ok; the member a Ready node."""
+    deadline = time.monotonic() + ctx.settings.cluster_member_ready_s
+    last = "its guest agent does not answer yet"
+    while time.monotonic() < deadline:
+        ctx.touch()
+        await ctx.check_superseded()  # a member's wait is long: a DELETE ends it here too
+        try:
+            last = await _ready_once(ctx, world, m, vm)
+            if last == "":
+                return
+        except TemporaryError as e:
+            last = str(e)
+        await asyncio.sleep(0.3)
+    raise TemporaryError(f"member {m.name} (VM {vm.vmid}) not Ready after {ctx.settings.cluster_member_ready_s:.0f}s: "
+                         f"{last}")
+
+
+async def _ready_once(ctx: JobContext, world: World, m: MemberSpec, vm: VmState) -> str:
+    """'' when Ready, else what is still missing. Raises PermanentError when cloud-init failed."""
+    code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cloud-init", "status", "--format", "json"],
+                                              timeout_s=30)
+    try:
+        st = json.loads(out) if out else {}
+    except ValueError:
+        st = {}
+    status = st.get("status") or st.get("extended_status")
+    if status == "error" or (code not in (0, 2) and not out):
+        errors = "; ".join(str(e) for e in st.get("errors") or []) or err.strip()
+        _, log_out, _ = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cat", "/var/log/cloud-init-output.log"], timeout_s=30)
+        tail = [ln for ln in log_out.splitlines() if ln.strip()][-2:]
+        raise PermanentError(f"member {m.name} (VM {vm.vmid} on {vm.node}): cloud-init failed: {errors}"
+                             + (f" — {' / '.join(tail)}" if tail else ""))
+    if status != "done":
+        return f"cloud-init is {status}"
+    if m.role == "control-plane":
+        code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["kubectl", *ADMIN, "get", "--raw", "/readyz"],
+                                                  timeout_s=30)
+        if code != 0 or out.strip() != "ok":
+            return f"its API server is not ready ({(err or out).strip()})"
+        world.api_member = world.api_member or m.name
+        world.vms.setdefault(m.name, vm)
+    cp = await _api_vm(ctx, world)
+    code, out, err = await ctx.pve.agent_exec(cp.node, cp.vmid, ["kubectl", *ADMIN, "get", "nodes", "-o", "json"],
+                                              timeout_s=30)
+    if code != 0:
+        world.api_member = None
+        return f"the control plane does not answer ({err.strip()})"
+    for it in json.loads(out).get("items", []):
+        if it["metadata"]["name"] == m.name:
+            conds = {c.get("type"): c.get("status") for c in (it.get("status") or {}).get("conditions") or []}
+            return "" if conds.get("Ready") == "True" else "its node is not Ready"
+    return "it is not a node of the cluster yet"
+
+
+async def detach_bootstrap(ctx: JobContext, cluster: Cluster, vm: VmState, step: Step) -> None:
+    """The member is Ready: its ISO (keys, a token) goes — the CD-ROM set to none, the file deleted."""
+    volid = _bootstrap_volume(vm)
+    if volid is None:
+        return
+    await ctx.fence()
+    await ctx.wait_task(step, await ctx.pve.configure(vm.node, vm.vmid, {BOOTSTRAP_DRIVE: "none,media=cdrom"},
+                                                      digest=vm.config.get("digest")))
+    await delete_iso(ctx, vm.node, volid, step)
+
+
+async def delete_iso(ctx: JobContext, node: str, volid: str, step: Step) -> None:
+    storage = volid.split(":", 1)[0]
+    if volid not in await ctx.pve.storage_isos(node, storage):
+        return
+    await ctx.fence()
+    upid = await ctx.pve.delete_volume(node, storage, volid)
+    if upid:
+        await ctx.wait_task(step, upid)
+
+
+async def _drain(ctx: JobContext, world: World, member: str) -> None:
+    """Drain the member's node, then delete it from the cluster (through a control plane)."""
+    try:
+        cp = await _api_vm(ctx, world)
+    except TemporaryError:
+        if world.nodes is None:
+            return  # no cluster API at all (a create that never initialised): nothing to drain
+        raise
+    if (world.nodes or {}).get(member) is None and member not in (world.nodes or {}):
+        return
+    await ctx.fence()
+    code, out, err = await ctx.pve.agent_exec(cp.node, cp.vmid, ["kubectl", *ADMIN, "drain", member,
+                                                                 "--ignore-daemonsets", "--delete-emptydir-data",
+                                                                 "--timeout=300s"], timeout_s=330)
+    if code != 0 and "not found" not in err:
+        raise TemporaryError(f"draining {member} failed: {err.strip()}")
+    code, out, err = await ctx.pve.agent_exec(cp.node, cp.vmid, ["kubectl", *ADMIN, "delete", "node", member],
+                                              timeout_s=60)
+    if code != 0 and "not found" not in err:
+        raise TemporaryError(f"deleting node {member} failed: {err.strip()}")
+
+
+async def _remove(ctx: JobContext, world: World, step: Step, member: str) -> None:
+    """Stop and destroy the member's VM (the deletion guard re-applied right before), and its ISO."""
+    cluster = world.cluster
+    assert cluster is not None
+    for vm in await vms.find_vms(ctx, cluster.id, member):
+        vms.guard(cluster.id, vm)
+        volid = _bootstrap_volume(vm)
+        for name in ("stop", "destroy"):
+            if name == "stop" and not vm.running:
+                continue
+            await vms.apply_removal_step(ctx, cluster.id, Step(name, {"vmid": vm.vmid, "node": vm.node}))
+        if volid:
+            await delete_iso(ctx, vm.node, volid, step)
+
+
+# ================================================================ verify / record
+
+@dataclass
+class Seen:
+    members: list[dict[str, Any]]
+    whole: bool
+    missing: list[str]
+
+
+async def verify(ctx: JobContext) -> Seen:
+    world = await observe(ctx)
+    if world.superseded or world.cluster is None:
+        return Seen([], False, [])
+    nodes = world.nodes or {}
+    desired = {m.name: m for m in world.desired}
+    extra = [m for m in world.vms if m not in desired]
+    if extra:
+        raise TemporaryError("verify: members still to remove: " + ", ".join(sorted(extra)))
+    members = []
+    for m in world.desired:
+        vm = world.vms.get(m.name)
+        members.append({"name": m.name, "role": m.role, "pool": m.pool, "ordinal": m.ordinal,
+                        "vmid": vm.vmid if vm else None, "node": vm.node if vm else None,
+                        "address": await _address(ctx, vm) if vm is not None and vm.running else None,
+                        "power_state": ("running" if vm.running else "stopped") if vm else None,
+                        "ready": bool(nodes.get(m.name))})
+    missing = [m["name"] for m in members if not m["ready"]]
+    return Seen(members, not missing, missing)
+
+
+async def _address(ctx: JobContext, vm: VmState) -> str | None:
+    """The member's first IPv4 address as its guest agent reports it."""
+    try:
+        code, out, _ = await ctx.pve.agent_exec(vm.node, vm.vmid, ["ip", "-j", "addr"], timeout_s=30)
+        for iface in json.loads(out) if code == 0 and out else []:
+            if iface.get("ifname") == "lo":
+                continue
+            for a in iface.get("addr_info") or []:
+                if a.get("family") == "inet":
+                    return str(a.get("local"))
+    except (TemporaryError, PermanentError, ValueError):
+        return None
+    return None
+
+
+async def record_seen(conn: Any, ctx: JobContext, seen: Seen) -> None:
+    """In the finishing transaction: members, and the status — ``running`` when every desired
+    member is a Ready node, ``degraded`` otherwise (the API answers, a node is not Ready)."""
+    if not seen.members:
+        return
+    await store.cluster_members(conn, ctx.job.resource_id, seen.members, seen.whole)
+    await CLUSTER.observed(conn, ctx.job.resource_id, status="running" if seen.whole else "degraded",
+                           from_statuses=("creating", "updating", "running", "degraded", "failed"))
+
+
+async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
+    """A failed create: the cluster is ``failed``. A failed reconcile of a cluster that was once
+    whole: ``degraded`` (its quorum may be fine) with the reason. A cancelled job (superseded by
+    the delete) leaves the deletion going."""
+    cluster = await CLUSTER.get(conn, ctx.job.resource_id)
+    if cluster is not None and cluster.initialized_at is not None and cluster.status not in (
+            "deleting", "destroying", "deleted") and error.get("class") != "cancelled":
+        await store.cluster_degraded(conn, cluster.id, error["message"])
+        return
+    await CLUSTER.mark_failed_by_job(conn, ctx.job.resource_id, error["message"], kind=ctx.job.kind,
+                                     refused=bool(error.get("refused")))
+
+
+__all__ = ["observe", "plan", "apply", "verify", "record_seen", "record_failure", "identity_tag"]

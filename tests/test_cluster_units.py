@@ -1,0 +1,90 @@
+"""Cluster pieces without a stack (issue 11): sealing the PKI, kubeconfig certificates, the
+converge plan (pure), the bootstrap files."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+import yaml
+
+from z9.common import pki
+from z9.common.models import Cluster, Job
+from z9.executor.jobs import _cluster
+from z9.executor.proxmox import VmState
+
+
+def test_seal_is_bound_to_the_cluster_and_the_key() -> None:
+    key = pki.InstallationKey.parse(pki.InstallationKey.generate())
+    material = pki.new_cluster_pki()
+    sealed = key.seal("k8s_a", material)
+    assert key.open("k8s_a", *sealed) == material
+    assert material["ca.key"].encode() not in sealed[2]
+    with pytest.raises(pki.SealError):
+        key.open("k8s_b", *sealed)  # another cluster's row
+    other = pki.InstallationKey.parse(pki.InstallationKey.generate())
+    with pytest.raises(pki.SealError):
+        other.open("k8s_a", *sealed)
+    with pytest.raises(pki.SealError):
+        pki.InstallationKey.parse("c2hvcnQ")
+
+
+def _cluster_row(**over) -> Cluster:
+    now = datetime.now(timezone.utc)
+    base = dict(id="k8s_01jd3x5v8q2m6n4p7r9s1t3w5y", tenant_id="ten_x", region="dev-1", name="prod", version="1.33",
+                image="debian-12", control_plane={"count": 1}, node_pools=[{"name": "workers", "count": 1}],
+                endpoint_address_id="adr_x", endpoint_ip="203.0.113.10", members=[], initialized_at=None,
+                status="creating", status_reason=None, status_before_delete=None, delete_after=None, observed_at=None,
+                created_at=now, updated_at=now, deleted_at=None)
+    base.update(over)
+    return Cluster(**base)
+
+
+def _vm(vmid: int, member: str, ide0: str = "none,media=cdrom") -> VmState:
+    return VmState(vmid=vmid, node="pve1", config={"ide0": ide0}, status="running",
+                   tags=frozenset({"z9-id-k8s_01jd3x5v8q2m6n4p7r9s1t3w5y", "z9-role-customer", f"z9-member-{member}"}))
+
+
+def test_plan_scale_down_removes_highest_ordinals_first() -> None:
+    c = _cluster_row(node_pools=[{"name": "workers", "count": 1}])
+    world = _cluster.World(cluster=c, desired=_cluster.desired_members(c),
+                           vms={m: _vm(100 + i, m) for i, m in enumerate(
+                               ["cp-0", "workers-0", "workers-1", "workers-10", "workers-2"])},
+                           nodes={"cp-0": True, "workers-0": True, "workers-1": True, "workers-2": True,
+                                  "workers-10": True})
+    job = Job.__new__(Job)
+    steps = _cluster.plan(job, world)
+    assert [(s.name, s.detail.get("member")) for s in steps] == [
+        ("drain", "workers-10"), ("remove", "workers-10"), ("drain", "workers-2"), ("remove", "workers-2"),
+        ("drain", "workers-1"), ("remove", "workers-1")]
+
+
+def test_plan_init_then_join_in_one_parallel_step_and_detach_leftovers() -> None:
+    c = _cluster_row(control_plane={"count": 3}, node_pools=[{"name": "workers", "count": 2}])
+    job = Job.__new__(Job)
+    steps = _cluster.plan(job, _cluster.World(cluster=c, desired=_cluster.desired_members(c)))
+    assert [(s.name, s.detail) for s in steps] == [
+        ("init", {"member": "cp-0"}), ("join", {"members": ["cp-1", "cp-2", "workers-0", "workers-1"]})]
+    world = _cluster.World(cluster=c, desired=_cluster.desired_members(c),
+                           vms={"cp-0": _vm(100, "cp-0", "isos:iso/z9-k8s_x-cp-0-0123456789abcdef.iso,media=cdrom")},
+                           nodes={"cp-0": True})
+    steps = _cluster.plan(job, world)
+    assert [s.name for s in steps] == ["join", "detach_bootstrap"]
+    assert steps[1].detail == {"members": ["cp-0"]}
+
+
+def test_bootstrap_files_carry_keys_only_to_control_planes() -> None:
+    c = _cluster_row()
+    material = pki.new_cluster_pki()
+    cp, worker = _cluster.desired_members(c)
+    files = _cluster.bootstrap_files(c, material, cp, None)
+    user = yaml.safe_load(files["user-data"])
+    assert user["runcmd"] == [["kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml"]]
+    assert {f["path"] for f in user["write_files"]} >= {"/etc/kubernetes/pki/ca.key", "/etc/kubernetes/pki/sa.key"}
+    token = pki.new_bootstrap_token()
+    w = yaml.safe_load(_cluster.bootstrap_files(c, material, worker, token)["user-data"])
+    assert not any(f["path"].endswith(".key") for f in w["write_files"])
+    cfg = yaml.safe_load(next(f["content"] for f in w["write_files"] if f["path"] == "/etc/z9/kubeadm.yaml"))
+    assert cfg["discovery"]["bootstrapToken"] == {"apiServerEndpoint": "203.0.113.10:6443", "token": token,
+                                                  "caCertHashes": [pki.ca_cert_hash(material["ca.crt"])]}
+    # deterministic for one token: a retried attempt rebuilds the same ISO (same name, no second upload)
+    assert _cluster.bootstrap_files(c, material, worker, token) == _cluster.bootstrap_files(c, material, worker, token)
