@@ -277,7 +277,7 @@ async def wait_agent(ctx: JobContext, vm: VmState, deadline_s: float = 120.0) ->
 async def run(ctx: JobContext, vm: VmState, argv: list[str], stdin: str | None = None,
               deadline_s: float = 60.0) -> tuple[int, str, str]:
     """Run a command in the appliance through the agent; ``(exitcode, stdout, stderr)``."""
-    pid = await ctx.pve.agent_exec(vm.node, vm.vmid, argv, stdin)
+    pid = await ctx.pve.agent_exec_start(vm.node, vm.vmid, argv, stdin)
     end = time.monotonic() + deadline_s
     delay = 0.02  # these commands take milliseconds: ask at once, then back off to task_poll_s
     while True:
