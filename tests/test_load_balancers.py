@@ -88,9 +88,9 @@ async def test_lb_ha_two_server_targets(stack: Stack, sim: SimAdmin) -> None:
     apps = _appliances(await sim.state(), lb["id"])
     assert [v["config"]["name"] for v in apps] == ["front-lb-0", "front-lb-1"]
     assert len({v["node"] for v in apps}) == 2 and lb["spread"] is True   # different nodes
-    for v in apps:
+    for i, v in enumerate(apps):
         tags = normalize_tags(v["config"]["tags"])
-        assert {"z9-role-customer", f"z9-id-{lb['id']}"} <= tags
+        assert {"z9-role-customer", f"z9-id-{lb['id']}", f"z9-member-lb-{i}"} <= tags
     hashes = set()
     vip = lb["public_net"]["ipv4"]["ip"]
     holders = []
@@ -107,11 +107,12 @@ async def test_lb_ha_two_server_targets(stack: Stack, sim: SimAdmin) -> None:
     assert lb["health"] == "healthy", lb
     assert all(h["status"] == "healthy" for t in lb["targets"] for h in t["health_status"])
 
-    # 2: stop a target through the API (the deletion buffer's ServerStop: this branch's API has no
-    # stop action): unhealthy / server_stopped within one health interval
-    status, out = await stack.call("DELETE", f"/servers/{a['id']}")
+    # 2: stop a target through the API (the power action): unhealthy / server_stopped within one
+    # health interval, the load balancer degraded
+    status, out = await stack.call("POST", f"/servers/{a['id']}/actions/poweroff")
     assert status == 202 and out["job"]["kind"] == "ServerStop", out
     assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    assert (await stack.server(a["id"]))["status"] == "stopped"
 
     async def degraded() -> dict | None:
         cur = await _get(stack, lb["id"])
@@ -122,6 +123,9 @@ async def test_lb_ha_two_server_targets(stack: Stack, sim: SimAdmin) -> None:
 
     # 6: delete that server to the end (its buffer ends now): the config no longer names it,
     # and the configure job was enqueued in the transaction that finished the server
+    status, out = await stack.call("DELETE", f"/servers/{a['id']}")
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
     async with stack.pool.acquire() as c:
         await c.execute("UPDATE servers SET delete_after = now() WHERE id = $1", a["id"])
 
@@ -136,7 +140,8 @@ async def test_lb_ha_two_server_targets(stack: Stack, sim: SimAdmin) -> None:
     async with stack.pool.acquire() as c:   # enqueued in the transaction that finished the server
         fin = await c.fetchval("SELECT finished_at FROM jobs WHERE id = $1", server_job["id"])
         created = await c.fetchval("SELECT created_at FROM jobs WHERE id = $1", conf[0]["id"])
-        assert fin is not None and created <= fin
+        deleted_at = await c.fetchval("SELECT deleted_at FROM servers WHERE id = $1", a["id"])
+        assert fin is not None and created == deleted_at   # now() of one transaction
     for v in _appliances(await sim.state(), lb["id"]):
         g = await sim._req("GET", f"/guests/{v['vmid']}")
         cfg = g["models"]["appliance"]["haproxy"]
@@ -419,3 +424,79 @@ async def test_a_config_larger_than_one_file_write(stack: Stack, sim: SimAdmin) 
     assert len(running) > 100_000 and running.count("    server ") == 2000
     assert hashlib.sha256(running.encode()).hexdigest() == lb["config_hash"]
     assert not [f for f in g["files"] if ".part" in f or f.endswith(".tmp")]   # the parts are gone
+
+
+async def test_labels_patch_and_label_selector(api: Stack) -> None:
+    """Labels at create and through PATCH (database only, no job); GET /v1/load-balancers filters
+    on them with label_selector like every resource type."""
+    a, _ = await _lb(api, name="lab-a", labels={"env": "prod", "tier": "web"})
+    b, _ = await _lb(api, name="lab-b")
+    assert a["labels"] == {"env": "prod", "tier": "web"} and b["labels"] == {}
+    status, out = await api.call("PATCH", f"/load-balancers/{b['id']}", json={"labels": {"env": "dev"}})
+    assert status == 200 and out["load_balancer"]["labels"] == {"env": "dev"}, out
+    status, out = await api.call("PATCH", f"/load-balancers/{b['id']}", json={"name": "lab-b2"})
+    assert status == 200 and out["load_balancer"]["name"] == "lab-b2" and out["load_balancer"]["labels"] == {"env": "dev"}
+
+    async def ids(query: str) -> list[str]:
+        status, out = await api.call("GET", f"/load-balancers?{query}")
+        assert status == 200, (query, out)
+        return [x["id"] for x in out["load_balancers"]]
+    assert await ids("label_selector=env%3Dprod") == [a["id"]]
+    assert await ids("label_selector=env%20in%20(prod,dev)") == [a["id"], b["id"]]
+    assert await ids("label_selector=!tier") == [b["id"]]
+    status, out = await api.call("GET", "/load-balancers?label_selector=env%20notin%20(x)")
+    assert status == 422 and out["error"]["details"][0]["field"] == "label_selector"
+    status, out = await api.call("PATCH", f"/load-balancers/{b['id']}", json={"name": "lab-a"})
+    assert status == 409 and out["error"]["code"] == "uniqueness_error", out
+    status, out = await api.call("PATCH", f"/load-balancers/{b['id']}", json={})
+    assert status == 422, out
+    status, out = await api.call("PATCH", f"/load-balancers/{b['id']}", json={"labels": {"-bad": "x"}})
+    assert status == 422, out
+    status, out = await api.call("PATCH", "/load-balancers/lb_01jd3x5v8q2m6n4p7r9s1t3w5y", json={"name": "x"})
+    assert status == 404, out
+    jobs = (await api.call("GET", f"/jobs?resource_id={b['id']}"))[1]["jobs"]
+    assert [j["kind"] for j in jobs] == ["LoadBalancerCreate"]          # PATCH made no job
+
+
+async def test_addresses_of_a_load_balancer_count_against_the_quota(api: Stack) -> None:
+    """The VIP and each appliance's address are the tenant's addresses: an lb-ha needs 3 of the
+    addresses quota, an lb-small 2; over it 403 quota_exceeded and nothing is allocated."""
+    await store.tenant_quota_set(api.pool, api.tenant_id, {"addresses": 2})
+    status, out = await api.call("POST", "/load-balancers", json={"region": REGION, "name": "q-ha", "type": "lb-ha"})
+    assert status == 403 and out["error"]["code"] == "quota_exceeded", out
+    assert out["error"]["details"] == {"limit": "addresses", "quota": 2, "used": 0, "requested": 3}
+    async with api.pool.acquire() as c:
+        assert await c.fetchval("SELECT count(*) FROM addresses WHERE tenant_id = $1", api.tenant_id) == 0
+    lb, _ = await _lb(api, name="q-small", type="lb-small")
+    status, out = await api.call("POST", "/addresses", json={"region": REGION, "name": "one-more"})
+    assert status == 403 and out["error"]["details"]["used"] == 2, out
+    # deleting the load balancer keeps its addresses during the buffer (they still count)
+    status, out = await api.call("DELETE", f"/load-balancers/{lb['id']}")
+    assert status == 202, out
+    status, out = await api.call("POST", "/load-balancers", json={"region": REGION, "name": "q-2"})
+    assert status == 403 and out["error"]["details"]["used"] == 2, out
+
+
+async def test_cancel_and_rerun_of_load_balancer_jobs(api: Stack) -> None:
+    """Job actions on load balancer jobs (the API alone: no executor runs them). A cancelled
+    create leaves the load balancer failed (deletable, its create re-runnable); the deletion's
+    own jobs are not re-run (delete again instead)."""
+    lb, job = await _lb(api, name="cr", services=[SERVICE])
+    status, out = await api.call("POST", f"/jobs/{job['id']}/actions/cancel")
+    assert status == 200 and out["job"]["error"]["class"] == "cancelled", out
+    cur = await _get(api, lb["id"])
+    assert cur["status"] == "failed" and "cancelled" in cur["status_reason"], cur
+    status, out = await api.call("POST", f"/jobs/{job['id']}/actions/rerun")
+    assert status == 202 and out["job"]["kind"] == "LoadBalancerCreate", out
+    rerun = out["job"]["id"]
+    status, out = await api.call("POST", f"/jobs/{rerun}/actions/cancel")
+    assert status == 200, out
+    status, out = await api.call("DELETE", f"/load-balancers/{lb['id']}")
+    assert status == 202 and out["job"]["kind"] == "LoadBalancerStop", out
+    stop = out["job"]["id"]
+    status, out = await api.call("POST", f"/jobs/{stop}/actions/cancel")
+    assert status == 200, out
+    status, out = await api.call("POST", f"/jobs/{stop}/actions/rerun")
+    assert status == 409 and out["error"]["code"] == "job_not_rerunnable", out
+    status, out = await api.call("POST", f"/jobs/{rerun}/actions/rerun")    # the load balancer is deleting
+    assert status == 409 and out["error"]["code"] == "load_balancer_deleting", out
