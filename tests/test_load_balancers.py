@@ -171,7 +171,54 @@ async def test_rejected_config_fails_permanently(stack: Stack, sim: SimAdmin) ->
     assert "unknown keyword 'x'" in failed["error"]["message"]
     after = (await sim._req("GET", f"/guests/{vm['vmid']}"))["models"]["appliance"]["haproxy"]
     assert after == running
+    cur = await _get(stack, lb["id"])
+    assert cur["status"] == "failed" and "unknown keyword 'x'" in cur["status_reason"], cur
+    assert cur["config_hash"] == before["config_hash"]                 # still what the appliance runs
     await sim._req("DELETE", "/appliance-faults")
+    # the cause gone, a re-run of the failed job applies the action: active again
+    status, out = await stack.call("POST", f"/jobs/{failed['id']}/actions/rerun")
+    assert status == 202 and out["job"]["kind"] == "LoadBalancerConfigure", out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    cur = await _get(stack, lb["id"])
+    assert cur["status"] == "active" and cur["config_hash"] != before["config_hash"], cur
+    assert "203.0.113.241" in (await sim._req("GET", f"/guests/{vm['vmid']}"))["models"]["appliance"]["haproxy"]
+
+
+async def test_a_cancelled_configure_is_applied_by_the_drift_repair(stack: Stack, sim: SimAdmin) -> None:
+    """Cancelling a pending LoadBalancerConfigure does not undo its action (the row is the
+    desired state): the load balancer stays active and the action is applied all the same — here
+    by the job before it, whose verify renders the row as it is now (else the periodic observe's
+    drift repair would)."""
+    lb, job = await _lb(stack, name="cc", type="lb-small", services=[SERVICE],
+                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+    assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    lb = await _get(stack, lb["id"])
+    vmid = lb["members"][0]["vmid"]
+    # hold the first action's push so that the second action's job waits behind it (pending)
+    await sim._req("POST", "/faults", json={"method": "POST", "path": f"/qemu/{vmid}/agent/file-write",
+                                            "action": "delay", "seconds": 4, "times": 1})
+    status, first = await stack.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
+                                     json={"type": "ip", "ip": "203.0.113.241"})
+    assert status == 202, first
+    status, second = await stack.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
+                                      json={"type": "ip", "ip": "203.0.113.242"})
+    assert status == 202, second
+    status, out = await stack.call("POST", f"/jobs/{second['job']['id']}/actions/cancel")
+    assert status == 200 and out["job"]["error"]["class"] == "cancelled", out
+    assert (await stack.wait_job(first["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    assert (await _get(stack, lb["id"]))["status"] == "active"
+
+    async def applied() -> bool:
+        cfg = (await sim._req("GET", f"/guests/{vmid}"))["models"]["appliance"]["haproxy"]
+        return "203.0.113.242" in cfg
+    await wait_until(applied, stack.settings.lb_health_interval_s + 30, "the cancelled action applied")
+
+    async def settled() -> dict | None:
+        cur = await _get(stack, lb["id"])
+        cfg = (await sim._req("GET", f"/guests/{vmid}"))["models"]["appliance"]["haproxy"]
+        return cur if cur["status"] == "active" and cur["config_hash"] == hashlib.sha256(cfg.encode()).hexdigest() \
+            else None
+    await wait_until(settled, 30, "the load balancer active with the new hash")
 
 
 async def test_action_preconditions(stack: Stack, sim: SimAdmin) -> None:
