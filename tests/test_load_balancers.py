@@ -245,12 +245,12 @@ async def test_action_preconditions(stack: Stack, sim: SimAdmin) -> None:
     assert status == 202 and out["load_balancer"]["algorithm"] == "least_connections", out
 
 
-async def _pve(sim: SimAdmin, method: str, path: str) -> Any:
+async def _pve(sim: SimAdmin, method: str, path: str, data: dict | None = None) -> Any:
     """An out-of-band request to the simulated PVE API, as an operator's tool would send it."""
     srv = sim.server
     auth = {"Authorization": f"PVEAPIToken={srv.token_id}={srv.token_secret}"}
     async with aiohttp.ClientSession() as http:
-        async with http.request(method, f"{srv.url}/api2/json{path}", headers=auth, ssl=False) as r:
+        async with http.request(method, f"{srv.url}/api2/json{path}", headers=auth, data=data, ssl=False) as r:
             assert r.status == 200, await r.text()
             return (await r.json())["data"]
 
@@ -312,6 +312,32 @@ async def test_delete_cancel_delete(stack: Stack, sim: SimAdmin) -> None:
     status, out = await stack.call("DELETE", f"/load-balancers/{lb['id']}")
     assert status == 202, out
     assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+
+    # the guard first: an appliance that (out of band) carries a platform role is never destroyed,
+    # and nothing is released — the final delete fails permanently, naming the guard
+    vm = _appliances(await sim.state(), lb["id"])[0]
+    tags = normalize_tags(vm["config"]["tags"])
+    await _pve(sim, "PUT", f"/nodes/{vm['node']}/qemu/{vm['vmid']}/config",
+               data={"tags": ";".join(sorted(tags | {"z9-role-platform"}))})
+    async with stack.pool.acquire() as c:
+        await c.execute("UPDATE load_balancers SET delete_after = now() WHERE id = $1", lb["id"])
+
+    async def refused() -> dict | None:
+        jobs = (await stack.call("GET", f"/jobs?resource_id={lb['id']}"))[1]["jobs"]
+        final = [j for j in jobs if j["kind"] == "LoadBalancerDelete"]
+        return final[0] if final and final[0]["status"] == "failed" else None
+    final = await wait_until(refused, 60, "the final delete refused by the guard")
+    assert "deletion guard refused" in final["error"]["message"], final
+    assert [v["vmid"] for v in _appliances(await sim.state(), lb["id"])] == [vm["vmid"]]
+    async with stack.pool.acquire() as c:
+        live = await c.fetchval("SELECT count(*) FROM addresses WHERE load_balancer_id = $1 AND status <> 'deleted'",
+                                lb["id"])
+    assert live == 2 and (await _get(stack, lb["id"]))["status"] == "failed"
+    # the operator takes the role off; delete again, to the end
+    await _pve(sim, "PUT", f"/nodes/{vm['node']}/qemu/{vm['vmid']}/config", data={"tags": ";".join(sorted(tags))})
+    status, out = await stack.call("DELETE", f"/load-balancers/{lb['id']}")
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
     async with stack.pool.acquire() as c:
         await c.execute("UPDATE load_balancers SET delete_after = now() WHERE id = $1", lb["id"])
 
@@ -323,7 +349,8 @@ async def test_delete_cancel_delete(stack: Stack, sim: SimAdmin) -> None:
     async with stack.pool.acquire() as c:
         rows = await c.fetch("SELECT a.status::text, a.deleted_at, i.reusable_after FROM addresses a "
                              "JOIN address_pool_ips i ON i.ip = a.ip WHERE a.load_balancer_id = $1", lb["id"])
-        fin = await c.fetchval("SELECT finished_at FROM jobs WHERE resource_id = $1 AND kind = 'LoadBalancerDelete'",
+        fin = await c.fetchval("SELECT finished_at FROM jobs WHERE resource_id = $1 AND kind = 'LoadBalancerDelete' "
+                               "AND status = 'succeeded'",
                                lb["id"])
     assert len(rows) == 2 and all(r["status"] == "deleted" and r["reusable_after"] is not None for r in rows)
     assert all(r["deleted_at"] <= fin for r in rows)     # released in the delete's finishing transaction
@@ -449,10 +476,30 @@ async def test_server_target_preconditions(api: Stack) -> None:
     status, out = await api.call("POST", "/load-balancers", json={
         "region": REGION, "name": "pre3", "targets": [{"type": "server", "server_id": server["id"]}]})
     assert status == 409 and out["error"]["code"] == "server_deleting", out
+    # region_mismatch: a server of another region (its row moved there: the test stack has one region)
+    other, _ = await api.create_server("elsewhere")
+    await api.pool.execute("UPDATE servers SET region = 'other-1' WHERE id = $1", other["id"])
+    status, out = await api.call("POST", base, json={"type": "server", "server_id": other["id"]})
+    assert status == 409 and out["error"]["code"] == "region_mismatch", out
+    assert "other-1" in out["error"]["message"] and REGION in out["error"]["message"]
     status, out = await api.call("DELETE", f"/load-balancers/{lb['id']}")
     assert status == 202, out
     status, out = await api.call("POST", base, json={"type": "ip", "ip": "203.0.113.250"})
     assert status == 409 and out["error"]["code"] == "load_balancer_deleting", out
+    # the type's limits: 500 targets, 16 services
+    full, _ = await _lb(api, name="full", targets=[{"type": "ip", "ip": f"198.51.100.{i % 250 + 1}"} for i in range(250)]
+                        + [{"type": "ip", "ip": f"192.0.2.{i % 250 + 1}"} for i in range(250)],
+                        services=[{**SERVICE, "listen_port": 1000 + p} for p in range(16)])
+    status, out = await api.call("POST", f"/load-balancers/{full['id']}/actions/add_target",
+                                 json={"type": "ip", "ip": "203.0.113.250"})
+    assert status == 409 and out["error"]["code"] == "resource_limit_exceeded", out
+    status, out = await api.call("POST", f"/load-balancers/{full['id']}/actions/add_service",
+                                 json={**SERVICE, "listen_port": 2000})
+    assert status == 409 and out["error"]["code"] == "resource_limit_exceeded", out
+    status, out = await api.call("POST", "/load-balancers", json={
+        "region": REGION, "name": "too-many", "targets": [{"type": "ip", "ip": f"10.0.{i // 250}.{i % 250 + 1}"}
+                                                          for i in range(501)]})
+    assert status == 422 and out["error"]["details"][0]["field"] == "targets", out
 
 
 async def test_a_config_larger_than_one_file_write(stack: Stack, sim: SimAdmin) -> None:
