@@ -576,6 +576,22 @@ async def test_cancel_and_rerun_of_load_balancer_jobs(api: Stack) -> None:
     create leaves the load balancer failed (deletable, its create re-runnable); the deletion's
     own jobs are not re-run (delete again instead)."""
     lb, job = await _lb(api, name="cr", services=[SERVICE])
+    # a configure queued behind the create, cancelled: the create is still to run (still creating)
+    status, out = await api.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
+                                 json={"type": "ip", "ip": "203.0.113.240"})
+    assert status == 202, out
+    status, out = await api.call("POST", f"/jobs/{out['job']['id']}/actions/cancel")
+    assert status == 200, out
+    assert (await _get(api, lb["id"]))["status"] == "creating"
+    # and the other way round on a second one: its create cancelled, the configure behind it
+    # converges the load balancer (creates the appliances): still creating
+    lb2, job2 = await _lb(api, name="cr2", services=[SERVICE])
+    status, out = await api.call("POST", f"/load-balancers/{lb2['id']}/actions/change_algorithm",
+                                 json={"type": "least_connections"})
+    assert status == 202, out
+    status, _ = await api.call("POST", f"/jobs/{job2['id']}/actions/cancel")
+    assert status == 200 and (await _get(api, lb2["id"]))["status"] == "creating"
+    # the create cancelled with nothing behind it: failed
     status, out = await api.call("POST", f"/jobs/{job['id']}/actions/cancel")
     assert status == 200 and out["job"]["error"]["class"] == "cancelled", out
     cur = await _get(api, lb["id"])

@@ -220,6 +220,10 @@ SELECT (SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending
         WHERE extra_lock_keys @> ARRAY[$1::text] AND cardinality(extra_lock_keys) > 0
           AND status IN ('pending', 'running', 'retry'));
 
+-- name: resource_count_own_live_jobs
+-- Live (pending, running, retry) jobs of resource $1 itself (index-only on jobs_resource_live).
+SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending', 'running', 'retry');
+
 -- ================================================================ VM clone requests
 
 -- name: vm_clone_sent

@@ -226,6 +226,11 @@ async def resource_mark_failed(db: DB, sql: SqlTarget, rid: str, reason: str, en
     await db.fetchval(qt("resource_mark_failed", *sql), rid, reason, ends_deletion)
 
 
+async def resource_count_own_live_jobs(db: DB, resource_id: str) -> int:
+    """How many live (pending, running, retry) jobs have ``resource_id`` as their resource."""
+    return await db.fetchval(q("resource_count_own_live_jobs"), resource_id)
+
+
 async def resource_count_live_jobs(db: DB, resource_id: str) -> int:
     """How many live (pending, running, retry) jobs lock ``resource_id`` (as their resource or
     as an extra lock key)."""
