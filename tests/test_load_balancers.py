@@ -240,7 +240,10 @@ async def test_action_preconditions(stack: Stack, sim: SimAdmin) -> None:
     # the VIP is the load balancer's: not deleted on its own
     vip = lb["public_net"]["ipv4"]["address_id"]
     status, out = await stack.call("DELETE", f"/addresses/{vip}")
-    assert status == 409, out
+    assert status == 409 and out["error"]["code"] == "load_balancer_address", out
+    for action, body in (("assign", {"server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"}), ("unassign", {})):
+        status, out = await stack.call("POST", f"/addresses/{vip}/actions/{action}", json=body)
+        assert status == 409 and out["error"]["code"] == "load_balancer_address", (action, out)
     status, out = await stack.call("POST", f"{base}/change_algorithm", json={"type": "least_connections"})
     assert status == 202 and out["load_balancer"]["algorithm"] == "least_connections", out
 
