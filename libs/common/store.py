@@ -789,34 +789,6 @@ async def job_cancel(db: DB, job_id: str, tenant_id: str, error: dict[str, Any])
     return Job.from_record(row) if row else None
 
 
-# ---------------------------------------------------------------- the error boundary
-
-def _boundary(fn: Any) -> Any:
-    """``fn`` with asyncpg's errors translated (see the module docstring)."""
-    @functools.wraps(fn)
-    async def translated(*args: Any, **kw: Any) -> Any:
-        try:
-            return await fn(*args, **kw)
-        except (DatabaseUnavailable, ConstraintViolation, LockWaitTimeout):
-            raise
-        except LOCK_WAIT_ERRORS as e:
-            raise LockWaitTimeout(f"gave up waiting: {type(e).__name__}: {e}") from e
-        except asyncpg.UniqueViolationError as e:
-            raise UniqueViolation(e.constraint_name or "unknown", str(e)) from e
-        except asyncpg.ExclusionViolationError as e:
-            raise ExclusionViolation(e.constraint_name or "unknown", str(e)) from e
-        except asyncpg.CheckViolationError as e:
-            raise CheckViolation(e.constraint_name or "unknown", str(e)) from e
-        except TRANSIENT_DB_ERRORS as e:
-            raise DatabaseUnavailable(f"database unavailable: {type(e).__name__}: {e}") from e
-    return translated
-
-
-for _name, _fn in list(globals().items()):
-    if not _name.startswith("_") and inspect.iscoroutinefunction(_fn) and _fn.__module__ == __name__:
-        globals()[_name] = _boundary(_fn)
-
-
 # ---------------------------------------------------------------- clusters (issue 11)
 
 async def cluster_insert(db: DB, *, cluster_id: str, tenant_id: str, region: str, name: str, version: str,
@@ -891,8 +863,10 @@ def _boundary(fn: Any) -> Any:
     async def translated(*args: Any, **kw: Any) -> Any:
         try:
             return await fn(*args, **kw)
-        except (DatabaseUnavailable, ConstraintViolation):
+        except (DatabaseUnavailable, ConstraintViolation, LockWaitTimeout):
             raise
+        except LOCK_WAIT_ERRORS as e:
+            raise LockWaitTimeout(f"gave up waiting: {type(e).__name__}: {e}") from e
         except asyncpg.UniqueViolationError as e:
             raise UniqueViolation(e.constraint_name or "unknown", str(e)) from e
         except asyncpg.ExclusionViolationError as e:

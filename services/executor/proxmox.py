@@ -60,6 +60,7 @@ ENDPOINTS = (
     "POST /nodes/{node}/qemu/{vmid}/clone", "POST /nodes/{node}/qemu/{vmid}/config",
     "PUT /nodes/{node}/qemu/{vmid}/resize", "POST /nodes/{node}/qemu/{vmid}/status/start",
     "POST /nodes/{node}/qemu/{vmid}/status/shutdown", "POST /nodes/{node}/qemu/{vmid}/status/stop",
+    "POST /nodes/{node}/qemu/{vmid}/status/reboot",
     "DELETE /nodes/{node}/qemu/{vmid}",
     "GET /cluster/firewall/options", "GET /nodes/{node}/qemu/{vmid}/firewall/options",
     "PUT /nodes/{node}/qemu/{vmid}/firewall/options", "POST /nodes/{node}/qemu/{vmid}/firewall/ipset",
