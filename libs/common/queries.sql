@@ -889,14 +889,18 @@ RETURNING *;
 
 -- name: lb_address_allocate
 -- One address of load balancer $3 (member $4, NULL: the VIP) from pool $2: the lowest free IP,
--- as address_allocate, active at once (the load balancer's own jobs put it in place).
+-- as address_allocate, active at once (the load balancer's own jobs put it in place). As there,
+-- only an IP the pool still hands out and no live address of the region holds.
 WITH slot AS (
-    SELECT i.pool_id, i.ip FROM address_pool_ips i
+    SELECT i.pool_id, i.ip FROM address_pool_ips i JOIN address_pools p ON p.id = i.pool_id
     WHERE i.pool_id = $2 AND i.address_id IS NULL
       AND (i.reusable_after IS NULL OR i.reusable_after <= now())
+      AND i.ip BETWEEN p.first_ip AND p.last_ip AND NOT (i.ip = ANY (p.reserved))
+      AND i.ip IS DISTINCT FROM p.gateway
+      AND NOT EXISTS (SELECT 1 FROM addresses a WHERE a.region = p.region AND a.ip = i.ip AND a.status <> 'deleted')
     ORDER BY i.ip
     LIMIT 1
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF i SKIP LOCKED
 ), adr AS (
     INSERT INTO addresses (id, tenant_id, region, pool_id, pool_name, prefix, gateway, ip, family, kind,
                            load_balancer_id, lb_member, status)
