@@ -36,3 +36,47 @@ async def test_load_balancer_addresses_skip_live_and_reserved_ips(api: Stack) ->
     assert status == 202, out
     ips = _lb_ips(out["load_balancer"])
     assert ips == ["203.0.113.12", "203.0.113.13", "203.0.113.14"], ips
+
+
+async def _finish_jobs(api: Stack) -> None:
+    await api.pool.execute("UPDATE jobs SET status = 'succeeded', finished_at = now()"
+                           " WHERE status IN ('pending', 'running', 'retry')")
+
+
+async def test_another_resources_address_never_goes_on_a_server(api: Stack) -> None:
+    """A load balancer's VIP and a cluster's control-plane endpoint are held by their owners'
+    VMs. Naming one as a new server's ``public_ipv4`` answered 500 (the load balancer's table
+    rule refused it) or made the cluster's endpoint the server's cloud-init address; assigning
+    the endpoint to a server was accepted (its IP set and tag on a customer VM beside the
+    cluster's kube-vip). Both are 409s naming the owner, and nothing is written."""
+    status, out = await _lb(api, "lb1")
+    assert status == 202, out
+    vip, lb = out["load_balancer"]["public_net"]["ipv4"]["address_id"], out["load_balancer"]["id"]
+    status, out = await api.call("POST", "/clusters", json={
+        "region": REGION, "name": "k1", "version": "1.33",
+        "control_plane": {"count": 1, "cores": 2, "memory_mib": 2048, "disk_gib": 20}})
+    assert status == 202, out
+    endpoint, cluster = out["cluster"]["endpoint"]["address_id"], out["cluster"]["id"]
+    srv, _ = await api.create_server("s1")
+    await _finish_jobs(api)
+    await api.pool.execute("UPDATE servers SET status = 'running' WHERE id = $1", srv["id"])
+    before = await api.pool.fetch("SELECT id, kind, server_id, status FROM addresses ORDER BY id")
+    jobs = await api.pool.fetchval("SELECT count(*) FROM jobs")
+
+    for adr, code, owner in ((vip, "load_balancer_address", lb), (endpoint, "cluster_endpoint", cluster)):
+        status, body = await api.call("POST", "/servers", json={
+            "name": "s2", "region": REGION, "image": "debian-12", "cores": 1, "memory_mib": 512, "disk_gib": 10,
+            "public_ipv4": adr})
+        assert status == 409 and body["error"]["code"] == code and owner in body["error"]["message"], body
+        status, body = await api.call("POST", f"/addresses/{adr}/actions/assign", json={"server_id": srv["id"]})
+        assert status == 409 and body["error"]["code"] == code, body
+        status, body = await api.call("POST", "/addresses", json={"region": REGION, "server_id": srv["id"]})
+        assert status == 202, body   # (an address of the tenant's own still goes on it)
+        await _finish_jobs(api)
+        await api.pool.execute("UPDATE addresses SET status = 'deleted', deleted_at = now(), server_id = NULL"
+                               " WHERE id = $1", body["address"]["id"])
+    after = await api.pool.fetch("SELECT id, kind, server_id, status FROM addresses"
+                                 " WHERE status <> 'deleted' ORDER BY id")
+    assert [dict(r) for r in after] == [dict(r) for r in before]
+    assert await api.pool.fetchval("SELECT count(*) FROM jobs") == jobs + 2
+    assert await api.pool.fetchval("SELECT count(*) FROM servers WHERE name = 's2'") == 0

@@ -796,6 +796,15 @@ SELECT adr.*, j.id AS job_id, j.kind AS job_kind, j.status AS job_status FROM ad
 -- name: address_get_for_update
 SELECT * FROM addresses WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
 
+-- name: address_owner
+-- The resource an address belongs to, if any: a load balancer (its VIP or an appliance's
+-- address) or a live Kubernetes cluster (its control-plane endpoint). Such an address is never
+-- assigned to a server, nor made one's primary: its owner's VMs hold it.
+SELECT a.load_balancer_id,
+       (SELECT c.id FROM clusters c WHERE c.endpoint_address_id = a.id AND c.status <> 'deleted'
+        ORDER BY c.id LIMIT 1) AS cluster_id
+FROM addresses a WHERE a.id = $1;
+
 -- name: address_set_server
 -- The server the address should be on ($2; NULL: none): the API's intent, which the job it
 -- enqueues in the same transaction makes true.

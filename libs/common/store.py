@@ -681,6 +681,12 @@ async def address_allocate_with_job(db: DB, *, region: str, family: int, pool: s
     return Address.from_record(row), {"id": row["job_id"], "kind": row["job_kind"], "status": row["job_status"]}
 
 
+async def address_owner(db: DB, address_id: str) -> tuple[str | None, str | None]:
+    """``(load balancer id, cluster id)`` the address belongs to (None, None: its tenant's own)."""
+    row = await db.fetchrow(q("address_owner"), address_id)
+    return (row["load_balancer_id"], row["cluster_id"]) if row else (None, None)
+
+
 async def address_get_for_update(db: DB, address_id: str, tenant_id: str) -> Address | None:
     """The tenant's address, its row locked until commit (an action's checks and writes)."""
     row = await db.fetchrow(q("address_get_for_update"), address_id, tenant_id)
