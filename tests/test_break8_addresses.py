@@ -80,3 +80,17 @@ async def test_another_resources_address_never_goes_on_a_server(api: Stack) -> N
     assert [dict(r) for r in after] == [dict(r) for r in before]
     assert await api.pool.fetchval("SELECT count(*) FROM jobs") == jobs + 2
     assert await api.pool.fetchval("SELECT count(*) FROM servers WHERE name = 's2'") == 0
+
+
+async def test_a_nul_in_any_query_value_is_a_422_naming_it(api: Stack) -> None:
+    """``GET /v1/<plural>?name=%00`` (every resource type) and ``GET /v1/addresses?region=%00``
+    reached PostgreSQL, which refuses a NUL in text: 500. A NUL never matches anything stored."""
+    for path in ("/servers?name=a%00", "/addresses?name=%00", "/addresses?region=dev-1%00",
+                 "/load-balancers?name=%00x", "/clusters?name=%00", "/jobs?resource_id=%00",
+                 "/servers?label_selector=a%3D%00", "/addresses?name=x&region=%00"):
+        status, body = await api.call("GET", path)
+        param = path.split("%00")[0].rsplit("?", 1)[-1].rsplit("&", 1)[-1].split("=")[0]
+        assert status == 422 and param in body["error"]["message"], (path, status, body)
+        assert body["error"]["details"] == [{"field": param, "message": "contains a NUL character"}], body
+    status, body = await api.call("GET", "/servers?name=a")
+    assert status == 200, body
