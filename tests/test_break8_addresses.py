@@ -94,3 +94,27 @@ async def test_a_nul_in_any_query_value_is_a_422_naming_it(api: Stack) -> None:
         assert body["error"]["details"] == [{"field": param, "message": "contains a NUL character"}], body
     status, body = await api.call("GET", "/servers?name=a")
     assert status == 200, body
+
+
+async def test_load_balancer_and_cluster_addresses_count_against_the_address_quota(api: Stack) -> None:
+    """Z9_QUOTA_ADDRESSES (or the tenant's override) counts every live address of the tenant —
+    a load balancer's VIP and appliance addresses and a cluster's endpoint among them — but only
+    POST /v1/addresses and a server's public_ipv4 checked it: with a quota of 1, one lb-ha
+    allocated 3 addresses, and clusters any number."""
+    await store.tenant_quota_set(api.pool, api.tenant_id, {"addresses": 3})
+    status, out = await _lb(api, "big", type="lb-ha")          # 3 addresses: exactly the quota
+    assert status == 202, out
+    for path, body in (("/load-balancers", {"region": REGION, "name": "small"}),
+                       ("/clusters", {"region": REGION, "name": "k1", "version": "1.33",
+                                      "control_plane": {"count": 1, "cores": 2, "memory_mib": 2048,
+                                                        "disk_gib": 20}}),
+                       ("/addresses", {"region": REGION})):
+        status, out = await api.call("POST", path, json=body)
+        assert status == 403 and out["error"]["code"] == "quota_exceeded", (path, out)
+        assert out["error"]["details"]["limit"] == "addresses" and out["error"]["details"]["used"] == 3, out
+    await store.tenant_quota_set(api.pool, api.tenant_id, {"addresses": 5})
+    status, out = await _lb(api, "ha2", type="lb-ha")           # 3 more: over 5
+    assert status == 403 and out["error"]["details"] == {"limit": "addresses", "quota": 5, "used": 3,
+                                                          "requested": 3}, out
+    assert await api.pool.fetchval("SELECT count(*) FROM addresses") == 3
+    assert await api.pool.fetchval("SELECT count(*) FROM load_balancers") == 1

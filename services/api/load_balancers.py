@@ -25,7 +25,7 @@ from z9.common.models import LoadBalancer, target_key
 from z9.common.resources.load_balancer import LOAD_BALANCER
 from z9.common.settings import Settings
 
-from . import schemas
+from . import quotas, schemas
 from .addresses import exhausted, pick_pool
 from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin,
                         idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant)
@@ -259,6 +259,9 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
             raise Conflict(f"a load balancer named {spec.name!r} already exists in this tenant",
                            code="uniqueness_error") from e
         raise
+    # the VIP and one address per appliance count against the tenant's address quota (as the
+    # usage counts them), checked before they are allocated
+    await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1 + len(lb.members))
     addresses: dict[str, Any] = {}
     for member in (None, *lb.members):
         adr = await store.lb_address_allocate(ctx.conn, pool_id=pool["id"], lb_id=lb.id, member=member,
