@@ -118,3 +118,42 @@ async def test_load_balancer_and_cluster_addresses_count_against_the_address_quo
                                                           "requested": 3}, out
     assert await api.pool.fetchval("SELECT count(*) FROM addresses") == 3
     assert await api.pool.fetchval("SELECT count(*) FROM load_balancers") == 1
+
+
+async def test_rerun_of_an_address_job_a_later_request_replaced_is_refused(api: Stack) -> None:
+    """A failed AddressAssign to server A, then the address assigned to B: re-running the old
+    job was accepted, and it would move the address back onto A's VM while the address says B
+    (and a later assign to B would "already be assigned"). Likewise an old AddressCreate (on no
+    server) after a later assign. The re-run of a job that is still the address's intent stays possible."""
+    a, _ = await api.create_server("ra")
+    b, _ = await api.create_server("rb")
+    await _finish_jobs(api)
+    await api.pool.execute("UPDATE servers SET status = 'running'")
+    status, out = await api.call("POST", "/addresses", json={"region": REGION, "server_id": a["id"]})
+    adr, to_a = out["address"]["id"], out["job"]["id"]
+    failed = {"class": "permanent", "message": "boom"}
+    await api.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(), error = $2 WHERE id = $1",
+                           to_a, failed)
+    status, out = await api.call("POST", f"/addresses/{adr}/actions/assign", json={"server_id": b["id"]})
+    assert status == 202, out
+    to_b = out["job"]["id"]
+    await api.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(), error = $2 WHERE id = $1",
+                           to_b, failed)
+    status, out = await api.call("POST", f"/jobs/{to_a}/actions/rerun")
+    assert status == 409 and out["error"]["code"] == "job_superseded", out
+    assert b["id"] in out["error"]["message"] and a["id"] in out["error"]["message"], out
+    status, out = await api.call("POST", f"/jobs/{to_b}/actions/rerun")       # still the intent
+    assert status == 202 and out["job"]["kind"] == "AddressAssign", out
+    await _finish_jobs(api)
+
+    status, out = await api.call("POST", "/addresses", json={"region": REGION})   # an AddressCreate, on no server
+    other, made = out["address"]["id"], out["job"]["id"]
+    await api.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(), error = $2 WHERE id = $1",
+                           made, failed)
+    status, out = await api.call("POST", f"/addresses/{other}/actions/assign", json={"server_id": a["id"]})
+    assert status == 202, out
+    await _finish_jobs(api)
+    status, out = await api.call("POST", f"/jobs/{made}/actions/rerun")
+    assert status == 409 and out["error"]["code"] == "job_superseded" and "no server" in out["error"]["message"], out
+    jobs = await api.pool.fetchval("SELECT count(*) FROM jobs WHERE resource_id = $1", adr)
+    assert jobs == 3

@@ -13,7 +13,9 @@ failed job, ``ResourceType.mark_failed_by_job``), so it can be deleted or re-cre
 
 Re-run (``POST /v1/jobs/{id}/actions/rerun``): a ``failed`` job's kind, arguments, resource
 and lock keys as a new job (202 with the new job; ``Location`` follows it). Refused (409) for a
-job of the deletion itself (delete the resource again instead) and for a resource being deleted.
+job of the deletion itself (delete the resource again instead), for a resource being deleted,
+and (``job_superseded``) for a job a later request replaced as the resource's intent
+(``ResourceType.stale``: an address assigned elsewhere since).
 """
 from __future__ import annotations
 
@@ -96,6 +98,9 @@ async def rerun(request: web.Request) -> web.Response:
         if row is None or row.status in ("deleting", "destroying", "deleted"):
             raise Conflict(f"{rtype.name} {job.resource_id} is {row.status if row else 'gone'}; its jobs cannot be "
                            "re-run", code=f"{rtype.name}_deleting")
+        why = rtype.stale(row, job.kind, job.args or {}) if rtype.stale is not None else None
+        if why is not None:
+            raise Conflict(f"job {job.id} cannot be re-run: {why}", code="job_superseded")
         await room_for_a_job(conn, settings, rtype.name, row.id)
         new = await store.job_insert(conn, rtype.new_job(row, job.kind, args=job.args, max_attempts=job.max_attempts,
                                                          extra_lock_keys=tuple(job.extra_lock_keys)), notify=False)
