@@ -793,6 +793,29 @@ WITH cand AS (
 )
 SELECT adr.*, j.id AS job_id, j.kind AS job_kind, j.status AS job_status FROM adr, held, j;
 
+-- name: address_pool_in_flight
+-- After an allocation found no row: does the pool ($1; NULL: the one address_allocate_with_job
+-- picks for region $2, family $3, name $4) still have rows an allocation could take? They were
+-- skipped because allocations in flight hold them (SKIP LOCKED), and may be free again when
+-- those roll back (a name taken, a load balancer short of its second address): the pool is not
+-- exhausted yet. Rows this transaction took itself count as taken.
+WITH cand AS (
+    SELECT id, name FROM address_pools
+    WHERE region = $2 AND family = $3 AND disabled_at IS NULL AND ($4::text IS NULL OR name = $4)
+), pool AS (
+    SELECT id FROM cand
+    WHERE $4::text IS NOT NULL OR name = 'public' OR (SELECT count(*) FROM cand) = 1
+    ORDER BY (name = 'public') DESC
+    LIMIT 1
+)
+SELECT EXISTS (
+    SELECT 1 FROM address_pool_ips i JOIN address_pools p ON p.id = i.pool_id
+    WHERE i.pool_id = coalesce($1::text, (SELECT id FROM pool)) AND i.address_id IS NULL
+      AND (i.reusable_after IS NULL OR i.reusable_after <= now())
+      AND i.ip BETWEEN p.first_ip AND p.last_ip AND NOT (i.ip = ANY (p.reserved))
+      AND i.ip IS DISTINCT FROM p.gateway
+      AND NOT EXISTS (SELECT 1 FROM addresses a WHERE a.region = p.region AND a.ip = i.ip AND a.status <> 'deleted'));
+
 -- name: address_get_for_update
 SELECT * FROM addresses WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
 
