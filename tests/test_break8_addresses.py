@@ -201,3 +201,45 @@ async def test_the_last_free_ip_held_by_an_allocation_that_rolls_back_is_not_exh
     # exhausted for real: still a prompt 409 naming the pool
     status, out = await api.call("POST", "/addresses", json={"region": REGION})
     assert status == 409 and out["error"]["code"] == "pool_exhausted", out
+
+
+async def test_a_protected_primary_outlives_its_server(api: Stack) -> None:
+    """``protection.delete`` keeps an address from being deleted (409 protected on DELETE), but
+    a protected primary with auto_delete went with its server's final delete all the same: its
+    IP back to the pool, the DNS pointing at it up for grabs after the quarantine. Protection
+    wins: the address stays, unassigned (as a primary without auto_delete does)."""
+    srv, _ = await api.create_server("p1", public_ipv4=True)
+    pub = srv["public_ipv4"]["id"]
+    status, out = await api.call("PATCH", f"/addresses/{pub}", json={"protection": {"delete": True}})
+    assert status == 200 and out["address"]["auto_delete"] is True, out
+    other, _ = await api.create_server("p2", public_ipv4=True)
+    await _finish_jobs(api)
+    await api.pool.execute("UPDATE servers SET status = 'deleted', deleted_at = now()")
+    for s in (srv, other):   # (the server delete's finishing transaction)
+        async with api.pool.acquire() as conn, conn.transaction():
+            await store.addresses_release_for_server(conn, s["id"])
+    kept = (await api.call("GET", f"/addresses/{pub}"))[1]["address"]
+    assert kept["status"] == "creating" and kept["server_id"] is None, kept
+    gone = (await api.call("GET", f"/addresses/{other['public_ipv4']['id']}"))[1]["address"]
+    assert gone["status"] == "deleted", gone
+    assert await api.pool.fetchval("SELECT count(*) FROM address_pool_ips WHERE address_id = $1", pub) == 1
+
+
+async def test_an_address_never_observed_stays_readable_after_its_server_is_deleted(api: Stack) -> None:
+    """A floating address assigned to a server whose jobs never verified it (the server's create
+    failed, the AddressAssign with it: ``observed`` NULL): the server's final delete unassigned
+    it and wrote ``observed = {"holder": null}``, which the response model refuses — every
+    GET /v1/addresses/{id} and GET /v1/addresses answered 500 from then on."""
+    srv, _ = await api.create_server("n1")
+    status, out = await api.call("POST", "/addresses", json={"region": REGION, "server_id": srv["id"]})
+    assert status == 202, out
+    adr = out["address"]["id"]
+    await api.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(), error = $1",
+                           {"class": "permanent", "message": "boom"})
+    await api.pool.execute("UPDATE servers SET status = 'deleted', deleted_at = now()")
+    async with api.pool.acquire() as conn, conn.transaction():
+        await store.addresses_release_for_server(conn, srv["id"])
+    status, out = await api.call("GET", f"/addresses/{adr}")
+    assert status == 200 and out["address"]["server_id"] is None and out["address"]["observed"] is None, out
+    status, out = await api.call("GET", "/addresses")
+    assert status == 200 and [a["id"] for a in out["addresses"]] == [adr], out

@@ -725,12 +725,13 @@ WHERE p.id = $1;
 -- A server's final delete, after verify saw its VM gone, in its finishing transaction: its
 -- floating addresses and kept primaries become unassigned (the VM, its tags and IP set went
 -- with it); its auto-delete primaries are deleted and their IPs go back to the pool,
--- quarantined. Nothing unless the server is deleted. Returns the addresses changed.
+-- quarantined — unless protected against deletion: protection wins, the address is kept
+-- (unassigned). Nothing unless the server is deleted. Returns the addresses changed.
 WITH gone AS (
     UPDATE addresses
     SET status = 'deleted', deleted_at = now(), server_id = NULL, observed = NULL, observed_at = now(),
         status_reason = NULL, updated_at = now()
-    WHERE server_id = $1 AND kind = 'primary' AND auto_delete AND status <> 'deleted'
+    WHERE server_id = $1 AND kind = 'primary' AND auto_delete AND NOT protect_delete AND status <> 'deleted'
       AND EXISTS (SELECT 1 FROM servers s WHERE s.id = $1 AND s.status = 'deleted')
     RETURNING id
 ), freed AS (
@@ -741,9 +742,10 @@ WITH gone AS (
     RETURNING i.address_id
 ), kept AS (
     UPDATE addresses
-    SET server_id = NULL, observed = jsonb_set(coalesce(observed, '{}'), '{holder}', 'null'),
+    -- (never observed: stays NULL — a bare {"holder": null} is no observation, and GET refused it)
+    SET server_id = NULL, observed = jsonb_set(observed, '{holder}', 'null'),
         observed_at = now(), updated_at = now()
-    WHERE server_id = $1 AND NOT (kind = 'primary' AND auto_delete) AND status <> 'deleted'
+    WHERE server_id = $1 AND NOT (kind = 'primary' AND auto_delete AND NOT protect_delete) AND status <> 'deleted'
       AND EXISTS (SELECT 1 FROM servers s WHERE s.id = $1 AND s.status = 'deleted')
     RETURNING id
 )
