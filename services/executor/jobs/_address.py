@@ -17,7 +17,8 @@ A *floating* address is configured by the guest itself (documented); the job onl
 Enforcement: the VM's ``ipfilter`` is turned on only when every address the VM uses is in its
 set — that is, when the server has a primary address from a pool. A server on DHCP (no primary
 address) would lose its own address to the filter; its floating addresses are tagged and listed,
-and ``observed.enforced`` says the filter is off.
+and ``observed.enforced`` says the filter is off. So taking a primary off a VM (its ``ipconfig0``
+back to DHCP) turns the VM's filter off again.
 
 A VM that is not z9's (no ``z9-id-…`` tag) configured with the same IP (``ipconfigN``), or
 carrying the address's tag, is a *conflict*: reported on the address (``observed.conflicts``,
@@ -166,7 +167,8 @@ async def observe(ctx: JobContext, want: str | None) -> World:
             if not is_z9_vm(r) or platform_roles(r.tags):
                 conflicts.append({"vmid": r.vmid, "node": r.node, "name": r.name, "why": f"carries tag {tag}"})
                 continue
-            h = await _holder(ctx, r)
+            # (a primary's holder: its firewall options too — the filter goes off with the primary)
+            h = await _holder(ctx, r, firewall=address.kind == "primary")
             if h is not None:
                 holders.append(h)
         elif not is_z9_vm(r):
@@ -187,7 +189,8 @@ async def observe(ctx: JobContext, want: str | None) -> World:
 def plan(job: Job, world: World) -> list[Step]:
     """Pure: the steps still missing for the address to be on ``world.want``'s VM only.
 
-    Old holders: ``remove_entry``, (a primary on a stopped VM) ``clear_ipconfig``, then ``untag``. Target: ``tag``, ``create_ipset``,
+    Old holders: ``remove_entry``, (a primary on a stopped VM) ``clear_ipconfig``, (a primary)
+    ``disable_ipfilter`` while the filter is on, then ``untag``. Target: ``tag``, ``create_ipset``,
     ``add_entry``, for a primary ``set_ipconfig`` (stopped VM only), then ``enable_ipfilter``
     when enforced. A VM locked by another task is waited on (Snooze)."""
     a = world.address
@@ -204,6 +207,10 @@ def plan(job: Job, world: World) -> list[Step]:
                 raise PermanentError(f"VM {h.vm.vmid} is running: its primary address is taken off only while "
                                      "it is stopped")
             steps.append(Step("clear_ipconfig", dict(d)))
+        if a.kind == "primary" and _on(h.firewall.get("ipfilter")):
+            # the VM is back on DHCP: its IP filter (turned on for this primary) would drop its
+            # own address from the next boot on
+            steps.append(Step("disable_ipfilter", dict(d)))
         steps.append(Step("untag", dict(d)))
     t = world.target
     if t is not None:
@@ -319,6 +326,9 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
                                                               digest=st.config.get("digest")))
         await ctx.fence()
         await ctx.pve.set_firewall_options(node, vmid, enable=True, ipfilter=True)
+    elif step.name == "disable_ipfilter":
+        await ctx.fence()
+        await ctx.pve.set_firewall_options(node, vmid, ipfilter=False)
     else:
         raise PermanentError(f"{ctx.job.kind}: unknown step {step.name!r}")
 
