@@ -243,3 +243,35 @@ async def test_an_address_never_observed_stays_readable_after_its_server_is_dele
     assert status == 200 and out["address"]["server_id"] is None and out["address"]["observed"] is None, out
     status, out = await api.call("GET", "/addresses")
     assert status == 200 and [a["id"] for a in out["addresses"]] == [adr], out
+
+
+async def test_a_failed_stop_or_unassign_outside_a_deletion_can_be_re_run(api: Stack) -> None:
+    """ServerStop and AddressUnassign are their types' deletion-buffer jobs, but also the
+    shutdown/poweroff actions and actions/unassign. A failed one of those was refused as "part
+    of a deletion; delete the server again instead" — a live server or address, no deletion in
+    sight. Only while the resource is being deleted is such a job the deletion's."""
+    srv, _ = await api.create_server("st1")
+    status, out = await api.call("POST", "/addresses", json={"region": REGION, "server_id": srv["id"]})
+    adr = out["address"]["id"]
+    await _finish_jobs(api)
+    await api.pool.execute("UPDATE servers SET status = 'running', power_state = 'running'")
+    failed = {"class": "temporary", "message": "out of attempts"}
+    status, out = await api.call("POST", f"/servers/{srv['id']}/actions/shutdown")
+    assert status == 202, out
+    stop = out["job"]["id"]
+    status, out = await api.call("POST", f"/addresses/{adr}/actions/unassign")
+    assert status == 202, out
+    off = out["job"]["id"]
+    await api.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(), error = $1"
+                           " WHERE status = 'pending'", failed)
+    for jid, kind in ((stop, "ServerStop"), (off, "AddressUnassign")):
+        status, out = await api.call("POST", f"/jobs/{jid}/actions/rerun")
+        assert status == 202 and out["job"]["kind"] == kind, out
+    await _finish_jobs(api)
+    # while the address is being deleted, its failed unassign is the deletion's: delete it again
+    status, out = await api.call("DELETE", f"/addresses/{adr}")
+    assert status == 202, out
+    await api.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(), error = $1 WHERE id = $2",
+                           failed, out["job"]["id"])
+    status, out = await api.call("POST", f"/jobs/{out['job']['id']}/actions/rerun")
+    assert status == 409 and out["error"]["code"] == "job_not_rerunnable", out
