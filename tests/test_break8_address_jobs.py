@@ -36,3 +36,60 @@ async def test_unassigning_a_primary_turns_the_ip_filter_off_again(stack: Stack,
     job = await stack.wait_job(out["job"]["id"], timeout_s=60)
     assert job["status"] == "succeeded" and "enable_ipfilter" in [x["name"] for x in job["steps"]], job
     assert (await sim.state())["firewall"]["vms"][str(vmid)]["options"].get("ipfilter") == "1"
+
+
+# ---------------------------------------------------------------- SIGKILL in the new step
+
+from pathlib import Path  # noqa: E402
+from typing import AsyncIterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+from z9.common import store  # noqa: E402
+from z9.common.settings import Settings  # noqa: E402
+
+from tests.support import REGION, Services, service_env, wait_until  # noqa: E402
+from tests.test_address_jobs import FAST, POOL  # noqa: E402
+
+
+@pytest.fixture
+async def services(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
+    settings.regions[REGION].address_pools = [POOL]
+    svc = Services(service_env(settings, **FAST), tmp_path)
+    try:
+        yield svc
+    finally:
+        svc.close()
+
+
+async def test_sigkill_while_the_filter_goes_off_finishes_once(api: Stack, sim: SimAdmin, services: Services) -> None:
+    """The executor SIGKILLed during disable_ipfilter (after remove_entry and clear_ipconfig):
+    the next attempt finds the VM by its tag still, turns the filter off and untags it."""
+    services.start("scheduler")
+    first = services.start("executor")
+    s, job = await api.create_server("kp", public_ipv4=True)
+    assert (await api.wait_job(job["id"], timeout_s=60))["status"] == "succeeded"
+    pub = s["public_ipv4"]
+
+    async def assigned() -> bool:
+        return (await store.address_get(api.pool, pub["id"])).status == "active"
+    await wait_until(assigned, 30, "the primary on its VM")
+    status, out = await api.call("POST", f"/servers/{s['id']}/actions/shutdown")
+    assert (await api.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    vmid = (await api.server(s["id"]))["observed"]["vmid"]
+    await sim.fault(method="PUT", path=r"/firewall/options$", action="delay", seconds=3.0, times=1)
+    status, out = await api.call("POST", f"/addresses/{pub['id']}/actions/unassign")
+    assert status == 202, out
+
+    async def at_step() -> bool:
+        j = await store.job_get(api.pool, out["job"]["id"])
+        return any(x["name"] == "disable_ipfilter" and x["state"] == "running" for x in j.steps)
+    await wait_until(at_step, 30, "the unassign to run disable_ipfilter")
+    await first.kill()
+    services.start("executor")
+    done = await api.wait_job(out["job"]["id"], timeout_s=60)
+    assert done["status"] == "succeeded" and done["attempt"] >= 2, done
+    state = await sim.state()
+    assert _on_vms(state, f"z9-addr-{pub['id']}", pub["ip"]) == ([], [])
+    assert state["firewall"]["vms"][str(vmid)]["options"].get("ipfilter") in (None, "0")
+    assert next(v for v in state["vms"] if v["vmid"] == vmid)["config"]["ipconfig0"] == "ip=dhcp"
