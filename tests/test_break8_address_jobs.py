@@ -1,7 +1,7 @@
 """Breaking issue 8's address jobs against the simulator over HTTPS (full stack)."""
 from __future__ import annotations
 
-from tests.support import SimAdmin, Stack
+from tests.support import REGION, SimAdmin, Stack
 from tests.test_addresses_api import _on_vms, _server
 
 
@@ -48,7 +48,7 @@ import pytest  # noqa: E402
 from z9.common import store  # noqa: E402
 from z9.common.settings import Settings  # noqa: E402
 
-from tests.support import REGION, Services, service_env, wait_until  # noqa: E402
+from tests.support import Services, service_env, wait_until  # noqa: E402
 from tests.test_address_jobs import FAST, POOL  # noqa: E402
 
 
@@ -93,3 +93,37 @@ async def test_sigkill_while_the_filter_goes_off_finishes_once(api: Stack, sim: 
     assert _on_vms(state, f"z9-addr-{pub['id']}", pub["ip"]) == ([], [])
     assert state["firewall"]["vms"][str(vmid)]["options"].get("ipfilter") in (None, "0")
     assert next(v for v in state["vms"] if v["vmid"] == vmid)["config"]["ipconfig0"] == "ip=dhcp"
+
+
+async def test_a_primary_the_vm_does_not_use_never_turns_its_filter_on(stack: Stack, sim: SimAdmin) -> None:
+    """A start queued before a primary's assignment (the API saw the server stopped) runs first;
+    the assignment then fails ("running") and the address stays the server's in the database
+    while the VM keeps DHCP. Whether to turn the IP filter on was decided from the database
+    ("the server has a primary"): the next floating address assigned to the running server
+    turned ipfilter on with only the floating IP in its set — the VM's DHCP address filtered at
+    once. Now it is decided from the VM (a static ipconfig0 that the set holds)."""
+    donor = await _server(stack, "donor", public_ipv4=True)
+    p = donor["public_ipv4"]["id"]
+    for path, body in ((f"/servers/{donor['id']}/actions/shutdown", None), (f"/addresses/{p}/actions/unassign", None)):
+        status, out = await stack.call("POST", path, json=body)
+        assert status == 202 and (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    s = await _server(stack, "dh")
+    status, out = await stack.call("POST", f"/servers/{s['id']}/actions/shutdown")
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    status, start = await stack.call("POST", f"/servers/{s['id']}/actions/start")
+    assert status == 202, start
+    status, out = await stack.call("POST", f"/addresses/{p}/actions/assign", json={"server_id": s["id"]})
+    assert status == 202, out
+    failed = await stack.wait_job(out["job"]["id"], timeout_s=60)
+    assert failed["status"] == "failed" and "running" in failed["error"]["message"], failed
+    status, out = await stack.call("POST", "/addresses", json={"region": REGION, "server_id": s["id"]})
+    assert status == 202, out
+    job = await stack.wait_job(out["job"]["id"], timeout_s=60)
+    assert job["status"] == "succeeded" and "enable_ipfilter" not in [x["name"] for x in job["steps"]], job
+    state = await sim.state()
+    vmid = s["observed"]["vmid"]
+    vm = next(v for v in state["vms"] if v["vmid"] == vmid)
+    assert vm["running"] and vm["config"]["ipconfig0"] == "ip=dhcp"
+    assert state["firewall"]["vms"][str(vmid)].get("options", {}).get("ipfilter") in (None, "0")
+    status, got = await stack.call("GET", f"/addresses/{out['address']['id']}")
+    assert got["address"]["observed"]["enforced"] is False, got

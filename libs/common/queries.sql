@@ -713,9 +713,6 @@ FROM address_pools p, a
 WHERE i.address_id = a.id AND p.id = i.pool_id
 RETURNING i.ip;
 
--- name: server_has_primary_address
-SELECT EXISTS (SELECT 1 FROM addresses WHERE server_id = $1 AND kind = 'primary' AND status <> 'deleted');
-
 -- name: address_pool_nameservers
 SELECT coalesce(array_agg(host(n) ORDER BY o), '{}')
 FROM address_pools p, unnest(p.nameservers) WITH ORDINALITY AS u(n, o)

@@ -613,11 +613,6 @@ async def address_deleted(db: DB, address_id: str, observed: dict[str, Any] | No
     return [r["ip"] for r in await db.fetch(q("address_deleted"), address_id, observed)]
 
 
-async def server_has_primary_address(db: DB, server_id: str) -> bool:
-    """Whether the server has a live primary address (its VM's IP filter can then be on)."""
-    return bool(await db.fetchval(q("server_has_primary_address"), server_id))
-
-
 async def address_pool_nameservers(db: DB, pool_id: str) -> list[str]:
     """The pool's nameservers, in order, as text."""
     return list(await db.fetchval(q("address_pool_nameservers"), pool_id) or [])

@@ -15,7 +15,8 @@ cloud-init change at its next boot, as a new instance: the API refuses it on a r
 A *floating* address is configured by the guest itself (documented); the job only routes it.
 
 Enforcement: the VM's ``ipfilter`` is turned on only when every address the VM uses is in its
-set — that is, when the server has a primary address from a pool. A server on DHCP (no primary
+set — that is, when the server's VM uses its primary address (static ``ipconfig0``, in the set:
+read from the VM, not from the database). A server on DHCP (no primary
 address) would lose its own address to the filter; its floating addresses are tagged and listed,
 and ``observed.enforced`` says the filter is off. So taking a primary off a VM (its ``ipconfig0``
 back to DHCP) turns the VM's filter off again.
@@ -158,7 +159,7 @@ async def observe(ctx: JobContext, want: str | None) -> World:
         target = await _holder(ctx, mine[0], firewall=True)
         if target is None:
             raise TemporaryError(f"the VM of server {want} vanished while observing")
-        enforce = await store.server_has_primary_address(ctx.pool, want)
+        enforce = _enforce(address, server, target)
     holders, conflicts = [], []
     for r in refs:
         if r.template or (target is not None and r.vmid == target.vm.vmid):
@@ -184,6 +185,20 @@ async def observe(ctx: JobContext, want: str | None) -> World:
         log.debug("cluster firewall options unreadable: %s", e)
         cluster_fw = None
     return World(address, want, target, holders, conflicts, enforce, pool_ns, cluster_fw)
+
+
+def _enforce(address: Address, server: Any, target: Holder) -> bool:
+    """Whether the target VM's IP filter may be on: the VM uses a primary address (static
+    ``ipconfig0``) that its IP set holds — read from the VM, not from the database. A primary
+    the database records but the VM does not use (its assignment failed: the server was started
+    before it ran) would filter out the DHCP address the VM really has. A primary being assigned
+    by this job counts: its ``set_ipconfig`` and entry come before ``enable_ipfilter``."""
+    if address.kind == "primary":
+        return True
+    ip = server.primary_ipv4
+    ip = str(getattr(ip, "ip", ip)) if ip is not None else None
+    used = config_ips({"ipconfig0": target.vm.config.get("ipconfig0")}).get("ipconfig0")
+    return ip is not None and used == ip and target.has_entry(ip)
 
 
 def plan(job: Job, world: World) -> list[Step]:
