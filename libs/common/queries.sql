@@ -717,9 +717,6 @@ FROM address_pools p, a
 WHERE i.address_id = a.id AND p.id = i.pool_id
 RETURNING i.ip;
 
--- name: server_has_primary_address
-SELECT EXISTS (SELECT 1 FROM addresses WHERE server_id = $1 AND kind = 'primary' AND status <> 'deleted');
-
 -- name: address_pool_nameservers
 SELECT coalesce(array_agg(host(n) ORDER BY o), '{}')
 FROM address_pools p, unnest(p.nameservers) WITH ORDINALITY AS u(n, o)
@@ -729,12 +726,13 @@ WHERE p.id = $1;
 -- A server's final delete, after verify saw its VM gone, in its finishing transaction: its
 -- floating addresses and kept primaries become unassigned (the VM, its tags and IP set went
 -- with it); its auto-delete primaries are deleted and their IPs go back to the pool,
--- quarantined. Nothing unless the server is deleted. Returns the addresses changed.
+-- quarantined — unless protected against deletion: protection wins, the address is kept
+-- (unassigned). Nothing unless the server is deleted. Returns the addresses changed.
 WITH gone AS (
     UPDATE addresses
     SET status = 'deleted', deleted_at = now(), server_id = NULL, observed = NULL, observed_at = now(),
         status_reason = NULL, updated_at = now()
-    WHERE server_id = $1 AND kind = 'primary' AND auto_delete AND status <> 'deleted'
+    WHERE server_id = $1 AND kind = 'primary' AND auto_delete AND NOT protect_delete AND status <> 'deleted'
       AND EXISTS (SELECT 1 FROM servers s WHERE s.id = $1 AND s.status = 'deleted')
     RETURNING id
 ), freed AS (
@@ -745,9 +743,10 @@ WITH gone AS (
     RETURNING i.address_id
 ), kept AS (
     UPDATE addresses
-    SET server_id = NULL, observed = jsonb_set(coalesce(observed, '{}'), '{holder}', 'null'),
+    -- (never observed: stays NULL — a bare {"holder": null} is no observation, and GET refused it)
+    SET server_id = NULL, observed = jsonb_set(observed, '{holder}', 'null'),
         observed_at = now(), updated_at = now()
-    WHERE server_id = $1 AND NOT (kind = 'primary' AND auto_delete) AND status <> 'deleted'
+    WHERE server_id = $1 AND NOT (kind = 'primary' AND auto_delete AND NOT protect_delete) AND status <> 'deleted'
       AND EXISTS (SELECT 1 FROM servers s WHERE s.id = $1 AND s.status = 'deleted')
     RETURNING id
 )
@@ -797,8 +796,40 @@ WITH cand AS (
 )
 SELECT adr.*, j.id AS job_id, j.kind AS job_kind, j.status AS job_status FROM adr, held, j;
 
+-- name: address_pool_in_flight
+-- After an allocation found no row: does the pool ($1; NULL: the one address_allocate_with_job
+-- picks for region $2, family $3, name $4) still have rows an allocation could take? They were
+-- skipped because allocations in flight hold them (SKIP LOCKED), and may be free again when
+-- those roll back (a name taken, a load balancer short of its second address): the pool is not
+-- exhausted yet. Rows this transaction took itself count as taken.
+WITH cand AS (
+    SELECT id, name FROM address_pools
+    WHERE region = $2 AND family = $3 AND disabled_at IS NULL AND ($4::text IS NULL OR name = $4)
+), pool AS (
+    SELECT id FROM cand
+    WHERE $4::text IS NOT NULL OR name = 'public' OR (SELECT count(*) FROM cand) = 1
+    ORDER BY (name = 'public') DESC
+    LIMIT 1
+)
+SELECT EXISTS (
+    SELECT 1 FROM address_pool_ips i JOIN address_pools p ON p.id = i.pool_id
+    WHERE i.pool_id = coalesce($1::text, (SELECT id FROM pool)) AND i.address_id IS NULL
+      AND (i.reusable_after IS NULL OR i.reusable_after <= now())
+      AND i.ip BETWEEN p.first_ip AND p.last_ip AND NOT (i.ip = ANY (p.reserved))
+      AND i.ip IS DISTINCT FROM p.gateway
+      AND NOT EXISTS (SELECT 1 FROM addresses a WHERE a.region = p.region AND a.ip = i.ip AND a.status <> 'deleted'));
+
 -- name: address_get_for_update
 SELECT * FROM addresses WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
+
+-- name: address_owner
+-- The resource an address belongs to, if any: a load balancer (its VIP or an appliance's
+-- address) or a live Kubernetes cluster (its control-plane endpoint). Such an address is never
+-- assigned to a server, nor made one's primary: its owner's VMs hold it.
+SELECT a.load_balancer_id,
+       (SELECT c.id FROM clusters c WHERE c.endpoint_address_id = a.id AND c.status <> 'deleted'
+        ORDER BY c.id LIMIT 1) AS cluster_id
+FROM addresses a WHERE a.id = $1;
 
 -- name: address_set_server
 -- The server the address should be on ($2; NULL: none): the API's intent, which the job it
@@ -899,14 +930,18 @@ RETURNING *;
 
 -- name: lb_address_allocate
 -- One address of load balancer $3 (member $4, NULL: the VIP) from pool $2: the lowest free IP,
--- as address_allocate, active at once (the load balancer's own jobs put it in place).
+-- as address_allocate, active at once (the load balancer's own jobs put it in place). As there,
+-- only an IP the pool still hands out and no live address of the region holds.
 WITH slot AS (
-    SELECT i.pool_id, i.ip FROM address_pool_ips i
+    SELECT i.pool_id, i.ip FROM address_pool_ips i JOIN address_pools p ON p.id = i.pool_id
     WHERE i.pool_id = $2 AND i.address_id IS NULL
       AND (i.reusable_after IS NULL OR i.reusable_after <= now())
+      AND i.ip BETWEEN p.first_ip AND p.last_ip AND NOT (i.ip = ANY (p.reserved))
+      AND i.ip IS DISTINCT FROM p.gateway
+      AND NOT EXISTS (SELECT 1 FROM addresses a WHERE a.region = p.region AND a.ip = i.ip AND a.status <> 'deleted')
     ORDER BY i.ip
     LIMIT 1
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF i SKIP LOCKED
 ), adr AS (
     INSERT INTO addresses (id, tenant_id, region, pool_id, pool_name, prefix, gateway, ip, family, kind,
                            load_balancer_id, lb_member, status)

@@ -12,6 +12,7 @@ errors (see :func:`_boundary`) — a unique violation becomes
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import inspect
@@ -547,6 +548,27 @@ async def address_pool_pick(db: DB, region: str, family: int, name: str | None) 
     return [dict(r) for r in await db.fetch(q("address_pool_pick"), region, family, name)]
 
 
+# How long an allocation that found every free row of its pool held by allocations in flight
+# waits for them (they commit: exhausted; one rolls back: its row is free again), in steps.
+IN_FLIGHT_WAITS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.3)
+
+
+async def _allocating(db: DB, attempt: Any, pool_id: str | None, region: str | None = None,
+                      family: int | None = None, name: str | None = None) -> Any:
+    """``attempt()`` (an allocating statement taking the lowest free row with SKIP LOCKED), again
+    while it finds nothing but the pool still has free rows that allocations in flight hold: a
+    request refused as ``pool_exhausted`` only because a competitor that later rolled back held
+    the last free IP for a moment was a false answer. Gives up (None) once the pool has no such
+    row, or after ``IN_FLIGHT_WAITS_S``."""
+    got = await attempt()
+    for delay in IN_FLIGHT_WAITS_S:
+        if got is not None or not await db.fetchval(q("address_pool_in_flight"), pool_id, region, family, name):
+            return got
+        await asyncio.sleep(delay)
+        got = await attempt()
+    return got
+
+
 async def address_allocate(db: DB, *, pool_id: str, tenant_id: str, kind: str, name: str | None = None,
                            dns_ptr: str | None = None, protect_delete: bool = False,
                            auto_delete: bool = False, server_id: str | None = None,
@@ -555,8 +577,9 @@ async def address_allocate(db: DB, *, pool_id: str, tenant_id: str, kind: str, n
     it in the transaction that also inserts the job using it). None: the pool has no free IP.
     Raises asyncpg.UniqueViolationError when the name is taken, or the server already has a
     primary address of that family (``addresses_primary_per_server``)."""
-    row = await db.fetchrow(q("address_allocate"), address_id or new_id("adr"), pool_id, tenant_id, kind,
-                            name, dns_ptr, protect_delete, auto_delete, server_id)
+    aid = address_id or new_id("adr")
+    row = await _allocating(db, lambda: db.fetchrow(q("address_allocate"), aid, pool_id, tenant_id, kind, name,
+                                                    dns_ptr, protect_delete, auto_delete, server_id), pool_id)
     return Address.from_record(row) if row else None
 
 
@@ -595,11 +618,6 @@ async def address_deleted(db: DB, address_id: str, observed: dict[str, Any] | No
     return [r["ip"] for r in await db.fetch(q("address_deleted"), address_id, observed)]
 
 
-async def server_has_primary_address(db: DB, server_id: str) -> bool:
-    """Whether the server has a live primary address (its VM's IP filter can then be on)."""
-    return bool(await db.fetchval(q("server_has_primary_address"), server_id))
-
-
 async def address_pool_nameservers(db: DB, pool_id: str) -> list[str]:
     """The pool's nameservers, in order, as text."""
     return list(await db.fetchval(q("address_pool_nameservers"), pool_id) or [])
@@ -634,7 +652,9 @@ async def lb_address_allocate(db: DB, *, pool_id: str, lb_id: str, member: str |
                               tenant_id: str) -> Address | None:
     """An active address of load balancer ``lb_id`` (``member`` None: its VIP) holding the lowest
     free IP of ``pool_id``; None when the pool has no free IP."""
-    row = await db.fetchrow(q("lb_address_allocate"), new_id("adr"), pool_id, lb_id, member, tenant_id)
+    aid = new_id("adr")
+    row = await _allocating(db, lambda: db.fetchrow(q("lb_address_allocate"), aid, pool_id, lb_id, member,
+                                                    tenant_id), pool_id)
     return Address.from_record(row) if row else None
 
 
@@ -687,13 +707,20 @@ async def address_allocate_with_job(db: DB, *, region: str, family: int, pool: s
     address) in one statement, without NOTIFY. None: no such pool, or no free IP (nothing
     written; :func:`address_pool_pick` tells which). Raises asyncpg.UniqueViolationError (a live
     name of the tenant, a second primary)."""
-    row = await db.fetchrow(q("address_allocate_with_job"), new_id("adr"), region, tenant_id, kind, name,
-                            dns_ptr, protect_delete, auto_delete, server_id, new_id("job"), job.kind,
-                            job.args or {}, job.max_attempts, job.trace_context, list(job.extra_lock_keys),
-                            family, pool, job.actor_token_id, job.request_id)
+    aid, jid = new_id("adr"), new_id("job")
+    row = await _allocating(db, lambda: db.fetchrow(
+        q("address_allocate_with_job"), aid, region, tenant_id, kind, name, dns_ptr, protect_delete, auto_delete,
+        server_id, jid, job.kind, job.args or {}, job.max_attempts, job.trace_context, list(job.extra_lock_keys),
+        family, pool, job.actor_token_id, job.request_id), None, region, family, pool)
     if row is None:
         return None
     return Address.from_record(row), {"id": row["job_id"], "kind": row["job_kind"], "status": row["job_status"]}
+
+
+async def address_owner(db: DB, address_id: str) -> tuple[str | None, str | None]:
+    """``(load balancer id, cluster id)`` the address belongs to (None, None: its tenant's own)."""
+    row = await db.fetchrow(q("address_owner"), address_id)
+    return (row["load_balancer_id"], row["cluster_id"]) if row else (None, None)
 
 
 async def address_get_for_update(db: DB, address_id: str, tenant_id: str) -> Address | None:

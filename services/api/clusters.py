@@ -27,7 +27,7 @@ from z9.common.models import Cluster
 from z9.common.resources.cluster import CLUSTER, STATUSES
 from z9.common.settings import Settings
 
-from . import addresses, schemas
+from . import addresses, quotas, schemas
 from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin,
                         idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant)
 
@@ -216,6 +216,8 @@ async def create(ctx: CreateContext, spec: ClusterCreate) -> tuple[Cluster, dict
     image = spec.image or (region.images[0] if region.images else "debian-12")
     cid = new_id("k8s")
     pool = await addresses.pick_pool(ctx.conn, ctx.settings, spec.region, 4, spec.address_pool)
+    # its endpoint address counts against the tenant's address quota (as the usage counts it)
+    await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1)
     address = await store.address_allocate(ctx.conn, pool_id=pool["id"], tenant_id=ctx.tenant_id, kind="floating",
                                            name=None, protect_delete=True)
     if address is None:

@@ -14,7 +14,11 @@ failed job, ``ResourceType.mark_failed_by_job``), so it can be deleted or re-cre
 
 Re-run (``POST /v1/jobs/{id}/actions/rerun``): a ``failed`` job's kind, arguments, resource
 and lock keys as a new job (202 with the new job; ``Location`` follows it). Refused (409) for a
-job of the deletion itself (delete the resource again instead) and for a resource being deleted.
+job of the deletion itself (delete the resource again instead: its final job, or its first kind
+while the resource is being deleted — outside a deletion that kind is an ordinary action, a
+server's stop, an address's unassign, and is re-run), for a resource being deleted,
+and (``job_superseded``) for a job a later request replaced as the resource's intent
+(``ResourceType.stale``: an address assigned elsewhere since).
 """
 from __future__ import annotations
 
@@ -94,14 +98,21 @@ async def rerun(request: web.Request) -> web.Response:
         rtype = resources.get(job.resource_type)
         if rtype is None or job.resource_id is None:
             raise Conflict(f"job {job.id} has no resource to act on", code="job_not_rerunnable")
-        deletion = {rtype.final_kind} | ({rtype.deletion.first_kind} if isinstance(rtype.deletion, Buffered) else set())
-        if job.kind in deletion:
+        row = await rtype.get(conn, job.resource_id)
+        deleting = row is None or row.status in ("deleting", "destroying", "deleted")
+        # a buffered deletion's first kind is also an ordinary action of the type (a server's
+        # stop, an address's unassign): only while the resource is being deleted is such a job
+        # the deletion's own
+        first = rtype.deletion.first_kind if isinstance(rtype.deletion, Buffered) else None
+        if job.kind == rtype.final_kind or (job.kind == first and deleting):
             raise Conflict(f"job {job.id} is part of a deletion ({job.kind}); delete the {rtype.name} again instead",
                            code="job_not_rerunnable")
-        row = await rtype.get(conn, job.resource_id)
         if row is None or row.status in ("deleting", "destroying", "deleted"):
             raise Conflict(f"{rtype.name} {job.resource_id} is {row.status if row else 'gone'}; its jobs cannot be "
                            "re-run", code=f"{rtype.name}_deleting")
+        why = rtype.stale(row, job.kind, job.args or {}) if rtype.stale is not None else None
+        if why is not None:
+            raise Conflict(f"job {job.id} cannot be re-run: {why}", code="job_superseded")
         await room_for_a_job(conn, settings, rtype.name, row.id)
         new = await store.job_insert(conn, rtype.new_job(row, job.kind, args=job.args, max_attempts=job.max_attempts,
                                                          extra_lock_keys=tuple(job.extra_lock_keys)), notify=False)

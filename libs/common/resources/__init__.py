@@ -99,6 +99,10 @@ class ResourceType(Generic[R]):
     # address is on, or was on before its deletion): every job built by new_job holds them as
     # lock keys — the generic delete, cancel-deletion and the reaper's final job included
     lock_keys: Callable[[R], tuple[str, ...]] | None = None
+    # why a failed job of (kind, args) is no longer the row's intent — a later request replaced
+    # it (an address assigned elsewhere since): re-running it would undo that request while the
+    # row keeps saying otherwise. None: it still is (or the type keeps no such intent).
+    stale: Callable[[R, str, dict[str, Any]], str | None] | None = None
     status_type: str = ""  # the status column's enum type; default <name>_status
     plural: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # type-specific knowledge (API, jobs)
