@@ -951,6 +951,19 @@ WITH gone AS (
         updated_at = now()
     WHERE load_balancer_id = $1 AND status <> 'deleted'
       AND EXISTS (SELECT 1 FROM load_balancers l WHERE l.id = $1 AND l.status = 'deleted')
+    RETURNING id
+)
+UPDATE address_pool_ips i
+SET address_id = NULL, reusable_after = now() + make_interval(secs => p.quarantine_s)
+FROM address_pools p, gone
+WHERE i.address_id = gone.id AND p.id = i.pool_id
+RETURNING host(i.ip) AS ip;
+
+-- name: lb_servers
+-- The target servers of a load balancer, as z9 knows them: status, power and primary IPv4.
+SELECT id, status::text AS status, power_state, host(primary_ipv4) AS ip, region
+FROM servers WHERE id = ANY($1::text[]);
+
 -- ================================================================ clusters (issue 11, migration 0009)
 
 -- name: cluster_insert
@@ -990,12 +1003,6 @@ UPDATE address_pool_ips i
 SET address_id = NULL, reusable_after = now() + make_interval(secs => p.quarantine_s)
 FROM address_pools p, gone
 WHERE i.address_id = gone.id AND p.id = i.pool_id
-RETURNING host(i.ip) AS ip;
-
--- name: lb_servers
--- The target servers of a load balancer, as z9 knows them: status, power and primary IPv4.
-SELECT id, status::text AS status, power_state, host(primary_ipv4) AS ip, region
-FROM servers WHERE id = ANY($1::text[]);
 RETURNING gone.id;
 
 -- name: cluster_get_for_update
