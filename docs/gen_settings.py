@@ -93,8 +93,8 @@ DESCRIPTIONS: dict[str, str] = {
     "max_attempts": "Attempts of a job before it fails for good.",
     "max_live_jobs_per_resource": "A DELETE or cancel-deletion answers 409 while the server already has this many jobs waiting or running.",
     "quota_servers": "Default quota of every tenant: servers not yet deleted (unset: no limit; `z9 quota` sets a tenant's own). Over it: 403 `quota_exceeded`.",
-    "quota_cores": "Default quota of every tenant: the cores of its servers not yet deleted (unset: no limit).",
-    "quota_memory_mib": "Default quota of every tenant: the memory (MiB) of its servers not yet deleted (unset: no limit).",
+    "quota_cores": "Default quota of every tenant: the cores of its servers and of its Kubernetes clusters' members (control planes and pool members, as asked for) not yet deleted (unset: no limit).",
+    "quota_memory_mib": "Default quota of every tenant: the memory (MiB) of its servers and of its Kubernetes clusters' members not yet deleted (unset: no limit).",
     "quota_addresses": "Default quota of every tenant: addresses not yet deleted, primary ones included (unset: no limit).",
     # scheduler, reaper, retention
     "scheduler_interval_s": "Longest sleep of the scheduler between passes (retry promotion, lease reclaim).",

@@ -217,6 +217,9 @@ async def test_platform_vm_with_cluster_tag_refused_by_delete(stack: Stack, sim:
     assert c["status"] == "failed" and "platform role" in c["status_reason"]
     # its keys are kept (nothing was deleted): an operator can sort the VM out and delete again
     assert await stack.pool.fetchval("SELECT count(*) FROM cluster_keys WHERE cluster_id = $1", c["id"]) == 1
+    # the failed delete is not re-run as a job (delete the cluster again instead)
+    status, out = await stack.call("POST", f"/jobs/{done['id']}/actions/rerun")
+    assert status == 409 and out["error"]["code"] == "job_not_rerunnable", out
 
 
 def _executor(stack: Stack) -> subprocess.Popen:
@@ -293,6 +296,9 @@ async def test_two_vms_with_one_member_tag_is_a_permanent_error(stack: Stack, si
     await sim._req("POST", "/vms", json={"vmid": 777, "node": vm["node"], "running": False,
                                          "config": {"name": "copy", "tags": vm["config"]["tags"], "cores": "1",
                                                     "memory": "1024"}})
+    # the executor's shared /cluster/resources snapshot may be resources_snapshot_s old: a VM made
+    # just now is seen by the jobs claimed once a newer listing is taken
+    await asyncio.sleep(stack.settings.resources_snapshot_s + 0.5)
     job = await stack.wait_job((await resize(stack, c["id"], 1))["id"], timeout_s=60)
     assert job["status"] == "failed" and job["error"]["class"] == "permanent"
     assert "z9-member-workers-0" in job["error"]["message"]

@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable, Generic, Protocol, TypeVar
 
 from .. import store
 from ..ids import PREFIXES
+from ..models import utc_now_iso
 from ..store import DB, NewJob
 
 _TABLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -144,6 +145,24 @@ class ResourceType(Generic[R]):
         if isinstance(self.deletion, Immediate) and kind != self.deletion.final_kind:
             return (self.deletion.final_kind,)
         return ()
+
+    def superseded_kinds(self, kind: str) -> tuple[str, ...]:
+        """The inverse of :meth:`superseded_by`: the kinds of this type a job of ``kind`` ends."""
+        return tuple(k for k in self.kinds if kind in self.superseded_by(k))
+
+    async def supersede_waiting(self, db: DB, rid: str, by_job: str, by_kind: str) -> list[str]:
+        """In the transaction that enqueues ``by_job`` (of ``by_kind``): the resource's jobs it
+        supersedes that are not running (``pending``, or ``retry`` between attempts) end at once,
+        ``failed`` with error class ``cancelled`` naming it, so it waits behind none of them (a
+        create in its backoff would otherwise hold the delete for up to ``backoff_cap_s``). A
+        running one stops at its next step (the executor's ``check_superseded``). Returns the ids."""
+        kinds = self.superseded_kinds(by_kind)
+        if not kinds:
+            return []
+        message = f"cancelled: {self.name} {rid} is being deleted by {by_kind} job {by_job}"
+        return await store.jobs_supersede_waiting(db, rid, by_job, list(kinds),
+                                                  {"class": "cancelled", "message": message, "by_job": by_job,
+                                                   "at": utc_now_iso()})
 
     # ------------------------------------------------------------ lifecycle (queries written once)
 
