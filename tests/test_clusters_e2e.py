@@ -298,7 +298,7 @@ async def test_two_vms_with_one_member_tag_is_a_permanent_error(stack: Stack, si
                                                     "memory": "1024"}})
     # the executor's shared /cluster/resources snapshot may be resources_snapshot_s old: a VM made
     # just now is seen by the jobs claimed once a newer listing is taken
-    await asyncio.sleep(stack.settings.resources_snapshot_s + 0.5)
+    await asyncio.sleep(stack.settings.regions[REGION].resources_snapshot_s + 0.5)
     job = await stack.wait_job((await resize(stack, c["id"], 1))["id"], timeout_s=60)
     assert job["status"] == "failed" and job["error"]["class"] == "permanent"
     assert "z9-member-workers-0" in job["error"]["message"]
@@ -347,3 +347,38 @@ async def test_endpoint_address_is_the_clusters(stack: Stack, sim: SimAdmin) -> 
     assert status == 200
     status, out = await stack.call("DELETE", f"/addresses/{aid}")
     assert status == 409 and out["error"]["code"] == "cluster_endpoint", out
+
+
+# Node pools: add one (its members join with fresh tokens, in parallel), then remove it — its
+# members drained and removed highest ordinal first, the other pool untouched.
+async def test_add_then_remove_a_node_pool(stack: Stack, sim: SimAdmin) -> None:
+    c, _ = await running(stack, sim, cps=1, workers=1)
+    ep = f"{c['endpoint']['address']}:6443"
+    status, out = await stack.call("POST", f"/clusters/{c['id']}/actions/add-node-pool",
+                                   json={"name": "batch", "count": 2, "cores": 1, "memory_mib": 1024, "disk_gib": 10})
+    assert status == 202 and out["cluster"]["status"] == "updating", out
+    added = await stack.wait_job(out["job"]["id"], timeout_s=120)
+    assert added["status"] == "succeeded", added
+    assert [(s["name"], s["detail"].get("members")) for s in added["steps"]] == [("join", ["batch-0", "batch-1"])]
+    k = (await model(sim))[ep]
+    assert sorted(k["nodes"]) == ["batch-0", "batch-1", "cp-0", "workers-0"]
+    assert len({k["nodes"][n]["token"] for n in ("workers-0", "batch-0", "batch-1")}) == 3
+    c = await cluster(stack, c["id"])
+    assert c["status"] == "running" and [(p["name"], p["count"], p["ready"]) for p in c["node_pools"]] == [
+        ("workers", 1, 1), ("batch", 2, 2)]
+    batch = [m for m in c["members"] if m["pool"] == "batch"]
+    assert [(m["name"], m["role"], m["ready"]) for m in batch] == [("batch-0", "worker", True), ("batch-1", "worker", True)]
+    vm = next(v for v in await sim.vms_tagged(identity_tag(c["id"])) if "z9-member-batch-0" in v["config"]["tags"])
+    assert (vm["config"]["cores"], vm["config"]["memory"]) in (("1", "1024"), (1, 1024))
+
+    status, out = await stack.call("POST", f"/clusters/{c['id']}/actions/remove-node-pool", json={"pool": "batch"})
+    assert status == 202, out
+    removed = await stack.wait_job(out["job"]["id"], timeout_s=120)
+    assert removed["status"] == "succeeded", removed
+    assert [(s["name"], s["detail"].get("member")) for s in removed["steps"]] == [
+        ("drain", "batch-1"), ("remove", "batch-1"), ("drain", "batch-0"), ("remove", "batch-0")]
+    assert sorted((await model(sim))[ep]["nodes"]) == ["cp-0", "workers-0"]
+    c = await cluster(stack, c["id"])
+    assert c["status"] == "running" and [m["name"] for m in c["members"]] == ["cp-0", "workers-0"]
+    assert [p["name"] for p in c["node_pools"]] == ["workers"]
+    assert len(await sim.vms_tagged(identity_tag(c["id"]))) == 2
