@@ -109,3 +109,33 @@ async def test_labels_at_create_patch_and_label_selector(api: Stack) -> None:
     assert status == 422, out
     status, out = await api.call("PATCH", "/clusters/k8s_01jd3x5v8q2m6n4p7r9s1t3w5y", json={"labels": {}})
     assert status == 404, out
+
+
+# A cancelled node-pool change leaves no cluster "updating" for ever: degraded once it was whole
+# (failed before), unless another job of the cluster is live to move it on.
+async def test_cancelled_reconcile_settles_the_cluster(api: Stack) -> None:
+    status, out = await api.call("POST", "/clusters", json=body(name="c1"))
+    cid, create_job = out["cluster"]["id"], out["job"]["id"]
+    status, out = await api.call("POST", f"/jobs/{create_job}/actions/cancel")
+    assert status == 200 and out["job"]["error"]["class"] == "cancelled", out
+    status, out = await api.call("GET", f"/clusters/{cid}")
+    assert out["cluster"]["status"] == "failed", out  # a create cancelled: the generic rule
+
+    await api.pool.execute("UPDATE clusters SET status = 'running', initialized_at = now() WHERE id = $1", cid)
+    jobs = []
+    for n in (3, 4):
+        status, out = await api.call("POST", f"/clusters/{cid}/actions/resize-node-pool",
+                                     json={"pool": "workers", "count": n})
+        assert status == 202, out
+        jobs.append(out["job"]["id"])
+    status, out = await api.call("POST", f"/jobs/{jobs[0]}/actions/cancel")
+    assert status == 200, out
+    status, out = await api.call("GET", f"/clusters/{cid}")
+    assert out["cluster"]["status"] == "updating"  # the second reconcile will move it on
+    status, out = await api.call("POST", f"/jobs/{jobs[1]}/actions/cancel")
+    assert status == 200, out
+    status, out = await api.call("GET", f"/clusters/{cid}")
+    c = out["cluster"]
+    assert c["status"] == "degraded" and jobs[1] in c["status_reason"] and "resize again" in c["status_reason"], c
+    status, out = await api.call("POST", f"/jobs/{jobs[1]}/actions/rerun")
+    assert status == 202 and out["job"]["kind"] == "ClusterReconcile", out

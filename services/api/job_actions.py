@@ -9,7 +9,8 @@ decide, not a customer's. A finished job answers 409 ``job_finished`` (a cancell
 200 again: cancelling is idempotent, so a client may retry it). The job's resource is
 left as it is, except where nothing else would ever move it on: a resource still ``creating``
 (its create was cancelled) or a cancelled final delete ends ``failed`` (the generic rule of a
-failed job, ``ResourceType.mark_failed_by_job``), so it can be deleted or re-created. The final
+failed job, ``ResourceType.job_cancelled``, where a type may add its own: a cluster ``updating``
+ends ``degraded``), so it can be deleted or re-created. The final
 job of an *immediate* deletion (a Kubernetes cluster's ClusterDelete: "no buffer and no cancel")
 answers 409 ``job_not_cancellable``.
 
@@ -75,8 +76,8 @@ async def cancel(request: web.Request) -> web.Response:
         assert done is not None  # the row is locked and was pending or retry
         if rtype is not None and job.resource_id is not None:
             row = await rtype.get(conn, job.resource_id)
-            if row is not None and (row.status == "creating" or job.kind == rtype.final_kind):
-                await rtype.mark_failed_by_job(conn, row.id, f"{job.kind} job {job.id} was {message}", kind=job.kind)
+            if row is not None:
+                await rtype.job_cancelled(conn, row, job.kind, f"{job.kind} job {job.id} was {message}")
     return web.json_response(dump(JobOne, {"job": done.public()}))
 
 

@@ -104,6 +104,10 @@ class ResourceType(Generic[R]):
     plural: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # type-specific knowledge (API, jobs)
     periodic: Periodic | None = None
+    # what a job cancelled before it ran to its end (POST /v1/jobs/{id}/actions/cancel) leaves on
+    # its row, when the generic rule (job_cancelled) does not say it: hook(db, row, kind, reason)
+    # -> True when it settled the row
+    cancelled: Callable[[Any, R, str, str], Awaitable[bool]] | None = None
 
     def __post_init__(self) -> None:
         if self.prefix not in PREFIXES:
@@ -223,6 +227,15 @@ class ResourceType(Generic[R]):
     async def deleted(self, db: DB, rid: str) -> bool:
         """``destroying`` → ``deleted`` (no-op in any other status: False); its clone requests go."""
         return await store.resource_deleted(db, self.sql, rid)
+
+    async def job_cancelled(self, db: DB, row: R, kind: str, reason: str) -> None:
+        """A job of ``kind`` on ``row`` was cancelled before it ran to its end: the type's own
+        rule (``cancelled``) first; otherwise the generic one — a row still ``creating`` (nothing
+        else would move it on) or a cancelled final delete ends ``failed``."""
+        if self.cancelled is not None and await self.cancelled(db, row, kind, reason):
+            return
+        if row.status == "creating" or kind == self.final_kind:
+            await self.mark_failed_by_job(db, row.id, reason, kind=kind)
 
     def new_job(self, row: R, kind: str, *, args: dict[str, Any] | None = None, max_attempts: int = 10,
                 extra_lock_keys: tuple[str, ...] = (), **kw: Any) -> NewJob:
