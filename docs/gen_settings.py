@@ -35,6 +35,9 @@ DESCRIPTIONS: dict[str, str] = {
                                  "node-local: the ISO goes to the member's own node). Each ISO is deleted once its member is Ready.",
     "cluster_member_ready_s": "How long a member may take from its start to a Ready Kubernetes node before the job says "
                               "which member is late (a temporary error: the next attempt waits on).",
+    "cluster_observe_interval_s": "A running or degraded Kubernetes cluster is observed at least this often: the reaper "
+                                  "enqueues a ClusterObserve (each member's power state and Node readiness, read inside "
+                                  "a control plane; the status moves between running and degraded) when none is live.",
     # database
     "database_url": "PostgreSQL connection string of every service's pooled queries (may go through PgBouncer). "
                     "Several hosts for high availability: `postgresql://z9@db1:5432,db2:5432/z9?target_session_attrs=read-write`; "

@@ -1058,6 +1058,10 @@ WHERE me.id = $2 AND j.resource_id = $1 AND j.seq < me.seq AND j.kind = ANY($3::
   AND j.status IN ('pending', 'retry')
 RETURNING j.id, pg_notify('z9_job_changed', j.id)::text AS notified;
 
+-- name: cluster_degraded_reason
+-- What an observation found missing, on a cluster it left degraded.
+UPDATE clusters SET status_reason = $2 WHERE id = $1 AND status = 'degraded';
+
 -- name: job_superseding
 -- The first job enqueued after job $1 on its resource whose kind ($2) supersedes it.
 SELECT j.id, j.kind FROM jobs j JOIN jobs me ON me.id = $1

@@ -835,6 +835,11 @@ async def cluster_members(db: DB, cluster_id: str, members: list[dict[str, Any]]
     return Cluster.from_record(row) if row else None
 
 
+async def cluster_degraded_reason(db: DB, cluster_id: str, reason: str) -> None:
+    """The reason of a ``degraded`` cluster (what an observation found not Ready)."""
+    await db.execute(q("cluster_degraded_reason"), cluster_id, reason)
+
+
 async def cluster_degraded(db: DB, cluster_id: str, reason: str) -> None:
     """A failed reconcile of a once-whole cluster: ``degraded`` with the reason."""
     await db.execute(q("cluster_degraded"), cluster_id, reason)

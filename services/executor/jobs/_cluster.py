@@ -555,17 +555,32 @@ class Seen:
     members: list[dict[str, Any]]
     whole: bool
     missing: list[str]
+    api: bool = True  # some control plane's API answered
+
+    def reason(self) -> str | None:
+        """Why the cluster is not whole (the ``degraded`` status' reason), or None."""
+        if self.whole:
+            return None
+        if not self.api:
+            return "no control plane's API answers (every member reported not Ready)"
+        return "not a Ready node: " + ", ".join(self.missing)
 
 
 async def verify(ctx: JobContext) -> Seen:
     world = await observe(ctx)
     if world.superseded or world.cluster is None:
         return Seen([], False, [])
-    nodes = world.nodes or {}
-    desired = {m.name: m for m in world.desired}
-    extra = [m for m in world.vms if m not in desired]
+    extra = [m for m in world.vms if m not in {d.name for d in world.desired}]
     if extra:
         raise TemporaryError("verify: members still to remove: " + ", ".join(sorted(extra)))
+    return await seen_of(ctx, world)
+
+
+async def seen_of(ctx: JobContext, world: World) -> Seen:
+    """Every desired member as observed: its VM (vmid, node, power, address from its agent) and
+    whether it is a Ready node of the cluster (``missing``: those that are not, plus the reason
+    when no control plane's API answers)."""
+    nodes = world.nodes or {}
     members = []
     for m in world.desired:
         vm = world.vms.get(m.name)
@@ -575,7 +590,7 @@ async def verify(ctx: JobContext) -> Seen:
                         "power_state": ("running" if vm.running else "stopped") if vm else None,
                         "ready": bool(nodes.get(m.name))})
     missing = [m["name"] for m in members if not m["ready"]]
-    return Seen(members, not missing, missing)
+    return Seen(members, not missing, missing, api=world.nodes is not None)
 
 
 async def _address(ctx: JobContext, vm: VmState) -> str | None:
@@ -598,9 +613,18 @@ async def record_seen(conn: Any, ctx: JobContext, seen: Seen) -> None:
     member is a Ready node, ``degraded`` otherwise (the API answers, a node is not Ready)."""
     if not seen.members:
         return
+    await record_members(conn, ctx, seen, from_statuses=("creating", "updating", "running", "degraded", "failed"))
+
+
+async def record_members(conn: Any, ctx: JobContext, seen: Seen, *, from_statuses: tuple[str, ...]) -> None:
+    """Members and status (``running``/``degraded``, the latter with its reason), the status
+    only from one of ``from_statuses``."""
     await store.cluster_members(conn, ctx.job.resource_id, seen.members, seen.whole)
     await CLUSTER.observed(conn, ctx.job.resource_id, status="running" if seen.whole else "degraded",
-                           from_statuses=("creating", "updating", "running", "degraded", "failed"))
+                           from_statuses=from_statuses)
+    reason = seen.reason()
+    if reason:
+        await store.cluster_degraded_reason(conn, ctx.job.resource_id, reason)
 
 
 async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
