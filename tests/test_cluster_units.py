@@ -88,3 +88,12 @@ def test_bootstrap_files_carry_keys_only_to_control_planes() -> None:
                                                   "caCertHashes": [pki.ca_cert_hash(material["ca.crt"])]}
     # deterministic for one token: a retried attempt rebuilds the same ISO (same name, no second upload)
     assert _cluster.bootstrap_files(c, material, worker, token) == _cluster.bootstrap_files(c, material, worker, token)
+
+
+def test_seen_reason_names_the_members_not_ready_and_why() -> None:
+    seen = _cluster.Seen(members=[], whole=False, missing=["workers-1", "workers-2"],
+                         notes={"workers-1": "cloud-init failed: disk full"})
+    assert seen.reason() == "not a Ready node: workers-1 (cloud-init failed: disk full), workers-2"
+    assert _cluster.Seen(members=[], whole=False, missing=["cp-0"], api=False).reason() == (
+        "no control plane's API answers (every member reported not Ready)")
+    assert _cluster.Seen(members=[], whole=True, missing=[]).reason() is None

@@ -410,7 +410,7 @@ async def test_periodic_observe_reports_a_stopped_member_degraded(stack: Stack, 
             cur = await cluster(stack, c["id"])
             return cur if cur["status"] == "degraded" else None
         cur = await wait_until(degraded, 30, "the cluster degraded")
-        assert cur["status_reason"] == "not a Ready node: workers-1", cur
+        assert cur["status_reason"] == "not a Ready node: workers-1 (stopped)", cur
         ms = {m["name"]: m for m in cur["members"]}
         assert (ms["workers-1"]["power_state"], ms["workers-1"]["ready"]) == ("stopped", False)
         assert all(ms[n]["ready"] for n in ("cp-0", "workers-0"))

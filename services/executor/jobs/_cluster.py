@@ -556,6 +556,7 @@ class Seen:
     whole: bool
     missing: list[str]
     api: bool = True  # some control plane's API answered
+    notes: dict[str, str] = field(default_factory=dict)  # member -> why it is not Ready, when known
 
     def reason(self) -> str | None:
         """Why the cluster is not whole (the ``degraded`` status' reason), or None."""
@@ -563,7 +564,8 @@ class Seen:
             return None
         if not self.api:
             return "no control plane's API answers (every member reported not Ready)"
-        return "not a Ready node: " + ", ".join(self.missing)
+        return "not a Ready node: " + ", ".join(f"{m} ({self.notes[m]})" if m in self.notes else m
+                                                for m in self.missing)
 
 
 async def verify(ctx: JobContext) -> Seen:
@@ -590,7 +592,10 @@ async def seen_of(ctx: JobContext, world: World) -> Seen:
                         "power_state": ("running" if vm.running else "stopped") if vm else None,
                         "ready": bool(nodes.get(m.name))})
     missing = [m["name"] for m in members if not m["ready"]]
-    return Seen(members, not missing, missing, api=world.nodes is not None)
+    notes = {m: f"cloud-init failed: {e}" for m, e in world.failed_boot.items()}
+    notes.update({m["name"]: "stopped" for m in members if m["power_state"] == "stopped"})
+    notes.update({m["name"]: "no VM" for m in members if m["vmid"] is None})
+    return Seen(members, not missing, missing, api=world.nodes is not None, notes=notes)
 
 
 async def _address(ctx: JobContext, vm: VmState) -> str | None:
