@@ -584,11 +584,17 @@ async def seen_of(ctx: JobContext, world: World) -> Seen:
     when no control plane's API answers)."""
     nodes = world.nodes or {}
     members = []
-    for m in world.desired:
-        vm = world.vms.get(m.name)
+    vms_of = [world.vms.get(m.name) for m in world.desired]
+
+    async def no_address() -> None:
+        return None
+
+    # every member's address from its agent at once (a 3 + 30 cluster: one round trip's time, not 33)
+    addresses = await asyncio.gather(*(_address(ctx, vm) if vm is not None and vm.running else no_address()
+                                       for vm in vms_of))
+    for m, vm, address in zip(world.desired, vms_of, addresses):
         members.append({"name": m.name, "role": m.role, "pool": m.pool, "ordinal": m.ordinal,
-                        "vmid": vm.vmid if vm else None, "node": vm.node if vm else None,
-                        "address": await _address(ctx, vm) if vm is not None and vm.running else None,
+                        "vmid": vm.vmid if vm else None, "node": vm.node if vm else None, "address": address,
                         "power_state": ("running" if vm.running else "stopped") if vm else None,
                         "ready": bool(nodes.get(m.name))})
     missing = [m["name"] for m in members if not m["ready"]]
