@@ -194,6 +194,19 @@ async def test_member_cloud_init_fails_create_failed_reconcile_degraded(stack: S
     assert c["status"] == "failed" and "workers-1" in c["status_reason"]
 
     await sim._req("DELETE", "/guest-faults")
+    # the failed create re-run (POST /v1/jobs/{id}/actions/rerun) is safe and never calls the
+    # failed member ready: (the model's fault fails cloud-init after kubeadm joined) it is drained
+    # out of the cluster, replaced by a new instance with a fresh token, and the cluster runs
+    status, out = await stack.call("POST", f"/jobs/{job['id']}/actions/rerun")
+    assert status == 202 and out["job"]["kind"] == "ClusterCreate", out
+    again = await stack.wait_job(out["job"]["id"], timeout_s=120)
+    assert again["status"] == "succeeded", again
+    assert [(s["name"], s["detail"].get("member") or s["detail"].get("members")) for s in again["steps"]] == [
+        ("drain", "workers-1"), ("replace", "workers-1"), ("join", ["workers-1"])], again["steps"]
+    c = await cluster(stack, c["id"])
+    assert c["status"] == "running" and c["status_reason"] is None and all(m["ready"] for m in c["members"])
+    assert len(await sim.vms_tagged(identity_tag(c["id"]))) == 3
+
     await sim._req("POST", "/guest-faults", json={"kind": "cloud_init_fails", "name": "good-workers-1",
                                                    "message": "runcmd exploded"})
     good, _ = await running(stack, sim, name="good", cps=1, workers=1)

@@ -41,7 +41,9 @@ observe  the cluster row, the desired members, every VM of the cluster by tag (p
          the nodes the API reports (``kubectl get nodes -o json`` through the agent of the first
          control plane whose API answers; None when none does).
 plan     (pure) ``init`` (cp-0, while no API answers) → ``replace`` (a member whose cloud-init
-         failed and that never became a node: its VM goes, a new instance joins) → ``join`` (every desired member that is not
+         failed and that never became a node, or did but was never confirmed — then ``drain``
+         first; a control plane that is a node is refused, never replaced: it is an etcd member —
+         its VM goes, a new instance joins) → ``join`` (every desired member that is not
          a Ready node: booted **in parallel** in one step) → per extra member, highest ordinal
          first: ``drain`` then ``remove`` → ``detach_bootstrap`` (Ready members still holding
          their ISO).
@@ -143,11 +145,14 @@ async def observe(ctx: JobContext) -> World:
         world.vms[member] = found[0]
     world.nodes, world.api_member = await read_nodes(ctx, world)
     if world.nodes is not None:
-        # A member that booted but never became a node and whose cloud-init failed (its join was
-        # refused: a token expired while it booted, …) gets a new VM — a new instance — with a
-        # fresh token: its bootstrap ran once and will not run again on that instance.
+        # A member whose cloud-init failed gets a new VM — a new instance — with a fresh token:
+        # its bootstrap ran once and will not run again on that instance. Either it never became
+        # a node (its join was refused: a token expired while it booted, …), or it did but was
+        # never confirmed (it still holds its bootstrap ISO: cloud-init failed after the join) —
+        # a re-run must not call that member ready when the first attempt said it failed.
+        desired = {m.name for m in world.desired}
         for member, vm in world.vms.items():
-            if vm.running and member not in world.nodes and member in {m.name for m in world.desired}:
+            if vm.running and member in desired and (member not in world.nodes or _bootstrap_volume(vm)):
                 failed = await cloud_init_error(ctx, vm)
                 if failed:
                     world.failed_boot[member] = failed
@@ -202,13 +207,21 @@ def plan(job: Job, world: World) -> list[Step]:
     desired = {m.name for m in world.desired}
     nodes = world.nodes or {}
     steps: list[Step] = []
-    if world.nodes is None and "cp-0" in desired:
+    init = world.nodes is None and "cp-0" in desired
+    if init:
         steps.append(Step("init", {"member": "cp-0"}))
     for vm in world.vms.values():
         vms.refuse_platform(world.cluster.id, vm)
     for member in sorted(world.failed_boot, key=ordinal_key):
+        if member in nodes:  # it joined before its cloud-init failed: out of the cluster first
+            if member.startswith("cp-"):
+                raise PermanentError(f"member {member} is a node of the cluster but its cloud-init failed "
+                                     f"({world.failed_boot[member]}); a control plane (an etcd member) is not "
+                                     "replaced automatically: an operator must look at it")
+            steps.append(Step("drain", {"member": member}))
         steps.append(Step("replace", {"member": member, "cloud_init": world.failed_boot[member]}))
-    joining = [m.name for m in world.desired if not nodes.get(m.name) and not (steps and m.name == "cp-0")]
+    joining = [m.name for m in world.desired
+               if (not nodes.get(m.name) or m.name in world.failed_boot) and not (init and m.name == "cp-0")]
     if joining:
         steps.append(Step("join", {"members": joining}))
     extra = sorted({m for m in world.vms if m not in desired} | {n for n in nodes if n not in desired},
@@ -243,6 +256,8 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     elif step.name in ("remove", "replace"):  # replace: the VM goes; the join step makes a new one
         await _remove(ctx, world, step, step.detail["member"])
         world.vms.pop(step.detail["member"], None)
+        if world.nodes is not None:  # drained and deleted before (or never a node): a new instance joins afresh
+            world.nodes.pop(step.detail["member"], None)
     elif step.name == "detach_bootstrap":
         for member in step.detail["members"]:
             vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
