@@ -220,6 +220,10 @@ SELECT (SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending
         WHERE extra_lock_keys @> ARRAY[$1::text] AND cardinality(extra_lock_keys) > 0
           AND status IN ('pending', 'running', 'retry'));
 
+-- name: resource_count_own_live_jobs
+-- Live (pending, running, retry) jobs of resource $1 itself (index-only on jobs_resource_live).
+SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending', 'running', 'retry');
+
 -- ================================================================ VM clone requests
 
 -- name: vm_clone_sent
@@ -897,8 +901,14 @@ RETURNING *, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 -- ---------------------------------------------------------------- load balancers (migration 0008)
 
 -- name: lb_insert
-INSERT INTO load_balancers (id, tenant_id, region, name, type, algorithm, services, targets)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+INSERT INTO load_balancers (id, tenant_id, region, name, type, algorithm, services, targets, labels)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+RETURNING *;
+
+-- name: lb_patch
+-- Database-only changes (name, labels); NULL: unchanged. A deleted load balancer is not changed.
+UPDATE load_balancers SET name = coalesce($3, name), labels = coalesce($4::jsonb, labels), updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
 RETURNING *;
 
 -- name: lb_address_allocate

@@ -8,11 +8,11 @@ the executor's cancellation between steps (a job superseded by a delete) is the 
 decide, not a customer's. A finished job answers 409 ``job_finished`` (a cancelled one answers
 200 again: cancelling is idempotent, so a client may retry it). The job's resource is
 left as it is, except where nothing else would ever move it on: a resource still ``creating``
-(its create was cancelled) or a cancelled final delete ends ``failed`` (the generic rule of a
-failed job, ``ResourceType.job_cancelled``, where a type may add its own: a cluster ``updating``
-ends ``degraded``), so it can be deleted or re-created. The final
-job of an *immediate* deletion (a Kubernetes cluster's ClusterDelete: "no buffer and no cancel")
-answers 409 ``job_not_cancellable``.
+with no job of its own left (its create was cancelled, and nothing queued behind it) or a
+cancelled final delete ends ``failed`` (the generic rule of a failed job,
+``ResourceType.job_cancelled``, where a type may add its own: a cluster ``updating`` ends
+``degraded``), so it can be deleted or re-created. The final job of an *immediate* deletion (a
+Kubernetes cluster's ClusterDelete: "no buffer and no cancel") answers 409 ``job_not_cancellable``.
 
 Re-run (``POST /v1/jobs/{id}/actions/rerun``): a ``failed`` job's kind, arguments, resource
 and lock keys as a new job (202 with the new job; ``Location`` follows it). Refused (409) for a

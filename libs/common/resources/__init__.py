@@ -230,11 +230,13 @@ class ResourceType(Generic[R]):
 
     async def job_cancelled(self, db: DB, row: R, kind: str, reason: str) -> None:
         """A job of ``kind`` on ``row`` was cancelled before it ran to its end: the type's own
-        rule (``cancelled``) first; otherwise the generic one — a row still ``creating`` (nothing
-        else would move it on) or a cancelled final delete ends ``failed``."""
+        rule (``cancelled``) first; otherwise the generic one — a row still ``creating`` with no
+        job of its own left to move it on (a job queued behind the cancelled create converges it
+        too), or a cancelled final delete, ends ``failed``."""
         if self.cancelled is not None and await self.cancelled(db, row, kind, reason):
             return
-        if row.status == "creating" or kind == self.final_kind:
+        stuck = row.status == "creating" and await store.resource_count_own_live_jobs(db, row.id) == 0
+        if stuck or kind == self.final_kind:
             await self.mark_failed_by_job(db, row.id, reason, kind=kind)
 
     def new_job(self, row: R, kind: str, *, args: dict[str, Any] | None = None, max_attempts: int = 10,

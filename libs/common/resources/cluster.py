@@ -24,7 +24,7 @@ async def _cancelled(db: Any, row: Cluster, kind: str, reason: str) -> bool:
     the cluster is live to move it on): the cluster is not ``updating`` any more — ``degraded``
     (its members are as they were, not the shape asked for; a resize or a re-run applies it) once
     it was whole, ``failed`` otherwise."""
-    if row.status != "updating" or await store.resource_count_live_jobs(db, row.id) > 0:
+    if row.status != "updating" or await store.resource_count_own_live_jobs(db, row.id) > 0:
         return False
     reason += "; the node pools asked for are not applied (resize again, or re-run the job)"
     if row.initialized_at is not None:
