@@ -886,9 +886,23 @@ SELECT pg_advisory_xact_lock(hashtextextended('z9-quota:' || $1, 0));
 
 -- name: tenant_quota_usage
 -- The tenant's use (after tenant_quota_lock, in a new statement). Rows not yet deleted count.
+-- Cores and memory: its servers' plus the members of its clusters (their desired shape: every
+-- control plane and every pool member is a VM of the tenant's); a cluster is no server (the
+-- servers count leaves members out); its endpoint is an address (in the addresses count).
+WITH members AS (
+    SELECT (c.control_plane->>'count')::bigint * (c.control_plane->>'cores')::bigint
+             + coalesce((SELECT sum((p->>'count')::bigint * (p->>'cores')::bigint)
+                         FROM jsonb_array_elements(c.node_pools) p), 0) AS cores,
+           (c.control_plane->>'count')::bigint * (c.control_plane->>'memory_mib')::bigint
+             + coalesce((SELECT sum((p->>'count')::bigint * (p->>'memory_mib')::bigint)
+                         FROM jsonb_array_elements(c.node_pools) p), 0) AS memory_mib
+    FROM clusters c WHERE c.tenant_id = $1 AND c.status <> 'deleted'
+)
 SELECT (SELECT count(*) FROM servers WHERE tenant_id = $1 AND status <> 'deleted') AS servers,
-       (SELECT coalesce(sum(cores), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted') AS cores,
-       (SELECT coalesce(sum(memory_mib), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted') AS memory_mib,
+       (SELECT coalesce(sum(cores), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted')
+         + (SELECT coalesce(sum(cores), 0) FROM members) AS cores,
+       (SELECT coalesce(sum(memory_mib), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted')
+         + (SELECT coalesce(sum(memory_mib), 0) FROM members) AS memory_mib,
        (SELECT count(*) FROM addresses WHERE tenant_id = $1 AND status <> 'deleted') AS addresses;
 
 -- name: server_get_for_update
@@ -1013,8 +1027,14 @@ FROM servers WHERE id = ANY($1::text[]);
 
 -- name: cluster_insert
 INSERT INTO clusters (id, tenant_id, region, name, version, image, control_plane, node_pools,
-                      endpoint_address_id, endpoint_ip)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                      endpoint_address_id, endpoint_ip, labels)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+RETURNING *;
+
+-- name: cluster_set_labels
+-- PATCH: database only (labels replace all of them); not once the cluster is deleted.
+UPDATE clusters SET labels = $3, updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
 RETURNING *;
 
 -- name: cluster_keys_insert
@@ -1072,6 +1092,20 @@ RETURNING *;
 UPDATE clusters SET status = 'degraded', status_reason = $2, updated_at = now()
 WHERE id = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
 RETURNING id;
+
+-- name: jobs_supersede_waiting
+-- In the transaction that enqueues job $2 (an immediate deletion): the resource's jobs of kinds $3
+-- enqueued before it that are not running end failed with error $4 (class `cancelled`, naming $2).
+UPDATE jobs j
+SET status = 'failed', error = $4, finished_at = now(), updated_at = now()
+FROM jobs me
+WHERE me.id = $2 AND j.resource_id = $1 AND j.seq < me.seq AND j.kind = ANY($3::text[])
+  AND j.status IN ('pending', 'retry')
+RETURNING j.id, pg_notify('z9_job_changed', j.id)::text AS notified;
+
+-- name: cluster_degraded_reason
+-- What an observation found missing, on a cluster it left degraded.
+UPDATE clusters SET status_reason = $2 WHERE id = $1 AND status = 'degraded';
 
 -- name: job_superseding
 -- The first job enqueued after job $1 on its resource whose kind ($2) supersedes it.

@@ -232,6 +232,9 @@ class Settings(BaseSettings):
     cluster_bootstrap_storage: str = "isos"
     # how long a member may take from start to a Ready node before the job says which one is late
     cluster_member_ready_s: float = Field(900.0, gt=0)
+    # a running or degraded cluster is observed at least this often (seconds): the reaper enqueues
+    # a ClusterObserve (members' power and Node readiness, running <-> degraded) when none is live
+    cluster_observe_interval_s: float = Field(60.0, gt=0)
 
     # scheduler, reaper, retention
     scheduler_interval_s: float = Field(1.0, gt=0)

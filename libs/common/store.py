@@ -820,11 +820,18 @@ async def job_cancel(db: DB, job_id: str, tenant_id: str, error: dict[str, Any])
 
 async def cluster_insert(db: DB, *, cluster_id: str, tenant_id: str, region: str, name: str, version: str,
                          image: str, control_plane: dict[str, Any], node_pools: list[dict[str, Any]],
-                         endpoint_address_id: str | None, endpoint_ip: Any) -> Cluster:
+                         endpoint_address_id: str | None, endpoint_ip: Any,
+                         labels: dict[str, str] | None = None) -> Cluster:
     """A new ``creating`` cluster. Raises UniqueViolation (clusters_tenant_name_live)."""
     row = await db.fetchrow(q("cluster_insert"), cluster_id, tenant_id, region, name, version, image, control_plane,
-                            node_pools, endpoint_address_id, endpoint_ip)
+                            node_pools, endpoint_address_id, endpoint_ip, labels or {})
     return Cluster.from_record(row)
+
+
+async def cluster_set_labels(db: DB, cluster_id: str, tenant_id: str, labels: dict[str, str]) -> Cluster | None:
+    """New labels (replacing all); None when absent, another tenant's or deleted."""
+    row = await db.fetchrow(q("cluster_set_labels"), cluster_id, tenant_id, labels)
+    return Cluster.from_record(row) if row else None
 
 
 async def cluster_keys_insert(db: DB, cluster_id: str, key_id: str, nonce: bytes, sealed: bytes) -> None:
@@ -870,9 +877,22 @@ async def cluster_members(db: DB, cluster_id: str, members: list[dict[str, Any]]
     return Cluster.from_record(row) if row else None
 
 
+async def cluster_degraded_reason(db: DB, cluster_id: str, reason: str) -> None:
+    """The reason of a ``degraded`` cluster (what an observation found not Ready)."""
+    await db.execute(q("cluster_degraded_reason"), cluster_id, reason)
+
+
 async def cluster_degraded(db: DB, cluster_id: str, reason: str) -> None:
     """A failed reconcile of a once-whole cluster: ``degraded`` with the reason."""
     await db.execute(q("cluster_degraded"), cluster_id, reason)
+
+
+async def jobs_supersede_waiting(db: DB, resource_id: str, by_job: str, kinds: list[str],
+                                 error: dict[str, Any]) -> list[str]:
+    """The resource's pending/retry jobs of ``kinds`` enqueued before ``by_job`` end ``failed``
+    with ``error`` (their waiters are unblocked by the jobs triggers at commit); their ids."""
+    rows = await db.fetch(q("jobs_supersede_waiting"), resource_id, by_job, kinds, error)
+    return [r["id"] for r in rows]
 
 
 async def job_superseding(db: DB, job_id: str, kinds: list[str]) -> tuple[str, str] | None:

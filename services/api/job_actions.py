@@ -9,8 +9,10 @@ decide, not a customer's. A finished job answers 409 ``job_finished`` (a cancell
 200 again: cancelling is idempotent, so a client may retry it). The job's resource is
 left as it is, except where nothing else would ever move it on: a resource still ``creating``
 with no job of its own left (its create was cancelled, and nothing queued behind it) or a
-cancelled final delete ends ``failed`` (the generic rule of a
-failed job, ``ResourceType.mark_failed_by_job``), so it can be deleted or re-created.
+cancelled final delete ends ``failed`` (the generic rule of a failed job,
+``ResourceType.job_cancelled``, where a type may add its own: a cluster ``updating`` ends
+``degraded``), so it can be deleted or re-created. The final job of an *immediate* deletion (a
+Kubernetes cluster's ClusterDelete: "no buffer and no cancel") answers 409 ``job_not_cancellable``.
 
 Re-run (``POST /v1/jobs/{id}/actions/rerun``): a ``failed`` job's kind, arguments, resource
 and lock keys as a new job (202 with the new job; ``Location`` follows it). Refused (409) for a
@@ -29,7 +31,7 @@ from aiohttp import web
 from z9.common import resources, store
 from z9.common.errors import Conflict, NotFound
 from z9.common.models import Job
-from z9.common.resources import Buffered
+from z9.common.resources import Buffered, Immediate
 
 from . import schemas
 from .resources import (NOTIFIER, POOL, SETTINGS, Operation, dump, idempotency_begin, idempotency_end,
@@ -68,19 +70,18 @@ async def cancel(request: web.Request) -> web.Response:
         if job.status in ("succeeded", "failed"):
             raise Conflict(f"job {job.id} is {job.status}; only a pending or retrying job can be cancelled",
                            code="job_finished")
+        rtype = resources.get(job.resource_type)
+        if rtype is not None and isinstance(rtype.deletion, Immediate) and job.kind == rtype.final_kind:
+            raise Conflict(f"job {job.id} is the deletion of {rtype.name} {job.resource_id} ({job.kind}); an "
+                           f"immediate deletion has no cancel: once confirmed, the {rtype.name} goes",
+                           code="job_not_cancellable")
         message = f"cancelled by {current_actor() or 'the tenant'} while {job.status}"
         done = await store.job_cancel(conn, job.id, tenant_id, {"class": "cancelled", "message": message})
         assert done is not None  # the row is locked and was pending or retry
-        rtype = resources.get(job.resource_type)
         if rtype is not None and job.resource_id is not None:
             row = await rtype.get(conn, job.resource_id)
-            # creating: failed only when no job of its own is left to move it on (a job queued
-            # behind the cancelled create, e.g. a load balancer's configure, converges it too;
-            # a configure cancelled while the create is still queued leaves it creating)
-            stuck = row is not None and row.status == "creating" \
-                and await store.resource_count_own_live_jobs(conn, row.id) == 0
-            if row is not None and (stuck or job.kind == rtype.final_kind):
-                await rtype.mark_failed_by_job(conn, row.id, f"{job.kind} job {job.id} was {message}", kind=job.kind)
+            if row is not None:
+                await rtype.job_cancelled(conn, row, job.kind, f"{job.kind} job {job.id} was {message}")
     return web.json_response(dump(JobOne, {"job": done.public()}))
 
 
