@@ -218,7 +218,14 @@ async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: St
     server, job = await fast.create_server("mine-1")
     _, tok, _ = await call(fast, "POST", "/tokens", json={"name": "mine"})
     _, adr, _ = await call(fast, "POST", "/addresses", json={"region": "dev-1", "name": "mine-a"})
-    ids = {"srv": server["id"], "job": job["id"], "tok": tok["token"]["id"], "adr": adr["address"]["id"]}
+    _, lb, _ = await call(fast, "POST", "/load-balancers", json={
+        "name": "mine-lb", "region": "dev-1", "services": [{"protocol": "tcp", "listen_port": 80, "destination_port": 8080}]})
+    _, k8s, _ = await call(fast, "POST", "/clusters", json={
+        "name": "mine-k8s", "region": "dev-1", "version": "1.33",
+        "control_plane": {"count": 1, "cores": 2, "memory_mib": 4096, "disk_gib": 30},
+        "node_pools": [{"name": "workers", "count": 1, "cores": 2, "memory_mib": 4096, "disk_gib": 30}]})
+    ids = {"srv": server["id"], "job": job["id"], "tok": tok["token"]["id"], "adr": adr["address"]["id"],
+           "lb": lb["load_balancer"]["id"], "k8s": k8s["cluster"]["id"]}
     _, other = await make_tenant(fast.pool, "intruder")
     routes = sorted({(r.method, r.resource.canonical) for r in fast.app.router.routes()
                      if r.resource is not None and "{id}" in r.resource.canonical and r.method != "HEAD"})
@@ -226,10 +233,20 @@ async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: St
     before = await fast.pool.fetchval("SELECT count(*) FROM jobs"), await fast.pool.fetchval(
         "SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL")
     for method, template in routes:
-        prefix = {"servers": "srv", "jobs": "job", "tokens": "tok", "addresses": "adr"}[template.split("/")[2]]
+        prefix = {"servers": "srv", "jobs": "job", "tokens": "tok", "addresses": "adr", "load-balancers": "lb",
+                  "clusters": "k8s"}[template.split("/")[2]]
         path = template.removeprefix("/v1").replace("{id}", ids[prefix])
-        body = ({"server_id": server["id"]} if template.endswith("/assign") else
-                {"disk_gib": 50} if template.endswith("/resize") else {"name": "taken-over"})
+        # a valid body for each action, so that only the id can make it fail
+        action = template.rsplit("/", 1)[-1]
+        body = {"assign": {"server_id": server["id"]}, "resize": {"disk_gib": 50},
+                "add_target": {"type": "ip", "ip": "203.0.113.201"}, "remove_target": {"type": "ip", "ip": "203.0.113.201"},
+                "add_service": {"protocol": "tcp", "listen_port": 81, "destination_port": 8081},
+                "update_service": {"listen_port": 80, "destination_port": 9080},
+                "delete_service": {"listen_port": 80}, "change_algorithm": {"type": "least_connections"},
+                "add-node-pool": {"name": "more", "count": 1}, "resize-node-pool": {"pool": "workers", "count": 2},
+                "remove-node-pool": {"pool": "workers"}}.get(action, {"name": "taken-over"})
+        if method == "PATCH" and prefix == "k8s":  # a cluster's name is fixed; its labels are not
+            body = {"labels": {"taken": "over"}}
         status, out, _ = await call(fast, method, path, other, json=body if method in ("POST", "PATCH") else None)
         assert status == 404, (method, path, status, out)
         assert out["error"]["code"] == "not_found"
