@@ -129,6 +129,12 @@ REGION_DESCRIPTIONS: dict[str, str] = {
                             "cluster itself, and confirms each VM by its own config; a job that needs a newer listing "
                             "(after its claim, after a disagreement) waits for one. 0: a new listing for every lookup "
                             "not already sharing one in flight.",
+    "max_concurrent_jobs": "Most jobs of the region running at once, across every executor process serving it (the "
+                           "hypervisor is the limit, not z9). Enforced in the claim: a per-region transaction-scoped "
+                           "advisory lock serializes the region's claims, which count its running jobs with an "
+                           "unexpired lease and take at most the difference (a dead executor's slots free up when its "
+                           "leases expire). Unset: no cap and no extra work in the claim. Give every executor of the "
+                           "region the same value. Held-back claims: `z9_region_cap_waits_total` and an INFO log line.",
     "address_pools": "The region's address pools: a list of `{name, cidr, gateway?, range?: [first, last], "
                      "reserved?: [ip…], bridge? (vmbr0), vlan?, nameservers?, quarantine_s? (3600)}`; `range` "
                      "defaults to every host address, at most 65,536 per pool; pools of a region must not "

@@ -13,13 +13,14 @@ errors (see :func:`_boundary`) — a unique violation becomes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import inspect
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable, Protocol
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Protocol
 
 import asyncpg
 
@@ -375,10 +376,15 @@ async def jobs_unblock_missed(db: DB, limit: int = 1000) -> list[Any]:
     return await db.fetch(q("jobs_unblock_missed"), limit)
 
 
-async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float) -> list[Job]:
+async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float,
+                    caps: Mapping[str, int] | None = None, on_held: CapHeld | None = None) -> list[Job]:
     """Claim up to ``limit`` pending jobs of ``regions`` (``FOR UPDATE SKIP LOCKED``), at most the
     earliest live job of each resource; each gets ``lease_owner = owner`` and attempt + 1.
-    One statement per region (in the order given) until ``limit`` jobs are claimed."""
+    One statement per region (in the order given) until ``limit`` jobs are claimed.
+    ``caps``: region → most running jobs across all executors (``max_concurrent_jobs``); a
+    region without one is claimed as above, at no extra cost (see :func:`_job_claim_capped`)."""
+    if caps and any(r in caps for r in regions):
+        return await _job_claim_capped(db, regions, limit, owner, lease_ttl_s, caps, on_held)
     out: list[Job] = []
     for region in regions:
         if len(out) >= limit:
@@ -386,6 +392,66 @@ async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_tt
         rows = await db.fetch(q("job_claim"), region, limit - len(out), owner, lease_ttl_s)
         out.extend(Job.from_record(r) for r in rows)
     return out
+
+
+CapHeld = Callable[[str, int, int], None]
+"""``on_held(region, cap, running)``: a capped claim took fewer jobs than it had room for in this
+executor because the region was at its cap, while claimable jobs of the region waited."""
+
+
+async def _job_claim_capped(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float,
+                            caps: Mapping[str, int], on_held: CapHeld | None) -> list[Job]:
+    """:func:`job_claim` with per-region caps. A capped region's claim runs under its advisory
+    lock (``job_region_cap_lock``, held to commit): count the region's running jobs with an
+    unexpired lease, claim at most ``cap − running`` through the ordinary ``job_claim`` query.
+    Serialized per region, so executors claiming at once never exceed the cap together.
+
+    On a pool (or a connection outside a transaction) each capped region gets its own short
+    transaction. Inside a caller's transaction (the claim of a finish batch) the locks are held to
+    its commit, so every capped region of the call is locked first, in sorted order."""
+    out: list[Job] = []
+    capped = sorted(r for r in regions if r in caps)
+    # a Connection, or a pool's connection proxy (which forwards is_in_transaction)
+    in_tx = not isinstance(db, asyncpg.Pool) and db.is_in_transaction()  # type: ignore[attr-defined]
+    if in_tx:
+        await db.execute(q("job_region_cap_lock"), capped)
+    for region in regions:
+        if len(out) >= limit:
+            break
+        want = limit - len(out)
+        if region not in caps:
+            out.extend(await job_claim(db, [region], want, owner, lease_ttl_s))
+        elif in_tx:
+            out.extend(await _claim_under_cap(db, region, caps[region], want, owner, lease_ttl_s, on_held))
+        else:
+            async with _transaction(db) as conn:
+                await conn.execute(q("job_region_cap_lock"), [region])
+                out.extend(await _claim_under_cap(conn, region, caps[region], want, owner, lease_ttl_s, on_held))
+    return out
+
+
+async def _claim_under_cap(conn: Any, region: str, cap: int, want: int, owner: str, lease_ttl_s: float,
+                           on_held: CapHeld | None) -> list[Job]:
+    """Holding the region's cap lock: claim at most ``min(want, cap − running)`` of its jobs."""
+    running = await conn.fetchval(q("job_region_running"), region)
+    room = min(want, cap - running)
+    got = await job_claim(conn, [region], room, owner, lease_ttl_s) if room > 0 else []
+    if room < want and len(got) == max(room, 0) and on_held is not None:
+        # the cap, not the queue, limited this claim (if anything claimable is left waiting)
+        if await conn.fetchval(q("job_region_claimable"), region):
+            on_held(region, cap, running + len(got))
+    return got
+
+
+@contextlib.asynccontextmanager
+async def _transaction(db: DB) -> AsyncIterator[Any]:
+    """A transaction on ``db``: a connection of the pool, or the connection itself."""
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn, conn.transaction():
+            yield conn
+    else:
+        async with db.transaction():  # type: ignore[attr-defined]
+            yield db
 
 
 async def _fenced(db: DB, name: str, lease: Lease, *args: Any) -> Any:
