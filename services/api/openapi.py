@@ -24,7 +24,10 @@ _STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted: poll the job until it
                 400: "Malformed request (not JSON, an unknown query parameter)",
                 403: "The token lacks the scope this needs, or a quota would be exceeded (`quota_exceeded`)",
                 401: "Missing, unknown or revoked token", 404: "No such resource (or another tenant's)",
-                409: "A precondition failed; the message names it", 422: "Invalid fields; the message names each",
+                409: "A precondition failed; the message names it",
+                422: "Invalid fields, or fields naming what does not exist (a region, image or pool of this "
+                     "installation, another resource of the tenant), or an Idempotency-Key already used with "
+                     "another request; the message names each",
                 413: "The request body is larger than 256 KiB",
                 429: "Over the token's request rate; retry after Retry-After seconds",
                 503: "The database is unreachable right now (retry after Retry-After seconds), or a setting the operation needs is missing (the message names it)"}
@@ -32,13 +35,14 @@ _STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted: poll the job until it
 
 def _refusals(op: Operation) -> set[int]:
     """What an operation may answer before its own checks, from the app's middleware: an invalid
-    Idempotency-Key (400), a read-only token on a mutation (403), a body over the limit (413),
-    the rate limit (429), the database unreachable (503) — for authenticated operations."""
+    Idempotency-Key (400) or one already used with another request (422), a read-only token on a
+    mutation (403), a body over the limit (413), the rate limit (429), the database unreachable
+    (503) — for authenticated operations."""
     if 401 not in op.responses:
         return set()
     out = {429, 503}
     if op.idempotent:
-        out.add(400)
+        out |= {400, 422}
     if op.method.upper() not in ("GET", "HEAD"):
         out.add(403)
     if op.request is not None:

@@ -37,7 +37,10 @@ LIVE = ("creating", "running", "stopped", "failed")
 class ServerResize(BaseModel):
     """``POST /v1/servers/{id}/actions/resize``: the new sizes (at least one)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"cores": 4, "memory_mib": 8192}]})
+    # "at least one" in the document: one of the three is given and not null
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"cores": 4, "memory_mib": 8192}],
+        "anyOf": [{"required": [f], "properties": {f: {"type": "integer"}}} for f in ("cores", "memory_mib", "disk_gib")]})
 
     cores: StrictInt | None = Field(None, ge=1, le=64)
     memory_mib: StrictInt | None = Field(None, ge=512, le=1048576)
