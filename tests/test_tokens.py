@@ -213,32 +213,42 @@ async def test_step_details_hidden_from_tenants_shown_to_operators(fast: Stack, 
 
 
 async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: Stack) -> None:
-    """Walks the router: every route with an {id}, called by another tenant with ids that exist
-    in this one, answers 404 and changes nothing."""
-    server, job = await fast.create_server("mine-1")
+    """Walks the router: every route with an {id} (every resource type's, the jobs' and the
+    tokens'), called by another tenant with ids that exist in this one and the operation's own
+    example body, answers 404 and changes nothing."""
+    from z9.api.app import RESOURCES, operations
+
+    ids: dict[str, str] = {}
+    for reg in RESOURCES:  # one of each type, from its documented example
+        example = reg.create_model.model_config["json_schema_extra"]["examples"][0]
+        status, out, _ = await call(fast, "POST", f"/{reg.rtype.plural}", json=example)
+        assert status == 202, (reg.rtype.name, out)
+        ids[reg.rtype.plural] = out[reg.rtype.name]["id"]
+        ids["jobs"] = out["job"]["id"]
     _, tok, _ = await call(fast, "POST", "/tokens", json={"name": "mine"})
-    _, adr, _ = await call(fast, "POST", "/addresses", json={"region": "dev-1", "name": "mine-a"})
-    ids = {"srv": server["id"], "job": job["id"], "tok": tok["token"]["id"], "adr": adr["address"]["id"]}
+    ids["tokens"] = tok["token"]["id"]
+    bodies = {("/v1" + op.path, op.method): (op.request.model_config.get("json_schema_extra") or {}).get(
+        "examples", [{}])[0] for op in operations() if op.request is not None}
     _, other = await make_tenant(fast.pool, "intruder")
     routes = sorted({(r.method, r.resource.canonical) for r in fast.app.router.routes()
                      if r.resource is not None and "{id}" in r.resource.canonical and r.method != "HEAD"})
-    assert len(routes) >= 17, routes  # servers (9), jobs, tokens, addresses (6)
+    assert {t.split("/")[2] for _, t in routes} == {*(reg.rtype.plural for reg in RESOURCES), "jobs", "tokens"}
     before = await fast.pool.fetchval("SELECT count(*) FROM jobs"), await fast.pool.fetchval(
         "SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL")
     for method, template in routes:
-        prefix = {"servers": "srv", "jobs": "job", "tokens": "tok", "addresses": "adr"}[template.split("/")[2]]
-        path = template.removeprefix("/v1").replace("{id}", ids[prefix])
-        body = ({"server_id": server["id"]} if template.endswith("/assign") else
-                {"disk_gib": 50} if template.endswith("/resize") else {"name": "taken-over"})
-        status, out, _ = await call(fast, method, path, other, json=body if method in ("POST", "PATCH") else None)
+        path = template.removeprefix("/v1").replace("{id}", ids[template.split("/")[2]])
+        body = bodies.get((template, method))
+        if body is not None and "server_id" in body:
+            body = {**body, "server_id": ids["servers"]}
+        status, out, _ = await call(fast, method, path, other, json=body)
         assert status == 404, (method, path, status, out)
         assert out["error"]["code"] == "not_found"
     after = await fast.pool.fetchval("SELECT count(*) FROM jobs"), await fast.pool.fetchval(
         "SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL")
     assert before == after
-    assert (await fast.server(server["id"]))["status"] == "creating"
-    _, mine, _ = await call(fast, "GET", f"/addresses/{adr['address']['id']}")
-    assert mine["address"]["name"] == "mine-a" and mine["address"]["status"] != "deleting"
+    assert (await fast.server(ids["servers"]))["status"] == "creating"
+    _, mine, _ = await call(fast, "GET", f"/addresses/{ids['addresses']}")
+    assert mine["address"]["status"] != "deleting"
 
 
 async def test_address_job_details_hidden_from_tenants(fast: Stack, settings: Settings) -> None:
