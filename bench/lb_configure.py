@@ -135,9 +135,19 @@ async def main(rounds: int, targets: int) -> None:
                          round(_ts(s["finished_at"]) - _ts(s["started_at"]), 3)
                          for s in job["steps"] if s.get("started_at") and s.get("finished_at")}
                 times.append(wall)
+                # the rest, split by the job's own timestamps: created → claimed (NOTIFY, claim),
+                # claimed → first step (observe: both appliances' VMs and running files), last step →
+                # finished (verify: observe again, VIP and show stat on both, and the record)
+                ran = [s for s in job["steps"] if s.get("started_at") and s.get("finished_at")]
+                split = {}
+                if ran and job.get("started_at") and job.get("finished_at"):
+                    split = {"claim_s": round(_ts(job["started_at"]) - _ts(job["created_at"]), 3),
+                             "observe_s": round(min(_ts(s["started_at"]) for s in ran) - _ts(job["started_at"]), 3),
+                             "verify_s": round(_ts(job["finished_at"]) - max(_ts(s["finished_at"]) for s in ran), 3)}
                 print(json.dumps({"bench": "lb_configure", "round": n + 1, "targets": targets, "action": action,
                                   "seconds": round(wall, 3), "steps_s": steps,
-                                  "rest_s": round(wall - sum(steps.values()), 3), "target_s": 2.0}), flush=True)
+                                  "rest_s": round(wall - sum(steps.values()), 3), **split, "target_s": 2.0}),
+                      flush=True)
             print(json.dumps({"bench": "lb_configure", "rounds": rounds, "median_s": round(statistics.median(times), 3),
                               "max_s": round(max(times), 3), "target_s": 2.0,
                               "quiet_machine": "figures need a quiet machine"}), flush=True)

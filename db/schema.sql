@@ -622,20 +622,21 @@ CREATE TABLE cluster_keys (
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- A live cluster's endpoint address is not deleted through /v1/addresses, protection or not (the
--- API answers 409 cluster_endpoint): the cluster's delete releases it.
+-- A live cluster's endpoint address is neither deleted nor assigned to a server through /v1/addresses,
+-- protection or not (the API answers 409 cluster_endpoint): the cluster's delete releases it.
 CREATE FUNCTION addresses_cluster_endpoint() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.status IN ('deleting', 'destroying') AND OLD.status NOT IN ('deleting', 'destroying')
+    IF ((NEW.status IN ('deleting', 'destroying') AND OLD.status NOT IN ('deleting', 'destroying'))
+        OR (NEW.server_id IS NOT NULL AND NEW.server_id IS DISTINCT FROM OLD.server_id))
        AND EXISTS (SELECT 1 FROM clusters c WHERE c.endpoint_address_id = OLD.id AND c.status <> 'deleted') THEN
-        RAISE EXCEPTION 'address % is the control-plane endpoint of a Kubernetes cluster; delete the cluster instead',
-                        OLD.id
+        RAISE EXCEPTION 'address % is the control-plane endpoint of a Kubernetes cluster: it is neither assigned '
+                        'to a server nor deleted on its own (delete the cluster instead)', OLD.id
             USING ERRCODE = 'check_violation', CONSTRAINT = 'addresses_cluster_endpoint';
     END IF;
     RETURN NEW;
 END;
 $$;
 CREATE TRIGGER addresses_cluster_endpoint
-    BEFORE UPDATE OF status ON addresses
+    BEFORE UPDATE OF status, server_id ON addresses
     FOR EACH ROW
     EXECUTE FUNCTION addresses_cluster_endpoint();

@@ -341,3 +341,9 @@ async def test_endpoint_address_is_the_clusters(stack: Stack, sim: SimAdmin) -> 
     assert status == 200
     status, out = await stack.call("DELETE", f"/addresses/{aid}")
     assert status == 409 and out["error"]["code"] == "cluster_endpoint", out
+    # nor assigned to one of the tenant's servers (it would take the endpoint away from the cluster)
+    srv, _ = await stack.create_server("taker")
+    status, out = await stack.call("POST", f"/addresses/{aid}/actions/assign", json={"server_id": srv["id"]})
+    assert status == 409 and out["error"]["code"] == "cluster_endpoint", out
+    status, out = await stack.call("GET", f"/addresses/{aid}")
+    assert out["address"]["server_id"] is None and out["address"]["status"] == "active", out

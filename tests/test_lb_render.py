@@ -74,3 +74,18 @@ def test_health_joins_haproxy_with_what_only_z9_knows() -> None:
     assert detail["targets"]["ip:203.0.113.99"][0]["reason"] == "response_code_mismatch"
     assert _lb.health(lb, targets, None)[1]["targets"]["ip:203.0.113.99"][0]["reason"] == "no_appliance"
     assert _lb.health(_lb_row(targets=[]), [], stat)[0] == "unknown"
+
+
+def test_a_server_without_address_is_rendered_out_and_unused() -> None:
+    """A target server whose primary IPv4 went (unassigned): not in the file, ``unused``/``no_address``;
+    a stopped one stays in the file (its address is still its own) and is ``server_stopped``."""
+    lb = _lb_row(targets=[{"type": "server", "server_id": "srv_a"}, {"type": "server", "server_id": "srv_c"}])
+    servers = {"srv_a": {"status": "running", "power_state": "running", "ip": None},
+               "srv_c": {"status": "stopped", "power_state": "stopped", "ip": "203.0.113.21"}}
+    targets = _lb.resolve_targets(lb, servers)
+    text = _lb.render_haproxy(lb, targets)
+    assert "srv_a" not in text and "server srv_c 203.0.113.21:8080" in text
+    overall, detail = _lb.health(lb, targets, {("svc-80", "srv_c"): {"status": "UP", "check_status": "L4OK"}})
+    assert detail["targets"]["server:srv_a"] == [{"listen_port": 80, "status": "unused", "reason": "no_address"}]
+    assert detail["targets"]["server:srv_c"] == [{"listen_port": 80, "status": "unhealthy", "reason": "server_stopped"}]
+    assert overall == "unhealthy"

@@ -88,9 +88,9 @@ async def test_lb_ha_two_server_targets(stack: Stack, sim: SimAdmin) -> None:
     apps = _appliances(await sim.state(), lb["id"])
     assert [v["config"]["name"] for v in apps] == ["front-lb-0", "front-lb-1"]
     assert len({v["node"] for v in apps}) == 2 and lb["spread"] is True   # different nodes
-    for v in apps:
+    for i, v in enumerate(apps):
         tags = normalize_tags(v["config"]["tags"])
-        assert {"z9-role-customer", f"z9-id-{lb['id']}"} <= tags
+        assert {"z9-role-customer", f"z9-id-{lb['id']}", f"z9-member-lb-{i}"} <= tags
     hashes = set()
     vip = lb["public_net"]["ipv4"]["ip"]
     holders = []
@@ -107,11 +107,12 @@ async def test_lb_ha_two_server_targets(stack: Stack, sim: SimAdmin) -> None:
     assert lb["health"] == "healthy", lb
     assert all(h["status"] == "healthy" for t in lb["targets"] for h in t["health_status"])
 
-    # 2: stop a target through the API (the deletion buffer's ServerStop: this branch's API has no
-    # stop action): unhealthy / server_stopped within one health interval
-    status, out = await stack.call("DELETE", f"/servers/{a['id']}")
+    # 2: stop a target through the API (the power action): unhealthy / server_stopped within one
+    # health interval, the load balancer degraded
+    status, out = await stack.call("POST", f"/servers/{a['id']}/actions/poweroff")
     assert status == 202 and out["job"]["kind"] == "ServerStop", out
     assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    assert (await stack.server(a["id"]))["status"] == "stopped"
 
     async def degraded() -> dict | None:
         cur = await _get(stack, lb["id"])
@@ -122,6 +123,9 @@ async def test_lb_ha_two_server_targets(stack: Stack, sim: SimAdmin) -> None:
 
     # 6: delete that server to the end (its buffer ends now): the config no longer names it,
     # and the configure job was enqueued in the transaction that finished the server
+    status, out = await stack.call("DELETE", f"/servers/{a['id']}")
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
     async with stack.pool.acquire() as c:
         await c.execute("UPDATE servers SET delete_after = now() WHERE id = $1", a["id"])
 
@@ -136,7 +140,8 @@ async def test_lb_ha_two_server_targets(stack: Stack, sim: SimAdmin) -> None:
     async with stack.pool.acquire() as c:   # enqueued in the transaction that finished the server
         fin = await c.fetchval("SELECT finished_at FROM jobs WHERE id = $1", server_job["id"])
         created = await c.fetchval("SELECT created_at FROM jobs WHERE id = $1", conf[0]["id"])
-        assert fin is not None and created <= fin
+        deleted_at = await c.fetchval("SELECT deleted_at FROM servers WHERE id = $1", a["id"])
+        assert fin is not None and created == deleted_at   # now() of one transaction
     for v in _appliances(await sim.state(), lb["id"]):
         g = await sim._req("GET", f"/guests/{v['vmid']}")
         cfg = g["models"]["appliance"]["haproxy"]
@@ -166,7 +171,54 @@ async def test_rejected_config_fails_permanently(stack: Stack, sim: SimAdmin) ->
     assert "unknown keyword 'x'" in failed["error"]["message"]
     after = (await sim._req("GET", f"/guests/{vm['vmid']}"))["models"]["appliance"]["haproxy"]
     assert after == running
+    cur = await _get(stack, lb["id"])
+    assert cur["status"] == "failed" and "unknown keyword 'x'" in cur["status_reason"], cur
+    assert cur["config_hash"] == before["config_hash"]                 # still what the appliance runs
     await sim._req("DELETE", "/appliance-faults")
+    # the cause gone, a re-run of the failed job applies the action: active again
+    status, out = await stack.call("POST", f"/jobs/{failed['id']}/actions/rerun")
+    assert status == 202 and out["job"]["kind"] == "LoadBalancerConfigure", out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    cur = await _get(stack, lb["id"])
+    assert cur["status"] == "active" and cur["config_hash"] != before["config_hash"], cur
+    assert "203.0.113.241" in (await sim._req("GET", f"/guests/{vm['vmid']}"))["models"]["appliance"]["haproxy"]
+
+
+async def test_a_cancelled_configure_is_applied_by_the_drift_repair(stack: Stack, sim: SimAdmin) -> None:
+    """Cancelling a pending LoadBalancerConfigure does not undo its action (the row is the
+    desired state): the load balancer stays active and the action is applied all the same — here
+    by the job before it, whose verify renders the row as it is now (else the periodic observe's
+    drift repair would)."""
+    lb, job = await _lb(stack, name="cc", type="lb-small", services=[SERVICE],
+                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+    assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    lb = await _get(stack, lb["id"])
+    vmid = lb["members"][0]["vmid"]
+    # hold the first action's push so that the second action's job waits behind it (pending)
+    await sim._req("POST", "/faults", json={"method": "POST", "path": f"/qemu/{vmid}/agent/file-write",
+                                            "action": "delay", "seconds": 4, "times": 1})
+    status, first = await stack.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
+                                     json={"type": "ip", "ip": "203.0.113.241"})
+    assert status == 202, first
+    status, second = await stack.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
+                                      json={"type": "ip", "ip": "203.0.113.242"})
+    assert status == 202, second
+    status, out = await stack.call("POST", f"/jobs/{second['job']['id']}/actions/cancel")
+    assert status == 200 and out["job"]["error"]["class"] == "cancelled", out
+    assert (await stack.wait_job(first["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    assert (await _get(stack, lb["id"]))["status"] == "active"
+
+    async def applied() -> bool:
+        cfg = (await sim._req("GET", f"/guests/{vmid}"))["models"]["appliance"]["haproxy"]
+        return "203.0.113.242" in cfg
+    await wait_until(applied, stack.settings.lb_health_interval_s + 30, "the cancelled action applied")
+
+    async def settled() -> dict | None:
+        cur = await _get(stack, lb["id"])
+        cfg = (await sim._req("GET", f"/guests/{vmid}"))["models"]["appliance"]["haproxy"]
+        return cur if cur["status"] == "active" and cur["config_hash"] == hashlib.sha256(cfg.encode()).hexdigest() \
+            else None
+    await wait_until(settled, 30, "the load balancer active with the new hash")
 
 
 async def test_action_preconditions(stack: Stack, sim: SimAdmin) -> None:
@@ -188,17 +240,20 @@ async def test_action_preconditions(stack: Stack, sim: SimAdmin) -> None:
     # the VIP is the load balancer's: not deleted on its own
     vip = lb["public_net"]["ipv4"]["address_id"]
     status, out = await stack.call("DELETE", f"/addresses/{vip}")
-    assert status == 409, out
+    assert status == 409 and out["error"]["code"] == "load_balancer_address", out
+    for action, body in (("assign", {"server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"}), ("unassign", {})):
+        status, out = await stack.call("POST", f"/addresses/{vip}/actions/{action}", json=body)
+        assert status == 409 and out["error"]["code"] == "load_balancer_address", (action, out)
     status, out = await stack.call("POST", f"{base}/change_algorithm", json={"type": "least_connections"})
     assert status == 202 and out["load_balancer"]["algorithm"] == "least_connections", out
 
 
-async def _pve(sim: SimAdmin, method: str, path: str) -> Any:
+async def _pve(sim: SimAdmin, method: str, path: str, data: dict | None = None) -> Any:
     """An out-of-band request to the simulated PVE API, as an operator's tool would send it."""
     srv = sim.server
     auth = {"Authorization": f"PVEAPIToken={srv.token_id}={srv.token_secret}"}
     async with aiohttp.ClientSession() as http:
-        async with http.request(method, f"{srv.url}/api2/json{path}", headers=auth, ssl=False) as r:
+        async with http.request(method, f"{srv.url}/api2/json{path}", headers=auth, data=data, ssl=False) as r:
             assert r.status == 200, await r.text()
             return (await r.json())["data"]
 
@@ -260,6 +315,32 @@ async def test_delete_cancel_delete(stack: Stack, sim: SimAdmin) -> None:
     status, out = await stack.call("DELETE", f"/load-balancers/{lb['id']}")
     assert status == 202, out
     assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+
+    # the guard first: an appliance that (out of band) carries a platform role is never destroyed,
+    # and nothing is released — the final delete fails permanently, naming the guard
+    vm = _appliances(await sim.state(), lb["id"])[0]
+    tags = normalize_tags(vm["config"]["tags"])
+    await _pve(sim, "PUT", f"/nodes/{vm['node']}/qemu/{vm['vmid']}/config",
+               data={"tags": ";".join(sorted(tags | {"z9-role-platform"}))})
+    async with stack.pool.acquire() as c:
+        await c.execute("UPDATE load_balancers SET delete_after = now() WHERE id = $1", lb["id"])
+
+    async def refused() -> dict | None:
+        jobs = (await stack.call("GET", f"/jobs?resource_id={lb['id']}"))[1]["jobs"]
+        final = [j for j in jobs if j["kind"] == "LoadBalancerDelete"]
+        return final[0] if final and final[0]["status"] == "failed" else None
+    final = await wait_until(refused, 60, "the final delete refused by the guard")
+    assert "deletion guard refused" in final["error"]["message"], final
+    assert [v["vmid"] for v in _appliances(await sim.state(), lb["id"])] == [vm["vmid"]]
+    async with stack.pool.acquire() as c:
+        live = await c.fetchval("SELECT count(*) FROM addresses WHERE load_balancer_id = $1 AND status <> 'deleted'",
+                                lb["id"])
+    assert live == 2 and (await _get(stack, lb["id"]))["status"] == "failed"
+    # the operator takes the role off; delete again, to the end
+    await _pve(sim, "PUT", f"/nodes/{vm['node']}/qemu/{vm['vmid']}/config", data={"tags": ";".join(sorted(tags))})
+    status, out = await stack.call("DELETE", f"/load-balancers/{lb['id']}")
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
     async with stack.pool.acquire() as c:
         await c.execute("UPDATE load_balancers SET delete_after = now() WHERE id = $1", lb["id"])
 
@@ -271,7 +352,8 @@ async def test_delete_cancel_delete(stack: Stack, sim: SimAdmin) -> None:
     async with stack.pool.acquire() as c:
         rows = await c.fetch("SELECT a.status::text, a.deleted_at, i.reusable_after FROM addresses a "
                              "JOIN address_pool_ips i ON i.ip = a.ip WHERE a.load_balancer_id = $1", lb["id"])
-        fin = await c.fetchval("SELECT finished_at FROM jobs WHERE resource_id = $1 AND kind = 'LoadBalancerDelete'",
+        fin = await c.fetchval("SELECT finished_at FROM jobs WHERE resource_id = $1 AND kind = 'LoadBalancerDelete' "
+                               "AND status = 'succeeded'",
                                lb["id"])
     assert len(rows) == 2 and all(r["status"] == "deleted" and r["reusable_after"] is not None for r in rows)
     assert all(r["deleted_at"] <= fin for r in rows)     # released in the delete's finishing transaction
@@ -397,10 +479,30 @@ async def test_server_target_preconditions(api: Stack) -> None:
     status, out = await api.call("POST", "/load-balancers", json={
         "region": REGION, "name": "pre3", "targets": [{"type": "server", "server_id": server["id"]}]})
     assert status == 409 and out["error"]["code"] == "server_deleting", out
+    # region_mismatch: a server of another region (its row moved there: the test stack has one region)
+    other, _ = await api.create_server("elsewhere")
+    await api.pool.execute("UPDATE servers SET region = 'other-1' WHERE id = $1", other["id"])
+    status, out = await api.call("POST", base, json={"type": "server", "server_id": other["id"]})
+    assert status == 409 and out["error"]["code"] == "region_mismatch", out
+    assert "other-1" in out["error"]["message"] and REGION in out["error"]["message"]
     status, out = await api.call("DELETE", f"/load-balancers/{lb['id']}")
     assert status == 202, out
     status, out = await api.call("POST", base, json={"type": "ip", "ip": "203.0.113.250"})
     assert status == 409 and out["error"]["code"] == "load_balancer_deleting", out
+    # the type's limits: 500 targets, 16 services
+    full, _ = await _lb(api, name="full", targets=[{"type": "ip", "ip": f"198.51.100.{i % 250 + 1}"} for i in range(250)]
+                        + [{"type": "ip", "ip": f"192.0.2.{i % 250 + 1}"} for i in range(250)],
+                        services=[{**SERVICE, "listen_port": 1000 + p} for p in range(16)])
+    status, out = await api.call("POST", f"/load-balancers/{full['id']}/actions/add_target",
+                                 json={"type": "ip", "ip": "203.0.113.250"})
+    assert status == 409 and out["error"]["code"] == "resource_limit_exceeded", out
+    status, out = await api.call("POST", f"/load-balancers/{full['id']}/actions/add_service",
+                                 json={**SERVICE, "listen_port": 2000})
+    assert status == 409 and out["error"]["code"] == "resource_limit_exceeded", out
+    status, out = await api.call("POST", "/load-balancers", json={
+        "region": REGION, "name": "too-many", "targets": [{"type": "ip", "ip": f"10.0.{i // 250}.{i % 250 + 1}"}
+                                                          for i in range(501)]})
+    assert status == 422 and out["error"]["details"][0]["field"] == "targets", out
 
 
 async def test_a_config_larger_than_one_file_write(stack: Stack, sim: SimAdmin) -> None:
@@ -419,3 +521,95 @@ async def test_a_config_larger_than_one_file_write(stack: Stack, sim: SimAdmin) 
     assert len(running) > 100_000 and running.count("    server ") == 2000
     assert hashlib.sha256(running.encode()).hexdigest() == lb["config_hash"]
     assert not [f for f in g["files"] if ".part" in f or f.endswith(".tmp")]   # the parts are gone
+
+
+async def test_labels_patch_and_label_selector(api: Stack) -> None:
+    """Labels at create and through PATCH (database only, no job); GET /v1/load-balancers filters
+    on them with label_selector like every resource type."""
+    a, _ = await _lb(api, name="lab-a", labels={"env": "prod", "tier": "web"})
+    b, _ = await _lb(api, name="lab-b")
+    assert a["labels"] == {"env": "prod", "tier": "web"} and b["labels"] == {}
+    status, out = await api.call("PATCH", f"/load-balancers/{b['id']}", json={"labels": {"env": "dev"}})
+    assert status == 200 and out["load_balancer"]["labels"] == {"env": "dev"}, out
+    status, out = await api.call("PATCH", f"/load-balancers/{b['id']}", json={"name": "lab-b2"})
+    assert status == 200 and out["load_balancer"]["name"] == "lab-b2" and out["load_balancer"]["labels"] == {"env": "dev"}
+
+    async def ids(query: str) -> list[str]:
+        status, out = await api.call("GET", f"/load-balancers?{query}")
+        assert status == 200, (query, out)
+        return [x["id"] for x in out["load_balancers"]]
+    assert await ids("label_selector=env%3Dprod") == [a["id"]]
+    assert await ids("label_selector=env%20in%20(prod,dev)") == [a["id"], b["id"]]
+    assert await ids("label_selector=!tier") == [b["id"]]
+    status, out = await api.call("GET", "/load-balancers?label_selector=env%20notin%20(x)")
+    assert status == 422 and out["error"]["details"][0]["field"] == "label_selector"
+    status, out = await api.call("PATCH", f"/load-balancers/{b['id']}", json={"name": "lab-a"})
+    assert status == 409 and out["error"]["code"] == "uniqueness_error", out
+    status, out = await api.call("PATCH", f"/load-balancers/{b['id']}", json={})
+    assert status == 422, out
+    status, out = await api.call("PATCH", f"/load-balancers/{b['id']}", json={"labels": {"-bad": "x"}})
+    assert status == 422, out
+    status, out = await api.call("PATCH", "/load-balancers/lb_01jd3x5v8q2m6n4p7r9s1t3w5y", json={"name": "x"})
+    assert status == 404, out
+    jobs = (await api.call("GET", f"/jobs?resource_id={b['id']}"))[1]["jobs"]
+    assert [j["kind"] for j in jobs] == ["LoadBalancerCreate"]          # PATCH made no job
+
+
+async def test_addresses_of_a_load_balancer_count_against_the_quota(api: Stack) -> None:
+    """The VIP and each appliance's address are the tenant's addresses: an lb-ha needs 3 of the
+    addresses quota, an lb-small 2; over it 403 quota_exceeded and nothing is allocated."""
+    await store.tenant_quota_set(api.pool, api.tenant_id, {"addresses": 2})
+    status, out = await api.call("POST", "/load-balancers", json={"region": REGION, "name": "q-ha", "type": "lb-ha"})
+    assert status == 403 and out["error"]["code"] == "quota_exceeded", out
+    assert out["error"]["details"] == {"limit": "addresses", "quota": 2, "used": 0, "requested": 3}
+    async with api.pool.acquire() as c:
+        assert await c.fetchval("SELECT count(*) FROM addresses WHERE tenant_id = $1", api.tenant_id) == 0
+    lb, _ = await _lb(api, name="q-small", type="lb-small")
+    status, out = await api.call("POST", "/addresses", json={"region": REGION, "name": "one-more"})
+    assert status == 403 and out["error"]["details"]["used"] == 2, out
+    # deleting the load balancer keeps its addresses during the buffer (they still count)
+    status, out = await api.call("DELETE", f"/load-balancers/{lb['id']}")
+    assert status == 202, out
+    status, out = await api.call("POST", "/load-balancers", json={"region": REGION, "name": "q-2"})
+    assert status == 403 and out["error"]["details"]["used"] == 2, out
+
+
+async def test_cancel_and_rerun_of_load_balancer_jobs(api: Stack) -> None:
+    """Job actions on load balancer jobs (the API alone: no executor runs them). A cancelled
+    create leaves the load balancer failed (deletable, its create re-runnable); the deletion's
+    own jobs are not re-run (delete again instead)."""
+    lb, job = await _lb(api, name="cr", services=[SERVICE])
+    # a configure queued behind the create, cancelled: the create is still to run (still creating)
+    status, out = await api.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
+                                 json={"type": "ip", "ip": "203.0.113.240"})
+    assert status == 202, out
+    status, out = await api.call("POST", f"/jobs/{out['job']['id']}/actions/cancel")
+    assert status == 200, out
+    assert (await _get(api, lb["id"]))["status"] == "creating"
+    # and the other way round on a second one: its create cancelled, the configure behind it
+    # converges the load balancer (creates the appliances): still creating
+    lb2, job2 = await _lb(api, name="cr2", services=[SERVICE])
+    status, out = await api.call("POST", f"/load-balancers/{lb2['id']}/actions/change_algorithm",
+                                 json={"type": "least_connections"})
+    assert status == 202, out
+    status, _ = await api.call("POST", f"/jobs/{job2['id']}/actions/cancel")
+    assert status == 200 and (await _get(api, lb2["id"]))["status"] == "creating"
+    # the create cancelled with nothing behind it: failed
+    status, out = await api.call("POST", f"/jobs/{job['id']}/actions/cancel")
+    assert status == 200 and out["job"]["error"]["class"] == "cancelled", out
+    cur = await _get(api, lb["id"])
+    assert cur["status"] == "failed" and "cancelled" in cur["status_reason"], cur
+    status, out = await api.call("POST", f"/jobs/{job['id']}/actions/rerun")
+    assert status == 202 and out["job"]["kind"] == "LoadBalancerCreate", out
+    rerun = out["job"]["id"]
+    status, out = await api.call("POST", f"/jobs/{rerun}/actions/cancel")
+    assert status == 200, out
+    status, out = await api.call("DELETE", f"/load-balancers/{lb['id']}")
+    assert status == 202 and out["job"]["kind"] == "LoadBalancerStop", out
+    stop = out["job"]["id"]
+    status, out = await api.call("POST", f"/jobs/{stop}/actions/cancel")
+    assert status == 200, out
+    status, out = await api.call("POST", f"/jobs/{stop}/actions/rerun")
+    assert status == 409 and out["error"]["code"] == "job_not_rerunnable", out
+    status, out = await api.call("POST", f"/jobs/{rerun}/actions/rerun")    # the load balancer is deleting
+    assert status == 409 and out["error"]["code"] == "load_balancer_deleting", out

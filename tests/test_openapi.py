@@ -209,6 +209,15 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
                  f"/load-balancers/{lb}/actions/delete_service", 409, json={"listen_port": 81})
     await w.call("POST", "/load-balancers/{id}/actions/add_target",
                  f"/load-balancers/{lb}/actions/add_target", 422, json={"type": "ip"})
+    litem = "/load-balancers/{id}"
+    await w.call("PATCH", litem, f"/load-balancers/{lb}", 200, json={"name": "walk-lb-2", "labels": {"env": "walk"}})
+    await w.call("PATCH", litem, f"/load-balancers/{lb}", 422, json={"labels": {"": "x"}})
+    await w.call("PATCH", litem, f"/load-balancers/{lb}", 400, data=b"{", headers={"Content-Type": "application/json"})
+    await w.call("PATCH", litem, "/load-balancers/lb_nope", 404, json={"name": "x"})
+    await w.call("PATCH", litem, f"/load-balancers/{lb}", 401, token="z9t_unknown", json={"name": "x"})
+    other = (await w.call("POST", "/load-balancers", "/load-balancers", 202,
+                          json={"name": "walk-lb-3", "region": "dev-1"}))["load_balancer"]["id"]
+    await w.call("PATCH", litem, f"/load-balancers/{other}", 409, json={"name": "walk-lb-2"})
     # the cluster type's own routes: kubeconfig (409 before the first Ready, then minted) and node pools
     k8s = (await w.call("POST", "/clusters", "/clusters", 202,
                         json={"name": "walk-k8s", "region": "dev-1", "version": "1.33", "control_plane": {"count": 1},

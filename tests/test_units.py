@@ -605,7 +605,7 @@ def test_every_named_query_starts_with_its_verb() -> None:
     verb (the asyncpg trace spans are named by it; a comment made them ``--``)."""
     from z9.common.sql import queries
 
-    verbs = ("SELECT", "WITH", "INSERT", "UPDATE", "DELETE")
+    verbs = ("SELECT", "WITH", "INSERT", "UPDATE", "DELETE", "SET")
     assert queries()
     for name, text in queries().items():
         assert text.split(None, 1)[0].upper() in verbs, (name, text[:60])

@@ -220,6 +220,10 @@ SELECT (SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending
         WHERE extra_lock_keys @> ARRAY[$1::text] AND cardinality(extra_lock_keys) > 0
           AND status IN ('pending', 'running', 'retry'));
 
+-- name: resource_count_own_live_jobs
+-- Live (pending, running, retry) jobs of resource $1 itself (index-only on jobs_resource_live).
+SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending', 'running', 'retry');
+
 -- ================================================================ VM clone requests
 
 -- name: vm_clone_sent
@@ -883,8 +887,14 @@ RETURNING *, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 -- ---------------------------------------------------------------- load balancers (migration 0008)
 
 -- name: lb_insert
-INSERT INTO load_balancers (id, tenant_id, region, name, type, algorithm, services, targets)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+INSERT INTO load_balancers (id, tenant_id, region, name, type, algorithm, services, targets, labels)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+RETURNING *;
+
+-- name: lb_patch
+-- Database-only changes (name, labels); NULL: unchanged. A deleted load balancer is not changed.
+UPDATE load_balancers SET name = coalesce($3, name), labels = coalesce($4::jsonb, labels), updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
 RETURNING *;
 
 -- name: lb_address_allocate
@@ -951,6 +961,19 @@ WITH gone AS (
         updated_at = now()
     WHERE load_balancer_id = $1 AND status <> 'deleted'
       AND EXISTS (SELECT 1 FROM load_balancers l WHERE l.id = $1 AND l.status = 'deleted')
+    RETURNING id
+)
+UPDATE address_pool_ips i
+SET address_id = NULL, reusable_after = now() + make_interval(secs => p.quarantine_s)
+FROM address_pools p, gone
+WHERE i.address_id = gone.id AND p.id = i.pool_id
+RETURNING host(i.ip) AS ip;
+
+-- name: lb_servers
+-- The target servers of a load balancer, as z9 knows them: status, power and primary IPv4.
+SELECT id, status::text AS status, power_state, host(primary_ipv4) AS ip, region
+FROM servers WHERE id = ANY($1::text[]);
+
 -- ================================================================ clusters (issue 11, migration 0009)
 
 -- name: cluster_insert
@@ -990,12 +1013,6 @@ UPDATE address_pool_ips i
 SET address_id = NULL, reusable_after = now() + make_interval(secs => p.quarantine_s)
 FROM address_pools p, gone
 WHERE i.address_id = gone.id AND p.id = i.pool_id
-RETURNING host(i.ip) AS ip;
-
--- name: lb_servers
--- The target servers of a load balancer, as z9 knows them: status, power and primary IPv4.
-SELECT id, status::text AS status, power_state, host(primary_ipv4) AS ip, region
-FROM servers WHERE id = ANY($1::text[]);
 RETURNING gone.id;
 
 -- name: cluster_get_for_update

@@ -226,6 +226,11 @@ async def resource_mark_failed(db: DB, sql: SqlTarget, rid: str, reason: str, en
     await db.fetchval(qt("resource_mark_failed", *sql), rid, reason, ends_deletion)
 
 
+async def resource_count_own_live_jobs(db: DB, resource_id: str) -> int:
+    """How many live (pending, running, retry) jobs have ``resource_id`` as their resource."""
+    return await db.fetchval(q("resource_count_own_live_jobs"), resource_id)
+
+
 async def resource_count_live_jobs(db: DB, resource_id: str) -> int:
     """How many live (pending, running, retry) jobs lock ``resource_id`` (as their resource or
     as an extra lock key)."""
@@ -608,11 +613,21 @@ async def addresses_release_for_server(db: DB, server_id: str) -> dict[str, str]
 
 
 async def lb_insert(db: DB, *, lb_id: str, tenant_id: str, region: str, name: str, type: str, algorithm: str,
-                    services: list[dict[str, Any]], targets: list[dict[str, Any]]) -> LoadBalancer:
+                    services: list[dict[str, Any]], targets: list[dict[str, Any]],
+                    labels: dict[str, str] | None = None) -> LoadBalancer:
     """A new ``creating`` load balancer (call in the transaction that allocates its addresses and
     inserts its job). Raises UniqueViolation(load_balancers_tenant_name_live)."""
-    row = await db.fetchrow(q("lb_insert"), lb_id, tenant_id, region, name, type, algorithm, services, targets)
+    row = await db.fetchrow(q("lb_insert"), lb_id, tenant_id, region, name, type, algorithm, services, targets,
+                            labels or {})
     return LoadBalancer.from_record(row)
+
+
+async def lb_patch(db: DB, lb_id: str, tenant_id: str, *, name: str | None,
+                   labels: dict[str, str] | None) -> LoadBalancer | None:
+    """``PATCH``: a new name and/or labels (None: unchanged); None when there is no such load
+    balancer not yet deleted. Raises UniqueViolation(load_balancers_tenant_name_live)."""
+    row = await db.fetchrow(q("lb_patch"), lb_id, tenant_id, name, labels)
+    return LoadBalancer.from_record(row) if row else None
 
 
 async def lb_address_allocate(db: DB, *, pool_id: str, lb_id: str, member: str | None,
@@ -866,4 +881,3 @@ def _boundary(fn: Any) -> Any:
 for _name, _fn in list(globals().items()):
     if not _name.startswith("_") and inspect.iscoroutinefunction(_fn) and _fn.__module__ == __name__:
         globals()[_name] = _boundary(_fn)
-

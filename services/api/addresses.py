@@ -17,7 +17,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
 from z9.common import kinds, store
-from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed
+from z9.common.errors import CheckViolation, Conflict, NotFound, UniqueViolation, ValidationFailed
 from z9.common.models import Address, Server
 from z9.common.resources.address import ADDRESS
 from z9.common.settings import Settings
@@ -25,7 +25,8 @@ from z9.common.store import NewJob
 
 from . import quotas, schemas
 from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin,
-                        idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant)
+                        DELETION_RULE_CODES, idempotency_end, idempotency_key, parse_body, path_id, request_hash,
+                        room_for_a_job, tenant)
 
 DNS_PTR_PATTERN = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?$"
 SERVER_ID = r"^srv_[0-9a-z]{26}$"
@@ -289,6 +290,12 @@ def _operations(api: ApiResource) -> list[Operation]:
             except UniqueViolation as e:
                 raise Conflict(f"server {server.id} already has a primary IPv{a.family} address",
                                code=f"server_has_ipv{a.family}") from e
+            except CheckViolation as e:
+                # a rule of the address's owner (addresses_<code>: a cluster's endpoint) refused it
+                code = e.constraint.removeprefix("addresses_")
+                if e.constraint.startswith("addresses_") and code in DELETION_RULE_CODES:
+                    raise Conflict(str(e).split("\n")[0], code=code) from e
+                raise
             extra = tuple(s for s in (server.id, a.server_id) if s)
             return row, kinds.ADDRESS_ASSIGN, {"server_id": server.id}, extra
 

@@ -8,7 +8,8 @@ the executor's cancellation between steps (a job superseded by a delete) is the 
 decide, not a customer's. A finished job answers 409 ``job_finished`` (a cancelled one answers
 200 again: cancelling is idempotent, so a client may retry it). The job's resource is
 left as it is, except where nothing else would ever move it on: a resource still ``creating``
-(its create was cancelled) or a cancelled final delete ends ``failed`` (the generic rule of a
+with no job of its own left (its create was cancelled, and nothing queued behind it) or a
+cancelled final delete ends ``failed`` (the generic rule of a
 failed job, ``ResourceType.mark_failed_by_job``), so it can be deleted or re-created.
 
 Re-run (``POST /v1/jobs/{id}/actions/rerun``): a ``failed`` job's kind, arguments, resource
@@ -69,7 +70,12 @@ async def cancel(request: web.Request) -> web.Response:
         rtype = resources.get(job.resource_type)
         if rtype is not None and job.resource_id is not None:
             row = await rtype.get(conn, job.resource_id)
-            if row is not None and (row.status == "creating" or job.kind == rtype.final_kind):
+            # creating: failed only when no job of its own is left to move it on (a job queued
+            # behind the cancelled create, e.g. a load balancer's configure, converges it too;
+            # a configure cancelled while the create is still queued leaves it creating)
+            stuck = row is not None and row.status == "creating" \
+                and await store.resource_count_own_live_jobs(conn, row.id) == 0
+            if row is not None and (stuck or job.kind == rtype.final_kind):
                 await rtype.mark_failed_by_job(conn, row.id, f"{job.kind} job {job.id} was {message}", kind=job.kind)
     return web.json_response(dump(JobOne, {"job": done.public()}))
 

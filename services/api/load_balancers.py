@@ -8,7 +8,13 @@ addresses kept) and cancel-deletion (appliances started again) are the generic o
 409 codes (Hetzner's where the meaning is the same): ``target_already_defined``,
 ``target_not_found``, ``source_port_already_used``, ``service_not_found``, ``server_deleting``,
 ``region_mismatch``, ``missing_ipv4``, ``load_balancer_deleting``, ``pool_exhausted``,
-``uniqueness_error``; each message names the precondition.
+``uniqueness_error``; each message names the precondition. ``PATCH`` renames a load balancer or
+replaces its labels (database only, no job).
+
+Quotas: the VIP and each appliance's address are addresses of the tenant (rows of ``addresses``
+from the region's pool, counted by the ``addresses`` quota like any other): the create checks
+``1 + appliances`` against it (403 ``quota_exceeded``). The appliance VMs are not the tenant's
+servers: they count against neither ``servers``, ``cores`` nor ``memory_mib``.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from z9.common.models import LoadBalancer, target_key
 from z9.common.resources.load_balancer import LOAD_BALANCER
 from z9.common.settings import Settings
 
-from . import schemas
+from . import quotas, schemas
 from .addresses import exhausted, pick_pool
 from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin,
                         idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant)
@@ -34,6 +40,7 @@ SERVER_ID = r"^srv_[0-9a-z]{26}$"
 MAX_TARGETS = 500
 MAX_SERVICES = 16
 STATUS_CODE = r"^[1-5][0-9?]{2}$"
+APPLIANCES = {"lb-small": 1, "lb-ha": 2}
 
 
 class HttpCheck(BaseModel):
@@ -148,6 +155,7 @@ class LoadBalancerCreate(BaseModel):
     algorithm: Literal["round_robin", "least_connections"] = "round_robin"
     address_pool: StrictStr | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
                                            description="pool of the VIP and appliance addresses (default public)")
+    labels: schemas.Labels = Field(default_factory=dict)
     services: list[Service] = Field(default_factory=list, max_length=MAX_SERVICES)
     targets: list[Target] = Field(default_factory=list, max_length=MAX_TARGETS)
 
@@ -265,11 +273,13 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
     targets = [t.normalized() for t in spec.targets]
     await _check_server_targets(ctx.conn, ctx.tenant_id, spec.region, targets)
     pool = await pick_pool(ctx.conn, ctx.settings, spec.region, 4, spec.address_pool)
+    # the VIP and one address per appliance are the tenant's addresses (see the module's doc)
+    await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1 + APPLIANCES[spec.type])
     lb_id = new_id("lb")
     try:
         lb = await store.lb_insert(ctx.conn, lb_id=lb_id, tenant_id=ctx.tenant_id, region=spec.region,
                                    name=spec.name, type=spec.type, algorithm=spec.algorithm, services=services,
-                                   targets=targets)
+                                   targets=targets, labels=spec.labels)
     except UniqueViolation as e:
         if e.constraint == "load_balancers_tenant_name_live":
             raise Conflict(f"a load balancer named {spec.name!r} already exists in this tenant",
@@ -317,6 +327,21 @@ class ServiceUpdate(BaseModel):
 class ServiceRef(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"listen_port": 443}]})
     listen_port: StrictInt = Field(ge=1, le=65535)
+
+
+class LoadBalancerPatch(BaseModel):
+    """``PATCH /v1/load-balancers/{id}``: a new name and/or labels (replacing all labels)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"name": "web-2",
+                                                                               "labels": {"env": "prod"}}]})
+    name: StrictStr | None = Field(None, pattern=schemas.NAME_PATTERN, description="DNS label, lower case, 1-63 chars")
+    labels: schemas.Labels | None = None
+
+    @model_validator(mode="after")
+    def _some(self) -> "LoadBalancerPatch":
+        if self.name is None and self.labels is None:
+            raise ValueError("give at least one of name, labels")
+        return self
 
 
 class AlgorithmBody(BaseModel):
@@ -438,6 +463,23 @@ def _operations(api: ApiResource) -> list[Operation]:
 
         return await _action(request, "POST /load-balancers/{id}/actions/change_algorithm", spec.model_dump(), fn)
 
+    async def patch(request: web.Request) -> web.Response:
+        spec = await parse_body(request, LoadBalancerPatch)
+        pool, tenant_id = request.app[POOL], tenant(request)
+        rid = path_id(request, "lb", "load balancer")
+        try:
+            row = await store.lb_patch(pool, rid, tenant_id, name=spec.name, labels=spec.labels)
+        except UniqueViolation as e:
+            if e.constraint != "load_balancers_tenant_name_live":
+                raise
+            raise Conflict(f"a load balancer named {spec.name!r} already exists in this tenant",
+                           code="uniqueness_error") from e
+        if row is None:
+            if await LOAD_BALANCER.get(pool, rid, tenant_id) is None:
+                raise NotFound(f"no load balancer {rid!r}")
+            raise Conflict(f"load balancer {rid} is deleted; it cannot be changed", code="load_balancer_deleting")
+        return web.json_response(dump(api.models["one"], {"load_balancer": row.public()}))
+
     job_ref = {"id": "job_01jd3x5v8q2m6n4p7r9s1t3w5y", "status": "pending", "kind": kinds.LOAD_BALANCER_CONFIGURE}
     example = {"load_balancer": {**EXAMPLE, "status": "active"}, "job": job_ref}
     responses = {202: accepted, 400: None, 401: None, 404: None, 409: None, 422: None}
@@ -453,6 +495,11 @@ def _operations(api: ApiResource) -> list[Operation]:
         ops.append(Operation("POST", f"/load-balancers/{{id}}/actions/{name}", handler,
                              f"{op_id[0].lower()}{op_id[1:]}LoadBalancer", summary, "load-balancers", responses,
                              request=body, path_id=id_doc, idempotent=True, example=example))
+    ops.append(Operation("PATCH", "/load-balancers/{id}", patch, "updateLoadBalancer",
+                         "Rename a load balancer or set its labels (no job)", "load-balancers",
+                         {200: api.models["one"], 400: None, 401: None, 404: None, 409: None, 422: None},
+                         request=LoadBalancerPatch, path_id=id_doc,
+                         example={"load_balancer": {**EXAMPLE, "status": "active", "labels": {"env": "prod"}}}))
     return ops
 
 

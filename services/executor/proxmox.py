@@ -60,6 +60,7 @@ ENDPOINTS = (
     "POST /nodes/{node}/qemu/{vmid}/clone", "POST /nodes/{node}/qemu/{vmid}/config",
     "PUT /nodes/{node}/qemu/{vmid}/resize", "POST /nodes/{node}/qemu/{vmid}/status/start",
     "POST /nodes/{node}/qemu/{vmid}/status/shutdown", "POST /nodes/{node}/qemu/{vmid}/status/stop",
+    "POST /nodes/{node}/qemu/{vmid}/status/reboot",
     "DELETE /nodes/{node}/qemu/{vmid}",
     "GET /cluster/firewall/options", "GET /nodes/{node}/qemu/{vmid}/firewall/options",
     "PUT /nodes/{node}/qemu/{vmid}/firewall/options", "POST /nodes/{node}/qemu/{vmid}/firewall/ipset",
@@ -630,8 +631,9 @@ class ProxmoxClient:
         await self._agent("POST /nodes/{node}/qemu/{vmid}/agent/ping", f"ping the agent of VM {vmid}",
                           lambda: self._api.nodes(node).qemu(vmid).agent.ping.post())
 
-    async def agent_exec(self, node: str, vmid: int, argv: list[str], stdin: str | None = None) -> int:
-        """``agent/exec`` → the guest pid (the command runs on; poll :meth:`agent_exec_status`)."""
+    async def agent_exec_start(self, node: str, vmid: int, argv: list[str], stdin: str | None = None) -> int:
+        """``agent/exec`` → the guest pid (the command runs on; poll :meth:`agent_exec_status`);
+        ``stdin`` is the command's ``input-data``. :meth:`agent_exec` runs a command to its end."""
         data: dict[str, Any] = {"command": list(argv)}
         if stdin is not None:
             data["input-data"] = stdin

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,13 @@ class ConfigError(Exception):
     """The configuration is missing or unreadable (the message says what to do)."""
 
 
-def config_path() -> Path:
-    if os.environ.get("Z9_CONFIG"):
-        return Path(os.environ["Z9_CONFIG"])
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+def config_path(env: Mapping[str, str] | None = None) -> Path:
+    """``Z9_CONFIG``, else under ``XDG_CONFIG_HOME`` or ``~/.config`` (read from ``env``, default the
+    process environment)."""
+    env = os.environ if env is None else env
+    if env.get("Z9_CONFIG"):
+        return Path(env["Z9_CONFIG"])
+    base = Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config")
     return base / "z9" / "config.toml"
 
 
@@ -93,7 +97,7 @@ def resolve(*, api_url: str | None = None, token: str | None = None, context: st
     source = "flags/environment"
     ctx_name = context or env.get("Z9_CONTEXT")
     if not (url and tok) or ctx_name:
-        cfg = ConfigFile.load()
+        cfg = ConfigFile.load(config_path(env))
         name = ctx_name or cfg.current_context
         if name:
             ctx = cfg.contexts.get(name)

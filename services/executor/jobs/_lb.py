@@ -199,27 +199,38 @@ async def observe(ctx: JobContext, *, active_statuses: tuple[str, ...] = ("creat
     image = ctx.settings.regions[lb.region].lb_image if lb.region in ctx.settings.regions else "z9-lb-appliance"
     world = World(lb=lb, desired_haproxy=render_haproxy(lb, targets),
                   desired_keepalived={m: render_keepalived(lb, m) for m in lb.members}, targets=targets)
+    # every member at once (the VM machinery's observe does not depend on the clone target node)
+    members = list(lb.members)
+    seen = await gather(*(vms.observe_member(ctx, spec(lb, m, image, None)) for m in members))
     placed: list[str] = []
     nodes: list[str] | None = None
-    for member in lb.members:
+    for member, mw in zip(members, seen):
         # lb-0 lands on the template's node; lb-1 on another node than lb-0 (an existing VM stays)
-        found = await vms.find_one_vm(ctx, lb.id, member)
-        node = found.node if found is not None else None
+        node = mw.vm.node if mw.vm is not None else None
         if node is None and placed:
             nodes = nodes if nodes is not None else await ctx.pve.nodes()
             free = [n for n in nodes if n not in placed]
             node = free[0] if free else None
-        s = spec(lb, member, image, node)
-        mw = await vms.observe_member(ctx, s)
         if mw.vm is not None:
             placed.append(mw.vm.node)
         elif mw.template is not None:
             placed.append(node or mw.template.node)
-        app = Appliance(member, s, mw)
-        app.haproxy_hash = await running_hash(ctx, mw.vm, HAPROXY_CFG)
-        app.keepalived_hash = await running_hash(ctx, mw.vm, KEEPALIVED_CFG)
-        world.appliances[member] = app
+        world.appliances[member] = Appliance(member, spec(lb, member, image, node), mw)
+    apps = list(world.appliances.values())
+    hashes = await gather(*(running_hash(ctx, a.world.vm, path) for a in apps for path in (HAPROXY_CFG, KEEPALIVED_CFG)))
+    for i, app in enumerate(apps):
+        app.haproxy_hash, app.keepalived_hash = hashes[2 * i], hashes[2 * i + 1]
     return world
+
+
+async def gather(*aws: Any) -> list[Any]:
+    """``asyncio.gather`` that lets every call finish (no orphan left running) and then raises
+    the first error, in the order given."""
+    out = await asyncio.gather(*aws, return_exceptions=True)
+    for r in out:
+        if isinstance(r, BaseException):
+            raise r
+    return list(out)
 
 
 def plan(job: Job, world: World) -> list[Step]:
@@ -277,7 +288,7 @@ async def wait_agent(ctx: JobContext, vm: VmState, deadline_s: float = 120.0) ->
 async def run(ctx: JobContext, vm: VmState, argv: list[str], stdin: str | None = None,
               deadline_s: float = 60.0) -> tuple[int, str, str]:
     """Run a command in the appliance through the agent; ``(exitcode, stdout, stderr)``."""
-    pid = await ctx.pve.agent_exec(vm.node, vm.vmid, argv, stdin)
+    pid = await ctx.pve.agent_exec_start(vm.node, vm.vmid, argv, stdin)
     end = time.monotonic() + deadline_s
     delay = 0.02  # these commands take milliseconds: ask at once, then back off to task_poll_s
     while True:
@@ -396,24 +407,30 @@ async def read_health(ctx: JobContext, world: World) -> dict[str, Any]:
     lb = world.lb
     assert lb is not None
     vip = lb.addresses["vip"]["ip"]
-    members: dict[str, Any] = {}
-    stats: dict[str, Any] = {}
-    for member in lb.members:
-        vm = await vms.find_one_vm(ctx, lb.id, member)
+
+    async def one(member: str) -> tuple[dict[str, Any], Any]:
+        # verify has just observed the appliances (their VMs and running hashes): read them once
+        app = world.appliances.get(member)
+        vm = app.world.vm if app is not None else await vms.find_one_vm(ctx, lb.id, member)
         m: dict[str, Any] = {"vmid": vm.vmid if vm else None, "node": vm.node if vm else None,
                              "running": bool(vm and vm.running), "config_hash": None, "holds_vip": False}
+        stat = None
         if vm is not None and vm.running:
             try:
-                m["config_hash"] = await running_hash(ctx, vm, HAPROXY_CFG)
+                m["config_hash"] = app.haproxy_hash if app is not None else await running_hash(ctx, vm, HAPROXY_CFG)
                 ifaces = await ctx.pve.agent_interfaces(vm.node, vm.vmid)
                 m["holds_vip"] = any(a.get("ip-address") == vip for i in ifaces for a in i.get("ip-addresses", []))
                 code, out, _ = await run(ctx, vm, ["socat", "stdio", ADMIN_SOCKET], stdin="show stat\n",
                                          deadline_s=10)
                 if code == 0:
-                    stats[member] = parse_stat(out)
+                    stat = parse_stat(out)
             except AgentUnavailable:
                 pass
-        members[member] = m
+        return m, stat
+
+    got = await gather(*(one(member) for member in lb.members))
+    members = {member: m for member, (m, _) in zip(lb.members, got)}
+    stats = {member: st for member, (_, st) in zip(lb.members, got) if st is not None}
     holder = next((k for k, m in members.items() if m["holds_vip"] and k in stats), None)
     stat = stats.get(holder) if holder else next(iter(stats.values()), None)
     overall, detail = health(lb, world.targets, stat)
