@@ -77,6 +77,7 @@ def _run(doc: dict[str, Any], base_url: str, token: str) -> tuple[list[str], dic
     scenarios: dict[str, int] = {}
     started: dict[str, float] = {}
     requests: dict[str, int] = {}
+    transitions: dict[str, int] = {}
     try:
         events_ = list(from_schema(schema).execute())
     finally:
@@ -84,6 +85,9 @@ def _run(doc: dict[str, Any], base_url: str, token: str) -> tuple[list[str], dic
     for event in events_:
         if isinstance(event, events.PhaseStarted):
             started[event.phase.name.value] = event.timestamp
+            if event.payload is not None:
+                transitions.update(inferred=event.payload.inferred_transitions, total=event.payload.transitions_total,
+                                   selected=event.payload.transitions_selected)
         elif isinstance(event, events.PhaseFinished):
             print(f"schemathesis phase {event.phase.name.value}: {event.timestamp - started.get(event.phase.name.value, event.timestamp):.1f} s")
         if isinstance(event, events.ScenarioFinished):
@@ -106,7 +110,7 @@ def _run(doc: dict[str, Any], base_url: str, token: str) -> tuple[list[str], dic
             failures.append(f"[{event.phase}] {event.label}: error: {event.info.title}: {event.info.message}")
         elif isinstance(event, events.FatalError):
             failures.append(f"fatal: {event.exception!r}")
-    print("schemathesis requests per phase:", requests)
+    print("schemathesis requests per phase:", requests, "stateful transitions:", transitions)
     return failures, scenarios
 
 

@@ -332,8 +332,8 @@ class ServiceRef(BaseModel):
 class LoadBalancerPatch(BaseModel):
     """``PATCH /v1/load-balancers/{id}``: a new name and/or labels (replacing all labels)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"name": "web-2",
-                                                                               "labels": {"env": "prod"}}]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"name": "web-2", "labels": {"env": "prod"}}],
+                                                                 **schemas.at_least_one("name", "labels")})
     name: StrictStr | None = Field(None, pattern=schemas.NAME_PATTERN, description="DNS label, lower case, 1-63 chars")
     labels: schemas.Labels | None = None
 

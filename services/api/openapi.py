@@ -74,6 +74,34 @@ def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
     return out
 
 
+def _add_links(operations: list[Operation], paths: dict[str, dict[str, Any]]) -> None:
+    """OpenAPI links from each answer that carries a resource or a job (201, 202) to the operations
+    on it: ``$response.body#/<name>/id`` into every operation on ``/<plural>/{id}…`` of the
+    answer's own collection, ``$response.body#/job/id`` into the job's. Clients (and the stateful
+    phase of tests/test_schemathesis.py) follow them: create, act, follow the job, delete."""
+    by_collection: dict[str, list[Operation]] = {}
+    for op in operations:
+        if op.path_id:
+            by_collection.setdefault(op.path.split("/")[1], []).append(op)
+    for op in operations:
+        for status in (201, 202):
+            model = op.responses.get(status)
+            if model is None:
+                continue
+            links: dict[str, Any] = {}
+            for name, field in model.model_fields.items():  # the resource (named for its type) and its job
+                kind = field.annotation
+                if not (isinstance(kind, type) and issubclass(kind, BaseModel) and "id" in kind.model_fields):
+                    continue
+                for target in by_collection.get("jobs" if name == "job" else op.path.split("/")[1], []):
+                    if target is op:
+                        continue
+                    links[target.operation_id] = {"operationId": target.operation_id,
+                                                  "parameters": {"id": f"$response.body#/{name}/id"}}
+            if links:
+                paths[op.path][op.method.lower()]["responses"][str(status)]["links"] = links
+
+
 def openapi_document(operations: Iterable[Operation], *, tag_descriptions: dict[str, str] | None = None) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``operations`` (a fresh dict on every call)."""
     operations = list(operations)
@@ -127,6 +155,7 @@ def openapi_document(operations: Iterable[Operation], *, tag_descriptions: dict[
                 body["example"] = examples[0]
             entry["requestBody"] = {"required": True, "content": {"application/json": body}}
         paths.setdefault(op.path, {})[op.method.lower()] = entry
+    _add_links(operations, paths)
     return {
         "openapi": "3.1.0",
         "info": {"title": "z9 API", "version": "1",

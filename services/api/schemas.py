@@ -19,6 +19,12 @@ SSH_KEY_PREFIXES = ("ssh-", "ecdsa-sha2-", "sk-ssh-", "sk-ecdsa-")
 # then at least one more field)
 SSH_KEY_PATTERN = r"^\s*(ssh-|ecdsa-sha2-|sk-ssh-|sk-ecdsa-)[!-~]*( +[!-~]+)+\s*$"
 
+def at_least_one(*fields: str) -> dict[str, Any]:
+    """A body's JSON Schema rule "at least one of ``fields`` is given and not null" (for a model
+    whose validator says so), to merge into its ``json_schema_extra``."""
+    return {"anyOf": [{"required": [f], "properties": {f: {"not": {"type": "null"}}}} for f in fields]}
+
+
 Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
 """A time as the API writes it: ISO 8601 in UTC with a ``Z``."""
 OptTimestamp = Annotated[str | None, WithJsonSchema({"type": ["string", "null"], "format": "date-time"})]
