@@ -22,9 +22,11 @@ the last job finished. Figures per size (one JSON line each, then one ``compare`
 - ``load1`` before and after: the figures mean something only on a quiet machine (the
   simulators, executors, API and PostgreSQL share its cores).
 
-When the region settings have a per-region cap on concurrent jobs (``max_concurrent_jobs``, the
-engine's claim; see /work/coord/scale-needs.md), ``--region-cap`` sets it; without that setting
-the cap is E × ``--concurrency`` per region.
+``--region-cap K`` sets the region settings' cap on concurrent jobs (``max_concurrent_jobs``,
+enforced in the claim across all the region's executors); without it a region runs up to E ×
+``--concurrency`` jobs at once. ``peak_running_per_region``: the most running jobs (unexpired
+leases) of any one region, sampled from the job table every 0.2 s while the creates drain
+(≤ K with a cap).
 
 Usage::
 
@@ -192,12 +194,16 @@ async def run_size(admin_dsn: str, args: argparse.Namespace, vms: int) -> dict[s
                 conn = await asyncpg.connect(db.dsn)
                 try:
                     deadline = time.monotonic() + args.timeout
+                    peak_running = 0
                     while True:
                         left = await conn.fetchval(
                             "SELECT count(*) FROM jobs WHERE kind = 'ServerCreate' AND status NOT IN ('succeeded', 'failed')")
+                        peak_running = max(peak_running, await conn.fetchval(
+                            "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM jobs WHERE status = 'running' "
+                            "AND lease_expires_at > now() GROUP BY region) AS per_region"))
                         if left == 0 or time.monotonic() > deadline:
                             break
-                        await asyncio.sleep(0.5)
+                        await asyncio.sleep(0.2)
                     cpu = sum(_proc_cpu(p.pid) - cpu0[p.pid] for p in executors)
                     rows = await conn.fetch(
                         "SELECT status, extract(epoch FROM created_at) AS c, extract(epoch FROM started_at) AS s, "
@@ -233,6 +239,7 @@ async def run_size(admin_dsn: str, args: argparse.Namespace, vms: int) -> dict[s
                     "lib": "z9", "workload": "scale_creates", "regions": args.regions, "vms_per_region": vms,
                     "nodes": args.nodes, "executors_per_region": args.executors, "concurrency": args.concurrency,
                     "region_cap": args.region_cap if region_cap_supported() else None,
+                    "peak_running_per_region": peak_running,
                     "creates": n, "failed": sum(1 for r in rows if r["status"] != "succeeded"), "duplicates": dup,
                     "seconds": round(end - t0, 2), "jobs_per_s": round(len(done) / max(end - t0, 1e-9), 2),
                     "pve_requests_per_job": round(total / max(n, 1), 2),
@@ -262,7 +269,7 @@ async def main() -> None:
     p.add_argument("--executors", type=int, default=2, help="executor processes per region")
     p.add_argument("--concurrency", type=int, default=8, help="jobs at once per executor process")
     p.add_argument("--region-cap", type=int, default=None,
-                   help="per-region cap on concurrent jobs across executors (when the settings have it)")
+                   help="per-region cap on concurrent jobs across executors (max_concurrent_jobs)")
     p.add_argument("--timeout", type=float, default=1800)
     args = p.parse_args()
     print(json.dumps({"lib": "z9", "workload": "environment", "cpus": os.cpu_count(), "load1": round(load1(), 2),

@@ -35,6 +35,9 @@ DESCRIPTIONS: dict[str, str] = {
                                  "node-local: the ISO goes to the member's own node). Each ISO is deleted once its member is Ready.",
     "cluster_member_ready_s": "How long a member may take from its start to a Ready Kubernetes node before the job says "
                               "which member is late (a temporary error: the next attempt waits on).",
+    "cluster_observe_interval_s": "A running or degraded Kubernetes cluster is observed at least this often: the reaper "
+                                  "enqueues a ClusterObserve (each member's power state and Node readiness, read inside "
+                                  "a control plane; the status moves between running and degraded) when none is live.",
     # database
     "database_url": "PostgreSQL connection string of every service's pooled queries (may go through PgBouncer). "
                     "Several hosts for high availability: `postgresql://z9@db1:5432,db2:5432/z9?target_session_attrs=read-write`; "
@@ -93,8 +96,8 @@ DESCRIPTIONS: dict[str, str] = {
     "max_attempts": "Attempts of a job before it fails for good.",
     "max_live_jobs_per_resource": "A DELETE or cancel-deletion answers 409 while the server already has this many jobs waiting or running.",
     "quota_servers": "Default quota of every tenant: servers not yet deleted (unset: no limit; `z9 quota` sets a tenant's own). Over it: 403 `quota_exceeded`.",
-    "quota_cores": "Default quota of every tenant: the cores of its servers not yet deleted (unset: no limit).",
-    "quota_memory_mib": "Default quota of every tenant: the memory (MiB) of its servers not yet deleted (unset: no limit).",
+    "quota_cores": "Default quota of every tenant: the cores of its servers and of its Kubernetes clusters' members (control planes and pool members, as asked for) not yet deleted (unset: no limit).",
+    "quota_memory_mib": "Default quota of every tenant: the memory (MiB) of its servers and of its Kubernetes clusters' members not yet deleted (unset: no limit).",
     "quota_addresses": "Default quota of every tenant: addresses not yet deleted, primary ones included (unset: no limit).",
     # scheduler, reaper, retention
     "scheduler_interval_s": "Longest sleep of the scheduler between passes (retry promotion, lease reclaim).",
@@ -126,6 +129,12 @@ REGION_DESCRIPTIONS: dict[str, str] = {
                             "cluster itself, and confirms each VM by its own config; a job that needs a newer listing "
                             "(after its claim, after a disagreement) waits for one. 0: a new listing for every lookup "
                             "not already sharing one in flight.",
+    "max_concurrent_jobs": "Most jobs of the region running at once, across every executor process serving it (the "
+                           "hypervisor is the limit, not z9). Enforced in the claim: a per-region transaction-scoped "
+                           "advisory lock serializes the region's claims, which count its running jobs with an "
+                           "unexpired lease and take at most the difference (a dead executor's slots free up when its "
+                           "leases expire). Unset: no cap and no extra work in the claim. Give every executor of the "
+                           "region the same value. Held-back claims: `z9_region_cap_waits_total` and an INFO log line.",
     "address_pools": "The region's address pools: a list of `{name, cidr, gateway?, range?: [first, last], "
                      "reserved?: [ip…], bridge? (vmbr0), vlan?, nameservers?, quarantine_s? (3600)}`; `range` "
                      "defaults to every host address, at most 65,536 per pool; pools of a region must not "

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from tests.support import REGION, make_tenant, service_env
 from z9.common import store
+from z9.common.db import connect
 from z9.common.errors import PoolConfigError
 from z9.common.settings import AddressPoolSettings, RegionSettings, Settings
 
@@ -163,7 +164,7 @@ async def test_concurrent_allocations_never_give_an_ip_twice(pool: asyncpg.Pool,
     async with pool.acquire() as conn:
         pid = await _pool_id(conn, cidr="10.20.0.0/23", gateway="10.20.1.1",
                              range=["10.20.0.1", "10.20.0.254"])
-    conns = [await asyncpg.connect(db_url) for _ in range(16)]
+    conns = [await connect(db_url) for _ in range(16)]   # (with the jsonb codecs the row models need)
     try:
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(300):

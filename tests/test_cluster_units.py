@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from z9.common import pki
+from z9.common.errors import PermanentError
 from z9.common.models import Cluster, Job
 from z9.executor.jobs import _cluster
 from z9.executor.proxmox import VmState
@@ -88,3 +89,37 @@ def test_bootstrap_files_carry_keys_only_to_control_planes() -> None:
                                                   "caCertHashes": [pki.ca_cert_hash(material["ca.crt"])]}
     # deterministic for one token: a retried attempt rebuilds the same ISO (same name, no second upload)
     assert _cluster.bootstrap_files(c, material, worker, token) == _cluster.bootstrap_files(c, material, worker, token)
+
+
+def test_seen_reason_names_the_members_not_ready_and_why() -> None:
+    seen = _cluster.Seen(members=[], whole=False, missing=["workers-1", "workers-2"],
+                         notes={"workers-1": "cloud-init failed: disk full"})
+    assert seen.reason() == "not a Ready node: workers-1 (cloud-init failed: disk full), workers-2"
+    assert _cluster.Seen(members=[], whole=False, missing=["cp-0"], api=False).reason() == (
+        "no control plane's API answers (every member reported not Ready)")
+    assert _cluster.Seen(members=[], whole=True, missing=[]).reason() is None
+
+
+def test_plan_replaces_a_member_whose_cloud_init_failed_after_it_joined() -> None:
+    c = _cluster_row(control_plane={"count": 1}, node_pools=[{"name": "workers", "count": 2}])
+    iso = "isos:iso/z9-k8s_x-workers-1-0123456789abcdef.iso,media=cdrom"
+    world = _cluster.World(cluster=c, desired=_cluster.desired_members(c),
+                           vms={"cp-0": _vm(100, "cp-0"), "workers-0": _vm(101, "workers-0"),
+                                "workers-1": _vm(102, "workers-1", iso)},
+                           nodes={"cp-0": True, "workers-0": True, "workers-1": True},
+                           failed_boot={"workers-1": "disk full"})
+    steps = _cluster.plan(Job.__new__(Job), world)
+    assert [(s.name, s.detail.get("member") or s.detail.get("members")) for s in steps] == [
+        ("drain", "workers-1"), ("replace", "workers-1"), ("join", ["workers-1"])]
+    # a control plane that is an etcd member is not replaced automatically
+    world.failed_boot = {"cp-0": "disk full"}
+    with pytest.raises(PermanentError, match="cp-0.*not replaced automatically"):
+        _cluster.plan(Job.__new__(Job), world)
+    # a replace of a member that never joined does not keep cp-0 out of the join (cp-0 not Ready, cp-1 answers)
+    c3 = _cluster_row(control_plane={"count": 3}, node_pools=[{"name": "workers", "count": 1}])
+    world = _cluster.World(cluster=c3, desired=_cluster.desired_members(c3),
+                           vms={m: _vm(100 + i, m) for i, m in enumerate(["cp-0", "cp-1", "cp-2", "workers-0"])},
+                           nodes={"cp-0": False, "cp-1": True, "cp-2": True}, failed_boot={"workers-0": "x"})
+    steps = _cluster.plan(Job.__new__(Job), world)
+    assert [(s.name, s.detail.get("member") or s.detail.get("members")) for s in steps] == [
+        ("replace", "workers-0"), ("join", ["cp-0", "workers-0"])]

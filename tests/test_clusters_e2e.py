@@ -194,6 +194,19 @@ async def test_member_cloud_init_fails_create_failed_reconcile_degraded(stack: S
     assert c["status"] == "failed" and "workers-1" in c["status_reason"]
 
     await sim._req("DELETE", "/guest-faults")
+    # the failed create re-run (POST /v1/jobs/{id}/actions/rerun) is safe and never calls the
+    # failed member ready: (the model's fault fails cloud-init after kubeadm joined) it is drained
+    # out of the cluster, replaced by a new instance with a fresh token, and the cluster runs
+    status, out = await stack.call("POST", f"/jobs/{job['id']}/actions/rerun")
+    assert status == 202 and out["job"]["kind"] == "ClusterCreate", out
+    again = await stack.wait_job(out["job"]["id"], timeout_s=120)
+    assert again["status"] == "succeeded", again
+    assert [(s["name"], s["detail"].get("member") or s["detail"].get("members")) for s in again["steps"]] == [
+        ("drain", "workers-1"), ("replace", "workers-1"), ("join", ["workers-1"])], again["steps"]
+    c = await cluster(stack, c["id"])
+    assert c["status"] == "running" and c["status_reason"] is None and all(m["ready"] for m in c["members"])
+    assert len(await sim.vms_tagged(identity_tag(c["id"]))) == 3
+
     await sim._req("POST", "/guest-faults", json={"kind": "cloud_init_fails", "name": "good-workers-1",
                                                    "message": "runcmd exploded"})
     good, _ = await running(stack, sim, name="good", cps=1, workers=1)
@@ -217,6 +230,9 @@ async def test_platform_vm_with_cluster_tag_refused_by_delete(stack: Stack, sim:
     assert c["status"] == "failed" and "platform role" in c["status_reason"]
     # its keys are kept (nothing was deleted): an operator can sort the VM out and delete again
     assert await stack.pool.fetchval("SELECT count(*) FROM cluster_keys WHERE cluster_id = $1", c["id"]) == 1
+    # the failed delete is not re-run as a job (delete the cluster again instead)
+    status, out = await stack.call("POST", f"/jobs/{done['id']}/actions/rerun")
+    assert status == 409 and out["error"]["code"] == "job_not_rerunnable", out
 
 
 def _executor(stack: Stack) -> subprocess.Popen:
@@ -293,6 +309,9 @@ async def test_two_vms_with_one_member_tag_is_a_permanent_error(stack: Stack, si
     await sim._req("POST", "/vms", json={"vmid": 777, "node": vm["node"], "running": False,
                                          "config": {"name": "copy", "tags": vm["config"]["tags"], "cores": "1",
                                                     "memory": "1024"}})
+    # the executor's shared /cluster/resources snapshot may be resources_snapshot_s old: a VM made
+    # just now is seen by the jobs claimed once a newer listing is taken
+    await asyncio.sleep(stack.settings.regions[REGION].resources_snapshot_s + 0.5)
     job = await stack.wait_job((await resize(stack, c["id"], 1))["id"], timeout_s=60)
     assert job["status"] == "failed" and job["error"]["class"] == "permanent"
     assert "z9-member-workers-0" in job["error"]["message"]
@@ -347,3 +366,88 @@ async def test_endpoint_address_is_the_clusters(stack: Stack, sim: SimAdmin) -> 
     assert status == 409 and out["error"]["code"] == "cluster_endpoint", out
     status, out = await stack.call("GET", f"/addresses/{aid}")
     assert out["address"]["server_id"] is None and out["address"]["status"] == "active", out
+
+
+# Node pools: add one (its members join with fresh tokens, in parallel), then remove it — its
+# members drained and removed highest ordinal first, the other pool untouched.
+async def test_add_then_remove_a_node_pool(stack: Stack, sim: SimAdmin) -> None:
+    c, _ = await running(stack, sim, cps=1, workers=1)
+    ep = f"{c['endpoint']['address']}:6443"
+    status, out = await stack.call("POST", f"/clusters/{c['id']}/actions/add-node-pool",
+                                   json={"name": "batch", "count": 2, "cores": 1, "memory_mib": 1024, "disk_gib": 10})
+    assert status == 202 and out["cluster"]["status"] == "updating", out
+    added = await stack.wait_job(out["job"]["id"], timeout_s=120)
+    assert added["status"] == "succeeded", added
+    assert [(s["name"], s["detail"].get("members")) for s in added["steps"]] == [("join", ["batch-0", "batch-1"])]
+    k = (await model(sim))[ep]
+    assert sorted(k["nodes"]) == ["batch-0", "batch-1", "cp-0", "workers-0"]
+    assert len({k["nodes"][n]["token"] for n in ("workers-0", "batch-0", "batch-1")}) == 3
+    c = await cluster(stack, c["id"])
+    assert c["status"] == "running" and [(p["name"], p["count"], p["ready"]) for p in c["node_pools"]] == [
+        ("workers", 1, 1), ("batch", 2, 2)]
+    batch = [m for m in c["members"] if m["pool"] == "batch"]
+    assert [(m["name"], m["role"], m["ready"]) for m in batch] == [("batch-0", "worker", True), ("batch-1", "worker", True)]
+    vm = next(v for v in await sim.vms_tagged(identity_tag(c["id"])) if "z9-member-batch-0" in v["config"]["tags"])
+    assert (vm["config"]["cores"], vm["config"]["memory"]) in (("1", "1024"), (1, 1024))
+
+    status, out = await stack.call("POST", f"/clusters/{c['id']}/actions/remove-node-pool", json={"pool": "batch"})
+    assert status == 202, out
+    removed = await stack.wait_job(out["job"]["id"], timeout_s=120)
+    assert removed["status"] == "succeeded", removed
+    assert [(s["name"], s["detail"].get("member")) for s in removed["steps"]] == [
+        ("drain", "batch-1"), ("remove", "batch-1"), ("drain", "batch-0"), ("remove", "batch-0")]
+    assert sorted((await model(sim))[ep]["nodes"]) == ["cp-0", "workers-0"]
+    c = await cluster(stack, c["id"])
+    assert c["status"] == "running" and [m["name"] for m in c["members"]] == ["cp-0", "workers-0"]
+    assert [p["name"] for p in c["node_pools"]] == ["workers"]
+    assert len(await sim.vms_tagged(identity_tag(c["id"]))) == 2
+
+
+async def _pve(sim: SimAdmin, method: str, path: str) -> Any:
+    """An out-of-band request to the simulated PVE API (an operator's tool, a crash)."""
+    import aiohttp
+
+    srv = sim.server
+    auth = {"Authorization": f"PVEAPIToken={srv.token_id}={srv.token_secret}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.request(method, f"{srv.url}/api2/json{path}", headers=auth, ssl=False) as r:
+            assert r.status == 200, await r.text()
+            return (await r.json())["data"]
+
+
+# "A cluster whose quorum is fine but one node is not Ready is degraded": a worker's VM stops out
+# of band; the periodic ClusterObserve reports it (member stopped, not Ready; cluster degraded
+# naming it); a reconcile starts it again and the next observation says running.
+async def test_periodic_observe_reports_a_stopped_member_degraded(stack: Stack, sim: SimAdmin) -> None:
+    c, _ = await running(stack, sim, cps=1, workers=2)
+    stack.settings.cluster_observe_interval_s = 1.0
+    try:
+        w1 = next(m for m in c["members"] if m["name"] == "workers-1")
+        await _pve(sim, "POST", f"/nodes/{w1['node']}/qemu/{w1['vmid']}/status/stop")
+
+        async def degraded() -> dict | None:
+            cur = await cluster(stack, c["id"])
+            return cur if cur["status"] == "degraded" else None
+        cur = await wait_until(degraded, 30, "the cluster degraded")
+        assert cur["status_reason"] == "not a Ready node: workers-1 (stopped)", cur
+        ms = {m["name"]: m for m in cur["members"]}
+        assert (ms["workers-1"]["power_state"], ms["workers-1"]["ready"]) == ("stopped", False)
+        assert all(ms[n]["ready"] for n in ("cp-0", "workers-0"))
+        status, out = await stack.call("GET", f"/jobs?resource_id={c['id']}")
+        observes = [j for j in out["jobs"] if j["kind"] == "ClusterObserve"]
+        assert observes and all(j["steps"] == [] for j in observes)  # observe only: nothing done to the world
+        # the kubeconfig is still minted (the cluster was whole once)
+        status, _ = await stack.call("GET", f"/clusters/{c['id']}/kubeconfig")
+        assert status == 200
+
+        # a reconcile (the same shape) starts the member again; the next look says running
+        job = await stack.wait_job((await resize(stack, c["id"], 2))["id"], timeout_s=120)
+        assert job["status"] == "succeeded", job
+
+        async def healthy() -> dict | None:
+            cur = await cluster(stack, c["id"])
+            return cur if cur["status"] == "running" and all(m["ready"] for m in cur["members"]) else None
+        cur = await wait_until(healthy, 30, "the cluster running again")
+        assert cur["status_reason"] is None
+    finally:
+        stack.settings.cluster_observe_interval_s = 60.0

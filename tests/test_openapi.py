@@ -241,6 +241,12 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
         await w.call("POST", tpl, f"/clusters/{k8s}/actions/{action}", 401, token="z9t_unknown", json=good)
     await w.call("POST", "/clusters/{id}/actions/add-node-pool", f"/clusters/{k8s}/actions/add-node-pool", 409,
                  json={"name": "workers", "count": 1})  # the pool exists
+    await w.call("PATCH", "/clusters/{id}", f"/clusters/{k8s}", 200, json={"labels": {"env": "prod"}})
+    await w.call("PATCH", "/clusters/{id}", f"/clusters/{k8s}", 422, json={"labels": {"env": "no way"}})
+    await w.call("PATCH", "/clusters/{id}", f"/clusters/{k8s}", 400, data=b"{",
+                 headers={"Content-Type": "application/json"})
+    await w.call("PATCH", "/clusters/{id}", "/clusters/k8s_nope", 404, json={"labels": {}})
+    await w.call("PATCH", "/clusters/{id}", f"/clusters/{k8s}", 401, token="z9t_unknown", json={"labels": {}})
 
     jobs = await w.call("GET", "/jobs", "/jobs", 200)
     await w.call("GET", "/jobs", "/jobs?after=job_nope", 422)

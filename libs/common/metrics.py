@@ -140,6 +140,17 @@ EXECUTOR_LISTEN_RECONNECTS = Counter(
     "LISTEN connections re-established (each followed by a catch-up claim).",
     registry=None)  # registered by init_executor
 
+REGION_CAP = Gauge(
+    "z9_region_cap_jobs",
+    "The region's cap on running jobs across all executors (RegionSettings.max_concurrent_jobs) "
+    "as this executor enforces it; no series for a region without a cap.",
+    ["region"])
+REGION_CAP_WAITS = Counter(
+    "z9_region_cap_waits_total",
+    "Claims of this executor that took fewer jobs than it had room for because the region was at "
+    "its cap while claimable jobs of the region waited.",
+    ["region"])
+
 # ---------------------------------------------------------------------------------- database
 
 DATABASE_SERVER = Gauge(
@@ -232,6 +243,18 @@ def init_executor(kinds: Iterable[str], regions: Iterable[str]) -> None:
                 JOB_DURATION.labels(kind, region, outcome)
             for phase in PHASES:
                 JOB_PHASE_DURATION.labels(kind, region, phase)
+
+
+def init_region_caps(caps: dict[str, int]) -> None:
+    """An executor's capped regions: the cap's gauge, and its waits at 0."""
+    for region, cap in caps.items():
+        REGION_CAP.labels(region).set(cap)
+        REGION_CAP_WAITS.labels(region)
+
+
+def region_cap_held(region: str) -> None:
+    """A claim held back by the region's cap."""
+    _child(REGION_CAP_WAITS, region).inc()
 
 
 def init_proxmox(region: str, endpoints: Iterable[str]) -> None:

@@ -356,6 +356,28 @@ FROM candidates
 WHERE jobs.id = candidates.id
 RETURNING jobs.*, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
+-- name: job_region_cap_lock
+-- The per-region cap (RegionSettings.max_concurrent_jobs; store.job_claim): the transaction-scoped
+-- advisory lock of each region of $1 (the caller sorts them, and unnest keeps that order, so two
+-- transactions locking several regions never wait on each other in a cycle). Held to commit: a
+-- capped claim counts the region's running jobs (job_region_running, a later statement, so its
+-- snapshot sees every claim committed before the lock was granted) and claims at most the rest.
+-- Taken last in any transaction (after a finish's rows and key locks), and nothing waits while
+-- holding it but its own SKIP LOCKED claim and the commit. Works behind a transaction pooler.
+SELECT pg_advisory_xact_lock(hashtextextended('z9-region-cap:' || r, 0)) FROM unnest($1::text[]) AS r;
+
+-- name: job_region_running
+-- Running jobs of region $1 whose lease has not expired (a dead executor's jobs stop counting when
+-- their leases expire, before the scheduler reclaims them). The planner walks jobs_lease_expiry
+-- (running jobs only, every region: 0.8 ms for 2,000 running jobs, measured) — bounded by the
+-- executors' total concurrency, never by the table's size.
+SELECT count(*)::int FROM jobs WHERE status = 'running' AND region = $1 AND lease_expires_at > now();
+
+-- name: job_region_claimable
+-- Whether region $1 has a claimable-looking job (pending, not blocked, due): one probe of
+-- jobs_claimable, asked only when the cap held a claim back (for the metric and the log line).
+SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'pending' AND NOT blocked AND region = $1 AND run_after <= now());
+
 -- name: jobs_unblock_now
 -- Inside a transaction that ended jobs with resources: run their deferred unblocking
 -- (jobs_unblock_after_end, migration 0010) now, so a claim later in the same transaction can take
@@ -717,9 +739,6 @@ FROM address_pools p, a
 WHERE i.address_id = a.id AND p.id = i.pool_id
 RETURNING i.ip;
 
--- name: server_has_primary_address
-SELECT EXISTS (SELECT 1 FROM addresses WHERE server_id = $1 AND kind = 'primary' AND status <> 'deleted');
-
 -- name: address_pool_nameservers
 SELECT coalesce(array_agg(host(n) ORDER BY o), '{}')
 FROM address_pools p, unnest(p.nameservers) WITH ORDINALITY AS u(n, o)
@@ -729,12 +748,13 @@ WHERE p.id = $1;
 -- A server's final delete, after verify saw its VM gone, in its finishing transaction: its
 -- floating addresses and kept primaries become unassigned (the VM, its tags and IP set went
 -- with it); its auto-delete primaries are deleted and their IPs go back to the pool,
--- quarantined. Nothing unless the server is deleted. Returns the addresses changed.
+-- quarantined — unless protected against deletion: protection wins, the address is kept
+-- (unassigned). Nothing unless the server is deleted. Returns the addresses changed.
 WITH gone AS (
     UPDATE addresses
     SET status = 'deleted', deleted_at = now(), server_id = NULL, observed = NULL, observed_at = now(),
         status_reason = NULL, updated_at = now()
-    WHERE server_id = $1 AND kind = 'primary' AND auto_delete AND status <> 'deleted'
+    WHERE server_id = $1 AND kind = 'primary' AND auto_delete AND NOT protect_delete AND status <> 'deleted'
       AND EXISTS (SELECT 1 FROM servers s WHERE s.id = $1 AND s.status = 'deleted')
     RETURNING id
 ), freed AS (
@@ -745,9 +765,10 @@ WITH gone AS (
     RETURNING i.address_id
 ), kept AS (
     UPDATE addresses
-    SET server_id = NULL, observed = jsonb_set(coalesce(observed, '{}'), '{holder}', 'null'),
+    -- (never observed: stays NULL — a bare {"holder": null} is no observation, and GET refused it)
+    SET server_id = NULL, observed = jsonb_set(observed, '{holder}', 'null'),
         observed_at = now(), updated_at = now()
-    WHERE server_id = $1 AND NOT (kind = 'primary' AND auto_delete) AND status <> 'deleted'
+    WHERE server_id = $1 AND NOT (kind = 'primary' AND auto_delete AND NOT protect_delete) AND status <> 'deleted'
       AND EXISTS (SELECT 1 FROM servers s WHERE s.id = $1 AND s.status = 'deleted')
     RETURNING id
 )
@@ -797,8 +818,40 @@ WITH cand AS (
 )
 SELECT adr.*, j.id AS job_id, j.kind AS job_kind, j.status AS job_status FROM adr, held, j;
 
+-- name: address_pool_in_flight
+-- After an allocation found no row: does the pool ($1; NULL: the one address_allocate_with_job
+-- picks for region $2, family $3, name $4) still have rows an allocation could take? They were
+-- skipped because allocations in flight hold them (SKIP LOCKED), and may be free again when
+-- those roll back (a name taken, a load balancer short of its second address): the pool is not
+-- exhausted yet. Rows this transaction took itself count as taken.
+WITH cand AS (
+    SELECT id, name FROM address_pools
+    WHERE region = $2 AND family = $3 AND disabled_at IS NULL AND ($4::text IS NULL OR name = $4)
+), pool AS (
+    SELECT id FROM cand
+    WHERE $4::text IS NOT NULL OR name = 'public' OR (SELECT count(*) FROM cand) = 1
+    ORDER BY (name = 'public') DESC
+    LIMIT 1
+)
+SELECT EXISTS (
+    SELECT 1 FROM address_pool_ips i JOIN address_pools p ON p.id = i.pool_id
+    WHERE i.pool_id = coalesce($1::text, (SELECT id FROM pool)) AND i.address_id IS NULL
+      AND (i.reusable_after IS NULL OR i.reusable_after <= now())
+      AND i.ip BETWEEN p.first_ip AND p.last_ip AND NOT (i.ip = ANY (p.reserved))
+      AND i.ip IS DISTINCT FROM p.gateway
+      AND NOT EXISTS (SELECT 1 FROM addresses a WHERE a.region = p.region AND a.ip = i.ip AND a.status <> 'deleted'));
+
 -- name: address_get_for_update
 SELECT * FROM addresses WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
+
+-- name: address_owner
+-- The resource an address belongs to, if any: a load balancer (its VIP or an appliance's
+-- address) or a live Kubernetes cluster (its control-plane endpoint). Such an address is never
+-- assigned to a server, nor made one's primary: its owner's VMs hold it.
+SELECT a.load_balancer_id,
+       (SELECT c.id FROM clusters c WHERE c.endpoint_address_id = a.id AND c.status <> 'deleted'
+        ORDER BY c.id LIMIT 1) AS cluster_id
+FROM addresses a WHERE a.id = $1;
 
 -- name: address_set_server
 -- The server the address should be on ($2; NULL: none): the API's intent, which the job it
@@ -855,9 +908,23 @@ SELECT pg_advisory_xact_lock(hashtextextended('z9-quota:' || $1, 0));
 
 -- name: tenant_quota_usage
 -- The tenant's use (after tenant_quota_lock, in a new statement). Rows not yet deleted count.
+-- Cores and memory: its servers' plus the members of its clusters (their desired shape: every
+-- control plane and every pool member is a VM of the tenant's); a cluster is no server (the
+-- servers count leaves members out); its endpoint is an address (in the addresses count).
+WITH members AS (
+    SELECT (c.control_plane->>'count')::bigint * (c.control_plane->>'cores')::bigint
+             + coalesce((SELECT sum((p->>'count')::bigint * (p->>'cores')::bigint)
+                         FROM jsonb_array_elements(c.node_pools) p), 0) AS cores,
+           (c.control_plane->>'count')::bigint * (c.control_plane->>'memory_mib')::bigint
+             + coalesce((SELECT sum((p->>'count')::bigint * (p->>'memory_mib')::bigint)
+                         FROM jsonb_array_elements(c.node_pools) p), 0) AS memory_mib
+    FROM clusters c WHERE c.tenant_id = $1 AND c.status <> 'deleted'
+)
 SELECT (SELECT count(*) FROM servers WHERE tenant_id = $1 AND status <> 'deleted') AS servers,
-       (SELECT coalesce(sum(cores), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted') AS cores,
-       (SELECT coalesce(sum(memory_mib), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted') AS memory_mib,
+       (SELECT coalesce(sum(cores), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted')
+         + (SELECT coalesce(sum(cores), 0) FROM members) AS cores,
+       (SELECT coalesce(sum(memory_mib), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted')
+         + (SELECT coalesce(sum(memory_mib), 0) FROM members) AS memory_mib,
        (SELECT count(*) FROM addresses WHERE tenant_id = $1 AND status <> 'deleted') AS addresses;
 
 -- name: server_get_for_update
@@ -899,14 +966,18 @@ RETURNING *;
 
 -- name: lb_address_allocate
 -- One address of load balancer $3 (member $4, NULL: the VIP) from pool $2: the lowest free IP,
--- as address_allocate, active at once (the load balancer's own jobs put it in place).
+-- as address_allocate, active at once (the load balancer's own jobs put it in place). As there,
+-- only an IP the pool still hands out and no live address of the region holds.
 WITH slot AS (
-    SELECT i.pool_id, i.ip FROM address_pool_ips i
+    SELECT i.pool_id, i.ip FROM address_pool_ips i JOIN address_pools p ON p.id = i.pool_id
     WHERE i.pool_id = $2 AND i.address_id IS NULL
       AND (i.reusable_after IS NULL OR i.reusable_after <= now())
+      AND i.ip BETWEEN p.first_ip AND p.last_ip AND NOT (i.ip = ANY (p.reserved))
+      AND i.ip IS DISTINCT FROM p.gateway
+      AND NOT EXISTS (SELECT 1 FROM addresses a WHERE a.region = p.region AND a.ip = i.ip AND a.status <> 'deleted')
     ORDER BY i.ip
     LIMIT 1
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF i SKIP LOCKED
 ), adr AS (
     INSERT INTO addresses (id, tenant_id, region, pool_id, pool_name, prefix, gateway, ip, family, kind,
                            load_balancer_id, lb_member, status)
@@ -978,8 +1049,14 @@ FROM servers WHERE id = ANY($1::text[]);
 
 -- name: cluster_insert
 INSERT INTO clusters (id, tenant_id, region, name, version, image, control_plane, node_pools,
-                      endpoint_address_id, endpoint_ip)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                      endpoint_address_id, endpoint_ip, labels)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+RETURNING *;
+
+-- name: cluster_set_labels
+-- PATCH: database only (labels replace all of them); not once the cluster is deleted.
+UPDATE clusters SET labels = $3, updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
 RETURNING *;
 
 -- name: cluster_keys_insert
@@ -1037,6 +1114,20 @@ RETURNING *;
 UPDATE clusters SET status = 'degraded', status_reason = $2, updated_at = now()
 WHERE id = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
 RETURNING id;
+
+-- name: jobs_supersede_waiting
+-- In the transaction that enqueues job $2 (an immediate deletion): the resource's jobs of kinds $3
+-- enqueued before it that are not running end failed with error $4 (class `cancelled`, naming $2).
+UPDATE jobs j
+SET status = 'failed', error = $4, finished_at = now(), updated_at = now()
+FROM jobs me
+WHERE me.id = $2 AND j.resource_id = $1 AND j.seq < me.seq AND j.kind = ANY($3::text[])
+  AND j.status IN ('pending', 'retry')
+RETURNING j.id, pg_notify('z9_job_changed', j.id)::text AS notified;
+
+-- name: cluster_degraded_reason
+-- What an observation found missing, on a cluster it left degraded.
+UPDATE clusters SET status_reason = $2 WHERE id = $1 AND status = 'degraded';
 
 -- name: job_superseding
 -- The first job enqueued after job $1 on its resource whose kind ($2) supersedes it.

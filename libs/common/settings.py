@@ -106,6 +106,10 @@ class RegionSettings(BaseModel):
     one HTTP request to Proxmox (seconds). ``resources_snapshot_s`` is how old the executor
     process's shared ``/cluster/resources`` snapshot may be (seconds; every job of the process reads
     it instead of listing the cluster itself, and confirms each VM by its own config).
+    ``max_concurrent_jobs`` caps the region's running jobs across every executor process serving
+    it (the hypervisor, not z9, is the limit): a claim takes a per-region lock, counts the region's
+    running jobs whose lease has not expired and claims at most the difference. Unset (``null``):
+    no cap, and the claim does none of that. Every executor of the region must carry the same value.
     """
 
     url: str
@@ -115,6 +119,7 @@ class RegionSettings(BaseModel):
     images: list[str] = Field(default_factory=list)
     request_timeout_s: float = 10.0
     resources_snapshot_s: float = Field(2.0, ge=0.0, le=60.0)
+    max_concurrent_jobs: int | None = Field(None, ge=1)
     address_pools: list[AddressPoolSettings] = Field(default_factory=list)
     # the operator-provided template that load balancer appliances are cloned from (HAProxy,
     # keepalived and the QEMU guest agent installed; agent enabled; a cloud-init drive)
@@ -232,6 +237,9 @@ class Settings(BaseSettings):
     cluster_bootstrap_storage: str = "isos"
     # how long a member may take from start to a Ready node before the job says which one is late
     cluster_member_ready_s: float = Field(900.0, gt=0)
+    # a running or degraded cluster is observed at least this often (seconds): the reaper enqueues
+    # a ClusterObserve (members' power and Node readiness, running <-> degraded) when none is live
+    cluster_observe_interval_s: float = Field(60.0, gt=0)
 
     # scheduler, reaper, retention
     scheduler_interval_s: float = Field(1.0, gt=0)

@@ -12,13 +12,15 @@ errors (see :func:`_boundary`) — a unique violation becomes
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import hashlib
 import inspect
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable, Protocol
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Protocol
 
 import asyncpg
 
@@ -374,10 +376,15 @@ async def jobs_unblock_missed(db: DB, limit: int = 1000) -> list[Any]:
     return await db.fetch(q("jobs_unblock_missed"), limit)
 
 
-async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float) -> list[Job]:
+async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float,
+                    caps: Mapping[str, int] | None = None, on_held: CapHeld | None = None) -> list[Job]:
     """Claim up to ``limit`` pending jobs of ``regions`` (``FOR UPDATE SKIP LOCKED``), at most the
     earliest live job of each resource; each gets ``lease_owner = owner`` and attempt + 1.
-    One statement per region (in the order given) until ``limit`` jobs are claimed."""
+    One statement per region (in the order given) until ``limit`` jobs are claimed.
+    ``caps``: region → most running jobs across all executors (``max_concurrent_jobs``); a
+    region without one is claimed as above, at no extra cost (see :func:`_job_claim_capped`)."""
+    if caps and any(r in caps for r in regions):
+        return await _job_claim_capped(db, regions, limit, owner, lease_ttl_s, caps, on_held)
     out: list[Job] = []
     for region in regions:
         if len(out) >= limit:
@@ -385,6 +392,66 @@ async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_tt
         rows = await db.fetch(q("job_claim"), region, limit - len(out), owner, lease_ttl_s)
         out.extend(Job.from_record(r) for r in rows)
     return out
+
+
+CapHeld = Callable[[str, int, int], None]
+"""``on_held(region, cap, running)``: a capped claim took fewer jobs than it had room for in this
+executor because the region was at its cap, while claimable jobs of the region waited."""
+
+
+async def _job_claim_capped(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float,
+                            caps: Mapping[str, int], on_held: CapHeld | None) -> list[Job]:
+    """:func:`job_claim` with per-region caps. A capped region's claim runs under its advisory
+    lock (``job_region_cap_lock``, held to commit): count the region's running jobs with an
+    unexpired lease, claim at most ``cap − running`` through the ordinary ``job_claim`` query.
+    Serialized per region, so executors claiming at once never exceed the cap together.
+
+    On a pool (or a connection outside a transaction) each capped region gets its own short
+    transaction. Inside a caller's transaction (the claim of a finish batch) the locks are held to
+    its commit, so every capped region of the call is locked first, in sorted order."""
+    out: list[Job] = []
+    capped = sorted(r for r in regions if r in caps)
+    # a Connection, or a pool's connection proxy (which forwards is_in_transaction)
+    in_tx = not isinstance(db, asyncpg.Pool) and db.is_in_transaction()  # type: ignore[attr-defined]
+    if in_tx:
+        await db.execute(q("job_region_cap_lock"), capped)
+    for region in regions:
+        if len(out) >= limit:
+            break
+        want = limit - len(out)
+        if region not in caps:
+            out.extend(await job_claim(db, [region], want, owner, lease_ttl_s))
+        elif in_tx:
+            out.extend(await _claim_under_cap(db, region, caps[region], want, owner, lease_ttl_s, on_held))
+        else:
+            async with _transaction(db) as conn:
+                await conn.execute(q("job_region_cap_lock"), [region])
+                out.extend(await _claim_under_cap(conn, region, caps[region], want, owner, lease_ttl_s, on_held))
+    return out
+
+
+async def _claim_under_cap(conn: Any, region: str, cap: int, want: int, owner: str, lease_ttl_s: float,
+                           on_held: CapHeld | None) -> list[Job]:
+    """Holding the region's cap lock: claim at most ``min(want, cap − running)`` of its jobs."""
+    running = await conn.fetchval(q("job_region_running"), region)
+    room = min(want, cap - running)
+    got = await job_claim(conn, [region], room, owner, lease_ttl_s) if room > 0 else []
+    if room < want and len(got) == max(room, 0) and on_held is not None:
+        # the cap, not the queue, limited this claim (if anything claimable is left waiting)
+        if await conn.fetchval(q("job_region_claimable"), region):
+            on_held(region, cap, running + len(got))
+    return got
+
+
+@contextlib.asynccontextmanager
+async def _transaction(db: DB) -> AsyncIterator[Any]:
+    """A transaction on ``db``: a connection of the pool, or the connection itself."""
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn, conn.transaction():
+            yield conn
+    else:
+        async with db.transaction():  # type: ignore[attr-defined]
+            yield db
 
 
 async def _fenced(db: DB, name: str, lease: Lease, *args: Any) -> Any:
@@ -547,6 +614,27 @@ async def address_pool_pick(db: DB, region: str, family: int, name: str | None) 
     return [dict(r) for r in await db.fetch(q("address_pool_pick"), region, family, name)]
 
 
+# How long an allocation that found every free row of its pool held by allocations in flight
+# waits for them (they commit: exhausted; one rolls back: its row is free again), in steps.
+IN_FLIGHT_WAITS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.3)
+
+
+async def _allocating(db: DB, attempt: Any, pool_id: str | None, region: str | None = None,
+                      family: int | None = None, name: str | None = None) -> Any:
+    """``attempt()`` (an allocating statement taking the lowest free row with SKIP LOCKED), again
+    while it finds nothing but the pool still has free rows that allocations in flight hold: a
+    request refused as ``pool_exhausted`` only because a competitor that later rolled back held
+    the last free IP for a moment was a false answer. Gives up (None) once the pool has no such
+    row, or after ``IN_FLIGHT_WAITS_S``."""
+    got = await attempt()
+    for delay in IN_FLIGHT_WAITS_S:
+        if got is not None or not await db.fetchval(q("address_pool_in_flight"), pool_id, region, family, name):
+            return got
+        await asyncio.sleep(delay)
+        got = await attempt()
+    return got
+
+
 async def address_allocate(db: DB, *, pool_id: str, tenant_id: str, kind: str, name: str | None = None,
                            dns_ptr: str | None = None, protect_delete: bool = False,
                            auto_delete: bool = False, server_id: str | None = None,
@@ -555,8 +643,9 @@ async def address_allocate(db: DB, *, pool_id: str, tenant_id: str, kind: str, n
     it in the transaction that also inserts the job using it). None: the pool has no free IP.
     Raises asyncpg.UniqueViolationError when the name is taken, or the server already has a
     primary address of that family (``addresses_primary_per_server``)."""
-    row = await db.fetchrow(q("address_allocate"), address_id or new_id("adr"), pool_id, tenant_id, kind,
-                            name, dns_ptr, protect_delete, auto_delete, server_id)
+    aid = address_id or new_id("adr")
+    row = await _allocating(db, lambda: db.fetchrow(q("address_allocate"), aid, pool_id, tenant_id, kind, name,
+                                                    dns_ptr, protect_delete, auto_delete, server_id), pool_id)
     return Address.from_record(row) if row else None
 
 
@@ -595,11 +684,6 @@ async def address_deleted(db: DB, address_id: str, observed: dict[str, Any] | No
     return [r["ip"] for r in await db.fetch(q("address_deleted"), address_id, observed)]
 
 
-async def server_has_primary_address(db: DB, server_id: str) -> bool:
-    """Whether the server has a live primary address (its VM's IP filter can then be on)."""
-    return bool(await db.fetchval(q("server_has_primary_address"), server_id))
-
-
 async def address_pool_nameservers(db: DB, pool_id: str) -> list[str]:
     """The pool's nameservers, in order, as text."""
     return list(await db.fetchval(q("address_pool_nameservers"), pool_id) or [])
@@ -634,7 +718,9 @@ async def lb_address_allocate(db: DB, *, pool_id: str, lb_id: str, member: str |
                               tenant_id: str) -> Address | None:
     """An active address of load balancer ``lb_id`` (``member`` None: its VIP) holding the lowest
     free IP of ``pool_id``; None when the pool has no free IP."""
-    row = await db.fetchrow(q("lb_address_allocate"), new_id("adr"), pool_id, lb_id, member, tenant_id)
+    aid = new_id("adr")
+    row = await _allocating(db, lambda: db.fetchrow(q("lb_address_allocate"), aid, pool_id, lb_id, member,
+                                                    tenant_id), pool_id)
     return Address.from_record(row) if row else None
 
 
@@ -687,13 +773,20 @@ async def address_allocate_with_job(db: DB, *, region: str, family: int, pool: s
     address) in one statement, without NOTIFY. None: no such pool, or no free IP (nothing
     written; :func:`address_pool_pick` tells which). Raises asyncpg.UniqueViolationError (a live
     name of the tenant, a second primary)."""
-    row = await db.fetchrow(q("address_allocate_with_job"), new_id("adr"), region, tenant_id, kind, name,
-                            dns_ptr, protect_delete, auto_delete, server_id, new_id("job"), job.kind,
-                            job.args or {}, job.max_attempts, job.trace_context, list(job.extra_lock_keys),
-                            family, pool, job.actor_token_id, job.request_id)
+    aid, jid = new_id("adr"), new_id("job")
+    row = await _allocating(db, lambda: db.fetchrow(
+        q("address_allocate_with_job"), aid, region, tenant_id, kind, name, dns_ptr, protect_delete, auto_delete,
+        server_id, jid, job.kind, job.args or {}, job.max_attempts, job.trace_context, list(job.extra_lock_keys),
+        family, pool, job.actor_token_id, job.request_id), None, region, family, pool)
     if row is None:
         return None
     return Address.from_record(row), {"id": row["job_id"], "kind": row["job_kind"], "status": row["job_status"]}
+
+
+async def address_owner(db: DB, address_id: str) -> tuple[str | None, str | None]:
+    """``(load balancer id, cluster id)`` the address belongs to (None, None: its tenant's own)."""
+    row = await db.fetchrow(q("address_owner"), address_id)
+    return (row["load_balancer_id"], row["cluster_id"]) if row else (None, None)
 
 
 async def address_get_for_update(db: DB, address_id: str, tenant_id: str) -> Address | None:
@@ -793,11 +886,18 @@ async def job_cancel(db: DB, job_id: str, tenant_id: str, error: dict[str, Any])
 
 async def cluster_insert(db: DB, *, cluster_id: str, tenant_id: str, region: str, name: str, version: str,
                          image: str, control_plane: dict[str, Any], node_pools: list[dict[str, Any]],
-                         endpoint_address_id: str | None, endpoint_ip: Any) -> Cluster:
+                         endpoint_address_id: str | None, endpoint_ip: Any,
+                         labels: dict[str, str] | None = None) -> Cluster:
     """A new ``creating`` cluster. Raises UniqueViolation (clusters_tenant_name_live)."""
     row = await db.fetchrow(q("cluster_insert"), cluster_id, tenant_id, region, name, version, image, control_plane,
-                            node_pools, endpoint_address_id, endpoint_ip)
+                            node_pools, endpoint_address_id, endpoint_ip, labels or {})
     return Cluster.from_record(row)
+
+
+async def cluster_set_labels(db: DB, cluster_id: str, tenant_id: str, labels: dict[str, str]) -> Cluster | None:
+    """New labels (replacing all); None when absent, another tenant's or deleted."""
+    row = await db.fetchrow(q("cluster_set_labels"), cluster_id, tenant_id, labels)
+    return Cluster.from_record(row) if row else None
 
 
 async def cluster_keys_insert(db: DB, cluster_id: str, key_id: str, nonce: bytes, sealed: bytes) -> None:
@@ -843,9 +943,22 @@ async def cluster_members(db: DB, cluster_id: str, members: list[dict[str, Any]]
     return Cluster.from_record(row) if row else None
 
 
+async def cluster_degraded_reason(db: DB, cluster_id: str, reason: str) -> None:
+    """The reason of a ``degraded`` cluster (what an observation found not Ready)."""
+    await db.execute(q("cluster_degraded_reason"), cluster_id, reason)
+
+
 async def cluster_degraded(db: DB, cluster_id: str, reason: str) -> None:
     """A failed reconcile of a once-whole cluster: ``degraded`` with the reason."""
     await db.execute(q("cluster_degraded"), cluster_id, reason)
+
+
+async def jobs_supersede_waiting(db: DB, resource_id: str, by_job: str, kinds: list[str],
+                                 error: dict[str, Any]) -> list[str]:
+    """The resource's pending/retry jobs of ``kinds`` enqueued before ``by_job`` end ``failed``
+    with ``error`` (their waiters are unblocked by the jobs triggers at commit); their ids."""
+    rows = await db.fetch(q("jobs_supersede_waiting"), resource_id, by_job, kinds, error)
+    return [r["id"] for r in rows]
 
 
 async def job_superseding(db: DB, job_id: str, kinds: list[str]) -> tuple[str, str] | None:

@@ -7,7 +7,8 @@ generic ones (:mod:`z9.api.resources`).
 message naming the precondition: ``pool_exhausted``, ``address_already_assigned``,
 ``address_not_assigned``, ``server_not_stopped`` (a primary address changes only on a stopped
 server: cloud-init applies it at the next boot, as a new instance), ``server_has_ipv4``/``…ipv6``,
-``region_mismatch``, ``server_deleting``, ``address_deleting``, ``protected``, ``uniqueness_error``.
+``region_mismatch``, ``server_deleting``, ``address_deleting``, ``protected``, ``uniqueness_error``,
+``load_balancer_address``/``cluster_endpoint`` (another resource's address: never on a server).
 """
 from __future__ import annotations
 
@@ -200,6 +201,19 @@ async def _target_server(conn: Any, tenant_id: str, server_id: str, address: Add
     return server
 
 
+async def refuse_owned(conn: Any, address: Address) -> None:
+    """409 when the address belongs to another resource (a load balancer's, a cluster's
+    endpoint): its owner's VMs hold it, so it is never put on a server (assigned, or made a
+    server's primary) — another VM answering for the IP would steal its traffic."""
+    lb_id, cluster_id = await store.address_owner(conn, address.id)
+    if lb_id is not None:
+        raise Conflict(f"address {address.id} belongs to load balancer {lb_id}; it is neither assigned nor "
+                       "unassigned on its own", code="load_balancer_address")
+    if cluster_id is not None:
+        raise Conflict(f"address {address.id} is the control-plane endpoint of Kubernetes cluster {cluster_id}; "
+                       "it is not put on a server", code="cluster_endpoint")
+
+
 def _require_stopped(server: Server, what: str) -> None:
     if server.status != "stopped" or server.power_state != "stopped":
         raise Conflict(f"server {server.id} is not stopped: {what} changes its cloud-init network config, which "
@@ -249,9 +263,7 @@ def _operations(api: ApiResource) -> list[Operation]:
             raise Conflict(f"address {row.id} is {row.status}; cancel the deletion first"
                            if row.status == "deleting" else f"address {row.id} is {row.status}",
                            code="address_deleting")
-        if row.kind == "load_balancer":
-            raise Conflict(f"address {row.id} belongs to a load balancer; it is neither assigned nor unassigned "
-                           "on its own", code="load_balancer_address")
+        await refuse_owned(conn, row)
         return row
 
     async def _action(request: web.Request, route: str, body: Any, fn: Any) -> web.Response:

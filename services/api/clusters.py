@@ -27,7 +27,7 @@ from z9.common.models import Cluster
 from z9.common.resources.cluster import CLUSTER, STATUSES
 from z9.common.settings import Settings
 
-from . import addresses, schemas
+from . import addresses, quotas, schemas
 from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin,
                         idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant)
 
@@ -86,6 +86,15 @@ class ClusterCreate(BaseModel):
     node_pools: list[NodePoolSpec] = Field(default_factory=list, max_length=16)
     address_pool: StrictStr | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
                                            description="the IPv4 pool of the control-plane endpoint")
+    labels: schemas.Labels | None = Field(None, description="labels (GET /v1/clusters?label_selector=…)")
+
+
+class ClusterPatch(BaseModel):
+    """``PATCH /v1/clusters/{id}``: labels (replacing all of them). Database only, no job."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"labels": {"env": "prod"}}]})
+
+    labels: schemas.Labels
 
 
 class ResizePool(BaseModel):
@@ -211,13 +220,26 @@ def check(settings: Settings, spec: ClusterCreate) -> None:
     installation_key(settings)
 
 
+def member_totals(control_plane: dict[str, Any], node_pools: list[dict[str, Any]]) -> tuple[int, int]:
+    """(cores, memory_mib) of every member VM of a cluster of this shape — what it counts against
+    the tenant's ``cores`` and ``memory_mib`` quotas (like servers; the ``servers`` quota counts
+    servers only, and the endpoint counts as one address)."""
+    groups = [control_plane, *node_pools]
+    return (sum(int(g["count"]) * int(g["cores"]) for g in groups),
+            sum(int(g["count"]) * int(g["memory_mib"]) for g in groups))
+
+
 async def create(ctx: CreateContext, spec: ClusterCreate) -> tuple[Cluster, dict[str, Any]]:
     """Cluster row, sealed PKI, endpoint address and ClusterCreate job, in the API transaction."""
     key = installation_key(ctx.settings)
+    cores, memory_mib = member_totals(spec.control_plane.model_dump(), [p.model_dump() for p in spec.node_pools])
+    await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, cores=cores, memory_mib=memory_mib, addresses=1)
     region = ctx.settings.regions[spec.region]
     image = spec.image or (region.images[0] if region.images else "debian-12")
     cid = new_id("k8s")
     pool = await addresses.pick_pool(ctx.conn, ctx.settings, spec.region, 4, spec.address_pool)
+    # its endpoint address counts against the tenant's address quota (as the usage counts it)
+    await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1)
     address = await store.address_allocate(ctx.conn, pool_id=pool["id"], tenant_id=ctx.tenant_id, kind="floating",
                                            name=None, protect_delete=True)
     if address is None:
@@ -228,7 +250,7 @@ async def create(ctx: CreateContext, spec: ClusterCreate) -> tuple[Cluster, dict
             ctx.conn, cluster_id=cid, tenant_id=ctx.tenant_id, region=spec.region, name=spec.name,
             version=spec.version, image=image, control_plane=spec.control_plane.model_dump(),
             node_pools=[p.model_dump() for p in spec.node_pools], endpoint_address_id=address.id,
-            endpoint_ip=str(address.ip))
+            endpoint_ip=str(address.ip), labels=spec.labels)
     except UniqueViolation as e:
         if e.constraint != "clusters_tenant_name_live":
             raise
@@ -241,8 +263,8 @@ async def create(ctx: CreateContext, spec: ClusterCreate) -> tuple[Cluster, dict
 
 
 def actions(api: ApiResource) -> list[Operation]:
-    """The kubeconfig route and the node-pool actions."""
-    accepted = api.models["accepted"]
+    """The kubeconfig route, PATCH (labels) and the node-pool actions."""
+    accepted, one = api.models["accepted"], api.models["one"]
     id_doc = "the cluster's id (k8s_…)"
     job_ref = {"id": "job_01jd3x5v8q2m6n4p7r9s1t3w5z", "status": "pending"}
 
@@ -278,6 +300,17 @@ def actions(api: ApiResource) -> list[Operation]:
         body = {"kubeconfig": text, "expires_at": not_after.isoformat().replace("+00:00", "Z"), "user": user}
         return web.json_response(dump(Kubeconfig, body))
 
+    async def patch(request: web.Request) -> web.Response:
+        spec = await parse_body(request, ClusterPatch)
+        pool, tenant_id = request.app[POOL], tenant(request)
+        rid = path_id(request, "k8s", "cluster")
+        row = await store.cluster_set_labels(pool, rid, tenant_id, spec.labels)
+        if row is None:
+            if await CLUSTER.get(pool, rid, tenant_id) is None:
+                raise NotFound(f"no cluster {rid!r}")
+            raise Conflict(f"cluster {rid} is deleted; it cannot be changed", code="cluster_deleting")
+        return web.json_response(dump(one, {"cluster": row.public()}))
+
     async def _action(request: web.Request, route: str, body: Any, fn: Any) -> web.Response:
         settings, pool, tenant_id = request.app[SETTINGS], request.app[POOL], tenant(request)
         rid = path_id(request, "k8s", "cluster")
@@ -293,6 +326,10 @@ def actions(api: ApiResource) -> list[Operation]:
             if cluster.status in ("deleting", "destroying", "deleted"):
                 raise Conflict(f"cluster {rid} is {cluster.status}", code="cluster_deleting")
             pools = fn([dict(p) for p in cluster.node_pools])
+            before = member_totals(cluster.control_plane, cluster.node_pools)
+            after = member_totals(cluster.control_plane, pools)
+            await quotas.check(conn, settings, tenant_id, cores=after[0] - before[0],
+                               memory_mib=after[1] - before[1])
             row = await store.cluster_set_shape(conn, rid, pools)
             await room_for_a_job(conn, settings, "cluster", rid)
             job = await store.job_insert(conn, CLUSTER.new_job(row, kinds.CLUSTER_RECONCILE,
@@ -346,6 +383,9 @@ def actions(api: ApiResource) -> list[Operation]:
                   "clusters", {200: Kubeconfig, 401: None, 404: None, 409: None, 422: None, 503: None},
                   path_id=id_doc, query=KubeconfigQuery, example={"kubeconfig": "apiVersion: v1\nkind: Config\n...",
                                            "expires_at": "2026-12-01T05:00:00Z", "user": "z9-admin-1a2b3c4d"}),
+        Operation("PATCH", "/clusters/{id}", patch, "updateCluster", "Set a cluster's labels (no job)", "clusters",
+                  {200: one, 400: None, 401: None, 404: None, 409: None, 422: None}, request=ClusterPatch,
+                  path_id=id_doc, example={"cluster": {**EXAMPLE, "labels": {"env": "prod"}}}),
         Operation("POST", "/clusters/{id}/actions/add-node-pool", add_pool, "addClusterNodePool",
                   "Add a node pool (202 + ClusterReconcile)", "clusters", {202: accepted, **errors},
                   request=NodePoolSpec, path_id=id_doc, idempotent=True, example=example),

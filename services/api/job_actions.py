@@ -9,12 +9,18 @@ decide, not a customer's. A finished job answers 409 ``job_finished`` (a cancell
 200 again: cancelling is idempotent, so a client may retry it). The job's resource is
 left as it is, except where nothing else would ever move it on: a resource still ``creating``
 with no job of its own left (its create was cancelled, and nothing queued behind it) or a
-cancelled final delete ends ``failed`` (the generic rule of a
-failed job, ``ResourceType.mark_failed_by_job``), so it can be deleted or re-created.
+cancelled final delete ends ``failed`` (the generic rule of a failed job,
+``ResourceType.job_cancelled``, where a type may add its own: a cluster ``updating`` ends
+``degraded``), so it can be deleted or re-created. The final job of an *immediate* deletion (a
+Kubernetes cluster's ClusterDelete: "no buffer and no cancel") answers 409 ``job_not_cancellable``.
 
 Re-run (``POST /v1/jobs/{id}/actions/rerun``): a ``failed`` job's kind, arguments, resource
 and lock keys as a new job (202 with the new job; ``Location`` follows it). Refused (409) for a
-job of the deletion itself (delete the resource again instead) and for a resource being deleted.
+job of the deletion itself (delete the resource again instead: its final job, or its first kind
+while the resource is being deleted — outside a deletion that kind is an ordinary action, a
+server's stop, an address's unassign, and is re-run), for a resource being deleted,
+and (``job_superseded``) for a job a later request replaced as the resource's intent
+(``ResourceType.stale``: an address assigned elsewhere since).
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from aiohttp import web
 from z9.common import resources, store
 from z9.common.errors import Conflict, NotFound
 from z9.common.models import Job
-from z9.common.resources import Buffered
+from z9.common.resources import Buffered, Immediate
 
 from . import schemas
 from .resources import (NOTIFIER, POOL, SETTINGS, Operation, dump, idempotency_begin, idempotency_end,
@@ -64,19 +70,18 @@ async def cancel(request: web.Request) -> web.Response:
         if job.status in ("succeeded", "failed"):
             raise Conflict(f"job {job.id} is {job.status}; only a pending or retrying job can be cancelled",
                            code="job_finished")
+        rtype = resources.get(job.resource_type)
+        if rtype is not None and isinstance(rtype.deletion, Immediate) and job.kind == rtype.final_kind:
+            raise Conflict(f"job {job.id} is the deletion of {rtype.name} {job.resource_id} ({job.kind}); an "
+                           f"immediate deletion has no cancel: once confirmed, the {rtype.name} goes",
+                           code="job_not_cancellable")
         message = f"cancelled by {current_actor() or 'the tenant'} while {job.status}"
         done = await store.job_cancel(conn, job.id, tenant_id, {"class": "cancelled", "message": message})
         assert done is not None  # the row is locked and was pending or retry
-        rtype = resources.get(job.resource_type)
         if rtype is not None and job.resource_id is not None:
             row = await rtype.get(conn, job.resource_id)
-            # creating: failed only when no job of its own is left to move it on (a job queued
-            # behind the cancelled create, e.g. a load balancer's configure, converges it too;
-            # a configure cancelled while the create is still queued leaves it creating)
-            stuck = row is not None and row.status == "creating" \
-                and await store.resource_count_own_live_jobs(conn, row.id) == 0
-            if row is not None and (stuck or job.kind == rtype.final_kind):
-                await rtype.mark_failed_by_job(conn, row.id, f"{job.kind} job {job.id} was {message}", kind=job.kind)
+            if row is not None:
+                await rtype.job_cancelled(conn, row, job.kind, f"{job.kind} job {job.id} was {message}")
     return web.json_response(dump(JobOne, {"job": done.public()}))
 
 
@@ -94,14 +99,21 @@ async def rerun(request: web.Request) -> web.Response:
         rtype = resources.get(job.resource_type)
         if rtype is None or job.resource_id is None:
             raise Conflict(f"job {job.id} has no resource to act on", code="job_not_rerunnable")
-        deletion = {rtype.final_kind} | ({rtype.deletion.first_kind} if isinstance(rtype.deletion, Buffered) else set())
-        if job.kind in deletion:
+        row = await rtype.get(conn, job.resource_id)
+        deleting = row is None or row.status in ("deleting", "destroying", "deleted")
+        # a buffered deletion's first kind is also an ordinary action of the type (a server's
+        # stop, an address's unassign): only while the resource is being deleted is such a job
+        # the deletion's own
+        first = rtype.deletion.first_kind if isinstance(rtype.deletion, Buffered) else None
+        if job.kind == rtype.final_kind or (job.kind == first and deleting):
             raise Conflict(f"job {job.id} is part of a deletion ({job.kind}); delete the {rtype.name} again instead",
                            code="job_not_rerunnable")
-        row = await rtype.get(conn, job.resource_id)
         if row is None or row.status in ("deleting", "destroying", "deleted"):
             raise Conflict(f"{rtype.name} {job.resource_id} is {row.status if row else 'gone'}; its jobs cannot be "
                            "re-run", code=f"{rtype.name}_deleting")
+        why = rtype.stale(row, job.kind, job.args or {}) if rtype.stale is not None else None
+        if why is not None:
+            raise Conflict(f"job {job.id} cannot be re-run: {why}", code="job_superseded")
         await room_for_a_job(conn, settings, rtype.name, row.id)
         new = await store.job_insert(conn, rtype.new_job(row, job.kind, args=job.args, max_attempts=job.max_attempts,
                                                          extra_lock_keys=tuple(job.extra_lock_keys)), notify=False)

@@ -285,6 +285,9 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
             raise Conflict(f"a load balancer named {spec.name!r} already exists in this tenant",
                            code="uniqueness_error") from e
         raise
+    # the VIP and one address per appliance count against the tenant's address quota (as the
+    # usage counts them), checked before they are allocated
+    await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1 + len(lb.members))
     addresses: dict[str, Any] = {}
     for member in (None, *lb.members):
         adr = await store.lb_address_allocate(ctx.conn, pool_id=pool["id"], lb_id=lb.id, member=member,

@@ -33,7 +33,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from z9.common import metrics
-from z9.common.errors import ApiError, BadRequest, TooManyRequests
+from z9.common.errors import ApiError, BadRequest, TooManyRequests, ValidationFailed
 from z9.common.requestctx import REQUEST_ID
 
 log = logging.getLogger("z9.api")
@@ -101,8 +101,15 @@ def declared_query_params(document: dict[str, Any], prefix: str = "/v1") -> dict
 
 @web.middleware
 async def query_params_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """400 naming every query parameter the matched route does not declare."""
+    """400 naming every query parameter the matched route does not declare; 422 naming every one
+    whose value holds a NUL character (no database text can: PostgreSQL refuses the statement,
+    which would otherwise be a 500 for whichever filter reached it)."""
     resource = request.match_info.route.resource
+    if request.query:
+        nul = sorted({k for k, v in request.query.items() if "\x00" in v})
+        if nul:
+            raise ValidationFailed(f"{', '.join(nul)}: a query parameter's value cannot contain a NUL character",
+                                   details=[{"field": k, "message": "contains a NUL character"} for k in nul])
     if resource is not None and request.query:
         allowed = request.app[QUERY_PARAMS].get((request.method, resource.canonical))
         if allowed is not None:

@@ -357,6 +357,9 @@ def _delete_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
             await room_for_a_job(conn, settings, rt.name, row.id)
             job = await store.job_insert(conn, rt.new_job(row, first_kind, max_attempts=settings.max_attempts),
                                          notify=False)
+            # an immediate deletion ends the resource's waiting jobs it supersedes now (a running
+            # one stops at its next step): it never waits behind a create's backoff
+            await rt.supersede_waiting(conn, row.id, job.id, first_kind)
         request.app[NOTIFIER].notify(job.region)
         return web.json_response(dump(accepted, {rt.name: row.public(), "job": job.brief()}), status=202)
 

@@ -89,6 +89,7 @@ async def _primary(ctx: CreateContext, spec: schemas.ServerCreate, server: Serve
     if got is None:
         raise ValidationFailed(f"public_ipv4: no address {aid!r}",
                                details=[{"field": "public_ipv4", "message": "unknown address"}])
+    await addresses.refuse_owned(ctx.conn, got)
     if got.region != spec.region:
         raise Conflict(f"address {aid} is in region {got.region}, the server in {spec.region}",
                        code="region_mismatch")

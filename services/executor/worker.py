@@ -4,7 +4,10 @@
   every ``poll_interval_s``. A dropped LISTEN connection is re-established with backoff and
   followed at once by a catch-up claim.
 - Claims take at most the free capacity (``executor_concurrency`` − in flight), with
-  ``FOR UPDATE SKIP LOCKED``; at most the earliest live job of a resource is claimable.
+  ``FOR UPDATE SKIP LOCKED``; at most the earliest live job of a resource is claimable. A region
+  with ``max_concurrent_jobs`` is claimed under its cap across all executors (``store.job_claim``);
+  a claim the cap held back is counted (``z9_region_cap_waits_total``) and logged at most once a
+  minute per region.
 - One heartbeat loop renews the lease of every job in flight that made progress within
   ``step_timeout_s``; a stalled job is cancelled and left to lease expiry; a lost lease cancels
   that job's task at once. Job code also makes a fenced write right before every mutating
@@ -26,6 +29,7 @@ import asyncpg
 
 from z9.common import metrics, store, tracing
 from z9.common.db import JOBS_CHANNEL, TRANSIENT_DB_ERRORS, connect_listener, create_service_pool, server_label
+from z9.common.errors import LockWaitTimeout
 from z9.common.logs import bind_job, job_fields
 from z9.common.models import Job
 from z9.common.settings import Settings
@@ -63,6 +67,11 @@ class Executor:
         factory = client_factory or (lambda r: ProxmoxClient(r, settings.regions[r]))
         self.clients = {r: factory(r) for r in self.regions}
         metrics.init_executor(REGISTRY, self.regions)
+        # region → max_concurrent_jobs, for the capped regions only (none: the plain claim)
+        self.caps: dict[str, int] = {r: c for r in self.regions if r in settings.regions
+                                     and (c := settings.regions[r].max_concurrent_jobs) is not None}
+        metrics.init_region_caps(self.caps)
+        self._cap_logged: dict[str, tuple[float, int]] = {}  # region → (last log line, waits since)
         self.pool: asyncpg.Pool | None = None
         self.finisher: FinishBatcher | None = None  # success finishes share transactions
         self.inflight: dict[str, tuple[asyncio.Task, JobContext]] = {}
@@ -131,8 +140,9 @@ class Executor:
         self._reserved += free
         jobs: list[Job] = []
         try:
-            jobs = await store.job_claim(self.pool, self._claim_order(), free, self.owner, self.settings.lease_ttl_s)
-        except TRANSIENT_DB_ERRORS as e:
+            jobs = await store.job_claim(self.pool, self._claim_order(), free, self.owner, self.settings.lease_ttl_s,
+                                         self.caps, self._cap_held)
+        except (*TRANSIENT_DB_ERRORS, LockWaitTimeout) as e:  # a lock wait: a capped region's lock
             log.warning("claim failed (%s); retrying after a pause", e)
             await asyncio.sleep(1.0)
         finally:
@@ -156,10 +166,25 @@ class Executor:
             return 0, []
         self._reserved += free
         try:
-            return free, await store.job_claim(conn, self._claim_order(), free, self.owner, self.settings.lease_ttl_s)
+            return free, await store.job_claim(conn, self._claim_order(), free, self.owner,
+                                               self.settings.lease_ttl_s, self.caps, self._cap_held)
         except BaseException:
             self._reserved -= free
             raise
+
+    def _cap_held(self, region: str, cap: int, running: int) -> None:
+        """The region's cap held a claim back while its jobs waited: count it, and say so at
+        most once a minute per region (with how often it happened since)."""
+        metrics.region_cap_held(region)
+        now = time.monotonic()
+        last, waits = self._cap_logged.get(region, (float("-inf"), 0))
+        if now - last < 60.0:
+            self._cap_logged[region] = (last, waits + 1)
+            return
+        self._cap_logged[region] = (now, 0)
+        log.info("region %s is at its cap of %d concurrent jobs (%d running across all executors): "
+                 "claimable jobs wait for a slot (%d more held-back claims in the last minute; "
+                 "max_concurrent_jobs in Z9_REGIONS)", region, cap, running, waits)
 
     def _claimed(self, reserved: int, jobs: list[Job]) -> None:
         """Release ``reserved`` slots and start ``jobs`` (claimed, and committed)."""

@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable, Generic, Protocol, TypeVar
 
 from .. import store
 from ..ids import PREFIXES
+from ..models import utc_now_iso
 from ..store import DB, NewJob
 
 _TABLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -99,10 +100,18 @@ class ResourceType(Generic[R]):
     # address is on, or was on before its deletion): every job built by new_job holds them as
     # lock keys — the generic delete, cancel-deletion and the reaper's final job included
     lock_keys: Callable[[R], tuple[str, ...]] | None = None
+    # why a failed job of (kind, args) is no longer the row's intent — a later request replaced
+    # it (an address assigned elsewhere since): re-running it would undo that request while the
+    # row keeps saying otherwise. None: it still is (or the type keeps no such intent).
+    stale: Callable[[R, str, dict[str, Any]], str | None] | None = None
     status_type: str = ""  # the status column's enum type; default <name>_status
     plural: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # type-specific knowledge (API, jobs)
     periodic: Periodic | None = None
+    # what a job cancelled before it ran to its end (POST /v1/jobs/{id}/actions/cancel) leaves on
+    # its row, when the generic rule (job_cancelled) does not say it: hook(db, row, kind, reason)
+    # -> True when it settled the row
+    cancelled: Callable[[Any, R, str, str], Awaitable[bool]] | None = None
 
     def __post_init__(self) -> None:
         if self.prefix not in PREFIXES:
@@ -144,6 +153,24 @@ class ResourceType(Generic[R]):
         if isinstance(self.deletion, Immediate) and kind != self.deletion.final_kind:
             return (self.deletion.final_kind,)
         return ()
+
+    def superseded_kinds(self, kind: str) -> tuple[str, ...]:
+        """The inverse of :meth:`superseded_by`: the kinds of this type a job of ``kind`` ends."""
+        return tuple(k for k in self.kinds if kind in self.superseded_by(k))
+
+    async def supersede_waiting(self, db: DB, rid: str, by_job: str, by_kind: str) -> list[str]:
+        """In the transaction that enqueues ``by_job`` (of ``by_kind``): the resource's jobs it
+        supersedes that are not running (``pending``, or ``retry`` between attempts) end at once,
+        ``failed`` with error class ``cancelled`` naming it, so it waits behind none of them (a
+        create in its backoff would otherwise hold the delete for up to ``backoff_cap_s``). A
+        running one stops at its next step (the executor's ``check_superseded``). Returns the ids."""
+        kinds = self.superseded_kinds(by_kind)
+        if not kinds:
+            return []
+        message = f"cancelled: {self.name} {rid} is being deleted by {by_kind} job {by_job}"
+        return await store.jobs_supersede_waiting(db, rid, by_job, list(kinds),
+                                                  {"class": "cancelled", "message": message, "by_job": by_job,
+                                                   "at": utc_now_iso()})
 
     # ------------------------------------------------------------ lifecycle (queries written once)
 
@@ -204,6 +231,17 @@ class ResourceType(Generic[R]):
     async def deleted(self, db: DB, rid: str) -> bool:
         """``destroying`` → ``deleted`` (no-op in any other status: False); its clone requests go."""
         return await store.resource_deleted(db, self.sql, rid)
+
+    async def job_cancelled(self, db: DB, row: R, kind: str, reason: str) -> None:
+        """A job of ``kind`` on ``row`` was cancelled before it ran to its end: the type's own
+        rule (``cancelled``) first; otherwise the generic one — a row still ``creating`` with no
+        job of its own left to move it on (a job queued behind the cancelled create converges it
+        too), or a cancelled final delete, ends ``failed``."""
+        if self.cancelled is not None and await self.cancelled(db, row, kind, reason):
+            return
+        stuck = row.status == "creating" and await store.resource_count_own_live_jobs(db, row.id) == 0
+        if stuck or kind == self.final_kind:
+            await self.mark_failed_by_job(db, row.id, reason, kind=kind)
 
     def new_job(self, row: R, kind: str, *, args: dict[str, Any] | None = None, max_attempts: int = 10,
                 extra_lock_keys: tuple[str, ...] = (), **kw: Any) -> NewJob:

@@ -31,9 +31,26 @@ def lock_keys(address: Address) -> tuple[str, ...]:
     return tuple(k for k in keys if k)
 
 
+def stale(address: Address, kind: str, args: dict[str, Any]) -> str | None:
+    """An assignment job is the address's intent only while the address is still meant for
+    that server (``server_id``), an unassignment or a create only while it is meant for none."""
+    if kind == kinds.ADDRESS_ASSIGN:
+        meant = args.get("server_id")
+    elif kind in (kinds.ADDRESS_UNASSIGN, kinds.ADDRESS_CREATE):
+        meant = None
+    else:
+        return None
+    if address.server_id == meant:
+        return None
+    now = f"server {address.server_id}" if address.server_id else "no server"
+    was = f"server {meant}" if meant else "no server"
+    return (f"address {address.id} is meant for {now} since a later request; this {kind} job put it on {was}. "
+            "Assign or unassign the address again instead")
+
+
 ADDRESS: ResourceType[Address] = register(ResourceType(
     name="address", prefix="adr", table="addresses", model=Address, plural="addresses",
     kinds=(kinds.ADDRESS_CREATE, kinds.ADDRESS_ASSIGN, kinds.ADDRESS_UNASSIGN, kinds.ADDRESS_DELETE),
     deletion=Buffered(first_kind=kinds.ADDRESS_UNASSIGN, final_kind=kinds.ADDRESS_DELETE),
-    statuses=STATUSES, restore=restore, lock_keys=lock_keys,
+    statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale,
 ))

@@ -15,9 +15,11 @@ cloud-init change at its next boot, as a new instance: the API refuses it on a r
 A *floating* address is configured by the guest itself (documented); the job only routes it.
 
 Enforcement: the VM's ``ipfilter`` is turned on only when every address the VM uses is in its
-set — that is, when the server has a primary address from a pool. A server on DHCP (no primary
+set — that is, when the server's VM uses its primary address (static ``ipconfig0``, in the set:
+read from the VM, not from the database). A server on DHCP (no primary
 address) would lose its own address to the filter; its floating addresses are tagged and listed,
-and ``observed.enforced`` says the filter is off.
+and ``observed.enforced`` says the filter is off. So taking a primary off a VM (its ``ipconfig0``
+back to DHCP) turns the VM's filter off again.
 
 A VM that is not z9's (no ``z9-id-…`` tag) configured with the same IP (``ipconfigN``), or
 carrying the address's tag, is a *conflict*: reported on the address (``observed.conflicts``,
@@ -157,7 +159,7 @@ async def observe(ctx: JobContext, want: str | None) -> World:
         target = await _holder(ctx, mine[0], firewall=True)
         if target is None:
             raise TemporaryError(f"the VM of server {want} vanished while observing")
-        enforce = await store.server_has_primary_address(ctx.pool, want)
+        enforce = _enforce(address, server, target)
     holders, conflicts = [], []
     for r in refs:
         if r.template or (target is not None and r.vmid == target.vm.vmid):
@@ -166,7 +168,8 @@ async def observe(ctx: JobContext, want: str | None) -> World:
             if not is_z9_vm(r) or platform_roles(r.tags):
                 conflicts.append({"vmid": r.vmid, "node": r.node, "name": r.name, "why": f"carries tag {tag}"})
                 continue
-            h = await _holder(ctx, r)
+            # (a primary's holder: its firewall options too — the filter goes off with the primary)
+            h = await _holder(ctx, r, firewall=address.kind == "primary")
             if h is not None:
                 holders.append(h)
         elif not is_z9_vm(r):
@@ -184,10 +187,25 @@ async def observe(ctx: JobContext, want: str | None) -> World:
     return World(address, want, target, holders, conflicts, enforce, pool_ns, cluster_fw)
 
 
+def _enforce(address: Address, server: Any, target: Holder) -> bool:
+    """Whether the target VM's IP filter may be on: the VM uses a primary address (static
+    ``ipconfig0``) that its IP set holds — read from the VM, not from the database. A primary
+    the database records but the VM does not use (its assignment failed: the server was started
+    before it ran) would filter out the DHCP address the VM really has. A primary being assigned
+    by this job counts: its ``set_ipconfig`` and entry come before ``enable_ipfilter``."""
+    if address.kind == "primary":
+        return True
+    ip = server.primary_ipv4
+    ip = str(getattr(ip, "ip", ip)) if ip is not None else None
+    used = config_ips({"ipconfig0": target.vm.config.get("ipconfig0")}).get("ipconfig0")
+    return ip is not None and used == ip and target.has_entry(ip)
+
+
 def plan(job: Job, world: World) -> list[Step]:
     """Pure: the steps still missing for the address to be on ``world.want``'s VM only.
 
-    Old holders: ``remove_entry``, (a primary on a stopped VM) ``clear_ipconfig``, then ``untag``. Target: ``tag``, ``create_ipset``,
+    Old holders: ``remove_entry``, (a primary on a stopped VM) ``clear_ipconfig``, (a primary)
+    ``disable_ipfilter`` while the filter is on, then ``untag``. Target: ``tag``, ``create_ipset``,
     ``add_entry``, for a primary ``set_ipconfig`` (stopped VM only), then ``enable_ipfilter``
     when enforced. A VM locked by another task is waited on (Snooze)."""
     a = world.address
@@ -204,6 +222,10 @@ def plan(job: Job, world: World) -> list[Step]:
                 raise PermanentError(f"VM {h.vm.vmid} is running: its primary address is taken off only while "
                                      "it is stopped")
             steps.append(Step("clear_ipconfig", dict(d)))
+        if a.kind == "primary" and _on(h.firewall.get("ipfilter")):
+            # the VM is back on DHCP: its IP filter (turned on for this primary) would drop its
+            # own address from the next boot on
+            steps.append(Step("disable_ipfilter", dict(d)))
         steps.append(Step("untag", dict(d)))
     t = world.target
     if t is not None:
@@ -319,6 +341,9 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
                                                               digest=st.config.get("digest")))
         await ctx.fence()
         await ctx.pve.set_firewall_options(node, vmid, enable=True, ipfilter=True)
+    elif step.name == "disable_ipfilter":
+        await ctx.fence()
+        await ctx.pve.set_firewall_options(node, vmid, ipfilter=False)
     else:
         raise PermanentError(f"{ctx.job.kind}: unknown step {step.name!r}")
 

@@ -41,7 +41,9 @@ observe  the cluster row, the desired members, every VM of the cluster by tag (p
          the nodes the API reports (``kubectl get nodes -o json`` through the agent of the first
          control plane whose API answers; None when none does).
 plan     (pure) ``init`` (cp-0, while no API answers) → ``replace`` (a member whose cloud-init
-         failed and that never became a node: its VM goes, a new instance joins) → ``join`` (every desired member that is not
+         failed and that never became a node, or did but was never confirmed — then ``drain``
+         first; a control plane that is a node is refused, never replaced: it is an etcd member —
+         its VM goes, a new instance joins) → ``join`` (every desired member that is not
          a Ready node: booted **in parallel** in one step) → per extra member, highest ordinal
          first: ``drain`` then ``remove`` → ``detach_bootstrap`` (Ready members still holding
          their ISO).
@@ -143,11 +145,14 @@ async def observe(ctx: JobContext) -> World:
         world.vms[member] = found[0]
     world.nodes, world.api_member = await read_nodes(ctx, world)
     if world.nodes is not None:
-        # A member that booted but never became a node and whose cloud-init failed (its join was
-        # refused: a token expired while it booted, …) gets a new VM — a new instance — with a
-        # fresh token: its bootstrap ran once and will not run again on that instance.
+        # A member whose cloud-init failed gets a new VM — a new instance — with a fresh token:
+        # its bootstrap ran once and will not run again on that instance. Either it never became
+        # a node (its join was refused: a token expired while it booted, …), or it did but was
+        # never confirmed (it still holds its bootstrap ISO: cloud-init failed after the join) —
+        # a re-run must not call that member ready when the first attempt said it failed.
+        desired = {m.name for m in world.desired}
         for member, vm in world.vms.items():
-            if vm.running and member not in world.nodes and member in {m.name for m in world.desired}:
+            if vm.running and member in desired and (member not in world.nodes or _bootstrap_volume(vm)):
                 failed = await cloud_init_error(ctx, vm)
                 if failed:
                     world.failed_boot[member] = failed
@@ -202,13 +207,21 @@ def plan(job: Job, world: World) -> list[Step]:
     desired = {m.name for m in world.desired}
     nodes = world.nodes or {}
     steps: list[Step] = []
-    if world.nodes is None and "cp-0" in desired:
+    init = world.nodes is None and "cp-0" in desired
+    if init:
         steps.append(Step("init", {"member": "cp-0"}))
     for vm in world.vms.values():
         vms.refuse_platform(world.cluster.id, vm)
     for member in sorted(world.failed_boot, key=ordinal_key):
+        if member in nodes:  # it joined before its cloud-init failed: out of the cluster first
+            if member.startswith("cp-"):
+                raise PermanentError(f"member {member} is a node of the cluster but its cloud-init failed "
+                                     f"({world.failed_boot[member]}); a control plane (an etcd member) is not "
+                                     "replaced automatically: an operator must look at it")
+            steps.append(Step("drain", {"member": member}))
         steps.append(Step("replace", {"member": member, "cloud_init": world.failed_boot[member]}))
-    joining = [m.name for m in world.desired if not nodes.get(m.name) and not (steps and m.name == "cp-0")]
+    joining = [m.name for m in world.desired
+               if (not nodes.get(m.name) or m.name in world.failed_boot) and not (init and m.name == "cp-0")]
     if joining:
         steps.append(Step("join", {"members": joining}))
     extra = sorted({m for m in world.vms if m not in desired} | {n for n in nodes if n not in desired},
@@ -243,6 +256,8 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     elif step.name in ("remove", "replace"):  # replace: the VM goes; the join step makes a new one
         await _remove(ctx, world, step, step.detail["member"])
         world.vms.pop(step.detail["member"], None)
+        if world.nodes is not None:  # drained and deleted before (or never a node): a new instance joins afresh
+            world.nodes.pop(step.detail["member"], None)
     elif step.name == "detach_bootstrap":
         for member in step.detail["members"]:
             vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
@@ -555,27 +570,53 @@ class Seen:
     members: list[dict[str, Any]]
     whole: bool
     missing: list[str]
+    api: bool = True  # some control plane's API answered
+    notes: dict[str, str] = field(default_factory=dict)  # member -> why it is not Ready, when known
+
+    def reason(self) -> str | None:
+        """Why the cluster is not whole (the ``degraded`` status' reason), or None."""
+        if self.whole:
+            return None
+        if not self.api:
+            return "no control plane's API answers (every member reported not Ready)"
+        return "not a Ready node: " + ", ".join(f"{m} ({self.notes[m]})" if m in self.notes else m
+                                                for m in self.missing)
 
 
 async def verify(ctx: JobContext) -> Seen:
     world = await observe(ctx)
     if world.superseded or world.cluster is None:
         return Seen([], False, [])
-    nodes = world.nodes or {}
-    desired = {m.name: m for m in world.desired}
-    extra = [m for m in world.vms if m not in desired]
+    extra = [m for m in world.vms if m not in {d.name for d in world.desired}]
     if extra:
         raise TemporaryError("verify: members still to remove: " + ", ".join(sorted(extra)))
+    return await seen_of(ctx, world)
+
+
+async def seen_of(ctx: JobContext, world: World) -> Seen:
+    """Every desired member as observed: its VM (vmid, node, power, address from its agent) and
+    whether it is a Ready node of the cluster (``missing``: those that are not, plus the reason
+    when no control plane's API answers)."""
+    nodes = world.nodes or {}
     members = []
-    for m in world.desired:
-        vm = world.vms.get(m.name)
+    vms_of = [world.vms.get(m.name) for m in world.desired]
+
+    async def no_address() -> None:
+        return None
+
+    # every member's address from its agent at once (a 3 + 30 cluster: one round trip's time, not 33)
+    addresses = await asyncio.gather(*(_address(ctx, vm) if vm is not None and vm.running else no_address()
+                                       for vm in vms_of))
+    for m, vm, address in zip(world.desired, vms_of, addresses):
         members.append({"name": m.name, "role": m.role, "pool": m.pool, "ordinal": m.ordinal,
-                        "vmid": vm.vmid if vm else None, "node": vm.node if vm else None,
-                        "address": await _address(ctx, vm) if vm is not None and vm.running else None,
+                        "vmid": vm.vmid if vm else None, "node": vm.node if vm else None, "address": address,
                         "power_state": ("running" if vm.running else "stopped") if vm else None,
                         "ready": bool(nodes.get(m.name))})
     missing = [m["name"] for m in members if not m["ready"]]
-    return Seen(members, not missing, missing)
+    notes = {m: f"cloud-init failed: {e}" for m, e in world.failed_boot.items()}
+    notes.update({m["name"]: "stopped" for m in members if m["power_state"] == "stopped"})
+    notes.update({m["name"]: "no VM" for m in members if m["vmid"] is None})
+    return Seen(members, not missing, missing, api=world.nodes is not None, notes=notes)
 
 
 async def _address(ctx: JobContext, vm: VmState) -> str | None:
@@ -598,9 +639,18 @@ async def record_seen(conn: Any, ctx: JobContext, seen: Seen) -> None:
     member is a Ready node, ``degraded`` otherwise (the API answers, a node is not Ready)."""
     if not seen.members:
         return
+    await record_members(conn, ctx, seen, from_statuses=("creating", "updating", "running", "degraded", "failed"))
+
+
+async def record_members(conn: Any, ctx: JobContext, seen: Seen, *, from_statuses: tuple[str, ...]) -> None:
+    """Members and status (``running``/``degraded``, the latter with its reason), the status
+    only from one of ``from_statuses``."""
     await store.cluster_members(conn, ctx.job.resource_id, seen.members, seen.whole)
     await CLUSTER.observed(conn, ctx.job.resource_id, status="running" if seen.whole else "degraded",
-                           from_statuses=("creating", "updating", "running", "degraded", "failed"))
+                           from_statuses=from_statuses)
+    reason = seen.reason()
+    if reason:
+        await store.cluster_degraded_reason(conn, ctx.job.resource_id, reason)
 
 
 async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
