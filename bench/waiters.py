@@ -2,7 +2,7 @@
 """W6 extended: what the job long-poll costs the executor (issue 12: ≤ 5 % on W3 drain(16)).
 
 Three drains of ``--n`` no-op jobs by one executor process at ``--concurrency`` (W3, as in
-``bench/run.py``), each round in this order:
+``bench/run.py``) per round, their order rotated from round to round:
 
 - ``no_notify``: the executor's queries without the ``pg_notify('z9_job_changed', id)`` column
   (the code before the long-poll);
@@ -13,7 +13,8 @@ Three drains of ``--n`` no-op jobs by one executor process at ``--concurrency`` 
   and looks each up among its waiters, on the same machine as the executor.
 
 Prints one JSON line per drain (``bench/run.py``'s fields, ``workload`` = ``waiters``, ``mode``)
-and the medians with ``ratio_to_no_notify``. Figures need a quiet machine; ``--n 500 --rounds 1
+and the medians with ``ratio_to_no_notify`` and ``api_cpu_s`` (CPU seconds of the ``z9 api``
+process during the drain, the waiters' opening and closing included). Figures need a quiet machine; ``--n 500 --rounds 1
 --waiters 50`` proves the script runs.
 
 Usage::
@@ -109,6 +110,36 @@ async def hold_waiters(port: int, token: str, jobs: list[str], stop: asyncio.Eve
     return answers
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one_drain(dsn: str, args: Any, rnd: int, mode: str, port: int, token: str, jobs: list[str]) -> dict[str, Any]:
+    """One drain in ``mode``: no_notify, notify, or notify_waiters (``args.waiters`` long-polls held
+    on the idle jobs ``jobs`` through the API on ``port`` for the whole drain)."""
+    if mode == "no_notify":
+        os.environ["Z9_BENCH_NO_JOB_NOTIFY"] = "1"
+        try:
+            return await drain_round(dsn, args.n, args.concurrency, rnd, "waiters", "-", mode=mode, waiters=0)
+        finally:
+            del os.environ["Z9_BENCH_NO_JOB_NOTIFY"]
+    if mode == "notify":
+        return await drain_round(dsn, args.n, args.concurrency, rnd, "waiters", "-", mode=mode, waiters=0)
+    stop, opened = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(hold_waiters(port, token, jobs, stop, opened))
+    await asyncio.wait_for(opened.wait(), 60)
+    await asyncio.sleep(1.0)  # every request has reached the API and waits
+    try:
+        return await drain_round(dsn, args.n, args.concurrency, rnd, "waiters", "-", mode=mode,
+                                 waiters=args.waiters)
+    finally:
+        stop.set()
+        await holder
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dsn", default=os.environ.get("Z9_BENCH_DSN", DEFAULT_DSN))
@@ -123,25 +154,13 @@ async def main() -> None:
         api, port = await start_api(db.dsn)
         try:
             for rnd in range(1, args.rounds + 1):
-                os.environ["Z9_BENCH_NO_JOB_NOTIFY"] = "1"
-                try:
-                    results["no_notify"].append(await drain_round(db.dsn, args.n, args.concurrency, rnd, "waiters",
-                                                                  "-", mode="no_notify", waiters=0))
-                finally:
-                    del os.environ["Z9_BENCH_NO_JOB_NOTIFY"]
-                results["notify"].append(await drain_round(db.dsn, args.n, args.concurrency, rnd, "waiters", "-",
-                                                           mode="notify", waiters=0))
-                stop, opened = asyncio.Event(), asyncio.Event()
-                holder = asyncio.create_task(hold_waiters(port, token, jobs, stop, opened))
-                await asyncio.wait_for(opened.wait(), 60)
-                await asyncio.sleep(1.0)  # every request has reached the API and waits
-                try:
-                    results["notify_waiters"].append(await drain_round(
-                        db.dsn, args.n, args.concurrency, rnd, "waiters", "-", mode="notify_waiters",
-                        waiters=args.waiters))
-                finally:
-                    stop.set()
-                    await holder
+                # the three drains in a rotating order, so that no mode always runs first or last
+                # (a drain's position in the round could otherwise pass for its mode's cost)
+                modes = ["no_notify", "notify", "notify_waiters"]
+                for mode in modes[(rnd - 1) % 3:] + modes[:(rnd - 1) % 3]:
+                    cpu0 = _cpu_s(api.pid)
+                    results[mode].append(await one_drain(db.dsn, args, rnd, mode, port, token, jobs))
+                    results[mode][-1]["api_cpu_s"] = round(_cpu_s(api.pid) - cpu0, 2)
         finally:
             api.terminate()
             api.wait(timeout=10)
@@ -151,6 +170,7 @@ async def main() -> None:
         emit("waiters", "median", n=args.n, concurrency=args.concurrency, mode=mode,
              waiters=rs[0]["waiters"], jobs_per_s=round(med, 1),
              client_cpu_us_per_job=round(statistics.median(r["client_cpu_us_per_job"] for r in rs), 1),
+             api_cpu_s=round(statistics.median(r["api_cpu_s"] for r in rs), 2),
              ratio_to_no_notify=round(med / base, 3))
 
 

@@ -155,6 +155,17 @@ async def test_invalid_input_is_422_naming_the_field(api: Stack, case: str, over
     assert await counts(api) == (0, 0, 0)
 
 
+async def test_a_whole_number_written_as_a_float_is_an_integer(api: Stack) -> None:
+    """JSON Schema's ``integer`` is any number without a fraction: ``2048.0`` is the integer the
+    document allows (schemathesis sent such bodies); ``2.5``, ``"2"`` and ``true`` stay 422."""
+    status, out = await api.call("POST", "/servers", json=body(cores=2.0, memory_mib=2048.0, disk_gib=1e1))
+    assert status == 202, out
+    assert (out["server"]["cores"], out["server"]["memory_mib"], out["server"]["disk_gib"]) == (2, 2048, 10)
+    assert isinstance(out["server"]["cores"], int)
+    status, out = await api.call("POST", "/servers", json=body(name="big", cores=1e300))
+    assert status == 422 and out["error"]["details"][0]["field"] == "cores", out
+
+
 async def test_several_invalid_fields_are_all_named(api: Stack) -> None:
     status, out = await api.call("POST", "/servers", json=body(cores=0, memory_mib=1, name="X"))
     assert status == 422

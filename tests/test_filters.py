@@ -9,6 +9,38 @@ from z9.common import labels, store
 from tests.support import Stack
 
 
+def test_the_documented_selector_pattern_agrees_with_the_parser() -> None:
+    """``label_selector``'s pattern in the OpenAPI document accepts exactly what the parser does:
+    strings drawn from the pattern parse, and random selector-like strings are accepted by both
+    or by neither."""
+    import re
+
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    pattern = re.compile(labels.SELECTOR_PATTERN)
+
+    def parses(text: str) -> bool:
+        try:
+            labels.parse(text)
+            return True
+        except ValueError:
+            return False
+
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.from_regex(pattern))
+    def drawn_from_the_pattern(text: str) -> None:
+        assert parses(text), text
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(st.lists(st.sampled_from(["a", "b.c", "x/y", "-", "=", "==", "!=", "!", " ", ",", "in", " in ", "(", ")",
+                                     "notin", "1", "\t", "é", ""]), max_size=12).map("".join))
+    def selector_like(text: str) -> None:
+        assert bool(pattern.fullmatch(text)) == parses(text), text
+
+    drawn_from_the_pattern()
+    selector_like()
+
+
 def test_selector_parsing() -> None:
     s = labels.parse("env=prod, tier!=db,app,!legacy,zone in (a, b)")
     assert s.matches({"env": "prod", "app": "x", "zone": "a"})

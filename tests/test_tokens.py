@@ -274,3 +274,30 @@ async def test_address_job_details_hidden_from_tenants(fast: Stack, settings: Se
         assert status == 200, view
         assert account not in str(view) and "root@pam" not in str(view), path
         assert ":qmconfig:105:hidden:" in str(view), path
+
+
+async def test_a_real_jobs_steps_hide_the_platform_account_from_tenants(stack: Stack, settings: Settings) -> None:
+    """Issue 12 test 7 end to end: a server created through the executor against the simulator
+    (UPIDs as Proxmox writes them, ``…:root@pam!z9:``); the tenant's view of its job (one job,
+    the list, the long-poll) carries neither ``root@pam`` nor the token id; an operator token of
+    the same tenant sees the UPIDs whole."""
+    _, job = await stack.create_server("real-up-1")
+    done = await stack.wait_job(job["id"], 60)
+    assert done["status"] == "succeeded", done
+    account = settings.regions[REGION].token_id
+    user, _, token_name = account.partition("!")
+    assert user == "root@pam" and token_name
+    for path in (f"/jobs/{job['id']}", f"/jobs/{job['id']}?wait_s=1", "/jobs",
+                 f"/jobs?resource_id={done['resource']['id']}"):
+        status, view, _ = await call(stack, "GET", path)
+        assert status == 200, view
+        text = str(view)
+        assert "root@pam" not in text and account not in text and f"!{token_name}" not in text, (path, text)
+    upids = [s["detail"]["upid"] for s in done["steps"] if "upid" in (s.get("detail") or {})]
+    assert upids and all(u.endswith(":hidden:") for u in upids), done["steps"]
+    operator = "z9t_" + os.urandom(16).hex()
+    await store.api_token_insert(stack.pool, stack.tenant_id, operator, "ops", scopes=("read", "operator"))
+    status, op_view, _ = await call(stack, "GET", f"/jobs/{job['id']}", operator)
+    assert status == 200
+    op_upids = [s["detail"]["upid"] for s in op_view["steps"] if "upid" in (s.get("detail") or {})]
+    assert op_upids and all(f":{account}:" in u for u in op_upids), op_upids

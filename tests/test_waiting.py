@@ -96,6 +96,18 @@ async def test_wait_without_change_answers_after_the_wait(api: Stack) -> None:
     assert w.waiting == 0
 
 
+@pytest.mark.timeout(90)
+async def test_wait_30_on_a_job_that_does_not_change_answers_after_30_s(api: Stack) -> None:
+    """Issue 12 test 2 as written (the test above is its 2 s form)."""
+    w = await waiters_of(api)
+    _, job = await api.create_server("w30")
+    t0 = time.monotonic()
+    status, body, headers, at = await get(api, f"/jobs/{job['id']}?wait_s=30")
+    assert status == 200 and body["status"] == "pending"
+    assert 30.0 <= at - t0 < 32.0, at - t0
+    assert headers["Retry-After"] == "5" and w.waiting == 0
+
+
 async def test_wait_s_is_validated(api: Stack) -> None:
     _, job = await api.create_server("w4")
     for bad in ("61", "-1", "abc", "1.5", "", "１"):

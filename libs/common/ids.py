@@ -14,6 +14,11 @@ PREFIXES = ("srv", "adr", "apl", "k8s", "lb", "job", "ten", "tok")
 ID_RE = re.compile(r"(srv|adr|apl|k8s|lb|job|ten|tok)_[0-9a-hjkmnp-tv-z]{26}")
 
 
+def id_pattern(*prefixes: str) -> str:
+    """The JSON Schema ``pattern`` of an id of one of ``prefixes`` (what :func:`is_id` accepts)."""
+    return rf"^({'|'.join(prefixes)})_[0-9a-hjkmnp-tv-z]{{26}}$"
+
+
 def new_id(prefix: str, *, now_ms: int | None = None) -> str:
     """Return a fresh id such as ``srv_01jd…``; ``prefix`` must be one of :data:`PREFIXES`."""
     if prefix not in PREFIXES:

@@ -19,6 +19,12 @@ from typing import Any
 
 KEY = re.compile(r"([a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
+# What :func:`parse` accepts, as one regular expression (the OpenAPI document's ``pattern`` of
+# ``label_selector``; tests/test_filters.py checks the two agree)
+_V1 = r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?"
+_REQ = (rf"({KEY.pattern}\s+in\s+\(\s*({_V1}(\s*,\s*{VALUE.pattern})*|{VALUE.pattern}(\s*,\s*{VALUE.pattern})+)\s*\)"
+        rf"|{KEY.pattern}\s*(!=|==?)\s*{VALUE.pattern}|!\s*{KEY.pattern}|{KEY.pattern})")
+SELECTOR_PATTERN = rf"^\s*{_REQ}\s*(,\s*{_REQ}\s*)*$"
 _IN = re.compile(r"(?P<key>[^\s!=(),]+)\s+in\s+\((?P<values>[^()]*)\)")
 _NOTIN = re.compile(r"[^\s!=(),]+\s+notin\s+\(")
 

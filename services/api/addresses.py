@@ -61,7 +61,7 @@ class AddressCreate(BaseModel):
 class AddressPatch(BaseModel):
     """``PATCH /v1/addresses/{id}``: database-only changes (no job)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1, "examples": [
         {"name": "www", "dns_ptr": "www.example.com", "protection": {"delete": True}}]})
 
     name: StrictStr | None = Field(None, pattern=schemas.NAME_PATTERN)

@@ -20,7 +20,7 @@ from z9.common import metrics, store
 from z9.common.db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS, create_service_pool
 from z9.common.errors import LockWaitTimeout
 from z9.common.errors import ApiError, ValidationFailed
-from z9.common.ids import is_id
+from z9.common.ids import PREFIXES, id_pattern, is_id
 from z9.common.models import Job
 from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
@@ -148,11 +148,14 @@ class JobListQuery(schemas.BaseModel):
     """Query parameters of ``GET /v1/jobs``."""
 
     after: str | None = schemas.Field(default=None, description="the previous page's `next_after` (a page token, "
-                                                                "valid after old jobs are pruned) or a job id")
+                                                                "valid after old jobs are pruned) or a job id",
+                                      json_schema_extra={"pattern": r"^pg_[0-9a-z]{1,13}$|" + id_pattern("job")})
     limit: int = schemas.Field(default=100, ge=1, le=500)
-    resource_id: str | None = schemas.Field(default=None, description="only the jobs of this resource")
+    resource_id: str | None = schemas.Field(default=None, description="only the jobs of this resource",
+                                            json_schema_extra={"pattern": id_pattern(*PREFIXES)})
     actor: str | None = schemas.Field(default=None, description="only the jobs asked for by this token id "
-                                                                 "(`me`: the calling token)")
+                                                                 "(`me`: the calling token)",
+                                      json_schema_extra={"pattern": "^me$|" + id_pattern("tok")})
 
 
 class JobGetQuery(schemas.BaseModel):

@@ -54,7 +54,8 @@ class NodePoolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "name": "batch", "count": 2, "cores": 4, "memory_mib": 8192, "disk_gib": 50}]})
 
-    name: StrictStr = Field(pattern=POOL_NAME, description="lower case, 1-31 chars, not 'cp'")
+    name: StrictStr = Field(pattern=POOL_NAME, description="lower case, 1-31 chars, not 'cp'",
+                            json_schema_extra={"not": {"const": "cp"}})
     count: StrictInt = Field(ge=0, le=MAX_POOL_COUNT)
     cores: StrictInt = Field(2, ge=1, le=64)
     memory_mib: StrictInt = Field(4096, ge=512, le=1048576)
@@ -114,7 +115,8 @@ class KubeconfigQuery(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    expiry_s: StrictStr | None = Field(None, description="the client certificate's life in seconds "
+    expiry_s: int | None = Field(None, ge=KUBECONFIG_EXPIRY_S[0], le=KUBECONFIG_EXPIRY_S[1],
+                                 description="the client certificate's life in seconds "
                                                          f"({KUBECONFIG_EXPIRY_S[0]} to {KUBECONFIG_EXPIRY_S[1]}; default 3600)")
 
 

@@ -19,7 +19,7 @@ servers: they count against neither ``servers``, ``cores`` nor ``memory_mib``.
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
@@ -46,7 +46,7 @@ APPLIANCES = {"lb-small": 1, "lb-ha": 2}
 class HttpCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: StrictStr = Field("/", pattern=r"^/[\x21-\x7e]{0,255}$", description="request path")
-    status_codes: list[StrictStr] = Field(default_factory=lambda: ["2??", "3??"], min_length=1, max_length=8,
+    status_codes: list[Annotated[StrictStr, Field(pattern=STATUS_CODE)]] = Field(default_factory=lambda: ["2??", "3??"], min_length=1, max_length=8,
                                           description="expected status codes; ? matches any digit")
 
     @field_validator("status_codes")
@@ -60,7 +60,10 @@ class HttpCheck(BaseModel):
 
 
 class HealthCheck(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # `http` only with protocol http (in the document too); timeout_s <= interval_s is the API's alone
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": ["protocol"], "properties": {"protocol": {"const": "http"}}},
+        {"properties": {"http": {"type": "null"}}}]})
     protocol: Literal["tcp", "http"] = "tcp"
     port: StrictInt = Field(ge=1, le=65535)
     interval_s: StrictInt = Field(15, ge=3, le=300)
@@ -95,8 +98,21 @@ class Service(BaseModel):
                 "proxyprotocol": self.proxyprotocol, "health_check": hc.model_dump()}
 
 
+# what Target's validator accepts as an ip target's address: IPv4, not 0.0.0.0, loopback or multicast
+_TARGET_IP = {"type": "string", "format": "ipv4", "not": {"pattern": r"^(0\.0\.0\.0$|127\.|22[4-9]\.|23[0-9]\.)"}}
+
+
+# the two shapes of a target in the document: a server target (server_id, no ip) or an ip target
+# (ip, no server_id)
+_TARGET_SHAPES = {"oneOf": [
+    {"required": ["type", "server_id"],
+     "properties": {"type": {"const": "server"}, "server_id": {"type": "string"}, "ip": {"type": "null"}}},
+    {"required": ["type", "ip"],
+     "properties": {"type": {"const": "ip"}, "ip": _TARGET_IP, "server_id": {"type": "null"}}}]}
+
+
 class Target(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_TARGET_SHAPES)
     type: Literal["server", "ip"]
     server_id: StrictStr | None = Field(None, pattern=SERVER_ID)
     ip: StrictStr | None = None
@@ -292,7 +308,7 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
 # ---------------------------------------------------------------------------------- actions
 
 class TargetBody(Target):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="forbid", json_schema_extra={**_TARGET_SHAPES, "examples": [
         {"type": "server", "server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"}]})
 
 
@@ -319,8 +335,8 @@ class ServiceRef(BaseModel):
 class LoadBalancerPatch(BaseModel):
     """``PATCH /v1/load-balancers/{id}``: a new name and/or labels (replacing all labels)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"name": "web-2",
-                                                                               "labels": {"env": "prod"}}]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"name": "web-2", "labels": {"env": "prod"}}],
+                                                                 **schemas.at_least_one("name", "labels")})
     name: StrictStr | None = Field(None, pattern=schemas.NAME_PATTERN, description="DNS label, lower case, 1-63 chars")
     labels: schemas.Labels | None = None
 

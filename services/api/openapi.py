@@ -24,7 +24,10 @@ _STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted: poll the job until it
                 400: "Malformed request (not JSON, an unknown query parameter)",
                 403: "The token lacks the scope this needs, or a quota would be exceeded (`quota_exceeded`)",
                 401: "Missing, unknown or revoked token", 404: "No such resource (or another tenant's)",
-                409: "A precondition failed; the message names it", 422: "Invalid fields; the message names each",
+                409: "A precondition failed; the message names it",
+                422: "Invalid fields, or fields naming what does not exist (a region, image or pool of this "
+                     "installation, another resource of the tenant), or an Idempotency-Key already used with "
+                     "another request; the message names each",
                 413: "The request body is larger than 256 KiB",
                 429: "Over the token's request rate; retry after Retry-After seconds",
                 503: "The database is unreachable right now (retry after Retry-After seconds), or a setting the operation needs is missing (the message names it)"}
@@ -32,13 +35,14 @@ _STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted: poll the job until it
 
 def _refusals(op: Operation) -> set[int]:
     """What an operation may answer before its own checks, from the app's middleware: an invalid
-    Idempotency-Key (400), a read-only token on a mutation (403), a body over the limit (413),
-    the rate limit (429), the database unreachable (503) — for authenticated operations."""
+    Idempotency-Key (400) or one already used with another request (422), a read-only token on a
+    mutation (403), a body over the limit (413), the rate limit (429), the database unreachable
+    (503) — for authenticated operations."""
     if 401 not in op.responses:
         return set()
     out = {429, 503}
     if op.idempotent:
-        out.add(400)
+        out |= {400, 422}
     if op.method.upper() not in ("GET", "HEAD"):
         out.add(403)
     if op.request is not None:
@@ -68,6 +72,34 @@ def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
             param["description"] = desc
         out.append(param)
     return out
+
+
+def _add_links(operations: list[Operation], paths: dict[str, dict[str, Any]]) -> None:
+    """OpenAPI links from each answer that carries a resource or a job (201, 202) to the operations
+    on it: ``$response.body#/<name>/id`` into every operation on ``/<plural>/{id}…`` of the
+    answer's own collection, ``$response.body#/job/id`` into the job's. Clients (and the stateful
+    phase of tests/test_schemathesis.py) follow them: create, act, follow the job, delete."""
+    by_collection: dict[str, list[Operation]] = {}
+    for op in operations:
+        if op.path_id:
+            by_collection.setdefault(op.path.split("/")[1], []).append(op)
+    for op in operations:
+        for status in (201, 202):
+            model = op.responses.get(status)
+            if model is None:
+                continue
+            links: dict[str, Any] = {}
+            for name, field in model.model_fields.items():  # the resource (named for its type) and its job
+                kind = field.annotation
+                if not (isinstance(kind, type) and issubclass(kind, BaseModel) and "id" in kind.model_fields):
+                    continue
+                for target in by_collection.get("jobs" if name == "job" else op.path.split("/")[1], []):
+                    if target is op:
+                        continue
+                    links[target.operation_id] = {"operationId": target.operation_id,
+                                                  "parameters": {"id": f"$response.body#/{name}/id"}}
+            if links:
+                paths[op.path][op.method.lower()]["responses"][str(status)]["links"] = links
 
 
 def openapi_document(operations: Iterable[Operation], *, tag_descriptions: dict[str, str] | None = None) -> dict[str, Any]:
@@ -123,6 +155,7 @@ def openapi_document(operations: Iterable[Operation], *, tag_descriptions: dict[
                 body["example"] = examples[0]
             entry["requestBody"] = {"required": True, "content": {"application/json": body}}
         paths.setdefault(op.path, {})[op.method.lower()] = entry
+    _add_links(operations, paths)
     return {
         "openapi": "3.1.0",
         "info": {"title": "z9 API", "version": "1",

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 
 from z9.common import labels, store
 from z9.common.errors import BadRequest, CheckViolation, Conflict, NotFound, ValidationFailed
-from z9.common.ids import is_id
+from z9.common.ids import id_pattern, is_id
 from z9.common.notify import JobNotifier
 from z9.common.resources import Buffered, ResourceType
 from z9.common.settings import Settings
@@ -107,12 +107,20 @@ def tenant(request: web.Request) -> str:
     return request[TENANT]
 
 
+def _number(text: str) -> float | int:
+    """A JSON number written with a fraction or exponent: an int when it has no fractional part
+    (``7647.0``, ``1e3``), as JSON Schema's ``integer`` counts it; the document's integer fields
+    then accept what it allows (strict models still refuse ``2.5``, ``"2"`` and ``true``)."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
 async def json_body(request: web.Request) -> Any:
     import json
 
     try:
         raw = await request.read()
-        return json.loads(raw or b"null")
+        return json.loads(raw or b"null", parse_float=_number)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise BadRequest(f"request body is not valid JSON: {e}")
 
@@ -402,6 +410,7 @@ class ListQuery(BaseModel):
     limit: int = Field(default=100, ge=1, le=500)
     name: str | None = Field(default=None, min_length=1, max_length=63, description="only the one of this name")
     label_selector: str | None = Field(default=None, max_length=4096,
+                                       json_schema_extra={"pattern": labels.SELECTOR_PATTERN},
                                        description="only those whose labels match: comma-separated requirements "
                                                    "`k=v`, `k!=v`, `k`, `!k`, `k in (a,b)` (all must hold)")
 
@@ -423,7 +432,9 @@ def resource_operations(api: ApiResource) -> list[Operation]:
                                                                          "null on the last"))})
     status_enum = create_model(f"{plural_cap}ListQuery", __base__=(ListQuery, *( [api.list_filters] if api.list_filters else [])),
                                status=(str | None, Field(default=None, json_schema_extra={"enum": list(rt.statuses)},
-                                                         description=f"only {rt.plural} in this status")))
+                                                         description=f"only {rt.plural} in this status")),
+                               after=(str | None, Field(default=None, json_schema_extra={"pattern": id_pattern(rt.prefix)},
+                                                        description=f"id of the last {rt.name} of the previous page")))
     api.models = {"accepted": accepted, "one": one, "page": page}
     job_ref = {"id": "job_01jd3x5v8q2m6n4p7r9s1t3w5y", "kind": "", "status": "pending"}
     base, item = f"/{rt.plural}", f"/{rt.plural}/{{id}}"

@@ -13,6 +13,18 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 SSH_KEY_PREFIXES = ("ssh-", "ecdsa-sha2-", "sk-ssh-", "sk-ecdsa-")
 
+
+
+# One OpenSSH public key line (as ``ssh_keys`` accepts it: trimmed, printable ASCII, a key type
+# then at least one more field)
+SSH_KEY_PATTERN = r"^\s*(ssh-|ecdsa-sha2-|sk-ssh-|sk-ecdsa-)[!-~]*( +[!-~]+)+\s*$"
+
+def at_least_one(*fields: str) -> dict[str, Any]:
+    """A body's JSON Schema rule "at least one of ``fields`` is given and not null" (for a model
+    whose validator says so), to merge into its ``json_schema_extra``."""
+    return {"anyOf": [{"required": [f], "properties": {f: {"not": {"type": "null"}}}} for f in fields]}
+
+
 Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
 """A time as the API writes it: ISO 8601 in UTC with a ``Z``."""
 OptTimestamp = Annotated[str | None, WithJsonSchema({"type": ["string", "null"], "format": "date-time"})]
@@ -24,7 +36,12 @@ LABEL_KEY = r"^([a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]
 LABEL_VALUE = r"^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$"
 LabelKey = Annotated[str, Field(pattern=LABEL_KEY, max_length=127)]
 LabelValue = Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)]
-Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=64, description="labels: key → value (at most 64)")]
+# (the document says it with propertyNames: pydantic's patternProperties would let keys that
+# do not match through with any value)
+Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=64, description="labels: key → value (at most 64)"),
+                   WithJsonSchema({"type": "object", "maxProperties": 64, "description": "labels: key → value (at most 64)",
+                                   "propertyNames": {"pattern": LABEL_KEY, "maxLength": 127},
+                                   "additionalProperties": {"type": "string", "pattern": LABEL_VALUE, "maxLength": 63}})]
 
 
 class Response(BaseModel):
@@ -50,7 +67,9 @@ class ServerCreate(BaseModel):
     cores: StrictInt = Field(ge=1, le=64)
     memory_mib: StrictInt = Field(ge=512, le=1048576)
     disk_gib: StrictInt = Field(ge=1, le=16384)
-    ssh_keys: list[StrictStr] = Field(default_factory=list, max_length=32)
+    ssh_keys: list[Annotated[StrictStr, WithJsonSchema({"type": "string", "pattern": SSH_KEY_PATTERN,
+                                                         "maxLength": 16384})]] = Field(default_factory=list,
+                                                                                        max_length=32)
     public_ipv4: StrictBool | Annotated[StrictStr, Field(pattern=r"^adr_[0-9a-z]{26}$")] = Field(
         False, description="true: a primary IPv4 address from the region's pool (the lowest free IP), "
                            "written as cloud-init ipconfig0; or the id of an unassigned address of the "

@@ -37,7 +37,8 @@ LIVE = ("creating", "running", "stopped", "failed")
 class ServerResize(BaseModel):
     """``POST /v1/servers/{id}/actions/resize``: the new sizes (at least one)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"cores": 4, "memory_mib": 8192}]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"cores": 4, "memory_mib": 8192}], **schemas.at_least_one("cores", "memory_mib", "disk_gib")})
 
     cores: StrictInt | None = Field(None, ge=1, le=64)
     memory_mib: StrictInt | None = Field(None, ge=512, le=1048576)

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from z9.common import store
 from z9.common.errors import BadRequest, Forbidden, NotFound, Unauthorized, ValidationFailed
-from z9.common.ids import is_id
+from z9.common.ids import id_pattern, is_id
 from z9.common.requestctx import ACTOR_TOKEN_ID
 
 from . import resources as api
@@ -107,7 +107,8 @@ class TokenRevoked(BaseModel):
 class TokenListQuery(BaseModel):
     """Query parameters of ``GET /v1/tokens``."""
 
-    after: str | None = Field(default=None, description="id of the last token of the previous page")
+    after: str | None = Field(default=None, description="id of the last token of the previous page",
+                              json_schema_extra={"pattern": id_pattern("tok")})
     limit: int = Field(default=100, ge=1, le=500)
     include_revoked: bool = Field(default=False, description="list revoked tokens too")
 
