@@ -335,8 +335,8 @@ async def claim_buffers_of(conn: asyncpg.Connection, limit: int) -> int:
     tr = conn.transaction()
     await tr.start()
     try:
-        plan = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.q("job_claim"),
-                                   REGION, limit, "explain", 30.0)
+        plan = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                                   + store.job_claim_sql(REGION, limit, "explain", 30.0))
     finally:
         await tr.rollback()
     if isinstance(plan, str):
@@ -507,7 +507,7 @@ async def explain_hot_queries(dsn: str, label: str) -> None:
         lease = (c.id, c.lease_owner, c.attempt)
         arr = ([j.id for j in claimed], [j.lease_owner for j in claimed], [j.attempt for j in claimed])
         plans = [
-            ("claim", q("job_claim"), (REGION, 16, "explain:other", 30.0)),
+            ("claim", store.job_claim_sql(REGION, 16, "explain:other", 30.0), ()),
             ("insert", q("job_insert"), ("job_" + "z" * 26, noop.KIND, REGION, None, None, None, {}, 1, None)),
             ("finish_single", q("job_succeed"), (*lease, [])),
             ("heartbeat_single", q("job_heartbeat"), (*lease, 30.0)),

@@ -29,7 +29,7 @@ from .ids import new_id
 from .models import Address, Cluster, Job, LoadBalancer, Server
 from .labels import Selector
 from .requestctx import current_actor, current_request_id
-from .sql import q, qt
+from .sql import q, ql, qt
 from .tracing import current_trace_context
 
 
@@ -377,9 +377,18 @@ async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_tt
     for region in regions:
         if len(out) >= limit:
             break
-        rows = await db.fetch(q("job_claim"), region, limit - len(out), owner, lease_ttl_s)
+        rows = await db.fetch(job_claim_sql(region, limit - len(out), owner, lease_ttl_s))
         out.extend(Job.from_record(r) for r in rows)
     return out
+
+
+def job_claim_sql(region: str, limit: int, owner: str, lease_ttl_s: float) -> str:
+    """The claim of one region as a statement without parameters (values as literals, see
+    ``job_claim`` in queries.sql and :func:`z9.common.sql.ql`): planned once per connection for
+    its real ``LIMIT`` instead of on every execution."""
+    if not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"claim limit must be a positive int, not {limit!r}")
+    return ql("job_claim", region=str(region), limit=limit, owner=str(owner), lease_ttl_s=float(lease_ttl_s))
 
 
 async def _fenced(db: DB, name: str, lease: Lease, *args: Any) -> Any:
