@@ -152,20 +152,21 @@ CREATE TABLE jobs (
 -- Claim: pending jobs of a region in submission order (the only ordered path to them: seq has
 -- no index of its own, see migrations/0003_claim_index.sql).
 CREATE INDEX jobs_claimable ON jobs (region, seq) WHERE status = 'pending' AND NOT blocked;
--- Per-resource order: the earliest live job of a resource.
-CREATE INDEX jobs_resource_live ON jobs (resource_id, seq) WHERE status IN ('pending', 'running', 'retry');
+-- Per-resource order: the earliest live job of a resource. Also the z9_jobs counts of live jobs,
+-- index-only (migration 0012: the INCLUDEd columns replace jobs_live_counts).
+CREATE INDEX jobs_resource_live ON jobs (resource_id, seq) INCLUDE (status, region, kind)
+    WHERE status IN ('pending', 'running', 'retry');
 -- Scheduler: due retries and expired leases.
 CREATE INDEX jobs_retry_due ON jobs (run_after) WHERE status = 'retry';
 CREATE INDEX jobs_lease_expiry ON jobs (lease_expires_at) WHERE status = 'running';
--- Pruning finished jobs.
-CREATE INDEX jobs_finished ON jobs (finished_at) WHERE status IN ('succeeded', 'failed');
--- Listing the jobs of a resource / tenant.
-CREATE INDEX jobs_resource ON jobs (resource_id, seq);
-CREATE INDEX jobs_tenant ON jobs (tenant_id, seq);
--- Metrics (migration 0002): z9_jobs counts, index-only (live and finished jobs apart); the
--- oldest runnable pending job per region.
-CREATE INDEX jobs_live_counts ON jobs (status, region, kind) WHERE status IN ('pending', 'running', 'retry');
-CREATE INDEX jobs_finished_counts ON jobs (status, region, kind) WHERE status IN ('succeeded', 'failed');
+-- Pruning finished jobs; the z9_jobs counts of finished jobs, index-only (migration 0012: the
+-- INCLUDEd columns replace jobs_finished_counts).
+CREATE INDEX jobs_finished ON jobs (finished_at) INCLUDE (status, region, kind)
+    WHERE status IN ('succeeded', 'failed');
+-- Listing the jobs of a resource / tenant (migration 0012: z9's own jobs, without one, left out).
+CREATE INDEX jobs_resource ON jobs (resource_id, seq) WHERE resource_id IS NOT NULL;
+CREATE INDEX jobs_tenant ON jobs (tenant_id, seq) WHERE tenant_id IS NOT NULL;
+-- Metrics (migration 0002): the oldest runnable pending job per region.
 CREATE INDEX jobs_pending_runnable ON jobs (region, run_after)
     INCLUDE (created_at, resource_id, seq, extra_lock_keys) WHERE status = 'pending' AND NOT blocked;
 -- Lock keys (migration 0004): live jobs that lock resources besides their own.

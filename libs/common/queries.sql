@@ -532,15 +532,16 @@ WHERE id IN (
 );
 
 -- name: job_count_live
--- z9_jobs for the live statuses: an Index Only Scan of jobs_live_counts (status, region, kind).
+-- z9_jobs for the live statuses: an Index Only Scan of jobs_resource_live (status, region, kind
+-- INCLUDEd, migration 0012).
 SELECT kind, region, status::text AS status, count(*) AS n
 FROM jobs
 WHERE status IN ('pending', 'running', 'retry')
 GROUP BY status, region, kind;
 
 -- name: job_count_finished
--- z9_jobs for the finished statuses: an Index Only Scan of jobs_finished_counts; most of the
--- table, so the scheduler runs it less often.
+-- z9_jobs for the finished statuses: an Index Only Scan of jobs_finished (status, region, kind
+-- INCLUDEd, migration 0012); most of the table, so the scheduler runs it less often.
 SELECT kind, region, status::text AS status, count(*) AS n
 FROM jobs
 WHERE status IN ('succeeded', 'failed')
