@@ -450,6 +450,15 @@ WHERE j.id = ANY($1::text[])
   AND j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status::text = 'running'
 RETURNING j.id, j.attempt, pg_notify('z9_job_changed', j.id)::text AS notified;
 
+-- name: job_finish_and_claim
+-- The executor's finish of jobs whose kinds record nothing (fenced like job_succeed_many) and its
+-- next claim of up to $6 jobs of region $5 ($5 NULL: none), in one statement: one round trip,
+-- one commit (the function jobs_finish_and_claim, migration 0012, says how). One row per finished
+-- job (finished_id, finished_attempt; a lease missing from them is lost), then one per claimed
+-- job (its columns; finished_id NULL).
+SELECT f.finished_id, f.finished_attempt, (f.claimed).*
+FROM jobs_finish_and_claim($1::text[], $2::text[], $3::int[], $4::text[], $5::text, $6::int, $7::text, $8::float8) AS f;
+
 -- name: job_retry
 -- $7 = attempts to give back (1 for a snooze or a hand-over, else 0).
 UPDATE jobs

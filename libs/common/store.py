@@ -443,6 +443,20 @@ async def job_succeed_many(db: DB, finishes: list[tuple[Lease, list[dict[str, An
     return [l for l, _ in finishes if (l.job_id, l.attempt) not in done]
 
 
+async def job_finish_and_claim(db: DB, finishes: list[tuple[Lease, list[dict[str, Any]]]], region: str | None,
+                               limit: int, owner: str, lease_ttl_s: float) -> tuple[list[Lease], list[Job]]:
+    """``running`` → ``succeeded`` for ``finishes`` (``[(lease, final steps)]``, each row fenced like
+    :func:`job_succeed`) and, in the same statement and commit, the claim of up to ``limit`` jobs of
+    ``region`` (None: no claim) less one per lost lease — for jobs whose kinds record nothing
+    (``jobs_finish_and_claim``, migration 0012). Returns (the leases that were lost, the jobs claimed)."""
+    rows = await db.fetch(q("job_finish_and_claim"), [l.job_id for l, _ in finishes], [l.owner for l, _ in finishes],
+                          [l.attempt for l, _ in finishes], [json.dumps(s) for _, s in finishes],
+                          region, limit if region is not None else 0, owner, lease_ttl_s)
+    done = {(r["finished_id"], r["finished_attempt"]) for r in rows if r["finished_id"] is not None}
+    claimed = [Job.from_record(r) for r in rows if r["finished_id"] is None and r["id"] is not None]
+    return [l for l, _ in finishes if (l.job_id, l.attempt) not in done], claimed
+
+
 async def job_retry(db: DB, lease: Lease, steps: list[dict[str, Any]], error: dict[str, Any],
                     delay_s: float, *, refund_attempt: bool = False) -> datetime:
     """Back to ``retry`` with ``run_after = now + delay_s`` (seconds; the attempt given back when

@@ -85,7 +85,8 @@ class Executor:
         connection with backoff at start."""
         conc = self.settings.executor_concurrency
         self.pool = await self._connect_pool(conc + 4)
-        self.finisher = FinishBatcher(self.pool, claim_next=self._claim_in_finish, on_claimed=self._claimed)
+        self.finisher = FinishBatcher(self.pool, claim_next=self._claim_in_finish, on_claimed=self._claimed,
+                                      claim_one=self._claim_in_finish_statement)
         listener = asyncio.create_task(self._listen_loop(), name="z9-listen")
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="z9-heartbeat")
         log.info("executor %s serving regions %s (concurrency %d)", self.owner, ",".join(self.regions), conc)
@@ -160,6 +161,17 @@ class Executor:
         except BaseException:
             self._reserved -= free
             raise
+
+    def _claim_in_finish_statement(self, freed: int) -> tuple[int, str | None, str, float]:
+        """For a finish and claim in one statement (batching.py): reserve the slots the ``freed``
+        jobs and any other free ones leave, in the region this claim asks (one region per
+        statement; the next claim asks the next one first). Returns (slots reserved, region or
+        None, lease owner, lease TTL); :meth:`_claimed` runs after commit."""
+        free = self.settings.executor_concurrency - len(self.inflight) - self._reserved + freed
+        if self._stopping.is_set() or free <= 0:
+            return 0, None, self.owner, self.settings.lease_ttl_s
+        self._reserved += free
+        return free, self._claim_order()[0], self.owner, self.settings.lease_ttl_s
 
     def _claimed(self, reserved: int, jobs: list[Job]) -> None:
         """Release ``reserved`` slots and start ``jobs`` (claimed, and committed)."""
