@@ -49,6 +49,7 @@ DECLARE
     with_resource boolean := false;
     r record;
     got jobs;
+    after_seq bigint := 0;
 BEGIN
     FOR r IN
         UPDATE jobs
@@ -78,9 +79,12 @@ BEGIN
     finished_id := NULL;
     finished_attempt := NULL;
     FOR i IN 1 .. claim_limit LOOP
+        -- `j.seq > after_seq`: the next walk starts past the job this loop claimed last (the rows
+        -- before it were taken, or not claimable in this statement), so k claims walk k entries.
         WITH candidates AS (
             SELECT j.id FROM jobs j
-            WHERE j.status = 'pending' AND NOT j.blocked AND j.region = claim_region AND j.run_after <= now()
+            WHERE j.seq > after_seq
+              AND j.status = 'pending' AND NOT j.blocked AND j.region = claim_region AND j.run_after <= now()
               AND (j.resource_id IS NULL OR (
                   NOT EXISTS (
                       SELECT 1 FROM jobs e
@@ -105,6 +109,7 @@ BEGIN
         WHERE jobs.id = candidates.id
         RETURNING jobs.* INTO got;
         EXIT WHEN NOT FOUND;
+        after_seq := got.seq;
         PERFORM pg_notify('z9_job_changed', got.id);
         claimed := got;
         RETURN NEXT;
