@@ -20,8 +20,9 @@ One flush, in one transaction:
    did not match (that job is reported lost and writes nothing more; the others succeed), and
    the claimed jobs go to ``on_claimed``.
 
-When every kind of the batch records nothing (the kind module says ``RECORDS_NOTHING = True``)
-and the executor gave ``claim_one``, steps 1–4 are one statement instead (``job_finish_and_claim``:
+When every kind of a batch of at most ``ONE_STATEMENT_MAX_BATCH`` jobs records nothing (the kind
+module says ``RECORDS_NOTHING = True``) and the executor gave ``claim_one``, steps 1–4 are one
+statement instead (``job_finish_and_claim``:
 one round trip and one commit where the transaction takes four — BEGIN, finish, claim, COMMIT),
 with the same fencing, the same answers and the same fallbacks. A kind whose ``record`` writes
 (every product kind today) keeps the transaction: its writes are Python between the fenced finish
@@ -60,6 +61,11 @@ BLOCKED_ERRORS: tuple[type[BaseException], ...] = (LockWaitTimeout, *LOCK_WAIT_E
 """A finish that gave up waiting on a lock (or lost a deadlock): rolled back, retried alone."""
 RETRY_FIRST_S = 0.2  # pause before a blocked finish's next try, doubled up to RETRY_CAP_S
 RETRY_CAP_S = 5.0
+ONE_STATEMENT_MAX_BATCH = 4
+"""Largest batch finished by the one-statement path: it claims one job at a time (a generic plan
+must not carry a variable LIMIT), so a larger batch costs PostgreSQL more CPU there than the
+transaction's one claim of k rows, while the transaction's four round trips are shared by k jobs
+(bench/README.md, issue 14: server CPU per job ×1.1–1.6 at concurrency 16)."""
 
 
 @dataclass
@@ -128,7 +134,8 @@ class FinishBatcher:
         self.flushes += 1
         claimed: tuple[int, list[Any]] = (0, [])
         try:
-            if self.claim_one is not None and all(getattr(f.kind, "RECORDS_NOTHING", False) for f in batch):
+            if (self.claim_one is not None and len(batch) <= ONE_STATEMENT_MAX_BATCH
+                    and all(getattr(f.kind, "RECORDS_NOTHING", False) for f in batch)):
                 lost_ids, claimed = await self._finish_and_claim(batch)
             else:
                 lost_ids, claimed = await self._finish_in_transaction(batch)
