@@ -4,8 +4,8 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import Any
 from importlib import resources
+from typing import Any
 
 _HEADER = re.compile(r"^-- name: ([a-z_]+)\s*$", re.M)
 
