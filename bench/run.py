@@ -83,7 +83,7 @@ def emit_median(workload: str, rounds: list[dict[str, Any]], **extra: Any) -> di
     for k in ("jobs_per_s", "seconds", "p50_ms", "p90_ms", "p99_ms", "max_ms", "client_cpu_us_per_job",
               "requests_per_s", "errors", "commit_p50_ms", "commit_p99_ms", "notifies_sent",
               "api_cpu_us_per_request", "round_trips_per_job", "commits_per_job", "claim_buffers",
-              "claim_p50_ms", "claim_p99_ms"):
+              "claim_p50_ms", "claim_p99_ms", "server_cpu_us_per_job"):
         vals = [r[k] for r in rounds if isinstance(r.get(k), (int, float))]
         if vals:
             out[k] = round(statistics.median(vals), 3)
@@ -302,6 +302,7 @@ async def drain_round(dsn: str, n: int, conc: int, rnd: int, workload: str, plan
         await asyncio.get_running_loop().run_in_executor(None, child.wait_started)
         polls = await wait_drained(conn, timeout_s=600)
         wall = time.perf_counter() - t0
+        server_cpu = await backends_cpu_s(conn)
         cpu = child.stop()
         # the executor's commits: the database's, less this connection's own (the drain polls, and
         # the statistics snapshot reads; pg_stat_database lags up to 0.5 s, hence the pause)
@@ -320,7 +321,30 @@ async def drain_round(dsn: str, n: int, conc: int, rnd: int, workload: str, plan
     return emit(workload, rnd, n=n, concurrency=conc, jobs_per_s=round(n / secs, 1), seconds=round(secs, 3),
                 client_cpu_us_per_job=round(cpu / n * 1e6, 1), plan_cache_mode=plan_cache_mode,
                 round_trips_per_job=round(child.round_trips / n, 2), commits_per_job=round(commits / n, 2),
-                claim_buffers=claim_buffers, **extra)
+                claim_buffers=claim_buffers,
+                server_cpu_us_per_job=round(server_cpu / n * 1e6, 1) if server_cpu is not None else None,
+                **extra)
+
+
+async def backends_cpu_s(conn: asyncpg.Connection) -> float | None:
+    """CPU seconds (user + system, from /proc) of every client backend of this database but
+    ``conn``'s — the executor's connections, read before it stops: PostgreSQL's own work for the
+    drain (planning included; their connection start-up too, a few ms each). None when the
+    server's processes cannot be read (not local, or not permitted). Unlike throughput, this
+    hardly depends on what else the machine runs."""
+    pids = [r["pid"] for r in await conn.fetch(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+        "AND backend_type = 'client backend'")]
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return None
+    return total
 
 
 async def db_commits(conn: asyncpg.Connection) -> int:
@@ -335,8 +359,12 @@ async def claim_buffers_of(conn: asyncpg.Connection, limit: int) -> int:
     tr = conn.transaction()
     await tr.start()
     try:
-        plan = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.q("job_claim"),
-                                   REGION, limit, "explain", 30.0)
+        if hasattr(store, "job_claim_sql"):  # bench/ab.py may run this harness on older code
+            plan = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                                       + store.job_claim_sql(REGION, limit, "explain", 30.0))
+        else:
+            plan = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.q("job_claim"),
+                                       REGION, limit, "explain", 30.0)
     finally:
         await tr.rollback()
     if isinstance(plan, str):
@@ -507,7 +535,7 @@ async def explain_hot_queries(dsn: str, label: str) -> None:
         lease = (c.id, c.lease_owner, c.attempt)
         arr = ([j.id for j in claimed], [j.lease_owner for j in claimed], [j.attempt for j in claimed])
         plans = [
-            ("claim", q("job_claim"), (REGION, 16, "explain:other", 30.0)),
+            ("claim", store.job_claim_sql(REGION, 16, "explain:other", 30.0), ()),
             ("insert", q("job_insert"), ("job_" + "z" * 26, noop.KIND, REGION, None, None, None, {}, 1, None)),
             ("finish_single", q("job_succeed"), (*lease, [])),
             ("heartbeat_single", q("job_heartbeat"), (*lease, 30.0)),

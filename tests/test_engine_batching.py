@@ -341,3 +341,71 @@ async def test_notifier_merges_requests_made_while_one_is_in_flight(pool: asyncp
         assert sorted(set(payloads)) == ["r1", "r2"] and notifier.sent == 1
     finally:
         await listener.close()
+
+
+class _RecordsNothing:
+    """A kind whose record writes nothing: its finishes take the one-statement path."""
+
+    RECORDS_NOTHING = True
+
+    async def record(self, conn: Any, ctx: Any, observed: Any) -> None:
+        raise AssertionError("never called on the one-statement path")
+
+
+async def test_finish_and_next_claim_in_one_statement_stay_fenced(pool: asyncpg.Pool) -> None:
+    """Issue 14 (b): jobs whose kinds record nothing finish, and the next jobs are claimed, in one
+    statement — fenced row by row (the stale row is reported to its own job and one slot fewer
+    is claimed) and in per-resource order (the next job of a finished job's resource is claimed
+    in the same statement)."""
+    ids = [await _enqueue(pool, f"srv_{i}") for i in range(3)]
+    waiting = await _enqueue(pool, "srv_0")  # behind ids[0]: blocked until it ends
+    claimed = {j.id: j for j in await store.job_claim(pool, ["r1"], 3, "w-old", TTL)}
+    assert set(claimed) == set(ids)
+    stale = ids[1]
+    await _steal(pool, stale, "w-new")
+    later = [await _enqueue(pool, None) for _ in range(5)]
+
+    reservations: list[int] = []
+    got: list[Any] = []
+
+    def claim_one(freed: int) -> tuple[int, str | None, str, float]:
+        reservations.append(freed)
+        return freed, "r1", "w-old", TTL
+
+    def on_claimed(reserved: int, jobs: list[Any]) -> None:
+        got.extend(jobs)
+
+    batcher = FinishBatcher(pool, claim_one=claim_one, on_claimed=on_claimed)
+    results = await asyncio.gather(*(batcher.succeed(_ctx(claimed[i], "w-old"), _RecordsNothing(), None) for i in ids),
+                                   return_exceptions=True)
+    assert batcher.flushes == 1 and batcher.one_statement_flushes == 1
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], LeaseLost) and stale in str(results[1])
+    assert await _status(pool, ids[0]) == ("succeeded", None, 1)
+    assert await _status(pool, stale) == ("running", "w-new", 2)  # the new owner's run is untouched
+    assert await pool.fetchval("SELECT steps FROM jobs WHERE id = $1", ids[2]) == [{"name": "s"}]
+    # 3 slots reserved, one lease lost: 2 claimed, oldest first — the waiter of srv_0 among them
+    assert reservations == [3]
+    assert [j.id for j in got] == [waiting, later[0]]
+    assert all(j.status == "running" and j.lease_owner == "w-old" and j.attempt == 1 for j in got)
+
+
+def test_the_one_statement_claim_says_what_job_claim_says() -> None:
+    """jobs_finish_and_claim (migration 0012) carries a copy of job_claim: the two must agree."""
+    import re
+    from pathlib import Path
+
+    from z9.common.sql import q
+
+    def norm(text: str) -> str:
+        return re.sub(r"\s+", " ", text).strip()
+
+    mig = (Path(__file__).parent.parent / "db" / "migrations" / "0012_fewer_job_index_entries.sql").read_text()
+    copy = mig[mig.index("WITH candidates AS ("):mig.index("RETURNING jobs.* INTO got")]
+    copy = copy.replace("WHERE j.seq > after_seq\n              AND j.status", "WHERE j.status")  # its one addition
+    claim = q("job_claim")
+    claim = claim[:claim.index("RETURNING jobs.*")]
+    for placeholder, var in (("{region}", "claim_region"), ("{limit}", "1"), ("{owner}", "claim_owner"),
+                             ("{lease_ttl_s}", "lease_ttl_s")):
+        claim = claim.replace(placeholder, var)
+    assert norm(copy) == norm(claim)

@@ -10,7 +10,6 @@ from typing import Any
 import asyncpg
 
 from z9.common import store
-from z9.common.sql import q
 from z9.common.store import Lease, NewJob
 
 TTL = 30.0
@@ -104,7 +103,7 @@ async def test_the_claim_does_not_scan_blocked_jobs(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
         tr = conn.transaction()
         await tr.start()  # EXPLAIN ANALYZE runs the claim: rolled back below
-        plan = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q("job_claim"), "r1", 16, "w2", TTL)
+        plan = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.job_claim_sql("r1", 16, "w2", TTL))
         await tr.rollback()
 
     def walk(node: dict[str, Any]) -> list[dict[str, Any]]:

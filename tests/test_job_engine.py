@@ -39,6 +39,31 @@ async def test_claim_is_exclusive_and_in_order(pool: asyncpg.Pool) -> None:
     assert await store.job_claim(pool, ["other"], 10, "w-c", TTL) == []
 
 
+async def test_claim_is_planned_once_per_connection(pool: asyncpg.Pool) -> None:
+    """Issue 14: the claim carries no parameters (its values are literals), so under z9's
+    force_custom_plan PostgreSQL still plans it once and reuses that plan — for the real LIMIT —
+    instead of planning every claim; the values are quoted, never spliced."""
+    owner = "host:1:it's\\odd"  # a quote and a backslash in the lease owner
+    for i in range(5):
+        await _enqueue(pool, resource_id=f"srv_{i}")
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT current_setting('plan_cache_mode')") == "force_custom_plan"
+        got = []
+        for _ in range(6):
+            got += await store.job_claim(conn, ["r1"], 1, owner, TTL)
+        assert len(got) == 5 and {j.lease_owner for j in got} == {owner}
+        sql = store.job_claim_sql("r1", 1, owner, TTL)
+        row = await conn.fetchrow("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                                  "WHERE statement = $1", sql)
+        assert row is not None and row["custom_plans"] == 0 and row["generic_plans"] >= 6, row
+        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql))
+        assert "Index Scan using jobs_claimable" in plan and "Sort" not in plan, plan
+    with pytest.raises(ValueError):
+        store.job_claim_sql("r1", 0, owner, TTL)
+    with pytest.raises(ValueError):
+        store.job_claim_sql("r1", 1, "a\x00b", TTL)
+
+
 async def test_one_job_per_resource_in_submission_order(pool: asyncpg.Pool) -> None:
     first = await _enqueue(pool, "srv_same")
     second = await _enqueue(pool, "srv_same")

@@ -315,11 +315,16 @@ ORDER BY seq
 LIMIT $3;
 
 -- name: job_claim
+-- No parameters: {region}, {limit}, {owner} and {lease_ttl_s} are filled in as literals (sql.ql), so
+-- PostgreSQL plans this statement once per connection and keeps the plan (force_custom_plan only
+-- re-plans statements with parameters), and that plan knows the real LIMIT: a generic plan of a
+-- `LIMIT $n` parameter assumes a tenth of the rows and could trade the ordered walk below for a sort of every
+-- pending job. Planning was about half of the server's time per job at concurrency 1 (issue 14).
 -- The earliest pending jobs of one region whose lock keys no earlier live job holds (per-resource
 -- order, extended to a job's extra_lock_keys), oldest first. `NOT blocked` (migration 0010): jobs
 -- waiting behind a live job of one of their keys are not in jobs_claimable at all, so the walk never
--- steps over them; the checks below stay as a guard: `region = $1` (a scalar, not
--- `= ANY(array)`) lets the scan walk jobs_claimable in seq order and stop after $2 rows; with an
+-- steps over them; the checks below stay as a guard: `region = {region}` (a scalar, not
+-- `= ANY(array)`) lets the scan walk jobs_claimable in seq order and stop after {limit} rows; with an
 -- array PostgreSQL 15 cannot take the order from that index and walks every finished job. The
 -- check for an earlier live job of the candidate's resource is a correlated subplan probing
 -- jobs_resource_live by resource_id (skipped for jobs without a resource): written as an
@@ -331,7 +336,7 @@ LIMIT $3;
 -- there is no lock cycle.
 WITH candidates AS (
     SELECT j.id FROM jobs j
-    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = $1 AND j.run_after <= now()
+    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = {region} AND j.run_after <= now()
       AND (j.resource_id IS NULL OR (
           NOT EXISTS (
               SELECT 1 FROM jobs e
@@ -342,14 +347,14 @@ WITH candidates AS (
                                                                 AND x.status IN ('pending', 'running', 'retry'))))
                OR NOT jobs_lock_held(j.resource_id, j.extra_lock_keys, j.seq))))
     ORDER BY j.seq
-    LIMIT $2
+    LIMIT {limit}
     FOR UPDATE SKIP LOCKED
 )
 UPDATE jobs
 SET status = 'running',
     attempt = jobs.attempt + 1,
-    lease_owner = $3,
-    lease_expires_at = now() + make_interval(secs => $4),
+    lease_owner = {owner},
+    lease_expires_at = now() + make_interval(secs => {lease_ttl_s}),
     started_at = coalesce(jobs.started_at, now()),
     updated_at = now()
 FROM candidates
@@ -471,6 +476,15 @@ WHERE j.id = ANY($1::text[])
   AND j.id = f.id AND j.lease_owner = f.owner AND j.attempt = f.attempt AND j.status::text = 'running'
 RETURNING j.id, j.attempt, pg_notify('z9_job_changed', j.id)::text AS notified;
 
+-- name: job_finish_and_claim
+-- The executor's finish of jobs whose kinds record nothing (fenced like job_succeed_many) and its
+-- next claim of up to $6 jobs of region $5 ($5 NULL: none), in one statement: one round trip,
+-- one commit (the function jobs_finish_and_claim, migration 0012, says how). One row per finished
+-- job (finished_id, finished_attempt; a lease missing from them is lost), then one per claimed
+-- job (its columns; finished_id NULL).
+SELECT f.finished_id, f.finished_attempt, (f.claimed).*
+FROM jobs_finish_and_claim($1::text[], $2::text[], $3::int[], $4::text[], $5::text, $6::int, $7::text, $8::float8) AS f;
+
 -- name: job_retry
 -- $7 = attempts to give back (1 for a snooze or a hand-over, else 0).
 UPDATE jobs
@@ -553,15 +567,16 @@ WHERE id IN (
 );
 
 -- name: job_count_live
--- z9_jobs for the live statuses: an Index Only Scan of jobs_live_counts (status, region, kind).
+-- z9_jobs for the live statuses: an Index Only Scan of jobs_resource_live (status, region, kind
+-- INCLUDEd, migration 0012).
 SELECT kind, region, status::text AS status, count(*) AS n
 FROM jobs
 WHERE status IN ('pending', 'running', 'retry')
 GROUP BY status, region, kind;
 
 -- name: job_count_finished
--- z9_jobs for the finished statuses: an Index Only Scan of jobs_finished_counts; most of the
--- table, so the scheduler runs it less often.
+-- z9_jobs for the finished statuses: an Index Only Scan of jobs_finished (status, region, kind
+-- INCLUDEd, migration 0012); most of the table, so the scheduler runs it less often.
 SELECT kind, region, status::text AS status, count(*) AS n
 FROM jobs
 WHERE status IN ('succeeded', 'failed')

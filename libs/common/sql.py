@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import functools
+import math
 import re
 from importlib import resources
+from typing import Any
 
 _HEADER = re.compile(r"^-- name: ([a-z_]+)\s*$", re.M)
 
@@ -36,3 +38,48 @@ def qt(name: str, table: str, status_type: str) -> str:
     ``{status_type}`` filled in. Both come from the resource-type registry, which validated them
     as plain identifiers: never from input."""
     return q(name).replace("{table}", table).replace("{status_type}", status_type)
+
+
+def literal(value: Any) -> str:
+    """``value`` as an SQL literal: ``str`` quoted (``'`` doubled; the server runs with
+    ``standard_conforming_strings = on``, PostgreSQL's default since 9.1, so a backslash is an
+    ordinary character), ``int`` and finite ``float`` as numbers. Anything else (``bool``, ``None``,
+    NaN, a string holding NUL) is refused with ``ValueError``: the caller passes values of known
+    types, never raw input."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"no SQL literal for {value!r}")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"no SQL literal for {value!r}")
+        return repr(value)
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("a string holding NUL has no SQL literal")
+        return "'" + value.replace("'", "''") + "'"
+    raise ValueError(f"no SQL literal for {type(value).__name__}")
+
+
+@functools.lru_cache(maxsize=1024)
+def ql(name: str, **values: Any) -> str:
+    """Query ``name`` with its ``{placeholders}`` filled in as SQL literals (:func:`literal`).
+
+    For a statement that must carry no parameters: PostgreSQL plans a parameterless prepared
+    statement once and keeps that plan (``plan_cache_mode`` only decides for statements with
+    parameters, and ``force_custom_plan`` re-plans those on every execution), and a plan built
+    for the literal values is the plan a custom plan would be — so the statement is planned for
+    its real ``LIMIT`` and region once per connection instead of on every execution. The cached
+    plan is rebuilt whenever the table's statistics or indexes change (relcache invalidation).
+    Used by the claim (``job_claim``); each distinct set of values is one prepared statement per
+    connection (asyncpg's statement cache), so only values with few distinct settings belong here."""
+    text = q(name)
+    for key, value in values.items():
+        placeholder = "{" + key + "}"
+        if placeholder not in text:
+            raise KeyError(f"query {name!r} has no placeholder {placeholder}")
+        text = text.replace(placeholder, literal(value))
+    left = re.findall(r"\{[a-z_]+\}", text)
+    if left:
+        raise KeyError(f"query {name!r}: placeholders left unfilled: {left}")
+    return text

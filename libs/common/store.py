@@ -31,7 +31,7 @@ from .ids import new_id
 from .models import Address, Cluster, Job, LoadBalancer, Server
 from .labels import Selector
 from .requestctx import current_actor, current_request_id
-from .sql import q, qt
+from .sql import q, ql, qt
 from .tracing import current_trace_context
 
 
@@ -389,7 +389,7 @@ async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_tt
     for region in regions:
         if len(out) >= limit:
             break
-        rows = await db.fetch(q("job_claim"), region, limit - len(out), owner, lease_ttl_s)
+        rows = await db.fetch(job_claim_sql(region, limit - len(out), owner, lease_ttl_s))
         out.extend(Job.from_record(r) for r in rows)
     return out
 
@@ -454,6 +454,15 @@ async def _transaction(db: DB) -> AsyncIterator[Any]:
             yield db
 
 
+def job_claim_sql(region: str, limit: int, owner: str, lease_ttl_s: float) -> str:
+    """The claim of one region as a statement without parameters (values as literals, see
+    ``job_claim`` in queries.sql and :func:`z9.common.sql.ql`): planned once per connection for
+    its real ``LIMIT`` instead of on every execution."""
+    if not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"claim limit must be a positive int, not {limit!r}")
+    return ql("job_claim", region=str(region), limit=limit, owner=str(owner), lease_ttl_s=float(lease_ttl_s))
+
+
 async def _fenced(db: DB, name: str, lease: Lease, *args: Any) -> Any:
     row = await db.fetchrow(q(name), lease.job_id, lease.owner, lease.attempt, *args)
     if row is None:
@@ -504,6 +513,20 @@ async def job_succeed_many(db: DB, finishes: list[tuple[Lease, list[dict[str, An
                           [l.attempt for l, _ in finishes], [json.dumps(s) for _, s in finishes])
     done = {(r["id"], r["attempt"]) for r in rows}
     return [l for l, _ in finishes if (l.job_id, l.attempt) not in done]
+
+
+async def job_finish_and_claim(db: DB, finishes: list[tuple[Lease, list[dict[str, Any]]]], region: str | None,
+                               limit: int, owner: str, lease_ttl_s: float) -> tuple[list[Lease], list[Job]]:
+    """``running`` → ``succeeded`` for ``finishes`` (``[(lease, final steps)]``, each row fenced like
+    :func:`job_succeed`) and, in the same statement and commit, the claim of up to ``limit`` jobs of
+    ``region`` (None: no claim) less one per lost lease — for jobs whose kinds record nothing
+    (``jobs_finish_and_claim``, migration 0012). Returns (the leases that were lost, the jobs claimed)."""
+    rows = await db.fetch(q("job_finish_and_claim"), [l.job_id for l, _ in finishes], [l.owner for l, _ in finishes],
+                          [l.attempt for l, _ in finishes], [json.dumps(s) for _, s in finishes],
+                          region, limit if region is not None else 0, owner, lease_ttl_s)
+    done = {(r["finished_id"], r["finished_attempt"]) for r in rows if r["finished_id"] is not None}
+    claimed = [Job.from_record(r) for r in rows if r["finished_id"] is None and r["id"] is not None]
+    return [l for l, _ in finishes if (l.job_id, l.attempt) not in done], claimed
 
 
 async def job_retry(db: DB, lease: Lease, steps: list[dict[str, Any]], error: dict[str, Any],

@@ -20,6 +20,14 @@ One flush, in one transaction:
    did not match (that job is reported lost and writes nothing more; the others succeed), and
    the claimed jobs go to ``on_claimed``.
 
+When every kind of a batch of at most ``ONE_STATEMENT_MAX_BATCH`` jobs records nothing (the kind
+module says ``RECORDS_NOTHING = True``) and the executor gave ``claim_one``, steps 1–4 are one
+statement instead (``job_finish_and_claim``:
+one round trip and one commit where the transaction takes four — BEGIN, finish, claim, COMMIT),
+with the same fencing, the same answers and the same fallbacks. A kind whose ``record`` writes
+(every product kind today) keeps the transaction: its writes are Python between the fenced finish
+and the claim.
+
 If anything else goes wrong in the shared transaction (a ``record`` raising, a deadlock with
 the scheduler's reclaim), it rolls back and every job of the batch is finished again on its
 own, through the single path, so each gets exactly the outcome it would have had alone. A
@@ -53,6 +61,11 @@ BLOCKED_ERRORS: tuple[type[BaseException], ...] = (LockWaitTimeout, *LOCK_WAIT_E
 """A finish that gave up waiting on a lock (or lost a deadlock): rolled back, retried alone."""
 RETRY_FIRST_S = 0.2  # pause before a blocked finish's next try, doubled up to RETRY_CAP_S
 RETRY_CAP_S = 5.0
+ONE_STATEMENT_MAX_BATCH = 4
+"""Largest batch finished by the one-statement path: it claims one job at a time (a generic plan
+must not carry a variable LIMIT), so a larger batch costs PostgreSQL more CPU there than the
+transaction's one claim of k rows, while the transaction's four round trips are shared by k jobs
+(bench/README.md, issue 14: server CPU per job ×1.1–1.6 at concurrency 16)."""
 
 
 @dataclass
@@ -79,11 +92,16 @@ class FinishBatcher:
 
     def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 256,
                  claim_next: Callable[[Any, int], Awaitable[tuple[int, list[Any]]]] | None = None,
-                 on_claimed: Callable[[int, list[Any]], None] | None = None):
+                 on_claimed: Callable[[int, list[Any]], None] | None = None,
+                 claim_one: Callable[[int], tuple[int, str | None, str, float]] | None = None):
         self.pool = pool
         self.max_batch = max_batch
         self.claim_next = claim_next
         self.on_claimed = on_claimed
+        # claim_one(freed) -> (slots reserved, region or None, lease owner, lease TTL): the claim of
+        # the one-statement path (module docstring); its reservation is released by on_claimed.
+        self.claim_one = claim_one
+        self.one_statement_flushes = 0  # flushes that took the one-statement path (tests, benchmarks)
         self._queue: list[_Finish] = []
         self._task: asyncio.Task[None] | None = None
         self._alone_tasks: set[asyncio.Task[None]] = set()  # finishes retried on their own
@@ -116,26 +134,11 @@ class FinishBatcher:
         self.flushes += 1
         claimed: tuple[int, list[Any]] = (0, [])
         try:
-            try:
-                async with self.pool.acquire() as conn, conn.transaction():
-                    if len(batch) == 1:
-                        await store.job_succeed(conn, batch[0].ctx.lease, batch[0].ctx.steps_json())
-                        lost_ids: set[tuple[str, int]] = set()
-                    else:
-                        lost = await store.job_succeed_many(conn, [(f.ctx.lease, f.ctx.steps_json()) for f in batch])
-                        lost_ids = {(l.job_id, l.attempt) for l in lost}
-                    won = [f for f in batch if (f.ctx.lease.job_id, f.ctx.lease.attempt) not in lost_ids]
-                    for f in won:
-                        await f.kind.record(conn, f.ctx, f.observed)
-                    if self.claim_next is not None and won:
-                        if any(f.ctx.job.resource_id for f in won):  # their waiters, claimable now
-                            await store.jobs_unblock_now(conn)
-                        claimed = await self.claim_next(conn, len(won))
-            except BaseException:
-                if claimed[0] and self.on_claimed is not None:
-                    self.on_claimed(claimed[0], [])  # rolled back: those claims never happened
-                claimed = (0, [])
-                raise
+            if (self.claim_one is not None and len(batch) <= ONE_STATEMENT_MAX_BATCH
+                    and all(getattr(f.kind, "RECORDS_NOTHING", False) for f in batch)):
+                lost_ids, claimed = await self._finish_and_claim(batch)
+            else:
+                lost_ids, claimed = await self._finish_in_transaction(batch)
         except TRANSIENT_DB_ERRORS as e:
             for f in batch:
                 _resolve(f, e)
@@ -162,6 +165,47 @@ class FinishBatcher:
                 _resolve(f)
         if self.on_claimed is not None and claimed[0]:
             self.on_claimed(*claimed)
+
+    async def _finish_in_transaction(self, batch: list[_Finish]) -> tuple[set[tuple[str, int]], tuple[int, list[Any]]]:
+        """Fenced finish of ``batch``, each won job's ``record``, and the next claim, in one
+        transaction. Returns (the (id, attempt) of the lost leases, (slots reserved, jobs claimed))."""
+        claimed: tuple[int, list[Any]] = (0, [])
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                if len(batch) == 1:
+                    await store.job_succeed(conn, batch[0].ctx.lease, batch[0].ctx.steps_json())
+                    lost_ids: set[tuple[str, int]] = set()
+                else:
+                    lost = await store.job_succeed_many(conn, [(f.ctx.lease, f.ctx.steps_json()) for f in batch])
+                    lost_ids = {(l.job_id, l.attempt) for l in lost}
+                won = [f for f in batch if (f.ctx.lease.job_id, f.ctx.lease.attempt) not in lost_ids]
+                for f in won:
+                    await f.kind.record(conn, f.ctx, f.observed)
+                if self.claim_next is not None and won:
+                    if any(f.ctx.job.resource_id for f in won):  # their waiters, claimable now
+                        await store.jobs_unblock_now(conn)
+                    claimed = await self.claim_next(conn, len(won))
+        except BaseException:
+            if claimed[0] and self.on_claimed is not None:
+                self.on_claimed(claimed[0], [])  # rolled back: those claims never happened
+            raise
+        return lost_ids, claimed
+
+    async def _finish_and_claim(self, batch: list[_Finish]) -> tuple[set[tuple[str, int]], tuple[int, list[Any]]]:
+        """The one-statement path: fenced finish of ``batch`` and the next claim, one commit.
+        Returns (the (id, attempt) of the lost leases, (slots reserved, jobs claimed))."""
+        assert self.claim_one is not None
+        reserved, region, owner, ttl = self.claim_one(len(batch))
+        try:
+            async with self.pool.acquire() as conn:
+                lost, jobs = await store.job_finish_and_claim(
+                    conn, [(f.ctx.lease, f.ctx.steps_json()) for f in batch], region, reserved, owner, ttl)
+        except BaseException:
+            if reserved and self.on_claimed is not None:
+                self.on_claimed(reserved, [])  # nothing committed: those claims never happened
+            raise
+        self.one_statement_flushes += 1
+        return {(l.job_id, l.attempt) for l in lost}, (reserved, jobs)
 
     def _spawn_alone(self, f: _Finish, *, retry_blocked: bool, first_blocked: bool = False) -> None:
         task = asyncio.get_running_loop().create_task(self._alone(f, retry_blocked, first_blocked),

@@ -94,7 +94,10 @@ class Executor:
         connection with backoff at start."""
         conc = self.settings.executor_concurrency
         self.pool = await self._connect_pool(conc + 4)
-        self.finisher = FinishBatcher(self.pool, claim_next=self._claim_in_finish, on_claimed=self._claimed)
+        # the one-statement finish + claim cannot take a region's cap lock and count its running
+        # jobs (store.job_claim does): an executor serving a capped region claims the usual way
+        self.finisher = FinishBatcher(self.pool, claim_next=self._claim_in_finish, on_claimed=self._claimed,
+                                      claim_one=None if self.caps else self._claim_in_finish_statement)
         listener = asyncio.create_task(self._listen_loop(), name="z9-listen")
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="z9-heartbeat")
         log.info("executor %s serving regions %s (concurrency %d)", self.owner, ",".join(self.regions), conc)
@@ -185,6 +188,17 @@ class Executor:
         log.info("region %s is at its cap of %d concurrent jobs (%d running across all executors): "
                  "claimable jobs wait for a slot (%d more held-back claims in the last minute; "
                  "max_concurrent_jobs in Z9_REGIONS)", region, cap, running, waits)
+
+    def _claim_in_finish_statement(self, freed: int) -> tuple[int, str | None, str, float]:
+        """For a finish and claim in one statement (batching.py): reserve the slots the ``freed``
+        jobs and any other free ones leave, in the region this claim asks (one region per
+        statement; the next claim asks the next one first). Returns (slots reserved, region or
+        None, lease owner, lease TTL); :meth:`_claimed` runs after commit."""
+        free = self.settings.executor_concurrency - len(self.inflight) - self._reserved + freed
+        if self._stopping.is_set() or free <= 0:
+            return 0, None, self.owner, self.settings.lease_ttl_s
+        self._reserved += free
+        return free, self._claim_order()[0], self.owner, self.settings.lease_ttl_s
 
     def _claimed(self, reserved: int, jobs: list[Job]) -> None:
         """Release ``reserved`` slots and start ``jobs`` (claimed, and committed)."""
