@@ -262,3 +262,26 @@ async def test_power_resize_labels_addresses_and_catalogue_from_the_client(stack
     assert [a["server_id"] for a in json.loads(out)["addresses"]] == [None]
     code, out, err = await z9("servers", "poweroff", sid, "--wait", env=env)
     assert code == 0 and "step poweroff: done" in err, err
+
+
+async def test_create_with_a_public_ipv4_and_tables_that_never_cut_ids(stack: Stack, tmp_path: Path) -> None:
+    """`--public-ipv4` asks for a primary address (from the pool, or a given one); a table piped or on
+    a narrow terminal keeps every id whole (the new-user run could not copy one from `jobs list`)."""
+    env = client_env(stack, tmp_path, COLUMNS="60")
+    code, out, err = await z9(*CREATE, "--name", "cli-ip", "--public-ipv4", "-o", "json", env=env)
+    assert code == 0, err
+    server = json.loads(out)["resource"]
+    assert server["public_ipv4"]["ip"].startswith("203.0.113."), server
+    code, out, err = await z9("addresses", "create", "--region", REGION, "--name", "given", "--wait", "-o", "json",
+                              env=env)
+    assert code == 0, err
+    given = json.loads(out)["resource"]["id"]
+    code, out, err = await z9(*CREATE, "--name", "cli-ip-2", "--public-ipv4", given, "-o", "json", env=env)
+    assert code == 0, err
+    assert json.loads(out)["resource"]["public_ipv4"]["address_id"] == given
+    code, _, err = await z9(*CREATE, "--name", "cli-ip-3", "--public-ipv4", "nope", env=env)
+    assert code == 64 and "an address id" in err, err
+    code, out, err = await z9("jobs", "list", env=env)
+    assert code == 0, err
+    ids = [line.split()[0] for line in out.splitlines()[1:] if line.strip()]
+    assert ids and all(len(i) == len("job_") + 26 for i in ids), out

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from .api import ApiError, Client, Conflict, Deadline, Unreachable
@@ -62,7 +63,16 @@ class Ctx:
         if self.json or table is None:
             self.out.print_json(json.dumps(to_jsonable(data)))
         else:
-            self.out.print(table())
+            # a table is as wide as its rows (as kubectl's and hcloud's): nothing is cut or folded
+            # to fit the terminal, so an id can always be copied and `| grep`/`| awk` see whole rows
+            t = table()
+            natural = Measurement.get(self.out, self.out.options.update_width(100_000), t).maximum
+            width = self.out.width
+            self.out.width = max(width, natural)
+            try:
+                self.out.print(t, crop=False)
+            finally:
+                self.out.width = width
 
 
 def to_jsonable(data: Any) -> Any:
@@ -75,10 +85,15 @@ def to_jsonable(data: Any) -> Any:
     return data
 
 
+#: columns holding ids (table headers, upper case)
+ID_COLUMNS = frozenset({"ID", "RESOURCE", "SERVER", "JOB"})
+
+
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
     t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for c in columns:
-        t.add_column(c)
+        # ids are copied into the next command: never wrapped
+        t.add_column(c, no_wrap=c.upper() in ID_COLUMNS)
     for r in rows:
         t.add_row(*("" if v is None else str(v) for v in r))
     return t

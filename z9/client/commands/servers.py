@@ -38,10 +38,16 @@ def _ssh_key(text: str) -> str:
     return text
 
 
+def _public_ipv4(text: str) -> str:
+    if not text.startswith("adr_"):
+        raise argparse.ArgumentTypeError(f"an address id (adr_…), not {text!r}")
+    return text
+
+
 def create(ctx: Ctx) -> int:
     a = ctx.args
     spec = ServerCreate(name=a.name, region=a.region, image=a.image, cores=a.cores, memory_mib=a.memory_mib,
-                        disk_gib=a.disk_gib, ssh_keys=a.ssh_key or [])
+                        disk_gib=a.disk_gib, ssh_keys=a.ssh_key or [], public_ipv4=a.public_ipv4)
     accepted = ctx.client.create_server(spec)
     return mutation(ctx, accepted, server_table, lambda: ctx.client.get_server(accepted.resource.id))
 
@@ -107,6 +113,9 @@ def register(sub: Any, common: argparse.ArgumentParser, waiting: argparse.Argume
     p.add_argument("--disk-gib", type=int, required=True, metavar="GiB")
     p.add_argument("--ssh-key", action="append", type=_ssh_key, metavar="KEY|@FILE",
                    help="an OpenSSH public key, or @path of one (repeatable)")
+    p.add_argument("--public-ipv4", nargs="?", const=True, default=False, type=_public_ipv4, metavar="ADDRESS_ID",
+                   help="a primary IPv4 address: the region pool's lowest free IP, or the given unassigned "
+                        "address (adr_…) of the region; without it the server uses DHCP")
     p.set_defaults(run=create)
 
     p = verb(verbs, "list", "list servers (deleted ones stay listed)", [common])
