@@ -1,0 +1,39 @@
+"""Chaos on load balancer jobs (issue 10): SIGKILL of the executor mid-create of an lb-ha."""
+from __future__ import annotations
+
+import hashlib
+
+from z9.common import store
+
+from tests.support import SimAdmin, Services, Stack, wait_until
+from tests.test_load_balancers import SERVICE, _appliances, _get, _lb, lb_template, services  # noqa: F401
+
+
+async def test_sigkill_mid_clone_of_an_lb_ha_leaves_exactly_two_appliances(api: Stack, sim: SimAdmin,
+                                                                           services: Services) -> None:
+    await sim._req("PUT", "/config", json={"task_seconds": {"qmclone": 4}})
+    services.start("scheduler")
+    first = services.start("executor")
+    before = {v["vmid"] for v in (await sim.state())["vms"]}
+    lb, job = await _lb(api, name="kill-create", type="lb-ha", services=[SERVICE],
+                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+
+    async def cloning() -> bool:
+        j = await store.job_get(api.pool, job["id"])
+        return any(s["name"] == "clone" and s["state"] == "running" for s in j.steps)
+    await wait_until(cloning, 60, "a clone under way")
+    await first.kill()
+    services.start("executor")
+    done = await api.wait_job(job["id"], timeout_s=150)
+    assert done["status"] == "succeeded", done
+    state = await sim.state()
+    new = [v for v in state["vms"] if v["vmid"] not in before]
+    apps = _appliances(state, lb["id"])
+    assert len(apps) == 2 and len(new) == 2, new           # no orphan clone
+    assert len({v["node"] for v in apps}) == 2
+    cur = await _get(api, lb["id"])
+    assert cur["status"] == "active" and cur["spread"] is True
+    for v in apps:
+        g = (await sim._req("GET", f"/guests/{v['vmid']}"))["models"]["appliance"]
+        assert hashlib.sha256(g["haproxy"].encode()).hexdigest() == cur["config_hash"]
+        assert int(g.get("reloads", 0)) <= 1, g.get("reloads")
