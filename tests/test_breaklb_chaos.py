@@ -37,3 +37,26 @@ async def test_sigkill_mid_clone_of_an_lb_ha_leaves_exactly_two_appliances(api: 
         g = (await sim._req("GET", f"/guests/{v['vmid']}"))["models"]["appliance"]
         assert hashlib.sha256(g["haproxy"].encode()).hexdigest() == cur["config_hash"]
         assert int(g.get("reloads", 0)) <= 1, g.get("reloads")
+
+
+async def test_a_recreated_lb_0_does_not_land_on_lb_1s_node(stack: Stack, sim: SimAdmin) -> None:
+    """lb-1 was moved (out of band) onto the template's node, lb-0 is then lost: the repair
+    re-creates lb-0 on another node than lb-1's, not on the template's node by default."""
+    lb, job = await _lb(stack, name="spread", type="lb-ha", services=[SERVICE])
+    assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    apps = {v["config"]["name"]: v for v in _appliances(await sim.state(), lb["id"])}
+    lb0, lb1 = apps["spread-lb-0"], apps["spread-lb-1"]
+    template_node = "pve1"
+    assert lb0["node"] == template_node and lb1["node"] != template_node
+    # lb-1 migrated onto the template's node; lb-0 destroyed out of band
+    await sim._req("DELETE", f"/vms/{lb1['vmid']}")
+    await sim._req("POST", "/vms", json={"vmid": lb1["vmid"], "node": template_node, "config": lb1["config"],
+                                         "running": True})
+    await sim._req("DELETE", f"/vms/{lb0['vmid']}")
+    status, out = await stack.call("POST", f"/load-balancers/{lb['id']}/actions/change_algorithm",
+                                   json={"type": "least_connections"})
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=120))["status"] == "succeeded"
+    apps = _appliances(await sim.state(), lb["id"])
+    assert len(apps) == 2 and len({v["node"] for v in apps}) == 2, [(v["config"]["name"], v["node"]) for v in apps]
+    assert (await _get(stack, lb["id"]))["spread"] is True

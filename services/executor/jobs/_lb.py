@@ -202,18 +202,18 @@ async def observe(ctx: JobContext, *, active_statuses: tuple[str, ...] = ("creat
     # every member at once (the VM machinery's observe does not depend on the clone target node)
     members = list(lb.members)
     seen = await gather(*(vms.observe_member(ctx, spec(lb, m, image, None)) for m in members))
-    placed: list[str] = []
+    # an existing VM stays where it is; a missing member lands on a node no other member uses
+    # (every existing VM counted first: a re-created lb-0 must avoid lb-1's node too), else on
+    # the template's node when no member exists yet
+    placed: list[str] = [mw.vm.node for mw in seen if mw.vm is not None]
     nodes: list[str] | None = None
     for member, mw in zip(members, seen):
-        # lb-0 lands on the template's node; lb-1 on another node than lb-0 (an existing VM stays)
         node = mw.vm.node if mw.vm is not None else None
         if node is None and placed:
             nodes = nodes if nodes is not None else await ctx.pve.nodes()
             free = [n for n in nodes if n not in placed]
             node = free[0] if free else None
-        if mw.vm is not None:
-            placed.append(mw.vm.node)
-        elif mw.template is not None:
+        if mw.vm is None and mw.template is not None:
             placed.append(node or mw.template.node)
         world.appliances[member] = Appliance(member, spec(lb, member, image, node), mw)
     apps = list(world.appliances.values())
