@@ -59,3 +59,18 @@ async def test_the_same_target_added_concurrently_is_accepted_once(api: Stack) -
     cur = (await api.call("GET", f"/load-balancers/{lb['id']}"))[1]["load_balancer"]
     assert [t["ip"] for t in cur["targets"]] == ["192.0.2.77"]
     assert [s["listen_port"] for s in cur["services"]] == [80, 443]
+
+
+async def test_http_check_paths_that_haproxy_would_parse_as_quoting_or_comments(api: Stack) -> None:
+    """A path with ``"``, ``'``, ``\\`` or ``#`` rendered into ``option httpchk GET …`` makes HAProxy's
+    parser fail (unmatched quote) or cut the line (comment): 422 at the API, not a failed job later."""
+    lb, _ = await _lb(api, name="paths", services=[SERVICE])
+    base = f"/load-balancers/{lb['id']}/actions/update_service"
+    for path in ('/a"b', "/a'b", "/a\\b", "/a#b", "/a<b>", "/a{b}", "/a|b", "/a`b", "/a^b"):
+        hc = {"protocol": "http", "port": 8080, "interval_s": 3, "timeout_s": 2, "http": {"path": path}}
+        status, out = await api.call("POST", base, json={"listen_port": 80, "health_check": hc})
+        assert status == 422 and "path" in out["error"]["details"][0]["field"], (path, out)
+    hc = {"protocol": "http", "port": 8080, "interval_s": 3, "timeout_s": 2,
+          "http": {"path": "/health/check.php?a=1&b=%20x;c=(d)~e:@f!*+,$"}}
+    status, out = await api.call("POST", base, json={"listen_port": 80, "health_check": hc})
+    assert status == 202, out

@@ -47,7 +47,10 @@ THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
 
 class HttpCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    path: StrictStr = Field("/", pattern=r"^/[\x21-\x7e]{0,255}$", description="request path")
+    # RFC 3986 path and query characters only: HAProxy's config parser reads ``"``, ``'`` and ``\``
+    # as quoting and ``#`` as a comment, so those would make the rendered file fail ``haproxy -c``
+    # (the load balancer failed) or silently check another path
+    path: StrictStr = Field("/", pattern=r"^/[A-Za-z0-9._~!$&()*+,;=:@%/?-]{0,255}$", description="request path")
     status_codes: list[StrictStr] = Field(default_factory=lambda: ["2??", "3??"], min_length=1, max_length=8,
                                           description="expected status codes; ? matches any digit")
 
