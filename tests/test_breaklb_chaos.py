@@ -60,3 +60,27 @@ async def test_a_recreated_lb_0_does_not_land_on_lb_1s_node(stack: Stack, sim: S
     apps = _appliances(await sim.state(), lb["id"])
     assert len(apps) == 2 and len({v["node"] for v in apps}) == 2, [(v["config"]["name"], v["node"]) for v in apps]
     assert (await _get(stack, lb["id"]))["spread"] is True
+
+
+async def test_a_target_server_started_again_is_healthy_again(stack: Stack, sim: SimAdmin) -> None:
+    """Stopped through the API: server_stopped; started again (and listening): healthy again,
+    not stuck on z9's stale view of its power."""
+    from tests.test_load_balancers import _listen, _server
+    a = await _server(stack, "back")
+    await _listen(sim, a["observed"]["vmid"], 8080)
+    lb, job = await _lb(stack, name="restore", services=[SERVICE], targets=[{"type": "server", "server_id": a["id"]}])
+    assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    status, out = await stack.call("POST", f"/servers/{a['id']}/actions/poweroff")
+    assert status == 202 and (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+
+    async def health(want: str) -> dict | None:
+        cur = await _get(stack, lb["id"])
+        return cur if cur["targets"][0]["health_status"][0]["status"] == want else None
+    cur = await wait_until(lambda: health("unhealthy"), stack.settings.lb_health_interval_s + 15, "unhealthy")
+    assert cur["targets"][0]["health_status"][0]["reason"] == "server_stopped"
+    status, out = await stack.call("POST", f"/servers/{a['id']}/actions/start")
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    await _listen(sim, a["observed"]["vmid"], 8080)
+    cur = await wait_until(lambda: health("healthy"), stack.settings.lb_health_interval_s + 20, "healthy again")
+    assert cur["health"] == "healthy"
