@@ -84,3 +84,55 @@ async def test_a_target_server_started_again_is_healthy_again(stack: Stack, sim:
     await _listen(sim, a["observed"]["vmid"], 8080)
     cur = await wait_until(lambda: health("healthy"), stack.settings.lb_health_interval_s + 20, "healthy again")
     assert cur["health"] == "healthy"
+
+
+async def test_a_renamed_load_balancer_keeps_its_appliances(stack: Stack, sim: SimAdmin) -> None:
+    """PATCH name (database only), then a configure: the same two VMs, nothing re-cloned."""
+    lb, job = await _lb(stack, name="old-name", type="lb-ha", services=[SERVICE])
+    assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    before = sorted(v["vmid"] for v in _appliances(await sim.state(), lb["id"]))
+    status, out = await stack.call("PATCH", f"/load-balancers/{lb['id']}", json={"name": "new-name"})
+    assert status == 200, out
+    status, out = await stack.call("POST", f"/load-balancers/{lb['id']}/actions/change_algorithm",
+                                   json={"type": "least_connections"})
+    assert status == 202, out
+    done = await stack.wait_job(out["job"]["id"], timeout_s=120)
+    assert done["status"] == "succeeded", done
+    after = sorted(v["vmid"] for v in _appliances(await sim.state(), lb["id"]))
+    assert after == before
+    cur = await _get(stack, lb["id"])
+    assert cur["status"] == "active" and {m["config_hash"] for m in cur["members"]} == {cur["config_hash"]}
+
+
+async def test_sigkill_mid_final_delete_of_an_lb_ha(api: Stack, sim: SimAdmin, services: Services) -> None:
+    """The executor is killed while an appliance's destroy task runs: after recovery both VMs are
+    gone, the load balancer deleted, and its addresses released only after the VMs were gone."""
+    services.start("scheduler")
+    services.start("reaper")
+    first = services.start("executor")
+    lb, job = await _lb(api, name="kill-delete", type="lb-ha", services=[SERVICE])
+    assert (await api.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    await sim._req("PUT", "/config", json={"task_seconds": {"qmdestroy": 4}})
+    status, out = await api.call("DELETE", f"/load-balancers/{lb['id']}")
+    assert status == 202, out
+    assert (await api.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    await api.pool.execute("UPDATE load_balancers SET delete_after = now() WHERE id = $1", lb["id"])
+
+    async def destroying() -> dict | None:
+        rows = await api.pool.fetch("SELECT id, steps FROM jobs WHERE resource_id = $1 AND kind = 'LoadBalancerDelete'",
+                                    lb["id"])
+        for r in rows:
+            j = await store.job_get(api.pool, r["id"])
+            if any(s["name"] == "destroy" and s["state"] == "running" for s in j.steps):
+                return {"id": r["id"]}
+        return None
+    final = await wait_until(destroying, 60, "a destroy under way")
+    await first.kill()
+    services.start("executor")
+    done = await api.wait_job(final["id"], timeout_s=120)
+    assert done["status"] == "succeeded", done
+    assert _appliances(await sim.state(), lb["id"]) == []
+    assert (await _get(api, lb["id"]))["status"] == "deleted"
+    live = await api.pool.fetchval("SELECT count(*) FROM addresses WHERE load_balancer_id = $1 AND status <> 'deleted'",
+                                   lb["id"])
+    assert live == 0
