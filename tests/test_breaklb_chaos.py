@@ -136,3 +136,37 @@ async def test_sigkill_mid_final_delete_of_an_lb_ha(api: Stack, sim: SimAdmin, s
     live = await api.pool.fetchval("SELECT count(*) FROM addresses WHERE load_balancer_id = $1 AND status <> 'deleted'",
                                    lb["id"])
     assert live == 0
+
+
+async def test_a_hand_edited_keepalived_conf_is_drift(stack: Stack, sim: SimAdmin) -> None:
+    """keepalived.conf changed by hand on an appliance (``nopreempt`` taken out: the Octavia failure
+    of an appliance pre-empting the VIP): the periodic observe sees it as drift, as it does for
+    haproxy.cfg, and the configure it enqueues puts the rendered file back."""
+    import aiohttp
+    lb, job = await _lb(stack, name="kdrift", type="lb-ha", services=[SERVICE])
+    assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    lb = await _get(stack, lb["id"])
+    m = lb["members"][1]
+    srv = sim.server
+    auth = {"Authorization": f"PVEAPIToken={srv.token_id}={srv.token_secret}"}
+    agent = f"{srv.url}/api2/json/nodes/{m['node']}/qemu/{m['vmid']}/agent"
+    async with aiohttp.ClientSession(headers=auth) as http:
+        async with http.get(f"{agent}/file-read", params={"file": "/etc/keepalived/keepalived.conf"}, ssl=False) as r:
+            assert r.status == 200, await r.text()
+            original = (await r.json())["data"]["content"]
+        assert "nopreempt" in original
+        edited = original.replace("    nopreempt\n", "").replace("priority 99", "priority 150")
+        async with http.post(f"{agent}/file-write", data={"file": "/etc/keepalived/keepalived.conf",
+                                                          "content": edited}, ssl=False) as r:
+            assert r.status == 200, await r.text()
+
+    async def repaired() -> list | None:
+        jobs = (await stack.call("GET", f"/jobs?resource_id={lb['id']}"))[1]["jobs"]
+        fix = [j for j in jobs if j["kind"] == "LoadBalancerConfigure" and j["status"] == "succeeded"]
+        return fix or None
+    fix = await wait_until(repaired, stack.settings.lb_health_interval_s + 30, "the keepalived drift repaired")
+    reason = await stack.pool.fetchval("SELECT args FROM jobs WHERE id = $1", fix[0]["id"])
+    assert "drift on lb-1" in reason["reason"], reason
+    async with aiohttp.ClientSession(headers=auth) as http:
+        async with http.get(f"{agent}/file-read", params={"file": "/etc/keepalived/keepalived.conf"}, ssl=False) as r:
+            assert (await r.json())["data"]["content"] == original

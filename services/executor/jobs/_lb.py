@@ -407,6 +407,7 @@ async def read_health(ctx: JobContext, world: World) -> dict[str, Any]:
     lb = world.lb
     assert lb is not None
     vip = lb.addresses["vip"]["ip"]
+    keepalived: dict[str, str | None] = {}  # member → the running keepalived.conf's sha256 (drift)
 
     async def one(member: str) -> tuple[dict[str, Any], Any]:
         # verify has just observed the appliances (their VMs and running hashes): read them once
@@ -418,6 +419,8 @@ async def read_health(ctx: JobContext, world: World) -> dict[str, Any]:
         if vm is not None and vm.running:
             try:
                 m["config_hash"] = app.haproxy_hash if app is not None else await running_hash(ctx, vm, HAPROXY_CFG)
+                keepalived[member] = app.keepalived_hash if app is not None else \
+                    await running_hash(ctx, vm, KEEPALIVED_CFG)
                 ifaces = await ctx.pve.agent_interfaces(vm.node, vm.vmid)
                 m["holds_vip"] = any(a.get("ip-address") == vip for i in ifaces for a in i.get("ip-addresses", []))
                 code, out, _ = await run(ctx, vm, ["socat", "stdio", ADMIN_SOCKET], stdin="show stat\n",
@@ -436,7 +439,8 @@ async def read_health(ctx: JobContext, world: World) -> dict[str, Any]:
     overall, detail = health(lb, world.targets, stat)
     nodes = [m["node"] for m in members.values() if m["node"]]
     return {"members": members, "vip_holder": next((k for k, m in members.items() if m["holds_vip"]), None),
-            "spread": len(set(nodes)) == len(nodes), "health": overall, "health_detail": detail}
+            "spread": len(set(nodes)) == len(nodes), "health": overall, "health_detail": detail,
+            "keepalived_hashes": keepalived}
 
 
 async def verify(ctx: JobContext) -> dict[str, Any] | None:
