@@ -103,9 +103,14 @@ def render_haproxy(lb: LoadBalancer, targets: list[dict[str, Any]]) -> str:
         for t in targets:
             if t["addr"] is None:
                 continue
-            extra = " send-proxy" if s.get("proxyprotocol") else ""
+            check_port = hc.get("port", s["destination_port"])
+            extra = ""
+            if s.get("proxyprotocol"):
+                # HAProxy sends the PROXY header on checks only without a ``port`` on the line; the
+                # check of the service's own port must speak it too, or the target rejects it
+                extra = " send-proxy" + (" check-send-proxy" if check_port == s["destination_port"] else "")
             lines.append(f"    server {server_name(t['key'])} {t['addr']}:{s['destination_port']} check "
-                         f"port {hc.get('port', s['destination_port'])}{extra}")
+                         f"port {check_port}{extra}")
     return "\n".join(lines) + "\n"
 
 
