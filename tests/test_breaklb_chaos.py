@@ -170,3 +170,22 @@ async def test_a_hand_edited_keepalived_conf_is_drift(stack: Stack, sim: SimAdmi
     async with aiohttp.ClientSession(headers=auth) as http:
         async with http.get(f"{agent}/file-read", params={"file": "/etc/keepalived/keepalived.conf"}, ssl=False) as r:
             assert (await r.json())["data"]["content"] == original
+
+
+async def test_a_rename_is_not_drift(stack: Stack, sim: SimAdmin) -> None:
+    """PATCH name is database only: the periodic observe after it finds no drift (the rendered
+    file does not depend on the name), so no configure job and no reload follow a rename."""
+    lb, job = await _lb(stack, name="before", services=[SERVICE])
+    assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    status, out = await stack.call("PATCH", f"/load-balancers/{lb['id']}", json={"name": "after"})
+    assert status == 200, out
+    patched = await stack.pool.fetchval("SELECT now()")
+
+    async def observed_twice() -> bool:
+        n = await stack.pool.fetchval("SELECT count(*) FROM jobs WHERE resource_id = $1 AND kind = "
+                                      "'LoadBalancerObserve' AND status = 'succeeded' AND created_at > $2",
+                                      lb["id"], patched)
+        return n >= 2
+    await wait_until(observed_twice, stack.settings.lb_health_interval_s * 3 + 20, "two observes after the rename")
+    kinds = [r["kind"] for r in await stack.pool.fetch("SELECT kind FROM jobs WHERE resource_id = $1", lb["id"])]
+    assert "LoadBalancerConfigure" not in kinds, kinds
