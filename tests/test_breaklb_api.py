@@ -74,3 +74,24 @@ async def test_http_check_paths_that_haproxy_would_parse_as_quoting_or_comments(
           "http": {"path": "/health/check.php?a=1&b=%20x;c=(d)~e:@f!*+,$"}}
     status, out = await api.call("POST", base, json={"listen_port": 80, "health_check": hc})
     assert status == 202, out
+
+
+async def test_update_service_merges_a_partial_health_check(api: Stack) -> None:
+    """Hetzner's update_service takes every health_check field as optional and changes only those
+    given: {"port": 9000} must not turn an http check on /healthz into a default tcp one."""
+    hc = {"protocol": "http", "port": 8080, "interval_s": 30, "timeout_s": 5, "retries": 5,
+          "http": {"path": "/healthz", "status_codes": ["200"]}}
+    lb, _ = await _lb(api, name="merge", services=[{**SERVICE, "health_check": hc}])
+    base = f"/load-balancers/{lb['id']}/actions/update_service"
+    status, out = await api.call("POST", base, json={"listen_port": 80, "health_check": {"port": 9000}})
+    assert status == 202, out
+    got = out["load_balancer"]["services"][0]["health_check"]
+    assert got == {**hc, "port": 9000}, got
+    # a change that breaks a rule of the merged check names it (timeout above the interval)
+    status, out = await api.call("POST", base, json={"listen_port": 80, "health_check": {"timeout_s": 60}})
+    assert status == 422, out
+    # switching to tcp drops the http part; back to http gets the default one
+    status, out = await api.call("POST", base, json={"listen_port": 80, "health_check": {"protocol": "tcp"}})
+    assert status == 202 and out["load_balancer"]["services"][0]["health_check"]["http"] is None, out
+    status, out = await api.call("POST", base, json={"listen_port": 80, "health_check": {"port": None}})
+    assert status == 422, out

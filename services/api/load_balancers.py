@@ -321,6 +321,31 @@ class ServiceBody(Service):
         {"protocol": "tcp", "listen_port": 443, "destination_port": 8443}]})
 
 
+class HealthCheckChange(BaseModel):
+    """``update_service``'s ``health_check``: only the fields given change (Hetzner's semantics);
+    the merged check must still satisfy every rule of a health check."""
+    model_config = ConfigDict(extra="forbid")
+    protocol: Literal["tcp", "http"] | None = None
+    port: StrictInt | None = Field(None, ge=1, le=65535)
+    interval_s: StrictInt | None = Field(None, ge=3, le=300)
+    timeout_s: StrictInt | None = Field(None, ge=1, le=300)
+    retries: StrictInt | None = Field(None, ge=1, le=10)
+    http: HttpCheck | None = None
+
+    @field_validator("protocol", "port", "interval_s", "timeout_s", "retries")
+    @classmethod
+    def _no_null(cls, v: Any) -> Any:
+        if v is None:
+            raise ValueError("null is not a value; leave the field out to keep it")
+        return v
+
+    def merged(self, current: dict[str, Any]) -> dict[str, Any]:
+        out = {**current, **self.model_dump(exclude_unset=True)}
+        if out.get("protocol") == "tcp" and "http" not in self.model_fields_set:
+            out["http"] = None  # switched to tcp: the http part goes with it
+        return out
+
+
 class ServiceUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"listen_port": 443, "destination_port": 9443}]})
@@ -328,7 +353,7 @@ class ServiceUpdate(BaseModel):
     protocol: Literal["tcp", "http"] | None = None
     destination_port: StrictInt | None = Field(None, ge=1, le=65535)
     proxyprotocol: StrictBool | None = None
-    health_check: HealthCheck | None = None
+    health_check: HealthCheckChange | None = Field(None, description="the fields of the health check to change")
 
     @field_validator("protocol", "destination_port", "proxyprotocol")
     @classmethod
@@ -451,7 +476,7 @@ def _operations(api: ApiResource) -> list[Operation]:
                     merged = {**s, **{k: v for k, v in spec.model_dump(exclude_unset=True).items()
                                       if k not in ("listen_port", "health_check")}}
                     if spec.health_check is not None:
-                        merged["health_check"] = spec.health_check.model_dump()
+                        merged["health_check"] = spec.health_check.merged(dict(s["health_check"]))
                     try:
                         services[i] = Service.model_validate(merged).normalized()
                     except ValidationError as e:
