@@ -22,7 +22,7 @@ import ipaddress
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import BaseModel, ValidationError, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from z9.common import kinds, store
 from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed
@@ -34,18 +34,23 @@ from z9.common.settings import Settings
 from . import quotas, schemas
 from .addresses import exhausted, pick_pool
 from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin,
-                        idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant)
+                        idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant,
+                        validation_error)
 
 SERVER_ID = r"^srv_[0-9a-z]{26}$"
 MAX_TARGETS = 500
 MAX_SERVICES = 16
 STATUS_CODE = r"^[1-5][0-9?]{2}$"
 APPLIANCES = {"lb-small": 1, "lb-ha": 2}
+THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
 
 
 class HttpCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    path: StrictStr = Field("/", pattern=r"^/[\x21-\x7e]{0,255}$", description="request path")
+    # RFC 3986 path and query characters only: HAProxy's config parser reads ``"``, ``'`` and ``\``
+    # as quoting and ``#`` as a comment, so those would make the rendered file fail ``haproxy -c``
+    # (the load balancer failed) or silently check another path
+    path: StrictStr = Field("/", pattern=r"^/[A-Za-z0-9._~!$&()*+,;=:@%/?-]{0,255}$", description="request path")
     status_codes: list[Annotated[StrictStr, Field(pattern=STATUS_CODE)]] = Field(default_factory=lambda: ["2??", "3??"], min_length=1, max_length=8,
                                           description="expected status codes; ? matches any digit")
 
@@ -129,7 +134,10 @@ class Target(BaseModel):
                 addr = ipaddress.ip_address(self.ip)
             except ValueError:
                 raise ValueError(f"ip: {self.ip!r} is not an IP address") from None
-            if addr.version != 4 or addr.is_unspecified or addr.is_multicast or addr.is_loopback:
+            if addr.version != 4 or addr.is_multicast or addr.is_loopback or addr.is_link_local \
+                    or addr.is_reserved or addr in THIS_NETWORK:
+                # link-local (169.254/16: the guests' metadata address), 0/8, 240/4 and the
+                # broadcast address are not a host the appliances can balance to
                 raise ValueError(f"ip: {self.ip} is not a usable IPv4 unicast address")
             self.ip = str(addr)
         return self
@@ -264,6 +272,17 @@ async def _check_server_targets(conn: Any, tenant_id: str, region: str, targets:
                            "with public_ipv4: true or assign it a primary address", code="missing_ipv4")
 
 
+def _check_not_own_address(lb: LoadBalancer, targets: list[dict[str, Any]]) -> None:
+    """An ip target is not the load balancer's own VIP or an appliance's address (HAProxy would
+    send the traffic back to itself)."""
+    own = {a["ip"] for k, a in (lb.addresses or {}).items() if isinstance(a, dict) and a.get("ip")}
+    for t in targets:
+        if t["type"] == "ip" and t["ip"] in own:
+            raise ValidationFailed(f"ip: {t['ip']} is an address of load balancer {lb.id} itself (its VIP or an "
+                                   "appliance's); a target must be another host",
+                                   details=[{"field": "ip", "message": "the load balancer's own address"}])
+
+
 # ---------------------------------------------------------------------------------- create
 
 async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBalancer, dict[str, Any]]:
@@ -299,6 +318,7 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
                                       "gateway": str(getattr(gw, "ip", gw)) if gw is not None else None}
     addresses["nameservers"] = await store.address_pool_nameservers(ctx.conn, pool["id"])
     lb = await store.lb_set_addresses(ctx.conn, lb.id, addresses)
+    _check_not_own_address(lb, targets)
     job = await store.job_insert(ctx.conn, LOAD_BALANCER.new_job(lb, kinds.LOAD_BALANCER_CREATE,
                                                                  max_attempts=ctx.settings.max_attempts),
                                  notify=False)
@@ -317,6 +337,31 @@ class ServiceBody(Service):
         {"protocol": "tcp", "listen_port": 443, "destination_port": 8443}]})
 
 
+class HealthCheckChange(BaseModel):
+    """``update_service``'s ``health_check``: only the fields given change (Hetzner's semantics);
+    the merged check must still satisfy every rule of a health check."""
+    model_config = ConfigDict(extra="forbid")
+    protocol: Literal["tcp", "http"] | None = None
+    port: StrictInt | None = Field(None, ge=1, le=65535)
+    interval_s: StrictInt | None = Field(None, ge=3, le=300)
+    timeout_s: StrictInt | None = Field(None, ge=1, le=300)
+    retries: StrictInt | None = Field(None, ge=1, le=10)
+    http: HttpCheck | None = None
+
+    @field_validator("protocol", "port", "interval_s", "timeout_s", "retries")
+    @classmethod
+    def _no_null(cls, v: Any) -> Any:
+        if v is None:
+            raise ValueError("null is not a value; leave the field out to keep it")
+        return v
+
+    def merged(self, current: dict[str, Any]) -> dict[str, Any]:
+        out = {**current, **self.model_dump(exclude_unset=True)}
+        if out.get("protocol") == "tcp" and "http" not in self.model_fields_set:
+            out["http"] = None  # switched to tcp: the http part goes with it
+        return out
+
+
 class ServiceUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"listen_port": 443, "destination_port": 9443}]})
@@ -324,7 +369,15 @@ class ServiceUpdate(BaseModel):
     protocol: Literal["tcp", "http"] | None = None
     destination_port: StrictInt | None = Field(None, ge=1, le=65535)
     proxyprotocol: StrictBool | None = None
-    health_check: HealthCheck | None = None
+    health_check: HealthCheckChange | None = Field(None, description="the fields of the health check to change")
+
+    @field_validator("protocol", "destination_port", "proxyprotocol")
+    @classmethod
+    def _no_null(cls, v: Any) -> Any:
+        """A field left out keeps its value; an explicit null is not a value (422 naming it)."""
+        if v is None:
+            raise ValueError("null is not a value; leave the field out to keep it")
+        return v
 
 
 class ServiceRef(BaseModel):
@@ -398,6 +451,7 @@ def _operations(api: ApiResource) -> list[Operation]:
                 raise Conflict(f"load balancer {lb.id} has {MAX_TARGETS} targets, the most a load balancer has",
                                code="resource_limit_exceeded")
             await _check_server_targets(conn, tenant_id, lb.region, [t])
+            _check_not_own_address(lb, [t])
             targets.append(t)
 
         return await _action(request, "POST /load-balancers/{id}/actions/add_target", spec.model_dump(), fn)
@@ -438,8 +492,11 @@ def _operations(api: ApiResource) -> list[Operation]:
                     merged = {**s, **{k: v for k, v in spec.model_dump(exclude_unset=True).items()
                                       if k not in ("listen_port", "health_check")}}
                     if spec.health_check is not None:
-                        merged["health_check"] = spec.health_check.model_dump()
-                    services[i] = Service.model_validate(merged).normalized()
+                        merged["health_check"] = spec.health_check.merged(dict(s["health_check"]))
+                    try:
+                        services[i] = Service.model_validate(merged).normalized()
+                    except ValidationError as e:
+                        raise validation_error(e) from None
                     return
             raise Conflict(f"load balancer {lb.id} has no service listening on port {spec.listen_port}",
                            code="service_not_found")

@@ -7,7 +7,8 @@ plan     always empty: it changes nothing in the world.
 verify   HAProxy's ``show stat`` and the VIP holder, joined with z9's view of the targets; and
          drift: an appliance that is gone or not running (stopped out of band: the load
          balancer has lost its redundancy), or whose HAProxy file is not the one rendered from
-         the database now (a target server's address changed, a file edited by hand).
+         the database now (a target server's address changed, a file edited by hand), or whose
+         keepalived file is not the rendered one.
 record   health, per-target status and the members; never the status. Drift on an ``active``
          load balancer enqueues a LoadBalancerConfigure in the same transaction (which repairs
          it); a ``failed`` one is left for its owner (a rejected config is not retried forever).
@@ -48,7 +49,12 @@ async def verify(ctx: JobContext) -> dict[str, Any] | None:
         return None
     seen = await _lb.read_health(ctx, world)
     want = _lb.sha256(world.desired_haproxy)
-    seen["drift"] = sorted(m for m, v in seen["members"].items() if not v["running"] or v["config_hash"] != want)
+    # keepalived.conf counts too: a hand edit there (pre-emption, priorities) is the Octavia failure
+    # of an appliance taking the VIP back, invisible in haproxy.cfg's hash
+    kept = seen.pop("keepalived_hashes", {})
+    seen["drift"] = sorted(m for m, v in seen["members"].items()
+                           if not v["running"] or v["config_hash"] != want
+                           or kept.get(m) != _lb.sha256(_lb.render_keepalived(world.lb, m)))
     seen["status"] = world.lb.status if world.lb else None
     return seen
 
