@@ -9,13 +9,18 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import asyncpg
 
 import z9.api.app  # noqa: F401  (registers every resource type)
 from z9.common import resources
-from z9.common.sql import queries, qt
+from z9.common.sql import ql, queries, qt
+
+
+#: sample values of the queries whose values are literals (sql.ql), by placeholder
+LITERAL_SAMPLES = {"limit": 1, "lease_ttl_s": 30.0}
 
 
 async def test_every_named_query_prepares(pool: asyncpg.Pool) -> None:
@@ -26,6 +31,9 @@ async def test_every_named_query_prepares(pool: asyncpg.Pool) -> None:
         for name, text in queries().items():
             if "{table}" in text or "{status_type}" in text:
                 texts = [(f"{name}[{rt.table}]", qt(name, rt.table, rt.status_type)) for rt in types]
+            elif re.search(r"\{[a-z_]+\}", text):  # values written as literals (sql.ql): sample ones
+                keys = set(re.findall(r"\{([a-z_]+)\}", text))
+                texts = [(name, ql(name, **{k: LITERAL_SAMPLES.get(k, "x") for k in keys}))]
             else:
                 texts = [(name, text)]
             for label, sql in texts:
