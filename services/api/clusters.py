@@ -33,7 +33,11 @@ from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Op
 
 VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34")
 MAX_POOL_COUNT = 100
-POOL_NAME = r"^[a-z][a-z0-9-]{0,30}$"  # member names are <pool>-<ordinal>; "cp" is the control plane's
+MAX_POOLS = 16
+# member names are <pool>-<ordinal> ("cp" is the control plane's); a member name is at most 31
+# characters (vm_clone_requests.member, the ledger of every clone): a pool name leaves room for
+# "-99", the highest ordinal of a pool of MAX_POOL_COUNT
+POOL_NAME = r"^[a-z][a-z0-9-]{0,27}$"
 KUBECONFIG_EXPIRY_S = (60, 365 * 86400)
 
 
@@ -54,7 +58,7 @@ class NodePoolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "name": "batch", "count": 2, "cores": 4, "memory_mib": 8192, "disk_gib": 50}]})
 
-    name: StrictStr = Field(pattern=POOL_NAME, description="lower case, 1-31 chars, not 'cp'")
+    name: StrictStr = Field(pattern=POOL_NAME, description="lower case, 1-28 chars, not 'cp'")
     count: StrictInt = Field(ge=0, le=MAX_POOL_COUNT)
     cores: StrictInt = Field(2, ge=1, le=64)
     memory_mib: StrictInt = Field(4096, ge=512, le=1048576)
@@ -82,7 +86,7 @@ class ClusterCreate(BaseModel):
     image: StrictStr | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
                                     description="template the members are cloned from (default: the region's first image)")
     control_plane: ControlPlaneSpec
-    node_pools: list[NodePoolSpec] = Field(default_factory=list, max_length=16)
+    node_pools: list[NodePoolSpec] = Field(default_factory=list, max_length=MAX_POOLS)
     address_pool: StrictStr | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
                                            description="the IPv4 pool of the control-plane endpoint")
     labels: schemas.Labels | None = Field(None, description="labels (GET /v1/clusters?label_selector=…)")
@@ -351,6 +355,10 @@ def actions(api: ApiResource) -> list[Operation]:
         def fn(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if any(p["name"] == spec.name for p in pools):
                 raise Conflict(f"the cluster already has a node pool named {spec.name!r}", code="uniqueness_error")
+            if len(pools) >= MAX_POOLS:
+                raise ValidationFailed(f"node_pools: a cluster has at most {MAX_POOLS} node pools (this one has "
+                                       f"{len(pools)}); remove one first",
+                                       details=[{"field": "node_pools", "message": "too many node pools"}])
             return pools + [spec.model_dump()]
 
         return await _action(request, "POST /clusters/{id}/actions/add-node-pool", spec.model_dump(), fn)
