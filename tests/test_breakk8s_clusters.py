@@ -44,3 +44,33 @@ async def test_add_node_pool_keeps_the_pool_limit(api: Stack) -> None:
     cid = out["cluster"]["id"]
     status, out = await api.call("POST", f"/clusters/{cid}/actions/add-node-pool", json=pool("p16", 0))
     assert status == 422 and "node_pools" in out["error"]["message"], out
+
+
+# The clone ledger keeps the vmid of a member whose VM was removed (scale-down); PVE hands that
+# vmid out again — here to member a-1-0 of pool "a-1". When a-1 comes back, its ledger row points
+# at a-1-0's VM, whose description holds "… member a-1-0", and the marker test was a substring
+# test ("… member a-1" is in it): a-1 adopted a-1-0's VM and retagged it — one VM, two members.
+async def test_a_recycled_vmid_of_a_removed_member_is_not_adopted_by_prefix(stack: Stack, sim: SimAdmin) -> None:
+    await sim.configure(**K8S_TIMING)
+    stack.settings.cluster_member_ready_s = 20.0
+    try:
+        status, out = await stack.call("POST", "/clusters", json=body(pools=[pool("a", 2), pool("a-1", 1)]))
+        assert status == 202, out
+        cid = out["cluster"]["id"]
+        assert (await stack.wait_job(out["job"]["id"], timeout_s=120))["status"] == "succeeded"
+        down = await stack.wait_job((await resize(stack, cid, 1, pool="a"))["id"], timeout_s=120)
+        assert down["status"] == "succeeded", down
+        other = next(m for m in (await cluster(stack, cid))["members"] if m["name"] == "a-1-0")
+        # PVE recycled the removed a-1's vmid for a-1-0: the ledger row of a-1 names a-1-0's VM
+        await stack.pool.execute("UPDATE vm_clone_requests SET vmid = $3, node = $4 WHERE resource_id = $1 "
+                                 "AND member = $2", cid, "a-1", other["vmid"], other["node"])
+        up = await stack.wait_job((await resize(stack, cid, 2, pool="a"))["id"], timeout_s=120)
+        assert up["status"] == "succeeded", up
+        vm = await sim.vm(other["vmid"])
+        assert "z9-member-a-1-0" in normalize_tags(vm["config"]["tags"]), vm["config"]["tags"]
+        members = sorted(t for v in await sim.vms_tagged(identity_tag(cid)) for t in normalize_tags(v["config"]["tags"])
+                         if t.startswith("z9-member-"))
+        assert members == ["z9-member-a-0", "z9-member-a-1", "z9-member-a-1-0", "z9-member-cp-0"]
+        assert (await cluster(stack, cid))["status"] == "running"
+    finally:
+        stack.settings.cluster_member_ready_s = 900.0
