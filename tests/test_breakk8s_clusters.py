@@ -74,3 +74,50 @@ async def test_a_recycled_vmid_of_a_removed_member_is_not_adopted_by_prefix(stac
         assert (await cluster(stack, cid))["status"] == "running"
     finally:
         stack.settings.cluster_member_ready_s = 900.0
+
+
+async def _our_isos(sim: SimAdmin, cid: str) -> list[str]:
+    return [v["volid"] for vols in (await sim.state())["storage"].values() for v in vols if f"z9-{cid}-" in v["volid"]]
+
+
+# A joiner's start fails after its ISO (token T1) was uploaded and attached; the next attempt,
+# once T1 is older than half its ttl, mints T2 and builds a new ISO (new content, new name) and
+# attaches that. The first ISO — the cluster CA and a join token — stayed on storage for good:
+# nothing ever listed it again until the cluster's delete.
+async def test_a_reminted_token_leaves_no_orphan_iso(stack: Stack, sim: SimAdmin) -> None:
+    await sim.configure(**K8S_TIMING)
+    status, out = await stack.call("POST", "/clusters", json=body(pools=[pool("workers", 1)]))
+    cid = out["cluster"]["id"]
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=120))["status"] == "succeeded"
+    stack.settings.cluster_join_token_ttl_s, stack.settings.backoff_base_s = 2.0, 1.5
+    try:
+        await sim.fault(method="POST", path=r"/status/start$", action="fail_task", exitstatus="start failed", times=1)
+        up = await stack.wait_job((await resize(stack, cid, 2))["id"], timeout_s=120)
+        assert up["status"] == "succeeded" and up["attempt"] >= 2, up
+    finally:
+        stack.settings.cluster_join_token_ttl_s, stack.settings.backoff_base_s = 900.0, 0.2
+    assert (await sim.counters())["tasks_started"].get("imgcopy", 0) == 4  # cp-0, workers-0, workers-1 twice
+    assert await _our_isos(sim, cid) == []
+    assert (await cluster(stack, cid))["status"] == "running"
+
+
+# A member whose cloud-init failed keeps its ISO; the pool is then scaled down instead. The
+# removal destroyed the VM, then its ISO's deletion failed (a crash there is the same): the next
+# attempt saw no extra member and planned nothing — the ISO (the cluster CA, a token) stayed.
+async def test_a_removal_cut_short_before_the_iso_leaves_none(stack: Stack, sim: SimAdmin) -> None:
+    await sim.configure(**K8S_TIMING)
+    status, out = await stack.call("POST", "/clusters", json=body(pools=[pool("workers", 1)]))
+    cid = out["cluster"]["id"]
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=120))["status"] == "succeeded"
+    await sim._req("POST", "/guest-faults", json={"kind": "cloud_init_fails", "name": "prod-workers-1",
+                                                   "message": "runcmd exploded"})
+    up = await stack.wait_job((await resize(stack, cid, 2))["id"], timeout_s=120)
+    assert up["status"] == "failed" and "runcmd exploded" in up["error"]["message"], up
+    assert len(await _our_isos(sim, cid)) == 1  # the failed member still holds its ISO
+    await sim._req("DELETE", "/guest-faults")
+    await sim.fault(method="DELETE", path=r"/storage/.*/content/", action="fail_task", exitstatus="got timeout",
+                    times=1)
+    down = await stack.wait_job((await resize(stack, cid, 1))["id"], timeout_s=120)
+    assert down["status"] == "succeeded", down
+    assert await _our_isos(sim, cid) == []
+    assert "delete_isos" in [s["name"] for s in down["steps"]], down["steps"]
