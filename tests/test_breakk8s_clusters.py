@@ -121,3 +121,23 @@ async def test_a_removal_cut_short_before_the_iso_leaves_none(stack: Stack, sim:
     assert down["status"] == "succeeded", down
     assert await _our_isos(sim, cid) == []
     assert "delete_isos" in [s["name"] for s in down["steps"]], down["steps"]
+
+
+# expiry_s took whatever int() takes ("6_00", " 600", "+600", other scripts' digits); a second
+# DELETE of a cluster said "its deletion buffer has expired" — a cluster has no buffer.
+async def test_expiry_digits_only_and_a_second_delete_names_no_buffer(api: Stack) -> None:
+    status, out = await api.call("POST", "/clusters", json=body())
+    cid = out["cluster"]["id"]
+    await api.pool.execute("UPDATE clusters SET status = 'running', initialized_at = now() WHERE id = $1", cid)
+    for bad in ("6_00", " 600", "+600", "\u0666\u0660\u0660", "0", "-60", "59", "31536001", "abc", ""):
+        status, out = await api.call("GET", f"/clusters/{cid}/kubeconfig", params={"expiry_s": bad})
+        assert status == 422 and out["error"]["details"][0]["field"] == "expiry_s", (bad, out)
+    status, out = await api.call("GET", f"/clusters/{cid}/kubeconfig", params={"expiry_s": "60"})
+    assert status == 200, out
+    status, out = await api.call("DELETE", f"/clusters/{cid}")
+    assert status == 202, out
+    status, out = await api.call("DELETE", f"/clusters/{cid}")
+    assert status == 409 and "already being destroyed" in out["error"]["message"], out
+    assert "buffer" not in out["error"]["message"]
+    status, out = await api.call("GET", f"/clusters/{cid}/kubeconfig")
+    assert status == 409 and out["error"]["code"] == "cluster_deleting", out

@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import re
 import secrets
 from typing import Any, Literal
 
@@ -274,10 +275,8 @@ def actions(api: ApiResource) -> list[Operation]:
         settings, pool = request.app[SETTINGS], request.app[POOL]
         rid = path_id(request, "k8s", "cluster")
         raw = request.query.get("expiry_s", "3600")
-        try:
-            expiry_s = int(raw)
-        except ValueError:
-            expiry_s = -1
+        # digits only: int() also takes "6_00", " 600", "+600" and other scripts' digits
+        expiry_s = int(raw) if re.fullmatch(r"[0-9]{1,9}", raw) else -1
         if not KUBECONFIG_EXPIRY_S[0] <= expiry_s <= KUBECONFIG_EXPIRY_S[1]:
             raise ValidationFailed(f"expiry_s: must be an integer from {KUBECONFIG_EXPIRY_S[0]} to "
                                    f"{KUBECONFIG_EXPIRY_S[1]} seconds, got {raw!r}",
