@@ -141,3 +141,28 @@ async def test_expiry_digits_only_and_a_second_delete_names_no_buffer(api: Stack
     assert "buffer" not in out["error"]["message"]
     status, out = await api.call("GET", f"/clusters/{cid}/kubeconfig")
     assert status == 409 and out["error"]["code"] == "cluster_deleting", out
+
+
+# The installation key replaced by another valid one (a rotation, a restored backup): the
+# kubeconfig route opened the sealed keys unguarded — SealError, 500. Now 503 naming the setting.
+async def test_kubeconfig_with_another_installation_key_is_503_naming_the_setting(api: Stack) -> None:
+    import base64
+    import os
+
+    from pydantic import SecretStr
+
+    status, out = await api.call("POST", "/clusters", json=body())
+    cid = out["cluster"]["id"]
+    await api.pool.execute("UPDATE clusters SET status = 'running', initialized_at = now() WHERE id = $1", cid)
+    before = api.settings.installation_key
+    try:
+        api.settings.installation_key = SecretStr(base64.b64encode(os.urandom(32)).decode())
+        status, out = await api.call("GET", f"/clusters/{cid}/kubeconfig")
+        assert status == 503 and "Z9_INSTALLATION_KEY" in out["error"]["message"], (status, out)
+        api.settings.installation_key = None
+        status, out = await api.call("GET", f"/clusters/{cid}/kubeconfig")
+        assert status == 503 and "Z9_INSTALLATION_KEY" in out["error"]["message"], (status, out)
+        status, out = await api.call("POST", "/clusters", json=body(name="nokey"))
+        assert status == 503 and "Z9_INSTALLATION_KEY" in out["error"]["message"], (status, out)
+    finally:
+        api.settings.installation_key = before

@@ -293,7 +293,11 @@ def actions(api: ApiResource) -> list[Operation]:
         sealed = await store.cluster_keys_get(pool, rid)
         if sealed is None:
             raise Conflict(f"cluster {rid} has no keys", code="cluster_deleting")
-        material = key.open(rid, *sealed)
+        try:
+            material = key.open(rid, *sealed)
+        except pki.SealError as e:  # another installation key than the one that sealed them
+            raise InstallationKeyMissing(f"{e}: Z9_INSTALLATION_KEY must be the key the cluster was created "
+                                         "with") from e
         user = f"z9-admin-{secrets.token_hex(4)}"
         crt, k, not_after = pki.client_certificate(material["ca.crt"], material["ca.key"], cn=user,
                                                    orgs=("kubeadm:cluster-admins",), expiry_s=expiry_s)
