@@ -166,3 +166,32 @@ async def test_kubeconfig_with_another_installation_key_is_503_naming_the_settin
         assert status == 503 and "Z9_INSTALLATION_KEY" in out["error"]["message"], (status, out)
     finally:
         api.settings.installation_key = before
+
+
+# A scale-up whose new members were cloned but not tagged yet (their configure failed; a crash
+# there is the same) is shrunk back before its retry: the retry saw neither member desired nor any
+# VM tagged for it — the untagged clones (marker only) stayed, running up cost no one saw, until
+# the cluster's delete.
+async def test_untagged_clones_of_members_no_longer_desired_are_removed(stack: Stack, sim: SimAdmin) -> None:
+    await sim.configure(**K8S_TIMING)
+    status, out = await stack.call("POST", "/clusters", json=body(pools=[pool("workers", 1)]))
+    cid = out["cluster"]["id"]
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=120))["status"] == "succeeded"
+    stack.settings.backoff_base_s = 3.0
+    try:
+        await sim.fault(method="POST", path=r"/qemu/\d+/config$", action="fail_task", exitstatus="got timeout",
+                        times=2)
+        up = (await resize(stack, cid, 3))["id"]
+
+        async def retrying() -> bool:
+            return (await stack.job(up))["status"] == "retry"
+        from tests.support import wait_until
+        await wait_until(retrying, 60, "the scale-up waiting for its retry")
+        await stack.call("POST", f"/clusters/{cid}/actions/resize-node-pool", json={"pool": "workers", "count": 1})
+    finally:
+        stack.settings.backoff_base_s = 0.2
+    for j in [j for j in (await stack.call("GET", f"/jobs?resource_id={cid}"))[1]["jobs"] if j["kind"] == "ClusterReconcile"]:
+        assert (await stack.wait_job(j["id"], timeout_s=120))["status"] == "succeeded"
+    ours = [v for v in (await sim.state())["vms"] if f"z9 resource {cid}" in str(v["config"].get("description", ""))]
+    assert sorted(v["config"]["name"] for v in ours) == ["prod-cp-0", "prod-workers-0"], [
+        (v["vmid"], v["config"].get("name"), v["config"].get("tags")) for v in ours]

@@ -105,6 +105,7 @@ class World:
     failed_boot: dict[str, str] = field(default_factory=dict)  # member -> cloud-init error (never joined)
     superseded: str | None = None
     isos: list[tuple[str, str]] = field(default_factory=list)  # the cluster's bootstrap ISOs: (node, volid)
+    clones: list[VmState] = field(default_factory=list)  # untagged clones of ours for members not desired
 
 
 def desired_members(cluster: Cluster) -> list[MemberSpec]:
@@ -147,6 +148,13 @@ async def observe(ctx: JobContext, *, with_isos: bool = True) -> World:
     world.nodes, world.api_member = await read_nodes(ctx, world)
     if with_isos:
         world.isos = await cluster_isos(ctx, cluster.id)
+        # clones of members no longer desired that were never tagged (a scale-up cut short before
+        # its configure step, then shrunk back): only the clone ledger knows them
+        desired = {m.name for m in world.desired}
+        requests = [r for r in await vms.clone_requests(ctx, cluster.id) if r.member not in desired]
+        if requests:
+            world.clones = await vms.find_own_clones(ctx, cluster.id, requests,
+                                                     {v.vmid for found in by_member.values() for v in found})
     if world.nodes is not None:
         # A member whose cloud-init failed gets a new VM — a new instance — with a fresh token:
         # its bootstrap ran once and will not run again on that instance. Either it never became
@@ -232,6 +240,10 @@ def plan(job: Job, world: World) -> list[Step]:
     for member in extra:
         steps.append(Step("drain", {"member": member}))
         steps.append(Step("remove", {"member": member}))
+    for vm in world.clones:  # half-made VMs of members no longer desired
+        vms.refuse_if_locked(vm)  # a clone still being made: wait for it (Snooze), then remove it
+        vms.guard_own_clone(world.cluster.id, vm)
+        steps.append(Step("remove_clone", {"vmid": vm.vmid, "node": vm.node}))
     holding = [m for m, vm in world.vms.items()
                if m in desired and nodes.get(m) and m not in joining and _bootstrap_volume(vm)]
     if holding:
@@ -271,6 +283,9 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         world.vms.pop(step.detail["member"], None)
         if world.nodes is not None:  # drained and deleted before (or never a node): a new instance joins afresh
             world.nodes.pop(step.detail["member"], None)
+    elif step.name == "remove_clone":
+        for name in ("stop", "destroy"):
+            await vms.apply_removal_step(ctx, world.cluster.id, Step(name, {**step.detail, "untagged": True}))
     elif step.name == "delete_isos":
         for node, volid in step.detail["isos"]:
             await delete_iso(ctx, node, volid, step)
