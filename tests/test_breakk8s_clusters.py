@@ -195,3 +195,10 @@ async def test_untagged_clones_of_members_no_longer_desired_are_removed(stack: S
     ours = [v for v in (await sim.state())["vms"] if f"z9 resource {cid}" in str(v["config"].get("description", ""))]
     assert sorted(v["config"]["name"] for v in ours) == ["prod-cp-0", "prod-workers-0"], [
         (v["vmid"], v["config"].get("name"), v["config"].get("tags")) for v in ours]
+
+
+# An unknown endpoint pool answered 422 naming "pool" — the cluster's body calls it address_pool.
+async def test_unknown_address_pool_names_address_pool(api: Stack) -> None:
+    status, out = await api.call("POST", "/clusters", json={**body(), "address_pool": "nope"})
+    assert status == 422 and out["error"]["message"].startswith("address_pool:"), out
+    assert out["error"]["details"][0]["field"] == "address_pool", out

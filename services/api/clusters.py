@@ -240,7 +240,8 @@ async def create(ctx: CreateContext, spec: ClusterCreate) -> tuple[Cluster, dict
     region = ctx.settings.regions[spec.region]
     image = spec.image or (region.images[0] if region.images else "debian-12")
     cid = new_id("k8s")
-    pool = await addresses.pick_pool(ctx.conn, ctx.settings, spec.region, 4, spec.address_pool)
+    pool = await addresses.pick_pool(ctx.conn, ctx.settings, spec.region, 4, spec.address_pool,
+                                     field="address_pool", family_field="region")
     # its endpoint address counts against the tenant's address quota (as the usage counts it)
     await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1)
     address = await store.address_allocate(ctx.conn, pool_id=pool["id"], tenant_id=ctx.tenant_id, kind="floating",
