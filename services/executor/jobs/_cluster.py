@@ -45,8 +45,10 @@ plan     (pure) ``init`` (cp-0, while no API answers) → ``replace`` (a member 
          first; a control plane that is a node is refused, never replaced: it is an etcd member —
          its VM goes, a new instance joins) → ``join`` (every desired member that is not
          a Ready node: booted **in parallel** in one step) → per extra member, highest ordinal
-         first: ``drain`` then ``remove`` → ``detach_bootstrap`` (Ready members still holding
-         their ISO).
+         first: ``drain`` then ``remove`` → ``remove_clone`` (untagged clones, known from the
+         clone ledger, of members no longer desired) → ``detach_bootstrap`` (Ready members still
+         holding their ISO) → ``delete_isos`` (the cluster's ISOs no member boots from: a removed
+         member's, a Ready member's built with a token since replaced).
 apply    each step re-reads what it acts on; clones through the VM machinery's ladder (no second
          clone after a crash); readiness is verified **inside** the guests: ``cloud-init status``
          done, ``kubectl get --raw /readyz`` ``ok`` on control planes, the member a Ready node.
