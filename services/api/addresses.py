@@ -149,24 +149,25 @@ EXAMPLE: dict[str, Any] = {
 
 # ---------------------------------------------------------------------------------- pools
 
-async def pick_pool(conn: Any, settings: Settings, region: str, family: int, name: str | None) -> dict[str, Any]:
+async def pick_pool(conn: Any, settings: Settings, region: str, family: int, name: str | None, *,
+                    field: str = "pool", family_field: str = "family") -> dict[str, Any]:
     """The pool an allocation draws from (422 naming the field when there is none or the choice
-    is ambiguous)."""
+    is ambiguous: ``field`` and ``family_field`` as the request body names them)."""
     pools = await store.address_pool_pick(conn, region, family, name)
     if name is not None:
         if not pools:
             known = ", ".join(p.name for p in settings.regions[region].address_pools
                               if p.family == family) or "none"
-            raise ValidationFailed(f"pool: region {region} has no IPv{family} pool named {name!r} (pools: {known})",
-                                   details=[{"field": "pool", "message": "unknown pool"}])
+            raise ValidationFailed(f"{field}: region {region} has no IPv{family} pool named {name!r} (pools: {known})",
+                                   details=[{"field": field, "message": "unknown pool"}])
         return pools[0]
     if not pools:
-        raise ValidationFailed(f"family: region {region} has no IPv{family} address pool",
-                               details=[{"field": "family", "message": "no pool of this family"}])
+        raise ValidationFailed(f"{family_field}: region {region} has no IPv{family} address pool",
+                               details=[{"field": family_field, "message": "no pool of this family"}])
     if len(pools) > 1 and pools[0]["name"] != "public":
-        raise ValidationFailed(f"pool: region {region} has several IPv{family} pools "
+        raise ValidationFailed(f"{field}: region {region} has several IPv{family} pools "
                                f"({', '.join(p['name'] for p in pools)}); name one",
-                               details=[{"field": "pool", "message": "required"}])
+                               details=[{"field": field, "message": "required"}])
     return pools[0]
 
 

@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import re
 import secrets
 from typing import Any, Literal
 
@@ -33,7 +34,11 @@ from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Op
 
 VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34")
 MAX_POOL_COUNT = 100
-POOL_NAME = r"^[a-z][a-z0-9-]{0,30}$"  # member names are <pool>-<ordinal>; "cp" is the control plane's
+MAX_POOLS = 16
+# member names are <pool>-<ordinal> ("cp" is the control plane's); a member name is at most 31
+# characters (vm_clone_requests.member, the ledger of every clone): a pool name leaves room for
+# "-99", the highest ordinal of a pool of MAX_POOL_COUNT
+POOL_NAME = r"^[a-z][a-z0-9-]{0,27}$"
 KUBECONFIG_EXPIRY_S = (60, 365 * 86400)
 
 
@@ -54,7 +59,7 @@ class NodePoolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "name": "batch", "count": 2, "cores": 4, "memory_mib": 8192, "disk_gib": 50}]})
 
-    name: StrictStr = Field(pattern=POOL_NAME, description="lower case, 1-31 chars, not 'cp'",
+    name: StrictStr = Field(pattern=POOL_NAME, description="lower case, 1-28 chars, not 'cp'",
                             json_schema_extra={"not": {"const": "cp"}})
     count: StrictInt = Field(ge=0, le=MAX_POOL_COUNT)
     cores: StrictInt = Field(2, ge=1, le=64)
@@ -83,7 +88,7 @@ class ClusterCreate(BaseModel):
     image: StrictStr | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
                                     description="template the members are cloned from (default: the region's first image)")
     control_plane: ControlPlaneSpec
-    node_pools: list[NodePoolSpec] = Field(default_factory=list, max_length=16)
+    node_pools: list[NodePoolSpec] = Field(default_factory=list, max_length=MAX_POOLS)
     address_pool: StrictStr | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
                                            description="the IPv4 pool of the control-plane endpoint")
     labels: schemas.Labels | None = Field(None, description="labels (GET /v1/clusters?label_selector=…)")
@@ -237,7 +242,8 @@ async def create(ctx: CreateContext, spec: ClusterCreate) -> tuple[Cluster, dict
     region = ctx.settings.regions[spec.region]
     image = spec.image or (region.images[0] if region.images else "debian-12")
     cid = new_id("k8s")
-    pool = await addresses.pick_pool(ctx.conn, ctx.settings, spec.region, 4, spec.address_pool)
+    pool = await addresses.pick_pool(ctx.conn, ctx.settings, spec.region, 4, spec.address_pool,
+                                     field="address_pool", family_field="region")
     # its endpoint address counts against the tenant's address quota (as the usage counts it)
     await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1)
     address = await store.address_allocate(ctx.conn, pool_id=pool["id"], tenant_id=ctx.tenant_id, kind="floating",
@@ -272,10 +278,8 @@ def actions(api: ApiResource) -> list[Operation]:
         settings, pool = request.app[SETTINGS], request.app[POOL]
         rid = path_id(request, "k8s", "cluster")
         raw = request.query.get("expiry_s", "3600")
-        try:
-            expiry_s = int(raw)
-        except ValueError:
-            expiry_s = -1
+        # digits only: int() also takes "6_00", " 600", "+600" and other scripts' digits
+        expiry_s = int(raw) if re.fullmatch(r"[0-9]{1,9}", raw) else -1
         if not KUBECONFIG_EXPIRY_S[0] <= expiry_s <= KUBECONFIG_EXPIRY_S[1]:
             raise ValidationFailed(f"expiry_s: must be an integer from {KUBECONFIG_EXPIRY_S[0]} to "
                                    f"{KUBECONFIG_EXPIRY_S[1]} seconds, got {raw!r}",
@@ -292,7 +296,11 @@ def actions(api: ApiResource) -> list[Operation]:
         sealed = await store.cluster_keys_get(pool, rid)
         if sealed is None:
             raise Conflict(f"cluster {rid} has no keys", code="cluster_deleting")
-        material = key.open(rid, *sealed)
+        try:
+            material = key.open(rid, *sealed)
+        except pki.SealError as e:  # another installation key than the one that sealed them
+            raise InstallationKeyMissing(f"{e}: Z9_INSTALLATION_KEY must be the key the cluster was created "
+                                         "with") from e
         user = f"z9-admin-{secrets.token_hex(4)}"
         crt, k, not_after = pki.client_certificate(material["ca.crt"], material["ca.key"], cn=user,
                                                    orgs=("kubeadm:cluster-admins",), expiry_s=expiry_s)
@@ -353,6 +361,10 @@ def actions(api: ApiResource) -> list[Operation]:
         def fn(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if any(p["name"] == spec.name for p in pools):
                 raise Conflict(f"the cluster already has a node pool named {spec.name!r}", code="uniqueness_error")
+            if len(pools) >= MAX_POOLS:
+                raise ValidationFailed(f"node_pools: a cluster has at most {MAX_POOLS} node pools (this one has "
+                                       f"{len(pools)}); remove one first",
+                                       details=[{"field": "node_pools", "message": "too many node pools"}])
             return pools + [spec.model_dump()]
 
         return await _action(request, "POST /clusters/{id}/actions/add-node-pool", spec.model_dump(), fn)

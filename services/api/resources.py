@@ -23,7 +23,7 @@ from z9.common import labels, store
 from z9.common.errors import BadRequest, CheckViolation, Conflict, NotFound, ValidationFailed
 from z9.common.ids import id_pattern, is_id
 from z9.common.notify import JobNotifier
-from z9.common.resources import Buffered, ResourceType
+from z9.common.resources import Buffered, Immediate, ResourceType
 from z9.common.settings import Settings
 
 from . import schemas
@@ -244,10 +244,12 @@ def _rule_message(e: Exception) -> str:
     return str(e).split("\n")[0]
 
 
-def _not_deletable(name: str, rid: str, status: str) -> str:
+def _not_deletable(name: str, rid: str, status: str, *, immediate: bool = False) -> str:
     if status == "deleting":
         return f"{name} {rid} is deleting; cancel the deletion or wait"
     if status == "destroying":
+        if immediate:  # no buffer ever ran (a cluster): the one DELETE already under way goes on
+            return f"{name} {rid} is already being destroyed (its deletion runs; follow its job)"
         return f"{name} {rid} is being destroyed; its deletion buffer has expired"
     return f"{name} {rid} is {status}; it cannot be deleted again"
 
@@ -353,7 +355,8 @@ def _delete_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
                 current = await rt.get(conn, rid, tenant_id)
                 if current is None:
                     raise NotFound(f"no {rt.name} {rid!r}")
-                raise Conflict(_not_deletable(rt.name, current.id, current.status))
+                raise Conflict(_not_deletable(rt.name, current.id, current.status,
+                                              immediate=isinstance(rt.deletion, Immediate)))
             await room_for_a_job(conn, settings, rt.name, row.id)
             job = await store.job_insert(conn, rt.new_job(row, first_kind, max_attempts=settings.max_attempts),
                                          notify=False)

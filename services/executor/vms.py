@@ -105,6 +105,14 @@ def marker(owner: str, member: str = MAIN) -> str:
     return base if member == MAIN else f"{base} member {member}"
 
 
+def carries_marker(description: Any, owner: str, member: str = MAIN) -> bool:
+    """Whether a VM's description holds the marker of exactly (``owner``, ``member``): the marker
+    of member ``a-1`` is a prefix of member ``a-1-0``'s (and ``workers-1`` of ``workers-10``'s), so
+    it must not be followed by another character of a member name. PVE recycles vmids: a clone
+    request of a removed member can name a sibling's VM."""
+    return re.search(re.escape(marker(owner, member)) + r"(?![a-z0-9-])", str(description or "")) is not None
+
+
 def member_of(vm: VmState) -> str:
     """The member a VM of an owner is (``main`` without a member tag)."""
     names = [t[len(MEMBER_PREFIX):] for t in vm.tags if t.startswith(MEMBER_PREFIX)]
@@ -204,7 +212,7 @@ async def find_own_clones(ctx: JobContext, owner: str, requests: list[store.Clon
         st = await ctx.pve.vm_state(m.node, m.vmid)
         if st is None or any(t.startswith("z9-id-") and t != mine for t in st.tags):
             continue
-        if marker(owner, m.member) in str(st.config.get("description", "")):
+        if carries_marker(st.config.get("description"), owner, m.member):
             out.append(st)
         elif st.lock == "clone":
             if await _clone_in_flight(ctx, m):
@@ -212,7 +220,7 @@ async def find_own_clones(ctx: JobContext, owner: str, requests: list[store.Clon
                 continue
             # Our task may have ended between the two reads: then the VM carries our marker now.
             again = await ctx.pve.vm_state(m.node, m.vmid)
-            if again is not None and marker(owner, m.member) in str(again.config.get("description", "")):
+            if again is not None and carries_marker(again.config.get("description"), owner, m.member):
                 out.append(again)
     return out
 
@@ -573,7 +581,7 @@ async def _wait_clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: S
             ctx.touch()
             await asyncio.sleep(ctx.settings.task_poll_s)
     st = await ctx.pve.vm_state(vm.node, vm.vmid)
-    if st is None or spec.marker not in str(st.config.get("description", "")):
+    if st is None or not carries_marker(st.config.get("description"), spec.owner, spec.member):
         raise TemporaryError(f"the clone at VM {vm.vmid} did not produce our VM; observing again")
     world.vm = st
 

@@ -45,8 +45,10 @@ plan     (pure) ``init`` (cp-0, while no API answers) → ``replace`` (a member 
          first; a control plane that is a node is refused, never replaced: it is an etcd member —
          its VM goes, a new instance joins) → ``join`` (every desired member that is not
          a Ready node: booted **in parallel** in one step) → per extra member, highest ordinal
-         first: ``drain`` then ``remove`` → ``detach_bootstrap`` (Ready members still holding
-         their ISO).
+         first: ``drain`` then ``remove`` → ``remove_clone`` (untagged clones, known from the
+         clone ledger, of members no longer desired) → ``detach_bootstrap`` (Ready members still
+         holding their ISO) → ``delete_isos`` (the cluster's ISOs no member boots from: a removed
+         member's, a Ready member's built with a token since replaced).
 apply    each step re-reads what it acts on; clones through the VM machinery's ladder (no second
          clone after a crash); readiness is verified **inside** the guests: ``cloud-init status``
          done, ``kubectl get --raw /readyz`` ``ok`` on control planes, the member a Ready node.
@@ -104,6 +106,8 @@ class World:
     api_member: str | None = None  # the control plane whose API answered
     failed_boot: dict[str, str] = field(default_factory=dict)  # member -> cloud-init error (never joined)
     superseded: str | None = None
+    isos: list[tuple[str, str]] = field(default_factory=list)  # the cluster's bootstrap ISOs: (node, volid)
+    clones: list[VmState] = field(default_factory=list)  # untagged clones of ours for members not desired
 
 
 def desired_members(cluster: Cluster) -> list[MemberSpec]:
@@ -129,7 +133,7 @@ def vm_spec(cluster: Cluster, m: MemberSpec) -> vms.VmSpec:
 
 # ================================================================ observe
 
-async def observe(ctx: JobContext) -> World:
+async def observe(ctx: JobContext, *, with_isos: bool = True) -> World:
     cluster = await CLUSTER.get(ctx.pool, ctx.job.resource_id)
     if cluster is None or cluster.status in ("destroying", "deleted"):
         return World(cluster=cluster, superseded=cluster.status if cluster else "gone")
@@ -144,6 +148,15 @@ async def observe(ctx: JobContext) -> World:
                                  "the extra one")
         world.vms[member] = found[0]
     world.nodes, world.api_member = await read_nodes(ctx, world)
+    if with_isos:
+        world.isos = await cluster_isos(ctx, cluster.id)
+        # clones of members no longer desired that were never tagged (a scale-up cut short before
+        # its configure step, then shrunk back): only the clone ledger knows them
+        desired = {m.name for m in world.desired}
+        requests = [r for r in await vms.clone_requests(ctx, cluster.id) if r.member not in desired]
+        if requests:
+            world.clones = await vms.find_own_clones(ctx, cluster.id, requests,
+                                                     {v.vmid for found in by_member.values() for v in found})
     if world.nodes is not None:
         # A member whose cloud-init failed gets a new VM — a new instance — with a fresh token:
         # its bootstrap ran once and will not run again on that instance. Either it never became
@@ -229,10 +242,24 @@ def plan(job: Job, world: World) -> list[Step]:
     for member in extra:
         steps.append(Step("drain", {"member": member}))
         steps.append(Step("remove", {"member": member}))
+    for vm in world.clones:  # half-made VMs of members no longer desired
+        vms.refuse_if_locked(vm)  # a clone still being made: wait for it (Snooze), then remove it
+        vms.guard_own_clone(world.cluster.id, vm)
+        steps.append(Step("remove_clone", {"vmid": vm.vmid, "node": vm.node}))
     holding = [m for m, vm in world.vms.items()
                if m in desired and nodes.get(m) and m not in joining and _bootstrap_volume(vm)]
     if holding:
         steps.append(Step("detach_bootstrap", {"members": sorted(holding, key=ordinal_key)}))
+    # Bootstrap ISOs (keys, a token) no member will boot from: of a member no longer desired (its
+    # removal cut short between the VM's destroy and the ISO's), or of a Ready member but not the
+    # one attached to it (an earlier attempt's, built with a token since replaced).
+    attached = {_bootstrap_volume(vm) for vm in world.vms.values()}
+    stray = [(n, v) for n, v in world.isos
+             if v not in attached and ((iso_member(world.cluster.id, v) or "") not in desired
+                                       or (nodes.get(iso_member(world.cluster.id, v) or "")
+                                           and iso_member(world.cluster.id, v) not in joining))]
+    if stray:
+        steps.append(Step("delete_isos", {"isos": [list(i) for i in stray]}))
     return steps
 
 
@@ -258,6 +285,12 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         world.vms.pop(step.detail["member"], None)
         if world.nodes is not None:  # drained and deleted before (or never a node): a new instance joins afresh
             world.nodes.pop(step.detail["member"], None)
+    elif step.name == "remove_clone":
+        for name in ("stop", "destroy"):
+            await vms.apply_removal_step(ctx, world.cluster.id, Step(name, {**step.detail, "untagged": True}))
+    elif step.name == "delete_isos":
+        for node, volid in step.detail["isos"]:
+            await delete_iso(ctx, node, volid, step)
     elif step.name == "detach_bootstrap":
         for member in step.detail["members"]:
             vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
@@ -424,6 +457,25 @@ def iso_prefix(cluster_id: str) -> str:
     return f"z9-{cluster_id}-"
 
 
+def iso_member(cluster_id: str, volid: str) -> str | None:
+    """The member a bootstrap ISO of the cluster was built for (``…iso/z9-<cluster>-<member>-<hash16>.iso``)."""
+    m = re.search(r"iso/" + re.escape(iso_prefix(cluster_id)) + r"(?P<member>[a-z0-9-]+)-[0-9a-f]{16}\.iso$", volid)
+    return m["member"] if m else None
+
+
+async def cluster_isos(ctx: JobContext, cluster_id: str) -> list[tuple[str, str]]:
+    """The cluster's bootstrap ISOs on the bootstrap storage as each node sees it (a shared
+    storage's file once, from the first node that sees it; a node-local one's on its node)."""
+    storage = ctx.settings.cluster_bootstrap_storage
+    prefix = f"{storage}:iso/{iso_prefix(cluster_id)}"
+    out: list[tuple[str, str]] = []
+    for node in sorted({v.node for v in await ctx.pve.list_vms()}):
+        for volid in await ctx.pve.storage_isos(node, storage):
+            if volid.startswith(prefix) and volid not in {v for _, v in out}:
+                out.append((node, volid))
+    return out
+
+
 async def _ensure_iso(ctx: JobContext, cluster: Cluster, m: MemberSpec, vm: VmState, token: str | None,
                       step: Step) -> str:
     """Build the member's ISO; upload it unless a file of that (content-addressed) name exists."""
@@ -506,13 +558,19 @@ async def _ready_once(ctx: JobContext, world: World, m: MemberSpec, vm: VmState)
 
 
 async def detach_bootstrap(ctx: JobContext, cluster: Cluster, vm: VmState, step: Step) -> None:
-    """The member is Ready: its ISO (keys, a token) goes — the CD-ROM set to none, the file deleted."""
+    """The member is Ready: its ISO (keys, a token) goes — the CD-ROM set to none, the file
+    deleted, and with it any earlier ISO of the member's (built with a token since replaced)."""
     volid = _bootstrap_volume(vm)
     if volid is None:
         return
     await ctx.fence()
     await ctx.wait_task(step, await ctx.pve.configure(vm.node, vm.vmid, {BOOTSTRAP_DRIVE: "none,media=cdrom"},
                                                       digest=vm.config.get("digest")))
+    member = vms.member_of(vm)
+    storage = volid.split(":", 1)[0]
+    for other in await ctx.pve.storage_isos(vm.node, storage):
+        if other != volid and iso_member(cluster.id, other) == member:
+            await delete_iso(ctx, vm.node, other, step)
     await delete_iso(ctx, vm.node, volid, step)
 
 

@@ -37,26 +37,13 @@ class World:
     isos: list[tuple[str, str]] = field(default_factory=list)  # (node, volid)
 
 
-async def _isos(ctx: JobContext, cluster_id: str) -> list[tuple[str, str]]:
-    """The cluster's bootstrap ISOs on the bootstrap storage as each node sees it (a shared
-    storage's file once, from the first node that sees it; a node-local one's on its node)."""
-    storage = ctx.settings.cluster_bootstrap_storage
-    prefix = f"{storage}:iso/{_cluster.iso_prefix(cluster_id)}"
-    out: list[tuple[str, str]] = []
-    for node in sorted({v.node for v in await ctx.pve.list_vms()}):
-        for volid in await ctx.pve.storage_isos(node, storage):
-            if volid.startswith(prefix) and volid not in {v for _, v in out}:
-                out.append((node, volid))
-    return out
-
-
 async def observe(ctx: JobContext) -> World:
     cluster = await CLUSTER.get(ctx.pool, ctx.job.resource_id)
     if cluster is None or cluster.status != "destroying":
         return World(removal=vms.Removal(superseded=cluster.status if cluster else "gone"))
     recorded = [(int(m["vmid"]), str(m["node"])) for m in cluster.members if m.get("vmid") is not None]
     removal = await vms.observe_removal(ctx, cluster.id, recorded)
-    return World(removal=removal, isos=await _isos(ctx, cluster.id))
+    return World(removal=removal, isos=await _cluster.cluster_isos(ctx, cluster.id))
 
 
 def plan(job: Job, world: World) -> list[Step]:
@@ -79,7 +66,7 @@ async def verify(ctx: JobContext) -> None:
     if cluster is None or cluster.status != "destroying":
         return None
     await vms.verify_removed(ctx, cluster.id)
-    left = await _isos(ctx, cluster.id)
+    left = await _cluster.cluster_isos(ctx, cluster.id)
     if left:
         raise TemporaryError("verify: bootstrap ISOs still on storage: " + ", ".join(v for _, v in left))
 

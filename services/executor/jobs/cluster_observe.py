@@ -26,7 +26,7 @@ STATUSES = ("running", "degraded")
 
 
 async def observe(ctx: JobContext) -> _cluster.World:
-    world = await _cluster.observe(ctx)
+    world = await _cluster.observe(ctx, with_isos=False)
     if world.cluster is not None and world.cluster.status not in STATUSES:
         world.superseded = world.superseded or world.cluster.status
     return world
