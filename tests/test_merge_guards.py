@@ -31,8 +31,8 @@ async def test_every_named_query_prepares(pool: asyncpg.Pool) -> None:
         for name, text in queries().items():
             if "{table}" in text or "{status_type}" in text:
                 texts = [(f"{name}[{rt.table}]", qt(name, rt.table, rt.status_type)) for rt in types]
-            elif re.search(r"\{[a-z_]+\}", text):  # values written as literals (sql.ql): sample ones
-                keys = set(re.findall(r"\{([a-z_]+)\}", text))
+            elif re.search(r"(?<!')\{[a-z_]+\}(?!')", text):  # values as literals (sql.ql): samples
+                keys = set(re.findall(r"(?<!')\{([a-z_]+)\}(?!')", text))
                 texts = [(name, ql(name, **{k: LITERAL_SAMPLES.get(k, "x") for k in keys}))]
             else:
                 texts = [(name, text)]
