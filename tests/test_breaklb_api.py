@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.support import REGION, Stack
+from tests.support import REGION, Stack, make_tenant
 from tests.test_load_balancers import SERVICE, _lb, lb_template  # noqa: F401
 
 
@@ -95,3 +95,26 @@ async def test_update_service_merges_a_partial_health_check(api: Stack) -> None:
     assert status == 202 and out["load_balancer"]["services"][0]["health_check"]["http"] is None, out
     status, out = await api.call("POST", base, json={"listen_port": 80, "health_check": {"port": None}})
     assert status == 422, out
+
+
+async def test_an_ip_target_is_not_another_tenants_address(api: Stack) -> None:
+    """Another tenant's address as an ip target would let the appliances probe and forward to a
+    host this tenant does not own (a server target of another tenant is refused the same way)."""
+    _, other = await make_tenant(api.pool, "neighbour")
+    status, out = await api.call("POST", "/addresses", token=other, json={"region": REGION, "name": "theirs"})
+    assert status == 202, out
+    theirs = out["address"]["ip"]
+    lb, _ = await _lb(api, name="probe", services=[SERVICE])
+    status, out = await api.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
+                                 json={"type": "ip", "ip": theirs})
+    assert status == 422 and out["error"]["details"][0]["field"] == "ip", out
+    status, out = await api.call("POST", "/load-balancers", json={
+        "region": REGION, "name": "probe2", "services": [SERVICE], "targets": [{"type": "ip", "ip": theirs}]})
+    assert status == 422, out
+    # the tenant's own address, and an IP of the pool nobody holds, stay fine as ip targets
+    status, out = await api.call("POST", "/addresses", json={"region": REGION, "name": "mine"})
+    assert status == 202, out
+    for ip in (out["address"]["ip"], "203.0.113.240"):
+        status, out = await api.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
+                                     json={"type": "ip", "ip": ip})
+        assert status == 202, (ip, out)

@@ -1055,6 +1055,12 @@ FROM address_pools p, gone
 WHERE i.address_id = gone.id AND p.id = i.pool_id
 RETURNING host(i.ip) AS ip;
 
+-- name: address_ip_held_by_other_tenant
+-- Whether a live address of region $1 holding IP $2 belongs to a tenant other than $3 (an ip
+-- target of a load balancer must not be another tenant's address; index addresses_ip_live).
+SELECT EXISTS (SELECT 1 FROM addresses WHERE region = $1 AND ip = $2::inet AND status <> 'deleted'
+                                         AND tenant_id <> $3) AS held;
+
 -- name: lb_servers
 -- The target servers of a load balancer, as z9 knows them: status, power and primary IPv4.
 SELECT id, status::text AS status, power_state, host(primary_ipv4) AS ip, region

@@ -719,6 +719,11 @@ async def addresses_release_for_server(db: DB, server_id: str) -> dict[str, str]
     return {r["id"]: r["outcome"] for r in await db.fetch(q("addresses_release_for_server"), server_id)}
 
 
+async def address_ip_held_by_other_tenant(db: DB, region: str, ip: str, tenant_id: str) -> bool:
+    """A live address of ``region`` holding ``ip`` belongs to a tenant other than ``tenant_id``."""
+    return bool(await db.fetchval(q("address_ip_held_by_other_tenant"), region, ip, tenant_id))
+
+
 async def lb_insert(db: DB, *, lb_id: str, tenant_id: str, region: str, name: str, type: str, algorithm: str,
                     services: list[dict[str, Any]], targets: list[dict[str, Any]],
                     labels: dict[str, str] | None = None) -> LoadBalancer:

@@ -272,6 +272,17 @@ async def _check_server_targets(conn: Any, tenant_id: str, region: str, targets:
                            "with public_ipv4: true or assign it a primary address", code="missing_ipv4")
 
 
+async def _check_ip_targets(conn: Any, tenant_id: str, region: str, targets: list[dict[str, Any]]) -> None:
+    """An ip target is not another tenant's address (its appliances would probe and forward to a
+    host the tenant does not own; Hetzner refuses its own cloud's IPs as ip targets outright).
+    The tenant's own servers are server targets; their IPs and foreign hosts are fine as ip ones."""
+    for t in targets:
+        if t["type"] == "ip" and await store.address_ip_held_by_other_tenant(conn, region, t["ip"], tenant_id):
+            raise ValidationFailed(f"ip: {t['ip']} is an address of this cloud that is not yours; a target is one "
+                                   "of your servers (type server) or a host outside the cloud",
+                                   details=[{"field": "ip", "message": "another tenant's address"}])
+
+
 def _check_not_own_address(lb: LoadBalancer, targets: list[dict[str, Any]]) -> None:
     """An ip target is not the load balancer's own VIP or an appliance's address (HAProxy would
     send the traffic back to itself)."""
@@ -291,6 +302,7 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
     services = [s.normalized() for s in spec.services]
     targets = [t.normalized() for t in spec.targets]
     await _check_server_targets(ctx.conn, ctx.tenant_id, spec.region, targets)
+    await _check_ip_targets(ctx.conn, ctx.tenant_id, spec.region, targets)
     pool = await pick_pool(ctx.conn, ctx.settings, spec.region, 4, spec.address_pool)
     # the VIP and one address per appliance are the tenant's addresses (see the module's doc)
     await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1 + APPLIANCES[spec.type])
@@ -451,6 +463,7 @@ def _operations(api: ApiResource) -> list[Operation]:
                 raise Conflict(f"load balancer {lb.id} has {MAX_TARGETS} targets, the most a load balancer has",
                                code="resource_limit_exceeded")
             await _check_server_targets(conn, tenant_id, lb.region, [t])
+            await _check_ip_targets(conn, tenant_id, lb.region, [t])
             _check_not_own_address(lb, [t])
             targets.append(t)
 
