@@ -278,7 +278,7 @@ async def test_create_with_a_public_ipv4_and_tables_that_never_cut_ids(stack: St
     given = json.loads(out)["resource"]["id"]
     code, out, err = await z9(*CREATE, "--name", "cli-ip-2", "--public-ipv4", given, "-o", "json", env=env)
     assert code == 0, err
-    assert json.loads(out)["resource"]["public_ipv4"]["address_id"] == given
+    assert json.loads(out)["resource"]["public_ipv4"]["id"] == given
     code, _, err = await z9(*CREATE, "--name", "cli-ip-3", "--public-ipv4", "nope", env=env)
     assert code == 64 and "an address id" in err, err
     code, out, err = await z9("jobs", "list", env=env)

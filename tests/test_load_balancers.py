@@ -130,6 +130,8 @@ async def test_lb_ha_two_server_targets(stack: Stack, sim: SimAdmin) -> None:
         await c.execute("UPDATE servers SET delete_after = now() WHERE id = $1", a["id"])
 
     async def reconfigured() -> list | None:
+        if (await stack.server(a["id"]))["status"] != "deleted":  # the final delete has not finished
+            return None
         jobs = (await stack.call("GET", f"/jobs?resource_id={lb['id']}"))[1]["jobs"]
         conf = [j for j in jobs if j["kind"] == "LoadBalancerConfigure"]
         return conf if conf and all(j["status"] in ("succeeded", "failed") for j in conf) else None

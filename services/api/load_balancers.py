@@ -104,7 +104,8 @@ class Service(BaseModel):
 
 
 # what Target's validator accepts as an ip target's address: IPv4, not 0.0.0.0, loopback or multicast
-_TARGET_IP = {"type": "string", "format": "ipv4", "not": {"pattern": r"^(0\.0\.0\.0$|127\.|22[4-9]\.|23[0-9]\.)"}}
+# not 0/8, loopback, link-local (169.254/16), multicast (224/4), reserved (240/4) or broadcast
+_TARGET_IP = {"type": "string", "format": "ipv4", "not": {"pattern": r"^(0\.|127\.|169\.254\.|2(2[4-9]|[3-5][0-9])\.)"}}
 
 
 # the two shapes of a target in the document: a server target (server_id, no ip) or an ip target
@@ -378,9 +379,10 @@ class ServiceUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"listen_port": 443, "destination_port": 9443}]})
     listen_port: StrictInt = Field(ge=1, le=65535, description="the service to change")
-    protocol: Literal["tcp", "http"] | None = None
-    destination_port: StrictInt | None = Field(None, ge=1, le=65535)
-    proxyprotocol: StrictBool | None = None
+    # left out: unchanged; an explicit null is not a value (the document says so: no null type)
+    protocol: Literal["tcp", "http"] = None  # type: ignore[assignment]
+    destination_port: StrictInt = Field(None, ge=1, le=65535)  # type: ignore[assignment]
+    proxyprotocol: StrictBool = None  # type: ignore[assignment]
     health_check: HealthCheckChange | None = Field(None, description="the fields of the health check to change")
 
     @field_validator("protocol", "destination_port", "proxyprotocol")
