@@ -147,6 +147,9 @@ async def test_500_concurrent_waiters_over_http(api: Stack) -> None:
     async with aiohttp.ClientSession(connector=conn) as session:
         waiters = [asyncio.create_task(get(api, f"/jobs/{jobs[i % 10]}?wait_s=60", session)) for i in range(500)]
         await wait_until(lambda: w.waiting == 500, 60, "500 waiters to register", interval_s=0.1)
+        # every waiter's first read done before the change: one that reads after it already sees
+        # `running` and rightly waits for the next change (the test raced on that under a slow pool)
+        await wait_until(lambda: w.baselines >= 500, 60, "500 first reads", interval_s=0.1)
         assert len(w._slots) == 10  # coalesced per job id
         assert REGISTRY.get_sample_value("z9_api_job_waiters") == 500
         t0 = time.monotonic()

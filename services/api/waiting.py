@@ -60,6 +60,7 @@ class JobWaiters:
         self.listening = False  # True while the LISTEN connection is established
         self.notifications = 0  # notifications received (tests, benchmarks)
         self.reads = 0  # job reads made after a wakeup (shared by the waiters it woke)
+        self.baselines = 0  # waiters that made their first read (what a change is measured against)
         self._slots: dict[str, _Slot] = {}
         self._task: asyncio.Task[None] | None = None
         self._up = asyncio.Event()
@@ -176,6 +177,7 @@ class JobWaiters:
         with self._watch(job_id) as slot:
             event = slot.event  # taken before the read: a change after it wakes us
             first = await read()
+            self.baselines += 1
             if first is None or first.status in TERMINAL or wait_s <= 0 or self.closing:
                 return first
             deadline = loop.time() + wait_s
