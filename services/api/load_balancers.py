@@ -350,18 +350,25 @@ class ServiceBody(Service):
         {"protocol": "tcp", "listen_port": 443, "destination_port": 8443}]})
 
 
+def _left_out(schema: dict[str, Any]) -> None:
+    """A field that may be left out (unchanged) but is never null: no ``default: null`` in the
+    document (it would not validate against the field's own schema)."""
+    schema.pop("default", None)
+
+
 class HealthCheckChange(BaseModel):
     """``update_service``'s ``health_check``: only the fields given change (Hetzner's semantics);
     the merged check must still satisfy every rule of a health check."""
     model_config = ConfigDict(extra="forbid")
-    protocol: Literal["tcp", "http"] | None = None
-    port: StrictInt | None = Field(None, ge=1, le=65535)
-    interval_s: StrictInt | None = Field(None, ge=3, le=300)
-    timeout_s: StrictInt | None = Field(None, ge=1, le=300)
-    retries: StrictInt | None = Field(None, ge=1, le=10)
+    # left out: unchanged; never null (the document has no null type for them)
+    protocol: Literal["tcp", "http"] = Field(None, json_schema_extra=_left_out)  # type: ignore[assignment]
+    port: StrictInt = Field(None, ge=1, le=65535, json_schema_extra=_left_out)  # type: ignore[assignment]
+    interval_s: StrictInt = Field(None, ge=3, le=300, json_schema_extra=_left_out)  # type: ignore[assignment]
+    timeout_s: StrictInt = Field(None, ge=1, le=300, json_schema_extra=_left_out)  # type: ignore[assignment]
+    retries: StrictInt = Field(None, ge=1, le=10, json_schema_extra=_left_out)  # type: ignore[assignment]
     http: HttpCheck | None = None
 
-    @field_validator("protocol", "port", "interval_s", "timeout_s", "retries")
+    @field_validator("protocol", "port", "interval_s", "timeout_s", "retries", mode="before")
     @classmethod
     def _no_null(cls, v: Any) -> Any:
         if v is None:
@@ -380,12 +387,12 @@ class ServiceUpdate(BaseModel):
         {"listen_port": 443, "destination_port": 9443}]})
     listen_port: StrictInt = Field(ge=1, le=65535, description="the service to change")
     # left out: unchanged; an explicit null is not a value (the document says so: no null type)
-    protocol: Literal["tcp", "http"] = None  # type: ignore[assignment]
-    destination_port: StrictInt = Field(None, ge=1, le=65535)  # type: ignore[assignment]
-    proxyprotocol: StrictBool = None  # type: ignore[assignment]
+    protocol: Literal["tcp", "http"] = Field(None, json_schema_extra=_left_out)  # type: ignore[assignment]
+    destination_port: StrictInt = Field(None, ge=1, le=65535, json_schema_extra=_left_out)  # type: ignore[assignment]
+    proxyprotocol: StrictBool = Field(None, json_schema_extra=_left_out)  # type: ignore[assignment]
     health_check: HealthCheckChange | None = Field(None, description="the fields of the health check to change")
 
-    @field_validator("protocol", "destination_port", "proxyprotocol")
+    @field_validator("protocol", "destination_port", "proxyprotocol", mode="before")
     @classmethod
     def _no_null(cls, v: Any) -> Any:
         """A field left out keeps its value; an explicit null is not a value (422 naming it)."""
