@@ -144,6 +144,8 @@ async def run_size(admin_dsn: str, args: argparse.Namespace, vms: int) -> dict[s
                     region_cfg[r] = await start_sim(procs, r, vms, args.nodes)
                     if args.region_cap and region_cap_supported():
                         region_cfg[r]["max_concurrent_jobs"] = args.region_cap
+                    if args.snapshot_s is not None:
+                        region_cfg[r]["resources_snapshot_s"] = args.snapshot_s
                 env = dict(os.environ, Z9_DATABASE_URL=db.dsn, Z9_LOG_LEVEL="WARNING", Z9_API_RATE_LIMIT_PER_S="0",
                            Z9_REGIONS=json.dumps(region_cfg), Z9_EXECUTOR_CONCURRENCY=str(args.concurrency),
                            Z9_METRICS_PORT="0")
@@ -173,6 +175,8 @@ async def run_size(admin_dsn: str, args: argparse.Namespace, vms: int) -> dict[s
                         await asyncio.sleep(0.1)
                     await asyncio.sleep(2.0)  # executors connected and listening
                     cpu0 = {p.pid: _proc_cpu(p.pid) for p in executors}
+                    sims = [p for name, p in procs.procs if name.startswith("sim-")]
+                    sim_cpu0 = {p.pid: _proc_cpu(p.pid) for p in sims}
                     load_before = load1()
                     t0 = time.time()
                     sem = asyncio.Semaphore(16)
@@ -205,6 +209,7 @@ async def run_size(admin_dsn: str, args: argparse.Namespace, vms: int) -> dict[s
                             break
                         await asyncio.sleep(0.2)
                     cpu = sum(_proc_cpu(p.pid) - cpu0[p.pid] for p in executors)
+                    sim_cpu = sum(_proc_cpu(p.pid) - sim_cpu0[p.pid] for p in sims)
                     rows = await conn.fetch(
                         "SELECT status, extract(epoch FROM created_at) AS c, extract(epoch FROM started_at) AS s, "
                         "extract(epoch FROM finished_at) AS f FROM jobs WHERE kind = 'ServerCreate'")
@@ -238,7 +243,7 @@ async def run_size(admin_dsn: str, args: argparse.Namespace, vms: int) -> dict[s
                 line = {
                     "lib": "z9", "workload": "scale_creates", "regions": args.regions, "vms_per_region": vms,
                     "nodes": args.nodes, "executors_per_region": args.executors, "concurrency": args.concurrency,
-                    "region_cap": args.region_cap if region_cap_supported() else None,
+                    "region_cap": args.region_cap if region_cap_supported() else None, "snapshot_s": args.snapshot_s,
                     "peak_running_per_region": peak_running,
                     "creates": n, "failed": sum(1 for r in rows if r["status"] != "succeeded"), "duplicates": dup,
                     "seconds": round(end - t0, 2), "jobs_per_s": round(len(done) / max(end - t0, 1e-9), 2),
@@ -247,6 +252,7 @@ async def run_size(admin_dsn: str, args: argparse.Namespace, vms: int) -> dict[s
                     "clone_requests_per_job": round(reqs(lambda x: x["method"] == "POST" and x["path"].endswith("/clone"))
                                                     / max(n, 1), 3),
                     "executor_cpu_ms_per_job": round(cpu * 1000 / max(n, 1), 1),
+                    "simulator_cpu_ms_per_job": round(sim_cpu * 1000 / max(n, 1), 1),
                     "p50_run_s": round(pct(run_s, 50), 2) if run_s else None,
                     "p99_run_s": round(pct(run_s, 99), 2) if run_s else None,
                     "p99_latency_s": round(pct(lat_s, 99), 2) if lat_s else None,
@@ -271,15 +277,69 @@ async def main() -> None:
     p.add_argument("--region-cap", type=int, default=None,
                    help="per-region cap on concurrent jobs across executors (max_concurrent_jobs)")
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--snapshot-s", type=float, default=None,
+                   help="the regions' resources_snapshot_s (default: the setting's default)")
+    p.add_argument("--own-server", choices=("auto", "yes", "no"), default="auto",
+                   help="run on a PostgreSQL of the benchmark's own (Debian's initdb, a temp folder, "
+                        "max_connections sized to the run): 'auto' when the server at --dsn allows too "
+                        "few connections for regions × executors × (concurrency + 6)")
     args = p.parse_args()
+    own = await maybe_own_server(args)
+    try:
+        await _main(args)
+    finally:
+        if own is not None:
+            own.stop()
+            from pgcluster import remove_workdir
+
+            remove_workdir(own.datadir.parent)
+
+
+def connections_needed(args: argparse.Namespace) -> int:
+    """Every executor's pool (C + 4), its LISTEN connection and a spare; the API, the scheduler and
+    the benchmark's own connections."""
+    return args.regions * args.executors * (args.concurrency + 6) + 60
+
+
+async def maybe_own_server(args: argparse.Namespace) -> Any:
+    need = connections_needed(args)
+    if args.own_server == "no":
+        return None
+    if args.own_server == "auto":
+        conn = await asyncpg.connect(args.dsn)
+        try:
+            have = int(await conn.fetchval("SHOW max_connections"))
+        finally:
+            await conn.close()
+        if have >= need:
+            return None
+        print(f"# {args.dsn} allows {have} connections, the run needs about {need}: "
+              "starting a PostgreSQL of the benchmark's own", file=sys.stderr, flush=True)
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    from pgcluster import PgServer, free_port as pg_port, make_workdir, pg_bindir
+
+    bindir = pg_bindir()
+    if bindir is None:
+        raise SystemExit(f"the run needs about {need} connections and no Debian PostgreSQL binaries "
+                         "(initdb) are installed: pass --dsn of a server with max_connections >= that")
+    work = make_workdir("z9-scale-pg-")
+    # the machine's defaults but for the connections: fsync and synchronous_commit on
+    server = PgServer(bindir, work / "data", pg_port(), "scale").initdb(max_connections=str(need + 40))
+    server.conf(fsync="on", synchronous_commit="on")  # the last line wins over initdb()'s fsync=off
+    server.start()
+    args.dsn = server.url()
+    return server
+
+
+async def _main(args: argparse.Namespace) -> None:
     print(json.dumps({"lib": "z9", "workload": "environment", "cpus": os.cpu_count(), "load1": round(load1(), 2),
                       "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
-                      "at": now_iso()}), flush=True)
+                      "at": now_iso(), "dsn_host": args.dsn.split("@")[-1].split("/")[0]}), flush=True)
     big = await run_size(args.dsn, args, args.vms)
     if args.compare_vms:
         small = await run_size(args.dsn, args, args.compare_vms)
         ratio = {k: round(big[k] / small[k], 2) if small.get(k) else None
-                 for k in ("pve_requests_per_job", "executor_cpu_ms_per_job", "p50_run_s", "p99_run_s", "p99_latency_s")}
+                 for k in ("pve_requests_per_job", "executor_cpu_ms_per_job", "simulator_cpu_ms_per_job", "p50_run_s", "p99_run_s", "p99_latency_s")}
         ratio["jobs_per_s"] = round(small["jobs_per_s"] / big["jobs_per_s"], 2) if big["jobs_per_s"] else None
         print(json.dumps({"lib": "z9", "workload": "scale_compare", "big_vms": args.vms, "small_vms": args.compare_vms,
                           "cost_ratio_big_over_small": ratio, "goal": "<= 1.2", "at": now_iso()}), flush=True)

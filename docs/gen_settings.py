@@ -129,6 +129,13 @@ REGION_DESCRIPTIONS: dict[str, str] = {
                             "cluster itself, and confirms each VM by its own config; a job that needs a newer listing "
                             "(after its claim, after a disagreement) waits for one. 0: a new listing for every lookup "
                             "not already sharing one in flight.",
+    "resources_snapshot_create_s": "How old that snapshot may be for a create's lookup of its VM and the template "
+                                   "lookup (seconds), which have an authority of their own for \"none\": the create's "
+                                   "clone ledger names every VM z9 cloned for it (each read on its node), and no "
+                                   "template found in an older snapshot makes a listing newer than the job's claim. "
+                                   "Longer than `resources_snapshot_s` so a busy region of 10,000 VMs is not listed "
+                                   "for every few creates (bench/README.md, issue 13). Never shorter than "
+                                   "`resources_snapshot_s` in effect.",
     "max_concurrent_jobs": "Most jobs of the region running at once, across every executor process serving it (the "
                            "hypervisor is the limit, not z9). Enforced in the claim: a per-region transaction-scoped "
                            "advisory lock serializes the region's claims, which count its running jobs with an "

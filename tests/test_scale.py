@@ -117,6 +117,48 @@ async def test_no_vm_is_only_answered_from_a_listing_newer_than_the_claim(
         pve.close()
 
 
+async def test_a_create_takes_an_older_snapshot_than_other_lookups(settings: Settings, sim: SimAdmin) -> None:
+    """``resources_snapshot_create_s``: a create's lookups (candidates confirmed, "none" answered by
+    the clone ledger) share a snapshot older than ``resources_snapshot_s``; any other lookup lists
+    again once the short age has passed."""
+    pve = ProxmoxClient(REGION, settings.regions[REGION].model_copy(
+        update={"resources_snapshot_s": 0.5, "resources_snapshot_create_s": 30.0}))
+    try:
+        owner = "srv_createsnap"
+        ctx = SimpleNamespace(pve=pve, claimed_at=time.monotonic())
+        assert await vms.find_vms(ctx, owner, fresh_negative=False) == []
+        assert await _count(sim, *LIST) == 1
+        await asyncio.sleep(0.7)  # older than resources_snapshot_s, younger than the create age
+        assert await vms.find_vms(ctx, owner, fresh_negative=False) == []
+        assert (await vms.find_template(ctx, "debian-12")) is not None
+        assert await _count(sim, *LIST) == 1
+        await pve.list_vms()  # any other lookup: too old for it
+        assert await _count(sim, *LIST) == 2
+    finally:
+        pve.close()
+
+
+async def test_no_template_is_only_answered_from_a_listing_newer_than_the_claim(
+        settings: Settings, sim: SimAdmin) -> None:
+    """The template lookup takes the older snapshot, but a template made after it (an image
+    imported meanwhile) is not missed by a job claimed after that: "none" needs a newer listing."""
+    pve = _client(settings, 30.0)
+    try:
+        ctx = SimpleNamespace(pve=pve, claimed_at=time.monotonic())
+        await pve.list_vms()
+        assert await vms.find_template(ctx, "fresh-image") is None  # snapshot newer than the claim: no listing
+        assert await _count(sim, *LIST) == 1
+        await sim.set_config(100, template=1, name="fresh-image")
+        ctx.claimed_at = time.monotonic()
+        tpl = await vms.find_template(ctx, "fresh-image")
+        assert tpl is not None and tpl.vmid == 100
+        assert await _count(sim, *LIST) == 2
+        assert await vms.find_template(ctx, "fresh-image") is not None  # now in the snapshot
+        assert await _count(sim, *LIST) == 2
+    finally:
+        pve.close()
+
+
 async def test_vmid_lanes_keep_a_process_apart_from_itself_and_others(settings: Settings, sim: SimAdmin) -> None:
     a, b = _client(settings, 1.5), _client(settings, 1.5)
     try:

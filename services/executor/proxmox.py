@@ -271,10 +271,13 @@ class ClusterView:
     own changes (tags set by a configure, a VM gone after a destroy) are seen at once.
     ``fetches`` counts the listings sent, ``shared`` the lookups answered without one."""
 
-    def __init__(self, fetch: Callable[[], Awaitable[list[dict[str, Any]]]], max_age_s: float, region: str = ""):
+    def __init__(self, fetch: Callable[[], Awaitable[list[dict[str, Any]]]], max_age_s: float, region: str = "",
+                 create_max_age_s: float | None = None):
         self._fetch = fetch
         self.region = region
         self.max_age_s = max_age_s
+        # for lookups with an authority of their own for "none" (get(for_create=True))
+        self.create_max_age_s = max(max_age_s, create_max_age_s if create_max_age_s is not None else max_age_s)
         self._snap: ClusterSnapshot | None = None
         self._inflight: asyncio.Future | None = None
         self._inflight_started = 0.0
@@ -287,10 +290,13 @@ class ClusterView:
         """The newest snapshot received, whatever its age (None before the first)."""
         return self._snap
 
-    async def get(self, not_before: float | None = None) -> ClusterSnapshot:
+    async def get(self, not_before: float | None = None, *, for_create: bool = False) -> ClusterSnapshot:
+        """A snapshot requested no earlier than ``not_before`` and at most ``max_age_s`` old —
+        ``create_max_age_s`` with ``for_create`` (callers whose "none" has another authority)."""
         floor = float("-inf") if not_before is None else not_before
+        max_age = self.create_max_age_s if for_create else self.max_age_s
         snap = self._snap
-        if snap is not None and snap.started >= floor and time.monotonic() - snap.started <= self.max_age_s:
+        if snap is not None and snap.started >= floor and time.monotonic() - snap.started <= max_age:
             self.shared += 1
             metrics.proxmox_snapshot_lookup(self.region, "shared")
             return snap
@@ -412,7 +418,8 @@ class ProxmoxClient:
         )
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix=f"pve-{region}")
         metrics.init_proxmox(region, ENDPOINTS)
-        self.view = ClusterView(self._fetch_vms, settings.resources_snapshot_s, region)
+        self.view = ClusterView(self._fetch_vms, settings.resources_snapshot_s, region,
+                                settings.resources_snapshot_create_s)
         self._vmid_lane = random.SystemRandom().randrange(VMID_LANES)
         self._vmids_asked: dict[int, float] = {}
 
@@ -463,11 +470,13 @@ class ProxmoxClient:
         return await self._call("GET /cluster/resources", "list VMs",
                                 lambda: self._get_rows("/cluster/resources", type="vm")) or []
 
-    async def snapshot(self, *, not_before: float | None = None) -> "ClusterSnapshot":
+    async def snapshot(self, *, not_before: float | None = None, for_create: bool = False) -> "ClusterSnapshot":
         """This process's shared ``/cluster/resources`` snapshot (:class:`ClusterView`): at most
-        ``resources_snapshot_s`` old, and requested no earlier than ``not_before``
-        (``time.monotonic()``) when given. Concurrent callers share one request in flight."""
-        return await self.view.get(not_before)
+        ``resources_snapshot_s`` old (``resources_snapshot_create_s`` with ``for_create``: a
+        caller whose "none" has an authority of its own), and requested no earlier than
+        ``not_before`` (``time.monotonic()``) when given. Concurrent callers share one request in
+        flight."""
+        return await self.view.get(not_before, for_create=for_create)
 
     async def list_vms(self, *, not_before: float | None = None) -> list[VmRef]:
         """Every VM and template of the cluster, from the shared snapshot (see :meth:`snapshot`)

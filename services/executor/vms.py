@@ -137,12 +137,13 @@ async def find_vms(ctx: JobContext, owner: str, member: str | None = None, *,
     - "no such VM" is only answered from a listing requested after this attempt was claimed
       (``fresh_negative``), unless the caller has an authority of its own for the negative: a
       create's clone ledger (``vm_clone_requests``) names every VM z9 ever cloned for the member,
-      each read on its node (:func:`observe_member`).
+      each read on its node (:func:`observe_member`). Such a caller (``fresh_negative=False``)
+      takes an older snapshot too (``resources_snapshot_create_s``): it only names candidates.
     """
     tag = identity_tag(owner)
     not_before: float | None = None
     for again in (False, True):
-        snap = await ctx.pve.snapshot(not_before=not_before)
+        snap = await ctx.pve.snapshot(not_before=not_before, for_create=not fresh_negative)
         out, disagree = [], None
         for ref in snap.tagged(tag):
             st = await ctx.pve.vm_state(ref.node, ref.vmid)
@@ -183,13 +184,20 @@ async def find_template(ctx: JobContext, image: str) -> VmState | None:
     """The template whose config is named ``image`` now. ``/cluster/resources`` has the template
     flag fresh but names from a stats cache that lags (proxmox-api.md): it only orders the
     candidates — the templates it lists under that name are read first — and each one's config on
-    its node decides. None when no template has that name (yet)."""
-    refs = sorted((await ctx.pve.snapshot()).templates(), key=lambda v: (v.name != image, v.vmid))
-    for ref in refs:
-        st = await ctx.pve.vm_state(ref.node, ref.vmid)
-        if st is not None and st.config.get("name") == image and str(st.config.get("template", "0")) == "1":
-            return st
-    return None
+    its node decides. None when no template has that name (yet) in a listing newer than the job's
+    claim: the first look takes the process's snapshot up to ``resources_snapshot_create_s`` old
+    (templates change rarely, and each candidate is read on its node), and only "none" there asks
+    for a newer one."""
+    snap = await ctx.pve.snapshot(for_create=True)
+    while True:
+        refs = sorted(snap.templates(), key=lambda v: (v.name != image, v.vmid))
+        for ref in refs:
+            st = await ctx.pve.vm_state(ref.node, ref.vmid)
+            if st is not None and st.config.get("name") == image and str(st.config.get("template", "0")) == "1":
+                return st
+        if snap.started >= ctx.claimed_at:
+            return None
+        snap = await ctx.pve.snapshot(not_before=ctx.claimed_at)
 
 
 async def clone_requests(ctx: JobContext, owner: str, member: str | None = None) -> list[store.CloneRequest]:
