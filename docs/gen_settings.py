@@ -79,6 +79,11 @@ DESCRIPTIONS: dict[str, str] = {
     "api_rate_limit_burst": "Rate limit per API token and API process: the bucket's size (requests allowed at once).",
     # executor
     "executor_concurrency": "Jobs one executor runs at once (`z9 executor --concurrency`).",
+    "trace_uneventful_ratio": "With OTLP export on: the share of uneventful job attempts (succeeded with an empty "
+                              "plan: a job run a second time, a periodic observe that found nothing to change) "
+                              "whose spans are exported. Every other attempt is exported whole; an attempt's "
+                              "spans are kept as plain records until it has something to do, so an uneventful "
+                              "one costs no SDK span and no export (README, Traces). 1: every attempt.",
     "lease_ttl_s": "Lease of a running job; an executor that stops renewing it loses the job to the scheduler's reclaim.",
     "heartbeat_s": "How often an executor renews the leases of its running jobs (shorter than `Z9_LEASE_TTL_S`).",
     "poll_interval_s": "Fallback claim poll of executors (besides NOTIFY), and the LISTEN connection's liveness check.",

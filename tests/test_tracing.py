@@ -423,6 +423,7 @@ async def test_a_malformed_stored_trace_context_does_not_stop_the_job(stack: Sta
                                                                         bad: Any) -> None:
     """A job row whose ``trace_context`` is not a ``{str: str}`` W3C carrier runs normally, in a
     trace of its own (it used to crash the job span before the job ran, until the lease expired)."""
+    stack.settings.trace_uneventful_ratio = 1.0  # the start of a running server has nothing to do
     server, job = await stack.create_server("traced-bad")
     assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
     async with stack.pool.acquire() as conn, conn.transaction():
@@ -454,3 +455,74 @@ async def test_the_final_delete_continues_the_delete_request_trace(stack: Stack,
     assert _traceparent_trace_id(row.trace_context) == http.context.trace_id
     [js] = await _job_spans(spans, final["id"], 1)
     assert js.context.trace_id == http.context.trace_id
+
+
+# ------------------------------------------------------------------------------ uneventful attempts
+
+
+async def _start_running_server(stack: Stack, name: str) -> tuple[dict[str, Any], str]:
+    """A created (running) server and the id of a ServerStart job for it, which finds nothing to do."""
+    server, job = await stack.create_server(name)
+    assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
+    async with stack.pool.acquire() as conn, conn.transaction():
+        start = await store.job_insert(conn, store.NewJob(
+            kind="ServerStart", region=REGION, tenant_id=stack.tenant_id,
+            resource_type="server", resource_id=server["id"]))
+    done = await stack.wait_job(start.id, timeout_s=20)
+    assert done["status"] == "succeeded" and done["steps"] == [], done
+    return server, start.id
+
+
+async def test_an_uneventful_attempt_is_not_exported_unless_sampled(stack: Stack,
+                                                                     spans: InMemorySpanExporter) -> None:
+    """Issue 14: an attempt that succeeds with nothing to do leaves no span at all (its phase,
+    Proxmox-call and query spans included) at ``trace_uneventful_ratio`` 0, and is exported whole,
+    phases under its job span, at 1."""
+    stack.settings.trace_uneventful_ratio = 0.0
+    _, quiet = await _start_running_server(stack, "traced-quiet")
+    await asyncio.sleep(0.3)  # a job span ends just after its final write
+    assert not [s for s in spans.get_finished_spans() if s.attributes.get("job.id") == quiet]
+    created = [s for s in spans.get_finished_spans() if s.name == "job ServerCreate"]
+    assert len(created) == 1  # the create had something to do: exported
+    everything = spans.get_finished_spans()
+    index = _by_id(everything)
+    # nothing of the quiet attempt: every span left is the create's, the API's or the simulator's
+    assert all(not s.name.startswith(("observe", "plan", "verify")) or _descends(s, created[0], index)
+               for s in everything)
+
+    stack.settings.trace_uneventful_ratio = 1.0
+    spans.clear()
+    _, sampled = await _start_running_server(stack, "traced-sampled")
+    [js] = await _job_spans(spans, sampled, 1)
+    everything = _trace(spans, js.context.trace_id)
+    children = sorted(_children(js, everything), key=lambda s: s.start_time)
+    assert [c.name for c in children] == ["observe", "plan", "verify"]
+    assert all(js.start_time <= c.start_time <= c.end_time <= js.end_time for c in children)
+    assert children[0].end_time <= children[1].start_time <= children[1].end_time <= children[2].start_time
+    observe_calls = [s for s in everything if _descends(s, children[0], _by_id(everything))]
+    assert observe_calls and all(s.kind == SpanKind.CLIENT for s in observe_calls)
+
+
+async def test_an_eventful_attempt_keeps_the_spans_recorded_before_its_plan(stack: Stack, sim: SimAdmin,
+                                                                           spans: InMemorySpanExporter) -> None:
+    """A stop of a running server has something to do: its observe and plan spans (kept as records
+    while the attempt was deferred) are exported with their own times under the job span, before
+    apply; the queries of the attempt are traced from apply on. (A failed or retried attempt is
+    eventful too: test_a_retried_job_keeps_both_attempts_in_the_request_trace runs at the default
+    ratio.)"""
+    stack.settings.trace_uneventful_ratio = 0.0
+    server, job = await stack.create_server("traced-stop")
+    assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
+    status, out = await stack.call("POST", f"/servers/{server['id']}/actions/shutdown")
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"]))["status"] == "succeeded"
+    [js] = await _job_spans(spans, out["job"]["id"], 1)
+    everything = _trace(spans, js.context.trace_id)
+    index = _by_id(everything)
+    phases = sorted((s for s in _children(js, everything) if s.name in PHASES), key=lambda s: s.start_time)
+    assert [p.name for p in phases] == list(PHASES)
+    assert all(a.end_time <= b.start_time for a, b in zip(phases, phases[1:]))
+    db = [s for s in everything if s.instrumentation_scope.name == ASYNCPG_SCOPE and _descends(s, js, index)]
+    assert db and all(not _descends(s, phases[0], index) for s in db)  # observe's queries: not traced
+    assert all(s.start_time >= phases[1].end_time for s in db)
+

@@ -213,6 +213,9 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(20.0, ge=0)
     snooze_s: float = Field(5.0, gt=0)
     snooze_limit_s: float = Field(1800.0, ge=0)
+    # With OTLP export on: the share of job attempts that ended succeeded with nothing to do (an
+    # empty plan) whose spans are exported anyway; eventful attempts are always exported whole.
+    trace_uneventful_ratio: float = Field(0.01, ge=0.0, le=1.0)
     # A mutation whose answer was lost may still be performed this long afterwards (seconds).
     uncertain_window_s: float = Field(120.0, ge=0)
 

@@ -19,6 +19,17 @@ every other standard ``OTEL_*`` variable (headers, timeout, compression, certifi
 ``OTEL_BSP_*`` batching, ``OTEL_TRACES_SAMPLER``, ``OTEL_SERVICE_NAME``,
 ``OTEL_RESOURCE_ATTRIBUTES``) is read by the SDK itself.
 
+Uneventful job attempts are not exported (issue 14: with every attempt traced, OTLP export cost
+a no-op drain(16) about two thirds of its throughput). A job attempt's spans are first kept as
+plain records (:func:`job_span`): no SDK span, no export, the asyncpg instrumentation suppressed.
+As soon as the attempt has something to do (a non-empty plan: :func:`materialize`), the records
+become real spans with their recorded times and everything after is traced as usual. An attempt
+that ends with nothing done and no error — a job run the second time, a periodic observe that
+found everything as it should be — is dropped, except a ``trace_uneventful_ratio`` share of them
+(``Z9_TRACE_UNEVENTFUL_RATIO``, 0.01). A failed, retried, snoozed or lost attempt is always
+exported whole. The queries of observe and plan of an attempt are not traced (suppressed while
+deferred); its Proxmox calls are.
+
 Database queries that run outside any span (the scheduler's passes, the executor's claim
 polls, LISTEN health checks) would each start a one-span trace every second or so; the
 sampler drops them (:class:`SkipOrphanQueries`).
@@ -26,14 +37,19 @@ sampler drops them (:class:`SkipOrphanQueries`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
+import random
 import socket
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ContextManager, Iterator, Mapping, Sequence
 
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 log = logging.getLogger("z9.tracing")
@@ -248,7 +264,10 @@ def record_error(exc: BaseException, span: Any = None) -> None:
     """Mark ``span`` (default: the current span) failed by ``exc``: status ERROR with the
     message, an ``exception`` event, ``error.type`` (the exception class) and ``z9.error_class``
     (:func:`error_class`)."""
-    span = span if span is not None else trace.get_current_span()
+    if span is None:
+        jt = _job_trace.get()
+        span = (_DeferredSpan(_current_rec.get() or jt.job_rec) if jt is not None and jt.deferred
+                else trace.get_current_span())
     if not span.is_recording():
         return
     span.set_status(Status(StatusCode.ERROR, f"{exc.__class__.__name__}: {exc}"))
@@ -282,6 +301,9 @@ def span(name: str, attributes: Mapping[str, Any] | None = None, *, kind: SpanKi
     (``bench/tracing_overhead.py`` measures both)."""
     if not _active:
         return _OFF
+    jt = _job_trace.get()
+    if jt is not None and jt.deferred and parent is None:
+        return _deferred_span(jt, name, attributes, kind)
     return _recording_span(name, attributes, kind, parent)
 
 
@@ -305,10 +327,183 @@ def job_attributes(job: Any) -> dict[str, Any]:
     return attrs
 
 
-def job_span(job: Any) -> ContextManager[Any]:
+def job_span(job: Any, uneventful_ratio: float = 1.0) -> ContextManager[Any]:
     """The span of one attempt of ``job`` (``job <Kind>``), a child of the context stored in
-    its row when there is one; set ``job.outcome`` on it when the attempt ends."""
+    its row when there is one; set ``job.outcome`` on it when the attempt ends. Deferred (see the
+    module docstring): exported only once the attempt has something to do (:func:`materialize`),
+    fails, or does not end ``succeeded`` — else with probability ``uneventful_ratio``."""
     if not _active:
         return _OFF
-    return _recording_span(f"job {job.kind}", job_attributes(job), SpanKind.CONSUMER,
-                           context_from(job.trace_context))
+    return _deferred_job(job, uneventful_ratio)
+
+
+# ------------------------------------------------------------------------------ deferred job spans
+
+
+class _Rec:
+    """A span of a deferred job attempt, kept as data until the attempt proves eventful."""
+
+    __slots__ = ("name", "attributes", "kind", "start", "end", "parent", "status", "events", "real")
+
+    def __init__(self, name: str, attributes: Mapping[str, Any] | None, kind: SpanKind, parent: "_Rec | None"):
+        self.name, self.kind, self.parent = name, kind, parent
+        self.attributes: dict[str, Any] = dict(attributes) if attributes else {}
+        self.start = time.time_ns()
+        self.end: int | None = None
+        self.status: Status | None = None
+        self.events: list[tuple[str, Any, int]] = []  # (name or "exception", attributes or exc, time)
+        self.real: Any = None  # the SDK span, once materialized
+
+
+class _DeferredSpan:
+    """What a ``with`` of :func:`span` yields while the job attempt is deferred: it keeps what is
+    set on it in its record (and passes it on to the real span once there is one)."""
+
+    __slots__ = ("rec",)
+
+    def __init__(self, rec: _Rec):
+        self.rec = rec
+
+    def is_recording(self) -> bool:
+        return True
+
+    def get_span_context(self) -> Any:
+        return self.rec.real.get_span_context() if self.rec.real is not None else trace.INVALID_SPAN_CONTEXT
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.rec.attributes[key] = value
+        if self.rec.real is not None:
+            self.rec.real.set_attribute(key, value)
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        for k, v in attributes.items():
+            self.set_attribute(k, v)
+
+    def set_status(self, status: Any, description: str | None = None) -> None:
+        self.rec.status = status if isinstance(status, Status) else Status(status, description)
+        if self.rec.real is not None:
+            self.rec.real.set_status(self.rec.status)
+
+    def record_exception(self, exception: BaseException, attributes: Any = None, timestamp: int | None = None,
+                         escaped: bool = False) -> None:
+        self.rec.events.append(("exception", exception, timestamp or time.time_ns()))
+        if self.rec.real is not None:
+            self.rec.real.record_exception(exception, attributes, timestamp, escaped)
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
+        self.rec.events.append((name, attributes, timestamp or time.time_ns()))
+        if self.rec.real is not None:
+            self.rec.real.add_event(name, attributes, timestamp)
+
+
+class _JobTrace:
+    """One job attempt's trace while deferred: its records in start order (parents first)."""
+
+    __slots__ = ("job_rec", "parent_ctx", "records", "deferred", "token")
+
+    def __init__(self, name: str, attributes: dict[str, Any], parent_ctx: Any):
+        self.job_rec = _Rec(name, attributes, SpanKind.CONSUMER, None)
+        self.parent_ctx = parent_ctx
+        self.records: list[_Rec] = []
+        self.deferred = True  # False once materialized, or once the attempt ended
+        self.token: Any = None  # the context attached by materialize()
+
+    def eventful(self) -> bool:
+        """Something to keep: an error anywhere, or an outcome other than ``succeeded``."""
+        if self.job_rec.attributes.get("job.outcome", "succeeded") != "succeeded":
+            return True
+        return any(r.status is not None and r.status.status_code == StatusCode.ERROR
+                   for r in (self.job_rec, *self.records))
+
+
+_job_trace: contextvars.ContextVar[_JobTrace | None] = contextvars.ContextVar("z9_job_trace", default=None)
+_current_rec: contextvars.ContextVar[_Rec | None] = contextvars.ContextVar("z9_job_trace_rec", default=None)
+
+
+@contextmanager
+def _deferred_span(jt: _JobTrace, name: str, attributes: Mapping[str, Any] | None, kind: SpanKind) -> Iterator[Any]:
+    rec = _Rec(name, attributes, kind, _current_rec.get())
+    jt.records.append(rec)
+    token = _current_rec.set(rec)
+    stand_in = _DeferredSpan(rec)
+    try:
+        yield stand_in
+    except BaseException as exc:
+        record_error(exc, stand_in)
+        raise
+    finally:
+        rec.end = time.time_ns()
+        _current_rec.reset(token)
+        if rec.real is not None:  # materialized while it was open
+            rec.real.end(end_time=rec.end)
+
+
+@contextmanager
+def _deferred_job(job: Any, ratio: float) -> Iterator[Any]:
+    parent = context_from(job.trace_context)
+    jt = _JobTrace(f"job {job.kind}", job_attributes(job), parent)
+    # the request's trace stays current (log lines carry its id); instrumented queries are not traced
+    ctx_token = otel_context.attach(otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True, parent))
+    jt_token, rec_token = _job_trace.set(jt), _current_rec.set(None)
+    stand_in = _DeferredSpan(jt.job_rec)
+    try:
+        yield stand_in
+    except BaseException as exc:
+        record_error(exc, stand_in)
+        raise
+    finally:
+        jt.job_rec.end = time.time_ns()
+        try:
+            if jt.deferred and (jt.eventful() or (ratio > 0 and random.random() < ratio)):
+                _materialize(jt)
+            if jt.job_rec.real is not None:
+                jt.job_rec.real.end(end_time=jt.job_rec.end)
+        except Exception:  # tracing is best effort: never fail a job over it
+            log.warning("recording the trace of job %s failed", job.id, exc_info=True)
+        finally:
+            jt.deferred = False
+            if jt.token is not None:
+                otel_context.detach(jt.token)
+            _current_rec.reset(rec_token)
+            _job_trace.reset(jt_token)
+            otel_context.detach(ctx_token)
+
+
+def _replay(rec: _Rec, parent_span: Any) -> Any:
+    s = _tracer.start_span(rec.name, context=trace.set_span_in_context(parent_span), kind=rec.kind,
+                           attributes=rec.attributes, start_time=rec.start, record_exception=False,
+                           set_status_on_exception=False)
+    for name, what, at in rec.events:
+        if name == "exception":
+            s.record_exception(what, timestamp=at)
+        else:
+            s.add_event(name, what, at)
+    if rec.status is not None:
+        s.set_status(rec.status)
+    rec.real = s
+    return s
+
+
+def _materialize(jt: _JobTrace) -> None:
+    """Turn the attempt's records into SDK spans (recorded times, same parents); records still
+    open get their real span ended when they end."""
+    jt.deferred = False
+    root = _replay(jt.job_rec, trace.get_current_span(jt.parent_ctx or otel_context.Context()))
+    for rec in jt.records:
+        s = _replay(rec, rec.parent.real if rec.parent is not None else root)
+        if rec.end is not None:
+            s.end(end_time=rec.end)
+
+
+def materialize() -> None:
+    """The current job attempt has something to do: export it (its spans so far, with their
+    times) and trace the rest of it as usual — spans and instrumented queries. No-op when tracing
+    is off, outside a job, or when already done."""
+    jt = _job_trace.get()
+    if jt is None or not jt.deferred:
+        return
+    _materialize(jt)
+    cur = _current_rec.get()
+    span_ = cur.real if cur is not None else jt.job_rec.real
+    jt.token = otel_context.attach(otel_context.set_value(
+        _SUPPRESS_INSTRUMENTATION_KEY, False, trace.set_span_in_context(span_)))

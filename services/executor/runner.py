@@ -63,6 +63,8 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
             with metrics.phase(job, "plan"), tracing.span("plan", {"z9.phase": "plan"}):
                 steps = kind.plan(job, world)
                 await ctx.set_plan(steps)
+            if steps:  # something to do: this attempt's trace is exported (tracing.job_span)
+                tracing.materialize()
             # An empty plan applies nothing: no apply span (with tracing on, every span costs the
             # executor CPU per job — bench/run.py -w TRACING; a job with nothing to do is most of a drain).
             with metrics.phase(job, "apply"), (tracing.span("apply", {"z9.phase": "apply"}) if steps

@@ -218,7 +218,7 @@ class Executor:
         bind_job(job)  # every log line of this task carries the job's fields
         try:
             kind = REGISTRY.get(job.kind) or UnknownKind(job.kind)
-            with tracing.job_span(job) as span:  # current while the job runs: logs read its ids
+            with tracing.job_span(job, self.settings.trace_uneventful_ratio) as span:  # current while the job runs: logs read its ids
                 span.set_attribute("job.outcome", await run_job(ctx, kind))
         except asyncio.CancelledError:
             if not self._stopping.is_set():  # stalled or lease lost; on shutdown _drain counts it
