@@ -43,7 +43,7 @@ async def test_several_hosts_without_target_session_attrs_reach_the_primary(
         pair: tuple[PgServer, PgServer]) -> None:
     primary, standby = pair
     for url in (_hosts(standby, primary), _hosts(standby, primary, query="?target_session_attrs=any"),
-                _hosts(standby, primary, query="?connect_timeout=5")):
+                _hosts(standby, primary, query="?sslmode=disable")):
         conn = await connect_listener(Settings(database_url=url), application_name="t")
         try:
             assert server_label(conn) == f"127.0.0.1:{primary.port}", url
