@@ -191,7 +191,7 @@ class Settings(BaseSettings):
     # postgresql://z9@db1:5432,db2:5432/z9?target_session_attrs=read-write
     database_url: str | None = None
     # LISTEN connections and `z9 migrate`: direct to PostgreSQL (or a session pooler), never a
-    # transaction pooler. Unset: Z9_DATABASE_URL.
+    # transaction pooler. Unset: Z9_DATABASE_URL (required with Z9_DATABASE_POOLER=transaction).
     database_direct_url: str | None = None
     # What sits in front of Z9_DATABASE_URL: none (direct), or PgBouncer in session or
     # transaction pool mode (then plan_cache_mode must come from ALTER ROLE/DATABASE … SET, and
