@@ -60,3 +60,16 @@ async def test_several_hosts_without_target_session_attrs_reach_the_primary(
                                   application_name="t")
     assert server_label(conn) == f"127.0.0.1:{primary.port}"
     await conn.close()
+
+
+def test_migrate_with_several_hosts_reaches_the_primary(pair: tuple[PgServer, PgServer]) -> None:
+    """``z9 migrate`` (the Kubernetes Job, an operator) with the same string as the services: the
+    standby listed first must not be where it tries to create the schema."""
+    import subprocess
+    import sys
+
+    primary, standby = pair
+    env = {k: v for k, v in os.environ.items() if not k.startswith("Z9_")}
+    env["Z9_DATABASE_URL"] = _hosts(standby, primary)
+    out = subprocess.run([sys.executable, "-m", "z9", "migrate"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
