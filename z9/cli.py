@@ -176,7 +176,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
     async def go() -> tuple[list[int], list[str]]:
-        conn = await connect(dsn, application_name="z9-migrate")
+        conn = await connect(dsn, application_name="z9-migrate", primary=True)
         try:
             applied = await migrate(conn)
             pools = await store.address_pools_sync(conn, settings.regions)
@@ -221,7 +221,7 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     dsn = settings.require_database_url()
 
     async def go() -> str:
-        conn = await connect(dsn, application_name="z9-token")
+        conn = await connect(dsn, application_name="z9-token", primary=True)
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
@@ -257,7 +257,7 @@ def cmd_quota(args: argparse.Namespace, settings: Settings) -> int:
     dsn = settings.require_database_url()
 
     async def go() -> tuple[dict[str, Any], dict[str, int]]:
-        conn = await connect(dsn, application_name="z9-quota")
+        conn = await connect(dsn, application_name="z9-quota", primary=True)
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)

@@ -280,10 +280,14 @@ async def create_service_pool(settings: "Settings", *, application_name: str, mi
                              bounds=session_bounds(settings, role), keepalive=_keepalive(settings))
 
 
-async def connect(dsn: str, *, application_name: str = "z9") -> asyncpg.Connection:
+async def connect(dsn: str, *, application_name: str = "z9", primary: bool = False) -> asyncpg.Connection:
     """One direct connection with the jsonb codecs (migrations, tools). Not checked: ``z9 dev``
-    and the tests also use it for administration."""
-    conn = await asyncpg.connect(dsn, server_settings=_server_settings(application_name))
+    and the tests also use it for administration. ``primary``: on a writable host of those the
+    string names (:func:`target_session_attrs`; the tools that write: ``z9 migrate``, ``z9 token``,
+    ``z9 quota``), else :class:`NotPrimaryError`."""
+    kw: dict[str, Any] = {"target_session_attrs": target_session_attrs(dsn)} if primary else {}
+    with _primary_or_not():
+        conn = await asyncpg.connect(dsn, server_settings=_server_settings(application_name), **kw)
     await init_connection(conn)
     return conn
 
