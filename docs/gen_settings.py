@@ -43,7 +43,7 @@ DESCRIPTIONS: dict[str, str] = {
                     "Several hosts for high availability: `postgresql://z9@db1:5432,db2:5432/z9?target_session_attrs=read-write`; "
                     "z9 also refuses any connection that lands on a standby. Required (except for `z9 dev`, which starts an embedded PostgreSQL).",
     "database_direct_url": "Connection string of every LISTEN connection and of `z9 migrate`: direct to PostgreSQL "
-                           "(or a session pooler), never a transaction pooler (it drops notifications silently). Unset: `Z9_DATABASE_URL`.",
+                           "(or a session pooler), never a transaction pooler (it drops notifications silently). Unset: `Z9_DATABASE_URL`; required with `Z9_DATABASE_POOLER=transaction`.",
     "database_pooler": "What sits in front of `Z9_DATABASE_URL`: `none`; `session` or `transaction` = PgBouncer in that pool mode "
                        "(z9 then sends no `plan_cache_mode` startup parameter — set it with `ALTER ROLE/DATABASE … SET plan_cache_mode = "
                        "force_custom_plan`, checked on every connection — and `transaction` turns asyncpg's prepared-statement cache off). "

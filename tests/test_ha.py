@@ -62,11 +62,14 @@ async def test_listen_connections_land_on_the_primary_only(pair: tuple[PgServer,
         assert await conn.fetchval("SELECT pg_is_in_recovery()") is False
     finally:
         await conn.close()
-    # Without target_session_attrs asyncpg takes the first host; z9's own check refuses it
-    # (transient: the service retries) instead of issuing LISTEN there.
-    for url in (_hosts(standby, primary, attrs=None), _hosts(standby, attrs=None)):
-        with pytest.raises(NotPrimaryError, match="standby"):
-            await connect_listener(Settings(database_url=url), application_name="t")
+    # Without target_session_attrs z9 asks for a writable host itself (asyncpg's default 'any'
+    # would keep the standby listed first, every retry); a standby alone is refused (transient:
+    # the service retries) instead of issuing LISTEN there.
+    conn = await connect_listener(Settings(database_url=_hosts(standby, primary, attrs=None)), application_name="t")
+    assert server_label(conn) == f"127.0.0.1:{primary.port}"
+    await conn.close()
+    with pytest.raises(NotPrimaryError, match="standby"):
+        await connect_listener(Settings(database_url=_hosts(standby, attrs=None)), application_name="t")
     # The direct URL wins over the pooled one for LISTEN.
     s = Settings(database_url=_hosts(standby, attrs=None), database_direct_url=_hosts(primary, attrs=None))
     conn = await connect_listener(s, application_name="t")

@@ -176,7 +176,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
     async def go() -> tuple[list[int], list[str]]:
-        conn = await connect(dsn, application_name="z9-migrate")
+        conn = await connect(dsn, application_name="z9-migrate", primary=True)
         try:
             applied = await migrate(conn)
             pools = await store.address_pools_sync(conn, settings.regions)
@@ -221,7 +221,7 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     dsn = settings.require_database_url()
 
     async def go() -> str:
-        conn = await connect(dsn, application_name="z9-token")
+        conn = await connect(dsn, application_name="z9-token", primary=True)
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
@@ -257,7 +257,7 @@ def cmd_quota(args: argparse.Namespace, settings: Settings) -> int:
     dsn = settings.require_database_url()
 
     async def go() -> tuple[dict[str, Any], dict[str, int]]:
-        conn = await connect(dsn, application_name="z9-quota")
+        conn = await connect(dsn, application_name="z9-quota", primary=True)
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
@@ -375,6 +375,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def settings_error(e: Exception) -> str:
+    """One line per wrong setting, naming its variable (``Z9_DATABASE_URL: …``), without the value
+    given (pydantic's own text quotes it: a connection string's password, a token secret)."""
+    import pydantic
+
+    if not isinstance(e, pydantic.ValidationError):
+        return str(e)
+    out = []
+    for err in e.errors(include_url=False, include_input=False):
+        loc = [str(x) for x in err.get("loc", ())]
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        out.append(f"Z9_{loc[0].upper()}{''.join(f'[{x}]' for x in loc[1:])}: {msg}" if loc else msg)
+    return "; ".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:  # the simulator has its own options (`z9 sim --help`)
@@ -389,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings()
     except Exception as e:  # pydantic ValidationError: say which variable is wrong
-        print(f"z9: invalid settings: {e}", file=sys.stderr)
+        print(f"z9: invalid settings: {settings_error(e)}", file=sys.stderr)
         return 2
     if args.command != "sim":
         # z9 dev talks to a terminal: text, unless Z9_LOG_FORMAT says otherwise

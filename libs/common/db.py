@@ -14,7 +14,8 @@ Two connection strings (``libs/common/settings.py``):
 High availability: both strings may name several hosts
 (``postgresql://z9@db1:5432,db2:5432/z9?target_session_attrs=read-write``); asyncpg then tries
 them in order and keeps the first that accepts writes, so after a failover every reconnect
-lands on the new primary. Every connection z9 opens also checks ``pg_is_in_recovery()`` itself
+lands on the new primary. z9 asks for that itself when the string says nothing
+(:func:`target_session_attrs`). Every connection z9 opens also checks ``pg_is_in_recovery()`` itself
 (the string may lack ``target_session_attrs``, or a pooler may sit in front) and is refused on a
 standby with :class:`NotPrimaryError` — a transient error: services back off and reconnect, and a
 LISTEN is never issued on a standby ("cannot execute LISTEN during recovery"). The server a
@@ -22,10 +23,12 @@ connection landed on is logged and exported as ``z9_database_server_info``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
@@ -64,6 +67,31 @@ prepared on one server connection is unknown to the next transaction's)."""
 class NotPrimaryError(ConnectionError):
     """The connection landed on a standby (in recovery) or a read-only session: z9 writes and
     LISTENs on the primary only. Transient — reconnecting finds the primary after a failover."""
+
+
+def target_session_attrs(dsn: str) -> str:
+    """The ``target_session_attrs`` z9 connects with: ``primary`` when ``dsn`` asks for it, else
+    ``read-write`` — whatever else the string says or leaves out. asyncpg's default (``any``) keeps
+    the first host that answers: with several hosts and the standby listed first (an old primary
+    that rejoined after a failover), every reconnect would land on it again, be refused by
+    :func:`check_server`, and the service would back off forever instead of reaching the primary
+    listed second. z9 never uses a standby, so asking for a writable host costs nothing."""
+    try:
+        query = parse_qs(urlsplit(dsn).query)
+    except ValueError:
+        return "read-write"
+    return "primary" if query.get("target_session_attrs", [""])[-1] == "primary" else "read-write"
+
+
+@contextlib.contextmanager
+def _primary_or_not() -> Iterator[None]:
+    """asyncpg found no host matching :func:`target_session_attrs` (every host a standby or
+    read-only): :class:`NotPrimaryError`, like z9's own check."""
+    try:
+        yield
+    except asyncpg.TargetServerAttributeNotMatched as e:
+        raise NotPrimaryError(f"no host is the primary: every host named is a standby (in recovery) or "
+                              f"read-only ({e})") from e
 
 
 def _server_settings(application_name: str, pooler: str = "none",
@@ -220,15 +248,17 @@ async def create_pool(
         raise ValueError(f"pooler must be one of {POOLERS}, not {pooler!r}")
     if pooler == "transaction":
         kw.setdefault("statement_cache_size", 0)
-    return await asyncpg.create_pool(
-        dsn,
-        min_size=min_size,
-        max_size=max_size,
-        init=_pooled_init(require_sync_replication, keepalive),
-        reset=_no_session_reset,
-        server_settings=_server_settings(application_name, pooler, bounds),
-        **kw,
-    )
+    kw.setdefault("target_session_attrs", target_session_attrs(dsn))
+    with _primary_or_not():
+        return await asyncpg.create_pool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            init=_pooled_init(require_sync_replication, keepalive),
+            reset=_no_session_reset,
+            server_settings=_server_settings(application_name, pooler, bounds),
+            **kw,
+        )
 
 
 def _keepalive(settings: "Settings") -> tuple[int, int, int]:
@@ -250,10 +280,14 @@ async def create_service_pool(settings: "Settings", *, application_name: str, mi
                              bounds=session_bounds(settings, role), keepalive=_keepalive(settings))
 
 
-async def connect(dsn: str, *, application_name: str = "z9") -> asyncpg.Connection:
+async def connect(dsn: str, *, application_name: str = "z9", primary: bool = False) -> asyncpg.Connection:
     """One direct connection with the jsonb codecs (migrations, tools). Not checked: ``z9 dev``
-    and the tests also use it for administration."""
-    conn = await asyncpg.connect(dsn, server_settings=_server_settings(application_name))
+    and the tests also use it for administration. ``primary``: on a writable host of those the
+    string names (:func:`target_session_attrs`; the tools that write: ``z9 migrate``, ``z9 token``,
+    ``z9 quota``), else :class:`NotPrimaryError`."""
+    kw: dict[str, Any] = {"target_session_attrs": target_session_attrs(dsn)} if primary else {}
+    with _primary_or_not():
+        conn = await asyncpg.connect(dsn, server_settings=_server_settings(application_name), **kw)
     await init_connection(conn)
     return conn
 
@@ -268,8 +302,11 @@ async def connect_direct(settings: "Settings", *, application_name: str) -> asyn
     """A direct connection (:func:`direct_url`) that passed :func:`check_server` — on the primary,
     ``plan_cache_mode`` right — and, with ``Z9_DATABASE_REQUIRE_SYNC_REPLICATION``,
     :func:`check_synchronous_replication`. Logs and exports which server it reached."""
-    conn = await asyncpg.connect(direct_url(settings), server_settings=_server_settings(
-        application_name, bounds=session_bounds(settings, None)))
+    dsn = direct_url(settings)
+    with _primary_or_not():
+        conn = await asyncpg.connect(dsn, target_session_attrs=target_session_attrs(dsn),
+                                     server_settings=_server_settings(application_name,
+                                                                      bounds=session_bounds(settings, None)))
     try:
         set_client_keepalive(conn, *_keepalive(settings))
         await check_server(conn)

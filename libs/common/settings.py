@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from typing import Literal
 
@@ -23,6 +24,35 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddr = ipaddress.IPv4Address | ipaddress.IPv6Address
 MAX_POOL_SIZE = 65536  # addresses per pool range: every allocatable IP has a row (db migration 0005)
+
+
+def dsn_problem(dsn: str) -> str | None:
+    """Why asyncpg cannot use the connection string ``dsn`` (None: it can try): the scheme, a
+    host's port (out of range or not a number: asyncpg raises ``OverflowError``/``ValueError``
+    while connecting, which read as a crash), a broken IPv6 bracket. Never quotes ``dsn`` (it may
+    hold a password)."""
+    try:
+        parts = urlsplit(dsn)
+        query = parse_qs(parts.query)
+    except ValueError as e:
+        return f"not a connection string ({e})"
+    if parts.scheme not in ("postgresql", "postgres"):
+        return "must start with postgresql:// or postgres://"
+    ports = [p for v in query.get("port", []) for p in v.split(",")]
+    hosts = parts.netloc.rpartition("@")[2]
+    for spec in hosts.split(",") if hosts else []:
+        if spec.startswith("["):
+            _, bracket, rest = spec[1:].partition("]")
+            if not bracket or (rest and not rest.startswith(":")):
+                return "an IPv6 host must be written [address]:port"
+            ports.append(rest[1:])
+        elif ":" in spec:
+            ports.append(spec.rpartition(":")[2])
+    for port in ports:
+        port = unquote(port)
+        if port and (not port.isdigit() or not 1 <= int(port) <= 65535):
+            return f"port {port!r} is not a number from 1 to 65535"
+    return None
 
 
 class AddressPoolSettings(BaseModel):
@@ -161,7 +191,7 @@ class Settings(BaseSettings):
     # postgresql://z9@db1:5432,db2:5432/z9?target_session_attrs=read-write
     database_url: str | None = None
     # LISTEN connections and `z9 migrate`: direct to PostgreSQL (or a session pooler), never a
-    # transaction pooler. Unset: Z9_DATABASE_URL.
+    # transaction pooler. Unset: Z9_DATABASE_URL (required with Z9_DATABASE_POOLER=transaction).
     database_direct_url: str | None = None
     # What sits in front of Z9_DATABASE_URL: none (direct), or PgBouncer in session or
     # transaction pool mode (then plan_cache_mode must come from ALTER ROLE/DATABASE … SET, and
@@ -273,8 +303,20 @@ class Settings(BaseSettings):
     job_metrics_interval_s: float = Field(5.0, gt=0)
     job_metrics_finished_interval_s: float = Field(60.0, gt=0)
 
+    @field_validator("database_url", "database_direct_url")
+    @classmethod
+    def _usable_dsn(cls, v: str | None) -> str | None:
+        problem = dsn_problem(v) if v else None
+        if problem:
+            raise ValueError(problem)
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> "Settings":
+        if self.database_pooler == "transaction" and self.database_direct_url in (None, "", self.database_url):
+            raise ValueError("Z9_DATABASE_POOLER=transaction needs Z9_DATABASE_DIRECT_URL: a connection string "
+                             "straight to PostgreSQL (or a session pooler) for the LISTEN connections and "
+                             "z9 migrate; a transaction pooler drops notifications without an error")
         if self.heartbeat_s >= self.lease_ttl_s:
             raise ValueError(f"Z9_HEARTBEAT_S ({self.heartbeat_s}) must be shorter than Z9_LEASE_TTL_S "
                              f"({self.lease_ttl_s}), or every lease expires between heartbeats")

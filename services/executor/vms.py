@@ -410,6 +410,11 @@ async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
         requests = await clone_requests(ctx, spec.owner, spec.member)
         clones = await find_own_clones(ctx, spec.owner, requests, set())
         vm = clones[0] if clones else None
+        if vm is None and any(m.upid or m.uncertain_since is not None for m in requests):
+            # The ledger names a clone that was (or may have been) made, and it is not at the node
+            # it recorded: deleted — or moved (a migration, an HA relocation), where only a listing
+            # newer than the claim shows it. The older snapshot is no authority for "none" then.
+            vm = await find_one_vm(ctx, spec.owner, spec.member)
         since = clone_uncertain_since(requests) if vm is None else None
         if since is not None:
             in_flight = max(0.0, since + ctx.settings.uncertain_window_s - time.time())
