@@ -3,7 +3,8 @@ executor's slot (SIGSTOP, a long GC or network stall past the lease TTL) is hand
 executor at once. But the frozen executor's job is not lost until the scheduler reclaims it: when it
 wakes up before that, its heartbeat renews the expired lease (job_heartbeat is fenced on owner and
 attempt only), and the region runs cap + 1 jobs — the hypervisor gets more tasks than the operator
-allowed, for as long as that job runs.
+allowed, for as long as that job runs. Fixed: an expired lease is lost (job_heartbeat,
+job_heartbeat_many), so the woken executor stops at its next heartbeat or fence.
 """
 from __future__ import annotations
 
@@ -24,8 +25,6 @@ async def _live(pool: asyncpg.Pool, region: str = "r1") -> int:
                                "AND lease_expires_at > now()", region)
 
 
-@pytest.mark.xfail(strict=True, reason="break13 finding, not fixed: a renewed expired lease exceeds the cap "
-                                       "(fixing it changes the lease model: see the report)")
 async def test_a_frozen_executor_that_wakes_up_does_not_push_the_region_over_its_cap(pool: asyncpg.Pool) -> None:
     a, b = await _enqueue(pool, 2)
     caps = {"r1": 1}

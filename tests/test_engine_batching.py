@@ -120,7 +120,10 @@ async def test_a_lease_lost_raised_by_record_in_a_batch_answers_every_job(pool: 
 async def test_an_executor_of_two_regions_does_not_starve_the_second(pool: asyncpg.Pool, db_url: str,
                                                                     probe: _Probe) -> None:
     """Region r1 always has more ready jobs than free slots; a job of r2 is still claimed within
-    a few claims (the claim order rotates), not after r1's backlog."""
+    a few claims (the claim order rotates), not after r1's backlog. Each job holds its slot 5 ms, so
+    r1's backlog lasts ≥ 0.75 s however fast the machine (a quiet one drained 300 no-op jobs before
+    r2's job was even enqueued)."""
+    probe.hold_s = 0.005
     busy = [await _enqueue(pool, None, kind=_Probe.KIND, region="r1") for _ in range(300)]
     ex = Executor(_settings(db_url, 2, poll_s=60.0), ["r1", "r2"], client_factory=lambda r: _NoClient())  # type: ignore[arg-type,return-value]
     task = asyncio.create_task(ex.run())

@@ -407,9 +407,14 @@ WHERE jobs.id = missed.id AND jobs.blocked AND jobs.status = 'pending'
 RETURNING jobs.id, jobs.region, pg_notify('z9_jobs', jobs.region)::text AS notified;
 
 -- name: job_heartbeat
+-- An expired lease is lost even before the scheduler reclaims it: its slot under a region's cap
+-- may already be another executor's (the cap counts unexpired leases), so a holder that wakes up
+-- late (frozen, partitioned) must stop, not renew — JobContext.fence() runs this before every
+-- mutating hypervisor call.
 UPDATE jobs
 SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
+  AND lease_expires_at > now()
 RETURNING id;
 
 -- name: job_heartbeat_many
@@ -417,7 +422,8 @@ RETURNING id;
 -- of the leases still held — a lease missing from the answer is lost. Never waits on a row lock:
 -- a row another transaction holds (this executor's own finish waiting on a lock, a frozen API
 -- process) is skipped and answered from the statement's snapshot (still ours: not lost, renewed
--- at the next beat) — one locked row must not hold up every other job's renewal.
+-- at the next beat) — one locked row must not hold up every other job's renewal. An expired lease
+-- is lost (see job_heartbeat).
 -- `status::text`: the same test, but it matches no partial index's predicate, so the planner
 -- probes the primary key for the ids — stale statistics would otherwise have it scan every live
 -- job through jobs_resource_live.
@@ -426,7 +432,7 @@ WITH f AS (
 ), held AS (
     SELECT j.id FROM jobs j JOIN f ON j.id = f.id
     WHERE j.id = ANY($1::text[]) AND j.lease_owner = f.owner AND j.attempt = f.attempt
-      AND j.status::text = 'running'
+      AND j.status::text = 'running' AND j.lease_expires_at > now()
     FOR UPDATE OF j SKIP LOCKED
 ), renewed AS (
     UPDATE jobs j
@@ -439,7 +445,7 @@ SELECT id, attempt FROM renewed
 UNION ALL
 SELECT j.id, j.attempt FROM jobs j JOIN f ON j.id = f.id
 WHERE j.id = ANY($1::text[]) AND j.lease_owner = f.owner AND j.attempt = f.attempt
-  AND j.status::text = 'running' AND j.id NOT IN (SELECT id FROM held);
+  AND j.status::text = 'running' AND j.lease_expires_at > now() AND j.id NOT IN (SELECT id FROM held);
 
 -- name: job_progress
 UPDATE jobs
