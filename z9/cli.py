@@ -123,8 +123,13 @@ def _db_command(command: str, coro_fn: Callable[[], Awaitable[Any]]) -> tuple[in
 
     from z9.common.db import TRANSIENT_DB_ERRORS
 
+    from z9.common.errors import DatabaseMisconfigured
+
     try:
         return 0, asyncio.run(coro_fn())
+    except DatabaseMisconfigured as e:
+        print(f"z9 {command}: {e}", file=sys.stderr)
+        return 2, None
     except (*TRANSIENT_DB_ERRORS, OSError, asyncpg.PostgresError) as e:
         print(_database_error(command, e), file=sys.stderr)
         return 1, None
@@ -176,7 +181,8 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
     async def go() -> tuple[list[int], list[str]]:
-        conn = await connect(dsn, application_name="z9-migrate", primary=True)
+        conn = await connect(dsn, application_name="z9-migrate", primary=True,
+                             require_sync_replication=settings.database_require_sync_replication)
         try:
             applied = await migrate(conn)
             pools = await store.address_pools_sync(conn, settings.regions)
@@ -221,7 +227,8 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     dsn = settings.require_database_url()
 
     async def go() -> str:
-        conn = await connect(dsn, application_name="z9-token", primary=True)
+        conn = await connect(dsn, application_name="z9-token", primary=True,
+                             require_sync_replication=settings.database_require_sync_replication)
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
@@ -257,7 +264,8 @@ def cmd_quota(args: argparse.Namespace, settings: Settings) -> int:
     dsn = settings.require_database_url()
 
     async def go() -> tuple[dict[str, Any], dict[str, int]]:
-        conn = await connect(dsn, application_name="z9-quota", primary=True)
+        conn = await connect(dsn, application_name="z9-quota", primary=True,
+                             require_sync_replication=settings.database_require_sync_replication)
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)

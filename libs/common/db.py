@@ -173,7 +173,8 @@ async def check_server(conn: asyncpg.Connection) -> None:
             f"plan_cache_mode is {row['plan_cache_mode']!r} on {server_label(conn)}, z9 needs "
             f"{PLAN_CACHE_MODE!r} (a pooler drops the startup setting): run "
             f"ALTER ROLE <z9 user> SET plan_cache_mode = {PLAN_CACHE_MODE} "
-            f"(or ALTER DATABASE … SET, or set it in postgresql.conf)")
+            f"(or ALTER DATABASE … SET, or set it in postgresql.conf); behind PgBouncer, then RECONNECT "
+            f"in its admin console (server connections opened before keep the old value)")
 
 
 async def check_synchronous_replication(conn: asyncpg.Connection) -> None:
@@ -196,13 +197,39 @@ async def init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-def _pooled_init(require_sync_replication: bool, keepalive: tuple[int, int, int] | None = None) -> Any:
+_BOUNDED_WAITS = ("lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout")
+_unbounded_warned = False
+
+
+async def warn_unbounded_waits(conn: asyncpg.Connection, expected: dict[str, str]) -> list[str]:
+    """Behind a pooler z9 cannot send its bounded waits as startup parameters: say so (once per
+    process, a warning naming the settings and the fix) when the server's own defaults leave any of
+    them off (0) on this connection. Returns the settings found off."""
+    global _unbounded_warned
+    wanted = [k for k in _BOUNDED_WAITS if expected.get(k, "0") != "0"]
+    if not wanted:
+        return []
+    row = await conn.fetchrow("SELECT " + ", ".join(f"current_setting('{k}') AS {k}" for k in wanted))
+    off = [k for k in wanted if row[k] in ("0", "0ms", "0s")]
+    if off and not _unbounded_warned:
+        _unbounded_warned = True
+        log.warning("%s off on %s: behind a transaction pooler z9 cannot set them per connection, so a stuck "
+                    "transaction can stall others without bound; set them for z9's role (ALTER ROLE <z9 user> "
+                    "SET %s = '%s', … then RECONNECT in PgBouncer; docs/settings.md, db_*_timeout_s)",
+                    ", ".join(off), server_label(conn), off[0], expected[off[0]] + "ms")
+    return off
+
+
+def _pooled_init(require_sync_replication: bool, keepalive: tuple[int, int, int] | None = None,
+                 expect_bounds: dict[str, str] | None = None) -> Any:
     async def init(conn: asyncpg.Connection) -> None:
         if keepalive is not None:
             set_client_keepalive(conn, *keepalive)
         await check_server(conn)
         if require_sync_replication:
             await check_synchronous_replication(conn)
+        if expect_bounds and not _unbounded_warned:
+            await warn_unbounded_waits(conn, expect_bounds)
         await init_connection(conn)
         _note_server("pool", server_label(conn))
 
@@ -254,7 +281,8 @@ async def create_pool(
             dsn,
             min_size=min_size,
             max_size=max_size,
-            init=_pooled_init(require_sync_replication, keepalive),
+            init=_pooled_init(require_sync_replication, keepalive,
+                              bounds if pooler != "none" else None),  # a pooler drops them: check
             reset=_no_session_reset,
             server_settings=_server_settings(application_name, pooler, bounds),
             **kw,
@@ -280,15 +308,24 @@ async def create_service_pool(settings: "Settings", *, application_name: str, mi
                              bounds=session_bounds(settings, role), keepalive=_keepalive(settings))
 
 
-async def connect(dsn: str, *, application_name: str = "z9", primary: bool = False) -> asyncpg.Connection:
+async def connect(dsn: str, *, application_name: str = "z9", primary: bool = False,
+                  require_sync_replication: bool = False) -> asyncpg.Connection:
     """One direct connection with the jsonb codecs (migrations, tools). Not checked: ``z9 dev``
     and the tests also use it for administration. ``primary``: on a writable host of those the
     string names (:func:`target_session_attrs`; the tools that write: ``z9 migrate``, ``z9 token``,
-    ``z9 quota``), else :class:`NotPrimaryError`."""
+    ``z9 quota``), else :class:`NotPrimaryError`. ``require_sync_replication``
+    (``Z9_DATABASE_REQUIRE_SYNC_REPLICATION``, for those tools): :func:`check_synchronous_replication`
+    as the services do — a token or a migration must not be forgotten by a failover either."""
     kw: dict[str, Any] = {"target_session_attrs": target_session_attrs(dsn)} if primary else {}
     with _primary_or_not():
         conn = await asyncpg.connect(dsn, server_settings=_server_settings(application_name), **kw)
-    await init_connection(conn)
+    try:
+        if require_sync_replication:
+            await check_synchronous_replication(conn)
+        await init_connection(conn)
+    except BaseException:
+        conn.terminate()
+        raise
     return conn
 
 
