@@ -8,31 +8,14 @@ forever against the standby instead of moving to the new primary named second.
 from __future__ import annotations
 
 import os
-from typing import AsyncIterator
 
 import pytest
 
 from z9.common.db import connect_listener, create_service_pool, server_label
 from z9.common.settings import Settings
 
-from tests.pgcluster import PgServer, pg_bindir, primary_and_standby, remove_workdir, wait_sync_standby
-
-if pg_bindir() is None:
-    if os.environ.get("Z9_REQUIRE_HA") == "1":
-        raise RuntimeError("Z9_REQUIRE_HA=1 but no PostgreSQL binaries under /usr/lib/postgresql")
-    pytest.skip("Debian's PostgreSQL binaries are not installed", allow_module_level=True)
-
-
-@pytest.fixture
-async def pair() -> AsyncIterator[tuple[PgServer, PgServer]]:
-    primary, standby = primary_and_standby()
-    try:
-        wait_sync_standby(primary)
-        yield primary, standby
-    finally:
-        standby.stop()
-        primary.stop()
-        remove_workdir(primary.datadir.parent)
+from tests.pgcluster import PgServer
+from tests.test_ha import pair  # noqa: F401  (the fixture; skips this module as it skips test_ha)
 
 
 def _hosts(*servers: PgServer, query: str = "") -> str:
