@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from z9.common.db import connect_listener, create_service_pool, server_label
 from z9.common.settings import Settings
 
