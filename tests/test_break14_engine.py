@@ -106,3 +106,38 @@ async def test_the_scheduler_survives_a_lock_wait_given_up(pool: asyncpg.Pool, d
         finally:
             sched.stop()
             await asyncio.wait_for(task, 10)
+
+
+async def test_the_reaper_survives_a_lock_wait_given_up(pool: asyncpg.Pool, db_url: str) -> None:
+    """The reaper enqueues a server's final job when its deletion buffer expires; that insert
+    takes the server's key lock, which a transaction that enqueued a job on the same server holds
+    to its commit (an API process frozen there). Before: the lock wait given up
+    (lock_timeout) ended Reaper.run — the reaper process died. Now the pass is retried and the
+    final job is enqueued once the transaction ends."""
+    from z9.common.resources.server import SERVER
+    from z9.reaper import Reaper
+
+    tenant = await store.tenant_upsert(pool, "t-break14")
+    srv = await store.server_insert(pool, tenant_id=tenant, region="r1", name="s1", image="debian-12", cores=1,
+                                    memory_mib=512, disk_gib=1, ssh_keys=[])
+    assert await store.resource_mark_deleting(pool, SERVER.sql, srv.id, tenant, 0.0) is not None
+    reaper = Reaper(Settings(database_url=db_url, regions={}, reaper_interval_s=0.05,
+                             scheduler_db_lock_timeout_s=0.3))
+    async with pool.acquire() as api:
+        tr = api.transaction()
+        await tr.start()
+        await _enqueue(api, srv.id)  # holds the server's key lock until it ends
+        task = asyncio.create_task(reaper.run())
+        try:
+            await asyncio.sleep(2.0)
+            assert not task.done(), task.exception()
+            await tr.rollback()
+            for _ in range(100):
+                if await pool.fetchval("SELECT count(*) FROM jobs WHERE resource_id = $1", srv.id):
+                    break
+                await asyncio.sleep(0.05)
+            assert await pool.fetchval("SELECT count(*) FROM jobs WHERE resource_id = $1", srv.id) == 1
+            assert not task.done()
+        finally:
+            reaper.stop()
+            await asyncio.wait_for(task, 10)
