@@ -603,6 +603,7 @@ async def address_pools_sync(conn: asyncpg.Connection, regions: dict[str, Any]) 
     overlapping another enabled pool of its region (``address_pools_no_overlap``)."""
     ids: dict[str, str] = {}
     async with conn.transaction():
+        await conn.execute(q("address_pools_sync_wait"))  # a peer's sync is waited for, not given up on
         await conn.execute(q("address_pools_sync_lock"))
         for region, rs in sorted(regions.items()):
             await conn.execute(q("address_pools_retire_region"), region)
