@@ -141,3 +141,33 @@ async def test_the_reaper_survives_a_lock_wait_given_up(pool: asyncpg.Pool, db_u
         finally:
             reaper.stop()
             await asyncio.wait_for(task, 10)
+
+
+async def test_a_claim_that_gives_up_on_one_regions_cap_lock_keeps_what_it_claimed(db_url: str) -> None:
+    """An executor serving a capped region and another claims region by region, each in its own
+    statement or transaction (committed as it goes). When a later region's cap lock could not be
+    had within lock_timeout (another executor's claim or finish holds it: frozen, or slow), the
+    error threw away the jobs already claimed and committed in the earlier regions: leased to this
+    executor, never run, until their leases expired (an attempt lost; a periodic job, with one
+    attempt, failed). The claim must hand over every job it committed."""
+    from z9.common.db import create_pool
+
+    pool = await create_pool(db_url, min_size=1, max_size=4, bounds={"lock_timeout": "300"})
+    try:
+        free = (await store.job_insert(pool, NewJob(kind="Noop", region="r2"))).id
+        capped = (await store.job_insert(pool, NewJob(kind="Noop", region="r1"))).id
+        async with pool.acquire() as other:
+            tr = other.transaction()
+            await tr.start()
+            await other.execute(store.q("job_region_cap_lock"), ["r1"])  # another executor's claim, held
+            got: list[str] = []
+            try:
+                got = [j.id for j in await store.job_claim(pool, ["r2", "r1"], 8, "w", TTL, {"r1": 4})]
+            except Exception:
+                pass  # a lock wait given up may be raised, as long as nothing claimed is dropped
+            await tr.rollback()
+        leased = [r["id"] for r in await pool.fetch("SELECT id FROM jobs WHERE lease_owner = 'w'")]
+        assert sorted(leased) == sorted(got), f"claimed and committed, never handed over: {set(leased) - set(got)}"
+        assert free in leased and capped not in leased
+    finally:
+        await pool.close()
