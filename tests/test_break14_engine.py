@@ -171,3 +171,41 @@ async def test_a_claim_that_gives_up_on_one_regions_cap_lock_keeps_what_it_claim
         assert free in leased and capped not in leased
     finally:
         await pool.close()
+
+
+class _NoClient:
+    def close(self) -> None:
+        return None
+
+
+async def test_shutdown_hands_over_every_job_when_one_row_is_locked(pool: asyncpg.Pool, db_url: str) -> None:
+    """SIGTERM: the jobs still running after the grace period are handed over (``retry`` due now,
+    attempt refunded). One job's row held by another transaction (an API process frozen inside a
+    request that locked it) made its hand-over give up after lock_timeout — and that error, not a
+    'database unavailable' one, ended the drain: the jobs after it were not handed over (each
+    waited out its lease and lost an attempt) and the executor exited with a traceback."""
+    from z9.common.db import create_service_pool
+    from z9.executor.context import JobContext
+    from z9.executor.worker import Executor
+
+    ids = [(await store.job_insert(pool, NewJob(kind="Noop", region="r1"))).id for _ in range(2)]
+    ex = Executor(Settings(database_url=db_url, regions={}, shutdown_grace_s=0.1, executor_db_lock_timeout_s=0.3),
+                  ["r1"], client_factory=lambda r: _NoClient())  # type: ignore[arg-type,return-value]
+    ex.pool = await create_service_pool(ex.settings, application_name="z9-executor", max_size=4)
+    try:
+        claimed = {j.id: j for j in await store.job_claim(ex.pool, ["r1"], 2, ex.owner, TTL)}
+        for jid in ids:  # running, in seq order: the locked one first
+            ex.inflight[jid] = (asyncio.create_task(asyncio.sleep(60)),
+                                JobContext(claimed[jid], ex.owner, ex.pool, None, ex.settings))  # type: ignore[arg-type]
+        async with pool.acquire() as api:
+            tr = api.transaction()
+            await tr.start()
+            await api.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", ids[0])
+            try:
+                await ex._drain()
+            finally:
+                await tr.rollback()
+        statuses = [await pool.fetchval("SELECT status::text FROM jobs WHERE id = $1", i) for i in ids]
+        assert statuses == ["running", "retry"]  # the locked one's lease will expire; the other went back
+    finally:
+        await ex.pool.close()
