@@ -55,6 +55,26 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
     serialise and the later ones find nothing to do.
     """
     applied_now: list[int] = []
+    # No bounded waits while migrating: behind PgBouncer the services' lock_timeout,
+    # statement_timeout and idle_in_transaction_session_timeout are the role's defaults
+    # (docs/settings.md), which this direct connection of the same role inherits. A migration
+    # runs as long as its data needs (an index over millions of jobs), and another migrator
+    # waits for it on the migrate lock. The session's own values come back afterwards.
+    saved = await conn.fetchrow(
+        "SELECT current_setting('lock_timeout') AS lock_timeout,"
+        " current_setting('statement_timeout') AS statement_timeout,"
+        " current_setting('idle_in_transaction_session_timeout') AS idle_in_transaction_session_timeout")
+    await conn.execute("SET lock_timeout = 0; SET statement_timeout = 0; SET idle_in_transaction_session_timeout = 0")
+    try:
+        await _migrate_locked(conn, applied_now)
+    finally:
+        if not conn.is_closed():
+            await conn.execute("SELECT set_config(name, value, false) FROM unnest($1::text[], $2::text[]) AS s(name, value)",
+                               list(saved.keys()), list(saved.values()))
+    return applied_now
+
+
+async def _migrate_locked(conn: asyncpg.Connection, applied_now: list[int]) -> None:
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATE_LOCK_KEY)
     try:
         await conn.execute(
@@ -77,7 +97,6 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
             applied_now.append(mig.version)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATE_LOCK_KEY)
-    return applied_now
 
 
 _DESCRIBE = {

@@ -206,13 +206,18 @@ LANGUAGE sql STABLE COST 1 AS $$
                      AND e.status IN ('pending', 'running', 'retry') AND cardinality(e.extra_lock_keys) > 0)
 $$;
 
+-- (migration 0013) Key locks exclusive and seq drawn after them: per key, seq order is commit order.
 CREATE FUNCTION jobs_block_on_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     k text;
 BEGIN
+    -- Exclusive, to commit: two transactions enqueuing jobs of one key take their turns.
     FOR k IN SELECT DISTINCT u FROM unnest(NEW.extra_lock_keys || NEW.resource_id) AS u ORDER BY u LOOP
-        PERFORM pg_advisory_xact_lock_shared(hashtextextended('z9-lock-key:' || k, 0));
+        PERFORM pg_advisory_xact_lock(hashtextextended('z9-lock-key:' || k, 0));
     END LOOP;
+    -- The job's place in line is taken now, holding its keys (the column default's value was
+    -- drawn before): per key, seq order is commit order.
+    NEW.seq := nextval(pg_get_serial_sequence('jobs', 'seq'));
     -- A new statement: its snapshot is taken after the locks (READ COMMITTED).
     SELECT jobs_key_held(NEW.resource_id, NEW.extra_lock_keys, NEW.seq) INTO NEW.blocked;
     RETURN NEW;

@@ -613,6 +613,12 @@ FROM unnest($1::text[]) AS r(region);
 
 -- ---------------------------------------------------------------- address pools (migration 0005)
 
+-- name: address_pools_sync_wait
+-- Before address_pools_sync_lock: an API process starting while another syncs (large pools take
+-- seconds) waits for it, bounded by statement_timeout rather than the role's short lock_timeout
+-- (which gave up and ended the process's startup). For the sync's transaction only.
+SET LOCAL lock_timeout = 0;
+
 -- name: address_pools_sync_lock
 SELECT pg_advisory_xact_lock(hashtextextended('z9-address-pools-sync', 0));
 

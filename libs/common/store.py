@@ -18,6 +18,7 @@ import functools
 import hashlib
 import inspect
 import json
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Protocol
@@ -33,6 +34,8 @@ from .labels import Selector
 from .requestctx import current_actor, current_request_id
 from .sql import q, ql, qt
 from .tracing import current_trace_context
+
+log = logging.getLogger("z9.store")
 
 
 class DB(Protocol):
@@ -389,9 +392,26 @@ async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_tt
     for region in regions:
         if len(out) >= limit:
             break
-        rows = await db.fetch(job_claim_sql(region, limit - len(out), owner, lease_ttl_s))
+        try:
+            rows = await db.fetch(job_claim_sql(region, limit - len(out), owner, lease_ttl_s))
+        except Exception as e:
+            _claim_interrupted(db, out, region, e)
+            return out
         out.extend(Job.from_record(r) for r in rows)
     return out
+
+
+def _claim_interrupted(db: DB, out: list[Job], region: str, exc: Exception) -> None:
+    """A claim of several regions failed at ``region``: raise ``exc`` unless the regions before
+    it already claimed ``out`` and committed them (on a pool, or a connection outside a
+    transaction, each region's claim commits on its own) — those jobs are leased to the caller
+    now, and raising would leave them unrun until their leases expired. Then the caller gets
+    them (the failed region is asked again at its next claim)."""
+    committed = isinstance(db, asyncpg.Pool) or not db.is_in_transaction()  # type: ignore[attr-defined]
+    if not out or not committed:
+        raise exc
+    log.warning("claim of region %s failed (%s: %s); handing over the %d job(s) claimed before it",
+                region, type(exc).__name__, exc, len(out))
 
 
 CapHeld = Callable[[str, int, int], None]
@@ -419,14 +439,19 @@ async def _job_claim_capped(db: DB, regions: list[str], limit: int, owner: str, 
         if len(out) >= limit:
             break
         want = limit - len(out)
-        if region not in caps:
-            out.extend(await job_claim(db, [region], want, owner, lease_ttl_s))
-        elif in_tx:
-            out.extend(await _claim_under_cap(db, region, caps[region], want, owner, lease_ttl_s, on_held))
-        else:
-            async with _transaction(db) as conn:
-                await conn.execute(q("job_region_cap_lock"), [region])
-                out.extend(await _claim_under_cap(conn, region, caps[region], want, owner, lease_ttl_s, on_held))
+        try:
+            if region not in caps:
+                got = await job_claim(db, [region], want, owner, lease_ttl_s)
+            elif in_tx:
+                got = await _claim_under_cap(db, region, caps[region], want, owner, lease_ttl_s, on_held)
+            else:
+                async with _transaction(db) as conn:
+                    await conn.execute(q("job_region_cap_lock"), [region])
+                    got = await _claim_under_cap(conn, region, caps[region], want, owner, lease_ttl_s, on_held)
+        except Exception as e:  # a cap lock not had within lock_timeout, a lost connection
+            _claim_interrupted(db, out, region, e)
+            return out
+        out.extend(got)
     return out
 
 
@@ -603,6 +628,7 @@ async def address_pools_sync(conn: asyncpg.Connection, regions: dict[str, Any]) 
     overlapping another enabled pool of its region (``address_pools_no_overlap``)."""
     ids: dict[str, str] = {}
     async with conn.transaction():
+        await conn.execute(q("address_pools_sync_wait"))  # a peer's sync is waited for, not given up on
         await conn.execute(q("address_pools_sync_lock"))
         for region, rs in sorted(regions.items()):
             await conn.execute(q("address_pools_retire_region"), region)

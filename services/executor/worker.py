@@ -346,7 +346,7 @@ class Executor:
                     log.info("job %s handed over", ctx.job.id, extra=job_fields(ctx.job))
                 else:
                     metrics.attempt_ended(ctx.job, "lease_lost", "lease_lost", ctx.claimed_at)
-            except TRANSIENT_DB_ERRORS as e:
+            except (*TRANSIENT_DB_ERRORS, LockWaitTimeout) as e:  # unreachable, or its row held past lock_timeout
                 metrics.attempt_ended(ctx.job, "lease_lost", "temporary", ctx.claimed_at)
                 log.warning("job %s: could not hand over (%s); its lease will expire", ctx.job.id, e,
                             extra=job_fields(ctx.job))

@@ -14,7 +14,8 @@ import logging
 import asyncpg
 
 from z9.common import metrics, resources, store
-from z9.common.db import TRANSIENT_DB_ERRORS, create_service_pool
+from z9.common.db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS, create_service_pool
+from z9.common.errors import LockWaitTimeout
 from z9.common.logs import job_fields
 from z9.common.settings import Settings
 from z9.common.tracing import current_trace_context
@@ -89,6 +90,14 @@ class Reaper:
                 log.warning("database unreachable (%s); retrying in %.1fs", e, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10)
+                continue
+            except (LockWaitTimeout, *LOCK_WAIT_ERRORS) as e:
+                # a pass waited longer than its lock_timeout (an insert of a final job waits for
+                # the key lock of a transaction enqueuing a job on the same resource): rolled
+                # back, retried at the next pass
+                log.warning("reaper pass gave up waiting on a lock (%s); retrying in %.1fs", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5)
                 continue
             try:
                 await asyncio.wait_for(self._stopping.wait(), timeout=self.settings.reaper_interval_s)

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import asyncpg
 
 from z9.common import kinds, metrics, resources, store
-from z9.common.db import SCHEDULER_CHANNEL, TRANSIENT_DB_ERRORS, connect_listener, create_service_pool
+from z9.common.db import LOCK_WAIT_ERRORS, SCHEDULER_CHANNEL, TRANSIENT_DB_ERRORS, connect_listener, create_service_pool
+from z9.common.errors import LockWaitTimeout
 from z9.common.settings import Settings
 
 log = logging.getLogger("z9.scheduler")
@@ -173,6 +174,15 @@ class Scheduler:
                     listen = None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10)
+                continue
+            except (LockWaitTimeout, *LOCK_WAIT_ERRORS) as e:
+                # A pass waited longer than its lock_timeout on a row or key another transaction
+                # holds (a frozen API process; reclaiming a job to 'failed' takes its resource's
+                # key lock at commit): rolled back, nothing written. The next pass tries again;
+                # the server's idle_in_transaction_session_timeout bounds how long that lasts.
+                log.warning("scheduler pass gave up waiting on a lock (%s); retrying in %.1fs", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5)
                 continue
             sleep = self.settings.scheduler_interval_s
             if next_in is not None:
