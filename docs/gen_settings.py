@@ -78,7 +78,11 @@ DESCRIPTIONS: dict[str, str] = {
     "api_rate_limit_per_s": "Rate limit per API token and API process: requests per second refilling the token's bucket; 0 turns rate limiting off. Over it: 429 with `Retry-After` and `RateLimit` headers.",
     "api_rate_limit_burst": "Rate limit per API token and API process: the bucket's size (requests allowed at once).",
     # executor
-    "executor_concurrency": "Jobs one executor runs at once (`z9 executor --concurrency`).",
+    "executor_concurrency": "Jobs one executor runs at once (`z9 executor --concurrency`). Each executor process opens "
+                            "up to this + 4 pooled connections and one LISTEN connection; an API process up to 16 + 1, "
+                            "the scheduler 2 + 1, the reaper 2: keep their sum under PostgreSQL's `max_connections` "
+                            "(or PgBouncer's pool). Past what the region's Proxmox cluster takes at once, cap the region "
+                            "(`max_concurrent_jobs`, below) rather than lowering this.",
     "trace_uneventful_ratio": "With OTLP export on: the share of uneventful job attempts (succeeded with an empty "
                               "plan: a job run a second time, a periodic observe that found nothing to change) "
                               "whose spans are exported. Every other attempt is exported whole; an attempt's "
@@ -170,6 +174,9 @@ OTHER = [
 
 def _type(ann: Any) -> str:
     origin = typing.get_origin(ann)
+    args = typing.get_args(ann)
+    if type(None) in args and len(args) == 2:  # Optional[X]: "unset" is in the default column
+        return _type(next(a for a in args if a is not type(None)))
     if origin is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(ann))
     if ann is bool:
@@ -194,7 +201,9 @@ def _type(ann: Any) -> str:
         return "JSON list of strings"
     if "SecretStr" in s:
         return "string (secret)"
-    return s
+    if "AddressPoolSettings" in s:
+        return "JSON list of pools"
+    return s.replace("|", "\\|")  # a bare | would split the Markdown table's row
 
 
 def _default(f: FieldInfo) -> str:
