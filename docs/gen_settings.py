@@ -88,8 +88,15 @@ DESCRIPTIONS: dict[str, str] = {
                               "whose spans are exported. Every other attempt is exported whole; an attempt's "
                               "spans are kept as plain records until it has something to do, so an uneventful "
                               "one costs no SDK span and no export (README, Traces). 1: every attempt.",
-    "lease_ttl_s": "Lease of a running job; an executor that stops renewing it loses the job to the scheduler's reclaim.",
-    "heartbeat_s": "How often an executor renews the leases of its running jobs (shorter than `Z9_LEASE_TTL_S`).",
+    "lease_ttl_s": "Lease of a running job; an executor that stops renewing it loses the job to the scheduler's reclaim. "
+                   "A dead, frozen or partitioned executor's jobs go back to `retry` (due at once) within this long of "
+                   "their last renewal plus `Z9_SCHEDULER_INTERVAL_S`, and the lost attempt counts against "
+                   "`Z9_MAX_ATTEMPTS`. Shorter: faster takeover; but a stall longer than it (a database failover, a "
+                   "long pause) hands the job to another executor, and the stalled one stops at its next heartbeat "
+                   "or fenced write.",
+    "heartbeat_s": "How often an executor renews the leases of its running jobs (shorter than `Z9_LEASE_TTL_S`, or the "
+                   "service refuses to start): `Z9_LEASE_TTL_S` − this is how late one renewal may be before the lease "
+                   "expires.",
     "poll_interval_s": "Fallback claim poll of executors (besides NOTIFY), and the LISTEN connection's liveness check.",
     "step_timeout_s": "No progress (no answer about the job's task) for this long: the executor stops renewing the job's lease.",
     "task_poll_s": "How often a Proxmox task (UPID) is polled while a job waits for it.",
