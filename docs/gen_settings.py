@@ -78,14 +78,25 @@ DESCRIPTIONS: dict[str, str] = {
     "api_rate_limit_per_s": "Rate limit per API token and API process: requests per second refilling the token's bucket; 0 turns rate limiting off. Over it: 429 with `Retry-After` and `RateLimit` headers.",
     "api_rate_limit_burst": "Rate limit per API token and API process: the bucket's size (requests allowed at once).",
     # executor
-    "executor_concurrency": "Jobs one executor runs at once (`z9 executor --concurrency`).",
+    "executor_concurrency": "Jobs one executor runs at once (`z9 executor --concurrency`). Each executor process opens "
+                            "up to this + 4 pooled connections and one LISTEN connection; an API process up to 16 + 1, "
+                            "the scheduler 2 + 1, the reaper 2: keep their sum under PostgreSQL's `max_connections` "
+                            "(or PgBouncer's pool). Past what the region's Proxmox cluster takes at once, cap the region "
+                            "(`max_concurrent_jobs`, below) rather than lowering this.",
     "trace_uneventful_ratio": "With OTLP export on: the share of uneventful job attempts (succeeded with an empty "
                               "plan: a job run a second time, a periodic observe that found nothing to change) "
                               "whose spans are exported. Every other attempt is exported whole; an attempt's "
                               "spans are kept as plain records until it has something to do, so an uneventful "
                               "one costs no SDK span and no export (README, Traces). 1: every attempt.",
-    "lease_ttl_s": "Lease of a running job; an executor that stops renewing it loses the job to the scheduler's reclaim.",
-    "heartbeat_s": "How often an executor renews the leases of its running jobs (shorter than `Z9_LEASE_TTL_S`).",
+    "lease_ttl_s": "Lease of a running job; an executor that stops renewing it loses the job to the scheduler's reclaim. "
+                   "A dead, frozen or partitioned executor's jobs go back to `retry` (due at once) within this long of "
+                   "their last renewal plus `Z9_SCHEDULER_INTERVAL_S`, and the lost attempt counts against "
+                   "`Z9_MAX_ATTEMPTS`. Shorter: faster takeover; but a stall longer than it (a database failover, a "
+                   "long pause) hands the job to another executor, and the stalled one stops at its next heartbeat "
+                   "or fenced write.",
+    "heartbeat_s": "How often an executor renews the leases of its running jobs (shorter than `Z9_LEASE_TTL_S`, or the "
+                   "service refuses to start): `Z9_LEASE_TTL_S` − this is how late one renewal may be before the lease "
+                   "expires.",
     "poll_interval_s": "Fallback claim poll of executors (besides NOTIFY), and the LISTEN connection's liveness check.",
     "step_timeout_s": "No progress (no answer about the job's task) for this long: the executor stops renewing the job's lease.",
     "task_poll_s": "How often a Proxmox task (UPID) is polled while a job waits for it.",
@@ -170,6 +181,9 @@ OTHER = [
 
 def _type(ann: Any) -> str:
     origin = typing.get_origin(ann)
+    args = typing.get_args(ann)
+    if type(None) in args and len(args) == 2:  # Optional[X]: "unset" is in the default column
+        return _type(next(a for a in args if a is not type(None)))
     if origin is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(ann))
     if ann is bool:
@@ -194,7 +208,9 @@ def _type(ann: Any) -> str:
         return "JSON list of strings"
     if "SecretStr" in s:
         return "string (secret)"
-    return s
+    if "AddressPoolSettings" in s:
+        return "JSON list of pools"
+    return s.replace("|", "\\|")  # a bare | would split the Markdown table's row
 
 
 def _default(f: FieldInfo) -> str:
