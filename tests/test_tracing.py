@@ -455,6 +455,16 @@ async def test_the_final_delete_continues_the_delete_request_trace(stack: Stack,
     assert _traceparent_trace_id(row.trace_context) == http.context.trace_id
     [js] = await _job_spans(spans, final["id"], 1)
     assert js.context.trace_id == http.context.trace_id
+    # Its verify reads the VM gone (Proxmox answers 500 "does not exist"): an answer, not a failed
+    # call — no ERROR span in a delete that succeeded (n14user: every delete left one).
+    everything = _trace(spans, js.context.trace_id)
+    index = _by_id(everything)
+    mine = [s for s in everything if _descends(s, js, index)]
+    gone = [s for s in mine if s.attributes.get("z9.answer") == "VmMissing"]
+    assert gone and all(s.attributes["http.response.status_code"] == 500 for s in gone)
+    errors = [(s.name, s.status.description) for s in mine if s.status.status_code == StatusCode.ERROR
+              and not (s.name == "GET /nodes/{node}/tasks/{upid}/status" and "no such task" in (s.status.description or ""))]
+    assert not errors, errors
 
 
 # ------------------------------------------------------------------------------ uneventful attempts

@@ -427,27 +427,37 @@ class ProxmoxClient:
         """Stop the client's threads (requests in flight finish in the background)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _call(self, endpoint: str, what: str, fn: Callable[[], Any]) -> Any:
+    async def _call(self, endpoint: str, what: str, fn: Callable[[], Any],
+                    answers: tuple[type[Exception], ...] = ()) -> Any:
         """Run one proxmoxer call in this client's thread pool; translate its errors.
         ``endpoint`` is ``"METHOD /path/template"`` (one of :data:`ENDPOINTS`; logs, the
-        ``z9_proxmox_request*`` metrics and the call's span name)."""
+        ``z9_proxmox_request*`` metrics and the call's span name). ``answers``: translated errors
+        the caller expects as an answer (a config read of a VM that is gone: ``VmMissing``) —
+        raised all the same, but the call's span is not marked failed (the metrics keep the
+        status Proxmox answered)."""
         loop = asyncio.get_running_loop()
         method, _, path = endpoint.partition(" ")
-        with metrics.proxmox_request(self.region, endpoint), \
-                tracing.span(endpoint, {"http.request.method": method, "url.template": path, "z9.region": self.region},
-                             kind=SpanKind.CLIENT) as span:
-            try:
-                # In a copy of this context, so the thread sees this call's span as current.
-                result = await loop.run_in_executor(self._pool, contextvars.copy_context().run, fn)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # translated at this single boundary
-                log.debug("%s (%s) failed: %r", what, endpoint, exc)
-                if isinstance(exc, ResourceException):
-                    span.set_attribute("http.response.status_code", exc.status_code)
-                raise translate(exc, what) from exc
-            span.set_attribute("http.response.status_code", 200)  # proxmoxer raises on any status >= 400
-            return result
+        with metrics.proxmox_request(self.region, endpoint):
+            with tracing.span(endpoint, {"http.request.method": method, "url.template": path, "z9.region": self.region},
+                              kind=SpanKind.CLIENT) as span:
+                try:
+                    # In a copy of this context, so the thread sees this call's span as current.
+                    result = await loop.run_in_executor(self._pool, contextvars.copy_context().run, fn)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # translated at this single boundary
+                    log.debug("%s (%s) failed: %r", what, endpoint, exc)
+                    if isinstance(exc, ResourceException):
+                        span.set_attribute("http.response.status_code", exc.status_code)
+                    err = translate(exc, what)
+                    if not isinstance(err, answers):
+                        raise err from exc
+                    err.__cause__ = exc
+                    span.set_attribute("z9.answer", type(err).__name__)  # expected: not a failed call
+                else:
+                    span.set_attribute("http.response.status_code", 200)  # proxmoxer raises on any status >= 400
+                    return result
+            raise err
 
     # ------------------------------------------------------------------ reads
 
@@ -495,10 +505,10 @@ class ProxmoxClient:
         started = time.monotonic()
         try:
             cfg = await self._call("GET /nodes/{node}/qemu/{vmid}/config", f"read config of VM {vmid}",
-                                   lambda: self._api.nodes(node).qemu(vmid).config.get())
+                                   lambda: self._api.nodes(node).qemu(vmid).config.get(), answers=(VmMissing,))
             st = await self._call("GET /nodes/{node}/qemu/{vmid}/status/current",
                                   f"read status of VM {vmid}",
-                                  lambda: self._api.nodes(node).qemu(vmid).status.current.get())
+                                  lambda: self._api.nodes(node).qemu(vmid).status.current.get(), answers=(VmMissing,))
         except VmMissing:
             self.view.saw(vmid, node, None, started)
             return None
