@@ -412,3 +412,17 @@ def test_the_one_statement_claim_says_what_job_claim_says() -> None:
                              ("{lease_ttl_s}", "lease_ttl_s")):
         claim = claim.replace(placeholder, var)
     assert norm(copy) == norm(claim)
+
+
+async def test_an_executor_stopped_before_it_reached_the_database_exits_cleanly() -> None:
+    """n14user: SIGTERM while the database is unreachable ended the executor with a traceback
+    (the connect retry re-raised once stopping). Now ``run()`` returns at once, without error."""
+    from tests.support import free_port
+
+    ex = Executor(_settings(f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere", 2), ["r1"],
+                  client_factory=lambda r: _NoClient())  # type: ignore[arg-type,return-value]
+    task = asyncio.create_task(ex.run())
+    await asyncio.sleep(0.8)  # a failed connect or two, waiting to retry
+    assert not task.done()
+    ex.stop()
+    await asyncio.wait_for(task, 3)  # returns (no exception), well before the next retry's delay

@@ -93,7 +93,13 @@ class Executor:
         """Serve until :meth:`stop`; then drain (see the module docstring). Retries the database
         connection with backoff at start."""
         conc = self.settings.executor_concurrency
-        self.pool = await self._connect_pool(conc + 4)
+        pool = await self._connect_pool(conc + 4)
+        if pool is None:  # stopped before the database could be reached: nothing to drain
+            for c in self.clients.values():
+                c.close()
+            log.info("executor %s stopped before it reached the database", self.owner)
+            return
+        self.pool = pool
         # the one-statement finish + claim cannot take a region's cap lock and count its running
         # jobs (store.job_claim does): an executor serving a capped region claims the usual way
         self.finisher = FinishBatcher(self.pool, claim_next=self._claim_in_finish, on_claimed=self._claimed,
@@ -119,18 +125,24 @@ class Executor:
                 c.close()
             log.info("executor %s stopped", self.owner)
 
-    async def _connect_pool(self, size: int) -> asyncpg.Pool:
+    async def _connect_pool(self, size: int) -> asyncpg.Pool | None:
+        """The pool, once the database answers (retried with backoff); None when :meth:`stop`
+        came first."""
         delay = 0.5
-        while True:
+        while not self._stopping.is_set():
             try:
                 return await create_service_pool(self.settings, min_size=1, max_size=size,
                                                  application_name="z9-executor")
             except TRANSIENT_DB_ERRORS as e:
                 if self._stopping.is_set():
-                    raise
+                    break
                 log.warning("database unreachable (%s); retrying in %.1fs", e, delay)
-                await asyncio.sleep(delay)
+                try:  # a stop ends the wait at once
+                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+                except TimeoutError:
+                    pass
                 delay = min(delay * 2, 10)
+        return None
 
     # ---------------------------------------------------------------- claiming
 
