@@ -420,53 +420,74 @@ _job_trace: contextvars.ContextVar[_JobTrace | None] = contextvars.ContextVar("z
 _current_rec: contextvars.ContextVar[_Rec | None] = contextvars.ContextVar("z9_job_trace_rec", default=None)
 
 
-@contextmanager
-def _deferred_span(jt: _JobTrace, name: str, attributes: Mapping[str, Any] | None, kind: SpanKind) -> Iterator[Any]:
-    rec = _Rec(name, attributes, kind, _current_rec.get())
-    jt.records.append(rec)
-    token = _current_rec.set(rec)
-    stand_in = _DeferredSpan(rec)
-    try:
-        yield stand_in
-    except BaseException as exc:
-        record_error(exc, stand_in)
-        raise
-    finally:
+class _deferred_span:
+    """A span of a deferred attempt: a record (a class, not a generator: this is the hot path of
+    every job while tracing is on)."""
+
+    __slots__ = ("jt", "rec", "token", "stand_in")
+
+    def __init__(self, jt: _JobTrace, name: str, attributes: Mapping[str, Any] | None, kind: SpanKind):
+        self.jt = jt
+        self.rec = _Rec(name, attributes, kind, _current_rec.get())
+
+    def __enter__(self) -> Any:
+        self.jt.records.append(self.rec)
+        self.token = _current_rec.set(self.rec)
+        self.stand_in = _DeferredSpan(self.rec)
+        return self.stand_in
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        rec = self.rec
+        if exc is not None:
+            record_error(exc, self.stand_in)
         rec.end = time.time_ns()
-        _current_rec.reset(token)
+        _current_rec.reset(self.token)
         if rec.real is not None:  # materialized while it was open
             rec.real.end(end_time=rec.end)
 
 
-@contextmanager
-def _deferred_job(job: Any, ratio: float) -> Iterator[Any]:
-    parent = context_from(job.trace_context)
-    jt = _JobTrace(f"job {job.kind}", job_attributes(job), parent)
-    # the request's trace stays current (log lines carry its id); instrumented queries are not traced
-    ctx_token = otel_context.attach(otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True, parent))
-    jt_token, rec_token = _job_trace.set(jt), _current_rec.set(None)
-    stand_in = _DeferredSpan(jt.job_rec)
-    try:
-        yield stand_in
-    except BaseException as exc:
-        record_error(exc, stand_in)
-        raise
-    finally:
+class _deferred_job:
+    """The span of one job attempt, deferred (:func:`job_span`)."""
+
+    __slots__ = ("job", "ratio", "jt", "ctx_token", "jt_token", "rec_token", "stand_in")
+
+    def __init__(self, job: Any, ratio: float):
+        self.job, self.ratio = job, ratio
+
+    def __enter__(self) -> Any:
+        parent = context_from(self.job.trace_context)
+        self.jt = jt = _JobTrace(f"job {self.job.kind}", job_attributes(self.job), parent)
+        # the request's trace stays current (log lines carry its id); instrumented queries are not
+        # traced. An executor's job task already runs with them suppressed (quiet_context): then a
+        # job without a stored context has nothing to attach.
+        if parent is None and otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+            self.ctx_token = None
+        else:
+            self.ctx_token = otel_context.attach(otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True, parent))
+        self.jt_token, self.rec_token = _job_trace.set(jt), _current_rec.set(None)
+        self.stand_in = _DeferredSpan(jt.job_rec)
+        return self.stand_in
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        jt = self.jt
+        if exc is not None:
+            record_error(exc, self.stand_in)
         jt.job_rec.end = time.time_ns()
         try:
-            if jt.deferred and (jt.eventful() or (ratio > 0 and random.random() < ratio)):
+            if jt.deferred and (jt.eventful() or (self.ratio > 0 and random.random() < self.ratio)):
                 _materialize(jt)
             if jt.job_rec.real is not None:
                 jt.job_rec.real.end(end_time=jt.job_rec.end)
         except Exception:  # tracing is best effort: never fail a job over it
-            log.warning("recording the trace of job %s failed", job.id, exc_info=True)
+            log.warning("recording the trace of job %s failed", self.job.id, exc_info=True)
         finally:
             jt.deferred = False
             if jt.token is not None:
                 otel_context.detach(jt.token)
-            _current_rec.reset(rec_token)
-            _job_trace.reset(jt_token)
-            otel_context.detach(ctx_token)
+            _current_rec.reset(self.rec_token)
+            _job_trace.reset(self.jt_token)
+            if self.ctx_token is not None:
+                otel_context.detach(self.ctx_token)
 
 
 def _replay(rec: _Rec, parent_span: Any) -> Any:
@@ -493,6 +514,19 @@ def _materialize(jt: _JobTrace) -> None:
         s = _replay(rec, rec.parent.real if rec.parent is not None else root)
         if rec.end is not None:
             s.end(end_time=rec.end)
+
+
+def quiet_context() -> contextvars.Context:
+    """A fresh context for the executor's own background work (the finish batcher's task, the
+    claim loop): no job trace, no job's log fields, and instrumented queries not traced — they
+    belong to no request (the sampler would drop them as orphans, after paying for a span each),
+    and a batch task started from one sampled job's context used to put every later batch's
+    queries into that job's trace."""
+    ctx = contextvars.Context()
+    if _active:
+        ctx.run(otel_context.attach, otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True,
+                                                            otel_context.Context()))
+    return ctx
 
 
 def materialize() -> None:

@@ -51,7 +51,7 @@ from typing import Any, Awaitable, Callable
 
 import asyncpg
 
-from z9.common import store
+from z9.common import store, tracing
 from z9.common.db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS
 from z9.common.errors import LeaseLost, LockWaitTimeout
 
@@ -116,7 +116,9 @@ class FinishBatcher:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append(_Finish(ctx, kind, observed, fut))
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="z9-finish-batch")
+            # not in this job's context: the task outlives it and finishes other jobs' batches
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="z9-finish-batch",
+                                                                context=tracing.quiet_context())
         await fut
 
     async def _run(self) -> None:

@@ -91,7 +91,12 @@ class Executor:
 
     async def run(self) -> None:
         """Serve until :meth:`stop`; then drain (see the module docstring). Retries the database
-        connection with backoff at start."""
+        connection with backoff at start. Runs in :func:`tracing.quiet_context` (claims, heartbeats
+        and LISTEN checks are no request's: not traced); each job's task sets up its own trace."""
+        await asyncio.get_running_loop().create_task(self._serve(), name="z9-executor",
+                                                     context=tracing.quiet_context())
+
+    async def _serve(self) -> None:
         conc = self.settings.executor_concurrency
         pool = await self._connect_pool(conc + 4)
         if pool is None:  # stopped before the database could be reached: nothing to drain
