@@ -67,6 +67,9 @@ def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
         if "anyOf" in prop:  # `str | None`: a query parameter is absent rather than null
             kinds_ = [p for p in prop.pop("anyOf") if p.get("type") != "null"]
             prop.update(kinds_[0] if len(kinds_) == 1 else {"anyOf": kinds_})
+        if prop.get("type") == "string" and "pattern" not in prop and "enum" not in prop:
+            # the API answers 422 for a NUL in any query value (middleware.py): say so
+            prop["pattern"] = "^[^\\u0000]*$"
         param = {"name": name, "in": "query", "required": name in schema.get("required", []), "schema": prop}
         if desc:
             param["description"] = desc
