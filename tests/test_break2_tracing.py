@@ -146,3 +146,18 @@ async def test_an_uneventful_attempt_is_dropped(spans: InMemorySpanExporter) -> 
     with tracing.job_span(_job(), 0.0) as s:
         s.set_attribute("job.outcome", "retry")
     assert set(_named(spans)) == {"job StartServer"}
+
+
+async def test_an_error_recorded_after_a_childs_materialize_marks_the_job(spans: InMemorySpanExporter) -> None:
+    async def provision() -> None:
+        tracing.materialize()
+
+    with tracing.job_span(_job(), 0.0) as s:
+        await asyncio.gather(provision())
+        with tracing.span("verify"):
+            pass
+        tracing.record_error(TemporaryError("later"))  # what run_job does for a retry
+        s.set_attribute("job.outcome", "retry")
+    got = _named(spans)
+    assert got["job StartServer"].status.status_code == StatusCode.ERROR
+    assert _parent(got["verify"]) == got["job StartServer"].context.span_id
