@@ -448,15 +448,20 @@ WHERE j.id = ANY($1::text[]) AND j.lease_owner = f.owner AND j.attempt = f.attem
   AND j.status::text = 'running' AND j.lease_expires_at > now() AND j.id NOT IN (SELECT id FROM held);
 
 -- name: job_progress
+-- Renews the lease, so an expired one is lost here too (see job_heartbeat): step_running writes
+-- before the step's fence.
 UPDATE jobs
 SET steps = $4, lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
+  AND lease_expires_at > now()
 RETURNING id, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_remember
+-- Renews the lease: an expired one is lost (see job_heartbeat).
 UPDATE jobs
 SET memo = memo || $4::jsonb, lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
+  AND lease_expires_at > now()
 RETURNING id;
 
 -- name: job_succeed

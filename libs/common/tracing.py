@@ -42,6 +42,7 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -266,8 +267,10 @@ def record_error(exc: BaseException, span: Any = None) -> None:
     (:func:`error_class`)."""
     if span is None:
         jt = _job_trace.get()
-        span = (_DeferredSpan(_current_rec.get() or jt.job_rec) if jt is not None and jt.deferred
-                else trace.get_current_span())
+        span = None if jt is not None and jt.deferred else trace.get_current_span()
+        if jt is not None and (span is None or not span.is_recording()):
+            # deferred, or materialized in another task: the innermost record of the attempt
+            span = _DeferredSpan(_current_rec.get() or jt.job_rec)
     if not span.is_recording():
         return
     span.set_status(Status(StatusCode.ERROR, f"{exc.__class__.__name__}: {exc}"))
@@ -302,8 +305,16 @@ def span(name: str, attributes: Mapping[str, Any] | None = None, *, kind: SpanKi
     if not _active:
         return _OFF
     jt = _job_trace.get()
-    if jt is not None and jt.deferred and parent is None:
-        return _deferred_span(jt, name, attributes, kind)
+    if jt is not None and parent is None:
+        if jt.deferred:
+            return _deferred_span(jt, name, attributes, kind)
+        if not trace.get_current_span().is_recording():
+            # materialized in another task (a gather's child): this task still has the deferred
+            # context; the span goes under the innermost open record of the attempt
+            rec = _current_rec.get() or jt.job_rec
+            if rec.real is not None:
+                parent = otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, False,
+                                                trace.set_span_in_context(rec.real))
     return _recording_span(name, attributes, kind, parent)
 
 
@@ -343,7 +354,7 @@ def job_span(job: Any, uneventful_ratio: float = 1.0) -> ContextManager[Any]:
 class _Rec:
     """A span of a deferred job attempt, kept as data until the attempt proves eventful."""
 
-    __slots__ = ("name", "attributes", "kind", "start", "end", "parent", "status", "events", "real")
+    __slots__ = ("name", "attributes", "kind", "start", "end", "parent", "status", "events", "real", "owner", "token")
 
     def __init__(self, name: str, attributes: Mapping[str, Any] | None, kind: SpanKind, parent: "_Rec | None"):
         self.name, self.kind, self.parent = name, kind, parent
@@ -353,6 +364,32 @@ class _Rec:
         self.status: Status | None = None
         self.events: list[tuple[str, Any, int]] = []  # (name or "exception", attributes or exc, time)
         self.real: Any = None  # the SDK span, once materialized
+        self.owner: Any = None  # the task (or thread) whose ``with`` block it is (_owner())
+        self.token: Any = None  # the context attached in that block once materialized (_attach_for)
+
+
+def _owner() -> Any:
+    """The task running this code, or the thread when no task is: a context token can be detached
+    only where it was attached, and a ``with`` block starts and ends in one task."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop: a thread (the Proxmox client's pool)
+        task = None
+    return task if task is not None else threading.get_ident()
+
+
+def _attach_for(rec: _Rec) -> None:
+    """Make ``rec``'s real span current, instrumentation on, for the rest of ``rec``'s ``with``
+    block when this is that block's task (the token is detached when the block ends); in another
+    task or thread (a gather's child, the Proxmox thread) the context is attached for that task's
+    own context only, which ends with it — its token is never detached elsewhere."""
+    token = otel_context.attach(otel_context.set_value(
+        _SUPPRESS_INSTRUMENTATION_KEY, False, trace.set_span_in_context(rec.real)))
+    if rec.owner == _owner():
+        if rec.token is not None:  # already attached in this block: keep the latest on top
+            otel_context.detach(token)
+            return
+        rec.token = token
 
 
 class _DeferredSpan:
@@ -399,14 +436,13 @@ class _DeferredSpan:
 class _JobTrace:
     """One job attempt's trace while deferred: its records in start order (parents first)."""
 
-    __slots__ = ("job_rec", "parent_ctx", "records", "deferred", "token")
+    __slots__ = ("job_rec", "parent_ctx", "records", "deferred")
 
     def __init__(self, name: str, attributes: dict[str, Any], parent_ctx: Any):
         self.job_rec = _Rec(name, attributes, SpanKind.CONSUMER, None)
         self.parent_ctx = parent_ctx
         self.records: list[_Rec] = []
         self.deferred = True  # False once materialized, or once the attempt ended
-        self.token: Any = None  # the context attached by materialize()
 
     def eventful(self) -> bool:
         """Something to keep: an error anywhere, or an outcome other than ``succeeded``."""
@@ -431,6 +467,7 @@ class _deferred_span:
         self.rec = _Rec(name, attributes, kind, _current_rec.get())
 
     def __enter__(self) -> Any:
+        self.rec.owner = _owner()
         self.jt.records.append(self.rec)
         self.token = _current_rec.set(self.rec)
         self.stand_in = _DeferredSpan(self.rec)
@@ -444,6 +481,12 @@ class _deferred_span:
         _current_rec.reset(self.token)
         if rec.real is not None:  # materialized while it was open
             rec.real.end(end_time=rec.end)
+            if rec.token is not None:  # materialize() ran in this block: its parent is current again
+                otel_context.detach(rec.token)
+                rec.token = None
+                parent = rec.parent if rec.parent is not None else self.jt.job_rec
+                if parent.real is not None and parent.end is None:
+                    _attach_for(parent)
 
 
 class _deferred_job:
@@ -457,6 +500,7 @@ class _deferred_job:
     def __enter__(self) -> Any:
         parent = context_from(self.job.trace_context)
         self.jt = jt = _JobTrace(f"job {self.job.kind}", job_attributes(self.job), parent)
+        jt.job_rec.owner = _owner()
         # the request's trace stays current (log lines carry its id); instrumented queries are not
         # traced. An executor's job task already runs with them suppressed (quiet_context): then a
         # job without a stored context has nothing to attach.
@@ -482,8 +526,9 @@ class _deferred_job:
             log.warning("recording the trace of job %s failed", self.job.id, exc_info=True)
         finally:
             jt.deferred = False
-            if jt.token is not None:
-                otel_context.detach(jt.token)
+            if jt.job_rec.token is not None:
+                otel_context.detach(jt.job_rec.token)
+                jt.job_rec.token = None
             _current_rec.reset(self.rec_token)
             _job_trace.reset(self.jt_token)
             if self.ctx_token is not None:
@@ -537,7 +582,4 @@ def materialize() -> None:
     if jt is None or not jt.deferred:
         return
     _materialize(jt)
-    cur = _current_rec.get()
-    span_ = cur.real if cur is not None else jt.job_rec.real
-    jt.token = otel_context.attach(otel_context.set_value(
-        _SUPPRESS_INSTRUMENTATION_KEY, False, trace.set_span_in_context(span_)))
+    _attach_for(_current_rec.get() or jt.job_rec)

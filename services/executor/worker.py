@@ -98,7 +98,12 @@ class Executor:
 
     async def _serve(self) -> None:
         conc = self.settings.executor_concurrency
-        pool = await self._connect_pool(conc + 4)
+        try:
+            pool = await self._connect_pool(conc + 4)
+        except BaseException:  # cancelled while connecting: nothing to drain, but the clients' threads
+            for c in self.clients.values():
+                c.close()
+            raise
         if pool is None:  # stopped before the database could be reached: nothing to drain
             for c in self.clients.values():
                 c.close()
