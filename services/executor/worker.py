@@ -97,26 +97,28 @@ class Executor:
                                                      context=tracing.quiet_context())
 
     async def _serve(self) -> None:
-        conc = self.settings.executor_concurrency
         try:
-            pool = await self._connect_pool(conc + 4)
-        except BaseException:  # cancelled while connecting: nothing to drain, but the clients' threads
+            pool = await self._connect_pool(self.settings.executor_concurrency + 4)
+            if pool is None:  # stopped before the database could be reached: nothing to drain
+                log.info("executor %s stopped before it reached the database", self.owner)
+                return
+            self.pool = pool
+            await self._claim_loop()
+        finally:  # however it ends (a stop, cancelled while connecting): the clients' threads
             for c in self.clients.values():
                 c.close()
-            raise
-        if pool is None:  # stopped before the database could be reached: nothing to drain
-            for c in self.clients.values():
-                c.close()
-            log.info("executor %s stopped before it reached the database", self.owner)
-            return
-        self.pool = pool
+
+    async def _claim_loop(self) -> None:
+        """Claim and run until :meth:`stop`, then drain and close the pool."""
+        assert self.pool is not None
         # the one-statement finish + claim cannot take a region's cap lock and count its running
         # jobs (store.job_claim does): an executor serving a capped region claims the usual way
         self.finisher = FinishBatcher(self.pool, claim_next=self._claim_in_finish, on_claimed=self._claimed,
                                       claim_one=None if self.caps else self._claim_in_finish_statement)
         listener = asyncio.create_task(self._listen_loop(), name="z9-listen")
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="z9-heartbeat")
-        log.info("executor %s serving regions %s (concurrency %d)", self.owner, ",".join(self.regions), conc)
+        log.info("executor %s serving regions %s (concurrency %d)", self.owner, ",".join(self.regions),
+                 self.settings.executor_concurrency)
         try:
             while not self._stopping.is_set():
                 self._wake.clear()  # a NOTIFY or a finished job during the claim sets it again
@@ -131,8 +133,6 @@ class Executor:
             heartbeat.cancel()
             await asyncio.gather(listener, heartbeat, return_exceptions=True)
             await self.pool.close()
-            for c in self.clients.values():
-                c.close()
             log.info("executor %s stopped", self.owner)
 
     async def _connect_pool(self, size: int) -> asyncpg.Pool | None:
@@ -240,7 +240,8 @@ class Executor:
         bind_job(job)  # every log line of this task carries the job's fields
         try:
             kind = REGISTRY.get(job.kind) or UnknownKind(job.kind)
-            with tracing.job_span(job, self.settings.trace_uneventful_ratio) as span:  # current while the job runs: logs read its ids
+            # the attempt's span (deferred until it has something to do: tracing.job_span)
+            with tracing.job_span(job, self.settings.trace_uneventful_ratio) as span:
                 span.set_attribute("job.outcome", await run_job(ctx, kind))
         except asyncio.CancelledError:
             if not self._stopping.is_set():  # stalled or lease lost; on shutdown _drain counts it
