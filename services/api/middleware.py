@@ -101,15 +101,11 @@ def declared_query_params(document: dict[str, Any], prefix: str = "/v1") -> dict
 
 @web.middleware
 async def query_params_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """400 naming every query parameter the matched route does not declare; 422 naming every one
-    whose value holds a NUL character (no database text can: PostgreSQL refuses the statement,
+    """400 naming every query parameter the matched route does not declare (first: an undeclared
+    one is the request's first fault, and a route without query parameters documents no 422); then
+    422 naming every one whose value holds a NUL character (no database text can: PostgreSQL refuses the statement,
     which would otherwise be a 500 for whichever filter reached it)."""
     resource = request.match_info.route.resource
-    if request.query:
-        nul = sorted({k for k, v in request.query.items() if "\x00" in v})
-        if nul:
-            raise ValidationFailed(f"{', '.join(nul)}: a query parameter's value cannot contain a NUL character",
-                                   details=[{"field": k, "message": "contains a NUL character"} for k in nul])
     if resource is not None and request.query:
         allowed = request.app[QUERY_PARAMS].get((request.method, resource.canonical))
         if allowed is not None:
@@ -120,6 +116,11 @@ async def query_params_middleware(request: web.Request, handler: Handler) -> web
                                  f"({request.method} {resource.canonical} accepts: {accepted})",
                                  code="unknown_parameter",
                                  details=[{"field": k, "message": "unknown query parameter"} for k in unknown])
+    if request.query:  # after the 400: only a declared parameter (documented with its 422) gets here
+        nul = sorted({k for k, v in request.query.items() if "\x00" in v})
+        if nul:
+            raise ValidationFailed(f"{', '.join(nul)}: a query parameter's value cannot contain a NUL character",
+                                   details=[{"field": k, "message": "contains a NUL character"} for k in nul])
     return await handler(request)
 
 

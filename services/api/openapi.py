@@ -36,13 +36,15 @@ _STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted: poll the job until it
 def _refusals(op: Operation) -> set[int]:
     """What an operation may answer before its own checks, from the app's middleware: an invalid
     Idempotency-Key (400) or one already used with another request (422), a read-only token on a
-    mutation (403), a body over the limit (413), the rate limit (429), the database unreachable
+    mutation (403), an invalid value of a declared query parameter (422), a body over the limit (413), the rate limit (429), the database unreachable
     (503) — for authenticated operations."""
     if 401 not in op.responses:
         return set()
     out = {429, 503}
     if op.idempotent:
         out |= {400, 422}
+    if op.query is not None:  # a declared query parameter's value is validated (a NUL in it: 422)
+        out.add(422)
     if op.method.upper() not in ("GET", "HEAD"):
         out.add(403)
     if op.request is not None:
