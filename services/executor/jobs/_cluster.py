@@ -362,14 +362,21 @@ async def provision(ctx: JobContext, world: World, m: MemberSpec, *, init: bool)
     await detach_bootstrap(ctx, cluster, vm, step)
 
 
+def token_clock() -> float:
+    """Wall-clock seconds a join token's age is measured in (its memo's ``minted_at``: the memo
+    outlives the attempt and the executor). Tests replace it to age a token without waiting."""
+    return time.time()
+
+
 async def _token(ctx: JobContext, world: World, m: MemberSpec) -> str:
     """The member's join token: remembered (memo) before it is registered on a control plane;
     replaced when older than half its ttl."""
     ttl = ctx.settings.cluster_join_token_ttl_s
     key = f"token:{m.name}"  # one memo key per member: parallel members' writes never overwrite each other
     got = ctx.memo.get(key)
-    if got is None or time.time() - float(got["minted_at"]) > ttl / 2:
-        got = {"token": pki.new_bootstrap_token(), "minted_at": time.time()}
+    now = token_clock()
+    if got is None or now - float(got["minted_at"]) > ttl / 2:
+        got = {"token": pki.new_bootstrap_token(), "minted_at": now}
         await ctx.remember(**{key: got})
     cp = await _api_vm(ctx, world)
     code, out, err = await ctx.pve.agent_exec(cp.node, cp.vmid, ["kubeadm", "token", "create", got["token"], "--ttl",
