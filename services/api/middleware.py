@@ -129,10 +129,12 @@ async def query_params_middleware(request: web.Request, handler: Handler) -> web
 class TokenBuckets:
     """A token bucket per API token: ``burst`` requests at once, refilled at ``per_s``."""
 
-    def __init__(self, per_s: float, burst: int, *, max_entries: int = 100_000):
+    def __init__(self, per_s: float, burst: int, *, max_entries: int = 100_000,
+                 clock: Callable[[], float] = time.monotonic):
         self.per_s = per_s
         self.burst = burst
         self.max_entries = max_entries
+        self.clock = clock  # seconds, monotonic (tests replace it)
         self._buckets: dict[str, tuple[float, float]] = {}  # token id → (level, monotonic time)
 
     @property
@@ -141,7 +143,7 @@ class TokenBuckets:
 
     def take(self, key: str, now: float | None = None) -> tuple[bool, float]:
         """Spend one unit of ``key``'s bucket; (allowed, level after)."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         level, at = self._buckets.get(key, (float(self.burst), now))
         level = min(float(self.burst), level + (now - at) * self.per_s)
         allowed = level >= 1.0
