@@ -49,6 +49,9 @@ Admin API (no auth, loopback peers only), JSON in and out:
   running, it booted from the drive they generate;
   ``DELETE /_sim/vms/{vmid}`` → ``{"deleted": 1}``.
 - ``POST /_sim/flock`` ``{vmid, seconds}`` → ``{"ok": true}``: hold the VM's config flock (lock contention).
+- ``POST /_sim/tasks/hold`` ``{type}`` → ``{"ok": true}``: workers of that task type (``qmclone``...) do
+  not end, past their duration, until ``POST /_sim/tasks/release`` ``{type?}`` (none: every type) or a
+  reset — a test sees a task's in-between state (its lock) without racing the task's duration.
 - ``GET /_sim/k8s/clusters`` → the kubeadm model's clusters; ``POST /_sim/k8s/expire-tokens`` → every
   bootstrap token expires now (fault), see :mod:`z9.sim.kubeadm`.
 - ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
@@ -786,6 +789,23 @@ async def admin_vm_delete(request: web.Request) -> web.Response:
     return web.json_response({"deleted": int(ok)}, status=200 if ok else 404)
 
 
+async def admin_tasks_hold(request: web.Request) -> web.Response:
+    """Workers of ``type`` run past their duration until released (a reset releases all)."""
+    ttype = (await _json(request)).get("type")
+    if not isinstance(ttype, str) or not ttype:
+        return web.json_response({"error": "bad hold request: type (a task type) is required"}, status=400)
+    request.app[CTX].cluster.hold_tasks(ttype)
+    return web.json_response({"ok": True})
+
+
+async def admin_tasks_release(request: web.Request) -> web.Response:
+    ttype = (await _json(request)).get("type")
+    if ttype is not None and not isinstance(ttype, str):
+        return web.json_response({"error": "bad release request: type must be a task type"}, status=400)
+    request.app[CTX].cluster.release_tasks(ttype)
+    return web.json_response({"ok": True})
+
+
 async def admin_flock(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     b = await _json(request)
@@ -957,6 +977,8 @@ def create_app(ctx: SimContext) -> web.Application:
     app.router.add_post("/_sim/vms", admin_vm_put)
     app.router.add_delete("/_sim/vms/{vmid:\\d+}", admin_vm_delete)
     app.router.add_post("/_sim/flock", admin_flock)
+    app.router.add_post("/_sim/tasks/hold", admin_tasks_hold)
+    app.router.add_post("/_sim/tasks/release", admin_tasks_release)
     app.router.add_put("/_sim/config", admin_config)
     app.router.add_get("/_sim/guests/{vmid:\\d+}", admin_guest)
     app.router.add_post("/_sim/k8s/expire-tokens", admin_k8s_expire_tokens)

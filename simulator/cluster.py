@@ -295,6 +295,7 @@ class Cluster:
                  guest: GuestSettings | None = None):
         self.nodes = list(nodes)
         self.task_seconds = dict(task_seconds or {})
+        self._held: dict[str, asyncio.Event] = {}  # task type → released when set (hold_tasks)
         self.task_default_s = task_default_s
         self.stats_lag_s = stats_lag_s
         self.task_invisible_s = task_invisible_s
@@ -321,6 +322,7 @@ class Cluster:
     async def stop(self) -> None:
         if self._stats_loop:
             self._stats_loop.cancel()
+        self.release_tasks()
         for t in list(self._workers):
             t.cancel()
         await asyncio.gather(*self._workers, *( [self._stats_loop] if self._stats_loop else []),
@@ -409,6 +411,25 @@ class Cluster:
     def duration(self, ttype: str) -> float:
         return self.task_seconds.get(ttype, self.task_default_s)
 
+    async def task_time(self, ttype: str) -> None:
+        """A ``ttype`` worker's running time: its duration, then as long as that type is held
+        (:meth:`hold_tasks`) — a test looks at a task's in-between state without racing its clock."""
+        await asyncio.sleep(self.duration(ttype))
+        gate = self._held.get(ttype)
+        if gate is not None:
+            await gate.wait()
+
+    def hold_tasks(self, ttype: str) -> None:
+        """Workers of ``ttype`` (already running or started later) do not end until :meth:`release_tasks`."""
+        self._held.setdefault(ttype, asyncio.Event())
+
+    def release_tasks(self, ttype: str | None = None) -> None:
+        """Let the held workers of ``ttype`` (None: of every type) end."""
+        for t in [ttype] if ttype is not None else list(self._held):
+            gate = self._held.pop(t, None)
+            if gate is not None:
+                gate.set()
+
     # ---- tasks -----------------------------------------------------------------------------------
     def new_task(self, node: str, ttype: str, tid: str | int, user: str) -> Task:
         pid = next(self._pid)
@@ -437,7 +458,7 @@ class Cluster:
         ok = False
         try:
             if fail_exitstatus and not fail_exitstatus.startswith("WARNINGS"):
-                await asyncio.sleep(self.duration(task.type))
+                await self.task_time(task.type)
                 raise PveError(500, fail_exitstatus)
             await plan.run(task)
             ok = True
@@ -688,7 +709,7 @@ class Cluster:
 
         async def run(task: Task) -> None:
             async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
-                await asyncio.sleep(self.duration("qmconfig"))
+                await self.task_time("qmconfig")
                 v = self.vm_alive(vm)
                 self._check_config_write(v, {k: x for k, x in params.items() if k != "digest"})
                 self._apply_config(v, params)
@@ -748,7 +769,7 @@ class Cluster:
 
         async def run(task: Task) -> None:
             async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["create"]):
-                await asyncio.sleep(self.duration("qmcreate"))
+                await self.task_time("qmcreate")
                 conf: dict[str, str] = {}
                 disk_n = 0
                 for k, v in params.items():
@@ -837,7 +858,7 @@ class Cluster:
                     conf["name"] = params.get("name") or f"Copy-of-VM-{source.config.get('name', vmid)}"
                     if params.get("description") is not None:
                         conf["description"] = params["description"]
-                    await asyncio.sleep(self.duration("qmclone"))
+                    await self.task_time("qmclone")
                     if self.vms.get(newid) is not placeholder:
                         raise PveError(500, f"unable to create VM {newid}: config file already exists")
                     placeholder.config = conf
@@ -871,7 +892,7 @@ class Cluster:
                     if DISK_RE.fullmatch(k) and ("media=cdrom" not in val or "cloudinit" in val):
                         task.lines.append(f"  Logical volume \"{val.split(',')[0].split(':')[-1]}\" successfully removed.")
                 v.config = {"lock": "destroyed"}
-                await asyncio.sleep(self.duration("qmdestroy"))
+                await self.task_time("qmdestroy")
                 if self.vms.get(vmid) is v:
                     del self.vms[vmid]
                     self.firewall.remove(vmid)
@@ -900,20 +921,20 @@ class Cluster:
                     if v.running:
                         raise PveError(500, f"VM {vmid} already running")
                     self.check_volumes(v)
-                    await asyncio.sleep(self.duration(ttype))
+                    await self.task_time(ttype)
                     self.apply_cloudinit(v)
                     v.running, v.started_at = True, time.time()
                     self.guests.power_on(v)
                 elif action in ("stop", "shutdown"):
                     if not v.running:
                         return
-                    await asyncio.sleep(self.duration(ttype))
+                    await self.task_time(ttype)
                     v.running, v.started_at = False, None
                     self.guests.power_off(vmid)
                 else:
                     if not v.running:
                         raise PveError(500, f"VM {vmid} not running")
-                    await asyncio.sleep(self.duration(ttype))
+                    await self.task_time(ttype)
                     if action == "reboot":  # qm reboot: shutdown, then a new start (which regenerates cloud-init)
                         try:
                             self.check_volumes(v)
@@ -966,7 +987,7 @@ class Cluster:
                 new = old + amount if rel else amount
                 if new < old:
                     raise PveError(500, "shrinking disks is not supported")
-                await asyncio.sleep(self.duration("resize"))
+                await self.task_time("resize")
                 if new == old:
                     return
                 task.lines.append(f"  Size of logical volume changed from {format_size(old)} to {format_size(new)}.")

@@ -296,7 +296,7 @@ class Storage:
         async def run(task: "Task") -> None:
             task.lines.append(f"starting file import from: {tmp}")
             algo, expect = params.get("checksum-algorithm"), params.get("checksum")
-            await asyncio.sleep(self.cluster.duration("imgcopy"))
+            await self.cluster.task_time("imgcopy")
             if algo:
                 got = hashlib.new(algo, data).hexdigest()
                 if got.lower() != (expect or "").lower():
@@ -340,7 +340,7 @@ class Storage:
             raise PveError(501, f"deleting the disk image '{volid}' is not implemented (z9 simulator)")
 
         async def run(task: "Task") -> None:
-            await asyncio.sleep(self.cluster.duration("imgdel"))
+            await self.cluster.task_time("imgdel")
             bucket = self._bucket(sid, node)
             if volname in bucket:
                 del bucket[volname]
