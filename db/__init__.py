@@ -124,6 +124,15 @@ _DESCRIBE = {
         FROM pg_type t JOIN pg_enum e ON e.enumtypid = t.oid
         JOIN pg_namespace n ON n.oid = t.typnamespace
         WHERE n.nspname = 'public' GROUP BY t.typname""",
+    "domains": """
+        SELECT t.typname || ' ' || format_type(t.typbasetype, t.typtypmod)
+               || coalesce(' ' || string_agg(k.conname || ' ' || pg_get_constraintdef(k.oid)
+                                             || CASE WHEN k.convalidated THEN '' ELSE ' NOT VALID' END,
+                                             ', ' ORDER BY k.conname), '')
+        FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+        LEFT JOIN pg_constraint k ON k.contypid = t.oid
+        WHERE n.nspname = 'public' AND t.typtype = 'd'
+        GROUP BY t.oid, t.typname, t.typbasetype, t.typtypmod""",
     "functions": """
         SELECT p.proname || ' ' || md5(pg_get_functiondef(p.oid))
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'""",
@@ -136,7 +145,7 @@ _DESCRIBE = {
 
 async def describe_schema(conn: asyncpg.Connection) -> dict[str, list[str]]:
     """A sorted, comparable description of the ``public`` schema (tables, columns, constraints,
-    indexes, enums, functions, triggers), leaving out ``schema_migrations``."""
+    indexes, enums, domains, functions, triggers), leaving out ``schema_migrations``."""
     out: dict[str, list[str]] = {}
     for key, sql in _DESCRIBE.items():
         out[key] = sorted(r[0] for r in await conn.fetch(sql))

@@ -109,6 +109,15 @@ CREATE TRIGGER servers_remember_power
     EXECUTE FUNCTION servers_remember_power();
 
 
+-- (migration 0014) The jobs table's one-column checks are domains: checked when a value is
+-- assigned, not on every UPDATE of the row (see the migration).
+CREATE DOMAIN job_attempt AS integer CONSTRAINT jobs_attempt_check CHECK (VALUE >= 0);
+CREATE DOMAIN job_max_attempts AS integer CONSTRAINT jobs_max_attempts_check CHECK (VALUE >= 1);
+CREATE DOMAIN job_steps AS jsonb CONSTRAINT jobs_steps_check CHECK (jsonb_typeof(VALUE) = 'array');
+CREATE DOMAIN job_memo AS jsonb CONSTRAINT jobs_memo_check CHECK (jsonb_typeof(VALUE) = 'object');
+CREATE DOMAIN job_error AS jsonb CONSTRAINT jobs_error_check CHECK (VALUE IS NULL OR (VALUE ? 'class' AND VALUE ? 'message'));
+CREATE DOMAIN job_request_id AS text CONSTRAINT jobs_request_id_check CHECK (length(VALUE) <= 200);
+
 CREATE TABLE jobs (
     id                text PRIMARY KEY CHECK (id ~ '^job_[0-9a-z]{26}$'),
     seq               bigint GENERATED ALWAYS AS IDENTITY,
@@ -119,14 +128,14 @@ CREATE TABLE jobs (
     resource_id       text,
     args              jsonb NOT NULL DEFAULT '{}',
     status            job_status NOT NULL DEFAULT 'pending',
-    attempt           integer NOT NULL DEFAULT 0 CHECK (attempt >= 0),
-    max_attempts      integer NOT NULL DEFAULT 10 CHECK (max_attempts >= 1),
+    attempt           job_attempt NOT NULL DEFAULT 0,
+    max_attempts      job_max_attempts NOT NULL DEFAULT 10,
     run_after         timestamptz NOT NULL DEFAULT now(),
     lease_owner       text,
     lease_expires_at  timestamptz,
-    steps             jsonb NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(steps) = 'array'),
-    memo              jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(memo) = 'object'),
-    error             jsonb CHECK (error IS NULL OR (error ? 'class' AND error ? 'message')),
+    steps             job_steps NOT NULL DEFAULT '[]',
+    memo              job_memo NOT NULL DEFAULT '{}',
+    error             job_error,
     trace_context     jsonb,
     created_at        timestamptz NOT NULL DEFAULT now(),
     started_at        timestamptz,
@@ -137,7 +146,7 @@ CREATE TABLE jobs (
     extra_lock_keys   text[] NOT NULL DEFAULT '{}',
     -- migration 0007: the API token that asked for the job (NULL: z9 itself) and its request id
     actor_token_id    text,
-    request_id        text CHECK (length(request_id) <= 200),
+    request_id        job_request_id,
     -- migration 0010: pending behind an earlier live job holding one of its lock keys (kept by
     -- the triggers jobs_block_on_insert / jobs_unblock_after_end); the claim does not scan it
     blocked           boolean NOT NULL DEFAULT false,
