@@ -117,3 +117,15 @@ async def test_job_page_token_survives_pruning(api: Stack) -> None:
     assert status == 200 and [j["id"] for j in out["jobs"]] == made[3:]
     status, out = await api.call("GET", f"/jobs?after={made[0]}")
     assert status == 422 and "page token" in out["error"]["message"]
+
+
+async def test_a_page_token_past_every_position_is_an_empty_page(api: Stack) -> None:
+    """Every ``pg_`` token of up to 13 base-36 digits matches the document's pattern, but those past
+    the largest bigint (pg_1y2p0ij32e8e8 and up) were handed to PostgreSQL as is: a 500
+    (schemathesis' positive data). A position past every job is the end: an empty page."""
+    await api.create_server("past")
+    for token in ("pg_1y2p0ij32e8e7", "pg_1y2p0ij32e8e8", "pg_zzzzzzzzzzzzz"):
+        status, out = await api.call("GET", f"/jobs?after={token}")
+        assert status == 200 and out == {"jobs": [], "next_after": None}, (token, out)
+    status, out = await api.call("GET", "/jobs?after=pg_0")
+    assert status == 200 and len(out["jobs"]) == 1, out
