@@ -194,6 +194,30 @@ async def test_superscript_limit_is_422_not_500(api: Stack) -> None:
     assert status == 422, out
 
 
+async def test_ssh_keys_accepted_are_exactly_what_the_document_allows(api: Stack) -> None:
+    """The document's pattern and the API agree on what may surround a key and on its length.
+    It said ``\\s``, which each reader takes differently (ECMA-262 adds U+FEFF, schemathesis' Rust
+    engine U+0085, Python's ``str.strip`` U+001C-U+001F too), and the API stripped before it
+    measured: a key with U+001C around it, or padded past 16384 characters, was refused by the
+    document and accepted (202) by the API (schemathesis' negative data)."""
+    import re
+
+    from z9.api.schemas import SSH_KEY_PATTERN
+
+    accepted = [KEY, f" {KEY}\r\n", f"\t{KEY}\n", " " * (16384 - len(KEY)) + KEY]
+    refused = [f"\x1c{KEY}", f"{KEY}\x1f", f"\x85{KEY}", f"\u00a0{KEY}", f"\ufeff{KEY}", f"\u2028{KEY}",
+               f"\x0b{KEY}", " " * (16385 - len(KEY)) + KEY, KEY + "\n" * (16385 - len(KEY))]
+    for i, key in enumerate(accepted + refused):
+        ok = key in accepted
+        assert bool(re.search(SSH_KEY_PATTERN, key)) and len(key) <= 16384 if ok else \
+            not (re.search(SSH_KEY_PATTERN, key) and len(key) <= 16384), repr(key[:3])  # the document
+        status, out = await api.call("POST", "/servers", json=body(name=f"k-{i}", ssh_keys=[key]))
+        if ok:
+            assert status == 202 and out["server"]["ssh_keys"] == [KEY], (repr(key[:3]), out)
+        else:
+            assert status == 422 and out["error"]["details"][0]["field"] == "ssh_keys", (repr(key[:3]), out)
+
+
 async def test_nul_in_ssh_key_is_422_not_500(api: Stack) -> None:
     status, out = await api.call("POST", "/servers", json=body(ssh_keys=["ssh-ed25519 AAAA\u0000 a@b"]))
     assert status == 422, out

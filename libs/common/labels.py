@@ -22,11 +22,16 @@ VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
 # What :func:`parse` accepts, as one regular expression (the OpenAPI document's ``pattern`` of
 # ``label_selector``; tests/test_filters.py checks the two agree)
 _V1 = r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?"
-_REQ = (rf"({KEY.pattern}\s+in\s+\(\s*({_V1}(\s*,\s*{VALUE.pattern})*|{VALUE.pattern}(\s*,\s*{VALUE.pattern})+)\s*\)"
-        rf"|{KEY.pattern}\s*(!=|==?)\s*{VALUE.pattern}|!\s*{KEY.pattern}|{KEY.pattern})")
-SELECTOR_PATTERN = rf"^\s*{_REQ}\s*(,\s*{_REQ}\s*)*$"
-_IN = re.compile(r"(?P<key>[^\s!=(),]+)\s+in\s+\((?P<values>[^()]*)\)")
-_NOTIN = re.compile(r"[^\s!=(),]+\s+notin\s+\(")
+# The space allowed around the parts: ASCII's six, spelt out. ``\s`` is another set in each
+# dialect (ECMA-262 adds U+FEFF, Rust's engine U+0085, Python's ``str.strip`` U+001C-U+001F), so
+# the document and the parser would disagree on the edges.
+SPACE = " \t\n\r\f\v"
+_S = r"[ \t\n\r\f\v]"
+_REQ = (rf"({KEY.pattern}{_S}+in{_S}+\({_S}*({_V1}({_S}*,{_S}*{VALUE.pattern})*|{VALUE.pattern}({_S}*,{_S}*{VALUE.pattern})+){_S}*\)"
+        rf"|{KEY.pattern}{_S}*(!=|==?){_S}*{VALUE.pattern}|!{_S}*{KEY.pattern}|{KEY.pattern})")
+SELECTOR_PATTERN = rf"^{_S}*{_REQ}{_S}*(,{_S}*{_REQ}{_S}*)*$"
+_IN = re.compile(rf"(?P<key>[^ \t\n\r\f\v!=(),]+){_S}+in{_S}+\((?P<values>[^()]*)\)")
+_NOTIN = re.compile(rf"[^ \t\n\r\f\v!=(),]+{_S}+notin{_S}+\(")
 
 
 @dataclass
@@ -70,7 +75,7 @@ def _split(text: str) -> list[str]:
     if depth:
         raise ValueError("unbalanced '('")
     parts.append(cur)
-    return [p.strip() for p in parts]
+    return [p.strip(SPACE) for p in parts]
 
 
 def _key(k: str, req: str) -> str:
@@ -94,24 +99,24 @@ def parse(text: str) -> Selector:
         if not req:
             raise ValueError("an empty requirement (two commas, or a trailing comma)")
         if m := _IN.fullmatch(req):
-            values = [v.strip() for v in m.group("values").split(",")]
+            values = [v.strip(SPACE) for v in m.group("values").split(",")]
             if not values or values == [""]:
                 raise ValueError(f"{req!r}: 'in' needs at least one value")
             sel.in_.append({"k": _key(m.group("key"), req), "v": [_value(v, req) for v in values]})
         elif _NOTIN.match(req):
             raise ValueError(f"{req!r}: 'notin' is not supported (use k!=v for each value)")
         elif "!=" in req:
-            k, v = (s.strip() for s in req.split("!=", 1))
+            k, v = (s.strip(SPACE) for s in req.split("!=", 1))
             sel.ne.append({_key(k, req): _value(v, req)})
         elif "==" in req or "=" in req:
-            k, v = (s.strip() for s in req.split("==" if "==" in req else "=", 1))
+            k, v = (s.strip(SPACE) for s in req.split("==" if "==" in req else "=", 1))
             k, v = _key(k, req), _value(v, req)
             if k in sel.eq and sel.eq[k] != v:
                 sel.eq[k] = v
                 sel.in_.append({"k": k, "v": []})  # k=a,k=b: nothing matches
             sel.eq[k] = v
         elif req.startswith("!"):
-            sel.absent.append(_key(req[1:].strip(), req))
+            sel.absent.append(_key(req[1:].strip(SPACE), req))
         else:
             sel.exists.append(_key(req, req))
     return sel

@@ -129,9 +129,15 @@ def page_token(seq: int) -> str:
     return "pg_" + _base36(seq)
 
 
+SEQ_MAX = 2**63 - 1  # jobs.seq is a bigint: pg_1y2p0ij32e8e7
+
+
 def page_seq(text: str) -> int | None:
+    """The position of a page token (None: not one). Every token the document's pattern allows
+    (up to 13 base-36 digits) is one; those past the largest bigint mean "after every job" (an
+    empty page), not a value PostgreSQL refuses."""
     m = _PAGE.fullmatch(text)
-    return int(m.group(1), 36) if m else None
+    return min(int(m.group(1), 36), SEQ_MAX) if m else None
 
 
 def _base36(n: int) -> str:

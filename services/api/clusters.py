@@ -361,10 +361,9 @@ def actions(api: ApiResource) -> list[Operation]:
         def fn(pools: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if any(p["name"] == spec.name for p in pools):
                 raise Conflict(f"the cluster already has a node pool named {spec.name!r}", code="uniqueness_error")
-            if len(pools) >= MAX_POOLS:
-                raise ValidationFailed(f"node_pools: a cluster has at most {MAX_POOLS} node pools (this one has "
-                                       f"{len(pools)}); remove one first",
-                                       details=[{"field": "node_pools", "message": "too many node pools"}])
+            if len(pools) >= MAX_POOLS:  # the cluster's state, not the body: 409 (as a load balancer's)
+                raise Conflict(f"the cluster has {len(pools)} node pools, the most a cluster has ({MAX_POOLS}); "
+                               "remove one first", code="resource_limit_exceeded")
             return pools + [spec.model_dump()]
 
         return await _action(request, "POST /clusters/{id}/actions/add-node-pool", spec.model_dump(), fn)

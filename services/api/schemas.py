@@ -16,8 +16,12 @@ SSH_KEY_PREFIXES = ("ssh-", "ecdsa-sha2-", "sk-ssh-", "sk-ecdsa-")
 
 
 # One OpenSSH public key line (as ``ssh_keys`` accepts it: trimmed, printable ASCII, a key type
-# then at least one more field)
-SSH_KEY_PATTERN = r"^\s*(ssh-|ecdsa-sha2-|sk-ssh-|sk-ecdsa-)[!-~]*( +[!-~]+)+\s*$"
+# then at least one more field). Around it: spaces, tabs and line ends only, spelt out — ``\s``
+# is another set in each regex dialect (ECMA-262, the Rust engine of validators, Python's
+# ``str.strip``), so the document and the API would disagree on its edges.
+SSH_KEY_SPACE = " \t\r\n"
+SSH_KEY_MAX = 16384  # characters, the surrounding space included (the document's maxLength)
+SSH_KEY_PATTERN = r"^[ \t\r\n]*(ssh-|ecdsa-sha2-|sk-ssh-|sk-ecdsa-)[!-~]*( +[!-~]+)+[ \t\r\n]*$"
 
 def at_least_one(*fields: str) -> dict[str, Any]:
     """A body's JSON Schema rule "at least one of ``fields`` is given and not null" (for a model
@@ -68,7 +72,7 @@ class ServerCreate(BaseModel):
     memory_mib: StrictInt = Field(ge=512, le=1048576)
     disk_gib: StrictInt = Field(ge=1, le=16384)
     ssh_keys: list[Annotated[StrictStr, WithJsonSchema({"type": "string", "pattern": SSH_KEY_PATTERN,
-                                                         "maxLength": 16384})]] = Field(default_factory=list,
+                                                         "maxLength": SSH_KEY_MAX})]] = Field(default_factory=list,
                                                                                         max_length=32)
     public_ipv4: StrictBool | Annotated[StrictStr, Field(pattern=r"^adr_[0-9a-z]{26}$")] = Field(
         False, description="true: a primary IPv4 address from the region's pool (the lowest free IP), "
@@ -79,10 +83,10 @@ class ServerCreate(BaseModel):
     @classmethod
     def _keys(cls, keys: list[str]) -> list[str]:
         out = []
-        for i, k in enumerate(keys):
-            k = k.strip()
+        for i, raw in enumerate(keys):
+            k = raw.strip(SSH_KEY_SPACE)
             if (not k.isascii() or not k.isprintable() or not k.startswith(SSH_KEY_PREFIXES)
-                    or len(k.split()) < 2 or len(k) > 16384):
+                    or len(k.split()) < 2 or len(raw) > SSH_KEY_MAX):
                 raise ValueError(f"ssh_keys[{i}] is not a single OpenSSH public key line")
             out.append(k)
         return out
