@@ -72,6 +72,14 @@ class SimAdmin:
     async def configure(self, **cfg: Any) -> None:
         await self._req("PUT", "/config", json=cfg)
 
+    async def hold_tasks(self, task_type: str) -> None:
+        """Tasks of ``task_type`` (``qmclone``…) keep running past their duration until
+        :meth:`release_tasks`: a test looks at a task's in-between state however slow the machine."""
+        await self._req("POST", "/tasks/hold", json={"type": task_type})
+
+    async def release_tasks(self, task_type: str | None = None) -> None:
+        await self._req("POST", "/tasks/release", json={} if task_type is None else {"type": task_type})
+
     async def delete_vm(self, vmid: int) -> None:
         await self._req("DELETE", f"/vms/{vmid}")
 

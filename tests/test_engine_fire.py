@@ -607,7 +607,10 @@ async def test_sigterm_stops_claiming_and_hands_the_running_job_over(api: Stack,
     clone task."""
     pool = api.pool
     await install_job_log(pool)
-    await sim.configure(task_seconds={"qmclone": 6.0})
+    # The clone runs until released (not for a fixed time): B's start, however slow on a loaded
+    # machine, cannot outlast it (A then had nothing running at SIGTERM and exited at once).
+    await sim.configure(task_seconds={"qmclone": 1.0})
+    await sim.hold_tasks("qmclone")
     services.start("scheduler")
     a = services.start("executor", shutdown_grace_s=2.0)
     owner_a = await services.executor_owner(a)
@@ -622,6 +625,7 @@ async def test_sigterm_stops_claiming_and_hands_the_running_job_over(api: Stack,
     _, job2 = await api.create_server("term-2")  # arrives while A drains, with capacity to spare
     assert await a.wait_exit(20) == 0
     assert "handed over" in a.log()
+    await sim.release_tasks("qmclone")
 
     done = await api.wait_job(job["id"], timeout_s=30)
     assert done["status"] == "succeeded" and done["attempt"] == 1, done  # the handed-over attempt given back
