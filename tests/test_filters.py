@@ -10,7 +10,7 @@ from tests.support import Stack
 
 
 def test_the_documented_selector_pattern_agrees_with_the_parser() -> None:
-    """``label_selector``'s pattern in the OpenAPI document accepts exactly what the parser does:
+    r"""``label_selector``'s pattern in the OpenAPI document accepts exactly what the parser does:
     strings drawn from the pattern parse, and random selector-like strings are accepted by both
     or by neither. Read with ``re.ASCII``, as schemathesis reads patterns: the space around the
     parts must be the same for every regex dialect (``\s`` is not — ECMA-262 adds U+FEFF, Rust

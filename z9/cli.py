@@ -198,7 +198,8 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     if code == 0:
         applied, pools = result
         print(f"applied migrations: {applied}" if applied else "schema is up to date")
-        print(f"address pools: {', '.join(pools) or 'none configured'}")
+        print(f"address pools: {', '.join(pools)}" if pools else
+              "address pools: none in Z9_REGIONS (the database's pools were left as they are)")
     return code
 
 
@@ -315,8 +316,26 @@ class _SectionedHelp(argparse.RawDescriptionHelpFormatter):
 OPERATOR_COMMANDS = ("api", "scheduler", "executor", "reaper", "migrate", "token", "quota", "sim", "dev")
 
 
+class _Parser(argparse.ArgumentParser):
+    """``z9``'s own parser: an unrecognised argument of a customer command (reported here, not by
+    the command's parser) exits 64 as the command's own usage errors do — 2 means "deadline"."""
+
+    customer: frozenset[str] = frozenset()
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        argv = sys.argv[1:] if self._argv is None else self._argv
+        if argv[:1] and argv[0] in self.customer:
+            from z9.client.cli import USAGE
+
+            self.print_usage(sys.stderr)
+            self.exit(USAGE, f"{self.prog}: error: {message}\n")
+        super().error(message)
+
+    _argv: list[str] | None = None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="z9", description="z9 control-plane job system", formatter_class=_SectionedHelp)
+    p = _Parser(prog="z9", description="z9 control-plane job system", formatter_class=_SectionedHelp)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("api", help="serve the REST API")
@@ -373,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     from z9.client.cli import register as register_customer_commands
 
     customer = register_customer_commands(sub)
+    p.customer = frozenset(customer)
     helps = {a.dest: a.help for a in sub._choices_actions}
     width = max(len(n) for n in helps)
     p.epilog = (
@@ -404,7 +424,9 @@ def main(argv: list[str] | None = None) -> int:
         from z9.sim.server import main as sim_main
 
         return sim_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    parser._argv = argv
+    args = parser.parse_args(argv)
     if args.command not in OPERATOR_COMMANDS:  # a customer command: the API, no settings
         from z9.client.cli import run as run_customer_command
 

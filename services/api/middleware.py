@@ -101,7 +101,8 @@ def declared_query_params(document: dict[str, Any], prefix: str = "/v1") -> dict
 
 @web.middleware
 async def query_params_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """400 naming every query parameter the matched route does not declare (first: an undeclared
+    """400 naming every query parameter the matched route does not declare, or given more than once
+    (first: an undeclared
     one is the request's first fault, and a route without query parameters documents no 422); then
     422 naming every one whose value holds a NUL character (no database text can: PostgreSQL refuses the statement,
     which would otherwise be a 500 for whichever filter reached it)."""
@@ -116,7 +117,13 @@ async def query_params_middleware(request: web.Request, handler: Handler) -> web
                                  f"({request.method} {resource.canonical} accepts: {accepted})",
                                  code="unknown_parameter",
                                  details=[{"field": k, "message": "unknown query parameter"} for k in unknown])
-    if request.query:  # after the 400: only a declared parameter (documented with its 422) gets here
+    if request.query:  # a filter given twice would be read once (the first): never silently
+        repeated = sorted({k for k in request.query if len(request.query.getall(k)) > 1})
+        if repeated:
+            raise BadRequest(f"query parameter{'s' if len(repeated) > 1 else ''} given more than once: "
+                             f"{', '.join(repeated)} (give each once)", code="repeated_parameter",
+                             details=[{"field": k, "message": "given more than once"} for k in repeated])
+    if request.query:  # after the 400s: only a declared parameter (documented with its 422) gets here
         nul = sorted({k for k, v in request.query.items() if "\x00" in v})
         if nul:
             raise ValidationFailed(f"{', '.join(nul)}: a query parameter's value cannot contain a NUL character",

@@ -216,19 +216,22 @@ def run(args: argparse.Namespace) -> int:
     try:
         return args.run(ctx)
     except ConfigError as e:
-        err.print(f"z9: {e}", highlight=False)
+        err.print(f"z9: {e}", highlight=False, markup=False)
         return UNREACHABLE
     except Unreachable as e:
-        err.print(f"z9: {e.message}", highlight=False)
+        err.print(f"z9: {e.message}", highlight=False, markup=False)
         return UNREACHABLE
     except Conflict as e:
-        err.print(f"refused (409 {e.code}): {e.message}", highlight=False)
+        err.print(f"refused (409 {e.code}): {e.message}", highlight=False, markup=False)
         return REFUSED
     except ApiError as e:
-        err.print(f"refused ({e.status} {e.code}): {e.message}", highlight=False)
+        err.print(f"refused ({e.status} {e.code}): {e.message}", highlight=False, markup=False)
         return REFUSED
     except ValidationError as e:  # the request body, checked by the API's own model before sending
-        err.print(f"invalid request: {e}", highlight=False)
+        for x in e.errors(include_url=False, include_input=False):  # one line per field, as the API answers
+            field = ".".join(str(part) for part in x.get("loc", ())) or "request"
+            err.print(f"invalid request: {field}: {str(x.get('msg', '')).removeprefix('Value error, ')}",
+                      highlight=False, markup=False)  # a pattern's [a-z0-9] is not markup
         return USAGE
     except KeyboardInterrupt:
         return 130
