@@ -41,3 +41,13 @@ ALTER DOMAIN job_steps ADD CONSTRAINT jobs_steps_check CHECK (jsonb_typeof(VALUE
 ALTER DOMAIN job_memo ADD CONSTRAINT jobs_memo_check CHECK (jsonb_typeof(VALUE) = 'object');
 ALTER DOMAIN job_error ADD CONSTRAINT jobs_error_check CHECK (VALUE IS NULL OR (VALUE ? 'class' AND VALUE ? 'message'));
 ALTER DOMAIN job_request_id ADD CONSTRAINT jobs_request_id_check CHECK (length(VALUE) <= 200);
+
+-- PL/pgSQL plans a function's expressions once per session and keeps, for each field of a record
+-- variable, the type it had then: jobs_finish_and_claim (migration 0012) reads `r.attempt`, an
+-- integer until now, so in every session that had run it (an executor's pooled connections) it
+-- would fail from this commit on, for good ("type of parameter … (job_attempt) does not match that
+-- when preparing the plan (integer)"). Rewriting its catalog row (setting what it already says)
+-- makes every session compile it again at its next call. No other function reads a retyped column
+-- through a record (tests/test_break0014_live_upgrade.py).
+ALTER FUNCTION jobs_finish_and_claim(text[], text[], int[], text[], text, int, text, float8)
+    SET plan_cache_mode = force_generic_plan;

@@ -400,8 +400,24 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     # A statement reached a server that is (now) a standby or read-only: "cannot execute … in a
     # read-only transaction" / "… during recovery" (SQLSTATE 25006).
     asyncpg.ReadOnlySQLTransactionError,
+    # A migration changed what a prepared statement returns (0014: columns retyped to domains):
+    # "cached plan must not change result type". Refused before it ran; asyncpg has dropped the
+    # pool's statement cache and prepares it again by itself outside a transaction — inside one the
+    # transaction is rolled back, and running it again works.
+    asyncpg.InvalidCachedStatementError,
+    # (asyncpg.OutdatedSchemaCacheError, a result asyncpg could not decode after a type changed,
+    # is an InternalClientError above: the statement did run — z9 returns no composite of a
+    # changed table.)
 )
 """Errors meaning "the database is unreachable right now": services back off and reconnect. The
 store translates them into :class:`~z9.common.errors.DatabaseUnavailable`; the tuple is what
 services catch around the few database calls that are not the store's (pool creation, LISTEN
 connections, a transaction's COMMIT)."""
+
+
+def is_stale_statement(exc: BaseException) -> bool:
+    """``exc`` (or the asyncpg error the store translated into it) is a prepared statement a schema
+    change invalidated (``asyncpg.InvalidCachedStatementError``, see :data:`TRANSIENT_DB_ERRORS`):
+    nothing ran, and running the transaction again at once works."""
+    return isinstance(exc, asyncpg.InvalidCachedStatementError) or (
+        isinstance(exc, DatabaseUnavailable) and isinstance(exc.__cause__, asyncpg.InvalidCachedStatementError))

@@ -52,7 +52,7 @@ from typing import Any, Awaitable, Callable
 import asyncpg
 
 from z9.common import store, tracing
-from z9.common.db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS
+from z9.common.db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS, is_stale_statement
 from z9.common.errors import LeaseLost, LockWaitTimeout
 
 log = logging.getLogger("z9.executor")
@@ -136,11 +136,22 @@ class FinishBatcher:
         self.flushes += 1
         claimed: tuple[int, list[Any]] = (0, [])
         try:
-            if (self.claim_one is not None and len(batch) <= ONE_STATEMENT_MAX_BATCH
-                    and all(getattr(f.kind, "RECORDS_NOTHING", False) for f in batch)):
-                lost_ids, claimed = await self._finish_and_claim(batch)
-            else:
-                lost_ids, claimed = await self._finish_in_transaction(batch)
+            for stale_plans_left in (1, 0):
+                try:
+                    if (self.claim_one is not None and len(batch) <= ONE_STATEMENT_MAX_BATCH
+                            and all(getattr(f.kind, "RECORDS_NOTHING", False) for f in batch)):
+                        lost_ids, claimed = await self._finish_and_claim(batch)
+                    else:
+                        lost_ids, claimed = await self._finish_in_transaction(batch)
+                    break
+                except TRANSIENT_DB_ERRORS as e:
+                    # A migration retyped what a cached statement returns: refused before it ran,
+                    # rolled back, the pool's statement cache dropped — run the batch again now
+                    # rather than leave its jobs to their leases' expiry.
+                    if not stale_plans_left or not is_stale_statement(e):
+                        raise
+                    log.info("finish of %d job(s) met a statement the schema changed under (%s); again",
+                             len(batch), e)
         except TRANSIENT_DB_ERRORS as e:
             for f in batch:
                 _resolve(f, e)
