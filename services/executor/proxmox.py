@@ -538,8 +538,10 @@ class ProxmoxClient:
         each collision cost a clone request answered ``already exists`` (3,309 requests for
         ~2,300 creates measured at 10,000 VMs). Within a process the remembered ids keep
         concurrent creates apart; across processes the lanes do, but for two processes that
-        drew the same lane. A collision left is still only a refused request (a definite answer,
-        nothing cloned): the caller picks again, never adopting that VM."""
+        drew the same lane (1 in 32 per pair): then each create the pair has in flight in that lane
+        collides once before the loser's next pick moves to a new lane. A collision is still only a
+        refused request (a definite answer, nothing cloned): the caller picks again, never
+        adopting that VM."""
         base = await self.next_id()
         now = time.monotonic()
         if len(self._vmids_asked) > 256:
