@@ -198,11 +198,7 @@ async def test_migration_0014_applied_under_live_services(settings: Settings, db
             for ex in executors:
                 await svc.executor_owner(ex)
             client = _Client(f"http://127.0.0.1:{port}/v1", token)
-
-            async def api_up() -> bool:
-                return (await client.call("GET", "/servers"))[0] == 200
-
-            await wait_until(api_up, 20, "the API to answer")
+            await client.wait_up()
             made: list[tuple[dict, dict]] = []
             for i in range(6):  # some finish, some run, some wait when the migration comes
                 made.append(await client.create(f"pre-{i}", retry_s=0))

@@ -325,6 +325,13 @@ class _Client:
                 return status, body
             await asyncio.sleep(0.2)
 
+    async def wait_up(self, timeout_s: float = 20) -> None:
+        """Until the API answers ``GET /servers`` with 200 (a started ``z9 api`` process)."""
+        async def up() -> bool:
+            return (await self.call("GET", "/servers"))[0] == 200
+
+        await wait_until(up, timeout_s, "the API to answer")
+
     async def create(self, name: str, retry_s: float = 30) -> tuple[dict, dict]:
         status, out = await self.call("POST", "/servers", retry_s=retry_s, json={
             "name": name, "region": REGION, "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 4})
@@ -365,11 +372,7 @@ async def test_database_restart_every_service_reconnects(settings: Settings, sim
         for ex in executors:
             await svc.executor_owner(ex)
         client = _Client(f"http://127.0.0.1:{port}/v1", token)
-
-        async def api_up() -> bool:
-            return (await client.call("GET", "/servers"))[0] == 200
-
-        await wait_until(api_up, 20, "the API to answer")
+        await client.wait_up()
 
         before = [await client.create(f"pre-{i}", retry_s=0) for i in range(6)]
         deleted = [s["id"] for s, _ in before[:2]]
