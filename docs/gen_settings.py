@@ -77,9 +77,12 @@ DESCRIPTIONS: dict[str, str] = {
     "api_token_last_used_s": "How often an API process writes the last use of the tokens it saw (one write for all of them, not one per request); `GET /v1/tokens` shows last use this coarsely.",
     "api_rate_limit_per_s": "Rate limit per API token and API process: requests per second refilling the token's bucket; 0 turns rate limiting off. Over it: 429 with `Retry-After` and `RateLimit` headers.",
     "api_rate_limit_burst": "Rate limit per API token and API process: the bucket's size (requests allowed at once).",
+    "api_pool_size": "Most pooled connections one API process opens (and one LISTEN connection beside them); a request "
+                     "waits for a free one. Keep the sum over every service under PostgreSQL's `max_connections` "
+                     "(or PgBouncer's pool): see `Z9_EXECUTOR_CONCURRENCY`.",
     # executor
     "executor_concurrency": "Jobs one executor runs at once (`z9 executor --concurrency`). Each executor process opens "
-                            "up to this + 4 pooled connections and one LISTEN connection; an API process up to 16 + 1, "
+                            "up to this + 4 pooled connections and one LISTEN connection; an API process up to `Z9_API_POOL_SIZE` (16) + 1, "
                             "the scheduler 2 + 1, the reaper 2: keep their sum under PostgreSQL's `max_connections` "
                             "(or PgBouncer's pool). Past what the region's Proxmox cluster takes at once, cap the region "
                             "(`max_concurrent_jobs`, below) rather than lowering this.",

@@ -678,12 +678,17 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
             assert time.monotonic() < deadline, f"pending alerts: {pending}"
             await asyncio.sleep(0.5)
         assert not {name for name, _ in pending} & {"Z9SchedulerAbsent"}, pending
+    except BaseException:
+        broke = True
+        raise
+    else:
+        broke = False
     finally:
         _terminate(procs[::-1])
-        for log in sorted(logs.glob("*.log")):
+        for log in sorted(logs.glob("*.log")):  # every service's log when the test failed
             text = log.read_text()
-            if "Traceback" in text:
-                print(f"--- {log.name}\n{text[-3000:]}")
+            if broke or "Traceback" in text:
+                print(f"--- {log.name}\n{text[-6000:]}")
 
 
 def test_compose_passes_no_secret_on_a_command_line() -> None:

@@ -230,6 +230,8 @@ class Settings(BaseSettings):
     # rate (requests per second); 0 turns it off. Over it: 429 with Retry-After.
     api_rate_limit_per_s: float = Field(20.0, ge=0)
     api_rate_limit_burst: int = Field(200, ge=0)
+    # Most pooled connections one API process opens (requests wait for one beyond it).
+    api_pool_size: int = Field(16, ge=2, le=1024)
 
     # executor
     executor_concurrency: int = Field(8, ge=1, le=1024)

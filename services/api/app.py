@@ -250,7 +250,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
         app[POOL] = pool if pool is not None else await create_service_pool(
-            settings, min_size=2, max_size=16, application_name="z9-api")
+            settings, min_size=2, max_size=settings.api_pool_size, application_name="z9-api")
         app[NOTIFIER] = JobNotifier(app[POOL])
         try:
             async with app[POOL].acquire() as conn:  # the address pools of Z9_REGIONS (migration 0005)
