@@ -210,3 +210,27 @@ async def test_malformed_requests_get_the_json_error_and_one_log_line(api: Stack
         lines = [r for r in captured.records if r.name in ("z9.api", "aiohttp.server")]
         assert len(lines) == 1 and lines[0].levelno == logging.WARNING and not lines[0].exc_info, \
             [(r.name, r.levelname, r.getMessage()) for r in lines]
+
+
+async def test_an_api_process_opens_at_most_z9_api_pool_size_connections(settings: Settings) -> None:
+    """``Z9_API_POOL_SIZE`` bounds the API's own pool (an operator's connection budget): 40
+    concurrent requests through a pool of 3 open 3 connections, not one each."""
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from z9.api.app import create_app
+    from z9.api.resources import POOL
+
+    app = create_app(settings.model_copy(update={"api_pool_size": 3}))
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        assert app[POOL].get_max_size() == 3
+        async with aiohttp.ClientSession() as http:
+            async def ready() -> int:
+                async with http.get(server.make_url("/healthz")) as r:
+                    return r.status
+            assert set(await asyncio.gather(*(ready() for _ in range(40)))) == {200}
+        assert app[POOL].get_size() <= 3
+    finally:
+        await server.close()
