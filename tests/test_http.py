@@ -213,8 +213,9 @@ async def test_malformed_requests_get_the_json_error_and_one_log_line(api: Stack
 
 
 async def test_an_api_process_opens_at_most_z9_api_pool_size_connections(settings: Settings) -> None:
-    """``Z9_API_POOL_SIZE`` bounds the API's own pool (an operator's connection budget): 40
-    concurrent requests through a pool of 3 open 3 connections, not one each."""
+    """``Z9_API_POOL_SIZE`` is the size of the API's own pool (an operator's connection budget),
+    and requests beyond it wait for a connection instead of failing: 40 concurrent requests
+    through a pool of 3 all answer 200."""
     import aiohttp
     from aiohttp.test_utils import TestServer
 
