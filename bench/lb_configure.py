@@ -51,7 +51,9 @@ TEMPLATE = {"vmid": 9100, "node": "pve1", "config": {
     "name": "z9-lb-appliance", "template": "1", "cores": "1", "memory": "1024", "ostype": "l26",
     "scsihw": "virtio-scsi-single", "scsi0": "local-lvm:base-9100-disk-0,size=2G",
     "ide2": "local-lvm:vm-9100-cloudinit,media=cdrom", "boot": "order=scsi0",
-    "net0": "virtio=BC:24:11:91:00:00,bridge=vmbr0", "agent": "1", "tags": "z9-image"}}
+    "net0": "virtio=BC:24:11:91:00:00,bridge=vmbr0", "agent": "1", "tags": "z9-image"},
+    # the image's disk state (the simulator's appliance model): its NIC is ens18, read by z9 from the guest
+    "guest": {"models": {"appliance": {"nic_names": "predictable"}}}}
 
 
 def _ts(v: str | None) -> float | None:

@@ -48,6 +48,9 @@ Admin API (no auth, loopback peers only), JSON in and out:
   band, e.g. a foreign VM with its own ``ipconfig0``: its cloud-init keys count as applied and, when
   running, it booted from the drive they generate;
   ``DELETE /_sim/vms/{vmid}`` → ``{"deleted": 1}``.
+  ``guest`` (optional, ``{files?: {path: base64}, models?: {...}}``): the VM's guest disk state — a
+  template's image content, which its clones inherit with the disk (``{"models": {"appliance":
+  {"nic_names": "predictable"}}}``: the load balancer appliance image, :mod:`z9.sim.appliance`).
 - ``POST /_sim/flock`` ``{vmid, seconds}`` → ``{"ok": true}``: hold the VM's config flock (lock contention).
 - ``POST /_sim/tasks/hold`` ``{type}`` → ``{"ok": true}``: workers of that task type (``qmclone``...) do
   not end, past their duration, until ``POST /_sim/tasks/release`` ``{type?}`` (none: every type) or a
@@ -69,8 +72,9 @@ Admin API (no auth, loopback peers only), JSON in and out:
   409 when the guest is not booted.
 - ``POST /_sim/guests/{vmid}/listen`` ``{port, http_status?}`` / ``DELETE`` ``{port}``: a process in the guest
   listens on a TCP port (what a load balancer's health check finds, :mod:`z9.sim.appliance`).
-- ``POST /_sim/appliance-faults`` ``{contains, message?}`` / ``DELETE``: ``haproxy -c`` rejects files containing
-  ``contains`` (with ``message``), e.g. a keyword the appliance's HAProxy does not know.
+- ``POST /_sim/appliance-faults`` ``{contains, inject?}`` / ``DELETE``: the next check or reload of an appliance
+  file containing ``contains`` finds ``inject`` appended to it (a corrupted push; default: a line no tool
+  knows), and the real ``haproxy -c`` / ``keepalived -t`` judges it.
 - ``POST /_sim/guest-faults`` ``{kind: "agent_never_starts"|"cloud_init_fails", vmid?, name?, message?}`` →
   ``{"id": n}``: applies to VMs matching ``vmid`` and/or config ``name`` at their next start (and to a
   guest still booting / running cloud-init now). ``GET`` lists, ``DELETE /_sim/guest-faults[/{id}]``
@@ -775,7 +779,23 @@ async def admin_vm_put(request: web.Request) -> web.Response:
         return web.json_response({"error": f"bad VM: {e}"}, status=400)
     if vm.node not in ctx.cluster.nodes:
         return web.json_response({"error": f"unknown node {vm.node}"}, status=400)
+    guest = b.get("guest")
+    if guest is not None:
+        if not isinstance(guest, dict):
+            return web.json_response({"error": "bad VM: guest must be an object"}, status=400)
+        try:  # the disk state a clone inherits (z9.sim.guest Guests.clone_disk)
+            g = ctx.cluster.guests.load_one(vm.vmid, {"files": guest.get("files") or {},
+                                                      "models": guest.get("models") or {}})
+        except (ValueError, TypeError) as e:
+            return web.json_response({"error": f"bad VM: guest: {e}"}, status=400)
     ctx.cluster.add_vm(vm)
+    if guest is not None:
+        have = ctx.cluster.guests.guests.get(vm.vmid)  # a running VM's guest exists already
+        if have is None:
+            ctx.cluster.guests.guests[vm.vmid] = g
+        else:
+            have._files.update(g._files)
+            have.models.update(g.models)
     return web.json_response(vm.to_json())
 
 
@@ -877,8 +897,8 @@ async def admin_guest_listen(request: web.Request) -> web.Response:
 
 
 async def admin_appliance_fault(request: web.Request) -> web.Response:
-    """POST ``{contains, message?}``: ``haproxy -c`` rejects files containing ``contains``;
-    DELETE: no such fault any more."""
+    """POST ``{contains, inject?}``: the next check of an appliance file containing ``contains``
+    finds ``inject`` appended to it (the real tool judges it); DELETE: no such fault any more."""
     ctx = request.app[CTX]
     faults = appliance.faults(ctx.cluster.guests)
     if request.method == "DELETE":
@@ -887,7 +907,9 @@ async def admin_appliance_fault(request: web.Request) -> web.Response:
     b = await _json(request)
     if not isinstance(b.get("contains"), str) or not b["contains"]:
         return web.json_response({"error": "contains: a non-empty string"}, status=400)
-    faults.append({"contains": b["contains"], "message": str(b.get("message") or "")})
+    if b.get("inject") is not None and not isinstance(b["inject"], str):
+        return web.json_response({"error": "inject: a string"}, status=400)
+    faults.append({"contains": b["contains"], "inject": b.get("inject") or appliance.DEFAULT_INJECT})
     return web.json_response({"faults": faults})
 
 

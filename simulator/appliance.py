@@ -1,16 +1,23 @@
 """The load balancer appliance model on the guest model (:mod:`z9.sim.guest` command handlers).
 
-Everything follows from the files z9 wrote into the guest and the simulated world:
+Configurations are judged by the **real tools**, Debian's ``haproxy`` and ``keepalived`` installed on
+the simulator's host (not an imitation of their grammar); everything else follows from the files z9
+wrote into the guest and the simulated world:
 
-- ``haproxy -c -f FILE`` validates a real subset of HAProxy's grammar: known section keywords
-  (``global``, ``defaults``, ``frontend``, ``backend``, ``listen``), every line of a proxy inside
-  a section, unique proxy names, a ``bind`` address:port used at most once across the file,
-  ``default_backend``/``use_backend`` naming an existing backend, ``server NAME ADDR:PORT``
-  well-formed and unique in its backend, ``balance`` one of HAProxy's algorithms. Errors are
-  HAProxy's ``[ALERT]`` lines (exit 1); valid: ``Configuration file is valid`` (exit 0).
-- ``systemctl reload haproxy`` (or ``restart``/``start``) checks ``/etc/haproxy/haproxy.cfg``
-  and activates it (a rejected file leaves the running one); ``systemctl reload keepalived``
-  activates ``/etc/keepalived/keepalived.conf`` (checked as ``keepalived -t``).
+- ``haproxy -c [-q] -f FILE`` and ``keepalived -t -f FILE`` in the guest run the real binary on a copy
+  of the guest's file (in a temporary directory) and answer with its exit code, stdout and stderr (the
+  temporary path replaced by the guest's). keepalived checks the interfaces a file names against the
+  host it runs on, so it runs in a network namespace of its own (``unshare -rn``: a user and network
+  namespace, no privilege needed) holding the guest's interfaces as the guest reports them — names and
+  addresses — on veth devices: a file naming ``eth0`` is refused on an appliance whose NIC is ``ens18``,
+  as on a real one. Verdicts are cached by (tool, arguments, file bytes, interfaces): same input, same
+  answer, so a 200-target configure runs each check once. A missing binary answers 127 (``not found``)
+  and says what to install on the simulator's host.
+- ``systemctl reload haproxy`` (or ``restart``/``start``) checks ``/etc/haproxy/haproxy.cfg`` with
+  ``haproxy -c -q`` first — Debian's ``haproxy.service`` ``ExecReload`` (haproxy 2.6
+  ``admin/systemd/haproxy.service.in``) — and activates it (a rejected file leaves the running one);
+  ``systemctl reload keepalived`` activates ``/etc/keepalived/keepalived.conf`` if ``keepalived -t``
+  accepts it (an approximation: Debian's unit reloads with ``kill -HUP``; z9 runs ``-t`` itself first).
 - ``socat stdio /run/haproxy/admin.sock`` with ``show stat`` on stdin: the CSV of the *active*
   config, each backend server computed from the world: ``UP``/``L4OK`` (``L7OK`` for an
   ``option httpchk`` backend whose answer matches ``http-check expect``) only if a VM exists that
@@ -18,196 +25,189 @@ Everything follows from the files z9 wrote into the guest and the simulated worl
   (``POST /_sim/guests/{vmid}/listen {port, http_status?}``); no VM holding the address →
   ``DOWN``/``L4TOUT``; held but not listening → ``DOWN``/``L4CON``; wrong HTTP status →
   ``DOWN``/``L7STS``.
-- keepalived: the running appliances whose active keepalived config names the same VIP form a
-  group; the VIP is held by exactly one of them: the current holder while it runs (``nopreempt``),
-  else the running one with the highest ``priority`` (lowest vmid on a tie). It shows in the
-  holder's ``network-get-interfaces`` (and ``ip addr``).
-- A fault for tests (the only thing not derived from bytes): ``POST /_sim/appliance-faults
-  {contains, message}`` makes ``haproxy -c`` reject any file containing ``contains`` with
-  ``message`` (a HAProxy version that does not know a keyword, say).
+- keepalived (the *active* file of each running appliance): a ``static_ipaddress`` is on its
+  interface whenever the appliance runs. A ``vrrp_instance``: two appliances are one VRRP domain when
+  they agree on ``virtual_router_id`` and ``authentication`` (type and the first 8 characters of
+  ``auth_pass``, what keepalived compares) and each lists the other's ``unicast_src_ip`` in its
+  ``unicast_peer`` (adverts of a peer with another key are dropped: ``IPSEC-AH : invalid IPSEC
+  HMAC-MD5 value``, both sides become MASTER — seen with the real daemons in two namespaces). In a
+  domain the VIP is held by exactly one: the current holder while it runs if it has ``nopreempt``
+  (keepalived.conf(5): a returning higher priority does not take it back), else the running one
+  with the highest ``priority`` (lowest vmid on a tie; ``preempt_delay`` is not modelled). The VIP
+  shows on the ``dev`` its block names in the holder's ``network-get-interfaces`` (and ``ip addr``).
+- **The appliance image** (a template whose guest disk state carries the model
+  ``{"appliance": {"nic_names": "predictable"}}``, given with ``POST /_sim/vms`` ``guest``; its clones
+  inherit it with the disk): its NICs keep the kernel's predictable names, ``netN`` → ``ens<18+N>``
+  (qemu-server ``PVE/QemuServer/PCI.pm`` puts ``net0`` at PCI slot 18 — ``ens18`` on a Proxmox virtio
+  guest) instead of the ``eth0`` that PVE's cloud-init network config (``name: eth0``) gives an
+  ordinary guest. z9 must therefore read the interface from the guest.
+- A fault for tests (``POST /_sim/appliance-faults {contains, inject?}``): the next check or reload
+  of a file containing ``contains`` finds ``inject`` appended to it on the guest's disk (a corrupted
+  push; default: a line no tool knows), and the real tool judges the result.
 """
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from collections import OrderedDict
 from typing import Any
 
 from .guest import INTERFACE_PROVIDERS, ExecContext, ExecResult, Guest, Guests, command
 
-SECTIONS = ("global", "defaults", "frontend", "backend", "listen", "resolvers", "peers", "userlist")
-BALANCE = ("roundrobin", "static-rr", "leastconn", "first", "source", "uri", "url_param", "hdr", "random")
 STAT_COLUMNS = ("pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,"
                 "status,weight,act,bck,chkfail,chkdown,lastchg,downtime,qlimit,pid,iid,sid,throttle,lbtot,tracked,"
                 "type,rate,rate_lim,rate_max,check_status,check_code,check_duration").split(",")
+HAPROXY_CFG = "/etc/haproxy/haproxy.cfg"
+KEEPALIVED_CFG = "/etc/keepalived/keepalived.conf"
+DEFAULT_INJECT = "z9-sim-corrupted-line on\n"
+TOOL_TIMEOUT_S = 30.0
 
 
 def faults(guests: Guests) -> list[dict[str, str]]:
     return guests.__dict__.setdefault("_appliance_faults", [])
 
 
-# ---------------------------------------------------------------- haproxy grammar
+# ---------------------------------------------------------------- the real tools
 
-def parse_haproxy(text: str) -> tuple[list[str], dict[str, Any]]:
-    """(alerts, model) of a HAProxy config: model = {frontends: {name: {binds, default_backend, mode}},
-    backends: {name: {servers: [(name, addr, port, check_port)], httpchk, expect}}}."""
-    alerts: list[str] = []
-    fe: dict[str, dict[str, Any]] = {}
-    be: dict[str, dict[str, Any]] = {}
-    binds: dict[str, int] = {}
-    sec, name, cur = None, None, None
-    names: set[tuple[str, str]] = set()
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        words = line.split()
-        kw = words[0]
-        if kw in SECTIONS:
-            sec, name = kw, (words[1] if len(words) > 1 else None)
-            if sec in ("frontend", "backend", "listen"):
-                if not name:
-                    alerts.append(f"[ALERT]    (1) : config : parsing [cfg:{n}] : '{kw}' expects <name> as an argument.")
-                    cur = {}
-                    continue
-                # a frontend and a backend may share a name; two proxies of one capability may not
-                caps = {"frontend": ("fe",), "backend": ("be",), "listen": ("fe", "be")}[sec]
-                if any((c, name) in names for c in caps):
-                    alerts.append(f"[ALERT]    (1) : config : parsing [cfg:{n}] : proxy '{name}' has the same name "
-                                  "as another proxy.")
-                names.update((c, name) for c in caps)
-                cur = {"binds": [], "default_backend": None, "servers": [], "httpchk": None, "expect": None,
-                       "line": n}
-                if sec in ("frontend", "listen"):
-                    fe[name] = cur
-                if sec in ("backend", "listen"):
-                    be[name] = cur
-            continue
-        if sec is None:
-            alerts.append(f"[ALERT]    (1) : config : parsing [cfg:{n}] : unknown keyword '{kw}' out of section.")
-            continue
-        if sec in ("global", "defaults") or cur is None:
-            continue
-        if kw == "bind":
-            addr = words[1] if len(words) > 1 else ""
-            m = re.fullmatch(r"(.*):(\d+)", addr)
-            if not m or not 0 < int(m.group(2)) < 65536:
-                alerts.append(f"[ALERT]    (1) : config : parsing [cfg:{n}] : '{kw}' : invalid address '{addr}'.")
-                continue
-            port = int(m.group(2))
-            if port in binds:
-                alerts.append(f"[ALERT]    (1) : config : parsing [cfg:{n}] : bind :{port} is already used by the "
-                              f"proxy at line {binds[port]}.")
-            binds[port] = n
-            cur["binds"].append(port)
-        elif kw in ("default_backend", "use_backend"):
-            cur["default_backend"] = (words[1] if len(words) > 1 else "", n)
-        elif kw == "balance":
-            if len(words) < 2 or words[1] not in BALANCE:
-                alerts.append(f"[ALERT]    (1) : config : parsing [cfg:{n}] : unknown balance algorithm "
-                              f"'{words[1] if len(words) > 1 else ''}'.")
-        elif kw == "server":
-            if len(words) < 3 or not re.fullmatch(r"[^:]+:\d+", words[2]):
-                alerts.append(f"[ALERT]    (1) : config : parsing [cfg:{n}] : 'server' expects <name> and "
-                              "<addr>[:<port>] as arguments.")
-                continue
-            sname, (addr, port) = words[1], words[2].rsplit(":", 1)
-            if any(s[0] == sname for s in cur["servers"]):
-                alerts.append(f"[ALERT]    (1) : config : parsing [cfg:{n}] : server '{sname}' already defined.")
-            check_port = int(port)
-            if "port" in words[3:]:
-                check_port = int(words[words.index("port", 3) + 1])
-            cur["servers"].append((sname, addr, int(port), check_port))
-        elif kw == "option" and words[1:2] == ["httpchk"]:
-            cur["httpchk"] = words[-1] if len(words) > 2 else "/"
-        elif kw == "http-check" and words[1:3] == ["expect", "rstatus"]:
-            cur["expect"] = words[3] if len(words) > 3 else ".*"
-    for fname, f in fe.items():
-        db = f.get("default_backend")
-        if db and db[0] not in be:
-            alerts.append(f"[ALERT]    (1) : config : Proxy '{fname}': unable to find required default_backend: "
-                          f"'{db[0]}'.")
-    return alerts, {"frontends": fe, "backends": be}
+def tool_path(name: str) -> str | None:
+    """The host's binary (``PATH``, else ``/usr/sbin``: Debian installs both there)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    p = f"/usr/sbin/{name}"
+    return p if os.access(p, os.X_OK) else None
 
 
-def check_file(guests: Guests, text: str) -> list[str]:
-    alerts, _ = parse_haproxy(text)
-    for f in faults(guests):
-        if f["contains"] in text:
-            alerts.append(f.get("message") or f"[ALERT]    (1) : config : rejected by the simulator ({f['contains']})")
-    return alerts
+def tools_missing() -> list[str]:
+    """The real tools (and what runs keepalived in a namespace) the simulator's host lacks."""
+    return [t for t in ("haproxy", "keepalived", "unshare", "ip") if tool_path(t) is None]
+
+
+_CACHE: "OrderedDict[tuple, tuple[int, str, str]]" = OrderedDict()
+_CACHE_MAX = 512
+
+
+def _missing(name: str) -> tuple[int, str, str]:
+    return 127, "", (f"/bin/sh: 1: {name}: not found (the simulator runs the real {name}: install Debian's "
+                     f"package on the simulator's host)\n")
+
+
+def _netns_script(ifaces: list[tuple[str, list[str]]]) -> str:
+    """A shell prologue that gives a fresh network namespace the guest's interfaces (veth devices,
+    the guest's names and addresses, up)."""
+    lines = ["set -e", "ip link set lo up"]
+    for i, (name, addrs) in enumerate(ifaces):
+        lines.append(f"ip link add {shlex.quote(name)} type veth peer name z9peer{i}")
+        for a in addrs:
+            lines.append(f"ip addr add {shlex.quote(a)} dev {shlex.quote(name)}")
+        lines.append(f"ip link set {shlex.quote(name)} up")
+    lines.append("set +e")
+    return "\n".join(lines) + "\n"
+
+
+def run_tool(name: str, args: list[str], guest_path: str, data: bytes,
+             ifaces: list[tuple[str, list[str]]] | None = None) -> tuple[int, str, str]:
+    """Run the real ``name`` with ``args`` (``{file}`` standing for the guest's file) on a copy of
+    ``data``; keepalived in a namespace with ``ifaces``. ``(exitcode, stdout, stderr)``, cached."""
+    key = (name, tuple(args), hashlib.sha256(data).hexdigest(), tuple((n, tuple(a)) for n, a in ifaces or ()))
+    hit = _CACHE.get(key)
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit[0], hit[1].replace("\0", guest_path), hit[2].replace("\0", guest_path)
+    binary = tool_path(name)
+    if binary is None:
+        return _missing(name)
+    with tempfile.TemporaryDirectory(prefix=f"z9-sim-{name}-") as tmp:
+        path = os.path.join(tmp, os.path.basename(guest_path) or "file")
+        with open(path, "wb") as f:
+            f.write(data)
+        argv = [binary, *(path if a == "{file}" else a for a in args)]
+        if ifaces is not None:
+            unshare, ip = tool_path("unshare"), tool_path("ip")
+            if unshare is None or ip is None:
+                return _missing("unshare" if unshare is None else "ip")
+            script = _netns_script(ifaces) + 'exec "$@"\n'
+            argv = [unshare, "-rn", "sh", "-c", script, "sh", *argv]
+        try:
+            p = subprocess.run(argv, cwd=tmp, capture_output=True, timeout=TOOL_TIMEOUT_S,
+                               env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LANG": "C"})
+            code, out, err = p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+        except subprocess.TimeoutExpired:
+            code, out, err = 124, "", f"{name}: no answer within {TOOL_TIMEOUT_S:.0f}s\n"
+        # the answer names the guest's file, not the copy (and the copy's base name alone, as
+        # keepalived prints it, is the guest's base name already)
+        out, err = out.replace(path, "\0"), err.replace(path, "\0")
+    _CACHE[key] = (code, out, err)
+    if len(_CACHE) > _CACHE_MAX:
+        _CACHE.popitem(last=False)
+    return code, out.replace("\0", guest_path), err.replace("\0", guest_path)
+
+
+def guest_ifaces(g: Guest) -> list[tuple[str, list[str]]]:
+    """The guest's interfaces as it reports them (names, addresses without IPv6 link-local; not lo)."""
+    predictable_names(g)
+    out = []
+    for n in g.net_applied:
+        addrs = list(n["addresses"]) + [a for a in g.extra.get(n["name"], []) if a not in n["addresses"]]
+        out.append((n["name"], addrs))
+    return out
+
+
+def _with_fault(g: Guest, path: str, data: bytes) -> bytes:
+    """A fault's ``inject`` appended to the guest's file (once) when it contains ``contains``."""
+    for f in faults(g.guests):
+        inject = (f.get("inject") or DEFAULT_INJECT).encode()
+        if f["contains"].encode() in data and not data.endswith(inject):
+            data = data + (b"" if data.endswith(b"\n") else b"\n") + inject
+            g.write_file(path, data)
+    return data
+
+
+def haproxy_check(g: Guest, path: str, quiet: bool = False) -> tuple[int, str, str]:
+    data = g.read_file(path)
+    if data is None:
+        return 1, "", f"[ALERT]    (1) : Cannot open configuration file/directory {path} : No such file or directory\n"
+    data = _with_fault(g, path, data)
+    return run_tool("haproxy", ["-c", *(["-q"] if quiet else []), "-f", "{file}"], path, data)
+
+
+def keepalived_check(g: Guest, path: str) -> tuple[int, str, str]:
+    data = g.read_file(path)
+    if data is None:
+        return 1, "", f"Configuration file '{path}' does not exist\n"
+    data = _with_fault(g, path, data)
+    return run_tool("keepalived", ["-t", "-f", "{file}"], path, data, guest_ifaces(g))
 
 
 @command("haproxy")
 def _haproxy(ctx: ExecContext) -> ExecResult:
     args = ctx.argv[1:]
-    if len(args) == 3 and args[0] == "-c" and args[1] == "-f":
-        data = ctx.guest.read_file(args[2])
-        if data is None:
-            return ExecResult(1, err=f"[ALERT]    (1) : Cannot open configuration file/directory {args[2]} : "
-                                     "No such file or directory\n")
-        alerts = check_file(ctx.guest.guests, data.decode("utf-8", "replace"))
-        if alerts:
-            return ExecResult(1, err="\n".join(alerts) + "\n[ALERT]    (1) : Fatal errors found in configuration.\n")
-        return ExecResult(0, out="Configuration file is valid\n")
     if args in (["-v"], ["-vv"]):
-        return ExecResult(0, out="HAProxy version 2.6.12-1+deb12u1 2023/12/16 - https://haproxy.org/\n")
-    return ExecResult(1, err="Usage : haproxy [-f <cfgfile|cfgdir>]* [ -vdVD ] [ -c ] ... (simulated: -c -f, -v)\n")
-
-
-# ---------------------------------------------------------------- keepalived
-
-def parse_keepalived(text: str) -> tuple[list[str], dict[str, Any]]:
-    alerts: list[str] = []
-    model: dict[str, Any] = {"state": None, "nopreempt": False, "priority": 100, "vrid": None, "peers": [],
-                             "vips": [], "src": None}
-    block = None
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        words = line.split()
-        if words[0] in ("unicast_peer", "virtual_ipaddress") and line.endswith("{"):
-            block = words[0]
-            continue
-        if line == "}":
-            block = None
-            continue
-        if block == "unicast_peer":
-            model["peers"].append(words[0])
-        elif block == "virtual_ipaddress":
-            model["vips"].append(words[0])
-        elif words[0] == "state":
-            model["state"] = words[1]
-        elif words[0] == "nopreempt":
-            model["nopreempt"] = True
-        elif words[0] == "priority":
-            model["priority"] = int(words[1])
-        elif words[0] == "virtual_router_id":
-            model["vrid"] = int(words[1])
-        elif words[0] == "unicast_src_ip":
-            model["src"] = words[1]
-    if model["vrid"] is None or not 1 <= model["vrid"] <= 255:
-        alerts.append("(Line ?) virtual_router_id missing or out of range 1-255")
-    if model["nopreempt"] and model["state"] != "BACKUP":
-        alerts.append("(z9) nopreempt requires state BACKUP")
-    for v in model["vips"]:
-        try:
-            ipaddress.ip_interface(v)
-        except ValueError:
-            alerts.append(f"Invalid virtual_ipaddress {v}")
-    return alerts, model
+        code, out, err = run_tool("haproxy", args, "", b"")
+        return ExecResult(code, out=out, err=err)
+    if "-c" in args and "-f" in args and args.index("-f") + 1 < len(args) \
+            and set(args) - {args[args.index("-f") + 1]} <= {"-c", "-q", "-f"}:
+        code, out, err = haproxy_check(ctx.guest, args[args.index("-f") + 1], quiet="-q" in args)
+        return ExecResult(code, out=out, err=err)
+    return ExecResult(1, err="Usage : haproxy [-f <cfgfile|cfgdir>]* [ -vdVD ] [ -c ] ... (simulated: -c [-q] -f, -v)\n")
 
 
 @command("keepalived")
 def _keepalived(ctx: ExecContext) -> ExecResult:
     args = ctx.argv[1:]
-    if args[:1] == ["-t"] and args[1:2] == ["-f"] and len(args) == 3:
-        data = ctx.guest.read_file(args[2])
-        if data is None:
-            return ExecResult(1, err=f"Configuration file '{args[2]}' does not exist\n")
-        alerts, _ = parse_keepalived(data.decode("utf-8", "replace"))
-        return ExecResult(1, err="\n".join(alerts) + "\n") if alerts else ExecResult(0)
-    return ExecResult(1, err="keepalived: simulated only with -t -f FILE\n")
+    if args in (["-v"], ["--version"]):
+        code, out, err = run_tool("keepalived", args, "", b"")
+        return ExecResult(code, out=out, err=err)
+    if len(args) == 3 and args[0] == "-t" and args[1] == "-f":
+        code, out, err = keepalived_check(ctx.guest, args[2])
+        return ExecResult(code, out=out, err=err)
+    return ExecResult(1, err="keepalived: simulated only with -t -f FILE (the check) and -v\n")
 
 
 @command("mv")
@@ -232,23 +232,132 @@ def _systemctl(ctx: ExecContext) -> ExecResult:
     m = ctx.guest.model("appliance")
     m.setdefault("boot", ctx.guest.boot_id)
     if unit == "haproxy":
-        data = ctx.guest.read_file("/etc/haproxy/haproxy.cfg")
-        if data is None or check_file(ctx.guest.guests, data.decode("utf-8", "replace")):
+        code, _, _ = haproxy_check(ctx.guest, HAPROXY_CFG, quiet=True)
+        if code != 0:
             return ExecResult(1, err="Job for haproxy.service failed because the control process exited with error "
-                                     "code.\n")
-        m["haproxy"] = data.decode("utf-8", "replace")
+                                     "code.\nSee \"systemctl status haproxy.service\" and \"journalctl -xeu "
+                                     "haproxy.service\" for details.\n")
+        m["haproxy"] = (ctx.guest.read_file(HAPROXY_CFG) or b"").decode("utf-8", "replace")
         m["reloads"] = int(m.get("reloads", 0)) + 1  # what a test counts (pushes that took effect)
         return ExecResult(0)
     if unit == "keepalived":
-        data = ctx.guest.read_file("/etc/keepalived/keepalived.conf")
-        if data is None or parse_keepalived(data.decode("utf-8", "replace"))[0]:
+        code, _, _ = keepalived_check(ctx.guest, KEEPALIVED_CFG)
+        if code != 0:
             return ExecResult(1, err="Job for keepalived.service failed.\n")
-        m["keepalived"] = data.decode("utf-8", "replace")
+        m["keepalived"] = (ctx.guest.read_file(KEEPALIVED_CFG) or b"").decode("utf-8", "replace")
         return ExecResult(0)
     return ExecResult(5, err=f"Failed to {args[0]} {args[1]}.service: Unit {args[1]}.service not found.\n")
 
 
-# ---------------------------------------------------------------- the world: listeners, VIP, show stat
+# ---------------------------------------------------------------- the active files as a model
+
+def parse_haproxy(text: str) -> dict[str, Any]:
+    """What the world needs of an (already checked) HAProxy file: {frontends: {name: {binds}},
+    backends: {name: {servers: [(name, addr, port, check_port)], httpchk, expect}}}."""
+    fe: dict[str, dict[str, Any]] = {}
+    be: dict[str, dict[str, Any]] = {}
+    cur: dict[str, Any] | None = None
+    for raw in text.splitlines():
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        kw = words[0]
+        if kw in ("global", "defaults", "frontend", "backend", "listen", "resolvers", "peers", "userlist"):
+            cur = None
+            if kw in ("frontend", "backend", "listen") and len(words) > 1:
+                cur = {"binds": [], "servers": [], "httpchk": None, "expect": None}
+                if kw in ("frontend", "listen"):
+                    fe[words[1]] = cur
+                if kw in ("backend", "listen"):
+                    be[words[1]] = cur
+            continue
+        if cur is None:
+            continue
+        if kw == "bind" and len(words) > 1:
+            cur["binds"].append(words[1])
+        elif kw == "server" and len(words) > 2 and ":" in words[2]:
+            addr, port = words[2].rsplit(":", 1)
+            check_port = int(words[words.index("port", 3) + 1]) if "port" in words[3:] else int(port)
+            cur["servers"].append((words[1], addr, int(port), check_port))
+        elif kw == "option" and words[1:2] == ["httpchk"]:
+            cur["httpchk"] = words[-1] if len(words) > 2 else "/"
+        elif kw == "http-check" and words[1:3] == ["expect", "rstatus"]:
+            cur["expect"] = words[3] if len(words) > 3 else ".*"
+    return {"frontends": fe, "backends": be}
+
+
+def parse_keepalived(text: str) -> dict[str, Any]:
+    """What the world needs of an (already checked) keepalived file: ``static`` [(cidr, dev)] and
+    ``instances`` [{name, state, nopreempt, priority, vrid, interface, src, peers, auth, vips}]
+    (one statement per line, a block opened by a trailing ``{`` and closed by a ``}`` line)."""
+    model: dict[str, Any] = {"static": [], "instances": []}
+    stack: list[str] = []
+    inst: dict[str, Any] | None = None
+    for raw in text.splitlines():
+        words = re.split(r"[#!]", raw, maxsplit=1)[0].split()
+        if not words:
+            continue
+        if words == ["}"]:
+            if stack and stack.pop() == "vrrp_instance":
+                inst = None
+            continue
+        if words[-1] == "{":
+            stack.append(words[0])
+            if words[0] == "vrrp_instance":
+                inst = {"name": words[1] if len(words) > 2 else None, "state": None, "nopreempt": False,
+                        "priority": 100, "vrid": None, "interface": None, "src": None, "peers": [],
+                        "auth": (None, None), "vips": []}
+                model["instances"].append(inst)
+            continue
+        w, rest = words[0], words[1:]
+        block = stack[-1] if stack else None
+        if block == "static_ipaddress":
+            model["static"].append(_addr(w, rest))
+        elif inst is None:
+            continue
+        elif block == "virtual_ipaddress":
+            inst["vips"].append(_addr(w, rest))
+        elif block == "unicast_peer":
+            inst["peers"].append(w)
+        elif block == "authentication":
+            t, pw = inst["auth"]
+            # keepalived keeps the first 8 characters of auth_pass (vrrp_parser.c)
+            inst["auth"] = (rest[0] if w == "auth_type" and rest else t, rest[0][:8] if w == "auth_pass" and rest else pw)
+        elif block == "vrrp_instance" and (rest or w == "nopreempt"):
+            if w == "nopreempt":
+                inst["nopreempt"] = True
+            elif w == "state":
+                inst["state"] = rest[0]
+            elif w == "priority":
+                inst["priority"] = int(rest[0])
+            elif w == "virtual_router_id":
+                inst["vrid"] = int(rest[0])
+            elif w == "interface":
+                inst["interface"] = rest[0]
+            elif w == "unicast_src_ip":
+                inst["src"] = rest[0]
+    for i in model["instances"]:
+        i["vips"] = [(c, d or i["interface"]) for c, d in i["vips"]]
+    return model
+
+
+def _addr(cidr: str, rest: list[str]) -> tuple[str, str | None]:
+    dev = rest[rest.index("dev") + 1] if "dev" in rest and rest.index("dev") + 1 < len(rest) else None
+    return str(ipaddress.ip_interface(cidr)), dev
+
+
+# ---------------------------------------------------------------- the world: NICs, VIP, listeners, show stat
+
+def predictable_names(g: Guest) -> None:
+    """The appliance image keeps the kernel's predictable NIC names (``ethN`` → ``ens<18+N>``,
+    qemu-server PCI.pm: ``net0`` at slot 18); an ordinary guest is left as cloud-init named it."""
+    if g.models.get("appliance", {}).get("nic_names") != "predictable":
+        return
+    for n in g.net_applied:
+        m = re.fullmatch(r"eth(\d+)", n["name"])
+        if m:
+            n["name"] = f"ens{18 + int(m.group(1))}"
+
 
 def _running(guests: Guests, g: Guest) -> bool:
     vm = guests.cluster.vms.get(g.vmid)
@@ -270,48 +379,69 @@ def boot_services(g: Guest) -> None:
     m["boot"] = g.boot_id
     m.pop("haproxy", None)
     m.pop("keepalived", None)
-    h = g.read_file("/etc/haproxy/haproxy.cfg")
-    if h is not None and not check_file(g.guests, h.decode("utf-8", "replace")):
-        m["haproxy"] = h.decode("utf-8", "replace")
-    k = g.read_file("/etc/keepalived/keepalived.conf")
-    if k is not None and not parse_keepalived(k.decode("utf-8", "replace"))[0]:
-        m["keepalived"] = k.decode("utf-8", "replace")
+    if g.read_file(HAPROXY_CFG) is not None and haproxy_check(g, HAPROXY_CFG, quiet=True)[0] == 0:
+        m["haproxy"] = (g.read_file(HAPROXY_CFG) or b"").decode("utf-8", "replace")
+    if g.read_file(KEEPALIVED_CFG) is not None and keepalived_check(g, KEEPALIVED_CFG)[0] == 0:
+        m["keepalived"] = (g.read_file(KEEPALIVED_CFG) or b"").decode("utf-8", "replace")
 
 
 def _holds(g: Guest, ip: str) -> bool:
     return any(a.get("ip-address") == ip for i in g.interfaces() for a in i.get("ip-addresses", []))
 
 
-def vip_holders(guests: Guests) -> dict[int, list[str]]:
-    """{vmid: [vip cidr]} as keepalived decides now (sticky holder: nopreempt)."""
+def _own_ips(g: Guest) -> set[str]:
+    return {str(ipaddress.ip_interface(a).ip) for n in g.net_applied for a in n["addresses"]}
+
+
+def vip_holders(guests: Guests) -> dict[int, dict[str, list[str]]]:
+    """{vmid: {dev: [cidr]}} as keepalived decides now: static addresses on their appliance, each
+    VRRP domain's VIPs on one member (sticky holder: nopreempt)."""
     sticky: dict[str, int] = guests.__dict__.setdefault("_vip_holder", {})
-    groups: dict[str, list[tuple[int, int]]] = {}
+    out: dict[int, dict[str, list[str]]] = {}
+    members: list[tuple[Guest, dict[str, Any]]] = []
     for g in list(guests.guests.values()):
         conf = g.models.get("appliance", {}).get("keepalived")
         if not conf or not _running(guests, g):
             continue
-        _, k = parse_keepalived(conf)
-        for v in k["vips"]:
-            groups.setdefault(v, []).append((k["priority"], g.vmid))
-    out: dict[int, list[str]] = {}
-    for vip, members in groups.items():
-        ids = [vmid for _, vmid in members]
-        holder = sticky.get(vip)
-        if holder not in ids:
-            holder = sorted(members, key=lambda p: (-p[0], p[1]))[0][1]
-            sticky[vip] = holder
-        out.setdefault(holder, []).append(vip)
-    for vip in [v for v in sticky if v not in groups]:
-        del sticky[vip]
+        k = parse_keepalived(conf)
+        for cidr, dev in k["static"]:
+            out.setdefault(g.vmid, {}).setdefault(dev or "", []).append(cidr)
+        for inst in k["instances"]:
+            members.append((g, {**inst, "src": inst["src"] or next(iter(sorted(_own_ips(g))), None)}))
+    # VRRP domains: same router id and authentication, each a unicast peer of the other
+    domains: list[list[tuple[Guest, dict[str, Any]]]] = []
+    for g, inst in members:
+        for d in domains:
+            if all(i["vrid"] == inst["vrid"] and i["auth"] == inst["auth"] and inst["src"] in i["peers"]
+                   and i["src"] in inst["peers"] for _, i in d):
+                d.append((g, inst))
+                break
+        else:
+            domains.append([(g, inst)])
+    seen: set[str] = set()
+    for d in domains:
+        vips = sorted({c for _, i in d for c, _ in i["vips"]})
+        key = ",".join(vips)
+        ids = {g.vmid: i for g, i in d}
+        holder = sticky.get(key)
+        if holder not in ids or not ids[holder]["nopreempt"] or key in seen:
+            holder = sorted(d, key=lambda p: (-p[1]["priority"], p[0].vmid))[0][0].vmid
+            if key not in seen:
+                sticky[key] = holder
+        seen.add(key)
+        for cidr, dev in ids[holder]["vips"]:
+            out.setdefault(holder, {}).setdefault(dev or "", []).append(cidr)
+    for key in [k for k in sticky if k not in seen]:
+        del sticky[key]
     return out
 
 
 def extra_interfaces(g: Guest) -> dict[str, list[str]]:
-    """The VIP on eth0 of the appliance holding it (keepalived)."""
+    """The addresses keepalived configured on the appliance (on the interface its file names)."""
     if "appliance" not in g.models:
         return {}
-    vips = vip_holders(g.guests).get(g.vmid, [])
-    return {"eth0": vips} if vips else {}
+    predictable_names(g)
+    return vip_holders(g.guests).get(g.vmid, {})
 
 
 def listening(g: Guest) -> dict[str, Any]:
@@ -339,7 +469,7 @@ def _probe(guests: Guests, addr: str, port: int, backend: dict[str, Any]) -> tup
 
 
 def show_stat(guests: Guests, conf: str) -> str:
-    _, model = parse_haproxy(conf)
+    model = parse_haproxy(conf)
     rows = []
 
     def row(px: str, sv: str, status: str, typ: int, chk: str = "", code: str = "") -> None:
@@ -348,7 +478,7 @@ def show_stat(guests: Guests, conf: str) -> str:
                  qcur="0", scur="0", stot="0", weight="1" if typ == 2 else "", act="1" if typ == 2 else "")
         rows.append(",".join(d[c] for c in STAT_COLUMNS))
 
-    for name, f in model["frontends"].items():
+    for name in model["frontends"]:
         row(name, "FRONTEND", "OPEN", 0)
     for name, b in model["backends"].items():
         ups = 0

@@ -37,23 +37,57 @@ def test_rendering_is_deterministic_valid_and_leaves_deleted_servers_out() -> No
     text = _lb.render_haproxy(lb, targets)
     again = _lb.render_haproxy(_lb_row(targets=list(reversed(lb.targets))), _lb.resolve_targets(lb, SERVERS))
     assert text == again                                  # target order does not matter
-    alerts, model = parse_haproxy(text)                   # HAProxy (the simulator's grammar) accepts it
-    assert alerts == []
+    model = parse_haproxy(text)                           # (haproxy -c: tests/test_lb_guest_tools.py)
     names = [s[0] for s in model["backends"]["svc-80"]["servers"]]
     assert names == ["ip-203.0.113.99", "srv_a"]          # srv_b (deleted) is not rendered
     assert "option httpchk GET /healthz" in text and "http-check expect rstatus ^(2[0-9][0-9])$" in text
     assert _lb.sha256(text) != _lb.sha256(_lb.render_haproxy(_lb_row(algorithm="least_connections"), targets))
 
 
-def test_keepalived_is_unicast_backup_nopreempt_towards_the_peer() -> None:
+def test_keepalived_is_unicast_backup_nopreempt_towards_the_peer_authenticated() -> None:
+    """lb-ha: unicast VRRP to the other appliance on the interface given (the guest's), both BACKUP
+    with nopreempt, IPSEC-AH with the load balancer's key; lb-small: the VIP as a static address
+    (no VRRP at all). (keepalived -t: tests/test_lb_guest_tools.py.)"""
     lb = _lb_row()
-    alerts, k0 = parse_keepalived(_lb.render_keepalived(lb, "lb-0"))
-    _, k1 = parse_keepalived(_lb.render_keepalived(lb, "lb-1"))
-    assert alerts == []
+    k0 = parse_keepalived(_lb.render_keepalived(lb, "lb-0", "ens18", "k3y-0123"))["instances"]
+    k1 = parse_keepalived(_lb.render_keepalived(lb, "lb-1", "ens19", "k3y-0123"))["instances"]
+    assert len(k0) == len(k1) == 1
+    k0, k1 = k0[0], k1[0]
     assert k0["state"] == k1["state"] == "BACKUP" and k0["nopreempt"] and k1["nopreempt"]
     assert k0["peers"] == ["203.0.113.12"] and k1["peers"] == ["203.0.113.11"]
-    assert k0["vips"] == k1["vips"] == ["203.0.113.10/24"] and k0["vrid"] == k1["vrid"]
-    assert k0["priority"] > k1["priority"]
+    assert k0["src"] == "203.0.113.11" and k1["src"] == "203.0.113.12"
+    assert k0["interface"] == "ens18" and k1["interface"] == "ens19"
+    assert k0["vips"] == [("203.0.113.10/24", "ens18")] and k1["vips"] == [("203.0.113.10/24", "ens19")]
+    assert k0["vrid"] == k1["vrid"] and k0["priority"] > k1["priority"]
+    assert k0["auth"] == k1["auth"] == ("AH", "k3y-0123")
+    small = parse_keepalived(_lb.render_keepalived(_lb_row(type="lb-small"), "lb-0", "ens18", "k3y-0123"))
+    assert small == {"static": [("203.0.113.10/24", "ens18")], "instances": []}
+    assert "k3y-0123" not in _lb.render_keepalived(_lb_row(type="lb-small"), "lb-0", "ens18", "k3y-0123")
+
+
+def test_the_vrrp_key_is_per_load_balancer_and_derived_from_the_installation_key() -> None:
+    from pydantic import SecretStr
+    from types import SimpleNamespace
+    a = SimpleNamespace(installation_key=SecretStr("A" * 43), regions={})
+    b = SimpleNamespace(installation_key=SecretStr("B" * 43), regions={})
+    k = _lb.vrrp_key(a, _lb_row())
+    assert len(k) == 8 and k == _lb.vrrp_key(a, _lb_row())                     # stable: both appliances agree
+    assert k != _lb.vrrp_key(a, _lb_row(id="lb_01jd3x5v8q2m6n4p7r9s1t3w5z"))   # per load balancer
+    assert k != _lb.vrrp_key(b, _lb_row())                                     # per installation
+    assert "#" not in k and "!" not in k and " " not in k                      # no keepalived comment/space
+
+
+def test_appliance_vm_names_are_dns_labels_whatever_the_name_length() -> None:
+    """PVE's ``name`` is a DNS name: ``<lb name>-lb-N`` cut to 63 characters once ended in ``-``
+    (an LB name of 59-62 characters) or made both members' names equal."""
+    import re
+    label = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    for n in range(1, 64):
+        name = ("a" * (n - 1) + "b") if n % 2 else ("ab-" * 30)[:n - 1] + "c"
+        got = [_lb.vm_name(name, m) for m in ("lb-0", "lb-1")]
+        assert all(label.match(g) for g in got) and got[0] != got[1], (n, got)
+        assert got[0].endswith("-lb-0") and got[1].endswith("-lb-1")
+    assert _lb.vm_name("web", "lb-0") == "web-lb-0"
 
 
 def test_health_joins_haproxy_with_what_only_z9_knows() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from z9.common.tags import normalize_tags
 
+from tests.guest_tools import require_guest_tools
 from tests.support import REGION, SimAdmin, Stack, wait_until
 
 # the operator-provided appliance template (HAProxy, keepalived, the guest agent), put in place
@@ -20,11 +21,15 @@ LB_TEMPLATE = {"vmid": 9100, "node": "pve1", "config": {
     "scsihw": "virtio-scsi-single", "scsi0": "local-lvm:base-9100-disk-0,size=2G",
     "ide2": "local-lvm:vm-9100-cloudinit,media=cdrom", "boot": "order=scsi0",
     "net0": "virtio=BC:24:11:91:00:00,bridge=vmbr0", "serial0": "socket", "vga": "serial0", "agent": "1",
-    "tags": "z9-image"}}
+    "tags": "z9-image"},
+    # the image's own disk state (the simulator's appliance model): its NIC keeps the predictable name
+    # ens18, as on a Proxmox virtio guest, so z9 must read the interface from the guest
+    "guest": {"models": {"appliance": {"nic_names": "predictable"}}}}
 
 
 @pytest.fixture(autouse=True)
 async def lb_template(sim: SimAdmin) -> None:
+    require_guest_tools()  # the appliance judges every file with the real haproxy and keepalived
     await sim._req("POST", "/vms", json=LB_TEMPLATE)
 
 
@@ -165,18 +170,20 @@ async def test_rejected_config_fails_permanently(stack: Stack, sim: SimAdmin) ->
     vm = _appliances(await sim.state(), lb["id"])[0]
     running = (await sim._req("GET", f"/guests/{vm['vmid']}"))["models"]["appliance"]["haproxy"]
     assert hashlib.sha256(running.encode()).hexdigest() == before["config_hash"]
-    await sim._req("POST", "/appliance-faults", json={
-        "contains": "203.0.113.241", "message": "[ALERT]    (1) : config : parsing [cfg:30] : unknown keyword 'x'."})
+    # the push is corrupted on the appliance's disk (a line HAProxy does not know appended): the
+    # appliance's real haproxy -c refuses it
+    await sim._req("POST", "/appliance-faults", json={"contains": "203.0.113.241", "inject": "    x on\n"})
     status, out = await stack.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
                                    json={"type": "ip", "ip": "203.0.113.241"})
     assert status == 202, out
     failed = await stack.wait_job(out["job"]["id"], timeout_s=60)
     assert failed["status"] == "failed" and failed["attempt"] == 1, failed
-    assert "unknown keyword 'x'" in failed["error"]["message"]
+    assert "unknown keyword 'x' in 'backend' section" in failed["error"]["message"], failed
+    assert "/etc/haproxy/haproxy.cfg.new" in failed["error"]["message"]   # the appliance's file, named
     after = (await sim._req("GET", f"/guests/{vm['vmid']}"))["models"]["appliance"]["haproxy"]
     assert after == running
     cur = await _get(stack, lb["id"])
-    assert cur["status"] == "failed" and "unknown keyword 'x'" in cur["status_reason"], cur
+    assert cur["status"] == "failed" and "unknown keyword 'x' in 'backend' section" in cur["status_reason"], cur
     assert cur["config_hash"] == before["config_hash"]                 # still what the appliance runs
     await sim._req("DELETE", "/appliance-faults")
     # the cause gone, a re-run of the failed job applies the action: active again

@@ -1,12 +1,23 @@
-"""The simulator's appliance model (z9.sim.appliance): HAProxy's grammar subset and keepalived's."""
+"""The simulator's appliance model (z9.sim.appliance): the real haproxy and keepalived judge the files
+in the guest (through the guest agent's exec), the appliance image's NIC is ens18, and keepalived's
+files decide who holds the VIP."""
 from __future__ import annotations
 
+import base64
+
+import pytest
+
+from tests.guest_tools import require_guest_tools
+from tests.sim.conftest import wait_task
+from tests.sim.test_sim_guest import agent_exec, until
 from z9.sim.appliance import parse_haproxy, parse_keepalived
 
 GOOD = """global
     stats socket /run/haproxy/admin.sock mode 660 level admin
 defaults
     timeout connect 5s
+    timeout client 5s
+    timeout server 5s
 frontend svc-80
     bind :80
     mode tcp
@@ -17,34 +28,143 @@ backend svc-80
     server srv_a 203.0.113.10:8080 check port 8080
 """
 
+KEEPALIVED = """vrrp_instance z9 {{
+    state BACKUP
+    nopreempt
+    interface {iface}
+    virtual_router_id 7
+    priority {prio}
+    unicast_src_ip {me}
+    unicast_peer {{
+        {peer}
+    }}
+    authentication {{
+        auth_type AH
+        auth_pass {key}
+    }}
+    virtual_ipaddress {{
+        203.0.113.10/24 dev {iface}
+    }}
+}}
+"""
 
-def test_a_valid_config_has_no_alerts_and_a_frontend_may_share_a_backends_name() -> None:
-    alerts, model = parse_haproxy(GOOD)
-    assert alerts == []
-    assert model["backends"]["svc-80"]["servers"] == [("srv_a", "203.0.113.10", 8080, 8080)]
+
+@pytest.fixture(autouse=True)
+def tools() -> None:
+    require_guest_tools()
 
 
-def test_duplicate_binds_missing_backends_and_bad_lines_are_alerts() -> None:
-    text = GOOD + "frontend other\n    bind :80\n    default_backend nowhere\n"
-    alerts, _ = parse_haproxy(text)
-    assert any("bind :80 is already used" in a for a in alerts)
-    assert any("unable to find required default_backend: 'nowhere'" in a for a in alerts)
-    alerts, _ = parse_haproxy("bind :80\n")
-    assert any("out of section" in a for a in alerts)
-    alerts, _ = parse_haproxy(GOOD + "backend svc-80\n")
-    assert any("same name as another proxy" in a for a in alerts)
-    alerts, _ = parse_haproxy(GOOD.replace("roundrobin", "fastest"))
-    assert any("unknown balance algorithm 'fastest'" in a for a in alerts)
-    alerts, _ = parse_haproxy(GOOD + "    server srv_a 203.0.113.11:8080\n")
-    assert any("server 'srv_a' already defined" in a for a in alerts)
+def _appliance(admin, pve, vmid: int, ip: str, node: str = "pve1"):
+    """A running VM of the appliance image (its guest disk state says so), address ``ip``."""
+    admin("post", "/vms", json={"vmid": vmid, "node": node, "running": True, "config": {
+        "name": f"app-{vmid}", "agent": "1", "net0": f"virtio=BC:24:11:00:{vmid % 100:02d}:01,bridge=vmbr0",
+        "ide2": f"local-lvm:vm-{vmid}-cloudinit,media=cdrom", "ipconfig0": f"ip={ip}/24,gw=203.0.113.1"},
+        "guest": {"models": {"appliance": {"nic_names": "predictable"}}}})
+    vm = pve.nodes(node).qemu(vmid)
+    until(lambda: vm.agent.ping.post())
+    return vm
 
 
-def test_keepalived_nopreempt_needs_backup_and_a_router_id() -> None:
-    conf = ("vrrp_instance z9 {\n state BACKUP\n nopreempt\n virtual_router_id 7\n priority 100\n"
-            " unicast_peer {\n 203.0.113.12\n }\n virtual_ipaddress {\n 203.0.113.10/24 dev eth0\n }\n}\n")
-    alerts, k = parse_keepalived(conf)
-    assert alerts == [] and k["vips"] == ["203.0.113.10/24"] and k["peers"] == ["203.0.113.12"]
-    alerts, _ = parse_keepalived(conf.replace("state BACKUP", "state MASTER"))
-    assert alerts == ["(z9) nopreempt requires state BACKUP"]
-    alerts, _ = parse_keepalived(conf.replace(" virtual_router_id 7\n", ""))
-    assert alerts
+def _write(vm, path: str, text: str) -> None:
+    vm.agent("file-write").post(file=path, content=base64.b64encode(text.encode()).decode(), encode=0)
+
+
+def _ips(vm) -> dict[str, list[str]]:
+    return {i["name"]: [a["ip-address"] for a in i["ip-addresses"] if a["ip-address-type"] == "ipv4"]
+            for i in vm.agent("network-get-interfaces").get()["result"]}
+
+
+def test_haproxy_c_is_the_real_one(admin, pve) -> None:
+    vm = _appliance(admin, pve, 801, "203.0.113.21")
+    _write(vm, "/etc/haproxy/haproxy.cfg.new", GOOD)
+    r = agent_exec(vm, ["haproxy", "-c", "-f", "/etc/haproxy/haproxy.cfg.new"])
+    assert r["exitcode"] == 0 and "Configuration file is valid" in r["out-data"], r
+    _write(vm, "/etc/haproxy/haproxy.cfg.new", GOOD.replace("roundrobin", "fastest"))
+    r = agent_exec(vm, ["haproxy", "-c", "-f", "/etc/haproxy/haproxy.cfg.new"])
+    assert r["exitcode"] == 1, r
+    # HAProxy's own words, naming the guest's file
+    assert "[/etc/haproxy/haproxy.cfg.new:13] : balance only supports" in r["err-data"], r["err-data"]
+    r = agent_exec(vm, ["haproxy", "-c", "-f", "/etc/haproxy/none.cfg"])
+    assert r["exitcode"] == 1 and "No such file" in r["err-data"], r
+
+
+def test_the_appliance_nic_is_ens18_and_keepalived_judges_the_file_against_it(admin, pve) -> None:
+    vm = _appliance(admin, pve, 802, "203.0.113.22")
+    assert _ips(vm)["ens18"] == ["203.0.113.22"] and "eth0" not in _ips(vm)
+    conf = KEEPALIVED.format(iface="ens18", prio=100, me="203.0.113.22", peer="203.0.113.23", key="k3y-0123")
+    _write(vm, "/etc/keepalived/keepalived.conf.new", conf)
+    r = agent_exec(vm, ["keepalived", "-t", "-f", "/etc/keepalived/keepalived.conf.new"])
+    assert r["exitcode"] == 0, r
+    _write(vm, "/etc/keepalived/keepalived.conf.new", conf.replace("ens18", "eth0"))
+    r = agent_exec(vm, ["keepalived", "-t", "-f", "/etc/keepalived/keepalived.conf.new"])
+    assert r["exitcode"] != 0 and "interface eth0 for vrrp_instance z9 doesn't exist" in r["err-data"], r
+    # keepalived 2.2.7 refuses a unicast source without peers (what lb-small had)
+    _write(vm, "/etc/keepalived/keepalived.conf.new", conf.replace("        203.0.113.23\n", ""))
+    r = agent_exec(vm, ["keepalived", "-t", "-f", "/etc/keepalived/keepalived.conf.new"])
+    assert r["exitcode"] != 0 and "without any unicast peers" in r["err-data"], r
+
+
+def test_an_ordinary_guest_keeps_cloud_inits_eth0(admin, pve) -> None:
+    admin("post", "/vms", json={"vmid": 803, "node": "pve1", "running": True, "config": {
+        "name": "plain", "agent": "1", "net0": "virtio=BC:24:11:00:03:01,bridge=vmbr0",
+        "ide2": "local-lvm:vm-803-cloudinit,media=cdrom", "ipconfig0": "ip=203.0.113.24/24"}})
+    vm = pve.nodes("pve1").qemu(803)
+    until(lambda: vm.agent.ping.post())
+    assert _ips(vm)["eth0"] == ["203.0.113.24"]
+
+
+def test_an_injected_corruption_is_judged_by_the_real_tool(admin, pve) -> None:
+    vm = _appliance(admin, pve, 804, "203.0.113.25")
+    admin("post", "/appliance-faults", json={"contains": "203.0.113.10:8080", "inject": "    z9-bad on\n"})
+    try:
+        _write(vm, "/etc/haproxy/haproxy.cfg.new", GOOD)
+        r = agent_exec(vm, ["haproxy", "-c", "-f", "/etc/haproxy/haproxy.cfg.new"])
+        assert r["exitcode"] == 1 and "unknown keyword 'z9-bad' in 'backend' section" in r["err-data"], r
+        data = vm.agent("file-read").get(file="/etc/haproxy/haproxy.cfg.new")["content"]
+        assert data.endswith("    z9-bad on\n")   # the file on the guest's disk is the refused one
+    finally:
+        admin("delete", "/appliance-faults")
+    _write(vm, "/etc/haproxy/haproxy.cfg.new", GOOD)
+    assert agent_exec(vm, ["haproxy", "-c", "-f", "/etc/haproxy/haproxy.cfg.new"])["exitcode"] == 0
+
+
+def _activate(vm, conf: str) -> None:
+    _write(vm, "/etc/keepalived/keepalived.conf", conf)
+    r = agent_exec(vm, ["systemctl", "reload", "keepalived"])
+    assert r["exitcode"] == 0, r
+
+
+def test_the_vip_follows_keepalived_files_one_holder_per_authenticated_pair(admin, pve) -> None:
+    a = _appliance(admin, pve, 805, "203.0.113.31")
+    b = _appliance(admin, pve, 806, "203.0.113.32", node="pve2")
+    _activate(a, KEEPALIVED.format(iface="ens18", prio=100, me="203.0.113.31", peer="203.0.113.32", key="k3y-0123"))
+    _activate(b, KEEPALIVED.format(iface="ens18", prio=99, me="203.0.113.32", peer="203.0.113.31", key="k3y-0123"))
+    assert "203.0.113.10" in _ips(a)["ens18"] and "203.0.113.10" not in _ips(b)["ens18"]
+    # another key on one side: each drops the other's adverts, both become MASTER (split brain)
+    _activate(b, KEEPALIVED.format(iface="ens18", prio=99, me="203.0.113.32", peer="203.0.113.31", key="other-k3"))
+    assert "203.0.113.10" in _ips(a)["ens18"] and "203.0.113.10" in _ips(b)["ens18"]
+    # a static address (lb-small): on its appliance, no VRRP
+    c = _appliance(admin, pve, 807, "203.0.113.33")
+    _activate(c, "static_ipaddress {\n    203.0.113.40/24 dev ens18\n}\n")
+    assert "203.0.113.40" in _ips(c)["ens18"]
+
+
+def test_nopreempt_keeps_the_vip_where_a_failover_put_it(admin, pve) -> None:
+    a = _appliance(admin, pve, 808, "203.0.113.34")
+    b = _appliance(admin, pve, 809, "203.0.113.35", node="pve2")
+    _activate(a, KEEPALIVED.format(iface="ens18", prio=100, me="203.0.113.34", peer="203.0.113.35", key="k3y-0123"))
+    _activate(b, KEEPALIVED.format(iface="ens18", prio=99, me="203.0.113.35", peer="203.0.113.34", key="k3y-0123"))
+    assert "203.0.113.10" in _ips(a)["ens18"]
+    wait_task(pve, a.status.stop.post())
+    until(lambda: "203.0.113.10" in _ips(b)["ens18"])          # the failover
+    wait_task(pve, a.status.start.post())
+    until(lambda: a.agent.ping.post())                          # back, with the higher priority
+    assert "203.0.113.10" in _ips(b)["ens18"] and "203.0.113.10" not in _ips(a)["ens18"]
+
+
+def test_the_models_read_what_the_world_needs() -> None:
+    assert parse_haproxy(GOOD)["backends"]["svc-80"]["servers"] == [("srv_a", "203.0.113.10", 8080, 8080)]
+    k = parse_keepalived(KEEPALIVED.format(iface="ens18", prio=99, me="203.0.113.32", peer="203.0.113.31",
+                                           key="a-long-key-cut"))
+    assert k["instances"][0]["auth"] == ("AH", "a-long-k")   # keepalived keeps 8 characters
+    assert k["instances"][0]["vips"] == [("203.0.113.10/24", "ens18")]

@@ -52,9 +52,11 @@ async def verify(ctx: JobContext) -> dict[str, Any] | None:
     # keepalived.conf counts too: a hand edit there (pre-emption, priorities) is the Octavia failure
     # of an appliance taking the VIP back, invisible in haproxy.cfg's hash
     kept = seen.pop("keepalived_hashes", {})
+    nics = seen.pop("interfaces", {})
+    key = _lb.vrrp_key(ctx.settings, world.lb)
     seen["drift"] = sorted(m for m, v in seen["members"].items()
-                           if not v["running"] or v["config_hash"] != want
-                           or kept.get(m) != _lb.sha256(_lb.render_keepalived(world.lb, m)))
+                           if not v["running"] or v["config_hash"] != want or nics.get(m) is None
+                           or kept.get(m) != _lb.sha256(_lb.render_keepalived(world.lb, m, nics[m], key)))
     seen["status"] = world.lb.status if world.lb else None
     return seen
 
