@@ -55,6 +55,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -91,6 +92,7 @@ def tools_missing() -> list[str]:
 
 _CACHE: "OrderedDict[tuple, tuple[int, str, str]]" = OrderedDict()
 _CACHE_MAX = 512
+_CACHE_LOCK = threading.Lock()
 
 
 def _missing(name: str) -> tuple[int, str, str]:
@@ -116,9 +118,11 @@ def run_tool(name: str, args: list[str], guest_path: str, data: bytes,
     """Run the real ``name`` with ``args`` (``{file}`` standing for the guest's file) on a copy of
     ``data``; keepalived in a namespace with ``ifaces``. ``(exitcode, stdout, stderr)``, cached."""
     key = (name, tuple(args), hashlib.sha256(data).hexdigest(), tuple((n, tuple(a)) for n, a in ifaces or ()))
-    hit = _CACHE.get(key)
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
     if hit is not None:
-        _CACHE.move_to_end(key)
         return hit[0], hit[1].replace("\0", guest_path), hit[2].replace("\0", guest_path)
     binary = tool_path(name)
     if binary is None:
@@ -133,20 +137,35 @@ def run_tool(name: str, args: list[str], guest_path: str, data: bytes,
             if unshare is None or ip is None:
                 return _missing("unshare" if unshare is None else "ip")
             script = _netns_script(ifaces) + 'exec "$@"\n'
-            argv = [unshare, "-rn", "sh", "-c", script, "sh", *argv]
-        try:
-            p = subprocess.run(argv, cwd=tmp, capture_output=True, timeout=TOOL_TIMEOUT_S,
-                               env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LANG": "C"})
-            code, out, err = p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
-        except subprocess.TimeoutExpired:
-            code, out, err = 124, "", f"{name}: no answer within {TOOL_TIMEOUT_S:.0f}s\n"
+            argv = [unshare, _UNSHARE[0], "sh", "-c", script, "sh", *argv]
+        code, out, err = _run(argv, tmp, name)
+        if ifaces is not None and code != 0 and "unshare failed" in err and _UNSHARE[0] == "-rn" \
+                and os.geteuid() == 0:
+            # no unprivileged user namespaces here: as root, a network namespace alone does
+            _UNSHARE[0] = "-n"
+            argv[1] = "-n"
+            code, out, err = _run(argv, tmp, name)
         # the answer names the guest's file, not the copy (and the copy's base name alone, as
         # keepalived prints it, is the guest's base name already)
         out, err = out.replace(path, "\0"), err.replace(path, "\0")
-    _CACHE[key] = (code, out, err)
-    if len(_CACHE) > _CACHE_MAX:
-        _CACHE.popitem(last=False)
+    if "unshare failed" not in err:  # a verdict of the tool, not of this host's namespaces
+        with _CACHE_LOCK:
+            _CACHE[key] = (code, out, err)
+            if len(_CACHE) > _CACHE_MAX:
+                _CACHE.popitem(last=False)
     return code, out.replace("\0", guest_path), err.replace("\0", guest_path)
+
+
+_UNSHARE = ["-rn"]  # a user + network namespace (no privilege needed); "-n" once that proved impossible as root
+
+
+def _run(argv: list[str], cwd: str, name: str) -> tuple[int, str, str]:
+    try:
+        p = subprocess.run(argv, cwd=cwd, capture_output=True, timeout=TOOL_TIMEOUT_S,
+                           env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LANG": "C"})
+        return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{name}: no answer within {TOOL_TIMEOUT_S:.0f}s\n"
 
 
 def guest_ifaces(g: Guest) -> list[tuple[str, list[str]]]:
@@ -232,7 +251,8 @@ def _systemctl(ctx: ExecContext) -> ExecResult:
     m = ctx.guest.model("appliance")
     m.setdefault("boot", ctx.guest.boot_id)
     if unit == "haproxy":
-        code, _, _ = haproxy_check(ctx.guest, HAPROXY_CFG, quiet=True)
+        # (the verdict of -c -q is -c's: asked without -q, a file just checked is a cache hit)
+        code, _, _ = haproxy_check(ctx.guest, HAPROXY_CFG)
         if code != 0:
             return ExecResult(1, err="Job for haproxy.service failed because the control process exited with error "
                                      "code.\nSee \"systemctl status haproxy.service\" and \"journalctl -xeu "
@@ -379,7 +399,7 @@ def boot_services(g: Guest) -> None:
     m["boot"] = g.boot_id
     m.pop("haproxy", None)
     m.pop("keepalived", None)
-    if g.read_file(HAPROXY_CFG) is not None and haproxy_check(g, HAPROXY_CFG, quiet=True)[0] == 0:
+    if g.read_file(HAPROXY_CFG) is not None and haproxy_check(g, HAPROXY_CFG)[0] == 0:
         m["haproxy"] = (g.read_file(HAPROXY_CFG) or b"").decode("utf-8", "replace")
     if g.read_file(KEEPALIVED_CFG) is not None and keepalived_check(g, KEEPALIVED_CFG)[0] == 0:
         m["keepalived"] = (g.read_file(KEEPALIVED_CFG) or b"").decode("utf-8", "replace")
