@@ -14,8 +14,9 @@ Modules:
 - :mod:`z9.sim.guest` — **the guest model**: boot, cloud-init from the CD-ROM bytes, instance-id, network,
   the QEMU guest agent, per-VM files, and the **command-handler registry** later models (HAProxy, kubeadm,
   kubectl) plug into: ``@z9.sim.guest.command("haproxy")`` — read that module's docstring first.
-- :mod:`z9.sim.appliance` — the load balancer appliance on the guest model: ``haproxy -c`` (a real grammar
-  subset), ``systemctl reload``, ``show stat`` computed from the world, keepalived's VIP.
+- :mod:`z9.sim.appliance` — the load balancer appliance on the guest model: ``haproxy -c`` and
+  ``keepalived -t`` run Debian's real binaries (keepalived in a namespace with the guest's NICs),
+  ``systemctl reload``, ``show stat`` computed from the world, keepalived's VIP.
 - :mod:`z9.sim.faults` — request faults (error, delay, drop, fail_task, abort/corrupt uploads).
 - :mod:`z9.sim.schema` — validation against the real PVE 9.1.3 schema.
 """
