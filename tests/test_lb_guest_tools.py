@@ -153,3 +153,57 @@ def test_every_shape_the_api_accepts_passes_both_tools(kind: str, algorithm: str
         assume(False)  # not a shape the API accepts
         return
     judge(lb, nic)
+
+
+PAIR = r"""
+set -e
+mount -t tmpfs none /run && mkdir -p /run/netns && ip netns add b
+ip link add ens18 type veth peer name ens18b && ip link set ens18b netns b
+ip netns exec b ip link set ens18b name ens18
+ip addr add 203.0.113.11/24 dev ens18 && ip link set ens18 up && ip link set lo up
+ip netns exec b sh -c 'ip addr add 203.0.113.12/24 dev ens18 && ip link set ens18 up && ip link set lo up'
+set +e
+trap 'for p in /run/*.pid; do kill $(cat $p) 2>/dev/null; done; sleep 0.5' EXIT
+holds() { if [ $1 = a ]; then ip -br addr show ens18; else ip netns exec b ip -br addr show ens18; fi \
+          | grep -q ' 203.0.113.10/24'; }
+state() { a=0; b=0; holds a && a=1; holds b && b=1; echo "$a$b"; }
+until_state() { for i in $(seq 1 120); do [ "$(state)" = "$1" ] && break; sleep 0.1; done; echo "$2 $(state)"; }
+start() { if [ $1 = a ]; then keepalived -n -l -D -f "$DIR/$2" -p /run/a.pid -r /run/a-v.pid >>"$DIR/a.log" 2>&1 &
+          else ip netns exec b keepalived -n -l -D -f "$DIR/$2" -p /run/b.pid -r /run/b-v.pid >>"$DIR/b.log" 2>&1 &
+          fi; }
+stop() { kill $(cat /run/$1.pid); for i in $(seq 1 50); do [ -e /run/$1.pid ] || break; sleep 0.1; done; }
+start a lb-0.conf; sleep 1; start b lb-1.conf
+until_state 10 start
+stop a
+until_state 01 failover
+start a lb-0.conf; sleep 6
+echo "returned $(state)"
+stop a; stop b
+start a lb-0.conf; start b other-key.conf; sleep 6
+echo "forged $(state)"
+"""
+
+
+def test_the_rendered_pair_elects_one_holder_keeps_it_after_a_failover_and_drops_other_keys(tmp_path) -> None:
+    """The two real keepalived daemons with z9's files, each in a network namespace of its own
+    joined by a veth pair named ens18 (the appliances' NIC): exactly one holds the VIP; when it
+    stops the other takes it; when it returns it does not take it back (nopreempt, the chosen
+    behaviour); an appliance with another key (a forged or stale advert) is not accepted as a
+    peer (IPSEC-AH): both hold the VIP, which z9's verify reports."""
+    import shutil
+    import subprocess
+    lb = _row({"name": "pair", "region": "dev-1", "type": "lb-ha", "services": [_service(80)]})
+    key = _lb.vrrp_key(SETTINGS, lb)
+    for m in lb.members:
+        (tmp_path / f"{m}.conf").write_text(_lb.render_keepalived(lb, m, "ens18", key))
+    (tmp_path / "other-key.conf").write_text(_lb.render_keepalived(lb, "lb-1", "ens18", "0ther-k3"))
+    p = subprocess.run([shutil.which("unshare") or "unshare", "-rnm", "--propagation", "private", "sh", "-c", PAIR],
+                       env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DIR": str(tmp_path)}, capture_output=True,
+                       text=True, timeout=90)
+    lines = dict(line.split(" ", 1) for line in p.stdout.splitlines() if " " in line)
+    logs = "\n".join((tmp_path / f).read_text() for f in ("a.log", "b.log") if (tmp_path / f).exists())
+    assert lines.get("start") == "10", (p.stdout, p.stderr, logs[-3000:])        # lb-0 (started first) holds it
+    assert lines.get("failover") == "01", (p.stdout, logs[-3000:])               # lb-1 took it
+    assert lines.get("returned") == "01", (p.stdout, logs[-3000:])               # and keeps it: nopreempt
+    assert lines.get("forged") == "11", (p.stdout, logs[-3000:])                 # another key is no peer
+    assert "invalid IPSEC HMAC-MD5 value" in logs
