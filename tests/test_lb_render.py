@@ -123,3 +123,16 @@ def test_a_server_without_address_is_rendered_out_and_unused() -> None:
     assert detail["targets"]["server:srv_a"] == [{"listen_port": 80, "status": "unused", "reason": "no_address"}]
     assert detail["targets"]["server:srv_c"] == [{"listen_port": 80, "status": "unhealthy", "reason": "server_stopped"}]
     assert overall == "unhealthy"
+
+
+def test_missing_guest_tools_skip_or_fail_as_ci_asks(monkeypatch) -> None:
+    import pytest
+
+    from tests import guest_tools
+    monkeypatch.setattr(guest_tools, "tools_missing", lambda: ["haproxy"])
+    monkeypatch.delenv("Z9_REQUIRE_GUEST_TOOLS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="haproxy"):
+        guest_tools.require_guest_tools()
+    monkeypatch.setenv("Z9_REQUIRE_GUEST_TOOLS", "1")
+    with pytest.raises(pytest.fail.Exception, match="Z9_REQUIRE_GUEST_TOOLS=1"):
+        guest_tools.require_guest_tools()

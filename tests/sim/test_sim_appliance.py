@@ -168,3 +168,13 @@ def test_the_models_read_what_the_world_needs() -> None:
                                            key="a-long-key-cut"))
     assert k["instances"][0]["auth"] == ("AH", "a-long-k")   # keepalived keeps 8 characters
     assert k["instances"][0]["vips"] == [("203.0.113.10/24", "ens18")]
+
+
+def test_without_the_binary_the_appliance_says_so(admin, pve, monkeypatch) -> None:
+    from z9.sim import appliance
+    vm = _appliance(admin, pve, 810, "203.0.113.36")
+    real = appliance.tool_path
+    monkeypatch.setattr(appliance, "tool_path", lambda name: None if name == "haproxy" else real(name))
+    _write(vm, "/etc/haproxy/haproxy.cfg.new", GOOD + "# not checked before\n")
+    r = agent_exec(vm, ["haproxy", "-c", "-f", "/etc/haproxy/haproxy.cfg.new"])
+    assert r["exitcode"] == 127 and "haproxy: not found" in r["err-data"] and "install" in r["err-data"], r
