@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from z9.common.resources.load_balancer import LOAD_BALANCER
+from z9.executor.jobs import _lb as lb_jobs
 from z9.sim.appliance import parse_keepalived
 
 from tests.support import SimAdmin, Stack
@@ -118,6 +120,8 @@ async def test_a_keepalived_file_the_tool_refuses_fails_the_job_with_its_words(s
     assert "keepalived rejected the configuration" in msg and "Unknown keyword 'bogus_keyword'" in msg, msg
     cur = await _get(stack, lb["id"])
     assert cur["status"] == "failed" and "Unknown keyword 'bogus_keyword'" in cur["status_reason"], cur
+    key = lb_jobs.vrrp_key(stack.settings, await LOAD_BALANCER.get(stack.pool, lb["id"]))
+    assert key not in msg and key not in json.dumps(cur)           # keepalived's words carry no key
 
 
 @pytest.mark.parametrize("length", [59, 61])
