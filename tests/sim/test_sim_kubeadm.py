@@ -275,3 +275,38 @@ def test_a_token_past_its_ttl_has_no_jws_signature() -> None:
     r = run(guests, w, "kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml")
     assert r.exitcode == 1
     assert f"could not find a JWS signature in the cluster-info ConfigMap for token ID \"{token.split('.')[0]}\"" in r.err
+
+
+# Two cidata seeds on one member (z9's ISO and Proxmox's own cloud-init drive, cloned from the
+# template's ide2) leave kubeadm to cloud-init's device order: in one of the two placements of the
+# ISO (before or after ide2) the guest boots Proxmox's drive and kubeadm never runs — the member never
+# becomes a node. Which placement loses is the NoCloud order the guest model implements; z9 attaches
+# exactly one seed (test_clusters_e2e checks the members).
+def test_two_seeds_leave_the_bootstrap_to_cloud_inits_device_order(pve, wait, tmp_path, admin) -> None:
+    from tests.sim.test_sim_guest import clone, upload
+    from tests.test_cluster_units import _cluster_row
+    from z9.common.nocloud import build_nocloud_iso
+    from z9.executor.jobs import _cluster
+
+    ran = {}
+    for vmid, key, ip in ((101, "ide0", "203.0.113.21"), (102, "ide3", "203.0.113.22")):
+        c = _cluster_row(endpoint_ip=ip, version="1.33")
+        files = _cluster.bootstrap_files(c, pki.new_cluster_pki(), _cluster.desired_members(c)[0], None)
+        iso = build_nocloud_iso(user_data=files["user-data"], meta_data=files["meta-data"])
+        assert wait(upload(pve, tmp_path, iso, name=f"seed-{vmid}.iso"))["exitstatus"] == "OK"
+        clone(pve, wait, vmid, name=f"cp-{vmid}")
+        vm = pve.nodes("pve1").qemu(vmid)
+        assert "cloudinit" in vm.config.get()["ide2"]  # the template's PVE drive came with the clone
+        vm.config.put(**{key: f"local:iso/seed-{vmid}.iso,media=cdrom"})
+        assert wait(vm.status.start.post())["exitstatus"] == "OK"
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and admin("get", f"/guests/{vmid}")["cloud_init"]["status"] != "done":
+            time.sleep(0.05)
+        g = admin("get", f"/guests/{vmid}")
+        assert g["cloud_init"]["status"] == "done", g["cloud_init"]
+        ran[key] = (g["inputs"]["source"], g["models"].get("kubeadm", {}).get("role"))
+    booted_iso = [k for k, (src, _) in ran.items() if "iso/seed-" in src]
+    assert len(booted_iso) == 1, ran  # one placement boots z9's ISO, the other Proxmox's drive
+    loser = next(k for k in ran if k not in booted_iso)
+    assert "cloudinit" in ran[loser][0] and ran[loser][1] is None, ran  # kubeadm never ran there
+    assert ran[booted_iso[0]][1] == "control-plane", ran
