@@ -59,7 +59,8 @@ observe  the cluster row, the desired members, every VM of the cluster by tag (p
          the nodes the API reports (``kubectl get nodes -o json`` through the agent of the first
          control plane whose API answers; None when none does).
 plan     (pure) ``init`` (cp-0, while no API answers) → ``replace`` (a member whose cloud-init
-         failed and that never became a node, or did but was never confirmed — then ``drain``
+         failed and that never became a node — except a join refused for its token, which the
+         ``join`` step re-runs on the same VM —, or did but was never confirmed — then ``drain``
          first; a control plane that is a node is refused, never replaced: it is an etcd member —
          its VM goes, a new instance joins) → ``join`` (every desired member that is not
          a Ready node: booted **in parallel** in one step) → per extra member, highest ordinal
