@@ -9,10 +9,11 @@ applied — and refuses what real kubeadm would refuse, with kubeadm's own error
 checks:
 
 - **config ``apiVersion`` per Kubernetes minor** (``cmd/kubeadm/app/util/config/common.go``
-  ``validateSupportedVersion``): ``kubeadm.k8s.io/v1beta3`` from 1.22 (deprecated — a warning — from
-  1.31, still read through 1.34, the newest minor the API offers); ``v1beta4`` experimental in
-  1.28–1.30 (refused by ``init``/``join``, which have no ``--allow-experimental-api``) and the
-  current API from 1.31; ``v1beta2`` and older refused. The node's kubeadm is the cluster's minor
+  ``validateSupportedVersion``): ``kubeadm.k8s.io/v1beta3`` from 1.22, deprecated — a warning —
+  from 1.31 (kubernetes/kubernetes#125029: "supported until version 1.34 or later") and removed in
+  1.36 (kubernetes/kubernetes#136016: "The 1.35 kubeadm binary can be used to migrate");
+  ``v1beta4`` experimental in 1.28–1.30 (refused by ``init``/``join``, which have no
+  ``--allow-experimental-api``) and the current API from 1.31; ``v1beta2`` and older refused. The node's kubeadm is the cluster's minor
   (the image contract: the image for version X ships kubeadm/kubelet/kubectl X): ``init`` reads it
   from ``ClusterConfiguration.kubernetesVersion``, ``join`` from the cluster it joins.
 - **preflight** (``cmd/kubeadm/app/preflight/checks.go``): ``init`` — ``InitNodeChecks``: ports
@@ -190,7 +191,8 @@ def _load_config(ctx: ExecContext) -> tuple[dict[str, dict], ExecResult | None]:
 
 # cmd/kubeadm/app/util/config/common.go validateSupportedVersion (1.28-1.30: v1beta4 in
 # experimentalAPIVersions; 1.31+: "v1.31: v1beta3 read-only, writes only v1beta4 config",
-# v1beta3 in deprecatedAPIVersions — a warning); oldKnownAPIVersions: v1alpha1 … v1beta2 refused.
+# v1beta3 in deprecatedAPIVersions — a warning; 1.36: v1beta3 removed, kubernetes#136016);
+# oldKnownAPIVersions: v1alpha1 … v1beta2 refused.
 _OLD_APIS = {"kubeadm.k8s.io/v1alpha1": "v1.11", "kubeadm.k8s.io/v1alpha2": "v1.12", "kubeadm.k8s.io/v1alpha3": "v1.14",
              "kubeadm.k8s.io/v1beta1": "v1.15", "kubeadm.k8s.io/v1beta2": "v1.22"}
 
@@ -210,6 +212,10 @@ def api_version_problem(api_version: Any, kind: str, minor: int | None) -> tuple
                 "\"k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/scheme/scheme.go:31\"", None)
     if minor is None:
         return None, None
+    if gv == "kubeadm.k8s.io/v1beta3" and minor >= 36:  # kubernetes/kubernetes#136016 (1.36)
+        return (f"your configuration file uses an old API spec: \"{gv}\" (kind: \"{kind}\"). Please use kubeadm "
+                "v1.35 instead and run 'kubeadm config migrate --old-config old-config-file --new-config "
+                "new-config-file', which will write the new, similar spec using a newer API version.", None)
     if gv == "kubeadm.k8s.io/v1beta4" and minor < 31:
         if minor < 28:
             return (f"no kind \"{kind}\" is registered for version \"{gv}\" in scheme "

@@ -154,6 +154,7 @@ def _ready(guests: Guests, cp: Guest) -> dict[str, tuple[str, str]]:
     ("v1.31.0", "kubeadm.k8s.io/v1beta4", None),
     ("v1.34.0", "kubeadm.k8s.io/v1beta3", None),
     ("v1.33.0", "kubeadm.k8s.io/v1beta2", "old API spec"),
+    ("v1.36.0", "kubeadm.k8s.io/v1beta3", "old API spec"),  # removed in 1.36 (not offered by the API yet)
 ])
 def test_init_reads_the_config_api_its_minor_supports(version: str, api: str, refused: str | None) -> None:
     guests = _fresh()
@@ -167,7 +168,8 @@ def test_init_reads_the_config_api_its_minor_supports(version: str, api: str, re
         assert EP not in kubeadm.clusters(guests)
     else:
         assert r.exitcode == 0, r.err
-        assert ("deprecated API spec" in r.err) == (api.endswith("v1beta3") and version >= "v1.31"), r.err
+        minor = int(version.split(".")[1])
+        assert ("deprecated API spec" in r.err) == (api.endswith("v1beta3") and minor >= 31), r.err
 
 
 def test_a_worker_join_with_the_ca_prewritten_fails_preflight() -> None:

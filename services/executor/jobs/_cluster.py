@@ -592,6 +592,8 @@ def _kube_vip(vip: str, kubeconfig: str) -> dict[str, Any]:
                         {"name": "vip_leaderelection", "value": "true"}],
                 "securityContext": {"capabilities": {"add": ["NET_ADMIN", "NET_RAW"]}},
                 "volumeMounts": [{"mountPath": ADMIN_CONF, "name": "kubeconfig"}]}],
+                # as kube-vip's generator writes it: its client reaches the local API server as "kubernetes"
+                "hostAliases": [{"ip": "127.0.0.1", "hostnames": ["kubernetes"]}],
                 "volumes": [{"name": "kubeconfig", "hostPath": {"path": kubeconfig}}]}}
 
 
@@ -699,6 +701,9 @@ async def _ready_once(ctx: JobContext, world: World, m: MemberSpec, vm: VmState)
         if any(_TOKEN_REFUSED.search(ln) for ln in lines):
             raise JoinTokenRefused(what)
         raise PermanentError(what)
+    if status == "disabled" and _bootstrap_volume(vm):
+        raise PermanentError(f"member {m.name} (VM {vm.vmid} on {vm.node}): cloud-init read no seed although "
+                             f"{_bootstrap_volume(vm)} is attached: its bootstrap did not run")
     if status not in ("done", "disabled"):  # disabled: no seed at this boot (a member restarted after
         return f"cloud-init is {status}"     # its ISO was detached: its bootstrap ran at its first boot)
     if m.role == "control-plane":
