@@ -180,3 +180,24 @@ def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version
             assert kubeadm.kube_vip_problem(guests.guests[vmid], str(c.endpoint_ip)) is None
     finally:
         kubeadm.SETTINGS["api_delay_s"] = 1.0
+
+
+def test_the_last_boot_of_the_output_log_decides_a_token_refusal() -> None:
+    refused = ('error execution phase preflight: couldn\'t validate the identity of the API Server: could not find '
+               'a JWS signature in the cluster-info ConfigMap for token ID "abcdef"')
+    log = f"{refused}\nTo see the stack trace of this error execute with --v=5 or higher\nCloud-init finished at boot 1\n"
+    assert _cluster._last_boot(log)[0] == refused
+    assert any(_cluster._TOKEN_REFUSED.search(ln) for ln in _cluster._last_boot(log))
+    # the re-join's boot succeeded: the earlier refusal is history
+    again = log + "This node has joined the cluster\nCloud-init finished at boot 2\n"
+    assert _cluster._last_boot(again) == ["This node has joined the cluster"]
+    assert not any(_cluster._TOKEN_REFUSED.search(ln) for ln in _cluster._last_boot(again))
+
+
+def test_a_member_keeps_one_seed() -> None:
+    vm = VmState(vmid=101, node="pve1", status="stopped", tags=frozenset(),
+                 config={"ide2": "local-lvm:vm-101-cloudinit,media=cdrom", "scsi0": "local-lvm:vm-101-disk-0,size=2G",
+                         "ide0": "isos:iso/z9-k8s_x-cp-0-0123456789abcdef.iso,media=cdrom"})
+    assert _cluster.pve_cloudinit_drives(vm) == ["ide2"]  # Proxmox's drive goes; z9's ISO and the disk stay
+    assert _cluster.kubeadm_api_version("1.30") == "kubeadm.k8s.io/v1beta3"
+    assert _cluster.kubeadm_api_version("1.31") == "kubeadm.k8s.io/v1beta4"
