@@ -1,8 +1,62 @@
-"""A kubeadm/kubectl model on the guest model (issue 11): command handlers for ``kubeadm`` and
-``kubectl`` that run inside simulated guests (``agent/exec``, cloud-init ``runcmd``).
+"""A kubeadm/kubectl model on the guest model (issue 11, made strict by issue 18): command handlers
+for ``kubeadm`` and ``kubectl`` that run inside simulated guests (``agent/exec``, cloud-init ``runcmd``).
 
-Everything the model knows comes from the bytes z9 shipped — the kubeadm config file and the PKI
-files written by cloud-init from the NoCloud ISO (``write_files``) — never from a test flag.
+**This is a model, not kubeadm.** Load balancers are judged by the real ``haproxy -c``/``keepalived -t``
+and user-data by the real ``cloud-init schema``; no real kubeadm can run here (it needs a kubelet,
+a container runtime, etcd and root on a real host). So this module re-states kubeadm's documented
+rules — each with the kubeadm source file or document it comes from, in a comment where it is
+applied — and refuses what real kubeadm would refuse, with kubeadm's own error texts. What it
+checks:
+
+- **config ``apiVersion`` per Kubernetes minor** (``cmd/kubeadm/app/util/config/common.go``
+  ``validateSupportedVersion``): ``kubeadm.k8s.io/v1beta3`` from 1.22, deprecated — a warning —
+  from 1.31 (kubernetes/kubernetes#125029: "supported until version 1.34 or later") and removed in
+  1.36 (kubernetes/kubernetes#136016: "The 1.35 kubeadm binary can be used to migrate");
+  ``v1beta4`` experimental in 1.28–1.30 (refused by ``init``/``join``, which have no
+  ``--allow-experimental-api``) and the current API from 1.31; ``v1beta2`` and older refused. The node's kubeadm is the cluster's minor
+  (the image contract: the image for version X ships kubeadm/kubelet/kubectl X): ``init`` reads it
+  from ``ClusterConfiguration.kubernetesVersion``, ``join`` from the cluster it joins.
+- **preflight** (``cmd/kubeadm/app/preflight/checks.go``): ``init`` — ``InitNodeChecks``: ports
+  6443, 10259, 10257 (and 10250, 2379, 2380) free, the four control-plane static pod manifests
+  absent (``FileAvailable--etc-kubernetes-manifests-*.yaml``), ``DirAvailable--var-lib-etcd``;
+  ``join`` — ``JoinNodeChecks``: ``FileAvailable--etc-kubernetes-kubelet.conf``,
+  ``FileAvailable--etc-kubernetes-bootstrap-kubelet.conf``, ``Port-10250`` and, for a node without
+  ``controlPlane``, ``FileAvailable--etc-kubernetes-pki-ca.crt`` (the CA must NOT be pre-written:
+  the ``caCertHashes`` pin authenticates the CA discovery fetches); then discovery, then for a
+  control plane the init checks again (``isSecondaryControlPlane``) and its PKI. A port is "in use"
+  when this guest already runs what kubeadm started there (an earlier init/join on this disk,
+  guest up); ``--ignore-preflight-errors`` is honoured as ``RunChecks`` does.
+- **discovery** (``cmd/kubeadm/app/discovery/token/token.go``): the API must answer at
+  ``apiServerEndpoint``; a token unknown to the cluster *or past its expiry* has no JWS signature in
+  ``cluster-info`` (the bootstrap signer signs only live tokens; the token cleaner deletes expired
+  ones): "could not find a JWS signature in the cluster-info ConfigMap for token ID …"; the CA's
+  SubjectPublicKeyInfo hash must be pinned. A token's expiry is what ``kubeadm token create --ttl``
+  (or ``bootstrapTokens[].ttl``) gave it, on the simulator's wall clock.
+- **the control-plane endpoint needs something holding it**: z9's endpoint is a VIP held by a
+  kube-vip static pod (``/etc/kubernetes/manifests/kube-vip.yaml``, kube-vip's "static pods"
+  docs). The endpoint answers only while a running control plane has a kube-vip manifest with
+  ``hostNetwork: true``, ``securityContext.capabilities.add`` ⊇ ``NET_ADMIN``, ``NET_RAW`` (ARP
+  and the VIP on the host NIC), the VIP as ``address``, and a kubeconfig mounted at
+  ``/etc/kubernetes/admin.conf`` (kube-vip's default ``--k8sConfigPath``) from a ``hostPath`` file
+  that exists on that node. On the node running ``kubeadm init`` of 1.29+ that file must be
+  ``/etc/kubernetes/super-admin.conf``: ``admin.conf``'s user is bound to cluster-admin only by
+  init itself, after the endpoint must already answer (kubernetes/kubernetes#121305,
+  kube-vip/kube-vip#684), so init times out; ``super-admin.conf`` is written on that node only.
+- **``Ready`` needs a pod network**: the kubelet reports ``NetworkReady=false`` ("cni plugin not
+  initialized") until a CNI is installed; the model knows the manifests of :data:`CNI_MANIFESTS`
+  (``kubectl apply -f <url>``: Flannel v0.26.1, whose ``net-conf.json`` network is
+  ``10.244.0.0/16`` — it needs ``networking.podSubnet`` inside that network so that the
+  controller-manager allocates each node a ``podCIDR``; otherwise flanneld fails "pod cidr not
+  assigned" and the nodes stay NotReady).
+
+What it cannot check: anything of a real host (kernel modules, sysctls, swap, the container
+runtime, image pulls, cgroup drivers, certificate SANs and expiry beyond the CA key pair, etcd
+quorum, RBAC beyond the super-admin rule, the CNI's data path); manifests it does not know are not
+fetched (no Internet): ``kubectl apply -f`` of another URL fails naming the ones it knows.
+
+Everything the model knows comes from the bytes z9 shipped — the kubeadm config file, the PKI and
+manifest files written by cloud-init from the NoCloud ISO (``write_files``) or through the agent —
+never from a test flag.
 
 Clusters are keyed by their control-plane endpoint (``host:port``) and live in the simulator's
 guest manager (one dict per simulator); the state is also visible in each member's guest model
@@ -10,22 +64,21 @@ guest manager (one dict per simulator); the state is also visible in each member
 
 ``kubeadm init --config F``
     F holds an ``InitConfiguration`` (``nodeRegistration.name``) and a ``ClusterConfiguration``
-    (``controlPlaneEndpoint``, ``kubernetesVersion``). Needs ``/etc/kubernetes/pki/{ca.crt,ca.key,
-    sa.key,sa.pub,front-proxy-ca.crt,front-proxy-ca.key,etcd/ca.crt,etcd/ca.key}`` (kubeadm's
-    "external CA" mode: the orchestrator owns the PKI) and ``ca.key`` must match ``ca.crt``. The
-    cluster's API comes up ``API_DELAY_S`` seconds later (:data:`SETTINGS`); the member is a Node
-    (Ready while its guest is up). Writes ``/etc/kubernetes/admin.conf``.
+    (``controlPlaneEndpoint``, ``kubernetesVersion``, ``networking.podSubnet``). Needs
+    ``/etc/kubernetes/pki/{ca.crt,ca.key,sa.key,sa.pub,front-proxy-ca.crt,front-proxy-ca.key,
+    etcd/ca.crt,etcd/ca.key}`` (kubeadm's "external CA" mode: the orchestrator owns the PKI) and
+    ``ca.key`` must match ``ca.crt``. The cluster's API comes up ``API_DELAY_S`` seconds later
+    (:data:`SETTINGS`). Writes the static pod manifests, ``kubelet.conf``, ``admin.conf`` and (1.29+)
+    ``super-admin.conf``.
 ``kubeadm join --config F``
     F holds a ``JoinConfiguration``: ``discovery.bootstrapToken.{apiServerEndpoint, token,
-    caCertHashes}``, ``nodeRegistration.name`` and, for a control plane, ``controlPlane``. Becomes a
-    Node only while the cluster's API is up (some control-plane guest runs), with a token the
-    cluster knows and that has not expired, and with the right CA hash (the SHA-256 of the CA's
-    SubjectPublicKeyInfo) — else kubeadm's error texts and exit 1.
+    caCertHashes}``, ``nodeRegistration.name`` and, for a control plane, ``controlPlane``.
 ``kubeadm token create <token> --ttl <dur>``
     (on a control plane) the cluster knows the token until now + ttl (Go duration: ``900s``,
     ``15m0s``). A token already known: exit 1 (``already exists``).
 ``kubectl [--kubeconfig F] get --raw /readyz`` → ``ok`` while the API is up;
-``kubectl get nodes -o json`` → a NodeList (``Ready`` True while the node's guest is up);
+``kubectl get nodes -o json`` → a NodeList (``Ready`` True while the node's guest is up and the
+cluster has a pod network); ``kubectl apply -f <url>`` (a known CNI manifest);
 ``kubectl drain <node> …`` → cordoned + drained (recorded in the cluster's ``events``);
 ``kubectl delete node <node>``.
 
@@ -34,7 +87,10 @@ ttl passes — z9 chose the ttl — or :func:`expire_tokens`, admin ``POST /_sim
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import ipaddress
+import json
 import re
 import time
 from typing import Any
@@ -50,7 +106,34 @@ PKI_FILES = ("ca.crt", "ca.key", "sa.key", "sa.pub", "front-proxy-ca.crt", "fron
              "etcd/ca.key")
 PKI = "/etc/kubernetes/pki/"
 ADMIN_CONF = "/etc/kubernetes/admin.conf"
+SUPER_ADMIN_CONF = "/etc/kubernetes/super-admin.conf"
+KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
+BOOTSTRAP_KUBELET_CONF = "/etc/kubernetes/bootstrap-kubelet.conf"
+MANIFESTS = "/etc/kubernetes/manifests/"
+KUBE_VIP = MANIFESTS + "kube-vip.yaml"
+ETCD_DATA = "/var/lib/etcd"
+# kubeadm constants.go: KubeAPIServer, KubeControllerManager, KubeScheduler, Etcd static pods
+CONTROL_PLANE_PODS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd")
+# constants.go: KubeletPort 10250; InitNodeChecks: LocalAPIEndpoint.BindPort (6443), KubeSchedulerPort
+# 10259, KubeControllerManagerPort 10257, EtcdListenClientPort 2379, EtcdListenPeerPort 2380
+NODE_PORTS = (10250,)
+CONTROL_PLANE_PORTS = (6443, 10259, 10257, 2379, 2380)
+# The pod networks the model knows (it fetches nothing): the manifest's URL → what it installs.
+# Flannel v0.26.1's kube-flannel.yml: namespace kube-flannel, its RBAC, the kube-flannel-cfg
+# ConfigMap (net-conf.json "Network": "10.244.0.0/16", backend vxlan) and the kube-flannel-ds DaemonSet.
+CNI_MANIFESTS: dict[str, dict[str, Any]] = {
+    "https://github.com/flannel-io/flannel/releases/download/v0.26.1/kube-flannel.yml": {
+        "cni": "flannel", "version": "v0.26.1", "network": "10.244.0.0/16",
+        "objects": ["namespace/kube-flannel", "serviceaccount/flannel",
+                    "clusterrole.rbac.authorization.k8s.io/flannel",
+                    "clusterrolebinding.rbac.authorization.k8s.io/flannel", "configmap/kube-flannel-cfg",
+                    "daemonset.apps/kube-flannel-ds"]},
+}
+# the kubelet's NetworkReady condition without a CNI config (kubelet/kuberuntime, containerd's CRI)
+NO_CNI = ("container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady "
+          "message:Network plugin returns error: cni plugin not initialized")
 _DUR = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
+_TRACE = "To see the stack trace of this error execute with --v=5 or higher\n"
 
 
 def clusters(guests: Guests) -> dict[str, dict[str, Any]]:
@@ -77,6 +160,12 @@ def _duration_s(text: str) -> float | None:
     return sum(float(a) * {"h": 3600, "m": 60, "s": 1}[b] for a, b in parts)
 
 
+def minor_of(version: Any) -> int | None:
+    """``v1.33.0`` / ``1.33`` → 33 (Kubernetes 1.x); None when unparsable."""
+    m = re.fullmatch(r"v?1\.(\d+)(?:\.\d+)?(?:[-+].*)?", str(version or "").strip())
+    return int(m[1]) if m else None
+
+
 def _ca_hash(pem: bytes) -> str:
     cert = x509.load_pem_x509_certificate(pem)
     spki = cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -85,9 +174,11 @@ def _ca_hash(pem: bytes) -> str:
 
 def _load_config(ctx: ExecContext) -> tuple[dict[str, dict], ExecResult | None]:
     argv = ctx.argv
-    if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
-        return {}, ExecResult(1, err="error: this model of kubeadm needs --config <file>\n")
-    path = argv[argv.index("--config") + 1]
+    path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if path is None:
+        if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
+            return {}, ExecResult(1, err="error: this model of kubeadm needs --config <file>\n")
+        path = argv[argv.index("--config") + 1]
     raw = ctx.guest.read_file(path)
     if raw is None:
         return {}, ExecResult(1, err=f"unable to read config from \"{path}\" : open {path}: no such file or directory\n")
@@ -98,11 +189,194 @@ def _load_config(ctx: ExecContext) -> tuple[dict[str, dict], ExecResult | None]:
     return docs, None
 
 
+# cmd/kubeadm/app/util/config/common.go validateSupportedVersion (1.28-1.30: v1beta4 in
+# experimentalAPIVersions; 1.31+: "v1.31: v1beta3 read-only, writes only v1beta4 config",
+# v1beta3 in deprecatedAPIVersions — a warning; 1.36: v1beta3 removed, kubernetes#136016);
+# oldKnownAPIVersions: v1alpha1 … v1beta2 refused.
+_OLD_APIS = {"kubeadm.k8s.io/v1alpha1": "v1.11", "kubeadm.k8s.io/v1alpha2": "v1.12", "kubeadm.k8s.io/v1alpha3": "v1.14",
+             "kubeadm.k8s.io/v1beta1": "v1.15", "kubeadm.k8s.io/v1beta2": "v1.22"}
+
+
+def api_version_problem(api_version: Any, kind: str, minor: int | None) -> tuple[str | None, str | None]:
+    """``(error, warning)`` of kubeadm ``1.<minor>`` reading a ``kind`` document of ``api_version``
+    (``minor`` None: the node's kubeadm version is not known — only version-independent rules)."""
+    gv = str(api_version or "")
+    if not gv:
+        return (f"error decoding config: Object 'apiVersion' is missing in '{{\"kind\":\"{kind}\"}}'", None)
+    if gv in _OLD_APIS:
+        return (f"your configuration file uses an old API spec: \"{gv}\" (kind: \"{kind}\"). Please use kubeadm "
+                f"{_OLD_APIS[gv]} instead and run 'kubeadm config migrate --old-config old-config-file --new-config "
+                "new-config-file', which will write the new, similar spec using a newer API version.", None)
+    if gv not in ("kubeadm.k8s.io/v1beta3", "kubeadm.k8s.io/v1beta4"):
+        return (f"no kind \"{kind}\" is registered for version \"{gv}\" in scheme "
+                "\"k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/scheme/scheme.go:31\"", None)
+    if minor is None:
+        return None, None
+    if gv == "kubeadm.k8s.io/v1beta3" and minor >= 36:  # kubernetes/kubernetes#136016 (1.36)
+        return (f"your configuration file uses an old API spec: \"{gv}\" (kind: \"{kind}\"). Please use kubeadm "
+                "v1.35 instead and run 'kubeadm config migrate --old-config old-config-file --new-config "
+                "new-config-file', which will write the new, similar spec using a newer API version.", None)
+    if gv == "kubeadm.k8s.io/v1beta4" and minor < 31:
+        if minor < 28:
+            return (f"no kind \"{kind}\" is registered for version \"{gv}\" in scheme "
+                    "\"k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/scheme/scheme.go:31\"", None)
+        return (f"experimental API spec: \"{gv}\" is not allowed. You can use the --allow-experimental-api flag if "
+                "the command supports it.", None)
+    if gv == "kubeadm.k8s.io/v1beta3" and minor >= 31:
+        return None, (f"W0000 00:00:00.000000       1 common.go:101] your configuration file uses a deprecated API "
+                      f"spec: \"{gv}\" (kind: \"{kind}\"). Please use 'kubeadm config migrate --old-config "
+                      "old-config-file --new-config new-config-file', which will write the new, similar spec using a "
+                      "newer API version.")
+    return None, None
+
+
+def _check_api_versions(docs: dict[str, dict], minor: int | None) -> tuple[ExecResult | None, str]:
+    warnings = ""
+    for kind, doc in docs.items():
+        if kind not in ("InitConfiguration", "ClusterConfiguration", "JoinConfiguration"):
+            continue
+        err, warn = api_version_problem(doc.get("apiVersion"), str(kind), minor)
+        if err:
+            return ExecResult(1, err=err + "\n" + _TRACE), warnings
+        if warn:
+            warnings += warn + "\n"
+    return None, warnings
+
+
+def _ignored(argv: list[str]) -> set[str]:
+    """``--ignore-preflight-errors=a,b`` (or the value as the next argument), lower-cased as RunChecks does."""
+    out: set[str] = set()
+    for i, a in enumerate(argv):
+        val = a.split("=", 1)[1] if a.startswith("--ignore-preflight-errors=") else (
+            argv[i + 1] if a == "--ignore-preflight-errors" and i + 1 < len(argv) else None)
+        if val:
+            out |= {v.strip().lower() for v in val.split(",") if v.strip()}
+    return out
+
+
+def _preflight(checks: list[tuple[str, str]], argv: list[str], prefix: str = "") -> ExecResult | None:
+    """checks.go ``RunChecks``/``handleError``: every failed check, then exit 1 (ignored ones: warnings)."""
+    ignored = _ignored(argv)
+    errs = [(n, m) for n, m in checks if "all" not in ignored and n.lower() not in ignored]
+    warns = [(n, m) for n, m in checks if (n, m) not in errs]
+    warn_text = "".join(f"\t[WARNING {n}]: {m}\n" for n, m in warns)
+    if not errs:
+        return ExecResult(0, err=warn_text) if warn_text else None
+    return ExecResult(1, out=prefix + "[preflight] Running pre-flight checks\n",
+                      err=warn_text + "error execution phase preflight: [preflight] Some fatal errors occurred:\n"
+                      + "".join(f"\t[ERROR {n}]: {m}\n" for n, m in errs)
+                      + "[preflight] If you know what you are doing, you can make a check non-fatal with "
+                        "`--ignore-preflight-errors=...`\n" + _TRACE)
+
+
+def _file_available(ctx: ExecContext, path: str) -> list[tuple[str, str]]:
+    """checks.go ``FileAvailableCheck``: the file must not exist."""
+    if ctx.guest.read_file(path) is None:
+        return []
+    return [("FileAvailable-" + path.replace("/", "-"), f"{path} already exists")]
+
+
+def _dir_available(ctx: ExecContext, path: str) -> list[tuple[str, str]]:
+    """checks.go ``DirAvailableCheck``: the directory must not exist or be empty."""
+    if not any(p.startswith(path.rstrip("/") + "/") for p in ctx.guest.files()):
+        return []
+    return [("DirAvailable-" + path.replace("/", "-"), f"{path} is not empty")]
+
+
+def _ports_in_use(ctx: ExecContext, ports: tuple[int, ...]) -> list[tuple[str, str]]:
+    """checks.go ``PortOpenCheck``: what kubeadm started on this disk listens again while the guest
+    runs (the kubelet is a systemd unit; the control plane's static pods come back with it)."""
+    role = ctx.guest.model("kubeadm").get("role")
+    busy = set(NODE_PORTS) | (set(CONTROL_PLANE_PORTS) if role == "control-plane" else set()) if role else set()
+    return [(f"Port-{p}", f"Port {p} is in use") for p in ports if p in busy]
+
+
+def _control_plane_checks(ctx: ExecContext, *, kubelet: bool) -> list[tuple[str, str]]:
+    """checks.go ``InitNodeChecks``: the control plane's ports free, its static pod manifests
+    absent, (local etcd) etcd's ports free and its data dir empty; ``kubelet``: with
+    addCommonChecks' Port-10250 (init; a joining control plane had it in JoinNodeChecks)."""
+    out = _ports_in_use(ctx, (6443, 10259, 10257))
+    for pod in CONTROL_PLANE_PODS[:3]:
+        out += _file_available(ctx, f"{MANIFESTS}{pod}.yaml")
+    out += _file_available(ctx, f"{MANIFESTS}etcd.yaml")
+    if kubelet:
+        out += _ports_in_use(ctx, (10250,))
+    out += _ports_in_use(ctx, (2379, 2380))
+    out += _dir_available(ctx, ETCD_DATA)
+    return out
+
+
+@functools.lru_cache(maxsize=512)
+def _kube_vip_spec(raw: bytes, host: str) -> tuple[str | None, str | None]:
+    """``(problem, hostPath of its kubeconfig)`` of a kube-vip static pod manifest (kube-vip docs,
+    "Static Pods": ``kube-vip manifest pod --controlplane --arp --address VIP`` writes hostNetwork,
+    capabilities NET_ADMIN + NET_RAW, and a hostPath kubeconfig mounted at /etc/kubernetes/admin.conf,
+    kube-vip's default --k8sConfigPath)."""
+    try:
+        pod = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        return f"{KUBE_VIP} is not valid YAML: {e}", None
+    if not isinstance(pod, dict) or pod.get("kind") != "Pod":
+        return f"{KUBE_VIP} is not a Pod", None
+    spec = pod.get("spec") or {}
+    if spec.get("hostNetwork") is not True:
+        return "hostNetwork is not true (the VIP would be added inside the pod's own network namespace)", None
+    containers = spec.get("containers") or []
+    c = next((x for x in containers if "kube-vip" in str(x.get("image", ""))), containers[0] if containers else None)
+    if not isinstance(c, dict):
+        return "no container", None
+    env = {str(e.get("name")): str(e.get("value")) for e in c.get("env") or [] if isinstance(e, dict)}
+    addr = env.get("address") or env.get("vip_address")
+    if addr != host:
+        return f"its address {addr!r} is not the control-plane endpoint {host}", None
+    if env.get("cp_enable", "").lower() != "true":
+        return "cp_enable is not true (kube-vip does not manage the control-plane VIP)", None
+    caps = set(((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or [])
+    missing = sorted({"NET_ADMIN", "NET_RAW"} - caps)
+    if missing:
+        return (f"securityContext.capabilities.add lacks {', '.join(missing)} (kube-vip cannot add the VIP to the "
+                "interface or send gratuitous ARP)"), None
+    mount = next((m for m in c.get("volumeMounts") or [] if m.get("mountPath") == ADMIN_CONF), None)
+    if mount is None:
+        return (f"no kubeconfig mounted at {ADMIN_CONF} (kube-vip cannot reach the API server for its leader "
+                "election, so it never takes the VIP)"), None
+    vol = next((v for v in spec.get("volumes") or [] if v.get("name") == mount.get("name")), None)
+    path = ((vol or {}).get("hostPath") or {}).get("path")
+    if not path:
+        return f"the volume {mount.get('name')!r} mounted at {ADMIN_CONF} is not a hostPath", None
+    return None, str(path)
+
+
+def kube_vip_problem(guest: Any, host: str, *, initializing: bool = False, minor: int | None = None) -> str | None:
+    """Why the kube-vip static pod on ``guest`` does not hold ``host`` (None: it does)."""
+    raw = guest.read_file(KUBE_VIP)
+    if raw is None:
+        return f"no static pod manifest {KUBE_VIP}"
+    problem, path = _kube_vip_spec(bytes(raw), host)
+    if problem:
+        return problem
+    if guest.read_file(path) is None:  # a missing hostPath becomes an empty directory (hostPath type "")
+        return f"its kubeconfig hostPath {path} does not exist on this node"
+    # kubeadm 1.29+ (kubernetes/kubernetes#121305): admin.conf's user is in kubeadm:cluster-admins,
+    # bound to cluster-admin by init only after the API answers at the endpoint (kube-vip#684)
+    if initializing and minor is not None and minor >= 29 and path != SUPER_ADMIN_CONF:
+        return (f"its kubeconfig is {path}; on the node running kubeadm init of 1.29+ it must be {SUPER_ADMIN_CONF} "
+                "(admin.conf's user gets cluster-admin only at the end of init: kube-vip's leader election is "
+                "forbidden until then)")
+    return None
+
+
 def _api_up(guests: Guests, c: dict[str, Any]) -> bool:
-    """The API answers: past its start delay and some control-plane guest runs."""
+    """The API answers at the endpoint: past its start delay, and a running control plane's
+    kube-vip holds the VIP."""
     if time.time() < c["api_up_at"]:
         return False
-    return any(_guest_up(guests, vmid) for vmid in c["control_planes"])
+    host = c["endpoint"].rsplit(":", 1)[0]
+    for vmid in c["control_planes"]:
+        g = guests.guests.get(int(vmid))
+        if g is not None and g.powered and g.booted and kube_vip_problem(g, host) is None:
+            return True
+    return False
 
 
 def _guest_up(guests: Guests, vmid: int) -> bool:
@@ -123,9 +397,21 @@ def _refused(endpoint: str) -> str:
             f"{endpoint}: connect: connection refused\n")
 
 
-def _admin_conf(endpoint: str) -> str:
-    return yaml.safe_dump({"apiVersion": "v1", "kind": "Config",
-                           "clusters": [{"name": "kubernetes", "cluster": {"server": f"https://{endpoint}"}}]})
+def _kubeconfig(endpoint: str, user: str) -> str:
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": f"{user}@kubernetes",
+                           "clusters": [{"name": "kubernetes", "cluster": {"server": f"https://{endpoint}"}}],
+                           "users": [{"name": user}]})
+
+
+def _write_control_plane(ctx: ExecContext, endpoint: str) -> None:
+    """What init/join write on a control plane: its static pods, etcd's data, the kubelet's and
+    the admin's kubeconfigs."""
+    g = ctx.guest
+    for pod in CONTROL_PLANE_PODS:
+        g.write_file(f"{MANIFESTS}{pod}.yaml", yaml.safe_dump({"apiVersion": "v1", "kind": "Pod",
+                                                               "metadata": {"name": pod, "namespace": "kube-system"}}))
+    g.write_file(f"{ETCD_DATA}/member/snap/db", b"\0")
+    g.write_file(ADMIN_CONF, _kubeconfig(endpoint, "kubernetes-admin"))
 
 
 def _init(ctx: ExecContext) -> ExecResult:
@@ -133,10 +419,24 @@ def _init(ctx: ExecContext) -> ExecResult:
     if err:
         return err
     cc, ic = docs.get("ClusterConfiguration") or {}, docs.get("InitConfiguration") or {}
+    minor = minor_of(cc.get("kubernetesVersion"))
+    bad, warnings = _check_api_versions(docs, minor)
+    if bad:
+        return bad
     endpoint = str(cc.get("controlPlaneEndpoint") or "")
     name = str((ic.get("nodeRegistration") or {}).get("name") or ctx.guest.hostname)
     if not endpoint:
         return ExecResult(1, err="this model needs ClusterConfiguration.controlPlaneEndpoint\n")
+    if minor is None:
+        return ExecResult(1, err=f"this model needs ClusterConfiguration.kubernetesVersion (v1.<minor>.<patch>), "
+                                 f"not {cc.get('kubernetesVersion')!r}\n")
+    # phases/init/preflight.go: RunInitNodeChecks (checks.go InitNodeChecks + addCommonChecks)
+    failed = _preflight(_control_plane_checks(ctx, kubelet=True), ctx.argv, "[init] Using Kubernetes version: "
+                        f"{cc.get('kubernetesVersion')}\n")
+    if failed is not None and failed.exitcode:
+        failed.err = warnings + _text(failed.err)
+        return failed
+    warnings += _text(failed.err) if failed is not None else ""
     missing = _missing_pki(ctx)
     if missing:
         return ExecResult(1, err=f"error execution phase certs/ca: failure loading {missing}: couldn't load the file "
@@ -151,25 +451,40 @@ def _init(ctx: ExecContext) -> ExecResult:
             raise ValueError("private key does not match public key")
     except ValueError as e:
         return ExecResult(1, err=f"error execution phase certs/ca: failure loading ca certificate authority: {e}\n")
-    reg = clusters(ctx.guest.guests)
-    if endpoint in reg and _api_up(ctx.guest.guests, reg[endpoint]):
-        return ExecResult(1, err="error execution phase preflight: [preflight] Some fatal errors occurred:\n"
-                                 "\t[ERROR Port-6443]: Port 6443 is in use\n")
+    # phases kubeconfig, kubelet-start, control-plane, etcd: on disk and running from here on
+    _write_control_plane(ctx, endpoint)
+    if minor >= 29:  # phases/init/kubeconfig.go: super-admin.conf (1.29+), only on this node
+        ctx.guest.write_file(SUPER_ADMIN_CONF, _kubeconfig(endpoint, "kubernetes-super-admin"))
+    ctx.guest.write_file(KUBELET_CONF, _kubeconfig(endpoint, f"system:node:{name}"))
+    m = ctx.guest.model("kubeadm")
+    m.update(endpoint=endpoint, role="control-plane", node=name, api_version=str(ic.get("apiVersion") or ""))
+    host = endpoint.rsplit(":", 1)[0]
+    vip = kube_vip_problem(ctx.guest, host, initializing=True, minor=minor)
+    if vip:  # wait-control-plane / upload-config reach the API through the endpoint: nothing answers there
+        return ExecResult(1, err=warnings + "[api-check] Waiting for a healthy API server. This can take up to 4m0s\n"
+                                 "[api-check] The API server is not healthy after 4m0s\n"
+                                 "error execution phase wait-control-plane: could not initialize a Kubernetes cluster\n"
+                                 f"(kubeadm model: nothing holds the control-plane endpoint {endpoint}: kube-vip: "
+                                 f"{vip})\n" + _TRACE)
     now = time.time()
-    c = reg[endpoint] = {
-        "endpoint": endpoint, "version": str(cc.get("kubernetesVersion") or ""), "ca_crt": (ca_crt or b"").decode(),
-        "ca_hash": _ca_hash(ca_crt or b""), "api_up_at": now + SETTINGS["api_delay_s"], "tokens": {},
-        "control_planes": [ctx.guest.vmid],
+    net = cc.get("networking") or {}
+    c = clusters(ctx.guest.guests)[endpoint] = {
+        "endpoint": endpoint, "version": str(cc.get("kubernetesVersion") or ""), "minor": minor,
+        "pod_subnet": str(net.get("podSubnet") or ""), "cni": None, "init_vmid": ctx.guest.vmid,
+        "ca_crt": (ca_crt or b"").decode(), "ca_hash": _ca_hash(ca_crt or b""),
+        "api_up_at": now + SETTINGS["api_delay_s"], "tokens": {}, "control_planes": [ctx.guest.vmid],
         "nodes": {name: {"vmid": ctx.guest.vmid, "role": "control-plane", "unschedulable": False, "joined_at": now}},
         "events": [["init", name, now]],
     }
     for bt in ic.get("bootstrapTokens") or []:
         ttl = _duration_s(str(bt.get("ttl", "24h0m0s"))) or 86400.0
         c["tokens"][str(bt.get("token"))] = now + ttl
-    m = ctx.guest.model("kubeadm")
-    m.update(endpoint=endpoint, role="control-plane", node=name, cluster=c)
-    ctx.guest.write_file(ADMIN_CONF, _admin_conf(endpoint))
-    return ExecResult(0, out=f"Your Kubernetes control-plane has initialized successfully!\n")
+    m.update(cluster=endpoint)
+    return ExecResult(0, out="Your Kubernetes control-plane has initialized successfully!\n", err=warnings)
+
+
+def _text(b: str | bytes) -> str:
+    return b.decode("utf-8", "replace") if isinstance(b, bytes) else b
 
 
 def _join(ctx: ExecContext) -> ExecResult:
@@ -179,22 +494,42 @@ def _join(ctx: ExecContext) -> ExecResult:
     jc = docs.get("JoinConfiguration") or {}
     bt = (jc.get("discovery") or {}).get("bootstrapToken") or {}
     endpoint, token = str(bt.get("apiServerEndpoint") or ""), str(bt.get("token") or "")
+    guests = ctx.guest.guests
+    c = clusters(guests).get(endpoint)
+    # the node's kubeadm is the cluster's minor (the image contract); unknown cluster: version-free rules
+    bad, warnings = _check_api_versions(docs, c["minor"] if c else None)
+    if bad:
+        return bad
     hashes = [str(h) for h in bt.get("caCertHashes") or []]
     name = str((jc.get("nodeRegistration") or {}).get("name") or ctx.guest.hostname)
     control_plane = jc.get("controlPlane") is not None
-    guests = ctx.guest.guests
-    c = clusters(guests).get(endpoint)
+    # phases/join/preflight.go: RunJoinNodeChecks first (checks.go JoinNodeChecks) ...
+    checks = _file_available(ctx, KUBELET_CONF) + _file_available(ctx, BOOTSTRAP_KUBELET_CONF)
+    checks += _ports_in_use(ctx, (10250,))
+    if not control_plane:  # JoinNodeChecks: cfg.ControlPlane == nil → FileAvailableCheck{cfg.CACertPath}
+        checks += _file_available(ctx, str(jc.get("caCertPath") or PKI + "ca.crt"))
+    failed = _preflight(checks, ctx.argv)
+    if failed is not None and failed.exitcode:
+        failed.err = warnings + _text(failed.err)
+        return failed
+    warnings += _text(failed.err) if failed is not None else ""
+    # ... then discovery (j.InitCfg() → discovery/token: cluster-info, its JWS signature, the CA pin) ...
     if c is None or not _api_up(guests, c):
-        return ExecResult(1, err=_refused(endpoint))
+        return ExecResult(1, err=warnings + _refused(endpoint))
     tid = token.split(".", 1)[0]
     if token not in c["tokens"] or c["tokens"][token] < time.time():
-        return ExecResult(1, err="error execution phase preflight: couldn't validate the identity of the API Server: "
-                                 f"could not find a JWS signature in the cluster-info ConfigMap for token ID \"{tid}\"\n")
+        return ExecResult(1, err=warnings + "error execution phase preflight: couldn't validate the identity of the "
+                                 "API Server: could not find a JWS signature in the cluster-info ConfigMap for token "
+                                 f"ID \"{tid}\"\n" + _TRACE)
     if c["ca_hash"] not in hashes:
-        return ExecResult(1, err="error execution phase preflight: couldn't validate the identity of the API Server: "
-                                 "cluster CA found in cluster-info ConfigMap is invalid: none of the public keys "
-                                 f"\"{c['ca_hash']}\" are pinned\n")
-    if control_plane:
+        return ExecResult(1, err=warnings + "error execution phase preflight: couldn't validate the identity of the "
+                                 "API Server: cluster CA found in cluster-info ConfigMap is invalid: none of the public "
+                                 f"keys \"{c['ca_hash']}\" are pinned\n" + _TRACE)
+    if control_plane:  # ... then, for a control plane, RunInitNodeChecks(isSecondaryControlPlane=true)
+        failed = _preflight(_control_plane_checks(ctx, kubelet=False), ctx.argv)
+        if failed is not None and failed.exitcode:
+            failed.err = warnings + _text(failed.err)
+            return failed
         missing = _missing_pki(ctx)
         if missing:
             return ExecResult(1, err=f"error execution phase control-plane-prepare/certs: {PKI}{missing}: "
@@ -206,13 +541,16 @@ def _join(ctx: ExecContext) -> ExecResult:
     c["nodes"][name] = {"vmid": ctx.guest.vmid, "role": "control-plane" if control_plane else "worker",
                         "unschedulable": False, "joined_at": now, "token": tid}
     c["events"].append(["join", name, now])
+    ctx.guest.write_file(KUBELET_CONF, _kubeconfig(endpoint, f"system:node:{name}"))
+    ctx.guest.write_file(PKI + "ca.crt", c["ca_crt"])  # kubelet-start writes the discovered CA (worker)
     if control_plane:
         if ctx.guest.vmid not in c["control_planes"]:
             c["control_planes"].append(ctx.guest.vmid)
-        ctx.guest.write_file(ADMIN_CONF, _admin_conf(endpoint))
+        _write_control_plane(ctx, endpoint)
     m = ctx.guest.model("kubeadm")
-    m.update(endpoint=endpoint, role="control-plane" if control_plane else "worker", node=name, token=tid)
-    return ExecResult(0, out="This node has joined the cluster\n")
+    m.update(endpoint=endpoint, role="control-plane" if control_plane else "worker", node=name, token=tid,
+             cluster=endpoint, api_version=str(jc.get("apiVersion") or ""))
+    return ExecResult(0, out="This node has joined the cluster\n", err=warnings)
 
 
 def _my_cluster(ctx: ExecContext) -> dict[str, Any] | None:
@@ -260,15 +598,54 @@ def kubeadm(ctx: ExecContext) -> ExecResult:
     return ExecResult(1, err=f"unknown command \"{' '.join(sub)}\" for \"kubeadm\"\n")
 
 
-def _node_json(guests: Guests, name: str, n: dict[str, Any]) -> dict[str, Any]:
-    ready = _guest_up(guests, n["vmid"])
+def network_problem(c: dict[str, Any], node: str) -> str | None:
+    """Why the kubelet of ``node`` reports NetworkReady=false (None: the pod network is up)."""
+    cni = c.get("cni")
+    if cni is None:
+        return NO_CNI
+    known = CNI_MANIFESTS[cni["url"]]
+    try:
+        ok = bool(c.get("pod_subnet")) and ipaddress.ip_network(c["pod_subnet"]).subnet_of(
+            ipaddress.ip_network(known["network"]))  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        ok = False
+    if not ok:  # flanneld: the node's spec.podCIDR is allocated only with networking.podSubnet set
+        return (f"{NO_CNI} (kube-flannel: Error registering network: failed to acquire lease: node \"{node}\" pod cidr "
+                f"not assigned — networking.podSubnet {c.get('pod_subnet') or '(unset)'} is not inside flannel's "
+                f"{known['network']})")
+    return None
+
+
+def _node_json(guests: Guests, c: dict[str, Any], name: str, n: dict[str, Any]) -> dict[str, Any]:
+    up = _guest_up(guests, n["vmid"])
+    net = network_problem(c, name)
     labels = {"kubernetes.io/hostname": name}
     if n["role"] == "control-plane":
         labels["node-role.kubernetes.io/control-plane"] = ""
+    if not up:
+        cond = {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                "message": "Kubelet stopped posting node status."}
+    elif net:
+        cond = {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": net}
+    else:
+        cond = {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "kubelet is posting ready status"}
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
             "spec": {"unschedulable": True} if n["unschedulable"] else {},
-            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "Unknown",
-                                       "reason": "KubeletReady" if ready else "NodeStatusUnknown"}]}}
+            "status": {"conditions": [cond]}}
+
+
+def _apply(c: dict[str, Any], args: list[str]) -> ExecResult:
+    url = args[2] if len(args) > 2 else ""
+    known = CNI_MANIFESTS.get(url)
+    if known is None:
+        return ExecResult(1, err=f"error: unable to read URL \"{url}\" (the kubectl model fetches nothing; it knows "
+                                 f"{', '.join(CNI_MANIFESTS)})\n")
+    again = (c.get("cni") or {}).get("url") == url
+    c["cni"] = {"name": known["cni"], "version": known["version"], "url": url,
+                "applied_at": (c.get("cni") or {}).get("applied_at") if again else time.time()}
+    c["events"].append(["apply", url, time.time()])
+    return ExecResult(0, out="".join(f"{o} {'unchanged' if again else 'created'}\n" for o in known["objects"]))
 
 
 @command("kubectl")
@@ -278,7 +655,7 @@ def kubectl(ctx: ExecContext) -> ExecResult:
         i = args.index("--kubeconfig")
         path = args[i + 1] if i + 1 < len(args) else ""
         del args[i:i + 2]
-        if path != ADMIN_CONF or ctx.guest.read_file(path) is None:
+        if path not in (ADMIN_CONF, SUPER_ADMIN_CONF) or ctx.guest.read_file(path) is None:
             return ExecResult(1, err=f"error: stat {path}: no such file or directory\n")
     c = _my_cluster(ctx)
     if c is None:
@@ -291,9 +668,10 @@ def kubectl(ctx: ExecContext) -> ExecResult:
     if args[:3] == ["get", "--raw", "/readyz"]:
         return ExecResult(0, out="ok")
     if args[:2] == ["get", "nodes"]:
-        items = [_node_json(guests, n, v) for n, v in sorted(c["nodes"].items())]
-        import json
+        items = [_node_json(guests, c, n, v) for n, v in sorted(c["nodes"].items())]
         return ExecResult(0, out=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    if args[:2] == ["apply", "-f"]:
+        return _apply(c, args)
     if args[:1] == ["drain"] and len(args) > 1:
         node = args[1]
         if node not in c["nodes"]:

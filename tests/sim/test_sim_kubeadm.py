@@ -1,11 +1,14 @@
-"""The simulator's kubeadm/kubectl model (issue 11), at the command-handler level: what a guest
-knows comes from the files written into it (the PKI, the kubeadm config), and a join succeeds only
-while a control plane runs, with a known, unexpired token and the right CA hash."""
+"""The simulator's kubeadm/kubectl model, at the command-handler level: what a guest knows comes
+from the files written into it (the PKI, the kubeadm config, kube-vip's manifest), and a join
+succeeds only while a control plane holds the endpoint, with a known, unexpired token and the right
+CA hash; kubeadm's documented rules (config apiVersion per minor, preflight, kube-vip's needs, Ready
+only with a pod network) are refused as kubeadm refuses them."""
 from __future__ import annotations
 
 import json
 import time
 
+import pytest
 import yaml
 
 from z9.common import pki
@@ -13,6 +16,26 @@ from z9.sim import kubeadm
 from z9.sim.guest import Guest, Guests
 
 EP = "203.0.113.10:6443"
+FLANNEL = "https://github.com/flannel-io/flannel/releases/download/v0.26.1/kube-flannel.yml"
+
+
+def kube_vip(kubeconfig: str = kubeadm.SUPER_ADMIN_CONF, caps: tuple[str, ...] = ("NET_ADMIN", "NET_RAW"),
+             mount: bool = True) -> str:
+    c = {"name": "kube-vip", "image": "ghcr.io/kube-vip/kube-vip:v0.8.0",
+         "env": [{"name": "address", "value": EP.split(":")[0]}, {"name": "cp_enable", "value": "true"}],
+         "securityContext": {"capabilities": {"add": list(caps)}}}
+    spec = {"hostNetwork": True, "containers": [c]}
+    if mount:
+        c["volumeMounts"] = [{"mountPath": kubeadm.ADMIN_CONF, "name": "kubeconfig"}]
+        spec["volumes"] = [{"name": "kubeconfig", "hostPath": {"path": kubeconfig}}]
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "spec": spec})
+
+
+def init_config(version: str = "v1.33.0", api: str = "kubeadm.k8s.io/v1beta4", pod_subnet: str = "10.244.0.0/16") -> str:
+    return yaml.safe_dump_all([
+        {"apiVersion": api, "kind": "InitConfiguration", "nodeRegistration": {"name": "cp-0"}},
+        {"apiVersion": api, "kind": "ClusterConfiguration", "controlPlaneEndpoint": EP, "kubernetesVersion": version,
+         "networking": {"podSubnet": pod_subnet}}])
 
 
 def guest(guests: Guests, vmid: int) -> Guest:
@@ -33,17 +56,18 @@ def write_pki(g: Guest, material: dict[str, str]) -> None:
 def init(guests: Guests, material: dict[str, str]) -> Guest:
     cp = guest(guests, 100)
     write_pki(cp, material)
-    cp.write_file("/etc/z9/kubeadm.yaml", yaml.safe_dump_all([
-        {"kind": "InitConfiguration", "nodeRegistration": {"name": "cp-0"}},
-        {"kind": "ClusterConfiguration", "controlPlaneEndpoint": EP, "kubernetesVersion": "v1.33.0"}]))
+    cp.write_file(kubeadm.KUBE_VIP, kube_vip())
+    cp.write_file("/etc/z9/kubeadm.yaml", init_config())
     r = run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml")
     assert r.exitcode == 0, r.err
+    assert run(guests, cp, "kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "apply", "-f", FLANNEL).exitcode == 0
     return cp
 
 
 def joiner(guests: Guests, vmid: int, token: str, ca_hash: str) -> Guest:
     w = guest(guests, vmid)
-    w.write_file("/etc/z9/kubeadm.yaml", yaml.safe_dump({"kind": "JoinConfiguration", "nodeRegistration": {
+    w.write_file("/etc/z9/kubeadm.yaml", yaml.safe_dump({"apiVersion": "kubeadm.k8s.io/v1beta4",
+                                                         "kind": "JoinConfiguration", "nodeRegistration": {
         "name": f"workers-{vmid}"}, "discovery": {"bootstrapToken": {"apiServerEndpoint": EP, "token": token,
                                                                      "caCertHashes": [ca_hash]}}}))
     return w
@@ -92,8 +116,8 @@ def test_init_needs_the_pki_and_a_matching_ca_key_and_api_comes_up_after_a_delay
     kubeadm.SETTINGS["api_delay_s"] = 0.3
     guests = Guests(cluster=None)  # type: ignore[arg-type]
     cp = guest(guests, 100)
-    cp.write_file("/etc/z9/kubeadm.yaml", yaml.safe_dump_all([
-        {"kind": "InitConfiguration"}, {"kind": "ClusterConfiguration", "controlPlaneEndpoint": EP}]))
+    cp.write_file(kubeadm.KUBE_VIP, kube_vip())
+    cp.write_file("/etc/z9/kubeadm.yaml", init_config())
     r = run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml")
     assert r.exitcode == 1 and "ca.crt" in r.err
     a, b = pki.new_cluster_pki(), pki.new_cluster_pki()
@@ -108,3 +132,183 @@ def test_init_needs_the_pki_and_a_matching_ca_key_and_api_comes_up_after_a_delay
     r = run(guests, cp, "kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "get", "--raw", "/readyz")
     assert r.exitcode == 0 and r.out == "ok"
     kubeadm.SETTINGS["api_delay_s"] = 1.0
+
+
+def _fresh(api_delay_s: float = 0.0) -> Guests:
+    kubeadm.SETTINGS["api_delay_s"] = api_delay_s
+    return Guests(cluster=None)  # type: ignore[arg-type]
+
+
+def _ready(guests: Guests, cp: Guest) -> dict[str, tuple[str, str]]:
+    nodes = json.loads(run(guests, cp, "kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "get", "nodes", "-o", "json").out)
+    return {n["metadata"]["name"]: (n["status"]["conditions"][0]["status"], n["status"]["conditions"][0]["message"])
+            for n in nodes["items"]}
+
+
+# kubeadm's validateSupportedVersion (cmd/kubeadm/app/util/config/common.go): v1beta4 is experimental
+# (refused by init/join) before 1.31; v1beta3 is read from 1.22, deprecated (a warning) from 1.31.
+@pytest.mark.parametrize("version,api,refused", [
+    ("v1.29.0", "kubeadm.k8s.io/v1beta4", "experimental API spec"),
+    ("v1.30.0", "kubeadm.k8s.io/v1beta4", "experimental API spec"),
+    ("v1.30.0", "kubeadm.k8s.io/v1beta3", None),
+    ("v1.31.0", "kubeadm.k8s.io/v1beta4", None),
+    ("v1.34.0", "kubeadm.k8s.io/v1beta3", None),
+    ("v1.33.0", "kubeadm.k8s.io/v1beta2", "old API spec"),
+    ("v1.36.0", "kubeadm.k8s.io/v1beta3", "old API spec"),  # removed in 1.36 (not offered by the API yet)
+])
+def test_init_reads_the_config_api_its_minor_supports(version: str, api: str, refused: str | None) -> None:
+    guests = _fresh()
+    cp = guest(guests, 100)
+    write_pki(cp, pki.new_cluster_pki())
+    cp.write_file(kubeadm.KUBE_VIP, kube_vip())
+    cp.write_file("/etc/z9/kubeadm.yaml", init_config(version, api))
+    r = run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml")
+    if refused:
+        assert r.exitcode == 1 and refused in r.err and api in r.err, r.err
+        assert EP not in kubeadm.clusters(guests)
+    else:
+        assert r.exitcode == 0, r.err
+        minor = int(version.split(".")[1])
+        assert ("deprecated API spec" in r.err) == (api.endswith("v1beta3") and minor >= 31), r.err
+
+
+def test_a_worker_join_with_the_ca_prewritten_fails_preflight() -> None:
+    guests = _fresh()
+    material = pki.new_cluster_pki()
+    cp = init(guests, material)
+    token = pki.new_bootstrap_token()
+    assert run(guests, cp, "kubeadm", "token", "create", token, "--ttl", "900s").exitcode == 0
+    w = joiner(guests, 201, token, pki.ca_cert_hash(material["ca.crt"]))
+    w.write_file(kubeadm.PKI + "ca.crt", material["ca.crt"])
+    r = run(guests, w, "kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml")
+    assert r.exitcode == 1, r.err
+    assert ("[ERROR FileAvailable--etc-kubernetes-pki-ca.crt]: /etc/kubernetes/pki/ca.crt already exists" in r.err), r.err
+    assert "workers-201" not in kubeadm.clusters(guests)[EP]["nodes"]
+    # kubeadm's own escape hatch turns it into a warning (z9 does not use it: it writes no CA)
+    r = run(guests, w, "kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml",
+            "--ignore-preflight-errors=FileAvailable--etc-kubernetes-pki-ca.crt")
+    assert r.exitcode == 0 and "[WARNING FileAvailable--etc-kubernetes-pki-ca.crt]" in r.err, r.err
+    # a second join on the same disk: kubelet.conf exists and the kubelet's port is taken
+    r = run(guests, w, "kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml")
+    assert r.exitcode == 1 and "FileAvailable--etc-kubernetes-kubelet.conf" in r.err and "Port-10250" in r.err, r.err
+
+
+def test_a_second_init_on_the_same_disk_fails_preflight() -> None:
+    guests = _fresh()
+    cp = init(guests, pki.new_cluster_pki())
+    r = run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml")
+    assert r.exitcode == 1, r.err
+    for check in ("Port-6443", "Port-10259", "Port-10257", "Port-10250", "Port-2379", "Port-2380",
+                  "FileAvailable--etc-kubernetes-manifests-kube-apiserver.yaml",
+                  "FileAvailable--etc-kubernetes-manifests-etcd.yaml", "DirAvailable--var-lib-etcd"):
+        assert f"[ERROR {check}]" in r.err, (check, r.err)
+
+
+@pytest.mark.parametrize("manifest,why", [
+    (None, "no static pod manifest"),
+    (kube_vip(caps=("NET_ADMIN",)), "NET_RAW"),
+    (kube_vip(mount=False), "no kubeconfig mounted"),
+    (kube_vip(kubeadm.ADMIN_CONF), "super-admin.conf"),  # 1.29+: admin.conf has no rights during init
+])
+def test_init_needs_a_kube_vip_that_can_hold_the_endpoint(manifest: str | None, why: str) -> None:
+    guests = _fresh()
+    cp = guest(guests, 100)
+    write_pki(cp, pki.new_cluster_pki())
+    if manifest is not None:
+        cp.write_file(kubeadm.KUBE_VIP, manifest)
+    cp.write_file("/etc/z9/kubeadm.yaml", init_config())
+    r = run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml")
+    assert r.exitcode == 1 and "wait-control-plane" in r.err and why in r.err, r.err
+    assert EP not in kubeadm.clusters(guests)
+
+
+def test_the_endpoint_answers_only_while_a_control_plane_holds_the_vip() -> None:
+    guests = _fresh()
+    cp = init(guests, pki.new_cluster_pki())
+    readyz = ("kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "get", "--raw", "/readyz")
+    assert run(guests, cp, *readyz).exitcode == 0
+    # after init the node's kube-vip may use admin.conf (z9 switches it so); one without NET_RAW holds nothing
+    cp.write_file(kubeadm.KUBE_VIP, kube_vip(kubeadm.ADMIN_CONF))
+    assert run(guests, cp, *readyz).exitcode == 0
+    cp.write_file(kubeadm.KUBE_VIP, kube_vip(kubeadm.ADMIN_CONF, caps=("NET_ADMIN",)))
+    r = run(guests, cp, *readyz)
+    assert r.exitcode == 1 and "refused" in r.err
+
+
+def test_nodes_are_ready_only_with_a_pod_network() -> None:
+    guests = _fresh()
+    material = pki.new_cluster_pki()
+    cp = guest(guests, 100)
+    write_pki(cp, material)
+    cp.write_file(kubeadm.KUBE_VIP, kube_vip())
+    cp.write_file("/etc/z9/kubeadm.yaml", init_config())
+    assert run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml").exitcode == 0
+    status, message = _ready(guests, cp)["cp-0"]
+    assert status == "False" and "cni plugin not initialized" in message
+    r = run(guests, cp, "kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "apply", "-f", "https://example.com/cni.yaml")
+    assert r.exitcode == 1 and "unable to read URL" in r.err
+    r = run(guests, cp, "kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "apply", "-f", FLANNEL)
+    assert r.exitcode == 0 and "daemonset.apps/kube-flannel-ds created" in r.out
+    assert _ready(guests, cp)["cp-0"][0] == "True"
+    r = run(guests, cp, "kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "apply", "-f", FLANNEL)
+    assert "daemonset.apps/kube-flannel-ds unchanged" in r.out
+
+
+def test_flannel_needs_the_pod_subnet_it_routes() -> None:
+    guests = _fresh()
+    cp = guest(guests, 100)
+    write_pki(cp, pki.new_cluster_pki())
+    cp.write_file(kubeadm.KUBE_VIP, kube_vip())
+    cp.write_file("/etc/z9/kubeadm.yaml", init_config(pod_subnet="192.168.0.0/16"))
+    assert run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml").exitcode == 0
+    assert run(guests, cp, "kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "apply", "-f", FLANNEL).exitcode == 0
+    status, message = _ready(guests, cp)["cp-0"]
+    assert status == "False" and "pod cidr not assigned" in message
+
+
+def test_a_token_past_its_ttl_has_no_jws_signature() -> None:
+    guests = _fresh()
+    material = pki.new_cluster_pki()
+    cp = init(guests, material)
+    token = pki.new_bootstrap_token()
+    assert run(guests, cp, "kubeadm", "token", "create", token, "--ttl", "900s").exitcode == 0
+    kubeadm.clusters(guests)[EP]["tokens"][token] = time.time() - 1  # its 900 s have passed
+    w = joiner(guests, 201, token, pki.ca_cert_hash(material["ca.crt"]))
+    r = run(guests, w, "kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml")
+    assert r.exitcode == 1
+    assert f"could not find a JWS signature in the cluster-info ConfigMap for token ID \"{token.split('.')[0]}\"" in r.err
+
+
+# Two cidata seeds on one member (z9's ISO and Proxmox's own cloud-init drive, cloned from the
+# template's ide2) leave kubeadm to cloud-init's device order: in one of the two placements of the
+# ISO (before or after ide2) the guest boots Proxmox's drive and kubeadm never runs — the member never
+# becomes a node. Which placement loses is the NoCloud order the guest model implements; z9 attaches
+# exactly one seed (test_clusters_e2e checks the members).
+def test_two_seeds_leave_the_bootstrap_to_cloud_inits_device_order(pve, wait, tmp_path, admin) -> None:
+    from tests.sim.test_sim_guest import clone, upload
+    from tests.test_cluster_units import _cluster_row
+    from z9.common.nocloud import build_nocloud_iso
+    from z9.executor.jobs import _cluster
+
+    ran = {}
+    for vmid, key, ip in ((101, "ide0", "203.0.113.21"), (102, "ide3", "203.0.113.22")):
+        c = _cluster_row(endpoint_ip=ip, version="1.33")
+        files = _cluster.bootstrap_files(c, pki.new_cluster_pki(), _cluster.desired_members(c)[0], None)
+        iso = build_nocloud_iso(user_data=files["user-data"], meta_data=files["meta-data"])
+        assert wait(upload(pve, tmp_path, iso, name=f"seed-{vmid}.iso"))["exitstatus"] == "OK"
+        clone(pve, wait, vmid, name=f"cp-{vmid}")
+        vm = pve.nodes("pve1").qemu(vmid)
+        assert "cloudinit" in vm.config.get()["ide2"]  # the template's PVE drive came with the clone
+        vm.config.put(**{key: f"local:iso/seed-{vmid}.iso,media=cdrom"})
+        assert wait(vm.status.start.post())["exitstatus"] == "OK"
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and admin("get", f"/guests/{vmid}")["cloud_init"]["status"] != "done":
+            time.sleep(0.05)
+        g = admin("get", f"/guests/{vmid}")
+        assert g["cloud_init"]["status"] == "done", g["cloud_init"]
+        ran[key] = (g["inputs"]["source"], g["models"].get("kubeadm", {}).get("role"))
+    booted_iso = [k for k, (src, _) in ran.items() if "iso/seed-" in src]
+    assert len(booted_iso) == 1, ran  # one placement boots z9's ISO, the other Proxmox's drive
+    loser = next(k for k in ran if k not in booted_iso)
+    assert "cloudinit" in ran[loser][0] and ran[loser][1] is None, ran  # kubeadm never ran there
+    assert ran[booted_iso[0]][1] == "control-plane", ran

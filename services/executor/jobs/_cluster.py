@@ -23,9 +23,22 @@ Bootstrap data: a NoCloud ISO (not guest-agent file writes)
     (PVE recycles vmids), uploaded with its SHA-256 (the ``imgcopy`` task verifies it) to
     ``cluster_bootstrap_storage`` on the member's node (shared storage: every node sees it; a
     node-local one: the member's own node, the one its VM runs on — CAPMOX#112), attached as
-    ``ide0`` (before PVE's own cloud-init drive on ``ide2``: cloud-init reads the first ``cidata``),
-    and — since it holds keys (control planes get the cluster's CA keys) and a join token — set
-    to ``none`` and deleted from storage as soon as the member is a Ready node.
+    ``ide0`` as the member's **only** seed (PVE's own cloud-init drive, cloned from the template,
+    is removed in the same config write: with two ``cidata`` devices cloud-init's NoCloud picks
+    one by its own device order — see :func:`_attach_seed`), and — since it holds keys (control
+    planes get the cluster's CA keys) and a join token — set to ``none`` and deleted from storage
+    as soon as the member is a Ready node.
+
+Image contract
+    The cluster's image ships kubeadm, kubelet and kubectl of the cluster's Kubernetes minor, a
+    container runtime with the standard CNI plugins (``/opt/cni/bin``: bridge, portmap, loopback —
+    what Flannel's CNI config chains), cloud-init with NoCloud, and the QEMU guest agent. z9 brings
+    the rest: the kubeadm config in the API the minor reads (:func:`kubeadm_api_version`), the
+    kube-vip static pod, and the pod network (:data:`POD_NETWORK`: Flannel at a pinned release,
+    whose manifest the node fetches when the job applies it on a control plane whose API answers —
+    applied by the job, not by runcmd, so that z9 reads its result back; ``kubectl apply`` is
+    idempotent). The simulator's kubeadm model (``simulator/kubeadm.py``) holds z9 to kubeadm's
+    documented rules for all of it.
 
 Joins
     The first control plane runs ``kubeadm init`` with the cluster's PKI (z9 owns it; kubeadm's
@@ -35,13 +48,19 @@ Joins
     the CA hash. The token is remembered in the job's memo *before* it is registered, so a retried
     attempt rebuilds the same ISO (same name: no second upload); a token older than half its ttl
     for a member not started yet is replaced (a scale-up a day later works: each join mints its own).
+    A member that booted after its token's lifetime (a held or slow boot) is refused by kubeadm's
+    discovery ("could not find a JWS signature … for token ID"): the job reads that from the
+    guest's own report (``cloud-init status`` error, kubeadm's text in the boot's output log), mints
+    a new token, swaps a new ISO for the old one (deleted; the new instance-id makes cloud-init run
+    the bootstrap again) and reboots the VM — up to :data:`MAX_REJOINS` times, then a permanent error.
 
 Phases
 observe  the cluster row, the desired members, every VM of the cluster by tag (per member), and
          the nodes the API reports (``kubectl get nodes -o json`` through the agent of the first
          control plane whose API answers; None when none does).
 plan     (pure) ``init`` (cp-0, while no API answers) → ``replace`` (a member whose cloud-init
-         failed and that never became a node, or did but was never confirmed — then ``drain``
+         failed and that never became a node — except a join refused for its token, which the
+         ``join`` step re-runs on the same VM —, or did but was never confirmed — then ``drain``
          first; a control plane that is a node is refused, never replaced: it is an etcd member —
          its VM goes, a new instance joins) → ``join`` (every desired member that is not
          a Ready node: booted **in parallel** in one step) → per extra member, highest ordinal
@@ -81,7 +100,22 @@ from ..proxmox import VmState
 
 log = logging.getLogger("z9.executor.cluster")
 
-ADMIN = ["--kubeconfig", "/etc/kubernetes/admin.conf"]
+ADMIN_CONF = "/etc/kubernetes/admin.conf"
+SUPER_ADMIN_CONF = "/etc/kubernetes/super-admin.conf"
+ADMIN = ["--kubeconfig", ADMIN_CONF]
+KUBEADM_CONFIG = "/etc/z9/kubeadm.yaml"
+KUBE_VIP_MANIFEST = "/etc/kubernetes/manifests/kube-vip.yaml"
+KUBE_VIP_STAGED = "/etc/z9/kube-vip.yaml"  # put in place after kubeadm init/join (see bootstrap_files)
+KUBE_VIP_IMAGE = "ghcr.io/kube-vip/kube-vip:v0.8.0"
+# The pod network every cluster gets: Flannel, its release manifest at a pinned version, applied by
+# the job on the first control plane whose API answers (kubectl apply: idempotent) — the node
+# fetches it. Its net-conf.json network is 10.244.0.0/16, which the ClusterConfiguration's
+# networking.podSubnet must be (the controller-manager then allocates each node a podCIDR).
+POD_NETWORK = {"name": "flannel", "version": "v0.26.1", "pod_subnet": "10.244.0.0/16",
+               "manifest": "https://github.com/flannel-io/flannel/releases/download/v0.26.1/kube-flannel.yml"}
+# kubeadm's discovery when the token is unknown or expired (cmd/kubeadm/app/discovery/token/token.go)
+_TOKEN_REFUSED = re.compile(r"could not find a JWS signature in the cluster-info ConfigMap for token ID")
+MAX_REJOINS = 3
 _MEMBER_RE = re.compile(r"^(?P<pool>[a-z][a-z0-9-]*)-(?P<ordinal>\d+)$")
 BOOTSTRAP_DRIVE = "ide0"
 
@@ -108,6 +142,7 @@ class World:
     superseded: str | None = None
     isos: list[tuple[str, str]] = field(default_factory=list)  # the cluster's bootstrap ISOs: (node, volid)
     clones: list[VmState] = field(default_factory=list)  # untagged clones of ours for members not desired
+    pod_network: bool = False  # this attempt applied the pod network's manifest (kubectl apply) already
 
 
 def desired_members(cluster: Cluster) -> list[MemberSpec]:
@@ -167,7 +202,9 @@ async def observe(ctx: JobContext, *, with_isos: bool = True) -> World:
         for member, vm in world.vms.items():
             if vm.running and member in desired and (member not in world.nodes or _bootstrap_volume(vm)):
                 failed = await cloud_init_error(ctx, vm)
-                if failed:
+                # a join refused for its token (it expired before the member booted) is re-run with
+                # a new token by the join step (provision → _rejoin), not replaced
+                if failed and not (member not in world.nodes and await join_token_refused(ctx, vm)):
                     world.failed_boot[member] = failed
     return world
 
@@ -183,6 +220,31 @@ async def cloud_init_error(ctx: JobContext, vm: VmState) -> str | None:
     if st.get("status") == "error":
         return "; ".join(str(e) for e in st.get("errors") or []) or "cloud-init failed"
     return None
+
+
+def _last_boot(log_text: str) -> list[str]:
+    """The lines of ``/var/log/cloud-init-output.log`` written by the last boot (cloud-init ends
+    each boot's output with a "… finished at …" line)."""
+    lines = [ln for ln in log_text.splitlines() if ln.strip()]
+    ends = [i for i, ln in enumerate(lines) if "finished at" in ln]
+    if not ends:
+        return lines
+    start = ends[-2] + 1 if len(ends) > 1 else 0
+    return lines[start:ends[-1]]
+
+
+async def _boot_log(ctx: JobContext, vm: VmState) -> list[str]:
+    try:
+        _, out, _ = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cat", "/var/log/cloud-init-output.log"], timeout_s=30)
+    except (TemporaryError, PermanentError):
+        return []
+    return _last_boot(out)
+
+
+async def join_token_refused(ctx: JobContext, vm: VmState) -> bool:
+    """Whether the member's last boot's ``kubeadm join`` was refused for its token, as its own
+    output log says (kubeadm's discovery: no JWS signature for the token ID — unknown or expired)."""
+    return any(_TOKEN_REFUSED.search(ln) for ln in await _boot_log(ctx, vm))
 
 
 async def read_nodes(ctx: JobContext, world: World) -> tuple[dict[str, bool] | None, str | None]:
@@ -349,17 +411,67 @@ async def provision(ctx: JobContext, world: World, m: MemberSpec, *, init: bool)
         token = None if init else await _token(ctx, world, m)
         volid = await _ensure_iso(ctx, cluster, m, vm, token, step)
         vm = await ctx.pve.vm_state(vm.node, vm.vmid) or vm
-        if str(vm.config.get(BOOTSTRAP_DRIVE) or "").split(",", 1)[0] != volid:
-            await ctx.fence()
-            await ctx.wait_task(step, await ctx.pve.configure(vm.node, vm.vmid,
-                                                              {BOOTSTRAP_DRIVE: f"{volid},media=cdrom"},
-                                                              digest=vm.config.get("digest")))
-        vm = await ctx.pve.vm_state(vm.node, vm.vmid) or vm
+        vm = await _attach_seed(ctx, vm, volid, step)
     if not vm.running:
         await vms.ensure_running(ctx, step, vm)
-    await wait_ready(ctx, world, m, vm)
+    for rejoins in range(MAX_REJOINS + 1):
+        try:
+            await wait_ready(ctx, world, m, vm)
+            break
+        except JoinTokenRefused as e:
+            if init or rejoins == MAX_REJOINS:
+                raise PermanentError(f"{e} (re-joined {rejoins} times)") from e
+            vm = await _rejoin(ctx, world, m, vm, step, str(e))
     vm = await ctx.pve.vm_state(vm.node, vm.vmid) or vm
     await detach_bootstrap(ctx, cluster, vm, step)
+
+
+def pve_cloudinit_drives(vm: VmState) -> list[str]:
+    """The config keys of Proxmox's own cloud-init drive(s) on ``vm`` (``<storage>:vm-<vmid>-cloudinit``:
+    a template's drive travels with its clones)."""
+    return sorted(k for k, v in vm.config.items()
+                  if re.fullmatch(r"(ide|sata|scsi)\d+", k) and re.search(r":(vm-\d+-)?cloudinit\b", str(v)))
+
+
+async def _attach_seed(ctx: JobContext, vm: VmState, volid: str, step: Step) -> VmState:
+    """The member's only seed is its bootstrap ISO on ``ide0``: Proxmox's own cloud-init drive (a
+    second ``cidata`` device, which cloud-init's NoCloud may pick instead — its search sorts the
+    candidate devices in reverse) is removed in the same config write. Proxmox's drive is the one
+    that goes, not z9's ISO: the bootstrap (write_files, runcmd) cannot be put on Proxmox's drive
+    through the API (``cicustom`` needs a snippets file, which the storage upload API does not
+    take), and what that drive would add — ``ip=dhcp`` and the VM's name as hostname — is
+    cloud-init's own fallback network and the ISO's ``hostname``."""
+    drop = pve_cloudinit_drives(vm)
+    if str(vm.config.get(BOOTSTRAP_DRIVE) or "").split(",", 1)[0] == volid and not drop:
+        return vm
+    params: dict[str, Any] = {BOOTSTRAP_DRIVE: f"{volid},media=cdrom"}
+    if drop:
+        params["delete"] = ",".join(drop)
+    await ctx.fence()
+    await ctx.wait_task(step, await ctx.pve.configure(vm.node, vm.vmid, params, digest=vm.config.get("digest")))
+    return await ctx.pve.vm_state(vm.node, vm.vmid) or vm
+
+
+async def _rejoin(ctx: JobContext, world: World, m: MemberSpec, vm: VmState, step: Step, why: str) -> VmState:
+    """The member's join was refused for its token (it booted after the token's lifetime): a new
+    token minted and registered, a new ISO with it (a new instance-id: cloud-init runs the
+    bootstrap again) swapped in for the old one, which is deleted, and the VM rebooted."""
+    cluster = world.cluster
+    assert cluster is not None
+    log.info("cluster %s: %s — minting a new join token and joining again", cluster.id, why)
+    old = _bootstrap_volume(vm)
+    token = await _token(ctx, world, m, fresh=True)
+    volid = await _ensure_iso(ctx, cluster, m, vm, token, step)
+    vm = await _attach_seed(ctx, await ctx.pve.vm_state(vm.node, vm.vmid) or vm, volid, step)
+    if old and old != volid:
+        await delete_iso(ctx, vm.node, old, step)
+    await ctx.fence()
+    await ctx.wait_task(step, await ctx.pve.reboot(vm.node, vm.vmid))
+    return await ctx.pve.vm_state(vm.node, vm.vmid) or vm
+
+
+class JoinTokenRefused(TemporaryError):
+    """kubeadm join was refused for the member's token (its own output log says so)."""
 
 
 def token_clock() -> float:
@@ -368,14 +480,14 @@ def token_clock() -> float:
     return time.time()
 
 
-async def _token(ctx: JobContext, world: World, m: MemberSpec) -> str:
+async def _token(ctx: JobContext, world: World, m: MemberSpec, *, fresh: bool = False) -> str:
     """The member's join token: remembered (memo) before it is registered on a control plane;
-    replaced when older than half its ttl."""
+    replaced when older than half its ttl, or when ``fresh`` (the guest reported the join refused it)."""
     ttl = ctx.settings.cluster_join_token_ttl_s
     key = f"token:{m.name}"  # one memo key per member: parallel members' writes never overwrite each other
     got = ctx.memo.get(key)
     now = token_clock()
-    if got is None or now - float(got["minted_at"]) > ttl / 2:
+    if got is None or fresh or now - float(got["minted_at"]) > ttl / 2:
         got = {"token": pki.new_bootstrap_token(), "minted_at": now}
         await ctx.remember(**{key: got})
     cp = await _api_vm(ctx, world)
@@ -400,47 +512,89 @@ async def _api_vm(ctx: JobContext, world: World) -> VmState:
     return world.vms[world.api_member]
 
 
+def kubeadm_api_version(version: str) -> str:
+    """The kubeadm config API a Kubernetes minor reads for ``init``/``join`` (kubeadm's
+    ``validateSupportedVersion``, cmd/kubeadm/app/util/config/common.go): ``v1beta4`` from 1.31 (in
+    1.28-1.30 it is experimental and refused by init/join), ``v1beta3`` before (deprecated from 1.31)."""
+    minor = int(str(version).split(".")[1])
+    return "kubeadm.k8s.io/v1beta4" if minor >= 31 else "kubeadm.k8s.io/v1beta3"
+
+
 def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, token: str | None) -> dict[str, str]:
-    """``user-data`` and ``meta-data`` of member ``m`` (deterministic for one token)."""
+    """``user-data`` and ``meta-data`` of member ``m`` (deterministic for one token).
+
+    - cp-0 (``token`` None): the cluster's PKI, ``kubeadm init``; its kube-vip static pod mounts
+      ``super-admin.conf`` (1.29+: ``admin.conf``'s user is made cluster-admin only at the end of
+      init, and kube-vip must hold the VIP before that — kube-vip#684) and is switched to
+      ``admin.conf`` once init has finished (the break-glass credential is not kept in a pod).
+    - another control plane: the PKI, ``kubeadm join`` with ``controlPlane``; its kube-vip manifest
+      is put in place after the join (``admin.conf`` exists only then: a missing hostPath file
+      would become an empty directory).
+    - a worker: no PKI file at all — ``kubeadm join``'s preflight refuses an existing
+      ``/etc/kubernetes/pki/ca.crt`` (``FileAvailable--etc-kubernetes-pki-ca.crt``) and the CA hash
+      in ``caCertHashes`` authenticates the CA discovery fetches.
+    The config's apiVersion is the one the cluster's minor reads (:func:`kubeadm_api_version`); the
+    pod subnet is the pinned pod network's (:data:`POD_NETWORK`)."""
     endpoint = f"{_ip(cluster.endpoint_ip)}:6443"
     version = f"v{cluster.version}.0"
-    files = [{"path": "/etc/kubernetes/pki/ca.crt", "content": material["ca.crt"], "permissions": "0644"}]
+    api = kubeadm_api_version(cluster.version)
+    minor = int(str(cluster.version).split(".")[1])
+    files: list[dict[str, str]] = []
+    vip = _ip(cluster.endpoint_ip)
     if m.role == "control-plane":
-        for name in ("ca.key", "sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key", "etcd/ca.crt",
-                     "etcd/ca.key"):
+        for name in ("ca.crt", "ca.key", "sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key",
+                     "etcd/ca.crt", "etcd/ca.key"):
             files.append({"path": f"/etc/kubernetes/pki/{name}", "content": material[name],
                           "permissions": "0600" if name.endswith(".key") else "0644"})
-        files.append({"path": "/etc/kubernetes/manifests/kube-vip.yaml", "permissions": "0600",
-                      "content": yaml.safe_dump(_kube_vip(_ip(cluster.endpoint_ip)), sort_keys=False)})
+        files.append({"path": KUBE_VIP_STAGED, "permissions": "0600",
+                      "content": yaml.safe_dump(_kube_vip(vip, ADMIN_CONF), sort_keys=False)})
+        if token is None:
+            files.append({"path": KUBE_VIP_MANIFEST, "permissions": "0600", "content": yaml.safe_dump(
+                _kube_vip(vip, SUPER_ADMIN_CONF if minor >= 29 else ADMIN_CONF), sort_keys=False)})
     if token is None:
-        docs = [{"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "InitConfiguration",
-                 "nodeRegistration": {"name": m.name}},
-                {"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "ClusterConfiguration", "clusterName": cluster.name,
-                 "kubernetesVersion": version, "controlPlaneEndpoint": endpoint,
-                 "encryptionAlgorithm": "ECDSA-P256"}]
-        cmd = ["kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml"]
+        cc: dict[str, Any] = {"apiVersion": api, "kind": "ClusterConfiguration", "clusterName": cluster.name,
+                              "kubernetesVersion": version, "controlPlaneEndpoint": endpoint,
+                              "networking": {"podSubnet": POD_NETWORK["pod_subnet"]}}
+        if api.endswith("v1beta4"):
+            cc["encryptionAlgorithm"] = "ECDSA-P256"  # a v1beta4 field (v1beta3 has none)
+        docs = [{"apiVersion": api, "kind": "InitConfiguration", "nodeRegistration": {"name": m.name}}, cc]
+        script = f"kubeadm init --config {KUBEADM_CONFIG} && cat {KUBE_VIP_STAGED} > {KUBE_VIP_MANIFEST}"
     else:
-        join: dict[str, Any] = {"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "JoinConfiguration",
+        join: dict[str, Any] = {"apiVersion": api, "kind": "JoinConfiguration",
                                 "discovery": {"bootstrapToken": {"apiServerEndpoint": endpoint, "token": token,
                                                                  "caCertHashes": [pki.ca_cert_hash(material["ca.crt"])]}},
                                 "nodeRegistration": {"name": m.name}}
+        script = f"kubeadm join --config {KUBEADM_CONFIG}"
         if m.role == "control-plane":
             join["controlPlane"] = {}
+            script += f" && cat {KUBE_VIP_STAGED} > {KUBE_VIP_MANIFEST}"
         docs = [join]
-        cmd = ["kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml"]
-    files.append({"path": "/etc/z9/kubeadm.yaml", "permissions": "0600", "content": yaml.safe_dump_all(docs, sort_keys=False)})
-    user = {"hostname": f"{cluster.name}-{m.name}", "write_files": files, "runcmd": [cmd]}
-    meta = {"instance-id": f"{cluster.id}-{m.name}", "local-hostname": f"{cluster.name}-{m.name}"}
+    files.append({"path": KUBEADM_CONFIG, "permissions": "0600", "content": yaml.safe_dump_all(docs, sort_keys=False)})
+    user = {"hostname": f"{cluster.name}-{m.name}", "write_files": files, "runcmd": [["sh", "-c", script]]}
+    # a new token is a new instance: a member re-joining with a re-minted token (its first join was
+    # refused) boots its new ISO as a new instance, so cloud-init runs write_files and runcmd again
+    iid = f"{cluster.id}-{m.name}" + (f"-{token.split('.')[0]}" if token else "")
+    meta = {"instance-id": iid, "local-hostname": f"{cluster.name}-{m.name}"}
     return {"user-data": "#cloud-config\n" + yaml.safe_dump(user, sort_keys=False), "meta-data": yaml.safe_dump(meta)}
 
 
-def _kube_vip(vip: str) -> dict[str, Any]:
+def _kube_vip(vip: str, kubeconfig: str) -> dict[str, Any]:
+    """kube-vip's static pod (kube-vip docs, "Static Pods": ``kube-vip manifest pod --controlplane
+    --arp --leaderElection``): host network, NET_ADMIN + NET_RAW (it adds the VIP to the NIC and
+    sends gratuitous ARP), and the node's kubeconfig ``kubeconfig`` mounted where kube-vip reads it
+    (``/etc/kubernetes/admin.conf``) for its leader election."""
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "kube-vip", "namespace": "kube-system"},
             "spec": {"hostNetwork": True, "containers": [{
-                "name": "kube-vip", "image": "ghcr.io/kube-vip/kube-vip:v0.8.0", "args": ["manager"],
+                "name": "kube-vip", "image": KUBE_VIP_IMAGE, "imagePullPolicy": "IfNotPresent", "args": ["manager"],
                 "env": [{"name": "address", "value": vip}, {"name": "port", "value": "6443"},
                         {"name": "vip_arp", "value": "true"}, {"name": "cp_enable", "value": "true"},
-                        {"name": "vip_leaderelection", "value": "true"}]}]}}
+                        {"name": "cp_namespace", "value": "kube-system"},
+                        {"name": "vip_leaderelection", "value": "true"}],
+                "securityContext": {"capabilities": {"add": ["NET_ADMIN", "NET_RAW"]}},
+                "volumeMounts": [{"mountPath": ADMIN_CONF, "name": "kubeconfig"}]}],
+                # as kube-vip's generator writes it: its client reaches the local API server as "kubernetes"
+                "hostAliases": [{"ip": "127.0.0.1", "hostnames": ["kubernetes"]}],
+                "volumes": [{"name": "kubeconfig", "hostPath": {"path": kubeconfig}}]}}
 
 
 def _ip(v: Any) -> str:
@@ -520,6 +674,8 @@ async def wait_ready(ctx: JobContext, world: World, m: MemberSpec, vm: VmState) 
             last = await _ready_once(ctx, world, m, vm)
             if last == "":
                 return
+        except JoinTokenRefused:
+            raise
         except TemporaryError as e:
             last = str(e)
         await asyncio.sleep(0.3)
@@ -538,12 +694,18 @@ async def _ready_once(ctx: JobContext, world: World, m: MemberSpec, vm: VmState)
     status = st.get("status") or st.get("extended_status")
     if status == "error" or (code not in (0, 2) and not out):
         errors = "; ".join(str(e) for e in st.get("errors") or []) or err.strip()
-        _, log_out, _ = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cat", "/var/log/cloud-init-output.log"], timeout_s=30)
-        tail = [ln for ln in log_out.splitlines() if ln.strip()][-2:]
-        raise PermanentError(f"member {m.name} (VM {vm.vmid} on {vm.node}): cloud-init failed: {errors}"
-                             + (f" — {' / '.join(tail)}" if tail else ""))
-    if status != "done":
-        return f"cloud-init is {status}"
+        lines = await _boot_log(ctx, vm)
+        tail = [ln for ln in lines if not ln.startswith("To see the stack trace")][-2:]
+        what = (f"member {m.name} (VM {vm.vmid} on {vm.node}): cloud-init failed: {errors}"
+                + (f" — {' / '.join(tail)}" if tail else ""))
+        if any(_TOKEN_REFUSED.search(ln) for ln in lines):
+            raise JoinTokenRefused(what)
+        raise PermanentError(what)
+    if status == "disabled" and _bootstrap_volume(vm):
+        raise PermanentError(f"member {m.name} (VM {vm.vmid} on {vm.node}): cloud-init read no seed although "
+                             f"{_bootstrap_volume(vm)} is attached: its bootstrap did not run")
+    if status not in ("done", "disabled"):  # disabled: no seed at this boot (a member restarted after
+        return f"cloud-init is {status}"     # its ISO was detached: its bootstrap ran at its first boot)
     if m.role == "control-plane":
         code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["kubectl", *ADMIN, "get", "--raw", "/readyz"],
                                                   timeout_s=30)
@@ -551,6 +713,9 @@ async def _ready_once(ctx: JobContext, world: World, m: MemberSpec, vm: VmState)
             return f"its API server is not ready ({(err or out).strip()})"
         world.api_member = world.api_member or m.name
         world.vms.setdefault(m.name, vm)
+        if not world.pod_network:
+            await _apply_pod_network(ctx, m, vm)
+            world.pod_network = True
     cp = await _api_vm(ctx, world)
     code, out, err = await ctx.pve.agent_exec(cp.node, cp.vmid, ["kubectl", *ADMIN, "get", "nodes", "-o", "json"],
                                               timeout_s=30)
@@ -562,6 +727,17 @@ async def _ready_once(ctx: JobContext, world: World, m: MemberSpec, vm: VmState)
             conds = {c.get("type"): c.get("status") for c in (it.get("status") or {}).get("conditions") or []}
             return "" if conds.get("Ready") == "True" else "its node is not Ready"
     return "it is not a node of the cluster yet"
+
+
+async def _apply_pod_network(ctx: JobContext, m: MemberSpec, vm: VmState) -> None:
+    """``kubectl apply -f`` the pinned pod network's manifest on a control plane whose API answers
+    (idempotent: ``unchanged`` when it is there). The nodes are Ready only once it runs."""
+    await ctx.fence()
+    code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["kubectl", *ADMIN, "apply", "-f",
+                                                                 POD_NETWORK["manifest"]], timeout_s=120)
+    if code != 0:
+        raise TemporaryError(f"member {m.name}: applying the pod network ({POD_NETWORK['name']} "
+                             f"{POD_NETWORK['version']}) failed: {(err or out).strip()}")
 
 
 async def detach_bootstrap(ctx: JobContext, cluster: Cluster, vm: VmState, step: Step) -> None:

@@ -4,7 +4,7 @@ The four phases are the shared converge (:mod:`z9.executor.jobs._cluster`, whose
 how bootstrap data reaches the members — a NoCloud ISO — and why): ``init`` cp-0, ``join`` every
 other member in parallel, ``detach_bootstrap``. The cluster becomes ``running`` (every member a
 Ready node); a member whose cloud-init fails makes the job fail naming it and its error text, and
-the cluster ``failed``. A DELETE of the cluster supersedes this job at its next step (``cancelled``).
+the cluster ``failed`` — except a join refused for its expired token, which is re-run with a new one. A DELETE of the cluster supersedes this job at its next step (``cancelled``).
 """
 from __future__ import annotations
 
