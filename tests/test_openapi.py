@@ -194,7 +194,7 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
         "name": "walk-lb", "region": "dev-1", "services": [{"protocol": "tcp", "listen_port": 80,
                                                             "destination_port": 8080}]})
     lb = created["load_balancer"]["id"]
-    bodies = {"add_target": {"type": "ip", "ip": "203.0.113.201"}, "remove_target": {"type": "ip", "ip": "203.0.113.201"},
+    bodies = {"add_target": {"type": "ip", "ip": "198.51.100.201"}, "remove_target": {"type": "ip", "ip": "198.51.100.201"},
               "add_service": {"protocol": "http", "listen_port": 81, "destination_port": 8081},
               "update_service": {"listen_port": 81, "destination_port": 9081},
               "delete_service": {"listen_port": 81}, "change_algorithm": {"type": "least_connections"}}

@@ -100,8 +100,16 @@ async def api_token_list(db: DB, tenant_id: str, *, after: str | None = None, in
 
 async def api_token_revoke(db: DB, token_id: str, tenant_id: str) -> Any:
     """Revoke the tenant's token ``token_id`` (idempotent); its row, or None when the tenant
-    has no such token."""
-    return await db.fetchrow(q("api_token_revoke"), token_id, tenant_id)
+    has no such token. Every token it created is revoked too (:func:`api_token_revoke_tree`)."""
+    row, _ = await api_token_revoke_tree(db, token_id, tenant_id)
+    return row
+
+
+async def api_token_revoke_tree(db: DB, token_id: str, tenant_id: str) -> tuple[Any, list[str]]:
+    """Revoke the tenant's token ``token_id`` and every token it created, transitively:
+    ``(its row or None, the ids of every token revoked, its own included)``."""
+    rows = await db.fetch(q("api_token_revoke"), token_id, tenant_id)
+    return next((r for r in rows if r["id"] == token_id), None), [r["id"] for r in rows]
 
 
 async def api_token_touch(db: DB, token_ids: list[str], coarseness_s: float) -> None:
@@ -810,6 +818,14 @@ async def lb_observed(db: DB, lb_id: str, *, observed: dict[str, Any], health: s
 async def lb_release_addresses(db: DB, lb_id: str) -> list[str]:
     """A deleted load balancer's addresses: deleted, IPs back to the pool (quarantined)."""
     return [r["ip"] for r in await db.fetch(q("lb_release_addresses"), lb_id)]
+
+
+async def address_ip_holders(db: DB, region: str, ips: list[str]) -> dict[str, dict[str, Any]]:
+    """``{ip: {"tenant_id", "kind"}}`` of the live addresses of ``region`` holding any of ``ips``."""
+    if not ips:
+        return {}
+    return {r["ip"]: {"tenant_id": r["tenant_id"], "kind": r["kind"]}
+            for r in await db.fetch(q("address_ip_holders"), region, sorted(set(ips)))}
 
 
 async def lb_servers(db: DB, server_ids: list[str]) -> dict[str, dict[str, Any]]:
