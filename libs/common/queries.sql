@@ -1129,6 +1129,34 @@ INSERT INTO cluster_keys (cluster_id, key_id, nonce, sealed) VALUES ($1, $2, $3,
 -- name: cluster_keys_get
 SELECT key_id, nonce, sealed FROM cluster_keys WHERE cluster_id = $1;
 
+-- name: cluster_keys_get_for_update
+-- A credentials rotation: the sealed PKI, locked until the new one is written.
+SELECT key_id, nonce, sealed FROM cluster_keys WHERE cluster_id = $1 FOR UPDATE;
+
+-- name: cluster_keys_rotate
+-- The sealed PKI with a new users' client CA; kubeconfigs minted before now are no longer trusted
+-- (migration 0015).
+UPDATE cluster_keys SET key_id = $2, nonce = $3, sealed = $4, client_ca_rotated_at = now()
+WHERE cluster_id = $1
+RETURNING client_ca_rotated_at;
+
+-- name: cluster_credential_insert
+-- A minted kubeconfig's record (who, when, until when, its certificate's serial).
+INSERT INTO cluster_credentials (serial, cluster_id, tenant_id, token_id, username, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6)
+RETURNING serial, token_id, username, created_at, expires_at;
+
+-- name: cluster_credential_list
+-- The kubeconfigs minted for cluster $1 of tenant $2, newest first (at most $3). trusted: not
+-- expired, the cluster's keys not destroyed, and minted after the last client-CA rotation.
+SELECT c.serial, c.token_id, c.username, c.created_at, c.expires_at,
+       (c.expires_at > now() AND k.cluster_id IS NOT NULL
+        AND (k.client_ca_rotated_at IS NULL OR c.created_at > k.client_ca_rotated_at)) AS trusted
+FROM cluster_credentials c LEFT JOIN cluster_keys k ON k.cluster_id = c.cluster_id
+WHERE c.cluster_id = $1 AND c.tenant_id = $2
+ORDER BY c.created_at DESC, c.serial
+LIMIT $3;
+
 -- name: cluster_keys_destroy
 -- The delete's finishing transaction: the keys are gone with the cluster.
 DELETE FROM cluster_keys WHERE cluster_id = $1 RETURNING cluster_id;

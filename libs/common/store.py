@@ -981,6 +981,30 @@ async def cluster_keys_get(db: DB, cluster_id: str) -> tuple[str, bytes, bytes] 
     return (row["key_id"], bytes(row["nonce"]), bytes(row["sealed"])) if row else None
 
 
+async def cluster_keys_get_for_update(conn: asyncpg.Connection, cluster_id: str) -> tuple[str, bytes, bytes] | None:
+    """As :func:`cluster_keys_get`, the row locked (in the caller's transaction)."""
+    row = await conn.fetchrow(q("cluster_keys_get_for_update"), cluster_id)
+    return (row["key_id"], bytes(row["nonce"]), bytes(row["sealed"])) if row else None
+
+
+async def cluster_keys_rotate(conn: asyncpg.Connection, cluster_id: str, key_id: str, nonce: bytes,
+                              sealed: bytes) -> Any:
+    """Write the cluster's PKI with a new users' client CA; when (kubeconfigs minted before: untrusted)."""
+    return await conn.fetchval(q("cluster_keys_rotate"), cluster_id, key_id, nonce, sealed)
+
+
+async def cluster_credential_insert(db: DB, *, serial: str, cluster_id: str, tenant_id: str, token_id: str | None,
+                                    username: str, expires_at: datetime) -> dict[str, Any]:
+    """Record a minted kubeconfig."""
+    return dict(await db.fetchrow(q("cluster_credential_insert"), serial, cluster_id, tenant_id, token_id,
+                                  username, expires_at))
+
+
+async def cluster_credential_list(db: DB, cluster_id: str, tenant_id: str, limit: int = 100) -> list[dict[str, Any]]:
+    """The kubeconfigs minted for the tenant's cluster, newest first, with ``trusted``."""
+    return [dict(r) for r in await db.fetch(q("cluster_credential_list"), cluster_id, tenant_id, limit)]
+
+
 async def cluster_keys_destroy(db: DB, cluster_id: str) -> bool:
     """Delete the cluster's keys (the delete's finishing transaction); True when there were some."""
     return await db.fetchrow(q("cluster_keys_destroy"), cluster_id) is not None

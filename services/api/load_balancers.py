@@ -156,7 +156,7 @@ class LoadBalancerCreate(BaseModel):
         "services": [{"protocol": "tcp", "listen_port": 80, "destination_port": 8080,
                       "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 15, "timeout_s": 10,
                                        "retries": 3}}],
-        "targets": [{"type": "ip", "ip": "203.0.113.200"}]}]})
+        "targets": [{"type": "ip", "ip": "198.51.100.200"}]}]})
 
     name: StrictStr = Field(pattern=schemas.NAME_PATTERN)
     region: StrictStr = Field(min_length=1, max_length=63)
@@ -244,7 +244,7 @@ EXAMPLE: dict[str, Any] = {
     "services": [{"protocol": "tcp", "listen_port": 80, "destination_port": 8080, "proxyprotocol": False,
                   "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 15, "timeout_s": 10, "retries": 3,
                                    "http": None}}],
-    "targets": [{"type": "ip", "server_id": None, "ip": "203.0.113.200",
+    "targets": [{"type": "ip", "server_id": None, "ip": "198.51.100.200",
                  "health_status": [{"listen_port": 80, "status": "unknown", "reason": "initial"}]}],
     "members": [{"name": "lb-0", "ip": "203.0.113.11", "vmid": None, "node": None, "running": None,
                  "config_hash": None, "holds_vip": None}], "config_hash": None, "spread": None, "health": "unknown",
