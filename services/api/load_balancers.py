@@ -11,6 +11,12 @@ addresses kept) and cancel-deletion (appliances started again) are the generic o
 ``uniqueness_error``; each message names the precondition. ``PATCH`` renames a load balancer or
 replaces its labels (database only, no job).
 
+What an ``ip`` target may reach (platform networks, other tenants' and load balancers' addresses,
+the pools' networks, private ranges: 422 naming the rule in ``details[].rule``) is decided by
+:func:`z9.common.resources.load_balancer.ip_target_refusal`, here at every action and create and
+again by the executor at every configure. A load balancer's size is bounded by the installation:
+``Z9_LB_MAX_TARGET_SERVICES`` and ``Z9_LB_MAX_CHECKS_PER_S`` (409 ``resource_limit_exceeded``).
+
 Quotas: the VIP and each appliance's address are addresses of the tenant (rows of ``addresses``
 from the region's pool, counted by the ``addresses`` quota like any other): the create checks
 ``1 + appliances`` against it (403 ``quota_exceeded``). The appliance VMs are not the tenant's
@@ -276,7 +282,7 @@ async def _check_server_targets(conn: Any, tenant_id: str, region: str, targets:
 
 
 async def _check_ip_targets(conn: Any, tenant_id: str, region: str, targets: list[dict[str, Any]],
-                            settings: Settings | None = None) -> None:
+                            settings: Settings) -> None:
     """Every ip target is one the region lets a load balancer reach (the rules, in order, are in
     :mod:`z9.common.resources.load_balancer`: platform networks, another tenant's address, a load
     balancer's address, the pools' networks, private ranges): else 422 naming the rule."""
@@ -284,7 +290,7 @@ async def _check_ip_targets(conn: Any, tenant_id: str, region: str, targets: lis
     if not ips:
         return
     holders = await store.address_ip_holders(conn, region, ips)
-    nets = region_networks(settings.regions.get(region) if settings is not None else None)
+    nets = region_networks(settings.regions.get(region))
     for ip in ips:
         rule = ip_target_refusal(ip, tenant_id, holders.get(ip), **nets)
         if rule is not None:
