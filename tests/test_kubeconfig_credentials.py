@@ -146,3 +146,26 @@ async def test_a_rotated_cluster_refuses_a_certificate_minted_before(stack: Stac
     assert await _kubectl(sim, cp["node"], cp["vmid"], new["kubeconfig"]) == (0, "ok")
     listed = (await stack.call("GET", f"/clusters/{cid}/credentials"))[1]["credentials"]
     assert [(c["serial"], c["trusted"]) for c in listed] == [(new["serial"], True), (old["serial"], False)]
+
+
+def test_a_rotation_pushes_to_stale_api_servers_and_waits_for_a_stopped_one() -> None:
+    """Plan (pure): the control planes whose bundle is not the new one get push_client_ca; one not
+    running would come back trusting the old CA, so the rotation is not done (a temporary error)."""
+    import pytest
+
+    from z9.common.errors import TemporaryError
+    from z9.common.models import Job
+    from z9.executor.jobs import _cluster
+
+    from tests.test_cluster_units import _cluster_row, _vm
+
+    c = _cluster_row(control_plane={"count": 3}, node_pools=[])
+    ready = {"cp-0": True, "cp-1": True, "cp-2": True}
+    world = _cluster.World(cluster=c, desired=_cluster.desired_members(c), nodes=ready,
+                           vms={m: _vm(100 + i, m) for i, m in enumerate(ready)}, client_ca_bundle="pem",
+                           client_ca_stale=["cp-0", "cp-2"])
+    assert [(s.name, s.detail) for s in _cluster.plan(Job.__new__(Job), world)] == [
+        ("push_client_ca", {"members": ["cp-0", "cp-2"]})]
+    world.client_ca_unreachable = ["cp-1"]
+    with pytest.raises(TemporaryError, match="cp-1 is not running"):
+        _cluster.plan(Job.__new__(Job), world)

@@ -112,6 +112,7 @@ class World:
     # must trust, and the running control planes whose file is not it yet
     client_ca_bundle: str | None = None
     client_ca_stale: list[str] = field(default_factory=list)
+    client_ca_unreachable: list[str] = field(default_factory=list)  # control planes not running
 
 
 def desired_members(cluster: Cluster) -> list[MemberSpec]:
@@ -188,7 +189,8 @@ async def _observe_client_ca(ctx: JobContext, world: World) -> None:
     want = hashlib.sha256(world.client_ca_bundle.encode()).hexdigest()
     for member in sorted((m for m in world.vms if m.startswith("cp-")), key=ordinal_key):
         vm = world.vms[member]
-        if not vm.running:
+        if not vm.running:  # it would come back trusting the old CA: the rotation waits for it
+            world.client_ca_unreachable.append(member)
             continue
         try:
             data = await ctx.pve.agent_file_read(vm.node, vm.vmid, pki.CLIENT_CA_BUNDLE)
@@ -272,6 +274,10 @@ def plan(job: Job, world: World) -> list[Step]:
         vms.refuse_if_locked(vm)  # a clone still being made: wait for it (Snooze), then remove it
         vms.guard_own_clone(world.cluster.id, vm)
         steps.append(Step("remove_clone", {"vmid": vm.vmid, "node": vm.node}))
+    down = [m for m in world.client_ca_unreachable if m in desired]
+    if down:  # a rotation is done only when every API server trusts the new CA alone
+        raise TemporaryError(f"credentials rotation: control plane {', '.join(down)} is not running; its API "
+                             "server would still accept kubeconfigs minted before the rotation")
     stale = [m for m in world.client_ca_stale if m in desired and m not in joining]
     if stale:  # a credentials rotation: the new users' client CA to every running API server
         steps.append(Step("push_client_ca", {"members": stale}))
