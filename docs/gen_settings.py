@@ -75,8 +75,15 @@ DESCRIPTIONS: dict[str, str] = {
     "api_port": "Port of `z9 api` (it also serves `GET /metrics` there).",
     "api_token_cache_s": "How long an API process remembers a valid token's tenant (a revoked token keeps working up to this long); 0: no cache.",
     "api_token_last_used_s": "How often an API process writes the last use of the tokens it saw (one write for all of them, not one per request); `GET /v1/tokens` shows last use this coarsely.",
-    "api_rate_limit_per_s": "Rate limit per API token and API process: requests per second refilling the token's bucket; 0 turns rate limiting off. Over it: 429 with `Retry-After` and `RateLimit` headers.",
-    "api_rate_limit_burst": "Rate limit per API token and API process: the bucket's size (requests allowed at once).",
+    "api_rate_limit_per_s": "Rate limit per tenant and API process (every token of a tenant spends from one bucket: a new token brings no new requests): requests per second refilling the bucket; 0 turns rate limiting off. Over it: 429 with `Retry-After` and `RateLimit` headers.",
+    "api_rate_limit_burst": "Rate limit per tenant and API process: the bucket's size (requests allowed at once).",
+    "api_auth_failures_per_s": "Failed authentications (unknown, expired or revoked bearer token) per client address and API process: "
+                               "failures per second refilling the address's bucket; 0 turns the limit off. Once the bucket is empty, "
+                               "any request with a bearer token from that address answers 429 `rate_limited` with `Retry-After` "
+                               "before its token is looked up (no database lookup per bad token).",
+    "api_auth_failure_burst": "Failed authentications per client address and API process: the bucket's size.",
+    "kubeconfig_max_expiry_s": "Longest `expiry_s` of a kubeconfig's client certificate (`GET /v1/clusters/{id}/kubeconfig`); "
+                               "past it: 422 naming `expiry_s`. A certificate never outlives the minting token either.",
     "api_pool_size": "Most pooled connections one API process opens (and one LISTEN connection beside them); a request "
                      "waits for a free one. Keep the sum over every service under PostgreSQL's `max_connections` "
                      "(or PgBouncer's pool): see `Z9_EXECUTOR_CONCURRENCY`.",
@@ -127,6 +134,10 @@ DESCRIPTIONS: dict[str, str] = {
     "lb_health_interval_s": "Load balancer health is at most this old: the reaper enqueues an observe-only "
                             "`LoadBalancerObserve` for every live load balancer not observed for this long "
                             "(and without a live job). See `docs/load-balancers.md`.",
+    "lb_max_target_services": "Most targets × services of one load balancer (each one HAProxy server line and one health "
+                              "check); past it: 409 `resource_limit_exceeded` naming the setting.",
+    "lb_max_checks_per_s": "Most health checks per second one appliance makes (the sum over targets × services of "
+                           "1 / `interval_s`); past it: 409 `resource_limit_exceeded` naming the setting.",
     # observability
     "log_level": "`DEBUG`, `INFO`, `WARNING`, `ERROR`.",
     "log_format": "`json` (one object per line on stderr) or `text` (what `z9 dev` uses unless set).",
@@ -166,6 +177,13 @@ REGION_DESCRIPTIONS: dict[str, str] = {
                      "defaults to every host address, at most 65,536 per pool; pools of a region must not "
                      "overlap. Written to the database by `z9 migrate` and every API start; a pool taken "
                      "out is disabled, not deleted. See `docs/addresses.md`.",
+    "platform_networks": "Networks of the platform in the region (the region agent's network, the Proxmox nodes', "
+                         "storage, management; list of CIDRs): never a load balancer's `ip` target (422, rule "
+                         "`platform_network`), whatever `lb_target_private_networks` says. Every address pool's network "
+                         "is refused too (rule `address_pool`), but for the tenant's own addresses in it.",
+    "lb_target_private_networks": "Non-public networks (CIDRs) a load balancer's `ip` target may be in (e.g. a tenant network "
+                                  "the appliances reach). By default an `ip` target is a public unicast address: RFC 1918, "
+                                  "100.64/10, 198.18/15 and other non-global ranges answer 422 (rule `private_range`).",
     "lb_image": "Name of the operator-provided template load balancer appliances are cloned from (HAProxy, "
                 "keepalived, the QEMU guest agent enabled, a cloud-init drive). See `docs/load-balancers.md`.",
 }

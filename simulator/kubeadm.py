@@ -76,7 +76,9 @@ guest manager (one dict per simulator); the state is also visible in each member
 ``kubeadm token create <token> --ttl <dur>``
     (on a control plane) the cluster knows the token until now + ttl (Go duration: ``900s``,
     ``15m0s``). A token already known: exit 1 (``already exists``).
-``kubectl [--kubeconfig F] get --raw /readyz`` → ``ok`` while the API is up;
+``kubectl [--kubeconfig F] get --raw /readyz`` → ``ok`` while the API is up; F other than
+``admin.conf``/``super-admin.conf`` is a user's kubeconfig, whose client certificate the API server
+authenticates (:func:`_client_refused`) against its ``--client-ca-file`` as that file is *now*;
 ``kubectl get nodes -o json`` → a NodeList (``Ready`` True while the node's guest is up and the
 cluster has a pod network); ``kubectl apply -f <url>`` (a known CNI manifest);
 ``kubectl drain <node> …`` → cordoned + drained (recorded in the cluster's ``events``);
@@ -468,7 +470,16 @@ def _init(ctx: ExecContext) -> ExecResult:
                                  f"{vip})\n" + _TRACE)
     now = time.time()
     net = cc.get("networking") or {}
+    # kubeadm's default --client-ca-file is the cluster CA; ClusterConfiguration.apiServer.extraArgs
+    # may name another (kubeadm docs, "Customizing components"): v1beta4 a list of {name, value},
+    # v1beta3 a map
+    extra = (cc.get("apiServer") or {}).get("extraArgs") or []
+    if isinstance(extra, dict):
+        args = {str(k): str(v) for k, v in extra.items()}
+    else:
+        args = {str(a.get("name")): str(a.get("value")) for a in extra if isinstance(a, dict)}
     c = clusters(ctx.guest.guests)[endpoint] = {
+        "client_ca_file": args.get("client-ca-file", PKI + "ca.crt"),
         "endpoint": endpoint, "version": str(cc.get("kubernetesVersion") or ""), "minor": minor,
         "pod_subnet": str(net.get("podSubnet") or ""), "cni": None, "init_vmid": ctx.guest.vmid,
         "ca_crt": (ca_crt or b"").decode(), "ca_hash": _ca_hash(ca_crt or b""),
@@ -648,15 +659,49 @@ def _apply(c: dict[str, Any], args: list[str]) -> ExecResult:
     return ExecResult(0, out="".join(f"{o} {'unchanged' if again else 'created'}\n" for o in known["objects"]))
 
 
+def _client_refused(guests: Guests, c: dict[str, Any], kubeconfig: bytes) -> str | None:
+    """Why the API server refuses the client certificate of ``kubeconfig`` (None: it accepts it).
+    kube-apiserver's x509 authenticator verifies the chain against the CA bundle of
+    ``--client-ca-file`` and reloads that file when it changes (kubernetes
+    staging/src/k8s.io/apiserver/pkg/authentication/request/x509/x509.go, dynamiccertificates'
+    DynamicFileCAContent): here the file as it is now on a running control plane."""
+    import base64
+    import datetime as dt
+
+    try:
+        doc = yaml.safe_load(kubeconfig) or {}
+        crt = x509.load_pem_x509_certificate(base64.b64decode(doc["users"][0]["user"]["client-certificate-data"]))
+    except (yaml.YAMLError, KeyError, IndexError, TypeError, ValueError):
+        return "no client certificate"
+    path = c.get("client_ca_file", PKI + "ca.crt")
+    bundle = next((g.read_file(path) for vmid in c["control_planes"]
+                   if _guest_up(guests, vmid) and (g := guests.guests.get(int(vmid))) is not None
+                   and g.read_file(path)), None)
+    now = dt.datetime.now(dt.timezone.utc)
+    if not crt.not_valid_before_utc <= now <= crt.not_valid_after_utc:
+        return "certificate has expired or is not yet valid"
+    for ca in x509.load_pem_x509_certificates(bundle) if bundle else []:
+        try:
+            crt.verify_directly_issued_by(ca)
+            return None
+        except Exception:  # InvalidSignature; ValueError/TypeError: another issuer or key type
+            continue
+    return "certificate signed by unknown authority"
+
+
 @command("kubectl")
 def kubectl(ctx: ExecContext) -> ExecResult:
     args = list(ctx.argv[1:])
+    user_config = None
     if "--kubeconfig" in args:
         i = args.index("--kubeconfig")
         path = args[i + 1] if i + 1 < len(args) else ""
         del args[i:i + 2]
-        if path not in (ADMIN_CONF, SUPER_ADMIN_CONF) or ctx.guest.read_file(path) is None:
+        if ctx.guest.read_file(path) is None:
             return ExecResult(1, err=f"error: stat {path}: no such file or directory\n")
+        # kubeadm's own kubeconfigs hold certificates the cluster CA signed (the model does not
+        # re-check them); any other file is a user's, authenticated against --client-ca-file
+        user_config = ctx.guest.read_file(path) if path not in (ADMIN_CONF, SUPER_ADMIN_CONF, KUBELET_CONF) else None
     c = _my_cluster(ctx)
     if c is None:
         return ExecResult(1, err="The connection to the server localhost:8080 was refused - did you specify the right "
@@ -665,6 +710,9 @@ def kubectl(ctx: ExecContext) -> ExecResult:
     if not _api_up(guests, c):
         return ExecResult(1, err=f"The connection to the server {c['endpoint']} was refused - did you specify the "
                                  "right host or port?\n")
+    if user_config is not None and _client_refused(guests, c, user_config):
+        # what kubectl prints for the API server's 401
+        return ExecResult(1, err="error: You must be logged in to the server (Unauthorized)\n")
     if args[:3] == ["get", "--raw", "/readyz"]:
         return ExecResult(0, out="ok")
     if args[:2] == ["get", "nodes"]:

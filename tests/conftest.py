@@ -125,6 +125,7 @@ def settings(db_url: str, sim_server: SimServer) -> Settings:
         snooze_s=0.2, shutdown_grace_s=5.0, uncertain_window_s=1.0, lb_health_interval_s=2.0,
         installation_key=TEST_INSTALLATION_KEY,
         api_rate_limit_per_s=0,  # tests poll jobs at 20 Hz, often several at once (tests/test_http.py tests the limits)
+        api_auth_failures_per_s=0,  # tests send unknown tokens on purpose (tests/test_token_lineage.py tests it)
     )
 
 

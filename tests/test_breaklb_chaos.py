@@ -16,7 +16,7 @@ async def test_sigkill_mid_clone_of_an_lb_ha_leaves_exactly_two_appliances(api: 
     first = services.start("executor")
     before = {v["vmid"] for v in (await sim.state())["vms"]}
     lb, job = await _lb(api, name="kill-create", type="lb-ha", services=[SERVICE],
-                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+                        targets=[{"type": "ip", "ip": "198.51.100.240"}])
 
     async def cloning() -> bool:
         j = await store.job_get(api.pool, job["id"])

@@ -164,7 +164,7 @@ async def test_rejected_config_fails_permanently(stack: Stack, sim: SimAdmin) ->
     """Test 4: a config HAProxy rejects: the job fails permanently with HAProxy's message; the
     running config is untouched."""
     lb, job = await _lb(stack, name="rej", type="lb-small", services=[SERVICE],
-                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+                        targets=[{"type": "ip", "ip": "198.51.100.240"}])
     assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
     before = await _get(stack, lb["id"])
     vm = _appliances(await sim.state(), lb["id"])[0]
@@ -172,9 +172,9 @@ async def test_rejected_config_fails_permanently(stack: Stack, sim: SimAdmin) ->
     assert hashlib.sha256(running.encode()).hexdigest() == before["config_hash"]
     # the push is corrupted on the appliance's disk (a line HAProxy does not know appended): the
     # appliance's real haproxy -c refuses it
-    await sim._req("POST", "/appliance-faults", json={"contains": "203.0.113.241", "inject": "    x on\n"})
+    await sim._req("POST", "/appliance-faults", json={"contains": "198.51.100.241", "inject": "    x on\n"})
     status, out = await stack.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
-                                   json={"type": "ip", "ip": "203.0.113.241"})
+                                   json={"type": "ip", "ip": "198.51.100.241"})
     assert status == 202, out
     failed = await stack.wait_job(out["job"]["id"], timeout_s=60)
     assert failed["status"] == "failed" and failed["attempt"] == 1, failed
@@ -192,7 +192,7 @@ async def test_rejected_config_fails_permanently(stack: Stack, sim: SimAdmin) ->
     assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
     cur = await _get(stack, lb["id"])
     assert cur["status"] == "active" and cur["config_hash"] != before["config_hash"], cur
-    assert "203.0.113.241" in (await sim._req("GET", f"/guests/{vm['vmid']}"))["models"]["appliance"]["haproxy"]
+    assert "198.51.100.241" in (await sim._req("GET", f"/guests/{vm['vmid']}"))["models"]["appliance"]["haproxy"]
 
 
 async def test_a_cancelled_configure_is_applied_by_the_drift_repair(stack: Stack, sim: SimAdmin) -> None:
@@ -201,7 +201,7 @@ async def test_a_cancelled_configure_is_applied_by_the_drift_repair(stack: Stack
     by the job before it, whose verify renders the row as it is now (else the periodic observe's
     drift repair would)."""
     lb, job = await _lb(stack, name="cc", type="lb-small", services=[SERVICE],
-                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+                        targets=[{"type": "ip", "ip": "198.51.100.240"}])
     assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
     lb = await _get(stack, lb["id"])
     vmid = lb["members"][0]["vmid"]
@@ -209,10 +209,10 @@ async def test_a_cancelled_configure_is_applied_by_the_drift_repair(stack: Stack
     await sim._req("POST", "/faults", json={"method": "POST", "path": f"/qemu/{vmid}/agent/file-write",
                                             "action": "delay", "seconds": 4, "times": 1})
     status, first = await stack.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
-                                     json={"type": "ip", "ip": "203.0.113.241"})
+                                     json={"type": "ip", "ip": "198.51.100.241"})
     assert status == 202, first
     status, second = await stack.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
-                                      json={"type": "ip", "ip": "203.0.113.242"})
+                                      json={"type": "ip", "ip": "198.51.100.242"})
     assert status == 202, second
     status, out = await stack.call("POST", f"/jobs/{second['job']['id']}/actions/cancel")
     assert status == 200 and out["job"]["error"]["class"] == "cancelled", out
@@ -221,7 +221,7 @@ async def test_a_cancelled_configure_is_applied_by_the_drift_repair(stack: Stack
 
     async def applied() -> bool:
         cfg = (await sim._req("GET", f"/guests/{vmid}"))["models"]["appliance"]["haproxy"]
-        return "203.0.113.242" in cfg
+        return "198.51.100.242" in cfg
     await wait_until(applied, stack.settings.lb_health_interval_s + 30, "the cancelled action applied")
 
     async def settled() -> dict | None:
@@ -233,9 +233,9 @@ async def test_a_cancelled_configure_is_applied_by_the_drift_repair(stack: Stack
 
 
 async def test_action_preconditions(stack: Stack, sim: SimAdmin) -> None:
-    lb, _ = await _lb(stack, name="pre", services=[SERVICE], targets=[{"type": "ip", "ip": "203.0.113.240"}])
+    lb, _ = await _lb(stack, name="pre", services=[SERVICE], targets=[{"type": "ip", "ip": "198.51.100.240"}])
     base = f"/load-balancers/{lb['id']}/actions"
-    status, out = await stack.call("POST", f"{base}/add_target", json={"type": "ip", "ip": "203.0.113.240"})
+    status, out = await stack.call("POST", f"{base}/add_target", json={"type": "ip", "ip": "198.51.100.240"})
     assert status == 409 and out["error"]["code"] == "target_already_defined", out
     status, out = await stack.call("POST", f"{base}/add_service", json={**SERVICE})
     assert status == 409 and out["error"]["code"] == "source_port_already_used", out
@@ -273,7 +273,7 @@ async def test_vip_moves_when_its_holder_stops(stack: Stack, sim: SimAdmin) -> N
     """Test 5: the VIP holder is stopped out of band: the other appliance takes the VIP; the load
     balancer reports it (the periodic observe job)."""
     lb, job = await _lb(stack, name="ha", type="lb-ha", services=[SERVICE],
-                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+                        targets=[{"type": "ip", "ip": "198.51.100.240"}])
     assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
     lb = await _get(stack, lb["id"])
     holder = next(m for m in lb["members"] if m["holds_vip"])
@@ -306,7 +306,7 @@ async def test_delete_cancel_delete(stack: Stack, sim: SimAdmin) -> None:
     delete to the end: appliances destroyed by the guarded removal, then the VIP and appliance
     addresses released — only after the VMs are gone."""
     lb, job = await _lb(stack, name="gone", type="lb-small", services=[SERVICE],
-                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+                        targets=[{"type": "ip", "ip": "198.51.100.240"}])
     assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
     status, out = await stack.call("DELETE", f"/load-balancers/{lb['id']}")
     assert status == 202 and out["job"]["kind"] == "LoadBalancerStop", out
@@ -403,14 +403,14 @@ async def test_add_target_survives_sigkill_mid_push(api: Stack, sim: SimAdmin, s
     services.start("scheduler")
     first = services.start("executor")
     lb, job = await _lb(api, name="crash", type="lb-ha", services=[SERVICE],
-                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+                        targets=[{"type": "ip", "ip": "198.51.100.240"}])
     assert (await api.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
     lb = await _get(api, lb["id"])
     vm = {m["name"]: m["vmid"] for m in lb["members"]}
     await sim._req("POST", "/faults", json={"method": "POST", "path": f"/qemu/{vm['lb-1']}/agent/file-write",
                                             "action": "delay", "seconds": 8, "times": 1})
     status, out = await api.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
-                                 json={"type": "ip", "ip": "203.0.113.241"})
+                                 json={"type": "ip", "ip": "198.51.100.241"})
     assert status == 202, out
     jid = out["job"]["id"]
 
@@ -436,7 +436,7 @@ async def test_add_target_survives_sigkill_mid_push(api: Stack, sim: SimAdmin, s
     assert {m["config_hash"] for m in lb["members"]} == {lb["config_hash"]}
     for v in vm.values():
         running = (await sim._req("GET", f"/guests/{v}"))["models"]["appliance"]["haproxy"]
-        assert "203.0.113.241" in running
+        assert "198.51.100.241" in running
         assert hashlib.sha256(running.encode()).hexdigest() == lb["config_hash"]
 
 
@@ -445,7 +445,7 @@ async def test_drift_is_found_and_repaired(stack: Stack, sim: SimAdmin) -> None:
     sees the drift and enqueues a configure job in its finishing transaction, which puts the
     rendered file back."""
     lb, job = await _lb(stack, name="drift", type="lb-small", services=[SERVICE],
-                        targets=[{"type": "ip", "ip": "203.0.113.240"}])
+                        targets=[{"type": "ip", "ip": "198.51.100.240"}])
     assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
     lb = await _get(stack, lb["id"])
     m = lb["members"][0]
@@ -500,14 +500,16 @@ async def test_server_target_preconditions(api: Stack) -> None:
     assert status == 202, out
     status, out = await api.call("POST", base, json={"type": "ip", "ip": "203.0.113.250"})
     assert status == 409 and out["error"]["code"] == "load_balancer_deleting", out
-    # the type's limits: 500 targets, 16 services
+    # the type's limits: 500 targets, 16 services (and the installation's: targets × services,
+    # checks per second; tests/test_lb_target_rules.py)
     full, _ = await _lb(api, name="full", targets=[{"type": "ip", "ip": f"198.51.100.{i % 250 + 1}"} for i in range(250)]
                         + [{"type": "ip", "ip": f"192.0.2.{i % 250 + 1}"} for i in range(250)],
-                        services=[{**SERVICE, "listen_port": 1000 + p} for p in range(16)])
+                        services=[SERVICE])
     status, out = await api.call("POST", f"/load-balancers/{full['id']}/actions/add_target",
                                  json={"type": "ip", "ip": "203.0.113.250"})
     assert status == 409 and out["error"]["code"] == "resource_limit_exceeded", out
-    status, out = await api.call("POST", f"/load-balancers/{full['id']}/actions/add_service",
+    many, _ = await _lb(api, name="many", services=[{**SERVICE, "listen_port": 1000 + p} for p in range(16)])
+    status, out = await api.call("POST", f"/load-balancers/{many['id']}/actions/add_service",
                                  json={**SERVICE, "listen_port": 2000})
     assert status == 409 and out["error"]["code"] == "resource_limit_exceeded", out
     status, out = await api.call("POST", "/load-balancers", json={
@@ -519,7 +521,10 @@ async def test_server_target_preconditions(api: Stack) -> None:
 async def test_a_config_larger_than_one_file_write(stack: Stack, sim: SimAdmin) -> None:
     """500 targets × 4 services render a file far above PVE's 61,440-character file-write limit:
     it is written in parts joined in the guest, checked, swapped and read back whole."""
-    services = [{**SERVICE, "listen_port": p, "destination_port": 8000 + p} for p in (80, 81, 82, 83)]
+    # checks every 15 s: 2,000 targets × services stay within Z9_LB_MAX_CHECKS_PER_S (200)
+    slow = {**SERVICE["health_check"], "interval_s": 15}
+    services = [{**SERVICE, "listen_port": p, "destination_port": 8000 + p, "health_check": slow}
+                for p in (80, 81, 82, 83)]
     targets = [{"type": "ip", "ip": f"198.51.100.{i % 250 + 1}"} for i in range(250)] + \
               [{"type": "ip", "ip": f"192.0.2.{i % 250 + 1}"} for i in range(250)]
     lb, job = await _lb(stack, name="big", services=services, targets=targets)
@@ -592,7 +597,7 @@ async def test_cancel_and_rerun_of_load_balancer_jobs(api: Stack) -> None:
     lb, job = await _lb(api, name="cr", services=[SERVICE])
     # a configure queued behind the create, cancelled: the create is still to run (still creating)
     status, out = await api.call("POST", f"/load-balancers/{lb['id']}/actions/add_target",
-                                 json={"type": "ip", "ip": "203.0.113.240"})
+                                 json={"type": "ip", "ip": "198.51.100.240"})
     assert status == 202, out
     status, out = await api.call("POST", f"/jobs/{out['job']['id']}/actions/cancel")
     assert status == 200, out

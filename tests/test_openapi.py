@@ -194,7 +194,7 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
         "name": "walk-lb", "region": "dev-1", "services": [{"protocol": "tcp", "listen_port": 80,
                                                             "destination_port": 8080}]})
     lb = created["load_balancer"]["id"]
-    bodies = {"add_target": {"type": "ip", "ip": "203.0.113.201"}, "remove_target": {"type": "ip", "ip": "203.0.113.201"},
+    bodies = {"add_target": {"type": "ip", "ip": "198.51.100.201"}, "remove_target": {"type": "ip", "ip": "198.51.100.201"},
               "add_service": {"protocol": "http", "listen_port": 81, "destination_port": 8081},
               "update_service": {"listen_port": 81, "destination_port": 9081},
               "delete_service": {"listen_port": 81}, "change_algorithm": {"type": "least_connections"}}
@@ -229,9 +229,15 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     await w.call("GET", kc, f"/clusters/{k8s}/kubeconfig?expiry_s=5", 422)
     await w.call("GET", kc, "/clusters/k8s_nope/kubeconfig", 404)
     await w.call("GET", kc, f"/clusters/{k8s}/kubeconfig", 401, token="z9t_unknown")
+    cr = "/clusters/{id}/credentials"
+    await w.call("GET", cr, f"/clusters/{k8s}/credentials?limit=5", 200)
+    await w.call("GET", cr, f"/clusters/{k8s}/credentials?limit=0", 422)
+    await w.call("GET", cr, "/clusters/k8s_nope/credentials", 404)
+    await w.call("GET", cr, f"/clusters/{k8s}/credentials", 401, token="z9t_unknown")
     for action, good, bad in (("add-node-pool", {"name": "batch", "count": 1}, {"name": "cp", "count": 1}),
                               ("resize-node-pool", {"pool": "workers", "count": 3}, {"pool": "nope", "count": 1}),
-                              ("remove-node-pool", {"pool": "batch"}, {"pool": "nope"})):
+                              ("remove-node-pool", {"pool": "batch"}, {"pool": "nope"}),
+                              ("rotate-credentials", {}, {"name": "x"})):
         tpl = f"/clusters/{{id}}/actions/{action}"
         await w.call("POST", tpl, f"/clusters/{k8s}/actions/{action}", 202, json=good)
         await w.call("POST", tpl, f"/clusters/{k8s}/actions/{action}", 422, json=bad)

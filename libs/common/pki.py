@@ -118,12 +118,39 @@ def _ca(cn: str) -> tuple[str, str]:
     return cert.public_bytes(serialization.Encoding.PEM).decode(), _key_pem(k)
 
 
+#: the CA of the kubeconfigs z9 mints for users (not the cluster CA: the components' certificates
+#: stay signed by that one). The API servers trust client certificates of both (their
+#: ``--client-ca-file`` is :data:`CLIENT_CA_BUNDLE`, the cluster CA then this one); rotating this one
+#: alone makes every kubeconfig minted before stop working, nothing else.
+CLIENT_CA_BUNDLE = "/etc/kubernetes/pki/client-ca-bundle.crt"
+
+
+def new_client_ca() -> tuple[str, str]:
+    """A new users' client CA: ``(crt pem, key pem)``."""
+    return _ca("z9-client-ca")
+
+
+def client_ca_bundle(material: dict[str, str]) -> str | None:
+    """What the API servers trust for client certificates (the cluster CA, then the users' client
+    CA); None for a cluster made before there was a users' client CA (the cluster CA alone)."""
+    if "client-ca.crt" not in material:
+        return None
+    return material["ca.crt"].rstrip("\n") + "\n" + material["client-ca.crt"]
+
+
+def serial_hex(crt_pem: str) -> str:
+    """A certificate's serial number, lower-case hex."""
+    return format(x509.load_pem_x509_certificate(crt_pem.encode()).serial_number, "x")
+
+
 def new_cluster_pki() -> dict[str, str]:
     """A cluster's PKI as kubeadm's files: ``ca.crt``/``ca.key``, ``etcd/ca.crt``/``etcd/ca.key``,
-    ``front-proxy-ca.crt``/``front-proxy-ca.key``, ``sa.key``/``sa.pub``."""
+    ``front-proxy-ca.crt``/``front-proxy-ca.key``, ``sa.key``/``sa.pub``; and the users' client CA
+    (``client-ca.crt``/``client-ca.key``: :data:`CLIENT_CA_BUNDLE`)."""
     out: dict[str, str] = {}
     for base, cn in CA_NAMES.items():
         out[f"{base}.crt"], out[f"{base}.key"] = _ca(cn)
+    out["client-ca.crt"], out["client-ca.key"] = new_client_ca()
     sa = _key()
     out["sa.key"] = _key_pem(sa)
     out["sa.pub"] = sa.public_key().public_bytes(serialization.Encoding.PEM,

@@ -26,10 +26,21 @@ FROM api_tokens k JOIN tenants t ON t.id = k.tenant_id
 WHERE k.token_sha256 = $1 AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now());
 
 -- name: api_token_auth
--- The principal of a bearer token: unknown, revoked and expired tokens match nothing.
-SELECT id, tenant_id, scopes, expires_at
-FROM api_tokens
-WHERE token_sha256 = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now());
+-- The principal of a bearer token: unknown, revoked and expired tokens match nothing, nor does a
+-- token any of whose ancestors (created_by, transitively: the token that made it, and so on) is
+-- revoked or expired — a token never outlives its line. expires_at: the earliest along the line.
+WITH RECURSIVE line AS (
+    SELECT k.id, k.created_by, k.revoked_at, k.expires_at, 0 AS depth
+    FROM api_tokens k WHERE k.token_sha256 = $1
+    UNION ALL
+    SELECT p.id, p.created_by, p.revoked_at, p.expires_at, line.depth + 1
+    FROM api_tokens p JOIN line ON p.id = line.created_by
+    WHERE line.depth < 100
+)
+SELECT k.id, k.tenant_id, k.scopes, (SELECT min(line.expires_at) FROM line) AS expires_at
+FROM api_tokens k
+WHERE k.token_sha256 = $1
+  AND NOT EXISTS (SELECT 1 FROM line WHERE line.revoked_at IS NOT NULL OR line.expires_at <= now());
 
 -- name: api_token_list
 SELECT id, tenant_id, name, scopes, created_at, expires_at, last_used_at, revoked_at, created_by
@@ -39,10 +50,18 @@ ORDER BY id
 LIMIT $4;
 
 -- name: api_token_revoke
--- Revoking twice answers the token again (revoked_at unchanged): DELETE is idempotent.
-UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())
-WHERE id = $1 AND tenant_id = $2
-RETURNING id, tenant_id, name, scopes, created_at, expires_at, last_used_at, revoked_at, created_by;
+-- Revoke token $1 of tenant $2 and every token it created, transitively (index
+-- api_tokens_created_by). Revoking twice answers the tokens again (revoked_at unchanged): DELETE
+-- is idempotent. Every row revoked (the token's own among them).
+WITH RECURSIVE tree AS (
+    SELECT id FROM api_tokens WHERE id = $1 AND tenant_id = $2
+    UNION
+    SELECT c.id FROM api_tokens c JOIN tree ON c.created_by = tree.id WHERE c.tenant_id = $2
+)
+UPDATE api_tokens k SET revoked_at = coalesce(k.revoked_at, now())
+FROM tree WHERE k.id = tree.id
+RETURNING k.id, k.tenant_id, k.name, k.scopes, k.created_at, k.expires_at, k.last_used_at, k.revoked_at,
+          k.created_by;
 
 -- name: api_token_touch
 -- Coarse last use: only rows not touched within $2 seconds are written.
@@ -1078,6 +1097,13 @@ RETURNING host(i.ip) AS ip;
 SELECT EXISTS (SELECT 1 FROM addresses WHERE region = $1 AND ip = $2::inet AND status <> 'deleted'
                                          AND tenant_id <> $3) AS held;
 
+-- name: address_ip_holders
+-- The live addresses of region $1 holding any of the IPs $2 (text[]): who holds each and as what
+-- (kind load_balancer: a VIP or appliance address). The ip-target rules of the API and of every
+-- configure (index addresses_ip_live).
+SELECT host(ip) AS ip, tenant_id, kind FROM addresses
+WHERE region = $1 AND ip = ANY($2::inet[]) AND status <> 'deleted';
+
 -- name: lb_servers
 -- The target servers of a load balancer, as z9 knows them: status, power and primary IPv4.
 SELECT id, status::text AS status, power_state, host(primary_ipv4) AS ip, region
@@ -1102,6 +1128,34 @@ INSERT INTO cluster_keys (cluster_id, key_id, nonce, sealed) VALUES ($1, $2, $3,
 
 -- name: cluster_keys_get
 SELECT key_id, nonce, sealed FROM cluster_keys WHERE cluster_id = $1;
+
+-- name: cluster_keys_get_for_update
+-- A credentials rotation: the sealed PKI, locked until the new one is written.
+SELECT key_id, nonce, sealed FROM cluster_keys WHERE cluster_id = $1 FOR UPDATE;
+
+-- name: cluster_keys_rotate
+-- The sealed PKI with a new users' client CA; kubeconfigs minted before now are no longer trusted
+-- (migration 0015).
+UPDATE cluster_keys SET key_id = $2, nonce = $3, sealed = $4, client_ca_rotated_at = now()
+WHERE cluster_id = $1
+RETURNING client_ca_rotated_at;
+
+-- name: cluster_credential_insert
+-- A minted kubeconfig's record (who, when, until when, its certificate's serial).
+INSERT INTO cluster_credentials (serial, cluster_id, tenant_id, token_id, username, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6)
+RETURNING serial, token_id, username, created_at, expires_at;
+
+-- name: cluster_credential_list
+-- The kubeconfigs minted for cluster $1 of tenant $2, newest first (at most $3). trusted: not
+-- expired, the cluster's keys not destroyed, and minted after the last client-CA rotation.
+SELECT c.serial, c.token_id, c.username, c.created_at, c.expires_at,
+       (c.expires_at > now() AND k.cluster_id IS NOT NULL
+        AND (k.client_ca_rotated_at IS NULL OR c.created_at > k.client_ca_rotated_at)) AS trusted
+FROM cluster_credentials c LEFT JOIN cluster_keys k ON k.cluster_id = c.cluster_id
+WHERE c.cluster_id = $1 AND c.tenant_id = $2
+ORDER BY c.created_at DESC, c.serial
+LIMIT $3;
 
 -- name: cluster_keys_destroy
 -- The delete's finishing transaction: the keys are gone with the cluster.

@@ -160,6 +160,14 @@ class RegionSettings(BaseModel):
     # the operator-provided template that load balancer appliances are cloned from (HAProxy,
     # keepalived and the QEMU guest agent installed; agent enabled; a cloud-init drive)
     lb_image: str = "z9-lb-appliance"
+    # Networks of the platform in this region (the region agent's network, the Proxmox nodes',
+    # storage, management): never a load balancer's ip target, whatever else allows it. Every
+    # address pool's network is refused as well (but for the tenant's own addresses in it).
+    platform_networks: list[IPNetwork] = Field(default_factory=list)
+    # Non-public networks a load balancer's ip target may be in (e.g. a tenant network routed to
+    # the appliances). By default an ip target is a public unicast address only: RFC 1918,
+    # 100.64/10 (shared), 198.18/15 (benchmarking) and every non-global range are refused.
+    lb_target_private_networks: list[IPNetwork] = Field(default_factory=list)
 
     @field_validator("url")
     @classmethod
@@ -226,10 +234,20 @@ class Settings(BaseSettings):
     # A token's last use (GET /v1/tokens) is written at most once per this many seconds per API
     # process, for all tokens used meanwhile in one statement: never a write per request.
     api_token_last_used_s: float = Field(60.0, gt=0)
-    # Rate limit per API token and API process: a bucket of this many requests, refilled at this
-    # rate (requests per second); 0 turns it off. Over it: 429 with Retry-After.
+    # Rate limit per tenant (all its tokens share one bucket) and API process: a bucket of this
+    # many requests, refilled at this rate (requests per second); 0 turns it off. Over it: 429
+    # with Retry-After.
     api_rate_limit_per_s: float = Field(20.0, ge=0)
     api_rate_limit_burst: int = Field(200, ge=0)
+    # Failed authentications (unknown, expired or revoked bearer tokens) per client address and
+    # API process: a bucket of this many, refilled at this rate (per second); 0 turns it off. Once
+    # empty, a request with any bearer token from that address answers 429 with Retry-After
+    # before its token is looked up (no database lookup per bad token).
+    api_auth_failures_per_s: float = Field(1.0, ge=0)
+    api_auth_failure_burst: int = Field(30, ge=0)
+    # Kubeconfigs (GET /v1/clusters/{id}/kubeconfig): the longest expiry_s a client certificate
+    # may be minted for (seconds; never past the minting token's own expiry either).
+    kubeconfig_max_expiry_s: int = Field(86400, ge=60, le=365 * 86400)
     # Most pooled connections one API process opens (requests wait for one beyond it).
     api_pool_size: int = Field(16, ge=2, le=1024)
 
@@ -291,6 +309,11 @@ class Settings(BaseSettings):
     # Load balancer health is refreshed at least this often (seconds): the reaper enqueues a
     # LoadBalancerObserve for every live load balancer whose health is older (no other job live).
     lb_health_interval_s: float = Field(15.0, gt=0)
+    # A load balancer's size (the shared hypervisor pays for it): at most this many targets ×
+    # services (one HAProxy server line and one health check each), and at most this many health
+    # checks per second per appliance (the sum over targets × services of 1 / interval_s).
+    lb_max_target_services: int = Field(2000, ge=1)
+    lb_max_checks_per_s: float = Field(200.0, gt=0)
 
     # observability
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

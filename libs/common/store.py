@@ -100,8 +100,16 @@ async def api_token_list(db: DB, tenant_id: str, *, after: str | None = None, in
 
 async def api_token_revoke(db: DB, token_id: str, tenant_id: str) -> Any:
     """Revoke the tenant's token ``token_id`` (idempotent); its row, or None when the tenant
-    has no such token."""
-    return await db.fetchrow(q("api_token_revoke"), token_id, tenant_id)
+    has no such token. Every token it created is revoked too (:func:`api_token_revoke_tree`)."""
+    row, _ = await api_token_revoke_tree(db, token_id, tenant_id)
+    return row
+
+
+async def api_token_revoke_tree(db: DB, token_id: str, tenant_id: str) -> tuple[Any, list[str]]:
+    """Revoke the tenant's token ``token_id`` and every token it created, transitively:
+    ``(its row or None, the ids of every token revoked, its own included)``."""
+    rows = await db.fetch(q("api_token_revoke"), token_id, tenant_id)
+    return next((r for r in rows if r["id"] == token_id), None), [r["id"] for r in rows]
 
 
 async def api_token_touch(db: DB, token_ids: list[str], coarseness_s: float) -> None:
@@ -812,6 +820,14 @@ async def lb_release_addresses(db: DB, lb_id: str) -> list[str]:
     return [r["ip"] for r in await db.fetch(q("lb_release_addresses"), lb_id)]
 
 
+async def address_ip_holders(db: DB, region: str, ips: list[str]) -> dict[str, dict[str, Any]]:
+    """``{ip: {"tenant_id", "kind"}}`` of the live addresses of ``region`` holding any of ``ips``."""
+    if not ips:
+        return {}
+    return {r["ip"]: {"tenant_id": r["tenant_id"], "kind": r["kind"]}
+            for r in await db.fetch(q("address_ip_holders"), region, sorted(set(ips)))}
+
+
 async def lb_servers(db: DB, server_ids: list[str]) -> dict[str, dict[str, Any]]:
     """``{server id: {status, power_state, ip, region}}`` of the servers that exist."""
     return {r["id"]: dict(r) for r in await db.fetch(q("lb_servers"), server_ids)}
@@ -963,6 +979,30 @@ async def cluster_keys_get(db: DB, cluster_id: str) -> tuple[str, bytes, bytes] 
     """``(key_id, nonce, sealed)`` of the cluster's PKI, or None (destroyed)."""
     row = await db.fetchrow(q("cluster_keys_get"), cluster_id)
     return (row["key_id"], bytes(row["nonce"]), bytes(row["sealed"])) if row else None
+
+
+async def cluster_keys_get_for_update(conn: asyncpg.Connection, cluster_id: str) -> tuple[str, bytes, bytes] | None:
+    """As :func:`cluster_keys_get`, the row locked (in the caller's transaction)."""
+    row = await conn.fetchrow(q("cluster_keys_get_for_update"), cluster_id)
+    return (row["key_id"], bytes(row["nonce"]), bytes(row["sealed"])) if row else None
+
+
+async def cluster_keys_rotate(conn: asyncpg.Connection, cluster_id: str, key_id: str, nonce: bytes,
+                              sealed: bytes) -> Any:
+    """Write the cluster's PKI with a new users' client CA; when (kubeconfigs minted before: untrusted)."""
+    return await conn.fetchval(q("cluster_keys_rotate"), cluster_id, key_id, nonce, sealed)
+
+
+async def cluster_credential_insert(db: DB, *, serial: str, cluster_id: str, tenant_id: str, token_id: str | None,
+                                    username: str, expires_at: datetime) -> dict[str, Any]:
+    """Record a minted kubeconfig."""
+    return dict(await db.fetchrow(q("cluster_credential_insert"), serial, cluster_id, tenant_id, token_id,
+                                  username, expires_at))
+
+
+async def cluster_credential_list(db: DB, cluster_id: str, tenant_id: str, limit: int = 100) -> list[dict[str, Any]]:
+    """The kubeconfigs minted for the tenant's cluster, newest first, with ``trusted``."""
+    return [dict(r) for r in await db.fetch(q("cluster_credential_list"), cluster_id, tenant_id, limit)]
 
 
 async def cluster_keys_destroy(db: DB, cluster_id: str) -> bool:

@@ -6,7 +6,16 @@
   /v1/addresses) and its ClusterCreate job.
 - ``GET /v1/clusters/{id}/kubeconfig?expiry_s=`` — a kubeconfig with a freshly minted client
   certificate (``kubeadm:cluster-admins``) valid ``expiry_s`` seconds; 409 ``cluster_not_ready``
-  before the cluster first had every desired member Ready.
+  before the cluster first had every desired member Ready. It is a cluster-admin credential, so
+  minting one needs the ``write`` scope (403 ``insufficient_scope`` for a read token, though the
+  route is a GET); ``expiry_s`` is at most ``Z9_KUBECONFIG_MAX_EXPIRY_S`` (422 naming it) and the
+  certificate never outlives the minting token (capped at its expiry). Every one minted is
+  recorded: ``GET /v1/clusters/{id}/credentials`` (who, when, until when, serial, still trusted).
+- ``POST …/actions/rotate-credentials`` — a new users' client CA (sealed like the other keys) and a
+  ClusterReconcile that writes the new bundle to every control plane's ``--client-ca-file``: every
+  kubeconfig minted before stops working (202). The cluster CA and the components' certificates
+  are untouched. A cluster made before z9 had a users' client CA answers 409 ``client_ca_unsupported``
+  (its kubeconfigs are signed by the cluster CA itself).
 - ``POST …/actions/add-node-pool | resize-node-pool | remove-node-pool`` — the new desired shape
   and a ClusterReconcile job (202).
 - ``DELETE`` — the generic immediate deletion: ``destroying`` and ClusterDelete at once; a live
@@ -14,15 +23,17 @@
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 from z9.common import kinds, pki, store
-from z9.common.errors import ApiError, Conflict, NotFound, UniqueViolation, ValidationFailed
+from z9.common.errors import ApiError, Conflict, Forbidden, NotFound, UniqueViolation, ValidationFailed
 from z9.common.ids import new_id
 from z9.common.models import Cluster
 from z9.common.resources.cluster import CLUSTER, STATUSES
@@ -30,7 +41,8 @@ from z9.common.settings import Settings
 
 from . import addresses, quotas, schemas
 from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin,
-                        idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant)
+                        idempotency_end, idempotency_key, limit_param, parse_body, path_id, request_hash, room_for_a_job,
+                        tenant)
 
 VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34")
 MAX_POOL_COUNT = 100
@@ -186,6 +198,42 @@ class Kubeconfig(schemas.Response):
     kubeconfig: str = Field(description="YAML; save it and use `kubectl --kubeconfig`")
     expires_at: str
     user: str
+    serial: str = Field(description="the client certificate's serial number (hex), as listed by "
+                                    "GET /v1/clusters/{id}/credentials")
+
+
+class Credential(schemas.Response):
+    serial: str = Field(description="the client certificate's serial number (hex)")
+    user: str = Field(description="its CN (group kubeadm:cluster-admins)")
+    token_id: str | None = Field(description="the API token that minted it")
+    created_at: str
+    expires_at: str
+    trusted: bool = Field(description="the cluster's API servers accept it: not expired and minted after the "
+                                      "last rotate-credentials")
+
+
+class CredentialList(schemas.Response):
+    """``GET /v1/clusters/{id}/credentials``: the kubeconfigs minted for the cluster, newest first."""
+
+    credentials: list[Credential]
+
+
+class CredentialsQuery(BaseModel):
+    """``GET /v1/clusters/{id}/credentials`` query parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(100, ge=1, le=500, description="at most this many, newest first")
+
+
+class RotateCredentials(BaseModel):
+    """``POST /v1/clusters/{id}/actions/rotate-credentials`` (no fields)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{}]})
+
+
+def _ts(v: Any) -> str:
+    return v.isoformat().replace("+00:00", "Z")
 
 
 EXAMPLE: dict[str, Any] = {
@@ -275,7 +323,14 @@ def actions(api: ApiResource) -> list[Operation]:
     job_ref = {"id": "job_01jd3x5v8q2m6n4p7r9s1t3w5z", "status": "pending"}
 
     async def kubeconfig(request: web.Request) -> web.Response:
+        from .tokens import PRINCIPAL
+
         settings, pool = request.app[SETTINGS], request.app[POOL]
+        principal = request[PRINCIPAL]
+        if "write" not in principal.scopes:  # a cluster-admin credential: not a read
+            raise Forbidden(f"this token has scopes {','.join(sorted(principal.scopes))}: minting a kubeconfig (a "
+                            "cluster-admin credential) needs the write scope", code="insufficient_scope",
+                            details=[{"scope": "write"}])
         rid = path_id(request, "k8s", "cluster")
         raw = request.query.get("expiry_s", "3600")
         # digits only: int() also takes "6_00", " 600", "+600" and other scripts' digits
@@ -284,6 +339,14 @@ def actions(api: ApiResource) -> list[Operation]:
             raise ValidationFailed(f"expiry_s: must be an integer from {KUBECONFIG_EXPIRY_S[0]} to "
                                    f"{KUBECONFIG_EXPIRY_S[1]} seconds, got {raw!r}",
                                    details=[{"field": "expiry_s", "message": "out of range"}])
+        if expiry_s > settings.kubeconfig_max_expiry_s:
+            raise ValidationFailed(f"expiry_s: {expiry_s} is past this installation's longest kubeconfig, "
+                                   f"Z9_KUBECONFIG_MAX_EXPIRY_S ({settings.kubeconfig_max_expiry_s} seconds)",
+                                   details=[{"field": "expiry_s", "message": "past Z9_KUBECONFIG_MAX_EXPIRY_S",
+                                             "max": settings.kubeconfig_max_expiry_s}])
+        if principal.expires_at is not None:  # never past the minting token's own expiry
+            left = int((principal.expires_at - datetime.now(timezone.utc)).total_seconds())
+            expiry_s = max(1, min(expiry_s, left))
         key = installation_key(settings)
         cluster = await CLUSTER.get(pool, rid, tenant(request))
         if cluster is None:
@@ -302,11 +365,67 @@ def actions(api: ApiResource) -> list[Operation]:
             raise InstallationKeyMissing(f"{e}: Z9_INSTALLATION_KEY must be the key the cluster was created "
                                          "with") from e
         user = f"z9-admin-{secrets.token_hex(4)}"
-        crt, k, not_after = pki.client_certificate(material["ca.crt"], material["ca.key"], cn=user,
+        # signed by the users' client CA (rotatable), or the cluster CA for a cluster older than it
+        ca = "client-ca" if "client-ca.key" in material else "ca"
+        crt, k, not_after = pki.client_certificate(material[f"{ca}.crt"], material[f"{ca}.key"], cn=user,
                                                    orgs=("kubeadm:cluster-admins",), expiry_s=expiry_s)
+        serial = pki.serial_hex(crt)
+        await store.cluster_credential_insert(pool, serial=serial, cluster_id=rid, tenant_id=cluster.tenant_id,
+                                              token_id=principal.token_id, username=user, expires_at=not_after)
         text = pki.kubeconfig(cluster.name, cluster.endpoint() or "", material["ca.crt"], crt, k, user)
-        body = {"kubeconfig": text, "expires_at": not_after.isoformat().replace("+00:00", "Z"), "user": user}
-        return web.json_response(dump(Kubeconfig, body))
+        body = {"kubeconfig": text, "expires_at": not_after.isoformat().replace("+00:00", "Z"), "user": user,
+                "serial": serial}
+        return web.json_response(dump(Kubeconfig, body), headers={"Cache-Control": "no-store"})
+
+    async def credentials(request: web.Request) -> web.Response:
+        pool, tenant_id = request.app[POOL], tenant(request)
+        rid = path_id(request, "k8s", "cluster")
+        if await CLUSTER.get(pool, rid, tenant_id) is None:
+            raise NotFound(f"no cluster {rid!r}")
+        rows = await store.cluster_credential_list(pool, rid, tenant_id, limit_param(request))
+        return web.json_response(dump(CredentialList, {"credentials": [
+            {"serial": r["serial"], "user": r["username"], "token_id": r["token_id"], "created_at": _ts(r["created_at"]),
+             "expires_at": _ts(r["expires_at"]), "trusted": r["trusted"]} for r in rows]}))
+
+    async def rotate(request: web.Request) -> web.Response:
+        await parse_body(request, RotateCredentials)
+        settings, pool, tenant_id = request.app[SETTINGS], request.app[POOL], tenant(request)
+        rid = path_id(request, "k8s", "cluster")
+        ikey = installation_key(settings)
+        key = idempotency_key(request)
+        req_hash = request_hash("POST /clusters/{id}/actions/rotate-credentials", [rid])
+        async with pool.acquire() as conn, conn.transaction():
+            replay = await idempotency_begin(conn, tenant_id, key, req_hash)
+            if replay is not None:
+                return replay
+            cluster = await store.cluster_get_for_update(conn, rid, tenant_id)
+            if cluster is None:
+                raise NotFound(f"no cluster {rid!r}")
+            if cluster.status in ("deleting", "destroying", "deleted"):
+                raise Conflict(f"cluster {rid} is {cluster.status}", code="cluster_deleting")
+            sealed = await store.cluster_keys_get_for_update(conn, rid)
+            if sealed is None:
+                raise Conflict(f"cluster {rid} has no keys", code="cluster_deleting")
+            try:
+                material = ikey.open(rid, *sealed)
+            except pki.SealError as e:
+                raise InstallationKeyMissing(f"{e}: Z9_INSTALLATION_KEY must be the key the cluster was created "
+                                             "with") from e
+            if "client-ca.key" not in material:
+                raise Conflict(f"cluster {rid} was made before z9 gave kubeconfigs a client CA of their own: its "
+                               "kubeconfigs are signed by the cluster CA, which rotate-credentials does not replace",
+                               code="client_ca_unsupported")
+            material["client-ca.crt"], material["client-ca.key"] = pki.new_client_ca()
+            await store.cluster_keys_rotate(conn, rid, *ikey.seal(rid, material))
+            await room_for_a_job(conn, settings, "cluster", rid)
+            bundle = pki.client_ca_bundle(material) or ""
+            job = await store.job_insert(conn, CLUSTER.new_job(
+                cluster, kinds.CLUSTER_RECONCILE, max_attempts=settings.max_attempts,
+                args={"client_ca": hashlib.sha256(bundle.encode()).hexdigest()[:16]}), notify=False)
+            answer = dump(accepted, {"cluster": cluster.public(), "job": job.brief()})
+            await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
+        request.app[NOTIFIER].notify(job.region)
+        return web.json_response(answer, status=202)
 
     async def patch(request: web.Request) -> web.Response:
         spec = await parse_body(request, ClusterPatch)
@@ -390,10 +509,23 @@ def actions(api: ApiResource) -> list[Operation]:
     errors: dict[int, Any] = {400: None, 401: None, 404: None, 409: None, 422: None}
     return [
         Operation("GET", "/clusters/{id}/kubeconfig", kubeconfig, "getClusterKubeconfig",
-                  "A kubeconfig with a freshly minted client certificate (query expiry_s, default 3600)",
-                  "clusters", {200: Kubeconfig, 401: None, 404: None, 409: None, 422: None, 503: None},
+                  "A kubeconfig with a freshly minted client certificate (query expiry_s, default 3600; needs the "
+                  "write scope; recorded)",
+                  "clusters", {200: Kubeconfig, 401: None, 403: None, 404: None, 409: None, 422: None, 503: None},
                   path_id=id_doc, query=KubeconfigQuery, example={"kubeconfig": "apiVersion: v1\nkind: Config\n...",
-                                           "expires_at": "2026-12-01T05:00:00Z", "user": "z9-admin-1a2b3c4d"}),
+                                           "expires_at": "2026-12-01T05:00:00Z", "user": "z9-admin-1a2b3c4d",
+                                           "serial": "5c1d9e0f3a7b2c4d"}),
+        Operation("GET", "/clusters/{id}/credentials", credentials, "listClusterCredentials",
+                  "The kubeconfigs minted for the cluster (who, when, until when, serial, still trusted)", "clusters",
+                  {200: CredentialList, 401: None, 404: None, 422: None}, path_id=id_doc, query=CredentialsQuery,
+                  example={"credentials": [{"serial": "5c1d9e0f3a7b2c4d", "user": "z9-admin-1a2b3c4d",
+                                            "token_id": "tok_01jd3x5v8q2m6n4p7r9s1t3w60",
+                                            "created_at": "2026-12-01T04:00:00Z", "expires_at": "2026-12-01T05:00:00Z",
+                                            "trusted": True}]}),
+        Operation("POST", "/clusters/{id}/actions/rotate-credentials", rotate, "rotateClusterCredentials",
+                  "A new client CA for kubeconfigs: every kubeconfig minted before stops working (202 + "
+                  "ClusterReconcile)", "clusters", {202: accepted, **errors, 503: None},
+                  request=RotateCredentials, path_id=id_doc, idempotent=True, example=example),
         Operation("PATCH", "/clusters/{id}", patch, "updateCluster", "Set a cluster's labels (no job)", "clusters",
                   {200: one, 400: None, 401: None, 404: None, 409: None, 422: None}, request=ClusterPatch,
                   path_id=id_doc, example={"cluster": {**EXAMPLE, "labels": {"env": "prod"}}}),

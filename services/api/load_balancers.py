@@ -11,6 +11,12 @@ addresses kept) and cancel-deletion (appliances started again) are the generic o
 ``uniqueness_error``; each message names the precondition. ``PATCH`` renames a load balancer or
 replaces its labels (database only, no job).
 
+What an ``ip`` target may reach (platform networks, other tenants' and load balancers' addresses,
+the pools' networks, private ranges: 422 naming the rule in ``details[].rule``) is decided by
+:func:`z9.common.resources.load_balancer.ip_target_refusal`, here at every action and create and
+again by the executor at every configure. A load balancer's size is bounded by the installation:
+``Z9_LB_MAX_TARGET_SERVICES`` and ``Z9_LB_MAX_CHECKS_PER_S`` (409 ``resource_limit_exceeded``).
+
 Quotas: the VIP and each appliance's address are addresses of the tenant (rows of ``addresses``
 from the region's pool, counted by the ``addresses`` quota like any other): the create checks
 ``1 + appliances`` against it (403 ``quota_exceeded``). The appliance VMs are not the tenant's
@@ -28,7 +34,7 @@ from z9.common import kinds, store
 from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed
 from z9.common.ids import new_id
 from z9.common.models import LoadBalancer, target_key
-from z9.common.resources.load_balancer import LOAD_BALANCER
+from z9.common.resources.load_balancer import LOAD_BALANCER, RULE_TEXT, ip_target_refusal, region_networks
 from z9.common.settings import Settings
 
 from . import quotas, schemas
@@ -156,7 +162,7 @@ class LoadBalancerCreate(BaseModel):
         "services": [{"protocol": "tcp", "listen_port": 80, "destination_port": 8080,
                       "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 15, "timeout_s": 10,
                                        "retries": 3}}],
-        "targets": [{"type": "ip", "ip": "203.0.113.200"}]}]})
+        "targets": [{"type": "ip", "ip": "198.51.100.200"}]}]})
 
     name: StrictStr = Field(pattern=schemas.NAME_PATTERN)
     region: StrictStr = Field(min_length=1, max_length=63)
@@ -189,9 +195,11 @@ class ServiceOut(schemas.Response):
 
 class TargetHealth(schemas.Response):
     listen_port: int
-    status: Literal["healthy", "unhealthy", "unknown", "unused"]
+    status: Literal["healthy", "unhealthy", "unknown", "unused", "refused"]
     reason: str = Field(description="initial, connect_failed, timeout, response_code_mismatch, server_stopped, "
-                                    "server_deleted, no_address, no_appliance, ...")
+                                    "server_deleted, no_address, no_appliance, ...; for refused (an ip target the "
+                                    "last configure left out of the config) the rule: platform_network, "
+                                    "another_tenant, load_balancer_address, address_pool, private_range")
 
 
 class TargetOut(schemas.Response):
@@ -242,7 +250,7 @@ EXAMPLE: dict[str, Any] = {
     "services": [{"protocol": "tcp", "listen_port": 80, "destination_port": 8080, "proxyprotocol": False,
                   "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 15, "timeout_s": 10, "retries": 3,
                                    "http": None}}],
-    "targets": [{"type": "ip", "server_id": None, "ip": "203.0.113.200",
+    "targets": [{"type": "ip", "server_id": None, "ip": "198.51.100.200",
                  "health_status": [{"listen_port": 80, "status": "unknown", "reason": "initial"}]}],
     "members": [{"name": "lb-0", "ip": "203.0.113.11", "vmid": None, "node": None, "running": None,
                  "config_hash": None, "holds_vip": None}], "config_hash": None, "spread": None, "health": "unknown",
@@ -273,15 +281,42 @@ async def _check_server_targets(conn: Any, tenant_id: str, region: str, targets:
                            "with public_ipv4: true or assign it a primary address", code="missing_ipv4")
 
 
-async def _check_ip_targets(conn: Any, tenant_id: str, region: str, targets: list[dict[str, Any]]) -> None:
-    """An ip target is not another tenant's address (its appliances would probe and forward to a
-    host the tenant does not own; Hetzner refuses its own cloud's IPs as ip targets outright).
-    The tenant's own servers are server targets; their IPs and foreign hosts are fine as ip ones."""
-    for t in targets:
-        if t["type"] == "ip" and await store.address_ip_held_by_other_tenant(conn, region, t["ip"], tenant_id):
-            raise ValidationFailed(f"ip: {t['ip']} is an address of this cloud that is not yours; a target is one "
-                                   "of your servers (type server) or a host outside the cloud",
-                                   details=[{"field": "ip", "message": "another tenant's address"}])
+async def _check_ip_targets(conn: Any, tenant_id: str, region: str, targets: list[dict[str, Any]],
+                            settings: Settings) -> None:
+    """Every ip target is one the region lets a load balancer reach (the rules, in order, are in
+    :mod:`z9.common.resources.load_balancer`: platform networks, another tenant's address, a load
+    balancer's address, the pools' networks, private ranges): else 422 naming the rule."""
+    ips = [t["ip"] for t in targets if t["type"] == "ip"]
+    if not ips:
+        return
+    holders = await store.address_ip_holders(conn, region, ips)
+    nets = region_networks(settings.regions.get(region))
+    for ip in ips:
+        rule = ip_target_refusal(ip, tenant_id, holders.get(ip), **nets)
+        if rule is not None:
+            raise ValidationFailed(f"ip: {ip} {RULE_TEXT[rule]} (rule {rule}); a target is one of your servers "
+                                   "(type server), one of your addresses, or a public host outside the cloud",
+                                   details=[{"field": "ip", "message": RULE_TEXT[rule], "rule": rule}])
+
+
+def _check_size(settings: Settings, lb_id: str | None, services: list[dict[str, Any]],
+                targets: list[dict[str, Any]]) -> None:
+    """A load balancer's load on the shared hypervisor, bounded: targets × services (HAProxy
+    server lines and health checks) and health checks per second per appliance."""
+    what = f"load balancer {lb_id}" if lb_id else "the load balancer"
+    pairs = len(services) * len(targets)
+    if pairs > settings.lb_max_target_services:
+        raise Conflict(f"{what} would have {len(targets)} targets × {len(services)} services = {pairs}, more than "
+                       f"Z9_LB_MAX_TARGET_SERVICES ({settings.lb_max_target_services})", code="resource_limit_exceeded",
+                       details=[{"limit": "lb_max_target_services", "max": settings.lb_max_target_services,
+                                 "value": pairs}])
+    rate = sum(len(targets) / float((s.get("health_check") or {}).get("interval_s") or 15) for s in services)
+    if rate > settings.lb_max_checks_per_s + 1e-9:
+        raise Conflict(f"{what} would make {rate:.1f} health checks per second per appliance, more than "
+                       f"Z9_LB_MAX_CHECKS_PER_S ({settings.lb_max_checks_per_s:g}): fewer targets or services, or a "
+                       "longer interval_s", code="resource_limit_exceeded",
+                       details=[{"limit": "lb_max_checks_per_s", "max": settings.lb_max_checks_per_s,
+                                 "value": round(rate, 3)}])
 
 
 def _check_not_own_address(lb: LoadBalancer, targets: list[dict[str, Any]]) -> None:
@@ -303,7 +338,8 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
     services = [s.normalized() for s in spec.services]
     targets = [t.normalized() for t in spec.targets]
     await _check_server_targets(ctx.conn, ctx.tenant_id, spec.region, targets)
-    await _check_ip_targets(ctx.conn, ctx.tenant_id, spec.region, targets)
+    await _check_ip_targets(ctx.conn, ctx.tenant_id, spec.region, targets, ctx.settings)
+    _check_size(ctx.settings, None, services, targets)
     pool = await pick_pool(ctx.conn, ctx.settings, spec.region, 4, spec.address_pool)
     # the VIP and one address per appliance are the tenant's addresses (see the module's doc)
     await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1 + APPLIANCES[spec.type])
@@ -472,8 +508,9 @@ def _operations(api: ApiResource) -> list[Operation]:
                 raise Conflict(f"load balancer {lb.id} has {MAX_TARGETS} targets, the most a load balancer has",
                                code="resource_limit_exceeded")
             await _check_server_targets(conn, tenant_id, lb.region, [t])
-            await _check_ip_targets(conn, tenant_id, lb.region, [t])
             _check_not_own_address(lb, [t])
+            await _check_ip_targets(conn, tenant_id, lb.region, [t], settings)
+            _check_size(settings, lb.id, services, [*targets, t])
             targets.append(t)
 
         return await _action(request, "POST /load-balancers/{id}/actions/add_target", spec.model_dump(), fn)
@@ -500,6 +537,7 @@ def _operations(api: ApiResource) -> list[Operation]:
             if len(services) >= MAX_SERVICES:
                 raise Conflict(f"load balancer {lb.id} has {MAX_SERVICES} services, the most a load balancer has",
                                code="resource_limit_exceeded")
+            _check_size(settings, lb.id, [*services, spec.normalized()], targets)
             services.append(spec.normalized())
             services.sort(key=lambda s: s["listen_port"])
 
@@ -519,6 +557,7 @@ def _operations(api: ApiResource) -> list[Operation]:
                         services[i] = Service.model_validate(merged).normalized()
                     except ValidationError as e:
                         raise validation_error(e) from None
+                    _check_size(settings, lb.id, services, targets)
                     return
             raise Conflict(f"load balancer {lb.id} has no service listening on port {spec.listen_port}",
                            code="service_not_found")

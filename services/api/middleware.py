@@ -8,8 +8,9 @@ shape.
 - ``Location: /v1/jobs/{id}`` on every 202 (the job to follow); ``Allow`` on every 405.
 - A query parameter the route does not declare in the OpenAPI document answers 400 naming it:
   a misspelt filter must never widen what a script acts on.
-- Rate limit per token: a token bucket per API process (``Z9_API_RATE_LIMIT_BURST`` requests,
-  refilled at ``Z9_API_RATE_LIMIT_PER_S``; 0 turns it off). Every answer to a token carries
+- Rate limit per tenant (all of a tenant's tokens spend from one bucket): a token bucket per API
+  process (``Z9_API_RATE_LIMIT_BURST`` requests, refilled at ``Z9_API_RATE_LIMIT_PER_S``; 0 turns
+  it off). Every answer to a token carries
   ``RateLimit-Policy: "token";q=<burst>;w=<seconds to refill>`` and
   ``RateLimit: "token";r=<remaining>;t=<seconds until full>`` (IETF httpapi ratelimit-headers);
   over the limit: 429 ``rate_limited`` with ``Retry-After``.
@@ -183,13 +184,13 @@ async def rate_limit_middleware(request: web.Request, handler: Handler) -> web.S
     principal = request.get(PRINCIPAL)
     if principal is None or not buckets.enabled:
         return await handler(request)
-    allowed, level = buckets.take(principal.token_id)
+    allowed, level = buckets.take(principal.tenant_id)  # per tenant: a new token brings no new requests
     headers = buckets.headers(level)
     if not allowed:
         metrics.API_RATE_LIMITED.inc()
         wait = buckets.retry_after(level)
-        raise TooManyRequests(f"rate limit of this token exceeded ({buckets.burst} requests, refilled at "
-                              f"{buckets.per_s:g}/s); retry in {wait}s",
+        raise TooManyRequests(f"rate limit of this tenant exceeded (all its tokens share it: {buckets.burst} "
+                              f"requests, refilled at {buckets.per_s:g}/s); retry in {wait}s",
                               headers={**headers, "Retry-After": str(wait)})
     try:
         response = await handler(request)

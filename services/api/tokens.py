@@ -14,6 +14,15 @@
 - **Platform details.** Answers to a token without ``operator`` carry no Proxmox account: the
   user/token id inside UPIDs (``UPID:node:…:root@pam!z9:``) and the configured regions' token
   ids are replaced by ``hidden``, in every JSON answer (jobs, servers, errors alike).
+- **Lineage.** A token made through the API records the token that made it (``created_by``,
+  listed by ``GET /v1/tokens``). It never outlives that token: its expiry is at most its
+  parent's (left out: the parent's; asked for longer: 422 naming ``expires_in_s``); revoking a
+  token revokes every token it created, transitively; and a token whose parent (or any ancestor)
+  is revoked or expired authenticates nothing.
+- **Failed authentication** (an unknown, expired or revoked token) is limited per client address
+  (``Z9_API_AUTH_FAILURES_PER_S``, ``Z9_API_AUTH_FAILURE_BURST``): once an address has spent
+  its bucket, its requests answer 429 with ``Retry-After`` before any token is looked up in the
+  database (a token this process knows from its cache still works).
 - **Actor.** The token's id is put in :mod:`z9.common.requestctx`, so every job the request
   makes records it (``jobs.actor_token_id``; ``GET /v1/jobs?actor=tok_…|me``).
 """
@@ -33,11 +42,12 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from z9.common import store
-from z9.common.errors import BadRequest, Forbidden, NotFound, Unauthorized, ValidationFailed
+from z9.common.errors import BadRequest, Forbidden, NotFound, TooManyRequests, Unauthorized, ValidationFailed
 from z9.common.ids import id_pattern, is_id
 from z9.common.requestctx import ACTOR_TOKEN_ID
 
 from . import resources as api
+from .middleware import TokenBuckets
 
 log = logging.getLogger("z9.api")
 
@@ -124,6 +134,7 @@ class Principal:
     token_id: str
     tenant_id: str
     scopes: frozenset[str]
+    expires_at: datetime | None = None  # the earliest expiry along the token's line (None: never)
 
     @property
     def operator(self) -> bool:
@@ -133,6 +144,24 @@ class Principal:
 PRINCIPAL = web.RequestKey("principal", Principal)
 CACHE = web.AppKey("token_principals", dict)  # sha256 → (Principal, monotonic expiry)
 TOUCHER = web.AppKey("token_toucher", object)
+class FailureBuckets(TokenBuckets):
+    """Failed authentications per client address (a bucket each; ``Z9_API_AUTH_FAILURE*``)."""
+
+    def limited(self, key: str) -> tuple[bool, float]:
+        """Whether ``key``'s bucket is empty now, spending nothing: ``(limited, level)``."""
+        now = self.clock()
+        level, at = self._buckets.get(key, (float(self.burst), now))
+        level = min(float(self.burst), level + (now - at) * self.per_s)
+        return level < 1.0, level
+
+
+AUTH_FAILURES = web.AppKey("auth_failures", FailureBuckets)
+
+
+def _cached(app: web.Application, token: str) -> Principal | None:
+    hit = app[CACHE].get(hashlib.sha256(token.encode()).digest())
+    return hit[0] if app[api.SETTINGS].api_token_cache_s > 0 and hit is not None and hit[1] > time.monotonic() \
+        else None
 
 
 class _Toucher:
@@ -182,7 +211,7 @@ async def _principal(app: web.Application, token: str) -> Principal | None:
     if row is None:
         cache.pop(key, None)
         return None
-    p = Principal(row["id"], row["tenant_id"], frozenset(row["scopes"]))
+    p = Principal(row["id"], row["tenant_id"], frozenset(row["scopes"]), row["expires_at"])
     if ttl > 0:
         until = now + ttl
         if row["expires_at"] is not None:
@@ -208,8 +237,19 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+    failures = request.app[AUTH_FAILURES]
+    client = request.remote or "unknown"
+    if failures.enabled and _cached(request.app, token) is None:
+        limited, level = failures.limited(client)
+        if limited:  # before any lookup: a flood of bad tokens costs no database work
+            wait = failures.retry_after(level)
+            raise TooManyRequests(f"too many failed authentications from {client} ({failures.burst} at once, "
+                                  f"refilled at {failures.per_s:g}/s); retry in {wait}s",
+                                  headers={"Retry-After": str(wait)})
     principal = await _principal(request.app, token) if token.isascii() and len(token) <= 200 else None
     if principal is None:
+        if failures.enabled:
+            failures.take(client)
         raise unauthorized("unknown, expired or revoked API token")
     request[PRINCIPAL] = principal
     request[api.TENANT] = principal.tenant_id
@@ -287,6 +327,15 @@ async def create_token(request: web.Request) -> web.Response:
                         code="insufficient_scope", details=[{"field": "scopes", "message": "not held"}])
     expires_at = (datetime.now(timezone.utc) + timedelta(seconds=spec.expires_in_s)
                   if spec.expires_in_s is not None else None)
+    if me.expires_at is not None:  # never past the parent's expiry (lineage: see the module doc)
+        if expires_at is None:
+            expires_at = me.expires_at
+        elif expires_at > me.expires_at:
+            left = max(0, int((me.expires_at - datetime.now(timezone.utc)).total_seconds()))
+            raise ValidationFailed(f"expires_in_s: {spec.expires_in_s} is past the expiry of the token making it "
+                                   f"({me.expires_at.isoformat()}, {left}s from now); a token never outlives its "
+                                   "parent", details=[{"field": "expires_in_s", "message": "past the parent's expiry",
+                                                       "max": left}])
     secret = new_secret()
     row = await store.api_token_create(request.app[api.POOL], me.tenant_id, secret, spec.name, scopes=spec.scopes,
                                        expires_at=expires_at, created_by=me.token_id)
@@ -318,11 +367,13 @@ async def revoke_token(request: web.Request) -> web.Response:
     working at once on this API process, within the token cache time on the others."""
     tid = request.match_info["id"]
     me = request[PRINCIPAL]
-    row = await store.api_token_revoke(request.app[api.POOL], tid, me.tenant_id) if is_id(tid, "tok") else None
+    row, revoked = (await store.api_token_revoke_tree(request.app[api.POOL], tid, me.tenant_id)
+                    if is_id(tid, "tok") else (None, []))
     if row is None:
         raise NotFound(f"no token {tid!r}")
     cache = request.app[CACHE]
-    for key in [k for k, (p, _) in cache.items() if p.token_id == tid]:
+    gone = set(revoked)  # the token and every token it created, transitively
+    for key in [k for k, (p, _) in cache.items() if p.token_id in gone]:
         del cache[key]
     return web.json_response({"token": _token_json(row)})
 
@@ -344,6 +395,8 @@ def actor_filter(request: web.Request) -> str | None:
 def install(app: web.Application) -> None:
     """Token state of ``app`` (cache, last-use writer) and the ``/v1/tokens`` routes."""
     app[CACHE] = {}
+    settings = app[api.SETTINGS]
+    app[AUTH_FAILURES] = FailureBuckets(settings.api_auth_failures_per_s, settings.api_auth_failure_burst)
     app[PLATFORM_USERS] = platform_users(app[api.SETTINGS])
 
     async def ctx(app: web.Application) -> Any:

@@ -4,6 +4,7 @@ stopped, addresses kept; LoadBalancerDelete at its end). Its health is refreshed
 an observe-only LoadBalancerObserve job (``extra["periodic"]``: the reaper enqueues it)."""
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from .. import kinds
@@ -46,3 +47,83 @@ async def _server_deleted(conn: Any, server_id: str, max_attempts: int) -> list[
 
 
 on_final_delete("server", _server_deleted)
+
+
+# ---------------------------------------------------------------- what an ip target may reach
+#
+# A load balancer's appliances sit on the region's bridge: an ``ip`` target is a connection from
+# inside the platform's network, and its per-target health a port scanner. So an ip target is
+# allowed only where the operator allows it (the rules in order, the first that matches decides):
+#
+#   platform_network       in one of the region's ``platform_networks``: refused, always
+#   another_tenant         a live address of this cloud held by another tenant: refused
+#   load_balancer_address  a VIP or appliance address of any load balancer (the tenant's own
+#                          included): refused — a load balancer never targets a load balancer, so
+#                          no two can form a loop (simpler to state and to check than "no cycle")
+#   (own address)          any other live address of the tenant (a floating or primary one): allowed
+#   address_pool           inside an address pool's network of the region (a free IP, the gateway,
+#                          a reserved one): refused — a free IP may be handed to another tenant
+#                          tomorrow, and the next configure would then forward to it
+#   (allowed private)      inside one of the region's ``lb_target_private_networks``: allowed
+#   private_range          RFC 1918, shared (100.64/10), benchmarking (198.18/15), IETF protocol
+#                          assignments (192.0.0/24), and every range the API already refuses
+#                          (0/8, loopback, link-local, multicast, 240/4): refused
+#   otherwise              a public unicast address: allowed. The documentation ranges (192.0.2/24,
+#                          198.51.100/24, 203.0.113/24) count as public: ``z9 dev`` and the tests
+#                          use them as a stand-in for the internet.
+#
+# The API checks it at every action and create (422 naming the rule); the executor checks it again
+# at every configure (it renders a refused target out of the config and reports it in health as
+# ``refused`` with the rule as reason), so an address that changed hands since is dropped.
+
+NOT_PUBLIC = tuple(ipaddress.ip_network(n) for n in (
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "198.18.0.0/15", "192.0.0.0/24",
+    "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4"))
+
+RULE_TEXT = {
+    "platform_network": "is in a platform network of the region",
+    "another_tenant": "is an address of this cloud that another tenant holds",
+    "load_balancer_address": "is the VIP or an appliance address of a load balancer (a load balancer never targets "
+                             "a load balancer)",
+    "address_pool": "is in an address pool of the region and not one of your addresses",
+    "private_range": "is in a private or otherwise non-public range that the region does not open to load "
+                     "balancer targets (lb_target_private_networks)",
+}
+
+
+def ip_target_refusal(ip: str, tenant_id: str, holder: dict[str, Any] | None, *,
+                      platform_networks: list[Any], pool_networks: list[Any],
+                      private_allowed: list[Any]) -> str | None:
+    """Pure: the rule refusing ``ip`` as an ip target of a load balancer of ``tenant_id`` (see
+    above), or None when it is allowed. ``holder``: the live address of the region holding the
+    IP (``{"tenant_id", "kind"}``), None when none does."""
+    addr = ipaddress.ip_address(ip)
+
+    def within(nets: list[Any]) -> bool:
+        return any(addr.version == n.version and addr in n for n in nets)
+
+    if within(platform_networks):
+        return "platform_network"
+    if holder is not None:
+        if holder["tenant_id"] != tenant_id:
+            return "another_tenant"
+        if holder["kind"] == "load_balancer":
+            return "load_balancer_address"
+        return None
+    if within(pool_networks):
+        return "address_pool"
+    if within(private_allowed):
+        return None
+    if within(list(NOT_PUBLIC)) or (addr.version == 6 and not addr.is_global):
+        return "private_range"
+    return None
+
+
+def region_networks(region: Any) -> dict[str, list[Any]]:
+    """The keyword arguments of :func:`ip_target_refusal` from a region's settings (None: an
+    unknown region, where only the fixed rules apply)."""
+    if region is None:
+        return {"platform_networks": [], "pool_networks": [], "private_allowed": []}
+    return {"platform_networks": list(region.platform_networks),
+            "pool_networks": [p.cidr for p in region.address_pools],
+            "private_allowed": list(region.lb_target_private_networks)}

@@ -96,7 +96,7 @@ from z9.common.tags import identity_tag
 
 from .. import vms
 from ..context import JobContext, Step
-from ..proxmox import VmState
+from ..proxmox import AgentUnavailable, VmState
 
 log = logging.getLogger("z9.executor.cluster")
 
@@ -143,6 +143,11 @@ class World:
     isos: list[tuple[str, str]] = field(default_factory=list)  # the cluster's bootstrap ISOs: (node, volid)
     clones: list[VmState] = field(default_factory=list)  # untagged clones of ours for members not desired
     pod_network: bool = False  # this attempt applied the pod network's manifest (kubectl apply) already
+    # a credentials rotation (job args ``client_ca``): the users' client-CA bundle the API servers
+    # must trust, and the running control planes whose file is not it yet
+    client_ca_bundle: str | None = None
+    client_ca_stale: list[str] = field(default_factory=list)
+    client_ca_unreachable: list[str] = field(default_factory=list)  # control planes not running
 
 
 def desired_members(cluster: Cluster) -> list[MemberSpec]:
@@ -183,6 +188,8 @@ async def observe(ctx: JobContext, *, with_isos: bool = True) -> World:
                                  "the extra one")
         world.vms[member] = found[0]
     world.nodes, world.api_member = await read_nodes(ctx, world)
+    if ctx.job.args.get("client_ca"):
+        await _observe_client_ca(ctx, world)
     if with_isos:
         world.isos = await cluster_isos(ctx, cluster.id)
         # clones of members no longer desired that were never tagged (a scale-up cut short before
@@ -207,6 +214,27 @@ async def observe(ctx: JobContext, *, with_isos: bool = True) -> World:
                 if failed and not (member not in world.nodes and await join_token_refused(ctx, vm)):
                     world.failed_boot[member] = failed
     return world
+
+
+async def _observe_client_ca(ctx: JobContext, world: World) -> None:
+    """After a credentials rotation: which running control planes do not trust the new users'
+    client CA yet (their ``client-ca-bundle.crt`` read back through the agent)."""
+    assert world.cluster is not None
+    world.client_ca_bundle = pki.client_ca_bundle(await material_of(ctx, world.cluster))
+    if world.client_ca_bundle is None:
+        return
+    want = hashlib.sha256(world.client_ca_bundle.encode()).hexdigest()
+    for member in sorted((m for m in world.vms if m.startswith("cp-")), key=ordinal_key):
+        vm = world.vms[member]
+        if not vm.running:  # it would come back trusting the old CA: the rotation waits for it
+            world.client_ca_unreachable.append(member)
+            continue
+        try:
+            data = await ctx.pve.agent_file_read(vm.node, vm.vmid, pki.CLIENT_CA_BUNDLE)
+        except AgentUnavailable:
+            data = None
+        if data is None or hashlib.sha256(data).hexdigest() != want:
+            world.client_ca_stale.append(member)
 
 
 async def cloud_init_error(ctx: JobContext, vm: VmState) -> str | None:
@@ -308,6 +336,13 @@ def plan(job: Job, world: World) -> list[Step]:
         vms.refuse_if_locked(vm)  # a clone still being made: wait for it (Snooze), then remove it
         vms.guard_own_clone(world.cluster.id, vm)
         steps.append(Step("remove_clone", {"vmid": vm.vmid, "node": vm.node}))
+    down = [m for m in world.client_ca_unreachable if m in desired]
+    if down:  # a rotation is done only when every API server trusts the new CA alone
+        raise TemporaryError(f"credentials rotation: control plane {', '.join(down)} is not running; its API "
+                             "server would still accept kubeconfigs minted before the rotation")
+    stale = [m for m in world.client_ca_stale if m in desired and m not in joining]
+    if stale:  # a credentials rotation: the new users' client CA to every running API server
+        steps.append(Step("push_client_ca", {"members": stale}))
     holding = [m for m, vm in world.vms.items()
                if m in desired and nodes.get(m) and m not in joining and _bootstrap_volume(vm)]
     if holding:
@@ -350,6 +385,13 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     elif step.name == "remove_clone":
         for name in ("stop", "destroy"):
             await vms.apply_removal_step(ctx, world.cluster.id, Step(name, {**step.detail, "untagged": True}))
+    elif step.name == "push_client_ca":
+        # kube-apiserver reloads --client-ca-file when it changes: no restart
+        assert world.client_ca_bundle is not None
+        for member in step.detail["members"]:
+            vm = world.vms[member]
+            await ctx.fence()
+            await ctx.pve.agent_file_write(vm.node, vm.vmid, pki.CLIENT_CA_BUNDLE, world.client_ca_bundle.encode())
     elif step.name == "delete_isos":
         for node, volid in step.detail["isos"]:
             await delete_iso(ctx, node, volid, step)
@@ -551,12 +593,19 @@ def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, t
         if token is None:
             files.append({"path": KUBE_VIP_MANIFEST, "permissions": "0600", "content": yaml.safe_dump(
                 _kube_vip(vip, SUPER_ADMIN_CONF if minor >= 29 else ADMIN_CONF), sort_keys=False)})
+    bundle = pki.client_ca_bundle(material)
+    if m.role == "control-plane" and bundle is not None:
+        files.append({"path": pki.CLIENT_CA_BUNDLE, "content": bundle, "permissions": "0644"})
     if token is None:
         cc: dict[str, Any] = {"apiVersion": api, "kind": "ClusterConfiguration", "clusterName": cluster.name,
                               "kubernetesVersion": version, "controlPlaneEndpoint": endpoint,
                               "networking": {"podSubnet": POD_NETWORK["pod_subnet"]}}
         if api.endswith("v1beta4"):
             cc["encryptionAlgorithm"] = "ECDSA-P256"  # a v1beta4 field (v1beta3 has none)
+        if bundle is not None:  # users' kubeconfigs: their own CA, rotatable (see z9.common.pki)
+            # extraArgs: v1beta4 a list of {name, value}, v1beta3 a map (kubeadm's API reference)
+            cc["apiServer"] = {"extraArgs": [{"name": "client-ca-file", "value": pki.CLIENT_CA_BUNDLE}]
+                               if api.endswith("v1beta4") else {"client-ca-file": pki.CLIENT_CA_BUNDLE}}
         docs = [{"apiVersion": api, "kind": "InitConfiguration", "nodeRegistration": {"name": m.name}}, cc]
         script = f"kubeadm init --config {KUBEADM_CONFIG} && cat {KUBE_VIP_STAGED} > {KUBE_VIP_MANIFEST}"
     else:

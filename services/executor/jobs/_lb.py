@@ -36,7 +36,7 @@ from typing import Any
 from z9.common import store
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job, LoadBalancer, target_key
-from z9.common.resources.load_balancer import LOAD_BALANCER
+from z9.common.resources.load_balancer import LOAD_BALANCER, ip_target_refusal, region_networks
 
 from .. import vms
 from ..context import JobContext, Step
@@ -51,14 +51,17 @@ ALGORITHMS = {"round_robin": "roundrobin", "least_connections": "leastconn"}
 
 # ================================================================ rendering (pure)
 
-def resolve_targets(lb: LoadBalancer, servers: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def resolve_targets(lb: LoadBalancer, servers: dict[str, dict[str, Any]],
+                    refused: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Each target with the address HAProxy uses (``addr``) or, when it is left out of the
-    config, why (``unused``: server_deleted, no_address); ``stopped`` for a stopped server."""
+    config, why (``unused``: server_deleted, no_address; ``refused``: the rule refusing an ip
+    target now, ``refused`` ip → rule); ``stopped`` for a stopped server."""
     out = []
     for t in sorted(lb.targets, key=target_key):
-        r = {"key": target_key(t), **t, "addr": None, "unused": None, "stopped": False}
+        r = {"key": target_key(t), **t, "addr": None, "unused": None, "stopped": False, "refused": None}
         if t["type"] == "ip":
-            r["addr"] = t["ip"]
+            r["refused"] = (refused or {}).get(t["ip"])
+            r["addr"] = None if r["refused"] else t["ip"]
         else:
             s = servers.get(t["server_id"])
             if s is None or s["status"] in ("destroying", "deleted"):
@@ -233,7 +236,12 @@ async def load(ctx: JobContext) -> tuple[LoadBalancer, list[dict[str, Any]]]:
     if lb is None:
         raise PermanentError(f"load balancer {ctx.job.resource_id} does not exist")
     servers = await store.lb_servers(ctx.pool, [t["server_id"] for t in lb.targets if t["type"] == "server"])
-    return lb, resolve_targets(lb, servers)
+    # the ip-target rules again, now (an address may have changed hands since the target was added)
+    ips = [t["ip"] for t in lb.targets if t["type"] == "ip"]
+    holders = await store.address_ip_holders(ctx.pool, lb.region, ips)
+    nets = region_networks(ctx.settings.regions.get(lb.region))
+    refused = {ip: rule for ip in ips if (rule := ip_target_refusal(ip, lb.tenant_id, holders.get(ip), **nets))}
+    return lb, resolve_targets(lb, servers, refused)
 
 
 async def running_hash(ctx: JobContext, vm: VmState | None, path: str) -> str | None:
@@ -452,7 +460,9 @@ def health(lb: LoadBalancer, targets: list[dict[str, Any]], stat: dict[tuple[str
         rows = []
         for s in sorted(lb.services, key=lambda s: s["listen_port"]):
             port = s["listen_port"]
-            if t["unused"]:
+            if t.get("refused"):
+                st, why = "refused", t["refused"]
+            elif t["unused"]:
                 st, why = "unused", t["unused"]
             elif t["stopped"]:
                 st, why = "unhealthy", "server_stopped"
@@ -469,7 +479,7 @@ def health(lb: LoadBalancer, targets: list[dict[str, Any]], stat: dict[tuple[str
                 else:
                     st, why = "unknown", "initial"
             rows.append({"listen_port": port, "status": st, "reason": why})
-            if st != "unused":
+            if st not in ("unused", "refused"):
                 counted.append(st)
         out[t["key"]] = rows
     if not counted or all(s == "unknown" for s in counted):
