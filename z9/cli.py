@@ -212,7 +212,7 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
 
     from z9.api.tokens import new_secret
     from z9.common import store
-    from z9.common.db import connect
+    from z9.common.db import connect_tool
 
     if not TENANT_NAME.fullmatch(args.tenant):
         print(f"z9 token: invalid tenant name {args.tenant!r}: 1 to 63 lowercase letters, digits and "
@@ -225,11 +225,8 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     scopes = args.scope or ["read", "write"]
     expires_at = (datetime.now(timezone.utc) + timedelta(seconds=args.expires_in)
                   if args.expires_in is not None else None)
-    dsn = settings.require_database_url()
-
     async def go() -> str:
-        conn = await connect(dsn, application_name="z9-token", primary=True,
-                             require_sync_replication=settings.database_require_sync_replication)
+        conn = await connect_tool(settings, application_name="z9-token")
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
@@ -256,17 +253,18 @@ def _quota_value(text: str) -> int | None:
 def cmd_quota(args: argparse.Namespace, settings: Settings) -> int:
     """Show a tenant's quotas (limit, where it comes from, current use); set the ones given."""
     from z9.common import store
-    from z9.common.db import connect
+    from z9.common.db import connect_tool
 
+    if args.tenant is None:
+        print("z9 quota: --tenant NAME is needed (your own tenant's quotas, through the API: z9 quota show)",
+              file=sys.stderr)
+        return 64
     if not TENANT_NAME.fullmatch(args.tenant):
         print(f"z9 quota: invalid tenant name {args.tenant!r}", file=sys.stderr)
         return 2
     given = {k: getattr(args, k) for k in store.QUOTA_KEYS if getattr(args, k) is not _UNSET}
-    dsn = settings.require_database_url()
-
     async def go() -> tuple[dict[str, Any], dict[str, int]]:
-        conn = await connect(dsn, application_name="z9-quota", primary=True,
-                             require_sync_replication=settings.database_require_sync_replication)
+        conn = await connect_tool(settings, application_name="z9-quota")
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
