@@ -99,3 +99,52 @@ async def test_a_refusal_under_json_output_is_json_on_stderr(tmp_path: Path) -> 
         assert code == 3 and "refused (409 server_deleting): server srv_1 is deleting" in err
     finally:
         await runner.cleanup()
+
+
+async def test_wait_follows_every_job_the_answer_lists(tmp_path: Path) -> None:
+    """A 202 that lists more jobs than its own (``jobs``: e.g. a server's create and its address's
+    assign) is waited for as a whole: --wait returns once the last of them is done."""
+    polls: dict[str, int] = {"job_a": 0, "job_b": 0}
+    server = {"id": "srv_1", "name": "web", "region": "r", "image": "debian-12", "cores": 1, "memory_mib": 1024,
+              "disk_gib": 10, "status": "running", "observed": {}}
+
+    def job(jid: str, kind: str, status: str) -> dict:
+        return {"id": jid, "kind": kind, "region": "r", "status": status,
+                "finished_at": "2026-12-01T04:00:00Z" if status == "succeeded" else None}
+
+    async def create(request: web.Request) -> web.Response:
+        return web.json_response({"server": server, "job": job("job_a", "ServerCreate", "pending"),
+                                  "jobs": [job("job_a", "ServerCreate", "pending"),
+                                           job("job_b", "AddressAssign", "pending")]}, status=202)
+
+    async def get_job(request: web.Request) -> web.Response:
+        jid = request.match_info["id"]
+        polls[jid] += 1
+        done = jid == "job_a" or polls[jid] >= 3  # the assign needs a few more polls
+        kind = "ServerCreate" if jid == "job_a" else "AddressAssign"
+        return web.json_response(job(jid, kind, "succeeded" if done else "running"))
+
+    async def get_server(request: web.Request) -> web.Response:
+        return web.json_response({"server": server})
+
+    app = web.Application()
+    app.router.add_post("/v1/servers", create)
+    app.router.add_get("/v1/jobs/{id}", get_job)
+    app.router.add_get("/v1/servers/{id}", get_server)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        env = client_env(None, tmp_path, Z9_API_URL=f"http://127.0.0.1:{port}/v1", Z9_TOKEN="t")
+        code, out, err = await z9("servers", "create", "--name", "web", "--region", "r", "--image", "debian-12",
+                                  "--cores", "1", "--memory-mib", "1024", "--disk-gib", "10", "--wait", "-o", "json",
+                                  env=env)
+        assert code == 0, err
+        assert polls["job_b"] >= 3, polls  # followed to its end, after the create's own job
+        assert "AddressAssign: succeeded" in err, err
+        code, out, err = await z9("servers", "create", "--name", "web", "--region", "r", "--image", "debian-12",
+                                  "--cores", "1", "--memory-mib", "1024", "--disk-gib", "10", "-o", "json", env=env)
+        assert code == 0 and [j["id"] for j in json.loads(out)["jobs"]] == ["job_a", "job_b"]  # the API's answer
+    finally:
+        await runner.cleanup()

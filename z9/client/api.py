@@ -158,7 +158,9 @@ class Client:
     # delete, cancel-deletion, PATCH and POST …/actions/NAME, each answering {<name>: …, "job": …}.
 
     def _accepted(self, kind: ResourceKind[Any], out: dict[str, Any]) -> Accepted[Any]:
-        return Accepted[kind.model](resource=out[kind.name], job=out["job"], key=kind.name)  # type: ignore[name-defined]
+        extra = {k: v for k, v in out.items() if k not in (kind.name, "job", "key", "resource")}  # e.g. "jobs"
+        return Accepted[kind.model](resource=out[kind.name], job=out["job"], key=kind.name,  # type: ignore[name-defined]
+                                    **extra)
 
     def create(self, kind: ResourceKind[Any], body: dict[str, Any]) -> Accepted[Any]:
         """``POST /{plural}`` (202: the resource and its job)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -134,10 +135,11 @@ def positive_float(text: str) -> float:
 
 # ---------------------------------------------------------------------------------- waiting
 
-def follow(ctx: Ctx, job_id: str) -> int:
-    """Follow a job to its end with live step progress; the exit code of its outcome."""
+def follow(ctx: Ctx, job_id: str, timeout: float | None = None) -> int:
+    """Follow a job to its end with live step progress (at most ``timeout`` seconds, default
+    ``--timeout``); the exit code of its outcome."""
     progress = StepProgress(ctx.err)
-    timeout = ctx.args.timeout
+    timeout = ctx.args.timeout if timeout is None else timeout
     try:
         job = ctx.client.wait_job(job_id, timeout_s=timeout, on_change=progress.update)
     except Deadline as d:
@@ -162,14 +164,19 @@ def outcome(ctx: Ctx, job: Job) -> int:
 
 def mutation(ctx: Ctx, accepted: Accepted[Any], show: Callable[[Any], Table], refetch: Callable[[], Any]) -> int:
     """After a 202: without ``--wait`` print the resource and its job (``-o json``: the API's
-    answer, ``{"server": …, "job": …}``); with it, follow the job and print the resource as it then
-    is, with the finished job."""
+    answer, ``{"server": …, "job": …}``); with it, follow the job — and every other job the answer
+    lists (``jobs``), within the one deadline — and print the resource as it then is, with the
+    finished job."""
     if not ctx.args.wait:
         ctx.emit(accepted.api_shape(), lambda: _accepted_table(accepted, show))
         return OK
     ctx.err.print(f"{accepted.job.kind} {accepted.job.id} accepted; waiting (deadline {ctx.args.timeout:g}s)",
                   highlight=False, soft_wrap=True)
-    code = follow(ctx, accepted.job.id)
+    deadline = time.monotonic() + ctx.args.timeout
+    for job_id in accepted.job_ids():
+        code = follow(ctx, job_id, max(0.001, deadline - time.monotonic()))
+        if code != OK:
+            break
     if code in (OK, FAILED):
         resource = refetch()
         ctx.emit({accepted.key: resource, "job": ctx.client.get_job(accepted.job.id)}, lambda: show(resource))

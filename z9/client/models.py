@@ -231,7 +231,17 @@ class Accepted(_Answer, Generic[T]):
     key: str = Field("resource", exclude=True)
 
     def api_shape(self) -> dict[str, Any]:
-        return {self.key: self.resource, "job": self.job}
+        return {self.key: self.resource, "job": self.job, **(self.model_extra or {})}
+
+    def job_ids(self) -> list[str]:
+        """Every job the request made: ``job``, then those of a ``jobs`` list when the API gives one
+        (a create whose work takes more than one job), each once."""
+        ids = [self.job.id]
+        for j in (self.model_extra or {}).get("jobs") or []:
+            jid = j.get("id") if isinstance(j, dict) else getattr(j, "id", None)
+            if isinstance(jid, str) and jid not in ids:
+                ids.append(jid)
+        return ids
 
 
 class Page(_Answer, Generic[T]):
