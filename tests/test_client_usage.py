@@ -148,3 +148,31 @@ async def test_wait_follows_every_job_the_answer_lists(tmp_path: Path) -> None:
         assert code == 0 and [j["id"] for j in json.loads(out)["jobs"]] == ["job_a", "job_b"]  # the API's answer
     finally:
         await runner.cleanup()
+
+
+def test_kubeconfig_merge_target_and_merge_follow_kubectls_rules(tmp_path: Path) -> None:
+    """Where ``z9 clusters kubeconfig --merge`` writes (kubectl's rules for $KUBECONFIG) and what a
+    merge keeps: the other entries, one z9-<name> of each, the current context switched."""
+    import yaml
+
+    from z9.client.commands.clusters import kubeconfig_path, merge_kubeconfig
+
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    env = {"KUBECONFIG": f"{a}:{b}:{c}"}
+    assert kubeconfig_path("z9-x", env) == c  # none exists: the last
+    b.write_text(yaml.safe_dump({"contexts": [{"name": "other", "context": {}}]}))
+    assert kubeconfig_path("z9-x", env) == b  # the first that exists
+    c.write_text(yaml.safe_dump({"contexts": [{"name": "z9-x", "context": {}}]}))
+    assert kubeconfig_path("z9-x", env) == c  # the one that defines it
+    assert kubeconfig_path("z9-x", {"HOME": str(tmp_path)}).name == "config"  # unset: ~/.kube/config
+    fetched = yaml.safe_dump({"clusters": [{"name": "x", "cluster": {"server": "https://203.0.113.9:6443"}}],
+                              "users": [{"name": "z9-admin-1", "user": {"client-key-data": "k"}}],
+                              "contexts": [{"name": "z9-admin-1@x", "context": {}}], "current-context": "z9-admin-1@x"})
+    once = merge_kubeconfig(b.read_text(), fetched, "z9-x")
+    twice = yaml.safe_load(merge_kubeconfig(once, fetched, "z9-x", set_current=False))
+    assert [x["name"] for x in twice["contexts"]] == ["other", "z9-x"]
+    assert [x["name"] for x in twice["users"]] == ["z9-x"] and twice["current-context"] == "z9-x"
+    assert twice["contexts"][1]["context"] == {"cluster": "z9-x", "user": "z9-x"}
+    kept = yaml.safe_load(merge_kubeconfig(yaml.safe_dump({**twice, "current-context": "other"}), fetched, "z9-x",
+                                           set_current=False))
+    assert kept["current-context"] == "other"

@@ -3,7 +3,8 @@
 kubeconfig ID [--expiry …] [--merge | --file PATH]``.
 
 A kubeconfig holds a private key: written mode 0600 (``--file``), or merged (``--merge``) into
-the first file of ``$KUBECONFIG`` (else ``~/.kube/config``) with a cluster, user and context all
+``$KUBECONFIG`` (else ``~/.kube/config``; with several files, kubectl's rule: the one defining that
+context already, else the first that exists, else the last) with a cluster, user and context all
 named ``z9-<cluster name>`` — as ``doctl kubernetes cluster kubeconfig save`` does — replacing
 those of an earlier merge and becoming the current context (``--no-set-current``: not). Without
 either it is printed on stdout.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +76,23 @@ def _members_text(c: Cluster) -> str:
 
 # ---------------------------------------------------------------------------------- kubeconfig
 
-def kubeconfig_path(env: dict[str, str] | None = None) -> Path:
-    """Where ``--merge`` writes: the first file of ``$KUBECONFIG``, else ``~/.kube/config`` (kubectl's
-    rule: it writes changes to the first file of the list)."""
+def kubeconfig_path(name: str, env: Mapping[str, str] | None = None) -> Path:
+    """Where ``--merge`` writes the entries named ``name``, by kubectl's rules for ``$KUBECONFIG``
+    (a list of files; ``~/.kube/config`` when unset): the file that already defines a context of
+    that name, else the first file that exists, else the last of the list."""
     env = os.environ if env is None else env
-    first = next((p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p), None)
-    return Path(first).expanduser() if first else Path.home() / ".kube" / "config"
+    paths = [Path(p).expanduser() for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if not paths:
+        return Path.home() / ".kube" / "config"
+    for p in paths:
+        try:
+            doc = yaml.safe_load(p.read_text()) if p.exists() else None
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(doc, dict) and any(isinstance(c, dict) and c.get("name") == name
+                                         for c in doc.get("contexts") or []):
+            return p
+    return next((p for p in paths if p.exists()), paths[-1])
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -124,7 +137,8 @@ def kubeconfig(ctx: Ctx) -> int:
         return OK
     if a.merge:
         cluster = ctx.client.get_cluster(a.id)
-        path, name = kubeconfig_path(), f"z9-{cluster.name}"
+        name = f"z9-{cluster.name}"
+        path = kubeconfig_path(name)
         existing = path.read_text() if path.exists() else None
         _write_private(path, merge_kubeconfig(existing, got.kubeconfig, name, set_current=a.set_current))
     else:
