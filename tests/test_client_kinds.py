@@ -198,3 +198,15 @@ async def test_name_lookups_skip_deleted_ones_and_quota_show(stack: Stack, tmp_p
     code, table, err = await z9("quota", "show", env=env)
     assert code == 0 and "servers" in table and "5" in table, (table, err)
     assert (await asyncio.to_thread(Client(stack.base, stack.token).get_quota)).quotas["servers"]["used"] == 1
+
+
+async def test_jobs_cancel_and_rerun_print_the_apis_answers(api: Stack, tmp_path: Path) -> None:
+    """No executor: the create's job stays pending, is cancelled, then re-run."""
+    env = client_env(api, tmp_path)
+    job = (await _ok(*CREATE, "--name", "jc-1", env=env))["job"]
+    out = await _ok("jobs", "cancel", job["id"], env=env)
+    assert set(out) == {"job"} and out["job"]["status"] == "failed" and out["job"]["error"]["class"] == "cancelled"
+    out = await _ok("jobs", "rerun", job["id"], env=env)
+    assert set(out) == {"job"} and out["job"]["status"] == "pending" and out["job"]["id"] != job["id"], out
+    failed = (await _ok("jobs", "list", "--status", "failed", env=env))["jobs"]
+    assert [j["id"] for j in failed] == [job["id"]]

@@ -68,19 +68,19 @@ def list_(ctx: Ctx) -> int:
 
 def cancel(ctx: Ctx) -> int:
     j = ctx.client.cancel_job(ctx.args.id)
-    ctx.emit(j, lambda: job_table(j))
+    ctx.emit({"job": j}, lambda: job_table(j))  # the API's answer: {"job": …}
     return OK
 
 
 def rerun(ctx: Ctx) -> int:
     j = ctx.client.rerun_job(ctx.args.id)
     if not ctx.args.wait:
-        ctx.emit(j, lambda: job_table(j))
+        ctx.emit({"job": j}, lambda: job_table(j))  # the API's answer: {"job": …}
         return OK
     code = follow(ctx, j.id)
     if code != DEADLINE:
         done = ctx.client.get_job(j.id)
-        ctx.emit(done, lambda: job_table(done))
+        ctx.emit({"job": done}, lambda: job_table(done))
     return code
 
 
