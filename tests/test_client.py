@@ -60,10 +60,10 @@ async def test_create_wait_shows_progress_and_exits_0(stack: Stack, tmp_path: Pa
     # delete and restore, waiting each time
     code, out, err = await z9("servers", "delete", sid, "--wait", "-o", "json", env=env)
     assert code == 0, err
-    assert json.loads(out)["resource"]["status"] == "deleting"
+    assert json.loads(out)["server"]["status"] == "deleting"
     code, out, err = await z9("servers", "restore", sid, "--wait", "-o", "json", env=env)
     assert code == 0, err
-    assert json.loads(out)["resource"]["observed"]["power_state"] == "running"
+    assert json.loads(out)["server"]["observed"]["power_state"] == "running"
     # a 409 prints the precondition and exits 3, without a retry
     code, out, err = await z9("servers", "restore", sid, env=env)
     assert code == 3 and "409" in err and "not deleting" in err, err
@@ -72,7 +72,7 @@ async def test_create_wait_shows_progress_and_exits_0(stack: Stack, tmp_path: Pa
     # jobs: list by actor, get, wait on a finished job
     code, out, err = await z9("jobs", "list", "--actor", "me", "-o", "json", env=env)
     jobs = json.loads(out)["jobs"]
-    assert [j["kind"] for j in jobs] == ["ServerCreate", "ServerStop", "ServerStart"]
+    assert [j["kind"] for j in jobs] == ["ServerStart", "ServerStop", "ServerCreate"]  # newest first
     code, out, err = await z9("jobs", "wait", jobs[0]["id"], env=env)
     assert code == 0 and "succeeded" in out
 
@@ -229,16 +229,16 @@ async def test_power_resize_labels_addresses_and_catalogue_from_the_client(stack
     assert code == 0 and "debian-12" in out
     code, out, err = await z9(*CREATE, "--name", "cli-p", "--wait", "-o", "json", env=env)
     assert code == 0, err
-    sid = json.loads(out)["resource"]["id"]
+    sid = json.loads(out)["server"]["id"]
     code, out, err = await z9("servers", "resize", sid, "--cores", "2", env=env)
     assert code == 3 and "not stopped" in err, err
     code, out, err = await z9("servers", "stop", sid, "--wait", "-o", "json", env=env)
     assert code == 0, err
-    assert "step shutdown: done" in err and json.loads(out)["resource"]["status"] == "stopped"
+    assert "step shutdown: done" in err and json.loads(out)["server"]["status"] == "stopped"
     code, out, err = await z9("servers", "resize", sid, "--cores", "2", "--disk-gib", "20", "--wait", "-o", "json",
                               env=env)
     assert code == 0, err
-    got = json.loads(out)["resource"]
+    got = json.loads(out)["server"]
     assert (got["cores"], got["disk_gib"]) == (2, 20)
     code, out, err = await z9("servers", "start", sid, "--wait", env=env)
     assert code == 0 and "step start: done" in err, err
@@ -254,7 +254,7 @@ async def test_power_resize_labels_addresses_and_catalogue_from_the_client(stack
     code, out, err = await z9("addresses", "create", "--region", REGION, "--name", "cli-a", "--server", sid,
                               "--wait", "-o", "json", env=env)
     assert code == 0, err
-    adr = json.loads(out)["resource"]
+    adr = json.loads(out)["address"]
     assert adr["server_id"] == sid and adr["status"] == "active"
     code, out, err = await z9("addresses", "unassign", adr["id"], "--wait", env=env)
     assert code == 0, err
@@ -270,15 +270,15 @@ async def test_create_with_a_public_ipv4_and_tables_that_never_cut_ids(stack: St
     env = client_env(stack, tmp_path, COLUMNS="60")
     code, out, err = await z9(*CREATE, "--name", "cli-ip", "--public-ipv4", "-o", "json", env=env)
     assert code == 0, err
-    server = json.loads(out)["resource"]
+    server = json.loads(out)["server"]
     assert server["public_ipv4"]["ip"].startswith("203.0.113."), server
     code, out, err = await z9("addresses", "create", "--region", REGION, "--name", "given", "--wait", "-o", "json",
                               env=env)
     assert code == 0, err
-    given = json.loads(out)["resource"]["id"]
+    given = json.loads(out)["address"]["id"]
     code, out, err = await z9(*CREATE, "--name", "cli-ip-2", "--public-ipv4", given, "-o", "json", env=env)
     assert code == 0, err
-    assert json.loads(out)["resource"]["public_ipv4"]["id"] == given
+    assert json.loads(out)["server"]["public_ipv4"]["id"] == given
     code, _, err = await z9(*CREATE, "--name", "cli-ip-3", "--public-ipv4", "nope", env=env)
     assert code == 64 and "an address id" in err, err
     code, out, err = await z9("jobs", "list", env=env)

@@ -264,6 +264,19 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     await w.call("GET", "/jobs/{id}", f"/jobs/{jobs['jobs'][0]['id']}?wait_s=61", 400)
     await w.call("GET", "/jobs", f"/jobs?actor=me", 200)
     await w.call("GET", "/jobs", "/jobs?actor=nope", 422)
+    newest = await w.call("GET", "/jobs", "/jobs?order=newest&include_observe=false&limit=2", 200)
+    assert [j["id"] for j in newest["jobs"]] == [j["id"] for j in jobs["jobs"][::-1][:2]]
+    await w.call("GET", "/jobs", "/jobs?status=succeeded&kind=ServerCreate", 200)
+    await w.call("GET", "/jobs", "/jobs?order=sideways", 422)
+    await w.call("GET", "/jobs", "/jobs?include_observe=maybe", 422)
+    await w.call("GET", "/jobs", "/jobs?status=done", 422)
+    await w.call("GET", "/servers", "/servers?include_deleted=false", 200)
+    await w.call("GET", "/servers", "/servers?include_deleted=yes", 422)
+
+    # the caller's own quotas and use
+    quota = await w.call("GET", "/quota", "/quota", 200)
+    assert set(quota["quotas"]) == {"servers", "cores", "memory_mib", "addresses"}
+    await w.call("GET", "/quota", "/quota", 401, token="z9t_unknown")
 
     # the tokens' routes (issue 12)
     tok = await w.call("POST", "/tokens", "/tokens", 201, json={"name": "walk", "scopes": ["read"]})

@@ -170,3 +170,35 @@ async def test_the_stack_runs_jobs_through_pgbouncer_with_listen_direct(
             await pool.close()
     finally:
         b.stop()
+
+
+async def test_the_operator_tools_work_behind_pgbouncer(db_url: str, bouncer: PgBouncer) -> None:
+    """The README's set-up (``Z9_DATABASE_URL`` through PgBouncer, ``Z9_DATABASE_POOLER=transaction``,
+    ``Z9_DATABASE_DIRECT_URL`` to the server): ``z9 token`` and ``z9 quota`` write what they are
+    asked for, instead of PgBouncer's "unsupported startup parameter: plan_cache_mode"."""
+    import subprocess
+    import sys
+
+    await _custom_plans_by_default(db_url)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("Z9_")}
+    env.update(Z9_DATABASE_URL=bouncer.url(), Z9_DATABASE_POOLER="transaction", Z9_DATABASE_DIRECT_URL=db_url)
+
+    def z9(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "z9", *args], env=env, capture_output=True, text=True, timeout=60)
+
+    out = await asyncio.to_thread(z9, "token", "--tenant", "pooled")
+    assert out.returncode == 0, out.stderr
+    token = out.stdout.strip()
+    out = await asyncio.to_thread(z9, "quota", "--tenant", "pooled", "--servers", "3")
+    assert out.returncode == 0, out.stderr
+    assert any(line.split()[:2] == ["servers", "3"] for line in out.stdout.splitlines()), out.stdout
+    from z9.common import store
+    from z9.common.db import connect
+
+    conn = await connect(db_url)
+    try:
+        tenant_id = await store.api_token_tenant(conn, token)
+        assert tenant_id is not None and await conn.fetchval("SELECT name FROM tenants WHERE id = $1",
+                                                             tenant_id) == "pooled"
+    finally:
+        await conn.close()

@@ -212,7 +212,7 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
 
     from z9.api.tokens import new_secret
     from z9.common import store
-    from z9.common.db import connect
+    from z9.common.db import connect_tool
 
     if not TENANT_NAME.fullmatch(args.tenant):
         print(f"z9 token: invalid tenant name {args.tenant!r}: 1 to 63 lowercase letters, digits and "
@@ -225,11 +225,8 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     scopes = args.scope or ["read", "write"]
     expires_at = (datetime.now(timezone.utc) + timedelta(seconds=args.expires_in)
                   if args.expires_in is not None else None)
-    dsn = settings.require_database_url()
-
     async def go() -> str:
-        conn = await connect(dsn, application_name="z9-token", primary=True,
-                             require_sync_replication=settings.database_require_sync_replication)
+        conn = await connect_tool(settings, application_name="z9-token")
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
@@ -256,17 +253,18 @@ def _quota_value(text: str) -> int | None:
 def cmd_quota(args: argparse.Namespace, settings: Settings) -> int:
     """Show a tenant's quotas (limit, where it comes from, current use); set the ones given."""
     from z9.common import store
-    from z9.common.db import connect
+    from z9.common.db import connect_tool
 
+    if args.tenant is None:
+        print("z9 quota: --tenant NAME is needed (your own tenant's quotas, through the API: z9 quota show)",
+              file=sys.stderr)
+        return 64
     if not TENANT_NAME.fullmatch(args.tenant):
         print(f"z9 quota: invalid tenant name {args.tenant!r}", file=sys.stderr)
         return 2
     given = {k: getattr(args, k) for k in store.QUOTA_KEYS if getattr(args, k) is not _UNSET}
-    dsn = settings.require_database_url()
-
     async def go() -> tuple[dict[str, Any], dict[str, int]]:
-        conn = await connect(dsn, application_name="z9-quota", primary=True,
-                             require_sync_replication=settings.database_require_sync_replication)
+        conn = await connect_tool(settings, application_name="z9-quota")
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
@@ -317,26 +315,22 @@ OPERATOR_COMMANDS = ("api", "scheduler", "executor", "reaper", "migrate", "token
 
 
 class _Parser(argparse.ArgumentParser):
-    """``z9``'s own parser: an unrecognised argument of a customer command (reported here, not by
-    the command's parser) exits 64 as the command's own usage errors do — 2 means "deadline"."""
-
-    customer: frozenset[str] = frozenset()
+    """``z9``'s own parser: every usage error it reports (an unknown command, a bare ``z9``, an
+    unknown flag of an operator command) exits 64, as the customer commands' own do — 2 means
+    "deadline" (a wait's), never "usage"."""
 
     def error(self, message: str) -> Any:  # type: ignore[override]
-        argv = sys.argv[1:] if self._argv is None else self._argv
-        if argv[:1] and argv[0] in self.customer:
-            from z9.client.cli import USAGE
+        from z9.client.cli import USAGE
 
-            self.print_usage(sys.stderr)
-            self.exit(USAGE, f"{self.prog}: error: {message}\n")
-        super().error(message)
-
-    _argv: list[str] | None = None
+        self.print_usage(sys.stderr)
+        self.exit(USAGE, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="z9", description="z9 control-plane job system", formatter_class=_SectionedHelp)
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # the operator commands' own parsers keep argparse's exit code (their checks answer 2, as
+    # before); the customer groups use z9.client.cli.UsageParser (64)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=argparse.ArgumentParser)
 
     s = sub.add_parser("api", help="serve the REST API")
     s.add_argument("--host")
@@ -372,11 +366,19 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("quota", help="show a tenant's quotas and use; set them (created if missing)",
                        description="Quotas: servers, cores, memory (MiB) and addresses not yet deleted. A "
                                    "tenant's own limit overrides the Z9_QUOTA_* default; 'default' goes back "
-                                   "to it. The API answers 403 quota_exceeded past a limit.")
-    s.add_argument("--tenant", required=True)
+                                   "to it. The API answers 403 quota_exceeded past a limit. Customers: "
+                                   "`z9 quota show` (your own tenant's, through the API).",
+                       usage="z9 quota --tenant NAME [--servers N|default] [--cores …] [--memory-mib …] "
+                             "[--addresses …]\n       z9 quota show [-o json]")
+    s.add_argument("--tenant", help="the tenant (required, but for `z9 quota show`)")
     for k in ("servers", "cores", "memory_mib", "addresses"):
         s.add_argument("--" + k.replace("_", "-"), dest=k, type=_quota_value, default=_UNSET, metavar="N|default")
     s.set_defaults(fn=cmd_quota)
+
+    from z9.client.cli import common_parents
+    from z9.client.commands.quota import register_show
+
+    register_show(s, common_parents()[0])
 
     sub.add_parser("sim", help="run the Proxmox VE simulator (options: `z9 sim --help`)", add_help=False)
 
@@ -392,12 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
     from z9.client.cli import register as register_customer_commands
 
     customer = register_customer_commands(sub)
-    p.customer = frozenset(customer)
     helps = {a.dest: a.help for a in sub._choices_actions}
     width = max(len(n) for n in helps)
     p.epilog = (
         "customer commands (the REST API: Z9_API_URL and Z9_TOKEN, or a context; `z9 COMMAND --help`):\n"
         + "".join(f"  {n:<{width}}  {helps[n]}\n" for n in customer)
+        + f"  {'quota show':<{width}}  your tenant's quotas and use\n"
         + "\noperator commands (run the services; need Z9_DATABASE_URL):\n"
         + "".join(f"  {n:<{width}}  {helps[n]}\n" for n in OPERATOR_COMMANDS))
     return p
@@ -425,9 +427,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return sim_main(argv[1:])
     parser = build_parser()
-    parser._argv = argv
     args = parser.parse_args(argv)
-    if args.command not in OPERATOR_COMMANDS:  # a customer command: the API, no settings
+    if args.command not in OPERATOR_COMMANDS or hasattr(args, "run"):  # a customer command: the API, no settings
         from z9.client.cli import run as run_customer_command
 
         return run_customer_command(args)

@@ -3,9 +3,11 @@
 Starts, in order: PostgreSQL (embedded, data in ``<data dir>/pg``, kept across runs — unless
 ``Z9_DATABASE_URL`` is set), the migrations, a dev tenant and token (``<data dir>/dev-token``),
 the Proxmox VE simulator as region ``dev-1`` (three nodes, a ``debian-12`` template, a region
-agent VM tagged ``z9-role-agent``; its state in ``<data dir>/sim-state.json``), then the api,
+agent VM tagged ``z9-role-agent``; its state in ``<data dir>/sim-state.json``, its URL in
+``<data dir>/sim-url``), then the api,
 scheduler, executor and reaper as separate processes. Ctrl-C stops everything, the database
-included.
+included — and so does a ``z9 dev`` killed outright (SIGKILL): its services die with it
+(``PR_SET_PDEATHSIG``) and a watchdog (:mod:`z9.pg_watchdog`) stops the database.
 
 Metrics: every service serves Prometheus ``/metrics`` on a fixed local port — the API on its
 own (``--port``, 8080), the scheduler on ``--metrics-port`` (9101), the executor on 9102, the
@@ -30,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from z9 import pg_watchdog
 from z9.common.pki import InstallationKey
 from z9.common import store
 from z9.common.db import connect
@@ -107,6 +110,19 @@ def _die_with_parent() -> None:
 def _spawn(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
     """A child of ``z9 dev`` that never outlives it (:func:`_die_with_parent`)."""
     return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+
+
+def _start_watchdog(pgdata: Path, lockfile: Path) -> subprocess.Popen:
+    """The process that stops the embedded PostgreSQL when ``z9 dev`` dies however it dies
+    (:mod:`z9.pg_watchdog`): a pipe on its stdin, whose end the kernel closes with this process.
+    Not a child that dies with it (no ``PR_SET_PDEATHSIG``), in a session of its own (a Ctrl-C is
+    for ``z9 dev``); returns once it holds its lock."""
+    proc = subprocess.Popen([sys.executable, "-m", "z9.pg_watchdog", str(pgdata), str(lockfile)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None
+    proc.stdout.readline()  # "watching": the lock is held
+    proc.stdout.close()
+    return proc
 
 
 def _say(text: str, *, err: bool = False) -> None:
@@ -201,12 +217,19 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         return 2
 
     pg = None
+    watchdog: subprocess.Popen | None = None
     if settings.database_url:
         url, admin_url = settings.database_url, None
     else:
         print("z9 dev: starting embedded PostgreSQL …", flush=True)
+        watch_lock = data_dir / "pg-watchdog.lock"
+        # a previous z9 dev killed outright: its watchdog may still be stopping that server
+        if not pg_watchdog.wait_previous(watch_lock):
+            print(f"z9 dev: the PostgreSQL of a previous z9 dev on {data_dir} is still stopping", file=sys.stderr)
+            return 2
         pg = EmbeddedPostgres(data_dir / "pg").start()
         url, admin_url = pg.url("z9"), pg.url("postgres")
+        watchdog = _start_watchdog(data_dir / "pg", watch_lock)
 
     children: list[tuple[str, subprocess.Popen]] = []
     stopping = False
@@ -241,6 +264,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
             "--token-secret-file", str(secret_file), "--task-seconds", str(args.task_seconds)])
         children.append(("sim", sim))
         _wait_port(sim_port, sim, "the Proxmox VE simulator")
+        (data_dir / "sim-url").write_text(f"https://127.0.0.1:{sim_port}\n")  # for scripts: SIM=$(cat …)/_sim
 
         env = dict(os.environ)
         env["Z9_DATABASE_URL"] = url
@@ -269,7 +293,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
 z9 is running.
   API:        {api}
   token:      {token}   (also in {data_dir / 'dev-token'})
-  simulator:  https://127.0.0.1:{sim_port}  (region {REGION}; admin API under /_sim/)
+  simulator:  https://127.0.0.1:{sim_port}  (region {REGION}; admin API under /_sim/; also in {data_dir / 'sim-url'})
   database:   {url}   (also in {data_dir / 'database-url'})
   metrics:    {metrics_urls}
               (Prometheus file_sd targets: {targets})
@@ -294,5 +318,8 @@ Ctrl-C stops everything.
         _terminate([p for name, p in children if name == "sim"])
         if pg is not None:
             pg.stop()
+        if watchdog is not None and watchdog.stdin is not None:
+            watchdog.stdin.close()  # its end of file: it exits (nothing left to stop)
+            watchdog.wait()
         _say("z9 dev: stopped")
     return code

@@ -309,16 +309,23 @@ async def create_service_pool(settings: "Settings", *, application_name: str, mi
 
 
 async def connect(dsn: str, *, application_name: str = "z9", primary: bool = False,
-                  require_sync_replication: bool = False) -> asyncpg.Connection:
+                  require_sync_replication: bool = False, pooler: str = "none") -> asyncpg.Connection:
     """One direct connection with the jsonb codecs (migrations, tools). Not checked: ``z9 dev``
     and the tests also use it for administration. ``primary``: on a writable host of those the
     string names (:func:`target_session_attrs`; the tools that write: ``z9 migrate``, ``z9 token``,
     ``z9 quota``), else :class:`NotPrimaryError`. ``require_sync_replication``
     (``Z9_DATABASE_REQUIRE_SYNC_REPLICATION``, for those tools): :func:`check_synchronous_replication`
-    as the services do — a token or a migration must not be forgotten by a failover either."""
+    as the services do — a token or a migration must not be forgotten by a failover either.
+    ``pooler`` (:data:`POOLERS`): what sits in front of ``dsn`` — behind PgBouncer no startup
+    parameter it does not track is sent (``plan_cache_mode``), and behind a transaction pooler no
+    statement is prepared for reuse."""
+    if pooler not in POOLERS:
+        raise ValueError(f"pooler must be one of {POOLERS}, not {pooler!r}")
     kw: dict[str, Any] = {"target_session_attrs": target_session_attrs(dsn)} if primary else {}
+    if pooler == "transaction":
+        kw["statement_cache_size"] = 0
     with _primary_or_not():
-        conn = await asyncpg.connect(dsn, server_settings=_server_settings(application_name), **kw)
+        conn = await asyncpg.connect(dsn, server_settings=_server_settings(application_name, pooler), **kw)
     try:
         if require_sync_replication:
             await check_synchronous_replication(conn)
@@ -327,6 +334,19 @@ async def connect(dsn: str, *, application_name: str = "z9", primary: bool = Fal
         conn.terminate()
         raise
     return conn
+
+
+async def connect_tool(settings: "Settings", *, application_name: str) -> asyncpg.Connection:
+    """The connection of a one-shot operator tool that writes (``z9 token``, ``z9 quota``): on the
+    primary, checked as ``Z9_DATABASE_REQUIRE_SYNC_REPLICATION`` says, through
+    ``Z9_DATABASE_DIRECT_URL`` when set (no pooler in between), else through ``Z9_DATABASE_URL``
+    as ``Z9_DATABASE_POOLER`` says (behind PgBouncer: no startup parameter it refuses)."""
+    if settings.database_direct_url:
+        return await connect(settings.database_direct_url, application_name=application_name, primary=True,
+                             require_sync_replication=settings.database_require_sync_replication)
+    return await connect(settings.require_database_url(), application_name=application_name, primary=True,
+                         require_sync_replication=settings.database_require_sync_replication,
+                         pooler=settings.database_pooler)
 
 
 def direct_url(settings: "Settings") -> str:

@@ -35,6 +35,10 @@ ALL: set[str] = {SERVER_CREATE, SERVER_START, SERVER_STOP, SERVER_DELETE, SERVER
 """Every kind z9 runs (metrics pre-create a series for each). :func:`add` extends it (a
 benchmark's no-op kind)."""
 
+OBSERVE_ONLY: frozenset[str] = frozenset({LOAD_BALANCER_OBSERVE, CLUSTER_OBSERVE})
+"""The periodic observe-only kinds (nobody asked for them): ``GET /v1/jobs?include_observe=false``
+leaves them out."""
+
 
 def add(kind: str) -> None:
     """Make ``kind`` known (its metric series are pre-created like the built-in kinds')."""

@@ -124,7 +124,8 @@ RETURNING *;
 SELECT * FROM {table} WHERE id = $1 AND ($2::text IS NULL OR tenant_id = $2);
 
 -- name: resource_list
--- $5 a name, $6-$10 a label selector (every type has name and labels: lifecycle columns).
+-- $5 a name, $6-$10 a label selector (every type has name and labels: lifecycle columns),
+-- $11 false: not the deleted ones (a name lookup finds what is there now).
 SELECT * FROM {table}
 WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3::text IS NULL OR status::text = $3)
   AND ($5::text IS NULL OR name = $5)
@@ -133,6 +134,7 @@ WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3::text IS NULL OR 
   AND NOT (labels ?| $9::text[])
   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements($10::jsonb) r
                   WHERE NOT coalesce((r->'v') ? (labels->>(r->>'k')), false))
+  AND ($11::bool OR status::text <> 'deleted')
 ORDER BY id
 LIMIT $4;
 
@@ -320,17 +322,38 @@ SELECT * FROM jobs WHERE id = $1 AND tenant_id = $2;
 SELECT * FROM jobs WHERE id = $1;
 
 -- name: job_list_for_resource
+-- $6 a status, $7 a kind, $8 kinds left out (GET /v1/jobs's filters; every job_list* has them).
 SELECT * FROM jobs
 WHERE tenant_id = $1 AND resource_id = $2 AND ($3::bigint IS NULL OR seq > $3)
   AND ($5::text IS NULL OR actor_token_id = $5)
+  AND ($6::text IS NULL OR status::text = $6) AND ($7::text IS NULL OR kind = $7) AND NOT (kind = ANY($8::text[]))
 ORDER BY seq
 LIMIT $4;
 
+-- name: job_list_for_resource_newest
+-- job_list_for_resource newest first: $3 the position the page starts before.
+SELECT * FROM jobs
+WHERE tenant_id = $1 AND resource_id = $2 AND ($3::bigint IS NULL OR seq < $3)
+  AND ($5::text IS NULL OR actor_token_id = $5)
+  AND ($6::text IS NULL OR status::text = $6) AND ($7::text IS NULL OR kind = $7) AND NOT (kind = ANY($8::text[]))
+ORDER BY seq DESC
+LIMIT $4;
+
 -- name: job_list
--- $4: only the jobs asked for by that token (no index of its own: see migration 0007).
+-- $4: only the jobs asked for by that token (no index of its own: see migration 0007); $5 a
+-- status, $6 a kind, $7 kinds left out (the periodic observe-only ones, unless asked for).
 SELECT * FROM jobs
 WHERE tenant_id = $1 AND ($2::bigint IS NULL OR seq > $2) AND ($4::text IS NULL OR actor_token_id = $4)
+  AND ($5::text IS NULL OR status::text = $5) AND ($6::text IS NULL OR kind = $6) AND NOT (kind = ANY($7::text[]))
 ORDER BY seq
+LIMIT $3;
+
+-- name: job_list_newest
+-- job_list newest first (jobs_tenant walked backwards): $2 the position the page starts before.
+SELECT * FROM jobs
+WHERE tenant_id = $1 AND ($2::bigint IS NULL OR seq < $2) AND ($4::text IS NULL OR actor_token_id = $4)
+  AND ($5::text IS NULL OR status::text = $5) AND ($6::text IS NULL OR kind = $6) AND NOT (kind = ANY($7::text[]))
+ORDER BY seq DESC
 LIMIT $3;
 
 -- name: job_claim
@@ -760,6 +783,7 @@ WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3::address_status I
   AND NOT (labels ?| $9::text[])
   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements($10::jsonb) r
                   WHERE NOT coalesce((r->'v') ? (labels->>(r->>'k')), false))
+  AND ($13::bool OR status <> 'deleted')  -- false: not the deleted ones (as resource_list's $11)
 ORDER BY id
 LIMIT $12;
 

@@ -202,9 +202,10 @@ async def resource_get(db: DB, sql: SqlTarget, rid: str, tenant_id: str | None) 
 
 
 async def resource_list(db: DB, sql: SqlTarget, tenant_id: str, after: str | None, status: str | None,
-                        limit: int, name: str | None = None, selector: Selector | None = None) -> list[Any]:
+                        limit: int, name: str | None = None, selector: Selector | None = None,
+                        include_deleted: bool = True) -> list[Any]:
     return await db.fetch(qt("resource_list", *sql), tenant_id, after, status, limit, name,
-                          *(selector or Selector()).params())
+                          *(selector or Selector()).params(), include_deleted)
 
 
 async def resource_mark_deleting(db: DB, sql: SqlTarget, rid: str, tenant_id: str, buffer_s: float) -> Any:
@@ -364,13 +365,19 @@ async def job_get(db: DB, job_id: str, tenant_id: str | None = None) -> Job | No
 
 
 async def job_list(db: DB, tenant_id: str, *, resource_id: str | None = None, after_seq: int | None = None,
-                   limit: int = 100, actor_token_id: str | None = None) -> list[Job]:
-    """Up to ``limit`` jobs of the tenant (of one resource; asked for by one token) in submission
-    order, after ``after_seq``."""
+                   limit: int = 100, actor_token_id: str | None = None, newest_first: bool = False,
+                   status: str | None = None, kind: str | None = None,
+                   exclude_kinds: Iterable[str] = ()) -> list[Job]:
+    """Up to ``limit`` jobs of the tenant (of one resource; asked for by one token; of one status
+    or kind; not of ``exclude_kinds``) in submission order after ``after_seq`` — or, newest first,
+    before it."""
+    tail = (status, kind, sorted(exclude_kinds))
     if resource_id is not None:
-        rows = await db.fetch(q("job_list_for_resource"), tenant_id, resource_id, after_seq, limit, actor_token_id)
+        name = "job_list_for_resource_newest" if newest_first else "job_list_for_resource"
+        rows = await db.fetch(q(name), tenant_id, resource_id, after_seq, limit, actor_token_id, *tail)
     else:
-        rows = await db.fetch(q("job_list"), tenant_id, after_seq, limit, actor_token_id)
+        name = "job_list_newest" if newest_first else "job_list"
+        rows = await db.fetch(q(name), tenant_id, after_seq, limit, actor_token_id, *tail)
     return [Job.from_record(r) for r in rows]
 
 
@@ -720,10 +727,11 @@ async def address_get(db: DB, address_id: str, tenant_id: str | None = None) -> 
 
 async def address_list(db: DB, tenant_id: str, *, after: str | None = None, status: str | None = None,
                        region: str | None = None, server_id: str | None = None, limit: int = 100,
-                       name: str | None = None, selector: Selector | None = None) -> list[Address]:
+                       name: str | None = None, selector: Selector | None = None,
+                       include_deleted: bool = True) -> list[Address]:
     """Up to ``limit`` addresses of the tenant ordered by id, after id ``after``, filtered."""
     rows = await db.fetch(q("address_list"), tenant_id, after, status, region, name,
-                          *(selector or Selector()).params(), server_id, limit)
+                          *(selector or Selector()).params(), server_id, limit, include_deleted)
     return [Address.from_record(r) for r in rows]
 
 
@@ -915,6 +923,12 @@ async def tenant_quota_lock_usage(db: DB, tenant_id: str) -> dict[str, int]:
     """Take the tenant's quota lock (until the transaction ends), then read its use (in a
     statement of its own: it sees what the lock's previous holder committed)."""
     await db.execute(q("tenant_quota_lock"), tenant_id)
+    row = await db.fetchrow(q("tenant_quota_usage"), tenant_id)
+    return {k: int(row[k]) for k in QUOTA_KEYS}
+
+
+async def tenant_quota_usage(db: DB, tenant_id: str) -> dict[str, int]:
+    """The tenant's use, read without the quota lock (``GET /v1/quota``: a moment's view)."""
     row = await db.fetchrow(q("tenant_quota_usage"), tenant_id)
     return {k: int(row[k]) for k in QUOTA_KEYS}
 

@@ -376,9 +376,11 @@ class AddressFilters(BaseModel):
 
 
 async def list_rows(db: Any, tenant_id: str, filters: AddressFilters, *, after: str | None, status: str | None,
-                    limit: int, name: str | None = None, selector: Any = None) -> list[Address]:
+                    limit: int, name: str | None = None, selector: Any = None,
+                    include_deleted: bool = True) -> list[Address]:
     return await store.address_list(db, tenant_id, after=after, status=status, region=filters.region,
-                                    server_id=filters.server_id, limit=limit, name=name, selector=selector)
+                                    server_id=filters.server_id, limit=limit, name=name, selector=selector,
+                                    include_deleted=include_deleted)
 
 
 API = ApiResource(rtype=ADDRESS, create_model=AddressCreate, public_model=AddressOut, create=create,

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 import asyncpg
 from aiohttp import web
 
-from z9.common import metrics, store
+from z9.common import kinds, metrics, store
 from z9.common.db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS, create_service_pool
 from z9.common.errors import LockWaitTimeout
 from z9.common.errors import ApiError, ValidationFailed
@@ -25,10 +25,11 @@ from z9.common.models import Job
 from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 
-from . import addresses, catalog, clusters, job_actions, load_balancers, middleware, schemas, servers, tokens, waiting
+from . import (addresses, catalog, clusters, job_actions, load_balancers, middleware, quotas, schemas, servers, tokens,
+               waiting)
 from .openapi import openapi_document
-from .resources import (NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, dump, limit_param,
-                        resource_operations, tenant)
+from .resources import (NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, bool_param, dump,
+                        limit_param, resource_operations, tenant)
 
 log = logging.getLogger("z9.api")
 
@@ -113,8 +114,20 @@ async def list_jobs(request: web.Request) -> web.Response:
             after_seq = ref.seq
     limit = limit_param(request)
     actor = tokens.actor_filter(request)
+    order = request.query.get("order", "oldest")
+    if order not in ("oldest", "newest"):
+        raise ValidationFailed("order: must be oldest or newest", details=[{"field": "order", "message": "oldest or newest"}])
+    status = request.query.get("status")
+    if status is not None and status not in JOB_STATUSES:
+        raise ValidationFailed(f"status: must be one of {', '.join(JOB_STATUSES)}",
+                               details=[{"field": "status", "message": "unknown status"}])
+    kind = request.query.get("kind")
+    if kind is not None and not 1 <= len(kind) <= 63:
+        raise ValidationFailed("kind: 1 to 63 characters", details=[{"field": "kind", "message": "1..63 characters"}])
+    include_observe = bool_param(request, "include_observe", default=True)
     jobs: list[Job] = await store.job_list(pool, tenant_id, resource_id=rid, after_seq=after_seq, limit=limit,
-                                           actor_token_id=actor)
+                                           actor_token_id=actor, newest_first=order == "newest", status=status,
+                                           kind=kind, exclude_kinds=() if include_observe else kinds.OBSERVE_ONLY)
     return web.json_response(dump(schemas.JobList, {"jobs": [j.public() for j in jobs],
                                                     "next_after": page_token(jobs[-1].seq) if len(jobs) == limit
                                                     else None}))
@@ -150,6 +163,9 @@ def _base36(n: int) -> str:
             return out
 
 
+JOB_STATUSES = ("pending", "running", "retry", "succeeded", "failed")
+
+
 class JobListQuery(schemas.BaseModel):
     """Query parameters of ``GET /v1/jobs``."""
 
@@ -162,6 +178,16 @@ class JobListQuery(schemas.BaseModel):
     actor: str | None = schemas.Field(default=None, description="only the jobs asked for by this token id "
                                                                  "(`me`: the calling token)",
                                       json_schema_extra={"pattern": "^me$|" + id_pattern("tok")})
+    order: str | None = schemas.Field(default=None, json_schema_extra={"enum": ["oldest", "newest"]},
+                                      description="`oldest` first (the default) or `newest` first; `next_after` "
+                                                  "pages on in the same order")
+    status: str | None = schemas.Field(default=None, json_schema_extra={"enum": list(JOB_STATUSES)},
+                                       description="only the jobs in this status")
+    kind: str | None = schemas.Field(default=None, min_length=1, max_length=63,
+                                     description="only the jobs of this kind (e.g. ServerCreate)")
+    include_observe: bool = schemas.Field(default=True, description="the periodic observe-only jobs too "
+                                                                    "(LoadBalancerObserve, ClusterObserve); "
+                                                                    "false leaves them out")
 
 
 class JobGetQuery(schemas.BaseModel):
@@ -199,7 +225,7 @@ def operations() -> list[Operation]:
     for api in RESOURCES:
         ops += resource_operations(api)
     ops += [
-        Operation("GET", "/jobs", list_jobs, "listJobs", "List jobs, oldest first", "jobs",
+        Operation("GET", "/jobs", list_jobs, "listJobs", "List jobs, oldest first (order=newest: newest first)", "jobs",
                   {200: schemas.JobList, 401: None, 422: None}, query=JobListQuery,
                   example={"jobs": [JOB_EXAMPLE], "next_after": None}),
         Operation("GET", "/jobs/{id}", waiting.get_job, "getJob", "Get a job: status, attempt, steps, error", "jobs",
@@ -207,6 +233,7 @@ def operations() -> list[Operation]:
                   path_id="the job's id (job_…)", example=JOB_EXAMPLE),
         *job_actions.operations(JOB_EXAMPLE),
         *catalog.operations(),
+        quotas.operation(),
         Operation("POST", "/tokens", tokens.create_token, "createToken",
                   "Create an API token for this tenant (its secret is shown once)", "tokens",
                   {201: tokens.TokenCreated, 400: None, 401: None, 403: None, 422: None}, request=tokens.TokenCreate,

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from aiohttp import web
+from pydantic import Field
+
 from z9.common import store
 from z9.common.errors import Forbidden
 from z9.common.settings import Settings
+
+from . import schemas
 
 UNITS = {"servers": "servers", "cores": "cores", "memory_mib": "MiB of memory", "addresses": "addresses"}
 
@@ -42,3 +47,46 @@ async def check(conn: Any, settings: Settings, tenant_id: str, **adding: int) ->
                             f"request needs {n} more; free some or ask the operator for a higher quota",
                             code="quota_exceeded",
                             details={"limit": k, "quota": quota, "used": used[k], "requested": n})
+
+
+# ---------------------------------------------------------------------------------- GET /v1/quota
+
+class QuotaUse(schemas.Response):
+    """One quota: its limit (null: none) and the tenant's use."""
+
+    limit: int | None = Field(description="the most the tenant may use (null: no limit)")
+    used: int = Field(description="what the tenant's resources not yet deleted use now")
+
+
+class QuotaSet(schemas.Response):
+    servers: QuotaUse
+    cores: QuotaUse = Field(description="servers' and cluster members' cores")
+    memory_mib: QuotaUse = Field(description="servers' and cluster members' memory, MiB")
+    addresses: QuotaUse = Field(description="addresses, load balancers' VIP and appliance addresses included")
+
+
+class TenantQuota(schemas.Response):
+    """``GET /v1/quota``: the calling tenant's quotas (the operator sets them: ``z9 quota``)."""
+
+    quotas: QuotaSet
+
+
+async def get_quota(request: web.Request) -> web.Response:
+    from .resources import POOL, SETTINGS, dump, tenant
+
+    pool, settings, tenant_id = request.app[POOL], request.app[SETTINGS], tenant(request)
+    async with pool.acquire() as conn:
+        lim = await limits(conn, settings, tenant_id)
+        used = await store.tenant_quota_usage(conn, tenant_id)
+    return web.json_response(dump(TenantQuota, {"quotas": {k: {"limit": lim[k], "used": used[k]}
+                                                          for k in store.QUOTA_KEYS}}))
+
+
+def operation() -> Any:
+    from .resources import Operation
+
+    return Operation("GET", "/quota", get_quota, "getQuota", "Your tenant's quotas: each limit and the use",
+                     "quota", {200: TenantQuota, 401: None},
+                     example={"quotas": {"servers": {"limit": 10, "used": 2}, "cores": {"limit": None, "used": 4},
+                                         "memory_mib": {"limit": None, "used": 4096},
+                                         "addresses": {"limit": 5, "used": 1}}})

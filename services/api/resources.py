@@ -165,6 +165,16 @@ def limit_param(request: web.Request) -> int:
     return int(raw)
 
 
+def bool_param(request: web.Request, name: str, *, default: bool) -> bool:
+    """A boolean query parameter: ``true`` or ``false`` (else 422 naming it); ``default`` when absent."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if raw not in ("true", "false"):
+        raise ValidationFailed(f"{name}: must be true or false", details=[{"field": name, "message": "true or false"}])
+    return raw == "true"
+
+
 def check_region(settings: Settings, region: str) -> None:
     """422 naming the field when ``region`` is not configured."""
     if region not in settings.regions:
@@ -304,6 +314,7 @@ def _list_handler(api: ApiResource, page: type[BaseModel]) -> Handler:
                 selector = labels.parse(request.query["label_selector"])
             except ValueError as e:
                 raise ValidationFailed(f"label_selector: {e}", details=[{"field": "label_selector", "message": str(e)}])
+        include_deleted = bool_param(request, "include_deleted", default=name is None) or status == "deleted"
         if api.list_filters is not None and api.list_rows is not None:
             given = {k: v for k, v in request.query.items() if k in api.list_filters.model_fields}
             try:
@@ -311,10 +322,10 @@ def _list_handler(api: ApiResource, page: type[BaseModel]) -> Handler:
             except ValidationError as e:
                 raise validation_error(e)
             rows = await api.list_rows(request.app[POOL], tenant(request), filters, after=after, status=status,
-                                       limit=limit, name=name, selector=selector)
+                                       limit=limit, name=name, selector=selector, include_deleted=include_deleted)
         else:
             rows = await rt.list(request.app[POOL], tenant(request), after=after, status=status, limit=limit,
-                                 name=name, selector=selector)
+                                 name=name, selector=selector, include_deleted=include_deleted)
         return web.json_response(dump(page, {rt.plural.replace("-", "_"): [r.public() for r in rows],
                                              "next_after": rows[-1].id if len(rows) == limit else None}))
 
@@ -416,6 +427,10 @@ class ListQuery(BaseModel):
                                        json_schema_extra={"pattern": labels.SELECTOR_PATTERN},
                                        description="only those whose labels match: comma-separated requirements "
                                                    "`k=v`, `k!=v`, `k`, `!k`, `k in (a,b)` (all must hold)")
+    include_deleted: bool | None = Field(default=None, description="list the deleted ones too (default: true, "
+                                                                   "but false with `name`: a name lookup finds "
+                                                                   "what is there now; `status=deleted` lists "
+                                                                   "them either way)")
 
 
 def resource_operations(api: ApiResource) -> list[Operation]:

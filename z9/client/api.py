@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterator
 
 import requests
 
-from .models import Accepted, Address, Job, Page, Server, ServerCreate, Token, TokenCreate, TokenCreated
+from .models import (ADDRESSES, CLUSTERS, LOAD_BALANCERS, SERVERS, Accepted, Address, Cluster, Job, Kubeconfig,
+                     LoadBalancer, Page, Quota, ResourceKind, Server, ServerCreate, Token, TokenCreate, TokenCreated)
 
 USER_AGENT = "z9-client/1"
 
@@ -152,46 +153,92 @@ class Client:
         cls = Conflict if r.status_code == 409 else ApiError
         raise cls(r.status_code, str(err.get("code")), str(err.get("message")), err.get("details"), headers)
 
-    # ------------------------------------------------------------------ servers
+    # ------------------------------------------------------------------ any resource kind
+    # The REST shape every resource type shares (services/api/resources.py): create, list, get,
+    # delete, cancel-deletion, PATCH and POST …/actions/NAME, each answering {<name>: …, "job": …}.
 
-    def create_server(self, spec: ServerCreate | dict[str, Any]) -> Accepted[Server]:
-        body = spec if isinstance(spec, ServerCreate) else ServerCreate.model_validate(spec)
-        _, out, _ = self.request("POST", "/servers", json=body.model_dump(mode="json"))
-        return Accepted[Server](resource=out["server"], job=out["job"])
+    def _accepted(self, kind: ResourceKind[Any], out: dict[str, Any]) -> Accepted[Any]:
+        extra = {k: v for k, v in out.items() if k not in (kind.name, "job", "key", "resource")}  # e.g. "jobs"
+        return Accepted[kind.model](resource=out[kind.name], job=out["job"], key=kind.name,  # type: ignore[name-defined]
+                                    **extra)
 
-    def list_servers(self, *, status: str | None = None, limit: int | None = None,
-                     after: str | None = None, name: str | None = None,
-                     label_selector: str | None = None) -> Page[Server]:
-        _, out, _ = self.request("GET", "/servers", params={"status": status, "limit": limit, "after": after,
-                                                            "name": name, "label_selector": label_selector})
-        return Page[Server](items=out["servers"], next_after=out.get("next_after"))
+    def create(self, kind: ResourceKind[Any], body: dict[str, Any]) -> Accepted[Any]:
+        """``POST /{plural}`` (202: the resource and its job)."""
+        _, out, _ = self.request("POST", f"/{kind.plural}", json=body)
+        return self._accepted(kind, out)
 
-    def iter_servers(self, *, status: str | None = None, name: str | None = None,
-                     label_selector: str | None = None) -> Iterator[Server]:
+    def list(self, kind: ResourceKind[Any], *, status: str | None = None, limit: int | None = None,
+             after: str | None = None, name: str | None = None, label_selector: str | None = None,
+             include_deleted: bool | None = None, **filters: Any) -> Page[Any]:
+        """One page of ``GET /{plural}``; ``include_deleted=False`` leaves out the deleted ones (a
+        name lookup then finds the live one, not last week's)."""
+        params = {"status": status, "limit": limit, "after": after, "name": name, "label_selector": label_selector,
+                  "include_deleted": None if include_deleted is None else str(include_deleted).lower(), **filters}
+        _, out, _ = self.request("GET", f"/{kind.plural}", params=params)
+        return Page[kind.model](items=out[kind.key], next_after=out.get("next_after"))  # type: ignore[name-defined]
+
+    def iter(self, kind: ResourceKind[Any], **filters: Any) -> Iterator[Any]:
+        """Every item of ``GET /{plural}`` (every page)."""
         after = None
         while True:
-            page = self.list_servers(status=status, after=after, limit=500, name=name, label_selector=label_selector)
+            page = self.list(kind, after=after, limit=500, **filters)
             yield from page.items
             if page.next_after is None:
                 return
             after = page.next_after
 
+    def get(self, kind: ResourceKind[Any], rid: str) -> Any:
+        _, out, _ = self.request("GET", f"/{kind.plural}/{rid}")
+        return kind.model.model_validate(out[kind.name])
+
+    def delete(self, kind: ResourceKind[Any], rid: str) -> Accepted[Any]:
+        _, out, _ = self.request("DELETE", f"/{kind.plural}/{rid}")
+        return self._accepted(kind, out)
+
+    def restore(self, kind: ResourceKind[Any], rid: str) -> Accepted[Any]:
+        """Cancel a deletion within its buffer (``POST /{plural}/{id}/actions/cancel-deletion``)."""
+        return self.action(kind, rid, "cancel-deletion")
+
+    def action(self, kind: ResourceKind[Any], rid: str, action: str, body: dict[str, Any] | None = None) -> Accepted[Any]:
+        """``POST /{plural}/{id}/actions/{action}`` (202: the resource and its job)."""
+        _, out, _ = self.request("POST", f"/{kind.plural}/{rid}/actions/{action}", json=body)
+        return self._accepted(kind, out)
+
+    def update(self, kind: ResourceKind[Any], rid: str, body: dict[str, Any]) -> Any:
+        """``PATCH /{plural}/{id}`` (no job): the resource as it now is."""
+        _, out, _ = self.request("PATCH", f"/{kind.plural}/{rid}", json=body)
+        return kind.model.model_validate(out[kind.name])
+
+    # ------------------------------------------------------------------ servers
+
+    def create_server(self, spec: ServerCreate | dict[str, Any]) -> Accepted[Server]:
+        body = spec if isinstance(spec, ServerCreate) else ServerCreate.model_validate(spec)
+        return self.create(SERVERS, body.model_dump(mode="json"))
+
+    def list_servers(self, *, status: str | None = None, limit: int | None = None,
+                     after: str | None = None, name: str | None = None,
+                     label_selector: str | None = None, include_deleted: bool | None = None) -> Page[Server]:
+        return self.list(SERVERS, status=status, limit=limit, after=after, name=name, label_selector=label_selector,
+                         include_deleted=include_deleted)
+
+    def iter_servers(self, *, status: str | None = None, name: str | None = None,
+                     label_selector: str | None = None, include_deleted: bool | None = None) -> Iterator[Server]:
+        return self.iter(SERVERS, status=status, name=name, label_selector=label_selector,
+                         include_deleted=include_deleted)
+
     def get_server(self, server_id: str) -> Server:
-        _, out, _ = self.request("GET", f"/servers/{server_id}")
-        return Server.model_validate(out["server"])
+        return self.get(SERVERS, server_id)
 
     def delete_server(self, server_id: str) -> Accepted[Server]:
-        _, out, _ = self.request("DELETE", f"/servers/{server_id}")
-        return Accepted[Server](resource=out["server"], job=out["job"])
+        return self.delete(SERVERS, server_id)
 
     def restore_server(self, server_id: str) -> Accepted[Server]:
         """Cancel a deletion within its buffer (``POST /servers/{id}/actions/cancel-deletion``)."""
-        return self.server_action(server_id, "cancel-deletion")
+        return self.restore(SERVERS, server_id)
 
     def server_action(self, server_id: str, action: str, body: dict[str, Any] | None = None) -> Accepted[Server]:
-        """``POST /servers/{id}/actions/{action}`` (every later action — start, stop, … — too)."""
-        _, out, _ = self.request("POST", f"/servers/{server_id}/actions/{action}", json=body)
-        return Accepted[Server](resource=out["server"], job=out["job"])
+        """``POST /servers/{id}/actions/{action}`` (start, shutdown, poweroff, reboot, resize)."""
+        return self.action(SERVERS, server_id, action, body)
 
     def resize_server(self, server_id: str, *, cores: int | None = None, memory_mib: int | None = None,
                       disk_gib: int | None = None) -> Accepted[Server]:
@@ -201,35 +248,122 @@ class Client:
     def update_server(self, server_id: str, *, name: str | None = None,
                       labels: dict[str, str] | None = None) -> Server:
         """``PATCH /servers/{id}``: rename and/or replace the labels (no job)."""
-        body = {k: v for k, v in (("name", name), ("labels", labels)) if v is not None}
-        _, out, _ = self.request("PATCH", f"/servers/{server_id}", json=body)
-        return Server.model_validate(out["server"])
+        return self.update(SERVERS, server_id, _given(name=name, labels=labels))
 
     # ------------------------------------------------------------------ addresses
 
     def create_address(self, body: dict[str, Any]) -> Accepted[Address]:
-        _, out, _ = self.request("POST", "/addresses", json=body)
-        return Accepted[Address](resource=out["address"], job=out["job"])
+        return self.create(ADDRESSES, body)
 
     def list_addresses(self, *, status: str | None = None, limit: int | None = None, after: str | None = None,
-                       server_id: str | None = None, label_selector: str | None = None) -> Page[Address]:
-        _, out, _ = self.request("GET", "/addresses", params={"status": status, "limit": limit, "after": after,
-                                                              "server_id": server_id,
-                                                              "label_selector": label_selector})
-        return Page[Address](items=out["addresses"], next_after=out.get("next_after"))
+                       server_id: str | None = None, label_selector: str | None = None,
+                       name: str | None = None, include_deleted: bool | None = None) -> Page[Address]:
+        return self.list(ADDRESSES, status=status, limit=limit, after=after, server_id=server_id,
+                         label_selector=label_selector, name=name, include_deleted=include_deleted)
 
     def get_address(self, address_id: str) -> Address:
-        _, out, _ = self.request("GET", f"/addresses/{address_id}")
-        return Address.model_validate(out["address"])
+        return self.get(ADDRESSES, address_id)
 
     def delete_address(self, address_id: str) -> Accepted[Address]:
-        _, out, _ = self.request("DELETE", f"/addresses/{address_id}")
-        return Accepted[Address](resource=out["address"], job=out["job"])
+        return self.delete(ADDRESSES, address_id)
 
     def address_action(self, address_id: str, action: str, body: dict[str, Any] | None = None) -> Accepted[Address]:
         """``POST /addresses/{id}/actions/{action}`` (assign, unassign, cancel-deletion)."""
-        _, out, _ = self.request("POST", f"/addresses/{address_id}/actions/{action}", json=body)
-        return Accepted[Address](resource=out["address"], job=out["job"])
+        return self.action(ADDRESSES, address_id, action, body)
+
+    def update_address(self, address_id: str, *, name: str | None = None, labels: dict[str, str] | None = None,
+                       dns_ptr: str | None = None) -> Address:
+        """``PATCH /addresses/{id}``: name, labels (replacing them all), reverse DNS (no job)."""
+        return self.update(ADDRESSES, address_id, _given(name=name, labels=labels, dns_ptr=dns_ptr))
+
+    # ------------------------------------------------------------------ load balancers
+
+    def create_load_balancer(self, body: dict[str, Any]) -> Accepted[LoadBalancer]:
+        """``POST /load-balancers`` (``name``, ``region``, ``type``, ``algorithm``, ``services``,
+        ``targets``, ``labels``; the API's LoadBalancerCreate)."""
+        return self.create(LOAD_BALANCERS, body)
+
+    def list_load_balancers(self, **filters: Any) -> Page[LoadBalancer]:
+        return self.list(LOAD_BALANCERS, **filters)
+
+    def get_load_balancer(self, lb_id: str) -> LoadBalancer:
+        return self.get(LOAD_BALANCERS, lb_id)
+
+    def update_load_balancer(self, lb_id: str, *, name: str | None = None,
+                             labels: dict[str, str] | None = None) -> LoadBalancer:
+        return self.update(LOAD_BALANCERS, lb_id, _given(name=name, labels=labels))
+
+    def delete_load_balancer(self, lb_id: str) -> Accepted[LoadBalancer]:
+        return self.delete(LOAD_BALANCERS, lb_id)
+
+    def restore_load_balancer(self, lb_id: str) -> Accepted[LoadBalancer]:
+        return self.restore(LOAD_BALANCERS, lb_id)
+
+    def load_balancer_action(self, lb_id: str, action: str, body: dict[str, Any]) -> Accepted[LoadBalancer]:
+        """``POST /load-balancers/{id}/actions/{action}``: add_target, remove_target, add_service,
+        update_service, delete_service, change_algorithm (each a LoadBalancerConfigure job)."""
+        return self.action(LOAD_BALANCERS, lb_id, action, body)
+
+    def add_load_balancer_target(self, lb_id: str, *, server_id: str | None = None,
+                                 ip: str | None = None) -> Accepted[LoadBalancer]:
+        return self.load_balancer_action(lb_id, "add_target", lb_target(server_id=server_id, ip=ip))
+
+    def remove_load_balancer_target(self, lb_id: str, *, server_id: str | None = None,
+                                    ip: str | None = None) -> Accepted[LoadBalancer]:
+        return self.load_balancer_action(lb_id, "remove_target", lb_target(server_id=server_id, ip=ip))
+
+    def add_load_balancer_service(self, lb_id: str, service: dict[str, Any]) -> Accepted[LoadBalancer]:
+        return self.load_balancer_action(lb_id, "add_service", service)
+
+    def update_load_balancer_service(self, lb_id: str, listen_port: int, **changes: Any) -> Accepted[LoadBalancer]:
+        return self.load_balancer_action(lb_id, "update_service", {"listen_port": listen_port, **changes})
+
+    def delete_load_balancer_service(self, lb_id: str, listen_port: int) -> Accepted[LoadBalancer]:
+        return self.load_balancer_action(lb_id, "delete_service", {"listen_port": listen_port})
+
+    def change_load_balancer_algorithm(self, lb_id: str, algorithm: str) -> Accepted[LoadBalancer]:
+        return self.load_balancer_action(lb_id, "change_algorithm", {"type": algorithm})
+
+    # ------------------------------------------------------------------ clusters
+
+    def create_cluster(self, body: dict[str, Any]) -> Accepted[Cluster]:
+        """``POST /clusters`` (``name``, ``region``, ``version``, ``control_plane``, ``node_pools``, …)."""
+        return self.create(CLUSTERS, body)
+
+    def list_clusters(self, **filters: Any) -> Page[Cluster]:
+        return self.list(CLUSTERS, **filters)
+
+    def get_cluster(self, cluster_id: str) -> Cluster:
+        return self.get(CLUSTERS, cluster_id)
+
+    def update_cluster(self, cluster_id: str, *, labels: dict[str, str]) -> Cluster:
+        return self.update(CLUSTERS, cluster_id, {"labels": labels})
+
+    def delete_cluster(self, cluster_id: str) -> Accepted[Cluster]:
+        """At once (no buffer): ``destroying`` and a ClusterDelete job."""
+        return self.delete(CLUSTERS, cluster_id)
+
+    def add_node_pool(self, cluster_id: str, pool: dict[str, Any]) -> Accepted[Cluster]:
+        return self.action(CLUSTERS, cluster_id, "add-node-pool", pool)
+
+    def resize_node_pool(self, cluster_id: str, pool: str, count: int) -> Accepted[Cluster]:
+        return self.action(CLUSTERS, cluster_id, "resize-node-pool", {"pool": pool, "count": count})
+
+    def remove_node_pool(self, cluster_id: str, pool: str) -> Accepted[Cluster]:
+        return self.action(CLUSTERS, cluster_id, "remove-node-pool", {"pool": pool})
+
+    def get_kubeconfig(self, cluster_id: str, *, expiry_s: int | None = None) -> Kubeconfig:
+        """A kubeconfig with a client certificate minted now, valid ``expiry_s`` seconds (the API's
+        default: 3600); 409 ``cluster_not_ready`` before the cluster was first ready."""
+        _, out, _ = self.request("GET", f"/clusters/{cluster_id}/kubeconfig", params={"expiry_s": expiry_s})
+        return Kubeconfig.model_validate(out)
+
+    # ------------------------------------------------------------------ quota
+
+    def get_quota(self) -> Quota:
+        """``GET /quota``: the calling tenant's limits and use."""
+        _, out, _ = self.request("GET", "/quota")
+        return Quota.model_validate(out)
 
     # ------------------------------------------------------------------ catalogue
 
@@ -260,9 +394,15 @@ class Client:
         return Job.model_validate(out)
 
     def list_jobs(self, *, resource_id: str | None = None, actor: str | None = None, limit: int | None = None,
-                  after: str | None = None) -> Page[Job]:
-        _, out, _ = self.request("GET", "/jobs", params={"resource_id": resource_id, "actor": actor,
-                                                         "limit": limit, "after": after})
+                  after: str | None = None, order: str | None = None, status: str | None = None,
+                  kind: str | None = None, include_observe: bool | None = None) -> Page[Job]:
+        """One page of ``GET /jobs``: ``order`` ``oldest`` (the API's default) or ``newest``;
+        ``status``/``kind`` filters; ``include_observe=False`` leaves out the periodic observe-only
+        jobs (LoadBalancerObserve, ClusterObserve)."""
+        _, out, _ = self.request("GET", "/jobs", params={
+            "resource_id": resource_id, "actor": actor, "limit": limit, "after": after, "order": order,
+            "status": status, "kind": kind,
+            "include_observe": None if include_observe is None else str(include_observe).lower()})
         return Page[Job](items=out["jobs"], next_after=out.get("next_after"))
 
     def wait_job(self, job_id: str, *, timeout_s: float = 1800.0, on_change: Callable[[Job], None] | None = None,
@@ -299,3 +439,15 @@ class Client:
     def revoke_token(self, token_id: str) -> Token:
         _, out, _ = self.request("DELETE", f"/tokens/{token_id}")
         return Token.model_validate(out["token"])
+
+
+def _given(**fields: Any) -> dict[str, Any]:
+    """The fields that are not None (a PATCH body: what is left out is unchanged)."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def lb_target(*, server_id: str | None = None, ip: str | None = None) -> dict[str, Any]:
+    """A load balancer target: a server of the region (``srv_…``) or an IP."""
+    if (server_id is None) == (ip is None):
+        raise ValueError("a target is a server_id or an ip")
+    return {"type": "server", "server_id": server_id} if server_id else {"type": "ip", "ip": ip}

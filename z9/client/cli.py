@@ -1,20 +1,28 @@
-"""The customer commands of ``z9`` (``servers``, ``jobs``, ``tokens``, ``context``): the REST API
+"""The customer commands of ``z9`` (``servers``, ``addresses``, ``load-balancers``, ``clusters``,
+``jobs``, ``tokens``, ``quota show``, ``context``, …): the REST API
 through :class:`z9.client.Client`, no database access.
 
-Each resource is a module of :mod:`z9.client.commands` with a ``register(sub, parents)``
-function; a later resource (addresses, load balancers, clusters) is one more module in
-``COMMANDS``, and a later server action (start, stop, …) one more :func:`add_action` line.
+Each command group is a module of :mod:`z9.client.commands` with a ``register(sub, common,
+waiting)`` function; a resource kind's module declares its commands as one
+:class:`~z9.client.commands._kind.KindSpec` (columns, fields, create/update flags, actions), so a
+later kind is one more module in ``COMMANDS`` and a later action one more ``Action`` line.
 
 Exit codes (the seeds' ``wait_for_job``, and more): 0 done (with ``--wait``: the job succeeded),
-1 the job failed (its error on stderr), 2 the ``--timeout`` deadline passed (default 30 min),
-3 the API refused the request (a 409 prints the precondition; never retried), 4 configuration
-missing or API unreachable, 64 bad command-line usage.
+1 the job failed (its error on stderr), 2 the ``--timeout`` deadline passed (default 30 min) — and
+nothing else, 3 the API refused the request (a 409 prints the precondition; never retried), 4
+configuration missing or API unreachable, 64 bad command-line usage (every one: an unknown
+command, group or flag, a missing argument).
+
+``-o json`` prints the API's own shapes on stdout and, on stderr, every refusal or failure as
+``{"error": {"code", "message", "details"}}`` (the API's error shape; the client's own codes:
+``job_failed``, ``deadline``, ``configuration``, ``unreachable``).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -33,11 +41,19 @@ DEFAULT_TIMEOUT_S = 1800.0
 
 
 class UsageParser(argparse.ArgumentParser):
-    """Customer commands exit 64 on a usage error: 2 means "deadline" (the seeds' convention)."""
+    """Customer commands exit 64 on a usage error: 2 means "deadline" (the seeds' convention).
+    An unknown argument is reported by the innermost command that got it, with that command's
+    usage (not ``z9``'s)."""
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         self.print_usage(sys.stderr)
         self.exit(USAGE, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
 
 
 @dataclass
@@ -57,6 +73,14 @@ class Ctx:
     @property
     def json(self) -> bool:
         return self.args.output == "json"
+
+    def refuse(self, code: str, message: str, details: Any = None) -> None:
+        """A refusal or failure on stderr: one line, or ``{"error": …}`` under ``-o json``."""
+        if self.json:
+            print(json.dumps({"error": {"code": code, "message": message, "details": to_jsonable(details)}}),
+                  file=sys.stderr)
+        else:
+            self.err.print(message, highlight=False, markup=False, soft_wrap=True)
 
     def emit(self, data: Any, table: Callable[[], Table] | None = None) -> None:
         """Print ``data`` as JSON (``--output json``) or as ``table()``."""
@@ -111,16 +135,17 @@ def positive_float(text: str) -> float:
 
 # ---------------------------------------------------------------------------------- waiting
 
-def follow(ctx: Ctx, job_id: str) -> int:
-    """Follow a job to its end with live step progress; the exit code of its outcome."""
+def follow(ctx: Ctx, job_id: str, timeout: float | None = None) -> int:
+    """Follow a job to its end with live step progress (at most ``timeout`` seconds, default
+    ``--timeout``); the exit code of its outcome."""
     progress = StepProgress(ctx.err)
-    timeout = ctx.args.timeout
+    timeout = ctx.args.timeout if timeout is None else timeout
     try:
         job = ctx.client.wait_job(job_id, timeout_s=timeout, on_change=progress.update)
     except Deadline as d:
         progress.close()
-        ctx.err.print(f"deadline: job {job_id} is still {d.job.status} after {timeout:g}s "
-                      f"(follow it with: z9 jobs wait {job_id})", highlight=False, soft_wrap=True)
+        ctx.refuse("deadline", f"deadline: job {job_id} is still {d.job.status} after {timeout:g}s "
+                               f"(follow it with: z9 jobs wait {job_id})", {"job": d.job.id, "status": d.job.status})
         return DEADLINE
     finally:
         progress.close()
@@ -131,24 +156,30 @@ def outcome(ctx: Ctx, job: Job) -> int:
     if job.status == "succeeded":
         return OK
     err = job.error
-    ctx.err.print(f"job {job.id} ({job.kind}) failed: "
-                  + (f"{err.class_}: {err.message}" if err else "no error recorded"), highlight=False, soft_wrap=True)
+    ctx.refuse("job_failed", f"job {job.id} ({job.kind}) failed: "
+               + (f"{err.class_}: {err.message}" if err else "no error recorded"),
+               {"job": job.id, "kind": job.kind, "error": job.error})
     return FAILED
 
 
 def mutation(ctx: Ctx, accepted: Accepted[Any], show: Callable[[Any], Table], refetch: Callable[[], Any]) -> int:
-    """After a 202: without ``--wait`` print the resource and its job; with it, follow the job
-    and print the resource as it then is."""
+    """After a 202: without ``--wait`` print the resource and its job (``-o json``: the API's
+    answer, ``{"server": …, "job": …}``); with it, follow the job — and every other job the answer
+    lists (``jobs``), within the one deadline — and print the resource as it then is, with the
+    finished job."""
     if not ctx.args.wait:
-        ctx.emit({"resource": accepted.resource, "job": accepted.job},
-                 lambda: _accepted_table(accepted, show))
+        ctx.emit(accepted.api_shape(), lambda: _accepted_table(accepted, show))
         return OK
     ctx.err.print(f"{accepted.job.kind} {accepted.job.id} accepted; waiting (deadline {ctx.args.timeout:g}s)",
                   highlight=False, soft_wrap=True)
-    code = follow(ctx, accepted.job.id)
+    deadline = time.monotonic() + ctx.args.timeout
+    for job_id in accepted.job_ids():
+        code = follow(ctx, job_id, max(0.001, deadline - time.monotonic()))
+        if code != OK:
+            break
     if code in (OK, FAILED):
         resource = refetch()
-        ctx.emit({"resource": resource, "job": ctx.client.get_job(accepted.job.id)}, lambda: show(resource))
+        ctx.emit({accepted.key: resource, "job": ctx.client.get_job(accepted.job.id)}, lambda: show(resource))
     return code
 
 
@@ -158,21 +189,6 @@ def _accepted_table(accepted: Accepted[Any], show: Callable[[Any], Table]) -> An
 
     return Group(show(accepted.resource), Text(f"job {accepted.job.id} ({accepted.job.kind}): {accepted.job.status}"
                                                f" — follow it with: z9 jobs wait {accepted.job.id}"))
-
-
-def add_action(sub: Any, parents: list[argparse.ArgumentParser], name: str, help: str,
-               call: Callable[[Client, str], Accepted[Any]], show: Callable[[Any], Table],
-               refetch: Callable[[Client, str], Any], id_help: str = "the resource's id") -> argparse.ArgumentParser:
-    """A subcommand ``NAME ID [--wait]`` that calls ``call(client, id)`` (a 202) and follows
-    its job like every mutation."""
-    p = sub.add_parser(name, help=help, description=help, parents=parents)
-    p.add_argument("id", help=id_help)
-
-    def run(ctx: Ctx) -> int:
-        return mutation(ctx, call(ctx.client, ctx.args.id), show, lambda: refetch(ctx.client, ctx.args.id))
-
-    p.set_defaults(run=run)
-    return p
 
 
 # ---------------------------------------------------------------------------------- wiring
@@ -216,21 +232,27 @@ def run(args: argparse.Namespace) -> int:
     try:
         return args.run(ctx)
     except ConfigError as e:
-        err.print(f"z9: {e}", highlight=False, markup=False)
+        ctx.refuse("configuration", f"z9: {e}")
         return UNREACHABLE
     except Unreachable as e:
-        err.print(f"z9: {e.message}", highlight=False, markup=False)
+        ctx.refuse("unreachable", f"z9: {e.message}")
         return UNREACHABLE
-    except Conflict as e:
-        err.print(f"refused (409 {e.code}): {e.message}", highlight=False, markup=False)
-        return REFUSED
-    except ApiError as e:
-        err.print(f"refused ({e.status} {e.code}): {e.message}", highlight=False, markup=False)
+    except ApiError as e:  # a 409 (Conflict) too: the precondition, never retried
+        if ctx.json:
+            print(json.dumps({"error": {"code": e.code, "message": e.message, "details": e.details},
+                              "status": e.status}), file=sys.stderr)
+        else:
+            err.print(f"refused ({e.status} {e.code}): {e.message}", highlight=False, markup=False)
         return REFUSED
     except ValidationError as e:  # the request body, checked by the API's own model before sending
+        problems = []
         for x in e.errors(include_url=False, include_input=False):  # one line per field, as the API answers
             field = ".".join(str(part) for part in x.get("loc", ())) or "request"
-            err.print(f"invalid request: {field}: {str(x.get('msg', '')).removeprefix('Value error, ')}",
+            problems.append({"field": field, "message": str(x.get("msg", "")).removeprefix("Value error, ")})
+        if ctx.json:
+            ctx.refuse("validation_error", "; ".join(f"{p['field']}: {p['message']}" for p in problems), problems)
+        for p in problems if not ctx.json else ():
+            err.print(f"invalid request: {p['field']}: {p['message']}",
                       highlight=False, markup=False)  # a pattern's [a-z0-9] is not markup
         return USAGE
     except KeyboardInterrupt:

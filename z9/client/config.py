@@ -1,5 +1,6 @@
 """Where the client finds its API and token: flags, then ``Z9_API_URL``/``Z9_TOKEN``, then the
-config file's named context (as ``hcloud`` and ``kubectl`` do).
+config file's named context (as ``hcloud`` and ``kubectl`` do) — each of the two on its own, but a
+context's token never goes to another URL than the context's (:func:`resolve`).
 
 The file is ``$Z9_CONFIG``, else ``$XDG_CONFIG_HOME/z9/config.toml``, else
 ``~/.config/z9/config.toml`` (written mode 0600: it holds tokens)::
@@ -84,33 +85,55 @@ def _toml_str(s: str) -> str:
 class Target:
     api_url: str
     token: str
-    source: str  # where they came from (for error messages)
+    source: str  # where they came from (for error messages and `z9 context show`)
+    url_source: str = ""
+    token_source: str = ""
 
 
 def resolve(*, api_url: str | None = None, token: str | None = None, context: str | None = None,
             env: dict[str, str] | None = None) -> Target:
-    """The API URL and token to use: explicit values first, then ``Z9_API_URL``/``Z9_TOKEN``,
-    then the context (``context``, ``Z9_CONTEXT``, or the file's current one)."""
+    """The API URL and token to use, each from the first of: its flag (``--api-url``,
+    ``--token``), its variable (``Z9_API_URL``, ``Z9_TOKEN``), the context (``--context``, else
+    ``Z9_CONTEXT``, else the file's current one). A context named explicitly (flag or
+    ``Z9_CONTEXT``) beats the variables.
+
+    A context's token is sent only to that context's URL: a URL from a flag or the environment
+    with the token left to a context of another URL is refused (:class:`ConfigError` naming both),
+    never sent there."""
     env = os.environ if env is None else env
-    url = api_url or env.get("Z9_API_URL")
-    tok = token or env.get("Z9_TOKEN")
-    source = "flags/environment"
     ctx_name = context or env.get("Z9_CONTEXT")
-    if not (url and tok) or ctx_name:
+    url, url_src = (api_url, "--api-url") if api_url else (None, "")
+    tok, tok_src = (token, "--token") if token else (None, "")
+    if not ctx_name:  # the variables come before the file's current context
+        if not url and env.get("Z9_API_URL"):
+            url, url_src = env["Z9_API_URL"], "Z9_API_URL"
+        if not tok and env.get("Z9_TOKEN"):
+            tok, tok_src = env["Z9_TOKEN"], "Z9_TOKEN"
+    ctx_label = ""
+    if not (url and tok):
         cfg = ConfigFile.load(config_path(env))
         name = ctx_name or cfg.current_context
         if name:
             ctx = cfg.contexts.get(name)
             if ctx is None:
                 raise ConfigError(f"no context {name!r} in {cfg.path} (z9 context list)")
-            url = api_url or (env.get("Z9_API_URL") if not ctx_name else None) or ctx.get("api_url")
-            tok = token or (env.get("Z9_TOKEN") if not ctx_name else None) or ctx.get("token")
-            source = f"context {name!r} of {cfg.path}"
+            ctx_label = f"context {name!r} of {cfg.path}"
+            ctx_url = (ctx.get("api_url") or "").rstrip("/")
+            if not tok and ctx.get("token"):
+                if url and url.rstrip("/") != ctx_url:
+                    raise ConfigError(
+                        f"{url_src} is {url} but the token would come from {ctx_label}, whose API is "
+                        f"{ctx_url or 'unset'}: a context's token is only sent to its own API. Set Z9_TOKEN (or "
+                        f"--token) for {url}, or unset {url_src} to use the context")
+                tok, tok_src = ctx["token"], ctx_label
+            if not url and ctx_url:
+                url, url_src = ctx_url, ctx_label
     if not url or not tok:
         missing = " and ".join(n for n, v in (("Z9_API_URL", url), ("Z9_TOKEN", tok)) if not v)
         raise ConfigError(f"{missing} not set: export them, pass --api-url/--token, or make a context "
                           "(z9 context set NAME --api-url URL --token TOKEN)")
-    return Target(url.rstrip("/"), tok, source)
+    source = url_src if url_src == tok_src else f"api url from {url_src}, token from {tok_src}"
+    return Target(url.rstrip("/"), tok, source, url_src, tok_src)
 
 
 def mask(token: str) -> str:

@@ -7,6 +7,7 @@ API applies. Answers are parsed into the models below; they allow fields they do
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -16,7 +17,8 @@ from z9.api.schemas import ServerCreate
 from z9.api.tokens import Token, TokenCreate, TokenCreated
 
 __all__ = ["ServerCreate", "Token", "TokenCreate", "TokenCreated", "Step", "JobError", "Job", "JobRef",
-           "Observed", "Server", "Accepted", "Page", "TERMINAL"]
+           "Observed", "Server", "Address", "LoadBalancer", "Cluster", "Kubeconfig", "Quota", "Accepted", "Page",
+           "ResourceKind", "SERVERS", "ADDRESSES", "LOAD_BALANCERS", "CLUSTERS", "TERMINAL"]
 
 TERMINAL = ("succeeded", "failed")
 
@@ -124,14 +126,122 @@ class Address(_Answer):
     created_at: datetime | None = None
 
 
+class LoadBalancer(_Answer):
+    """A load balancer (``GET /v1/load-balancers/{id}``): ``services``, ``targets`` (each with its
+    ``health_status``), ``members`` (the appliances) and ``public_net.ipv4.ip`` (the VIP)."""
+
+    id: str
+    name: str
+    region: str
+    type: str
+    algorithm: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    public_net: dict[str, Any] = Field(default_factory=dict)
+    services: list[dict[str, Any]] = Field(default_factory=list)
+    targets: list[dict[str, Any]] = Field(default_factory=list)
+    members: list[dict[str, Any]] = Field(default_factory=list)
+    config_hash: str | None = None
+    health: str | None = None
+    status: str
+    status_reason: str | None = None
+    delete_after: datetime | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    deleted_at: datetime | None = None
+
+    @property
+    def vip(self) -> str | None:
+        return ((self.public_net or {}).get("ipv4") or {}).get("ip")
+
+
+class Cluster(_Answer):
+    """A Kubernetes cluster (``GET /v1/clusters/{id}``)."""
+
+    id: str
+    name: str
+    region: str
+    version: str
+    image: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    status: str
+    status_reason: str | None = None
+    endpoint: dict[str, Any] = Field(default_factory=dict)
+    control_plane: dict[str, Any] = Field(default_factory=dict)
+    node_pools: list[dict[str, Any]] = Field(default_factory=list)
+    members: list[dict[str, Any]] = Field(default_factory=list)
+    kubeconfig_available: bool = False
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    deleted_at: datetime | None = None
+
+
+class Kubeconfig(_Answer):
+    """``GET /v1/clusters/{id}/kubeconfig``: the YAML, when its client certificate expires, its user."""
+
+    kubeconfig: str
+    expires_at: datetime
+    user: str
+
+
+class Quota(_Answer):
+    """``GET /v1/quota``: per quota (servers, cores, memory_mib, addresses) its ``limit`` (None: no
+    limit) and what the tenant ``used``."""
+
+    tenant: str | None = None
+    quotas: dict[str, dict[str, Any]]
+
+
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class ResourceKind(Generic[T]):
+    """What the client knows of a resource type's REST shape: ``name`` (the JSON key of one, e.g.
+    ``load_balancer``), ``plural`` (the path segment, ``load-balancers``; its JSON key has ``_``),
+    ``model`` (the answer model), ``buffered`` (two-phase deletion: restorable)."""
+
+    name: str
+    plural: str
+    model: type[T]
+    buffered: bool = True
+
+    @property
+    def key(self) -> str:
+        """The JSON key of a page of them (``load_balancers``)."""
+        return self.plural.replace("-", "_")
+
+    @property
+    def label(self) -> str:
+        return self.name.replace("_", " ")
+
+
+SERVERS: ResourceKind[Server] = ResourceKind("server", "servers", Server)
+ADDRESSES: ResourceKind[Address] = ResourceKind("address", "addresses", Address)
+LOAD_BALANCERS: ResourceKind[LoadBalancer] = ResourceKind("load_balancer", "load-balancers", LoadBalancer)
+CLUSTERS: ResourceKind[Cluster] = ResourceKind("cluster", "clusters", Cluster, buffered=False)
+
+
 class Accepted(_Answer, Generic[T]):
-    """A 202: the resource as it is now and the job that will change it."""
+    """A 202: the resource as it is now and the job that will change it. ``key`` is the
+    resource's JSON key in the API's answer (``server``, ``load_balancer``, …): :meth:`api_shape`
+    gives the answer back as the API sent it (``{"server": …, "job": …}``)."""
 
     resource: T
     job: JobRef
+    key: str = Field("resource", exclude=True)
+
+    def api_shape(self) -> dict[str, Any]:
+        return {self.key: self.resource, "job": self.job, **(self.model_extra or {})}
+
+    def job_ids(self) -> list[str]:
+        """Every job the request made: ``job``, then those of a ``jobs`` list when the API gives one
+        (a create whose work takes more than one job), each once."""
+        ids = [self.job.id]
+        for j in (self.model_extra or {}).get("jobs") or []:
+            jid = j.get("id") if isinstance(j, dict) else getattr(j, "id", None)
+            if isinstance(jid, str) and jid not in ids:
+                ids.append(jid)
+        return ids
 
 
 class Page(_Answer, Generic[T]):

@@ -180,11 +180,14 @@ class ResourceType(Generic[R]):
         return self.model.from_record(row) if row else None
 
     async def list(self, db: DB, tenant_id: str, *, after: str | None = None, status: str | None = None,
-                   limit: int = 100, name: str | None = None, selector: Any = None) -> list[R]:
+                   limit: int = 100, name: str | None = None, selector: Any = None,
+                   include_deleted: bool = True) -> list[R]:
         """Up to ``limit`` rows of the tenant by id, after id ``after``, of one status, of one
-        name, matching a label selector (:mod:`z9.common.labels`)."""
+        name, matching a label selector (:mod:`z9.common.labels`); the deleted ones only with
+        ``include_deleted``."""
         return [self.model.from_record(r)
-                for r in await store.resource_list(db, self.sql, tenant_id, after, status, limit, name, selector)]
+                for r in await store.resource_list(db, self.sql, tenant_id, after, status, limit, name, selector,
+                                                   include_deleted)]
 
     async def mark_deleting(self, db: DB, rid: str, tenant_id: str, buffer_s: float) -> R | None:
         """Start the deletion (``deleting`` with a buffer, or ``destroying`` when immediate);

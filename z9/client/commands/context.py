@@ -58,8 +58,10 @@ def list_(ctx: Ctx) -> int:
 
 def show(ctx: Ctx) -> int:
     t = resolve(api_url=ctx.args.api_url, token=ctx.args.token, context=ctx.args.context)
-    ctx.emit({"api_url": t.api_url, "token": mask(t.token), "from": t.source},
-             lambda: table(("field", "value"), [("api url", t.api_url), ("token", mask(t.token)), ("from", t.source)]))
+    ctx.emit({"api_url": t.api_url, "token": mask(t.token), "from": t.source,
+              "api_url_from": t.url_source, "token_from": t.token_source},
+             lambda: table(("field", "value"), [("api url", t.api_url), ("api url from", t.url_source),
+                                                ("token", mask(t.token)), ("token from", t.token_source)]))
     return OK
 
 

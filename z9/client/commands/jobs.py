@@ -1,10 +1,12 @@
-"""``z9 jobs get|wait|list|cancel|rerun``."""
+"""``z9 jobs get|wait|list|cancel|rerun``. ``list`` is newest first (``--oldest``: oldest),
+without the periodic observe-only jobs unless ``--include-observe`` (or ``--kind`` names one), and
+says on stderr how to get the next page."""
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from ..cli import Ctx, OK, follow, table
+from ..cli import DEADLINE, OK, Ctx, follow, table
 from ..models import Job
 from ._group import group, verb
 
@@ -36,7 +38,7 @@ def get(ctx: Ctx) -> int:
 
 def wait(ctx: Ctx) -> int:
     code = follow(ctx, ctx.args.id)
-    if code != 2:
+    if code != DEADLINE:
         j = ctx.client.get_job(ctx.args.id)
         ctx.emit(j, lambda: job_table(j))
     return code
@@ -47,30 +49,38 @@ def list_(ctx: Ctx) -> int:
     jobs: list[Job] = []
     after = a.after
     while True:
-        page = ctx.client.list_jobs(resource_id=a.resource, actor=a.actor, limit=a.limit, after=after)
+        page = ctx.client.list_jobs(resource_id=a.resource, actor=a.actor, limit=a.limit, after=after,
+                                    order="oldest" if a.oldest else "newest", status=a.status, kind=a.kind,
+                                    include_observe=True if a.include_observe or a.kind else False)
         jobs += page.items
         after = page.next_after
         if not a.all or after is None:
             break
     ctx.emit({"jobs": jobs, "next_after": after}, lambda: jobs_table(jobs))
+    if after and not ctx.json:
+        again = " ".join(x for x in ("--oldest" if a.oldest else "", "--include-observe" if a.include_observe else "",
+                                     f"--status {a.status}" if a.status else "", f"--kind {a.kind}" if a.kind else "",
+                                     f"--resource {a.resource}" if a.resource else "",
+                                     f"--actor {a.actor}" if a.actor else "") if x)
+        ctx.err.print(f"more: z9 jobs list {again + ' ' if again else ''}--after {after} (or --all)", highlight=False)
     return OK
 
 
 def cancel(ctx: Ctx) -> int:
     j = ctx.client.cancel_job(ctx.args.id)
-    ctx.emit(j, lambda: job_table(j))
+    ctx.emit({"job": j}, lambda: job_table(j))  # the API's answer: {"job": …}
     return OK
 
 
 def rerun(ctx: Ctx) -> int:
     j = ctx.client.rerun_job(ctx.args.id)
     if not ctx.args.wait:
-        ctx.emit(j, lambda: job_table(j))
+        ctx.emit({"job": j}, lambda: job_table(j))  # the API's answer: {"job": …}
         return OK
     code = follow(ctx, j.id)
-    if code != 2:
+    if code != DEADLINE:
         done = ctx.client.get_job(j.id)
-        ctx.emit(done, lambda: job_table(done))
+        ctx.emit({"job": done}, lambda: job_table(done))
     return code
 
 
@@ -89,9 +99,15 @@ def register(sub: Any, common: argparse.ArgumentParser, waiting: argparse.Argume
                    help=f"deadline (default {DEFAULT_TIMEOUT_S:g} s = 30 min)")
     p.set_defaults(run=wait)
 
-    p = verb(verbs, "list", "list jobs, oldest first", [common])
+    p = verb(verbs, "list", "list jobs, newest first (the periodic observe-only jobs left out unless asked for)",
+             [common])
     p.add_argument("--resource", help="only the jobs of this resource id")
     p.add_argument("--actor", help="only the jobs asked for by this token id ('me': the token in use)")
+    p.add_argument("--status", choices=("pending", "running", "retry", "succeeded", "failed"))
+    p.add_argument("--kind", help="only the jobs of this kind, e.g. ServerCreate")
+    p.add_argument("--include-observe", action="store_true",
+                   help="the periodic observe-only jobs (LoadBalancerObserve, ClusterObserve) too")
+    p.add_argument("--oldest", action="store_true", help="oldest first")
     p.add_argument("--limit", type=int, help="page size (1-500, default 100)")
     p.add_argument("--after", help="the next_after of the previous page")
     p.add_argument("--all", action="store_true", help="every page")
