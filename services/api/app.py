@@ -25,6 +25,7 @@ from z9.common.models import Job
 from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 
+from .connections import RateLimitedLog
 from . import addresses, catalog, clusters, job_actions, load_balancers, middleware, schemas, servers, tokens, waiting
 from .openapi import openapi_document
 from .resources import (NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, dump, limit_param,
@@ -74,7 +75,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         resp = _error_body(e.status, e.code, e.message, e.details)
         resp.headers.update(e.headers)
         return resp
-    except TRANSIENT_DB_ERRORS as e:
+    except TRANSIENT_DB_ERRORS as e:  # (a ConnectionResetError too: aiohttp's, of a client gone mid-body)
+        if _client_gone(request):  # what the handler met is the client's own disconnect
+            return _client_disconnected(request, e)
         log.warning("database unavailable on %s %s: %s", request.method, request.path, e)
         resp = _error_body(503, "unavailable", "the database is unreachable right now; retry shortly")
         resp.headers["Retry-After"] = "2"
@@ -88,9 +91,31 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if e.status < 400:
             raise
         return _error_body(e.status, e.reason.lower().replace(" ", "_"), f"{e.reason}: {request.method} {request.path}")
-    except Exception:
+    except Exception as e:
+        if _client_gone(request):
+            return _client_disconnected(request, e)
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _error_body(500, "internal", "internal error; it has been logged")
+
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request whose client went away first
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def _client_disconnected(request: web.Request, e: BaseException) -> web.Response:
+    """The client went away (mid-body, or before the answer): one INFO line saying so, counted as
+    status 499 (never a 5xx, never ``database unavailable``); nobody is left to read the answer."""
+    metrics.API_CLIENT_DISCONNECTS.inc()
+    _DISCONNECT_LOG.log(logging.INFO, "disconnect", "client %s disconnected before the answer to %s %s (%s)",
+                        request.remote, request.method, request.path, type(e).__name__)
+    return web.Response(status=CLIENT_CLOSED_REQUEST)
+
+
+_DISCONNECT_LOG = RateLimitedLog(log)
 
 
 # ---------------------------------------------------------------------------------- jobs
@@ -279,7 +304,15 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
             app.router.add_get("/v1" + op.path, op.handler)
         else:
             app.router.add_route(op.method, "/v1" + op.path, op.handler)
+    metrics.init_api([(r.method, r.resource.canonical) for r in app.router.routes()
+                      if r.resource is not None and r.method != "HEAD"] + [("GET", "/metrics")])
+    return app
+
+
+def create_metrics_app() -> web.Application:
+    """``GET /metrics`` of the API process, served on its own listener (``Z9_METRICS_HOST``:
+    ``Z9_METRICS_PORT``, like every other z9 service), never on the tenants' port: it has no
+    authentication and names the platform's database server."""
+    app = web.Application(middlewares=[metrics_middleware])
     app.router.add_get("/metrics", metrics_endpoint)
-    metrics.init_api((r.method, r.resource.canonical) for r in app.router.routes()
-                     if r.resource is not None and r.method != "HEAD")
     return app
