@@ -13,7 +13,8 @@
   costs no write per request.
 - **Platform details.** Answers to a token without ``operator`` carry no Proxmox account: the
   user/token id inside UPIDs (``UPID:node:…:root@pam!z9:``) and the configured regions' token
-  ids are replaced by ``hidden``, in every JSON answer (jobs, servers, errors alike).
+  ids are replaced by ``hidden`` in the fields z9 writes from Proxmox (jobs' steps and errors,
+  resources' status_reason: :mod:`z9.api.redaction`), never in a tenant's own fields.
 - **Actor.** The token's id is put in :mod:`z9.common.requestctx`, so every job the request
   makes records it (``jobs.actor_token_id``; ``GET /v1/jobs?actor=tok_…|me``).
 """
@@ -251,13 +252,11 @@ def platform_users(settings: Any) -> tuple[bytes, ...]:
 
 
 def redact(body: bytes, users: tuple[bytes, ...]) -> bytes:
-    """``body`` with the user of every UPID, and every name in ``users``, replaced by
-    ``hidden`` (the same object when there was nothing to hide)."""
-    out = _UPID_USER.sub(rb"\1hidden\3", body)
-    for u in users:
-        if u in out:
-            out = out.replace(u, b"hidden")
-    return body if out == body else out
+    """``body`` with the platform's identity hidden where z9 writes it (:mod:`z9.api.redaction`):
+    never a tenant's own fields."""
+    from .redaction import redact as redact_platform_fields
+
+    return redact_platform_fields(body, users)
 
 
 # ---------------------------------------------------------------------------------- handlers
