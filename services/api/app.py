@@ -26,6 +26,7 @@ from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 
 from .connections import RateLimitedLog
+from . import page_tokens
 from . import addresses, catalog, clusters, job_actions, load_balancers, middleware, schemas, servers, tokens, waiting
 from .openapi import openapi_document
 from .resources import (NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, dump, limit_param,
@@ -129,7 +130,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     after_seq = None
     pool, tenant_id = request.app[POOL], tenant(request)
     if after is not None:
-        after_seq = page_seq(after)
+        after_seq = request.app[page_tokens.PAGE_KEYS].decode(tenant_id, after)
         if after_seq is None:
             ref = await store.job_get(pool, after, tenant_id) if is_id(after, "job") else None
             if ref is None:
@@ -141,38 +142,13 @@ async def list_jobs(request: web.Request) -> web.Response:
     jobs: list[Job] = await store.job_list(pool, tenant_id, resource_id=rid, after_seq=after_seq, limit=limit,
                                            actor_token_id=actor)
     return web.json_response(dump(schemas.JobList, {"jobs": [j.public() for j in jobs],
-                                                    "next_after": page_token(jobs[-1].seq) if len(jobs) == limit
-                                                    else None}))
+                                                    "next_after": request.app[page_tokens.PAGE_KEYS].encode(
+                                                        tenant_id, jobs[-1].seq) if len(jobs) == limit else None}))
 
 
-# Job pages: `next_after` is a page token carrying the last job's position (its seq), not its id,
-# so it stays valid after that job was pruned (Z9_JOB_RETENTION_S); `after` still takes a job id.
-_PAGE = re.compile(r"pg_([0-9a-z]{1,13})")
-
-
-def page_token(seq: int) -> str:
-    return "pg_" + _base36(seq)
-
-
-SEQ_MAX = 2**63 - 1  # jobs.seq is a bigint: pg_1y2p0ij32e8e7
-
-
-def page_seq(text: str) -> int | None:
-    """The position of a page token (None: not one). Every token the document's pattern allows
-    (up to 13 base-36 digits) is one; those past the largest bigint mean "after every job" (an
-    empty page), not a value PostgreSQL refuses."""
-    m = _PAGE.fullmatch(text)
-    return min(int(m.group(1), 36), SEQ_MAX) if m else None
-
-
-def _base36(n: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-        if n == 0:
-            return out
+# Job pages: `next_after` is an opaque page token carrying the last job's position (its seq, sealed:
+# z9.api.page_tokens), not its id, so it stays valid after that job was pruned
+# (Z9_JOB_RETENTION_S); `after` still takes a job id.
 
 
 class JobListQuery(schemas.BaseModel):
@@ -180,7 +156,7 @@ class JobListQuery(schemas.BaseModel):
 
     after: str | None = schemas.Field(default=None, description="the previous page's `next_after` (a page token, "
                                                                 "valid after old jobs are pruned) or a job id",
-                                      json_schema_extra={"pattern": r"^pg_[0-9a-z]{1,13}$|" + id_pattern("job")})
+                                      json_schema_extra={"pattern": page_tokens.PATTERN + "|" + id_pattern("job")})
     limit: int = schemas.Field(default=100, ge=1, le=500)
     resource_id: str | None = schemas.Field(default=None, description="only the jobs of this resource",
                                             json_schema_extra={"pattern": id_pattern(*PREFIXES)})
@@ -294,6 +270,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     app[OPENAPI] = openapi_document(ops, tag_descriptions={a.rtype.plural: a.tag_description
                                                            for a in RESOURCES if a.tag_description})
     waiting.install(app, settings)
+    app[page_tokens.PAGE_KEYS] = page_tokens.PageKeys.from_settings(settings)
     tokens.install(app)
     # The query-parameter check reads the generated document: every route below is in it.
     middleware.install(app, settings, app[OPENAPI])
