@@ -79,12 +79,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except TRANSIENT_DB_ERRORS as e:  # (a ConnectionResetError too: aiohttp's, of a client gone mid-body)
         if _client_gone(request):  # what the handler met is the client's own disconnect
             return _client_disconnected(request, e)
-        log.warning("database unavailable on %s %s: %s", request.method, request.path, e)
+        _ERROR_LOG.log(logging.WARNING, "database unavailable", "database unavailable on %s %s: %s",
+                       request.method, request.path, e)  # an outage under load: a bounded rate, not a line each
         resp = _error_body(503, "unavailable", "the database is unreachable right now; retry shortly")
         resp.headers["Retry-After"] = "2"
         return resp
     except (LockWaitTimeout, *LOCK_WAIT_ERRORS) as e:
-        log.warning("gave up waiting for a lock on %s %s: %s", request.method, request.path, e)
+        _ERROR_LOG.log(logging.WARNING, "lock wait", "gave up waiting for a lock on %s %s: %s",
+                       request.method, request.path, e)
         resp = _error_body(503, "busy", "another change to the same objects is still in progress; retry shortly")
         resp.headers["Retry-After"] = "1"
         return resp
@@ -95,7 +97,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception as e:
         if _client_gone(request):
             return _client_disconnected(request, e)
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        _ERROR_LOG.log(logging.ERROR, "unhandled", "unhandled error on %s %s", request.method, request.path,
+                       exc_info=True)
         return _error_body(500, "internal", "internal error; it has been logged")
 
 
@@ -117,6 +120,7 @@ def _client_disconnected(request: web.Request, e: BaseException) -> web.Response
 
 
 _DISCONNECT_LOG = RateLimitedLog(log)
+_ERROR_LOG = RateLimitedLog(log, burst=20)  # the service's own errors: at most 20 lines per 10 s per kind
 
 
 # ---------------------------------------------------------------------------------- jobs

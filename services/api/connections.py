@@ -66,7 +66,7 @@ class RateLimitedLog:
         self.logger, self.burst, self.window_s, self.clock = logger, burst, window_s, clock
         self._state: dict[str, list[float]] = {}  # key -> [window start, lines in window, held back]
 
-    def log(self, level: int, key: str, msg: str, *args: Any) -> bool:
+    def log(self, level: int, key: str, msg: str, *args: Any, exc_info: bool = False) -> bool:
         now = self.clock()
         st = self._state.get(key)
         if st is None or now - st[0] >= self.window_s:
@@ -78,7 +78,7 @@ class RateLimitedLog:
             st[2] += 1
             return False
         st[1] += 1
-        self.logger.log(level, msg, *args)
+        self.logger.log(level, msg, *args, exc_info=exc_info)
         return True
 
 
