@@ -140,7 +140,8 @@ DESCRIPTIONS: dict[str, str] = {
                            "fails for lack of descriptors. One over the cap is answered 503 `too_many_connections` "
                            "and closed before it is read (`z9_api_connections_refused_total{reason=\"total\"}`).",
     "api_max_connections_per_address": "Connections one client address may hold open at once; over it: 503 and closed "
-                                       "(`reason=\"per_address\"`), logged at a bounded rate.",
+                                       "(`reason=\"per_address\"`), logged at a bounded rate. Clients behind one "
+                                       "NAT or proxy share it: raise it when the API is reached through one.",
     "api_header_timeout_s": "A request's headers must be complete this long after its first byte, or the connection "
                             "is closed (`reason=\"header_timeout\"`).",
     "api_body_timeout_s": "A request's body must be complete this long after its headers, or the connection is closed "

@@ -270,7 +270,7 @@ class Settings(BaseSettings):
     # complete this many seconds after its first byte, its body after its headers; a connection
     # that sends nothing (new, or idle between requests) is closed after the idle timeout.
     api_max_connections: int = Field(10000, ge=1)
-    api_max_connections_per_address: int = Field(256, ge=1)
+    api_max_connections_per_address: int = Field(1024, ge=1)
     api_header_timeout_s: float = Field(10.0, gt=0)
     api_body_timeout_s: float = Field(60.0, gt=0)
     api_idle_timeout_s: float = Field(30.0, gt=0)
