@@ -9,9 +9,11 @@ included.
 
 Metrics: every service serves Prometheus ``/metrics`` on a fixed local port of its own — the
 scheduler on ``--metrics-port`` (9101), the executor on 9102, the reaper on 9103, the API on
-9104 (never on its tenants' port, ``--port``) — and ``<data dir>/prometheus-targets.json`` lists them as a Prometheus file_sd
-target file (one group per service, labelled ``service``). Services log as text
-(``Z9_LOG_FORMAT=text``) unless ``Z9_LOG_FORMAT`` says otherwise.
+9104 (never on its tenants' port, ``--port``) — and ``<data dir>/prometheus-targets.json`` lists
+them as a Prometheus file_sd target file (one group per service, labelled ``service``). Services
+log as text (``Z9_LOG_FORMAT=text``) unless ``Z9_LOG_FORMAT`` says otherwise. Each service gets
+only the secrets it uses: the Proxmox token secret the executor, the installation key the api and
+the executor; every file holding a secret is written 0600.
 """
 from __future__ import annotations
 

@@ -263,7 +263,9 @@ class _RequestHandler(RequestHandler):
                 self._z9_header_timer = None
             for _msg, payload in parsed:
                 if hasattr(payload, "is_eof") and not payload.is_eof() and limits.body_timeout_s > 0:
-                    self._z9_body_timers = [t for t in self._z9_body_timers or () if not t.cancelled()]
+                    now = self._loop.time()  # keep only the timers still to fire: a long keep-alive stays small
+                    self._z9_body_timers = [t for t in self._z9_body_timers or ()
+                                            if not t.cancelled() and t.when() > now]
                     self._z9_body_timers.append(self._loop.call_later(limits.body_timeout_s, self._z9_body_late,
                                                                       payload))
         elif idle and self._z9_header_timer is None and limits.header_timeout_s > 0 and data:
