@@ -141,8 +141,24 @@ DESCRIPTIONS: dict[str, str] = {
     # observability
     "log_level": "`DEBUG`, `INFO`, `WARNING`, `ERROR`.",
     "log_format": "`json` (one object per line on stderr) or `text` (what `z9 dev` uses unless set).",
-    "metrics_host": "Bind address of the scheduler's, executor's and reaper's `/metrics` (`0.0.0.0` in containers).",
-    "metrics_port": "Their `/metrics` port; 0 serves none (`z9 dev` sets 9101–9103, moved by `--metrics-port`).",
+    "metrics_host": "Bind address of every service's `/metrics` listener (`0.0.0.0` in containers).",
+    "metrics_port": "Its `/metrics` port, a listener of its own — the API's never on the tenants' port; 0 serves none "
+                    "(`z9 dev` sets 9101–9104: scheduler, executor, reaper, api; moved by `--metrics-port`).",
+    "installation_key_file": "A file holding the installation key (a mounted secret), read when `Z9_INSTALLATION_KEY` "
+                             "is unset; a process without the file has no key.",
+    "api_max_connections": "Connections one API process keeps open in all; lowered at start to its descriptor limit "
+                           "(the soft `RLIMIT_NOFILE`, raised to the hard limit) less a reserve, so `accept()` never "
+                           "fails for lack of descriptors. One over the cap is answered 503 `too_many_connections` "
+                           "and closed before it is read (`z9_api_connections_refused_total{reason=\"total\"}`).",
+    "api_max_connections_per_address": "Connections one client address may hold open at once; over it: 503 and closed "
+                                       "(`reason=\"per_address\"`), logged at a bounded rate. Clients behind one "
+                                       "NAT or proxy share it: raise it when the API is reached through one.",
+    "api_header_timeout_s": "A request's headers must be complete this long after its first byte, or the connection "
+                            "is closed (`reason=\"header_timeout\"`).",
+    "api_body_timeout_s": "A request's body must be complete this long after its headers, or the connection is closed "
+                          "(`reason=\"body_timeout\"`; the request is counted as 499, never as a 5xx).",
+    "api_idle_timeout_s": "A connection that sends nothing this long — a new one, or one idle between requests — is "
+                          "closed (aiohttp's keep-alive timeout).",
     "job_metrics_interval_s": "How often the scheduler recounts live jobs for `z9_jobs` and the oldest pending age.",
     "job_metrics_finished_interval_s": "How often it recounts finished jobs (most of the table).",
 }
@@ -150,7 +166,10 @@ DESCRIPTIONS: dict[str, str] = {
 REGION_DESCRIPTIONS: dict[str, str] = {
     "url": "Proxmox VE API endpoint, `https://host:8006` (HTTPS only).",
     "token_id": "API token id, `USER@REALM!TOKENID`.",
-    "token_secret": "API token secret.",
+    "token_secret": "API token secret. Only the executor uses it: give it to the executor alone (or use "
+                    "`token_secret_file`).",
+    "token_secret_file": "A file holding the token secret (a secret mounted into the executor only), read when "
+                         "`token_secret` is unset; a process without the file (the api, scheduler, reaper) has none.",
     "verify_ssl": "`true`/`false`, or the path of a CA bundle.",
     "images": "Template names the API accepts for the region (empty: any; the executor finds out).",
     "request_timeout_s": "Timeout of one HTTP request to Proxmox (seconds).",
@@ -260,6 +279,15 @@ def _bounds(f: FieldInfo) -> str:
     return ", ".join(out)
 
 
+SECRETS_BY_SERVICE = [
+    ("Proxmox token secret (`Z9_REGIONS[r].token_secret` / `token_secret_file`)",
+     ("no", "**yes**", "no", "no", "no")),
+    ("installation key (`Z9_INSTALLATION_KEY` / `Z9_INSTALLATION_KEY_FILE`): clusters' keys, join tokens, job page "
+     "tokens", ("**yes**", "**yes**", "no", "no", "no")),
+    ("database password (`Z9_DATABASE_URL`)", ("**yes**", "**yes**", "**yes**", "**yes**", "**yes**")),
+]
+
+
 def _describe(name: str, f: FieldInfo, table: dict[str, str], where: str) -> str:
     text = f.description or table.get(name)
     if not text:
@@ -291,6 +319,13 @@ def render() -> str:
     for name, f in RegionSettings.model_fields.items():
         lines.append(f"| `{name}` | {_type(f.annotation)} | {_default(f)} | "
                      f"{_describe(name, f, REGION_DESCRIPTIONS, 'RegionSettings')} |")
+    lines += ["", "## Which service needs which secret", "",
+              "Give each service only the secrets it uses (`z9 dev`, `compose.yaml` and `deploy/k8s` do):", "",
+              "| secret | api | executor | scheduler | reaper | migrate |", "|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {' | '.join(row)} |" for name, row in SECRETS_BY_SERVICE]
+    lines += ["", "The database password (in `Z9_DATABASE_URL`) every service needs. The API's tenants' token "
+              "secrets are never stored (only their SHA-256); join tokens are stored sealed with the installation "
+              "key, like the clusters' private keys.", ""]
     lines += ["", "## Other variables", "", "Not settings of the services; read by one tool or by the tests.", "",
               "| variable | meaning |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in OTHER]

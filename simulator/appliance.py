@@ -21,7 +21,9 @@ wrote into the guest and the simulated world:
 - ``socat stdio /run/haproxy/admin.sock`` with ``show stat`` on stdin: the CSV of the *active*
   config, each backend server computed from the world: ``UP``/``L4OK`` (``L7OK`` for an
   ``option httpchk`` backend whose answer matches ``http-check expect``) only if a VM exists that
-  is running, whose guest holds the server's address and listens on the check port
+  is running, whose guest holds the server's address — and whose IP filter does not drop what it
+  sends from it (a guest taking an address it was not given; :meth:`Firewall.refuses_source`) —
+  and listens on the check port
   (``POST /_sim/guests/{vmid}/listen {port, http_status?}``); no VM holding the address →
   ``DOWN``/``L4TOUT``; held but not listening → ``DOWN``/``L4CON``; wrong HTTP status →
   ``DOWN``/``L7STS``.
@@ -405,6 +407,13 @@ def boot_services(g: Guest) -> None:
         m["keepalived"] = (g.read_file(KEEPALIVED_CFG) or b"").decode("utf-8", "replace")
 
 
+def _filtered(guests: Guests, g: Guest, ip: str) -> bool:
+    """The guest configured ``ip`` but its VM's IP filter drops what it sends from it (a guest
+    taking an address it was not given): it never answers from there (:meth:`Firewall.refuses_source`)."""
+    vm = guests.cluster.vms.get(g.vmid)
+    return vm is not None and guests.cluster.firewall.refuses_source(g.vmid, vm.config, ip)
+
+
 def _holds(g: Guest, ip: str) -> bool:
     return any(a.get("ip-address") == ip for i in g.interfaces() for a in i.get("ip-addresses", []))
 
@@ -472,7 +481,7 @@ def _probe(guests: Guests, addr: str, port: int, backend: dict[str, Any]) -> tup
     """(status, check_status, check_code) of one backend server, from the world."""
     holder = None
     for g in guests.guests.values():
-        if _running(guests, g) and "appliance" not in g.models and _holds(g, addr):
+        if _running(guests, g) and "appliance" not in g.models and _holds(g, addr) and not _filtered(guests, g, addr):
             holder = g
             break
     if holder is None:

@@ -147,6 +147,46 @@ class Firewall:
     def _save(self, vmid: int, fw: VmFirewall) -> None:
         self.vms[vmid] = fw
 
+    # ---- enforcement: the IP filter ---------------------------------------------------------------
+    def refuses_source(self, vmid: int, vm_config: dict, ip: str, nic: str = "net0") -> bool:
+        """True when the VM's IP filter drops what its guest sends from ``ip`` on ``nic``.
+
+        pve-firewall (``src/PVE/Firewall.pm``, ``ruleset_generate_vm_ipsrules``): with the datacenter
+        firewall on (``cluster.fw`` ``enable: 1``; off, no VM rule is compiled), the VM's firewall on
+        (``enable: 1``), ``ipfilter: 1`` and the NIC's ``firewall=1`` (qemu-server ``net[n]``; the tap
+        goes through the firewall bridge only then), the VM's outgoing chain drops every packet whose
+        source is not in the IP set ``ipfilter-<nic>`` (``-m set ! --match-set PVEFW-<vmid>-ipfilter-<nic>-v4
+        src -j DROP``; :2633 at 6f1311f3). The option "is equivalent to adding an empty ipfilter-net<id>
+        ipset for every interface" (API schema ``PUT …/firewall/options`` ``ipfilter``): for a VM nothing
+        is implied but the IPv6 link-local address derived from the NIC's MAC. An entry may be a
+        network (``10.0.0.0/24``) and ``nomatch`` excludes (ipset semantics)."""
+        import ipaddress
+
+        if str(self.cluster_options.get("enable", "0")) != "1":
+            return False
+        fw = self.vm(vmid)
+        if str(fw.options.get("enable", "0")) != "1" or str(fw.options.get("ipfilter", "0")) != "1":
+            return False
+        if "firewall=1" not in str(vm_config.get(nic, "")).split(","):
+            return False
+        try:
+            addr = ipaddress.ip_address(ip.split("/", 1)[0])
+        except ValueError:
+            return True
+        if addr.version == 6 and addr.is_link_local:
+            return False  # the MAC-derived one is implied; z9's guests use no other
+        allowed = False
+        for e in fw.ipsets.get(f"ipfilter-{nic}", []):
+            try:
+                net = ipaddress.ip_network(str(e["cidr"]), strict=False)
+            except ValueError:
+                continue  # an alias: z9 writes none
+            if net.version == addr.version and addr in net:
+                if e.get("nomatch"):
+                    return True
+                allowed = True
+        return not allowed
+
     # ---- options ---------------------------------------------------------------------------------
     def get_vm_options(self, vmid: int) -> dict:
         out, _ = object_digest(self.vm(vmid).options)

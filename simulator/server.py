@@ -157,8 +157,13 @@ class SimServer:
             return
         path = Path(self.config.state_file)
         path.parent.mkdir(parents=True, exist_ok=True)
+        # 0600 from the first byte: the state holds the guests' files — clusters' CA, etcd and
+        # service-account private keys, join tokens
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.cluster.dump(), indent=1, sort_keys=True))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, 0o600)
+            f.write(json.dumps(self.cluster.dump(), indent=1, sort_keys=True))
         os.replace(tmp, path)
 
     async def _save_forever(self) -> None:

@@ -111,6 +111,7 @@ class Stack:
     services: dict[str, Any] = field(default_factory=dict)
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)
     app: Any = None  # the aiohttp application serving ``base``
+    metrics_url: str = ""  # the API's /metrics, on a listener of its own (never under ``base``)
 
     def headers(self, token: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {token or self.token}"}
@@ -379,7 +380,7 @@ async def api_stack(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Sta
     services a test starts on the Stack are stopped on the way out."""
     from aiohttp import web
 
-    from z9.api.app import create_app
+    from z9.api.app import create_app, create_metrics_app
 
     from z9.api.middleware import Runner
 
@@ -387,12 +388,18 @@ async def api_stack(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Sta
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
+    metrics_runner = web.AppRunner(create_metrics_app())
+    await metrics_runner.setup()
+    metrics_port = free_port()
+    await web.TCPSite(metrics_runner, "127.0.0.1", metrics_port).start()
     tenant, token = await make_tenant(pool, "acme")
     async with aiohttp.ClientSession() as http:
-        stack = Stack(settings, pool, f"http://127.0.0.1:{port}/v1", token, tenant, http, app=runner.app)
+        stack = Stack(settings, pool, f"http://127.0.0.1:{port}/v1", token, tenant, http, app=runner.app,
+                      metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
         try:
             yield stack
         finally:
             for name in list(stack.services):
                 await stack.stop_service(name)
+            await metrics_runner.cleanup()
             await runner.cleanup()

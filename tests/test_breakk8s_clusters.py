@@ -114,9 +114,10 @@ async def test_a_reminted_token_leaves_no_orphan_iso(stack: Stack, sim: SimAdmin
     assert (await cluster(stack, cid))["status"] == "running"
 
 
-# A member whose cloud-init failed keeps its ISO; the pool is then scaled down instead. The
-# removal destroyed the VM, then its ISO's deletion failed (a crash there is the same): the next
-# attempt saw no extra member and planned nothing — the ISO (the cluster CA, a token) stayed.
+# A member whose cloud-init failed has its ISO deleted at once; here that deletion fails, so it
+# keeps it; the pool is then scaled down instead. The removal destroyed the VM, then its ISO's
+# deletion failed (a crash there is the same): the next attempt saw no extra member and planned
+# nothing — the ISO (the cluster CA, a token) stayed.
 async def test_a_removal_cut_short_before_the_iso_leaves_none(stack: Stack, sim: SimAdmin) -> None:
     await sim.configure(**K8S_TIMING)
     status, out = await stack.call("POST", "/clusters", json=body(pools=[pool("workers", 1)]))
@@ -124,12 +125,13 @@ async def test_a_removal_cut_short_before_the_iso_leaves_none(stack: Stack, sim:
     assert (await stack.wait_job(out["job"]["id"], timeout_s=120))["status"] == "succeeded"
     await sim._req("POST", "/guest-faults", json={"kind": "cloud_init_fails", "name": "prod-workers-1",
                                                    "message": "runcmd exploded"})
+    # the failed member's ISO deletion fails, and so does the removal's later
+    await sim.fault(method="DELETE", path=r"/storage/.*/content/", action="fail_task", exitstatus="got timeout",
+                    times=2)
     up = await stack.wait_job((await resize(stack, cid, 2))["id"], timeout_s=120)
     assert up["status"] == "failed" and "runcmd exploded" in up["error"]["message"], up
-    assert len(await _our_isos(sim, cid)) == 1  # the failed member still holds its ISO
+    assert len(await _our_isos(sim, cid)) == 1  # its deletion failed: the failed member still holds its ISO
     await sim._req("DELETE", "/guest-faults")
-    await sim.fault(method="DELETE", path=r"/storage/.*/content/", action="fail_task", exitstatus="got timeout",
-                    times=1)
     down = await stack.wait_job((await resize(stack, cid, 1))["id"], timeout_s=120)
     assert down["status"] == "succeeded", down
     assert await _our_isos(sim, cid) == []

@@ -248,6 +248,15 @@ async def test_member_cloud_init_fails_create_failed_reconcile_degraded(stack: S
     assert "workers-1" in done["error"]["message"] and "disk full" in done["error"]["message"], done["error"]
     c = await cluster(stack, c["id"])
     assert c["status"] == "failed" and "workers-1" in c["status_reason"]
+    # the failed member's bootstrap ISO (its join token) is gone from storage; the others' were
+    # deleted as they became Ready
+    assert await _our_isos(sim, c["id"]) == []
+    # and no join token is in clear in the database (sealed in the job's memo)
+    memo = await stack.pool.fetchval("SELECT memo::text FROM jobs WHERE id = $1", job["id"])
+    entries = {k: v for k, v in json.loads(memo).items() if k.startswith("token:")}
+    assert entries and all(set(v) == {"key_id", "nonce", "sealed", "minted_at"} for v in entries.values()), entries
+    for v in entries.values():
+        assert not re.search(r"[a-z0-9]{6}\.[a-z0-9]{16}", json.dumps(v)), v
 
     await sim._req("DELETE", "/guest-faults")
     # the failed create re-run (POST /v1/jobs/{id}/actions/rerun) is safe and never calls the

@@ -18,12 +18,12 @@ from tests.support import free_port
 
 
 def _metrics_base() -> int:
-    """A port p with p, p+1 and p+2 free (z9 dev's scheduler, executor and reaper metrics)."""
+    """A port p with p … p+3 free (z9 dev's scheduler, executor, reaper and api metrics)."""
     for _ in range(50):
         base = free_port()
-        if base + 2 < 65536 and all(_free(base + i) for i in (1, 2)):
+        if base + 3 < 65536 and all(_free(base + i) for i in (1, 2, 3)):
             return base
-    raise AssertionError("no three consecutive free ports")
+    raise AssertionError("no four consecutive free ports")
 
 
 def _free(port: int) -> bool:
@@ -112,10 +112,18 @@ async def test_z9_dev_runs_the_stack_and_keeps_data(tmp_path: Path) -> None:
         assert token in banner
         server_id = await _create_and_wait(f"http://127.0.0.1:{port}/v1", token)
         await _check_metrics(data_dir, banner)
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
+            assert r.status == 404  # the API's metrics are on their own listener, not the tenants' port
+        _check_service_secrets(proc.pid, data_dir)
     finally:
         out = await asyncio.to_thread(_stop, proc)
     assert proc.returncode == 0, out
     assert "z9 dev: stopped" in out
+    for name in ("dev-token", "sim-secret", "installation-key", "database-url", "sim-state.json", "sim/key.pem"):
+        path = data_dir / name
+        if path.exists():
+            assert path.stat().st_mode & 0o077 == 0, f"{name} is readable by others: {oct(path.stat().st_mode)}"
+    assert (data_dir / "sim-state.json").exists() and (data_dir / "dev-token").exists()
 
     # Second run: same token, same server, same VM (database and simulator state kept).
     proc = _start(data_dir, port, metrics_base)
@@ -129,6 +137,23 @@ async def test_z9_dev_runs_the_stack_and_keeps_data(tmp_path: Path) -> None:
     finally:
         await asyncio.to_thread(_stop, proc)
     assert proc.returncode == 0
+
+
+def _check_service_secrets(dev_pid: int, data_dir: Path) -> None:
+    """Each service process has only the secrets it uses in its environment (docs/settings.md):
+    the Proxmox token secret the executor alone, the installation key the api and the executor."""
+    pve_secret = (data_dir / "sim-secret").read_text().strip()
+    key = (data_dir / "installation-key").read_text().strip()
+    seen = {}
+    for pid in _children(dev_pid):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        service = argv[3].decode() if len(argv) > 3 else ""
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        seen[service] = (pve_secret.encode() in environ, key.encode() in environ)
+    assert seen.get("api") == (False, True), seen
+    assert seen.get("executor") == (True, True), seen
+    assert seen.get("scheduler") == (False, False), seen
+    assert seen.get("reaper") == (False, False), seen
 
 
 def _children(pid: int) -> list[int]:

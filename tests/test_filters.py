@@ -124,13 +124,41 @@ async def test_job_page_token_survives_pruning(api: Stack) -> None:
     assert status == 422 and "page token" in out["error"]["message"]
 
 
-async def test_a_page_token_past_every_position_is_an_empty_page(api: Stack) -> None:
-    """Every ``pg_`` token of up to 13 base-36 digits matches the document's pattern, but those past
-    the largest bigint (pg_1y2p0ij32e8e8 and up) were handed to PostgreSQL as is: a 500
-    (schemathesis' positive data). A position past every job is the end: an empty page."""
-    await api.create_server("past")
-    for token in ("pg_1y2p0ij32e8e7", "pg_1y2p0ij32e8e8", "pg_zzzzzzzzzzzzz"):
-        status, out = await api.call("GET", f"/jobs?after={token}")
-        assert status == 200 and out == {"jobs": [], "next_after": None}, (token, out)
-    status, out = await api.call("GET", "/jobs?after=pg_0")
-    assert status == 200 and len(out["jobs"]) == 1, out
+async def test_page_tokens_are_opaque_and_only_the_api_makes_them(api: Stack) -> None:
+    """``next_after`` does not reveal the platform-wide job count (it was ``pg_<base36 seq>``): a
+    sealed block, different for each page and tenant; a token the API did not make for this
+    tenant — a guessed position, a forged or altered one, another tenant's — is a 422 naming
+    ``after``; every token matches the document's pattern."""
+    import base64
+    import re
+    import struct
+
+    from tests.support import make_tenant
+    from z9.api.page_tokens import PATTERN
+
+    made = [(await api.create_server(f"o-{i}"))[1]["id"] for i in range(5)]
+    tokens = []
+    after = ""
+    for _ in range(2):
+        status, page = await api.call("GET", f"/jobs?limit=2{after}")
+        assert status == 200, page
+        tokens.append(page["next_after"])
+        after = f"&after={page['next_after']}"
+    seq = await api.pool.fetchval("SELECT seq FROM jobs WHERE id = $1", made[1])
+    for token in tokens:
+        assert re.fullmatch(PATTERN, token), token
+        raw = base64.urlsafe_b64decode(token.removeprefix("pg_") + "==")
+        # the position is nowhere in clear (the old token was pg_<base36 seq>)
+        assert struct.pack(">Q", seq) not in raw and struct.pack(">Q", seq + 2) not in raw, raw
+    assert tokens[0][:10] != tokens[1][:10]  # not a counter: consecutive pages share no prefix
+    status, out = await api.call("GET", f"/jobs?after={tokens[0]}")
+    assert status == 200 and [j["id"] for j in out["jobs"]] == made[2:]
+    forged = tokens[0][:-2] + ("AA" if tokens[0][-2:] != "AA" else "BA")
+    _, other = await make_tenant(api.pool, "other-pages")
+    for token, who in (("pg_1y2p0ij32e8e7", None), ("pg_0", None), (forged, None), ("pg_" + "A" * 22, None),
+                       (tokens[0], other)):
+        status, out = await api.call("GET", f"/jobs?after={token}", token=who)
+        assert status == 422 and out["error"]["details"][0]["field"] == "after", (token, out)
+    document = (await api.call("GET", "/openapi.json"))[1]
+    params = {p["name"]: p for p in document["paths"]["/jobs"]["get"]["parameters"]}
+    assert params["after"]["schema"]["pattern"].startswith(PATTERN)

@@ -78,7 +78,7 @@ async def scrape(url: str) -> Samples:
 
 
 def metrics_url(stack: Stack) -> str:
-    return stack.base.removesuffix("/v1") + "/metrics"
+    return stack.metrics_url
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "z9.json"
 GRAFANA_ALERTS = DEPLOY / "grafana" / "provisioning" / "alerting" / "z9-alerts.yml"
 COMPOSE = ROOT / "compose.yaml"
 ENV_EXAMPLE = ROOT / ".env.example"
+Z9_ENV_EXAMPLE = ROOT / "z9.env.example"
 
 
 def _load_script(name: str) -> ModuleType:
@@ -115,9 +116,9 @@ def _interpolate(text: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:-|:\?)([^}]*))?\}", sub, text)
 
 
-def _env_example() -> dict[str, str]:
+def _env_example(path: Path | None = None) -> dict[str, str]:
     env = {}
-    for line in ENV_EXAMPLE.read_text().splitlines():
+    for line in (path or ENV_EXAMPLE).read_text().splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             key, _, value = line.partition("=")
             if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
@@ -167,7 +168,7 @@ def test_compose_files_env_and_dockerfile_sources_exist() -> None:
     # .env.example's z9 settings are valid settings (Z9_REGIONS parses, dev-1 is the simulator).
     from z9.common.settings import Settings
 
-    z9_env = {k: v for k, v in env.items() if k.startswith("Z9_")}
+    z9_env = {k: v for k, v in {**env, **_env_example(Z9_ENV_EXAMPLE)}.items() if k.startswith("Z9_")}
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("Z9_")}
     try:
         os.environ.update(z9_env)
@@ -177,7 +178,10 @@ def test_compose_files_env_and_dockerfile_sources_exist() -> None:
             os.environ.pop(k, None)
         os.environ.update(saved)
     assert settings.regions["dev-1"].url == "https://sim:8006"
-    assert settings.regions["dev-1"].token_secret.get_secret_value() == env["Z9_SIM_TOKEN_SECRET"]
+    # the executor reads dev-1's token secret from the compose secret the simulator reads too
+    assert str(settings.regions["dev-1"].token_secret_file) == "/run/secrets/sim_token_secret"
+    assert settings.regions["dev-1"].token_secret is None  # not in the settings every service reads
+    assert not [v for k, v in _env_example(Z9_ENV_EXAMPLE).items() if "change-me" in v]
     # The Dockerfile copies only what exists.
     for line in (ROOT / "Dockerfile").read_text().splitlines():
         if line.startswith("COPY "):
@@ -210,7 +214,15 @@ def test_compose_has_no_secrets_health_checks_restart_policies_and_ordered_start
     targets = {t for sc in prom["scrape_configs"] for c in sc["static_configs"] for t in c["targets"]}
     for name in ("scheduler", "executor-dev-1", "reaper"):
         assert f"{name}:{services[name]['environment']['Z9_METRICS_PORT']}" in targets
-    assert "api:8080" in targets
+    assert f"api:{services['api']['environment']['Z9_METRICS_PORT']}" in targets
+    assert "api:8080" not in targets  # the API's metrics are never on its tenants' port
+    # each service only the secrets it uses (docs/settings.md)
+    assert set(services["api"]["secrets"]) == {"installation_key"}
+    assert set(services["executor-dev-1"]["secrets"]) == {"sim_token_secret", "installation_key"}
+    for name in ("scheduler", "reaper", "migrate"):
+        assert not services[name].get("secrets"), name
+    for name, svc in services.items():
+        assert ".env" not in svc.get("env_file", []), f"{name} is handed .env (every secret) whole"
 
 
 def test_dev_prometheus_config_reads_the_targets_file_z9_dev_writes(tmp_path: Path) -> None:
@@ -534,7 +546,8 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
 
     try:
         z9 = [sys.executable, "-m", "z9"]
-        api = spawn("api", z9 + ["api", "--port", str(api_port)])
+        api_metrics_port = free_port()  # the API's /metrics: a listener of its own, not the tenants' port
+        api = spawn("api", z9 + ["api", "--port", str(api_port)], {"Z9_METRICS_PORT": str(api_metrics_port)})
         services = {}
         for name, port in metrics_ports.items():
             extra = ["--region", REGION] if name == "executor" else []
@@ -545,7 +558,8 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
 
         # The targets file `z9 dev` writes, and deploy/prometheus/dev.yml with 1 s intervals.
         targets = tmp_path / "prometheus-targets.json"
-        write_prometheus_targets(targets, {"api": api_port, **metrics_ports})
+        _wait_listening(api_metrics_port, api, "the API's metrics endpoint")
+        write_prometheus_targets(targets, {"api": api_metrics_port, **metrics_ports})
         config = yaml.safe_load((DEPLOY / "prometheus" / "dev.yml").read_text())
         config["global"].update(scrape_interval="1s", evaluation_interval="1s")
         config["rule_files"] = [str(RULES)]

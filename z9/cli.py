@@ -35,15 +35,18 @@ def _run(coro_fn: Callable[[], Awaitable[Any]]) -> int:
 
 
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
-    from z9.api.app import create_app
+    from z9.api.app import create_app, create_metrics_app
+    from z9.api.connections import raise_nofile_limit
     from z9.api.middleware import serve
 
     from z9.common.errors import PoolConfigError
 
     settings.require_database_url()
+    raise_nofile_limit()  # before the app sizes its connection cap under it
     try:
         return _run(lambda: serve(create_app(settings), args.host or settings.api_host,
-                                  args.port or settings.api_port))
+                                  args.port or settings.api_port, metrics_app=create_metrics_app(),
+                                  metrics_host=settings.metrics_host, metrics_port=settings.metrics_port))
     except PoolConfigError as e:  # the address pools of Z9_REGIONS cannot be written
         print(f"z9 api: {e}", file=sys.stderr)
         return 2
@@ -388,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data-dir", default=None, help="state folder (default .z9, or Z9_DATA_DIR)")
     s.add_argument("--task-seconds", type=float, default=1.0, help="simulated task duration (seconds)")
     s.add_argument("--metrics-port", type=int, default=9101,
-                   help="first metrics port: scheduler on it, executor +1, reaper +2 (default 9101)")
+                   help="first metrics port: scheduler on it, executor +1, reaper +2, api +3 (default 9101)")
     s.set_defaults(fn=cmd_dev)
 
     from z9.client.cli import register as register_customer_commands

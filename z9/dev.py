@@ -9,11 +9,13 @@ scheduler, executor and reaper as separate processes. Ctrl-C stops everything, t
 included — and so does a ``z9 dev`` killed outright (SIGKILL): its services die with it
 (``PR_SET_PDEATHSIG``) and a watchdog (:mod:`z9.pg_watchdog`) stops the database.
 
-Metrics: every service serves Prometheus ``/metrics`` on a fixed local port — the API on its
-own (``--port``, 8080), the scheduler on ``--metrics-port`` (9101), the executor on 9102, the
-reaper on 9103 — and ``<data dir>/prometheus-targets.json`` lists them as a Prometheus file_sd
-target file (one group per service, labelled ``service``). Services log as text
-(``Z9_LOG_FORMAT=text``) unless ``Z9_LOG_FORMAT`` says otherwise.
+Metrics: every service serves Prometheus ``/metrics`` on a fixed local port of its own — the
+scheduler on ``--metrics-port`` (9101), the executor on 9102, the reaper on 9103, the API on
+9104 (never on its tenants' port, ``--port``) — and ``<data dir>/prometheus-targets.json`` lists
+them as a Prometheus file_sd target file (one group per service, labelled ``service``). Services
+log as text (``Z9_LOG_FORMAT=text``) unless ``Z9_LOG_FORMAT`` says otherwise. Each service gets
+only the secrets it uses: the Proxmox token secret the executor, the installation key the api and
+the executor; every file holding a secret is written 0600.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import time
 from pathlib import Path
 
 from z9 import pg_watchdog
+from z9.common.files import write_private
 from z9.common.pki import InstallationKey
 from z9.common import store
 from z9.common.db import connect
@@ -90,8 +93,7 @@ async def _prepare_db(admin_url: str | None, url: str, token_file: Path) -> str:
             tenant = await store.tenant_upsert(conn, "dev")
             token = "z9t_" + secrets.token_urlsafe(32)
             await store.api_token_insert(conn, tenant, token, "dev")
-        token_file.write_text(token + "\n")
-        token_file.chmod(0o600)
+        write_private(token_file, token + "\n")
         return token
     finally:
         await conn.close()
@@ -159,13 +161,17 @@ def lock_data_dir(data_dir: Path) -> int:
     return fd
 
 
-#: The services whose metrics ``z9 dev`` serves on ``--metrics-port`` + offset.
-METRICS_OFFSETS = {"scheduler": 0, "executor": 1, "reaper": 2}
+#: The services whose metrics ``z9 dev`` serves on ``--metrics-port`` + offset (the API's too:
+#: never on its tenants' port).
+METRICS_OFFSETS = {"scheduler": 0, "executor": 1, "reaper": 2, "api": 3}
+#: Secrets z9 dev hands to the services that use them only (never through the inherited environment).
+SECRET_VARIABLES = ("Z9_INSTALLATION_KEY", "Z9_INSTALLATION_KEY_FILE", "Z9_REGIONS")
+SERVICES_WITH_INSTALLATION_KEY = ("api", "executor")
 
 
 def metrics_ports(api_port: int, base: int) -> dict[str, int]:
     """``{service: port}`` of every service's ``/metrics`` in ``z9 dev``."""
-    return {"api": api_port, **{name: base + off for name, off in METRICS_OFFSETS.items()}}
+    return {name: base + off for name, off in METRICS_OFFSETS.items()}
 
 
 def write_prometheus_targets(path: Path, ports: dict[str, int]) -> None:
@@ -211,7 +217,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         print(f"z9 dev: port {args.port} is in use; pass --port", file=sys.stderr)
         return 2
     ports = metrics_ports(args.port, args.metrics_port)
-    busy = [f"{name} {port}" for name, port in ports.items() if name != "api" and _port_busy(port)]
+    busy = [f"{name} {port}" for name, port in ports.items() if _port_busy(port)]
     if busy:
         print(f"z9 dev: metrics port(s) in use ({', '.join(busy)}); pass --metrics-port", file=sys.stderr)
         return 2
@@ -243,17 +249,15 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
     code = 0
     try:
         token = asyncio.run(_prepare_db(admin_url, url, data_dir / "dev-token"))
-        (data_dir / "database-url").write_text(url + "\n")  # for `z9 token`, psql, …
+        write_private(data_dir / "database-url", url + "\n")  # for `z9 token`, psql, … (may hold a password)
 
         secret_file = data_dir / "sim-secret"
         if not secret_file.exists():
-            secret_file.write_text(secrets.token_hex(16) + "\n")
-            secret_file.chmod(0o600)
+            write_private(secret_file, secrets.token_hex(16) + "\n")
         sim_secret = secret_file.read_text().strip()
         key_file = data_dir / "installation-key"  # seals every cluster's private keys (issue 11)
         if not key_file.exists():
-            key_file.write_text(InstallationKey.generate() + "\n")
-            key_file.chmod(0o600)
+            write_private(key_file, InstallationKey.generate() + "\n")
         sim_port = args.sim_port or _free_port()
         z9 = [sys.executable, "-m", "z9"]
         # The secret by file (0600), never on a command line; the children get it in Z9_REGIONS
@@ -266,23 +270,29 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         _wait_port(sim_port, sim, "the Proxmox VE simulator")
         (data_dir / "sim-url").write_text(f"https://127.0.0.1:{sim_port}\n")  # for scripts: SIM=$(cat …)/_sim
 
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_VARIABLES}
         env["Z9_DATABASE_URL"] = url
-        env.setdefault("Z9_INSTALLATION_KEY", key_file.read_text().strip())
-        env["Z9_REGIONS"] = json.dumps({REGION: {
-            "url": f"https://127.0.0.1:{sim_port}", "token_id": SIM_TOKEN_ID, "token_secret": sim_secret,
-            "verify_ssl": False, "images": ["debian-12"], "address_pools": DEV_ADDRESS_POOLS,
-            # the simulated bridge's DHCP network (10/8), where the region agent VM lives: never a
-            # load balancer's ip target (docs/load-balancers.md)
-            "platform_networks": ["10.0.0.0/8"]}})
+        region = {"url": f"https://127.0.0.1:{sim_port}", "token_id": SIM_TOKEN_ID,
+                  "verify_ssl": False, "images": ["debian-12"], "address_pools": DEV_ADDRESS_POOLS,
+                  # the simulated bridge's DHCP network (10/8), where the region agent VM lives: never a
+                  # load balancer's ip target (docs/load-balancers.md)
+                  "platform_networks": ["10.0.0.0/8"]}
         env.setdefault("Z9_LOG_FORMAT", "text")
         env.setdefault("Z9_METRICS_HOST", "127.0.0.1")
+        key = os.environ.get("Z9_INSTALLATION_KEY") or key_file.read_text().strip()
         for name, extra in (("api", ["--port", str(args.port)]), ("scheduler", []),
                             ("executor", ["--region", REGION]), ("reaper", [])):
-            metrics_env = {} if name == "api" else {"Z9_METRICS_PORT": str(ports[name])}
-            children.append((name, _spawn(z9 + [name] + extra, env={**env, **metrics_env})))
+            # each service only the secrets it uses (docs/settings.md): the Proxmox token secret
+            # the executor alone, the installation key the api and the executor
+            own = {"Z9_METRICS_PORT": str(ports[name]),
+                   "Z9_REGIONS": json.dumps({REGION: {**region, **({"token_secret": sim_secret}
+                                                                 if name == "executor" else {})}})}
+            if name in SERVICES_WITH_INSTALLATION_KEY:
+                own["Z9_INSTALLATION_KEY"] = key
+            children.append((name, _spawn(z9 + [name] + extra, env={**env, **own})))
+        _wait_port(args.port, children[1][1], "the API")
         for name, proc in children[1:]:
-            _wait_port(ports[name], proc, f"the {name}'s metrics" if name != "api" else "the API")
+            _wait_port(ports[name], proc, f"the {name}'s metrics")
         targets = data_dir / "prometheus-targets.json"
         write_prometheus_targets(targets, ports)
 

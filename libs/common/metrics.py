@@ -189,6 +189,16 @@ API_RATE_LIMITED = Counter(
     "Requests answered 429 because their token's rate limit was exceeded.",
     registry=None)  # registered by init_api
 
+API_CONNECTIONS_REFUSED = Counter(
+    "z9_api_connections_refused_total",
+    "API connections refused or cut: over the cap per client address (per_address) or in all (total), "
+    "headers or body not complete in time (header_timeout, body_timeout).",
+    ["reason"], registry=None)  # registered by init_api
+API_CLIENT_DISCONNECTS = Counter(
+    "z9_api_client_disconnects_total",
+    "Requests whose client went away before the answer (counted as status 499, never as a 5xx).",
+    registry=None)  # registered by init_api
+
 
 # ---------------------------------------------------------------------------------- pre-initialisation
 
@@ -299,8 +309,11 @@ def init_api(routes: Iterable[tuple[str, str]]) -> None:
     for method, route in routes:
         HTTP_REQUEST_DURATION.labels(method, route)
         HTTP_REQUESTS.labels(method, route, "500")
-    for metric in (API_JOB_WAITERS, API_LISTEN_HEALTHY, API_RATE_LIMITED):
+    for metric in (API_JOB_WAITERS, API_LISTEN_HEALTHY, API_RATE_LIMITED, API_CONNECTIONS_REFUSED,
+                   API_CLIENT_DISCONNECTS):
         _register_once(metric)
+    for reason in ("per_address", "total", "header_timeout", "body_timeout"):
+        API_CONNECTIONS_REFUSED.labels(reason)
 
 
 # ---------------------------------------------------------------------------------- executor helpers

@@ -55,6 +55,15 @@ def dsn_problem(dsn: str) -> str | None:
     return None
 
 
+def read_secret_file(path: Path) -> str | None:
+    """The stripped content of a secret file (a mounted Kubernetes/Compose secret), or None when
+    this process does not have it (not given to this service)."""
+    try:
+        return Path(path).read_text().strip() or None
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
 class AddressPoolSettings(BaseModel):
     """One address pool of a region (``Z9_REGIONS[r].address_pools``), e.g.::
 
@@ -149,7 +158,11 @@ class RegionSettings(BaseModel):
 
     url: str
     token_id: str = "root@pam!z9"
-    token_secret: SecretStr
+    # The token's secret — only the executor uses it (docs/settings.md, "Which service needs which
+    # secret"): give it inline to the executor only, or name a file (a mounted secret) that only
+    # the executor's container has; a service without it never talks to Proxmox.
+    token_secret: SecretStr | None = None
+    token_secret_file: Path | None = None
     verify_ssl: bool | str = True
     images: list[str] = Field(default_factory=list)
     request_timeout_s: float = 10.0
@@ -168,6 +181,25 @@ class RegionSettings(BaseModel):
     # the appliances). By default an ip target is a public unicast address only: RFC 1918,
     # 100.64/10 (shared), 198.18/15 (benchmarking) and every non-global range are refused.
     lb_target_private_networks: list[IPNetwork] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _secret_from_file(self) -> "RegionSettings":
+        """``token_secret`` read from ``token_secret_file`` when only the file is named and this
+        process has it (the executor); left unset otherwise."""
+        if self.token_secret is None and self.token_secret_file is not None:
+            secret = read_secret_file(self.token_secret_file)
+            if secret is not None:
+                self.token_secret = SecretStr(secret)
+        return self
+
+    def require_token_secret(self, region: str) -> str:
+        """The token secret; ValueError naming the setting when this process was given none."""
+        if self.token_secret is None:
+            where = (f"its token_secret_file {str(self.token_secret_file)!r} is not readable here"
+                     if self.token_secret_file else "it has neither token_secret nor token_secret_file")
+            raise ValueError(f"Z9_REGIONS[{region}]: the Proxmox token secret is missing ({where}); only the "
+                             "executor needs it")
+        return self.token_secret.get_secret_value()
 
     @field_validator("url")
     @classmethod
@@ -250,6 +282,16 @@ class Settings(BaseSettings):
     kubeconfig_max_expiry_s: int = Field(86400, ge=60, le=365 * 86400)
     # Most pooled connections one API process opens (requests wait for one beyond it).
     api_pool_size: int = Field(16, ge=2, le=1024)
+    # Connections one API process keeps open: in all (lowered to its descriptor limit — raised to
+    # the hard limit at start — less a reserve) and per client address; one over either cap is
+    # answered 503 and closed before it is read. Slow clients are cut: a request's headers must be
+    # complete this many seconds after its first byte, its body after its headers; a connection
+    # that sends nothing (new, or idle between requests) is closed after the idle timeout.
+    api_max_connections: int = Field(10000, ge=1)
+    api_max_connections_per_address: int = Field(1024, ge=1)
+    api_header_timeout_s: float = Field(10.0, gt=0)
+    api_body_timeout_s: float = Field(60.0, gt=0)
+    api_idle_timeout_s: float = Field(30.0, gt=0)
 
     # executor
     executor_concurrency: int = Field(8, ge=1, le=1024)
@@ -289,6 +331,8 @@ class Settings(BaseSettings):
     # `z9 dev` generates one into its data dir. Unset: creating a cluster or minting a kubeconfig
     # answers 503 (the API says which setting is missing).
     installation_key: SecretStr | None = None
+    # the installation key read from this file (a mounted secret) when Z9_INSTALLATION_KEY is unset
+    installation_key_file: Path | None = None
     # a join token lives this long (kubeadm's --ttl); a member that has not joined by then gets a new one
     cluster_join_token_ttl_s: float = Field(900.0, gt=0)
     # storage the NoCloud bootstrap ISOs are uploaded to (shared: every node sees it; a node-local
@@ -319,8 +363,8 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # json: one JSON object per line (services); text: human-readable (`z9 dev` sets it).
     log_format: Literal["json", "text"] = "json"
-    # Prometheus /metrics of the scheduler, executor and reaper (the API serves it on its own
-    # port); port 0 = not served.
+    # Prometheus /metrics of every service, on a listener of its own (the API's never on the
+    # tenants' port); port 0 = not served.
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(0, ge=0, le=65535)
     # How often the scheduler recounts the job table for z9_jobs and the oldest pending age
@@ -338,6 +382,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Settings":
+        if self.installation_key is None and self.installation_key_file is not None:
+            key = read_secret_file(self.installation_key_file)
+            if key is not None:
+                self.installation_key = SecretStr(key)
         if self.database_pooler == "transaction" and self.database_direct_url in (None, "", self.database_url):
             raise ValueError("Z9_DATABASE_POOLER=transaction needs Z9_DATABASE_DIRECT_URL: a connection string "
                              "straight to PostgreSQL (or a session pooler) for the LISTEN connections and "

@@ -25,6 +25,8 @@ from z9.common.models import Job
 from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 
+from .connections import RateLimitedLog
+from . import page_tokens
 from . import (addresses, catalog, clusters, job_actions, load_balancers, middleware, quotas, schemas, servers, tokens,
                waiting)
 from .openapi import openapi_document
@@ -75,13 +77,17 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         resp = _error_body(e.status, e.code, e.message, e.details)
         resp.headers.update(e.headers)
         return resp
-    except TRANSIENT_DB_ERRORS as e:
-        log.warning("database unavailable on %s %s: %s", request.method, request.path, e)
+    except TRANSIENT_DB_ERRORS as e:  # (a ConnectionResetError too: aiohttp's, of a client gone mid-body)
+        if _client_gone(request):  # what the handler met is the client's own disconnect
+            return _client_disconnected(request, e)
+        _ERROR_LOG.log(logging.WARNING, "database unavailable", "database unavailable on %s %s: %s",
+                       request.method, request.path, e)  # an outage under load: a bounded rate, not a line each
         resp = _error_body(503, "unavailable", "the database is unreachable right now; retry shortly")
         resp.headers["Retry-After"] = "2"
         return resp
     except (LockWaitTimeout, *LOCK_WAIT_ERRORS) as e:
-        log.warning("gave up waiting for a lock on %s %s: %s", request.method, request.path, e)
+        _ERROR_LOG.log(logging.WARNING, "lock wait", "gave up waiting for a lock on %s %s: %s",
+                       request.method, request.path, e)
         resp = _error_body(503, "busy", "another change to the same objects is still in progress; retry shortly")
         resp.headers["Retry-After"] = "1"
         return resp
@@ -89,9 +95,33 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if e.status < 400:
             raise
         return _error_body(e.status, e.reason.lower().replace(" ", "_"), f"{e.reason}: {request.method} {request.path}")
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
+    except Exception as e:
+        if _client_gone(request):
+            return _client_disconnected(request, e)
+        _ERROR_LOG.log(logging.ERROR, "unhandled", "unhandled error on %s %s", request.method, request.path,
+                       exc_info=True)
         return _error_body(500, "internal", "internal error; it has been logged")
+
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request whose client went away first
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def _client_disconnected(request: web.Request, e: BaseException) -> web.Response:
+    """The client went away (mid-body, or before the answer): one INFO line saying so, counted as
+    status 499 (never a 5xx, never ``database unavailable``); nobody is left to read the answer."""
+    metrics.API_CLIENT_DISCONNECTS.inc()
+    _DISCONNECT_LOG.log(logging.INFO, "disconnect", "client %s disconnected before the answer to %s %s (%s)",
+                        request.remote, request.method, request.path, type(e).__name__)
+    return web.Response(status=CLIENT_CLOSED_REQUEST)
+
+
+_DISCONNECT_LOG = RateLimitedLog(log)
+_ERROR_LOG = RateLimitedLog(log, burst=20)  # the service's own errors: at most 20 lines per 10 s per kind
 
 
 # ---------------------------------------------------------------------------------- jobs
@@ -105,7 +135,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     after_seq = None
     pool, tenant_id = request.app[POOL], tenant(request)
     if after is not None:
-        after_seq = page_seq(after)
+        after_seq = request.app[page_tokens.PAGE_KEYS].decode(tenant_id, after)
         if after_seq is None:
             ref = await store.job_get(pool, after, tenant_id) if is_id(after, "job") else None
             if ref is None:
@@ -129,38 +159,13 @@ async def list_jobs(request: web.Request) -> web.Response:
                                            actor_token_id=actor, newest_first=order == "newest", status=status,
                                            kind=kind, exclude_kinds=() if include_observe else kinds.OBSERVE_ONLY)
     return web.json_response(dump(schemas.JobList, {"jobs": [j.public() for j in jobs],
-                                                    "next_after": page_token(jobs[-1].seq) if len(jobs) == limit
-                                                    else None}))
+                                                    "next_after": request.app[page_tokens.PAGE_KEYS].encode(
+                                                        tenant_id, jobs[-1].seq) if len(jobs) == limit else None}))
 
 
-# Job pages: `next_after` is a page token carrying the last job's position (its seq), not its id,
-# so it stays valid after that job was pruned (Z9_JOB_RETENTION_S); `after` still takes a job id.
-_PAGE = re.compile(r"pg_([0-9a-z]{1,13})")
-
-
-def page_token(seq: int) -> str:
-    return "pg_" + _base36(seq)
-
-
-SEQ_MAX = 2**63 - 1  # jobs.seq is a bigint: pg_1y2p0ij32e8e7
-
-
-def page_seq(text: str) -> int | None:
-    """The position of a page token (None: not one). Every token the document's pattern allows
-    (up to 13 base-36 digits) is one; those past the largest bigint mean "after every job" (an
-    empty page), not a value PostgreSQL refuses."""
-    m = _PAGE.fullmatch(text)
-    return min(int(m.group(1), 36), SEQ_MAX) if m else None
-
-
-def _base36(n: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-        if n == 0:
-            return out
+# Job pages: `next_after` is an opaque page token carrying the last job's position (its seq, sealed:
+# z9.api.page_tokens), not its id, so it stays valid after that job was pruned
+# (Z9_JOB_RETENTION_S); `after` still takes a job id.
 
 
 JOB_STATUSES = ("pending", "running", "retry", "succeeded", "failed")
@@ -171,7 +176,7 @@ class JobListQuery(schemas.BaseModel):
 
     after: str | None = schemas.Field(default=None, description="the previous page's `next_after` (a page token, "
                                                                 "valid after old jobs are pruned) or a job id",
-                                      json_schema_extra={"pattern": r"^pg_[0-9a-z]{1,13}$|" + id_pattern("job")})
+                                      json_schema_extra={"pattern": page_tokens.PATTERN + "|" + id_pattern("job")})
     limit: int = schemas.Field(default=100, ge=1, le=500)
     resource_id: str | None = schemas.Field(default=None, description="only the jobs of this resource",
                                             json_schema_extra={"pattern": id_pattern(*PREFIXES)})
@@ -296,6 +301,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     app[OPENAPI] = openapi_document(ops, tag_descriptions={a.rtype.plural: a.tag_description
                                                            for a in RESOURCES if a.tag_description})
     waiting.install(app, settings)
+    app[page_tokens.PAGE_KEYS] = page_tokens.PageKeys.from_settings(settings)
     tokens.install(app)
     # The query-parameter check reads the generated document: every route below is in it.
     middleware.install(app, settings, app[OPENAPI])
@@ -306,7 +312,15 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
             app.router.add_get("/v1" + op.path, op.handler)
         else:
             app.router.add_route(op.method, "/v1" + op.path, op.handler)
+    metrics.init_api([(r.method, r.resource.canonical) for r in app.router.routes()
+                      if r.resource is not None and r.method != "HEAD"] + [("GET", "/metrics")])
+    return app
+
+
+def create_metrics_app() -> web.Application:
+    """``GET /metrics`` of the API process, served on its own listener (``Z9_METRICS_HOST``:
+    ``Z9_METRICS_PORT``, like every other z9 service), never on the tenants' port: it has no
+    authentication and names the platform's database server."""
+    app = web.Application(middlewares=[metrics_middleware])
     app.router.add_get("/metrics", metrics_endpoint)
-    metrics.init_api((r.method, r.resource.canonical) for r in app.router.routes()
-                     if r.resource is not None and r.method != "HEAD")
     return app

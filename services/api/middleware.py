@@ -37,6 +37,8 @@ from z9.common import metrics
 from z9.common.errors import ApiError, BadRequest, TooManyRequests, ValidationFailed
 from z9.common.requestctx import REQUEST_ID
 
+from . import connections
+
 log = logging.getLogger("z9.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -205,7 +207,83 @@ async def rate_limit_middleware(request: web.Request, handler: Handler) -> web.S
 
 class _RequestHandler(RequestHandler):
     """aiohttp's protocol handler, but a request its parser rejects gets the JSON error shape
-    and one WARNING line (no traceback)."""
+    and one WARNING line (no traceback); connections are capped and slow ones cut
+    (:mod:`z9.api.connections`)."""
+
+    _z9_address: str | None = None  # counted in the listener's limits while open
+    _z9_header_timer: asyncio.TimerHandle | None = None
+    _z9_body_timers: list[asyncio.TimerHandle] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        limits = getattr(self._manager, "z9_limits", None)
+        if limits is None:
+            return super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, (tuple, list)) and peer else "unknown"
+        refused = limits.admit(address)
+        if refused:  # before reading a byte: answer and close, no task, no parser state
+            limits.refused(address, refused)
+            self._manager = None  # connection_lost then does nothing
+            try:
+                transport.write(connections.OVER_CAP_ANSWER)  # type: ignore[attr-defined]
+            finally:
+                transport.close()
+            return
+        self._z9_address = address
+        self._z9_body_timers = []
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._z9_address is not None:
+            limits = getattr(self._manager, "z9_limits", None)
+            if limits is not None:
+                limits.release(self._z9_address)
+            self._z9_address = None
+            self._z9_stop_timers()
+        super().connection_lost(exc)
+
+    def _z9_stop_timers(self) -> None:
+        if self._z9_header_timer is not None:
+            self._z9_header_timer.cancel()
+            self._z9_header_timer = None
+        for t in self._z9_body_timers or ():
+            t.cancel()
+        self._z9_body_timers = []
+
+    def data_received(self, data: bytes) -> None:
+        limits = getattr(self._manager, "z9_limits", None)
+        if limits is None or self._z9_address is None:
+            return super().data_received(data)
+        before = len(self._messages)
+        idle = self._current_request is None and not self._messages and self._payload_parser is None
+        super().data_received(data)
+        parsed = list(self._messages)[before:] if len(self._messages) > before else []
+        if parsed:
+            if self._z9_header_timer is not None:
+                self._z9_header_timer.cancel()
+                self._z9_header_timer = None
+            for _msg, payload in parsed:
+                if hasattr(payload, "is_eof") and not payload.is_eof() and limits.body_timeout_s > 0:
+                    now = self._loop.time()  # keep only the timers still to fire: a long keep-alive stays small
+                    self._z9_body_timers = [t for t in self._z9_body_timers or ()
+                                            if not t.cancelled() and t.when() > now]
+                    self._z9_body_timers.append(self._loop.call_later(limits.body_timeout_s, self._z9_body_late,
+                                                                      payload))
+        elif idle and self._z9_header_timer is None and limits.header_timeout_s > 0 and data:
+            # the first byte of a request's headers: they must be complete within the timeout
+            self._z9_header_timer = self._loop.call_later(limits.header_timeout_s, self._z9_late, "header_timeout")
+
+    def _z9_body_late(self, payload: Any) -> None:
+        if not payload.is_eof():
+            self._z9_late("body_timeout")
+
+    def _z9_late(self, reason: str) -> None:
+        self._z9_header_timer = None
+        limits = getattr(self._manager, "z9_limits", None)
+        if limits is not None and self._z9_address is not None:
+            limits.cut(self._z9_address, reason)
+        if self.transport is not None:
+            self.transport.close()  # connection_lost follows: the body's reader sees the disconnect
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -221,32 +299,51 @@ class _RequestHandler(RequestHandler):
 
 
 class _Server(web.Server):
+    z9_limits: connections.ConnectionLimits | None = None
+
     def __call__(self) -> RequestHandler:
         return _RequestHandler(self, loop=self._loop, **self._kwargs)
 
 
 class Runner(web.AppRunner):
-    """``web.AppRunner`` whose connections answer parser-rejected requests in JSON."""
+    """``web.AppRunner`` whose connections answer parser-rejected requests in JSON, capped per
+    client address and in all, and cut when idle or slow (the app's settings, when it has them)."""
 
     async def _make_server(self) -> web.Server:
+        from .resources import SETTINGS
+
+        settings = self.app.get(SETTINGS)
+        if settings is not None:
+            self._kwargs.setdefault("keepalive_timeout", settings.api_idle_timeout_s)
         server = await super()._make_server()
         server.__class__ = _Server  # same state, one method differs
+        if settings is not None:
+            server.z9_limits = connections.ConnectionLimits.from_settings(settings)  # type: ignore[attr-defined]
         return server
 
 
-async def serve(app: web.Application, host: str, port: int) -> None:
+async def serve(app: web.Application, host: str, port: int, *, metrics_app: web.Application | None = None,
+                metrics_host: str = "127.0.0.1", metrics_port: int = 0) -> None:
     """Serve ``app`` on host:port until SIGINT/SIGTERM (what ``web.run_app`` does, with
-    :class:`Runner`)."""
+    :class:`Runner`), and ``metrics_app`` (``/metrics``) on its own listener when
+    ``metrics_port`` is set — never on the tenants' port."""
+    connections.install_loop_exception_handler(asyncio.get_running_loop())
     runner = Runner(app, access_log=None)
     await runner.setup()
+    metrics_runner = web.AppRunner(metrics_app, access_log=None) if metrics_app is not None and metrics_port else None
     try:
         await web.TCPSite(runner, host, port).start()
+        if metrics_runner is not None:
+            await metrics_runner.setup()
+            await web.TCPSite(metrics_runner, metrics_host, metrics_port).start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await runner.cleanup()
 
 

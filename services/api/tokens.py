@@ -13,7 +13,8 @@
   costs no write per request.
 - **Platform details.** Answers to a token without ``operator`` carry no Proxmox account: the
   user/token id inside UPIDs (``UPID:node:…:root@pam!z9:``) and the configured regions' token
-  ids are replaced by ``hidden``, in every JSON answer (jobs, servers, errors alike).
+  ids are replaced by ``hidden`` in the fields z9 writes from Proxmox (jobs' steps and errors,
+  resources' status_reason: :mod:`z9.api.redaction`), never in a tenant's own fields.
 - **Lineage.** A token made through the API records the token that made it (``created_by``,
   listed by ``GET /v1/tokens``). It never outlives that token: its expiry is at most its
   parent's (left out: the parent's; asked for longer: 422 naming ``expires_in_s``); revoking a
@@ -291,13 +292,11 @@ def platform_users(settings: Any) -> tuple[bytes, ...]:
 
 
 def redact(body: bytes, users: tuple[bytes, ...]) -> bytes:
-    """``body`` with the user of every UPID, and every name in ``users``, replaced by
-    ``hidden`` (the same object when there was nothing to hide)."""
-    out = _UPID_USER.sub(rb"\1hidden\3", body)
-    for u in users:
-        if u in out:
-            out = out.replace(u, b"hidden")
-    return body if out == body else out
+    """``body`` with the platform's identity hidden where z9 writes it (:mod:`z9.api.redaction`):
+    never a tenant's own fields."""
+    from .redaction import redact as redact_platform_fields
+
+    return redact_platform_fields(body, users)
 
 
 # ---------------------------------------------------------------------------------- handlers

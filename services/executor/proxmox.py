@@ -411,7 +411,7 @@ class ProxmoxClient:
             port=url.port or 8006,
             user=user,
             token_name=token_name,
-            token_value=settings.token_secret.get_secret_value(),
+            token_value=settings.require_token_secret(region),
             verify_ssl=settings.verify_ssl,
             timeout=settings.request_timeout_s,
             service="PVE",

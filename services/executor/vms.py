@@ -70,6 +70,10 @@ class VmSpec:
     ssh_keys: tuple[str, ...] = ()
     config: Mapping[str, str] = field(default_factory=dict)
     node: str | None = None  # clone onto this node (default: the template's); members spread over nodes
+    # The addresses the VM may send from (its own static address, a VIP it may hold): non-empty →
+    # the Proxmox IP filter is put on before it starts (:func:`ip_filter_ok`), so its guest cannot
+    # take an address it was not given. Empty: no filter (a DHCP guest — its lease is unknown).
+    ip_filter: tuple[str, ...] = ()
 
     @property
     def tags(self) -> frozenset[str]:
@@ -394,6 +398,7 @@ class MemberWorld:
     vm: VmState | None
     template_disk_gib: float | None = None
     clone_in_flight_s: float = 0.0  # a clone request without answer may land for this long yet
+    ip_filter_ok: bool = True  # the VM's IP filter is as its spec wants (observed only when it wants one)
 
 
 async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
@@ -426,7 +431,55 @@ async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
                              lock=tpl.lock, template=True)
             found = boot_disk(tpl.config)
             disk = found[1] if found else None
-    return MemberWorld(template=template, vm=vm, template_disk_gib=disk, clone_in_flight_s=in_flight)
+    ok = await ip_filter_ok(ctx, spec, vm) if vm is not None and spec.ip_filter and vm.lock != "clone" else True
+    return MemberWorld(template=template, vm=vm, template_disk_gib=disk, clone_in_flight_s=in_flight,
+                       ip_filter_ok=ok)
+
+
+IPFILTER_SET = "ipfilter-net0"
+
+
+async def ip_filter_ok(ctx: JobContext, spec: VmSpec, vm: VmState) -> bool:
+    """The PVE IP filter as ``spec`` wants it on ``vm``: the VM firewall's ``enable`` and ``ipfilter``
+    on, ``net0`` with ``firewall=1``, and IP set ``ipfilter-net0`` holding exactly ``spec.ip_filter``
+    (pve-firewall ``Firewall.pm``: with those, what the guest sends from any other source is dropped;
+    the set of a clone starts as its template's — ``clone_vmfw_conf`` — so extra entries go)."""
+    if "firewall=1" not in str(vm.config.get("net0", "")).split(","):
+        return False
+    opts = await ctx.pve.firewall_options(vm.node, vm.vmid)
+    if str(opts.get("enable", 0)) != "1" or str(opts.get("ipfilter", 0)) != "1":
+        return False
+    entries = await ctx.pve.ipset_entries(vm.node, vm.vmid, IPFILTER_SET)
+    return entries is not None and {str(e.get("cidr")) for e in entries} == set(spec.ip_filter) \
+        and not any(e.get("nomatch") for e in entries)
+
+
+async def apply_ip_filter(ctx: JobContext, spec: VmSpec, vm: VmState, step: Step) -> None:
+    """Put the IP filter on (each part re-checked): the NIC through the firewall, the set's entries
+    (missing added, extra removed) *before* the options turn the filter on — never a moment with the
+    filter on and the VM's own address missing."""
+    net0 = str(vm.config.get("net0", ""))
+    if net0 and "firewall=1" not in net0.split(","):
+        parts = [p for p in net0.split(",") if not p.startswith("firewall=")]
+        await ctx.fence()
+        await ctx.wait_task(step, await ctx.pve.configure(vm.node, vm.vmid, {"net0": ",".join([*parts, "firewall=1"])},
+                                                          digest=vm.config.get("digest")))
+    entries = await ctx.pve.ipset_entries(vm.node, vm.vmid, IPFILTER_SET)
+    if entries is None:
+        await ctx.fence()
+        await ctx.pve.ipset_create(vm.node, vm.vmid, IPFILTER_SET, comment="z9: addresses this VM may send from")
+        entries = []
+    have = {str(e.get("cidr")) for e in entries}
+    for ip in spec.ip_filter:
+        if ip not in have:
+            await ctx.fence()
+            await ctx.pve.ipset_add(vm.node, vm.vmid, IPFILTER_SET, ip, comment=f"z9 {spec.owner} {spec.member}")
+    for e in entries:
+        if str(e.get("cidr")) not in spec.ip_filter or e.get("nomatch"):
+            await ctx.fence()
+            await ctx.pve.ipset_remove(vm.node, vm.vmid, IPFILTER_SET, str(e.get("cidr")))
+    await ctx.fence()
+    await ctx.pve.set_firewall_options(vm.node, vm.vmid, enable=True, ipfilter=True)
 
 
 def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[Step]:
@@ -448,11 +501,13 @@ def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[S
                                  "inherit it, so z9 does not clone it")
         if world.template_disk_gib is not None:
             check_no_shrink(spec, world.template_disk_gib)
-        return [Step("clone"), Step("configure"), Step("resize_disk"), Step("start")]
+        return [Step("clone"), Step("configure"), Step("resize_disk"),
+                *([Step("ip_filter")] if spec.ip_filter else []), Step("start")]
     vm = world.vm
     refuse_platform(spec.owner, vm)
     if vm.lock == "clone":
-        return [Step("wait_clone", {"vmid": vm.vmid}), Step("configure"), Step("resize_disk"), Step("start")]
+        return [Step("wait_clone", {"vmid": vm.vmid}), Step("configure"), Step("resize_disk"),
+                *([Step("ip_filter")] if spec.ip_filter else []), Step("start")]
     refuse_if_locked(vm)
     steps = []
     if config_diff(vm.config, spec.desired_config()):
@@ -463,6 +518,8 @@ def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[S
     check_no_shrink(spec, disk[1])
     if disk[1] < spec.disk_gib - 1e-9:
         steps.append(Step("resize_disk"))
+    if spec.ip_filter and not world.ip_filter_ok:
+        steps.append(Step("ip_filter"))
     if not vm.running:
         steps.append(Step("start"))
     return steps
@@ -496,6 +553,13 @@ async def apply_member_step(ctx: JobContext, spec: VmSpec, world: MemberWorld, s
             upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], spec.disk_gib)
             if upid:
                 await ctx.wait_task(step, upid)
+    elif step.name == "ip_filter":
+        vm = await _current(ctx, world)
+        refuse_platform(spec.owner, vm)
+        refuse_if_locked(vm)
+        if not await ip_filter_ok(ctx, spec, vm):
+            await apply_ip_filter(ctx, spec, vm, step)
+        world.ip_filter_ok = True
     elif step.name == "start":
         vm = await _current(ctx, world)
         refuse_if_locked(vm)

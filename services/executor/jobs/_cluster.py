@@ -45,7 +45,8 @@ Joins
     external-CA mode); every other member joins with a **fresh bootstrap token** z9 mints
     (:func:`z9.common.pki.new_bootstrap_token`), registers on a running control plane through
     the agent (``kubeadm token create <token> --ttl <cluster_join_token_ttl_s>s``) and ships with
-    the CA hash. The token is remembered in the job's memo *before* it is registered, so a retried
+    the CA hash. The token is remembered in the job's memo — sealed with the installation key like
+the cluster's keys, never in clear — *before* it is registered, so a retried
     attempt rebuilds the same ISO (same name: no second upload); a token older than half its ttl
     for a member not started yet is replaced (a scale-up a day later works: each join mints its own).
     A member that booted after its token's lifetime (a held or slow boot) is refused by kubeadm's
@@ -78,6 +79,7 @@ verify   observe again: every desired member a Ready node, nothing extra left.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import logging
@@ -529,17 +531,48 @@ async def _token(ctx: JobContext, world: World, m: MemberSpec, *, fresh: bool = 
     key = f"token:{m.name}"  # one memo key per member: parallel members' writes never overwrite each other
     got = ctx.memo.get(key)
     now = token_clock()
-    if got is None or fresh or now - float(got["minted_at"]) > ttl / 2:
-        got = {"token": pki.new_bootstrap_token(), "minted_at": now}
+    cluster_id = ctx.job.resource_id or ""
+    token = open_join_token(ctx, cluster_id, m.name, got) if got is not None else None
+    if token is None or fresh or now - float(got["minted_at"]) > ttl / 2:
+        token = pki.new_bootstrap_token()
+        got = {**seal_join_token(ctx, cluster_id, m.name, token), "minted_at": now}
         await ctx.remember(**{key: got})
     cp = await _api_vm(ctx, world)
-    code, out, err = await ctx.pve.agent_exec(cp.node, cp.vmid, ["kubeadm", "token", "create", got["token"], "--ttl",
+    code, out, err = await ctx.pve.agent_exec(cp.node, cp.vmid, ["kubeadm", "token", "create", token, "--ttl",
                                                                  f"{int(ttl)}s", "--description",
                                                                  f"z9 join of {m.name}"], timeout_s=60)
     if code != 0 and "already exists" not in err:
         raise TemporaryError(f"member {m.name}: registering its join token on {cp.config.get('name')} failed: "
                              f"{err.strip() or out.strip()}")
-    return str(got["token"])
+    return token
+
+
+def _join_key(ctx: JobContext) -> pki.InstallationKey:
+    if ctx.settings.installation_key is None:
+        raise PermanentError("Z9_INSTALLATION_KEY is not set on the executor: join tokens cannot be sealed")
+    try:
+        return pki.InstallationKey.parse(ctx.settings.installation_key.get_secret_value())
+    except pki.SealError as e:
+        raise PermanentError(str(e)) from e
+
+
+def seal_join_token(ctx: JobContext, cluster_id: str, member: str, token: str) -> dict[str, str]:
+    """The memo entry of a join token: sealed like the cluster's keys (AES-256-GCM with the
+    installation key, bound to the cluster and member), never in clear in ``jobs.memo``."""
+    key_id, nonce, sealed = _join_key(ctx).seal(f"{cluster_id}/join/{member}", {"token": token})
+    return {"key_id": key_id, "nonce": base64.b64encode(nonce).decode(), "sealed": base64.b64encode(sealed).decode()}
+
+
+def open_join_token(ctx: JobContext, cluster_id: str, member: str, entry: dict[str, Any]) -> str | None:
+    """The join token of a memo entry; None when it cannot be opened (another installation key):
+    a fresh one is minted then."""
+    if "sealed" not in entry:
+        return None  # written in clear by an earlier version: replaced by a sealed one
+    try:
+        return str(_join_key(ctx).open(f"{cluster_id}/join/{member}", entry["key_id"],
+                                       base64.b64decode(entry["nonce"]), base64.b64decode(entry["sealed"]))["token"])
+    except (pki.SealError, ValueError, KeyError):
+        return None
 
 
 async def _api_vm(ctx: JobContext, world: World) -> VmState:
@@ -748,7 +781,8 @@ async def _ready_once(ctx: JobContext, world: World, m: MemberSpec, vm: VmState)
         what = (f"member {m.name} (VM {vm.vmid} on {vm.node}): cloud-init failed: {errors}"
                 + (f" — {' / '.join(tail)}" if tail else ""))
         if any(_TOKEN_REFUSED.search(ln) for ln in lines):
-            raise JoinTokenRefused(what)
+            raise JoinTokenRefused(what)  # re-minted and joined again: its ISO is replaced then
+        await _drop_failed_iso(ctx, vm)  # it holds a join token: gone from storage at once
         raise PermanentError(what)
     if status == "disabled" and _bootstrap_volume(vm):
         raise PermanentError(f"member {m.name} (VM {vm.vmid} on {vm.node}): cloud-init read no seed although "
@@ -804,6 +838,20 @@ async def detach_bootstrap(ctx: JobContext, cluster: Cluster, vm: VmState, step:
         if other != volid and iso_member(cluster.id, other) == member:
             await delete_iso(ctx, vm.node, other, step)
     await delete_iso(ctx, vm.node, volid, step)
+
+
+async def _drop_failed_iso(ctx: JobContext, vm: VmState) -> None:
+    """A member whose cloud-init failed will never read its ISO again (a re-run replaces it with a
+    new instance and a fresh token): the file — its join token, a control plane's CA keys — is
+    deleted from storage now, not left there with the failed VM. The drive keeps naming it: that
+    is how a re-run knows the member was never confirmed (:func:`observe`)."""
+    volid = _bootstrap_volume(vm)
+    if volid is None:
+        return
+    try:
+        await delete_iso(ctx, vm.node, volid, Step(f"delete the failed bootstrap ISO of VM {vm.vmid}"))
+    except (TemporaryError, PermanentError) as e:  # the next run's plan deletes it (replace)
+        log.warning("VM %s: could not delete its bootstrap ISO %s after cloud-init failed: %s", vm.vmid, volid, e)
 
 
 async def delete_iso(ctx: JobContext, node: str, volid: str, step: Step) -> None:

@@ -198,8 +198,11 @@ def spec(lb: LoadBalancer, member: str, image: str, node: str | None) -> vms.VmS
     cfg = {"ipconfig0": f"ip={a['ip']}/{a['prefix']}" + (f",gw={a['gateway']}" if a.get("gateway") else "")}
     if lb.addresses.get("nameservers"):
         cfg["nameserver"] = " ".join(lb.addresses["nameservers"])
+    # The IP filter: the appliance sends from its own address and the VIP (keepalived moves it
+    # between the two), nothing else — a compromised appliance cannot take another guest's address.
+    allowed = tuple(dict.fromkeys(str(x["ip"]) for x in (a, lb.addresses.get("vip")) if x and x.get("ip")))
     return vms.VmSpec(owner=lb.id, member=member, name=vm_name(lb.name, member), image=image, node=node,
-                      config=cfg, **APPLIANCE)
+                      config=cfg, ip_filter=allowed, **APPLIANCE)
 
 
 def vm_name(lb_name: str, member: str) -> str:
