@@ -111,7 +111,7 @@ async def test_a_keepalived_file_the_tool_refuses_fails_the_job_with_its_words(s
     await sim._req("POST", "/appliance-faults", json={"contains": "vrrp_instance", "inject": "bogus_keyword 1\n"})
     try:
         lb, job = await _lb(stack, name="ka-bad", type="lb-ha", services=[TCP],
-                            targets=[{"type": "ip", "ip": "203.0.113.240"}])
+                            targets=[{"type": "ip", "ip": "198.51.100.240"}])
         failed = await stack.wait_job(job["id"], timeout_s=180)
     finally:
         await sim._req("DELETE", "/appliance-faults")
@@ -129,7 +129,7 @@ async def test_long_names_give_valid_appliance_vm_names(stack: Stack, sim: SimAd
     """Before: ``<name>-lb-N`` cut at 63 characters ended in ``-`` for names of 59-62 characters,
     a name Proxmox refuses (the create failed)."""
     name = ("long-" * 13)[:length - 1] + "x"
-    lb, job = await _lb(stack, name=name, type="lb-ha", services=[TCP], targets=[{"type": "ip", "ip": "203.0.113.240"}])
+    lb, job = await _lb(stack, name=name, type="lb-ha", services=[TCP], targets=[{"type": "ip", "ip": "198.51.100.240"}])
     done = await stack.wait_job(job["id"], timeout_s=180)
     assert done["status"] == "succeeded", done
     names = [v["config"]["name"] for v in _appliances(await sim.state(), lb["id"])]
