@@ -124,7 +124,7 @@ class Stack:
 
     async def create_server(self, name: str = "web-1", **over: Any) -> tuple[dict, dict]:
         body = {"name": name, "region": REGION, "image": "debian-12", "cores": 2, "memory_mib": 2048,
-                "disk_gib": 10, "ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDa8 alice@example"]}
+                "disk_gib": 10, "ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIMQ+ctuWvPKZcSiB0avvBJbVNptRfvJ+8krZNKKKLvo alice@example"]}
         body.update(over)
         status, out = await self.call("POST", "/servers", json=body)
         assert status == 202, out
