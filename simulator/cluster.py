@@ -695,6 +695,7 @@ class Cluster:
     async def put_config(self, node: str, vmid: int, params: dict[str, str]) -> None:
         """``PUT .../config``: synchronous; waits up to 10 s for the flock (HTTP 500 on timeout)."""
         vm = self.vm_on(node, vmid)
+        cloudinit.validate_ssh_public_keys(params.get("sshkeys"))  # update_vm_api, before the lock
         async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
             vm = self.vm_alive(vm)
             self._check_config_write(vm, params)
@@ -704,6 +705,7 @@ class Cluster:
                           fail: str | None = None) -> str:
         """``POST .../config``: checks now (HTTP errors), applies in a ``qmconfig`` task."""
         vm = self.vm_on(node, vmid)
+        cloudinit.validate_ssh_public_keys(params.get("sshkeys"))  # update_vm_api, before the fork
         async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
             self._check_config_write(vm, params)
 
@@ -763,6 +765,7 @@ class Cluster:
         """``POST /nodes/{node}/qemu``: config holds only ``lock: create`` until the task ends."""
         self.check_node(node)
         vmid = int(params["vmid"])
+        cloudinit.validate_ssh_public_keys(params.get("sshkeys"))  # create_vm, before the fork
         self._taken_for_create(vmid)
         placeholder = VM(vmid, node, {"lock": "create"})
         self.vms[vmid] = placeholder
