@@ -134,6 +134,15 @@ _DRIVE_RE = re.compile(r"(ide|sata|scsi|virtio)\d+")
 _OWN_CI_RE = re.compile(r"vm-(\d+)-cloudinit")
 
 
+def dns_label(prefix: str, suffix: str) -> str:
+    """``<prefix>-<suffix>`` as one DNS label — a hostname and a Proxmox VM name (qemu-server
+    ``name``: format ``dns-name``) — at most 63 characters (RFC 1035 §2.3.4; Linux HOST_NAME_MAX is
+    64): ``prefix`` is cut to fit, its trailing hyphens dropped, so ``suffix`` (what tells the VMs
+    of one owner apart) stays whole. Both parts are labels already (the API's name patterns)."""
+    room = 63 - len(suffix) - 1
+    return f"{prefix[:room].rstrip('-')}-{suffix}"
+
+
 def agent_configured(config: Mapping[str, Any]) -> bool:
     """The config enables the QEMU guest agent (``agent: [enabled=]1[,...]``)."""
     first = str(config.get("agent") or "0").split(",", 1)[0]

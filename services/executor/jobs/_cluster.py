@@ -125,9 +125,17 @@ def ordinal_key(member: str) -> tuple[str, int]:
     return (m["pool"], int(m["ordinal"])) if m else (member, -1)
 
 
+def member_hostname(cluster: Cluster, m: MemberSpec) -> str:
+    """The member's VM name and hostname, ``<cluster name>-<member>``, always one DNS label (≤ 63:
+    a 63-character cluster name with a 28-character pool made 94) — the cluster name is shortened,
+    never the member (:func:`z9.executor.vms.dns_label`). Derived rather than refused at the API:
+    pools are added and grown later, and no API field shows this name."""
+    return vms.dns_label(cluster.name, m.name)
+
+
 def vm_spec(cluster: Cluster, m: MemberSpec) -> vms.VmSpec:
     """The member's VM: cloned from the cluster's image, agent on (readiness is read inside)."""
-    return vms.VmSpec(owner=cluster.id, member=m.name, name=f"{cluster.name}-{m.name}", image=cluster.image,
+    return vms.VmSpec(owner=cluster.id, member=m.name, name=member_hostname(cluster, m), image=cluster.image,
                       cores=m.cores, memory_mib=m.memory_mib, disk_gib=m.disk_gib, config={"agent": "1"})
 
 
@@ -429,8 +437,8 @@ def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, t
         docs = [join]
         cmd = ["kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml"]
     files.append({"path": "/etc/z9/kubeadm.yaml", "permissions": "0600", "content": yaml.safe_dump_all(docs, sort_keys=False)})
-    user = {"hostname": f"{cluster.name}-{m.name}", "write_files": files, "runcmd": [cmd]}
-    meta = {"instance-id": f"{cluster.id}-{m.name}", "local-hostname": f"{cluster.name}-{m.name}"}
+    user = {"hostname": member_hostname(cluster, m), "write_files": files, "runcmd": [cmd]}
+    meta = {"instance-id": f"{cluster.id}-{m.name}", "local-hostname": member_hostname(cluster, m)}
     return {"user-data": "#cloud-config\n" + yaml.safe_dump(user, sort_keys=False), "meta-data": yaml.safe_dump(meta)}
 
 
