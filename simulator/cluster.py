@@ -691,11 +691,12 @@ class Cluster:
         if both:
             k = sorted(both)[0]
             raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
+        # update_vm_api checks sshkeys before the config is loaded (here: after, the same answer alone)
+        cloudinit.validate_ssh_public_keys(params.get("sshkeys"))
 
     async def put_config(self, node: str, vmid: int, params: dict[str, str]) -> None:
         """``PUT .../config``: synchronous; waits up to 10 s for the flock (HTTP 500 on timeout)."""
         vm = self.vm_on(node, vmid)
-        cloudinit.validate_ssh_public_keys(params.get("sshkeys"))  # update_vm_api, before the lock
         async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
             vm = self.vm_alive(vm)
             self._check_config_write(vm, params)
@@ -705,7 +706,6 @@ class Cluster:
                           fail: str | None = None) -> str:
         """``POST .../config``: checks now (HTTP errors), applies in a ``qmconfig`` task."""
         vm = self.vm_on(node, vmid)
-        cloudinit.validate_ssh_public_keys(params.get("sshkeys"))  # update_vm_api, before the fork
         async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
             self._check_config_write(vm, params)
 
