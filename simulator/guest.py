@@ -615,7 +615,11 @@ class Guests:
         user_failed = False  # the user-data did not load: none of it (hostname, keys) is applied
         dropped: set[str] = set()  # keys the schema refused: their modules fail
         if text.startswith("#cloud-config"):
-            verdict = g.schema.result(timeout=60) if g.schema is not None else schema_check(user_raw)
+            try:
+                verdict = g.schema.result(timeout=60) if g.schema is not None else schema_check(user_raw)
+            except Exception:  # the tool hung or could not run: judged by PyYAML alone
+                log.exception("cloud-init schema failed to run")
+                verdict = ("unavailable", "")
             g.schema = None
             try:
                 loaded = yaml.safe_load(text)
