@@ -646,7 +646,16 @@ class Guests:
         kept = (g.hostname or "localhost") if user_failed or "hostname" in dropped else None
         hostname = str(cfg.get("hostname") or meta.get("local-hostname") or kept or vm.config.get("name")
                        or f"VM{vm.vmid}")
-        g.hostname = hostname
+        # cc_set_hostname (22.4 distros/debian.py _write_hostname, distros/__init__.py _apply_hostname):
+        # /etc/hostname is written, then `hostname <name>`; sethostname(2) refuses more than
+        # HOST_NAME_MAX (64) bytes ("hostname: name too long"), which cloud-init only logs: the
+        # running hostname stays what it was
+        if len(hostname.encode()) <= 64:
+            g.hostname = hostname
+        else:
+            g.hostname = g.hostname or "localhost"
+            g.write_file("/var/log/cloud-init.log", f"WARNING: Failed to non-persistently adjust the system "
+                                                    f"hostname to {hostname}\n", append=True)
         g.write_file("/etc/hostname", hostname + "\n")
         for item in cfg.get("bootcmd") or []:
             self._run_item(g, vm, item, ci, "bootcmd")

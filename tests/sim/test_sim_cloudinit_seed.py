@@ -101,3 +101,18 @@ def test_valid_user_data_passes_the_real_schema(pve, wait, cloud_init_tool):
     wait(vm.status.start.post())
     assert finished(vm)["status"] == "done"
     assert agent_exec(vm, ["cat", "/home/debian/.ssh/authorized_keys"])["out-data"] == SSH_KEY + "\n"
+
+
+def test_a_hostname_longer_than_the_kernel_takes_is_not_set(pve, wait, tmp_path):
+    """sethostname(2) takes at most 64 bytes: a 94-character hostname (what z9 once derived for a
+    cluster member) is written to /etc/hostname but the guest keeps its hostname; cloud-init only logs it."""
+    long = "a" * 63 + "-" + "w" * 27 + "-0"
+    iso = build_nocloud_iso(f"#cloud-config\nhostname: {long}\n", "instance-id: long-1\n")
+    wait(upload(pve, tmp_path, iso))
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    vm.config.put(ide3="local:iso/seed-101.iso,media=cdrom")
+    wait(vm.status.start.post())
+    assert finished(vm)["status"] == "done"
+    assert vm.agent("get-host-name").get()["result"]["host-name"] == "localhost"
+    assert agent_exec(vm, ["cat", "/etc/hostname"])["out-data"] == long + "\n"
