@@ -71,6 +71,8 @@ ENDPOINTS = (
     "POST /nodes/{node}/qemu/{vmid}/agent/file-write", "GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces",
     "GET /nodes/{node}/storage/{storage}/content", "POST /nodes/{node}/storage/{storage}/upload",
     "DELETE /nodes/{node}/storage/{storage}/content/{volume}",
+    "GET /nodes/{node}/qemu/{vmid}/cloudinit/dump", "GET /nodes/{node}/qemu/{vmid}/cloudinit",
+    "GET /nodes/{node}/qemu/{vmid}/agent/get-host-name",
 )
 
 
