@@ -134,7 +134,9 @@ class Server(Response):
     ssh_keys: list[str]
     labels: dict[str, str]
     status: ServerStatus
-    status_reason: str | None = Field(description="why the server is failed (or what failed during its deletion)")
+    status_reason: str | None = Field(description="why the server is failed — its create's error, e.g. cloud-init's "
+                                                  "error in the guest or a guest that booted from another seed "
+                                                  "(the VM stays, observed) — or what failed during its deletion")
     observed: ServerObserved
     public_ipv4: ServerPublicIpv4 | None = Field(description="its primary IPv4 address (GET /v1/addresses/{id})")
     delete_after: OptTimestamp = Field(description="while deleting: when the buffer ends")
