@@ -338,7 +338,13 @@ def new_host_key(hostname: str) -> tuple[str, str]:
 # itself, a YAML error is a cloud-init error), meta-data, vendor-data and shell-script user-data.
 USER_DATA_PATH = "/var/lib/cloud/instance/user-data.txt"  # where a real guest keeps the user-data it got
 _SCHEMA_CACHE: dict[str, tuple[str, str]] = {}
-_SCHEMA_POOL = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="z9-sim-cloud-init")
+_SCHEMA_POOL: list[concurrent.futures.ThreadPoolExecutor] = []  # made at the first boot that needs it
+
+
+def _schema_pool() -> concurrent.futures.ThreadPoolExecutor:
+    if not _SCHEMA_POOL:
+        _SCHEMA_POOL.append(concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="z9-sim-cloud-init"))
+    return _SCHEMA_POOL[0]
 _SCHEMA_KEY_RE = re.compile(r"(?:^|, )([a-z_][a-z0-9_]*)(?:\.[^:\s]*)?: ")
 
 
@@ -479,7 +485,7 @@ class Guests:
             g.boot_at = time.monotonic() - self.settings.boot_s - self.settings.cloud_init_s
         g.inputs = self._read_cdroms(vm)
         user = (g.inputs.get("files") or {}).get("user-data") or b""
-        g.schema = (_SCHEMA_POOL.submit(schema_check, user)
+        g.schema = (_schema_pool().submit(schema_check, user)
                     if not already_up and user.startswith(b"#cloud-config") and cloud_init_binary() else None)
         g.fault_agent_dead = any(f.kind == "agent_never_starts" and f.matches(vm) for f in self.faults)
         fault = next((f for f in self.faults if f.kind == "cloud_init_fails" and f.matches(vm)), None)
