@@ -345,6 +345,8 @@ def _schema_pool() -> concurrent.futures.ThreadPoolExecutor:
     if not _SCHEMA_POOL:
         _SCHEMA_POOL.append(concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="z9-sim-cloud-init"))
     return _SCHEMA_POOL[0]
+
+
 _SCHEMA_KEY_RE = re.compile(r"(?:^|, )([a-z_][a-z0-9_]*)(?:\.[^:\s]*)?: ")
 
 
