@@ -68,12 +68,12 @@ class VmSpec:
     memory_mib: int
     disk_gib: int
     ssh_keys: tuple[str, ...] = ()
-    config: Mapping[str, str] = field(default_factory=dict)
-    node: str | None = None  # clone onto this node (default: the template's); members spread over nodes
     # the VM carries only its own identity: cloud-init values the spec does not set (the template's
     # sshkeys, ciuser, …) are deleted, and so is every CD-ROM holding media other than the VM's own
     # cloud-init drive (a template's seed ISO) — see :meth:`foreign_keys`
     only_own_identity: bool = False
+    config: Mapping[str, str] = field(default_factory=dict)
+    node: str | None = None  # clone onto this node (default: the template's); members spread over nodes
 
     @property
     def tags(self) -> frozenset[str]:
