@@ -101,7 +101,6 @@ class VmSpec:
         cfg.update(self.config)
         return cfg
 
-
     def foreign_keys(self, current: Mapping[str, Any], vmid: int) -> list[str]:
         """The config keys of ``current`` that a VM with :attr:`only_own_identity` must not keep: the
         template's cloud-init values the request did not ask for (a clone copies every key: the
