@@ -169,6 +169,37 @@ def metadata(user: str, net: str) -> str:
     return f"instance-id: {hashlib.sha1((user + net).encode()).hexdigest()}\n"
 
 
+def validate_ssh_public_keys(sshkeys: str | None) -> None:
+    """pve-common ``PVE::Tools::validate_ssh_public_keys``, which qemu-server ``PVE/API2/Qemu.pm`` runs on
+    ``uri_unescape($param->{sshkeys})`` in create_vm and update_vm (PUT and POST config) before anything
+    else: every non-blank line is written to a file and ``ssh-keygen -l -f`` must read it, else the
+    request dies ``SSH public key validation error`` (HTTP 500). The real ssh-keygen runs here when it
+    is installed; without it the key is read as ssh-keygen reads it (``z9.common.sshkeys``)."""
+    if sshkeys is None:
+        return
+    import shutil
+    import subprocess
+    import tempfile
+
+    from .errors import PveError
+
+    keygen = shutil.which("ssh-keygen")
+    for line in urllib.parse.unquote(sshkeys).split("\n"):
+        if not line.strip():
+            continue
+        if keygen:
+            with tempfile.NamedTemporaryFile("w", suffix=".pub") as f:
+                f.write(line)
+                f.flush()
+                ok = subprocess.run([keygen, "-l", "-f", f.name], capture_output=True, timeout=10).returncode == 0
+        else:
+            from z9.common.sshkeys import unreadable
+
+            ok = unreadable(line.strip()) is None
+        if not ok:
+            raise PveError(500, "SSH public key validation error")
+
+
 def check_cicustom(conf: dict[str, str]) -> None:
     """``cicustom`` files are read from **snippets** volumes (``read_cloudinit_snippets_file``), which the
     API cannot write (``upload`` takes iso/vztmpl/import only): a volume of another type fails

@@ -691,6 +691,8 @@ class Cluster:
         if both:
             k = sorted(both)[0]
             raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
+        # update_vm_api checks sshkeys before the config is loaded (here: after, the same answer alone)
+        cloudinit.validate_ssh_public_keys(params.get("sshkeys"))
 
     async def put_config(self, node: str, vmid: int, params: dict[str, str]) -> None:
         """``PUT .../config``: synchronous; waits up to 10 s for the flock (HTTP 500 on timeout)."""
@@ -763,6 +765,7 @@ class Cluster:
         """``POST /nodes/{node}/qemu``: config holds only ``lock: create`` until the task ends."""
         self.check_node(node)
         vmid = int(params["vmid"])
+        cloudinit.validate_ssh_public_keys(params.get("sshkeys"))  # create_vm, before the fork
         self._taken_for_create(vmid)
         placeholder = VM(vmid, node, {"lock": "create"})
         self.vms[vmid] = placeholder

@@ -11,8 +11,9 @@ Lifecycle (one :class:`Guest` per vmid, created at the VM's first start, removed
   below) and of ``agent`` in the config (the virtio-serial port exists only if ``agent`` was enabled
   at start), and boots after ``boot_s`` seconds (:class:`GuestSettings`, admin ``PUT /_sim/config``
   ``guest_boot_s``). Stop/shutdown: the guest is down, running commands are gone, files stay.
-- **Boot** (evaluated lazily, so 10,000 guests cost nothing until asked): cloud-init reads the first
-  CD-ROM labelled ``cidata`` in bus order (``ide0``-``ide3``, ``sata0``-``sata5``, ``scsi0``-``scsi30``):
+- **Boot** (evaluated lazily, so 10,000 guests cost nothing until asked): cloud-init takes the seed
+  NoCloud takes among the CD-ROMs labelled ``cidata`` — the **last** device path (``/dev/srN``, numbered
+  in bus order ``ide0``-``ide3``, ``sata0``-``sata5``, ``scsi0``-``scsi30``; see :meth:`Guests._read_cdroms`):
   PVE's own drive (``<storage>:vm-<vmid>-cloudinit``, files as generated at the last regeneration, see
   :mod:`z9.sim.cloudinit`) or an uploaded ISO (``<storage>:iso/<name>``, parsed from its real bytes with
   pycdlib; an unreadable image has no label and is skipped). No ``cidata`` → cloud-init ``disabled``.
@@ -27,8 +28,14 @@ Lifecycle (one :class:`Guest` per vmid, created at the VM's first start, removed
   addresses applied at the current instance's first boot, plus addresses configured inside since this
   boot (:meth:`Guest.add_address` — the ``ip addr add`` command, or ``POST /_sim/guests/{vmid}/addresses``).
 - **cloud-init status** goes ``running`` for ``cloud_init_s`` seconds after boot, then ``done`` —
-  or ``error`` with the error text (unparsable user-data, a failing ``runcmd`` item, or the fault
-  ``cloud_init_fails``). ``cloud-init status --format json`` through ``agent/exec``.
+  or ``error`` with the error text (a failing ``runcmd`` item, the fault ``cloud_init_fails``, or a
+  ``#cloud-config`` user-data that Debian's real ``cloud-init schema --config-file`` refuses: its text is
+  the error; unparsable YAML applies nothing of the user-data — no keys, no hostname —, a schema error
+  drops the keys it names). ``cloud-init status --format json`` / ``--long`` through ``agent/exec``.
+  Not checked by a real tool: network-config (22.4's ``schema`` validates cloud-config only; the model
+  reads v1/v2 itself), meta-data, script user-data. Where the model is stricter than 22.4: a real 22.4
+  guest logs unparsable or schema-invalid user-data as WARNINGs and ends ``done`` (23.4+: ``degraded
+  done``, exit 2) with nothing applied; the model says ``error`` so the failure has one shape.
 - **Files** (``agent/file-write``/``file-read``, ``write_files``, command handlers) persist per VM across
   reboots and are gone when the VM is destroyed; a new VM at a reused vmid starts from nothing. With a
   ``state_file`` the guests' disks (files, instance-id, host key, applied network, JSON-able models)
@@ -85,6 +92,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import email.utils
 import hashlib
 import ipaddress
@@ -218,6 +226,7 @@ class Guest:
     models: dict[str, dict] = field(default_factory=dict)
     fault_agent_dead: bool = False
     fault_ci: str | None = None
+    schema: Any = None  # the real `cloud-init schema` of the seed's user-data, started at power-on (a Future)
 
     # -- API for handlers --
     def read_file(self, path: str) -> bytes | None:
@@ -322,6 +331,67 @@ def new_host_key(hostname: str) -> tuple[str, str]:
     return f"ssh-ed25519 {base64.b64encode(blob).decode()} root@{hostname}\n", fp
 
 
+# ---- the real cloud-init ----------------------------------------------------------------------------
+# Debian's cloud-init 22.4 judges every #cloud-config user-data a guest boots from: ``cloud-init schema
+# --config-file F`` (the same schema and YAML loader cloud-init uses at boot). What 22.4 cannot check:
+# network-config (its ``schema`` command validates cloud-config only; the model reads network-config v1/v2
+# itself, a YAML error is a cloud-init error), meta-data, vendor-data and shell-script user-data.
+USER_DATA_PATH = "/var/lib/cloud/instance/user-data.txt"  # where a real guest keeps the user-data it got
+_SCHEMA_CACHE: dict[str, tuple[str, str]] = {}
+_SCHEMA_POOL: list[concurrent.futures.ThreadPoolExecutor] = []  # made at the first boot that needs it
+
+
+def _schema_pool() -> concurrent.futures.ThreadPoolExecutor:
+    if not _SCHEMA_POOL:
+        _SCHEMA_POOL.append(concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="z9-sim-cloud-init"))
+    return _SCHEMA_POOL[0]
+
+
+_SCHEMA_KEY_RE = re.compile(r"(?:^|, )([a-z_][a-z0-9_]*)(?:\.[^:\s]*)?: ")
+
+
+def cloud_init_binary() -> str | None:
+    """Path of Debian's ``cloud-init``, or None (then the model only parses the YAML)."""
+    import shutil
+
+    return shutil.which("cloud-init") or next((p for p in ("/usr/bin/cloud-init",) if os.access(p, os.X_OK)), None)
+
+
+def schema_check(user_data: bytes) -> tuple[str, str]:
+    """``("valid", "")``, ``("invalid", "Cloud config schema errors: …")`` as ``cloud-init schema
+    --config-file`` says (the file named as a guest keeps it), or ``("unavailable", "")`` without the
+    tool. Cached by content; thread-safe (runs in the simulator's pool, started at power-on)."""
+    import subprocess
+    import tempfile
+
+    digest = hashlib.sha256(user_data).hexdigest()
+    if digest in _SCHEMA_CACHE:
+        return _SCHEMA_CACHE[digest]
+    binary = cloud_init_binary()
+    if binary is None:
+        return ("unavailable", "")
+    with tempfile.NamedTemporaryFile(suffix=".user-data") as f:
+        f.write(user_data)
+        f.flush()
+        r = subprocess.run([binary, "schema", "--config-file", f.name], capture_output=True, timeout=60,
+                           env={**os.environ, "LANG": "C.UTF-8"})
+        err = r.stderr.decode("utf-8", "replace").replace(f.name, USER_DATA_PATH)
+    if r.returncode == 0:
+        verdict = ("valid", "")
+    else:
+        lines = [ln for ln in err.splitlines() if ln.strip() and ln.strip() != "Error:"]
+        verdict = ("invalid", "\n".join(lines).strip() or f"cloud-init schema exited {r.returncode}")
+    _SCHEMA_CACHE[digest] = verdict
+    return verdict
+
+
+def schema_error_keys(text: str) -> set[str]:
+    """The top-level cloud-config keys ``cloud-init schema`` names in its errors (``hostname: 5 is not
+    of type 'string'``, ``ssh_authorized_keys.0: …``): the modules reading them fail."""
+    first = text.split("\n", 1)[0].partition("Cloud config schema errors: ")[2]
+    return {m.group(1) for m in _SCHEMA_KEY_RE.finditer(first) if not m.group(1).startswith("format")}
+
+
 # ---- the manager ----------------------------------------------------------------------------------
 @dataclass
 class GuestFault:
@@ -416,6 +486,9 @@ class Guests:
         if already_up:
             g.boot_at = time.monotonic() - self.settings.boot_s - self.settings.cloud_init_s
         g.inputs = self._read_cdroms(vm)
+        user = (g.inputs.get("files") or {}).get("user-data") or b""
+        g.schema = (_schema_pool().submit(schema_check, user)
+                    if not already_up and user.startswith(b"#cloud-config") and cloud_init_binary() else None)
         g.fault_agent_dead = any(f.kind == "agent_never_starts" and f.matches(vm) for f in self.faults)
         fault = next((f for f in self.faults if f.kind == "cloud_init_fails" and f.matches(vm)), None)
         g.fault_ci = (fault.message or "simulated cloud-init failure") if fault else None
@@ -464,17 +537,33 @@ class Guests:
 
     # -- boot --
     def _read_cdroms(self, vm: "VM") -> dict:
-        """The first ``cidata`` CD-ROM in bus order: ``{source, files}``; ``{source: None}`` if none."""
+        """The seed NoCloud takes: ``{source, device, files}``; ``{source: None}`` if none.
+
+        cloud-init 22.4 ``cloudinit/sources/DataSourceNoCloud.py`` ``_get_devices``: the devices blkid
+        finds (``util.find_devs_with``) that are ``TYPE=vfat`` or ``TYPE=iso9660`` **and** labelled
+        ``CIDATA``/``cidata``, then ``devlist.sort(reverse=True)`` — by device path, as strings, highest
+        first; ``_get_data`` mounts each in that order and takes the first holding ``user-data`` and
+        ``meta-data`` (``pathprefix2dict(required=[...])``; without them: "not a valid seed", next).
+        The device paths: every CD-ROM drive of the VM (``media=cdrom``, empty ones too) is a
+        ``/dev/srN``, numbered in bus order ``ide0``-``ide3``, ``sata0``-``sata5``, ``scsi0``-``scsi30``
+        (the order the guest kernel probes QEMU's IDE, AHCI and SCSI controllers — modelled, not read
+        from a kernel). So PVE's own drive on ``ide2`` (``/dev/sr1``) wins over an ISO on ``ide0``
+        (``/dev/sr0``), and ``/dev/sr9`` over ``/dev/sr10``."""
+        found = []
+        n = 0
         for key in CDROM_ORDER:
             val = vm.config.get(key)
             if not val or "media=cdrom" not in val:
                 continue
+            dev = f"/dev/sr{n}"
+            n += 1
             volid = val.split(",", 1)[0]
             if volid in ("none", "cdrom"):
                 continue
             if cloudinit.CLOUDINIT_VOL_RE.search(volid):
                 if vm.ci_drive is not None:
-                    return {"source": f"{key}:{volid}", "files": dict(vm.ci_drive), "label": "cidata"}
+                    found.append((dev, {"source": f"{key}:{volid}", "device": dev, "files": dict(vm.ci_drive),
+                                        "label": "cidata"}))
                 continue
             vol = self.cluster.storage.volume(volid, vm.node)
             if vol is None:
@@ -485,8 +574,11 @@ class Guests:
                 label, files = read_nocloud_iso(vol.data)
             except NoCloudError:
                 continue
-            if label.lower() == "cidata":
-                return {"source": f"{key}:{volid}", "files": files, "label": label}
+            if label in ("cidata", "CIDATA"):  # blkid LABEL= is exact: label.upper() and label.lower()
+                found.append((dev, {"source": f"{key}:{volid}", "device": dev, "files": files, "label": label}))
+        for _dev, seed in sorted(found, key=lambda f: f[0], reverse=True):
+            if "user-data" in seed["files"] and "meta-data" in seed["files"]:
+                return seed
         return {"source": None, "files": {}}
 
     def _advance(self, g: Guest, vm: "VM") -> None:
@@ -515,7 +607,7 @@ class Guests:
             g.hostname = g.hostname or vm.config.get("name") or f"VM{vm.vmid}"
             return
         ci["datasource"] = "nocloud"
-        ci["detail"] = f"DataSourceNoCloud [seed=/dev/sr0][dsmode=net] ({inputs['source']})"
+        ci["detail"] = f"DataSourceNoCloud [seed={inputs.get('device') or '/dev/sr0'}][dsmode=net] ({inputs['source']})"
         try:
             meta = yaml.safe_load(files.get("meta-data", b"") or b"") or {}
             if not isinstance(meta, dict):
@@ -528,14 +620,29 @@ class Guests:
         cfg: dict = {}
         script: str | None = None
         text = _text(user_raw)
+        user_failed = False  # the user-data did not load: none of it (hostname, keys) is applied
+        dropped: set[str] = set()  # keys the schema refused: their modules fail
         if text.startswith("#cloud-config"):
+            try:
+                verdict = g.schema.result(timeout=60) if g.schema is not None else schema_check(user_raw)
+            except Exception:  # the tool hung or could not run: judged by PyYAML alone
+                log.exception("cloud-init schema failed to run")
+                verdict = ("unavailable", "")
+            g.schema = None
             try:
                 loaded = yaml.safe_load(text)
                 if loaded is not None and not isinstance(loaded, dict):
                     raise ValueError("user-data is not a mapping")
                 cfg = loaded or {}
             except (yaml.YAMLError, ValueError) as e:
-                ci["errors"].append(f"Failed loading yaml blob. Invalid format at line: {e}")
+                user_failed = True
+                if verdict[0] != "invalid":  # without the real tool: PyYAML's word
+                    ci["errors"].append(f"Failed loading yaml blob. Invalid format at line: {e}")
+            if verdict[0] == "invalid":
+                ci["errors"].append(verdict[1])
+                dropped = schema_error_keys(verdict[1])
+                for key in dropped:  # those modules fail: what they would do is not done
+                    cfg.pop(key, None)
         elif text.startswith("#!"):
             script = text
         new_instance = iid != g.instance_id
@@ -543,8 +650,20 @@ class Guests:
             macs = [n["mac"] for n in self._network(vm, None)]
             for n, mac in zip(g.net_applied, macs):
                 n["mac"] = mac
-        hostname = str(cfg.get("hostname") or meta.get("local-hostname") or vm.config.get("name") or f"VM{vm.vmid}")
-        g.hostname = hostname
+        # no hostname from a user-data that failed (cc_set_hostname has none): the guest keeps its own
+        kept = (g.hostname or "localhost") if user_failed or "hostname" in dropped else None
+        hostname = str(cfg.get("hostname") or meta.get("local-hostname") or kept or vm.config.get("name")
+                       or f"VM{vm.vmid}")
+        # cc_set_hostname (22.4 distros/debian.py _write_hostname, distros/__init__.py _apply_hostname):
+        # /etc/hostname is written, then `hostname <name>`; sethostname(2) refuses more than
+        # HOST_NAME_MAX (64) bytes ("hostname: name too long"), which cloud-init only logs: the
+        # running hostname stays what it was
+        if len(hostname.encode()) <= 64:
+            g.hostname = hostname
+        else:
+            g.hostname = g.hostname or "localhost"
+            g.write_file("/var/log/cloud-init.log", f"WARNING: Failed to non-persistently adjust the system "
+                                                    f"hostname to {hostname}\n", append=True)
         g.write_file("/etc/hostname", hostname + "\n")
         for item in cfg.get("bootcmd") or []:
             self._run_item(g, vm, item, ci, "bootcmd")
@@ -827,9 +946,10 @@ def _cloud_init(ctx: ExecContext) -> ExecResult:
     else:
         out = ("." * int(seconds * 2) + "\n" if wait and seconds else "") + f"status: {st['status']}\n"
         if long:
-            out += (f"extended_status: {st['extended_status']}\nboot_status_code: {st['boot_status_code']}\n"
-                    f"last_update: {st['last_update']}\ndetail: {st['detail']}\n"
-                    f"errors: {json.dumps(st['errors'])}\nrecoverable_errors: {{}}\n")
+            # cloud-init 22.4 cmd/status.py TABULAR_LONG_TMPL; on error the detail is the errors, one a line
+            detail = "\n".join(st["errors"]) if st["status"] == "error" and st["errors"] else st["detail"]
+            out += (f"boot_status_code: {st['boot_status_code']}\nlast_update: {st['last_update']}\n"
+                    f"detail:\n{detail}\n")
     return ExecResult(code, out=out, seconds=seconds)
 
 

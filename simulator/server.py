@@ -13,6 +13,9 @@ The dev region seed (:func:`seed_dev_region`): template 9000 ``debian-12`` on th
 (``template: 1``, ``scsi0: local-lvm:base-9000-disk-0,size=2G``, cloud-init drive on ide2, ``net0``
 virtio on ``vmbr0``, tags ``z9-image`` so clones inherit it, facts: "Where peers broke" 8) and the
 region agent VM 100 ``z9-agent-<region>`` on the first node, running, tagged ``z9-role-agent``.
+
+A template as image builders leave one (:func:`put_builder_template`, for tests): the builder's own
+cloud-init values and a NoCloud seed ISO of its own, which every clone inherits.
 """
 
 from __future__ import annotations
@@ -113,6 +116,43 @@ def seed_dev_region(config: SimConfig) -> list[VM]:
         "smbios1": f"uuid={uuid.UUID(int=100)}", "vmgenid": str(uuid.UUID(int=0x100)),
     }, running=True, started_at=time.time())
     return [template, agent, *extra]
+
+
+# the image builder's key (a real public key: PVE refuses one ssh-keygen cannot read)
+BUILDER_SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGyFYeKcD3kOvJ0Iqv0tVhUw2FvDkm9wcmUNx3XUkfLu builder@image-factory"
+
+
+def put_builder_template(cluster: Cluster, vmid: int = 9001, name: str = "debian-12-baked",
+                         node: str | None = None, seed_drive: str = "sata0") -> VM:
+    """A template as an image builder (Packer's proxmox builder, a pulumi-proxmoxve program — the class of
+    pulumi-proxmoxve#13) leaves it: the builder's ``sshkeys`` and ``ciuser`` still in the config, and the
+    builder's NoCloud seed (``local:iso/<name>-seed.iso``: hostname ``builder``, the builder's key,
+    instance-id ``<name>-build``) on ``seed_drive`` next to PVE's drive on ``ide2``. PVE's clone copies
+    every key and keeps a CD-ROM's ISO as it is (qemu-server ``clone_vm``: CD-ROMs are not cloned, their
+    value is copied), so each clone inherits both; on ``sata0`` (``/dev/sr1``, after ``ide2``'s
+    ``/dev/sr0``) the seed is the one NoCloud takes. Returns the template (added to ``cluster``)."""
+    from urllib.parse import quote
+
+    from z9.common.nocloud import build_nocloud_iso
+
+    from .storage import Volume
+
+    node = node or cluster.nodes[0]
+    iso = build_nocloud_iso(f"#cloud-config\nhostname: builder\nssh_authorized_keys:\n  - {BUILDER_SSH_KEY}\n",
+                            f"instance-id: {name}-build\nlocal-hostname: builder\n")
+    volname = f"iso/{name}-seed.iso"
+    cluster.storage._bucket("local", node)[volname] = Volume(f"local:{volname}", "iso", "iso", iso, int(time.time()))
+    vm = VM(vmid, node, {
+        "name": name, "template": "1", "cores": "1", "memory": "1024", "ostype": "l26",
+        "scsihw": "virtio-scsi-single", "scsi0": f"local-lvm:base-{vmid}-disk-0,size=2G",
+        "ide2": f"local-lvm:vm-{vmid}-cloudinit,media=cdrom", seed_drive: f"local:{volname},media=cdrom",
+        "boot": "order=scsi0", "net0": "virtio=BC:24:11:90:01:01,bridge=vmbr0", "serial0": "socket",
+        "vga": "serial0", "agent": "1", "tags": "z9-image", "ciuser": "builder",
+        "sshkeys": quote(BUILDER_SSH_KEY + "\n", safe=""), "ipconfig0": "ip=dhcp",
+        "smbios1": f"uuid={uuid.UUID(int=vmid)}", "vmgenid": str(uuid.UUID(int=vmid + 7)),
+    })
+    cluster.add_vm(vm)
+    return vm
 
 
 class SimServer:

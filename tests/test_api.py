@@ -12,7 +12,7 @@ import pytest
 
 from tests.support import REGION, Stack, make_tenant
 
-KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDa8 alice@example"
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIMQ+ctuWvPKZcSiB0avvBJbVNptRfvJ+8krZNKKKLvo alice@example"
 
 
 def body(**over: Any) -> dict[str, Any]:
@@ -137,6 +137,14 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("ssh key no body", {"ssh_keys": ["ssh-ed25519"]}, "ssh_keys"),
     ("ssh key two lines", {"ssh_keys": [KEY + "\n" + KEY]}, "ssh_keys"),
     ("ssh keys not a list", {"ssh_keys": KEY}, "ssh_keys"),
+    # shaped like a key, but its blob is no key ssh-keygen reads (Proxmox refuses it: SSH public key
+    # validation error), or its type is not the blob's
+    ("ssh key unreadable", {"ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDa8 alice@example"]}, "ssh_keys"),
+    ("ssh key type not its blob's", {"ssh_keys": ["ssh-rsa " + KEY.split()[1]]}, "ssh_keys"),
+    # a comment Proxmox's unquoted user-data line turns into YAML syntax
+    ("ssh key comment a: b: c", {"ssh_keys": [KEY + " a: b: c"]}, "ssh_keys"),
+    ("ssh key comment user: laptop", {"ssh_keys": [" ".join(KEY.split()[:2]) + " user: laptop"]}, "ssh_keys"),
+    ("ssh key comment #", {"ssh_keys": [KEY + " #work"]}, "ssh_keys"),
 ]
 
 

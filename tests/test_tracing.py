@@ -180,10 +180,12 @@ async def test_create_request_and_its_job_are_one_trace(stack: Stack, spans: InM
                and "INSERT INTO jobs" in s.attributes.get("db.statement", "") for s in db)
     assert any(_descends(s, job_span, index) for s in db)
     # Nothing recorded as an error on a clean run, except task polls answered "no such task"
-    # (400: a task not yet visible on its node, tolerated by the waiter).
+    # (400: a task not yet visible on its node, tolerated by the waiter) and the guest agent's
+    # "not running" while the new VM boots (500, tolerated by verify's wait for the guest).
     errors = [(s.name, s.attributes.get("http.response.status_code"), s.status.description)
               for s in everything if s.status.status_code == StatusCode.ERROR]
-    assert all(e[0] == "GET /nodes/{node}/tasks/{upid}/status" and e[1] == 400 and "no such task" in e[2]
+    assert all((e[0] == "GET /nodes/{node}/tasks/{upid}/status" and e[1] == 400 and "no such task" in e[2])
+               or ("/agent/" in e[0] and e[1] == 500 and "QEMU guest agent is not running" in e[2])
                for e in errors), errors
 
 

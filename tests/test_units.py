@@ -231,7 +231,7 @@ class TestIds:
 # ================================================================== job plans
 
 NODE = "pve1"
-SSH_KEYS = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDa8 alice@example"]
+SSH_KEYS = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIMQ+ctuWvPKZcSiB0avvBJbVNptRfvJ+8krZNKKKLvo alice@example"]
 
 
 def make_job(kind: str, resource_id: str, args: dict[str, Any] | None = None, **over: Any) -> Job:

@@ -113,7 +113,8 @@ async def test_a_clone_request_whose_sender_died_is_waited_for_not_repeated(stac
     # the request lands: the clone runs at 150 (locked), then ends
     tpl = (await sim.vm(9000))["config"]
     cfg = {k: v for k, v in tpl.items() if k not in ("template", "tags")}
-    cfg.update(name="web-1", description=marker(server["id"]), scsi0="local-lvm:vm-150-disk-0,size=2G", lock="clone")
+    cfg.update(name="web-1", description=marker(server["id"]), scsi0="local-lvm:vm-150-disk-0,size=2G", lock="clone",
+               ide2="local-lvm:vm-150-cloudinit,media=cdrom")  # a clone's own drive, as PVE's clone names it
     await sim._req("POST", "/vms", json={"vmid": 150, "node": "pve1", "running": False, "config": cfg})
     await asyncio.sleep(0.5)
     del cfg["lock"]

@@ -343,6 +343,11 @@ class Settings(BaseSettings):
     # a running or degraded cluster is observed at least this often (seconds): the reaper enqueues
     # a ClusterObserve (members' power and Node readiness, running <-> degraded) when none is live
     cluster_observe_interval_s: float = Field(60.0, gt=0)
+    # how long a server's create waits inside its guest (agent) for cloud-init to end, from z9's drive
+    server_guest_ready_s: float = Field(900.0, ge=0, description=(
+        "How long a server's create waits, through the guest agent, for cloud-init to end in the guest "
+        "(then the instance-id and hostname must be the ones z9's cloud-init drive gave it; an error is "
+        "the server's status_reason). 0: the guest is not looked into."))
 
     # scheduler, reaper, retention
     scheduler_interval_s: float = Field(1.0, gt=0)

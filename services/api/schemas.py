@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema, field_validator
 
+from z9.common import sshkeys
+
 # A Proxmox VM name must be a DNS name (qemu-server: format 'dns-name'); z9 keeps to one label.
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 SSH_KEY_PREFIXES = ("ssh-", "ecdsa-sha2-", "sk-ssh-", "sk-ecdsa-")
@@ -63,7 +65,7 @@ class ServerCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "name": "web-1", "region": "dev-1", "image": "debian-12", "cores": 2, "memory_mib": 2048,
-        "disk_gib": 20, "ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDa8 alice@example"]}]})
+        "disk_gib": 20, "ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIMQ+ctuWvPKZcSiB0avvBJbVNptRfvJ+8krZNKKKLvo alice@example"]}]})
 
     name: StrictStr = Field(pattern=NAME_PATTERN, description="DNS label, lower case, 1-63 chars")
     region: StrictStr = Field(min_length=1, max_length=63)
@@ -88,6 +90,14 @@ class ServerCreate(BaseModel):
             if (not k.isascii() or not k.isprintable() or not k.startswith(SSH_KEY_PREFIXES)
                     or len(k.split()) < 2 or len(raw) > SSH_KEY_MAX):
                 raise ValueError(f"ssh_keys[{i}] is not a single OpenSSH public key line")
+            # What the document's pattern cannot say (z9.common.sshkeys): Proxmox refuses a key
+            # ssh-keygen cannot read, and writes each key unquoted into its cloud-init user-data.
+            why = sshkeys.unreadable(k)
+            if why:
+                raise ValueError(f"ssh_keys[{i}] is {why}")
+            if sshkeys.breaks_user_data(k):
+                raise ValueError(f"ssh_keys[{i}]: its comment holds YAML syntax (': ', ' #' or a trailing ':') "
+                                 "that breaks the cloud-init user-data Proxmox writes; change or drop the comment")
             out.append(k)
         return out
 
@@ -124,7 +134,9 @@ class Server(Response):
     ssh_keys: list[str]
     labels: dict[str, str]
     status: ServerStatus
-    status_reason: str | None = Field(description="why the server is failed (or what failed during its deletion)")
+    status_reason: str | None = Field(description="why the server is failed — its create's error, e.g. cloud-init's "
+                                                  "error in the guest or a guest that booted from another seed "
+                                                  "(the VM stays, observed) — or what failed during its deletion")
     observed: ServerObserved
     public_ipv4: ServerPublicIpv4 | None = Field(description="its primary IPv4 address (GET /v1/addresses/{id})")
     delete_after: OptTimestamp = Field(description="while deleting: when the buffer ends")

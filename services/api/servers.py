@@ -18,7 +18,7 @@ from .resources import ApiResource, CreateContext
 EXAMPLE: dict[str, Any] = {
     "id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y", "name": "web-1", "region": "dev-1", "image": "debian-12",
     "cores": 2, "memory_mib": 2048, "disk_gib": 20,
-    "ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDa8 alice@example"], "labels": {"env": "prod"},
+    "ssh_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIMQ+ctuWvPKZcSiB0avvBJbVNptRfvJ+8krZNKKKLvo alice@example"], "labels": {"env": "prod"},
     "status": "creating", "status_reason": None,
     "observed": {"vmid": None, "node": None, "power_state": None, "at": None},
     "public_ipv4": {"id": "adr_01jd3x5v8q2m6n4p7r9s1t3w60", "ip": "203.0.113.10"},

@@ -71,6 +71,8 @@ ENDPOINTS = (
     "POST /nodes/{node}/qemu/{vmid}/agent/file-write", "GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces",
     "GET /nodes/{node}/storage/{storage}/content", "POST /nodes/{node}/storage/{storage}/upload",
     "DELETE /nodes/{node}/storage/{storage}/content/{volume}",
+    "GET /nodes/{node}/qemu/{vmid}/cloudinit/dump", "GET /nodes/{node}/qemu/{vmid}/cloudinit",
+    "GET /nodes/{node}/qemu/{vmid}/agent/get-host-name",
 )
 
 
@@ -763,6 +765,24 @@ class ProxmoxClient:
         reads it at its next boot)."""
         await self._call("PUT /nodes/{node}/qemu/{vmid}/cloudinit", f"regenerate cloud-init drive of VM {vmid}",
                          lambda: self._api.nodes(node).qemu(vmid).cloudinit.put())
+
+    async def cloudinit_dump(self, node: str, vmid: int, kind: str) -> str:
+        """``GET …/cloudinit/dump?type=user|network|meta``: that file as PVE generates it from the
+        config now (what the drive holds when no cloud-init change is pending)."""
+        return str(await self._call("GET /nodes/{node}/qemu/{vmid}/cloudinit/dump", f"dump cloud-init {kind} of VM {vmid}",
+                                    lambda: self._api.nodes(node).qemu(vmid).cloudinit.dump.get(type=kind)) or "")
+
+    async def cloudinit_pending(self, node: str, vmid: int) -> list[dict[str, Any]]:
+        """``GET …/cloudinit``: the cloud-init keys, with ``pending``/``delete`` where the config
+        changed since the drive was last generated."""
+        return list(await self._call("GET /nodes/{node}/qemu/{vmid}/cloudinit", f"cloud-init of VM {vmid}",
+                                     lambda: self._api.nodes(node).qemu(vmid).cloudinit.get()) or [])
+
+    async def agent_hostname(self, node: str, vmid: int) -> str:
+        """``agent/get-host-name``: the guest's hostname. Raises AgentUnavailable while it does not answer."""
+        r = await self._agent("GET /nodes/{node}/qemu/{vmid}/agent/get-host-name", f"hostname of VM {vmid}",
+                              lambda: self._api.nodes(node).qemu(vmid).agent("get-host-name").get())
+        return str(((r or {}).get("result") or {}).get("host-name") or "")
 
     # ------------------------------------------------------------------ storage (bootstrap ISOs)
 

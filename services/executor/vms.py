@@ -68,6 +68,10 @@ class VmSpec:
     memory_mib: int
     disk_gib: int
     ssh_keys: tuple[str, ...] = ()
+    # the VM carries only its own identity: cloud-init values the spec does not set (the template's
+    # sshkeys, ciuser, …) are deleted, and so is every CD-ROM holding media other than the VM's own
+    # cloud-init drive (a template's seed ISO) — see :meth:`foreign_keys`
+    only_own_identity: bool = False
     config: Mapping[str, str] = field(default_factory=dict)
     node: str | None = None  # clone onto this node (default: the template's); members spread over nodes
     # The addresses the VM may send from (its own static address, a VIP it may hold): non-empty →
@@ -100,6 +104,52 @@ class VmSpec:
             cfg["sshkeys"] = encode_ssh_keys(list(self.ssh_keys))
         cfg.update(self.config)
         return cfg
+
+    def foreign_keys(self, current: Mapping[str, Any], vmid: int) -> list[str]:
+        """The config keys of ``current`` that a VM with :attr:`only_own_identity` must not keep: the
+        template's cloud-init values the request did not ask for (a clone copies every key: the
+        template builder's ``sshkeys`` would be authorized on the customer's VM, its ``ciuser`` be
+        the user) and its seed media (PVE clones a CD-ROM's ISO as it is: cloud-init's NoCloud would
+        take it as the seed — the last ``cidata`` device — with its hostname, keys and
+        instance-id). The VM's own cloud-init drive (``vm-<vmid>-cloudinit``) stays."""
+        if not self.only_own_identity:
+            return []
+        desired = self.desired_config()
+        out = []
+        for k, v in current.items():
+            if k in desired:
+                continue
+            if k in CI_VALUE_KEYS or (_IPCONFIG_RE.fullmatch(k) and k != "ipconfig0"):
+                out.append(k)
+            elif _DRIVE_RE.fullmatch(k) and "media=cdrom" in str(v):
+                volid = str(v).split(",", 1)[0]
+                own = _OWN_CI_RE.search(volid)
+                if volid not in ("none", "cdrom") and not (own and int(own.group(1)) == vmid):
+                    out.append(k)
+        return sorted(out)
+
+
+# cloud-init values of a PVE config (qemu-server Cloudinit.pm reads them into the drive); citype and
+# ciupgrade describe the image, not an identity, and stay
+CI_VALUE_KEYS = ("cicustom", "cipassword", "ciuser", "nameserver", "searchdomain", "sshkeys")
+_IPCONFIG_RE = re.compile(r"ipconfig\d+")
+_DRIVE_RE = re.compile(r"(ide|sata|scsi|virtio)\d+")
+_OWN_CI_RE = re.compile(r"vm-(\d+)-cloudinit")
+
+
+def dns_label(prefix: str, suffix: str) -> str:
+    """``<prefix>-<suffix>`` as one DNS label — a hostname and a Proxmox VM name (qemu-server
+    ``name``: format ``dns-name``) — at most 63 characters (RFC 1035 §2.3.4; Linux HOST_NAME_MAX is
+    64): ``prefix`` is cut to fit, its trailing hyphens dropped, so ``suffix`` (what tells the VMs
+    of one owner apart) stays whole. Both parts are labels already (the API's name patterns)."""
+    room = 63 - len(suffix) - 1
+    return f"{prefix[:room].rstrip('-')}-{suffix}"
+
+
+def agent_configured(config: Mapping[str, Any]) -> bool:
+    """The config enables the QEMU guest agent (``agent: [enabled=]1[,...]``)."""
+    first = str(config.get("agent") or "0").split(",", 1)[0]
+    return first.partition("=")[2] == "1" if first.startswith("enabled=") else first == "1"
 
 
 def marker(owner: str, member: str = MAIN) -> str:
@@ -510,7 +560,7 @@ def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[S
                 *([Step("ip_filter")] if spec.ip_filter else []), Step("start")]
     refuse_if_locked(vm)
     steps = []
-    if config_diff(vm.config, spec.desired_config()):
+    if config_diff(vm.config, spec.desired_config()) or spec.foreign_keys(vm.config, vm.vmid):
         steps.append(Step("configure"))
     disk = boot_disk(vm.config)
     if disk is None:
@@ -536,6 +586,9 @@ async def apply_member_step(ctx: JobContext, spec: VmSpec, world: MemberWorld, s
         refuse_platform(spec.owner, vm)  # never rewrite a platform VM's tags
         refuse_if_locked(vm)
         diff = config_diff(vm.config, spec.desired_config())
+        foreign = spec.foreign_keys(vm.config, vm.vmid)
+        if foreign:
+            diff["delete"] = ",".join(foreign)
         if diff:
             await ctx.fence()
             upid = await ctx.pve.configure(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))

@@ -16,6 +16,8 @@ from z9.sim.server import SimConfig, SimServer, start_simulator
 TASK_SECONDS = {"qmclone": 0.25, "qmdestroy": 0.2}
 GUEST_BOOT_S = 0.4
 CLOUD_INIT_S = 0.4
+# a real public key (PVE refuses an sshkeys line ssh-keygen cannot read)
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHJ058JkmDc3sBXLLfF+PS59IDULSD3JlYs6wRqCPjyx me@host"
 
 
 class SimThread:

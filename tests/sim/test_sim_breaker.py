@@ -97,7 +97,7 @@ def test_clone_sharing_a_fixed_instance_id_iso_keeps_the_sources_identity(pve, w
         wait(pve.nodes("pve1").storage("isos").upload.post(content="iso", filename=f))
     clone(pve, wait, 101, name="src")
     src = pve.nodes("pve1").qemu(101)
-    src.config.put(ide0="isos:iso/seed-fixed.iso,media=cdrom")
+    src.config.put(ide3="isos:iso/seed-fixed.iso,media=cdrom")  # after PVE's drive (ide2): the seed NoCloud takes
     wait(src.status.start.post())
     until(lambda: src.agent.ping.post())
     key = admin("get", "/guests/101")["host_key"]

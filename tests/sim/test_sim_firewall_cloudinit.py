@@ -7,6 +7,9 @@ import hashlib
 
 import pytest
 from proxmoxer import ResourceException
+from urllib.parse import quote
+
+from .conftest import SSH_KEY
 
 
 def clone(pve, wait, newid=101, name="web-1", node="pve1"):
@@ -139,15 +142,32 @@ def test_cluster_firewall_options(pve):
 
 
 # ---- cloud-init ----------------------------------------------------------------------------------
+def test_sshkeys_that_ssh_keygen_cannot_read_are_refused(pve, wait):
+    """PVE::Tools::validate_ssh_public_keys (create_vm, update_vm): every non-blank line must be read by
+    ``ssh-keygen -l -f``, else ``SSH public key validation error`` — PUT, POST and create alike. A
+    comment holding YAML syntax is a key ssh-keygen reads: PVE takes it (and writes it unquoted)."""
+    clone(pve, wait, 101, name="web-1")
+    vm = pve.nodes("pve1").qemu(101)
+    bad = quote("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDa8 alice@example\n", safe="")
+    for call in (lambda: vm.config.put(sshkeys=bad), lambda: vm.config.post(sshkeys=bad),
+                 lambda: pve.nodes("pve1").qemu.post(vmid=150, name="x", sshkeys=bad),
+                 lambda: vm.config.put(sshkeys=quote(SSH_KEY + "\nssh-rsa AAAAB3Nza x\n", safe=""))):
+        e = err(call)
+        assert (e.status_code, e.content) == (500, "SSH public key validation error")
+    assert "sshkeys" not in vm.config.get() and 150 not in [v["vmid"] for v in pve.cluster.resources.get(type="vm")]
+    vm.config.put(sshkeys=quote(SSH_KEY + " a: b: c\n\n", safe=""))
+    assert f"  - {SSH_KEY} a: b: c\n" in vm.cloudinit.dump.get(type="user")
+
+
 def test_cloudinit_dump_matches_pve_generator(pve, wait):
     clone(pve, wait, 101, name="web-1")
     vm = pve.nodes("pve1").qemu(101)
     vm.config.put(ipconfig0="ip=203.0.113.10/24,gw=203.0.113.1", nameserver="1.1.1.1 9.9.9.9",
-                  searchdomain="example.net", ciuser="debian", sshkeys="ssh-ed25519%20AAAAkey%20me%40host%0A")
+                  searchdomain="example.net", ciuser="debian", sshkeys=quote(SSH_KEY + "\n", safe=""))
     mac = vm.config.get()["net0"].split(",")[0].split("=")[1].lower()
     user = vm.cloudinit.dump.get(type="user")
     assert user == ("#cloud-config\nhostname: web-1\nmanage_etc_hosts: true\nfqdn: web-1.example.net\n"
-                    "user: debian\nssh_authorized_keys:\n  - ssh-ed25519 AAAAkey me@host\n"
+                    f"user: debian\nssh_authorized_keys:\n  - {SSH_KEY}\n"
                     "chpasswd:\n  expire: False\nusers:\n  - default\npackage_upgrade: true\n")
     net = vm.cloudinit.dump.get(type="network")
     assert net == ("version: 1\nconfig:\n    - type: physical\n      name: eth0\n"

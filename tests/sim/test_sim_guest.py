@@ -208,10 +208,11 @@ def test_upload_faults_corrupt_and_abort(pve, wait, tmp_path, admin):
 
 # ---- test 2: a VM that boots from the uploaded ISO -----------------------------------------------
 def boot_with_iso(pve, wait, tmp_path, iso: bytes, vmid=101):
+    """The ISO on ide3 (/dev/sr1, after PVE's drive on ide2, /dev/sr0): the seed NoCloud takes."""
     assert wait(upload(pve, tmp_path, iso, name=f"seed-{vmid}.iso"))["exitstatus"] == "OK"
     clone(pve, wait, vmid)
     vm = pve.nodes("pve1").qemu(vmid)
-    vm.config.put(ide0=f"local:iso/seed-{vmid}.iso,media=cdrom")
+    vm.config.put(ide3=f"local:iso/seed-{vmid}.iso,media=cdrom")
     assert wait(vm.status.start.post())["exitstatus"] == "OK"
     return vm
 
@@ -245,7 +246,7 @@ def test_vm_boots_from_the_uploaded_iso(pve, wait, tmp_path, admin, slow_boot):
     assert agent_exec(vm, ["hostname"])["out-data"] == "web-1\n"
     guest = admin("get", "/guests/101")
     assert guest["instance_id"] == "srv-1" and guest["host_key"].startswith("SHA256:")
-    assert "ide0:local:iso/seed-101.iso" == guest["inputs"]["source"]
+    assert "ide3:local:iso/seed-101.iso" == guest["inputs"]["source"]
     fp = agent_exec(vm, ["ssh-keygen", "-lf", "/etc/ssh/ssh_host_ed25519_key.pub"])["out-data"]
     assert guest["host_key"] in fp
     # no network-config in the ISO: DHCP on the first NIC
@@ -254,9 +255,10 @@ def test_vm_boots_from_the_uploaded_iso(pve, wait, tmp_path, admin, slow_boot):
     assert eth0["ip-addresses"][0]["ip-address"].startswith("10.")
 
 
-def test_iso_wins_over_pve_drive_and_fixed_instance_id_keeps_network(pve, wait, tmp_path, admin):
-    """The ISO on ide0 comes before PVE's drive on ide2; with a fixed instance-id a new network-config
-    is not applied (NoCloud semantics), a new instance-id is a new instance."""
+def test_iso_after_pve_drive_wins_and_fixed_instance_id_keeps_network(pve, wait, tmp_path, admin):
+    """The ISO on ide3 (/dev/sr1) wins over PVE's drive on ide2 (/dev/sr0): NoCloud sorts the devices in
+    reverse; with a fixed instance-id a new network-config is not applied (NoCloud semantics), a new
+    instance-id is a new instance."""
     net = "version: 2\nethernets:\n  nic0:\n    match:\n      macaddress: '{mac}'\n    set-name: eth0\n" \
           "    addresses: ['{ip}']\n"
     clone(pve, wait, 101)
@@ -265,7 +267,7 @@ def test_iso_wins_over_pve_drive_and_fixed_instance_id_keeps_network(pve, wait, 
     vm.config.put(ipconfig0="ip=198.51.100.9/24")  # PVE's drive: ignored, the ISO wins
     wait(upload(pve, tmp_path, build_nocloud_iso("#cloud-config\n", "instance-id: fixed\n",
                                                  net.format(mac=mac.lower(), ip="203.0.113.10/24"))))
-    vm.config.put(ide0="local:iso/seed-101.iso,media=cdrom")
+    vm.config.put(ide3="local:iso/seed-101.iso,media=cdrom")
     wait(vm.status.start.post())
     until(lambda: vm.agent.ping.post())
     def addrs():
@@ -422,7 +424,7 @@ def pve_admin_url(pve) -> str:
 
 
 def test_cloud_init_status_wait_and_user_data_errors(pve, wait, tmp_path):
-    iso = build_nocloud_iso("#cloud-config\nruncmd:\n  - [false]\nwrite_files: [{path: /x, content: y}]\n",
+    iso = build_nocloud_iso("#cloud-config\nruncmd:\n  - [\"false\"]\nwrite_files: [{path: /x, content: y}]\n",
                             "instance-id: a\n")
     vm = boot_with_iso(pve, wait, tmp_path, iso)
     until(lambda: vm.agent.ping.post())

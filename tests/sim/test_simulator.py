@@ -6,12 +6,15 @@ from __future__ import annotations
 import concurrent.futures
 import re
 import time
+from urllib.parse import quote
 
 import pytest
 import requests
 from proxmoxer import ProxmoxAPI, ResourceException
 
 from z9.sim.schema import PveSchema
+
+from .conftest import SSH_KEY
 
 UPID_RE = re.compile(r"^UPID:([^:]+):([0-9A-F]{8}):([0-9A-F]{8}):([0-9A-F]{8}):([^:]+):([^:]*):([^:]+):$")
 
@@ -188,7 +191,7 @@ def test_tags_normalised_and_invalid_tag(pve):
 def test_digest_delete_and_sshkeys(pve):
     cfg = pve.nodes("pve1").qemu(100).config.get()
     pve.nodes("pve1").qemu(100).config.put(cores=4, digest=cfg["digest"], delete="ipconfig0",
-                                          sshkeys="ssh-ed25519%20AAAA%20me%40host")
+                                          sshkeys=quote(SSH_KEY, safe=""))
     new = pve.nodes("pve1").qemu(100).config.get()
     assert new["cores"] == 4 and "ipconfig0" not in new and new["digest"] != cfg["digest"]
     with pytest.raises(ResourceException) as e:

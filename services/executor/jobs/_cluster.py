@@ -167,9 +167,17 @@ def ordinal_key(member: str) -> tuple[str, int]:
     return (m["pool"], int(m["ordinal"])) if m else (member, -1)
 
 
+def member_hostname(cluster: Cluster, m: MemberSpec) -> str:
+    """The member's VM name and hostname, ``<cluster name>-<member>``, always one DNS label (≤ 63:
+    a 63-character cluster name with a 28-character pool made 94) — the cluster name is shortened,
+    never the member (:func:`z9.executor.vms.dns_label`). Derived rather than refused at the API:
+    pools are added and grown later, and no API field shows this name."""
+    return vms.dns_label(cluster.name, m.name)
+
+
 def vm_spec(cluster: Cluster, m: MemberSpec) -> vms.VmSpec:
     """The member's VM: cloned from the cluster's image, agent on (readiness is read inside)."""
-    return vms.VmSpec(owner=cluster.id, member=m.name, name=f"{cluster.name}-{m.name}", image=cluster.image,
+    return vms.VmSpec(owner=cluster.id, member=m.name, name=member_hostname(cluster, m), image=cluster.image,
                       cores=m.cores, memory_mib=m.memory_mib, disk_gib=m.disk_gib, config={"agent": "1"})
 
 
@@ -652,11 +660,11 @@ def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, t
             script += f" && cat {KUBE_VIP_STAGED} > {KUBE_VIP_MANIFEST}"
         docs = [join]
     files.append({"path": KUBEADM_CONFIG, "permissions": "0600", "content": yaml.safe_dump_all(docs, sort_keys=False)})
-    user = {"hostname": f"{cluster.name}-{m.name}", "write_files": files, "runcmd": [["sh", "-c", script]]}
+    user = {"hostname": member_hostname(cluster, m), "write_files": files, "runcmd": [["sh", "-c", script]]}
     # a new token is a new instance: a member re-joining with a re-minted token (its first join was
     # refused) boots its new ISO as a new instance, so cloud-init runs write_files and runcmd again
     iid = f"{cluster.id}-{m.name}" + (f"-{token.split('.')[0]}" if token else "")
-    meta = {"instance-id": iid, "local-hostname": f"{cluster.name}-{m.name}"}
+    meta = {"instance-id": iid, "local-hostname": member_hostname(cluster, m)}
     return {"user-data": "#cloud-config\n" + yaml.safe_dump(user, sort_keys=False), "meta-data": yaml.safe_dump(meta)}
 
 

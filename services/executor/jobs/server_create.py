@@ -11,8 +11,10 @@ plan     (pure) clone → wait_clone → configure → resize_disk → start, ke
 apply    each step re-reads the VM and acts only if still needed; the clone request is recorded
          *before* the POST and its UPID right after, so a lost response, a crash or a freeze
          never leads to a second clone: the next attempt waits on it or adopts the VM.
-verify   observe again; the plan must be empty. The server becomes ``running`` with the
-         observed vmid, node and power state.
+verify   observe again; the plan must be empty; inside the guest (agent) cloud-init ended without
+         error, from the VM's own drive (instance-id and hostname as z9's drive gives them). The
+         server becomes ``running`` with the observed vmid, node and power state — or ``failed``
+         with the guest's reason (cloud-init's error text, another seed) in ``status_reason``.
 
 The phases are the VM machinery's (:mod:`z9.executor.vms`) for the server's one member.
 """
@@ -50,8 +52,18 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
 
 
 async def verify(ctx: JobContext) -> VmState:
-    """Observe again; the plan must be empty (else TemporaryError). Returns our VM."""
-    return await vms.verify_member(ctx, _server.spec(ctx.job))
+    """Observe again; the plan must be empty (else TemporaryError); then inside the guest:
+    cloud-init ended without error, from z9's drive (:func:`_server.check_guest`: a failure is
+    permanent — the server is failed with the guest's reason, its observed VM recorded). Returns
+    our VM."""
+    spec = _server.spec(ctx.job)
+    vm = await vms.verify_member(ctx, spec)
+    try:
+        await _server.check_guest(ctx, spec, vm)
+    except _server.GuestFailed:
+        await _server.record_guest_failure(ctx, vm)
+        raise
+    return vm
 
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
