@@ -186,11 +186,19 @@ async def h_qemu_create(ctx, p, user, fail):
 
 
 async def h_config_get(ctx, p, user, fail):
-    return ctx.cluster.get_config(p["node"], _vmid(p))
+    return ctx.cluster.get_config(p["node"], _vmid(p), current=p.get("current") == "1")
+
+
+async def h_pending(ctx, p, user, fail):
+    return ctx.cluster.get_pending(p["node"], _vmid(p))
+
+
+async def h_migrate(ctx, p, user, fail):
+    return await ctx.cluster.migrate(p["node"], _vmid(p), p, user, fail)
 
 
 async def h_config_put(ctx, p, user, fail):
-    await ctx.cluster.put_config(p["node"], _vmid(p), p)
+    await ctx.cluster.put_config(p["node"], _vmid(p), p, user)
     return None
 
 
@@ -473,6 +481,8 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("PUT", "/nodes/{node}/qemu/{vmid}/config"): h_config_put,
     ("POST", "/nodes/{node}/qemu/{vmid}/config"): h_config_post,
     ("POST", "/nodes/{node}/qemu/{vmid}/clone"): h_clone,
+    ("GET", "/nodes/{node}/qemu/{vmid}/pending"): h_pending,
+    ("POST", "/nodes/{node}/qemu/{vmid}/migrate"): h_migrate,
     ("DELETE", "/nodes/{node}/qemu/{vmid}"): h_destroy,
     ("PUT", "/nodes/{node}/qemu/{vmid}/resize"): h_resize,
     ("PUT", "/nodes/{node}/qemu/{vmid}/cloudinit"): h_cloudinit,
@@ -935,7 +945,7 @@ async def admin_config(request: web.Request) -> web.Response:
     scalars = ("guest_boot_s", "cloud_init_s", "task_default_s", "stats_lag_s", "task_invisible_s", "auth_delay_s",
                "k8s_api_delay_s")
     try:  # all values checked before any is applied
-        unknown = sorted(set(b) - set(scalars) - {"task_seconds"})
+        unknown = sorted(set(b) - set(scalars) - {"task_seconds", "clone_race"})
         if unknown:
             raise ValueError(f"unknown setting(s) {unknown}")
         vals = {k: float(b[k]) for k in scalars if k in b}
@@ -949,6 +959,8 @@ async def admin_config(request: web.Request) -> web.Response:
     if "cloud_init_s" in vals:
         c.guests.settings.cloud_init_s = vals["cloud_init_s"]
     c.task_seconds.update(task_seconds)
+    if "clone_race" in b:  # PVE's racy newid check of clone (Cluster._clone_race_pending)
+        c.clone_race = bool(b["clone_race"])
     for k in ("task_default_s", "stats_lag_s", "task_invisible_s"):
         if k in vals:
             setattr(c, k, vals[k])
@@ -960,7 +972,7 @@ async def admin_config(request: web.Request) -> web.Response:
                               "task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
                               "stats_lag_s": c.stats_lag_s, "task_invisible_s": c.task_invisible_s,
                               "auth_delay_s": ctx.auth_delay_s, "guest_boot_s": c.guests.settings.boot_s,
-                              "cloud_init_s": c.guests.settings.cloud_init_s})
+                              "cloud_init_s": c.guests.settings.cloud_init_s, "clone_race": c.clone_race})
 
 
 def create_app(ctx: SimContext) -> web.Application:

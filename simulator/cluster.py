@@ -42,7 +42,7 @@ from .errors import PveError, param_error
 from . import cloudinit
 from .firewall import Firewall
 from .guest import Guests, GuestSettings
-from .storage import Storage
+from .storage import Storage, node_ip as storage_ip
 from .schema import split_list
 
 log = logging.getLogger("z9.sim")
@@ -93,6 +93,21 @@ def normalize_tags(text: str) -> str:
 
 
 DISK_RE = re.compile(r"(ide|scsi|sata|virtio|efidisk|tpmstate|unused)\d+")
+
+
+def hash_password(text: str, ostype: str | None = None) -> str:
+    r"""qemu-server API2/Qemu.pm $update_vm_api: ``cipassword`` is stored as
+    ``PVE::Tools::encrypt_pw`` (pve-common PVE/Tools.pm: ``crypt($pw, "$5$<8-char salt>$")``, SHA-256
+    crypt) unless it already is a crypt hash (``/^\$(?:[156]|2[ay])(\$.+){2}/``) or the guest is
+    Windows (cloudbase-init wants the plain text)."""
+    if re.match(r"^\$(?:[156]|2[ay])(\$.+){2}", text) or (ostype or "").startswith("win"):
+        return text
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt as _crypt  # the libc crypt(3) PVE's Perl crypt calls (Python 3.11: still here)
+    salt = base64.b64encode(random.randbytes(6), b"./").decode()[:8].replace("+", "X")
+    return _crypt.crypt(text, f"$5${salt}$")
 
 
 def random_mac() -> str:
@@ -155,6 +170,10 @@ class VM:
     ci_applied: dict[str, str] | None = None
     # the files of PVE's cloud-init drive as last generated (None: no drive, or never generated)
     ci_drive: dict[str, bytes] | None = None
+    # the config's [PENDING] section (qemu-server: changes a running VM cannot take live) and its
+    # ``delete`` list; applied at the next start (QemuServer.pm vmconfig_apply_pending)
+    pending: dict[str, str] = field(default_factory=dict)
+    pending_delete: list[str] = field(default_factory=list)
 
     @property
     def template(self) -> bool:
@@ -175,7 +194,21 @@ class VM:
         """sha1 of the rendered config file (PVE: ``digest`` = sha1 of the raw file)."""
         lines = [f"#{line}" for line in self.config.get("description", "").split("\n") if "description" in self.config]
         lines += [f"{k}: {v}" for k, v in sorted(self.config.items()) if k != "description"]
+        if self.pending or self.pending_delete:  # the [PENDING] section is part of the file
+            lines.append("[PENDING]")
+            lines += [f"{k}: {v}" for k, v in sorted(self.pending.items())]
+            if self.pending_delete:
+                lines.append("delete: " + ",".join(self.pending_delete))
         return hashlib.sha1(("\n".join(lines) + "\n").encode()).hexdigest()
+
+    def with_pending(self) -> dict[str, str]:
+        """pve-guest-common AbstractConfig.pm load_current_config without ``current``: the config
+        with the pending values laid over it and the pending deletes removed."""
+        out = dict(self.config)
+        out.update(self.pending)
+        for k in self.pending_delete:
+            out.pop(k, None)
+        return out
 
     def disk_bytes(self) -> int:
         total = 0
@@ -194,8 +227,12 @@ class VM:
         return int(self.config.get("cores", "1")) * int(self.config.get("sockets", "1"))
 
     def to_json(self) -> dict:
-        return {"vmid": self.vmid, "node": self.node, "config": dict(self.config), "running": self.running,
-                "template": self.template, "lock": self.lock}
+        d = {"vmid": self.vmid, "node": self.node, "config": dict(self.config), "running": self.running,
+             "template": self.template, "lock": self.lock}
+        if self.pending or self.pending_delete:
+            d["pending"] = dict(self.pending)
+            d["pending_delete"] = list(self.pending_delete)
+        return d
 
 
 @dataclass
@@ -299,6 +336,8 @@ class Cluster:
         self.task_default_s = task_default_s
         self.stats_lag_s = stats_lag_s
         self.task_invisible_s = task_invisible_s
+        self.reboot_gap_s = 0.05  # between a reboot's stop and qmeventd's start (the VM reads stopped)
+        self.clone_race = False  # admin switch: model PVE's racy newid check (see _clone_race_pending)
         self.vms: dict[int, VM] = TrackedDict()
         self._resources_cache: dict[tuple[str | None, bool], tuple[tuple, bytes]] = {}
         self.tasks: dict[str, Task] = {}
@@ -535,11 +574,16 @@ class Cluster:
             return str(int(vmid))
         return str(next(i for i in itertools.count(100) if i not in self.vms))
 
-    def get_config(self, node: str, vmid: int) -> dict:
-        """Config with values typed by the schema's return types, plus ``digest``."""
+    def get_config(self, node: str, vmid: int, current: bool = False) -> dict:
+        """Config with values typed by the schema's return types, plus ``digest``. Without
+        ``current`` the pending values are laid over it (AbstractConfig.pm load_current_config);
+        ``cipassword`` reads ``**********`` (Qemu.pm vm_config)."""
         vm = self.vm_on(node, vmid)
         out: dict[str, Any] = {}
-        for k, v in vm.config.items():
+        for k, v in (vm.config if current else vm.with_pending()).items():
+            if k == "cipassword":
+                out[k] = "**********"
+                continue
             typ = self._return_type(k)
             if typ in ("integer", "boolean") and re.fullmatch(r"-?\d+", v):
                 out[k] = int(v)
@@ -666,35 +710,199 @@ class Cluster:
         rest = [o for o in opts.split(",") if o and not o.startswith("media=")]
         return ",".join([f"{m.group(1)}:vm-{vmid}-cloudinit", "media=cdrom", *rest])
 
-    def _apply_config(self, vm: VM, params: dict[str, str]) -> None:
+    def get_pending(self, node: str, vmid: int) -> list[dict]:
+        """``GET .../pending`` (Qemu.pm vm_pending, PVE::GuestHelpers::config_with_pending_array): one
+        row per key, ``{key, value}``, with ``pending`` when a change waits and ``delete: 1`` for a
+        pending delete; ``cipassword`` masked."""
+        vm = self.vm_on(node, vmid)
+        rows: list[dict] = []
+        for k in sorted(set(vm.config) | set(vm.pending)):
+            if k in ("lock",) and k not in vm.config:
+                continue
+            row: dict[str, Any] = {"key": k}
+            if k in vm.config:
+                row["value"] = "**********" if k == "cipassword" else vm.config[k]
+            if k in vm.pending:
+                row["pending"] = "********** " if k == "cipassword" else vm.pending[k]
+            if k in vm.pending_delete:
+                row["delete"] = 1
+            rows.append(row)
+        rows.append({"key": "digest", "value": vm.digest()})
+        return rows
+
+    # QemuServer.pm $fast_plug_option (+ every cloud-init option): applied at once on a running VM
+    FAST_PLUG = frozenset({"description", "hookscript", "lock", "migrate_downtime", "migrate_speed", "name",
+                           "onboot", "protection", "shares", "startup", "tags", "vmstatestorage", "cicustom",
+                           "cipassword", "citype", "ciuser", "ciupgrade", "nameserver", "searchdomain", "sshkeys"})
+
+    @staticmethod
+    def hotplug_features(vm: VM) -> set[str]:
+        """QemuServer.pm parse_hotplug_features: ``0`` none, ``1`` (or unset) the default
+        ``network,disk,usb``."""
+        raw = vm.config.get("hotplug", "1")
+        if raw == "0":
+            return set()
+        if raw == "1":
+            raw = "network,disk,usb"
+        return set(split_list(raw))
+
+    def _hotpluggable(self, vm: VM, key: str, value: str | None) -> bool:
+        """QemuServer.pm vmconfig_hotplug_pending: whether a change of ``key`` on a running VM is
+        applied live (else it stays in [PENDING] until the next start). ``cores``/``sockets`` never
+        are (only ``vcpus`` with the cpu feature); ``memory`` needs the memory feature; a NIC the
+        network feature; a disk the disk feature and a hot-pluggable bus (not ide/sata/efidisk/
+        tpmstate) - a CD-ROM's medium changes live."""
+        feats = self.hotplug_features(vm)
+        if key in self.FAST_PLUG or re.fullmatch(r"ipconfig\d+", key):
+            return True
+        if key in ("balloon", "cpuunits", "cpulimit", "agent", "hotplug"):
+            return True
+        if key == "vcpus":
+            return "cpu" in feats
+        if key == "memory":
+            return "memory" in feats
+        if re.fullmatch(r"net\d+", key):
+            return "network" in feats
+        if DISK_RE.fullmatch(key) and not key.startswith("unused"):
+            cur = vm.config.get(key, "")
+            if value is not None and "media=cdrom" in value and "cloudinit" not in value and "media=cdrom" in cur:
+                return True  # vmconfig_update_disk: a CD-ROM's medium is changed through QMP
+            if "cloudinit" in (value or "") or "cloudinit" in cur:
+                return False  # the cloud-init drive is (re)generated with the pending changes
+            return "disk" in feats and not re.match(r"(efidisk|ide|sata|tpmstate)\d", key)
+        if key.startswith("unused"):
+            return True
+        return False
+
+    def _alloc_disk(self, vm: VM, key: str, value: str, task: "Task | None") -> str:
+        """Qemu.pm create_disks: a drive ``<storage>:<size in GiB>`` allocates a new volume
+        ``<storage>:vm-<vmid>-disk-<n>`` (the lowest n not used by the VM) with ``size=<n>G``."""
+        m = re.fullmatch(r"([a-z][a-z0-9\-_.]*[a-z0-9]):(\d+(?:\.\d+)?)(,.*)?", value, re.I)
+        if not DISK_RE.fullmatch(key) or key.startswith("unused") or m is None:
+            return value
+        sdef = self.storage.definition(m.group(1))
+        if "images" not in sdef.content:
+            raise PveError(500, f"storage '{sdef.id}' does not support content-type 'images'")
+        used = {int(x) for x in re.findall(rf"vm-{vm.vmid}-disk-(\d+)", " ".join(
+            list(vm.config.values()) + list(vm.pending.values())))}
+        n = next(i for i in itertools.count() if i not in used)
+        name = f"vm-{vm.vmid}-disk-{n}"
+        if task is not None:
+            task.lines.append(f"  Logical volume \"{name}\" created.")
+        opts = m.group(3) or ""
+        return f"{m.group(1)}:{name}{opts},size={format_size(int(float(m.group(2)) * GiB))}"
+
+    def _unused(self, vm: VM, old: str) -> None:
+        """vmconfig_register_unused_drive: a detached disk's volume stays, as ``unused<n>``."""
+        volid = old.split(",", 1)[0]
+        if "media=cdrom" in old or "cloudinit" in volid or volid in ("none", "") or ":" not in volid:
+            return
+        if volid in vm.config.values():
+            return
+        n = next(i for i in itertools.count() if f"unused{i}" not in vm.config)
+        vm.config[f"unused{n}"] = volid
+
+    def _apply_pending(self, vm: VM) -> None:
+        """QemuServer.pm vmconfig_apply_pending (a start, or a config write to a stopped VM): every
+        pending delete and value goes into the config."""
+        for k in vm.pending_delete:
+            old = vm.config.pop(k, None)
+            if old is not None and DISK_RE.fullmatch(k) and not k.startswith("unused"):
+                self._unused(vm, old)
+        vm.pending_delete = []
+        for k, v in list(vm.pending.items()):
+            old = vm.config.get(k)
+            vm.config[k] = v
+            if old is not None and old != v and DISK_RE.fullmatch(k) and not k.startswith("unused") \
+                    and old.split(",", 1)[0] != v.split(",", 1)[0]:
+                self._unused(vm, old)
+        vm.pending = {}
+        Generation.bump()
+
+    def _apply_config(self, vm: VM, params: dict[str, str], task: "Task | None" = None) -> None:
+        """Qemu.pm $update_vm_api's updatefn: every change is written to [PENDING] first; a stopped
+        VM then gets all pending changes applied (vmconfig_apply_pending), a running one only the
+        hot-pluggable ones (vmconfig_hotplug_pending) - the rest waits for the next start."""
         deletes = split_list(params.get("delete", ""))
         for k in deletes:
-            vm.config.pop(k, None)
+            k = "ide2" if k == "cdrom" else k
+            if k in vm.pending:
+                vm.pending.pop(k)
+            if k in vm.config and k not in vm.pending_delete:
+                vm.pending_delete.append(k)
         for k, v in params.items():
-            if k in ("delete", "digest", "skiplock", "force", "revert", "background_delay", "node", "vmid"):
+            if k in ("delete", "digest", "skiplock", "force", "revert", "background_delay", "node", "vmid",
+                     "skip_cloud_init", "import-working-storage"):
                 continue
             if k == "tags":
                 v = normalize_tags(v)
                 if not v:
-                    vm.config.pop("tags", None)
+                    if "tags" in vm.config and "tags" not in vm.pending_delete:
+                        vm.pending_delete.append("tags")
+                    vm.pending.pop("tags", None)
                     continue
-            if k == "sshkeys":
-                pass  # stored URL-encoded as sent, like PVE
-            vm.config[k] = self._cloudinit_alloc(vm.vmid, k, v)
+            if k == "cipassword":
+                v = hash_password(v, vm.config.get("ostype"))
+            if re.fullmatch(r"net\d+", k) and not re.match(r"[\w-]+=[0-9A-Fa-f:]{17}(,|$)", v):
+                # QemuServer::Network parse_net: a NIC without a MAC gets one (random_ether_addr)
+                model, _, rest = v.partition(",")
+                v = f"{model.split('=')[0]}={random_mac()}" + (f",{rest}" if rest else "")
+            v = self._cloudinit_alloc(vm.vmid, k, v)
+            v = self._alloc_disk(vm, k, v, task)
+            if k in vm.pending_delete:
+                vm.pending_delete.remove(k)
+            vm.pending[k] = v
+        if not vm.running:
+            self._apply_pending(vm)
+            return
+        for k in list(vm.pending_delete):
+            if self._hotpluggable(vm, k, None):
+                vm.pending_delete.remove(k)
+                old = vm.config.pop(k, None)
+                if old is not None and DISK_RE.fullmatch(k) and not k.startswith("unused"):
+                    self._unused(vm, old)
+        for k, v in list(vm.pending.items()):
+            if self._hotpluggable(vm, k, v):
+                old = vm.config.get(k)
+                vm.config[k] = vm.pending.pop(k)
+                if old is not None and DISK_RE.fullmatch(k) and not k.startswith("unused") \
+                        and old.split(",", 1)[0] != v.split(",", 1)[0]:
+                    self._unused(vm, old)
+            elif vm.config.get(k) == v:
+                vm.pending.pop(k)  # Qemu.pm: "remove pending changes when nothing changed"
+        Generation.bump()
+
+    def _check_config_params(self, params: dict[str, str], user: str) -> None:
+        """Qemu.pm $update_vm_api, before any config is read: ``skiplock`` is root's only (an API
+        token is not ``root@pam``), nothing to do is an error, ``delete`` names known options."""
+        if params.get("skiplock") == "1" and user != "root@pam":
+            raise param_error({"skiplock": "Only root may use this option."})
+        meta = ("node", "vmid", "digest", "background_delay", "skip_cloud_init", "import-working-storage",
+                "skiplock", "delete", "revert", "force")
+        if not params.get("delete") and not params.get("revert") and not any(k not in meta for k in params):
+            raise PveError(500, "no options specified")
+        for k in split_list(params.get("delete", "")):
+            k = "ide2" if k == "cdrom" else k
+            if k in params:
+                raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
+            if self._return_type(k) is None and not re.fullmatch(r"unused\d+", k):
+                raise param_error({"delete": f"unknown option '{k}'"})
 
     def _check_config_write(self, vm: VM, params: dict[str, str]) -> None:
+        # Qemu.pm $load_and_check_config: digest, then PVE::AbstractConfig::check_lock
         digest = params.get("digest")
         if digest and digest != vm.digest():
             raise PveError(500, "checksum mismatch (file change by other user?)")
         self.check_lock(vm, params.get("skiplock") == "1")
-        both = set(split_list(params.get("delete", ""))) & {k for k in params if k not in ("delete",)}
-        if both:
-            k = sorted(both)[0]
-            raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
 
-    async def put_config(self, node: str, vmid: int, params: dict[str, str]) -> None:
+    async def put_config(self, node: str, vmid: int, params: dict[str, str], user: str = "root@pam") -> None:
         """``PUT .../config``: synchronous; waits up to 10 s for the flock (HTTP 500 on timeout)."""
+        self._check_config_params(params, user)
         vm = self.vm_on(node, vmid)
+        # qemu-server API2/Qemu.pm $update_vm_api: "$load_and_check_config->(0); # early checks
+        # before forking/locking" - digest and PVE::AbstractConfig::check_lock answer at once (a VM
+        # under "lock: clone" is refused "VM is locked (clone)" without waiting for the flock)
+        self._check_config_write(vm, params)
         async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
             vm = self.vm_alive(vm)
             self._check_config_write(vm, params)
@@ -703,18 +911,20 @@ class Cluster:
     async def post_config(self, node: str, vmid: int, params: dict[str, str], user: str,
                           fail: str | None = None) -> str:
         """``POST .../config``: checks now (HTTP errors), applies in a ``qmconfig`` task."""
+        self._check_config_params(params, user)
         vm = self.vm_on(node, vmid)
-        async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
-            self._check_config_write(vm, params)
+        # Qemu.pm $update_vm_api: the early checks load the config without the flock
+        self._check_config_write(vm, params)
 
         async def run(task: Task) -> None:
             async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
                 await self.task_time("qmconfig")
                 v = self.vm_alive(vm)
                 self._check_config_write(v, {k: x for k, x in params.items() if k != "digest"})
-                self._apply_config(v, params)
-                task.lines.append(f"update VM {vmid}: " + " ".join(f"-{k} {x}" for k, x in sorted(params.items())
-                                                                 if k not in ("node", "vmid")))
+                task.lines.append(f"update VM {vmid}: " + " ".join(
+                    f"-{k} {'<hidden>' if k == 'cipassword' else x}" for k, x in sorted(params.items())
+                    if k not in ("node", "vmid", "digest")))
+                self._apply_config(v, params, task)
 
         return self.spawn(node, "qmconfig", vmid, user, TaskPlan(run), fail)
 
@@ -808,17 +1018,43 @@ class Cluster:
         ``vm-<newid>-disk-N``, new MACs/uuid, new name, tags inherited, ``template`` dropped). Taken
         newid → 500 ``unable to create VM <id>: config file already exists`` (facts: Endpoints)."""
         src = self.vm_on(node, vmid)
-        self.check_lock(src)
         newid = int(params["newid"])
-        target = params.get("target") or node
-        self.check_node(target)
-        if newid in self.vms:
-            raise PveError(500, f"unable to create VM {newid}: config file already exists")
+        # qemu-server PVE/API2/Qemu.pm clone_vm: a target naming the local node is no target
+        target = params.get("target") or None
+        if target in (node, "localhost"):
+            target = None
+        storage = params.get("storage") or None
+        # Qemu.pm clone_vm $load_and_check, run once before fork_worker ("early checks before
+        # forking/locking"): every failure below is an HTTP 500/400 and no task is made.
+        if target:
+            self.check_node(target)
+        if storage:
+            sdef = self._storage_def(storage)
+            if "images" not in sdef.content:
+                raise param_error({"storage": f"storage '{storage}' does not support vm images"})
+            if target and not sdef.shared:
+                raise PveError(500, f"can't clone to non-shared storage '{storage}'")
+        self.check_lock(src)
         full = params.get("full", "0" if src.template else "1") == "1"
+        if storage and not full:
+            raise PveError(500, "parameter 'storage' not allowed for linked clones")
+        # Qemu.pm $check_storage_access_clone: any drive (a CD-ROM, the cloud-init drive too) on a
+        # storage that is not shared makes the VM "local"; the target storage does not change that
+        if target and not self.vm_is_shared(src):
+            raise PveError(500, f"can't clone VM to node '{target}' (VM uses local storage)")
+        if self._clone_race_pending(newid):
+            pass  # the racy window of a parallel clone to the same newid (see _clone_race_pending)
+        elif newid in self.vms:
+            raise PveError(500, f"unable to create VM {newid}: config file already exists")
         if not full and not src.template:
             raise PveError(500, "Linked clone feature is not supported for drive 'scsi0'")
-        placeholder = VM(newid, target, {"lock": "clone"})
-        self.vms[newid] = placeholder
+        # the temporary config "lock: clone" is written on the *source* node and renamed into the
+        # target node's directory only when the worker is done (Qemu.pm clone_vm: file_set_contents
+        # of config_file($newid), then rename to config_file($newid, $target))
+        racing = newid in self.vms
+        placeholder = VM(newid, node, {"lock": "clone"})
+        if not racing:
+            self.vms[newid] = placeholder
 
         async def run(task: Task) -> None:
             async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["clone"], shared=not src.running):
@@ -836,6 +1072,8 @@ class Cluster:
                                 conf[k] = v
                                 continue
                             store = volid.split(":", 1)[0]
+                            if storage and full:  # Qemu.pm clone_disk: dest_info storage
+                                store = storage
                             if "cloudinit" in volid:
                                 conf[k] = f"{store}:vm-{newid}-cloudinit" + (f",{opts}" if opts else "")
                                 continue
@@ -858,11 +1096,18 @@ class Cluster:
                     conf["name"] = params.get("name") or f"Copy-of-VM-{source.config.get('name', vmid)}"
                     if params.get("description") is not None:
                         conf["description"] = params["description"]
+                    if racing:
+                        # the loser of a racy clone to one newid: its check before fork_worker
+                        # passed, the worker finds the config file there (Qemu.pm clone_vm,
+                        # $load_and_check run again under the target's flock)
+                        raise PveError(500, f"unable to create VM {newid}: config file already exists")
                     await self.task_time("qmclone")
                     if self.vms.get(newid) is not placeholder:
                         raise PveError(500, f"unable to create VM {newid}: config file already exists")
                     placeholder.config = conf
                     placeholder.ci_applied = cloudinit.ci_values(conf)
+                    if target:  # Qemu.pm clone_vm: "Failed to move config to node" - rename at the end
+                        placeholder.node = target
                     self.firewall.clone(vmid, newid)
                     self.guests.clone_disk(vmid, newid)
 
@@ -871,6 +1116,39 @@ class Cluster:
                 del self.vms[newid]
 
         return self.spawn(node, "qmclone", vmid, user, TaskPlan(run, cleanup), fail)
+
+    def _storage_def(self, sid: str):
+        """pve-storage ``storage_check_enabled``: an unknown storage is a 500 naming it."""
+        return self.storage.definition(sid)
+
+    def vm_is_shared(self, vm: VM) -> bool:
+        """qemu-server API2/Qemu.pm ``$check_storage_access_clone``: every volume the config
+        references (disks and CD-ROMs, ``none``/``cdrom`` aside) is on a shared storage."""
+        for k, val in vm.config.items():
+            if not DISK_RE.fullmatch(k) or k.startswith("unused"):
+                continue
+            volid = val.split(",", 1)[0]
+            if volid in ("none", "cdrom", "") or ":" not in volid:
+                continue
+            try:
+                if not self.storage.definition(volid.split(":", 1)[0]).shared:
+                    return False
+            except PveError:
+                return False
+        return True
+
+    def _clone_race_pending(self, newid: int) -> bool:
+        """The racy window of PVE's clone (admin switch ``clone_race``): the existence check of
+        ``config_file($newid)`` runs before ``fork_worker`` without the target's flock (Qemu.pm clone_vm
+        ``$load_and_check->(); # early checks before forking/locking``), so a clone arriving while a
+        parallel one to the same newid is still before writing its temporary file passes it and gets
+        a UPID; its worker then finds the file and fails ``config file already exists``. Off by
+        default (deterministic refusal); on, a clone to a newid whose config is only the
+        ``lock: clone`` placeholder of a running clone gets the UPID of a failing task."""
+        if not self.clone_race:
+            return False
+        other = self.vms.get(newid)
+        return other is not None and other.config.get("lock") == "clone" and len(other.config) == 1
 
     async def destroy(self, node: str, vmid: int, params: dict[str, str], user: str,
                       fail: str | None = None) -> str:
@@ -910,6 +1188,10 @@ class Cluster:
         vm = self.vm_on(node, vmid)
         ttype = {"start": "qmstart", "stop": "qmstop", "shutdown": "qmshutdown", "reboot": "qmreboot",
                  "reset": "qmreset", "suspend": "qmsuspend", "resume": "qmresume"}[action]
+        if action in ("reboot", "reset") and not vm.running:
+            # qemu-server API2/Qemu.pm vm_reboot / vm_reset: `die "VM $vmid not running\n" if
+            # !check_running($vmid)` before fork_worker: an HTTP 500, no task
+            raise PveError(500, f"VM {vmid} not running")
 
         async def run(task: Task) -> None:
             async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["start"]):
@@ -922,6 +1204,7 @@ class Cluster:
                         raise PveError(500, f"VM {vmid} already running")
                     self.check_volumes(v)
                     await self.task_time(ttype)
+                    self._apply_pending(v)  # QemuServer.pm vm_start_nolock: vmconfig_apply_pending
                     self.apply_cloudinit(v)
                     v.running, v.started_at = True, time.time()
                     self.guests.power_on(v)
@@ -935,24 +1218,30 @@ class Cluster:
                     if not v.running:
                         raise PveError(500, f"VM {vmid} not running")
                     await self.task_time(ttype)
-                    if action == "reboot":  # qm reboot: shutdown, then a new start (which regenerates cloud-init)
-                        try:
-                            self.check_volumes(v)
-                            self.apply_cloudinit(v)
-                        except PveError as e:
-                            # qemu-server vm_reboot only stops the VM; qmeventd's cleanup starts it again in
-                            # its own qmstart task, which fails: the reboot is OK, the VM stays stopped
-                            v.running, v.started_at = False, None
-                            self.guests.power_off(vmid)
-                            task.lines.append(f"VM {vmid} stopped for reboot; its start failed: {e.message}")
+                    if action == "reboot":
+                        # qemu-server PVE/QemuServer.pm vm_reboot: create_reboot_request, then
+                        # _do_vm_stop - the qmreboot task only stops the VM and ends. qmeventd sees
+                        # the stop with the reboot request and runs `qm start` in a qmstart task of
+                        # its own (root@pam), which starts a new QEMU process (cloud-init and
+                        # pending changes apply there): the VM reads "stopped" in between.
+                        v.running, v.started_at = False, None
+                        self.guests.power_off(vmid)
 
-                            async def failed_start(t: Task, err: PveError = e) -> None:
-                                raise err
+                        async def qmeventd_start(t: Task) -> None:
+                            await asyncio.sleep(self.reboot_gap_s)
+                            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["start"]):
+                                cur = self.vm_alive(v)
+                                if cur.running:
+                                    raise PveError(500, f"VM {vmid} already running")
+                                self.check_volumes(cur)
+                                await self.task_time("qmstart")
+                                self._apply_pending(cur)
+                                self.apply_cloudinit(cur)
+                                cur.running, cur.started_at = True, time.time()
+                                self.guests.power_on(cur)
 
-                            self.spawn(v.node, "qmstart", vmid, "root@pam", TaskPlan(failed_start))
-                            return
-                        v.started_at = time.time()
-                        self.guests.power_on(v)
+                        self.spawn(v.node, "qmstart", vmid, "root@pam", TaskPlan(qmeventd_start))
+                        return
                     elif action == "reset":  # same QEMU process: the guest reboots from the current media
                         self.guests.power_on(v)
 
@@ -997,6 +1286,71 @@ class Cluster:
                     v.config[disk] = f"{value},size={format_size(new)}"
 
         return self.spawn(node, "resize", vmid, user, TaskPlan(run), fail)
+
+    # ---- migrate ---------------------------------------------------------------------------------
+    async def migrate(self, node: str, vmid: int, params: dict[str, str], user: str,
+                      fail: str | None = None) -> str:
+        """``POST .../migrate`` (qemu-server API2/Qemu.pm migrate_vm, PVE/QemuMigrate.pm): checks before
+        the task as PVE's migrate_vm (target the local node, unknown node, ``force`` by a token, missing
+        config, a lock, a running VM without ``online``), then a ``qmigrate`` task under ``lock:
+        migrate`` that copies local disks (offline: always; live: only with ``with-local-disks``) and
+        moves the config to the target node. A linked clone's disk on local storage cannot move."""
+        target = params.get("target", "")
+        if target == node:
+            raise param_error({"target": "target is local node."})
+        self.check_node(target)
+        if params.get("force") == "1" and user != "root@pam":
+            raise param_error({"force": "Only root may use this option."})
+        vm = self.vm_on(node, vmid)
+        self.check_lock(vm)
+        online = params.get("online") == "1"
+        if vm.running and not online:
+            raise PveError(500, "can't migrate running VM without --online")
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                v = self.vm_alive(vm)
+                self.check_lock(v)
+                live = v.running
+                if not live and online:
+                    task.warn("VM isn't running. Doing offline migration instead.")
+                task.lines.append(f"starting migration of VM {vmid} to node '{target}' ({storage_ip(self, target)})")
+                local = []
+                for k, val in sorted(v.config.items()):
+                    if not DISK_RE.fullmatch(k):
+                        continue
+                    volid = val.split(",", 1)[0]
+                    if ":" not in volid or volid in ("none", "cdrom"):
+                        continue
+                    try:
+                        shared = self.storage.definition(volid.split(":", 1)[0]).shared
+                    except PveError:
+                        shared = False
+                    if shared:
+                        continue
+                    volname = volid.split(":", 1)[1]
+                    if "/" in volname and volname.startswith("base-"):  # QemuMigrate: linked clone
+                        raise PveError(500, f"can't migrate '{volid}' as it's a clone of '{volname.split('/')[0]}'")
+                    if "media=cdrom" in val and "cloudinit" not in volid:
+                        continue
+                    local.append((k, volid))
+                if live and local and params.get("with-local-disks") != "1":
+                    task.lines.append("ERROR: can't live migrate attached local disks without with-local-disks option")
+                    raise PveError(500, "can't migrate VM - check log")
+                v.config["lock"] = "migrate"
+                try:
+                    for k, volid in local:
+                        task.lines.append(f"found local disk '{volid}' (attached)")
+                    if local:
+                        task.lines.append("copying local disk images")
+                    await self.task_time("qmigrate")
+                    self.vm_alive(v)
+                finally:
+                    v.config.pop("lock", None)
+                v.node = target  # the config file is renamed into the target node's directory
+                task.lines.append(f"migration finished successfully (duration 00:00:0{int(self.duration('qmigrate')) % 10})")
+
+        return self.spawn(node, "qmigrate", vmid, user, TaskPlan(run), fail)
 
     # ---- persistence -----------------------------------------------------------------------------
     def dump(self) -> dict:

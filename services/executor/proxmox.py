@@ -10,6 +10,7 @@ call runs in a thread of this client's own pool. Every foreign error (proxmoxer'
 - 595/596/502/503/504, config flock timeouts
   (``can't lock file … - got timeout``), ``checksum mismatch`` → :class:`TemporaryError`
 - ``VM is locked (<lock>)`` → :class:`VmLocked` (a :class:`Snooze`: waiting on the world)
+- ``can't clone VM to node '…' (VM uses local storage)`` → :class:`CloneNeedsSharedStorage`
 - ``Configuration file '…' does not exist`` → :class:`VmMissing`
 - ``… already exists`` on create/clone → :class:`VmidTaken`
 - 400 ``Parameter verification failed.`` and 501 → :class:`PermanentError`
@@ -60,7 +61,7 @@ ENDPOINTS = (
     "POST /nodes/{node}/qemu/{vmid}/clone", "POST /nodes/{node}/qemu/{vmid}/config",
     "PUT /nodes/{node}/qemu/{vmid}/resize", "POST /nodes/{node}/qemu/{vmid}/status/start",
     "POST /nodes/{node}/qemu/{vmid}/status/shutdown", "POST /nodes/{node}/qemu/{vmid}/status/stop",
-    "POST /nodes/{node}/qemu/{vmid}/status/reboot",
+    "POST /nodes/{node}/qemu/{vmid}/status/reboot", "POST /nodes/{node}/qemu/{vmid}/migrate",
     "DELETE /nodes/{node}/qemu/{vmid}",
     "GET /cluster/firewall/options", "GET /nodes/{node}/qemu/{vmid}/firewall/options",
     "PUT /nodes/{node}/qemu/{vmid}/firewall/options", "POST /nodes/{node}/qemu/{vmid}/firewall/ipset",
@@ -97,6 +98,12 @@ class EntryExists(PermanentError):
 
 class EntryMissing(PermanentError):
     """``no such IPSet '<name>'`` (500) or ``no such IP/Network`` (400): it is not there."""
+
+
+class CloneNeedsSharedStorage(PermanentError):
+    """``can't clone VM to node '…' (VM uses local storage)``: PVE refuses a clone with ``target=``
+    another node for a source with a volume on a storage that is not shared — before any task
+    (qemu-server API2/Qemu.pm clone_vm). Clone on the source's node, then migrate."""
 
 
 class VmLocked(Snooze):
@@ -344,6 +351,7 @@ VMID_MAX = 999_999_999
 _LOCK_TIMEOUT = re.compile(r"can't lock file '[^']*' - got timeout")
 _VM_LOCKED = re.compile(r"VM is locked \((?P<lock>[a-z-]+)\)")
 _MISSING = re.compile(r"Configuration file '[^']*' does not exist")
+_LOCAL_CLONE = re.compile(r"can't clone VM to node '[^']*' \(VM uses local storage\)")
 _TAKEN = re.compile(r"already exists")
 _IPSET_EXISTS = re.compile(r"(address '[^']*'|IPSet '[^']*') already exists")
 _IPSET_MISSING = re.compile(r"no such IPSet '[^']*'|no such IP/Network")
@@ -363,6 +371,8 @@ def translate(exc: BaseException, what: str) -> Exception:
         m = _VM_LOCKED.search(reason)
         if m:
             return VmLocked(msg)
+        if _LOCAL_CLONE.search(reason):
+            return CloneNeedsSharedStorage(msg)
         if _LOCK_TIMEOUT.search(reason):
             return TemporaryError(msg)
         if status in (400, 500) and _IPSET_EXISTS.search(msg):
@@ -422,6 +432,9 @@ class ProxmoxClient:
                                 settings.resources_snapshot_create_s)
         self._vmid_lane = random.SystemRandom().randrange(VMID_LANES)
         self._vmids_asked: dict[int, float] = {}
+        # templates PVE refused to clone to another node ("VM uses local storage"): cloned on their
+        # own node and migrated since (a process-long fact: a template's disks do not move)
+        self.local_templates: set[int] = set()
 
     def close(self) -> None:
         """Stop the client's threads (requests in flight finish in the background)."""
@@ -520,6 +533,16 @@ class ProxmoxClient:
                       template=str(cfg.get("template", "0")) == "1")
         return state
 
+    async def vm_status(self, node: str, vmid: int) -> dict[str, Any] | None:
+        """``status/current`` of VM ``vmid`` on ``node`` (``status``, ``uptime``, ``lock``…); None
+        when its config does not exist there."""
+        try:
+            return dict(await self._call("GET /nodes/{node}/qemu/{vmid}/status/current", f"read status of VM {vmid}",
+                                         lambda: self._api.nodes(node).qemu(vmid).status.current.get(),
+                                         answers=(VmMissing,)) or {})
+        except VmMissing:
+            return None
+
     async def next_id(self) -> int:
         """``GET /cluster/nextid``: the lowest free vmid ≥ 100 (a string on the wire; reserves
         nothing, so a clone may still find it taken)."""
@@ -588,6 +611,14 @@ class ProxmoxClient:
             lambda: self._api.nodes(node).qemu(template_vmid).clone.post(
                 newid=newid, name=name, description=description, full=_bool(True),
                 **({"target": target} if target and target != node else {})))
+
+    async def migrate(self, node: str, vmid: int, target: str) -> str:
+        """``POST …/migrate`` of a stopped VM to ``target`` (offline; its local disks are copied,
+        ``with-local-disks=1``) → the ``qmigrate`` UPID; the config is on ``target`` once the task
+        ended OK (qemu-server API2/Qemu.pm migrate_vm, PVE/QemuMigrate.pm)."""
+        return await self._call("POST /nodes/{node}/qemu/{vmid}/migrate", f"migrate VM {vmid} to {target}",
+                                lambda: self._api.nodes(node).qemu(vmid).migrate.post(
+                                    target=target, **{"with-local-disks": _bool(True)}))
 
     async def configure(self, node: str, vmid: int, params: dict[str, Any], *, digest: str | None) -> str:
         """``POST …/config`` (asynchronous: returns a ``qmconfig`` UPID). ``digest`` makes the write

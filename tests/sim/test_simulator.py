@@ -91,15 +91,19 @@ def test_clone_lifecycle_lock_then_inherited_tags(pve, wait, admin):
     assert set(cfg) == {"lock", "digest"} and cfg["lock"] == "clone"
     r = resources(pve)[101]
     assert r["lock"] == "clone" and "tags" not in r
-    # the clone worker holds the target's config flock: a PUT waits for it (up to 10 s), then applies
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        put = ex.submit(lambda: pve.nodes("pve1").qemu(101).config.put(cores=2))
-        with pytest.raises(concurrent.futures.TimeoutError):
-            put.result(timeout=0.3)  # still waiting while the clone runs
-        admin("post", "/tasks/release", json={"type": "qmclone"})
-        put.result(timeout=15)
-    assert pve.nodes("pve1").tasks(upid).status.get()["status"] == "stopped"
+    # a config write to the clone's target answers at once: qemu-server API2/Qemu.pm $update_vm_api
+    # runs "$load_and_check_config->(0); # early checks before forking/locking" (check_lock of
+    # pve-guest-common AbstractConfig.pm) before it ever waits for the config flock
+    for write in (lambda: pve.nodes("pve1").qemu(101).config.put(cores=2),
+                  lambda: pve.nodes("pve1").qemu(101).config.post(cores=2)):
+        t0 = time.monotonic()
+        with pytest.raises(ResourceException) as e:
+            write()
+        assert (e.value.status_code, e.value.content) == (500, "VM is locked (clone)")
+        assert time.monotonic() - t0 < 2.0
+    admin("post", "/tasks/release", json={"type": "qmclone"})
     assert wait(upid)["exitstatus"] == "OK"
+    pve.nodes("pve1").qemu(101).config.put(cores=2)
     cfg = pve.nodes("pve1").qemu(101).config.get()
     assert cfg["name"] == "web-1" and cfg["tags"] == "z9-image" and "template" not in cfg and "lock" not in cfg
     assert cfg["scsi0"] == "local-lvm:vm-101-disk-0,size=2G" and cfg["description"] == "made by z9"
@@ -122,7 +126,10 @@ def test_locked_vm(pve, wait, admin):
     assert wait(pve.nodes("pve3").qemu(120).status.start.post())["exitstatus"] == "VM is locked (backup)"
     assert wait(pve.nodes("pve3").qemu(120).delete())["exitstatus"] == "VM is locked (backup)"
     assert resources(pve)[120]["lock"] == "backup"
-    pve.nodes("pve3").qemu(120).config.put(cores=2, skiplock=1)
+    # Qemu.pm $update_vm_api: skiplock is root@pam's only - an API token (root@pam!z9) is not root
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve3").qemu(120).config.put(cores=2, skiplock=1)
+    assert e.value.status_code == 400 and e.value.errors == {"skiplock": "Only root may use this option."}
 
 
 def test_clone_to_taken_newid_and_missing_source(pve):
@@ -138,10 +145,64 @@ def test_clone_to_taken_newid_and_missing_source(pve):
     assert e.value.content == "Configuration file 'nodes/pve2/qemu-server/100.conf' does not exist"
 
 
-def test_clone_to_other_node(pve, wait):
-    clone(pve, wait, newid=150, target="pve2")
-    assert pve.nodes("pve2").qemu(150).config.get()["name"] == "web-1"
+def test_clone_to_other_node_from_local_storage_is_refused(pve, admin):
+    """qemu-server API2/Qemu.pm clone_vm: $check_storage_access_clone finds a volume on a storage that
+    is not shared (local-lvm) and "can't clone VM to node '$target' (VM uses local storage)" dies in
+    the early checks, before fork_worker: an HTTP 500, no task, no placeholder config."""
+    before = admin("get", "/state")["counters"]["tasks_started"].get("qmclone", 0)
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(9000).clone.post(newid=150, name="web-1", full=1, target="pve2")
+    assert (e.value.status_code, e.value.content) == (500, "can't clone VM to node 'pve2' (VM uses local storage)")
+    assert 150 not in resources(pve)
+    assert admin("get", "/state")["counters"]["tasks_started"].get("qmclone", 0) == before
+    # target = the local node is no target (Qemu.pm: "undef $target" if it is the local node)
+    upid = pve.nodes("pve1").qemu(9000).clone.post(newid=150, full=1, target="pve1")
+    assert upid.split(":")[1] == "pve1"
+    # Qemu.pm: storage must hold images; with a target it must be shared
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(9000).clone.post(newid=151, full=1, storage="local")
+    assert e.value.status_code == 400 and e.value.errors == {"storage": "storage 'local' does not support vm images"}
+
+
+def test_target_clone_config_stays_on_the_source_node_until_the_end(pve, wait, admin):
+    """Qemu.pm clone_vm writes the temporary config ("lock: clone") as config_file($newid) on the
+    source node and renames it to config_file($newid, $target) when the worker is done."""
+    admin("post", "/vms", json={"vmid": 9200, "node": "pve1", "config": {
+        "name": "shared-tpl", "template": "1", "scsi0": "isos:base-9200-disk-0,size=2G"}})
+    admin("post", "/tasks/hold", json={"type": "qmclone"})
+    upid = pve.nodes("pve1").qemu(9200).clone.post(newid=160, name="far", full=1, target="pve2")
+    assert pve.nodes("pve1").qemu(160).config.get()["lock"] == "clone"
+    with pytest.raises(ResourceException):
+        pve.nodes("pve2").qemu(160).config.get()
+    assert resources(pve)[160]["node"] == "pve1"
+    admin("post", "/tasks/release", json={"type": "qmclone"})
+    assert wait(upid)["exitstatus"] == "OK"
+    assert pve.nodes("pve2").qemu(160).config.get()["name"] == "far"
+    assert resources(pve)[160]["node"] == "pve2"
+
+
+def test_offline_migration_with_local_disks(pve, wait, admin):
+    """qemu-server API2/Qemu.pm migrate_vm and PVE/QemuMigrate.pm: a stopped VM with local (lvmthin)
+    disks migrates offline in a qmigrate task (lock: migrate meanwhile), the config moves to the
+    target; checks before the task are HTTP errors."""
+    clone(pve, wait, newid=150)
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(150).migrate.post(target="pve1")
+    assert e.value.status_code == 400 and e.value.errors == {"target": "target is local node."}
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(100).migrate.post(target="pve2")
+    assert (e.value.status_code, e.value.content) == (500, "can't migrate running VM without --online")
+    admin("post", "/tasks/hold", json={"type": "qmigrate"})
+    upid = pve.nodes("pve1").qemu(150).migrate.post(target="pve2", **{"with-local-disks": 1})
+    assert upid.split(":")[5:7] == ["qmigrate", "150"]
+    wait_until(lambda: pve.nodes("pve1").qemu(150).config.get().get("lock") == "migrate")
+    admin("post", "/tasks/release", json={"type": "qmigrate"})
+    assert wait(upid)["exitstatus"] == "OK"
+    cfg = pve.nodes("pve2").qemu(150).config.get()
+    assert cfg["name"] == "web-1" and "lock" not in cfg
     assert resources(pve)[150]["node"] == "pve2"
+    log = [r["t"] for r in pve.nodes("pve1").tasks(upid).log.get()]
+    assert "found local disk 'local-lvm:vm-150-disk-0' (attached)" in log and log[-1] == "TASK OK"
 
 
 # ---- destroy / nextid ----------------------------------------------------------------------------
