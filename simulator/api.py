@@ -959,8 +959,8 @@ async def admin_config(request: web.Request) -> web.Response:
     if "cloud_init_s" in vals:
         c.guests.settings.cloud_init_s = vals["cloud_init_s"]
     c.task_seconds.update(task_seconds)
-    if "clone_race" in b:  # PVE's racy newid check of clone (Cluster._clone_race_pending)
-        c.clone_race = bool(b["clone_race"])
+    if "clone_race" in b:  # the next n clones lose PVE's racy newid check (Cluster.clone)
+        c.clone_race = int(b["clone_race"])
     for k in ("task_default_s", "stats_lag_s", "task_invisible_s"):
         if k in vals:
             setattr(c, k, vals[k])

@@ -337,7 +337,7 @@ class Cluster:
         self.stats_lag_s = stats_lag_s
         self.task_invisible_s = task_invisible_s
         self.reboot_gap_s = 0.05  # between a reboot's stop and qmeventd's start (the VM reads stopped)
-        self.clone_race = False  # admin switch: model PVE's racy newid check (see _clone_race_pending)
+        self.clone_race = 0  # admin switch: the next n clones lose PVE's racy newid check (see clone)
         self.vms: dict[int, VM] = TrackedDict()
         self._resources_cache: dict[tuple[str | None, bool], tuple[tuple, bytes]] = {}
         self.tasks: dict[str, Task] = {}
@@ -381,6 +381,7 @@ class Cluster:
         self.tasks.clear()
         self.flocks.clear()
         self.tasks_started.clear()
+        self.clone_race = 0
         self.refresh_stats()
 
     async def _stats_forever(self) -> None:
@@ -1042,16 +1043,25 @@ class Cluster:
         # storage that is not shared makes the VM "local"; the target storage does not change that
         if target and not self.vm_is_shared(src):
             raise PveError(500, f"can't clone VM to node '{target}' (VM uses local storage)")
-        if self._clone_race_pending(newid):
-            pass  # the racy window of a parallel clone to the same newid (see _clone_race_pending)
-        elif newid in self.vms:
+        if newid in self.vms:
             raise PveError(500, f"unable to create VM {newid}: config file already exists")
         if not full and not src.template:
             raise PveError(500, "Linked clone feature is not supported for drive 'scsi0'")
+        racing = False
+        if self.clone_race > 0:
+            # PVE's newid check is racy: Qemu.pm clone_vm runs "$load_and_check->(); # early checks
+            # before forking/locking" without the target's flock, so two clones to one newid can
+            # both pass it and both get a UPID; the second worker to take the flock finds the
+            # config file and dies "unable to create VM <newid>: config file already exists". The
+            # admin switch (clone_race: n) makes the next n clones lose so, deterministically, to a
+            # parallel clone of the same source by another client (root@pam, named race-winner-<id>)
+            self.clone_race -= 1
+            await self.clone(node, vmid, {"newid": str(newid), "full": "1", "name": f"race-winner-{newid}"},
+                             "root@pam")
+            racing = True
         # the temporary config "lock: clone" is written on the *source* node and renamed into the
         # target node's directory only when the worker is done (Qemu.pm clone_vm: file_set_contents
         # of config_file($newid), then rename to config_file($newid, $target))
-        racing = newid in self.vms
         placeholder = VM(newid, node, {"lock": "clone"})
         if not racing:
             self.vms[newid] = placeholder
@@ -1137,18 +1147,6 @@ class Cluster:
                 return False
         return True
 
-    def _clone_race_pending(self, newid: int) -> bool:
-        """The racy window of PVE's clone (admin switch ``clone_race``): the existence check of
-        ``config_file($newid)`` runs before ``fork_worker`` without the target's flock (Qemu.pm clone_vm
-        ``$load_and_check->(); # early checks before forking/locking``), so a clone arriving while a
-        parallel one to the same newid is still before writing its temporary file passes it and gets
-        a UPID; its worker then finds the file and fails ``config file already exists``. Off by
-        default (deterministic refusal); on, a clone to a newid whose config is only the
-        ``lock: clone`` placeholder of a running clone gets the UPID of a failing task."""
-        if not self.clone_race:
-            return False
-        other = self.vms.get(newid)
-        return other is not None and other.config.get("lock") == "clone" and len(other.config) == 1
 
     async def destroy(self, node: str, vmid: int, params: dict[str, str], user: str,
                       fail: str | None = None) -> str:

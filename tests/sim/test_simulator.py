@@ -498,3 +498,103 @@ async def _guest_state(server) -> None:
     g.write_file("/etc/kept", "yes")
     server.cluster.storage._bucket("local", "pve1")["iso/kept.iso"] = Volume("local:iso/kept.iso", "iso", "iso",
                                                                            b"iso-bytes", 0)
+
+
+# ---- PVE behaviours of issue-class "where a control plane breaks" ---------------------------------
+def test_clone_race_loser_gets_a_upid_whose_task_fails(pve, wait, admin):
+    """qemu-server API2/Qemu.pm clone_vm checks config_file($newid) before fork_worker without the
+    target's flock: two clones to one newid can both get a UPID; the loser's worker fails (admin
+    switch clone_race makes the next clone lose, deterministically, to a parallel one)."""
+    admin("put", "/config", json={"clone_race": 1})
+    upid = pve.nodes("pve1").qemu(9000).clone.post(newid=170, name="mine", full=1)
+    st = wait(upid)
+    assert st["exitstatus"] in ("unable to create VM 170: config file already exists",
+                                "can't lock file '/var/lock/qemu-server/lock-170.conf' - got timeout")
+    wait_until(lambda: "lock" not in pve.nodes("pve1").qemu(170).config.get())
+    assert pve.nodes("pve1").qemu(170).config.get()["name"] == "race-winner-170"   # the other client's VM
+    assert admin("get", "/state")["counters"]["tasks_started"]["qmclone"] == 2
+
+
+def test_reboot_and_reset_of_a_stopped_vm_answer_500_before_any_task(pve, wait, admin):
+    """Qemu.pm vm_reboot / vm_reset: `die "VM $vmid not running\n" if !check_running($vmid)` before
+    fork_worker."""
+    clone(pve, wait, newid=150)
+    for call in (pve.nodes("pve1").qemu(150).status.reboot.post, pve.nodes("pve1").qemu(150).status.reset.post):
+        with pytest.raises(ResourceException) as e:
+            call()
+        assert (e.value.status_code, e.value.content) == (500, "VM 150 not running")
+    assert "qmreboot" not in admin("get", "/state")["counters"]["tasks_started"]
+
+
+def test_reboot_is_a_stop_then_a_separate_qmstart_task(pve, wait, admin):
+    """QemuServer.pm vm_reboot: the qmreboot task only stops the VM (a reboot request for qmeventd),
+    qmeventd starts it again in a qmstart task of its own: the VM reads stopped in between."""
+    admin("post", "/tasks/hold", json={"type": "qmstart"})
+    upid = pve.nodes("pve1").qemu(100).status.reboot.post()
+    assert wait(upid)["exitstatus"] == "OK"
+    assert pve.nodes("pve1").qemu(100).status.current.get()["status"] == "stopped"
+    starts = lambda: [t for t in pve.nodes("pve1").tasks.get(vmid=100, source="all") if t["type"] == "qmstart"]
+    wait_until(lambda: bool(starts()))
+    admin("post", "/tasks/release", json={"type": "qmstart"})
+    wait_until(lambda: pve.nodes("pve1").qemu(100).status.current.get()["status"] == "running")
+    t = starts()[0]
+    assert t["user"] == "root@pam" and t["upid"] != upid
+
+
+def test_pending_changes_on_a_running_vm(pve, wait):
+    """QemuServer.pm vmconfig_hotplug_pending: on a running VM, cores (never hot-pluggable) and memory
+    (without the memory hotplug feature) stay in [PENDING]; name/tags (fast plug) apply at once. GET
+    config lays pending over (AbstractConfig.pm load_current_config), current=1 does not; GET
+    /pending lists both (Qemu.pm vm_pending); the next start applies them."""
+    vm = pve.nodes("pve1").qemu(100)
+    cpus = vm.status.current.get()["cpus"]
+    assert wait(vm.config.post(cores=cpus + 3, memory=4096, name="renamed"))["exitstatus"] == "OK"
+    assert vm.config.get()["cores"] == cpus + 3 and vm.config.get(current=1).get("cores", 1) != cpus + 3
+    rows = {r["key"]: r for r in vm.pending.get()}
+    assert rows["cores"]["pending"] == cpus + 3 or rows["cores"]["pending"] == str(cpus + 3)
+    assert rows["memory"]["pending"] in (4096, "4096") and "pending" not in rows["name"]
+    assert rows["name"]["value"] == "renamed"
+    assert vm.status.current.get()["cpus"] == cpus      # the running QEMU still has the old cores
+    assert wait(vm.status.stop.post())["exitstatus"] == "OK"
+    assert wait(vm.status.start.post())["exitstatus"] == "OK"
+    assert vm.status.current.get()["cpus"] == cpus + 3
+    assert not [r for r in vm.pending.get() if "pending" in r or "delete" in r]
+
+
+def test_config_write_disk_allocation_unused_and_mac(pve, wait):
+    """Qemu.pm create_disks: STORAGE:SIZE allocates vm-<id>-disk-<n>; a detached disk's volume stays as
+    unusedN (vmconfig_register_unused_drive); a NIC without a MAC gets one (random_ether_addr)."""
+    clone(pve, wait, newid=150)
+    vm = pve.nodes("pve1").qemu(150)
+    assert wait(vm.config.post(scsi1="local-lvm:4", net1="virtio,bridge=vmbr0"))["exitstatus"] == "OK"
+    cfg = vm.config.get()
+    assert cfg["scsi1"] == "local-lvm:vm-150-disk-1,size=4G"
+    assert re.fullmatch(r"virtio=BC:24:11:[0-9A-F:]{8},bridge=vmbr0", cfg["net1"])
+    assert wait(vm.config.post(delete="scsi1"))["exitstatus"] == "OK"
+    cfg = vm.config.get()
+    assert "scsi1" not in cfg and cfg["unused0"] == "local-lvm:vm-150-disk-1"
+
+
+def test_config_write_validation(pve, wait):
+    """Qemu.pm $update_vm_api: an empty write, delete= of an unknown option, skiplock by a token."""
+    vm = pve.nodes("pve1").qemu(100)
+    with pytest.raises(ResourceException) as e:
+        vm.config.put()
+    assert (e.value.status_code, e.value.content) == (500, "no options specified")
+    with pytest.raises(ResourceException) as e:
+        vm.config.put(delete="nosuchkey")
+    assert e.value.status_code == 400 and e.value.errors == {"delete": "unknown option 'nosuchkey'"}
+    with pytest.raises(ResourceException) as e:
+        vm.config.post(name="x", skiplock=1)
+    assert e.value.errors == {"skiplock": "Only root may use this option."}
+
+
+def test_cipassword_is_stored_hashed_and_read_masked(pve, wait, admin):
+    """Qemu.pm $update_vm_api: cipassword = PVE::Tools::encrypt_pw (crypt $5$); GET config and
+    /pending show ********** (Qemu.pm vm_config / vm_pending)."""
+    pve.nodes("pve1").qemu(100).config.put(cipassword="hunter2")
+    assert pve.nodes("pve1").qemu(100).config.get()["cipassword"] == "**********"
+    stored = next(v for v in admin("get", "/state")["vms"] if v["vmid"] == 100)["config"]["cipassword"]
+    assert stored.startswith("$5$") and "hunter2" not in stored
+    import crypt  # noqa: the libc crypt(3) PVE's hash is checked with
+    assert crypt.crypt("hunter2", stored) == stored

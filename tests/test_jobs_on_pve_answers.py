@@ -1,0 +1,62 @@
+"""z9's jobs on what real Proxmox VE answers where it is racy or refuses (the simulator models each
+answer after qemu-server's source): a clone race lost after its UPID, a config write refused because
+another task locked the VM, a reboot of a VM that stopped meanwhile. Each ends as the README's
+operator section says: no false failure, no attempt spent on waiting, no second VM."""
+from __future__ import annotations
+
+import asyncio
+
+from z9.common.tags import normalize_tags
+
+from tests.support import SimAdmin, Stack, wait_until
+
+
+async def test_a_clone_race_lost_after_its_upid_is_no_failure_and_no_second_vm(stack: Stack, sim: SimAdmin) -> None:
+    """qemu-server API2/Qemu.pm clone_vm checks the newid before fork_worker without a lock: the
+    create's clone gets a UPID and its task fails because a parallel clone (another client's) took
+    the vmid. The create picks another vmid in the same attempt and never adopts the winner's VM."""
+    await sim.configure(clone_race=1)
+    server, job = await stack.create_server("raced")
+    done = await stack.wait_job(job["id"], timeout_s=90)
+    assert done["status"] == "succeeded" and done["attempt"] == 1, done
+    ours = await sim.vms_tagged(f"z9-id-{server['id']}")
+    assert len(ours) == 1
+    winner = [v for v in (await sim.state())["vms"] if v["config"].get("name", "").startswith("race-winner-")]
+    assert len(winner) == 1 and winner[0]["vmid"] != ours[0]["vmid"]
+    assert not any(t.startswith("z9-id-") for t in normalize_tags(winner[0]["config"].get("tags")))
+    assert (await sim.counters())["tasks_started"]["qmclone"] == 3  # ours lost, the winner's, ours again
+
+
+async def test_a_config_write_refused_as_locked_spends_no_attempt(stack: Stack, sim: SimAdmin) -> None:
+    """A config write to a VM another task locked answers at once 500 "VM is locked (clone)"
+    (Qemu.pm $update_vm_api checks the lock before the flock): the create waits on the world
+    (a snooze) and goes on; its attempt is not spent."""
+    await sim.fault(method="POST", path=r"/qemu/\d+/config$", action="error", status=500,
+                    reason="VM is locked (clone)", times=1)
+    server, job = await stack.create_server("locked")
+    done = await stack.wait_job(job["id"], timeout_s=90)
+    assert done["status"] == "succeeded" and done["attempt"] == 1, done
+    assert len(await sim.vms_tagged(f"z9-id-{server['id']}")) == 1
+
+
+async def test_a_reboot_of_a_vm_stopped_meanwhile_starts_it(stack: Stack, sim: SimAdmin) -> None:
+    """Qemu.pm vm_reboot refuses a stopped VM before any task (500 "VM n not running"): a reboot
+    whose VM stopped between the job's read and its request starts the VM instead (the README: a
+    reboot of a stopped server starts it), in the same attempt."""
+    server, job = await stack.create_server("rebooted")
+    assert (await stack.wait_job(job["id"], timeout_s=90))["status"] == "succeeded"
+    vmid = (await stack.server(server["id"]))["observed"]["vmid"]
+    await asyncio.sleep(1.1)  # uptime has a resolution of one second (as in test_server_actions)
+    fid = await sim.fault(method="POST", path=rf"/qemu/{vmid}/status/reboot$", action="delay", seconds=1.5)
+    status, out = await stack.call("POST", f"/servers/{server['id']}/actions/reboot")
+    assert status == 202, out
+
+    async def delayed() -> bool:
+        return not any(f["id"] == fid for f in await sim._req("GET", "/faults"))
+    await wait_until(delayed, 30, "the reboot request reached the simulator")
+    vm = await sim.vm(vmid)
+    await sim._req("POST", "/vms", json={"vmid": vmid, "node": vm["node"], "running": False, "config": vm["config"]})
+    done = await stack.wait_job(out["job"]["id"], timeout_s=60)
+    assert done["status"] == "succeeded" and done["attempt"] == 1, done
+    assert (await sim.vm(vmid))["running"]
+    assert (await sim.counters())["tasks_started"].get("qmreboot", 0) == 0
