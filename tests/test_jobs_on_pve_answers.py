@@ -60,3 +60,22 @@ async def test_a_reboot_of_a_vm_stopped_meanwhile_starts_it(stack: Stack, sim: S
     assert done["status"] == "succeeded" and done["attempt"] == 1, done
     assert (await sim.vm(vmid))["running"]
     assert (await sim.counters())["tasks_started"].get("qmreboot", 0) == 0
+
+
+async def test_a_server_create_reads_each_vm_once_per_phase(stack: Stack, sim: SimAdmin) -> None:
+    """A server create makes at most 15 Proxmox requests (it made 26: config and status read six
+    times each, every task polled twice): the template's config once, the clone's config once after
+    its task, its power state once before the start, the VM once in verify, each task polled about
+    once (the first poll waits about as long as that type of task took lately)."""
+    first, job = await stack.create_server("warm")  # the executor learns how long each task type takes
+    assert (await stack.wait_job(job["id"], timeout_s=90))["status"] == "succeeded"
+    await sim._req("POST", "/stats/refresh")
+    before = {(r["method"], r["path"]): r["count"] for r in (await sim.counters())["requests"]}
+    server, job = await stack.create_server("counted")
+    done = await stack.wait_job(job["id"], timeout_s=90)
+    assert done["status"] == "succeeded", done
+    after = {(r["method"], r["path"]): r["count"] for r in (await sim.counters())["requests"]}
+    used = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    print("requests of one server create:", sum(used.values()), dict(sorted(used.items())))
+    assert sum(used.values()) <= 15, used
+    assert used.get(("GET", "/nodes/{node}/qemu/{vmid}/config"), 0) <= 3, used

@@ -17,7 +17,8 @@ call runs in a thread of this client's own pool. Every foreign error (proxmoxer'
 - anything else → :class:`TemporaryError` (retries are safe: every step is idempotent)
 
 Tasks: mutations return a UPID at once; :meth:`ProxmoxClient.wait_task` polls the UPID's node
-about once a second until the task has stopped, tolerating a few ``no such task`` answers and
+— first after about as long as that type of task took lately (at least ``task_poll_s``), then
+about once a second — until the task has stopped, tolerating a few ``no such task`` answers and
 read timeouts, and judges ``exitstatus`` (``OK`` and ``WARNINGS: n`` are success).
 """
 from __future__ import annotations
@@ -342,6 +343,9 @@ class ClusterView:
             self.seen[vmid] = _Seen(at, node, state_tags, name, template)
 
 
+#: the longest wait before a task's first status poll (seconds)
+FIRST_POLL_MAX_S = 5.0
+
 #: vmids are handed out per process in lanes (vmid mod VMID_LANES), see ProxmoxClient.pick_vmid.
 VMID_LANES = 32
 VMID_ASKED_TTL_S = 300.0
@@ -432,6 +436,8 @@ class ProxmoxClient:
                                 settings.resources_snapshot_create_s)
         self._vmid_lane = random.SystemRandom().randrange(VMID_LANES)
         self._vmids_asked: dict[int, float] = {}
+        # how long each type of task took lately (seconds; the first poll of the next one waits so long)
+        self._task_s: dict[str, float] = {}
         # templates PVE refused to clone to another node ("VM uses local storage"): cloned on their
         # own node and migrated since (a process-long fact: a template's disks do not move)
         self.local_templates: set[int] = set()
@@ -512,16 +518,21 @@ class ProxmoxClient:
         (and minus those it read without it). Callers confirm each one by its own config."""
         return (await self.snapshot(not_before=not_before)).tagged(tag.lower())
 
-    async def vm_state(self, node: str, vmid: int) -> VmState | None:
+    async def vm_state(self, node: str, vmid: int, *, status: bool = True) -> VmState | None:
         """Config and power status of VM ``vmid`` on ``node``; None when its config does not
-        exist there. What it saw is laid over the shared snapshot (:meth:`ClusterView.saw`)."""
+        exist there. What it saw is laid over the shared snapshot (:meth:`ClusterView.saw`).
+        ``status=False``: the config only (one request; ``status`` reads ``unknown``) — for a
+        caller that needs nothing of the power state (a template, a VM it just cloned)."""
         started = time.monotonic()
         try:
             cfg = await self._call("GET /nodes/{node}/qemu/{vmid}/config", f"read config of VM {vmid}",
                                    lambda: self._api.nodes(node).qemu(vmid).config.get(), answers=(VmMissing,))
-            st = await self._call("GET /nodes/{node}/qemu/{vmid}/status/current",
-                                  f"read status of VM {vmid}",
-                                  lambda: self._api.nodes(node).qemu(vmid).status.current.get(), answers=(VmMissing,))
+            st = None
+            if status:
+                st = await self._call("GET /nodes/{node}/qemu/{vmid}/status/current",
+                                      f"read status of VM {vmid}",
+                                      lambda: self._api.nodes(node).qemu(vmid).status.current.get(),
+                                      answers=(VmMissing,))
         except VmMissing:
             self.view.saw(vmid, node, None, started)
             return None
@@ -874,8 +885,16 @@ class ProxmoxClient:
         """The polling loop of :meth:`wait_task`; sets ``wait.outcome`` on a failed task or the
         deadline."""
         upid = up.raw
-        deadline = time.monotonic() + deadline_s
+        t0 = time.monotonic()
+        deadline = t0 + deadline_s
         unknown = 0
+        # The first poll waits about as long as this type of task took lately (at least poll_s, at
+        # most FIRST_POLL_MAX_S so the lease is renewed in time): a 1 s clone is asked for once,
+        # not at once and then again (a poll right after the POST only ever said "running" or
+        # "no such task").
+        first = min(FIRST_POLL_MAX_S, max(poll_s, self._task_s.get(up.type, 0.0)))
+        await asyncio.sleep(first)
+        seen_running = False
         while True:
             try:
                 st = await self.task_status(up.node, upid)
@@ -891,12 +910,19 @@ class ProxmoxClient:
                 log.info("task %s: status unknown (%s); polling again", upid, e)
                 st = None
             if st and st.get("status") == "stopped":
+                # learn: a task seen running took about this long; one done at the first poll
+                # may have taken less (probe a shorter first wait next time)
+                prev = self._task_s.get(up.type, 0.0)
+                took = time.monotonic() - t0 if seen_running else 0.8 * prev
+                self._task_s[up.type] = took if not prev else 0.7 * prev + 0.3 * took
                 exitstatus = str(st.get("exitstatus") or "unexpected status")
                 if exitstatus == "OK" or exitstatus.startswith("WARNINGS:"):
                     return exitstatus
                 wait.outcome = "failed"
                 tail = await self.task_log_tail(up.node, upid)
                 raise task_failure(upid, up.type, exitstatus, tail)
+            if st:
+                seen_running = True
             if st and on_poll is not None:  # progress only when the node answered for the task
                 await on_poll()
             if time.monotonic() >= deadline:

@@ -31,7 +31,7 @@ import asyncio
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 from urllib.parse import quote
 
@@ -189,7 +189,7 @@ async def find_template_on(ctx: JobContext, image: str, node: str) -> VmState | 
     for ref in sorted(snap.templates(), key=lambda v: (v.name != image, v.vmid)):
         if ref.node != node:
             continue
-        st = await ctx.pve.vm_state(ref.node, ref.vmid)
+        st = await ctx.pve.vm_state(ref.node, ref.vmid, status=False)
         if st is not None and st.config.get("name") == image and str(st.config.get("template", "0")) == "1":
             return st
     return None
@@ -207,7 +207,7 @@ async def find_template(ctx: JobContext, image: str) -> VmState | None:
     while True:
         refs = sorted(snap.templates(), key=lambda v: (v.name != image, v.vmid))
         for ref in refs:
-            st = await ctx.pve.vm_state(ref.node, ref.vmid)
+            st = await ctx.pve.vm_state(ref.node, ref.vmid, status=False)  # a template's config says it all
             if st is not None and st.config.get("name") == image and str(st.config.get("template", "0")) == "1":
                 return st
         if snap.started >= ctx.claimed_at:
@@ -413,6 +413,9 @@ class MemberWorld:
     vm: VmState | None
     template_disk_gib: float | None = None
     clone_in_flight_s: float = 0.0  # a clone request without answer may land for this long yet
+    # the VM's config in ``vm`` was read after this attempt's last change of it (or has that change
+    # laid over it): the next step needs no new read of the config
+    fresh: bool = False
 
 
 async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
@@ -506,6 +509,11 @@ async def apply_member_step(ctx: JobContext, spec: VmSpec, world: MemberWorld, s
             await ctx.fence()
             upid = await ctx.pve.configure(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))
             await ctx.wait_task(step, upid)
+            # what the task wrote, laid over what was read (the digest is stale now): the next
+            # step (the disk size) needs no new read; verify reads the VM again
+            cfg = {k: v for k, v in vm.config.items() if k != "digest"}
+            cfg.update(diff)
+            world.vm = replace(vm, config=cfg, tags=normalize_tags(cfg.get("tags")))
     elif step.name == "resize_disk":
         vm = await _current(ctx, world)
         refuse_if_locked(vm)
@@ -517,22 +525,21 @@ async def apply_member_step(ctx: JobContext, spec: VmSpec, world: MemberWorld, s
             step.detail["disk"] = disk[0]
             await ctx.fence()
             upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], spec.disk_gib)
+            world.fresh = False
             if upid:
                 await ctx.wait_task(step, upid)
     elif step.name == "migrate":
-        vm = await _current(ctx, world)
+        vm = await _current(ctx, world, config=False)
         refuse_if_locked(vm)
         if spec.node and vm.node != spec.node and not vm.running:
             # offline migration: PVE copies the local disks and moves the config (QemuMigrate.pm)
             await ctx.fence()
             upid = await ctx.pve.migrate(vm.node, vm.vmid, spec.node)
+            world.fresh = False
             await ctx.wait_task(step, upid)
-            st = await ctx.pve.vm_state(spec.node, vm.vmid)
-            if st is None:
-                raise TemporaryError(f"migration task {upid} ended OK but VM {vm.vmid} is not on {spec.node}")
-            world.vm = st
+            world.vm = replace(vm, node=spec.node)  # the start step reads it there
     elif step.name == "start":
-        vm = await _current(ctx, world)
+        vm = await _current(ctx, world, config=False)
         refuse_if_locked(vm)
         await ensure_running(ctx, step, vm)
     else:
@@ -548,15 +555,32 @@ async def verify_member(ctx: JobContext, spec: VmSpec) -> VmState:
     return world.vm
 
 
-async def _current(ctx: JobContext, world: MemberWorld) -> VmState:
-    """Re-read the member's VM (the previous step changed it)."""
-    if world.vm is None:
+async def _current(ctx: JobContext, world: MemberWorld, *, config: bool = True) -> VmState:
+    """The member's VM as the next step needs it. ``config``: its config, read again unless this
+    attempt read it after its last change (``world.fresh``: a clone just read, a configure laid
+    over); else (a start, a migration) its power state and lock only, from ``status/current``
+    (one request; ``lock`` is there too)."""
+    vm = world.vm
+    if vm is None:
         raise TemporaryError("no VM to act on yet")
-    st = await ctx.pve.vm_state(world.vm.node, world.vm.vmid)
-    if st is None:
-        raise TemporaryError(f"VM {world.vm.vmid} disappeared from {world.vm.node}")
-    world.vm = st
-    return st
+    if config:
+        if world.fresh:
+            return vm
+        st = await ctx.pve.vm_state(vm.node, vm.vmid, status=False)
+        if st is None:
+            raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
+        world.vm, world.fresh = replace(st, status=vm.status, uptime_s=vm.uptime_s), True
+        return world.vm
+    cur = await ctx.pve.vm_status(vm.node, vm.vmid)
+    if cur is None:
+        raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
+    cfg = {k: v for k, v in vm.config.items() if k != "lock"}
+    if cur.get("lock"):
+        cfg["lock"] = cur["lock"]
+    up = cur.get("uptime")
+    world.vm = replace(vm, config=cfg, status=str(cur.get("status", "unknown")),
+                       uptime_s=int(up) if up is not None else None)
+    return world.vm
 
 
 async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
@@ -627,10 +651,12 @@ async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) 
             await store.vm_clone_refused(ctx.pool, spec.owner, spec.member, newid)
             ctx.pve.vmid_taken(newid)
             continue
-        st = await ctx.pve.vm_state(node, newid)
+        # its config (one read: a clone is made stopped — Qemu.pm clone_vm starts nothing — and the
+        # start step reads the power state it acts on)
+        st = await ctx.pve.vm_state(node, newid, status=False)
         if st is None:
             raise TemporaryError(f"clone task {upid} ended OK but VM {newid} is not on {node}")
-        world.vm = st
+        world.vm, world.fresh = replace(st, status="stopped"), True
         return
     # Contention with other creates is waiting on the world, not a failure of this job.
     raise Snooze(f"every vmid tried was taken by a parallel create ({CLONE_TRIES} tries)", delay_s=1.0)
@@ -671,7 +697,7 @@ async def _wait_clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: S
     st = await ctx.pve.vm_state(vm.node, vm.vmid)
     if st is None or not carries_marker(st.config.get("description"), spec.owner, spec.member):
         raise TemporaryError(f"the clone at VM {vm.vmid} did not produce our VM; observing again")
-    world.vm = st
+    world.vm, world.fresh = st, True
 
 
 # ================================================================ removal: every VM of an owner
