@@ -403,6 +403,38 @@ def translate(exc: BaseException, what: str) -> Exception:
     return TemporaryError(f"{what}: unexpected {exc.__class__.__name__}: {exc}")
 
 
+#: how often one Proxmox call is tried when it fails transiently (not performed), and the backoff
+CALL_TRIES = 4
+CALL_BACKOFF_S = 0.25
+CALL_BACKOFF_CAP_S = 2.0
+#: called (no arguments) while a call waits to be tried again: the running job's lease keeper
+ON_RETRY: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("z9_proxmox_on_retry",
+                                                                                     default=None)
+_NOT_PERFORMED = (502, 503, 504, 595, 596)
+
+
+def retryable(err: TemporaryError, method: str) -> bool:
+    """Whether a call that raised ``err`` may be sent again at once: PVE (or pveproxy in front
+    of it) answered that it did not do it — 502/503/504, 595/596 (no connection to the node), a
+    config flock not had (``can't lock file … - got timeout``: the worker did nothing) — or the
+    call is a read (a read sent twice does no harm, whatever happened to the first). A mutation
+    without an answer (:class:`OutcomeUnknown`) is never sent again here: the step that sent it
+    decides (a clone's ledger, a task's UPID)."""
+    if isinstance(err, (VmLocked, AgentUnavailable, VmMissing, VmidTaken, EntryExists, EntryMissing)):
+        return False
+    cause = err.__cause__
+    if isinstance(cause, ResourceException):
+        if cause.status_code in _NOT_PERFORMED:
+            return True
+        if _LOCK_TIMEOUT.search(str(cause.content or cause.status_message or "")):
+            return True
+        return method == "GET" and cause.status_code >= 500 and not _AGENT_DOWN.search(str(cause.content or ""))
+    return method == "GET"  # a transport error or timeout of a read
+
+
+_AGENT_DOWN = re.compile(r"agent is not running|No QEMU guest agent configured|is not running|No such file")
+
+
 def _bool(v: bool) -> int:
     # Proxmox booleans are 1/0; Python True would be sent as 'True' and rejected (JSONSchema.pm).
     return 1 if v else 0
@@ -448,6 +480,30 @@ class ProxmoxClient:
 
     async def _call(self, endpoint: str, what: str, fn: Callable[[], Any],
                     answers: tuple[type[Exception], ...] = ()) -> Any:
+        """:meth:`_call_once`, tried again (at most :data:`CALL_TRIES` times, with backoff) when
+        it failed transiently in a way that says the request was not performed (see
+        :func:`retryable`): a step is not ended — and an attempt not spent — by a passing 503 or
+        flock timeout. While it waits, the job's progress hook (:data:`ON_RETRY`) keeps its lease."""
+        method = endpoint.partition(" ")[0]
+        delay = CALL_BACKOFF_S
+        for tries_left in range(CALL_TRIES - 1, -1, -1):
+            try:
+                return await self._call_once(endpoint, what, fn, answers)
+            except TemporaryError as e:
+                if tries_left == 0 or not retryable(e, method):
+                    raise
+                log.info("%s: %s; trying again in %.2fs (%d more)", what, e, delay, tries_left)
+                hook = ON_RETRY.get()
+                if hook is not None:
+                    hook()
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                if hook is not None:
+                    hook()
+                delay = min(delay * 2, CALL_BACKOFF_CAP_S)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _call_once(self, endpoint: str, what: str, fn: Callable[[], Any],
+                         answers: tuple[type[Exception], ...] = ()) -> Any:
         """Run one proxmoxer call in this client's thread pool; translate its errors.
         ``endpoint`` is ``"METHOD /path/template"`` (one of :data:`ENDPOINTS`; logs, the
         ``z9_proxmox_request*`` metrics and the call's span name). ``answers``: translated errors
