@@ -436,11 +436,69 @@ async def h_task_status(ctx, p, user, fail):
 
 
 async def h_task_log(ctx, p, user, fail):
-    return ctx.cluster.task_log(p["node"], p["upid"], int(p.get("start", 0)), int(p.get("limit", 50)))
+    return _with_total(*ctx.cluster.task_log(p["node"], p["upid"], int(p.get("start", 0)), int(p.get("limit", 50))))
+
+
+class WithTotal(list):
+    """A list answer with the envelope's ``total`` (``$rpcenv->set_result_attrib('total', …)``)."""
+
+    total = 0
+
+
+def _with_total(total: int, rows: list) -> WithTotal:
+    out = WithTotal(rows)
+    out.total = total
+    return out
 
 
 async def h_task_list(ctx, p, user, fail):
-    return ctx.cluster.list_tasks(p["node"], p)
+    return _with_total(*ctx.cluster.list_tasks(p["node"], p))
+
+
+async def h_cluster_tasks(ctx, p, user, fail):
+    # pve-manager API2/Cluster.pm tasks: the cluster's recent tasks (every node), no filters
+    return ctx.cluster.list_tasks(None, {"source": "all", "limit": "1000"})[1]
+
+
+async def h_cluster_status(ctx, p, user, fail):
+    return ctx.cluster.cluster_status()
+
+
+async def h_node_status(ctx, p, user, fail):
+    return ctx.cluster.node_status(p["node"])
+
+
+async def h_template(ctx, p, user, fail):
+    return await ctx.cluster.make_template(p["node"], _vmid(p), p, user, fail)
+
+
+def _suspend_resume(action: str) -> Handler:
+    async def h(ctx, p, user, fail):
+        return await ctx.cluster.suspend_resume(p["node"], _vmid(p), action, p, user, fail)
+    return h
+
+
+# the privileges of PVE's built-in Administrator role (pve-access-control PVE/AccessControl.pm)
+ADMIN_PRIVS = ("Datastore.Allocate", "Datastore.AllocateSpace", "Datastore.AllocateTemplate", "Datastore.Audit",
+               "Group.Allocate", "Mapping.Audit", "Mapping.Modify", "Mapping.Use", "Permissions.Modify",
+               "Pool.Allocate", "Pool.Audit", "Realm.Allocate", "Realm.AllocateUser", "SDN.Allocate", "SDN.Audit",
+               "SDN.Use", "Sys.AccessNetwork", "Sys.Audit", "Sys.Console", "Sys.Incoming", "Sys.Modify",
+               "Sys.PowerMgmt", "Sys.Syslog", "User.Modify", "VM.Allocate", "VM.Audit", "VM.Backup", "VM.Clone",
+               "VM.Config.CDROM", "VM.Config.CPU", "VM.Config.Cloudinit", "VM.Config.Disk", "VM.Config.HWType",
+               "VM.Config.Memory", "VM.Config.Network", "VM.Config.Options", "VM.Console", "VM.GuestAgent.Audit",
+               "VM.GuestAgent.FileRead", "VM.GuestAgent.FileSystemMgmt", "VM.GuestAgent.FileWrite",
+               "VM.GuestAgent.Unrestricted", "VM.Migrate", "VM.PowerMgmt", "VM.Replicate", "VM.Snapshot",
+               "VM.Snapshot.Rollback")
+
+
+async def h_permissions(ctx, p, user, fail):
+    """``GET /access/permissions`` (pve-access-control API2/AccessControl.pm permissions): the
+    simulator's one API token is not privilege-separated and belongs to root@pam, so it holds every
+    privilege on ``/`` (propagated); ``path`` narrows the answer to that path."""
+    if p.get("userid") and p["userid"] not in (user, user.split("!")[0]):
+        raise PveError(403, "Permission check failed (/access, Sys.Audit)")
+    privs = {k: 1 for k in ADMIN_PRIVS}
+    return {p.get("path") or "/": privs}
 
 
 async def h_task_index(ctx, p, user, fail):
@@ -482,6 +540,13 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("POST", "/nodes/{node}/qemu/{vmid}/config"): h_config_post,
     ("POST", "/nodes/{node}/qemu/{vmid}/clone"): h_clone,
     ("GET", "/nodes/{node}/qemu/{vmid}/pending"): h_pending,
+    ("POST", "/nodes/{node}/qemu/{vmid}/template"): h_template,
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/suspend"): _suspend_resume("suspend"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/resume"): _suspend_resume("resume"),
+    ("GET", "/cluster/tasks"): h_cluster_tasks,
+    ("GET", "/cluster/status"): h_cluster_status,
+    ("GET", "/nodes/{node}/status"): h_node_status,
+    ("GET", "/access/permissions"): h_permissions,
     ("POST", "/nodes/{node}/qemu/{vmid}/migrate"): h_migrate,
     ("DELETE", "/nodes/{node}/qemu/{vmid}"): h_destroy,
     ("PUT", "/nodes/{node}/qemu/{vmid}/resize"): h_resize,
@@ -627,6 +692,8 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
         # pve-manager HTTPServer.pm: the upload path skips the CSRF check (it checks the privilege instead)
         user = await _authenticate(ctx, request, csrf=template != UPLOAD_TEMPLATE)
         if isinstance(user, PveError):
+            if user.status == 401:  # pve-http-server AnyEvent.pm: a 401 carries its reason, no body
+                return web.Response(status=401, reason=user.message), template, False
             return pve_error(user.status, user.message), template, False
     else:
         user = ""
@@ -685,7 +752,8 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
 
     handler = ROUTES.get((method, template))
     if handler is None:
-        return pve_error(501, f"Method '{method} {path}' not implemented (z9 simulator)"), template, drop
+        # pve-http-server: PVE's own answer for a path it has no handler for
+        return pve_error(501, f"Method '{method} {path}' not implemented"), template, drop
     try:
         data = await handler(ctx, values, user, fail)
     except PveError as e:
@@ -695,7 +763,10 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
         if data.gzip:
             resp.headers["Content-Encoding"] = "gzip"
         return resp, template, drop
-    resp = web.json_response({"data": data})
+    envelope: dict[str, Any] = {"data": data}
+    if isinstance(data, WithTotal):
+        envelope["total"] = data.total
+    resp = web.json_response(envelope)
     if resp.body is not None and len(resp.body) > GZIP_MIN and "gzip" in request.headers.get("Accept-Encoding", ""):
         resp.enable_compression(web.ContentCoding.gzip)  # pve-http-server gzips larger answers
     return resp, template, drop

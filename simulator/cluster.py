@@ -336,6 +336,7 @@ class Cluster:
         self.task_default_s = task_default_s
         self.stats_lag_s = stats_lag_s
         self.task_invisible_s = task_invisible_s
+        self.paused: dict[int, bool] = {}  # vmid -> suspended (qmpstatus paused)
         self.reboot_gap_s = 0.05  # between a reboot's stop and qmeventd's start (the VM reads stopped)
         self.clone_race = 0  # admin switch: the next n clones lose PVE's racy newid check (see clone)
         self.vms: dict[int, VM] = TrackedDict()
@@ -382,6 +383,7 @@ class Cluster:
         self.flocks.clear()
         self.tasks_started.clear()
         self.clone_race = 0
+        self.paused.clear()
         self.refresh_stats()
 
     async def _stats_forever(self) -> None:
@@ -541,20 +543,125 @@ class Cluster:
             raise param_error({"upid": "no such task"})
         return task
 
-    def task_log(self, node: str, upid: str, start: int = 0, limit: int = 50) -> list[dict]:
+    def task_log(self, node: str, upid: str, start: int = 0, limit: int = 50) -> tuple[int, list[dict]]:
+        """(total lines, the page): pve-manager API2/Tasks.pm read_task_log sets the result
+        attribute ``total`` to the log's line count."""
         task = self.get_task(node, upid)
         limit = limit or 50
-        return [{"n": i + 1, "t": t} for i, t in enumerate(task.lines)][start:start + limit]
+        return len(task.lines), [{"n": i + 1, "t": t} for i, t in enumerate(task.lines)][start:start + limit]
 
-    def list_tasks(self, node: str, params: dict[str, str]) -> list[dict]:
+    # ---- template, suspend/resume ----------------------------------------------------------------
+    async def make_template(self, node: str, vmid: int, params: dict[str, str], user: str,
+                            fail: str | None = None) -> str:
+        """``POST .../template`` (qemu-server API2/Qemu.pm template): a running VM is refused before
+        the task ("you can't convert a running VM to a template" - die in the early checks); in a
+        ``qmtemplate`` task under the flock each disk becomes ``base-<vmid>-disk-<n>`` and the config
+        gets ``template: 1``; a template again: "you can't convert a template to a template"."""
+        vm = self.vm_on(node, vmid)
+        self.check_lock(vm)
+        if vm.template:
+            raise PveError(500, "you can't convert a template to a template")
+        if vm.running:
+            raise PveError(500, "you can't convert a VM to template if VM is running")
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                v = self.vm_alive(vm)
+                if v.running:
+                    raise PveError(500, "you can't convert a VM to template if VM is running")
+                await self.task_time("qmtemplate")
+                for k, val in sorted(v.config.items()):
+                    if DISK_RE.fullmatch(k) and not k.startswith("unused") and "media=cdrom" not in val:
+                        new = re.sub(rf"(^[^:]+:)vm-{vmid}-", rf"\1base-{vmid}-", val)
+                        if new != val:
+                            task.lines.append(f"  Renamed \"{val.split(',')[0].split(':')[1]}\" to "
+                                              f"\"{new.split(',')[0].split(':')[1]}\" in volume group \"pve\"")
+                            v.config[k] = new
+                v.config["template"] = "1"
+
+        return self.spawn(node, "qmtemplate", vmid, user, TaskPlan(run), fail)
+
+    async def suspend_resume(self, node: str, vmid: int, action: str, params: dict[str, str], user: str,
+                             fail: str | None = None) -> str:
+        """``POST status/suspend|resume`` (Qemu.pm vm_suspend / vm_resume): both need a running VM
+        (``VM <id> not running`` before the task); ``skiplock`` is root's only. Suspend pauses the
+        guest (``qmpstatus: paused``, status stays ``running``); resume continues it."""
+        if params.get("skiplock") == "1" and user != "root@pam":
+            raise param_error({"skiplock": "Only root may use this option."})
+        vm = self.vm_on(node, vmid)
+        if not vm.running:
+            raise PveError(500, f"VM {vmid} not running")
+        if action == "suspend" and params.get("todisk") == "1":
+            raise PveError(501, "suspend to disk is not modelled by the simulator")
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                v = self.vm_alive(vm)
+                self.check_lock(v, params.get("skiplock") == "1")
+                await self.task_time(f"qm{action}")
+                self.paused[vmid] = action == "suspend"
+
+        return self.spawn(node, f"qm{action}", vmid, user, TaskPlan(run), fail)
+
+    def cluster_status(self) -> list[dict]:
+        """``GET /cluster/status`` (pve-manager API2/ClusterConfig.pm / Cluster.pm): the cluster entry
+        and one per node (``local`` marks the node answering: the first)."""
+        out: list[dict] = [{"type": "cluster", "id": "cluster", "name": "z9sim", "nodes": len(self.nodes),
+                            "quorate": 1, "version": len(self.nodes) + 1}]
+        for i, n in enumerate(self.nodes):
+            out.append({"type": "node", "id": f"node/{n}", "name": n, "nodeid": i + 1, "online": 1,
+                        "local": 1 if i == 0 else 0, "ip": storage_ip(self, n), "level": ""})
+        return out
+
+    def node_status(self, node: str) -> dict:
+        """``GET /nodes/{node}/status`` (pve-manager API2/Nodes.pm status): the node's load, memory,
+        CPU and versions (fixed figures)."""
         self.check_node(node)
+        return {"uptime": 86400, "loadavg": ["0.10", "0.05", "0.01"], "cpu": 0.02, "wait": 0.0,
+                "cpuinfo": {"cpus": 16, "sockets": 1, "cores": 16, "model": "QEMU Virtual CPU", "mhz": "2400.000",
+                            "hvm": "1", "flags": "", "user_hz": 100},
+                "memory": {"total": 64 * GiB, "used": 8 * GiB, "free": 56 * GiB},
+                "swap": {"total": 0, "used": 0, "free": 0},
+                "rootfs": {"total": 100 * GiB, "used": 10 * GiB, "free": 90 * GiB, "avail": 90 * GiB},
+                "ksm": {"shared": 0}, "idle": 0, "kversion": "Linux 6.8.12-4-pve #1 SMP PREEMPT_DYNAMIC",
+                "pveversion": "pve-manager/9.1.3/z9sim000", "current-kernel": {"sysname": "Linux",
+                "release": "6.8.12-4-pve", "version": "#1 SMP PREEMPT_DYNAMIC", "machine": "x86_64"},
+                "boot-info": {"mode": "efi", "secureboot": 0}}
+
+    def list_tasks(self, node: str | None, params: dict[str, str]) -> tuple[int, list[dict]]:
+        """``GET /nodes/{node}/tasks`` (pve-manager API2/Tasks.pm node_tasks): newest first, filtered
+        by ``vmid``, ``typefilter``, ``userfilter`` (substring), ``statusfilter`` (ok, warning,
+        error, unknown), ``errors`` (only failed), ``since``/``until`` (start time), ``source``
+        (``active``: running only, ``archive``: ended only, ``all``); returns (total, the page
+        ``start``/``limit``). ``node`` None: every node (``/cluster/tasks``)."""
+        if node is not None:
+            self.check_node(node)
         out = []
+        source = params.get("source", "archive")
+        statuses = set(split_list(params.get("statusfilter", "")))
         for t in sorted(self.tasks.values(), key=lambda t: t.starttime, reverse=True):
-            if t.node != node or time.monotonic() < t.visible_at:
+            if (node is not None and t.node != node) or time.monotonic() < t.visible_at:
                 continue
             if params.get("vmid") and t.id != params["vmid"]:
                 continue
             if params.get("typefilter") and t.type != params["typefilter"]:
+                continue
+            if params.get("userfilter") and params["userfilter"] not in t.user:
+                continue
+            if params.get("since") and t.starttime < int(params["since"]):
+                continue
+            if params.get("until") and t.starttime > int(params["until"]):
+                continue
+            if node is not None and source == "active" and t.status != "running":
+                continue
+            if node is not None and source == "archive" and t.status == "running":
+                continue
+            ok = t.exitstatus == "OK"
+            warn = (t.exitstatus or "").startswith("WARNINGS")
+            kind = "unknown" if t.status == "running" else "ok" if ok else "warning" if warn else "error"
+            if statuses and kind not in statuses:
+                continue
+            if params.get("errors") == "1" and kind != "error":
                 continue
             d = t.status_json()
             if t.status == "stopped":
@@ -564,7 +671,7 @@ class Cluster:
                 d.pop("status")
             out.append(d)
         start = int(params.get("start", 0))
-        return out[start:start + int(params.get("limit", 50) or 50)]
+        return len(out), out[start:start + int(params.get("limit", 50) or 50)]
 
     # ---- read endpoints --------------------------------------------------------------------------
     def nextid(self, vmid: str | None = None) -> str:
@@ -624,7 +731,7 @@ class Cluster:
         d: dict[str, Any] = {
             "vmid": vm.vmid, "name": vm.config.get("name", f"VM {vm.vmid}"),
             "status": "running" if vm.running else "stopped",
-            "qmpstatus": "running" if vm.running else "stopped",
+            "qmpstatus": ("paused" if self.paused.get(vm.vmid) else "running") if vm.running else "stopped",
             "uptime": int(time.time() - vm.started_at) if vm.running and vm.started_at else 0,
             "cpus": vm.maxcpu(), "maxmem": vm.maxmem(), "maxdisk": vm.disk_bytes(),
             "mem": vm.maxmem() // 4 if vm.running else 0, "cpu": 0.01 if vm.running else 0,
@@ -1211,6 +1318,7 @@ class Cluster:
                         return
                     await self.task_time(ttype)
                     v.running, v.started_at = False, None
+                    self.paused.pop(vmid, None)
                     self.guests.power_off(vmid)
                 else:
                     if not v.running:

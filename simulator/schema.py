@@ -218,6 +218,16 @@ def check_format(fmt: Any, value: str, path: str = "") -> None:
         fn(value)
 
 
+@functools.lru_cache(maxsize=None)
+def perl_re(pattern: str) -> "re.Pattern[str]":
+    """A schema ``pattern`` as PVE::JSONSchema matches it (``$value =~ m/^$pattern$/``, Perl). The
+    shipped schema serialises compiled Perl regexes: ``(?^:…)`` is a group with the default flags and
+    ``(?^i:…)`` one with ``i`` — Python's ``(?:…)`` / ``(?i:…)`` (19 parameters carry them; ``re``
+    cannot compile them as they are)."""
+    py = re.sub(r"\(\?\^([a-z]*):", lambda m: f"(?{m.group(1)}:" if m.group(1) else "(?:", pattern)
+    return re.compile(py)
+
+
 def _num(v: Any) -> float:
     return float(v)
 
@@ -253,7 +263,7 @@ def check_prop(value: str | None, schema: dict, path: str = "") -> str | None:
         except ValueError as e:
             return f"invalid format - {e}"
     pattern = schema.get("pattern")
-    if pattern and not re.fullmatch(pattern, value):
+    if pattern and not perl_re(pattern).fullmatch(value):
         return "value does not match the regex pattern"
     if schema.get("maxLength") is not None and len(value) > int(schema["maxLength"]):
         return f"value may only be {schema['maxLength']} characters long"

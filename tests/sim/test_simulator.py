@@ -598,3 +598,59 @@ def test_cipassword_is_stored_hashed_and_read_masked(pve, wait, admin):
     assert stored.startswith("$5$") and "hunter2" not in stored
     import crypt  # noqa: the libc crypt(3) PVE's hash is checked with
     assert crypt.crypt("hunter2", stored) == stored
+
+
+def test_endpoints_real_clients_use(pve, wait, admin, sim):
+    """template (Qemu.pm template), suspend/resume (vm_suspend / vm_resume), /cluster/status,
+    /cluster/tasks, node status, /access/permissions (pve-access-control AccessControl.pm)."""
+    clone(pve, wait, newid=150)
+    vm = pve.nodes("pve1").qemu(150)
+    assert wait(vm.template.post())["exitstatus"] == "OK"
+    cfg = vm.config.get()
+    assert cfg["template"] == 1 and cfg["scsi0"].startswith("local-lvm:base-150-disk-0")
+    with pytest.raises(ResourceException) as e:
+        vm.template.post()
+    assert e.value.content == "you can't convert a template to a template"
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(100).template.post()
+    assert e.value.content == "you can't convert a VM to template if VM is running"
+    run = pve.nodes("pve1").qemu(100)
+    assert wait(run.status.suspend.post())["exitstatus"] == "OK"
+    assert run.status.current.get()["qmpstatus"] == "paused" and run.status.current.get()["status"] == "running"
+    assert wait(run.status.resume.post())["exitstatus"] == "OK"
+    assert run.status.current.get()["qmpstatus"] == "running"
+    st = pve.cluster.status.get()
+    assert st[0]["type"] == "cluster" and st[0]["quorate"] == 1
+    assert [n["name"] for n in st if n["type"] == "node"] == ["pve1", "pve2", "pve3"]
+    assert pve.nodes("pve2").status.get()["cpuinfo"]["cpus"] == 16
+    assert {t["type"] for t in pve.cluster.tasks.get()} >= {"qmclone", "qmtemplate", "qmsuspend"}
+    perms = pve.access.permissions.get(userid="root@pam!z9")  # the schema's Perl (?^:…) pattern
+    assert perms["/"]["VM.Allocate"] == 1
+    # an unknown route answers PVE's own 501
+    r = requests.get(f"https://127.0.0.1:{sim.port}/api2/json/nodes/pve1/qemu/100/snapshot",
+                     headers={"Authorization": f"PVEAPIToken=root@pam!z9={sim.token_secret}"}, verify=False)
+    assert r.status_code == 501 and r.reason == "Method 'GET /nodes/pve1/qemu/100/snapshot' not implemented"
+
+
+def test_task_list_filters_and_log_total(pve, wait, sim):
+    """pve-manager API2/Tasks.pm: node_tasks filters (typefilter, statusfilter, errors, source) and
+    read_task_log's ``total`` in the envelope."""
+    ok = pve.nodes("pve1").qemu(100).status.stop.post()
+    wait(ok)
+    bad = pve.nodes("pve1").qemu(9000).status.start.post()  # a template: the task fails
+    wait(bad)
+    h = {"Authorization": f"PVEAPIToken=root@pam!z9={sim.token_secret}"}
+    base = f"https://127.0.0.1:{sim.port}/api2/json/nodes/pve1/tasks"
+    rows = requests.get(base, params={"errors": 1}, headers=h, verify=False).json()
+    assert [t["upid"] for t in rows["data"]] == [bad] and rows["total"] == 1
+    assert [t["upid"] for t in pve.nodes("pve1").tasks.get(typefilter="qmstop")] == [ok]
+    assert [t["upid"] for t in pve.nodes("pve1").tasks.get(statusfilter="error")] == [bad]
+    log = requests.get(f"{base}/{ok}/log", params={"start": 0, "limit": 1}, headers=h, verify=False).json()
+    assert len(log["data"]) == 1 and log["total"] >= 1
+
+
+def test_401_has_no_body(sim):
+    """pve-http-server: an authentication failure is a bare 401 with its reason phrase."""
+    r = requests.get(f"https://127.0.0.1:{sim.port}/api2/json/version",
+                     headers={"Authorization": "PVEAPIToken=root@pam!z9=wrong"}, verify=False)
+    assert r.status_code == 401 and r.reason == "Authentication failed!" and r.content == b""
