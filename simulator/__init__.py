@@ -18,4 +18,37 @@ Modules:
   subset), ``systemctl reload``, ``show stat`` computed from the world, keepalived's VIP.
 - :mod:`z9.sim.faults` — request faults (error, delay, drop, fail_task, abort/corrupt uploads).
 - :mod:`z9.sim.schema` — validation against the real PVE 9.1.3 schema.
+
+Fidelity: what is modelled after PVE's source, and what is not (and why)
+-------------------------------------------------------------------------
+Modelled (each behaviour cites its qemu-server / pve-guest-common / pve-manager source beside it):
+
+- placement: a clone with ``target=`` another node of a VM with any volume on non-shared storage is
+  refused before fork_worker (``can't clone VM to node '…' (VM uses local storage)``, Qemu.pm
+  clone_vm); a target clone's ``lock: clone`` config lives on the source node until the task ends;
+  the clone's ``storage`` is honoured; ``POST …/migrate`` (offline with local disks, ``lock: migrate``);
+- locks: PUT/POST config check digest and ``check_lock`` before the flock (``VM is locked (clone)`` at
+  once); ``skiplock`` is root@pam's only (a token is refused); the racy newid check of clone (admin
+  ``clone_race: n``: the next n clones get a UPID whose task fails);
+- power: reboot/reset of a stopped VM answer 500 ``VM n not running`` before any task; a reboot is a
+  stop task, then qmeventd's own ``qmstart``; suspend/resume (``qmpstatus: paused``); template;
+- config: ``[PENDING]`` on a running VM for what is not hot-pluggable (QemuServer.pm
+  vmconfig_hotplug_pending: cores never, memory only with the memory feature), GET config with pending
+  laid over (``current=1`` without), ``/pending``, applied at start; ``STORAGE:SIZE`` allocation;
+  ``unusedN`` for a detached disk; a MAC for a NIC without one; ``cipassword`` stored as crypt ``$5$``
+  and read ``**********``; empty writes and ``delete=`` of unknown options refused;
+- HTTP: PVE's 501 text for unknown routes, 401 without a body, ``total`` in task-log and task-list
+  envelopes, the task list's filters, the schema's Perl ``(?^:…)`` patterns.
+
+Not modelled (z9 does not go there, or the model would be guesswork):
+
+- a permission model: the one API token is root@pam's and not privilege-separated, so it holds every
+  privilege (``/access/permissions`` says so); a privilege-separated token's 403 ``Permission check
+  failed`` is not produced — z9 treats 401/403 as a region token problem either way;
+- snapshots, backups, HA resources, replication, SDN, containers (``lxc``), live migration's memory
+  copy (a running VM's migration is accepted only with ``online`` and moves at once), suspend to disk;
+- property-string sub-formats (``memory``, ``net0`` model/MAC, drive options, ``boot`` naming a missing
+  device) are accepted as sent, and a start on a bridge that does not exist succeeds: z9 writes only
+  values it built itself and the schema validator checks their top-level formats;
+- CPU, memory and disk usage figures (fixed or derived from the config), node load, RRD data.
 """

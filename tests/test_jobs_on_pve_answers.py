@@ -79,3 +79,30 @@ async def test_a_server_create_reads_each_vm_once_per_phase(stack: Stack, sim: S
     print("requests of one server create:", sum(used.values()), dict(sorted(used.items())))
     assert sum(used.values()) <= 15, used
     assert used.get(("GET", "/nodes/{node}/qemu/{vmid}/config"), 0) <= 3, used
+
+
+async def test_a_resize_that_became_pending_says_so(stack: Stack, sim: SimAdmin) -> None:
+    """The VM starts between the resize's read and its config write: PVE keeps cores/memory in
+    [PENDING] (QemuServer.pm vmconfig_hotplug_pending) and GET config lays them over. The job does
+    not record a resize the running guest does not have: it fails server_not_stopped, naming what
+    waits for the next boot."""
+    server, job = await stack.create_server("pending")
+    assert (await stack.wait_job(job["id"], timeout_s=90))["status"] == "succeeded"
+    sid = server["id"]
+    status, out = await stack.call("POST", f"/servers/{sid}/actions/poweroff")
+    assert status == 202 and (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    vmid = (await stack.server(sid))["observed"]["vmid"]
+    fid = await sim.fault(method="POST", path=rf"/qemu/{vmid}/config$", action="delay", seconds=1.5)
+    status, out = await stack.call("POST", f"/servers/{sid}/actions/resize",
+                                   json={"cores": 4, "memory_mib": 4096, "disk_gib": 10})
+    assert status == 202, out
+
+    async def delayed() -> bool:
+        return not any(f["id"] == fid for f in await sim._req("GET", "/faults"))
+    await wait_until(delayed, 30, "the config write reached the simulator")
+    vm = await sim.vm(vmid)
+    await sim._req("POST", "/vms", json={"vmid": vmid, "node": vm["node"], "running": True, "config": vm["config"]})
+    done = await stack.wait_job(out["job"]["id"], timeout_s=60)
+    assert done["status"] == "failed", done
+    assert "server_not_stopped" in done["error"]["message"] and "pending" in done["error"]["message"], done
+    assert (await sim.vm(vmid))["pending"]["cores"] == "4"

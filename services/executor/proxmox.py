@@ -63,6 +63,7 @@ ENDPOINTS = (
     "PUT /nodes/{node}/qemu/{vmid}/resize", "POST /nodes/{node}/qemu/{vmid}/status/start",
     "POST /nodes/{node}/qemu/{vmid}/status/shutdown", "POST /nodes/{node}/qemu/{vmid}/status/stop",
     "POST /nodes/{node}/qemu/{vmid}/status/reboot", "POST /nodes/{node}/qemu/{vmid}/migrate",
+    "GET /nodes/{node}/qemu/{vmid}/pending",
     "DELETE /nodes/{node}/qemu/{vmid}",
     "GET /cluster/firewall/options", "GET /nodes/{node}/qemu/{vmid}/firewall/options",
     "PUT /nodes/{node}/qemu/{vmid}/firewall/options", "POST /nodes/{node}/qemu/{vmid}/firewall/ipset",
@@ -609,6 +610,15 @@ class ProxmoxClient:
                                          answers=(VmMissing,)) or {})
         except VmMissing:
             return None
+
+    async def pending(self, node: str, vmid: int) -> dict[str, Any]:
+        """``GET …/pending``: the keys of VM ``vmid`` whose change waits for its next start (a
+        running VM takes live only what is hot-pluggable: QemuServer.pm vmconfig_hotplug_pending)
+        → ``{key: pending value}`` (a pending delete: None)."""
+        rows = await self._call("GET /nodes/{node}/qemu/{vmid}/pending", f"read pending changes of VM {vmid}",
+                                lambda: self._api.nodes(node).qemu(vmid).pending.get())
+        return {str(r["key"]): (None if r.get("delete") else r.get("pending"))
+                for r in rows or [] if "pending" in r or r.get("delete")}
 
     async def next_id(self) -> int:
         """``GET /cluster/nextid``: the lowest free vmid ≥ 100 (a string on the wire; reserves
