@@ -48,7 +48,7 @@ Not modelled (z9 does not go there, or the model would be guesswork):
 - snapshots, backups, HA resources, replication, SDN, containers (``lxc``), live migration's memory
   copy (a running VM's migration is accepted only with ``online`` and moves at once), suspend to disk;
 - property-string sub-formats (``memory``, ``net0`` model/MAC, drive options, ``boot`` naming a missing
-  device) are accepted as sent, and a start on a bridge that does not exist succeeds: z9 writes only
-  values it built itself and the schema validator checks their top-level formats;
+  device) are accepted as sent: z9 writes only values it built itself and the schema validator checks
+  their top-level formats (a start on a bridge other than ``vmbr0`` fails as QEMU's pve-bridge does);
 - CPU, memory and disk usage figures (fixed or derived from the config), node load, RRD data.
 """

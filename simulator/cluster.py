@@ -337,6 +337,7 @@ class Cluster:
         self.stats_lag_s = stats_lag_s
         self.task_invisible_s = task_invisible_s
         self.paused: dict[int, bool] = {}  # vmid -> suspended (qmpstatus paused)
+        self.bridges = {"vmbr0"}  # the Linux bridges of every node (/etc/network/interfaces)
         self.reboot_gap_s = 0.05  # between a reboot's stop and qmeventd's start (the VM reads stopped)
         self.clone_race = 0  # admin switch: the next n clones lose PVE's racy newid check (see clone)
         self.vms: dict[int, VM] = TrackedDict()
@@ -797,11 +798,14 @@ class Cluster:
                             "maxmem": 64 * GiB, "maxdisk": 500 * GiB, "cpu": 0.02, "mem": 8 * GiB, "disk": 10 * GiB,
                             "uptime": 86400, "level": ""})
         if rtype in (None, "storage"):
+            # the same storages as /nodes/{node}/storage (storage.py STORAGES): one row per node and
+            # storage, a shared one on every node (pve-manager API2/Cluster.pm resources)
+            from .storage import STORAGES
             for n in self.nodes:
-                for s, content in (("local", "iso,vztmpl,backup"), ("local-lvm", "images,rootdir")):
-                    out.append({"id": f"storage/{n}/{s}", "type": "storage", "storage": s, "node": n,
-                                "status": "available", "content": content, "shared": 0,
-                                "maxdisk": 400 * GiB, "disk": 20 * GiB, "plugintype": "lvmthin" if s != "local" else "dir"})
+                for sd in STORAGES:
+                    out.append({"id": f"storage/{n}/{sd.id}", "type": "storage", "storage": sd.id, "node": n,
+                                "status": "available", "content": ",".join(sd.content), "shared": int(sd.shared),
+                                "maxdisk": sd.total, "disk": self.storage.used(sd.id, n), "plugintype": sd.type})
         return out
 
     # ---- config ----------------------------------------------------------------------------------
@@ -1062,6 +1066,22 @@ class Cluster:
         vm = self.vm_on(node, vmid)
         return cloudinit.dump(vm.config, vmid, kind)
 
+    def check_bridges(self, vm: VM, task: Task) -> None:
+        """At start: QEMU's ``pve-bridge`` script plugs each NIC's tap into its bridge (pve-common
+        PVE/Network.pm ``$read_bridge_mtu``: ``bridge '<b>' does not exist``); QEMU exits and the
+        start task fails. Every node has ``vmbr0`` only (:attr:`bridges`)."""
+        for k, val in sorted(vm.config.items()):
+            if not re.fullmatch(r"net\d+", k):
+                continue
+            m = re.search(r"(?:^|,)bridge=([^,]+)", val)
+            if m and m.group(1) not in self.bridges:
+                task.lines.append(f"bridge '{m.group(1)}' does not exist")
+                task.lines.append(f"kvm: -netdev type=tap,id={k},ifname=tap{vm.vmid}i{k[3:]},"
+                                  "script=/usr/libexec/qemu-server/pve-bridge,downscript=/usr/libexec/qemu-server/"
+                                  "pve-bridgedown,vhost=on: network script /usr/libexec/qemu-server/pve-bridge "
+                                  "failed with status 512")
+                raise PveError(500, "start failed: QEMU exited with code 1")
+
     def check_volumes(self, vm: VM) -> None:
         """At start: every ISO a drive references must exist on a storage the VM's node sees."""
         for k, val in sorted(vm.config.items()):
@@ -1309,6 +1329,7 @@ class Cluster:
                         raise PveError(500, f"VM {vmid} already running")
                     self.check_volumes(v)
                     await self.task_time(ttype)
+                    self.check_bridges(v, task)
                     self._apply_pending(v)  # QemuServer.pm vm_start_nolock: vmconfig_apply_pending
                     self.apply_cloudinit(v)
                     v.running, v.started_at = True, time.time()

@@ -654,3 +654,24 @@ def test_401_has_no_body(sim):
     r = requests.get(f"https://127.0.0.1:{sim.port}/api2/json/version",
                      headers={"Authorization": "PVEAPIToken=root@pam!z9=wrong"}, verify=False)
     assert r.status_code == 401 and r.reason == "Authentication failed!" and r.content == b""
+
+
+def test_start_on_a_bridge_that_does_not_exist_fails(pve, wait):
+    """pve-common PVE/Network.pm: the tap cannot be plugged ("bridge 'vmbr9' does not exist"), QEMU
+    exits, the start task fails."""
+    clone(pve, wait, newid=150)
+    vm = pve.nodes("pve1").qemu(150)
+    assert wait(vm.config.post(net0="virtio=BC:24:11:00:00:01,bridge=vmbr9"))["exitstatus"] == "OK"
+    upid = vm.status.start.post()
+    assert wait(upid)["exitstatus"] == "start failed: QEMU exited with code 1"
+    assert "bridge 'vmbr9' does not exist" in [r["t"] for r in pve.nodes("pve1").tasks(upid).log.get()]
+    assert vm.status.current.get()["status"] == "stopped"
+
+
+def test_cluster_resources_storage_rows_agree_with_node_storage(pve):
+    rows = [r for r in pve.cluster.resources.get(type="storage") if r["node"] == "pve2"]
+    listed = {s["storage"]: s for s in pve.nodes("pve2").storage.get()}
+    assert {r["storage"] for r in rows} == set(listed)
+    for r in rows:
+        s = listed[r["storage"]]
+        assert (r["shared"], r["content"], r["plugintype"], r["maxdisk"]) == (s["shared"], s["content"], s["type"], s["total"])
