@@ -18,6 +18,7 @@ Modules:
   subset), ``systemctl reload``, ``show stat`` computed from the world, keepalived's VIP.
 - :mod:`z9.sim.faults` — request faults (error, delay, drop, fail_task, abort/corrupt uploads).
 - :mod:`z9.sim.schema` — validation against the real PVE 9.1.3 schema.
+- :mod:`z9.sim.permissions` — API tokens, privilege separation, ACLs, each method's schema ``permissions``.
 
 Fidelity: what is modelled after PVE's source, and what is not (and why)
 -------------------------------------------------------------------------
@@ -37,14 +38,16 @@ Modelled (each behaviour cites its qemu-server / pve-guest-common / pve-manager 
   laid over (``current=1`` without), ``/pending``, applied at start; ``STORAGE:SIZE`` allocation;
   ``unusedN`` for a detached disk; a MAC for a NIC without one; ``cipassword`` stored as crypt ``$5$``
   and read ``**********``; empty writes and ``delete=`` of unknown options refused;
+- permissions: a privilege-separated token (``POST /_sim/tokens``) holds only its ACL's privileges and
+  gets 403 ``Permission check failed (<path>, <privs>)``; ``/access/permissions`` lists them;
 - HTTP: PVE's 501 text for unknown routes, 401 without a body, ``total`` in task-log and task-list
   envelopes, the task list's filters, the schema's Perl ``(?^:…)`` patterns.
 
 Not modelled (z9 does not go there, or the model would be guesswork):
 
-- a permission model: the one API token is root@pam's and not privilege-separated, so it holds every
-  privilege (``/access/permissions`` says so); a privilege-separated token's 403 ``Permission check
-  failed`` is not produced — z9 treats 401/403 as a region token problem either way;
+- users other than root@pam, groups, roles other than Administrator's privilege list, pools, and the
+  check kinds ``userid-group``/``userid-param``/``perm-modify`` (allowed): the model
+  (:mod:`z9.sim.permissions`) is API tokens with or without privilege separation and their ACLs;
 - snapshots, backups, HA resources, replication, SDN, containers (``lxc``), live migration's memory
   copy (a running VM's migration is accepted only with ``online`` and moves at once), suspend to disk;
 - property-string sub-formats (``memory``, ``net0`` model/MAC, drive options, ``boot`` naming a missing

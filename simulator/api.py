@@ -54,6 +54,8 @@ Admin API (no auth, loopback peers only), JSON in and out:
   reset — a test sees a task's in-between state (its lock) without racing the task's duration.
 - ``GET /_sim/k8s/clusters`` → the kubeadm model's clusters; ``POST /_sim/k8s/expire-tokens`` → every
   bootstrap token expires now (fault), see :mod:`z9.sim.kubeadm`.
+- ``POST /_sim/tokens`` ``{tokenid, privsep?, acl?: [{path, privs, propagate?}]}`` → ``{tokenid, value}``:
+  an API token (privilege-separated by default) for the permission model (z9.sim.permissions).
 - ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
   guest_boot_s?, cloud_init_s?, k8s_api_delay_s?}`` → the current values (changes timing at run time);
   400 on an unknown key or a bad value, and then nothing is applied.
@@ -89,6 +91,7 @@ import os
 import re
 import secrets
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -100,6 +103,7 @@ from .faults import FaultSpec, FaultStore
 from . import appliance
 from .guest import OSINFO as GUEST_OSINFO
 from . import kubeadm
+from . import permissions
 from .schema import JsonRef, PveSchema, stringify
 from .storage import check_volname
 
@@ -124,6 +128,15 @@ class SimContext:
     tickets: dict[str, tuple[str, str, float]] = field(default_factory=dict)
     # local port -> node: the simulator listens once per node; a request is received by that node
     port_nodes: dict[int, str] = field(default_factory=dict)
+    # API tokens added with POST /_sim/tokens (tokenid -> Token); the simulator's own is token_id
+    tokens: dict[str, permissions.Token] = field(default_factory=dict)
+
+    def token_of(self, user: str) -> "permissions.Token | None":
+        """The API token a request authenticated with (None: a ticket); the simulator's own token is
+        root@pam's and not privilege-separated."""
+        if "!" not in user:
+            return None
+        return self.tokens.get(user) or permissions.Token(user, "", privsep=False)
 
     def counters(self) -> dict:
         return {
@@ -478,27 +491,20 @@ def _suspend_resume(action: str) -> Handler:
     return h
 
 
-# the privileges of PVE's built-in Administrator role (pve-access-control PVE/AccessControl.pm)
-ADMIN_PRIVS = ("Datastore.Allocate", "Datastore.AllocateSpace", "Datastore.AllocateTemplate", "Datastore.Audit",
-               "Group.Allocate", "Mapping.Audit", "Mapping.Modify", "Mapping.Use", "Permissions.Modify",
-               "Pool.Allocate", "Pool.Audit", "Realm.Allocate", "Realm.AllocateUser", "SDN.Allocate", "SDN.Audit",
-               "SDN.Use", "Sys.AccessNetwork", "Sys.Audit", "Sys.Console", "Sys.Incoming", "Sys.Modify",
-               "Sys.PowerMgmt", "Sys.Syslog", "User.Modify", "VM.Allocate", "VM.Audit", "VM.Backup", "VM.Clone",
-               "VM.Config.CDROM", "VM.Config.CPU", "VM.Config.Cloudinit", "VM.Config.Disk", "VM.Config.HWType",
-               "VM.Config.Memory", "VM.Config.Network", "VM.Config.Options", "VM.Console", "VM.GuestAgent.Audit",
-               "VM.GuestAgent.FileRead", "VM.GuestAgent.FileSystemMgmt", "VM.GuestAgent.FileWrite",
-               "VM.GuestAgent.Unrestricted", "VM.Migrate", "VM.PowerMgmt", "VM.Replicate", "VM.Snapshot",
-               "VM.Snapshot.Rollback")
-
-
 async def h_permissions(ctx, p, user, fail):
     """``GET /access/permissions`` (pve-access-control API2/AccessControl.pm permissions): the
-    simulator's one API token is not privilege-separated and belongs to root@pam, so it holds every
-    privilege on ``/`` (propagated); ``path`` narrows the answer to that path."""
-    if p.get("userid") and p["userid"] not in (user, user.split("!")[0]):
+    caller's privileges per ACL path — every privilege on ``/`` for root@pam and a token of it that
+    is not privilege-separated, a privilege-separated token's own ACL paths otherwise; ``path``
+    narrows the answer to that path. Another ``userid`` needs Sys.Audit on /access."""
+    token = ctx.token_of(user)
+    if p.get("userid") and p["userid"] != user and \
+            "Sys.Audit" not in permissions.privileges(token, user, "/access"):
         raise PveError(403, "Permission check failed (/access, Sys.Audit)")
-    privs = {k: 1 for k in ADMIN_PRIVS}
-    return {p.get("path") or "/": privs}
+    if p.get("path"):
+        return {p["path"]: {k: 1 for k in sorted(permissions.privileges(token, user, p["path"]))}}
+    if token is not None and token.privsep:
+        return {a.path: {k: 1 for k in sorted(permissions.privileges(token, user, a.path))} for a in token.acl}
+    return {"/": {k: 1 for k in sorted(permissions.privileges(token, user, "/"))}}
 
 
 async def h_task_index(ctx, p, user, fail):
@@ -653,6 +659,9 @@ async def _authenticate(ctx: SimContext, request: web.Request, csrf: bool = True
         tokenid, sep, secret = value.rpartition("=")
         if sep and tokenid == ctx.token_id and secrets.compare_digest(secret, ctx.token_secret):
             return tokenid
+        extra = ctx.tokens.get(tokenid) if sep else None
+        if extra is not None and secrets.compare_digest(secret, extra.secret):
+            return tokenid
     elif cookie := request.cookies.get("PVEAuthCookie"):
         entry = ctx.tickets.get(cookie)
         if entry and entry[2] > time.time():
@@ -724,6 +733,12 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
     _, path_params = ctx.schema.match(method, path)
     values: dict[str, Any] = {k: (v if isinstance(v, list) else stringify(v)) for k, v in params.items()}
     values.update(path_params)
+    if ep is not None and (method, template) not in NO_AUTH:
+        # pve-access-control RPCEnvironment.pm check_api2_permissions, after parameter verification
+        try:
+            permissions.check(ep.permissions, ctx.token_of(user), user, values)
+        except PveError as e:
+            return pve_error(e.status, e.message), template, False
     # request-internal values ("@..."): set here only; a client's "@x" parameter failed the schema above
     if upload and file is not None:  # the file part reaches the upload handler only
         values["@file"] = file
@@ -815,11 +830,31 @@ async def admin_fault_delete(request: web.Request) -> web.Response:
     return web.json_response({"deleted": int(ok)}, status=200 if ok else 404)
 
 
+async def admin_token_add(request: web.Request) -> web.Response:
+    """``POST /_sim/tokens`` ``{tokenid: "root@pam!ci", privsep: true, acl: [{path, privs: [...],
+    propagate?: true}]}`` → ``{tokenid, value}``: an API token as ``pveum user token add`` makes one
+    (and ``pveum acl modify … --tokens``)."""
+    ctx = request.app[CTX]
+    b = await _json(request)
+    tokenid = str(b.get("tokenid", ""))
+    if not re.fullmatch(r"[^\s:/!]+@[A-Za-z][\w.-]+![A-Za-z][\w.-]+", tokenid):
+        return web.json_response({"error": "tokenid must be user@realm!name"}, status=400)
+    try:
+        acl = [permissions.Acl(str(a["path"]), frozenset(map(str, a.get("privs") or [])), bool(a.get("propagate", True)))
+               for a in b.get("acl") or []]
+    except (KeyError, TypeError) as e:
+        return web.json_response({"error": f"bad acl: {e}"}, status=400)
+    tok = permissions.Token(tokenid, str(uuid.uuid4()), bool(b.get("privsep", True)), acl)
+    ctx.tokens[tokenid] = tok
+    return web.json_response({"tokenid": tokenid, "value": tok.secret})
+
+
 async def admin_reset(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     ctx.faults.clear()
     ctx.requests.clear()
     ctx.tickets.clear()
+    ctx.tokens.clear()
     await ctx.cluster.reset(ctx.seed())
     return web.json_response({"ok": True})
 
@@ -1055,6 +1090,7 @@ def create_app(ctx: SimContext) -> web.Application:
     app.router.add_delete("/_sim/faults", admin_fault_clear)
     app.router.add_delete("/_sim/faults/{id:\\d+}", admin_fault_delete)
     app.router.add_post("/_sim/reset", admin_reset)
+    app.router.add_post("/_sim/tokens", admin_token_add)
     app.router.add_get("/_sim/state", admin_state)
     app.router.add_post("/_sim/stats/refresh", admin_stats_refresh)
     app.router.add_post("/_sim/vms", admin_vm_put)

@@ -289,6 +289,7 @@ class Endpoint:
     properties: dict[str, dict]
     additional: bool
     indexed: list[tuple[re.Pattern, str, dict]] = field(default_factory=list)
+    permissions: dict | None = None  # the method's ``permissions`` (checked by z9.sim.permissions)
 
     def lookup(self, name: str) -> dict | None:
         if name in self.properties:
@@ -364,7 +365,7 @@ class PveSchema:
         for method, info in (node.get("info") or {}).items():
             params = info.get("parameters") or {}
             props = dict(params.get("properties") or {})
-            ep = Endpoint(method, path, props, bool(params.get("additionalProperties")))
+            ep = Endpoint(method, path, props, bool(params.get("additionalProperties")), permissions=info.get("permissions"))
             for name, schema in list(props.items()):
                 m = re.fullmatch(r"([a-z0-9_-]+)\[n\]", name)
                 if m:

@@ -675,3 +675,31 @@ def test_cluster_resources_storage_rows_agree_with_node_storage(pve):
     for r in rows:
         s = listed[r["storage"]]
         assert (r["shared"], r["content"], r["plugintype"], r["maxdisk"]) == (s["shared"], s["content"], s["type"], s["total"])
+
+
+def test_a_privilege_separated_token_needs_its_acl(sim, admin):
+    """pve-access-control RPCEnvironment.pm check_api2_permissions: a privilege-separated token has
+    only what its own ACL grants (∩ its user's): without it 403 "Permission check failed (<path>,
+    <privs>)"; /access/permissions lists what it holds."""
+    def client(tokenid, secret):
+        user, _, name = tokenid.partition("!")
+        return ProxmoxAPI("127.0.0.1", port=sim.port, user=user, token_name=name, token_value=secret,
+                          verify_ssl=str(sim.cert_path), timeout=10)
+
+    bare = admin("post", "/tokens", json={"tokenid": "root@pam!bare", "privsep": True})
+    pve = client(bare["tokenid"], bare["value"])
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(100).config.get()
+    assert e.value.status_code == 403 and e.value.content == "Permission check failed (/vms/100, VM.Audit)"
+    assert pve.version.get()["release"]  # user: all
+    assert pve.access.permissions.get() == {}
+    audit = admin("post", "/tokens", json={"tokenid": "root@pam!audit", "privsep": True,
+                                           "acl": [{"path": "/vms", "privs": ["VM.Audit"]}]})
+    pve = client(audit["tokenid"], audit["value"])
+    assert pve.nodes("pve1").qemu(100).config.get()["name"]
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(100).status.stop.post()
+    assert e.value.status_code == 403 and e.value.content == "Permission check failed (/vms/100, VM.PowerMgmt)"
+    assert pve.access.permissions.get() == {"/vms": {"VM.Audit": 1}}
+    full = admin("post", "/tokens", json={"tokenid": "root@pam!full", "privsep": False})
+    assert client(full["tokenid"], full["value"]).nodes("pve1").qemu(100).status.current.get()["status"] == "running"
