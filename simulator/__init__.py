@@ -40,6 +40,10 @@ Modelled (each behaviour cites its qemu-server / pve-guest-common / pve-manager 
   and read ``**********``; empty writes and ``delete=`` of unknown options refused;
 - permissions: a privilege-separated token (``POST /_sim/tokens``) holds only its ACL's privileges and
   gets 403 ``Permission check failed (<path>, <privs>)``; ``/access/permissions`` lists them;
+- validation: property strings are parsed as pve-common JSONSchema.pm parse_property_string does
+  against the schema's hash formats (``memory``, ``netN`` model and MAC, drive options: unknown keys,
+  aliases, default keys, sub-value types, enums, formats), a ``boot`` order naming a missing device is
+  refused, a start on a bridge other than ``vmbr0`` fails as QEMU's pve-bridge does;
 - HTTP: PVE's 501 text for unknown routes, 401 without a body, ``total`` in task-log and task-list
   envelopes, the task list's filters, the schema's Perl ``(?^:…)`` patterns.
 
@@ -50,8 +54,7 @@ Not modelled (z9 does not go there, or the model would be guesswork):
   (:mod:`z9.sim.permissions`) is API tokens with or without privilege separation and their ACLs;
 - snapshots, backups, HA resources, replication, SDN, containers (``lxc``), live migration's memory
   copy (a running VM's migration is accepted only with ``online`` and moves at once), suspend to disk;
-- property-string sub-formats (``memory``, ``net0`` model/MAC, drive options, ``boot`` naming a missing
-  device) are accepted as sent: z9 writes only values it built itself and the schema validator checks
-  their top-level formats (a start on a bridge other than ``vmbr0`` fails as QEMU's pve-bridge does);
+- named formats other than the simulator's (``_FORMATS`` in schema.py: storage ids, tags, vmids, nodes,
+  DNS names, config ids, IPs/CIDRs, MACs, ipconfig) are accepted as sent;
 - CPU, memory and disk usage figures (fixed or derived from the config), node load, RRD data.
 """

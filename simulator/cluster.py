@@ -936,6 +936,14 @@ class Cluster:
         VM then gets all pending changes applied (vmconfig_apply_pending), a running one only the
         hot-pluggable ones (vmconfig_hotplug_pending) - the rest waits for the next start."""
         deletes = split_list(params.get("delete", ""))
+        if params.get("boot"):
+            # Qemu.pm $update_vm_api: every device of the new boot order must exist (config, pending
+            # or this write) and not be deleted by it
+            m = re.search(r"(?:^|,)order=([^,]+)", params["boot"])
+            for dev in split_list(m.group(1)) if m else []:
+                exists = dev in vm.config or dev in vm.pending or dev in params
+                if not exists or dev in deletes:
+                    raise PveError(500, f"invalid bootorder: device '{dev}' does not exist'")
         for k in deletes:
             k = "ide2" if k == "cdrom" else k
             if k in vm.pending:

@@ -703,3 +703,23 @@ def test_a_privilege_separated_token_needs_its_acl(sim, admin):
     assert pve.access.permissions.get() == {"/vms": {"VM.Audit": 1}}
     full = admin("post", "/tokens", json={"tokenid": "root@pam!full", "privsep": False})
     assert client(full["tokenid"], full["value"]).nodes("pve1").qemu(100).status.current.get()["status"] == "running"
+
+
+def test_property_string_sub_formats_are_validated(pve, wait, admin):
+    """pve-common JSONSchema.pm parse_property_string + check_object on the schema's hash formats
+    (memory, netN model/MAC, drive options); Qemu.pm: a boot order naming a device that does not exist."""
+    vm = pve.nodes("pve1").qemu(100)
+    cases = {
+        "memory": ("lots", "memory.current: type check ('integer') failed - got 'lots'"),
+        "net0": ("virtio=01:00:00:00:00:01,bridge=vmbr0", "net0.macaddr: invalid format - value does not look like a valid unicast MAC address"),
+        "net1": ("fast=BC:24:11:00:00:01", "invalid key in comma-separated list property: fast"),
+        "scsi1": ("local-lvm:4,cache=sometimes", "scsi1.cache: value 'sometimes' does not have a value in the enumeration"),
+    }
+    for key, (value, expect) in cases.items():
+        with pytest.raises(ResourceException) as e:
+            vm.config.put(**{key: value})
+        assert e.value.status_code == 400 and expect in e.value.errors[key], (key, e.value.errors)
+    vm.config.put(memory="current=2048", net1="virtio,bridge=vmbr0,firewall=on")  # valid forms pass
+    with pytest.raises(ResourceException) as e:
+        vm.config.put(boot="order=scsi0;virtio7")
+    assert (e.value.status_code, e.value.content) == (500, "invalid bootorder: device 'virtio7' does not exist'")
