@@ -178,7 +178,7 @@ async def _finish_temporary(ctx: JobContext, kind: Any, exc: TemporaryError, *, 
                                 jitter=ctx.settings.backoff_jitter)
         log.info("job %s: attempt %d made progress (%d steps done): given back", job.id, job.attempt, done,
                  extra=extra)
-        return await _finish_retry(ctx, exc, delay, refund=True, extra=extra)
+        return await _finish_retry(ctx, exc, delay, refund=True, extra=extra, outcome="retry")
     if job.attempt >= job.max_attempts:
         err = _error(exc)
         err["message"] = f"out of attempts ({job.max_attempts}): {err['message']}"
@@ -189,7 +189,10 @@ async def _finish_temporary(ctx: JobContext, kind: Any, exc: TemporaryError, *, 
 
 
 async def _finish_retry(ctx: JobContext, exc: BaseException, delay_s: float, *, refund: bool,
-                        extra: dict[str, Any]) -> str:
+                        extra: dict[str, Any], outcome: str | None = None) -> str:
+    """``retry`` after ``delay_s``; ``refund`` gives the attempt back. The attempt's outcome is
+    ``snoozed`` for a refund (waiting on the world), ``retry`` otherwise — or ``outcome`` (an
+    attempt that made progress is given back but counted as the retry it was)."""
     ctx.finished = True
     try:
         await store.job_retry(ctx.pool, ctx.lease, ctx.steps_json(), _error(exc), delay_s,
@@ -197,9 +200,9 @@ async def _finish_retry(ctx: JobContext, exc: BaseException, delay_s: float, *, 
     except LeaseLost as lost:
         log.warning("job %s: %s; abandoning it", ctx.job.id, lost, extra=extra)
         return _ended(ctx, "lost", "lease_lost")
-    log.warning("job %s: %s in %.1fs: %s", ctx.job.id, "snoozed" if refund else "retry",
-                delay_s, exc, extra=extra)
-    return _ended(ctx, "snoozed", "none") if refund else _ended(ctx, "retry", metrics.error_class(exc))
+    outcome = outcome or ("snoozed" if refund else "retry")
+    log.warning("job %s: %s in %.1fs: %s", ctx.job.id, outcome, delay_s, exc, extra=extra)
+    return _ended(ctx, "snoozed", "none") if outcome == "snoozed" else _ended(ctx, "retry", metrics.error_class(exc))
 
 
 async def _finish_failed(ctx: JobContext, kind: Any, err: dict[str, Any], error_class: str, *,
