@@ -106,3 +106,43 @@ async def test_a_resize_that_became_pending_says_so(stack: Stack, sim: SimAdmin)
     assert done["status"] == "failed", done
     assert "server_not_stopped" in done["error"]["message"] and "pending" in done["error"]["message"], done
     assert (await sim.vm(vmid))["pending"]["cores"] == "4"
+
+
+async def _lb_ha(stack: Stack, sim: SimAdmin, name: str) -> list[dict]:
+    from tests.support import REGION
+    status, out = await stack.call("POST", "/load-balancers", json={"region": REGION, "name": name, "type": "lb-ha"})
+    assert status == 202, out
+    done = await stack.wait_job(out["job"]["id"], timeout_s=180)
+    assert done["status"] == "succeeded", done
+    return await sim.vms_tagged(f"z9-id-{out['load_balancer']['id']}")
+
+
+async def test_lb_ha_from_a_template_on_local_storage_is_cloned_then_migrated(stack: Stack, sim: SimAdmin) -> None:
+    """The region's appliance template is on local-lvm only: PVE refuses the cross-node clone
+    ("VM uses local storage", no task), so the second member is cloned on the template's node and
+    migrated offline before its first start (README: what an operator provides)."""
+    from tests.test_load_balancers import LB_TEMPLATE
+    await sim._req("POST", "/vms", json=LB_TEMPLATE)
+    apps = await _lb_ha(stack, sim, "local-tpl")
+    assert len({v["node"] for v in apps}) == 2
+    counters = await sim.counters()
+    assert counters["tasks_started"].get("qmigrate", 0) == 1 and counters["tasks_started"]["qmclone"] == 2
+    refused = [r for r in counters["requests"] if r["path"] == "/nodes/{node}/qemu/{vmid}/clone" and r["status"] == 500]
+    assert sum(r["count"] for r in refused) == 1  # once per template and executor process
+
+
+async def test_lb_ha_with_one_template_per_node_clones_on_each_node(stack: Stack, sim: SimAdmin) -> None:
+    """A template of the image's name on each node: each member is cloned from the one on its own
+    node — no cross-node clone, no migration."""
+    from tests.test_load_balancers import LB_TEMPLATE
+    await sim._req("POST", "/vms", json=LB_TEMPLATE)
+    second = {**LB_TEMPLATE, "vmid": 9101, "node": "pve2",
+              "config": {**LB_TEMPLATE["config"], "scsi0": "local-lvm:base-9101-disk-0,size=2G",
+                         "ide2": "local-lvm:vm-9101-cloudinit,media=cdrom"}}
+    await sim._req("POST", "/vms", json=second)
+    await sim._req("POST", "/stats/refresh")
+    apps = await _lb_ha(stack, sim, "per-node-tpl")
+    assert sorted(v["node"] for v in apps) == ["pve1", "pve2"]
+    counters = await sim.counters()
+    assert counters["tasks_started"].get("qmigrate", 0) == 0
+    assert not [r for r in counters["requests"] if r["path"] == "/nodes/{node}/qemu/{vmid}/clone" and r["status"] >= 400]
