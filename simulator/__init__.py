@@ -33,6 +33,7 @@ Modelled (each behaviour cites its qemu-server / pve-guest-common / pve-manager 
   ``clone_race: n``: the next n clones get a UPID whose task fails);
 - power: reboot/reset of a stopped VM answer 500 ``VM n not running`` before any task; a reboot is a
   stop task, then qmeventd's own ``qmstart``; suspend/resume (``qmpstatus: paused``); template;
+  snapshots (list with ``current``, create under ``lock: snapshot``, delete relinking parents, rollback);
 - config: ``[PENDING]`` on a running VM for what is not hot-pluggable (QemuServer.pm
   vmconfig_hotplug_pending: cores never, memory only with the memory feature), GET config with pending
   laid over (``current=1`` without), ``/pending``, applied at start; ``STORAGE:SIZE`` allocation;
@@ -52,8 +53,9 @@ Not modelled (z9 does not go there, or the model would be guesswork):
 - users other than root@pam, groups, roles other than Administrator's privilege list, pools, and the
   check kinds ``userid-group``/``userid-param``/``perm-modify`` (allowed): the model
   (:mod:`z9.sim.permissions`) is API tokens with or without privilege separation and their ACLs;
-- snapshots, backups, HA resources, replication, SDN, containers (``lxc``), live migration's memory
-  copy (a running VM's migration is accepted only with ``online`` and moves at once), suspend to disk;
+- backups, HA resources, replication, SDN, containers (``lxc``), RAM in snapshots (``vmstate``), live
+  migration's memory copy (a running VM's migration is accepted only with ``online`` and moves at
+  once), suspend to disk;
 - named formats other than the simulator's (``_FORMATS`` in schema.py: storage ids, tags, vmids, nodes,
   DNS names, config ids, IPs/CIDRs, MACs, ipconfig) are accepted as sent;
 - CPU, memory and disk usage figures (fixed or derived from the config), node load, RRD data.

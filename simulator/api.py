@@ -206,6 +206,31 @@ async def h_pending(ctx, p, user, fail):
     return ctx.cluster.get_pending(p["node"], _vmid(p))
 
 
+async def h_snapshot_list(ctx, p, user, fail):
+    return ctx.cluster.snapshot_list(p["node"], _vmid(p))
+
+
+async def h_snapshot_create(ctx, p, user, fail):
+    return await ctx.cluster.snapshot(p["node"], _vmid(p), p, user, fail)
+
+
+async def h_snapshot_index(ctx, p, user, fail):
+    ctx.cluster.snapshot_config(p["node"], _vmid(p), p["snapname"])
+    return [{"rel": "config"}, {"rel": "rollback"}]
+
+
+async def h_snapshot_config(ctx, p, user, fail):
+    return ctx.cluster.snapshot_config(p["node"], _vmid(p), p["snapname"])
+
+
+async def h_snapshot_delete(ctx, p, user, fail):
+    return await ctx.cluster.delete_snapshot(p["node"], _vmid(p), p["snapname"], p, user, fail)
+
+
+async def h_snapshot_rollback(ctx, p, user, fail):
+    return await ctx.cluster.rollback(p["node"], _vmid(p), p["snapname"], p, user, fail)
+
+
 async def h_migrate(ctx, p, user, fail):
     return await ctx.cluster.migrate(p["node"], _vmid(p), p, user, fail)
 
@@ -547,6 +572,12 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("POST", "/nodes/{node}/qemu/{vmid}/clone"): h_clone,
     ("GET", "/nodes/{node}/qemu/{vmid}/pending"): h_pending,
     ("POST", "/nodes/{node}/qemu/{vmid}/template"): h_template,
+    ("GET", "/nodes/{node}/qemu/{vmid}/snapshot"): h_snapshot_list,
+    ("POST", "/nodes/{node}/qemu/{vmid}/snapshot"): h_snapshot_create,
+    ("GET", "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}"): h_snapshot_index,
+    ("GET", "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}/config"): h_snapshot_config,
+    ("DELETE", "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}"): h_snapshot_delete,
+    ("POST", "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}/rollback"): h_snapshot_rollback,
     ("POST", "/nodes/{node}/qemu/{vmid}/status/suspend"): _suspend_resume("suspend"),
     ("POST", "/nodes/{node}/qemu/{vmid}/status/resume"): _suspend_resume("resume"),
     ("GET", "/cluster/tasks"): h_cluster_tasks,

@@ -174,6 +174,10 @@ class VM:
     # ``delete`` list; applied at the next start (QemuServer.pm vmconfig_apply_pending)
     pending: dict[str, str] = field(default_factory=dict)
     pending_delete: list[str] = field(default_factory=list)
+    # the config's [<snapname>] sections: {name: {config, description, snaptime, vmstate, parent}},
+    # and ``parent`` (the snapshot the current state derives from)
+    snapshots: dict[str, dict] = field(default_factory=dict)
+    parent: str | None = None
 
     @property
     def template(self) -> bool:
@@ -1421,6 +1425,117 @@ class Cluster:
                     v.config[disk] = f"{value},size={format_size(new)}"
 
         return self.spawn(node, "resize", vmid, user, TaskPlan(run), fail)
+
+    # ---- snapshots -------------------------------------------------------------------------------
+    def snapshot_list(self, node: str, vmid: int) -> list[dict]:
+        """``GET .../snapshot`` (qemu-server API2/Qemu.pm snapshot_list): one row per snapshot, then
+        ``current`` ("You are here!", its parent, running, the config's digest)."""
+        vm = self.vm_on(node, vmid)
+        rows: list[dict] = []
+        for name, d in vm.snapshots.items():
+            item = {"name": name, "snaptime": d["snaptime"], "vmstate": 0, "description": d["description"]}
+            if d.get("parent"):
+                item["parent"] = d["parent"]
+            rows.append(item)
+        cur: dict[str, Any] = {"name": "current", "digest": vm.digest(), "running": 1 if vm.running else 0,
+                               "description": "You are here!"}
+        if vm.parent:
+            cur["parent"] = vm.parent
+        rows.append(cur)
+        return rows
+
+    def snapshot_config(self, node: str, vmid: int, name: str) -> dict:
+        vm = self.vm_on(node, vmid)
+        d = vm.snapshots.get(name)
+        if d is None:
+            raise PveError(500, f"snapshot '{name}' does not exist")  # AbstractConfig.pm
+        return {**d["config"], "snaptime": d["snaptime"], "description": d["description"],
+                **({"parent": d["parent"]} if d.get("parent") else {})}
+
+    async def snapshot(self, node: str, vmid: int, params: dict[str, str], user: str,
+                       fail: str | None = None) -> str:
+        """``POST .../snapshot`` (Qemu.pm snapshot; pve-guest-common AbstractConfig.pm snapshot_create):
+        ``current``/``pending`` are reserved names (before the task); the ``qmsnapshot`` worker checks
+        the lock and the name (``snapshot name '<n>' already used``), holds ``lock: snapshot`` while
+        the volumes are snapshotted, then records the section and makes it the current parent. RAM
+        (``vmstate``) is not modelled."""
+        name = params["snapname"]
+        if name == "current":
+            raise PveError(500, "unable to use snapshot name 'current' (reserved name)")
+        if name.lower() == "pending":
+            raise PveError(500, "unable to use snapshot name 'pending' (reserved name)")
+        vm = self.vm_on(node, vmid)
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                v = self.vm_alive(vm)
+                self.check_lock(v)
+                if name in v.snapshots:
+                    raise PveError(500, f"snapshot name '{name}' already used")
+                v.config["lock"] = "snapshot"
+            try:
+                await self.task_time("qmsnapshot")
+            finally:
+                v.config.pop("lock", None)
+            v.snapshots[name] = {"config": {k: x for k, x in v.config.items() if k != "lock"},
+                                 "description": params.get("description", ""), "snaptime": int(time.time()),
+                                 "parent": v.parent}
+            v.parent = name
+            Generation.bump()
+
+        return self.spawn(node, "qmsnapshot", vmid, user, TaskPlan(run), fail)
+
+    async def delete_snapshot(self, node: str, vmid: int, name: str, params: dict[str, str], user: str,
+                              fail: str | None = None) -> str:
+        """``DELETE .../snapshot/{snapname}`` (AbstractConfig.pm snapshot_delete, ``qmdelsnapshot``):
+        a missing snapshot fails the task; its children (and the current state) get its parent."""
+        vm = self.vm_on(node, vmid)
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                v = self.vm_alive(vm)
+                snap = v.snapshots.get(name)
+                if snap is None:
+                    raise PveError(500, f"snapshot '{name}' does not exist")
+                self.check_lock(v, params.get("force") == "1")
+                await self.task_time("qmdelsnapshot")
+                for other in v.snapshots.values():
+                    if other.get("parent") == name:
+                        other["parent"] = snap.get("parent")
+                if v.parent == name:
+                    v.parent = snap.get("parent")
+                del v.snapshots[name]
+                Generation.bump()
+
+        return self.spawn(node, "qmdelsnapshot", vmid, user, TaskPlan(run), fail)
+
+    async def rollback(self, node: str, vmid: int, name: str, params: dict[str, str], user: str,
+                       fail: str | None = None) -> str:
+        """``POST .../snapshot/{snapname}/rollback`` (AbstractConfig.pm snapshot_rollback, ``qmrollback``):
+        the VM is stopped, its config is the snapshot's again (its parent the snapshot); ``start=1``
+        starts it afterwards."""
+        vm = self.vm_on(node, vmid)
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                v = self.vm_alive(vm)
+                snap = v.snapshots.get(name)
+                if snap is None:
+                    raise PveError(500, f"snapshot '{name}' does not exist")
+                self.check_lock(v)
+                await self.task_time("qmrollback")
+                if v.running:
+                    v.running, v.started_at = False, None
+                    self.guests.power_off(vmid)
+                v.config = dict(snap["config"])
+                v.pending, v.pending_delete = {}, []
+                v.parent = name
+                if params.get("start") == "1":
+                    self.apply_cloudinit(v)
+                    v.running, v.started_at = True, time.time()
+                    self.guests.power_on(v)
+
+        return self.spawn(node, "qmrollback", vmid, user, TaskPlan(run), fail)
 
     # ---- migrate ---------------------------------------------------------------------------------
     async def migrate(self, node: str, vmid: int, params: dict[str, str], user: str,

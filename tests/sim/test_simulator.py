@@ -627,9 +627,9 @@ def test_endpoints_real_clients_use(pve, wait, admin, sim):
     perms = pve.access.permissions.get(userid="root@pam!z9")  # the schema's Perl (?^:…) pattern
     assert perms["/"]["VM.Allocate"] == 1
     # an unknown route answers PVE's own 501
-    r = requests.get(f"https://127.0.0.1:{sim.port}/api2/json/nodes/pve1/qemu/100/snapshot",
+    r = requests.get(f"https://127.0.0.1:{sim.port}/api2/json/nodes/pve1/netstat",
                      headers={"Authorization": f"PVEAPIToken=root@pam!z9={sim.token_secret}"}, verify=False)
-    assert r.status_code == 501 and r.reason == "Method 'GET /nodes/pve1/qemu/100/snapshot' not implemented"
+    assert r.status_code == 501 and r.reason == "Method 'GET /nodes/pve1/netstat' not implemented"
 
 
 def test_task_list_filters_and_log_total(pve, wait, sim):
@@ -723,3 +723,23 @@ def test_property_string_sub_formats_are_validated(pve, wait, admin):
     with pytest.raises(ResourceException) as e:
         vm.config.put(boot="order=scsi0;virtio7")
     assert (e.value.status_code, e.value.content) == (500, "invalid bootorder: device 'virtio7' does not exist'")
+
+
+def test_snapshots(pve, wait):
+    """qemu-server API2/Qemu.pm snapshot_list / snapshot / delsnapshot / rollback and pve-guest-common
+    AbstractConfig.pm snapshot_create / snapshot_delete / snapshot_rollback."""
+    vm = pve.nodes("pve1").qemu(100)
+    with pytest.raises(ResourceException) as e:
+        vm.snapshot.post(snapname="current")
+    assert e.value.content == "unable to use snapshot name 'current' (reserved name)"
+    assert wait(vm.snapshot.post(snapname="before", description="first"))["exitstatus"] == "OK"
+    assert wait(vm.snapshot.post(snapname="before"))["exitstatus"] == "snapshot name 'before' already used"
+    assert wait(vm.config.post(description="changed"))["exitstatus"] == "OK"
+    rows = {r["name"]: r for r in vm.snapshot.get()}
+    assert rows["before"]["description"] == "first" and rows["current"]["parent"] == "before"
+    assert rows["current"]["description"] == "You are here!" and rows["current"]["running"] == 1
+    assert wait(vm.snapshot("before").rollback.post())["exitstatus"] == "OK"
+    assert vm.status.current.get()["status"] == "stopped" and "description" not in vm.config.get()
+    assert wait(vm.snapshot("nosuch").delete())["exitstatus"] == "snapshot 'nosuch' does not exist"
+    assert wait(vm.snapshot("before").delete())["exitstatus"] == "OK"
+    assert [r["name"] for r in vm.snapshot.get()] == ["current"]
