@@ -1609,6 +1609,8 @@ class Cluster:
         def vm_entry(vm: VM) -> dict:
             d = vm.to_json()
             d["ci_applied"] = vm.ci_applied
+            if vm.snapshots:
+                d["snapshots"], d["parent"] = vm.snapshots, vm.parent
             d["ci_drive"] = None if vm.ci_drive is None else {
                 k: base64.b64encode(v).decode() for k, v in vm.ci_drive.items()}
             return d
@@ -1625,6 +1627,10 @@ class Cluster:
                     time.time() if d.get("running") else None)
             if d.get("ci_applied") is not None:
                 vm.ci_applied = dict(d["ci_applied"])
+            vm.pending = dict(d.get("pending") or {})
+            vm.pending_delete = list(d.get("pending_delete") or [])
+            vm.snapshots = dict(d.get("snapshots") or {})
+            vm.parent = d.get("parent")
             if d.get("ci_drive") is not None:
                 vm.ci_drive = {k: base64.b64decode(v) for k, v in d["ci_drive"].items()}
             vms.append(vm)
