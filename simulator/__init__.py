@@ -19,4 +19,45 @@ Modules:
   ``systemctl reload``, ``show stat`` computed from the world, keepalived's VIP.
 - :mod:`z9.sim.faults` — request faults (error, delay, drop, fail_task, abort/corrupt uploads).
 - :mod:`z9.sim.schema` — validation against the real PVE 9.1.3 schema.
+- :mod:`z9.sim.permissions` — API tokens, privilege separation, ACLs, each method's schema ``permissions``.
+
+Fidelity: what is modelled after PVE's source, and what is not (and why)
+-------------------------------------------------------------------------
+Modelled (each behaviour cites its qemu-server / pve-guest-common / pve-manager source beside it):
+
+- placement: a clone with ``target=`` another node of a VM with any volume on non-shared storage is
+  refused before fork_worker (``can't clone VM to node '…' (VM uses local storage)``, Qemu.pm
+  clone_vm); a target clone's ``lock: clone`` config lives on the source node until the task ends;
+  the clone's ``storage`` is honoured; ``POST …/migrate`` (offline with local disks, ``lock: migrate``);
+- locks: PUT/POST config check digest and ``check_lock`` before the flock (``VM is locked (clone)`` at
+  once); ``skiplock`` is root@pam's only (a token is refused); the racy newid check of clone (admin
+  ``clone_race: n``: the next n clones get a UPID whose task fails);
+- power: reboot/reset of a stopped VM answer 500 ``VM n not running`` before any task; a reboot is a
+  stop task, then qmeventd's own ``qmstart``; suspend/resume (``qmpstatus: paused``); template;
+  snapshots (list with ``current``, create under ``lock: snapshot``, delete relinking parents, rollback);
+- config: ``[PENDING]`` on a running VM for what is not hot-pluggable (QemuServer.pm
+  vmconfig_hotplug_pending: cores never, memory only with the memory feature), GET config with pending
+  laid over (``current=1`` without), ``/pending``, applied at start; ``STORAGE:SIZE`` allocation;
+  ``unusedN`` for a detached disk; a MAC for a NIC without one; ``cipassword`` stored as crypt ``$5$``
+  and read ``**********``; empty writes and ``delete=`` of unknown options refused;
+- permissions: a privilege-separated token (``POST /_sim/tokens``) holds only its ACL's privileges and
+  gets 403 ``Permission check failed (<path>, <privs>)``; ``/access/permissions`` lists them;
+- validation: property strings are parsed as pve-common JSONSchema.pm parse_property_string does
+  against the schema's hash formats (``memory``, ``netN`` model and MAC, drive options: unknown keys,
+  aliases, default keys, sub-value types, enums, formats), a ``boot`` order naming a missing device is
+  refused, a start on a bridge other than ``vmbr0`` fails as QEMU's pve-bridge does;
+- HTTP: PVE's 501 text for unknown routes, 401 without a body, ``total`` in task-log and task-list
+  envelopes, the task list's filters, the schema's Perl ``(?^:…)`` patterns.
+
+Not modelled (z9 does not go there, or the model would be guesswork):
+
+- users other than root@pam, groups, roles other than Administrator's privilege list, pools, and the
+  check kinds ``userid-group``/``userid-param``/``perm-modify`` (allowed): the model
+  (:mod:`z9.sim.permissions`) is API tokens with or without privilege separation and their ACLs;
+- backups, HA resources, replication, SDN, containers (``lxc``), RAM in snapshots (``vmstate``), live
+  migration's memory copy (a running VM's migration is accepted only with ``online`` and moves at
+  once), suspend to disk;
+- named formats other than the simulator's (``_FORMATS`` in schema.py: storage ids, tags, vmids, nodes,
+  DNS names, config ids, IPs/CIDRs, MACs, ipconfig) are accepted as sent;
+- CPU, memory and disk usage figures (fixed or derived from the config), node load, RRD data.
 """

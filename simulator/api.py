@@ -57,6 +57,8 @@ Admin API (no auth, loopback peers only), JSON in and out:
   reset — a test sees a task's in-between state (its lock) without racing the task's duration.
 - ``GET /_sim/k8s/clusters`` → the kubeadm model's clusters; ``POST /_sim/k8s/expire-tokens`` → every
   bootstrap token expires now (fault), see :mod:`z9.sim.kubeadm`.
+- ``POST /_sim/tokens`` ``{tokenid, privsep?, acl?: [{path, privs, propagate?}]}`` → ``{tokenid, value}``:
+  an API token (privilege-separated by default) for the permission model (z9.sim.permissions).
 - ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
   guest_boot_s?, cloud_init_s?, k8s_api_delay_s?}`` → the current values (changes timing at run time);
   400 on an unknown key or a bad value, and then nothing is applied.
@@ -93,6 +95,7 @@ import os
 import re
 import secrets
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -104,6 +107,7 @@ from .faults import FaultSpec, FaultStore
 from . import appliance
 from .guest import OSINFO as GUEST_OSINFO
 from . import kubeadm
+from . import permissions
 from .schema import JsonRef, PveSchema, stringify
 from .storage import check_volname
 
@@ -128,6 +132,15 @@ class SimContext:
     tickets: dict[str, tuple[str, str, float]] = field(default_factory=dict)
     # local port -> node: the simulator listens once per node; a request is received by that node
     port_nodes: dict[int, str] = field(default_factory=dict)
+    # API tokens added with POST /_sim/tokens (tokenid -> Token); the simulator's own is token_id
+    tokens: dict[str, permissions.Token] = field(default_factory=dict)
+
+    def token_of(self, user: str) -> "permissions.Token | None":
+        """The API token a request authenticated with (None: a ticket); the simulator's own token is
+        root@pam's and not privilege-separated."""
+        if "!" not in user:
+            return None
+        return self.tokens.get(user) or permissions.Token(user, "", privsep=False)
 
     def counters(self) -> dict:
         return {
@@ -190,11 +203,44 @@ async def h_qemu_create(ctx, p, user, fail):
 
 
 async def h_config_get(ctx, p, user, fail):
-    return ctx.cluster.get_config(p["node"], _vmid(p))
+    return ctx.cluster.get_config(p["node"], _vmid(p), current=p.get("current") == "1")
+
+
+async def h_pending(ctx, p, user, fail):
+    return ctx.cluster.get_pending(p["node"], _vmid(p))
+
+
+async def h_snapshot_list(ctx, p, user, fail):
+    return ctx.cluster.snapshot_list(p["node"], _vmid(p))
+
+
+async def h_snapshot_create(ctx, p, user, fail):
+    return await ctx.cluster.snapshot(p["node"], _vmid(p), p, user, fail)
+
+
+async def h_snapshot_index(ctx, p, user, fail):
+    ctx.cluster.snapshot_config(p["node"], _vmid(p), p["snapname"])
+    return [{"rel": "config"}, {"rel": "rollback"}]
+
+
+async def h_snapshot_config(ctx, p, user, fail):
+    return ctx.cluster.snapshot_config(p["node"], _vmid(p), p["snapname"])
+
+
+async def h_snapshot_delete(ctx, p, user, fail):
+    return await ctx.cluster.delete_snapshot(p["node"], _vmid(p), p["snapname"], p, user, fail)
+
+
+async def h_snapshot_rollback(ctx, p, user, fail):
+    return await ctx.cluster.rollback(p["node"], _vmid(p), p["snapname"], p, user, fail)
+
+
+async def h_migrate(ctx, p, user, fail):
+    return await ctx.cluster.migrate(p["node"], _vmid(p), p, user, fail)
 
 
 async def h_config_put(ctx, p, user, fail):
-    await ctx.cluster.put_config(p["node"], _vmid(p), p)
+    await ctx.cluster.put_config(p["node"], _vmid(p), p, user)
     return None
 
 
@@ -432,11 +478,62 @@ async def h_task_status(ctx, p, user, fail):
 
 
 async def h_task_log(ctx, p, user, fail):
-    return ctx.cluster.task_log(p["node"], p["upid"], int(p.get("start", 0)), int(p.get("limit", 50)))
+    return _with_total(*ctx.cluster.task_log(p["node"], p["upid"], int(p.get("start", 0)), int(p.get("limit", 50))))
+
+
+class WithTotal(list):
+    """A list answer with the envelope's ``total`` (``$rpcenv->set_result_attrib('total', …)``)."""
+
+    total = 0
+
+
+def _with_total(total: int, rows: list) -> WithTotal:
+    out = WithTotal(rows)
+    out.total = total
+    return out
 
 
 async def h_task_list(ctx, p, user, fail):
-    return ctx.cluster.list_tasks(p["node"], p)
+    return _with_total(*ctx.cluster.list_tasks(p["node"], p))
+
+
+async def h_cluster_tasks(ctx, p, user, fail):
+    # pve-manager API2/Cluster.pm tasks: the cluster's recent tasks (every node), no filters
+    return ctx.cluster.list_tasks(None, {"source": "all", "limit": "1000"})[1]
+
+
+async def h_cluster_status(ctx, p, user, fail):
+    return ctx.cluster.cluster_status()
+
+
+async def h_node_status(ctx, p, user, fail):
+    return ctx.cluster.node_status(p["node"])
+
+
+async def h_template(ctx, p, user, fail):
+    return await ctx.cluster.make_template(p["node"], _vmid(p), p, user, fail)
+
+
+def _suspend_resume(action: str) -> Handler:
+    async def h(ctx, p, user, fail):
+        return await ctx.cluster.suspend_resume(p["node"], _vmid(p), action, p, user, fail)
+    return h
+
+
+async def h_permissions(ctx, p, user, fail):
+    """``GET /access/permissions`` (pve-access-control API2/AccessControl.pm permissions): the
+    caller's privileges per ACL path — every privilege on ``/`` for root@pam and a token of it that
+    is not privilege-separated, a privilege-separated token's own ACL paths otherwise; ``path``
+    narrows the answer to that path. Another ``userid`` needs Sys.Audit on /access."""
+    token = ctx.token_of(user)
+    if p.get("userid") and p["userid"] != user and \
+            "Sys.Audit" not in permissions.privileges(token, user, "/access"):
+        raise PveError(403, "Permission check failed (/access, Sys.Audit)")
+    if p.get("path"):
+        return {p["path"]: {k: 1 for k in sorted(permissions.privileges(token, user, p["path"]))}}
+    if token is not None and token.privsep:
+        return {a.path: {k: 1 for k in sorted(permissions.privileges(token, user, a.path))} for a in token.acl}
+    return {"/": {k: 1 for k in sorted(permissions.privileges(token, user, "/"))}}
 
 
 async def h_task_index(ctx, p, user, fail):
@@ -477,6 +574,21 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("PUT", "/nodes/{node}/qemu/{vmid}/config"): h_config_put,
     ("POST", "/nodes/{node}/qemu/{vmid}/config"): h_config_post,
     ("POST", "/nodes/{node}/qemu/{vmid}/clone"): h_clone,
+    ("GET", "/nodes/{node}/qemu/{vmid}/pending"): h_pending,
+    ("POST", "/nodes/{node}/qemu/{vmid}/template"): h_template,
+    ("GET", "/nodes/{node}/qemu/{vmid}/snapshot"): h_snapshot_list,
+    ("POST", "/nodes/{node}/qemu/{vmid}/snapshot"): h_snapshot_create,
+    ("GET", "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}"): h_snapshot_index,
+    ("GET", "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}/config"): h_snapshot_config,
+    ("DELETE", "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}"): h_snapshot_delete,
+    ("POST", "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}/rollback"): h_snapshot_rollback,
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/suspend"): _suspend_resume("suspend"),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/resume"): _suspend_resume("resume"),
+    ("GET", "/cluster/tasks"): h_cluster_tasks,
+    ("GET", "/cluster/status"): h_cluster_status,
+    ("GET", "/nodes/{node}/status"): h_node_status,
+    ("GET", "/access/permissions"): h_permissions,
+    ("POST", "/nodes/{node}/qemu/{vmid}/migrate"): h_migrate,
     ("DELETE", "/nodes/{node}/qemu/{vmid}"): h_destroy,
     ("PUT", "/nodes/{node}/qemu/{vmid}/resize"): h_resize,
     ("PUT", "/nodes/{node}/qemu/{vmid}/cloudinit"): h_cloudinit,
@@ -582,6 +694,9 @@ async def _authenticate(ctx: SimContext, request: web.Request, csrf: bool = True
         tokenid, sep, secret = value.rpartition("=")
         if sep and tokenid == ctx.token_id and secrets.compare_digest(secret, ctx.token_secret):
             return tokenid
+        extra = ctx.tokens.get(tokenid) if sep else None
+        if extra is not None and secrets.compare_digest(secret, extra.secret):
+            return tokenid
     elif cookie := request.cookies.get("PVEAuthCookie"):
         entry = ctx.tickets.get(cookie)
         if entry and entry[2] > time.time():
@@ -621,6 +736,8 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
         # pve-manager HTTPServer.pm: the upload path skips the CSRF check (it checks the privilege instead)
         user = await _authenticate(ctx, request, csrf=template != UPLOAD_TEMPLATE)
         if isinstance(user, PveError):
+            if user.status == 401:  # pve-http-server AnyEvent.pm: a 401 carries its reason, no body
+                return web.Response(status=401, reason=user.message), template, False
             return pve_error(user.status, user.message), template, False
     else:
         user = ""
@@ -651,6 +768,12 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
     _, path_params = ctx.schema.match(method, path)
     values: dict[str, Any] = {k: (v if isinstance(v, list) else stringify(v)) for k, v in params.items()}
     values.update(path_params)
+    if ep is not None and (method, template) not in NO_AUTH:
+        # pve-access-control RPCEnvironment.pm check_api2_permissions, after parameter verification
+        try:
+            permissions.check(ep.permissions, ctx.token_of(user), user, values)
+        except PveError as e:
+            return pve_error(e.status, e.message), template, False
     # request-internal values ("@..."): set here only; a client's "@x" parameter failed the schema above
     if upload and file is not None:  # the file part reaches the upload handler only
         values["@file"] = file
@@ -679,7 +802,8 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
 
     handler = ROUTES.get((method, template))
     if handler is None:
-        return pve_error(501, f"Method '{method} {path}' not implemented (z9 simulator)"), template, drop
+        # pve-http-server: PVE's own answer for a path it has no handler for
+        return pve_error(501, f"Method '{method} {path}' not implemented"), template, drop
     try:
         data = await handler(ctx, values, user, fail)
     except PveError as e:
@@ -689,7 +813,10 @@ async def _handle(ctx: SimContext, request: web.Request, method: str, path: str)
         if data.gzip:
             resp.headers["Content-Encoding"] = "gzip"
         return resp, template, drop
-    resp = web.json_response({"data": data})
+    envelope: dict[str, Any] = {"data": data}
+    if isinstance(data, WithTotal):
+        envelope["total"] = data.total
+    resp = web.json_response(envelope)
     if resp.body is not None and len(resp.body) > GZIP_MIN and "gzip" in request.headers.get("Accept-Encoding", ""):
         resp.enable_compression(web.ContentCoding.gzip)  # pve-http-server gzips larger answers
     return resp, template, drop
@@ -738,11 +865,31 @@ async def admin_fault_delete(request: web.Request) -> web.Response:
     return web.json_response({"deleted": int(ok)}, status=200 if ok else 404)
 
 
+async def admin_token_add(request: web.Request) -> web.Response:
+    """``POST /_sim/tokens`` ``{tokenid: "root@pam!ci", privsep: true, acl: [{path, privs: [...],
+    propagate?: true}]}`` → ``{tokenid, value}``: an API token as ``pveum user token add`` makes one
+    (and ``pveum acl modify … --tokens``)."""
+    ctx = request.app[CTX]
+    b = await _json(request)
+    tokenid = str(b.get("tokenid", ""))
+    if not re.fullmatch(r"[^\s:/!]+@[A-Za-z][\w.-]+![A-Za-z][\w.-]+", tokenid):
+        return web.json_response({"error": "tokenid must be user@realm!name"}, status=400)
+    try:
+        acl = [permissions.Acl(str(a["path"]), frozenset(map(str, a.get("privs") or [])), bool(a.get("propagate", True)))
+               for a in b.get("acl") or []]
+    except (KeyError, TypeError) as e:
+        return web.json_response({"error": f"bad acl: {e}"}, status=400)
+    tok = permissions.Token(tokenid, str(uuid.uuid4()), bool(b.get("privsep", True)), acl)
+    ctx.tokens[tokenid] = tok
+    return web.json_response({"tokenid": tokenid, "value": tok.secret})
+
+
 async def admin_reset(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     ctx.faults.clear()
     ctx.requests.clear()
     ctx.tickets.clear()
+    ctx.tokens.clear()
     await ctx.cluster.reset(ctx.seed())
     return web.json_response({"ok": True})
 
@@ -957,7 +1104,7 @@ async def admin_config(request: web.Request) -> web.Response:
     scalars = ("guest_boot_s", "cloud_init_s", "task_default_s", "stats_lag_s", "task_invisible_s", "auth_delay_s",
                "k8s_api_delay_s")
     try:  # all values checked before any is applied
-        unknown = sorted(set(b) - set(scalars) - {"task_seconds"})
+        unknown = sorted(set(b) - set(scalars) - {"task_seconds", "clone_race"})
         if unknown:
             raise ValueError(f"unknown setting(s) {unknown}")
         vals = {k: float(b[k]) for k in scalars if k in b}
@@ -971,6 +1118,8 @@ async def admin_config(request: web.Request) -> web.Response:
     if "cloud_init_s" in vals:
         c.guests.settings.cloud_init_s = vals["cloud_init_s"]
     c.task_seconds.update(task_seconds)
+    if "clone_race" in b:  # the next n clones lose PVE's racy newid check (Cluster.clone)
+        c.clone_race = int(b["clone_race"])
     for k in ("task_default_s", "stats_lag_s", "task_invisible_s"):
         if k in vals:
             setattr(c, k, vals[k])
@@ -982,7 +1131,7 @@ async def admin_config(request: web.Request) -> web.Response:
                               "task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
                               "stats_lag_s": c.stats_lag_s, "task_invisible_s": c.task_invisible_s,
                               "auth_delay_s": ctx.auth_delay_s, "guest_boot_s": c.guests.settings.boot_s,
-                              "cloud_init_s": c.guests.settings.cloud_init_s})
+                              "cloud_init_s": c.guests.settings.cloud_init_s, "clone_race": c.clone_race})
 
 
 def create_app(ctx: SimContext) -> web.Application:
@@ -994,6 +1143,7 @@ def create_app(ctx: SimContext) -> web.Application:
     app.router.add_delete("/_sim/faults", admin_fault_clear)
     app.router.add_delete("/_sim/faults/{id:\\d+}", admin_fault_delete)
     app.router.add_post("/_sim/reset", admin_reset)
+    app.router.add_post("/_sim/tokens", admin_token_add)
     app.router.add_get("/_sim/state", admin_state)
     app.router.add_post("/_sim/stats/refresh", admin_stats_refresh)
     app.router.add_post("/_sim/vms", admin_vm_put)

@@ -42,7 +42,7 @@ from .errors import PveError, param_error
 from . import cloudinit
 from .firewall import Firewall
 from .guest import Guests, GuestSettings
-from .storage import Storage
+from .storage import Storage, node_ip as storage_ip
 from .schema import split_list
 
 log = logging.getLogger("z9.sim")
@@ -93,6 +93,21 @@ def normalize_tags(text: str) -> str:
 
 
 DISK_RE = re.compile(r"(ide|scsi|sata|virtio|efidisk|tpmstate|unused)\d+")
+
+
+def hash_password(text: str, ostype: str | None = None) -> str:
+    r"""qemu-server API2/Qemu.pm $update_vm_api: ``cipassword`` is stored as
+    ``PVE::Tools::encrypt_pw`` (pve-common PVE/Tools.pm: ``crypt($pw, "$5$<8-char salt>$")``, SHA-256
+    crypt) unless it already is a crypt hash (``/^\$(?:[156]|2[ay])(\$.+){2}/``) or the guest is
+    Windows (cloudbase-init wants the plain text)."""
+    if re.match(r"^\$(?:[156]|2[ay])(\$.+){2}", text) or (ostype or "").startswith("win"):
+        return text
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt as _crypt  # the libc crypt(3) PVE's Perl crypt calls (Python 3.11: still here)
+    salt = base64.b64encode(random.randbytes(6), b"./").decode()[:8].replace("+", "X")
+    return _crypt.crypt(text, f"$5${salt}$")
 
 
 def random_mac() -> str:
@@ -155,6 +170,14 @@ class VM:
     ci_applied: dict[str, str] | None = None
     # the files of PVE's cloud-init drive as last generated (None: no drive, or never generated)
     ci_drive: dict[str, bytes] | None = None
+    # the config's [PENDING] section (qemu-server: changes a running VM cannot take live) and its
+    # ``delete`` list; applied at the next start (QemuServer.pm vmconfig_apply_pending)
+    pending: dict[str, str] = field(default_factory=dict)
+    pending_delete: list[str] = field(default_factory=list)
+    # the config's [<snapname>] sections: {name: {config, description, snaptime, vmstate, parent}},
+    # and ``parent`` (the snapshot the current state derives from)
+    snapshots: dict[str, dict] = field(default_factory=dict)
+    parent: str | None = None
 
     @property
     def template(self) -> bool:
@@ -175,7 +198,21 @@ class VM:
         """sha1 of the rendered config file (PVE: ``digest`` = sha1 of the raw file)."""
         lines = [f"#{line}" for line in self.config.get("description", "").split("\n") if "description" in self.config]
         lines += [f"{k}: {v}" for k, v in sorted(self.config.items()) if k != "description"]
+        if self.pending or self.pending_delete:  # the [PENDING] section is part of the file
+            lines.append("[PENDING]")
+            lines += [f"{k}: {v}" for k, v in sorted(self.pending.items())]
+            if self.pending_delete:
+                lines.append("delete: " + ",".join(self.pending_delete))
         return hashlib.sha1(("\n".join(lines) + "\n").encode()).hexdigest()
+
+    def with_pending(self) -> dict[str, str]:
+        """pve-guest-common AbstractConfig.pm load_current_config without ``current``: the config
+        with the pending values laid over it and the pending deletes removed."""
+        out = dict(self.config)
+        out.update(self.pending)
+        for k in self.pending_delete:
+            out.pop(k, None)
+        return out
 
     def disk_bytes(self) -> int:
         total = 0
@@ -194,8 +231,12 @@ class VM:
         return int(self.config.get("cores", "1")) * int(self.config.get("sockets", "1"))
 
     def to_json(self) -> dict:
-        return {"vmid": self.vmid, "node": self.node, "config": dict(self.config), "running": self.running,
-                "template": self.template, "lock": self.lock}
+        d = {"vmid": self.vmid, "node": self.node, "config": dict(self.config), "running": self.running,
+             "template": self.template, "lock": self.lock}
+        if self.pending or self.pending_delete:
+            d["pending"] = dict(self.pending)
+            d["pending_delete"] = list(self.pending_delete)
+        return d
 
 
 @dataclass
@@ -299,6 +340,10 @@ class Cluster:
         self.task_default_s = task_default_s
         self.stats_lag_s = stats_lag_s
         self.task_invisible_s = task_invisible_s
+        self.paused: dict[int, bool] = {}  # vmid -> suspended (qmpstatus paused)
+        self.bridges = {"vmbr0"}  # the Linux bridges of every node (/etc/network/interfaces)
+        self.reboot_gap_s = 0.05  # between a reboot's stop and qmeventd's start (the VM reads stopped)
+        self.clone_race = 0  # admin switch: the next n clones lose PVE's racy newid check (see clone)
         self.vms: dict[int, VM] = TrackedDict()
         self._resources_cache: dict[tuple[str | None, bool], tuple[tuple, bytes]] = {}
         self.tasks: dict[str, Task] = {}
@@ -342,6 +387,8 @@ class Cluster:
         self.tasks.clear()
         self.flocks.clear()
         self.tasks_started.clear()
+        self.clone_race = 0
+        self.paused.clear()
         self.refresh_stats()
 
     async def _stats_forever(self) -> None:
@@ -501,20 +548,125 @@ class Cluster:
             raise param_error({"upid": "no such task"})
         return task
 
-    def task_log(self, node: str, upid: str, start: int = 0, limit: int = 50) -> list[dict]:
+    def task_log(self, node: str, upid: str, start: int = 0, limit: int = 50) -> tuple[int, list[dict]]:
+        """(total lines, the page): pve-manager API2/Tasks.pm read_task_log sets the result
+        attribute ``total`` to the log's line count."""
         task = self.get_task(node, upid)
         limit = limit or 50
-        return [{"n": i + 1, "t": t} for i, t in enumerate(task.lines)][start:start + limit]
+        return len(task.lines), [{"n": i + 1, "t": t} for i, t in enumerate(task.lines)][start:start + limit]
 
-    def list_tasks(self, node: str, params: dict[str, str]) -> list[dict]:
+    # ---- template, suspend/resume ----------------------------------------------------------------
+    async def make_template(self, node: str, vmid: int, params: dict[str, str], user: str,
+                            fail: str | None = None) -> str:
+        """``POST .../template`` (qemu-server API2/Qemu.pm template): a running VM is refused before
+        the task ("you can't convert a running VM to a template" - die in the early checks); in a
+        ``qmtemplate`` task under the flock each disk becomes ``base-<vmid>-disk-<n>`` and the config
+        gets ``template: 1``; a template again: "you can't convert a template to a template"."""
+        vm = self.vm_on(node, vmid)
+        self.check_lock(vm)
+        if vm.template:
+            raise PveError(500, "you can't convert a template to a template")
+        if vm.running:
+            raise PveError(500, "you can't convert a VM to template if VM is running")
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                v = self.vm_alive(vm)
+                if v.running:
+                    raise PveError(500, "you can't convert a VM to template if VM is running")
+                await self.task_time("qmtemplate")
+                for k, val in sorted(v.config.items()):
+                    if DISK_RE.fullmatch(k) and not k.startswith("unused") and "media=cdrom" not in val:
+                        new = re.sub(rf"(^[^:]+:)vm-{vmid}-", rf"\1base-{vmid}-", val)
+                        if new != val:
+                            task.lines.append(f"  Renamed \"{val.split(',')[0].split(':')[1]}\" to "
+                                              f"\"{new.split(',')[0].split(':')[1]}\" in volume group \"pve\"")
+                            v.config[k] = new
+                v.config["template"] = "1"
+
+        return self.spawn(node, "qmtemplate", vmid, user, TaskPlan(run), fail)
+
+    async def suspend_resume(self, node: str, vmid: int, action: str, params: dict[str, str], user: str,
+                             fail: str | None = None) -> str:
+        """``POST status/suspend|resume`` (Qemu.pm vm_suspend / vm_resume): both need a running VM
+        (``VM <id> not running`` before the task); ``skiplock`` is root's only. Suspend pauses the
+        guest (``qmpstatus: paused``, status stays ``running``); resume continues it."""
+        if params.get("skiplock") == "1" and user != "root@pam":
+            raise param_error({"skiplock": "Only root may use this option."})
+        vm = self.vm_on(node, vmid)
+        if not vm.running:
+            raise PveError(500, f"VM {vmid} not running")
+        if action == "suspend" and params.get("todisk") == "1":
+            raise PveError(501, "suspend to disk is not modelled by the simulator")
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                v = self.vm_alive(vm)
+                self.check_lock(v, params.get("skiplock") == "1")
+                await self.task_time(f"qm{action}")
+                self.paused[vmid] = action == "suspend"
+
+        return self.spawn(node, f"qm{action}", vmid, user, TaskPlan(run), fail)
+
+    def cluster_status(self) -> list[dict]:
+        """``GET /cluster/status`` (pve-manager API2/ClusterConfig.pm / Cluster.pm): the cluster entry
+        and one per node (``local`` marks the node answering: the first)."""
+        out: list[dict] = [{"type": "cluster", "id": "cluster", "name": "z9sim", "nodes": len(self.nodes),
+                            "quorate": 1, "version": len(self.nodes) + 1}]
+        for i, n in enumerate(self.nodes):
+            out.append({"type": "node", "id": f"node/{n}", "name": n, "nodeid": i + 1, "online": 1,
+                        "local": 1 if i == 0 else 0, "ip": storage_ip(self, n), "level": ""})
+        return out
+
+    def node_status(self, node: str) -> dict:
+        """``GET /nodes/{node}/status`` (pve-manager API2/Nodes.pm status): the node's load, memory,
+        CPU and versions (fixed figures)."""
         self.check_node(node)
+        return {"uptime": 86400, "loadavg": ["0.10", "0.05", "0.01"], "cpu": 0.02, "wait": 0.0,
+                "cpuinfo": {"cpus": 16, "sockets": 1, "cores": 16, "model": "QEMU Virtual CPU", "mhz": "2400.000",
+                            "hvm": "1", "flags": "", "user_hz": 100},
+                "memory": {"total": 64 * GiB, "used": 8 * GiB, "free": 56 * GiB},
+                "swap": {"total": 0, "used": 0, "free": 0},
+                "rootfs": {"total": 100 * GiB, "used": 10 * GiB, "free": 90 * GiB, "avail": 90 * GiB},
+                "ksm": {"shared": 0}, "idle": 0, "kversion": "Linux 6.8.12-4-pve #1 SMP PREEMPT_DYNAMIC",
+                "pveversion": "pve-manager/9.1.3/z9sim000", "current-kernel": {"sysname": "Linux",
+                "release": "6.8.12-4-pve", "version": "#1 SMP PREEMPT_DYNAMIC", "machine": "x86_64"},
+                "boot-info": {"mode": "efi", "secureboot": 0}}
+
+    def list_tasks(self, node: str | None, params: dict[str, str]) -> tuple[int, list[dict]]:
+        """``GET /nodes/{node}/tasks`` (pve-manager API2/Tasks.pm node_tasks): newest first, filtered
+        by ``vmid``, ``typefilter``, ``userfilter`` (substring), ``statusfilter`` (ok, warning,
+        error, unknown), ``errors`` (only failed), ``since``/``until`` (start time), ``source``
+        (``active``: running only, ``archive``: ended only, ``all``); returns (total, the page
+        ``start``/``limit``). ``node`` None: every node (``/cluster/tasks``)."""
+        if node is not None:
+            self.check_node(node)
         out = []
+        source = params.get("source", "archive")
+        statuses = set(split_list(params.get("statusfilter", "")))
         for t in sorted(self.tasks.values(), key=lambda t: t.starttime, reverse=True):
-            if t.node != node or time.monotonic() < t.visible_at:
+            if (node is not None and t.node != node) or time.monotonic() < t.visible_at:
                 continue
             if params.get("vmid") and t.id != params["vmid"]:
                 continue
             if params.get("typefilter") and t.type != params["typefilter"]:
+                continue
+            if params.get("userfilter") and params["userfilter"] not in t.user:
+                continue
+            if params.get("since") and t.starttime < int(params["since"]):
+                continue
+            if params.get("until") and t.starttime > int(params["until"]):
+                continue
+            if node is not None and source == "active" and t.status != "running":
+                continue
+            if node is not None and source == "archive" and t.status == "running":
+                continue
+            ok = t.exitstatus == "OK"
+            warn = (t.exitstatus or "").startswith("WARNINGS")
+            kind = "unknown" if t.status == "running" else "ok" if ok else "warning" if warn else "error"
+            if statuses and kind not in statuses:
+                continue
+            if params.get("errors") == "1" and kind != "error":
                 continue
             d = t.status_json()
             if t.status == "stopped":
@@ -524,7 +676,7 @@ class Cluster:
                 d.pop("status")
             out.append(d)
         start = int(params.get("start", 0))
-        return out[start:start + int(params.get("limit", 50) or 50)]
+        return len(out), out[start:start + int(params.get("limit", 50) or 50)]
 
     # ---- read endpoints --------------------------------------------------------------------------
     def nextid(self, vmid: str | None = None) -> str:
@@ -535,11 +687,16 @@ class Cluster:
             return str(int(vmid))
         return str(next(i for i in itertools.count(100) if i not in self.vms))
 
-    def get_config(self, node: str, vmid: int) -> dict:
-        """Config with values typed by the schema's return types, plus ``digest``."""
+    def get_config(self, node: str, vmid: int, current: bool = False) -> dict:
+        """Config with values typed by the schema's return types, plus ``digest``. Without
+        ``current`` the pending values are laid over it (AbstractConfig.pm load_current_config);
+        ``cipassword`` reads ``**********`` (Qemu.pm vm_config)."""
         vm = self.vm_on(node, vmid)
         out: dict[str, Any] = {}
-        for k, v in vm.config.items():
+        for k, v in (vm.config if current else vm.with_pending()).items():
+            if k == "cipassword":
+                out[k] = "**********"
+                continue
             typ = self._return_type(k)
             if typ in ("integer", "boolean") and re.fullmatch(r"-?\d+", v):
                 out[k] = int(v)
@@ -579,7 +736,7 @@ class Cluster:
         d: dict[str, Any] = {
             "vmid": vm.vmid, "name": vm.config.get("name", f"VM {vm.vmid}"),
             "status": "running" if vm.running else "stopped",
-            "qmpstatus": "running" if vm.running else "stopped",
+            "qmpstatus": ("paused" if self.paused.get(vm.vmid) else "running") if vm.running else "stopped",
             "uptime": int(time.time() - vm.started_at) if vm.running and vm.started_at else 0,
             "cpus": vm.maxcpu(), "maxmem": vm.maxmem(), "maxdisk": vm.disk_bytes(),
             "mem": vm.maxmem() // 4 if vm.running else 0, "cpu": 0.01 if vm.running else 0,
@@ -645,11 +802,14 @@ class Cluster:
                             "maxmem": 64 * GiB, "maxdisk": 500 * GiB, "cpu": 0.02, "mem": 8 * GiB, "disk": 10 * GiB,
                             "uptime": 86400, "level": ""})
         if rtype in (None, "storage"):
+            # the same storages as /nodes/{node}/storage (storage.py STORAGES): one row per node and
+            # storage, a shared one on every node (pve-manager API2/Cluster.pm resources)
+            from .storage import STORAGES
             for n in self.nodes:
-                for s, content in (("local", "iso,vztmpl,backup"), ("local-lvm", "images,rootdir")):
-                    out.append({"id": f"storage/{n}/{s}", "type": "storage", "storage": s, "node": n,
-                                "status": "available", "content": content, "shared": 0,
-                                "maxdisk": 400 * GiB, "disk": 20 * GiB, "plugintype": "lvmthin" if s != "local" else "dir"})
+                for sd in STORAGES:
+                    out.append({"id": f"storage/{n}/{sd.id}", "type": "storage", "storage": sd.id, "node": n,
+                                "status": "available", "content": ",".join(sd.content), "shared": int(sd.shared),
+                                "maxdisk": sd.total, "disk": self.storage.used(sd.id, n), "plugintype": sd.type})
         return out
 
     # ---- config ----------------------------------------------------------------------------------
@@ -666,37 +826,210 @@ class Cluster:
         rest = [o for o in opts.split(",") if o and not o.startswith("media=")]
         return ",".join([f"{m.group(1)}:vm-{vmid}-cloudinit", "media=cdrom", *rest])
 
-    def _apply_config(self, vm: VM, params: dict[str, str]) -> None:
+    def get_pending(self, node: str, vmid: int) -> list[dict]:
+        """``GET .../pending`` (Qemu.pm vm_pending, PVE::GuestHelpers::config_with_pending_array): one
+        row per key, ``{key, value}``, with ``pending`` when a change waits and ``delete: 1`` for a
+        pending delete; ``cipassword`` masked."""
+        vm = self.vm_on(node, vmid)
+        rows: list[dict] = []
+        for k in sorted(set(vm.config) | set(vm.pending)):
+            if k in ("lock",) and k not in vm.config:
+                continue
+            row: dict[str, Any] = {"key": k}
+            if k in vm.config:
+                row["value"] = "**********" if k == "cipassword" else vm.config[k]
+            if k in vm.pending:
+                row["pending"] = "********** " if k == "cipassword" else vm.pending[k]
+            if k in vm.pending_delete:
+                row["delete"] = 1
+            rows.append(row)
+        rows.append({"key": "digest", "value": vm.digest()})
+        return rows
+
+    # QemuServer.pm $fast_plug_option (+ every cloud-init option): applied at once on a running VM
+    FAST_PLUG = frozenset({"description", "hookscript", "lock", "migrate_downtime", "migrate_speed", "name",
+                           "onboot", "protection", "shares", "startup", "tags", "vmstatestorage", "cicustom",
+                           "cipassword", "citype", "ciuser", "ciupgrade", "nameserver", "searchdomain", "sshkeys"})
+
+    @staticmethod
+    def hotplug_features(vm: VM) -> set[str]:
+        """QemuServer.pm parse_hotplug_features: ``0`` none, ``1`` (or unset) the default
+        ``network,disk,usb``."""
+        raw = vm.config.get("hotplug", "1")
+        if raw == "0":
+            return set()
+        if raw == "1":
+            raw = "network,disk,usb"
+        return set(split_list(raw))
+
+    def _hotpluggable(self, vm: VM, key: str, value: str | None) -> bool:
+        """QemuServer.pm vmconfig_hotplug_pending: whether a change of ``key`` on a running VM is
+        applied live (else it stays in [PENDING] until the next start). ``cores``/``sockets`` never
+        are (only ``vcpus`` with the cpu feature); ``memory`` needs the memory feature; a NIC the
+        network feature; a disk the disk feature and a hot-pluggable bus (not ide/sata/efidisk/
+        tpmstate) - a CD-ROM's medium changes live."""
+        feats = self.hotplug_features(vm)
+        if key in self.FAST_PLUG or re.fullmatch(r"ipconfig\d+", key):
+            return True
+        if key in ("balloon", "cpuunits", "cpulimit", "agent", "hotplug"):
+            return True
+        if key == "vcpus":
+            return "cpu" in feats
+        if key == "memory":
+            return "memory" in feats
+        if re.fullmatch(r"net\d+", key):
+            return "network" in feats
+        if DISK_RE.fullmatch(key) and not key.startswith("unused"):
+            cur = vm.config.get(key, "")
+            if value is not None and "media=cdrom" in value and "cloudinit" not in value and "media=cdrom" in cur:
+                return True  # vmconfig_update_disk: a CD-ROM's medium is changed through QMP
+            if "cloudinit" in (value or "") or "cloudinit" in cur:
+                return False  # the cloud-init drive is (re)generated with the pending changes
+            return "disk" in feats and not re.match(r"(efidisk|ide|sata|tpmstate)\d", key)
+        if key.startswith("unused"):
+            return True
+        return False
+
+    def _alloc_disk(self, vm: VM, key: str, value: str, task: "Task | None") -> str:
+        """Qemu.pm create_disks: a drive ``<storage>:<size in GiB>`` allocates a new volume
+        ``<storage>:vm-<vmid>-disk-<n>`` (the lowest n not used by the VM) with ``size=<n>G``."""
+        m = re.fullmatch(r"([a-z][a-z0-9\-_.]*[a-z0-9]):(\d+(?:\.\d+)?)(,.*)?", value, re.I)
+        if not DISK_RE.fullmatch(key) or key.startswith("unused") or m is None:
+            return value
+        sdef = self.storage.definition(m.group(1))
+        if "images" not in sdef.content:
+            raise PveError(500, f"storage '{sdef.id}' does not support content-type 'images'")
+        used = {int(x) for x in re.findall(rf"vm-{vm.vmid}-disk-(\d+)", " ".join(
+            list(vm.config.values()) + list(vm.pending.values())))}
+        n = next(i for i in itertools.count() if i not in used)
+        name = f"vm-{vm.vmid}-disk-{n}"
+        if task is not None:
+            task.lines.append(f"  Logical volume \"{name}\" created.")
+        opts = m.group(3) or ""
+        return f"{m.group(1)}:{name}{opts},size={format_size(int(float(m.group(2)) * GiB))}"
+
+    def _unused(self, vm: VM, old: str) -> None:
+        """vmconfig_register_unused_drive: a detached disk's volume stays, as ``unused<n>``."""
+        volid = old.split(",", 1)[0]
+        if "media=cdrom" in old or "cloudinit" in volid or volid in ("none", "") or ":" not in volid:
+            return
+        if volid in vm.config.values():
+            return
+        n = next(i for i in itertools.count() if f"unused{i}" not in vm.config)
+        vm.config[f"unused{n}"] = volid
+
+    def _apply_pending(self, vm: VM) -> None:
+        """QemuServer.pm vmconfig_apply_pending (a start, or a config write to a stopped VM): every
+        pending delete and value goes into the config."""
+        for k in vm.pending_delete:
+            old = vm.config.pop(k, None)
+            if old is not None and DISK_RE.fullmatch(k) and not k.startswith("unused"):
+                self._unused(vm, old)
+        vm.pending_delete = []
+        for k, v in list(vm.pending.items()):
+            old = vm.config.get(k)
+            vm.config[k] = v
+            if old is not None and old != v and DISK_RE.fullmatch(k) and not k.startswith("unused") \
+                    and old.split(",", 1)[0] != v.split(",", 1)[0]:
+                self._unused(vm, old)
+        vm.pending = {}
+        Generation.bump()
+
+    def _apply_config(self, vm: VM, params: dict[str, str], task: "Task | None" = None) -> None:
+        """Qemu.pm $update_vm_api's updatefn: every change is written to [PENDING] first; a stopped
+        VM then gets all pending changes applied (vmconfig_apply_pending), a running one only the
+        hot-pluggable ones (vmconfig_hotplug_pending) - the rest waits for the next start."""
         deletes = split_list(params.get("delete", ""))
+        if params.get("boot"):
+            # Qemu.pm $update_vm_api: every device of the new boot order must exist (config, pending
+            # or this write) and not be deleted by it
+            m = re.search(r"(?:^|,)order=([^,]+)", params["boot"])
+            for dev in split_list(m.group(1)) if m else []:
+                exists = dev in vm.config or dev in vm.pending or dev in params
+                if not exists or dev in deletes:
+                    raise PveError(500, f"invalid bootorder: device '{dev}' does not exist'")
         for k in deletes:
-            vm.config.pop(k, None)
+            k = "ide2" if k == "cdrom" else k
+            if k in vm.pending:
+                vm.pending.pop(k)
+            if k in vm.config and k not in vm.pending_delete:
+                vm.pending_delete.append(k)
         for k, v in params.items():
-            if k in ("delete", "digest", "skiplock", "force", "revert", "background_delay", "node", "vmid"):
+            if k in ("delete", "digest", "skiplock", "force", "revert", "background_delay", "node", "vmid",
+                     "skip_cloud_init", "import-working-storage"):
                 continue
             if k == "tags":
                 v = normalize_tags(v)
                 if not v:
-                    vm.config.pop("tags", None)
+                    if "tags" in vm.config and "tags" not in vm.pending_delete:
+                        vm.pending_delete.append("tags")
+                    vm.pending.pop("tags", None)
                     continue
-            if k == "sshkeys":
-                pass  # stored URL-encoded as sent, like PVE
-            vm.config[k] = self._cloudinit_alloc(vm.vmid, k, v)
+            if k == "cipassword":
+                v = hash_password(v, vm.config.get("ostype"))
+            if re.fullmatch(r"net\d+", k) and not re.match(r"[\w-]+=[0-9A-Fa-f:]{17}(,|$)", v):
+                # QemuServer::Network parse_net: a NIC without a MAC gets one (random_ether_addr)
+                model, _, rest = v.partition(",")
+                v = f"{model.split('=')[0]}={random_mac()}" + (f",{rest}" if rest else "")
+            v = self._cloudinit_alloc(vm.vmid, k, v)
+            v = self._alloc_disk(vm, k, v, task)
+            if k in vm.pending_delete:
+                vm.pending_delete.remove(k)
+            vm.pending[k] = v
+        if not vm.running:
+            self._apply_pending(vm)
+            return
+        for k in list(vm.pending_delete):
+            if self._hotpluggable(vm, k, None):
+                vm.pending_delete.remove(k)
+                old = vm.config.pop(k, None)
+                if old is not None and DISK_RE.fullmatch(k) and not k.startswith("unused"):
+                    self._unused(vm, old)
+        for k, v in list(vm.pending.items()):
+            if self._hotpluggable(vm, k, v):
+                old = vm.config.get(k)
+                vm.config[k] = vm.pending.pop(k)
+                if old is not None and DISK_RE.fullmatch(k) and not k.startswith("unused") \
+                        and old.split(",", 1)[0] != v.split(",", 1)[0]:
+                    self._unused(vm, old)
+            elif vm.config.get(k) == v:
+                vm.pending.pop(k)  # Qemu.pm: "remove pending changes when nothing changed"
+        Generation.bump()
+
+    def _check_config_params(self, params: dict[str, str], user: str) -> None:
+        """Qemu.pm $update_vm_api, before any config is read: ``skiplock`` is root's only (an API
+        token is not ``root@pam``), nothing to do is an error, ``delete`` names known options."""
+        if params.get("skiplock") == "1" and user != "root@pam":
+            raise param_error({"skiplock": "Only root may use this option."})
+        meta = ("node", "vmid", "digest", "background_delay", "skip_cloud_init", "import-working-storage",
+                "skiplock", "delete", "revert", "force")
+        if not params.get("delete") and not params.get("revert") and not any(k not in meta for k in params):
+            raise PveError(500, "no options specified")
+        for k in split_list(params.get("delete", "")):
+            k = "ide2" if k == "cdrom" else k
+            if k in params:
+                raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
+            if self._return_type(k) is None and not re.fullmatch(r"unused\d+", k):
+                raise param_error({"delete": f"unknown option '{k}'"})
+        # update_vm_api checks sshkeys before the config is loaded (pve-common
+        # PVE::Tools::validate_ssh_public_keys)
+        cloudinit.validate_ssh_public_keys(params.get("sshkeys"))
 
     def _check_config_write(self, vm: VM, params: dict[str, str]) -> None:
+        # Qemu.pm $load_and_check_config: digest, then PVE::AbstractConfig::check_lock
         digest = params.get("digest")
         if digest and digest != vm.digest():
             raise PveError(500, "checksum mismatch (file change by other user?)")
         self.check_lock(vm, params.get("skiplock") == "1")
-        both = set(split_list(params.get("delete", ""))) & {k for k in params if k not in ("delete",)}
-        if both:
-            k = sorted(both)[0]
-            raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
-        # update_vm_api checks sshkeys before the config is loaded (here: after, the same answer alone)
-        cloudinit.validate_ssh_public_keys(params.get("sshkeys"))
 
-    async def put_config(self, node: str, vmid: int, params: dict[str, str]) -> None:
+    async def put_config(self, node: str, vmid: int, params: dict[str, str], user: str = "root@pam") -> None:
         """``PUT .../config``: synchronous; waits up to 10 s for the flock (HTTP 500 on timeout)."""
+        self._check_config_params(params, user)
         vm = self.vm_on(node, vmid)
+        # qemu-server API2/Qemu.pm $update_vm_api: "$load_and_check_config->(0); # early checks
+        # before forking/locking" - digest and PVE::AbstractConfig::check_lock answer at once (a VM
+        # under "lock: clone" is refused "VM is locked (clone)" without waiting for the flock)
+        self._check_config_write(vm, params)
         async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
             vm = self.vm_alive(vm)
             self._check_config_write(vm, params)
@@ -705,18 +1038,20 @@ class Cluster:
     async def post_config(self, node: str, vmid: int, params: dict[str, str], user: str,
                           fail: str | None = None) -> str:
         """``POST .../config``: checks now (HTTP errors), applies in a ``qmconfig`` task."""
+        self._check_config_params(params, user)
         vm = self.vm_on(node, vmid)
-        async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
-            self._check_config_write(vm, params)
+        # Qemu.pm $update_vm_api: the early checks load the config without the flock
+        self._check_config_write(vm, params)
 
         async def run(task: Task) -> None:
             async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
                 await self.task_time("qmconfig")
                 v = self.vm_alive(vm)
                 self._check_config_write(v, {k: x for k, x in params.items() if k != "digest"})
-                self._apply_config(v, params)
-                task.lines.append(f"update VM {vmid}: " + " ".join(f"-{k} {x}" for k, x in sorted(params.items())
-                                                                 if k not in ("node", "vmid")))
+                task.lines.append(f"update VM {vmid}: " + " ".join(
+                    f"-{k} {'<hidden>' if k == 'cipassword' else x}" for k, x in sorted(params.items())
+                    if k not in ("node", "vmid", "digest")))
+                self._apply_config(v, params, task)
 
         return self.spawn(node, "qmconfig", vmid, user, TaskPlan(run), fail)
 
@@ -745,6 +1080,22 @@ class Cluster:
     def cloudinit_dump(self, node: str, vmid: int, kind: str) -> str:
         vm = self.vm_on(node, vmid)
         return cloudinit.dump(vm.config, vmid, kind)
+
+    def check_bridges(self, vm: VM, task: Task) -> None:
+        """At start: QEMU's ``pve-bridge`` script plugs each NIC's tap into its bridge (pve-common
+        PVE/Network.pm ``$read_bridge_mtu``: ``bridge '<b>' does not exist``); QEMU exits and the
+        start task fails. Every node has ``vmbr0`` only (:attr:`bridges`)."""
+        for k, val in sorted(vm.config.items()):
+            if not re.fullmatch(r"net\d+", k):
+                continue
+            m = re.search(r"(?:^|,)bridge=([^,]+)", val)
+            if m and m.group(1) not in self.bridges:
+                task.lines.append(f"bridge '{m.group(1)}' does not exist")
+                task.lines.append(f"kvm: -netdev type=tap,id={k},ifname=tap{vm.vmid}i{k[3:]},"
+                                  "script=/usr/libexec/qemu-server/pve-bridge,downscript=/usr/libexec/qemu-server/"
+                                  "pve-bridgedown,vhost=on: network script /usr/libexec/qemu-server/pve-bridge "
+                                  "failed with status 512")
+                raise PveError(500, "start failed: QEMU exited with code 1")
 
     def check_volumes(self, vm: VM) -> None:
         """At start: every ISO a drive references must exist on a storage the VM's node sees."""
@@ -811,17 +1162,52 @@ class Cluster:
         ``vm-<newid>-disk-N``, new MACs/uuid, new name, tags inherited, ``template`` dropped). Taken
         newid → 500 ``unable to create VM <id>: config file already exists`` (facts: Endpoints)."""
         src = self.vm_on(node, vmid)
-        self.check_lock(src)
         newid = int(params["newid"])
-        target = params.get("target") or node
-        self.check_node(target)
+        # qemu-server PVE/API2/Qemu.pm clone_vm: a target naming the local node is no target
+        target = params.get("target") or None
+        if target in (node, "localhost"):
+            target = None
+        storage = params.get("storage") or None
+        # Qemu.pm clone_vm $load_and_check, run once before fork_worker ("early checks before
+        # forking/locking"): every failure below is an HTTP 500/400 and no task is made.
+        if target:
+            self.check_node(target)
+        if storage:
+            sdef = self._storage_def(storage)
+            if "images" not in sdef.content:
+                raise param_error({"storage": f"storage '{storage}' does not support vm images"})
+            if target and not sdef.shared:
+                raise PveError(500, f"can't clone to non-shared storage '{storage}'")
+        self.check_lock(src)
+        full = params.get("full", "0" if src.template else "1") == "1"
+        if storage and not full:
+            raise PveError(500, "parameter 'storage' not allowed for linked clones")
+        # Qemu.pm $check_storage_access_clone: any drive (a CD-ROM, the cloud-init drive too) on a
+        # storage that is not shared makes the VM "local"; the target storage does not change that
+        if target and not self.vm_is_shared(src):
+            raise PveError(500, f"can't clone VM to node '{target}' (VM uses local storage)")
         if newid in self.vms:
             raise PveError(500, f"unable to create VM {newid}: config file already exists")
-        full = params.get("full", "0" if src.template else "1") == "1"
         if not full and not src.template:
             raise PveError(500, "Linked clone feature is not supported for drive 'scsi0'")
-        placeholder = VM(newid, target, {"lock": "clone"})
-        self.vms[newid] = placeholder
+        racing = False
+        if self.clone_race > 0:
+            # PVE's newid check is racy: Qemu.pm clone_vm runs "$load_and_check->(); # early checks
+            # before forking/locking" without the target's flock, so two clones to one newid can
+            # both pass it and both get a UPID; the second worker to take the flock finds the
+            # config file and dies "unable to create VM <newid>: config file already exists". The
+            # admin switch (clone_race: n) makes the next n clones lose so, deterministically, to a
+            # parallel clone of the same source by another client (root@pam, named race-winner-<id>)
+            self.clone_race -= 1
+            await self.clone(node, vmid, {"newid": str(newid), "full": "1", "name": f"race-winner-{newid}"},
+                             "root@pam")
+            racing = True
+        # the temporary config "lock: clone" is written on the *source* node and renamed into the
+        # target node's directory only when the worker is done (Qemu.pm clone_vm: file_set_contents
+        # of config_file($newid), then rename to config_file($newid, $target))
+        placeholder = VM(newid, node, {"lock": "clone"})
+        if not racing:
+            self.vms[newid] = placeholder
 
         async def run(task: Task) -> None:
             async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["clone"], shared=not src.running):
@@ -839,6 +1225,8 @@ class Cluster:
                                 conf[k] = v
                                 continue
                             store = volid.split(":", 1)[0]
+                            if storage and full:  # Qemu.pm clone_disk: dest_info storage
+                                store = storage
                             if "cloudinit" in volid:
                                 conf[k] = f"{store}:vm-{newid}-cloudinit" + (f",{opts}" if opts else "")
                                 continue
@@ -861,11 +1249,18 @@ class Cluster:
                     conf["name"] = params.get("name") or f"Copy-of-VM-{source.config.get('name', vmid)}"
                     if params.get("description") is not None:
                         conf["description"] = params["description"]
+                    if racing:
+                        # the loser of a racy clone to one newid: its check before fork_worker
+                        # passed, the worker finds the config file there (Qemu.pm clone_vm,
+                        # $load_and_check run again under the target's flock)
+                        raise PveError(500, f"unable to create VM {newid}: config file already exists")
                     await self.task_time("qmclone")
                     if self.vms.get(newid) is not placeholder:
                         raise PveError(500, f"unable to create VM {newid}: config file already exists")
                     placeholder.config = conf
                     placeholder.ci_applied = cloudinit.ci_values(conf)
+                    if target:  # Qemu.pm clone_vm: "Failed to move config to node" - rename at the end
+                        placeholder.node = target
                     self.firewall.clone(vmid, newid)
                     self.guests.clone_disk(vmid, newid)
 
@@ -874,6 +1269,27 @@ class Cluster:
                 del self.vms[newid]
 
         return self.spawn(node, "qmclone", vmid, user, TaskPlan(run, cleanup), fail)
+
+    def _storage_def(self, sid: str):
+        """pve-storage ``storage_check_enabled``: an unknown storage is a 500 naming it."""
+        return self.storage.definition(sid)
+
+    def vm_is_shared(self, vm: VM) -> bool:
+        """qemu-server API2/Qemu.pm ``$check_storage_access_clone``: every volume the config
+        references (disks and CD-ROMs, ``none``/``cdrom`` aside) is on a shared storage."""
+        for k, val in vm.config.items():
+            if not DISK_RE.fullmatch(k) or k.startswith("unused"):
+                continue
+            volid = val.split(",", 1)[0]
+            if volid in ("none", "cdrom", "") or ":" not in volid:
+                continue
+            try:
+                if not self.storage.definition(volid.split(":", 1)[0]).shared:
+                    return False
+            except PveError:
+                return False
+        return True
+
 
     async def destroy(self, node: str, vmid: int, params: dict[str, str], user: str,
                       fail: str | None = None) -> str:
@@ -913,6 +1329,10 @@ class Cluster:
         vm = self.vm_on(node, vmid)
         ttype = {"start": "qmstart", "stop": "qmstop", "shutdown": "qmshutdown", "reboot": "qmreboot",
                  "reset": "qmreset", "suspend": "qmsuspend", "resume": "qmresume"}[action]
+        if action in ("reboot", "reset") and not vm.running:
+            # qemu-server API2/Qemu.pm vm_reboot / vm_reset: `die "VM $vmid not running\n" if
+            # !check_running($vmid)` before fork_worker: an HTTP 500, no task
+            raise PveError(500, f"VM {vmid} not running")
 
         async def run(task: Task) -> None:
             async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["start"]):
@@ -925,6 +1345,8 @@ class Cluster:
                         raise PveError(500, f"VM {vmid} already running")
                     self.check_volumes(v)
                     await self.task_time(ttype)
+                    self.check_bridges(v, task)
+                    self._apply_pending(v)  # QemuServer.pm vm_start_nolock: vmconfig_apply_pending
                     self.apply_cloudinit(v)
                     v.running, v.started_at = True, time.time()
                     self.guests.power_on(v)
@@ -933,29 +1355,36 @@ class Cluster:
                         return
                     await self.task_time(ttype)
                     v.running, v.started_at = False, None
+                    self.paused.pop(vmid, None)
                     self.guests.power_off(vmid)
                 else:
                     if not v.running:
                         raise PveError(500, f"VM {vmid} not running")
                     await self.task_time(ttype)
-                    if action == "reboot":  # qm reboot: shutdown, then a new start (which regenerates cloud-init)
-                        try:
-                            self.check_volumes(v)
-                            self.apply_cloudinit(v)
-                        except PveError as e:
-                            # qemu-server vm_reboot only stops the VM; qmeventd's cleanup starts it again in
-                            # its own qmstart task, which fails: the reboot is OK, the VM stays stopped
-                            v.running, v.started_at = False, None
-                            self.guests.power_off(vmid)
-                            task.lines.append(f"VM {vmid} stopped for reboot; its start failed: {e.message}")
+                    if action == "reboot":
+                        # qemu-server PVE/QemuServer.pm vm_reboot: create_reboot_request, then
+                        # _do_vm_stop - the qmreboot task only stops the VM and ends. qmeventd sees
+                        # the stop with the reboot request and runs `qm start` in a qmstart task of
+                        # its own (root@pam), which starts a new QEMU process (cloud-init and
+                        # pending changes apply there): the VM reads "stopped" in between.
+                        v.running, v.started_at = False, None
+                        self.guests.power_off(vmid)
 
-                            async def failed_start(t: Task, err: PveError = e) -> None:
-                                raise err
+                        async def qmeventd_start(t: Task) -> None:
+                            await asyncio.sleep(self.reboot_gap_s)
+                            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["start"]):
+                                cur = self.vm_alive(v)
+                                if cur.running:
+                                    raise PveError(500, f"VM {vmid} already running")
+                                self.check_volumes(cur)
+                                await self.task_time("qmstart")
+                                self._apply_pending(cur)
+                                self.apply_cloudinit(cur)
+                                cur.running, cur.started_at = True, time.time()
+                                self.guests.power_on(cur)
 
-                            self.spawn(v.node, "qmstart", vmid, "root@pam", TaskPlan(failed_start))
-                            return
-                        v.started_at = time.time()
-                        self.guests.power_on(v)
+                        self.spawn(v.node, "qmstart", vmid, "root@pam", TaskPlan(qmeventd_start))
+                        return
                     elif action == "reset":  # same QEMU process: the guest reboots from the current media
                         self.guests.power_on(v)
 
@@ -1001,6 +1430,182 @@ class Cluster:
 
         return self.spawn(node, "resize", vmid, user, TaskPlan(run), fail)
 
+    # ---- snapshots -------------------------------------------------------------------------------
+    def snapshot_list(self, node: str, vmid: int) -> list[dict]:
+        """``GET .../snapshot`` (qemu-server API2/Qemu.pm snapshot_list): one row per snapshot, then
+        ``current`` ("You are here!", its parent, running, the config's digest)."""
+        vm = self.vm_on(node, vmid)
+        rows: list[dict] = []
+        for name, d in vm.snapshots.items():
+            item = {"name": name, "snaptime": d["snaptime"], "vmstate": 0, "description": d["description"]}
+            if d.get("parent"):
+                item["parent"] = d["parent"]
+            rows.append(item)
+        cur: dict[str, Any] = {"name": "current", "digest": vm.digest(), "running": 1 if vm.running else 0,
+                               "description": "You are here!"}
+        if vm.parent:
+            cur["parent"] = vm.parent
+        rows.append(cur)
+        return rows
+
+    def snapshot_config(self, node: str, vmid: int, name: str) -> dict:
+        vm = self.vm_on(node, vmid)
+        d = vm.snapshots.get(name)
+        if d is None:
+            raise PveError(500, f"snapshot '{name}' does not exist")  # AbstractConfig.pm
+        return {**d["config"], "snaptime": d["snaptime"], "description": d["description"],
+                **({"parent": d["parent"]} if d.get("parent") else {})}
+
+    async def snapshot(self, node: str, vmid: int, params: dict[str, str], user: str,
+                       fail: str | None = None) -> str:
+        """``POST .../snapshot`` (Qemu.pm snapshot; pve-guest-common AbstractConfig.pm snapshot_create):
+        ``current``/``pending`` are reserved names (before the task); the ``qmsnapshot`` worker checks
+        the lock and the name (``snapshot name '<n>' already used``), holds ``lock: snapshot`` while
+        the volumes are snapshotted, then records the section and makes it the current parent. RAM
+        (``vmstate``) is not modelled."""
+        name = params["snapname"]
+        if name == "current":
+            raise PveError(500, "unable to use snapshot name 'current' (reserved name)")
+        if name.lower() == "pending":
+            raise PveError(500, "unable to use snapshot name 'pending' (reserved name)")
+        vm = self.vm_on(node, vmid)
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                v = self.vm_alive(vm)
+                self.check_lock(v)
+                if name in v.snapshots:
+                    raise PveError(500, f"snapshot name '{name}' already used")
+                v.config["lock"] = "snapshot"
+            try:
+                await self.task_time("qmsnapshot")
+            finally:
+                v.config.pop("lock", None)
+            v.snapshots[name] = {"config": {k: x for k, x in v.config.items() if k != "lock"},
+                                 "description": params.get("description", ""), "snaptime": int(time.time()),
+                                 "parent": v.parent}
+            v.parent = name
+            Generation.bump()
+
+        return self.spawn(node, "qmsnapshot", vmid, user, TaskPlan(run), fail)
+
+    async def delete_snapshot(self, node: str, vmid: int, name: str, params: dict[str, str], user: str,
+                              fail: str | None = None) -> str:
+        """``DELETE .../snapshot/{snapname}`` (AbstractConfig.pm snapshot_delete, ``qmdelsnapshot``):
+        a missing snapshot fails the task; its children (and the current state) get its parent."""
+        vm = self.vm_on(node, vmid)
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                v = self.vm_alive(vm)
+                snap = v.snapshots.get(name)
+                if snap is None:
+                    raise PveError(500, f"snapshot '{name}' does not exist")
+                self.check_lock(v, params.get("force") == "1")
+                await self.task_time("qmdelsnapshot")
+                for other in v.snapshots.values():
+                    if other.get("parent") == name:
+                        other["parent"] = snap.get("parent")
+                if v.parent == name:
+                    v.parent = snap.get("parent")
+                del v.snapshots[name]
+                Generation.bump()
+
+        return self.spawn(node, "qmdelsnapshot", vmid, user, TaskPlan(run), fail)
+
+    async def rollback(self, node: str, vmid: int, name: str, params: dict[str, str], user: str,
+                       fail: str | None = None) -> str:
+        """``POST .../snapshot/{snapname}/rollback`` (AbstractConfig.pm snapshot_rollback, ``qmrollback``):
+        the VM is stopped, its config is the snapshot's again (its parent the snapshot); ``start=1``
+        starts it afterwards."""
+        vm = self.vm_on(node, vmid)
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                v = self.vm_alive(vm)
+                snap = v.snapshots.get(name)
+                if snap is None:
+                    raise PveError(500, f"snapshot '{name}' does not exist")
+                self.check_lock(v)
+                await self.task_time("qmrollback")
+                if v.running:
+                    v.running, v.started_at = False, None
+                    self.guests.power_off(vmid)
+                v.config = dict(snap["config"])
+                v.pending, v.pending_delete = {}, []
+                v.parent = name
+                if params.get("start") == "1":
+                    self.apply_cloudinit(v)
+                    v.running, v.started_at = True, time.time()
+                    self.guests.power_on(v)
+
+        return self.spawn(node, "qmrollback", vmid, user, TaskPlan(run), fail)
+
+    # ---- migrate ---------------------------------------------------------------------------------
+    async def migrate(self, node: str, vmid: int, params: dict[str, str], user: str,
+                      fail: str | None = None) -> str:
+        """``POST .../migrate`` (qemu-server API2/Qemu.pm migrate_vm, PVE/QemuMigrate.pm): checks before
+        the task as PVE's migrate_vm (target the local node, unknown node, ``force`` by a token, missing
+        config, a lock, a running VM without ``online``), then a ``qmigrate`` task under ``lock:
+        migrate`` that copies local disks (offline: always; live: only with ``with-local-disks``) and
+        moves the config to the target node. A linked clone's disk on local storage cannot move."""
+        target = params.get("target", "")
+        if target == node:
+            raise param_error({"target": "target is local node."})
+        self.check_node(target)
+        if params.get("force") == "1" and user != "root@pam":
+            raise param_error({"force": "Only root may use this option."})
+        vm = self.vm_on(node, vmid)
+        self.check_lock(vm)
+        online = params.get("online") == "1"
+        if vm.running and not online:
+            raise PveError(500, "can't migrate running VM without --online")
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                v = self.vm_alive(vm)
+                self.check_lock(v)
+                live = v.running
+                if not live and online:
+                    task.warn("VM isn't running. Doing offline migration instead.")
+                task.lines.append(f"starting migration of VM {vmid} to node '{target}' ({storage_ip(self, target)})")
+                local = []
+                for k, val in sorted(v.config.items()):
+                    if not DISK_RE.fullmatch(k):
+                        continue
+                    volid = val.split(",", 1)[0]
+                    if ":" not in volid or volid in ("none", "cdrom"):
+                        continue
+                    try:
+                        shared = self.storage.definition(volid.split(":", 1)[0]).shared
+                    except PveError:
+                        shared = False
+                    if shared:
+                        continue
+                    volname = volid.split(":", 1)[1]
+                    if "/" in volname and volname.startswith("base-"):  # QemuMigrate: linked clone
+                        raise PveError(500, f"can't migrate '{volid}' as it's a clone of '{volname.split('/')[0]}'")
+                    if "media=cdrom" in val and "cloudinit" not in volid:
+                        continue
+                    local.append((k, volid))
+                if live and local and params.get("with-local-disks") != "1":
+                    task.lines.append("ERROR: can't live migrate attached local disks without with-local-disks option")
+                    raise PveError(500, "can't migrate VM - check log")
+                v.config["lock"] = "migrate"
+                try:
+                    for k, volid in local:
+                        task.lines.append(f"found local disk '{volid}' (attached)")
+                    if local:
+                        task.lines.append("copying local disk images")
+                    await self.task_time("qmigrate")
+                    self.vm_alive(v)
+                finally:
+                    v.config.pop("lock", None)
+                v.node = target  # the config file is renamed into the target node's directory
+                task.lines.append(f"migration finished successfully (duration 00:00:0{int(self.duration('qmigrate')) % 10})")
+
+        return self.spawn(node, "qmigrate", vmid, user, TaskPlan(run), fail)
+
     # ---- persistence -----------------------------------------------------------------------------
     def dump(self) -> dict:
         """The state file: VMs (with the cloud-init keys of their last regeneration, PVE's
@@ -1008,6 +1613,8 @@ class Cluster:
         def vm_entry(vm: VM) -> dict:
             d = vm.to_json()
             d["ci_applied"] = vm.ci_applied
+            if vm.snapshots:
+                d["snapshots"], d["parent"] = vm.snapshots, vm.parent
             d["ci_drive"] = None if vm.ci_drive is None else {
                 k: base64.b64encode(v).decode() for k, v in vm.ci_drive.items()}
             return d
@@ -1024,6 +1631,10 @@ class Cluster:
                     time.time() if d.get("running") else None)
             if d.get("ci_applied") is not None:
                 vm.ci_applied = dict(d["ci_applied"])
+            vm.pending = dict(d.get("pending") or {})
+            vm.pending_delete = list(d.get("pending_delete") or [])
+            vm.snapshots = dict(d.get("snapshots") or {})
+            vm.parent = d.get("parent")
             if d.get("ci_drive") is not None:
                 vm.ci_drive = {k: base64.b64decode(v) for k, v in d["ci_drive"].items()}
             vms.append(vm)

@@ -196,10 +196,87 @@ def _fmt_ipconfig(v: str, path: str) -> None:
 _PATH_FORMATS = {"pve-qm-ipconfig": _fmt_ipconfig}
 
 
+def parse_boolean(v: str) -> str | None:
+    """pve-common JSONSchema.pm parse_boolean: 1/on/yes/true, 0/off/no/false (any case)."""
+    if re.fullmatch(r"1|on|yes|true", v, re.I):
+        return "1"
+    if re.fullmatch(r"0|off|no|false", v, re.I):
+        return "0"
+    return None
+
+
+def parse_property_string(fmt: dict, data: str, path: str) -> dict[str, str]:
+    """pve-common PVE/JSONSchema.pm parse_property_string of a hash format (no additional
+    properties): ``key=value`` parts (``alias``/``keyAlias`` remapped: ``virtio=<mac>`` is
+    ``model=virtio,macaddr=<mac>``), one value without a key for the ``default_key``; then
+    check_object of the result — errors raised as ``format error`` + one ``<path>.<key>: <msg>`` line
+    each (as PVE::Exception stringifies them)."""
+    res: dict[str, str] = {}
+    default_key = None
+    for part in data.split(","):
+        if not part.strip():
+            continue
+        m = re.fullmatch(r"([^=]+)=(.+)", part, re.S)
+        if m:
+            k, v = m.group(1), m.group(2)
+            if k in res:
+                raise ValueError(f"duplicate key in comma-separated list property: {k}\n")
+            sch = fmt.get(k)
+            if isinstance(sch, dict) and sch.get("alias"):
+                if sch.get("keyAlias"):
+                    ka = sch["keyAlias"]
+                    if ka in res:
+                        raise ValueError(f"key alias '{ka}' is already defined\n")
+                    res[ka] = k
+                k = sch["alias"]
+                sch = fmt.get(k)
+                if k in res:
+                    raise ValueError(f"key '{k}' is already defined (via alias)\n")
+            if not isinstance(sch, dict):
+                raise ValueError(f"invalid key in comma-separated list property: {k}\n")
+            if sch.get("type") == "boolean":
+                v = parse_boolean(v) or v
+            res[k] = v
+        elif "=" not in part:
+            if default_key:
+                raise ValueError(f"duplicate key in comma-separated list property: {default_key}\n")
+            default_key = next((k for k, sch in fmt.items() if isinstance(sch, dict) and sch.get("default_key")), None)
+            if default_key is None:
+                raise ValueError("value without key, but schema does not define a default key\n")
+            if default_key in res:
+                raise ValueError(f"duplicate key in comma-separated list property: {default_key}\n")
+            sch = fmt[default_key]
+            res[default_key] = (parse_boolean(part) or part) if sch.get("type") == "boolean" else part
+        else:
+            raise ValueError("missing key in comma-separated list property\n")
+    errs = []
+    for k, sch in sorted(fmt.items()):
+        if not isinstance(sch, dict) or sch.get("alias"):
+            continue
+        msg = check_prop(res.get(k), sch, f"{path}.{k}")
+        if msg is not None:
+            errs.append(f"{path}.{k}: {msg}\n")
+    if errs:
+        raise ValueError("format error\n" + "".join(errs))
+    return res
+
+
+def _fmt_mac(v: str) -> None:
+    # pve-common JSONSchema.pm pve_verify_mac_addr (the I/G bit must be clear)
+    if not re.fullmatch(r"[a-f0-9][02468ace](?::[a-f0-9]{2}){5}", v, re.I):
+        raise ValueError("value does not look like a valid unicast MAC address\n")
+
+
+_FORMATS["mac-addr"] = _fmt_mac
+
+
 def check_format(fmt: Any, value: str, path: str = "") -> None:
     """PVE::JSONSchema::check_format for the formats the simulator knows; raises ValueError(msg)."""
+    if isinstance(fmt, dict):
+        parse_property_string(fmt, value, path)
+        return
     if not isinstance(fmt, str):
-        return  # property-string formats (hash) are accepted as-is
+        return
     if fmt in _PATH_FORMATS:
         _PATH_FORMATS[fmt](value, path)
         return
@@ -216,6 +293,16 @@ def check_format(fmt: Any, value: str, path: str = "") -> None:
             fn(value)
     else:
         fn(value)
+
+
+@functools.lru_cache(maxsize=None)
+def perl_re(pattern: str) -> "re.Pattern[str]":
+    """A schema ``pattern`` as PVE::JSONSchema matches it (``$value =~ m/^$pattern$/``, Perl). The
+    shipped schema serialises compiled Perl regexes: ``(?^:…)`` is a group with the default flags and
+    ``(?^i:…)`` one with ``i`` — Python's ``(?:…)`` / ``(?i:…)`` (19 parameters carry them; ``re``
+    cannot compile them as they are)."""
+    py = re.sub(r"\(\?\^([a-z]*):", lambda m: f"(?{m.group(1)}:" if m.group(1) else "(?:", pattern)
+    return re.compile(py)
 
 
 def _num(v: Any) -> float:
@@ -253,7 +340,7 @@ def check_prop(value: str | None, schema: dict, path: str = "") -> str | None:
         except ValueError as e:
             return f"invalid format - {e}"
     pattern = schema.get("pattern")
-    if pattern and not re.fullmatch(pattern, value):
+    if pattern and not perl_re(pattern).fullmatch(value):
         return "value does not match the regex pattern"
     if schema.get("maxLength") is not None and len(value) > int(schema["maxLength"]):
         return f"value may only be {schema['maxLength']} characters long"
@@ -279,6 +366,7 @@ class Endpoint:
     properties: dict[str, dict]
     additional: bool
     indexed: list[tuple[re.Pattern, str, dict]] = field(default_factory=list)
+    permissions: dict | None = None  # the method's ``permissions`` (checked by z9.sim.permissions)
 
     def lookup(self, name: str) -> dict | None:
         if name in self.properties:
@@ -354,7 +442,7 @@ class PveSchema:
         for method, info in (node.get("info") or {}).items():
             params = info.get("parameters") or {}
             props = dict(params.get("properties") or {})
-            ep = Endpoint(method, path, props, bool(params.get("additionalProperties")))
+            ep = Endpoint(method, path, props, bool(params.get("additionalProperties")), permissions=info.get("permissions"))
             for name, schema in list(props.items()):
                 m = re.fullmatch(r"([a-z0-9_-]+)\[n\]", name)
                 if m:

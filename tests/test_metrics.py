@@ -582,14 +582,17 @@ def test_every_proxmox_endpoint_has_pre_created_series() -> None:
 # ---------------------------------------------------------------------------------- outcomes
 
 async def test_retries_task_failures_and_proxmox_statuses_are_counted(stack: Stack, sim: SimAdmin) -> None:
+    # a 500 that is an answer about the clone (not "not performed": the call is not tried again
+    # within the step) ends attempt 1; the failed start task ends attempt 2, which got steps done
+    # and is given back (counted as a retry all the same): the job succeeds on attempt 2
     await sim.fault(method="POST", path=r"/clone$", action="error", status=500,
-                    reason="can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout", times=1)
+                    reason="simulated busy node", times=1)
     await sim.fault(method="POST", path=r"/status/start$", action="fail_task",
                     exitstatus="start failed: QEMU exited with code 1", times=1)
     before = local()
     _, job = await stack.create_server("m-7")
     done = await stack.wait_job(job["id"])
-    assert done["status"] == "succeeded" and done["attempt"] == 3, done
+    assert done["status"] == "succeeded" and done["attempt"] == 2, done
     after = await settled("z9_job_attempts_total", before, kind="ServerCreate", region=REGION,
                           outcome="succeeded", error_class="none")
     create = {"kind": "ServerCreate", "region": REGION}

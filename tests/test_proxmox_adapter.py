@@ -8,7 +8,7 @@ import pytest
 
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.settings import RegionSettings
-from z9.executor.proxmox import OutcomeUnknown, ProxmoxClient, TaskFailed, Upid, VmidTaken, VmLocked
+from z9.executor.proxmox import CALL_TRIES, OutcomeUnknown, ProxmoxClient, TaskFailed, Upid, VmidTaken, VmLocked
 
 from tests.support import SimAdmin
 
@@ -105,9 +105,31 @@ async def test_errors_are_translated(sim: SimAdmin) -> None:
     assert await pve.vm_state("pve2", 9000) is None  # config not on that node
     with pytest.raises(PermanentError):  # schema: 400 Parameter verification failed
         await pve.configure("pve1", 100, {"tags": "Bad Tag!"}, digest=None)
+    # a passing 596 (pveproxy lost the node) is tried again within the call; one that lasts is
+    # a TemporaryError after CALL_TRIES tries
     await sim.fault(method="GET", path=r"^/cluster/nextid$", action="error", status=596, reason="Broken pipe")
+    assert await pve.next_id() >= 100
+    await sim.fault(method="GET", path=r"^/cluster/nextid$", action="error", status=596, reason="Broken pipe",
+                    times=CALL_TRIES)
     with pytest.raises(TemporaryError):
         await pve.next_id()
+
+
+async def test_a_mutation_is_tried_again_only_when_pve_did_not_perform_it(sim: SimAdmin) -> None:
+    """503 / a flock timeout: PVE did nothing, the call is sent again (bounded); a generic 500 on
+    a mutation is an answer about the request (not sent again)."""
+    sim.allow_rejections = True
+    pve = _client(sim)
+    await sim.fault(method="POST", path=r"/qemu/100/config$", action="error", status=503, reason="Service Unavailable")
+    await sim.fault(method="POST", path=r"/qemu/100/config$", action="error", status=500,
+                    reason="can't lock file '/var/lock/qemu-server/lock-100.conf' - got timeout")
+    assert (await pve.configure("pve1", 100, {"description": "x"}, digest=None)).startswith("UPID:")
+    await sim.fault(method="POST", path=r"/qemu/100/config$", action="error", status=500, reason="something broke")
+    with pytest.raises(TemporaryError, match="something broke"):
+        await pve.configure("pve1", 100, {"description": "y"}, digest=None)
+    posts = [r for r in (await sim.counters())["requests"]
+             if r["method"] == "POST" and r["path"] == "/nodes/{node}/qemu/{vmid}/config"]
+    assert sum(r["count"] for r in posts) == 4  # 503, flock timeout, the one performed, the 500
 
 
 async def test_dropped_response_is_outcome_unknown_while_the_action_happened(sim: SimAdmin) -> None:

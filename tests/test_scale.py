@@ -21,7 +21,7 @@ from z9.common.errors import TemporaryError
 from z9.common.settings import Settings
 from z9.common.tags import identity_tag
 from z9.executor import vms
-from z9.executor.proxmox import VMID_LANES, ProxmoxClient
+from z9.executor.proxmox import CALL_TRIES, VMID_LANES, ProxmoxClient
 
 from tests.support import REGION, SimAdmin, Stack
 
@@ -58,8 +58,9 @@ async def test_concurrent_lookups_share_one_listing_until_it_expires(settings: S
 async def test_a_failed_listing_fails_every_waiter_and_is_not_kept(settings: Settings, sim: SimAdmin) -> None:
     pve = _client(settings, 30.0)
     try:
+        # a read is tried again within the call (proxmox.CALL_TRIES): a listing that fails every try
         await sim.fault(method="GET", path=r"^/cluster/resources$", action="error", status=500,
-                        reason="proxy loop", times=1)
+                        reason="proxy loop", times=CALL_TRIES)
         results = await asyncio.gather(*(pve.list_vms() for _ in range(4)), return_exceptions=True)
         assert all(isinstance(r, TemporaryError) for r in results), results
         assert [v.vmid for v in await pve.list_vms() if not v.template] == [100]  # listed again

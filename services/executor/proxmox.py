@@ -10,13 +10,15 @@ call runs in a thread of this client's own pool. Every foreign error (proxmoxer'
 - 595/596/502/503/504, config flock timeouts
   (``can't lock file … - got timeout``), ``checksum mismatch`` → :class:`TemporaryError`
 - ``VM is locked (<lock>)`` → :class:`VmLocked` (a :class:`Snooze`: waiting on the world)
+- ``can't clone VM to node '…' (VM uses local storage)`` → :class:`CloneNeedsSharedStorage`
 - ``Configuration file '…' does not exist`` → :class:`VmMissing`
 - ``… already exists`` on create/clone → :class:`VmidTaken`
 - 400 ``Parameter verification failed.`` and 501 → :class:`PermanentError`
 - anything else → :class:`TemporaryError` (retries are safe: every step is idempotent)
 
 Tasks: mutations return a UPID at once; :meth:`ProxmoxClient.wait_task` polls the UPID's node
-about once a second until the task has stopped, tolerating a few ``no such task`` answers and
+— first after about as long as that type of task took lately (at least ``task_poll_s``), then
+about once a second — until the task has stopped, tolerating a few ``no such task`` answers and
 read timeouts, and judges ``exitstatus`` (``OK`` and ``WARNINGS: n`` are success).
 """
 from __future__ import annotations
@@ -60,7 +62,8 @@ ENDPOINTS = (
     "POST /nodes/{node}/qemu/{vmid}/clone", "POST /nodes/{node}/qemu/{vmid}/config",
     "PUT /nodes/{node}/qemu/{vmid}/resize", "POST /nodes/{node}/qemu/{vmid}/status/start",
     "POST /nodes/{node}/qemu/{vmid}/status/shutdown", "POST /nodes/{node}/qemu/{vmid}/status/stop",
-    "POST /nodes/{node}/qemu/{vmid}/status/reboot",
+    "POST /nodes/{node}/qemu/{vmid}/status/reboot", "POST /nodes/{node}/qemu/{vmid}/migrate",
+    "GET /nodes/{node}/qemu/{vmid}/pending",
     "DELETE /nodes/{node}/qemu/{vmid}",
     "GET /cluster/firewall/options", "GET /nodes/{node}/qemu/{vmid}/firewall/options",
     "PUT /nodes/{node}/qemu/{vmid}/firewall/options", "POST /nodes/{node}/qemu/{vmid}/firewall/ipset",
@@ -99,6 +102,12 @@ class EntryExists(PermanentError):
 
 class EntryMissing(PermanentError):
     """``no such IPSet '<name>'`` (500) or ``no such IP/Network`` (400): it is not there."""
+
+
+class CloneNeedsSharedStorage(PermanentError):
+    """``can't clone VM to node '…' (VM uses local storage)``: PVE refuses a clone with ``target=``
+    another node for a source with a volume on a storage that is not shared — before any task
+    (qemu-server API2/Qemu.pm clone_vm). Clone on the source's node, then migrate."""
 
 
 class VmLocked(Snooze):
@@ -337,6 +346,9 @@ class ClusterView:
             self.seen[vmid] = _Seen(at, node, state_tags, name, template)
 
 
+#: the longest wait before a task's first status poll (seconds)
+FIRST_POLL_MAX_S = 5.0
+
 #: vmids are handed out per process in lanes (vmid mod VMID_LANES), see ProxmoxClient.pick_vmid.
 VMID_LANES = 32
 VMID_ASKED_TTL_S = 300.0
@@ -346,6 +358,7 @@ VMID_MAX = 999_999_999
 _LOCK_TIMEOUT = re.compile(r"can't lock file '[^']*' - got timeout")
 _VM_LOCKED = re.compile(r"VM is locked \((?P<lock>[a-z-]+)\)")
 _MISSING = re.compile(r"Configuration file '[^']*' does not exist")
+_LOCAL_CLONE = re.compile(r"can't clone VM to node '[^']*' \(VM uses local storage\)")
 _TAKEN = re.compile(r"already exists")
 _IPSET_EXISTS = re.compile(r"(address '[^']*'|IPSet '[^']*') already exists")
 _IPSET_MISSING = re.compile(r"no such IPSet '[^']*'|no such IP/Network")
@@ -365,6 +378,8 @@ def translate(exc: BaseException, what: str) -> Exception:
         m = _VM_LOCKED.search(reason)
         if m:
             return VmLocked(msg)
+        if _LOCAL_CLONE.search(reason):
+            return CloneNeedsSharedStorage(msg)
         if _LOCK_TIMEOUT.search(reason):
             return TemporaryError(msg)
         if status in (400, 500) and _IPSET_EXISTS.search(msg):
@@ -389,6 +404,38 @@ def translate(exc: BaseException, what: str) -> Exception:
     if isinstance(exc, requests.RequestException):
         return TemporaryError(f"{what}: {exc.__class__.__name__}: {exc}")
     return TemporaryError(f"{what}: unexpected {exc.__class__.__name__}: {exc}")
+
+
+#: how often one Proxmox call is tried when it fails transiently (not performed), and the backoff
+CALL_TRIES = 4
+CALL_BACKOFF_S = 0.25
+CALL_BACKOFF_CAP_S = 2.0
+#: called (no arguments) while a call waits to be tried again: the running job's lease keeper
+ON_RETRY: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("z9_proxmox_on_retry",
+                                                                                     default=None)
+_NOT_PERFORMED = (502, 503, 504, 595, 596)
+
+
+def retryable(err: TemporaryError, method: str) -> bool:
+    """Whether a call that raised ``err`` may be sent again at once: PVE (or pveproxy in front
+    of it) answered that it did not do it — 502/503/504, 595/596 (no connection to the node), a
+    config flock not had (``can't lock file … - got timeout``: the worker did nothing) — or the
+    call is a read (a read sent twice does no harm, whatever happened to the first). A mutation
+    without an answer (:class:`OutcomeUnknown`) is never sent again here: the step that sent it
+    decides (a clone's ledger, a task's UPID)."""
+    if isinstance(err, (VmLocked, AgentUnavailable, VmMissing, VmidTaken, EntryExists, EntryMissing)):
+        return False
+    cause = err.__cause__
+    if isinstance(cause, ResourceException):
+        if cause.status_code in _NOT_PERFORMED:
+            return True
+        if _LOCK_TIMEOUT.search(str(cause.content or cause.status_message or "")):
+            return True
+        return method == "GET" and cause.status_code >= 500 and not _AGENT_DOWN.search(str(cause.content or ""))
+    return method == "GET"  # a transport error or timeout of a read
+
+
+_AGENT_DOWN = re.compile(r"agent is not running|No QEMU guest agent configured|is not running|No such file")
 
 
 def _bool(v: bool) -> int:
@@ -424,6 +471,11 @@ class ProxmoxClient:
                                 settings.resources_snapshot_create_s)
         self._vmid_lane = random.SystemRandom().randrange(VMID_LANES)
         self._vmids_asked: dict[int, float] = {}
+        # how long each type of task took lately (seconds; the first poll of the next one waits so long)
+        self._task_s: dict[str, float] = {}
+        # templates PVE refused to clone to another node ("VM uses local storage"): cloned on their
+        # own node and migrated since (a process-long fact: a template's disks do not move)
+        self.local_templates: set[int] = set()
 
     def close(self) -> None:
         """Stop the client's threads (requests in flight finish in the background)."""
@@ -431,6 +483,30 @@ class ProxmoxClient:
 
     async def _call(self, endpoint: str, what: str, fn: Callable[[], Any],
                     answers: tuple[type[Exception], ...] = ()) -> Any:
+        """:meth:`_call_once`, tried again (at most :data:`CALL_TRIES` times, with backoff) when
+        it failed transiently in a way that says the request was not performed (see
+        :func:`retryable`): a step is not ended — and an attempt not spent — by a passing 503 or
+        flock timeout. While it waits, the job's progress hook (:data:`ON_RETRY`) keeps its lease."""
+        method = endpoint.partition(" ")[0]
+        delay = CALL_BACKOFF_S
+        for tries_left in range(CALL_TRIES - 1, -1, -1):
+            try:
+                return await self._call_once(endpoint, what, fn, answers)
+            except TemporaryError as e:
+                if tries_left == 0 or not retryable(e, method):
+                    raise
+                log.info("%s: %s; trying again in %.2fs (%d more)", what, e, delay, tries_left)
+                hook = ON_RETRY.get()
+                if hook is not None:
+                    hook()
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                if hook is not None:
+                    hook()
+                delay = min(delay * 2, CALL_BACKOFF_CAP_S)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _call_once(self, endpoint: str, what: str, fn: Callable[[], Any],
+                         answers: tuple[type[Exception], ...] = ()) -> Any:
         """Run one proxmoxer call in this client's thread pool; translate its errors.
         ``endpoint`` is ``"METHOD /path/template"`` (one of :data:`ENDPOINTS`; logs, the
         ``z9_proxmox_request*`` metrics and the call's span name). ``answers``: translated errors
@@ -501,16 +577,21 @@ class ProxmoxClient:
         (and minus those it read without it). Callers confirm each one by its own config."""
         return (await self.snapshot(not_before=not_before)).tagged(tag.lower())
 
-    async def vm_state(self, node: str, vmid: int) -> VmState | None:
+    async def vm_state(self, node: str, vmid: int, *, status: bool = True) -> VmState | None:
         """Config and power status of VM ``vmid`` on ``node``; None when its config does not
-        exist there. What it saw is laid over the shared snapshot (:meth:`ClusterView.saw`)."""
+        exist there. What it saw is laid over the shared snapshot (:meth:`ClusterView.saw`).
+        ``status=False``: the config only (one request; ``status`` reads ``unknown``) — for a
+        caller that needs nothing of the power state (a template, a VM it just cloned)."""
         started = time.monotonic()
         try:
             cfg = await self._call("GET /nodes/{node}/qemu/{vmid}/config", f"read config of VM {vmid}",
                                    lambda: self._api.nodes(node).qemu(vmid).config.get(), answers=(VmMissing,))
-            st = await self._call("GET /nodes/{node}/qemu/{vmid}/status/current",
-                                  f"read status of VM {vmid}",
-                                  lambda: self._api.nodes(node).qemu(vmid).status.current.get(), answers=(VmMissing,))
+            st = None
+            if status:
+                st = await self._call("GET /nodes/{node}/qemu/{vmid}/status/current",
+                                      f"read status of VM {vmid}",
+                                      lambda: self._api.nodes(node).qemu(vmid).status.current.get(),
+                                      answers=(VmMissing,))
         except VmMissing:
             self.view.saw(vmid, node, None, started)
             return None
@@ -521,6 +602,25 @@ class ProxmoxClient:
         self.view.saw(vmid, node, state.tags, started, name=cfg.get("name"),
                       template=str(cfg.get("template", "0")) == "1")
         return state
+
+    async def vm_status(self, node: str, vmid: int) -> dict[str, Any] | None:
+        """``status/current`` of VM ``vmid`` on ``node`` (``status``, ``uptime``, ``lock``…); None
+        when its config does not exist there."""
+        try:
+            return dict(await self._call("GET /nodes/{node}/qemu/{vmid}/status/current", f"read status of VM {vmid}",
+                                         lambda: self._api.nodes(node).qemu(vmid).status.current.get(),
+                                         answers=(VmMissing,)) or {})
+        except VmMissing:
+            return None
+
+    async def pending(self, node: str, vmid: int) -> dict[str, Any]:
+        """``GET …/pending``: the keys of VM ``vmid`` whose change waits for its next start (a
+        running VM takes live only what is hot-pluggable: QemuServer.pm vmconfig_hotplug_pending)
+        → ``{key: pending value}`` (a pending delete: None)."""
+        rows = await self._call("GET /nodes/{node}/qemu/{vmid}/pending", f"read pending changes of VM {vmid}",
+                                lambda: self._api.nodes(node).qemu(vmid).pending.get())
+        return {str(r["key"]): (None if r.get("delete") else r.get("pending"))
+                for r in rows or [] if "pending" in r or r.get("delete")}
 
     async def next_id(self) -> int:
         """``GET /cluster/nextid``: the lowest free vmid ≥ 100 (a string on the wire; reserves
@@ -590,6 +690,14 @@ class ProxmoxClient:
             lambda: self._api.nodes(node).qemu(template_vmid).clone.post(
                 newid=newid, name=name, description=description, full=_bool(True),
                 **({"target": target} if target and target != node else {})))
+
+    async def migrate(self, node: str, vmid: int, target: str) -> str:
+        """``POST …/migrate`` of a stopped VM to ``target`` (offline; its local disks are copied,
+        ``with-local-disks=1``) → the ``qmigrate`` UPID; the config is on ``target`` once the task
+        ended OK (qemu-server API2/Qemu.pm migrate_vm, PVE/QemuMigrate.pm)."""
+        return await self._call("POST /nodes/{node}/qemu/{vmid}/migrate", f"migrate VM {vmid} to {target}",
+                                lambda: self._api.nodes(node).qemu(vmid).migrate.post(
+                                    target=target, **{"with-local-disks": _bool(True)}))
 
     async def configure(self, node: str, vmid: int, params: dict[str, Any], *, digest: str | None) -> str:
         """``POST …/config`` (asynchronous: returns a ``qmconfig`` UPID). ``digest`` makes the write
@@ -863,8 +971,16 @@ class ProxmoxClient:
         """The polling loop of :meth:`wait_task`; sets ``wait.outcome`` on a failed task or the
         deadline."""
         upid = up.raw
-        deadline = time.monotonic() + deadline_s
+        t0 = time.monotonic()
+        deadline = t0 + deadline_s
         unknown = 0
+        # The first poll waits about as long as this type of task took lately (at least poll_s, at
+        # most FIRST_POLL_MAX_S so the lease is renewed in time): a 1 s clone is asked for once,
+        # not at once and then again (a poll right after the POST only ever said "running" or
+        # "no such task").
+        first = min(FIRST_POLL_MAX_S, max(poll_s, self._task_s.get(up.type, 0.0)))
+        await asyncio.sleep(first)
+        seen_running = False
         while True:
             try:
                 st = await self.task_status(up.node, upid)
@@ -880,12 +996,19 @@ class ProxmoxClient:
                 log.info("task %s: status unknown (%s); polling again", upid, e)
                 st = None
             if st and st.get("status") == "stopped":
+                # learn: a task seen running took about this long; one done at the first poll
+                # may have taken less (probe a shorter first wait next time)
+                prev = self._task_s.get(up.type, 0.0)
+                took = time.monotonic() - t0 if seen_running else 0.8 * prev
+                self._task_s[up.type] = took if not prev else 0.7 * prev + 0.3 * took
                 exitstatus = str(st.get("exitstatus") or "unexpected status")
                 if exitstatus == "OK" or exitstatus.startswith("WARNINGS:"):
                     return exitstatus
                 wait.outcome = "failed"
                 tail = await self.task_log_tail(up.node, upid)
                 raise task_failure(upid, up.type, exitstatus, tail)
+            if st:
+                seen_running = True
             if st and on_poll is not None:  # progress only when the node answered for the task
                 await on_poll()
             if time.monotonic() >= deadline:

@@ -8,7 +8,10 @@ Outcomes (architecture §2, §4):
   attempt given back — until ``snooze_limit_s`` seconds have passed since the job's first
   snooze (kept in its memo); past that, a snooze counts as a temporary error.
 - :class:`TemporaryError` (or any unexpected exception) → ``retry`` with exponential backoff;
-  the resource keeps its status. Out of attempts → ``failed`` and the resource carries it.
+  the resource keeps its status. Out of attempts → ``failed`` and the resource carries it. An
+  attempt that got a step done is given back (bounded, ``progress_refunds`` in the memo).
+- the job's row locked by another session past ``lock_timeout`` → waited for, then ``retry``
+  with the attempt given back (a warning, no traceback).
 - :class:`PermanentError` → ``failed`` at once; the resource carries the reason.
 - :class:`LeaseLost` → the job belongs to another worker now: stop and write nothing.
 """
@@ -22,13 +25,17 @@ from typing import Any
 
 from z9.common import metrics, store, tracing
 from z9.common.backoff import backoff_delay_s
-from z9.common.db import TRANSIENT_DB_ERRORS
-from z9.common.errors import (Cancelled, GuardRefusal, InternalError, JobError, LeaseLost, PermanentError, Snooze,
-                              TemporaryError)
+from z9.common.db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS
+from z9.common.errors import (Cancelled, GuardRefusal, InternalError, JobError, LeaseLost, LockWaitTimeout,
+                              PermanentError, Snooze, TemporaryError)
 from z9.common.logs import job_fields
 from z9.common.models import utc_now_iso
 
 from .context import JobContext
+from .proxmox import ON_RETRY
+
+#: a write of the job's row gave up waiting for a lock another session holds
+ROW_LOCKED: tuple[type[BaseException], ...] = (LockWaitTimeout, *LOCK_WAIT_ERRORS)
 
 log = logging.getLogger("z9.executor")
 
@@ -55,6 +62,7 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
     (``TRANSIENT_DB_ERRORS``: the lease then expires and the scheduler hands the job on)."""
     job = ctx.job
     extra = job_fields(job)
+    ON_RETRY.set(ctx.touch)  # a Proxmox call tried again keeps this job's lease (proxmox._call)
     try:
         try:
             await ctx.check_superseded()
@@ -78,7 +86,7 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
             await ctx.check_superseded()  # … and before verify: a superseded job records nothing
             with metrics.phase(job, "verify"), tracing.span("verify", {"z9.phase": "verify"}):
                 observed = await kind.verify(ctx)
-        except (JobError, LeaseLost, asyncio.CancelledError, *TRANSIENT_DB_ERRORS):
+        except (JobError, LeaseLost, asyncio.CancelledError, *TRANSIENT_DB_ERRORS, *ROW_LOCKED):
             raise
         except Exception as exc:  # a bug or an untranslated error: retrying is safe, say so loudly
             log.exception("job %s: unexpected error", job.id, extra=extra)
@@ -96,6 +104,13 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
     except LeaseLost as exc:
         log.warning("job %s: %s; abandoning it", job.id, exc, extra=extra)
         return _ended(ctx, "lost", "lease_lost")
+    except ROW_LOCKED as exc:
+        # Another session holds the job's row (an operator's transaction, a frozen API request):
+        # waiting on it is no failure of the job — no attempt, no traceback.
+        ctx.mark_running_step_failed()
+        log.warning("job %s: its row is locked by another session (%s); waiting for it, no attempt spent",
+                    job.id, exc, extra=extra)
+        return await _wait_row_then_retry(ctx, exc, extra=extra)
     except Snooze as exc:
         ctx.mark_running_step_failed()
         tracing.record_error(exc)
@@ -120,6 +135,21 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
         return await _finish_temporary(ctx, kind, exc, extra=extra)
 
 
+async def _wait_row_then_retry(ctx: JobContext, exc: BaseException, *, extra: dict[str, Any]) -> str:
+    """Give the attempt back (``retry`` due now) once the job's row can be written again: each try
+    waits the connection's ``lock_timeout``, then a pause growing to 5 s. The lease may run out
+    meanwhile: then the job is another worker's (lost), as on any expiry."""
+    pause = 0.2
+    while True:
+        try:
+            return await _finish_retry(ctx, TemporaryError(f"waited for the job's row: {exc}"), 0.0,
+                                       refund=True, extra=extra)
+        except ROW_LOCKED as again:
+            log.info("job %s: its row is still locked (%s); waiting %.1fs", ctx.job.id, again, pause, extra=extra)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)
+
+
 async def _snoozed_for(ctx: JobContext) -> float:
     """Seconds this job has been waiting on the world (first snooze kept in its memo)."""
     since = ctx.memo.get("snoozed_since")
@@ -130,8 +160,25 @@ async def _snoozed_for(ctx: JobContext) -> float:
 
 
 async def _finish_temporary(ctx: JobContext, kind: Any, exc: TemporaryError, *, extra: dict[str, Any]) -> str:
-    """Retry with backoff, or fail when this was the last attempt."""
+    """Retry with backoff, or fail when this was the last attempt. An attempt that made progress
+    (a step done) is given back — the next one goes on from there, after the first backoff — up to
+    ``max_attempts`` such times per job (kept in its memo), so a job that makes many steps (an
+    lb-ha, a cluster) is not failed by passing faults spread over them; one that makes none is
+    spent as before."""
     job = ctx.job
+    done = sum(1 for s in ctx.steps if s.state == "done")
+    refunds = int(ctx.memo.get("progress_refunds", 0))
+    if done and refunds < job.max_attempts:
+        try:
+            await ctx.remember(progress_refunds=refunds + 1)
+        except LeaseLost as lost:
+            log.warning("job %s: %s; abandoning it", job.id, lost, extra=extra)
+            return _ended(ctx, "lost", "lease_lost")
+        delay = backoff_delay_s(1, base_s=ctx.settings.backoff_base_s, cap_s=ctx.settings.backoff_cap_s,
+                                jitter=ctx.settings.backoff_jitter)
+        log.info("job %s: attempt %d made progress (%d steps done): given back", job.id, job.attempt, done,
+                 extra=extra)
+        return await _finish_retry(ctx, exc, delay, refund=True, extra=extra, outcome="retry")
     if job.attempt >= job.max_attempts:
         err = _error(exc)
         err["message"] = f"out of attempts ({job.max_attempts}): {err['message']}"
@@ -142,7 +189,10 @@ async def _finish_temporary(ctx: JobContext, kind: Any, exc: TemporaryError, *, 
 
 
 async def _finish_retry(ctx: JobContext, exc: BaseException, delay_s: float, *, refund: bool,
-                        extra: dict[str, Any]) -> str:
+                        extra: dict[str, Any], outcome: str | None = None) -> str:
+    """``retry`` after ``delay_s``; ``refund`` gives the attempt back. The attempt's outcome is
+    ``snoozed`` for a refund (waiting on the world), ``retry`` otherwise — or ``outcome`` (an
+    attempt that made progress is given back but counted as the retry it was)."""
     ctx.finished = True
     try:
         await store.job_retry(ctx.pool, ctx.lease, ctx.steps_json(), _error(exc), delay_s,
@@ -150,9 +200,9 @@ async def _finish_retry(ctx: JobContext, exc: BaseException, delay_s: float, *, 
     except LeaseLost as lost:
         log.warning("job %s: %s; abandoning it", ctx.job.id, lost, extra=extra)
         return _ended(ctx, "lost", "lease_lost")
-    log.warning("job %s: %s in %.1fs: %s", ctx.job.id, "snoozed" if refund else "retry",
-                delay_s, exc, extra=extra)
-    return _ended(ctx, "snoozed", "none") if refund else _ended(ctx, "retry", metrics.error_class(exc))
+    outcome = outcome or ("snoozed" if refund else "retry")
+    log.warning("job %s: %s in %.1fs: %s", ctx.job.id, outcome, delay_s, exc, extra=extra)
+    return _ended(ctx, "snoozed", "none") if outcome == "snoozed" else _ended(ctx, "retry", metrics.error_class(exc))
 
 
 async def _finish_failed(ctx: JobContext, kind: Any, err: dict[str, Any], error_class: str, *,

@@ -31,7 +31,7 @@ import asyncio
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 from urllib.parse import quote
 
@@ -41,7 +41,8 @@ from z9.common.tags import (MEMBER_PREFIX, ROLE_CUSTOMER, customer_vm_tags, form
                             member_tag, normalize_tags, platform_roles)
 
 from .context import JobContext, Step
-from .proxmox import OutcomeUnknown, VmidTaken, VmLocked, VmRef, VmState
+from .proxmox import (CloneNeedsSharedStorage, OutcomeUnknown, TaskFailed, Upid, VmidTaken, VmLocked, VmRef,
+                      VmState)
 
 log = logging.getLogger("z9.executor.vms")
 
@@ -234,6 +235,20 @@ async def find_one_vm(ctx: JobContext, owner: str, member: str = MAIN, *,
     return vms[0] if vms else None
 
 
+async def find_template_on(ctx: JobContext, image: str, node: str) -> VmState | None:
+    """A template named ``image`` whose config is on ``node`` (an operator's one template per node),
+    from the process's snapshot (templates change rarely; each candidate is read on its node), or
+    None — without asking for a newer listing: the caller has a template elsewhere to fall back on."""
+    snap = await ctx.pve.snapshot(for_create=True)
+    for ref in sorted(snap.templates(), key=lambda v: (v.name != image, v.vmid)):
+        if ref.node != node:
+            continue
+        st = await ctx.pve.vm_state(ref.node, ref.vmid, status=False)
+        if st is not None and st.config.get("name") == image and str(st.config.get("template", "0")) == "1":
+            return st
+    return None
+
+
 async def find_template(ctx: JobContext, image: str) -> VmState | None:
     """The template whose config is named ``image`` now. ``/cluster/resources`` has the template
     flag fresh but names from a stats cache that lags (proxmox-api.md): it only orders the
@@ -246,7 +261,7 @@ async def find_template(ctx: JobContext, image: str) -> VmState | None:
     while True:
         refs = sorted(snap.templates(), key=lambda v: (v.name != image, v.vmid))
         for ref in refs:
-            st = await ctx.pve.vm_state(ref.node, ref.vmid)
+            st = await ctx.pve.vm_state(ref.node, ref.vmid, status=False)  # a template's config says it all
             if st is not None and st.config.get("name") == image and str(st.config.get("template", "0")) == "1":
                 return st
         if snap.started >= ctx.claimed_at:
@@ -272,6 +287,10 @@ async def find_own_clones(ctx: JobContext, owner: str, requests: list[store.Clon
         if m.vmid in exclude:
             continue
         st = await ctx.pve.vm_state(m.node, m.vmid)
+        if st is None and m.upid and (src := Upid.parse(m.upid).node) != m.node:
+            # a clone with target=: PVE keeps its "lock: clone" config on the source node (the
+            # UPID's) while it runs and renames it to the target at the end (Qemu.pm clone_vm)
+            st = await ctx.pve.vm_state(src, m.vmid)
         if st is None or any(t.startswith("z9-id-") and t != mine for t in st.tags):
             continue
         if carries_marker(st.config.get("description"), owner, m.member):
@@ -449,6 +468,9 @@ class MemberWorld:
     template_disk_gib: float | None = None
     clone_in_flight_s: float = 0.0  # a clone request without answer may land for this long yet
     ip_filter_ok: bool = True  # the VM's IP filter is as its spec wants (observed only when it wants one)
+    # the VM's config in ``vm`` was read after this attempt's last change of it (or has that change
+    # laid over it): the next step needs no new read of the config
+    fresh: bool = False
 
 
 async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
@@ -551,13 +573,15 @@ def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[S
                                  "inherit it, so z9 does not clone it")
         if world.template_disk_gib is not None:
             check_no_shrink(spec, world.template_disk_gib)
+        move = [Step("migrate", {"target": spec.node})] if spec.node and spec.node != world.template.node else []
         return [Step("clone"), Step("configure"), Step("resize_disk"),
-                *([Step("ip_filter")] if spec.ip_filter else []), Step("start")]
+                *([Step("ip_filter")] if spec.ip_filter else []), *move, Step("start")]
     vm = world.vm
     refuse_platform(spec.owner, vm)
     if vm.lock == "clone":
+        move = [Step("migrate", {"target": spec.node})] if spec.node and spec.node != vm.node else []
         return [Step("wait_clone", {"vmid": vm.vmid}), Step("configure"), Step("resize_disk"),
-                *([Step("ip_filter")] if spec.ip_filter else []), Step("start")]
+                *([Step("ip_filter")] if spec.ip_filter else []), *move, Step("start")]
     refuse_if_locked(vm)
     steps = []
     if config_diff(vm.config, spec.desired_config()) or spec.foreign_keys(vm.config, vm.vmid):
@@ -571,6 +595,8 @@ def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[S
     if spec.ip_filter and not world.ip_filter_ok:
         steps.append(Step("ip_filter"))
     if not vm.running:
+        if spec.node and vm.node != spec.node:  # cloned on the template's node: moved before its first start
+            steps.append(Step("migrate", {"target": spec.node}))
         steps.append(Step("start"))
     return steps
 
@@ -593,6 +619,12 @@ async def apply_member_step(ctx: JobContext, spec: VmSpec, world: MemberWorld, s
             await ctx.fence()
             upid = await ctx.pve.configure(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))
             await ctx.wait_task(step, upid)
+            # what the task wrote, laid over what was read (the digest is stale now): the next
+            # step (the disk size) needs no new read; verify reads the VM again
+            deleted = set(filter(None, diff.get("delete", "").split(",")))
+            cfg = {k: v for k, v in vm.config.items() if k != "digest" and k not in deleted}
+            cfg.update({k: v for k, v in diff.items() if k != "delete"})
+            world.vm = replace(vm, config=cfg, tags=normalize_tags(cfg.get("tags")))
     elif step.name == "resize_disk":
         vm = await _current(ctx, world)
         refuse_if_locked(vm)
@@ -604,6 +636,7 @@ async def apply_member_step(ctx: JobContext, spec: VmSpec, world: MemberWorld, s
             step.detail["disk"] = disk[0]
             await ctx.fence()
             upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], spec.disk_gib)
+            world.fresh = False
             if upid:
                 await ctx.wait_task(step, upid)
     elif step.name == "ip_filter":
@@ -613,8 +646,18 @@ async def apply_member_step(ctx: JobContext, spec: VmSpec, world: MemberWorld, s
         if not await ip_filter_ok(ctx, spec, vm):
             await apply_ip_filter(ctx, spec, vm, step)
         world.ip_filter_ok = True
+    elif step.name == "migrate":
+        vm = await _current(ctx, world, config=False)
+        refuse_if_locked(vm)
+        if spec.node and vm.node != spec.node and not vm.running:
+            # offline migration: PVE copies the local disks and moves the config (QemuMigrate.pm)
+            await ctx.fence()
+            upid = await ctx.pve.migrate(vm.node, vm.vmid, spec.node)
+            world.fresh = False
+            await ctx.wait_task(step, upid)
+            world.vm = replace(vm, node=spec.node)  # the start step reads it there
     elif step.name == "start":
-        vm = await _current(ctx, world)
+        vm = await _current(ctx, world, config=False)
         refuse_if_locked(vm)
         await ensure_running(ctx, step, vm)
     else:
@@ -630,26 +673,54 @@ async def verify_member(ctx: JobContext, spec: VmSpec) -> VmState:
     return world.vm
 
 
-async def _current(ctx: JobContext, world: MemberWorld) -> VmState:
-    """Re-read the member's VM (the previous step changed it)."""
-    if world.vm is None:
+async def _current(ctx: JobContext, world: MemberWorld, *, config: bool = True) -> VmState:
+    """The member's VM as the next step needs it. ``config``: its config, read again unless this
+    attempt read it after its last change (``world.fresh``: a clone just read, a configure laid
+    over); else (a start, a migration) its power state and lock only, from ``status/current``
+    (one request; ``lock`` is there too)."""
+    vm = world.vm
+    if vm is None:
         raise TemporaryError("no VM to act on yet")
-    st = await ctx.pve.vm_state(world.vm.node, world.vm.vmid)
-    if st is None:
-        raise TemporaryError(f"VM {world.vm.vmid} disappeared from {world.vm.node}")
-    world.vm = st
-    return st
+    if config:
+        if world.fresh:
+            return vm
+        st = await ctx.pve.vm_state(vm.node, vm.vmid, status=False)
+        if st is None:
+            raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
+        world.vm, world.fresh = replace(st, status=vm.status, uptime_s=vm.uptime_s), True
+        return world.vm
+    cur = await ctx.pve.vm_status(vm.node, vm.vmid)
+    if cur is None:
+        raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
+    cfg = {k: v for k, v in vm.config.items() if k != "lock"}
+    if cur.get("lock"):
+        cfg["lock"] = cur["lock"]
+    up = cur.get("uptime")
+    world.vm = replace(vm, config=cfg, status=str(cur.get("status", "unknown")),
+                       uptime_s=int(up) if up is not None else None)
+    return world.vm
 
 
 async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
     """The clone ladder: pick a vmid, record the request, POST, record the answer, wait."""
     tpl = world.template
     assert tpl is not None
+    if spec.node and spec.node != tpl.node:
+        # one template per node (an operator's choice): clone the one on the member's node
+        there = await find_template_on(ctx, spec.image, spec.node)
+        if there is not None:
+            tpl = VmRef(vmid=there.vmid, node=there.node, name=spec.image, status=there.status, tags=there.tags,
+                        lock=there.lock, template=True)
     for _ in range(CLONE_TRIES):
         # nextid hands every parallel create the same lowest free id (it reserves nothing): each
         # process picks in its own lane above it, never an id it asked for moments ago.
         newid = await ctx.pve.pick_vmid()
-        node = spec.node or tpl.node  # where the clone lands (its config lives there from the start)
+        # where the clone lands: the member's node straight away when the template's volumes are
+        # on shared storage; a template PVE refused so ("VM uses local storage") is cloned on its
+        # own node and the migrate step moves the VM before its first start
+        node = spec.node or tpl.node
+        if tpl.vmid in ctx.pve.local_templates:
+            node = tpl.node
         # Record the request *before* sending it: until its answer is recorded it is uncertain
         # (the next attempt waits for it and a deletion looks at every vmid ever asked for).
         await store.vm_clone_sent(ctx.pool, ctx.lease, spec.owner, spec.member, newid, node)
@@ -663,6 +734,12 @@ async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) 
             # and pick again; never adopt that VM.
             await store.vm_clone_refused(ctx.pool, spec.owner, spec.member, newid)
             ctx.pve.vmid_taken(newid)
+            continue
+        except CloneNeedsSharedStorage:
+            # Refused before any task (nothing cloned): this template is on local storage. Forget
+            # the request and clone on the template's node (the migrate step moves it).
+            await store.vm_clone_refused(ctx.pool, spec.owner, spec.member, newid)
+            ctx.pve.local_templates.add(tpl.vmid)
             continue
         except (OutcomeUnknown, asyncio.CancelledError):
             # The answer is lost: the request stays unanswered; it was in flight until now (a
@@ -679,14 +756,36 @@ async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) 
             raise
         await store.vm_clone_answered(ctx.pool, spec.owner, spec.member, newid, upid)
         await ctx.remember(clone={"member": spec.member, "vmid": newid, "node": node, "upid": upid})
-        await ctx.wait_task(step, upid)
-        st = await ctx.pve.vm_state(node, newid)
+        try:
+            await ctx.wait_task(step, upid)
+        except TaskFailed as e:
+            if not _lost_clone_race(e.exitstatus, newid):
+                raise
+            # PVE's newid check before fork_worker is racy (Qemu.pm clone_vm): a parallel clone to
+            # the same vmid won after ours got its UPID, and our worker found the config file there
+            # (or its flock held) and did nothing. Not ours, not a failure: forget it, pick again.
+            log.info("job %s: clone to VM %s lost a race after its UPID (%s); picking another vmid",
+                     ctx.job.id, newid, e.exitstatus)
+            await store.vm_clone_refused(ctx.pool, spec.owner, spec.member, newid)
+            ctx.pve.vmid_taken(newid)
+            continue
+        # its config (one read: a clone is made stopped — Qemu.pm clone_vm starts nothing — and the
+        # start step reads the power state it acts on)
+        st = await ctx.pve.vm_state(node, newid, status=False)
         if st is None:
             raise TemporaryError(f"clone task {upid} ended OK but VM {newid} is not on {node}")
-        world.vm = st
+        world.vm, world.fresh = replace(st, status="stopped"), True
         return
     # Contention with other creates is waiting on the world, not a failure of this job.
     raise Snooze(f"every vmid tried was taken by a parallel create ({CLONE_TRIES} tries)", delay_s=1.0)
+
+
+def _lost_clone_race(exitstatus: str, newid: int) -> bool:
+    """Whether a failed clone task's ``exitstatus`` says another clone to ``newid`` was first (its
+    config file there, or its flock on that vmid held): nothing of ours was made (Qemu.pm clone_vm
+    unlinks its own temporary config on any failure)."""
+    return (f"unable to create VM {newid}: config file already exists" in exitstatus
+            or f"lock-{newid}.conf' - got timeout" in exitstatus)
 
 
 async def _wait_clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
@@ -694,10 +793,13 @@ async def _wait_clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: S
     until the target's ``lock: clone`` goes away; then it must carry the member's marker."""
     vm = world.vm
     assert vm is not None
-    upid = next((m.upid for m in await clone_requests(ctx, spec.owner, spec.member)
-                 if m.vmid == vm.vmid and m.upid), None)
+    req = next((m for m in await clone_requests(ctx, spec.owner, spec.member) if m.vmid == vm.vmid and m.upid),
+               None)
+    upid = req.upid if req else None
     if upid:
         await ctx.wait_task(step, upid)
+        if req is not None and req.node != vm.node:
+            vm = world.vm = VmState(vmid=vm.vmid, node=req.node, config=vm.config, status=vm.status, tags=vm.tags)
     else:
         deadline = time.monotonic() + ctx.settings.task_deadline_s
         while True:
@@ -713,7 +815,7 @@ async def _wait_clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: S
     st = await ctx.pve.vm_state(vm.node, vm.vmid)
     if st is None or not carries_marker(st.config.get("description"), spec.owner, spec.member):
         raise TemporaryError(f"the clone at VM {vm.vmid} did not produce our VM; observing again")
-    world.vm = st
+    world.vm, world.fresh = st, True
 
 
 # ================================================================ removal: every VM of an owner

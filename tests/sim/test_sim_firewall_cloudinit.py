@@ -13,7 +13,11 @@ from .conftest import SSH_KEY
 
 
 def clone(pve, wait, newid=101, name="web-1", node="pve1"):
-    assert wait(pve.nodes("pve1").qemu(9000).clone.post(newid=newid, name=name, full=1, target=node))["exitstatus"] == "OK"
+    # template 9000 is on local-lvm: PVE refuses a clone with target= to another node ("VM uses
+    # local storage"), so a VM on another node is cloned on pve1 and migrated (offline) there
+    assert wait(pve.nodes("pve1").qemu(9000).clone.post(newid=newid, name=name, full=1))["exitstatus"] == "OK"
+    if node != "pve1":
+        assert wait(pve.nodes("pve1").qemu(newid).migrate.post(target=node))["exitstatus"] == "OK"
 
 
 def err(call) -> ResourceException:

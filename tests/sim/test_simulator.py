@@ -94,15 +94,19 @@ def test_clone_lifecycle_lock_then_inherited_tags(pve, wait, admin):
     assert set(cfg) == {"lock", "digest"} and cfg["lock"] == "clone"
     r = resources(pve)[101]
     assert r["lock"] == "clone" and "tags" not in r
-    # the clone worker holds the target's config flock: a PUT waits for it (up to 10 s), then applies
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        put = ex.submit(lambda: pve.nodes("pve1").qemu(101).config.put(cores=2))
-        with pytest.raises(concurrent.futures.TimeoutError):
-            put.result(timeout=0.3)  # still waiting while the clone runs
-        admin("post", "/tasks/release", json={"type": "qmclone"})
-        put.result(timeout=15)
-    assert pve.nodes("pve1").tasks(upid).status.get()["status"] == "stopped"
+    # a config write to the clone's target answers at once: qemu-server API2/Qemu.pm $update_vm_api
+    # runs "$load_and_check_config->(0); # early checks before forking/locking" (check_lock of
+    # pve-guest-common AbstractConfig.pm) before it ever waits for the config flock
+    for write in (lambda: pve.nodes("pve1").qemu(101).config.put(cores=2),
+                  lambda: pve.nodes("pve1").qemu(101).config.post(cores=2)):
+        t0 = time.monotonic()
+        with pytest.raises(ResourceException) as e:
+            write()
+        assert (e.value.status_code, e.value.content) == (500, "VM is locked (clone)")
+        assert time.monotonic() - t0 < 2.0
+    admin("post", "/tasks/release", json={"type": "qmclone"})
     assert wait(upid)["exitstatus"] == "OK"
+    pve.nodes("pve1").qemu(101).config.put(cores=2)
     cfg = pve.nodes("pve1").qemu(101).config.get()
     assert cfg["name"] == "web-1" and cfg["tags"] == "z9-image" and "template" not in cfg and "lock" not in cfg
     assert cfg["scsi0"] == "local-lvm:vm-101-disk-0,size=2G" and cfg["description"] == "made by z9"
@@ -125,7 +129,10 @@ def test_locked_vm(pve, wait, admin):
     assert wait(pve.nodes("pve3").qemu(120).status.start.post())["exitstatus"] == "VM is locked (backup)"
     assert wait(pve.nodes("pve3").qemu(120).delete())["exitstatus"] == "VM is locked (backup)"
     assert resources(pve)[120]["lock"] == "backup"
-    pve.nodes("pve3").qemu(120).config.put(cores=2, skiplock=1)
+    # Qemu.pm $update_vm_api: skiplock is root@pam's only - an API token (root@pam!z9) is not root
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve3").qemu(120).config.put(cores=2, skiplock=1)
+    assert e.value.status_code == 400 and e.value.errors == {"skiplock": "Only root may use this option."}
 
 
 def test_clone_to_taken_newid_and_missing_source(pve):
@@ -141,10 +148,64 @@ def test_clone_to_taken_newid_and_missing_source(pve):
     assert e.value.content == "Configuration file 'nodes/pve2/qemu-server/100.conf' does not exist"
 
 
-def test_clone_to_other_node(pve, wait):
-    clone(pve, wait, newid=150, target="pve2")
-    assert pve.nodes("pve2").qemu(150).config.get()["name"] == "web-1"
+def test_clone_to_other_node_from_local_storage_is_refused(pve, admin):
+    """qemu-server API2/Qemu.pm clone_vm: $check_storage_access_clone finds a volume on a storage that
+    is not shared (local-lvm) and "can't clone VM to node '$target' (VM uses local storage)" dies in
+    the early checks, before fork_worker: an HTTP 500, no task, no placeholder config."""
+    before = admin("get", "/state")["counters"]["tasks_started"].get("qmclone", 0)
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(9000).clone.post(newid=150, name="web-1", full=1, target="pve2")
+    assert (e.value.status_code, e.value.content) == (500, "can't clone VM to node 'pve2' (VM uses local storage)")
+    assert 150 not in resources(pve)
+    assert admin("get", "/state")["counters"]["tasks_started"].get("qmclone", 0) == before
+    # target = the local node is no target (Qemu.pm: "undef $target" if it is the local node)
+    upid = pve.nodes("pve1").qemu(9000).clone.post(newid=150, full=1, target="pve1")
+    assert upid.split(":")[1] == "pve1"
+    # Qemu.pm: storage must hold images; with a target it must be shared
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(9000).clone.post(newid=151, full=1, storage="local")
+    assert e.value.status_code == 400 and e.value.errors == {"storage": "storage 'local' does not support vm images"}
+
+
+def test_target_clone_config_stays_on_the_source_node_until_the_end(pve, wait, admin):
+    """Qemu.pm clone_vm writes the temporary config ("lock: clone") as config_file($newid) on the
+    source node and renames it to config_file($newid, $target) when the worker is done."""
+    admin("post", "/vms", json={"vmid": 9200, "node": "pve1", "config": {
+        "name": "shared-tpl", "template": "1", "scsi0": "isos:base-9200-disk-0,size=2G"}})
+    admin("post", "/tasks/hold", json={"type": "qmclone"})
+    upid = pve.nodes("pve1").qemu(9200).clone.post(newid=160, name="far", full=1, target="pve2")
+    assert pve.nodes("pve1").qemu(160).config.get()["lock"] == "clone"
+    with pytest.raises(ResourceException):
+        pve.nodes("pve2").qemu(160).config.get()
+    assert resources(pve)[160]["node"] == "pve1"
+    admin("post", "/tasks/release", json={"type": "qmclone"})
+    assert wait(upid)["exitstatus"] == "OK"
+    assert pve.nodes("pve2").qemu(160).config.get()["name"] == "far"
+    assert resources(pve)[160]["node"] == "pve2"
+
+
+def test_offline_migration_with_local_disks(pve, wait, admin):
+    """qemu-server API2/Qemu.pm migrate_vm and PVE/QemuMigrate.pm: a stopped VM with local (lvmthin)
+    disks migrates offline in a qmigrate task (lock: migrate meanwhile), the config moves to the
+    target; checks before the task are HTTP errors."""
+    clone(pve, wait, newid=150)
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(150).migrate.post(target="pve1")
+    assert e.value.status_code == 400 and e.value.errors == {"target": "target is local node."}
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(100).migrate.post(target="pve2")
+    assert (e.value.status_code, e.value.content) == (500, "can't migrate running VM without --online")
+    admin("post", "/tasks/hold", json={"type": "qmigrate"})
+    upid = pve.nodes("pve1").qemu(150).migrate.post(target="pve2", **{"with-local-disks": 1})
+    assert upid.split(":")[5:7] == ["qmigrate", "150"]
+    wait_until(lambda: pve.nodes("pve1").qemu(150).config.get().get("lock") == "migrate")
+    admin("post", "/tasks/release", json={"type": "qmigrate"})
+    assert wait(upid)["exitstatus"] == "OK"
+    cfg = pve.nodes("pve2").qemu(150).config.get()
+    assert cfg["name"] == "web-1" and "lock" not in cfg
     assert resources(pve)[150]["node"] == "pve2"
+    log = [r["t"] for r in pve.nodes("pve1").tasks(upid).log.get()]
+    assert "found local disk 'local-lvm:vm-150-disk-0' (attached)" in log and log[-1] == "TASK OK"
 
 
 # ---- destroy / nextid ----------------------------------------------------------------------------
@@ -440,3 +501,248 @@ async def _guest_state(server) -> None:
     g.write_file("/etc/kept", "yes")
     server.cluster.storage._bucket("local", "pve1")["iso/kept.iso"] = Volume("local:iso/kept.iso", "iso", "iso",
                                                                            b"iso-bytes", 0)
+
+
+# ---- PVE behaviours of issue-class "where a control plane breaks" ---------------------------------
+def test_clone_race_loser_gets_a_upid_whose_task_fails(pve, wait, admin):
+    """qemu-server API2/Qemu.pm clone_vm checks config_file($newid) before fork_worker without the
+    target's flock: two clones to one newid can both get a UPID; the loser's worker fails (admin
+    switch clone_race makes the next clone lose, deterministically, to a parallel one)."""
+    admin("put", "/config", json={"clone_race": 1})
+    upid = pve.nodes("pve1").qemu(9000).clone.post(newid=170, name="mine", full=1)
+    st = wait(upid)
+    assert st["exitstatus"] in ("unable to create VM 170: config file already exists",
+                                "can't lock file '/var/lock/qemu-server/lock-170.conf' - got timeout")
+    wait_until(lambda: "lock" not in pve.nodes("pve1").qemu(170).config.get())
+    assert pve.nodes("pve1").qemu(170).config.get()["name"] == "race-winner-170"   # the other client's VM
+    assert admin("get", "/state")["counters"]["tasks_started"]["qmclone"] == 2
+
+
+def test_reboot_and_reset_of_a_stopped_vm_answer_500_before_any_task(pve, wait, admin):
+    """Qemu.pm vm_reboot / vm_reset: `die "VM $vmid not running\n" if !check_running($vmid)` before
+    fork_worker."""
+    clone(pve, wait, newid=150)
+    for call in (pve.nodes("pve1").qemu(150).status.reboot.post, pve.nodes("pve1").qemu(150).status.reset.post):
+        with pytest.raises(ResourceException) as e:
+            call()
+        assert (e.value.status_code, e.value.content) == (500, "VM 150 not running")
+    assert "qmreboot" not in admin("get", "/state")["counters"]["tasks_started"]
+
+
+def test_reboot_is_a_stop_then_a_separate_qmstart_task(pve, wait, admin):
+    """QemuServer.pm vm_reboot: the qmreboot task only stops the VM (a reboot request for qmeventd),
+    qmeventd starts it again in a qmstart task of its own: the VM reads stopped in between."""
+    admin("post", "/tasks/hold", json={"type": "qmstart"})
+    upid = pve.nodes("pve1").qemu(100).status.reboot.post()
+    assert wait(upid)["exitstatus"] == "OK"
+    assert pve.nodes("pve1").qemu(100).status.current.get()["status"] == "stopped"
+    starts = lambda: [t for t in pve.nodes("pve1").tasks.get(vmid=100, source="all") if t["type"] == "qmstart"]
+    wait_until(lambda: bool(starts()))
+    admin("post", "/tasks/release", json={"type": "qmstart"})
+    wait_until(lambda: pve.nodes("pve1").qemu(100).status.current.get()["status"] == "running")
+    t = starts()[0]
+    assert t["user"] == "root@pam" and t["upid"] != upid
+
+
+def test_pending_changes_on_a_running_vm(pve, wait):
+    """QemuServer.pm vmconfig_hotplug_pending: on a running VM, cores (never hot-pluggable) and memory
+    (without the memory hotplug feature) stay in [PENDING]; name/tags (fast plug) apply at once. GET
+    config lays pending over (AbstractConfig.pm load_current_config), current=1 does not; GET
+    /pending lists both (Qemu.pm vm_pending); the next start applies them."""
+    vm = pve.nodes("pve1").qemu(100)
+    cpus = vm.status.current.get()["cpus"]
+    assert wait(vm.config.post(cores=cpus + 3, memory=4096, name="renamed"))["exitstatus"] == "OK"
+    assert vm.config.get()["cores"] == cpus + 3 and vm.config.get(current=1).get("cores", 1) != cpus + 3
+    rows = {r["key"]: r for r in vm.pending.get()}
+    assert rows["cores"]["pending"] == cpus + 3 or rows["cores"]["pending"] == str(cpus + 3)
+    assert rows["memory"]["pending"] in (4096, "4096") and "pending" not in rows["name"]
+    assert rows["name"]["value"] == "renamed"
+    assert vm.status.current.get()["cpus"] == cpus      # the running QEMU still has the old cores
+    assert wait(vm.status.stop.post())["exitstatus"] == "OK"
+    assert wait(vm.status.start.post())["exitstatus"] == "OK"
+    assert vm.status.current.get()["cpus"] == cpus + 3
+    assert not [r for r in vm.pending.get() if "pending" in r or "delete" in r]
+
+
+def test_config_write_disk_allocation_unused_and_mac(pve, wait):
+    """Qemu.pm create_disks: STORAGE:SIZE allocates vm-<id>-disk-<n>; a detached disk's volume stays as
+    unusedN (vmconfig_register_unused_drive); a NIC without a MAC gets one (random_ether_addr)."""
+    clone(pve, wait, newid=150)
+    vm = pve.nodes("pve1").qemu(150)
+    assert wait(vm.config.post(scsi1="local-lvm:4", net1="virtio,bridge=vmbr0"))["exitstatus"] == "OK"
+    cfg = vm.config.get()
+    assert cfg["scsi1"] == "local-lvm:vm-150-disk-1,size=4G"
+    assert re.fullmatch(r"virtio=BC:24:11:[0-9A-F:]{8},bridge=vmbr0", cfg["net1"])
+    assert wait(vm.config.post(delete="scsi1"))["exitstatus"] == "OK"
+    cfg = vm.config.get()
+    assert "scsi1" not in cfg and cfg["unused0"] == "local-lvm:vm-150-disk-1"
+
+
+def test_config_write_validation(pve, wait):
+    """Qemu.pm $update_vm_api: an empty write, delete= of an unknown option, skiplock by a token."""
+    vm = pve.nodes("pve1").qemu(100)
+    with pytest.raises(ResourceException) as e:
+        vm.config.put()
+    assert (e.value.status_code, e.value.content) == (500, "no options specified")
+    with pytest.raises(ResourceException) as e:
+        vm.config.put(delete="nosuchkey")
+    assert e.value.status_code == 400 and e.value.errors == {"delete": "unknown option 'nosuchkey'"}
+    with pytest.raises(ResourceException) as e:
+        vm.config.post(name="x", skiplock=1)
+    assert e.value.errors == {"skiplock": "Only root may use this option."}
+
+
+def test_cipassword_is_stored_hashed_and_read_masked(pve, wait, admin):
+    """Qemu.pm $update_vm_api: cipassword = PVE::Tools::encrypt_pw (crypt $5$); GET config and
+    /pending show ********** (Qemu.pm vm_config / vm_pending)."""
+    pve.nodes("pve1").qemu(100).config.put(cipassword="hunter2")
+    assert pve.nodes("pve1").qemu(100).config.get()["cipassword"] == "**********"
+    stored = next(v for v in admin("get", "/state")["vms"] if v["vmid"] == 100)["config"]["cipassword"]
+    assert stored.startswith("$5$") and "hunter2" not in stored
+    import crypt  # noqa: the libc crypt(3) PVE's hash is checked with
+    assert crypt.crypt("hunter2", stored) == stored
+
+
+def test_endpoints_real_clients_use(pve, wait, admin, sim):
+    """template (Qemu.pm template), suspend/resume (vm_suspend / vm_resume), /cluster/status,
+    /cluster/tasks, node status, /access/permissions (pve-access-control AccessControl.pm)."""
+    clone(pve, wait, newid=150)
+    vm = pve.nodes("pve1").qemu(150)
+    assert wait(vm.template.post())["exitstatus"] == "OK"
+    cfg = vm.config.get()
+    assert cfg["template"] == 1 and cfg["scsi0"].startswith("local-lvm:base-150-disk-0")
+    with pytest.raises(ResourceException) as e:
+        vm.template.post()
+    assert e.value.content == "you can't convert a template to a template"
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(100).template.post()
+    assert e.value.content == "you can't convert a VM to template if VM is running"
+    run = pve.nodes("pve1").qemu(100)
+    assert wait(run.status.suspend.post())["exitstatus"] == "OK"
+    assert run.status.current.get()["qmpstatus"] == "paused" and run.status.current.get()["status"] == "running"
+    assert wait(run.status.resume.post())["exitstatus"] == "OK"
+    assert run.status.current.get()["qmpstatus"] == "running"
+    st = pve.cluster.status.get()
+    assert st[0]["type"] == "cluster" and st[0]["quorate"] == 1
+    assert [n["name"] for n in st if n["type"] == "node"] == ["pve1", "pve2", "pve3"]
+    assert pve.nodes("pve2").status.get()["cpuinfo"]["cpus"] == 16
+    assert {t["type"] for t in pve.cluster.tasks.get()} >= {"qmclone", "qmtemplate", "qmsuspend"}
+    perms = pve.access.permissions.get(userid="root@pam!z9")  # the schema's Perl (?^:…) pattern
+    assert perms["/"]["VM.Allocate"] == 1
+    # an unknown route answers PVE's own 501
+    r = requests.get(f"https://127.0.0.1:{sim.port}/api2/json/nodes/pve1/netstat",
+                     headers={"Authorization": f"PVEAPIToken=root@pam!z9={sim.token_secret}"}, verify=False)
+    assert r.status_code == 501 and r.reason == "Method 'GET /nodes/pve1/netstat' not implemented"
+
+
+def test_task_list_filters_and_log_total(pve, wait, sim):
+    """pve-manager API2/Tasks.pm: node_tasks filters (typefilter, statusfilter, errors, source) and
+    read_task_log's ``total`` in the envelope."""
+    ok = pve.nodes("pve1").qemu(100).status.stop.post()
+    wait(ok)
+    bad = pve.nodes("pve1").qemu(9000).status.start.post()  # a template: the task fails
+    wait(bad)
+    h = {"Authorization": f"PVEAPIToken=root@pam!z9={sim.token_secret}"}
+    base = f"https://127.0.0.1:{sim.port}/api2/json/nodes/pve1/tasks"
+    rows = requests.get(base, params={"errors": 1}, headers=h, verify=False).json()
+    assert [t["upid"] for t in rows["data"]] == [bad] and rows["total"] == 1
+    assert [t["upid"] for t in pve.nodes("pve1").tasks.get(typefilter="qmstop")] == [ok]
+    assert [t["upid"] for t in pve.nodes("pve1").tasks.get(statusfilter="error")] == [bad]
+    log = requests.get(f"{base}/{ok}/log", params={"start": 0, "limit": 1}, headers=h, verify=False).json()
+    assert len(log["data"]) == 1 and log["total"] >= 1
+
+
+def test_401_has_no_body(sim):
+    """pve-http-server: an authentication failure is a bare 401 with its reason phrase."""
+    r = requests.get(f"https://127.0.0.1:{sim.port}/api2/json/version",
+                     headers={"Authorization": "PVEAPIToken=root@pam!z9=wrong"}, verify=False)
+    assert r.status_code == 401 and r.reason == "Authentication failed!" and r.content == b""
+
+
+def test_start_on_a_bridge_that_does_not_exist_fails(pve, wait):
+    """pve-common PVE/Network.pm: the tap cannot be plugged ("bridge 'vmbr9' does not exist"), QEMU
+    exits, the start task fails."""
+    clone(pve, wait, newid=150)
+    vm = pve.nodes("pve1").qemu(150)
+    assert wait(vm.config.post(net0="virtio=BC:24:11:00:00:01,bridge=vmbr9"))["exitstatus"] == "OK"
+    upid = vm.status.start.post()
+    assert wait(upid)["exitstatus"] == "start failed: QEMU exited with code 1"
+    assert "bridge 'vmbr9' does not exist" in [r["t"] for r in pve.nodes("pve1").tasks(upid).log.get()]
+    assert vm.status.current.get()["status"] == "stopped"
+
+
+def test_cluster_resources_storage_rows_agree_with_node_storage(pve):
+    rows = [r for r in pve.cluster.resources.get(type="storage") if r["node"] == "pve2"]
+    listed = {s["storage"]: s for s in pve.nodes("pve2").storage.get()}
+    assert {r["storage"] for r in rows} == set(listed)
+    for r in rows:
+        s = listed[r["storage"]]
+        assert (r["shared"], r["content"], r["plugintype"], r["maxdisk"]) == (s["shared"], s["content"], s["type"], s["total"])
+
+
+def test_a_privilege_separated_token_needs_its_acl(sim, admin):
+    """pve-access-control RPCEnvironment.pm check_api2_permissions: a privilege-separated token has
+    only what its own ACL grants (∩ its user's): without it 403 "Permission check failed (<path>,
+    <privs>)"; /access/permissions lists what it holds."""
+    def client(tokenid, secret):
+        user, _, name = tokenid.partition("!")
+        return ProxmoxAPI("127.0.0.1", port=sim.port, user=user, token_name=name, token_value=secret,
+                          verify_ssl=str(sim.cert_path), timeout=10)
+
+    bare = admin("post", "/tokens", json={"tokenid": "root@pam!bare", "privsep": True})
+    pve = client(bare["tokenid"], bare["value"])
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(100).config.get()
+    assert e.value.status_code == 403 and e.value.content == "Permission check failed (/vms/100, VM.Audit)"
+    assert pve.version.get()["release"]  # user: all
+    assert pve.access.permissions.get() == {}
+    audit = admin("post", "/tokens", json={"tokenid": "root@pam!audit", "privsep": True,
+                                           "acl": [{"path": "/vms", "privs": ["VM.Audit"]}]})
+    pve = client(audit["tokenid"], audit["value"])
+    assert pve.nodes("pve1").qemu(100).config.get()["name"]
+    with pytest.raises(ResourceException) as e:
+        pve.nodes("pve1").qemu(100).status.stop.post()
+    assert e.value.status_code == 403 and e.value.content == "Permission check failed (/vms/100, VM.PowerMgmt)"
+    assert pve.access.permissions.get() == {"/vms": {"VM.Audit": 1}}
+    full = admin("post", "/tokens", json={"tokenid": "root@pam!full", "privsep": False})
+    assert client(full["tokenid"], full["value"]).nodes("pve1").qemu(100).status.current.get()["status"] == "running"
+
+
+def test_property_string_sub_formats_are_validated(pve, wait, admin):
+    """pve-common JSONSchema.pm parse_property_string + check_object on the schema's hash formats
+    (memory, netN model/MAC, drive options); Qemu.pm: a boot order naming a device that does not exist."""
+    vm = pve.nodes("pve1").qemu(100)
+    cases = {
+        "memory": ("lots", "memory.current: type check ('integer') failed - got 'lots'"),
+        "net0": ("virtio=01:00:00:00:00:01,bridge=vmbr0", "net0.macaddr: invalid format - value does not look like a valid unicast MAC address"),
+        "net1": ("fast=BC:24:11:00:00:01", "invalid key in comma-separated list property: fast"),
+        "scsi1": ("local-lvm:4,cache=sometimes", "scsi1.cache: value 'sometimes' does not have a value in the enumeration"),
+    }
+    for key, (value, expect) in cases.items():
+        with pytest.raises(ResourceException) as e:
+            vm.config.put(**{key: value})
+        assert e.value.status_code == 400 and expect in e.value.errors[key], (key, e.value.errors)
+    vm.config.put(memory="current=2048", net1="virtio,bridge=vmbr0,firewall=on")  # valid forms pass
+    with pytest.raises(ResourceException) as e:
+        vm.config.put(boot="order=scsi0;virtio7")
+    assert (e.value.status_code, e.value.content) == (500, "invalid bootorder: device 'virtio7' does not exist'")
+
+
+def test_snapshots(pve, wait):
+    """qemu-server API2/Qemu.pm snapshot_list / snapshot / delsnapshot / rollback and pve-guest-common
+    AbstractConfig.pm snapshot_create / snapshot_delete / snapshot_rollback."""
+    vm = pve.nodes("pve1").qemu(100)
+    with pytest.raises(ResourceException) as e:
+        vm.snapshot.post(snapname="current")
+    assert e.value.content == "unable to use snapshot name 'current' (reserved name)"
+    assert wait(vm.snapshot.post(snapname="before", description="first"))["exitstatus"] == "OK"
+    assert wait(vm.snapshot.post(snapname="before"))["exitstatus"] == "snapshot name 'before' already used"
+    assert wait(vm.config.post(description="changed"))["exitstatus"] == "OK"
+    rows = {r["name"]: r for r in vm.snapshot.get()}
+    assert rows["before"]["description"] == "first" and rows["current"]["parent"] == "before"
+    assert rows["current"]["description"] == "You are here!" and rows["current"]["running"] == 1
+    assert wait(vm.snapshot("before").rollback.post())["exitstatus"] == "OK"
+    assert vm.status.current.get()["status"] == "stopped" and "description" not in vm.config.get()
+    assert wait(vm.snapshot("nosuch").delete())["exitstatus"] == "snapshot 'nosuch' does not exist"
+    assert wait(vm.snapshot("before").delete())["exitstatus"] == "OK"
+    assert [r["name"] for r in vm.snapshot.get()] == ["current"]

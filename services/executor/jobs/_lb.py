@@ -270,20 +270,38 @@ async def observe(ctx: JobContext, *, active_statuses: tuple[str, ...] = ("creat
     # every member at once (the VM machinery's observe does not depend on the clone target node)
     members = list(lb.members)
     seen = await gather(*(vms.observe_member(ctx, spec(lb, m, image, None)) for m in members))
-    # an existing VM stays where it is; a missing member lands on a node no other member uses
-    # (every existing VM counted first: a re-created lb-0 must avoid lb-1's node too), else on
-    # the template's node when no member exists yet
-    placed: list[str] = [mw.vm.node for mw in seen if mw.vm is not None]
+    # A VM that runs stays where it is, then one that does not yet keeps its node unless another
+    # member already holds it; a member without a node of its own (no VM yet, or a stopped clone on
+    # a node taken — PVE refuses a cross-node clone of a template on local storage, so a clone is
+    # made on the template's node and migrated before its first start) gets a node no other member
+    # uses, else the template's node when no member has one yet.
+    node_of: dict[str, str | None] = {}
+    placed: list[str] = []
+    for keep_running in (True, False):
+        for member, mw in zip(members, seen):
+            vm = mw.vm
+            if vm is not None and vm.running == keep_running and member not in node_of \
+                    and (keep_running or vm.node not in placed):
+                node_of[member] = vm.node
+                placed.append(vm.node)
     nodes: list[str] | None = None
     for member, mw in zip(members, seen):
-        node = mw.vm.node if mw.vm is not None else None
-        if node is None and placed:
+        if member in node_of:
+            continue
+        node = None
+        if placed:
             nodes = nodes if nodes is not None else await ctx.pve.nodes()
             free = [n for n in nodes if n not in placed]
-            node = free[0] if free else None
-        if mw.vm is None and mw.template is not None:
-            placed.append(node or mw.template.node)
-        world.appliances[member] = Appliance(member, spec(lb, member, image, node), mw)
+            node = free[0] if free else (mw.vm.node if mw.vm is not None else None)
+        node_of[member] = node
+        if node is not None:
+            placed.append(node)
+        elif mw.vm is not None:
+            placed.append(mw.vm.node)
+        elif mw.template is not None:
+            placed.append(mw.template.node)
+    for member, mw in zip(members, seen):
+        world.appliances[member] = Appliance(member, spec(lb, member, image, node_of[member]), mw)
     apps = list(world.appliances.values())
     got = await gather(*(f for a in apps for f in (running_hash(ctx, a.world.vm, HAPROXY_CFG),
                                                    running_hash(ctx, a.world.vm, KEEPALIVED_CFG),

@@ -9,11 +9,16 @@ observe  the VM carrying ``z9-id-<server id>``, and how long ago the job was ask
 plan     (pure) the guard; nothing when the VM booted after the request; ``reboot`` when it
          runs (ACPI shutdown then a new start: pending config changes and cloud-init apply);
          ``start`` when it is stopped (the outcome asked for is a freshly booted VM).
-apply    ``status/reboot`` (or ``status/start``) and wait for the task.
+apply    ``status/reboot`` (or ``status/start``) and wait for the task. On real PVE the reboot
+         task only stops the VM and qmeventd starts it in a ``qmstart`` task of its own, so apply
+         then waits (polling ``status/current``) for it to run again; a VM that stopped since it
+         was read is refused ``VM n not running`` before any task: it is started instead.
 verify   observe again: running, and booted after the request. Records ``running``.
 """
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -79,8 +84,35 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         await vms.ensure_running(ctx, step, st)
         return
     await ctx.fence()
-    upid = await ctx.pve.reboot(st.node, st.vmid, timeout_s=REBOOT_TIMEOUT_S)
+    try:
+        upid = await ctx.pve.reboot(st.node, st.vmid, timeout_s=REBOOT_TIMEOUT_S)
+    except TemporaryError as e:
+        # qemu-server API2/Qemu.pm vm_reboot: a VM that stopped since it was read is refused
+        # before any task ("VM <id> not running", HTTP 500): start it instead (the outcome asked
+        # for is a VM booted after the request)
+        if f"VM {st.vmid} not running" not in str(e):
+            raise
+        st = await vms.reread_guarded(ctx, ctx.job.resource_id, st)
+        await vms.ensure_running(ctx, step, st)
+        return
     await ctx.wait_task(step, upid)
+    await _await_restart(ctx, st)
+
+
+async def _await_restart(ctx: JobContext, vm: VmState) -> None:
+    """The ``qmreboot`` task only stops the VM (QemuServer.pm vm_reboot); qmeventd then starts it
+    in a ``qmstart`` task of its own: the VM reads ``stopped`` in between. Wait (the lease kept)
+    until it runs and booted after the request, at most ``task_deadline_s``; verify judges."""
+    deadline = time.monotonic() + ctx.settings.task_deadline_s
+    while time.monotonic() < deadline:
+        cur = await ctx.pve.vm_status(vm.node, vm.vmid)
+        if cur is None:
+            return
+        up = cur.get("uptime")
+        if cur.get("status") == "running" and up is not None and int(up) < _age(ctx.job):
+            return
+        ctx.touch()
+        await asyncio.sleep(ctx.settings.task_poll_s)
 
 
 async def verify(ctx: JobContext) -> VmState:

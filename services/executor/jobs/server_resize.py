@@ -108,7 +108,17 @@ async def verify(ctx: JobContext) -> VmState:
     if left:
         raise TemporaryError("verify: still to do: " + ", ".join(s.name for s in left))
     assert world.vm is not None
-    return world.vm
+    vm = world.vm
+    if vm.running and any(str(vm.config.get(k)) == str(v) for k, v in desired(ctx.job).items()):
+        # A VM started between the read and the write: PVE kept the CPU/memory change in
+        # [PENDING] (GET config lays it over), the running VM has the old sizes until its next
+        # boot. Say so instead of recording a resize the guest does not have.
+        pending = await ctx.pve.pending(vm.node, vm.vmid)
+        waiting = sorted(k for k in desired(ctx.job) if k in pending)
+        if waiting:
+            raise PermanentError(f"server_not_stopped: VM {vm.vmid} was started before its resize; "
+                                 f"{', '.join(waiting)} pending until its next boot (reboot the server to apply)")
+    return vm
 
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
