@@ -198,17 +198,25 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
               "add_service": {"protocol": "http", "listen_port": 81, "destination_port": 8081},
               "update_service": {"listen_port": 81, "destination_port": 9081},
               "delete_service": {"listen_port": 81}, "change_algorithm": {"type": "least_connections"}}
-    for name, body in bodies.items():
+    # the kebab-case paths, then (on another load balancer: at most 8 live jobs each) the snake_case
+    # ones they replaced, deprecated aliases for one release
+    other = (await w.call("POST", "/load-balancers", "/load-balancers", 202, json={
+        "name": "walk-lb-b", "region": "dev-1", "services": [{"protocol": "tcp", "listen_port": 80,
+                                                              "destination_port": 8080}]}))["load_balancer"]["id"]
+    for name, body, lb in ([(n.replace("_", "-"), b, lb) for n, b in bodies.items()]
+                           + [(n, b, other) for n, b in bodies.items()]):
         tpl = "/load-balancers/{id}/actions/" + name
+        assert doc["paths"][tpl]["post"].get("deprecated", False) == ("_" in name), tpl
         await w.call("POST", tpl, f"/load-balancers/{lb}/actions/{name}", 202, json=body)
         await w.call("POST", tpl, f"/load-balancers/lb_nope/actions/{name}", 404, json=body)
         await w.call("POST", tpl, f"/load-balancers/{lb}/actions/{name}", 401, token="z9t_unknown", json=body)
         await w.call("POST", tpl, f"/load-balancers/{lb}/actions/{name}", 400, data=b"{",
                      headers={"Content-Type": "application/json"})
-    await w.call("POST", "/load-balancers/{id}/actions/delete_service",
-                 f"/load-balancers/{lb}/actions/delete_service", 409, json={"listen_port": 81})
-    await w.call("POST", "/load-balancers/{id}/actions/add_target",
-                 f"/load-balancers/{lb}/actions/add_target", 422, json={"type": "ip"})
+    lb = created["load_balancer"]["id"]
+    await w.call("POST", "/load-balancers/{id}/actions/delete-service",
+                 f"/load-balancers/{lb}/actions/delete-service", 409, json={"listen_port": 81})
+    await w.call("POST", "/load-balancers/{id}/actions/add-target",
+                 f"/load-balancers/{lb}/actions/add-target", 422, json={"type": "ip"})
     litem = "/load-balancers/{id}"
     await w.call("PATCH", litem, f"/load-balancers/{lb}", 200, json={"name": "walk-lb-2", "labels": {"env": "walk"}})
     await w.call("PATCH", litem, f"/load-balancers/{lb}", 422, json={"labels": {"": "x"}})

@@ -22,7 +22,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 from z9.common import kinds, pki, store
-from z9.common.errors import ApiError, Conflict, NotFound, UniqueViolation, ValidationFailed
+from z9.common.errors import ApiError, Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.ids import new_id
 from z9.common.models import Cluster
 from z9.common.resources.cluster import CLUSTER, STATUSES
@@ -289,13 +289,13 @@ def actions(api: ApiResource) -> list[Operation]:
         if cluster is None:
             raise NotFound(f"no cluster {rid!r}")
         if cluster.status in ("destroying", "deleted"):
-            raise Conflict(f"cluster {rid} is {cluster.status}", code="cluster_deleting")
+            raise Conflict(f"cluster {rid} is {cluster.status}", **deleting("cluster", rid, cluster.status))
         if cluster.initialized_at is None:
             raise Conflict(f"cluster {rid} has not been ready yet (status {cluster.status}); a kubeconfig is "
                            "available once every member first was a Ready node", code="cluster_not_ready")
         sealed = await store.cluster_keys_get(pool, rid)
         if sealed is None:
-            raise Conflict(f"cluster {rid} has no keys", code="cluster_deleting")
+            raise Conflict(f"cluster {rid} has no keys", **deleting("cluster", rid, cluster.status))
         try:
             material = key.open(rid, *sealed)
         except pki.SealError as e:  # another installation key than the one that sealed them
@@ -316,7 +316,7 @@ def actions(api: ApiResource) -> list[Operation]:
         if row is None:
             if await CLUSTER.get(pool, rid, tenant_id) is None:
                 raise NotFound(f"no cluster {rid!r}")
-            raise Conflict(f"cluster {rid} is deleted; it cannot be changed", code="cluster_deleting")
+            raise Conflict(f"cluster {rid} is deleted; it cannot be changed", **deleting("cluster", rid, "deleted"))
         return web.json_response(dump(one, {"cluster": row.public()}))
 
     async def _action(request: web.Request, route: str, body: Any, fn: Any) -> web.Response:
@@ -332,7 +332,7 @@ def actions(api: ApiResource) -> list[Operation]:
             if cluster is None:
                 raise NotFound(f"no cluster {rid!r}")
             if cluster.status in ("deleting", "destroying", "deleted"):
-                raise Conflict(f"cluster {rid} is {cluster.status}", code="cluster_deleting")
+                raise Conflict(f"cluster {rid} is {cluster.status}", **deleting("cluster", rid, cluster.status))
             pools = fn([dict(p) for p in cluster.node_pools])
             before = member_totals(cluster.control_plane, cluster.node_pools)
             after = member_totals(cluster.control_plane, pools)

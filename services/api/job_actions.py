@@ -30,6 +30,7 @@ from aiohttp import web
 
 from z9.common import resources, store
 from z9.common.errors import Conflict, NotFound
+from z9.common.errors import deleting as resource_deleting
 from z9.common.models import Job
 from z9.common.resources import Buffered, Immediate
 
@@ -110,7 +111,7 @@ async def rerun(request: web.Request) -> web.Response:
                            code="job_not_rerunnable")
         if row is None or row.status in ("deleting", "destroying", "deleted"):
             raise Conflict(f"{rtype.name} {job.resource_id} is {row.status if row else 'gone'}; its jobs cannot be "
-                           "re-run", code=f"{rtype.name}_deleting")
+                           "re-run", **resource_deleting(rtype.name, job.resource_id, row.status if row else "deleted"))
         why = rtype.stale(row, job.kind, job.args or {}) if rtype.stale is not None else None
         if why is not None:
             raise Conflict(f"job {job.id} cannot be re-run: {why}", code="job_superseded")

@@ -1,7 +1,8 @@
 """The ``load_balancer`` type's API registration (issue 10): the create hook (the row, its VIP and
 one address per appliance from the region's pool, and its LoadBalancerCreate job, in one
-transaction) and the actions — ``add_target``, ``remove_target``, ``add_service``,
-``update_service``, ``delete_service``, ``change_algorithm`` — each changing the row and enqueuing a
+transaction) and the actions — ``add-target``, ``remove-target``, ``add-service``,
+``update-service``, ``delete-service``, ``change-algorithm`` (kebab-case like every action path; the
+snake_case paths they had are deprecated aliases for one release) — each changing the row and enqueuing a
 LoadBalancerConfigure in one transaction (202). List, get, delete (two-phase: appliances stopped,
 addresses kept) and cancel-deletion (appliances started again) are the generic ones.
 
@@ -25,7 +26,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from z9.common import kinds, store
-from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed
+from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.ids import new_id
 from z9.common.models import LoadBalancer, target_key
 from z9.common.resources.load_balancer import LOAD_BALANCER
@@ -267,7 +268,8 @@ async def _check_server_targets(conn: Any, tenant_id: str, region: str, targets:
             raise Conflict(f"server {server.id} is in region {server.region}, the load balancer in {region}: "
                            "targets must be in the load balancer's region", code="region_mismatch")
         if server.status in ("deleting", "destroying", "deleted"):
-            raise Conflict(f"server {server.id} is {server.status}; it cannot become a target", code="server_deleting")
+            raise Conflict(f"server {server.id} is {server.status}; it cannot become a target",
+                           **deleting("server", server.id, server.status))
         if server.primary_ipv4_id is None:
             raise Conflict(f"server {server.id} has no public IPv4 address for the appliances to reach; create it "
                            "with public_ipv4: true or assign it a primary address", code="missing_ipv4")
@@ -445,7 +447,7 @@ def _operations(api: ApiResource) -> list[Operation]:
             if lb.status in ("deleting", "destroying", "deleted"):
                 raise Conflict(f"load balancer {lb.id} is {lb.status}" + ("; cancel the deletion first"
                                                                            if lb.status == "deleting" else ""),
-                               code="load_balancer_deleting")
+                               **deleting("load_balancer", lb.id, lb.status))
             services = [dict(s) for s in lb.services]
             targets = [dict(t) for t in lb.targets]
             algorithm = await fn(conn, settings, tenant_id, lb, services, targets)
@@ -559,7 +561,8 @@ def _operations(api: ApiResource) -> list[Operation]:
         if row is None:
             if await LOAD_BALANCER.get(pool, rid, tenant_id) is None:
                 raise NotFound(f"no load balancer {rid!r}")
-            raise Conflict(f"load balancer {rid} is deleted; it cannot be changed", code="load_balancer_deleting")
+            raise Conflict(f"load balancer {rid} is deleted; it cannot be changed",
+                           **deleting("load_balancer", rid, "deleted"))
         return web.json_response(dump(api.models["one"], {"load_balancer": row.public()}))
 
     job_ref = {"id": "job_01jd3x5v8q2m6n4p7r9s1t3w5y", "status": "pending", "kind": kinds.LOAD_BALANCER_CONFIGURE}
@@ -574,9 +577,17 @@ def _operations(api: ApiResource) -> list[Operation]:
             ("delete_service", delete_service, ServiceRef, "Delete the service listening on listen_port"),
             ("change_algorithm", change_algorithm, AlgorithmBody, "Change the balancing algorithm")):
         op_id = "".join(p.capitalize() for p in name.split("_"))
-        ops.append(Operation("POST", f"/load-balancers/{{id}}/actions/{name}", handler,
+        path = f"/load-balancers/{{id}}/actions/{name.replace('_', '-')}"  # kebab-case, as every action path
+        ops.append(Operation("POST", path, handler,
                              f"{op_id[0].lower()}{op_id[1:]}LoadBalancer", summary, "load-balancers", responses,
                              request=body, path_id=id_doc, idempotent=True, example=example))
+        # the snake_case path it had until now: an alias for one release, deprecated in the document
+        ops.append(Operation("POST", f"/load-balancers/{{id}}/actions/{name}", handler,
+                             f"{op_id[0].lower()}{op_id[1:]}LoadBalancerSnakeCase", f"{summary} (deprecated path)",
+                             "load-balancers", responses, request=body, path_id=id_doc, idempotent=True,
+                             example=example, deprecated=True,
+                             description=f"Deprecated: use `POST {path}` (the same operation); this path is "
+                                         "kept for one release."))
     ops.append(Operation("PATCH", "/load-balancers/{id}", patch, "updateLoadBalancer",
                          "Rename a load balancer or set its labels (no job)", "load-balancers",
                          {200: api.models["one"], 400: None, 401: None, 404: None, 409: None, 422: None},

@@ -99,7 +99,7 @@ def _add_links(operations: list[Operation], paths: dict[str, dict[str, Any]]) ->
                 if not (isinstance(kind, type) and issubclass(kind, BaseModel) and "id" in kind.model_fields):
                     continue
                 for target in by_collection.get("jobs" if name == "job" else op.path.split("/")[1], []):
-                    if target is op:
+                    if target is op or target.deprecated:  # links lead to the current paths only
                         continue
                     links[target.operation_id] = {"operationId": target.operation_id,
                                                   "parameters": {"id": f"$response.body#/{name}/id"}}
@@ -153,6 +153,8 @@ def openapi_document(operations: Iterable[Operation], *, tag_descriptions: dict[
                                  "parameters": params, "responses": responses}
         if op.description:
             entry["description"] = op.description
+        if op.deprecated:
+            entry["deprecated"] = True
         if op.request is not None:
             body: dict[str, Any] = {"schema": refs[(op.request, "validation")]}
             examples = (op.request.model_config.get("json_schema_extra") or {}).get("examples")

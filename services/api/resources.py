@@ -20,7 +20,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from z9.common import labels, store
-from z9.common.errors import BadRequest, CheckViolation, Conflict, NotFound, ValidationFailed
+from z9.common.errors import BadRequest, CheckViolation, Conflict, NotFound, ValidationFailed, deleting
 from z9.common.ids import id_pattern, is_id
 from z9.common.notify import JobNotifier
 from z9.common.resources import Buffered, Immediate, ResourceType
@@ -55,6 +55,7 @@ class Operation:
     idempotent: bool = False  # takes an Idempotency-Key
     example: Any = None
     description: str = ""
+    deprecated: bool = False  # an old path kept as an alias (the document marks it deprecated)
 
 
 @dataclass
@@ -356,7 +357,8 @@ def _delete_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
                 if current is None:
                     raise NotFound(f"no {rt.name} {rid!r}")
                 raise Conflict(_not_deletable(rt.name, current.id, current.status,
-                                              immediate=isinstance(rt.deletion, Immediate)))
+                                              immediate=isinstance(rt.deletion, Immediate)),
+                               **deleting(rt.name, current.id, current.status))
             await room_for_a_job(conn, settings, rt.name, row.id)
             job = await store.job_insert(conn, rt.new_job(row, first_kind, max_attempts=settings.max_attempts),
                                          notify=False)

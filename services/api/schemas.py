@@ -208,9 +208,13 @@ class JobList(Response):
 # ---------------------------------------------------------------------------------- errors
 
 class ErrorDetail(Response):
-    code: str = Field(description="machine-readable: not_found, conflict, validation_failed, …")
+    code: str = Field(description="machine-readable, one per precondition across kinds: not_found, conflict, "
+                                  "validation_failed, uniqueness_error (a name taken), resource_deleting (the resource "
+                                  "is being or was deleted; details name it), quota_exceeded, …")
     message: str = Field(description="names the field or the precondition")
-    details: Any = None
+    details: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "always a list of objects ([] when there is nothing more): each names what it is about — `field` (422), "
+        "`limit`/`quota`/`used`/`requested` (quota_exceeded), `kind`/`id`/`status` (resource_deleting), `pool`…"))
 
 
 class Error(Response):

@@ -22,7 +22,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 from z9.common import kinds, store
-from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed
+from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.models import Server
 from z9.common.resources.server import SERVER
 from z9.common.settings import Settings
@@ -75,7 +75,7 @@ def _require_live(server: Server) -> None:
     if server.status not in LIVE:
         raise Conflict(f"server {server.id} is {server.status}; cancel the deletion first"
                        if server.status == "deleting" else f"server {server.id} is {server.status}",
-                       code="server_deleting")
+                       **deleting("server", server.id, server.status))
 
 
 def _require_stopped(server: Server, what: str) -> None:
@@ -162,7 +162,7 @@ def operations(api: ApiResource) -> list[Operation]:
         if row is None:
             if await store.server_get(pool, rid, tenant_id) is None:
                 raise NotFound(f"no server {rid!r}")
-            raise Conflict(f"server {rid} is deleted; it cannot be changed", code="server_deleting")
+            raise Conflict(f"server {rid} is deleted; it cannot be changed", **deleting("server", rid, "deleted"))
         row = await SERVER.get(pool, rid, tenant_id)
         return web.json_response(dump(one, {"server": row.public()}))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from z9.common import kinds, store
-from z9.common.errors import Conflict, UniqueViolation, ValidationFailed
+from z9.common.errors import Conflict, UniqueViolation, ValidationFailed, deleting
 from z9.common.models import Address, Server
 from z9.common.resources.address import ADDRESS
 from z9.common.resources.server import SERVER
@@ -72,7 +72,7 @@ async def _insert(ctx: CreateContext, spec: schemas.ServerCreate, job: NewJob) -
         if e.constraint != "servers_tenant_name_live":
             raise
         raise Conflict(f"a server named {spec.name!r} already exists in this tenant; "
-                       "choose another name or delete that server first")
+                       "choose another name or delete that server first", code="uniqueness_error")
 
 
 async def _primary(ctx: CreateContext, spec: schemas.ServerCreate, server: Server) -> Address:
@@ -97,7 +97,7 @@ async def _primary(ctx: CreateContext, spec: schemas.ServerCreate, server: Serve
         raise ValidationFailed(f"public_ipv4: address {aid} is IPv{got.family}",
                                details=[{"field": "public_ipv4", "message": "not an IPv4 address"}])
     if got.status not in ("creating", "active"):
-        raise Conflict(f"address {aid} is {got.status}", code="address_deleting")
+        raise Conflict(f"address {aid} is {got.status}", **deleting("address", aid, got.status))
     if got.server_id is not None:
         raise Conflict(f"address {aid} is assigned to server {got.server_id}; unassign it first",
                        code="address_already_assigned")
