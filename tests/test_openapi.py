@@ -76,6 +76,34 @@ async def test_document_validates_and_its_examples_match_its_schemas(doc: dict[s
     assert set(create["required"]) == {"name", "region", "image", "cores", "memory_mib", "disk_gib"}
 
 
+async def test_every_schema_has_its_own_title_and_a_shape_generators_read(doc: dict[str, Any]) -> None:
+    """Code generators name a model after its schema's title: two schemas of one title (once
+    ``Member`` of clusters and of load balancers) make one of them, and all that refers to it,
+    vanish from a generated client. A top-level ``anyOf``/``oneOf`` beside ``properties`` becomes
+    branch-only models with untyped fields: a union is a ``oneOf``/``anyOf`` of named schemas, and
+    a ``oneOf`` whose branches a field selects names it as the discriminator."""
+    schemas_ = doc["components"]["schemas"]
+    titles: dict[str, list[str]] = {}
+    for name, schema in schemas_.items():
+        assert schema.get("title"), name
+        assert schema["title"] == name, (name, schema["title"])  # the key is a name, not a module path
+        titles.setdefault(schema["title"], []).append(name)
+        if "properties" in schema:
+            assert not {"anyOf", "oneOf", "allOf"} & set(schema), (name, sorted(schema))
+        for union in ("oneOf", "anyOf"):
+            if union in schema:
+                assert all(set(b) == {"$ref"} for b in schema[union]), (name, schema[union])
+        if "oneOf" in schema:
+            disc = schema["discriminator"]
+            for value, ref in disc["mapping"].items():
+                branch = schemas_[ref.rsplit("/", 1)[1]]
+                assert branch["properties"][disc["propertyName"]]["const"] == value, (name, value)
+                assert disc["propertyName"] in branch["required"], (name, ref)
+    assert {t: n for t, n in titles.items() if len(n) > 1} == {}
+    for name in ("HealthCheck", "Target", "ServerResize", "LoadBalancerPatch", "LoadBalancerMember", "ClusterMember"):
+        assert name in schemas_, name
+
+
 async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[str, Any]) -> None:
     from z9.api.app import RESOURCES, create_app
 

@@ -149,7 +149,9 @@ class NodePoolView(schemas.Response):
     ready: int
 
 
-class Member(schemas.Response):
+class ClusterMember(schemas.Response):
+    """One VM of a cluster (a control-plane or worker node)."""
+
     name: str = Field(description="cp-<i> or <pool>-<i>: stable ordinals")
     role: Literal["control-plane", "worker"] | None
     pool: str | None
@@ -174,7 +176,7 @@ class ClusterPublic(schemas.Response):
     endpoint: Endpoint
     control_plane: ControlPlaneView
     node_pools: list[NodePoolView]
-    members: list[Member]
+    members: list[ClusterMember]
     kubeconfig_available: bool
     observed_at: str | None
     created_at: str

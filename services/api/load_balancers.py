@@ -23,7 +23,8 @@ import ipaddress
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import (BaseModel, ValidationError, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema,
+                      field_validator, model_validator)
 
 from z9.common import kinds, store
 from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
@@ -65,11 +66,53 @@ class HttpCheck(BaseModel):
         return v
 
 
+class _CheckTiming(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    port: StrictInt = Field(ge=1, le=65535)
+    interval_s: StrictInt = Field(15, ge=3, le=300)
+    timeout_s: StrictInt = Field(10, ge=1, le=300)
+    retries: StrictInt = Field(3, ge=1, le=10)
+
+
+class TcpHealthCheck(_CheckTiming):
+    """A TCP health check (a connect): ``protocol`` tcp or left out, no ``http``."""
+    protocol: Literal["tcp"] = "tcp"
+    http: None = None
+
+
+class HttpHealthCheck(_CheckTiming):
+    """An HTTP health check: ``protocol`` http and the request to make."""
+    protocol: Literal["http"]
+    http: HttpCheck | None = None
+
+
+def _one_of(*models: type[BaseModel], discriminator: str | None = None) -> Any:
+    """``__get_pydantic_json_schema__`` of a model that validates itself (its own rules, its own
+    messages) but is documented as a ``oneOf`` of its shapes, each a named schema: what code
+    generators read (a top-level ``anyOf`` beside ``properties`` becomes branch-only models with
+    untyped fields). ``discriminator``: the field that selects the shape (its values: each
+    model's ``Literal``)."""
+    def schema(cls: type[BaseModel], core_schema: Any, handler: Any) -> dict[str, Any]:
+        # each shape through the generator itself (not this model's handler chain): a named
+        # definition and a $ref to it, like any field of that model's type
+        refs = [handler.generate_json_schema.generate_inner(m.__pydantic_core_schema__) for m in models]
+        # without a discriminator, anyOf: a shape told apart by an optional field's const is
+        # exclusive, but linters (Redocly's no-illogical-composition-keywords) cannot see it
+        out: dict[str, Any] = {"title": cls.__name__, ("oneOf" if discriminator else "anyOf"): refs}
+        if cls.__doc__:
+            out["description"] = cls.__doc__.strip()
+        if discriminator is not None:
+            out["discriminator"] = {"propertyName": discriminator, "mapping": {
+                m.model_fields[discriminator].annotation.__args__[0]: r["$ref"] for m, r in zip(models, refs)}}
+        return out
+    return classmethod(schema)
+
+
 class HealthCheck(BaseModel):
-    # `http` only with protocol http (in the document too); timeout_s <= interval_s is the API's alone
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
-        {"required": ["protocol"], "properties": {"protocol": {"const": "http"}}},
-        {"properties": {"http": {"type": "null"}}}]})
+    """A health check: a TCP connect, or an HTTP request (``http`` only with protocol http)."""
+    # documented as TcpHealthCheck | HttpHealthCheck; timeout_s <= interval_s is the API's alone
+    model_config = ConfigDict(extra="forbid")
+    __get_pydantic_json_schema__ = _one_of(TcpHealthCheck, HttpHealthCheck)
     protocol: Literal["tcp", "http"] = "tcp"
     port: StrictInt = Field(ge=1, le=65535)
     interval_s: StrictInt = Field(15, ge=3, le=300)
@@ -109,17 +152,27 @@ class Service(BaseModel):
 _TARGET_IP = {"type": "string", "format": "ipv4", "not": {"pattern": r"^(0\.|127\.|169\.254\.|2(2[4-9]|[3-5][0-9])\.)"}}
 
 
-# the two shapes of a target in the document: a server target (server_id, no ip) or an ip target
-# (ip, no server_id)
-_TARGET_SHAPES = {"oneOf": [
-    {"required": ["type", "server_id"],
-     "properties": {"type": {"const": "server"}, "server_id": {"type": "string"}, "ip": {"type": "null"}}},
-    {"required": ["type", "ip"],
-     "properties": {"type": {"const": "ip"}, "ip": _TARGET_IP, "server_id": {"type": "null"}}}]}
+class ServerTarget(BaseModel):
+    """A server of the load balancer's region, balanced to at its primary address."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["server"]
+    server_id: StrictStr = Field(pattern=SERVER_ID)
+    ip: None = None
+
+
+class IpTarget(BaseModel):
+    """An IPv4 address (not 0/8, loopback, link-local, multicast or reserved)."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["ip"]
+    ip: Annotated[StrictStr, WithJsonSchema(_TARGET_IP)]
+    server_id: None = None
 
 
 class Target(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra=_TARGET_SHAPES)
+    """A target: a server (``type`` server, ``server_id``) or an IP (``type`` ip, ``ip``)."""
+    # documented as ServerTarget | IpTarget, discriminated by type; validated here (one message each)
+    model_config = ConfigDict(extra="forbid")
+    __get_pydantic_json_schema__ = _one_of(ServerTarget, IpTarget, discriminator="type")
     type: Literal["server", "ip"]
     server_id: StrictStr | None = Field(None, pattern=SERVER_ID)
     ip: StrictStr | None = None
@@ -202,7 +255,9 @@ class TargetOut(schemas.Response):
     health_status: list[TargetHealth]
 
 
-class Member(schemas.Response):
+class LoadBalancerMember(schemas.Response):
+    """One appliance VM of a load balancer."""
+
     name: str
     ip: str | None
     vmid: int | None
@@ -224,7 +279,7 @@ class LoadBalancerOut(schemas.Response):
     public_net: dict[str, Any]
     services: list[ServiceOut]
     targets: list[TargetOut]
-    members: list[Member]
+    members: list[LoadBalancerMember]
     config_hash: str | None = Field(description="sha256 of the HAProxy config every appliance was verified to run")
     spread: bool | None = Field(description="the appliances run on different nodes (lb-ha); null: not observed yet")
     health: Literal["healthy", "degraded", "unhealthy", "unknown"]
@@ -343,7 +398,8 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
 # ---------------------------------------------------------------------------------- actions
 
 class TargetBody(Target):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={**_TARGET_SHAPES, "examples": [
+    """``add-target``/``remove-target``: a server target or an ip target."""
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"type": "server", "server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"}]})
 
 
@@ -413,8 +469,12 @@ class LoadBalancerPatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"name": "web-2", "labels": {"env": "prod"}}],
                                                                  **schemas.at_least_one("name", "labels")})
-    name: StrictStr | None = Field(None, pattern=schemas.NAME_PATTERN, description="DNS label, lower case, 1-63 chars")
-    labels: schemas.Labels | None = None
+    # left out: unchanged; never null (the document has no null type for them)
+    name: StrictStr = Field(None, pattern=schemas.NAME_PATTERN, description="DNS label, lower case, 1-63 chars",  # type: ignore[assignment]
+                            json_schema_extra=schemas.left_out)
+    labels: schemas.Labels = Field(None, json_schema_extra=schemas.left_out)  # type: ignore[assignment]
+
+    _no_null = field_validator("name", "labels", mode="before")(schemas.no_null)
 
     @model_validator(mode="after")
     def _some(self) -> "LoadBalancerPatch":

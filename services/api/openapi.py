@@ -166,6 +166,7 @@ def openapi_document(operations: Iterable[Operation], *, tag_descriptions: dict[
     return {
         "openapi": "3.1.0",
         "info": {"title": "z9 API", "version": "1",
+                 "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
                  "description": "Every mutation answers 202 with the resource and a job; poll "
                                 "GET /v1/jobs/{id} until it is succeeded or failed."},
         "servers": [{"url": "/v1"}],

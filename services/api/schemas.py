@@ -24,9 +24,26 @@ SSH_KEY_MAX = 16384  # characters, the surrounding space included (the document'
 SSH_KEY_PATTERN = r"^[ \t\r\n]*(ssh-|ecdsa-sha2-|sk-ssh-|sk-ecdsa-)[!-~]*( +[!-~]+)+[ \t\r\n]*$"
 
 def at_least_one(*fields: str) -> dict[str, Any]:
-    """A body's JSON Schema rule "at least one of ``fields`` is given and not null" (for a model
-    whose validator says so), to merge into its ``json_schema_extra``."""
-    return {"anyOf": [{"required": [f], "properties": {f: {"not": {"type": "null"}}}} for f in fields]}
+    """A body's JSON Schema rule "at least one of ``fields`` is given" (for a model whose fields
+    are all optional, never null — :func:`left_out` and :func:`no_null` — and whose validator
+    says so), to merge into its ``json_schema_extra``. ``minProperties`` rather than a top-level
+    ``anyOf`` of branches beside ``properties``: code generators (openapi-python-client) turn such
+    an ``anyOf`` into branch-only models with the fields untyped."""
+    return {"minProperties": 1}
+
+
+def left_out(schema: dict[str, Any]) -> None:
+    """A field that may be left out (unchanged) but is never null: no ``default: null`` in the
+    document (it would not validate against the field's own schema)."""
+    schema.pop("default", None)
+
+
+def no_null(v: Any) -> Any:
+    """A ``mode="before"`` field validator's body: an explicit null is not a value (422 naming the
+    field); leave the field out instead."""
+    if v is None:
+        raise ValueError("null is not a value; leave the field out")
+    return v
 
 
 Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]

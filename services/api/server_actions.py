@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
 from z9.common import kinds, store
 from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
@@ -40,9 +40,13 @@ class ServerResize(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         "examples": [{"cores": 4, "memory_mib": 8192}], **schemas.at_least_one("cores", "memory_mib", "disk_gib")})
 
-    cores: StrictInt | None = Field(None, ge=1, le=64)
-    memory_mib: StrictInt | None = Field(None, ge=512, le=1048576)
-    disk_gib: StrictInt | None = Field(None, ge=1, le=16384, description="grow only: disks never shrink")
+    # left out: unchanged; never null (the document has no null type for them)
+    cores: StrictInt = Field(None, ge=1, le=64, json_schema_extra=schemas.left_out)  # type: ignore[assignment]
+    memory_mib: StrictInt = Field(None, ge=512, le=1048576, json_schema_extra=schemas.left_out)  # type: ignore[assignment]
+    disk_gib: StrictInt = Field(None, ge=1, le=16384, description="grow only: disks never shrink",  # type: ignore[assignment]
+                                json_schema_extra=schemas.left_out)
+
+    _no_null = field_validator("cores", "memory_mib", "disk_gib", mode="before")(schemas.no_null)
 
     @model_validator(mode="after")
     def _some(self) -> "ServerResize":
