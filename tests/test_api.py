@@ -59,7 +59,7 @@ def ts(v: str) -> datetime:
 async def test_create_answers_202_and_writes_server_and_job(api: Stack) -> None:
     status, out = await api.call("POST", "/servers", json=body())
     assert status == 202, out
-    assert set(out) == {"server", "job"}
+    assert set(out) == {"server", "job", "jobs"} and out["jobs"] == [out["job"]]  # one job: jobs is [job]
     srv, job = out["server"], out["job"]
     assert srv["id"].startswith("srv_") and srv["status"] == "creating"
     assert srv["name"] == "web-1" and srv["region"] == REGION and srv["image"] == "debian-12"

@@ -608,12 +608,16 @@ async def test_cancel_and_rerun_of_load_balancer_jobs(api: Stack) -> None:
     rerun = out["job"]["id"]
     status, out = await api.call("POST", f"/jobs/{rerun}/actions/cancel")
     assert status == 200, out
+    # a failed create (its create never succeeded) is deleted at once: its final job, no buffer
     status, out = await api.call("DELETE", f"/load-balancers/{lb['id']}")
+    assert status == 202 and out["job"]["kind"] == "LoadBalancerDelete", out
+    status, out = await api.call("POST", f"/jobs/{rerun}/actions/rerun")    # the load balancer is being destroyed
+    assert status == 409 and out["error"]["code"] == "resource_deleting", out
+    # a buffered deletion's own job (lb2 is still creating: its deletion has a buffer) is not re-run
+    status, out = await api.call("DELETE", f"/load-balancers/{lb2['id']}")
     assert status == 202 and out["job"]["kind"] == "LoadBalancerStop", out
     stop = out["job"]["id"]
     status, out = await api.call("POST", f"/jobs/{stop}/actions/cancel")
     assert status == 200, out
     status, out = await api.call("POST", f"/jobs/{stop}/actions/rerun")
     assert status == 409 and out["error"]["code"] == "job_not_rerunnable", out
-    status, out = await api.call("POST", f"/jobs/{rerun}/actions/rerun")    # the load balancer is deleting
-    assert status == 409 and out["error"]["code"] == "resource_deleting", out

@@ -214,7 +214,7 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     await w.call("GET", "/regions", "/regions", 401, token="z9t_unknown")
     await w.call("GET", "/regions", "/regions?color=red", 400)
     images = await w.call("GET", "/images", "/images?region=dev-1", 200)
-    assert images["images"] == [{"name": "debian-12", "regions": ["dev-1"]}]
+    assert images["images"] == [{"name": "debian-12", "regions": ["dev-1"], "disk_gib": None}]
     await w.call("GET", "/images", "/images?region=nowhere", 422)
     await w.call("GET", "/images", "/images", 401, token="z9t_unknown")
     # the load balancer actions (a fresh one: the generic walk deleted its own)

@@ -247,7 +247,9 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         env.setdefault("Z9_INSTALLATION_KEY", key_file.read_text().strip())
         env["Z9_REGIONS"] = json.dumps({REGION: {
             "url": f"https://127.0.0.1:{sim_port}", "token_id": SIM_TOKEN_ID, "token_secret": sim_secret,
-            "verify_ssl": False, "images": ["debian-12"], "address_pools": DEV_ADDRESS_POOLS}})
+            "verify_ssl": False, "images": ["debian-12"],
+            # the simulator's debian-12 template has a 2 GiB disk (simulator/server.py)
+            "image_disk_gib": {"debian-12": 2}, "address_pools": DEV_ADDRESS_POOLS}})
         env.setdefault("Z9_LOG_FORMAT", "text")
         env.setdefault("Z9_METRICS_HOST", "127.0.0.1")
         for name, extra in (("api", ["--port", str(args.port)]), ("scheduler", []),

@@ -236,6 +236,11 @@ async def resource_count_own_live_jobs(db: DB, resource_id: str) -> int:
     return await db.fetchval(q("resource_count_own_live_jobs"), resource_id)
 
 
+async def resource_create_failed(db: DB, resource_id: str, create_kind: str) -> bool:
+    """True when the resource's create job failed and none succeeded (a failed create)."""
+    return bool(await db.fetchval(q("resource_create_failed"), resource_id, create_kind))
+
+
 async def resource_count_live_jobs(db: DB, resource_id: str) -> int:
     """How many live (pending, running, retry) jobs lock ``resource_id`` (as their resource or
     as an extra lock key)."""

@@ -116,7 +116,9 @@ async def rerun(request: web.Request) -> web.Response:
         if why is not None:
             raise Conflict(f"job {job.id} cannot be re-run: {why}", code="job_superseded")
         await room_for_a_job(conn, settings, rtype.name, row.id)
-        new = await store.job_insert(conn, rtype.new_job(row, job.kind, args=job.args, max_attempts=job.max_attempts,
+        # the resource's current intent (what it says now), not the old request's arguments
+        args = rtype.intent(row, job.kind, dict(job.args or {})) if rtype.intent is not None else job.args
+        new = await store.job_insert(conn, rtype.new_job(row, job.kind, args=args, max_attempts=job.max_attempts,
                                                          extra_lock_keys=tuple(job.extra_lock_keys)), notify=False)
         answer = dump(JobAccepted, {"job": new.public()})
         await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)

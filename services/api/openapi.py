@@ -144,6 +144,8 @@ def openapi_document(operations: Iterable[Operation], *, tag_descriptions: dict[
             content: dict[str, Any] = {"schema": refs[(model, models[model])]}
             if op.example is not None:
                 content["example"] = op.example
+                if isinstance(op.example, dict) and "jobs" in model.model_fields and "jobs" not in op.example:
+                    content["example"] = {**op.example, "jobs": [op.example["job"]]}  # one job: jobs is [job]
             headers = dict(_HEADERS)
             if status == 202:
                 headers["Location"] = {"$ref": "#/components/headers/Location"}

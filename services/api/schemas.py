@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema, field_validator,
+                      model_validator)
 
 # A Proxmox VM name must be a DNS name (qemu-server: format 'dns-name'); z9 keeps to one label.
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -161,6 +162,25 @@ class JobRef(Response):
     id: str = Field(pattern=r"^job_[0-9a-z]{26}$")
     kind: str
     status: JobStatus
+
+
+class Accepted(Response):
+    """Base of every 202 answer (``<ServerAccepted>`` and the other types'): the resource as it
+    is now, its ``job`` and ``jobs``: every job the request made, ``job`` first. A request that
+    asks for more than one job's work — a server created with ``public_ipv4`` is a ServerCreate
+    and an AddressAssign — is done (what was asked for is in place: the server reachable at its
+    address) when every job of ``jobs`` has succeeded; ``z9 … --wait`` follows them all. Every
+    other 202 makes one job (``jobs`` is ``[job]``)."""
+
+    jobs: list[JobRef] = Field(default_factory=list, description="every job the request made, `job` first: the "
+                                                                  "request is done when all have succeeded")
+
+    @model_validator(mode="after")
+    def _jobs(self) -> "Accepted":
+        job = getattr(self, "job", None)
+        if not self.jobs and job is not None:
+            self.jobs = [job]
+        return self
 
 
 class Step(BaseModel):

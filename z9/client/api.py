@@ -157,7 +157,7 @@ class Client:
     def create_server(self, spec: ServerCreate | dict[str, Any]) -> Accepted[Server]:
         body = spec if isinstance(spec, ServerCreate) else ServerCreate.model_validate(spec)
         _, out, _ = self.request("POST", "/servers", json=body.model_dump(mode="json"))
-        return Accepted[Server](resource=out["server"], job=out["job"])
+        return Accepted[Server](resource=out["server"], job=out["job"], jobs=out.get("jobs") or [])
 
     def list_servers(self, *, status: str | None = None, limit: int | None = None,
                      after: str | None = None, name: str | None = None,

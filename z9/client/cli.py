@@ -146,6 +146,11 @@ def mutation(ctx: Ctx, accepted: Accepted[Any], show: Callable[[Any], Table], re
     ctx.err.print(f"{accepted.job.kind} {accepted.job.id} accepted; waiting (deadline {ctx.args.timeout:g}s)",
                   highlight=False, soft_wrap=True)
     code = follow(ctx, accepted.job.id)
+    for more in accepted.jobs[1:]:  # the request's other jobs (the API's `jobs`): done when all are
+        if code != OK:
+            break
+        ctx.err.print(f"{more.kind} {more.id}: waiting", highlight=False, soft_wrap=True)
+        code = follow(ctx, more.id)
     if code in (OK, FAILED):
         resource = refetch()
         ctx.emit({"resource": resource, "job": ctx.client.get_job(accepted.job.id)}, lambda: show(resource))

@@ -132,6 +132,9 @@ class Accepted(_Answer, Generic[T]):
 
     resource: T
     job: JobRef
+    # every job the request made, ``job`` first (the API's ``jobs``): what was asked for is in
+    # place when all have succeeded (a server with a public IPv4 address: ServerCreate, AddressAssign)
+    jobs: list[JobRef] = Field(default_factory=list)
 
 
 class Page(_Answer, Generic[T]):
