@@ -5,8 +5,9 @@ deleted without waiting a buffer.
   not a 202 whose job fails (disks cannot shrink).
 - A failed create's DELETE is immediate (no buffer: straight to the final job) and the name is
   free once the resource is ``deleted``.
-- A re-run takes the resource's current intent: a failed server resized since is created at the
-  new size, not the old request's.
+- A re-run takes the resource's current intent (a failed server renamed since is created under
+  its new name), not the old request's; a resize of a failed create is its create at the new size
+  (there is no VM to resize).
 - A name held by a resource in its deletion buffer: the 409 says when it is free and how to free
   it now (rename the deleting one), and that works.
 """
@@ -64,17 +65,31 @@ async def test_a_failed_create_is_deleted_at_once_and_its_name_is_free(stack: St
 async def test_a_rerun_takes_the_current_intent(stack: Stack, sim: SimAdmin) -> None:
     server = await _failed_create(stack, sim, "fixme")
     first = (await stack.call("GET", f"/jobs?resource_id={server['id']}"))[1]["jobs"][0]
-    # fixed: the disk grows (the intent changes; its ServerResize has no VM to act on yet)
-    status, out = await stack.call("POST", f"/servers/{server['id']}/actions/resize", json={"disk_gib": 24})
-    assert status == 202, out
-    await stack.wait_job(out["job"]["id"], timeout_s=60)
+    # the intent changes after the failure (renamed): the re-run builds what the row says now
+    status, out = await stack.call("PATCH", f"/servers/{server['id']}", json={"name": "fixed"})
+    assert status == 200, out
     status, out = await stack.call("POST", f"/jobs/{first['id']}/actions/rerun")
     assert status == 202, out
     assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
     got = await stack.server(server["id"])
-    assert got["status"] == "running" and got["disk_gib"] == 24, got
+    assert got["status"] == "running" and got["name"] == "fixed", got
     vm = await sim.vm(got["observed"]["vmid"])
-    assert "size=24G" in vm["config"]["scsi0"], vm["config"]
+    assert vm["config"]["name"] == "fixed", vm["config"]
+
+
+async def test_a_resize_of_a_failed_create_is_its_create_at_the_new_size(stack: Stack, sim: SimAdmin) -> None:
+    """A failed create has no VM to resize: the resize is accepted as the create itself, at the
+    new sizes (cores and memory too: there is no running VM to stop first)."""
+    server = await _failed_create(stack, sim, "grow")
+    status, out = await stack.call("POST", f"/servers/{server['id']}/actions/resize",
+                                   json={"disk_gib": 24, "cores": 2})
+    assert status == 202, out
+    assert out["job"]["kind"] == "ServerCreate", out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    got = await stack.server(server["id"])
+    assert got["status"] == "running" and (got["disk_gib"], got["cores"]) == (24, 2), got
+    vm = await sim.vm(got["observed"]["vmid"])
+    assert "size=24G" in vm["config"]["scsi0"] and vm["config"]["cores"] in (2, "2"), vm["config"]
 
 
 async def test_a_name_in_a_deletion_buffer_says_when_and_how_it_is_freed(api: Stack) -> None:

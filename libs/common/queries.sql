@@ -227,6 +227,10 @@ SELECT (SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending
 SELECT bool_or(status = 'failed') AND NOT bool_or(status = 'succeeded')
 FROM jobs WHERE resource_id = $1 AND kind = $2;
 
+-- name: resource_latest_job_args
+-- The args of the resource's latest job of kind $2 (NULL: none kept).
+SELECT args FROM jobs WHERE resource_id = $1 AND kind = $2 ORDER BY seq DESC LIMIT 1;
+
 -- name: resource_count_own_live_jobs
 -- Live (pending, running, retry) jobs of resource $1 itself (index-only on jobs_resource_live).
 SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending', 'running', 'retry');

@@ -144,11 +144,17 @@ def operations(api: ApiResource) -> list[Operation]:
             if server.status == "creating":
                 raise Conflict(f"server {server.id} is still being created; wait for its ServerCreate",
                                code="server_creating")
-            if (cores, memory) != (server.cores, server.memory_mib):
+            # a failed create has no VM to resize: the fix is its create, at the new sizes
+            never_made = server.status == "failed" and await store.resource_create_failed(
+                conn, server.id, kinds.SERVER_CREATE)
+            if (cores, memory) != (server.cores, server.memory_mib) and not never_made:
                 _require_stopped(server, "changing cores or memory")
             await quotas.check(conn, settings, tenant_id, cores=cores - server.cores,
                                memory_mib=memory - server.memory_mib)
             row = await store.server_set_sizes(conn, server.id, cores=cores, memory_mib=memory, disk_gib=disk)
+            if never_made:  # the request's network (cloud-init ipconfig0) kept, the rest the row's intent
+                asked = await store.resource_latest_job_args(conn, server.id, kinds.SERVER_CREATE) or {}
+                return row, kinds.SERVER_CREATE, SERVER.intent(row, kinds.SERVER_CREATE, dict(asked))  # type: ignore[misc]
             return row, kinds.SERVER_RESIZE, {"cores": cores, "memory_mib": memory, "disk_gib": disk}
 
         return await _action(request, "POST /servers/{id}/actions/resize", spec.model_dump(), fn)
