@@ -215,6 +215,8 @@ OTHER = [
     ("Z9_REQUIRE_PROMETHEUS", "Tests: `1` = fail instead of skipping without `prometheus`/`promtool`."),
     ("Z9_REQUIRE_PGBOUNCER", "Tests: `1` = fail instead of skipping without `pgbouncer`."),
     ("Z9_REQUIRE_HA", "Tests: `1` = fail instead of skipping without Debian's PostgreSQL binaries (failover tests)."),
+    ("Z9_REQUIRE_OPENAPI_LINT", "Tests: `1` = fail instead of skipping without Redocly CLI "
+                                "(`cd tools/openapi-lint && npm ci`)."),
     ("Z9_BENCH_DSN", "Benchmarks: admin connection string (`bench/run.py --dsn`)."),
 ]
 

@@ -59,7 +59,7 @@ def ts(v: str) -> datetime:
 async def test_create_answers_202_and_writes_server_and_job(api: Stack) -> None:
     status, out = await api.call("POST", "/servers", json=body())
     assert status == 202, out
-    assert set(out) == {"server", "job"}
+    assert set(out) == {"server", "job", "jobs"} and out["jobs"] == [out["job"]]  # one job: jobs is [job]
     srv, job = out["server"], out["job"]
     assert srv["id"].startswith("srv_") and srv["status"] == "creating"
     assert srv["name"] == "web-1" and srv["region"] == REGION and srv["image"] == "debian-12"
@@ -262,7 +262,7 @@ async def test_duplicate_name_is_409_naming_it(api: Stack) -> None:
     await api.create_server("dup-1")
     status, out = await api.call("POST", "/servers", json=body(name="dup-1", cores=4))
     assert status == 409, out
-    assert_error(out, "conflict", "dup-1")
+    assert_error(out, "uniqueness_error", "dup-1")  # the code every kind answers for a taken name
     assert await counts(api) == (1, 1, 0)
     # another name is fine; the same name in another tenant is fine
     await api.create_server("dup-2")
@@ -347,7 +347,7 @@ async def test_delete_starts_the_buffer_and_stops_the_server(api: Stack) -> None
     n = await counts(api)
     status, again = await api.call("DELETE", f"/servers/{srv['id']}")
     assert status == 409, again
-    assert_error(again, "conflict", "deleting")
+    assert_error(again, "resource_deleting", "deleting")
     assert await counts(api) == n
 
 
@@ -359,7 +359,7 @@ async def test_delete_in_a_final_state_is_409(api: Stack, status_: str) -> None:
         "WHERE id = $1", srv["id"], status_)
     status, out = await api.call("DELETE", f"/servers/{srv['id']}")
     assert status == 409, out
-    assert_error(out, "conflict", status_ if status_ == "deleted" else "destroyed")
+    assert_error(out, "resource_deleting", status_ if status_ == "deleted" else "destroyed")
 
 
 async def test_cancel_deletion_of_a_creating_server(api: Stack) -> None:

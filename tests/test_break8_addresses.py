@@ -128,11 +128,11 @@ async def test_load_balancer_and_cluster_addresses_count_against_the_address_quo
                        ("/addresses", {"region": REGION})):
         status, out = await api.call("POST", path, json=body)
         assert status == 403 and out["error"]["code"] == "quota_exceeded", (path, out)
-        assert out["error"]["details"]["limit"] == "addresses" and out["error"]["details"]["used"] == 3, out
+        assert out["error"]["details"][0]["limit"] == "addresses" and out["error"]["details"][0]["used"] == 3, out
     await store.tenant_quota_set(api.pool, api.tenant_id, {"addresses": 5})
     status, out = await _lb(api, "ha2", type="lb-ha")           # 3 more: over 5
-    assert status == 403 and out["error"]["details"] == {"limit": "addresses", "quota": 5, "used": 3,
-                                                          "requested": 3}, out
+    assert status == 403 and out["error"]["details"] == [{"limit": "addresses", "quota": 5, "used": 3,
+                                                          "requested": 3}], out
     assert await api.pool.fetchval("SELECT count(*) FROM addresses") == 3
     assert await api.pool.fetchval("SELECT count(*) FROM load_balancers") == 1
 

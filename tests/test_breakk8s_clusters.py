@@ -155,7 +155,7 @@ async def test_expiry_digits_only_and_a_second_delete_names_no_buffer(api: Stack
     assert status == 409 and "already being destroyed" in out["error"]["message"], out
     assert "buffer" not in out["error"]["message"]
     status, out = await api.call("GET", f"/clusters/{cid}/kubeconfig")
-    assert status == 409 and out["error"]["code"] == "cluster_deleting", out
+    assert status == 409 and out["error"]["code"] == "resource_deleting", out
 
 
 # The installation key replaced by another valid one (a rotation, a restored backup): the

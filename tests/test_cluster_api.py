@@ -35,7 +35,7 @@ async def test_delete_supersedes_a_waiting_create_at_once_and_has_no_cancel(stac
     status, out = await stack.call("POST", f"/jobs/{delete_job}/actions/cancel")
     assert status == 409 and out["error"]["code"] == "job_not_cancellable", out
     status, out = await stack.call("POST", f"/jobs/{create_job}/actions/rerun")
-    assert status == 409 and out["error"]["code"] == "cluster_deleting", out
+    assert status == 409 and out["error"]["code"] == "resource_deleting", out
 
     await stack.start_service("executor")
     done = await stack.wait_job(delete_job, timeout_s=60)
@@ -53,17 +53,17 @@ async def test_quotas_count_members_cores_memory_and_the_endpoint(api: Stack) ->
     await store.tenant_quota_set(api.pool, api.tenant_id, {"cores": 10, "servers": 0})
     status, out = await api.call("POST", "/clusters", json=body(name="big", cps=3, workers=3))  # 12 cores
     assert status == 403 and out["error"]["code"] == "quota_exceeded", out
-    assert out["error"]["details"] == {"limit": "cores", "quota": 10, "used": 0, "requested": 12}
+    assert out["error"]["details"] == [{"limit": "cores", "quota": 10, "used": 0, "requested": 12}]
     status, out = await api.call("POST", "/clusters", json=body(name="ok", cps=1, workers=3))  # 8 cores
     assert status == 202, out  # a servers quota of 0 does not stop a cluster: members are not servers
     cid = out["cluster"]["id"]
     assert await api.pool.fetchval("SELECT count(*) FROM clusters WHERE tenant_id = $1", api.tenant_id) == 1
 
     status, out = await api.call("POST", f"/clusters/{cid}/actions/resize-node-pool", json={"pool": "workers", "count": 5})
-    assert status == 403 and out["error"]["details"] == {"limit": "cores", "quota": 10, "used": 8, "requested": 4}
+    assert status == 403 and out["error"]["details"] == [{"limit": "cores", "quota": 10, "used": 8, "requested": 4}]
     status, out = await api.call("POST", f"/clusters/{cid}/actions/add-node-pool",
                                  json={"name": "gpu", "count": 1, "cores": 4, "memory_mib": 4096})
-    assert status == 403 and out["error"]["details"]["limit"] == "cores", out
+    assert status == 403 and out["error"]["details"][0]["limit"] == "cores", out
     status, out = await api.call("POST", f"/clusters/{cid}/actions/resize-node-pool", json={"pool": "workers", "count": 4})
     assert status == 202, out  # 10 cores: exactly the quota
 
@@ -71,8 +71,8 @@ async def test_quotas_count_members_cores_memory_and_the_endpoint(api: Stack) ->
     await store.tenant_quota_set(api.pool, api.tenant_id, {"servers": None, "cores": None, "memory_mib": 4096 + 4 * 2048})
     status, out = await api.call("POST", "/servers", json={"name": "s", "region": REGION, "image": "debian-12",
                                                            "cores": 1, "memory_mib": 1024, "disk_gib": 10})
-    assert status == 403 and out["error"]["details"] == {"limit": "memory_mib", "quota": 12288, "used": 12288,
-                                                         "requested": 1024}, out
+    assert status == 403 and out["error"]["details"] == [{"limit": "memory_mib", "quota": 12288, "used": 12288,
+                                                         "requested": 1024}], out
     status, out = await api.call("POST", f"/clusters/{cid}/actions/resize-node-pool", json={"pool": "workers", "count": 0})
     assert status == 202, out  # shrinking is always allowed
 
@@ -81,7 +81,7 @@ async def test_quotas_count_members_cores_memory_and_the_endpoint(api: Stack) ->
                                    api.tenant_id)
     await store.tenant_quota_set(api.pool, api.tenant_id, {"memory_mib": None, "addresses": used})
     status, out = await api.call("POST", "/clusters", json=body(name="third", workers=0))
-    assert status == 403 and out["error"]["details"]["limit"] == "addresses", out
+    assert status == 403 and out["error"]["details"][0]["limit"] == "addresses", out
 
 
 async def test_labels_at_create_patch_and_label_selector(api: Stack) -> None:

@@ -484,12 +484,12 @@ async def test_server_target_preconditions(api: Stack) -> None:
     status, out = await api.call("DELETE", f"/servers/{server['id']}")
     assert status == 202, out
     status, out = await api.call("POST", base, json={"type": "server", "server_id": server["id"]})
-    assert status == 409 and out["error"]["code"] == "server_deleting", out
+    assert status == 409 and out["error"]["code"] == "resource_deleting", out
     status, out = await api.call("POST", base, json={"type": "server", "server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"})
     assert status == 422, out
     status, out = await api.call("POST", "/load-balancers", json={
         "region": REGION, "name": "pre3", "targets": [{"type": "server", "server_id": server["id"]}]})
-    assert status == 409 and out["error"]["code"] == "server_deleting", out
+    assert status == 409 and out["error"]["code"] == "resource_deleting", out
     # region_mismatch: a server of another region (its row moved there: the test stack has one region)
     other, _ = await api.create_server("elsewhere")
     await api.pool.execute("UPDATE servers SET region = 'other-1' WHERE id = $1", other["id"])
@@ -499,7 +499,7 @@ async def test_server_target_preconditions(api: Stack) -> None:
     status, out = await api.call("DELETE", f"/load-balancers/{lb['id']}")
     assert status == 202, out
     status, out = await api.call("POST", base, json={"type": "ip", "ip": "203.0.113.250"})
-    assert status == 409 and out["error"]["code"] == "load_balancer_deleting", out
+    assert status == 409 and out["error"]["code"] == "resource_deleting", out
     # the type's limits: 500 targets, 16 services (and the installation's: targets × services,
     # checks per second; tests/test_lb_target_rules.py)
     full, _ = await _lb(api, name="full", targets=[{"type": "ip", "ip": f"198.51.100.{i % 250 + 1}"} for i in range(250)]
@@ -577,17 +577,17 @@ async def test_addresses_of_a_load_balancer_count_against_the_quota(api: Stack) 
     await store.tenant_quota_set(api.pool, api.tenant_id, {"addresses": 2})
     status, out = await api.call("POST", "/load-balancers", json={"region": REGION, "name": "q-ha", "type": "lb-ha"})
     assert status == 403 and out["error"]["code"] == "quota_exceeded", out
-    assert out["error"]["details"] == {"limit": "addresses", "quota": 2, "used": 0, "requested": 3}
+    assert out["error"]["details"] == [{"limit": "addresses", "quota": 2, "used": 0, "requested": 3}]
     async with api.pool.acquire() as c:
         assert await c.fetchval("SELECT count(*) FROM addresses WHERE tenant_id = $1", api.tenant_id) == 0
     lb, _ = await _lb(api, name="q-small", type="lb-small")
     status, out = await api.call("POST", "/addresses", json={"region": REGION, "name": "one-more"})
-    assert status == 403 and out["error"]["details"]["used"] == 2, out
+    assert status == 403 and out["error"]["details"][0]["used"] == 2, out
     # deleting the load balancer keeps its addresses during the buffer (they still count)
     status, out = await api.call("DELETE", f"/load-balancers/{lb['id']}")
     assert status == 202, out
     status, out = await api.call("POST", "/load-balancers", json={"region": REGION, "name": "q-2"})
-    assert status == 403 and out["error"]["details"]["used"] == 2, out
+    assert status == 403 and out["error"]["details"][0]["used"] == 2, out
 
 
 async def test_cancel_and_rerun_of_load_balancer_jobs(api: Stack) -> None:
@@ -620,12 +620,16 @@ async def test_cancel_and_rerun_of_load_balancer_jobs(api: Stack) -> None:
     rerun = out["job"]["id"]
     status, out = await api.call("POST", f"/jobs/{rerun}/actions/cancel")
     assert status == 200, out
+    # a failed create (its create never succeeded) is deleted at once: its final job, no buffer
     status, out = await api.call("DELETE", f"/load-balancers/{lb['id']}")
+    assert status == 202 and out["job"]["kind"] == "LoadBalancerDelete", out
+    status, out = await api.call("POST", f"/jobs/{rerun}/actions/rerun")    # the load balancer is being destroyed
+    assert status == 409 and out["error"]["code"] == "resource_deleting", out
+    # a buffered deletion's own job (lb2 is still creating: its deletion has a buffer) is not re-run
+    status, out = await api.call("DELETE", f"/load-balancers/{lb2['id']}")
     assert status == 202 and out["job"]["kind"] == "LoadBalancerStop", out
     stop = out["job"]["id"]
     status, out = await api.call("POST", f"/jobs/{stop}/actions/cancel")
     assert status == 200, out
     status, out = await api.call("POST", f"/jobs/{stop}/actions/rerun")
     assert status == 409 and out["error"]["code"] == "job_not_rerunnable", out
-    status, out = await api.call("POST", f"/jobs/{rerun}/actions/rerun")    # the load balancer is deleting
-    assert status == 409 and out["error"]["code"] == "load_balancer_deleting", out

@@ -146,13 +146,13 @@ async def test_20_concurrent_creates_against_a_quota_of_10(api: Stack) -> None:
     assert sorted(s for s, _ in answers) == [202] * 10 + [403] * 10, answers
     refused = [b for s, b in answers if s == 403]
     assert all(b["error"]["code"] == "quota_exceeded" for b in refused)
-    assert refused[0]["error"]["details"] == {"limit": "servers", "quota": 10, "used": 10, "requested": 1}
+    assert refused[0]["error"]["details"] == [{"limit": "servers", "quota": 10, "used": 10, "requested": 1}]
     assert await api.pool.fetchval("SELECT count(*) FROM servers WHERE tenant_id = $1", api.tenant_id) == 10
     # cores: a default from the settings, the tenant's own override wins
     await store.tenant_quota_set(api.pool, api.tenant_id, {"servers": None, "cores": 11})
     status, out = await api.call("POST", "/servers", json={"name": "big", "region": "dev-1", "image": "debian-12",
                                                             "cores": 2, "memory_mib": 1024, "disk_gib": 10})
-    assert status == 403 and out["error"]["details"]["limit"] == "cores" and out["error"]["details"]["used"] == 10
+    assert status == 403 and out["error"]["details"][0]["limit"] == "cores" and out["error"]["details"][0]["used"] == 10
 
 
 async def test_operator_sets_a_tenants_quota_with_z9_quota(api: Stack) -> None:

@@ -238,13 +238,15 @@ async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: St
         path = template.removeprefix("/v1").replace("{id}", ids[prefix])
         # a valid body for each action, so that only the id can make it fail
         action = template.rsplit("/", 1)[-1]
-        body = {"assign": {"server_id": server["id"]}, "resize": {"disk_gib": 50},
+        bodies = {"assign": {"server_id": server["id"]}, "resize": {"disk_gib": 50},
                 "add_target": {"type": "ip", "ip": "198.51.100.201"}, "remove_target": {"type": "ip", "ip": "198.51.100.201"},
                 "add_service": {"protocol": "tcp", "listen_port": 81, "destination_port": 8081},
                 "update_service": {"listen_port": 80, "destination_port": 9080},
                 "delete_service": {"listen_port": 80}, "change_algorithm": {"type": "least_connections"},
                 "add-node-pool": {"name": "more", "count": 1}, "resize-node-pool": {"pool": "workers", "count": 2},
-                "remove-node-pool": {"pool": "workers"}, "rotate-credentials": {}}.get(action, {"name": "taken-over"})
+                "remove-node-pool": {"pool": "workers"}, "rotate-credentials": {}}
+        # the load balancers' kebab-case paths and their deprecated snake_case aliases take one body
+        body = bodies.get(action) or bodies.get(action.replace("-", "_"), {"name": "taken-over"})
         if method == "PATCH" and prefix == "k8s":  # a cluster's name is fixed; its labels are not
             body = {"labels": {"taken": "over"}}
         status, out, _ = await call(fast, method, path, other, json=body if method in ("POST", "PATCH") else None)

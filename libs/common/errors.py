@@ -119,7 +119,10 @@ class ExclusionViolation(ConstraintViolation):
 
 
 class ApiError(Z9Error):
-    """An error answered to an API client as ``{"error": {"code", "message", "details"}}``."""
+    """An error answered to an API client as ``{"error": {"code", "message", "details"}}``.
+
+    ``details`` is always a list of objects (``[]`` when there is nothing more to say): each names
+    what it is about — ``field`` (422), ``limit`` (a quota), ``kind``/``id`` (a resource), ``pool``…"""
 
     status = 400
     code = "bad_request"
@@ -128,7 +131,7 @@ class ApiError(Z9Error):
                  headers: dict[str, str] | None = None):
         super().__init__(message)
         self.message = message
-        self.details = details
+        self.details = [] if details is None else details if isinstance(details, list) else [details]
         self.headers = headers or {}  # sent with the answer (WWW-Authenticate, Retry-After, …)
         if code:
             self.code = code
@@ -162,6 +165,18 @@ class Conflict(ApiError):
 
 class ValidationFailed(ApiError):
     status, code = 422, "validation_failed"
+
+
+RESOURCE_DELETING = "resource_deleting"
+"""The 409 code of every request a resource's deletion stops (it is ``deleting``, ``destroying``
+or ``deleted``), whatever its kind: ``details`` names it. It replaced ``server_deleting``,
+``address_deleting``, ``load_balancer_deleting`` and ``cluster_deleting``."""
+
+
+def deleting(kind: str, rid: str, status: str | None) -> dict[str, Any]:
+    """``Conflict(message, **deleting("server", id, status))``: code ``resource_deleting``,
+    details ``[{"kind", "id", "status"}]``."""
+    return {"code": RESOURCE_DELETING, "details": [{"kind": kind, "id": rid, "status": status}]}
 
 
 class PoolConfigError(Z9Error):

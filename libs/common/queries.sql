@@ -241,6 +241,17 @@ SELECT (SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending
         WHERE extra_lock_keys @> ARRAY[$1::text] AND cardinality(extra_lock_keys) > 0
           AND status IN ('pending', 'running', 'retry'));
 
+-- name: resource_create_failed
+-- Whether the resource's create ($2: its create kind) failed and never succeeded: a failed
+-- create, nothing of it ever in use (its deletion needs no buffer). NULL (false) when no create
+-- job is kept (pruned): the buffer then applies, as for any resource that may hold data.
+SELECT bool_or(status = 'failed') AND NOT bool_or(status = 'succeeded')
+FROM jobs WHERE resource_id = $1 AND kind = $2;
+
+-- name: resource_latest_job_args
+-- The args of the resource's latest job of kind $2 (NULL: none kept).
+SELECT args FROM jobs WHERE resource_id = $1 AND kind = $2 ORDER BY seq DESC LIMIT 1;
+
 -- name: resource_count_own_live_jobs
 -- Live (pending, running, retry) jobs of resource $1 itself (index-only on jobs_resource_live).
 SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending', 'running', 'retry');

@@ -165,6 +165,10 @@ class RegionSettings(BaseModel):
     token_secret_file: Path | None = None
     verify_ssl: bool | str = True
     images: list[str] = Field(default_factory=list)
+    image_disk_gib: dict[str, float] = Field(default_factory=dict, description=(
+        "each image's boot disk size in GiB, as its template has it (e.g. `{\"debian-12\": 2}`): a server asking for a "
+        "smaller `disk_gib` is refused at the request (422 naming `disk_gib`) rather than accepted and failed by its "
+        "job (disks cannot shrink); an image not listed is checked by the job only. `GET /v1/images` shows it"))
     request_timeout_s: float = 10.0
     resources_snapshot_s: float = Field(2.0, ge=0.0, le=60.0)
     resources_snapshot_create_s: float = Field(30.0, ge=0.0, le=600.0)

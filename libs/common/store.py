@@ -245,6 +245,16 @@ async def resource_count_own_live_jobs(db: DB, resource_id: str) -> int:
     return await db.fetchval(q("resource_count_own_live_jobs"), resource_id)
 
 
+async def resource_create_failed(db: DB, resource_id: str, create_kind: str) -> bool:
+    """True when the resource's create job failed and none succeeded (a failed create)."""
+    return bool(await db.fetchval(q("resource_create_failed"), resource_id, create_kind))
+
+
+async def resource_latest_job_args(db: DB, resource_id: str, kind: str) -> dict[str, Any] | None:
+    """The args of the resource's latest job of ``kind`` (None: no such job kept)."""
+    return await db.fetchval(q("resource_latest_job_args"), resource_id, kind)
+
+
 async def resource_count_live_jobs(db: DB, resource_id: str) -> int:
     """How many live (pending, running, retry) jobs lock ``resource_id`` (as their resource or
     as an extra lock key)."""

@@ -18,7 +18,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
 from z9.common import kinds, store
-from z9.common.errors import CheckViolation, Conflict, NotFound, UniqueViolation, ValidationFailed
+from z9.common.errors import CheckViolation, Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.models import Address, Server
 from z9.common.resources.address import ADDRESS
 from z9.common.settings import Settings
@@ -198,7 +198,7 @@ async def _target_server(conn: Any, tenant_id: str, server_id: str, address: Add
                        "an address can only be assigned to a server of its region", code="region_mismatch")
     if server.status in ("deleting", "destroying", "deleted"):
         raise Conflict(f"server {server.id} is {server.status}; an address cannot be assigned to it",
-                       code="server_deleting")
+                       **deleting("server", server.id, server.status))
     return server
 
 
@@ -263,7 +263,7 @@ def _operations(api: ApiResource) -> list[Operation]:
         if row.status in ("deleting", "destroying", "deleted"):
             raise Conflict(f"address {row.id} is {row.status}; cancel the deletion first"
                            if row.status == "deleting" else f"address {row.id} is {row.status}",
-                           code="address_deleting")
+                           **deleting("address", row.id, row.status))
         await refuse_owned(conn, row)
         return row
 
@@ -345,7 +345,7 @@ def _operations(api: ApiResource) -> list[Operation]:
             current = await store.address_get(pool, rid, tenant_id)
             if current is None:
                 raise NotFound(f"no address {rid!r}")
-            raise Conflict(f"address {rid} is deleted; it cannot be changed", code="address_deleting")
+            raise Conflict(f"address {rid} is deleted; it cannot be changed", **deleting("address", rid, "deleted"))
         return web.json_response(dump(one, {"address": row.public()}))
 
     return [

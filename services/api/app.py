@@ -43,7 +43,8 @@ OPENAPI = web.AppKey("openapi", dict)
 
 
 def _error_body(status: int, code: str, message: str, details: Any = None) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message, "details": details}}, status=status)
+    return web.json_response({"error": {"code": code, "message": message,
+                                        "details": [] if details is None else details}}, status=status)
 
 
 @web.middleware

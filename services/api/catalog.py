@@ -33,6 +33,8 @@ class RegionList(schemas.Response):
 class Image(schemas.Response):
     name: str
     regions: list[str] = Field(description="the regions offering it")
+    disk_gib: float | None = Field(description="its boot disk's size (GiB; the largest of its regions'): the least "
+                                               "`disk_gib` a server of it may ask for; null: not configured")
 
 
 class ImageList(schemas.Response):
@@ -62,11 +64,14 @@ async def list_images(request: web.Request) -> web.Response:
         raise ValidationFailed(f"region: unknown region {only!r} (known: {', '.join(sorted(settings.regions))})",
                                details=[{"field": "region", "message": "unknown region"}])
     offered: dict[str, list[str]] = {}
+    sizes: dict[str, float] = {}
     for name, r in sorted(settings.regions.items()):
         if only is None or name == only:
             for image in r.images:
                 offered.setdefault(image, []).append(name)
-    return web.json_response(dump(ImageList, {"images": [{"name": i, "regions": rs}
+                if image in r.image_disk_gib:
+                    sizes[image] = max(sizes.get(image, 0.0), r.image_disk_gib[image])
+    return web.json_response(dump(ImageList, {"images": [{"name": i, "regions": rs, "disk_gib": sizes.get(i)}
                                                          for i, rs in sorted(offered.items())]}))
 
 
@@ -79,5 +84,5 @@ def operations() -> list[Operation]:
                                         "address_pools": [{"name": "public", "family": 4, "cidr": "203.0.113.0/24"}]}]}),
         Operation("GET", "/images", list_images, "listImages", "List the images servers can be created from",
                   "regions", {200: ImageList, 400: None, 422: None, **errors}, query=ImageQuery,
-                  example={"images": [{"name": "debian-12", "regions": ["dev-1"]}]}),
+                  example={"images": [{"name": "debian-12", "regions": ["dev-1"], "disk_gib": 2}]}),
     ]

@@ -33,7 +33,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 from z9.common import kinds, pki, store
-from z9.common.errors import ApiError, Conflict, Forbidden, NotFound, UniqueViolation, ValidationFailed
+from z9.common.errors import ApiError, Conflict, Forbidden, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.ids import new_id
 from z9.common.models import Cluster
 from z9.common.resources.cluster import CLUSTER, STATUSES
@@ -161,7 +161,9 @@ class NodePoolView(schemas.Response):
     ready: int
 
 
-class Member(schemas.Response):
+class ClusterMember(schemas.Response):
+    """One VM of a cluster (a control-plane or worker node)."""
+
     name: str = Field(description="cp-<i> or <pool>-<i>: stable ordinals")
     role: Literal["control-plane", "worker"] | None
     pool: str | None
@@ -186,7 +188,7 @@ class ClusterPublic(schemas.Response):
     endpoint: Endpoint
     control_plane: ControlPlaneView
     node_pools: list[NodePoolView]
-    members: list[Member]
+    members: list[ClusterMember]
     kubeconfig_available: bool
     observed_at: str | None
     created_at: str
@@ -352,13 +354,13 @@ def actions(api: ApiResource) -> list[Operation]:
         if cluster is None:
             raise NotFound(f"no cluster {rid!r}")
         if cluster.status in ("destroying", "deleted"):
-            raise Conflict(f"cluster {rid} is {cluster.status}", code="cluster_deleting")
+            raise Conflict(f"cluster {rid} is {cluster.status}", **deleting("cluster", rid, cluster.status))
         if cluster.initialized_at is None:
             raise Conflict(f"cluster {rid} has not been ready yet (status {cluster.status}); a kubeconfig is "
                            "available once every member first was a Ready node", code="cluster_not_ready")
         sealed = await store.cluster_keys_get(pool, rid)
         if sealed is None:
-            raise Conflict(f"cluster {rid} has no keys", code="cluster_deleting")
+            raise Conflict(f"cluster {rid} has no keys", **deleting("cluster", rid, cluster.status))
         try:
             material = key.open(rid, *sealed)
         except pki.SealError as e:  # another installation key than the one that sealed them
@@ -435,7 +437,7 @@ def actions(api: ApiResource) -> list[Operation]:
         if row is None:
             if await CLUSTER.get(pool, rid, tenant_id) is None:
                 raise NotFound(f"no cluster {rid!r}")
-            raise Conflict(f"cluster {rid} is deleted; it cannot be changed", code="cluster_deleting")
+            raise Conflict(f"cluster {rid} is deleted; it cannot be changed", **deleting("cluster", rid, "deleted"))
         return web.json_response(dump(one, {"cluster": row.public()}))
 
     async def _action(request: web.Request, route: str, body: Any, fn: Any) -> web.Response:
@@ -451,7 +453,7 @@ def actions(api: ApiResource) -> list[Operation]:
             if cluster is None:
                 raise NotFound(f"no cluster {rid!r}")
             if cluster.status in ("deleting", "destroying", "deleted"):
-                raise Conflict(f"cluster {rid} is {cluster.status}", code="cluster_deleting")
+                raise Conflict(f"cluster {rid} is {cluster.status}", **deleting("cluster", rid, cluster.status))
             pools = fn([dict(p) for p in cluster.node_pools])
             before = member_totals(cluster.control_plane, cluster.node_pools)
             after = member_totals(cluster.control_plane, pools)

@@ -30,6 +30,7 @@ from aiohttp import web
 
 from z9.common import resources, store
 from z9.common.errors import Conflict, NotFound
+from z9.common.errors import deleting as resource_deleting
 from z9.common.models import Job
 from z9.common.resources import Buffered, Immediate
 
@@ -110,12 +111,14 @@ async def rerun(request: web.Request) -> web.Response:
                            code="job_not_rerunnable")
         if row is None or row.status in ("deleting", "destroying", "deleted"):
             raise Conflict(f"{rtype.name} {job.resource_id} is {row.status if row else 'gone'}; its jobs cannot be "
-                           "re-run", code=f"{rtype.name}_deleting")
+                           "re-run", **resource_deleting(rtype.name, job.resource_id, row.status if row else "deleted"))
         why = rtype.stale(row, job.kind, job.args or {}) if rtype.stale is not None else None
         if why is not None:
             raise Conflict(f"job {job.id} cannot be re-run: {why}", code="job_superseded")
         await room_for_a_job(conn, settings, rtype.name, row.id)
-        new = await store.job_insert(conn, rtype.new_job(row, job.kind, args=job.args, max_attempts=job.max_attempts,
+        # the resource's current intent (what it says now), not the old request's arguments
+        args = rtype.intent(row, job.kind, dict(job.args or {})) if rtype.intent is not None else job.args
+        new = await store.job_insert(conn, rtype.new_job(row, job.kind, args=args, max_attempts=job.max_attempts,
                                                          extra_lock_keys=tuple(job.extra_lock_keys)), notify=False)
         answer = dump(JobAccepted, {"job": new.public()})
         await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)

@@ -1,7 +1,8 @@
 """The ``load_balancer`` type's API registration (issue 10): the create hook (the row, its VIP and
 one address per appliance from the region's pool, and its LoadBalancerCreate job, in one
-transaction) and the actions — ``add_target``, ``remove_target``, ``add_service``,
-``update_service``, ``delete_service``, ``change_algorithm`` — each changing the row and enqueuing a
+transaction) and the actions — ``add-target``, ``remove-target``, ``add-service``,
+``update-service``, ``delete-service``, ``change-algorithm`` (kebab-case like every action path; the
+snake_case paths they had are deprecated aliases for one release) — each changing the row and enqueuing a
 LoadBalancerConfigure in one transaction (202). List, get, delete (two-phase: appliances stopped,
 addresses kept) and cancel-deletion (appliances started again) are the generic ones.
 
@@ -28,10 +29,11 @@ import ipaddress
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import (BaseModel, ValidationError, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema,
+                      field_validator, model_validator)
 
 from z9.common import kinds, store
-from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed
+from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.ids import new_id
 from z9.common.models import LoadBalancer, target_key
 from z9.common.resources.load_balancer import LOAD_BALANCER, RULE_TEXT, ip_target_refusal, region_networks
@@ -70,11 +72,53 @@ class HttpCheck(BaseModel):
         return v
 
 
+class _CheckTiming(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    port: StrictInt = Field(ge=1, le=65535)
+    interval_s: StrictInt = Field(15, ge=3, le=300)
+    timeout_s: StrictInt = Field(10, ge=1, le=300)
+    retries: StrictInt = Field(3, ge=1, le=10)
+
+
+class TcpHealthCheck(_CheckTiming):
+    """A TCP health check (a connect): ``protocol`` tcp or left out, no ``http``."""
+    protocol: Literal["tcp"] = "tcp"
+    http: None = None
+
+
+class HttpHealthCheck(_CheckTiming):
+    """An HTTP health check: ``protocol`` http and the request to make."""
+    protocol: Literal["http"]
+    http: HttpCheck | None = None
+
+
+def _one_of(*models: type[BaseModel], discriminator: str | None = None) -> Any:
+    """``__get_pydantic_json_schema__`` of a model that validates itself (its own rules, its own
+    messages) but is documented as a ``oneOf`` of its shapes, each a named schema: what code
+    generators read (a top-level ``anyOf`` beside ``properties`` becomes branch-only models with
+    untyped fields). ``discriminator``: the field that selects the shape (its values: each
+    model's ``Literal``)."""
+    def schema(cls: type[BaseModel], core_schema: Any, handler: Any) -> dict[str, Any]:
+        # each shape through the generator itself (not this model's handler chain): a named
+        # definition and a $ref to it, like any field of that model's type
+        refs = [handler.generate_json_schema.generate_inner(m.__pydantic_core_schema__) for m in models]
+        # without a discriminator, anyOf: a shape told apart by an optional field's const is
+        # exclusive, but linters (Redocly's no-illogical-composition-keywords) cannot see it
+        out: dict[str, Any] = {"title": cls.__name__, ("oneOf" if discriminator else "anyOf"): refs}
+        if cls.__doc__:
+            out["description"] = cls.__doc__.strip()
+        if discriminator is not None:
+            out["discriminator"] = {"propertyName": discriminator, "mapping": {
+                m.model_fields[discriminator].annotation.__args__[0]: r["$ref"] for m, r in zip(models, refs)}}
+        return out
+    return classmethod(schema)
+
+
 class HealthCheck(BaseModel):
-    # `http` only with protocol http (in the document too); timeout_s <= interval_s is the API's alone
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
-        {"required": ["protocol"], "properties": {"protocol": {"const": "http"}}},
-        {"properties": {"http": {"type": "null"}}}]})
+    """A health check: a TCP connect, or an HTTP request (``http`` only with protocol http)."""
+    # documented as TcpHealthCheck | HttpHealthCheck; timeout_s <= interval_s is the API's alone
+    model_config = ConfigDict(extra="forbid")
+    __get_pydantic_json_schema__ = _one_of(TcpHealthCheck, HttpHealthCheck)
     protocol: Literal["tcp", "http"] = "tcp"
     port: StrictInt = Field(ge=1, le=65535)
     interval_s: StrictInt = Field(15, ge=3, le=300)
@@ -114,17 +158,27 @@ class Service(BaseModel):
 _TARGET_IP = {"type": "string", "format": "ipv4", "not": {"pattern": r"^(0\.|127\.|169\.254\.|2(2[4-9]|[3-5][0-9])\.)"}}
 
 
-# the two shapes of a target in the document: a server target (server_id, no ip) or an ip target
-# (ip, no server_id)
-_TARGET_SHAPES = {"oneOf": [
-    {"required": ["type", "server_id"],
-     "properties": {"type": {"const": "server"}, "server_id": {"type": "string"}, "ip": {"type": "null"}}},
-    {"required": ["type", "ip"],
-     "properties": {"type": {"const": "ip"}, "ip": _TARGET_IP, "server_id": {"type": "null"}}}]}
+class ServerTarget(BaseModel):
+    """A server of the load balancer's region, balanced to at its primary address."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["server"]
+    server_id: StrictStr = Field(pattern=SERVER_ID)
+    ip: None = None
+
+
+class IpTarget(BaseModel):
+    """An IPv4 address (not 0/8, loopback, link-local, multicast or reserved)."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["ip"]
+    ip: Annotated[StrictStr, WithJsonSchema(_TARGET_IP)]
+    server_id: None = None
 
 
 class Target(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra=_TARGET_SHAPES)
+    """A target: a server (``type`` server, ``server_id``) or an IP (``type`` ip, ``ip``)."""
+    # documented as ServerTarget | IpTarget, discriminated by type; validated here (one message each)
+    model_config = ConfigDict(extra="forbid")
+    __get_pydantic_json_schema__ = _one_of(ServerTarget, IpTarget, discriminator="type")
     type: Literal["server", "ip"]
     server_id: StrictStr | None = Field(None, pattern=SERVER_ID)
     ip: StrictStr | None = None
@@ -209,7 +263,9 @@ class TargetOut(schemas.Response):
     health_status: list[TargetHealth]
 
 
-class Member(schemas.Response):
+class LoadBalancerMember(schemas.Response):
+    """One appliance VM of a load balancer."""
+
     name: str
     ip: str | None
     vmid: int | None
@@ -231,7 +287,7 @@ class LoadBalancerOut(schemas.Response):
     public_net: dict[str, Any]
     services: list[ServiceOut]
     targets: list[TargetOut]
-    members: list[Member]
+    members: list[LoadBalancerMember]
     config_hash: str | None = Field(description="sha256 of the HAProxy config every appliance was verified to run")
     spread: bool | None = Field(description="the appliances run on different nodes (lb-ha); null: not observed yet")
     health: Literal["healthy", "degraded", "unhealthy", "unknown"]
@@ -275,7 +331,8 @@ async def _check_server_targets(conn: Any, tenant_id: str, region: str, targets:
             raise Conflict(f"server {server.id} is in region {server.region}, the load balancer in {region}: "
                            "targets must be in the load balancer's region", code="region_mismatch")
         if server.status in ("deleting", "destroying", "deleted"):
-            raise Conflict(f"server {server.id} is {server.status}; it cannot become a target", code="server_deleting")
+            raise Conflict(f"server {server.id} is {server.status}; it cannot become a target",
+                           **deleting("server", server.id, server.status))
         if server.primary_ipv4_id is None:
             raise Conflict(f"server {server.id} has no public IPv4 address for the appliances to reach; create it "
                            "with public_ipv4: true or assign it a primary address", code="missing_ipv4")
@@ -377,7 +434,8 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
 # ---------------------------------------------------------------------------------- actions
 
 class TargetBody(Target):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={**_TARGET_SHAPES, "examples": [
+    """``add-target``/``remove-target``: a server target or an ip target."""
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"type": "server", "server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"}]})
 
 
@@ -447,8 +505,12 @@ class LoadBalancerPatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"name": "web-2", "labels": {"env": "prod"}}],
                                                                  **schemas.at_least_one("name", "labels")})
-    name: StrictStr | None = Field(None, pattern=schemas.NAME_PATTERN, description="DNS label, lower case, 1-63 chars")
-    labels: schemas.Labels | None = None
+    # left out: unchanged; never null (the document has no null type for them)
+    name: StrictStr = Field(None, pattern=schemas.NAME_PATTERN, description="DNS label, lower case, 1-63 chars",  # type: ignore[assignment]
+                            json_schema_extra=schemas.left_out)
+    labels: schemas.Labels = Field(None, json_schema_extra=schemas.left_out)  # type: ignore[assignment]
+
+    _no_null = field_validator("name", "labels", mode="before")(schemas.no_null)
 
     @model_validator(mode="after")
     def _some(self) -> "LoadBalancerPatch":
@@ -481,7 +543,7 @@ def _operations(api: ApiResource) -> list[Operation]:
             if lb.status in ("deleting", "destroying", "deleted"):
                 raise Conflict(f"load balancer {lb.id} is {lb.status}" + ("; cancel the deletion first"
                                                                            if lb.status == "deleting" else ""),
-                               code="load_balancer_deleting")
+                               **deleting("load_balancer", lb.id, lb.status))
             services = [dict(s) for s in lb.services]
             targets = [dict(t) for t in lb.targets]
             algorithm = await fn(conn, settings, tenant_id, lb, services, targets)
@@ -598,7 +660,8 @@ def _operations(api: ApiResource) -> list[Operation]:
         if row is None:
             if await LOAD_BALANCER.get(pool, rid, tenant_id) is None:
                 raise NotFound(f"no load balancer {rid!r}")
-            raise Conflict(f"load balancer {rid} is deleted; it cannot be changed", code="load_balancer_deleting")
+            raise Conflict(f"load balancer {rid} is deleted; it cannot be changed",
+                           **deleting("load_balancer", rid, "deleted"))
         return web.json_response(dump(api.models["one"], {"load_balancer": row.public()}))
 
     job_ref = {"id": "job_01jd3x5v8q2m6n4p7r9s1t3w5y", "status": "pending", "kind": kinds.LOAD_BALANCER_CONFIGURE}
@@ -613,9 +676,17 @@ def _operations(api: ApiResource) -> list[Operation]:
             ("delete_service", delete_service, ServiceRef, "Delete the service listening on listen_port"),
             ("change_algorithm", change_algorithm, AlgorithmBody, "Change the balancing algorithm")):
         op_id = "".join(p.capitalize() for p in name.split("_"))
-        ops.append(Operation("POST", f"/load-balancers/{{id}}/actions/{name}", handler,
+        path = f"/load-balancers/{{id}}/actions/{name.replace('_', '-')}"  # kebab-case, as every action path
+        ops.append(Operation("POST", path, handler,
                              f"{op_id[0].lower()}{op_id[1:]}LoadBalancer", summary, "load-balancers", responses,
                              request=body, path_id=id_doc, idempotent=True, example=example))
+        # the snake_case path it had until now: an alias for one release, deprecated in the document
+        ops.append(Operation("POST", f"/load-balancers/{{id}}/actions/{name}", handler,
+                             f"{op_id[0].lower()}{op_id[1:]}LoadBalancerSnakeCase", f"{summary} (deprecated path)",
+                             "load-balancers", responses, request=body, path_id=id_doc, idempotent=True,
+                             example=example, deprecated=True,
+                             description=f"Deprecated: use `POST {path}` (the same operation); this path is "
+                                         "kept for one release."))
     ops.append(Operation("PATCH", "/load-balancers/{id}", patch, "updateLoadBalancer",
                          "Rename a load balancer or set its labels (no job)", "load-balancers",
                          {200: api.models["one"], 400: None, 401: None, 404: None, 409: None, 422: None},

@@ -293,7 +293,7 @@ class _RequestHandler(RequestHandler):
         reason = reason.splitlines()[0][:300] if reason else "malformed request"
         log.warning("malformed HTTP request from %s rejected (%d): %s", request.remote, status, reason)
         resp = web.json_response({"error": {"code": "bad_request", "message": f"malformed HTTP request: {reason}",
-                                            "details": None}}, status=status)
+                                            "details": []}}, status=status)
         resp.force_close()
         return resp
 

@@ -99,7 +99,7 @@ def _add_links(operations: list[Operation], paths: dict[str, dict[str, Any]]) ->
                 if not (isinstance(kind, type) and issubclass(kind, BaseModel) and "id" in kind.model_fields):
                     continue
                 for target in by_collection.get("jobs" if name == "job" else op.path.split("/")[1], []):
-                    if target is op:
+                    if target is op or target.deprecated:  # links lead to the current paths only
                         continue
                     links[target.operation_id] = {"operationId": target.operation_id,
                                                   "parameters": {"id": f"$response.body#/{name}/id"}}
@@ -144,6 +144,8 @@ def openapi_document(operations: Iterable[Operation], *, tag_descriptions: dict[
             content: dict[str, Any] = {"schema": refs[(model, models[model])]}
             if op.example is not None:
                 content["example"] = op.example
+                if isinstance(op.example, dict) and "jobs" in model.model_fields and "jobs" not in op.example:
+                    content["example"] = {**op.example, "jobs": [op.example["job"]]}  # one job: jobs is [job]
             headers = dict(_HEADERS)
             if status == 202:
                 headers["Location"] = {"$ref": "#/components/headers/Location"}
@@ -153,6 +155,8 @@ def openapi_document(operations: Iterable[Operation], *, tag_descriptions: dict[
                                  "parameters": params, "responses": responses}
         if op.description:
             entry["description"] = op.description
+        if op.deprecated:
+            entry["deprecated"] = True
         if op.request is not None:
             body: dict[str, Any] = {"schema": refs[(op.request, "validation")]}
             examples = (op.request.model_config.get("json_schema_extra") or {}).get("examples")
@@ -164,6 +168,7 @@ def openapi_document(operations: Iterable[Operation], *, tag_descriptions: dict[
     return {
         "openapi": "3.1.0",
         "info": {"title": "z9 API", "version": "1",
+                 "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
                  "description": "Every mutation answers 202 with the resource and a job; poll "
                                 "GET /v1/jobs/{id} until it is succeeded or failed."},
         "servers": [{"url": "/v1"}],

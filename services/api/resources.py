@@ -20,7 +20,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from z9.common import labels, store
-from z9.common.errors import BadRequest, CheckViolation, Conflict, NotFound, ValidationFailed
+from z9.common.errors import BadRequest, CheckViolation, Conflict, NotFound, ValidationFailed, deleting
 from z9.common.ids import id_pattern, is_id
 from z9.common.notify import JobNotifier
 from z9.common.resources import Buffered, Immediate, ResourceType
@@ -55,6 +55,7 @@ class Operation:
     idempotent: bool = False  # takes an Idempotency-Key
     example: Any = None
     description: str = ""
+    deprecated: bool = False  # an old path kept as an alias (the document marks it deprecated)
 
 
 @dataclass
@@ -65,6 +66,9 @@ class CreateContext:
     conn: asyncpg.Connection
     settings: Settings
     tenant_id: str
+    # job briefs the hook made besides the one it returns (a server's AddressAssign): the
+    # answer's ``jobs`` lists them after it
+    more_jobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -264,6 +268,31 @@ def _not_deletable(name: str, rid: str, status: str, *, immediate: bool = False)
     return f"{name} {rid} is {status}; it cannot be deleted again"
 
 
+async def _name_taken(pool: Any, rt: ResourceType[Any], tenant_id: str, name: str, e: Conflict) -> Conflict:
+    """A create's 409 ``uniqueness_error`` (after its transaction rolled back), saying what holds
+    the name: a resource being deleted holds it until it is ``deleted`` — when that is, and how to
+    free the name now (rename the deleting one: PATCH works until it is deleted)."""
+    holders = [r for r in await rt.list(pool, tenant_id, name=name, limit=10) if r.status != "deleted"]
+    if not holders:
+        return e
+    h = holders[0]
+    public = h.public()
+    item = f"/v1/{rt.plural}/{h.id}"
+    if h.status == "deleting":
+        text = (f"a {rt.name} named {name!r} already exists in this tenant: {h.id}, being deleted; the name is free "
+                f"once it is deleted, after its deletion buffer ends at {public.get('delete_after')}. To free the "
+                f"name now, rename it (PATCH {item} with another name), or restore it "
+                f"(POST {item}/actions/cancel-deletion)")
+    elif h.status == "destroying":
+        text = (f"a {rt.name} named {name!r} already exists in this tenant: {h.id}, being destroyed; the name is "
+                f"free as soon as its deletion job ends (GET /v1/jobs?resource_id={h.id})"
+                + (f", or now if you rename it (PATCH {item})" if isinstance(rt.deletion, Buffered) else ""))
+    else:
+        return Conflict(e.message, code=e.code, details=[{"kind": rt.name, "id": h.id, "status": h.status}])
+    return Conflict(text, code=e.code, details=[{"kind": rt.name, "id": h.id, "status": h.status,
+                                                 "free_after": public.get("delete_after")}])
+
+
 def _create_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
     rt = api.rtype
 
@@ -280,13 +309,19 @@ def _create_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
         # go in one statement: atomic on its own, one round trip; otherwise the key's lock and
         # answer share an explicit transaction with the writes.
         tx = key is not None or api.transactional
-        async with pool.acquire() as conn, (conn.transaction() if tx else contextlib.nullcontext()):
-            replay = await idempotency_begin(conn, tenant_id, key, req_hash)
-            if replay is not None:
-                return replay
-            row, job = await api.create(CreateContext(conn, settings, tenant_id), spec)
-            answer = dump(accepted, {rt.name: row.public(), "job": job})
-            await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
+        try:
+            async with pool.acquire() as conn, (conn.transaction() if tx else contextlib.nullcontext()):
+                replay = await idempotency_begin(conn, tenant_id, key, req_hash)
+                if replay is not None:
+                    return replay
+                ctx = CreateContext(conn, settings, tenant_id)
+                row, job = await api.create(ctx, spec)
+                answer = dump(accepted, {rt.name: row.public(), "job": job, "jobs": [job, *ctx.more_jobs]})
+                await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
+        except Conflict as e:
+            if e.code != "uniqueness_error" or not isinstance(getattr(spec, "name", None), str):
+                raise
+            raise await _name_taken(pool, rt, tenant_id, spec.name, e) from None
         request.app[NOTIFIER].notify(row.region)
         return web.json_response(answer, status=202)
 
@@ -353,8 +388,17 @@ def _delete_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
         settings, pool, tenant_id = request.app[SETTINGS], request.app[POOL], tenant(request)
         rid = path_id(request, rt.prefix, rt.name)
         async with pool.acquire() as conn, conn.transaction():
+            # a failed create (its create job failed, none succeeded) holds nothing to keep: no
+            # buffer, straight to the final job; its name is free once it is deleted
+            kind = first_kind
+            immediate = False
+            if isinstance(rt.deletion, Buffered):
+                before = await rt.get(conn, rid, tenant_id)
+                if (before is not None and before.status == "failed"
+                        and await store.resource_create_failed(conn, rid, rt.kinds[0])):
+                    kind, immediate = rt.final_kind, True
             try:
-                row = await rt.mark_deleting(conn, rid, tenant_id, settings.deletion_buffer_s)
+                row = await rt.mark_deleting(conn, rid, tenant_id, settings.deletion_buffer_s, immediate=immediate)
             except CheckViolation as e:
                 # a table's own deletion rule refused: its constraint is named <table>_<code>
                 # (addresses_protected → 409 protected, addresses_must_be_unassigned → …)
@@ -367,13 +411,14 @@ def _delete_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
                 if current is None:
                     raise NotFound(f"no {rt.name} {rid!r}")
                 raise Conflict(_not_deletable(rt.name, current.id, current.status,
-                                              immediate=isinstance(rt.deletion, Immediate)))
+                                              immediate=isinstance(rt.deletion, Immediate)),
+                               **deleting(rt.name, current.id, current.status))
             await room_for_a_job(conn, settings, rt.name, row.id)
-            job = await store.job_insert(conn, rt.new_job(row, first_kind, max_attempts=settings.max_attempts),
+            job = await store.job_insert(conn, rt.new_job(row, kind, max_attempts=settings.max_attempts),
                                          notify=False)
             # an immediate deletion ends the resource's waiting jobs it supersedes now (a running
             # one stops at its next step): it never waits behind a create's backoff
-            await rt.supersede_waiting(conn, row.id, job.id, first_kind)
+            await rt.supersede_waiting(conn, row.id, job.id, kind)
         request.app[NOTIFIER].notify(job.region)
         return web.json_response(dump(accepted, {rt.name: row.public(), "job": job.brief()}), status=202)
 
@@ -439,8 +484,9 @@ def resource_operations(api: ApiResource) -> list[Operation]:
     cap = "".join(p.capitalize() for p in rt.name.split("_"))
     # a plural path segment may hold dashes (load-balancers); JSON keys and model names do not
     plural_cap = "".join(p.capitalize() for p in rt.plural.replace("-", "_").split("_"))
-    accepted = create_model(f"{cap}Accepted", __base__=schemas.Response,
-                            __doc__=f"Accepted: the {rt.name} and its job; poll the job until it is terminal.",
+    accepted = create_model(f"{cap}Accepted", __base__=schemas.Accepted,
+                            __doc__=f"Accepted: the {rt.name}, its job and every job the request made (jobs); "
+                                    "the request is done when they have all succeeded.",
                             **{rt.name: (public, ...), "job": (schemas.JobRef, ...)})
     one = create_model(f"{cap}Envelope", __base__=schemas.Response, __doc__=f"One {rt.name}.",
                        **{rt.name: (public, ...)})

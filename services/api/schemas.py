@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema, field_validator,
+                      model_validator)
 
 from z9.common import sshkeys
 
@@ -26,9 +27,26 @@ SSH_KEY_MAX = 16384  # characters, the surrounding space included (the document'
 SSH_KEY_PATTERN = r"^[ \t\r\n]*(ssh-|ecdsa-sha2-|sk-ssh-|sk-ecdsa-)[!-~]*( +[!-~]+)+[ \t\r\n]*$"
 
 def at_least_one(*fields: str) -> dict[str, Any]:
-    """A body's JSON Schema rule "at least one of ``fields`` is given and not null" (for a model
-    whose validator says so), to merge into its ``json_schema_extra``."""
-    return {"anyOf": [{"required": [f], "properties": {f: {"not": {"type": "null"}}}} for f in fields]}
+    """A body's JSON Schema rule "at least one of ``fields`` is given" (for a model whose fields
+    are all optional, never null — :func:`left_out` and :func:`no_null` — and whose validator
+    says so), to merge into its ``json_schema_extra``. ``minProperties`` rather than a top-level
+    ``anyOf`` of branches beside ``properties``: code generators (openapi-python-client) turn such
+    an ``anyOf`` into branch-only models with the fields untyped."""
+    return {"minProperties": 1}
+
+
+def left_out(schema: dict[str, Any]) -> None:
+    """A field that may be left out (unchanged) but is never null: no ``default: null`` in the
+    document (it would not validate against the field's own schema)."""
+    schema.pop("default", None)
+
+
+def no_null(v: Any) -> Any:
+    """A ``mode="before"`` field validator's body: an explicit null is not a value (422 naming the
+    field); leave the field out instead."""
+    if v is None:
+        raise ValueError("null is not a value; leave the field out")
+    return v
 
 
 Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
@@ -158,6 +176,25 @@ class JobRef(Response):
     status: JobStatus
 
 
+class Accepted(Response):
+    """Base of every 202 answer (``<ServerAccepted>`` and the other types'): the resource as it
+    is now, its ``job`` and ``jobs``: every job the request made, ``job`` first. A request that
+    asks for more than one job's work — a server created with ``public_ipv4`` is a ServerCreate
+    and an AddressAssign — is done (what was asked for is in place: the server reachable at its
+    address) when every job of ``jobs`` has succeeded; ``z9 … --wait`` follows them all. Every
+    other 202 makes one job (``jobs`` is ``[job]``)."""
+
+    jobs: list[JobRef] = Field(default_factory=list, description="every job the request made, `job` first: the "
+                                                                  "request is done when all have succeeded")
+
+    @model_validator(mode="after")
+    def _jobs(self) -> "Accepted":
+        job = getattr(self, "job", None)
+        if not self.jobs and job is not None:
+            self.jobs = [job]
+        return self
+
+
 class Step(BaseModel):
     """One step of a job's plan."""
 
@@ -220,9 +257,15 @@ class JobList(Response):
 # ---------------------------------------------------------------------------------- errors
 
 class ErrorDetail(Response):
-    code: str = Field(description="machine-readable: not_found, conflict, validation_failed, …")
+    code: str = Field(description="machine-readable, one per precondition across kinds: not_found, conflict, "
+                                  "validation_failed, uniqueness_error (a name taken), resource_deleting (the resource "
+                                  "is being or was deleted; details name it), quota_exceeded, …. Changed: a taken "
+                                  "name on POST /servers was `conflict`; `server_deleting`, `address_deleting`, "
+                                  "`load_balancer_deleting` and `cluster_deleting` are `resource_deleting`")
     message: str = Field(description="names the field or the precondition")
-    details: Any = None
+    details: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "always a list of objects ([] when there is nothing more): each names what it is about — `field` (422), "
+        "`limit`/`quota`/`used`/`requested` (quota_exceeded), `kind`/`id`/`status` (resource_deleting), `pool`…"))
 
 
 class Error(Response):

@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
 from z9.common import kinds, store
-from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed
+from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.models import Server
 from z9.common.resources.server import SERVER
 from z9.common.settings import Settings
@@ -40,9 +40,13 @@ class ServerResize(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         "examples": [{"cores": 4, "memory_mib": 8192}], **schemas.at_least_one("cores", "memory_mib", "disk_gib")})
 
-    cores: StrictInt | None = Field(None, ge=1, le=64)
-    memory_mib: StrictInt | None = Field(None, ge=512, le=1048576)
-    disk_gib: StrictInt | None = Field(None, ge=1, le=16384, description="grow only: disks never shrink")
+    # left out: unchanged; never null (the document has no null type for them)
+    cores: StrictInt = Field(None, ge=1, le=64, json_schema_extra=schemas.left_out)  # type: ignore[assignment]
+    memory_mib: StrictInt = Field(None, ge=512, le=1048576, json_schema_extra=schemas.left_out)  # type: ignore[assignment]
+    disk_gib: StrictInt = Field(None, ge=1, le=16384, description="grow only: disks never shrink",  # type: ignore[assignment]
+                                json_schema_extra=schemas.left_out)
+
+    _no_null = field_validator("cores", "memory_mib", "disk_gib", mode="before")(schemas.no_null)
 
     @model_validator(mode="after")
     def _some(self) -> "ServerResize":
@@ -75,7 +79,7 @@ def _require_live(server: Server) -> None:
     if server.status not in LIVE:
         raise Conflict(f"server {server.id} is {server.status}; cancel the deletion first"
                        if server.status == "deleting" else f"server {server.id} is {server.status}",
-                       code="server_deleting")
+                       **deleting("server", server.id, server.status))
 
 
 def _require_stopped(server: Server, what: str) -> None:
@@ -140,11 +144,17 @@ def operations(api: ApiResource) -> list[Operation]:
             if server.status == "creating":
                 raise Conflict(f"server {server.id} is still being created; wait for its ServerCreate",
                                code="server_creating")
-            if (cores, memory) != (server.cores, server.memory_mib):
+            # a failed create has no VM to resize: the fix is its create, at the new sizes
+            never_made = server.status == "failed" and await store.resource_create_failed(
+                conn, server.id, kinds.SERVER_CREATE)
+            if (cores, memory) != (server.cores, server.memory_mib) and not never_made:
                 _require_stopped(server, "changing cores or memory")
             await quotas.check(conn, settings, tenant_id, cores=cores - server.cores,
                                memory_mib=memory - server.memory_mib)
             row = await store.server_set_sizes(conn, server.id, cores=cores, memory_mib=memory, disk_gib=disk)
+            if never_made:  # the request's network (cloud-init ipconfig0) kept, the rest the row's intent
+                asked = await store.resource_latest_job_args(conn, server.id, kinds.SERVER_CREATE) or {}
+                return row, kinds.SERVER_CREATE, SERVER.intent(row, kinds.SERVER_CREATE, dict(asked))  # type: ignore[misc]
             return row, kinds.SERVER_RESIZE, {"cores": cores, "memory_mib": memory, "disk_gib": disk}
 
         return await _action(request, "POST /servers/{id}/actions/resize", spec.model_dump(), fn)
@@ -162,7 +172,7 @@ def operations(api: ApiResource) -> list[Operation]:
         if row is None:
             if await store.server_get(pool, rid, tenant_id) is None:
                 raise NotFound(f"no server {rid!r}")
-            raise Conflict(f"server {rid} is deleted; it cannot be changed", code="server_deleting")
+            raise Conflict(f"server {rid} is deleted; it cannot be changed", **deleting("server", rid, "deleted"))
         row = await SERVER.get(pool, rid, tenant_id)
         return web.json_response(dump(one, {"server": row.public()}))
 

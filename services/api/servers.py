@@ -2,10 +2,11 @@
 statement) and image check; the five routes are the generic ones (:mod:`z9.api.resources`)."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from z9.common import kinds, store
-from z9.common.errors import Conflict, UniqueViolation, ValidationFailed
+from z9.common.errors import Conflict, UniqueViolation, ValidationFailed, deleting
 from z9.common.models import Address, Server
 from z9.common.resources.address import ADDRESS
 from z9.common.resources.server import SERVER
@@ -28,19 +29,26 @@ EXAMPLE: dict[str, Any] = {
 
 
 def check(settings: Settings, spec: schemas.ServerCreate) -> None:
-    """422 when the image is not offered in the region."""
+    """422 when the image is not offered in the region, or its disk is larger than ``disk_gib``
+    (the region's ``image_disk_gib``: a disk cannot shrink, the create would fail in its job)."""
     region = settings.regions[spec.region]
     if region.images and spec.image not in region.images:
         raise ValidationFailed(f"image: {spec.image!r} is not offered in region {spec.region} "
                                f"(offered: {', '.join(region.images)})",
                                details=[{"field": "image", "message": "unknown image"}])
+    size = region.image_disk_gib.get(spec.image)
+    if size is not None and spec.disk_gib < size:
+        raise ValidationFailed(f"disk_gib: {spec.disk_gib} GiB is smaller than image {spec.image!r}'s disk ({size:g} GiB); "
+                               f"disks cannot shrink: ask for at least {math.ceil(size)}",
+                               details=[{"field": "disk_gib", "message": f"at least {math.ceil(size)} (the image's disk)"}])
 
 
 async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server, dict[str, Any]]:
     """The server and its ServerCreate job, in one statement; with ``public_ipv4``, in the same
     transaction, its primary address (the lowest free IP of the region's pool, or the address
     given) and the AddressAssign job that puts it in the VM's IP filter set once ServerCreate has
-    made the VM (its lock keys hold the server: it runs after the create). ServerCreate's
+    made the VM (its lock keys hold the server: it runs after the create); the answer's ``jobs``
+    names both (the server is reachable at its address when both have succeeded). ServerCreate's
     configure step writes the address as cloud-init ``ipconfig0`` (+ the pool's nameservers)."""
     args = spec.model_dump(exclude={"public_ipv4"})
     job = NewJob(kind=kinds.SERVER_CREATE, region=spec.region, args=args, max_attempts=ctx.settings.max_attempts)
@@ -56,9 +64,10 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
         if nameservers:
             network["nameserver"] = " ".join(nameservers)
         await store.job_args_merge(ctx.conn, brief["id"], network)
-        await store.job_insert(ctx.conn, ADDRESS.new_job(
+        assign = await store.job_insert(ctx.conn, ADDRESS.new_job(
             address, kinds.ADDRESS_ASSIGN, args={"server_id": server.id}, extra_lock_keys=(server.id,),
             max_attempts=ctx.settings.max_attempts), notify=False)
+        ctx.more_jobs.append(assign.brief())  # the answer's jobs: done when both have succeeded
         server = await SERVER.get(ctx.conn, server.id)
     return server, brief
 
@@ -72,7 +81,7 @@ async def _insert(ctx: CreateContext, spec: schemas.ServerCreate, job: NewJob) -
         if e.constraint != "servers_tenant_name_live":
             raise
         raise Conflict(f"a server named {spec.name!r} already exists in this tenant; "
-                       "choose another name or delete that server first")
+                       "choose another name or delete that server first", code="uniqueness_error")
 
 
 async def _primary(ctx: CreateContext, spec: schemas.ServerCreate, server: Server) -> Address:
@@ -97,7 +106,7 @@ async def _primary(ctx: CreateContext, spec: schemas.ServerCreate, server: Serve
         raise ValidationFailed(f"public_ipv4: address {aid} is IPv{got.family}",
                                details=[{"field": "public_ipv4", "message": "not an IPv4 address"}])
     if got.status not in ("creating", "active"):
-        raise Conflict(f"address {aid} is {got.status}", code="address_deleting")
+        raise Conflict(f"address {aid} is {got.status}", **deleting("address", aid, got.status))
     if got.server_id is not None:
         raise Conflict(f"address {aid} is assigned to server {got.server_id}; unassign it first",
                        code="address_already_assigned")

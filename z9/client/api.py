@@ -300,29 +300,29 @@ class Client:
         return self.restore(LOAD_BALANCERS, lb_id)
 
     def load_balancer_action(self, lb_id: str, action: str, body: dict[str, Any]) -> Accepted[LoadBalancer]:
-        """``POST /load-balancers/{id}/actions/{action}``: add_target, remove_target, add_service,
-        update_service, delete_service, change_algorithm (each a LoadBalancerConfigure job)."""
+        """``POST /load-balancers/{id}/actions/{action}``: add-target, remove-target, add-service,
+        update-service, delete-service, change-algorithm (each a LoadBalancerConfigure job)."""
         return self.action(LOAD_BALANCERS, lb_id, action, body)
 
     def add_load_balancer_target(self, lb_id: str, *, server_id: str | None = None,
                                  ip: str | None = None) -> Accepted[LoadBalancer]:
-        return self.load_balancer_action(lb_id, "add_target", lb_target(server_id=server_id, ip=ip))
+        return self.load_balancer_action(lb_id, "add-target", lb_target(server_id=server_id, ip=ip))
 
     def remove_load_balancer_target(self, lb_id: str, *, server_id: str | None = None,
                                     ip: str | None = None) -> Accepted[LoadBalancer]:
-        return self.load_balancer_action(lb_id, "remove_target", lb_target(server_id=server_id, ip=ip))
+        return self.load_balancer_action(lb_id, "remove-target", lb_target(server_id=server_id, ip=ip))
 
     def add_load_balancer_service(self, lb_id: str, service: dict[str, Any]) -> Accepted[LoadBalancer]:
-        return self.load_balancer_action(lb_id, "add_service", service)
+        return self.load_balancer_action(lb_id, "add-service", service)
 
     def update_load_balancer_service(self, lb_id: str, listen_port: int, **changes: Any) -> Accepted[LoadBalancer]:
-        return self.load_balancer_action(lb_id, "update_service", {"listen_port": listen_port, **changes})
+        return self.load_balancer_action(lb_id, "update-service", {"listen_port": listen_port, **changes})
 
     def delete_load_balancer_service(self, lb_id: str, listen_port: int) -> Accepted[LoadBalancer]:
-        return self.load_balancer_action(lb_id, "delete_service", {"listen_port": listen_port})
+        return self.load_balancer_action(lb_id, "delete-service", {"listen_port": listen_port})
 
     def change_load_balancer_algorithm(self, lb_id: str, algorithm: str) -> Accepted[LoadBalancer]:
-        return self.load_balancer_action(lb_id, "change_algorithm", {"type": algorithm})
+        return self.load_balancer_action(lb_id, "change-algorithm", {"type": algorithm})
 
     # ------------------------------------------------------------------ clusters
 

@@ -229,18 +229,21 @@ class Accepted(_Answer, Generic[T]):
     resource: T
     job: JobRef
     key: str = Field("resource", exclude=True)
+    # every job the request made, ``job`` first (the API's ``jobs``): what was asked for is in
+    # place when all have succeeded (a server with a public IPv4 address: ServerCreate, AddressAssign)
+    jobs: list[JobRef] = Field(default_factory=list)
 
     def api_shape(self) -> dict[str, Any]:
-        return {self.key: self.resource, "job": self.job, **(self.model_extra or {})}
+        return {self.key: self.resource, "job": self.job, **({"jobs": self.jobs} if self.jobs else {}),
+                **(self.model_extra or {})}
 
     def job_ids(self) -> list[str]:
-        """Every job the request made: ``job``, then those of a ``jobs`` list when the API gives one
-        (a create whose work takes more than one job), each once."""
+        """Every job the request made: ``job``, then those of the ``jobs`` list when the API gives
+        one (a create whose work takes more than one job), each once."""
         ids = [self.job.id]
-        for j in (self.model_extra or {}).get("jobs") or []:
-            jid = j.get("id") if isinstance(j, dict) else getattr(j, "id", None)
-            if isinstance(jid, str) and jid not in ids:
-                ids.append(jid)
+        for j in self.jobs:
+            if j.id not in ids:
+                ids.append(j.id)
         return ids
 
 

@@ -104,6 +104,10 @@ class ResourceType(Generic[R]):
     # it (an address assigned elsewhere since): re-running it would undo that request while the
     # row keeps saying otherwise. None: it still is (or the type keeps no such intent).
     stale: Callable[[R, str, dict[str, Any]], str | None] | None = None
+    # the args a re-run of a failed job of (kind, args) takes: the row's current intent (a failed
+    # server resized since its create failed is created at the new size), not the old request's.
+    # None: the job's own args (the type keeps no intent beyond them).
+    intent: Callable[[R, str, dict[str, Any]], dict[str, Any]] | None = None
     status_type: str = ""  # the status column's enum type; default <name>_status
     plural: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # type-specific knowledge (API, jobs)
@@ -189,11 +193,13 @@ class ResourceType(Generic[R]):
                 for r in await store.resource_list(db, self.sql, tenant_id, after, status, limit, name, selector,
                                                    include_deleted)]
 
-    async def mark_deleting(self, db: DB, rid: str, tenant_id: str, buffer_s: float) -> R | None:
-        """Start the deletion (``deleting`` with a buffer, or ``destroying`` when immediate);
+    async def mark_deleting(self, db: DB, rid: str, tenant_id: str, buffer_s: float, *,
+                            immediate: bool = False) -> R | None:
+        """Start the deletion (``deleting`` with a buffer, or ``destroying`` when immediate —
+        the type's rule, or ``immediate``: a failed create, which holds nothing to keep);
         None when the resource is absent or not in a deletable state. The row stays locked
         until commit."""
-        if isinstance(self.deletion, Immediate):
+        if immediate or isinstance(self.deletion, Immediate):
             row = await store.resource_mark_destroying(db, self.sql, rid, tenant_id)
         else:
             row = await store.resource_mark_deleting(db, self.sql, rid, tenant_id, buffer_s)

@@ -30,10 +30,21 @@ def restore(server: Server) -> tuple[str, dict[str, Any]]:
     return kinds.SERVER_STOP, {}
 
 
+def intent(server: Server, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A re-run's args: a ServerCreate builds the server as the row says now (its name, image,
+    sizes and keys: a resize of the failed server changed them), with the network of the request
+    (cloud-init ``ipconfig0``/``nameserver``); a resize the sizes the row now wants."""
+    if kind == kinds.SERVER_CREATE:
+        return {**args, **create_args(server)}
+    if kind == kinds.SERVER_RESIZE:
+        return {**args, "cores": server.cores, "memory_mib": server.memory_mib, "disk_gib": server.disk_gib}
+    return args
+
+
 SERVER: ResourceType[Server] = register(ResourceType(
     name="server", prefix="srv", table="servers", model=Server,
     kinds=(kinds.SERVER_CREATE, kinds.SERVER_START, kinds.SERVER_STOP, kinds.SERVER_DELETE, kinds.SERVER_REBOOT,
            kinds.SERVER_RESIZE),
     deletion=Buffered(first_kind=kinds.SERVER_STOP, final_kind=kinds.SERVER_DELETE),
-    statuses=STATUSES, restore=restore,
+    statuses=STATUSES, restore=restore, intent=intent,
 ))
