@@ -63,10 +63,14 @@ async def test_a_reboot_of_a_vm_stopped_meanwhile_starts_it(stack: Stack, sim: S
 
 
 async def test_a_server_create_reads_each_vm_once_per_phase(stack: Stack, sim: SimAdmin) -> None:
-    """A server create makes at most 15 Proxmox requests (it made 26: config and status read six
-    times each, every task polled twice): the template's config once, the clone's config once after
-    its task, its power state once before the start, the VM once in verify, each task polled about
-    once (the first poll waits about as long as that type of task took lately)."""
+    """A server create's work on the VM makes at most 15 Proxmox requests (it made 26: config and
+    status read six times each, every task polled twice): the template's config once, the clone's
+    config once after its task, its power state once before the start, the VM once in verify, each
+    task polled about once (the first poll waits about as long as that type of task took lately).
+    Verify's look into the guest (cloud-init ended without error, its instance-id the drive's, its
+    hostname the server's: the guest agent and PVE's cloud-init dump) is counted apart: at most 8
+    (one ``cloud-init status --wait`` polled each second, one file read, the drive's pending state
+    and meta-data, the hostname)."""
     first, job = await stack.create_server("warm")  # the executor learns how long each task type takes
     assert (await stack.wait_job(job["id"], timeout_s=90))["status"] == "succeeded"
     await sim._req("POST", "/stats/refresh")
@@ -77,7 +81,10 @@ async def test_a_server_create_reads_each_vm_once_per_phase(stack: Stack, sim: S
     after = {(r["method"], r["path"]): r["count"] for r in (await sim.counters())["requests"]}
     used = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
     print("requests of one server create:", sum(used.values()), dict(sorted(used.items())))
-    assert sum(used.values()) <= 15, used
+    guest = {k: n for k, n in used.items() if "/agent/" in k[1] or "/cloudinit" in k[1]}
+    vm_work = {k: n for k, n in used.items() if k not in guest}
+    assert sum(vm_work.values()) <= 15, vm_work
+    assert sum(guest.values()) <= 8, guest
     assert used.get(("GET", "/nodes/{node}/qemu/{vmid}/config"), 0) <= 3, used
 
 

@@ -35,8 +35,8 @@ def test_only_the_fields_z9_writes_from_proxmox_are_redacted() -> None:
 
 
 async def test_a_tenants_own_field_holding_root_at_pam_is_untouched(api: Stack, settings: Settings) -> None:
-    keys = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDa8 root@pam!zz",
-            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDa9 root@pam"]
+    blob = "AAAAC3NzaC1lZDI1NTE5AAAAIIMQ+ctuWvPKZcSiB0avvBJbVNptRfvJ+8krZNKKKLvo"  # a real key (ssh-keygen reads it)
+    keys = [f"ssh-ed25519 {blob} root@pam!zz", f"ssh-ed25519 {blob} root@pam"]
     server, job = await api.create_server("own-1", ssh_keys=keys)
     got = await api.server(server["id"])
     assert got["ssh_keys"] == keys  # as sent: not `hidden!zz`, not `hidden`

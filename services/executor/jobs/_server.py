@@ -48,6 +48,9 @@ async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> N
                                     refused=bool(error.get("refused")))
 
 
+GUEST_WAIT_S = 30.0  # one ``cloud-init status --wait`` at most this long, then asked again (the lease renewed)
+
+
 class GuestFailed(PermanentError):
     """The server's guest did not come up as its request asked (cloud-init failed, or it booted
     from another seed): the VM runs, the server is failed with this reason."""
@@ -75,13 +78,15 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
             last = str(e)
         if time.monotonic() > deadline:
             raise TemporaryError(f"VM {vm.vmid}: the guest is not up after {ctx.settings.server_guest_ready_s:.0f}s: {last}")
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(1.0)  # the agent is not up yet (booting): each try is a request through pveproxy
 
 
 async def _guest_once(ctx: JobContext, spec: VmSpec, vm: VmState) -> str:
     """'' when the guest is as asked, else what is still missing; raises GuestFailed."""
-    code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cloud-init", "status", "--format", "json"],
-                                              timeout_s=30)
+    # --wait: one command that ends when cloud-init has (cloud-init 22.4 cmd/status.py), polled each
+    # second, instead of a status command a poll (each poll two requests through pveproxy)
+    code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cloud-init", "status", "--wait", "--format", "json"],
+                                              timeout_s=GUEST_WAIT_S, poll_s=1.0)
     try:
         st = json.loads(out) if out.strip() else {}
     except ValueError:
