@@ -83,7 +83,9 @@ DESCRIPTIONS: dict[str, str] = {
                                "before its token is looked up (no database lookup per bad token).",
     "api_auth_failure_burst": "Failed authentications per client address and API process: the bucket's size.",
     "kubeconfig_max_expiry_s": "Longest `expiry_s` of a kubeconfig's client certificate (`GET /v1/clusters/{id}/kubeconfig`); "
-                               "past it: 422 naming `expiry_s`. A certificate never outlives the minting token either.",
+                               "past it: 422 naming `expiry_s`. A certificate never outlives the minting token either. Also the "
+                               "`--cluster-signing-duration` of a cluster's kube-controller-manager (set when the cluster "
+                               "is created): the longest certificate its CSR API signs, users' and kubelets' alike.",
     "api_pool_size": "Most pooled connections one API process opens (and one LISTEN connection beside them); a request "
                      "waits for a free one. Keep the sum over every service under PostgreSQL's `max_connections` "
                      "(or PgBouncer's pool): see `Z9_EXECUTOR_CONCURRENCY`.",
