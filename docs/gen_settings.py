@@ -28,7 +28,11 @@ DESCRIPTIONS: dict[str, str] = {
     # Kubernetes clusters (issue 11)
     "installation_key": "32 bytes, base64: seals every Kubernetes cluster's private keys (AES-256-GCM, the cluster id as "
                         "associated data). `z9 dev` generates one into its data dir. Unset: creating a cluster or "
-                        "minting a kubeconfig answers 503 `installation_key_missing`; the executor cannot bootstrap members.",
+                        "minting a kubeconfig answers 503 `installation_key_missing`; the executor cannot bootstrap members. The API also tags the tokens it mints with a key derived "
+                        "from it (an HMAC: `z9t_<random>.<tag>`): from a client address limited for failed "
+                        "authentications (`Z9_API_AUTH_FAILURES_PER_S`) a token whose tag verifies is still looked "
+                        "up, so others' bad tokens never lock a valid one out of a shared address (a token "
+                        "without a tag — older, or minted without the key — is limited with the address).",
     "cluster_join_token_ttl_s": "Life of a bootstrap token z9 mints for one member's join (kubeadm `--ttl`); a member not "
                                 "started yet whose token is older than half of it gets a new one.",
     "cluster_bootstrap_storage": "Storage the members' NoCloud bootstrap ISOs are uploaded to (shared: every node sees it; "
@@ -78,12 +82,16 @@ DESCRIPTIONS: dict[str, str] = {
     "api_rate_limit_per_s": "Rate limit per tenant and API process (every token of a tenant spends from one bucket: a new token brings no new requests): requests per second refilling the bucket; 0 turns rate limiting off. Over it: 429 with `Retry-After` and `RateLimit` headers.",
     "api_rate_limit_burst": "Rate limit per tenant and API process: the bucket's size (requests allowed at once).",
     "api_auth_failures_per_s": "Failed authentications (unknown, expired or revoked bearer token) per client address and API process: "
-                               "failures per second refilling the address's bucket; 0 turns the limit off. Once the bucket is empty, "
-                               "any request with a bearer token from that address answers 429 `rate_limited` with `Retry-After` "
-                               "before its token is looked up (no database lookup per bad token).",
+                               "failures per second refilling the address's bucket (an IPv6 address: its /64); 0 turns the limit off. "
+                               "Once the bucket is empty, a request from that address answers 429 `rate_limited` with "
+                               "`Retry-After` before its token is looked up (no database lookup per bad token) — unless the "
+                               "token is one this process knows, or carries a tag that verifies (a token z9 minted with "
+                               "the installation key: still looked up, once if it turns out revoked or expired).",
     "api_auth_failure_burst": "Failed authentications per client address and API process: the bucket's size.",
     "kubeconfig_max_expiry_s": "Longest `expiry_s` of a kubeconfig's client certificate (`GET /v1/clusters/{id}/kubeconfig`); "
-                               "past it: 422 naming `expiry_s`. A certificate never outlives the minting token either.",
+                               "past it: 422 naming `expiry_s`. A certificate never outlives the minting token either. Also the "
+                               "`--cluster-signing-duration` of a cluster's kube-controller-manager (set when the cluster "
+                               "is created): the longest certificate its CSR API signs, users' and kubelets' alike.",
     "api_pool_size": "Most pooled connections one API process opens (and one LISTEN connection beside them); a request "
                      "waits for a free one. Keep the sum over every service under PostgreSQL's `max_connections` "
                      "(or PgBouncer's pool): see `Z9_EXECUTOR_CONCURRENCY`.",
@@ -285,7 +293,7 @@ SECRETS_BY_SERVICE = [
     ("Proxmox token secret (`Z9_REGIONS[r].token_secret` / `token_secret_file`)",
      ("no", "**yes**", "no", "no", "no")),
     ("installation key (`Z9_INSTALLATION_KEY` / `Z9_INSTALLATION_KEY_FILE`): clusters' keys, join tokens, job page "
-     "tokens", ("**yes**", "**yes**", "no", "no", "no")),
+     "tokens, API token tags", ("**yes**", "**yes**", "no", "no", "no")),
     ("database password (`Z9_DATABASE_URL`)", ("**yes**", "**yes**", "**yes**", "**yes**", "**yes**")),
 ]
 

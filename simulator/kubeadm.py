@@ -473,13 +473,10 @@ def _init(ctx: ExecContext) -> ExecResult:
     # kubeadm's default --client-ca-file is the cluster CA; ClusterConfiguration.apiServer.extraArgs
     # may name another (kubeadm docs, "Customizing components"): v1beta4 a list of {name, value},
     # v1beta3 a map
-    extra = (cc.get("apiServer") or {}).get("extraArgs") or []
-    if isinstance(extra, dict):
-        args = {str(k): str(v) for k, v in extra.items()}
-    else:
-        args = {str(a.get("name")): str(a.get("value")) for a in extra if isinstance(a, dict)}
+    args = _extra_args(cc.get("apiServer"))
     c = clusters(ctx.guest.guests)[endpoint] = {
         "client_ca_file": args.get("client-ca-file", PKI + "ca.crt"),
+        **controller_manager_signers(_extra_args(cc.get("controllerManager"))),
         "endpoint": endpoint, "version": str(cc.get("kubernetesVersion") or ""), "minor": minor,
         "pod_subnet": str(net.get("podSubnet") or ""), "cni": None, "init_vmid": ctx.guest.vmid,
         "ca_crt": (ca_crt or b"").decode(), "ca_hash": _ca_hash(ca_crt or b""),
@@ -492,6 +489,50 @@ def _init(ctx: ExecContext) -> ExecResult:
         c["tokens"][str(bt.get("token"))] = now + ttl
     m.update(cluster=endpoint)
     return ExecResult(0, out="Your Kubernetes control-plane has initialized successfully!\n", err=warnings)
+
+
+def _extra_args(component: Any) -> dict[str, str]:
+    """A component's ``extraArgs`` (kubeadm API reference: v1beta4 a list of {name, value}, v1beta3
+    a map) as a map."""
+    extra = (component or {}).get("extraArgs") or [] if isinstance(component, dict) else []
+    if isinstance(extra, dict):
+        return {str(k): str(v) for k, v in extra.items()}
+    return {str(a.get("name")): str(a.get("value")) for a in extra if isinstance(a, dict)}
+
+
+#: kube-controller-manager's CSR signers and the flag naming each one's files
+CSR_SIGNERS = {"kubernetes.io/kube-apiserver-client": "kube-apiserver-client",
+               "kubernetes.io/kube-apiserver-client-kubelet": "kubelet-client",
+               "kubernetes.io/kubelet-serving": "kubelet-serving", "kubernetes.io/legacy-unknown": "legacy-unknown"}
+
+
+def controller_manager_signers(extra: dict[str, str]) -> dict[str, Any]:
+    """What kube-controller-manager's csrsigning controller signs with, from kubeadm's defaults
+    (``getControllerManagerCommand``: ``--cluster-signing-{cert,key}-file`` = the cluster CA; the
+    flag's own default ``--cluster-signing-duration`` 8760h) overridden by
+    ``controllerManager.extraArgs``: ``csr_signers`` {signer name: [cert file, key file]} (a signer
+    without files does not run) and ``csr_signing_duration_s``; or ``controller_manager_error``
+    when kube-controller-manager refuses its flags (it exits: no signer runs). The rules are
+    kube-controller-manager's: cmd/kube-controller-manager/app/options/csrsigningcontroller.go
+    ``Validate`` (a cert without its key; the single pair beside any per-signer file) and
+    cmd/kube-controller-manager/app/certificates.go (``get<Signer>SignerFiles``: once any per-signer
+    file is set, the single pair is used by none)."""
+    args = {"cluster-signing-cert-file": PKI + "ca.crt", "cluster-signing-key-file": PKI + "ca.key", **extra}
+    single = (args.get("cluster-signing-cert-file", ""), args.get("cluster-signing-key-file", ""))
+    pairs = {name: (args.get(f"cluster-signing-{flag}-cert-file", ""), args.get(f"cluster-signing-{flag}-key-file", ""))
+             for name, flag in CSR_SIGNERS.items()}
+    errors = [f"\"cluster-signing-{CSR_SIGNERS[n]}\": cannot specify {'key without cert' if k else 'cert without key'}"
+              for n, (crt, k) in pairs.items() if bool(crt) != bool(k)]
+    if any(single) and any(crt or k for crt, k in pairs.values()):
+        errors.append("cannot specify --cluster-signing-{cert,key}-file and other --cluster-signing-*-file flags at "
+                      "the same time")
+    specific = any(crt or k for crt, k in pairs.values())
+    signers = {n: list(pairs[n] if specific else single) for n in CSR_SIGNERS}
+    duration = _duration_s(args.get("cluster-signing-duration", "8760h0m0s"))
+    if duration is None:
+        errors.append(f"invalid argument for --cluster-signing-duration: {args.get('cluster-signing-duration')!r}")
+    return {"csr_signers": {n: v for n, v in signers.items() if all(v)}, "csr_signing_duration_s": duration,
+            "controller_manager_error": "; ".join(errors) or None}
 
 
 def _text(b: str | bytes) -> str:
@@ -548,6 +589,12 @@ def _join(ctx: ExecContext) -> ExecResult:
     if name in c["nodes"] and c["nodes"][name]["vmid"] != ctx.guest.vmid and _guest_up(guests, c["nodes"][name]["vmid"]):
         return ExecResult(1, err=f"error execution phase kubelet-start: a Node with name \"{name}\" and status "
                                  "\"Ready\" already exists in the cluster\n")
+    if c.get("controller_manager_error") or "kubernetes.io/kube-apiserver-client-kubelet" not in c.get(
+            "csr_signers", {"kubernetes.io/kube-apiserver-client-kubelet": None}):
+        # the kubelet's TLS bootstrap: its CSR (signer kube-apiserver-client-kubelet) is approved
+        # but nothing signs it, and kubeadm's kubelet-start phase waits in vain
+        return ExecResult(1, err=warnings + "[kubelet-start] Waiting for the kubelet to perform the TLS Bootstrap\n"
+                                 "error execution phase kubelet-start: timed out waiting for the condition\n" + _TRACE)
     now = time.time()
     c["nodes"][name] = {"vmid": ctx.guest.vmid, "role": "control-plane" if control_plane else "worker",
                         "unschedulable": False, "joined_at": now, "token": tid}

@@ -135,6 +135,8 @@ async def test_a_rotated_cluster_refuses_a_certificate_minted_before(stack: Stac
     code, text = await _kubectl(sim, cp["node"], cp["vmid"], forged)
     assert code == 1 and "Unauthorized" in text, text
 
+    before_crt = await _file(sim, cp["node"], cp["vmid"], pki.CLIENT_CA_CRT)
+    assert before_crt == (await _material(stack, cid))["client-ca.crt"]   # written at bootstrap
     status, out = await stack.call("POST", f"/clusters/{cid}/actions/rotate-credentials", json={})
     assert status == 202, out
     done = await stack.wait_job(out["job"]["id"], timeout_s=120)
@@ -146,6 +148,34 @@ async def test_a_rotated_cluster_refuses_a_certificate_minted_before(stack: Stac
     assert await _kubectl(sim, cp["node"], cp["vmid"], new["kubeconfig"]) == (0, "ok")
     listed = (await stack.call("GET", f"/clusters/{cid}/credentials"))[1]["credentials"]
     assert [(c["serial"], c["trusted"]) for c in listed] == [(new["serial"], True), (old["serial"], False)]
+    # the CSR API's kube-apiserver-client signer (kube-controller-manager) signs with the users'
+    # client CA, whose files the rotation replaced too: a certificate got through a CSR before is
+    # refused like the kubeconfig (its CA left the bundle), and the one after is the new CA's
+    material = await _material(stack, cid)
+    assert await _file(sim, cp["node"], cp["vmid"], pki.CLIENT_CA_CRT) == material["client-ca.crt"]
+    assert await _file(sim, cp["node"], cp["vmid"], pki.CLIENT_CA_KEY) == material["client-ca.key"]
+    assert material["client-ca.crt"] not in before_crt
+    [model] = [c for c in (await sim._req("GET", "/k8s/clusters")).values() if c["init_vmid"] == cp["vmid"]]
+    assert model["controller_manager_error"] is None, model
+    assert model["csr_signers"]["kubernetes.io/kube-apiserver-client"] == [pki.CLIENT_CA_CRT, pki.CLIENT_CA_KEY]
+    assert model["csr_signing_duration_s"] == stack.settings.kubeconfig_max_expiry_s
+
+
+async def _material(stack: Stack, cid: str) -> dict[str, str]:
+    sealed = await store.cluster_keys_get(stack.pool, cid)
+    assert sealed is not None
+    return pki.InstallationKey.parse(stack.settings.installation_key.get_secret_value()).open(cid, *sealed)
+
+
+async def _file(sim: SimAdmin, node: str, vmid: int, path: str) -> str | None:
+    """A file of the guest, read through the guest agent."""
+    srv = sim.server
+    async with aiohttp.ClientSession(headers={"Authorization": f"PVEAPIToken={srv.token_id}={srv.token_secret}"}) as h:
+        async with h.get(f"{srv.url}/api2/json/nodes/{node}/qemu/{vmid}/agent/file-read", params={"file": path},
+                         ssl=False) as r:
+            if r.status != 200:
+                return None
+            return (await r.json())["data"]["content"]
 
 
 def test_a_rotation_pushes_to_stale_api_servers_and_waits_for_a_stopped_one() -> None:
@@ -169,3 +199,48 @@ def test_a_rotation_pushes_to_stale_api_servers_and_waits_for_a_stopped_one() ->
     world.client_ca_unreachable = ["cp-1"]
     with pytest.raises(TemporaryError, match="cp-1 is not running"):
         _cluster.plan(Job.__new__(Job), world)
+
+
+def test_the_csr_api_signs_users_certificates_with_the_rotatable_client_ca() -> None:
+    """kube-controller-manager's signers, as the kubeadm config z9 writes sets them (both config
+    formats), read by the simulator's model of kube-controller-manager's flag rules: the
+    kube-apiserver-client signer is the users' client CA (on every control plane, the key 0600;
+    on no worker), the kubelets' signers stay the cluster CA, the flags are valid together (the
+    single pair emptied), and no signer gives more than the kubeconfig cap. kubeadm's defaults
+    alone would sign users' certificates with the cluster CA for a year."""
+    from z9.executor.jobs import _cluster
+    from z9.sim.kubeadm import controller_manager_signers
+
+    from tests.test_cluster_units import _cluster_row
+
+    default = controller_manager_signers({})
+    assert default["csr_signers"]["kubernetes.io/kube-apiserver-client"] == [
+        "/etc/kubernetes/pki/ca.crt", "/etc/kubernetes/pki/ca.key"] and default["csr_signing_duration_s"] == 365 * 86400
+    material = pki.new_cluster_pki()
+    for version, shape in (("1.30", dict), ("1.33", list)):
+        c = _cluster_row(version=version, control_plane={"count": 1}, node_pools=[{"name": "w", "count": 1}])
+        cp, worker = _cluster.desired_members(c)
+        user = yaml.safe_load(_cluster.bootstrap_files(c, material, cp, None, signing_duration_s=86400)["user-data"])
+        files = {f["path"]: f for f in user["write_files"]}
+        assert files[pki.CLIENT_CA_KEY]["content"] == material["client-ca.key"]
+        assert files[pki.CLIENT_CA_KEY]["permissions"] == "0600"
+        assert files[pki.CLIENT_CA_CRT]["content"] == material["client-ca.crt"]
+        docs = list(yaml.safe_load_all(files["/etc/z9/kubeadm.yaml"]["content"]))
+        [cc] = [d for d in docs if d["kind"] == "ClusterConfiguration"]
+        extra = cc["controllerManager"]["extraArgs"]
+        assert isinstance(extra, shape), (version, extra)
+        args = extra if isinstance(extra, dict) else {a["name"]: a["value"] for a in extra}
+        model = controller_manager_signers(args)
+        assert model["controller_manager_error"] is None, model
+        assert model["csr_signers"] == {
+            "kubernetes.io/kube-apiserver-client": [pki.CLIENT_CA_CRT, pki.CLIENT_CA_KEY],
+            **{s: ["/etc/kubernetes/pki/ca.crt", "/etc/kubernetes/pki/ca.key"] for s in (
+                "kubernetes.io/kube-apiserver-client-kubelet", "kubernetes.io/kubelet-serving",
+                "kubernetes.io/legacy-unknown")}}, model
+        assert model["csr_signing_duration_s"] == 86400
+        joined = _cluster.bootstrap_files(c, material, worker, pki.new_bootstrap_token())["user-data"]
+        assert "client-ca" not in joined and material["client-ca.key"] not in joined
+    # the model refuses what kube-controller-manager refuses: the single pair beside a per-signer one
+    bad = controller_manager_signers({"cluster-signing-kube-apiserver-client-cert-file": pki.CLIENT_CA_CRT,
+                                      "cluster-signing-kube-apiserver-client-key-file": pki.CLIENT_CA_KEY})
+    assert "at the same time" in (bad["controller_manager_error"] or ""), bad

@@ -7,6 +7,7 @@ checks per second per appliance)."""
 from __future__ import annotations
 
 import ipaddress
+from types import SimpleNamespace
 from typing import Any, AsyncIterator
 
 import asyncpg
@@ -14,7 +15,8 @@ import pytest
 
 from z9.common import store
 from z9.common.resources.load_balancer import ip_target_refusal
-from z9.common.settings import Settings
+from z9.executor.jobs import _lb as lb_jobs
+from z9.common.settings import AddressPoolSettings, Settings
 
 from tests.support import REGION, SimAdmin, Stack, api_stack, make_tenant, wait_until
 from tests.test_load_balancers import SERVICE, _appliances, _get, _lb, lb_template  # noqa: F401
@@ -52,6 +54,10 @@ def test_the_rules_in_order() -> None:
              ("198.18.0.1", None, "private_range"), ("8.8.8.8", None, None), ("198.51.100.7", None, None)]
     for ip, holder, rule in cases:
         assert ip_target_refusal(ip, "a", holder, **nets) == rule, (ip, holder)
+    # one IP held in two regions (their ranges overlap): the other tenant's holding decides
+    assert ip_target_refusal("203.0.113.20", "a", [mine, theirs], **nets) == "another_tenant"
+    assert ip_target_refusal("203.0.113.20", "a", [mine, lb], **nets) == "load_balancer_address"
+    assert ip_target_refusal("203.0.113.20", "a", [mine, mine], **nets) is None
 
 
 async def test_private_and_platform_targets_are_refused_naming_the_rule(walled: Stack) -> None:
@@ -170,3 +176,75 @@ async def test_a_target_whose_address_changed_tenant_is_dropped_at_the_next_conf
     cur = await wait_until(dropped, stack.settings.lb_health_interval_s * 3 + 60, "the target dropped")
     assert cur["targets"][0]["health_status"][0]["reason"] == "another_tenant", cur
     assert cur["status"] == "active" and cur["health"] == "unknown", cur   # nothing left to balance to
+
+
+# a second region: its own public pool and a public platform network (so that, but for the rules
+# of every region, its addresses would pass as public hosts)
+REGION_2 = "dev-2"
+POOL_2 = "192.0.2.128/25"
+PLATFORM_2 = "198.51.100.240/28"
+
+
+def _two_regions(settings: Settings) -> Settings:
+    one = _region(settings).regions[REGION]
+    two = one.model_copy(update={
+        "address_pools": [AddressPoolSettings(name="public", cidr=POOL_2, gateway="192.0.2.129")],
+        "platform_networks": [ipaddress.ip_network(PLATFORM_2)], "lb_target_private_networks": []})
+    return settings.model_copy(update={"regions": {REGION: one, REGION_2: two}})
+
+
+@pytest.fixture
+async def two_regions(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Stack]:
+    async with api_stack(_two_regions(settings), pool) as stack:
+        yield stack
+
+
+async def test_the_rules_hold_across_regions(two_regions: Stack) -> None:
+    """A dev-1 load balancer may not target another tenant's dev-2 VIP, a free dev-2 pool IP, a
+    dev-2 platform network, nor its own tenant's dev-2 VIP (a loop across regions); its own dev-2
+    floating address is fine."""
+    api = two_regions
+    lb, _ = await _lb(api, name="here", services=[SERVICE])
+    _, other = await make_tenant(api.pool, "other-tenant")
+    status, out = await api.call("POST", "/load-balancers", token=other, json={
+        "region": REGION_2, "name": "theirs", "services": [SERVICE]})
+    assert status == 202, out
+    theirs = out["load_balancer"]["public_net"]["ipv4"]["ip"]
+    mine_there, _ = await _lb(api, region=REGION_2, name="mine-there", services=[SERVICE])
+    base = f"/load-balancers/{lb['id']}/actions/add_target"
+    refused = {theirs: "another_tenant",
+               mine_there["public_net"]["ipv4"]["ip"]: "load_balancer_address",
+               "192.0.2.200": "address_pool",          # a free IP of dev-2's pool
+               "198.51.100.241": "platform_network"}   # dev-2's platform network
+    for ip, rule in refused.items():
+        status, out = await api.call("POST", base, json={"type": "ip", "ip": ip})
+        assert status == 422 and out["error"]["details"][0]["rule"] == rule, (ip, out)
+    status, out = await api.call("POST", "/addresses", json={"region": REGION_2, "name": "mine"})
+    assert status == 202, out
+    status, out = await api.call("POST", base, json={"type": "ip", "ip": out["address"]["ip"]})
+    assert status == 202, out
+
+
+async def test_every_configure_checks_the_rules_of_every_region(two_regions: Stack) -> None:
+    """The executor's re-check (at every configure): a dev-1 load balancer's target is its
+    tenant's own dev-2 address; once dev-2 hands that IP to another tenant, the configure's view
+    of the targets refuses it (another_tenant)."""
+    api = two_regions
+    status, out = await api.call("POST", "/addresses", json={"region": REGION_2, "name": "handed-over"})
+    assert status == 202, out
+    address = out["address"]
+    lb, _ = await _lb(api, name="hand", services=[SERVICE], targets=[{"type": "ip", "ip": address["ip"]}])
+    ctx = SimpleNamespace(pool=api.pool, settings=api.settings, job=SimpleNamespace(resource_id=lb["id"]))
+    _, [target] = await lb_jobs.load(ctx)  # type: ignore[arg-type]
+    assert target["refused"] is None and target["addr"] == address["ip"], target
+    other, _ = await make_tenant(api.pool, "tenant-a")
+    async with api.pool.acquire() as conn, conn.transaction():
+        await conn.execute("UPDATE addresses SET status = 'deleted', deleted_at = now() WHERE id = $1", address["id"])
+        await store.address_release(conn, address["id"])
+        await conn.execute("UPDATE address_pool_ips SET reusable_after = now() - interval '1 s' WHERE ip = $1::inet",
+                           address["ip"])
+        [pool_row] = await store.address_pool_list(conn, REGION_2)
+        got = await store.address_allocate(conn, pool_id=pool_row["id"], tenant_id=other, kind="floating")
+    assert got is not None and got.ip_text == address["ip"]
+    _, [target] = await lb_jobs.load(ctx)  # type: ignore[arg-type]
+    assert target["refused"] == "another_tenant" and target["addr"] is None, target

@@ -1,7 +1,9 @@
 """Token lineage and the limits every token of a tenant shares: a token never outlives the token
 that made it (its expiry capped, refused past it; an ancestor's expiry or revocation ends it),
 revoking a token revokes everything it made, transitively; the rate limit is the tenant's, not the
-token's; failed authentications are limited per client address without a database lookup each."""
+token's; failed authentications are limited per client address (an IPv6 one by its /64) without a
+database lookup each — yet a token z9 minted (its tag verifies) is still looked up, so another's
+bad tokens never lock a valid token out of a shared address."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -11,7 +13,7 @@ import asyncpg
 import pytest
 
 from z9.api.middleware import RATE_LIMITS
-from z9.api.tokens import AUTH_FAILURES
+from z9.api.tokens import AUTH_FAILURES, CACHE, client_key, new_secret, tag_verdict, token_tag_key
 from z9.common import store
 from z9.common.settings import Settings
 
@@ -144,3 +146,57 @@ async def test_failed_authentication_is_limited_per_address_without_a_lookup(lim
     now[0] += 2
     assert (await call(api, "GET", "/servers", "z9t_bad"))[0] == 401
     assert (await call(api, "GET", "/servers", "z9t_bad"))[0] == 429
+
+
+async def test_a_limited_address_still_authenticates_the_tokens_z9_minted(limited: Stack,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind one NAT or ingress, one client's flood of bad tokens limits the address; another
+    tenant's valid token (tagged: minted by z9) presented from it is still looked up and answers,
+    while forged tags, untagged junk and a dead tagged token seen once cost no lookup."""
+    api = limited
+    now = [1000.0]
+    api.app[AUTH_FAILURES].clock = lambda: now[0]
+    lookups: list[str] = []
+    real = store.api_token_auth
+
+    async def counting(db: Any, token: str) -> Any:
+        lookups.append(token)
+        return await real(db, token)
+    monkeypatch.setattr(store, "api_token_auth", counting)
+    key = token_tag_key(api.settings)
+    assert key is not None
+    theirs = new_secret(key)        # what POST /v1/tokens and `z9 token` mint
+    await store.api_token_insert(api.pool, await store.tenant_upsert(api.pool, "neighbour"), theirs)
+    status, made = await _make(api, api.token, "minted")
+    assert status == 201 and tag_verdict(key, made["secret"]) is True, made
+    statuses = [(await call(api, "GET", "/servers", f"z9t_bad{i}"))[0] for i in range(40)]
+    assert statuses == [401] * 10 + [429] * 30, statuses
+    lookups.clear()
+    # forged: the tagged form, a tag that does not verify — no lookup
+    body = theirs[4:47]
+    forged = [f"z9t_{body}.{'A' * 22}", f"z9t_{'x' * 43}.{theirs[-22:]}"]
+    assert [tag_verdict(key, f) for f in forged] == [False, False]
+    assert [(await call(api, "GET", "/servers", f))[0] for f in forged] == [429, 429] and lookups == []
+    # the neighbour's valid token and the tenant's new one, never seen by this process: looked up, answered
+    assert (await call(api, "GET", "/servers", theirs))[0] == 200
+    assert (await call(api, "GET", "/servers", made["secret"]))[0] == 200
+    assert lookups == [theirs, made["secret"]]
+    # a tagged token revoked: looked up once (401), then refused without a lookup
+    status, out, _ = await call(api, "DELETE", f"/tokens/{made['token']['id']}", api.token)
+    assert status in (200, 204), out
+    api.app[CACHE].clear()
+    lookups.clear()
+    assert (await call(api, "GET", "/servers", made["secret"]))[0] == 401
+    assert (await call(api, "GET", "/servers", made["secret"]))[0] == 429
+    assert lookups == [made["secret"]]
+    # a token from before tags (untagged) is limited with the address, as before
+    _, old = await make_tenant(api.pool, "legacy")
+    assert tag_verdict(key, old) is None
+    assert (await call(api, "GET", "/servers", old))[0] == 429
+
+
+def test_failed_authentication_buckets_key_ipv6_by_its_64() -> None:
+    assert client_key("2001:db8:1:2:aaaa::1") == client_key("2001:db8:1:2:ffff:1:2:3") == "2001:db8:1:2::/64"
+    assert client_key("2001:db8:1:3::1") != client_key("2001:db8:1:2::1")
+    assert client_key("198.51.100.7") == client_key("::ffff:198.51.100.7") == "198.51.100.7"
+    assert client_key("fe80::1%eth0") == "fe80::/64" and client_key(None) == "unknown"

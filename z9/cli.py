@@ -213,7 +213,7 @@ TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     from datetime import datetime, timedelta, timezone
 
-    from z9.api.tokens import new_secret
+    from z9.api.tokens import new_secret, token_tag_key
     from z9.common import store
     from z9.common.db import connect_tool
 
@@ -233,7 +233,7 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
-                token = new_secret()
+                token = new_secret(token_tag_key(settings))
                 await store.api_token_insert(conn, tenant, token, args.name, scopes=scopes, expires_at=expires_at)
         finally:
             await conn.close()

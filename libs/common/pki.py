@@ -121,8 +121,18 @@ def _ca(cn: str) -> tuple[str, str]:
 #: the CA of the kubeconfigs z9 mints for users (not the cluster CA: the components' certificates
 #: stay signed by that one). The API servers trust client certificates of both (their
 #: ``--client-ca-file`` is :data:`CLIENT_CA_BUNDLE`, the cluster CA then this one); rotating this one
-#: alone makes every kubeconfig minted before stop working, nothing else.
+#: alone makes every kubeconfig minted before stop working, and every certificate the CSR API signed
+#: for kube-apiserver-client (:data:`CLIENT_CA_CRT`), nothing else. The cluster CA stays in the
+#: bundle: in kubeadm the API servers authenticate the components by it (controller-manager.conf,
+#: scheduler.conf, admin.conf, the kubelets' client certificates — kubelet TLS bootstrap and rotation
+#: go through the kube-apiserver-client-kubelet signer, still the cluster CA).
 CLIENT_CA_BUNDLE = "/etc/kubernetes/pki/client-ca-bundle.crt"
+#: the users' client CA itself, on every control plane: kube-controller-manager signs
+#: ``kubernetes.io/kube-apiserver-client`` CSRs with it (``--cluster-signing-kube-apiserver-client-
+#: {cert,key}-file``), so a certificate a cluster-admin gets through the CSR API is revoked by a
+#: rotation like the kubeconfigs z9 mints (the key: 0600, pushed again by every rotation)
+CLIENT_CA_CRT = "/etc/kubernetes/pki/client-ca.crt"
+CLIENT_CA_KEY = "/etc/kubernetes/pki/client-ca.key"
 
 
 def new_client_ca() -> tuple[str, str]:

@@ -1133,11 +1133,12 @@ SELECT EXISTS (SELECT 1 FROM addresses WHERE region = $1 AND ip = $2::inet AND s
                                          AND tenant_id <> $3) AS held;
 
 -- name: address_ip_holders
--- The live addresses of region $1 holding any of the IPs $2 (text[]): who holds each and as what
--- (kind load_balancer: a VIP or appliance address). The ip-target rules of the API and of every
--- configure (index addresses_ip_live).
-SELECT host(ip) AS ip, tenant_id, kind FROM addresses
-WHERE region = $1 AND ip = ANY($2::inet[]) AND status <> 'deleted';
+-- The live addresses of every region holding any of the IPs $1 (text[]): who holds each, as what
+-- (kind load_balancer: a VIP or appliance address) and where. The ip-target rules of the API and of
+-- every configure: an appliance's bridge may route to another region's addresses, so an IP held in
+-- any region counts (regions may reuse a range: one IP can have a holder in each).
+SELECT host(ip) AS ip, tenant_id, kind, region FROM addresses
+WHERE ip = ANY($1::inet[]) AND status <> 'deleted';
 
 -- name: lb_servers
 -- The target servers of a load balancer, as z9 knows them: status, power and primary IPv4.

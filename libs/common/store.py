@@ -838,12 +838,15 @@ async def lb_release_addresses(db: DB, lb_id: str) -> list[str]:
     return [r["ip"] for r in await db.fetch(q("lb_release_addresses"), lb_id)]
 
 
-async def address_ip_holders(db: DB, region: str, ips: list[str]) -> dict[str, dict[str, Any]]:
-    """``{ip: {"tenant_id", "kind"}}`` of the live addresses of ``region`` holding any of ``ips``."""
+async def address_ip_holders(db: DB, ips: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """``{ip: [{"tenant_id", "kind", "region"}, ...]}``: the live addresses of every region holding
+    any of ``ips`` (an IP may be held once per region)."""
     if not ips:
         return {}
-    return {r["ip"]: {"tenant_id": r["tenant_id"], "kind": r["kind"]}
-            for r in await db.fetch(q("address_ip_holders"), region, sorted(set(ips)))}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in await db.fetch(q("address_ip_holders"), sorted(set(ips))):
+        out.setdefault(r["ip"], []).append({"tenant_id": r["tenant_id"], "kind": r["kind"], "region": r["region"]})
+    return out
 
 
 async def lb_servers(db: DB, server_ids: list[str]) -> dict[str, dict[str, Any]]:

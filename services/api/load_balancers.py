@@ -36,7 +36,7 @@ from z9.common import kinds, store
 from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.ids import new_id
 from z9.common.models import LoadBalancer, target_key
-from z9.common.resources.load_balancer import LOAD_BALANCER, RULE_TEXT, ip_target_refusal, region_networks
+from z9.common.resources.load_balancer import LOAD_BALANCER, RULE_TEXT, ip_target_refusal, target_networks
 from z9.common.settings import Settings
 
 from . import quotas, schemas
@@ -346,8 +346,8 @@ async def _check_ip_targets(conn: Any, tenant_id: str, region: str, targets: lis
     ips = [t["ip"] for t in targets if t["type"] == "ip"]
     if not ips:
         return
-    holders = await store.address_ip_holders(conn, region, ips)
-    nets = region_networks(settings.regions.get(region))
+    holders = await store.address_ip_holders(conn, ips)
+    nets = target_networks(settings.regions, region)
     for ip in ips:
         rule = ip_target_refusal(ip, tenant_id, holders.get(ip), **nets)
         if rule is not None:

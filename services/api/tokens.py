@@ -30,7 +30,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
+import hmac
+import ipaddress
 import logging
 import re
 import secrets
@@ -61,9 +64,63 @@ WWW_AUTHENTICATE = 'Bearer realm="z9"'
 _CACHE_MAX = 10_000
 
 
-def new_secret() -> str:
-    """A new API token: ``z9t_`` and 256 random bits."""
-    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+def new_secret(tag_key: bytes | None = None) -> str:
+    """A new API token: ``z9t_`` and 256 random bits, then (with ``tag_key``) ``.`` and its tag
+    (:func:`token_tag`): ``z9t_<43 chars>.<22 chars>``."""
+    body = secrets.token_urlsafe(32)
+    return TOKEN_PREFIX + body + ("." + token_tag(tag_key, body) if tag_key is not None else "")
+
+
+# A token's tag: HMAC-SHA256 of its random part under a key derived from the installation key,
+# 128 bits. It lets the API tell, without the database, a token z9 minted from a forged one: a
+# client address that failed authentication too often is refused at once (429) — but a token
+# whose tag verifies is still looked up, so nobody sharing the address (behind a NAT or an
+# ingress) is locked out by another's bad tokens. Tokens minted before tags (no ``.``) stay valid
+# and are limited with the address as before.
+_TAGGED = re.compile(r"z9t_([A-Za-z0-9_-]{43})\.([A-Za-z0-9_-]{22})")
+
+
+def token_tag_key(settings: Any) -> bytes | None:
+    """The key of token tags, derived from ``Z9_INSTALLATION_KEY`` (None without one)."""
+    from z9.common.pki import InstallationKey, SealError
+
+    if getattr(settings, "installation_key", None) is None:
+        return None
+    try:
+        raw = InstallationKey.parse(settings.installation_key.get_secret_value()).raw
+    except SealError:  # refused where the key is used (clusters); tokens are minted untagged
+        return None
+    return hmac.new(raw, b"z9 api token tag v1", hashlib.sha256).digest()
+
+
+def token_tag(tag_key: bytes, body: str) -> str:
+    mac = hmac.new(tag_key, body.encode(), hashlib.sha256).digest()[:16]
+    return base64.urlsafe_b64encode(mac).decode().rstrip("=")
+
+
+def tag_verdict(tag_key: bytes | None, token: str) -> bool | None:
+    """True: a tagged token whose tag verifies (one z9 minted); False: the tagged form with a
+    wrong tag (forged); None: not the tagged form (an older token, or junk), or no key here."""
+    m = _TAGGED.fullmatch(token)
+    if m is None or tag_key is None:
+        return None
+    return hmac.compare_digest(token_tag(tag_key, m[1]), m[2])
+
+
+def client_key(remote: str | None) -> str:
+    """The failed-authentication bucket of a client address: the address itself for IPv4 (an
+    IPv4-mapped IPv6 address as its IPv4), its /64 for IPv6 (one host commonly holds a whole /64)."""
+    if not remote:
+        return "unknown"
+    try:
+        ip = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return remote
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 # ---------------------------------------------------------------------------------- models
@@ -157,6 +214,10 @@ class FailureBuckets(TokenBuckets):
 
 
 AUTH_FAILURES = web.AppKey("auth_failures", FailureBuckets)
+TAG_KEY = web.AppKey("token_tag_key", object)  # bytes | None
+# tagged tokens that verified but are unknown, expired or revoked (sha256): such a token never
+# becomes valid again, so a limited address presenting one again is refused without a lookup
+UNKNOWN_TAGGED = web.AppKey("unknown_tagged_tokens", set)
 
 
 def _cached(app: web.Application, token: str) -> Principal | None:
@@ -239,10 +300,16 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if scheme.lower() != "bearer" or not token:
         raise unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
     failures = request.app[AUTH_FAILURES]
-    client = request.remote or "unknown"
+    client = client_key(request.remote)
+    # a forged tag (or one of an installation key since replaced) counts as no tag: limited with
+    # the address, looked up otherwise — a token is never refused for its tag alone
+    tagged = tag_verdict(request.app[TAG_KEY], token) is True  # type: ignore[arg-type]
+    digest = hashlib.sha256(token.encode()).digest()
     if failures.enabled and _cached(request.app, token) is None:
         limited, level = failures.limited(client)
-        if limited:  # before any lookup: a flood of bad tokens costs no database work
+        # before any lookup: a flood of bad tokens costs no database work; a token z9 minted (its
+        # tag verifies) is still looked up, unless it was already found dead
+        if limited and (not tagged or digest in request.app[UNKNOWN_TAGGED]):
             wait = failures.retry_after(level)
             raise TooManyRequests(f"too many failed authentications from {client} ({failures.burst} at once, "
                                   f"refilled at {failures.per_s:g}/s); retry in {wait}s",
@@ -251,6 +318,11 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if principal is None:
         if failures.enabled:
             failures.take(client)
+        if tagged:
+            dead = request.app[UNKNOWN_TAGGED]
+            if len(dead) >= _CACHE_MAX:
+                dead.clear()
+            dead.add(digest)
         raise unauthorized("unknown, expired or revoked API token")
     request[PRINCIPAL] = principal
     request[api.TENANT] = principal.tenant_id
@@ -335,7 +407,7 @@ async def create_token(request: web.Request) -> web.Response:
                                    f"({me.expires_at.isoformat()}, {left}s from now); a token never outlives its "
                                    "parent", details=[{"field": "expires_in_s", "message": "past the parent's expiry",
                                                        "max": left}])
-    secret = new_secret()
+    secret = new_secret(request.app[TAG_KEY])  # type: ignore[arg-type]
     row = await store.api_token_create(request.app[api.POOL], me.tenant_id, secret, spec.name, scopes=spec.scopes,
                                        expires_at=expires_at, created_by=me.token_id)
     token = _token_json(row)
@@ -396,6 +468,8 @@ def install(app: web.Application) -> None:
     app[CACHE] = {}
     settings = app[api.SETTINGS]
     app[AUTH_FAILURES] = FailureBuckets(settings.api_auth_failures_per_s, settings.api_auth_failure_burst)
+    app[TAG_KEY] = token_tag_key(settings)
+    app[UNKNOWN_TAGGED] = set()
     app[PLATFORM_USERS] = platform_users(app[api.SETTINGS])
 
     async def ctx(app: web.Application) -> Any:

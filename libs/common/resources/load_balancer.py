@@ -55,13 +55,13 @@ on_final_delete("server", _server_deleted)
 # inside the platform's network, and its per-target health a port scanner. So an ip target is
 # allowed only where the operator allows it (the rules in order, the first that matches decides):
 #
-#   platform_network       in one of the region's ``platform_networks``: refused, always
-#   another_tenant         a live address of this cloud held by another tenant: refused
+#   platform_network       in one of the ``platform_networks`` of any region: refused, always
+#   another_tenant         a live address of this cloud (any region) held by another tenant: refused
 #   load_balancer_address  a VIP or appliance address of any load balancer (the tenant's own
 #                          included): refused — a load balancer never targets a load balancer, so
 #                          no two can form a loop (simpler to state and to check than "no cycle")
 #   (own address)          any other live address of the tenant (a floating or primary one): allowed
-#   address_pool           inside an address pool's network of the region (a free IP, the gateway,
+#   address_pool           inside an address pool's network of any region (a free IP, the gateway,
 #                          a reserved one): refused — a free IP may be handed to another tenant
 #                          tomorrow, and the next configure would then forward to it
 #   (allowed private)      inside one of the region's ``lb_target_private_networks``: allowed
@@ -81,33 +81,36 @@ NOT_PUBLIC = tuple(ipaddress.ip_network(n) for n in (
     "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4"))
 
 RULE_TEXT = {
-    "platform_network": "is in a platform network of the region",
+    "platform_network": "is in a platform network of a region",
     "another_tenant": "is an address of this cloud that another tenant holds",
     "load_balancer_address": "is the VIP or an appliance address of a load balancer (a load balancer never targets "
                              "a load balancer)",
-    "address_pool": "is in an address pool of the region and not one of your addresses",
+    "address_pool": "is in an address pool of a region and not one of your addresses",
     "private_range": "is in a private or otherwise non-public range that the region does not open to load "
                      "balancer targets (lb_target_private_networks)",
 }
 
 
-def ip_target_refusal(ip: str, tenant_id: str, holder: dict[str, Any] | None, *,
+def ip_target_refusal(ip: str, tenant_id: str, holder: dict[str, Any] | list[dict[str, Any]] | None, *,
                       platform_networks: list[Any], pool_networks: list[Any],
                       private_allowed: list[Any]) -> str | None:
     """Pure: the rule refusing ``ip`` as an ip target of a load balancer of ``tenant_id`` (see
-    above), or None when it is allowed. ``holder``: the live address of the region holding the
-    IP (``{"tenant_id", "kind"}``), None when none does."""
+    above), or None when it is allowed. ``holder``: the live address holding the IP
+    (``{"tenant_id", "kind"}``), or every one, of any region, that does (a list: regions may reuse
+    a range); None or empty when none does. The networks are those of every configured region
+    (:func:`target_networks`): an appliance's bridge may route to another region's."""
     addr = ipaddress.ip_address(ip)
+    holders = [holder] if isinstance(holder, dict) else list(holder or [])
 
     def within(nets: list[Any]) -> bool:
         return any(addr.version == n.version and addr in n for n in nets)
 
     if within(platform_networks):
         return "platform_network"
-    if holder is not None:
-        if holder["tenant_id"] != tenant_id:
+    if holders:
+        if any(h["tenant_id"] != tenant_id for h in holders):
             return "another_tenant"
-        if holder["kind"] == "load_balancer":
+        if any(h["kind"] == "load_balancer" for h in holders):
             return "load_balancer_address"
         return None
     if within(pool_networks):
@@ -117,6 +120,18 @@ def ip_target_refusal(ip: str, tenant_id: str, holder: dict[str, Any] | None, *,
     if within(list(NOT_PUBLIC)) or (addr.version == 6 and not addr.is_global):
         return "private_range"
     return None
+
+
+def target_networks(regions: dict[str, Any], region: str) -> dict[str, list[Any]]:
+    """The keyword arguments of :func:`ip_target_refusal` for a load balancer of ``region``: the
+    platform networks and address pools of every configured region (``regions``: ``{name:
+    RegionSettings}``) — a load balancer of one region targeting another region's VIP, free pool
+    IP or platform VM is as much a way in as in its own — and the private networks its own
+    region opens (``lb_target_private_networks`` is a per-region choice)."""
+    own = region_networks(regions.get(region))
+    return {"platform_networks": [n for r in regions.values() for n in r.platform_networks],
+            "pool_networks": [p.cidr for r in regions.values() for p in r.address_pools],
+            "private_allowed": own["private_allowed"]}
 
 
 def region_networks(region: Any) -> dict[str, list[Any]]:

@@ -146,8 +146,11 @@ class World:
     clones: list[VmState] = field(default_factory=list)  # untagged clones of ours for members not desired
     pod_network: bool = False  # this attempt applied the pod network's manifest (kubectl apply) already
     # a credentials rotation (job args ``client_ca``): the users' client-CA bundle the API servers
-    # must trust, and the running control planes whose file is not it yet
+    # must trust, and the running control planes whose file is not it yet; ``client_ca`` the users'
+    # client CA (crt, key) kube-controller-manager's kube-apiserver-client signer must use
     client_ca_bundle: str | None = None
+    client_ca: tuple[str, str] | None = field(default=None, repr=False)
+    client_ca_signers: list[str] = field(default_factory=list)  # control planes holding the signer's files
     client_ca_stale: list[str] = field(default_factory=list)
     client_ca_unreachable: list[str] = field(default_factory=list)  # control planes not running
 
@@ -230,10 +233,13 @@ async def _observe_client_ca(ctx: JobContext, world: World) -> None:
     """After a credentials rotation: which running control planes do not trust the new users'
     client CA yet (their ``client-ca-bundle.crt`` read back through the agent)."""
     assert world.cluster is not None
-    world.client_ca_bundle = pki.client_ca_bundle(await material_of(ctx, world.cluster))
+    material = await material_of(ctx, world.cluster)
+    world.client_ca_bundle = pki.client_ca_bundle(material)
     if world.client_ca_bundle is None:
         return
+    world.client_ca = (material["client-ca.crt"], material["client-ca.key"])
     want = hashlib.sha256(world.client_ca_bundle.encode()).hexdigest()
+    want_crt = hashlib.sha256(world.client_ca[0].encode()).hexdigest()
     for member in sorted((m for m in world.vms if m.startswith("cp-")), key=ordinal_key):
         vm = world.vms[member]
         if not vm.running:  # it would come back trusting the old CA: the rotation waits for it
@@ -241,9 +247,16 @@ async def _observe_client_ca(ctx: JobContext, world: World) -> None:
             continue
         try:
             data = await ctx.pve.agent_file_read(vm.node, vm.vmid, pki.CLIENT_CA_BUNDLE)
+            # the signer's certificate (its key is written before it: a current crt means both)
+            crt = await ctx.pve.agent_file_read(vm.node, vm.vmid, pki.CLIENT_CA_CRT)
         except AgentUnavailable:
-            data = None
-        if data is None or hashlib.sha256(data).hexdigest() != want:
+            data = crt = None
+        # a control plane bootstrapped before its controller-manager signed with the users' client
+        # CA has no such crt (nor the flags naming it): it gets the bundle only
+        if crt is not None:
+            world.client_ca_signers.append(member)
+        if data is None or hashlib.sha256(data).hexdigest() != want \
+                or (crt is not None and hashlib.sha256(crt).hexdigest() != want_crt):
             world.client_ca_stale.append(member)
 
 
@@ -396,11 +409,19 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         for name in ("stop", "destroy"):
             await vms.apply_removal_step(ctx, world.cluster.id, Step(name, {**step.detail, "untagged": True}))
     elif step.name == "push_client_ca":
-        # kube-apiserver reloads --client-ca-file when it changes: no restart
-        assert world.client_ca_bundle is not None
+        # kube-apiserver reloads --client-ca-file when it changes, kube-controller-manager its
+        # signers' cert/key files (DynamicCertKeyPairContent): no restart. The key first, then the
+        # crt (a pair that does not match is not loaded: the signer keeps the old one meanwhile),
+        # the bundle last. The key goes only where its file exists (cloud-init wrote it 0600;
+        # file-write truncates an existing file and keeps its mode): never a new file of unknown mode.
+        assert world.client_ca_bundle is not None and world.client_ca is not None
+        crt, key = world.client_ca
         for member in step.detail["members"]:
             vm = world.vms[member]
             await ctx.fence()
+            if member in world.client_ca_signers:
+                await ctx.pve.agent_file_write(vm.node, vm.vmid, pki.CLIENT_CA_KEY, key.encode())
+                await ctx.pve.agent_file_write(vm.node, vm.vmid, pki.CLIENT_CA_CRT, crt.encode())
             await ctx.pve.agent_file_write(vm.node, vm.vmid, pki.CLIENT_CA_BUNDLE, world.client_ca_bundle.encode())
     elif step.name == "delete_isos":
         for node, volid in step.detail["isos"]:
@@ -603,7 +624,43 @@ def kubeadm_api_version(version: str) -> str:
     return "kubeadm.k8s.io/v1beta4" if minor >= 31 else "kubeadm.k8s.io/v1beta3"
 
 
-def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, token: str | None) -> dict[str, str]:
+def controller_manager_signing_args(signing_duration_s: int) -> dict[str, str]:
+    """kube-controller-manager's CSR signers (ClusterConfiguration.controllerManager.extraArgs).
+
+    kubeadm starts it with ``--cluster-signing-{cert,key}-file`` = the cluster CA (kubeadm
+    ``getControllerManagerCommand``), so the CSR API would sign a ``kubernetes.io/kube-apiserver-
+    client`` certificate with the cluster CA, for ``--cluster-signing-duration`` (default 1 year): a
+    cluster-admin approving its own CSR would get a credential that neither the kubeconfig expiry cap
+    nor a rotation of the users' client CA touches. Instead every signer gets its own pair
+    (kube-controller-manager ``--cluster-signing-<signer>-{cert,key}-file``): the users' client CA
+    (:data:`pki.CLIENT_CA_CRT`, rotatable; the signer reloads the files when they change —
+    ``newCAProvider``, DynamicCertKeyPairContent) for kube-apiserver-client; the cluster CA, as
+    before, for the kubelets' client and serving certificates and legacy-unknown. The single pair is
+    emptied (kube-controller-manager refuses it beside any per-signer file: ``cannot specify
+    --cluster-signing-{cert,key}-file and other --cluster-signing-*-file flags at the same time``,
+    cmd/kube-controller-manager/app/options/csrsigningcontroller.go; an empty value is how kubeadm
+    itself turns a default off). ``--cluster-signing-duration`` is capped at ``signing_duration_s``
+    (Z9_KUBECONFIG_MAX_EXPIRY_S): it is the longest any signer gives, so the kubelets' client
+    certificates last as long at most — kubeadm's kubelets rotate theirs (``rotateCertificates``)."""
+    ca, key = "/etc/kubernetes/pki/ca.crt", "/etc/kubernetes/pki/ca.key"
+    args = {"cluster-signing-cert-file": "", "cluster-signing-key-file": "",
+            "cluster-signing-kube-apiserver-client-cert-file": pki.CLIENT_CA_CRT,
+            "cluster-signing-kube-apiserver-client-key-file": pki.CLIENT_CA_KEY}
+    for signer in ("kubelet-client", "kubelet-serving", "legacy-unknown"):
+        args[f"cluster-signing-{signer}-cert-file"] = ca
+        args[f"cluster-signing-{signer}-key-file"] = key
+    hours, rest = divmod(int(signing_duration_s), 3600)
+    args["cluster-signing-duration"] = f"{hours}h{rest // 60}m{rest % 60}s"  # a Go duration
+    return args
+
+
+def _extra_args(api: str, args: dict[str, str]) -> list[dict[str, str]] | dict[str, str]:
+    """extraArgs: v1beta4 a list of {name, value}, v1beta3 a map (kubeadm's API reference)."""
+    return [{"name": k, "value": v} for k, v in args.items()] if api.endswith("v1beta4") else dict(args)
+
+
+def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, token: str | None,
+                    *, signing_duration_s: int = 86400) -> dict[str, str]:
     """``user-data`` and ``meta-data`` of member ``m`` (deterministic for one token).
 
     - cp-0 (``token`` None): the cluster's PKI, ``kubeadm init``; its kube-vip static pod mounts
@@ -617,7 +674,9 @@ def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, t
       ``/etc/kubernetes/pki/ca.crt`` (``FileAvailable--etc-kubernetes-pki-ca.crt``) and the CA hash
       in ``caCertHashes`` authenticates the CA discovery fetches.
     The config's apiVersion is the one the cluster's minor reads (:func:`kubeadm_api_version`); the
-    pod subnet is the pinned pod network's (:data:`POD_NETWORK`)."""
+    pod subnet is the pinned pod network's (:data:`POD_NETWORK`). With a users' client CA, every
+    control plane holds it (crt and key) for kube-controller-manager's kube-apiserver-client signer
+    (:func:`controller_manager_signing_args`, ``signing_duration_s`` its longest certificate)."""
     endpoint = f"{_ip(cluster.endpoint_ip)}:6443"
     version = f"v{cluster.version}.0"
     api = kubeadm_api_version(cluster.version)
@@ -637,6 +696,8 @@ def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, t
     bundle = pki.client_ca_bundle(material)
     if m.role == "control-plane" and bundle is not None:
         files.append({"path": pki.CLIENT_CA_BUNDLE, "content": bundle, "permissions": "0644"})
+        files.append({"path": pki.CLIENT_CA_CRT, "content": material["client-ca.crt"], "permissions": "0644"})
+        files.append({"path": pki.CLIENT_CA_KEY, "content": material["client-ca.key"], "permissions": "0600"})
     if token is None:
         cc: dict[str, Any] = {"apiVersion": api, "kind": "ClusterConfiguration", "clusterName": cluster.name,
                               "kubernetesVersion": version, "controlPlaneEndpoint": endpoint,
@@ -645,8 +706,10 @@ def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, t
             cc["encryptionAlgorithm"] = "ECDSA-P256"  # a v1beta4 field (v1beta3 has none)
         if bundle is not None:  # users' kubeconfigs: their own CA, rotatable (see z9.common.pki)
             # extraArgs: v1beta4 a list of {name, value}, v1beta3 a map (kubeadm's API reference)
-            cc["apiServer"] = {"extraArgs": [{"name": "client-ca-file", "value": pki.CLIENT_CA_BUNDLE}]
-                               if api.endswith("v1beta4") else {"client-ca-file": pki.CLIENT_CA_BUNDLE}}
+            cc["apiServer"] = {"extraArgs": _extra_args(api, {"client-ca-file": pki.CLIENT_CA_BUNDLE})}
+            # the CSR API signs users' client certificates with the same rotatable CA, capped
+            cc["controllerManager"] = {"extraArgs": _extra_args(api, controller_manager_signing_args(
+                signing_duration_s))}
         docs = [{"apiVersion": api, "kind": "InitConfiguration", "nodeRegistration": {"name": m.name}}, cc]
         script = f"kubeadm init --config {KUBEADM_CONFIG} && cat {KUBE_VIP_STAGED} > {KUBE_VIP_MANIFEST}"
     else:
@@ -730,7 +793,8 @@ async def cluster_isos(ctx: JobContext, cluster_id: str) -> list[tuple[str, str]
 async def _ensure_iso(ctx: JobContext, cluster: Cluster, m: MemberSpec, vm: VmState, token: str | None,
                       step: Step) -> str:
     """Build the member's ISO; upload it unless a file of that (content-addressed) name exists."""
-    files = bootstrap_files(cluster, await material_of(ctx, cluster), m, token)
+    files = bootstrap_files(cluster, await material_of(ctx, cluster), m, token,
+                            signing_duration_s=ctx.settings.kubeconfig_max_expiry_s)
     data = nocloud.build_nocloud_iso(user_data=files["user-data"], meta_data=files["meta-data"])
     name = f"{iso_prefix(cluster.id)}{m.name}-{hashlib.sha256(data).hexdigest()[:16]}.iso"
     storage = ctx.settings.cluster_bootstrap_storage

@@ -36,7 +36,7 @@ from typing import Any
 from z9.common import store
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job, LoadBalancer, target_key
-from z9.common.resources.load_balancer import LOAD_BALANCER, ip_target_refusal, region_networks
+from z9.common.resources.load_balancer import LOAD_BALANCER, ip_target_refusal, target_networks
 
 from .. import vms
 from ..context import JobContext, Step
@@ -241,8 +241,8 @@ async def load(ctx: JobContext) -> tuple[LoadBalancer, list[dict[str, Any]]]:
     servers = await store.lb_servers(ctx.pool, [t["server_id"] for t in lb.targets if t["type"] == "server"])
     # the ip-target rules again, now (an address may have changed hands since the target was added)
     ips = [t["ip"] for t in lb.targets if t["type"] == "ip"]
-    holders = await store.address_ip_holders(ctx.pool, lb.region, ips)
-    nets = region_networks(ctx.settings.regions.get(lb.region))
+    holders = await store.address_ip_holders(ctx.pool, ips)
+    nets = target_networks(ctx.settings.regions, lb.region)
     refused = {ip: rule for ip in ips if (rule := ip_target_refusal(ip, lb.tenant_id, holders.get(ip), **nets))}
     return lb, resolve_targets(lb, servers, refused)
 
