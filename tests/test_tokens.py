@@ -246,7 +246,7 @@ async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: St
                 "add-node-pool": {"name": "more", "count": 1}, "resize-node-pool": {"pool": "workers", "count": 2},
                 "remove-node-pool": {"pool": "workers"}, "rotate-credentials": {}}
         # the load balancers' kebab-case paths and their deprecated snake_case aliases take one body
-        body = bodies.get(action) or bodies.get(action.replace("-", "_"), {"name": "taken-over"})
+        body = bodies[action] if action in bodies else bodies.get(action.replace("-", "_"), {"name": "taken-over"})
         if method == "PATCH" and prefix == "k8s":  # a cluster's name is fixed; its labels are not
             body = {"labels": {"taken": "over"}}
         status, out, _ = await call(fast, method, path, other, json=body if method in ("POST", "PATCH") else None)

@@ -37,7 +37,7 @@ async def test_public_ipv4_create_wait_returns_with_the_address_held(stack: Stac
     env = client_env(stack, tmp_path)
     code, out, err = await z9(*CREATE, "--name", "reachable", "--public-ipv4", "--wait", "-o", "json", env=env)
     assert code == 0, err
-    server = json.loads(out)["resource"]
+    server = json.loads(out)["server"]  # the API's own shape
     address = server["public_ipv4"]
     assert address is not None, server
     # at the wait's return: the address is the server's, active, and every job of the request succeeded
