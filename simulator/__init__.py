@@ -46,8 +46,15 @@ Modelled (each behaviour cites its qemu-server / pve-guest-common / pve-manager 
   against the schema's hash formats (``memory``, ``netN`` model and MAC, drive options: unknown keys,
   aliases, default keys, sub-value types, enums, formats), a ``boot`` order naming a missing device is
   refused, a start on a bridge other than ``vmbr0`` fails as QEMU's pve-bridge does;
-- HTTP: PVE's 501 text for unknown routes, 401 without a body, ``total`` in task-log and task-list
-  envelopes, the task list's filters, the schema's Perl ``(?^:…)`` patterns.
+- HTTP: PVE's 501 text for unknown routes, 401 without a body and after pveproxy's delay
+  (``auth_delay_s``, 3 s as AnyEvent.pm's "always delay unauthorized calls by 3 seconds"; the tests
+  pass 0), ``total`` in task-log and task-list envelopes, the task list's filters, the schema's Perl
+  ``(?^:…)`` patterns;
+- JSON types as Perl's encoder writes them: ``nextid`` a string, config values as check_type leaves
+  them (integer/boolean options numbers, ``number`` options and property strings strings), counters
+  of status, resources, storages and tasks numbers;
+- storage: a shared images storage ``ceph-vm`` (rbd) beside node-local ``local-lvm``: a template on it
+  is cloned with ``target=`` another node directly (storage.py).
 
 Not modelled (z9 does not go there, or the model would be guesswork):
 

@@ -4,7 +4,7 @@ PVE request pipeline, in pve-http-server's order (facts: Transport and auth, Env
 
 1. auth: ``Authorization: PVEAPIToken=USER@REALM!TOKENID=SECRET`` (split at the last ``=``) or the
    ``PVEAuthCookie`` ticket from ``POST /access/ticket`` (+ ``CSRFPreventionToken`` header on non-GET).
-   None → 401 ``No ticket``; wrong → 401 ``Authentication failed!`` (after ``auth_delay_s``, real PVE: 3).
+   None → 401 ``No ticket``; wrong → 401 ``Authentication failed!`` (each after ``auth_delay_s``, real PVE: 3).
 2. schema (:mod:`z9.sim.schema`): unknown path/method → 501 ``Method 'GET /x' not implemented``;
    parameter errors → 400 ``Parameter verification failed.`` with ``errors``.
 3. faults (:mod:`z9.sim.faults`), then the handler.
@@ -550,12 +550,16 @@ async def h_task_stop(ctx, p, user, fail):
 
 
 async def h_ticket(ctx, p, user, fail):
+    started = time.monotonic()  # the handler runs right after the body is read
     username = p["username"]
     if "@" not in username and p.get("realm"):
         username = f"{username}@{p['realm']}"
     if username != ctx.token_id.split("!")[0] or p["password"] != ctx.password:
+        # pve-http-server AnyEvent.pm handle_api2_request: a handler's 401 (pve-access-control
+        # API2/AccessControl.pm create_ticket dies "authentication failure" with code 401) is sent
+        # "3 - tv_interval($reqstate->{starttime})" seconds after the request came in
         if ctx.auth_delay_s:
-            await asyncio.sleep(ctx.auth_delay_s)
+            await asyncio.sleep(max(0.0, ctx.auth_delay_s - (time.monotonic() - started)))
         raise PveError(401, "authentication failure")
     ticket = f"PVE:{username}:{int(time.time()):08X}::" + base64.b64encode(os.urandom(48)).decode()
     csrf = f"{int(time.time()):08X}:" + base64.b64encode(os.urandom(20)).decode().rstrip("=")
@@ -701,13 +705,20 @@ async def _authenticate(ctx: SimContext, request: web.Request, csrf: bool = True
         entry = ctx.tickets.get(cookie)
         if entry and entry[2] > time.time():
             if csrf and request.method != "GET" and request.headers.get("CSRFPreventionToken") != entry[1]:
-                return PveError(401, "Permission denied - invalid csrf token")
+                return await _auth_failed(ctx, "Permission denied - invalid csrf token")
             return entry[0]
     else:
-        return PveError(401, "No ticket")
+        return await _auth_failed(ctx, "No ticket")
+    return await _auth_failed(ctx, "Authentication failed!")
+
+
+async def _auth_failed(ctx: SimContext, reason: str) -> PveError:
+    """pve-http-server ``src/PVE/APIServer/AnyEvent.pm`` handle_request: whatever ``auth_handler`` dies
+    of (no ticket, a bad ticket or API token, a bad CSRF token) is answered after ``my $delay = 3``
+    ("always delay unauthorized calls by 3 seconds"), a bare 401 with the reason phrase."""
     if ctx.auth_delay_s:
         await asyncio.sleep(ctx.auth_delay_s)
-    return PveError(401, "Authentication failed!")
+    return PveError(401, reason)
 
 
 async def api_handler(request: web.Request) -> web.StreamResponse:

@@ -688,48 +688,62 @@ class Cluster:
         return str(next(i for i in itertools.count(100) if i not in self.vms))
 
     def get_config(self, node: str, vmid: int, current: bool = False) -> dict:
-        """Config with values typed by the schema's return types, plus ``digest``. Without
+        """Config with values typed as PVE parses them (:meth:`typed`), plus ``digest``. Without
         ``current`` the pending values are laid over it (AbstractConfig.pm load_current_config);
         ``cipassword`` reads ``**********`` (Qemu.pm vm_config)."""
         vm = self.vm_on(node, vmid)
         out: dict[str, Any] = {}
         for k, v in (vm.config if current else vm.with_pending()).items():
-            if k == "cipassword":
-                out[k] = "**********"
-                continue
-            typ = self._return_type(k)
-            if typ in ("integer", "boolean") and re.fullmatch(r"-?\d+", v):
-                out[k] = int(v)
-            elif typ == "number" and re.fullmatch(r"-?\d+(\.\d+)?", v):
-                out[k] = float(v) if "." in v else int(v)
-            else:
-                out[k] = v
+            out[k] = "**********" if k == "cipassword" else self.typed(k, v)
         out["digest"] = vm.digest()
         return out
 
-    _RET_TYPES: dict[str, str] | None = None
+    _CONF_TYPES: dict[str, str] | None = None
+    CONF_ONLY = frozenset({"meta", "parent", "snaptime", "vmstate", "runningmachine", "runningcpu",
+                           "running-nets-host-mtu"})
 
-    def _return_type(self, key: str) -> str | None:
-        if Cluster._RET_TYPES is None:
-            import json
+    @classmethod
+    def typed(cls, key: str, value: str) -> Any:
+        """A config value as the JSON encoder sees it after qemu-server ``PVE/QemuServer.pm``
+        parse_vm_config → check_type: a ``boolean`` option becomes the number 1/0 (``1|on|yes|true``,
+        ``0|off|no|false``), an ``integer`` ``int($1)``; a ``number`` (``cpulimit``,
+        ``migrate_downtime``) is returned as the string it was (``return $value if $value =~ …``), and so
+        is every string option (``memory``, ``agent``, ``net0``, …): Perl's JSON encoder writes a scalar
+        as it was last used. The types are ``$confdesc``'s, the POST config parameters of the schema."""
+        typ = cls._conf_type(key)
+        if typ == "boolean":
+            if value == "1" or re.fullmatch(r"on|yes|true", value, re.I):
+                return 1
+            if value == "0" or re.fullmatch(r"off|no|false", value, re.I):
+                return 0
+        elif typ == "integer" and re.fullmatch(r"\d+", value):
+            return int(value)
+        return value
+
+    @classmethod
+    def _conf_type(cls, key: str) -> str | None:
+        if cls._CONF_TYPES is None:
             import importlib.resources
+            import json
 
-            # the GET config return schema lives in the raw tree; build a flat name -> type map once
+            # $confdesc is the POST config parameter list of the raw schema tree: a flat name -> type map
             tree = json.loads(importlib.resources.files("z9.sim").joinpath("pve-api-schema.json").read_text())
             types: dict[str, str] = {}
 
             def walk(n):
                 if n["path"] == "/nodes/{node}/qemu/{vmid}/config":
-                    for name, p in n["info"]["GET"]["returns"]["properties"].items():
+                    for name, p in n["info"]["POST"]["parameters"]["properties"].items():
                         types[re.sub(r"\[n\]$", "", name)] = p.get("type", "string")
                 for c in n.get("children") or []:
                     walk(c)
 
             for n in tree:
                 walk(n)
-            Cluster._RET_TYPES = types
-        base = re.sub(r"\d+$", "", key) if key not in Cluster._RET_TYPES else key
-        return Cluster._RET_TYPES.get(base)
+            for k in ("delete", "revert", "digest", "force", "skiplock", "background_delay", "node", "vmid"):
+                types.pop(k, None)  # API parameters, not config options
+            cls._CONF_TYPES = types
+        base = re.sub(r"\d+$", "", key) if key not in cls._CONF_TYPES else key
+        return cls._CONF_TYPES.get(base)
 
     def vm_status(self, vm: VM) -> dict:
         """Fresh status of one VM (``status/current``, ``GET /nodes/{node}/qemu``)."""
@@ -741,7 +755,6 @@ class Cluster:
             "cpus": vm.maxcpu(), "maxmem": vm.maxmem(), "maxdisk": vm.disk_bytes(),
             "mem": vm.maxmem() // 4 if vm.running else 0, "cpu": 0.01 if vm.running else 0,
             "disk": 0, "diskread": 0, "diskwrite": 0, "netin": 0, "netout": 0,
-            "ha": {"managed": 0},
         }
         if vm.running:
             d["pid"] = 10000 + vm.vmid
@@ -751,12 +764,30 @@ class Cluster:
             d["lock"] = vm.lock
         if vm.config.get("tags"):
             d["tags"] = vm.config["tags"]
-        if vm.config.get("agent", "").startswith(("1", "enabled=1")):
-            d["agent"] = 1
+        # QemuServer.pm vmstatus: "$d->{serial} = 1 if conf_has_serial($conf)" (serial0..serial3);
+        # vcpus, when set, is the count ("$d->{cpus} = $conf->{vcpus} if $conf->{vcpus}")
+        if any(vm.config.get(f"serial{i}") for i in range(4)):
+            d["serial"] = 1
+        if re.fullmatch(r"[1-9]\d*", vm.config.get("vcpus", "")):
+            d["cpus"] = int(vm.config["vcpus"])
         return d
 
     def status_current(self, node: str, vmid: int) -> dict:
-        return self.vm_status(self.vm_on(node, vmid))
+        """``status/current`` (Qemu.pm vm_status): vmstatus's row plus ``ha``, ``clipboard`` (``undef``
+        — JSON null — when ``vga`` names none), ``spice`` and ``agent: 1`` (Agent.pm get_qga_key
+        enabled). The node's list (vmlist) is vmstatus's rows alone: no ``ha``, no ``agent``."""
+        vm = self.vm_on(node, vmid)
+        d = self.vm_status(vm)
+        d["ha"] = {"managed": 0}
+        if vga := vm.config.get("vga"):
+            # parse_vga: a property string whose default key is 'type'
+            opts = dict(kv.split("=", 1) if "=" in kv else ("type", kv) for kv in vga.split(","))
+            if opts.get("type", "").startswith(("virtio", "qxl")):  # virtio*, or vga_conf_has_spice's qxl*
+                d["spice"] = 1
+            d["clipboard"] = opts.get("clipboard")
+        if vm.config.get("agent", "").startswith(("1", "enabled=1")):
+            d["agent"] = 1
+        return d
 
     def list_qemu(self, node: str) -> list[dict]:
         self.check_node(node)
@@ -836,10 +867,11 @@ class Cluster:
             if k in ("lock",) and k not in vm.config:
                 continue
             row: dict[str, Any] = {"key": k}
+            # the values as parse_vm_config typed them (check_type, :meth:`typed`), the [PENDING] ones too
             if k in vm.config:
-                row["value"] = "**********" if k == "cipassword" else vm.config[k]
+                row["value"] = "**********" if k == "cipassword" else self.typed(k, vm.config[k])
             if k in vm.pending:
-                row["pending"] = "********** " if k == "cipassword" else vm.pending[k]
+                row["pending"] = "********** " if k == "cipassword" else self.typed(k, vm.pending[k])
             if k in vm.pending_delete:
                 row["delete"] = 1
             rows.append(row)
@@ -1009,7 +1041,9 @@ class Cluster:
             k = "ide2" if k == "cdrom" else k
             if k in params:
                 raise param_error({"delete": f"you can't use '-{k}' and -delete {k}' at the same time"})
-            if self._return_type(k) is None and not re.fullmatch(r"unused\d+", k):
+            # QemuServer.pm option_exists: $confdesc, which also has the options json_config_properties
+            # leaves out of the API parameters (meta, parent, snaptime, vmstate, running*)
+            if self._conf_type(k) is None and k not in self.CONF_ONLY and not re.fullmatch(r"unused\d+", k):
                 raise param_error({"delete": f"unknown option '{k}'"})
         # update_vm_api checks sshkeys before the config is loaded (pve-common
         # PVE::Tools::validate_ssh_public_keys)
@@ -1453,7 +1487,9 @@ class Cluster:
         d = vm.snapshots.get(name)
         if d is None:
             raise PveError(500, f"snapshot '{name}' does not exist")  # AbstractConfig.pm
-        return {**d["config"], "snaptime": d["snaptime"], "description": d["description"],
+        # a snapshot section is parsed by the same check_type (QemuServer.pm parse_vm_config)
+        return {**{k: self.typed(k, v) for k, v in d["config"].items()}, "snaptime": d["snaptime"],
+                "description": d["description"],
                 **({"parent": d["parent"]} if d.get("parent") else {})}
 
     async def snapshot(self, node: str, vmid: int, params: dict[str, str], user: str,

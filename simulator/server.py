@@ -60,7 +60,9 @@ class SimConfig(BaseModel):
     task_default_s: float = 0.2  # duration of task types not in task_seconds
     stats_lag_s: float = 10.0  # period of the /cluster/resources name/status cache
     task_invisible_s: float = 0.0  # a new UPID answers "no such task" for this long
-    auth_delay_s: float = 0.0  # delay of 401 replies (real PVE: 3)
+    # delay of 401 replies: pve-http-server AnyEvent.pm "always delay unauthorized calls by 3 seconds";
+    # tests that need a fast 401 pass 0 explicitly (tests/support.py SIM_TIMING)
+    auth_delay_s: float = 3.0
     seed: Literal["dev", "empty"] = "dev"  # initial VMs (and what /_sim/reset restores)
     state_file: Path | None = None  # load VMs at start if present; save periodically and at stop
     state_save_s: float = 5.0
@@ -310,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     # local user sees it with `ps`); without either, the well-known dev secret (a warning says so).
     p.add_argument("--token-secret-file", type=Path, default=None,
                    help="file holding the API token secret (default: $Z9_SIM_TOKEN_SECRET, else the dev secret)")
-    p.add_argument("--auth-delay-s", type=float, default=0.0)
+    p.add_argument("--auth-delay-s", type=float, default=3.0,
+                   help="delay of a 401 (failed ticket or API token), as pveproxy (default: 3)")
     p.add_argument("--state-file", type=Path, default=None)
     p.add_argument("--empty", action="store_true", help="start without the dev seed VMs")
     p.add_argument("--seed-vms", type=int, default=0, metavar="N",

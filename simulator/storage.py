@@ -12,7 +12,17 @@ id                      type      content                     shared  path
 ``local``               dir       iso, vztmpl, backup, import no      ``/var/lib/vz``
 ``local-lvm``           lvmthin   images, rootdir             no      (none: not file based)
 ``isos``                nfs       iso, vztmpl, import         yes     ``/mnt/pve/isos``
+``ceph-vm``             rbd       images, rootdir             yes     (none: not file based)
 ======================  ========  ==========================  ======  =====================================
+
+``ceph-vm`` is the shared storage that holds VM images (a Ceph RBD pool, as a PVE cluster with Ceph
+has): a template whose volumes are all on it can be cloned with ``target=`` another node at once
+(qemu-server API2/Qemu.pm clone_vm ``$check_storage_access_clone``). pve-storage ``Plugin.pm``
+parse_config marks every storage of a type in ``@SHARED_STORAGE`` (iscsi, nfs, cifs, rbd, cephfs,
+iscsidirect, zfs, drbd, pbs) ``shared: 1``; a ``dir``/``lvmthin`` storage is node-local unless
+``storage.cfg`` says ``shared 1``. A test puts a template there with ``POST /_sim/vms`` and a config
+naming ``ceph-vm:base-<vmid>-disk-0`` (and ``ceph-vm:vm-<vmid>-cloudinit``). Its usage is the sum of the
+image volumes every node's VMs have on it; ``local-lvm``'s is that of its own node's VMs.
 
 A node-local storage holds one set of files **per node**; a shared storage one set for the cluster.
 A volume is ``<storage>:iso/<name>`` and exists only after its ``imgcopy`` task ended OK.
@@ -88,6 +98,8 @@ STORAGES: tuple[StorageDef, ...] = (
     StorageDef("local", "dir", ("backup", "import", "iso", "vztmpl"), False, "/var/lib/vz", 100 * GiB),
     StorageDef("local-lvm", "lvmthin", ("images", "rootdir"), False, None, 400 * GiB),
     StorageDef("isos", "nfs", ("import", "iso", "vztmpl"), True, "/mnt/pve/isos", 1024 * GiB),
+    # a Ceph RBD pool for VM images: shared (pve-storage Plugin.pm @SHARED_STORAGE has 'rbd')
+    StorageDef("ceph-vm", "rbd", ("images", "rootdir"), True, None, 2048 * GiB),
 )
 
 
@@ -130,8 +142,8 @@ def check_volname(sdef: "StorageDef", volname: str) -> None:
     """``Plugin::parse_volname`` of a file-based storage (called through ``PVE::Storage::path`` before any
     work): a name outside its layout, e.g. with ``..`` or a sub-directory, is refused."""
     if sdef.path is None:
-        if not LVM_VOLNAME_RE.fullmatch(volname):
-            raise PveError(500, f"unable to parse lvm volume name '{volname}'")
+        if not LVM_VOLNAME_RE.fullmatch(volname):  # RBDPlugin::parse_volname has the same layout
+            raise PveError(500, f"unable to parse {'rbd' if sdef.type == 'rbd' else 'lvm'} volume name '{volname}'")
         return
     if not any(rx.fullmatch(volname) for rx in _VOLNAME_RES):
         raise PveError(500, f"unable to parse directory volume name '{volname}'")
@@ -201,10 +213,26 @@ class Storage:
         except PveError:
             return None
 
+    def image_volumes(self, sid: str, node: str, vmid: int | None = None):
+        """``(vm, volid, size)`` of the VM image volumes on storage ``sid`` as node ``node`` sees it:
+        its own VMs' on a node-local storage, every node's VMs' on a shared one (linked clones'
+        ``base-…/vm-…`` names aside)."""
+        from .cluster import DISK_RE, parse_size
+
+        shared = self.definition(sid).shared
+        for vm in sorted(self.cluster.vms.values(), key=lambda x: x.vmid):
+            if (not shared and vm.node != node) or (vmid is not None and vmid != vm.vmid):
+                continue
+            for k, val in sorted(vm.config.items()):
+                volid = val.split(",", 1)[0]
+                if DISK_RE.fullmatch(k) and volid.startswith(f"{sid}:") and "/" not in volid:
+                    m = re.search(r"(?:^|,)size=([^,]+)", val)
+                    yield vm, volid, ((parse_size(m.group(1)) or 0) if m else 4 * 1024 * 1024)
+
     def used(self, sid: str, node: str) -> int:
         sdef = self.definition(sid)
-        if sdef.type == "lvmthin":
-            return sum(vm.disk_bytes() for vm in self.cluster.vms.values() if vm.node == node)
+        if "images" in sdef.content and sdef.path is None:  # lvmthin, rbd: images only
+            return sum(size for _, _, size in self.image_volumes(sid, node))
         return sum(v.size for v in self._bucket(sid, node).values())
 
     def list_storages(self, node: str, params: dict[str, str]) -> list[dict]:
@@ -243,18 +271,9 @@ class Storage:
             out.append({"volid": v.volid, "content": v.content, "format": v.format, "size": v.size,
                         "ctime": v.ctime})
         if "images" in sdef.content and kind in (None, "images"):
-            from .cluster import DISK_RE, parse_size
-
-            for vm in sorted(self.cluster.vms.values(), key=lambda x: x.vmid):
-                if vm.node != node or (vmid and int(vmid) != vm.vmid):
-                    continue
-                for k, val in sorted(vm.config.items()):
-                    volid = val.split(",", 1)[0]
-                    if DISK_RE.fullmatch(k) and volid.startswith(f"{sid}:") and "/" not in volid:
-                        m = re.search(r"(?:^|,)size=([^,]+)", val)
-                        size = (parse_size(m.group(1)) or 0) if m else 4 * 1024 * 1024
-                        out.append({"volid": volid, "content": "images", "format": "raw", "size": size,
-                                    "vmid": vm.vmid, "ctime": int(vm.started_at or 0)})
+            for vm, volid, size in self.image_volumes(sid, node, int(vmid) if vmid else None):
+                out.append({"volid": volid, "content": "images", "format": "raw", "size": size,
+                            "vmid": vm.vmid, "ctime": int(vm.started_at or 0)})
         return out
 
     # ---- upload ----------------------------------------------------------------------------------

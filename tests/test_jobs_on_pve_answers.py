@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
+from z9.common import store
 from z9.common.tags import normalize_tags
 
-from tests.support import SimAdmin, Stack, wait_until
+from tests.support import REGION, SimAdmin, Stack, wait_until
 
 
 async def test_a_clone_race_lost_after_its_upid_is_no_failure_and_no_second_vm(stack: Stack, sim: SimAdmin) -> None:
@@ -159,3 +160,33 @@ async def test_lb_ha_with_one_template_per_node_clones_on_each_node(stack: Stack
     counters = await sim.counters()
     assert counters["tasks_started"].get("qmigrate", 0) == 0
     assert not [r for r in counters["requests"] if r["path"] == "/nodes/{node}/qemu/{vmid}/clone" and r["status"] >= 400]
+
+
+async def test_lb_ha_from_a_template_on_shared_storage_is_cloned_to_each_node(stack: Stack, sim: SimAdmin) -> None:
+    """The region's appliance template is on the shared images storage (the simulator's ``ceph-vm``,
+    an rbd pool: pve-storage Plugin.pm marks @SHARED_STORAGE types ``shared``): PVE accepts the
+    cross-node clone (qemu-server API2/Qemu.pm clone_vm, $check_storage_access_clone), so each
+    member is cloned straight onto its node with ``target=`` — no refusal, no migration."""
+    from tests.test_load_balancers import LB_TEMPLATE
+    shared = {**LB_TEMPLATE, "config": {**LB_TEMPLATE["config"], "scsi0": "ceph-vm:base-9100-disk-0,size=2G",
+                                        "ide2": "ceph-vm:vm-9100-cloudinit,media=cdrom"}}
+    await sim._req("POST", "/vms", json=shared)
+    await sim._req("POST", "/stats/refresh")
+    status, out = await stack.call("POST", "/load-balancers", json={"region": REGION, "name": "shared-tpl",
+                                                                    "type": "lb-ha"})
+    assert status == 202, out
+    done = await stack.wait_job(out["job"]["id"], timeout_s=180)
+    assert done["status"] == "succeeded", done
+    apps = await sim.vms_tagged(f"z9-id-{out['load_balancer']['id']}")
+    assert len({v["node"] for v in apps}) == 2
+    assert all(v["config"]["scsi0"].startswith("ceph-vm:") for v in apps)
+    counters = await sim.counters()
+    assert counters["tasks_started"].get("qmigrate", 0) == 0 and counters["tasks_started"]["qmclone"] == 2
+    assert not [r for r in counters["requests"] if r["path"] == "/nodes/{node}/qemu/{vmid}/clone" and r["status"] >= 400]
+    assert not [r for r in counters["requests"] if r["path"] == "/nodes/{node}/qemu/{vmid}/migrate"]
+    # the plan had no migrate step, and each clone step named its member's own node (the target)
+    job = await store.job_get(stack.pool, out["job"]["id"])
+    assert not [s for s in job.steps if s["name"] == "migrate"], job.steps
+    on = {v["config"]["name"].rsplit("-", 1)[-1]: v["node"] for v in apps}
+    clones = {s["detail"]["member"]: s["detail"]["node"] for s in job.steps if s["name"] == "clone"}
+    assert clones == {f"lb-{k}": n for k, n in on.items()}, (clones, on)

@@ -75,7 +75,7 @@ ENDPOINTS = (
     "GET /nodes/{node}/storage/{storage}/content", "POST /nodes/{node}/storage/{storage}/upload",
     "DELETE /nodes/{node}/storage/{storage}/content/{volume}",
     "GET /nodes/{node}/qemu/{vmid}/cloudinit/dump", "GET /nodes/{node}/qemu/{vmid}/cloudinit",
-    "GET /nodes/{node}/qemu/{vmid}/agent/get-host-name",
+    "GET /nodes/{node}/qemu/{vmid}/agent/get-host-name", "GET /nodes/{node}/storage",
 )
 
 
@@ -476,6 +476,8 @@ class ProxmoxClient:
         # templates PVE refused to clone to another node ("VM uses local storage"): cloned on their
         # own node and migrated since (a process-long fact: a template's disks do not move)
         self.local_templates: set[int] = set()
+        # (node, target) -> (read at, the images storages the two nodes share): see shared_storages
+        self._shared: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}
 
     def close(self) -> None:
         """Stop the client's threads (requests in flight finish in the background)."""
@@ -621,6 +623,21 @@ class ProxmoxClient:
                                 lambda: self._api.nodes(node).qemu(vmid).pending.get())
         return {str(r["key"]): (None if r.get("delete") else r.get("pending"))
                 for r in rows or [] if "pending" in r or r.get("delete")}
+
+    async def shared_storages(self, node: str, target: str, max_age_s: float = 300.0) -> frozenset[str]:
+        """The storages holding VM images that ``node`` shares with ``target``: ``GET
+        /nodes/{node}/storage?content=images&target=…`` (pve-storage API2/Storage/Status.pm index: with
+        a target other than the node, only shared storages both can reach). Kept ``max_age_s`` per
+        pair: an operator adds a storage rarely, and a clone PVE refuses is handled anyway."""
+        hit = self._shared.get((node, target))
+        if hit is not None and time.monotonic() - hit[0] < max_age_s:
+            return hit[1]
+        rows = await self._call("GET /nodes/{node}/storage", f"list the storages {node} shares with {target}",
+                                lambda: self._api.nodes(node).storage.get(content="images", target=target))
+        # "shared" is a number on the wire (Storage.pm storage_info: "? 1 : 0"); read "1" too
+        found = frozenset(str(r["storage"]) for r in rows or [] if str(r.get("shared", 0)) == "1")
+        self._shared[(node, target)] = (time.monotonic(), found)
+        return found
 
     async def next_id(self) -> int:
         """``GET /cluster/nextid``: the lowest free vmid ≥ 100 (a string on the wire; reserves

@@ -466,6 +466,10 @@ class MemberWorld:
     template: VmRef | None
     vm: VmState | None
     template_disk_gib: float | None = None
+    # every volume of the template is on a storage its node shares with the member's node: PVE
+    # clones it there with target= (no migrate step); observed only for a member on another node
+    template_shared: bool = False
+    template_config: Mapping[str, Any] | None = None  # the template's config as observe read it
     clone_in_flight_s: float = 0.0  # a clone request without answer may land for this long yet
     ip_filter_ok: bool = True  # the VM's IP filter is as its spec wants (observed only when it wants one)
     # the VM's config in ``vm`` was read after this attempt's last change of it (or has that change
@@ -495,17 +499,40 @@ async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
         since = clone_uncertain_since(requests) if vm is None else None
         if since is not None:
             in_flight = max(0.0, since + ctx.settings.uncertain_window_s - time.time())
-    template, disk = None, None
+    template, disk, shared, tpl_config = None, None, False, None
     if vm is None:
         tpl = await find_template(ctx, spec.image)
         if tpl is not None:
+            tpl_config = tpl.config
             template = VmRef(vmid=tpl.vmid, node=tpl.node, name=spec.image, status=tpl.status, tags=tpl.tags,
                              lock=tpl.lock, template=True)
             found = boot_disk(tpl.config)
             disk = found[1] if found else None
+            if spec.node and spec.node != tpl.node and tpl.vmid not in ctx.pve.local_templates:
+                shared = await template_on_shared_storage(ctx, tpl.node, spec.node, tpl.config)
     ok = await ip_filter_ok(ctx, spec, vm) if vm is not None and spec.ip_filter and vm.lock != "clone" else True
     return MemberWorld(template=template, vm=vm, template_disk_gib=disk, clone_in_flight_s=in_flight,
-                       ip_filter_ok=ok)
+                       ip_filter_ok=ok, template_shared=shared, template_config=tpl_config)
+
+
+def template_volume_storages(config: Mapping[str, Any]) -> set[str]:
+    """The storages of every volume a config references (disks, the cloud-init drive, an ISO; not
+    ``none``/``cdrom``): what qemu-server API2/Qemu.pm clone_vm's $check_storage_access_clone
+    requires to be shared for a clone with target= another node."""
+    out = set()
+    for k, v in config.items():
+        if _DRIVE_RE.fullmatch(k):
+            volid = str(v).split(",", 1)[0]
+            if ":" in volid and volid not in ("none", "cdrom"):
+                out.add(volid.split(":", 1)[0])
+    return out
+
+
+async def template_on_shared_storage(ctx: JobContext, node: str, target: str, config: Mapping[str, Any]) -> bool:
+    """True when the template on ``node`` can be cloned straight to ``target``: all its volumes are
+    on storages the two nodes share (a template on Ceph/NFS: no migrate step is planned)."""
+    stores = template_volume_storages(config)
+    return bool(stores) and stores <= await ctx.pve.shared_storages(node, target)
 
 
 IPFILTER_SET = "ipfilter-net0"
@@ -573,7 +600,9 @@ def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[S
                                  "inherit it, so z9 does not clone it")
         if world.template_disk_gib is not None:
             check_no_shrink(spec, world.template_disk_gib)
-        move = [Step("migrate", {"target": spec.node})] if spec.node and spec.node != world.template.node else []
+        # a template on storage both nodes share is cloned there with target=: nothing to move
+        move = ([Step("migrate", {"target": spec.node})]
+                if spec.node and spec.node != world.template.node and not world.template_shared else [])
         return [Step("clone"), Step("configure"), Step("resize_disk"),
                 *([Step("ip_filter")] if spec.ip_filter else []), *move, Step("start")]
     vm = world.vm
@@ -740,6 +769,12 @@ async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) 
             # the request and clone on the template's node (the migrate step moves it).
             await store.vm_clone_refused(ctx.pool, spec.owner, spec.member, newid)
             ctx.pve.local_templates.add(tpl.vmid)
+            if world.template_shared:
+                # planned without a migrate step (the storages looked shared): plan again, now
+                # with it (nothing was cloned; the next observe skips the storage check)
+                world.template_shared = False
+                raise TemporaryError(f"PVE refused to clone template {tpl.vmid} to node {node} (VM uses "
+                                     "local storage) though its storages looked shared; planning a migration")
             continue
         except (OutcomeUnknown, asyncio.CancelledError):
             # The answer is lost: the request stays unanswered; it was in flight until now (a

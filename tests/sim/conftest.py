@@ -39,7 +39,7 @@ class SimThread:
 @pytest.fixture(scope="session")
 def sim_thread(tmp_path_factory):
     config = SimConfig(task_seconds=TASK_SECONDS, task_default_s=0.1, stats_lag_s=3600, guest_boot_s=GUEST_BOOT_S,
-                       cloud_init_s=CLOUD_INIT_S)
+                       cloud_init_s=CLOUD_INIT_S, auth_delay_s=0.0)  # PVE's 3 s 401 delay: test_auth_delay
     st = SimThread(config, tmp_path_factory.mktemp("simcert"))
     yield st
     st.close()

@@ -174,9 +174,9 @@ def test_upload_through_another_nodes_api(pve, pve_at, wait, tmp_path, admin):
 
 def test_storage_list_and_delete(pve, wait, tmp_path):
     stores = {s["storage"]: s for s in pve.nodes("pve1").storage.get()}
-    assert set(stores) == {"local", "local-lvm", "isos"} and stores["isos"]["shared"] == 1
+    assert set(stores) == {"local", "local-lvm", "isos", "ceph-vm"} and stores["isos"]["shared"] == 1
     assert [s["storage"] for s in pve.nodes("pve1").storage.get(content="iso")] == ["local", "isos"]
-    assert [s["storage"] for s in pve.nodes("pve1").storage.get(target="pve2")] == ["isos"]
+    assert [s["storage"] for s in pve.nodes("pve1").storage.get(target="pve2")] == ["isos", "ceph-vm"]
     iso = build_nocloud_iso(USER_DATA, "instance-id: x\n")
     wait(upload(pve, tmp_path, iso))
     clone(pve, wait, 101)

@@ -301,7 +301,14 @@ async def observe(ctx: JobContext, *, active_statuses: tuple[str, ...] = ("creat
         elif mw.template is not None:
             placed.append(mw.template.node)
     for member, mw in zip(members, seen):
-        world.appliances[member] = Appliance(member, spec(lb, member, image, node_of[member]), mw)
+        node = node_of[member]
+        tpl = mw.template
+        # observed without a node: a member to clone onto another node than the template's looks
+        # whether the template's storages are shared with it (then no migrate step is planned)
+        if mw.vm is None and tpl is not None and mw.template_config is not None and node and node != tpl.node \
+                and tpl.vmid not in ctx.pve.local_templates:
+            mw.template_shared = await vms.template_on_shared_storage(ctx, tpl.node, node, mw.template_config)
+        world.appliances[member] = Appliance(member, spec(lb, member, image, node), mw)
     apps = list(world.appliances.values())
     got = await gather(*(f for a in apps for f in (running_hash(ctx, a.world.vm, HAPROXY_CFG),
                                                    running_hash(ctx, a.world.vm, KEEPALIVED_CFG),
