@@ -9,7 +9,7 @@ from typing import Any
 from z9.common.tags import identity_tag
 from z9.sim.server import BUILDER_SSH_KEY, put_builder_template
 
-from tests.support import SimAdmin, Stack
+from tests.support import SimAdmin, Stack, wait_until
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHJ058JkmDc3sBXLLfF+PS59IDULSD3JlYs6wRqCPjyx carol@laptop"
 
@@ -100,3 +100,24 @@ async def test_a_cloud_init_failure_in_the_guest_shows_on_the_server(stack: Stac
     assert srv["status"] == "failed", srv
     assert srv["status_reason"].endswith("Failed to run module scripts_user"), srv
     assert srv["observed"]["power_state"] == "running" and srv["observed"]["vmid"] is not None
+
+
+async def test_a_guest_that_never_boots_gives_its_executor_slot_back(stack: Stack, sim: SimAdmin) -> None:
+    """Verify waits for a guest at most ``server_guest_slot_s`` in one claim, then snoozes (attempt
+    given back) and looks again: guests that never come up do not hold the region's executor slots
+    for ``server_guest_ready_s`` (15 min each; a few of them held all eight and every other
+    tenant's job, a delete's included, stayed pending)."""
+    stack.settings.server_guest_slot_s = 0.5
+    await sim._req("POST", "/guest-faults", json={"kind": "agent_never_starts", "name": "stuck"})
+    server, job = await stack.create_server("stuck")
+
+    async def snoozed() -> dict[str, Any] | None:
+        got = await stack.job(job["id"])
+        return got if got["status"] == "retry" and got["attempt"] <= 1 else None
+
+    got = await wait_until(snoozed, 60, "the create to snooze on its guest")
+    assert "looked into again" in (got.get("error") or {}).get("message", ""), got
+    # meanwhile another server's create runs to the end
+    other, other_job = await stack.create_server("fine")
+    assert (await stack.wait_job(other_job["id"], timeout_s=60))["status"] == "succeeded"
+    assert (await stack.server(server["id"]))["status"] == "creating"

@@ -352,6 +352,10 @@ class Settings(BaseSettings):
         "How long a server's create waits, through the guest agent, for cloud-init to end in the guest "
         "(then the instance-id and hostname must be the ones z9's cloud-init drive gave it; an error is "
         "the server's status_reason). 0: the guest is not looked into."))
+    server_guest_slot_s: float = Field(20.0, gt=0, description=(
+        "How long one claim of that job waits for the guest before it snoozes (its attempt given back, "
+        "its executor slot free for other jobs) and looks again: guests that never boot do not hold "
+        "the region's executor slots."))
 
     # scheduler, reaper, retention
     scheduler_interval_s: float = Field(1.0, gt=0)

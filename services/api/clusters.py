@@ -404,10 +404,10 @@ def actions(api: ApiResource) -> list[Operation]:
             if cluster is None:
                 raise NotFound(f"no cluster {rid!r}")
             if cluster.status in ("deleting", "destroying", "deleted"):
-                raise Conflict(f"cluster {rid} is {cluster.status}", code="cluster_deleting")
+                raise Conflict(f"cluster {rid} is {cluster.status}", **deleting("cluster", rid, cluster.status))
             sealed = await store.cluster_keys_get_for_update(conn, rid)
             if sealed is None:
-                raise Conflict(f"cluster {rid} has no keys", code="cluster_deleting")
+                raise Conflict(f"cluster {rid} has no keys", **deleting("cluster", rid, cluster.status))
             try:
                 material = ikey.open(rid, *sealed)
             except pki.SealError as e:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from z9.common import store
-from z9.common.errors import PermanentError, TemporaryError
+from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.models import Job
 from z9.common.resources.server import SERVER
 
@@ -48,7 +48,7 @@ async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> N
                                     refused=bool(error.get("refused")))
 
 
-GUEST_WAIT_S = 30.0  # one ``cloud-init status --wait`` at most this long, then asked again (the lease renewed)
+GUEST_WAIT_S = 15.0  # one ``cloud-init status --wait`` at most this long, then asked again (the lease renewed)
 
 
 class GuestFailed(PermanentError):
@@ -56,15 +56,25 @@ class GuestFailed(PermanentError):
     from another seed): the VM runs, the server is failed with this reason."""
 
 
+GUEST_SNOOZE_S = 10.0  # a snoozed look into a guest not up yet: again after this long
+
+
 async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
-    """Inside the running guest (its agent), until ``server_guest_ready_s``: cloud-init ended
-    without error, the instance is the one z9's cloud-init drive describes (its ``meta-data``
-    instance-id, as PVE generates it from the config) and the hostname is the server's name.
-    Raises GuestFailed naming what is wrong, TemporaryError when the guest did not answer in time.
-    A VM without a guest agent (``agent`` unset or 0) is not looked into."""
+    """Inside the running guest (its agent): cloud-init ended without error, the instance is the
+    one z9's cloud-init drive describes (its ``meta-data`` instance-id, as PVE generates it from the
+    config) and the hostname is the server's name. Raises GuestFailed naming what is wrong.
+    A guest not up yet is waited on for at most ``server_guest_slot_s`` in this claim, then the job
+    snoozes (its attempt given back, its executor slot free for other jobs — a few guests that never
+    boot must not hold every slot of the region) and looks again; ``server_guest_ready_s`` after the
+    first look (kept in the job's memo) it is a TemporaryError. A VM without a guest agent
+    (``agent`` unset or 0) is not looked into."""
     if ctx.settings.server_guest_ready_s <= 0 or not agent_configured(vm.config):
         return
-    deadline = time.monotonic() + ctx.settings.server_guest_ready_s
+    since = ctx.memo.get("guest_look_since")
+    if since is None:
+        since = time.time()
+        await ctx.remember(guest_look_since=since)
+    slot_end = time.monotonic() + ctx.settings.server_guest_slot_s
     last = "its guest agent does not answer yet"
     while True:
         ctx.touch()
@@ -76,8 +86,10 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
             raise
         except TemporaryError as e:
             last = str(e)
-        if time.monotonic() > deadline:
+        if time.time() - float(since) > ctx.settings.server_guest_ready_s:
             raise TemporaryError(f"VM {vm.vmid}: the guest is not up after {ctx.settings.server_guest_ready_s:.0f}s: {last}")
+        if time.monotonic() > slot_end:
+            raise Snooze(f"VM {vm.vmid}: {last}; looked into again in {GUEST_SNOOZE_S:.0f}s", delay_s=GUEST_SNOOZE_S)
         await asyncio.sleep(1.0)  # the agent is not up yet (booting): each try is a request through pveproxy
 
 
