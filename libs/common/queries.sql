@@ -1030,6 +1030,16 @@ RETURNING *;
 -- name: job_get_for_update
 SELECT * FROM jobs WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
 
+-- name: job_failed_primary_assign_of_server
+-- The failed job (kind $2: AddressAssign) that is the latest job of server $1's primary address
+-- and was to put it on that server: a re-run of the server's failed create re-runs it too.
+SELECT j.id
+FROM addresses a
+CROSS JOIN LATERAL (SELECT id, kind, status, args FROM jobs
+                    WHERE resource_id = a.id ORDER BY seq DESC LIMIT 1) j
+WHERE a.server_id = $1 AND a.kind = 'primary'
+  AND j.kind = $2 AND j.status = 'failed' AND j.args ->> 'server_id' = $1;
+
 -- name: job_cancel
 -- A job that has not started (pending) or waits between attempts (retry) ends failed with
 -- error class `cancelled`; a running job is never touched here (its steps act on the world).

@@ -973,6 +973,12 @@ async def job_get_for_update(db: DB, job_id: str, tenant_id: str) -> Job | None:
     return Job.from_record(row) if row else None
 
 
+async def job_failed_primary_assign_of_server(db: DB, server_id: str, assign_kind: str) -> list[str]:
+    """The failed AddressAssign (``assign_kind``) of the server's primary address, when it is that
+    address's latest job (``job_failed_primary_assign_of_server``)."""
+    return [r["id"] for r in await db.fetch(q("job_failed_primary_assign_of_server"), server_id, assign_kind)]
+
+
 async def job_cancel(db: DB, job_id: str, tenant_id: str, error: dict[str, Any]) -> Job | None:
     """pending/retry → failed with ``error`` (class ``cancelled``); None when it was in neither."""
     row = await db.fetchrow(q("job_cancel"), job_id, tenant_id, error)

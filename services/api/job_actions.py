@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+from pydantic import Field
 
 from z9.common import resources, store
 from z9.common.errors import Conflict, NotFound
@@ -41,9 +42,11 @@ from z9.common.requestctx import current_actor
 
 
 class JobAccepted(schemas.Response):
-    """A new job (``POST /v1/jobs/{id}/actions/rerun``)."""
+    """A new job (``POST /v1/jobs/{id}/actions/rerun``); ``jobs``: every job the re-run made,
+    ``job`` first (a server's failed create re-runs its primary address's failed AddressAssign)."""
 
     job: schemas.Job
+    jobs: list[schemas.Job] = Field(default_factory=list)
 
 
 class JobOne(schemas.Response):
@@ -95,35 +98,54 @@ async def rerun(request: web.Request) -> web.Response:
         if replay is not None:
             return replay
         job = await _locked(conn, request)
-        if job.status != "failed":
-            raise Conflict(f"job {job.id} is {job.status}; only a failed job can be re-run", code="job_not_failed")
-        rtype = resources.get(job.resource_type)
-        if rtype is None or job.resource_id is None:
-            raise Conflict(f"job {job.id} has no resource to act on", code="job_not_rerunnable")
-        row = await rtype.get(conn, job.resource_id)
-        deleting = row is None or row.status in ("deleting", "destroying", "deleted")
-        # a buffered deletion's first kind is also an ordinary action of the type (a server's
-        # stop, an address's unassign): only while the resource is being deleted is such a job
-        # the deletion's own
-        first = rtype.deletion.first_kind if isinstance(rtype.deletion, Buffered) else None
-        if job.kind == rtype.final_kind or (job.kind == first and deleting):
-            raise Conflict(f"job {job.id} is part of a deletion ({job.kind}); delete the {rtype.name} again instead",
-                           code="job_not_rerunnable")
-        if row is None or row.status in ("deleting", "destroying", "deleted"):
-            raise Conflict(f"{rtype.name} {job.resource_id} is {row.status if row else 'gone'}; its jobs cannot be "
-                           "re-run", **resource_deleting(rtype.name, job.resource_id, row.status if row else "deleted"))
-        why = rtype.stale(row, job.kind, job.args or {}) if rtype.stale is not None else None
-        if why is not None:
-            raise Conflict(f"job {job.id} cannot be re-run: {why}", code="job_superseded")
-        await room_for_a_job(conn, settings, rtype.name, row.id)
-        # the resource's current intent (what it says now), not the old request's arguments
-        args = rtype.intent(row, job.kind, dict(job.args or {})) if rtype.intent is not None else job.args
-        new = await store.job_insert(conn, rtype.new_job(row, job.kind, args=args, max_attempts=job.max_attempts,
-                                                         extra_lock_keys=tuple(job.extra_lock_keys)), notify=False)
-        answer = dump(JobAccepted, {"job": new.public()})
+        new, also = await _rerun_one(conn, settings, job)
+        made = [new]
+        for jid in also:  # e.g. a server's create: the AddressAssign that failed for want of its VM
+            dep = await store.job_get_for_update(conn, jid, tenant_id)
+            if dep is None or dep.status != "failed":
+                continue
+            try:
+                async with conn.transaction():  # a savepoint: a refused one leaves the rest
+                    made.append((await _rerun_one(conn, settings, dep))[0])
+            except Conflict:
+                continue  # superseded, or no room: the customer's own re-run of it says why
+        answer = dump(JobAccepted, {"job": new.public(), "jobs": [j.public() for j in made]})
         await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
-    request.app[NOTIFIER].notify(new.region)
+    for region in dict.fromkeys(j.region for j in made):
+        request.app[NOTIFIER].notify(region)
     return web.json_response(answer, status=202, headers={"Location": f"/v1/jobs/{new.id}"})
+
+
+async def _rerun_one(conn: Any, settings: Any, job: Job) -> tuple[Job, list[str]]:
+    """The new job re-running failed ``job`` (row locked), and the ids of the failed jobs of other
+    resources its type re-runs with it (``ResourceType.rerun_with``). Raises the 409s above."""
+    if job.status != "failed":
+        raise Conflict(f"job {job.id} is {job.status}; only a failed job can be re-run", code="job_not_failed")
+    rtype = resources.get(job.resource_type)
+    if rtype is None or job.resource_id is None:
+        raise Conflict(f"job {job.id} has no resource to act on", code="job_not_rerunnable")
+    row = await rtype.get(conn, job.resource_id)
+    deleting = row is None or row.status in ("deleting", "destroying", "deleted")
+    # a buffered deletion's first kind is also an ordinary action of the type (a server's
+    # stop, an address's unassign): only while the resource is being deleted is such a job
+    # the deletion's own
+    first = rtype.deletion.first_kind if isinstance(rtype.deletion, Buffered) else None
+    if job.kind == rtype.final_kind or (job.kind == first and deleting):
+        raise Conflict(f"job {job.id} is part of a deletion ({job.kind}); delete the {rtype.name} again instead",
+                       code="job_not_rerunnable")
+    if row is None or row.status in ("deleting", "destroying", "deleted"):
+        raise Conflict(f"{rtype.name} {job.resource_id} is {row.status if row else 'gone'}; its jobs cannot be "
+                       "re-run", **resource_deleting(rtype.name, job.resource_id, row.status if row else "deleted"))
+    why = rtype.stale(row, job.kind, job.args or {}) if rtype.stale is not None else None
+    if why is not None:
+        raise Conflict(f"job {job.id} cannot be re-run: {why}", code="job_superseded")
+    await room_for_a_job(conn, settings, rtype.name, row.id)
+    # the resource's current intent (what it says now), not the old request's arguments
+    args = rtype.intent(row, job.kind, dict(job.args or {})) if rtype.intent is not None else job.args
+    new = await store.job_insert(conn, rtype.new_job(row, job.kind, args=args, max_attempts=job.max_attempts,
+                                                     extra_lock_keys=tuple(job.extra_lock_keys)), notify=False)
+    also = await rtype.rerun_with(conn, row, job.kind) if rtype.rerun_with is not None else []
+    return new, also
 
 
 def operations(job_example: dict[str, Any]) -> list[Operation]:

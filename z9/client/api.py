@@ -384,8 +384,13 @@ class Client:
 
     def rerun_job(self, job_id: str) -> Job:
         """A failed job's intent as a new job (returned)."""
+        return self.rerun_job_all(job_id)[0]
+
+    def rerun_job_all(self, job_id: str) -> list[Job]:
+        """Every job a re-run made, the re-run job first (a server's failed create re-runs its
+        primary address's failed AddressAssign too: the API's ``jobs``)."""
         _, out, _ = self.request("POST", f"/jobs/{job_id}/actions/rerun")
-        return Job.model_validate(out["job"])
+        return [Job.model_validate(j) for j in out.get("jobs") or [out["job"]]]
 
     def get_job(self, job_id: str, *, wait_s: int = 0) -> Job:
         """The job; with ``wait_s`` (≤ 60), once its status or steps changed or after that long."""

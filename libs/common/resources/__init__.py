@@ -108,6 +108,10 @@ class ResourceType(Generic[R]):
     # server resized since its create failed is created at the new size), not the old request's.
     # None: the job's own args (the type keeps no intent beyond them).
     intent: Callable[[R, str, dict[str, Any]], dict[str, Any]] | None = None
+    # the failed jobs of other resources that a re-run of this row's failed (kind) re-runs too,
+    # because they failed for want of what that job builds (a server's ServerCreate: the
+    # AddressAssign of its primary address, which found no VM): hook(db, row, kind) -> job ids
+    rerun_with: Callable[[Any, R, str], Awaitable[list[str]]] | None = None
     status_type: str = ""  # the status column's enum type; default <name>_status
     plural: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # type-specific knowledge (API, jobs)

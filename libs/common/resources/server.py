@@ -41,10 +41,20 @@ def intent(server: Server, kind: str, args: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
+async def rerun_with(db: Any, server: Server, kind: str) -> list[str]:
+    """A re-run of a failed ServerCreate re-runs its primary address's failed AddressAssign (the
+    request made both: wait means ready, and the address's IP filter is that job's work)."""
+    if kind != kinds.SERVER_CREATE:
+        return []
+    from .. import store  # the store imports this registry
+
+    return await store.job_failed_primary_assign_of_server(db, server.id, kinds.ADDRESS_ASSIGN)
+
+
 SERVER: ResourceType[Server] = register(ResourceType(
     name="server", prefix="srv", table="servers", model=Server,
     kinds=(kinds.SERVER_CREATE, kinds.SERVER_START, kinds.SERVER_STOP, kinds.SERVER_DELETE, kinds.SERVER_REBOOT,
            kinds.SERVER_RESIZE),
     deletion=Buffered(first_kind=kinds.SERVER_STOP, final_kind=kinds.SERVER_DELETE),
-    statuses=STATUSES, restore=restore, intent=intent,
+    statuses=STATUSES, restore=restore, intent=intent, rerun_with=rerun_with,
 ))

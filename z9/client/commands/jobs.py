@@ -4,6 +4,7 @@ says on stderr how to get the next page."""
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from ..cli import DEADLINE, OK, Ctx, follow, table
@@ -73,11 +74,16 @@ def cancel(ctx: Ctx) -> int:
 
 
 def rerun(ctx: Ctx) -> int:
-    j = ctx.client.rerun_job(ctx.args.id)
+    made = ctx.client.rerun_job_all(ctx.args.id)
+    j = made[0]
     if not ctx.args.wait:
-        ctx.emit({"job": j}, lambda: job_table(j))  # the API's answer: {"job": …}
+        ctx.emit({"job": j, "jobs": made}, lambda: job_table(j))  # the API's answer: {"job": …, "jobs": […]}
         return OK
-    code = follow(ctx, j.id)
+    deadline = time.monotonic() + ctx.args.timeout
+    for x in made:  # every job the re-run made, within one deadline
+        code = follow(ctx, x.id, max(0.001, deadline - time.monotonic()))
+        if code != OK:
+            break
     if code != DEADLINE:
         done = ctx.client.get_job(j.id)
         ctx.emit({"job": done}, lambda: job_table(done))
