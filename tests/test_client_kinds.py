@@ -207,6 +207,7 @@ async def test_jobs_cancel_and_rerun_print_the_apis_answers(api: Stack, tmp_path
     out = await _ok("jobs", "cancel", job["id"], env=env)
     assert set(out) == {"job"} and out["job"]["status"] == "failed" and out["job"]["error"]["class"] == "cancelled"
     out = await _ok("jobs", "rerun", job["id"], env=env)
-    assert set(out) == {"job"} and out["job"]["status"] == "pending" and out["job"]["id"] != job["id"], out
+    assert set(out) == {"job", "jobs"} and out["job"]["status"] == "pending" and out["job"]["id"] != job["id"], out
+    assert out["jobs"] == [out["job"]], out  # the API's answer: every job the re-run made
     failed = (await _ok("jobs", "list", "--status", "failed", env=env))["jobs"]
     assert [j["id"] for j in failed] == [job["id"]]
