@@ -284,6 +284,17 @@ def member_totals(control_plane: dict[str, Any], node_pools: list[dict[str, Any]
             sum(int(g["count"]) * int(g["memory_mib"]) for g in groups))
 
 
+
+async def _live_cluster_for_update(conn: Any, rid: str, tenant_id: str) -> Cluster:
+    """The tenant's cluster, its row locked until commit: 404 when there is none, 409
+    ``resource_deleting`` while it is being deleted (the precondition of every cluster action)."""
+    cluster = await store.cluster_get_for_update(conn, rid, tenant_id)
+    if cluster is None:
+        raise NotFound(f"no cluster {rid!r}")
+    if cluster.status in ("deleting", "destroying", "deleted"):
+        raise Conflict(f"cluster {rid} is {cluster.status}", **deleting("cluster", rid, cluster.status))
+    return cluster
+
 async def create(ctx: CreateContext, spec: ClusterCreate) -> tuple[Cluster, dict[str, Any]]:
     """Cluster row, sealed PKI, endpoint address and ClusterCreate job, in the API transaction."""
     key = installation_key(ctx.settings)
@@ -400,11 +411,7 @@ def actions(api: ApiResource) -> list[Operation]:
             replay = await idempotency_begin(conn, tenant_id, key, req_hash)
             if replay is not None:
                 return replay
-            cluster = await store.cluster_get_for_update(conn, rid, tenant_id)
-            if cluster is None:
-                raise NotFound(f"no cluster {rid!r}")
-            if cluster.status in ("deleting", "destroying", "deleted"):
-                raise Conflict(f"cluster {rid} is {cluster.status}", **deleting("cluster", rid, cluster.status))
+            cluster = await _live_cluster_for_update(conn, rid, tenant_id)
             sealed = await store.cluster_keys_get_for_update(conn, rid)
             if sealed is None:
                 raise Conflict(f"cluster {rid} has no keys", **deleting("cluster", rid, cluster.status))
@@ -449,11 +456,7 @@ def actions(api: ApiResource) -> list[Operation]:
             replay = await idempotency_begin(conn, tenant_id, key, req_hash)
             if replay is not None:
                 return replay
-            cluster = await store.cluster_get_for_update(conn, rid, tenant_id)
-            if cluster is None:
-                raise NotFound(f"no cluster {rid!r}")
-            if cluster.status in ("deleting", "destroying", "deleted"):
-                raise Conflict(f"cluster {rid} is {cluster.status}", **deleting("cluster", rid, cluster.status))
+            cluster = await _live_cluster_for_update(conn, rid, tenant_id)
             pools = fn([dict(p) for p in cluster.node_pools])
             before = member_totals(cluster.control_plane, cluster.node_pools)
             after = member_totals(cluster.control_plane, pools)
