@@ -410,9 +410,6 @@ def translate(exc: BaseException, what: str) -> Exception:
 CALL_TRIES = 4
 CALL_BACKOFF_S = 0.25
 CALL_BACKOFF_CAP_S = 2.0
-#: called (no arguments) while a call waits to be tried again: the running job's lease keeper
-ON_RETRY: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("z9_proxmox_on_retry",
-                                                                                     default=None)
 _NOT_PERFORMED = (502, 503, 504, 595, 596)
 
 
@@ -488,7 +485,9 @@ class ProxmoxClient:
         """:meth:`_call_once`, tried again (at most :data:`CALL_TRIES` times, with backoff) when
         it failed transiently in a way that says the request was not performed (see
         :func:`retryable`): a step is not ended — and an attempt not spent — by a passing 503 or
-        flock timeout. While it waits, the job's progress hook (:data:`ON_RETRY`) keeps its lease."""
+        flock timeout. A call tried again is not progress: the node did not answer, so the job's
+        lease is not kept by it (the stall detection of worker.py sees a hypervisor that answers
+        nothing; the tries take far less than ``step_timeout_s``)."""
         method = endpoint.partition(" ")[0]
         delay = CALL_BACKOFF_S
         for tries_left in range(CALL_TRIES - 1, -1, -1):
@@ -498,12 +497,7 @@ class ProxmoxClient:
                 if tries_left == 0 or not retryable(e, method):
                     raise
                 log.info("%s: %s; trying again in %.2fs (%d more)", what, e, delay, tries_left)
-                hook = ON_RETRY.get()
-                if hook is not None:
-                    hook()
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                if hook is not None:
-                    hook()
                 delay = min(delay * 2, CALL_BACKOFF_CAP_S)
         raise AssertionError("unreachable")  # pragma: no cover
 

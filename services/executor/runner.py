@@ -32,7 +32,6 @@ from z9.common.logs import job_fields
 from z9.common.models import utc_now_iso
 
 from .context import JobContext
-from .proxmox import ON_RETRY
 
 #: a write of the job's row gave up waiting for a lock another session holds
 ROW_LOCKED: tuple[type[BaseException], ...] = (LockWaitTimeout, *LOCK_WAIT_ERRORS)
@@ -62,7 +61,6 @@ async def run_job(ctx: JobContext, kind: Any) -> str:
     (``TRANSIENT_DB_ERRORS``: the lease then expires and the scheduler hands the job on)."""
     job = ctx.job
     extra = job_fields(job)
-    ON_RETRY.set(ctx.touch)  # a Proxmox call tried again keeps this job's lease (proxmox._call)
     try:
         try:
             await ctx.check_superseded()
