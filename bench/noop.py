@@ -9,7 +9,7 @@ from typing import Any
 KIND = "BenchNoop"
 RECORDS_NOTHING = True
 """``record`` writes nothing: the executor finishes these jobs and claims the next ones in one
-statement (services/executor/batching.py)."""
+statement (services/executor/z9/executor/batching.py)."""
 
 HANDLER_STARTED: dict[str, float] = {}
 """job id → wall clock (``time.time()``) when the handler started (W4 measures to it)."""

@@ -49,7 +49,7 @@ def test_an_unusable_database_url_is_one_line(cmd: list[str]) -> None:
 
 def test_good_urls_pass() -> None:
     for url in ("postgresql://z9:pw@db1:5432,db2:5432/z9?target_session_attrs=read-write",
-                "postgresql://z9@[::1]:5432/z9", "postgres://z9@db/z9", "postgresql:///z9?host=/run/postgresql",
+                "postgresql://z9@[::1]:5432/z9", "postgres://z9@db/z9/db/z9", "postgresql:///z9?host=/run/postgresql",
                 "postgresql://z9@%2Frun%2Fpostgresql/z9", "postgresql://db1,db2:6432/z9"):
         assert Settings(database_url=url).database_url == url
 

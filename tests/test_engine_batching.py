@@ -403,7 +403,7 @@ def test_the_one_statement_claim_says_what_job_claim_says() -> None:
     def norm(text: str) -> str:
         return re.sub(r"\s+", " ", text).strip()
 
-    mig = (Path(__file__).parent.parent / "db" / "migrations" / "0012_fewer_job_index_entries.sql").read_text()
+    mig = (Path(__file__).parent.parent / "db" / "z9" / "db" / "migrations" / "0012_fewer_job_index_entries.sql").read_text()
     copy = mig[mig.index("WITH candidates AS ("):mig.index("RETURNING jobs.* INTO got")]
     copy = copy.replace("WHERE j.seq > after_seq\n              AND j.status", "WHERE j.status")  # its one addition
     claim = q("job_claim")

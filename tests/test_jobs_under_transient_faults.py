@@ -1,7 +1,7 @@
 """Passing Proxmox faults cost no attempts they should not: under about 30 % injected transient
 faults (503 from pveproxy, a config flock not had) on the clone, config, start and guest-agent
 calls, an lb-ha and a 1+2 Kubernetes cluster are created. A call that failed so is tried again
-within its step (services/executor/proxmox.py ``_call``), and an attempt that got a step done is
+within its step (services/executor/z9/executor/proxmox.py ``_call``), and an attempt that got a step done is
 given back (runner ``_finish_temporary``). The attempts each job took are printed."""
 from __future__ import annotations
 

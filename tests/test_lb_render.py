@@ -1,4 +1,4 @@
-"""Load balancer rendering and health (pure: services/executor/jobs/_lb.py)."""
+"""Load balancer rendering and health (pure: services/executor/z9/executor/jobs/_lb.py)."""
 from __future__ import annotations
 
 from datetime import datetime, timezone

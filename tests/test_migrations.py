@@ -1,4 +1,4 @@
-"""Migrations: the numbered files and the ``db/schema.sql`` snapshot produce the same schema;
+"""Migrations: the numbered files and the ``db/z9/db/schema.sql`` snapshot produce the same schema;
 ``migrate()`` is idempotent and safe to run concurrently; the schema enforces the job table's
 invariants. Every test creates and drops its own ``z9_test_<hex>`` databases and touches no other."""
 from __future__ import annotations
@@ -53,7 +53,7 @@ async def test_migrations_and_snapshot_agree(pg_url: str) -> None:
             await b.execute(schema_snapshot())
             da, db = await describe_schema(a), await describe_schema(b)
             for key in da:
-                assert da[key] == db[key], f"{key} differ between migrations and db/schema.sql"
+                assert da[key] == db[key], f"{key} differ between migrations and db/z9/db/schema.sql"
             assert da == db
 
             # the description is not vacuous: it sees every table, enum, index, function and trigger

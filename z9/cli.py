@@ -206,7 +206,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     return code
 
 
-#: tenants.name's CHECK (db/schema.sql), checked before connecting so a bad name gets one line.
+#: tenants.name's CHECK (db/z9/db/schema.sql), checked before connecting so a bad name gets one line.
 TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
 

@@ -274,7 +274,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         env["Z9_DATABASE_URL"] = url
         region = {"url": f"https://127.0.0.1:{sim_port}", "token_id": SIM_TOKEN_ID,
                   "verify_ssl": False, "images": ["debian-12"],
-                  # the simulator's debian-12 template has a 2 GiB disk (simulator/server.py)
+                  # the simulator's debian-12 template has a 2 GiB disk (simulator/z9/sim/server.py)
                   "image_disk_gib": {"debian-12": 2}, "address_pools": DEV_ADDRESS_POOLS,
                   # the simulated bridge's DHCP network (10/8), where the region agent VM lives: never a
                   # load balancer's ip target (docs/load-balancers.md)

@@ -178,7 +178,7 @@ def test_state_file_keeps_pending_cloud_init_and_the_drive(tmp_path, sim_thread_
 
 
 def test_a_handler_written_from_the_docstring_composes_in_sh_and_runcmd(sim, pve, wait, tmp_path):
-    """A next issue's handler, written from simulator/guest.py's docstring only: a long command whose
+    """A next issue's handler, written from simulator/z9/sim/guest.py's docstring only: a long command whose
     effect appears at its end (on_exit). Run by ``sh -c "a && b"`` or a ``runcmd`` item, the next command
     sees the effect (before, a nested command's on_exit was silently dropped). A handler returning
     something other than an ExecResult fails its command, not the request."""

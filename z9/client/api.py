@@ -154,7 +154,7 @@ class Client:
         raise cls(r.status_code, str(err.get("code")), str(err.get("message")), err.get("details"), headers)
 
     # ------------------------------------------------------------------ any resource kind
-    # The REST shape every resource type shares (services/api/resources.py): create, list, get,
+    # The REST shape every resource type shares (services/api/z9/api/resources.py): create, list, get,
     # delete, cancel-deletion, PATCH and POST …/actions/NAME, each answering {<name>: …, "job": …}.
 
     def _accepted(self, kind: ResourceKind[Any], out: dict[str, Any]) -> Accepted[Any]:

@@ -10,8 +10,8 @@
 --     CHECK ((status = 'deleted') = (deleted_at IS NOT NULL)),
 --     and the index <table>_deletion_due ON (delete_after) WHERE status = 'deleting'.
 -- The lifecycle queries (mark deleting or destroying, cancel deletion, reap expired buffers,
--- mark failed, record observed) are written once in libs/common/queries.sql over `{table}`,
--- which the resource-type registry (libs/common/resources) fills in with a table name it
+-- mark failed, record observed) are written once in libs/common/z9/common/queries.sql over `{table}`,
+-- which the resource-type registry (libs/common/z9/common/resources) fills in with a table name it
 -- validated at registration — never with input.
 -- Why not one `resources` table with typed side tables: every type keeps its own status enum,
 -- CHECKs and partial unique indexes over its typed columns (a live name per tenant, an IP

@@ -1,8 +1,8 @@
-"""Schema migrations: numbered SQL files in ``db/migrations`` (``NNNN_name.sql``).
+"""Schema migrations: numbered SQL files in ``db/z9/db/migrations`` (``NNNN_name.sql``).
 
 :func:`migrate` applies the ones a database lacks, each in its own transaction, under a
 session advisory lock, so it is safe to run concurrently and repeatedly (``z9 migrate``).
-``db/schema.sql`` is the snapshot of the resulting schema; :func:`describe_schema` gives a
+``db/z9/db/schema.sql`` is the snapshot of the resulting schema; :func:`describe_schema` gives a
 comparable description of a live database so a test can prove the two agree.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def list_migrations() -> list[Migration]:
 
 
 def schema_snapshot() -> str:
-    """The text of ``db/schema.sql``."""
+    """The text of ``db/z9/db/schema.sql``."""
     return resources.files("z9.db").joinpath("schema.sql").read_text()
 
 

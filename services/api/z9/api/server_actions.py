@@ -1,6 +1,6 @@
 """A server's own routes: power actions, resize and PATCH (name, labels).
 
-Every action is a job on the server (its four phases in ``services/executor/jobs``), enqueued in
+Every action is a job on the server (its four phases in ``services/executor/z9/executor/jobs``), enqueued in
 the request's transaction after the server row was locked (``FOR UPDATE``): checks, the row's
 new intent (sizes) and the job commit together; an Idempotency-Key replays the answer.
 

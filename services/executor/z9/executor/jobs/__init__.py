@@ -3,7 +3,7 @@ together, plus ``record`` (write what verify saw, in the transaction that finish
 ``record_failure(conn, ctx, error)`` (the resource carries a failed job's reason; ``error`` is
 the job row's error, ``{class, message, …}``). A kind whose ``record`` writes nothing may say
 ``RECORDS_NOTHING = True``: its finish and the executor's next claim are then one statement
-(services/executor/batching.py); no product kind does today.
+(services/executor/z9/executor/batching.py); no product kind does today.
 
 :data:`REGISTRY` maps the ``kind`` column to its module; :func:`register` adds one (benchmarks
 register a no-op kind this way).

@@ -8,7 +8,7 @@ deletion is cancelled, and what a failed job does to it (:meth:`ResourceType.fai
 Its module (``z9.common.resources.<type>``) builds one and calls :func:`register`; this package
 imports the built-in ones at the bottom.
 
-The table keeps the lifecycle columns described in ``db/migrations/0004_resource_layer.sql``; the
+The table keeps the lifecycle columns described in ``db/z9/db/migrations/0004_resource_layer.sql``; the
 lifecycle queries are written once (``resource_*`` in ``queries.sql``) and run through the
 wrappers below, which fill in the table.
 

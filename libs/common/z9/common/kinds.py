@@ -1,5 +1,5 @@
 """Job kind names: the ``kind`` column's values, known without importing the executor (and so
-proxmoxer). Each kind's module in ``services/executor/jobs`` sets ``KIND`` from here; the resource
+proxmoxer). Each kind's module in ``services/executor/z9/executor/jobs`` sets ``KIND`` from here; the resource
 types (:mod:`z9.common.resources`) name their jobs with these. A new kind adds its constant and
 lists it in :data:`ALL`.
 """

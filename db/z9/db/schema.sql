@@ -1,4 +1,4 @@
--- z9 schema snapshot: the state after every migration in db/migrations. Kept equal by tests/test_migrations.py.
+-- z9 schema snapshot: the state after every migration in db/z9/db/migrations. Kept equal by tests/test_migrations.py.
 --
 -- Job state machine (architecture §2); the CHECKs and the trigger below enforce it:
 --
@@ -50,8 +50,8 @@ CREATE INDEX api_tokens_tenant ON api_tokens (tenant_id, id);
 --     CHECK ((status = 'deleted') = (deleted_at IS NOT NULL)),
 --     and the index <table>_deletion_due ON (delete_after) WHERE status = 'deleting'.
 -- The lifecycle queries (mark deleting or destroying, cancel deletion, reap expired buffers,
--- mark failed, record observed) are written once in libs/common/queries.sql over `{table}`,
--- which the resource-type registry (libs/common/resources) fills in with a table name it
+-- mark failed, record observed) are written once in libs/common/z9/common/queries.sql over `{table}`,
+-- which the resource-type registry (libs/common/z9/common/resources) fills in with a table name it
 -- validated at registration — never with input.
 -- Why not one `resources` table with typed side tables: every type keeps its own status enum,
 -- CHECKs and partial unique indexes over its typed columns (a live name per tenant, an IP
@@ -416,7 +416,7 @@ CREATE TABLE vm_clone_requests (
     CHECK (upid IS NULL OR answered_at IS NOT NULL)
 );
 
--- Address pools and addresses (migration 0005): the design is described in db/migrations/0005_addresses.sql.
+-- Address pools and addresses (migration 0005): the design is described in db/z9/db/migrations/0005_addresses.sql.
 CREATE EXTENSION IF NOT EXISTS btree_gist;
 
 CREATE TABLE address_pools (
@@ -584,7 +584,7 @@ CREATE INDEX address_pool_ips_free ON address_pool_ips (pool_id, ip) INCLUDE (re
 CREATE UNIQUE INDEX address_pool_ips_holder ON address_pool_ips (address_id) WHERE address_id IS NOT NULL;
 
 -- Per-tenant overrides of the Z9_QUOTA_* defaults (NULL: the default), set by `z9 quota`; see
--- db/migrations/0011_labels_and_quotas.sql.
+-- db/z9/db/migrations/0011_labels_and_quotas.sql.
 CREATE TABLE tenant_quotas (
     tenant_id   text PRIMARY KEY REFERENCES tenants (id),
     servers     integer CHECK (servers >= 0),
@@ -593,7 +593,7 @@ CREATE TABLE tenant_quotas (
     addresses   integer CHECK (addresses >= 0),
     updated_at  timestamptz NOT NULL DEFAULT now()
 );
--- migration 0008: load balancers (see db/migrations/0008_load_balancers.sql for the design notes)
+-- migration 0008: load balancers (see db/z9/db/migrations/0008_load_balancers.sql for the design notes)
 CREATE TYPE load_balancer_status AS ENUM ('creating', 'active', 'deleting', 'destroying', 'deleted', 'failed');
 
 CREATE TABLE load_balancers (
@@ -743,7 +743,7 @@ CREATE TRIGGER addresses_cluster_endpoint
     FOR EACH ROW
     EXECUTE FUNCTION addresses_cluster_endpoint();
 
--- migration 0015: quarantine by address, token lineage, kubeconfig records (see db/migrations/0015_tenant_walls.sql)
+-- migration 0015: quarantine by address, token lineage, kubeconfig records (see db/z9/db/migrations/0015_tenant_walls.sql)
 CREATE TABLE address_quarantine (
     region          text NOT NULL,
     ip              inet NOT NULL,

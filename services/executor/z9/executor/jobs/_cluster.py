@@ -37,7 +37,7 @@ Image contract
     kube-vip static pod, and the pod network (:data:`POD_NETWORK`: Flannel at a pinned release,
     whose manifest the node fetches when the job applies it on a control plane whose API answers —
     applied by the job, not by runcmd, so that z9 reads its result back; ``kubectl apply`` is
-    idempotent). The simulator's kubeadm model (``simulator/kubeadm.py``) holds z9 to kubeadm's
+    idempotent). The simulator's kubeadm model (``simulator/z9/sim/kubeadm.py``) holds z9 to kubeadm's
     documented rules for all of it.
 
 Joins

@@ -12,7 +12,7 @@ _HEADER = re.compile(r"^-- name: ([a-z_]+)\s*$", re.M)
 
 @functools.cache
 def queries() -> dict[str, str]:
-    """``{name: sql}`` for every statement in ``libs/common/queries.sql``, without its leading
+    """``{name: sql}`` for every statement in ``libs/common/z9/common/queries.sql``, without its leading
     comment lines (so each text starts with its verb: ``SELECT``, ``WITH``, ``UPDATE``, …)."""
     text = resources.files("z9.common").joinpath("queries.sql").read_text()
     parts = _HEADER.split(text)

@@ -1,7 +1,7 @@
 """PostgreSQL connections: asyncpg pools with JSON codecs, the LISTEN channel names, and the
 checks every z9 connection passes (on the primary; ``plan_cache_mode`` as z9 needs it).
 
-Two connection strings (``libs/common/settings.py``):
+Two connection strings (``libs/common/z9/common/settings.py``):
 
 - ``Z9_DATABASE_URL`` — the pooled queries of every service. May go through PgBouncer
   (``Z9_DATABASE_POOLER=transaction`` or ``session``).
