@@ -21,6 +21,7 @@ import aiohttp
 import asyncpg
 
 from z9.common import store
+from z9.common.clock import SYSTEM
 from z9.common.settings import Settings
 from z9.sim.server import SimServer
 
@@ -115,6 +116,7 @@ class Stack:
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)
     app: Any = None  # the aiohttp application serving ``base``
     metrics_url: str = ""  # the API's /metrics, on a listener of its own (never under ``base``)
+    clock: Any = SYSTEM  # what the API and the services read time through (a test's TestClock)
 
     def headers(self, token: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {token or self.token}"}
@@ -162,9 +164,9 @@ class Stack:
         from z9.reaper import Reaper
         from z9.scheduler import Scheduler
 
-        svc = {"executor": lambda: Executor(self.settings, [REGION]),
-               "scheduler": lambda: Scheduler(self.settings),
-               "reaper": lambda: Reaper(self.settings)}[name]()
+        svc = {"executor": lambda: Executor(self.settings, [REGION], clock=self.clock),
+               "scheduler": lambda: Scheduler(self.settings, clock=self.clock),
+               "reaper": lambda: Reaper(self.settings, clock=self.clock)}[name]()
         self.services[name] = svc
         self.tasks[name] = asyncio.create_task(svc.run(), name=f"svc-{name}")
 
@@ -172,6 +174,19 @@ class Stack:
         svc, task = self.services.pop(name), self.tasks.pop(name)
         svc.stop()
         await asyncio.wait_for(task, 30)
+
+    def reconfigure(self, **changes: Any) -> Settings:
+        """Services started from now on get a copy of the settings with ``changes`` (settings
+        are frozen: the running ones, and the API, keep theirs)."""
+        self.settings = self.settings.model_copy(update=changes)
+        return self.settings
+
+    async def restart_service(self, name: str, **changes: Any) -> None:
+        """Stop service ``name`` and start it again with the settings changed by ``changes``
+        (an operator's restart with a new configuration)."""
+        await self.stop_service(name)
+        self.reconfigure(**changes)
+        await self.start_service(name)
 
 
 async def make_tenant(pool: asyncpg.Pool, name: str) -> tuple[str, str]:
@@ -378,16 +393,17 @@ def overlapping(rs: list[Run]) -> list[tuple[Run, Run]]:
 
 
 @asynccontextmanager
-async def api_stack(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Stack]:
+async def api_stack(settings: Settings, pool: asyncpg.Pool, *, clock: Any = SYSTEM) -> AsyncIterator[Stack]:
     """The API app served on a free local port, with a tenant ``acme`` and a client for it; the
-    services a test starts on the Stack are stopped on the way out."""
+    services a test starts on the Stack are stopped on the way out. Everything reads time
+    through ``clock``."""
     from aiohttp import web
 
     from z9.api.app import create_app, create_metrics_app
 
     from z9.api.middleware import Runner
 
-    runner = Runner(create_app(settings, pool=pool))
+    runner = Runner(create_app(settings, pool=pool, clock=clock))
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -398,7 +414,7 @@ async def api_stack(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Sta
     tenant, token = await make_tenant(pool, "acme")
     async with aiohttp.ClientSession() as http:
         stack = Stack(settings, pool, f"http://127.0.0.1:{port}/v1", token, tenant, http, app=runner.app,
-                      metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
+                      metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", clock=clock)
         try:
             yield stack
         finally:

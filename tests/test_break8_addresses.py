@@ -25,11 +25,11 @@ async def test_load_balancer_addresses_skip_live_and_reserved_ips(api: Stack) ->
     insert hit addresses_ip_live and every POST /v1/load-balancers of the region answered 500."""
     status, out = await api.call("POST", "/addresses", json={"region": REGION})
     assert status == 202 and out["address"]["ip"] == "203.0.113.10", out
-    api.settings.regions[REGION].address_pools = [AddressPoolSettings(
+    renamed = {REGION: api.settings.regions[REGION].model_copy(update={"address_pools": [AddressPoolSettings(
         name="main", cidr="203.0.113.0/24", gateway="203.0.113.1", range=["203.0.113.10", "203.0.113.250"],
-        reserved=["203.0.113.11"])]
+        reserved=["203.0.113.11"])]})}
     async with api.pool.acquire() as conn:   # the operator renames the pool (same network)
-        await store.address_pools_sync(conn, api.settings.regions)
+        await store.address_pools_sync(conn, renamed)
     # a row of a reserved IP stays while an address holds it (and is free again after its release)
     await api.pool.execute("INSERT INTO address_pool_ips (pool_id, ip) SELECT id, '203.0.113.11' FROM address_pools"
                            " WHERE name = 'main'")
@@ -183,10 +183,10 @@ async def test_the_last_free_ip_held_by_an_allocation_that_rolls_back_is_not_exh
     of its second address) and the IP stayed free. Reproduced: 5 of 10 rounds of 6 requests
     with a taken name beside one valid request refused the valid one. The allocation now waits
     (briefly) for the allocations in flight before it says the pool is exhausted."""
-    api.settings.regions[REGION].address_pools = [AddressPoolSettings(
-        name="public", cidr="203.0.113.0/24", gateway="203.0.113.1", range=["203.0.113.10", "203.0.113.11"])]
+    small = {REGION: api.settings.regions[REGION].model_copy(update={"address_pools": [AddressPoolSettings(
+        name="public", cidr="203.0.113.0/24", gateway="203.0.113.1", range=["203.0.113.10", "203.0.113.11"])]})}
     async with api.pool.acquire() as conn:
-        await store.address_pools_sync(conn, api.settings.regions)
+        await store.address_pools_sync(conn, small)
     status, out = await api.call("POST", "/addresses", json={"region": REGION})
     assert status == 202 and out["address"]["ip"] == "203.0.113.10", out
     pid = out["address"]["id"]

@@ -288,9 +288,9 @@ async def test_a_job_failed_at_lease_reclaim_counts_as_a_failed_attempt(stack: S
 
 
 # 6 (issue 2): the deletion guard, now counted
+@pytest.mark.settings(deletion_buffer_s=1.0)
 async def test_a_guard_refusal_is_counted_and_logged_with_the_job(stack: Stack, sim: SimAdmin,
                                                                   json_logs: io.StringIO) -> None:
-    stack.settings.deletion_buffer_s = 1.0
     await stack.stop_service("executor")
     server, job = await stack.create_server("ghost")
     await stack.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(), "
@@ -617,9 +617,9 @@ async def test_a_dropped_answer_counts_as_error(stack: Stack, sim: SimAdmin) -> 
                  endpoint="/nodes/{node}/qemu/{vmid}/clone", status="error") == 1
 
 
+@pytest.mark.settings(shutdown_grace_s=0.2)
 async def test_shutdown_hands_over_and_counts_it(stack: Stack, sim: SimAdmin) -> None:
     await sim.configure(task_seconds={"qmclone": 5.0})
-    stack.settings.shutdown_grace_s = 0.2
     before = local()
     _, job = await stack.create_server("m-9")
     for _ in range(200):
@@ -636,8 +636,8 @@ async def test_shutdown_hands_over_and_counts_it(stack: Stack, sim: SimAdmin) ->
     assert (await stack.job(job["id"]))["status"] in ("retry", "pending")
 
 
+@pytest.mark.settings(deletion_buffer_s=0.3)
 async def test_an_expired_deletion_buffer_is_counted(stack: Stack, sim: SimAdmin) -> None:
-    stack.settings.deletion_buffer_s = 0.3
     server, job = await stack.create_server("m-10")
     assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
     before = local()

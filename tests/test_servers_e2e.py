@@ -15,6 +15,7 @@ from proxmoxer import ProxmoxAPI
 
 from z9.common import store
 from z9.common.tags import identity_tag, normalize_tags
+from z9.common.clock import TestClock
 
 from tests.support import REGION, SimAdmin, Stack
 
@@ -111,8 +112,8 @@ async def test_delete_then_cancel_within_buffer(stack: Stack, sim: SimAdmin) -> 
 
 
 # 5
+@pytest.mark.settings(deletion_buffer_s=0.5)
 async def test_delete_after_buffer_destroys_vm(stack: Stack, sim: SimAdmin) -> None:
-    stack.settings.deletion_buffer_s = 0.5
     server, _ = await _created(stack, sim)
     status, out = await stack.call("DELETE", f"/servers/{server['id']}")
     assert status == 202
@@ -134,11 +135,11 @@ async def test_delete_after_buffer_destroys_vm(stack: Stack, sim: SimAdmin) -> N
 
 
 # 6
+@pytest.mark.settings(deletion_buffer_s=1.0)
 @pytest.mark.parametrize("stale_from", ["before_stop", "before_destroy"])
 async def test_stale_row_pointing_at_agent_is_refused(stack: Stack, sim: SimAdmin, stale_from: str) -> None:
     """A server whose VM never came to be, and whose (stale) row points at the agent's vmid.
     Whichever job of the deletion touches VMs first refuses; the agent is never touched."""
-    stack.settings.deletion_buffer_s = 1.0
     await stack.stop_service("executor")
     server, job = await stack.create_server("ghost")
     await stack.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(), "
@@ -176,12 +177,12 @@ async def test_stale_row_pointing_at_agent_is_refused(stack: Stack, sim: SimAdmi
 
 
 # 7
+@pytest.mark.settings(backoff_base_s=1.0)
 async def test_lock_timeout_retries_then_succeeds(stack: Stack, sim: SimAdmin) -> None:
     # a flock timeout is PVE saying it did nothing: the call is tried again within the step
     # (CALL_TRIES times); one that outlasts those ends the attempt, and the job retries
     from z9.executor.proxmox import CALL_TRIES
 
-    stack.settings.backoff_base_s = 1.0
     await sim.fault(method="POST", path=r"^/nodes/[^/]+/qemu/\d+/clone$", action="error", status=500,
                     reason="can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout", times=CALL_TRIES)
     server, job = await stack.create_server()
@@ -206,12 +207,11 @@ async def test_lock_timeout_retries_then_succeeds(stack: Stack, sim: SimAdmin) -
 
 
 # 8
+@pytest.mark.settings(snooze_limit_s=1.5, max_attempts=2)
 async def test_missing_template_is_waited_for_then_fails_naming_it(stack: Stack, sim: SimAdmin) -> None:
     """No template of that name: waiting on the world (it may be being imported; issue 8) — the
     server stays creating and no attempt is spent — until the wait passes snooze_limit_s; then the
     job fails with the reason naming the image, and nothing was cloned."""
-    stack.settings.snooze_limit_s = 1.5
-    stack.settings.max_attempts = 2
     await sim.delete_vm(9000)
     server, job = await stack.create_server()
     await asyncio.sleep(0.7)
@@ -226,6 +226,7 @@ async def test_missing_template_is_waited_for_then_fails_naming_it(stack: Stack,
 
 
 # 9
+@pytest.mark.settings(lease_ttl_s=2)
 async def test_sigkill_during_clone_second_executor_finishes(stack: Stack, sim: SimAdmin) -> None:
     await stack.stop_service("executor")
     await sim.configure(task_seconds={"qmclone": 3.0})
@@ -250,7 +251,6 @@ async def test_sigkill_during_clone_second_executor_finishes(stack: Stack, sim: 
     finally:
         if proc.poll() is None:
             proc.kill()
-    stack.settings.lease_ttl_s = 2
     await stack.start_service("executor")
     done = await stack.wait_job(job["id"], timeout_s=40)
     assert done["status"] == "succeeded", done
@@ -287,8 +287,8 @@ async def test_parallel_creates_get_distinct_vms(stack: Stack, sim: SimAdmin) ->
     assert len(vmids) == 6 and 100 not in vmids
 
 
+@pytest.mark.settings(backoff_base_s=0.5)
 async def test_failed_task_is_retried_with_its_log_shown(stack: Stack, sim: SimAdmin) -> None:
-    stack.settings.backoff_base_s = 0.5
     await sim.fault(method="POST", path=r"/status/start$", action="fail_task",
                     exitstatus="start failed: QEMU exited with code 1", times=1)
     server, job = await stack.create_server()
@@ -309,9 +309,9 @@ async def test_failed_task_is_retried_with_its_log_shown(stack: Stack, sim: SimA
     assert (await stack.server(server["id"]))["status"] == "running"
 
 
+@pytest.mark.settings(shutdown_grace_s=0.2)
 async def test_sigterm_hands_a_long_job_over(stack: Stack, sim: SimAdmin) -> None:
     await sim.configure(task_seconds={"qmclone": 2.0})
-    stack.settings.shutdown_grace_s = 0.2
     server, job = await stack.create_server()
     for _ in range(300):
         if await _tasks(sim, "qmclone") == 1:
@@ -337,9 +337,9 @@ async def _wait_status(stack: Stack, server_id: str, status: str, timeout_s: flo
     raise AssertionError(f"server {server_id} not {status}: {s}")
 
 
+@pytest.mark.settings(deletion_buffer_s=0.3)
 async def test_delete_removes_an_untagged_clone_left_by_a_failed_create(stack: Stack, sim: SimAdmin) -> None:
     sim.allow_rejections = True  # the injected fault answers 400
-    stack.settings.deletion_buffer_s = 0.3
     await sim.fault(method="POST", path=r"/qemu/\d+/config$", action="error", status=400,
                     reason="Parameter verification failed.", times=1)
     server, job = await stack.create_server()
@@ -355,9 +355,9 @@ async def test_delete_removes_an_untagged_clone_left_by_a_failed_create(stack: S
     assert (await sim.vm(100))["running"]
 
 
+@pytest.mark.settings(deletion_buffer_s=1.0)
 async def test_a_failure_during_the_buffer_does_not_undo_the_deletion(stack: Stack, sim: SimAdmin) -> None:
     sim.allow_rejections = True
-    stack.settings.deletion_buffer_s = 1.0
     await stack.stop_service("executor")
     await sim.fault(method="POST", path=r"/clone$", action="error", status=400,
                     reason="Parameter verification failed.", times=1)
@@ -408,9 +408,8 @@ async def test_disk_smaller_than_the_image_fails_before_cloning(stack: Stack, si
     assert await _tasks(sim, "qmclone") == 0
 
 
+@pytest.mark.settings(snooze_limit_s=0.5, max_attempts=2)
 async def test_a_stale_vm_lock_is_waited_on_then_surfaces(stack: Stack, sim: SimAdmin) -> None:
-    stack.settings.snooze_limit_s = 0.5
-    stack.settings.max_attempts = 2
     server, _ = await _created(stack, sim)
     vm = await sim.vm(server["observed"]["vmid"])
     await sim.set_config(vm["vmid"], lock="backup")
@@ -423,10 +422,10 @@ async def test_a_stale_vm_lock_is_waited_on_then_surfaces(stack: Stack, sim: Sim
     assert (await sim.vm(vm["vmid"]))["running"]  # never touched while locked
 
 
+@pytest.mark.settings(deletion_buffer_s=0.3)
 async def test_vms_are_protected_against_stray_destroys(stack: Stack, sim: SimAdmin) -> None:
     from proxmoxer.core import ResourceException
 
-    stack.settings.deletion_buffer_s = 0.3
     server, _ = await _created(stack, sim)
     vmid, node = server["observed"]["vmid"], server["observed"]["node"]
     assert str((await sim.vm(vmid))["config"].get("protection")) == "1"
@@ -442,9 +441,9 @@ async def test_vms_are_protected_against_stray_destroys(stack: Stack, sim: SimAd
     assert await sim.vm(vmid) is None
 
 
+@pytest.mark.settings(deletion_buffer_s=0.2)
 async def test_a_failure_after_the_buffer_does_not_stop_the_final_delete(stack: Stack, sim: SimAdmin) -> None:
     sim.allow_rejections = True
-    stack.settings.deletion_buffer_s = 0.2
     server, _ = await _created(stack, sim)
     await stack.stop_service("executor")
     status, out = await stack.call("DELETE", f"/servers/{server['id']}")
@@ -462,17 +461,17 @@ async def test_a_failure_after_the_buffer_does_not_stop_the_final_delete(stack: 
     assert await sim.vms_tagged(identity_tag(server["id"])) == []
 
 
-async def test_a_superseded_final_delete_does_nothing(stack: Stack, sim: SimAdmin) -> None:
-    stack.settings.deletion_buffer_s = 0.2
+@pytest.mark.settings(deletion_buffer_s=600)
+async def test_a_superseded_final_delete_does_nothing(stack: Stack, sim: SimAdmin, clock: TestClock) -> None:
     server, _ = await _created(stack, sim)
     vmid = server["observed"]["vmid"]
     await stack.stop_service("executor")
     await stack.call("DELETE", f"/servers/{server['id']}")
+    clock.step(601)  # past the buffer: the reaper enqueues the final delete
     await _wait_status(stack, server["id"], "destroying")
     # The server failed meanwhile (an operator, a lease lost after the last attempt), and its
-    # owner deletes it again with a long buffer: the queued ServerDelete must not destroy it.
+    # owner deletes it again, its buffer 600 s from now: the queued ServerDelete must not destroy it.
     await stack.pool.execute("UPDATE servers SET status = 'failed', status_reason = 'x' WHERE id = $1", server["id"])
-    stack.settings.deletion_buffer_s = 600
     assert (await stack.call("DELETE", f"/servers/{server['id']}"))[0] == 202
     await stack.start_service("executor")
     status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
@@ -501,9 +500,8 @@ async def test_a_template_with_a_platform_role_is_not_cloned(stack: Stack, sim: 
     assert await _tasks(sim, "qmclone") == 0
 
 
+@pytest.mark.settings(deletion_buffer_s=0.1, uncertain_window_s=2.0)
 async def test_delete_waits_out_a_clone_request_whose_answer_was_lost(stack: Stack, sim: SimAdmin) -> None:
-    stack.settings.deletion_buffer_s = 0.1
-    stack.settings.uncertain_window_s = 2.0
     await sim.fault(method="POST", path=r"/clone$", action="drop", times=1)
     server, job = await stack.create_server()
     assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
@@ -522,11 +520,9 @@ async def test_delete_waits_out_a_clone_request_whose_answer_was_lost(stack: Sta
     assert await store.vm_clone_requests(stack.pool, server["id"]) == []  # they go with the server
 
 
+@pytest.mark.settings(region={"request_timeout_s": 1.0}, uncertain_window_s=5.0)
 async def test_lost_clone_answer_landing_late_still_makes_one_vm(stack: Stack, sim: SimAdmin) -> None:
     await stack.stop_service("executor")
-    region = stack.settings.regions[REGION]
-    stack.settings.regions[REGION] = region.model_copy(update={"request_timeout_s": 1.0})
-    stack.settings.uncertain_window_s = 5.0
     await sim.fault(method="POST", path=r"/clone$", action="delay", seconds=2.0, times=1)  # lands after the timeout
     await stack.start_service("executor")
     server, job = await stack.create_server()
@@ -537,11 +533,9 @@ async def test_lost_clone_answer_landing_late_still_makes_one_vm(stack: Stack, s
     assert await _tasks(sim, "qmclone") == 1
 
 
+@pytest.mark.settings(step_timeout_s=1.0, lease_ttl_s=2.0, heartbeat_s=0.5)
 async def test_no_lease_renewal_without_hypervisor_answers(stack: Stack, sim: SimAdmin) -> None:
     await stack.stop_service("executor")
-    stack.settings.step_timeout_s = 1.0
-    stack.settings.lease_ttl_s = 2.0
-    stack.settings.heartbeat_s = 0.5
     await stack.start_service("executor")
     await sim.fault(method="GET", path=r"/tasks/.*/status$", action="error", status=595,
                     reason="Connection refused", probability=1.0)

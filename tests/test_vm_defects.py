@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 from typing import Any
 
@@ -61,11 +63,11 @@ async def test_a_template_not_visible_yet_is_waited_for(stack: Stack, sim: SimAd
     assert done["status"] == "succeeded", done
 
 
+@pytest.mark.settings(deletion_buffer_s=0.1)
 async def test_a_locked_clone_at_a_vmid_we_once_asked_for_is_not_ours(stack: Stack, sim: SimAdmin) -> None:
     """Server A's create once asked for vmid 150 and was answered with an error; later another
     server's clone runs at 150 (``lock: clone``, no tags, no marker yet). A's final delete must not
     take it for its own clone: it neither waits on it nor spends attempts, and leaves it alone."""
-    stack.settings.deletion_buffer_s = 0.1
     server, job = await stack.create_server()
     assert (await stack.wait_job(job["id"], timeout_s=60))["status"] == "succeeded"
     # the record of that earlier, refused request (sent by A's create job)
@@ -90,6 +92,7 @@ async def _status(stack: Stack, sid: str, status: str) -> bool:
     return (await stack.server(sid))["status"] == status
 
 
+@pytest.mark.settings(uncertain_window_s=30.0)
 async def test_a_clone_request_whose_sender_died_is_waited_for_not_repeated(stack: Stack, sim: SimAdmin) -> None:
     """A clone request recorded before it was sent, whose sender died before recording the answer
     (SIGKILL, freeze: nothing marks it lost): the next attempt must not clone again while it may
@@ -98,7 +101,6 @@ async def test_a_clone_request_whose_sender_died_is_waited_for_not_repeated(stac
     from z9.executor.vms import marker
 
     await stack.stop_service("executor")
-    stack.settings.uncertain_window_s = 30.0
     server, job = await stack.create_server()
     # what the dead sender left: the request, recorded, never answered
     await stack.pool.execute(

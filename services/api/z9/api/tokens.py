@@ -37,9 +37,8 @@ import ipaddress
 import logging
 import re
 import secrets
-import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Awaitable, Callable, Literal
 
 from aiohttp import web
@@ -222,7 +221,7 @@ UNKNOWN_TAGGED = web.AppKey("unknown_tagged_tokens", set)
 
 def _cached(app: web.Application, token: str) -> Principal | None:
     hit = app[CACHE].get(hashlib.sha256(token.encode()).digest())
-    return hit[0] if app[api.SETTINGS].api_token_cache_s > 0 and hit is not None and hit[1] > time.monotonic() \
+    return hit[0] if app[api.SETTINGS].api_token_cache_s > 0 and hit is not None and hit[1] > api.clock_of(app).monotonic() \
         else None
 
 
@@ -265,11 +264,12 @@ async def _principal(app: web.Application, token: str) -> Principal | None:
     ttl = app[api.SETTINGS].api_token_cache_s
     key = hashlib.sha256(token.encode()).digest()
     cache = app[CACHE]
-    now = time.monotonic()
+    clock = api.clock_of(app)
+    now = clock.monotonic()
     hit = cache.get(key)
     if ttl > 0 and hit is not None and hit[1] > now:
         return hit[0]
-    row = await store.api_token_auth(app[api.POOL], token)
+    row = await store.api_token_auth(app[api.POOL], token, now=clock.db_now())
     if row is None:
         cache.pop(key, None)
         return None
@@ -277,7 +277,7 @@ async def _principal(app: web.Application, token: str) -> Principal | None:
     if ttl > 0:
         until = now + ttl
         if row["expires_at"] is not None:
-            until = min(until, now + (row["expires_at"] - datetime.now(timezone.utc)).total_seconds())
+            until = min(until, now + (row["expires_at"] - clock.now()).total_seconds())
         if len(cache) >= _CACHE_MAX:
             cache.clear()
         cache[key] = (p, until)
@@ -396,13 +396,13 @@ async def create_token(request: web.Request) -> web.Response:
     if missing:
         raise Forbidden(f"scopes: this token cannot grant {','.join(missing)}, which it does not have",
                         code="insufficient_scope", details=[{"field": "scopes", "message": "not held"}])
-    expires_at = (datetime.now(timezone.utc) + timedelta(seconds=spec.expires_in_s)
+    expires_at = (api.clock_of(request.app).now() + timedelta(seconds=spec.expires_in_s)
                   if spec.expires_in_s is not None else None)
     if me.expires_at is not None:  # never past the parent's expiry (lineage: see the module doc)
         if expires_at is None:
             expires_at = me.expires_at
         elif expires_at > me.expires_at:
-            left = max(0, int((me.expires_at - datetime.now(timezone.utc)).total_seconds()))
+            left = max(0, int((me.expires_at - api.clock_of(request.app).now()).total_seconds()))
             raise ValidationFailed(f"expires_in_s: {spec.expires_in_s} is past the expiry of the token making it "
                                    f"({me.expires_at.isoformat()}, {left}s from now); a token never outlives its "
                                    "parent", details=[{"field": "expires_in_s", "message": "past the parent's expiry",
