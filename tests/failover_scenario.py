@@ -35,7 +35,7 @@ from z9.common.tags import identity_tag
 from z9.db import migrate
 
 from tests.pgcluster import PgServer, free_port, primary_and_standby, remove_workdir, wait_sync_standby
-from tests.support import REGION, Services, SimAdmin, install_job_log, job_log, overlapping, runs, service_env
+from tests.support import REGION, Services, SimAdmin, install_job_log, job_log, overlapping, runs, service_env, wait_until
 
 FAST = dict(lease_ttl_s=3, heartbeat_s=0.5, task_poll_s=0.1, poll_interval_s=1, scheduler_interval_s=0.2,
             reaper_interval_s=0.5, backoff_base_s=0.2, backoff_cap_s=1, snooze_s=0.2, uncertain_window_s=1,
@@ -137,10 +137,10 @@ async def run(workdir: Path, base_settings: Settings, sim: SimAdmin, *, before: 
                 accepted.append(await _post_until_accepted(http, base, token, f"pre-{i}", 30))
             # Kill while jobs run: wait until some are running (read from the primary).
             probe = await asyncpg.connect(primary.url("z9"))
-            for _ in range(200):
-                if await probe.fetchval("SELECT count(*) FROM jobs WHERE status = 'running'"):
-                    break
-                await asyncio.sleep(0.05)
+
+            async def ready() -> bool:
+                return bool(await probe.fetchval("SELECT count(*) FROM jobs WHERE status = 'running'"))
+            await wait_until(ready, 20, 'await probe.fetchval("SELECT count(*) FROM jobs WHERE status = \'runni...')
             await probe.close()
             t_kill = time.time()
             primary.kill()

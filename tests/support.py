@@ -148,16 +148,17 @@ class Stack:
 
     async def wait_job(self, job_id: str, timeout_s: float = 30, seen: list | None = None) -> dict[str, Any]:
         """Poll the job until it is terminal (the seeds' wait_for_job, faster)."""
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while True:
-            job = await self.job(job_id)
+        last: dict[str, Any] = {}
+
+        async def terminal() -> dict[str, Any] | None:
+            job = last["job"] = await self.job(job_id)
             if seen is not None and (not seen or seen[-1] != job["status"]):
                 seen.append(job["status"])
-            if job["status"] in TERMINAL:
-                return job
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"job {job_id} not terminal after {timeout_s}s: {job}")
-            await asyncio.sleep(0.05)
+            return job if job["status"] in TERMINAL else None
+        try:
+            return await wait_until(terminal, timeout_s, f"job {job_id} terminal")
+        except AssertionError:
+            raise AssertionError(f"job {job_id} not terminal after {timeout_s}s: {last.get('job')}") from None
 
     async def start_service(self, name: str) -> None:
         from z9.executor.worker import Executor
@@ -212,6 +213,15 @@ async def wait_until(predicate: Any, timeout_s: float, what: str, interval_s: fl
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+async def waiting_on_a_lock(db: Any, task: asyncio.Task | None = None) -> bool:
+    """Whether a session of ``db``'s database waits on a lock now (or ``task`` is done already):
+    what a test awaits instead of sleeping while another transaction runs into a lock."""
+    if task is not None and task.done():
+        return True
+    return bool(await db.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                  "AND wait_event_type = 'Lock'"))
 
 
 # ---------------------------------------------------------------- real service processes

@@ -4,9 +4,9 @@ make one — and fails at once with a reason naming that, instead of spending ev
 a temporary "no VM yet" while the server's deletion waits behind it."""
 from __future__ import annotations
 
-import pytest
-
 import time
+
+import pytest
 
 from tests.support import REGION, SimAdmin, Stack, wait_until
 from tests.test_addresses_api import _get, _jobs_of

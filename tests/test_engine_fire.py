@@ -532,7 +532,7 @@ async def test_dead_listen_connection_is_reestablished_with_a_catch_up_claim(api
 
 
 # 7
-@pytest.mark.settings(max_attempts=max_attempts)
+@pytest.mark.settings(max_attempts=4)  # the test's max_attempts
 async def test_backoff_follows_the_formula_and_max_attempts_fail_with_the_last_error(
         api: Stack, sim: SimAdmin, services: Services) -> None:
     """Architecture §5 through the real engine: each retry's ``run_after`` is

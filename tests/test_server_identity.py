@@ -4,9 +4,9 @@ a guest that booted from another seed or whose cloud-init failed is not shown ``
 nothing happened."""
 from __future__ import annotations
 
-import pytest
-
 from typing import Any
+
+import pytest
 
 from z9.common.tags import identity_tag
 from z9.sim.server import BUILDER_SSH_KEY, put_builder_template

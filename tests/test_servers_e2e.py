@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from proxmoxer import ProxmoxAPI
@@ -17,7 +18,7 @@ from z9.common import store
 from z9.common.tags import identity_tag, normalize_tags
 from z9.common.clock import TestClock
 
-from tests.support import REGION, SimAdmin, Stack
+from tests.support import REGION, SimAdmin, Stack, wait_until
 
 
 async def _tasks(sim: SimAdmin, kind: str) -> int:
@@ -112,18 +113,13 @@ async def test_delete_then_cancel_within_buffer(stack: Stack, sim: SimAdmin) -> 
 
 
 # 5
-@pytest.mark.settings(deletion_buffer_s=0.5)
-async def test_delete_after_buffer_destroys_vm(stack: Stack, sim: SimAdmin) -> None:
+async def test_delete_after_buffer_destroys_vm(stack: Stack, sim: SimAdmin, clock: TestClock) -> None:
     server, _ = await _created(stack, sim)
     status, out = await stack.call("DELETE", f"/servers/{server['id']}")
     assert status == 202
     await stack.wait_job(out["job"]["id"])
-    for _ in range(200):
-        s = await stack.server(server["id"])
-        if s["status"] == "deleted":
-            break
-        await asyncio.sleep(0.05)
-    assert s["status"] == "deleted", s
+    clock.step(stack.settings.deletion_buffer_s)  # the buffer passes
+    await _wait_status(stack, server["id"], "deleted")
     assert await sim.vms_tagged(identity_tag(server["id"])) == []
     status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
     kinds = [(j["kind"], j["status"]) for j in jobs["jobs"]]
@@ -135,9 +131,9 @@ async def test_delete_after_buffer_destroys_vm(stack: Stack, sim: SimAdmin) -> N
 
 
 # 6
-@pytest.mark.settings(deletion_buffer_s=1.0)
 @pytest.mark.parametrize("stale_from", ["before_stop", "before_destroy"])
-async def test_stale_row_pointing_at_agent_is_refused(stack: Stack, sim: SimAdmin, stale_from: str) -> None:
+async def test_stale_row_pointing_at_agent_is_refused(stack: Stack, sim: SimAdmin, clock: TestClock,
+                                                      stale_from: str) -> None:
     """A server whose VM never came to be, and whose (stale) row points at the agent's vmid.
     Whichever job of the deletion touches VMs first refuses; the agent is never touched."""
     await stack.stop_service("executor")
@@ -157,19 +153,23 @@ async def test_stale_row_pointing_at_agent_is_refused(stack: Stack, sim: SimAdmi
     else:
         assert stop["status"] == "succeeded", stop
         await stack.pool.execute(stale, server["id"])
-        for _ in range(400):
+        clock.step(stack.settings.deletion_buffer_s)  # the buffer passes: the final delete is enqueued
+
+        async def final_done() -> dict | None:
             status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
             final = [j for j in jobs["jobs"] if j["kind"] == "ServerDelete"]
-            if final and final[0]["status"] in ("succeeded", "failed"):
-                break
-            await asyncio.sleep(0.05)
-        refused = final[0]
+            return final[0] if final and final[0]["status"] in ("succeeded", "failed") else None
+        refused = await wait_until(final_done, 20, "the final delete to end")
     assert refused["status"] == "failed" and refused["attempt"] == 1, refused
     assert refused["error"]["class"] == "permanent"
     assert "z9-role-agent" in refused["error"]["message"]
     s = await stack.server(server["id"])
     assert s["status"] == "failed" and "z9-role-agent" in s["status_reason"]
-    await asyncio.sleep(1.2)  # past the buffer: nothing else may happen to the agent
+    # past the buffer: nothing else may happen to the agent (a failed server is not reaped)
+    clock.step(stack.settings.deletion_buffer_s)
+    assert await stack.services["reaper"].run_once() == 0
+    status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
+    assert all(j["status"] in ("succeeded", "failed") for j in jobs["jobs"]), jobs
     agent = await sim.vm(100)
     assert agent is not None and agent["running"]
     for kind in ("qmdestroy", "qmstop", "qmshutdown"):
@@ -208,16 +208,21 @@ async def test_lock_timeout_retries_then_succeeds(stack: Stack, sim: SimAdmin) -
 
 # 8
 @pytest.mark.settings(snooze_limit_s=1.5, max_attempts=2)
-async def test_missing_template_is_waited_for_then_fails_naming_it(stack: Stack, sim: SimAdmin) -> None:
+async def test_missing_template_is_waited_for_then_fails_naming_it(stack: Stack, sim: SimAdmin,
+                                                                   clock: TestClock) -> None:
     """No template of that name: waiting on the world (it may be being imported; issue 8) — the
     server stays creating and no attempt is spent — until the wait passes snooze_limit_s; then the
     job fails with the reason naming the image, and nothing was cloned."""
     await sim.delete_vm(9000)
     server, job = await stack.create_server()
-    await asyncio.sleep(0.7)
-    waiting = await stack.job(job["id"])
+
+    async def snoozed() -> dict | None:
+        j = await stack.job(job["id"])
+        return j if j["status"] == "failed" or (j["error"] or {}).get("class") == "snooze" else None
+    waiting = await wait_until(snoozed, 20, "the create waiting on the world")
     assert waiting["status"] != "failed" and waiting["error"]["class"] == "snooze", waiting
     assert (await stack.server(server["id"]))["status"] == "creating"
+    clock.step(stack.settings.snooze_limit_s)  # the wait passes snooze_limit_s
     done = await stack.wait_job(job["id"], timeout_s=30)
     assert done["status"] == "failed" and "template" in done["error"]["message"], done
     s = await stack.server(server["id"])
@@ -240,12 +245,8 @@ async def test_sigkill_during_clone_second_executor_finishes(stack: Stack, sim: 
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         server, job = await stack.create_server()
-        for _ in range(300):  # until the clone task is running on the hypervisor
-            if await _tasks(sim, "qmclone") == 1:
-                break
-            await asyncio.sleep(0.02)
-        assert await _tasks(sim, "qmclone") == 1
-        await asyncio.sleep(0.3)
+        # until the clone task runs on the hypervisor and the job has recorded its UPID
+        await wait_until(lambda: _task_recorded(stack, sim, job["id"]), 20, "the clone running, its UPID recorded")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
@@ -293,14 +294,10 @@ async def test_failed_task_is_retried_with_its_log_shown(stack: Stack, sim: SimA
                     exitstatus="start failed: QEMU exited with code 1", times=1)
     server, job = await stack.create_server()
     seen: list[str] = []
-    retried = None
-    for _ in range(400):
+    async def retrying() -> dict | None:
         j = await stack.job(job["id"])
-        if j["status"] == "retry":
-            retried = j
-            break
-        await asyncio.sleep(0.02)
-    assert retried is not None
+        return j if j["status"] == "retry" else None
+    retried = await wait_until(retrying, 20, "the job in retry", interval_s=0.02)
     assert retried["error"]["class"] == "temporary" and "QEMU exited" in retried["error"]["message"]
     assert any("TASK ERROR" in line for line in retried["error"]["task_log"])
     assert [s["state"] for s in retried["steps"]][-1] == "failed"
@@ -313,10 +310,7 @@ async def test_failed_task_is_retried_with_its_log_shown(stack: Stack, sim: SimA
 async def test_sigterm_hands_a_long_job_over(stack: Stack, sim: SimAdmin) -> None:
     await sim.configure(task_seconds={"qmclone": 2.0})
     server, job = await stack.create_server()
-    for _ in range(300):
-        if await _tasks(sim, "qmclone") == 1:
-            break
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: _tasks_are(sim, "qmclone", 1), 20, "the clone running", interval_s=0.02)
     await stack.stop_service("executor")  # what SIGTERM calls
     j = await stack.job(job["id"])
     assert j["status"] in ("retry", "pending") and j["attempt"] == 0, j  # handed over, attempt given back
@@ -328,13 +322,21 @@ async def test_sigterm_hands_a_long_job_over(stack: Stack, sim: SimAdmin) -> Non
     assert len(await sim.vms_tagged(identity_tag(server["id"]))) == 1
 
 
+async def _tasks_are(sim: SimAdmin, task_type: str, n: int) -> bool:
+    return await _tasks(sim, task_type) == n
+
+
+async def _task_recorded(stack: Stack, sim: SimAdmin, job_id: str) -> bool:
+    """The job's first task runs on the hypervisor and its UPID is in the job's steps."""
+    steps = (await stack.job(job_id))["steps"]
+    return await _tasks(sim, "qmclone") == 1 and bool(steps and steps[0]["detail"].get("upid"))
+
+
 async def _wait_status(stack: Stack, server_id: str, status: str, timeout_s: float = 20) -> dict:
-    for _ in range(int(timeout_s / 0.05)):
+    async def there() -> dict | None:
         s = await stack.server(server_id)
-        if s["status"] == status:
-            return s
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"server {server_id} not {status}: {s}")
+        return s if s["status"] == status else None
+    return await wait_until(there, timeout_s, f"server {server_id} {status}")
 
 
 @pytest.mark.settings(deletion_buffer_s=0.3)
@@ -355,8 +357,8 @@ async def test_delete_removes_an_untagged_clone_left_by_a_failed_create(stack: S
     assert (await sim.vm(100))["running"]
 
 
-@pytest.mark.settings(deletion_buffer_s=1.0)
-async def test_a_failure_during_the_buffer_does_not_undo_the_deletion(stack: Stack, sim: SimAdmin) -> None:
+async def test_a_failure_during_the_buffer_does_not_undo_the_deletion(stack: Stack, sim: SimAdmin,
+                                                                      clock: TestClock) -> None:
     sim.allow_rejections = True
     await stack.stop_service("executor")
     await sim.fault(method="POST", path=r"/clone$", action="error", status=400,
@@ -368,6 +370,7 @@ async def test_a_failure_during_the_buffer_does_not_undo_the_deletion(stack: Sta
     assert (await stack.wait_job(job["id"]))["status"] == "failed"
     s = await stack.server(server["id"])
     assert s["status"] == "deleting" and "400" in s["status_reason"]  # the reason, and still deleting
+    clock.step(stack.settings.deletion_buffer_s)  # the buffer passes
     await _wait_status(stack, server["id"], "deleted")
 
 
@@ -432,7 +435,10 @@ async def test_vms_are_protected_against_stray_destroys(stack: Stack, sim: SimAd
     pve = ProxmoxAPI("127.0.0.1", port=sim.server.port, user="root@pam", token_name="z9",
                      token_value=sim.server.token_secret, verify_ssl=str(sim.server.cert_path))
     await asyncio.to_thread(lambda: pve.nodes(node).qemu(vmid).status.stop.post())
-    await asyncio.sleep(0.3)
+
+    async def stopped() -> bool:
+        return not (await sim.vm(vmid))["running"]
+    await wait_until(stopped, 20, f"VM {vmid} stopped")
     with pytest.raises(ResourceException, match="protection"):  # e.g. a late request aimed at a reused vmid
         await asyncio.to_thread(lambda: pve.nodes(node).qemu(vmid).delete())
     assert await sim.vm(vmid) is not None
@@ -543,12 +549,10 @@ async def test_no_lease_renewal_without_hypervisor_answers(stack: Stack, sim: Si
     # The event is the lease's expiry being recorded; how long it takes depends on the machine's load
     # (a step timeout, then a whole TTL without renewal), so the wait is bounded by a generous deadline,
     # not by a count of polls (15 s of polls ran out under a loaded CI).
-    deadline = asyncio.get_running_loop().time() + 120.0
-    while True:
+    async def expired() -> Any:
         row = await stack.pool.fetchrow("SELECT status, attempt, error FROM jobs WHERE id = $1", job["id"])
-        if (row["error"] and "lease" in row["error"]["message"]) or asyncio.get_running_loop().time() > deadline:
-            break
-        await asyncio.sleep(0.05)
+        return row if row["error"] and "lease" in row["error"]["message"] else None
+    row = await wait_until(expired, 120, "the lease's expiry recorded")
     assert row["error"] and "expired" in row["error"]["message"], dict(row)
     # The hypervisor answers again: the job (re)claimed by the same executor finishes, once.
     await sim._req("DELETE", "/faults")

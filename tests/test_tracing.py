@@ -28,7 +28,7 @@ from z9.common import store, tracing
 from z9.common.settings import Settings
 from z9.sim.server import SimServer
 
-from tests.support import REGION, SimAdmin, Stack, free_port
+from tests.support import REGION, SimAdmin, Stack, free_port, wait_until
 
 ASYNCPG_SCOPE = "opentelemetry.instrumentation.asyncpg"
 PHASES = ("observe", "plan", "apply", "verify")
@@ -110,12 +110,10 @@ def _server_span(exporter: InMemorySpanExporter, name: str) -> ReadableSpan:
 async def _job_spans(exporter: InMemorySpanExporter, job_id: str, count: int) -> list[ReadableSpan]:
     """The job spans of ``job_id`` by attempt, once ``count`` have ended (a job span ends just
     after its job's final write, so right after the API shows the job finished)."""
-    for _ in range(200):
+    def ended() -> list | None:
         found = [s for s in exporter.get_finished_spans() if s.attributes.get("job.id") == job_id]
-        if len(found) >= count:
-            return sorted(found, key=lambda s: s.attributes["job.attempt"])
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{len(found)} job span(s) of {job_id}, expected {count}")
+        return sorted(found, key=lambda s: s.attributes["job.attempt"]) if len(found) >= count else None
+    return await wait_until(ended, 10, f"{count} job span(s) of {job_id}")
 
 
 def _traceparent_trace_id(ctx: dict[str, Any] | None) -> int:
@@ -446,10 +444,10 @@ async def test_the_final_delete_continues_the_delete_request_trace(stack: Stack,
     assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
     status, out = await stack.call("DELETE", f"/servers/{server['id']}")
     assert status == 202, out
-    for _ in range(300):
-        if (await stack.server(server["id"]))["status"] == "deleted":
-            break
-        await asyncio.sleep(0.05)
+
+    async def ready() -> bool:
+        return bool((await stack.server(server["id"]))["status"] == "deleted")
+    await wait_until(ready, 20, '(await stack.server(server["id"]))["status"] == "deleted"')
     status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
     [final] = [j for j in jobs["jobs"] if j["kind"] == "ServerDelete"]
     assert final["status"] == "succeeded", final

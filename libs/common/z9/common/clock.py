@@ -9,6 +9,7 @@ snooze's limit, a token's expiry, a cache's age — reads it from a :class:`Cloc
   as a number (a job's memo);
 - :meth:`Clock.monotonic` — for intervals inside one process (``time.monotonic()``);
 - :meth:`Clock.sleep` — waits until that much of *this clock's* time has passed;
+- :meth:`Clock.wait_for` — waits for an ``asyncio.Event``, at most that much of this clock's time;
 - :meth:`Clock.db_now` — what the store passes as the ``now`` of its time-dependent queries
   (``coalesce($n::timestamptz, now())``, as River does): ``None`` for the real clock, so the
   database's own ``now()`` decides in production; the clock's time for a test clock, so the
@@ -18,13 +19,14 @@ snooze's limit, a token's expiry, a cache's age — reads it from a :class:`Cloc
 follows real time plus an offset the test moves forward with :meth:`TestClock.step` (sleepers of
 the clock wake at once when a step takes them past their end), or stands still after
 :meth:`TestClock.pin`. It never goes back: rows stamped by the database's own ``now()`` are never
-later than the test clock's time, so nothing looks younger than it is.
+later than the test clock's time, so nothing looks younger than it is — but for a clock pinned
+before such a row was written (pin once the rows a test starts from exist).
 """
 from __future__ import annotations
 
 import asyncio
 import time as _time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Protocol
 
 
@@ -36,6 +38,7 @@ class Clock(Protocol):
     def monotonic(self) -> float: ...
     def db_now(self) -> datetime | None: ...
     async def sleep(self, seconds: float) -> None: ...
+    async def wait_for(self, event: asyncio.Event, timeout: float) -> bool: ...
 
 
 class SystemClock:
@@ -55,6 +58,14 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    async def wait_for(self, event: asyncio.Event, timeout: float) -> bool:
+        """True once ``event`` is set, False after ``timeout`` seconds without it."""
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
 
 
 SYSTEM = SystemClock()
@@ -114,19 +125,34 @@ class TestClock:
         at = when.timestamp() if isinstance(when, datetime) else float(when)
         self.step(max(0.0, at - self.time() + 0.001))
 
+    def _step_event(self) -> asyncio.Event:
+        if self._stepped is None:
+            self._stepped = asyncio.Event()
+        return self._stepped
+
     async def sleep(self, seconds: float) -> None:
         end = self.monotonic() + seconds
         while (left := end - self.monotonic()) > 0:
-            if self._stepped is None:
-                self._stepped = asyncio.Event()
-            stepped = self._stepped
+            stepped = self._step_event()
             try:
                 await asyncio.wait_for(stepped.wait(), None if self._pinned_at is not None else left)
             except TimeoutError:
                 pass
         await asyncio.sleep(0)
 
-
-def as_datetime(seconds: float) -> datetime:
-    """Epoch ``seconds`` as an aware UTC ``datetime``."""
-    return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=seconds)
+    async def wait_for(self, event: asyncio.Event, timeout: float) -> bool:
+        """True once ``event`` is set, False once this clock has moved ``timeout`` seconds on
+        (running, or stepped) without it."""
+        end = self.monotonic() + timeout
+        while not event.is_set():
+            left = end - self.monotonic()
+            if left <= 0:
+                return False
+            waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._step_event().wait())]
+            try:
+                await asyncio.wait(waits, timeout=None if self._pinned_at is not None else left,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+        return True

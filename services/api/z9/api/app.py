@@ -303,7 +303,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None, clock: C
     ops = operations()
     app[OPENAPI] = openapi_document(ops, tag_descriptions={a.rtype.plural: a.tag_description
                                                            for a in RESOURCES if a.tag_description})
-    waiting.install(app, settings)
+    waiting.install(app, settings, clock)
     app[page_tokens.PAGE_KEYS] = page_tokens.PageKeys.from_settings(settings)
     tokens.install(app)
     # The query-parameter check reads the generated document: every route below is in it.
