@@ -66,8 +66,7 @@ async def _post_until_accepted(http: aiohttp.ClientSession, base: str, token: st
     """POST a server create, retried with one Idempotency-Key through 503s and resets until 202."""
     key = secrets.token_hex(8)
     body = {"name": name, "region": REGION, "image": "debian-12", "cores": 1, "memory_mib": 512, "disk_gib": 10}
-    deadline = time.monotonic() + deadline_s
-    while True:
+    async def accepted() -> dict[str, Any] | None:
         try:
             async with http.post(f"{base}/servers", json=body, headers={
                     "Authorization": f"Bearer {token}", "Idempotency-Key": key}) as r:
@@ -78,9 +77,8 @@ async def _post_until_accepted(http: aiohttp.ClientSession, base: str, token: st
                     raise AssertionError(f"POST /servers {name}: {r.status} {out}")
         except (aiohttp.ClientError, asyncio.TimeoutError):
             pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"POST /servers {name}: no 202 within {deadline_s}s")
-        await asyncio.sleep(0.2)
+        return None
+    return await wait_until(accepted, deadline_s, f"POST /servers {name} to be accepted (202)", interval_s=0.2)
 
 
 def _listen_lines(log: str, port: int) -> list[float]:
@@ -209,7 +207,10 @@ async def run(workdir: Path, base_settings: Settings, sim: SimAdmin, *, before: 
         if services is not None:
             for p in services.procs:
                 p.signal(15)
-            await asyncio.sleep(0.5)
+            try:  # their last lines in the logs
+                await wait_until(lambda: not any(p.alive() for p in services.procs), 5, "the services to exit")
+            except AssertionError:
+                pass
             fig.detail.append(services.logs()[-6000:] if fig.jobs_lost or fig.committed_rows_disappeared else "")
             services.close()
         standby.stop()

@@ -215,6 +215,21 @@ async def wait_until(predicate: Any, timeout_s: float, what: str, interval_s: fl
         await asyncio.sleep(interval_s)
 
 
+def poll_sync(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    """:func:`wait_until` for code outside an event loop (simulator clients, process helpers):
+    ``predicate()`` until truthy, returned; AssertionError naming ``what`` after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
 async def waiting_on_a_lock(db: Any, task: asyncio.Task | None = None) -> bool:
     """Whether a session of ``db``'s database waits on a lock now (or ``task`` is done already):
     what a test awaits instead of sleeping while another transaction runs into a lock."""

@@ -205,7 +205,7 @@ async def test_shutdown_hands_over_every_job_when_one_row_is_locked(pool: asyncp
     try:
         claimed = {j.id: j for j in await store.job_claim(ex.pool, ["r1"], 2, ex.owner, TTL)}
         for jid in ids:  # running, in seq order: the locked one first
-            ex.inflight[jid] = (asyncio.create_task(asyncio.sleep(60)),
+            ex.inflight[jid] = (asyncio.create_task(asyncio.Event().wait()),  # runs until cancelled
                                 JobContext(claimed[jid], ex.owner, ex.pool, None, ex.settings))  # type: ignore[arg-type]
         async with pool.acquire() as api:
             tr = api.transaction()

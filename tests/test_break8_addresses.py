@@ -192,20 +192,22 @@ async def test_the_last_free_ip_held_by_an_allocation_that_rolls_back_is_not_exh
     pid = out["address"]["id"]
     pool_id = await api.pool.fetchval("SELECT pool_id FROM addresses WHERE id = $1", pid)
 
-    async def held_then_rolled_back(hold_s: float) -> None:
+    async def held_then_rolled_back(hold_s: float, allocated: asyncio.Event) -> None:
         async with api.pool.acquire() as conn:
             tx = conn.transaction()
             await tx.start()
             got = await store.address_allocate(conn, pool_id=pool_id, tenant_id=api.tenant_id, kind="floating")
             assert got is not None and got.ip_text == "203.0.113.11"
+            allocated.set()
             await asyncio.sleep(hold_s)
             await tx.rollback()
 
     for path, body, key in (("/addresses", {"region": REGION}, "address"),
                             ("/servers", {"name": "s1", "region": REGION, "image": "debian-12", "cores": 1,
                                           "memory_mib": 512, "disk_gib": 10, "public_ipv4": True}, "server")):
-        holder = asyncio.create_task(held_then_rolled_back(0.3))
-        await asyncio.sleep(0.1)
+        allocated = asyncio.Event()
+        holder = asyncio.create_task(held_then_rolled_back(0.3, allocated))
+        await asyncio.wait_for(allocated.wait(), 20)  # the allocation in flight holds the last free IP
         status, out = await api.call("POST", path, json=body)
         await holder
         assert status == 202, (path, out)

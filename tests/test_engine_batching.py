@@ -239,13 +239,10 @@ def _settings(db_url: str, concurrency: int, poll_s: float = 60.0) -> Settings:
 
 
 async def _wait_done(pool: asyncpg.Pool, ids: list[str], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        n = await pool.fetchval("SELECT count(*) FROM jobs WHERE id = ANY($1) AND status = 'succeeded'", ids)
-        if n == len(ids):
-            return
-        assert time.monotonic() < deadline, f"{n} of {len(ids)} jobs succeeded"
-        await asyncio.sleep(0.02)
+    async def done() -> bool:
+        return await pool.fetchval("SELECT count(*) FROM jobs WHERE id = ANY($1) AND status = 'succeeded'",
+                                   ids) == len(ids)
+    await wait_until(done, timeout_s, f"{len(ids)} jobs to succeed", interval_s=0.02)
 
 
 async def test_executor_keeps_per_resource_order_with_batched_finishes(pool: asyncpg.Pool, db_url: str,
@@ -418,7 +415,13 @@ def test_the_one_statement_claim_says_what_job_claim_says() -> None:
     assert norm(copy) == norm(claim)
 
 
-async def test_an_executor_stopped_before_it_reached_the_database_exits_cleanly() -> None:
+def _failed_connects(caplog: pytest.LogCaptureFixture) -> int:
+    """The executor's failed connects so far (each then waits to retry)."""
+    return sum(1 for r in caplog.records if r.name == "z9.executor" and "database unreachable" in r.getMessage())
+
+
+async def test_an_executor_stopped_before_it_reached_the_database_exits_cleanly(
+        caplog: pytest.LogCaptureFixture) -> None:
     """n14user: SIGTERM while the database is unreachable ended the executor with a traceback
     (the connect retry re-raised once stopping). Now ``run()`` returns at once, without error."""
     from tests.support import free_port
@@ -426,7 +429,7 @@ async def test_an_executor_stopped_before_it_reached_the_database_exits_cleanly(
     ex = Executor(_settings(f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere", 2), ["r1"],
                   client_factory=lambda r: _NoClient())  # type: ignore[arg-type,return-value]
     task = asyncio.create_task(ex.run())
-    await asyncio.sleep(0.8)  # a failed connect or two, waiting to retry
+    await wait_until(lambda: _failed_connects(caplog), 20, "a failed connect, waiting to retry")
     assert not task.done()
     ex.stop()
     await asyncio.wait_for(task, 3)  # returns (no exception), well before the next retry's delay

@@ -687,9 +687,7 @@ async def test_a_delete_waits_for_the_running_create_of_its_server(api: Stack, s
         status, out = await api.call("DELETE", f"/servers/{s['id']}")
         assert status == 202, out
         stops[s["id"]] = out["job"]["id"]
-    deadline = asyncio.get_running_loop().time() + 30
-    while True:  # as long as a create runs, its server's delete job waits
-        assert asyncio.get_running_loop().time() < deadline, "the creates did not finish"
+    async def creates_done() -> bool:  # as long as a create runs, its server's delete job waits
         # one statement, one snapshot: a create's finish and its delete's claim commit together
         snap = {r["id"]: dict(r) for r in await pool.fetch(
             "SELECT * FROM jobs WHERE id = ANY($1)", [j["id"] for _, j in made] + list(stops.values()))}
@@ -697,9 +695,8 @@ async def test_a_delete_waits_for_the_running_create_of_its_server(api: Stack, s
         for create, stop in rows.values():
             if create["status"] != "succeeded":
                 assert stop["status"] == "pending" and stop["attempt"] == 0, (create, stop)
-        if all(c["status"] == "succeeded" for c, _ in rows.values()):
-            break
-        await asyncio.sleep(0.05)
+        return all(c["status"] == "succeeded" for c, _ in rows.values())
+    await wait_until(creates_done, 30, "the creates to finish")
 
     for s, _ in made:
         await wait_until(lambda: _server_status_is(api, s["id"], "deleted"), 30, f"server {s['id']} to be deleted")

@@ -29,7 +29,7 @@ from z9.common.store import NewJob
 from z9.executor import jobs as job_kinds
 from z9.executor.worker import Executor
 
-from tests.support import wait_until
+from tests.support import wait_until, waiting_on_a_lock
 
 FROZEN = r"""
 import asyncio, os, signal, sys
@@ -121,7 +121,10 @@ async def test_a_frozen_transaction_holding_a_row_lock_does_not_stall_other_jobs
     try:
         # The blocked job runs and reaches its finish first; then twelve unrelated jobs arrive.
         await wait_until(lambda: _status_is(pool, blocked, "running"), 15, "the first job claimed")
-        await asyncio.sleep(0.2)
+
+        async def finish_blocked() -> bool:  # its record waits on the frozen row lock (or gave up once already)
+            return (ex.finisher is not None and ex.finisher.blocked_retries >= 1) or await waiting_on_a_lock(pool)
+        await wait_until(finish_blocked, 15, "the first job's finish to run into the frozen row lock")
         t0 = time.monotonic()
         others = [await enqueue(f"srv_{i}") for i in range(1, 13)]
         async def unrelated_done() -> bool:

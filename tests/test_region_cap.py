@@ -299,19 +299,13 @@ async def test_a_dead_executors_slots_come_back(pool: asyncpg.Pool, db_url: str,
     assert len(dead) == 3
     executors = [Executor(_settings(db_url, 3, 4), ["r1"], owner=f"ex-{i}",
                           client_factory=lambda r: _NoClient()) for i in range(2)]  # type: ignore[arg-type,return-value]
-    sched = Scheduler(Settings(database_url=db_url))
-    sched.pool = pool
-
-    async def reclaim() -> None:
-        while True:
-            await asyncio.sleep(0.3)
-            await sched.run_once()
-
-    r = asyncio.create_task(reclaim())
+    sched = Scheduler(Settings(database_url=db_url, scheduler_interval_s=0.3))  # its own loop and pool
+    r = asyncio.create_task(sched.run())
     try:
         peak = await _drive(pool, executors, ids, 60, live_leases_only=True)
     finally:
-        r.cancel()
+        sched.stop()
+        await asyncio.wait_for(r, 30)
     assert peak <= 3 and sleeper.peak <= 3
     assert sleeper.done == set(ids)
     assert min(sleeper.starts) - claimed_at >= 0.8  # nothing ran before the dead leases expired

@@ -491,7 +491,8 @@ async def test_an_uneventful_attempt_is_not_exported_unless_sampled(stack: Stack
     Proxmox-call and query spans included) at ``trace_uneventful_ratio`` 0, and is exported whole,
     phases under its job span, at 1."""
     _, quiet = await _start_running_server(stack, "traced-quiet")
-    await asyncio.sleep(0.3)  # a job span ends just after its final write
+    # a job span ends just after its final write: once the executor's task of the job is over
+    await wait_until(lambda: quiet not in stack.services["executor"].inflight, 10, "the quiet attempt's task to end")
     assert not [s for s in spans.get_finished_spans() if s.attributes.get("job.id") == quiet]
     created = [s for s in spans.get_finished_spans() if s.name == "job ServerCreate"]
     assert len(created) == 1  # the create had something to do: exported

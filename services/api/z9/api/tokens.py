@@ -45,6 +45,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from z9.common import store
+from z9.common.clock import SYSTEM, Clock
 from z9.common.errors import BadRequest, Forbidden, NotFound, TooManyRequests, Unauthorized, ValidationFailed
 from z9.common.ids import id_pattern, is_id
 from z9.common.requestctx import ACTOR_TOKEN_ID
@@ -228,9 +229,10 @@ def _cached(app: web.Application, token: str) -> Principal | None:
 class _Toucher:
     """Writes ``last_used_at`` of the tokens used, all at once, every ``period_s`` seconds."""
 
-    def __init__(self, pool_of: Callable[[], Any], period_s: float):
+    def __init__(self, pool_of: Callable[[], Any], period_s: float, clock: Clock = SYSTEM):
         self.pool_of = pool_of
         self.period_s = period_s
+        self.clock = clock
         self.used: set[str] = set()
         self.writes = 0  # statements sent (tests)
         self._task: asyncio.Task[None] | None = None
@@ -246,7 +248,7 @@ class _Toucher:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.period_s)
+            await self.clock.sleep(self.period_s)
             await self.flush()
 
     async def flush(self) -> None:
@@ -254,7 +256,7 @@ class _Toucher:
             return
         ids, self.used = sorted(self.used), set()
         try:
-            await store.api_token_touch(self.pool_of(), ids, self.period_s / 2)
+            await store.api_token_touch(self.pool_of(), ids, self.period_s / 2, now=self.clock.db_now())
             self.writes += 1
         except Exception as e:  # last use is informative: never fail requests for it
             log.warning("could not record the last use of %d token(s): %s", len(ids), e)
@@ -473,7 +475,7 @@ def install(app: web.Application) -> None:
     app[PLATFORM_USERS] = platform_users(app[api.SETTINGS])
 
     async def ctx(app: web.Application) -> Any:
-        toucher = _Toucher(lambda: app[api.POOL], app[api.SETTINGS].api_token_last_used_s)
+        toucher = _Toucher(lambda: app[api.POOL], app[api.SETTINGS].api_token_last_used_s, api.clock_of(app))
         app[TOUCHER] = toucher
         toucher.start()
         yield
