@@ -131,6 +131,7 @@ def make_settings(db_url: str, sim_server: SimServer, **overrides: Any) -> Setti
         lease_ttl_s=5.0, heartbeat_s=1.0, poll_interval_s=1.0, task_poll_s=0.05, task_deadline_s=60,
         backoff_base_s=0.2, backoff_cap_s=2.0, scheduler_interval_s=0.1, reaper_interval_s=0.1,
         snooze_s=0.2, shutdown_grace_s=5.0, uncertain_window_s=1.0, lb_health_interval_s=2.0,
+        server_guest_poll_s=0.1,  # the simulator's guests boot in SIM_TIMING's guest_boot_s
         installation_key=TEST_INSTALLATION_KEY,
         api_rate_limit_per_s=0,  # tests poll jobs at 20 Hz, often several at once (tests/test_http.py tests the limits)
         api_auth_failures_per_s=0,  # tests send unknown tokens on purpose (tests/test_token_lineage.py tests it)

@@ -28,7 +28,11 @@ from z9.sim.server import SimServer
 REGION = "dev-1"
 TERMINAL = ("succeeded", "failed")
 SIM_TIMING: dict[str, Any] = {"task_default_s": 0.05, "task_seconds": {"qmclone": 0.2}, "stats_lag_s": 0.5,
-                              "auth_delay_s": 0.0}  # PVE delays a 401 by 3 s; the tests do not wait for it
+                              "auth_delay_s": 0.0,  # PVE delays a 401 by 3 s; the tests do not wait for it
+                              # a guest boots and runs cloud-init in 0.2 s each (the simulator's default: 1 s
+                              # each, which every server create of the suite waited out); a test about a
+                              # slow guest configures its own
+                              "guest_boot_s": 0.2, "cloud_init_s": 0.2}
 
 
 def with_database(url: str, database: str) -> str:

@@ -362,6 +362,9 @@ class Settings(BaseSettings):
         "How long one claim of that job waits for the guest before it snoozes (its attempt given back, "
         "its executor slot free for other jobs) and looks again: guests that never boot do not hold "
         "the region's executor slots."))
+    server_guest_poll_s: float = Field(1.0, gt=0, description=(
+        "How often that wait asks the guest agent again while the guest is not up (each ask is a request "
+        "through pveproxy)."))
 
     # scheduler, reaper, retention
     scheduler_interval_s: float = Field(1.0, gt=0)

@@ -89,7 +89,8 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
             raise TemporaryError(f"VM {vm.vmid}: the guest is not up after {ctx.settings.server_guest_ready_s:.0f}s: {last}")
         if ctx.clock.monotonic() > slot_end:
             raise Snooze(f"VM {vm.vmid}: {last}; looked into again in {GUEST_SNOOZE_S:.0f}s", delay_s=GUEST_SNOOZE_S)
-        await asyncio.sleep(1.0)  # the agent is not up yet (booting): each try is a request through pveproxy
+        # the agent is not up yet (booting): each try is a request through pveproxy; a real guest, real time
+        await asyncio.sleep(ctx.settings.server_guest_poll_s)
 
 
 async def _guest_once(ctx: JobContext, spec: VmSpec, vm: VmState) -> str:
