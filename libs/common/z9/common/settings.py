@@ -78,7 +78,7 @@ class AddressPoolSettings(BaseModel):
     out again for ``quarantine_s`` seconds.
     """
 
-    model_config = {"extra": "forbid"}
+    model_config = {"extra": "forbid", "frozen": True}
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     cidr: IPNetwork
@@ -156,6 +156,8 @@ class RegionSettings(BaseModel):
     no cap, and the claim does none of that. Every executor of the region must carry the same value.
     """
 
+    model_config = {"frozen": True}
+
     url: str
     token_id: str = "root@pam!z9"
     # The token's secret — only the executor uses it (docs/settings.md, "Which service needs which
@@ -186,15 +188,17 @@ class RegionSettings(BaseModel):
     # 100.64/10 (shared), 198.18/15 (benchmarking) and every non-global range are refused.
     lb_target_private_networks: list[IPNetwork] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _secret_from_file(self) -> "RegionSettings":
+    @model_validator(mode="before")
+    @classmethod
+    def _secret_from_file(cls, data: object) -> object:
         """``token_secret`` read from ``token_secret_file`` when only the file is named and this
-        process has it (the executor); left unset otherwise."""
-        if self.token_secret is None and self.token_secret_file is not None:
-            secret = read_secret_file(self.token_secret_file)
+        process has it (the executor); left unset otherwise (before validation: the model is
+        frozen)."""
+        if isinstance(data, dict) and data.get("token_secret") is None and data.get("token_secret_file"):
+            secret = read_secret_file(Path(data["token_secret_file"]))
             if secret is not None:
-                self.token_secret = SecretStr(secret)
-        return self
+                data = {**data, "token_secret": secret}
+        return data
 
     def require_token_secret(self, region: str) -> str:
         """The token secret; ValueError naming the setting when this process was given none."""
@@ -229,7 +233,9 @@ class RegionSettings(BaseModel):
 class Settings(BaseSettings):
     """Every z9 setting. Units are in the names (``_s`` seconds, ``_mib`` MiB)."""
 
-    model_config = SettingsConfigDict(env_prefix="Z9_", extra="ignore")
+    # frozen: built once per process (a test: once per test, other values by model_copy) and
+    # shared by everything in it, so nothing may change it under the services reading it
+    model_config = SettingsConfigDict(env_prefix="Z9_", extra="ignore", frozen=True)
 
     # Pooled queries of every service (may go through PgBouncer). Several hosts for HA:
     # postgresql://z9@db1:5432,db2:5432/z9?target_session_attrs=read-write
@@ -356,6 +362,9 @@ class Settings(BaseSettings):
         "How long one claim of that job waits for the guest before it snoozes (its attempt given back, "
         "its executor slot free for other jobs) and looks again: guests that never boot do not hold "
         "the region's executor slots."))
+    server_guest_poll_s: float = Field(1.0, gt=0, description=(
+        "How often that wait asks the guest agent again while the guest is not up (each ask is a request "
+        "through pveproxy)."))
 
     # scheduler, reaper, retention
     scheduler_interval_s: float = Field(1.0, gt=0)
@@ -393,12 +402,19 @@ class Settings(BaseSettings):
             raise ValueError(problem)
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _installation_key_from_file(cls, data: object) -> object:
+        """``installation_key`` read from ``installation_key_file`` when only the file is named
+        and this process has it (before validation: the model is frozen)."""
+        if isinstance(data, dict) and data.get("installation_key") is None and data.get("installation_key_file"):
+            key = read_secret_file(Path(data["installation_key_file"]))
+            if key is not None:
+                data = {**data, "installation_key": key}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "Settings":
-        if self.installation_key is None and self.installation_key_file is not None:
-            key = read_secret_file(self.installation_key_file)
-            if key is not None:
-                self.installation_key = SecretStr(key)
         if self.database_pooler == "transaction" and self.database_direct_url in (None, "", self.database_url):
             raise ValueError("Z9_DATABASE_POOLER=transaction needs Z9_DATABASE_DIRECT_URL: a connection string "
                              "straight to PostgreSQL (or a session pooler) for the LISTEN connections and "

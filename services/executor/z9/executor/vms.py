@@ -498,7 +498,7 @@ async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
             vm = await find_one_vm(ctx, spec.owner, spec.member)
         since = clone_uncertain_since(requests) if vm is None else None
         if since is not None:
-            in_flight = max(0.0, since + ctx.settings.uncertain_window_s - time.time())
+            in_flight = max(0.0, since + ctx.settings.uncertain_window_s - ctx.clock.time())
     template, disk, shared, tpl_config = None, None, False, None
     if vm is None:
         tpl = await find_template(ctx, spec.image)
@@ -942,9 +942,9 @@ async def verify_removed(ctx: JobContext, owner: str) -> None:
     requests = await clone_requests(ctx, owner)
     since = clone_uncertain_since(requests)
     if since is not None:
-        wait = since + ctx.settings.uncertain_window_s - time.time()
+        wait = since + ctx.settings.uncertain_window_s - ctx.clock.time()
         if wait > 0:
-            raise Snooze(f"a clone request sent {time.time() - since:.0f}s ago got no answer and may still "
+            raise Snooze(f"a clone request sent {ctx.clock.time() - since:.0f}s ago got no answer and may still "
                          f"be performed; checking again in {wait:.0f}s", delay_s=min(wait, 30.0))
     # each VM the snapshot names is confirmed on its node; "none left" needs a listing newer than the claim
     left = await find_vms(ctx, owner)

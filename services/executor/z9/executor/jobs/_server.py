@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import yaml
@@ -72,9 +71,9 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
         return
     since = ctx.memo.get("guest_look_since")
     if since is None:
-        since = time.time()
+        since = ctx.clock.time()
         await ctx.remember(guest_look_since=since)
-    slot_end = time.monotonic() + ctx.settings.server_guest_slot_s
+    slot_end = ctx.clock.monotonic() + ctx.settings.server_guest_slot_s
     last = "its guest agent does not answer yet"
     while True:
         ctx.touch()
@@ -86,11 +85,12 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
             raise
         except TemporaryError as e:
             last = str(e)
-        if time.time() - float(since) > ctx.settings.server_guest_ready_s:
+        if ctx.clock.time() - float(since) > ctx.settings.server_guest_ready_s:
             raise TemporaryError(f"VM {vm.vmid}: the guest is not up after {ctx.settings.server_guest_ready_s:.0f}s: {last}")
-        if time.monotonic() > slot_end:
+        if ctx.clock.monotonic() > slot_end:
             raise Snooze(f"VM {vm.vmid}: {last}; looked into again in {GUEST_SNOOZE_S:.0f}s", delay_s=GUEST_SNOOZE_S)
-        await asyncio.sleep(1.0)  # the agent is not up yet (booting): each try is a request through pveproxy
+        # the agent is not up yet (booting): each try is a request through pveproxy; a real guest, real time
+        await asyncio.sleep(ctx.settings.server_guest_poll_s)
 
 
 async def _guest_once(ctx: JobContext, spec: VmSpec, vm: VmState) -> str:
