@@ -304,6 +304,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         _say(f"""
 z9 is running.
   API:        {api}
+  console:    http://127.0.0.1:{args.port}/console/  (sign in with the token below)
   token:      {token}   (also in {data_dir / 'dev-token'})
   simulator:  https://127.0.0.1:{sim_port}  (region {REGION}; admin API under /_sim/; also in {data_dir / 'sim-url'})
   database:   {url}   (also in {data_dir / 'database-url'})
