@@ -4,7 +4,8 @@
 - **Signing in.** ``POST /console/session {"token"}`` checks the API token and answers it in an
   ``HttpOnly``, ``SameSite=Strict`` cookie (``Secure`` when the request came over HTTPS, or
   through a proxy saying ``X-Forwarded-Proto: https``), never readable by the page's scripts;
-  ``GET /console/session`` tells the page who it is (tenant, scopes) and its CSRF token;
+  ``GET /console/session`` tells the page who it is (tenant, scopes) and its CSRF token
+  (``{"signed_in": false}`` without a valid cookie);
   ``DELETE /console/session`` signs out (the cookie is cleared).
 - **CSRF.** A ``/v1`` request authenticated by the cookie (no ``Authorization`` header) that is
   not a GET must carry ``X-CSRF-Token``: an HMAC of the session's token, so only a page that
@@ -121,7 +122,7 @@ async def sign_in(request: web.Request) -> web.Response:
         if failures.enabled:
             failures.take(tokens.client_key(request.remote))
         raise tokens.unauthorized("unknown, expired or revoked API token")
-    resp = web.json_response(_session_body(p, token), headers=_headers())
+    resp = web.json_response({"signed_in": True, **_session_body(p, token)}, headers=_headers())
     resp.set_cookie(COOKIE, token, httponly=True, samesite="Strict", secure=_scheme(request) == "https", path="/")
     return resp
 
@@ -131,9 +132,9 @@ async def session(request: web.Request) -> web.Response:
 
     token = request.cookies.get(COOKIE)
     p = await _who(request, token) if token else None
-    if p is None:
-        raise tokens.unauthorized("not signed in")
-    return web.json_response(_session_body(p, token), headers=_headers())  # type: ignore[arg-type]
+    if p is None:  # 200, not 401: a page not yet signed in is no error
+        return web.json_response({"signed_in": False}, headers=_headers())
+    return web.json_response({"signed_in": True, **_session_body(p, token)}, headers=_headers())  # type: ignore[arg-type]
 
 
 async def sign_out(request: web.Request) -> web.Response:

@@ -204,6 +204,7 @@ async function route() {
   try {
     if (!state.session && parts[0] !== "sign-in") {
       try { state.session = await api("GET", "/console/session"); } catch { state.session = null; }
+      if (state.session && !state.session.signed_in) state.session = null;
       if (!state.session) return go("/sign-in", true);
       renderNav(parts[0] || "");
     }
