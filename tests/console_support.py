@@ -125,8 +125,14 @@ def _metrics_base() -> int:
 
 
 def dev_stack(tmp: Path, **env_extra: str) -> Iterator[DevStack]:
-    """`z9 dev` on free ports in ``tmp``; stopped (Ctrl-C) after the tests."""
-    data_dir, port = tmp / ".z9", free_port()
+    """`z9 dev` on free ports in a directory of its own; stopped (Ctrl-C) after the tests. (Not in
+    pytest's ``tmp`` itself: run as root, the embedded PostgreSQL runs as ``embedded_postgres``,
+    which cannot enter pytest's 0700 directories.)"""
+    import tempfile
+
+    own = Path(tempfile.mkdtemp(prefix="z9-console-", dir=tmp if os.getuid() != 0 else None))
+    own.chmod(0o755)
+    data_dir, port = own / ".z9", free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("Z9_")}
     env.update(env_extra)
     proc = subprocess.Popen([sys.executable, "-m", "z9", "dev", "--data-dir", str(data_dir), "--port", str(port),
@@ -160,6 +166,7 @@ def dev_stack(tmp: Path, **env_extra: str) -> Iterator[DevStack]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def browser() -> Iterator[Any]:
