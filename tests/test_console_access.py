@@ -91,3 +91,27 @@ def test_a_cookie_post_without_the_csrf_token_is_refused(stack: DevStack, chromi
     # the sign-out itself needs the CSRF token
     r = page.context.request.delete(stack.base + "/console/session")
     assert r.status == 403
+
+
+def test_the_session_cookie_is_secure_over_https_and_never_for_a_bad_token(stack: DevStack) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    def sign_in_call(token: str, **headers: str) -> tuple[int, str]:
+        req = urllib.request.Request(stack.base + "/console/session", data=json.dumps({"token": token}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json", **headers})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.headers.get("Set-Cookie", "")
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("Set-Cookie", "") or ""
+
+    status, cookie = sign_in_call(stack.token, **{"X-Forwarded-Proto": "https"})
+    assert status == 200 and "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Secure" in cookie, cookie
+    status, cookie = sign_in_call(stack.token)
+    assert status == 200 and "Secure" not in cookie  # plain http (z9 dev): a Secure cookie would never come back
+    status, cookie = sign_in_call("z9t_forged")
+    assert status == 401 and cookie == ""
+    status, cookie = sign_in_call(stack.token, Origin="https://evil.example")
+    assert status == 403 and cookie == ""

@@ -48,8 +48,8 @@ def test_load_balancer_from_the_console_reaches_healthy(stack: DevStack, chromiu
     page.fill("[name=name]", name)
     page.fill("[name=region]", "dev-1")
     page.fill("[name=services]", json.dumps([{"protocol": "tcp", "listen_port": 80, "destination_port": 8080,
-                                              "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 2,
-                                                               "timeout_s": 1, "retries": 2}}]))
+                                              "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 3,
+                                                               "timeout_s": 2, "retries": 2}}]))
     page.fill("[name=targets]", json.dumps([{"type": "server", "server_id": web}]))
     page.click("button:has-text('Create')")
     page.wait_for_selector(f"h1:has-text('{name}')")
@@ -75,7 +75,7 @@ def test_cluster_from_the_console_runs_and_its_kubeconfig_downloads(stack: DevSt
     page.fill("[name=name]", name)
     page.fill("[name=region]", "dev-1")
     page.select_option("[name=version]", "1.33")
-    page.fill("[name='control_plane.count']", "1")
+    page.select_option("[name='control_plane.count']", "1")
     page.fill("[name='control_plane.cores']", "2")
     page.fill("[name='control_plane.memory_mib']", "4096")
     page.fill("[name='control_plane.disk_gib']", "30")
@@ -90,5 +90,5 @@ def test_cluster_from_the_console_runs_and_its_kubeconfig_downloads(stack: DevSt
         page.click("[data-action=kubeconfig]")
     path = dl.value.path()
     text = open(path).read()
-    assert "apiVersion: v1" in text and "client-certificate-data" in text and f"z9-{name}" in text
+    assert "apiVersion: v1" in text and "client-certificate-data" in text and name in text
     assert page.console_errors == [], page.console_errors

@@ -37,7 +37,7 @@ def test_operator_routes_need_the_operator_scope(stack: DevStack) -> None:
 
 def test_operator_sees_a_retrying_job_and_cancels_it(stack: DevStack, chromium: Any, operator_token: str) -> None:
     fault = stack.sim("POST", "/faults", {"method": "POST", "path": ".*/clone$", "action": "error", "status": 503,
-                                          "reason": "Service Unavailable"})
+                                          "reason": "Service Unavailable", "probability": 1.0})  # every time
     try:
         status, out = stack.api("POST", "servers", {"name": f"stuck-{time.time_ns() % 10**8}", "region": "dev-1",
                                                     "image": "debian-12", "cores": 1, "memory_mib": 1024,
@@ -45,9 +45,11 @@ def test_operator_sees_a_retrying_job_and_cancels_it(stack: DevStack, chromium: 
         assert status == 202, out
         job_id = out["job"]["id"]
         deadline = time.monotonic() + 300
-        while stack.api("GET", f"jobs/{job_id}")[1]["status"] != "retry":
-            assert time.monotonic() < deadline, "the job never retried"
-            stack.api("GET", f"jobs/{job_id}?wait_s=5")
+        while True:
+            code, job = stack.api("GET", f"jobs/{job_id}?wait_s=5")
+            if code == 200 and job["status"] == "retry":
+                break
+            assert time.monotonic() < deadline, ("the job never retried", code, job)
         # the API: every tenant's jobs, the retrying one first; the region's live counts
         status, listed = stack.api("GET", "operator/jobs?region=dev-1", token=operator_token)
         assert status == 200 and listed["jobs"][0]["status"] in ("retry", "pending", "running")

@@ -33,7 +33,17 @@ def seed(stack: DevStack) -> dict[str, str]:
                                                   "server_id": server})
     assert status == 202, adr
     stack.wait_job(adr["job"]["id"])
-    return {"server": server, "job": job["id"], "address": adr["address"]["id"]}
+    # and a job retrying in the region (the simulator refuses every clone), for the operator's view
+    stack.sim("POST", "/faults", {"method": "POST", "path": ".*/clone$", "action": "error", "status": 503,
+                                  "reason": "Service Unavailable", "probability": 1.0})
+    status, stuck = stack.api("POST", "servers", {"name": f"stuck-{time.time_ns() % 10**6}", "region": "dev-1",
+                                                  "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10})
+    assert status == 202, stuck
+    deadline = time.monotonic() + 300
+    while stack.api("GET", f"jobs/{stuck['job']['id']}?wait_s=5")[1].get("status") != "retry":
+        assert time.monotonic() < deadline, "the stuck job never retried"
+    return {"server": server, "job": job["id"], "address": adr["address"]["id"], "stuck": stuck["server"]["id"],
+            "stuck_job": stuck["job"]["id"]}
 
 
 def pages(ids: dict[str, str]) -> list[tuple[str, str]]:
@@ -43,7 +53,7 @@ def pages(ids: dict[str, str]) -> list[tuple[str, str]]:
             ("load-balancers", "load-balancers"), ("load-balancer-create", "load-balancers/new"),
             ("clusters", "clusters"), ("cluster-create", "clusters/new"), ("jobs", "jobs"), ("job", f"jobs/{ids['job']}"),
             ("tokens", "tokens"), ("quota", "quota"), ("operator", "operator"),
-            ("operator-job", f"operator/jobs/{ids['job']}")]
+            ("operator-job", f"operator/jobs/{ids['stuck_job']}"), ("retrying", f"servers/{ids['stuck']}")]
 
 
 def settle(page: Any) -> None:
