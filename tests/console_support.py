@@ -141,7 +141,7 @@ def dev_stack(tmp: Path, **env_extra: str) -> Iterator[DevStack]:
                                  "--metrics-port", str(_metrics_base()), "--task-seconds", "0.3"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         seen: list[str] = []
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 480
         while time.monotonic() < deadline:
             line = proc.stdout.readline()  # type: ignore[union-attr]
             if not line and proc.poll() is not None:
