@@ -24,11 +24,11 @@ from tests.console_support import DevStack, browser, dev_stack, new_page, sign_i
 def seed(stack: DevStack) -> dict[str, str]:
     """A server (running), a floating address on it and their jobs: something on every page."""
     status, out = stack.api("POST", "servers", {"name": f"web-{time.time_ns() % 10**6}", "region": "dev-1",
-                                                "image": "debian-12", "cores": 2, "memory_mib": 2048, "disk_gib": 20,
-                                                "labels": {"env": "prod"}})
+                                                "image": "debian-12", "cores": 2, "memory_mib": 2048, "disk_gib": 20})
     assert status == 202, out
     job = stack.wait_job(out["job"]["id"])
     server = out["server"]["id"]
+    assert stack.api("PATCH", f"servers/{server}", {"labels": {"env": "prod", "tier": "web"}})[0] == 200
     status, adr = stack.api("POST", "addresses", {"region": "dev-1", "name": f"www-{time.time_ns() % 10**6}",
                                                   "server_id": server})
     assert status == 202, adr
