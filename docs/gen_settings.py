@@ -78,6 +78,7 @@ DESCRIPTIONS: dict[str, str] = {
     "api_host": "Bind address of `z9 api`.",
     "api_port": "Port of `z9 api` (it also serves `GET /metrics` there).",
     "api_token_cache_s": "How long an API process remembers a valid token's tenant (a revoked token keeps working up to this long); 0: no cache.",
+    "tracing_ui_url": "The tracing UI a job's trace id links to in the console's operator view and in `GET /v1/operator/jobs/{id}` (`trace_url`): a URL holding `{trace_id}`, e.g. Jaeger's `http://127.0.0.1:16686/trace/{trace_id}`. Unset: no link.",
     "api_token_last_used_s": "How often an API process writes the last use of the tokens it saw (one write for all of them, not one per request); `GET /v1/tokens` shows last use this coarsely.",
     "api_rate_limit_per_s": "Rate limit per tenant and API process (every token of a tenant spends from one bucket: a new token brings no new requests): requests per second refilling the bucket; 0 turns rate limiting off. Over it: 429 with `Retry-After` and `RateLimit` headers.",
     "api_rate_limit_burst": "Rate limit per tenant and API process: the bucket's size (requests allowed at once).",

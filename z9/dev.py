@@ -63,7 +63,9 @@ def _port_busy(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 30) -> None:
+def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 120) -> None:
+    # a child still alive is still starting: on a loaded machine (a CI running test files in
+    # parallel, each with its own stack) importing the API alone has taken over 30 s
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -304,6 +306,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         _say(f"""
 z9 is running.
   API:        {api}
+  console:    http://127.0.0.1:{args.port}/console/  (sign in with the token below)
   token:      {token}   (also in {data_dir / 'dev-token'})
   simulator:  https://127.0.0.1:{sim_port}  (region {REGION}; admin API under /_sim/; also in {data_dir / 'sim-url'})
   database:   {url}   (also in {data_dir / 'database-url'})

@@ -1274,3 +1274,31 @@ SELECT j.id, j.kind FROM jobs j JOIN jobs me ON me.id = $1
 WHERE j.resource_id = me.resource_id AND j.seq > me.seq AND j.kind = ANY($2::text[])
 ORDER BY j.seq
 LIMIT 1;
+
+-- ---------------------------------------------------------------- operator views (GET /v1/operator/…)
+
+-- name: job_list_operator
+-- Every tenant's jobs: $1 region, $2 kind, $3 status, $4 tenant (each NULL: any), $5 the limit, $6 kinds
+-- left out. The live ones first — retry, then pending, then running, each oldest first — then the
+-- finished ones, newest first.
+SELECT * FROM jobs
+WHERE ($1::text IS NULL OR region = $1) AND ($2::text IS NULL OR kind = $2)
+  AND ($3::text IS NULL OR status::text = $3) AND ($4::text IS NULL OR tenant_id = $4)
+  AND NOT (kind = ANY($6::text[]))
+ORDER BY CASE status::text WHEN 'retry' THEN 0 WHEN 'pending' THEN 1 WHEN 'running' THEN 2 ELSE 3 END,
+         CASE WHEN status::text IN ('retry', 'pending', 'running') THEN seq END,
+         seq DESC
+LIMIT $5;
+
+-- name: job_live_counts_by_region
+-- The live jobs of every region by status, with the oldest pending one's creation.
+SELECT region, status::text AS status, count(*)::int AS n, min(created_at) AS oldest
+FROM jobs WHERE status IN ('pending', 'retry', 'running')
+GROUP BY region, status;
+
+-- name: job_list_guard_refusals
+-- Jobs the deletion guard refused (the executor marks their error `refused`), newest first.
+SELECT * FROM jobs
+WHERE status = 'failed' AND (error ->> 'refused') = 'true' AND ($1::text IS NULL OR region = $1)
+ORDER BY seq DESC
+LIMIT $2;

@@ -276,6 +276,9 @@ class Settings(BaseSettings):
     # A token's last use (GET /v1/tokens) is written at most once per this many seconds per API
     # process, for all tokens used meanwhile in one statement: never a write per request.
     api_token_last_used_s: float = Field(60.0, gt=0)
+    # The tracing UI a job's trace id links to in the console's operator view: a URL with
+    # `{trace_id}` in it (Jaeger: http://127.0.0.1:16686/trace/{trace_id}). Unset: no link.
+    tracing_ui_url: str | None = Field(None, pattern=r"^https?://.*\{trace_id\}")
     # Rate limit per tenant (all its tokens share one bucket) and API process: a bucket of this
     # many requests, refilled at this rate (requests per second); 0 turns it off. Over it: 429
     # with Retry-After.

@@ -1000,6 +1000,27 @@ async def job_cancel(db: DB, job_id: str, tenant_id: str, error: dict[str, Any])
     return Job.from_record(row) if row else None
 
 
+# ---------------------------------------------------------------- operator views
+
+async def job_list_operator(db: DB, *, region: str | None = None, kind: str | None = None, status: str | None = None,
+                            tenant_id: str | None = None, limit: int = 100,
+                            exclude_kinds: Iterable[str] = ()) -> list[Job]:
+    """Every tenant's jobs, live ones first (retry, pending, running; oldest first), then the
+    finished ones newest first (``job_list_operator``)."""
+    rows = await db.fetch(q("job_list_operator"), region, kind, status, tenant_id, limit, sorted(exclude_kinds))
+    return [Job.from_record(r) for r in rows]
+
+
+async def job_live_counts_by_region(db: DB) -> list[dict[str, Any]]:
+    """``[{region, status, n, oldest}]`` of the live jobs."""
+    return [dict(r) for r in await db.fetch(q("job_live_counts_by_region"))]
+
+
+async def job_list_guard_refusals(db: DB, *, region: str | None = None, limit: int = 100) -> list[Job]:
+    """The jobs the deletion guard refused, newest first."""
+    return [Job.from_record(r) for r in await db.fetch(q("job_list_guard_refusals"), region, limit)]
+
+
 # ---------------------------------------------------------------- clusters (issue 11)
 
 async def cluster_insert(db: DB, *, cluster_id: str, tenant_id: str, region: str, name: str, version: str,

@@ -28,8 +28,8 @@ from z9.common.settings import Settings
 
 from .connections import RateLimitedLog
 from . import page_tokens
-from . import (addresses, catalog, clusters, job_actions, load_balancers, middleware, quotas, schemas, servers, tokens,
-               waiting)
+from . import (addresses, catalog, console, clusters, job_actions, load_balancers, middleware, operator, quotas, schemas, servers,
+               tokens, waiting)
 from .openapi import openapi_document
 from .resources import (CLOCK, NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, bool_param, dump,
                         limit_param, resource_operations, tenant)
@@ -239,6 +239,7 @@ def operations() -> list[Operation]:
                   {200: schemas.Job, 400: None, 401: None, 404: None}, query=JobGetQuery,
                   path_id="the job's id (job_…)", example=JOB_EXAMPLE),
         *job_actions.operations(JOB_EXAMPLE),
+        *operator.operations(JOB_EXAMPLE),
         *catalog.operations(),
         quotas.operation(),
         Operation("POST", "/tokens", tokens.create_token, "createToken",
@@ -309,6 +310,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None, clock: C
     # The query-parameter check reads the generated document: every route below is in it.
     middleware.install(app, settings, app[OPENAPI])
     app.router.add_get("/healthz", healthz)
+    console.install(app)
     app.router.add_get("/v1/openapi.json", openapi)
     for op in ops:
         if op.method == "GET":  # answers HEAD too (as aiohttp's add_get), so a 405's Allow lists it

@@ -296,9 +296,15 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     the jobs the request makes; platform details hidden from tokens without ``operator``."""
     if not request.path.startswith("/v1/") or request.path == "/v1/openapi.json":
         return await handler(request)
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    token = token.strip()
+    from . import console
+
+    via_cookie = console.cookie_token(request)
+    if via_cookie is not None:  # the web console's session (z9.api.console): CSRF-checked below
+        scheme, token = "bearer", via_cookie.strip()
+    else:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
     failures = request.app[AUTH_FAILURES]
@@ -326,6 +332,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 dead.clear()
             dead.add(digest)
         raise unauthorized("unknown, expired or revoked API token")
+    if via_cookie is not None and request.method not in READ_METHODS:
+        console.check_csrf(request, token)
     request[PRINCIPAL] = principal
     request[api.TENANT] = principal.tenant_id
     ACTOR_TOKEN_ID.set(principal.token_id)
