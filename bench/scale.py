@@ -120,6 +120,17 @@ async def start_sim(procs: Procs, region: str, vms: int, nodes: int) -> dict[str
             "verify_ssl": cert, "images": ["debian-12"]}
 
 
+def breakdown(counters: list[dict[str, Any]], creates: int) -> dict[str, float]:
+    """``{"METHOD /path/template": requests per create}`` over every simulator, most first (the
+    ``/_sim/…`` admin calls are not requests z9 sent and are not counted by the simulator)."""
+    per: dict[str, int] = {}
+    for c in counters:
+        for x in c["requests"]:
+            key = f"{x['method']} {x['path']}"
+            per[key] = per.get(key, 0) + int(x["count"])
+    return {k: round(v / max(creates, 1), 2) for k, v in sorted(per.items(), key=lambda kv: (-kv[1], kv[0]))}
+
+
 async def sim_counters(url: str) -> dict[str, Any]:
     async with aiohttp.ClientSession() as s:
         async with s.get(url + "/_sim/state", ssl=False) as r:
@@ -248,6 +259,8 @@ async def run_size(admin_dsn: str, args: argparse.Namespace, vms: int) -> dict[s
                     "creates": n, "failed": sum(1 for r in rows if r["status"] != "succeeded"), "duplicates": dup,
                     "seconds": round(end - t0, 2), "jobs_per_s": round(len(done) / max(end - t0, 1e-9), 2),
                     "pve_requests_per_job": round(total / max(n, 1), 2),
+                    # the per-create breakdown: every endpoint's requests / creates
+                    "pve_requests_per_job_by_endpoint": breakdown(counters, n),
                     "lists_per_job": round(reqs(lambda x: x["path"] == "/cluster/resources") / max(n, 1), 3),
                     "clone_requests_per_job": round(reqs(lambda x: x["method"] == "POST" and x["path"].endswith("/clone"))
                                                     / max(n, 1), 3),

@@ -60,6 +60,7 @@ ENDPOINTS = (
     "GET /nodes/{node}/qemu/{vmid}/config", "GET /nodes/{node}/qemu/{vmid}/status/current",
     "GET /nodes/{node}/tasks/{upid}/status", "GET /nodes/{node}/tasks/{upid}/log",
     "POST /nodes/{node}/qemu/{vmid}/clone", "POST /nodes/{node}/qemu/{vmid}/config",
+    "PUT /nodes/{node}/qemu/{vmid}/config",
     "PUT /nodes/{node}/qemu/{vmid}/resize", "POST /nodes/{node}/qemu/{vmid}/status/start",
     "POST /nodes/{node}/qemu/{vmid}/status/shutdown", "POST /nodes/{node}/qemu/{vmid}/status/stop",
     "POST /nodes/{node}/qemu/{vmid}/status/reboot", "POST /nodes/{node}/qemu/{vmid}/migrate",
@@ -352,6 +353,10 @@ FIRST_POLL_MAX_S = 5.0
 #: vmids are handed out per process in lanes (vmid mod VMID_LANES), see ProxmoxClient.pick_vmid.
 VMID_LANES = 32
 VMID_ASKED_TTL_S = 300.0
+#: how long a ``/cluster/nextid`` answer serves as the floor of pick_vmid (seconds): it is only the
+#: floor (the candidates above it are checked against the shared snapshot and a clone to a taken id
+#: is refused, a definite answer), so one request a process per this long, not one per create
+NEXTID_TTL_S = 30.0
 VMID_MAX = 999_999_999
 
 
@@ -468,8 +473,11 @@ class ProxmoxClient:
                                 settings.resources_snapshot_create_s)
         self._vmid_lane = random.SystemRandom().randrange(VMID_LANES)
         self._vmids_asked: dict[int, float] = {}
+        self._nextid: tuple[float, int] | None = None  # (read at, /cluster/nextid's answer)
         # how long each type of task took lately (seconds; the first poll of the next one waits so long)
         self._task_s: dict[str, float] = {}
+        # how long each learned guest command took lately (seconds): see agent_exec
+        self._exec_s: dict[str, float] = {}
         # templates PVE refused to clone to another node ("VM uses local storage"): cloned on their
         # own node and migrated since (a process-long fact: a template's disks do not move)
         self.local_templates: set[int] = set()
@@ -654,9 +662,16 @@ class ProxmoxClient:
         drew the same lane (1 in 32 per pair): then each create the pair has in flight in that lane
         collides once before the loser's next pick moves to a new lane. A collision is still only a
         refused request (a definite answer, nothing cloned): the caller picks again, never
-        adopting that VM."""
-        base = await self.next_id()
+        adopting that VM.
+
+        The floor is ``nextid`` read at most :data:`NEXTID_TTL_S` ago (and read again after a
+        refusal): it keeps z9 at or above the operator's ``next-id: lower=`` (datacenter.cfg, which
+        PVE's nextid honours) and below the ids of the whole cluster's newest guests; which ids
+        above it are free the snapshot says, and the clone itself decides."""
         now = time.monotonic()
+        if self._nextid is None or now - self._nextid[0] >= NEXTID_TTL_S:
+            self._nextid = (now, await self.next_id())
+        base = self._nextid[1]
         if len(self._vmids_asked) > 256:
             self._vmids_asked = {v: t for v, t in self._vmids_asked.items() if now - t < VMID_ASKED_TTL_S}
         known = self.view.latest.vmids if self.view.latest is not None else frozenset()
@@ -673,6 +688,7 @@ class ProxmoxClient:
         picks in this lane too, so draw a new lane (two processes collide about once, then part)."""
         self._vmids_asked[vmid] = time.monotonic()
         self._vmid_lane = random.SystemRandom().randrange(VMID_LANES)
+        self._nextid = None  # the next pick asks nextid again
 
     async def task_status(self, node: str, upid: str) -> dict[str, Any]:
         """``GET /nodes/{node}/tasks/{upid}/status`` → ``{status: running|stopped, exitstatus?, …}``;
@@ -718,6 +734,19 @@ class ProxmoxClient:
             data["digest"] = digest
         return await self._call("POST /nodes/{node}/qemu/{vmid}/config", f"configure VM {vmid}",
                                 lambda: self._api.nodes(node).qemu(vmid).config.post(**data))
+
+    async def configure_now(self, node: str, vmid: int, params: dict[str, Any], *, digest: str | None) -> None:
+        """``PUT …/config``: the same write as :meth:`configure`, done before the answer (qemu-server
+        API2/Qemu.pm ``update_vm`` runs ``$update_vm_api`` with ``$sync``: the same early checks — the
+        digest, ``VM is locked (…)`` at once —, then the change under the config flock, waiting for it
+        up to 10 s: a timeout is an HTTP 500, tried again as any flock timeout). One request where
+        :meth:`configure` takes two (its UPID, then the task's status): for a stopped VM the write is
+        only a config file change, nothing worth a task."""
+        data = dict(params)
+        if digest:
+            data["digest"] = digest
+        await self._call("PUT /nodes/{node}/qemu/{vmid}/config", f"configure VM {vmid}",
+                         lambda: self._api.nodes(node).qemu(vmid).config.put(**data))
 
     async def resize(self, node: str, vmid: int, disk: str, size_gib: int) -> str | None:
         """``PUT …/resize`` to an absolute ``size_gib`` GiB; returns the task's UPID (PVE ≥ 8)."""
@@ -936,19 +965,34 @@ class ProxmoxClient:
     # ------------------------------------------------------------------ the guest agent
 
     async def agent_exec(self, node: str, vmid: int, argv: list[str], *, timeout_s: float = 60.0,
-                         poll_s: float = 0.2) -> tuple[int, str, str]:
+                         poll_s: float = 0.2, learn: str | None = None) -> tuple[int, str, str]:
         """Run ``argv`` in the guest (``agent/exec``, then ``agent/exec-status`` until it exited):
         ``(exitcode, stdout, stderr)``. Raises TemporaryError while the agent does not answer
-        (booting: ``QEMU guest agent is not running``) or when the command outlives ``timeout_s``."""
+        (booting: ``QEMU guest agent is not running``) or when the command outlives ``timeout_s``.
+
+        ``learn`` names a command whose runs take about as long as each other (a guest's look at
+        its cloud-init): its first ``exec-status`` waits about as long as it took lately (as a
+        task's first poll does, :meth:`_poll_task`) instead of asking at once — qemu-ga answers
+        ``exited: 0`` until the process ends, and each question is a request through pveproxy."""
         res = await self._call("POST /nodes/{node}/qemu/{vmid}/agent/exec", f"exec {argv[0]} in VM {vmid}",
                                lambda: self._api.nodes(node).qemu(vmid).agent.exec.post(command=list(argv)))
         pid = int(res["pid"])
-        deadline = time.monotonic() + timeout_s
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        prev = self._exec_s.get(learn, 0.0) if learn else 0.0
+        if prev:
+            await asyncio.sleep(min(prev, timeout_s, FIRST_POLL_MAX_S))
+        seen_running = False
         while True:
             st = await self._call("GET /nodes/{node}/qemu/{vmid}/agent/exec-status", f"exec-status in VM {vmid}",
                                   lambda: self._api.nodes(node).qemu(vmid).agent("exec-status").get(pid=pid))
             if int(st.get("exited") or 0):
+                if learn:
+                    # seen running: it took about this long; done at the first question: maybe less
+                    took = time.monotonic() - t0 if seen_running else 0.8 * prev
+                    self._exec_s[learn] = took if not prev else 0.7 * prev + 0.3 * took
                 return int(st.get("exitcode", -1)), str(st.get("out-data") or ""), str(st.get("err-data") or "")
+            seen_running = True
             if time.monotonic() > deadline:
                 raise TemporaryError(f"{argv[0]} in VM {vmid} still running after {timeout_s:.0f}s")
             await asyncio.sleep(poll_s)
