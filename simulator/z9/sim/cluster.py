@@ -1425,7 +1425,7 @@ class Cluster:
         return self.spawn(node, ttype, vmid, user, TaskPlan(run), fail)
 
     async def resize(self, node: str, vmid: int, params: dict[str, str], user: str,
-                     fail: str | None = None) -> str:
+                     fail: str | None = None, may_allocate: Callable[[str], None] | None = None) -> str:
         """``PUT .../resize`` → ``resize`` task (PVE >= 8.? returns a UPID). ``+5G`` relative, ``20G``
         absolute; shrinking → task error ``shrinking disks is not supported``."""
         vm = self.vm_on(node, vmid)
@@ -1443,6 +1443,8 @@ class Cluster:
                     raise PveError(500, f"disk '{disk}' does not exist")
                 if "media=cdrom" in value:
                     raise PveError(500, "you can't resize a cdrom")
+                if may_allocate is not None and ":" in value.split(",", 1)[0]:
+                    may_allocate(value.split(",", 1)[0].split(":", 1)[0])
                 m = re.search(r"(?:^|,)size=([^,]+)", value)
                 old = parse_size(m.group(1)) if m else 0
                 size = params["size"]

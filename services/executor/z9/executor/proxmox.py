@@ -14,6 +14,8 @@ call runs in a thread of this client's own pool. Every foreign error (proxmoxer'
 - ``Configuration file '…' does not exist`` → :class:`VmMissing`
 - ``… already exists`` on create/clone → :class:`VmidTaken`
 - 400 ``Parameter verification failed.`` and 501 → :class:`PermanentError`
+- 403 ``Permission check failed (<path>, <privilege>)`` → :class:`MissingPrivilege` (permanent,
+  naming the privilege; also as a task's exitstatus)
 - anything else → :class:`TemporaryError` (retries are safe: every step is idempotent)
 
 Tasks: mutations return a UPID at once; :meth:`ProxmoxClient.wait_task` polls the UPID's node
@@ -103,6 +105,10 @@ class EntryExists(PermanentError):
 
 class EntryMissing(PermanentError):
     """``no such IPSet '<name>'`` (500) or ``no such IP/Network`` (400): it is not there."""
+
+
+class MissingPrivilege(PermanentError):
+    """403 ``Permission check failed (<path>, <privilege>)``: the region's token lacks that privilege."""
 
 
 class CloneNeedsSharedStorage(PermanentError):
@@ -363,6 +369,7 @@ VMID_MAX = 999_999_999
 _LOCK_TIMEOUT = re.compile(r"can't lock file '[^']*' - got timeout")
 _VM_LOCKED = re.compile(r"VM is locked \((?P<lock>[a-z-]+)\)")
 _MISSING = re.compile(r"Configuration file '[^']*' does not exist")
+_PERMISSION = re.compile(r"Permission check failed \(")
 _LOCAL_CLONE = re.compile(r"can't clone VM to node '[^']*' \(VM uses local storage\)")
 _TAKEN = re.compile(r"already exists")
 _IPSET_EXISTS = re.compile(r"(address '[^']*'|IPSet '[^']*') already exists")
@@ -393,8 +400,13 @@ def translate(exc: BaseException, what: str) -> Exception:
             return EntryMissing(msg)
         if status == 400:
             return PermanentError(msg)
-        if status in (401, 403):
-            return TemporaryError(msg + " (check the region's API token and its permissions)")
+        if status == 403 or _PERMISSION.search(reason):
+            # pve-access-control RPCEnvironment.pm raise_perm_exc: the token lacks a privilege — no
+            # retry grants it (README, operator section: the privileges z9's token needs)
+            return MissingPrivilege(f"{what}: the region's API token lacks a privilege: {reason} "
+                                    "(README: the privileges z9's Proxmox token needs)")
+        if status == 401:
+            return TemporaryError(msg + " (check the region's API token)")
         if status == 501:
             return PermanentError(msg)
         if _TAKEN.search(reason):
@@ -1080,6 +1092,7 @@ def task_failure(upid: str, task_type: str, exitstatus: str, tail: list[str]) ->
     msg = f"task {task_type} ({upid}) failed: {exitstatus}"
     if _VM_LOCKED.search(exitstatus):
         return TaskFailed(msg, upid=upid, exitstatus=exitstatus, log_tail=tail)
-    if "shrinking disks is not supported" in exitstatus:
+    if "shrinking disks is not supported" in exitstatus or _PERMISSION.search(exitstatus):
+        # (a privilege checked inside the worker, e.g. resize_vm's Datastore.AllocateSpace)
         return TaskFailedPermanently(msg, upid=upid, exitstatus=exitstatus, log_tail=tail)
     return TaskFailed(msg, upid=upid, exitstatus=exitstatus, log_tail=tail)
