@@ -120,6 +120,10 @@ async def start_sim(procs: Procs, region: str, vms: int, nodes: int) -> dict[str
             "verify_ssl": cert, "images": ["debian-12"]}
 
 
+# /_sim/state of a 10,000-VM simulator on a loaded machine can take minutes (aiohttp's default: 5)
+STATE_TIMEOUT = aiohttp.ClientTimeout(total=1800)
+
+
 def breakdown(counters: list[dict[str, Any]], creates: int) -> dict[str, float]:
     """``{"METHOD /path/template": requests per create}`` over every simulator, most first (the
     ``/_sim/…`` admin calls are not requests z9 sent and are not counted by the simulator)."""
@@ -132,7 +136,7 @@ def breakdown(counters: list[dict[str, Any]], creates: int) -> dict[str, float]:
 
 
 async def sim_counters(url: str) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(timeout=STATE_TIMEOUT) as s:
         async with s.get(url + "/_sim/state", ssl=False) as r:
             state = await r.json()
     return state["counters"]
@@ -233,7 +237,7 @@ async def run_size(admin_dsn: str, args: argparse.Namespace, vms: int) -> dict[s
                 dup = 0  # servers with other than exactly one VM carrying their identity tag
                 from z9.common.tags import identity_tag, normalize_tags
 
-                async with aiohttp.ClientSession() as s:
+                async with aiohttp.ClientSession(timeout=STATE_TIMEOUT) as s:
                     for k, r in enumerate(regions):
                         async with s.get(region_cfg[r]["url"] + "/_sim/state", ssl=False) as resp:
                             state = await resp.json()

@@ -1268,7 +1268,12 @@ class Cluster:
                             disk_n += 1
                             kind = "full" if full else "linked"
                             task.lines.append(f"create {kind} clone of drive {k} ({volid})")
-                            if not full:
+                            if not full and self._storage_def(store).type != "lvmthin":
+                                # the linked clone's volume name as the storage plugin returns it:
+                                # pve-storage RBDPlugin.pm clone_image "$basename/$name" (ZFS the
+                                # same); LvmThinPlugin.pm clone_image only "$name" — a thin snapshot
+                                # of the base LV whose relation the volume id does not track (its
+                                # header note: the base may be deleted without affecting the clone)
                                 name = f"{volid.split(':', 1)[1]}/{name}"
                             conf[k] = f"{store}:{name}" + (f",{opts}" if opts else "")
                         elif re.fullmatch(r"net\d+", k):
