@@ -189,7 +189,8 @@ async def test_untagged_clones_of_members_no_longer_desired_are_removed(stack: S
     assert (await stack.wait_job(out["job"]["id"], timeout_s=120))["status"] == "succeeded"
     # a slow backoff (no job runs now: the executor restarts with it) while the scale-up waits for its retry
     await stack.restart_service("executor", backoff_base_s=3.0)
-    await sim.fault(method="POST", path=r"/qemu/\d+/config$", action="fail_task", exitstatus="got timeout",
+    # (the member's configure writes with PUT /config, synchronously: its failure is the answer)
+    await sim.fault(method="PUT", path=r"/qemu/\d+/config$", action="error", status=500, reason="got timeout",
                     times=2)
     up = (await resize(stack, cid, 3))["id"]
 

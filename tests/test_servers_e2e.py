@@ -342,7 +342,7 @@ async def _wait_status(stack: Stack, server_id: str, status: str, timeout_s: flo
 @pytest.mark.settings(deletion_buffer_s=0.3)
 async def test_delete_removes_an_untagged_clone_left_by_a_failed_create(stack: Stack, sim: SimAdmin) -> None:
     sim.allow_rejections = True  # the injected fault answers 400
-    await sim.fault(method="POST", path=r"/qemu/\d+/config$", action="error", status=400,
+    await sim.fault(method="PUT", path=r"/qemu/\d+/config$", action="error", status=400,
                     reason="Parameter verification failed.", times=1)
     server, job = await stack.create_server()
     failed = await stack.wait_job(job["id"])

@@ -406,6 +406,14 @@ async def ensure_running(ctx: JobContext, step: Step, vm: VmState) -> None:
     upid = await ctx.pve.start(vm.node, vm.vmid)
     try:
         await ctx.wait_task(step, upid)
+    except TaskFailed as e:
+        if "already running" in e.exitstatus:
+            return
+        if "VM is locked" in e.exitstatus:
+            # another task locked the VM (qemu-server QemuServer.pm vm_start: check_lock inside the
+            # qmstart worker): waiting on the world, as when a read shows the lock
+            raise VmLocked(f"VM {vm.vmid}: {e.exitstatus}; waiting for the other task") from e
+        raise
     except TemporaryError as e:
         if "already running" not in str(e):
             raise
@@ -475,6 +483,11 @@ class MemberWorld:
     # the VM's config in ``vm`` was read after this attempt's last change of it (or has that change
     # laid over it): the next step needs no new read of the config
     fresh: bool = False
+    # the VM's power state and lock in ``vm`` are as this attempt left them (a clone it just waited
+    # on is stopped and unlocked; its own config writes and tasks since change neither): a start or
+    # a migration needs no ``status/current`` first — the start task refuses a lock another task took
+    # (QemuServer.pm vm_start's check_lock: a snooze) and "already running" is done
+    power_known: bool = False
 
 
 async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
@@ -646,9 +659,10 @@ async def apply_member_step(ctx: JobContext, spec: VmSpec, world: MemberWorld, s
             diff["delete"] = ",".join(foreign)
         if diff:
             await ctx.fence()
-            upid = await ctx.pve.configure(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))
-            await ctx.wait_task(step, upid)
-            # what the task wrote, laid over what was read (the digest is stale now): the next
+            # synchronous (PUT): one request, no task to poll (ProxmoxClient.configure_now)
+            await ctx.pve.configure_now(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))
+            ctx.touch()
+            # what the write did, laid over what was read (the digest is stale now): the next
             # step (the disk size) needs no new read; verify reads the VM again
             deleted = set(filter(None, diff.get("delete", "").split(",")))
             cfg = {k: v for k, v in vm.config.items() if k != "digest" and k not in deleted}
@@ -718,6 +732,8 @@ async def _current(ctx: JobContext, world: MemberWorld, *, config: bool = True) 
             raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
         world.vm, world.fresh = replace(st, status=vm.status, uptime_s=vm.uptime_s), True
         return world.vm
+    if world.power_known:
+        return vm
     cur = await ctx.pve.vm_status(vm.node, vm.vmid)
     if cur is None:
         raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
@@ -810,6 +826,7 @@ async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) 
         if st is None:
             raise TemporaryError(f"clone task {upid} ended OK but VM {newid} is not on {node}")
         world.vm, world.fresh = replace(st, status="stopped"), True
+        world.power_known = not st.lock
         return
     # Contention with other creates is waiting on the world, not a failure of this job.
     raise Snooze(f"every vmid tried was taken by a parallel create ({CLONE_TRIES} tries)", delay_s=1.0)

@@ -93,33 +93,51 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
         await asyncio.sleep(ctx.settings.server_guest_poll_s)
 
 
-async def _guest_once(ctx: JobContext, spec: VmSpec, vm: VmState) -> str:
-    """'' when the guest is as asked, else what is still missing; raises GuestFailed."""
-    # --wait: one command that ends when cloud-init has (cloud-init 22.4 cmd/status.py), polled each
-    # second, instead of a status command a poll (each poll two requests through pveproxy)
-    code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cloud-init", "status", "--wait", "--format", "json"],
-                                              timeout_s=GUEST_WAIT_S, poll_s=1.0)
+_SEP = "z9-guest-look-part"
+# One command for the whole look (one agent/exec and its exec-status; it was an exec with its
+# polls, a file-read and a get-host-name): cloud-init's status, waiting until it ended (--wait: the
+# command ends when cloud-init has, cloud-init 22.4 cmd/status.py; JSON: no progress dots), the
+# current instance's id as cloud-init recorded it, and the hostname (what qemu-ga's
+# guest-get-host-name answers: gethostname()). ``echo`` before each separator: a file without a
+# final newline does not run into it.
+GUEST_LOOK = ["sh", "-c", f"cloud-init status --wait --format json; echo; echo {_SEP}; "
+                          f"cat {INSTANCE_ID_FILE}; echo; echo {_SEP}; hostname"]
+
+
+def parse_guest_look(out: str) -> tuple[dict[str, Any], str, str]:
+    """``(cloud-init status, instance-id, hostname)`` from :data:`GUEST_LOOK`'s output (an empty
+    status and '' where a part is missing)."""
+    parts = [p.strip() for p in out.split(f"\n{_SEP}\n")]
+    parts += [""] * (3 - len(parts))
     try:
-        st = json.loads(out) if out.strip() else {}
+        st = json.loads(parts[0]) if parts[0] else {}
     except ValueError:
         st = {}
+    return (st if isinstance(st, dict) else {}), parts[1], parts[2]
+
+
+async def _guest_once(ctx: JobContext, spec: VmSpec, vm: VmState) -> str:
+    """'' when the guest is as asked, else what is still missing; raises GuestFailed."""
+    _code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, GUEST_LOOK, timeout_s=GUEST_WAIT_S, poll_s=1.0,
+                                               learn="guest-look")
+    st, iid, host = parse_guest_look(out)
     status = str(st.get("status") or "")
     if status == "error":
-        errors = "; ".join(str(e) for e in st.get("errors") or []) or (st.get("detail") or err or "").strip()
-        raise GuestFailed(f"cloud-init failed in the guest of VM {vm.vmid}: {errors}")
+        errors = "; ".join(str(e) for e in st.get("errors") or []) or str(st.get("detail") or "").strip()
+        raise GuestFailed(f"cloud-init failed in the guest of VM {vm.vmid}: {errors or err.strip()}")
     if status == "disabled":
         raise GuestFailed(f"cloud-init found no seed in the guest of VM {vm.vmid}: it has no cloud-init drive")
     if status != "done":
-        return f"cloud-init is {status or 'not reporting'}" + (f" ({err.strip()})" if code not in (0, 1, 2) else "")
-    iid = ((await ctx.pve.agent_file_read(vm.node, vm.vmid, INSTANCE_ID_FILE)) or b"").decode("utf-8", "replace").strip()
-    if not any(r.get("pending") is not None or r.get("delete") for r in await ctx.pve.cloudinit_pending(vm.node, vm.vmid)):
-        # (with changes pending, the drive the guest booted from was generated before them)
-        meta = yaml.safe_load(await ctx.pve.cloudinit_dump(vm.node, vm.vmid, "meta")) or {}
-        want = str(meta.get("instance-id", "")) if isinstance(meta, dict) else ""
-        if want and iid != want:
-            raise GuestFailed(f"the guest of VM {vm.vmid} booted from another seed: its instance-id is {iid or 'none'!r}, "
-                              f"z9's cloud-init drive gives {want!r}")
-    host = await ctx.pve.agent_hostname(vm.node, vm.vmid)
+        return f"cloud-init is {status or 'not reporting'}" + (f" ({err.strip()})" if not st and err.strip() else "")
+    meta = yaml.safe_load(await ctx.pve.cloudinit_dump(vm.node, vm.vmid, "meta")) or {}
+    want = str(meta.get("instance-id", "")) if isinstance(meta, dict) else ""
+    # With cloud-init changes pending, the drive the guest booted from was generated before them and
+    # the dump (from the config now) is no authority: asked only when the two differ (the outcome of
+    # "pending, else compare" in one request where they agree, which is every healthy create).
+    if want and iid != want and not any(r.get("pending") is not None or r.get("delete")
+                                        for r in await ctx.pve.cloudinit_pending(vm.node, vm.vmid)):
+        raise GuestFailed(f"the guest of VM {vm.vmid} booted from another seed: its instance-id is {iid or 'none'!r}, "
+                          f"z9's cloud-init drive gives {want!r}")
     if host.split(".", 1)[0] != spec.name:
         raise GuestFailed(f"the guest of VM {vm.vmid} calls itself {host!r}, not {spec.name!r}: "
                           "it did not take its hostname from z9's cloud-init drive")
