@@ -15,8 +15,9 @@ cloud-init change at its next boot, as a new instance: the API refuses it on a r
 A *floating* address is configured by the guest itself (documented); the job only routes it.
 
 Enforcement: the VM's ``ipfilter`` is turned on only when every address the VM uses is in its
-set — that is, when the server's VM uses its primary address (static ``ipconfig0``, in the set:
-read from the VM, not from the database). A server on DHCP (no primary
+set — that is, when the server's VM uses a static address its set holds (``ipconfig0``: its
+primary, or its address on the region's private network; read from the VM, not from the
+database). A server on DHCP (no primary and no private network
 address) would lose its own address to the filter; its floating addresses are tagged and listed,
 and ``observed.enforced`` says the filter is off. So taking a primary off a VM (its ``ipconfig0``
 back to DHCP) turns the VM's filter off again.
@@ -195,10 +196,10 @@ def _enforce(address: Address, server: Any, target: Holder) -> bool:
     by this job counts: its ``set_ipconfig`` and entry come before ``enable_ipfilter``."""
     if address.kind == "primary":
         return True
-    ip = server.primary_ipv4
-    ip = str(getattr(ip, "ip", ip)) if ip is not None else None
+    # the VM's static address — its primary, or the one z9 gave it on the region's private network
+    # (z9.executor.vms.private_address) — is in its set: every address it uses is then allowed
     used = config_ips({"ipconfig0": target.vm.config.get("ipconfig0")}).get("ipconfig0")
-    return ip is not None and used == ip and target.has_entry(ip)
+    return used is not None and target.has_entry(used)
 
 
 def plan(job: Job, world: World) -> list[Step]:
