@@ -1,4 +1,5 @@
--- z9 schema, version 17: every guest's address known to z9, so its Proxmox IP filter can hold it.
+-- z9 schema, version 17: every guest's address known to z9, so its Proxmox IP filter can hold it;
+-- and a quota of load balancers.
 --
 -- A guest without an address of its own from a pool (a server without a primary address, a
 -- Kubernetes cluster's members) used to take DHCP from the bridge: z9 could not know its lease, so
@@ -26,3 +27,8 @@ CREATE UNIQUE INDEX vm_private_addresses_member_live ON vm_private_addresses (re
 CREATE UNIQUE INDEX vm_private_addresses_ip_live ON vm_private_addresses (region, ip) WHERE released_at IS NULL;
 CREATE INDEX vm_private_addresses_quarantined ON vm_private_addresses (region, ip) INCLUDE (reusable_after)
     WHERE released_at IS NOT NULL;
+
+-- A quota of load balancers per tenant (NULL: Z9_QUOTA_LOAD_BALANCERS): each one is up to three
+-- addresses but also two VMs and their health checks on the shared hypervisor, which the address
+-- quota alone did not bound.
+ALTER TABLE tenant_quotas ADD COLUMN load_balancers integer CHECK (load_balancers >= 0);

@@ -399,6 +399,7 @@ class Settings(BaseSettings):
     quota_cores: int | None = Field(None, ge=0)
     quota_memory_mib: int | None = Field(None, ge=0)
     quota_addresses: int | None = Field(None, ge=0)
+    quota_load_balancers: int | None = Field(None, ge=0)
     # Kubernetes clusters (issue 11). The installation key encrypts every cluster's private keys
     # (AES-256-GCM, the cluster id as associated data): 32 bytes, base64 (urlsafe or standard).
     # `z9 dev` generates one into its data dir. Unset: creating a cluster or minting a kubeconfig

@@ -223,9 +223,11 @@ def plan(job: Job, world: World) -> list[Step]:
                 raise PermanentError(f"VM {h.vm.vmid} is running: its primary address is taken off only while "
                                      "it is stopped")
             steps.append(Step("clear_ipconfig", dict(d)))
-        if a.kind == "primary" and _on(h.firewall.get("ipfilter")):
+        if a.kind == "primary" and (_on(h.firewall.get("ipfilter")) or _on(h.firewall.get("enable"))):
             # the VM is back on DHCP: its IP filter (turned on for this primary) would drop its
-            # own address from the next boot on
+            # own address from the next boot on — and with the VM's firewall on, the set alone
+            # filters (pve-firewall Firewall.pm generate_tap_rules: "$options->{ipfilter} ||
+            # $vmfw_conf->{ipset}->{ipfilter-net0}"), so the VM's firewall goes off
             steps.append(Step("disable_ipfilter", dict(d)))
         steps.append(Step("untag", dict(d)))
     t = world.target
@@ -344,7 +346,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         await ctx.pve.set_firewall_options(node, vmid, enable=True, ipfilter=True)
     elif step.name == "disable_ipfilter":
         await ctx.fence()
-        await ctx.pve.set_firewall_options(node, vmid, ipfilter=False)
+        await ctx.pve.set_firewall_options(node, vmid, enable=False, ipfilter=False)
     else:
         raise PermanentError(f"{ctx.job.kind}: unknown step {step.name!r}")
 
