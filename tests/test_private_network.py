@@ -130,6 +130,11 @@ async def test_floating_addresses_join_the_private_servers_filter(private: Stack
     assert _heard(sim, adr["ip"])  # its own floating address is heard …
     await _claim(sim, vm["vmid"], "172.16.0.99/24")
     assert not _heard(sim, "172.16.0.99")  # … another guest's is not
+    # the server's own job leaves the address job's entry where it is (nothing to do for its filter)
+    from z9.executor.jobs import server_create
+    ctx = await _ctx(private, job["id"])
+    world = await server_create.observe(ctx)
+    assert world.ip_filter_ok and server_create.plan(ctx.job, world) == []
 
 
 async def test_addresses_are_distinct_released_and_quarantined(private: Stack, sim: SimAdmin) -> None:
@@ -244,3 +249,12 @@ def test_private_network_settings() -> None:
         PrivateNetworkSettings(cidr="10.0.0.0/8")
     with pytest.raises(ValueError):
         PrivateNetworkSettings(cidr="fd00::/64")
+
+
+def test_the_private_network_is_no_load_balancer_target(settings: Settings) -> None:
+    """Its addresses are handed to guests of every tenant: an ip target there is refused like a
+    pool's free IP (rule address_pool)."""
+    from z9.common.resources.load_balancer import ip_target_refusal, target_networks
+
+    nets = target_networks(_private(settings).regions, REGION)
+    assert ip_target_refusal("172.16.0.9", "ten_x", None, **nets) == "address_pool"
