@@ -208,6 +208,11 @@ WITH r AS (
     RETURNING id
 ), c AS (
     DELETE FROM vm_clone_requests WHERE resource_id IN (SELECT id FROM r)
+), p AS (
+    -- its VMs are gone (verify saw it): their private addresses go into quarantine
+    UPDATE vm_private_addresses
+    SET released_at = now(), reusable_after = now() + make_interval(secs => quarantine_s)
+    WHERE resource_id IN (SELECT id FROM r) AND released_at IS NULL
 )
 SELECT count(*) FROM r;
 
@@ -294,6 +299,46 @@ SELECT member, vmid, node, job_id, upid, extract(epoch FROM sent_at)::float8 AS 
 FROM vm_clone_requests
 WHERE resource_id = $1 AND ($2::text IS NULL OR member = $2)
 ORDER BY member, sent_at, vmid;
+
+-- ================================================================ VM private addresses (migration 0017)
+
+-- name: vm_private_address_lock
+-- Allocations of one region one at a time (in the allocating transaction).
+SELECT pg_advisory_xact_lock(hashtextextended('z9-private-address:' || $1, 0));
+
+-- name: vm_private_address_forget_expired
+-- Released rows whose quarantine is over are no longer needed.
+DELETE FROM vm_private_addresses WHERE region = $1 AND released_at IS NOT NULL AND reusable_after <= now();
+
+-- name: vm_private_address_allocate
+-- The member's live address; else the first free IP of the range (first $4, count $5, never one
+-- of $6, nor live or quarantined in the region), taken for it. NULL: the network is exhausted.
+WITH mine AS (
+    SELECT ip FROM vm_private_addresses WHERE resource_id = $1 AND member = $2 AND released_at IS NULL
+), pick AS (
+    SELECT $4::inet + n AS ip FROM generate_series(0::bigint, $5::bigint - 1) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM mine)
+      AND NOT ($4::inet + n = ANY($6::inet[]))
+      AND NOT EXISTS (SELECT 1 FROM vm_private_addresses p WHERE p.region = $3 AND p.ip = $4::inet + n)
+    LIMIT 1
+), ins AS (
+    INSERT INTO vm_private_addresses (resource_id, member, region, ip, quarantine_s)
+    SELECT $1, $2, $3, ip, $7 FROM pick
+    RETURNING ip
+)
+SELECT host(ip) FROM mine UNION ALL SELECT host(ip) FROM ins;
+
+-- name: vm_private_addresses_of
+-- The live private addresses of one resource's VMs: member, ip.
+SELECT member, host(ip) AS ip FROM vm_private_addresses
+WHERE resource_id = $1 AND released_at IS NULL ORDER BY member;
+
+-- name: vm_private_address_release
+-- The member's VM is gone: its address goes into quarantine.
+UPDATE vm_private_addresses
+SET released_at = now(), reusable_after = now() + make_interval(secs => quarantine_s)
+WHERE resource_id = $1 AND member = $2 AND released_at IS NULL
+RETURNING host(ip);
 
 -- name: job_insert
 INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
@@ -972,20 +1017,22 @@ RETURNING *;
 
 -- name: tenant_quota_get
 -- A tenant's quota overrides (no row: none).
-SELECT servers, cores, memory_mib, addresses FROM tenant_quotas WHERE tenant_id = $1;
+SELECT servers, cores, memory_mib, addresses, load_balancers FROM tenant_quotas WHERE tenant_id = $1;
 
 -- name: tenant_quota_set
--- `z9 quota`: $3..$6 with $2 telling which are given (a NULL given resets it to the default).
-INSERT INTO tenant_quotas AS t (tenant_id, servers, cores, memory_mib, addresses)
+-- `z9 quota`: $3..$7 with $2 telling which are given (a NULL given resets it to the default).
+INSERT INTO tenant_quotas AS t (tenant_id, servers, cores, memory_mib, addresses, load_balancers)
 VALUES ($1, CASE WHEN 'servers' = ANY($2::text[]) THEN $3::integer END, CASE WHEN 'cores' = ANY($2::text[]) THEN $4::integer END,
-        CASE WHEN 'memory_mib' = ANY($2::text[]) THEN $5::bigint END, CASE WHEN 'addresses' = ANY($2::text[]) THEN $6::integer END)
+        CASE WHEN 'memory_mib' = ANY($2::text[]) THEN $5::bigint END, CASE WHEN 'addresses' = ANY($2::text[]) THEN $6::integer END,
+        CASE WHEN 'load_balancers' = ANY($2::text[]) THEN $7::integer END)
 ON CONFLICT (tenant_id) DO UPDATE
 SET servers = CASE WHEN 'servers' = ANY($2::text[]) THEN $3::integer ELSE t.servers END,
     cores = CASE WHEN 'cores' = ANY($2::text[]) THEN $4::integer ELSE t.cores END,
     memory_mib = CASE WHEN 'memory_mib' = ANY($2::text[]) THEN $5::bigint ELSE t.memory_mib END,
     addresses = CASE WHEN 'addresses' = ANY($2::text[]) THEN $6::integer ELSE t.addresses END,
+    load_balancers = CASE WHEN 'load_balancers' = ANY($2::text[]) THEN $7::integer ELSE t.load_balancers END,
     updated_at = now()
-RETURNING servers, cores, memory_mib, addresses;
+RETURNING servers, cores, memory_mib, addresses, load_balancers;
 
 -- name: tenant_quota_lock
 -- Inside the request's transaction: the tenant's quota lock, held until commit. A statement of
@@ -1012,7 +1059,8 @@ SELECT (SELECT count(*) FROM servers WHERE tenant_id = $1 AND status <> 'deleted
          + (SELECT coalesce(sum(cores), 0) FROM members) AS cores,
        (SELECT coalesce(sum(memory_mib), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted')
          + (SELECT coalesce(sum(memory_mib), 0) FROM members) AS memory_mib,
-       (SELECT count(*) FROM addresses WHERE tenant_id = $1 AND status <> 'deleted') AS addresses;
+       (SELECT count(*) FROM addresses WHERE tenant_id = $1 AND status <> 'deleted') AS addresses,
+       (SELECT count(*) FROM load_balancers WHERE tenant_id = $1 AND status <> 'deleted') AS load_balancers;
 
 -- name: server_get_for_update
 SELECT * FROM servers WHERE id = $1 AND tenant_id = $2 FOR UPDATE;

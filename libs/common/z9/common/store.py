@@ -308,6 +308,30 @@ async def vm_clone_requests(db: DB, resource_id: str, member: str | None = None)
             for r in await db.fetch(q("vm_clone_requests"), resource_id, member)]
 
 
+# ---------------------------------------------------------------- VM private addresses
+
+async def vm_private_address(pool: asyncpg.Pool, resource_id: str, member: str, region: str, *, first: Any,
+                             count: int, excluded: list[Any], quarantine_s: int) -> str | None:
+    """The private address of (``resource_id``, ``member``) in ``region``: the one it has, else the
+    first free IP of ``count`` from ``first`` (never one of ``excluded``, nor one live or quarantined
+    in the region), taken for it now. None: no IP left. Idempotent (one live row per member)."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(q("vm_private_address_lock"), region)
+        await conn.execute(q("vm_private_address_forget_expired"), region)
+        return await conn.fetchval(q("vm_private_address_allocate"), resource_id, member, region, str(first),
+                                   int(count), [str(x) for x in excluded], int(quarantine_s))
+
+
+async def vm_private_addresses_of(db: DB, resource_id: str) -> dict[str, str]:
+    """{member: ip} of the resource's VMs' live private addresses."""
+    return {r["member"]: r["ip"] for r in await db.fetch(q("vm_private_addresses_of"), resource_id)}
+
+
+async def vm_private_address_release(db: DB, resource_id: str, member: str) -> str | None:
+    """The member's VM is gone: its private address is quarantined (returns it; None: it had none)."""
+    return await db.fetchval(q("vm_private_address_release"), resource_id, member)
+
+
 # ---------------------------------------------------------------- jobs: producers
 
 @dataclass(frozen=True)
@@ -931,7 +955,7 @@ async def address_make_primary(db: DB, address_id: str, server_id: str) -> Addre
     return Address.from_record(row) if row else None
 # ---------------------------------------------------------------- quotas (migration 0011)
 
-QUOTA_KEYS = ("servers", "cores", "memory_mib", "addresses")
+QUOTA_KEYS = ("servers", "cores", "memory_mib", "addresses", "load_balancers")
 
 
 async def tenant_quota_get(db: DB, tenant_id: str) -> dict[str, int | None]:
@@ -943,7 +967,8 @@ async def tenant_quota_get(db: DB, tenant_id: str) -> dict[str, int | None]:
 async def tenant_quota_set(db: DB, tenant_id: str, values: dict[str, int | None]) -> dict[str, int | None]:
     """Set the given overrides (a None value resets it to the default); returns all of them."""
     row = await db.fetchrow(q("tenant_quota_set"), tenant_id, list(values), values.get("servers"),
-                            values.get("cores"), values.get("memory_mib"), values.get("addresses"))
+                            values.get("cores"), values.get("memory_mib"), values.get("addresses"),
+                            values.get("load_balancers"))
     return {k: row[k] for k in QUOTA_KEYS}
 
 

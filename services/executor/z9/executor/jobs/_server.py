@@ -20,19 +20,38 @@ from z9.common.resources.server import SERVER
 
 from ..context import JobContext
 from ..proxmox import VmState
-from ..vms import MAIN, VmSpec, agent_configured
+from ..vms import MAIN, PrivateAddress, VmSpec, agent_configured
+from ..vms import private_address as vm_private_address
 
 INSTANCE_ID_FILE = "/var/lib/cloud/data/instance-id"  # cloud-init writes the current instance's id there
 
 
-def spec(job: Job) -> VmSpec:
-    """The server's VM, from the job's arguments (the create body)."""
+def spec(job: Job, private: PrivateAddress | None = None) -> VmSpec:
+    """The server's VM, from the job's arguments (the create body) and, for a server without a
+    primary address, the address z9 gave it on the region's private network (``private``: its
+    static cloud-init network and the one address its IP filter lets it send from; the address
+    jobs add its floating addresses to that filter beside it)."""
     a = job.args
+    # a primary address from a pool: the API put its cloud-init keys in the args
+    config = {k: str(a[k]) for k in ("ipconfig0", "nameserver") if a.get(k)}
+    ip_filter: tuple[str, ...] = ()
+    if "ipconfig0" not in config and private is not None:
+        config["ipconfig0"] = private.ipconfig0
+        if private.nameservers:
+            config["nameserver"] = " ".join(private.nameservers)
+        ip_filter = (private.ip,)
     return VmSpec(owner=job.resource_id, member=MAIN, name=a["name"], image=a["image"], cores=int(a["cores"]),
                   memory_mib=int(a["memory_mib"]), disk_gib=int(a["disk_gib"]),
                   ssh_keys=tuple(a.get("ssh_keys") or ()), only_own_identity=True,
-                  # a primary address from a pool: the API put its cloud-init keys in the args
-                  config={k: str(a[k]) for k in ("ipconfig0", "nameserver") if a.get(k)})
+                  config=config, ip_filter=ip_filter, ip_filter_keeps_addresses=True)
+
+
+async def private_address(ctx: JobContext) -> PrivateAddress | None:
+    """The server's private address when it has no primary (None: it has one, or the region has no
+    private network)."""
+    if ctx.job.args.get("ipconfig0"):
+        return None
+    return await vm_private_address(ctx, ctx.job.resource_id, MAIN)
 
 
 async def recorded_vm(ctx: JobContext) -> list[tuple[int, str]]:
