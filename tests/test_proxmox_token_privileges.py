@@ -54,11 +54,11 @@ async def _gone(stack: Stack, sim: SimAdmin, path: str, rid: str, key: str) -> N
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.settings(deletion_buffer_s=0.3)
 async def test_a_token_with_the_readme_privileges_runs_servers_lbs_and_clusters(stack: Stack, sim: SimAdmin) -> None:
     from tests.test_clusters_e2e import K8S_TIMING, body as cluster_body
     from tests.test_load_balancers import LB_TEMPLATE
 
-    stack.settings.deletion_buffer_s = 0.3
     await sim._req("POST", "/vms", json=LB_TEMPLATE)
     await sim.configure(**K8S_TIMING)
     server, job = await stack.create_server("privsep")
