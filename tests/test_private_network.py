@@ -254,7 +254,7 @@ def test_private_network_settings() -> None:
 def test_the_private_network_is_no_load_balancer_target(settings: Settings) -> None:
     """Its addresses are handed to guests of every tenant: an ip target there is refused like a
     pool's free IP (rule address_pool)."""
-    from z9.common.resources.load_balancer import ip_target_refusal, target_networks
+    from z9.resources.load_balancer import ip_target_refusal, target_networks
 
     nets = target_networks(_private(settings).regions, REGION)
     assert ip_target_refusal("172.16.0.9", "ten_x", None, **nets) == "address_pool"

@@ -1,0 +1,169 @@
+"""What the server job kinds share: a server is the owner of one VM, member ``main``; the VM
+machinery itself (finding VMs by tag, the guard, the clone ladder) is :mod:`z9.executor.vms`.
+
+A server's VM carries only its own identity (``VmSpec.only_own_identity``): the template's
+cloud-init values and seed media are deleted in the configure step, so the guest boots from PVE's
+drive with exactly the request's keys. :func:`check_guest` reads the result inside the guest.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import yaml
+
+from z9.common import store
+from z9.common.errors import PermanentError, Snooze, TemporaryError
+from z9.common.models import Job
+from z9.resources.server import SERVER
+
+from z9.executor.context import JobContext
+from z9.executor.proxmox import VmState
+from z9.executor.vms import MAIN, PrivateAddress, VmSpec, agent_configured
+from z9.executor.vms import private_address as vm_private_address
+
+INSTANCE_ID_FILE = "/var/lib/cloud/data/instance-id"  # cloud-init writes the current instance's id there
+
+
+def spec(job: Job, private: PrivateAddress | None = None) -> VmSpec:
+    """The server's VM, from the job's arguments (the create body) and, for a server without a
+    primary address, the address z9 gave it on the region's private network (``private``: its
+    static cloud-init network and the one address its IP filter lets it send from; the address
+    jobs add its floating addresses to that filter beside it)."""
+    a = job.args
+    # a primary address from a pool: the API put its cloud-init keys in the args
+    config = {k: str(a[k]) for k in ("ipconfig0", "nameserver") if a.get(k)}
+    ip_filter: tuple[str, ...] = ()
+    if "ipconfig0" not in config and private is not None:
+        config["ipconfig0"] = private.ipconfig0
+        if private.nameservers:
+            config["nameserver"] = " ".join(private.nameservers)
+        ip_filter = (private.ip,)
+    return VmSpec(owner=job.resource_id, member=MAIN, name=a["name"], image=a["image"], cores=int(a["cores"]),
+                  memory_mib=int(a["memory_mib"]), disk_gib=int(a["disk_gib"]),
+                  ssh_keys=tuple(a.get("ssh_keys") or ()), only_own_identity=True,
+                  config=config, ip_filter=ip_filter, ip_filter_keeps_addresses=True)
+
+
+async def private_address(ctx: JobContext) -> PrivateAddress | None:
+    """The server's private address when it has no primary (None: it has one, or the region has no
+    private network)."""
+    if ctx.job.args.get("ipconfig0"):
+        return None
+    return await vm_private_address(ctx, ctx.job.resource_id, MAIN)
+
+
+async def recorded_vm(ctx: JobContext) -> list[tuple[int, str]]:
+    """The (vmid, node) the database last recorded for the server (a suspect, never trusted)."""
+    server = await store.server_get(ctx.pool, ctx.job.resource_id)
+    return [(server.vmid, server.node)] if server is not None and server.vmid is not None else []
+
+
+async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
+    """The server carries a failed job's reason (``ResourceType.mark_failed_by_job``)."""
+    await SERVER.mark_failed_by_job(conn, ctx.job.resource_id, error["message"], kind=ctx.job.kind,
+                                    refused=bool(error.get("refused")))
+
+
+GUEST_WAIT_S = 15.0  # one ``cloud-init status --wait`` at most this long, then asked again (the lease renewed)
+
+
+class GuestFailed(PermanentError):
+    """The server's guest did not come up as its request asked (cloud-init failed, or it booted
+    from another seed): the VM runs, the server is failed with this reason."""
+
+
+GUEST_SNOOZE_S = 10.0  # a snoozed look into a guest not up yet: again after this long
+
+
+async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
+    """Inside the running guest (its agent): cloud-init ended without error, the instance is the
+    one z9's cloud-init drive describes (its ``meta-data`` instance-id, as PVE generates it from the
+    config) and the hostname is the server's name. Raises GuestFailed naming what is wrong.
+    A guest not up yet is waited on for at most ``server_guest_slot_s`` in this claim, then the job
+    snoozes (its attempt given back, its executor slot free for other jobs — a few guests that never
+    boot must not hold every slot of the region) and looks again; ``server_guest_ready_s`` after the
+    first look (kept in the job's memo) it is a TemporaryError. A VM without a guest agent
+    (``agent`` unset or 0) is not looked into."""
+    if ctx.settings.server_guest_ready_s <= 0 or not agent_configured(vm.config):
+        return
+    since = ctx.memo.get("guest_look_since")
+    if since is None:
+        since = ctx.clock.time()
+        await ctx.remember(guest_look_since=since)
+    slot_end = ctx.clock.monotonic() + ctx.settings.server_guest_slot_s
+    last = "its guest agent does not answer yet"
+    while True:
+        ctx.touch()
+        try:
+            last = await _guest_once(ctx, spec, vm)
+            if last == "":
+                return
+        except GuestFailed:
+            raise
+        except TemporaryError as e:
+            last = str(e)
+        if ctx.clock.time() - float(since) > ctx.settings.server_guest_ready_s:
+            raise TemporaryError(f"VM {vm.vmid}: the guest is not up after {ctx.settings.server_guest_ready_s:.0f}s: {last}")
+        if ctx.clock.monotonic() > slot_end:
+            raise Snooze(f"VM {vm.vmid}: {last}; looked into again in {GUEST_SNOOZE_S:.0f}s", delay_s=GUEST_SNOOZE_S)
+        # the agent is not up yet (booting): each try is a request through pveproxy; a real guest, real time
+        await asyncio.sleep(ctx.settings.server_guest_poll_s)
+
+
+_SEP = "z9-guest-look-part"
+# One command for the whole look (one agent/exec and its exec-status; it was an exec with its
+# polls, a file-read and a get-host-name): cloud-init's status, waiting until it ended (--wait: the
+# command ends when cloud-init has, cloud-init 22.4 cmd/status.py; JSON: no progress dots), the
+# current instance's id as cloud-init recorded it, and the hostname (what qemu-ga's
+# guest-get-host-name answers: gethostname()). ``echo`` before each separator: a file without a
+# final newline does not run into it.
+GUEST_LOOK = ["sh", "-c", f"cloud-init status --wait --format json; echo; echo {_SEP}; "
+                          f"cat {INSTANCE_ID_FILE}; echo; echo {_SEP}; hostname"]
+
+
+def parse_guest_look(out: str) -> tuple[dict[str, Any], str, str]:
+    """``(cloud-init status, instance-id, hostname)`` from :data:`GUEST_LOOK`'s output (an empty
+    status and '' where a part is missing)."""
+    parts = [p.strip() for p in out.split(f"\n{_SEP}\n")]
+    parts += [""] * (3 - len(parts))
+    try:
+        st = json.loads(parts[0]) if parts[0] else {}
+    except ValueError:
+        st = {}
+    return (st if isinstance(st, dict) else {}), parts[1], parts[2]
+
+
+async def _guest_once(ctx: JobContext, spec: VmSpec, vm: VmState) -> str:
+    """'' when the guest is as asked, else what is still missing; raises GuestFailed."""
+    _code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, GUEST_LOOK, timeout_s=GUEST_WAIT_S, poll_s=1.0,
+                                               learn="guest-look")
+    st, iid, host = parse_guest_look(out)
+    status = str(st.get("status") or "")
+    if status == "error":
+        errors = "; ".join(str(e) for e in st.get("errors") or []) or str(st.get("detail") or "").strip()
+        raise GuestFailed(f"cloud-init failed in the guest of VM {vm.vmid}: {errors or err.strip()}")
+    if status == "disabled":
+        raise GuestFailed(f"cloud-init found no seed in the guest of VM {vm.vmid}: it has no cloud-init drive")
+    if status != "done":
+        return f"cloud-init is {status or 'not reporting'}" + (f" ({err.strip()})" if not st and err.strip() else "")
+    meta = yaml.safe_load(await ctx.pve.cloudinit_dump(vm.node, vm.vmid, "meta")) or {}
+    want = str(meta.get("instance-id", "")) if isinstance(meta, dict) else ""
+    # With cloud-init changes pending, the drive the guest booted from was generated before them and
+    # the dump (from the config now) is no authority: asked only when the two differ (the outcome of
+    # "pending, else compare" in one request where they agree, which is every healthy create).
+    if want and iid != want and not any(r.get("pending") is not None or r.get("delete")
+                                        for r in await ctx.pve.cloudinit_pending(vm.node, vm.vmid)):
+        raise GuestFailed(f"the guest of VM {vm.vmid} booted from another seed: its instance-id is {iid or 'none'!r}, "
+                          f"z9's cloud-init drive gives {want!r}")
+    if host.split(".", 1)[0] != spec.name:
+        raise GuestFailed(f"the guest of VM {vm.vmid} calls itself {host!r}, not {spec.name!r}: "
+                          "it did not take its hostname from z9's cloud-init drive")
+    return ""
+
+
+async def record_guest_failure(ctx: JobContext, vm: VmState) -> None:
+    """Before the job fails on its guest: the VM facts verify saw (the server's ``observed``)."""
+    await store.server_observed(ctx.pool, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
+                                power_state="running" if vm.running else "stopped")
