@@ -94,7 +94,7 @@ async def test_a_server_without_a_primary_sends_only_from_its_private_address(pr
     assert _heard(sim, ip)
     assert not _heard(sim, "172.16.0.77")
     # observe → plan of the same create again, as its next attempt would: nothing left to do
-    from z9.executor.jobs import server_create
+    from z9.resources.server.jobs import create as server_create
     ctx = await _ctx(private, job["id"])
     world = await server_create.observe(ctx)
     assert world.ip_filter_ok and server_create.plan(ctx.job, world) == []
@@ -131,7 +131,7 @@ async def test_floating_addresses_join_the_private_servers_filter(private: Stack
     await _claim(sim, vm["vmid"], "172.16.0.99/24")
     assert not _heard(sim, "172.16.0.99")  # … another guest's is not
     # the server's own job leaves the address job's entry where it is (nothing to do for its filter)
-    from z9.executor.jobs import server_create
+    from z9.resources.server.jobs import create as server_create
     ctx = await _ctx(private, job["id"])
     world = await server_create.observe(ctx)
     assert world.ip_filter_ok and server_create.plan(ctx.job, world) == []
@@ -182,7 +182,7 @@ async def test_cluster_members_send_only_from_their_addresses(private: Stack, si
     assert not _heard(sim, mine["cp-0"], 7002)
     assert _heard(sim, mine["workers-0"], 7002)  # its own address is
     # observed again: every member's filter as it wants it, nothing to do
-    from z9.executor.jobs import _cluster, cluster_reconcile
+    from z9.resources.cluster.jobs import reconcile as cluster_reconcile, shared as _cluster
     world = await _cluster.observe(await _ctx(private, job["id"]))
     assert world.unfiltered == [] and cluster_reconcile.plan(world_job := (await _ctx(private, job["id"])).job,
                                                             world) == [], world_job
