@@ -40,9 +40,8 @@ async def settings(settings: Settings, sim: SimAdmin, request: pytest.FixtureReq
         "tokenid": TOKEN, "privsep": True,
         "user_acl": [{"path": "/", "privs": privs}],
         "acl": [{"path": "/", "privs": [p for p in privs if p not in lacking]}]})
-    region = settings.regions[REGION]
-    settings.regions[REGION] = region.model_copy(update={"token_id": TOKEN, "token_secret": SecretStr(tok["value"])})
-    return settings
+    region = settings.regions[REGION].model_copy(update={"token_id": TOKEN, "token_secret": SecretStr(tok["value"])})
+    return settings.model_copy(update={"regions": {**settings.regions, REGION: region}})  # a copy: settings are frozen
 
 
 async def _gone(stack: Stack, sim: SimAdmin, path: str, rid: str, key: str) -> None:
