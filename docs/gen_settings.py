@@ -134,6 +134,8 @@ DESCRIPTIONS: dict[str, str] = {
     "quota_cores": "Default quota of every tenant: the cores of its servers and of its Kubernetes clusters' members (control planes and pool members, as asked for) not yet deleted (unset: no limit).",
     "quota_memory_mib": "Default quota of every tenant: the memory (MiB) of its servers and of its Kubernetes clusters' members not yet deleted (unset: no limit).",
     "quota_addresses": "Default quota of every tenant: addresses not yet deleted, primary ones included (unset: no limit).",
+    "quota_load_balancers": "Default quota of every tenant: load balancers not yet deleted (each also uses 2 or 3 of its "
+                            "addresses; unset: no limit).",
     # scheduler, reaper, retention
     "scheduler_interval_s": "Longest sleep of the scheduler between passes (retry promotion, lease reclaim).",
     "reaper_interval_s": "How often the reaper looks for expired deletion buffers.",
@@ -212,6 +214,14 @@ REGION_DESCRIPTIONS: dict[str, str] = {
     "lb_target_private_networks": "Non-public networks (CIDRs) a load balancer's `ip` target may be in (e.g. a tenant network "
                                   "the appliances reach). By default an `ip` target is a public unicast address: RFC 1918, "
                                   "100.64/10, 198.18/15 and other non-global ranges answer 422 (rule `private_range`).",
+    "private_network": "The network every guest without a pool address of its own (a server without a primary "
+                       "address, a Kubernetes cluster's members) gets its IPv4 address from: `{cidr, gateway?, "
+                       "range?: [first, last], reserved?: [ip…], nameservers?, quarantine_s? (600)}`. z9 chooses "
+                       "each VM's address (one per VM, kept until the VM is removed, then quarantined), writes it as "
+                       "the guest's static cloud-init network and puts the Proxmox IP filter on with exactly it "
+                       "before the VM first starts, so a guest cannot take an address it was not given. Unset: "
+                       "such guests take DHCP from the bridge and stay unfiltered (z9 cannot know their lease). "
+                       "Never a load balancer's `ip` target (rule `address_pool`). See `docs/addresses.md`.",
     "lb_image": "Name of the operator-provided template load balancer appliances are cloned from (HAProxy, "
                 "keepalived, the QEMU guest agent enabled, a cloud-init drive). See `docs/load-balancers.md`.",
 }

@@ -311,7 +311,7 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
 
     # the caller's own quotas and use
     quota = await w.call("GET", "/quota", "/quota", 200)
-    assert set(quota["quotas"]) == {"servers", "cores", "memory_mib", "addresses"}
+    assert set(quota["quotas"]) == {"servers", "cores", "memory_mib", "addresses", "load_balancers"}
     await w.call("GET", "/quota", "/quota", 401, token="z9t_unknown")
 
     # the tokens' routes (issue 12)

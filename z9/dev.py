@@ -280,7 +280,10 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
                   "image_disk_gib": {"debian-12": 2}, "address_pools": DEV_ADDRESS_POOLS,
                   # the simulated bridge's DHCP network (10/8), where the region agent VM lives: never a
                   # load balancer's ip target (docs/load-balancers.md)
-                  "platform_networks": ["10.0.0.0/8"]}
+                  "platform_networks": ["10.0.0.0/8"],
+                  # every guest without a pool address (a server without a primary, cluster members)
+                  # gets its address here, chosen by z9, and the Proxmox IP filter holding exactly it
+                  "private_network": {"cidr": "172.16.0.0/16", "gateway": "172.16.0.1"}}
         env.setdefault("Z9_LOG_FORMAT", "text")
         env.setdefault("Z9_METRICS_HOST", "127.0.0.1")
         key = os.environ.get("Z9_INSTALLATION_KEY") or key_file.read_text().strip()
