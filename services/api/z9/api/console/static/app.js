@@ -134,7 +134,7 @@ function value(v) {
   if (v === null || v === undefined || v === "") return h("span", { class: "muted" }, "—");
   if (typeof v === "boolean") return v ? "yes" : "no";
   if (typeof v === "string" && /^\d{4}-\d\d-\d\dT/.test(v)) return when(v);
-  if (typeof v === "string" && /^(srv|adr|lb|k8s|job|tok)_[0-9a-z]{26}$/.test(v)) return idLink(v);
+  if (typeof v === "string" && /^[a-z0-9]+_[0-9a-z]{26}$/.test(v)) return idLink(v);
   if (typeof v !== "object") return String(v);
   if (Array.isArray(v)) {
     if (!v.length) return h("span", { class: "muted" }, "none");
@@ -146,9 +146,20 @@ function value(v) {
   return h("dl", { class: "kv" }, ...entries.flatMap(([k, x]) => [h("dt", {}, k.replace(/_/g, " ")), h("dd", {}, value(x))]));
 }
 
-const PREFIX_KIND = { srv: "servers", adr: "addresses", lb: "load-balancers", k8s: "clusters" };
+// an id's prefix → its kind's page, from each kind's id pattern in the document (^srv_…)
+function prefixKinds() {
+  const out = {};
+  for (const k of state.kinds) {
+    const idp = k.itemSchema.properties && k.itemSchema.properties.id && resolve(state.doc, k.itemSchema.properties.id).pattern;
+    const m = idp && idp.match(/^\^([a-z0-9]+)_/);
+    if (m) out[m[1]] = k.plural;
+  }
+  return out;
+}
+
 function idLink(id) {
   const p = id.split("_")[0];
+  const PREFIX_KIND = prefixKinds();
   if (p === "job") return link(`/jobs/${id}`, h("code", {}, id));
   if (PREFIX_KIND[p] && state.kinds.some((k) => k.plural === PREFIX_KIND[p])) return link(`/${PREFIX_KIND[p]}/${id}`, h("code", {}, id));
   return h("code", {}, id);
