@@ -14,6 +14,8 @@ from proxmoxer import ProxmoxAPI, ResourceException
 
 from z9.sim.schema import PveSchema
 
+from tests.support import poll_sync
+
 from .conftest import SSH_KEY
 
 UPID_RE = re.compile(r"^UPID:([^:]+):([0-9A-F]{8}):([0-9A-F]{8}):([0-9A-F]{8}):([^:]+):([^:]*):([^:]+):$")
@@ -464,7 +466,13 @@ def test_task_invisible_window(pve, wait, admin):
         with pytest.raises(ResourceException) as e:
             pve.nodes("pve1").tasks(upid).status.get()
         assert e.value.errors == {"upid": "no such task"}
-        time.sleep(0.35)
+
+        def visible() -> bool:
+            try:
+                return bool(pve.nodes("pve1").tasks(upid).status.get())
+            except ResourceException:
+                return False
+        poll_sync(visible, 10, "the task to become visible")  # after its invisible window
         assert wait(upid)["exitstatus"] == "OK"
     finally:
         admin("put", "/config", json={"task_invisible_s": 0})

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from datetime import datetime, timezone
 from typing import Any, Literal
 
 from aiohttp import web
@@ -40,7 +39,7 @@ from z9.common.resources.cluster import CLUSTER, STATUSES
 from z9.common.settings import Settings
 
 from . import addresses, quotas, schemas
-from .resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin,
+from .resources import (NOTIFIER, POOL, SETTINGS, clock_of, ApiResource, CreateContext, Operation, dump, idempotency_begin,
                         idempotency_end, idempotency_key, limit_param, parse_body, path_id, request_hash, room_for_a_job,
                         tenant)
 
@@ -358,7 +357,7 @@ def actions(api: ApiResource) -> list[Operation]:
                                    details=[{"field": "expiry_s", "message": "past Z9_KUBECONFIG_MAX_EXPIRY_S",
                                              "max": settings.kubeconfig_max_expiry_s}])
         if principal.expires_at is not None:  # never past the minting token's own expiry
-            left = int((principal.expires_at - datetime.now(timezone.utc)).total_seconds())
+            left = int((principal.expires_at - clock_of(request.app).now()).total_seconds())
             expiry_s = max(1, min(expiry_s, left))
         key = installation_key(settings)
         cluster = await CLUSTER.get(pool, rid, tenant(request))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import yaml
@@ -21,19 +20,38 @@ from z9.common.resources.server import SERVER
 
 from ..context import JobContext
 from ..proxmox import VmState
-from ..vms import MAIN, VmSpec, agent_configured
+from ..vms import MAIN, PrivateAddress, VmSpec, agent_configured
+from ..vms import private_address as vm_private_address
 
 INSTANCE_ID_FILE = "/var/lib/cloud/data/instance-id"  # cloud-init writes the current instance's id there
 
 
-def spec(job: Job) -> VmSpec:
-    """The server's VM, from the job's arguments (the create body)."""
+def spec(job: Job, private: PrivateAddress | None = None) -> VmSpec:
+    """The server's VM, from the job's arguments (the create body) and, for a server without a
+    primary address, the address z9 gave it on the region's private network (``private``: its
+    static cloud-init network and the one address its IP filter lets it send from; the address
+    jobs add its floating addresses to that filter beside it)."""
     a = job.args
+    # a primary address from a pool: the API put its cloud-init keys in the args
+    config = {k: str(a[k]) for k in ("ipconfig0", "nameserver") if a.get(k)}
+    ip_filter: tuple[str, ...] = ()
+    if "ipconfig0" not in config and private is not None:
+        config["ipconfig0"] = private.ipconfig0
+        if private.nameservers:
+            config["nameserver"] = " ".join(private.nameservers)
+        ip_filter = (private.ip,)
     return VmSpec(owner=job.resource_id, member=MAIN, name=a["name"], image=a["image"], cores=int(a["cores"]),
                   memory_mib=int(a["memory_mib"]), disk_gib=int(a["disk_gib"]),
                   ssh_keys=tuple(a.get("ssh_keys") or ()), only_own_identity=True,
-                  # a primary address from a pool: the API put its cloud-init keys in the args
-                  config={k: str(a[k]) for k in ("ipconfig0", "nameserver") if a.get(k)})
+                  config=config, ip_filter=ip_filter, ip_filter_keeps_addresses=True)
+
+
+async def private_address(ctx: JobContext) -> PrivateAddress | None:
+    """The server's private address when it has no primary (None: it has one, or the region has no
+    private network)."""
+    if ctx.job.args.get("ipconfig0"):
+        return None
+    return await vm_private_address(ctx, ctx.job.resource_id, MAIN)
 
 
 async def recorded_vm(ctx: JobContext) -> list[tuple[int, str]]:
@@ -71,9 +89,9 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
         return
     since = ctx.memo.get("guest_look_since")
     if since is None:
-        since = time.time()
+        since = ctx.clock.time()
         await ctx.remember(guest_look_since=since)
-    slot_end = time.monotonic() + ctx.settings.server_guest_slot_s
+    slot_end = ctx.clock.monotonic() + ctx.settings.server_guest_slot_s
     last = "its guest agent does not answer yet"
     # One look at a time: its process (GUEST_LOOK, waiting for cloud-init to end) is asked about
     # until it ended — across this claim and, through the memo, the next one after a snooze — and
@@ -82,7 +100,7 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
     look = ctx.memo.get("guest_look")
     pid = int(look["pid"]) if isinstance(look, dict) and look.get("vmid") == vm.vmid else None
     started, seen_running = time.monotonic(), False
-    delay = 1.0
+    delay = ctx.settings.server_guest_poll_s
     looked_at = time.monotonic()  # about when verify read the VM's uptime
     agent_up = ctx.pve.exec_first_poll_s(AGENT_UP_KEY)
     if pid is None and vm.uptime_s is not None and agent_up > vm.uptime_s + 1:
@@ -117,12 +135,15 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
             # the agent is not up yet (booting), or no longer knows the process (the guest
             # restarted: "Invalid parameter 'pid'"): a new look next time
             last, pid = str(e), None
-        if time.time() - float(since) > ctx.settings.server_guest_ready_s:
+        if ctx.clock.time() - float(since) > ctx.settings.server_guest_ready_s:
             raise TemporaryError(f"VM {vm.vmid}: the guest is not up after {ctx.settings.server_guest_ready_s:.0f}s: {last}")
-        if time.monotonic() > slot_end:
+        if ctx.clock.monotonic() > slot_end:
             raise Snooze(f"VM {vm.vmid}: {last}; looked into again in {GUEST_SNOOZE_S:.0f}s", delay_s=GUEST_SNOOZE_S)
+        # each question is a request through pveproxy: asked less often the longer it takes (from
+        # server_guest_poll_s up to GUEST_POLL_MAX_S, or five times the setting when that is less)
         await asyncio.sleep(delay)
-        delay = min(delay * 1.5, GUEST_POLL_MAX_S)
+        delay = min(delay * 1.5, max(ctx.settings.server_guest_poll_s,
+                                     min(GUEST_POLL_MAX_S, 5 * ctx.settings.server_guest_poll_s)))
 
 
 GUEST_POLL_MAX_S = 5.0  # the longest wait between two questions about the guest look
