@@ -99,9 +99,9 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
     # reboot) or it ended without cloud-init done. Each question is a request through pveproxy.
     look = ctx.memo.get("guest_look")
     pid = int(look["pid"]) if isinstance(look, dict) and look.get("vmid") == vm.vmid else None
-    started, seen_running = time.monotonic(), False
+    started, seen_running = ctx.clock.monotonic(), False
     delay = ctx.settings.server_guest_poll_s
-    looked_at = time.monotonic()  # about when verify read the VM's uptime
+    looked_at = ctx.clock.monotonic()  # about when verify read the VM's uptime
     agent_up = ctx.pve.exec_first_poll_s(AGENT_UP_KEY)
     if pid is None and vm.uptime_s is not None and agent_up > vm.uptime_s + 1:
         # a guest just started: its agent answered at about this uptime lately — ask then, not
@@ -113,15 +113,15 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
             if pid is None:
                 pid = await ctx.pve.agent_exec_start(vm.node, vm.vmid, GUEST_LOOK)
                 if vm.uptime_s is not None:
-                    ctx.pve.exec_took(AGENT_UP_KEY, vm.uptime_s + time.monotonic() - looked_at, True)
+                    ctx.pve.exec_took(AGENT_UP_KEY, vm.uptime_s + ctx.clock.monotonic() - looked_at, True)
                 await ctx.remember(guest_look={"vmid": vm.vmid, "pid": pid})
-                started, seen_running = time.monotonic(), False
+                started, seen_running = ctx.clock.monotonic(), False
                 first = ctx.pve.exec_first_poll_s(GUEST_LOOK_KEY)
                 if first:
                     await asyncio.sleep(first)
             st = await ctx.pve.agent_exec_status(vm.node, vm.vmid, pid)
             if int(st.get("exited") or 0):
-                ctx.pve.exec_took(GUEST_LOOK_KEY, time.monotonic() - started, seen_running)
+                ctx.pve.exec_took(GUEST_LOOK_KEY, ctx.clock.monotonic() - started, seen_running)
                 pid = None
                 await ctx.remember(guest_look=None)
                 last = await _judge(ctx, spec, vm, str(st.get("out-data") or ""), str(st.get("err-data") or ""))
