@@ -90,7 +90,7 @@ from typing import Any
 
 import yaml
 
-from z9.common import nocloud, pki, store
+from z9.common import nocloud, pki
 from z9.common.errors import Cancelled, PermanentError, TemporaryError
 from z9.common.models import Cluster, Job
 from z9.resources.cluster import CLUSTER
@@ -99,6 +99,7 @@ from z9.common.tags import identity_tag
 from z9.executor import vms
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import AgentUnavailable, VmState
+from z9.resources.cluster import store as cluster_store
 
 log = logging.getLogger("z9.executor.cluster")
 
@@ -758,7 +759,7 @@ async def material_of(ctx: JobContext, cluster: Cluster) -> dict[str, str]:
     """The cluster's PKI, opened with the installation key."""
     if ctx.settings.installation_key is None:
         raise PermanentError("Z9_INSTALLATION_KEY is not set on the executor: the cluster's keys cannot be opened")
-    sealed = await store.cluster_keys_get(ctx.pool, cluster.id)
+    sealed = await cluster_store.cluster_keys_get(ctx.pool, cluster.id)
     if sealed is None:
         raise PermanentError(f"cluster {cluster.id} has no keys (destroyed)")
     try:
@@ -1055,12 +1056,12 @@ async def record_seen(conn: Any, ctx: JobContext, seen: Seen) -> None:
 async def record_members(conn: Any, ctx: JobContext, seen: Seen, *, from_statuses: tuple[str, ...]) -> None:
     """Members and status (``running``/``degraded``, the latter with its reason), the status
     only from one of ``from_statuses``."""
-    await store.cluster_members(conn, ctx.job.resource_id, seen.members, seen.whole)
+    await cluster_store.cluster_members(conn, ctx.job.resource_id, seen.members, seen.whole)
     await CLUSTER.observed(conn, ctx.job.resource_id, status="running" if seen.whole else "degraded",
                            from_statuses=from_statuses)
     reason = seen.reason()
     if reason:
-        await store.cluster_degraded_reason(conn, ctx.job.resource_id, reason)
+        await cluster_store.cluster_degraded_reason(conn, ctx.job.resource_id, reason)
 
 
 async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
@@ -1070,7 +1071,7 @@ async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> N
     cluster = await CLUSTER.get(conn, ctx.job.resource_id)
     if cluster is not None and cluster.initialized_at is not None and cluster.status not in (
             "deleting", "destroying", "deleted") and error.get("class") != "cancelled":
-        await store.cluster_degraded(conn, cluster.id, error["message"])
+        await cluster_store.cluster_degraded(conn, cluster.id, error["message"])
         return
     await CLUSTER.mark_failed_by_job(conn, ctx.job.resource_id, error["message"], kind=ctx.job.kind,
                                      refused=bool(error.get("refused")))

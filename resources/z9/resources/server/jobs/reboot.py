@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 
 import asyncpg
 
-from z9.common import kinds, store
+from z9.common import kinds
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 from z9.resources.server import SERVER
@@ -34,6 +34,7 @@ from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
 from z9.executor import vms
 from z9.resources.server.jobs import shared as _server
+from z9.resources.server import store as server_store
 
 KIND = kinds.SERVER_REBOOT
 REBOOT_TIMEOUT_S = 60
@@ -125,7 +126,7 @@ async def verify(ctx: JobContext) -> VmState:
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
     """Power state ``running``; status ``running`` when it was running or stopped."""
-    await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node, power_state="running")
+    await server_store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node, power_state="running")
     await SERVER.observed(conn, ctx.job.resource_id, status="running", from_statuses=("running", "stopped"))
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from z9.common import kinds, store
+from z9.common import kinds
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 from z9.resources.server import SERVER
@@ -31,6 +31,7 @@ from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
 from z9.executor import vms
 from z9.resources.server.jobs import shared as _server
+from z9.resources.server import store as server_store
 
 KIND = kinds.SERVER_RESIZE
 
@@ -123,7 +124,7 @@ async def verify(ctx: JobContext) -> VmState:
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
     """The observed power state; the status is left alone."""
-    await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
+    await server_store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
                                 power_state="running" if vm.running else "stopped")
     await SERVER.observed(conn, ctx.job.resource_id)
 

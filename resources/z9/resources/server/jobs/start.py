@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import kinds, store
+from z9.common import kinds
 from z9.resources.server import SERVER
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
@@ -23,6 +23,7 @@ from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
 from z9.executor import vms
 from z9.resources.server.jobs import shared as _server
+from z9.resources.server import store as server_store
 
 KIND = kinds.SERVER_START
 
@@ -67,7 +68,7 @@ async def verify(ctx: JobContext) -> VmState:
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
     """Power state ``running``; status ``running`` when it was running or stopped."""
-    await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node, power_state="running")
+    await server_store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node, power_state="running")
     await SERVER.observed(conn, ctx.job.resource_id, status="running", from_statuses=("running", "stopped"))
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import kinds, store
+from z9.common import kinds
 from z9.resources.server import SERVER
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
@@ -29,6 +29,7 @@ from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
 from z9.executor import vms
 from z9.resources.server.jobs import shared as _server
+from z9.resources.server import store as server_store
 
 KIND = kinds.SERVER_STOP
 SHUTDOWN_TIMEOUT_S = 60
@@ -90,9 +91,9 @@ async def verify(ctx: JobContext) -> VmState | None:
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState | None) -> None:
     """The observed power state; status ``stopped`` from ``running``/``stopped`` only."""
     if vm is None:
-        await store.server_observed(conn, ctx.job.resource_id, vmid=None, node=None, power_state=None)
+        await server_store.server_observed(conn, ctx.job.resource_id, vmid=None, node=None, power_state=None)
     else:
-        await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
+        await server_store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
                                     power_state="stopped")
     await SERVER.observed(conn, ctx.job.resource_id, status="stopped", from_statuses=("running", "stopped"))
 
