@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import logging
+
 from typing import Any
 
 import asyncpg

@@ -3,6 +3,7 @@ errors translated as in :mod:`z9.common.store` (the error boundary)."""
 from __future__ import annotations
 
 import logging
+
 from typing import Any
 
 from z9.common.ids import new_id

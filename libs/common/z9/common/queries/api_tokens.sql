@@ -8,7 +8,7 @@ RETURNING id, tenant_id, name, scopes, created_at, expires_at, last_used_at, rev
 -- name: api_token_tenant
 SELECT t.id, t.name
 FROM api_tokens k JOIN tenants t ON t.id = k.tenant_id
-WHERE k.token_sha256 = $1 AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now());
+WHERE k.token_sha256 = $1 AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > coalesce($2::timestamptz, now()));
 
 -- name: api_token_auth
 -- The principal of a bearer token: unknown, revoked and expired tokens match nothing, nor does a
@@ -25,7 +25,7 @@ WITH RECURSIVE line AS (
 SELECT k.id, k.tenant_id, k.scopes, (SELECT min(line.expires_at) FROM line) AS expires_at
 FROM api_tokens k
 WHERE k.token_sha256 = $1
-  AND NOT EXISTS (SELECT 1 FROM line WHERE line.revoked_at IS NOT NULL OR line.expires_at <= now());
+  AND NOT EXISTS (SELECT 1 FROM line WHERE line.revoked_at IS NOT NULL OR line.expires_at <= coalesce($2::timestamptz, now()));
 
 -- name: api_token_list
 SELECT id, tenant_id, name, scopes, created_at, expires_at, last_used_at, revoked_at, created_by
@@ -50,5 +50,5 @@ RETURNING k.id, k.tenant_id, k.name, k.scopes, k.created_at, k.expires_at, k.las
 
 -- name: api_token_touch
 -- Coarse last use: only rows not touched within $2 seconds are written.
-UPDATE api_tokens SET last_used_at = now()
-WHERE id = ANY($1::text[]) AND (last_used_at IS NULL OR last_used_at < now() - make_interval(secs => $2));
+UPDATE api_tokens SET last_used_at = coalesce($3::timestamptz, now())
+WHERE id = ANY($1::text[]) AND (last_used_at IS NULL OR last_used_at < coalesce($3::timestamptz, now()) - make_interval(secs => $2));

@@ -8,7 +8,7 @@ SELECT request_sha256, response_status, response_body
 FROM idempotency_keys WHERE tenant_id = $1 AND key = $2;
 
 -- name: idempotency_prune
-DELETE FROM idempotency_keys WHERE created_at < now() - make_interval(secs => $1);
+DELETE FROM idempotency_keys WHERE created_at < coalesce($2::timestamptz, now()) - make_interval(secs => $1);
 
 -- name: idempotency_insert
 INSERT INTO idempotency_keys (tenant_id, key, request_sha256, response_status, response_body)

@@ -79,7 +79,8 @@ ORDER BY seq DESC
 LIMIT $3;
 
 -- name: job_claim
--- No parameters: {region}, {limit}, {owner} and {lease_ttl_s} are filled in as literals (sql.ql), so
+-- No parameters: {region}, {limit}, {owner}, {lease_ttl_s} and {now} (NULL: the server's now(); a
+-- test clock's time otherwise) are filled in as literals (sql.ql), so
 -- PostgreSQL plans this statement once per connection and keeps the plan (force_custom_plan only
 -- re-plans statements with parameters), and that plan knows the real LIMIT: a generic plan of a
 -- `LIMIT $n` parameter assumes a tenth of the rows and could trade the ordered walk below for a sort of every
@@ -100,7 +101,7 @@ LIMIT $3;
 -- there is no lock cycle.
 WITH candidates AS (
     SELECT j.id FROM jobs j
-    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = {region} AND j.run_after <= now()
+    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = {region} AND j.run_after <= coalesce({now}::timestamptz, now())
       AND (j.resource_id IS NULL OR (
           NOT EXISTS (
               SELECT 1 FROM jobs e
@@ -118,9 +119,9 @@ UPDATE jobs
 SET status = 'running',
     attempt = jobs.attempt + 1,
     lease_owner = {owner},
-    lease_expires_at = now() + make_interval(secs => {lease_ttl_s}),
-    started_at = coalesce(jobs.started_at, now()),
-    updated_at = now()
+    lease_expires_at = coalesce({now}::timestamptz, now()) + make_interval(secs => {lease_ttl_s}),
+    started_at = coalesce(jobs.started_at, {now}::timestamptz, now()),
+    updated_at = coalesce({now}::timestamptz, now())
 FROM candidates
 WHERE jobs.id = candidates.id
 RETURNING jobs.*, pg_notify('z9_job_changed', jobs.id)::text AS notified;
@@ -140,12 +141,12 @@ SELECT pg_advisory_xact_lock(hashtextextended('z9-region-cap:' || r, 0)) FROM un
 -- their leases expire, before the scheduler reclaims them). The planner walks jobs_lease_expiry
 -- (running jobs only, every region: 0.8 ms for 2,000 running jobs, measured) — bounded by the
 -- executors' total concurrency, never by the table's size.
-SELECT count(*)::int FROM jobs WHERE status = 'running' AND region = $1 AND lease_expires_at > now();
+SELECT count(*)::int FROM jobs WHERE status = 'running' AND region = $1 AND lease_expires_at > coalesce($2::timestamptz, now());
 
 -- name: job_region_claimable
 -- Whether region $1 has a claimable-looking job (pending, not blocked, due): one probe of
 -- jobs_claimable, asked only when the cap held a claim back (for the metric and the log line).
-SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'pending' AND NOT blocked AND region = $1 AND run_after <= now());
+SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'pending' AND NOT blocked AND region = $1 AND run_after <= coalesce($2::timestamptz, now()));
 
 -- name: jobs_unblock_now
 -- Inside a transaction that ended jobs with resources: run their deferred unblocking
@@ -176,9 +177,9 @@ RETURNING jobs.id, jobs.region, pg_notify('z9_jobs', jobs.region)::text AS notif
 -- late (frozen, partitioned) must stop, not renew — JobContext.fence() runs this before every
 -- mutating hypervisor call.
 UPDATE jobs
-SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
+SET lease_expires_at = coalesce($5::timestamptz, now()) + make_interval(secs => $4), updated_at = coalesce($5::timestamptz, now())
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-  AND lease_expires_at > now()
+  AND lease_expires_at > coalesce($5::timestamptz, now())
 RETURNING id;
 
 -- name: job_heartbeat_many
@@ -196,11 +197,11 @@ WITH f AS (
 ), held AS (
     SELECT j.id FROM jobs j JOIN f ON j.id = f.id
     WHERE j.id = ANY($1::text[]) AND j.lease_owner = f.owner AND j.attempt = f.attempt
-      AND j.status::text = 'running' AND j.lease_expires_at > now()
+      AND j.status::text = 'running' AND j.lease_expires_at > coalesce($5::timestamptz, now())
     FOR UPDATE OF j SKIP LOCKED
 ), renewed AS (
     UPDATE jobs j
-    SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
+    SET lease_expires_at = coalesce($5::timestamptz, now()) + make_interval(secs => $4), updated_at = coalesce($5::timestamptz, now())
     FROM held
     WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.id = held.id
     RETURNING j.id, j.attempt
@@ -209,23 +210,23 @@ SELECT id, attempt FROM renewed
 UNION ALL
 SELECT j.id, j.attempt FROM jobs j JOIN f ON j.id = f.id
 WHERE j.id = ANY($1::text[]) AND j.lease_owner = f.owner AND j.attempt = f.attempt
-  AND j.status::text = 'running' AND j.lease_expires_at > now() AND j.id NOT IN (SELECT id FROM held);
+  AND j.status::text = 'running' AND j.lease_expires_at > coalesce($5::timestamptz, now()) AND j.id NOT IN (SELECT id FROM held);
 
 -- name: job_progress
 -- Renews the lease, so an expired one is lost here too (see job_heartbeat): step_running writes
 -- before the step's fence.
 UPDATE jobs
-SET steps = $4, lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
+SET steps = $4, lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5), updated_at = coalesce($6::timestamptz, now())
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-  AND lease_expires_at > now()
+  AND lease_expires_at > coalesce($6::timestamptz, now())
 RETURNING id, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_remember
 -- Renews the lease: an expired one is lost (see job_heartbeat).
 UPDATE jobs
-SET memo = memo || $4::jsonb, lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
+SET memo = memo || $4::jsonb, lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5), updated_at = coalesce($6::timestamptz, now())
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-  AND lease_expires_at > now()
+  AND lease_expires_at > coalesce($6::timestamptz, now())
 RETURNING id;
 
 -- name: job_succeed
@@ -264,9 +265,9 @@ FROM jobs_finish_and_claim($1::text[], $2::text[], $3::int[], $4::text[], $5::te
 -- $7 = attempts to give back (1 for a snooze or a hand-over, else 0).
 UPDATE jobs
 SET status = 'retry', steps = $4, error = $5,
-    run_after = now() + make_interval(secs => $6),
+    run_after = coalesce($8::timestamptz, now()) + make_interval(secs => $6),
     attempt = attempt - $7,
-    lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+    lease_owner = NULL, lease_expires_at = NULL, updated_at = coalesce($8::timestamptz, now())
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
 RETURNING id, run_after, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
@@ -283,18 +284,18 @@ SELECT pg_notify('z9_scheduler', '');
 -- name: job_retry_due
 WITH due AS (
     SELECT id FROM jobs
-    WHERE status = 'retry' AND run_after <= now()
+    WHERE status = 'retry' AND run_after <= coalesce($2::timestamptz, now())
     ORDER BY run_after
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
-UPDATE jobs SET status = 'pending', updated_at = now()
+UPDATE jobs SET status = 'pending', updated_at = coalesce($2::timestamptz, now())
 FROM due WHERE jobs.id = due.id
 RETURNING jobs.id, jobs.region, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_retry_next_in
 -- Seconds until the earliest retry is due (negative when overdue), NULL when none waits.
-SELECT extract(epoch FROM min(run_after) - now())::float8 FROM jobs WHERE status = 'retry';
+SELECT extract(epoch FROM min(run_after) - coalesce($1::timestamptz, now()))::float8 FROM jobs WHERE status = 'retry';
 
 -- name: lease_reclaim_expired
 -- Guarded: FOR UPDATE re-evaluates the CTE's predicate on a row changed since the snapshot,
@@ -302,7 +303,7 @@ SELECT extract(epoch FROM min(run_after) - now())::float8 FROM jobs WHERE status
 -- between selection and update is never overwritten.
 WITH expired AS (
     SELECT id FROM jobs
-    WHERE status = 'running' AND lease_expires_at < now()
+    WHERE status = 'running' AND lease_expires_at < coalesce($2::timestamptz, now())
     ORDER BY lease_expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -317,15 +318,15 @@ SET status = CASE WHEN jobs.attempt >= jobs.max_attempts THEN 'failed' ELSE 'ret
                    || 'lease of ' || jobs.lease_owner || ' expired at '
                    || to_char(jobs.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
                    || ' (worker lost or stalled)',
-        'at', now()),
-    run_after = now(),
-    finished_at = CASE WHEN jobs.attempt >= jobs.max_attempts THEN now() END,
+        'at', coalesce($2::timestamptz, now())),
+    run_after = coalesce($2::timestamptz, now()),
+    finished_at = CASE WHEN jobs.attempt >= jobs.max_attempts THEN coalesce($2::timestamptz, now()) END,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    updated_at = now()
+    updated_at = coalesce($2::timestamptz, now())
 FROM expired
 WHERE jobs.id = ANY(ARRAY(SELECT id FROM expired))  -- primary-key probes, not a scan of live jobs
-  AND jobs.id = expired.id AND jobs.status::text = 'running' AND jobs.lease_expires_at < now()
+  AND jobs.id = expired.id AND jobs.status::text = 'running' AND jobs.lease_expires_at < coalesce($2::timestamptz, now())
 RETURNING jobs.id, jobs.kind, jobs.status, jobs.region, jobs.attempt, jobs.resource_type, jobs.resource_id,
           jobs.error, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
@@ -335,7 +336,7 @@ RETURNING jobs.id, jobs.kind, jobs.status, jobs.region, jobs.attempt, jobs.resou
 DELETE FROM jobs
 WHERE id IN (
     SELECT j.id FROM jobs j
-    WHERE j.status IN ('succeeded', 'failed') AND j.finished_at < now() - make_interval(secs => $1)
+    WHERE j.status IN ('succeeded', 'failed') AND j.finished_at < coalesce($3::timestamptz, now()) - make_interval(secs => $1)
     ORDER BY j.finished_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -364,9 +365,9 @@ GROUP BY status, region, kind;
 -- jobs_pending_runnable in run_after order and stops at the first runnable job; the walk and the
 -- per-resource probes are index-only.
 -- (run_after is never earlier than created_at: it defaults to now() and only moves forward.)
-SELECT r.region, coalesce(extract(epoch FROM now() - (
+SELECT r.region, coalesce(extract(epoch FROM coalesce($2::timestamptz, now()) - (
     SELECT greatest(j.created_at, j.run_after) FROM jobs j
-    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = r.region AND j.run_after <= now()
+    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = r.region AND j.run_after <= coalesce($2::timestamptz, now())
       AND NOT EXISTS (
           SELECT 1 FROM jobs e
           WHERE e.resource_id = j.resource_id AND e.seq < j.seq
@@ -412,6 +413,34 @@ SELECT j.id, j.kind FROM jobs j JOIN jobs me ON me.id = $1
 WHERE j.resource_id = me.resource_id AND j.seq > me.seq AND j.kind = ANY($2::text[])
 ORDER BY j.seq
 LIMIT 1;
+
+-- ---------------------------------------------------------------- operator views (GET /v1/operator/…)
+
+-- name: job_list_operator
+-- Every tenant's jobs: $1 region, $2 kind, $3 status, $4 tenant (each NULL: any), $5 the limit, $6 kinds
+-- left out. The live ones first — retry, then pending, then running, each oldest first — then the
+-- finished ones, newest first.
+SELECT * FROM jobs
+WHERE ($1::text IS NULL OR region = $1) AND ($2::text IS NULL OR kind = $2)
+  AND ($3::text IS NULL OR status::text = $3) AND ($4::text IS NULL OR tenant_id = $4)
+  AND NOT (kind = ANY($6::text[]))
+ORDER BY CASE status::text WHEN 'retry' THEN 0 WHEN 'pending' THEN 1 WHEN 'running' THEN 2 ELSE 3 END,
+         CASE WHEN status::text IN ('retry', 'pending', 'running') THEN seq END,
+         seq DESC
+LIMIT $5;
+
+-- name: job_live_counts_by_region
+-- The live jobs of every region by status, with the oldest pending one's creation.
+SELECT region, status::text AS status, count(*)::int AS n, min(created_at) AS oldest
+FROM jobs WHERE status IN ('pending', 'retry', 'running')
+GROUP BY region, status;
+
+-- name: job_list_guard_refusals
+-- Jobs the deletion guard refused (the executor marks their error `refused`), newest first.
+SELECT * FROM jobs
+WHERE status = 'failed' AND (error ->> 'refused') = 'true' AND ($1::text IS NULL OR region = $1)
+ORDER BY seq DESC
+LIMIT $2;
 
 -- fragment: job_columns
 -- The columns a job is inserted with, in order: every statement that inserts jobs names them

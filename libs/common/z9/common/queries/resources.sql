@@ -27,9 +27,9 @@ LIMIT $4;
 -- The deletion buffer starts; status_before_delete says what a cancellation restores.
 UPDATE {table}
 SET status = 'deleting',
-    delete_after = now() + make_interval(secs => $3),
+    delete_after = coalesce($4::timestamptz, now()) + make_interval(secs => $3),
     status_before_delete = status,
-    updated_at = now()
+    updated_at = coalesce($4::timestamptz, now())
 WHERE id = $1 AND tenant_id = $2 AND status NOT IN ('deleting', 'destroying', 'deleted')
 RETURNING *;
 
@@ -51,20 +51,20 @@ UPDATE {table}
 SET status = status_before_delete,
     status_reason = CASE WHEN status_before_delete = 'failed' THEN status_reason END,
     delete_after = NULL,
-    updated_at = now()
-WHERE id = $1 AND tenant_id = $2 AND status = 'deleting' AND delete_after > now()
+    updated_at = coalesce($3::timestamptz, now())
+WHERE id = $1 AND tenant_id = $2 AND status = 'deleting' AND delete_after > coalesce($3::timestamptz, now())
 RETURNING *;
 
 -- name: resource_reap_expired
 WITH due AS (
     SELECT id FROM {table}
-    WHERE status = 'deleting' AND delete_after <= now()
+    WHERE status = 'deleting' AND delete_after <= coalesce($2::timestamptz, now())
     ORDER BY delete_after
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {table} s
-SET status = 'destroying', updated_at = now()
+SET status = 'destroying', updated_at = coalesce($2::timestamptz, now())
 FROM due WHERE s.id = due.id
 RETURNING s.*,
     -- the trace of the request that started the deletion (its first job, the resource's latest
@@ -91,6 +91,11 @@ WITH r AS (
     RETURNING id
 ), c AS (
     DELETE FROM vm_clone_requests WHERE resource_id IN (SELECT id FROM r)
+), p AS (
+    -- its VMs are gone (verify saw it): their private addresses go into quarantine
+    UPDATE vm_private_addresses
+    SET released_at = now(), reusable_after = now() + make_interval(secs => quarantine_s)
+    WHERE resource_id IN (SELECT id FROM r) AND released_at IS NULL
 )
 SELECT count(*) FROM r;
 
@@ -110,7 +115,7 @@ RETURNING id;
 -- another reaper holds.
 SELECT r.* FROM {table} r
 WHERE r.status::text = ANY($1::text[])
-  AND (r.observed_at IS NULL OR r.observed_at < now() - make_interval(secs => $2))
+  AND (r.observed_at IS NULL OR r.observed_at < coalesce($4::timestamptz, now()) - make_interval(secs => $2))
   AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.resource_id = r.id AND j.status IN ('pending', 'running', 'retry'))
 ORDER BY r.observed_at NULLS FIRST
 LIMIT $3
