@@ -100,7 +100,7 @@ from z9.common.models import Cluster, Job
 from z9.resources.cluster import CLUSTER
 from z9.common.tags import identity_tag
 
-from z9.executor import vms
+from z9.executor import guard, vms
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import AgentUnavailable, VmState
 from z9.resources.cluster import store as cluster_store
@@ -404,7 +404,7 @@ def plan(job: Job, world: World) -> list[Step]:
     if init:
         steps.append(Step("init", {"member": "cp-0"}))
     for vm in world.vms.values():
-        vms.refuse_platform(world.cluster.id, vm)
+        guard.refuse_platform(world.cluster.id, vm)
     for member in sorted(world.failed_boot, key=ordinal_key):
         if member in nodes:  # it joined before its cloud-init failed: out of the cluster first
             if member.startswith("cp-"):
@@ -428,7 +428,7 @@ def plan(job: Job, world: World) -> list[Step]:
         steps.append(Step("remove", {"member": member}))
     for vm in world.clones:  # half-made VMs of members no longer desired
         vms.refuse_if_locked(vm)  # a clone still being made: wait for it (Snooze), then remove it
-        vms.guard_own_clone(world.cluster.id, vm)
+        guard.guard_own_clone(world.cluster.id, vm)
         steps.append(Step("remove_clone", {"vmid": vm.vmid, "node": vm.node}))
     down = [m for m in world.client_ca_unreachable if m in desired]
     if down:  # a rotation is done only when every API server trusts the new CA alone
@@ -1051,7 +1051,7 @@ async def _remove(ctx: JobContext, world: World, step: Step, member: str) -> Non
     cluster = world.cluster
     assert cluster is not None
     for vm in await vms.find_vms(ctx, cluster.id, member):
-        vms.guard(cluster.id, vm)
+        guard.guard(cluster.id, vm)
         volid = _bootstrap_volume(vm)
         for name in ("stop", "destroy"):
             if name == "stop" and not vm.running:

@@ -32,7 +32,7 @@ from z9.common.tags import identity_tag
 
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
-from z9.executor import vms
+from z9.executor import guard, vms
 from z9.resources.server.jobs import shared as _server
 from z9.resources.server import store as server_store
 
@@ -66,7 +66,7 @@ def plan(job: Job, world: World) -> list[Step]:
     vm = world.vm
     if vm is None:
         raise PermanentError(f"no VM carries {identity_tag(job.resource_id)}: the server's VM is gone")
-    vms.guard(job.resource_id, vm)
+    guard.guard(job.resource_id, vm)
     if booted_since_request(vm, world.requested_ago_s):
         return []
     vms.refuse_if_locked(vm)
@@ -78,7 +78,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     if step.name not in ("reboot", "start"):
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
     assert world.vm is not None
-    st = await vms.reread_guarded(ctx, ctx.job.resource_id, world.vm)
+    st = await guard.reread_guarded(ctx, ctx.job.resource_id, world.vm)
     if booted_since_request(st, _age(ctx.job)):
         return
     if not st.running:
@@ -93,7 +93,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         # for is a VM booted after the request)
         if f"VM {st.vmid} not running" not in str(e):
             raise
-        st = await vms.reread_guarded(ctx, ctx.job.resource_id, st)
+        st = await guard.reread_guarded(ctx, ctx.job.resource_id, st)
         await vms.ensure_running(ctx, step, st)
         return
     await ctx.wait_task(step, upid)
