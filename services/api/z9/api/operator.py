@@ -135,7 +135,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     jobs = await store.job_list_operator(request.app[POOL], region=_text_param(request, "region"),
                                          kind=_text_param(request, "kind"), status=status, tenant_id=tenant_id,
                                          limit=limit_param(request),
-                                         exclude_kinds=() if include_observe else kinds.OBSERVE_ONLY)
+                                         exclude_kinds=() if include_observe else kinds.observe_only())
     return web.json_response(dump(OperatorJobList, {"jobs": [_public(j) for j in jobs]}))
 
 
