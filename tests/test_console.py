@@ -68,7 +68,8 @@ def test_server_created_watched_deleted_restored(stack: DevStack, chromium: Any)
     assert "DNS label" in name_error and "^[a-z0-9]" not in name_error, name_error
     assert sent == []
     # labels in words; region and image: selects of what GET /v1/regions offers
-    assert page.inner_text("label[for=%s]" % page.get_attribute("[name=memory_mib]", "id")).startswith("Memory (MiB)")
+    memory_id = page.get_attribute("[name=memory_mib]", "id")
+    assert page.inner_text(f"label[for={memory_id}]").startswith("Memory (MiB)")
     assert page.eval_on_selector("[name=region]", "e => e.tagName") == "SELECT"
     assert page.eval_on_selector("[name=image]", "e => e.tagName") == "SELECT"
 
@@ -113,6 +114,11 @@ def test_server_created_watched_deleted_restored(stack: DevStack, chromium: Any)
     assert page.console_errors == [], page.console_errors
 
 
+# the elements whose content spills out of them, not scrolled (an assertion's message)
+OVERFLOWING = """[...document.querySelectorAll('body *')].filter(e => e.scrollWidth > e.clientWidth + 1 && !['auto', 'scroll', 'hidden'].includes(getComputedStyle(e).overflowX))
+  .slice(0, 8).map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right) + ' ' + getComputedStyle(e).overflowX)"""
+
+
 def test_phone_sized_window_fits_and_errors_quote_the_request_id(stack: DevStack, chromium: Any) -> None:
     page = new_page(chromium, viewport={"width": 390, "height": 844})
     sign_in(page, stack)
@@ -125,6 +131,18 @@ def test_phone_sized_window_fits_and_errors_quote_the_request_id(stack: DevStack
         assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, (path, box)
         page.click("form.form button[type=submit]")  # nothing lies over it (a trial click fails if so)
         page.wait_for_selector("form.form .notice.bad:not([hidden])")
+    status, out = stack.api("POST", "servers", {"name": f"phone-{time.time_ns() % 10**8}", "region": "dev-1",
+                                                "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10})
+    assert status == 202, out
+    for path in ("", "servers", "jobs", "tokens", "quota", f"servers/{out['server']['id']}", f"jobs/{out['job']['id']}"):
+        page.goto(stack.console + path)
+        page.wait_for_selector("main h1")
+        if path.startswith(("servers/", "jobs/")):
+            page.wait_for_selector(".job .job-status")  # its job panel, steps and all
+        else:
+            page.wait_for_load_state("networkidle")
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= 390, (path, wide, page.evaluate(OVERFLOWING))
     # the JSON fields show an example
     page.goto(stack.console + "load-balancers/new")
     page.wait_for_selector("[data-field=targets] code.example")
