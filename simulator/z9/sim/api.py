@@ -256,6 +256,10 @@ async def h_destroy(ctx, p, user, fail):
     return await ctx.cluster.destroy(p["node"], _vmid(p), p, user, fail)
 
 
+async def h_move_disk(ctx, p, user, fail):
+    return await ctx.cluster.move_disk(p["node"], _vmid(p), p, user, fail)
+
+
 async def h_resize(ctx, p, user, fail):
     return await ctx.cluster.resize(p["node"], _vmid(p), p, user, fail)
 
@@ -595,6 +599,7 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("POST", "/nodes/{node}/qemu/{vmid}/migrate"): h_migrate,
     ("DELETE", "/nodes/{node}/qemu/{vmid}"): h_destroy,
     ("PUT", "/nodes/{node}/qemu/{vmid}/resize"): h_resize,
+    ("POST", "/nodes/{node}/qemu/{vmid}/move_disk"): h_move_disk,
     ("PUT", "/nodes/{node}/qemu/{vmid}/cloudinit"): h_cloudinit,
     ("GET", "/nodes/{node}/qemu/{vmid}/cloudinit"): h_cloudinit_get,
     ("GET", "/nodes/{node}/qemu/{vmid}/cloudinit/dump"): h_cloudinit_dump,
