@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from services.executor.worker import Executor
+from z9.executor.worker import Executor
 from tests.support import free_port
 from tests.test_engine_batching import _settings
 

@@ -12,6 +12,10 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SOURCE_ROOTS = [ROOT / r for r in PYPROJECT["tool"]["pyright"]["extraPaths"]]
 
 
+#: top-level folders that are source roots, not packages: importing them works only by accident
+FOLDERS_NOT_PACKAGES = {"libs", "services", "simulator", "db", "resources"}
+
+
 def _module_file(module: str) -> Path | None:
     parts = module.split(".")
     for root in SOURCE_ROOTS:
@@ -50,6 +54,8 @@ def test_every_z9_import_names_a_file_under_a_source_root() -> None:
                     if _module_file(sub) is not None:
                         names.append(sub)
             for name in names:
+                if name.split(".")[0] in FOLDERS_NOT_PACKAGES:
+                    missing.append(f"{f.relative_to(ROOT)}:{node.lineno} {name} (a folder, not a package: import z9.…)")
                 if name == "z9" or name.startswith("z9."):
                     count += 1
                     if _module_file(name) is None:

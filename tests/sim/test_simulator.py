@@ -481,6 +481,9 @@ def test_state_file_survives_restart(tmp_path, sim_thread_factory):
     try:
         st.server.cluster.vms[100].config["name"] = "kept"
         st.run(_guest_state(st.server))
+        # the kubeadm model's clusters (shared by the guests' command models, not on one guest's disk)
+        st.server.cluster.guests.k8s_clusters = {"10.0.0.9:6443": {"tokens": {"abcdef.0123456789abcdef": 1e12},
+                                                                   "nodes": {"cp-0": {"vmid": 100}}}}
     finally:
         st.close()
     st = SimThread(config, tmp_path / "cert")
@@ -490,6 +493,8 @@ def test_state_file_survives_restart(tmp_path, sim_thread_factory):
         g = st.server.cluster.guests.get(100)  # the guest's disk and the uploaded ISO survive a restart
         assert g.read_file("/etc/kept") == b"yes" and g.boots == 2  # booted again, with its disk
         assert st.server.cluster.storage.volume("local:iso/kept.iso", "pve1").data == b"iso-bytes"
+        from z9.sim.kubeadm import clusters
+        assert clusters(st.server.cluster.guests)["10.0.0.9:6443"]["nodes"] == {"cp-0": {"vmid": 100}}
     finally:
         st.close()
 

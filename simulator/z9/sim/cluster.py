@@ -1855,7 +1855,8 @@ class Cluster:
     # ---- persistence -----------------------------------------------------------------------------
     def dump(self) -> dict:
         """The state file: VMs (with the cloud-init keys of their last regeneration, PVE's
-        ``[special:cloudinit]``, and the drive's files), firewall, storage, guests' disks."""
+        ``[special:cloudinit]``, and the drive's files), firewall, storage, guests' disks, and what the
+        guests' command models share (the kubeadm model's clusters)."""
         def vm_entry(vm: VM) -> dict:
             d = vm.to_json()
             d["ci_applied"] = vm.ci_applied
@@ -1867,7 +1868,8 @@ class Cluster:
 
         return {"vms": [vm_entry(vm) for vm in sorted(self.vms.values(), key=lambda v: v.vmid)
                         if vm.lock not in ("clone", "create", "destroyed")],
-                "firewall": self.firewall.dump(), "storage": self.storage.save(), "guests": self.guests.save()}
+                "firewall": self.firewall.dump(), "storage": self.storage.save(), "guests": self.guests.save(),
+                "guest_models": self.guests.save_shared()}
 
     @staticmethod
     def vms_from_dump(data: dict) -> list[VM]:

@@ -439,6 +439,17 @@ class Guests:
         for vmid, v in (d or {}).items():
             self.guests[int(vmid)] = self.load_one(int(vmid), v)
 
+    def save_shared(self) -> dict:
+        """What the command models keep across guests (the kubeadm model's clusters: their nodes,
+        bootstrap tokens, CA hash, installed pod network), JSON as the state file holds it: a
+        restarted simulator answers ``kubectl get nodes`` as before, not as if no cluster existed."""
+        return {"k8s_clusters": json.loads(json.dumps(getattr(self, "k8s_clusters", {})))}
+
+    def load_shared(self, d: dict | None) -> None:
+        self.__dict__.pop("k8s_clusters", None)
+        if (d or {}).get("k8s_clusters"):
+            self.k8s_clusters = dict(d["k8s_clusters"])  # type: ignore[attr-defined]
+
     # -- faults --
     def add_fault(self, kind: str, vmid: int | None = None, name: str | None = None,
                   message: str | None = None) -> GuestFault:

@@ -244,6 +244,7 @@ async def start_simulator(config: SimConfig | None = None, host: str = "127.0.0.
         cluster.firewall.load(saved.get("firewall") or {})
         cluster.storage.load(saved.get("storage") or {})
         cluster.guests.load(saved.get("guests") or {})
+        cluster.guests.load_shared(saved.get("guest_models"))
     for vm in vms:
         cluster.add_vm(vm)
     await cluster.start()
