@@ -10,8 +10,8 @@ import secrets
 import time
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
-PREFIXES = ("srv", "adr", "apl", "k8s", "lb", "job", "ten", "tok")
-ID_RE = re.compile(r"(srv|adr|apl|k8s|lb|job|ten|tok)_[0-9a-hjkmnp-tv-z]{26}")
+PREFIXES = ("srv", "adr", "apl", "k8s", "lb", "job", "ten", "tok", "vol")
+ID_RE = re.compile(r"(srv|adr|apl|k8s|lb|job|ten|tok|vol)_[0-9a-hjkmnp-tv-z]{26}")
 
 
 def id_pattern(*prefixes: str) -> str:

@@ -177,6 +177,12 @@ class RegionSettings(BaseModel):
     # the operator-provided template that load balancer appliances are cloned from (HAProxy,
     # keepalived and the QEMU guest agent installed; agent enabled; a cloud-init drive)
     lb_image: str = "z9-lb-appliance"
+    # volumes: the storage their disks are made on (one every node sees, shared — e.g. Ceph RBD — so a
+    # volume attaches to a server on any node: qemu-server reassigns a disk only between VMs of one
+    # node, and z9 moves the volume's config-only anchor VM to the server's node first), and the
+    # largest size a volume may have (422 naming size_gib above it)
+    volume_storage: str = Field("ceph-vm", min_length=1, max_length=63)
+    volume_max_gib: int = Field(10240, ge=1, le=65536)
     # Networks of the platform in this region (the region agent's network, the Proxmox nodes',
     # storage, management): never a load balancer's ip target, whatever else allows it. Every
     # address pool's network is refused as well (but for the tenant's own addresses in it).
@@ -330,6 +336,7 @@ class Settings(BaseSettings):
     quota_cores: int | None = Field(None, ge=0)
     quota_memory_mib: int | None = Field(None, ge=0)
     quota_addresses: int | None = Field(None, ge=0)
+    quota_volume_gib: int | None = Field(None, ge=0)
     # Kubernetes clusters (issue 11). The installation key encrypts every cluster's private keys
     # (AES-256-GCM, the cluster id as associated data): 32 bytes, base64 (urlsafe or standard).
     # `z9 dev` generates one into its data dir. Unset: creating a cluster or minting a kubeconfig

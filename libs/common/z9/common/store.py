@@ -916,7 +916,7 @@ async def address_make_primary(db: DB, address_id: str, server_id: str) -> Addre
     return Address.from_record(row) if row else None
 # ---------------------------------------------------------------- quotas (migration 0011)
 
-QUOTA_KEYS = ("servers", "cores", "memory_mib", "addresses")
+QUOTA_KEYS = ("servers", "cores", "memory_mib", "addresses", "volume_gib")
 
 
 async def tenant_quota_get(db: DB, tenant_id: str) -> dict[str, int | None]:
@@ -928,7 +928,8 @@ async def tenant_quota_get(db: DB, tenant_id: str) -> dict[str, int | None]:
 async def tenant_quota_set(db: DB, tenant_id: str, values: dict[str, int | None]) -> dict[str, int | None]:
     """Set the given overrides (a None value resets it to the default); returns all of them."""
     row = await db.fetchrow(q("tenant_quota_set"), tenant_id, list(values), values.get("servers"),
-                            values.get("cores"), values.get("memory_mib"), values.get("addresses"))
+                            values.get("cores"), values.get("memory_mib"), values.get("addresses"),
+                            values.get("volume_gib"))
     return {k: row[k] for k in QUOTA_KEYS}
 
 

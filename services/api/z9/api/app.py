@@ -28,6 +28,7 @@ from z9.common.settings import Settings
 from .connections import RateLimitedLog
 from . import page_tokens
 from . import (addresses, catalog, clusters, job_actions, load_balancers, middleware, quotas, schemas, servers, tokens,
+               volumes,
                waiting)
 from .openapi import openapi_document
 from .resources import (NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, bool_param, dump,
@@ -35,7 +36,7 @@ from .resources import (NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, 
 
 log = logging.getLogger("z9.api")
 
-RESOURCES: list[ApiResource] = [servers.API, addresses.API, load_balancers.API, clusters.API]
+RESOURCES: list[ApiResource] = [servers.API, addresses.API, load_balancers.API, clusters.API, volumes.API]
 """The resource types the API serves (each gets create, list, get, delete, cancel-deletion and
 its own actions); a new type appends its registration here."""
 

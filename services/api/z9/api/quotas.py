@@ -21,7 +21,8 @@ from z9.common.settings import Settings
 
 from . import schemas
 
-UNITS = {"servers": "servers", "cores": "cores", "memory_mib": "MiB of memory", "addresses": "addresses"}
+UNITS = {"servers": "servers", "cores": "cores", "memory_mib": "MiB of memory", "addresses": "addresses",
+         "volume_gib": "GiB of volumes"}
 
 
 async def limits(conn: Any, settings: Settings, tenant_id: str) -> dict[str, int | None]:
@@ -63,6 +64,7 @@ class QuotaSet(schemas.Response):
     cores: QuotaUse = Field(description="servers' and cluster members' cores")
     memory_mib: QuotaUse = Field(description="servers' and cluster members' memory, MiB")
     addresses: QuotaUse = Field(description="addresses, load balancers' VIP and appliance addresses included")
+    volume_gib: QuotaUse = Field(description="the sizes of the tenant's volumes, GiB")
 
 
 class TenantQuota(schemas.Response):
@@ -89,4 +91,5 @@ def operation() -> Any:
                      "quota", {200: TenantQuota, 401: None},
                      example={"quotas": {"servers": {"limit": 10, "used": 2}, "cores": {"limit": None, "used": 4},
                                          "memory_mib": {"limit": None, "used": 4096},
-                                         "addresses": {"limit": 5, "used": 1}}})
+                                         "addresses": {"limit": 5, "used": 1},
+                                         "volume_gib": {"limit": 1000, "used": 50}}})

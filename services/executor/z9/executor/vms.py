@@ -41,6 +41,7 @@ from z9.common.tags import (MEMBER_PREFIX, ROLE_CUSTOMER, customer_vm_tags, form
                             member_tag, normalize_tags, platform_roles)
 
 from .context import JobContext, Step
+from .disks import guard_disks
 from .proxmox import (CloneNeedsSharedStorage, OutcomeUnknown, TaskFailed, Upid, VmidTaken, VmLocked, VmRef,
                       VmState)
 
@@ -924,6 +925,8 @@ async def apply_removal_step(ctx: JobContext, owner: str, step: Step) -> None:
     elif step.name == "destroy":
         if st.running:
             raise TemporaryError(f"VM {vmid} is running again; stopping it first next attempt")
+        # destroy_vm frees every disk the VM owns: never one of a volume (detached before, by its jobs)
+        guard_disks(vmid, node, st.config, allowed_serials=set(), allowed_volids=None)
         if str(st.config.get("protection", "0")) == "1":
             # Lift our protection on exactly the config the guard just read (digest), then destroy.
             await ctx.fence()

@@ -18,7 +18,7 @@ from z9.common.errors import PermanentError
 
 from . import (address_assign, address_create, address_delete, address_unassign, cluster_create, cluster_delete,
                cluster_observe, cluster_reconcile, lb_configure, lb_create, lb_delete, lb_observe, lb_start, lb_stop, server_create,
-               server_delete, server_reboot, server_resize, server_start, server_stop)
+               server_delete, server_reboot, server_resize, server_start, server_stop, volume)
 
 REGISTRY: dict[str, Any] = {}
 
@@ -35,7 +35,7 @@ def register(module: ModuleType | Any) -> None:
 
 for _m in (server_create, server_stop, server_start, server_reboot, server_resize, server_delete, address_create,
            address_assign, address_unassign, address_delete, lb_create, lb_configure, lb_start, lb_stop, lb_delete,
-           lb_observe, cluster_create, cluster_reconcile, cluster_delete, cluster_observe):
+           lb_observe, cluster_create, cluster_reconcile, cluster_delete, cluster_observe, *volume.KINDS):
     register(_m)
 
 
