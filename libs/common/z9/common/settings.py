@@ -181,8 +181,11 @@ class RegionSettings(BaseModel):
     # volume attaches to a server on any node: qemu-server reassigns a disk only between VMs of one
     # node, and z9 moves the volume's config-only anchor VM to the server's node first), and the
     # largest size a volume may have (422 naming size_gib above it)
-    volume_storage: str = Field("ceph-vm", min_length=1, max_length=63)
-    volume_max_gib: int = Field(10240, ge=1, le=65536)
+    volume_storage: str = Field("ceph-vm", min_length=1, max_length=63, description=(
+        "the Proxmox storage volumes' disks are made on: one every node sees (shared, e.g. Ceph RBD), so a volume "
+        "attaches to a server on any node"))
+    volume_max_gib: int = Field(10240, ge=1, le=65536, description=(
+        "the largest volume of the region, GiB (a larger `size_gib` is refused: 422 naming it)"))
     # Networks of the platform in this region (the region agent's network, the Proxmox nodes',
     # storage, management): never a load balancer's ip target, whatever else allows it. Every
     # address pool's network is refused as well (but for the tenant's own addresses in it).
@@ -336,7 +339,8 @@ class Settings(BaseSettings):
     quota_cores: int | None = Field(None, ge=0)
     quota_memory_mib: int | None = Field(None, ge=0)
     quota_addresses: int | None = Field(None, ge=0)
-    quota_volume_gib: int | None = Field(None, ge=0)
+    quota_volume_gib: int | None = Field(None, ge=0, description=(
+        "Default quota of every tenant: the sum of its volumes' sizes, GiB, not yet deleted (unset: no limit)."))
     # Kubernetes clusters (issue 11). The installation key encrypts every cluster's private keys
     # (AES-256-GCM, the cluster id as associated data): 32 bytes, base64 (urlsafe or standard).
     # `z9 dev` generates one into its data dir. Unset: creating a cluster or minting a kubeconfig
