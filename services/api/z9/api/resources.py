@@ -387,6 +387,11 @@ def _delete_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
     async def delete(request: web.Request) -> web.Response:
         settings, pool, tenant_id = request.app[SETTINGS], request.app[POOL], tenant(request)
         rid = path_id(request, rt.prefix, rt.name)
+        for options in resources.DELETION_OPTIONS.get(rt.name, []):  # before any database work
+            try:
+                options.model_validate({k: v for k, v in request.query.items() if k in options.model_fields})
+            except ValidationError as e:
+                raise validation_error(e)
         async with pool.acquire() as conn, conn.transaction():
             # a failed create (its create job failed, none succeeded) holds nothing to keep: no
             # buffer, straight to the final job; its name is free once it is deleted

@@ -210,15 +210,11 @@ async def server_deleting(conn: Any, server: Any, options: Any, settings: Any) -
     and an attached volume's is) — and stays ``available``; with ``?delete_volumes=true`` their own
     deletions start instead (two-phase: detached now, destroyed when their buffer ends). The jobs hold
     the server as a lock key: they run after its ServerStop and before its final ServerDelete."""
-    from z9.common.errors import ValidationFailed
-
-    raw = options.get("delete_volumes", "false") if options is not None else "false"
-    if raw not in ("true", "false"):
-        raise ValidationFailed("delete_volumes: must be true or false",
-                               details=[{"field": "delete_volumes", "message": "true or false"}])
+    given = {k: v for k, v in (options or {}).items() if k in ServerDeleteOptions.model_fields}
+    delete_volumes = ServerDeleteOptions.model_validate(given).delete_volumes  # the API validated it first
     jobs = []
     for v in await of_server(conn, server.id):
-        if raw == "true":
+        if delete_volumes:
             row = await VOLUME.mark_deleting(conn, v.id, v.tenant_id, settings.deletion_buffer_s)
             kind, args = kinds.VOLUME_DETACH, {"from": server.id}
         else:
