@@ -125,7 +125,7 @@ def _size_limit(settings: Settings, region: str, size: int) -> None:
     most = settings.regions[region].volume_max_gib
     if size > most:
         raise ValidationFailed(f"size_gib: {size} is above the largest volume of region {region} ({most} GiB)",
-                               details=[{"field": "size_gib", "message": f"at most {most}"}])
+                               details=[{"field": "size_gib", "message": "above the region's volume_max_gib"}])
 
 
 def check(settings: Settings, spec: VolumeCreate) -> None:
@@ -235,8 +235,7 @@ def _operations(api: ApiResource) -> list[Operation]:
         async def fn(conn: Any, settings: Settings, tenant_id: str, v: Volume) -> Any:
             if spec.size_gib <= v.size_gib:
                 raise ValidationFailed(f"size_gib: {spec.size_gib} is not larger than the volume's {v.size_gib} GiB: "
-                                       "volumes only grow", details=[{"field": "size_gib",
-                                                                      "message": f"more than {v.size_gib}"}])
+                                       "volumes only grow", details=[{"field": "size_gib", "message": "cannot shrink"}])
             _size_limit(settings, v.region, spec.size_gib)
             await quotas.check(conn, settings, tenant_id, volume_gib=spec.size_gib - v.size_gib)
             row = await vol.set_size(conn, v.id, spec.size_gib)
