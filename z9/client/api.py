@@ -85,6 +85,27 @@ def retry_after_s(value: str | None) -> float | None:
     return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
+def _why(e: requests.RequestException) -> str:
+    """Why a request got no answer, in a few words: the socket's own reason ("Connection refused",
+    "Name or service not known") or the timeout — not urllib3's whole retry chain."""
+    if isinstance(e, requests.Timeout):
+        return "no answer in time (timed out)"
+    seen: set[int] = set()
+    stack: list[BaseException] = [e]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.strerror:
+            return x.strerror
+        stack.extend(a for a in getattr(x, "args", ()) if isinstance(a, BaseException))
+        for nxt in (getattr(x, "reason", None), x.__cause__, x.__context__):
+            if isinstance(nxt, BaseException):
+                stack.append(nxt)
+    return "connection failed"
+
+
 class Client:
     """The z9 API at ``api_url`` (``…/v1``) as ``token``. ``sleep`` and ``session`` can be
     replaced (tests)."""
@@ -121,7 +142,7 @@ class Client:
                                          timeout=timeout_s or self.request_timeout_s)
             except (requests.ConnectionError, requests.Timeout) as e:
                 if not retry or attempt >= self.max_retries:
-                    raise Unreachable(0, "unreachable", f"cannot reach the z9 API at {self.api_url}: {e}") from e
+                    raise Unreachable(0, "unreachable", f"cannot reach the z9 API at {self.api_url}: {_why(e)}") from e
                 attempt += 1
                 self.retries += 1
                 self.sleep(self._backoff(attempt))

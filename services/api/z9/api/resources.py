@@ -138,6 +138,8 @@ def validation_error(e: ValidationError) -> ValidationFailed:
             msg = "unknown field"
         elif err["type"] == "missing":
             msg = "field required"
+        elif err["type"] == "string_pattern_mismatch" and schemas.pattern_words(str((err.get("ctx") or {}).get("pattern"))):
+            msg = "must be " + str(schemas.pattern_words(str(err["ctx"]["pattern"])))
         details.append({"field": field_, "message": msg})
     text = "; ".join(f"{d['field']}: {d['message']}" for d in details)
     return ValidationFailed(f"invalid request: {text}", details=details)

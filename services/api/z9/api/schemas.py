@@ -5,6 +5,8 @@ generated from these models, says). A resource type's own models live with its A
 """
 from __future__ import annotations
 
+import re
+
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema, field_validator,
@@ -14,6 +16,23 @@ from z9.common import sshkeys
 
 # A Proxmox VM name must be a DNS name (qemu-server: format 'dns-name'); z9 keeps to one label.
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+#: what a pattern means, in words, for the 422 that refuses a value (pydantic alone says
+#: "String should match pattern '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$'")
+PATTERN_WORDS: dict[str, str] = {
+    NAME_PATTERN: "a DNS label: 1-63 lower-case letters, digits and '-', not starting or ending with '-'",
+    r"^[a-z][a-z0-9-]{0,27}$": "1-28 lower-case letters, digits and '-', starting with a letter",
+    r"^[a-z0-9][a-z0-9-]{0,62}$": "1-63 lower-case letters, digits and '-', not starting with '-'",
+}
+_ID_PATTERN = re.compile(r"\^([a-z0-9]+)_\[0-9a-z\]\{26\}\$")
+
+
+def pattern_words(pattern: str) -> str | None:
+    """The words for a field's pattern (an id pattern ``^srv_[0-9a-z]{26}$`` → "an id: srv_ and 26
+    lower-case letters or digits"), or None when it has none."""
+    if pattern in PATTERN_WORDS:
+        return PATTERN_WORDS[pattern]
+    m = _ID_PATTERN.fullmatch(pattern)
+    return f"an id: {m[1]}_ and 26 lower-case letters or digits" if m else None
 SSH_KEY_PREFIXES = ("ssh-", "ecdsa-sha2-", "sk-ssh-", "sk-ecdsa-")
 
 
