@@ -21,6 +21,7 @@ COPY libs ./libs
 COPY services ./services
 COPY db ./db
 COPY simulator ./simulator
+COPY resources ./resources
 # The versions the tests passed with (constraints.txt; regenerate it as its header says).
 RUN pip install -c constraints.txt . && z9 --help >/dev/null
 

@@ -1,4 +1,4 @@
-"""The address jobs' pure parts (``z9.executor.jobs._address``): plan ordering (tag before entry
+"""The address jobs' pure parts (``z9.resources.address.jobs.shared``): plan ordering (tag before entry
 on the new holder, entry before tag on an old one), primaries only on a stopped VM, the IP filter
 only where every address of the VM is listed, locks waited on, ipconfig rendering, conflicts."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from z9.common.errors import PermanentError
 from z9.common.models import Address
-from z9.executor.jobs import _address
-from z9.executor.jobs._address import Holder, World, address_tag, config_ips, ipconfig0, same_ip
+from z9.resources.address.jobs import shared as _address
+from z9.resources.address.jobs.shared import Holder, World, address_tag, config_ips, ipconfig0, same_ip
 from z9.executor.proxmox import VmLocked, VmState
 
 NOW = datetime.now(timezone.utc)

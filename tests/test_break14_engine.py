@@ -114,7 +114,7 @@ async def test_the_reaper_survives_a_lock_wait_given_up(pool: asyncpg.Pool, db_u
     to its commit (an API process frozen there). Before: the lock wait given up
     (lock_timeout) ended Reaper.run — the reaper process died. Now the pass is retried and the
     final job is enqueued once the transaction ends."""
-    from z9.common.resources.server import SERVER
+    from z9.resources.server import SERVER
     from z9.reaper import Reaper
 
     tenant = await store.tenant_upsert(pool, "t-break14")

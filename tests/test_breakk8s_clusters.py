@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from z9.common.tags import identity_tag, normalize_tags
-from z9.executor.jobs import _cluster
+from z9.resources.cluster.jobs import shared as _cluster
 
 from tests.support import REGION, SimAdmin, Stack
 from tests.test_clusters_e2e import K8S_TIMING, cluster, resize

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from z9.executor.jobs._lb import render_haproxy
+from z9.resources.load_balancer.jobs.shared import render_haproxy
 
 
 def _lb(**service):

@@ -155,7 +155,7 @@ def test_kubeconfig_merge_target_and_merge_follow_kubectls_rules(tmp_path: Path)
     merge keeps: the other entries, one z9-<name> of each, the current context switched."""
     import yaml
 
-    from z9.client.commands.clusters import kubeconfig_path, merge_kubeconfig
+    from z9.resources.cluster.client import kubeconfig_path, merge_kubeconfig
 
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     env = {"KUBECONFIG": f"{a}:{b}:{c}"}

@@ -12,7 +12,7 @@ import yaml
 from z9.common import pki
 from z9.common.errors import PermanentError
 from z9.common.models import Cluster, Job
-from z9.executor.jobs import _cluster
+from z9.resources.cluster.jobs import shared as _cluster
 from z9.executor.proxmox import VmState
 
 
@@ -136,7 +136,7 @@ def test_plan_replaces_a_member_whose_cloud_init_failed_after_it_joined() -> Non
 # NET_ADMIN/NET_RAW and a kubeconfig, no pod network (nodes NotReady).
 @pytest.mark.parametrize("version", ["1.29", "1.30", "1.31", "1.32", "1.33", "1.34"])
 def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version: str) -> None:
-    from z9.api.clusters import VERSIONS
+    from z9.resources.cluster.api import VERSIONS
     from z9.sim import kubeadm
     from z9.sim.guest import Guest, Guests
 

@@ -58,7 +58,9 @@ def _example(model: Any) -> dict[str, Any]:
 
 
 async def test_a_generated_client_drives_every_kind(api: Stack, generated: Any) -> None:
-    from z9.api import clusters, load_balancers, schemas
+    from z9.api import schemas
+    from z9.resources.cluster import api as clusters
+    from z9.resources.load_balancer import api as load_balancers
 
     models = importlib.import_module(f"{PACKAGE}.models")
 

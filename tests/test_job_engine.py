@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 
 from z9.common import store
-from z9.common.resources.server import SERVER
+from z9.resources.server import SERVER
 from z9.common.errors import CheckViolation, LeaseLost
 from z9.common.store import Lease, NewJob
 from z9.reaper import Reaper

@@ -185,7 +185,7 @@ def test_a_rotation_pushes_to_stale_api_servers_and_waits_for_a_stopped_one() ->
 
     from z9.common.errors import TemporaryError
     from z9.common.models import Job
-    from z9.executor.jobs import _cluster
+    from z9.resources.cluster.jobs import shared as _cluster
 
     from tests.test_cluster_units import _cluster_row, _vm
 
@@ -208,7 +208,7 @@ def test_the_csr_api_signs_users_certificates_with_the_rotatable_client_ca() -> 
     on no worker), the kubelets' signers stay the cluster CA, the flags are valid together (the
     single pair emptied), and no signer gives more than the kubeconfig cap. kubeadm's defaults
     alone would sign users' certificates with the cluster CA for a year."""
-    from z9.executor.jobs import _cluster
+    from z9.resources.cluster.jobs import shared as _cluster
     from z9.sim.kubeadm import controller_manager_signers
 
     from tests.test_cluster_units import _cluster_row

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from z9.common.resources.load_balancer import LOAD_BALANCER
-from z9.executor.jobs import _lb as lb_jobs
+from z9.resources.load_balancer import LOAD_BALANCER
+from z9.resources.load_balancer.jobs import shared as lb_jobs
 from z9.sim.appliance import parse_keepalived
 
 from tests.support import SimAdmin, Stack

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck as HypothesisHealthCheck
 from hypothesis import assume, given, settings, strategies as st
 from pydantic import SecretStr, ValidationError
 
-from z9.api.load_balancers import MAX_SERVICES, MAX_TARGETS, STATUS_CODE, HttpCheck, LoadBalancerCreate
+from z9.resources.load_balancer.api import MAX_SERVICES, MAX_TARGETS, STATUS_CODE, HttpCheck, LoadBalancerCreate
 from z9.common.models import LoadBalancer
-from z9.executor.jobs import _lb
+from z9.resources.load_balancer.jobs import shared as _lb
 from z9.sim.appliance import run_tool
 
 from tests.guest_tools import require_guest_tools

@@ -1,10 +1,10 @@
-"""Load balancer rendering and health (pure: services/executor/z9/executor/jobs/_lb.py)."""
+"""Load balancer rendering and health (pure: resources/z9/resources/load_balancer/jobs/shared.py)."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
 from z9.common.models import LoadBalancer
-from z9.executor.jobs import _lb
+from z9.resources.load_balancer.jobs import shared as _lb
 from z9.sim.appliance import parse_haproxy, parse_keepalived
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)

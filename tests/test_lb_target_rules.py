@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 
 from z9.common import store
-from z9.common.resources.load_balancer import ip_target_refusal
-from z9.executor.jobs import _lb as lb_jobs
+from z9.resources.load_balancer import ip_target_refusal
+from z9.resources.load_balancer.jobs import shared as lb_jobs
 from z9.common.settings import AddressPoolSettings, Settings
 
 from tests.support import REGION, SimAdmin, Stack, api_stack, make_tenant, wait_until

@@ -8,7 +8,7 @@ import yaml
 
 from z9.common import pki
 from z9.executor import vms
-from z9.executor.jobs import _cluster
+from z9.resources.cluster.jobs import shared as _cluster
 
 from tests.test_cluster_units import _cluster_row
 

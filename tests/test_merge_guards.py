@@ -15,7 +15,7 @@ from pathlib import Path
 import asyncpg
 
 import z9.api.app  # noqa: F401  (registers every resource type)
-from z9.common import resources
+from z9 import resources
 from z9.common.sql import ql, queries, qt
 
 

@@ -13,9 +13,10 @@ import asyncpg
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from z9.common import resources, store
-from z9.common.resources import Buffered, Immediate, ResourceType
-from z9.common.resources.server import SERVER
+from z9.common import store
+from z9 import resources
+from z9.resources import Buffered, Immediate, ResourceType
+from z9.resources.server import SERVER
 from z9.common.store import Lease, NewJob
 from z9.reaper import Reaper
 from z9.scheduler import Scheduler
@@ -63,8 +64,8 @@ class Widget:
 
 
 def _widget_type(deletion: Buffered | Immediate) -> ResourceType[Widget]:
-    # (it borrows the prefix of address pools, "apl": pools are not a resource type, every resource prefix is taken)
-    return ResourceType(name="widget", prefix="apl", table="widgets", model=Widget,
+    # (a type brings its own id prefix: registered, "wdg" ids are ids like any other)
+    return ResourceType(name="widget", prefix="wdg", table="widgets", model=Widget,
                         kinds=("WidgetCreate", "WidgetDelete"), deletion=deletion,
                         statuses=("creating", "ready", "deleting", "destroying", "deleted", "failed"),
                         restore=lambda w: ("WidgetCreate", {"colour": w.colour}))
@@ -84,7 +85,7 @@ async def _insert(pool: asyncpg.Pool, tenant: str, name: str = "w1") -> Widget:
     from z9.common.ids import new_id
 
     row = await pool.fetchrow("INSERT INTO widgets (id, tenant_id, region, name, colour) VALUES ($1, $2, $3, $4, 'red') "
-                              "RETURNING *", new_id("apl"), tenant, REGION, name)
+                              "RETURNING *", new_id("wdg"), tenant, REGION, name)
     return Widget.from_record(row)
 
 
@@ -98,9 +99,10 @@ def test_registry_refuses_a_type_that_breaks_the_lifecycle_contract() -> None:
     with pytest.raises(ValueError, match="restore job"):
         ResourceType(name="bad", prefix="lb", table="bads", model=Widget, kinds=(),
                      statuses=("deleting", "destroying", "deleted", "failed"), deletion=Buffered("A", "B"))
-    with pytest.raises(ValueError, match="id prefix"):
-        ResourceType(name="bad", prefix="bad", table="bads", model=Widget, kinds=(),
-                     statuses=("deleting", "destroying", "deleted", "failed"), deletion=Immediate("X"))
+    for prefix in ("Bad", "b_d", "toolong", "job"):  # not 2-4 lower-case characters, or a generic prefix
+        with pytest.raises(ValueError, match="id prefix"):
+            ResourceType(name="bad", prefix=prefix, table="bads", model=Widget, kinds=(),
+                         statuses=("deleting", "destroying", "deleted", "failed"), deletion=Immediate("X"))
     with pytest.raises(ValueError, match="share a prefix or a table"):
         resources.register(ResourceType(name="srv2", prefix="srv", table="srv2", model=Widget, kinds=(),
                                         statuses=("deleting", "destroying", "deleted", "failed"),
@@ -198,11 +200,11 @@ async def test_a_registered_type_gets_the_generic_routes_and_document(settings: 
         async with ctx.conn.transaction():
             row = Widget.from_record(await ctx.conn.fetchrow(
                 "INSERT INTO widgets (id, tenant_id, region, name, colour) VALUES ($1, $2, $3, $4, $5) RETURNING *",
-                new_id("apl"), ctx.tenant_id, spec.region, spec.name, spec.colour))
+                new_id("wdg"), ctx.tenant_id, spec.region, spec.name, spec.colour))
             job = await store.job_insert(ctx.conn, widgets.new_job(row, "WidgetCreate"), notify=False)
         return row, job.brief()
 
-    example = {"id": "apl_01jd3x5v8q2m6n4p7r9s1t3w5y", "name": "w1", "region": REGION, "colour": "red",
+    example = {"id": "wdg_01jd3x5v8q2m6n4p7r9s1t3w5y", "name": "w1", "region": REGION, "colour": "red",
                "status": "creating", "status_reason": None}
     reg = ApiResource(rtype=widgets, create_model=WidgetCreate, public_model=WidgetOut, create=create,
                       example=example, transactional=True)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.support import Stack
-from z9.common.resources.load_balancer import RULE_TEXT
+from z9.resources.load_balancer import RULE_TEXT
 
 # 422s that no schema can foresee: the request is well-formed, but a field names something this
 # installation or tenant does not have (a region, image or pool of the settings, a server, job or
@@ -37,7 +37,7 @@ NOT_IN_ANY_SCHEMA = ("unknown region", "unknown image", "unknown pool", "unknown
                      "a target is listed twice", "duplicate pool name", "http is only for protocol http",
                      "the load balancer's own address", "above the region's volume_max_gib",
                      # what a load balancer may reach depends on the region's networks and pools and
-                     # on who holds an address now (z9.common.resources.load_balancer); a
+                     # on who holds an address now (z9.resources.load_balancer); a
                      # kubeconfig's longest life is an installation setting
                      *RULE_TEXT.values(), "past Z9_KUBECONFIG_MAX_EXPIRY_S")
 

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 from z9.common import kinds, store
 from z9.common.models import Job
-from z9.executor.jobs import server_reboot
+from z9.resources.server.jobs import reboot as server_reboot
 from z9.executor.proxmox import VmState
 
 from tests.support import SimAdmin, Stack

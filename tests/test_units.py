@@ -16,7 +16,7 @@ from proxmoxer.core import ResourceException
 
 from z9.common.backoff import backoff_delay_s
 from z9.common.errors import GuardRefusal, PermanentError, Snooze, TemporaryError
-from z9.common.ids import PREFIXES, is_id, new_id
+from z9.common.ids import is_id, new_id, prefixes
 from z9.common.models import Job
 from z9.common.tags import (
     ROLE_AGENT,
@@ -29,7 +29,10 @@ from z9.common.tags import (
     platform_roles,
     roles,
 )
-from z9.executor.jobs import server_create, server_delete, server_start, server_stop
+from z9.resources.server.jobs import create as server_create
+from z9.resources.server.jobs import delete as server_delete
+from z9.resources.server.jobs import start as server_start
+from z9.resources.server.jobs import stop as server_stop
 from z9.executor.vms import encode_ssh_keys
 from z9.executor.proxmox import (
     Upid,
@@ -173,7 +176,7 @@ class TestTags:
 # ================================================================== ids
 
 class TestIds:
-    @pytest.mark.parametrize("prefix", PREFIXES)
+    @pytest.mark.parametrize("prefix", prefixes())
     def test_prefix_and_length(self, prefix: str) -> None:
         v = new_id(prefix)
         head, _, body = v.partition("_")

@@ -9,7 +9,7 @@ from typing import AsyncIterator
 import pytest
 
 from z9.common import store
-from z9.common.resources import volume as vol
+from z9.resources import volume as vol
 from z9.common.settings import Settings
 
 from tests.support import REGION, Services, SimAdmin, Stack, service_env, wait_until

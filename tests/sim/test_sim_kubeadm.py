@@ -288,7 +288,7 @@ def test_two_seeds_leave_the_bootstrap_to_cloud_inits_device_order(pve, wait, tm
     from tests.sim.test_sim_guest import clone, upload
     from tests.test_cluster_units import _cluster_row
     from z9.common.nocloud import build_nocloud_iso
-    from z9.executor.jobs import _cluster
+    from z9.resources.cluster.jobs import shared as _cluster
 
     ran = {}
     for vmid, key, ip in ((101, "ide0", "203.0.113.21"), (102, "ide3", "203.0.113.22")):

@@ -1,7 +1,7 @@
 """Job kind names: the ``kind`` column's values, known without importing the executor (and so
-proxmoxer). Each kind's module in ``services/executor/z9/executor/jobs`` sets ``KIND`` from here; the resource
-types (:mod:`z9.common.resources`) name their jobs with these. A new kind adds its constant and
-lists it in :data:`ALL`.
+proxmoxer). Each kind's module in its type's slice (``resources/z9/resources/<type>/jobs``) sets
+``KIND`` from here; the resource types (:mod:`z9.resources`) name their jobs with these. The list
+of every kind is derived from the registry (:func:`all_kinds`).
 """
 from __future__ import annotations
 
@@ -27,26 +27,23 @@ CLUSTER_RECONCILE = "ClusterReconcile"
 CLUSTER_DELETE = "ClusterDelete"
 CLUSTER_OBSERVE = "ClusterObserve"
 
-VOLUME_CREATE = "VolumeCreate"
-VOLUME_ATTACH = "VolumeAttach"
-VOLUME_DETACH = "VolumeDetach"
-VOLUME_RESIZE = "VolumeResize"
-VOLUME_DELETE = "VolumeDelete"
+_ADDED: set[str] = set()
 
-ALL: set[str] = {SERVER_CREATE, SERVER_START, SERVER_STOP, SERVER_DELETE, SERVER_REBOOT, SERVER_RESIZE,
-                 ADDRESS_CREATE, ADDRESS_ASSIGN, ADDRESS_UNASSIGN, ADDRESS_DELETE,
-                 LOAD_BALANCER_CREATE, LOAD_BALANCER_CONFIGURE, LOAD_BALANCER_STOP, LOAD_BALANCER_START,
-                 LOAD_BALANCER_DELETE, LOAD_BALANCER_OBSERVE,
-                 CLUSTER_CREATE, CLUSTER_RECONCILE, CLUSTER_DELETE, CLUSTER_OBSERVE,
-                 VOLUME_CREATE, VOLUME_ATTACH, VOLUME_DETACH, VOLUME_RESIZE, VOLUME_DELETE}
-"""Every kind z9 runs (metrics pre-create a series for each). :func:`add` extends it (a
-benchmark's no-op kind)."""
 
-OBSERVE_ONLY: frozenset[str] = frozenset({LOAD_BALANCER_OBSERVE, CLUSTER_OBSERVE})
-"""The periodic observe-only kinds (nobody asked for them): ``GET /v1/jobs?include_observe=false``
-leaves them out."""
+def all_kinds() -> set[str]:
+    """Every kind z9 runs (metrics pre-create a series for each): the registered resource types'
+    (:mod:`z9.resources`) and those :func:`add` made known (a benchmark's no-op kind)."""
+    from z9 import resources  # the registry imports this module
+    return {k for t in resources.types() for k in t.kinds} | {t.periodic.kind for t in resources.periodic()} | _ADDED
+
+
+def observe_only() -> frozenset[str]:
+    """The periodic observe-only kinds (nobody asked for them): ``GET /v1/jobs?include_observe=false``
+    leaves them out."""
+    from z9 import resources
+    return frozenset(t.periodic.kind for t in resources.periodic())
 
 
 def add(kind: str) -> None:
     """Make ``kind`` known (its metric series are pre-created like the built-in kinds')."""
-    ALL.add(kind)
+    _ADDED.add(kind)

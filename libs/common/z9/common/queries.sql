@@ -117,7 +117,7 @@ RETURNING *;
 
 -- ================================================================ resource lifecycle
 -- Written once for every resource table: `{table}` is filled in by the resource-type registry
--- (z9.common.resources) with a table name it validated; the table keeps the lifecycle columns
+-- (z9.resources) with a table name it validated; the table keeps the lifecycle columns
 -- (db/z9/db/migrations/0004_resource_layer.sql).
 
 -- name: resource_get

@@ -192,7 +192,7 @@ async def server_observed(db: DB, server_id: str, *, vmid: int | None, node: str
 
 # ---------------------------------------------------------------- resource lifecycle
 # Written once for every resource table; ``sql`` is the type's (table, status enum type) from the
-# registry (z9.common.resources.ResourceType.sql), which wraps these with its row model.
+# registry (z9.resources.ResourceType.sql), which wraps these with its row model.
 
 SqlTarget = tuple[str, str]
 

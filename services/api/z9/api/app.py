@@ -20,25 +20,25 @@ from z9.common import kinds, metrics, store
 from z9.common.db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS, create_service_pool
 from z9.common.errors import LockWaitTimeout
 from z9.common.errors import ApiError, ValidationFailed
-from z9.common.ids import PREFIXES, id_pattern, is_id
+from z9.common.ids import id_pattern, is_id, prefixes
 from z9.common.models import Job
 from z9.common.notify import JobNotifier
 from z9.common.settings import Settings
 
 from .connections import RateLimitedLog
 from . import page_tokens
-from . import (addresses, catalog, clusters, job_actions, load_balancers, middleware, quotas, schemas, servers, tokens,
-               volumes,
-               waiting)
+from . import catalog, job_actions, middleware, quotas, schemas, tokens, waiting
+from z9 import resources
 from .openapi import openapi_document
 from .resources import (NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, bool_param, dump,
                         limit_param, resource_operations, tenant)
 
 log = logging.getLogger("z9.api")
 
-RESOURCES: list[ApiResource] = [servers.API, addresses.API, load_balancers.API, clusters.API, volumes.API]
+RESOURCES: list[ApiResource] = [m.API for _, m in resources.slice_modules("api")]
 """The resource types the API serves (each gets create, list, get, delete, cancel-deletion and
-its own actions); a new type appends its registration here."""
+its own actions): each registered type's ``api`` module (``resources/z9/resources/<type>/api.py``),
+in the registry's order."""
 
 OPENAPI = web.AppKey("openapi", dict)
 
@@ -159,7 +159,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     include_observe = bool_param(request, "include_observe", default=True)
     jobs: list[Job] = await store.job_list(pool, tenant_id, resource_id=rid, after_seq=after_seq, limit=limit,
                                            actor_token_id=actor, newest_first=order == "newest", status=status,
-                                           kind=kind, exclude_kinds=() if include_observe else kinds.OBSERVE_ONLY)
+                                           kind=kind, exclude_kinds=() if include_observe else kinds.observe_only())
     return web.json_response(dump(schemas.JobList, {"jobs": [j.public() for j in jobs],
                                                     "next_after": request.app[page_tokens.PAGE_KEYS].encode(
                                                         tenant_id, jobs[-1].seq) if len(jobs) == limit else None}))
@@ -181,7 +181,7 @@ class JobListQuery(schemas.BaseModel):
                                       json_schema_extra={"pattern": page_tokens.PATTERN + "|" + id_pattern("job")})
     limit: int = schemas.Field(default=100, ge=1, le=500)
     resource_id: str | None = schemas.Field(default=None, description="only the jobs of this resource",
-                                            json_schema_extra={"pattern": id_pattern(*PREFIXES)})
+                                            json_schema_extra={"pattern": id_pattern(*prefixes())})
     actor: str | None = schemas.Field(default=None, description="only the jobs asked for by this token id "
                                                                  "(`me`: the calling token)",
                                       json_schema_extra={"pattern": "^me$|" + id_pattern("tok")})

@@ -29,11 +29,12 @@ from typing import Any
 from aiohttp import web
 from pydantic import Field
 
-from z9.common import resources, store
+from z9.common import store
+from z9 import resources
 from z9.common.errors import Conflict, NotFound
 from z9.common.errors import deleting as resource_deleting
 from z9.common.models import Job
-from z9.common.resources import Buffered, Immediate
+from z9.resources import Buffered, Immediate
 
 from . import schemas
 from .resources import (NOTIFIER, POOL, SETTINGS, Operation, dump, idempotency_begin, idempotency_end,

@@ -2,7 +2,7 @@
 generated from.
 
 A resource type's API registration is an :class:`ApiResource`: the type from the registry
-(``z9.common.resources``), its create body and public models (pydantic), an example, and a
+(``z9.resources``), its create body and public models (pydantic), an example, and a
 ``create`` hook that writes the row and its job. :func:`resource_operations` turns it into five
 :class:`Operation`\\ s — create, list, get, delete, cancel-deletion (buffered deletion only) —
 served by the generic handlers below and described by :mod:`z9.api.openapi`. A type's own routes
@@ -19,11 +19,12 @@ import asyncpg
 from aiohttp import web
 from pydantic import BaseModel, Field, ValidationError, create_model
 
-from z9.common import labels, resources, store
+from z9 import resources
+from z9.common import labels, store
 from z9.common.errors import BadRequest, CheckViolation, Conflict, NotFound, ValidationFailed, deleting
 from z9.common.ids import id_pattern, is_id
 from z9.common.notify import JobNotifier
-from z9.common.resources import Buffered, Immediate, ResourceType
+from z9.resources import Buffered, Immediate, ResourceType
 from z9.common.settings import Settings
 
 from . import schemas

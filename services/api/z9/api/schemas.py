@@ -1,7 +1,7 @@
 """Request and response bodies of the REST API (pydantic v2). Requests reject unknown fields;
 responses are built through their models (so what is served is what the OpenAPI document,
 generated from these models, says). A resource type's own models live with its API registration
-(``z9.api.servers``); the shapes every type shares are here.
+(``z9.resources.server.api``); the shapes every type shares are here.
 """
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ from typing import Any
 
 import asyncpg
 
-from z9.common import resources, store, tracing
+from z9.common import store, tracing
+from z9 import resources
 from z9.common.errors import Cancelled
 from z9.common.models import Job, utc_now_iso
 from z9.common.settings import Settings

@@ -1,7 +1,7 @@
 """The reaper: finalises expired deletion buffers (second phase of a two-phase delete).
 
 ``run_once`` moves every resource (of each type whose deletion is buffered, from the registry
-``z9.common.resources``) whose ``delete_after`` has passed from ``deleting`` to ``destroying`` and
+``z9.resources``) whose ``delete_after`` has passed from ``deleting`` to ``destroying`` and
 enqueues its type's final job, in one transaction per type (``SKIP LOCKED``, so several replicas
 never enqueue twice), and NOTIFYs the regions concerned. A cancellation racing
 the reaper is decided by the row lock: ``cancel-deletion`` only matches ``delete_after > now()``.
@@ -13,7 +13,8 @@ import logging
 
 import asyncpg
 
-from z9.common import metrics, resources, store
+from z9.common import metrics, store
+from z9 import resources
 from z9.common.db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS, create_service_pool
 from z9.common.errors import LockWaitTimeout
 from z9.common.logs import job_fields

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import kinds, metrics, resources, store
+from z9.common import kinds, metrics, store
+from z9 import resources
 from z9.common.db import LOCK_WAIT_ERRORS, SCHEDULER_CHANNEL, TRANSIENT_DB_ERRORS, connect_listener, create_service_pool
 from z9.common.errors import LockWaitTimeout
 from z9.common.settings import Settings
@@ -63,7 +64,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._metrics_at = self._finished_metrics_at = float("-inf")  # time.monotonic() of the last recounts
-        self._kinds = sorted(kinds.ALL)  # the known job kinds: series pre-created for each
+        self._kinds = sorted(kinds.all_kinds())  # the known job kinds: series pre-created for each
         self._age_regions: set[str] = set()  # regions given a z9_job_oldest_pending_age_seconds value
         metrics.init_scheduler(self._kinds, settings.regions)
 

@@ -1,12 +1,14 @@
-"""Job kinds: one module per kind, each with ``observe``, ``plan`` (pure), ``apply``, ``verify``
+"""Job kinds: one module per kind (in its resource type's slice), each with ``observe``, ``plan`` (pure), ``apply``, ``verify``
 together, plus ``record`` (write what verify saw, in the transaction that finishes the job) and
 ``record_failure(conn, ctx, error)`` (the resource carries a failed job's reason; ``error`` is
 the job row's error, ``{class, message, …}``). A kind whose ``record`` writes nothing may say
 ``RECORDS_NOTHING = True``: its finish and the executor's next claim are then one statement
 (services/executor/z9/executor/batching.py); no product kind does today.
 
-:data:`REGISTRY` maps the ``kind`` column to its module; :func:`register` adds one (benchmarks
-register a no-op kind this way).
+:data:`REGISTRY` maps the ``kind`` column to its module: every module that sets ``KIND`` in a
+resource type's ``jobs`` package (``resources/z9/resources/<type>/jobs/``), found through the
+type registry (:mod:`z9.resources`), named in no list here; :func:`register` adds one more
+(benchmarks register a no-op kind this way).
 """
 from __future__ import annotations
 
@@ -16,9 +18,7 @@ from typing import Any
 from z9.common import kinds
 from z9.common.errors import PermanentError
 
-from . import (address_assign, address_create, address_delete, address_unassign, cluster_create, cluster_delete,
-               cluster_observe, cluster_reconcile, lb_configure, lb_create, lb_delete, lb_observe, lb_start, lb_stop, server_create,
-               server_delete, server_reboot, server_resize, server_start, server_stop, volume)
+from z9 import resources
 
 REGISTRY: dict[str, Any] = {}
 
@@ -33,10 +33,12 @@ def register(module: ModuleType | Any) -> None:
     kinds.add(module.KIND)
 
 
-for _m in (server_create, server_stop, server_start, server_reboot, server_resize, server_delete, address_create,
-           address_assign, address_unassign, address_delete, lb_create, lb_configure, lb_start, lb_stop, lb_delete,
-           lb_observe, cluster_create, cluster_reconcile, cluster_delete, cluster_observe, *volume.KINDS):
-    register(_m)
+for _type in resources.types():  # every kind of every slice (resources/z9/resources/<type>/jobs)
+    for _m in resources.job_modules(_type):
+        register(_m)
+    _missing = set(_type.kinds) - set(REGISTRY)
+    if _missing:
+        raise TypeError(f"resource type {_type.name} names kinds its jobs package lacks: {sorted(_missing)}")
 
 
 class UnknownKind:

@@ -1,0 +1,427 @@
+"""The resource-type registry: what the scheduler, the reaper, the executor and the API know
+about a type of resource (server, address, …), without naming one.
+
+A type is a :class:`ResourceType`: its name (``jobs.resource_type``), id prefix, table, row model,
+deletion policy (:class:`Buffered` — a buffer during which the deletion can be cancelled, then a
+final job — or :class:`Immediate` — the final job at once), the job that restores it when a
+deletion is cancelled, and what a failed job does to it (:meth:`ResourceType.failure_ends_deletion`).
+Its slice — the package ``z9.resources.<type>`` (``resources/z9/resources/<type>/``) — builds one
+and calls :func:`register`; everything else the type is lives beside it in that folder: its API
+operations (``api``: ``API``), its job kinds (``jobs``: one module per kind, each with ``KIND``),
+its client commands (``client``: ``KIND``/``register``). This package imports every slice it finds
+at the bottom (no list), and the lists of types, id prefixes, kinds, routes and client commands
+are derived from :data:`REGISTRY` (:func:`slice_modules`).
+
+The table keeps the lifecycle columns described in ``db/z9/db/migrations/0004_resource_layer.sql``; the
+lifecycle queries are written once (``resource_*`` in ``queries.sql``) and run through the
+wrappers below, which fill in the table.
+
+Deletion (two-phase when buffered)::
+
+    live ──DELETE──> deleting ──buffer expires (reaper: final job)──> destroying ──final job ok──> deleted
+     ^                  │ cancel-deletion (restore job)                   │ final job failed / guard refused
+     └──────────────────┘                                                 └──> failed (deletable again)
+
+An immediate deletion goes from live to ``destroying`` (and the final job) at once.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Awaitable, Callable, Generic, Protocol, TypeVar
+
+from z9.common import store
+from z9.common.ids import GENERIC_PREFIXES
+from z9.common.models import utc_now_iso
+from z9.common.store import DB, NewJob
+
+_TABLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+class Row(Protocol):
+    """What a resource row model offers: built from a record, public JSON, lifecycle fields."""
+
+    id: str
+    tenant_id: str
+    region: str
+    status: str
+    status_before_delete: str | None
+
+    @classmethod
+    def from_record(cls, r: Any) -> Any: ...
+
+    def public(self) -> dict[str, Any]: ...
+
+
+R = TypeVar("R", bound=Row)
+
+
+@dataclass(frozen=True)
+class Buffered:
+    """Deleting starts a buffer of ``deletion_buffer_s`` (settings) with job ``first_kind`` (e.g.
+    stop the VM); the reaper enqueues ``final_kind`` when the buffer expires; cancel-deletion
+    enqueues the type's restore job."""
+
+    first_kind: str
+    final_kind: str
+
+
+@dataclass(frozen=True)
+class Immediate:
+    """Deleting enqueues ``final_kind`` at once (``destroying``); there is nothing to cancel."""
+
+    final_kind: str
+
+
+@dataclass(frozen=True)
+class Periodic:
+    """An observe-only job the reaper enqueues for every row in one of ``statuses`` whose
+    ``observed_at`` is older than ``interval_setting`` (a Settings field, seconds) and that has no
+    live job (a running job's own verify observes it anyway). The job never changes the world;
+    its failure never marks the resource failed (it is lowest priority: skipped while any other
+    job of the resource is live, one attempt)."""
+
+    kind: str
+    interval_setting: str
+    statuses: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ResourceType(Generic[R]):
+    """One type of resource. ``restore(row) -> (kind, args)`` is the job that gives a resource
+    back what it had before a cancelled deletion (``Buffered`` only). ``statuses`` is the status
+    enum in order (list filters, the OpenAPI document)."""
+
+    name: str
+    prefix: str
+    table: str
+    model: type[R]
+    kinds: tuple[str, ...]
+    deletion: Buffered | Immediate
+    statuses: tuple[str, ...]
+    restore: Callable[[R], tuple[str, dict[str, Any]]] | None = None
+    # the other resources a job of this row touches, from the row alone (e.g. the server an
+    # address is on, or was on before its deletion): every job built by new_job holds them as
+    # lock keys — the generic delete, cancel-deletion and the reaper's final job included
+    lock_keys: Callable[[R], tuple[str, ...]] | None = None
+    # why a failed job of (kind, args) is no longer the row's intent — a later request replaced
+    # it (an address assigned elsewhere since): re-running it would undo that request while the
+    # row keeps saying otherwise. None: it still is (or the type keeps no such intent).
+    stale: Callable[[R, str, dict[str, Any]], str | None] | None = None
+    # the args a re-run of a failed job of (kind, args) takes: the row's current intent (a failed
+    # server resized since its create failed is created at the new size), not the old request's.
+    # None: the job's own args (the type keeps no intent beyond them).
+    intent: Callable[[R, str, dict[str, Any]], dict[str, Any]] | None = None
+    # the failed jobs of other resources that a re-run of this row's failed (kind) re-runs too,
+    # because they failed for want of what that job builds (a server's ServerCreate: the
+    # AddressAssign of its primary address, which found no VM): hook(db, row, kind) -> job ids
+    rerun_with: Callable[[Any, R, str], Awaitable[list[str]]] | None = None
+    status_type: str = ""  # the status column's enum type; default <name>_status
+    plural: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # type-specific knowledge (API, jobs)
+    periodic: Periodic | None = None
+    # what a job cancelled before it ran to its end (POST /v1/jobs/{id}/actions/cancel) leaves on
+    # its row, when the generic rule (job_cancelled) does not say it: hook(db, row, kind, reason)
+    # -> True when it settled the row
+    cancelled: Callable[[Any, R, str, str], Awaitable[bool]] | None = None
+    # where the type stands in every list derived from the registry (routes, the OpenAPI
+    # document's tags, the client's commands): lower first, then by name
+    order: int = 100
+    # the slice package holding the type (its api, jobs and client modules); default z9.resources.<name>
+    package: str = ""
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z][a-z0-9]{1,3}", self.prefix) or self.prefix in GENERIC_PREFIXES:
+            raise ValueError(f"resource type {self.name}: id prefix {self.prefix!r} is not 2-4 lower-case "
+                             f"letters/digits, or is one of the generic {GENERIC_PREFIXES}")
+        if not self.status_type:
+            object.__setattr__(self, "status_type", f"{self.name}_status")
+        for ident in (self.table, self.status_type):
+            if not _TABLE_RE.match(ident):
+                raise ValueError(f"resource type {self.name}: {ident!r} is not a plain identifier")
+        for s in ("deleting", "destroying", "deleted", "failed"):
+            if s not in self.statuses:
+                raise ValueError(f"resource type {self.name}: status {s!r} missing (lifecycle contract)")
+        if isinstance(self.deletion, Buffered) and self.restore is None:
+            raise ValueError(f"resource type {self.name}: a buffered deletion needs a restore job")
+        if not self.plural:
+            object.__setattr__(self, "plural", self.name + "s")
+        if not self.package:
+            object.__setattr__(self, "package", f"{__name__}.{self.name}")
+
+    def slice_module(self, part: str) -> ModuleType | None:
+        """The slice's module ``part`` (``api``, ``jobs``, ``client``), None when it has none."""
+        name = f"{self.package}.{part}"
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name and (name == e.name or name.startswith(e.name + ".")):
+                return None  # the slice has no such module (or the type no slice: a test's)
+            raise
+
+    @property
+    def sql(self) -> tuple[str, str]:
+        """What fills in the lifecycle queries: (table, status enum type)."""
+        return (self.table, self.status_type)
+
+    @property
+    def final_kind(self) -> str:
+        return self.deletion.final_kind
+
+    def failure_ends_deletion(self, kind: str, *, refused: bool = False) -> bool:
+        """A failed job's effect on a deletion under way: a deletion-guard refusal, or the final
+        delete job itself failing, ends it (the resource is ``failed``; its owner may delete it
+        again); any other job's failure lets it go on (the reason is kept either way)."""
+        return refused or kind == self.final_kind
+
+    def superseded_by(self, kind: str) -> tuple[str, ...]:
+        """The kinds whose later job ends a live job of ``kind`` on the same resource between its
+        steps (:class:`~z9.common.errors.Cancelled`): an immediate deletion's final job supersedes
+        every other job of the resource (a delete must not wait behind a 20-minute create);
+        nothing supersedes the final job itself, nor anything of a buffered type (its deletion
+        can be cancelled: the work under way is kept)."""
+        if isinstance(self.deletion, Immediate) and kind != self.deletion.final_kind:
+            return (self.deletion.final_kind,)
+        return ()
+
+    def superseded_kinds(self, kind: str) -> tuple[str, ...]:
+        """The inverse of :meth:`superseded_by`: the kinds of this type a job of ``kind`` ends."""
+        return tuple(k for k in self.kinds if kind in self.superseded_by(k))
+
+    async def supersede_waiting(self, db: DB, rid: str, by_job: str, by_kind: str) -> list[str]:
+        """In the transaction that enqueues ``by_job`` (of ``by_kind``): the resource's jobs it
+        supersedes that are not running (``pending``, or ``retry`` between attempts) end at once,
+        ``failed`` with error class ``cancelled`` naming it, so it waits behind none of them (a
+        create in its backoff would otherwise hold the delete for up to ``backoff_cap_s``). A
+        running one stops at its next step (the executor's ``check_superseded``). Returns the ids."""
+        kinds = self.superseded_kinds(by_kind)
+        if not kinds:
+            return []
+        message = f"cancelled: {self.name} {rid} is being deleted by {by_kind} job {by_job}"
+        return await store.jobs_supersede_waiting(db, rid, by_job, list(kinds),
+                                                  {"class": "cancelled", "message": message, "by_job": by_job,
+                                                   "at": utc_now_iso()})
+
+    # ------------------------------------------------------------ lifecycle (queries written once)
+
+    async def get(self, db: DB, rid: str, tenant_id: str | None = None) -> R | None:
+        """The row, scoped to ``tenant_id`` when given; None when absent (or another tenant's)."""
+        row = await store.resource_get(db, self.sql, rid, tenant_id)
+        return self.model.from_record(row) if row else None
+
+    async def list(self, db: DB, tenant_id: str, *, after: str | None = None, status: str | None = None,
+                   limit: int = 100, name: str | None = None, selector: Any = None,
+                   include_deleted: bool = True) -> list[R]:
+        """Up to ``limit`` rows of the tenant by id, after id ``after``, of one status, of one
+        name, matching a label selector (:mod:`z9.common.labels`); the deleted ones only with
+        ``include_deleted``."""
+        return [self.model.from_record(r)
+                for r in await store.resource_list(db, self.sql, tenant_id, after, status, limit, name, selector,
+                                                   include_deleted)]
+
+    async def mark_deleting(self, db: DB, rid: str, tenant_id: str, buffer_s: float, *,
+                            immediate: bool = False) -> R | None:
+        """Start the deletion (``deleting`` with a buffer, or ``destroying`` when immediate —
+        the type's rule, or ``immediate``: a failed create, which holds nothing to keep);
+        None when the resource is absent or not in a deletable state. The row stays locked
+        until commit."""
+        if immediate or isinstance(self.deletion, Immediate):
+            row = await store.resource_mark_destroying(db, self.sql, rid, tenant_id)
+        else:
+            row = await store.resource_mark_deleting(db, self.sql, rid, tenant_id, buffer_s)
+        return self.model.from_record(row) if row else None
+
+    async def cancel_deletion(self, db: DB, rid: str, tenant_id: str) -> R | None:
+        """End the buffer early (status back to ``status_before_delete``); None when the
+        resource is not ``deleting`` or its buffer has expired."""
+        row = await store.resource_cancel_deletion(db, self.sql, rid, tenant_id)
+        return self.model.from_record(row) if row else None
+
+    async def reap_expired(self, db: DB, limit: int) -> list[tuple[R, dict[str, Any] | None]]:
+        """Move up to ``limit`` rows whose buffer expired to ``destroying``, each with the trace
+        context of its latest job (the deletion request's first job, which the final job
+        continues)."""
+        return [(self.model.from_record(r), r["deletion_trace_context"])
+                for r in await store.resource_reap_expired(db, self.sql, limit)]
+
+    async def mark_failed(self, db: DB, rid: str, reason: str, *, ends_deletion: bool = False) -> None:
+        """The resource carries ``reason``; ``failed`` unless a deletion is under way (which goes
+        on) — and even then when ``ends_deletion``."""
+        await store.resource_mark_failed(db, self.sql, rid, reason, ends_deletion)
+
+    async def mark_failed_by_job(self, db: DB, rid: str, reason: str, *, kind: str, refused: bool = False) -> None:
+        """A failed job's reason on its resource: the one rule for executor and scheduler alike
+        (:meth:`failure_ends_deletion`)."""
+        if self.periodic is not None and kind == self.periodic.kind:
+            return  # an observe-only job's failure says nothing about the resource
+        await self.mark_failed(db, rid, reason, ends_deletion=self.failure_ends_deletion(kind, refused=refused))
+
+    async def observed(self, db: DB, rid: str, *, status: str | None = None,
+                       from_statuses: tuple[str, ...] = ()) -> R | None:
+        """Verify saw the resource now (``observed_at``); it moves to ``status`` only from one of
+        ``from_statuses`` (never over the deletion states), clearing its reason."""
+        row = await store.resource_observed(db, self.sql, rid, status, list(from_statuses))
+        return self.model.from_record(row) if row else None
+
+    async def deleted(self, db: DB, rid: str) -> bool:
+        """``destroying`` → ``deleted`` (no-op in any other status: False); its clone requests go."""
+        return await store.resource_deleted(db, self.sql, rid)
+
+    async def job_cancelled(self, db: DB, row: R, kind: str, reason: str) -> None:
+        """A job of ``kind`` on ``row`` was cancelled before it ran to its end: the type's own
+        rule (``cancelled``) first; otherwise the generic one — a row still ``creating`` with no
+        job of its own left to move it on (a job queued behind the cancelled create converges it
+        too), or a cancelled final delete, ends ``failed``."""
+        if self.cancelled is not None and await self.cancelled(db, row, kind, reason):
+            return
+        stuck = row.status == "creating" and await store.resource_count_own_live_jobs(db, row.id) == 0
+        if stuck or kind == self.final_kind:
+            await self.mark_failed_by_job(db, row.id, reason, kind=kind)
+
+    def new_job(self, row: R, kind: str, *, args: dict[str, Any] | None = None, max_attempts: int = 10,
+                extra_lock_keys: tuple[str, ...] = (), **kw: Any) -> NewJob:
+        """A job on ``row`` (region, tenant and resource from it), holding ``extra_lock_keys``
+        and the type's own ``lock_keys(row)``."""
+        keys = (*extra_lock_keys, *(self.lock_keys(row) if self.lock_keys else ()))
+        keys = tuple(dict.fromkeys(k for k in keys if k and k != row.id))
+        return NewJob(kind=kind, region=row.region, tenant_id=row.tenant_id, resource_type=self.name,
+                      resource_id=row.id, args=args, max_attempts=max_attempts,
+                      extra_lock_keys=keys, **kw)
+
+
+    async def periodic_due(self, db: DB, interval_s: float, limit: int) -> list[R]:
+        """Rows due for the periodic observe job (locked, SKIP LOCKED: call in a transaction)."""
+        assert self.periodic is not None
+        return [self.model.from_record(r) for r in await store.resource_periodic_due(
+            db, self.sql, list(self.periodic.statuses), interval_s, limit)]
+
+
+REGISTRY: dict[str, ResourceType[Any]] = {}
+# (type name) -> hooks run in the transaction that finishes that type's final delete:
+# hook(conn, row id, max_attempts) -> list[NewJob] (a dependent type reacting, registered by it)
+DEPENDENT_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
+
+
+def on_final_delete(type_name: str, hook: Callable[..., Awaitable[list[Any]]]) -> None:
+    """Register ``hook(conn, resource id, max_attempts) -> [NewJob]`` for when a ``type_name`` resource is
+    deleted for good (its final job's finishing transaction): the jobs are inserted there."""
+    DEPENDENT_HOOKS.setdefault(type_name, []).append(hook)
+
+
+async def final_delete_dependents(conn: Any, type_name: str, resource_id: str, max_attempts: int = 10) -> list[Any]:
+    """Run the hooks registered for ``type_name`` and insert the jobs they ask for (same
+    transaction, without NOTIFY: the executor's poll or the caller's notify picks them up).
+    Returns the inserted jobs."""
+    jobs: list[NewJob] = []
+    for hook in DEPENDENT_HOOKS.get(type_name, []):
+        jobs.extend(await hook(conn, resource_id, max_attempts))
+    if not jobs:
+        return []
+    return list(await store.job_insert_many(conn, jobs))
+
+
+# (type name) -> hooks run in the transaction that starts a deletion of that type (DELETE /v1/<plural>/{id}):
+# hook(conn, row, options, settings) -> list[NewJob] (a dependent type reacting: a server's volumes are
+# detached, or deleted with it when the request says so); ``options`` are the request's query parameters
+DELETION_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
+# (type name) -> the models of the query parameters those hooks read (the DELETE route declares them)
+DELETION_OPTIONS: dict[str, list[type]] = {}
+
+
+def on_deletion(type_name: str, hook: Callable[..., Awaitable[list[Any]]], options: type | None = None) -> None:
+    """Register ``hook(conn, row, options, settings) -> [NewJob]`` for when a deletion of a ``type_name``
+    resource starts (in its transaction, after the resource's own job: the jobs are inserted there).
+    ``options``: a pydantic model of the query parameters it reads (``DELETE /v1/<plural>/{id}``
+    declares them). A hook may raise an ApiError (a 4xx naming the option) to refuse the deletion."""
+    DELETION_HOOKS.setdefault(type_name, []).append(hook)
+    if options is not None:
+        DELETION_OPTIONS.setdefault(type_name, []).append(options)
+
+
+async def deletion_dependents(conn: Any, type_name: str, row: Any, options: Any, settings: Any) -> list[Any]:
+    """Run the hooks registered for ``type_name``'s deletion and insert the jobs they ask for (same
+    transaction, without NOTIFY: the caller notifies). Returns the inserted jobs."""
+    jobs: list[NewJob] = []
+    for hook in DELETION_HOOKS.get(type_name, []):
+        jobs.extend(await hook(conn, row, options, settings))
+    if not jobs:
+        return []
+    return list(await store.job_insert_many(conn, jobs))
+
+
+def periodic() -> list[ResourceType[Any]]:
+    """The types with a periodic observe job."""
+    return [t for t in REGISTRY.values() if t.periodic is not None]
+
+
+def register(rtype: ResourceType[Any]) -> ResourceType[Any]:
+    """Add a resource type (its name, prefix and table unique); returns it. :data:`REGISTRY`
+    stays in the types' ``order``."""
+    for other in REGISTRY.values():
+        if other.name != rtype.name and (other.prefix == rtype.prefix or other.table == rtype.table):
+            raise ValueError(f"resource types {other.name} and {rtype.name} share a prefix or a table")
+    REGISTRY[rtype.name] = rtype
+    ordered = sorted(REGISTRY.values(), key=lambda t: (t.order, t.name))
+    REGISTRY.clear()
+    REGISTRY.update((t.name, t) for t in ordered)
+    return rtype
+
+
+def types() -> list[ResourceType[Any]]:
+    """Every registered type, in order."""
+    return list(REGISTRY.values())
+
+
+def prefixes() -> tuple[str, ...]:
+    """The id prefixes of the registered types, in order."""
+    return tuple(t.prefix for t in REGISTRY.values())
+
+
+def slice_modules(part: str) -> list[tuple[ResourceType[Any], ModuleType]]:
+    """Each registered type's slice module ``part`` (``api``, ``jobs``, ``client``), in order,
+    skipping the types without one."""
+    found = [(t, t.slice_module(part)) for t in REGISTRY.values()]
+    return [(t, m) for t, m in found if m is not None]
+
+
+def job_modules(rtype: ResourceType[Any]) -> list[ModuleType]:
+    """The job-kind modules of a type's slice: every module of its ``jobs`` package that sets
+    ``KIND`` (the modules they share set none)."""
+    pkg = rtype.slice_module("jobs")
+    if pkg is None:
+        return []
+    mods = [importlib.import_module(f"{pkg.__name__}.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
+    return [m for m in mods if isinstance(getattr(m, "KIND", None), str)]
+
+
+def get(name: str | None) -> ResourceType[Any] | None:
+    """The registered type called ``name`` (a ``jobs.resource_type``), or None."""
+    return REGISTRY.get(name) if name else None
+
+
+def buffered() -> list[ResourceType[Any]]:
+    """The types whose deletion has a buffer (the reaper's work)."""
+    return [t for t in REGISTRY.values() if isinstance(t.deletion, Buffered)]
+
+
+async def mark_failed_by_job(db: DB, resource_type: str | None, resource_id: str | None, reason: str, *,
+                             kind: str, refused: bool = False) -> None:
+    """A failed job's reason on its resource, whatever its type (no-op for a job without a
+    registered resource)."""
+    rtype = get(resource_type)
+    if rtype is not None and resource_id is not None:
+        await rtype.mark_failed_by_job(db, resource_id, reason, kind=kind, refused=refused)
+
+
+def _import_slices() -> None:
+    """Import every slice under this package's folders (each registers its type): a new type is a
+    new folder, named in no list."""
+    for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if m.ispkg:
+            importlib.import_module(f"{__name__}.{m.name}")
+
+
+_import_slices()

@@ -1,0 +1,57 @@
+"""The ``address`` resource type: an IP from a region's pool, on one server's VM or on none;
+two-phase deletion (AddressUnassign during the buffer, AddressDelete at its end; a cancellation
+assigns it back to the server it was on)."""
+from __future__ import annotations
+
+from typing import Any
+
+from z9.common import kinds
+from z9.common.models import Address
+from z9.resources import Buffered, ResourceType, register
+
+STATUSES = ("creating", "active", "deleting", "destroying", "deleted", "failed")
+
+
+def restore(address: Address) -> tuple[str, dict[str, Any]]:
+    """What a cancelled deletion gives back: the assignment the address had (the table put it
+    back into ``server_id`` when the deletion was cancelled), or none."""
+    if address.server_id:
+        return kinds.ADDRESS_ASSIGN, {"server_id": address.server_id}
+    return kinds.ADDRESS_UNASSIGN, {}
+
+
+def lock_keys(address: Address) -> tuple[str, ...]:
+    """The server an address job touches: the one it is on, and during a deletion the one it
+    was on (the deletion's AddressUnassign takes it off that server's VM; the cancel's
+    AddressAssign puts it back). Like an assign, those jobs are then ordered with the server's
+    own jobs instead of running beside them."""
+    keys = [address.server_id]
+    if address.status in ("deleting", "destroying"):
+        keys.append(address.server_before_delete)
+    return tuple(k for k in keys if k)
+
+
+def stale(address: Address, kind: str, args: dict[str, Any]) -> str | None:
+    """An assignment job is the address's intent only while the address is still meant for
+    that server (``server_id``), an unassignment or a create only while it is meant for none."""
+    if kind == kinds.ADDRESS_ASSIGN:
+        meant = args.get("server_id")
+    elif kind in (kinds.ADDRESS_UNASSIGN, kinds.ADDRESS_CREATE):
+        meant = None
+    else:
+        return None
+    if address.server_id == meant:
+        return None
+    now = f"server {address.server_id}" if address.server_id else "no server"
+    was = f"server {meant}" if meant else "no server"
+    return (f"address {address.id} is meant for {now} since a later request; this {kind} job put it on {was}. "
+            "Assign or unassign the address again instead")
+
+
+ADDRESS: ResourceType[Address] = register(ResourceType(
+    name="address", prefix="adr", table="addresses", model=Address, plural="addresses",
+    kinds=(kinds.ADDRESS_CREATE, kinds.ADDRESS_ASSIGN, kinds.ADDRESS_UNASSIGN, kinds.ADDRESS_DELETE),
+    deletion=Buffered(first_kind=kinds.ADDRESS_UNASSIGN, final_kind=kinds.ADDRESS_DELETE),
+    statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale,
+    order=20,
+))

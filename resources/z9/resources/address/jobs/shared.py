@@ -1,0 +1,395 @@
+"""What the address job kinds share: put an address on exactly one server's VM, or on none.
+
+An address is on a VM when (1) the VM carries the tag ``z9-addr-<address id>`` and (2) the VM's
+IP set ``ipfilter-net0`` holds the IP. The tag is how a holder is found — by observe, across the
+whole cluster, in one ``/cluster/resources`` call, never by the database's idea of it — and the
+IP-set entry is what the Proxmox firewall enforces: with the VM's firewall and ``ipfilter`` on,
+the VM may send only from the addresses in that set (a VM on a plain bridge could otherwise
+claim any address). Order keeps "tag ⊇ entry" true at every instant, so an interrupted job is
+always found again by its tag: the new holder is tagged *before* its entry is added, an old
+holder loses its entry *before* its tag.
+
+A *primary* address is also the VM's ``ipconfig0`` (+ ``nameserver``): written by ServerCreate's
+configure step for a new server, and by an assignment only on a stopped VM (the guest reads a
+cloud-init change at its next boot, as a new instance: the API refuses it on a running server).
+A *floating* address is configured by the guest itself (documented); the job only routes it.
+
+Enforcement: the VM's ``ipfilter`` is turned on only when every address the VM uses is in its
+set — that is, when the server's VM uses its primary address (static ``ipconfig0``, in the set:
+read from the VM, not from the database). A server on DHCP (no primary
+address) would lose its own address to the filter; its floating addresses are tagged and listed,
+and ``observed.enforced`` says the filter is off. So taking a primary off a VM (its ``ipconfig0``
+back to DHCP) turns the VM's filter off again.
+
+A VM that is not z9's (no ``z9-id-…`` tag) configured with the same IP (``ipconfigN``), or
+carrying the address's tag, is a *conflict*: reported on the address (``observed.conflicts``,
+``status_reason``), never touched.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from z9.common import store
+from z9.common.errors import PermanentError, TemporaryError
+from z9.common.models import Address, Job
+from z9.resources.address import ADDRESS
+from z9.common.tags import ROLE_CUSTOMER, format_tags, identity_tag, platform_roles
+
+from z9.executor.context import JobContext, Step
+from z9.executor.proxmox import VmLocked, VmRef, VmState
+
+log = logging.getLogger("z9.executor.jobs")
+
+IPSET = "ipfilter-net0"
+IPCONFIG_KEY = re.compile(r"ipconfig\d+")
+_IPCONFIG_IP = re.compile(r"(?:^|,)ip6?=([0-9a-fA-F.:]+)(?:/\d+)?(?:,|$)")
+
+
+def address_tag(address_id: str) -> str:
+    """``z9-addr-<address id>``: the tag of the VM an address is on."""
+    return f"z9-addr-{address_id.lower()}"
+
+
+def server_of(vm: VmState | VmRef) -> str | None:
+    """The server id of a z9 customer VM (its ``z9-id-srv_…`` tag), else None."""
+    for t in vm.tags:
+        if t.startswith("z9-id-srv_"):
+            return t[len("z9-id-"):]
+    return None
+
+
+def is_z9_vm(vm: VmState | VmRef) -> bool:
+    return any(t.startswith("z9-id-") for t in vm.tags)
+
+
+def same_ip(entry: str, ip: str) -> bool:
+    """An IP-set entry (``10.0.0.5``, ``10.0.0.5/32``) is exactly this one address."""
+    try:
+        net = ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return False
+    return net.num_addresses == 1 and net.network_address == ipaddress.ip_address(ip)
+
+
+def config_ips(config: dict[str, Any]) -> dict[str, str]:
+    """``{ipconfigN: ip}`` of the static addresses a VM's cloud-init config gives it."""
+    out = {}
+    for k, v in config.items():
+        if IPCONFIG_KEY.fullmatch(k) and isinstance(v, str):
+            for m in _IPCONFIG_IP.finditer(v):
+                out[k] = m.group(1)
+    return out
+
+
+def ipconfig0(address: Address) -> str:
+    """The ``ipconfig0`` value of a primary address (see ``Address.ipconfig0``)."""
+    return address.ipconfig0()
+
+
+@dataclass
+class Holder:
+    """A VM the address is (partly) on: it carries the tag, or, for the target, maybe not yet."""
+
+    vm: VmState
+    entries: list[dict[str, Any]] | None  # the IP set's entries; None: no such set
+    firewall: dict[str, Any] = field(default_factory=dict)
+
+    def has_entry(self, ip: str) -> bool:
+        return any(same_ip(str(e.get("cidr", "")), ip) for e in self.entries or [])
+
+
+@dataclass
+class World:
+    address: Address
+    want: str | None                 # the server the address should be on (None: on no VM)
+    target: Holder | None            # that server's VM (None: no server wanted, or no VM yet)
+    holders: list[Holder]            # z9 VMs carrying the tag, other than the target
+    conflicts: list[dict[str, Any]]  # foreign VMs using the IP or carrying the tag (never touched)
+    enforce: bool                    # turn the target's IP filter on (see the module docstring)
+    nameservers: list[str]
+    cluster_firewall: bool | None
+
+
+async def _holder(ctx: JobContext, ref: VmRef | VmState, *, firewall: bool = False) -> Holder | None:
+    st = ref if isinstance(ref, VmState) else await ctx.pve.vm_state(ref.node, ref.vmid)
+    if st is None:
+        return None
+    entries = await ctx.pve.ipset_entries(st.node, st.vmid, IPSET)
+    fw = await ctx.pve.firewall_options(st.node, st.vmid) if firewall else {}
+    return Holder(st, entries, fw)
+
+
+async def observe(ctx: JobContext, want: str | None) -> World:
+    """The address (intent), the VMs carrying its tag, the wanted server's VM (by its identity
+    tag), and foreign VMs using the IP."""
+    address = await store.address_get(ctx.pool, ctx.job.resource_id)
+    if address is None:
+        raise PermanentError(f"address {ctx.job.resource_id} does not exist")
+    tag, ip = address_tag(address.id), address.ip_text
+    # A listing requested now (shared only with lookups in flight that started after this one):
+    # the address's holders move between VMs by this job's own steps, which verify must see, and
+    # a foreign VM using the IP is known only from the list.
+    refs = await ctx.pve.list_vms(not_before=time.monotonic())
+    target: Holder | None = None
+    enforce = False
+    if want is not None:
+        server = await store.server_get(ctx.pool, want)
+        if server is None or server.status in ("destroying", "deleted"):
+            raise PermanentError(f"server {want} is {'gone' if server is None else server.status}; "
+                                 f"address {address.id} cannot go on it")
+        mine = [r for r in refs if identity_tag(want) in r.tags and not r.template]
+        if len(mine) > 1:
+            raise PermanentError(f"{len(mine)} VMs carry {identity_tag(want)}; an operator must remove the extra ones")
+        if not mine:
+            if server.status == "failed":
+                # ordered after the server's create (its lock key): that create failed for good,
+                # and nothing will make a VM; retrying would only spend attempts while the
+                # server's deletion waits behind this job (assign again once it has a VM)
+                raise PermanentError(f"server {want} failed and has no VM"
+                                     + (f" ({server.status_reason})" if server.status_reason else "")
+                                     + f"; address {address.id} cannot go on it")
+            raise TemporaryError(f"server {want} has no VM yet; the address goes on it once it exists")
+        target = await _holder(ctx, mine[0], firewall=True)
+        if target is None:
+            raise TemporaryError(f"the VM of server {want} vanished while observing")
+        enforce = _enforce(address, server, target)
+    holders, conflicts = [], []
+    for r in refs:
+        if r.template or (target is not None and r.vmid == target.vm.vmid):
+            continue
+        if tag in r.tags:
+            if not is_z9_vm(r) or platform_roles(r.tags):
+                conflicts.append({"vmid": r.vmid, "node": r.node, "name": r.name, "why": f"carries tag {tag}"})
+                continue
+            # (a primary's holder: its firewall options too — the filter goes off with the primary)
+            h = await _holder(ctx, r, firewall=address.kind == "primary")
+            if h is not None:
+                holders.append(h)
+        elif not is_z9_vm(r):
+            st = await ctx.pve.vm_state(r.node, r.vmid)
+            for key, used in config_ips(st.config if st else {}).items():
+                if used == ip:
+                    conflicts.append({"vmid": r.vmid, "node": r.node, "name": st.config.get("name") if st else None,
+                                      "why": f"{key} uses {ip}"})
+    pool_ns = await store.address_pool_nameservers(ctx.pool, address.pool_id)
+    try:
+        cluster_fw = bool(int((await ctx.pve.cluster_firewall_options()).get("enable", 0)))
+    except (TemporaryError, PermanentError) as e:
+        log.debug("cluster firewall options unreadable: %s", e)
+        cluster_fw = None
+    return World(address, want, target, holders, conflicts, enforce, pool_ns, cluster_fw)
+
+
+def _enforce(address: Address, server: Any, target: Holder) -> bool:
+    """Whether the target VM's IP filter may be on: the VM uses a primary address (static
+    ``ipconfig0``) that its IP set holds — read from the VM, not from the database. A primary
+    the database records but the VM does not use (its assignment failed: the server was started
+    before it ran) would filter out the DHCP address the VM really has. A primary being assigned
+    by this job counts: its ``set_ipconfig`` and entry come before ``enable_ipfilter``."""
+    if address.kind == "primary":
+        return True
+    ip = server.primary_ipv4
+    ip = str(getattr(ip, "ip", ip)) if ip is not None else None
+    used = config_ips({"ipconfig0": target.vm.config.get("ipconfig0")}).get("ipconfig0")
+    return ip is not None and used == ip and target.has_entry(ip)
+
+
+def plan(job: Job, world: World) -> list[Step]:
+    """Pure: the steps still missing for the address to be on ``world.want``'s VM only.
+
+    Old holders: ``remove_entry``, (a primary on a stopped VM) ``clear_ipconfig``, (a primary)
+    ``disable_ipfilter`` while the filter is on, then ``untag``. Target: ``tag``, ``create_ipset``,
+    ``add_entry``, for a primary ``set_ipconfig`` (stopped VM only), then ``enable_ipfilter``
+    when enforced. A VM locked by another task is waited on (Snooze)."""
+    a = world.address
+    ip, tag = a.ip_text, address_tag(a.id)
+    steps: list[Step] = []
+    for h in world.holders:
+        d = {"vmid": h.vm.vmid, "node": h.vm.node}
+        if h.has_entry(ip):
+            steps.append(Step("remove_entry", dict(d)))
+        if a.kind == "primary" and config_ips({"ipconfig0": h.vm.config.get("ipconfig0")}).get("ipconfig0") == ip:
+            # its cloud-init must not keep an address it no longer holds (stopped VM only: the API
+            # refuses to take a primary off a running server)
+            if h.vm.running:
+                raise PermanentError(f"VM {h.vm.vmid} is running: its primary address is taken off only while "
+                                     "it is stopped")
+            steps.append(Step("clear_ipconfig", dict(d)))
+        if a.kind == "primary" and _on(h.firewall.get("ipfilter")):
+            # the VM is back on DHCP: its IP filter (turned on for this primary) would drop its
+            # own address from the next boot on
+            steps.append(Step("disable_ipfilter", dict(d)))
+        steps.append(Step("untag", dict(d)))
+    t = world.target
+    if t is not None:
+        d = {"vmid": t.vm.vmid, "node": t.vm.node}
+        if ROLE_CUSTOMER not in t.vm.tags or platform_roles(t.vm.tags):
+            raise PermanentError(f"VM {t.vm.vmid} of server {world.want} is not a customer VM; "
+                                 "z9 puts no address on it")
+        if tag not in t.vm.tags:
+            steps.append(Step("tag", dict(d)))
+        if t.entries is None:
+            steps.append(Step("create_ipset", dict(d)))
+        if not t.has_entry(ip):
+            steps.append(Step("add_entry", dict(d)))
+        if a.kind == "primary":
+            want = {"ipconfig0": ipconfig0(a)}
+            if world.nameservers:
+                want["nameserver"] = " ".join(world.nameservers)
+            if any(str(t.vm.config.get(k)) != v for k, v in want.items()):
+                if t.vm.running:
+                    raise PermanentError(f"server {world.want} is running: a primary address is written to "
+                                         "cloud-init only on a stopped server (it takes effect at the next boot)")
+                steps.append(Step("set_ipconfig", dict(d, **want)))
+        if world.enforce and not (_on(t.firewall.get("enable")) and _on(t.firewall.get("ipfilter"))
+                                  and "firewall=1" in str(t.vm.config.get("net0", ""))):
+            steps.append(Step("enable_ipfilter", dict(d)))
+    for s in steps:
+        vm = t.vm if t is not None and s.detail["vmid"] == t.vm.vmid else \
+            next(h.vm for h in world.holders if h.vm.vmid == s.detail["vmid"])
+        if vm.lock:
+            raise VmLocked(f"VM {vm.vmid} is locked ({vm.lock}); waiting for the other task")
+    return steps
+
+
+def _on(v: Any) -> bool:
+    return str(v) == "1"
+
+
+async def _retag(ctx: JobContext, step: Step, node: str, vmid: int, *, add: str | None = None,
+                 remove: str | None = None) -> None:
+    """Add or remove one tag on the VM's fresh config (digest-checked), waiting for the task."""
+    st = await ctx.pve.vm_state(node, vmid)
+    if st is None:
+        raise TemporaryError(f"VM {vmid} disappeared from {node}")
+    if st.lock:
+        raise VmLocked(f"VM {vmid} is locked ({st.lock}); waiting for the other task")
+    tags = set(st.tags)
+    if add:
+        if add in tags:
+            return
+        tags.add(add)
+    if remove:
+        if remove not in tags:
+            return
+        tags.discard(remove)
+    await ctx.fence()
+    upid = await ctx.pve.configure(node, vmid, {"tags": format_tags(tags)}, digest=st.config.get("digest"))
+    await ctx.wait_task(step, upid)
+
+
+async def apply(ctx: JobContext, world: World, step: Step) -> None:
+    """One step, idempotent (each re-reads what it changes, or treats "already so" as done)."""
+    a = world.address
+    node, vmid, ip, tag = step.detail["node"], step.detail["vmid"], a.ip_text, address_tag(a.id)
+    comment = f"z9 address {a.id}"
+    if step.name == "tag":
+        await _retag(ctx, step, node, vmid, add=tag)
+    elif step.name == "untag":
+        await _retag(ctx, step, node, vmid, remove=tag)
+    elif step.name == "create_ipset":
+        await ctx.fence()
+        await ctx.pve.ipset_create(node, vmid, IPSET, comment="z9: addresses this VM may send from")
+    elif step.name == "add_entry":
+        await ctx.fence()
+        await ctx.pve.ipset_add(node, vmid, IPSET, ip, comment=comment)
+    elif step.name == "remove_entry":
+        entries = await ctx.pve.ipset_entries(node, vmid, IPSET) or []
+        for e in entries:
+            if same_ip(str(e.get("cidr", "")), ip):
+                await ctx.fence()
+                await ctx.pve.ipset_remove(node, vmid, IPSET, str(e["cidr"]))
+    elif step.name == "set_ipconfig":
+        st = await ctx.pve.vm_state(node, vmid)
+        if st is None:
+            raise TemporaryError(f"VM {vmid} disappeared from {node}")
+        if st.running:
+            raise PermanentError(f"VM {vmid} is running: its primary address changes only while stopped")
+        params = {k: step.detail[k] for k in ("ipconfig0", "nameserver") if k in step.detail}
+        await ctx.fence()
+        await ctx.wait_task(step, await ctx.pve.configure(node, vmid, params, digest=st.config.get("digest")))
+        await ctx.fence()
+        await ctx.pve.cloudinit_regenerate(node, vmid)
+    elif step.name == "clear_ipconfig":
+        st = await ctx.pve.vm_state(node, vmid)
+        if st is None:
+            raise TemporaryError(f"VM {vmid} disappeared from {node}")
+        if config_ips({"ipconfig0": st.config.get("ipconfig0")}).get("ipconfig0") == ip:
+            if st.running:
+                raise PermanentError(f"VM {vmid} is running: its primary address is taken off only while stopped")
+            await ctx.fence()
+            await ctx.wait_task(step, await ctx.pve.configure(node, vmid, {"ipconfig0": "ip=dhcp"},
+                                                              digest=st.config.get("digest")))
+    elif step.name == "enable_ipfilter":
+        st = await ctx.pve.vm_state(node, vmid)
+        if st is None:
+            raise TemporaryError(f"VM {vmid} disappeared from {node}")
+        net0 = str(st.config.get("net0", ""))
+        if net0 and "firewall=1" not in net0:
+            new = re.sub(r"(^|,)firewall=0(,|$)", r"\1firewall=1\2", net0)
+            if "firewall=1" not in new:
+                new = net0 + ",firewall=1"
+            await ctx.fence()
+            await ctx.wait_task(step, await ctx.pve.configure(node, vmid, {"net0": new},
+                                                              digest=st.config.get("digest")))
+        await ctx.fence()
+        await ctx.pve.set_firewall_options(node, vmid, enable=True, ipfilter=True)
+    elif step.name == "disable_ipfilter":
+        await ctx.fence()
+        await ctx.pve.set_firewall_options(node, vmid, ipfilter=False)
+    else:
+        raise PermanentError(f"{ctx.job.kind}: unknown step {step.name!r}")
+
+
+async def verify(ctx: JobContext, want: str | None) -> dict[str, Any]:
+    """Observe again: exactly the wanted VM (or none) carries the tag and the entry. Returns what
+    was seen (``observed`` of the address)."""
+    w = await observe(ctx, want)
+    ip = w.address.ip_text
+    if w.holders:
+        raise TemporaryError("verify: other VMs still carry the address: "
+                             + ", ".join(f"{h.vm.vmid} on {h.vm.node}" for h in w.holders))
+    t = w.target
+    if t is not None and (address_tag(w.address.id) not in t.vm.tags or not t.has_entry(ip)):
+        raise TemporaryError(f"verify: VM {t.vm.vmid} does not show the address yet (tag and IP-set entry)")
+    holder = None
+    if t is not None:
+        holder = {"server_id": w.want, "vmid": t.vm.vmid, "node": t.vm.node, "tag": True, "ipset_entry": True,
+                  "ipconfig0": t.vm.config.get("ipconfig0") if w.address.kind == "primary" else None}
+    enforced = bool(t is not None and _on(t.firewall.get("enable")) and _on(t.firewall.get("ipfilter"))
+                    and w.cluster_firewall)
+    return {"holder": holder, "enforced": enforced, "cluster_firewall": w.cluster_firewall,
+            "conflicts": w.conflicts,
+            # the guest agent's view is advisory only; z9 does not require (or here read) it
+            "guest_configured": None}
+
+
+def conflict_reason(observed: dict[str, Any], ip: str) -> str | None:
+    c = observed.get("conflicts") or []
+    if not c:
+        return None
+    where = "; ".join(f"VM {x['vmid']} on {x['node']} ({x['why']})" for x in c)
+    return f"conflict: {ip} is also used by a VM z9 does not manage: {where}; z9 leaves it alone"
+
+
+async def record(conn: asyncpg.Connection, ctx: JobContext, observed: dict[str, Any], *,
+                 status_from: tuple[str, ...] = ("creating", "active", "failed")) -> None:
+    """What verify saw, on the address; ``creating``/``failed`` → ``active``."""
+    address = await store.address_get(conn, ctx.job.resource_id)
+    reason = conflict_reason(observed, address.ip_text) if address else None
+    await store.address_observed(conn, ctx.job.resource_id, observed, status="active",
+                                 from_statuses=status_from, reason=reason)
+
+
+async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
+    """The address carries a failed job's reason (the registry's rule: the final delete failing
+    ends a deletion, another job's failure lets it go on)."""
+    await ADDRESS.mark_failed_by_job(conn, ctx.job.resource_id, error["message"], kind=ctx.job.kind,
+                                     refused=bool(error.get("refused")))

@@ -1,0 +1,44 @@
+"""The ``cluster`` resource type (issue 11): a Kubernetes cluster — control plane and node pools
+as one resource owning N VMs (members ``cp-<i>``, ``<pool>-<i>``) and one endpoint address.
+
+Deletion is immediate (``Immediate(ClusterDelete)``): once confirmed, the cluster goes at once —
+no buffer, no cancel. A live ClusterCreate/ClusterReconcile of the cluster is superseded by the
+delete (the generic rule :meth:`ResourceType.superseded_by`): it stops at its next step, or at
+once when it is not running (:meth:`ResourceType.supersede_waiting`).
+
+A ``running`` or ``degraded`` cluster is observed periodically (ClusterObserve, every
+``cluster_observe_interval_s``): its members' power state and Node readiness, and the status
+between ``running`` and ``degraded``."""
+from __future__ import annotations
+
+from typing import Any
+
+from z9.common import kinds, store
+from z9.common.models import Cluster
+from z9.resources import Immediate, Periodic, ResourceType, register
+
+STATUSES = ("creating", "running", "degraded", "updating", "deleting", "destroying", "deleted", "failed")
+
+async def _cancelled(db: Any, row: Cluster, kind: str, reason: str) -> bool:
+    """A node-pool change whose ClusterReconcile was cancelled before it ran (and no other job of
+    the cluster is live to move it on): the cluster is not ``updating`` any more — ``degraded``
+    (its members are as they were, not the shape asked for; a resize or a re-run applies it) once
+    it was whole, ``failed`` otherwise."""
+    if row.status != "updating" or await store.resource_count_own_live_jobs(db, row.id) > 0:
+        return False
+    reason += "; the node pools asked for are not applied (resize again, or re-run the job)"
+    if row.initialized_at is not None:
+        await store.cluster_degraded(db, row.id, reason)
+    else:
+        await CLUSTER.mark_failed(db, row.id, reason)
+    return True
+
+
+CLUSTER: ResourceType[Cluster] = register(ResourceType(
+    name="cluster", prefix="k8s", table="clusters", model=Cluster,
+    kinds=(kinds.CLUSTER_CREATE, kinds.CLUSTER_RECONCILE, kinds.CLUSTER_DELETE, kinds.CLUSTER_OBSERVE),
+    deletion=Immediate(final_kind=kinds.CLUSTER_DELETE), statuses=STATUSES, cancelled=_cancelled,
+    periodic=Periodic(kind=kinds.CLUSTER_OBSERVE, interval_setting="cluster_observe_interval_s",
+                      statuses=("running", "degraded")),
+    order=40,
+))

@@ -1,0 +1,61 @@
+"""The ``server`` resource type: one VM (member ``main``), two-phase deletion (ServerStop during
+the buffer, ServerDelete at its end)."""
+from __future__ import annotations
+
+from typing import Any
+
+from z9.common import kinds
+from z9.common.models import Server
+from z9.resources import Buffered, ResourceType, register
+
+STATUSES = ("creating", "running", "stopped", "deleting", "destroying", "deleted", "failed")
+
+
+def create_args(server: Server) -> dict[str, Any]:
+    """The ServerCreate arguments that build ``server`` (the API's create body)."""
+    return {"name": server.name, "region": server.region, "image": server.image, "cores": server.cores,
+            "memory_mib": server.memory_mib, "disk_gib": server.disk_gib, "ssh_keys": list(server.ssh_keys)}
+
+
+def restore(server: Server) -> tuple[str, dict[str, Any]]:
+    """The job that gives a server back what it had before its deletion, from its status then:
+    a server still being created is created (the ServerCreate re-runs: it converges and starts
+    the VM), a running one is started, a stopped one stays stopped, a failed one gets the power
+    state it had."""
+    before, power_before = server.status_before_delete, server.power_before_delete
+    if before == "creating":
+        return kinds.SERVER_CREATE, create_args(server)
+    if before == "running" or (before == "failed" and power_before == "running"):
+        return kinds.SERVER_START, {}
+    return kinds.SERVER_STOP, {}
+
+
+def intent(server: Server, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A re-run's args: a ServerCreate builds the server as the row says now (its name, image,
+    sizes and keys: a resize of the failed server changed them), with the network of the request
+    (cloud-init ``ipconfig0``/``nameserver``); a resize the sizes the row now wants."""
+    if kind == kinds.SERVER_CREATE:
+        return {**args, **create_args(server)}
+    if kind == kinds.SERVER_RESIZE:
+        return {**args, "cores": server.cores, "memory_mib": server.memory_mib, "disk_gib": server.disk_gib}
+    return args
+
+
+async def rerun_with(db: Any, server: Server, kind: str) -> list[str]:
+    """A re-run of a failed ServerCreate re-runs its primary address's failed AddressAssign (the
+    request made both: wait means ready, and the address's IP filter is that job's work)."""
+    if kind != kinds.SERVER_CREATE:
+        return []
+    from z9.common import store  # the store imports this registry
+
+    return await store.job_failed_primary_assign_of_server(db, server.id, kinds.ADDRESS_ASSIGN)
+
+
+SERVER: ResourceType[Server] = register(ResourceType(
+    name="server", prefix="srv", table="servers", model=Server,
+    kinds=(kinds.SERVER_CREATE, kinds.SERVER_START, kinds.SERVER_STOP, kinds.SERVER_DELETE, kinds.SERVER_REBOOT,
+           kinds.SERVER_RESIZE),
+    deletion=Buffered(first_kind=kinds.SERVER_STOP, final_kind=kinds.SERVER_DELETE),
+    statuses=STATUSES, restore=restore, intent=intent, rerun_with=rerun_with,
+    order=10,
+))

@@ -1,0 +1,100 @@
+"""ServerStop: make sure the server's VM is not running (first phase of a deletion, the power
+state to restore when a deletion is cancelled, or the customer's ``shutdown``/``poweroff``).
+
+``args.mode``: ``shutdown`` (default: ACPI, forced off after the timeout) or ``poweroff`` (a hard
+stop at once, as pulling the plug).
+
+observe  the VM carrying ``z9-id-<server id>`` (none is fine: nothing to stop), and the VM at
+         the vmid the database last recorded, as a suspect (see ServerDelete).
+plan     (pure) the deletion guard on both (a recorded VM with a platform role refuses the
+         whole job); ``shutdown`` when our VM runs.
+apply    ACPI shutdown, forced off after a timeout (``forceStop=1``), or ``status/stop`` for
+         ``poweroff``; waits for the task.
+verify   observe again: not running. Records the power state, and status ``stopped`` when the
+         server was ``running``/``stopped`` (never over the deletion states: during the buffer the
+         status stays ``deleting``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from z9.common import kinds, store
+from z9.resources.server import SERVER
+from z9.common.errors import PermanentError, TemporaryError
+from z9.common.models import Job
+
+from z9.executor.context import JobContext, Step
+from z9.executor.proxmox import VmState
+from z9.executor import vms
+from z9.resources.server.jobs import shared as _server
+
+KIND = kinds.SERVER_STOP
+SHUTDOWN_TIMEOUT_S = 60
+MODES = ("shutdown", "poweroff")
+
+
+@dataclass
+class World:
+    vm: VmState | None
+    suspect: VmState | None = None
+
+
+async def observe(ctx: JobContext) -> World:
+    """Our VM by tag (or None) and the DB-recorded VM as a suspect."""
+    vm = await vms.find_one_vm(ctx, ctx.job.resource_id)
+    recorded = await _server.recorded_vm(ctx)
+    return World(vm=vm, suspect=await vms.find_suspect(ctx, recorded[0] if recorded else None, [vm] if vm else []))
+
+
+def plan(job: Job, world: World) -> list[Step]:
+    """Pure: ``shutdown`` when our VM runs. Raises GuardRefusal, Snooze (VM locked)."""
+    vms.guard_suspect(job.resource_id, world.suspect)
+    vm = world.vm
+    if vm is None:
+        return []
+    vms.guard(job.resource_id, vm)
+    if not vm.running:
+        return []
+    vms.refuse_if_locked(vm)
+    mode = job.args.get("mode", "shutdown")
+    if mode not in MODES:
+        raise PermanentError(f"{KIND}: unknown mode {mode!r} (one of {', '.join(MODES)})")
+    return [Step(mode, {"vmid": vm.vmid, "node": vm.node})]
+
+
+async def apply(ctx: JobContext, world: World, step: Step) -> None:
+    """Shut the VM down (re-read and guarded first) and wait for the task."""
+    if step.name not in MODES:
+        raise PermanentError(f"{KIND}: unknown step {step.name!r}")
+    assert world.vm is not None
+    st = await vms.reread_guarded(ctx, ctx.job.resource_id, world.vm)
+    if st.running:
+        await ctx.fence()
+        if step.name == "poweroff":
+            upid = await ctx.pve.stop(st.node, st.vmid)
+        else:
+            upid = await ctx.pve.shutdown(st.node, st.vmid, timeout_s=SHUTDOWN_TIMEOUT_S)
+        await ctx.wait_task(step, upid)
+
+
+async def verify(ctx: JobContext) -> VmState | None:
+    """Our VM is not running (else TemporaryError); returns it (or None)."""
+    world = await observe(ctx)
+    if world.vm is not None and world.vm.running:
+        raise TemporaryError(f"verify: VM {world.vm.vmid} is still running")
+    return world.vm
+
+
+async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState | None) -> None:
+    """The observed power state; status ``stopped`` from ``running``/``stopped`` only."""
+    if vm is None:
+        await store.server_observed(conn, ctx.job.resource_id, vmid=None, node=None, power_state=None)
+    else:
+        await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
+                                    power_state="stopped")
+    await SERVER.observed(conn, ctx.job.resource_id, status="stopped", from_statuses=("running", "stopped"))
+
+
+record_failure = _server.record_failure
