@@ -73,7 +73,7 @@ async def main(rows: int) -> None:
                                       (["pending", "running", "retry"],)),
                                      ("job_count_by_status (finished)", q("job_count_by_status"),
                                       (["succeeded", "failed"],)),
-                                     ("job_oldest_pending_age", q("job_oldest_pending_age"), (regions,))):
+                                     ("job_oldest_pending_age", q("job_oldest_pending_age"), (regions, None))):
                 plan = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + sql, *args)
                 print(f"\n-- {label}\n" + "\n".join(r[0] for r in plan))
                 print(f"median of 20 runs: {await timed(conn, sql, *args) * 1000:.1f} ms")

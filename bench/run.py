@@ -538,14 +538,14 @@ async def explain_hot_queries(dsn: str, label: str) -> None:
             ("claim", store.job_claim_sql(REGION, 16, "explain:other", 30.0), ()),
             ("insert", q("job_insert"), ("job_" + "z" * 26, noop.KIND, REGION, None, None, None, {}, 1, None)),
             ("finish_single", q("job_succeed"), (*lease, [])),
-            ("heartbeat_single", q("job_heartbeat"), (*lease, 30.0)),
+            ("heartbeat_single", q("job_heartbeat"), (*lease, 30.0, None)),
         ]
         plans.append(("finish_batch", q("job_succeed_many"), arr + (["[]"] * len(claimed),)))
-        plans.append(("heartbeat_batch", q("job_heartbeat_many"), arr + (30.0,)))
+        plans.append(("heartbeat_batch", q("job_heartbeat_many"), arr + (30.0, None)))
         plans += [
-            ("promote", q("job_retry_due"), (1000,)),
-            ("reclaim", q("lease_reclaim_expired"), (1000,)),
-            ("prune", q("job_prune_finished"), (7 * 86400.0, 1000)),
+            ("promote", q("job_retry_due"), (1000, None)),
+            ("reclaim", q("lease_reclaim_expired"), (1000, None)),
+            ("prune", q("job_prune_finished"), (7 * 86400.0, 1000, None)),
         ]
         for name, sql, args in plans:
             tr = conn.transaction()

@@ -120,8 +120,23 @@ async def start_sim(procs: Procs, region: str, vms: int, nodes: int) -> dict[str
             "verify_ssl": cert, "images": ["debian-12"]}
 
 
+# /_sim/state of a 10,000-VM simulator on a loaded machine can take minutes (aiohttp's default: 5)
+STATE_TIMEOUT = aiohttp.ClientTimeout(total=1800)
+
+
+def breakdown(counters: list[dict[str, Any]], creates: int) -> dict[str, float]:
+    """``{"METHOD /path/template": requests per create}`` over every simulator, most first (the
+    ``/_sim/…`` admin calls are not requests z9 sent and are not counted by the simulator)."""
+    per: dict[str, int] = {}
+    for c in counters:
+        for x in c["requests"]:
+            key = f"{x['method']} {x['path']}"
+            per[key] = per.get(key, 0) + int(x["count"])
+    return {k: round(v / max(creates, 1), 2) for k, v in sorted(per.items(), key=lambda kv: (-kv[1], kv[0]))}
+
+
 async def sim_counters(url: str) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession(timeout=STATE_TIMEOUT) as s:
         async with s.get(url + "/_sim/state", ssl=False) as r:
             state = await r.json()
     return state["counters"]
@@ -222,7 +237,7 @@ async def run_size(admin_dsn: str, args: argparse.Namespace, vms: int) -> dict[s
                 dup = 0  # servers with other than exactly one VM carrying their identity tag
                 from z9.common.tags import identity_tag, normalize_tags
 
-                async with aiohttp.ClientSession() as s:
+                async with aiohttp.ClientSession(timeout=STATE_TIMEOUT) as s:
                     for k, r in enumerate(regions):
                         async with s.get(region_cfg[r]["url"] + "/_sim/state", ssl=False) as resp:
                             state = await resp.json()
@@ -248,6 +263,8 @@ async def run_size(admin_dsn: str, args: argparse.Namespace, vms: int) -> dict[s
                     "creates": n, "failed": sum(1 for r in rows if r["status"] != "succeeded"), "duplicates": dup,
                     "seconds": round(end - t0, 2), "jobs_per_s": round(len(done) / max(end - t0, 1e-9), 2),
                     "pve_requests_per_job": round(total / max(n, 1), 2),
+                    # the per-create breakdown: every endpoint's requests / creates
+                    "pve_requests_per_job_by_endpoint": breakdown(counters, n),
                     "lists_per_job": round(reqs(lambda x: x["path"] == "/cluster/resources") / max(n, 1), 3),
                     "clone_requests_per_job": round(reqs(lambda x: x["method"] == "POST" and x["path"].endswith("/clone"))
                                                     / max(n, 1), 3),

@@ -78,6 +78,7 @@ DESCRIPTIONS: dict[str, str] = {
     "api_host": "Bind address of `z9 api`.",
     "api_port": "Port of `z9 api` (it also serves `GET /metrics` there).",
     "api_token_cache_s": "How long an API process remembers a valid token's tenant (a revoked token keeps working up to this long); 0: no cache.",
+    "tracing_ui_url": "The tracing UI a job's trace id links to in the console's operator view and in `GET /v1/operator/jobs/{id}` (`trace_url`): a URL holding `{trace_id}`, e.g. Jaeger's `http://127.0.0.1:16686/trace/{trace_id}`. Unset: no link.",
     "api_token_last_used_s": "How often an API process writes the last use of the tokens it saw (one write for all of them, not one per request); `GET /v1/tokens` shows last use this coarsely.",
     "api_rate_limit_per_s": "Rate limit per tenant and API process (every token of a tenant spends from one bucket: a new token brings no new requests): requests per second refilling the bucket; 0 turns rate limiting off. Over it: 429 with `Retry-After` and `RateLimit` headers.",
     "api_rate_limit_burst": "Rate limit per tenant and API process: the bucket's size (requests allowed at once).",
@@ -133,6 +134,8 @@ DESCRIPTIONS: dict[str, str] = {
     "quota_cores": "Default quota of every tenant: the cores of its servers and of its Kubernetes clusters' members (control planes and pool members, as asked for) not yet deleted (unset: no limit).",
     "quota_memory_mib": "Default quota of every tenant: the memory (MiB) of its servers and of its Kubernetes clusters' members not yet deleted (unset: no limit).",
     "quota_addresses": "Default quota of every tenant: addresses not yet deleted, primary ones included (unset: no limit).",
+    "quota_load_balancers": "Default quota of every tenant: load balancers not yet deleted (each also uses 2 or 3 of its "
+                            "addresses; unset: no limit).",
     # scheduler, reaper, retention
     "scheduler_interval_s": "Longest sleep of the scheduler between passes (retry promotion, lease reclaim).",
     "reaper_interval_s": "How often the reaper looks for expired deletion buffers.",
@@ -211,6 +214,14 @@ REGION_DESCRIPTIONS: dict[str, str] = {
     "lb_target_private_networks": "Non-public networks (CIDRs) a load balancer's `ip` target may be in (e.g. a tenant network "
                                   "the appliances reach). By default an `ip` target is a public unicast address: RFC 1918, "
                                   "100.64/10, 198.18/15 and other non-global ranges answer 422 (rule `private_range`).",
+    "private_network": "The network every guest without a pool address of its own (a server without a primary "
+                       "address, a Kubernetes cluster's members) gets its IPv4 address from: `{cidr, gateway?, "
+                       "range?: [first, last], reserved?: [ip…], nameservers?, quarantine_s? (600)}`. z9 chooses "
+                       "each VM's address (one per VM, kept until the VM is removed, then quarantined), writes it as "
+                       "the guest's static cloud-init network and puts the Proxmox IP filter on with exactly it "
+                       "before the VM first starts, so a guest cannot take an address it was not given. Unset: "
+                       "such guests take DHCP from the bridge and stay unfiltered (z9 cannot know their lease). "
+                       "Never a load balancer's `ip` target (rule `address_pool`). See `docs/addresses.md`.",
     "lb_image": "Name of the operator-provided template load balancer appliances are cloned from (HAProxy, "
                 "keepalived, the QEMU guest agent enabled, a cloud-init drive). See `docs/load-balancers.md`.",
 }

@@ -18,12 +18,19 @@ from typing import Any, AsyncIterator
 import asyncpg
 import pytest
 
+from z9.common.clock import SYSTEM, TestClock
 from z9.common.db import connect, create_pool
 from z9.common.settings import AddressPoolSettings, RegionSettings, Settings
 from z9.db import migrate
 from z9.sim.server import SimConfig, SimServer, start_simulator
 
 from tests.support import REGION, SIM_TIMING, SimAdmin, Stack, api_stack, with_database
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "settings(**overrides): the test's Settings built with these values (``region={...}``: "
+        "overrides of the test region's RegionSettings); settings are frozen, never changed under a running stack")
+
 
 @pytest.fixture(scope="session")
 def pg_url() -> Any:
@@ -112,27 +119,49 @@ TEST_POOL = AddressPoolSettings(name="public", cidr="203.0.113.0/24", gateway="2
 TEST_INSTALLATION_KEY = "ejl0ZXN0LWluc3RhbGxhdGlvbi1rZXktMzJieXRlcyE"
 
 
-@pytest.fixture
-def settings(db_url: str, sim_server: SimServer) -> Settings:
-    return Settings(
+def make_settings(db_url: str, sim_server: SimServer, **overrides: Any) -> Settings:
+    """The tests' Settings (frozen), with ``overrides`` (``region={...}``: of the test region)."""
+    region = overrides.pop("region", {})
+    values: dict[str, Any] = dict(
         database_url=db_url,
-        regions={REGION: RegionSettings(url=sim_server.url, token_id=sim_server.token_id,
-                                        token_secret=sim_server.token_secret,
-                                        verify_ssl=str(sim_server.cert_path), images=["debian-12"],
-                                        address_pools=[TEST_POOL])},
+        regions={REGION: RegionSettings(**{
+            "url": sim_server.url, "token_id": sim_server.token_id, "token_secret": sim_server.token_secret,
+            "verify_ssl": str(sim_server.cert_path), "images": ["debian-12"], "address_pools": [TEST_POOL],
+            **region})},
         lease_ttl_s=5.0, heartbeat_s=1.0, poll_interval_s=1.0, task_poll_s=0.05, task_deadline_s=60,
         backoff_base_s=0.2, backoff_cap_s=2.0, scheduler_interval_s=0.1, reaper_interval_s=0.1,
         snooze_s=0.2, shutdown_grace_s=5.0, uncertain_window_s=1.0, lb_health_interval_s=2.0,
+        server_guest_poll_s=0.1,  # the simulator's guests boot in SIM_TIMING's guest_boot_s
         installation_key=TEST_INSTALLATION_KEY,
         api_rate_limit_per_s=0,  # tests poll jobs at 20 Hz, often several at once (tests/test_http.py tests the limits)
         api_auth_failures_per_s=0,  # tests send unknown tokens on purpose (tests/test_token_lineage.py tests it)
     )
+    values.update(overrides)
+    return Settings(**values)
 
 
 @pytest.fixture
-async def api(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Stack]:
+def settings(request: pytest.FixtureRequest, db_url: str, sim_server: SimServer) -> Settings:
+    """A test's own Settings, frozen: ``@pytest.mark.settings(...)`` on the test (or its module)
+    gives other values; a test never changes them under a running stack."""
+    overrides: dict[str, Any] = {}
+    for m in reversed(list(request.node.iter_markers("settings"))):  # the closest marker wins
+        overrides.update(m.kwargs)
+    return make_settings(db_url, sim_server, **overrides)
+
+
+@pytest.fixture
+def clock() -> TestClock:
+    """A clock the test moves (:class:`z9.common.clock.TestClock`); a test naming it gets a stack
+    (api, executor, scheduler, reaper) that reads time through it."""
+    return TestClock()
+
+
+@pytest.fixture
+async def api(request: pytest.FixtureRequest, settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Stack]:
     """The API alone (no executor): requests are accepted and jobs stay pending."""
-    async with api_stack(settings, pool) as stack:
+    clock = request.getfixturevalue("clock") if "clock" in request.fixturenames else SYSTEM
+    async with api_stack(settings, pool, clock=clock) as stack:
         yield stack
 
 

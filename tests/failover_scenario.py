@@ -35,7 +35,7 @@ from z9.common.tags import identity_tag
 from z9.db import migrate
 
 from tests.pgcluster import PgServer, free_port, primary_and_standby, remove_workdir, wait_sync_standby
-from tests.support import REGION, Services, SimAdmin, install_job_log, job_log, overlapping, runs, service_env
+from tests.support import REGION, Services, SimAdmin, install_job_log, job_log, overlapping, runs, service_env, wait_until
 
 FAST = dict(lease_ttl_s=3, heartbeat_s=0.5, task_poll_s=0.1, poll_interval_s=1, scheduler_interval_s=0.2,
             reaper_interval_s=0.5, backoff_base_s=0.2, backoff_cap_s=1, snooze_s=0.2, uncertain_window_s=1,
@@ -66,8 +66,7 @@ async def _post_until_accepted(http: aiohttp.ClientSession, base: str, token: st
     """POST a server create, retried with one Idempotency-Key through 503s and resets until 202."""
     key = secrets.token_hex(8)
     body = {"name": name, "region": REGION, "image": "debian-12", "cores": 1, "memory_mib": 512, "disk_gib": 10}
-    deadline = time.monotonic() + deadline_s
-    while True:
+    async def accepted() -> dict[str, Any] | None:
         try:
             async with http.post(f"{base}/servers", json=body, headers={
                     "Authorization": f"Bearer {token}", "Idempotency-Key": key}) as r:
@@ -78,9 +77,8 @@ async def _post_until_accepted(http: aiohttp.ClientSession, base: str, token: st
                     raise AssertionError(f"POST /servers {name}: {r.status} {out}")
         except (aiohttp.ClientError, asyncio.TimeoutError):
             pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"POST /servers {name}: no 202 within {deadline_s}s")
-        await asyncio.sleep(0.2)
+        return None
+    return await wait_until(accepted, deadline_s, f"POST /servers {name} to be accepted (202)", interval_s=0.2)
 
 
 def _listen_lines(log: str, port: int) -> list[float]:
@@ -137,10 +135,10 @@ async def run(workdir: Path, base_settings: Settings, sim: SimAdmin, *, before: 
                 accepted.append(await _post_until_accepted(http, base, token, f"pre-{i}", 30))
             # Kill while jobs run: wait until some are running (read from the primary).
             probe = await asyncpg.connect(primary.url("z9"))
-            for _ in range(200):
-                if await probe.fetchval("SELECT count(*) FROM jobs WHERE status = 'running'"):
-                    break
-                await asyncio.sleep(0.05)
+
+            async def ready() -> bool:
+                return bool(await probe.fetchval("SELECT count(*) FROM jobs WHERE status = 'running'"))
+            await wait_until(ready, 20, 'await probe.fetchval("SELECT count(*) FROM jobs WHERE status = \'runni...')
             await probe.close()
             t_kill = time.time()
             primary.kill()
@@ -209,7 +207,10 @@ async def run(workdir: Path, base_settings: Settings, sim: SimAdmin, *, before: 
         if services is not None:
             for p in services.procs:
                 p.signal(15)
-            await asyncio.sleep(0.5)
+            try:  # their last lines in the logs
+                await wait_until(lambda: not any(p.alive() for p in services.procs), 5, "the services to exit")
+            except AssertionError:
+                pass
             fig.detail.append(services.logs()[-6000:] if fig.jobs_lost or fig.committed_rows_disappeared else "")
             services.close()
         standby.stop()

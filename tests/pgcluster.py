@@ -14,8 +14,9 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
+
+from tests.support import poll_sync
 
 
 def pg_bindir() -> Path | None:
@@ -153,15 +154,12 @@ def primary_and_standby(bindir: Path | None = None) -> tuple[PgServer, PgServer]
 
 def wait_sync_standby(primary: PgServer, timeout_s: float = 30) -> None:
     """Until the primary reports a standby in ``sync`` state."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def synchronous() -> bool:
         out = subprocess.run([*_run_as(), str(primary.bindir / "psql"), "-h", "127.0.0.1", "-p", str(primary.port),
                               "-U", "postgres", "-Atc", "SELECT sync_state FROM pg_stat_replication"],
                              capture_output=True, text=True).stdout.split()
-        if "sync" in out:
-            return
-        time.sleep(0.2)
-    raise TimeoutError("the standby never became synchronous")
+        return "sync" in out
+    poll_sync(synchronous, timeout_s, "the standby to become synchronous", interval_s=0.2)
 
 
 class PgBouncer:
@@ -215,15 +213,15 @@ pidfile = {workdir / 'pgbouncer.pid'}
             raise RuntimeError("pgbouncer is not installed (apt-get install pgbouncer)")
         self.proc = subprocess.Popen([*_run_as(self.user), exe, str(self.ini)], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        def listening() -> bool:
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return self
+                    return True
             if self.proc.poll() is not None:
                 raise RuntimeError(f"pgbouncer exited: {self.log()}")
-            time.sleep(0.05)
-        raise TimeoutError(f"pgbouncer did not listen: {self.log()}")
+            return False
+        poll_sync(listening, 20, f"pgbouncer to listen on {self.port}")
+        return self
 
     def admin(self, command: str) -> list[dict[str, str]]:
         """Rows of an admin console command (``SHOW SERVERS``) through ``psql --csv`` (the console

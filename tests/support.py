@@ -21,13 +21,18 @@ import aiohttp
 import asyncpg
 
 from z9.common import store
+from z9.common.clock import SYSTEM
 from z9.common.settings import Settings
 from z9.sim.server import SimServer
 
 REGION = "dev-1"
 TERMINAL = ("succeeded", "failed")
 SIM_TIMING: dict[str, Any] = {"task_default_s": 0.05, "task_seconds": {"qmclone": 0.2}, "stats_lag_s": 0.5,
-                              "auth_delay_s": 0.0}  # PVE delays a 401 by 3 s; the tests do not wait for it
+                              "auth_delay_s": 0.0,  # PVE delays a 401 by 3 s; the tests do not wait for it
+                              # a guest boots and runs cloud-init in 0.2 s each (the simulator's default: 1 s
+                              # each, which every server create of the suite waited out); a test about a
+                              # slow guest configures its own
+                              "guest_boot_s": 0.2, "cloud_init_s": 0.2}
 
 
 def with_database(url: str, database: str) -> str:
@@ -115,6 +120,7 @@ class Stack:
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)
     app: Any = None  # the aiohttp application serving ``base``
     metrics_url: str = ""  # the API's /metrics, on a listener of its own (never under ``base``)
+    clock: Any = SYSTEM  # what the API and the services read time through (a test's TestClock)
 
     def headers(self, token: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {token or self.token}"}
@@ -146,25 +152,26 @@ class Stack:
 
     async def wait_job(self, job_id: str, timeout_s: float = 30, seen: list | None = None) -> dict[str, Any]:
         """Poll the job until it is terminal (the seeds' wait_for_job, faster)."""
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while True:
-            job = await self.job(job_id)
+        last: dict[str, Any] = {}
+
+        async def terminal() -> dict[str, Any] | None:
+            job = last["job"] = await self.job(job_id)
             if seen is not None and (not seen or seen[-1] != job["status"]):
                 seen.append(job["status"])
-            if job["status"] in TERMINAL:
-                return job
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"job {job_id} not terminal after {timeout_s}s: {job}")
-            await asyncio.sleep(0.05)
+            return job if job["status"] in TERMINAL else None
+        try:
+            return await wait_until(terminal, timeout_s, f"job {job_id} terminal")
+        except AssertionError:
+            raise AssertionError(f"job {job_id} not terminal after {timeout_s}s: {last.get('job')}") from None
 
     async def start_service(self, name: str) -> None:
         from z9.executor.worker import Executor
         from z9.reaper import Reaper
         from z9.scheduler import Scheduler
 
-        svc = {"executor": lambda: Executor(self.settings, [REGION]),
-               "scheduler": lambda: Scheduler(self.settings),
-               "reaper": lambda: Reaper(self.settings)}[name]()
+        svc = {"executor": lambda: Executor(self.settings, [REGION], clock=self.clock),
+               "scheduler": lambda: Scheduler(self.settings, clock=self.clock),
+               "reaper": lambda: Reaper(self.settings, clock=self.clock)}[name]()
         self.services[name] = svc
         self.tasks[name] = asyncio.create_task(svc.run(), name=f"svc-{name}")
 
@@ -172,6 +179,19 @@ class Stack:
         svc, task = self.services.pop(name), self.tasks.pop(name)
         svc.stop()
         await asyncio.wait_for(task, 30)
+
+    def reconfigure(self, **changes: Any) -> Settings:
+        """Services started from now on get a copy of the settings with ``changes`` (settings
+        are frozen: the running ones, and the API, keep theirs)."""
+        self.settings = self.settings.model_copy(update=changes)
+        return self.settings
+
+    async def restart_service(self, name: str, **changes: Any) -> None:
+        """Stop service ``name`` and start it again with the settings changed by ``changes``
+        (an operator's restart with a new configuration)."""
+        await self.stop_service(name)
+        self.reconfigure(**changes)
+        await self.start_service(name)
 
 
 async def make_tenant(pool: asyncpg.Pool, name: str) -> tuple[str, str]:
@@ -197,6 +217,30 @@ async def wait_until(predicate: Any, timeout_s: float, what: str, interval_s: fl
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+def poll_sync(predicate: Any, timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    """:func:`wait_until` for code outside an event loop (simulator clients, process helpers):
+    ``predicate()`` until truthy, returned; AssertionError naming ``what`` after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+async def waiting_on_a_lock(db: Any, task: asyncio.Task | None = None) -> bool:
+    """Whether a session of ``db``'s database waits on a lock now (or ``task`` is done already):
+    what a test awaits instead of sleeping while another transaction runs into a lock."""
+    if task is not None and task.done():
+        return True
+    return bool(await db.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                  "AND wait_event_type = 'Lock'"))
 
 
 # ---------------------------------------------------------------- real service processes
@@ -378,16 +422,17 @@ def overlapping(rs: list[Run]) -> list[tuple[Run, Run]]:
 
 
 @asynccontextmanager
-async def api_stack(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Stack]:
+async def api_stack(settings: Settings, pool: asyncpg.Pool, *, clock: Any = SYSTEM) -> AsyncIterator[Stack]:
     """The API app served on a free local port, with a tenant ``acme`` and a client for it; the
-    services a test starts on the Stack are stopped on the way out."""
+    services a test starts on the Stack are stopped on the way out. Everything reads time
+    through ``clock``."""
     from aiohttp import web
 
     from z9.api.app import create_app, create_metrics_app
 
     from z9.api.middleware import Runner
 
-    runner = Runner(create_app(settings, pool=pool))
+    runner = Runner(create_app(settings, pool=pool, clock=clock))
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -398,7 +443,7 @@ async def api_stack(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Sta
     tenant, token = await make_tenant(pool, "acme")
     async with aiohttp.ClientSession() as http:
         stack = Stack(settings, pool, f"http://127.0.0.1:{port}/v1", token, tenant, http, app=runner.app,
-                      metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
+                      metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", clock=clock)
         try:
             yield stack
         finally:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.support import REGION, SimAdmin, Stack, wait_until
 from tests.test_addresses_api import _get, _jobs_of
 
 
+@pytest.mark.settings(max_attempts=10)
 async def test_assign_to_a_server_whose_create_failed_fails_at_once(stack: Stack, sim: SimAdmin) -> None:
-    stack.settings.max_attempts = 10
     sim.allow_rejections = True
     await sim.fault(method="POST", path=r"/clone$", action="error", status=400,
                     reason="Parameter verification failed.", times=1)
@@ -41,11 +43,11 @@ async def test_assign_to_a_server_whose_create_failed_fails_at_once(stack: Stack
     await wait_until(gone, 30, "the primary to be released")
 
 
+@pytest.mark.settings(max_attempts=10)
 async def test_a_rerun_of_the_failed_create_reruns_its_addresss_assign(stack: Stack, sim: SimAdmin) -> None:
     """The create asked for a public address: its re-run re-runs the AddressAssign that failed for
     want of the VM (both in the answer's ``jobs``), so the server ends reachable at its address with
     the address assigned — not running with its address ``failed`` and no IP filter."""
-    stack.settings.max_attempts = 10
     sim.allow_rejections = True
     await sim.fault(method="POST", path=r"/clone$", action="error", status=400,
                     reason="Parameter verification failed.", times=1)

@@ -19,7 +19,7 @@ POOL = AddressPoolSettings(name="public", cidr="203.0.113.0/24", gateway="203.0.
 
 
 async def _pool(stack: Stack) -> str:
-    stack.settings.regions[REGION].address_pools = [POOL]
+    assert stack.settings.regions[REGION].address_pools == [POOL]
     async with stack.pool.acquire() as conn:
         return (await store.address_pools_sync(conn, stack.settings.regions))[f"{REGION}/public"]
 
@@ -115,7 +115,7 @@ FAST = dict(lease_ttl_s=2, heartbeat_s=0.25, task_poll_s=0.1, poll_interval_s=1,
 
 @pytest.fixture
 async def services(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
-    settings.regions[REGION].address_pools = [POOL]
+    assert settings.regions[REGION].address_pools == [POOL]
     svc = Services(service_env(settings, **FAST), tmp_path)
     try:
         yield svc

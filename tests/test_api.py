@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.support import REGION, Stack, make_tenant
+from tests.support import REGION, Stack, make_tenant, wait_until
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIMQ+ctuWvPKZcSiB0avvBJbVNptRfvJ+8krZNKKKLvo alice@example"
 
@@ -533,14 +533,11 @@ async def test_concurrent_retries_with_one_idempotency_key_both_succeed(api: Sta
         await blocker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
         t1 = asyncio.create_task(raw(api, "POST", "/servers", json=body(), headers=h))
         t2 = asyncio.create_task(raw(api, "POST", "/servers", json=body(), headers=h))
-        for _ in range(750):  # up to 15 s on a loaded machine
-            waiting = await blocker.fetchval(
+        async def both_waiting() -> bool:
+            return await blocker.fetchval(
                 "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                "WHERE NOT l.granted AND a.datname = current_database()")
-            if waiting >= 2:
-                break
-            await asyncio.sleep(0.02)
-        assert waiting >= 2, "both requests should be waiting on the held lock"
+                "WHERE NOT l.granted AND a.datname = current_database()") >= 2
+        await wait_until(both_waiting, 20, "both requests waiting on the held lock", interval_s=0.02)
         await tx.commit()
         (s1, o1, _), (s2, o2, _) = await asyncio.wait_for(asyncio.gather(t1, t2), 10)
     finally:

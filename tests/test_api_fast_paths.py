@@ -9,24 +9,26 @@ from typing import Any, AsyncIterator
 import asyncpg
 import pytest
 
+from z9.common.clock import TestClock
 from z9.common.settings import Settings
 
 from tests.support import REGION, Stack, api_stack
 
 
 @pytest.fixture
-async def api_cached(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Stack]:
-    """The API with a 0.5 s token cache."""
-    async with api_stack(settings.model_copy(update={"api_token_cache_s": 0.5}), pool) as stack:
+async def api_cached(settings: Settings, pool: asyncpg.Pool, clock: TestClock) -> AsyncIterator[Stack]:
+    """The API with a 0.5 s token cache, reading time through the test's clock."""
+    async with api_stack(settings.model_copy(update={"api_token_cache_s": 0.5}), pool, clock=clock) as stack:
         yield stack
 
 
-async def test_revoked_token_stops_working_when_its_cache_entry_expires(api_cached: Stack) -> None:
+async def test_revoked_token_stops_working_when_its_cache_entry_expires(api_cached: Stack, clock: TestClock) -> None:
     api = api_cached
+    clock.pin()  # the cache's 0.5 s pass only when the test says so
     assert (await api.call("GET", "/servers"))[0] == 200  # remembered now
     await api.pool.execute("UPDATE api_tokens SET revoked_at = now()")
     assert (await api.call("GET", "/servers"))[0] == 200  # within the cache's 0.5 s
-    await asyncio.sleep(0.6)
+    clock.step(0.6)
     status, out = await api.call("GET", "/servers")
     assert status == 401, out
 

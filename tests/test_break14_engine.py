@@ -7,12 +7,20 @@ import asyncio
 from typing import Any
 
 import asyncpg
+import pytest
 
 from z9.common import store
 from z9.common.settings import Settings
 from z9.common.store import NewJob
 
+from tests.support import wait_until, waiting_on_a_lock
+
 TTL = 30.0
+
+
+def _gave_up(caplog: pytest.LogCaptureFixture, service: str) -> int:
+    """How many passes of ``service`` (scheduler, reaper) gave up waiting on a lock so far."""
+    return sum(1 for r in caplog.records if r.name == f"z9.{service}" and "gave up waiting on a lock" in r.getMessage())
 
 
 async def _enqueue(db: Any, resource_id: str | None, *, extra: tuple[str, ...] = (), max_attempts: int = 3) -> str:
@@ -43,7 +51,7 @@ async def test_a_job_committed_after_a_later_job_of_its_key_never_runs_beside_it
         await t1.start()
         server_job = await _enqueue(api1, "srv_s")  # seq n, not committed yet
         assign = asyncio.create_task(_enqueue(pool, "adr_a", extra=("srv_s",)))  # seq n+1
-        await asyncio.sleep(0.3)
+        await wait_until(lambda: waiting_on_a_lock(pool, assign), 20, "the assignment's insert to wait (or end)")
         first = await _claim(pool)
         await t1.commit()
         assign_job = await assign
@@ -64,7 +72,7 @@ async def test_two_inserts_on_one_resource_commit_in_seq_order(pool: asyncpg.Poo
         await t1.start()
         a = await _enqueue(c1, "srv_r")
         b_task = asyncio.create_task(_enqueue(pool, "srv_r"))
-        await asyncio.sleep(0.3)
+        await wait_until(lambda: waiting_on_a_lock(pool, b_task), 20, "the second insert to wait (or end)")
         first = await _claim(pool)
         await t1.commit()
         b = await b_task
@@ -74,7 +82,8 @@ async def test_two_inserts_on_one_resource_commit_in_seq_order(pool: asyncpg.Poo
     assert (await pool.fetchval("SELECT blocked FROM jobs WHERE id = $1", b)) is True
 
 
-async def test_the_scheduler_survives_a_lock_wait_given_up(pool: asyncpg.Pool, db_url: str) -> None:
+async def test_the_scheduler_survives_a_lock_wait_given_up(pool: asyncpg.Pool, db_url: str,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
     """An API transaction that enqueued a job on resource R stays open (the process frozen, or
     slow) while a job of R, out of attempts, loses its lease: the scheduler's reclaim of it to
     ``failed`` must take R's key lock at commit (migration 0010) and gives up after its
@@ -94,13 +103,13 @@ async def test_the_scheduler_survives_a_lock_wait_given_up(pool: asyncpg.Pool, d
         await _enqueue(api, "srv_x")  # holds srv_x's key lock until it ends
         task = asyncio.create_task(sched.run())
         try:
-            await asyncio.sleep(2.0)
+            await wait_until(lambda: _gave_up(caplog, "scheduler") >= 2, 30, "two scheduler passes giving up on the lock")
             assert not task.done(), task.exception()
             await tr.rollback()
-            for _ in range(100):
-                if await pool.fetchval("SELECT status::text FROM jobs WHERE id = $1", dead) == "failed":
-                    break
-                await asyncio.sleep(0.05)
+
+            async def ready() -> bool:
+                return bool(await pool.fetchval("SELECT status::text FROM jobs WHERE id = $1", dead) == "failed")
+            await wait_until(ready, 20, 'await pool.fetchval("SELECT status::text FROM jobs WHERE id = $1", de...')
             assert await pool.fetchval("SELECT status::text FROM jobs WHERE id = $1", dead) == "failed"
             assert not task.done()
         finally:
@@ -108,7 +117,8 @@ async def test_the_scheduler_survives_a_lock_wait_given_up(pool: asyncpg.Pool, d
             await asyncio.wait_for(task, 10)
 
 
-async def test_the_reaper_survives_a_lock_wait_given_up(pool: asyncpg.Pool, db_url: str) -> None:
+async def test_the_reaper_survives_a_lock_wait_given_up(pool: asyncpg.Pool, db_url: str,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
     """The reaper enqueues a server's final job when its deletion buffer expires; that insert
     takes the server's key lock, which a transaction that enqueued a job on the same server holds
     to its commit (an API process frozen there). Before: the lock wait given up
@@ -129,13 +139,13 @@ async def test_the_reaper_survives_a_lock_wait_given_up(pool: asyncpg.Pool, db_u
         await _enqueue(api, srv.id)  # holds the server's key lock until it ends
         task = asyncio.create_task(reaper.run())
         try:
-            await asyncio.sleep(2.0)
+            await wait_until(lambda: _gave_up(caplog, "reaper") >= 2, 30, "two reaper passes giving up on the lock")
             assert not task.done(), task.exception()
             await tr.rollback()
-            for _ in range(100):
-                if await pool.fetchval("SELECT count(*) FROM jobs WHERE resource_id = $1", srv.id):
-                    break
-                await asyncio.sleep(0.05)
+
+            async def ready() -> bool:
+                return bool(await pool.fetchval("SELECT count(*) FROM jobs WHERE resource_id = $1", srv.id))
+            await wait_until(ready, 20, 'await pool.fetchval("SELECT count(*) FROM jobs WHERE resource_id = $1...')
             assert await pool.fetchval("SELECT count(*) FROM jobs WHERE resource_id = $1", srv.id) == 1
             assert not task.done()
         finally:
@@ -195,7 +205,7 @@ async def test_shutdown_hands_over_every_job_when_one_row_is_locked(pool: asyncp
     try:
         claimed = {j.id: j for j in await store.job_claim(ex.pool, ["r1"], 2, ex.owner, TTL)}
         for jid in ids:  # running, in seq order: the locked one first
-            ex.inflight[jid] = (asyncio.create_task(asyncio.sleep(60)),
+            ex.inflight[jid] = (asyncio.create_task(asyncio.Event().wait()),  # runs until cancelled
                                 JobContext(claimed[jid], ex.owner, ex.pool, None, ex.settings))  # type: ignore[arg-type]
         async with pool.acquire() as api:
             tr = api.transaction()

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from z9.executor.worker import Executor
-from tests.support import free_port
-from tests.test_engine_batching import _settings
+from tests.support import free_port, wait_until
+from tests.test_engine_batching import _failed_connects, _settings
 
 
 class _Client:
@@ -20,12 +20,12 @@ class _Client:
         self.closed += 1
 
 
-async def test_a_run_cancelled_while_connecting_closes_its_clients() -> None:
+async def test_a_run_cancelled_while_connecting_closes_its_clients(caplog: pytest.LogCaptureFixture) -> None:
     client = _Client()
     ex = Executor(_settings(f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere", 2), ["r1"],
                   client_factory=lambda r: client)  # type: ignore[arg-type,return-value]
     task = asyncio.create_task(ex.run())
-    await asyncio.sleep(0.8)  # a failed connect or two, waiting to retry
+    await wait_until(lambda: _failed_connects(caplog), 20, "a failed connect, waiting to retry")
     assert not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -7,12 +7,11 @@ heartbeat, reopened through the step list.
 """
 from __future__ import annotations
 
-import asyncio
-
 import asyncpg
 import pytest
 
 from z9.common import store
+from z9.common.clock import TestClock
 from z9.common.errors import LeaseLost
 from z9.common.store import Lease
 
@@ -21,29 +20,29 @@ from tests.test_region_cap import TTL, _enqueue
 
 
 @pytest.mark.parametrize("write", ["progress", "remember"])
-async def test_a_woken_executor_cannot_renew_its_expired_lease_by_another_write(pool: asyncpg.Pool,
+async def test_a_woken_executor_cannot_renew_its_expired_lease_by_another_write(pool: asyncpg.Pool, clock: TestClock,
                                                                                  write: str) -> None:
     a, b = await _enqueue(pool, 2)
     caps = {"r1": 1}
-    (ja,) = await store.job_claim(pool, ["r1"], 10, "frozen", 0.3, caps)
-    await asyncio.sleep(0.4)  # frozen past its lease; the scheduler has not reclaimed yet
-    (jb,) = await store.job_claim(pool, ["r1"], 10, "other", TTL, caps)  # the slot was handed on
+    (ja,) = await store.job_claim(pool, ["r1"], 10, "frozen", TTL, caps, now=clock.db_now())
+    clock.step(TTL + 1)  # frozen past its lease; the scheduler has not reclaimed yet
+    (jb,) = await store.job_claim(pool, ["r1"], 10, "other", TTL, caps, now=clock.db_now())  # the slot was handed on
     lease = Lease(ja.id, "frozen", ja.attempt)
     with pytest.raises(LeaseLost):  # it wakes up: step_running writes its steps, or a snooze its memo
         if write == "progress":
-            await store.job_progress(pool, lease, [], TTL)
+            await store.job_progress(pool, lease, [], TTL, now=clock.db_now())
         else:
-            await store.job_remember(pool, lease, {"x": 1}, TTL)
+            await store.job_remember(pool, lease, {"x": 1}, TTL, now=clock.db_now())
     with pytest.raises(LeaseLost):  # and its fence before the hypervisor call stops it
-        await store.job_heartbeat(pool, lease, TTL)
-    assert await _live(pool) <= 1
+        await store.job_heartbeat(pool, lease, TTL, now=clock.db_now())
+    assert await _live(pool, now=clock) <= 1
 
 
-async def test_an_unexpired_lease_is_still_renewed_by_progress(pool: asyncpg.Pool) -> None:
+async def test_an_unexpired_lease_is_still_renewed_by_progress(pool: asyncpg.Pool, clock: TestClock) -> None:
     (a,) = await _enqueue(pool, 1)
-    (ja,) = await store.job_claim(pool, ["r1"], 10, "me", 0.5, {})
+    (ja,) = await store.job_claim(pool, ["r1"], 10, "me", 0.5, {}, now=clock.db_now())
     lease = Lease(ja.id, "me", ja.attempt)
-    await store.job_progress(pool, lease, [], TTL)
-    await store.job_remember(pool, lease, {"x": 1}, TTL)
-    await asyncio.sleep(0.6)
-    await store.job_heartbeat(pool, lease, TTL)  # renewed to TTL by the writes above
+    await store.job_progress(pool, lease, [], TTL, now=clock.db_now())
+    await store.job_remember(pool, lease, {"x": 1}, TTL, now=clock.db_now())
+    clock.step(0.6)  # past the claim's lease
+    await store.job_heartbeat(pool, lease, TTL, now=clock.db_now())  # renewed to TTL by the writes above

@@ -54,7 +54,7 @@ from tests.test_address_jobs import FAST, POOL  # noqa: E402
 
 @pytest.fixture
 async def services(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
-    settings.regions[REGION].address_pools = [POOL]
+    assert settings.regions[REGION].address_pools == [POOL]
     svc = Services(service_env(settings, **FAST), tmp_path)
     try:
         yield svc

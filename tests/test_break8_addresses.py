@@ -25,11 +25,11 @@ async def test_load_balancer_addresses_skip_live_and_reserved_ips(api: Stack) ->
     insert hit addresses_ip_live and every POST /v1/load-balancers of the region answered 500."""
     status, out = await api.call("POST", "/addresses", json={"region": REGION})
     assert status == 202 and out["address"]["ip"] == "203.0.113.10", out
-    api.settings.regions[REGION].address_pools = [AddressPoolSettings(
+    renamed = {REGION: api.settings.regions[REGION].model_copy(update={"address_pools": [AddressPoolSettings(
         name="main", cidr="203.0.113.0/24", gateway="203.0.113.1", range=["203.0.113.10", "203.0.113.250"],
-        reserved=["203.0.113.11"])]
+        reserved=["203.0.113.11"])]})}
     async with api.pool.acquire() as conn:   # the operator renames the pool (same network)
-        await store.address_pools_sync(conn, api.settings.regions)
+        await store.address_pools_sync(conn, renamed)
     # a row of a reserved IP stays while an address holds it (and is free again after its release)
     await api.pool.execute("INSERT INTO address_pool_ips (pool_id, ip) SELECT id, '203.0.113.11' FROM address_pools"
                            " WHERE name = 'main'")
@@ -183,29 +183,31 @@ async def test_the_last_free_ip_held_by_an_allocation_that_rolls_back_is_not_exh
     of its second address) and the IP stayed free. Reproduced: 5 of 10 rounds of 6 requests
     with a taken name beside one valid request refused the valid one. The allocation now waits
     (briefly) for the allocations in flight before it says the pool is exhausted."""
-    api.settings.regions[REGION].address_pools = [AddressPoolSettings(
-        name="public", cidr="203.0.113.0/24", gateway="203.0.113.1", range=["203.0.113.10", "203.0.113.11"])]
+    small = {REGION: api.settings.regions[REGION].model_copy(update={"address_pools": [AddressPoolSettings(
+        name="public", cidr="203.0.113.0/24", gateway="203.0.113.1", range=["203.0.113.10", "203.0.113.11"])]})}
     async with api.pool.acquire() as conn:
-        await store.address_pools_sync(conn, api.settings.regions)
+        await store.address_pools_sync(conn, small)
     status, out = await api.call("POST", "/addresses", json={"region": REGION})
     assert status == 202 and out["address"]["ip"] == "203.0.113.10", out
     pid = out["address"]["id"]
     pool_id = await api.pool.fetchval("SELECT pool_id FROM addresses WHERE id = $1", pid)
 
-    async def held_then_rolled_back(hold_s: float) -> None:
+    async def held_then_rolled_back(hold_s: float, allocated: asyncio.Event) -> None:
         async with api.pool.acquire() as conn:
             tx = conn.transaction()
             await tx.start()
             got = await store.address_allocate(conn, pool_id=pool_id, tenant_id=api.tenant_id, kind="floating")
             assert got is not None and got.ip_text == "203.0.113.11"
+            allocated.set()
             await asyncio.sleep(hold_s)
             await tx.rollback()
 
     for path, body, key in (("/addresses", {"region": REGION}, "address"),
                             ("/servers", {"name": "s1", "region": REGION, "image": "debian-12", "cores": 1,
                                           "memory_mib": 512, "disk_gib": 10, "public_ipv4": True}, "server")):
-        holder = asyncio.create_task(held_then_rolled_back(0.3))
-        await asyncio.sleep(0.1)
+        allocated = asyncio.Event()
+        holder = asyncio.create_task(held_then_rolled_back(0.3, allocated))
+        await asyncio.wait_for(allocated.wait(), 20)  # the allocation in flight holds the last free IP
         status, out = await api.call("POST", path, json=body)
         await holder
         assert status == 202, (path, out)

@@ -10,7 +10,7 @@ import pytest
 from z9.common.tags import identity_tag, normalize_tags
 from z9.resources.cluster.jobs import shared as _cluster
 
-from tests.support import REGION, SimAdmin, Stack
+from tests.support import REGION, SimAdmin, Stack, api_stack
 from tests.test_clusters_e2e import K8S_TIMING, cluster, resize
 
 
@@ -59,30 +59,27 @@ async def test_add_node_pool_keeps_the_pool_limit(api: Stack) -> None:
 # vmid out again — here to member a-1-0 of pool "a-1". When a-1 comes back, its ledger row points
 # at a-1-0's VM, whose description holds "… member a-1-0", and the marker test was a substring
 # test ("… member a-1" is in it): a-1 adopted a-1-0's VM and retagged it — one VM, two members.
+@pytest.mark.settings(cluster_member_ready_s=20.0)
 async def test_a_recycled_vmid_of_a_removed_member_is_not_adopted_by_prefix(stack: Stack, sim: SimAdmin) -> None:
     await sim.configure(**K8S_TIMING)
-    stack.settings.cluster_member_ready_s = 20.0
-    try:
-        status, out = await stack.call("POST", "/clusters", json=body(pools=[pool("a", 2), pool("a-1", 1)]))
-        assert status == 202, out
-        cid = out["cluster"]["id"]
-        assert (await stack.wait_job(out["job"]["id"], timeout_s=120))["status"] == "succeeded"
-        down = await stack.wait_job((await resize(stack, cid, 1, pool="a"))["id"], timeout_s=120)
-        assert down["status"] == "succeeded", down
-        other = next(m for m in (await cluster(stack, cid))["members"] if m["name"] == "a-1-0")
-        # PVE recycled the removed a-1's vmid for a-1-0: the ledger row of a-1 names a-1-0's VM
-        await stack.pool.execute("UPDATE vm_clone_requests SET vmid = $3, node = $4 WHERE resource_id = $1 "
-                                 "AND member = $2", cid, "a-1", other["vmid"], other["node"])
-        up = await stack.wait_job((await resize(stack, cid, 2, pool="a"))["id"], timeout_s=120)
-        assert up["status"] == "succeeded", up
-        vm = await sim.vm(other["vmid"])
-        assert "z9-member-a-1-0" in normalize_tags(vm["config"]["tags"]), vm["config"]["tags"]
-        members = sorted(t for v in await sim.vms_tagged(identity_tag(cid)) for t in normalize_tags(v["config"]["tags"])
-                         if t.startswith("z9-member-"))
-        assert members == ["z9-member-a-0", "z9-member-a-1", "z9-member-a-1-0", "z9-member-cp-0"]
-        assert (await cluster(stack, cid))["status"] == "running"
-    finally:
-        stack.settings.cluster_member_ready_s = 900.0
+    status, out = await stack.call("POST", "/clusters", json=body(pools=[pool("a", 2), pool("a-1", 1)]))
+    assert status == 202, out
+    cid = out["cluster"]["id"]
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=120))["status"] == "succeeded"
+    down = await stack.wait_job((await resize(stack, cid, 1, pool="a"))["id"], timeout_s=120)
+    assert down["status"] == "succeeded", down
+    other = next(m for m in (await cluster(stack, cid))["members"] if m["name"] == "a-1-0")
+    # PVE recycled the removed a-1's vmid for a-1-0: the ledger row of a-1 names a-1-0's VM
+    await stack.pool.execute("UPDATE vm_clone_requests SET vmid = $3, node = $4 WHERE resource_id = $1 "
+                             "AND member = $2", cid, "a-1", other["vmid"], other["node"])
+    up = await stack.wait_job((await resize(stack, cid, 2, pool="a"))["id"], timeout_s=120)
+    assert up["status"] == "succeeded", up
+    vm = await sim.vm(other["vmid"])
+    assert "z9-member-a-1-0" in normalize_tags(vm["config"]["tags"]), vm["config"]["tags"]
+    members = sorted(t for v in await sim.vms_tagged(identity_tag(cid)) for t in normalize_tags(v["config"]["tags"])
+                     if t.startswith("z9-member-"))
+    assert members == ["z9-member-a-0", "z9-member-a-1", "z9-member-a-1-0", "z9-member-cp-0"]
+    assert (await cluster(stack, cid))["status"] == "running"
 
 
 async def _our_isos(sim: SimAdmin, cid: str) -> list[str]:
@@ -169,18 +166,16 @@ async def test_kubeconfig_with_another_installation_key_is_503_naming_the_settin
     status, out = await api.call("POST", "/clusters", json=body())
     cid = out["cluster"]["id"]
     await api.pool.execute("UPDATE clusters SET status = 'running', initialized_at = now() WHERE id = $1", cid)
-    before = api.settings.installation_key
-    try:
-        api.settings.installation_key = SecretStr(base64.b64encode(os.urandom(32)).decode())
-        status, out = await api.call("GET", f"/clusters/{cid}/kubeconfig")
+    # the same database served by an API started with another key, then by one with none
+    other_key = SecretStr(base64.b64encode(os.urandom(32)).decode())
+    async with api_stack(api.settings.model_copy(update={"installation_key": other_key}), api.pool) as rotated:
+        status, out = await rotated.call("GET", f"/clusters/{cid}/kubeconfig")
         assert status == 503 and "Z9_INSTALLATION_KEY" in out["error"]["message"], (status, out)
-        api.settings.installation_key = None
-        status, out = await api.call("GET", f"/clusters/{cid}/kubeconfig")
+    async with api_stack(api.settings.model_copy(update={"installation_key": None}), api.pool) as keyless:
+        status, out = await keyless.call("GET", f"/clusters/{cid}/kubeconfig")
         assert status == 503 and "Z9_INSTALLATION_KEY" in out["error"]["message"], (status, out)
-        status, out = await api.call("POST", "/clusters", json=body(name="nokey"))
+        status, out = await keyless.call("POST", "/clusters", json=body(name="nokey"))
         assert status == 503 and "Z9_INSTALLATION_KEY" in out["error"]["message"], (status, out)
-    finally:
-        api.settings.installation_key = before
 
 
 # A scale-up whose new members were cloned but not tagged yet (their configure failed; a crash
@@ -192,19 +187,18 @@ async def test_untagged_clones_of_members_no_longer_desired_are_removed(stack: S
     status, out = await stack.call("POST", "/clusters", json=body(pools=[pool("workers", 1)]))
     cid = out["cluster"]["id"]
     assert (await stack.wait_job(out["job"]["id"], timeout_s=120))["status"] == "succeeded"
-    stack.settings.backoff_base_s = 3.0
-    try:
-        await sim.fault(method="POST", path=r"/qemu/\d+/config$", action="fail_task", exitstatus="got timeout",
-                        times=2)
-        up = (await resize(stack, cid, 3))["id"]
+    # a slow backoff (no job runs now: the executor restarts with it) while the scale-up waits for its retry
+    await stack.restart_service("executor", backoff_base_s=3.0)
+    # (the member's configure writes with PUT /config, synchronously: its failure is the answer)
+    await sim.fault(method="PUT", path=r"/qemu/\d+/config$", action="error", status=500, reason="got timeout",
+                    times=2)
+    up = (await resize(stack, cid, 3))["id"]
 
-        async def retrying() -> bool:
-            return (await stack.job(up))["status"] == "retry"
-        from tests.support import wait_until
-        await wait_until(retrying, 60, "the scale-up waiting for its retry")
-        await stack.call("POST", f"/clusters/{cid}/actions/resize-node-pool", json={"pool": "workers", "count": 1})
-    finally:
-        stack.settings.backoff_base_s = 0.2
+    async def retrying() -> bool:
+        return (await stack.job(up))["status"] == "retry"
+    from tests.support import wait_until
+    await wait_until(retrying, 60, "the scale-up waiting for its retry")
+    await stack.call("POST", f"/clusters/{cid}/actions/resize-node-pool", json={"pool": "workers", "count": 1})
     for j in [j for j in (await stack.call("GET", f"/jobs?resource_id={cid}"))[1]["jobs"] if j["kind"] == "ClusterReconcile"]:
         assert (await stack.wait_job(j["id"], timeout_s=120))["status"] == "succeeded"
     ours = [v for v in (await sim.state())["vms"] if f"z9 resource {cid}" in str(v["config"].get("description", ""))]

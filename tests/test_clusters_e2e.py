@@ -339,7 +339,7 @@ async def test_sigkill_executor_twice_during_create(stack: Stack, sim: SimAdmin)
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    stack.settings.lease_ttl_s = 2
+    stack.reconfigure(lease_ttl_s=2)
     await stack.start_service("executor")
     done = await stack.wait_job(job["id"], timeout_s=180)
     assert done["status"] == "succeeded", done
@@ -492,34 +492,31 @@ async def _pve(sim: SimAdmin, method: str, path: str) -> Any:
 # naming it); a reconcile starts it again and the next observation says running.
 async def test_periodic_observe_reports_a_stopped_member_degraded(stack: Stack, sim: SimAdmin) -> None:
     c, _ = await running(stack, sim, cps=1, workers=2)
-    stack.settings.cluster_observe_interval_s = 1.0
-    try:
-        w1 = next(m for m in c["members"] if m["name"] == "workers-1")
-        await _pve(sim, "POST", f"/nodes/{w1['node']}/qemu/{w1['vmid']}/status/stop")
+    await stack.restart_service("reaper", cluster_observe_interval_s=1.0)
+    w1 = next(m for m in c["members"] if m["name"] == "workers-1")
+    await _pve(sim, "POST", f"/nodes/{w1['node']}/qemu/{w1['vmid']}/status/stop")
 
-        async def degraded() -> dict | None:
-            cur = await cluster(stack, c["id"])
-            return cur if cur["status"] == "degraded" else None
-        cur = await wait_until(degraded, 30, "the cluster degraded")
-        assert cur["status_reason"] == "not a Ready node: workers-1 (stopped)", cur
-        ms = {m["name"]: m for m in cur["members"]}
-        assert (ms["workers-1"]["power_state"], ms["workers-1"]["ready"]) == ("stopped", False)
-        assert all(ms[n]["ready"] for n in ("cp-0", "workers-0"))
-        status, out = await stack.call("GET", f"/jobs?resource_id={c['id']}")
-        observes = [j for j in out["jobs"] if j["kind"] == "ClusterObserve"]
-        assert observes and all(j["steps"] == [] for j in observes)  # observe only: nothing done to the world
-        # the kubeconfig is still minted (the cluster was whole once)
-        status, _ = await stack.call("GET", f"/clusters/{c['id']}/kubeconfig")
-        assert status == 200
+    async def degraded() -> dict | None:
+        cur = await cluster(stack, c["id"])
+        return cur if cur["status"] == "degraded" else None
+    cur = await wait_until(degraded, 30, "the cluster degraded")
+    assert cur["status_reason"] == "not a Ready node: workers-1 (stopped)", cur
+    ms = {m["name"]: m for m in cur["members"]}
+    assert (ms["workers-1"]["power_state"], ms["workers-1"]["ready"]) == ("stopped", False)
+    assert all(ms[n]["ready"] for n in ("cp-0", "workers-0"))
+    status, out = await stack.call("GET", f"/jobs?resource_id={c['id']}")
+    observes = [j for j in out["jobs"] if j["kind"] == "ClusterObserve"]
+    assert observes and all(j["steps"] == [] for j in observes)  # observe only: nothing done to the world
+    # the kubeconfig is still minted (the cluster was whole once)
+    status, _ = await stack.call("GET", f"/clusters/{c['id']}/kubeconfig")
+    assert status == 200
 
-        # a reconcile (the same shape) starts the member again; the next look says running
-        job = await stack.wait_job((await resize(stack, c["id"], 2))["id"], timeout_s=120)
-        assert job["status"] == "succeeded", job
+    # a reconcile (the same shape) starts the member again; the next look says running
+    job = await stack.wait_job((await resize(stack, c["id"], 2))["id"], timeout_s=120)
+    assert job["status"] == "succeeded", job
 
-        async def healthy() -> dict | None:
-            cur = await cluster(stack, c["id"])
-            return cur if cur["status"] == "running" and all(m["ready"] for m in cur["members"]) else None
-        cur = await wait_until(healthy, 30, "the cluster running again")
-        assert cur["status_reason"] is None
-    finally:
-        stack.settings.cluster_observe_interval_s = 60.0
+    async def healthy() -> dict | None:
+        cur = await cluster(stack, c["id"])
+        return cur if cur["status"] == "running" and all(m["ready"] for m in cur["members"]) else None
+    cur = await wait_until(healthy, 30, "the cluster running again")
+    assert cur["status_reason"] is None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support import free_port
+from tests.support import free_port, poll_sync, wait_until
 
 
 def _metrics_base() -> int:
@@ -89,12 +89,11 @@ async def _create_and_wait(base: str, token: str) -> str:
         async with http.post(f"{base}/servers", json=body) as r:
             assert r.status == 202, await r.text()
             out = await r.json()
-        for _ in range(400):
+        async def finished() -> dict | None:
             async with http.get(f"{base}/jobs/{out['job']['id']}") as r:
                 job = await r.json()
-            if job["status"] in ("succeeded", "failed"):
-                break
-            await asyncio.sleep(0.05)
+            return job if job["status"] in ("succeeded", "failed") else None
+        job = await wait_until(finished, 30, "the create to finish")
         assert job["status"] == "succeeded", job
         async with http.get(f"{base}/servers/{out['server']['id']}") as r:
             server = (await r.json())["server"]
@@ -170,12 +169,11 @@ def _alive(pid: int) -> bool:
 
 
 def _wait_gone(pids: list[int], timeout_s: float = 40) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        left = [p for p in pids if _alive(p)]
-        if not left:
-            return []
-        time.sleep(0.1)
+    """The pids still alive after ``timeout_s`` (none: all gone)."""
+    try:
+        poll_sync(lambda: not any(_alive(p) for p in pids), timeout_s, f"pids {pids} to exit", interval_s=0.1)
+    except AssertionError:
+        pass
     return [p for p in pids if _alive(p)]
 
 

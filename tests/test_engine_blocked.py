@@ -12,6 +12,8 @@ import asyncpg
 from z9.common import store
 from z9.common.store import Lease, NewJob
 
+from tests.support import wait_until, waiting_on_a_lock
+
 TTL = 30.0
 
 
@@ -66,7 +68,7 @@ async def test_a_job_inserted_while_its_blocker_ends_is_not_lost(pool: asyncpg.P
         await ins.start()
         c = await _enqueue(inserter, "srv_a")  # sees a1 still live: blocked
         committing = asyncio.create_task(end.commit())  # waits for the inserter's key lock
-        await asyncio.sleep(0.3)
+        await wait_until(lambda: waiting_on_a_lock(pool, committing), 20, "the commit to wait on the key lock")
         assert not committing.done()
         await ins.commit()
         await committing

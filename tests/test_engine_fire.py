@@ -222,13 +222,14 @@ def _attempts_accounted(log: list[dict[str, Any]]) -> tuple[int, int]:
     return len(rs), reclaims
 
 
+# a job hit by every kill must still not run out
+@pytest.mark.settings(max_attempts=int(os.environ.get("Z9_CRASH_STORM_KILLS", "20")) + 10)
 async def test_crash_storm_every_job_succeeds_once(api: Stack, sim: SimAdmin, services: Services) -> None:
     n_creates = int(os.environ.get("Z9_CRASH_STORM_CREATES", "40"))
     n_kills = int(os.environ.get("Z9_CRASH_STORM_KILLS", "20"))
     rng = random.Random(os.environ.get("Z9_CRASH_STORM_SEED"))
     pool = api.pool
     await install_job_log(pool)
-    api.settings.max_attempts = n_kills + 10  # a job hit by every kill must still not run out
     await sim.configure(task_seconds={"qmclone": 2.0}, task_default_s=0.1)
     knobs = dict(lease_ttl_s=1.5, heartbeat_s=0.25)
     services.start("scheduler")
@@ -531,6 +532,7 @@ async def test_dead_listen_connection_is_reestablished_with_a_catch_up_claim(api
 
 
 # 7
+@pytest.mark.settings(max_attempts=4)  # the test's max_attempts
 async def test_backoff_follows_the_formula_and_max_attempts_fail_with_the_last_error(
         api: Stack, sim: SimAdmin, services: Services) -> None:
     """Architecture §5 through the real engine: each retry's ``run_after`` is
@@ -539,7 +541,6 @@ async def test_backoff_follows_the_formula_and_max_attempts_fail_with_the_last_e
     base, cap, jitter, max_attempts = 0.2, 0.5, 0.25, 4
     pool = api.pool
     await install_job_log(pool)
-    api.settings.max_attempts = max_attempts
     for n in range(1, max_attempts + 2):  # one distinct failure per attempt (rules fire in order)
         await sim.fault(method="POST", path=r"/clone$", action="error", status=500, reason=f"simulated outage #{n}",
                         times=1)
@@ -566,6 +567,7 @@ async def test_backoff_follows_the_formula_and_max_attempts_fail_with_the_last_e
     assert await _tasks(sim, "qmclone") == 0
 
 
+@pytest.mark.settings(max_attempts=2)
 async def test_a_vm_lock_held_by_another_task_snoozes_without_spending_attempts(
         api: Stack, sim: SimAdmin, services: Services) -> None:
     pool = api.pool
@@ -576,7 +578,6 @@ async def test_a_vm_lock_held_by_another_task_snoozes_without_spending_attempts(
     assert (await api.wait_job(job["id"]))["status"] == "succeeded"
     vmid = (await api.server(server["id"]))["observed"]["vmid"]
     await sim.set_config(vmid, lock="backup")  # a backup task holds the VM
-    api.settings.max_attempts = 2
     status, out = await api.call("DELETE", f"/servers/{server['id']}")
     assert status == 202, out
     stop_id = out["job"]["id"]
@@ -662,6 +663,7 @@ async def test_sigterm_lets_a_step_that_ends_within_the_grace_finish_there(api: 
 
 
 # 9
+@pytest.mark.settings(deletion_buffer_s=0.5)
 async def test_a_delete_waits_for_the_running_create_of_its_server(api: Stack, sim: SimAdmin,
                                                                    services: Services) -> None:
     """Deletes submitted through the API while their servers' creates run: each waits (pending)
@@ -669,7 +671,6 @@ async def test_a_delete_waits_for_the_running_create_of_its_server(api: Stack, s
     last. No two jobs of one server are ever running at once (the database's own log)."""
     pool = api.pool
     await install_job_log(pool)
-    api.settings.deletion_buffer_s = 0.5
     await sim.configure(task_seconds={"qmclone": 2.0})
     services.start("scheduler")
     services.start("reaper")
@@ -686,9 +687,7 @@ async def test_a_delete_waits_for_the_running_create_of_its_server(api: Stack, s
         status, out = await api.call("DELETE", f"/servers/{s['id']}")
         assert status == 202, out
         stops[s["id"]] = out["job"]["id"]
-    deadline = asyncio.get_running_loop().time() + 30
-    while True:  # as long as a create runs, its server's delete job waits
-        assert asyncio.get_running_loop().time() < deadline, "the creates did not finish"
+    async def creates_done() -> bool:  # as long as a create runs, its server's delete job waits
         # one statement, one snapshot: a create's finish and its delete's claim commit together
         snap = {r["id"]: dict(r) for r in await pool.fetch(
             "SELECT * FROM jobs WHERE id = ANY($1)", [j["id"] for _, j in made] + list(stops.values()))}
@@ -696,9 +695,8 @@ async def test_a_delete_waits_for_the_running_create_of_its_server(api: Stack, s
         for create, stop in rows.values():
             if create["status"] != "succeeded":
                 assert stop["status"] == "pending" and stop["attempt"] == 0, (create, stop)
-        if all(c["status"] == "succeeded" for c, _ in rows.values()):
-            break
-        await asyncio.sleep(0.05)
+        return all(c["status"] == "succeeded" for c, _ in rows.values())
+    await wait_until(creates_done, 30, "the creates to finish")
 
     for s, _ in made:
         await wait_until(lambda: _server_status_is(api, s["id"], "deleted"), 30, f"server {s['id']} to be deleted")

@@ -29,6 +29,8 @@ from z9.common.store import NewJob
 from z9.executor import jobs as job_kinds
 from z9.executor.worker import Executor
 
+from tests.support import wait_until, waiting_on_a_lock
+
 FROZEN = r"""
 import asyncio, os, signal, sys
 import asyncpg
@@ -93,6 +95,10 @@ def _freeze_holding(db_url: str, row: str, *settings: str) -> subprocess.Popen[s
     return proc
 
 
+async def _status_is(pool: asyncpg.Pool, job_id: str, status: str) -> bool:
+    return (await _statuses(pool, [job_id]))[job_id] == status
+
+
 async def _statuses(pool: asyncpg.Pool, ids: list[str]) -> dict[str, str]:
     return {r["id"]: r["status"] for r in await pool.fetch("SELECT id, status FROM jobs WHERE id = ANY($1)", ids)}
 
@@ -114,19 +120,16 @@ async def test_a_frozen_transaction_holding_a_row_lock_does_not_stall_other_jobs
     task = asyncio.create_task(ex.run())
     try:
         # The blocked job runs and reaches its finish first; then twelve unrelated jobs arrive.
-        deadline = time.monotonic() + 15
-        while (await _statuses(pool, [blocked]))[blocked] != "running":
-            assert time.monotonic() < deadline, "the first job was never claimed"
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: _status_is(pool, blocked, "running"), 15, "the first job claimed")
+
+        async def finish_blocked() -> bool:  # its record waits on the frozen row lock (or gave up once already)
+            return (ex.finisher is not None and ex.finisher.blocked_retries >= 1) or await waiting_on_a_lock(pool)
+        await wait_until(finish_blocked, 15, "the first job's finish to run into the frozen row lock")
         t0 = time.monotonic()
         others = [await enqueue(f"srv_{i}") for i in range(1, 13)]
-        while True:
-            st = await _statuses(pool, others)
-            if all(s == "succeeded" for s in st.values()):
-                break
-            assert time.monotonic() - t0 < 10, f"unrelated jobs stalled behind one lock: {st}"
-            await asyncio.sleep(0.05)
+        async def unrelated_done() -> bool:
+            return all(s == "succeeded" for s in (await _statuses(pool, others)).values())
+        await wait_until(unrelated_done, 10, "the unrelated jobs to succeed (not stalled behind one lock)")
         unrelated_s = time.monotonic() - t0
         # The blocked job is done but unrecorded: still running, its lease kept alive well past
         # the lease TTL (3 s) by the heartbeat, which skips its locked row rather than wait.
@@ -138,10 +141,8 @@ async def test_a_frozen_transaction_holding_a_row_lock_does_not_stall_other_jobs
         assert ex.finisher is not None and ex.finisher.blocked_retries >= 2
         # The frozen process resumes and rolls back: the blocked job finishes too.
         frozen.send_signal(signal.SIGCONT)
-        deadline = time.monotonic() + 15
-        while (await _statuses(pool, [blocked]))[blocked] != "succeeded":
-            assert time.monotonic() < deadline, "the blocked job never finished after the lock went away"
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: _status_is(pool, blocked, "succeeded"), 15,
+                         "the blocked job to finish after the lock went away")
         assert await pool.fetchval("SELECT n FROM stall_rows WHERE id = 'srv_0'") == 1  # recorded once
         assert unrelated_s < 10
     finally:

@@ -8,13 +8,14 @@ import asyncpg
 import pytest
 
 from z9.common import store
+from z9.common.clock import TestClock
 from z9.resources.server import SERVER
 from z9.common.errors import CheckViolation, LeaseLost
 from z9.common.store import Lease, NewJob
 from z9.reaper import Reaper
 from z9.scheduler import Scheduler
 
-from tests.support import make_tenant
+from tests.support import make_tenant, wait_until
 
 TTL = 30.0
 
@@ -148,11 +149,11 @@ async def test_writes_are_fenced(pool: asyncpg.Pool) -> None:
     assert row.status == "succeeded" and row.finished_at is not None and row.lease_owner is None
 
 
-async def test_expired_lease_is_reclaimed_and_fenced_out(pool: asyncpg.Pool, settings) -> None:
+async def test_expired_lease_is_reclaimed_and_fenced_out(pool: asyncpg.Pool, settings, clock: TestClock) -> None:
     await _enqueue(pool, max_attempts=2)
-    job = (await store.job_claim(pool, ["r1"], 1, "w-dead", 0.05))[0]
-    await asyncio.sleep(0.1)
-    sched = Scheduler(settings)
+    job = (await store.job_claim(pool, ["r1"], 1, "w-dead", TTL, now=clock.db_now()))[0]
+    clock.step(TTL + 1)  # the worker stalled past its lease
+    sched = Scheduler(settings, clock=clock)
     sched.pool = pool
     counts = await sched.run_once()
     assert counts.reclaimed == 1 and counts.promoted == 1
@@ -161,18 +162,16 @@ async def test_expired_lease_is_reclaimed_and_fenced_out(pool: asyncpg.Pool, set
     with pytest.raises(LeaseLost):  # the stalled worker comes back: every write is rejected
         await store.job_succeed(pool, Lease(job.id, "w-dead", 1), [])
     # Second attempt also dies: out of attempts → failed.
-    job2 = (await store.job_claim(pool, ["r1"], 1, "w-dead-2", 0.05))[0]
+    job2 = (await store.job_claim(pool, ["r1"], 1, "w-dead-2", TTL, now=clock.db_now()))[0]
     assert job2.attempt == 2
-    await asyncio.sleep(0.1)
+    clock.step(TTL + 1)
     heard: list[str] = []
     listener = await asyncpg.connect(settings.database_url)
     await listener.add_listener("z9_jobs", lambda *a: heard.append(a[3]))
     try:
         counts = await sched.run_once()
-        for _ in range(100):  # the failed job frees its resource's next job: executors are woken
-            if heard:
-                break
-            await asyncio.sleep(0.02)
+        # the failed job frees its resource's next job: executors are woken
+        await wait_until(lambda: heard, 10, "the executors' wake-up (NOTIFY z9_jobs)", interval_s=0.02)
     finally:
         await listener.close()
     assert counts.reclaimed_failed == 1 and heard == ["r1"]
@@ -180,31 +179,36 @@ async def test_expired_lease_is_reclaimed_and_fenced_out(pool: asyncpg.Pool, set
     assert row.status == "failed" and "out of attempts" in row.error["message"]
 
 
-async def test_reclaim_never_overwrites_a_finished_job(pool: asyncpg.Pool) -> None:
+async def test_reclaim_never_overwrites_a_finished_job(pool: asyncpg.Pool, clock: TestClock) -> None:
     await _enqueue(pool)
-    job = (await store.job_claim(pool, ["r1"], 1, "w", 0.05))[0]
-    await asyncio.sleep(0.1)
+    job = (await store.job_claim(pool, ["r1"], 1, "w", TTL, now=clock.db_now()))[0]
+    clock.step(TTL + 1)  # its lease has expired, its finish is under way
     lease = Lease(job.id, "w", job.attempt)
     async with pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
         await store.job_succeed(conn, lease, [])  # holds the row lock, not committed yet
-        reclaim = asyncio.create_task(store.lease_reclaim_expired(pool))
-        await asyncio.sleep(0.2)
+        # the reclaim runs while the row is locked: it skips it (SKIP LOCKED; a wait would time out here)
+        reclaim = await asyncio.wait_for(store.lease_reclaim_expired(pool, now=clock.db_now()), 20)
         await tx.commit()
-    assert await reclaim == []  # skipped the locked row, and would re-check it anyway
+    assert reclaim == []  # skipped the locked row, and would re-check it anyway
+    assert await store.lease_reclaim_expired(pool, now=clock.db_now()) == []  # finished: nothing to reclaim
     assert (await store.job_get(pool, job.id)).status == "succeeded"
 
 
-async def test_retry_becomes_pending_when_due(pool: asyncpg.Pool, settings) -> None:
+async def test_retry_becomes_pending_when_due(pool: asyncpg.Pool, settings, clock: TestClock) -> None:
     await _enqueue(pool)
-    job = (await store.job_claim(pool, ["r1"], 1, "w", TTL))[0]
-    await store.job_retry(pool, Lease(job.id, "w", 1), [], {"class": "temporary", "message": "busy"}, 0.3)
-    sched = Scheduler(settings)
+    clock.pin()  # from here time stands still but where the test moves it (the job is due already)
+    job = (await store.job_claim(pool, ["r1"], 1, "w", TTL, now=clock.db_now()))[0]
+    await store.job_retry(pool, Lease(job.id, "w", 1), [], {"class": "temporary", "message": "busy"}, 30.0,
+                          now=clock.db_now())
+    sched = Scheduler(settings, clock=clock)
     sched.pool = pool
     assert (await sched.run_once()).promoted == 0
-    assert 0 < await store.job_retry_next_in(pool) <= 0.3
-    await asyncio.sleep(0.35)
+    assert await store.job_retry_next_in(pool, now=clock.db_now()) == pytest.approx(30.0)
+    clock.step(29.9)
+    assert (await sched.run_once()).promoted == 0
+    clock.step(0.2)
     assert (await sched.run_once()).promoted == 1
     assert (await store.job_get(pool, job.id)).status == "pending"
 
@@ -237,7 +241,8 @@ async def test_reaper_turns_expired_buffers_into_delete_jobs(pool: asyncpg.Pool,
     assert await SERVER.cancel_deletion(pool, s.id, tenant) is None  # too late
 
 
-async def test_final_delete_out_of_attempts_by_reclaim_leaves_the_server_deletable(pool: asyncpg.Pool, settings) -> None:
+async def test_final_delete_out_of_attempts_by_reclaim_leaves_the_server_deletable(pool: asyncpg.Pool, settings,
+                                                                                   clock: TestClock) -> None:
     tenant, _ = await make_tenant(pool, "acme")
     s = await store.server_insert(pool, tenant_id=tenant, region="dev-1", name="a", image="debian-12", cores=1,
                                   memory_mib=1024, disk_gib=4, ssh_keys=[])
@@ -246,9 +251,9 @@ async def test_final_delete_out_of_attempts_by_reclaim_leaves_the_server_deletab
     reaper.pool = pool
     assert await reaper.run_once() == 1
     await pool.execute("UPDATE jobs SET max_attempts = 1 WHERE resource_id = $1", s.id)
-    assert len(await store.job_claim(pool, ["dev-1"], 10, "ghost:1:x", 0.05)) == 1  # the worker dies
-    await asyncio.sleep(0.1)
-    sched = Scheduler(settings)
+    assert len(await store.job_claim(pool, ["dev-1"], 10, "ghost:1:x", TTL, now=clock.db_now())) == 1  # the worker dies
+    clock.step(TTL + 1)
+    sched = Scheduler(settings, clock=clock)
     sched.pool = pool
     assert (await sched.run_once()).reclaimed_failed == 1
     server = await store.server_get(pool, s.id)

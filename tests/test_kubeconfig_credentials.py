@@ -5,7 +5,6 @@ stop working — measured in the simulated API server, which authenticates a cli
 against its ``--client-ca-file`` as it is now."""
 from __future__ import annotations
 
-import asyncio
 import base64
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -16,7 +15,7 @@ from cryptography import x509
 
 from z9.common import pki, store
 
-from tests.support import REGION, SimAdmin, Stack, make_tenant
+from tests.support import REGION, SimAdmin, Stack, make_tenant, wait_until
 from tests.test_clusters_e2e import K8S_TIMING, cluster
 from tests.test_tokens import call
 
@@ -108,13 +107,12 @@ async def _kubectl(sim: SimAdmin, node: str, vmid: int, kubeconfig: str) -> tupl
                 "kubectl", "--kubeconfig", "/root/user.kubeconfig", "get", "--raw", "/readyz")], ssl=False) as r:
             assert r.status == 200, await r.text()
             pid = (await r.json())["data"]["pid"]
-        for _ in range(200):
+        async def exited() -> dict | None:
             async with h.get(f"{agent}/exec-status", params={"pid": str(pid)}, ssl=False) as r:
                 st = (await r.json())["data"]
-            if st.get("exited"):
-                return int(st.get("exitcode", -1)), str(st.get("out-data", "")) + str(st.get("err-data", ""))
-            await asyncio.sleep(0.05)
-    raise AssertionError("kubectl did not finish")
+            return st if st.get("exited") else None
+        st = await wait_until(exited, 20, "kubectl to finish")
+        return int(st.get("exitcode", -1)), str(st.get("out-data", "")) + str(st.get("err-data", ""))
 
 
 async def test_a_rotated_cluster_refuses_a_certificate_minted_before(stack: Stack, sim: SimAdmin) -> None:

@@ -590,6 +590,23 @@ async def test_addresses_of_a_load_balancer_count_against_the_quota(api: Stack) 
     assert status == 403 and out["error"]["details"][0]["used"] == 2, out
 
 
+async def test_load_balancers_count_against_their_own_quota(api: Stack) -> None:
+    """Each load balancer is two VMs and their checks on the shared hypervisor, whatever its
+    addresses: a quota of its own (``load_balancers``) bounds how many a tenant has; one being
+    deleted still counts (it can be restored); ``GET /v1/quota`` shows it."""
+    await store.tenant_quota_set(api.pool, api.tenant_id, {"load_balancers": 1})
+    lb, _ = await _lb(api, name="only-one", type="lb-small")
+    status, out = await api.call("POST", "/load-balancers", json={"region": REGION, "name": "second"})
+    assert status == 403 and out["error"]["code"] == "quota_exceeded", out
+    assert out["error"]["details"] == [{"limit": "load_balancers", "quota": 1, "used": 1, "requested": 1}]
+    status, out = await api.call("DELETE", f"/load-balancers/{lb['id']}")
+    assert status == 202, out
+    status, out = await api.call("POST", "/load-balancers", json={"region": REGION, "name": "second"})
+    assert status == 403, out
+    status, quota = await api.call("GET", "/quota")
+    assert status == 200 and quota["quotas"]["load_balancers"] == {"limit": 1, "used": 1}, quota
+
+
 async def test_cancel_and_rerun_of_load_balancer_jobs(api: Stack) -> None:
     """Job actions on load balancer jobs (the API alone: no executor runs them). A cancelled
     create leaves the load balancer failed (deletable, its create re-runnable); the deletion's

@@ -16,11 +16,11 @@ import asyncpg
 
 import z9.api.app  # noqa: F401  (registers every resource type)
 from z9 import resources
-from z9.common.sql import ql, queries, qt
+from z9.common.sql import NULL, ql, queries, qt
 
 
 #: sample values of the queries whose values are literals (sql.ql), by placeholder
-LITERAL_SAMPLES = {"limit": 1, "lease_ttl_s": 30.0}
+LITERAL_SAMPLES = {"limit": 1, "lease_ttl_s": 30.0, "now": NULL}
 
 
 async def test_every_named_query_prepares(pool: asyncpg.Pool) -> None:

@@ -11,7 +11,6 @@ import logging
 import re
 import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
@@ -24,12 +23,13 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from z9.common import metrics, store
+from z9.common.clock import TestClock
 from z9.common.logs import bind_job, make_handler
 from z9.common.settings import Settings
 from z9.executor import proxmox
 from z9.scheduler import Scheduler
 
-from tests.support import REGION, SimAdmin, Stack, free_port, service_env
+from tests.support import REGION, SimAdmin, Stack, free_port, service_env, wait_until
 
 Samples = dict[tuple[str, frozenset], float]
 
@@ -59,13 +59,19 @@ def delta(after: Samples, before: Samples, name: str, **labels: str) -> float:
     return val(after, name, **labels) - before.get((name, frozenset(labels.items())), 0.0)
 
 
+async def _job_status_is(stack: Stack, job_id: str, status: str) -> bool:
+    return (await stack.job(job_id))["status"] == status
+
+
+async def _server_status_is(stack: Stack, server_id: str, status: str) -> bool:
+    return (await stack.server(server_id))["status"] == status
+
+
 async def settled(name: str, before: Samples, timeout_s: float = 10, **labels: str) -> Samples:
     """This process's samples once ``name{labels}`` has moved since ``before`` (the runner counts
     an attempt right after the write that ends it, so an API reader may see the job first)."""
-    deadline = time.monotonic() + timeout_s
-    while delta(local(name), before, name, **labels) == 0:
-        assert time.monotonic() < deadline, f"{name}{labels} never moved"
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: delta(local(name), before, name, **labels) != 0, timeout_s, f"{name}{labels} to move",
+                     interval_s=0.02)
     return local()
 
 
@@ -173,7 +179,8 @@ async def test_a_create_job_moves_the_executor_metrics(stack: Stack, sim: SimAdm
     assert listed >= 1
     assert delta(after, before, "z9_proxmox_snapshot_lookups_total", region=REGION, outcome="listed") == listed
     assert listed + delta(after, before, "z9_proxmox_snapshot_lookups_total", region=REGION, outcome="shared") >= 3
-    for task_type in ("qmclone", "qmconfig", "resize", "qmstart"):
+    # the config write is synchronous (PUT): no qmconfig task
+    for task_type in ("qmclone", "resize", "qmstart"):
         assert delta(after, before, "z9_proxmox_task_wait_seconds_count", region=REGION, task_type=task_type,
                      outcome="ok") == 1, task_type
     assert delta(after, before, "z9_proxmox_task_wait_seconds_count", region=REGION, task_type="qmclone",
@@ -186,13 +193,13 @@ async def test_a_create_job_moves_the_executor_metrics(stack: Stack, sim: SimAdm
         assert (line["job_id"], line["kind"], line["region"], line["attempt"]) == (job["id"], "ServerCreate", REGION, 1), line
 
 
-async def test_scheduler_counts_jobs_and_the_oldest_pending_age(stack: Stack, sim: SimAdmin) -> None:
+async def test_scheduler_counts_jobs_and_the_oldest_pending_age(stack: Stack, sim: SimAdmin, clock: TestClock) -> None:
     scheduler: Scheduler = stack.services["scheduler"]
     server, job = await stack.create_server("m-3")
     assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
     await stack.stop_service("executor")
     _, waiting = await stack.create_server("m-4")
-    await asyncio.sleep(0.3)
+    clock.step(0.3)  # the pending job is 0.3 s old
     await scheduler.refresh_job_metrics()
     s = local()
     assert val(s, "z9_jobs", kind="ServerCreate", region=REGION, status="succeeded") == 1
@@ -215,37 +222,30 @@ async def test_oldest_pending_age_of_a_region_gone_from_the_table_reads_0(stack:
     finished, or it was removed from Z9_REGIONS) must not keep its last age: Z9QueueStalled
     would keep firing."""
     scheduler: Scheduler = stack.services["scheduler"]
-    for _ in range(200):  # its pool is made by its run loop, which has just started
-        if scheduler.pool is not None:
-            break
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: scheduler.pool is not None, 10, "the scheduler's pool (made by its run loop)")
     await stack.pool.execute(
         "INSERT INTO jobs (id, kind, region, resource_type, resource_id, status, attempt, created_at, run_after) "
         "VALUES ($1, 'ServerCreate', 'gone-1', 'server', $2, 'pending', 0, now() - interval '400 seconds', "
         "now() - interval '400 seconds')", "job_" + "g" * 26, "srv_" + "g" * 26)
-    deadline = time.monotonic() + 10  # (the stack's scheduler loop may set an older reading after ours)
-    while True:
+    async def aged() -> float:  # (the stack's scheduler loop may set an older reading after ours)
         await scheduler.refresh_job_metrics()
         age = val(local("z9_job_oldest_pending_age_seconds"), "z9_job_oldest_pending_age_seconds", region="gone-1")
-        if age >= 400 or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.1)
+        return age if age >= 400 else 0.0
+    age = await wait_until(aged, 10, "gone-1's oldest pending age", interval_s=0.1)
     assert 400 <= age < 460
     await stack.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(), "
                              "error = '{\"class\": \"permanent\", \"message\": \"test\"}' WHERE id = $1",
                              "job_" + "g" * 26)
     # The stack's own scheduler loop refreshes too: a pass that read the table before the UPDATE
     # may set its figures after ours, so wait for the next passes rather than one.
-    deadline = time.monotonic() + 10
-    while True:
+    async def settled_() -> Samples | None:
         await scheduler.refresh_job_metrics()
         s = local("z9_job_oldest_pending_age_seconds", "z9_jobs")
-        settled_ = (val(s, "z9_job_oldest_pending_age_seconds", region="gone-1") == 0
-                    and val(s, "z9_jobs", kind="ServerCreate", region="gone-1", status="pending") == 0
-                    and val(s, "z9_jobs", kind="ServerCreate", region="gone-1", status="failed") == 1)
-        if settled_ or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.1)
+        done = (val(s, "z9_job_oldest_pending_age_seconds", region="gone-1") == 0
+                and val(s, "z9_jobs", kind="ServerCreate", region="gone-1", status="pending") == 0
+                and val(s, "z9_jobs", kind="ServerCreate", region="gone-1", status="failed") == 1)
+        return s if done else None
+    s = await wait_until(settled_, 10, "gone-1's figures settled", interval_s=0.1)
     assert val(s, "z9_job_oldest_pending_age_seconds", region="gone-1") == 0
     assert val(s, "z9_jobs", kind="ServerCreate", region="gone-1", status="pending") == 0
     assert val(s, "z9_jobs", kind="ServerCreate", region="gone-1", status="failed") == 1
@@ -258,10 +258,7 @@ async def test_lease_reclaim_and_promotion_are_counted(stack: Stack, sim: SimAdm
     await stack.pool.execute("UPDATE jobs SET status = 'running', attempt = 1, lease_owner = 'dead', "
                              "lease_expires_at = now() - interval '1 second' WHERE id = $1", job["id"])
     before = local()
-    for _ in range(100):
-        if (await stack.job(job["id"]))["status"] == "pending":
-            break
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: _job_status_is(stack, job["id"], "pending"), 20, "the reclaimed job pending")
     after = local()
     assert delta(after, before, "z9_lease_reclaims_total", kind="ServerCreate", region=REGION) == 1
     assert delta(after, before, "z9_job_promotions_total", region=REGION) == 1
@@ -277,10 +274,7 @@ async def test_a_job_failed_at_lease_reclaim_counts_as_a_failed_attempt(stack: S
     await stack.pool.execute("UPDATE jobs SET status = 'running', attempt = max_attempts, lease_owner = 'dead', "
                              "lease_expires_at = now() - interval '1 second' WHERE id = $1", job["id"])
     before = local()
-    for _ in range(100):
-        if (await stack.job(job["id"]))["status"] == "failed":
-            break
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: _job_status_is(stack, job["id"], "failed"), 20, "the reclaimed job failed")
     after = local()
     assert delta(after, before, "z9_lease_reclaims_total", kind="ServerCreate", region=REGION) == 1
     assert delta(after, before, "z9_job_attempts_total", kind="ServerCreate", region=REGION,
@@ -288,9 +282,9 @@ async def test_a_job_failed_at_lease_reclaim_counts_as_a_failed_attempt(stack: S
 
 
 # 6 (issue 2): the deletion guard, now counted
+@pytest.mark.settings(deletion_buffer_s=1.0)
 async def test_a_guard_refusal_is_counted_and_logged_with_the_job(stack: Stack, sim: SimAdmin,
                                                                   json_logs: io.StringIO) -> None:
-    stack.settings.deletion_buffer_s = 1.0
     await stack.stop_service("executor")
     server, job = await stack.create_server("ghost")
     await stack.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(), "
@@ -323,10 +317,8 @@ async def test_listen_health_gauge_and_reconnects(stack: Stack, sim: SimAdmin) -
     executor = stack.services["executor"]
 
     async def gauge_becomes(value: float, timeout_s: float = 10) -> None:
-        deadline = time.monotonic() + timeout_s
-        while val(local("z9_executor_listen_healthy"), "z9_executor_listen_healthy") != value:
-            assert time.monotonic() < deadline, f"z9_executor_listen_healthy never became {value}"
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: val(local("z9_executor_listen_healthy"), "z9_executor_listen_healthy") == value,
+                         timeout_s, f"z9_executor_listen_healthy to become {value}", interval_s=0.01)
 
     await gauge_becomes(1)
     before = local()
@@ -376,7 +368,7 @@ async def test_job_metric_queries_are_index_only(pool: Any) -> None:
                                "FROM pg_index WHERE indrelid = 'jobs'::regclass")
     full = {r["name"] for r in partial if not r["partial"]}
     assert full == {"jobs_pkey"}, full
-    plan = "\n".join(r[0] for r in await pool.fetch("EXPLAIN " + q("job_oldest_pending_age"), ["dev-1", "eu-1"]))
+    plan = "\n".join(r[0] for r in await pool.fetch("EXPLAIN " + q("job_oldest_pending_age"), ["dev-1", "eu-1"], None))
     assert "Index Only Scan using jobs_pending_runnable" in plan, plan
     assert "Index Only Scan using jobs_resource_live" in plan, plan
     assert "Seq Scan" not in plan, plan
@@ -478,14 +470,13 @@ def _env(settings: Settings, port: int) -> dict[str, str]:
 
 
 async def _scrape_when_up(url: str, proc: subprocess.Popen, timeout_s: float = 30) -> Samples:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    async def up() -> Samples | None:
         assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
         try:
             return await scrape(url)
         except aiohttp.ClientConnectionError:
-            assert time.monotonic() < deadline, f"{url} never answered"
-            await asyncio.sleep(0.1)
+            return None
+    return await wait_until(up, timeout_s, f"{url} to answer", interval_s=0.1)
 
 
 @pytest.fixture
@@ -524,24 +515,21 @@ async def test_service_processes_serve_metrics_and_json_logs(api: Stack, process
     assert val(e, "z9_proxmox_requests_total", region=REGION, method="POST",
                endpoint="/nodes/{node}/qemu/{vmid}/clone", status="error") == 0
     assert val(e, "z9_deletion_guard_refusals_total", kind="ServerDelete", region=REGION) == 0
-    deadline = time.monotonic() + 30
-    while val(e, "z9_executor_listen_healthy") != 1:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
-        e = await scrape(e_url)
+    async def listening() -> bool:
+        return val(await scrape(e_url), "z9_executor_listen_healthy") == 1
+    await wait_until(listening, 30, "the executor's LISTEN healthy", interval_s=0.1)
 
     _, job = await api.create_server("proc-1")
     assert (await api.wait_job(job["id"]))["status"] == "succeeded"
-    deadline = time.monotonic() + 10  # the attempt is counted right after the write the API shows
-    while val(e := await scrape(e_url), "z9_job_attempts_total", kind="ServerCreate", region=REGION,
-              outcome="succeeded", error_class="none") != 1:
-        assert time.monotonic() < deadline, "the executor never counted the attempt"
-        await asyncio.sleep(0.05)
+    async def counted(url: str, name: str, **labels: str) -> Samples | None:
+        got = await scrape(url)
+        return got if val(got, name, **labels) == 1 else None
+    # the attempt is counted right after the write the API shows
+    e = await wait_until(lambda: counted(e_url, "z9_job_attempts_total", kind="ServerCreate", region=REGION,
+                                         outcome="succeeded", error_class="none"), 10, "the executor to count the attempt")
     assert val(e, "z9_job_queue_wait_seconds_count", kind="ServerCreate", region=REGION) == 1
-    deadline = time.monotonic() + 10
-    while val(s := await scrape(s_url), "z9_jobs", kind="ServerCreate", region=REGION, status="succeeded") != 1:
-        assert time.monotonic() < deadline, "the scheduler never counted the finished job"
-        await asyncio.sleep(0.2)
+    s = await wait_until(lambda: counted(s_url, "z9_jobs", kind="ServerCreate", region=REGION, status="succeeded"),
+                         10, "the scheduler to count the finished job", interval_s=0.2)
     assert not any("z9_http" in name for name, _ in s)  # each process serves its own metrics
     for other in (s, r):  # only executors export the LISTEN health
         assert not any(name.startswith("z9_executor_listen") for name, _ in other)
@@ -617,16 +605,16 @@ async def test_a_dropped_answer_counts_as_error(stack: Stack, sim: SimAdmin) -> 
                  endpoint="/nodes/{node}/qemu/{vmid}/clone", status="error") == 1
 
 
+@pytest.mark.settings(shutdown_grace_s=0.2)
 async def test_shutdown_hands_over_and_counts_it(stack: Stack, sim: SimAdmin) -> None:
     await sim.configure(task_seconds={"qmclone": 5.0})
-    stack.settings.shutdown_grace_s = 0.2
     before = local()
     _, job = await stack.create_server("m-9")
-    for _ in range(200):
+
+    async def cloning() -> bool:
         steps = (await stack.job(job["id"]))["steps"]
-        if steps and steps[0]["state"] == "running" and steps[0]["detail"].get("upid"):
-            break
-        await asyncio.sleep(0.05)
+        return bool(steps and steps[0]["state"] == "running" and steps[0]["detail"].get("upid"))
+    await wait_until(cloning, 20, "the clone running")
     assert val(local(), "z9_executor_jobs_in_flight", region=REGION) == 1
     await stack.stop_service("executor")
     after = local()
@@ -636,17 +624,14 @@ async def test_shutdown_hands_over_and_counts_it(stack: Stack, sim: SimAdmin) ->
     assert (await stack.job(job["id"]))["status"] in ("retry", "pending")
 
 
+@pytest.mark.settings(deletion_buffer_s=0.3)
 async def test_an_expired_deletion_buffer_is_counted(stack: Stack, sim: SimAdmin) -> None:
-    stack.settings.deletion_buffer_s = 0.3
     server, job = await stack.create_server("m-10")
     assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
     before = local()
     status, out = await stack.call("DELETE", f"/servers/{server['id']}")
     assert status == 202
-    for _ in range(400):
-        if (await stack.server(server["id"]))["status"] == "deleted":
-            break
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: _server_status_is(stack, server["id"], "deleted"), 30, "the server deleted")
     after = local()
     assert delta(after, before, "z9_deletion_buffer_expiries_total", region=REGION) == 1
     assert delta(after, before, "z9_job_attempts_total", kind="ServerDelete", region=REGION,

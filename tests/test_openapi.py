@@ -333,7 +333,7 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
 
     # the caller's own quotas and use
     quota = await w.call("GET", "/quota", "/quota", 200)
-    assert set(quota["quotas"]) == {"servers", "cores", "memory_mib", "addresses", "volume_gib"}
+    assert set(quota["quotas"]) == {"servers", "cores", "memory_mib", "addresses", "load_balancers", "volume_gib"}
     await w.call("GET", "/quota", "/quota", 401, token="z9t_unknown")
 
     # the tokens' routes (issue 12)
@@ -349,6 +349,33 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     await w.call("DELETE", "/tokens/{id}", f"/tokens/{tok['token']['id']}", 200)
     await w.call("DELETE", "/tokens/{id}", "/tokens/tok_nope", 404)
     await w.call("DELETE", "/tokens/{id}", "/tokens/tok_nope", 401, token="z9t_unknown")
+
+    # the operator's views (a token with the operator scope; any other: 403)
+    import secrets as _secrets
+
+    from z9.common import store as _store
+
+    op = "z9t_" + _secrets.token_urlsafe(24)
+    await _store.api_token_insert(api.pool, api.tenant_id, op, "ops", scopes=["read", "write", "operator"])
+    some_job = jobs["jobs"][0]["id"]
+    for template, real in (("/operator/jobs", "/operator/jobs?region=dev-1&status=succeeded&limit=5"),
+                           ("/operator/regions", "/operator/regions"),
+                           ("/operator/guard-refusals", "/operator/guard-refusals?limit=5"),
+                           ("/operator/jobs/{id}", f"/operator/jobs/{some_job}")):
+        await w.call("GET", template, real, 200, token=op)
+        await w.call("GET", template, real, 403)  # the tenant's own token
+        await w.call("GET", template, real, 401, token="z9t_unknown")
+    await w.call("GET", "/operator/jobs", "/operator/jobs?status=done", 422, token=op)
+    await w.call("GET", "/operator/guard-refusals", "/operator/guard-refusals?limit=0", 422, token=op)
+    await w.call("GET", "/operator/jobs/{id}", "/operator/jobs/job_nope", 404, token=op)
+    cancel_op = "/operator/jobs/{id}/actions/cancel"
+    failed = (await w.call("GET", "/jobs", "/jobs?status=failed&limit=500", 200))["jobs"]
+    cancelled = next(j["id"] for j in failed if (j["error"] or {}).get("class") == "cancelled")
+    # a job of the tenant cancelled already: the operator's cancel answers it again (idempotent)
+    await w.call("POST", cancel_op, f"/operator/jobs/{cancelled}/actions/cancel", 200, token=op)
+    await w.call("POST", cancel_op, "/operator/jobs/job_nope/actions/cancel", 404, token=op)
+    await w.call("POST", cancel_op, f"/operator/jobs/{some_job}/actions/cancel", 403)
+    await w.call("POST", cancel_op, f"/operator/jobs/{some_job}/actions/cancel", 401, token="z9t_unknown")
 
     # every route of the app is documented, and every documented success was exercised
     routes = set()

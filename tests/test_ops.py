@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from types import ModuleType
@@ -25,7 +24,7 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.support import REGION, SimAdmin, free_port, make_tenant
+from tests.support import REGION, SimAdmin, free_port, make_tenant, wait_until
 from z9.dev import _terminate, write_prometheus_targets
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -490,28 +489,22 @@ def test_checker_splits_thresholds_and_substitutes_variables() -> None:
 
 # --- every expression against a real Prometheus scraping a running stack ---------------------
 
-def _wait_listening(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 30) -> None:
+async def _wait_listening(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 30) -> None:
     import socket
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         assert proc.poll() is None, f"{what} exited with code {proc.returncode}"
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not listen on port {port} within {timeout_s}s")
+            return s.connect_ex(("127.0.0.1", port)) == 0
+    await wait_until(listening, timeout_s, f"{what} to listen on port {port}", interval_s=0.1)
 
 
 async def _wait_terminal(http: aiohttp.ClientSession, base: str, job_id: str, timeout_s: float = 60) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    async def terminal() -> dict | None:
         async with http.get(f"{base}/jobs/{job_id}") as r:
             job = await r.json()
-        if job["status"] in ("succeeded", "failed"):
-            return job
-        assert time.monotonic() < deadline, f"job not terminal: {job}"
-        await asyncio.sleep(0.1)
+        return job if job["status"] in ("succeeded", "failed") else None
+    return await wait_until(terminal, timeout_s, f"job {job_id} terminal", interval_s=0.1)
 
 
 async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
@@ -552,13 +545,13 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
         for name, port in metrics_ports.items():
             extra = ["--region", REGION] if name == "executor" else []
             services[name] = spawn(name, z9 + [name] + extra, {"Z9_METRICS_PORT": str(port)})
-        _wait_listening(api_port, api, "the API")
+        await _wait_listening(api_port, api, "the API")
         for (name, port), proc in zip(metrics_ports.items(), procs[1:]):
-            _wait_listening(port, proc, f"the {name}'s metrics endpoint")
+            await _wait_listening(port, proc, f"the {name}'s metrics endpoint")
 
         # The targets file `z9 dev` writes, and deploy/prometheus/dev.yml with 1 s intervals.
         targets = tmp_path / "prometheus-targets.json"
-        _wait_listening(api_metrics_port, api, "the API's metrics endpoint")
+        await _wait_listening(api_metrics_port, api, "the API's metrics endpoint")
         write_prometheus_targets(targets, {"api": api_metrics_port, **metrics_ports})
         config = yaml.safe_load((DEPLOY / "prometheus" / "dev.yml").read_text())
         config["global"].update(scrape_interval="1s", evaluation_interval="1s")
@@ -569,21 +562,21 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
                                     f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                     f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"])
         prom_url = f"http://127.0.0.1:{prom_port}"
-        _wait_listening(prom_port, prom, "prometheus")
-        deadline = time.monotonic() + 30
-        while True:  # listening is not ready: queries answer 503 until the TSDB is open
+        await _wait_listening(prom_port, prom, "prometheus")
+
+        def ready() -> bool:  # listening is not ready: queries answer 503 until the TSDB is open
+            assert prom.poll() is None, "prometheus exited"
             try:
                 with urllib.request.urlopen(f"{prom_url}/-/ready", timeout=2):
-                    break
+                    return True
             except OSError:
-                assert prom.poll() is None and time.monotonic() < deadline, "prometheus never got ready"
-                await asyncio.sleep(0.2)
-        while True:
+                return False
+        await wait_until(ready, 30, "prometheus ready", interval_s=0.2)
+
+        def all_up() -> bool:
             up = check_queries.instant_query(prom_url, 'sum(up{job="z9"})')
-            if up and float(up[0]["value"][1]) == 4:
-                break
-            assert time.monotonic() < deadline, f"not every z9 target is up: {check_queries.instant_query(prom_url, 'up')}"
-            await asyncio.sleep(0.5)
+            return bool(up and float(up[0]["value"][1]) == 4)
+        await wait_until(all_up, 30, "every z9 target up", interval_s=0.5)
 
         # Some jobs: a create that retries once (a 500 on the clone), a plain create, a create
         # whose disk is smaller than its image's (fails permanently: disks cannot shrink), and a
@@ -607,13 +600,10 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
                 assert r.status == 202, await r.text()
                 stop_job = (await r.json())["job"]
             assert (await _wait_terminal(http, base, stop_job["id"]))["status"] == "succeeded"
-            deadline = time.monotonic() + 60
-            while True:
+            async def deleted() -> bool:
                 async with http.get(f"{base}/servers/{created[1]['server']['id']}") as r:
-                    if (await r.json())["server"]["status"] == "deleted":
-                        break
-                assert time.monotonic() < deadline, "the deleted server never reached `deleted`"
-                await asyncio.sleep(0.2)
+                    return (await r.json())["server"]["status"] == "deleted"
+            await wait_until(deleted, 60, "the deleted server `deleted`", interval_s=0.2)
             # The near-miss of the seeds: a stale row pointing at the region's agent VM (vmid 100,
             # tagged z9-role-agent). Stopping it is refused by the deletion guard.
             await pool.execute("UPDATE servers SET vmid = 100, node = 'pve1', power_state = 'running', "
@@ -626,15 +616,12 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
 
         # The page fires at once (no `for:`) from the real metrics; the failed jobs' alert is
         # pending (for: 1m; firing on a slow machine); nothing else fires on this healthy stack.
-        deadline = time.monotonic() + 30
-        while True:
+        def fired() -> set | None:
             alerts = {(a["metric"]["alertname"], a["metric"]["alertstate"])
                       for a in check_queries.instant_query(prom_url, "ALERTS")}
-            if ("Z9DeletionGuardRefusal", "firing") in alerts and {
-                    ("Z9JobsFailed", "pending"), ("Z9JobsFailed", "firing")} & alerts:
-                break
-            assert time.monotonic() < deadline, f"alerts now: {alerts}"
-            await asyncio.sleep(0.5)
+            return alerts if ("Z9DeletionGuardRefusal", "firing") in alerts and {
+                ("Z9JobsFailed", "pending"), ("Z9JobsFailed", "firing")} & alerts else None
+        alerts = await wait_until(fired, 30, "the guard's and the failed jobs' alerts", interval_s=0.5)
         guard = check_queries.instant_query(prom_url, 'ALERTS{alertname="Z9DeletionGuardRefusal"}')
         assert [(a["metric"]["kind"], a["metric"]["region"], a["metric"]["severity"]) for a in guard] == [
             ("ServerStop", REGION, "page")]
@@ -644,18 +631,15 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
         # finished (ServerCreate, ServerStop, ServerDelete), so the largest kind would not do.
         panel = next(p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"] == "Jobs by status")
         jobs_by_status = check_queries.substitute(panel["targets"][0]["expr"], {"region": REGION})
-        deadline = time.monotonic() + 30
-        while True:
+        async def agree() -> tuple | None:
             rows = await pool.fetch("SELECT status::text, kind, count(*) AS n FROM jobs WHERE region = $1 "
                                     "GROUP BY 1, 2", REGION)
             truth = {s: float(sum(r["n"] for r in rows if r["status"] == s))
                      for s in ("pending", "running", "retry", "succeeded", "failed")}
             shown = {s["metric"]["status"]: float(s["value"][1]) for s in check_queries.instant_query(prom_url, jobs_by_status)
                      if s["metric"]["region"] == REGION}
-            if shown == truth:
-                break
-            assert time.monotonic() < deadline, f"panel {shown} != job table {truth}"
-            await asyncio.sleep(0.5)
+            return (rows, truth) if shown == truth else None
+        rows, truth = await wait_until(agree, 30, "the panel to show the job table's counts", interval_s=0.5)
         assert len({r["kind"] for r in rows if r["status"] == "succeeded"}) >= 2, rows
         assert truth["succeeded"] > max(r["n"] for r in rows if r["status"] == "succeeded"), rows
 
@@ -683,14 +667,11 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
         executor = services["executor"]
         executor.terminate()
         executor.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while True:
+        def executor_alerts() -> set | None:
             pending = {(a["metric"]["alertname"], a["metric"].get("service"))
                        for a in check_queries.instant_query(prom_url, 'ALERTS{alertstate="pending"}')}
-            if {("Z9TargetDown", "executor"), ("Z9ExecutorAbsent", None)} <= pending:
-                break
-            assert time.monotonic() < deadline, f"pending alerts: {pending}"
-            await asyncio.sleep(0.5)
+            return pending if {("Z9TargetDown", "executor"), ("Z9ExecutorAbsent", None)} <= pending else None
+        pending = await wait_until(executor_alerts, 30, "the executor's absence alerts pending", interval_s=0.5)
         assert not {name for name, _ in pending} & {"Z9SchedulerAbsent"}, pending
     except BaseException:
         broke = True

@@ -13,15 +13,17 @@ deleted without waiting a buffer.
 """
 from __future__ import annotations
 
+import pytest
+
 from tests.support import REGION, SimAdmin, Stack
 
 BODY = {"name": "web-1", "region": REGION, "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10}
 
 
+# the simulator's debian-12 template disk size (2 GiB, simulator/z9/sim/server.py), configured as
+# z9 dev configures it
+@pytest.mark.settings(region={"image_disk_gib": {"debian-12": 2}})
 async def test_a_disk_smaller_than_the_image_is_422_at_the_request(api: Stack) -> None:
-    # the simulator's debian-12 template disk size (2 GiB, simulator/z9/sim/server.py), configured as
-    # z9 dev configures it (the API reads its settings per request)
-    api.settings.regions[REGION].image_disk_gib = {"debian-12": 2}
     status, out = await api.call("POST", "/servers", json={**BODY, "disk_gib": 1})
     assert status == 422, out
     assert out["error"]["code"] == "validation_failed" and "disk_gib" in out["error"]["message"], out

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import REGISTRY as PROM
 
 from z9.common import store
+from z9.common.clock import TestClock
 from z9.common.errors import LockWaitTimeout
 from z9.common.settings import RegionSettings, Settings
 from z9.common.sql import q
@@ -91,26 +92,27 @@ async def test_a_queue_shorter_than_the_room_is_not_reported_as_held(pool: async
     assert got == [] and held == []  # below the cap, nothing waiting
 
 
-async def test_expired_leases_free_their_slots_and_reclaim_hands_the_jobs_on(pool: asyncpg.Pool, db_url: str) -> None:
+async def test_expired_leases_free_their_slots_and_reclaim_hands_the_jobs_on(pool: asyncpg.Pool, db_url: str,
+                                                                             clock: TestClock) -> None:
     """A dead executor held the whole cap; once its leases expire the slots are free (before the
     scheduler even reclaims), and the reclaimed jobs are claimed again under the same cap."""
     dead = await _enqueue(pool, 3)
     rest = await _enqueue(pool, 3)
     caps = {"r1": 3}
-    got = await store.job_claim(pool, ["r1"], 10, "dead-executor", 0.3, caps)
+    got = await store.job_claim(pool, ["r1"], 10, "dead-executor", TTL, caps, now=clock.db_now())
     assert sorted(j.id for j in got) == sorted(dead)
-    assert await store.job_claim(pool, ["r1"], 10, "w", TTL, caps) == []
-    await asyncio.sleep(0.4)
-    got = await store.job_claim(pool, ["r1"], 10, "w", TTL, caps)
+    assert await store.job_claim(pool, ["r1"], 10, "w", TTL, caps, now=clock.db_now()) == []
+    clock.step(TTL + 1)  # the dead executor's leases expire
+    got = await store.job_claim(pool, ["r1"], 10, "w", TTL, caps, now=clock.db_now())
     assert sorted(j.id for j in got) == sorted(rest)  # 3 slots free, still 3 "running" rows expired
-    sched = Scheduler(Settings(database_url=db_url))
+    sched = Scheduler(Settings(database_url=db_url), clock=clock)
     sched.pool = pool
     counts = await sched.run_once()
     assert counts.reclaimed == 3 and counts.promoted == 3
-    assert await store.job_claim(pool, ["r1"], 10, "w", TTL, caps) == []  # the cap is full with `rest`
+    assert await store.job_claim(pool, ["r1"], 10, "w", TTL, caps, now=clock.db_now()) == []  # the cap is full with `rest`
     for j in got[:2]:
         await store.job_succeed(pool, Lease(j.id, "w", j.attempt), [])
-    again = await store.job_claim(pool, ["r1"], 10, "w2", TTL, caps)
+    again = await store.job_claim(pool, ["r1"], 10, "w2", TTL, caps, now=clock.db_now())
     assert len(again) == 2 and {j.id for j in again} <= set(dead) and all(j.attempt == 2 for j in again)
 
 
@@ -297,19 +299,13 @@ async def test_a_dead_executors_slots_come_back(pool: asyncpg.Pool, db_url: str,
     assert len(dead) == 3
     executors = [Executor(_settings(db_url, 3, 4), ["r1"], owner=f"ex-{i}",
                           client_factory=lambda r: _NoClient()) for i in range(2)]  # type: ignore[arg-type,return-value]
-    sched = Scheduler(Settings(database_url=db_url))
-    sched.pool = pool
-
-    async def reclaim() -> None:
-        while True:
-            await asyncio.sleep(0.3)
-            await sched.run_once()
-
-    r = asyncio.create_task(reclaim())
+    sched = Scheduler(Settings(database_url=db_url, scheduler_interval_s=0.3))  # its own loop and pool
+    r = asyncio.create_task(sched.run())
     try:
         peak = await _drive(pool, executors, ids, 60, live_leases_only=True)
     finally:
-        r.cancel()
+        sched.stop()
+        await asyncio.wait_for(r, 30)
     assert peak <= 3 and sleeper.peak <= 3
     assert sleeper.done == set(ids)
     assert min(sleeper.starts) - claimed_at >= 0.8  # nothing ran before the dead leases expired

@@ -4,7 +4,6 @@ failure rule, the reaper and the five generic API routes (and the OpenAPI docume
 registering, without a line of type-specific code in the scheduler, the reaper or the API."""
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, AsyncIterator
@@ -17,6 +16,7 @@ from z9.common import store
 from z9 import resources
 from z9.resources import Buffered, Immediate, ResourceType
 from z9.resources.server import SERVER
+from z9.common.clock import TestClock
 from z9.common.store import Lease, NewJob
 from z9.reaper import Reaper
 from z9.scheduler import Scheduler
@@ -124,10 +124,11 @@ async def test_lifecycle_queries_serve_a_second_type(pool: asyncpg.Pool, widgets
     assert (await widgets.get(pool, w.id)).status == "destroying"
     # the scheduler's reclaim dispatches by jobs.resource_type, whatever the type
     job = await store.job_insert(pool, widgets.new_job(gone, "WidgetDelete", max_attempts=1))
-    [claimed] = await store.job_claim(pool, [REGION], 1, "ghost", 0.05)
+    clock = TestClock()
+    [claimed] = await store.job_claim(pool, [REGION], 1, "ghost", 30.0, now=clock.db_now())
     assert claimed.id == job.id
-    await asyncio.sleep(0.1)
-    sched = Scheduler(settings)
+    clock.step(31)  # the ghost's lease expires
+    sched = Scheduler(settings, clock=clock)
     sched.pool = pool
     assert (await sched.run_once()).reclaimed_failed == 1
     failed = await widgets.get(pool, w.id, tenant)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from z9.common.tags import identity_tag
 from z9.sim.server import BUILDER_SSH_KEY, put_builder_template
 
@@ -102,12 +104,12 @@ async def test_a_cloud_init_failure_in_the_guest_shows_on_the_server(stack: Stac
     assert srv["observed"]["power_state"] == "running" and srv["observed"]["vmid"] is not None
 
 
+@pytest.mark.settings(server_guest_slot_s=0.5)
 async def test_a_guest_that_never_boots_gives_its_executor_slot_back(stack: Stack, sim: SimAdmin) -> None:
     """Verify waits for a guest at most ``server_guest_slot_s`` in one claim, then snoozes (attempt
     given back) and looks again: guests that never come up do not hold the region's executor slots
     for ``server_guest_ready_s`` (15 min each; a few of them held all eight and every other
     tenant's job, a delete's included, stayed pending)."""
-    stack.settings.server_guest_slot_s = 0.5
     await sim._req("POST", "/guest-faults", json={"kind": "agent_never_starts", "name": "stuck"})
     server, job = await stack.create_server("stuck")
 

@@ -9,14 +9,16 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from proxmoxer import ProxmoxAPI
 
 from z9.common import store
 from z9.common.tags import identity_tag, normalize_tags
+from z9.common.clock import TestClock
 
-from tests.support import REGION, SimAdmin, Stack
+from tests.support import REGION, SimAdmin, Stack, wait_until
 
 
 async def _tasks(sim: SimAdmin, kind: str) -> int:
@@ -111,18 +113,13 @@ async def test_delete_then_cancel_within_buffer(stack: Stack, sim: SimAdmin) -> 
 
 
 # 5
-async def test_delete_after_buffer_destroys_vm(stack: Stack, sim: SimAdmin) -> None:
-    stack.settings.deletion_buffer_s = 0.5
+async def test_delete_after_buffer_destroys_vm(stack: Stack, sim: SimAdmin, clock: TestClock) -> None:
     server, _ = await _created(stack, sim)
     status, out = await stack.call("DELETE", f"/servers/{server['id']}")
     assert status == 202
     await stack.wait_job(out["job"]["id"])
-    for _ in range(200):
-        s = await stack.server(server["id"])
-        if s["status"] == "deleted":
-            break
-        await asyncio.sleep(0.05)
-    assert s["status"] == "deleted", s
+    clock.step(stack.settings.deletion_buffer_s)  # the buffer passes
+    await _wait_status(stack, server["id"], "deleted")
     assert await sim.vms_tagged(identity_tag(server["id"])) == []
     status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
     kinds = [(j["kind"], j["status"]) for j in jobs["jobs"]]
@@ -135,10 +132,10 @@ async def test_delete_after_buffer_destroys_vm(stack: Stack, sim: SimAdmin) -> N
 
 # 6
 @pytest.mark.parametrize("stale_from", ["before_stop", "before_destroy"])
-async def test_stale_row_pointing_at_agent_is_refused(stack: Stack, sim: SimAdmin, stale_from: str) -> None:
+async def test_stale_row_pointing_at_agent_is_refused(stack: Stack, sim: SimAdmin, clock: TestClock,
+                                                      stale_from: str) -> None:
     """A server whose VM never came to be, and whose (stale) row points at the agent's vmid.
     Whichever job of the deletion touches VMs first refuses; the agent is never touched."""
-    stack.settings.deletion_buffer_s = 1.0
     await stack.stop_service("executor")
     server, job = await stack.create_server("ghost")
     await stack.pool.execute("UPDATE jobs SET status = 'failed', finished_at = now(), "
@@ -156,19 +153,23 @@ async def test_stale_row_pointing_at_agent_is_refused(stack: Stack, sim: SimAdmi
     else:
         assert stop["status"] == "succeeded", stop
         await stack.pool.execute(stale, server["id"])
-        for _ in range(400):
+        clock.step(stack.settings.deletion_buffer_s)  # the buffer passes: the final delete is enqueued
+
+        async def final_done() -> dict | None:
             status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
             final = [j for j in jobs["jobs"] if j["kind"] == "ServerDelete"]
-            if final and final[0]["status"] in ("succeeded", "failed"):
-                break
-            await asyncio.sleep(0.05)
-        refused = final[0]
+            return final[0] if final and final[0]["status"] in ("succeeded", "failed") else None
+        refused = await wait_until(final_done, 20, "the final delete to end")
     assert refused["status"] == "failed" and refused["attempt"] == 1, refused
     assert refused["error"]["class"] == "permanent"
     assert "z9-role-agent" in refused["error"]["message"]
     s = await stack.server(server["id"])
     assert s["status"] == "failed" and "z9-role-agent" in s["status_reason"]
-    await asyncio.sleep(1.2)  # past the buffer: nothing else may happen to the agent
+    # past the buffer: nothing else may happen to the agent (a failed server is not reaped)
+    clock.step(stack.settings.deletion_buffer_s)
+    assert await stack.services["reaper"].run_once() == 0
+    status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
+    assert all(j["status"] in ("succeeded", "failed") for j in jobs["jobs"]), jobs
     agent = await sim.vm(100)
     assert agent is not None and agent["running"]
     for kind in ("qmdestroy", "qmstop", "qmshutdown"):
@@ -176,12 +177,12 @@ async def test_stale_row_pointing_at_agent_is_refused(stack: Stack, sim: SimAdmi
 
 
 # 7
+@pytest.mark.settings(backoff_base_s=1.0)
 async def test_lock_timeout_retries_then_succeeds(stack: Stack, sim: SimAdmin) -> None:
     # a flock timeout is PVE saying it did nothing: the call is tried again within the step
     # (CALL_TRIES times); one that outlasts those ends the attempt, and the job retries
     from z9.executor.proxmox import CALL_TRIES
 
-    stack.settings.backoff_base_s = 1.0
     await sim.fault(method="POST", path=r"^/nodes/[^/]+/qemu/\d+/clone$", action="error", status=500,
                     reason="can't lock file '/var/lock/qemu-server/lock-9000.conf' - got timeout", times=CALL_TRIES)
     server, job = await stack.create_server()
@@ -206,18 +207,22 @@ async def test_lock_timeout_retries_then_succeeds(stack: Stack, sim: SimAdmin) -
 
 
 # 8
-async def test_missing_template_is_waited_for_then_fails_naming_it(stack: Stack, sim: SimAdmin) -> None:
+@pytest.mark.settings(snooze_limit_s=1.5, max_attempts=2)
+async def test_missing_template_is_waited_for_then_fails_naming_it(stack: Stack, sim: SimAdmin,
+                                                                   clock: TestClock) -> None:
     """No template of that name: waiting on the world (it may be being imported; issue 8) — the
     server stays creating and no attempt is spent — until the wait passes snooze_limit_s; then the
     job fails with the reason naming the image, and nothing was cloned."""
-    stack.settings.snooze_limit_s = 1.5
-    stack.settings.max_attempts = 2
     await sim.delete_vm(9000)
     server, job = await stack.create_server()
-    await asyncio.sleep(0.7)
-    waiting = await stack.job(job["id"])
+
+    async def snoozed() -> dict | None:
+        j = await stack.job(job["id"])
+        return j if j["status"] == "failed" or (j["error"] or {}).get("class") == "snooze" else None
+    waiting = await wait_until(snoozed, 20, "the create waiting on the world")
     assert waiting["status"] != "failed" and waiting["error"]["class"] == "snooze", waiting
     assert (await stack.server(server["id"]))["status"] == "creating"
+    clock.step(stack.settings.snooze_limit_s)  # the wait passes snooze_limit_s
     done = await stack.wait_job(job["id"], timeout_s=30)
     assert done["status"] == "failed" and "template" in done["error"]["message"], done
     s = await stack.server(server["id"])
@@ -226,6 +231,7 @@ async def test_missing_template_is_waited_for_then_fails_naming_it(stack: Stack,
 
 
 # 9
+@pytest.mark.settings(lease_ttl_s=2)
 async def test_sigkill_during_clone_second_executor_finishes(stack: Stack, sim: SimAdmin) -> None:
     await stack.stop_service("executor")
     await sim.configure(task_seconds={"qmclone": 3.0})
@@ -239,18 +245,13 @@ async def test_sigkill_during_clone_second_executor_finishes(stack: Stack, sim: 
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         server, job = await stack.create_server()
-        for _ in range(300):  # until the clone task is running on the hypervisor
-            if await _tasks(sim, "qmclone") == 1:
-                break
-            await asyncio.sleep(0.02)
-        assert await _tasks(sim, "qmclone") == 1
-        await asyncio.sleep(0.3)
+        # until the clone task runs on the hypervisor and the job has recorded its UPID
+        await wait_until(lambda: _task_recorded(stack, sim, job["id"]), 20, "the clone running, its UPID recorded")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
         if proc.poll() is None:
             proc.kill()
-    stack.settings.lease_ttl_s = 2
     await stack.start_service("executor")
     done = await stack.wait_job(job["id"], timeout_s=40)
     assert done["status"] == "succeeded", done
@@ -287,20 +288,16 @@ async def test_parallel_creates_get_distinct_vms(stack: Stack, sim: SimAdmin) ->
     assert len(vmids) == 6 and 100 not in vmids
 
 
+@pytest.mark.settings(backoff_base_s=0.5)
 async def test_failed_task_is_retried_with_its_log_shown(stack: Stack, sim: SimAdmin) -> None:
-    stack.settings.backoff_base_s = 0.5
     await sim.fault(method="POST", path=r"/status/start$", action="fail_task",
                     exitstatus="start failed: QEMU exited with code 1", times=1)
     server, job = await stack.create_server()
     seen: list[str] = []
-    retried = None
-    for _ in range(400):
+    async def retrying() -> dict | None:
         j = await stack.job(job["id"])
-        if j["status"] == "retry":
-            retried = j
-            break
-        await asyncio.sleep(0.02)
-    assert retried is not None
+        return j if j["status"] == "retry" else None
+    retried = await wait_until(retrying, 20, "the job in retry", interval_s=0.02)
     assert retried["error"]["class"] == "temporary" and "QEMU exited" in retried["error"]["message"]
     assert any("TASK ERROR" in line for line in retried["error"]["task_log"])
     assert [s["state"] for s in retried["steps"]][-1] == "failed"
@@ -309,14 +306,11 @@ async def test_failed_task_is_retried_with_its_log_shown(stack: Stack, sim: SimA
     assert (await stack.server(server["id"]))["status"] == "running"
 
 
+@pytest.mark.settings(shutdown_grace_s=0.2)
 async def test_sigterm_hands_a_long_job_over(stack: Stack, sim: SimAdmin) -> None:
     await sim.configure(task_seconds={"qmclone": 2.0})
-    stack.settings.shutdown_grace_s = 0.2
     server, job = await stack.create_server()
-    for _ in range(300):
-        if await _tasks(sim, "qmclone") == 1:
-            break
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: _tasks_are(sim, "qmclone", 1), 20, "the clone running", interval_s=0.02)
     await stack.stop_service("executor")  # what SIGTERM calls
     j = await stack.job(job["id"])
     assert j["status"] in ("retry", "pending") and j["attempt"] == 0, j  # handed over, attempt given back
@@ -328,19 +322,27 @@ async def test_sigterm_hands_a_long_job_over(stack: Stack, sim: SimAdmin) -> Non
     assert len(await sim.vms_tagged(identity_tag(server["id"]))) == 1
 
 
+async def _tasks_are(sim: SimAdmin, task_type: str, n: int) -> bool:
+    return await _tasks(sim, task_type) == n
+
+
+async def _task_recorded(stack: Stack, sim: SimAdmin, job_id: str) -> bool:
+    """The job's first task runs on the hypervisor and its UPID is in the job's steps."""
+    steps = (await stack.job(job_id))["steps"]
+    return await _tasks(sim, "qmclone") == 1 and bool(steps and steps[0]["detail"].get("upid"))
+
+
 async def _wait_status(stack: Stack, server_id: str, status: str, timeout_s: float = 20) -> dict:
-    for _ in range(int(timeout_s / 0.05)):
+    async def there() -> dict | None:
         s = await stack.server(server_id)
-        if s["status"] == status:
-            return s
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"server {server_id} not {status}: {s}")
+        return s if s["status"] == status else None
+    return await wait_until(there, timeout_s, f"server {server_id} {status}")
 
 
+@pytest.mark.settings(deletion_buffer_s=0.3)
 async def test_delete_removes_an_untagged_clone_left_by_a_failed_create(stack: Stack, sim: SimAdmin) -> None:
     sim.allow_rejections = True  # the injected fault answers 400
-    stack.settings.deletion_buffer_s = 0.3
-    await sim.fault(method="POST", path=r"/qemu/\d+/config$", action="error", status=400,
+    await sim.fault(method="PUT", path=r"/qemu/\d+/config$", action="error", status=400,
                     reason="Parameter verification failed.", times=1)
     server, job = await stack.create_server()
     failed = await stack.wait_job(job["id"])
@@ -355,9 +357,9 @@ async def test_delete_removes_an_untagged_clone_left_by_a_failed_create(stack: S
     assert (await sim.vm(100))["running"]
 
 
-async def test_a_failure_during_the_buffer_does_not_undo_the_deletion(stack: Stack, sim: SimAdmin) -> None:
+async def test_a_failure_during_the_buffer_does_not_undo_the_deletion(stack: Stack, sim: SimAdmin,
+                                                                      clock: TestClock) -> None:
     sim.allow_rejections = True
-    stack.settings.deletion_buffer_s = 1.0
     await stack.stop_service("executor")
     await sim.fault(method="POST", path=r"/clone$", action="error", status=400,
                     reason="Parameter verification failed.", times=1)
@@ -368,6 +370,7 @@ async def test_a_failure_during_the_buffer_does_not_undo_the_deletion(stack: Sta
     assert (await stack.wait_job(job["id"]))["status"] == "failed"
     s = await stack.server(server["id"])
     assert s["status"] == "deleting" and "400" in s["status_reason"]  # the reason, and still deleting
+    clock.step(stack.settings.deletion_buffer_s)  # the buffer passes
     await _wait_status(stack, server["id"], "deleted")
 
 
@@ -408,9 +411,8 @@ async def test_disk_smaller_than_the_image_fails_before_cloning(stack: Stack, si
     assert await _tasks(sim, "qmclone") == 0
 
 
+@pytest.mark.settings(snooze_limit_s=0.5, max_attempts=2)
 async def test_a_stale_vm_lock_is_waited_on_then_surfaces(stack: Stack, sim: SimAdmin) -> None:
-    stack.settings.snooze_limit_s = 0.5
-    stack.settings.max_attempts = 2
     server, _ = await _created(stack, sim)
     vm = await sim.vm(server["observed"]["vmid"])
     await sim.set_config(vm["vmid"], lock="backup")
@@ -423,17 +425,20 @@ async def test_a_stale_vm_lock_is_waited_on_then_surfaces(stack: Stack, sim: Sim
     assert (await sim.vm(vm["vmid"]))["running"]  # never touched while locked
 
 
+@pytest.mark.settings(deletion_buffer_s=0.3)
 async def test_vms_are_protected_against_stray_destroys(stack: Stack, sim: SimAdmin) -> None:
     from proxmoxer.core import ResourceException
 
-    stack.settings.deletion_buffer_s = 0.3
     server, _ = await _created(stack, sim)
     vmid, node = server["observed"]["vmid"], server["observed"]["node"]
     assert str((await sim.vm(vmid))["config"].get("protection")) == "1"
     pve = ProxmoxAPI("127.0.0.1", port=sim.server.port, user="root@pam", token_name="z9",
                      token_value=sim.server.token_secret, verify_ssl=str(sim.server.cert_path))
     await asyncio.to_thread(lambda: pve.nodes(node).qemu(vmid).status.stop.post())
-    await asyncio.sleep(0.3)
+
+    async def stopped() -> bool:
+        return not (await sim.vm(vmid))["running"]
+    await wait_until(stopped, 20, f"VM {vmid} stopped")
     with pytest.raises(ResourceException, match="protection"):  # e.g. a late request aimed at a reused vmid
         await asyncio.to_thread(lambda: pve.nodes(node).qemu(vmid).delete())
     assert await sim.vm(vmid) is not None
@@ -442,9 +447,9 @@ async def test_vms_are_protected_against_stray_destroys(stack: Stack, sim: SimAd
     assert await sim.vm(vmid) is None
 
 
+@pytest.mark.settings(deletion_buffer_s=0.2)
 async def test_a_failure_after_the_buffer_does_not_stop_the_final_delete(stack: Stack, sim: SimAdmin) -> None:
     sim.allow_rejections = True
-    stack.settings.deletion_buffer_s = 0.2
     server, _ = await _created(stack, sim)
     await stack.stop_service("executor")
     status, out = await stack.call("DELETE", f"/servers/{server['id']}")
@@ -462,17 +467,17 @@ async def test_a_failure_after_the_buffer_does_not_stop_the_final_delete(stack: 
     assert await sim.vms_tagged(identity_tag(server["id"])) == []
 
 
-async def test_a_superseded_final_delete_does_nothing(stack: Stack, sim: SimAdmin) -> None:
-    stack.settings.deletion_buffer_s = 0.2
+@pytest.mark.settings(deletion_buffer_s=600)
+async def test_a_superseded_final_delete_does_nothing(stack: Stack, sim: SimAdmin, clock: TestClock) -> None:
     server, _ = await _created(stack, sim)
     vmid = server["observed"]["vmid"]
     await stack.stop_service("executor")
     await stack.call("DELETE", f"/servers/{server['id']}")
+    clock.step(601)  # past the buffer: the reaper enqueues the final delete
     await _wait_status(stack, server["id"], "destroying")
     # The server failed meanwhile (an operator, a lease lost after the last attempt), and its
-    # owner deletes it again with a long buffer: the queued ServerDelete must not destroy it.
+    # owner deletes it again, its buffer 600 s from now: the queued ServerDelete must not destroy it.
     await stack.pool.execute("UPDATE servers SET status = 'failed', status_reason = 'x' WHERE id = $1", server["id"])
-    stack.settings.deletion_buffer_s = 600
     assert (await stack.call("DELETE", f"/servers/{server['id']}"))[0] == 202
     await stack.start_service("executor")
     status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
@@ -501,9 +506,8 @@ async def test_a_template_with_a_platform_role_is_not_cloned(stack: Stack, sim: 
     assert await _tasks(sim, "qmclone") == 0
 
 
+@pytest.mark.settings(deletion_buffer_s=0.1, uncertain_window_s=2.0)
 async def test_delete_waits_out_a_clone_request_whose_answer_was_lost(stack: Stack, sim: SimAdmin) -> None:
-    stack.settings.deletion_buffer_s = 0.1
-    stack.settings.uncertain_window_s = 2.0
     await sim.fault(method="POST", path=r"/clone$", action="drop", times=1)
     server, job = await stack.create_server()
     assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
@@ -522,11 +526,9 @@ async def test_delete_waits_out_a_clone_request_whose_answer_was_lost(stack: Sta
     assert await store.vm_clone_requests(stack.pool, server["id"]) == []  # they go with the server
 
 
+@pytest.mark.settings(region={"request_timeout_s": 1.0}, uncertain_window_s=5.0)
 async def test_lost_clone_answer_landing_late_still_makes_one_vm(stack: Stack, sim: SimAdmin) -> None:
     await stack.stop_service("executor")
-    region = stack.settings.regions[REGION]
-    stack.settings.regions[REGION] = region.model_copy(update={"request_timeout_s": 1.0})
-    stack.settings.uncertain_window_s = 5.0
     await sim.fault(method="POST", path=r"/clone$", action="delay", seconds=2.0, times=1)  # lands after the timeout
     await stack.start_service("executor")
     server, job = await stack.create_server()
@@ -537,11 +539,9 @@ async def test_lost_clone_answer_landing_late_still_makes_one_vm(stack: Stack, s
     assert await _tasks(sim, "qmclone") == 1
 
 
+@pytest.mark.settings(step_timeout_s=1.0, lease_ttl_s=2.0, heartbeat_s=0.5)
 async def test_no_lease_renewal_without_hypervisor_answers(stack: Stack, sim: SimAdmin) -> None:
     await stack.stop_service("executor")
-    stack.settings.step_timeout_s = 1.0
-    stack.settings.lease_ttl_s = 2.0
-    stack.settings.heartbeat_s = 0.5
     await stack.start_service("executor")
     await sim.fault(method="GET", path=r"/tasks/.*/status$", action="error", status=595,
                     reason="Connection refused", probability=1.0)
@@ -549,12 +549,10 @@ async def test_no_lease_renewal_without_hypervisor_answers(stack: Stack, sim: Si
     # The event is the lease's expiry being recorded; how long it takes depends on the machine's load
     # (a step timeout, then a whole TTL without renewal), so the wait is bounded by a generous deadline,
     # not by a count of polls (15 s of polls ran out under a loaded CI).
-    deadline = asyncio.get_running_loop().time() + 120.0
-    while True:
+    async def expired() -> Any:
         row = await stack.pool.fetchrow("SELECT status, attempt, error FROM jobs WHERE id = $1", job["id"])
-        if (row["error"] and "lease" in row["error"]["message"]) or asyncio.get_running_loop().time() > deadline:
-            break
-        await asyncio.sleep(0.05)
+        return row if row["error"] and "lease" in row["error"]["message"] else None
+    row = await wait_until(expired, 120, "the lease's expiry recorded")
     assert row["error"] and "expired" in row["error"]["message"], dict(row)
     # The hypervisor answers again: the job (re)claimed by the same executor finishes, once.
     await sim._req("DELETE", "/faults")

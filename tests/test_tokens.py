@@ -3,11 +3,9 @@ mutations; operator only from `z9 token`), expiry, revocation within the cache t
 use, the actor of every job (GET /v1/jobs?actor=), and platform details hidden from tenants."""
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
-import time
 from typing import Any, AsyncIterator
 
 import asyncpg
@@ -15,10 +13,11 @@ import pytest
 
 from z9.api.tokens import TOUCHER, redact
 from z9.common import store
+from z9.common.clock import TestClock
 from z9.common.settings import Settings
 from z9.common.store import Lease
 
-from tests.support import REGION, Stack, api_stack, make_tenant, service_env
+from tests.support import REGION, Stack, api_stack, make_tenant, service_env, wait_until
 
 
 async def call(api: Stack, method: str, path: str, token: str | None = None, *,
@@ -33,10 +32,10 @@ async def token_id(api: Stack, token: str) -> str:
 
 
 @pytest.fixture
-async def fast(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Stack]:
-    """The API with a 0.5 s token cache and last use written every 0.3 s."""
+async def fast(settings: Settings, pool: asyncpg.Pool, clock: TestClock) -> AsyncIterator[Stack]:
+    """The API with a 0.5 s token cache and last use written every 0.3 s, on the test's clock."""
     async with api_stack(settings.model_copy(update={"api_token_cache_s": 0.5, "api_token_last_used_s": 0.3}),
-                         pool) as stack:
+                         pool, clock=clock) as stack:
         yield stack
 
 
@@ -75,16 +74,15 @@ async def test_create_list_and_revoke(fast: Stack) -> None:
 
 
 async def test_revoked_elsewhere_stops_within_the_cache_time(fast: Stack, settings: Settings,
-                                                             pool: asyncpg.Pool) -> None:
+                                                             pool: asyncpg.Pool, clock: TestClock) -> None:
     _, out, _ = await call(fast, "POST", "/tokens", json={"name": "other-process"})
     secret = out["secret"]
-    async with api_stack(settings.model_copy(update={"api_token_cache_s": 0.5}), pool) as other:
+    async with api_stack(settings.model_copy(update={"api_token_cache_s": 0.5}), pool, clock=clock) as other:
+        clock.pin()  # the cache time passes only when the test says so
         assert (await call(other, "GET", "/servers", secret))[0] == 200  # cached there now
         assert (await call(fast, "DELETE", f"/tokens/{out['token']['id']}"))[0] == 200
-        t0 = time.monotonic()
-        while (await call(other, "GET", "/servers", secret))[0] == 200:
-            assert time.monotonic() - t0 < 0.5 + 0.5, "still accepted after the cache time"
-            await asyncio.sleep(0.05)
+        assert (await call(other, "GET", "/servers", secret))[0] == 200  # within the cache time
+        clock.step(0.5)  # the cache time is over
         assert (await call(other, "GET", "/servers", secret))[0] == 401
 
 
@@ -104,23 +102,25 @@ async def test_read_scope_cannot_mutate_and_scopes_are_not_escalated(fast: Stack
     assert status == 422 and "scopes" in err["error"]["message"]
 
 
-async def test_expired_token_is_refused(fast: Stack) -> None:
+async def test_expired_token_is_refused(fast: Stack, clock: TestClock) -> None:
     _, out, _ = await call(fast, "POST", "/tokens", json={"name": "short", "expires_in_s": 60})
-    await fast.pool.execute("UPDATE api_tokens SET expires_at = now() - interval '1 second' WHERE id = $1",
-                            out["token"]["id"])
-    await asyncio.sleep(0.6)  # past the cache time
+    assert (await call(fast, "GET", "/servers", out["secret"]))[0] == 200  # valid (and cached)
+    clock.step(60)  # its 60 s are over (and the cache time too)
     status, err, headers = await call(fast, "GET", "/servers", out["secret"])
     assert status == 401 and "expired" in err["error"]["message"] and "WWW-Authenticate" in headers
 
 
-async def test_last_use_is_coarse(fast: Stack) -> None:
+async def test_last_use_is_coarse(fast: Stack, clock: TestClock) -> None:
     toucher = fast.app[TOUCHER]
     _, out, _ = await call(fast, "POST", "/tokens", json={"name": "used"})
+    clock.pin()  # the toucher's periods pass only when the test steps them
     writes0 = toucher.writes
     for _ in range(30):
         assert (await call(fast, "GET", "/servers", out["secret"]))[0] == 200
-    await asyncio.sleep(0.8)
-    assert toucher.writes - writes0 <= 4  # one statement per period for all tokens, not one per request
+    assert toucher.writes == writes0  # nothing written per request
+    clock.step(fast.settings.api_token_last_used_s)  # one period
+    await wait_until(lambda: toucher.writes > writes0, 10, "the period's write")
+    assert toucher.writes - writes0 == 1  # one statement per period for all tokens, not one per request
     _, listed, _ = await call(fast, "GET", "/tokens")
     used = {t["name"]: t for t in listed["tokens"]}["used"]
     assert used["last_used_at"] is not None

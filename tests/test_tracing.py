@@ -28,7 +28,7 @@ from z9.common import store, tracing
 from z9.common.settings import Settings
 from z9.sim.server import SimServer
 
-from tests.support import REGION, SimAdmin, Stack, free_port
+from tests.support import REGION, SimAdmin, Stack, free_port, wait_until
 
 ASYNCPG_SCOPE = "opentelemetry.instrumentation.asyncpg"
 PHASES = ("observe", "plan", "apply", "verify")
@@ -110,12 +110,10 @@ def _server_span(exporter: InMemorySpanExporter, name: str) -> ReadableSpan:
 async def _job_spans(exporter: InMemorySpanExporter, job_id: str, count: int) -> list[ReadableSpan]:
     """The job spans of ``job_id`` by attempt, once ``count`` have ended (a job span ends just
     after its job's final write, so right after the API shows the job finished)."""
-    for _ in range(200):
+    def ended() -> list | None:
         found = [s for s in exporter.get_finished_spans() if s.attributes.get("job.id") == job_id]
-        if len(found) >= count:
-            return sorted(found, key=lambda s: s.attributes["job.attempt"])
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{len(found)} job span(s) of {job_id}, expected {count}")
+        return sorted(found, key=lambda s: s.attributes["job.attempt"]) if len(found) >= count else None
+    return await wait_until(ended, 10, f"{count} job span(s) of {job_id}")
 
 
 def _traceparent_trace_id(ctx: dict[str, Any] | None) -> int:
@@ -420,13 +418,13 @@ def test_protocol_picks_the_exporter(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tracing.otlp_protocol() == "http/protobuf"
 
 
+@pytest.mark.settings(trace_uneventful_ratio=1.0)  # the start of a running server has nothing to do
 @pytest.mark.parametrize("bad", ["garbage", [1, 2], {"traceparent": 5}, {"traceparent": {"a": 1}},
                                  {"traceparent": "00-zz-yy-01"}])
 async def test_a_malformed_stored_trace_context_does_not_stop_the_job(stack: Stack, spans: InMemorySpanExporter,
                                                                         bad: Any) -> None:
     """A job row whose ``trace_context`` is not a ``{str: str}`` W3C carrier runs normally, in a
     trace of its own (it used to crash the job span before the job ran, until the lease expired)."""
-    stack.settings.trace_uneventful_ratio = 1.0  # the start of a running server has nothing to do
     server, job = await stack.create_server("traced-bad")
     assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
     async with stack.pool.acquire() as conn, conn.transaction():
@@ -439,17 +437,17 @@ async def test_a_malformed_stored_trace_context_does_not_stop_the_job(stack: Sta
     assert js.parent is None  # a new trace
 
 
+@pytest.mark.settings(deletion_buffer_s=0.3)
 async def test_the_final_delete_continues_the_delete_request_trace(stack: Stack, spans: InMemorySpanExporter) -> None:
     """The reaper's ServerDelete (after the buffer) is in the trace of ``DELETE /v1/servers/{id}``."""
-    stack.settings.deletion_buffer_s = 0.3
     server, job = await stack.create_server("traced-gone")
     assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
     status, out = await stack.call("DELETE", f"/servers/{server['id']}")
     assert status == 202, out
-    for _ in range(300):
-        if (await stack.server(server["id"]))["status"] == "deleted":
-            break
-        await asyncio.sleep(0.05)
+
+    async def ready() -> bool:
+        return bool((await stack.server(server["id"]))["status"] == "deleted")
+    await wait_until(ready, 20, '(await stack.server(server["id"]))["status"] == "deleted"')
     status, jobs = await stack.call("GET", f"/jobs?resource_id={server['id']}")
     [final] = [j for j in jobs["jobs"] if j["kind"] == "ServerDelete"]
     assert final["status"] == "succeeded", final
@@ -486,14 +484,15 @@ async def _start_running_server(stack: Stack, name: str) -> tuple[dict[str, Any]
     return server, start.id
 
 
+@pytest.mark.settings(trace_uneventful_ratio=0.0)
 async def test_an_uneventful_attempt_is_not_exported_unless_sampled(stack: Stack,
                                                                      spans: InMemorySpanExporter) -> None:
     """Issue 14: an attempt that succeeds with nothing to do leaves no span at all (its phase,
     Proxmox-call and query spans included) at ``trace_uneventful_ratio`` 0, and is exported whole,
     phases under its job span, at 1."""
-    stack.settings.trace_uneventful_ratio = 0.0
     _, quiet = await _start_running_server(stack, "traced-quiet")
-    await asyncio.sleep(0.3)  # a job span ends just after its final write
+    # a job span ends just after its final write: once the executor's task of the job is over
+    await wait_until(lambda: quiet not in stack.services["executor"].inflight, 10, "the quiet attempt's task to end")
     assert not [s for s in spans.get_finished_spans() if s.attributes.get("job.id") == quiet]
     created = [s for s in spans.get_finished_spans() if s.name == "job ServerCreate"]
     assert len(created) == 1  # the create had something to do: exported
@@ -503,7 +502,7 @@ async def test_an_uneventful_attempt_is_not_exported_unless_sampled(stack: Stack
     assert all(not s.name.startswith(("observe", "plan", "verify")) or _descends(s, created[0], index)
                for s in everything)
 
-    stack.settings.trace_uneventful_ratio = 1.0
+    await stack.restart_service("executor", trace_uneventful_ratio=1.0)
     spans.clear()
     _, sampled = await _start_running_server(stack, "traced-sampled")
     [js] = await _job_spans(spans, sampled, 1)
@@ -516,6 +515,7 @@ async def test_an_uneventful_attempt_is_not_exported_unless_sampled(stack: Stack
     assert observe_calls and all(s.kind == SpanKind.CLIENT for s in observe_calls)
 
 
+@pytest.mark.settings(trace_uneventful_ratio=0.0)
 async def test_an_eventful_attempt_keeps_the_spans_recorded_before_its_plan(stack: Stack, sim: SimAdmin,
                                                                            spans: InMemorySpanExporter) -> None:
     """A stop of a running server has something to do: its observe and plan spans (kept as records
@@ -523,7 +523,6 @@ async def test_an_eventful_attempt_keeps_the_spans_recorded_before_its_plan(stac
     apply; the queries of the attempt are traced from apply on. (A failed or retried attempt is
     eventful too: test_a_retried_job_keeps_both_attempts_in_the_request_trace runs at the default
     ratio.)"""
-    stack.settings.trace_uneventful_ratio = 0.0
     server, job = await stack.create_server("traced-stop")
     assert (await stack.wait_job(job["id"]))["status"] == "succeeded"
     status, out = await stack.call("POST", f"/servers/{server['id']}/actions/shutdown")

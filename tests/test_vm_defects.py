@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from tests.support import SimAdmin, Stack, wait_until
 
 TEMPLATE = {"template": "1", "cores": "1", "memory": "1024", "scsihw": "virtio-scsi-single",
@@ -29,6 +31,13 @@ async def _put_template(sim: SimAdmin, vmid: int, name: str, ostype: str) -> Non
 async def _vm_of(sim: SimAdmin, server_id: str) -> dict[str, Any]:
     [vm] = await sim.vms_tagged(f"z9-id-{server_id}")
     return vm
+
+
+
+async def _snoozed(stack: Stack, job_id: str) -> dict | None:
+    """The job once it has waited on the world at least once (or ended)."""
+    j = await stack.job(job_id)
+    return j if j["status"] in ("succeeded", "failed") or (j["error"] or {}).get("class") == "snooze" else None
 
 
 async def test_a_template_renamed_out_of_band_is_known_by_its_config(stack: Stack, sim: SimAdmin) -> None:
@@ -50,8 +59,7 @@ async def test_a_template_not_visible_yet_is_waited_for(stack: Stack, sim: SimAd
     await sim.set_config(9000, name="debian-11")
     await sim._req("POST", "/stats/refresh")  # the list says debian-11 too
     server, job = await stack.create_server()
-    await asyncio.sleep(1.5)
-    j = await stack.job(job["id"])
+    j = await wait_until(lambda: _snoozed(stack, job["id"]), 20, "the create waiting for the template")
     assert j["status"] in ("pending", "retry", "running") and j["attempt"] <= 1, j
     assert j["error"] and j["error"]["class"] == "snooze" and "debian-12" in j["error"]["message"], j
     assert (await stack.server(server["id"]))["status"] == "creating"
@@ -61,11 +69,11 @@ async def test_a_template_not_visible_yet_is_waited_for(stack: Stack, sim: SimAd
     assert done["status"] == "succeeded", done
 
 
+@pytest.mark.settings(deletion_buffer_s=0.1)
 async def test_a_locked_clone_at_a_vmid_we_once_asked_for_is_not_ours(stack: Stack, sim: SimAdmin) -> None:
     """Server A's create once asked for vmid 150 and was answered with an error; later another
     server's clone runs at 150 (``lock: clone``, no tags, no marker yet). A's final delete must not
     take it for its own clone: it neither waits on it nor spends attempts, and leaves it alone."""
-    stack.settings.deletion_buffer_s = 0.1
     server, job = await stack.create_server()
     assert (await stack.wait_job(job["id"], timeout_s=60))["status"] == "succeeded"
     # the record of that earlier, refused request (sent by A's create job)
@@ -90,6 +98,7 @@ async def _status(stack: Stack, sid: str, status: str) -> bool:
     return (await stack.server(sid))["status"] == status
 
 
+@pytest.mark.settings(uncertain_window_s=30.0)
 async def test_a_clone_request_whose_sender_died_is_waited_for_not_repeated(stack: Stack, sim: SimAdmin) -> None:
     """A clone request recorded before it was sent, whose sender died before recording the answer
     (SIGKILL, freeze: nothing marks it lost): the next attempt must not clone again while it may
@@ -98,15 +107,13 @@ async def test_a_clone_request_whose_sender_died_is_waited_for_not_repeated(stac
     from z9.executor.vms import marker
 
     await stack.stop_service("executor")
-    stack.settings.uncertain_window_s = 30.0
     server, job = await stack.create_server()
     # what the dead sender left: the request, recorded, never answered
     await stack.pool.execute(
         "INSERT INTO vm_clone_requests (resource_id, member, vmid, node, job_id) VALUES ($1, 'main', 150, 'pve1', $2)",
         server["id"], job["id"])
     await stack.start_service("executor")
-    await asyncio.sleep(1.5)
-    j = await stack.job(job["id"])
+    j = await wait_until(lambda: _snoozed(stack, job["id"]), 20, "the create waiting out the unanswered request")
     assert j["status"] != "succeeded" and j["attempt"] <= 1 and j["error"]["class"] == "snooze", j
     clones = [r for r in (await sim.counters())["requests"] if r["method"] == "POST" and r["path"].endswith("/clone")]
     assert clones == [], clones  # no second clone while the first may land

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from z9.common import store
+from z9.common.clock import TestClock
 
 from tests.support import REGION, SimAdmin, Stack, make_tenant, wait_until
 
@@ -120,7 +121,7 @@ async def test_create_attach_grow_detach_move_delete_and_cancel(stack: Stack, si
     assert status == 200 and out["volumes"] == []
 
 
-async def test_a_server_deleted_with_a_volume_attached(stack: Stack, sim: SimAdmin) -> None:
+async def test_a_server_deleted_with_a_volume_attached(stack: Stack, sim: SimAdmin, clock: TestClock) -> None:
     s = await _server(stack, "vol-keep")
     status, out = await stack.call("POST", "/volumes", json={"name": "keep", "region": REGION, "size_gib": 2,
                                                               "server_id": s["id"]})
@@ -143,9 +144,10 @@ async def test_a_server_deleted_with_a_volume_attached(stack: Stack, sim: SimAdm
     await _settled(stack, gone)
     status, out = await stack.call("DELETE", f"/servers/{s2['id']}?delete_volumes=maybe")
     assert status == 422 and "delete_volumes" in out["error"]["message"], out
-    stack.settings.deletion_buffer_s = 0.5  # both buffers end soon: the reaper's final jobs
     status, out = await stack.call("DELETE", f"/servers/{s2['id']}?delete_volumes=true")
     assert status == 202, out
+    await _settled(stack, gone)  # its VolumeDetach (the deletion's first phase) done
+    clock.step(stack.settings.deletion_buffer_s)  # both buffers pass: the reaper's final jobs
     await wait_until(lambda: _status_is(stack, gone, "deleted"), 120, "the volume deleted with its server")
     await wait_until(lambda: _server_gone(stack, s2["id"]), 120, "the server deleted")
     assert not [v for v in (await sim.state())["vms"] if f"z9-id-{gone}" in v["config"].get("tags", "")]

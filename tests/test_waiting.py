@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 
 from z9.api.waiting import WAITERS, JobWaiters
 from z9.common import store
+from z9.common.clock import TestClock
 from z9.common.store import Lease
 
 from tests.support import REGION, Stack, wait_until
@@ -42,11 +43,11 @@ async def get(api: Stack, path: str, session: aiohttp.ClientSession | None = Non
 
 
 async def test_wait_answers_within_200ms_of_each_change(api: Stack) -> None:
-    await waiters_of(api)
+    w = await waiters_of(api)
     _, job = await api.create_server("w1")
     # claim: pending -> running
     waiter = asyncio.create_task(get(api, f"/jobs/{job['id']}?wait_s=30"))
-    await asyncio.sleep(1.0)
+    await wait_until(lambda: w.baselines == 1, 10, "the waiter to make its first read")
     assert not waiter.done()
     lease = await claim(api, job["id"])
     changed_at = time.monotonic()
@@ -56,16 +57,17 @@ async def test_wait_answers_within_200ms_of_each_change(api: Stack) -> None:
     assert headers["Retry-After"] == "5"
     # steps: running -> running with a step
     waiter = asyncio.create_task(get(api, f"/jobs/{job['id']}?wait_s=30"))
-    await asyncio.sleep(0.5)
+    await wait_until(lambda: w.baselines == 2, 10, "the waiter to make its first read")
     steps = [{"name": "clone", "state": "running", "detail": {}}]
     await store.job_progress(api.pool, lease, steps, 30)
     changed_at = time.monotonic()
     _, body, _, at = await asyncio.wait_for(waiter, 10)
     assert body["status"] == "running" and [s["name"] for s in body["steps"]] == ["clone"], body
     assert at - changed_at < 0.2
-    # success after 1 s: terminal, no Retry-After
+    # success: terminal, no Retry-After
     waiter = asyncio.create_task(get(api, f"/jobs/{job['id']}?wait_s=30"))
-    await asyncio.sleep(1.0)
+    await wait_until(lambda: w.baselines == 3, 10, "the waiter to make its first read")
+    assert not waiter.done()
     await store.job_succeed(api.pool, lease, [{**steps[0], "state": "done"}])
     changed_at = time.monotonic()
     _, body, headers, at = await asyncio.wait_for(waiter, 10)
@@ -78,18 +80,23 @@ async def test_wait_answers_within_200ms_of_each_change(api: Stack) -> None:
     assert body["status"] == "succeeded" and at - t0 < 1
 
 
-async def test_wait_without_change_answers_after_the_wait(api: Stack) -> None:
+async def test_wait_without_change_answers_after_the_wait(api: Stack, clock: TestClock) -> None:
     w = await waiters_of(api)
     _, job = await api.create_server("w2")
     # another job's changes wake nobody waiting on this one
     _, other = await api.create_server("w3")
-    t0 = time.monotonic()
+    clock.pin()  # the API's time moves only when the test says so
+    t0 = clock.monotonic()
     waiter = asyncio.create_task(get(api, f"/jobs/{job['id']}?wait_s=2"))
-    await wait_until(lambda: w.waiting == 1, 5, "the waiter to register")
+    await wait_until(lambda: w.waiting == 1 and w.baselines == 1, 5, "the waiter to register")
     await api.pool.execute("SELECT pg_notify('z9_job_changed', $1)", other["id"])
     # a notification for this job that changed nothing is waited through
     await api.pool.execute("SELECT pg_notify('z9_job_changed', $1)", job["id"])
-    status, body, headers, at = await asyncio.wait_for(waiter, 10)
+    await wait_until(lambda: w.reads == 1, 10, "the waiter to read the job again after its notification")
+    assert not waiter.done() and w.waiting == 1
+    clock.step(2)  # the wait's 2 s pass
+    status, body, headers, _ = await asyncio.wait_for(waiter, 10)
+    at = clock.monotonic()
     assert status == 200 and body["status"] == "pending"
     assert 2.0 <= at - t0 < 4.0, at - t0
     assert headers["Retry-After"] == "5"
@@ -97,12 +104,19 @@ async def test_wait_without_change_answers_after_the_wait(api: Stack) -> None:
 
 
 @pytest.mark.timeout(90)
-async def test_wait_30_on_a_job_that_does_not_change_answers_after_30_s(api: Stack) -> None:
-    """Issue 12 test 2 as written (the test above is its 2 s form)."""
+async def test_wait_30_on_a_job_that_does_not_change_answers_after_30_s(api: Stack, clock: TestClock) -> None:
+    """Issue 12 test 2 as written (the test above is its 2 s form), its 30 s on the API's clock."""
     w = await waiters_of(api)
     _, job = await api.create_server("w30")
-    t0 = time.monotonic()
-    status, body, headers, at = await get(api, f"/jobs/{job['id']}?wait_s=30")
+    clock.pin()
+    t0 = clock.monotonic()
+    waiter = asyncio.create_task(get(api, f"/jobs/{job['id']}?wait_s=30"))
+    await wait_until(lambda: w.baselines == 1, 10, "the waiter to make its first read")
+    clock.step(29.5)
+    assert not waiter.done()  # not before its 30 s
+    clock.step(0.5)
+    status, body, headers, _ = await asyncio.wait_for(waiter, 10)
+    at = clock.monotonic()
     assert status == 200 and body["status"] == "pending"
     assert 30.0 <= at - t0 < 32.0, at - t0
     assert headers["Retry-After"] == "5" and w.waiting == 0
@@ -130,7 +144,7 @@ async def test_wait_survives_a_lost_listen_connection(api: Stack) -> None:
     await wait_until(lambda: not w.listening, 5, "the loss to be noticed")
     assert REGISTRY.get_sample_value("z9_api_listen_healthy") == 0
     waiter = asyncio.create_task(get(api, f"/jobs/{job['id']}?wait_s=30"))
-    await asyncio.sleep(0.3)
+    await wait_until(lambda: w.baselines == 1, 10, "the waiter to make its first read")
     await claim(api, job["id"])
     # heard through the reconnect's catch-up or the fallback poll, well before the wait's end
     _, body, _, _ = await asyncio.wait_for(waiter, 8)

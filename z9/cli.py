@@ -372,9 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "to it. The API answers 403 quota_exceeded past a limit. Customers: "
                                    "`z9 quota show` (your own tenant's, through the API).",
                        usage="z9 quota --tenant NAME [--servers N|default] [--cores …] [--memory-mib …] "
-                             "[--addresses …] [--volume-gib …]\n       z9 quota show [-o json]")
+                             "[--addresses …] [--load-balancers …] [--volume-gib …]\n       z9 quota show [-o json]")
     s.add_argument("--tenant", help="the tenant (required, but for `z9 quota show`)")
-    for k in ("servers", "cores", "memory_mib", "addresses", "volume_gib"):  # store.QUOTA_KEYS (not imported here)
+    for k in ("servers", "cores", "memory_mib", "addresses", "load_balancers", "volume_gib"):  # store.QUOTA_KEYS
         s.add_argument("--" + k.replace("_", "-"), dest=k, type=_quota_value, default=_UNSET, metavar="N|default")
     s.set_defaults(fn=cmd_quota)
 

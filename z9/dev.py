@@ -63,7 +63,9 @@ def _port_busy(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 30) -> None:
+def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 120) -> None:
+    # a child still alive is still starting: on a loaded machine (a CI running test files in
+    # parallel, each with its own stack) importing the API alone has taken over 30 s
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -278,7 +280,10 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
                   "image_disk_gib": {"debian-12": 2}, "address_pools": DEV_ADDRESS_POOLS,
                   # the simulated bridge's DHCP network (10/8), where the region agent VM lives: never a
                   # load balancer's ip target (docs/load-balancers.md)
-                  "platform_networks": ["10.0.0.0/8"]}
+                  "platform_networks": ["10.0.0.0/8"],
+                  # every guest without a pool address (a server without a primary, cluster members)
+                  # gets its address here, chosen by z9, and the Proxmox IP filter holding exactly it
+                  "private_network": {"cidr": "172.16.0.0/16", "gateway": "172.16.0.1"}}
         env.setdefault("Z9_LOG_FORMAT", "text")
         env.setdefault("Z9_METRICS_HOST", "127.0.0.1")
         key = os.environ.get("Z9_INSTALLATION_KEY") or key_file.read_text().strip()
@@ -304,6 +309,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         _say(f"""
 z9 is running.
   API:        {api}
+  console:    http://127.0.0.1:{args.port}/console/  (sign in with the token below)
   token:      {token}   (also in {data_dir / 'dev-token'})
   simulator:  https://127.0.0.1:{sim_port}  (region {REGION}; admin API under /_sim/; also in {data_dir / 'sim-url'})
   database:   {url}   (also in {data_dir / 'database-url'})

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 import requests
 from proxmoxer import ProxmoxAPI
 
 from z9.sim.server import SimConfig, SimServer, start_simulator
+
+from tests.support import poll_sync
 
 TASK_SECONDS = {"qmclone": 0.25, "qmdestroy": 0.2}
 GUEST_BOOT_S = 0.4
@@ -80,13 +81,11 @@ def admin(sim):
 
 def wait_task(pve: ProxmoxAPI, upid: str, timeout: float = 10.0) -> dict:
     node = upid.split(":")[1]
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def stopped() -> dict | None:
         st = pve.nodes(node).tasks(upid).status.get()
-        if st["status"] == "stopped":
-            return st
-        assert time.monotonic() < deadline, f"task {upid} still running"
-        time.sleep(0.02)
+        return st if st["status"] == "stopped" else None
+    return poll_sync(stopped, timeout, f"task {upid} to stop", interval_s=0.02)
 
 
 @pytest.fixture

@@ -178,3 +178,29 @@ def test_without_the_binary_the_appliance_says_so(admin, pve, monkeypatch) -> No
     _write(vm, "/etc/haproxy/haproxy.cfg.new", GOOD + "# not checked before\n")
     r = agent_exec(vm, ["haproxy", "-c", "-f", "/etc/haproxy/haproxy.cfg.new"])
     assert r["exitcode"] == 127 and "haproxy: not found" in r["err-data"] and "install" in r["err-data"], r
+
+
+def test_a_check_the_agent_runs_does_not_hold_the_simulator(admin, pve, monkeypatch) -> None:
+    """``haproxy -c`` runs in the simulator's thread pool (as its cloud-init schema check): while
+    the real tool works, the exec's process runs (qemu-ga guest-exec answers the pid at once,
+    guest-exec-status says ``exited: 0`` until the process ends) and other requests are answered."""
+    import threading
+
+    from z9.sim import appliance
+
+    gate = threading.Event()
+    real = appliance.run_tool
+
+    def slow(*a, **kw):
+        assert gate.wait(30), "the test never let the tool answer"
+        return real(*a, **kw)
+
+    monkeypatch.setattr(appliance, "run_tool", slow)
+    vm = _appliance(admin, pve, 807, "203.0.113.27")
+    _write(vm, "/etc/haproxy/haproxy.cfg.new", GOOD + "# held\n")
+    pid = vm.agent.exec.post(command=["haproxy", "-c", "-f", "/etc/haproxy/haproxy.cfg.new"])["pid"]
+    assert vm.agent("exec-status").get(pid=pid) == {"exited": 0}  # the check is still running...
+    assert vm.status.current.get()["status"] == "running"  # ... and the simulator answers meanwhile
+    gate.set()
+    r = until(lambda: (lambda st: st if st["exited"] else None)(vm.agent("exec-status").get(pid=pid)), 30)
+    assert r["exitcode"] == 0 and "Configuration file is valid" in r["out-data"], r

@@ -15,6 +15,8 @@ from proxmoxer import ResourceException
 from z9.common.nocloud import build_nocloud_iso, read_nocloud_iso
 from z9.sim.guest import ExecResult, command
 
+from tests.support import poll_sync
+
 from .conftest import GUEST_BOOT_S
 
 USER_DATA = """#cloud-config
@@ -56,18 +58,21 @@ def sha256(b: bytes) -> str:
 
 
 def until(fn, timeout=10.0, every=0.05):
-    """Poll fn() until it returns a truthy value (or raise after timeout)."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
+    """Poll fn() until it returns a truthy value (a ResourceException counts as not yet), or raise
+    after timeout naming the last answer."""
+    last: list = [None]
+
+    def answer():
         try:
-            last = fn()
-            if last:
-                return last
+            last[0] = fn()
         except ResourceException as e:
-            last = e
-        time.sleep(every)
-    raise AssertionError(f"timed out; last: {last!r}")
+            last[0] = e
+            return None
+        return last[0]
+    try:
+        return poll_sync(answer, timeout, "an answer", interval_s=every)
+    except AssertionError:
+        raise AssertionError(f"timed out; last: {last[0]!r}") from None
 
 
 def agent_exec(vm, argv, timeout=10.0, **kw) -> dict:

@@ -39,3 +39,30 @@ def test_a_guest_claiming_an_address_it_was_not_given_is_filtered(sim, sim_threa
     fw.ipset("ipfilter-net0")("203.0.113.99").delete()
     assert sim_thread.run(probe("203.0.113.99"))[:2] == ("DOWN", "L4TOUT")
     pve.cluster.firewall.options.put(enable=0)
+
+
+def test_the_set_alone_filters_and_only_the_macs_link_local_passes(sim, sim_thread, pve, admin) -> None:
+    """pve-firewall compiles the filter when ``ipfilter: 1`` *or* the set ``ipfilter-net0`` exists
+    (``generate_tap_rules``), and adds the NIC's MAC-derived link-local address with ``fe80::/10``
+    as nomatch (``compile_ipsets``): another link-local address is dropped too."""
+    from z9.sim.firewall import mac_to_linklocal
+
+    _vm(admin, 602, "203.0.113.61", "BC:24:11:60:60:02")
+    fw, cfg = sim.cluster.firewall, sim.cluster.vms[602].config
+    pve.cluster.firewall.options.put(enable=1)
+    try:
+        p = pve.nodes("pve1").qemu(602).firewall
+        p.options.put(enable=1)  # the VM's firewall on, ipfilter off, no set: nothing filtered
+        assert not fw.refuses_source(602, cfg, "203.0.113.99")
+        p.ipset.post(name="ipfilter-net0")  # the set alone (ipfilter still 0) filters
+        assert fw.refuses_source(602, cfg, "203.0.113.99") and fw.refuses_source(602, cfg, "203.0.113.61")
+        p.ipset("ipfilter-net0").post(cidr="203.0.113.61")
+        assert not fw.refuses_source(602, cfg, "203.0.113.61")
+        own = mac_to_linklocal("BC:24:11:60:60:02")
+        assert own == "fe80::be24:11ff:fe60:6002"
+        assert not fw.refuses_source(602, cfg, own)
+        assert fw.refuses_source(602, cfg, "fe80::1")
+        p.options.put(enable=0)  # the VM's firewall off: no chain for its tap, nothing filtered
+        assert not fw.refuses_source(602, cfg, "203.0.113.99")
+    finally:
+        pve.cluster.firewall.options.put(enable=0)

@@ -13,7 +13,9 @@ import yaml
 
 from z9.common import pki
 from z9.sim import kubeadm
-from z9.sim.guest import Guest, Guests
+from z9.sim.guest import ExecResult, Guest, Guests
+
+from tests.support import poll_sync
 
 EP = "203.0.113.10:6443"
 FLANNEL = "https://github.com/flannel-io/flannel/releases/download/v0.26.1/kube-flannel.yml"
@@ -128,8 +130,11 @@ def test_init_needs_the_pki_and_a_matching_ca_key_and_api_comes_up_after_a_delay
     assert run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml").exitcode == 0
     r = run(guests, cp, "kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "get", "--raw", "/readyz")
     assert r.exitcode == 1 and "refused" in r.err
-    time.sleep(0.35)
-    r = run(guests, cp, "kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "get", "--raw", "/readyz")
+
+    def ready() -> ExecResult | None:  # the API server answers once it has started
+        r = run(guests, cp, "kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "get", "--raw", "/readyz")
+        return r if r.exitcode == 0 else None
+    r = poll_sync(ready, 10, "the API server to answer")
     assert r.exitcode == 0 and r.out == "ok"
     kubeadm.SETTINGS["api_delay_s"] = 1.0
 

@@ -42,3 +42,34 @@ def test_a_template_on_shared_storage_is_cloned_to_another_node(pve, admin, wait
     assert admin("get", "/state")["counters"]["tasks_started"].get("qmigrate", 0) == 0
     # the clone's disk is on the pool every node sees
     assert "ceph-vm:vm-160-disk-0" in {v["volid"] for v in pve.nodes("pve3").storage("ceph-vm").content.get()}
+
+
+LOCAL_TPL = {"vmid": 9201, "node": "pve1", "config": {
+    "name": "debian-12-lvm", "template": "1", "cores": "1", "memory": "1024", "ostype": "l26",
+    "scsihw": "virtio-scsi-single", "scsi0": "local-lvm:base-9201-disk-0,size=2G",
+    "ide2": "local-lvm:vm-9201-cloudinit,media=cdrom", "boot": "order=scsi0",
+    "net0": "virtio=BC:24:11:92:01:00,bridge=vmbr0", "agent": "1"}}
+
+
+def test_linked_clones_and_their_base_volumes_in_the_storage_content(pve, admin, wait):
+    """A linked clone's disk and its template's base volume as the storage lists them. pve-storage
+    RBDPlugin.pm clone_image names the clone "<base>/<name>" and list_images shows it so, with
+    rbd's "parent" ("<base>@__base__"); LvmThinPlugin.pm clone_image names it "vm-<vmid>-disk-N"
+    only (the file's header note: LVM thin does not track the relation) and list_images lists every
+    (vm|base)-<owner>- LV — the template's base volume owned by the template."""
+    admin("post", "/vms", json=SHARED_TPL)
+    admin("post", "/vms", json=LOCAL_TPL)
+    assert wait(pve.nodes("pve1").qemu(9200).clone.post(newid=170, name="rbd-linked", full=0))["exitstatus"] == "OK"
+    assert wait(pve.nodes("pve1").qemu(9201).clone.post(newid=171, name="lvm-linked", full=0))["exitstatus"] == "OK"
+    assert pve.nodes("pve1").qemu(170).config.get()["scsi0"].startswith("ceph-vm:base-9200-disk-0/vm-170-disk-0,")
+    assert pve.nodes("pve1").qemu(171).config.get()["scsi0"].startswith("local-lvm:vm-171-disk-0,")
+    rbd = {v["volid"]: v for v in pve.nodes("pve2").storage("ceph-vm").content.get(content="images")}
+    assert rbd["ceph-vm:base-9200-disk-0"]["vmid"] == 9200 and "parent" not in rbd["ceph-vm:base-9200-disk-0"]
+    clone = rbd["ceph-vm:base-9200-disk-0/vm-170-disk-0"]
+    assert (clone["vmid"], clone["parent"], clone["name"], clone["format"]) == (170, "base-9200-disk-0@__base__",
+                                                                               "vm-170-disk-0", "raw")
+    lvm = {v["volid"]: v for v in pve.nodes("pve1").storage("local-lvm").content.get(content="images")}
+    assert lvm["local-lvm:base-9201-disk-0"]["vmid"] == 9201
+    assert lvm["local-lvm:vm-171-disk-0"]["vmid"] == 171 and "parent" not in lvm["local-lvm:vm-171-disk-0"]
+    assert {v["volid"] for v in pve.nodes("pve1").storage("ceph-vm").content.get(vmid=170)} == {
+        "ceph-vm:base-9200-disk-0/vm-170-disk-0", "ceph-vm:vm-170-cloudinit"}

@@ -14,6 +14,8 @@ from proxmoxer import ProxmoxAPI, ResourceException
 
 from z9.sim.schema import PveSchema
 
+from tests.support import poll_sync
+
 from .conftest import SSH_KEY
 
 UPID_RE = re.compile(r"^UPID:([^:]+):([0-9A-F]{8}):([0-9A-F]{8}):([0-9A-F]{8}):([^:]+):([^:]*):([^:]+):$")
@@ -464,7 +466,13 @@ def test_task_invisible_window(pve, wait, admin):
         with pytest.raises(ResourceException) as e:
             pve.nodes("pve1").tasks(upid).status.get()
         assert e.value.errors == {"upid": "no such task"}
-        time.sleep(0.35)
+
+        def visible() -> bool:
+            try:
+                return bool(pve.nodes("pve1").tasks(upid).status.get())
+            except ResourceException:
+                return False
+        poll_sync(visible, 10, "the task to become visible")  # after its invisible window
         assert wait(upid)["exitstatus"] == "OK"
     finally:
         admin("put", "/config", json={"task_invisible_s": 0})
@@ -751,3 +759,50 @@ def test_snapshots(pve, wait):
     assert wait(vm.snapshot("nosuch").delete())["exitstatus"] == "snapshot 'nosuch' does not exist"
     assert wait(vm.snapshot("before").delete())["exitstatus"] == "OK"
     assert [r["name"] for r in vm.snapshot.get()] == ["current"]
+
+
+def test_a_token_of_another_user_holds_its_users_acl_intersected_with_its_own(sim, admin, wait):
+    """pve-access-control RPCEnvironment.pm ``permissions``: a token of user z9@pve holds what the
+    user's ACL grants, intersected with the token's own ACL when privilege-separated; qemu-server
+    API2/Qemu.pm checks in code beyond the schema — each config key by its class
+    ($check_vm_modify_config_perm), the clone's storages ($check_storage_access_clone) — and
+    pve-manager API2/Cluster.pm resources lists only the VMs the caller may audit. A missing
+    privilege is 403 "Permission check failed (<path>, <privilege>)" (check: the first missing one;
+    check_any: all, joined by '|')."""
+    def client(tok):
+        user, _, name = tok["tokenid"].partition("!")
+        return ProxmoxAPI("127.0.0.1", port=sim.port, user=user, token_name=name, token_value=tok["value"],
+                          verify_ssl=str(sim.cert_path), timeout=10)
+
+    role = ["VM.Audit", "VM.Clone", "VM.Allocate", "VM.Config.Options", "VM.Config.Memory", "Datastore.AllocateSpace",
+            "SDN.Use"]
+    user_acl = [{"path": "/vms", "privs": role}, {"path": "/storage", "privs": role}, {"path": "/sdn", "privs": role}]
+    # the token may do less than its user: no VM.Config.Memory
+    tok_acl = [{"path": "/", "privs": [p for p in role if p != "VM.Config.Memory"]}]
+    pve = client(admin("post", "/tokens", json={"tokenid": "z9@pve!ops", "privsep": True, "user_acl": user_acl,
+                                                "acl": tok_acl}))
+    vm = pve.nodes("pve1").qemu(100)
+    vm.config.put(description="ok")  # VM.Config.Options
+    with pytest.raises(ResourceException) as e:
+        vm.config.put(memory="2048")  # the user has it, the token not
+    assert (e.value.status_code, e.value.content) == (403, "Permission check failed (/vms/100, VM.Config.Memory)")
+    with pytest.raises(ResourceException) as e:
+        vm.config.put(cores=2)
+    assert (e.value.status_code, e.value.content) == (403, "Permission check failed (/vms/100, VM.Config.CPU)")
+    with pytest.raises(ResourceException) as e:
+        vm.config.put(sshkeys="ssh-ed25519%20AAAAC3NzaC1lZDI1NTE5AAAAIIMQ%2BctuWvPKZcSiB0avvBJbVNptRfvJ%2B8krZNKKKLvo%20a%0A")
+    assert (e.value.status_code, e.value.content) == (
+        403, "Permission check failed (/vms/100, VM.Config.Cloudinit|VM.Config.Network)")
+    assert [r["vmid"] for r in pve.cluster.resources.get(type="vm")]  # audited on /vms: listed
+    upid = vm.clone.post(newid=7001, name="by-token", full=1)
+    assert wait(upid)["exitstatus"] == "OK"
+    # without Datastore.AllocateSpace on the disks' storage the clone is refused before any task
+    narrow = client(admin("post", "/tokens", json={"tokenid": "z9@pve!narrow", "privsep": True, "user_acl": user_acl,
+                                                   "acl": [{"path": "/vms", "privs": role}, {"path": "/sdn", "privs": role}]}))
+    with pytest.raises(ResourceException) as e:
+        narrow.nodes("pve1").qemu(100).clone.post(newid=7002, name="no-space", full=1)
+    assert e.value.status_code == 403 and e.value.content.startswith("Permission check failed (/storage/"), e.value.content
+    assert e.value.content.endswith(", Datastore.AllocateSpace)")
+    # a user without any ACL sees no VM at all
+    nobody = client(admin("post", "/tokens", json={"tokenid": "nobody@pve!none", "privsep": False}))
+    assert nobody.cluster.resources.get(type="vm") == []

@@ -184,7 +184,7 @@ class Kubeconfig(_Answer):
 
 
 class Quota(_Answer):
-    """``GET /v1/quota``: per quota (servers, cores, memory_mib, addresses) its ``limit`` (None: no
+    """``GET /v1/quota``: per quota (servers, cores, memory_mib, addresses, load_balancers) its ``limit`` (None: no
     limit) and what the tenant ``used``."""
 
     tenant: str | None = None

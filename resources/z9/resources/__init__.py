@@ -30,6 +30,7 @@ import importlib
 import pkgutil
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import ModuleType
 from typing import Any, Awaitable, Callable, Generic, Protocol, TypeVar
 
@@ -223,7 +224,7 @@ class ResourceType(Generic[R]):
                                                    include_deleted)]
 
     async def mark_deleting(self, db: DB, rid: str, tenant_id: str, buffer_s: float, *,
-                            immediate: bool = False) -> R | None:
+                            immediate: bool = False, now: datetime | None = None) -> R | None:
         """Start the deletion (``deleting`` with a buffer, or ``destroying`` when immediate —
         the type's rule, or ``immediate``: a failed create, which holds nothing to keep);
         None when the resource is absent or not in a deletable state. The row stays locked
@@ -231,21 +232,22 @@ class ResourceType(Generic[R]):
         if immediate or isinstance(self.deletion, Immediate):
             row = await store.resource_mark_destroying(db, self.sql, rid, tenant_id)
         else:
-            row = await store.resource_mark_deleting(db, self.sql, rid, tenant_id, buffer_s)
+            row = await store.resource_mark_deleting(db, self.sql, rid, tenant_id, buffer_s, now=now)
         return self.model.from_record(row) if row else None
 
-    async def cancel_deletion(self, db: DB, rid: str, tenant_id: str) -> R | None:
+    async def cancel_deletion(self, db: DB, rid: str, tenant_id: str, *, now: datetime | None = None) -> R | None:
         """End the buffer early (status back to ``status_before_delete``); None when the
         resource is not ``deleting`` or its buffer has expired."""
-        row = await store.resource_cancel_deletion(db, self.sql, rid, tenant_id)
+        row = await store.resource_cancel_deletion(db, self.sql, rid, tenant_id, now=now)
         return self.model.from_record(row) if row else None
 
-    async def reap_expired(self, db: DB, limit: int) -> list[tuple[R, dict[str, Any] | None]]:
+    async def reap_expired(self, db: DB, limit: int, *,
+                           now: datetime | None = None) -> list[tuple[R, dict[str, Any] | None]]:
         """Move up to ``limit`` rows whose buffer expired to ``destroying``, each with the trace
         context of its latest job (the deletion request's first job, which the final job
         continues)."""
         return [(self.model.from_record(r), r["deletion_trace_context"])
-                for r in await store.resource_reap_expired(db, self.sql, limit)]
+                for r in await store.resource_reap_expired(db, self.sql, limit, now=now)]
 
     async def mark_failed(self, db: DB, rid: str, reason: str, *, ends_deletion: bool = False) -> None:
         """The resource carries ``reason``; ``failed`` unless a deletion is under way (which goes
@@ -292,11 +294,11 @@ class ResourceType(Generic[R]):
                       extra_lock_keys=keys, **kw)
 
 
-    async def periodic_due(self, db: DB, interval_s: float, limit: int) -> list[R]:
+    async def periodic_due(self, db: DB, interval_s: float, limit: int, *, now: datetime | None = None) -> list[R]:
         """Rows due for the periodic observe job (locked, SKIP LOCKED: call in a transaction)."""
         assert self.periodic is not None
         return [self.model.from_record(r) for r in await store.resource_periodic_due(
-            db, self.sql, list(self.periodic.statuses), interval_s, limit)]
+            db, self.sql, list(self.periodic.statuses), interval_s, limit, now=now)]
 
 
 REGISTRY: dict[str, ResourceType[Any]] = {}

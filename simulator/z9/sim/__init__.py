@@ -40,8 +40,14 @@ Modelled (each behaviour cites its qemu-server / pve-guest-common / pve-manager 
   laid over (``current=1`` without), ``/pending``, applied at start; ``STORAGE:SIZE`` allocation;
   ``unusedN`` for a detached disk; a MAC for a NIC without one; ``cipassword`` stored as crypt ``$5$``
   and read ``**********``; empty writes and ``delete=`` of unknown options refused;
-- permissions: a privilege-separated token (``POST /_sim/tokens``) holds only its ACL's privileges and
-  gets 403 ``Permission check failed (<path>, <privs>)``; ``/access/permissions`` lists them;
+- permissions: a token of root@pam or of another user (``POST /_sim/tokens`` with the user's ACL,
+  ``user_acl``) holds its user's privileges, intersected with its own ACL when privilege-separated
+  (RPCEnvironment.pm ``permissions``; the deepest ACL path replaces inherited ones); a missing one is
+  403 ``Permission check failed (<path>, <privilege>)`` (the first missing; ``check_any``: all,
+  ``|``-joined); besides the schema's ``check``, qemu-server's checks in code where z9 goes: each
+  config key by its class, drives (CDROM/Disk), bridges (SDN.Use), the clone's storages, the resize's
+  storage, a volume delete's ``Datastore.Allocate``; ``/cluster/resources`` lists only audited VMs;
+  ``/access/permissions`` lists the privileges;
 - validation: property strings are parsed as pve-common JSONSchema.pm parse_property_string does
   against the schema's hash formats (``memory``, ``netN`` model and MAC, drive options: unknown keys,
   aliases, default keys, sub-value types, enums, formats), a ``boot`` order naming a missing device is
@@ -54,13 +60,16 @@ Modelled (each behaviour cites its qemu-server / pve-guest-common / pve-manager 
   them (integer/boolean options numbers, ``number`` options and property strings strings), counters
   of status, resources, storages and tasks numbers;
 - storage: a shared images storage ``ceph-vm`` (rbd) beside node-local ``local-lvm``: a template on it
-  is cloned with ``target=`` another node directly (storage.py).
+  is cloned with ``target=`` another node directly (storage.py); the content listing has templates'
+  ``base-…`` volumes and linked clones as each plugin names them (rbd ``<base>/vm-…`` with its
+  ``parent``, lvmthin a plain ``vm-…``).
 
 Not modelled (z9 does not go there, or the model would be guesswork):
 
-- users other than root@pam, groups, roles other than Administrator's privilege list, pools, and the
-  check kinds ``userid-group``/``userid-param``/``perm-modify`` (allowed): the model
-  (:mod:`z9.sim.permissions`) is API tokens with or without privilege separation and their ACLs;
+- tickets of users other than root@pam, groups, named roles (an ACL entry carries its privileges),
+  pools, ``user-tag-access`` other than ``free``, privileged tags, and the check kinds
+  ``userid-group``/``userid-param``/``perm-modify`` (allowed): the model (:mod:`z9.sim.permissions`)
+  is API tokens with or without privilege separation, their users' ACLs and their own;
 - backups, HA resources, replication, SDN, containers (``lxc``), RAM in snapshots (``vmstate``), live
   migration's memory copy (a running VM's migration is accepted only with ``online`` and moves at
   once), suspend to disk;

@@ -57,8 +57,9 @@ Admin API (no auth, loopback peers only), JSON in and out:
   reset — a test sees a task's in-between state (its lock) without racing the task's duration.
 - ``GET /_sim/k8s/clusters`` → the kubeadm model's clusters; ``POST /_sim/k8s/expire-tokens`` → every
   bootstrap token expires now (fault), see :mod:`z9.sim.kubeadm`.
-- ``POST /_sim/tokens`` ``{tokenid, privsep?, acl?: [{path, privs, propagate?}]}`` → ``{tokenid, value}``:
-  an API token (privilege-separated by default) for the permission model (z9.sim.permissions).
+- ``POST /_sim/tokens`` ``{tokenid, privsep?, acl?: [{path, privs, propagate?}], user_acl?: [...]}`` →
+  ``{tokenid, value}``: an API token (privilege-separated by default) for the permission model
+  (z9.sim.permissions); ``user_acl`` is its user's ACL (root@pam holds every privilege without one).
 - ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
   guest_boot_s?, cloud_init_s?, k8s_api_delay_s?}`` → the current values (changes timing at run time);
   400 on an unknown key or a bad value, and then nothing is applied.
@@ -184,6 +185,13 @@ class RawJson(bytes):
 
 
 async def h_resources(ctx, p, user, fail):
+    token = ctx.token_of(user)
+    if user != "root@pam" and (token is None or token.user != "root@pam" or token.privsep):
+        # pve-manager API2/Cluster.pm resources: a guest row only where the caller has VM.Audit on
+        # /vms/<vmid> (`next if !$rpcenv->check($authuser, "/vms/$vmid", ['VM.Audit'], 1)`)
+        rows = ctx.cluster.resources(p.get("type"))
+        return [r for r in rows if "vmid" not in r
+                or "VM.Audit" in permissions.privileges(token, user, f"/vms/{r['vmid']}")]
     gz = "gzip" in p.get("@accept_encoding", "")
     out = RawJson(ctx.cluster.resources_json(p.get("type"), gzip=gz))
     out.gzip = gz
@@ -239,16 +247,65 @@ async def h_migrate(ctx, p, user, fail):
     return await ctx.cluster.migrate(p["node"], _vmid(p), p, user, fail)
 
 
+def _check_config_write(ctx, p, user) -> None:
+    """qemu-server API2/Qemu.pm ``$update_vm_api``, before anything is loaded or locked: each key
+    set or deleted is checked (``$check_vm_modify_config_perm``), each drive by its kind (a CD-ROM
+    VM.Config.CDROM, a disk VM.Config.Disk: ``$check_drive_param``, the delete loop — a deleted
+    drive's kind from the current config), each NIC's bridge (``check_bridge_access``: SDN.Use)."""
+    if user == "root@pam":
+        return
+    token, vmid = ctx.token_of(user), _vmid(p)
+    deleted = [k for k in re.split(r"[,;\s]+", str(p.get("delete") or "")) if k]
+    keys = [k for k in p if not k.startswith("@")] + deleted
+    permissions.check_config_keys(token, user, vmid, keys)
+    try:
+        current = ctx.cluster.vm_on(p["node"], vmid).config
+    except PveError:
+        current = {}
+    for k in keys:
+        if permissions._DRIVE.fullmatch(k):
+            permissions.check_drive(token, user, vmid, str(p.get(k) if k in p else current.get(k, "")))
+        if re.fullmatch(r"net\d+", k) and k in p and (bridge := permissions.bridge_path(str(p[k]))):
+            permissions.require(token, user, bridge, ["SDN.Use"])
+
+
 async def h_config_put(ctx, p, user, fail):
+    _check_config_write(ctx, p, user)
     await ctx.cluster.put_config(p["node"], _vmid(p), p, user)
     return None
 
 
 async def h_config_post(ctx, p, user, fail):
+    _check_config_write(ctx, p, user)
     return await ctx.cluster.post_config(p["node"], _vmid(p), p, user, fail)
 
 
+def _check_clone(ctx, p, user) -> None:
+    """qemu-server API2/Qemu.pm clone_vm, after the schema's VM.Clone/VM.Allocate:
+    ``$check_storage_access_clone`` — Datastore.AllocateSpace on the storage of every disk (the
+    ``storage`` parameter's when given; CD-ROMs and the cloud-init drive are not checked) — and
+    ``check_bridge_access`` on the source's NICs (SDN.Use on ``/sdn/zones/localnetwork/<bridge>``)."""
+    if user == "root@pam":
+        return
+    token = ctx.token_of(user)
+    try:
+        conf = ctx.cluster.vm_on(p["node"], _vmid(p)).config
+    except PveError:
+        return  # the clone answers the missing VM itself
+    for k, v in sorted(conf.items()):
+        if permissions._DRIVE.fullmatch(k):
+            volid = str(v).split(",", 1)[0]
+            if "media=cdrom" in str(v) or volid in ("none", "cdrom", "") or ":" not in volid:
+                continue
+            sid = p.get("storage") or volid.split(":", 1)[0]
+            permissions.require(token, user, f"/storage/{sid}", ["Datastore.AllocateSpace"])
+    for k, v in sorted(conf.items()):
+        if re.fullmatch(r"net\d+", k) and (bridge := permissions.bridge_path(str(v))):
+            permissions.require(token, user, bridge, ["SDN.Use"])
+
+
 async def h_clone(ctx, p, user, fail):
+    _check_clone(ctx, p, user)
     return await ctx.cluster.clone(p["node"], _vmid(p), p, user, fail)
 
 
@@ -261,7 +318,14 @@ async def h_move_disk(ctx, p, user, fail):
 
 
 async def h_resize(ctx, p, user, fail):
-    return await ctx.cluster.resize(p["node"], _vmid(p), p, user, fail)
+    token = ctx.token_of(user)
+
+    def may_allocate(storage: str) -> None:
+        # qemu-server API2/Qemu.pm resize_vm's $updatefn (in the resize task):
+        # $rpcenv->check($authuser, "/storage/$storeid", ['Datastore.AllocateSpace'])
+        if user != "root@pam":
+            permissions.require(token, user, f"/storage/{storage}", ["Datastore.AllocateSpace"])
+    return await ctx.cluster.resize(p["node"], _vmid(p), p, user, fail, may_allocate=may_allocate)
 
 
 async def h_cloudinit(ctx, p, user, fail):
@@ -380,6 +444,10 @@ async def h_storage_volume(ctx, p, user, fail):
 
 
 async def h_storage_volume_delete(ctx, p, user, fail):
+    if user != "root@pam":
+        # pve-storage API2/Storage/Content.pm delete: Datastore.Allocate on the storage (the
+        # AllocateSpace exception is for backup volumes of VMs one may back up: not modelled)
+        permissions.require(ctx.token_of(user), user, f"/storage/{p['storage']}", ["Datastore.Allocate"])
     return await ctx.cluster.storage.delete(p["node"], p["storage"], p["volume"], p, user, fail)
 
 
@@ -891,11 +959,12 @@ async def admin_token_add(request: web.Request) -> web.Response:
     if not re.fullmatch(r"[^\s:/!]+@[A-Za-z][\w.-]+![A-Za-z][\w.-]+", tokenid):
         return web.json_response({"error": "tokenid must be user@realm!name"}, status=400)
     try:
-        acl = [permissions.Acl(str(a["path"]), frozenset(map(str, a.get("privs") or [])), bool(a.get("propagate", True)))
-               for a in b.get("acl") or []]
-    except (KeyError, TypeError) as e:
-        return web.json_response({"error": f"bad acl: {e}"}, status=400)
-    tok = permissions.Token(tokenid, str(uuid.uuid4()), bool(b.get("privsep", True)), acl)
+        acl, user_acl = ([permissions.Acl(str(a["path"]), frozenset(map(str, a.get("privs") or [])),
+                                          bool(a.get("propagate", True))) for a in b.get(key) or []]
+                         for key in ("acl", "user_acl"))
+    except (KeyError, TypeError, AttributeError) as e:
+        return web.json_response({"error": f"bad acl or user_acl: {e}"}, status=400)
+    tok = permissions.Token(tokenid, str(uuid.uuid4()), bool(b.get("privsep", True)), acl, user_acl)
     ctx.tokens[tokenid] = tok
     return web.json_response({"tokenid": tokenid, "value": tok.secret})
 

@@ -11,7 +11,10 @@ wrote into the guest and the simulated world:
   namespace, no privilege needed) holding the guest's interfaces as the guest reports them — names and
   addresses — on veth devices: a file naming ``eth0`` is refused on an appliance whose NIC is ``ens18``,
   as on a real one. Verdicts are cached by (tool, arguments, file bytes, interfaces): same input, same
-  answer, so a 200-target configure runs each check once. A missing binary answers 127 (``not found``)
+  answer, so a 200-target configure runs each check once. A check the agent runs (``agent/exec``)
+  whose verdict is not cached runs in the simulator's thread pool, as its cloud-init schema check
+  does: the process runs (``exec-status`` ``exited: 0``) until the tool has answered, and the event
+  loop serves every other request meanwhile (``haproxy -c`` takes about 140 ms). A missing binary answers 127 (``not found``)
   and says what to install on the simulator's host.
 - ``systemctl reload haproxy`` (or ``restart``/``start``) checks ``/etc/haproxy/haproxy.cfg`` with
   ``haproxy -c -q`` first — Debian's ``haproxy.service`` ``ExecReload`` (haproxy 2.6
@@ -49,6 +52,7 @@ wrote into the guest and the simulated world:
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import ipaddress
 import os
@@ -59,7 +63,7 @@ import subprocess
 import tempfile
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 from .guest import INTERFACE_PROVIDERS, ExecContext, ExecResult, Guest, Guests, command
 
@@ -115,11 +119,21 @@ def _netns_script(ifaces: list[tuple[str, list[str]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _key(name: str, args: list[str], data: bytes, ifaces: list[tuple[str, list[str]]] | None) -> tuple:
+    return (name, tuple(args), hashlib.sha256(data).hexdigest(), tuple((n, tuple(a)) for n, a in ifaces or ()))
+
+
+def cached(name: str, args: list[str], data: bytes, ifaces: list[tuple[str, list[str]]] | None = None) -> bool:
+    """Whether :func:`run_tool` has this verdict already (it answers without running the tool)."""
+    with _CACHE_LOCK:
+        return _key(name, args, data, ifaces) in _CACHE
+
+
 def run_tool(name: str, args: list[str], guest_path: str, data: bytes,
              ifaces: list[tuple[str, list[str]]] | None = None) -> tuple[int, str, str]:
     """Run the real ``name`` with ``args`` (``{file}`` standing for the guest's file) on a copy of
     ``data``; keepalived in a namespace with ``ifaces``. ``(exitcode, stdout, stderr)``, cached."""
-    key = (name, tuple(args), hashlib.sha256(data).hexdigest(), tuple((n, tuple(a)) for n, a in ifaces or ()))
+    key = _key(name, args, data, ifaces)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
@@ -190,20 +204,74 @@ def _with_fault(g: Guest, path: str, data: bytes) -> bytes:
     return data
 
 
+ToolRun = Callable[[], "tuple[int, str, str]"]
+
+
 def haproxy_check(g: Guest, path: str, quiet: bool = False) -> tuple[int, str, str]:
+    return _prepared(haproxy_check_run(g, path, quiet))
+
+
+def keepalived_check(g: Guest, path: str) -> tuple[int, str, str]:
+    return _prepared(keepalived_check_run(g, path))
+
+
+def haproxy_check_run(g: Guest, path: str, quiet: bool = False) -> "tuple[int, str, str] | tuple[ToolRun, bool]":
+    """What ``haproxy -c [-q] -f path`` answers — at once (no such file), or as the tool run to do
+    (reading the guest's file and a fault's injection happen here, on the event loop; the run
+    touches only a temporary copy and the verdict cache, so it may go to a thread) and whether its
+    verdict is cached already."""
     data = g.read_file(path)
     if data is None:
         return 1, "", f"[ALERT]    (1) : Cannot open configuration file/directory {path} : No such file or directory\n"
     data = _with_fault(g, path, data)
-    return run_tool("haproxy", ["-c", *(["-q"] if quiet else []), "-f", "{file}"], path, data)
+    args = ["-c", *(["-q"] if quiet else []), "-f", "{file}"]
+    return (lambda: run_tool("haproxy", args, path, data)), cached("haproxy", args, data)
 
 
-def keepalived_check(g: Guest, path: str) -> tuple[int, str, str]:
+def keepalived_check_run(g: Guest, path: str) -> "tuple[int, str, str] | tuple[ToolRun, bool]":
+    """``keepalived -t -f path`` as :func:`haproxy_check_run` gives ``haproxy -c``."""
     data = g.read_file(path)
     if data is None:
         return 1, "", f"Configuration file '{path}' does not exist\n"
     data = _with_fault(g, path, data)
-    return run_tool("keepalived", ["-t", "-f", "{file}"], path, data, guest_ifaces(g))
+    ifaces = guest_ifaces(g)
+    args = ["-t", "-f", "{file}"]
+    return (lambda: run_tool("keepalived", args, path, data, ifaces)), cached("keepalived", args, data, ifaces)
+
+
+def _prepared(job: "tuple[int, str, str] | tuple[ToolRun, bool]") -> tuple[int, str, str]:
+    if len(job) == 3:
+        return job  # type: ignore[return-value]
+    return job[0]()  # type: ignore[operator]
+
+
+_TOOL_POOL: list[concurrent.futures.ThreadPoolExecutor] = []  # made at the first check that needs it
+
+
+def _tool_pool() -> concurrent.futures.ThreadPoolExecutor:
+    if not _TOOL_POOL:
+        _TOOL_POOL.append(concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="z9-sim-tools"))
+    return _TOOL_POOL[0]
+
+
+def _tool_exec(ctx: ExecContext, job: "tuple[int, str, str] | tuple[ToolRun, bool]") -> ExecResult:
+    """The check as an agent command: a verdict not cached yet runs the real tool in the
+    simulator's thread pool (about 140 ms for ``haproxy -c``; the event loop serves every other
+    request meanwhile) when the agent runs the command itself — the process runs until the tool
+    has answered, as in a guest (qemu-ga's guest-exec answers the pid at once, guest-exec-status
+    ``exited: 0`` until the process ends). Inside a shell (``systemctl reload``) the check runs to
+    its end where it stands: the next command sees its verdict."""
+    if len(job) == 3:
+        code, out, err = job  # type: ignore[misc]
+        return ExecResult(code, out=out, err=err)
+    run, hit = job  # type: ignore[misc]
+    if ctx.top and not hit:
+        def in_thread() -> ExecResult:
+            c, o, e = run()
+            return ExecResult(c, out=o, err=e)
+        return ExecResult(0, later=_tool_pool().submit(in_thread))
+    code, out, err = run()
+    return ExecResult(code, out=out, err=err)
 
 
 @command("haproxy")
@@ -214,8 +282,7 @@ def _haproxy(ctx: ExecContext) -> ExecResult:
         return ExecResult(code, out=out, err=err)
     if "-c" in args and "-f" in args and args.index("-f") + 1 < len(args) \
             and set(args) - {args[args.index("-f") + 1]} <= {"-c", "-q", "-f"}:
-        code, out, err = haproxy_check(ctx.guest, args[args.index("-f") + 1], quiet="-q" in args)
-        return ExecResult(code, out=out, err=err)
+        return _tool_exec(ctx, haproxy_check_run(ctx.guest, args[args.index("-f") + 1], quiet="-q" in args))
     return ExecResult(1, err="Usage : haproxy [-f <cfgfile|cfgdir>]* [ -vdVD ] [ -c ] ... (simulated: -c [-q] -f, -v)\n")
 
 
@@ -226,8 +293,7 @@ def _keepalived(ctx: ExecContext) -> ExecResult:
         code, out, err = run_tool("keepalived", args, "", b"")
         return ExecResult(code, out=out, err=err)
     if len(args) == 3 and args[0] == "-t" and args[1] == "-f":
-        code, out, err = keepalived_check(ctx.guest, args[2])
-        return ExecResult(code, out=out, err=err)
+        return _tool_exec(ctx, keepalived_check_run(ctx.guest, args[2]))
     return ExecResult(1, err="keepalived: simulated only with -t -f FILE (the check) and -v\n")
 
 

@@ -1312,7 +1312,12 @@ class Cluster:
                             disk_n += 1
                             kind = "full" if full else "linked"
                             task.lines.append(f"create {kind} clone of drive {k} ({volid})")
-                            if not full:
+                            if not full and self._storage_def(store).type != "lvmthin":
+                                # the linked clone's volume name as the storage plugin returns it:
+                                # pve-storage RBDPlugin.pm clone_image "$basename/$name" (ZFS the
+                                # same); LvmThinPlugin.pm clone_image only "$name" — a thin snapshot
+                                # of the base LV whose relation the volume id does not track (its
+                                # header note: the base may be deleted without affecting the clone)
                                 name = f"{volid.split(':', 1)[1]}/{name}"
                             conf[k] = f"{store}:{name}" + (f",{opts}" if opts else "")
                         elif re.fullmatch(r"net\d+", k):
@@ -1485,7 +1490,7 @@ class Cluster:
         return self.spawn(node, ttype, vmid, user, TaskPlan(run), fail)
 
     async def resize(self, node: str, vmid: int, params: dict[str, str], user: str,
-                     fail: str | None = None) -> str:
+                     fail: str | None = None, may_allocate: Callable[[str], None] | None = None) -> str:
         """``PUT .../resize`` → ``resize`` task (PVE >= 8.? returns a UPID). ``+5G`` relative, ``20G``
         absolute; shrinking → task error ``shrinking disks is not supported``."""
         vm = self.vm_on(node, vmid)
@@ -1503,6 +1508,8 @@ class Cluster:
                     raise PveError(500, f"disk '{disk}' does not exist")
                 if "media=cdrom" in value:
                     raise PveError(500, "you can't resize a cdrom")
+                if may_allocate is not None and ":" in value.split(",", 1)[0]:
+                    may_allocate(value.split(",", 1)[0].split(":", 1)[0])
                 m = re.search(r"(?:^|,)size=([^,]+)", value)
                 old = parse_size(m.group(1)) if m else 0
                 size = params["size"]

@@ -87,6 +87,17 @@ def normalize_cidr(cidr: str) -> str:
     return re.sub(r"/32$", "", cidr)
 
 
+def mac_to_linklocal(mac: str) -> str:
+    """``PVE::Firewall::mac_to_linklocal``: fe80::/64 with the modified EUI-64 of ``mac`` (the
+    universal/local bit flipped, ``ff:fe`` in the middle; RFC 4291)."""
+    import ipaddress
+
+    b = [int(x, 16) for x in mac.split(":")]
+    b[0] ^= 2
+    eui = b[:3] + [0xFF, 0xFE] + b[3:]
+    return str(ipaddress.IPv6Address("fe80::" + ":".join(f"{eui[i] << 8 | eui[i + 1]:x}" for i in range(0, 8, 2))))
+
+
 def assert_if_modified(current: str, given: str | None) -> None:
     if given and given != current:
         raise PveError(500, MODIFIED)
@@ -151,37 +162,46 @@ class Firewall:
     def refuses_source(self, vmid: int, vm_config: dict, ip: str, nic: str = "net0") -> bool:
         """True when the VM's IP filter drops what its guest sends from ``ip`` on ``nic``.
 
-        pve-firewall (``src/PVE/Firewall.pm``, ``ruleset_generate_vm_ipsrules``): with the datacenter
-        firewall on (``cluster.fw`` ``enable: 1``; off, no VM rule is compiled), the VM's firewall on
-        (``enable: 1``), ``ipfilter: 1`` and the NIC's ``firewall=1`` (qemu-server ``net[n]``; the tap
-        goes through the firewall bridge only then), the VM's outgoing chain drops every packet whose
-        source is not in the IP set ``ipfilter-<nic>`` (``-m set ! --match-set PVEFW-<vmid>-ipfilter-<nic>-v4
-        src -j DROP``; :2633 at 6f1311f3). The option "is equivalent to adding an empty ipfilter-net<id>
-        ipset for every interface" (API schema ``PUT …/firewall/options`` ``ipfilter``): for a VM nothing
-        is implied but the IPv6 link-local address derived from the NIC's MAC. An entry may be a
-        network (``10.0.0.0/24``) and ``nomatch`` excludes (ipset semantics)."""
+        pve-firewall ``src/PVE/Firewall.pm`` (at 6f1311f3): with the datacenter firewall on
+        (``cluster.fw`` ``enable: 1``; off, no VM rule is compiled), the VM's firewall on (``enable:
+        1``: ``generate_tap_rules`` creates the tap's chain only then) and the NIC's ``firewall=1``
+        (qemu-server ``net[n]``: the tap goes through the firewall bridge only then), the tap's
+        outgoing chain drops every packet whose source is not in the IP set ``ipfilter-<nic>``
+        (``ruleset_create_vm_chain``: ``-m set ! --match-set PVEFW-<vmid>-ipfilter-<nic>-v4 src -j
+        DROP``, :2633) — compiled when ``ipfilter: 1`` **or when that set exists at all**
+        (``generate_tap_rules`` :2798: ``if $options->{ipfilter} || $vmfw_conf->{ipset}->{$ipfilter_name}``;
+        the option "is equivalent to adding an empty ipfilter-net<id> ipset"). ``compile_ipsets``
+        (:4514-4536) adds to every such set the NIC's IPv6 link-local address derived from its MAC
+        (``mac_to_linklocal``, RFC 4291 modified EUI-64) and ``fe80::/10`` as ``nomatch``: no other
+        link-local address passes. An entry may be a network (``10.0.0.0/24``); ``nomatch``
+        excludes (ipset semantics)."""
         import ipaddress
 
         if str(self.cluster_options.get("enable", "0")) != "1":
             return False
         fw = self.vm(vmid)
-        if str(fw.options.get("enable", "0")) != "1" or str(fw.options.get("ipfilter", "0")) != "1":
+        name = f"ipfilter-{nic}"
+        if str(fw.options.get("enable", "0")) != "1":
             return False
-        if "firewall=1" not in str(vm_config.get(nic, "")).split(","):
+        if str(fw.options.get("ipfilter", "0")) != "1" and name not in fw.ipsets:
+            return False
+        net = str(vm_config.get(nic, ""))
+        if "firewall=1" not in net.split(","):
             return False
         try:
             addr = ipaddress.ip_address(ip.split("/", 1)[0])
         except ValueError:
             return True
         if addr.version == 6 and addr.is_link_local:
-            return False  # the MAC-derived one is implied; z9's guests use no other
+            mac = re.search(r"(?:^|,)[a-z0-9]+=([0-9A-Fa-f:]{17})(?:,|$)", net)
+            return mac is None or addr != ipaddress.ip_address(mac_to_linklocal(mac.group(1)))
         allowed = False
-        for e in fw.ipsets.get(f"ipfilter-{nic}", []):
+        for e in fw.ipsets.get(name, []):
             try:
-                net = ipaddress.ip_network(str(e["cidr"]), strict=False)
+                cidr = ipaddress.ip_network(str(e["cidr"]), strict=False)
             except ValueError:
                 continue  # an alias: z9 writes none
-            if net.version == addr.version and addr in net:
+            if cidr.version == addr.version and addr in cidr:
                 if e.get("nomatch"):
                     return True
                 allowed = True

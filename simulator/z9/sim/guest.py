@@ -133,6 +133,12 @@ class ExecResult:
     err: str | bytes = ""
     seconds: float = 0.0
     on_exit: Callable[[], None] | None = None
+    # the command's result comes from a thread of the simulator (a real tool that takes a while:
+    # ``haproxy -c``, ``keepalived -t``): the process runs, ``exited: 0``, until it is done — as on a
+    # guest, where qemu-ga's guest-exec returns the pid at once — and the event loop is not held.
+    # Only for a command the agent runs itself (``ExecContext.top``); a shell or a boot runs its
+    # commands to their end (the result is waited for there).
+    later: "concurrent.futures.Future[ExecResult] | None" = None
 
 
 @dataclass
@@ -141,6 +147,7 @@ class ExecContext:
     stdin: bytes
     guest: "Guest"
     config: dict[str, str]
+    top: bool = False  # the agent's own exec (its result may come later: ExecResult.later)
 
     def run(self, argv: list[str], stdin: bytes = b"") -> ExecResult:
         """Run another command in the same guest, to its end: synchronously, its ``seconds`` are not
@@ -169,6 +176,8 @@ def command(name: str) -> Callable[[CommandHandler], CommandHandler]:
 
 def _finish_now(r: ExecResult) -> ExecResult:
     """Run ``r.on_exit`` at once (a nested command ran to its end) and return ``r`` without it."""
+    if r.later is not None:  # (a handler deferred only at the top: wait for its thread here)
+        r = _settled(r)
     if r.on_exit is not None:
         fn, r.on_exit = r.on_exit, None
         try:
@@ -176,6 +185,16 @@ def _finish_now(r: ExecResult) -> ExecResult:
         except Exception:  # a handler bug must not take the simulator down (nor the request)
             log.exception("command on_exit failed")
     return r
+
+
+def _settled(r: ExecResult) -> ExecResult:
+    """``r`` with the result of its thread (``r.later``, done or waited for)."""
+    assert r.later is not None
+    try:
+        done = r.later.result()
+    except Exception as e:  # a handler bug must not take the simulator down
+        done = ExecResult(1, err=f"simulator handler error: {e}\n")
+    return ExecResult(done.exitcode, done.out, done.err, r.seconds, r.on_exit)
 
 
 def _text(b: str | bytes) -> str:
@@ -815,7 +834,7 @@ class Guests:
 
     def exec(self, vm: "VM", argv: list[str], stdin: bytes) -> int:
         g = self.agent(vm)
-        r = self.run_command(g, argv, stdin, vm.config)
+        r = self.run_command(g, argv, stdin, vm.config, top=True)
         pid = g.next_pid
         g.next_pid += 1
         now = time.monotonic()
@@ -838,8 +857,10 @@ class Guests:
         p = g.procs.get(pid)
         if p is None:
             raise qmp_error(vm.vmid, "exec-status", "Invalid parameter 'pid'")
-        if time.monotonic() < p.ends:
+        if time.monotonic() < p.ends or (p.result.later is not None and not p.result.later.done()):
             return {"exited": 0}
+        if p.result.later is not None:
+            p.result = _settled(p.result)
         del g.procs[pid]
         out: dict[str, Any] = {"exited": 1, "exitcode": p.result.exitcode}
         if p.result.out:
@@ -848,7 +869,8 @@ class Guests:
             out["err-data"] = _text(p.result.err)
         return out
 
-    def run_command(self, g: Guest, argv: list[str], stdin: bytes, config: dict[str, str]) -> ExecResult:
+    def run_command(self, g: Guest, argv: list[str], stdin: bytes, config: dict[str, str],
+                    top: bool = False) -> ExecResult:
         if not argv:
             return ExecResult(127, err="/bin/sh: 1: : not found\n")
         name = argv[0].rsplit("/", 1)[-1]
@@ -856,7 +878,7 @@ class Guests:
         if handler is None:
             return ExecResult(127, err=f"/bin/sh: 1: {argv[0]}: not found\n")
         try:
-            r = handler(ExecContext(list(argv), stdin, g, dict(config)))
+            r = handler(ExecContext(list(argv), stdin, g, dict(config), top=top))
         except Exception as e:  # a handler bug must not take the simulator down
             return ExecResult(1, err=f"{name}: simulator handler error: {e}\n")
         if not isinstance(r, ExecResult):

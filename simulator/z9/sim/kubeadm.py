@@ -349,8 +349,31 @@ def _kube_vip_spec(raw: bytes, host: str) -> tuple[str | None, str | None]:
     return None, str(path)
 
 
+def _filtered(guest: Any, ip: str) -> bool:
+    """The guest's VM's Proxmox IP filter drops what it sends from ``ip`` (pve-firewall ``ipfilter``:
+    :meth:`z9.sim.firewall.Firewall.refuses_source`)."""
+    cluster = guest.guests.cluster
+    vm = cluster.vms.get(guest.vmid)
+    return vm is not None and cluster.firewall.refuses_source(guest.vmid, vm.config, ip)
+
+
+def source_filtered(guest: Any) -> str | None:
+    """The guest's own address (the first its network config gave it) when its VM's IP filter drops
+    what it sends from there: nothing it sends reaches the bridge (None: it is heard)."""
+    for n in guest.net_applied:
+        for cidr in n.get("addresses") or []:
+            ip = cidr.split("/", 1)[0]
+            return ip if _filtered(guest, ip) else None
+    return None
+
+
 def kube_vip_problem(guest: Any, host: str, *, initializing: bool = False, minor: int | None = None) -> str | None:
-    """Why the kube-vip static pod on ``guest`` does not hold ``host`` (None: it does)."""
+    """Why the kube-vip static pod on ``guest`` does not hold ``host`` (None: it does). A VM whose
+    IP filter drops the VIP as a source never answers from it (its gratuitous ARP and replies are
+    dropped at the tap: pve-firewall ``ipfilter``), so kube-vip there holds nothing anyone reaches."""
+    if _filtered(guest, host):
+        return (f"its VM's IP filter (ipfilter-net0) does not hold {host}: what it sends from the VIP is dropped "
+                "at its tap")
     raw = guest.read_file(KUBE_VIP)
     if raw is None:
         return f"no static pod manifest {KUBE_VIP}"
@@ -566,6 +589,10 @@ def _join(ctx: ExecContext) -> ExecResult:
         return failed
     warnings += _text(failed.err) if failed is not None else ""
     # ... then discovery (j.InitCfg() → discovery/token: cluster-info, its JWS signature, the CA pin) ...
+    if source_filtered(ctx.guest):  # its own packets dropped at the tap: the dial never connects
+        return ExecResult(1, err=warnings + "error execution phase preflight: couldn't validate the identity of the "
+                                 f"API Server: Get \"https://{endpoint}/api/v1/namespaces/kube-public/configmaps/"
+                                 f"cluster-info?timeout=10s\": dial tcp {endpoint}: i/o timeout\n")
     if c is None or not _api_up(guests, c):
         return ExecResult(1, err=warnings + _refused(endpoint))
     tid = token.split(".", 1)[0]

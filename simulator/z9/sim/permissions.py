@@ -16,7 +16,11 @@ when it is privilege-separated) and ``API2/AccessControl.pm`` (``/access/permiss
 - An ACL entry on a path grants on that path and, propagated (the default), below it.
 
 The simulator's own token (``root@pam!z9``) is not privilege-separated: it has every privilege. A
-privilege-separated token (added with ``POST /_sim/tokens``) starts with none.
+privilege-separated token (added with ``POST /_sim/tokens``) starts with none. A token of another
+user (``z9@pve!z9``) holds what its user's ACL grants (``user_acl``), intersected with its own ACL
+when privilege-separated. Beyond the schema's ``check``, the checks qemu-server makes in code where
+z9 goes (:func:`check_config_keys`, :func:`check_drive`, the clone's storages and bridges, the resize's
+storage, ``/cluster/resources`` showing only the VMs the caller may audit) are modelled in api.py.
 """
 
 from __future__ import annotations
@@ -56,29 +60,136 @@ class Acl:
 
 @dataclass
 class Token:
-    """``user@realm!name``; ``privsep``: its privileges are its ACL's (∩ its user's), else its user's."""
+    """``user@realm!name``; ``privsep``: its privileges are its ACL's ∩ its user's, else its user's.
+    ``user_acl``: the ACL of the token's user (a user other than root@pam holds only what it grants;
+    ``pveum acl modify PATH --users USER --roles ROLE``), ``acl`` the token's own (``--tokens``)."""
 
     tokenid: str
     secret: str
     privsep: bool = False
     acl: list[Acl] = field(default_factory=list)
+    user_acl: list[Acl] = field(default_factory=list)
 
     @property
     def user(self) -> str:
         return self.tokenid.split("!", 1)[0]
 
 
+def _acl_privileges(acl: list[Acl], path: str) -> set[str]:
+    """What one subject's ACL grants on ``path`` (pve-access-control PVE/RPCEnvironment.pm
+    ``$compile_acl_path`` / AccessControl.pm ``roles``): walking from ``/`` down to ``path``, the
+    entries of the deepest path that has any for the subject replace those inherited from above
+    (a parent's only when they propagate; the path's own always)."""
+    best: tuple[int, set[str]] | None = None
+    for a in acl:
+        if not a.covers(path):
+            continue
+        depth = len([x for x in a.path.split("/") if x])
+        if best is None or depth > best[0]:
+            best = (depth, set(a.privs))
+        elif depth == best[0]:
+            best[1].update(a.privs)
+    return best[1] if best else set()
+
+
 def privileges(token: Token | None, user: str, path: str) -> set[str]:
-    """The privileges ``user`` (a ticket's user, or ``token``) holds on ``path``. Only root@pam is
-    modelled as a user (every privilege everywhere); a token of root has root's unless privsep."""
-    base = set(ADMIN_PRIVS) if (token.user if token else user) == "root@pam" else set()
+    """The privileges ``user`` (a ticket's user, or ``token``) holds on ``path``: root@pam every
+    privilege everywhere (AccessControl.pm: ``return $cfg->{roles}->{'Administrator'}``), another
+    user what its ACL grants; a token its user's — intersected with its own ACL when it is
+    privilege-separated (RPCEnvironment.pm ``permissions``: ``$user_perms ∩ $token_perms``)."""
+    owner = token.user if token else user
+    base = set(ADMIN_PRIVS) if owner == "root@pam" else _acl_privileges(token.user_acl if token else [], path)
     if token is None or not token.privsep:
         return base
-    own: set[str] = set()
-    for a in token.acl:
-        if a.covers(path):
-            own |= a.privs
-    return base & own
+    return base & _acl_privileges(token.acl, path)
+
+
+def require(token: Token | None, user: str, path: str, privs: list[str], any_of: bool = False) -> None:
+    """RPCEnvironment.pm ``check`` (every privilege; the first missing one is named:
+    ``Permission check failed (/vms/100, VM.Clone)``) or ``check_any`` (one of them; all named,
+    joined by ``|``) — the 403 of ``raise_perm_exc`` (pve-common PVE/Exception.pm)."""
+    if user == "root@pam":
+        return
+    have = privileges(token, user, path)
+    if any_of:
+        if not any(p in have for p in privs):
+            raise PveError(403, f"Permission check failed ({path}, {'|'.join(privs)})")
+        return
+    for p in privs:
+        if p not in have:
+            raise PveError(403, f"Permission check failed ({path}, {p})")
+
+
+# qemu-server src/PVE/API2/Qemu.pm: the option classes of $check_vm_modify_config_perm
+CPU_OPTIONS = frozenset({"affinity", "cores", "cpu", "cpulimit", "cpuunits", "numa", "smp", "sockets", "vcpus"})
+MEMORY_OPTIONS = frozenset({"memory", "balloon", "shares"})
+HWTYPE_OPTIONS = frozenset({"acpi", "hotplug", "kvm", "machine", "scsihw", "smbios1", "tablet", "vga", "watchdog"})
+GENERAL_OPTIONS = frozenset({"agent", "autostart", "bios", "description", "keyboard", "localtime", "migrate_downtime",
+                             "migrate_speed", "name", "onboot", "ostype", "protection", "reboot", "startdate",
+                             "startup", "tdf", "template"})
+POWER_OPTIONS = frozenset({"freeze"})
+ROOT_ONLY = frozenset({"args", "lock", "hookscript"})
+DISK_OPTIONS = frozenset({"boot", "bootdisk", "vmstatestorage"})
+CLOUDINIT_OPTIONS = frozenset({"cicustom", "cipassword", "citype", "ciuser", "ciupgrade", "nameserver",
+                               "searchdomain", "sshkeys"})
+_DRIVE = re.compile(r"(ide|sata|scsi|virtio|efidisk|tpmstate)\d+")
+
+
+def check_config_keys(token: Token | None, user: str, vmid: int, keys: list[str]) -> None:
+    """``$check_vm_modify_config_perm`` (qemu-server API2/Qemu.pm), for the keys a config write
+    sets or deletes: CPU, memory, hardware, general (name, description, protection, agent…),
+    disk-order, network (``netN``) and cloud-init keys (``ipconfigN``, sshkeys…: VM.Config.Cloudinit
+    or VM.Config.Network) each need their privilege on ``/vms/<vmid>``; ``tags`` need
+    VM.Config.Options (pve-guest-common GuestHelpers.pm ``assert_tag_permissions``, under the
+    default ``user-tag-access: free``); drives are checked by :func:`check_drive`; ``args``,
+    ``lock``, ``hookscript``: ``only root can set '<key>' config`` (HTTP 500, as PVE's die)."""
+    if user == "root@pam":
+        return
+    path = f"/vms/{vmid}"
+    for k in keys:
+        if _DRIVE.fullmatch(k) or k == "cdrom" or re.fullmatch(r"(unused|serial|usb|hostpci|virtiofs)\d+", k):
+            continue
+        if k == "tags":
+            require(token, user, path, ["VM.Config.Options"])
+        elif k in CPU_OPTIONS or re.fullmatch(r"numa\d+", k):
+            require(token, user, path, ["VM.Config.CPU"])
+        elif k in MEMORY_OPTIONS:
+            require(token, user, path, ["VM.Config.Memory"])
+        elif k in HWTYPE_OPTIONS:
+            require(token, user, path, ["VM.Config.HWType"])
+        elif k in GENERAL_OPTIONS:
+            require(token, user, path, ["VM.Config.Options"])
+            if k == "startup":
+                require(token, user, "/", ["Sys.Modify"])
+        elif k in DISK_OPTIONS:
+            require(token, user, path, ["VM.Config.Disk"])
+        elif re.fullmatch(r"net\d+", k):
+            require(token, user, path, ["VM.Config.Network"])
+        elif k in CLOUDINIT_OPTIONS or re.fullmatch(r"ipconfig\d+", k):
+            require(token, user, path, ["VM.Config.Cloudinit", "VM.Config.Network"], any_of=True)
+        elif k in POWER_OPTIONS:
+            require(token, user, path, ["VM.PowerMgmt"])
+        elif k in ROOT_ONLY:
+            raise PveError(500, f"only root can set '{k}' config")
+        # (other keys — rng0, audio0, hugepages… — have checks of their own there: not modelled, allowed)
+
+
+def check_drive(token: Token | None, user: str, vmid: int, value: str) -> None:
+    """A drive a config write sets or deletes (qemu-server API2/Qemu.pm ``$check_drive_param`` and the
+    delete loop of ``$update_vm_api``): a CD-ROM (a cloud-init drive is one) needs VM.Config.CDROM,
+    a disk VM.Config.Disk, on ``/vms/<vmid>``."""
+    if user == "root@pam":
+        return
+    cdrom = "media=cdrom" in value or "cloudinit" in value.split(",", 1)[0]
+    require(token, user, f"/vms/{vmid}", ["VM.Config.CDROM" if cdrom else "VM.Config.Disk"])
+
+
+def bridge_path(net: str) -> str | None:
+    """The SDN path a NIC's bridge is checked on (qemu-server QemuServer.pm ``check_bridge_access`` →
+    pve-guest-common GuestHelpers.pm ``check_vnet_access``: a plain Linux bridge is a vnet of zone
+    ``localnetwork``): ``/sdn/zones/localnetwork/<bridge>``, None without a bridge."""
+    m = re.search(r"(?:^|,)bridge=([^,]+)", net)
+    return f"/sdn/zones/localnetwork/{m.group(1)}" if m else None
 
 
 def _fill(path: str, params: dict) -> str:
@@ -103,15 +214,25 @@ def _eval(expr: list, token: Token | None, user: str, params: dict) -> str | Non
     kind = expr[0]
     if kind == "perm":
         path, privs = _fill(expr[1], params), list(expr[2])
+        if "require_param" in expr[3:]:
+            # ['perm', '/pool/{pool}', [...], 'require_param', 'pool']: only when the parameter is given
+            name = expr[expr.index("require_param") + 1]
+            if name not in params:
+                return "Permission check failed"
+        if user == "root@pam":
+            return None
         have = privileges(token, user, path)
-        ok = any(p in have for p in privs) if "any" in expr[3:] else all(p in have for p in privs)
-        return None if ok else f"Permission check failed ({path}, {', '.join(privs)})"
+        if "any" in expr[3:]:
+            return None if any(p in have for p in privs) else f"Permission check failed ({path}, {'|'.join(privs)})"
+        missing = [p for p in privs if p not in have]
+        return None if not missing else f"Permission check failed ({path}, {missing[0]})"
     if kind == "and":
         for sub in expr[1:]:
             if (msg := _eval(sub, token, user, params)) is not None:
                 return msg
         return None
     if kind == "or":
+        # RPCEnvironment.pm check_api2_permissions: the first alternative's failure is the answer
         msgs = [_eval(sub, token, user, params) for sub in expr[1:]]
-        return None if any(m is None for m in msgs) else "Permission check failed"
+        return None if any(m is None for m in msgs) else (msgs[0] or "Permission check failed")
     return None  # userid-group, userid-param, perm-modify: not modelled

@@ -295,10 +295,12 @@ class Storage:
         except PveError:
             return None
 
-    def image_volumes(self, sid: str, node: str, vmid: int | None = None):
+    def image_volumes(self, sid: str, node: str, vmid: int | None = None, *, linked: bool = False):
         """``(vm, volid, size)`` of the VM image volumes on storage ``sid`` as node ``node`` sees it:
-        its own VMs' on a node-local storage, every node's VMs' on a shared one (linked clones'
-        ``base-…/vm-…`` names aside)."""
+        its own VMs' on a node-local storage, every node's VMs' on a shared one — a template's
+        ``base-<vmid>-disk-N`` among them (owned by the template: ``qm template`` renamed its disks,
+        LvmThinPlugin.pm / RBDPlugin.pm create_base). ``linked``: also linked clones named after their
+        base (``base-…/vm-…``, rbd); an lvmthin linked clone is an ordinary ``vm-…`` volume."""
         from .cluster import DISK_RE, parse_size
 
         shared = self.definition(sid).shared
@@ -307,7 +309,7 @@ class Storage:
                 continue
             for k, val in sorted(vm.config.items()):
                 volid = val.split(",", 1)[0]
-                if DISK_RE.fullmatch(k) and volid.startswith(f"{sid}:") and "/" not in volid:
+                if DISK_RE.fullmatch(k) and volid.startswith(f"{sid}:") and (linked or "/" not in volid):
                     m = re.search(r"(?:^|,)size=([^,]+)", val)
                     yield vm, volid, ((parse_size(m.group(1)) or 0) if m else self.sizes.get(volid, 4 * 1024 * 1024))
         for (osid, onode), vols in sorted(self.orphans.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
@@ -318,6 +320,8 @@ class Storage:
                     yield None, f"{sid}:{name}", size
 
     def used(self, sid: str, node: str) -> int:
+        """What a storage's status reports used. A linked clone shares its base's blocks (a thin
+        snapshot, an RBD clone): not counted again until it writes, which the model does not track."""
         sdef = self.definition(sid)
         if "images" in sdef.content and sdef.path is None:  # lvmthin, rbd: images only
             return sum(size for _, _, size in self.image_volumes(sid, node))
@@ -359,15 +363,26 @@ class Storage:
             out.append({"volid": v.volid, "content": v.content, "format": v.format, "size": v.size,
                         "ctime": v.ctime})
         if "images" in sdef.content and kind in (None, "images"):
+            # pve-storage LvmThinPlugin.pm list_images: every LV named (vm|base)-<owner>-…, the
+            # templates' base volumes too ({volid, format, size, vmid, ctime}); RBDPlugin.pm
+            # list_images: a clone of a base image is listed as "<storage>:<base>/<name>" with its
+            # rbd "parent" ("<base>@__base__") and "name" (rbd_ls's fields)
             seen: set[str] = set()
-            for vm, volid, size in self.image_volumes(sid, node, int(vmid) if vmid else None):
-                if volid in seen:  # a volume two configs reference (e.g. an unusedN of another owner)
+            for vm, volid, size in self.image_volumes(sid, node, int(vmid) if vmid else None, linked=True):
+                if volid in seen:  # a volume two configs name (not modelled further)
                     continue
                 seen.add(volid)
-                owner = owner_of(volid.split(":", 1)[1])
-                out.append({"volid": volid, "content": "images", "format": "raw", "size": size,
-                            "vmid": owner if owner is not None else (vm.vmid if vm else 0),
-                            "ctime": int(vm.started_at or 0) if vm else 0})
+                owner = owner_of(volid.split(":", 1)[1])  # an orphan (vm None) is listed by its name's owner
+                row = {"volid": volid, "content": "images", "format": "raw", "size": size,
+                       "vmid": owner if owner is not None else (vm.vmid if vm else 0),
+                       "ctime": int(vm.started_at or 0) if vm else 0}
+                volname = volid.split(":", 1)[1]
+                if sdef.type == "rbd":
+                    base, _, name = volname.rpartition("/")
+                    row["name"] = name
+                    if base:
+                        row["parent"] = f"{base}@__base__"
+                out.append(row)
         return out
 
     # ---- upload ----------------------------------------------------------------------------------

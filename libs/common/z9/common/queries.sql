@@ -23,7 +23,7 @@ RETURNING id, tenant_id, name, scopes, created_at, expires_at, last_used_at, rev
 -- name: api_token_tenant
 SELECT t.id, t.name
 FROM api_tokens k JOIN tenants t ON t.id = k.tenant_id
-WHERE k.token_sha256 = $1 AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now());
+WHERE k.token_sha256 = $1 AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > coalesce($2::timestamptz, now()));
 
 -- name: api_token_auth
 -- The principal of a bearer token: unknown, revoked and expired tokens match nothing, nor does a
@@ -40,7 +40,7 @@ WITH RECURSIVE line AS (
 SELECT k.id, k.tenant_id, k.scopes, (SELECT min(line.expires_at) FROM line) AS expires_at
 FROM api_tokens k
 WHERE k.token_sha256 = $1
-  AND NOT EXISTS (SELECT 1 FROM line WHERE line.revoked_at IS NOT NULL OR line.expires_at <= now());
+  AND NOT EXISTS (SELECT 1 FROM line WHERE line.revoked_at IS NOT NULL OR line.expires_at <= coalesce($2::timestamptz, now()));
 
 -- name: api_token_list
 SELECT id, tenant_id, name, scopes, created_at, expires_at, last_used_at, revoked_at, created_by
@@ -65,8 +65,8 @@ RETURNING k.id, k.tenant_id, k.name, k.scopes, k.created_at, k.expires_at, k.las
 
 -- name: api_token_touch
 -- Coarse last use: only rows not touched within $2 seconds are written.
-UPDATE api_tokens SET last_used_at = now()
-WHERE id = ANY($1::text[]) AND (last_used_at IS NULL OR last_used_at < now() - make_interval(secs => $2));
+UPDATE api_tokens SET last_used_at = coalesce($3::timestamptz, now())
+WHERE id = ANY($1::text[]) AND (last_used_at IS NULL OR last_used_at < coalesce($3::timestamptz, now()) - make_interval(secs => $2));
 
 -- name: idempotency_lock
 SELECT pg_advisory_xact_lock(hashtextextended($1, 31289));
@@ -76,7 +76,7 @@ SELECT request_sha256, response_status, response_body
 FROM idempotency_keys WHERE tenant_id = $1 AND key = $2;
 
 -- name: idempotency_prune
-DELETE FROM idempotency_keys WHERE created_at < now() - make_interval(secs => $1);
+DELETE FROM idempotency_keys WHERE created_at < coalesce($2::timestamptz, now()) - make_interval(secs => $1);
 
 -- name: idempotency_insert
 INSERT INTO idempotency_keys (tenant_id, key, request_sha256, response_status, response_body)
@@ -142,9 +142,9 @@ LIMIT $4;
 -- The deletion buffer starts; status_before_delete says what a cancellation restores.
 UPDATE {table}
 SET status = 'deleting',
-    delete_after = now() + make_interval(secs => $3),
+    delete_after = coalesce($4::timestamptz, now()) + make_interval(secs => $3),
     status_before_delete = status,
-    updated_at = now()
+    updated_at = coalesce($4::timestamptz, now())
 WHERE id = $1 AND tenant_id = $2 AND status NOT IN ('deleting', 'destroying', 'deleted')
 RETURNING *;
 
@@ -166,20 +166,20 @@ UPDATE {table}
 SET status = status_before_delete,
     status_reason = CASE WHEN status_before_delete = 'failed' THEN status_reason END,
     delete_after = NULL,
-    updated_at = now()
-WHERE id = $1 AND tenant_id = $2 AND status = 'deleting' AND delete_after > now()
+    updated_at = coalesce($3::timestamptz, now())
+WHERE id = $1 AND tenant_id = $2 AND status = 'deleting' AND delete_after > coalesce($3::timestamptz, now())
 RETURNING *;
 
 -- name: resource_reap_expired
 WITH due AS (
     SELECT id FROM {table}
-    WHERE status = 'deleting' AND delete_after <= now()
+    WHERE status = 'deleting' AND delete_after <= coalesce($2::timestamptz, now())
     ORDER BY delete_after
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {table} s
-SET status = 'destroying', updated_at = now()
+SET status = 'destroying', updated_at = coalesce($2::timestamptz, now())
 FROM due WHERE s.id = due.id
 RETURNING s.*,
     -- the trace of the request that started the deletion (its first job, the resource's latest
@@ -208,6 +208,11 @@ WITH r AS (
     RETURNING id
 ), c AS (
     DELETE FROM vm_clone_requests WHERE resource_id IN (SELECT id FROM r)
+), p AS (
+    -- its VMs are gone (verify saw it): their private addresses go into quarantine
+    UPDATE vm_private_addresses
+    SET released_at = now(), reusable_after = now() + make_interval(secs => quarantine_s)
+    WHERE resource_id IN (SELECT id FROM r) AND released_at IS NULL
 )
 SELECT count(*) FROM r;
 
@@ -227,7 +232,7 @@ RETURNING id;
 -- another reaper holds.
 SELECT r.* FROM {table} r
 WHERE r.status::text = ANY($1::text[])
-  AND (r.observed_at IS NULL OR r.observed_at < now() - make_interval(secs => $2))
+  AND (r.observed_at IS NULL OR r.observed_at < coalesce($4::timestamptz, now()) - make_interval(secs => $2))
   AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.resource_id = r.id AND j.status IN ('pending', 'running', 'retry'))
 ORDER BY r.observed_at NULLS FIRST
 LIMIT $3
@@ -294,6 +299,46 @@ SELECT member, vmid, node, job_id, upid, extract(epoch FROM sent_at)::float8 AS 
 FROM vm_clone_requests
 WHERE resource_id = $1 AND ($2::text IS NULL OR member = $2)
 ORDER BY member, sent_at, vmid;
+
+-- ================================================================ VM private addresses (migration 0017)
+
+-- name: vm_private_address_lock
+-- Allocations of one region one at a time (in the allocating transaction).
+SELECT pg_advisory_xact_lock(hashtextextended('z9-private-address:' || $1, 0));
+
+-- name: vm_private_address_forget_expired
+-- Released rows whose quarantine is over are no longer needed.
+DELETE FROM vm_private_addresses WHERE region = $1 AND released_at IS NOT NULL AND reusable_after <= now();
+
+-- name: vm_private_address_allocate
+-- The member's live address; else the first free IP of the range (first $4, count $5, never one
+-- of $6, nor live or quarantined in the region), taken for it. NULL: the network is exhausted.
+WITH mine AS (
+    SELECT ip FROM vm_private_addresses WHERE resource_id = $1 AND member = $2 AND released_at IS NULL
+), pick AS (
+    SELECT $4::inet + n AS ip FROM generate_series(0::bigint, $5::bigint - 1) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM mine)
+      AND NOT ($4::inet + n = ANY($6::inet[]))
+      AND NOT EXISTS (SELECT 1 FROM vm_private_addresses p WHERE p.region = $3 AND p.ip = $4::inet + n)
+    LIMIT 1
+), ins AS (
+    INSERT INTO vm_private_addresses (resource_id, member, region, ip, quarantine_s)
+    SELECT $1, $2, $3, ip, $7 FROM pick
+    RETURNING ip
+)
+SELECT host(ip) FROM mine UNION ALL SELECT host(ip) FROM ins;
+
+-- name: vm_private_addresses_of
+-- The live private addresses of one resource's VMs: member, ip.
+SELECT member, host(ip) AS ip FROM vm_private_addresses
+WHERE resource_id = $1 AND released_at IS NULL ORDER BY member;
+
+-- name: vm_private_address_release
+-- The member's VM is gone: its address goes into quarantine.
+UPDATE vm_private_addresses
+SET released_at = now(), reusable_after = now() + make_interval(secs => quarantine_s)
+WHERE resource_id = $1 AND member = $2 AND released_at IS NULL
+RETURNING host(ip);
 
 -- name: job_insert
 INSERT INTO jobs (id, kind, region, tenant_id, resource_type, resource_id, args, max_attempts, trace_context,
@@ -368,7 +413,8 @@ ORDER BY seq DESC
 LIMIT $3;
 
 -- name: job_claim
--- No parameters: {region}, {limit}, {owner} and {lease_ttl_s} are filled in as literals (sql.ql), so
+-- No parameters: {region}, {limit}, {owner}, {lease_ttl_s} and {now} (NULL: the server's now(); a
+-- test clock's time otherwise) are filled in as literals (sql.ql), so
 -- PostgreSQL plans this statement once per connection and keeps the plan (force_custom_plan only
 -- re-plans statements with parameters), and that plan knows the real LIMIT: a generic plan of a
 -- `LIMIT $n` parameter assumes a tenth of the rows and could trade the ordered walk below for a sort of every
@@ -389,7 +435,7 @@ LIMIT $3;
 -- there is no lock cycle.
 WITH candidates AS (
     SELECT j.id FROM jobs j
-    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = {region} AND j.run_after <= now()
+    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = {region} AND j.run_after <= coalesce({now}::timestamptz, now())
       AND (j.resource_id IS NULL OR (
           NOT EXISTS (
               SELECT 1 FROM jobs e
@@ -407,9 +453,9 @@ UPDATE jobs
 SET status = 'running',
     attempt = jobs.attempt + 1,
     lease_owner = {owner},
-    lease_expires_at = now() + make_interval(secs => {lease_ttl_s}),
-    started_at = coalesce(jobs.started_at, now()),
-    updated_at = now()
+    lease_expires_at = coalesce({now}::timestamptz, now()) + make_interval(secs => {lease_ttl_s}),
+    started_at = coalesce(jobs.started_at, {now}::timestamptz, now()),
+    updated_at = coalesce({now}::timestamptz, now())
 FROM candidates
 WHERE jobs.id = candidates.id
 RETURNING jobs.*, pg_notify('z9_job_changed', jobs.id)::text AS notified;
@@ -429,12 +475,12 @@ SELECT pg_advisory_xact_lock(hashtextextended('z9-region-cap:' || r, 0)) FROM un
 -- their leases expire, before the scheduler reclaims them). The planner walks jobs_lease_expiry
 -- (running jobs only, every region: 0.8 ms for 2,000 running jobs, measured) — bounded by the
 -- executors' total concurrency, never by the table's size.
-SELECT count(*)::int FROM jobs WHERE status = 'running' AND region = $1 AND lease_expires_at > now();
+SELECT count(*)::int FROM jobs WHERE status = 'running' AND region = $1 AND lease_expires_at > coalesce($2::timestamptz, now());
 
 -- name: job_region_claimable
 -- Whether region $1 has a claimable-looking job (pending, not blocked, due): one probe of
 -- jobs_claimable, asked only when the cap held a claim back (for the metric and the log line).
-SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'pending' AND NOT blocked AND region = $1 AND run_after <= now());
+SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'pending' AND NOT blocked AND region = $1 AND run_after <= coalesce($2::timestamptz, now()));
 
 -- name: jobs_unblock_now
 -- Inside a transaction that ended jobs with resources: run their deferred unblocking
@@ -465,9 +511,9 @@ RETURNING jobs.id, jobs.region, pg_notify('z9_jobs', jobs.region)::text AS notif
 -- late (frozen, partitioned) must stop, not renew — JobContext.fence() runs this before every
 -- mutating hypervisor call.
 UPDATE jobs
-SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
+SET lease_expires_at = coalesce($5::timestamptz, now()) + make_interval(secs => $4), updated_at = coalesce($5::timestamptz, now())
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-  AND lease_expires_at > now()
+  AND lease_expires_at > coalesce($5::timestamptz, now())
 RETURNING id;
 
 -- name: job_heartbeat_many
@@ -485,11 +531,11 @@ WITH f AS (
 ), held AS (
     SELECT j.id FROM jobs j JOIN f ON j.id = f.id
     WHERE j.id = ANY($1::text[]) AND j.lease_owner = f.owner AND j.attempt = f.attempt
-      AND j.status::text = 'running' AND j.lease_expires_at > now()
+      AND j.status::text = 'running' AND j.lease_expires_at > coalesce($5::timestamptz, now())
     FOR UPDATE OF j SKIP LOCKED
 ), renewed AS (
     UPDATE jobs j
-    SET lease_expires_at = now() + make_interval(secs => $4), updated_at = now()
+    SET lease_expires_at = coalesce($5::timestamptz, now()) + make_interval(secs => $4), updated_at = coalesce($5::timestamptz, now())
     FROM held
     WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.id = held.id
     RETURNING j.id, j.attempt
@@ -498,23 +544,23 @@ SELECT id, attempt FROM renewed
 UNION ALL
 SELECT j.id, j.attempt FROM jobs j JOIN f ON j.id = f.id
 WHERE j.id = ANY($1::text[]) AND j.lease_owner = f.owner AND j.attempt = f.attempt
-  AND j.status::text = 'running' AND j.lease_expires_at > now() AND j.id NOT IN (SELECT id FROM held);
+  AND j.status::text = 'running' AND j.lease_expires_at > coalesce($5::timestamptz, now()) AND j.id NOT IN (SELECT id FROM held);
 
 -- name: job_progress
 -- Renews the lease, so an expired one is lost here too (see job_heartbeat): step_running writes
 -- before the step's fence.
 UPDATE jobs
-SET steps = $4, lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
+SET steps = $4, lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5), updated_at = coalesce($6::timestamptz, now())
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-  AND lease_expires_at > now()
+  AND lease_expires_at > coalesce($6::timestamptz, now())
 RETURNING id, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_remember
 -- Renews the lease: an expired one is lost (see job_heartbeat).
 UPDATE jobs
-SET memo = memo || $4::jsonb, lease_expires_at = now() + make_interval(secs => $5), updated_at = now()
+SET memo = memo || $4::jsonb, lease_expires_at = coalesce($6::timestamptz, now()) + make_interval(secs => $5), updated_at = coalesce($6::timestamptz, now())
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
-  AND lease_expires_at > now()
+  AND lease_expires_at > coalesce($6::timestamptz, now())
 RETURNING id;
 
 -- name: job_succeed
@@ -553,9 +599,9 @@ FROM jobs_finish_and_claim($1::text[], $2::text[], $3::int[], $4::text[], $5::te
 -- $7 = attempts to give back (1 for a snooze or a hand-over, else 0).
 UPDATE jobs
 SET status = 'retry', steps = $4, error = $5,
-    run_after = now() + make_interval(secs => $6),
+    run_after = coalesce($8::timestamptz, now()) + make_interval(secs => $6),
     attempt = attempt - $7,
-    lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+    lease_owner = NULL, lease_expires_at = NULL, updated_at = coalesce($8::timestamptz, now())
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
 RETURNING id, run_after, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
@@ -572,18 +618,18 @@ SELECT pg_notify('z9_scheduler', '');
 -- name: job_retry_due
 WITH due AS (
     SELECT id FROM jobs
-    WHERE status = 'retry' AND run_after <= now()
+    WHERE status = 'retry' AND run_after <= coalesce($2::timestamptz, now())
     ORDER BY run_after
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
-UPDATE jobs SET status = 'pending', updated_at = now()
+UPDATE jobs SET status = 'pending', updated_at = coalesce($2::timestamptz, now())
 FROM due WHERE jobs.id = due.id
 RETURNING jobs.id, jobs.region, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
 -- name: job_retry_next_in
 -- Seconds until the earliest retry is due (negative when overdue), NULL when none waits.
-SELECT extract(epoch FROM min(run_after) - now())::float8 FROM jobs WHERE status = 'retry';
+SELECT extract(epoch FROM min(run_after) - coalesce($1::timestamptz, now()))::float8 FROM jobs WHERE status = 'retry';
 
 -- name: lease_reclaim_expired
 -- Guarded: FOR UPDATE re-evaluates the CTE's predicate on a row changed since the snapshot,
@@ -591,7 +637,7 @@ SELECT extract(epoch FROM min(run_after) - now())::float8 FROM jobs WHERE status
 -- between selection and update is never overwritten.
 WITH expired AS (
     SELECT id FROM jobs
-    WHERE status = 'running' AND lease_expires_at < now()
+    WHERE status = 'running' AND lease_expires_at < coalesce($2::timestamptz, now())
     ORDER BY lease_expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -606,15 +652,15 @@ SET status = CASE WHEN jobs.attempt >= jobs.max_attempts THEN 'failed' ELSE 'ret
                    || 'lease of ' || jobs.lease_owner || ' expired at '
                    || to_char(jobs.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
                    || ' (worker lost or stalled)',
-        'at', now()),
-    run_after = now(),
-    finished_at = CASE WHEN jobs.attempt >= jobs.max_attempts THEN now() END,
+        'at', coalesce($2::timestamptz, now())),
+    run_after = coalesce($2::timestamptz, now()),
+    finished_at = CASE WHEN jobs.attempt >= jobs.max_attempts THEN coalesce($2::timestamptz, now()) END,
     lease_owner = NULL,
     lease_expires_at = NULL,
-    updated_at = now()
+    updated_at = coalesce($2::timestamptz, now())
 FROM expired
 WHERE jobs.id = ANY(ARRAY(SELECT id FROM expired))  -- primary-key probes, not a scan of live jobs
-  AND jobs.id = expired.id AND jobs.status::text = 'running' AND jobs.lease_expires_at < now()
+  AND jobs.id = expired.id AND jobs.status::text = 'running' AND jobs.lease_expires_at < coalesce($2::timestamptz, now())
 RETURNING jobs.id, jobs.kind, jobs.status, jobs.region, jobs.attempt, jobs.resource_type, jobs.resource_id,
           jobs.error, pg_notify('z9_job_changed', jobs.id)::text AS notified;
 
@@ -624,7 +670,7 @@ RETURNING jobs.id, jobs.kind, jobs.status, jobs.region, jobs.attempt, jobs.resou
 DELETE FROM jobs
 WHERE id IN (
     SELECT j.id FROM jobs j
-    WHERE j.status IN ('succeeded', 'failed') AND j.finished_at < now() - make_interval(secs => $1)
+    WHERE j.status IN ('succeeded', 'failed') AND j.finished_at < coalesce($3::timestamptz, now()) - make_interval(secs => $1)
     ORDER BY j.finished_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -653,9 +699,9 @@ GROUP BY status, region, kind;
 -- jobs_pending_runnable in run_after order and stops at the first runnable job; the walk and the
 -- per-resource probes are index-only.
 -- (run_after is never earlier than created_at: it defaults to now() and only moves forward.)
-SELECT r.region, coalesce(extract(epoch FROM now() - (
+SELECT r.region, coalesce(extract(epoch FROM coalesce($2::timestamptz, now()) - (
     SELECT greatest(j.created_at, j.run_after) FROM jobs j
-    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = r.region AND j.run_after <= now()
+    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = r.region AND j.run_after <= coalesce($2::timestamptz, now())
       AND NOT EXISTS (
           SELECT 1 FROM jobs e
           WHERE e.resource_id = j.resource_id AND e.seq < j.seq
@@ -971,22 +1017,23 @@ RETURNING *;
 
 -- name: tenant_quota_get
 -- A tenant's quota overrides (no row: none).
-SELECT servers, cores, memory_mib, addresses, volume_gib FROM tenant_quotas WHERE tenant_id = $1;
+SELECT servers, cores, memory_mib, addresses, load_balancers, volume_gib FROM tenant_quotas WHERE tenant_id = $1;
 
 -- name: tenant_quota_set
--- `z9 quota`: $3..$6 with $2 telling which are given (a NULL given resets it to the default).
-INSERT INTO tenant_quotas AS t (tenant_id, servers, cores, memory_mib, addresses, volume_gib)
+-- `z9 quota`: $3..$8 with $2 telling which are given (a NULL given resets it to the default).
+INSERT INTO tenant_quotas AS t (tenant_id, servers, cores, memory_mib, addresses, load_balancers, volume_gib)
 VALUES ($1, CASE WHEN 'servers' = ANY($2::text[]) THEN $3::integer END, CASE WHEN 'cores' = ANY($2::text[]) THEN $4::integer END,
         CASE WHEN 'memory_mib' = ANY($2::text[]) THEN $5::bigint END, CASE WHEN 'addresses' = ANY($2::text[]) THEN $6::integer END,
-        CASE WHEN 'volume_gib' = ANY($2::text[]) THEN $7::bigint END)
+        CASE WHEN 'load_balancers' = ANY($2::text[]) THEN $7::integer END, CASE WHEN 'volume_gib' = ANY($2::text[]) THEN $8::bigint END)
 ON CONFLICT (tenant_id) DO UPDATE
 SET servers = CASE WHEN 'servers' = ANY($2::text[]) THEN $3::integer ELSE t.servers END,
     cores = CASE WHEN 'cores' = ANY($2::text[]) THEN $4::integer ELSE t.cores END,
     memory_mib = CASE WHEN 'memory_mib' = ANY($2::text[]) THEN $5::bigint ELSE t.memory_mib END,
     addresses = CASE WHEN 'addresses' = ANY($2::text[]) THEN $6::integer ELSE t.addresses END,
-    volume_gib = CASE WHEN 'volume_gib' = ANY($2::text[]) THEN $7::bigint ELSE t.volume_gib END,
+    load_balancers = CASE WHEN 'load_balancers' = ANY($2::text[]) THEN $7::integer ELSE t.load_balancers END,
+    volume_gib = CASE WHEN 'volume_gib' = ANY($2::text[]) THEN $8::bigint ELSE t.volume_gib END,
     updated_at = now()
-RETURNING servers, cores, memory_mib, addresses, volume_gib;
+RETURNING servers, cores, memory_mib, addresses, load_balancers, volume_gib;
 
 -- name: tenant_quota_lock
 -- Inside the request's transaction: the tenant's quota lock, held until commit. A statement of
@@ -1014,6 +1061,7 @@ SELECT (SELECT count(*) FROM servers WHERE tenant_id = $1 AND status <> 'deleted
        (SELECT coalesce(sum(memory_mib), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted')
          + (SELECT coalesce(sum(memory_mib), 0) FROM members) AS memory_mib,
        (SELECT count(*) FROM addresses WHERE tenant_id = $1 AND status <> 'deleted') AS addresses,
+       (SELECT count(*) FROM load_balancers WHERE tenant_id = $1 AND status <> 'deleted') AS load_balancers,
        (SELECT coalesce(sum(size_gib), 0) FROM volumes WHERE tenant_id = $1 AND status <> 'deleted') AS volume_gib;
 
 -- name: server_get_for_update
@@ -1276,3 +1324,31 @@ SELECT j.id, j.kind FROM jobs j JOIN jobs me ON me.id = $1
 WHERE j.resource_id = me.resource_id AND j.seq > me.seq AND j.kind = ANY($2::text[])
 ORDER BY j.seq
 LIMIT 1;
+
+-- ---------------------------------------------------------------- operator views (GET /v1/operator/…)
+
+-- name: job_list_operator
+-- Every tenant's jobs: $1 region, $2 kind, $3 status, $4 tenant (each NULL: any), $5 the limit, $6 kinds
+-- left out. The live ones first — retry, then pending, then running, each oldest first — then the
+-- finished ones, newest first.
+SELECT * FROM jobs
+WHERE ($1::text IS NULL OR region = $1) AND ($2::text IS NULL OR kind = $2)
+  AND ($3::text IS NULL OR status::text = $3) AND ($4::text IS NULL OR tenant_id = $4)
+  AND NOT (kind = ANY($6::text[]))
+ORDER BY CASE status::text WHEN 'retry' THEN 0 WHEN 'pending' THEN 1 WHEN 'running' THEN 2 ELSE 3 END,
+         CASE WHEN status::text IN ('retry', 'pending', 'running') THEN seq END,
+         seq DESC
+LIMIT $5;
+
+-- name: job_live_counts_by_region
+-- The live jobs of every region by status, with the oldest pending one's creation.
+SELECT region, status::text AS status, count(*)::int AS n, min(created_at) AS oldest
+FROM jobs WHERE status IN ('pending', 'retry', 'running')
+GROUP BY region, status;
+
+-- name: job_list_guard_refusals
+-- Jobs the deletion guard refused (the executor marks their error `refused`), newest first.
+SELECT * FROM jobs
+WHERE status = 'failed' AND (error ->> 'refused') = 'true' AND ($1::text IS NULL OR region = $1)
+ORDER BY seq DESC
+LIMIT $2;

@@ -78,7 +78,7 @@ class AddressPoolSettings(BaseModel):
     out again for ``quarantine_s`` seconds.
     """
 
-    model_config = {"extra": "forbid"}
+    model_config = {"extra": "forbid", "frozen": True}
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     cidr: IPNetwork
@@ -135,6 +135,71 @@ class AddressPoolSettings(BaseModel):
         return self
 
 
+class PrivateNetworkSettings(BaseModel):
+    """A region's private network (``Z9_REGIONS[r].private_network``), e.g.::
+
+        {"cidr": "172.16.0.0/16", "gateway": "172.16.0.1", "nameservers": ["172.16.0.53"]}
+
+    Every guest z9 makes without an address of its own from a pool (a server without a primary
+    address, a Kubernetes cluster's members) gets one IPv4 address from it, chosen by z9 — not
+    leased by a DHCP server z9 cannot see — written as the VM's static cloud-init network and as the
+    only address its Proxmox IP filter lets it send from (``ipfilter-net0``). ``range`` (first,
+    last) is the allocatable part (default: every host address but the gateway); ``reserved`` are
+    never handed out; a released address comes back after ``quarantine_s``. IPv4 only, at most
+    65,536 addresses. The network is the region's (shared by its tenants, as the bridge is): what
+    keeps tenants apart on it is the IP filter, not the addressing.
+    """
+
+    model_config = {"extra": "forbid"}
+
+    cidr: ipaddress.IPv4Network
+    gateway: ipaddress.IPv4Address | None = None
+    range: tuple[ipaddress.IPv4Address, ipaddress.IPv4Address] | None = None
+    reserved: list[ipaddress.IPv4Address] = Field(default_factory=list)
+    nameservers: list[ipaddress.IPv4Address] = Field(default_factory=list)
+    quarantine_s: int = Field(600, ge=0)
+
+    @field_validator("cidr", mode="before")
+    @classmethod
+    def _strict_network(cls, v: object) -> object:
+        if isinstance(v, str):
+            try:
+                return ipaddress.IPv4Network(v, strict=True)
+            except ValueError as e:
+                raise ValueError(f"{v!r} is not an IPv4 network address with its prefix ({e})") from None
+        return v
+
+    @property
+    def first_last(self) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:
+        if self.range is not None:
+            return self.range
+        net = self.cidr
+        return (net[0], net[-1]) if net.num_addresses <= 2 else (net[1], net[-2])
+
+    @property
+    def excluded(self) -> list[ipaddress.IPv4Address]:
+        """Never handed out: the gateway and ``reserved``."""
+        return [*([self.gateway] if self.gateway else []), *self.reserved]
+
+    @model_validator(mode="after")
+    def _inside(self) -> "PrivateNetworkSettings":
+        net = self.cidr
+        for label, ip in [("gateway", self.gateway), *[("reserved", r) for r in self.reserved],
+                          *([("range", r) for r in self.range] if self.range else [])]:
+            if ip is not None and ip not in net:
+                raise ValueError(f"private_network: {label} {ip} is not inside {net}")
+        first, last = self.first_last
+        if first > last:
+            raise ValueError(f"private_network: range starts after it ends ({first} > {last})")
+        if int(last) - int(first) + 1 > MAX_POOL_SIZE:
+            raise ValueError(f"private_network: range {first}-{last} holds more than {MAX_POOL_SIZE} addresses")
+        return self
+
+    def ipconfig0(self, ip: str) -> str:
+        """PVE's cloud-init ``ipconfig0`` for ``ip`` on this network."""
+        return f"ip={ip}/{self.cidr.prefixlen}" + (f",gw={self.gateway}" if self.gateway else "")
+
+
 class RegionSettings(BaseModel):
     """One region = one Proxmox VE cluster.
 
@@ -155,6 +220,8 @@ class RegionSettings(BaseModel):
     running jobs whose lease has not expired and claims at most the difference. Unset (``null``):
     no cap, and the claim does none of that. Every executor of the region must carry the same value.
     """
+
+    model_config = {"frozen": True}
 
     url: str
     token_id: str = "root@pam!z9"
@@ -194,16 +261,22 @@ class RegionSettings(BaseModel):
     # the appliances). By default an ip target is a public unicast address only: RFC 1918,
     # 100.64/10 (shared), 198.18/15 (benchmarking) and every non-global range are refused.
     lb_target_private_networks: list[IPNetwork] = Field(default_factory=list)
+    # The network every guest without a pool address of its own gets its address from, chosen by
+    # z9 and enforced by the Proxmox IP filter (PrivateNetworkSettings). Unset: such guests take
+    # DHCP from the bridge and z9 puts no IP filter on them (it cannot know their lease).
+    private_network: PrivateNetworkSettings | None = None
 
-    @model_validator(mode="after")
-    def _secret_from_file(self) -> "RegionSettings":
+    @model_validator(mode="before")
+    @classmethod
+    def _secret_from_file(cls, data: object) -> object:
         """``token_secret`` read from ``token_secret_file`` when only the file is named and this
-        process has it (the executor); left unset otherwise."""
-        if self.token_secret is None and self.token_secret_file is not None:
-            secret = read_secret_file(self.token_secret_file)
+        process has it (the executor); left unset otherwise (before validation: the model is
+        frozen)."""
+        if isinstance(data, dict) and data.get("token_secret") is None and data.get("token_secret_file"):
+            secret = read_secret_file(Path(data["token_secret_file"]))
             if secret is not None:
-                self.token_secret = SecretStr(secret)
-        return self
+                data = {**data, "token_secret": secret}
+        return data
 
     def require_token_secret(self, region: str) -> str:
         """The token secret; ValueError naming the setting when this process was given none."""
@@ -238,7 +311,9 @@ class RegionSettings(BaseModel):
 class Settings(BaseSettings):
     """Every z9 setting. Units are in the names (``_s`` seconds, ``_mib`` MiB)."""
 
-    model_config = SettingsConfigDict(env_prefix="Z9_", extra="ignore")
+    # frozen: built once per process (a test: once per test, other values by model_copy) and
+    # shared by everything in it, so nothing may change it under the services reading it
+    model_config = SettingsConfigDict(env_prefix="Z9_", extra="ignore", frozen=True)
 
     # Pooled queries of every service (may go through PgBouncer). Several hosts for HA:
     # postgresql://z9@db1:5432,db2:5432/z9?target_session_attrs=read-write
@@ -279,6 +354,9 @@ class Settings(BaseSettings):
     # A token's last use (GET /v1/tokens) is written at most once per this many seconds per API
     # process, for all tokens used meanwhile in one statement: never a write per request.
     api_token_last_used_s: float = Field(60.0, gt=0)
+    # The tracing UI a job's trace id links to in the console's operator view: a URL with
+    # `{trace_id}` in it (Jaeger: http://127.0.0.1:16686/trace/{trace_id}). Unset: no link.
+    tracing_ui_url: str | None = Field(None, pattern=r"^https?://.*\{trace_id\}")
     # Rate limit per tenant (all its tokens share one bucket) and API process: a bucket of this
     # many requests, refilled at this rate (requests per second); 0 turns it off. Over it: 429
     # with Retry-After.
@@ -339,6 +417,7 @@ class Settings(BaseSettings):
     quota_cores: int | None = Field(None, ge=0)
     quota_memory_mib: int | None = Field(None, ge=0)
     quota_addresses: int | None = Field(None, ge=0)
+    quota_load_balancers: int | None = Field(None, ge=0)
     quota_volume_gib: int | None = Field(None, ge=0, description=(
         "Default quota of every tenant: the sum of its volumes' sizes, GiB, not yet deleted (unset: no limit)."))
     # Kubernetes clusters (issue 11). The installation key encrypts every cluster's private keys
@@ -367,6 +446,9 @@ class Settings(BaseSettings):
         "How long one claim of that job waits for the guest before it snoozes (its attempt given back, "
         "its executor slot free for other jobs) and looks again: guests that never boot do not hold "
         "the region's executor slots."))
+    server_guest_poll_s: float = Field(1.0, gt=0, description=(
+        "How often that wait asks the guest agent again while the guest is not up (each ask is a request "
+        "through pveproxy)."))
 
     # scheduler, reaper, retention
     scheduler_interval_s: float = Field(1.0, gt=0)
@@ -404,12 +486,19 @@ class Settings(BaseSettings):
             raise ValueError(problem)
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _installation_key_from_file(cls, data: object) -> object:
+        """``installation_key`` read from ``installation_key_file`` when only the file is named
+        and this process has it (before validation: the model is frozen)."""
+        if isinstance(data, dict) and data.get("installation_key") is None and data.get("installation_key_file"):
+            key = read_secret_file(Path(data["installation_key_file"]))
+            if key is not None:
+                data = {**data, "installation_key": key}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "Settings":
-        if self.installation_key is None and self.installation_key_file is not None:
-            key = read_secret_file(self.installation_key_file)
-            if key is not None:
-                self.installation_key = SecretStr(key)
         if self.database_pooler == "transaction" and self.database_direct_url in (None, "", self.database_url):
             raise ValueError("Z9_DATABASE_POOLER=transaction needs Z9_DATABASE_DIRECT_URL: a connection string "
                              "straight to PostgreSQL (or a session pooler) for the LISTEN connections and "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from datetime import datetime
 from importlib import resources
 from typing import Any
 
@@ -40,12 +41,30 @@ def qt(name: str, table: str, status_type: str) -> str:
     return q(name).replace("{table}", table).replace("{status_type}", status_type)
 
 
+class _Null:
+    """:data:`NULL`: an SQL ``NULL`` asked for by name (``None`` stays refused: a value left unset
+    by mistake must not become one)."""
+
+    def __repr__(self) -> str:
+        return "NULL"
+
+
+NULL = _Null()
+
+
 def literal(value: Any) -> str:
     """``value`` as an SQL literal: ``str`` quoted (``'`` doubled; the server runs with
     ``standard_conforming_strings = on``, PostgreSQL's default since 9.1, so a backslash is an
-    ordinary character), ``int`` and finite ``float`` as numbers. Anything else (``bool``, ``None``,
-    NaN, a string holding NUL) is refused with ``ValueError``: the caller passes values of known
-    types, never raw input."""
+    ordinary character), ``int`` and finite ``float`` as numbers, an aware ``datetime`` as its ISO
+    text (quoted; the query casts it), :data:`NULL` as ``NULL``. Anything else (``bool``, ``None``,
+    NaN, a string holding NUL, a naive ``datetime``) is refused with ``ValueError``: the caller
+    passes values of known types, never raw input."""
+    if value is NULL:
+        return "NULL"
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("a datetime without a time zone has no SQL literal")
+        return "'" + value.isoformat() + "'"
     if isinstance(value, bool) or value is None:
         raise ValueError(f"no SQL literal for {value!r}")
     if isinstance(value, int):

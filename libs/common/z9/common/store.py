@@ -32,7 +32,7 @@ from .ids import new_id
 from .models import Address, Cluster, Job, LoadBalancer, Server
 from .labels import Selector
 from .requestctx import current_actor, current_request_id
-from .sql import q, ql, qt
+from .sql import NULL, q, ql, qt
 from .tracing import current_trace_context
 
 log = logging.getLogger("z9.store")
@@ -86,10 +86,10 @@ async def api_token_create(db: DB, tenant_id: str, token: str, name: str, *, sco
                              sorted(set(scopes)), expires_at, created_by)
 
 
-async def api_token_auth(db: DB, token: str) -> Any:
-    """The valid (known, not revoked, not expired) token ``token``: a row (id, tenant_id,
-    scopes, expires_at), or None."""
-    return await db.fetchrow(q("api_token_auth"), token_sha256(token))
+async def api_token_auth(db: DB, token: str, *, now: datetime | None = None) -> Any:
+    """The valid (known, not revoked, not expired at ``now``: None is the database's now()) token
+    ``token``: a row (id, tenant_id, scopes, expires_at), or None."""
+    return await db.fetchrow(q("api_token_auth"), token_sha256(token), now)
 
 
 async def api_token_list(db: DB, tenant_id: str, *, after: str | None = None, include_revoked: bool = False,
@@ -112,15 +112,15 @@ async def api_token_revoke_tree(db: DB, token_id: str, tenant_id: str) -> tuple[
     return next((r for r in rows if r["id"] == token_id), None), [r["id"] for r in rows]
 
 
-async def api_token_touch(db: DB, token_ids: list[str], coarseness_s: float) -> None:
-    """Set ``last_used_at = now()`` on the tokens not touched within ``coarseness_s`` seconds."""
+async def api_token_touch(db: DB, token_ids: list[str], coarseness_s: float, *, now: datetime | None = None) -> None:
+    """Set ``last_used_at = now`` on the tokens not touched within ``coarseness_s`` seconds."""
     if token_ids:
-        await db.execute(q("api_token_touch"), token_ids, coarseness_s)
+        await db.execute(q("api_token_touch"), token_ids, coarseness_s, now)
 
 
-async def api_token_tenant(db: DB, token: str) -> str | None:
-    """The tenant id owning ``token``, or None (unknown or revoked)."""
-    row = await db.fetchrow(q("api_token_tenant"), token_sha256(token))
+async def api_token_tenant(db: DB, token: str, *, now: datetime | None = None) -> str | None:
+    """The tenant id owning ``token``, or None (unknown, revoked or expired at ``now``)."""
+    row = await db.fetchrow(q("api_token_tenant"), token_sha256(token), now)
     return row["id"] if row else None
 
 
@@ -132,9 +132,9 @@ async def idempotency_lock(db: DB, tenant_id: str, key: str) -> None:
     await db.execute(q("idempotency_lock"), f"{tenant_id}/{key}")
 
 
-async def idempotency_prune(db: DB, retention_s: float) -> int:
+async def idempotency_prune(db: DB, retention_s: float, *, now: datetime | None = None) -> int:
     """Forget Idempotency-Keys older than ``retention_s`` seconds; returns how many."""
-    return int((await db.execute(q("idempotency_prune"), retention_s)).split()[-1])
+    return int((await db.execute(q("idempotency_prune"), retention_s, now)).split()[-1])
 
 
 async def idempotency_get(db: DB, tenant_id: str, key: str) -> Any:
@@ -208,24 +208,27 @@ async def resource_list(db: DB, sql: SqlTarget, tenant_id: str, after: str | Non
                           *(selector or Selector()).params(), include_deleted)
 
 
-async def resource_mark_deleting(db: DB, sql: SqlTarget, rid: str, tenant_id: str, buffer_s: float) -> Any:
-    return await db.fetchrow(qt("resource_mark_deleting", *sql), rid, tenant_id, buffer_s)
+async def resource_mark_deleting(db: DB, sql: SqlTarget, rid: str, tenant_id: str, buffer_s: float, *,
+                                 now: datetime | None = None) -> Any:
+    return await db.fetchrow(qt("resource_mark_deleting", *sql), rid, tenant_id, buffer_s, now)
 
 
 async def resource_mark_destroying(db: DB, sql: SqlTarget, rid: str, tenant_id: str) -> Any:
     return await db.fetchrow(qt("resource_mark_destroying", *sql), rid, tenant_id)
 
 
-async def resource_cancel_deletion(db: DB, sql: SqlTarget, rid: str, tenant_id: str) -> Any:
-    return await db.fetchrow(qt("resource_cancel_deletion", *sql), rid, tenant_id)
+async def resource_cancel_deletion(db: DB, sql: SqlTarget, rid: str, tenant_id: str, *,
+                                   now: datetime | None = None) -> Any:
+    return await db.fetchrow(qt("resource_cancel_deletion", *sql), rid, tenant_id, now)
 
 
-async def resource_reap_expired(db: DB, sql: SqlTarget, limit: int) -> list[Any]:
-    return await db.fetch(qt("resource_reap_expired", *sql), limit)
+async def resource_reap_expired(db: DB, sql: SqlTarget, limit: int, *, now: datetime | None = None) -> list[Any]:
+    return await db.fetch(qt("resource_reap_expired", *sql), limit, now)
 
 
-async def resource_periodic_due(db: DB, sql: SqlTarget, statuses: list[str], interval_s: float, limit: int) -> list[Any]:
-    return await db.fetch(qt("resource_periodic_due", *sql), statuses, float(interval_s), limit)
+async def resource_periodic_due(db: DB, sql: SqlTarget, statuses: list[str], interval_s: float, limit: int, *,
+                                now: datetime | None = None) -> list[Any]:
+    return await db.fetch(qt("resource_periodic_due", *sql), statuses, float(interval_s), limit, now)
 
 
 async def resource_observed(db: DB, sql: SqlTarget, rid: str, status: str | None, from_statuses: list[str]) -> Any:
@@ -303,6 +306,30 @@ async def vm_clone_requests(db: DB, resource_id: str, member: str | None = None)
     return [CloneRequest(r["member"], r["vmid"], r["node"], r["job_id"], r["upid"], r["sent_at"],
                          r["uncertain_since"])
             for r in await db.fetch(q("vm_clone_requests"), resource_id, member)]
+
+
+# ---------------------------------------------------------------- VM private addresses
+
+async def vm_private_address(pool: asyncpg.Pool, resource_id: str, member: str, region: str, *, first: Any,
+                             count: int, excluded: list[Any], quarantine_s: int) -> str | None:
+    """The private address of (``resource_id``, ``member``) in ``region``: the one it has, else the
+    first free IP of ``count`` from ``first`` (never one of ``excluded``, nor one live or quarantined
+    in the region), taken for it now. None: no IP left. Idempotent (one live row per member)."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(q("vm_private_address_lock"), region)
+        await conn.execute(q("vm_private_address_forget_expired"), region)
+        return await conn.fetchval(q("vm_private_address_allocate"), resource_id, member, region, str(first),
+                                   int(count), [str(x) for x in excluded], int(quarantine_s))
+
+
+async def vm_private_addresses_of(db: DB, resource_id: str) -> dict[str, str]:
+    """{member: ip} of the resource's VMs' live private addresses."""
+    return {r["member"]: r["ip"] for r in await db.fetch(q("vm_private_addresses_of"), resource_id)}
+
+
+async def vm_private_address_release(db: DB, resource_id: str, member: str) -> str | None:
+    """The member's VM is gone: its private address is quarantined (returns it; None: it had none)."""
+    return await db.fetchval(q("vm_private_address_release"), resource_id, member)
 
 
 # ---------------------------------------------------------------- jobs: producers
@@ -405,20 +432,22 @@ async def jobs_unblock_missed(db: DB, limit: int = 1000) -> list[Any]:
 
 
 async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float,
-                    caps: Mapping[str, int] | None = None, on_held: CapHeld | None = None) -> list[Job]:
+                    caps: Mapping[str, int] | None = None, on_held: CapHeld | None = None, *,
+                    now: datetime | None = None) -> list[Job]:
     """Claim up to ``limit`` pending jobs of ``regions`` (``FOR UPDATE SKIP LOCKED``), at most the
     earliest live job of each resource; each gets ``lease_owner = owner`` and attempt + 1.
     One statement per region (in the order given) until ``limit`` jobs are claimed.
     ``caps``: region → most running jobs across all executors (``max_concurrent_jobs``); a
-    region without one is claimed as above, at no extra cost (see :func:`_job_claim_capped`)."""
+    region without one is claimed as above, at no extra cost (see :func:`_job_claim_capped`).
+    ``now``: the time jobs are due by and leases run from (None: the database's now())."""
     if caps and any(r in caps for r in regions):
-        return await _job_claim_capped(db, regions, limit, owner, lease_ttl_s, caps, on_held)
+        return await _job_claim_capped(db, regions, limit, owner, lease_ttl_s, caps, on_held, now)
     out: list[Job] = []
     for region in regions:
         if len(out) >= limit:
             break
         try:
-            rows = await db.fetch(job_claim_sql(region, limit - len(out), owner, lease_ttl_s))
+            rows = await db.fetch(job_claim_sql(region, limit - len(out), owner, lease_ttl_s, now))
         except Exception as e:
             _claim_interrupted(db, out, region, e)
             return out
@@ -445,7 +474,8 @@ executor because the region was at its cap, while claimable jobs of the region w
 
 
 async def _job_claim_capped(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float,
-                            caps: Mapping[str, int], on_held: CapHeld | None) -> list[Job]:
+                            caps: Mapping[str, int], on_held: CapHeld | None,
+                            now: datetime | None = None) -> list[Job]:
     """:func:`job_claim` with per-region caps. A capped region's claim runs under its advisory
     lock (``job_region_cap_lock``, held to commit): count the region's running jobs with an
     unexpired lease, claim at most ``cap − running`` through the ordinary ``job_claim`` query.
@@ -466,13 +496,14 @@ async def _job_claim_capped(db: DB, regions: list[str], limit: int, owner: str, 
         want = limit - len(out)
         try:
             if region not in caps:
-                got = await job_claim(db, [region], want, owner, lease_ttl_s)
+                got = await job_claim(db, [region], want, owner, lease_ttl_s, now=now)
             elif in_tx:
-                got = await _claim_under_cap(db, region, caps[region], want, owner, lease_ttl_s, on_held)
+                got = await _claim_under_cap(db, region, caps[region], want, owner, lease_ttl_s, on_held, now)
             else:
                 async with _transaction(db) as conn:
                     await conn.execute(q("job_region_cap_lock"), [region])
-                    got = await _claim_under_cap(conn, region, caps[region], want, owner, lease_ttl_s, on_held)
+                    got = await _claim_under_cap(conn, region, caps[region], want, owner, lease_ttl_s, on_held,
+                                                 now)
         except Exception as e:  # a cap lock not had within lock_timeout, a lost connection
             _claim_interrupted(db, out, region, e)
             return out
@@ -481,14 +512,14 @@ async def _job_claim_capped(db: DB, regions: list[str], limit: int, owner: str, 
 
 
 async def _claim_under_cap(conn: Any, region: str, cap: int, want: int, owner: str, lease_ttl_s: float,
-                           on_held: CapHeld | None) -> list[Job]:
+                           on_held: CapHeld | None, now: datetime | None = None) -> list[Job]:
     """Holding the region's cap lock: claim at most ``min(want, cap − running)`` of its jobs."""
-    running = await conn.fetchval(q("job_region_running"), region)
+    running = await conn.fetchval(q("job_region_running"), region, now)
     room = min(want, cap - running)
-    got = await job_claim(conn, [region], room, owner, lease_ttl_s) if room > 0 else []
+    got = await job_claim(conn, [region], room, owner, lease_ttl_s, now=now) if room > 0 else []
     if room < want and len(got) == max(room, 0) and on_held is not None:
         # the cap, not the queue, limited this claim (if anything claimable is left waiting)
-        if await conn.fetchval(q("job_region_claimable"), region):
+        if await conn.fetchval(q("job_region_claimable"), region, now):
             on_held(region, cap, running + len(got))
     return got
 
@@ -504,13 +535,15 @@ async def _transaction(db: DB) -> AsyncIterator[Any]:
             yield db
 
 
-def job_claim_sql(region: str, limit: int, owner: str, lease_ttl_s: float) -> str:
+def job_claim_sql(region: str, limit: int, owner: str, lease_ttl_s: float, now: datetime | None = None) -> str:
     """The claim of one region as a statement without parameters (values as literals, see
     ``job_claim`` in queries.sql and :func:`z9.common.sql.ql`): planned once per connection for
-    its real ``LIMIT`` instead of on every execution."""
+    its real ``LIMIT`` instead of on every execution. ``now`` None (production) is the literal
+    ``NULL``, one text for every claim; a test clock's time makes a statement of its own."""
     if not isinstance(limit, int) or limit < 1:
         raise ValueError(f"claim limit must be a positive int, not {limit!r}")
-    return ql("job_claim", region=str(region), limit=limit, owner=str(owner), lease_ttl_s=float(lease_ttl_s))
+    return ql("job_claim", region=str(region), limit=limit, owner=str(owner), lease_ttl_s=float(lease_ttl_s),
+              now=NULL if now is None else now)
 
 
 async def _fenced(db: DB, name: str, lease: Lease, *args: Any) -> Any:
@@ -520,31 +553,34 @@ async def _fenced(db: DB, name: str, lease: Lease, *args: Any) -> Any:
     return row
 
 
-async def job_heartbeat(db: DB, lease: Lease, lease_ttl_s: float) -> None:
+async def job_heartbeat(db: DB, lease: Lease, lease_ttl_s: float, *, now: datetime | None = None) -> None:
     """Extend the lease by ``lease_ttl_s`` seconds from now. Raises LeaseLost."""
-    await _fenced(db, "job_heartbeat", lease, lease_ttl_s)
+    await _fenced(db, "job_heartbeat", lease, lease_ttl_s, now)
 
 
-async def job_heartbeat_many(db: DB, leases: list[Lease], lease_ttl_s: float) -> list[Lease]:
+async def job_heartbeat_many(db: DB, leases: list[Lease], lease_ttl_s: float, *,
+                             now: datetime | None = None) -> list[Lease]:
     """Extend every lease of ``leases`` by ``lease_ttl_s`` seconds in one statement (each row
     fenced like :func:`job_heartbeat`); returns the leases that were *lost* (matched no row)."""
     if not leases:
         return []
     rows = await db.fetch(q("job_heartbeat_many"), [l.job_id for l in leases], [l.owner for l in leases],
-                          [l.attempt for l in leases], lease_ttl_s)
+                          [l.attempt for l in leases], lease_ttl_s, now)
     held = {(r["id"], r["attempt"]) for r in rows}
     return [l for l in leases if (l.job_id, l.attempt) not in held]
 
 
-async def job_progress(db: DB, lease: Lease, steps: list[dict[str, Any]], lease_ttl_s: float) -> None:
+async def job_progress(db: DB, lease: Lease, steps: list[dict[str, Any]], lease_ttl_s: float, *,
+                       now: datetime | None = None) -> None:
     """Write the step list and extend the lease. Raises LeaseLost."""
-    await _fenced(db, "job_progress", lease, steps, lease_ttl_s)
+    await _fenced(db, "job_progress", lease, steps, lease_ttl_s, now)
 
 
-async def job_remember(db: DB, lease: Lease, facts: dict[str, Any], lease_ttl_s: float) -> None:
+async def job_remember(db: DB, lease: Lease, facts: dict[str, Any], lease_ttl_s: float, *,
+                       now: datetime | None = None) -> None:
     """Merge ``facts`` into the job's memo (kept across attempts) and extend the lease.
     Raises LeaseLost."""
-    await _fenced(db, "job_remember", lease, facts, lease_ttl_s)
+    await _fenced(db, "job_remember", lease, facts, lease_ttl_s, now)
 
 
 async def job_succeed(db: DB, lease: Lease, steps: list[dict[str, Any]]) -> None:
@@ -580,10 +616,10 @@ async def job_finish_and_claim(db: DB, finishes: list[tuple[Lease, list[dict[str
 
 
 async def job_retry(db: DB, lease: Lease, steps: list[dict[str, Any]], error: dict[str, Any],
-                    delay_s: float, *, refund_attempt: bool = False) -> datetime:
+                    delay_s: float, *, refund_attempt: bool = False, now: datetime | None = None) -> datetime:
     """Back to ``retry`` with ``run_after = now + delay_s`` (seconds; the attempt given back when
     ``refund_attempt``); wakes the scheduler. Returns run_after. Raises LeaseLost."""
-    row = await _fenced(db, "job_retry", lease, steps, error, delay_s, 1 if refund_attempt else 0)
+    row = await _fenced(db, "job_retry", lease, steps, error, delay_s, 1 if refund_attempt else 0, now)
     await db.execute(q("scheduler_notify"))
     return row["run_after"]
 
@@ -595,25 +631,27 @@ async def job_fail(db: DB, lease: Lease, steps: list[dict[str, Any]], error: dic
 
 # ---------------------------------------------------------------- jobs: scheduler
 
-async def job_retry_due(db: DB, limit: int = 1000) -> list[Any]:
+# ``now`` below: the time the decision is taken at (a test clock's); None is the database's now().
+
+async def job_retry_due(db: DB, limit: int = 1000, *, now: datetime | None = None) -> list[Any]:
     """Move due ``retry`` jobs to ``pending``; returns rows (id, region)."""
-    return await db.fetch(q("job_retry_due"), limit)
+    return await db.fetch(q("job_retry_due"), limit, now)
 
 
-async def job_retry_next_in(db: DB) -> float | None:
-    """Seconds (database clock) until the earliest ``retry`` job is due; None when none waits."""
-    return await db.fetchval(q("job_retry_next_in"))
+async def job_retry_next_in(db: DB, *, now: datetime | None = None) -> float | None:
+    """Seconds (from ``now``) until the earliest ``retry`` job is due; None when none waits."""
+    return await db.fetchval(q("job_retry_next_in"), now)
 
 
-async def lease_reclaim_expired(db: DB, limit: int = 1000) -> list[Any]:
+async def lease_reclaim_expired(db: DB, limit: int = 1000, *, now: datetime | None = None) -> list[Any]:
     """Expired leases → ``retry`` (or ``failed`` when out of attempts); rows (id, kind, status,
     region, resource_type, resource_id, error)."""
-    return await db.fetch(q("lease_reclaim_expired"), limit)
+    return await db.fetch(q("lease_reclaim_expired"), limit, now)
 
 
-async def job_prune_finished(db: DB, retention_s: float, limit: int = 1000) -> int:
+async def job_prune_finished(db: DB, retention_s: float, limit: int = 1000, *, now: datetime | None = None) -> int:
     """Delete up to ``limit`` terminal jobs finished more than ``retention_s`` seconds ago."""
-    status = await db.execute(q("job_prune_finished"), retention_s, limit)
+    status = await db.execute(q("job_prune_finished"), retention_s, limit, now)
     return int(status.split()[-1])
 
 
@@ -635,10 +673,11 @@ async def job_count_by_status(db: DB, statuses: Iterable[str]) -> list[tuple[str
     return [(r["kind"], r["region"], r["status"], r["n"]) for r in rows if r["status"] in wanted]
 
 
-async def job_oldest_pending_age(db: DB, regions: list[str]) -> dict[str, float]:
+async def job_oldest_pending_age(db: DB, regions: list[str], *, now: datetime | None = None) -> dict[str, float]:
     """``{region: seconds}`` since the oldest runnable pending job of each region became
-    runnable (database clock); 0.0 when the region has none."""
-    return {r["region"]: max(0.0, r["age_s"]) for r in await db.fetch(q("job_oldest_pending_age"), regions)}
+    runnable (at ``now``; None: the database's clock); 0.0 when the region has none."""
+    return {r["region"]: max(0.0, r["age_s"])
+            for r in await db.fetch(q("job_oldest_pending_age"), regions, now)}
 
 
 # ---------------------------------------------------------------- address pools and addresses
@@ -916,7 +955,7 @@ async def address_make_primary(db: DB, address_id: str, server_id: str) -> Addre
     return Address.from_record(row) if row else None
 # ---------------------------------------------------------------- quotas (migration 0011)
 
-QUOTA_KEYS = ("servers", "cores", "memory_mib", "addresses", "volume_gib")
+QUOTA_KEYS = ("servers", "cores", "memory_mib", "addresses", "load_balancers", "volume_gib")
 
 
 async def tenant_quota_get(db: DB, tenant_id: str) -> dict[str, int | None]:
@@ -929,7 +968,7 @@ async def tenant_quota_set(db: DB, tenant_id: str, values: dict[str, int | None]
     """Set the given overrides (a None value resets it to the default); returns all of them."""
     row = await db.fetchrow(q("tenant_quota_set"), tenant_id, list(values), values.get("servers"),
                             values.get("cores"), values.get("memory_mib"), values.get("addresses"),
-                            values.get("volume_gib"))
+                            values.get("load_balancers"), values.get("volume_gib"))
     return {k: row[k] for k in QUOTA_KEYS}
 
 
@@ -984,6 +1023,27 @@ async def job_cancel(db: DB, job_id: str, tenant_id: str, error: dict[str, Any])
     """pending/retry → failed with ``error`` (class ``cancelled``); None when it was in neither."""
     row = await db.fetchrow(q("job_cancel"), job_id, tenant_id, error)
     return Job.from_record(row) if row else None
+
+
+# ---------------------------------------------------------------- operator views
+
+async def job_list_operator(db: DB, *, region: str | None = None, kind: str | None = None, status: str | None = None,
+                            tenant_id: str | None = None, limit: int = 100,
+                            exclude_kinds: Iterable[str] = ()) -> list[Job]:
+    """Every tenant's jobs, live ones first (retry, pending, running; oldest first), then the
+    finished ones newest first (``job_list_operator``)."""
+    rows = await db.fetch(q("job_list_operator"), region, kind, status, tenant_id, limit, sorted(exclude_kinds))
+    return [Job.from_record(r) for r in rows]
+
+
+async def job_live_counts_by_region(db: DB) -> list[dict[str, Any]]:
+    """``[{region, status, n, oldest}]`` of the live jobs."""
+    return [dict(r) for r in await db.fetch(q("job_live_counts_by_region"))]
+
+
+async def job_list_guard_refusals(db: DB, *, region: str | None = None, limit: int = 100) -> list[Job]:
+    """The jobs the deletion guard refused, newest first."""
+    return [Job.from_record(r) for r in await db.fetch(q("job_list_guard_refusals"), region, limit)]
 
 
 # ---------------------------------------------------------------- clusters (issue 11)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from datetime import datetime, timezone
 from typing import Any, Literal
 
 from aiohttp import web
@@ -41,7 +40,7 @@ from z9.common.settings import Settings
 
 from z9.api import quotas, schemas
 from z9.resources.address import api as addresses
-from z9.api.resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin, idempotency_end, idempotency_key, limit_param, parse_body, path_id, request_hash, room_for_a_job, tenant)
+from z9.api.resources import (NOTIFIER, POOL, SETTINGS, clock_of, ApiResource, CreateContext, Operation, dump, idempotency_begin, idempotency_end, idempotency_key, limit_param, parse_body, path_id, request_hash, room_for_a_job, tenant)
 
 VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34")
 MAX_POOL_COUNT = 100
@@ -357,7 +356,7 @@ def actions(api: ApiResource) -> list[Operation]:
                                    details=[{"field": "expiry_s", "message": "past Z9_KUBECONFIG_MAX_EXPIRY_S",
                                              "max": settings.kubeconfig_max_expiry_s}])
         if principal.expires_at is not None:  # never past the minting token's own expiry
-            left = int((principal.expires_at - datetime.now(timezone.utc)).total_seconds())
+            left = int((principal.expires_at - clock_of(request.app).now()).total_seconds())
             expiry_s = max(1, min(expiry_s, left))
         key = installation_key(settings)
         cluster = await CLUSTER.get(pool, rid, tenant(request))

@@ -131,7 +131,9 @@ def target_networks(regions: dict[str, Any], region: str) -> dict[str, list[Any]
     region opens (``lb_target_private_networks`` is a per-region choice)."""
     own = region_networks(regions.get(region))
     return {"platform_networks": [n for r in regions.values() for n in r.platform_networks],
-            "pool_networks": [p.cidr for r in regions.values() for p in r.address_pools],
+            # a region's private network is a pool too (z9 hands its addresses to guests)
+            "pool_networks": [p.cidr for r in regions.values() for p in r.address_pools]
+            + [r.private_network.cidr for r in regions.values() if getattr(r, "private_network", None)],
             "private_allowed": own["private_allowed"]}
 
 
@@ -141,5 +143,6 @@ def region_networks(region: Any) -> dict[str, list[Any]]:
     if region is None:
         return {"platform_networks": [], "pool_networks": [], "private_allowed": []}
     return {"platform_networks": list(region.platform_networks),
-            "pool_networks": [p.cidr for p in region.address_pools],
+            "pool_networks": [p.cidr for p in region.address_pools]
+            + ([region.private_network.cidr] if getattr(region, "private_network", None) else []),
             "private_allowed": list(region.lb_target_private_networks)}

@@ -397,7 +397,7 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
     _check_size(ctx.settings, None, services, targets)
     pool = await pick_pool(ctx.conn, ctx.settings, spec.region, 4, spec.address_pool)
     # the VIP and one address per appliance are the tenant's addresses (see the module's doc)
-    await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1 + APPLIANCES[spec.type])
+    await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1 + APPLIANCES[spec.type], load_balancers=1)
     lb_id = new_id("lb")
     try:
         lb = await store.lb_insert(ctx.conn, lb_id=lb_id, tenant_id=ctx.tenant_id, region=spec.region,

@@ -23,14 +23,15 @@ from z9.common.errors import ApiError, ValidationFailed
 from z9.common.ids import id_pattern, is_id, prefixes
 from z9.common.models import Job
 from z9.common.notify import JobNotifier
+from z9.common.clock import SYSTEM, Clock
 from z9.common.settings import Settings
 
 from .connections import RateLimitedLog
 from . import page_tokens
-from . import catalog, job_actions, middleware, quotas, schemas, tokens, waiting
+from . import catalog, console, job_actions, middleware, operator, quotas, schemas, tokens, waiting
 from z9 import resources
 from .openapi import openapi_document
-from .resources import (NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, bool_param, dump,
+from .resources import (CLOCK, NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, bool_param, dump,
                         limit_param, resource_operations, tenant)
 
 log = logging.getLogger("z9.api")
@@ -239,6 +240,7 @@ def operations() -> list[Operation]:
                   {200: schemas.Job, 400: None, 401: None, 404: None}, query=JobGetQuery,
                   path_id="the job's id (job_…)", example=JOB_EXAMPLE),
         *job_actions.operations(JOB_EXAMPLE),
+        *operator.operations(JOB_EXAMPLE),
         *catalog.operations(),
         quotas.operation(),
         Operation("POST", "/tokens", tokens.create_token, "createToken",
@@ -273,14 +275,15 @@ async def healthz(request: web.Request) -> web.Response:
 
 # ---------------------------------------------------------------------------------- factory
 
-def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.Application:
+def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None, clock: Clock = SYSTEM) -> web.Application:
     """The API application. Owns an asyncpg pool on ``settings.database_url`` unless ``pool``
-    is given (tests)."""
+    is given (tests); reads time through ``clock`` (tests: a :class:`~z9.common.clock.TestClock`)."""
     app = web.Application(middlewares=[middleware.request_id_middleware, metrics_middleware, error_middleware,
                                        tokens.auth_middleware, middleware.rate_limit_middleware,
                                        middleware.query_params_middleware],
                           client_max_size=256 * 1024)
     app[SETTINGS] = settings
+    app[CLOCK] = clock
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
         app[POOL] = pool if pool is not None else await create_service_pool(
@@ -302,12 +305,13 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None) -> web.A
     ops = operations()
     app[OPENAPI] = openapi_document(ops, tag_descriptions={a.rtype.plural: a.tag_description
                                                            for a in RESOURCES if a.tag_description})
-    waiting.install(app, settings)
+    waiting.install(app, settings, clock)
     app[page_tokens.PAGE_KEYS] = page_tokens.PageKeys.from_settings(settings)
     tokens.install(app)
     # The query-parameter check reads the generated document: every route below is in it.
     middleware.install(app, settings, app[OPENAPI])
     app.router.add_get("/healthz", healthz)
+    console.install(app)
     app.router.add_get("/v1/openapi.json", openapi)
     for op in ops:
         if op.method == "GET":  # answers HEAD too (as aiohttp's add_get), so a 405's Allow lists it

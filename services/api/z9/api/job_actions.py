@@ -54,18 +54,23 @@ class JobOne(schemas.Response):
     job: schemas.Job
 
 
-async def _locked(conn: Any, request: web.Request) -> Job:
+async def _locked(conn: Any, request: web.Request, tenant_id: str | None = None) -> Job:
     jid = path_id(request, "job", "job")
-    job = await store.job_get_for_update(conn, jid, tenant(request))
+    job = await store.job_get_for_update(conn, jid, tenant_id if tenant_id is not None else tenant(request))
     if job is None:
         raise NotFound(f"no job {jid!r}")
     return job
 
 
 async def cancel(request: web.Request) -> web.Response:
-    pool, tenant_id = request.app[POOL], tenant(request)
+    return await cancel_for(request, tenant(request))
+
+
+async def cancel_for(request: web.Request, tenant_id: str) -> web.Response:
+    """Cancel the path's job of ``tenant_id`` (the caller's own; an operator's: the job's tenant)."""
+    pool = request.app[POOL]
     async with pool.acquire() as conn, conn.transaction():
-        job = await _locked(conn, request)
+        job = await _locked(conn, request, tenant_id)
         if job.status == "running":
             raise Conflict(f"job {job.id} is running (attempt {job.attempt}); a running job cannot be cancelled: its "
                            "current step acts on the hypervisor. Wait for it to finish, then undo its effect "

@@ -19,7 +19,9 @@ _IDEMPOTENCY = {"name": "Idempotency-Key", "in": "header", "required": False,
 _TAGS = {"jobs": "Jobs: every change is done by a job; poll it (or long-poll with `wait_s`) until it is "
                  "succeeded or failed.",
          "tokens": "API tokens of the caller's tenant: `read` and/or `write` scopes; a secret is shown once.",
-         "regions": "What can be asked for: the regions, their images and address pools."}
+         "regions": "What can be asked for: the regions, their images and address pools.",
+         "operator": "The platform's views (a token with the operator scope): every tenant's jobs, the regions' caps "
+                     "and load, the deletion guard's refusals."}
 _STATUS_TEXT = {200: "OK", 201: "Created", 202: "Accepted: poll the job until it is terminal",
                 400: "Malformed request (not JSON, an unknown query parameter)",
                 403: "The token lacks the scope this needs, or a quota would be exceeded (`quota_exceeded`)",

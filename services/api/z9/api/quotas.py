@@ -1,4 +1,4 @@
-"""Quotas per tenant: servers, cores, memory and addresses (rows not yet deleted).
+"""Quotas per tenant: servers, cores, memory, addresses and load balancers (rows not yet deleted).
 
 Limits: the ``Z9_QUOTA_*`` settings (None: no limit), overridden per tenant in ``tenant_quotas``
 (``z9 quota``). :func:`check` runs in the transaction of the request that would add to the use,
@@ -22,7 +22,7 @@ from z9.common.settings import Settings
 from . import schemas
 
 UNITS = {"servers": "servers", "cores": "cores", "memory_mib": "MiB of memory", "addresses": "addresses",
-         "volume_gib": "GiB of volumes"}
+         "load_balancers": "load balancers", "volume_gib": "GiB of volumes"}
 
 
 async def limits(conn: Any, settings: Settings, tenant_id: str) -> dict[str, int | None]:
@@ -64,6 +64,7 @@ class QuotaSet(schemas.Response):
     cores: QuotaUse = Field(description="servers' and cluster members' cores")
     memory_mib: QuotaUse = Field(description="servers' and cluster members' memory, MiB")
     addresses: QuotaUse = Field(description="addresses, load balancers' VIP and appliance addresses included")
+    load_balancers: QuotaUse = Field(description="load balancers")
     volume_gib: QuotaUse = Field(description="the sizes of the tenant's volumes, GiB")
 
 
@@ -92,4 +93,5 @@ def operation() -> Any:
                      example={"quotas": {"servers": {"limit": 10, "used": 2}, "cores": {"limit": None, "used": 4},
                                          "memory_mib": {"limit": None, "used": 4096},
                                          "addresses": {"limit": 5, "used": 1},
+                                         "load_balancers": {"limit": 2, "used": 0},
                                          "volume_gib": {"limit": 1000, "used": 50}}})

@@ -25,16 +25,23 @@ from z9.common.errors import BadRequest, CheckViolation, Conflict, NotFound, Val
 from z9.common.ids import id_pattern, is_id
 from z9.common.notify import JobNotifier
 from z9.resources import Buffered, Immediate, ResourceType
+from z9.common.clock import SYSTEM, Clock
 from z9.common.settings import Settings
 
 from . import schemas
 
 SETTINGS = web.AppKey("settings", Settings)
+CLOCK = web.AppKey("clock", Clock)  # any Clock (z9.common.clock): token expiry, deletion buffers
 POOL = web.AppKey("pool", asyncpg.Pool)
 NOTIFIER = web.AppKey("notifier", JobNotifier)  # NOTIFY after commit, coalesced (z9.common.notify)
 TENANT = web.RequestKey("tenant_id", str)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def clock_of(app: web.Application) -> Clock:
+    """The application's clock (:func:`z9.api.app.create_app`'s ``clock``; the real one by default)."""
+    return app.get(CLOCK, SYSTEM)
 
 
 @dataclass
@@ -406,7 +413,8 @@ def _delete_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
                         and await store.resource_create_failed(conn, rid, rt.kinds[0])):
                     kind, immediate = rt.final_kind, True
             try:
-                row = await rt.mark_deleting(conn, rid, tenant_id, settings.deletion_buffer_s, immediate=immediate)
+                row = await rt.mark_deleting(conn, rid, tenant_id, settings.deletion_buffer_s, immediate=immediate,
+                                             now=clock_of(request.app).db_now())
             except CheckViolation as e:
                 # a table's own deletion rule refused: its constraint is named <table>_<code>
                 # (addresses_protected → 409 protected, addresses_must_be_unassigned → …)
@@ -448,7 +456,7 @@ def _cancel_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
             replay = await idempotency_begin(conn, tenant_id, key, req_hash)
             if replay is not None:
                 return replay
-            row = await rt.cancel_deletion(conn, rid, tenant_id)
+            row = await rt.cancel_deletion(conn, rid, tenant_id, now=clock_of(request.app).db_now())
             if row is None:
                 current = await rt.get(conn, rid, tenant_id)
                 if current is None:

@@ -37,15 +37,15 @@ import ipaddress
 import logging
 import re
 import secrets
-import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Awaitable, Callable, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from z9.common import store
+from z9.common.clock import SYSTEM, Clock
 from z9.common.errors import BadRequest, Forbidden, NotFound, TooManyRequests, Unauthorized, ValidationFailed
 from z9.common.ids import id_pattern, is_id
 from z9.common.requestctx import ACTOR_TOKEN_ID
@@ -222,16 +222,17 @@ UNKNOWN_TAGGED = web.AppKey("unknown_tagged_tokens", set)
 
 def _cached(app: web.Application, token: str) -> Principal | None:
     hit = app[CACHE].get(hashlib.sha256(token.encode()).digest())
-    return hit[0] if app[api.SETTINGS].api_token_cache_s > 0 and hit is not None and hit[1] > time.monotonic() \
+    return hit[0] if app[api.SETTINGS].api_token_cache_s > 0 and hit is not None and hit[1] > api.clock_of(app).monotonic() \
         else None
 
 
 class _Toucher:
     """Writes ``last_used_at`` of the tokens used, all at once, every ``period_s`` seconds."""
 
-    def __init__(self, pool_of: Callable[[], Any], period_s: float):
+    def __init__(self, pool_of: Callable[[], Any], period_s: float, clock: Clock = SYSTEM):
         self.pool_of = pool_of
         self.period_s = period_s
+        self.clock = clock
         self.used: set[str] = set()
         self.writes = 0  # statements sent (tests)
         self._task: asyncio.Task[None] | None = None
@@ -247,7 +248,7 @@ class _Toucher:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.period_s)
+            await self.clock.sleep(self.period_s)
             await self.flush()
 
     async def flush(self) -> None:
@@ -255,7 +256,7 @@ class _Toucher:
             return
         ids, self.used = sorted(self.used), set()
         try:
-            await store.api_token_touch(self.pool_of(), ids, self.period_s / 2)
+            await store.api_token_touch(self.pool_of(), ids, self.period_s / 2, now=self.clock.db_now())
             self.writes += 1
         except Exception as e:  # last use is informative: never fail requests for it
             log.warning("could not record the last use of %d token(s): %s", len(ids), e)
@@ -265,11 +266,12 @@ async def _principal(app: web.Application, token: str) -> Principal | None:
     ttl = app[api.SETTINGS].api_token_cache_s
     key = hashlib.sha256(token.encode()).digest()
     cache = app[CACHE]
-    now = time.monotonic()
+    clock = api.clock_of(app)
+    now = clock.monotonic()
     hit = cache.get(key)
     if ttl > 0 and hit is not None and hit[1] > now:
         return hit[0]
-    row = await store.api_token_auth(app[api.POOL], token)
+    row = await store.api_token_auth(app[api.POOL], token, now=clock.db_now())
     if row is None:
         cache.pop(key, None)
         return None
@@ -277,7 +279,7 @@ async def _principal(app: web.Application, token: str) -> Principal | None:
     if ttl > 0:
         until = now + ttl
         if row["expires_at"] is not None:
-            until = min(until, now + (row["expires_at"] - datetime.now(timezone.utc)).total_seconds())
+            until = min(until, now + (row["expires_at"] - clock.now()).total_seconds())
         if len(cache) >= _CACHE_MAX:
             cache.clear()
         cache[key] = (p, until)
@@ -294,9 +296,15 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     the jobs the request makes; platform details hidden from tokens without ``operator``."""
     if not request.path.startswith("/v1/") or request.path == "/v1/openapi.json":
         return await handler(request)
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    token = token.strip()
+    from . import console
+
+    via_cookie = console.cookie_token(request)
+    if via_cookie is not None:  # the web console's session (z9.api.console): CSRF-checked below
+        scheme, token = "bearer", via_cookie.strip()
+    else:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
     failures = request.app[AUTH_FAILURES]
@@ -324,6 +332,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 dead.clear()
             dead.add(digest)
         raise unauthorized("unknown, expired or revoked API token")
+    if via_cookie is not None and request.method not in READ_METHODS:
+        console.check_csrf(request, token)
     request[PRINCIPAL] = principal
     request[api.TENANT] = principal.tenant_id
     ACTOR_TOKEN_ID.set(principal.token_id)
@@ -396,13 +406,13 @@ async def create_token(request: web.Request) -> web.Response:
     if missing:
         raise Forbidden(f"scopes: this token cannot grant {','.join(missing)}, which it does not have",
                         code="insufficient_scope", details=[{"field": "scopes", "message": "not held"}])
-    expires_at = (datetime.now(timezone.utc) + timedelta(seconds=spec.expires_in_s)
+    expires_at = (api.clock_of(request.app).now() + timedelta(seconds=spec.expires_in_s)
                   if spec.expires_in_s is not None else None)
     if me.expires_at is not None:  # never past the parent's expiry (lineage: see the module doc)
         if expires_at is None:
             expires_at = me.expires_at
         elif expires_at > me.expires_at:
-            left = max(0, int((me.expires_at - datetime.now(timezone.utc)).total_seconds()))
+            left = max(0, int((me.expires_at - api.clock_of(request.app).now()).total_seconds()))
             raise ValidationFailed(f"expires_in_s: {spec.expires_in_s} is past the expiry of the token making it "
                                    f"({me.expires_at.isoformat()}, {left}s from now); a token never outlives its "
                                    "parent", details=[{"field": "expires_in_s", "message": "past the parent's expiry",
@@ -473,7 +483,7 @@ def install(app: web.Application) -> None:
     app[PLATFORM_USERS] = platform_users(app[api.SETTINGS])
 
     async def ctx(app: web.Application) -> Any:
-        toucher = _Toucher(lambda: app[api.POOL], app[api.SETTINGS].api_token_last_used_s)
+        toucher = _Toucher(lambda: app[api.POOL], app[api.SETTINGS].api_token_last_used_s, api.clock_of(app))
         app[TOUCHER] = toucher
         toucher.start()
         yield

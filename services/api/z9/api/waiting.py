@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from aiohttp import web
 
 from z9.common import metrics
+from z9.common.clock import SYSTEM, Clock
 from z9.common.db import JOB_CHANGED_CHANNEL, connect_listener
 from z9.common.errors import BadRequest, NotFound
 from z9.common.models import Job
@@ -54,8 +55,9 @@ class JobWaiters:
     """The API process's job-change listener and its waiters (create inside the event loop;
     :meth:`start`, then :meth:`stop` on the way out)."""
 
-    def __init__(self, settings: "Settings", *, application_name: str = "z9-api-listen"):
+    def __init__(self, settings: "Settings", *, application_name: str = "z9-api-listen", clock: Clock = SYSTEM):
         self.settings = settings
+        self.clock = clock  # a wait's wait_s run on it
         self.application_name = application_name
         self.listening = False  # True while the LISTEN connection is established
         self.notifications = 0  # notifications received (tests, benchmarks)
@@ -173,27 +175,23 @@ class JobWaiters:
         Waiters of one job with the same ``read_key`` (the tenant: ``read`` must answer the
         same for them) share the read made after each wakeup. ``gone()`` true: the client
         left (checked every ``GONE_CHECK_S``), stop waiting."""
-        loop = asyncio.get_running_loop()
+        clock = self.clock
         with self._watch(job_id) as slot:
             event = slot.event  # taken before the read: a change after it wakes us
             first = await read()
             self.baselines += 1
             if first is None or first.status in TERMINAL or wait_s <= 0 or self.closing:
                 return first
-            deadline = loop.time() + wait_s
+            deadline = clock.monotonic() + wait_s
             current = first
             while True:
-                remaining = deadline - loop.time()
+                remaining = deadline - clock.monotonic()
                 if remaining <= 0:
                     return current
                 step = remaining if self.listening else min(remaining, FALLBACK_POLL_S)
                 if gone is not None:
                     step = min(step, GONE_CHECK_S)
-                try:
-                    await asyncio.wait_for(event.wait(), step)
-                    woke = True
-                except TimeoutError:
-                    woke = False
+                woke = await clock.wait_for(event, step)
                 if gone is not None and gone():
                     return current
                 if not woke and self.listening:
@@ -258,11 +256,11 @@ async def get_job(request: web.Request) -> web.Response:
     return resp
 
 
-def install(app: web.Application, settings: "Settings") -> None:
+def install(app: web.Application, settings: "Settings", clock: Clock = SYSTEM) -> None:
     """Give ``app`` its job waiters (LISTEN started with the app, stopped on cleanup)."""
 
     async def ctx(app: web.Application) -> Any:
-        app[WAITERS] = JobWaiters(settings)
+        app[WAITERS] = JobWaiters(settings, clock=clock)
         await app[WAITERS].start()
         yield
         await app[WAITERS].stop()

@@ -23,6 +23,7 @@ import asyncpg
 
 from z9.common import store, tracing
 from z9 import resources
+from z9.common.clock import SYSTEM, Clock
 from z9.common.errors import Cancelled
 from z9.common.models import Job, utc_now_iso
 from z9.common.settings import Settings
@@ -51,21 +52,23 @@ class Step:
 class JobContext:
     """Per-attempt handle given to a job kind's observe/apply/verify.
 
-    ``pool`` is the executor's asyncpg pool, ``pve`` the region's :class:`ProxmoxClient`.
+    ``pool`` is the executor's asyncpg pool, ``pve`` the region's :class:`ProxmoxClient`,
+    ``clock`` the executor's (every time the job decides by: :mod:`z9.common.clock`).
     """
 
     def __init__(self, job: Job, owner: str, pool: asyncpg.Pool, pve: ProxmoxClient, settings: Settings,
-                 finisher: Any = None):
+                 finisher: Any = None, clock: Clock = SYSTEM):
         self.job = job
         self.finisher = finisher  # the executor's FinishBatcher; None: finish on its own
         self.lease = Lease(job.id, owner, job.attempt)
         self.pool = pool
         self.pve = pve
         self.settings = settings
+        self.clock = clock
         self.steps: list[Step] = []
         self.memo: dict[str, Any] = dict(job.memo)
-        self.last_progress = time.monotonic()
-        self.claimed_at = self.last_progress  # time.monotonic() of the claim (attempt duration)
+        self.last_progress = clock.monotonic()
+        self.claimed_at = time.monotonic()  # of the claim: the attempt's real duration (a metric)
         self.finished = False  # set before the final write: the heartbeat leaves the job alone
         # ... except while its success finish is being retried after a lock wait (batching.py):
         # the job is done but not recorded, so it is still running and its lease is renewed.
@@ -81,7 +84,7 @@ class JobContext:
 
     def touch(self) -> None:
         """Mark in-memory progress (the heartbeat renews the lease while this is recent)."""
-        self.last_progress = time.monotonic()
+        self.last_progress = self.clock.monotonic()
 
     async def on_poll(self) -> None:
         """Called by the task waiter when the node answered that the task still runs."""
@@ -91,11 +94,12 @@ class JobContext:
         """A fenced lease renewal right before a mutating hypervisor call: raises LeaseLost when
         the job is no longer ours, so a worker that lost its lease sends nothing more."""
         self.touch()
-        await store.job_heartbeat(self.pool, self.lease, self.settings.lease_ttl_s)
+        await store.job_heartbeat(self.pool, self.lease, self.settings.lease_ttl_s, now=self.clock.db_now())
 
     async def _write_steps(self) -> None:
         self.touch()
-        await store.job_progress(self.pool, self.lease, self.steps_json(), self.settings.lease_ttl_s)
+        await store.job_progress(self.pool, self.lease, self.steps_json(), self.settings.lease_ttl_s,
+                                 now=self.clock.db_now())
 
     async def check_superseded(self) -> None:
         """Raise :class:`Cancelled` when a later job of this job's resource supersedes it (its
@@ -156,7 +160,7 @@ class JobContext:
         """Persist facts about what this job told the world (kept across attempts), fenced."""
         self.memo.update(facts)
         self.touch()
-        await store.job_remember(self.pool, self.lease, facts, self.settings.lease_ttl_s)
+        await store.job_remember(self.pool, self.lease, facts, self.settings.lease_ttl_s, now=self.clock.db_now())
 
     async def wait_task(self, step: Step, upid: str) -> str:
         """Record ``upid`` in ``step`` and wait for the task to stop (see ProxmoxClient.wait_task)."""

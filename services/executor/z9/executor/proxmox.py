@@ -14,6 +14,8 @@ call runs in a thread of this client's own pool. Every foreign error (proxmoxer'
 - ``Configuration file '…' does not exist`` → :class:`VmMissing`
 - ``… already exists`` on create/clone → :class:`VmidTaken`
 - 400 ``Parameter verification failed.`` and 501 → :class:`PermanentError`
+- 403 ``Permission check failed (<path>, <privilege>)`` → :class:`MissingPrivilege` (permanent,
+  naming the privilege; also as a task's exitstatus)
 - anything else → :class:`TemporaryError` (retries are safe: every step is idempotent)
 
 Tasks: mutations return a UPID at once; :meth:`ProxmoxClient.wait_task` polls the UPID's node
@@ -60,6 +62,7 @@ ENDPOINTS = (
     "GET /nodes/{node}/qemu/{vmid}/config", "GET /nodes/{node}/qemu/{vmid}/status/current",
     "GET /nodes/{node}/tasks/{upid}/status", "GET /nodes/{node}/tasks/{upid}/log",
     "POST /nodes/{node}/qemu/{vmid}/clone", "POST /nodes/{node}/qemu/{vmid}/config",
+    "PUT /nodes/{node}/qemu/{vmid}/config",
     "PUT /nodes/{node}/qemu/{vmid}/resize", "POST /nodes/{node}/qemu/{vmid}/status/start",
     "POST /nodes/{node}/qemu/{vmid}/status/shutdown", "POST /nodes/{node}/qemu/{vmid}/status/stop",
     "POST /nodes/{node}/qemu/{vmid}/status/reboot", "POST /nodes/{node}/qemu/{vmid}/migrate",
@@ -102,6 +105,10 @@ class EntryExists(PermanentError):
 
 class EntryMissing(PermanentError):
     """``no such IPSet '<name>'`` (500) or ``no such IP/Network`` (400): it is not there."""
+
+
+class MissingPrivilege(PermanentError):
+    """403 ``Permission check failed (<path>, <privilege>)``: the region's token lacks that privilege."""
 
 
 class CloneNeedsSharedStorage(PermanentError):
@@ -352,12 +359,17 @@ FIRST_POLL_MAX_S = 5.0
 #: vmids are handed out per process in lanes (vmid mod VMID_LANES), see ProxmoxClient.pick_vmid.
 VMID_LANES = 32
 VMID_ASKED_TTL_S = 300.0
+#: how long a ``/cluster/nextid`` answer serves as the floor of pick_vmid (seconds): it is only the
+#: floor (the candidates above it are checked against the shared snapshot and a clone to a taken id
+#: is refused, a definite answer), so one request a process per this long, not one per create
+NEXTID_TTL_S = 30.0
 VMID_MAX = 999_999_999
 
 
 _LOCK_TIMEOUT = re.compile(r"can't lock file '[^']*' - got timeout")
 _VM_LOCKED = re.compile(r"VM is locked \((?P<lock>[a-z-]+)\)")
 _MISSING = re.compile(r"Configuration file '[^']*' does not exist")
+_PERMISSION = re.compile(r"Permission check failed \(")
 _LOCAL_CLONE = re.compile(r"can't clone VM to node '[^']*' \(VM uses local storage\)")
 _TAKEN = re.compile(r"already exists")
 _IPSET_EXISTS = re.compile(r"(address '[^']*'|IPSet '[^']*') already exists")
@@ -388,8 +400,13 @@ def translate(exc: BaseException, what: str) -> Exception:
             return EntryMissing(msg)
         if status == 400:
             return PermanentError(msg)
-        if status in (401, 403):
-            return TemporaryError(msg + " (check the region's API token and its permissions)")
+        if status == 403 or _PERMISSION.search(reason):
+            # pve-access-control RPCEnvironment.pm raise_perm_exc: the token lacks a privilege — no
+            # retry grants it (README, operator section: the privileges z9's token needs)
+            return MissingPrivilege(f"{what}: the region's API token lacks a privilege: {reason} "
+                                    "(README: the privileges z9's Proxmox token needs)")
+        if status == 401:
+            return TemporaryError(msg + " (check the region's API token)")
         if status == 501:
             return PermanentError(msg)
         if _TAKEN.search(reason):
@@ -468,8 +485,11 @@ class ProxmoxClient:
                                 settings.resources_snapshot_create_s)
         self._vmid_lane = random.SystemRandom().randrange(VMID_LANES)
         self._vmids_asked: dict[int, float] = {}
+        self._nextid: tuple[float, int] | None = None  # (read at, /cluster/nextid's answer)
         # how long each type of task took lately (seconds; the first poll of the next one waits so long)
         self._task_s: dict[str, float] = {}
+        # how long each learned guest command took lately (seconds): see agent_exec
+        self._exec_s: dict[str, float] = {}
         # templates PVE refused to clone to another node ("VM uses local storage"): cloned on their
         # own node and migrated since (a process-long fact: a template's disks do not move)
         self.local_templates: set[int] = set()
@@ -654,9 +674,16 @@ class ProxmoxClient:
         drew the same lane (1 in 32 per pair): then each create the pair has in flight in that lane
         collides once before the loser's next pick moves to a new lane. A collision is still only a
         refused request (a definite answer, nothing cloned): the caller picks again, never
-        adopting that VM."""
-        base = await self.next_id()
+        adopting that VM.
+
+        The floor is ``nextid`` read at most :data:`NEXTID_TTL_S` ago (and read again after a
+        refusal): it keeps z9 at or above the operator's ``next-id: lower=`` (datacenter.cfg, which
+        PVE's nextid honours) and below the ids of the whole cluster's newest guests; which ids
+        above it are free the snapshot says, and the clone itself decides."""
         now = time.monotonic()
+        if self._nextid is None or now - self._nextid[0] >= NEXTID_TTL_S:
+            self._nextid = (now, await self.next_id())
+        base = self._nextid[1]
         if len(self._vmids_asked) > 256:
             self._vmids_asked = {v: t for v, t in self._vmids_asked.items() if now - t < VMID_ASKED_TTL_S}
         known = self.view.latest.vmids if self.view.latest is not None else frozenset()
@@ -673,6 +700,7 @@ class ProxmoxClient:
         picks in this lane too, so draw a new lane (two processes collide about once, then part)."""
         self._vmids_asked[vmid] = time.monotonic()
         self._vmid_lane = random.SystemRandom().randrange(VMID_LANES)
+        self._nextid = None  # the next pick asks nextid again
 
     async def task_status(self, node: str, upid: str) -> dict[str, Any]:
         """``GET /nodes/{node}/tasks/{upid}/status`` → ``{status: running|stopped, exitstatus?, …}``;
@@ -718,6 +746,19 @@ class ProxmoxClient:
             data["digest"] = digest
         return await self._call("POST /nodes/{node}/qemu/{vmid}/config", f"configure VM {vmid}",
                                 lambda: self._api.nodes(node).qemu(vmid).config.post(**data))
+
+    async def configure_now(self, node: str, vmid: int, params: dict[str, Any], *, digest: str | None) -> None:
+        """``PUT …/config``: the same write as :meth:`configure`, done before the answer (qemu-server
+        API2/Qemu.pm ``update_vm`` runs ``$update_vm_api`` with ``$sync``: the same early checks — the
+        digest, ``VM is locked (…)`` at once —, then the change under the config flock, waiting for it
+        up to 10 s: a timeout is an HTTP 500, tried again as any flock timeout). One request where
+        :meth:`configure` takes two (its UPID, then the task's status): for a stopped VM the write is
+        only a config file change, nothing worth a task."""
+        data = dict(params)
+        if digest:
+            data["digest"] = digest
+        await self._call("PUT /nodes/{node}/qemu/{vmid}/config", f"configure VM {vmid}",
+                         lambda: self._api.nodes(node).qemu(vmid).config.put(**data))
 
     async def resize(self, node: str, vmid: int, disk: str, size_gib: int) -> str | None:
         """``PUT …/resize`` to an absolute ``size_gib`` GiB; returns the task's UPID (PVE ≥ 8)."""
@@ -936,19 +977,34 @@ class ProxmoxClient:
     # ------------------------------------------------------------------ the guest agent
 
     async def agent_exec(self, node: str, vmid: int, argv: list[str], *, timeout_s: float = 60.0,
-                         poll_s: float = 0.2) -> tuple[int, str, str]:
+                         poll_s: float = 0.2, learn: str | None = None) -> tuple[int, str, str]:
         """Run ``argv`` in the guest (``agent/exec``, then ``agent/exec-status`` until it exited):
         ``(exitcode, stdout, stderr)``. Raises TemporaryError while the agent does not answer
-        (booting: ``QEMU guest agent is not running``) or when the command outlives ``timeout_s``."""
+        (booting: ``QEMU guest agent is not running``) or when the command outlives ``timeout_s``.
+
+        ``learn`` names a command whose runs take about as long as each other (a guest's look at
+        its cloud-init): its first ``exec-status`` waits about as long as it took lately (as a
+        task's first poll does, :meth:`_poll_task`) instead of asking at once — qemu-ga answers
+        ``exited: 0`` until the process ends, and each question is a request through pveproxy."""
         res = await self._call("POST /nodes/{node}/qemu/{vmid}/agent/exec", f"exec {argv[0]} in VM {vmid}",
                                lambda: self._api.nodes(node).qemu(vmid).agent.exec.post(command=list(argv)))
         pid = int(res["pid"])
-        deadline = time.monotonic() + timeout_s
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        prev = self._exec_s.get(learn, 0.0) if learn else 0.0
+        if prev:
+            await asyncio.sleep(min(prev, timeout_s, FIRST_POLL_MAX_S))
+        seen_running = False
         while True:
             st = await self._call("GET /nodes/{node}/qemu/{vmid}/agent/exec-status", f"exec-status in VM {vmid}",
                                   lambda: self._api.nodes(node).qemu(vmid).agent("exec-status").get(pid=pid))
             if int(st.get("exited") or 0):
+                if learn:
+                    # seen running: it took about this long; done at the first question: maybe less
+                    took = time.monotonic() - t0 if seen_running else 0.8 * prev
+                    self._exec_s[learn] = took if not prev else 0.7 * prev + 0.3 * took
                 return int(st.get("exitcode", -1)), str(st.get("out-data") or ""), str(st.get("err-data") or "")
+            seen_running = True
             if time.monotonic() > deadline:
                 raise TemporaryError(f"{argv[0]} in VM {vmid} still running after {timeout_s:.0f}s")
             await asyncio.sleep(poll_s)
@@ -1036,6 +1092,7 @@ def task_failure(upid: str, task_type: str, exitstatus: str, tail: list[str]) ->
     msg = f"task {task_type} ({upid}) failed: {exitstatus}"
     if _VM_LOCKED.search(exitstatus):
         return TaskFailed(msg, upid=upid, exitstatus=exitstatus, log_tail=tail)
-    if "shrinking disks is not supported" in exitstatus:
+    if "shrinking disks is not supported" in exitstatus or _PERMISSION.search(exitstatus):
+        # (a privilege checked inside the worker, e.g. resize_vm's Datastore.AllocateSpace)
         return TaskFailedPermanently(msg, upid=upid, exitstatus=exitstatus, log_tail=tail)
     return TaskFailed(msg, upid=upid, exitstatus=exitstatus, log_tail=tail)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import Any
 
 from z9.common import metrics, store, tracing
@@ -152,9 +151,9 @@ async def _snoozed_for(ctx: JobContext) -> float:
     """Seconds this job has been waiting on the world (first snooze kept in its memo)."""
     since = ctx.memo.get("snoozed_since")
     if since is None:
-        await ctx.remember(snoozed_since=time.time())
+        await ctx.remember(snoozed_since=ctx.clock.time())
         return 0.0
-    return time.time() - float(since)
+    return ctx.clock.time() - float(since)
 
 
 async def _finish_temporary(ctx: JobContext, kind: Any, exc: TemporaryError, *, extra: dict[str, Any]) -> str:
@@ -194,7 +193,7 @@ async def _finish_retry(ctx: JobContext, exc: BaseException, delay_s: float, *, 
     ctx.finished = True
     try:
         await store.job_retry(ctx.pool, ctx.lease, ctx.steps_json(), _error(exc), delay_s,
-                              refund_attempt=refund)
+                              refund_attempt=refund, now=ctx.clock.db_now())
     except LeaseLost as lost:
         log.warning("job %s: %s; abandoning it", ctx.job.id, lost, extra=extra)
         return _ended(ctx, "lost", "lease_lost")
@@ -233,7 +232,7 @@ async def hand_over(ctx: JobContext, reason: str) -> bool:
         await store.job_retry(ctx.pool, ctx.lease, ctx.steps_json(),
                               {"class": "temporary", "message": reason,
                                "at": utc_now_iso()},
-                              0.0, refund_attempt=True)
+                              0.0, refund_attempt=True, now=ctx.clock.db_now())
         return True
     except LeaseLost:
         return False

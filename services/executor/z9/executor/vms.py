@@ -80,6 +80,9 @@ class VmSpec:
     # the Proxmox IP filter is put on before it starts (:func:`ip_filter_ok`), so its guest cannot
     # take an address it was not given. Empty: no filter (a DHCP guest — its lease is unknown).
     ip_filter: tuple[str, ...] = ()
+    # entries of ``ipfilter-net0`` the address jobs own (comment ``z9 address adr_…``: a server's
+    # floating addresses) stay beside ``ip_filter``; any other entry goes
+    ip_filter_keeps_addresses: bool = False
 
     @property
     def tags(self) -> frozenset[str]:
@@ -407,6 +410,14 @@ async def ensure_running(ctx: JobContext, step: Step, vm: VmState) -> None:
     upid = await ctx.pve.start(vm.node, vm.vmid)
     try:
         await ctx.wait_task(step, upid)
+    except TaskFailed as e:
+        if "already running" in e.exitstatus:
+            return
+        if "VM is locked" in e.exitstatus:
+            # another task locked the VM (qemu-server QemuServer.pm vm_start: check_lock inside the
+            # qmstart worker): waiting on the world, as when a read shows the lock
+            raise VmLocked(f"VM {vm.vmid}: {e.exitstatus}; waiting for the other task") from e
+        raise
     except TemporaryError as e:
         if "already running" not in str(e):
             raise
@@ -473,9 +484,15 @@ class MemberWorld:
     template_config: Mapping[str, Any] | None = None  # the template's config as observe read it
     clone_in_flight_s: float = 0.0  # a clone request without answer may land for this long yet
     ip_filter_ok: bool = True  # the VM's IP filter is as its spec wants (observed only when it wants one)
+    private: PrivateAddress | None = None  # the address z9 gave the member on the private network (its job sets it)
     # the VM's config in ``vm`` was read after this attempt's last change of it (or has that change
     # laid over it): the next step needs no new read of the config
     fresh: bool = False
+    # the VM's power state and lock in ``vm`` are as this attempt left them (a clone it just waited
+    # on is stopped and unlocked; its own config writes and tasks since change neither): a start or
+    # a migration needs no ``status/current`` first — the start task refuses a lock another task took
+    # (QemuServer.pm vm_start's check_lock: a snooze) and "already running" is done
+    power_known: bool = False
 
 
 async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
@@ -499,7 +516,7 @@ async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
             vm = await find_one_vm(ctx, spec.owner, spec.member)
         since = clone_uncertain_since(requests) if vm is None else None
         if since is not None:
-            in_flight = max(0.0, since + ctx.settings.uncertain_window_s - time.time())
+            in_flight = max(0.0, since + ctx.settings.uncertain_window_s - ctx.clock.time())
     template, disk, shared, tpl_config = None, None, False, None
     if vm is None:
         tpl = await find_template(ctx, spec.image)
@@ -537,11 +554,81 @@ async def template_on_shared_storage(ctx: JobContext, node: str, target: str, co
 
 
 IPFILTER_SET = "ipfilter-net0"
+ADDRESS_ENTRY_COMMENT = "z9 address "  # how the address jobs comment their entries (jobs/_address.py)
+
+
+@dataclass(frozen=True)
+class PrivateAddress:
+    """The address z9 chose for one VM on its region's private network (settings
+    ``private_network``): its cloud-init ``ipconfig0`` and nameservers, and the one address its IP
+    filter lets it send from."""
+
+    ip: str
+    prefix: int
+    gateway: str | None
+    nameservers: tuple[str, ...]
+
+    @property
+    def ipconfig0(self) -> str:
+        return f"ip={self.ip}/{self.prefix}" + (f",gw={self.gateway}" if self.gateway else "")
+
+
+def _private_network(ctx: JobContext) -> Any:
+    region = ctx.settings.regions.get(ctx.job.region)
+    return region.private_network if region is not None else None
+
+
+def private_address_at(ctx: JobContext, ip: str) -> PrivateAddress | None:
+    """The :class:`PrivateAddress` of ``ip`` (a member's, already taken) on the region's private
+    network; None when the region has none (any more)."""
+    net = _private_network(ctx)
+    if net is None:
+        return None
+    return PrivateAddress(ip=ip, prefix=net.cidr.prefixlen, gateway=str(net.gateway) if net.gateway else None,
+                          nameservers=tuple(str(n) for n in net.nameservers))
+
+
+async def private_address(ctx: JobContext, owner: str, member: str = MAIN) -> PrivateAddress | None:
+    """The member's address on the region's private network, taken for it on first ask (one per
+    (owner, member), kept until the member's VM is removed: :func:`release_private_address`, or
+    the owner's final delete). None when the region has no private network (its guests take DHCP,
+    unfiltered). Raises PermanentError when the network has no free address.
+
+    Chosen by z9 rather than leased by a DHCP server because the address must be known *before*
+    the VM first starts: the IP filter holding exactly it is put on in the same plan, ahead of the
+    start, so the guest is never on the bridge unfiltered; and it needs no DHCP server, SDN zone or
+    IPAM on the cluster (PVE's own DHCP comes with SDN, which z9 does not require)."""
+    net = _private_network(ctx)
+    if net is None:
+        return None
+    first, last = net.first_last
+    ip = await store.vm_private_address(ctx.pool, owner, member, ctx.job.region, first=first,
+                                        count=int(last) - int(first) + 1, excluded=net.excluded,
+                                        quarantine_s=net.quarantine_s)
+    if ip is None:
+        raise PermanentError(f"region {ctx.job.region}: its private network {net.cidr} has no free address left "
+                             "(live or quarantined); the operator must widen Z9_REGIONS[…].private_network")
+    return private_address_at(ctx, ip)
+
+
+async def release_private_address(ctx: JobContext, owner: str, member: str) -> None:
+    """The member's VM is gone: its private address goes into quarantine (no-op without one)."""
+    await store.vm_private_address_release(ctx.pool, owner, member)
+
+
+def _entry_wanted(spec: VmSpec, e: Mapping[str, Any]) -> bool:
+    """An entry of ``ipfilter-net0`` that may stay: one of the spec's addresses, or (servers) one the
+    address jobs put there."""
+    if e.get("nomatch"):
+        return False
+    return str(e.get("cidr")) in spec.ip_filter or (
+        spec.ip_filter_keeps_addresses and str(e.get("comment") or "").startswith(ADDRESS_ENTRY_COMMENT))
 
 
 async def ip_filter_ok(ctx: JobContext, spec: VmSpec, vm: VmState) -> bool:
     """The PVE IP filter as ``spec`` wants it on ``vm``: the VM firewall's ``enable`` and ``ipfilter``
     on, ``net0`` with ``firewall=1``, and IP set ``ipfilter-net0`` holding exactly ``spec.ip_filter``
+    (and, with ``ip_filter_keeps_addresses``, the address jobs' entries)
     (pve-firewall ``Firewall.pm``: with those, what the guest sends from any other source is dropped;
     the set of a clone starts as its template's — ``clone_vmfw_conf`` — so extra entries go)."""
     if "firewall=1" not in str(vm.config.get("net0", "")).split(","):
@@ -550,8 +637,8 @@ async def ip_filter_ok(ctx: JobContext, spec: VmSpec, vm: VmState) -> bool:
     if str(opts.get("enable", 0)) != "1" or str(opts.get("ipfilter", 0)) != "1":
         return False
     entries = await ctx.pve.ipset_entries(vm.node, vm.vmid, IPFILTER_SET)
-    return entries is not None and {str(e.get("cidr")) for e in entries} == set(spec.ip_filter) \
-        and not any(e.get("nomatch") for e in entries)
+    return entries is not None and set(spec.ip_filter) <= {str(e.get("cidr")) for e in entries} \
+        and all(_entry_wanted(spec, e) for e in entries)
 
 
 async def apply_ip_filter(ctx: JobContext, spec: VmSpec, vm: VmState, step: Step) -> None:
@@ -575,7 +662,7 @@ async def apply_ip_filter(ctx: JobContext, spec: VmSpec, vm: VmState, step: Step
             await ctx.fence()
             await ctx.pve.ipset_add(vm.node, vm.vmid, IPFILTER_SET, ip, comment=f"z9 {spec.owner} {spec.member}")
     for e in entries:
-        if str(e.get("cidr")) not in spec.ip_filter or e.get("nomatch"):
+        if not _entry_wanted(spec, e):
             await ctx.fence()
             await ctx.pve.ipset_remove(vm.node, vm.vmid, IPFILTER_SET, str(e.get("cidr")))
     await ctx.fence()
@@ -647,9 +734,10 @@ async def apply_member_step(ctx: JobContext, spec: VmSpec, world: MemberWorld, s
             diff["delete"] = ",".join(foreign)
         if diff:
             await ctx.fence()
-            upid = await ctx.pve.configure(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))
-            await ctx.wait_task(step, upid)
-            # what the task wrote, laid over what was read (the digest is stale now): the next
+            # synchronous (PUT): one request, no task to poll (ProxmoxClient.configure_now)
+            await ctx.pve.configure_now(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))
+            ctx.touch()
+            # what the write did, laid over what was read (the digest is stale now): the next
             # step (the disk size) needs no new read; verify reads the VM again
             deleted = set(filter(None, diff.get("delete", "").split(",")))
             cfg = {k: v for k, v in vm.config.items() if k != "digest" and k not in deleted}
@@ -719,6 +807,8 @@ async def _current(ctx: JobContext, world: MemberWorld, *, config: bool = True) 
             raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
         world.vm, world.fresh = replace(st, status=vm.status, uptime_s=vm.uptime_s), True
         return world.vm
+    if world.power_known:
+        return vm
     cur = await ctx.pve.vm_status(vm.node, vm.vmid)
     if cur is None:
         raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
@@ -811,6 +901,7 @@ async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) 
         if st is None:
             raise TemporaryError(f"clone task {upid} ended OK but VM {newid} is not on {node}")
         world.vm, world.fresh = replace(st, status="stopped"), True
+        world.power_known = not st.lock
         return
     # Contention with other creates is waiting on the world, not a failure of this job.
     raise Snooze(f"every vmid tried was taken by a parallel create ({CLONE_TRIES} tries)", delay_s=1.0)
@@ -945,9 +1036,9 @@ async def verify_removed(ctx: JobContext, owner: str) -> None:
     requests = await clone_requests(ctx, owner)
     since = clone_uncertain_since(requests)
     if since is not None:
-        wait = since + ctx.settings.uncertain_window_s - time.time()
+        wait = since + ctx.settings.uncertain_window_s - ctx.clock.time()
         if wait > 0:
-            raise Snooze(f"a clone request sent {time.time() - since:.0f}s ago got no answer and may still "
+            raise Snooze(f"a clone request sent {ctx.clock.time() - since:.0f}s ago got no answer and may still "
                          f"be performed; checking again in {wait:.0f}s", delay_s=min(wait, 30.0))
     # each VM the snapshot names is confirmed on its node; "none left" needs a listing newer than the claim
     left = await find_vms(ctx, owner)

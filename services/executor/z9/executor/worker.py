@@ -22,12 +22,12 @@ import logging
 import os
 import secrets
 import socket
-import time
 from typing import Any, Callable
 
 import asyncpg
 
 from z9.common import metrics, store, tracing
+from z9.common.clock import SYSTEM, Clock
 from z9.common.db import JOBS_CHANNEL, TRANSIENT_DB_ERRORS, connect_listener, create_service_pool, server_label
 from z9.common.errors import LockWaitTimeout
 from z9.common.logs import bind_job, job_fields
@@ -51,17 +51,19 @@ def worker_identity() -> str:
 class Executor:
     """Claims and runs the jobs of ``regions``. ``run()`` until ``stop()``.
 
-    ``client_factory(region) -> ProxmoxClient`` may be replaced (tests).
+    ``client_factory(region) -> ProxmoxClient`` may be replaced (tests). ``clock``: the time every
+    decision reads (leases, step timeouts, snoozes; :mod:`z9.common.clock`).
     """
 
     def __init__(self, settings: Settings, regions: list[str], *, owner: str | None = None,
-                 client_factory: Callable[[str], ProxmoxClient] | None = None):
+                 client_factory: Callable[[str], ProxmoxClient] | None = None, clock: Clock = SYSTEM):
         missing = [r for r in regions if r not in settings.regions]
         if not regions:
             raise ValueError("an executor needs at least one region (--region)")
         if missing and client_factory is None:
             raise ValueError(f"region(s) {', '.join(missing)} not configured in Z9_REGIONS")
         self.settings = settings
+        self.clock = clock
         self.regions = list(regions)
         self.owner = owner or worker_identity()
         factory = client_factory or (lambda r: ProxmoxClient(r, settings.regions[r]))
@@ -112,9 +114,12 @@ class Executor:
         """Claim and run until :meth:`stop`, then drain and close the pool."""
         assert self.pool is not None
         # the one-statement finish + claim cannot take a region's cap lock and count its running
-        # jobs (store.job_claim does): an executor serving a capped region claims the usual way
+        # jobs (store.job_claim does): an executor serving a capped region claims the usual way.
+        # Nor does it take a time (the function of migration 0012 reads the server's now()): under
+        # a test clock, finishes and claims are two statements, both at the clock's time.
+        one_statement = not self.caps and self.clock.db_now() is None
         self.finisher = FinishBatcher(self.pool, claim_next=self._claim_in_finish, on_claimed=self._claimed,
-                                      claim_one=None if self.caps else self._claim_in_finish_statement)
+                                      claim_one=self._claim_in_finish_statement if one_statement else None)
         listener = asyncio.create_task(self._listen_loop(), name="z9-listen")
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="z9-heartbeat")
         log.info("executor %s serving regions %s (concurrency %d)", self.owner, ",".join(self.regions),
@@ -166,7 +171,7 @@ class Executor:
         jobs: list[Job] = []
         try:
             jobs = await store.job_claim(self.pool, self._claim_order(), free, self.owner, self.settings.lease_ttl_s,
-                                         self.caps, self._cap_held)
+                                         self.caps, self._cap_held, now=self.clock.db_now())
         except (*TRANSIENT_DB_ERRORS, LockWaitTimeout) as e:  # a lock wait: a capped region's lock
             log.warning("claim failed (%s); retrying after a pause", e)
             await asyncio.sleep(1.0)
@@ -192,7 +197,8 @@ class Executor:
         self._reserved += free
         try:
             return free, await store.job_claim(conn, self._claim_order(), free, self.owner,
-                                               self.settings.lease_ttl_s, self.caps, self._cap_held)
+                                               self.settings.lease_ttl_s, self.caps, self._cap_held,
+                                               now=self.clock.db_now())
         except BaseException:
             self._reserved -= free
             raise
@@ -201,7 +207,7 @@ class Executor:
         """The region's cap held a claim back while its jobs waited: count it, and say so at
         most once a minute per region (with how often it happened since)."""
         metrics.region_cap_held(region)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         last, waits = self._cap_logged.get(region, (float("-inf"), 0))
         if now - last < 60.0:
             self._cap_logged[region] = (last, waits + 1)
@@ -230,7 +236,7 @@ class Executor:
 
     def _spawn(self, job: Job) -> None:
         ctx = JobContext(job, self.owner, self.pool, self.clients[job.region], self.settings,
-                         finisher=self.finisher)
+                         finisher=self.finisher, clock=self.clock)
         metrics.job_claimed(job)
         task = asyncio.create_task(self._run(ctx), name=f"job-{job.id}")
         self.inflight[job.id] = (task, ctx)
@@ -306,7 +312,7 @@ class Executor:
     async def _heartbeat_loop(self) -> None:
         s = self.settings
         while True:
-            await asyncio.sleep(s.heartbeat_s)
+            await self.clock.sleep(s.heartbeat_s)
             try:
                 await self._heartbeat_once()
             except TRANSIENT_DB_ERRORS as e:
@@ -318,7 +324,7 @@ class Executor:
         """Renew, in one statement, the lease of every job in flight that made progress within
         ``step_timeout_s``; cancel the stalled ones and those whose lease is lost."""
         s = self.settings
-        now = time.monotonic()
+        now = self.clock.monotonic()
         renew: list[tuple[str, asyncio.Task, JobContext]] = []
         for job_id, (task, ctx) in list(self.inflight.items()):
             if task.done():
@@ -339,7 +345,7 @@ class Executor:
         if not renew:
             return
         lost = {(l.job_id, l.attempt) for l in await store.job_heartbeat_many(
-            self.pool, [ctx.lease for _, _, ctx in renew], s.lease_ttl_s)}
+            self.pool, [ctx.lease for _, _, ctx in renew], s.lease_ttl_s, now=self.clock.db_now())}
         for job_id, task, ctx in renew:
             if (ctx.lease.job_id, ctx.lease.attempt) not in lost:
                 continue

@@ -15,6 +15,7 @@ import asyncpg
 
 from z9.common import metrics, store
 from z9 import resources
+from z9.common.clock import SYSTEM, Clock
 from z9.common.db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS, create_service_pool
 from z9.common.errors import LockWaitTimeout
 from z9.common.logs import job_fields
@@ -27,8 +28,9 @@ log = logging.getLogger("z9.reaper")
 class Reaper:
     """See the module docstring. ``run()`` until ``stop()``; scans every ``reaper_interval_s``."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, *, clock: Clock = SYSTEM):
         self.settings = settings
+        self.clock = clock  # what "expired" and "due" are decided at (store queries get clock.db_now())
         self.pool: asyncpg.Pool | None = None
         self._stopping = asyncio.Event()
         metrics.init_reaper(settings.regions)
@@ -42,7 +44,7 @@ class Reaper:
         total = 0
         for rtype in resources.buffered():
             async with self.pool.acquire() as conn, conn.transaction():
-                reaped = await rtype.reap_expired(conn, batch)
+                reaped = await rtype.reap_expired(conn, batch, now=self.clock.db_now())
                 jobs = await store.job_insert_many(conn, [
                     rtype.new_job(row, rtype.final_kind, max_attempts=self.settings.max_attempts,
                                   trace_context=trace_context or current_trace_context())
@@ -68,7 +70,7 @@ class Reaper:
         for rtype in resources.periodic():
             interval = float(getattr(self.settings, rtype.periodic.interval_setting))
             async with self.pool.acquire() as conn, conn.transaction():
-                due = await rtype.periodic_due(conn, interval, batch)
+                due = await rtype.periodic_due(conn, interval, batch, now=self.clock.db_now())
                 await store.job_insert_many(conn, [rtype.new_job(row, rtype.periodic.kind, max_attempts=1)
                                                    for row in due])
             n += len(due)

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 
 import asyncpg
 
 from z9.common import kinds, metrics, store
 from z9 import resources
+from z9.common.clock import SYSTEM, Clock
 from z9.common.db import LOCK_WAIT_ERRORS, SCHEDULER_CHANNEL, TRANSIENT_DB_ERRORS, connect_listener, create_service_pool
 from z9.common.errors import LockWaitTimeout
 from z9.common.settings import Settings
@@ -56,14 +56,15 @@ class PassCounts:
 class Scheduler:
     """See the module docstring. ``run()`` until ``stop()``."""
 
-    def __init__(self, settings: Settings, *, prune_every: int = 60):
+    def __init__(self, settings: Settings, *, prune_every: int = 60, clock: Clock = SYSTEM):
         self.settings = settings
+        self.clock = clock  # every decision's time (store queries get clock.db_now())
         self.prune_every = prune_every
         self.pool: asyncpg.Pool | None = None
         self._passes = 0
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._metrics_at = self._finished_metrics_at = float("-inf")  # time.monotonic() of the last recounts
+        self._metrics_at = self._finished_metrics_at = float("-inf")  # clock.monotonic() of the last recounts
         self._kinds = sorted(kinds.all_kinds())  # the known job kinds: series pre-created for each
         self._age_regions: set[str] = set()  # regions given a z9_job_oldest_pending_age_seconds value
         metrics.init_scheduler(self._kinds, settings.regions)
@@ -78,7 +79,7 @@ class Scheduler:
         counts = PassCounts()
         async with self.pool.acquire() as conn:
             async with conn.transaction():
-                rows = await store.lease_reclaim_expired(conn)
+                rows = await store.lease_reclaim_expired(conn, now=self.clock.db_now())
                 for r in rows:
                     counts.reclaimed += 1
                     metrics.LEASE_RECLAIMS.labels(r["kind"], r["region"]).inc()
@@ -95,7 +96,7 @@ class Scheduler:
                 # promotion below, or a later pass, makes it pending).
                 await store.jobs_notify(conn, sorted({r["region"] for r in rows if r["status"] == "failed"}))
             async with conn.transaction():
-                due = await store.job_retry_due(conn)
+                due = await store.job_retry_due(conn, now=self.clock.db_now())
                 counts.promoted = len(due)
                 for r in due:
                     metrics.JOB_PROMOTIONS.labels(r["region"]).inc()
@@ -122,14 +123,14 @@ class Scheduler:
             rows = await store.job_count_by_status(conn, statuses)
             regions = sorted(set(self.settings.regions) | self._age_regions
                              | {r[1] for r in rows if r[2] == "pending"})
-            ages = await store.job_oldest_pending_age(conn, regions)
+            ages = await store.job_oldest_pending_age(conn, regions, now=self.clock.db_now())
         metrics.set_job_counts(rows, statuses, self._kinds, self.settings.regions)
         for region, age_s in ages.items():
             metrics.JOB_OLDEST_PENDING_AGE.labels(region).set(age_s)
         self._age_regions.update(ages)
 
     async def _maybe_refresh_job_metrics(self) -> None:
-        now, s = time.monotonic(), self.settings
+        now, s = self.clock.monotonic(), self.settings
         if now - self._metrics_at < s.job_metrics_interval_s:
             return
         finished = now - self._finished_metrics_at >= s.job_metrics_finished_interval_s
@@ -143,11 +144,11 @@ class Scheduler:
         statement) and expired idempotency keys; returns the jobs deleted."""
         total = 0
         for _ in range(max_batches):
-            n = await store.job_prune_finished(conn, self.settings.job_retention_s, batch)
+            n = await store.job_prune_finished(conn, self.settings.job_retention_s, batch, now=self.clock.db_now())
             total += n
             if n < batch:
                 break
-        await store.idempotency_prune(conn, self.settings.idempotency_retention_s)
+        await store.idempotency_prune(conn, self.settings.idempotency_retention_s, now=self.clock.db_now())
         return total
 
     async def run(self) -> None:
@@ -166,7 +167,7 @@ class Scheduler:
                 self._wake.clear()
                 await self.run_once()
                 await self._maybe_refresh_job_metrics()
-                next_in = await store.job_retry_next_in(self.pool)
+                next_in = await store.job_retry_next_in(self.pool, now=self.clock.db_now())
                 delay = 0.5
             except TRANSIENT_DB_ERRORS as e:
                 log.warning("database unreachable (%s); retrying in %.1fs", e, delay)

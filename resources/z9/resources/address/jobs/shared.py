@@ -15,8 +15,9 @@ cloud-init change at its next boot, as a new instance: the API refuses it on a r
 A *floating* address is configured by the guest itself (documented); the job only routes it.
 
 Enforcement: the VM's ``ipfilter`` is turned on only when every address the VM uses is in its
-set — that is, when the server's VM uses its primary address (static ``ipconfig0``, in the set:
-read from the VM, not from the database). A server on DHCP (no primary
+set — that is, when the server's VM uses a static address its set holds (``ipconfig0``: its
+primary, or its address on the region's private network; read from the VM, not from the
+database). A server on DHCP (no primary and no private network
 address) would lose its own address to the filter; its floating addresses are tagged and listed,
 and ``observed.enforced`` says the filter is off. So taking a primary off a VM (its ``ipconfig0``
 back to DHCP) turns the VM's filter off again.
@@ -195,10 +196,10 @@ def _enforce(address: Address, server: Any, target: Holder) -> bool:
     by this job counts: its ``set_ipconfig`` and entry come before ``enable_ipfilter``."""
     if address.kind == "primary":
         return True
-    ip = server.primary_ipv4
-    ip = str(getattr(ip, "ip", ip)) if ip is not None else None
+    # the VM's static address — its primary, or the one z9 gave it on the region's private network
+    # (z9.executor.vms.private_address) — is in its set: every address it uses is then allowed
     used = config_ips({"ipconfig0": target.vm.config.get("ipconfig0")}).get("ipconfig0")
-    return ip is not None and used == ip and target.has_entry(ip)
+    return used is not None and target.has_entry(used)
 
 
 def plan(job: Job, world: World) -> list[Step]:
@@ -222,9 +223,11 @@ def plan(job: Job, world: World) -> list[Step]:
                 raise PermanentError(f"VM {h.vm.vmid} is running: its primary address is taken off only while "
                                      "it is stopped")
             steps.append(Step("clear_ipconfig", dict(d)))
-        if a.kind == "primary" and _on(h.firewall.get("ipfilter")):
+        if a.kind == "primary" and (_on(h.firewall.get("ipfilter")) or _on(h.firewall.get("enable"))):
             # the VM is back on DHCP: its IP filter (turned on for this primary) would drop its
-            # own address from the next boot on
+            # own address from the next boot on — and with the VM's firewall on, the set alone
+            # filters (pve-firewall Firewall.pm generate_tap_rules: "$options->{ipfilter} ||
+            # $vmfw_conf->{ipset}->{ipfilter-net0}"), so the VM's firewall goes off
             steps.append(Step("disable_ipfilter", dict(d)))
         steps.append(Step("untag", dict(d)))
     t = world.target
@@ -343,7 +346,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         await ctx.pve.set_firewall_options(node, vmid, enable=True, ipfilter=True)
     elif step.name == "disable_ipfilter":
         await ctx.fence()
-        await ctx.pve.set_firewall_options(node, vmid, ipfilter=False)
+        await ctx.pve.set_firewall_options(node, vmid, enable=False, ipfilter=False)
     else:
         raise PermanentError(f"{ctx.job.kind}: unknown step {step.name!r}")
 

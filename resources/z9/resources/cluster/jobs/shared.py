@@ -59,12 +59,16 @@ Phases
 observe  the cluster row, the desired members, every VM of the cluster by tag (per member), and
          the nodes the API reports (``kubectl get nodes -o json`` through the agent of the first
          control plane whose API answers; None when none does).
-plan     (pure) ``init`` (cp-0, while no API answers) → ``replace`` (a member whose cloud-init
+plan     (pure) ``ip_filter`` (members not provisioned by this plan whose IP filter is not as
+         wanted — their private address, a control plane's the endpoint too —, read back from
+         Proxmox at every observe; a control plane without the endpoint in it cannot serve the
+         API) → ``init`` (cp-0, while no API answers) → ``replace`` (a member whose cloud-init
          failed and that never became a node — except a join refused for its token, which the
          ``join`` step re-runs on the same VM —, or did but was never confirmed — then ``drain``
          first; a control plane that is a node is refused, never replaced: it is an etcd member —
          its VM goes, a new instance joins) → ``join`` (every desired member that is not
-         a Ready node: booted **in parallel** in one step) → per extra member, highest ordinal
+         a Ready node: booted **in parallel** in one step; each member's VM plan puts its IP
+         filter on before its first start) → per extra member, highest ordinal
          first: ``drain`` then ``remove`` → ``remove_clone`` (untagged clones, known from the
          clone ledger, of members no longer desired) → ``detach_bootstrap`` (Ready members still
          holding their ISO) → ``delete_isos`` (the cluster's ISOs no member boots from: a removed
@@ -153,6 +157,7 @@ class World:
     client_ca_signers: list[str] = field(default_factory=list)  # control planes holding the signer's files
     client_ca_stale: list[str] = field(default_factory=list)
     client_ca_unreachable: list[str] = field(default_factory=list)  # control planes not running
+    unfiltered: list[str] = field(default_factory=list)  # members whose IP filter is not as wanted
 
 
 def desired_members(cluster: Cluster) -> list[MemberSpec]:
@@ -178,10 +183,70 @@ def member_hostname(cluster: Cluster, m: MemberSpec) -> str:
     return vms.dns_label(cluster.name, m.name)
 
 
-def vm_spec(cluster: Cluster, m: MemberSpec) -> vms.VmSpec:
-    """The member's VM: cloned from the cluster's image, agent on (readiness is read inside)."""
+def vm_spec(cluster: Cluster, m: MemberSpec, private: vms.PrivateAddress | None = None) -> vms.VmSpec:
+    """The member's VM: cloned from the cluster's image, agent on (readiness is read inside). With an
+    address on the region's private network (``private``; its bootstrap ISO's network-config gives
+    it to the guest: :func:`network_config`) the VM's IP filter lets it send from that address only
+    — and, on a control plane, from the cluster's endpoint, which kube-vip moves between them."""
+    allowed: tuple[str, ...] = ()
+    if private is not None:
+        allowed = (private.ip,)
+        if m.role == "control-plane" and cluster.endpoint_ip is not None:
+            allowed += (_ip(cluster.endpoint_ip),)
     return vms.VmSpec(owner=cluster.id, member=m.name, name=member_hostname(cluster, m), image=cluster.image,
-                      cores=m.cores, memory_mib=m.memory_mib, disk_gib=m.disk_gib, config={"agent": "1"})
+                      cores=m.cores, memory_mib=m.memory_mib, disk_gib=m.disk_gib, config={"agent": "1"},
+                      ip_filter=allowed)
+
+
+async def member_private_address(ctx: JobContext, world: World, m: MemberSpec) -> vms.PrivateAddress | None:
+    """The member's address on the region's private network: the one it has, or — for a member
+    without a VM yet — one taken for it now. A member whose VM was made before the region had a
+    private network keeps the DHCP address its guest took at its first boot (no filter: it would
+    drop that address)."""
+    assert world.cluster is not None
+    have = await store.vm_private_addresses_of(ctx.pool, world.cluster.id)
+    if m.name in have:
+        return vms.private_address_at(ctx, have[m.name])
+    if m.name in world.vms:
+        return None
+    return await vms.private_address(ctx, world.cluster.id, m.name)
+
+
+async def _observe_filters(ctx: JobContext, world: World) -> None:
+    """The desired members whose VM's IP filter is not as their spec wants it (their address,
+    a control plane's the endpoint too): read back from Proxmox, every member at once."""
+    assert world.cluster is not None
+    have = await store.vm_private_addresses_of(ctx.pool, world.cluster.id)
+    todo = []
+    for m in world.desired:
+        vm = world.vms.get(m.name)
+        private = vms.private_address_at(ctx, have[m.name]) if m.name in have else None
+        if vm is None or private is None or vm.lock:
+            continue
+        todo.append((m, vm, vm_spec(world.cluster, m, private)))
+    oks = await asyncio.gather(*(vms.ip_filter_ok(ctx, spec, vm) for _, vm, spec in todo))
+    world.unfiltered = sorted((m.name for (m, _, _), ok in zip(todo, oks) if not ok), key=ordinal_key)
+
+
+def network_config(vm: VmState, private: vms.PrivateAddress) -> str:
+    """The NoCloud ``network-config`` giving the member's first NIC (by its MAC) its private
+    address: version 1, as Proxmox's own cloud-init drive writes it (qemu-server
+    ``PVE/QemuServer/Cloudinit.pm`` ``nocloud_network``: ``physical``, ``name: eth0``, a ``static``
+    subnet with ``address``/``netmask``/``gateway`` and ``dns_nameservers``)."""
+    mac = ""
+    for part in str(vm.config.get("net0", "")).split(","):
+        k, _, v = part.partition("=")
+        if k in ("virtio", "e1000", "rtl8139", "vmxnet3", "macaddr") and re.fullmatch(r"[0-9A-Fa-f:]{17}", v):
+            mac = v.lower()
+    if not mac:
+        raise TemporaryError(f"VM {vm.vmid}: no MAC address on net0 yet ({vm.config.get('net0')!r})")
+    subnet: dict[str, Any] = {"type": "static", "address": f"{private.ip}/{private.prefix}"}
+    if private.gateway:
+        subnet["gateway"] = private.gateway
+    if private.nameservers:
+        subnet["dns_nameservers"] = list(private.nameservers)
+    return yaml.safe_dump({"version": 1, "config": [{"type": "physical", "name": "eth0", "mac_address": mac,
+                                                      "subnets": [subnet]}]}, sort_keys=False)
 
 
 # ================================================================ observe
@@ -201,6 +266,7 @@ async def observe(ctx: JobContext, *, with_isos: bool = True) -> World:
                                  "the extra one")
         world.vms[member] = found[0]
     world.nodes, world.api_member = await read_nodes(ctx, world)
+    await _observe_filters(ctx, world)
     if ctx.job.args.get("client_ca"):
         await _observe_client_ca(ctx, world)
     if with_isos:
@@ -348,6 +414,10 @@ def plan(job: Job, world: World) -> list[Step]:
         steps.append(Step("replace", {"member": member, "cloud_init": world.failed_boot[member]}))
     joining = [m.name for m in world.desired
                if (not nodes.get(m.name) or m.name in world.failed_boot) and not (init and m.name == "cp-0")]
+    # (the init and join steps' own VM plans put the filter of the members they provision on)
+    unfiltered = [m for m in world.unfiltered if m in desired and m not in joining and not (init and m == "cp-0")]
+    if unfiltered:
+        steps.insert(0, Step("ip_filter", {"members": unfiltered}))
     if joining:
         steps.append(Step("join", {"members": joining}))
     extra = sorted({m for m in world.vms if m not in desired} | {n for n in nodes if n not in desired},
@@ -402,9 +472,23 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         await _drain(ctx, world, step.detail["member"])
     elif step.name in ("remove", "replace"):  # replace: the VM goes; the join step makes a new one
         await _remove(ctx, world, step, step.detail["member"])
+        if step.name == "remove":  # its VM gone for good: its private address too (a replaced one keeps it)
+            await vms.release_private_address(ctx, world.cluster.id, step.detail["member"])
         world.vms.pop(step.detail["member"], None)
         if world.nodes is not None:  # drained and deleted before (or never a node): a new instance joins afresh
             world.nodes.pop(step.detail["member"], None)
+    elif step.name == "ip_filter":
+        for member in step.detail["members"]:
+            m = _spec(world, member)
+            private = await member_private_address(ctx, world, m)
+            vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
+            if private is None or vm is None:
+                continue
+            vms.refuse_platform(world.cluster.id, vm)
+            vms.refuse_if_locked(vm)
+            spec = vm_spec(world.cluster, m, private)
+            if not await vms.ip_filter_ok(ctx, spec, vm):
+                await vms.apply_ip_filter(ctx, spec, vm, step)
     elif step.name == "remove_clone":
         for name in ("stop", "destroy"):
             await vms.apply_removal_step(ctx, world.cluster.id, Step(name, {**step.detail, "untagged": True}))
@@ -468,7 +552,8 @@ async def provision(ctx: JobContext, world: World, m: MemberSpec, *, init: bool)
     (token registered first for a joiner), started, verified inside, ISO detached and deleted."""
     cluster = world.cluster
     assert cluster is not None
-    spec = vm_spec(cluster, m)
+    private = await member_private_address(ctx, world, m)
+    spec = vm_spec(cluster, m, private)
     step = Step(f"member {m.name}")
     mw = await vms.observe_member(ctx, spec)
     for s in vms.plan_member(spec, mw, region=ctx.job.region):
@@ -482,7 +567,7 @@ async def provision(ctx: JobContext, world: World, m: MemberSpec, *, init: bool)
     known = (init and cluster.initialized_at is not None) or (world.nodes is not None and m.name in world.nodes)
     if not vm.running and not known:
         token = None if init else await _token(ctx, world, m)
-        volid = await _ensure_iso(ctx, cluster, m, vm, token, step)
+        volid = await _ensure_iso(ctx, cluster, m, vm, token, step, private)
         vm = await ctx.pve.vm_state(vm.node, vm.vmid) or vm
         vm = await _attach_seed(ctx, vm, volid, step)
     if not vm.running:
@@ -534,7 +619,7 @@ async def _rejoin(ctx: JobContext, world: World, m: MemberSpec, vm: VmState, ste
     log.info("cluster %s: %s — minting a new join token and joining again", cluster.id, why)
     old = _bootstrap_volume(vm)
     token = await _token(ctx, world, m, fresh=True)
-    volid = await _ensure_iso(ctx, cluster, m, vm, token, step)
+    volid = await _ensure_iso(ctx, cluster, m, vm, token, step, await member_private_address(ctx, world, m))
     vm = await _attach_seed(ctx, await ctx.pve.vm_state(vm.node, vm.vmid) or vm, volid, step)
     if old and old != volid:
         await delete_iso(ctx, vm.node, old, step)
@@ -791,11 +876,13 @@ async def cluster_isos(ctx: JobContext, cluster_id: str) -> list[tuple[str, str]
 
 
 async def _ensure_iso(ctx: JobContext, cluster: Cluster, m: MemberSpec, vm: VmState, token: str | None,
-                      step: Step) -> str:
-    """Build the member's ISO; upload it unless a file of that (content-addressed) name exists."""
+                      step: Step, private: vms.PrivateAddress | None = None) -> str:
+    """Build the member's ISO; upload it unless a file of that (content-addressed) name exists.
+    With an address on the region's private network (``private``), the ISO's network-config gives it."""
     files = bootstrap_files(cluster, await material_of(ctx, cluster), m, token,
                             signing_duration_s=ctx.settings.kubeconfig_max_expiry_s)
-    data = nocloud.build_nocloud_iso(user_data=files["user-data"], meta_data=files["meta-data"])
+    data = nocloud.build_nocloud_iso(user_data=files["user-data"], meta_data=files["meta-data"],
+                                     network_config=network_config(vm, private) if private is not None else None)
     name = f"{iso_prefix(cluster.id)}{m.name}-{hashlib.sha256(data).hexdigest()[:16]}.iso"
     storage = ctx.settings.cluster_bootstrap_storage
     volid = f"{storage}:iso/{name}"
@@ -1000,6 +1087,8 @@ async def verify(ctx: JobContext) -> Seen:
     extra = [m for m in world.vms if m not in {d.name for d in world.desired}]
     if extra:
         raise TemporaryError("verify: members still to remove: " + ", ".join(sorted(extra)))
+    if world.unfiltered:
+        raise TemporaryError("verify: the IP filter of " + ", ".join(world.unfiltered) + " is not as wanted yet")
     return await seen_of(ctx, world)
 
 

@@ -4,7 +4,9 @@ observe  the VM carrying ``z9-id-<server id>`` anywhere in the cluster; failing 
          ours not tagged yet, or a clone request that may still land; else the template named by
          ``image`` — by the name its config has now, not the name ``/cluster/resources`` shows
          (its stats lag: a template renamed or imported moments ago shows its old name, or none).
-plan     (pure) clone → wait_clone → configure → resize_disk → start, keeping only what is
+         A server without a primary address first gets its address on the region's private
+         network (``private_network``; :func:`z9.executor.vms.private_address`).
+plan     (pure) clone → wait_clone → configure → resize_disk → ip_filter → start, keeping only what is
          missing. An existing, configured, running VM gives the empty plan. No VM, but a clone
          request without a recorded answer less than ``uncertain_window_s`` old: snooze (it may
          still land) rather than clone a second time. No template of that name (yet): snooze.
@@ -38,17 +40,20 @@ World = vms.MemberWorld
 async def observe(ctx: JobContext) -> World:
     """Our VM (by tag, else an untagged clone of ours) and the template. Raises TemporaryError on
     hypervisor trouble, PermanentError when several VMs carry our tag."""
-    return await vms.observe_member(ctx, _server.spec(ctx.job))
+    private = await _server.private_address(ctx)
+    world = await vms.observe_member(ctx, _server.spec(ctx.job, private))
+    world.private = private
+    return world
 
 
 def plan(job: Job, world: World) -> list[Step]:
     """Pure: the steps still missing (see :func:`z9.executor.vms.plan_member`)."""
-    return vms.plan_member(_server.spec(job), world, region=job.region)
+    return vms.plan_member(_server.spec(job, world.private), world, region=job.region)
 
 
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
     """Run one step if still needed and wait for its task."""
-    await vms.apply_member_step(ctx, _server.spec(ctx.job), world, step)
+    await vms.apply_member_step(ctx, _server.spec(ctx.job, world.private), world, step)
 
 
 async def verify(ctx: JobContext) -> VmState:
@@ -56,7 +61,7 @@ async def verify(ctx: JobContext) -> VmState:
     cloud-init ended without error, from z9's drive (:func:`_server.check_guest`: a failure is
     permanent — the server is failed with the guest's reason, its observed VM recorded). Returns
     our VM."""
-    spec = _server.spec(ctx.job)
+    spec = _server.spec(ctx.job, await _server.private_address(ctx))
     vm = await vms.verify_member(ctx, spec)
     try:
         await _server.check_guest(ctx, spec, vm)

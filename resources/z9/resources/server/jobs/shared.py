@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import yaml
@@ -21,19 +20,38 @@ from z9.resources.server import SERVER
 
 from z9.executor.context import JobContext
 from z9.executor.proxmox import VmState
-from z9.executor.vms import MAIN, VmSpec, agent_configured
+from z9.executor.vms import MAIN, PrivateAddress, VmSpec, agent_configured
+from z9.executor.vms import private_address as vm_private_address
 
 INSTANCE_ID_FILE = "/var/lib/cloud/data/instance-id"  # cloud-init writes the current instance's id there
 
 
-def spec(job: Job) -> VmSpec:
-    """The server's VM, from the job's arguments (the create body)."""
+def spec(job: Job, private: PrivateAddress | None = None) -> VmSpec:
+    """The server's VM, from the job's arguments (the create body) and, for a server without a
+    primary address, the address z9 gave it on the region's private network (``private``: its
+    static cloud-init network and the one address its IP filter lets it send from; the address
+    jobs add its floating addresses to that filter beside it)."""
     a = job.args
+    # a primary address from a pool: the API put its cloud-init keys in the args
+    config = {k: str(a[k]) for k in ("ipconfig0", "nameserver") if a.get(k)}
+    ip_filter: tuple[str, ...] = ()
+    if "ipconfig0" not in config and private is not None:
+        config["ipconfig0"] = private.ipconfig0
+        if private.nameservers:
+            config["nameserver"] = " ".join(private.nameservers)
+        ip_filter = (private.ip,)
     return VmSpec(owner=job.resource_id, member=MAIN, name=a["name"], image=a["image"], cores=int(a["cores"]),
                   memory_mib=int(a["memory_mib"]), disk_gib=int(a["disk_gib"]),
                   ssh_keys=tuple(a.get("ssh_keys") or ()), only_own_identity=True,
-                  # a primary address from a pool: the API put its cloud-init keys in the args
-                  config={k: str(a[k]) for k in ("ipconfig0", "nameserver") if a.get(k)})
+                  config=config, ip_filter=ip_filter, ip_filter_keeps_addresses=True)
+
+
+async def private_address(ctx: JobContext) -> PrivateAddress | None:
+    """The server's private address when it has no primary (None: it has one, or the region has no
+    private network)."""
+    if ctx.job.args.get("ipconfig0"):
+        return None
+    return await vm_private_address(ctx, ctx.job.resource_id, MAIN)
 
 
 async def recorded_vm(ctx: JobContext) -> list[tuple[int, str]]:
@@ -72,9 +90,9 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
         return
     since = ctx.memo.get("guest_look_since")
     if since is None:
-        since = time.time()
+        since = ctx.clock.time()
         await ctx.remember(guest_look_since=since)
-    slot_end = time.monotonic() + ctx.settings.server_guest_slot_s
+    slot_end = ctx.clock.monotonic() + ctx.settings.server_guest_slot_s
     last = "its guest agent does not answer yet"
     while True:
         ctx.touch()
@@ -86,40 +104,59 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
             raise
         except TemporaryError as e:
             last = str(e)
-        if time.time() - float(since) > ctx.settings.server_guest_ready_s:
+        if ctx.clock.time() - float(since) > ctx.settings.server_guest_ready_s:
             raise TemporaryError(f"VM {vm.vmid}: the guest is not up after {ctx.settings.server_guest_ready_s:.0f}s: {last}")
-        if time.monotonic() > slot_end:
+        if ctx.clock.monotonic() > slot_end:
             raise Snooze(f"VM {vm.vmid}: {last}; looked into again in {GUEST_SNOOZE_S:.0f}s", delay_s=GUEST_SNOOZE_S)
-        await asyncio.sleep(1.0)  # the agent is not up yet (booting): each try is a request through pveproxy
+        # the agent is not up yet (booting): each try is a request through pveproxy; a real guest, real time
+        await asyncio.sleep(ctx.settings.server_guest_poll_s)
+
+
+_SEP = "z9-guest-look-part"
+# One command for the whole look (one agent/exec and its exec-status; it was an exec with its
+# polls, a file-read and a get-host-name): cloud-init's status, waiting until it ended (--wait: the
+# command ends when cloud-init has, cloud-init 22.4 cmd/status.py; JSON: no progress dots), the
+# current instance's id as cloud-init recorded it, and the hostname (what qemu-ga's
+# guest-get-host-name answers: gethostname()). ``echo`` before each separator: a file without a
+# final newline does not run into it.
+GUEST_LOOK = ["sh", "-c", f"cloud-init status --wait --format json; echo; echo {_SEP}; "
+                          f"cat {INSTANCE_ID_FILE}; echo; echo {_SEP}; hostname"]
+
+
+def parse_guest_look(out: str) -> tuple[dict[str, Any], str, str]:
+    """``(cloud-init status, instance-id, hostname)`` from :data:`GUEST_LOOK`'s output (an empty
+    status and '' where a part is missing)."""
+    parts = [p.strip() for p in out.split(f"\n{_SEP}\n")]
+    parts += [""] * (3 - len(parts))
+    try:
+        st = json.loads(parts[0]) if parts[0] else {}
+    except ValueError:
+        st = {}
+    return (st if isinstance(st, dict) else {}), parts[1], parts[2]
 
 
 async def _guest_once(ctx: JobContext, spec: VmSpec, vm: VmState) -> str:
     """'' when the guest is as asked, else what is still missing; raises GuestFailed."""
-    # --wait: one command that ends when cloud-init has (cloud-init 22.4 cmd/status.py), polled each
-    # second, instead of a status command a poll (each poll two requests through pveproxy)
-    code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cloud-init", "status", "--wait", "--format", "json"],
-                                              timeout_s=GUEST_WAIT_S, poll_s=1.0)
-    try:
-        st = json.loads(out) if out.strip() else {}
-    except ValueError:
-        st = {}
+    _code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, GUEST_LOOK, timeout_s=GUEST_WAIT_S, poll_s=1.0,
+                                               learn="guest-look")
+    st, iid, host = parse_guest_look(out)
     status = str(st.get("status") or "")
     if status == "error":
-        errors = "; ".join(str(e) for e in st.get("errors") or []) or (st.get("detail") or err or "").strip()
-        raise GuestFailed(f"cloud-init failed in the guest of VM {vm.vmid}: {errors}")
+        errors = "; ".join(str(e) for e in st.get("errors") or []) or str(st.get("detail") or "").strip()
+        raise GuestFailed(f"cloud-init failed in the guest of VM {vm.vmid}: {errors or err.strip()}")
     if status == "disabled":
         raise GuestFailed(f"cloud-init found no seed in the guest of VM {vm.vmid}: it has no cloud-init drive")
     if status != "done":
-        return f"cloud-init is {status or 'not reporting'}" + (f" ({err.strip()})" if code not in (0, 1, 2) else "")
-    iid = ((await ctx.pve.agent_file_read(vm.node, vm.vmid, INSTANCE_ID_FILE)) or b"").decode("utf-8", "replace").strip()
-    if not any(r.get("pending") is not None or r.get("delete") for r in await ctx.pve.cloudinit_pending(vm.node, vm.vmid)):
-        # (with changes pending, the drive the guest booted from was generated before them)
-        meta = yaml.safe_load(await ctx.pve.cloudinit_dump(vm.node, vm.vmid, "meta")) or {}
-        want = str(meta.get("instance-id", "")) if isinstance(meta, dict) else ""
-        if want and iid != want:
-            raise GuestFailed(f"the guest of VM {vm.vmid} booted from another seed: its instance-id is {iid or 'none'!r}, "
-                              f"z9's cloud-init drive gives {want!r}")
-    host = await ctx.pve.agent_hostname(vm.node, vm.vmid)
+        return f"cloud-init is {status or 'not reporting'}" + (f" ({err.strip()})" if not st and err.strip() else "")
+    meta = yaml.safe_load(await ctx.pve.cloudinit_dump(vm.node, vm.vmid, "meta")) or {}
+    want = str(meta.get("instance-id", "")) if isinstance(meta, dict) else ""
+    # With cloud-init changes pending, the drive the guest booted from was generated before them and
+    # the dump (from the config now) is no authority: asked only when the two differ (the outcome of
+    # "pending, else compare" in one request where they agree, which is every healthy create).
+    if want and iid != want and not any(r.get("pending") is not None or r.get("delete")
+                                        for r in await ctx.pve.cloudinit_pending(vm.node, vm.vmid)):
+        raise GuestFailed(f"the guest of VM {vm.vmid} booted from another seed: its instance-id is {iid or 'none'!r}, "
+                          f"z9's cloud-init drive gives {want!r}")
     if host.split(".", 1)[0] != spec.name:
         raise GuestFailed(f"the guest of VM {vm.vmid} calls itself {host!r}, not {spec.name!r}: "
                           "it did not take its hostname from z9's cloud-init drive")

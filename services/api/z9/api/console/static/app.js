@@ -1,0 +1,719 @@
+// The z9 console: one page, routed by its path under /console, calling the /v1 API with the
+// session's cookie (HttpOnly: this script never sees the token) and the session's CSRF token on
+// every mutation. The resource kinds, their lists' filters, forms and actions come from the
+// API's OpenAPI document: a kind the API registers appears here without console code.
+import { h } from "./dom.js";
+import { nonNull, objectFields, resolve, showErrors, validate } from "./schema.js";
+
+const BASE = "/console";
+const LONG_POLL_S = 25; // GET /v1/jobs/{id}?wait_s=: answers on each change
+const MIN_GAP_MS = 5000; // never a request for the same job sooner than this after an error or an unchanged answer
+const OWN_PAGES = new Set(["jobs", "tokens", "quota", "operator", "sign-in", "static", "session"]);
+
+const state = { session: null, doc: null, kinds: [], stop: [] };
+const main = () => document.getElementById("main");
+
+// ------------------------------------------------------------------ API
+
+class ApiError extends Error {
+  constructor(status, body) {
+    const e = (body && body.error) || {};
+    super(e.message || `HTTP ${status}`);
+    this.status = status;
+    this.code = e.code;
+    this.details = e.details || [];
+  }
+}
+
+async function api(method, path, body, { signal } = {}) {
+  const headers = { Accept: "application/json" };
+  if (method !== "GET" && state.session) headers["X-CSRF-Token"] = state.session.csrf_token;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const r = await fetch(path.startsWith("/") ? path : `/v1/${path}`, {
+    method, headers, body: body === undefined ? undefined : JSON.stringify(body), credentials: "same-origin", signal,
+  });
+  const text = await r.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch { data = null; }
+  if (r.status === 401 && !path.startsWith("/console/")) { state.session = null; go("/sign-in"); }
+  if (!r.ok) throw new ApiError(r.status, data);
+  return data;
+}
+
+const canWrite = () => Boolean(state.session && state.session.scopes.includes("write"));
+const isOperator = () => Boolean(state.session && state.session.scopes.includes("operator"));
+
+function announce(text) {
+  const el = document.getElementById("announce");
+  el.textContent = "";
+  setTimeout(() => { el.textContent = text; }, 50);
+}
+
+// ------------------------------------------------------------------ kinds from the OpenAPI document
+
+function schemaOf(op, status) {
+  const c = op && op.responses && op.responses[status] && op.responses[status].content;
+  return c && c["application/json"] ? c["application/json"].schema : null;
+}
+
+function deriveKinds(doc) {
+  const kinds = [];
+  for (const [path, ops] of Object.entries(doc.paths)) {
+    const m = path.match(/^\/([a-z][a-z-]*)$/);
+    if (!m || OWN_PAGES.has(m[1]) || !ops.get || !ops.post) continue;
+    const itemPath = `${path}/{id}`;
+    const item = doc.paths[itemPath];
+    if (!item || !item.get) continue;
+    const listSchema = resolve(doc, schemaOf(ops.get, "200"));
+    const listKey = Object.entries(listSchema.properties || {}).find(([, v]) => resolve(doc, v).type === "array");
+    const oneSchema = resolve(doc, schemaOf(item.get, "200"));
+    const oneKey = Object.keys(oneSchema.properties || {})[0];
+    if (!listKey || !oneKey) continue;
+    const reqSchema = ops.post.requestBody && ops.post.requestBody.content["application/json"].schema;
+    const actions = [];
+    const subs = [];
+    for (const [p, o] of Object.entries(doc.paths)) {
+      const a = p.match(new RegExp(`^${path}/\\{id\\}/actions/([a-z-]+)$`));
+      if (a && o.post) actions.push({ name: a[1], op: o.post, path: p });
+      const s = p.match(new RegExp(`^${path}/\\{id\\}/([a-z-]+)$`));
+      if (s && o.get) subs.push({ name: s[1], op: o.get, path: p });
+    }
+    kinds.push({
+      plural: m[1], listKey: listKey[0], oneKey, title: m[1].replace(/-/g, " ").replace(/^./, (c) => c.toUpperCase()),
+      listOp: ops.get, createOp: ops.post, createSchema: reqSchema, itemSchema: resolve(doc, oneSchema.properties[oneKey]),
+      patch: item.patch, del: item.delete, actions, subs,
+    });
+  }
+  return kinds;
+}
+
+// ------------------------------------------------------------------ helpers
+
+const STATUS_CLASS = {
+  running: "ok", succeeded: "ok", healthy: "ok", active: "ok", assigned: "ok", done: "ok", ready: "ok",
+  creating: "info", pending: "info", updating: "info", configuring: "info",
+  retry: "warn", deleting: "warn", destroying: "warn", degraded: "warn", stopped: "warn", unknown: "warn", skipped: "",
+  failed: "bad", deleted: "", unhealthy: "bad",
+};
+
+function badge(status, text) {
+  return h("span", { class: `badge ${STATUS_CLASS[status] ?? ""}` }, text || status || "—");
+}
+
+function when(ts) {
+  if (!ts) return "—";
+  const d = new Date(ts);
+  return h("time", { datetime: ts, title: ts }, d.toLocaleString());
+}
+
+function ago(ts) {
+  if (!ts) return "";
+  const s = Math.max(0, Math.round((Date.now() - new Date(ts).getTime()) / 1000));
+  if (s < 90) return `${s}s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  return `${Math.round(s / 3600)} h`;
+}
+
+function duration(a, b) {
+  if (!a) return "";
+  const ms = (b ? new Date(b) : new Date()) - new Date(a);
+  return ms < 1000 ? `${ms} ms` : `${(ms / 1000).toFixed(1)} s`;
+}
+
+function table(caption, headers, rows, empty = "Nothing here yet.") {
+  if (!rows.length) return h("p", { class: "muted" }, empty);
+  return h("div", { class: "table-wrap", tabindex: "0", role: "region", "aria-label": caption },
+    h("table", {}, h("caption", {}, caption),
+      h("thead", {}, h("tr", {}, ...headers.map((x) => h("th", { scope: "col" }, x)))),
+      h("tbody", {}, ...rows.map((r) => h("tr", {}, ...r.map((c) => h("td", {}, c)))))));
+}
+
+function value(v) {
+  if (v === null || v === undefined || v === "") return h("span", { class: "muted" }, "—");
+  if (typeof v === "boolean") return v ? "yes" : "no";
+  if (typeof v === "string" && /^\d{4}-\d\d-\d\dT/.test(v)) return when(v);
+  if (typeof v === "string" && /^(srv|adr|lb|k8s|job|tok)_[0-9a-z]{26}$/.test(v)) return idLink(v);
+  if (typeof v !== "object") return String(v);
+  if (Array.isArray(v)) {
+    if (!v.length) return h("span", { class: "muted" }, "none");
+    if (v.every((x) => typeof x !== "object" || x === null)) return v.join(", ");
+    return h("ul", {}, ...v.map((x) => h("li", {}, value(x))));
+  }
+  const entries = Object.entries(v);
+  if (!entries.length) return h("span", { class: "muted" }, "none");
+  return h("dl", { class: "kv" }, ...entries.flatMap(([k, x]) => [h("dt", {}, k.replace(/_/g, " ")), h("dd", {}, value(x))]));
+}
+
+const PREFIX_KIND = { srv: "servers", adr: "addresses", lb: "load-balancers", k8s: "clusters" };
+function idLink(id) {
+  const p = id.split("_")[0];
+  if (p === "job") return link(`/jobs/${id}`, h("code", {}, id));
+  if (PREFIX_KIND[p] && state.kinds.some((k) => k.plural === PREFIX_KIND[p])) return link(`/${PREFIX_KIND[p]}/${id}`, h("code", {}, id));
+  return h("code", {}, id);
+}
+
+function labelsText(l) {
+  const e = Object.entries(l || {});
+  return e.length ? e.map(([k, v]) => `${k}=${v}`).join(", ") : "";
+}
+
+function link(path, ...children) {
+  return h("a", { href: BASE + path, "data-nav": "" }, ...children);
+}
+
+function errorNotice(e) {
+  const box = h("div", { class: "notice bad", role: "alert" },
+    h("strong", {}, e.status === 403 ? "Refused: " : e.status === 404 ? "Not found: " : "Error: "), e.message,
+    e.code ? h("span", { class: "muted" }, ` (${e.status} ${e.code})`) : "");
+  return box;
+}
+
+function page(title, ...content) {
+  document.title = `${title} · z9 console`;
+  const m = main();
+  m.replaceChildren(h("h1", {}, title), ...content);
+  return m;
+}
+
+// ------------------------------------------------------------------ router
+
+function go(path, replace = false) {
+  const url = BASE + path;
+  if (replace) history.replaceState(null, "", url); else history.pushState(null, "", url);
+  route();
+}
+
+document.addEventListener("click", (ev) => {
+  const a = ev.target.closest && ev.target.closest("a[data-nav]");
+  if (!a || ev.ctrlKey || ev.metaKey || ev.shiftKey || ev.button !== 0) return;
+  ev.preventDefault();
+  go(a.getAttribute("href").slice(BASE.length));
+});
+window.addEventListener("popstate", () => route());
+
+function stopLive() {
+  for (const f of state.stop) f();
+  state.stop = [];
+}
+
+async function route() {
+  stopLive();
+  const path = location.pathname.slice(BASE.length).replace(/\/+$/, "") || "/";
+  const parts = path.split("/").filter(Boolean);
+  renderNav(parts[0] || "");
+  try {
+    if (!state.session && parts[0] !== "sign-in") {
+      try { state.session = await api("GET", "/console/session"); } catch { state.session = null; }
+      if (state.session && !state.session.signed_in) state.session = null;
+      if (!state.session) return go("/sign-in", true);
+      renderNav(parts[0] || "");
+    }
+    if (parts[0] === "sign-in") return await signInPage();
+    if (!state.doc) {
+      state.doc = await api("GET", "openapi.json");
+      state.kinds = deriveKinds(state.doc);
+      renderNav(parts[0] || "");
+    }
+    if (!parts.length) return await overviewPage();
+    if (parts[0] === "jobs") return parts[1] ? await jobPage(parts[1]) : await jobsPage();
+    if (parts[0] === "tokens") return await tokensPage();
+    if (parts[0] === "quota") return await quotaPage();
+    if (parts[0] === "operator") return parts[1] === "jobs" && parts[2] ? await operatorJobPage(parts[2]) : await operatorPage();
+    const kind = state.kinds.find((k) => k.plural === parts[0]);
+    if (!kind) return page("Not found", h("p", {}, "No such page."), link("/", "Back to the overview"));
+    if (!parts[1]) return await listPage(kind);
+    if (parts[1] === "new") return await createPage(kind);
+    return await detailPage(kind, parts[1]);
+  } catch (e) {
+    if (e instanceof ApiError) page(e.status === 404 ? "Not found" : "Something went wrong", errorNotice(e));
+    else { page("Something went wrong", h("p", {}, String(e))); console.error(e); }
+  } finally {
+    main().focus({ preventScroll: true });
+  }
+}
+
+function renderNav(current) {
+  const nav = document.getElementById("nav");
+  const who = document.getElementById("who");
+  if (!state.session) { nav.replaceChildren(); who.replaceChildren(); return; }
+  const items = [["", "Overview"], ...state.kinds.map((k) => [k.plural, k.title]), ["jobs", "Jobs"], ["tokens", "Tokens"], ["quota", "Quota"]];
+  if (isOperator()) items.push(["operator", "Operator"]);
+  nav.replaceChildren(h("ul", {}, ...items.map(([p, t]) =>
+    h("li", {}, h("a", { href: `${BASE}/${p}`, "data-nav": "", "aria-current": p === current ? "page" : null }, t)))));
+  const out = h("button", { type: "button", onclick: signOut }, "Sign out");
+  who.replaceChildren(h("span", {}, `Tenant ${state.session.tenant}`),
+    badge(canWrite() ? "" : "warn", state.session.scopes.join(" + ")), out);
+}
+
+async function signOut() {
+  try { await api("DELETE", "/console/session"); } catch { /* signed out anyway */ }
+  state.session = null;
+  go("/sign-in");
+  announce("Signed out");
+}
+
+// ------------------------------------------------------------------ sign in
+
+async function signInPage() {
+  renderNav("");
+  const input = h("input", { id: "token", name: "token", type: "password", autocomplete: "off", required: "", "aria-describedby": "token-hint" });
+  const status = h("div", { role: "status" });
+  const form = h("form", { class: "form" },
+    h("div", { class: "field" }, h("label", { for: "token" }, "API token"),
+      h("p", { class: "hint", id: "token-hint" }, "z9 dev prints one (also in .z9/dev-token); z9 token --tenant NAME makes one. It is kept in an HttpOnly cookie for this site only."),
+      input),
+    h("div", {}, h("button", { class: "primary", type: "submit" }, "Sign in")), status);
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    try {
+      state.session = await api("POST", "/console/session", { token: input.value });
+      state.doc = null;
+      go("/");
+      announce("Signed in");
+    } catch (e) {
+      status.replaceChildren(errorNotice(e));
+      input.setAttribute("aria-invalid", "true");
+      input.focus();
+    }
+  });
+  page("Sign in to z9", form);
+  input.focus();
+}
+
+// ------------------------------------------------------------------ overview
+
+async function overviewPage() {
+  const cards = h("div", { class: "grid" });
+  page("Overview", cards);
+  const [quota, ...lists] = await Promise.all([api("GET", "quota").catch(() => null),
+    ...state.kinds.map((k) => api("GET", `${k.plural}?limit=500`).catch(() => null))]);
+  state.kinds.forEach((k, i) => {
+    const items = lists[i] ? lists[i][k.listKey].filter((x) => x.status !== "deleted") : [];
+    const by = {};
+    for (const x of items) by[x.status] = (by[x.status] || 0) + 1;
+    cards.append(h("section", { class: "card", "aria-labelledby": `card-${k.plural}` },
+      h("h2", { id: `card-${k.plural}` }, link(`/${k.plural}`, k.title)),
+      h("p", {}, `${items.length} live`), h("p", {}, ...Object.entries(by).map(([s, n]) => [badge(s, `${n} ${s}`), " "])),
+      canWrite() ? link(`/${k.plural}/new`, `Create ${k.oneKey.replace(/_/g, " ")}`) : null));
+  });
+  if (quota) main().append(h("h2", {}, "Quota"), quotaTable(quota));
+}
+
+function quotaTable(q) {
+  return table("Quotas and use", ["what", "used", "limit"],
+    Object.entries(q.quotas).map(([k, v]) => [k.replace(/_/g, " "), String(v.used), v.limit === null ? "no limit" : String(v.limit)]));
+}
+
+async function quotaPage() {
+  const q = await api("GET", "quota");
+  page("Quota", h("p", {}, "Your tenant's limits (set by the operator) and what is used now."), quotaTable(q));
+}
+
+// ------------------------------------------------------------------ lists
+
+function queryParams(op) {
+  return (op.parameters || []).filter((p) => p.in === "query" && !["after", "limit"].includes(p.name));
+}
+
+async function listPage(kind) {
+  const params = new URLSearchParams(location.search);
+  const filters = h("form", { class: "filters", role: "search", "aria-label": `Filter ${kind.title.toLowerCase()}` });
+  for (const p of queryParams(kind.listOp)) {
+    const s = nonNull(state.doc, p.schema);
+    const id = `q-${p.name}`;
+    let c;
+    if (s.enum) c = h("select", { id, name: p.name }, h("option", { value: "" }, "any"), ...s.enum.map((v) => h("option", { value: v }, v)));
+    else if (s.type === "boolean") c = h("select", { id, name: p.name }, h("option", { value: "" }, "default"), h("option", { value: "true" }, "yes"), h("option", { value: "false" }, "no"));
+    else c = h("input", { id, name: p.name, type: "text" });
+    c.value = params.get(p.name) || "";
+    filters.append(h("div", { class: "field" }, h("label", { for: id }, p.name.replace(/_/g, " ")), c));
+  }
+  filters.append(h("div", {}, h("button", { type: "submit" }, "Filter")));
+  filters.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const q = new URLSearchParams();
+    for (const [k, v] of new FormData(filters)) if (v) q.set(k, v);
+    go(`/${kind.plural}${q.toString() ? "?" + q : ""}`);
+  });
+  const bar = h("div", { class: "bar" }, canWrite() ? h("a", { class: "button primary", href: `${BASE}/${kind.plural}/new`, "data-nav": "" }, `Create ${kind.oneKey.replace(/_/g, " ")}`) : null);
+  const box = h("div", {}, h("p", {}, "Loading…"));
+  page(kind.title, bar, filters, box);
+  const q = new URLSearchParams();
+  for (const [k, v] of params) q.set(k, v);
+  q.set("limit", "200");
+  let data;
+  try { data = await api("GET", `${kind.plural}?${q}`); } catch (e) { box.replaceChildren(errorNotice(e)); return; }
+  const items = data[kind.listKey];
+  const extra = ["health", "type", "ip", "version"].filter((f) => kind.itemSchema.properties && kind.itemSchema.properties[f]);
+  box.replaceChildren(table(`${kind.title}: ${items.length}`, ["name", "status", ...extra, "region", "labels", "created"],
+    items.map((x) => [link(`/${kind.plural}/${x.id}`, x.name || x.id), badge(x.status), ...extra.map((f) => f === "health" ? badge(x[f]) : value(x[f])),
+      x.region || "", labelsText(x.labels), when(x.created_at)]), `No ${kind.title.toLowerCase()} yet.`));
+}
+
+// ------------------------------------------------------------------ create and action forms
+
+function schemaForm(schema, { submit, onSubmit, values, skip }) {
+  const fields = objectFields(state.doc, schema, { values, skip });
+  const summary = h("div", { class: "notice bad", role: "alert", tabindex: "-1", hidden: "" });
+  const status = h("div", { role: "status" });
+  const form = h("form", { class: "form", novalidate: "" }, summary, fields.element,
+    h("div", {}, h("button", { class: "primary", type: "submit" }, submit)), status);
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const r = fields.read();
+    const errors = [...r.errors, ...validate(state.doc, schema, r.value).filter((e) => !r.errors.some((x) => x.path === e.path))];
+    showErrors(form, errors, summary);
+    if (errors.length) return;
+    const btn = form.querySelector("button[type=submit]");
+    btn.disabled = true;
+    status.textContent = "Sending…";
+    try {
+      await onSubmit(r.value);
+      status.textContent = "";
+    } catch (e) {
+      status.replaceChildren();
+      if (e instanceof ApiError && e.details.some((d) => d.field)) {
+        showErrors(form, e.details.filter((d) => d.field).map((d) => ({ path: String(d.field), message: d.message || e.message })), summary);
+      } else status.replaceChildren(e instanceof ApiError ? errorNotice(e) : String(e));
+    } finally {
+      btn.disabled = false;
+    }
+  });
+  return form;
+}
+
+async function createPage(kind) {
+  if (!canWrite()) return page(`Create ${kind.oneKey.replace(/_/g, " ")}`, h("p", {}, "This token is read-only."));
+  const hints = h("div", {});
+  const form = schemaForm(kind.createSchema, {
+    submit: "Create",
+    onSubmit: async (body) => {
+      const r = await api("POST", kind.plural, body);
+      announce(`${kind.oneKey} accepted; job ${r.job.id} ${r.job.status}`);
+      go(`/${kind.plural}/${r[kind.oneKey].id}`);
+    },
+  });
+  page(`Create ${kind.oneKey.replace(/_/g, " ")}`, h("p", {}, "Every field is checked against the API's own constraints before it is sent."), hints, form);
+  if (kind.plural === "servers" || kind.createSchema) {
+    const regions = await api("GET", "regions").catch(() => null);
+    if (regions) hints.append(h("p", { class: "muted" }, "Regions: ", regions.regions.map((r) => `${r.name} (images: ${r.images.join(", ") || "any"})`).join("; ")));
+  }
+}
+
+// ------------------------------------------------------------------ detail
+
+async function detailPage(kind, id) {
+  const data = await api("GET", `${kind.plural}/${encodeURIComponent(id)}`);
+  let item = data[kind.oneKey];
+  const head = h("div", {});
+  const body = h("div", {});
+  const actionsBox = h("div", {});
+  const jobBox = h("section", { "aria-labelledby": "job-h" });
+  const subsBox = h("div", {});
+  page(item.name || item.id, head, actionsBox, jobBox, body, subsBox);
+  const render = () => {
+    head.replaceChildren(h("p", {}, badge(item.status), " ", h("code", {}, item.id),
+      item.region ? ` · ${item.region}` : "", item.health ? [" · health ", badge(item.health)] : ""));
+    if (item.status_reason) head.append(h("div", { class: `notice ${item.status === "failed" ? "bad" : "warn"}` }, h("strong", {}, "Why: "), item.status_reason));
+    if (item.delete_after) head.append(h("div", { class: "notice warn" }, "Deleting: the buffer ends ", when(item.delete_after), " (restore before then)."));
+    const observed = item.observed;
+    const rest = Object.fromEntries(Object.entries(item).filter(([k]) => !["observed", "status_reason", "id", "name", "status"].includes(k)));
+    body.replaceChildren(
+      observed !== undefined ? h("section", { class: "panel", "aria-labelledby": "obs-h" }, h("h2", { id: "obs-h" }, "What the last verify observed"), value(observed)) : null,
+      h("section", { class: "panel", "aria-labelledby": "spec-h" }, h("h2", { id: "spec-h" }, "Details"), value(rest)));
+    renderActions();
+  };
+  const refresh = async () => {
+    try { item = (await api("GET", `${kind.plural}/${encodeURIComponent(id)}`))[kind.oneKey]; render(); } catch { /* shown next time */ }
+  };
+  const accepted = (r) => {
+    announce(`Job ${r.job.id} ${r.job.status}`);
+    followLatest(r.job.id);
+    refresh();
+  };
+  const renderActions = () => {
+    actionsBox.replaceChildren();
+    if (!canWrite() || item.status === "deleted") return;
+    const bar = h("div", { class: "bar", role: "group", "aria-label": "Actions" });
+    const formBox = h("div", {});
+    const deleting = ["deleting", "destroying"].includes(item.status);
+    for (const a of kind.actions) {
+      if (a.name === "cancel-deletion" && item.status !== "deleting") continue;
+      if (a.name !== "cancel-deletion" && deleting) continue;
+      const reqSchema = a.op.requestBody && a.op.requestBody.content["application/json"].schema;
+      const label = a.name === "cancel-deletion" ? "Restore" : a.name.replace(/-/g, " ").replace(/^./, (c) => c.toUpperCase());
+      bar.append(h("button", { type: "button", "data-action": a.name, onclick: async () => {
+        const props = reqSchema ? resolve(state.doc, reqSchema).properties || {} : {};
+        if (!reqSchema || !Object.keys(props).length) {
+          try { accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, reqSchema ? {} : undefined)); } catch (e) { formBox.replaceChildren(errorNotice(e)); }
+          return;
+        }
+        formBox.replaceChildren(h("h2", {}, label), h("p", { class: "muted" }, a.op.summary || ""),
+          schemaForm(reqSchema, { submit: label, onSubmit: async (b) => { accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, b)); formBox.replaceChildren(); } }));
+        formBox.querySelector("input, select, textarea")?.focus();
+      } }, label));
+    }
+    if (kind.patch && !deleting) {
+      const ps = kind.patch.requestBody.content["application/json"].schema;
+      bar.append(h("button", { type: "button", "data-action": "edit", onclick: () => {
+        formBox.replaceChildren(h("h2", {}, "Edit"), schemaForm(ps, {
+          submit: "Save", values: { name: item.name, labels: item.labels },
+          onSubmit: async (b) => { const r = await api("PATCH", `${kind.plural}/${id}`, b); formBox.replaceChildren(); if (r && r.job) accepted(r); else refresh(); },
+        }));
+      } }, "Edit"));
+    }
+    if (kind.del && !deleting) {
+      bar.append(h("button", { type: "button", class: "danger", "data-action": "delete", onclick: () => {
+        formBox.replaceChildren(h("div", { class: "notice warn", role: "alertdialog", "aria-labelledby": "del-q" },
+          h("p", { id: "del-q" }, `Delete ${item.name || item.id}?`, kind.actions.some((x) => x.name === "cancel-deletion") ? " It can be restored during the deletion buffer." : " There is no buffer: it goes at once."),
+          h("button", { type: "button", class: "danger", "data-action": "confirm-delete", onclick: async () => {
+            try { accepted(await api("DELETE", `${kind.plural}/${id}`)); formBox.replaceChildren(); } catch (e) { formBox.replaceChildren(errorNotice(e)); }
+          } }, "Delete"), " ", h("button", { type: "button", onclick: () => formBox.replaceChildren() }, "Keep it")));
+        formBox.querySelector("[data-action=confirm-delete]").focus();
+      } }, "Delete"));
+    }
+    actionsBox.append(bar, formBox);
+  };
+  // a kind's sub-resources (a cluster's kubeconfig, credentials)
+  for (const s of kind.subs) {
+    const params = queryParams(s.op);
+    if (s.name === "kubeconfig") {
+      if (!canWrite()) continue;
+      const out = h("div", { role: "status" });
+      subsBox.append(h("section", { class: "panel", "aria-labelledby": "kc-h" }, h("h2", { id: "kc-h" }, "Kubeconfig"),
+        h("p", {}, s.op.summary || ""),
+        h("button", { type: "button", "data-action": "kubeconfig", onclick: async () => {
+          try {
+            const r = await api("GET", `${kind.plural}/${id}/kubeconfig?expiry_s=3600`);
+            const blob = new Blob([r.kubeconfig], { type: "application/yaml" });
+            const a = h("a", { href: URL.createObjectURL(blob), download: `z9-${item.name}.yaml` }, "download");
+            document.body.append(a); a.click(); a.remove();
+            out.replaceChildren(h("p", {}, `Downloaded z9-${item.name}.yaml (valid one hour; it holds a private key).`));
+          } catch (e) { out.replaceChildren(errorNotice(e)); }
+        } }, "Download kubeconfig (1 h)"), out));
+    } else if (!params.some((p) => p.required)) {
+      const sec = h("section", { class: "panel", "aria-labelledby": `sub-${s.name}` }, h("h2", { id: `sub-${s.name}` }, s.name.replace(/-/g, " ")));
+      subsBox.append(sec);
+      api("GET", `${kind.plural}/${id}/${s.name}`).then((r) => sec.append(value(r))).catch((e) => sec.append(errorNotice(e)));
+    }
+  }
+  render();
+  // the resource's jobs: the live one (or the latest) followed as it changes
+  const followLatest = (jobId) => {
+    stopLive();
+    jobBox.replaceChildren(h("h2", { id: "job-h" }, "Latest job"));
+    const panel = jobPanel(jobId, { onChange: refresh });
+    jobBox.append(panel);
+  };
+  const jobs = await api("GET", `jobs?resource_id=${encodeURIComponent(id)}&order=newest&limit=10&include_observe=false`).catch(() => ({ jobs: [] }));
+  const live = jobs.jobs.find((j) => ["pending", "running", "retry"].includes(j.status)) || jobs.jobs[0];
+  if (live) followLatest(live.id);
+  main().append(h("section", { "aria-labelledby": "hist-h" }, h("h2", { id: "hist-h" }, "Recent jobs"),
+    jobsTable(jobs.jobs, "This resource's recent jobs")));
+}
+
+// ------------------------------------------------------------------ jobs
+
+function jobBadge(j) {
+  if (j.status === "retry") return badge("retry", "retry: on its way");
+  return badge(j.status);
+}
+
+function upidOf(j) {
+  for (const s of j.steps || []) if (s.state === "running" && s.detail && s.detail.upid) return s.detail.upid;
+  const any = (j.steps || []).map((s) => s.detail && s.detail.upid).filter(Boolean);
+  return any.length ? any[any.length - 1] : null;
+}
+
+function jobsTable(jobs, caption) {
+  return table(caption, ["job", "kind", "status", "attempt", "created", "error"],
+    jobs.map((j) => [link(`/jobs/${j.id}`, h("code", {}, j.id)), j.kind, jobBadge(j), `${j.attempt}/${j.max_attempts}`, when(j.created_at),
+      j.error ? `${j.error.class}: ${j.error.message}` : ""]), "No jobs.");
+}
+
+// A job followed live through the long-poll: each answer is a change (or the wait's end).
+function jobPanel(jobId, { onChange, operator = false } = {}) {
+  const box = h("div", { class: "panel job", "data-job": jobId });
+  const ctl = new AbortController();
+  let stopped = false;
+  state.stop.push(() => { stopped = true; ctl.abort(); });
+  let last = null;
+  const render = (j) => {
+    const steps = j.steps || [];
+    const controls = h("div", { class: "bar" });
+    if (canWrite() && ["pending", "retry"].includes(j.status)) {
+      controls.append(h("button", { type: "button", "data-action": "cancel-job", onclick: async () => {
+        try { render(await api("POST", operator ? `operator/jobs/${j.id}/actions/cancel` : `jobs/${j.id}/actions/cancel`).then((r) => r.job)); } catch (e) { box.append(errorNotice(e)); }
+      } }, "Cancel job"));
+    }
+    if (canWrite() && !operator && j.status === "failed" && !(j.error && j.error.class === "cancelled")) {
+      controls.append(h("button", { type: "button", "data-action": "rerun-job", onclick: async () => {
+        try { const r = await api("POST", `jobs/${j.id}/actions/rerun`, {}); go(`/jobs/${r.job.id}`); } catch (e) { box.append(errorNotice(e)); }
+      } }, "Re-run"));
+    }
+    box.replaceChildren(
+      h("p", {}, link(`/jobs/${j.id}`, h("code", {}, j.id)), ` ${j.kind} · `, h("span", { class: "job-status", "data-status": j.status }, jobBadge(j)),
+        ` · attempt ${j.attempt} of ${j.max_attempts}`, j.run_after && j.status === "retry" ? [" · next try ", when(j.run_after)] : ""),
+      j.status === "retry" && j.error ? h("div", { class: "notice warn" }, h("strong", {}, "On its way: "), `the last attempt met a temporary error and will be tried again — ${j.error.message}`) : null,
+      j.status === "failed" && j.error ? h("div", { class: "notice bad", role: "alert" }, h("strong", {}, `Failed (${j.error.class}): `), j.error.message,
+        j.error.task_log ? h("pre", { class: "mono" }, j.error.task_log.join("\n")) : null) : null,
+      j.status === "succeeded" ? h("div", { class: "notice ok" }, "Succeeded ", when(j.finished_at), ` after ${duration(j.started_at, j.finished_at)}.`) : null,
+      steps.length ? table(`Steps of ${j.kind}`, ["step", "state", "started", "took", "detail"],
+        steps.map((s) => [s.name, h("span", { class: "step-state", "data-step": s.name, "data-state": s.state }, badge(s.state)), when(s.started_at),
+          duration(s.started_at, s.finished_at), s.detail && Object.keys(s.detail).length ? value(s.detail) : ""])) : h("p", { class: "muted" }, j.status === "pending" ? "Waiting to be picked up; its steps appear once it has looked at the world." : "No steps."),
+      controls);
+  };
+  (async () => {
+    let wait = 0;
+    let lastReq = 0;
+    while (!stopped) {
+      const gap = Date.now() - lastReq;
+      if (wait && gap < wait) await new Promise((r) => setTimeout(r, wait - gap));
+      if (stopped) return;
+      lastReq = Date.now();
+      let j;
+      try {
+        // an operator follows any tenant's job by reading it every 5 s (the long-poll is the tenant's own)
+        j = operator ? (await api("GET", `operator/jobs/${jobId}`, undefined, { signal: ctl.signal })).job
+          : await api("GET", `jobs/${jobId}${last && !["succeeded", "failed"].includes(last.status) ? `?wait_s=${LONG_POLL_S}` : ""}`, undefined, { signal: ctl.signal });
+      } catch (e) {
+        if (stopped) return;
+        if (e instanceof ApiError && e.status < 500 && e.status !== 429) { box.replaceChildren(errorNotice(e)); return; }
+        wait = MIN_GAP_MS;
+        continue;
+      }
+      const changed = !last || last.updated_at !== j.updated_at || last.status !== j.status;
+      if (changed) {
+        render(j);
+        if (last && last.status !== j.status) announce(`Job ${j.kind} ${j.status}`);
+        if (last && onChange) onChange(j);
+      }
+      last = j;
+      if (["succeeded", "failed"].includes(j.status)) { if (onChange && changed) onChange(j); return; }
+      wait = operator || !changed ? MIN_GAP_MS : 0;
+    }
+  })();
+  box.append(h("p", {}, "Loading the job…"));
+  return box;
+}
+
+async function jobPage(id) {
+  page(`Job ${id}`);
+  main().append(jobPanel(id));
+}
+
+async function jobsPage() {
+  const params = new URLSearchParams(location.search);
+  const status = h("select", { id: "j-status", name: "status" }, h("option", { value: "" }, "any"),
+    ...["pending", "running", "retry", "succeeded", "failed"].map((s) => h("option", { value: s }, s)));
+  status.value = params.get("status") || "";
+  const f = h("form", { class: "filters", role: "search", "aria-label": "Filter jobs" },
+    h("div", { class: "field" }, h("label", { for: "j-status" }, "status"), status), h("div", {}, h("button", { type: "submit" }, "Filter")));
+  f.addEventListener("submit", (ev) => { ev.preventDefault(); go(`/jobs${status.value ? "?status=" + status.value : ""}`); });
+  const box = h("div", {});
+  page("Jobs", h("p", {}, "Your tenant's jobs, newest first (the periodic observe-only ones left out)."), f, box);
+  const q = new URLSearchParams({ order: "newest", limit: "100", include_observe: "false" });
+  if (status.value) q.set("status", status.value);
+  const r = await api("GET", `jobs?${q}`);
+  box.replaceChildren(jobsTable(r.jobs, `Jobs: ${r.jobs.length}`));
+}
+
+// ------------------------------------------------------------------ tokens
+
+async function tokensPage() {
+  const box = h("div", {});
+  const secret = h("div", { role: "status" });
+  const content = [h("p", {}, "Tokens of your tenant. A new token's secret is shown once."), secret];
+  if (canWrite()) {
+    const op = state.doc.paths["/tokens"].post;
+    content.push(h("details", {}, h("summary", {}, "Create a token"),
+      schemaForm(op.requestBody.content["application/json"].schema, {
+        submit: "Create token",
+        onSubmit: async (b) => {
+          const r = await api("POST", "tokens", b);
+          secret.replaceChildren(h("div", { class: "secret" }, h("p", {}, h("strong", {}, `Token ${r.token.name} created. `), "Copy its secret now: it is not shown again."),
+            h("label", { for: "new-secret" }, "Secret"), h("input", { id: "new-secret", type: "text", readonly: "", value: r.secret })));
+          await loadTokens();
+        },
+      })));
+  }
+  content.push(box);
+  page("Tokens", ...content);
+  const loadTokens = async () => {
+    const r = await api("GET", "tokens");
+    box.replaceChildren(table(`Tokens: ${r.tokens.length}`, ["name", "id", "scopes", "created", "expires", "last used", ""],
+      r.tokens.map((t) => [t.name, h("code", {}, t.id), t.scopes.join(", "), when(t.created_at), when(t.expires_at), when(t.last_used_at),
+        canWrite() && t.id !== state.session.token_id ? h("button", { type: "button", class: "danger", "data-action": "revoke", "aria-label": `Revoke ${t.name}`, onclick: async () => {
+          try { await api("DELETE", `tokens/${t.id}`); announce(`Token ${t.name} revoked`); await loadTokens(); } catch (e) { box.prepend(errorNotice(e)); }
+        } }, "Revoke") : (t.id === state.session.token_id ? "this session" : "")])));
+  };
+  await loadTokens();
+}
+
+// ------------------------------------------------------------------ operator
+
+async function operatorPage() {
+  if (!isOperator()) return page("Operator", h("p", {}, "This needs a token with the operator scope."));
+  const params = new URLSearchParams(location.search);
+  const regionsBox = h("div", {});
+  const jobsBox = h("div", {});
+  const guardBox = h("div", {});
+  const mk = (name, options) => {
+    const c = options ? h("select", { id: `o-${name}`, name }, h("option", { value: "" }, "any"), ...options.map((o) => h("option", { value: o }, o)))
+      : h("input", { id: `o-${name}`, name, type: "text" });
+    c.value = params.get(name) || "";
+    return h("div", { class: "field" }, h("label", { for: `o-${name}` }, name), c);
+  };
+  const f = h("form", { class: "filters", role: "search", "aria-label": "Filter every tenant's jobs" },
+    mk("region"), mk("kind"), mk("status", ["retry", "pending", "running", "failed", "succeeded"]),
+    h("div", {}, h("button", { type: "submit" }, "Filter")));
+  f.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const q = new URLSearchParams();
+    for (const [k, v] of new FormData(f)) if (v) q.set(k, v);
+    go(`/operator${q.toString() ? "?" + q : ""}`);
+  });
+  page("Operator", h("h2", {}, "Regions"), regionsBox, h("h2", {}, "Jobs of every tenant"),
+    h("p", { class: "muted" }, "Retrying, pending and running first, oldest first; refreshed every 10 s."), f, jobsBox,
+    h("h2", {}, "Deletion-guard refusals"), guardBox);
+  const load = async () => {
+    const q = new URLSearchParams({ limit: "200" });
+    for (const k of ["region", "kind", "status"]) if (params.get(k)) q.set(k, params.get(k));
+    const [regions, jobs, guard] = await Promise.all([api("GET", "operator/regions"), api("GET", `operator/jobs?${q}`), api("GET", "operator/guard-refusals?limit=50")]);
+    regionsBox.replaceChildren(table("Regions: cap and live jobs", ["region", "cap", "running", "pending", "retry", "oldest pending"],
+      regions.regions.map((r) => [r.name, r.max_concurrent_jobs === null ? "none" : String(r.max_concurrent_jobs), String(r.running), String(r.pending), String(r.retry),
+        r.oldest_pending_at ? `${ago(r.oldest_pending_at)} ago` : "—"])));
+    jobsBox.replaceChildren(table(`Jobs: ${jobs.jobs.length}`, ["job", "tenant", "region", "kind", "status", "attempts", "waiting since", "error", "UPID", ""],
+      jobs.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), h("code", {}, j.tenant || "z9"), j.region, j.kind, jobBadge(j), `${j.attempt}/${j.max_attempts}`,
+        ago(j.created_at), j.error ? `${j.error.class}: ${j.error.message}` : "", upidOf(j) ? h("code", {}, upidOf(j)) : "",
+        ["pending", "retry"].includes(j.status) ? h("button", { type: "button", "data-action": "cancel-job", "aria-label": `Cancel ${j.id}`, onclick: async () => {
+          try { await api("POST", `operator/jobs/${j.id}/actions/cancel`); announce(`Job ${j.id} cancelled`); await load(); } catch (e) { jobsBox.prepend(errorNotice(e)); }
+        } }, "Cancel") : ""]), "No jobs match."));
+    guardBox.replaceChildren(table("Jobs the deletion guard refused", ["job", "tenant", "region", "kind", "when", "why"],
+      guard.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), h("code", {}, j.tenant || "z9"), j.region, j.kind, when(j.finished_at), j.error ? j.error.message : ""]),
+      "No refusals: the deletion guard has refused nothing."));
+  };
+  await load();
+  const timer = setInterval(() => { if (document.visibilityState === "visible") load().catch(() => {}); }, 10000);
+  state.stop.push(() => clearInterval(timer));
+}
+
+async function operatorJobPage(id) {
+  const r = await api("GET", `operator/jobs/${encodeURIComponent(id)}`);
+  const j = r.job;
+  page(`Job ${j.id}`,
+    h("dl", { class: "kv" },
+      h("dt", {}, "tenant"), h("dd", {}, h("code", {}, j.tenant || "z9")),
+      h("dt", {}, "resource"), h("dd", {}, j.resource ? value(j.resource.id) : "—"),
+      h("dt", {}, "asked by"), h("dd", {}, j.actor ? h("code", {}, j.actor) : "z9 itself"),
+      h("dt", {}, "request id"), h("dd", {}, j.request_id ? h("code", {}, j.request_id) : "—"),
+      h("dt", {}, "trace id"), h("dd", {}, j.trace_id ? (r.trace_url ? h("a", { href: r.trace_url, rel: "noreferrer" }, h("code", {}, j.trace_id)) : h("code", {}, j.trace_id)) : "—"),
+      h("dt", {}, "lease"), h("dd", {}, j.lease_owner ? [h("code", {}, j.lease_owner), " until ", when(j.lease_expires_at)] : "—")),
+    jobPanel(j.id, { operator: true }),
+    h("h2", {}, "History of its resource"),
+    table("Every job of this resource, oldest first", ["job", "kind", "status", "attempts", "asked by", "request", "created", "error"],
+      r.history.map((x) => [link(`/operator/jobs/${x.id}`, h("code", {}, x.id)), x.kind, jobBadge(x), `${x.attempt}/${x.max_attempts}`, x.actor ? h("code", {}, x.actor) : "z9",
+        x.request_id ? h("code", {}, x.request_id) : "", when(x.created_at), x.error ? `${x.error.class}: ${x.error.message}` : ""])));
+}
+
+route();

@@ -1,0 +1,287 @@
+// Forms from the OpenAPI document: a JSON Schema (3.1: pydantic's output) becomes form fields,
+// and the same schema validates the value before it is sent (the API validates again: its 422
+// names the field, shown next to it).
+import { h } from "./dom.js";
+
+export function resolve(doc, schema) {
+  let s = schema || {};
+  for (let i = 0; i < 20 && s && s.$ref; i++) {
+    const path = s.$ref.replace(/^#\//, "").split("/");
+    const extra = { ...s };
+    delete extra.$ref;
+    s = path.reduce((o, k) => (o ? o[k] : undefined), doc) || {};
+    if (Object.keys(extra).length) s = { ...s, ...extra };
+  }
+  return s;
+}
+
+// `X | null` (anyOf with a null branch) → X, remembering that null is allowed.
+export function nonNull(doc, schema) {
+  const s = resolve(doc, schema);
+  const alts = s.anyOf || s.oneOf;
+  if (alts) {
+    const rest = alts.filter((a) => resolve(doc, a).type !== "null");
+    if (rest.length === 1) {
+      const base = resolve(doc, rest[0]);
+      return { ...base, description: s.description || base.description, default: s.default ?? base.default,
+               title: s.title || base.title, nullable: rest.length < alts.length };
+    }
+  }
+  return s;
+}
+
+function typeOf(v) {
+  if (v === null) return "null";
+  if (Array.isArray(v)) return "array";
+  if (typeof v === "number") return Number.isInteger(v) ? "integer" : "number";
+  return typeof v;
+}
+
+function regex(p) {
+  try { return new RegExp(p, "u"); } catch { try { return new RegExp(p); } catch { return null; } }
+}
+
+// The errors of `value` against `schema`: [{path, message}] ([] when it is valid).
+export function validate(doc, schema, value, path = "") {
+  const s = resolve(doc, schema);
+  const errs = [];
+  const at = (m) => errs.push({ path, message: m });
+  const alts = s.anyOf || s.oneOf;
+  if (alts) {
+    const results = alts.map((a) => validate(doc, a, value, path));
+    if (!results.some((r) => r.length === 0)) {
+      const best = results.reduce((a, b) => (a.length <= b.length ? a : b));
+      errs.push(...best);
+    }
+    return errs;
+  }
+  if (s.const !== undefined && value !== s.const) at(`must be ${JSON.stringify(s.const)}`);
+  if (s.enum && !s.enum.includes(value)) at(`must be one of ${s.enum.join(", ")}`);
+  const t = typeOf(value);
+  const types = Array.isArray(s.type) ? s.type : s.type ? [s.type] : null;
+  if (types && !types.includes(t) && !(t === "integer" && types.includes("number"))) {
+    at(`must be ${types.join(" or ")}`);
+    return errs;
+  }
+  if (t === "string") {
+    const n = [...value].length;
+    if (s.minLength !== undefined && n < s.minLength) at(s.minLength === 1 ? "required" : `at least ${s.minLength} characters`);
+    if (s.maxLength !== undefined && n > s.maxLength) at(`at most ${s.maxLength} characters`);
+    if (s.pattern) { const r = regex(s.pattern); if (r && !r.test(value)) at(`does not match ${s.pattern}`); }
+  }
+  if (t === "integer" || t === "number") {
+    if (s.minimum !== undefined && value < s.minimum) at(`at least ${s.minimum}`);
+    if (s.maximum !== undefined && value > s.maximum) at(`at most ${s.maximum}`);
+    if (s.exclusiveMinimum !== undefined && value <= s.exclusiveMinimum) at(`more than ${s.exclusiveMinimum}`);
+    if (s.exclusiveMaximum !== undefined && value >= s.exclusiveMaximum) at(`less than ${s.exclusiveMaximum}`);
+  }
+  if (t === "array") {
+    if (s.minItems !== undefined && value.length < s.minItems) at(`at least ${s.minItems} item(s)`);
+    if (s.maxItems !== undefined && value.length > s.maxItems) at(`at most ${s.maxItems} item(s)`);
+    if (s.items) value.forEach((v, i) => errs.push(...validate(doc, s.items, v, `${path}[${i}]`)));
+  }
+  if (t === "object") {
+    const props = s.properties || {};
+    for (const r of s.required || []) if (!(r in value)) errs.push({ path: join(path, r), message: "required" });
+    const keys = Object.keys(value);
+    if (s.maxProperties !== undefined && keys.length > s.maxProperties) at(`at most ${s.maxProperties} entries`);
+    for (const k of keys) {
+      if (props[k]) errs.push(...validate(doc, props[k], value[k], join(path, k)));
+      else if (s.additionalProperties === false) errs.push({ path: join(path, k), message: "unknown field" });
+      else if (typeof s.additionalProperties === "object") errs.push(...validate(doc, s.additionalProperties, value[k], join(path, k)));
+      if (s.propertyNames) for (const e of validate(doc, s.propertyNames, k, join(path, k))) errs.push({ ...e, message: `key ${e.message}` });
+    }
+  }
+  return errs;
+}
+
+const join = (p, k) => (p ? `${p}.${k}` : k);
+
+let uid = 0;
+const label = (name) => name.replace(/_/g, " ").replace(/^./, (c) => c.toUpperCase());
+
+// Form fields for an object schema. Returns {element, read()} where read() gives
+// {value, errors} (errors from reading: bad JSON, not a number).
+export function objectFields(doc, schema, { prefix = "", values = {}, skip = [] } = {}) {
+  const s = resolve(doc, schema);
+  const required = new Set(s.required || []);
+  const fields = [];
+  const box = h("div", { class: "fields" });
+  for (const [name, raw] of Object.entries(s.properties || {})) {
+    if (skip.includes(name)) continue;
+    const f = field(doc, raw, join(prefix, name), name, required.has(name), values[name]);
+    fields.push([name, f]);
+    box.append(f.element);
+  }
+  return {
+    element: box,
+    fields,
+    read() {
+      const out = {};
+      const errors = [];
+      for (const [name, f] of fields) {
+        const r = f.read();
+        errors.push(...r.errors);
+        if (r.value !== undefined) out[name] = r.value;
+      }
+      return { value: out, errors };
+    },
+  };
+}
+
+function field(doc, raw, path, name, required, initial) {
+  const s = nonNull(doc, raw);
+  const id = `f${++uid}`;
+  const hintId = `${id}-hint`;
+  const errId = `${id}-err`;
+  const hintText = [s.description, constraintText(s)].filter(Boolean).join(" · ");
+  const err = h("p", { class: "error", id: errId, hidden: "" });
+  const wrap = (control, extra = {}) => {
+    control.id = id;
+    control.name = path;
+    control.setAttribute("aria-describedby", [hintText ? hintId : null, errId].filter(Boolean).join(" "));
+    if (required) control.setAttribute("aria-required", "true");
+    const el = h("div", { class: "field", "data-field": path, ...extra },
+      h("label", { for: id }, label(name), required ? "" : h("span", { class: "muted" }, " (optional)")),
+      hintText ? h("p", { class: "hint", id: hintId }, hintText) : null, control, err);
+    return el;
+  };
+  const t = s.type;
+  let control;
+  let read;
+  if (s.enum) {
+    control = h("select", {}, required ? null : h("option", { value: "" }, "—"),
+      ...s.enum.map((v) => h("option", { value: String(v) }, String(v))));
+    const start = initial ?? s.default;
+    if (start !== undefined && start !== null) control.value = String(start);
+    read = () => (control.value === "" ? undefined : s.enum.find((v) => String(v) === control.value));
+  } else if (t === "boolean") {
+    control = h("input", { type: "checkbox" });
+    control.checked = Boolean(initial ?? s.default);
+    read = () => (control.checked ? true : (required || s.default !== undefined ? false : undefined));
+  } else if (t === "integer" || t === "number") {
+    control = h("input", { type: "number", inputmode: "numeric", step: t === "integer" ? "1" : "any" });
+    if (s.minimum !== undefined) control.min = s.minimum;
+    if (s.maximum !== undefined) control.max = s.maximum;
+    const start = initial ?? s.default;
+    if (start !== undefined && start !== null) control.value = String(start);
+    read = () => {
+      const v = control.value.trim();
+      if (v === "") return undefined;
+      const n = Number(v);
+      if (!Number.isFinite(n)) throw new Error("must be a number");
+      return n;
+    };
+  } else if (t === "string") {
+    control = h("input", { type: "text", autocomplete: "off", spellcheck: "false" });
+    if (s.maxLength) control.maxLength = s.maxLength;
+    const start = initial ?? s.default;
+    if (start !== undefined && start !== null) control.value = String(start);
+    read = () => (control.value === "" ? undefined : control.value);
+  } else if (t === "array" && ["string"].includes(nonNull(doc, s.items).type) && !nonNull(doc, s.items).enum) {
+    control = h("textarea", { rows: "3" });
+    if (Array.isArray(initial)) control.value = initial.join("\n");
+    read = () => { const v = control.value.split("\n").map((x) => x.trim()).filter(Boolean); return v.length ? v : undefined; };
+  } else if (t === "object" && !s.properties && s.additionalProperties && nonNull(doc, s.additionalProperties).type === "string") {
+    control = h("textarea", { rows: "3", placeholder: "key=value, one a line" });
+    if (initial && typeof initial === "object") control.value = Object.entries(initial).map(([k, v]) => `${k}=${v}`).join("\n");
+    read = () => {
+      const out = {};
+      for (const line of control.value.split("\n").map((x) => x.trim()).filter(Boolean)) {
+        const i = line.indexOf("=");
+        if (i < 0) throw new Error(`"${line}": write key=value`);
+        out[line.slice(0, i).trim()] = line.slice(i + 1).trim();
+      }
+      return Object.keys(out).length || initial ? out : undefined;
+    };
+  } else if (t === "object" && s.properties) {
+    const inner = objectFields(doc, s, { prefix: path, values: initial || {} });
+    const enable = required ? null : h("input", { type: "checkbox", id: `${id}-on` });
+    const fs = h("fieldset", { "data-field": path }, h("legend", {}, label(name), required ? "" : " (optional)"),
+      s.description ? h("p", { class: "hint" }, s.description) : null,
+      enable ? h("div", {}, enable, h("label", { for: `${id}-on` }, ` Set ${label(name).toLowerCase()}`)) : null,
+      inner.element);
+    if (enable) {
+      inner.element.hidden = !initial;
+      enable.checked = Boolean(initial);
+      enable.addEventListener("change", () => { inner.element.hidden = !enable.checked; });
+    }
+    return {
+      element: fs,
+      read() {
+        if (enable && !enable.checked) return { value: undefined, errors: [] };
+        return inner.read();
+      },
+      showErrors() {},
+    };
+  } else {
+    // anything else (a list of objects, a union): JSON, validated by the same schema
+    control = h("textarea", { rows: "5", placeholder: example(doc, s) });
+    if (initial !== undefined) control.value = JSON.stringify(initial, null, 2);
+    read = () => {
+      const v = control.value.trim();
+      if (v === "") return undefined;
+      try { return JSON.parse(v); } catch { throw new Error("not valid JSON"); }
+    };
+  }
+  const element = wrap(control);
+  return {
+    element,
+    control,
+    err,
+    read() {
+      try {
+        const value = read();
+        if (value === undefined && required) return { value, errors: [{ path, message: "required" }] };
+        return { value, errors: [] };
+      } catch (e) {
+        return { value: undefined, errors: [{ path, message: e.message }] };
+      }
+    },
+  };
+}
+
+function example(doc, s) {
+  if (s.examples && s.examples.length) return JSON.stringify(s.examples[0]);
+  if (s.type === "array") return "[…] (JSON)";
+  return "JSON";
+}
+
+function constraintText(s) {
+  const parts = [];
+  if (s.minimum !== undefined && s.maximum !== undefined) parts.push(`${s.minimum}–${s.maximum}`);
+  else if (s.minimum !== undefined) parts.push(`≥ ${s.minimum}`);
+  else if (s.maximum !== undefined) parts.push(`≤ ${s.maximum}`);
+  if (s.maxLength !== undefined && s.type === "string") parts.push(`up to ${s.maxLength} characters`);
+  return parts.join(", ");
+}
+
+// Show errors [{path, message}] next to their fields inside `form`; the rest in `summary`.
+export function showErrors(form, errors, summary) {
+  for (const el of form.querySelectorAll(".field .error")) { el.hidden = true; el.textContent = ""; }
+  for (const el of form.querySelectorAll("[aria-invalid]")) el.removeAttribute("aria-invalid");
+  const loose = [];
+  for (const e of errors) {
+    let p = e.path;
+    let box = null;
+    while (p && !(box = form.querySelector(`.field[data-field="${CSS.escape(p)}"]`))) {
+      p = p.includes(".") || p.includes("[") ? p.replace(/(\.[^.[]*|\[\d+\])$/, "") : "";
+    }
+    if (box) {
+      const err = box.querySelector(".error");
+      err.hidden = false;
+      err.textContent = err.textContent ? `${err.textContent}; ${e.path !== p ? e.path + ": " : ""}${e.message}` : `${e.path !== p ? e.path + ": " : ""}${e.message}`;
+      const c = box.querySelector("input, select, textarea");
+      if (c) c.setAttribute("aria-invalid", "true");
+    } else loose.push(e);
+  }
+  summary.replaceChildren();
+  summary.hidden = errors.length === 0;
+  if (errors.length) {
+    summary.append(h("p", {}, `${errors.length} field${errors.length > 1 ? "s" : ""} to fix before sending:`),
+      h("ul", {}, ...errors.map((e) => h("li", {}, `${e.path || "body"}: ${e.message}`))));
+    const first = form.querySelector("[aria-invalid=true]");
+    (first || summary).focus();
+  }
+  return loose;
+}

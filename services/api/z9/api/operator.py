@@ -1,0 +1,221 @@
+"""What operators see (``/v1/operator/…``, a token with the ``operator`` scope only; any other
+token: 403 ``insufficient_scope``): every tenant's jobs, the regions' caps and load, the
+deletion guard's refusals, a job's history, and cancelling any tenant's waiting job.
+
+- ``GET /v1/operator/jobs?region=&kind=&status=&tenant=&include_observe=&limit=``: the live jobs
+  first — ``retry``, then ``pending``, then ``running``, each oldest first (what is stuck is on
+  top) — then the finished ones, newest first; each with its tenant, attempts, error, lease
+  owner and the UPID its running step waits on (in its steps).
+- ``GET /v1/operator/jobs/{id}``: one job of any tenant with who asked (``actor``), the request
+  id, the W3C trace id (``trace_url`` when ``Z9_TRACING_UI_URL`` is set) and its resource's
+  other jobs (``history``, oldest first).
+- ``POST /v1/operator/jobs/{id}/actions/cancel``: as the tenant's own cancel
+  (:mod:`z9.api.job_actions`), for a job of any tenant.
+- ``GET /v1/operator/regions``: each configured region with its cap (``max_concurrent_jobs``)
+  and its live jobs by status (running across every executor, from the job table).
+- ``GET /v1/operator/guard-refusals?region=&limit=``: the jobs the deletion guard refused,
+  newest first.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from z9.common import kinds, store
+from z9.common.errors import Forbidden, NotFound, ValidationFailed
+from z9.common.ids import id_pattern, is_id
+from z9.common.models import Job
+
+from . import job_actions, schemas
+from .resources import POOL, SETTINGS, Operation, bool_param, dump, limit_param, path_id
+
+JOB_STATUSES = ("pending", "running", "retry", "succeeded", "failed")
+
+
+def require_operator(request: web.Request) -> None:
+    from .tokens import PRINCIPAL
+
+    p = request[PRINCIPAL]
+    if not p.operator:
+        raise Forbidden(f"this token has scopes {','.join(sorted(p.scopes))}: the operator views need the operator "
+                        "scope (z9 token --scope operator)", code="insufficient_scope", details=[{"scope": "operator"}])
+
+
+# ---------------------------------------------------------------------------------- models
+
+class OperatorJob(schemas.Job):
+    """A job as operators see it: the tenant's fields and the platform's."""
+
+    tenant: str | None = Field(description="the tenant the job belongs to (null: z9's own)")
+    lease_owner: str | None = Field(description="the executor process running it (while running)")
+    lease_expires_at: schemas.OptTimestamp = Field(description="when its lease runs out (while running)")
+    trace_id: str | None = Field(description="the W3C trace id of the request that made it")
+
+
+class OperatorJobList(schemas.Response):
+    jobs: list[OperatorJob]
+
+
+class OperatorJobDetail(schemas.Response):
+    job: OperatorJob
+    trace_url: str | None = Field(description="the job's trace in the tracing UI (Z9_TRACING_UI_URL; null: none)")
+    history: list[OperatorJob] = Field(description="every job of the same resource, oldest first")
+
+
+class RegionLoad(schemas.Response):
+    name: str
+    max_concurrent_jobs: int | None = Field(description="the cap on its running jobs across executors (null: none)")
+    running: int
+    pending: int
+    retry: int
+    oldest_pending_at: schemas.OptTimestamp = Field(description="when its oldest pending job was created")
+
+
+class RegionLoadList(schemas.Response):
+    regions: list[RegionLoad]
+
+
+class OperatorJobQuery(BaseModel):
+    """Query parameters of ``GET /v1/operator/jobs``."""
+
+    region: str | None = Field(default=None, min_length=1, max_length=63)
+    kind: str | None = Field(default=None, min_length=1, max_length=63)
+    status: str | None = Field(default=None, json_schema_extra={"enum": list(JOB_STATUSES)})
+    tenant: str | None = Field(default=None, description="only this tenant's jobs",
+                               json_schema_extra={"pattern": id_pattern("ten")})
+    include_observe: bool = Field(default=False, description="the periodic observe-only jobs too")
+    limit: int = Field(default=100, ge=1, le=500)
+
+
+class GuardRefusalQuery(BaseModel):
+    """Query parameters of ``GET /v1/operator/guard-refusals``."""
+
+    region: str | None = Field(default=None, min_length=1, max_length=63)
+    limit: int = Field(default=100, ge=1, le=500)
+
+
+# ---------------------------------------------------------------------------------- handlers
+
+def _trace_id(job: Job) -> str | None:
+    parent = (job.trace_context or {}).get("traceparent")
+    if isinstance(parent, str):
+        parts = parent.split("-")
+        if len(parts) >= 3 and len(parts[1]) == 32:
+            return parts[1]
+    return None
+
+
+def _public(job: Job) -> dict[str, Any]:
+    return {**job.public(), "tenant": job.tenant_id, "lease_owner": job.lease_owner,
+            "lease_expires_at": job.lease_expires_at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+            if isinstance(job.lease_expires_at, datetime) else None, "trace_id": _trace_id(job)}
+
+
+def _text_param(request: web.Request, name: str) -> str | None:
+    raw = request.query.get(name)
+    if raw is not None and not 1 <= len(raw) <= 63:
+        raise ValidationFailed(f"{name}: 1 to 63 characters", details=[{"field": name, "message": "1..63 characters"}])
+    return raw
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    require_operator(request)
+    status = request.query.get("status")
+    if status is not None and status not in JOB_STATUSES:
+        raise ValidationFailed(f"status: must be one of {', '.join(JOB_STATUSES)}",
+                               details=[{"field": "status", "message": "unknown status"}])
+    tenant_id = request.query.get("tenant")
+    if tenant_id is not None and not is_id(tenant_id, "ten"):
+        raise ValidationFailed(f"tenant: {tenant_id!r} is not a tenant id (ten_…)",
+                               details=[{"field": "tenant", "message": "not a tenant id"}])
+    include_observe = bool_param(request, "include_observe", default=False)
+    jobs = await store.job_list_operator(request.app[POOL], region=_text_param(request, "region"),
+                                         kind=_text_param(request, "kind"), status=status, tenant_id=tenant_id,
+                                         limit=limit_param(request),
+                                         exclude_kinds=() if include_observe else kinds.observe_only())
+    return web.json_response(dump(OperatorJobList, {"jobs": [_public(j) for j in jobs]}))
+
+
+async def _any_job(request: web.Request) -> Job:
+    jid = path_id(request, "job", "job")
+    job = await store.job_get(request.app[POOL], jid)
+    if job is None:
+        raise NotFound(f"no job {jid!r}")
+    return job
+
+
+async def get_job(request: web.Request) -> web.Response:
+    require_operator(request)
+    job = await _any_job(request)
+    history: list[Job] = [job]
+    if job.resource_id is not None and job.tenant_id is not None:
+        history = await store.job_list(request.app[POOL], job.tenant_id, resource_id=job.resource_id, limit=500)
+    template = request.app[SETTINGS].tracing_ui_url
+    trace_id = _trace_id(job)
+    url = template.replace("{trace_id}", trace_id) if template and trace_id else None
+    return web.json_response(dump(OperatorJobDetail, {"job": _public(job), "trace_url": url,
+                                                      "history": [_public(j) for j in history]}))
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    require_operator(request)
+    job = await _any_job(request)
+    if job.tenant_id is None:
+        raise NotFound(f"no job {job.id!r} of a tenant")
+    return await job_actions.cancel_for(request, job.tenant_id)
+
+
+async def list_regions(request: web.Request) -> web.Response:
+    require_operator(request)
+    counts: dict[str, dict[str, Any]] = {}
+    for row in await store.job_live_counts_by_region(request.app[POOL]):
+        r = counts.setdefault(row["region"], {"running": 0, "pending": 0, "retry": 0, "oldest_pending_at": None})
+        r[row["status"]] = row["n"]
+        if row["status"] == "pending":
+            r["oldest_pending_at"] = row["oldest"].astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    settings = request.app[SETTINGS]
+    names = sorted(set(settings.regions) | set(counts))
+    regions = [{"name": n, "max_concurrent_jobs": settings.regions[n].max_concurrent_jobs if n in settings.regions
+                else None, **counts.get(n, {"running": 0, "pending": 0, "retry": 0, "oldest_pending_at": None})}
+               for n in names]
+    return web.json_response(dump(RegionLoadList, {"regions": regions}))
+
+
+async def list_guard_refusals(request: web.Request) -> web.Response:
+    require_operator(request)
+    jobs = await store.job_list_guard_refusals(request.app[POOL], region=_text_param(request, "region"),
+                                               limit=limit_param(request))
+    return web.json_response(dump(OperatorJobList, {"jobs": [_public(j) for j in jobs]}))
+
+
+def operations(job_example: dict[str, Any]) -> list[Operation]:
+    op_job = {**job_example, "tenant": "ten_01jd3x5v8q2m6n4p7r9s1t3w5y", "lease_owner": "pve-exec-1:4242:ab12",
+              "lease_expires_at": "2026-12-01T04:00:39Z", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}
+    errors: dict[int, Any] = {401: None, 403: None}
+    desc = "Needs a token with the operator scope (`z9 token --scope operator`); any other answers 403."
+    return [
+        Operation("GET", "/operator/jobs", list_jobs, "operatorListJobs",
+                  "Every tenant's jobs: retrying, pending, running (oldest first), then finished (newest first)",
+                  "operator", {200: OperatorJobList, **errors, 422: None}, query=OperatorJobQuery,
+                  example={"jobs": [op_job]}, description=desc),
+        Operation("GET", "/operator/jobs/{id}", get_job, "operatorGetJob",
+                  "Any tenant's job with its trace and its resource's job history", "operator",
+                  {200: OperatorJobDetail, **errors, 404: None}, path_id="the job's id (job_…)",
+                  example={"job": op_job, "trace_url": None, "history": [op_job]}, description=desc),
+        Operation("POST", "/operator/jobs/{id}/actions/cancel", cancel_job, "operatorCancelJob",
+                  "Cancel any tenant's pending or retrying job", "operator",
+                  {200: job_actions.JobOne, **errors, 404: None, 409: None, 429: None}, path_id="the job's id (job_…)",
+                  example={"job": {**job_example, "status": "failed"}}, description=desc),
+        Operation("GET", "/operator/regions", list_regions, "operatorListRegions",
+                  "Every region with its cap and its live jobs by status", "operator",
+                  {200: RegionLoadList, **errors}, example={"regions": [
+                      {"name": "dev-1", "max_concurrent_jobs": 12, "running": 3, "pending": 1, "retry": 2,
+                       "oldest_pending_at": "2026-12-01T04:00:00Z"}]}, description=desc),
+        Operation("GET", "/operator/guard-refusals", list_guard_refusals, "operatorListGuardRefusals",
+                  "Jobs the deletion guard refused, newest first", "operator",
+                  {200: OperatorJobList, **errors, 422: None}, query=GuardRefusalQuery,
+                  example={"jobs": [op_job]}, description=desc),
+    ]

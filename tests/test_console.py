@@ -1,0 +1,101 @@
+"""The web console, a customer's day in a real browser (Debian's chromium through Playwright):
+sign in with a token, create a server from the form (checked against the OpenAPI document's
+constraints before it is sent), watch its job's steps reach done through the long-poll without
+a reload, see it running with what verify observed, delete it, restore it, sign out."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.console_support import DevStack, browser, dev_stack, new_page, require_browser, sign_in
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+    require_browser()
+    yield from dev_stack(tmp_path_factory.mktemp("console"))
+
+
+@pytest.fixture(scope="module")
+def chromium(stack: DevStack) -> Iterator[Any]:
+    yield from browser()
+
+
+def test_z9_dev_prints_the_console_next_to_the_api(stack: DevStack) -> None:
+    assert f"API:        http://127.0.0.1:{stack.port}/v1" in stack.banner
+    assert f"console:    http://127.0.0.1:{stack.port}/console/" in stack.banner
+
+
+def test_the_page_has_a_strict_csp_and_no_inline_script(stack: DevStack) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(stack.console, timeout=60) as r:
+        csp = r.headers["Content-Security-Policy"]
+        html = r.read().decode()
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "unsafe-eval" not in csp
+    assert "<script>" not in html and "onclick" not in html and "javascript:" not in html
+    assert "http://" not in html.replace("http-equiv", "") and "https://" not in html  # nothing fetched from elsewhere
+
+
+def test_server_created_watched_deleted_restored(stack: DevStack, chromium: Any) -> None:
+    page = new_page(chromium)
+    sign_in(page, stack)
+    cookie = next(c for c in page.context.cookies() if c["name"] == "z9_console")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert page.evaluate("document.cookie") == ""  # the token is out of the scripts' reach
+    assert page.evaluate("Object.keys(localStorage).length + Object.keys(sessionStorage).length") == 0
+
+    page.click("nav >> text=Servers")
+    page.click("text=Create server")
+    page.wait_for_selector("form.form")
+    name = f"web-{time.time_ns() % 10**8}"
+    # the OpenAPI constraints refuse these before anything is sent
+    page.fill("[name=name]", "Not A DNS Label")
+    page.fill("[name=cores]", "500")
+    sent: list[str] = []
+    page.on("request", lambda r: r.method == "POST" and "/v1/servers" in r.url and sent.append(r.url))
+    page.click("button:has-text('Create')")
+    page.wait_for_selector("[data-field=cores] .error:not([hidden])")
+    assert "at most 64" in page.inner_text("[data-field=cores] .error")
+    assert page.get_attribute("[name=name]", "aria-invalid") == "true"
+    assert sent == []
+
+    page.fill("[name=name]", name)
+    page.fill("[name=region]", "dev-1")
+    page.fill("[name=image]", "debian-12")
+    page.fill("[name=cores]", "1")
+    page.fill("[name=memory_mib]", "1024")
+    page.fill("[name=disk_gib]", "10")
+    page.evaluate("window.__same_page = true")  # gone if the page reloads
+    page.click("button:has-text('Create')")
+    page.wait_for_selector(f"h1:has-text('{name}')")
+    # the job's steps, live: pending → running → done, the page never reloaded
+    page.wait_for_selector(".job .step-state[data-step=clone]")
+    page.wait_for_selector(".job .job-status[data-status=succeeded]")
+    states = page.eval_on_selector_all(".job .step-state", "els => els.map(e => e.dataset.state)")
+    assert states and set(states) <= {"done", "skipped"}, states
+    assert page.evaluate("window.__same_page") is True
+    page.wait_for_selector("p .badge:text-is('running')")
+    observed = page.inner_text("section:has(#obs-h)")
+    assert "vmid" in observed and "running" in observed
+
+    page.click("[data-action=delete]")
+    page.click("[data-action=confirm-delete]")
+    page.wait_for_selector("p .badge:text-is('deleting')")
+    page.wait_for_selector(".job .job-status[data-status=succeeded]")
+    page.click("[data-action=cancel-deletion]")
+    page.wait_for_selector("p .badge:text-is('running')")
+    page.wait_for_selector(".job .job-status[data-status=succeeded]")
+    assert page.evaluate("window.__same_page") is True
+
+    page.click("text=Sign out")
+    page.wait_for_selector("#token")
+    assert not [c for c in page.context.cookies() if c["name"] == "z9_console"]
+    page.goto(stack.console + "servers")
+    page.wait_for_selector("#token")  # signed out: back to the sign-in
+    assert page.console_errors == [], page.console_errors
