@@ -154,7 +154,7 @@ def dev_stack(tmp: Path, **env_extra: str) -> Iterator[DevStack]:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-        if not (tries_left and any("Address already in use" in x or "is taken" in x for x in seen)):
+        if not (tries_left and any("address already in use" in x.lower() or "is taken" in x for x in seen)):
             shutil.rmtree(own, ignore_errors=True)
             raise AssertionError("z9 dev did not come up:\n" + "".join(seen))
     try:

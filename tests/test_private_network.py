@@ -94,7 +94,7 @@ async def test_a_server_without_a_primary_sends_only_from_its_private_address(pr
     assert _heard(sim, ip)
     assert not _heard(sim, "172.16.0.77")
     # observe → plan of the same create again, as its next attempt would: nothing left to do
-    from z9.executor.jobs import server_create
+    from z9.resources.server.jobs import create as server_create
     ctx = await _ctx(private, job["id"])
     world = await server_create.observe(ctx)
     assert world.ip_filter_ok and server_create.plan(ctx.job, world) == []
@@ -131,10 +131,42 @@ async def test_floating_addresses_join_the_private_servers_filter(private: Stack
     await _claim(sim, vm["vmid"], "172.16.0.99/24")
     assert not _heard(sim, "172.16.0.99")  # … another guest's is not
     # the server's own job leaves the address job's entry where it is (nothing to do for its filter)
-    from z9.executor.jobs import server_create
+    from z9.resources.server.jobs import create as server_create
     ctx = await _ctx(private, job["id"])
     world = await server_create.observe(ctx)
     assert world.ip_filter_ok and server_create.plan(ctx.job, world) == []
+
+
+async def test_a_primary_taken_off_leaves_the_server_on_its_private_address(private: Stack, sim: SimAdmin) -> None:
+    """Unassigning a server's primary (stopped) puts its cloud-init on its private address, not
+    on DHCP, and its filter stays on — holding that address before the primary leaves the set."""
+    server, job = await private.create_server("was-public", public_ipv4=True)
+    assert (await private.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+
+    async def settled() -> Any:
+        s = await private.server(server["id"])
+        return s if s["public_ipv4"] else None
+    s = await wait_until(settled, 30, "the server's address")
+    pub = s["public_ipv4"]
+    assert await store.vm_private_addresses_of(private.pool, server["id"]) == {}  # a primary: no private one
+    status, out = await private.call("POST", f"/servers/{server['id']}/actions/shutdown")
+    assert status == 202 and (await private.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    status, out = await private.call("POST", f"/addresses/{pub['id']}/actions/unassign")
+    assert status == 202, out
+    done = await private.wait_job(out["job"]["id"], timeout_s=60)
+    assert done["status"] == "succeeded", done
+    assert [x["name"] for x in done["steps"]] == ["add_private_entry", "remove_entry", "clear_ipconfig", "untag"]
+    ip = (await store.vm_private_addresses_of(private.pool, server["id"]))["main"]
+    vm = _vm(await sim.state(), server["id"])
+    assert vm["config"]["ipconfig0"] == f"ip={ip}/24,gw=172.16.0.1" and vm["config"]["nameserver"] == "172.16.0.53"
+    options, entries = _filter(sim, vm)
+    assert options.get("enable") == "1" and options.get("ipfilter") == "1" and entries == {ip}
+    # assigned back: the primary again (its private address stays the server's)
+    status, out = await private.call("POST", f"/addresses/{pub['id']}/actions/assign", json={"server_id": server["id"]})
+    assert status == 202 and (await private.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    vm = _vm(await sim.state(), server["id"])
+    assert vm["config"]["ipconfig0"].startswith(f"ip={pub['ip']}/")
+    assert _filter(sim, vm)[1] == {ip, pub["ip"]}
 
 
 async def test_addresses_are_distinct_released_and_quarantined(private: Stack, sim: SimAdmin) -> None:
@@ -182,7 +214,7 @@ async def test_cluster_members_send_only_from_their_addresses(private: Stack, si
     assert not _heard(sim, mine["cp-0"], 7002)
     assert _heard(sim, mine["workers-0"], 7002)  # its own address is
     # observed again: every member's filter as it wants it, nothing to do
-    from z9.executor.jobs import _cluster, cluster_reconcile
+    from z9.resources.cluster.jobs import reconcile as cluster_reconcile, shared as _cluster
     world = await _cluster.observe(await _ctx(private, job["id"]))
     assert world.unfiltered == [] and cluster_reconcile.plan(world_job := (await _ctx(private, job["id"])).job,
                                                             world) == [], world_job

@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
-from pydantic import SecretStr
-
 from z9.common.settings import Settings
+from z9.sim.server import SimServer
 from z9.common.tags import identity_tag
 
+from tests.conftest import make_settings
 from tests.support import REGION, SimAdmin, Stack, wait_until
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -29,10 +30,11 @@ def readme_privileges() -> list[str]:
 
 
 @pytest.fixture
-async def settings(settings: Settings, sim: SimAdmin, request: pytest.FixtureRequest) -> Settings:
+async def settings(request: pytest.FixtureRequest, db_url: str, sim_server: SimServer, sim: SimAdmin) -> Settings:
     """The test region's executor authenticates with z9@pve's privilege-separated token: the user
     and the token both hold the role on / (``pveum acl modify / --users … --tokens …``), less the
-    privileges a test's ``without`` marker names (taken from the token only)."""
+    privileges a test's ``without`` marker names (taken from the token only). Made after the
+    simulator's reset (which forgets tokens); ``@pytest.mark.settings`` as conftest's fixture."""
     marker = request.node.get_closest_marker("without")
     privs = readme_privileges()
     lacking = set(marker.args) if marker else set()
@@ -40,9 +42,10 @@ async def settings(settings: Settings, sim: SimAdmin, request: pytest.FixtureReq
         "tokenid": TOKEN, "privsep": True,
         "user_acl": [{"path": "/", "privs": privs}],
         "acl": [{"path": "/", "privs": [p for p in privs if p not in lacking]}]})
-    region = settings.regions[REGION]
-    settings.regions[REGION] = region.model_copy(update={"token_id": TOKEN, "token_secret": SecretStr(tok["value"])})
-    return settings
+    overrides: dict[str, Any] = {}
+    for m in reversed(list(request.node.iter_markers("settings"))):
+        overrides.update(m.kwargs)
+    return make_settings(db_url, sim_server, region={"token_id": TOKEN, "token_secret": tok["value"]}, **overrides)
 
 
 async def _gone(stack: Stack, sim: SimAdmin, path: str, rid: str, key: str) -> None:

@@ -58,8 +58,11 @@ def pages(ids: dict[str, str]) -> list[tuple[str, str]]:
 
 def settle(page: Any) -> None:
     """The page has drawn what it loads (its 'Loading…' placeholders gone)."""
+    from playwright.sync_api import expect
+
     page.wait_for_selector("main h1")
-    page.wait_for_function("!document.querySelector('main').innerText.includes('Loading')", timeout=120_000)
+    # (a locator, not wait_for_function: the console's CSP forbids evaluating strings)
+    expect(page.locator("main").get_by_text("Loading")).to_have_count(0, timeout=120_000)
 
 
 def shoot(stack: DevStack, b: Any, out: Path, ids: dict[str, str], operator_token: str) -> list[Path]:

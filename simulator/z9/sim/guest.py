@@ -615,7 +615,11 @@ class Guests:
 
     def _advance(self, g: Guest, vm: "VM") -> None:
         now = time.monotonic()
-        if g.powered and not g.booted and g.boot_at is not None and now >= g.boot_at:
+        # the boot waits for the cloud-init schema verdict its thread works on (started at power-on):
+        # until then the guest is still booting (agent not up) — never a wait on the event loop,
+        # which would hold every other request of the simulator (100 boots at once queue there)
+        if g.powered and not g.booted and g.boot_at is not None and now >= g.boot_at \
+                and (g.schema is None or g.schema.done()):
             self._boot(g, vm, g.boot_at)
         ci = g.ci
         if ci["status"] == "running" and ci["done_at"] is not None and now >= ci["done_at"]:

@@ -449,7 +449,10 @@ def retryable(err: TemporaryError, method: str) -> bool:
     return method == "GET"  # a transport error or timeout of a read
 
 
-_AGENT_DOWN = re.compile(r"agent is not running|No QEMU guest agent configured|is not running|No such file")
+# answers of the agent that asking again at once does not change (a qmp error about a pid the agent
+# does not know — its process ended and was reported, or the guest restarted — is one)
+_AGENT_DOWN = re.compile(r"agent is not running|No QEMU guest agent configured|is not running|No such file|"
+                         r"Invalid parameter 'pid'")
 
 
 def _bool(v: bool) -> int:
@@ -991,23 +994,33 @@ class ProxmoxClient:
         pid = int(res["pid"])
         t0 = time.monotonic()
         deadline = t0 + timeout_s
-        prev = self._exec_s.get(learn, 0.0) if learn else 0.0
-        if prev:
-            await asyncio.sleep(min(prev, timeout_s, FIRST_POLL_MAX_S))
+        first = self.exec_first_poll_s(learn) if learn else 0.0
+        if first:
+            await asyncio.sleep(min(first, timeout_s))
         seen_running = False
         while True:
             st = await self._call("GET /nodes/{node}/qemu/{vmid}/agent/exec-status", f"exec-status in VM {vmid}",
                                   lambda: self._api.nodes(node).qemu(vmid).agent("exec-status").get(pid=pid))
             if int(st.get("exited") or 0):
                 if learn:
-                    # seen running: it took about this long; done at the first question: maybe less
-                    took = time.monotonic() - t0 if seen_running else 0.8 * prev
-                    self._exec_s[learn] = took if not prev else 0.7 * prev + 0.3 * took
+                    self.exec_took(learn, time.monotonic() - t0, seen_running)
                 return int(st.get("exitcode", -1)), str(st.get("out-data") or ""), str(st.get("err-data") or "")
             seen_running = True
             if time.monotonic() > deadline:
                 raise TemporaryError(f"{argv[0]} in VM {vmid} still running after {timeout_s:.0f}s")
             await asyncio.sleep(poll_s)
+
+    def exec_first_poll_s(self, learn: str) -> float:
+        """How long the first ``exec-status`` of a ``learn`` command waits: about as long as it took
+        lately (0: not known yet, ask at once), at most FIRST_POLL_MAX_S."""
+        return min(self._exec_s.get(learn, 0.0), FIRST_POLL_MAX_S)
+
+    def exec_took(self, learn: str, took: float, seen_running: bool) -> None:
+        """Learn from one run of a ``learn`` command: seen running, it took about ``took``; done at
+        the first question, maybe less (a shorter first wait is probed next time)."""
+        prev = self._exec_s.get(learn, 0.0)
+        took = took if seen_running else 0.8 * prev
+        self._exec_s[learn] = took if not prev else 0.7 * prev + 0.3 * took
 
     # ------------------------------------------------------------------ the task waiter
 

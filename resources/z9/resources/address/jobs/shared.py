@@ -20,7 +20,8 @@ primary, or its address on the region's private network; read from the VM, not f
 database). A server on DHCP (no primary and no private network
 address) would lose its own address to the filter; its floating addresses are tagged and listed,
 and ``observed.enforced`` says the filter is off. So taking a primary off a VM (its ``ipconfig0``
-back to DHCP) turns the VM's filter off again.
+back to DHCP) turns the VM's filter off again — unless the region has a private network: then the
+VM goes to its address there (the filter stays on, holding it).
 
 A VM that is not z9's (no ``z9-id-…`` tag) configured with the same IP (``ipconfigN``), or
 carrying the address's tag, is a *conflict*: reported on the address (``observed.conflicts``,
@@ -43,6 +44,7 @@ from z9.common.models import Address, Job
 from z9.resources.address import ADDRESS
 from z9.common.tags import ROLE_CUSTOMER, format_tags, identity_tag, platform_roles
 
+from z9.executor import vms
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmLocked, VmRef, VmState
 
@@ -116,6 +118,9 @@ class World:
     enforce: bool                    # turn the target's IP filter on (see the module docstring)
     nameservers: list[str]
     cluster_firewall: bool | None
+    # vmid → the address on the region's private network a primary's old holder goes to (its
+    # server's: z9.executor.vms.private_address); none: back to DHCP, its filter off
+    private: dict[int, Any] = field(default_factory=dict)
 
 
 async def _holder(ctx: JobContext, ref: VmRef | VmState, *, firewall: bool = False) -> Holder | None:
@@ -185,7 +190,14 @@ async def observe(ctx: JobContext, want: str | None) -> World:
     except (TemporaryError, PermanentError) as e:
         log.debug("cluster firewall options unreadable: %s", e)
         cluster_fw = None
-    return World(address, want, target, holders, conflicts, enforce, pool_ns, cluster_fw)
+    private: dict[int, Any] = {}
+    if address.kind == "primary":
+        for h in holders:
+            sid = server_of(h.vm)
+            p = await vms.private_address(ctx, sid, vms.MAIN) if sid else None
+            if p is not None:
+                private[h.vm.vmid] = p
+    return World(address, want, target, holders, conflicts, enforce, pool_ns, cluster_fw, private)
 
 
 def _enforce(address: Address, server: Any, target: Holder) -> bool:
@@ -205,8 +217,10 @@ def _enforce(address: Address, server: Any, target: Holder) -> bool:
 def plan(job: Job, world: World) -> list[Step]:
     """Pure: the steps still missing for the address to be on ``world.want``'s VM only.
 
-    Old holders: ``remove_entry``, (a primary on a stopped VM) ``clear_ipconfig``, (a primary)
-    ``disable_ipfilter`` while the filter is on, then ``untag``. Target: ``tag``, ``create_ipset``,
+    Old holders: (a primary, the region having a private network) ``add_private_entry`` — the
+    server's private address —, ``remove_entry``, (a primary on a stopped VM) ``clear_ipconfig``
+    (to that private address, else DHCP), (a primary going to DHCP) ``disable_ipfilter`` while
+    the filter is on, then ``untag``. Target: ``tag``, ``create_ipset``,
     ``add_entry``, for a primary ``set_ipconfig`` (stopped VM only), then ``enable_ipfilter``
     when enforced. A VM locked by another task is waited on (Snooze)."""
     a = world.address
@@ -214,6 +228,13 @@ def plan(job: Job, world: World) -> list[Step]:
     steps: list[Step] = []
     for h in world.holders:
         d = {"vmid": h.vm.vmid, "node": h.vm.node}
+        private = world.private.get(h.vm.vmid) if a.kind == "primary" else None
+        if private is not None and not h.has_entry(private.ip):
+            # the server's address on the private network goes into its set before its primary
+            # leaves it: the filter stays on, never a moment without the address the VM will use
+            if h.entries is None:
+                steps.append(Step("create_ipset", dict(d)))
+            steps.append(Step("add_private_entry", dict(d, ip=private.ip, server=server_of(h.vm))))
         if h.has_entry(ip):
             steps.append(Step("remove_entry", dict(d)))
         if a.kind == "primary" and config_ips({"ipconfig0": h.vm.config.get("ipconfig0")}).get("ipconfig0") == ip:
@@ -222,8 +243,10 @@ def plan(job: Job, world: World) -> list[Step]:
             if h.vm.running:
                 raise PermanentError(f"VM {h.vm.vmid} is running: its primary address is taken off only while "
                                      "it is stopped")
-            steps.append(Step("clear_ipconfig", dict(d)))
-        if a.kind == "primary" and (_on(h.firewall.get("ipfilter")) or _on(h.firewall.get("enable"))):
+            steps.append(Step("clear_ipconfig", dict(d, **({"ipconfig0": private.ipconfig0} if private else {}),
+                                                     **({"nameserver": " ".join(private.nameservers)}
+                                                        if private and private.nameservers else {}))))
+        if a.kind == "primary" and private is None and (_on(h.firewall.get("ipfilter")) or _on(h.firewall.get("enable"))):
             # the VM is back on DHCP: its IP filter (turned on for this primary) would drop its
             # own address from the next boot on — and with the VM's firewall on, the set alone
             # filters (pve-firewall Firewall.pm generate_tap_rules: "$options->{ipfilter} ||
@@ -303,6 +326,12 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     elif step.name == "add_entry":
         await ctx.fence()
         await ctx.pve.ipset_add(node, vmid, IPSET, ip, comment=comment)
+    elif step.name == "add_private_entry":
+        entries = await ctx.pve.ipset_entries(node, vmid, IPSET) or []
+        if not any(same_ip(str(e.get("cidr", "")), step.detail["ip"]) for e in entries):
+            await ctx.fence()
+            # commented as the VM machinery's own entries are (z9.executor.vms.apply_ip_filter)
+            await ctx.pve.ipset_add(node, vmid, IPSET, step.detail["ip"], comment=f"z9 {step.detail['server']} main")
     elif step.name == "remove_entry":
         entries = await ctx.pve.ipset_entries(node, vmid, IPSET) or []
         for e in entries:
@@ -327,9 +356,12 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         if config_ips({"ipconfig0": st.config.get("ipconfig0")}).get("ipconfig0") == ip:
             if st.running:
                 raise PermanentError(f"VM {vmid} is running: its primary address is taken off only while stopped")
+            # its address on the region's private network when it has one, else DHCP
+            params = {"ipconfig0": step.detail.get("ipconfig0", "ip=dhcp")}
+            if step.detail.get("nameserver"):
+                params["nameserver"] = step.detail["nameserver"]
             await ctx.fence()
-            await ctx.wait_task(step, await ctx.pve.configure(node, vmid, {"ipconfig0": "ip=dhcp"},
-                                                              digest=st.config.get("digest")))
+            await ctx.wait_task(step, await ctx.pve.configure(node, vmid, params, digest=st.config.get("digest")))
     elif step.name == "enable_ipfilter":
         st = await ctx.pve.vm_state(node, vmid)
         if st is None:

@@ -3,7 +3,8 @@ address stops routing during the buffer; a cancellation assigns it back).
 
 observe  the address and every VM tagged ``z9-addr-<id>`` across the cluster (whatever the
          database thinks holds it), foreign VMs using the IP.
-plan     (pure) per holder: remove_entry, (a primary) clear_ipconfig and disable_ipfilter, then untag.
+plan     (pure) per holder: (a primary, with a private network) add_private_entry, remove_entry,
+         (a primary) clear_ipconfig — to its private address, else DHCP and disable_ipfilter —, then untag.
 apply    one idempotent step at a time (see ``_address``).
 verify   observe again: no VM carries the tag; records it (``observed.holder`` null).
 """

@@ -66,7 +66,6 @@ async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> N
                                     refused=bool(error.get("refused")))
 
 
-GUEST_WAIT_S = 15.0  # one ``cloud-init status --wait`` at most this long, then asked again (the lease renewed)
 
 
 class GuestFailed(PermanentError):
@@ -94,22 +93,62 @@ async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
         await ctx.remember(guest_look_since=since)
     slot_end = ctx.clock.monotonic() + ctx.settings.server_guest_slot_s
     last = "its guest agent does not answer yet"
+    # One look at a time: its process (GUEST_LOOK, waiting for cloud-init to end) is asked about
+    # until it ended — across this claim and, through the memo, the next one after a snooze — and
+    # asked less often the longer it runs; a new one only when the guest no longer knows it (a
+    # reboot) or it ended without cloud-init done. Each question is a request through pveproxy.
+    look = ctx.memo.get("guest_look")
+    pid = int(look["pid"]) if isinstance(look, dict) and look.get("vmid") == vm.vmid else None
+    started, seen_running = ctx.clock.monotonic(), False
+    delay = ctx.settings.server_guest_poll_s
+    looked_at = ctx.clock.monotonic()  # about when verify read the VM's uptime
+    agent_up = ctx.pve.exec_first_poll_s(AGENT_UP_KEY)
+    if pid is None and vm.uptime_s is not None and agent_up > vm.uptime_s + 1:
+        # a guest just started: its agent answered at about this uptime lately — ask then, not
+        # once a second before (each "not running" answer is a request through pveproxy)
+        await asyncio.sleep(agent_up - vm.uptime_s - 1)
     while True:
         ctx.touch()
         try:
-            last = await _guest_once(ctx, spec, vm)
-            if last == "":
-                return
+            if pid is None:
+                pid = await ctx.pve.agent_exec_start(vm.node, vm.vmid, GUEST_LOOK)
+                if vm.uptime_s is not None:
+                    ctx.pve.exec_took(AGENT_UP_KEY, vm.uptime_s + ctx.clock.monotonic() - looked_at, True)
+                await ctx.remember(guest_look={"vmid": vm.vmid, "pid": pid})
+                started, seen_running = ctx.clock.monotonic(), False
+                first = ctx.pve.exec_first_poll_s(GUEST_LOOK_KEY)
+                if first:
+                    await asyncio.sleep(first)
+            st = await ctx.pve.agent_exec_status(vm.node, vm.vmid, pid)
+            if int(st.get("exited") or 0):
+                ctx.pve.exec_took(GUEST_LOOK_KEY, ctx.clock.monotonic() - started, seen_running)
+                pid = None
+                await ctx.remember(guest_look=None)
+                last = await _judge(ctx, spec, vm, str(st.get("out-data") or ""), str(st.get("err-data") or ""))
+                if last == "":
+                    return
+            else:
+                seen_running, last = True, "cloud-init is still running in the guest"
         except GuestFailed:
             raise
         except TemporaryError as e:
-            last = str(e)
+            # the agent is not up yet (booting), or no longer knows the process (the guest
+            # restarted: "Invalid parameter 'pid'"): a new look next time
+            last, pid = str(e), None
         if ctx.clock.time() - float(since) > ctx.settings.server_guest_ready_s:
             raise TemporaryError(f"VM {vm.vmid}: the guest is not up after {ctx.settings.server_guest_ready_s:.0f}s: {last}")
         if ctx.clock.monotonic() > slot_end:
             raise Snooze(f"VM {vm.vmid}: {last}; looked into again in {GUEST_SNOOZE_S:.0f}s", delay_s=GUEST_SNOOZE_S)
-        # the agent is not up yet (booting): each try is a request through pveproxy; a real guest, real time
-        await asyncio.sleep(ctx.settings.server_guest_poll_s)
+        # each question is a request through pveproxy: asked less often the longer it takes (from
+        # server_guest_poll_s up to GUEST_POLL_MAX_S, or five times the setting when that is less)
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, max(ctx.settings.server_guest_poll_s,
+                                     min(GUEST_POLL_MAX_S, 5 * ctx.settings.server_guest_poll_s)))
+
+
+GUEST_POLL_MAX_S = 5.0  # the longest wait between two questions about the guest look
+GUEST_LOOK_KEY = "guest-look"  # its runs' durations, learned by the client (ProxmoxClient.exec_took)
+AGENT_UP_KEY = "guest-agent-up"  # the guest's uptime when its agent took the look lately (same store)
 
 
 _SEP = "z9-guest-look-part"
@@ -135,10 +174,9 @@ def parse_guest_look(out: str) -> tuple[dict[str, Any], str, str]:
     return (st if isinstance(st, dict) else {}), parts[1], parts[2]
 
 
-async def _guest_once(ctx: JobContext, spec: VmSpec, vm: VmState) -> str:
-    """'' when the guest is as asked, else what is still missing; raises GuestFailed."""
-    _code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, GUEST_LOOK, timeout_s=GUEST_WAIT_S, poll_s=1.0,
-                                               learn="guest-look")
+async def _judge(ctx: JobContext, spec: VmSpec, vm: VmState, out: str, err: str) -> str:
+    """What one ended :data:`GUEST_LOOK` says: '' when the guest is as asked, else what is still
+    missing; raises GuestFailed."""
     st, iid, host = parse_guest_look(out)
     status = str(st.get("status") or "")
     if status == "error":

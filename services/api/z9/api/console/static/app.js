@@ -11,6 +11,8 @@ const MIN_GAP_MS = 5000; // never a request for the same job sooner than this af
 const OWN_PAGES = new Set(["jobs", "tokens", "quota", "operator", "sign-in", "static", "session"]);
 
 const state = { session: null, doc: null, kinds: [], stop: [] };
+// replaceChildren without the empty parts (null, undefined, false: a section that does not apply)
+const put = (el, ...c) => el.replaceChildren(...c.flat().filter((x) => x !== null && x !== undefined && x !== false));
 const main = () => document.getElementById("main");
 
 // ------------------------------------------------------------------ API
@@ -132,7 +134,7 @@ function value(v) {
   if (v === null || v === undefined || v === "") return h("span", { class: "muted" }, "—");
   if (typeof v === "boolean") return v ? "yes" : "no";
   if (typeof v === "string" && /^\d{4}-\d\d-\d\dT/.test(v)) return when(v);
-  if (typeof v === "string" && /^(srv|adr|lb|k8s|job|tok)_[0-9a-z]{26}$/.test(v)) return idLink(v);
+  if (typeof v === "string" && /^[a-z0-9]+_[0-9a-z]{26}$/.test(v)) return idLink(v);
   if (typeof v !== "object") return String(v);
   if (Array.isArray(v)) {
     if (!v.length) return h("span", { class: "muted" }, "none");
@@ -144,9 +146,20 @@ function value(v) {
   return h("dl", { class: "kv" }, ...entries.flatMap(([k, x]) => [h("dt", {}, k.replace(/_/g, " ")), h("dd", {}, value(x))]));
 }
 
-const PREFIX_KIND = { srv: "servers", adr: "addresses", lb: "load-balancers", k8s: "clusters" };
+// an id's prefix → its kind's page, from each kind's id pattern in the document (^srv_…)
+function prefixKinds() {
+  const out = {};
+  for (const k of state.kinds) {
+    const idp = k.itemSchema.properties && k.itemSchema.properties.id && resolve(state.doc, k.itemSchema.properties.id).pattern;
+    const m = idp && idp.match(/^\^([a-z0-9]+)_/);
+    if (m) out[m[1]] = k.plural;
+  }
+  return out;
+}
+
 function idLink(id) {
   const p = id.split("_")[0];
+  const PREFIX_KIND = prefixKinds();
   if (p === "job") return link(`/jobs/${id}`, h("code", {}, id));
   if (PREFIX_KIND[p] && state.kinds.some((k) => k.plural === PREFIX_KIND[p])) return link(`/${PREFIX_KIND[p]}/${id}`, h("code", {}, id));
   return h("code", {}, id);
@@ -171,7 +184,7 @@ function errorNotice(e) {
 function page(title, ...content) {
   document.title = `${title} · z9 console`;
   const m = main();
-  m.replaceChildren(h("h1", {}, title), ...content);
+  put(m, h("h1", {}, title), ...content);
   return m;
 }
 
@@ -235,13 +248,13 @@ async function route() {
 function renderNav(current) {
   const nav = document.getElementById("nav");
   const who = document.getElementById("who");
-  if (!state.session) { nav.replaceChildren(); who.replaceChildren(); return; }
+  if (!state.session) { put(nav, ); put(who, ); return; }
   const items = [["", "Overview"], ...state.kinds.map((k) => [k.plural, k.title]), ["jobs", "Jobs"], ["tokens", "Tokens"], ["quota", "Quota"]];
   if (isOperator()) items.push(["operator", "Operator"]);
-  nav.replaceChildren(h("ul", {}, ...items.map(([p, t]) =>
+  put(nav, h("ul", {}, ...items.map(([p, t]) =>
     h("li", {}, h("a", { href: `${BASE}/${p}`, "data-nav": "", "aria-current": p === current ? "page" : null }, t)))));
   const out = h("button", { type: "button", onclick: signOut }, "Sign out");
-  who.replaceChildren(h("span", {}, `Tenant ${state.session.tenant}`),
+  put(who, h("span", {}, `Tenant ${state.session.tenant}`),
     badge(canWrite() ? "" : "warn", state.session.scopes.join(" + ")), out);
 }
 
@@ -271,7 +284,7 @@ async function signInPage() {
       go("/");
       announce("Signed in");
     } catch (e) {
-      status.replaceChildren(errorNotice(e));
+      put(status, errorNotice(e));
       input.setAttribute("aria-invalid", "true");
       input.focus();
     }
@@ -342,10 +355,10 @@ async function listPage(kind) {
   for (const [k, v] of params) q.set(k, v);
   q.set("limit", "200");
   let data;
-  try { data = await api("GET", `${kind.plural}?${q}`); } catch (e) { box.replaceChildren(errorNotice(e)); return; }
+  try { data = await api("GET", `${kind.plural}?${q}`); } catch (e) { put(box, errorNotice(e)); return; }
   const items = data[kind.listKey];
   const extra = ["health", "type", "ip", "version"].filter((f) => kind.itemSchema.properties && kind.itemSchema.properties[f]);
-  box.replaceChildren(table(`${kind.title}: ${items.length}`, ["name", "status", ...extra, "region", "labels", "created"],
+  put(box, table(`${kind.title}: ${items.length}`, ["name", "status", ...extra, "region", "labels", "created"],
     items.map((x) => [link(`/${kind.plural}/${x.id}`, x.name || x.id), badge(x.status), ...extra.map((f) => f === "health" ? badge(x[f]) : value(x[f])),
       x.region || "", labelsText(x.labels), when(x.created_at)]), `No ${kind.title.toLowerCase()} yet.`));
 }
@@ -371,10 +384,10 @@ function schemaForm(schema, { submit, onSubmit, values, skip }) {
       await onSubmit(r.value);
       status.textContent = "";
     } catch (e) {
-      status.replaceChildren();
+      put(status, );
       if (e instanceof ApiError && e.details.some((d) => d.field)) {
         showErrors(form, e.details.filter((d) => d.field).map((d) => ({ path: String(d.field), message: d.message || e.message })), summary);
-      } else status.replaceChildren(e instanceof ApiError ? errorNotice(e) : String(e));
+      } else put(status, e instanceof ApiError ? errorNotice(e) : String(e));
     } finally {
       btn.disabled = false;
     }
@@ -394,10 +407,22 @@ async function createPage(kind) {
     },
   });
   page(`Create ${kind.oneKey.replace(/_/g, " ")}`, h("p", {}, "Every field is checked against the API's own constraints before it is sent."), hints, form);
-  if (kind.plural === "servers" || kind.createSchema) {
-    const regions = await api("GET", "regions").catch(() => null);
-    if (regions) hints.append(h("p", { class: "muted" }, "Regions: ", regions.regions.map((r) => `${r.name} (images: ${r.images.join(", ") || "any"})`).join("; ")));
+  // what the installation offers (GET /v1/regions): suggested in the region and image fields
+  const regions = await api("GET", "regions").catch(() => null);
+  if (regions) {
+    hints.append(h("p", { class: "muted" }, "Regions: ", regions.regions.map((r) => `${r.name} (images: ${r.images.join(", ") || "any"})`).join("; ")));
+    suggest(form, "region", regions.regions.map((r) => r.name));
+    suggest(form, "image", [...new Set(regions.regions.flatMap((r) => r.images))]);
   }
+}
+
+function suggest(form, name, options) {
+  const input = form.querySelector(`input[type=text][name="${name}"]`);
+  if (!input || !options.length) return;
+  const list = h("datalist", { id: `${input.id}-list` }, ...options.map((o) => h("option", { value: o })));
+  input.setAttribute("list", list.id);
+  input.after(list);
+  if (options.length === 1 && !input.value) input.value = options[0];
 }
 
 // ------------------------------------------------------------------ detail
@@ -412,13 +437,13 @@ async function detailPage(kind, id) {
   const subsBox = h("div", {});
   page(item.name || item.id, head, actionsBox, jobBox, body, subsBox);
   const render = () => {
-    head.replaceChildren(h("p", {}, badge(item.status), " ", h("code", {}, item.id),
+    put(head, h("p", {}, badge(item.status), " ", h("code", {}, item.id),
       item.region ? ` · ${item.region}` : "", item.health ? [" · health ", badge(item.health)] : ""));
     if (item.status_reason) head.append(h("div", { class: `notice ${item.status === "failed" ? "bad" : "warn"}` }, h("strong", {}, "Why: "), item.status_reason));
     if (item.delete_after) head.append(h("div", { class: "notice warn" }, "Deleting: the buffer ends ", when(item.delete_after), " (restore before then)."));
     const observed = item.observed;
     const rest = Object.fromEntries(Object.entries(item).filter(([k]) => !["observed", "status_reason", "id", "name", "status"].includes(k)));
-    body.replaceChildren(
+    put(body, 
       observed !== undefined ? h("section", { class: "panel", "aria-labelledby": "obs-h" }, h("h2", { id: "obs-h" }, "What the last verify observed"), value(observed)) : null,
       h("section", { class: "panel", "aria-labelledby": "spec-h" }, h("h2", { id: "spec-h" }, "Details"), value(rest)));
     renderActions();
@@ -432,7 +457,7 @@ async function detailPage(kind, id) {
     refresh();
   };
   const renderActions = () => {
-    actionsBox.replaceChildren();
+    put(actionsBox, );
     if (!canWrite() || item.status === "deleted") return;
     const bar = h("div", { class: "bar", role: "group", "aria-label": "Actions" });
     const formBox = h("div", {});
@@ -445,30 +470,30 @@ async function detailPage(kind, id) {
       bar.append(h("button", { type: "button", "data-action": a.name, onclick: async () => {
         const props = reqSchema ? resolve(state.doc, reqSchema).properties || {} : {};
         if (!reqSchema || !Object.keys(props).length) {
-          try { accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, reqSchema ? {} : undefined)); } catch (e) { formBox.replaceChildren(errorNotice(e)); }
+          try { accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, reqSchema ? {} : undefined)); } catch (e) { put(formBox, errorNotice(e)); }
           return;
         }
-        formBox.replaceChildren(h("h2", {}, label), h("p", { class: "muted" }, a.op.summary || ""),
-          schemaForm(reqSchema, { submit: label, onSubmit: async (b) => { accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, b)); formBox.replaceChildren(); } }));
+        put(formBox, h("h2", {}, label), h("p", { class: "muted" }, a.op.summary || ""),
+          schemaForm(reqSchema, { submit: label, onSubmit: async (b) => { accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, b)); put(formBox, ); } }));
         formBox.querySelector("input, select, textarea")?.focus();
       } }, label));
     }
     if (kind.patch && !deleting) {
       const ps = kind.patch.requestBody.content["application/json"].schema;
       bar.append(h("button", { type: "button", "data-action": "edit", onclick: () => {
-        formBox.replaceChildren(h("h2", {}, "Edit"), schemaForm(ps, {
+        put(formBox, h("h2", {}, "Edit"), schemaForm(ps, {
           submit: "Save", values: { name: item.name, labels: item.labels },
-          onSubmit: async (b) => { const r = await api("PATCH", `${kind.plural}/${id}`, b); formBox.replaceChildren(); if (r && r.job) accepted(r); else refresh(); },
+          onSubmit: async (b) => { const r = await api("PATCH", `${kind.plural}/${id}`, b); put(formBox, ); if (r && r.job) accepted(r); else refresh(); },
         }));
       } }, "Edit"));
     }
     if (kind.del && !deleting) {
       bar.append(h("button", { type: "button", class: "danger", "data-action": "delete", onclick: () => {
-        formBox.replaceChildren(h("div", { class: "notice warn", role: "alertdialog", "aria-labelledby": "del-q" },
+        put(formBox, h("div", { class: "notice warn", role: "alertdialog", "aria-labelledby": "del-q" },
           h("p", { id: "del-q" }, `Delete ${item.name || item.id}?`, kind.actions.some((x) => x.name === "cancel-deletion") ? " It can be restored during the deletion buffer." : " There is no buffer: it goes at once."),
           h("button", { type: "button", class: "danger", "data-action": "confirm-delete", onclick: async () => {
-            try { accepted(await api("DELETE", `${kind.plural}/${id}`)); formBox.replaceChildren(); } catch (e) { formBox.replaceChildren(errorNotice(e)); }
-          } }, "Delete"), " ", h("button", { type: "button", onclick: () => formBox.replaceChildren() }, "Keep it")));
+            try { accepted(await api("DELETE", `${kind.plural}/${id}`)); put(formBox, ); } catch (e) { put(formBox, errorNotice(e)); }
+          } }, "Delete"), " ", h("button", { type: "button", onclick: () => put(formBox, ) }, "Keep it")));
         formBox.querySelector("[data-action=confirm-delete]").focus();
       } }, "Delete"));
     }
@@ -488,8 +513,8 @@ async function detailPage(kind, id) {
             const blob = new Blob([r.kubeconfig], { type: "application/yaml" });
             const a = h("a", { href: URL.createObjectURL(blob), download: `z9-${item.name}.yaml` }, "download");
             document.body.append(a); a.click(); a.remove();
-            out.replaceChildren(h("p", {}, `Downloaded z9-${item.name}.yaml (valid one hour; it holds a private key).`));
-          } catch (e) { out.replaceChildren(errorNotice(e)); }
+            put(out, h("p", {}, `Downloaded z9-${item.name}.yaml (valid one hour; it holds a private key).`));
+          } catch (e) { put(out, errorNotice(e)); }
         } }, "Download kubeconfig (1 h)"), out));
     } else if (!params.some((p) => p.required)) {
       const sec = h("section", { class: "panel", "aria-labelledby": `sub-${s.name}` }, h("h2", { id: `sub-${s.name}` }, s.name.replace(/-/g, " ")));
@@ -501,7 +526,7 @@ async function detailPage(kind, id) {
   // the resource's jobs: the live one (or the latest) followed as it changes
   const followLatest = (jobId) => {
     stopLive();
-    jobBox.replaceChildren(h("h2", { id: "job-h" }, "Latest job"));
+    put(jobBox, h("h2", { id: "job-h" }, "Latest job"));
     const panel = jobPanel(jobId, { onChange: refresh });
     jobBox.append(panel);
   };
@@ -551,7 +576,7 @@ function jobPanel(jobId, { onChange, operator = false } = {}) {
         try { const r = await api("POST", `jobs/${j.id}/actions/rerun`, {}); go(`/jobs/${r.job.id}`); } catch (e) { box.append(errorNotice(e)); }
       } }, "Re-run"));
     }
-    box.replaceChildren(
+    put(box, 
       h("p", {}, link(`/jobs/${j.id}`, h("code", {}, j.id)), ` ${j.kind} · `, h("span", { class: "job-status", "data-status": j.status }, jobBadge(j)),
         ` · attempt ${j.attempt} of ${j.max_attempts}`, j.run_after && j.status === "retry" ? [" · next try ", when(j.run_after)] : ""),
       j.status === "retry" && j.error ? h("div", { class: "notice warn" }, h("strong", {}, "On its way: "), `the last attempt met a temporary error and will be tried again — ${j.error.message}`) : null,
@@ -578,7 +603,7 @@ function jobPanel(jobId, { onChange, operator = false } = {}) {
           : await api("GET", `jobs/${jobId}${last && !["succeeded", "failed"].includes(last.status) ? `?wait_s=${LONG_POLL_S}` : ""}`, undefined, { signal: ctl.signal });
       } catch (e) {
         if (stopped) return;
-        if (e instanceof ApiError && e.status < 500 && e.status !== 429) { box.replaceChildren(errorNotice(e)); return; }
+        if (e instanceof ApiError && e.status < 500 && e.status !== 429) { put(box, errorNotice(e)); return; }
         wait = MIN_GAP_MS;
         continue;
       }
@@ -615,7 +640,7 @@ async function jobsPage() {
   const q = new URLSearchParams({ order: "newest", limit: "100", include_observe: "false" });
   if (status.value) q.set("status", status.value);
   const r = await api("GET", `jobs?${q}`);
-  box.replaceChildren(jobsTable(r.jobs, `Jobs: ${r.jobs.length}`));
+  put(box, jobsTable(r.jobs, `Jobs: ${r.jobs.length}`));
 }
 
 // ------------------------------------------------------------------ tokens
@@ -631,7 +656,7 @@ async function tokensPage() {
         submit: "Create token",
         onSubmit: async (b) => {
           const r = await api("POST", "tokens", b);
-          secret.replaceChildren(h("div", { class: "secret" }, h("p", {}, h("strong", {}, `Token ${r.token.name} created. `), "Copy its secret now: it is not shown again."),
+          put(secret, h("div", { class: "secret" }, h("p", {}, h("strong", {}, `Token ${r.token.name} created. `), "Copy its secret now: it is not shown again."),
             h("label", { for: "new-secret" }, "Secret"), h("input", { id: "new-secret", type: "text", readonly: "", value: r.secret })));
           await loadTokens();
         },
@@ -641,7 +666,7 @@ async function tokensPage() {
   page("Tokens", ...content);
   const loadTokens = async () => {
     const r = await api("GET", "tokens");
-    box.replaceChildren(table(`Tokens: ${r.tokens.length}`, ["name", "id", "scopes", "created", "expires", "last used", ""],
+    put(box, table(`Tokens: ${r.tokens.length}`, ["name", "id", "scopes", "created", "expires", "last used", ""],
       r.tokens.map((t) => [t.name, h("code", {}, t.id), t.scopes.join(", "), when(t.created_at), when(t.expires_at), when(t.last_used_at),
         canWrite() && t.id !== state.session.token_id ? h("button", { type: "button", class: "danger", "data-action": "revoke", "aria-label": `Revoke ${t.name}`, onclick: async () => {
           try { await api("DELETE", `tokens/${t.id}`); announce(`Token ${t.name} revoked`); await loadTokens(); } catch (e) { box.prepend(errorNotice(e)); }
@@ -680,16 +705,16 @@ async function operatorPage() {
     const q = new URLSearchParams({ limit: "200" });
     for (const k of ["region", "kind", "status"]) if (params.get(k)) q.set(k, params.get(k));
     const [regions, jobs, guard] = await Promise.all([api("GET", "operator/regions"), api("GET", `operator/jobs?${q}`), api("GET", "operator/guard-refusals?limit=50")]);
-    regionsBox.replaceChildren(table("Regions: cap and live jobs", ["region", "cap", "running", "pending", "retry", "oldest pending"],
+    put(regionsBox, table("Regions: cap and live jobs", ["region", "cap", "running", "pending", "retry", "oldest pending"],
       regions.regions.map((r) => [r.name, r.max_concurrent_jobs === null ? "none" : String(r.max_concurrent_jobs), String(r.running), String(r.pending), String(r.retry),
         r.oldest_pending_at ? `${ago(r.oldest_pending_at)} ago` : "—"])));
-    jobsBox.replaceChildren(table(`Jobs: ${jobs.jobs.length}`, ["job", "tenant", "region", "kind", "status", "attempts", "waiting since", "error", "UPID", ""],
+    put(jobsBox, table(`Jobs: ${jobs.jobs.length}`, ["job", "tenant", "region", "kind", "status", "attempts", "age", "error", "UPID", ""],
       jobs.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), h("code", {}, j.tenant || "z9"), j.region, j.kind, jobBadge(j), `${j.attempt}/${j.max_attempts}`,
         ago(j.created_at), j.error ? `${j.error.class}: ${j.error.message}` : "", upidOf(j) ? h("code", {}, upidOf(j)) : "",
         ["pending", "retry"].includes(j.status) ? h("button", { type: "button", "data-action": "cancel-job", "aria-label": `Cancel ${j.id}`, onclick: async () => {
           try { await api("POST", `operator/jobs/${j.id}/actions/cancel`); announce(`Job ${j.id} cancelled`); await load(); } catch (e) { jobsBox.prepend(errorNotice(e)); }
         } }, "Cancel") : ""]), "No jobs match."));
-    guardBox.replaceChildren(table("Jobs the deletion guard refused", ["job", "tenant", "region", "kind", "when", "why"],
+    put(guardBox, table("Jobs the deletion guard refused", ["job", "tenant", "region", "kind", "when", "why"],
       guard.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), h("code", {}, j.tenant || "z9"), j.region, j.kind, when(j.finished_at), j.error ? j.error.message : ""]),
       "No refusals: the deletion guard has refused nothing."));
   };
