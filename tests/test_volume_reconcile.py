@@ -14,7 +14,8 @@ from z9.common.errors import GuardRefusal, PermanentError, Snooze
 from z9.common.settings import RegionSettings
 from z9.common.tags import customer_vm_tags, format_tags, identity_tag
 from z9.executor.context import Step
-from z9.executor.disks import find_volume_disk, free_drive_key, guard_disks, parse_disks, volume_serial
+from z9.executor.disks import find_volume_disk, free_drive_key, parse_disks, volume_serial
+from z9.executor.guard import guard_disks
 from z9.executor.proxmox import ProxmoxClient, VmState
 from z9.executor.proxmox_disks import ProxmoxDisks
 from z9.resources.volume.jobs.reconcile import Placed, StepEnv, VolumeIntent, VolumeWorld, apply_step, observe, plan

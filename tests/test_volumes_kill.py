@@ -8,8 +8,8 @@ from typing import AsyncIterator
 
 import pytest
 
-from z9.common import store
 from z9.resources import volume as vol
+from z9.resources.server import store as server_store
 from z9.common.settings import Settings
 
 from tests.support import REGION, Services, SimAdmin, Stack, service_env, wait_until
@@ -92,4 +92,4 @@ async def test_sigkill_mid_step_resumes_from_what_exists(api: Stack, sim: SimAdm
     else:
         assert row.status == "attached" and holding == [final], (row, holding)   # once, to one VM
     assert unused == [], unused                                                 # no unused orphan
-    assert (await store.server_get(api.pool, a["id"])) is not None
+    assert (await server_store.server_get(api.pool, a["id"])) is not None

@@ -50,7 +50,7 @@ class BlockDevice:
 
 
 def _size(value: str) -> int:
-    from .cluster import parse_size
+    from .disks import parse_size
 
     m = re.search(r"(?:^|,)size=([^,]+)", value)
     return (parse_size(m.group(1)) or 0) if m else 0

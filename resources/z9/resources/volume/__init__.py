@@ -2,7 +2,7 @@
 of that region at a time, grows online and deletes in two phases (detached at once during the
 buffer — VolumeDetach —, destroyed at its end — VolumeDelete —; a cancellation attaches it back to the
 server it was on). Its slice is this folder (``resources/z9/resources/volume/``): the type, its row model, its kind
-names, its SQL (``volume.sql``) and store functions here; its API operations in ``api.py``, its job
+names, its SQL in ``queries.sql`` and its store functions in ``store.py``; its API operations in ``api.py``, its job
 kinds in ``jobs/`` (one module per kind; the reconciler they share in ``jobs/reconcile.py``), its client
 commands in ``client.py``; its table is ``db/z9/db/migrations/0018_volumes.sql``.
 
@@ -12,18 +12,13 @@ it instead (the API starts their deletions).
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from datetime import datetime
-from importlib import resources as _files
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from z9.common import store as _store
-from z9.common.labels import Selector
 from z9.common.models import _labels, _ts
-from z9.common.sql import _HEADER
 
 from z9.resources import Buffered, ResourceType, on_deletion, on_final_delete, register
 
@@ -35,23 +30,6 @@ VOLUME_ATTACH = "VolumeAttach"
 VOLUME_DETACH = "VolumeDetach"
 VOLUME_RESIZE = "VolumeResize"
 VOLUME_DELETE = "VolumeDelete"
-
-
-@functools.cache
-def _queries() -> dict[str, str]:
-    text = _files.files("z9.resources.volume").joinpath("volume.sql").read_text()
-    parts = _HEADER.split(text)
-    out = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
-        lines = [ln for ln in body.strip().splitlines()]
-        while lines and lines[0].lstrip().startswith("--"):
-            lines.pop(0)
-        out[name] = "\n".join(lines).strip().rstrip(";")
-    return out
-
-
-def q(name: str) -> str:
-    return _queries()[name]
 
 
 @dataclass(frozen=True)
@@ -137,60 +115,11 @@ VOLUME: ResourceType[Volume] = register(ResourceType(
 ))
 
 
-# ---------------------------------------------------------------- store (volume.sql)
+# ---------------------------------------------------------------- store (store.py, queries.sql)
 
-async def insert(db: Any, *, id: str, tenant_id: str, region: str, name: str, size_gib: int, storage: str,
-                 server_id: str | None, labels: dict[str, str]) -> Volume:
-    return Volume.from_record(await db.fetchrow(q("volume_insert"), id, tenant_id, region, name, size_gib, storage,
-                                                server_id, labels))
-
-
-async def get(db: Any, volume_id: str, tenant_id: str | None = None) -> Volume | None:
-    return await VOLUME.get(db, volume_id, tenant_id)
-
-
-async def get_for_update(db: Any, volume_id: str, tenant_id: str) -> Volume | None:
-    row = await db.fetchrow(q("volume_get_for_update"), volume_id, tenant_id)
-    return Volume.from_record(row) if row else None
-
-
-async def list_rows(db: Any, tenant_id: str, *, after: str | None = None, status: str | None = None,
-                    limit: int = 100, name: str | None = None, selector: Selector | None = None,
-                    include_deleted: bool = True, region: str | None = None,
-                    server_id: str | None = None) -> list[Volume]:
-    rows = await db.fetch(q("volume_list"), tenant_id, after, status, limit, name,
-                          *(selector or Selector()).params(), include_deleted, region, server_id)
-    return [Volume.from_record(r) for r in rows]
-
-
-async def set_server(db: Any, volume_id: str, server_id: str | None) -> Volume | None:
-    row = await db.fetchrow(q("volume_set_server"), volume_id, server_id)
-    return Volume.from_record(row) if row else None
-
-
-async def set_size(db: Any, volume_id: str, size_gib: int) -> Volume | None:
-    row = await db.fetchrow(q("volume_set_size"), volume_id, size_gib)
-    return Volume.from_record(row) if row else None
-
-
-async def patch(db: Any, volume_id: str, tenant_id: str, *, name: str | None,
-                labels: dict[str, str] | None) -> Volume | None:
-    row = await db.fetchrow(q("volume_patch"), volume_id, tenant_id, name, labels)
-    return Volume.from_record(row) if row else None
-
-
-async def observed(db: Any, volume_id: str, observed: dict[str, Any], *, status: str | None,
-                   from_statuses: tuple[str, ...]) -> Volume | None:
-    row = await db.fetchrow(q("volume_observed"), volume_id, observed, status, list(from_statuses))
-    return Volume.from_record(row) if row else None
-
-
-async def of_server(db: Any, server_id: str) -> list[Volume]:
-    return [Volume.from_record(r) for r in await db.fetch(q("volume_of_server"), server_id)]
-
-
-async def gib_used(db: Any, tenant_id: str) -> int:
-    return int(await db.fetchval(q("volume_gib_used"), tenant_id))
+from z9.resources.volume import store  # noqa: E402  (the slice's store needs the type above)
+from z9.resources.volume.store import (  # noqa: E402
+    gib_used, get, get_for_update, insert, list_rows, observed, of_server, patch, set_server, set_size)
 
 
 # ---------------------------------------------------------------- a server's final delete
@@ -244,8 +173,3 @@ class ServerDeleteOptions(BaseModel):
 
 
 on_deletion("server", server_deleting, ServerDeleteOptions)
-
-# asyncpg's errors translated as every store function's are (z9.common.store's one boundary)
-for _name in ("insert", "get_for_update", "list_rows", "set_server", "set_size", "patch", "observed", "of_server",
-              "gib_used"):
-    globals()[_name] = _store._boundary(globals()[_name])

@@ -22,6 +22,7 @@ from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFail
 from z9.common.ids import new_id
 from z9.common.models import Server
 from z9.resources import volume as vol
+from z9.resources.server import store as server_store
 from z9.resources.volume import VOLUME, Volume
 from z9.common.settings import Settings
 
@@ -133,7 +134,7 @@ def check(settings: Settings, spec: VolumeCreate) -> None:
 
 
 async def _server(conn: Any, tenant_id: str, server_id: str, region: str) -> Server:
-    server = await store.server_get(conn, server_id, tenant_id)
+    server = await server_store.server_get(conn, server_id, tenant_id)
     if server is None:
         raise ValidationFailed(f"server_id: no server {server_id!r}",
                                details=[{"field": "server_id", "message": "unknown server"}])

@@ -1,5 +1,5 @@
-"""VM disks as z9 sees them: a volume's disk found by its identity, never by its slot, and the deletion
-guard for disks.
+"""VM disks as z9 sees them: a volume's disk found by its identity, never by its slot (the deletion
+guard for disks, :func:`z9.executor.guard.guard_disks`, reads them through :func:`parse_disks`).
 
 Identity. A volume's disk carries the volume's **serial** on its drive (``scsi2: ceph-vm:vm-123-disk-1,
 serial=z9…,size=10G``): :func:`volume_serial` (20 bytes, the most QEMU/PVE take: QemuServer/Drive.pm
@@ -13,7 +13,7 @@ recorded the volid it saw under the serial just before (:func:`find_volume_disk`
 detached volume lives on its own **anchor VM** (a stopped config-only VM tagged with the volume's identity,
 member ``volume``): any disk there is the volume's.
 
-Guard. :func:`guard_disks` refuses (GuardRefusal) to destroy a VM, or free one of its disks, when it
+Guard (in :mod:`z9.executor.guard`, beside the VM guard). :func:`~z9.executor.guard.guard_disks` refuses (GuardRefusal) to destroy a VM, or free one of its disks, when it
 holds a disk that belongs to no volume the job is allowed to destroy: a server's delete refuses while a
 volume it was not told to delete is still on the VM (``destroy_vm`` frees every volume the VM owns, and a
 reassigned volume is owned by the VM it was moved to), and a volume's delete refuses when its anchor
@@ -21,15 +21,12 @@ holds any other disk.
 """
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import unquote
 
-from z9.common.errors import GuardRefusal
 
-log = logging.getLogger("z9.executor.disks")
 
 DRIVE_RE = re.compile(r"(ide|sata|scsi|virtio|efidisk|tpmstate|unused)(\d+)")
 _SIZE_RE = re.compile(r"(?:^|,)size=(\d+(?:\.\d+)?)([KMGT]?)(?:,|$)")
@@ -111,25 +108,3 @@ def free_drive_key(config: Mapping[str, Any], pending: Mapping[str, Any] | None 
         if f"{bus}{n}" not in used:
             return f"{bus}{n}"
     return None
-
-
-def guard_disks(vmid: int, node: str, config: Mapping[str, Any], *, allowed_serials: set[str],
-                own_keys: tuple[str, ...] = (), allowed_volids: set[str] | None = None, what: str = "destroy") -> None:
-    """Refuse (GuardRefusal, logged at error level) to ``what`` VM ``vmid`` while it holds a disk that
-    belongs to no volume of the job: any disk other than ``own_keys`` (the VM's own, e.g. a server's boot
-    disk) that carries a z9 volume serial not in ``allowed_serials``, or carries no such serial and is
-    not in ``allowed_volids`` (None: such disks — ones z9 did not attach — are the VM's own)."""
-    for d in parse_disks(config):
-        if d.key in own_keys:
-            continue
-        if d.serial is not None and is_volume_serial(d.serial):
-            if d.serial in allowed_serials:
-                continue
-            why = f"{d.key} ({d.volid}) is volume disk {d.serial}, not one this job deletes"
-        elif allowed_volids is None or d.volid in allowed_volids:
-            continue
-        else:
-            why = f"{d.key} ({d.volid}) belongs to no volume of this job"
-        msg = f"deletion guard refused to {what} VM {vmid} on {node}: {why}"
-        log.error(msg)
-        raise GuardRefusal(msg)

@@ -27,7 +27,7 @@ behind (a detach ends on the anchor).
 
 The deletion guard: ``destroy`` re-reads the anchor and destroys it only if it carries the volume's
 identity and role tags (:func:`z9.executor.vms.guard`) and holds no disk but this volume's
-(:func:`z9.executor.disks.guard_disks`).
+(:func:`z9.executor.guard.guard_disks`).
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.tags import customer_vm_tags, format_tags
 
 from z9.executor.context import Step
-from z9.executor.disks import Disk, find_volume_disk, free_drive_key, guard_disks, parse_disks, volume_serial
+from z9.executor.disks import Disk, find_volume_disk, free_drive_key, parse_disks, volume_serial
+from z9.executor.guard import guard_disks
 from z9.executor.proxmox import VmidTaken, VmState
 from z9.executor.proxmox_disks import DiskOps
 from z9.executor.vms import guard, refuse_if_locked

@@ -1,5 +1,5 @@
 -- The volumes table's named queries (db/z9/db/migrations/0018_volumes.sql); the lifecycle ones
--- (get, list, delete, cancel, reap, observed, failed) are the generic resource_* of queries.sql.
+-- (get, list, delete, cancel, reap, observed, failed) are the generic resource_* of libs/common/z9/common/queries/resources.sql.
 
 -- name: volume_insert
 INSERT INTO volumes (id, tenant_id, region, name, size_gib, storage, server_id, labels)
@@ -45,10 +45,8 @@ RETURNING *;
 -- What verify saw; the status it established ($3) only from one of $4 (never over a deletion).
 UPDATE volumes
 SET observed = $2, observed_at = now(), updated_at = now(),
-    status = CASE WHEN $3::text IS NOT NULL AND status::text = ANY($4::text[])
-                  THEN $3::text ELSE status::text END::volume_status,
-    status_reason = CASE WHEN $3::text IS NOT NULL AND status::text = ANY($4::text[])
-                         THEN NULL ELSE status_reason END
+    status = {{status_if_allowed($3, $4, volume_status)}},
+    status_reason = {{reason_cleared_if_allowed($3, $4)}}
 WHERE id = $1
 RETURNING *;
 
