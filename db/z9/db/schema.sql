@@ -844,3 +844,22 @@ CREATE INDEX vm_private_addresses_quarantined ON vm_private_addresses (region, i
 -- addresses but also two VMs and their health checks on the shared hypervisor, which the address
 -- quota alone did not bound.
 ALTER TABLE tenant_quotas ADD COLUMN load_balancers integer CHECK (load_balancers >= 0);
+
+-- z9 schema, version 19: the web console's sessions, server-side and opaque.
+--
+-- The console's cookie used to hold the raw API token, so signing out only asked the browser to
+-- forget it: a copy of the cookie kept working. Now signing in makes one row here (a random
+-- session id, of which only its SHA-256 is stored, and the token it authenticates as) and the
+-- cookie holds the session id. Every cookie-authenticated request finds its session (live: not
+-- revoked, not expired) and then passes the same checks as its token (a revoked or expired token,
+-- or one of a revoked line, ends its sessions). Signing out sets revoked_at. expires_at moves
+-- forward with use (Z9_CONSOLE_SESSION_IDLE_S, written at most once a minute) and never past
+-- created_at + Z9_CONSOLE_SESSION_MAX_S.
+CREATE TABLE console_sessions (
+    session_sha256  bytea PRIMARY KEY CHECK (length(session_sha256) = 32),
+    token_id        text NOT NULL REFERENCES api_tokens (id) ON DELETE CASCADE,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    expires_at      timestamptz NOT NULL,
+    revoked_at      timestamptz
+);
+CREATE INDEX console_sessions_token ON console_sessions (token_id);

@@ -142,7 +142,7 @@ LIMIT $4;
 -- The deletion buffer starts; status_before_delete says what a cancellation restores.
 UPDATE {table}
 SET status = 'deleting',
-    delete_after = coalesce($4::timestamptz, now()) + make_interval(secs => $3),
+    delete_after = coalesce($4::timestamptz, now()) + make_interval(secs => $3::float8),
     status_before_delete = status,
     updated_at = coalesce($4::timestamptz, now())
 WHERE id = $1 AND tenant_id = $2 AND status NOT IN ('deleting', 'destroying', 'deleted')
@@ -511,7 +511,7 @@ RETURNING jobs.id, jobs.region, pg_notify('z9_jobs', jobs.region)::text AS notif
 -- late (frozen, partitioned) must stop, not renew — JobContext.fence() runs this before every
 -- mutating hypervisor call.
 UPDATE jobs
-SET lease_expires_at = coalesce($5::timestamptz, now()) + make_interval(secs => $4), updated_at = coalesce($5::timestamptz, now())
+SET lease_expires_at = coalesce($5::timestamptz, now()) + make_interval(secs => $4::float8), updated_at = coalesce($5::timestamptz, now())
 WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
   AND lease_expires_at > coalesce($5::timestamptz, now())
 RETURNING id;
@@ -535,7 +535,7 @@ WITH f AS (
     FOR UPDATE OF j SKIP LOCKED
 ), renewed AS (
     UPDATE jobs j
-    SET lease_expires_at = coalesce($5::timestamptz, now()) + make_interval(secs => $4), updated_at = coalesce($5::timestamptz, now())
+    SET lease_expires_at = coalesce($5::timestamptz, now()) + make_interval(secs => $4::float8), updated_at = coalesce($5::timestamptz, now())
     FROM held
     WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.id = held.id
     RETURNING j.id, j.attempt
@@ -1350,3 +1350,28 @@ SELECT * FROM jobs
 WHERE status = 'failed' AND (error ->> 'refused') = 'true' AND ($1::text IS NULL OR region = $1)
 ORDER BY seq DESC
 LIMIT $2;
+
+-- name: console_session_insert
+INSERT INTO console_sessions (session_sha256, token_id, created_at, expires_at)
+VALUES ($1, $2, coalesce($4::timestamptz, now()),
+        coalesce($4::timestamptz, now()) + make_interval(secs => least($3::float8, $5::float8)))
+RETURNING expires_at;
+
+-- name: console_session_resolve
+-- A live session ($1: its id's SHA-256) and its token's hash; its expiry moves to now + $3 s (the
+-- idle cap, never past created_at + $4 s) when that is more than a minute later than it is.
+UPDATE console_sessions s
+SET expires_at = CASE WHEN s.expires_at < least(coalesce($2::timestamptz, now()) + make_interval(secs => $3::float8),
+                                               s.created_at + make_interval(secs => $4::float8)) - interval '60 seconds'
+                      THEN least(coalesce($2::timestamptz, now()) + make_interval(secs => $3::float8),
+                                 s.created_at + make_interval(secs => $4::float8))
+                      ELSE s.expires_at END
+FROM api_tokens k
+WHERE s.session_sha256 = $1 AND k.id = s.token_id AND s.revoked_at IS NULL
+  AND s.expires_at > coalesce($2::timestamptz, now())
+RETURNING s.token_id, k.token_sha256, s.expires_at;
+
+-- name: console_session_revoke
+UPDATE console_sessions SET revoked_at = coalesce(revoked_at, coalesce($2::timestamptz, now()))
+WHERE session_sha256 = $1
+RETURNING token_id;
