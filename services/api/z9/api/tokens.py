@@ -263,11 +263,12 @@ class _Toucher:
 
 
 async def _principal(app: web.Application, token: str) -> Principal | None:
-    return await principal_of_digest(app, hashlib.sha256(token.encode()).digest())
+    return await principal_of_digest(app, hashlib.sha256(token.encode()).digest(), token)
 
 
-async def principal_of_digest(app: web.Application, key: bytes) -> Principal | None:
-    """The principal of the token whose SHA-256 is ``key`` (cached like every token), or None."""
+async def principal_of_digest(app: web.Application, key: bytes, token: str | None = None) -> Principal | None:
+    """The principal of the token whose SHA-256 is ``key`` (``token`` itself when known), cached
+    like every token, or None."""
     ttl = app[api.SETTINGS].api_token_cache_s
     cache = app[CACHE]
     clock = api.clock_of(app)
@@ -275,7 +276,8 @@ async def principal_of_digest(app: web.Application, key: bytes) -> Principal | N
     hit = cache.get(key)
     if ttl > 0 and hit is not None and hit[1] > now:
         return hit[0]
-    row = await store.api_token_auth_sha256(app[api.POOL], key, now=clock.db_now())
+    row = (await store.api_token_auth(app[api.POOL], token, now=clock.db_now()) if token is not None
+           else await store.api_token_auth_sha256(app[api.POOL], key, now=clock.db_now()))
     if row is None:
         cache.pop(key, None)
         return None
