@@ -110,6 +110,8 @@ async def test_z9_dev_runs_the_stack_and_keeps_data(tmp_path: Path) -> None:
         token = (data_dir / "dev-token").read_text().strip()
         assert token in banner
         server_id = await _create_and_wait(f"http://127.0.0.1:{port}/v1", token)
+        # the simulated cluster's datacenter firewall is on: without it no IP filter z9 sets is enforced
+        assert _datacenter_firewall(data_dir) == "1"
         await _check_metrics(data_dir, banner)
         async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
             assert r.status == 404  # the API's metrics are on their own listener, not the tenants' port
@@ -136,6 +138,21 @@ async def test_z9_dev_runs_the_stack_and_keeps_data(tmp_path: Path) -> None:
     finally:
         await asyncio.to_thread(_stop, proc)
     assert proc.returncode == 0
+
+
+def _datacenter_firewall(data_dir: Path) -> str:
+    """The simulated cluster's ``enable`` of ``GET /cluster/firewall/options``, asked as any PVE client."""
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    sim = (data_dir / "sim-url").read_text().strip()
+    secret = (data_dir / "sim-secret").read_text().strip()
+    req = urllib.request.Request(f"{sim}/api2/json/cluster/firewall/options",
+                                 headers={"Authorization": f"PVEAPIToken=root@pam!z9={secret}"})
+    with urllib.request.urlopen(req, timeout=30, context=ctx) as r:
+        return str((json.loads(r.read()).get("data") or {}).get("enable", "0"))
 
 
 def _check_service_secrets(dev_pid: int, data_dir: Path) -> None:

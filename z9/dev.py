@@ -76,6 +76,30 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 
     raise SystemExit(f"z9 dev: {what} did not listen on port {port} within {timeout_s:.0f}s")
 
 
+def _enable_datacenter_firewall(sim_port: int, secret: str) -> None:
+    """Turn the simulated cluster's datacenter firewall on, as an operator of a real region must
+    (Datacenter → Firewall → Options → Firewall: Yes; ``PUT /cluster/firewall/options enable=1``):
+    pve-firewall compiles no VM's rules — so no IP filter z9 sets is enforced — while it is off
+    (``src/PVE/Firewall.pm``: the cluster's ``enable`` gates every VM chain). Through the PVE API
+    with z9's own token, like any client; already on: nothing changes."""
+    import ssl
+    import urllib.parse
+    import urllib.request
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the simulator's self-signed certificate
+    url = f"https://127.0.0.1:{sim_port}/api2/json/cluster/firewall/options"
+    auth = {"Authorization": f"PVEAPIToken={SIM_TOKEN_ID}={secret}"}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=auth), timeout=30, context=ctx) as r:
+        if str((json.loads(r.read()).get("data") or {}).get("enable", "0")) == "1":
+            return
+    body = urllib.parse.urlencode({"enable": 1}).encode()
+    req = urllib.request.Request(url, data=body, method="PUT",
+                                 headers={**auth, "Content-Type": "application/x-www-form-urlencoded"})
+    with urllib.request.urlopen(req, timeout=30, context=ctx):
+        pass
+
+
 async def _prepare_db(admin_url: str | None, url: str, token_file: Path) -> str:
     if admin_url:
         conn = await connect(admin_url, application_name="z9-dev")
@@ -271,6 +295,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         children.append(("sim", sim))
         _wait_port(sim_port, sim, "the Proxmox VE simulator")
         (data_dir / "sim-url").write_text(f"https://127.0.0.1:{sim_port}\n")  # for scripts: SIM=$(cat …)/_sim
+        _enable_datacenter_firewall(sim_port, sim_secret)
 
         env = {k: v for k, v in os.environ.items() if k not in SECRET_VARIABLES}
         env["Z9_DATABASE_URL"] = url
