@@ -204,3 +204,15 @@ async def test_the_session_id_appears_in_no_log_line(web: Stack, caplog: pytest.
     assert caplog.records
     assert cookie not in caplog.text and csrf not in caplog.text
     assert await store.api_token_auth(web.pool, cookie) is None
+
+
+async def test_ended_sessions_are_pruned_after_a_day(web: Stack, clock: TestClock) -> None:
+    ended, csrf, _ = await sign_in(web, web.token)
+    assert (await raw(web, "DELETE", "/console/session", cookie=ended, headers={"X-CSRF-Token": csrf}))[0] == 200
+    live, _, _ = await sign_in(web, web.token)
+    assert await store.console_session_prune(web.pool, 86400, now=clock.now()) == 0
+    clock.step(86400 + 60)
+    assert await store.console_session_prune(web.pool, 86400, now=clock.now()) == 1  # the signed-out one
+    clock.step(web.settings.console_session_idle_s + 86400)
+    assert await store.console_session_prune(web.pool, 86400, now=clock.now()) == 1  # the expired one
+    assert await web.pool.fetchval("SELECT count(*) FROM console_sessions") == 0

@@ -1375,3 +1375,9 @@ RETURNING s.token_id, k.token_sha256, s.expires_at;
 UPDATE console_sessions SET revoked_at = coalesce(revoked_at, coalesce($2::timestamptz, now()))
 WHERE session_sha256 = $1
 RETURNING token_id;
+
+-- name: console_session_prune
+-- Sessions ended (expired, or signed out) more than $1 seconds ago.
+DELETE FROM console_sessions
+WHERE expires_at < coalesce($2::timestamptz, now()) - make_interval(secs => $1::float8)
+   OR revoked_at < coalesce($2::timestamptz, now()) - make_interval(secs => $1::float8);

@@ -117,6 +117,12 @@ async def console_session_revoke(db: DB, session_sha256: bytes, *, now: datetime
     return await db.fetchval(q("console_session_revoke"), session_sha256, now)
 
 
+async def console_session_prune(db: DB, after_s: float, *, now: datetime | None = None) -> int:
+    """Delete the console sessions ended (expired or signed out) more than ``after_s`` seconds
+    ago; returns how many."""
+    return int((await db.execute(q("console_session_prune"), float(after_s), now)).split()[-1])
+
+
 async def api_token_list(db: DB, tenant_id: str, *, after: str | None = None, include_revoked: bool = False,
                          limit: int = 100) -> list[Any]:
     """The tenant's tokens ordered by id (rows as :func:`api_token_create`'s)."""
