@@ -244,10 +244,16 @@ async def session(request: web.Request) -> web.Response:
 
 
 async def sign_out(request: web.Request) -> web.Response:
+    from .. import tokens
+
     session_id = request.cookies.get(cookie_name(request), "").strip()
-    if session_id and await session_principal(request.app, session_id) is not None:
-        check_csrf(request, session_id)
     if session_id:
+        if not session_cached(request.app, session_id):
+            tokens.limit_failures(request)
+        if await session_principal(request.app, session_id) is not None:
+            check_csrf(request, session_id)
+        else:  # a bad (or already ended) session cookie: a failed authentication, like anywhere else
+            tokens.authentication_failed(request)
         await _end(request, session_id)  # a copy of the cookie no longer authenticates
     resp = web.json_response({"signed_out": True}, headers=_headers())
     _clear_cookie(request, resp)
