@@ -2,18 +2,18 @@
 v6 pool, assigned, moved, unassigned, deleted — its tag and IP-set entry on exactly one VM."""
 from __future__ import annotations
 
-from z9.common import store
 from z9.common.settings import AddressPoolSettings
 
 from tests.support import REGION, SimAdmin, Stack
 from tests.test_addresses_api import _address, _get, _on_vms, _server
+from z9.resources.address import store as address_store
 
 
 async def test_ipv6_floating_address_moves_and_goes(stack: Stack, sim: SimAdmin) -> None:
     stack.settings.regions[REGION].address_pools.append(
         AddressPoolSettings(name="public6", cidr="2001:db8:0:1::/120", gateway="2001:db8:0:1::1"))
     async with stack.pool.acquire() as conn:
-        await store.address_pools_sync(conn, stack.settings.regions)
+        await address_store.address_pools_sync(conn, stack.settings.regions)
     a, b = await _server(stack, "v6a"), await _server(stack, "v6b")
     adr = await _address(stack, family=6, server_id=a["id"])
     assert (adr["family"], adr["ip"], adr["prefix"], adr["pool"]) == (6, "2001:db8:0:1::2", 120, "public6")

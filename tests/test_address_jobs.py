@@ -13,6 +13,8 @@ from z9.common.settings import AddressPoolSettings
 from z9.common.tags import normalize_tags
 
 from tests.support import REGION, SimAdmin, Stack
+from z9.resources.address import store as address_store
+from z9.resources.server import store as server_store
 
 POOL = AddressPoolSettings(name="public", cidr="203.0.113.0/24", gateway="203.0.113.1",
                            range=["203.0.113.10", "203.0.113.250"], nameservers=["203.0.113.53"])
@@ -21,7 +23,7 @@ POOL = AddressPoolSettings(name="public", cidr="203.0.113.0/24", gateway="203.0.
 async def _pool(stack: Stack) -> str:
     assert stack.settings.regions[REGION].address_pools == [POOL]
     async with stack.pool.acquire() as conn:
-        return (await store.address_pools_sync(conn, stack.settings.regions))[f"{REGION}/public"]
+        return (await address_store.address_pools_sync(conn, stack.settings.regions))[f"{REGION}/public"]
 
 
 async def _job(stack: Stack, kind: str, address_id: str, tenant: str, **args: Any) -> dict:
@@ -50,15 +52,15 @@ def _holders(state: dict, tag: str, ip: str) -> tuple[list[int], list[int]]:
 async def test_floating_address_moves_between_servers(stack: Stack, sim: SimAdmin) -> None:
     pid = await _pool(stack)
     a, b = await _server(stack, "a"), await _server(stack, "b")
-    tenant = (await store.server_get(stack.pool, a["id"])).tenant_id
-    adr = await store.address_allocate(stack.pool, pool_id=pid, tenant_id=tenant, kind="floating")
+    tenant = (await server_store.server_get(stack.pool, a["id"])).tenant_id
+    adr = await address_store.address_allocate(stack.pool, pool_id=pid, tenant_id=tenant, kind="floating")
     tag, ip = f"z9-addr-{adr.id}", adr.ip_text
 
     job = await _job(stack, "AddressAssign", adr.id, tenant, server_id=a["id"])
     assert job["status"] == "succeeded", job
     assert [s["name"] for s in job["steps"]] == ["tag", "create_ipset", "add_entry"]
     assert _holders(await sim.state(), tag, ip) == ([a["observed"]["vmid"]], [a["observed"]["vmid"]])
-    row = await store.address_get(stack.pool, adr.id)
+    row = await address_store.address_get(stack.pool, adr.id)
     assert row.status == "active" and row.observed["holder"]["vmid"] == a["observed"]["vmid"]
     assert row.observed["enforced"] is False   # server a is on DHCP: its IP filter stays off
 
@@ -73,20 +75,20 @@ async def test_floating_address_moves_between_servers(stack: Stack, sim: SimAdmi
     job = await _job(stack, "AddressUnassign", adr.id, tenant)
     assert job["status"] == "succeeded", job
     assert _holders(await sim.state(), tag, ip) == ([], [])
-    assert (await store.address_get(stack.pool, adr.id)).observed["holder"] is None
+    assert (await address_store.address_get(stack.pool, adr.id)).observed["holder"] is None
 
 
 async def test_foreign_vm_with_the_same_ip_is_reported_and_never_touched(stack: Stack, sim: SimAdmin) -> None:
     pid = await _pool(stack)
-    tenant = (await store.server_get(stack.pool, (await _server(stack, "a"))["id"])).tenant_id
-    adr = await store.address_allocate(stack.pool, pool_id=pid, tenant_id=tenant, kind="floating")
+    tenant = (await server_store.server_get(stack.pool, (await _server(stack, "a"))["id"])).tenant_id
+    adr = await address_store.address_allocate(stack.pool, pool_id=pid, tenant_id=tenant, kind="floating")
     foreign_cfg = {"name": "legacy", "ipconfig0": f"ip={adr.ip_text}/24,gw=203.0.113.1",
                    "net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0"}
     await sim._req("POST", "/vms", json={"vmid": 777, "node": "pve2", "config": foreign_cfg, "running": True})
     before = await sim.vm(777)
     job = await _job(stack, "AddressCreate", adr.id, tenant)
     assert job["status"] == "succeeded", job
-    row = await store.address_get(stack.pool, adr.id)
+    row = await address_store.address_get(stack.pool, adr.id)
     assert row.observed["conflicts"] == [{"vmid": 777, "node": "pve2", "name": "legacy",
                                           "why": f"ipconfig0 uses {adr.ip_text}"}]
     assert row.status == "active" and row.status_reason.startswith(f"conflict: {adr.ip_text} is also used")
@@ -131,8 +133,8 @@ async def test_sigkill_mid_move_leaves_exactly_one_holder(api: Stack, sim: SimAd
     services.start("scheduler")
     first = services.start("executor")
     a, b = await _server(api, "a"), await _server(api, "b")
-    tenant = (await store.server_get(api.pool, a["id"])).tenant_id
-    adr = await store.address_allocate(api.pool, pool_id=pid, tenant_id=tenant, kind="floating")
+    tenant = (await server_store.server_get(api.pool, a["id"])).tenant_id
+    adr = await address_store.address_allocate(api.pool, pool_id=pid, tenant_id=tenant, kind="floating")
     tag, ip = f"z9-addr-{adr.id}", adr.ip_text
     assert (await _job(api, "AddressAssign", adr.id, tenant, server_id=a["id"]))["status"] == "succeeded"
 

@@ -19,6 +19,7 @@ from z9.common import store
 from z9.common.db import connect
 from z9.common.errors import PoolConfigError
 from z9.common.settings import AddressPoolSettings, RegionSettings, Settings
+from z9.resources.address import store as address_store
 
 
 def region_with(*pools: dict) -> RegionSettings:
@@ -59,45 +60,45 @@ def test_default_range_is_every_host_address() -> None:
 async def test_sync_writes_pools_and_their_ips(pool: asyncpg.Pool) -> None:
     regions = {REGION: region_with(dict(PUBLIC, reserved=["198.51.100.53"]))}
     async with pool.acquire() as conn:
-        ids = await store.address_pools_sync(conn, regions)
-        again = await store.address_pools_sync(conn, regions)   # idempotent: same pool row
+        ids = await address_store.address_pools_sync(conn, regions)
+        again = await address_store.address_pools_sync(conn, regions)   # idempotent: same pool row
     assert ids == again and list(ids) == [f"{REGION}/public"]
-    [p] = await store.address_pool_list(pool, REGION)
+    [p] = await address_store.address_pool_list(pool, REGION)
     assert (p["name"], str(p["cidr"]), p["size"], p["used"]) == ("public", "198.51.100.0/24", 252, 0)
     ips = {str(r["ip"]) for r in await pool.fetch("SELECT host(ip) AS ip FROM address_pool_ips")}
     assert "198.51.100.1" not in ips and "198.51.100.53" not in ips and "198.51.100.2" in ips
 
     # shrinking the range drops free rows; a pool left out of the settings is disabled, not deleted
     async with pool.acquire() as conn:
-        await store.address_pools_sync(conn, {REGION: region_with(dict(PUBLIC, range=["198.51.100.2", "198.51.100.11"]))})
-        assert (await store.address_pool_list(conn, REGION))[0]["size"] == 10
-        await store.address_pools_sync(conn, {REGION: region_with()})
-        assert await store.address_pool_list(conn, REGION) == []
+        await address_store.address_pools_sync(conn, {REGION: region_with(dict(PUBLIC, range=["198.51.100.2", "198.51.100.11"]))})
+        assert (await address_store.address_pool_list(conn, REGION))[0]["size"] == 10
+        await address_store.address_pools_sync(conn, {REGION: region_with()})
+        assert await address_store.address_pool_list(conn, REGION) == []
         assert await conn.fetchval("SELECT count(*) FROM address_pools WHERE disabled_at IS NOT NULL") == 1
         # ... and no longer counts in the overlap rule: a new pool may take its network
-        await store.address_pools_sync(conn, {REGION: region_with(dict(PUBLIC, name="public-2"))})
-        assert [p["name"] for p in await store.address_pool_list(conn, REGION)] == ["public-2"]
+        await address_store.address_pools_sync(conn, {REGION: region_with(dict(PUBLIC, name="public-2"))})
+        assert [p["name"] for p in await address_store.address_pool_list(conn, REGION)] == ["public-2"]
 
 
 async def test_database_refuses_overlapping_pools(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
-        await store.address_pools_sync(conn, {REGION: region_with(PUBLIC)})
+        await address_store.address_pools_sync(conn, {REGION: region_with(PUBLIC)})
         with pytest.raises(asyncpg.ExclusionViolationError):
             await conn.execute(
                 "INSERT INTO address_pools (id, region, name, family, cidr, first_ip, last_ip, bridge)"
                 " VALUES ('apl_00000000000000000000000000', $1, 'other', 4, '198.51.100.128/25',"
                 " '198.51.100.129', '198.51.100.130', 'vmbr0')", REGION)
         # the same network in another region is fine
-        await store.address_pools_sync(conn, {"other-1": region_with(PUBLIC)})
+        await address_store.address_pools_sync(conn, {"other-1": region_with(PUBLIC)})
         # settings validation bypassed (as a hand-edited table would be): the sync names both pools
         bad = RegionSettings.model_construct(address_pools=[
             AddressPoolSettings(**PUBLIC), AddressPoolSettings(name="inner", cidr="198.51.100.64/26")])
         with pytest.raises(PoolConfigError) as e:
-            await store.address_pools_sync(conn, {REGION: bad})
+            await address_store.address_pools_sync(conn, {REGION: bad})
     assert str(e.value) == ("address pool 'inner' (198.51.100.64/26) of region dev-1 overlaps address pool "
                             "'public' (198.51.100.0/24): pools of one region must not overlap")
     # nothing of the failed sync was written
-    assert [p["name"] for p in await store.address_pool_list(pool, REGION)] == ["public"]
+    assert [p["name"] for p in await address_store.address_pool_list(pool, REGION)] == ["public"]
 
 
 def test_start_up_refuses_overlapping_pools_naming_both(db_url: str) -> None:
@@ -115,7 +116,7 @@ def test_start_up_refuses_overlapping_pools_naming_both(db_url: str) -> None:
 # ---------------------------------------------------------------- allocation
 
 async def _pool_id(conn: asyncpg.Connection, **over: object) -> str:
-    ids = await store.address_pools_sync(conn, {REGION: region_with(dict(PUBLIC, **over))})
+    ids = await address_store.address_pools_sync(conn, {REGION: region_with(dict(PUBLIC, **over))})
     return ids[f"{REGION}/public"]
 
 
@@ -123,7 +124,7 @@ async def test_allocates_lowest_free_ip_and_quarantines_released_ones(pool: asyn
     tenant, _ = await make_tenant(pool, "acme")
     async with pool.acquire() as conn:
         pid = await _pool_id(conn, range=["198.51.100.10", "198.51.100.13"], reserved=["198.51.100.11"])
-        got = [await store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating") for _ in range(4)]
+        got = [await address_store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating") for _ in range(4)]
         assert [a.ip_text for a in got[:3]] == ["198.51.100.10", "198.51.100.12", "198.51.100.13"]
         assert got[3] is None                                   # exhausted
         first = got[0]
@@ -131,15 +132,15 @@ async def test_allocates_lowest_free_ip_and_quarantines_released_ones(pool: asyn
 
         # released: quarantined for the pool's quarantine (1 h by default), then handed out again
         await conn.execute("UPDATE addresses SET status = 'deleted', deleted_at = now() WHERE id = $1", first.id)
-        [rel] = await store.address_release(conn, first.id)
+        [rel] = await address_store.address_release(conn, first.id)
         assert str(rel["ip"]) == "198.51.100.10"
         left = await conn.fetchval("SELECT extract(epoch FROM reusable_after - now()) FROM address_pool_ips"
                                    " WHERE host(ip) = '198.51.100.10'")
         assert 3590 < left <= 3600
-        assert await store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating") is None
+        assert await address_store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating") is None
         await conn.execute("UPDATE address_pool_ips SET reusable_after = now() - interval '1 s'"
                            " WHERE host(ip) = '198.51.100.10'")
-        again = await store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating")
+        again = await address_store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating")
         assert again is not None and again.ip_text == "198.51.100.10" and again.id != first.id
 
 
@@ -148,7 +149,7 @@ async def test_unique_index_is_the_last_line(pool: asyncpg.Pool) -> None:
     tenant, _ = await make_tenant(pool, "acme")
     async with pool.acquire() as conn:
         pid = await _pool_id(conn)
-        a = await store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating")
+        a = await address_store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating")
         with pytest.raises(asyncpg.UniqueViolationError) as e:
             await conn.execute(
                 "INSERT INTO addresses (id, tenant_id, region, pool_id, pool_name, prefix, ip, family, kind)"
@@ -175,7 +176,7 @@ async def test_concurrent_allocations_never_give_an_ip_twice(pool: asyncpg.Pool,
             while not queue.empty():
                 queue.get_nowait()
                 async with c.transaction():
-                    a = await store.address_allocate(c, pool_id=pid, tenant_id=tenant, kind="floating")
+                    a = await address_store.address_allocate(c, pool_id=pid, tenant_id=tenant, kind="floating")
                     await asyncio.sleep(0.001)   # hold the transaction open a little: overlap
                 results.append(a.ip_text if a else None)
 
@@ -195,15 +196,15 @@ async def test_pool_choice(pool: asyncpg.Pool) -> None:
     tenant, _ = await make_tenant(pool, "acme")
     job = store.NewJob(kind="AddressCreate", region=REGION)
     async with pool.acquire() as conn:
-        await store.address_pools_sync(conn, {REGION: region_with(
+        await address_store.address_pools_sync(conn, {REGION: region_with(
             {"name": "private", "cidr": "10.9.0.0/24"}, PUBLIC, {"name": "v6", "cidr": "2001:db8::/120"})})
-        alloc = lambda **kw: store.address_allocate_with_job(conn, region=REGION, tenant_id=tenant,  # noqa: E731
+        alloc = lambda **kw: address_store.address_allocate_with_job(conn, region=REGION, tenant_id=tenant,  # noqa: E731
                                                              kind="floating", job=job, **kw)
         assert (await alloc(family=4, pool=None))[0].pool_name == "public"
         assert (await alloc(family=4, pool="private"))[0].ip_text == "10.9.0.1"
         assert (await alloc(family=6, pool=None))[0].ip_text == "2001:db8::1"
         assert await alloc(family=4, pool="nope") is None
-        await store.address_pools_sync(conn, {REGION: region_with(
+        await address_store.address_pools_sync(conn, {REGION: region_with(
             {"name": "private", "cidr": "10.9.0.0/24"}, {"name": "dmz", "cidr": "10.8.0.0/24"})})
         assert await alloc(family=4, pool=None) is None            # which one? the API asks (422)
         assert (await alloc(family=4, pool="dmz"))[0].ip_text == "10.8.0.1"
@@ -216,12 +217,12 @@ async def test_pool_renamed_while_an_address_is_live_never_hands_its_ip_out(pool
     tenant, _ = await make_tenant(pool, "acme")
     async with pool.acquire() as conn:
         old = await _pool_id(conn, range=["198.51.100.10", "198.51.100.12"])
-        live = await store.address_allocate(conn, pool_id=old, tenant_id=tenant, kind="floating")
+        live = await address_store.address_allocate(conn, pool_id=old, tenant_id=tenant, kind="floating")
         assert live.ip_text == "198.51.100.10"
-        ids = await store.address_pools_sync(conn, {REGION: region_with(
+        ids = await address_store.address_pools_sync(conn, {REGION: region_with(
             dict(PUBLIC, name="public-v4", range=["198.51.100.10", "198.51.100.12"]))})
         new = ids[f"{REGION}/public-v4"]
-        got = await store.address_allocate(conn, pool_id=new, tenant_id=tenant, kind="floating")
+        got = await address_store.address_allocate(conn, pool_id=new, tenant_id=tenant, kind="floating")
         assert got is not None and got.ip_text == "198.51.100.11"
 
 
@@ -231,13 +232,13 @@ async def test_ip_reserved_while_live_is_not_handed_out_after_its_release(pool: 
     tenant, _ = await make_tenant(pool, "acme")
     async with pool.acquire() as conn:
         pid = await _pool_id(conn, range=["198.51.100.10", "198.51.100.12"])
-        live = await store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating")
-        top = [await store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating") for _ in range(2)]
+        live = await address_store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating")
+        top = [await address_store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating") for _ in range(2)]
         assert [a.ip_text for a in [live, *top]] == ["198.51.100.10", "198.51.100.11", "198.51.100.12"]
         # .10 reserved and .12 out of the range, both while live
         await _pool_id(conn, range=["198.51.100.10", "198.51.100.11"], reserved=["198.51.100.10"])
         for a in (live, top[1]):
             await conn.execute("UPDATE addresses SET status = 'deleted', deleted_at = now() WHERE id = $1", a.id)
-            await store.address_release(conn, a.id)
+            await address_store.address_release(conn, a.id)
         await conn.execute("UPDATE address_pool_ips SET reusable_after = now() - interval '1 s' WHERE address_id IS NULL")
-        assert await store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating") is None
+        assert await address_store.address_allocate(conn, pool_id=pid, tenant_id=tenant, kind="floating") is None

@@ -18,6 +18,7 @@ from z9.common.settings import Settings
 from z9.common.tags import identity_tag, normalize_tags
 
 from tests.support import REGION, Services, SimAdmin, Stack, free_port, make_tenant, service_env, wait_until
+from z9.resources.address import store as address_store
 
 
 def _on_vms(state: dict, tag: str, ip: str) -> tuple[list[int], list[int]]:
@@ -103,7 +104,7 @@ async def test_public_ipv4_refusals_and_pool_exhausted(stack: Stack, sim: SimAdm
     stack.settings.regions[REGION].address_pools[0] = stack.settings.regions[REGION].address_pools[0].model_copy(
         update={"range": (ipaddress.ip_address("203.0.113.10"), ipaddress.ip_address("203.0.113.11"))})
     async with stack.pool.acquire() as conn:
-        await store.address_pools_sync(conn, stack.settings.regions)
+        await address_store.address_pools_sync(conn, stack.settings.regions)
     a = await _address(stack)
     status, out = await stack.call("POST", "/servers", json={
         "name": "x-1", "region": REGION, "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10,

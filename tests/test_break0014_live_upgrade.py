@@ -22,6 +22,7 @@ from z9.db import list_migrations
 from tests.support import (REGION, Services, SimAdmin, free_port, install_job_log, job_log, make_tenant,
                            overlapping, runs, service_env, wait_until)
 from tests.test_engine_fire import FAST, _Client
+from z9.resources.address import store as address_store
 
 LEASE_TTL_S = 30.0  # long, so a job stranded under a lease shows as a delay of a whole TTL
 
@@ -190,7 +191,7 @@ async def test_migration_0014_applied_under_live_services(settings: Settings, db
     async with fresh_database(pg_url) as url:
         conn = await connect(url)
         await migrate_to(conn, 13)
-        await store.address_pools_sync(conn, settings.regions)
+        await address_store.address_pools_sync(conn, settings.regions)
         await install_job_log(conn)
         await conn.execute(JOB_LOG_TRIGGER)
         _, token = await make_tenant(conn, "acme")

@@ -12,9 +12,9 @@ import pytest
 
 from tests.support import with_database
 from z9 import db as z9db
-from z9.common import store
 from z9.common.db import create_service_pool
 from z9.common.settings import AddressPoolSettings, RegionSettings, Settings
+from z9.resources.address import store as address_store
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ async def test_an_api_process_starting_while_another_syncs_the_pools_waits_for_i
 
             async def start() -> Any:
                 async with api.acquire() as conn:
-                    return await store.address_pools_sync(conn, settings.regions)
+                    return await address_store.address_pools_sync(conn, settings.regions)
 
             starting = asyncio.create_task(start())
             await asyncio.sleep(1.0)  # the peer's sync takes longer than the lock_timeout

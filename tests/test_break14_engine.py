@@ -12,6 +12,7 @@ import pytest
 from z9.common import store
 from z9.common.settings import Settings
 from z9.common.store import NewJob
+from z9.resources.server import store as server_store
 
 from tests.support import wait_until, waiting_on_a_lock
 
@@ -128,7 +129,7 @@ async def test_the_reaper_survives_a_lock_wait_given_up(pool: asyncpg.Pool, db_u
     from z9.reaper import Reaper
 
     tenant = await store.tenant_upsert(pool, "t-break14")
-    srv = await store.server_insert(pool, tenant_id=tenant, region="r1", name="s1", image="debian-12", cores=1,
+    srv = await server_store.server_insert(pool, tenant_id=tenant, region="r1", name="s1", image="debian-12", cores=1,
                                     memory_mib=512, disk_gib=1, ssh_keys=[])
     assert await store.resource_mark_deleting(pool, SERVER.sql, srv.id, tenant, 0.0) is not None
     reaper = Reaper(Settings(database_url=db_url, regions={}, reaper_interval_s=0.05,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from tests.support import REGION, SimAdmin, Stack
 from tests.test_addresses_api import _on_vms, _server
+from z9.resources.address import store as address_store
 
 
 async def test_unassigning_a_primary_turns_the_ip_filter_off_again(stack: Stack, sim: SimAdmin) -> None:
@@ -72,7 +73,7 @@ async def test_sigkill_while_the_filter_goes_off_finishes_once(api: Stack, sim: 
     pub = s["public_ipv4"]
 
     async def assigned() -> bool:
-        return (await store.address_get(api.pool, pub["id"])).status == "active"
+        return (await address_store.address_get(api.pool, pub["id"])).status == "active"
     await wait_until(assigned, 30, "the primary on its VM")
     status, out = await api.call("POST", f"/servers/{s['id']}/actions/shutdown")
     assert (await api.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"

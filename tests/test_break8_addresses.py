@@ -8,6 +8,7 @@ from typing import Any
 from tests.support import REGION, Stack
 from z9.common import store
 from z9.common.settings import AddressPoolSettings
+from z9.resources.address import store as address_store
 
 
 async def _lb(api: Stack, name: str, **body: Any) -> tuple[int, Any]:
@@ -29,7 +30,7 @@ async def test_load_balancer_addresses_skip_live_and_reserved_ips(api: Stack) ->
         name="main", cidr="203.0.113.0/24", gateway="203.0.113.1", range=["203.0.113.10", "203.0.113.250"],
         reserved=["203.0.113.11"])]})}
     async with api.pool.acquire() as conn:   # the operator renames the pool (same network)
-        await store.address_pools_sync(conn, renamed)
+        await address_store.address_pools_sync(conn, renamed)
     # a row of a reserved IP stays while an address holds it (and is free again after its release)
     await api.pool.execute("INSERT INTO address_pool_ips (pool_id, ip) SELECT id, '203.0.113.11' FROM address_pools"
                            " WHERE name = 'main'")
@@ -186,7 +187,7 @@ async def test_the_last_free_ip_held_by_an_allocation_that_rolls_back_is_not_exh
     small = {REGION: api.settings.regions[REGION].model_copy(update={"address_pools": [AddressPoolSettings(
         name="public", cidr="203.0.113.0/24", gateway="203.0.113.1", range=["203.0.113.10", "203.0.113.11"])]})}
     async with api.pool.acquire() as conn:
-        await store.address_pools_sync(conn, small)
+        await address_store.address_pools_sync(conn, small)
     status, out = await api.call("POST", "/addresses", json={"region": REGION})
     assert status == 202 and out["address"]["ip"] == "203.0.113.10", out
     pid = out["address"]["id"]
@@ -196,7 +197,7 @@ async def test_the_last_free_ip_held_by_an_allocation_that_rolls_back_is_not_exh
         async with api.pool.acquire() as conn:
             tx = conn.transaction()
             await tx.start()
-            got = await store.address_allocate(conn, pool_id=pool_id, tenant_id=api.tenant_id, kind="floating")
+            got = await address_store.address_allocate(conn, pool_id=pool_id, tenant_id=api.tenant_id, kind="floating")
             assert got is not None and got.ip_text == "203.0.113.11"
             allocated.set()
             await asyncio.sleep(hold_s)
@@ -235,7 +236,7 @@ async def test_a_protected_primary_outlives_its_server(api: Stack) -> None:
     await api.pool.execute("UPDATE servers SET status = 'deleted', deleted_at = now()")
     for s in (srv, other):   # (the server delete's finishing transaction)
         async with api.pool.acquire() as conn, conn.transaction():
-            await store.addresses_release_for_server(conn, s["id"])
+            await address_store.addresses_release_for_server(conn, s["id"])
     kept = (await api.call("GET", f"/addresses/{pub}"))[1]["address"]
     assert kept["status"] == "creating" and kept["server_id"] is None, kept
     gone = (await api.call("GET", f"/addresses/{other['public_ipv4']['id']}"))[1]["address"]
@@ -256,7 +257,7 @@ async def test_an_address_never_observed_stays_readable_after_its_server_is_dele
                            {"class": "permanent", "message": "boom"})
     await api.pool.execute("UPDATE servers SET status = 'deleted', deleted_at = now()")
     async with api.pool.acquire() as conn, conn.transaction():
-        await store.addresses_release_for_server(conn, srv["id"])
+        await address_store.addresses_release_for_server(conn, srv["id"])
     status, out = await api.call("GET", f"/addresses/{adr}")
     assert status == 200 and out["address"]["server_id"] is None and out["address"]["observed"] is None, out
     status, out = await api.call("GET", "/addresses")

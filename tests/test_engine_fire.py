@@ -28,6 +28,7 @@ from z9.common.tags import identity_tag, normalize_tags
 
 from tests.support import (REGION, Services, SimAdmin, Stack, free_port, install_job_log, job_log, make_tenant,
                            overlapping, runs, service_env, wait_until, with_database)
+from z9.resources.server import store as server_store
 
 # Fast engine settings for the service processes (seconds).
 FAST = dict(lease_ttl_s=2, heartbeat_s=0.25, task_poll_s=0.1, poll_interval_s=1, scheduler_interval_s=0.1,
@@ -475,7 +476,7 @@ async def _insert_create_quietly(api: Stack, name: str, due_in_s: float) -> str:
     spec = ServerCreate.model_validate({"name": name, "region": REGION, "image": "debian-12", "cores": 1,
                                         "memory_mib": 1024, "disk_gib": 4})
     async with api.pool.acquire() as conn, conn.transaction():
-        server = await store.server_insert(conn, tenant_id=api.tenant_id, region=REGION, name=spec.name,
+        server = await server_store.server_insert(conn, tenant_id=api.tenant_id, region=REGION, name=spec.name,
                                            image=spec.image, cores=spec.cores, memory_mib=spec.memory_mib,
                                            disk_gib=spec.disk_gib, ssh_keys=spec.ssh_keys)
         job = await store.job_insert(conn, store.NewJob(kind="ServerCreate", region=REGION, tenant_id=api.tenant_id,

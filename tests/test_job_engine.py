@@ -16,6 +16,7 @@ from z9.reaper import Reaper
 from z9.scheduler import Scheduler
 
 from tests.support import make_tenant, wait_until
+from z9.resources.server import store as server_store
 
 TTL = 30.0
 
@@ -223,9 +224,9 @@ async def test_snooze_gives_the_attempt_back(pool: asyncpg.Pool) -> None:
 
 async def test_reaper_turns_expired_buffers_into_delete_jobs(pool: asyncpg.Pool, settings) -> None:
     tenant, _ = await make_tenant(pool, "acme")
-    s = await store.server_insert(pool, tenant_id=tenant, region="dev-1", name="a", image="debian-12", cores=1,
+    s = await server_store.server_insert(pool, tenant_id=tenant, region="dev-1", name="a", image="debian-12", cores=1,
                                   memory_mib=1024, disk_gib=4, ssh_keys=[])
-    s2 = await store.server_insert(pool, tenant_id=tenant, region="dev-1", name="b", image="debian-12", cores=1,
+    s2 = await server_store.server_insert(pool, tenant_id=tenant, region="dev-1", name="b", image="debian-12", cores=1,
                                    memory_mib=1024, disk_gib=4, ssh_keys=[])
     await SERVER.mark_deleting(pool, s.id, tenant, 0.0)
     await SERVER.mark_deleting(pool, s2.id, tenant, 600.0)
@@ -236,15 +237,15 @@ async def test_reaper_turns_expired_buffers_into_delete_jobs(pool: asyncpg.Pool,
     assert sorted(counts) == [0, 1]  # two replicas: enqueued once
     jobs = await store.job_list(pool, tenant, resource_id=s.id)
     assert [j.kind for j in jobs] == ["ServerDelete"]
-    assert (await store.server_get(pool, s.id)).status == "destroying"
-    assert (await store.server_get(pool, s2.id)).status == "deleting"
+    assert (await server_store.server_get(pool, s.id)).status == "destroying"
+    assert (await server_store.server_get(pool, s2.id)).status == "deleting"
     assert await SERVER.cancel_deletion(pool, s.id, tenant) is None  # too late
 
 
 async def test_final_delete_out_of_attempts_by_reclaim_leaves_the_server_deletable(pool: asyncpg.Pool, settings,
                                                                                    clock: TestClock) -> None:
     tenant, _ = await make_tenant(pool, "acme")
-    s = await store.server_insert(pool, tenant_id=tenant, region="dev-1", name="a", image="debian-12", cores=1,
+    s = await server_store.server_insert(pool, tenant_id=tenant, region="dev-1", name="a", image="debian-12", cores=1,
                                   memory_mib=1024, disk_gib=4, ssh_keys=[])
     await SERVER.mark_deleting(pool, s.id, tenant, 0.0)
     reaper = Reaper(settings)
@@ -256,7 +257,7 @@ async def test_final_delete_out_of_attempts_by_reclaim_leaves_the_server_deletab
     sched = Scheduler(settings, clock=clock)
     sched.pool = pool
     assert (await sched.run_once()).reclaimed_failed == 1
-    server = await store.server_get(pool, s.id)
+    server = await server_store.server_get(pool, s.id)
     assert server.status == "failed" and "expired" in server.status_reason
     assert await SERVER.mark_deleting(pool, s.id, tenant, 600.0) is not None  # deletable again
 
@@ -266,7 +267,7 @@ async def test_scheduler_prunes_on_its_first_pass_without_looking_at_resources(p
     """Pruning knows the job table only: what a later job of a live resource needs (its clone
     requests) is kept in vm_clone_requests, which outlives the jobs that wrote it."""
     tenant, _ = await make_tenant(pool, "acme")
-    live = await store.server_insert(pool, tenant_id=tenant, region="dev-1", name="live", image="debian-12",
+    live = await server_store.server_insert(pool, tenant_id=tenant, region="dev-1", name="live", image="debian-12",
                                      cores=1, memory_mib=1024, disk_gib=4, ssh_keys=[])
     old = [await _enqueue(pool, resource_id=None) for _ in range(3)] + [await _enqueue(pool, resource_id=live.id)]
     [job] = [j for j in await store.job_claim(pool, ["r1"], 4, "w", 30.0) if j.resource_id == live.id]

@@ -18,6 +18,7 @@ from z9.common import pki, store
 from tests.support import REGION, SimAdmin, Stack, make_tenant, wait_until
 from tests.test_clusters_e2e import K8S_TIMING, cluster
 from tests.test_tokens import call
+from z9.resources.cluster import store as cluster_store
 
 BODY = {"name": "kc", "region": REGION, "version": "1.33",
         "control_plane": {"count": 1, "cores": 1, "memory_mib": 1024, "disk_gib": 10}, "node_pools": []}
@@ -85,7 +86,7 @@ async def test_rotation_of_a_cluster_without_a_client_ca_is_refused(api: Stack) 
     CA's, which a rotation cannot take back without replacing the whole PKI: 409, not a lie."""
     cid = await _ready_cluster(api)
     key = pki.InstallationKey.parse(api.settings.installation_key.get_secret_value())
-    material = key.open(cid, *await store.cluster_keys_get(api.pool, cid))
+    material = key.open(cid, *await cluster_store.cluster_keys_get(api.pool, cid))
     material.pop("client-ca.crt"), material.pop("client-ca.key")
     await api.pool.execute("UPDATE cluster_keys SET key_id = $2, nonce = $3, sealed = $4 WHERE cluster_id = $1",
                            cid, *key.seal(cid, material))
@@ -160,7 +161,7 @@ async def test_a_rotated_cluster_refuses_a_certificate_minted_before(stack: Stac
 
 
 async def _material(stack: Stack, cid: str) -> dict[str, str]:
-    sealed = await store.cluster_keys_get(stack.pool, cid)
+    sealed = await cluster_store.cluster_keys_get(stack.pool, cid)
     assert sealed is not None
     return pki.InstallationKey.parse(stack.settings.installation_key.get_secret_value()).open(cid, *sealed)
 

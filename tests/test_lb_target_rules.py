@@ -13,13 +13,13 @@ from typing import Any, AsyncIterator
 import asyncpg
 import pytest
 
-from z9.common import store
 from z9.resources.load_balancer import ip_target_refusal
 from z9.resources.load_balancer.jobs import shared as lb_jobs
 from z9.common.settings import AddressPoolSettings, Settings
 
 from tests.support import REGION, SimAdmin, Stack, api_stack, make_tenant, wait_until
 from tests.test_load_balancers import SERVICE, _appliances, _get, _lb, lb_template  # noqa: F401
+from z9.resources.address import store as address_store
 
 AGENT_NET = "10.1.0.0/24"          # the region agent's network (the simulator's platform VMs)
 PUBLIC_PLATFORM = "192.0.2.0/28"   # a platform network of public addresses (management, storage)
@@ -161,11 +161,11 @@ async def test_a_target_whose_address_changed_tenant_is_dropped_at_the_next_conf
     other, _ = await make_tenant(stack.pool, "tenant-a")
     async with stack.pool.acquire() as conn, conn.transaction():
         await conn.execute("UPDATE addresses SET status = 'deleted', deleted_at = now() WHERE id = $1", address["id"])
-        await store.address_release(conn, address["id"])
+        await address_store.address_release(conn, address["id"])
         await conn.execute("UPDATE address_pool_ips SET reusable_after = now() - interval '1 s' WHERE ip = $1::inet",
                            address["ip"])
-        [pool_row] = await store.address_pool_list(conn, REGION)
-        theirs = await store.address_allocate(conn, pool_id=pool_row["id"], tenant_id=other, kind="floating")
+        [pool_row] = await address_store.address_pool_list(conn, REGION)
+        theirs = await address_store.address_allocate(conn, pool_id=pool_row["id"], tenant_id=other, kind="floating")
     assert theirs is not None and theirs.ip_text == address["ip"]
 
     async def dropped() -> dict | None:
@@ -240,11 +240,11 @@ async def test_every_configure_checks_the_rules_of_every_region(two_regions: Sta
     other, _ = await make_tenant(api.pool, "tenant-a")
     async with api.pool.acquire() as conn, conn.transaction():
         await conn.execute("UPDATE addresses SET status = 'deleted', deleted_at = now() WHERE id = $1", address["id"])
-        await store.address_release(conn, address["id"])
+        await address_store.address_release(conn, address["id"])
         await conn.execute("UPDATE address_pool_ips SET reusable_after = now() - interval '1 s' WHERE ip = $1::inet",
                            address["ip"])
-        [pool_row] = await store.address_pool_list(conn, REGION_2)
-        got = await store.address_allocate(conn, pool_id=pool_row["id"], tenant_id=other, kind="floating")
+        [pool_row] = await address_store.address_pool_list(conn, REGION_2)
+        got = await address_store.address_allocate(conn, pool_id=pool_row["id"], tenant_id=other, kind="floating")
     assert got is not None and got.ip_text == address["ip"]
     _, [target] = await lb_jobs.load(ctx)  # type: ignore[arg-type]
     assert target["refused"] == "another_tenant" and target["addr"] is None, target

@@ -1,6 +1,6 @@
 """What a textual merge can break silently, caught before a job meets it.
 
-- Every named query in ``libs/common/z9/common/queries.sql`` is one statement PostgreSQL accepts against the
+- Every named query in ``libs/common/z9/common/queries/*.sql`` and every slice's ``queries.sql`` is one statement PostgreSQL accepts against the
   migrated schema (``PREPARE``: parsed, planned, never run): two queries interleaved by a merge (a
   ``RETURNING`` of one left under another) fail here, not in the first job that uses them.
 - No class or module defines a function twice: the second definition silently replaces the first

@@ -214,7 +214,8 @@ async def test_cluster_members_send_only_from_their_addresses(private: Stack, si
     assert not _heard(sim, mine["cp-0"], 7002)
     assert _heard(sim, mine["workers-0"], 7002)  # its own address is
     # observed again: every member's filter as it wants it, nothing to do
-    from z9.resources.cluster.jobs import reconcile as cluster_reconcile, shared as _cluster
+    from z9.resources.cluster.jobs import reconcile as cluster_reconcile
+    from z9.resources.cluster.jobs import shared as _cluster
     world = await _cluster.observe(await _ctx(private, job["id"]))
     assert world.unfiltered == [] and cluster_reconcile.plan(world_job := (await _ctx(private, job["id"])).job,
                                                             world) == [], world_job

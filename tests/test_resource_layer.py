@@ -22,6 +22,7 @@ from z9.reaper import Reaper
 from z9.scheduler import Scheduler
 
 from tests.support import REGION, Stack, api_stack, make_tenant
+from z9.resources.server import store as server_store
 
 WIDGETS_DDL = """
 CREATE TYPE widget_status AS ENUM ('creating', 'ready', 'deleting', 'destroying', 'deleted', 'failed');
@@ -159,7 +160,7 @@ async def test_reaper_serves_every_buffered_type(pool: asyncpg.Pool, settings: A
     try:
         tenant, _ = await make_tenant(pool, "acme")
         w = await _insert(pool, tenant)
-        s = await store.server_insert(pool, tenant_id=tenant, region=REGION, name="s", image="debian-12", cores=1,
+        s = await server_store.server_insert(pool, tenant_id=tenant, region=REGION, name="s", image="debian-12", cores=1,
                                       memory_mib=1024, disk_gib=4, ssh_keys=[])
         await rtype.mark_deleting(pool, w.id, tenant, 0.0)
         await SERVER.mark_deleting(pool, s.id, tenant, 0.0)

@@ -20,12 +20,13 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from z9.common import pki, store, tracing
+from z9.common import pki, tracing
 from z9.common.logs import make_handler
 from z9.sim.server import SimServer
 
 from tests.conftest import TEST_INSTALLATION_KEY
 from tests.support import REGION, SimAdmin, Stack
+from z9.resources.cluster import store as cluster_store
 
 K8S_TIMING = {"guest_boot_s": 0.2, "cloud_init_s": 0.2, "k8s_api_delay_s": 0.3}
 
@@ -137,7 +138,7 @@ async def test_every_secret_appears_only_where_it_must(stack: Stack, sim: SimAdm
 
     # ---- the secrets z9 holds
     key = pki.InstallationKey.parse(TEST_INSTALLATION_KEY)
-    material = key.open(cid, *await store.cluster_keys_get(stack.pool, cid))
+    material = key.open(cid, *await cluster_store.cluster_keys_get(stack.pool, cid))
     ca_keys = {name: _pem_body(pem) for name, pem in material.items() if name.endswith(".key")}
     assert {"ca.key", "etcd/ca.key", "sa.key", "front-proxy-ca.key"} <= set(ca_keys)
     memo = json.loads(await stack.pool.fetchval("SELECT memo::text FROM jobs WHERE id = $1", made["job"]["id"]))

@@ -10,15 +10,16 @@ from z9.common.db import create_pool
 from z9.common.errors import DatabaseUnavailable, UniqueViolation
 
 from tests.support import make_tenant
+from z9.resources.server import store as server_store
 
 
 async def test_a_unique_violation_names_its_constraint(pool: asyncpg.Pool) -> None:
     tenant, _ = await make_tenant(pool, "acme")
     spec = dict(tenant_id=tenant, region="dev-1", name="a", image="debian-12", cores=1, memory_mib=1024,
                 disk_gib=4, ssh_keys=[])
-    await store.server_insert(pool, **spec)
+    await server_store.server_insert(pool, **spec)
     with pytest.raises(UniqueViolation) as ei:
-        await store.server_insert(pool, **spec)
+        await server_store.server_insert(pool, **spec)
     assert ei.value.constraint == "servers_tenant_name_live"
     assert not isinstance(ei.value, asyncpg.PostgresError)
 

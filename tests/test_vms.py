@@ -65,3 +65,23 @@ def test_removal_plan_covers_every_member_and_keeps_the_guard() -> None:
     platform = _vm(103, f"{identity_tag(owner)};z9-role-agent")
     with pytest.raises(GuardRefusal):
         vms.plan_removal(owner, vms.Removal(ours=[a, platform]))
+
+
+def test_steps_are_values_bound_to_what_runs_them() -> None:
+    """A plan's steps carry the kind that runs them (no name matched in an ``if`` chain); a step
+    built by its name only finds its kind in the family; an unknown one is a permanent error."""
+    from z9.common.errors import PermanentError
+    from z9.executor.context import Step
+
+    owner = new_id("srv")
+    world = vms.MemberWorld(template=VmRef(vmid=9000, node="pve1", name="debian-12", status="stopped",
+                                           tags=frozenset(), lock=None, template=True), vm=None)
+    steps = vms.plan_member(_spec(owner, "main"), world)
+    assert [s.name for s in steps] == ["clone", "configure", "resize_disk", "start"]
+    assert [s.kind for s in steps] == [vms.CLONE, vms.CONFIGURE, vms.RESIZE_DISK, vms.START]
+    assert vms.MEMBER_STEPS.of(Step("configure")) is vms.CONFIGURE
+    assert vms.REMOVAL_STEPS.of(Step("destroy", {"vmid": 1, "node": "pve1"})) is vms.DESTROY
+    with pytest.raises(PermanentError, match="unknown step 'destroy'"):
+        vms.MEMBER_STEPS.of(Step("destroy"), "ServerCreate")
+    with pytest.raises(PermanentError):
+        vms.REMOVAL_STEPS.of(vms.START.step())  # a step of another family

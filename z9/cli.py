@@ -166,10 +166,10 @@ async def _wait_migrated(dsn: str, wait_s: float) -> list[int]:
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Apply the migrations, then write the address pools of ``Z9_REGIONS`` to the database
     (``--wait``: apply nothing, wait until another ``z9 migrate`` has applied them)."""
-    from z9.common import store
     from z9.common.db import connect, direct_url
     from z9.common.errors import PoolConfigError
     from z9.db import migrate
+    from z9.resources.address import store as address_store
 
     dsn = direct_url(settings)  # never through a transaction pooler: migrate holds a session lock
     if args.wait is not None:  # apply nothing: wait for the schema this version needs
@@ -188,7 +188,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
                              require_sync_replication=settings.database_require_sync_replication)
         try:
             applied = await migrate(conn)
-            pools = await store.address_pools_sync(conn, settings.regions)
+            pools = await address_store.address_pools_sync(conn, settings.regions)
             return applied, sorted(pools)
         finally:
             await conn.close()

@@ -13,7 +13,7 @@ at the bottom (no list), and the lists of types, id prefixes, kinds, routes and 
 are derived from :data:`REGISTRY` (:func:`slice_modules`).
 
 The table keeps the lifecycle columns described in ``db/z9/db/migrations/0004_resource_layer.sql``; the
-lifecycle queries are written once (``resource_*`` in ``queries.sql``) and run through the
+lifecycle queries are written once (``resource_*`` in ``libs/common/z9/common/queries/resources.sql``) and run through the
 wrappers below, which fill in the table.
 
 Deletion (two-phase when buffered)::
@@ -128,6 +128,9 @@ class ResourceType(Generic[R]):
     # its row, when the generic rule (job_cancelled) does not say it: hook(db, row, kind, reason)
     # -> True when it settled the row
     cancelled: Callable[[Any, R, str, str], Awaitable[bool]] | None = None
+    # the 409 codes the table's own rules may raise (a trigger's ``check_violation`` with
+    # ``CONSTRAINT = '<table>_<code>'``): a refused deletion answers 409 with that code
+    deletion_rules: tuple[str, ...] = ()
     # where the type stands in every list derived from the registry (routes, the OpenAPI
     # document's tags, the client's commands): lower first, then by name
     order: int = 100

@@ -34,16 +34,19 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 import orjson
 
+from .disks import DISK_RE, format_size, parse_size
 from .errors import PveError, param_error
 from . import cloudinit
 from .firewall import Firewall
 from .guest import Guests, GuestSettings
+from . import kubeadm  # noqa: F401  (registers the kubeadm/kubectl command models with the guests)
 from .storage import Storage, node_ip as storage_ip
 from .schema import split_list
+from .tasks import Task, TaskPlan
 
 log = logging.getLogger("z9.sim")
 
@@ -69,30 +72,9 @@ def lock_timeout(vmid: int) -> PveError:
     return PveError(500, f"can't lock file '/var/lock/qemu-server/lock-{vmid}.conf' - got timeout")
 
 
-def parse_size(text: str) -> int | None:
-    """PVE::JSONSchema::parse_size: ``<n>[KMGT]`` → bytes."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT])?", text)
-    if not m:
-        return None
-    mult = {None: 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}[m.group(2)]
-    return int(float(m.group(1)) * mult)
-
-
-def format_size(size: int) -> str:
-    """PVE::JSONSchema::format_size: largest unit that divides exactly."""
-    size = int(size)
-    for unit, div in (("T", 1024**4), ("G", 1024**3), ("M", 1024**2), ("K", 1024)):
-        if size % div == 0:
-            return f"{size // div}{unit}"
-    return str(size)
-
-
 def normalize_tags(text: str) -> str:
     """facts: Tags - split on ``;`` ``,`` space, lower-case, de-duplicate, sort, ``;``-join."""
     return ";".join(sorted({t.lower() for t in split_list(text)}))
-
-
-DISK_RE = re.compile(r"(ide|scsi|sata|virtio|efidisk|tpmstate|unused)\d+")
 
 
 def hash_password(text: str, ostype: str | None = None) -> str:
@@ -239,42 +221,6 @@ class VM:
         return d
 
 
-@dataclass
-class Task:
-    upid: str
-    node: str
-    pid: int
-    pstart: int
-    starttime: int
-    type: str
-    id: str
-    user: str
-    visible_at: float  # monotonic seconds
-    status: str = "running"
-    exitstatus: str | None = None
-    endtime: int | None = None
-    lines: list[str] = field(default_factory=list)
-    warnings: int = 0  # ``warn`` in a worker: "WARN: <text>" lines, the task ends "WARNINGS: n"
-
-    def warn(self, text: str) -> None:
-        self.lines.append(f"WARN: {text}")
-        self.warnings += 1
-
-    def status_json(self) -> dict:
-        user, _, tokenid = self.user.partition("!")
-        d: dict[str, Any] = {"upid": self.upid, "node": self.node, "pid": self.pid, "pstart": self.pstart,
-                             "starttime": self.starttime, "type": self.type, "id": self.id, "user": user,
-                             "status": self.status}
-        if tokenid:
-            d["tokenid"] = tokenid
-        if self.status == "stopped":
-            d["exitstatus"] = self.exitstatus
-        return d
-
-    def to_json(self) -> dict:
-        return {**self.status_json(), "endtime": self.endtime, "log": list(self.lines)}
-
-
 class FLock:
     """The per-VM config flock (``/var/lock/qemu-server/lock-<vmid>.conf``), shared or exclusive."""
 
@@ -311,15 +257,6 @@ class FLock:
             yield
         finally:
             await self.release(shared=shared)
-
-
-@dataclass
-class TaskPlan:
-    """What a worker does: ``run`` does the checks and the work (raising PveError to fail),
-    ``cleanup`` runs when the task did not succeed (e.g. remove a clone's placeholder config)."""
-
-    run: Callable[["Task"], Awaitable[None]]
-    cleanup: Callable[[], None] | None = None
 
 
 class Cluster:

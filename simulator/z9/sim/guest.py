@@ -1252,5 +1252,3 @@ def _ip(ctx: ExecContext) -> ExecResult:
         return ExecResult(0, out="".join(lines))
     return ExecResult(1, err='Object "' + (args[0] if args else "") + '" is unknown, try "ip help".\n')
 
-
-from . import kubeadm as _kubeadm  # noqa: E402,F401  (registers the kubeadm/kubectl command models)

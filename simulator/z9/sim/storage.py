@@ -73,10 +73,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .disks import DISK_RE, parse_size
 from .errors import PveError, param_error
+from .tasks import TaskPlan
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .cluster import Cluster, Task
+    from .cluster import Cluster
+    from .tasks import Task
 
 GiB = 1024**3
 ISO_EXT_RE = re.compile(r"[^/]+\.(?:iso|img)$", re.I)
@@ -219,7 +222,6 @@ class Storage:
         ``base-<vmid>-disk-N`` among them (owned by the template: ``qm template`` renamed its disks,
         LvmThinPlugin.pm / RBDPlugin.pm create_base). ``linked``: also linked clones named after their
         base (``base-…/vm-…``, rbd); an lvmthin linked clone is an ordinary ``vm-…`` volume."""
-        from .cluster import DISK_RE, parse_size
 
         shared = self.definition(sid).shared
         for vm in sorted(self.cluster.vms.values(), key=lambda x: x.vmid):
@@ -355,7 +357,6 @@ class Storage:
                                                       else content, data, int(time.time()))
             task.lines.append("finished file import successfully")
 
-        from .cluster import TaskPlan
 
         return self.cluster.spawn(received_on, "imgcopy", "", user, TaskPlan(run), fail)
 
@@ -386,7 +387,6 @@ class Storage:
                 task.warn(f"disk image '{self._path(sdef, volname)}' does not exist")
             task.lines.append(f"Removed volume '{volid}'")
 
-        from .cluster import TaskPlan
 
         upid = self.cluster.spawn(node, "imgdel", sid, user, TaskPlan(run), fail)
         delay = params.get("delay")

@@ -43,7 +43,7 @@ JOBS_CHANNEL = "z9_jobs"  # payload: the region whose jobs became claimable
 SCHEDULER_CHANNEL = "z9_scheduler"  # a job entered `retry`; the scheduler recomputes its sleep
 JOB_CHANGED_CHANNEL = "z9_job_changed"
 """Payload: the id of a job whose status or steps changed. Sent by the very statements that
-change them (``pg_notify`` in queries.sql: claim, progress, finish, retry, promotion, reclaim),
+change them (``pg_notify`` in queries/jobs.sql: claim, progress, finish, retry, promotion, reclaim),
 so it costs no extra commit; the API's long-poll (``GET /v1/jobs/{id}?wait_s=``) listens."""
 
 PLAN_CACHE_MODE: str | None = "force_custom_plan"

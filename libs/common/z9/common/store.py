@@ -1,4 +1,5 @@
-"""Typed wrappers around the named queries of ``queries.sql``: one function per query.
+"""Typed wrappers around the named queries of the generic tables (``queries/<table>.sql``; each
+resource type's are its slice's ``store.py``): one function per query.
 
 Every function takes ``db`` — an asyncpg ``Connection`` or ``Pool`` — as its first argument and
 returns models (``Job``, ``Server``) or plain values. Fenced job writes take a :class:`Lease` and
@@ -12,7 +13,6 @@ errors (see :func:`_boundary`) — a unique violation becomes
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import hashlib
@@ -26,10 +26,10 @@ from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Protocol
 import asyncpg
 
 from .db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS
-from .errors import (CheckViolation, ConstraintViolation, DatabaseUnavailable, ExclusionViolation, LeaseLost, LockWaitTimeout,
-                     PoolConfigError, UniqueViolation)
+from .errors import (CheckViolation, ConstraintViolation, DatabaseUnavailable, ExclusionViolation, LeaseLost,
+                     LockWaitTimeout, UniqueViolation)
 from .ids import new_id
-from .models import Address, Cluster, Job, LoadBalancer, Server
+from .models import Job
 from .labels import Selector
 from .requestctx import current_actor, current_request_id
 from .sql import NULL, q, ql, qt
@@ -182,43 +182,6 @@ async def idempotency_insert(
 
 
 # ---------------------------------------------------------------- servers
-
-async def server_insert(db: DB, *, tenant_id: str, region: str, name: str, image: str, cores: int,
-                        memory_mib: int, disk_gib: int, ssh_keys: list[str]) -> Server:
-    """A new ``creating`` server. Raises UniqueViolation (servers_tenant_name_live) when the tenant already has
-    a live server of that name."""
-    row = await db.fetchrow(q("server_insert"), new_id("srv"), tenant_id, region, name, image,
-                            cores, memory_mib, disk_gib, ssh_keys)
-    return Server.from_record(row)
-
-
-async def server_insert_with_job(db: DB, *, tenant_id: str, region: str, name: str, image: str, cores: int,
-                                 memory_mib: int, disk_gib: int, ssh_keys: list[str],
-                                 job: NewJob) -> tuple[Server, dict[str, Any]]:
-    """A new ``creating`` server and its job (``job``: kind, args, max_attempts, trace_context;
-    region, tenant and resource come from the server) in one statement, without NOTIFY.
-    Returns (server, job brief ``{id, kind, status}``). Raises UniqueViolation (servers_tenant_name_live)
-    when the tenant already has a live server of that name (nothing is written)."""
-    row = await db.fetchrow(q("server_insert_with_job"), new_id("srv"), tenant_id, region, name, image,
-                            cores, memory_mib, disk_gib, ssh_keys, new_id("job"), job.kind, job.args or {},
-                            job.max_attempts, job.trace_context, job.actor_token_id, job.request_id)
-    return Server.from_record(row), {"id": row["job_id"], "kind": row["job_kind"], "status": row["job_status"]}
-
-
-async def server_get(db: DB, server_id: str, tenant_id: str | None = None) -> Server | None:
-    """The server, scoped to ``tenant_id`` when given; None when absent (or another tenant's)."""
-    if tenant_id is None:
-        row = await db.fetchrow(q("server_get_any"), server_id)
-    else:
-        row = await db.fetchrow(q("server_get"), server_id, tenant_id)
-    return Server.from_record(row) if row else None
-
-
-async def server_observed(db: DB, server_id: str, *, vmid: int | None, node: str | None,
-                          power_state: str | None) -> Server | None:
-    """Write the VM facts verify observed (the status: ``ResourceType.observed``)."""
-    row = await db.fetchrow(q("server_observed"), server_id, vmid, node, power_state)
-    return Server.from_record(row) if row else None
 
 
 # ---------------------------------------------------------------- resource lifecycle
@@ -453,12 +416,12 @@ async def job_list(db: DB, tenant_id: str, *, resource_id: str | None = None, af
 
 async def jobs_unblock_now(db: DB) -> None:
     """In a transaction that ended jobs with a resource: make the jobs waiting on them claimable
-    now rather than at commit (see ``jobs_unblock_now`` in queries.sql)."""
+    now rather than at commit (see ``jobs_unblock_now`` in queries/jobs.sql)."""
     await db.execute(q("jobs_unblock_now"))
 
 
 async def jobs_unblock_missed(db: DB, limit: int = 1000) -> list[Any]:
-    """Blocked pending jobs nothing blocks any more → claimable (rows: id, region); see queries.sql."""
+    """Blocked pending jobs nothing blocks any more → claimable (rows: id, region); see queries/jobs.sql."""
     return await db.fetch(q("jobs_unblock_missed"), limit)
 
 
@@ -568,7 +531,7 @@ async def _transaction(db: DB) -> AsyncIterator[Any]:
 
 def job_claim_sql(region: str, limit: int, owner: str, lease_ttl_s: float, now: datetime | None = None) -> str:
     """The claim of one region as a statement without parameters (values as literals, see
-    ``job_claim`` in queries.sql and :func:`z9.common.sql.ql`): planned once per connection for
+    ``job_claim`` in queries/jobs.sql and :func:`z9.common.sql.ql`): planned once per connection for
     its real ``LIMIT`` instead of on every execution. ``now`` None (production) is the literal
     ``NULL``, one text for every claim; a test clock's time makes a statement of its own."""
     if not isinstance(limit, int) or limit < 1:
@@ -713,277 +676,12 @@ async def job_oldest_pending_age(db: DB, regions: list[str], *, now: datetime | 
 
 # ---------------------------------------------------------------- address pools and addresses
 
-async def address_pools_sync(conn: asyncpg.Connection, regions: dict[str, Any]) -> dict[str, str]:
-    """Write the address pools of ``regions`` (``{region: RegionSettings}``) to ``address_pools``
-    and their allocatable IPs to ``address_pool_ips``, in one transaction under an advisory lock
-    (API processes starting together sync one after the other). A pool left out of its region's
-    settings is disabled, not deleted. Returns ``{"region/name": pool id}``.
-
-    Raises :class:`PoolConfigError` naming both pools when the database refuses a pool as
-    overlapping another enabled pool of its region (``address_pools_no_overlap``)."""
-    ids: dict[str, str] = {}
-    async with conn.transaction():
-        await conn.execute(q("address_pools_sync_wait"))  # a peer's sync is waited for, not given up on
-        await conn.execute(q("address_pools_sync_lock"))
-        for region, rs in sorted(regions.items()):
-            await conn.execute(q("address_pools_retire_region"), region)
-            for pool in rs.address_pools:
-                first, last = pool.first_last
-                try:
-                    async with conn.transaction():
-                        pid = await conn.fetchval(
-                            q("address_pool_upsert"), new_id("apl"), region, pool.name, pool.family,
-                            pool.cidr, pool.gateway, first, last, list(pool.reserved), pool.bridge,
-                            pool.vlan, list(pool.nameservers), pool.quarantine_s)
-                except asyncpg.ExclusionViolationError:
-                    others = await conn.fetch(q("address_pool_overlapping"), region, pool.cidr, pool.name)
-                    names = ", ".join(f"{r['name']!r} ({r['cidr']})" for r in others) or "another pool"
-                    raise PoolConfigError(
-                        f"address pool {pool.name!r} ({pool.cidr}) of region {region} overlaps "
-                        f"address pool {names}: pools of one region must not overlap") from None
-                await conn.execute(q("address_pool_ips_prune"), pid)
-                await conn.execute(q("address_pool_ips_fill"), pid)
-                ids[f"{region}/{pool.name}"] = pid
-    return ids
-
-
-async def address_pool_list(db: DB, region: str | None = None) -> list[dict[str, Any]]:
-    """The enabled pools (of ``region``), with ``size`` (allocatable IPs) and ``used``."""
-    return [dict(r) for r in await db.fetch(q("address_pool_list"), region)]
-
-
-async def address_pool_pick(db: DB, region: str, family: int, name: str | None) -> list[dict[str, Any]]:
-    """Candidate pools for an allocation (see the query); the first is the one to use when
-    ``name`` is given or the first is named ``public`` or it is the only one."""
-    return [dict(r) for r in await db.fetch(q("address_pool_pick"), region, family, name)]
-
-
-# How long an allocation that found every free row of its pool held by allocations in flight
-# waits for them (they commit: exhausted; one rolls back: its row is free again), in steps.
-IN_FLIGHT_WAITS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.3)
-
-
-async def _allocating(db: DB, attempt: Any, pool_id: str | None, region: str | None = None,
-                      family: int | None = None, name: str | None = None) -> Any:
-    """``attempt()`` (an allocating statement taking the lowest free row with SKIP LOCKED), again
-    while it finds nothing but the pool still has free rows that allocations in flight hold: a
-    request refused as ``pool_exhausted`` only because a competitor that later rolled back held
-    the last free IP for a moment was a false answer. Gives up (None) once the pool has no such
-    row, or after ``IN_FLIGHT_WAITS_S``."""
-    got = await attempt()
-    for delay in IN_FLIGHT_WAITS_S:
-        if got is not None or not await db.fetchval(q("address_pool_in_flight"), pool_id, region, family, name):
-            return got
-        await asyncio.sleep(delay)
-        got = await attempt()
-    return got
-
-
-async def address_allocate(db: DB, *, pool_id: str, tenant_id: str, kind: str, name: str | None = None,
-                           dns_ptr: str | None = None, protect_delete: bool = False,
-                           auto_delete: bool = False, server_id: str | None = None,
-                           address_id: str | None = None) -> Address | None:
-    """A new ``creating`` address holding the lowest free IP of ``pool_id`` (one statement; call
-    it in the transaction that also inserts the job using it). None: the pool has no free IP.
-    Raises asyncpg.UniqueViolationError when the name is taken, or the server already has a
-    primary address of that family (``addresses_primary_per_server``)."""
-    aid = address_id or new_id("adr")
-    row = await _allocating(db, lambda: db.fetchrow(q("address_allocate"), aid, pool_id, tenant_id, kind, name,
-                                                    dns_ptr, protect_delete, auto_delete, server_id), pool_id)
-    return Address.from_record(row) if row else None
-
-
-async def address_release(db: DB, address_id: str) -> list[Any]:
-    """Give the address's IP back to its pool, quarantined; returns the released rows
-    (``ip``, ``reusable_after``)."""
-    return list(await db.fetch(q("address_release"), address_id))
-
-
-async def address_get(db: DB, address_id: str, tenant_id: str | None = None) -> Address | None:
-    """The address, scoped to ``tenant_id`` when given; None when absent (or another tenant's)."""
-    row = await db.fetchrow(q("address_get"), address_id, tenant_id)
-    return Address.from_record(row) if row else None
-
-
-async def address_list(db: DB, tenant_id: str, *, after: str | None = None, status: str | None = None,
-                       region: str | None = None, server_id: str | None = None, limit: int = 100,
-                       name: str | None = None, selector: Selector | None = None,
-                       include_deleted: bool = True) -> list[Address]:
-    """Up to ``limit`` addresses of the tenant ordered by id, after id ``after``, filtered."""
-    rows = await db.fetch(q("address_list"), tenant_id, after, status, region, name,
-                          *(selector or Selector()).params(), server_id, limit, include_deleted)
-    return [Address.from_record(r) for r in rows]
-
-
-async def address_observed(db: DB, address_id: str, observed: dict[str, Any], *, status: str | None = None,
-                           from_statuses: tuple[str, ...] = (), reason: str | None = None) -> Address | None:
-    """Write what verify saw; move to ``status`` only from one of ``from_statuses``; the reason
-    becomes ``reason`` (a conflict) — a deletion's reason is kept when there is none."""
-    row = await db.fetchrow(q("address_observed"), address_id, observed, status, list(from_statuses), reason)
-    return Address.from_record(row) if row else None
-
-
-async def address_deleted(db: DB, address_id: str, observed: dict[str, Any] | None = None) -> list[Any]:
-    """``destroying`` → ``deleted`` and its IP back to the pool, quarantined (one statement);
-    returns the released IPs (none when the address was not ``destroying``)."""
-    return [r["ip"] for r in await db.fetch(q("address_deleted"), address_id, observed)]
-
-
-async def address_pool_nameservers(db: DB, pool_id: str) -> list[str]:
-    """The pool's nameservers, in order, as text."""
-    return list(await db.fetchval(q("address_pool_nameservers"), pool_id) or [])
-
-
-async def addresses_release_for_server(db: DB, server_id: str) -> dict[str, str]:
-    """A server's final delete (after verify saw its VM gone, in its finishing transaction):
-    ``{address id: "deleted" | "unassigned"}`` — auto-delete primaries deleted with their IPs
-    quarantined, every other address of the server unassigned."""
-    return {r["id"]: r["outcome"] for r in await db.fetch(q("addresses_release_for_server"), server_id)}
-
-
-async def address_ip_held_by_other_tenant(db: DB, region: str, ip: str, tenant_id: str) -> bool:
-    """A live address of ``region`` holding ``ip`` belongs to a tenant other than ``tenant_id``."""
-    return bool(await db.fetchval(q("address_ip_held_by_other_tenant"), region, ip, tenant_id))
-
-
-async def lb_insert(db: DB, *, lb_id: str, tenant_id: str, region: str, name: str, type: str, algorithm: str,
-                    services: list[dict[str, Any]], targets: list[dict[str, Any]],
-                    labels: dict[str, str] | None = None) -> LoadBalancer:
-    """A new ``creating`` load balancer (call in the transaction that allocates its addresses and
-    inserts its job). Raises UniqueViolation(load_balancers_tenant_name_live)."""
-    row = await db.fetchrow(q("lb_insert"), lb_id, tenant_id, region, name, type, algorithm, services, targets,
-                            labels or {})
-    return LoadBalancer.from_record(row)
-
-
-async def lb_patch(db: DB, lb_id: str, tenant_id: str, *, name: str | None,
-                   labels: dict[str, str] | None) -> LoadBalancer | None:
-    """``PATCH``: a new name and/or labels (None: unchanged); None when there is no such load
-    balancer not yet deleted. Raises UniqueViolation(load_balancers_tenant_name_live)."""
-    row = await db.fetchrow(q("lb_patch"), lb_id, tenant_id, name, labels)
-    return LoadBalancer.from_record(row) if row else None
-
-
-async def lb_address_allocate(db: DB, *, pool_id: str, lb_id: str, member: str | None,
-                              tenant_id: str) -> Address | None:
-    """An active address of load balancer ``lb_id`` (``member`` None: its VIP) holding the lowest
-    free IP of ``pool_id``; None when the pool has no free IP."""
-    aid = new_id("adr")
-    row = await _allocating(db, lambda: db.fetchrow(q("lb_address_allocate"), aid, pool_id, lb_id, member,
-                                                    tenant_id), pool_id)
-    return Address.from_record(row) if row else None
-
-
-async def lb_set_addresses(db: DB, lb_id: str, addresses: dict[str, Any]) -> LoadBalancer:
-    return LoadBalancer.from_record(await db.fetchrow(q("lb_set_addresses"), lb_id, addresses))
-
-
-async def lb_get_for_update(db: DB, lb_id: str, tenant_id: str) -> LoadBalancer | None:
-    """The tenant's load balancer, its row locked until commit (an action's checks and writes)."""
-    row = await db.fetchrow(q("lb_get_for_update"), lb_id, tenant_id)
-    return LoadBalancer.from_record(row) if row else None
-
-
-async def lb_change(db: DB, lb_id: str, *, services: list[dict[str, Any]], targets: list[dict[str, Any]],
-                    algorithm: str) -> LoadBalancer:
-    row = await db.fetchrow(q("lb_change"), lb_id, services, targets, algorithm)
-    return LoadBalancer.from_record(row)
-
-
-async def lb_targeting_server(db: DB, server_id: str) -> list[LoadBalancer]:
-    """Every live load balancer with ``server_id`` among its targets."""
-    return [LoadBalancer.from_record(r) for r in await db.fetch(q("lb_targeting_server"), server_id)]
-
-
-async def lb_observed(db: DB, lb_id: str, *, observed: dict[str, Any], health: str, health_detail: dict[str, Any],
-                      config_hash: str | None, status: str | None = None,
-                      from_statuses: tuple[str, ...] = ()) -> LoadBalancer | None:
-    row = await db.fetchrow(q("lb_observed"), lb_id, observed, health, health_detail, config_hash, status,
-                            list(from_statuses))
-    return LoadBalancer.from_record(row) if row else None
-
-
-async def lb_release_addresses(db: DB, lb_id: str) -> list[str]:
-    """A deleted load balancer's addresses: deleted, IPs back to the pool (quarantined)."""
-    return [r["ip"] for r in await db.fetch(q("lb_release_addresses"), lb_id)]
-
-
-async def address_ip_holders(db: DB, ips: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """``{ip: [{"tenant_id", "kind", "region"}, ...]}``: the live addresses of every region holding
-    any of ``ips`` (an IP may be held once per region)."""
-    if not ips:
-        return {}
-    out: dict[str, list[dict[str, Any]]] = {}
-    for r in await db.fetch(q("address_ip_holders"), sorted(set(ips))):
-        out.setdefault(r["ip"], []).append({"tenant_id": r["tenant_id"], "kind": r["kind"], "region": r["region"]})
-    return out
-
-
-async def lb_servers(db: DB, server_ids: list[str]) -> dict[str, dict[str, Any]]:
-    """``{server id: {status, power_state, ip, region}}`` of the servers that exist."""
-    return {r["id"]: dict(r) for r in await db.fetch(q("lb_servers"), server_ids)}
-
-
-async def address_allocate_with_job(db: DB, *, region: str, family: int, pool: str | None, tenant_id: str,
-                                    kind: str, job: NewJob, name: str | None = None, dns_ptr: str | None = None,
-                                    protect_delete: bool = False, auto_delete: bool = False,
-                                    server_id: str | None = None) -> tuple[Address, dict[str, Any]] | None:
-    """The lowest free IP of the region's pool (named ``pool``; unnamed: ``public``, or the only
-    pool of ``family``) as a new ``creating`` address and its job (``job``: kind, args,
-    max_attempts, trace_context, extra_lock_keys; region, tenant and resource come from the
-    address) in one statement, without NOTIFY. None: no such pool, or no free IP (nothing
-    written; :func:`address_pool_pick` tells which). Raises asyncpg.UniqueViolationError (a live
-    name of the tenant, a second primary)."""
-    aid, jid = new_id("adr"), new_id("job")
-    row = await _allocating(db, lambda: db.fetchrow(
-        q("address_allocate_with_job"), aid, region, tenant_id, kind, name, dns_ptr, protect_delete, auto_delete,
-        server_id, jid, job.kind, job.args or {}, job.max_attempts, job.trace_context, list(job.extra_lock_keys),
-        family, pool, job.actor_token_id, job.request_id), None, region, family, pool)
-    if row is None:
-        return None
-    return Address.from_record(row), {"id": row["job_id"], "kind": row["job_kind"], "status": row["job_status"]}
-
-
-async def address_owner(db: DB, address_id: str) -> tuple[str | None, str | None]:
-    """``(load balancer id, cluster id)`` the address belongs to (None, None: its tenant's own)."""
-    row = await db.fetchrow(q("address_owner"), address_id)
-    return (row["load_balancer_id"], row["cluster_id"]) if row else (None, None)
-
-
-async def address_get_for_update(db: DB, address_id: str, tenant_id: str) -> Address | None:
-    """The tenant's address, its row locked until commit (an action's checks and writes)."""
-    row = await db.fetchrow(q("address_get_for_update"), address_id, tenant_id)
-    return Address.from_record(row) if row else None
-
-
-async def address_set_server(db: DB, address_id: str, server_id: str | None) -> Address | None:
-    """Record the server the address should be on (None: none); None when it is being deleted.
-    Raises asyncpg.UniqueViolationError when that server already has a primary of the family."""
-    row = await db.fetchrow(q("address_set_server"), address_id, server_id)
-    return Address.from_record(row) if row else None
-
-
-async def address_patch(db: DB, address_id: str, tenant_id: str, *, name: tuple[str | None] | None = None,
-                        dns_ptr: tuple[str | None] | None = None, protect_delete: bool | None = None,
-                        auto_delete: bool | None = None, labels: dict[str, str] | None = None) -> Address | None:
-    """Change the given fields (``name``/``dns_ptr`` as a 1-tuple, so None can be set); None when
-    the address is absent, another tenant's, or deleted. Raises asyncpg.UniqueViolationError for a
-    live name taken."""
-    row = await db.fetchrow(q("address_patch"), address_id, tenant_id, name is not None, name[0] if name else None,
-                            dns_ptr is not None, dns_ptr[0] if dns_ptr else None, protect_delete, auto_delete, labels)
-    return Address.from_record(row) if row else None
-
 
 async def job_args_merge(db: DB, job_id: str, args: dict[str, Any]) -> None:
     """Add ``args`` to a still pending job's args (in the transaction that inserted it)."""
     await db.execute(q("job_args_merge"), job_id, args)
 
 
-async def address_make_primary(db: DB, address_id: str, server_id: str) -> Address | None:
-    """An unassigned live address becomes ``server_id``'s primary; None otherwise. Raises
-    asyncpg.UniqueViolationError when the server has a primary of that family already."""
-    row = await db.fetchrow(q("address_make_primary"), address_id, server_id)
-    return Address.from_record(row) if row else None
 # ---------------------------------------------------------------- quotas (migration 0011)
 
 QUOTA_KEYS = ("servers", "cores", "memory_mib", "addresses", "load_balancers")
@@ -1017,37 +715,12 @@ async def tenant_quota_usage(db: DB, tenant_id: str) -> dict[str, int]:
     return {k: int(row[k]) for k in QUOTA_KEYS}
 
 
-async def server_get_for_update(db: DB, server_id: str, tenant_id: str) -> Server | None:
-    """The tenant's server, its row locked until commit (an action's checks and writes)."""
-    row = await db.fetchrow(q("server_get_for_update"), server_id, tenant_id)
-    return Server.from_record(row) if row else None
-
-
-async def server_set_sizes(db: DB, server_id: str, *, cores: int, memory_mib: int, disk_gib: int) -> Server:
-    row = await db.fetchrow(q("server_set_sizes"), server_id, cores, memory_mib, disk_gib)
-    return Server.from_record(row)
-
-
-async def server_patch(db: DB, server_id: str, tenant_id: str, *, name: str | None,
-                       labels: dict[str, str] | None) -> Server | None:
-    """Rename / relabel (None: unchanged); None when absent, another tenant's or deleted. Raises
-    UniqueViolation (servers_tenant_name_live) for a live name taken."""
-    row = await db.fetchrow(q("server_patch"), server_id, tenant_id, name, labels)
-    return Server.from_record(row) if row else None
-
-
 # ---------------------------------------------------------------- job actions (cancel, re-run)
 
 async def job_get_for_update(db: DB, job_id: str, tenant_id: str) -> Job | None:
     """The tenant's job, its row locked until commit."""
     row = await db.fetchrow(q("job_get_for_update"), job_id, tenant_id)
     return Job.from_record(row) if row else None
-
-
-async def job_failed_primary_assign_of_server(db: DB, server_id: str, assign_kind: str) -> list[str]:
-    """The failed AddressAssign (``assign_kind``) of the server's primary address, when it is that
-    address's latest job (``job_failed_primary_assign_of_server``)."""
-    return [r["id"] for r in await db.fetch(q("job_failed_primary_assign_of_server"), server_id, assign_kind)]
 
 
 async def job_cancel(db: DB, job_id: str, tenant_id: str, error: dict[str, Any]) -> Job | None:
@@ -1078,98 +751,6 @@ async def job_list_guard_refusals(db: DB, *, region: str | None = None, limit: i
 
 
 # ---------------------------------------------------------------- clusters (issue 11)
-
-async def cluster_insert(db: DB, *, cluster_id: str, tenant_id: str, region: str, name: str, version: str,
-                         image: str, control_plane: dict[str, Any], node_pools: list[dict[str, Any]],
-                         endpoint_address_id: str | None, endpoint_ip: Any,
-                         labels: dict[str, str] | None = None) -> Cluster:
-    """A new ``creating`` cluster. Raises UniqueViolation (clusters_tenant_name_live)."""
-    row = await db.fetchrow(q("cluster_insert"), cluster_id, tenant_id, region, name, version, image, control_plane,
-                            node_pools, endpoint_address_id, endpoint_ip, labels or {})
-    return Cluster.from_record(row)
-
-
-async def cluster_set_labels(db: DB, cluster_id: str, tenant_id: str, labels: dict[str, str]) -> Cluster | None:
-    """New labels (replacing all); None when absent, another tenant's or deleted."""
-    row = await db.fetchrow(q("cluster_set_labels"), cluster_id, tenant_id, labels)
-    return Cluster.from_record(row) if row else None
-
-
-async def cluster_keys_insert(db: DB, cluster_id: str, key_id: str, nonce: bytes, sealed: bytes) -> None:
-    """The cluster's sealed PKI."""
-    await db.execute(q("cluster_keys_insert"), cluster_id, key_id, nonce, sealed)
-
-
-async def cluster_keys_get(db: DB, cluster_id: str) -> tuple[str, bytes, bytes] | None:
-    """``(key_id, nonce, sealed)`` of the cluster's PKI, or None (destroyed)."""
-    row = await db.fetchrow(q("cluster_keys_get"), cluster_id)
-    return (row["key_id"], bytes(row["nonce"]), bytes(row["sealed"])) if row else None
-
-
-async def cluster_keys_get_for_update(conn: asyncpg.Connection, cluster_id: str) -> tuple[str, bytes, bytes] | None:
-    """As :func:`cluster_keys_get`, the row locked (in the caller's transaction)."""
-    row = await conn.fetchrow(q("cluster_keys_get_for_update"), cluster_id)
-    return (row["key_id"], bytes(row["nonce"]), bytes(row["sealed"])) if row else None
-
-
-async def cluster_keys_rotate(conn: asyncpg.Connection, cluster_id: str, key_id: str, nonce: bytes,
-                              sealed: bytes) -> Any:
-    """Write the cluster's PKI with a new users' client CA; when (kubeconfigs minted before: untrusted)."""
-    return await conn.fetchval(q("cluster_keys_rotate"), cluster_id, key_id, nonce, sealed)
-
-
-async def cluster_credential_insert(db: DB, *, serial: str, cluster_id: str, tenant_id: str, token_id: str | None,
-                                    username: str, expires_at: datetime) -> dict[str, Any]:
-    """Record a minted kubeconfig."""
-    return dict(await db.fetchrow(q("cluster_credential_insert"), serial, cluster_id, tenant_id, token_id,
-                                  username, expires_at))
-
-
-async def cluster_credential_list(db: DB, cluster_id: str, tenant_id: str, limit: int = 100) -> list[dict[str, Any]]:
-    """The kubeconfigs minted for the tenant's cluster, newest first, with ``trusted``."""
-    return [dict(r) for r in await db.fetch(q("cluster_credential_list"), cluster_id, tenant_id, limit)]
-
-
-async def cluster_keys_destroy(db: DB, cluster_id: str) -> bool:
-    """Delete the cluster's keys (the delete's finishing transaction); True when there were some."""
-    return await db.fetchrow(q("cluster_keys_destroy"), cluster_id) is not None
-
-
-async def cluster_endpoint_activate(db: DB, address_id: str) -> None:
-    """The endpoint address: active, protected against deletion through /v1/addresses."""
-    await db.execute(q("cluster_endpoint_activate"), address_id)
-
-
-async def cluster_endpoint_release(db: DB, cluster_id: str) -> list[str]:
-    """Delete the cluster's endpoint address and quarantine its IP; the address ids released."""
-    return [r["id"] for r in await db.fetch(q("cluster_endpoint_release"), cluster_id)]
-
-
-async def cluster_get_for_update(db: DB, cluster_id: str, tenant_id: str) -> Cluster | None:
-    """The tenant's cluster, its row locked until commit."""
-    row = await db.fetchrow(q("cluster_get_for_update"), cluster_id, tenant_id)
-    return Cluster.from_record(row) if row else None
-
-
-async def cluster_set_shape(db: DB, cluster_id: str, node_pools: list[dict[str, Any]]) -> Cluster:
-    """The cluster's new node pools; status ``updating``."""
-    return Cluster.from_record(await db.fetchrow(q("cluster_set_shape"), cluster_id, node_pools))
-
-
-async def cluster_members(db: DB, cluster_id: str, members: list[dict[str, Any]], whole: bool) -> Cluster | None:
-    """Record the members a converge saw; ``whole``: every desired member was a Ready node."""
-    row = await db.fetchrow(q("cluster_members"), cluster_id, members, whole)
-    return Cluster.from_record(row) if row else None
-
-
-async def cluster_degraded_reason(db: DB, cluster_id: str, reason: str) -> None:
-    """The reason of a ``degraded`` cluster (what an observation found not Ready)."""
-    await db.execute(q("cluster_degraded_reason"), cluster_id, reason)
-
-
-async def cluster_degraded(db: DB, cluster_id: str, reason: str) -> None:
-    """A failed reconcile of a once-whole cluster: ``degraded`` with the reason."""
-    await db.execute(q("cluster_degraded"), cluster_id, reason)
 
 
 async def jobs_supersede_waiting(db: DB, resource_id: str, by_job: str, kinds: list[str],
@@ -1210,6 +791,12 @@ def _boundary(fn: Any) -> Any:
     return translated
 
 
-for _name, _fn in list(globals().items()):
-    if not _name.startswith("_") and inspect.iscoroutinefunction(_fn) and _fn.__module__ == __name__:
-        globals()[_name] = _boundary(_fn)
+def translate_errors(namespace: dict[str, Any], module: str) -> None:
+    """Put the error boundary around every public coroutine defined in ``module`` (its
+    ``globals()``): this store's, and each resource type's store (``z9.resources.<type>.store``)."""
+    for name, fn in list(namespace.items()):
+        if not name.startswith("_") and inspect.iscoroutinefunction(fn) and fn.__module__ == module:
+            namespace[name] = _boundary(fn)
+
+
+translate_errors(globals(), __name__)

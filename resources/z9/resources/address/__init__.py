@@ -7,7 +7,7 @@ from typing import Any
 
 from z9.common import kinds
 from z9.common.models import Address
-from z9.resources import Buffered, ResourceType, register
+from z9.resources import Buffered, ResourceType, on_final_delete, register
 
 STATUSES = ("creating", "active", "deleting", "destroying", "deleted", "failed")
 
@@ -53,5 +53,22 @@ ADDRESS: ResourceType[Address] = register(ResourceType(
     kinds=(kinds.ADDRESS_CREATE, kinds.ADDRESS_ASSIGN, kinds.ADDRESS_UNASSIGN, kinds.ADDRESS_DELETE),
     deletion=Buffered(first_kind=kinds.ADDRESS_UNASSIGN, final_kind=kinds.ADDRESS_DELETE),
     statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale,
+    # the address's own rules and its holders' (triggers on addresses: a load balancer's or a
+    # cluster's address goes with its owner)
+    deletion_rules=("protected", "must_be_unassigned", "load_balancer_address", "cluster_endpoint"),
     order=20,
 ))
+
+
+async def _server_deleted(conn: Any, server_id: str, max_attempts: int) -> list[Any]:
+    """A server deleted for good (its ServerDelete's finishing transaction, after verify saw the VM
+    gone — never before: a live VM keeps its addresses): its addresses are released — auto-delete
+    primaries deleted with their IPs quarantined, the others unassigned. No job: nothing is on a
+    VM any more."""
+    from z9.resources.address import store as address_store  # the store imports the registry's store
+
+    await address_store.addresses_release_for_server(conn, server_id)
+    return []
+
+
+on_final_delete("server", _server_deleted)

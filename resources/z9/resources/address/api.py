@@ -17,7 +17,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
-from z9.common import kinds, store
+from z9.common import kinds
 from z9.common.errors import CheckViolation, Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.models import Address, Server
 from z9.resources.address import ADDRESS
@@ -25,7 +25,9 @@ from z9.common.settings import Settings
 from z9.common.store import NewJob
 
 from z9.api import quotas, schemas
-from z9.api.resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin, DELETION_RULE_CODES, idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant)
+from z9.api.resources import (POOL, ApiResource, action_transaction, CreateContext, Operation, dump, parse_body, path_id, tenant)
+from z9.resources.address import store as address_store
+from z9.resources.server import store as server_store
 
 DNS_PTR_PATTERN = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?$"
 SERVER_ID = r"^srv_[0-9a-z]{26}$"
@@ -151,7 +153,7 @@ async def pick_pool(conn: Any, settings: Settings, region: str, family: int, nam
                     field: str = "pool", family_field: str = "family") -> dict[str, Any]:
     """The pool an allocation draws from (422 naming the field when there is none or the choice
     is ambiguous: ``field`` and ``family_field`` as the request body names them)."""
-    pools = await store.address_pool_pick(conn, region, family, name)
+    pools = await address_store.address_pool_pick(conn, region, family, name)
     if name is not None:
         if not pools:
             known = ", ".join(p.name for p in settings.regions[region].address_pools
@@ -187,7 +189,7 @@ def _unique(e: UniqueViolation, name: str | None) -> Conflict:
 
 async def _target_server(conn: Any, tenant_id: str, server_id: str, address: Address | None,
                          region: str) -> Server:
-    server = await store.server_get(conn, server_id, tenant_id)
+    server = await server_store.server_get(conn, server_id, tenant_id)
     if server is None:
         raise ValidationFailed(f"server_id: no server {server_id!r}",
                                details=[{"field": "server_id", "message": "unknown server"}])
@@ -204,7 +206,7 @@ async def refuse_owned(conn: Any, address: Address) -> None:
     """409 when the address belongs to another resource (a load balancer's, a cluster's
     endpoint): its owner's VMs hold it, so it is never put on a server (assigned, or made a
     server's primary) — another VM answering for the IP would steal its traffic."""
-    lb_id, cluster_id = await store.address_owner(conn, address.id)
+    lb_id, cluster_id = await address_store.address_owner(conn, address.id)
     if lb_id is not None:
         raise Conflict(f"address {address.id} belongs to load balancer {lb_id}; it is neither assigned nor "
                        "unassigned on its own", code="load_balancer_address")
@@ -233,7 +235,7 @@ async def create(ctx: CreateContext, spec: AddressCreate) -> tuple[Address, dict
         extra = (spec.server_id,)
     kind = kinds.ADDRESS_ASSIGN if spec.server_id else kinds.ADDRESS_CREATE
     try:
-        got = await store.address_allocate_with_job(
+        got = await address_store.address_allocate_with_job(
             ctx.conn, region=spec.region, family=spec.family, pool=spec.pool, tenant_id=ctx.tenant_id,
             kind="floating", name=spec.name, dns_ptr=spec.dns_ptr,
             protect_delete=bool(spec.protection and spec.protection.delete), server_id=spec.server_id,
@@ -255,7 +257,7 @@ def _operations(api: ApiResource) -> list[Operation]:
 
     async def _locked(conn: Any, request: web.Request) -> Address:
         rid = path_id(request, "adr", "address")
-        row = await store.address_get_for_update(conn, rid, tenant(request))
+        row = await address_store.address_get_for_update(conn, rid, tenant(request))
         if row is None:
             raise NotFound(f"no address {rid!r}")
         if row.status in ("deleting", "destroying", "deleted"):
@@ -266,22 +268,10 @@ def _operations(api: ApiResource) -> list[Operation]:
         return row
 
     async def _action(request: web.Request, route: str, body: Any, fn: Any) -> web.Response:
-        settings, pool, tenant_id = request.app[SETTINGS], request.app[POOL], tenant(request)
-        key = idempotency_key(request)
-        req_hash = request_hash(route, [request.match_info["id"], body])
-        async with pool.acquire() as conn, conn.transaction():
-            replay = await idempotency_begin(conn, tenant_id, key, req_hash)
-            if replay is not None:
-                return replay
-            address = await _locked(conn, request)
-            row, kind, args, extra = await fn(conn, settings, tenant_id, address)
-            await room_for_a_job(conn, settings, "address", row.id)
-            job = await store.job_insert(conn, ADDRESS.new_job(row, kind, args=args, extra_lock_keys=extra,
-                                                               max_attempts=settings.max_attempts), notify=False)
-            answer = dump(accepted, {"address": row.public(), "job": job.brief()})
-            await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
-        request.app[NOTIFIER].notify(job.region)
-        return web.json_response(answer, status=202)
+        async def change(conn: Any, settings: Settings, tenant_id: str, rid: str) -> Any:
+            return await fn(conn, settings, tenant_id, await _locked(conn, request))
+
+        return await action_transaction(request, ADDRESS, route, body, change, accepted=accepted)
 
     async def assign(request: web.Request) -> web.Response:
         spec = await parse_body(request, AddressAssign)
@@ -297,14 +287,14 @@ def _operations(api: ApiResource) -> list[Operation]:
                                    "first (with that server stopped)", code="address_already_assigned")
                 _require_stopped(server, "assigning a primary address")
             try:
-                row = await store.address_set_server(conn, a.id, server.id)
+                row = await address_store.address_set_server(conn, a.id, server.id)
             except UniqueViolation as e:
                 raise Conflict(f"server {server.id} already has a primary IPv{a.family} address",
                                code=f"server_has_ipv{a.family}") from e
             except CheckViolation as e:
                 # a rule of the address's owner (addresses_<code>: a cluster's endpoint) refused it
                 code = e.constraint.removeprefix("addresses_")
-                if e.constraint.startswith("addresses_") and code in DELETION_RULE_CODES:
+                if e.constraint.startswith("addresses_") and code in ADDRESS.deletion_rules:
                     raise Conflict(str(e).split("\n")[0], code=code) from e
                 raise
             extra = tuple(s for s in (server.id, a.server_id) if s)
@@ -317,10 +307,10 @@ def _operations(api: ApiResource) -> list[Operation]:
             if a.server_id is None:
                 raise Conflict(f"address {a.id} is not assigned to a server", code="address_not_assigned")
             if a.kind == "primary":
-                server = await store.server_get(conn, a.server_id, tenant_id)
+                server = await server_store.server_get(conn, a.server_id, tenant_id)
                 if server is not None and server.status not in ("deleted", "destroying"):
                     _require_stopped(server, "unassigning its primary address")
-            row = await store.address_set_server(conn, a.id, None)
+            row = await address_store.address_set_server(conn, a.id, None)
             return row, kinds.ADDRESS_UNASSIGN, {}, (a.server_id,)
 
         return await _action(request, "POST /addresses/{id}/actions/unassign", None, fn)
@@ -331,7 +321,7 @@ def _operations(api: ApiResource) -> list[Operation]:
         rid = path_id(request, "adr", "address")
         fields = spec.model_fields_set
         try:
-            row = await store.address_patch(
+            row = await address_store.address_patch(
                 pool, rid, tenant_id,
                 name=(spec.name,) if "name" in fields else None,
                 dns_ptr=(spec.dns_ptr,) if "dns_ptr" in fields else None,
@@ -340,7 +330,7 @@ def _operations(api: ApiResource) -> list[Operation]:
         except UniqueViolation as e:
             raise _unique(e, spec.name)
         if row is None:
-            current = await store.address_get(pool, rid, tenant_id)
+            current = await address_store.address_get(pool, rid, tenant_id)
             if current is None:
                 raise NotFound(f"no address {rid!r}")
             raise Conflict(f"address {rid} is deleted; it cannot be changed", **deleting("address", rid, "deleted"))
@@ -376,7 +366,7 @@ class AddressFilters(BaseModel):
 async def list_rows(db: Any, tenant_id: str, filters: AddressFilters, *, after: str | None, status: str | None,
                     limit: int, name: str | None = None, selector: Any = None,
                     include_deleted: bool = True) -> list[Address]:
-    return await store.address_list(db, tenant_id, after=after, status=status, region=filters.region,
+    return await address_store.address_list(db, tenant_id, after=after, status=status, region=filters.region,
                                     server_id=filters.server_id, limit=limit, name=name, selector=selector,
                                     include_deleted=include_deleted)
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common import kinds, store
+from z9.common import kinds
+from z9.common import store as common_store  # (not `store`: the slice's own store module is z9.resources.cluster.store)
 from z9.common.models import Cluster
 from z9.resources import Immediate, Periodic, ResourceType, register
+from z9.resources.cluster import store as cluster_store
 
 STATUSES = ("creating", "running", "degraded", "updating", "deleting", "destroying", "deleted", "failed")
 
@@ -24,11 +26,11 @@ async def _cancelled(db: Any, row: Cluster, kind: str, reason: str) -> bool:
     the cluster is live to move it on): the cluster is not ``updating`` any more — ``degraded``
     (its members are as they were, not the shape asked for; a resize or a re-run applies it) once
     it was whole, ``failed`` otherwise."""
-    if row.status != "updating" or await store.resource_count_own_live_jobs(db, row.id) > 0:
+    if row.status != "updating" or await common_store.resource_count_own_live_jobs(db, row.id) > 0:
         return False
     reason += "; the node pools asked for are not applied (resize again, or re-run the job)"
     if row.initialized_at is not None:
-        await store.cluster_degraded(db, row.id, reason)
+        await cluster_store.cluster_degraded(db, row.id, reason)
     else:
         await CLUSTER.mark_failed(db, row.id, reason)
     return True

@@ -40,7 +40,11 @@ from z9.common.settings import Settings
 
 from z9.api import quotas, schemas
 from z9.resources.address import api as addresses
-from z9.api.resources import (NOTIFIER, POOL, SETTINGS, clock_of, ApiResource, CreateContext, Operation, dump, idempotency_begin, idempotency_end, idempotency_key, limit_param, parse_body, path_id, request_hash, room_for_a_job, tenant)
+from z9.api.resources import (NOTIFIER, POOL, SETTINGS, clock_of, ApiResource, action_transaction, CreateContext, Operation,
+                              dump, idempotency_begin, idempotency_end, idempotency_key, limit_param, parse_body, path_id,
+                              request_hash, room_for_a_job, tenant)
+from z9.resources.address import store as address_store
+from z9.resources.cluster import store as cluster_store
 
 VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34")
 MAX_POOL_COUNT = 100
@@ -286,7 +290,7 @@ def member_totals(control_plane: dict[str, Any], node_pools: list[dict[str, Any]
 async def _live_cluster_for_update(conn: Any, rid: str, tenant_id: str) -> Cluster:
     """The tenant's cluster, its row locked until commit: 404 when there is none, 409
     ``resource_deleting`` while it is being deleted (the precondition of every cluster action)."""
-    cluster = await store.cluster_get_for_update(conn, rid, tenant_id)
+    cluster = await cluster_store.cluster_get_for_update(conn, rid, tenant_id)
     if cluster is None:
         raise NotFound(f"no cluster {rid!r}")
     if cluster.status in ("deleting", "destroying", "deleted"):
@@ -305,13 +309,13 @@ async def create(ctx: CreateContext, spec: ClusterCreate) -> tuple[Cluster, dict
                                      field="address_pool", family_field="region")
     # its endpoint address counts against the tenant's address quota (as the usage counts it)
     await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1)
-    address = await store.address_allocate(ctx.conn, pool_id=pool["id"], tenant_id=ctx.tenant_id, kind="floating",
+    address = await address_store.address_allocate(ctx.conn, pool_id=pool["id"], tenant_id=ctx.tenant_id, kind="floating",
                                            name=None, protect_delete=True)
     if address is None:
         raise addresses.exhausted(pool)
-    await store.cluster_endpoint_activate(ctx.conn, address.id)
+    await cluster_store.cluster_endpoint_activate(ctx.conn, address.id)
     try:
-        cluster = await store.cluster_insert(
+        cluster = await cluster_store.cluster_insert(
             ctx.conn, cluster_id=cid, tenant_id=ctx.tenant_id, region=spec.region, name=spec.name,
             version=spec.version, image=image, control_plane=spec.control_plane.model_dump(),
             node_pools=[p.model_dump() for p in spec.node_pools], endpoint_address_id=address.id,
@@ -321,7 +325,7 @@ async def create(ctx: CreateContext, spec: ClusterCreate) -> tuple[Cluster, dict
             raise
         raise Conflict(f"a cluster named {spec.name!r} already exists in this tenant; "
                        "choose another name or delete that cluster first", code="uniqueness_error") from e
-    await store.cluster_keys_insert(ctx.conn, cid, *key.seal(cid, pki.new_cluster_pki()))
+    await cluster_store.cluster_keys_insert(ctx.conn, cid, *key.seal(cid, pki.new_cluster_pki()))
     job = await store.job_insert(ctx.conn, CLUSTER.new_job(cluster, kinds.CLUSTER_CREATE,
                                                            max_attempts=ctx.settings.max_attempts), notify=False)
     return cluster, job.brief()
@@ -367,7 +371,7 @@ def actions(api: ApiResource) -> list[Operation]:
         if cluster.initialized_at is None:
             raise Conflict(f"cluster {rid} has not been ready yet (status {cluster.status}); a kubeconfig is "
                            "available once every member first was a Ready node", code="cluster_not_ready")
-        sealed = await store.cluster_keys_get(pool, rid)
+        sealed = await cluster_store.cluster_keys_get(pool, rid)
         if sealed is None:
             raise Conflict(f"cluster {rid} has no keys", **deleting("cluster", rid, cluster.status))
         try:
@@ -381,7 +385,7 @@ def actions(api: ApiResource) -> list[Operation]:
         crt, k, not_after = pki.client_certificate(material[f"{ca}.crt"], material[f"{ca}.key"], cn=user,
                                                    orgs=("kubeadm:cluster-admins",), expiry_s=expiry_s)
         serial = pki.serial_hex(crt)
-        await store.cluster_credential_insert(pool, serial=serial, cluster_id=rid, tenant_id=cluster.tenant_id,
+        await cluster_store.cluster_credential_insert(pool, serial=serial, cluster_id=rid, tenant_id=cluster.tenant_id,
                                               token_id=principal.token_id, username=user, expires_at=not_after)
         text = pki.kubeconfig(cluster.name, cluster.endpoint() or "", material["ca.crt"], crt, k, user)
         body = {"kubeconfig": text, "expires_at": not_after.isoformat().replace("+00:00", "Z"), "user": user,
@@ -393,7 +397,7 @@ def actions(api: ApiResource) -> list[Operation]:
         rid = path_id(request, "k8s", "cluster")
         if await CLUSTER.get(pool, rid, tenant_id) is None:
             raise NotFound(f"no cluster {rid!r}")
-        rows = await store.cluster_credential_list(pool, rid, tenant_id, limit_param(request))
+        rows = await cluster_store.cluster_credential_list(pool, rid, tenant_id, limit_param(request))
         return web.json_response(dump(CredentialList, {"credentials": [
             {"serial": r["serial"], "user": r["username"], "token_id": r["token_id"], "created_at": _ts(r["created_at"]),
              "expires_at": _ts(r["expires_at"]), "trusted": r["trusted"]} for r in rows]}))
@@ -410,7 +414,7 @@ def actions(api: ApiResource) -> list[Operation]:
             if replay is not None:
                 return replay
             cluster = await _live_cluster_for_update(conn, rid, tenant_id)
-            sealed = await store.cluster_keys_get_for_update(conn, rid)
+            sealed = await cluster_store.cluster_keys_get_for_update(conn, rid)
             if sealed is None:
                 raise Conflict(f"cluster {rid} has no keys", **deleting("cluster", rid, cluster.status))
             try:
@@ -423,7 +427,7 @@ def actions(api: ApiResource) -> list[Operation]:
                                "kubeconfigs are signed by the cluster CA, which rotate-credentials does not replace",
                                code="client_ca_unsupported")
             material["client-ca.crt"], material["client-ca.key"] = pki.new_client_ca()
-            await store.cluster_keys_rotate(conn, rid, *ikey.seal(rid, material))
+            await cluster_store.cluster_keys_rotate(conn, rid, *ikey.seal(rid, material))
             await room_for_a_job(conn, settings, "cluster", rid)
             bundle = pki.client_ca_bundle(material) or ""
             job = await store.job_insert(conn, CLUSTER.new_job(
@@ -438,7 +442,7 @@ def actions(api: ApiResource) -> list[Operation]:
         spec = await parse_body(request, ClusterPatch)
         pool, tenant_id = request.app[POOL], tenant(request)
         rid = path_id(request, "k8s", "cluster")
-        row = await store.cluster_set_labels(pool, rid, tenant_id, spec.labels)
+        row = await cluster_store.cluster_set_labels(pool, rid, tenant_id, spec.labels)
         if row is None:
             if await CLUSTER.get(pool, rid, tenant_id) is None:
                 raise NotFound(f"no cluster {rid!r}")
@@ -446,28 +450,16 @@ def actions(api: ApiResource) -> list[Operation]:
         return web.json_response(dump(one, {"cluster": row.public()}))
 
     async def _action(request: web.Request, route: str, body: Any, fn: Any) -> web.Response:
-        settings, pool, tenant_id = request.app[SETTINGS], request.app[POOL], tenant(request)
-        rid = path_id(request, "k8s", "cluster")
-        key = idempotency_key(request)
-        req_hash = request_hash(route, [rid, body])
-        async with pool.acquire() as conn, conn.transaction():
-            replay = await idempotency_begin(conn, tenant_id, key, req_hash)
-            if replay is not None:
-                return replay
+        async def change(conn: Any, settings: Settings, tenant_id: str, rid: str) -> Any:
             cluster = await _live_cluster_for_update(conn, rid, tenant_id)
             pools = fn([dict(p) for p in cluster.node_pools])
             before = member_totals(cluster.control_plane, cluster.node_pools)
             after = member_totals(cluster.control_plane, pools)
             await quotas.check(conn, settings, tenant_id, cores=after[0] - before[0],
                                memory_mib=after[1] - before[1])
-            row = await store.cluster_set_shape(conn, rid, pools)
-            await room_for_a_job(conn, settings, "cluster", rid)
-            job = await store.job_insert(conn, CLUSTER.new_job(row, kinds.CLUSTER_RECONCILE,
-                                                               max_attempts=settings.max_attempts), notify=False)
-            answer = dump(accepted, {"cluster": row.public(), "job": job.brief()})
-            await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
-        request.app[NOTIFIER].notify(job.region)
-        return web.json_response(answer, status=202)
+            return await cluster_store.cluster_set_shape(conn, rid, pools), kinds.CLUSTER_RECONCILE, None, ()
+
+        return await action_transaction(request, CLUSTER, route, body, change, accepted=accepted)
 
     def _find(pools: list[dict[str, Any]], name: str) -> dict[str, Any]:
         for p in pools:

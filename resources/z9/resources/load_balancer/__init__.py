@@ -10,6 +10,7 @@ from typing import Any
 from z9.common import kinds
 from z9.common.models import LoadBalancer
 from z9.resources import Buffered, Periodic, ResourceType, on_final_delete, register
+from z9.resources.load_balancer import store as load_balancer_store
 
 STATUSES = ("creating", "active", "deleting", "destroying", "deleted", "failed")
 
@@ -39,11 +40,10 @@ async def _server_deleted(conn: Any, server_id: str, max_attempts: int) -> list[
     that transaction (its rendering leaves the server out: it reports ``unused``/``server_deleted``
     until the owner removes the target), so no appliance keeps sending traffic to an address a
     new VM may get. A load balancer being deleted is left alone (its appliances are stopped)."""
-    from z9.common import store
 
     return [LOAD_BALANCER.new_job(lb, kinds.LOAD_BALANCER_CONFIGURE, args={"reason": f"server {server_id} deleted"},
                                   max_attempts=max_attempts)
-            for lb in await store.lb_targeting_server(conn, server_id)
+            for lb in await load_balancer_store.lb_targeting_server(conn, server_id)
             if lb.status not in ("deleting", "destroying", "deleted")]
 
 

@@ -41,7 +41,10 @@ from z9.common.settings import Settings
 
 from z9.api import quotas, schemas
 from z9.resources.address.api import exhausted, pick_pool
-from z9.api.resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin, idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant, validation_error)
+from z9.api.resources import (POOL, ApiResource, action_transaction, CreateContext, Operation, dump, parse_body, path_id, tenant, validation_error)
+from z9.resources.address import store as address_store
+from z9.resources.load_balancer import store as load_balancer_store
+from z9.resources.server import store as server_store
 
 SERVER_ID = r"^srv_[0-9a-z]{26}$"
 MAX_TARGETS = 500
@@ -321,7 +324,7 @@ async def _check_server_targets(conn: Any, tenant_id: str, region: str, targets:
     for t in targets:
         if t["type"] != "server":
             continue
-        server = await store.server_get(conn, t["server_id"], tenant_id)
+        server = await server_store.server_get(conn, t["server_id"], tenant_id)
         if server is None:
             raise ValidationFailed(f"targets: no server {t['server_id']!r}",
                                    details=[{"field": "targets", "message": "unknown server"}])
@@ -344,7 +347,7 @@ async def _check_ip_targets(conn: Any, tenant_id: str, region: str, targets: lis
     ips = [t["ip"] for t in targets if t["type"] == "ip"]
     if not ips:
         return
-    holders = await store.address_ip_holders(conn, ips)
+    holders = await address_store.address_ip_holders(conn, ips)
     nets = target_networks(settings.regions, region)
     for ip in ips:
         rule = ip_target_refusal(ip, tenant_id, holders.get(ip), **nets)
@@ -400,7 +403,7 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
     await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1 + APPLIANCES[spec.type], load_balancers=1)
     lb_id = new_id("lb")
     try:
-        lb = await store.lb_insert(ctx.conn, lb_id=lb_id, tenant_id=ctx.tenant_id, region=spec.region,
+        lb = await load_balancer_store.lb_insert(ctx.conn, lb_id=lb_id, tenant_id=ctx.tenant_id, region=spec.region,
                                    name=spec.name, type=spec.type, algorithm=spec.algorithm, services=services,
                                    targets=targets, labels=spec.labels)
     except UniqueViolation as e:
@@ -413,15 +416,15 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
     await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, addresses=1 + len(lb.members))
     addresses: dict[str, Any] = {}
     for member in (None, *lb.members):
-        adr = await store.lb_address_allocate(ctx.conn, pool_id=pool["id"], lb_id=lb.id, member=member,
+        adr = await load_balancer_store.lb_address_allocate(ctx.conn, pool_id=pool["id"], lb_id=lb.id, member=member,
                                               tenant_id=ctx.tenant_id)
         if adr is None:
             raise exhausted(pool)
         gw = adr.gateway
         addresses[member or "vip"] = {"id": adr.id, "ip": adr.ip_text, "prefix": adr.prefix,
                                       "gateway": str(getattr(gw, "ip", gw)) if gw is not None else None}
-    addresses["nameservers"] = await store.address_pool_nameservers(ctx.conn, pool["id"])
-    lb = await store.lb_set_addresses(ctx.conn, lb.id, addresses)
+    addresses["nameservers"] = await address_store.address_pool_nameservers(ctx.conn, pool["id"])
+    lb = await load_balancer_store.lb_set_addresses(ctx.conn, lb.id, addresses)
     _check_not_own_address(lb, targets)
     job = await store.job_insert(ctx.conn, LOAD_BALANCER.new_job(lb, kinds.LOAD_BALANCER_CREATE,
                                                                  max_attempts=ctx.settings.max_attempts),
@@ -527,15 +530,8 @@ def _operations(api: ApiResource) -> list[Operation]:
     id_doc = "the load balancer's id (lb_…)"
 
     async def _action(request: web.Request, route: str, body: Any, fn: Any) -> web.Response:
-        settings, pool, tenant_id = request.app[SETTINGS], request.app[POOL], tenant(request)
-        key = idempotency_key(request)
-        req_hash = request_hash(route, [request.match_info["id"], body])
-        async with pool.acquire() as conn, conn.transaction():
-            replay = await idempotency_begin(conn, tenant_id, key, req_hash)
-            if replay is not None:
-                return replay
-            rid = path_id(request, "lb", "load balancer")
-            lb = await store.lb_get_for_update(conn, rid, tenant_id)
+        async def change(conn: Any, settings: Settings, tenant_id: str, rid: str) -> Any:
+            lb = await load_balancer_store.lb_get_for_update(conn, rid, tenant_id)
             if lb is None:
                 raise NotFound(f"no load balancer {rid!r}")
             if lb.status in ("deleting", "destroying", "deleted"):
@@ -545,16 +541,11 @@ def _operations(api: ApiResource) -> list[Operation]:
             services = [dict(s) for s in lb.services]
             targets = [dict(t) for t in lb.targets]
             algorithm = await fn(conn, settings, tenant_id, lb, services, targets)
-            row = await store.lb_change(conn, lb.id, services=services, targets=targets,
-                                        algorithm=algorithm or lb.algorithm)
-            await room_for_a_job(conn, settings, "load balancer", row.id)
-            job = await store.job_insert(conn, LOAD_BALANCER.new_job(row, kinds.LOAD_BALANCER_CONFIGURE,
-                                                                     max_attempts=settings.max_attempts),
-                                         notify=False)
-            answer = dump(accepted, {"load_balancer": row.public(), "job": job.brief()})
-            await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
-        request.app[NOTIFIER].notify(job.region)
-        return web.json_response(answer, status=202)
+            row = await load_balancer_store.lb_change(conn, lb.id, services=services, targets=targets,
+                                                      algorithm=algorithm or lb.algorithm)
+            return row, kinds.LOAD_BALANCER_CONFIGURE, None, ()
+
+        return await action_transaction(request, LOAD_BALANCER, route, body, change, accepted=accepted)
 
     async def add_target(request: web.Request) -> web.Response:
         spec = await parse_body(request, TargetBody)
@@ -649,7 +640,7 @@ def _operations(api: ApiResource) -> list[Operation]:
         pool, tenant_id = request.app[POOL], tenant(request)
         rid = path_id(request, "lb", "load balancer")
         try:
-            row = await store.lb_patch(pool, rid, tenant_id, name=spec.name, labels=spec.labels)
+            row = await load_balancer_store.lb_patch(pool, rid, tenant_id, name=spec.name, labels=spec.labels)
         except UniqueViolation as e:
             if e.constraint != "load_balancers_tenant_name_live":
                 raise

@@ -7,6 +7,7 @@ from typing import Any
 from z9.common import kinds
 from z9.common.models import Server
 from z9.resources import Buffered, ResourceType, register
+from z9.resources.server import store as server_store
 
 STATUSES = ("creating", "running", "stopped", "deleting", "destroying", "deleted", "failed")
 
@@ -46,9 +47,7 @@ async def rerun_with(db: Any, server: Server, kind: str) -> list[str]:
     request made both: wait means ready, and the address's IP filter is that job's work)."""
     if kind != kinds.SERVER_CREATE:
         return []
-    from z9.common import store  # the store imports this registry
-
-    return await store.job_failed_primary_assign_of_server(db, server.id, kinds.ADDRESS_ASSIGN)
+    return await server_store.job_failed_primary_assign_of_server(db, server.id, kinds.ADDRESS_ASSIGN)
 
 
 SERVER: ResourceType[Server] = register(ResourceType(

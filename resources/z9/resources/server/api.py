@@ -17,6 +17,8 @@ from z9.api import quotas, schemas
 from z9.resources.address import api as addresses
 from z9.resources.server import api_actions as server_actions
 from z9.api.resources import ApiResource, CreateContext
+from z9.resources.address import store as address_store
+from z9.resources.server import store as server_store
 
 EXAMPLE: dict[str, Any] = {
     "id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y", "name": "web-1", "region": "dev-1", "image": "debian-12",
@@ -62,7 +64,7 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
         server, brief = await _insert(ctx, spec, job)
         address = await _primary(ctx, spec, server)
         network = {"ipconfig0": address.ipconfig0()}
-        nameservers = await store.address_pool_nameservers(ctx.conn, address.pool_id)
+        nameservers = await address_store.address_pool_nameservers(ctx.conn, address.pool_id)
         if nameservers:
             network["nameserver"] = " ".join(nameservers)
         await store.job_args_merge(ctx.conn, brief["id"], network)
@@ -76,7 +78,7 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
 
 async def _insert(ctx: CreateContext, spec: schemas.ServerCreate, job: NewJob) -> tuple[Server, dict[str, Any]]:
     try:
-        return await store.server_insert_with_job(
+        return await server_store.server_insert_with_job(
             ctx.conn, tenant_id=ctx.tenant_id, region=spec.region, name=spec.name, image=spec.image,
             cores=spec.cores, memory_mib=spec.memory_mib, disk_gib=spec.disk_gib, ssh_keys=spec.ssh_keys, job=job)
     except UniqueViolation as e:
@@ -90,13 +92,13 @@ async def _primary(ctx: CreateContext, spec: schemas.ServerCreate, server: Serve
     """The server's primary IPv4 address: allocated now, or the unassigned address given."""
     if spec.public_ipv4 is True:
         pool = await addresses.pick_pool(ctx.conn, ctx.settings, spec.region, 4, None)
-        got = await store.address_allocate(ctx.conn, pool_id=pool["id"], tenant_id=ctx.tenant_id, kind="primary",
+        got = await address_store.address_allocate(ctx.conn, pool_id=pool["id"], tenant_id=ctx.tenant_id, kind="primary",
                                            auto_delete=True, server_id=server.id)
         if got is None:
             raise addresses.exhausted(pool)
         return got
     aid = str(spec.public_ipv4)
-    got = await store.address_get_for_update(ctx.conn, aid, ctx.tenant_id)
+    got = await address_store.address_get_for_update(ctx.conn, aid, ctx.tenant_id)
     if got is None:
         raise ValidationFailed(f"public_ipv4: no address {aid!r}",
                                details=[{"field": "public_ipv4", "message": "unknown address"}])
@@ -112,7 +114,7 @@ async def _primary(ctx: CreateContext, spec: schemas.ServerCreate, server: Serve
     if got.server_id is not None:
         raise Conflict(f"address {aid} is assigned to server {got.server_id}; unassign it first",
                        code="address_already_assigned")
-    made = await store.address_make_primary(ctx.conn, aid, server.id)
+    made = await address_store.address_make_primary(ctx.conn, aid, server.id)
     assert made is not None
     return made
 

@@ -28,7 +28,8 @@ from z9.resources.server import SERVER
 from z9.common.settings import Settings
 
 from z9.api import quotas, schemas
-from z9.api.resources import (NOTIFIER, POOL, SETTINGS, ApiResource, Operation, dump, idempotency_begin, idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job, tenant)
+from z9.api.resources import POOL, ApiResource, action_transaction, Operation, dump, parse_body, path_id, tenant
+from z9.resources.server import store as server_store
 
 LIVE = ("creating", "running", "stopped", "failed")
 
@@ -94,27 +95,15 @@ def operations(api: ApiResource) -> list[Operation]:
     job_ref = {"id": "job_01jd3x5v8q2m6n4p7r9s1t3w5y", "status": "pending"}
 
     async def _action(request: web.Request, route: str, body: Any, fn: Any) -> web.Response:
-        settings, pool, tenant_id = request.app[SETTINGS], request.app[POOL], tenant(request)
-        rid = path_id(request, "srv", "server")
-        key = idempotency_key(request)
-        req_hash = request_hash(route, [rid, body])
-        async with pool.acquire() as conn, conn.transaction():
-            replay = await idempotency_begin(conn, tenant_id, key, req_hash)
-            if replay is not None:
-                return replay
-            server = await store.server_get_for_update(conn, rid, tenant_id)
+        async def change(conn: Any, settings: Settings, tenant_id: str, rid: str) -> Any:
+            server = await server_store.server_get_for_update(conn, rid, tenant_id)
             if server is None:
                 raise NotFound(f"no server {rid!r}")
             _require_live(server)
             row, kind, args = await fn(conn, settings, tenant_id, server)
-            await room_for_a_job(conn, settings, "server", row.id)
-            job = await store.job_insert(conn, SERVER.new_job(row, kind, args=args, max_attempts=settings.max_attempts),
-                                         notify=False)
-            row = await SERVER.get(conn, row.id)
-            answer = dump(accepted, {"server": row.public(), "job": job.brief()})
-            await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
-        request.app[NOTIFIER].notify(job.region)
-        return web.json_response(answer, status=202, headers={"Location": f"/v1/jobs/{job.id}"})
+            return row, kind, args, ()
+
+        return await action_transaction(request, SERVER, route, body, change, accepted=accepted, reread=True)
 
     def power(action: str) -> Any:
         kind, args, _ = POWER[action]
@@ -150,7 +139,7 @@ def operations(api: ApiResource) -> list[Operation]:
                 _require_stopped(server, "changing cores or memory")
             await quotas.check(conn, settings, tenant_id, cores=cores - server.cores,
                                memory_mib=memory - server.memory_mib)
-            row = await store.server_set_sizes(conn, server.id, cores=cores, memory_mib=memory, disk_gib=disk)
+            row = await server_store.server_set_sizes(conn, server.id, cores=cores, memory_mib=memory, disk_gib=disk)
             if never_made:  # the request's network (cloud-init ipconfig0) kept, the rest the row's intent
                 asked = await store.resource_latest_job_args(conn, server.id, kinds.SERVER_CREATE) or {}
                 return row, kinds.SERVER_CREATE, SERVER.intent(row, kinds.SERVER_CREATE, dict(asked))  # type: ignore[misc]
@@ -163,13 +152,13 @@ def operations(api: ApiResource) -> list[Operation]:
         pool, tenant_id = request.app[POOL], tenant(request)
         rid = path_id(request, "srv", "server")
         try:
-            row = await store.server_patch(pool, rid, tenant_id, name=spec.name, labels=spec.labels)
+            row = await server_store.server_patch(pool, rid, tenant_id, name=spec.name, labels=spec.labels)
         except UniqueViolation as e:
             if e.constraint != "servers_tenant_name_live":
                 raise
             raise Conflict(f"a server named {spec.name!r} already exists in this tenant", code="uniqueness_error")
         if row is None:
-            if await store.server_get(pool, rid, tenant_id) is None:
+            if await server_store.server_get(pool, rid, tenant_id) is None:
                 raise NotFound(f"no server {rid!r}")
             raise Conflict(f"server {rid} is deleted; it cannot be changed", **deleting("server", rid, "deleted"))
         row = await SERVER.get(pool, rid, tenant_id)

@@ -33,6 +33,7 @@ from z9 import resources
 from .openapi import openapi_document
 from .resources import (CLOCK, NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, bool_param, dump,
                         limit_param, resource_operations, tenant)
+from z9.resources.address import store as address_store
 
 log = logging.getLogger("z9.api")
 
@@ -291,7 +292,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None, clock: C
         app[NOTIFIER] = JobNotifier(app[POOL])
         try:
             async with app[POOL].acquire() as conn:  # the address pools of Z9_REGIONS (migration 0005)
-                await store.address_pools_sync(conn, settings.regions)
+                await address_store.address_pools_sync(conn, settings.regions)
         except BaseException:
             if pool is None:
                 await app[POOL].close()

@@ -212,6 +212,41 @@ async def room_for_a_job(conn: Any, settings: Settings, name: str, rid: str) -> 
                        "retry once they have finished (GET /v1/jobs?resource_id=...)")
 
 
+ActionChange = Callable[[Any, Settings, str, str], Awaitable[tuple[Any, str, "dict[str, Any] | None", tuple[str, ...]]]]
+"""What an action changes, in its transaction: ``change(conn, settings, tenant id, resource id)
+-> (row, job kind, job args, extra lock keys)`` — locks and checks the row (404, 409), writes its
+new intent, and names the job that makes it true."""
+
+
+async def action_transaction(request: web.Request, rtype: Any, route: str, body: Any, change: ActionChange, *,
+                             accepted: type[BaseModel], reread: bool = False) -> web.Response:
+    """The one transaction of every resource action (``POST /v1/<plural>/{id}/actions/<verb>``):
+    the path id (404 when not one of the type's), the Idempotency-Key (a replay answers as the
+    first request did), the type's ``change``, room for one more live job (409), the job itself,
+    the 202 answer ``{<type>: row, job}`` stored for replays — one commit — and NOTIFY after it,
+    with ``Location: /v1/jobs/{id}``. ``reread``: the row is read again after the job's insert
+    (what its insert changed on the row shows in the answer)."""
+    settings, pool, tenant_id = request.app[SETTINGS], request.app[POOL], tenant(request)
+    noun = rtype.name.replace("_", " ")
+    rid = path_id(request, rtype.prefix, noun)
+    key = idempotency_key(request)
+    req_hash = request_hash(route, [rid, body])
+    async with pool.acquire() as conn, conn.transaction():
+        replay = await idempotency_begin(conn, tenant_id, key, req_hash)
+        if replay is not None:
+            return replay
+        row, kind, args, extra = await change(conn, settings, tenant_id, rid)
+        await room_for_a_job(conn, settings, noun, row.id)
+        job = await store.job_insert(conn, rtype.new_job(row, kind, args=args, extra_lock_keys=extra,
+                                                         max_attempts=settings.max_attempts), notify=False)
+        if reread:
+            row = await rtype.get(conn, row.id)
+        answer = dump(accepted, {rtype.name: row.public(), "job": job.brief()})
+        await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
+    request.app[NOTIFIER].notify(job.region)
+    return web.json_response(answer, status=202, headers={"Location": f"/v1/jobs/{job.id}"})
+
+
 # ---------------------------------------------------------------------------------- Idempotency-Key
 
 def idempotency_key(request: web.Request) -> str | None:
@@ -257,9 +292,6 @@ def _replay(prior: Any, req_hash: bytes) -> web.Response:
 
 # ---------------------------------------------------------------------------------- generic handlers
 
-DELETION_RULE_CODES = ("protected", "must_be_unassigned", "load_balancer_address", "cluster_endpoint")
-"""409 codes a table's own deletion rule may raise (a trigger's ``check_violation`` with
-``CONSTRAINT = '<table>_<code>'``)."""
 
 
 def _rule_message(e: Exception) -> str:
@@ -413,7 +445,7 @@ def _delete_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
                 # a table's own deletion rule refused: its constraint is named <table>_<code>
                 # (addresses_protected → 409 protected, addresses_must_be_unassigned → …)
                 name = e.constraint
-                if name.startswith(rt.table + "_") and name[len(rt.table) + 1:] in DELETION_RULE_CODES:
+                if name.startswith(rt.table + "_") and name[len(rt.table) + 1:] in rt.deletion_rules:
                     raise Conflict(_rule_message(e), code=name[len(rt.table) + 1:]) from e
                 raise
             if row is None:

@@ -4,7 +4,7 @@ steps change, or after N seconds (at most 60) with the job as it is.
 How: one ``LISTEN z9_job_changed`` connection per API process (:class:`JobWaiters`), opened
 through :func:`z9.common.db.connect_listener` like the executor's. The executor, scheduler and
 API write a job's status and steps in statements that also ``pg_notify`` the job id (see the
-head of ``queries.sql``), so a change costs no extra commit. Waiters are coalesced per job id:
+head of ``queries/jobs.sql``), so a change costs no extra commit. Waiters are coalesced per job id:
 however many requests wait on one job, they share one slot, woken by one notification.
 
 A waiter registers its slot *before* it reads the job, so a change made between the read and

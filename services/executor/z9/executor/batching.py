@@ -47,13 +47,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import asyncpg
 
 from z9.common import store, tracing
 from z9.common.db import LOCK_WAIT_ERRORS, TRANSIENT_DB_ERRORS, is_stale_statement
 from z9.common.errors import LeaseLost, LockWaitTimeout
+
+if TYPE_CHECKING:  # the context imports this module
+    from .kind import JobKind
 
 log = logging.getLogger("z9.executor")
 
@@ -71,12 +74,12 @@ transaction's one claim of k rows, while the transaction's four round trips are 
 @dataclass
 class _Finish:
     ctx: Any  # JobContext
-    kind: Any
+    kind: JobKind
     observed: Any
     future: "asyncio.Future[None]"
 
 
-async def succeed_one(pool: asyncpg.Pool, ctx: Any, kind: Any, observed: Any) -> None:
+async def succeed_one(pool: asyncpg.Pool, ctx: Any, kind: JobKind, observed: Any) -> None:
     """The single path: fenced ``job_succeed`` and the kind's ``record`` in one transaction.
     Raises LeaseLost, the database's errors, or whatever ``record`` raises (rolled back)."""
     async with pool.acquire() as conn, conn.transaction():
@@ -108,7 +111,7 @@ class FinishBatcher:
         self.flushes = 0  # transactions run (tests, benchmarks)
         self.blocked_retries = 0  # finishes that gave up on a lock and were tried again (tests)
 
-    async def succeed(self, ctx: Any, kind: Any, observed: Any) -> None:
+    async def succeed(self, ctx: Any, kind: JobKind, observed: Any) -> None:
         """Finish ``ctx.job`` as succeeded (recording ``observed`` through ``kind.record``),
         together with whatever other finishes are waiting. Raises LeaseLost when this job's
         row no longer matches its lease, the database's connection errors, or what ``record``

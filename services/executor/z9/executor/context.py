@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import asyncpg
 
 from z9.common import store, tracing
 from z9 import resources
 from z9.common.clock import SYSTEM, Clock
-from z9.common.errors import Cancelled
+from z9.common.errors import Cancelled, PermanentError
 from z9.common.models import Job, utc_now_iso
 from z9.common.settings import Settings
 from z9.common.store import Lease
@@ -36,17 +36,49 @@ from .proxmox import ProxmoxClient, Upid
 @dataclass
 class Step:
     """One planned step: ``name`` (a verb such as ``clone``), ``detail`` (free-form, e.g. the
-    UPID being waited on) and ``state`` pending|running|done|failed|skipped."""
+    UPID being waited on) and ``state`` pending|running|done|failed|skipped. ``kind``: the
+    :class:`StepKind` it was planned as — what runs it (None for a step built by name only)."""
 
     name: str
     detail: dict[str, Any] = field(default_factory=dict)
     state: str = "pending"
     started_at: str | None = None
     finished_at: str | None = None
+    kind: "StepKind | None" = field(default=None, compare=False, repr=False)
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "state": self.state, "started_at": self.started_at,
                 "finished_at": self.finished_at, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class StepKind:
+    """A kind of step as a value: its ``name`` (what a job's steps show) bound to ``run``, the
+    coroutine that performs it. A plan makes its steps from these (:meth:`step`); an apply runs
+    ``step.kind.run(…)`` (through :class:`StepKinds`) instead of matching names in an ``if``
+    chain. Each family of steps (a VM member's, a removal's…) fixes the arguments ``run`` takes."""
+
+    name: str
+    run: Callable[..., Awaitable[None]]
+
+    def step(self, detail: dict[str, Any] | None = None) -> Step:
+        return Step(self.name, dict(detail or {}), kind=self)
+
+
+class StepKinds:
+    """A family of step kinds: what runs a step, from the step itself (or, for a step built by
+    name only, from its name); an unknown one is a permanent error."""
+
+    def __init__(self, *kinds: StepKind):
+        self.by_name = {k.name: k for k in kinds}
+        if len(self.by_name) != len(kinds):
+            raise ValueError("two step kinds share a name")
+
+    def of(self, step: Step, job_kind: str = "") -> StepKind:
+        kind = step.kind if step.kind is not None else self.by_name.get(step.name)
+        if kind is None or self.by_name.get(kind.name) is not kind:
+            raise PermanentError(f"{job_kind}: unknown step {step.name!r}")
+        return kind
 
 
 class JobContext:

@@ -31,6 +31,7 @@ from z9.common.logs import job_fields
 from z9.common.models import utc_now_iso
 
 from .context import JobContext
+from .kind import JobKind
 
 #: a write of the job's row gave up waiting for a lock another session holds
 ROW_LOCKED: tuple[type[BaseException], ...] = (LockWaitTimeout, *LOCK_WAIT_ERRORS)
@@ -53,7 +54,7 @@ def _error(exc: BaseException, cls: str | None = None) -> dict[str, Any]:
     return err
 
 
-async def run_job(ctx: JobContext, kind: Any) -> str:
+async def run_job(ctx: JobContext, kind: JobKind) -> str:
     """Run ``ctx.job`` with job-kind module ``kind``; return the outcome
     (succeeded | retry | snoozed | failed | lost). Raises CancelledError when cancelled (the
     caller hands the job over or has lost its lease) and the database's connection errors
@@ -156,7 +157,7 @@ async def _snoozed_for(ctx: JobContext) -> float:
     return ctx.clock.time() - float(since)
 
 
-async def _finish_temporary(ctx: JobContext, kind: Any, exc: TemporaryError, *, extra: dict[str, Any]) -> str:
+async def _finish_temporary(ctx: JobContext, kind: JobKind, exc: TemporaryError, *, extra: dict[str, Any]) -> str:
     """Retry with backoff, or fail when this was the last attempt. An attempt that made progress
     (a step done) is given back — the next one goes on from there, after the first backoff — up to
     ``max_attempts`` such times per job (kept in its memo), so a job that makes many steps (an
@@ -202,7 +203,7 @@ async def _finish_retry(ctx: JobContext, exc: BaseException, delay_s: float, *, 
     return _ended(ctx, "snoozed", "none") if outcome == "snoozed" else _ended(ctx, "retry", metrics.error_class(exc))
 
 
-async def _finish_failed(ctx: JobContext, kind: Any, err: dict[str, Any], error_class: str, *,
+async def _finish_failed(ctx: JobContext, kind: JobKind, err: dict[str, Any], error_class: str, *,
                          extra: dict[str, Any]) -> str:
     ctx.finished = True
     try:

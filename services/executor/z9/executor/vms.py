@@ -23,7 +23,9 @@ apply    :func:`apply_member_step` — each step re-reads the VM and acts only i
 verify   :func:`verify_member` — observe again; the plan must be empty.
 
 Removal (every VM of an owner): :func:`observe_removal`, :func:`plan_removal` (the deletion
-guard on every VM found), :func:`apply_removal_step`, :func:`verify_removed`.
+guard on every VM found), :func:`apply_removal_step`, :func:`verify_removed`. The guard itself —
+may z9 touch this VM — is :mod:`z9.executor.guard`, which the kinds and this module call before
+every change to a VM.
 """
 from __future__ import annotations
 
@@ -36,17 +38,16 @@ from typing import Any, Mapping
 from urllib.parse import quote
 
 from z9.common import store
-from z9.common.errors import GuardRefusal, PermanentError, Snooze, TemporaryError
-from z9.common.tags import (MEMBER_PREFIX, ROLE_CUSTOMER, customer_vm_tags, format_tags, identity_tag,
-                            member_tag, normalize_tags, platform_roles)
+from z9.common.errors import PermanentError, Snooze, TemporaryError
+from z9.common.tags import (MEMBER_PREFIX, customer_vm_tags, format_tags, identity_tag, normalize_tags,
+                            platform_roles)
 
-from .context import JobContext, Step
-from .proxmox import (CloneNeedsSharedStorage, OutcomeUnknown, TaskFailed, Upid, VmidTaken, VmLocked, VmRef,
-                      VmState)
+from .context import JobContext, Step, StepKind, StepKinds
+from .guard import MAIN, carries_marker, guard, guard_own_clone, guard_suspect, marker, refuse_if_locked, refuse_platform
+from .proxmox import CloneNeedsSharedStorage, OutcomeUnknown, TaskFailed, Upid, VmidTaken, VmLocked, VmRef, VmState
 
 log = logging.getLogger("z9.executor.vms")
 
-MAIN = "main"  # the member name of a resource's only VM
 CLONE_TRIES = 5
 DISK_KEYS = tuple(f"{bus}{i}" for bus in ("scsi", "virtio", "sata", "ide") for i in range(6))
 _SIZE_RE = re.compile(r"(?:^|,)size=(\d+(?:\.\d+)?)([KMGT]?)(?:,|$)")
@@ -154,21 +155,6 @@ def agent_configured(config: Mapping[str, Any]) -> bool:
     """The config enables the QEMU guest agent (``agent: [enabled=]1[,...]``)."""
     first = str(config.get("agent") or "0").split(",", 1)[0]
     return first.partition("=")[2] == "1" if first.startswith("enabled=") else first == "1"
-
-
-def marker(owner: str, member: str = MAIN) -> str:
-    """Text put in a new VM's description so an attempt can recognise its own half-made clone
-    before the identity tag is set."""
-    base = f"z9 resource {owner} ({identity_tag(owner)})"
-    return base if member == MAIN else f"{base} member {member}"
-
-
-def carries_marker(description: Any, owner: str, member: str = MAIN) -> bool:
-    """Whether a VM's description holds the marker of exactly (``owner``, ``member``): the marker
-    of member ``a-1`` is a prefix of member ``a-1-0``'s (and ``workers-1`` of ``workers-10``'s), so
-    it must not be followed by another character of a member name. PVE recycles vmids: a clone
-    request of a removed member can name a sibling's VM."""
-    return re.search(re.escape(marker(owner, member)) + r"(?![a-z0-9-])", str(description or "")) is not None
 
 
 def member_of(vm: VmState) -> str:
@@ -334,70 +320,6 @@ async def find_suspect(ctx: JobContext, recorded: tuple[int, str] | None, ours: 
     if recorded is None or any(v.vmid == recorded[0] for v in ours):
         return None
     return await ctx.pve.vm_state(recorded[1], recorded[0])
-
-
-# ================================================================ the deletion guard
-
-def refuse_platform(owner: str, vm: VmState) -> None:
-    """GuardRefusal when ``vm`` carries any platform role: z9 never changes such a VM."""
-    if platform_roles(vm.tags):
-        guard(owner, vm)
-
-
-def guard_suspect(owner: str, vm: VmState | None) -> None:
-    """Refuse (GuardRefusal) when the recorded-but-untagged VM carries a platform role: a stale
-    row pointed a destructive job at a platform VM. Any other untagged VM is simply not ours."""
-    if vm is not None:
-        refuse_platform(owner, vm)
-        log.warning("resource %s: recorded VM %s on %s does not carry %s; not ours, leaving it alone",
-                    owner, vm.vmid, vm.node, identity_tag(owner))
-
-
-def guard(owner: str, vm: VmState) -> None:
-    """The deletion guard (architecture §6): touch ``vm`` only when it carries ``owner``'s
-    identity tag and ``z9-role-customer``. Any platform role refuses unconditionally.
-
-    Raises GuardRefusal (permanent) otherwise; logs at error level.
-    """
-    platform = platform_roles(vm.tags)
-    if platform:
-        msg = (f"deletion guard refused VM {vm.vmid} on {vm.node}: it carries platform role "
-               f"{', '.join(sorted(platform))}")
-    elif identity_tag(owner) not in vm.tags:
-        msg = f"deletion guard refused VM {vm.vmid} on {vm.node}: it does not carry {identity_tag(owner)}"
-    elif ROLE_CUSTOMER not in vm.tags:
-        msg = f"deletion guard refused VM {vm.vmid} on {vm.node}: it does not carry {ROLE_CUSTOMER}"
-    else:
-        return
-    log.error("%s (resource %s)", msg, owner)
-    raise GuardRefusal(msg)
-
-
-def guard_own_clone(owner: str, vm: VmState) -> None:
-    """The guard for an untagged clone of ours: a marker of ``owner`` must be in its description,
-    and any platform role (inherited from a template that carries one) refuses unconditionally."""
-    refuse_platform(owner, vm)
-    if marker(owner) not in str(vm.config.get("description", "")):
-        msg = f"deletion guard refused VM {vm.vmid} on {vm.node}: it does not carry our marker"
-        log.error("%s (resource %s)", msg, owner)
-        raise GuardRefusal(msg)
-
-
-def refuse_if_locked(vm: VmState, *, allowed: tuple[str, ...] = ()) -> None:
-    """Snooze (without spending an attempt) while another task holds the VM's config lock."""
-    if vm.lock and vm.lock not in allowed:
-        raise VmLocked(f"VM {vm.vmid} is locked ({vm.lock}); waiting for the other task")
-
-
-async def reread_guarded(ctx: JobContext, owner: str, vm: VmState) -> VmState:
-    """Read ``vm`` again right before acting on it and re-apply the guard and the lock check.
-    Raises TemporaryError when it is gone, GuardRefusal, or VmLocked."""
-    st = await ctx.pve.vm_state(vm.node, vm.vmid)
-    if st is None:
-        raise TemporaryError(f"VM {vm.vmid} disappeared from {vm.node}")
-    guard(owner, st)
-    refuse_if_locked(st)
-    return st
 
 
 async def ensure_running(ctx: JobContext, step: Step, vm: VmState) -> None:
@@ -688,97 +610,103 @@ def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[S
         if world.template_disk_gib is not None:
             check_no_shrink(spec, world.template_disk_gib)
         # a template on storage both nodes share is cloned there with target=: nothing to move
-        move = ([Step("migrate", {"target": spec.node})]
+        move = ([MIGRATE.step({"target": spec.node})]
                 if spec.node and spec.node != world.template.node and not world.template_shared else [])
-        return [Step("clone"), Step("configure"), Step("resize_disk"),
-                *([Step("ip_filter")] if spec.ip_filter else []), *move, Step("start")]
+        return [CLONE.step(), CONFIGURE.step(), RESIZE_DISK.step(),
+                *([IP_FILTER.step()] if spec.ip_filter else []), *move, START.step()]
     vm = world.vm
     refuse_platform(spec.owner, vm)
     if vm.lock == "clone":
-        move = [Step("migrate", {"target": spec.node})] if spec.node and spec.node != vm.node else []
-        return [Step("wait_clone", {"vmid": vm.vmid}), Step("configure"), Step("resize_disk"),
-                *([Step("ip_filter")] if spec.ip_filter else []), *move, Step("start")]
+        move = [MIGRATE.step({"target": spec.node})] if spec.node and spec.node != vm.node else []
+        return [WAIT_CLONE.step({"vmid": vm.vmid}), CONFIGURE.step(), RESIZE_DISK.step(),
+                *([IP_FILTER.step()] if spec.ip_filter else []), *move, START.step()]
     refuse_if_locked(vm)
     steps = []
     if config_diff(vm.config, spec.desired_config()) or spec.foreign_keys(vm.config, vm.vmid):
-        steps.append(Step("configure"))
+        steps.append(CONFIGURE.step())
     disk = boot_disk(vm.config)
     if disk is None:
         raise PermanentError(f"VM {vm.vmid} has no data disk to size")
     check_no_shrink(spec, disk[1])
     if disk[1] < spec.disk_gib - 1e-9:
-        steps.append(Step("resize_disk"))
+        steps.append(RESIZE_DISK.step())
     if spec.ip_filter and not world.ip_filter_ok:
-        steps.append(Step("ip_filter"))
+        steps.append(IP_FILTER.step())
     if not vm.running:
         if spec.node and vm.node != spec.node:  # cloned on the template's node: moved before its first start
-            steps.append(Step("migrate", {"target": spec.node}))
-        steps.append(Step("start"))
+            steps.append(MIGRATE.step({"target": spec.node}))
+        steps.append(START.step())
     return steps
 
 
-async def apply_member_step(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
-    """Run one step if still needed (each re-reads the VM first) and wait for its task."""
-    if step.name == "clone":
-        await _clone(ctx, spec, world, step)
-    elif step.name == "wait_clone":
-        await _wait_clone(ctx, spec, world, step)
-    elif step.name == "configure":
-        vm = await _current(ctx, world)
-        refuse_platform(spec.owner, vm)  # never rewrite a platform VM's tags
-        refuse_if_locked(vm)
-        diff = config_diff(vm.config, spec.desired_config())
-        foreign = spec.foreign_keys(vm.config, vm.vmid)
-        if foreign:
-            diff["delete"] = ",".join(foreign)
-        if diff:
-            await ctx.fence()
-            # synchronous (PUT): one request, no task to poll (ProxmoxClient.configure_now)
-            await ctx.pve.configure_now(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))
-            ctx.touch()
-            # what the write did, laid over what was read (the digest is stale now): the next
-            # step (the disk size) needs no new read; verify reads the VM again
-            deleted = set(filter(None, diff.get("delete", "").split(",")))
-            cfg = {k: v for k, v in vm.config.items() if k != "digest" and k not in deleted}
-            cfg.update({k: v for k, v in diff.items() if k != "delete"})
-            world.vm = replace(vm, config=cfg, tags=normalize_tags(cfg.get("tags")))
-    elif step.name == "resize_disk":
-        vm = await _current(ctx, world)
-        refuse_if_locked(vm)
-        disk = boot_disk(vm.config)
-        if disk is None:
-            raise PermanentError(f"VM {vm.vmid} has no data disk to size")
-        check_no_shrink(spec, disk[1])
-        if disk[1] < spec.disk_gib - 1e-9:
-            step.detail["disk"] = disk[0]
-            await ctx.fence()
-            upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], spec.disk_gib)
-            world.fresh = False
-            if upid:
-                await ctx.wait_task(step, upid)
-    elif step.name == "ip_filter":
-        vm = await _current(ctx, world)
-        refuse_platform(spec.owner, vm)
-        refuse_if_locked(vm)
-        if not await ip_filter_ok(ctx, spec, vm):
-            await apply_ip_filter(ctx, spec, vm, step)
-        world.ip_filter_ok = True
-    elif step.name == "migrate":
-        vm = await _current(ctx, world, config=False)
-        refuse_if_locked(vm)
-        if spec.node and vm.node != spec.node and not vm.running:
-            # offline migration: PVE copies the local disks and moves the config (QemuMigrate.pm)
-            await ctx.fence()
-            upid = await ctx.pve.migrate(vm.node, vm.vmid, spec.node)
-            world.fresh = False
+async def _configure(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
+    vm = await _current(ctx, world)
+    refuse_platform(spec.owner, vm)  # never rewrite a platform VM's tags
+    refuse_if_locked(vm)
+    diff = config_diff(vm.config, spec.desired_config())
+    foreign = spec.foreign_keys(vm.config, vm.vmid)
+    if foreign:
+        diff["delete"] = ",".join(foreign)
+    if diff:
+        await ctx.fence()
+        # synchronous (PUT): one request, no task to poll (ProxmoxClient.configure_now)
+        await ctx.pve.configure_now(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))
+        ctx.touch()
+        # what the write did, laid over what was read (the digest is stale now): the next
+        # step (the disk size) needs no new read; verify reads the VM again
+        deleted = set(filter(None, diff.get("delete", "").split(",")))
+        cfg = {k: v for k, v in vm.config.items() if k != "digest" and k not in deleted}
+        cfg.update({k: v for k, v in diff.items() if k != "delete"})
+        world.vm = replace(vm, config=cfg, tags=normalize_tags(cfg.get("tags")))
+
+
+async def _resize_disk(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
+    vm = await _current(ctx, world)
+    refuse_if_locked(vm)
+    disk = boot_disk(vm.config)
+    if disk is None:
+        raise PermanentError(f"VM {vm.vmid} has no data disk to size")
+    check_no_shrink(spec, disk[1])
+    if disk[1] < spec.disk_gib - 1e-9:
+        step.detail["disk"] = disk[0]
+        await ctx.fence()
+        upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], spec.disk_gib)
+        world.fresh = False
+        if upid:
             await ctx.wait_task(step, upid)
-            world.vm = replace(vm, node=spec.node)  # the start step reads it there
-    elif step.name == "start":
-        vm = await _current(ctx, world, config=False)
-        refuse_if_locked(vm)
-        await ensure_running(ctx, step, vm)
-    else:
-        raise PermanentError(f"{ctx.job.kind}: unknown step {step.name!r}")
+
+
+async def _ip_filter(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
+    vm = await _current(ctx, world)
+    refuse_platform(spec.owner, vm)
+    refuse_if_locked(vm)
+    if not await ip_filter_ok(ctx, spec, vm):
+        await apply_ip_filter(ctx, spec, vm, step)
+    world.ip_filter_ok = True
+
+
+async def _migrate(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
+    vm = await _current(ctx, world, config=False)
+    refuse_if_locked(vm)
+    if spec.node and vm.node != spec.node and not vm.running:
+        # offline migration: PVE copies the local disks and moves the config (QemuMigrate.pm)
+        await ctx.fence()
+        upid = await ctx.pve.migrate(vm.node, vm.vmid, spec.node)
+        world.fresh = False
+        await ctx.wait_task(step, upid)
+        world.vm = replace(vm, node=spec.node)  # the start step reads it there
+
+
+async def _start(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
+    vm = await _current(ctx, world, config=False)
+    refuse_if_locked(vm)
+    await ensure_running(ctx, step, vm)
+
+
+async def apply_member_step(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
+    """Run one step if still needed (each re-reads the VM first) and wait for its task: the step's
+    own kind runs it (:data:`MEMBER_STEPS`)."""
+    await MEMBER_STEPS.of(step, ctx.job.kind).run(ctx, spec, world, step)
 
 
 async def verify_member(ctx: JobContext, spec: VmSpec) -> VmState:
@@ -984,21 +912,23 @@ def plan_removal(owner: str, world: Removal) -> list[Step]:
             continue  # a destroy is already under way; verify waits for it
         refuse_if_locked(vm)
         if vm.running:
-            steps.append(Step("stop", {"vmid": vm.vmid, "node": vm.node}))
-        steps.append(Step("destroy", {"vmid": vm.vmid, "node": vm.node}))
+            steps.append(STOP.step({"vmid": vm.vmid, "node": vm.node}))
+        steps.append(DESTROY.step({"vmid": vm.vmid, "node": vm.node}))
     for vm in world.clones:  # half-made: cloned, never tagged (the create failed or was cut short)
         refuse_if_locked(vm)
         guard_own_clone(owner, vm)
         detail = {"vmid": vm.vmid, "node": vm.node, "untagged": True}
         if vm.running:
-            steps.append(Step("stop", dict(detail)))
-        steps.append(Step("destroy", dict(detail)))
+            steps.append(STOP.step(dict(detail)))
+        steps.append(DESTROY.step(dict(detail)))
     return steps
 
 
 async def apply_removal_step(ctx: JobContext, owner: str, step: Step) -> None:
-    """Stop or destroy one VM after re-reading it and re-applying the guard; waits for tasks."""
+    """Stop or destroy one VM after re-reading it and re-applying the guard; waits for tasks (the
+    step's own kind runs it: :data:`REMOVAL_STEPS`)."""
     vmid, node = step.detail["vmid"], step.detail["node"]
+    kind = REMOVAL_STEPS.of(step, ctx.job.kind)
     st = await ctx.pve.vm_state(node, vmid)
     if st is None:
         return  # already gone; verify checks by tag
@@ -1008,22 +938,25 @@ async def apply_removal_step(ctx: JobContext, owner: str, step: Step) -> None:
     else:
         guard(owner, st)
     refuse_if_locked(st)
-    if step.name == "stop":
-        if st.running:
-            await ctx.fence()
-            await ctx.wait_task(step, await ctx.pve.stop(node, vmid))
-    elif step.name == "destroy":
-        if st.running:
-            raise TemporaryError(f"VM {vmid} is running again; stopping it first next attempt")
-        if str(st.config.get("protection", "0")) == "1":
-            # Lift our protection on exactly the config the guard just read (digest), then destroy.
-            await ctx.fence()
-            upid = await ctx.pve.configure(node, vmid, {"delete": "protection"}, digest=st.config.get("digest"))
-            await ctx.wait_task(step, upid)
+    await kind.run(ctx, st, step)
+
+
+async def _stop_vm(ctx: JobContext, st: VmState, step: Step) -> None:
+    if st.running:
         await ctx.fence()
-        await ctx.wait_task(step, await ctx.pve.destroy(node, vmid))
-    else:
-        raise PermanentError(f"{ctx.job.kind}: unknown step {step.name!r}")
+        await ctx.wait_task(step, await ctx.pve.stop(st.node, st.vmid))
+
+
+async def _destroy_vm(ctx: JobContext, st: VmState, step: Step) -> None:
+    if st.running:
+        raise TemporaryError(f"VM {st.vmid} is running again; stopping it first next attempt")
+    if str(st.config.get("protection", "0")) == "1":
+        # Lift our protection on exactly the config the guard just read (digest), then destroy.
+        await ctx.fence()
+        upid = await ctx.pve.configure(st.node, st.vmid, {"delete": "protection"}, digest=st.config.get("digest"))
+        await ctx.wait_task(step, upid)
+    await ctx.fence()
+    await ctx.wait_task(step, await ctx.pve.destroy(st.node, st.vmid))
 
 
 async def verify_removed(ctx: JobContext, owner: str) -> None:
@@ -1050,3 +983,21 @@ async def verify_removed(ctx: JobContext, owner: str) -> None:
     if clones:
         raise TemporaryError("verify: untagged clones of ours remain: "
                              + ", ".join(f"{v.vmid} on {v.node}" for v in clones))
+
+
+# ================================================================ the steps, as values
+
+#: a member's steps: run(ctx, spec, world, step)
+CLONE = StepKind("clone", _clone)
+WAIT_CLONE = StepKind("wait_clone", _wait_clone)
+CONFIGURE = StepKind("configure", _configure)
+RESIZE_DISK = StepKind("resize_disk", _resize_disk)
+IP_FILTER = StepKind("ip_filter", _ip_filter)
+MIGRATE = StepKind("migrate", _migrate)
+START = StepKind("start", _start)
+MEMBER_STEPS = StepKinds(CLONE, WAIT_CLONE, CONFIGURE, RESIZE_DISK, IP_FILTER, MIGRATE, START)
+
+#: a removal's steps: run(ctx, the VM just re-read and guarded, step)
+STOP = StepKind("stop", _stop_vm)
+DESTROY = StepKind("destroy", _destroy_vm)
+REMOVAL_STEPS = StepKinds(STOP, DESTROY)

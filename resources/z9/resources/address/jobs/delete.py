@@ -14,12 +14,12 @@ from typing import Any
 
 import asyncpg
 
-from z9.common import store
 from z9.common import kinds
 from z9.common.models import Job
 
 from z9.executor.context import JobContext, Step
 from z9.resources.address.jobs import shared as _address
+from z9.resources.address import store as address_store
 
 KIND = kinds.ADDRESS_DELETE
 
@@ -41,7 +41,7 @@ async def verify(ctx: JobContext) -> dict[str, Any]:
 
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, observed: dict[str, Any]) -> None:
-    await store.address_deleted(conn, ctx.job.resource_id, observed)
+    await address_store.address_deleted(conn, ctx.job.resource_id, observed)
 
 
 record_failure = _address.record_failure

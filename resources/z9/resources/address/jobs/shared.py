@@ -38,7 +38,6 @@ from typing import Any
 
 import asyncpg
 
-from z9.common import store
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Address, Job
 from z9.resources.address import ADDRESS
@@ -47,6 +46,8 @@ from z9.common.tags import ROLE_CUSTOMER, format_tags, identity_tag, platform_ro
 from z9.executor import vms
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmLocked, VmRef, VmState
+from z9.resources.address import store as address_store
+from z9.resources.server import store as server_store
 
 log = logging.getLogger("z9.executor.jobs")
 
@@ -135,7 +136,7 @@ async def _holder(ctx: JobContext, ref: VmRef | VmState, *, firewall: bool = Fal
 async def observe(ctx: JobContext, want: str | None) -> World:
     """The address (intent), the VMs carrying its tag, the wanted server's VM (by its identity
     tag), and foreign VMs using the IP."""
-    address = await store.address_get(ctx.pool, ctx.job.resource_id)
+    address = await address_store.address_get(ctx.pool, ctx.job.resource_id)
     if address is None:
         raise PermanentError(f"address {ctx.job.resource_id} does not exist")
     tag, ip = address_tag(address.id), address.ip_text
@@ -146,7 +147,7 @@ async def observe(ctx: JobContext, want: str | None) -> World:
     target: Holder | None = None
     enforce = False
     if want is not None:
-        server = await store.server_get(ctx.pool, want)
+        server = await server_store.server_get(ctx.pool, want)
         if server is None or server.status in ("destroying", "deleted"):
             raise PermanentError(f"server {want} is {'gone' if server is None else server.status}; "
                                  f"address {address.id} cannot go on it")
@@ -184,7 +185,7 @@ async def observe(ctx: JobContext, want: str | None) -> World:
                 if used == ip:
                     conflicts.append({"vmid": r.vmid, "node": r.node, "name": st.config.get("name") if st else None,
                                       "why": f"{key} uses {ip}"})
-    pool_ns = await store.address_pool_nameservers(ctx.pool, address.pool_id)
+    pool_ns = await address_store.address_pool_nameservers(ctx.pool, address.pool_id)
     try:
         cluster_fw = bool(int((await ctx.pve.cluster_firewall_options()).get("enable", 0)))
     except (TemporaryError, PermanentError) as e:
@@ -417,9 +418,9 @@ def conflict_reason(observed: dict[str, Any], ip: str) -> str | None:
 async def record(conn: asyncpg.Connection, ctx: JobContext, observed: dict[str, Any], *,
                  status_from: tuple[str, ...] = ("creating", "active", "failed")) -> None:
     """What verify saw, on the address; ``creating``/``failed`` → ``active``."""
-    address = await store.address_get(conn, ctx.job.resource_id)
+    address = await address_store.address_get(conn, ctx.job.resource_id)
     reason = conflict_reason(observed, address.ip_text) if address else None
-    await store.address_observed(conn, ctx.job.resource_id, observed, status="active",
+    await address_store.address_observed(conn, ctx.job.resource_id, observed, status="active",
                                  from_statuses=status_from, reason=reason)
 
 

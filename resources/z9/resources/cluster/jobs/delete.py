@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from z9.common import kinds, store
+from z9.common import kinds
 from z9.common.errors import TemporaryError
 from z9.common.models import Job
 from z9.resources.cluster import CLUSTER
@@ -27,6 +27,7 @@ from z9.resources.cluster import CLUSTER
 from z9.executor import vms
 from z9.executor.context import JobContext, Step
 from z9.resources.cluster.jobs import shared as _cluster
+from z9.resources.cluster import store as cluster_store
 
 KIND = kinds.CLUSTER_DELETE
 
@@ -74,9 +75,9 @@ async def verify(ctx: JobContext) -> None:
 async def record(conn: Any, ctx: JobContext, _: None) -> None:
     """``deleted``; keys destroyed and endpoint released in this same transaction."""
     if await CLUSTER.deleted(conn, ctx.job.resource_id):
-        await store.cluster_keys_destroy(conn, ctx.job.resource_id)
-        await store.cluster_endpoint_release(conn, ctx.job.resource_id)
-        await store.cluster_members(conn, ctx.job.resource_id, [], False)
+        await cluster_store.cluster_keys_destroy(conn, ctx.job.resource_id)
+        await cluster_store.cluster_endpoint_release(conn, ctx.job.resource_id)
+        await cluster_store.cluster_members(conn, ctx.job.resource_id, [], False)
 
 
 async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:

@@ -100,9 +100,10 @@ from z9.common.models import Cluster, Job
 from z9.resources.cluster import CLUSTER
 from z9.common.tags import identity_tag
 
-from z9.executor import vms
+from z9.executor import guard, vms
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import AgentUnavailable, VmState
+from z9.resources.cluster import store as cluster_store
 
 log = logging.getLogger("z9.executor.cluster")
 
@@ -403,7 +404,7 @@ def plan(job: Job, world: World) -> list[Step]:
     if init:
         steps.append(Step("init", {"member": "cp-0"}))
     for vm in world.vms.values():
-        vms.refuse_platform(world.cluster.id, vm)
+        guard.refuse_platform(world.cluster.id, vm)
     for member in sorted(world.failed_boot, key=ordinal_key):
         if member in nodes:  # it joined before its cloud-init failed: out of the cluster first
             if member.startswith("cp-"):
@@ -427,7 +428,7 @@ def plan(job: Job, world: World) -> list[Step]:
         steps.append(Step("remove", {"member": member}))
     for vm in world.clones:  # half-made VMs of members no longer desired
         vms.refuse_if_locked(vm)  # a clone still being made: wait for it (Snooze), then remove it
-        vms.guard_own_clone(world.cluster.id, vm)
+        guard.guard_own_clone(world.cluster.id, vm)
         steps.append(Step("remove_clone", {"vmid": vm.vmid, "node": vm.node}))
     down = [m for m in world.client_ca_unreachable if m in desired]
     if down:  # a rotation is done only when every API server trusts the new CA alone
@@ -843,7 +844,7 @@ async def material_of(ctx: JobContext, cluster: Cluster) -> dict[str, str]:
     """The cluster's PKI, opened with the installation key."""
     if ctx.settings.installation_key is None:
         raise PermanentError("Z9_INSTALLATION_KEY is not set on the executor: the cluster's keys cannot be opened")
-    sealed = await store.cluster_keys_get(ctx.pool, cluster.id)
+    sealed = await cluster_store.cluster_keys_get(ctx.pool, cluster.id)
     if sealed is None:
         raise PermanentError(f"cluster {cluster.id} has no keys (destroyed)")
     try:
@@ -1050,7 +1051,7 @@ async def _remove(ctx: JobContext, world: World, step: Step, member: str) -> Non
     cluster = world.cluster
     assert cluster is not None
     for vm in await vms.find_vms(ctx, cluster.id, member):
-        vms.guard(cluster.id, vm)
+        guard.guard(cluster.id, vm)
         volid = _bootstrap_volume(vm)
         for name in ("stop", "destroy"):
             if name == "stop" and not vm.running:
@@ -1144,12 +1145,12 @@ async def record_seen(conn: Any, ctx: JobContext, seen: Seen) -> None:
 async def record_members(conn: Any, ctx: JobContext, seen: Seen, *, from_statuses: tuple[str, ...]) -> None:
     """Members and status (``running``/``degraded``, the latter with its reason), the status
     only from one of ``from_statuses``."""
-    await store.cluster_members(conn, ctx.job.resource_id, seen.members, seen.whole)
+    await cluster_store.cluster_members(conn, ctx.job.resource_id, seen.members, seen.whole)
     await CLUSTER.observed(conn, ctx.job.resource_id, status="running" if seen.whole else "degraded",
                            from_statuses=from_statuses)
     reason = seen.reason()
     if reason:
-        await store.cluster_degraded_reason(conn, ctx.job.resource_id, reason)
+        await cluster_store.cluster_degraded_reason(conn, ctx.job.resource_id, reason)
 
 
 async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
@@ -1159,7 +1160,7 @@ async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> N
     cluster = await CLUSTER.get(conn, ctx.job.resource_id)
     if cluster is not None and cluster.initialized_at is not None and cluster.status not in (
             "deleting", "destroying", "deleted") and error.get("class") != "cancelled":
-        await store.cluster_degraded(conn, cluster.id, error["message"])
+        await cluster_store.cluster_degraded(conn, cluster.id, error["message"])
         return
     await CLUSTER.mark_failed_by_job(conn, ctx.job.resource_id, error["message"], kind=ctx.job.kind,
                                      refused=bool(error.get("refused")))

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common import kinds, store
+from z9.common import kinds
 from z9.common.models import Job
 from z9.resources.load_balancer import LOAD_BALANCER
 
 from z9.executor import vms
 from z9.executor.context import JobContext, Step
 from z9.resources.load_balancer.jobs import shared as _lb
+from z9.resources.load_balancer import store as load_balancer_store
 
 KIND = kinds.LOAD_BALANCER_DELETE
 World = vms.Removal
@@ -50,4 +51,4 @@ async def verify(ctx: JobContext) -> None:
 
 async def record(conn: Any, ctx: JobContext, _: None) -> None:
     if await LOAD_BALANCER.deleted(conn, ctx.job.resource_id):
-        await store.lb_release_addresses(conn, ctx.job.resource_id)
+        await load_balancer_store.lb_release_addresses(conn, ctx.job.resource_id)

@@ -33,7 +33,6 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from z9.common import store
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job, LoadBalancer, target_key
 from z9.resources.load_balancer import LOAD_BALANCER, ip_target_refusal, target_networks
@@ -41,6 +40,8 @@ from z9.resources.load_balancer import LOAD_BALANCER, ip_target_refusal, target_
 from z9.executor import vms
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import AgentUnavailable, VmState
+from z9.resources.address import store as address_store
+from z9.resources.load_balancer import store as load_balancer_store
 
 HAPROXY_CFG = "/etc/haproxy/haproxy.cfg"
 KEEPALIVED_CFG = "/etc/keepalived/keepalived.conf"
@@ -238,10 +239,10 @@ async def load(ctx: JobContext) -> tuple[LoadBalancer, list[dict[str, Any]]]:
     lb = await LOAD_BALANCER.get(ctx.pool, ctx.job.resource_id)
     if lb is None:
         raise PermanentError(f"load balancer {ctx.job.resource_id} does not exist")
-    servers = await store.lb_servers(ctx.pool, [t["server_id"] for t in lb.targets if t["type"] == "server"])
+    servers = await load_balancer_store.lb_servers(ctx.pool, [t["server_id"] for t in lb.targets if t["type"] == "server"])
     # the ip-target rules again, now (an address may have changed hands since the target was added)
     ips = [t["ip"] for t in lb.targets if t["type"] == "ip"]
-    holders = await store.address_ip_holders(ctx.pool, ips)
+    holders = await address_store.address_ip_holders(ctx.pool, ips)
     nets = target_networks(ctx.settings.regions, lb.region)
     refused = {ip: rule for ip in ips if (rule := ip_target_refusal(ip, lb.tenant_id, holders.get(ip), **nets))}
     return lb, resolve_targets(lb, servers, refused)
@@ -588,7 +589,7 @@ async def record_seen(conn: Any, ctx: JobContext, seen: dict[str, Any] | None, *
                       from_statuses: tuple[str, ...] = ()) -> None:
     if seen is None:
         return
-    await store.lb_observed(conn, ctx.job.resource_id,
+    await load_balancer_store.lb_observed(conn, ctx.job.resource_id,
                             observed={k: seen.get(k) for k in ("members", "vip_holder", "spread", "drift")},
                             health=seen["health"], health_detail=seen["health_detail"],
                             config_hash=seen.get("config_hash"), status=status, from_statuses=from_statuses)

@@ -17,7 +17,7 @@ from z9.common.errors import TemporaryError
 from z9.common.models import Job
 from z9.resources.load_balancer import LOAD_BALANCER
 
-from z9.executor import vms
+from z9.executor import guard, vms
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
 from z9.resources.load_balancer.jobs import shared as _lb
@@ -44,7 +44,7 @@ def plan(job: Job, world: World) -> list[Step]:
         return []
     steps = []
     for vm in world.vms:
-        vms.guard(job.resource_id, vm)
+        guard.guard(job.resource_id, vm)
         if vm.running:
             vms.refuse_if_locked(vm)
             steps.append(Step("stop", {"vmid": vm.vmid, "node": vm.node, "member": vms.member_of(vm)}))
@@ -55,7 +55,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     vm = await ctx.pve.vm_state(step.detail["node"], step.detail["vmid"])
     if vm is None:
         return
-    vm = await vms.reread_guarded(ctx, ctx.job.resource_id, vm)
+    vm = await guard.reread_guarded(ctx, ctx.job.resource_id, vm)
     if vm.running:
         await ctx.fence()
         await ctx.wait_task(step, await ctx.pve.stop(vm.node, vm.vmid))

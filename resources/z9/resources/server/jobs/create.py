@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from z9.common import kinds, store
+from z9.common import kinds
 from z9.common.models import Job
 from z9.resources.server import SERVER
 
@@ -32,6 +32,7 @@ from z9.executor import vms
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
 from z9.resources.server.jobs import shared as _server
+from z9.resources.server import store as server_store
 
 KIND = kinds.SERVER_CREATE
 World = vms.MemberWorld
@@ -73,7 +74,7 @@ async def verify(ctx: JobContext) -> VmState:
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
     """In the finishing transaction: the server is ``running`` with what verify saw."""
-    await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
+    await server_store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
                                 power_state="running" if vm.running else "stopped")
     await SERVER.observed(conn, ctx.job.resource_id, status="running",
                           from_statuses=("creating", "failed", "running", "stopped"))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from z9.common import kinds, store
+from z9.common import kinds
 from z9 import resources
 from z9.common.models import Job
 from z9.resources.server import SERVER
@@ -34,6 +34,7 @@ from z9.resources.server import SERVER
 from z9.executor import vms
 from z9.executor.context import JobContext, Step
 from z9.resources.server.jobs import shared as _server
+from z9.resources.server import store as server_store
 
 KIND = kinds.SERVER_DELETE
 World = vms.Removal
@@ -41,7 +42,7 @@ World = vms.Removal
 
 async def observe(ctx: JobContext) -> World:
     """Our tagged VMs, our untagged clones, the DB-recorded suspect; or ``superseded``."""
-    server = await store.server_get(ctx.pool, ctx.job.resource_id)
+    server = await server_store.server_get(ctx.pool, ctx.job.resource_id)
     if server is None or server.status != "destroying":
         # Only a server whose buffer expired is destroyed; anything else means this job was
         # superseded (the server failed and was deleted again: the reaper enqueues a new one).
@@ -64,7 +65,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
 async def verify(ctx: JobContext) -> None:
     """No VM carries our tag and no untagged clone of ours is left (else TemporaryError); waits
     (Snooze) while a lost clone request may still land, or a clone of ours still runs."""
-    server = await store.server_get(ctx.pool, ctx.job.resource_id)
+    server = await server_store.server_get(ctx.pool, ctx.job.resource_id)
     if server is None or server.status != "destroying":
         return None  # superseded: nothing was done, nothing to check
     await vms.verify_removed(ctx, ctx.job.resource_id)
@@ -72,13 +73,12 @@ async def verify(ctx: JobContext) -> None:
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, _: None) -> None:
     """``destroying`` → ``deleted`` (its VM facts and clone requests go); and now that verify saw
-    the VM gone (never before: a live VM keeps its addresses), its addresses are released in this
-    same transaction: auto-delete primaries deleted with their IPs quarantined, the others
-    unassigned; and every resource depending on it reacts (the hooks types registered with
-    ``resources.on_final_delete("server", …)``) in this same transaction."""
+    the VM gone (never before: a live VM keeps its addresses), every resource depending on it
+    reacts in this same transaction, through the hooks the dependent types registered with
+    ``resources.on_final_delete("server", …)``: its addresses are released (the address slice),
+    load balancers drop it from their targets (the load-balancer slice)."""
     if await SERVER.deleted(conn, ctx.job.resource_id):
-        await store.server_observed(conn, ctx.job.resource_id, vmid=None, node=None, power_state=None)
-        await store.addresses_release_for_server(conn, ctx.job.resource_id)
+        await server_store.server_observed(conn, ctx.job.resource_id, vmid=None, node=None, power_state=None)
         # what depends on the server (registered by the dependent types), in this transaction
         await resources.final_delete_dependents(conn, SERVER.name, ctx.job.resource_id, ctx.settings.max_attempts)
 

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 
 import asyncpg
 
-from z9.common import kinds, store
+from z9.common import kinds
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 from z9.resources.server import SERVER
@@ -32,8 +32,9 @@ from z9.common.tags import identity_tag
 
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
-from z9.executor import vms
+from z9.executor import guard, vms
 from z9.resources.server.jobs import shared as _server
+from z9.resources.server import store as server_store
 
 KIND = kinds.SERVER_REBOOT
 REBOOT_TIMEOUT_S = 60
@@ -65,7 +66,7 @@ def plan(job: Job, world: World) -> list[Step]:
     vm = world.vm
     if vm is None:
         raise PermanentError(f"no VM carries {identity_tag(job.resource_id)}: the server's VM is gone")
-    vms.guard(job.resource_id, vm)
+    guard.guard(job.resource_id, vm)
     if booted_since_request(vm, world.requested_ago_s):
         return []
     vms.refuse_if_locked(vm)
@@ -77,7 +78,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     if step.name not in ("reboot", "start"):
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
     assert world.vm is not None
-    st = await vms.reread_guarded(ctx, ctx.job.resource_id, world.vm)
+    st = await guard.reread_guarded(ctx, ctx.job.resource_id, world.vm)
     if booted_since_request(st, _age(ctx.job)):
         return
     if not st.running:
@@ -92,7 +93,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         # for is a VM booted after the request)
         if f"VM {st.vmid} not running" not in str(e):
             raise
-        st = await vms.reread_guarded(ctx, ctx.job.resource_id, st)
+        st = await guard.reread_guarded(ctx, ctx.job.resource_id, st)
         await vms.ensure_running(ctx, step, st)
         return
     await ctx.wait_task(step, upid)
@@ -125,7 +126,7 @@ async def verify(ctx: JobContext) -> VmState:
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
     """Power state ``running``; status ``running`` when it was running or stopped."""
-    await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node, power_state="running")
+    await server_store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node, power_state="running")
     await SERVER.observed(conn, ctx.job.resource_id, status="running", from_statuses=("running", "stopped"))
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from z9.common import kinds, store
+from z9.common import kinds
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 from z9.resources.server import SERVER
@@ -29,8 +29,9 @@ from z9.common.tags import identity_tag
 
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
-from z9.executor import vms
+from z9.executor import guard, vms
 from z9.resources.server.jobs import shared as _server
+from z9.resources.server import store as server_store
 
 KIND = kinds.SERVER_RESIZE
 
@@ -55,7 +56,7 @@ def plan(job: Job, world: World) -> list[Step]:
     vm = world.vm
     if vm is None:
         raise PermanentError(f"no VM carries {identity_tag(job.resource_id)}: the server's VM is gone")
-    vms.guard(job.resource_id, vm)
+    guard.guard(job.resource_id, vm)
     steps = []
     diff = vms.config_diff(vm.config, desired(job))
     if diff:
@@ -79,7 +80,7 @@ def plan(job: Job, world: World) -> list[Step]:
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
     """One step on the VM as it is now (re-read and guarded first); waits for its task."""
     assert world.vm is not None
-    vm = await vms.reread_guarded(ctx, ctx.job.resource_id, world.vm)
+    vm = await guard.reread_guarded(ctx, ctx.job.resource_id, world.vm)
     vms.refuse_if_locked(vm)
     if step.name == "configure":
         diff = vms.config_diff(vm.config, desired(ctx.job))
@@ -123,7 +124,7 @@ async def verify(ctx: JobContext) -> VmState:
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
     """The observed power state; the status is left alone."""
-    await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
+    await server_store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
                                 power_state="running" if vm.running else "stopped")
     await SERVER.observed(conn, ctx.job.resource_id)
 

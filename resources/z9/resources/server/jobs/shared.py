@@ -13,7 +13,6 @@ from typing import Any
 
 import yaml
 
-from z9.common import store
 from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.models import Job
 from z9.resources.server import SERVER
@@ -22,6 +21,7 @@ from z9.executor.context import JobContext
 from z9.executor.proxmox import VmState
 from z9.executor.vms import MAIN, PrivateAddress, VmSpec, agent_configured
 from z9.executor.vms import private_address as vm_private_address
+from z9.resources.server import store as server_store
 
 INSTANCE_ID_FILE = "/var/lib/cloud/data/instance-id"  # cloud-init writes the current instance's id there
 
@@ -56,7 +56,7 @@ async def private_address(ctx: JobContext) -> PrivateAddress | None:
 
 async def recorded_vm(ctx: JobContext) -> list[tuple[int, str]]:
     """The (vmid, node) the database last recorded for the server (a suspect, never trusted)."""
-    server = await store.server_get(ctx.pool, ctx.job.resource_id)
+    server = await server_store.server_get(ctx.pool, ctx.job.resource_id)
     return [(server.vmid, server.node)] if server is not None and server.vmid is not None else []
 
 
@@ -203,5 +203,5 @@ async def _judge(ctx: JobContext, spec: VmSpec, vm: VmState, out: str, err: str)
 
 async def record_guest_failure(ctx: JobContext, vm: VmState) -> None:
     """Before the job fails on its guest: the VM facts verify saw (the server's ``observed``)."""
-    await store.server_observed(ctx.pool, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
+    await server_store.server_observed(ctx.pool, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
                                 power_state="running" if vm.running else "stopped")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import kinds, store
+from z9.common import kinds
 from z9.resources.server import SERVER
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
@@ -21,8 +21,9 @@ from z9.common.tags import identity_tag
 
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
-from z9.executor import vms
+from z9.executor import guard, vms
 from z9.resources.server.jobs import shared as _server
+from z9.resources.server import store as server_store
 
 KIND = kinds.SERVER_START
 
@@ -42,7 +43,7 @@ def plan(job: Job, world: World) -> list[Step]:
     vm = world.vm
     if vm is None:
         raise PermanentError(f"no VM carries {identity_tag(job.resource_id)}: the server's VM is gone")
-    vms.guard(job.resource_id, vm)
+    guard.guard(job.resource_id, vm)
     if vm.running:
         return []
     vms.refuse_if_locked(vm)
@@ -54,7 +55,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     if step.name != "start":
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
     assert world.vm is not None
-    await vms.ensure_running(ctx, step, await vms.reread_guarded(ctx, ctx.job.resource_id, world.vm))
+    await vms.ensure_running(ctx, step, await guard.reread_guarded(ctx, ctx.job.resource_id, world.vm))
 
 
 async def verify(ctx: JobContext) -> VmState:
@@ -67,7 +68,7 @@ async def verify(ctx: JobContext) -> VmState:
 
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
     """Power state ``running``; status ``running`` when it was running or stopped."""
-    await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node, power_state="running")
+    await server_store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node, power_state="running")
     await SERVER.observed(conn, ctx.job.resource_id, status="running", from_statuses=("running", "stopped"))
 
 

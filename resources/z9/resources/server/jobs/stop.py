@@ -20,15 +20,16 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import kinds, store
+from z9.common import kinds
 from z9.resources.server import SERVER
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
-from z9.executor import vms
+from z9.executor import guard, vms
 from z9.resources.server.jobs import shared as _server
+from z9.resources.server import store as server_store
 
 KIND = kinds.SERVER_STOP
 SHUTDOWN_TIMEOUT_S = 60
@@ -50,11 +51,11 @@ async def observe(ctx: JobContext) -> World:
 
 def plan(job: Job, world: World) -> list[Step]:
     """Pure: ``shutdown`` when our VM runs. Raises GuardRefusal, Snooze (VM locked)."""
-    vms.guard_suspect(job.resource_id, world.suspect)
+    guard.guard_suspect(job.resource_id, world.suspect)
     vm = world.vm
     if vm is None:
         return []
-    vms.guard(job.resource_id, vm)
+    guard.guard(job.resource_id, vm)
     if not vm.running:
         return []
     vms.refuse_if_locked(vm)
@@ -69,7 +70,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
     if step.name not in MODES:
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
     assert world.vm is not None
-    st = await vms.reread_guarded(ctx, ctx.job.resource_id, world.vm)
+    st = await guard.reread_guarded(ctx, ctx.job.resource_id, world.vm)
     if st.running:
         await ctx.fence()
         if step.name == "poweroff":
@@ -90,9 +91,9 @@ async def verify(ctx: JobContext) -> VmState | None:
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState | None) -> None:
     """The observed power state; status ``stopped`` from ``running``/``stopped`` only."""
     if vm is None:
-        await store.server_observed(conn, ctx.job.resource_id, vmid=None, node=None, power_state=None)
+        await server_store.server_observed(conn, ctx.job.resource_id, vmid=None, node=None, power_state=None)
     else:
-        await store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
+        await server_store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
                                     power_state="stopped")
     await SERVER.observed(conn, ctx.job.resource_id, status="stopped", from_statuses=("running", "stopped"))
 

@@ -1,5 +1,6 @@
-"""Job kinds: one module per kind (in its resource type's slice), each with ``observe``, ``plan`` (pure), ``apply``, ``verify``
-together, plus ``record`` (write what verify saw, in the transaction that finishes the job) and
+"""Job kinds: one module per kind (in its resource type's slice), each a
+:class:`~z9.executor.kind.JobKind` — ``observe``, ``plan`` (pure), ``apply``, ``verify`` together,
+plus ``record`` (write what verify saw, in the transaction that finishes the job) and
 ``record_failure(conn, ctx, error)`` (the resource carries a failed job's reason; ``error`` is
 the job row's error, ``{class, message, …}``). A kind whose ``record`` writes nothing may say
 ``RECORDS_NOTHING = True``: its finish and the executor's next claim are then one statement
@@ -12,21 +13,23 @@ type registry (:mod:`z9.resources`), named in no list here; :func:`register` add
 """
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
+from z9 import resources
 from z9.common import kinds
 from z9.common.errors import PermanentError
+from z9.common.models import Job
 
-from z9 import resources
+from ..context import JobContext, Step
+from ..kind import PHASES, JobKind
 
-REGISTRY: dict[str, Any] = {}
+REGISTRY: dict[str, JobKind] = {}
 
 
-def register(module: ModuleType | Any) -> None:
-    """Register a job kind: anything with KIND, observe, plan, apply, verify, record,
-    record_failure."""
-    for attr in ("KIND", "observe", "plan", "apply", "verify", "record", "record_failure"):
+def register(module: JobKind) -> None:
+    """Register a job kind (the type checker holds it to :class:`JobKind`; at run time a kind
+    lacking a phase is refused here, naming it)."""
+    for attr in ("KIND", *PHASES):
         if not hasattr(module, attr):
             raise TypeError(f"job kind {module!r} lacks {attr}")
     REGISTRY[module.KIND] = module
@@ -35,7 +38,7 @@ def register(module: ModuleType | Any) -> None:
 
 for _type in resources.types():  # every kind of every slice (resources/z9/resources/<type>/jobs)
     for _m in resources.job_modules(_type):
-        register(_m)
+        register(_m)  # type: ignore[arg-type]  # a module, checked against JobKind by tests/test_kind_contract.py
     _missing = set(_type.kinds) - set(REGISTRY)
     if _missing:
         raise TypeError(f"resource type {_type.name} names kinds its jobs package lacks: {sorted(_missing)}")
@@ -47,8 +50,20 @@ class UnknownKind:
     def __init__(self, kind: str):
         self.KIND = kind
 
-    async def observe(self, ctx: Any) -> None:
+    async def observe(self, ctx: JobContext, /) -> None:
         raise PermanentError(f"unknown job kind {self.KIND!r}: no executor module handles it")
 
-    async def record_failure(self, conn: Any, ctx: Any, error: dict[str, Any]) -> None:
+    def plan(self, job: Job, world: Any, /) -> list[Step]:
+        return []  # never reached: observe refuses
+
+    async def apply(self, ctx: JobContext, world: Any, step: Step, /) -> None:
+        return None
+
+    async def verify(self, ctx: JobContext, /) -> None:
+        return None
+
+    async def record(self, conn: Any, ctx: JobContext, observed: Any, /) -> None:
+        return None
+
+    async def record_failure(self, conn: Any, ctx: JobContext, error: dict[str, Any], /) -> None:
         return None
