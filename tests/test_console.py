@@ -63,11 +63,18 @@ def test_server_created_watched_deleted_restored(stack: DevStack, chromium: Any)
     page.wait_for_selector("[data-field=cores] .error:not([hidden])")
     assert "at most 64" in page.inner_text("[data-field=cores] .error")
     assert page.get_attribute("[name=name]", "aria-invalid") == "true"
+    # the refusal in the schema's words (its description), never the regex
+    name_error = page.inner_text("[data-field=name] .error")
+    assert "DNS label" in name_error and "^[a-z0-9]" not in name_error, name_error
     assert sent == []
+    # labels in words; region and image: selects of what GET /v1/regions offers
+    assert page.inner_text("label[for=%s]" % page.get_attribute("[name=memory_mib]", "id")).startswith("Memory (MiB)")
+    assert page.eval_on_selector("[name=region]", "e => e.tagName") == "SELECT"
+    assert page.eval_on_selector("[name=image]", "e => e.tagName") == "SELECT"
 
     page.fill("[name=name]", name)
-    page.fill("[name=region]", "dev-1")
-    page.fill("[name=image]", "debian-12")
+    page.select_option("[name=region]", "dev-1")
+    page.select_option("[name=image]", "debian-12")
     page.fill("[name=cores]", "1")
     page.fill("[name=memory_mib]", "1024")
     page.fill("[name=disk_gib]", "10")
@@ -83,6 +90,11 @@ def test_server_created_watched_deleted_restored(stack: DevStack, chromium: Any)
     page.wait_for_selector("p .badge:text-is('running')")
     observed = page.inner_text("section:has(#obs-h)")
     assert "vmid" in observed and "running" in observed
+    # the recent jobs follow the latest job: its create shows succeeded there too
+    page.wait_for_selector("section:has(#hist-h) .badge:text-is('succeeded')")
+    # a running server: Start makes no sense (observed running), Shut down does
+    page.wait_for_selector("[data-action=start][disabled]")
+    assert page.is_enabled("[data-action=shutdown]")
 
     page.click("[data-action=delete]")
     page.click("[data-action=confirm-delete]")
@@ -99,3 +111,26 @@ def test_server_created_watched_deleted_restored(stack: DevStack, chromium: Any)
     page.goto(stack.console + "servers")
     page.wait_for_selector("#token")  # signed out: back to the sign-in
     assert page.console_errors == [], page.console_errors
+
+
+def test_phone_sized_window_fits_and_errors_quote_the_request_id(stack: DevStack, chromium: Any) -> None:
+    page = new_page(chromium, viewport={"width": 390, "height": 844})
+    sign_in(page, stack)
+    for path in ("servers/new", "load-balancers/new", "clusters/new"):
+        page.goto(stack.console + path)
+        page.wait_for_selector("form.form button[type=submit]")
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= 390, (path, wide)
+        box = page.locator("text=Sign out").bounding_box()
+        assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, (path, box)
+        page.click("form.form button[type=submit]")  # nothing lies over it (a trial click fails if so)
+        page.wait_for_selector("form.form .notice.bad:not([hidden])")
+    # the JSON fields show an example
+    page.goto(stack.console + "load-balancers/new")
+    page.wait_for_selector("[data-field=targets] code.example")
+    assert "server_id" in page.inner_text("[data-field=targets] code.example")
+    # an API refusal shows the request id the API answered
+    page.goto(stack.console + "servers/srv_" + "0" * 26)
+    page.wait_for_selector(".notice.bad .request-id code")
+    assert page.inner_text(".notice.bad .request-id code").strip()
+    assert page.console_errors == [] or all("404" in e for e in page.console_errors), page.console_errors

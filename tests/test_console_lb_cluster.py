@@ -46,7 +46,7 @@ def test_load_balancer_from_the_console_reaches_healthy(stack: DevStack, chromiu
     page.click("text=Create load balancer")
     name = f"front-{time.time_ns() % 10**8}"
     page.fill("[name=name]", name)
-    page.fill("[name=region]", "dev-1")
+    page.select_option("[name=region]", "dev-1")
     page.fill("[name=services]", json.dumps([{"protocol": "tcp", "listen_port": 80, "destination_port": 8080,
                                               "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 3,
                                                                "timeout_s": 2, "retries": 2}}]))
@@ -73,7 +73,7 @@ def test_cluster_from_the_console_runs_and_its_kubeconfig_downloads(stack: DevSt
     page.click("text=Create cluster")
     name = f"demo-{time.time_ns() % 10**8}"
     page.fill("[name=name]", name)
-    page.fill("[name=region]", "dev-1")
+    page.select_option("[name=region]", "dev-1")
     page.select_option("[name=version]", "1.33")
     page.select_option("[name='control_plane.count']", "1")
     page.fill("[name='control_plane.cores']", "2")

@@ -354,6 +354,10 @@ class Settings(BaseSettings):
     # A token's last use (GET /v1/tokens) is written at most once per this many seconds per API
     # process, for all tokens used meanwhile in one statement: never a write per request.
     api_token_last_used_s: float = Field(60.0, gt=0)
+    # The web console's sessions (server-side, z9.api.console): one ends after this many seconds
+    # without use, and this many seconds after sign-in whatever its use (and with its token).
+    console_session_idle_s: float = Field(43200.0, ge=60)
+    console_session_max_s: float = Field(604800.0, ge=60)
     # The tracing UI a job's trace id links to in the console's operator view: a URL with
     # `{trace_id}` in it (Jaeger: http://127.0.0.1:16686/trace/{trace_id}). Unset: no link.
     tracing_ui_url: str | None = Field(None, pattern=r"^https?://.*\{trace_id\}")

@@ -3,7 +3,7 @@
 // every mutation. The resource kinds, their lists' filters, forms and actions come from the
 // API's OpenAPI document: a kind the API registers appears here without console code.
 import { h } from "./dom.js";
-import { nonNull, objectFields, resolve, showErrors, validate } from "./schema.js";
+import { label, nonNull, objectFields, resolve, showErrors, validate } from "./schema.js";
 
 const BASE = "/console";
 const LONG_POLL_S = 25; // GET /v1/jobs/{id}?wait_s=: answers on each change
@@ -18,12 +18,14 @@ const main = () => document.getElementById("main");
 // ------------------------------------------------------------------ API
 
 class ApiError extends Error {
-  constructor(status, body) {
+  constructor(status, body, requestId) {
     const e = (body && body.error) || {};
     super(e.message || `HTTP ${status}`);
     this.status = status;
     this.code = e.code;
     this.details = e.details || [];
+    // the id the API logged the request under (its X-Request-Id answer): what a user quotes
+    this.requestId = e.request_id || requestId || null;
   }
 }
 
@@ -38,7 +40,7 @@ async function api(method, path, body, { signal } = {}) {
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch { data = null; }
   if (r.status === 401 && !path.startsWith("/console/")) { state.session = null; go("/sign-in"); }
-  if (!r.ok) throw new ApiError(r.status, data);
+  if (!r.ok) throw new ApiError(r.status, data, r.headers.get("X-Request-Id"));
   return data;
 }
 
@@ -177,7 +179,8 @@ function link(path, ...children) {
 function errorNotice(e) {
   const box = h("div", { class: "notice bad", role: "alert" },
     h("strong", {}, e.status === 403 ? "Refused: " : e.status === 404 ? "Not found: " : "Error: "), e.message,
-    e.code ? h("span", { class: "muted" }, ` (${e.status} ${e.code})`) : "");
+    e.code ? h("span", { class: "muted" }, ` (${e.status} ${e.code})`) : "",
+    e.requestId ? h("p", { class: "request-id" }, "Request id (quote it when asking for help): ", h("code", {}, e.requestId)) : null);
   return box;
 }
 
@@ -339,7 +342,7 @@ async function listPage(kind) {
     else if (s.type === "boolean") c = h("select", { id, name: p.name }, h("option", { value: "" }, "default"), h("option", { value: "true" }, "yes"), h("option", { value: "false" }, "no"));
     else c = h("input", { id, name: p.name, type: "text" });
     c.value = params.get(p.name) || "";
-    filters.append(h("div", { class: "field" }, h("label", { for: id }, p.name.replace(/_/g, " ")), c));
+    filters.append(h("div", { class: "field" }, h("label", { for: id }, label(p.name)), c));
   }
   filters.append(h("div", {}, h("button", { type: "submit" }, "Filter")));
   filters.addEventListener("submit", (ev) => {
@@ -365,8 +368,8 @@ async function listPage(kind) {
 
 // ------------------------------------------------------------------ create and action forms
 
-function schemaForm(schema, { submit, onSubmit, values, skip }) {
-  const fields = objectFields(state.doc, schema, { values, skip });
+function schemaForm(schema, { submit, onSubmit, values, skip, fillFromExample = false }) {
+  const fields = objectFields(state.doc, schema, { values, skip, fillFromExample });
   const summary = h("div", { class: "notice bad", role: "alert", tabindex: "-1", hidden: "" });
   const status = h("div", { role: "status" });
   const form = h("form", { class: "form", novalidate: "" }, summary, fields.element,
@@ -399,7 +402,7 @@ async function createPage(kind) {
   if (!canWrite()) return page(`Create ${kind.oneKey.replace(/_/g, " ")}`, h("p", {}, "This token is read-only."));
   const hints = h("div", {});
   const form = schemaForm(kind.createSchema, {
-    submit: "Create",
+    submit: "Create", fillFromExample: true,
     onSubmit: async (body) => {
       const r = await api("POST", kind.plural, body);
       announce(`${kind.oneKey} accepted; job ${r.job.id} ${r.job.status}`);
@@ -407,25 +410,76 @@ async function createPage(kind) {
     },
   });
   page(`Create ${kind.oneKey.replace(/_/g, " ")}`, h("p", {}, "Every field is checked against the API's own constraints before it is sent."), hints, form);
-  // what the installation offers (GET /v1/regions): suggested in the region and image fields
-  const regions = await api("GET", "regions").catch(() => null);
-  if (regions) {
-    hints.append(h("p", { class: "muted" }, "Regions: ", regions.regions.map((r) => `${r.name} (images: ${r.images.join(", ") || "any"})`).join("; ")));
-    suggest(form, "region", regions.regions.map((r) => r.name));
-    suggest(form, "image", [...new Set(regions.regions.flatMap((r) => r.images))]);
+  // what the installation offers (GET /v1/regions, /v1/images): the region and image fields become
+  // selects of those (an image list follows the region chosen)
+  const [regions, images] = await Promise.all([api("GET", "regions").catch(() => null), api("GET", "images").catch(() => null)]);
+  if (regions && regions.regions.length) {
+    const region = choose(form, "region", regions.regions.map((r) => r.name));
+    const imageInput = form.querySelector("input[type=text][name=image]");
+    if (imageInput) {
+      const offered = (name) => {
+        const r = regions.regions.find((x) => x.name === name);
+        const byRegion = images ? images.images.filter((i) => !name || i.regions.includes(name)).map((i) => i.name) : [];
+        return r && r.images.length ? r.images : byRegion;
+      };
+      const image = choose(form, "image", offered(region ? region.value : ""));
+      if (region && image) {
+        region.addEventListener("change", () => {
+          const keep = image.value;
+          const opts = offered(region.value);
+          image.replaceChildren(...selectOptions(opts, !image.hasAttribute("aria-required")));
+          if (opts.includes(keep)) image.value = keep;
+          image.dispatchEvent(new Event("change"));
+        });
+      }
+      // a server's disk: at least its image's (GET /v1/images disk_gib)
+      const disk = form.querySelector("input[name=disk_gib]");
+      if (image && disk && images) {
+        const fit = () => {
+          const i = images.images.find((x) => x.name === image.value);
+          if (i && i.disk_gib && Number(disk.value || 0) < i.disk_gib) disk.value = String(Math.ceil(i.disk_gib));
+        };
+        image.addEventListener("change", fit);
+        fit();
+      }
+    }
   }
 }
 
-function suggest(form, name, options) {
-  const input = form.querySelector(`input[type=text][name="${name}"]`);
-  if (!input || !options.length) return;
-  const list = h("datalist", { id: `${input.id}-list` }, ...options.map((o) => h("option", { value: o })));
-  input.setAttribute("list", list.id);
-  input.after(list);
-  if (options.length === 1 && !input.value) input.value = options[0];
+function selectOptions(options, optional) {
+  return [optional ? h("option", { value: "" }, "—") : null, ...options.map((o) => h("option", { value: o }, o))].filter(Boolean);
+}
+
+// a text field replaced by a select of what the API offers (same id, name and description)
+function choose(form, name, options) {
+  const input = form.querySelector(`input[type=text][name="${CSS.escape(name)}"]`);
+  if (!input || !options.length) return null;
+  const optional = !input.hasAttribute("aria-required");
+  const select = h("select", {}, ...selectOptions(options, optional));
+  for (const a of ["id", "name", "aria-describedby", "aria-required"]) if (input.hasAttribute(a)) select.setAttribute(a, input.getAttribute(a));
+  if (input.value && options.includes(input.value)) select.value = input.value;
+  else if (!optional) select.value = options[0];
+  // the form reads the field through its input: the input's value is now the select's
+  Object.defineProperty(input, "value", { get: () => select.value, set: (v) => { select.value = v; }, configurable: true });
+  input.replaceWith(select);
+  return select;
 }
 
 // ------------------------------------------------------------------ detail
+
+// Why an action makes no sense on the resource as it is now (null: it does), from the API's own
+// refusals (resources/z9/resources/server/api_actions.py): a power action or resize on a server
+// still being created is 409 server_creating; start on a running VM and a stop on a stopped one
+// would only run a job that plans nothing. Reboot starts a stopped server, so it stays offered.
+const POWER_ACTIONS = new Set(["start", "shutdown", "poweroff", "reboot", "resize"]);
+function unavailable(kind, action, item) {
+  if (kind.plural !== "servers" || !POWER_ACTIONS.has(action)) return null;
+  if (item.status === "creating") return "the server is still being created";
+  const power = item.observed && item.observed.power_state;
+  if (action === "start" && item.status === "running" && power === "running") return "it is running";
+  if (["shutdown", "poweroff"].includes(action) && item.status === "stopped" && power === "stopped") return "it is stopped";
+  return null;
+}
 
 async function detailPage(kind, id) {
   const data = await api("GET", `${kind.plural}/${encodeURIComponent(id)}`);
@@ -451,6 +505,7 @@ async function detailPage(kind, id) {
   const refresh = async () => {
     try { item = (await api("GET", `${kind.plural}/${encodeURIComponent(id)}`))[kind.oneKey]; render(); } catch { /* shown next time */ }
   };
+  let followLatest = () => {};
   const accepted = (r) => {
     announce(`Job ${r.job.id} ${r.job.status}`);
     followLatest(r.job.id);
@@ -462,12 +517,16 @@ async function detailPage(kind, id) {
     const bar = h("div", { class: "bar", role: "group", "aria-label": "Actions" });
     const formBox = h("div", {});
     const deleting = ["deleting", "destroying"].includes(item.status);
+    const whys = [];
     for (const a of kind.actions) {
       if (a.name === "cancel-deletion" && item.status !== "deleting") continue;
       if (a.name !== "cancel-deletion" && deleting) continue;
       const reqSchema = a.op.requestBody && a.op.requestBody.content["application/json"].schema;
       const label = a.name === "cancel-deletion" ? "Restore" : a.name.replace(/-/g, " ").replace(/^./, (c) => c.toUpperCase());
-      bar.append(h("button", { type: "button", "data-action": a.name, onclick: async () => {
+      const why = unavailable(kind, a.name, item);
+      if (why) whys.push(`${label}: ${why}`);
+      bar.append(h("button", { type: "button", "data-action": a.name, disabled: Boolean(why), title: why || null,
+        "aria-describedby": why ? "actions-why" : null, onclick: async () => {
         const props = reqSchema ? resolve(state.doc, reqSchema).properties || {} : {};
         if (!reqSchema || !Object.keys(props).length) {
           try { accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, reqSchema ? {} : undefined)); } catch (e) { put(formBox, errorNotice(e)); }
@@ -497,7 +556,7 @@ async function detailPage(kind, id) {
         formBox.querySelector("[data-action=confirm-delete]").focus();
       } }, "Delete"));
     }
-    actionsBox.append(bar, formBox);
+    actionsBox.append(bar, whys.length ? h("p", { class: "muted", id: "actions-why" }, `Not now — ${whys.join("; ")}.`) : null, formBox);
   };
   // a kind's sub-resources (a cluster's kubeconfig, credentials)
   for (const s of kind.subs) {
@@ -524,17 +583,29 @@ async function detailPage(kind, id) {
   }
   render();
   // the resource's jobs: the live one (or the latest) followed as it changes
-  const followLatest = (jobId) => {
+  // the resource's recent jobs: read again whenever the followed job changes (a new one, a status)
+  const histBox = h("div", { class: "history" });
+  const recentJobs = () => api("GET", `jobs?resource_id=${encodeURIComponent(id)}&order=newest&limit=10&include_observe=false`);
+  let histSeq = 0;
+  const loadHistory = async () => {
+    const seq = ++histSeq;
+    try {
+      const r = await recentJobs();
+      if (seq === histSeq) put(histBox, jobsTable(r.jobs, "This resource's recent jobs"));
+    } catch { /* shown next time */ }
+  };
+  followLatest = (jobId) => {
     stopLive();
     put(jobBox, h("h2", { id: "job-h" }, "Latest job"));
-    const panel = jobPanel(jobId, { onChange: refresh });
+    const panel = jobPanel(jobId, { onChange: () => { refresh(); loadHistory(); } });
     jobBox.append(panel);
+    loadHistory();
   };
-  const jobs = await api("GET", `jobs?resource_id=${encodeURIComponent(id)}&order=newest&limit=10&include_observe=false`).catch(() => ({ jobs: [] }));
+  const jobs = await recentJobs().catch(() => ({ jobs: [] }));
+  put(histBox, jobsTable(jobs.jobs, "This resource's recent jobs"));
+  main().append(h("section", { "aria-labelledby": "hist-h" }, h("h2", { id: "hist-h" }, "Recent jobs"), histBox));
   const live = jobs.jobs.find((j) => ["pending", "running", "retry"].includes(j.status)) || jobs.jobs[0];
   if (live) followLatest(live.id);
-  main().append(h("section", { "aria-labelledby": "hist-h" }, h("h2", { id: "hist-h" }, "Recent jobs"),
-    jobsTable(jobs.jobs, "This resource's recent jobs")));
 }
 
 // ------------------------------------------------------------------ jobs

@@ -48,7 +48,11 @@ export function validate(doc, schema, value, path = "") {
   const at = (m) => errs.push({ path, message: m });
   const alts = s.anyOf || s.oneOf;
   if (alts) {
-    const results = alts.map((a) => validate(doc, a, value, path));
+    // a branch without its own description gets the field's (a pattern's refusal says it)
+    const results = alts.map((a) => {
+      const r = resolve(doc, a);
+      return validate(doc, s.description && !r.description ? { ...r, description: s.description } : r, value, path);
+    });
     if (!results.some((r) => r.length === 0)) {
       const best = results.reduce((a, b) => (a.length <= b.length ? a : b));
       errs.push(...best);
@@ -67,7 +71,7 @@ export function validate(doc, schema, value, path = "") {
     const n = [...value].length;
     if (s.minLength !== undefined && n < s.minLength) at(s.minLength === 1 ? "required" : `at least ${s.minLength} characters`);
     if (s.maxLength !== undefined && n > s.maxLength) at(`at most ${s.maxLength} characters`);
-    if (s.pattern) { const r = regex(s.pattern); if (r && !r.test(value)) at(`does not match ${s.pattern}`); }
+    if (s.pattern) { const r = regex(s.pattern); if (r && !r.test(value)) at(patternMessage(s)); }
   }
   if (t === "integer" || t === "number") {
     if (s.minimum !== undefined && value < s.minimum) at(`at least ${s.minimum}`);
@@ -97,19 +101,45 @@ export function validate(doc, schema, value, path = "") {
 
 const join = (p, k) => (p ? `${p}.${k}` : k);
 
+// A pattern's refusal in words: the field's description (the OpenAPI document's, e.g. "DNS label,
+// lower case, 1-63 chars"), never the regex itself.
+function patternMessage(s) {
+  const d = (s.description || "").trim().replace(/[.:;]+$/, "");
+  if (d) return `must be: ${d}`;
+  const p = s.pattern;
+  if (p === "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$") return "must be a DNS label: lower case letters, digits and inner hyphens, 1-63 characters";
+  if (/^\^\[a-z\]?\[?a-z0-9/.test(p) && p.includes("[a-z0-9-]")) return "must be lower case letters, digits and hyphens, starting with a letter or digit";
+  const id = p.match(/^\^([a-z0-9]+)_\[0-9a-z\]\{26\}\$$/);
+  if (id) return `must be an id like ${id[1]}_… (26 more characters)`;
+  if (p.includes("ssh-")) return "must be an SSH public key line (ssh-ed25519 AAAA… comment)";
+  if (p.startsWith("^[A-Za-z0-9][A-Za-z0-9._-]*")) return "must be letters, digits, dots, underscores and hyphens, starting with a letter or digit";
+  return "is not in the expected form";
+}
+
 let uid = 0;
-const label = (name) => name.replace(/_/g, " ").replace(/^./, (c) => c.toUpperCase());
+// a field's name in words: units and acronyms the way people write them
+const WORDS = { mib: "(MiB)", gib: "(GiB)", ssh: "SSH", dns: "DNS", ipv4: "IPv4", ipv6: "IPv6", ip: "IP", id: "ID", ids: "IDs",
+  url: "URL", tcp: "TCP", udp: "UDP", cpu: "CPU", lb: "LB", vmid: "VM ID", mtu: "MTU", ttl: "TTL", cidr: "CIDR", s: "(s)" };
+const LABELS = { dns_ptr: "Reverse DNS", public_ipv4: "Public IPv4", expiry_s: "Expiry (s)", expires_in_s: "Expires in (s)" };
+export function label(name) {
+  if (LABELS[name]) return LABELS[name];
+  const w = name.split("_").map((x) => WORDS[x] || x).join(" ");
+  return w.replace(/^./, (c) => c.toUpperCase());
+}
 
 // Form fields for an object schema. Returns {element, read()} where read() gives
 // {value, errors} (errors from reading: bad JSON, not a number).
-export function objectFields(doc, schema, { prefix = "", values = {}, skip = [] } = {}) {
+// fillFromExample: a number with no default starts at the schema's example's (a create form's
+// cores, memory, disk: the OpenAPI document's example body), never in an action's form.
+export function objectFields(doc, schema, { prefix = "", values = {}, skip = [], fillFromExample = false } = {}) {
   const s = resolve(doc, schema);
+  const ex = fillFromExample && Array.isArray(s.examples) && s.examples[0] && typeof s.examples[0] === "object" ? s.examples[0] : {};
   const required = new Set(s.required || []);
   const fields = [];
   const box = h("div", { class: "fields" });
   for (const [name, raw] of Object.entries(s.properties || {})) {
     if (skip.includes(name)) continue;
-    const f = field(doc, raw, join(prefix, name), name, required.has(name), values[name]);
+    const f = field(doc, raw, join(prefix, name), name, required.has(name), values[name], ex[name]);
     fields.push([name, f]);
     box.append(f.element);
   }
@@ -129,21 +159,23 @@ export function objectFields(doc, schema, { prefix = "", values = {}, skip = [] 
   };
 }
 
-function field(doc, raw, path, name, required, initial) {
+function field(doc, raw, path, name, required, initial, exampleValue) {
   const s = nonNull(doc, raw);
   const id = `f${++uid}`;
   const hintId = `${id}-hint`;
   const errId = `${id}-err`;
-  const hintText = [s.description, constraintText(s)].filter(Boolean).join(" · ");
+  let hintText = [s.description, constraintText(s)].filter(Boolean).join(" · ");
+  let exampleText = "";
   const err = h("p", { class: "error", id: errId, hidden: "" });
   const wrap = (control, extra = {}) => {
     control.id = id;
     control.name = path;
-    control.setAttribute("aria-describedby", [hintText ? hintId : null, errId].filter(Boolean).join(" "));
+    control.setAttribute("aria-describedby", [hintText || exampleText ? hintId : null, errId].filter(Boolean).join(" "));
     if (required) control.setAttribute("aria-required", "true");
     const el = h("div", { class: "field", "data-field": path, ...extra },
       h("label", { for: id }, label(name), required ? "" : h("span", { class: "muted" }, " (optional)")),
-      hintText ? h("p", { class: "hint", id: hintId }, hintText) : null, control, err);
+      hintText || exampleText ? h("p", { class: "hint", id: hintId }, hintText,
+        exampleText ? [hintText ? " · " : "", "Example: ", h("code", { class: "example" }, exampleText)] : null) : null, control, err);
     return el;
   };
   const t = s.type;
@@ -152,7 +184,8 @@ function field(doc, raw, path, name, required, initial) {
   if (s.enum) {
     control = h("select", {}, required ? null : h("option", { value: "" }, "—"),
       ...s.enum.map((v) => h("option", { value: String(v) }, String(v))));
-    const start = initial ?? s.default;
+    // a version with no default: the newest offered (the enum lists them oldest first)
+    const start = initial ?? s.default ?? (name === "version" && s.enum.length ? s.enum[s.enum.length - 1] : undefined);
     if (start !== undefined && start !== null) control.value = String(start);
     read = () => (control.value === "" ? undefined : s.enum.find((v) => String(v) === control.value));
   } else if (t === "boolean") {
@@ -163,7 +196,8 @@ function field(doc, raw, path, name, required, initial) {
     control = h("input", { type: "number", inputmode: "numeric", step: t === "integer" ? "1" : "any" });
     if (s.minimum !== undefined) control.min = s.minimum;
     if (s.maximum !== undefined) control.max = s.maximum;
-    const start = initial ?? s.default;
+    const start = initial ?? s.default ?? s.example ?? (Array.isArray(s.examples) ? s.examples[0] : undefined)
+      ?? (typeof exampleValue === "number" ? exampleValue : undefined);
     if (start !== undefined && start !== null) control.value = String(start);
     read = () => {
       const v = control.value.trim();
@@ -216,7 +250,9 @@ function field(doc, raw, path, name, required, initial) {
     };
   } else {
     // anything else (a list of objects, a union): JSON, validated by the same schema
-    control = h("textarea", { rows: "5", placeholder: example(doc, s) });
+    const ex = example(doc, s);
+    control = h("textarea", { rows: "5", placeholder: ex });
+    if (ex !== "JSON") exampleText = ex;
     if (initial !== undefined) control.value = JSON.stringify(initial, null, 2);
     read = () => {
       const v = control.value.trim();
@@ -241,10 +277,45 @@ function field(doc, raw, path, name, required, initial) {
   };
 }
 
-function example(doc, s) {
+// A JSON field's example: the schema's own, else one built from its (item) schema's required fields.
+export function example(doc, s) {
   if (s.examples && s.examples.length) return JSON.stringify(s.examples[0]);
-  if (s.type === "array") return "[…] (JSON)";
-  return "JSON";
+  if (s.example !== undefined) return JSON.stringify(s.example);
+  const alts = s.anyOf || s.oneOf;
+  if (alts && alts.every((a) => ["boolean", "string", "integer", "number"].includes(nonNull(doc, a).type))) {
+    return alts.map((a) => JSON.stringify(sample(doc, a, 1))).join(" or ");
+  }
+  const v = sample(doc, s, 0);
+  return v === undefined ? "JSON" : JSON.stringify(v);
+}
+
+function sample(doc, raw, depth) {
+  const s = nonNull(doc, raw);
+  if (depth > 4) return undefined;
+  if (s.examples && s.examples.length) return s.examples[0];
+  if (s.example !== undefined) return s.example;
+  if (s.const !== undefined) return s.const;
+  if (s.default !== undefined && s.default !== null) return s.default;
+  if (s.enum && s.enum.length) return s.enum[0];
+  const alts = s.anyOf || s.oneOf;
+  if (alts && alts.length) return sample(doc, alts[0], depth + 1);
+  switch (s.type) {
+    case "array": { const i = sample(doc, s.items || {}, depth + 1); return i === undefined ? [] : [i]; }
+    case "object": {
+      const out = {};
+      const req = s.required || [];
+      for (const k of req) { const v = sample(doc, (s.properties || {})[k] || {}, depth + 1); out[k] = v === undefined ? null : v; }
+      return out;
+    }
+    case "integer": case "number": return s.minimum ?? (s.exclusiveMinimum !== undefined ? s.exclusiveMinimum + 1 : 1);
+    case "boolean": return true;
+    case "string": {
+      const id = (s.pattern || "").match(/^\^([a-z0-9]+)_\[0-9a-z\]\{26\}\$$/);
+      if (id) return `${id[1]}_…`;
+      return s.format === "ipv4" ? "192.0.2.10" : "…";
+    }
+    default: return undefined;
+  }
 }
 
 function constraintText(s) {
