@@ -77,6 +77,8 @@ DESCRIPTIONS: dict[str, str] = {
     # api
     "api_host": "Bind address of `z9 api`.",
     "api_port": "Port of `z9 api` (it also serves `GET /metrics` there).",
+    "console_session_idle_s": "A web console session ends after this long without use (seconds; its expiry moves on with use, written at most once a minute).",
+    "console_session_max_s": "A web console session ends this long after sign-in whatever its use (seconds); a session also ends with its token (revoked, expired) and at sign-out.",
     "api_token_cache_s": "How long an API process remembers a valid token's tenant (a revoked token keeps working up to this long); 0: no cache.",
     "tracing_ui_url": "The tracing UI a job's trace id links to in the console's operator view and in `GET /v1/operator/jobs/{id}` (`trace_url`): a URL holding `{trace_id}`, e.g. Jaeger's `http://127.0.0.1:16686/trace/{trace_id}`. Unset: no link.",
     "api_token_last_used_s": "How often an API process writes the last use of the tokens it saw (one write for all of them, not one per request); `GET /v1/tokens` shows last use this coarsely.",

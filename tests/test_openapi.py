@@ -309,9 +309,31 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     await w.call("GET", "/servers", "/servers?include_deleted=false", 200)
     await w.call("GET", "/servers", "/servers?include_deleted=yes", 422)
 
+    # the volume's own routes
+    vol = (await w.call("POST", "/volumes", "/volumes", 202, json={"name": "walk-vol", "region": "dev-1",
+                                                                 "size_gib": 2}))["volume"]["id"]
+    await w.call("GET", "/volumes", f"/volumes?region=dev-1&server_id={srv}", 200)
+    await w.call("GET", "/volumes", "/volumes?server_id=nope", 422)
+    vitem = "/volumes/{id}"
+    await w.call("PATCH", vitem, f"/volumes/{vol}", 200, json={"labels": {"env": "walk"}})
+    await w.call("PATCH", vitem, f"/volumes/{vol}", 422, json={})
+    await w.call("PATCH", vitem, "/volumes/vol_nope", 404, json={"name": "x"})
+    await w.call("PATCH", vitem, f"/volumes/{vol}", 401, token="z9t_unknown", json={"name": "x"})
+    for action, good, bad in (("attach", {"server_id": srv}, {"server_id": "nope"}),
+                              ("resize", {"size_gib": 3}, {"size_gib": 1}),
+                              ("detach", None, None)):
+        tpl = f"/volumes/{{id}}/actions/{action}"
+        await w.call("POST", tpl, f"/volumes/{vol}/actions/{action}", 202, json=good)
+        if bad is not None:
+            await w.call("POST", tpl, f"/volumes/{vol}/actions/{action}", 422, json=bad)
+        await w.call("POST", tpl, f"/volumes/vol_nope/actions/{action}", 404, json=good)
+        await w.call("POST", tpl, f"/volumes/{vol}/actions/{action}", 401, token="z9t_unknown", json=good)
+    await w.call("POST", "/volumes/{id}/actions/detach", f"/volumes/{vol}/actions/detach", 409)  # not attached
+    await w.call("DELETE", "/servers/{id}", f"/servers/{srv}?delete_volumes=maybe", 422)
+
     # the caller's own quotas and use
     quota = await w.call("GET", "/quota", "/quota", 200)
-    assert set(quota["quotas"]) == {"servers", "cores", "memory_mib", "addresses", "load_balancers"}
+    assert set(quota["quotas"]) == {"servers", "cores", "memory_mib", "addresses", "load_balancers", "volume_gib"}
     await w.call("GET", "/quota", "/quota", 401, token="z9t_unknown")
 
     # the tokens' routes (issue 12)

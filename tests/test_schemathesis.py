@@ -35,7 +35,7 @@ NOT_IN_ANY_SCHEMA = ("unknown region", "unknown image", "unknown pool", "unknown
                      "unknown address", "no pool of this family", "reused", "cannot shrink",
                      "timeout_s must not exceed interval_s", "two services listen on the same port",
                      "a target is listed twice", "duplicate pool name", "http is only for protocol http",
-                     "the load balancer's own address",
+                     "the load balancer's own address", "above the region's volume_max_gib",
                      # what a load balancer may reach depends on the region's networks and pools and
                      # on who holds an address now (z9.resources.load_balancer); a
                      # kubeconfig's longest life is an installation setting

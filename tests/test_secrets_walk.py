@@ -98,6 +98,24 @@ async def test_every_secret_appears_only_where_it_must(stack: Stack, sim: SimAdm
     minted = await call("POST", "/tokens", json={"name": "walk", "scopes": ["read"]})
     new_secret = minted["secret"]
     token_answer = answers[-1]
+    # the web console: a session (its id in the sign-in's Set-Cookie only), used, then signed out
+    console = stack.base.removesuffix("/v1") + "/console/session"
+
+    async def console_call(method: str, url: str, **kw: Any) -> tuple[Any, str]:
+        async with stack.http.request(method, url, **kw) as r:
+            text = await r.text()
+            answers.append((f"{method} {url} -> {r.status}", text + json.dumps(dict(r.headers))))
+            assert r.status < 500, (url, text)
+            return r, text
+    signed_in, session_body = await console_call("POST", console, json={"token": new_secret})
+    session_id = signed_in.cookies["z9_console"].value
+    session_answer = answers[-1]
+    cookie = {"Cookie": f"z9_console={session_id}"}
+    csrf = json.loads((await console_call("GET", console, headers=cookie))[1])["csrf_token"]
+    await console_call("GET", stack.base + "/servers", headers=cookie)
+    await console_call("GET", stack.base + "/tokens", headers=cookie)
+    await console_call("DELETE", console, headers={**cookie, "X-CSRF-Token": csrf})
+    assert (await console_call("GET", stack.base + "/servers", headers=cookie))[0].status == 401  # signed out
     await sim.configure(**K8S_TIMING)
     created = await call("POST", "/servers", json={"name": "walk-1", "region": REGION, "image": "debian-12",
                                                     "cores": 1, "memory_mib": 1024, "disk_gib": 10})
@@ -136,12 +154,13 @@ async def test_every_secret_appears_only_where_it_must(stack: Stack, sim: SimAdm
         **{f"join token {i}": t for i, t in enumerate(join_tokens)},
         "the tenant's API token secret": stack.token,
         "a minted API token's secret": new_secret,
+        "a console session id": session_id,
     }
 
     # ---- where they must never be
     places: dict[str, list[tuple[str, str]]] = {
         "log": [("log", every_log_line.getvalue())],
-        "answer": [a for a in answers if a is not token_answer],
+        "answer": [a for a in answers if a is not token_answer and a is not session_answer],
         "metrics": [("metrics", metrics_text)],
         "trace": [(f"span {s.name}", _span_text(s)) for s in every_span.get_finished_spans()],
     }
@@ -176,6 +195,9 @@ async def test_every_secret_appears_only_where_it_must(stack: Stack, sim: SimAdm
     assert not found, f"secrets where they must not be: {found}"
     # the one place a token secret appears: the answer that made it (once)
     assert new_secret in token_answer[1] and stack.token not in token_answer[1]
+    # the one place a console session id appears: the sign-in's Set-Cookie (never its body)
+    assert session_id in session_answer[1] and new_secret not in session_answer[1]
+    assert session_id not in session_body
     # a kubeconfig carries the CA certificate and a client key, never a CA key
     assert not [n for n, body in ca_keys.items() if body in json.dumps(kubeconfig)]
     assert not [t for t in join_tokens if t in json.dumps(kubeconfig)]

@@ -129,9 +129,9 @@ async def test_failed_authentication_is_limited_per_address_without_a_lookup(lim
     lookups = []
     real = store.api_token_auth
 
-    async def counting(db: Any, token: str) -> Any:
+    async def counting(db: Any, token: str, **kw: Any) -> Any:
         lookups.append(token)
-        return await real(db, token)
+        return await real(db, token, **kw)
     monkeypatch.setattr(store, "api_token_auth", counting)
     assert (await call(api, "GET", "/servers", api.token))[0] == 200     # known (cached) from here on
     lookups.clear()
@@ -159,9 +159,9 @@ async def test_a_limited_address_still_authenticates_the_tokens_z9_minted(limite
     lookups: list[str] = []
     real = store.api_token_auth
 
-    async def counting(db: Any, token: str) -> Any:
+    async def counting(db: Any, token: str, **kw: Any) -> Any:
         lookups.append(token)
-        return await real(db, token)
+        return await real(db, token, **kw)
     monkeypatch.setattr(store, "api_token_auth", counting)
     key = token_tag_key(api.settings)
     assert key is not None

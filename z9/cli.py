@@ -367,14 +367,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_token)
 
     s = sub.add_parser("quota", help="show a tenant's quotas and use; set them (created if missing)",
-                       description="Quotas: servers, cores, memory (MiB) and addresses not yet deleted. A "
+                       description="Quotas: servers, cores, memory (MiB), addresses and volume GiB not yet deleted. A "
                                    "tenant's own limit overrides the Z9_QUOTA_* default; 'default' goes back "
                                    "to it. The API answers 403 quota_exceeded past a limit. Customers: "
                                    "`z9 quota show` (your own tenant's, through the API).",
                        usage="z9 quota --tenant NAME [--servers N|default] [--cores …] [--memory-mib …] "
-                             "[--addresses …] [--load-balancers …]\n       z9 quota show [-o json]")
+                             "[--addresses …] [--load-balancers …] [--volume-gib …]\n       z9 quota show [-o json]")
     s.add_argument("--tenant", help="the tenant (required, but for `z9 quota show`)")
-    for k in ("servers", "cores", "memory_mib", "addresses", "load_balancers"):
+    for k in ("servers", "cores", "memory_mib", "addresses", "load_balancers", "volume_gib"):  # store.QUOTA_KEYS
         s.add_argument("--" + k.replace("_", "-"), dest=k, type=_quota_value, default=_UNSET, metavar="N|default")
     s.set_defaults(fn=cmd_quota)
 

@@ -844,3 +844,84 @@ CREATE INDEX vm_private_addresses_quarantined ON vm_private_addresses (region, i
 -- addresses but also two VMs and their health checks on the shared hypervisor, which the address
 -- quota alone did not bound.
 ALTER TABLE tenant_quotas ADD COLUMN load_balancers integer CHECK (load_balancers >= 0);
+
+-- migration 0018: volumes (see db/z9/db/migrations/0018_volumes.sql)
+CREATE TYPE volume_status AS ENUM ('creating', 'available', 'attached', 'deleting', 'destroying', 'deleted', 'failed');
+
+CREATE TABLE volumes (
+    id                    text PRIMARY KEY CHECK (id ~ '^vol_[0-9a-z]{26}$'),
+    tenant_id             text NOT NULL REFERENCES tenants (id),
+    region                text NOT NULL,
+    name                  text NOT NULL CHECK (name ~ '^[a-z0-9][a-z0-9-]{0,62}$'),
+    size_gib              integer NOT NULL CHECK (size_gib BETWEEN 1 AND 65536),
+    storage               text NOT NULL CHECK (length(storage) BETWEEN 1 AND 63),
+    server_id             text REFERENCES servers (id),
+    labels                jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(labels) = 'object'),
+    status                volume_status NOT NULL DEFAULT 'creating',
+    status_reason         text,
+    status_before_delete  volume_status,
+    server_before_delete  text REFERENCES servers (id),
+    delete_after          timestamptz,
+    observed              jsonb,
+    observed_at           timestamptz,
+    created_at            timestamptz NOT NULL DEFAULT now(),
+    updated_at            timestamptz NOT NULL DEFAULT now(),
+    deleted_at            timestamptz,
+    CHECK (status <> 'deleting' OR delete_after IS NOT NULL),
+    CHECK ((status = 'deleted') = (deleted_at IS NOT NULL)),
+    CHECK (status NOT IN ('deleting', 'destroying', 'deleted') OR server_id IS NULL)
+);
+
+CREATE UNIQUE INDEX volumes_tenant_name_live ON volumes (tenant_id, name) WHERE status <> 'deleted';
+CREATE INDEX volumes_tenant_id ON volumes (tenant_id, id);
+CREATE INDEX volumes_server ON volumes (server_id) WHERE server_id IS NOT NULL;
+CREATE INDEX volumes_deletion_due ON volumes (delete_after) WHERE status = 'deleting';
+
+-- grow only: a size never goes down (the API answers 422 first; this is the last line)
+CREATE FUNCTION volumes_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.size_gib < OLD.size_gib THEN
+        RAISE EXCEPTION 'volume % is % GiB; volumes never shrink', OLD.id, OLD.size_gib
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'volumes_never_shrink';
+    END IF;
+    IF NEW.status IN ('deleting', 'destroying') AND OLD.status NOT IN ('deleting', 'destroying') THEN
+        NEW.server_before_delete := OLD.server_id;
+        NEW.server_id := NULL;
+    ELSIF OLD.status = 'deleting' AND NEW.status NOT IN ('deleting', 'destroying', 'deleted') THEN
+        NEW.server_id := (SELECT s.id FROM servers s WHERE s.id = OLD.server_before_delete
+                          AND s.status NOT IN ('deleting', 'destroying', 'deleted'));
+        NEW.status := CASE WHEN NEW.server_id IS NULL AND NEW.status = 'attached' THEN 'available'
+                           ELSE NEW.status END;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER volumes_guard
+    BEFORE UPDATE OF status, size_gib ON volumes
+    FOR EACH ROW
+    EXECUTE FUNCTION volumes_guard();
+
+-- the volume_gib quota: a tenant's live volumes' sizes (NULL: the Z9_QUOTA_VOLUME_GIB default)
+ALTER TABLE tenant_quotas ADD COLUMN volume_gib bigint CHECK (volume_gib >= 0);
+
+-- z9 schema, version 19: the web console's sessions, server-side and opaque.
+--
+-- The console's cookie used to hold the raw API token, so signing out only asked the browser to
+-- forget it: a copy of the cookie kept working. Now signing in makes one row here (a random
+-- session id, of which only its SHA-256 is stored, and the token it authenticates as) and the
+-- cookie holds the session id. Every cookie-authenticated request finds its session (live: not
+-- revoked, not expired) and then passes the same checks as its token (a revoked or expired token,
+-- or one of a revoked line, ends its sessions). Signing out sets revoked_at. expires_at moves
+-- forward with use (Z9_CONSOLE_SESSION_IDLE_S, written at most once a minute) and never past
+-- created_at + Z9_CONSOLE_SESSION_MAX_S. The scheduler deletes the rows ended more than a day ago.
+CREATE TABLE console_sessions (
+    session_sha256  bytea PRIMARY KEY CHECK (length(session_sha256) = 32),
+    token_id        text NOT NULL REFERENCES api_tokens (id) ON DELETE CASCADE,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    expires_at      timestamptz NOT NULL,
+    revoked_at      timestamptz
+);
+CREATE INDEX console_sessions_token ON console_sessions (token_id);
+-- the scheduler's prune deletes the rows ended (expired or signed out) more than a day ago
+CREATE INDEX console_sessions_expires ON console_sessions (expires_at);

@@ -328,6 +328,35 @@ async def final_delete_dependents(conn: Any, type_name: str, resource_id: str, m
     return list(await store.job_insert_many(conn, jobs))
 
 
+# (type name) -> hooks run in the transaction that starts a deletion of that type (DELETE /v1/<plural>/{id}):
+# hook(conn, row, options, settings) -> list[NewJob] (a dependent type reacting: a server's volumes are
+# detached, or deleted with it when the request says so); ``options`` are the request's query parameters
+DELETION_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
+# (type name) -> the models of the query parameters those hooks read (the DELETE route declares them)
+DELETION_OPTIONS: dict[str, list[type]] = {}
+
+
+def on_deletion(type_name: str, hook: Callable[..., Awaitable[list[Any]]], options: type | None = None) -> None:
+    """Register ``hook(conn, row, options, settings) -> [NewJob]`` for when a deletion of a ``type_name``
+    resource starts (in its transaction, after the resource's own job: the jobs are inserted there).
+    ``options``: a pydantic model of the query parameters it reads (``DELETE /v1/<plural>/{id}``
+    declares them). A hook may raise an ApiError (a 4xx naming the option) to refuse the deletion."""
+    DELETION_HOOKS.setdefault(type_name, []).append(hook)
+    if options is not None:
+        DELETION_OPTIONS.setdefault(type_name, []).append(options)
+
+
+async def deletion_dependents(conn: Any, type_name: str, row: Any, options: Any, settings: Any) -> list[Any]:
+    """Run the hooks registered for ``type_name``'s deletion and insert the jobs they ask for (same
+    transaction, without NOTIFY: the caller notifies). Returns the inserted jobs."""
+    jobs: list[NewJob] = []
+    for hook in DELETION_HOOKS.get(type_name, []):
+        jobs.extend(await hook(conn, row, options, settings))
+    if not jobs:
+        return []
+    return list(await store.job_insert_many(conn, jobs))
+
+
 def periodic() -> list[ResourceType[Any]]:
     """The types with a periodic observe job."""
     return [t for t in REGISTRY.values() if t.periodic is not None]

@@ -314,6 +314,10 @@ async def h_destroy(ctx, p, user, fail):
     return await ctx.cluster.destroy(p["node"], _vmid(p), p, user, fail)
 
 
+async def h_move_disk(ctx, p, user, fail):
+    return await ctx.cluster.move_disk(p["node"], _vmid(p), p, user, fail)
+
+
 async def h_resize(ctx, p, user, fail):
     token = ctx.token_of(user)
 
@@ -664,6 +668,7 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("POST", "/nodes/{node}/qemu/{vmid}/migrate"): h_migrate,
     ("DELETE", "/nodes/{node}/qemu/{vmid}"): h_destroy,
     ("PUT", "/nodes/{node}/qemu/{vmid}/resize"): h_resize,
+    ("POST", "/nodes/{node}/qemu/{vmid}/move_disk"): h_move_disk,
     ("PUT", "/nodes/{node}/qemu/{vmid}/cloudinit"): h_cloudinit,
     ("GET", "/nodes/{node}/qemu/{vmid}/cloudinit"): h_cloudinit_get,
     ("GET", "/nodes/{node}/qemu/{vmid}/cloudinit/dump"): h_cloudinit_dump,

@@ -38,12 +38,13 @@ from typing import Any, Callable
 
 import orjson
 
-from .disks import DISK_RE, format_size, parse_size
+from .disks import DISK_RE, format_size, parse_size, print_drive
 from .errors import PveError, param_error
 from . import cloudinit
 from .firewall import Firewall
 from .guest import Guests, GuestSettings
 from . import kubeadm  # noqa: F401  (registers the kubeadm/kubectl command models with the guests)
+from . import blockdev  # noqa: F401  (registers lsblk, ls /dev/disk/by-id, readlink with the guests)
 from .storage import Storage, node_ip as storage_ip
 from .schema import split_list
 from .tasks import Task, TaskPlan
@@ -868,14 +869,13 @@ class Cluster:
         sdef = self.storage.definition(m.group(1))
         if "images" not in sdef.content:
             raise PveError(500, f"storage '{sdef.id}' does not support content-type 'images'")
-        used = {int(x) for x in re.findall(rf"vm-{vm.vmid}-disk-(\d+)", " ".join(
-            list(vm.config.values()) + list(vm.pending.values())))}
-        n = next(i for i in itertools.count() if i not in used)
-        name = f"vm-{vm.vmid}-disk-{n}"
+        # PVE::Storage::vdisk_alloc -> find_free_diskname: the storage's volumes (every config's,
+        # orphans) and this VM's pending ones
+        name = self.storage.free_disk_name(sdef.id, vm.node, vm.vmid,
+                                           [v for v in vm.pending.values() if v.startswith(f"{sdef.id}:")])
         if task is not None:
             task.lines.append(f"  Logical volume \"{name}\" created.")
-        opts = m.group(3) or ""
-        return f"{m.group(1)}:{name}{opts},size={format_size(int(float(m.group(2)) * GiB))}"
+        return print_drive(f"{m.group(1)}:{name}", m.group(3) or "", size=format_size(int(float(m.group(2)) * GiB)))
 
     def _unused(self, vm: VM, old: str) -> None:
         """vmconfig_register_unused_drive: a detached disk's volume stays, as ``unused<n>``."""
@@ -884,8 +884,36 @@ class Cluster:
             return
         if volid in vm.config.values():
             return
+        m = re.search(r"(?:^|,)size=([^,]+)", old)
+        if m:
+            self.storage.sizes[volid] = parse_size(m.group(1)) or 0
         n = next(i for i in itertools.count() if f"unused{i}" not in vm.config)
         vm.config[f"unused{n}"] = volid
+
+    def _deallocate(self, vm: VM, key: str, value: str, task: "Task | None") -> None:
+        """QemuServer.pm try_deallocate_drive of ``unusedN`` (``delete=unusedN``): the owner frees the
+        volume (PVE::Storage::vdisk_free), any other VM only drops it from its config ("If vm is not
+        owner of this disk remove from config"): it stays on its storage, an orphan."""
+        from .storage import owner_of
+
+        volid = value.split(",", 1)[0]
+        if ":" not in volid:
+            return
+        if owner_of(volid.split(":", 1)[1]) == vm.vmid:
+            self.storage.sizes.pop(volid, None)
+            if task is not None:
+                task.lines.append(f"  Logical volume \"{volid.split(':', 1)[1]}\" successfully removed.")
+        else:
+            self.storage.orphan_add(volid, vm.node, self.volume_size(vm, key), vm.vmid)
+
+    def volume_size(self, vm: VM, key: str) -> int:
+        """The size of the volume ``vm.config[key]`` names: its ``size=``, else (an ``unusedN``) what
+        the storage knows of it."""
+        val = vm.config.get(key) or vm.pending.get(key) or ""
+        m = re.search(r"(?:^|,)size=([^,]+)", val)
+        if m:
+            return parse_size(m.group(1)) or 0
+        return self.storage.sizes.get(val.split(",", 1)[0], 4 * 1024 * 1024)
 
     def _apply_pending(self, vm: VM) -> None:
         """QemuServer.pm vmconfig_apply_pending (a start, or a config write to a stopped VM): every
@@ -919,6 +947,14 @@ class Cluster:
                     raise PveError(500, f"invalid bootorder: device '{dev}' does not exist'")
         for k in deletes:
             k = "ide2" if k == "cdrom" else k
+            if re.fullmatch(r"unused\d+", k) and k in vm.config:
+                # Qemu.pm $update_vm_api: an unused disk is deleted at once, running VM or not
+                # (check_protection, then try_deallocate_drive and write_config)
+                if vm.config.get("protection") == "1":
+                    raise PveError(500, f"can't remove unused disk '{vm.config[k]}' - protection mode enabled")
+                self._deallocate(vm, k, vm.config[k], task)
+                vm.config.pop(k)
+                continue
             if k in vm.pending:
                 vm.pending.pop(k)
             if k in vm.config and k not in vm.pending_delete:
@@ -1104,7 +1140,8 @@ class Cluster:
                         name = f"vm-{vmid}-disk-{disk_n}"
                         disk_n += 1
                         task.lines.append(f"  Logical volume \"{name}\" created.")
-                        v = f"{m.group(1)}:{name},size={format_size(int(float(m.group(2)) * GiB))}{m.group(3) or ''}"
+                        v = print_drive(f"{m.group(1)}:{name}", m.group(3) or "",
+                                        size=format_size(int(float(m.group(2)) * GiB)))
                     if k == "tags":
                         v = normalize_tags(v)
                     conf[k] = self._cloudinit_alloc(vmid, k, v)
@@ -1283,9 +1320,25 @@ class Cluster:
                 self.check_lock(v, params.get("skiplock") == "1")
                 if v.running:
                     raise PveError(500, f"VM {vmid} is running - destroy failed")
+                from .storage import owner_of
+
                 for k, val in sorted(v.config.items()):
                     if DISK_RE.fullmatch(k) and ("media=cdrom" not in val or "cloudinit" in val):
-                        task.lines.append(f"  Logical volume \"{val.split(',')[0].split(':')[-1]}\" successfully removed.")
+                        volid = val.split(",")[0]
+                        name = volid.split(":")[-1]
+                        if "cloudinit" not in volid and owner_of(name) not in (None, vmid):
+                            # QemuServer.pm destroy_vm $remove_owned_drive: "return if ... ($owner
+                            # != $vmid)" - another VM's volume stays on its storage
+                            self.storage.orphan_add(volid, v.node, self.volume_size(v, k), vmid)
+                            continue
+                        self.storage.sizes.pop(volid, None)
+                        task.lines.append(f"  Logical volume \"{name}\" successfully removed.")
+                if params.get("destroy-unreferenced-disks") == "1":
+                    # destroy_vm $purge_unreferenced: every vm-<vmid>-* image of every storage
+                    for volid in self.storage.orphans_of(vmid, v.node):
+                        self.storage.orphan_pop(volid, v.node)
+                        self.storage.sizes.pop(volid, None)
+                        task.lines.append(f"  Logical volume \"{volid.split(':')[-1]}\" successfully removed.")
                 v.config = {"lock": "destroyed"}
                 await self.task_time("qmdestroy")
                 if self.vms.get(vmid) is v:
@@ -1407,6 +1460,156 @@ class Cluster:
                     v.config[disk] = f"{value},size={format_size(new)}"
 
         return self.spawn(node, "resize", vmid, user, TaskPlan(run), fail)
+
+    # ---- move_disk: reassign to another VM, or move to another storage ----------------------------
+    def _check_reassign(self, vmid: int, params: dict[str, str]) -> tuple[VM, VM, str, str]:
+        """qemu-server API2/Qemu.pm move_vm_disk ``$load_and_check_reassign_configs`` (run before
+        fork_worker, and again in the worker under both config locks): both VMs exist on one node,
+        neither locked nor a template, the digests, the source disk exists and has a volume (not a
+        CD-ROM), the target key is free, the source VM is stopped unless the disk is ``unusedN``."""
+        target_vmid = int(params["target-vmid"])
+        disk = params["disk"]
+        target_disk = params.get("target-disk") or disk
+        if vmid not in self.vms:
+            raise PveError(500, f"could not find VM {vmid}")
+        if target_vmid not in self.vms:
+            raise PveError(500, f"could not find target VM {target_vmid}")
+        src, dst = self.vms[vmid], self.vms[target_vmid]
+        if src.node != dst.node:
+            raise PveError(500, f"Both VMs need to be on the same node ({src.node} != {dst.node})")
+        self.check_lock(src)
+        self.check_lock(dst)
+        if src.template or dst.template:
+            raise PveError(500, "Can't move disks from or to template VMs")
+        if params.get("digest") and params["digest"] != src.digest():
+            raise PveError(500, f"VM {vmid}: checksum mismatch (file change by other user?)")
+        if params.get("target-digest") and params["target-digest"] != dst.digest():
+            raise PveError(500, f"VM {target_vmid}: checksum mismatch (file change by other user?)")
+        if disk not in src.config:
+            raise PveError(500, f"Disk '{disk}' for VM '{vmid}' does not exist")
+        if target_disk in dst.config:
+            raise PveError(500, f"Target disk key '{target_disk}' is already in use for VM '{target_vmid}'")
+        value = src.config[disk]
+        volid = value.split(",", 1)[0]
+        if volid in ("", "none"):
+            raise PveError(500, f"disk '{disk}' has no associated volume")
+        if "media=cdrom" in value or "cloudinit" in volid:
+            raise PveError(500, "CD drive contents can't be moved to another VM")
+        if ":" not in volid:
+            raise PveError(500, f"Volume '{volid}' not managed by PVE")
+        if src.running and not re.fullmatch(r"unused\d+", disk):
+            raise PveError(500, "Cannot move disk to another VM while the source VM is running - detach first")
+        return src, dst, disk, target_disk
+
+    async def move_disk(self, node: str, vmid: int, params: dict[str, str], user: str,
+                        fail: str | None = None) -> str:
+        """``POST .../move_disk`` (qemu-server API2/Qemu.pm move_vm_disk, PVE >= 7.2 for
+        ``target-vmid``). With ``target-vmid``: a ``qmmove`` task (id ``<vmid>-<disk>><target>-<key>``)
+        renames the volume to the target's lowest free ``vm-<target>-disk-<n>`` (PVE::Storage::
+        rename_volume -> find_free_diskname; no data is copied), removes the disk from the source's
+        config (and its boot order) and writes it to the target: an ``unusedN`` key as the bare
+        volume, any other key through $update_vm_api - the drive's options (``serial=``, ``size=``)
+        kept, hot-plugged into a running target. With ``storage``: the volume is copied to that
+        storage and the old one kept as ``unusedN`` (``delete=1``: freed). Both or neither: 400."""
+        has_t, has_s = bool(params.get("target-vmid")), bool(params.get("storage"))
+        if has_t and has_s:
+            msg = "either set 'storage' or 'target-vmid', but not both"
+            raise param_error({"target-vmid": msg, "storage": msg})
+        if not has_t and not has_s:
+            msg = "both 'storage' and 'target-vmid' missing, either needs to be set"
+            raise param_error({"target-vmid": msg, "storage": msg})
+        self.vm_on(node, vmid)
+        if has_s:
+            return await self._move_to_storage(node, vmid, params, user, fail)
+        target_vmid = int(params["target-vmid"])
+        if target_vmid == vmid:
+            raise param_error({"target-vmid": "must be different than source VMID to reassign disk"})
+        _, _, disk, target_disk = self._check_reassign(vmid, params)
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                async with self.flock(target_vmid).hold(target_vmid, timeout=FLOCK_WAIT_S["config"]):
+                    src, dst, _, _ = self._check_reassign(vmid, params)
+                    task.lines.append(f"reassign disk '{disk}' from VM '{vmid}' as '{target_disk}' to VM '{target_vmid}'")
+                    value = src.config[disk]
+                    volid, _, opts = value.partition(",")
+                    sid, _, volname = volid.partition(":")
+                    await self.task_time("qmmove")
+                    new_name = self.storage.free_disk_name(sid, src.node, target_vmid)
+                    new_volid = f"{sid}:{new_name}"
+                    task.lines.append(f"  Renamed \"{volname}\" to \"{new_name}\" in volume group")
+                    if volid in self.storage.sizes:
+                        self.storage.sizes[new_volid] = self.storage.sizes.pop(volid)
+                    m = re.search(r"(?:^|,)size=([^,]+)", value)
+                    if m:
+                        self.storage.sizes[new_volid] = parse_size(m.group(1)) or 0
+                    boot = src.config.get("boot", "")
+                    bm = re.search(r"(?:^|,)order=([^,]+)", boot)
+                    if bm and disk in split_list(bm.group(1)):
+                        task.lines.append(f"removing disk '{disk}' from boot order config")
+                        order = ";".join(d for d in split_list(bm.group(1)) if d != disk)
+                        src.config["boot"] = boot[:bm.start(1)] + order + boot[bm.end(1):] if order else \
+                            re.sub(r"(?:^|,)order=[^,]*", "", boot).strip(",")
+                        if not src.config["boot"]:
+                            src.config.pop("boot")
+                    src.config.pop(disk)
+                    task.lines.append(f"removing disk '{disk}' from VM '{vmid}' config")
+                    if re.fullmatch(r"unused\d+", target_disk):
+                        dst.config[target_disk] = new_volid
+                    else:
+                        if re.fullmatch(r"unused\d+", disk):  # a bare volume: create_disks sizes it
+                            size = self.storage.sizes.get(new_volid)
+                            drive = print_drive(new_volid, "", **({"size": format_size(size)} if size else {}))
+                        else:
+                            drive = print_drive(new_volid, opts)
+                        # $update_vm_api (skiplock: under the target's lock already)
+                        self._apply_config(dst, {target_disk: drive}, task)
+                    Generation.bump()
+
+        tid = f"{vmid}-{disk}>{target_vmid}-{target_disk}"
+        return self.spawn(node, "qmmove", tid, user, TaskPlan(run), fail)
+
+    async def _move_to_storage(self, node: str, vmid: int, params: dict[str, str], user: str,
+                               fail: str | None) -> str:
+        """move_vm_disk with ``storage`` ($load_and_check_move, then $move_updatefn): the disk is
+        copied (qemu-img convert, or drive-mirror on a running VM) to a new volume on the target
+        storage; the old volume becomes ``unusedN``, or is freed with ``delete=1``."""
+        disk, storeid = params["disk"], params["storage"]
+
+        def check() -> VM:
+            vm = self.vm_on(node, vmid)
+            self.check_lock(vm)
+            if params.get("digest") and params["digest"] != vm.digest():
+                raise PveError(500, "checksum mismatch (file change by other user?)")
+            if disk not in vm.config:
+                raise PveError(500, f"disk '{disk}' does not exist")
+            value = vm.config[disk]
+            if "media=cdrom" in value:
+                raise PveError(500, f"you can't move a cdrom")
+            sdef = self.storage.definition(storeid)
+            if "images" not in sdef.content:
+                raise PveError(500, f"storage '{storeid}' does not support content-type 'images'")
+            if value.split(",", 1)[0].split(":", 1)[0] == storeid:
+                raise PveError(500, f"you can't move to the same storage with same format")
+            return vm
+
+        check()
+
+        async def run(task: Task) -> None:
+            async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
+                vm = check()
+                value = vm.config[disk]
+                volid, _, opts = value.partition(",")
+                name = self.storage.free_disk_name(storeid, vm.node, vmid)
+                task.lines.append(f"create full clone of drive {disk} ({volid})")
+                await self.task_time("qmmove")
+                vm.config[disk] = f"{storeid}:{name}" + (f",{opts}" if opts else "")
+                if params.get("delete") == "1":
+                    task.lines.append(f"  Logical volume \"{volid.split(':', 1)[1]}\" successfully removed.")
+                else:
+                    self._unused(vm, value)
+
+        return self.spawn(node, "qmmove", vmid, user, TaskPlan(run), fail)
 
     # ---- snapshots -------------------------------------------------------------------------------
     def snapshot_list(self, node: str, vmid: int) -> list[dict]:

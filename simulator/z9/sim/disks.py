@@ -24,3 +24,11 @@ def format_size(size: int) -> str:
 
 
 DISK_RE = re.compile(r"(ide|scsi|sata|virtio|efidisk|tpmstate|unused)\d+")
+
+
+def print_drive(volid: str, opts: str, **override: str) -> str:
+    """QemuServer::Drive print_drive → pve-common JSONSchema.pm print_property_string: the volume (the
+    default key) first, then every other option sorted by key."""
+    kv = dict(o.split("=", 1) if "=" in o else (o, "") for o in opts.split(",") if o)
+    kv.update(override)
+    return ",".join([volid, *(f"{k}={v}" for k, v in sorted(kv.items()))])

@@ -246,6 +246,7 @@ class Guest:
     fault_agent_dead: bool = False
     fault_ci: str | None = None
     schema: Any = None  # the real `cloud-init schema` of the seed's user-data, started at power-on (a Future)
+    block: dict[str, str] = field(default_factory=dict)  # drive identity -> kernel name (z9.sim.blockdev)
 
     # -- API for handlers --
     def read_file(self, path: str) -> bytes | None:
@@ -511,6 +512,7 @@ class Guests:
         g.booted = False
         g.boot_id += 1
         g.procs.clear()
+        g.block.clear()  # the kernel names its disks afresh at each boot
         g.agent_port = agent_enabled(vm.config)
         g.boot_at = time.monotonic() + self.settings.boot_s
         if already_up:

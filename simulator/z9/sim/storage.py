@@ -55,6 +55,17 @@ Faults (admin ``/_sim/faults``, matched on the upload path): ``corrupt`` stores 
 byte changed (so a checksum mismatches, and an ISO without a checksum is unreadable to the guest);
 ``abort`` reads part of the body and closes the connection (the upload broke off: no task, no file).
 
+VM image volumes (``<storage>:vm-<vmid>-disk-<n>``) live in the VM configs that reference them
+(:meth:`Storage.image_volumes`); a volume no config references any more but that still exists — a
+disk of another VM's detached ``unusedN`` deleted from a config (qemu-server QemuServer.pm
+``try_deallocate_drive``: "If vm is not owner of this disk remove from config" — only the owner frees
+it), or a referenced volume of another owner when a VM is destroyed (QemuServer.pm ``destroy_vm``
+``$remove_owned_drive``: ``return if ... $owner != $vmid``) — is an **orphan**: listed in the content
+of its storage with the ``vmid`` of its name, counted in ``used``, freed by a destroy of its owner with
+``destroy-unreferenced-disks=1`` (``destroy_vm`` ``$purge_unreferenced``) or a ``DELETE …/content``.
+New names come from :meth:`Storage.free_disk_name` (pve-storage ``Plugin::find_free_diskname``: the
+lowest ``n`` no volume of that vmid on the storage has, orphans included).
+
 Deletion (``DELETE …/content/{volume}``, ``volume`` = ``iso/x.iso`` or the full volid; another storage's
 volid → 400 ``errors.volume = "storage ID mismatch (<a> != <b>)"``): a task ``imgdel`` (UPID id = the
 storage); with ``delay`` the call waits up to that many seconds and answers ``null`` when the task ended
@@ -152,6 +163,13 @@ def check_volname(sdef: "StorageDef", volname: str) -> None:
         raise PveError(500, f"unable to parse directory volume name '{volname}'")
 
 
+def owner_of(volname: str) -> int | None:
+    """The owner vmid of an image volume name (pve-storage ``parse_volname``: ``vm-<vmid>-…``,
+    ``base-<vmid>-…``, a linked clone ``base-<b>-disk-0/vm-<vmid>-…`` is the clone's)."""
+    m = re.fullmatch(r"(?:base-\d+-[^/]+/)?(?:vm|base)-(\d+)-.+", volname)
+    return int(m.group(1)) if m else None
+
+
 def normalize_filename(name: str) -> str:
     """``PVE::Storage::normalize_content_filename``: base name, ``[^a-zA-Z0-9_.-]`` → ``_``."""
     name = name.replace("\\", "/").rsplit("/", 1)[-1]
@@ -164,21 +182,79 @@ class Storage:
 
     cluster: "Cluster"
     files: dict[tuple[str, str | None], dict[str, Volume]] = field(default_factory=dict)
+    # image volumes no VM config references: {(storage, node or None if shared): {volname: size}}
+    orphans: dict[tuple[str, str | None], dict[str, int]] = field(default_factory=dict)
+    # the sizes of image volumes a config names without ``size=`` (an ``unusedN``): {volid: bytes}
+    sizes: dict[str, int] = field(default_factory=dict)
 
     def clear(self) -> None:
         self.files.clear()
+        self.orphans.clear()
+        self.sizes.clear()
+
+    # ---- image volumes (VM disks) ----------------------------------------------------------------
+    def orphan_add(self, volid: str, node: str, size: int, dropped_by: int) -> None:
+        """``volid`` stays on its storage although VM ``dropped_by`` no longer references it (an orphan
+        unless another config still does)."""
+        sid, _, volname = volid.partition(":")
+        sdef = self.definition(sid)
+        if any(vm for vm, v, _ in self.image_volumes(sid, node) if v == volid and vm is not None
+               and vm.vmid != dropped_by):
+            return  # another config still references it
+        self.orphans.setdefault((sid, None if sdef.shared else node), {})[volname] = size
+
+    def orphan_pop(self, volid: str, node: str) -> int | None:
+        sid, _, volname = volid.partition(":")
+        try:
+            sdef = self.definition(sid)
+        except PveError:
+            return None
+        return self.orphans.get((sid, None if sdef.shared else node), {}).pop(volname, None)
+
+    def orphans_of(self, vmid: int, node: str) -> list[str]:
+        """The orphaned volids owned by ``vmid`` (``vm-<vmid>-…``) that ``node`` sees."""
+        out = []
+        for (sid, n), vols in self.orphans.items():
+            if n is not None and n != node:
+                continue
+            out += [f"{sid}:{name}" for name in vols if owner_of(name) == vmid]
+        return sorted(out)
+
+    def free_disk_name(self, sid: str, node: str, vmid: int, also: "list[str] | tuple[str, ...]" = ()) -> str:
+        """pve-storage ``Plugin::find_free_diskname``: ``vm-<vmid>-disk-<n>``, the lowest ``n`` that no
+        volume of the storage (as ``node`` sees it: configs and orphans) nor a name in ``also`` has."""
+        used = set()
+        for _, volid, _ in self.image_volumes(sid, node):
+            used.add(volid.split(":", 1)[1])
+        used |= {v.split(",", 1)[0].split(":", 1)[-1] for v in also}
+        n = 0
+        while f"vm-{vmid}-disk-{n}" in used:
+            n += 1
+        return f"vm-{vmid}-disk-{n}"
 
     def save(self) -> dict:
         """Everything, bytes included (base64), for the state file."""
-        return {(sid if node is None else f"{sid}@{node}"): {name: {"content": v.content, "format": v.format,
+        out = {(sid if node is None else f"{sid}@{node}"): {name: {"content": v.content, "format": v.format,
                                                                     "ctime": v.ctime,
                                                                     "data": base64.b64encode(v.data).decode()}
                                                              for name, v in b.items()}
                 for (sid, node), b in self.files.items() if b}
+        orphans = {(sid if node is None else f"{sid}@{node}"): dict(b) for (sid, node), b in self.orphans.items() if b}
+        if orphans:
+            out["@orphans"] = orphans
+        if self.sizes:
+            out["@sizes"] = dict(self.sizes)
+        return out
 
     def load(self, d: dict) -> None:
         self.files.clear()
-        for key, vols in (d or {}).items():
+        self.orphans.clear()
+        d = dict(d or {})
+        self.sizes = {k: int(v) for k, v in (d.pop("@sizes", None) or {}).items()}
+        for key, vols in (d.pop("@orphans", None) or {}).items():
+            sid, _, node = key.partition("@")
+            self.orphans[(sid, node or None)] = {name: int(size) for name, size in vols.items()}
+        for key, vols in d.items():
             sid, _, node = key.partition("@")
             self.files[(sid, node or None)] = {
                 name: Volume(f"{sid}:{name}", v["content"], v["format"], base64.b64decode(v["data"]), int(v["ctime"]))
@@ -186,9 +262,15 @@ class Storage:
 
     def dump(self) -> dict:
         """``{"<storage>" or "<storage>@<node>": [volume...]}`` (admin state)."""
-        return {(sid if node is None else f"{sid}@{node}"): [v.to_json() for _, v in sorted(b.items())]
-                for (sid, node), b in sorted(self.files.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
-                if b}
+        out = {(sid if node is None else f"{sid}@{node}"): [v.to_json() for _, v in sorted(b.items())]
+               for (sid, node), b in sorted(self.files.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
+               if b}
+        for (sid, node), b in sorted(self.orphans.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+            if b:
+                out.setdefault(sid if node is None else f"{sid}@{node}", []).extend(
+                    {"volid": f"{sid}:{name}", "content": "images", "format": "raw", "size": size, "orphan": True}
+                    for name, size in sorted(b.items()))
+        return out
 
     def definition(self, sid: str) -> StorageDef:
         for s in STORAGES:
@@ -231,7 +313,13 @@ class Storage:
                 volid = val.split(",", 1)[0]
                 if DISK_RE.fullmatch(k) and volid.startswith(f"{sid}:") and (linked or "/" not in volid):
                     m = re.search(r"(?:^|,)size=([^,]+)", val)
-                    yield vm, volid, ((parse_size(m.group(1)) or 0) if m else 4 * 1024 * 1024)
+                    yield vm, volid, ((parse_size(m.group(1)) or 0) if m else self.sizes.get(volid, 4 * 1024 * 1024))
+        for (osid, onode), vols in sorted(self.orphans.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+            if osid != sid or (onode is not None and onode != node):
+                continue
+            for name, size in sorted(vols.items()):
+                if vmid is None or owner_of(name) == vmid:
+                    yield None, f"{sid}:{name}", size
 
     def used(self, sid: str, node: str) -> int:
         """What a storage's status reports used. A linked clone shares its base's blocks (a thin
@@ -286,8 +374,10 @@ class Storage:
                 if volid in seen:  # a volume two configs name (not modelled further)
                     continue
                 seen.add(volid)
+                owner = owner_of(volid.split(":", 1)[1])  # an orphan (vm None) is listed by its name's owner
                 row = {"volid": volid, "content": "images", "format": "raw", "size": size,
-                       "vmid": vm.vmid, "ctime": int(vm.started_at or 0)}
+                       "vmid": owner if owner is not None else (vm.vmid if vm else 0),
+                       "ctime": int(vm.started_at or 0) if vm else 0}
                 volname = volid.split(":", 1)[1]
                 if sdef.type == "rbd":
                     base, _, name = volname.rpartition("/")
@@ -375,11 +465,17 @@ class Storage:
         sdef = self.definition(sid)
         volid = f"{sid}:{volname}"
         check_volname(sdef, volname)
-        if sdef.path is None:
+        orphan = sdef.path is None and volname in self.orphans.get((sid, None if sdef.shared else node), {})
+        if sdef.path is None and not orphan:
             raise PveError(501, f"deleting the disk image '{volid}' is not implemented (z9 simulator)")
 
         async def run(task: "Task") -> None:
             await self.cluster.task_time("imgdel")
+            if orphan:  # PVE::Storage::vdisk_free of an image no config references
+                if self.orphan_pop(volid, node) is None:
+                    raise PveError(500, f"no such logical volume {volid}")
+                task.lines.append(f"  Logical volume \"{volname}\" successfully removed.")
+                return
             bucket = self._bucket(sid, node)
             if volname in bucket:
                 del bucket[volname]

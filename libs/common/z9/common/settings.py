@@ -244,6 +244,15 @@ class RegionSettings(BaseModel):
     # the operator-provided template that load balancer appliances are cloned from (HAProxy,
     # keepalived and the QEMU guest agent installed; agent enabled; a cloud-init drive)
     lb_image: str = "z9-lb-appliance"
+    # volumes: the storage their disks are made on (one every node sees, shared — e.g. Ceph RBD — so a
+    # volume attaches to a server on any node: qemu-server reassigns a disk only between VMs of one
+    # node, and z9 moves the volume's config-only anchor VM to the server's node first), and the
+    # largest size a volume may have (422 naming size_gib above it)
+    volume_storage: str = Field("ceph-vm", min_length=1, max_length=63, description=(
+        "the Proxmox storage volumes' disks are made on: one every node sees (shared, e.g. Ceph RBD), so a volume "
+        "attaches to a server on any node"))
+    volume_max_gib: int = Field(10240, ge=1, le=65536, description=(
+        "the largest volume of the region, GiB (a larger `size_gib` is refused: 422 naming it)"))
     # Networks of the platform in this region (the region agent's network, the Proxmox nodes',
     # storage, management): never a load balancer's ip target, whatever else allows it. Every
     # address pool's network is refused as well (but for the tenant's own addresses in it).
@@ -345,6 +354,10 @@ class Settings(BaseSettings):
     # A token's last use (GET /v1/tokens) is written at most once per this many seconds per API
     # process, for all tokens used meanwhile in one statement: never a write per request.
     api_token_last_used_s: float = Field(60.0, gt=0)
+    # The web console's sessions (server-side, z9.api.console): one ends after this many seconds
+    # without use, and this many seconds after sign-in whatever its use (and with its token).
+    console_session_idle_s: float = Field(43200.0, ge=60)
+    console_session_max_s: float = Field(604800.0, ge=60)
     # The tracing UI a job's trace id links to in the console's operator view: a URL with
     # `{trace_id}` in it (Jaeger: http://127.0.0.1:16686/trace/{trace_id}). Unset: no link.
     tracing_ui_url: str | None = Field(None, pattern=r"^https?://.*\{trace_id\}")
@@ -409,6 +422,8 @@ class Settings(BaseSettings):
     quota_memory_mib: int | None = Field(None, ge=0)
     quota_addresses: int | None = Field(None, ge=0)
     quota_load_balancers: int | None = Field(None, ge=0)
+    quota_volume_gib: int | None = Field(None, ge=0, description=(
+        "Default quota of every tenant: the sum of its volumes' sizes, GiB, not yet deleted (unset: no limit)."))
     # Kubernetes clusters (issue 11). The installation key encrypts every cluster's private keys
     # (AES-256-GCM, the cluster id as associated data): 32 bytes, base64 (urlsafe or standard).
     # `z9 dev` generates one into its data dir. Unset: creating a cluster or minting a kubeconfig

@@ -1,6 +1,6 @@
 """Named SQL, one ``.sql`` file per table (as River keeps them): the generic tables' in
 ``libs/common/z9/common/queries/`` (jobs, tenants, api_tokens, idempotency_keys, tenant_quotas,
-vm_clone_requests, and ``resources.sql``: every resource table's lifecycle), each resource type's
+vm_clone_requests, console_sessions, and ``resources.sql``: every resource table's lifecycle), each resource type's
 in its slice (``resources/z9/resources/<type>/queries.sql``). Parsed once, on first use.
 
 A statement stands under a ``-- name: x`` header. A piece of SQL written once for several

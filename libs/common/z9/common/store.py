@@ -92,6 +92,37 @@ async def api_token_auth(db: DB, token: str, *, now: datetime | None = None) -> 
     return await db.fetchrow(q("api_token_auth"), token_sha256(token), now)
 
 
+async def api_token_auth_sha256(db: DB, token_sha256: bytes, *, now: datetime | None = None) -> Any:
+    """:func:`api_token_auth` by the token's SHA-256 (a console session knows only that)."""
+    return await db.fetchrow(q("api_token_auth"), token_sha256, now)
+
+
+async def console_session_create(db: DB, session_sha256: bytes, token_id: str, idle_s: float, max_s: float, *,
+                                 now: datetime | None = None) -> Any:
+    """A console session (only its id's SHA-256 stored) authenticating as ``token_id``, expiring
+    after ``min(idle_s, max_s)`` seconds: its ``expires_at``."""
+    return await db.fetchval(q("console_session_insert"), session_sha256, token_id, float(idle_s), now, float(max_s))
+
+
+async def console_session_resolve(db: DB, session_sha256: bytes, idle_s: float, max_s: float, *,
+                                  now: datetime | None = None) -> Any:
+    """The live (not revoked, not expired) session ``session_sha256``: a row (token_id,
+    token_sha256, expires_at), or None; its expiry moves on with use (idle cap, never past
+    ``created_at + max_s``)."""
+    return await db.fetchrow(q("console_session_resolve"), session_sha256, now, float(idle_s), float(max_s))
+
+
+async def console_session_revoke(db: DB, session_sha256: bytes, *, now: datetime | None = None) -> str | None:
+    """End the session (idempotent): its token's id, or None for an unknown session."""
+    return await db.fetchval(q("console_session_revoke"), session_sha256, now)
+
+
+async def console_session_prune(db: DB, after_s: float, *, now: datetime | None = None) -> int:
+    """Delete the console sessions ended (expired or signed out) more than ``after_s`` seconds
+    ago; returns how many."""
+    return int((await db.execute(q("console_session_prune"), float(after_s), now)).split()[-1])
+
+
 async def api_token_list(db: DB, tenant_id: str, *, after: str | None = None, include_revoked: bool = False,
                          limit: int = 100) -> list[Any]:
     """The tenant's tokens ordered by id (rows as :func:`api_token_create`'s)."""
@@ -653,7 +684,7 @@ async def job_args_merge(db: DB, job_id: str, args: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------- quotas (migration 0011)
 
-QUOTA_KEYS = ("servers", "cores", "memory_mib", "addresses", "load_balancers")
+QUOTA_KEYS = ("servers", "cores", "memory_mib", "addresses", "load_balancers", "volume_gib")
 
 
 async def tenant_quota_get(db: DB, tenant_id: str) -> dict[str, int | None]:
@@ -666,7 +697,7 @@ async def tenant_quota_set(db: DB, tenant_id: str, values: dict[str, int | None]
     """Set the given overrides (a None value resets it to the default); returns all of them."""
     row = await db.fetchrow(q("tenant_quota_set"), tenant_id, list(values), values.get("servers"),
                             values.get("cores"), values.get("memory_mib"), values.get("addresses"),
-                            values.get("load_balancers"))
+                            values.get("load_balancers"), values.get("volume_gib"))
     return {k: row[k] for k in QUOTA_KEYS}
 
 

@@ -22,7 +22,7 @@ from z9.common.settings import Settings
 from . import schemas
 
 UNITS = {"servers": "servers", "cores": "cores", "memory_mib": "MiB of memory", "addresses": "addresses",
-         "load_balancers": "load balancers"}
+         "load_balancers": "load balancers", "volume_gib": "GiB of volumes"}
 
 
 async def limits(conn: Any, settings: Settings, tenant_id: str) -> dict[str, int | None]:
@@ -65,6 +65,7 @@ class QuotaSet(schemas.Response):
     memory_mib: QuotaUse = Field(description="servers' and cluster members' memory, MiB")
     addresses: QuotaUse = Field(description="addresses, load balancers' VIP and appliance addresses included")
     load_balancers: QuotaUse = Field(description="load balancers")
+    volume_gib: QuotaUse = Field(description="the sizes of the tenant's volumes, GiB")
 
 
 class TenantQuota(schemas.Response):
@@ -92,4 +93,5 @@ def operation() -> Any:
                      example={"quotas": {"servers": {"limit": 10, "used": 2}, "cores": {"limit": None, "used": 4},
                                          "memory_mib": {"limit": None, "used": 4096},
                                          "addresses": {"limit": 5, "used": 1},
-                                         "load_balancers": {"limit": 2, "used": 0}}})
+                                         "load_balancers": {"limit": 2, "used": 0},
+                                         "volume_gib": {"limit": 1000, "used": 50}}})

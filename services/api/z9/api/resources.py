@@ -19,6 +19,7 @@ import asyncpg
 from aiohttp import web
 from pydantic import BaseModel, Field, ValidationError, create_model
 
+from z9 import resources
 from z9.common import labels, store
 from z9.common.errors import BadRequest, CheckViolation, Conflict, NotFound, ValidationFailed, deleting
 from z9.common.ids import id_pattern, is_id
@@ -428,6 +429,11 @@ def _delete_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
     async def delete(request: web.Request) -> web.Response:
         settings, pool, tenant_id = request.app[SETTINGS], request.app[POOL], tenant(request)
         rid = path_id(request, rt.prefix, rt.name)
+        for options in resources.DELETION_OPTIONS.get(rt.name, []):  # before any database work
+            try:
+                options.model_validate({k: v for k, v in request.query.items() if k in options.model_fields})
+            except ValidationError as e:
+                raise validation_error(e)
         async with pool.acquire() as conn, conn.transaction():
             # a failed create (its create job failed, none succeeded) holds nothing to keep: no
             # buffer, straight to the final job; its name is free once it is deleted
@@ -461,6 +467,8 @@ def _delete_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
             # an immediate deletion ends the resource's waiting jobs it supersedes now (a running
             # one stops at its next step): it never waits behind a create's backoff
             await rt.supersede_waiting(conn, row.id, job.id, kind)
+            # what depends on it reacts in this transaction (hooks the dependent types registered)
+            await resources.deletion_dependents(conn, rt.name, row, request.query, settings)
         request.app[NOTIFIER].notify(job.region)
         return web.json_response(dump(accepted, {rt.name: row.public(), "job": job.brief()}), status=202)
 
@@ -546,6 +554,10 @@ def resource_operations(api: ApiResource) -> list[Operation]:
     base, item = f"/{rt.plural}", f"/{rt.plural}/{{id}}"
     id_doc = f"the {rt.name}'s id ({rt.prefix}_…)"
     first_kind = rt.deletion.first_kind if isinstance(rt.deletion, Buffered) else rt.final_kind
+    # the query parameters the hooks of dependent types read when a deletion starts (registry-declared)
+    options = resources.DELETION_OPTIONS.get(rt.name, [])
+    delete_query = create_model(f"{cap}DeleteQuery", __base__=tuple(options)) if options else None
+    delete_answers: dict[int, Any] = {202: accepted, 401: None, 404: None, 409: None, **({422: None} if options else {})}
     ops = [
         Operation("POST", base, _create_handler(api, accepted), f"create{cap}", f"Create a {rt.name}", rt.plural,
                   {202: accepted, 400: None, 401: None, 409: None, 422: None}, request=api.create_model,
@@ -561,7 +573,7 @@ def resource_operations(api: ApiResource) -> list[Operation]:
         deleting = {**api.example, "status": "deleting", "delete_after": "2026-12-01T04:05:00Z"}
         ops.append(Operation("DELETE", item, _delete_handler(api, accepted), f"delete{cap}",
                              f"Delete a {rt.name} (two-phase: a buffer during which it can be cancelled)", rt.plural,
-                             {202: accepted, 401: None, 404: None, 409: None}, path_id=id_doc,
+                             delete_answers, path_id=id_doc, query=delete_query,
                              example={rt.name: deleting, "job": {**job_ref, "kind": first_kind}}))
         ops.append(Operation("POST", f"{item}/actions/cancel-deletion", _cancel_handler(api, accepted),
                              f"cancel{cap}Deletion", "Cancel a deletion within its buffer", rt.plural,
@@ -571,7 +583,7 @@ def resource_operations(api: ApiResource) -> list[Operation]:
     else:
         ops.append(Operation("DELETE", item, _delete_handler(api, accepted), f"delete{cap}",
                              f"Delete a {rt.name} (at once: its final job is enqueued)", rt.plural,
-                             {202: accepted, 401: None, 404: None, 409: None}, path_id=id_doc,
+                             delete_answers, path_id=id_doc, query=delete_query,
                              example={rt.name: {**api.example, "status": "destroying"},
                                       "job": {**job_ref, "kind": first_kind}}))
     if api.actions is not None:

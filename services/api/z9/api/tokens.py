@@ -263,15 +263,21 @@ class _Toucher:
 
 
 async def _principal(app: web.Application, token: str) -> Principal | None:
+    return await principal_of_digest(app, hashlib.sha256(token.encode()).digest(), token)
+
+
+async def principal_of_digest(app: web.Application, key: bytes, token: str | None = None) -> Principal | None:
+    """The principal of the token whose SHA-256 is ``key`` (``token`` itself when known), cached
+    like every token, or None."""
     ttl = app[api.SETTINGS].api_token_cache_s
-    key = hashlib.sha256(token.encode()).digest()
     cache = app[CACHE]
     clock = api.clock_of(app)
     now = clock.monotonic()
     hit = cache.get(key)
     if ttl > 0 and hit is not None and hit[1] > now:
         return hit[0]
-    row = await store.api_token_auth(app[api.POOL], token, now=clock.db_now())
+    row = (await store.api_token_auth(app[api.POOL], token, now=clock.db_now()) if token is not None
+           else await store.api_token_auth_sha256(app[api.POOL], key, now=clock.db_now()))
     if row is None:
         cache.pop(key, None)
         return None
@@ -290,6 +296,53 @@ def unauthorized(message: str) -> Unauthorized:
     return Unauthorized(message, headers={"WWW-Authenticate": WWW_AUTHENTICATE})
 
 
+def limit_failures(request: web.Request, token: str | None = None) -> None:
+    """Raise 429 when the client's failed-authentication bucket is empty, before any lookup (a
+    flood of bad tokens or session cookies costs no database work) — except for a token this
+    process knows from its cache, or one z9 minted (its tag verifies) not already found dead."""
+    failures = request.app[AUTH_FAILURES]
+    if not failures.enabled or (token is not None and _cached(request.app, token) is not None):
+        return
+    client = client_key(request.remote)
+    limited, level = failures.limited(client)
+    if not limited:
+        return
+    if token is not None:
+        # a forged tag (or one of an installation key since replaced) counts as no tag: limited
+        # with the address, looked up otherwise — a token is never refused for its tag alone
+        tagged = tag_verdict(request.app[TAG_KEY], token) is True  # type: ignore[arg-type]
+        if tagged and hashlib.sha256(token.encode()).digest() not in request.app[UNKNOWN_TAGGED]:
+            return
+    wait = failures.retry_after(level)
+    raise TooManyRequests(f"too many failed authentications from {client} ({failures.burst} at once, "
+                          f"refilled at {failures.per_s:g}/s); retry in {wait}s",
+                          headers={"Retry-After": str(wait)})
+
+
+def authentication_failed(request: web.Request, token: str | None = None) -> None:
+    """Count a failed authentication (a bad token, or a bad console session cookie) against the
+    client's bucket."""
+    failures = request.app[AUTH_FAILURES]
+    if failures.enabled:
+        failures.take(client_key(request.remote))
+    if token is not None and tag_verdict(request.app[TAG_KEY], token) is True:  # type: ignore[arg-type]
+        dead = request.app[UNKNOWN_TAGGED]
+        if len(dead) >= _CACHE_MAX:
+            dead.clear()
+        dead.add(hashlib.sha256(token.encode()).digest())
+
+
+async def authenticate(request: web.Request, token: str) -> Principal | None:
+    """The principal of API token ``token`` through the failed-authentication limiter (429 before
+    any lookup once the client's bucket is empty; a failure spends from it): None when unknown,
+    expired or revoked. Bearer requests and the console's sign-in both come here."""
+    limit_failures(request, token)
+    principal = await _principal(request.app, token) if token.isascii() and len(token) <= 200 else None
+    if principal is None:
+        authentication_failed(request, token)
+    return principal
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Bearer token on every ``/v1`` route but the OpenAPI document; scope checks; the actor of
@@ -298,42 +351,26 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     from . import console
 
-    via_cookie = console.cookie_token(request)
-    if via_cookie is not None:  # the web console's session (z9.api.console): CSRF-checked below
-        scheme, token = "bearer", via_cookie.strip()
+    session_id = console.cookie_session(request)
+    if session_id is not None:  # the web console's session (z9.api.console): CSRF-checked below
+        if not console.session_cached(request.app, session_id):
+            limit_failures(request)
+        principal = await console.session_principal(request.app, session_id)
+        if principal is None:
+            authentication_failed(request)
+            raise unauthorized("the console session is unknown, signed out or expired, or its token is no longer "
+                               "valid: sign in again")
+        if request.method not in READ_METHODS:
+            console.check_csrf(request, session_id)
     else:
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        raise unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    failures = request.app[AUTH_FAILURES]
-    client = client_key(request.remote)
-    # a forged tag (or one of an installation key since replaced) counts as no tag: limited with
-    # the address, looked up otherwise — a token is never refused for its tag alone
-    tagged = tag_verdict(request.app[TAG_KEY], token) is True  # type: ignore[arg-type]
-    digest = hashlib.sha256(token.encode()).digest()
-    if failures.enabled and _cached(request.app, token) is None:
-        limited, level = failures.limited(client)
-        # before any lookup: a flood of bad tokens costs no database work; a token z9 minted (its
-        # tag verifies) is still looked up, unless it was already found dead
-        if limited and (not tagged or digest in request.app[UNKNOWN_TAGGED]):
-            wait = failures.retry_after(level)
-            raise TooManyRequests(f"too many failed authentications from {client} ({failures.burst} at once, "
-                                  f"refilled at {failures.per_s:g}/s); retry in {wait}s",
-                                  headers={"Retry-After": str(wait)})
-    principal = await _principal(request.app, token) if token.isascii() and len(token) <= 200 else None
-    if principal is None:
-        if failures.enabled:
-            failures.take(client)
-        if tagged:
-            dead = request.app[UNKNOWN_TAGGED]
-            if len(dead) >= _CACHE_MAX:
-                dead.clear()
-            dead.add(digest)
-        raise unauthorized("unknown, expired or revoked API token")
-    if via_cookie is not None and request.method not in READ_METHODS:
-        console.check_csrf(request, token)
+        if scheme.lower() != "bearer" or not token:
+            raise unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+        principal = await authenticate(request, token)
+        if principal is None:
+            raise unauthorized("unknown, expired or revoked API token")
     request[PRINCIPAL] = principal
     request[api.TENANT] = principal.tenant_id
     ACTOR_TOKEN_ID.set(principal.token_id)

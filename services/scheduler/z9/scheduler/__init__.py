@@ -10,7 +10,8 @@
    of their regions is NOTIFYed on ``z9_jobs``.
 3. on the first pass and every ``prune_every`` passes after, ``job_prune_finished`` — terminal
    jobs older than the retention are deleted in batches (``SKIP LOCKED``: never blocks claims) —
-   and ``idempotency_prune`` — Idempotency-Keys older than their retention — and
+   and ``idempotency_prune`` — Idempotency-Keys older than their retention —, ``console_session_prune``
+   — the web console's sessions ended more than a day ago — and
    ``jobs_unblock_missed``, a safety net: a blocked job (migration 0010) that nothing blocks any
    more is made claimable (the triggers should leave none; a warning says when it did).
 
@@ -149,6 +150,7 @@ class Scheduler:
             if n < batch:
                 break
         await store.idempotency_prune(conn, self.settings.idempotency_retention_s, now=self.clock.db_now())
+        await store.console_session_prune(conn, 86400, now=self.clock.db_now())
         return total
 
     async def run(self) -> None:

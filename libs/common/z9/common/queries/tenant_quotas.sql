@@ -2,22 +2,23 @@
 
 -- name: tenant_quota_get
 -- A tenant's quota overrides (no row: none).
-SELECT servers, cores, memory_mib, addresses, load_balancers FROM tenant_quotas WHERE tenant_id = $1;
+SELECT servers, cores, memory_mib, addresses, load_balancers, volume_gib FROM tenant_quotas WHERE tenant_id = $1;
 
 -- name: tenant_quota_set
--- `z9 quota`: $3..$7 with $2 telling which are given (a NULL given resets it to the default).
-INSERT INTO tenant_quotas AS t (tenant_id, servers, cores, memory_mib, addresses, load_balancers)
+-- `z9 quota`: $3..$8 with $2 telling which are given (a NULL given resets it to the default).
+INSERT INTO tenant_quotas AS t (tenant_id, servers, cores, memory_mib, addresses, load_balancers, volume_gib)
 VALUES ($1, CASE WHEN 'servers' = ANY($2::text[]) THEN $3::integer END, CASE WHEN 'cores' = ANY($2::text[]) THEN $4::integer END,
         CASE WHEN 'memory_mib' = ANY($2::text[]) THEN $5::bigint END, CASE WHEN 'addresses' = ANY($2::text[]) THEN $6::integer END,
-        CASE WHEN 'load_balancers' = ANY($2::text[]) THEN $7::integer END)
+        CASE WHEN 'load_balancers' = ANY($2::text[]) THEN $7::integer END, CASE WHEN 'volume_gib' = ANY($2::text[]) THEN $8::bigint END)
 ON CONFLICT (tenant_id) DO UPDATE
 SET servers = CASE WHEN 'servers' = ANY($2::text[]) THEN $3::integer ELSE t.servers END,
     cores = CASE WHEN 'cores' = ANY($2::text[]) THEN $4::integer ELSE t.cores END,
     memory_mib = CASE WHEN 'memory_mib' = ANY($2::text[]) THEN $5::bigint ELSE t.memory_mib END,
     addresses = CASE WHEN 'addresses' = ANY($2::text[]) THEN $6::integer ELSE t.addresses END,
     load_balancers = CASE WHEN 'load_balancers' = ANY($2::text[]) THEN $7::integer ELSE t.load_balancers END,
+    volume_gib = CASE WHEN 'volume_gib' = ANY($2::text[]) THEN $8::bigint ELSE t.volume_gib END,
     updated_at = now()
-RETURNING servers, cores, memory_mib, addresses, load_balancers;
+RETURNING servers, cores, memory_mib, addresses, load_balancers, volume_gib;
 
 -- name: tenant_quota_lock
 -- Inside the request's transaction: the tenant's quota lock, held until commit. A statement of
@@ -45,4 +46,5 @@ SELECT (SELECT count(*) FROM servers WHERE tenant_id = $1 AND status <> 'deleted
        (SELECT coalesce(sum(memory_mib), 0) FROM servers WHERE tenant_id = $1 AND status <> 'deleted')
          + (SELECT coalesce(sum(memory_mib), 0) FROM members) AS memory_mib,
        (SELECT count(*) FROM addresses WHERE tenant_id = $1 AND status <> 'deleted') AS addresses,
-       (SELECT count(*) FROM load_balancers WHERE tenant_id = $1 AND status <> 'deleted') AS load_balancers;
+       (SELECT count(*) FROM load_balancers WHERE tenant_id = $1 AND status <> 'deleted') AS load_balancers,
+       (SELECT coalesce(sum(size_gib), 0) FROM volumes WHERE tenant_id = $1 AND status <> 'deleted') AS volume_gib;

@@ -1,0 +1,175 @@
+"""The ``volume`` resource type: block storage of a region that a tenant attaches to at most one server
+of that region at a time, grows online and deletes in two phases (detached at once during the
+buffer — VolumeDetach —, destroyed at its end — VolumeDelete —; a cancellation attaches it back to the
+server it was on). Its slice is this folder (``resources/z9/resources/volume/``): the type, its row model, its kind
+names, its SQL in ``queries.sql`` and its store functions in ``store.py``; its API operations in ``api.py``, its job
+kinds in ``jobs/`` (one module per kind; the reconciler they share in ``jobs/reconcile.py``), its client
+commands in ``client.py``; its table is ``db/z9/db/migrations/0018_volumes.sql``.
+
+A server's final delete detaches the volumes still meant for it (:func:`server_deleted`, a hook the
+registry runs in that transaction); ``DELETE /v1/servers/{id}?delete_volumes=true`` deletes them with
+it instead (the API starts their deletions).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from z9.common.models import _labels, _ts
+
+from z9.resources import Buffered, ResourceType, on_deletion, on_final_delete, register
+
+STATUSES = ("creating", "available", "attached", "deleting", "destroying", "deleted", "failed")
+
+# the kind names (the jobs' ``kind`` column): the type's own, named here and nowhere else
+VOLUME_CREATE = "VolumeCreate"
+VOLUME_ATTACH = "VolumeAttach"
+VOLUME_DETACH = "VolumeDetach"
+VOLUME_RESIZE = "VolumeResize"
+VOLUME_DELETE = "VolumeDelete"
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A row of ``volumes``."""
+
+    id: str
+    tenant_id: str
+    region: str
+    name: str
+    size_gib: int
+    storage: str
+    server_id: str | None
+    status: str
+    status_reason: str | None
+    status_before_delete: str | None
+    server_before_delete: str | None
+    delete_after: datetime | None
+    observed: dict[str, Any] | None
+    observed_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    deleted_at: datetime | None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_record(cls, r: Any) -> "Volume":
+        return cls(**{k: r[k] for k in cls.__dataclass_fields__ if k != "labels"}, labels=_labels(r))
+
+    def public(self) -> dict[str, Any]:
+        """``GET /v1/volumes/{id}``."""
+        obs = dict(self.observed) if self.observed else None
+        if obs is not None:
+            obs["at"] = _ts(self.observed_at)
+        return {
+            "id": self.id, "name": self.name, "region": self.region, "size_gib": self.size_gib,
+            "server_id": self.server_id, "labels": dict(self.labels), "status": self.status,
+            "status_reason": self.status_reason, "observed": obs,
+            "linux_device": f"/dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_{serial_of(self.id)}",
+            "delete_after": _ts(self.delete_after), "created_at": _ts(self.created_at),
+            "updated_at": _ts(self.updated_at), "deleted_at": _ts(self.deleted_at),
+        }
+
+
+def serial_of(volume_id: str) -> str:
+    """The drive serial a volume's disk carries (``z9`` + the id's last 18 characters; the executor's
+    ``z9.executor.disks.volume_serial``): what the guest sees in lsblk and ``/dev/disk/by-id``."""
+    return "z9" + volume_id.rsplit("_", 1)[-1].lower()[-18:]
+
+
+def restore(v: Volume) -> tuple[str, dict[str, Any]]:
+    """What a cancelled deletion gives back: the attachment the volume had (the table put the server
+    back into ``server_id``), or none."""
+    if v.server_id:
+        return VOLUME_ATTACH, {"server_id": v.server_id}
+    return VOLUME_DETACH, {}
+
+
+def lock_keys(v: Volume) -> tuple[str, ...]:
+    """The servers a volume job touches: the one it is meant for, and during a deletion the one it was
+    on — its jobs are ordered with those servers' own (a server's delete waits for an attach)."""
+    keys = [v.server_id]
+    if v.status in ("deleting", "destroying"):
+        keys.append(v.server_before_delete)
+    return tuple(k for k in keys if k)
+
+
+def stale(v: Volume, kind: str, args: dict[str, Any]) -> str | None:
+    if kind not in (VOLUME_ATTACH, VOLUME_DETACH):
+        return None
+    meant = args.get("server_id") if kind == VOLUME_ATTACH else None
+    if v.server_id == meant:
+        return None
+    return (f"volume {v.id} is meant for {('server ' + v.server_id) if v.server_id else 'no server'} since a later "
+            f"request; attach or detach it again instead")
+
+
+VOLUME: ResourceType[Volume] = register(ResourceType(
+    name="volume", prefix="vol", table="volumes", model=Volume,
+    kinds=(VOLUME_CREATE, VOLUME_ATTACH, VOLUME_DETACH, VOLUME_RESIZE, VOLUME_DELETE),
+    deletion=Buffered(first_kind=VOLUME_DETACH, final_kind=VOLUME_DELETE),
+    statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale, order=50,
+))
+
+
+# ---------------------------------------------------------------- store (store.py, queries.sql)
+
+from z9.resources.volume import store  # noqa: E402  (the slice's store needs the type above)
+from z9.resources.volume.store import (  # noqa: E402
+    gib_used, get, get_for_update, insert, list_rows, observed, of_server, patch, set_server, set_size)
+
+
+# ---------------------------------------------------------------- a server's final delete
+
+async def server_deleted(conn: Any, server_id: str, max_attempts: int = 10) -> list[Any]:
+    """A server is deleted for good: the volumes still meant for it are meant for none (their disks
+    were taken off its VM before it was destroyed — the server's delete job detaches them first — and
+    a VolumeDetach makes sure of it and records them ``available``)."""
+    jobs = []
+    for v in await of_server(conn, server_id):
+        row = await set_server(conn, v.id, None)
+        if row is not None:
+            jobs.append(VOLUME.new_job(row, VOLUME_DETACH, args={}, max_attempts=max_attempts,
+                                       extra_lock_keys=(server_id,)))
+    return jobs
+
+
+on_final_delete("server", server_deleted)
+
+
+async def server_deleting(conn: Any, server: Any, options: Any, settings: Any) -> list[Any]:
+    """A server's deletion starts (``DELETE /v1/servers/{id}``): each volume meant for it is detached
+    now — never destroyed with the server's VM (qemu-server's destroy_vm frees every disk the VM owns,
+    and an attached volume's is) — and stays ``available``; with ``?delete_volumes=true`` their own
+    deletions start instead (two-phase: detached now, destroyed when their buffer ends). The jobs hold
+    the server as a lock key: they run after its ServerStop and before its final ServerDelete."""
+    given = {k: v for k, v in (options or {}).items() if k in ServerDeleteOptions.model_fields}
+    delete_volumes = ServerDeleteOptions.model_validate(given).delete_volumes  # the API validated it first
+    jobs = []
+    for v in await of_server(conn, server.id):
+        if delete_volumes:
+            row = await VOLUME.mark_deleting(conn, v.id, v.tenant_id, settings.deletion_buffer_s)
+            kind, args = VOLUME_DETACH, {"from": server.id}
+        else:
+            row = await set_server(conn, v.id, None)
+            kind, args = VOLUME_DETACH, {"from": server.id}
+        if row is not None:
+            jobs.append(VOLUME.new_job(row, kind, args=args, max_attempts=settings.max_attempts,
+                                       extra_lock_keys=(server.id,)))
+    return jobs
+
+
+class ServerDeleteOptions(BaseModel):
+    """``DELETE /v1/servers/{id}`` query parameters (declared by the volume type)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    delete_volumes: bool = Field(False, description="delete the volumes attached to the server with it (two-phase: "
+                                                    "detached now, destroyed when their own buffer ends); by "
+                                                    "default they are detached and stay, available")
+
+
+on_deletion("server", server_deleting, ServerDeleteOptions)

@@ -1,0 +1,17 @@
+"""VolumeDelete: the final phase of a deletion: detached if need be, the anchor VM and the disk destroyed through the deletion guard.
+
+The phases are :mod:`z9.resources.volume.jobs.shared`'s (one reconciler over the row's intent)."""
+from __future__ import annotations
+
+from z9.resources.volume import VOLUME_DELETE
+
+from . import shared
+
+KIND = VOLUME_DELETE
+_phases = shared.phases(KIND)
+observe = _phases.observe
+plan = _phases.plan
+apply = _phases.apply
+verify = _phases.verify
+record = _phases.record
+record_failure = _phases.record_failure

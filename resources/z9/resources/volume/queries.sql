@@ -1,0 +1,60 @@
+-- The volumes table's named queries (db/z9/db/migrations/0018_volumes.sql); the lifecycle ones
+-- (get, list, delete, cancel, reap, observed, failed) are the generic resource_* of libs/common/z9/common/queries/resources.sql.
+
+-- name: volume_insert
+INSERT INTO volumes (id, tenant_id, region, name, size_gib, storage, server_id, labels)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+RETURNING *;
+
+-- name: volume_get_for_update
+SELECT * FROM volumes WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
+
+-- name: volume_list
+-- The generic list's filters ($1 tenant … $11 include_deleted) and the volume's own: $12 region,
+-- $13 server.
+SELECT * FROM volumes
+WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) AND ($3::text IS NULL OR status::text = $3)
+  AND ($5::text IS NULL OR name = $5)
+  AND labels @> $6::jsonb AND NOT (labels @> ANY($7::jsonb[])) AND labels ?& $8::text[]
+  AND NOT (labels ?| $9::text[])
+  AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements($10::jsonb) r
+                  WHERE NOT coalesce((r->'v') ? (labels->>(r->>'k')), false))
+  AND ($11::bool OR status::text <> 'deleted')
+  AND ($12::text IS NULL OR region = $12) AND ($13::text IS NULL OR server_id = $13)
+ORDER BY id
+LIMIT $4;
+
+-- name: volume_set_server
+-- The server the volume is meant to be on ($2; NULL: none); a live volume only.
+UPDATE volumes SET server_id = $2, updated_at = now()
+WHERE id = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
+RETURNING *;
+
+-- name: volume_set_size
+UPDATE volumes SET size_gib = $2, updated_at = now()
+WHERE id = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
+RETURNING *;
+
+-- name: volume_patch
+-- $3 a new name (NULL: kept), $4 labels (NULL: kept).
+UPDATE volumes SET name = coalesce($3, name), labels = coalesce($4::jsonb, labels), updated_at = now()
+WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
+RETURNING *;
+
+-- name: volume_observed
+-- What verify saw; the status it established ($3) only from one of $4 (never over a deletion).
+UPDATE volumes
+SET observed = $2, observed_at = now(), updated_at = now(),
+    status = {{status_if_allowed($3, $4, volume_status)}},
+    status_reason = {{reason_cleared_if_allowed($3, $4)}}
+WHERE id = $1
+RETURNING *;
+
+-- name: volume_of_server
+-- The live volumes meant to be on server $1 (a server's delete detaches them or deletes them).
+SELECT * FROM volumes WHERE server_id = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
+ORDER BY id FOR UPDATE;
+
+-- name: volume_gib_used
+-- The tenant's volume_gib use: the sizes of its volumes not yet deleted.
+SELECT coalesce(sum(size_gib), 0) FROM volumes WHERE tenant_id = $1 AND status <> 'deleted';
