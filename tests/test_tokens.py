@@ -224,8 +224,9 @@ async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: St
         "name": "mine-k8s", "region": "dev-1", "version": "1.33",
         "control_plane": {"count": 1, "cores": 2, "memory_mib": 4096, "disk_gib": 30},
         "node_pools": [{"name": "workers", "count": 1, "cores": 2, "memory_mib": 4096, "disk_gib": 30}]})
+    _, vol, _ = await call(fast, "POST", "/volumes", json={"name": "mine-v", "region": "dev-1", "size_gib": 10})
     ids = {"srv": server["id"], "job": job["id"], "tok": tok["token"]["id"], "adr": adr["address"]["id"],
-           "lb": lb["load_balancer"]["id"], "k8s": k8s["cluster"]["id"]}
+           "lb": lb["load_balancer"]["id"], "k8s": k8s["cluster"]["id"], "vol": vol["volume"]["id"]}
     _, other = await make_tenant(fast.pool, "intruder")
     routes = sorted({(r.method, r.resource.canonical) for r in fast.app.router.routes()
                      if r.resource is not None and "{id}" in r.resource.canonical and r.method != "HEAD"})
@@ -240,7 +241,7 @@ async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: St
             assert status == 403 and out["error"]["code"] == "insufficient_scope", (method, template, status, out)
             continue
         prefix = {"servers": "srv", "jobs": "job", "tokens": "tok", "addresses": "adr", "load-balancers": "lb",
-                  "clusters": "k8s", "operator": "job"}[template.split("/")[2]]
+                  "clusters": "k8s", "volumes": "vol", "operator": "job"}[template.split("/")[2]]
         path = template.removeprefix("/v1").replace("{id}", ids[prefix])
         # a valid body for each action, so that only the id can make it fail
         action = template.rsplit("/", 1)[-1]
@@ -255,6 +256,8 @@ async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: St
         body = bodies[action] if action in bodies else bodies.get(action.replace("-", "_"), {"name": "taken-over"})
         if method == "PATCH" and prefix == "k8s":  # a cluster's name is fixed; its labels are not
             body = {"labels": {"taken": "over"}}
+        if prefix == "vol" and action in ("resize", "attach", "detach"):  # a volume's own action bodies
+            body = {"resize": {"size_gib": 20}, "attach": {"server_id": server["id"]}, "detach": {}}[action]
         status, out, _ = await call(fast, method, path, other, json=body if method in ("POST", "PATCH") else None)
         if template.startswith("/v1/operator/"):  # the operator's views: a tenant's token never gets in
             assert status == 403 and out["error"]["code"] == "insufficient_scope", (method, path, status, out)

@@ -92,6 +92,10 @@ class GuestAgent(Protocol):
     async def agent_exec(self, node: str, vmid: int, argv: list[str], *, timeout_s: float = 60.0,
                          poll_s: float = 0.2, learn: str | None = None) -> tuple[int, str, str]: ...
 
+    def exec_first_poll_s(self, learn: str) -> float: ...
+
+    def exec_took(self, learn: str, took: float, seen_running: bool) -> None: ...
+
 
 class Firewall(Protocol):
     """A VM's firewall options and its IP sets (``ipfilter-net0``: the addresses the VM may send from)."""
