@@ -20,7 +20,7 @@ from z9.executor.proxmox import ProxmoxClient, VmState
 from z9.executor.proxmox_disks import ProxmoxDisks
 from z9.resources.volume.jobs.reconcile import Placed, StepEnv, VolumeIntent, VolumeWorld, apply_step, observe, plan
 
-from tests.support import SimAdmin
+from tests.support import wait_until, SimAdmin
 
 VOL = "vol_01jd0000000000000000000abc"
 VOL2 = "vol_01jd0000000000000000000xyz"
@@ -212,23 +212,16 @@ async def _server(sim: SimAdmin, pve: ProxmoxClient, owner: str, vmid: int, node
     if node != "pve1":
         await pve.wait_task(await pve.migrate("pve1", vmid, node), deadline_s=30, poll_s=0.05)
     await pve.wait_task(await pve.start(node, vmid), deadline_s=30, poll_s=0.05)
-    deadline = time.monotonic() + 30
-    while True:
+    async def agent_answers() -> bool:
         try:
             await pve.agent_ping(node, vmid)
-            break
+            return True
         except Exception:
-            assert time.monotonic() < deadline, "guest agent never answered"
-            await asyncio_sleep(0.05)
+            return False
+    await wait_until(agent_answers, 30, "the guest agent to answer")
     st = await pve.vm_state(node, vmid)
     assert st is not None
     return st
-
-
-async def asyncio_sleep(s: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(s)
 
 
 async def _guest_disks(pve: ProxmoxClient, node: str, vmid: int) -> dict[str, int]:
