@@ -59,7 +59,6 @@ async def test_a_job_row_locked_longer_than_the_lease_is_waited_on(stack: Stack,
     """Another session holds the job's row (FOR UPDATE) longer than the lease while the job runs: the
     executor waits for it — a warning, no traceback at ERROR — and gives the attempt back; the
     create succeeds on its first attempt."""
-    import asyncio
     import logging
 
     from tests.support import wait_until
@@ -78,7 +77,19 @@ async def test_a_job_row_locked_longer_than_the_lease_is_waited_on(stack: Stack,
         await tx.start()
         await conn.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", job["id"])
         await sim.release_tasks("qmclone")  # the job's next write of its row waits on our lock
-        await asyncio.sleep(stack.settings.lease_ttl_s + 2)  # hold it longer than the lease
+
+        async def outlived_and_waited_on() -> bool:
+            # Held longer than the lease (expired in the row), and the executor is waiting on our
+            # lock with the write that gives the attempt back. Released at that point, the waiter is
+            # granted the row ahead of the scheduler's reclaim (SKIP LOCKED, it never queues) — at
+            # another point (the executor between two tries) the scheduler may take the expired job
+            # first, which is a lost lease and a second attempt, also correct but not this test's case.
+            return bool(await stack.pool.fetchval(
+                """SELECT (SELECT lease_expires_at < now() FROM jobs WHERE id = $1)
+                          AND EXISTS (SELECT 1 FROM pg_stat_activity
+                                      WHERE $2 = ANY(pg_blocking_pids(pid)) AND query LIKE '%status = ''retry''%')""",
+                job["id"], conn.get_server_pid()))
+        await wait_until(outlived_and_waited_on, 60, "the lease expired under our lock, the executor waiting on it")
         await tx.rollback()
     finally:
         await stack.pool.release(conn)

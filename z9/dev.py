@@ -311,6 +311,12 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
                   "private_network": {"cidr": "172.16.0.0/16", "gateway": "172.16.0.1"}}
         env.setdefault("Z9_LOG_FORMAT", "text")
         env.setdefault("Z9_METRICS_HOST", "127.0.0.1")
+        # The executor looks at a task and a booting guest about as often as the simulator's tasks
+        # last (--task-seconds; at most once a second, as against real PVE): with the 1 s default
+        # poll, every step of a stack run with --task-seconds 0.05 still took a second.
+        poll_s = f"{min(1.0, max(0.05, args.task_seconds)):g}"
+        env.setdefault("Z9_TASK_POLL_S", poll_s)
+        env.setdefault("Z9_SERVER_GUEST_POLL_S", poll_s)
         key = os.environ.get("Z9_INSTALLATION_KEY") or key_file.read_text().strip()
         for name, extra in (("api", ["--port", str(args.port)]), ("scheduler", []),
                             ("executor", ["--region", REGION]), ("reaper", [])):
