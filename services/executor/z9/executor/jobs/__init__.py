@@ -38,7 +38,7 @@ def register(module: JobKind) -> None:
 
 for _type in resources.types():  # every kind of every slice (resources/z9/resources/<type>/jobs)
     for _m in resources.job_modules(_type):
-        register(_m)  # type: ignore[arg-type]  # a module, checked against JobKind by tests/test_kind_contract.py
+        register(_m)  # type: ignore[arg-type]  # a module, checked against JobKind by tests/unit/test_kind_contract.py
     _missing = set(_type.kinds) - set(REGISTRY)
     if _missing:
         raise TypeError(f"resource type {_type.name} names kinds its jobs package lacks: {sorted(_missing)}")
