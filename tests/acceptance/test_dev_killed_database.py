@@ -1,4 +1,4 @@
-"""break13: ``z9 dev`` killed outright (SIGKILL, the OOM killer) leaves its embedded PostgreSQL
+"""``z9 dev`` killed outright (SIGKILL, the OOM killer) leaves its embedded PostgreSQL
 running — pg_ctl daemonizes it, so no parent-death signal reaches it. Worse, the wheel keeps a
 list of the processes holding the server (``<pgdata>/.handle_pids.json``) and stops it only when
 the last one lets go: the dead ``z9 dev`` stays on that list forever, so every later ``z9 dev`` on

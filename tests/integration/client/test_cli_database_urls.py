@@ -1,4 +1,4 @@
-"""break13: operator trip-ups with a connection string z9 cannot use (issue 13 §5).
+"""operator trip-ups with a connection string z9 cannot use (issue 13 §5).
 
 A port out of range or not a number, or a broken IPv6 bracket, in ``Z9_DATABASE_URL`` printed a
 Python traceback from every command (``z9 migrate``, ``z9 token``, ``z9 api``…): asyncpg raises

@@ -1,4 +1,4 @@
-"""Hostile and chaos probes of issue 11's clusters (breakk8s): each test is a defect found and fixed."""
+"""Hostile and chaos probes of issue 11's clusters: each test is a defect found and fixed."""
 from __future__ import annotations
 
 import itertools

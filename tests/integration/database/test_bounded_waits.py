@@ -1,4 +1,4 @@
-"""Hostile tests of the bounded waits issue 14 put on z9's connections (break14): a legitimate
+"""Hostile tests of the bounded waits issue 14 put on z9's connections: a legitimate
 operation that takes long, or waits on a peer doing legitimate work, must not fail because of a
 bound meant for stuck transactions."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""break13: a connection string naming several hosts without ``target_session_attrs``.
+"""a connection string naming several hosts without ``target_session_attrs``.
 
 asyncpg's default is ``any``: it keeps the first host that answers. z9 refuses a standby itself
 (NotPrimaryError, transient), but the retry reaches the same first host again — so after a failover

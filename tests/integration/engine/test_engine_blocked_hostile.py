@@ -1,4 +1,4 @@
-"""Hostile tests of what issue 14 built in the job engine (break14): the ``blocked`` flag and its
+"""Hostile tests of what issue 14 built in the job engine: the ``blocked`` flag and its
 triggers (migration 0010), bounded waits on the services' connections. Real concurrent
 connections; each test is the interleaving that broke a property the engine must keep."""
 from __future__ import annotations

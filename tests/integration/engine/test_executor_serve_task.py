@@ -1,4 +1,4 @@
-"""break2: Executor.run() runs _serve in a task of its own context (c13612f, 953ecce). A cancelled
+"""Executor.run() runs _serve in a task of its own context (c13612f, 953ecce). A cancelled
 run() (the caller's task cancelled: a test harness, an embedding process) must end the same way a
 stop does: its Proxmox clients closed (their thread pools), whether it was still connecting."""
 from __future__ import annotations

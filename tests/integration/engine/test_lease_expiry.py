@@ -1,4 +1,4 @@
-"""break2: 7d78a5e made an expired lease lost for job_heartbeat / job_heartbeat_many, but the other
+"""7d78a5e made an expired lease lost for job_heartbeat / job_heartbeat_many, but the other
 lease-renewing writes (job_progress: every step_running / step_done / set_plan; job_remember: a
 snooze's memo) still renew an expired lease fenced on owner and attempt only. A frozen executor
 that wakes up runs ``step_running`` before the step's fence: its progress write resurrects the

@@ -1,4 +1,4 @@
-"""break13: the per-region cap counts running jobs whose lease has not expired, so a frozen
+"""the per-region cap counts running jobs whose lease has not expired, so a frozen
 executor's slot (SIGSTOP, a long GC or network stall past the lease TTL) is handed to another
 executor at once. But the frozen executor's job is not lost until the scheduler reclaims it: when it
 wakes up before that, its heartbeat renews the expired lease (job_heartbeat is fenced on owner and

@@ -1,4 +1,4 @@
-"""break2: deferred job spans (tracing.job_span / span / materialize) under failure, cancellation,
+"""deferred job spans (tracing.job_span / span / materialize) under failure, cancellation,
 a stored request context, a materialize() with a record open, and one made in a child task."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""break13: a create's lookups take a /cluster/resources snapshot up to resources_snapshot_create_s
+"""a create's lookups take a /cluster/resources snapshot up to resources_snapshot_create_s
 (30 s) old and answer "no VM" from the clone ledger, each entry read at the node it recorded. A VM
 z9 cloned for the member and then moved to another node (an operator's migration, an HA
 relocation after a node failure) is at neither place the create looks: the snapshot is older than
