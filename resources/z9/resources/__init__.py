@@ -392,14 +392,16 @@ def slice_modules(part: str) -> list[tuple[ResourceType[Any], ModuleType]]:
     return [(t, m) for t, m in found if m is not None]
 
 
-def job_modules(rtype: ResourceType[Any]) -> list[ModuleType]:
-    """The job-kind modules of a type's slice: every module of its ``jobs`` package that sets
-    ``KIND`` (the modules they share set none)."""
+def job_modules(rtype: ResourceType[Any]) -> list[Any]:
+    """The job kinds of a type's slice: every module of its ``jobs`` package that sets ``KIND``
+    (the modules they share set none), and the kinds a module lists in ``JOB_KINDS`` (one
+    reconciler under several names: objects, each with its ``KIND`` and phases)."""
     pkg = rtype.slice_module("jobs")
     if pkg is None:
         return []
     mods = [importlib.import_module(f"{pkg.__name__}.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
-    return [m for m in mods if isinstance(getattr(m, "KIND", None), str)]
+    return ([m for m in mods if isinstance(getattr(m, "KIND", None), str)]
+            + [k for m in mods for k in getattr(m, "JOB_KINDS", ())])
 
 
 def get(name: str | None) -> ResourceType[Any] | None:
