@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from z9.common import kinds
 from z9.common.errors import TemporaryError
 from z9.common.models import Job
 from z9.resources.cluster import CLUSTER
@@ -28,8 +27,9 @@ from z9.executor import vms
 from z9.executor.context import JobContext, Step, StepKind, StepKinds
 from z9.resources.cluster.jobs import shared as _cluster
 from z9.resources.cluster import store as cluster_store
+from z9.resources.cluster import CLUSTER_DELETE
 
-KIND = kinds.CLUSTER_DELETE
+KIND = CLUSTER_DELETE
 
 
 @dataclass

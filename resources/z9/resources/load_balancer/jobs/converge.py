@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common import kinds
 from z9.common.models import Job
 
 from z9.executor.context import JobContext, Step
 from z9.resources.load_balancer.jobs import shared as _lb
+from z9.resources.load_balancer import LOAD_BALANCER_CONFIGURE, LOAD_BALANCER_CREATE, LOAD_BALANCER_START
 
 
 class Converge:
@@ -56,7 +56,7 @@ class Converge:
         await _lb.record_failure(conn, ctx, error)
 
 
-CREATE = Converge(kinds.LOAD_BALANCER_CREATE)
-CONFIGURE = Converge(kinds.LOAD_BALANCER_CONFIGURE)
-START = Converge(kinds.LOAD_BALANCER_START)
+CREATE = Converge(LOAD_BALANCER_CREATE)
+CONFIGURE = Converge(LOAD_BALANCER_CONFIGURE)
+START = Converge(LOAD_BALANCER_START)
 JOB_KINDS = (CREATE, CONFIGURE, START)

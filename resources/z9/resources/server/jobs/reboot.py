@@ -24,7 +24,6 @@ from datetime import datetime
 
 import asyncpg
 
-from z9.common import kinds
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 from z9.resources.server import SERVER
@@ -35,8 +34,9 @@ from z9.executor.proxmox import VmState
 from z9.executor import guard, vms
 from z9.resources.server.jobs import shared as _server
 from z9.resources.server import store as server_store
+from z9.resources.server import SERVER_REBOOT
 
-KIND = kinds.SERVER_REBOOT
+KIND = SERVER_REBOOT
 REBOOT_TIMEOUT_S = 60
 
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import asyncpg
 
-from z9.common import kinds
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 from z9.resources.server import SERVER
@@ -32,8 +31,9 @@ from z9.executor.proxmox import VmState
 from z9.executor import guard, vms
 from z9.resources.server.jobs import shared as _server
 from z9.resources.server import store as server_store
+from z9.resources.server import SERVER_RESIZE
 
-KIND = kinds.SERVER_RESIZE
+KIND = SERVER_RESIZE
 
 
 @dataclass

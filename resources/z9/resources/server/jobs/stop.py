@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import kinds
 from z9.resources.server import SERVER
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
@@ -30,8 +29,9 @@ from z9.executor.proxmox import VmState
 from z9.executor import guard, vms
 from z9.resources.server.jobs import shared as _server
 from z9.resources.server import store as server_store
+from z9.resources.server import SERVER_STOP
 
-KIND = kinds.SERVER_STOP
+KIND = SERVER_STOP
 SHUTDOWN_TIMEOUT_S = 60
 MODES = ("shutdown", "poweroff")
 
