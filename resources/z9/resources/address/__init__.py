@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common.models import Address
+from z9.resources.address.model import Address
 from z9.resources import Buffered, ResourceType, on_final_delete, register
 
 # the job kinds of this type (the ``kind`` column's values)

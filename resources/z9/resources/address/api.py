@@ -18,7 +18,8 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
 from z9.common.errors import CheckViolation, Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
-from z9.common.models import Address, Server
+from z9.resources.address.model import Address
+from z9.resources.server.model import Server
 from z9.resources.address import ADDRESS
 from z9.common.settings import Settings
 from z9.common.store import NewJob

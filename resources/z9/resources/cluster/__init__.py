@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from z9.common import store as common_store  # (not `store`: the slice's own store module is z9.resources.cluster.store)
-from z9.common.models import Cluster
+from z9.resources.cluster.model import Cluster
 from z9.resources import Immediate, Periodic, ResourceType, register
 from z9.resources.cluster import store as cluster_store
 

@@ -31,10 +31,10 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
-from z9.common import kinds, pki, store
+from z9.common import pki, store
 from z9.common.errors import ApiError, Conflict, Forbidden, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.ids import new_id
-from z9.common.models import Cluster
+from z9.resources.cluster.model import Cluster
 from z9.resources.cluster import CLUSTER, STATUSES
 from z9.common.settings import Settings
 

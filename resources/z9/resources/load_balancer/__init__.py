@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from z9.common.models import LoadBalancer
+from z9.resources.load_balancer.model import LoadBalancer
 from z9.resources import Buffered, Periodic, ResourceType, on_final_delete, register
 from z9.resources.load_balancer import store as load_balancer_store
 

@@ -32,10 +32,10 @@ from aiohttp import web
 from pydantic import (BaseModel, ValidationError, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema,
                       field_validator, model_validator)
 
-from z9.common import kinds, store
+from z9.common import store
 from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.ids import new_id
-from z9.common.models import LoadBalancer, target_key
+from z9.resources.load_balancer.model import LoadBalancer, target_key
 from z9.resources.load_balancer import LOAD_BALANCER, RULE_TEXT, ip_target_refusal, target_networks
 from z9.common.settings import Settings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common.models import Server
+from z9.resources.server.model import Server
 from z9.resources import Buffered, ResourceType, register
 from z9.resources.server import store as server_store
 from z9.resources.address import ADDRESS_ASSIGN

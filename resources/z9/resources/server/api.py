@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from z9.common import kinds, store
+from z9.common import store
 from z9.common.errors import Conflict, UniqueViolation, ValidationFailed, deleting
-from z9.common.models import Address, Server
+from z9.resources.address.model import Address
+from z9.resources.server.model import Server
 from z9.resources.address import ADDRESS
 from z9.resources.server import SERVER
 from z9.common.settings import Settings

@@ -16,14 +16,14 @@ new intent (sizes) and the job commit together; an Idempotency-Key replays the a
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
-from z9.common import kinds, store
+from z9.common import store
 from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
-from z9.common.models import Server
+from z9.resources.server.model import Server
 from z9.resources.server import SERVER
 from z9.common.settings import Settings
 

@@ -39,7 +39,8 @@ from typing import Any
 import asyncpg
 
 from z9.common.errors import PermanentError, TemporaryError
-from z9.common.models import Address, Job
+from z9.common.models import Job
+from z9.resources.address.model import Address
 from z9.resources.address import ADDRESS
 from z9.common.tags import ROLE_CUSTOMER, format_tags, identity_tag, platform_roles
 

@@ -96,7 +96,8 @@ import yaml
 
 from z9.common import nocloud, pki, store
 from z9.common.errors import Cancelled, PermanentError, TemporaryError
-from z9.common.models import Cluster, Job
+from z9.common.models import Job
+from z9.resources.cluster.model import Cluster
 from z9.resources.cluster import CLUSTER
 from z9.common.tags import identity_tag
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common import kinds, store
+from z9.common import store
 from z9.common.models import Job
 from z9.resources.load_balancer import LOAD_BALANCER
 

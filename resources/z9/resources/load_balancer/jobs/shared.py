@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from z9.common.errors import PermanentError, TemporaryError
-from z9.common.models import Job, LoadBalancer, target_key
+from z9.common.models import Job
+from z9.resources.load_balancer.model import LoadBalancer, target_key
 from z9.resources.load_balancer import LOAD_BALANCER, ip_target_refusal, target_networks
 
 from z9.executor import vms
