@@ -357,6 +357,29 @@ async def deletion_dependents(conn: Any, type_name: str, row: Any, options: Any,
     return list(await store.job_insert_many(conn, jobs))
 
 
+# (type name) -> hooks run in the transaction that cancels a deletion of that type (POST
+# /v1/<plural>/{id}/actions/cancel-deletion): hook(conn, row, settings) -> list[NewJob] (a dependent type
+# giving back what the deletion's start took: a server's volumes attached again)
+RESTORE_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
+
+
+def on_restore(type_name: str, hook: Callable[..., Awaitable[list[Any]]]) -> None:
+    """Register ``hook(conn, row, settings) -> [NewJob]`` for when a deletion of a ``type_name``
+    resource is cancelled (in its transaction, after the resource's own restore job)."""
+    RESTORE_HOOKS.setdefault(type_name, []).append(hook)
+
+
+async def restore_dependents(conn: Any, type_name: str, row: Any, settings: Any) -> list[Any]:
+    """Run the hooks registered for a cancelled deletion of ``type_name`` and insert the jobs they
+    ask for (same transaction, without NOTIFY: the caller notifies). Returns the inserted jobs."""
+    jobs: list[NewJob] = []
+    for hook in RESTORE_HOOKS.get(type_name, []):
+        jobs.extend(await hook(conn, row, settings))
+    if not jobs:
+        return []
+    return list(await store.job_insert_many(conn, jobs))
+
+
 def periodic() -> list[ResourceType[Any]]:
     """The types with a periodic observe job."""
     return [t for t in REGISTRY.values() if t.periodic is not None]
