@@ -3,7 +3,7 @@ PostgreSQL (``tests/pgcluster.py``), real ``z9`` processes (api, scheduler, reap
 whose ``Z9_DATABASE_URL`` names both hosts with ``target_session_attrs=read-write``, server creates
 submitted before and after the primary is SIGKILLed (postmaster and backends) and the standby
 promoted. The scenario is ``tests/failover_scenario.py`` (the suite runs it reduced in
-``tests/test_ha.py``).
+``tests/acceptance/test_ha.py``).
 
 Prints one JSON line: jobs accepted, jobs lost (must be 0), jobs run twice at once (0), committed
 rows that disappeared (0), servers without exactly one VM (0), clone tasks beyond one per server

@@ -5,7 +5,7 @@ meaning from the field's ``description`` or, when it has none, from :data:`DESCR
     .venv/bin/python docs/gen_settings.py           # rewrite docs/settings.md
     .venv/bin/python docs/gen_settings.py --check   # exit 1 when it is out of date
 
-A new setting without a description fails the generator (and ``tests/test_settings_doc.py``):
+A new setting without a description fails the generator (and ``tests/unit/test_settings_doc.py``):
 add one here (or as ``Field(description=…)``) and re-run it — after a merge that brought
 settings, re-running is all it takes.
 """

@@ -133,8 +133,8 @@ def make_settings(db_url: str, sim_server: SimServer, **overrides: Any) -> Setti
         snooze_s=0.2, shutdown_grace_s=5.0, uncertain_window_s=1.0, lb_health_interval_s=2.0,
         server_guest_poll_s=0.1,  # the simulator's guests boot in SIM_TIMING's guest_boot_s
         installation_key=TEST_INSTALLATION_KEY,
-        api_rate_limit_per_s=0,  # tests poll jobs at 20 Hz, often several at once (tests/test_http.py tests the limits)
-        api_auth_failures_per_s=0,  # tests send unknown tokens on purpose (tests/test_token_lineage.py tests it)
+        api_rate_limit_per_s=0,  # tests poll jobs at 20 Hz, often several at once (tests/integration/api/test_http.py tests the limits)
+        api_auth_failures_per_s=0,  # tests send unknown tokens on purpose (tests/integration/security/test_token_lineage.py tests it)
     )
     values.update(overrides)
     return Settings(**values)

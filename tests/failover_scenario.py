@@ -1,4 +1,4 @@
-"""The failover scenario of issue 13 §1, shared by ``tests/test_ha.py`` (reduced) and
+"""The failover scenario of issue 13 §1, shared by ``tests/acceptance/test_ha.py`` (reduced) and
 ``bench/failover.py`` (long form).
 
 A primary and a synchronous standby (``tests.pgcluster``); real ``z9`` processes (api,

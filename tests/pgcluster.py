@@ -2,8 +2,8 @@
 folder (never the machine's cluster on 5432): a primary with a synchronous standby
 (``initdb``, ``pg_basebackup -R``, ``synchronous_standby_names``), SIGKILL, promotion; and a
 PgBouncer in front of any server. Run as root, every server runs as the ``postgres`` system
-user (Debian's package creates it), the way PostgreSQL requires. Used by ``tests/test_ha.py``,
-``tests/test_pgbouncer.py`` and ``bench/failover.py``, ``bench/pgbouncer_drain.py``.
+user (Debian's package creates it), the way PostgreSQL requires. Used by ``tests/acceptance/test_ha.py``,
+``tests/acceptance/test_pgbouncer.py`` and ``bench/failover.py``, ``bench/pgbouncer_drain.py``.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ download).
 
     .venv/bin/python tools/console_screenshots.py [--out docs/console]
 
-The browser tests (tests/test_console_a11y.py) walk the same pages with axe-core."""
+The browser tests (tests/integration/console/test_console_a11y.py) walk the same pages with axe-core."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +18,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.console_support import DevStack, browser, dev_stack, new_page, sign_in  # noqa: E402
+from tests.integration.console.console_support import DevStack, browser, dev_stack, new_page, sign_in  # noqa: E402
 
 
 def seed(stack: DevStack) -> dict[str, str]:

@@ -7,7 +7,7 @@
 The PromQL is easier to review here than in 1000 lines of JSON. Every query that reads a metric
 with a ``region`` label filters it by the dashboard's ``$region`` variable (multi-value, "All" =
 ``.*``); rates use ``$__rate_interval``. Metrics: docs/metrics.md. Every expression is checked
-against a live Prometheus by deploy/check_queries.py (and tests/test_ops.py).
+against a live Prometheus by deploy/check_queries.py (and tests/integration/observability/test_ops.py).
 """
 from __future__ import annotations
 

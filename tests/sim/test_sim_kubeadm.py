@@ -291,7 +291,7 @@ def test_a_token_past_its_ttl_has_no_jws_signature() -> None:
 # exactly one seed (test_clusters_e2e checks the members).
 def test_two_seeds_leave_the_bootstrap_to_cloud_inits_device_order(pve, wait, tmp_path, admin) -> None:
     from tests.sim.test_sim_guest import clone, upload
-    from tests.test_cluster_units import _cluster_row
+    from tests.unit.test_cluster_units import _cluster_row
     from z9.common.nocloud import build_nocloud_iso
     from z9.resources.cluster.jobs import shared as _cluster
 

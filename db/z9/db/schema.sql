@@ -1,4 +1,4 @@
--- z9 schema snapshot: the state after every migration in db/z9/db/migrations. Kept equal by tests/test_migrations.py.
+-- z9 schema snapshot: the state after every migration in db/z9/db/migrations. Kept equal by tests/integration/database/test_migrations.py.
 --
 -- Job state machine (architecture §2); the CHECKs and the trigger below enforce it:
 --
@@ -297,7 +297,7 @@ CREATE CONSTRAINT TRIGGER jobs_unblock_after_delete
 -- job_claim's, one job at a time (`LIMIT 1`: a literal, so this function's cached generic plan
 -- is the ordered walk of jobs_claimable — a generic `LIMIT n` would sort every pending job; the
 -- function sets plan_cache_mode for itself, so its plans are built once per connection, not on
--- every call as force_custom_plan would). tests/test_engine_batching.py checks that the claim
+-- every call as force_custom_plan would). tests/integration/engine/test_engine_batching.py checks that the claim
 -- below says what job_claim in queries.sql says. A finished job with a resource: its waiters are
 -- unblocked before the claim (SET CONSTRAINTS … IMMEDIATE, as jobs_unblock_now).
 CREATE FUNCTION jobs_finish_and_claim(fin_ids text[], fin_owners text[], fin_attempts int[], fin_steps text[],

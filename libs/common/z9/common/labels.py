@@ -20,7 +20,7 @@ from typing import Any
 KEY = re.compile(r"([a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
 # What :func:`parse` accepts, as one regular expression (the OpenAPI document's ``pattern`` of
-# ``label_selector``; tests/test_filters.py checks the two agree)
+# ``label_selector``; tests/integration/api/test_filters.py checks the two agree)
 _V1 = r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?"
 # The space allowed around the parts: ASCII's six, spelt out. ``\s`` is another set in each
 # dialect (ECMA-262 adds U+FEFF, Rust's engine U+0085, Python's ``str.strip`` U+001C-U+001F), so

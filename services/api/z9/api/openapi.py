@@ -85,7 +85,7 @@ def _add_links(operations: list[Operation], paths: dict[str, dict[str, Any]]) ->
     """OpenAPI links from each answer that carries a resource or a job (201, 202) to the operations
     on it: ``$response.body#/<name>/id`` into every operation on ``/<plural>/{id}…`` of the
     answer's own collection, ``$response.body#/job/id`` into the job's. Clients (and the stateful
-    phase of tests/test_schemathesis.py) follow them: create, act, follow the job, delete."""
+    phase of tests/integration/api/test_schemathesis.py) follow them: create, act, follow the job, delete."""
     by_collection: dict[str, list[Operation]] = {}
     for op in operations:
         if op.path_id:

@@ -13,7 +13,7 @@ and checked again (:func:`reread_guarded`); a VM whose config another task locks
 
 Kept apart from the VM machinery (:mod:`z9.executor.vms`), which calls it before every
 destructive step, so that what decides "may z9 touch this VM" is one short module with its own
-tests (tests/test_deletion_guard.py).
+tests (tests/unit/test_deletion_guard.py).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The contract of a job kind — the reconciler of one kind of change to one resource type — as a
-:class:`typing.Protocol` the type checker holds every kind to (tests/test_kind_contract.py runs
+:class:`typing.Protocol` the type checker holds every kind to (tests/unit/test_kind_contract.py runs
 mypy over every registered kind against it).
 
 A kind is a module (``resources/z9/resources/<type>/jobs/<verb>.py``) or an object with:

@@ -1,7 +1,7 @@
 """The Proxmox adapter by capability: narrow :class:`~typing.Protocol` s that jobs and the VM
 machinery depend on, each a few methods of :class:`z9.executor.proxmox.ProxmoxClient` (which
 provides them all: :class:`Pve`). A kind that only pushes files into guests needs a
-:class:`GuestAgent`; a test can hand it a fake of that alone. tests/test_proxmox_capabilities.py
+:class:`GuestAgent`; a test can hand it a fake of that alone. tests/unit/test_proxmox_capabilities.py
 checks that the client has every method of every capability with the same signature.
 
 (As the Cluster API provider's ``Client``: domain terms — clone, start, tag, delete, get task —

@@ -1,0 +1,154 @@
+"""The web console, a customer's day in a real browser (Debian's chromium through Playwright):
+sign in with a token, create a server from the form (checked against the OpenAPI document's
+constraints before it is sent), watch its job's steps reach done through the long-poll without
+a reload, see it running with what verify observed, delete it, restore it, sign out."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.integration.console.console_support import DevStack, browser, dev_stack, new_page, require_browser, sign_in
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+    require_browser()
+    yield from dev_stack(tmp_path_factory.mktemp("console"))
+
+
+@pytest.fixture(scope="module")
+def chromium(stack: DevStack) -> Iterator[Any]:
+    yield from browser()
+
+
+def test_z9_dev_prints_the_console_next_to_the_api(stack: DevStack) -> None:
+    assert f"API:        http://127.0.0.1:{stack.port}/v1" in stack.banner
+    assert f"console:    http://127.0.0.1:{stack.port}/console/" in stack.banner
+
+
+def test_the_page_has_a_strict_csp_and_no_inline_script(stack: DevStack) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(stack.console, timeout=60) as r:
+        csp = r.headers["Content-Security-Policy"]
+        html = r.read().decode()
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "unsafe-eval" not in csp
+    assert "<script>" not in html and "onclick" not in html and "javascript:" not in html
+    assert "http://" not in html.replace("http-equiv", "") and "https://" not in html  # nothing fetched from elsewhere
+
+
+def test_server_created_watched_deleted_restored(stack: DevStack, chromium: Any) -> None:
+    page = new_page(chromium)
+    sign_in(page, stack)
+    cookie = next(c for c in page.context.cookies() if c["name"] == "z9_console")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert page.evaluate("document.cookie") == ""  # the token is out of the scripts' reach
+    assert page.evaluate("Object.keys(localStorage).length + Object.keys(sessionStorage).length") == 0
+
+    page.click("nav >> text=Servers")
+    page.click("text=Create server")
+    page.wait_for_selector("form.form")
+    name = f"web-{time.time_ns() % 10**8}"
+    # the OpenAPI constraints refuse these before anything is sent
+    page.fill("[name=name]", "Not A DNS Label")
+    page.fill("[name=cores]", "500")
+    sent: list[str] = []
+    page.on("request", lambda r: r.method == "POST" and "/v1/servers" in r.url and sent.append(r.url))
+    page.click("button:has-text('Create')")
+    page.wait_for_selector("[data-field=cores] .error:not([hidden])")
+    assert "at most 64" in page.inner_text("[data-field=cores] .error")
+    assert page.get_attribute("[name=name]", "aria-invalid") == "true"
+    # the refusal in the schema's words (its description), never the regex
+    name_error = page.inner_text("[data-field=name] .error")
+    assert "DNS label" in name_error and "^[a-z0-9]" not in name_error, name_error
+    assert sent == []
+    # labels in words; region and image: selects of what GET /v1/regions offers
+    memory_id = page.get_attribute("[name=memory_mib]", "id")
+    assert page.inner_text(f"label[for={memory_id}]").startswith("Memory (MiB)")
+    assert page.eval_on_selector("[name=region]", "e => e.tagName") == "SELECT"
+    assert page.eval_on_selector("[name=image]", "e => e.tagName") == "SELECT"
+
+    page.fill("[name=name]", name)
+    page.select_option("[name=region]", "dev-1")
+    page.select_option("[name=image]", "debian-12")
+    page.fill("[name=cores]", "1")
+    page.fill("[name=memory_mib]", "1024")
+    page.fill("[name=disk_gib]", "10")
+    page.evaluate("window.__same_page = true")  # gone if the page reloads
+    page.click("button:has-text('Create')")
+    page.wait_for_selector(f"h1:has-text('{name}')")
+    # the job's steps, live: pending → running → done, the page never reloaded
+    page.wait_for_selector(".job .step-state[data-step=clone]")
+    page.wait_for_selector(".job .job-status[data-status=succeeded]")
+    states = page.eval_on_selector_all(".job .step-state", "els => els.map(e => e.dataset.state)")
+    assert states and set(states) <= {"done", "skipped"}, states
+    assert page.evaluate("window.__same_page") is True
+    page.wait_for_selector("p .badge:text-is('running')")
+    observed = page.inner_text("section:has(#obs-h)")
+    assert "vmid" in observed and "running" in observed
+    # the recent jobs follow the latest job: its create shows succeeded there too
+    page.wait_for_selector("section:has(#hist-h) .badge:text-is('succeeded')")
+    # a running server: Start makes no sense (observed running), Shut down does
+    page.wait_for_selector("[data-action=start][disabled]")
+    assert page.is_enabled("[data-action=shutdown]")
+
+    page.click("[data-action=delete]")
+    page.click("[data-action=confirm-delete]")
+    page.wait_for_selector("p .badge:text-is('deleting')")
+    page.wait_for_selector(".job .job-status[data-status=succeeded]")
+    page.click("[data-action=cancel-deletion]")
+    page.wait_for_selector("p .badge:text-is('running')")
+    page.wait_for_selector(".job .job-status[data-status=succeeded]")
+    assert page.evaluate("window.__same_page") is True
+
+    page.click("text=Sign out")
+    page.wait_for_selector("#token")
+    assert not [c for c in page.context.cookies() if c["name"] == "z9_console"]
+    page.goto(stack.console + "servers")
+    page.wait_for_selector("#token")  # signed out: back to the sign-in
+    assert page.console_errors == [], page.console_errors
+
+
+# the elements whose content spills out of them, not scrolled (an assertion's message)
+OVERFLOWING = """[...document.querySelectorAll('body *')].filter(e => e.scrollWidth > e.clientWidth + 1 && !['auto', 'scroll', 'hidden'].includes(getComputedStyle(e).overflowX))
+  .slice(0, 8).map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right) + ' ' + getComputedStyle(e).overflowX)"""
+
+
+def test_phone_sized_window_fits_and_errors_quote_the_request_id(stack: DevStack, chromium: Any) -> None:
+    page = new_page(chromium, viewport={"width": 390, "height": 844})
+    sign_in(page, stack)
+    for path in ("servers/new", "load-balancers/new", "clusters/new"):
+        page.goto(stack.console + path)
+        page.wait_for_selector("form.form button[type=submit]")
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= 390, (path, wide)
+        box = page.locator("text=Sign out").bounding_box()
+        assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, (path, box)
+        page.click("form.form button[type=submit]")  # nothing lies over it (a trial click fails if so)
+        page.wait_for_selector("form.form .notice.bad:not([hidden])")
+    status, out = stack.api("POST", "servers", {"name": f"phone-{time.time_ns() % 10**8}", "region": "dev-1",
+                                                "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10})
+    assert status == 202, out
+    for path in ("", "servers", "jobs", "tokens", "quota", f"servers/{out['server']['id']}", f"jobs/{out['job']['id']}"):
+        page.goto(stack.console + path)
+        page.wait_for_selector("main h1")
+        if path.startswith(("servers/", "jobs/")):
+            page.wait_for_selector(".job .job-status")  # its job panel, steps and all
+        else:
+            page.wait_for_load_state("networkidle")
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= 390, (path, wide, page.evaluate(OVERFLOWING))
+    # the JSON fields show an example
+    page.goto(stack.console + "load-balancers/new")
+    page.wait_for_selector("[data-field=targets] code.example")
+    assert "server_id" in page.inner_text("[data-field=targets] code.example")
+    # an API refusal shows the request id the API answered
+    page.goto(stack.console + "servers/srv_" + "0" * 26)
+    page.wait_for_selector(".notice.bad .request-id code")
+    assert page.inner_text(".notice.bad .request-id code").strip()
+    assert page.console_errors == [] or all("404" in e for e in page.console_errors), page.console_errors

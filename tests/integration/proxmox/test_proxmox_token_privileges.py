@@ -1,0 +1,95 @@
+"""z9 on a privilege-separated Proxmox API token holding exactly the privileges the README's operator
+section names (its ``pveum role add`` line is read here, so the two cannot drift): a server, an lb-ha
+and a 1+1 cluster are created and deleted. A token lacking one privilege gets PVE's 403
+``Permission check failed (<path>, <privilege>)`` (the simulator checks as pve-access-control
+``RPCEnvironment.pm`` and qemu-server ``API2/Qemu.pm`` do) and the job fails at once with a
+permanent error naming it."""
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from z9.common.settings import Settings
+from z9.sim.server import SimServer
+from z9.common.tags import identity_tag
+
+from tests.conftest import make_settings
+from tests.support import REGION, SimAdmin, Stack, wait_until
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+TOKEN = "z9@pve!z9"
+
+
+def readme_privileges() -> list[str]:
+    m = re.search(r'pveum role add Z9 -privs "([^"]+)"', README.read_text())
+    assert m, "README: the operator section's 'pveum role add Z9 -privs \"…\"' line"
+    return m.group(1).split()
+
+
+@pytest.fixture
+async def settings(request: pytest.FixtureRequest, db_url: str, sim_server: SimServer, sim: SimAdmin) -> Settings:
+    """The test region's executor authenticates with z9@pve's privilege-separated token: the user
+    and the token both hold the role on / (``pveum acl modify / --users … --tokens …``), less the
+    privileges a test's ``without`` marker names (taken from the token only). Made after the
+    simulator's reset (which forgets tokens); ``@pytest.mark.settings`` as conftest's fixture."""
+    marker = request.node.get_closest_marker("without")
+    privs = readme_privileges()
+    lacking = set(marker.args) if marker else set()
+    tok = await sim._req("POST", "/tokens", json={
+        "tokenid": TOKEN, "privsep": True,
+        "user_acl": [{"path": "/", "privs": privs}],
+        "acl": [{"path": "/", "privs": [p for p in privs if p not in lacking]}]})
+    overrides: dict[str, Any] = {}
+    for m in reversed(list(request.node.iter_markers("settings"))):
+        overrides.update(m.kwargs)
+    return make_settings(db_url, sim_server, region={"token_id": TOKEN, "token_secret": tok["value"]}, **overrides)
+
+
+async def _gone(stack: Stack, sim: SimAdmin, path: str, rid: str, key: str) -> None:
+    async def deleted() -> bool:
+        status, out = await stack.call("GET", f"/{path}/{rid}")
+        return status == 404 or out[key]["status"] == "deleted"
+    await wait_until(deleted, 240, f"{rid} deleted")
+    assert await sim.vms_tagged(identity_tag(rid)) == []
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.settings(deletion_buffer_s=0.3)
+async def test_a_token_with_the_readme_privileges_runs_servers_lbs_and_clusters(stack: Stack, sim: SimAdmin) -> None:
+    from tests.integration.clusters.test_clusters_e2e import K8S_TIMING, body as cluster_body
+    from tests.integration.load_balancers.test_load_balancers import LB_TEMPLATE
+
+    await sim._req("POST", "/vms", json=LB_TEMPLATE)
+    await sim.configure(**K8S_TIMING)
+    server, job = await stack.create_server("privsep")
+    status, lb = await stack.call("POST", "/load-balancers", json={"region": REGION, "name": "privsep", "type": "lb-ha"})
+    assert status == 202, lb
+    status, cl = await stack.call("POST", "/clusters", json=cluster_body("privsep", cps=1, workers=1))
+    assert status == 202, cl
+    for j in (job, lb["job"], cl["job"]):
+        done = await stack.wait_job(j["id"], timeout_s=300)
+        assert done["status"] == "succeeded", done
+    apps = await sim.vms_tagged(identity_tag(lb["load_balancer"]["id"]))
+    assert len({a["node"] for a in apps}) == 2  # the lb-ha's members on two nodes (a migration: VM.Migrate)
+    for path, rid, key in (("servers", server["id"], "server"), ("load-balancers", lb["load_balancer"]["id"], "load_balancer"),
+                           ("clusters", cl["cluster"]["id"], "cluster")):
+        status, out = await stack.call("DELETE", f"/{path}/{rid}")
+        assert status == 202, out
+    await asyncio.gather(_gone(stack, sim, "servers", server["id"], "server"),
+                         _gone(stack, sim, "load-balancers", lb["load_balancer"]["id"], "load_balancer"),
+                         _gone(stack, sim, "clusters", cl["cluster"]["id"], "cluster"))
+    refused = [r for r in (await sim.counters())["requests"] if r["status"] == 403]
+    assert refused == [], refused  # not one call the token may not make
+
+
+@pytest.mark.without("VM.Clone")
+async def test_a_token_lacking_a_privilege_fails_the_job_naming_it(stack: Stack, sim: SimAdmin) -> None:
+    server, job = await stack.create_server("no-clone")
+    done = await stack.wait_job(job["id"], timeout_s=90)
+    assert done["status"] == "failed" and done["attempt"] == 1, done
+    msg = done["error"]["message"]
+    assert "the region's API token lacks a privilege" in msg and re.search(r"Permission check failed \(/vms/\d+, VM\.Clone\)", msg), msg
+    assert await sim.vms_tagged(identity_tag(server["id"])) == []
