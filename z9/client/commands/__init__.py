@@ -9,7 +9,7 @@ order.
 The client does not import the registry (:mod:`z9.resources` loads every slice's store, hence
 asyncpg): when it is not loaded already, each slice folder's ``client.py`` is loaded on its own,
 ordered by the ``order=`` its ``ResourceType(...)`` declares (read from the slice's
-``__init__.py``, not run). tests/test_client_imports.py checks this gives the registry's list."""
+``__init__.py``, not run). tests/unit/test_client_imports.py checks this gives the registry's list."""
 from __future__ import annotations
 
 import ast
