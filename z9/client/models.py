@@ -3,8 +3,9 @@
 Request bodies are the API's own models (:class:`z9.api.schemas.ServerCreate`,
 :class:`z9.api.tokens.TokenCreate`), so what the client sends is validated by the very rules the
 API applies; they live in :mod:`z9.api.bodies`, which imports pydantic only, so the client never
-loads the API's server side (aiohttp, asyncpg, the store: tests/unit/test_client_imports.py). Answers are parsed into the models below; they allow fields they do not know
-(``extra="allow"``), so a newer API with more fields does not break an older client.
+loads the API's server side (aiohttp, asyncpg, the store: tests/unit/test_client_imports.py).
+Answers are parsed into the models below; they allow fields they do not know (``extra="allow"``),
+so a newer API with more fields does not break an older client.
 """
 from __future__ import annotations
 
