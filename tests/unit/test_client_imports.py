@@ -11,39 +11,37 @@ import sys
 SERVER_SIDE = ("aiohttp", "asyncpg", "z9.common.store", "z9.resources", "z9.api.schemas", "z9.api.tokens",
                "z9.common.settings", "opentelemetry")
 
-
-def loaded_after(code: str) -> set[str]:
-    """The top modules (and those of SERVER_SIDE) a fresh interpreter holds after ``code``."""
-    out = subprocess.run([sys.executable, "-c", f"import json, sys\n{code}\nprint(json.dumps(sorted(sys.modules)))"],
-                         check=True, capture_output=True, text=True, timeout=60).stdout
-    return set(json.loads(out.splitlines()[-1]))
-
-
-def test_import_z9_client_cli_loads_no_server_side_module() -> None:
-    loaded = loaded_after("import z9.client.cli")
-    assert "z9.client.cli" in loaded
-    assert not [m for m in SERVER_SIDE if m in loaded], sorted(m for m in SERVER_SIDE if m in loaded)
-
-
-def test_building_the_z9_parser_loads_no_server_side_module() -> None:
-    loaded = loaded_after("import z9.cli\nz9.cli.build_parser()")
-    assert "z9.resources.server.client" in loaded  # the slices' client commands are there
-    assert not [m for m in SERVER_SIDE if m in loaded], sorted(m for m in SERVER_SIDE if m in loaded)
-
-
-def test_the_client_finds_the_registrys_client_modules_in_its_order() -> None:
-    """Without the registry loaded the client finds each slice's client.py by its folder and the
-    ``order=`` of its ResourceType: the same modules, in the same order, as the registry gives."""
-    out = subprocess.run([sys.executable, "-c", """
-import json
+# one fresh interpreter (each costs a second of CPU): what is loaded after each stage, then the
+# registry's client modules against the ones the client found on its own
+PROBE = """
+import json, sys
+out = {}
+import z9.client.cli
+out["import z9.client.cli"] = sorted(sys.modules)
+import z9.cli
+z9.cli.build_parser()
+out["z9.cli.build_parser()"] = sorted(sys.modules)
 from z9.client.commands import COMMANDS
 from z9 import resources
-print(json.dumps([[getattr(m, "__name__", "") for m in COMMANDS],
-                  [m.__name__ for _, m in resources.slice_modules("client")],
-                  all(a is b for a, (_, b) in zip(COMMANDS, resources.slice_modules("client")))]))
-"""], check=True, capture_output=True, text=True, timeout=60).stdout
-    found, registry, same = json.loads(out.splitlines()[-1])
-    assert registry and found[:len(registry)] == registry and same, (found, registry)
+registry = [m for _, m in resources.slice_modules("client")]
+out["found"] = [getattr(m, "__name__", "") for m in COMMANDS]
+out["registry"] = [m.__name__ for m in registry]
+out["same"] = all(a is b for a, b in zip(COMMANDS, registry))
+print(json.dumps(out))
+"""
+
+
+def test_the_client_loads_no_server_side_module_and_finds_the_registrys_commands() -> None:
+    out = json.loads(subprocess.run([sys.executable, "-c", PROBE], check=True, capture_output=True, text=True,
+                                    timeout=120).stdout.splitlines()[-1])
+    for stage in ("import z9.client.cli", "z9.cli.build_parser()"):
+        loaded = set(out[stage])
+        assert not [m for m in SERVER_SIDE if m in loaded], (stage, sorted(m for m in SERVER_SIDE if m in loaded))
+    assert "z9.resources.server.client" in out["z9.cli.build_parser()"]  # the slices' commands are there
+    # without the registry the client finds each slice's client.py by its folder and the order= of
+    # its ResourceType: the same modules, in the same order, as the registry gives
+    found, registry = out["found"], out["registry"]
+    assert registry and found[:len(registry)] == registry and out["same"], (found, registry)
     assert not [n for n in found[len(registry):] if n.startswith("z9.resources.")]
 
 
