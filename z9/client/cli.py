@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from .api import ApiError, Client, Conflict, Deadline, Unreachable
+from .api import ApiError, Client, Deadline, Unreachable
 from .config import ConfigError, max_retries, resolve
 from .models import Accepted, Job
 from .progress import StepProgress
