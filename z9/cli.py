@@ -11,11 +11,10 @@ import os
 import re
 import signal
 import sys
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from z9.common.logs import setup_logging
-from z9.common.settings import Settings
-from z9.common.tracing import setup_tracing
+if TYPE_CHECKING:  # imported in main() for an operator command only: a customer command needs no settings
+    from z9.common.settings import Settings
 
 
 async def _serve(service: Any) -> None:
@@ -435,6 +434,10 @@ def main(argv: list[str] | None = None) -> int:
         from z9.client.cli import run as run_customer_command
 
         return run_customer_command(args)
+    from z9.common.logs import setup_logging
+    from z9.common.settings import Settings
+    from z9.common.tracing import setup_tracing
+
     try:
         settings = Settings()
     except Exception as e:  # pydantic ValidationError: say which variable is wrong
