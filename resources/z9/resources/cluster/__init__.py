@@ -16,7 +16,7 @@ from typing import Any
 from z9.common import kinds
 from z9.common import store as common_store  # (not `store`: the slice's own store module is z9.resources.cluster.store)
 from z9.common.models import Cluster
-from z9.resources import Immediate, Periodic, ResourceType, register
+from z9.resources import Immediate, Periodic, QuotaUsage, ResourceType, register
 from z9.resources.cluster import store as cluster_store
 
 STATUSES = ("creating", "running", "degraded", "updating", "deleting", "destroying", "deleted", "failed")
@@ -43,4 +43,9 @@ CLUSTER: ResourceType[Cluster] = register(ResourceType(
     periodic=Periodic(kind=kinds.CLUSTER_OBSERVE, interval_setting="cluster_observe_interval_s",
                       statuses=("running", "degraded")),
     order=40,
+    # its members are VMs of the tenant (not servers: the servers quota leaves them out); its
+    # endpoint is an address (counted with the addresses)
+    quota_usage=QuotaUsage("cluster_quota_usage", {
+        "cores": "Kubernetes clusters' members' cores (control planes and pool members, as asked for)",
+        "memory_mib": "Kubernetes clusters' members' memory (MiB)"}),
 ))

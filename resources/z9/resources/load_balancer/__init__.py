@@ -9,7 +9,7 @@ from typing import Any
 
 from z9.common import kinds
 from z9.common.models import LoadBalancer
-from z9.resources import Buffered, Periodic, ResourceType, on_final_delete, register
+from z9.resources import Buffered, Periodic, QuotaUnit, QuotaUsage, ResourceType, on_final_delete, register
 from z9.resources.load_balancer import store as load_balancer_store
 
 STATUSES = ("creating", "active", "deleting", "destroying", "deleted", "failed")
@@ -32,6 +32,9 @@ LOAD_BALANCER: ResourceType[LoadBalancer] = register(ResourceType(
     periodic=Periodic(kind=kinds.LOAD_BALANCER_OBSERVE, interval_setting="lb_health_interval_s",
                       statuses=("active", "failed")),
     order=30,
+    quotas=(QuotaUnit("load_balancers", "load balancers", example=(2, 0)),),
+    quota_usage=QuotaUsage("load_balancer_quota_usage", {
+        "load_balancers": "load balancers (each also uses 2 or 3 addresses)"}),
 ))
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from z9.common import kinds
 from z9.common.models import Server
-from z9.resources import Buffered, ResourceType, register
+from z9.resources import Buffered, QuotaUnit, QuotaUsage, ResourceType, register
 from z9.resources.server import store as server_store
 
 STATUSES = ("creating", "running", "stopped", "deleting", "destroying", "deleted", "failed")
@@ -57,4 +57,8 @@ SERVER: ResourceType[Server] = register(ResourceType(
     deletion=Buffered(first_kind=kinds.SERVER_STOP, final_kind=kinds.SERVER_DELETE),
     statuses=STATUSES, restore=restore, intent=intent, rerun_with=rerun_with,
     order=10,
+    quotas=(QuotaUnit("servers", "servers", example=(10, 2)), QuotaUnit("cores", "cores", example=(None, 4)),
+            QuotaUnit("memory_mib", "MiB of memory", example=(None, 4096))),
+    quota_usage=QuotaUsage("server_quota_usage", {"servers": "servers", "cores": "servers' cores",
+                                                  "memory_mib": "servers' memory (MiB)"}),
 ))

@@ -55,6 +55,7 @@ RETURNING *;
 SELECT * FROM volumes WHERE server_id = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
 ORDER BY id FOR UPDATE;
 
--- name: volume_gib_used
--- The tenant's volume_gib use: the sizes of its volumes not yet deleted.
-SELECT coalesce(sum(size_gib), 0) FROM volumes WHERE tenant_id = $1 AND status <> 'deleted';
+-- name: volume_quota_usage
+-- The tenant's volumes' part of its quota use (after tenant_quota_lock, in a new statement): the
+-- sizes of its volumes not yet deleted.
+SELECT coalesce(sum(size_gib), 0) AS volume_gib FROM volumes WHERE tenant_id = $1 AND status <> 'deleted';

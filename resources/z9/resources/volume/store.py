@@ -62,8 +62,4 @@ async def of_server(db: Any, server_id: str) -> list[Volume]:
     return [Volume.from_record(r) for r in await db.fetch(q("volume_of_server"), server_id)]
 
 
-async def gib_used(db: Any, tenant_id: str) -> int:
-    return int(await db.fetchval(q("volume_gib_used"), tenant_id))
-
-
 translate_errors(globals(), __name__)
