@@ -313,8 +313,8 @@ QUOTA_ENV_PREFIX = "Z9_QUOTA_"  # Z9_QUOTA_<UNIT>: Settings.quota_defaults[<unit
 
 
 class QuotaDefaultsSource(PydanticBaseSettingsSource):
-    """``quota_defaults`` from every ``Z9_QUOTA_<UNIT>`` variable (``Z9_QUOTA_VOLUME_GIB=100`` →
-    ``{"volume_gib": "100"}``, validated by the model): one variable per unit, as before the units
+    """``quota_defaults`` from every ``Z9_QUOTA_<UNIT>`` variable (``Z9_QUOTA_<UNIT>=100`` →
+    ``{"<unit>": "100"}``, validated by the model): one variable per unit, as before the units
     came from the type registry, whatever units it holds."""
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:

@@ -35,8 +35,8 @@ async def limits(conn: Any, settings: Settings, tenant_id: str) -> dict[str, int
 
 
 async def check(conn: Any, settings: Settings, tenant_id: str, **adding: int) -> None:
-    """Raise 403 ``quota_exceeded`` when adding ``adding`` (``unit=n``: ``servers=1``,
-    ``volume_gib=…``) to the tenant's use passes a limit. ``conn`` must be in the request's
+    """Raise 403 ``quota_exceeded`` when adding ``adding`` (``unit=n``, a registered unit each) to
+    the tenant's use passes a limit. ``conn`` must be in the request's
     transaction (the lock is released at its end). Only the types counting toward the units
     asked for count (after the lock, each in a statement of its own)."""
     units = resources.quota_units()
