@@ -185,8 +185,8 @@ class Kubeconfig(_Answer):
 
 
 class Quota(_Answer):
-    """``GET /v1/quota``: per quota (servers, cores, memory_mib, addresses, load_balancers) its ``limit`` (None: no
-    limit) and what the tenant ``used``."""
+    """``GET /v1/quota``: per quota (the units the server's resource types declare: ``servers``, ``cores``, …; the
+    document lists them) its ``limit`` (None: no limit) and what the tenant ``used``."""
 
     tenant: str | None = None
     quotas: dict[str, dict[str, Any]]
