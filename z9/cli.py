@@ -329,7 +329,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(USAGE, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``z9`` parser. Given the command line about to be parsed (``argv``), ``z9 quota``'s unit
+    flags — read from the resource registry, which loads every slice's store — are built only when
+    that line is ``z9 quota …``: a customer command starts without the server side (its modules
+    are never imported, tests/unit/test_client_imports.py). Without ``argv``: everything."""
+    quota_flags = argv is None or argv[:1] == ["quota"]
     p = _Parser(prog="z9", description="z9 control-plane job system", formatter_class=_SectionedHelp)
     # the operator commands' own parsers keep argparse's exit code (their checks answer 2, as
     # before); the customer groups use z9.client.cli.UsageParser (64)
@@ -366,10 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--expires-in", type=_positive_int, metavar="SECONDS", help="the token stops working after this")
     s.set_defaults(fn=cmd_token)
 
-    from z9 import resources
+    if quota_flags:
+        from z9 import resources
 
-    units = resources.quota_units()  # each resource type's own (its slice declares them)
-    flags = ["--" + k.replace("_", "-") for k in units]
+        units = resources.quota_units()  # each resource type's own (its slice declares them)
+    else:
+        units = {}
+    flags = ["--" + k.replace("_", "-") for k in units] or ["--<unit>"]
     s = sub.add_parser("quota", help="show a tenant's quotas and use; set them (created if missing)",
                        description=f"Quotas: {', '.join(u.unit for u in units.values())} not yet deleted. A "
                                    "tenant's own limit overrides the Z9_QUOTA_* default; 'default' goes back "
@@ -448,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         from z9.sim.server import main as sim_main
 
         return sim_main(argv[1:])
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command not in OPERATOR_COMMANDS or hasattr(args, "run"):  # a customer command: the API, no settings
         from z9.client.cli import run as run_customer_command

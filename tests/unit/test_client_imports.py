@@ -19,7 +19,7 @@ out = {}
 import z9.client.cli
 out["import z9.client.cli"] = sorted(sys.modules)
 import z9.cli
-z9.cli.build_parser()
+z9.cli.build_parser(["servers", "list"])
 out["z9.cli.build_parser()"] = sorted(sys.modules)
 from z9.client.commands import COMMANDS
 from z9 import resources
