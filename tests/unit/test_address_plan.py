@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from z9.common.errors import PermanentError
-from z9.common.models import Address
+from z9.resources.address.model import Address
 from z9.resources.address.jobs import shared as _address
 from z9.resources.address.jobs.shared import Holder, World, address_tag, config_ips, ipconfig0, same_ip
 from z9.executor.proxmox import VmLocked, VmState

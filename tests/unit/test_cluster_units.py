@@ -11,7 +11,8 @@ import yaml
 
 from z9.common import pki
 from z9.common.errors import PermanentError
-from z9.common.models import Cluster, Job
+from z9.common.models import Job
+from z9.resources.cluster.model import Cluster
 from z9.resources.cluster.jobs import shared as _cluster
 from z9.executor.proxmox import VmState
 

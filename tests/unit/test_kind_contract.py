@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import types
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,13 @@ def test_a_kind_lacking_a_phase_is_refused() -> None:
                     reason="mypy is a test dependency; not installed here")
 def test_the_type_checker_holds_every_kind_to_the_contract(tmp_path: Path) -> None:
     lines = ["from z9.executor.kind import JobKind", "from z9.executor.jobs import UnknownKind", ""]
-    for i, module in enumerate(sorted(jobs.REGISTRY.values(), key=lambda m: m.__name__)):
-        lines += [f"import {module.__name__} as k{i}", f"_k{i}: JobKind = k{i}"]
+    for i, (kind, module) in enumerate(sorted(jobs.REGISTRY.items())):
+        if isinstance(module, types.ModuleType):
+            lines += [f"import {module.__name__} as k{i}", f"_k{i}: JobKind = k{i}"]
+        else:  # one of a module's JOB_KINDS: checked as the attribute it is
+            home = sys.modules[type(module).__module__]
+            (name,) = [n for n, v in vars(home).items() if v is module]
+            lines += [f"from {home.__name__} import {name} as k{i}", f"_k{i}: JobKind = k{i}"]
     lines.append('_unknown: JobKind = UnknownKind("x")')
     check = tmp_path / "kinds_check.py"
     check.write_text("\n".join(lines) + "\n")

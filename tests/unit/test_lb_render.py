@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from z9.common.models import LoadBalancer
+from z9.resources.load_balancer.model import LoadBalancer
 from z9.resources.load_balancer.jobs import shared as _lb
 from z9.sim.appliance import parse_haproxy, parse_keepalived
 

@@ -357,6 +357,29 @@ async def deletion_dependents(conn: Any, type_name: str, row: Any, options: Any,
     return list(await store.job_insert_many(conn, jobs))
 
 
+# (type name) -> hooks run in the transaction that cancels a deletion of that type (POST
+# /v1/<plural>/{id}/actions/cancel-deletion): hook(conn, row, settings) -> list[NewJob] (a dependent type
+# giving back what the deletion's start took: a server's volumes attached again)
+RESTORE_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
+
+
+def on_restore(type_name: str, hook: Callable[..., Awaitable[list[Any]]]) -> None:
+    """Register ``hook(conn, row, settings) -> [NewJob]`` for when a deletion of a ``type_name``
+    resource is cancelled (in its transaction, after the resource's own restore job)."""
+    RESTORE_HOOKS.setdefault(type_name, []).append(hook)
+
+
+async def restore_dependents(conn: Any, type_name: str, row: Any, settings: Any) -> list[Any]:
+    """Run the hooks registered for a cancelled deletion of ``type_name`` and insert the jobs they
+    ask for (same transaction, without NOTIFY: the caller notifies). Returns the inserted jobs."""
+    jobs: list[NewJob] = []
+    for hook in RESTORE_HOOKS.get(type_name, []):
+        jobs.extend(await hook(conn, row, settings))
+    if not jobs:
+        return []
+    return list(await store.job_insert_many(conn, jobs))
+
+
 def periodic() -> list[ResourceType[Any]]:
     """The types with a periodic observe job."""
     return [t for t in REGISTRY.values() if t.periodic is not None]
@@ -392,14 +415,16 @@ def slice_modules(part: str) -> list[tuple[ResourceType[Any], ModuleType]]:
     return [(t, m) for t, m in found if m is not None]
 
 
-def job_modules(rtype: ResourceType[Any]) -> list[ModuleType]:
-    """The job-kind modules of a type's slice: every module of its ``jobs`` package that sets
-    ``KIND`` (the modules they share set none)."""
+def job_modules(rtype: ResourceType[Any]) -> list[Any]:
+    """The job kinds of a type's slice: every module of its ``jobs`` package that sets ``KIND``
+    (the modules they share set none), and the kinds a module lists in ``JOB_KINDS`` (one
+    reconciler under several names: objects, each with its ``KIND`` and phases)."""
     pkg = rtype.slice_module("jobs")
     if pkg is None:
         return []
     mods = [importlib.import_module(f"{pkg.__name__}.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
-    return [m for m in mods if isinstance(getattr(m, "KIND", None), str)]
+    return ([m for m in mods if isinstance(getattr(m, "KIND", None), str)]
+            + [k for m in mods for k in getattr(m, "JOB_KINDS", ())])
 
 
 def get(name: str | None) -> ResourceType[Any] | None:

@@ -24,6 +24,8 @@ from z9.executor import jobs as job_kinds
 from z9.executor.worker import Executor
 from z9.scheduler import Scheduler
 
+from tests.support import wait_until
+
 TTL = 30.0
 
 
@@ -235,17 +237,16 @@ async def _drive(pool: asyncpg.Pool, executors: list[Executor], ids: list[str], 
     not expired — a dead executor's rows stay 'running' until the scheduler's reclaim)."""
     tasks = [asyncio.create_task(ex.run()) for ex in executors]
     peak = 0
-    deadline = time.monotonic() + timeout_s
+
+    async def all_succeeded() -> bool:
+        nonlocal peak
+        row = await pool.fetchrow(
+            "SELECT count(*) FILTER (WHERE status = 'running' AND (NOT $2 OR lease_expires_at > now())) AS running,"
+            "       count(*) FILTER (WHERE status = 'succeeded') AS ok FROM jobs WHERE id = ANY($1)", ids, live_leases_only)
+        peak = max(peak, row["running"])
+        return row["ok"] == len(ids)
     try:
-        while True:
-            row = await pool.fetchrow(
-                "SELECT count(*) FILTER (WHERE status = 'running' AND (NOT $2 OR lease_expires_at > now())) AS running,"
-                "       count(*) FILTER (WHERE status = 'succeeded') AS ok FROM jobs WHERE id = ANY($1)", ids, live_leases_only)
-            peak = max(peak, row["running"])
-            if row["ok"] == len(ids):
-                break
-            assert time.monotonic() < deadline, f"{row['ok']} of {len(ids)} jobs succeeded"
-            await asyncio.sleep(0.005)
+        await wait_until(all_succeeded, timeout_s, f"all {len(ids)} jobs to succeed", interval_s=0.005)
     finally:
         for ex in executors:
             ex.stop()

@@ -16,7 +16,7 @@ from hypothesis import assume, given, settings, strategies as st
 from pydantic import SecretStr, ValidationError
 
 from z9.resources.load_balancer.api import MAX_SERVICES, MAX_TARGETS, STATUS_CODE, HttpCheck, LoadBalancerCreate
-from z9.common.models import LoadBalancer
+from z9.resources.load_balancer.model import LoadBalancer
 from z9.resources.load_balancer.jobs import shared as _lb
 from z9.sim.appliance import run_tool
 

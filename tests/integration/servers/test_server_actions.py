@@ -12,6 +12,7 @@ from z9.resources.server.jobs import reboot as server_reboot
 from z9.executor.proxmox import VmState
 
 from tests.support import SimAdmin, Stack
+from z9.resources.server import SERVER_REBOOT
 
 
 async def _created(stack: Stack, name: str = "web-1") -> dict:
@@ -80,7 +81,7 @@ async def test_power_actions_are_jobs_and_idempotent(stack: Stack, sim: SimAdmin
 def _job(created_ago_s: float, **args) -> Job:
     from datetime import timedelta
     now = datetime.now(timezone.utc)
-    return Job(id="job_x", seq=1, kind=kinds.SERVER_REBOOT, region="r", tenant_id=None, resource_type="server",
+    return Job(id="job_x", seq=1, kind=SERVER_REBOOT, region="r", tenant_id=None, resource_type="server",
                resource_id="srv_01jd3x5v8q2m6n4p7r9s1t3w5y", args=args, status="running", attempt=1,
                max_attempts=3, run_after=now, lease_owner=None, lease_expires_at=None, steps=[], memo={},
                error=None, trace_context=None, created_at=now - timedelta(seconds=created_ago_s), started_at=now,

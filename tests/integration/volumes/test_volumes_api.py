@@ -153,6 +153,37 @@ async def test_a_server_deleted_with_a_volume_attached(stack: Stack, sim: SimAdm
     assert not [v for v in (await sim.state())["vms"] if f"z9-id-{gone}" in v["config"].get("tags", "")]
 
 
+async def test_a_server_restored_gets_back_the_volumes_its_deletion_detached(stack: Stack, sim: SimAdmin) -> None:
+    """Cancelling a server's deletion attaches back the volumes that deletion detached — not one the
+    customer attached elsewhere meanwhile."""
+    s = await _server(stack, "vol-back")
+    other = await _server(stack, "vol-other")
+    made = {}
+    for name in ("back", "moved"):
+        status, out = await stack.call("POST", "/volumes", json={"name": name, "region": REGION, "size_gib": 1,
+                                                                  "server_id": s["id"]})
+        assert status == 202, out
+        made[name] = out["volume"]["id"]
+    for vid in made.values():
+        await _settled(stack, vid)
+    status, out = await stack.call("DELETE", f"/servers/{s['id']}")
+    assert status == 202, out
+    for vid in made.values():
+        await _settled(stack, vid)
+        assert (await _volume(stack, vid))["status"] == "available"
+    await _act(stack, made["moved"], "attach", {"server_id": other["id"]})  # the customer's own choice since
+    await _settled(stack, made["moved"])
+    status, out = await stack.call("POST", f"/servers/{s['id']}/actions/cancel-deletion")
+    assert status == 202, out
+    await stack.wait_job(out["job"]["id"], timeout_s=90)
+    await _settled(stack, made["back"])
+    back, moved = await _volume(stack, made["back"]), await _volume(stack, made["moved"])
+    assert back["status"] == "attached" and back["server_id"] == s["id"], back
+    assert moved["status"] == "attached" and moved["server_id"] == other["id"], moved
+    vmid = (await stack.server(s["id"]))["observed"]["vmid"]
+    assert _disk_of((await sim.vm(vmid))["config"], back["observed"]["serial"]) is not None
+
+
 async def _server_gone(stack: Stack, sid: str) -> bool:
     return (await stack.server(sid))["status"] == "deleted"
 

@@ -1,31 +1,9 @@
-"""Job kind names: the ``kind`` column's values, known without importing the executor (and so
-proxmoxer). Each kind's module in its type's slice (``resources/z9/resources/<type>/jobs``) sets
-``KIND`` from here; the resource types (:mod:`z9.resources`) name their jobs with these. The list
-of every kind is derived from the registry (:func:`all_kinds`).
+"""Job kinds known to this process: the ``kind`` column's values are named by their types' slices
+(``resources/z9/resources/<type>/__init__.py``: ``SERVER_CREATE = "ServerCreate"`` …, known without
+importing the executor and so proxmoxer); the list of every kind is derived from the registry
+(:func:`all_kinds`).
 """
 from __future__ import annotations
-
-SERVER_CREATE = "ServerCreate"
-SERVER_START = "ServerStart"
-SERVER_STOP = "ServerStop"
-SERVER_DELETE = "ServerDelete"
-SERVER_REBOOT = "ServerReboot"
-SERVER_RESIZE = "ServerResize"
-ADDRESS_CREATE = "AddressCreate"
-ADDRESS_ASSIGN = "AddressAssign"
-ADDRESS_UNASSIGN = "AddressUnassign"
-ADDRESS_DELETE = "AddressDelete"
-LOAD_BALANCER_CREATE = "LoadBalancerCreate"
-LOAD_BALANCER_CONFIGURE = "LoadBalancerConfigure"
-LOAD_BALANCER_STOP = "LoadBalancerStop"
-LOAD_BALANCER_START = "LoadBalancerStart"
-LOAD_BALANCER_DELETE = "LoadBalancerDelete"
-LOAD_BALANCER_OBSERVE = "LoadBalancerObserve"
-
-CLUSTER_CREATE = "ClusterCreate"
-CLUSTER_RECONCILE = "ClusterReconcile"
-CLUSTER_DELETE = "ClusterDelete"
-CLUSTER_OBSERVE = "ClusterObserve"
 
 _ADDED: set[str] = set()
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common import kinds
-from z9.common.models import Address
+from z9.resources.address.model import Address
 from z9.resources import Buffered, ResourceType, on_final_delete, register
+
+# the job kinds of this type (the ``kind`` column's values)
+ADDRESS_CREATE = "AddressCreate"
+ADDRESS_ASSIGN = "AddressAssign"
+ADDRESS_UNASSIGN = "AddressUnassign"
+ADDRESS_DELETE = "AddressDelete"
 
 STATUSES = ("creating", "active", "deleting", "destroying", "deleted", "failed")
 
@@ -16,8 +21,8 @@ def restore(address: Address) -> tuple[str, dict[str, Any]]:
     """What a cancelled deletion gives back: the assignment the address had (the table put it
     back into ``server_id`` when the deletion was cancelled), or none."""
     if address.server_id:
-        return kinds.ADDRESS_ASSIGN, {"server_id": address.server_id}
-    return kinds.ADDRESS_UNASSIGN, {}
+        return ADDRESS_ASSIGN, {"server_id": address.server_id}
+    return ADDRESS_UNASSIGN, {}
 
 
 def lock_keys(address: Address) -> tuple[str, ...]:
@@ -34,9 +39,9 @@ def lock_keys(address: Address) -> tuple[str, ...]:
 def stale(address: Address, kind: str, args: dict[str, Any]) -> str | None:
     """An assignment job is the address's intent only while the address is still meant for
     that server (``server_id``), an unassignment or a create only while it is meant for none."""
-    if kind == kinds.ADDRESS_ASSIGN:
+    if kind == ADDRESS_ASSIGN:
         meant = args.get("server_id")
-    elif kind in (kinds.ADDRESS_UNASSIGN, kinds.ADDRESS_CREATE):
+    elif kind in (ADDRESS_UNASSIGN, ADDRESS_CREATE):
         meant = None
     else:
         return None
@@ -50,8 +55,8 @@ def stale(address: Address, kind: str, args: dict[str, Any]) -> str | None:
 
 ADDRESS: ResourceType[Address] = register(ResourceType(
     name="address", prefix="adr", table="addresses", model=Address, plural="addresses",
-    kinds=(kinds.ADDRESS_CREATE, kinds.ADDRESS_ASSIGN, kinds.ADDRESS_UNASSIGN, kinds.ADDRESS_DELETE),
-    deletion=Buffered(first_kind=kinds.ADDRESS_UNASSIGN, final_kind=kinds.ADDRESS_DELETE),
+    kinds=(ADDRESS_CREATE, ADDRESS_ASSIGN, ADDRESS_UNASSIGN, ADDRESS_DELETE),
+    deletion=Buffered(first_kind=ADDRESS_UNASSIGN, final_kind=ADDRESS_DELETE),
     statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale,
     # the address's own rules and its holders' (triggers on addresses: a load balancer's or a
     # cluster's address goes with its owner)

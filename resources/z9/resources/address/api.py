@@ -17,9 +17,9 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
-from z9.common import kinds
 from z9.common.errors import CheckViolation, Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
-from z9.common.models import Address, Server
+from z9.resources.address.model import Address
+from z9.resources.server.model import Server
 from z9.resources.address import ADDRESS
 from z9.common.settings import Settings
 from z9.common.store import NewJob
@@ -28,6 +28,7 @@ from z9.api import quotas, schemas
 from z9.api.resources import (POOL, ApiResource, action_transaction, CreateContext, Operation, dump, parse_body, path_id, tenant)
 from z9.resources.address import store as address_store
 from z9.resources.server import store as server_store
+from z9.resources.address import ADDRESS_ASSIGN, ADDRESS_CREATE, ADDRESS_UNASSIGN
 
 DNS_PTR_PATTERN = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?$"
 SERVER_ID = r"^srv_[0-9a-z]{26}$"
@@ -233,7 +234,7 @@ async def create(ctx: CreateContext, spec: AddressCreate) -> tuple[Address, dict
     if spec.server_id is not None:
         await _target_server(ctx.conn, ctx.tenant_id, spec.server_id, None, spec.region)
         extra = (spec.server_id,)
-    kind = kinds.ADDRESS_ASSIGN if spec.server_id else kinds.ADDRESS_CREATE
+    kind = ADDRESS_ASSIGN if spec.server_id else ADDRESS_CREATE
     try:
         got = await address_store.address_allocate_with_job(
             ctx.conn, region=spec.region, family=spec.family, pool=spec.pool, tenant_id=ctx.tenant_id,
@@ -298,7 +299,7 @@ def _operations(api: ApiResource) -> list[Operation]:
                     raise Conflict(str(e).split("\n")[0], code=code) from e
                 raise
             extra = tuple(s for s in (server.id, a.server_id) if s)
-            return row, kinds.ADDRESS_ASSIGN, {"server_id": server.id}, extra
+            return row, ADDRESS_ASSIGN, {"server_id": server.id}, extra
 
         return await _action(request, "POST /addresses/{id}/actions/assign", spec.model_dump(), fn)
 
@@ -311,7 +312,7 @@ def _operations(api: ApiResource) -> list[Operation]:
                 if server is not None and server.status not in ("deleted", "destroying"):
                     _require_stopped(server, "unassigning its primary address")
             row = await address_store.address_set_server(conn, a.id, None)
-            return row, kinds.ADDRESS_UNASSIGN, {}, (a.server_id,)
+            return row, ADDRESS_UNASSIGN, {}, (a.server_id,)
 
         return await _action(request, "POST /addresses/{id}/actions/unassign", None, fn)
 
@@ -345,12 +346,12 @@ def _operations(api: ApiResource) -> list[Operation]:
                   "Assign an address to a server (a floating address moves from the server holding it)",
                   "addresses", {202: accepted, 400: None, 401: None, 404: None, 409: None, 422: None},
                   request=AddressAssign, path_id=id_doc, idempotent=True,
-                  example={"address": EXAMPLE, "job": {**job_ref, "kind": kinds.ADDRESS_ASSIGN}}),
+                  example={"address": EXAMPLE, "job": {**job_ref, "kind": ADDRESS_ASSIGN}}),
         Operation("POST", "/addresses/{id}/actions/unassign", unassign, "unassignAddress",
                   "Take an address off its server", "addresses",
                   {202: accepted, 401: None, 404: None, 409: None}, path_id=id_doc, idempotent=True,
                   example={"address": {**EXAMPLE, "server_id": None},
-                           "job": {**job_ref, "kind": kinds.ADDRESS_UNASSIGN}}),
+                           "job": {**job_ref, "kind": ADDRESS_UNASSIGN}}),
     ]
 
 

@@ -13,7 +13,7 @@ import asyncpg
 from z9.common.errors import PoolConfigError
 from z9.common.labels import Selector
 from z9.common.ids import new_id
-from z9.common.models import Address
+from z9.resources.address.model import Address
 from z9.common.sql import q
 from z9.common.store import DB, NewJob, translate_errors
 

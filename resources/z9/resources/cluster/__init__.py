@@ -13,11 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common import kinds
 from z9.common import store as common_store  # (not `store`: the slice's own store module is z9.resources.cluster.store)
-from z9.common.models import Cluster
+from z9.resources.cluster.model import Cluster
 from z9.resources import Immediate, Periodic, ResourceType, register
 from z9.resources.cluster import store as cluster_store
+
+# the job kinds of this type (the ``kind`` column's values)
+CLUSTER_CREATE = "ClusterCreate"
+CLUSTER_RECONCILE = "ClusterReconcile"
+CLUSTER_DELETE = "ClusterDelete"
+CLUSTER_OBSERVE = "ClusterObserve"
 
 STATUSES = ("creating", "running", "degraded", "updating", "deleting", "destroying", "deleted", "failed")
 
@@ -38,9 +43,9 @@ async def _cancelled(db: Any, row: Cluster, kind: str, reason: str) -> bool:
 
 CLUSTER: ResourceType[Cluster] = register(ResourceType(
     name="cluster", prefix="k8s", table="clusters", model=Cluster,
-    kinds=(kinds.CLUSTER_CREATE, kinds.CLUSTER_RECONCILE, kinds.CLUSTER_DELETE, kinds.CLUSTER_OBSERVE),
-    deletion=Immediate(final_kind=kinds.CLUSTER_DELETE), statuses=STATUSES, cancelled=_cancelled,
-    periodic=Periodic(kind=kinds.CLUSTER_OBSERVE, interval_setting="cluster_observe_interval_s",
+    kinds=(CLUSTER_CREATE, CLUSTER_RECONCILE, CLUSTER_DELETE, CLUSTER_OBSERVE),
+    deletion=Immediate(final_kind=CLUSTER_DELETE), statuses=STATUSES, cancelled=_cancelled,
+    periodic=Periodic(kind=CLUSTER_OBSERVE, interval_setting="cluster_observe_interval_s",
                       statuses=("running", "degraded")),
     order=40,
 ))

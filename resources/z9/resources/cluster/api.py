@@ -31,10 +31,10 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
-from z9.common import kinds, pki, store
+from z9.common import pki, store
 from z9.common.errors import ApiError, Conflict, Forbidden, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.ids import new_id
-from z9.common.models import Cluster
+from z9.resources.cluster.model import Cluster
 from z9.resources.cluster import CLUSTER, STATUSES
 from z9.common.settings import Settings
 
@@ -45,6 +45,7 @@ from z9.api.resources import (NOTIFIER, POOL, SETTINGS, clock_of, ApiResource, a
                               request_hash, room_for_a_job, tenant)
 from z9.resources.address import store as address_store
 from z9.resources.cluster import store as cluster_store
+from z9.resources.cluster import CLUSTER_CREATE, CLUSTER_RECONCILE
 
 VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34")
 MAX_POOL_COUNT = 100
@@ -326,7 +327,7 @@ async def create(ctx: CreateContext, spec: ClusterCreate) -> tuple[Cluster, dict
         raise Conflict(f"a cluster named {spec.name!r} already exists in this tenant; "
                        "choose another name or delete that cluster first", code="uniqueness_error") from e
     await cluster_store.cluster_keys_insert(ctx.conn, cid, *key.seal(cid, pki.new_cluster_pki()))
-    job = await store.job_insert(ctx.conn, CLUSTER.new_job(cluster, kinds.CLUSTER_CREATE,
+    job = await store.job_insert(ctx.conn, CLUSTER.new_job(cluster, CLUSTER_CREATE,
                                                            max_attempts=ctx.settings.max_attempts), notify=False)
     return cluster, job.brief()
 
@@ -431,7 +432,7 @@ def actions(api: ApiResource) -> list[Operation]:
             await room_for_a_job(conn, settings, "cluster", rid)
             bundle = pki.client_ca_bundle(material) or ""
             job = await store.job_insert(conn, CLUSTER.new_job(
-                cluster, kinds.CLUSTER_RECONCILE, max_attempts=settings.max_attempts,
+                cluster, CLUSTER_RECONCILE, max_attempts=settings.max_attempts,
                 args={"client_ca": hashlib.sha256(bundle.encode()).hexdigest()[:16]}), notify=False)
             answer = dump(accepted, {"cluster": cluster.public(), "job": job.brief()})
             await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
@@ -457,7 +458,7 @@ def actions(api: ApiResource) -> list[Operation]:
             after = member_totals(cluster.control_plane, pools)
             await quotas.check(conn, settings, tenant_id, cores=after[0] - before[0],
                                memory_mib=after[1] - before[1])
-            return await cluster_store.cluster_set_shape(conn, rid, pools), kinds.CLUSTER_RECONCILE, None, ()
+            return await cluster_store.cluster_set_shape(conn, rid, pools), CLUSTER_RECONCILE, None, ()
 
         return await action_transaction(request, CLUSTER, route, body, change, accepted=accepted)
 
@@ -500,7 +501,7 @@ def actions(api: ApiResource) -> list[Operation]:
 
         return await _action(request, "POST /clusters/{id}/actions/remove-node-pool", spec.model_dump(), fn)
 
-    example = {"cluster": {**EXAMPLE, "status": "updating"}, "job": {**job_ref, "kind": kinds.CLUSTER_RECONCILE}}
+    example = {"cluster": {**EXAMPLE, "status": "updating"}, "job": {**job_ref, "kind": CLUSTER_RECONCILE}}
     errors: dict[int, Any] = {400: None, 401: None, 404: None, 409: None, 422: None}
     return [
         Operation("GET", "/clusters/{id}/kubeconfig", kubeconfig, "getClusterKubeconfig",

@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from z9.common.models import Cluster
+from z9.resources.cluster.model import Cluster
 from z9.common.sql import q
 from z9.common.store import DB, translate_errors
 

@@ -7,10 +7,17 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from z9.common import kinds
-from z9.common.models import LoadBalancer
+from z9.resources.load_balancer.model import LoadBalancer
 from z9.resources import Buffered, Periodic, ResourceType, on_final_delete, register
 from z9.resources.load_balancer import store as load_balancer_store
+
+# the job kinds of this type (the ``kind`` column's values)
+LOAD_BALANCER_CREATE = "LoadBalancerCreate"
+LOAD_BALANCER_CONFIGURE = "LoadBalancerConfigure"
+LOAD_BALANCER_STOP = "LoadBalancerStop"
+LOAD_BALANCER_START = "LoadBalancerStart"
+LOAD_BALANCER_DELETE = "LoadBalancerDelete"
+LOAD_BALANCER_OBSERVE = "LoadBalancerObserve"
 
 STATUSES = ("creating", "active", "deleting", "destroying", "deleted", "failed")
 
@@ -19,17 +26,17 @@ def restore(lb: LoadBalancer) -> tuple[str, dict[str, Any]]:
     """A cancelled deletion: a load balancer still being created is created (the create job
     converges), any other gets its appliances started again and its configuration checked."""
     if lb.status_before_delete == "creating":
-        return kinds.LOAD_BALANCER_CREATE, {}
-    return kinds.LOAD_BALANCER_START, {}
+        return LOAD_BALANCER_CREATE, {}
+    return LOAD_BALANCER_START, {}
 
 
 LOAD_BALANCER: ResourceType[LoadBalancer] = register(ResourceType(
     name="load_balancer", prefix="lb", table="load_balancers", model=LoadBalancer, plural="load-balancers",
-    kinds=(kinds.LOAD_BALANCER_CREATE, kinds.LOAD_BALANCER_CONFIGURE, kinds.LOAD_BALANCER_STOP,
-           kinds.LOAD_BALANCER_START, kinds.LOAD_BALANCER_DELETE, kinds.LOAD_BALANCER_OBSERVE),
-    deletion=Buffered(first_kind=kinds.LOAD_BALANCER_STOP, final_kind=kinds.LOAD_BALANCER_DELETE),
+    kinds=(LOAD_BALANCER_CREATE, LOAD_BALANCER_CONFIGURE, LOAD_BALANCER_STOP,
+           LOAD_BALANCER_START, LOAD_BALANCER_DELETE, LOAD_BALANCER_OBSERVE),
+    deletion=Buffered(first_kind=LOAD_BALANCER_STOP, final_kind=LOAD_BALANCER_DELETE),
     statuses=STATUSES, restore=restore,
-    periodic=Periodic(kind=kinds.LOAD_BALANCER_OBSERVE, interval_setting="lb_health_interval_s",
+    periodic=Periodic(kind=LOAD_BALANCER_OBSERVE, interval_setting="lb_health_interval_s",
                       statuses=("active", "failed")),
     order=30,
 ))
@@ -41,7 +48,7 @@ async def _server_deleted(conn: Any, server_id: str, max_attempts: int) -> list[
     until the owner removes the target), so no appliance keeps sending traffic to an address a
     new VM may get. A load balancer being deleted is left alone (its appliances are stopped)."""
 
-    return [LOAD_BALANCER.new_job(lb, kinds.LOAD_BALANCER_CONFIGURE, args={"reason": f"server {server_id} deleted"},
+    return [LOAD_BALANCER.new_job(lb, LOAD_BALANCER_CONFIGURE, args={"reason": f"server {server_id} deleted"},
                                   max_attempts=max_attempts)
             for lb in await load_balancer_store.lb_targeting_server(conn, server_id)
             if lb.status not in ("deleting", "destroying", "deleted")]

@@ -32,10 +32,10 @@ from aiohttp import web
 from pydantic import (BaseModel, ValidationError, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema,
                       field_validator, model_validator)
 
-from z9.common import kinds, store
+from z9.common import store
 from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.ids import new_id
-from z9.common.models import LoadBalancer, target_key
+from z9.resources.load_balancer.model import LoadBalancer, target_key
 from z9.resources.load_balancer import LOAD_BALANCER, RULE_TEXT, ip_target_refusal, target_networks
 from z9.common.settings import Settings
 
@@ -45,6 +45,7 @@ from z9.api.resources import (POOL, ApiResource, action_transaction, CreateConte
 from z9.resources.address import store as address_store
 from z9.resources.load_balancer import store as load_balancer_store
 from z9.resources.server import store as server_store
+from z9.resources.load_balancer import LOAD_BALANCER_CONFIGURE, LOAD_BALANCER_CREATE
 
 SERVER_ID = r"^srv_[0-9a-z]{26}$"
 MAX_TARGETS = 500
@@ -426,7 +427,7 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
     addresses["nameservers"] = await address_store.address_pool_nameservers(ctx.conn, pool["id"])
     lb = await load_balancer_store.lb_set_addresses(ctx.conn, lb.id, addresses)
     _check_not_own_address(lb, targets)
-    job = await store.job_insert(ctx.conn, LOAD_BALANCER.new_job(lb, kinds.LOAD_BALANCER_CREATE,
+    job = await store.job_insert(ctx.conn, LOAD_BALANCER.new_job(lb, LOAD_BALANCER_CREATE,
                                                                  max_attempts=ctx.settings.max_attempts),
                                  notify=False)
     return lb, job.brief()
@@ -543,7 +544,7 @@ def _operations(api: ApiResource) -> list[Operation]:
             algorithm = await fn(conn, settings, tenant_id, lb, services, targets)
             row = await load_balancer_store.lb_change(conn, lb.id, services=services, targets=targets,
                                                       algorithm=algorithm or lb.algorithm)
-            return row, kinds.LOAD_BALANCER_CONFIGURE, None, ()
+            return row, LOAD_BALANCER_CONFIGURE, None, ()
 
         return await action_transaction(request, LOAD_BALANCER, route, body, change, accepted=accepted)
 
@@ -653,7 +654,7 @@ def _operations(api: ApiResource) -> list[Operation]:
                            **deleting("load_balancer", rid, "deleted"))
         return web.json_response(dump(api.models["one"], {"load_balancer": row.public()}))
 
-    job_ref = {"id": "job_01jd3x5v8q2m6n4p7r9s1t3w5y", "status": "pending", "kind": kinds.LOAD_BALANCER_CONFIGURE}
+    job_ref = {"id": "job_01jd3x5v8q2m6n4p7r9s1t3w5y", "status": "pending", "kind": LOAD_BALANCER_CONFIGURE}
     example = {"load_balancer": {**EXAMPLE, "status": "active"}, "job": job_ref}
     responses = {202: accepted, 400: None, 401: None, 404: None, 409: None, 422: None}
     ops = []

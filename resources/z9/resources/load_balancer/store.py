@@ -7,7 +7,8 @@ import logging
 from typing import Any
 
 from z9.common.ids import new_id
-from z9.common.models import Address, LoadBalancer
+from z9.resources.address.model import Address
+from z9.resources.load_balancer.model import LoadBalancer
 from z9.common.sql import q
 from z9.common.store import DB, translate_errors
 from z9.resources.address.store import _allocating

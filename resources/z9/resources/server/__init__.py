@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common import kinds
-from z9.common.models import Server
+from z9.resources.server.model import Server
 from z9.resources import Buffered, ResourceType, register
 from z9.resources.server import store as server_store
+from z9.resources.address import ADDRESS_ASSIGN
+
+# the job kinds of this type (the ``kind`` column's values)
+SERVER_CREATE = "ServerCreate"
+SERVER_START = "ServerStart"
+SERVER_STOP = "ServerStop"
+SERVER_DELETE = "ServerDelete"
+SERVER_REBOOT = "ServerReboot"
+SERVER_RESIZE = "ServerResize"
 
 STATUSES = ("creating", "running", "stopped", "deleting", "destroying", "deleted", "failed")
 
@@ -25,19 +33,19 @@ def restore(server: Server) -> tuple[str, dict[str, Any]]:
     state it had."""
     before, power_before = server.status_before_delete, server.power_before_delete
     if before == "creating":
-        return kinds.SERVER_CREATE, create_args(server)
+        return SERVER_CREATE, create_args(server)
     if before == "running" or (before == "failed" and power_before == "running"):
-        return kinds.SERVER_START, {}
-    return kinds.SERVER_STOP, {}
+        return SERVER_START, {}
+    return SERVER_STOP, {}
 
 
 def intent(server: Server, kind: str, args: dict[str, Any]) -> dict[str, Any]:
     """A re-run's args: a ServerCreate builds the server as the row says now (its name, image,
     sizes and keys: a resize of the failed server changed them), with the network of the request
     (cloud-init ``ipconfig0``/``nameserver``); a resize the sizes the row now wants."""
-    if kind == kinds.SERVER_CREATE:
+    if kind == SERVER_CREATE:
         return {**args, **create_args(server)}
-    if kind == kinds.SERVER_RESIZE:
+    if kind == SERVER_RESIZE:
         return {**args, "cores": server.cores, "memory_mib": server.memory_mib, "disk_gib": server.disk_gib}
     return args
 
@@ -45,16 +53,16 @@ def intent(server: Server, kind: str, args: dict[str, Any]) -> dict[str, Any]:
 async def rerun_with(db: Any, server: Server, kind: str) -> list[str]:
     """A re-run of a failed ServerCreate re-runs its primary address's failed AddressAssign (the
     request made both: wait means ready, and the address's IP filter is that job's work)."""
-    if kind != kinds.SERVER_CREATE:
+    if kind != SERVER_CREATE:
         return []
-    return await server_store.job_failed_primary_assign_of_server(db, server.id, kinds.ADDRESS_ASSIGN)
+    return await server_store.job_failed_primary_assign_of_server(db, server.id, ADDRESS_ASSIGN)
 
 
 SERVER: ResourceType[Server] = register(ResourceType(
     name="server", prefix="srv", table="servers", model=Server,
-    kinds=(kinds.SERVER_CREATE, kinds.SERVER_START, kinds.SERVER_STOP, kinds.SERVER_DELETE, kinds.SERVER_REBOOT,
-           kinds.SERVER_RESIZE),
-    deletion=Buffered(first_kind=kinds.SERVER_STOP, final_kind=kinds.SERVER_DELETE),
+    kinds=(SERVER_CREATE, SERVER_START, SERVER_STOP, SERVER_DELETE, SERVER_REBOOT,
+           SERVER_RESIZE),
+    deletion=Buffered(first_kind=SERVER_STOP, final_kind=SERVER_DELETE),
     statuses=STATUSES, restore=restore, intent=intent, rerun_with=rerun_with,
     order=10,
 ))

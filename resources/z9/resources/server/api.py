@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from z9.common import kinds, store
+from z9.common import store
 from z9.common.errors import Conflict, UniqueViolation, ValidationFailed, deleting
-from z9.common.models import Address, Server
+from z9.resources.address.model import Address
+from z9.resources.server.model import Server
 from z9.resources.address import ADDRESS
 from z9.resources.server import SERVER
 from z9.common.settings import Settings
@@ -19,6 +20,8 @@ from z9.resources.server import api_actions as server_actions
 from z9.api.resources import ApiResource, CreateContext
 from z9.resources.address import store as address_store
 from z9.resources.server import store as server_store
+from z9.resources.address import ADDRESS_ASSIGN
+from z9.resources.server import SERVER_CREATE
 
 EXAMPLE: dict[str, Any] = {
     "id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y", "name": "web-1", "region": "dev-1", "image": "debian-12",
@@ -55,7 +58,7 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
     names both (the server is reachable at its address when both have succeeded). ServerCreate's
     configure step writes the address as cloud-init ``ipconfig0`` (+ the pool's nameservers)."""
     args = spec.model_dump(exclude={"public_ipv4"})
-    job = NewJob(kind=kinds.SERVER_CREATE, region=spec.region, args=args, max_attempts=ctx.settings.max_attempts)
+    job = NewJob(kind=SERVER_CREATE, region=spec.region, args=args, max_attempts=ctx.settings.max_attempts)
     await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, servers=1, cores=spec.cores, memory_mib=spec.memory_mib,
                        addresses=1 if spec.public_ipv4 is True else 0)
     if spec.public_ipv4 is False:
@@ -69,7 +72,7 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
             network["nameserver"] = " ".join(nameservers)
         await store.job_args_merge(ctx.conn, brief["id"], network)
         assign = await store.job_insert(ctx.conn, ADDRESS.new_job(
-            address, kinds.ADDRESS_ASSIGN, args={"server_id": server.id}, extra_lock_keys=(server.id,),
+            address, ADDRESS_ASSIGN, args={"server_id": server.id}, extra_lock_keys=(server.id,),
             max_attempts=ctx.settings.max_attempts), notify=False)
         ctx.more_jobs.append(assign.brief())  # the answer's jobs: done when both have succeeded
         server = await SERVER.get(ctx.conn, server.id)

@@ -16,20 +16,21 @@ new intent (sizes) and the job commit together; an Idempotency-Key replays the a
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
-from z9.common import kinds, store
+from z9.common import store
 from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
-from z9.common.models import Server
+from z9.resources.server.model import Server
 from z9.resources.server import SERVER
 from z9.common.settings import Settings
 
 from z9.api import quotas, schemas
 from z9.api.resources import POOL, ApiResource, action_transaction, Operation, dump, parse_body, path_id, tenant
 from z9.resources.server import store as server_store
+from z9.resources.server import SERVER_CREATE, SERVER_REBOOT, SERVER_RESIZE, SERVER_START, SERVER_STOP
 
 LIVE = ("creating", "running", "stopped", "failed")
 
@@ -67,11 +68,11 @@ class ServerPatch(BaseModel):
 
 POWER: dict[str, tuple[str, dict[str, Any], str]] = {
     # action: (kind, args, summary)
-    "start": (kinds.SERVER_START, {}, "Power a server on"),
-    "shutdown": (kinds.SERVER_STOP, {"mode": "shutdown"},
+    "start": (SERVER_START, {}, "Power a server on"),
+    "shutdown": (SERVER_STOP, {"mode": "shutdown"},
                  "Shut a server down (ACPI, forced off after 60 s)"),
-    "poweroff": (kinds.SERVER_STOP, {"mode": "poweroff"}, "Power a server off at once (hard stop)"),
-    "reboot": (kinds.SERVER_REBOOT, {}, "Reboot a server (ACPI; a stopped one is started)"),
+    "poweroff": (SERVER_STOP, {"mode": "poweroff"}, "Power a server off at once (hard stop)"),
+    "reboot": (SERVER_REBOOT, {}, "Reboot a server (ACPI; a stopped one is started)"),
 }
 
 
@@ -134,16 +135,16 @@ def operations(api: ApiResource) -> list[Operation]:
                                code="server_creating")
             # a failed create has no VM to resize: the fix is its create, at the new sizes
             never_made = server.status == "failed" and await store.resource_create_failed(
-                conn, server.id, kinds.SERVER_CREATE)
+                conn, server.id, SERVER_CREATE)
             if (cores, memory) != (server.cores, server.memory_mib) and not never_made:
                 _require_stopped(server, "changing cores or memory")
             await quotas.check(conn, settings, tenant_id, cores=cores - server.cores,
                                memory_mib=memory - server.memory_mib)
             row = await server_store.server_set_sizes(conn, server.id, cores=cores, memory_mib=memory, disk_gib=disk)
             if never_made:  # the request's network (cloud-init ipconfig0) kept, the rest the row's intent
-                asked = await store.resource_latest_job_args(conn, server.id, kinds.SERVER_CREATE) or {}
-                return row, kinds.SERVER_CREATE, SERVER.intent(row, kinds.SERVER_CREATE, dict(asked))  # type: ignore[misc]
-            return row, kinds.SERVER_RESIZE, {"cores": cores, "memory_mib": memory, "disk_gib": disk}
+                asked = await store.resource_latest_job_args(conn, server.id, SERVER_CREATE) or {}
+                return row, SERVER_CREATE, SERVER.intent(row, SERVER_CREATE, dict(asked))  # type: ignore[misc]
+            return row, SERVER_RESIZE, {"cores": cores, "memory_mib": memory, "disk_gib": disk}
 
         return await _action(request, "POST /servers/{id}/actions/resize", spec.model_dump(), fn)
 
@@ -174,7 +175,7 @@ def operations(api: ApiResource) -> list[Operation]:
                   "Change a server's cores or memory (stopped) or grow its disk", "servers",
                   {202: accepted, **errors}, request=ServerResize, path_id=id_doc, idempotent=True,
                   example={"server": {**api.example, "status": "stopped", "cores": 4, "memory_mib": 8192},
-                           "job": {**job_ref, "kind": kinds.SERVER_RESIZE}}),
+                           "job": {**job_ref, "kind": SERVER_RESIZE}}),
         Operation("PATCH", "/servers/{id}", patch, "updateServer", "Rename a server or set its labels", "servers",
                   {200: one, **errors}, request=ServerPatch, path_id=id_doc,
                   example={"server": {**api.example, "name": "web-2", "labels": {"env": "prod"}}}),

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from z9.common.ids import new_id
-from z9.common.models import Server
+from z9.resources.server.model import Server
 from z9.common.sql import q
 from z9.common.store import DB, NewJob, translate_errors
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from z9.common.models import _labels, _ts
 
-from z9.resources import Buffered, ResourceType, on_deletion, on_final_delete, register
+from z9.resources import Buffered, ResourceType, on_deletion, on_final_delete, on_restore, register
 
 STATUSES = ("creating", "available", "attached", "deleting", "destroying", "deleted", "failed")
 
@@ -162,6 +162,20 @@ async def server_deleting(conn: Any, server: Any, options: Any, settings: Any) -
     return jobs
 
 
+async def server_restored(conn: Any, server: Any, settings: Any) -> list[Any]:
+    """A server's deletion is cancelled (``POST /v1/servers/{id}/actions/cancel-deletion``): the volumes
+    its deletion detached, and that nothing has changed since (attached elsewhere, deleted), are meant
+    for it again and attached back, after its restore job (the server as a lock key). Volumes deleted
+    with it (``?delete_volumes=true``) stay in their own buffers: cancelling theirs attaches them back."""
+    jobs = []
+    for v in await store.detached_by_deletion_of(conn, server.id, server.tenant_id, VOLUME_DETACH):
+        row = await set_server(conn, v.id, server.id)
+        if row is not None:
+            jobs.append(VOLUME.new_job(row, VOLUME_ATTACH, args={"server_id": server.id},
+                                       max_attempts=settings.max_attempts, extra_lock_keys=(server.id,)))
+    return jobs
+
+
 class ServerDeleteOptions(BaseModel):
     """``DELETE /v1/servers/{id}`` query parameters (declared by the volume type)."""
 
@@ -173,3 +187,4 @@ class ServerDeleteOptions(BaseModel):
 
 
 on_deletion("server", server_deleting, ServerDeleteOptions)
+on_restore("server", server_restored)

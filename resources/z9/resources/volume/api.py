@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_v
 from z9.common import store
 from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.common.ids import new_id
-from z9.common.models import Server
+from z9.resources.server.model import Server
 from z9.resources import volume as vol
 from z9.resources.server import store as server_store
 from z9.resources.volume import VOLUME, Volume

@@ -55,6 +55,15 @@ RETURNING *;
 SELECT * FROM volumes WHERE server_id = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
 ORDER BY id FOR UPDATE;
 
+-- name: volume_detached_by_deletion_of
+-- The live volumes of tenant $2 that server $1's deletion detached and nothing has changed since: meant
+-- for no server, and their newest job the detach ($3, VolumeDetach) that deletion made (args.from).
+SELECT v.* FROM volumes v
+WHERE v.tenant_id = $2 AND v.server_id IS NULL AND v.status NOT IN ('deleting', 'destroying', 'deleted')
+  AND (SELECT j.kind = $3 AND j.args->>'from' = $1 FROM jobs j
+       WHERE j.resource_type = 'volume' AND j.resource_id = v.id ORDER BY j.seq DESC LIMIT 1)
+ORDER BY v.id FOR UPDATE OF v;
+
 -- name: volume_gib_used
 -- The tenant's volume_gib use: the sizes of its volumes not yet deleted.
 SELECT coalesce(sum(size_gib), 0) FROM volumes WHERE tenant_id = $1 AND status <> 'deleted';

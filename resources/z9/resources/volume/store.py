@@ -62,6 +62,12 @@ async def of_server(db: Any, server_id: str) -> list[Volume]:
     return [Volume.from_record(r) for r in await db.fetch(q("volume_of_server"), server_id)]
 
 
+async def detached_by_deletion_of(db: Any, server_id: str, tenant_id: str, detach_kind: str) -> list[Volume]:
+    """The volumes server ``server_id``'s deletion detached, unchanged since (locked FOR UPDATE)."""
+    return [Volume.from_record(r) for r in await db.fetch(q("volume_detached_by_deletion_of"), server_id, tenant_id,
+                                                          detach_kind)]
+
+
 async def gib_used(db: Any, tenant_id: str) -> int:
     return int(await db.fetchval(q("volume_gib_used"), tenant_id))
 

@@ -504,6 +504,7 @@ def _cancel_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
             kind, args = rt.restore(row)
             job = await store.job_insert(conn, rt.new_job(row, kind, args=args, max_attempts=settings.max_attempts),
                                          notify=False)
+            await resources.restore_dependents(conn, rt.name, row, settings)  # e.g. a server's volumes back
             answer = dump(accepted, {rt.name: row.public(), "job": job.brief()})
             await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
         request.app[NOTIFIER].notify(job.region)

@@ -74,6 +74,12 @@ class StepKinds:
         if len(self.by_name) != len(kinds):
             raise ValueError("two step kinds share a name")
 
+    def find(self, step: Step) -> StepKind | None:
+        """The step's kind when it is of this family, else None (a job whose plan mixes families:
+        its own steps and the VM machinery's)."""
+        kind = step.kind if step.kind is not None else self.by_name.get(step.name)
+        return kind if kind is not None and self.by_name.get(kind.name) is kind else None
+
     def of(self, step: Step, job_kind: str = "") -> StepKind:
         kind = step.kind if step.kind is not None else self.by_name.get(step.name)
         if kind is None or self.by_name.get(kind.name) is not kind:

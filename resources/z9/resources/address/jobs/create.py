@@ -11,13 +11,13 @@ from typing import Any
 
 import asyncpg
 
-from z9.common import kinds
 from z9.common.models import Job
 
 from z9.executor.context import JobContext, Step
 from z9.resources.address.jobs import shared as _address
+from z9.resources.address import ADDRESS_CREATE
 
-KIND = kinds.ADDRESS_CREATE
+KIND = ADDRESS_CREATE
 
 
 async def observe(ctx: JobContext) -> _address.World:

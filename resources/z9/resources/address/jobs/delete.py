@@ -14,14 +14,14 @@ from typing import Any
 
 import asyncpg
 
-from z9.common import kinds
 from z9.common.models import Job
 
 from z9.executor.context import JobContext, Step
 from z9.resources.address.jobs import shared as _address
 from z9.resources.address import store as address_store
+from z9.resources.address import ADDRESS_DELETE
 
-KIND = kinds.ADDRESS_DELETE
+KIND = ADDRESS_DELETE
 
 
 async def observe(ctx: JobContext) -> _address.World:

@@ -39,12 +39,13 @@ from typing import Any
 import asyncpg
 
 from z9.common.errors import PermanentError, TemporaryError
-from z9.common.models import Address, Job
+from z9.common.models import Job
+from z9.resources.address.model import Address
 from z9.resources.address import ADDRESS
 from z9.common.tags import ROLE_CUSTOMER, format_tags, identity_tag, platform_roles
 
 from z9.executor import vms
-from z9.executor.context import JobContext, Step
+from z9.executor.context import JobContext, Step, StepKind, StepKinds
 from z9.executor.proxmox import VmLocked, VmRef, VmState
 from z9.resources.address import store as address_store
 from z9.resources.server import store as server_store
@@ -234,17 +235,17 @@ def plan(job: Job, world: World) -> list[Step]:
             # the server's address on the private network goes into its set before its primary
             # leaves it: the filter stays on, never a moment without the address the VM will use
             if h.entries is None:
-                steps.append(Step("create_ipset", dict(d)))
-            steps.append(Step("add_private_entry", dict(d, ip=private.ip, server=server_of(h.vm))))
+                steps.append(CREATE_IPSET.step(dict(d)))
+            steps.append(ADD_PRIVATE_ENTRY.step(dict(d, ip=private.ip, server=server_of(h.vm))))
         if h.has_entry(ip):
-            steps.append(Step("remove_entry", dict(d)))
+            steps.append(REMOVE_ENTRY.step(dict(d)))
         if a.kind == "primary" and config_ips({"ipconfig0": h.vm.config.get("ipconfig0")}).get("ipconfig0") == ip:
             # its cloud-init must not keep an address it no longer holds (stopped VM only: the API
             # refuses to take a primary off a running server)
             if h.vm.running:
                 raise PermanentError(f"VM {h.vm.vmid} is running: its primary address is taken off only while "
                                      "it is stopped")
-            steps.append(Step("clear_ipconfig", dict(d, **({"ipconfig0": private.ipconfig0} if private else {}),
+            steps.append(CLEAR_IPCONFIG.step(dict(d, **({"ipconfig0": private.ipconfig0} if private else {}),
                                                      **({"nameserver": " ".join(private.nameservers)}
                                                         if private and private.nameservers else {}))))
         if a.kind == "primary" and private is None and (_on(h.firewall.get("ipfilter")) or _on(h.firewall.get("enable"))):
@@ -252,8 +253,8 @@ def plan(job: Job, world: World) -> list[Step]:
             # own address from the next boot on — and with the VM's firewall on, the set alone
             # filters (pve-firewall Firewall.pm generate_tap_rules: "$options->{ipfilter} ||
             # $vmfw_conf->{ipset}->{ipfilter-net0}"), so the VM's firewall goes off
-            steps.append(Step("disable_ipfilter", dict(d)))
-        steps.append(Step("untag", dict(d)))
+            steps.append(DISABLE_IPFILTER.step(dict(d)))
+        steps.append(UNTAG.step(dict(d)))
     t = world.target
     if t is not None:
         d = {"vmid": t.vm.vmid, "node": t.vm.node}
@@ -261,11 +262,11 @@ def plan(job: Job, world: World) -> list[Step]:
             raise PermanentError(f"VM {t.vm.vmid} of server {world.want} is not a customer VM; "
                                  "z9 puts no address on it")
         if tag not in t.vm.tags:
-            steps.append(Step("tag", dict(d)))
+            steps.append(TAG.step(dict(d)))
         if t.entries is None:
-            steps.append(Step("create_ipset", dict(d)))
+            steps.append(CREATE_IPSET.step(dict(d)))
         if not t.has_entry(ip):
-            steps.append(Step("add_entry", dict(d)))
+            steps.append(ADD_ENTRY.step(dict(d)))
         if a.kind == "primary":
             want = {"ipconfig0": ipconfig0(a)}
             if world.nameservers:
@@ -274,10 +275,10 @@ def plan(job: Job, world: World) -> list[Step]:
                 if t.vm.running:
                     raise PermanentError(f"server {world.want} is running: a primary address is written to "
                                          "cloud-init only on a stopped server (it takes effect at the next boot)")
-                steps.append(Step("set_ipconfig", dict(d, **want)))
+                steps.append(SET_IPCONFIG.step(dict(d, **want)))
         if world.enforce and not (_on(t.firewall.get("enable")) and _on(t.firewall.get("ipfilter"))
                                   and "firewall=1" in str(t.vm.config.get("net0", ""))):
-            steps.append(Step("enable_ipfilter", dict(d)))
+            steps.append(ENABLE_IPFILTER.step(dict(d)))
     for s in steps:
         vm = t.vm if t is not None and s.detail["vmid"] == t.vm.vmid else \
             next(h.vm for h in world.holders if h.vm.vmid == s.detail["vmid"])
@@ -312,76 +313,115 @@ async def _retag(ctx: JobContext, step: Step, node: str, vmid: int, *, add: str 
     await ctx.wait_task(step, upid)
 
 
-async def apply(ctx: JobContext, world: World, step: Step) -> None:
-    """One step, idempotent (each re-reads what it changes, or treats "already so" as done)."""
-    a = world.address
-    node, vmid, ip, tag = step.detail["node"], step.detail["vmid"], a.ip_text, address_tag(a.id)
-    comment = f"z9 address {a.id}"
-    if step.name == "tag":
-        await _retag(ctx, step, node, vmid, add=tag)
-    elif step.name == "untag":
-        await _retag(ctx, step, node, vmid, remove=tag)
-    elif step.name == "create_ipset":
+async def _tag(ctx: JobContext, world: World, step: Step) -> None:
+    await _retag(ctx, step, step.detail["node"], step.detail["vmid"], add=address_tag(world.address.id))
+
+
+async def _untag(ctx: JobContext, world: World, step: Step) -> None:
+    await _retag(ctx, step, step.detail["node"], step.detail["vmid"], remove=address_tag(world.address.id))
+
+
+async def _create_ipset(ctx: JobContext, world: World, step: Step) -> None:
+    await ctx.fence()
+    await ctx.pve.ipset_create(step.detail["node"], step.detail["vmid"], IPSET,
+                               comment="z9: addresses this VM may send from")
+
+
+async def _add_entry(ctx: JobContext, world: World, step: Step) -> None:
+    await ctx.fence()
+    await ctx.pve.ipset_add(step.detail["node"], step.detail["vmid"], IPSET, world.address.ip_text,
+                            comment=f"z9 address {world.address.id}")
+
+
+async def _add_private_entry(ctx: JobContext, world: World, step: Step) -> None:
+    node, vmid = step.detail["node"], step.detail["vmid"]
+    entries = await ctx.pve.ipset_entries(node, vmid, IPSET) or []
+    if not any(same_ip(str(e.get("cidr", "")), step.detail["ip"]) for e in entries):
         await ctx.fence()
-        await ctx.pve.ipset_create(node, vmid, IPSET, comment="z9: addresses this VM may send from")
-    elif step.name == "add_entry":
-        await ctx.fence()
-        await ctx.pve.ipset_add(node, vmid, IPSET, ip, comment=comment)
-    elif step.name == "add_private_entry":
-        entries = await ctx.pve.ipset_entries(node, vmid, IPSET) or []
-        if not any(same_ip(str(e.get("cidr", "")), step.detail["ip"]) for e in entries):
+        # commented as the VM machinery's own entries are (z9.executor.vms.apply_ip_filter)
+        await ctx.pve.ipset_add(node, vmid, IPSET, step.detail["ip"], comment=f"z9 {step.detail['server']} main")
+
+
+async def _remove_entry(ctx: JobContext, world: World, step: Step) -> None:
+    node, vmid = step.detail["node"], step.detail["vmid"]
+    entries = await ctx.pve.ipset_entries(node, vmid, IPSET) or []
+    for e in entries:
+        if same_ip(str(e.get("cidr", "")), world.address.ip_text):
             await ctx.fence()
-            # commented as the VM machinery's own entries are (z9.executor.vms.apply_ip_filter)
-            await ctx.pve.ipset_add(node, vmid, IPSET, step.detail["ip"], comment=f"z9 {step.detail['server']} main")
-    elif step.name == "remove_entry":
-        entries = await ctx.pve.ipset_entries(node, vmid, IPSET) or []
-        for e in entries:
-            if same_ip(str(e.get("cidr", "")), ip):
-                await ctx.fence()
-                await ctx.pve.ipset_remove(node, vmid, IPSET, str(e["cidr"]))
-    elif step.name == "set_ipconfig":
-        st = await ctx.pve.vm_state(node, vmid)
-        if st is None:
-            raise TemporaryError(f"VM {vmid} disappeared from {node}")
+            await ctx.pve.ipset_remove(node, vmid, IPSET, str(e["cidr"]))
+
+
+async def _set_ipconfig(ctx: JobContext, world: World, step: Step) -> None:
+    node, vmid = step.detail["node"], step.detail["vmid"]
+    st = await ctx.pve.vm_state(node, vmid)
+    if st is None:
+        raise TemporaryError(f"VM {vmid} disappeared from {node}")
+    if st.running:
+        raise PermanentError(f"VM {vmid} is running: its primary address changes only while stopped")
+    params = {k: step.detail[k] for k in ("ipconfig0", "nameserver") if k in step.detail}
+    await ctx.fence()
+    await ctx.wait_task(step, await ctx.pve.configure(node, vmid, params, digest=st.config.get("digest")))
+    await ctx.fence()
+    await ctx.pve.cloudinit_regenerate(node, vmid)
+
+
+async def _clear_ipconfig(ctx: JobContext, world: World, step: Step) -> None:
+    node, vmid = step.detail["node"], step.detail["vmid"]
+    st = await ctx.pve.vm_state(node, vmid)
+    if st is None:
+        raise TemporaryError(f"VM {vmid} disappeared from {node}")
+    if config_ips({"ipconfig0": st.config.get("ipconfig0")}).get("ipconfig0") == world.address.ip_text:
         if st.running:
-            raise PermanentError(f"VM {vmid} is running: its primary address changes only while stopped")
-        params = {k: step.detail[k] for k in ("ipconfig0", "nameserver") if k in step.detail}
+            raise PermanentError(f"VM {vmid} is running: its primary address is taken off only while stopped")
+        # its address on the region's private network when it has one, else DHCP
+        params = {"ipconfig0": step.detail.get("ipconfig0", "ip=dhcp")}
+        if step.detail.get("nameserver"):
+            params["nameserver"] = step.detail["nameserver"]
         await ctx.fence()
         await ctx.wait_task(step, await ctx.pve.configure(node, vmid, params, digest=st.config.get("digest")))
+
+
+async def _enable_ipfilter(ctx: JobContext, world: World, step: Step) -> None:
+    node, vmid = step.detail["node"], step.detail["vmid"]
+    st = await ctx.pve.vm_state(node, vmid)
+    if st is None:
+        raise TemporaryError(f"VM {vmid} disappeared from {node}")
+    net0 = str(st.config.get("net0", ""))
+    if net0 and "firewall=1" not in net0:
+        new = re.sub(r"(^|,)firewall=0(,|$)", r"\1firewall=1\2", net0)
+        if "firewall=1" not in new:
+            new = net0 + ",firewall=1"
         await ctx.fence()
-        await ctx.pve.cloudinit_regenerate(node, vmid)
-    elif step.name == "clear_ipconfig":
-        st = await ctx.pve.vm_state(node, vmid)
-        if st is None:
-            raise TemporaryError(f"VM {vmid} disappeared from {node}")
-        if config_ips({"ipconfig0": st.config.get("ipconfig0")}).get("ipconfig0") == ip:
-            if st.running:
-                raise PermanentError(f"VM {vmid} is running: its primary address is taken off only while stopped")
-            # its address on the region's private network when it has one, else DHCP
-            params = {"ipconfig0": step.detail.get("ipconfig0", "ip=dhcp")}
-            if step.detail.get("nameserver"):
-                params["nameserver"] = step.detail["nameserver"]
-            await ctx.fence()
-            await ctx.wait_task(step, await ctx.pve.configure(node, vmid, params, digest=st.config.get("digest")))
-    elif step.name == "enable_ipfilter":
-        st = await ctx.pve.vm_state(node, vmid)
-        if st is None:
-            raise TemporaryError(f"VM {vmid} disappeared from {node}")
-        net0 = str(st.config.get("net0", ""))
-        if net0 and "firewall=1" not in net0:
-            new = re.sub(r"(^|,)firewall=0(,|$)", r"\1firewall=1\2", net0)
-            if "firewall=1" not in new:
-                new = net0 + ",firewall=1"
-            await ctx.fence()
-            await ctx.wait_task(step, await ctx.pve.configure(node, vmid, {"net0": new},
-                                                              digest=st.config.get("digest")))
-        await ctx.fence()
-        await ctx.pve.set_firewall_options(node, vmid, enable=True, ipfilter=True)
-    elif step.name == "disable_ipfilter":
-        await ctx.fence()
-        await ctx.pve.set_firewall_options(node, vmid, enable=False, ipfilter=False)
-    else:
-        raise PermanentError(f"{ctx.job.kind}: unknown step {step.name!r}")
+        await ctx.wait_task(step, await ctx.pve.configure(node, vmid, {"net0": new},
+                                                          digest=st.config.get("digest")))
+    await ctx.fence()
+    await ctx.pve.set_firewall_options(node, vmid, enable=True, ipfilter=True)
+
+
+async def _disable_ipfilter(ctx: JobContext, world: World, step: Step) -> None:
+    await ctx.fence()
+    await ctx.pve.set_firewall_options(step.detail["node"], step.detail["vmid"], enable=False, ipfilter=False)
+
+
+# The address's steps, each bound to what runs it (``run(ctx, world, step)``); idempotent: each
+# re-reads what it changes, or treats "already so" as done.
+TAG = StepKind("tag", _tag)
+UNTAG = StepKind("untag", _untag)
+CREATE_IPSET = StepKind("create_ipset", _create_ipset)
+ADD_ENTRY = StepKind("add_entry", _add_entry)
+ADD_PRIVATE_ENTRY = StepKind("add_private_entry", _add_private_entry)
+REMOVE_ENTRY = StepKind("remove_entry", _remove_entry)
+SET_IPCONFIG = StepKind("set_ipconfig", _set_ipconfig)
+CLEAR_IPCONFIG = StepKind("clear_ipconfig", _clear_ipconfig)
+ENABLE_IPFILTER = StepKind("enable_ipfilter", _enable_ipfilter)
+DISABLE_IPFILTER = StepKind("disable_ipfilter", _disable_ipfilter)
+STEPS = StepKinds(TAG, UNTAG, CREATE_IPSET, ADD_ENTRY, ADD_PRIVATE_ENTRY, REMOVE_ENTRY, SET_IPCONFIG, CLEAR_IPCONFIG,
+                  ENABLE_IPFILTER, DISABLE_IPFILTER)
+
+
+async def apply(ctx: JobContext, world: World, step: Step) -> None:
+    """One step, run by its kind (:data:`STEPS`)."""
+    await STEPS.of(step, ctx.job.kind).run(ctx, world, step)
 
 
 async def verify(ctx: JobContext, want: str | None) -> dict[str, Any]:

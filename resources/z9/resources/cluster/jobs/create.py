@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common import kinds
 from z9.common.errors import TemporaryError
 
 from z9.executor.context import JobContext
 from z9.resources.cluster.jobs import shared as _cluster
+from z9.resources.cluster import CLUSTER_CREATE
 
-KIND = kinds.CLUSTER_CREATE
+KIND = CLUSTER_CREATE
 observe, plan, apply, record_failure = _cluster.observe, _cluster.plan, _cluster.apply, _cluster.record_failure
 
 

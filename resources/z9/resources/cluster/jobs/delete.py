@@ -19,17 +19,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from z9.common import kinds
 from z9.common.errors import TemporaryError
 from z9.common.models import Job
 from z9.resources.cluster import CLUSTER
 
 from z9.executor import vms
-from z9.executor.context import JobContext, Step
+from z9.executor.context import JobContext, Step, StepKind, StepKinds
 from z9.resources.cluster.jobs import shared as _cluster
 from z9.resources.cluster import store as cluster_store
+from z9.resources.cluster import CLUSTER_DELETE
 
-KIND = kinds.CLUSTER_DELETE
+KIND = CLUSTER_DELETE
 
 
 @dataclass
@@ -52,12 +52,22 @@ def plan(job: Job, world: World) -> list[Step]:
     steps = vms.plan_removal(job.resource_id, world.removal)
     if world.removal.superseded:
         return []
-    return steps + [Step("delete_iso", {"node": n, "volid": v}) for n, v in world.isos]
+    return steps + [DELETE_ISO.step({"node": n, "volid": v}) for n, v in world.isos]
+
+
+async def _delete_iso(ctx: JobContext, step: Step) -> None:
+    await _cluster.delete_iso(ctx, step.detail["node"], step.detail["volid"], step)
+
+
+#: the delete's own step (run(ctx, step)); its stop/destroy steps are the VM machinery's removal
+DELETE_ISO = StepKind("delete_iso", _delete_iso)
+STEPS = StepKinds(DELETE_ISO)
 
 
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
-    if step.name == "delete_iso":
-        await _cluster.delete_iso(ctx, step.detail["node"], step.detail["volid"], step)
+    kind = STEPS.find(step)
+    if kind is not None:
+        await kind.run(ctx, step)
     else:
         await vms.apply_removal_step(ctx, ctx.job.resource_id, step)
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common import kinds
 from z9.common.models import Job
 
 from z9.executor.context import JobContext, Step
 from z9.resources.cluster.jobs import shared as _cluster
+from z9.resources.cluster import CLUSTER_OBSERVE
 
-KIND = kinds.CLUSTER_OBSERVE
+KIND = CLUSTER_OBSERVE
 STATUSES = ("running", "degraded")
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common import kinds
 
 from z9.executor.context import JobContext
 from z9.resources.cluster.jobs import shared as _cluster
+from z9.resources.cluster import CLUSTER_RECONCILE
 
-KIND = kinds.CLUSTER_RECONCILE
+KIND = CLUSTER_RECONCILE
 observe, plan, apply, verify, record_failure = (_cluster.observe, _cluster.plan, _cluster.apply, _cluster.verify,
                                                 _cluster.record_failure)
 

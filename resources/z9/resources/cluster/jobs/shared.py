@@ -96,12 +96,13 @@ import yaml
 
 from z9.common import nocloud, pki, store
 from z9.common.errors import Cancelled, PermanentError, TemporaryError
-from z9.common.models import Cluster, Job
+from z9.common.models import Job
+from z9.resources.cluster.model import Cluster
 from z9.resources.cluster import CLUSTER
 from z9.common.tags import identity_tag
 
 from z9.executor import guard, vms
-from z9.executor.context import JobContext, Step
+from z9.executor.context import JobContext, Step, StepKind, StepKinds
 from z9.executor.proxmox import AgentUnavailable, VmState
 from z9.resources.cluster import store as cluster_store
 
@@ -402,7 +403,7 @@ def plan(job: Job, world: World) -> list[Step]:
     steps: list[Step] = []
     init = world.nodes is None and "cp-0" in desired
     if init:
-        steps.append(Step("init", {"member": "cp-0"}))
+        steps.append(INIT.step({"member": "cp-0"}))
     for vm in world.vms.values():
         guard.refuse_platform(world.cluster.id, vm)
     for member in sorted(world.failed_boot, key=ordinal_key):
@@ -411,36 +412,36 @@ def plan(job: Job, world: World) -> list[Step]:
                 raise PermanentError(f"member {member} is a node of the cluster but its cloud-init failed "
                                      f"({world.failed_boot[member]}); a control plane (an etcd member) is not "
                                      "replaced automatically: an operator must look at it")
-            steps.append(Step("drain", {"member": member}))
-        steps.append(Step("replace", {"member": member, "cloud_init": world.failed_boot[member]}))
+            steps.append(DRAIN.step({"member": member}))
+        steps.append(REPLACE.step({"member": member, "cloud_init": world.failed_boot[member]}))
     joining = [m.name for m in world.desired
                if (not nodes.get(m.name) or m.name in world.failed_boot) and not (init and m.name == "cp-0")]
     # (the init and join steps' own VM plans put the filter of the members they provision on)
     unfiltered = [m for m in world.unfiltered if m in desired and m not in joining and not (init and m == "cp-0")]
     if unfiltered:
-        steps.insert(0, Step("ip_filter", {"members": unfiltered}))
+        steps.insert(0, IP_FILTER.step({"members": unfiltered}))
     if joining:
-        steps.append(Step("join", {"members": joining}))
+        steps.append(JOIN.step({"members": joining}))
     extra = sorted({m for m in world.vms if m not in desired} | {n for n in nodes if n not in desired},
                    key=ordinal_key, reverse=True)
     for member in extra:
-        steps.append(Step("drain", {"member": member}))
-        steps.append(Step("remove", {"member": member}))
+        steps.append(DRAIN.step({"member": member}))
+        steps.append(REMOVE.step({"member": member}))
     for vm in world.clones:  # half-made VMs of members no longer desired
         vms.refuse_if_locked(vm)  # a clone still being made: wait for it (Snooze), then remove it
         guard.guard_own_clone(world.cluster.id, vm)
-        steps.append(Step("remove_clone", {"vmid": vm.vmid, "node": vm.node}))
+        steps.append(REMOVE_CLONE.step({"vmid": vm.vmid, "node": vm.node}))
     down = [m for m in world.client_ca_unreachable if m in desired]
     if down:  # a rotation is done only when every API server trusts the new CA alone
         raise TemporaryError(f"credentials rotation: control plane {', '.join(down)} is not running; its API "
                              "server would still accept kubeconfigs minted before the rotation")
     stale = [m for m in world.client_ca_stale if m in desired and m not in joining]
     if stale:  # a credentials rotation: the new users' client CA to every running API server
-        steps.append(Step("push_client_ca", {"members": stale}))
+        steps.append(PUSH_CLIENT_CA.step({"members": stale}))
     holding = [m for m, vm in world.vms.items()
                if m in desired and nodes.get(m) and m not in joining and _bootstrap_volume(vm)]
     if holding:
-        steps.append(Step("detach_bootstrap", {"members": sorted(holding, key=ordinal_key)}))
+        steps.append(DETACH_BOOTSTRAP.step({"members": sorted(holding, key=ordinal_key)}))
     # Bootstrap ISOs (keys, a token) no member will boot from: of a member no longer desired (its
     # removal cut short between the VM's destroy and the ISO's), or of a Ready member but not the
     # one attached to it (an earlier attempt's, built with a token since replaced).
@@ -450,7 +451,7 @@ def plan(job: Job, world: World) -> list[Step]:
                                        or (nodes.get(iso_member(world.cluster.id, v) or "")
                                            and iso_member(world.cluster.id, v) not in joining))]
     if stray:
-        steps.append(Step("delete_isos", {"isos": [list(i) for i in stray]}))
+        steps.append(DELETE_ISOS.step({"isos": [list(i) for i in stray]}))
     return steps
 
 
@@ -463,61 +464,106 @@ def _bootstrap_volume(vm: VmState) -> str | None:
 
 # ================================================================ apply
 
+async def _init(ctx: JobContext, world: World, step: Step) -> None:
+    await provision(ctx, world, _spec(world, "cp-0"), init=True)
+
+
+async def _join(ctx: JobContext, world: World, step: Step) -> None:
+    await _join_all(ctx, world, step.detail["members"])
+
+
+async def _drain_step(ctx: JobContext, world: World, step: Step) -> None:
+    await _drain(ctx, world, step.detail["member"])
+
+
+async def _remove_member(ctx: JobContext, world: World, step: Step, *, for_good: bool) -> None:
+    assert world.cluster is not None
+    await _remove(ctx, world, step, step.detail["member"])
+    if for_good:  # its VM gone for good: its private address too (a replaced one keeps it)
+        await vms.release_private_address(ctx, world.cluster.id, step.detail["member"])
+    world.vms.pop(step.detail["member"], None)
+    if world.nodes is not None:  # drained and deleted before (or never a node): a new instance joins afresh
+        world.nodes.pop(step.detail["member"], None)
+
+
+async def _remove_step(ctx: JobContext, world: World, step: Step) -> None:
+    await _remove_member(ctx, world, step, for_good=True)
+
+
+async def _replace_step(ctx: JobContext, world: World, step: Step) -> None:
+    # the VM goes; the join step makes a new one
+    await _remove_member(ctx, world, step, for_good=False)
+
+
+async def _ip_filter(ctx: JobContext, world: World, step: Step) -> None:
+    assert world.cluster is not None
+    for member in step.detail["members"]:
+        m = _spec(world, member)
+        private = await member_private_address(ctx, world, m)
+        vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
+        if private is None or vm is None:
+            continue
+        vms.refuse_platform(world.cluster.id, vm)
+        vms.refuse_if_locked(vm)
+        spec = vm_spec(world.cluster, m, private)
+        if not await vms.ip_filter_ok(ctx, spec, vm):
+            await vms.apply_ip_filter(ctx, spec, vm, step)
+
+
+async def _remove_clone(ctx: JobContext, world: World, step: Step) -> None:
+    assert world.cluster is not None
+    for kind in (vms.STOP, vms.DESTROY):
+        await vms.apply_removal_step(ctx, world.cluster.id, kind.step({**step.detail, "untagged": True}))
+
+
+async def _push_client_ca(ctx: JobContext, world: World, step: Step) -> None:
+    # kube-apiserver reloads --client-ca-file when it changes, kube-controller-manager its
+    # signers' cert/key files (DynamicCertKeyPairContent): no restart. The key first, then the
+    # crt (a pair that does not match is not loaded: the signer keeps the old one meanwhile),
+    # the bundle last. The key goes only where its file exists (cloud-init wrote it 0600;
+    # file-write truncates an existing file and keeps its mode): never a new file of unknown mode.
+    assert world.client_ca_bundle is not None and world.client_ca is not None
+    crt, key = world.client_ca
+    for member in step.detail["members"]:
+        vm = world.vms[member]
+        await ctx.fence()
+        if member in world.client_ca_signers:
+            await ctx.pve.agent_file_write(vm.node, vm.vmid, pki.CLIENT_CA_KEY, key.encode())
+            await ctx.pve.agent_file_write(vm.node, vm.vmid, pki.CLIENT_CA_CRT, crt.encode())
+        await ctx.pve.agent_file_write(vm.node, vm.vmid, pki.CLIENT_CA_BUNDLE, world.client_ca_bundle.encode())
+
+
+async def _delete_isos(ctx: JobContext, world: World, step: Step) -> None:
+    for node, volid in step.detail["isos"]:
+        await delete_iso(ctx, node, volid, step)
+
+
+async def _detach_bootstrap(ctx: JobContext, world: World, step: Step) -> None:
+    assert world.cluster is not None
+    for member in step.detail["members"]:
+        vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
+        if vm is not None:
+            await detach_bootstrap(ctx, world.cluster, vm, Step(f"detach {member}"))
+
+
+#: the cluster's steps: run(ctx, world, step)
+INIT = StepKind("init", _init)
+JOIN = StepKind("join", _join)
+DRAIN = StepKind("drain", _drain_step)
+REMOVE = StepKind("remove", _remove_step)
+REPLACE = StepKind("replace", _replace_step)
+IP_FILTER = StepKind("ip_filter", _ip_filter)
+REMOVE_CLONE = StepKind("remove_clone", _remove_clone)
+PUSH_CLIENT_CA = StepKind("push_client_ca", _push_client_ca)
+DELETE_ISOS = StepKind("delete_isos", _delete_isos)
+DETACH_BOOTSTRAP = StepKind("detach_bootstrap", _detach_bootstrap)
+STEPS = StepKinds(INIT, JOIN, DRAIN, REMOVE, REPLACE, IP_FILTER, REMOVE_CLONE, PUSH_CLIENT_CA, DELETE_ISOS,
+                  DETACH_BOOTSTRAP)
+
+
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
     assert world.cluster is not None
-    if step.name == "init":
-        await provision(ctx, world, _spec(world, "cp-0"), init=True)
-    elif step.name == "join":
-        await _join_all(ctx, world, step.detail["members"])
-    elif step.name == "drain":
-        await _drain(ctx, world, step.detail["member"])
-    elif step.name in ("remove", "replace"):  # replace: the VM goes; the join step makes a new one
-        await _remove(ctx, world, step, step.detail["member"])
-        if step.name == "remove":  # its VM gone for good: its private address too (a replaced one keeps it)
-            await vms.release_private_address(ctx, world.cluster.id, step.detail["member"])
-        world.vms.pop(step.detail["member"], None)
-        if world.nodes is not None:  # drained and deleted before (or never a node): a new instance joins afresh
-            world.nodes.pop(step.detail["member"], None)
-    elif step.name == "ip_filter":
-        for member in step.detail["members"]:
-            m = _spec(world, member)
-            private = await member_private_address(ctx, world, m)
-            vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
-            if private is None or vm is None:
-                continue
-            vms.refuse_platform(world.cluster.id, vm)
-            vms.refuse_if_locked(vm)
-            spec = vm_spec(world.cluster, m, private)
-            if not await vms.ip_filter_ok(ctx, spec, vm):
-                await vms.apply_ip_filter(ctx, spec, vm, step)
-    elif step.name == "remove_clone":
-        for name in ("stop", "destroy"):
-            await vms.apply_removal_step(ctx, world.cluster.id, Step(name, {**step.detail, "untagged": True}))
-    elif step.name == "push_client_ca":
-        # kube-apiserver reloads --client-ca-file when it changes, kube-controller-manager its
-        # signers' cert/key files (DynamicCertKeyPairContent): no restart. The key first, then the
-        # crt (a pair that does not match is not loaded: the signer keeps the old one meanwhile),
-        # the bundle last. The key goes only where its file exists (cloud-init wrote it 0600;
-        # file-write truncates an existing file and keeps its mode): never a new file of unknown mode.
-        assert world.client_ca_bundle is not None and world.client_ca is not None
-        crt, key = world.client_ca
-        for member in step.detail["members"]:
-            vm = world.vms[member]
-            await ctx.fence()
-            if member in world.client_ca_signers:
-                await ctx.pve.agent_file_write(vm.node, vm.vmid, pki.CLIENT_CA_KEY, key.encode())
-                await ctx.pve.agent_file_write(vm.node, vm.vmid, pki.CLIENT_CA_CRT, crt.encode())
-            await ctx.pve.agent_file_write(vm.node, vm.vmid, pki.CLIENT_CA_BUNDLE, world.client_ca_bundle.encode())
-    elif step.name == "delete_isos":
-        for node, volid in step.detail["isos"]:
-            await delete_iso(ctx, node, volid, step)
-    elif step.name == "detach_bootstrap":
-        for member in step.detail["members"]:
-            vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
-            if vm is not None:
-                await detach_bootstrap(ctx, world.cluster, vm, Step(f"detach {member}"))
-    else:
-        raise PermanentError(f"{ctx.job.kind}: unknown step {step.name!r}")
+    await STEPS.of(step, ctx.job.kind).run(ctx, world, step)
 
 
 def _spec(world: World, member: str) -> MemberSpec:
@@ -1053,10 +1099,10 @@ async def _remove(ctx: JobContext, world: World, step: Step, member: str) -> Non
     for vm in await vms.find_vms(ctx, cluster.id, member):
         guard.guard(cluster.id, vm)
         volid = _bootstrap_volume(vm)
-        for name in ("stop", "destroy"):
-            if name == "stop" and not vm.running:
+        for kind in (vms.STOP, vms.DESTROY):
+            if kind is vms.STOP and not vm.running:
                 continue
-            await vms.apply_removal_step(ctx, cluster.id, Step(name, {"vmid": vm.vmid, "node": vm.node}))
+            await vms.apply_removal_step(ctx, cluster.id, kind.step({"vmid": vm.vmid, "node": vm.node}))
         if volid:
             await delete_iso(ctx, vm.node, volid, step)
 

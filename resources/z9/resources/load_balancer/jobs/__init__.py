@@ -1,2 +1,4 @@
-"""The load_balancer job kinds: one module per kind (each sets ``KIND``; the executor finds them through
-the type registry), and ``shared`` what they share."""
+"""The load_balancer job kinds: a module per kind (each sets ``KIND``: ``stop``, ``delete``,
+``observe``), ``converge`` one reconciler under the three names that converge the appliances
+(``JOB_KINDS``: Create, Configure, Start), and ``shared`` what they share. The executor finds them
+through the type registry."""

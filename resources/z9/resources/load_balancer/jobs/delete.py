@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common import kinds
 from z9.common.models import Job
 from z9.resources.load_balancer import LOAD_BALANCER
 
@@ -21,8 +20,9 @@ from z9.executor import vms
 from z9.executor.context import JobContext, Step
 from z9.resources.load_balancer.jobs import shared as _lb
 from z9.resources.load_balancer import store as load_balancer_store
+from z9.resources.load_balancer import LOAD_BALANCER_DELETE
 
-KIND = kinds.LOAD_BALANCER_DELETE
+KIND = LOAD_BALANCER_DELETE
 World = vms.Removal
 record_failure = _lb.record_failure
 

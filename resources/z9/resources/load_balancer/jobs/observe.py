@@ -17,14 +17,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.common import kinds, store
+from z9.common import store
 from z9.common.models import Job
 from z9.resources.load_balancer import LOAD_BALANCER
 
 from z9.executor.context import JobContext, Step
 from z9.resources.load_balancer.jobs import shared as _lb
+from z9.resources.load_balancer import LOAD_BALANCER_CONFIGURE, LOAD_BALANCER_OBSERVE
 
-KIND = kinds.LOAD_BALANCER_OBSERVE
+KIND = LOAD_BALANCER_OBSERVE
 World = _lb.World
 
 
@@ -67,7 +68,7 @@ async def record(conn: Any, ctx: JobContext, seen: dict[str, Any] | None) -> Non
         lb = await LOAD_BALANCER.get(conn, ctx.job.resource_id)
         if lb is not None and lb.status == "active":
             await store.job_insert(conn, LOAD_BALANCER.new_job(
-                lb, kinds.LOAD_BALANCER_CONFIGURE, args={"reason": f"drift on {', '.join(seen['drift'])}"},
+                lb, LOAD_BALANCER_CONFIGURE, args={"reason": f"drift on {', '.join(seen['drift'])}"},
                 max_attempts=ctx.settings.max_attempts))
 
 

@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from z9.common.errors import PermanentError, TemporaryError
-from z9.common.models import Job, LoadBalancer, target_key
+from z9.common.models import Job
+from z9.resources.load_balancer.model import LoadBalancer, target_key
 from z9.resources.load_balancer import LOAD_BALANCER, ip_target_refusal, target_networks
 
 from z9.executor import vms
-from z9.executor.context import JobContext, Step
+from z9.executor.context import JobContext, Step, StepKind, StepKinds
 from z9.executor.proxmox import AgentUnavailable, VmState
 from z9.resources.address import store as address_store
 from z9.resources.load_balancer import store as load_balancer_store
@@ -355,28 +356,41 @@ def plan(job: Job, world: World) -> list[Step]:
             steps.append(s)
         want_k = world.desired_keepalived.get(member)
         if want_k is None or app.keepalived_hash != sha256(want_k):
-            steps.append(Step("push_keepalived", {"member": member}))
+            steps.append(PUSH_KEEPALIVED.step({"member": member}))
         if app.haproxy_hash != want_h:
-            steps.append(Step("push_haproxy", {"member": member, "hash": want_h}))
+            steps.append(PUSH_HAPROXY.step({"member": member, "hash": want_h}))
     return steps
+
+
+async def _push_haproxy(ctx: JobContext, world: World, app: Appliance, step: Step) -> None:
+    await push(ctx, app, step, world.desired_haproxy, HAPROXY_CFG, ["haproxy", "-c", "-f"], "haproxy")
+
+
+async def _push_keepalived(ctx: JobContext, world: World, app: Appliance, step: Step) -> None:
+    # rendered for the interface the guest has now (read again: a re-created appliance's NIC)
+    assert world.lb is not None
+    vm = await current_vm(ctx, app)
+    await wait_agent(ctx, vm)
+    iface = interface_of(await ctx.pve.agent_interfaces(vm.node, vm.vmid), world.lb.addresses[app.member]["ip"])
+    if iface is None:
+        raise TemporaryError(f"appliance {app.member} (VM {vm.vmid}) does not show its address "
+                             f"{world.lb.addresses[app.member]['ip']} on any interface yet")
+    text = render_keepalived(world.lb, app.member, iface, world.vrrp_key)
+    world.desired_keepalived[app.member] = text
+    await push(ctx, app, step, text, KEEPALIVED_CFG, ["keepalived", "-t", "-f"], "keepalived")
+
+
+#: an appliance's pushes: run(ctx, world, appliance, step); its other steps are the VM machinery's
+PUSH_HAPROXY = StepKind("push_haproxy", _push_haproxy)
+PUSH_KEEPALIVED = StepKind("push_keepalived", _push_keepalived)
+PUSHES = StepKinds(PUSH_HAPROXY, PUSH_KEEPALIVED)
 
 
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
     app = world.appliances[step.detail["member"]]
-    if step.name == "push_haproxy":
-        await push(ctx, app, step, world.desired_haproxy, HAPROXY_CFG, ["haproxy", "-c", "-f"], "haproxy")
-    elif step.name == "push_keepalived":
-        # rendered for the interface the guest has now (read again: a re-created appliance's NIC)
-        assert world.lb is not None
-        vm = await current_vm(ctx, app)
-        await wait_agent(ctx, vm)
-        iface = interface_of(await ctx.pve.agent_interfaces(vm.node, vm.vmid), world.lb.addresses[app.member]["ip"])
-        if iface is None:
-            raise TemporaryError(f"appliance {app.member} (VM {vm.vmid}) does not show its address "
-                                 f"{world.lb.addresses[app.member]['ip']} on any interface yet")
-        text = render_keepalived(world.lb, app.member, iface, world.vrrp_key)
-        world.desired_keepalived[app.member] = text
-        await push(ctx, app, step, text, KEEPALIVED_CFG, ["keepalived", "-t", "-f"], "keepalived")
+    kind = PUSHES.find(step)
+    if kind is not None:
+        await kind.run(ctx, world, app, step)
     else:
         await vms.apply_member_step(ctx, app.spec, app.world, step)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from z9.common import kinds
 from z9.common.errors import TemporaryError
 from z9.common.models import Job
 from z9.resources.load_balancer import LOAD_BALANCER
@@ -21,8 +20,9 @@ from z9.executor import guard, vms
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
 from z9.resources.load_balancer.jobs import shared as _lb
+from z9.resources.load_balancer import LOAD_BALANCER_STOP
 
-KIND = kinds.LOAD_BALANCER_STOP
+KIND = LOAD_BALANCER_STOP
 record_failure = _lb.record_failure
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncpg
 
-from z9.common import kinds
 from z9.common.models import Job
 from z9.resources.server import SERVER
 
@@ -33,8 +32,9 @@ from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
 from z9.resources.server.jobs import shared as _server
 from z9.resources.server import store as server_store
+from z9.resources.server import SERVER_CREATE
 
-KIND = kinds.SERVER_CREATE
+KIND = SERVER_CREATE
 World = vms.MemberWorld
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncpg
 
-from z9.common import kinds
 from z9 import resources
 from z9.common.models import Job
 from z9.resources.server import SERVER
@@ -35,8 +34,9 @@ from z9.executor import vms
 from z9.executor.context import JobContext, Step
 from z9.resources.server.jobs import shared as _server
 from z9.resources.server import store as server_store
+from z9.resources.server import SERVER_DELETE
 
-KIND = kinds.SERVER_DELETE
+KIND = SERVER_DELETE
 World = vms.Removal
 
 

@@ -20,11 +20,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 
 import asyncpg
 
-from z9.common import kinds
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 from z9.resources.server import SERVER
@@ -35,8 +34,9 @@ from z9.executor.proxmox import VmState
 from z9.executor import guard, vms
 from z9.resources.server.jobs import shared as _server
 from z9.resources.server import store as server_store
+from z9.resources.server import SERVER_REBOOT
 
-KIND = kinds.SERVER_REBOOT
+KIND = SERVER_REBOOT
 REBOOT_TIMEOUT_S = 60
 
 
@@ -46,13 +46,13 @@ class World:
     requested_ago_s: float  # seconds since the job was created (the customer's request)
 
 
-def _age(job: Job) -> float:
-    return max(0.0, (datetime.now(timezone.utc) - job.created_at).total_seconds())
+def _age(job: Job, now: datetime) -> float:
+    return max(0.0, (now - job.created_at).total_seconds())
 
 
 async def observe(ctx: JobContext) -> World:
     """Our VM by tag (or None), and the request's age."""
-    return World(vm=await vms.find_one_vm(ctx, ctx.job.resource_id), requested_ago_s=_age(ctx.job))
+    return World(vm=await vms.find_one_vm(ctx, ctx.job.resource_id), requested_ago_s=_age(ctx.job, ctx.clock.now()))
 
 
 def booted_since_request(vm: VmState, requested_ago_s: float) -> bool:
@@ -79,7 +79,7 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
     assert world.vm is not None
     st = await guard.reread_guarded(ctx, ctx.job.resource_id, world.vm)
-    if booted_since_request(st, _age(ctx.job)):
+    if booted_since_request(st, _age(ctx.job, ctx.clock.now())):
         return
     if not st.running:
         await vms.ensure_running(ctx, step, st)
@@ -110,7 +110,7 @@ async def _await_restart(ctx: JobContext, vm: VmState) -> None:
         if cur is None:
             return
         up = cur.get("uptime")
-        if cur.get("status") == "running" and up is not None and int(up) < _age(ctx.job):
+        if cur.get("status") == "running" and up is not None and int(up) < _age(ctx.job, ctx.clock.now()):
             return
         ctx.touch()
         await asyncio.sleep(ctx.settings.task_poll_s)

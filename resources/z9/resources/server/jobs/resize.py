@@ -21,19 +21,19 @@ from typing import Any
 
 import asyncpg
 
-from z9.common import kinds
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 from z9.resources.server import SERVER
 from z9.common.tags import identity_tag
 
-from z9.executor.context import JobContext, Step
+from z9.executor.context import JobContext, Step, StepKind, StepKinds
 from z9.executor.proxmox import VmState
 from z9.executor import guard, vms
 from z9.resources.server.jobs import shared as _server
 from z9.resources.server import store as server_store
+from z9.resources.server import SERVER_RESIZE
 
-KIND = kinds.SERVER_RESIZE
+KIND = SERVER_RESIZE
 
 
 @dataclass
@@ -63,7 +63,7 @@ def plan(job: Job, world: World) -> list[Step]:
         if vm.running:
             raise PermanentError(f"server_not_stopped: changing {', '.join(sorted(diff))} of VM {vm.vmid} needs it "
                                  "stopped (Proxmox does not hot-plug CPU or memory by default)")
-        steps.append(Step("configure", {"vmid": vm.vmid, "node": vm.node, "set": sorted(diff)}))
+        steps.append(CONFIGURE.step({"vmid": vm.vmid, "node": vm.node, "set": sorted(diff)}))
     disk = vms.boot_disk(vm.config)
     if disk is None:
         raise PermanentError(f"VM {vm.vmid} has no data disk to size")
@@ -71,35 +71,45 @@ def plan(job: Job, world: World) -> list[Step]:
     if disk[1] > want + 1e-9:
         raise PermanentError(f"disk_gib {want} is smaller than the disk ({disk[1]:g} GiB); disks cannot shrink")
     if disk[1] < want - 1e-9:
-        steps.append(Step("resize_disk", {"vmid": vm.vmid, "node": vm.node, "disk": disk[0]}))
+        steps.append(RESIZE_DISK.step({"vmid": vm.vmid, "node": vm.node, "disk": disk[0]}))
     if steps:
         vms.refuse_if_locked(vm)
     return steps
 
 
+async def _configure(ctx: JobContext, vm: VmState, step: Step) -> None:
+    diff = vms.config_diff(vm.config, desired(ctx.job))
+    if diff:
+        if vm.running:
+            raise PermanentError(f"server_not_stopped: VM {vm.vmid} was started before its resize")
+        await ctx.fence()
+        upid = await ctx.pve.configure(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))
+        await ctx.wait_task(step, upid)
+
+
+async def _resize_disk(ctx: JobContext, vm: VmState, step: Step) -> None:
+    disk = vms.boot_disk(vm.config)
+    want = int(ctx.job.args["disk_gib"])
+    if disk is not None and disk[1] < want - 1e-9:
+        await ctx.fence()
+        upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], want)
+        if upid:
+            await ctx.wait_task(step, upid)
+
+
+#: the resize's steps: run(ctx, the VM re-read and guarded, step)
+CONFIGURE = StepKind("configure", _configure)
+RESIZE_DISK = StepKind("resize_disk", _resize_disk)
+STEPS = StepKinds(CONFIGURE, RESIZE_DISK)
+
+
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
     """One step on the VM as it is now (re-read and guarded first); waits for its task."""
     assert world.vm is not None
+    kind = STEPS.of(step, KIND)
     vm = await guard.reread_guarded(ctx, ctx.job.resource_id, world.vm)
     vms.refuse_if_locked(vm)
-    if step.name == "configure":
-        diff = vms.config_diff(vm.config, desired(ctx.job))
-        if diff:
-            if vm.running:
-                raise PermanentError(f"server_not_stopped: VM {vm.vmid} was started before its resize")
-            await ctx.fence()
-            upid = await ctx.pve.configure(vm.node, vm.vmid, diff, digest=vm.config.get("digest"))
-            await ctx.wait_task(step, upid)
-    elif step.name == "resize_disk":
-        disk = vms.boot_disk(vm.config)
-        want = int(ctx.job.args["disk_gib"])
-        if disk is not None and disk[1] < want - 1e-9:
-            await ctx.fence()
-            upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], want)
-            if upid:
-                await ctx.wait_task(step, upid)
-    else:
-        raise PermanentError(f"{KIND}: unknown step {step.name!r}")
+    await kind.run(ctx, vm, step)
 
 
 async def verify(ctx: JobContext) -> VmState:

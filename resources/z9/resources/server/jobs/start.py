@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import kinds
 from z9.resources.server import SERVER
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
@@ -24,8 +23,9 @@ from z9.executor.proxmox import VmState
 from z9.executor import guard, vms
 from z9.resources.server.jobs import shared as _server
 from z9.resources.server import store as server_store
+from z9.resources.server import SERVER_START
 
-KIND = kinds.SERVER_START
+KIND = SERVER_START
 
 
 @dataclass

@@ -20,18 +20,18 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from z9.common import kinds
 from z9.resources.server import SERVER
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
 
-from z9.executor.context import JobContext, Step
+from z9.executor.context import JobContext, Step, StepKind, StepKinds
 from z9.executor.proxmox import VmState
 from z9.executor import guard, vms
 from z9.resources.server.jobs import shared as _server
 from z9.resources.server import store as server_store
+from z9.resources.server import SERVER_STOP
 
-KIND = kinds.SERVER_STOP
+KIND = SERVER_STOP
 SHUTDOWN_TIMEOUT_S = 60
 MODES = ("shutdown", "poweroff")
 
@@ -62,22 +62,29 @@ def plan(job: Job, world: World) -> list[Step]:
     mode = job.args.get("mode", "shutdown")
     if mode not in MODES:
         raise PermanentError(f"{KIND}: unknown mode {mode!r} (one of {', '.join(MODES)})")
-    return [Step(mode, {"vmid": vm.vmid, "node": vm.node})]
+    return [STEPS.by_name[mode].step({"vmid": vm.vmid, "node": vm.node})]
+
+
+async def _shutdown(ctx: JobContext, vm: VmState) -> str:
+    return await ctx.pve.shutdown(vm.node, vm.vmid, timeout_s=SHUTDOWN_TIMEOUT_S)
+
+
+async def _poweroff(ctx: JobContext, vm: VmState) -> str:
+    return await ctx.pve.stop(vm.node, vm.vmid)
+
+
+#: one step per mode: run(ctx, the running VM re-read and guarded) -> the task's UPID
+STEPS = StepKinds(StepKind("shutdown", _shutdown), StepKind("poweroff", _poweroff))
 
 
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
     """Shut the VM down (re-read and guarded first) and wait for the task."""
-    if step.name not in MODES:
-        raise PermanentError(f"{KIND}: unknown step {step.name!r}")
+    kind = STEPS.of(step, KIND)
     assert world.vm is not None
     st = await guard.reread_guarded(ctx, ctx.job.resource_id, world.vm)
     if st.running:
         await ctx.fence()
-        if step.name == "poweroff":
-            upid = await ctx.pve.stop(st.node, st.vmid)
-        else:
-            upid = await ctx.pve.shutdown(st.node, st.vmid, timeout_s=SHUTDOWN_TIMEOUT_S)
-        await ctx.wait_task(step, upid)
+        await ctx.wait_task(step, await kind.run(ctx, st))
 
 
 async def verify(ctx: JobContext) -> VmState | None:

@@ -1,4 +1,5 @@
-"""Job kinds: one module per kind (in its resource type's slice), each a
+"""Job kinds: one module per kind (in its resource type's slice; or one reconciler under several
+names, listed in a module's ``JOB_KINDS``), each a
 :class:`~z9.executor.kind.JobKind` — ``observe``, ``plan`` (pure), ``apply``, ``verify`` together,
 plus ``record`` (write what verify saw, in the transaction that finishes the job) and
 ``record_failure(conn, ctx, error)`` (the resource carries a failed job's reason; ``error`` is
@@ -6,7 +7,8 @@ the job row's error, ``{class, message, …}``). A kind whose ``record`` writes 
 ``RECORDS_NOTHING = True``: its finish and the executor's next claim are then one statement
 (services/executor/z9/executor/batching.py); no product kind does today.
 
-:data:`REGISTRY` maps the ``kind`` column to its module: every module that sets ``KIND`` in a
+:data:`REGISTRY` maps the ``kind`` column to its kind: every module that sets ``KIND`` (and every
+kind a module lists in ``JOB_KINDS``) in a
 resource type's ``jobs`` package (``resources/z9/resources/<type>/jobs/``), found through the
 type registry (:mod:`z9.resources`), named in no list here; :func:`register` adds one more
 (benchmarks register a no-op kind this way).
