@@ -189,15 +189,13 @@ async def test_lock_timeout_retries_then_succeeds(stack: Stack, sim: SimAdmin) -
     seen: list[str] = []
     server_statuses = set()
 
-    async def watch_server() -> None:
-        while True:
-            server_statuses.add((await stack.server(server["id"]))["status"])
-            await asyncio.sleep(0.05)
-
-    watcher = asyncio.create_task(watch_server())
-    done = await stack.wait_job(job["id"], seen=seen)
-    watcher.cancel()
-    await asyncio.gather(watcher, return_exceptions=True)
+    async def terminal() -> dict | None:  # the job's statuses and the server's, sampled together
+        server_statuses.add((await stack.server(server["id"]))["status"])
+        j = await stack.job(job["id"])
+        if not seen or seen[-1] != j["status"]:
+            seen.append(j["status"])
+        return j if j["status"] in ("succeeded", "failed") else None
+    done = await wait_until(terminal, 30, "the create terminal")
     assert done["status"] == "succeeded", done
     assert "retry" in seen, seen
     assert done["attempt"] == 2

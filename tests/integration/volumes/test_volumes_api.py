@@ -168,6 +168,8 @@ async def test_a_server_restored_gets_back_the_volumes_its_deletion_detached(sta
         await _settled(stack, vid)
     status, out = await stack.call("DELETE", f"/servers/{s['id']}")
     assert status == 202, out
+    # the answer names every job the request made: the server's and its volumes' detaches
+    assert [j["kind"] for j in out["jobs"]] == [out["job"]["kind"], "VolumeDetach", "VolumeDetach"], out["jobs"]
     for vid in made.values():
         await _settled(stack, vid)
         assert (await _volume(stack, vid))["status"] == "available"
@@ -175,6 +177,7 @@ async def test_a_server_restored_gets_back_the_volumes_its_deletion_detached(sta
     await _settled(stack, made["moved"])
     status, out = await stack.call("POST", f"/servers/{s['id']}/actions/cancel-deletion")
     assert status == 202, out
+    assert [j["kind"] for j in out["jobs"]] == [out["job"]["kind"], "VolumeAttach"], out["jobs"]
     await stack.wait_job(out["job"]["id"], timeout_s=90)
     await _settled(stack, made["back"])
     back, moved = await _volume(stack, made["back"]), await _volume(stack, made["moved"])

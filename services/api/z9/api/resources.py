@@ -468,9 +468,10 @@ def _delete_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
             # one stops at its next step): it never waits behind a create's backoff
             await rt.supersede_waiting(conn, row.id, job.id, kind)
             # what depends on it reacts in this transaction (hooks the dependent types registered)
-            await resources.deletion_dependents(conn, rt.name, row, request.query, settings)
+            more = await resources.deletion_dependents(conn, rt.name, row, request.query, settings)
         request.app[NOTIFIER].notify(job.region)
-        return web.json_response(dump(accepted, {rt.name: row.public(), "job": job.brief()}), status=202)
+        return web.json_response(dump(accepted, {rt.name: row.public(), "job": job.brief(),
+                                                 "jobs": [job.brief(), *(j.brief() for j in more)]}), status=202)
 
     return delete
 
@@ -504,8 +505,9 @@ def _cancel_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
             kind, args = rt.restore(row)
             job = await store.job_insert(conn, rt.new_job(row, kind, args=args, max_attempts=settings.max_attempts),
                                          notify=False)
-            await resources.restore_dependents(conn, rt.name, row, settings)  # e.g. a server's volumes back
-            answer = dump(accepted, {rt.name: row.public(), "job": job.brief()})
+            more = await resources.restore_dependents(conn, rt.name, row, settings)  # e.g. a server's volumes back
+            answer = dump(accepted, {rt.name: row.public(), "job": job.brief(),
+                                     "jobs": [job.brief(), *(j.brief() for j in more)]})
             await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
         request.app[NOTIFIER].notify(job.region)
         return web.json_response(answer, status=202)

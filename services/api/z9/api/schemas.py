@@ -127,8 +127,10 @@ class Accepted(Response):
     is now, its ``job`` and ``jobs``: every job the request made, ``job`` first. A request that
     asks for more than one job's work — a server created with ``public_ipv4`` is a ServerCreate
     and an AddressAssign — is done (what was asked for is in place: the server reachable at its
-    address) when every job of ``jobs`` has succeeded; ``z9 … --wait`` follows them all. Every
-    other 202 makes one job (``jobs`` is ``[job]``)."""
+    address) when every job of ``jobs`` has succeeded; ``z9 … --wait`` follows them all. So does a
+    delete or a cancelled deletion whose dependents react (a server's volumes detached, attached
+    back: their VolumeDetach/VolumeAttach are in ``jobs``). Every other 202 makes one job (``jobs`` is
+    ``[job]``)."""
 
     jobs: list[JobRef] = Field(default_factory=list, description="every job the request made, `job` first: the "
                                                                   "request is done when all have succeeded")
