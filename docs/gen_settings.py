@@ -1,6 +1,7 @@
 """Generate ``docs/settings.md``, the table of every ``Z9_`` setting, from the settings model
 (``libs/common/z9/common/settings.py``): names, types, defaults and bounds come from the model, the
-meaning from the field's ``description`` or, when it has none, from :data:`DESCRIPTIONS` here.
+meaning from the field's ``description`` or, when it has none, from :data:`DESCRIPTIONS` here (the
+``Z9_QUOTA_<UNIT>`` rows: from the resource types' quota units, ``z9.resources.quota_units``).
 
     .venv/bin/python docs/gen_settings.py           # rewrite docs/settings.md
     .venv/bin/python docs/gen_settings.py --check   # exit 1 when it is out of date
@@ -132,12 +133,6 @@ DESCRIPTIONS: dict[str, str] = {
     "backoff_jitter": "Random factor range of the backoff: [1 − j, 1 + j].",
     "max_attempts": "Attempts of a job before it fails for good.",
     "max_live_jobs_per_resource": "A DELETE or cancel-deletion answers 409 while the server already has this many jobs waiting or running.",
-    "quota_servers": "Default quota of every tenant: servers not yet deleted (unset: no limit; `z9 quota` sets a tenant's own). Over it: 403 `quota_exceeded`.",
-    "quota_cores": "Default quota of every tenant: the cores of its servers and of its Kubernetes clusters' members (control planes and pool members, as asked for) not yet deleted (unset: no limit).",
-    "quota_memory_mib": "Default quota of every tenant: the memory (MiB) of its servers and of its Kubernetes clusters' members not yet deleted (unset: no limit).",
-    "quota_addresses": "Default quota of every tenant: addresses not yet deleted, primary ones included (unset: no limit).",
-    "quota_load_balancers": "Default quota of every tenant: load balancers not yet deleted (each also uses 2 or 3 of its "
-                            "addresses; unset: no limit).",
     # scheduler, reaper, retention
     "scheduler_interval_s": "Longest sleep of the scheduler between passes (retry promotion, lease reclaim).",
     "reaper_interval_s": "How often the reaper looks for expired deletion buffers.",
@@ -319,6 +314,20 @@ def _describe(name: str, f: FieldInfo, table: dict[str, str], where: str) -> str
     return text.replace("|", "\\|")
 
 
+def env_rows(name: str, f: FieldInfo) -> list[tuple[str, str, str, str, str]] | None:
+    """The rows of a setting read from one variable per key (``quota_defaults``: ``Z9_QUOTA_<UNIT>``,
+    a row per quota unit the resource types declare), or None for a setting of one variable."""
+    prefix = (f.json_schema_extra or {}).get("env_per_key") if isinstance(f.json_schema_extra, dict) else None
+    if not prefix:
+        return None
+    from z9 import resources
+
+    return [(f"{prefix}{k.upper()}", "int", "unset", "≥ 0",
+             f"Default quota of every tenant, in {u.unit}: its {resources.quota_description(k)} (unset: no limit; "
+             f"`z9 quota --tenant NAME --{k.replace('_', '-')} N` sets a tenant's own). Over it: 403 `quota_exceeded`.")
+            for k, u in resources.quota_units().items()]
+
+
 def render() -> str:
     lines = [
         "# z9 settings",
@@ -333,6 +342,10 @@ def render() -> str:
         "|---|---|---|---|---|",
     ]
     for name, f in Settings.model_fields.items():
+        per_key = env_rows(name, f)
+        if per_key is not None:
+            lines += [f"| `{var}` | {t} | {d} | {b} | {text.replace('|', chr(92) + '|')} |" for var, t, d, b, text in per_key]
+            continue
         lines.append(f"| `Z9_{name.upper()}` | {_type(f.annotation)} | {_default(f)} | {_bounds(f)} | "
                      f"{_describe(name, f, DESCRIPTIONS, 'Settings')} |")
     lines += ["", "## `Z9_REGIONS` entries", "",

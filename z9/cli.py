@@ -11,11 +11,10 @@ import os
 import re
 import signal
 import sys
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from z9.common.logs import setup_logging
-from z9.common.settings import Settings
-from z9.common.tracing import setup_tracing
+if TYPE_CHECKING:  # imported in main() for an operator command only: a customer command needs no settings
+    from z9.common.settings import Settings
 
 
 async def _serve(service: Any) -> None:
@@ -255,6 +254,7 @@ def _quota_value(text: str) -> int | None:
 
 def cmd_quota(args: argparse.Namespace, settings: Settings) -> int:
     """Show a tenant's quotas (limit, where it comes from, current use); set the ones given."""
+    from z9 import resources
     from z9.common import store
     from z9.common.db import connect_tool
 
@@ -265,15 +265,16 @@ def cmd_quota(args: argparse.Namespace, settings: Settings) -> int:
     if not TENANT_NAME.fullmatch(args.tenant):
         print(f"z9 quota: invalid tenant name {args.tenant!r}", file=sys.stderr)
         return 2
-    given = {k: getattr(args, k) for k in store.QUOTA_KEYS if getattr(args, k) is not _UNSET}
+    units = resources.quota_units()
+    given = {k: getattr(args, k) for k in units if getattr(args, k) is not _UNSET}
     async def go() -> tuple[dict[str, Any], dict[str, int]]:
         conn = await connect_tool(settings, application_name="z9-quota")
         try:
             async with conn.transaction():
                 tenant = await store.tenant_upsert(conn, args.tenant)
                 own = (await store.tenant_quota_set(conn, tenant, given) if given
-                       else await store.tenant_quota_get(conn, tenant))
-                used = await store.tenant_quota_lock_usage(conn, tenant)
+                       else await store.tenant_quota_limits(conn, tenant))
+                used = await resources.quota_usage(conn, tenant, lock=True)
         finally:
             await conn.close()
         return own, used
@@ -282,10 +283,9 @@ def cmd_quota(args: argparse.Namespace, settings: Settings) -> int:
     if code == 0:
         own, used = got
         print(f"{'quota':<12} {'limit':>10} {'source':<9} {'used':>10}")
-        for k in store.QUOTA_KEYS:
-            default = getattr(settings, f"quota_{k}")
-            limit = own[k] if own[k] is not None else default
-            source = "tenant" if own[k] is not None else "default"
+        for k in units:
+            limit = own.get(k, settings.quota_defaults.get(k))
+            source = "tenant" if k in own else "default"
             print(f"{k:<12} {'none' if limit is None else limit:>10} {source:<9} {used[k]:>10}")
     return code
 
@@ -329,7 +329,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(USAGE, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``z9`` parser. Given the command line about to be parsed (``argv``), ``z9 quota``'s unit
+    flags — read from the resource registry, which loads every slice's store — are built only when
+    that line is ``z9 quota …``: a customer command starts without the server side (its modules
+    are never imported, tests/unit/test_client_imports.py). Without ``argv``: everything."""
+    quota_flags = argv is None or argv[:1] == ["quota"]
     p = _Parser(prog="z9", description="z9 control-plane job system", formatter_class=_SectionedHelp)
     # the operator commands' own parsers keep argparse's exit code (their checks answer 2, as
     # before); the customer groups use z9.client.cli.UsageParser (64)
@@ -366,16 +371,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--expires-in", type=_positive_int, metavar="SECONDS", help="the token stops working after this")
     s.set_defaults(fn=cmd_token)
 
+    if quota_flags:
+        from z9 import resources
+
+        units = resources.quota_units()  # each resource type's own (its slice declares them)
+    else:
+        units = {}
+    flags = ["--" + k.replace("_", "-") for k in units] or ["--<unit>"]
     s = sub.add_parser("quota", help="show a tenant's quotas and use; set them (created if missing)",
-                       description="Quotas: servers, cores, memory (MiB), addresses and volume GiB not yet deleted. A "
+                       description=f"Quotas: {', '.join(u.unit for u in units.values())} not yet deleted. A "
                                    "tenant's own limit overrides the Z9_QUOTA_* default; 'default' goes back "
                                    "to it. The API answers 403 quota_exceeded past a limit. Customers: "
                                    "`z9 quota show` (your own tenant's, through the API).",
-                       usage="z9 quota --tenant NAME [--servers N|default] [--cores …] [--memory-mib …] "
-                             "[--addresses …] [--load-balancers …] [--volume-gib …]\n       z9 quota show [-o json]")
+                       usage=f"z9 quota --tenant NAME [{flags[0]} N|default] "
+                             + " ".join(f"[{f} …]" for f in flags[1:]) + "\n       z9 quota show [-o json]")
     s.add_argument("--tenant", help="the tenant (required, but for `z9 quota show`)")
-    for k in ("servers", "cores", "memory_mib", "addresses", "load_balancers", "volume_gib"):  # store.QUOTA_KEYS
-        s.add_argument("--" + k.replace("_", "-"), dest=k, type=_quota_value, default=_UNSET, metavar="N|default")
+    for k, flag in zip(units, flags):
+        s.add_argument(flag, dest=k, type=_quota_value, default=_UNSET, metavar="N|default")
     s.set_defaults(fn=cmd_quota)
 
     from z9.client.cli import common_parents
@@ -408,6 +420,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def quota_settings_problem(settings: Settings) -> str | None:
+    """Why the ``Z9_QUOTA_<UNIT>`` variables are wrong (a unit no resource type declares: a typo
+    would otherwise leave that quota unlimited without a word), or None."""
+    from z9 import resources
+    from z9.common.settings import QUOTA_ENV_PREFIX
+
+    unknown = resources.unknown_quota_units(settings.quota_defaults)
+    if not unknown:
+        return None
+    known = ", ".join(QUOTA_ENV_PREFIX + u.upper() for u in resources.quota_units())
+    return "; ".join(f"{QUOTA_ENV_PREFIX}{u.upper()}: no such quota (the quotas: {known})" for u in unknown)
+
+
 def settings_error(e: Exception) -> str:
     """One line per wrong setting, naming its variable (``Z9_DATABASE_URL: …``), without the value
     given (pydantic's own text quotes it: a connection string's password, a token secret)."""
@@ -419,6 +444,8 @@ def settings_error(e: Exception) -> str:
     for err in e.errors(include_url=False, include_input=False):
         loc = [str(x) for x in err.get("loc", ())]
         msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        if loc[:1] == ["quota_defaults"] and len(loc) == 2:  # read from Z9_QUOTA_<UNIT>
+            loc = [f"quota_{loc[1]}"]
         out.append(f"Z9_{loc[0].upper()}{''.join(f'[{x}]' for x in loc[1:])}: {msg}" if loc else msg)
     return "; ".join(out)
 
@@ -429,16 +456,24 @@ def main(argv: list[str] | None = None) -> int:
         from z9.sim.server import main as sim_main
 
         return sim_main(argv[1:])
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command not in OPERATOR_COMMANDS or hasattr(args, "run"):  # a customer command: the API, no settings
         from z9.client.cli import run as run_customer_command
 
         return run_customer_command(args)
+    from z9.common.logs import setup_logging
+    from z9.common.settings import Settings
+    from z9.common.tracing import setup_tracing
+
     try:
         settings = Settings()
     except Exception as e:  # pydantic ValidationError: say which variable is wrong
         print(f"z9: invalid settings: {settings_error(e)}", file=sys.stderr)
+        return 2
+    problem = quota_settings_problem(settings)
+    if problem:
+        print(f"z9: invalid settings: {problem}", file=sys.stderr)
         return 2
     if args.command != "sim":
         # z9 dev talks to a terminal: text, unless Z9_LOG_FORMAT says otherwise

@@ -22,7 +22,14 @@ def test_every_setting_is_in_the_table_with_its_default() -> None:
     text = (ROOT / "docs" / "settings.md").read_text()
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(Z9_[A-Z0-9_]+)` \| [^|]*(?:\\\|[^|]*)*\| ([^|]*) \|",
                                                          text, re.M)}
+    from z9 import resources
+
     for name, field in Settings.model_fields.items():
+        prefix = (field.json_schema_extra or {}).get("env_per_key")
+        if prefix:  # one variable per key (Z9_QUOTA_<UNIT>: a row per quota unit of the registry)
+            for unit in resources.quota_units():
+                assert f"{prefix}{unit.upper()}" in rows, (name, unit)
+            continue
         var = f"Z9_{name.upper()}"
         assert var in rows, f"{var} is not in docs/settings.md: run .venv/bin/python docs/gen_settings.py"
         if isinstance(field.default, (int, float)) and not isinstance(field.default, bool):

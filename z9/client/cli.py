@@ -31,8 +31,8 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from .api import ApiError, Client, Conflict, Deadline, Unreachable
-from .config import ConfigError, resolve
+from .api import ApiError, Client, Deadline, Unreachable
+from .config import ConfigError, max_retries, resolve
 from .models import Accepted, Job
 from .progress import StepProgress
 
@@ -67,7 +67,7 @@ class Ctx:
     def client(self) -> Client:
         if self._client is None:
             t = resolve(api_url=self.args.api_url, token=self.args.token, context=self.args.context)
-            self._client = Client(t.api_url, t.token)
+            self._client = Client(t.api_url, t.token, max_retries=max_retries())
         return self._client
 
     @property

@@ -13,6 +13,11 @@ The file is ``$Z9_CONFIG``, else ``$XDG_CONFIG_HOME/z9/config.toml``, else
 
 ``z9 context set|use|list|delete`` edit it. ``--context NAME`` (or ``Z9_CONTEXT``) picks another
 context for one command.
+
+``Z9_CLIENT_MAX_RETRIES`` (default 5) is how many times a request is retried after a connection
+refused or reset, a timeout, a 503 or a 429 (with a growing pause, 0.5 s doubling up to 10 s,
+between tries) before the command gives up (``cannot reach``: exit 4): 0 gives up at the first
+failure (:func:`max_retries`).
 """
 from __future__ import annotations
 
@@ -134,6 +139,20 @@ def resolve(*, api_url: str | None = None, token: str | None = None, context: st
                           "(z9 context set NAME --api-url URL --token TOKEN)")
     source = url_src if url_src == tok_src else f"api url from {url_src}, token from {tok_src}"
     return Target(url.rstrip("/"), tok, source, url_src, tok_src)
+
+
+DEFAULT_MAX_RETRIES = 5
+
+
+def max_retries(env: Mapping[str, str] | None = None) -> int:
+    """``Z9_CLIENT_MAX_RETRIES`` (a whole number, 0 or more), else :data:`DEFAULT_MAX_RETRIES`."""
+    env = os.environ if env is None else env
+    raw = (env.get("Z9_CLIENT_MAX_RETRIES") or "").strip()
+    if not raw:
+        return DEFAULT_MAX_RETRIES
+    if not raw.isdigit():
+        raise ConfigError(f"Z9_CLIENT_MAX_RETRIES is {raw!r}: a whole number of retries, 0 or more, expected")
+    return int(raw)
 
 
 def mask(token: str) -> str:

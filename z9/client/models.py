@@ -2,8 +2,10 @@
 
 Request bodies are the API's own models (:class:`z9.api.schemas.ServerCreate`,
 :class:`z9.api.tokens.TokenCreate`), so what the client sends is validated by the very rules the
-API applies. Answers are parsed into the models below; they allow fields they do not know
-(``extra="allow"``), so a newer API with more fields does not break an older client.
+API applies; they live in :mod:`z9.api.bodies`, which imports pydantic only, so the client never
+loads the API's server side (aiohttp, asyncpg, the store: tests/unit/test_client_imports.py).
+Answers are parsed into the models below; they allow fields they do not know (``extra="allow"``),
+so a newer API with more fields does not break an older client.
 """
 from __future__ import annotations
 
@@ -13,8 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from z9.api.schemas import ServerCreate
-from z9.api.tokens import Token, TokenCreate, TokenCreated
+from z9.api.bodies import ServerCreate, Token, TokenCreate, TokenCreated
 
 __all__ = ["ServerCreate", "Token", "TokenCreate", "TokenCreated", "Step", "JobError", "Job", "JobRef",
            "Observed", "Server", "Address", "LoadBalancer", "Cluster", "Kubeconfig", "Quota", "Accepted", "Page",
@@ -184,8 +185,8 @@ class Kubeconfig(_Answer):
 
 
 class Quota(_Answer):
-    """``GET /v1/quota``: per quota (servers, cores, memory_mib, addresses, load_balancers) its ``limit`` (None: no
-    limit) and what the tenant ``used``."""
+    """``GET /v1/quota``: per quota (the units the server's resource types declare: ``servers``, ``cores``, …; the
+    document lists them) its ``limit`` (None: no limit) and what the tenant ``used``."""
 
     tenant: str | None = None
     quotas: dict[str, dict[str, Any]]

@@ -9,7 +9,7 @@ Its slice — the package ``z9.resources.<type>`` (``resources/z9/resources/<typ
 and calls :func:`register`; everything else the type is lives beside it in that folder: its API
 operations (``api``: ``API``), its job kinds (``jobs``: one module per kind, each with ``KIND``),
 its client commands (``client``: ``KIND``/``register``). This package imports every slice it finds
-at the bottom (no list), and the lists of types, id prefixes, kinds, routes and client commands
+at the bottom (no list), and the lists of types, id prefixes, kinds, routes, quota units and client commands
 are derived from :data:`REGISTRY` (:func:`slice_modules`).
 
 The table keeps the lifecycle columns described in ``db/z9/db/migrations/0004_resource_layer.sql``; the
@@ -90,6 +90,38 @@ class Periodic:
     statuses: tuple[str, ...]
 
 
+_UNIT_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True)
+class QuotaUnit:
+    """A quota a type declares (``ResourceType.quotas``): ``name`` is its key everywhere — ``GET
+    /v1/quota``, ``quota_exceeded``'s ``limit``, ``z9 quota --<name>`` (``_`` as ``-``), the
+    default ``Z9_QUOTA_<NAME>``, ``tenant_quota_limits.unit``; ``unit`` is how a number of it reads
+    in a message ("MiB of memory"); ``example`` the (limit, used) of the OpenAPI example. What
+    counts toward it any type's :class:`QuotaUsage` says (its own, and others': a server's cores
+    and a cluster member's add up)."""
+
+    name: str
+    unit: str
+    example: tuple[int | None, int] = (10, 1)
+
+
+@dataclass(frozen=True)
+class QuotaUsage:
+    """How a type's rows count toward quotas: ``query``, a named query of its slice's
+    ``queries.sql`` taking the tenant id (``$1``) and returning one row with a column per unit
+    of ``counts`` (its contribution; rows not yet deleted count); ``counts`` says for each unit
+    what of this type is counted, for the documents ("servers' cores")."""
+
+    query: str
+    counts: dict[str, str]
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        return tuple(self.counts)
+
+
 @dataclass(frozen=True)
 class ResourceType(Generic[R]):
     """One type of resource. ``restore(row) -> (kind, args)`` is the job that gives a resource
@@ -136,6 +168,10 @@ class ResourceType(Generic[R]):
     order: int = 100
     # the slice package holding the type (its api, jobs and client modules); default z9.resources.<name>
     package: str = ""
+    # the quotas the type declares, and how its rows count toward quotas (its own or another
+    # type's): every list of quota units is derived from these (quota_units())
+    quotas: tuple[QuotaUnit, ...] = ()
+    quota_usage: QuotaUsage | None = None
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9]{1,3}", self.prefix) or self.prefix in GENERIC_PREFIXES:
@@ -155,6 +191,9 @@ class ResourceType(Generic[R]):
             object.__setattr__(self, "plural", self.name + "s")
         if not self.package:
             object.__setattr__(self, "package", f"{__name__}.{self.name}")
+        for u in (*(q.name for q in self.quotas), *(self.quota_usage.units if self.quota_usage else ())):
+            if not _UNIT_RE.match(u):
+                raise ValueError(f"resource type {self.name}: quota unit {u!r} is not a plain identifier")
 
     def slice_module(self, part: str) -> ModuleType | None:
         """The slice's module ``part`` (``api``, ``jobs``, ``client``), None when it has none."""
@@ -391,6 +430,9 @@ def register(rtype: ResourceType[Any]) -> ResourceType[Any]:
     for other in REGISTRY.values():
         if other.name != rtype.name and (other.prefix == rtype.prefix or other.table == rtype.table):
             raise ValueError(f"resource types {other.name} and {rtype.name} share a prefix or a table")
+        taken = {q.name for q in other.quotas} & {q.name for q in rtype.quotas}
+        if other.name != rtype.name and taken:
+            raise ValueError(f"resource types {other.name} and {rtype.name} both declare the quota {sorted(taken)}")
     REGISTRY[rtype.name] = rtype
     ordered = sorted(REGISTRY.values(), key=lambda t: (t.order, t.name))
     REGISTRY.clear()
@@ -444,6 +486,62 @@ async def mark_failed_by_job(db: DB, resource_type: str | None, resource_id: str
     rtype = get(resource_type)
     if rtype is not None and resource_id is not None:
         await rtype.mark_failed_by_job(db, resource_id, reason, kind=kind, refused=refused)
+
+
+# ------------------------------------------------------------------ quotas (every list derived from here)
+
+def quota_units() -> dict[str, QuotaUnit]:
+    """``{name: unit}`` of every quota the registered types declare, in the registry's order (the
+    order of ``GET /v1/quota``, ``z9 quota`` and the settings' document). Raises ``ValueError`` when a
+    type counts toward a unit no type declares."""
+    units = {q.name: q for t in REGISTRY.values() for q in t.quotas}
+    for t in REGISTRY.values():
+        unknown = [u for u in (t.quota_usage.units if t.quota_usage else ()) if u not in units]
+        if unknown:
+            raise ValueError(f"resource type {t.name} counts toward quotas no type declares: {unknown}")
+    return units
+
+
+def quota_counted_by(unit: str) -> list[tuple[ResourceType[Any], str]]:
+    """The types whose rows count toward ``unit``, each with what of it counts, in order."""
+    return [(t, t.quota_usage.counts[unit]) for t in REGISTRY.values()
+            if t.quota_usage is not None and unit in t.quota_usage.counts]
+
+
+def quota_description(unit: str) -> str:
+    """What counts toward ``unit`` ("servers' cores and … not yet deleted"), from every type
+    counting toward it: the documents' text (``GET /v1/quota``'s shape, docs/settings.md)."""
+    return " and ".join(what for _, what in quota_counted_by(unit)) + " not yet deleted"
+
+
+def unknown_quota_units(names: Any) -> list[str]:
+    """The names among ``names`` that are no registered quota (a Z9_QUOTA_* setting's typo)."""
+    units = quota_units()
+    return [n for n in names if n not in units]
+
+
+async def quota_usage(db: DB, tenant_id: str, units: Any = None, *, lock: bool = False) -> dict[str, int]:
+    """The tenant's use of ``units`` (default: every quota): each type counting toward one of them
+    runs its own query (:class:`QuotaUsage`), and the contributions add up. ``lock``: first take
+    the tenant's quota lock (held until the transaction ends): each count is then a statement of its
+    own after it, which sees what the lock's previous holder committed (``tenant_quota_lock``)."""
+    wanted = list(quota_units()) if units is None else list(units)
+    unknown = unknown_quota_units(wanted)
+    if unknown:
+        raise KeyError(f"no such quota: {unknown}")
+    if lock:
+        await store.tenant_quota_lock(db, tenant_id)
+    used = dict.fromkeys(wanted, 0)
+    for t in REGISTRY.values():
+        if t.quota_usage is None or not set(t.quota_usage.units) & set(wanted):
+            continue
+        got = await store.tenant_quota_count(db, t.quota_usage.query, tenant_id)
+        if set(got) != set(t.quota_usage.units):
+            raise ValueError(f"resource type {t.name}: query {t.quota_usage.query} returns {sorted(got)}, "
+                             f"not the units it declares {sorted(t.quota_usage.units)}")
+        for u in wanted:
+            used[u] += got.get(u, 0)
+    return used
 
 
 def _import_slices() -> None:

@@ -154,8 +154,8 @@ async def test_one_code_and_one_details_shape_for_a_precondition_across_kinds(ap
                         json={"server_id": sid})
     assert err["details"][0]["kind"] == "server", err
     # a quota: details is a list too
-    await api.pool.execute("INSERT INTO tenant_quotas (tenant_id, servers) VALUES ($1, 0) "
-                           "ON CONFLICT (tenant_id) DO UPDATE SET servers = 0", api.tenant_id)
+    await api.pool.execute("INSERT INTO tenant_quota_limits (tenant_id, unit, quota) VALUES ($1, 'servers', 0) "
+                           "ON CONFLICT (tenant_id, unit) DO UPDATE SET quota = 0", api.tenant_id)
     err = await refused("POST", "/servers", 403, "quota_exceeded", json={**BODY, "name": "over"})
     assert err["details"] == [{"limit": "servers", "quota": 0, "used": err["details"][0]["used"], "requested": 1}]
     assert {e["code"] for e in seen} == {"uniqueness_error", "resource_deleting", "not_found", "validation_failed",

@@ -113,9 +113,15 @@ async def test_config_errors_and_usage_exit_codes(tmp_path: Path) -> None:
     code, out, err = await z9(*CREATE, "--name", "Bad_Name", env={**env, "Z9_API_URL": "http://127.0.0.1:9/v1",
                                                                  "Z9_TOKEN": "t"})
     assert code == 64 and "name" in err  # checked by the API's own model before sending
-    code, out, err = await z9("servers", "list", env={**env, "Z9_API_URL": f"http://127.0.0.1:{free_port()}/v1",
-                                                      "Z9_TOKEN": "t"}, timeout_s=120)
+    # nothing listening: retried Z9_CLIENT_MAX_RETRIES times (one here: its pause, 0.5 s ± 25 %, shows it
+    # was), then "cannot reach" (the 5 retries by default, ~15 s, are the Python client's test's below)
+    unreachable = {**env, "Z9_API_URL": f"http://127.0.0.1:{free_port()}/v1", "Z9_TOKEN": "t"}
+    t0 = asyncio.get_running_loop().time()
+    code, out, err = await z9("servers", "list", env={**unreachable, "Z9_CLIENT_MAX_RETRIES": "1"}, timeout_s=120)
     assert code == 4 and "cannot reach" in err
+    assert asyncio.get_running_loop().time() - t0 >= 0.375
+    code, out, err = await z9("servers", "list", "-o", "json", env={**unreachable, "Z9_CLIENT_MAX_RETRIES": "few"})
+    assert code == 4 and json.loads(err)["error"]["code"] == "configuration" and "Z9_CLIENT_MAX_RETRIES" in err, err
 
 
 async def test_contexts(tmp_path: Path, stack: Stack) -> None:
@@ -129,8 +135,8 @@ async def test_contexts(tmp_path: Path, stack: Stack) -> None:
     assert stack.token not in out  # masked
     code, out, err = await z9("servers", "list", env=env)  # the current context
     assert code == 0, err
-    code, out, err = await z9("servers", "list", "--context", "other", env=env)
-    assert code == 4
+    code, out, err = await z9("servers", "list", "--context", "other", env={**env, "Z9_CLIENT_MAX_RETRIES": "0"})
+    assert code == 4 and "cannot reach the z9 API at http://127.0.0.1:9/v1" in err, err
     code, _, _ = await z9("context", "use", "other", env=env)
     code, out, err = await z9("servers", "list", env={**env, "Z9_CONTEXT": "dev"})
     assert code == 0
@@ -194,6 +200,26 @@ async def test_client_retries_503_and_429_after_retry_after_with_one_idempotency
         assert "not deleting" in e.value.message and len(seen) == 1  # never retried
     finally:
         await runner.cleanup()
+
+
+def test_client_retries_a_refused_connection_max_retries_times_then_is_unreachable() -> None:
+    from z9.client import Unreachable
+    from z9.client.config import DEFAULT_MAX_RETRIES, max_retries
+
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    for n in (DEFAULT_MAX_RETRIES, 0):
+        slept: list[float] = []
+        c = Client(url, "t", max_retries=n, sleep=slept.append)
+        with pytest.raises(Unreachable) as e:
+            c.list_servers()
+        assert "cannot reach the z9 API" in e.value.message
+        # backing off 0.5 s, doubling, ±25 % (about 15 s in all by default)
+        assert len(slept) == c.retries == n
+        assert all(0.75 * 0.5 * 2 ** i <= s <= 1.25 * 0.5 * 2 ** i for i, s in enumerate(slept)), slept
+    assert max_retries({}) == DEFAULT_MAX_RETRIES == 5 and max_retries({"Z9_CLIENT_MAX_RETRIES": " 2 "}) == 2
+    for bad in ("-1", "1.5", "x"):
+        with pytest.raises(ConfigError, match="Z9_CLIENT_MAX_RETRIES"):
+            max_retries({"Z9_CLIENT_MAX_RETRIES": bad})
 
 
 SERVER: dict[str, Any] = {"id": "srv_1", "name": "web-1", "region": "r", "image": "debian-12", "cores": 1,

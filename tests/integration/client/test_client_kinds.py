@@ -191,7 +191,8 @@ async def test_name_lookups_skip_deleted_ones_and_quota_show(stack: Stack, tmp_p
     assert len(body["servers"]) == 2
 
     await stack.pool.execute(
-        "INSERT INTO tenant_quotas (tenant_id, servers) SELECT tenant_id, 5 FROM servers WHERE id = $1", new)
+        "INSERT INTO tenant_quota_limits (tenant_id, unit, quota) SELECT tenant_id, 'servers', 5 FROM servers WHERE id = $1",
+        new)
     q = await _ok("quota", "show", env=env)
     assert q["quotas"]["servers"] == {"limit": 5, "used": 1}, q  # the deleted one counts no more
     assert q["quotas"]["cores"]["used"] == 1 and q["quotas"]["cores"]["limit"] is None

@@ -52,7 +52,7 @@ def every_log_line() -> Iterator[io.StringIO]:
 def every_span(sim_server: SimServer) -> Iterator[InMemorySpanExporter]:
     """Every span the stack exports while the test runs: the SDK provider and its gated in-memory
     exporter of tests/integration/observability/test_tracing.py (a process sets its provider once), opened for this test."""
-    from tests import test_tracing as tt
+    from tests.integration.observability import test_tracing as tt
 
     if tt._GATE is None:
         provider = tracing.make_provider("test", [SimpleSpanProcessor(tt._EXPORTER)])

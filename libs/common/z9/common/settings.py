@@ -15,10 +15,11 @@ import ipaddress
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from typing import Literal
+import os
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -308,6 +309,23 @@ class RegionSettings(BaseModel):
         return pools
 
 
+QUOTA_ENV_PREFIX = "Z9_QUOTA_"  # Z9_QUOTA_<UNIT>: Settings.quota_defaults[<unit>]
+
+
+class QuotaDefaultsSource(PydanticBaseSettingsSource):
+    """``quota_defaults`` from every ``Z9_QUOTA_<UNIT>`` variable (``Z9_QUOTA_<UNIT>=100`` →
+    ``{"<unit>": "100"}``, validated by the model): one variable per unit, as before the units
+    came from the type registry, whatever units it holds."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        found = {k[len(QUOTA_ENV_PREFIX):].lower(): v for k, v in os.environ.items()
+                 if k.upper().startswith(QUOTA_ENV_PREFIX) and k.upper() != QUOTA_ENV_PREFIX + "DEFAULTS"}
+        return {"quota_defaults": found} if found else {}
+
+
 class Settings(BaseSettings):
     """Every z9 setting. Units are in the names (``_s`` seconds, ``_mib`` MiB)."""
 
@@ -416,14 +434,11 @@ class Settings(BaseSettings):
     #: (and every claim in the region steps over the queued ones)
     max_live_jobs_per_resource: int = Field(8, ge=2)
 
-    # quotas per tenant (defaults; `z9 quota` sets a tenant's own): None is no limit
-    quota_servers: int | None = Field(None, ge=0)
-    quota_cores: int | None = Field(None, ge=0)
-    quota_memory_mib: int | None = Field(None, ge=0)
-    quota_addresses: int | None = Field(None, ge=0)
-    quota_load_balancers: int | None = Field(None, ge=0)
-    quota_volume_gib: int | None = Field(None, ge=0, description=(
-        "Default quota of every tenant: the sum of its volumes' sizes, GiB, not yet deleted (unset: no limit)."))
+    # quotas per tenant: the default limit of each unit, from Z9_QUOTA_<UNIT> (absent: no limit;
+    # `z9 quota` sets a tenant's own). The units are the resource types' (z9.resources.quota_units):
+    # the services check the names when they start (a typo stops them), this model cannot.
+    quota_defaults: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, json_schema_extra={"env_per_key": QUOTA_ENV_PREFIX})
     # Kubernetes clusters (issue 11). The installation key encrypts every cluster's private keys
     # (AES-256-GCM, the cluster id as associated data): 32 bytes, base64 (urlsafe or standard).
     # `z9 dev` generates one into its data dir. Unset: creating a cluster or minting a kubeconfig
@@ -481,6 +496,15 @@ class Settings(BaseSettings):
     # (live statuses), and the finished jobs (most of the table) for z9_jobs.
     job_metrics_interval_s: float = Field(5.0, gt=0)
     job_metrics_finished_interval_s: float = Field(60.0, gt=0)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The usual sources, with ``Z9_QUOTA_<UNIT>`` read into ``quota_defaults`` after the
+        constructor's own values."""
+        return (init_settings, QuotaDefaultsSource(settings_cls), env_settings, dotenv_settings, file_secret_settings)
 
     @field_validator("database_url", "database_direct_url")
     @classmethod

@@ -1,5 +1,5 @@
 """Named SQL, one ``.sql`` file per table (as River keeps them): the generic tables' in
-``libs/common/z9/common/queries/`` (jobs, tenants, api_tokens, idempotency_keys, tenant_quotas,
+``libs/common/z9/common/queries/`` (jobs, tenants, api_tokens, idempotency_keys, tenant_quota_limits,
 vm_clone_requests, console_sessions, and ``resources.sql``: every resource table's lifecycle), each resource type's
 in its slice (``resources/z9/resources/<type>/queries.sql``). Parsed once, on first use.
 

@@ -682,37 +682,32 @@ async def job_args_merge(db: DB, job_id: str, args: dict[str, Any]) -> None:
     await db.execute(q("job_args_merge"), job_id, args)
 
 
-# ---------------------------------------------------------------- quotas (migration 0011)
+# ---------------------------------------------------------------- quotas (migration 0020)
+# The units are the type registry's (z9.resources.quota_units); nothing here names one.
 
-QUOTA_KEYS = ("servers", "cores", "memory_mib", "addresses", "load_balancers", "volume_gib")
-
-
-async def tenant_quota_get(db: DB, tenant_id: str) -> dict[str, int | None]:
-    """The tenant's quota overrides (None: the settings' default)."""
-    row = await db.fetchrow(q("tenant_quota_get"), tenant_id)
-    return {k: (row[k] if row else None) for k in QUOTA_KEYS}
+async def tenant_quota_limits(db: DB, tenant_id: str) -> dict[str, int]:
+    """The tenant's own limits, ``{unit: quota}`` (a unit absent: the settings' default)."""
+    return {r["unit"]: int(r["quota"]) for r in await db.fetch(q("tenant_quota_limits_get"), tenant_id)}
 
 
-async def tenant_quota_set(db: DB, tenant_id: str, values: dict[str, int | None]) -> dict[str, int | None]:
-    """Set the given overrides (a None value resets it to the default); returns all of them."""
-    row = await db.fetchrow(q("tenant_quota_set"), tenant_id, list(values), values.get("servers"),
-                            values.get("cores"), values.get("memory_mib"), values.get("addresses"),
-                            values.get("load_balancers"), values.get("volume_gib"))
-    return {k: row[k] for k in QUOTA_KEYS}
+async def tenant_quota_set(db: DB, tenant_id: str, values: dict[str, int | None]) -> dict[str, int]:
+    """Set the given limits (a None value: back to the default); returns the tenant's own limits
+    (one statement)."""
+    given = {k: v for k, v in values.items() if v is not None}
+    rows = await db.fetch(q("tenant_quota_limits_set"), tenant_id, list(given), list(given.values()),
+                          [k for k, v in values.items() if v is None])
+    return {r["unit"]: int(r["quota"]) for r in rows}
 
 
-async def tenant_quota_lock_usage(db: DB, tenant_id: str) -> dict[str, int]:
-    """Take the tenant's quota lock (until the transaction ends), then read its use (in a
-    statement of its own: it sees what the lock's previous holder committed)."""
+async def tenant_quota_lock(db: DB, tenant_id: str) -> None:
+    """Take the tenant's quota lock (until the transaction ends); count in statements after it."""
     await db.execute(q("tenant_quota_lock"), tenant_id)
-    row = await db.fetchrow(q("tenant_quota_usage"), tenant_id)
-    return {k: int(row[k]) for k in QUOTA_KEYS}
 
 
-async def tenant_quota_usage(db: DB, tenant_id: str) -> dict[str, int]:
-    """The tenant's use, read without the quota lock (``GET /v1/quota``: a moment's view)."""
-    row = await db.fetchrow(q("tenant_quota_usage"), tenant_id)
-    return {k: int(row[k]) for k in QUOTA_KEYS}
+async def tenant_quota_count(db: DB, query: str, tenant_id: str) -> dict[str, int]:
+    """One type's use of its quotas: its named query ``query`` (one row, a column per unit)."""
+    row = await db.fetchrow(q(query), tenant_id)
+    return {k: int(v) for k, v in row.items()}
 
 
 # ---------------------------------------------------------------- job actions (cancel, re-run)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from z9.resources.address.model import Address
-from z9.resources import Buffered, ResourceType, on_final_delete, register
+from z9.resources import Buffered, QuotaUnit, QuotaUsage, ResourceType, on_final_delete, register
 
 # the job kinds of this type (the ``kind`` column's values)
 ADDRESS_CREATE = "AddressCreate"
@@ -62,6 +62,10 @@ ADDRESS: ResourceType[Address] = register(ResourceType(
     # cluster's address goes with its owner)
     deletion_rules=("protected", "must_be_unassigned", "load_balancer_address", "cluster_endpoint"),
     order=20,
+    quotas=(QuotaUnit("addresses", "addresses", example=(5, 1)),),
+    quota_usage=QuotaUsage("address_quota_usage", {
+        "addresses": "addresses (whoever holds them: primary ones, load balancers' VIPs and appliances', "
+                     "clusters' endpoints)"}),
 ))
 
 

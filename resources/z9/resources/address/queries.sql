@@ -310,3 +310,8 @@ FOR UPDATE OF i SKIP LOCKED
 UPDATE address_pool_ips i SET address_id = <address>, reusable_after = NULL
 FROM slot WHERE i.pool_id = slot.pool_id AND i.ip = slot.ip
 RETURNING i.ip
+
+-- name: address_quota_usage
+-- The tenant's addresses' part of its quota use (after tenant_quota_lock, in a new statement):
+-- its addresses not yet deleted, whoever holds them.
+SELECT count(*) AS addresses FROM addresses WHERE tenant_id = $1 AND status <> 'deleted';

@@ -15,7 +15,7 @@ from typing import Any
 
 from z9.common import store as common_store  # (not `store`: the slice's own store module is z9.resources.cluster.store)
 from z9.resources.cluster.model import Cluster
-from z9.resources import Immediate, Periodic, ResourceType, register
+from z9.resources import Immediate, Periodic, QuotaUsage, ResourceType, register
 from z9.resources.cluster import store as cluster_store
 
 # the job kinds of this type (the ``kind`` column's values)
@@ -48,4 +48,9 @@ CLUSTER: ResourceType[Cluster] = register(ResourceType(
     periodic=Periodic(kind=CLUSTER_OBSERVE, interval_setting="cluster_observe_interval_s",
                       statuses=("running", "degraded")),
     order=40,
+    # its members are VMs of the tenant (not servers: the servers quota leaves them out); its
+    # endpoint is an address (counted with the addresses)
+    quota_usage=QuotaUsage("cluster_quota_usage", {
+        "cores": "Kubernetes clusters' members' cores (control planes and pool members, as asked for)",
+        "memory_mib": "Kubernetes clusters' members' memory (MiB)"}),
 ))

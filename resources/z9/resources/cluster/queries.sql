@@ -102,3 +102,18 @@ RETURNING id;
 -- name: cluster_degraded_reason
 -- What an observation found missing, on a cluster it left degraded.
 UPDATE clusters SET status_reason = $2 WHERE id = $1 AND status = 'degraded';
+
+-- name: cluster_quota_usage
+-- The tenant's clusters' part of its quota use (after tenant_quota_lock, in a new statement): the
+-- cores and memory of their members as asked for (every control plane and every pool member is a
+-- VM of the tenant's), clusters not yet deleted.
+WITH members AS (
+    SELECT (c.control_plane->>'count')::bigint * (c.control_plane->>'cores')::bigint
+             + coalesce((SELECT sum((p->>'count')::bigint * (p->>'cores')::bigint)
+                         FROM jsonb_array_elements(c.node_pools) p), 0) AS cores,
+           (c.control_plane->>'count')::bigint * (c.control_plane->>'memory_mib')::bigint
+             + coalesce((SELECT sum((p->>'count')::bigint * (p->>'memory_mib')::bigint)
+                         FROM jsonb_array_elements(c.node_pools) p), 0) AS memory_mib
+    FROM clusters c WHERE c.tenant_id = $1 AND c.status <> 'deleted'
+)
+SELECT coalesce(sum(cores), 0) AS cores, coalesce(sum(memory_mib), 0) AS memory_mib FROM members;

@@ -8,7 +8,7 @@ import ipaddress
 from typing import Any
 
 from z9.resources.load_balancer.model import LoadBalancer
-from z9.resources import Buffered, Periodic, ResourceType, on_final_delete, register
+from z9.resources import Buffered, Periodic, QuotaUnit, QuotaUsage, ResourceType, on_final_delete, register
 from z9.resources.load_balancer import store as load_balancer_store
 
 # the job kinds of this type (the ``kind`` column's values)
@@ -39,6 +39,9 @@ LOAD_BALANCER: ResourceType[LoadBalancer] = register(ResourceType(
     periodic=Periodic(kind=LOAD_BALANCER_OBSERVE, interval_setting="lb_health_interval_s",
                       statuses=("active", "failed")),
     order=30,
+    quotas=(QuotaUnit("load_balancers", "load balancers", example=(2, 0)),),
+    quota_usage=QuotaUsage("load_balancer_quota_usage", {
+        "load_balancers": "load balancers (each also uses 2 or 3 addresses)"}),
 ))
 
 

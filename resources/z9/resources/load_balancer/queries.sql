@@ -82,3 +82,8 @@ RETURNING host(i.ip) AS ip;
 -- The target servers of a load balancer, as z9 knows them: status, power and primary IPv4.
 SELECT id, status::text AS status, power_state, host(primary_ipv4) AS ip, region
 FROM servers WHERE id = ANY($1::text[]);
+
+-- name: load_balancer_quota_usage
+-- The tenant's load balancers' part of its quota use (after tenant_quota_lock, in a new
+-- statement): its load balancers not yet deleted (their addresses are counted as addresses).
+SELECT count(*) AS load_balancers FROM load_balancers WHERE tenant_id = $1 AND status <> 'deleted';

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from z9.resources.server.model import Server
-from z9.resources import Buffered, ResourceType, register
+from z9.resources import Buffered, QuotaUnit, QuotaUsage, ResourceType, register
 from z9.resources.server import store as server_store
 from z9.resources.address import ADDRESS_ASSIGN
 
@@ -65,4 +65,8 @@ SERVER: ResourceType[Server] = register(ResourceType(
     deletion=Buffered(first_kind=SERVER_STOP, final_kind=SERVER_DELETE),
     statuses=STATUSES, restore=restore, intent=intent, rerun_with=rerun_with,
     order=10,
+    quotas=(QuotaUnit("servers", "servers", example=(10, 2)), QuotaUnit("cores", "cores", example=(None, 4)),
+            QuotaUnit("memory_mib", "MiB of memory", example=(None, 4096))),
+    quota_usage=QuotaUsage("server_quota_usage", {"servers": "servers", "cores": "servers' cores",
+                                                  "memory_mib": "servers' memory (MiB)"}),
 ))

@@ -56,3 +56,9 @@ CROSS JOIN LATERAL (SELECT id, kind, status, args FROM jobs
                     WHERE resource_id = a.id ORDER BY seq DESC LIMIT 1) j
 WHERE a.server_id = $1 AND a.kind = 'primary'
   AND j.kind = $2 AND j.status = 'failed' AND j.args ->> 'server_id' = $1;
+
+-- name: server_quota_usage
+-- The tenant's servers' part of its quota use (after tenant_quota_lock, in a new statement): its
+-- servers not yet deleted, their cores and memory.
+SELECT count(*) AS servers, coalesce(sum(cores), 0) AS cores, coalesce(sum(memory_mib), 0) AS memory_mib
+FROM servers WHERE tenant_id = $1 AND status <> 'deleted';

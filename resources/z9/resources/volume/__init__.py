@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from z9.common.models import _labels, _ts
 
-from z9.resources import Buffered, ResourceType, on_deletion, on_final_delete, on_restore, register
+from z9.resources import Buffered, QuotaUnit, QuotaUsage, ResourceType, on_deletion, on_final_delete, on_restore, register
 
 STATUSES = ("creating", "available", "attached", "deleting", "destroying", "deleted", "failed")
 
@@ -112,6 +112,8 @@ VOLUME: ResourceType[Volume] = register(ResourceType(
     kinds=(VOLUME_CREATE, VOLUME_ATTACH, VOLUME_DETACH, VOLUME_RESIZE, VOLUME_DELETE),
     deletion=Buffered(first_kind=VOLUME_DETACH, final_kind=VOLUME_DELETE),
     statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale, order=50,
+    quotas=(QuotaUnit("volume_gib", "GiB of volumes", example=(1000, 50)),),
+    quota_usage=QuotaUsage("volume_quota_usage", {"volume_gib": "volumes' sizes (GiB)"}),
 ))
 
 
@@ -119,7 +121,7 @@ VOLUME: ResourceType[Volume] = register(ResourceType(
 
 from z9.resources.volume import store  # noqa: E402  (the slice's store needs the type above)
 from z9.resources.volume.store import (  # noqa: E402
-    gib_used, get, get_for_update, insert, list_rows, observed, of_server, patch, set_server, set_size)
+    get, get_for_update, insert, list_rows, observed, of_server, patch, set_server, set_size)
 
 
 # ---------------------------------------------------------------- a server's final delete

@@ -64,6 +64,7 @@ WHERE v.tenant_id = $2 AND v.server_id IS NULL AND v.status NOT IN ('deleting', 
        WHERE j.resource_type = 'volume' AND j.resource_id = v.id ORDER BY j.seq DESC LIMIT 1)
 ORDER BY v.id FOR UPDATE OF v;
 
--- name: volume_gib_used
--- The tenant's volume_gib use: the sizes of its volumes not yet deleted.
-SELECT coalesce(sum(size_gib), 0) FROM volumes WHERE tenant_id = $1 AND status <> 'deleted';
+-- name: volume_quota_usage
+-- The tenant's volumes' part of its quota use (after tenant_quota_lock, in a new statement): the
+-- sizes of its volumes not yet deleted.
+SELECT coalesce(sum(size_gib), 0) AS volume_gib FROM volumes WHERE tenant_id = $1 AND status <> 'deleted';

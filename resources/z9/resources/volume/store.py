@@ -68,8 +68,4 @@ async def detached_by_deletion_of(db: Any, server_id: str, tenant_id: str, detac
                                                           detach_kind)]
 
 
-async def gib_used(db: Any, tenant_id: str) -> int:
-    return int(await db.fetchval(q("volume_gib_used"), tenant_id))
-
-
 translate_errors(globals(), __name__)

@@ -39,10 +39,10 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Awaitable, Callable, Literal
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from z9.common import store
 from z9.common.clock import SYSTEM, Clock
@@ -51,6 +51,8 @@ from z9.common.ids import id_pattern, is_id
 from z9.common.requestctx import ACTOR_TOKEN_ID
 
 from . import resources as api
+# the bodies the client shares (pydantic only), re-exported
+from .bodies import Token, TokenCreate, TokenCreated  # noqa: F401
 from .middleware import TokenBuckets
 
 log = logging.getLogger("z9.api")
@@ -124,40 +126,6 @@ def client_key(remote: str | None) -> str:
 
 
 # ---------------------------------------------------------------------------------- models
-
-class TokenCreate(BaseModel):
-    """``POST /v1/tokens``: a token for the caller's tenant. ``scopes``: ``read`` and/or
-    ``write`` (at most the caller's own); ``expires_in_s``: seconds until it stops working
-    (none: until revoked)."""
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"name": "ci", "scopes": ["read"], "expires_in_s": 86400}]})
-
-    name: StrictStr = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    scopes: list[Literal["read", "write"]] = Field(default_factory=lambda: ["read", "write"], min_length=1,
-                                                   max_length=2)
-    expires_in_s: StrictInt | None = Field(default=None, ge=60, le=5 * 366 * 86400)
-
-
-class Token(BaseModel):
-    """A token as listed (never its secret)."""
-
-    id: str
-    name: str
-    scopes: list[str]
-    created_at: datetime
-    expires_at: datetime | None = None
-    last_used_at: datetime | None = None
-    revoked_at: datetime | None = None
-    created_by: str | None = None
-
-
-class TokenCreated(BaseModel):
-    """The answer to ``POST /v1/tokens``: the token and its secret, shown this once."""
-
-    token: Token
-    secret: str
-
 
 class TokenList(BaseModel):
     """A page of tokens (``GET /v1/tokens``)."""
