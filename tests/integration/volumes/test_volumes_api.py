@@ -9,7 +9,6 @@ import asyncio
 import json
 from typing import Any
 
-import pytest
 
 from z9.common import store
 from z9.common.clock import TestClock
