@@ -9,7 +9,6 @@ import asyncio
 import json
 from typing import Any
 
-import pytest
 
 from z9.common import store
 from z9.common.clock import TestClock
@@ -229,3 +228,50 @@ async def test_volume_gib_quota_is_race_free(stack: Stack, sim: SimAdmin) -> Non
     assert sorted(got).count(202) == 3 and all(s in (202, 403) for s in got), got
     status, out = await stack.call("GET", "/quota", token=token)
     assert out["quotas"]["volume_gib"] == {"limit": 10, "used": 9}
+
+
+async def _api_waiters(db: Any) -> int:
+    """How many of the API's requests wait on a lock now (the stack's API pool is the test's, named ``z9``;
+    the executor, scheduler and reaper have pools of their own)."""
+    return await db.fetchval(
+        "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE NOT l.granted AND a.datname = current_database() AND a.pid <> pg_backend_pid() "
+        "AND a.application_name = 'z9'")
+
+
+async def test_an_attach_racing_the_servers_delete_never_leaves_it_meant_for_a_deleting_server(
+        stack: Stack, sim: SimAdmin) -> None:
+    """A DELETE of the server and an attach to it in flight at once: either the attach comes first (and the
+    delete's hook detaches the volume again) or it is refused (409 resource_deleting) — never a volume meant
+    for a server whose deletion has already looked for its volumes."""
+    import asyncpg
+
+    s = await _server(stack, "vol-race")
+    status, out = await stack.call("POST", "/volumes", json={"name": "racer", "region": REGION, "size_gib": 1})
+    assert status == 202, out
+    vid = out["volume"]["id"]
+    await _settled(stack, vid)
+    blocker = await asyncpg.connect(stack.settings.database_url)
+    try:
+        # hold the jobs table: the DELETE stops after marking the server deleting (its row lock held) and
+        # before its hook looks for the server's volumes; the attach arrives meanwhile
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        delete = asyncio.create_task(stack.call("DELETE", f"/servers/{s['id']}"))
+        await wait_until(lambda: _api_waiters(blocker), 20, "the DELETE waiting on the held lock", interval_s=0.02)
+        attach = asyncio.create_task(stack.call("POST", f"/volumes/{vid}/actions/attach", json={"server_id": s["id"]}))
+        await wait_until(lambda: _ge2(blocker), 20, "the attach waiting too", interval_s=0.02)
+        await tx.commit()
+        (ds, dout), (ast, aout) = await asyncio.wait_for(asyncio.gather(delete, attach), 20)
+    finally:
+        await blocker.close()
+    assert ds == 202, dout
+    assert ast == 409 and aout["error"]["code"] == "resource_deleting", aout
+    await _settled(stack, vid)
+    v = await _volume(stack, vid)
+    assert v["server_id"] is None and v["status"] == "available", v
+
+
+async def _ge2(db: Any) -> bool:
+    return await _api_waiters(db) >= 2

@@ -134,7 +134,10 @@ def check(settings: Settings, spec: VolumeCreate) -> None:
 
 
 async def _server(conn: Any, tenant_id: str, server_id: str, region: str) -> Server:
-    server = await server_store.server_get(conn, server_id, tenant_id)
+    """The server a volume is to be attached to, locked (FOR UPDATE) until the request's transaction ends:
+    a DELETE of the server marks it deleting under that lock and then detaches the volumes meant for it,
+    so an attach either commits first (and that delete finds it) or sees the server deleting (409)."""
+    server = await server_store.server_get_for_update(conn, server_id, tenant_id)
     if server is None:
         raise ValidationFailed(f"server_id: no server {server_id!r}",
                                details=[{"field": "server_id", "message": "unknown server"}])
@@ -189,7 +192,7 @@ def _operations(api: ApiResource) -> list[Operation]:
                            **deleting("volume", row.id, row.status))
         return row
 
-    async def _action(request: web.Request, route: str, body: Any, fn: Any) -> web.Response:
+    async def _action(request: web.Request, route: str, body: Any, fn: Any, server_id: str | None = None) -> web.Response:
         settings, pool, tenant_id = request.app[SETTINGS], request.app[POOL], tenant(request)
         key = idempotency_key(request)
         req_hash = request_hash(route, [request.match_info["id"], body])
@@ -197,6 +200,10 @@ def _operations(api: ApiResource) -> list[Operation]:
             replay = await idempotency_begin(conn, tenant_id, key, req_hash)
             if replay is not None:
                 return replay
+            if server_id is not None:
+                # the server's row before the volume's, the order a server's DELETE takes them in (it marks
+                # the server deleting, then locks the volumes meant for it): no deadlock between the two
+                await server_store.server_get_for_update(conn, server_id, tenant_id)
             row0 = await _locked(conn, request)
             row, kind, args, extra = await fn(conn, settings, tenant_id, row0)
             await room_for_a_job(conn, settings, "volume", row.id)
@@ -219,7 +226,8 @@ def _operations(api: ApiResource) -> list[Operation]:
             row = await vol.set_server(conn, v.id, server.id)
             return row, vol.VOLUME_ATTACH, {"server_id": server.id}, (server.id,)
 
-        return await _action(request, "POST /volumes/{id}/actions/attach", spec.model_dump(), fn)
+        return await _action(request, "POST /volumes/{id}/actions/attach", spec.model_dump(), fn,
+                             server_id=spec.server_id)
 
     async def detach(request: web.Request) -> web.Response:
         async def fn(conn: Any, settings: Settings, tenant_id: str, v: Volume) -> Any:
