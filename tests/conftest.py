@@ -24,7 +24,7 @@ from z9.common.settings import AddressPoolSettings, RegionSettings, Settings
 from z9.db import migrate
 from z9.sim.server import SimConfig, SimServer, start_simulator
 
-from tests.support import REGION, SIM_TIMING, SimAdmin, Stack, api_stack, with_database
+from tests.support import REGION, SERVICE_SETTINGS, SIM_TIMING, Services, SimAdmin, Stack, api_stack, service_env, with_database
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
@@ -171,3 +171,17 @@ async def stack(api: Stack, sim: SimAdmin) -> AsyncIterator[Stack]:
     for name in ("executor", "scheduler", "reaper"):
         await api.start_service(name)
     yield api
+
+
+@pytest.fixture
+async def services(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
+    """Real service processes (:class:`tests.support.Services`) on the test's settings with the fast
+    engine settings (:data:`tests.support.SERVICE_SETTINGS`); their logs printed at teardown (pytest
+    shows them with a failing test). A file needing other values defines its own."""
+    svc = Services(service_env(settings, **SERVICE_SETTINGS), tmp_path)
+    try:
+        yield svc
+    finally:
+        svc.close()
+        print(svc.logs())
+

@@ -17,7 +17,7 @@ import random
 import re
 import signal
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -26,25 +26,12 @@ from z9.common import store
 from z9.common.settings import Settings
 from z9.common.tags import identity_tag, normalize_tags
 
-from tests.support import (REGION, Services, SimAdmin, Stack, free_port, install_job_log, job_log, make_tenant,
+from tests.support import (REGION, SERVICE_SETTINGS, Services, SimAdmin, Stack, free_port, install_job_log, job_log, make_tenant,
                            overlapping, runs, service_env, wait_until, with_database)
 from z9.resources.server import store as server_store
 
-# Fast engine settings for the service processes (seconds).
-FAST = dict(lease_ttl_s=2, heartbeat_s=0.25, task_poll_s=0.1, poll_interval_s=1, scheduler_interval_s=0.1,
-            reaper_interval_s=0.1, backoff_base_s=0.2, backoff_cap_s=1, snooze_s=0.2, uncertain_window_s=1,
-            shutdown_grace_s=5, task_deadline_s=60,
-            server_guest_poll_s=0.1)  # as the in-process stack (tests/conftest.py): the default 1 s polled each boot 1 s late
-
-
-@pytest.fixture
-async def services(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
-    svc = Services(service_env(settings, **FAST), tmp_path)
-    try:
-        yield svc
-    finally:
-        svc.close()
-        print(svc.logs())  # shown with a failing test
+# Fast engine settings for the service processes (seconds): the ones every kill test uses.
+FAST = SERVICE_SETTINGS  # (tests/support.py)
 
 
 async def _row(pool: asyncpg.Pool, job_id: str) -> dict[str, Any]:

@@ -3,30 +3,13 @@ simulator over HTTPS): killed in an attach's reassign, a detach's unplug or its 
 resumes from what exists — the disk ends attached once, to one VM, and no unusedN is left on any VM."""
 from __future__ import annotations
 
-from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 
 from z9.resources import volume as vol
 from z9.resources.server import store as server_store
-from z9.common.settings import Settings
 
-from tests.support import REGION, Services, SimAdmin, Stack, service_env, wait_until
-
-FAST = dict(lease_ttl_s=2, heartbeat_s=0.25, task_poll_s=0.1, poll_interval_s=1, scheduler_interval_s=0.1,
-            reaper_interval_s=0.1, backoff_base_s=0.2, backoff_cap_s=1, snooze_s=0.2, uncertain_window_s=1,
-            shutdown_grace_s=5, task_deadline_s=60,
-            server_guest_poll_s=0.1)  # as the in-process stack (tests/conftest.py): the default 1 s polled each boot 1 s late
-
-
-@pytest.fixture
-async def services(settings: Settings, tmp_path: Path) -> AsyncIterator[Services]:
-    svc = Services(service_env(settings, **FAST), tmp_path)
-    try:
-        yield svc
-    finally:
-        svc.close()
+from tests.support import REGION, Services, SimAdmin, Stack, wait_until
 
 
 async def _server(stack: Stack, name: str) -> dict:

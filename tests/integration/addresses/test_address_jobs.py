@@ -12,7 +12,7 @@ from z9.common import store
 from z9.common.settings import AddressPoolSettings
 from z9.common.tags import normalize_tags
 
-from tests.support import REGION, SimAdmin, Stack
+from tests.support import SERVICE_SETTINGS, REGION, SimAdmin, Stack
 from z9.resources.address import store as address_store
 from z9.resources.server import store as server_store
 
@@ -110,10 +110,7 @@ from z9.common.settings import Settings  # noqa: E402
 
 from tests.support import Services, service_env, wait_until  # noqa: E402
 
-FAST = dict(lease_ttl_s=2, heartbeat_s=0.25, task_poll_s=0.1, poll_interval_s=1, scheduler_interval_s=0.1,
-            reaper_interval_s=0.1, backoff_base_s=0.2, backoff_cap_s=1, snooze_s=0.2, uncertain_window_s=1,
-            shutdown_grace_s=5, task_deadline_s=60,
-            server_guest_poll_s=0.1)  # as the in-process stack (tests/conftest.py): the default 1 s polled each boot 1 s late
+FAST = SERVICE_SETTINGS  # (tests/support.py)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from z9.common.tags import normalize_tags
 
 from tests.guest_tools import require_guest_tools
-from tests.support import REGION, SimAdmin, Stack, wait_until
+from tests.support import SERVICE_SETTINGS, REGION, SimAdmin, Stack, wait_until
 
 # the operator-provided appliance template (HAProxy, keepalived, the guest agent), put in place
 # the way an operator imports one: a template VM named as the region's lb_image setting
@@ -381,10 +381,7 @@ from z9.common.settings import Settings  # noqa: E402
 
 from tests.support import Services, service_env  # noqa: E402
 
-FAST = dict(lease_ttl_s=2, heartbeat_s=0.25, task_poll_s=0.1, poll_interval_s=1, scheduler_interval_s=0.1,
-            reaper_interval_s=0.1, backoff_base_s=0.2, backoff_cap_s=1, snooze_s=0.2, uncertain_window_s=1,
-            shutdown_grace_s=5, task_deadline_s=60, lb_health_interval_s=3600,
-            server_guest_poll_s=0.1)  # as the in-process stack (tests/conftest.py): the default 1 s polled each boot 1 s late
+FAST = dict(SERVICE_SETTINGS, lb_health_interval_s=3600)  # (tests/support.py) health polled by the tests
 
 
 @pytest.fixture
