@@ -18,6 +18,12 @@ def _labels(r: Any) -> dict[str, str]:
         return {}
 
 
+def row_of(cls: Any, r: Any) -> Any:
+    """A resource row model (a dataclass whose fields are the table's columns, ``labels`` among
+    them) built from its record: every resource type's ``from_record``."""
+    return cls(**{k: r[k] for k in cls.__dataclass_fields__ if k != "labels"}, labels=_labels(r))
+
+
 def _ts(v: datetime | None) -> str | None:
     return v.isoformat().replace("+00:00", "Z") if v else None
 

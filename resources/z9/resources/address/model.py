@@ -7,7 +7,7 @@ from typing import Any
 
 import asyncpg
 
-from z9.common.models import _labels, _ts
+from z9.common.models import _ts, row_of
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Address:
 
     @classmethod
     def from_record(cls, r: asyncpg.Record) -> "Address":
-        return cls(**{k: r[k] for k in cls.__dataclass_fields__ if k != "labels"}, labels=_labels(r))
+        return row_of(cls, r)
 
     @property
     def ip_text(self) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import asyncpg
 
-from z9.common.models import _ip, _labels, _ts
+from z9.common.models import _ip, _ts, row_of
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Cluster:
 
     @classmethod
     def from_record(cls, r: asyncpg.Record) -> "Cluster":
-        return cls(**{k: r[k] for k in cls.__dataclass_fields__ if k != "labels"}, labels=_labels(r))
+        return row_of(cls, r)
 
     def endpoint(self) -> str | None:
         """``https://<ip>:6443`` (the control-plane endpoint), or None."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import asyncpg
 
-from z9.common.models import _labels, _ts
+from z9.common.models import _ts, row_of
 
 
 @dataclass
@@ -43,7 +43,7 @@ class LoadBalancer:
 
     @classmethod
     def from_record(cls, r: asyncpg.Record) -> "LoadBalancer":
-        return cls(**{k: r[k] for k in cls.__dataclass_fields__ if k != "labels"}, labels=_labels(r))
+        return row_of(cls, r)
 
     @property
     def members(self) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from z9.common.models import _labels, _ts
+from z9.common.models import _ts, row_of
 
 from z9.resources import Buffered, QuotaUnit, QuotaUsage, ResourceType, on_deletion, on_final_delete, on_restore, register
 
@@ -57,7 +57,7 @@ class Volume:
 
     @classmethod
     def from_record(cls, r: Any) -> "Volume":
-        return cls(**{k: r[k] for k in cls.__dataclass_fields__ if k != "labels"}, labels=_labels(r))
+        return row_of(cls, r)
 
     def public(self) -> dict[str, Any]:
         """``GET /v1/volumes/{id}``."""
