@@ -141,7 +141,7 @@ DESCRIPTIONS: dict[str, str] = {
     "idempotency_retention_s": "How long an `Idempotency-Key` answer is kept.",
     "lb_health_interval_s": "Load balancer health is at most this old: the reaper enqueues an observe-only "
                             "`LoadBalancerObserve` for every live load balancer not observed for this long "
-                            "(and without a live job). See `docs/load-balancers.md`.",
+                            "(and without a live job). See `resources/z9/resources/load_balancer/README.md`.",
     "lb_max_target_services": "Most targets × services of one load balancer (each one HAProxy server line and one health "
                               "check); past it: 409 `resource_limit_exceeded` naming the setting.",
     "lb_max_checks_per_s": "Most health checks per second one appliance makes (the sum over targets × services of "
@@ -203,7 +203,7 @@ REGION_DESCRIPTIONS: dict[str, str] = {
                      "reserved?: [ip…], bridge? (vmbr0), vlan?, nameservers?, quarantine_s? (3600)}`; `range` "
                      "defaults to every host address, at most 65,536 per pool; pools of a region must not "
                      "overlap. Written to the database by `z9 migrate` and every API start; a pool taken "
-                     "out is disabled, not deleted. See `docs/addresses.md`.",
+                     "out is disabled, not deleted. See `resources/z9/resources/address/README.md`.",
     "platform_networks": "Networks of the platform in the region (the region agent's network, the Proxmox nodes', "
                          "storage, management; list of CIDRs): never a load balancer's `ip` target (422, rule "
                          "`platform_network`), whatever `lb_target_private_networks` says. Every address pool's network "
@@ -218,9 +218,9 @@ REGION_DESCRIPTIONS: dict[str, str] = {
                        "the guest's static cloud-init network and puts the Proxmox IP filter on with exactly it "
                        "before the VM first starts, so a guest cannot take an address it was not given. Unset: "
                        "such guests take DHCP from the bridge and stay unfiltered (z9 cannot know their lease). "
-                       "Never a load balancer's `ip` target (rule `address_pool`). See `docs/addresses.md`.",
+                       "Never a load balancer's `ip` target (rule `address_pool`). See `resources/z9/resources/address/README.md`.",
     "lb_image": "Name of the operator-provided template load balancer appliances are cloned from (HAProxy, "
-                "keepalived, the QEMU guest agent enabled, a cloud-init drive). See `docs/load-balancers.md`.",
+                "keepalived, the QEMU guest agent enabled, a cloud-init drive). See `resources/z9/resources/load_balancer/README.md`.",
 }
 
 #: Variables outside the settings model (read by one tool or by the tests), listed by hand.

@@ -304,7 +304,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
                   # the simulator's debian-12 template has a 2 GiB disk (simulator/z9/sim/server.py)
                   "image_disk_gib": {"debian-12": 2}, "address_pools": DEV_ADDRESS_POOLS,
                   # the simulated bridge's DHCP network (10/8), where the region agent VM lives: never a
-                  # load balancer's ip target (docs/load-balancers.md)
+                  # load balancer's ip target (resources/z9/resources/load_balancer/README.md)
                   "platform_networks": ["10.0.0.0/8"],
                   # every guest without a pool address (a server without a primary, cluster members)
                   # gets its address here, chosen by z9, and the Proxmox IP filter holding exactly it

@@ -32,7 +32,8 @@ def test_every_public_method_of_the_client_is_in_one_capability() -> None:
         for name in _methods(cap):
             owners.setdefault(name, []).append(cap.__name__)
     assert all(len(v) == 1 for v in owners.values()), owners
-    extra = set(_methods(ProxmoxClient)) - set(owners) - {"close"}
+    # close: the executor's; call: the error boundary a slice's own adapter calls through (volume/pve.py)
+    extra = set(_methods(ProxmoxClient)) - set(owners) - {"close", "call"}
     assert not extra, f"ProxmoxClient methods in no capability: {sorted(extra)}"
     assert set(_methods(caps.Pve)) >= set(owners)
 

@@ -172,6 +172,13 @@ class ResourceType(Generic[R]):
     # type's): every list of quota units is derived from these (quota_units())
     quotas: tuple[QuotaUnit, ...] = ()
     quota_usage: QuotaUsage | None = None
+    # the deletion guard of what this type keeps on other types' VMs (a volume's disk on a server):
+    # guard(vmid, node, config) raises GuardRefusal when destroying that VM would destroy it too; the
+    # executor runs every type's before it destroys any VM (refuse_vm_destroy)
+    vm_destroy_guard: Callable[[int, str, Any], None] | None = None
+    # the Proxmox endpoints the type's own capability adapter calls through ProxmoxClient.call
+    # ("METHOD /path/template"), beyond the client's: their metric series are pre-created
+    pve_endpoints: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9]{1,3}", self.prefix) or self.prefix in GENERIC_PREFIXES:
@@ -417,6 +424,19 @@ async def restore_dependents(conn: Any, type_name: str, row: Any, settings: Any)
     if not jobs:
         return []
     return list(await store.job_insert_many(conn, jobs))
+
+
+def refuse_vm_destroy(vmid: int, node: str, config: Any) -> None:
+    """Every type's ``vm_destroy_guard`` on the config of a VM about to be destroyed: the first that
+    refuses raises its GuardRefusal (permanent)."""
+    for rt in types():
+        if rt.vm_destroy_guard is not None:
+            rt.vm_destroy_guard(vmid, node, config)
+
+
+def pve_endpoints() -> tuple[str, ...]:
+    """Every endpoint the types' own Proxmox adapters declare (no duplicates, in registry order)."""
+    return tuple(dict.fromkeys(e for rt in types() for e in rt.pve_endpoints))
 
 
 def periodic() -> list[ResourceType[Any]]:

@@ -567,6 +567,19 @@ def test_every_proxmox_endpoint_has_pre_created_series() -> None:
     assert used and used == set(proxmox.ENDPOINTS)
 
 
+def test_every_endpoint_a_slice_calls_is_declared() -> None:
+    # a slice's own Proxmox adapter (resources/z9/resources/<type>/pve.py) calls through
+    # ProxmoxClient.call: what it calls is the client's or its type's declared pve_endpoints
+    from z9 import resources
+    declared = set(proxmox.ENDPOINTS) | set(resources.pve_endpoints())
+    adapters = [Path(resources.__file__).parent / rt.name / "pve.py" for rt in resources.types()]
+    adapters = [p for p in adapters if p.exists()]
+    assert adapters
+    for p in adapters:
+        used = set(re.findall(r'"((?:GET|POST|PUT|DELETE) /[^"]*)"', p.read_text()))
+        assert used and used <= declared, (p, used - declared)
+
+
 # ---------------------------------------------------------------------------------- outcomes
 
 async def test_retries_task_failures_and_proxmox_statuses_are_counted(stack: Stack, sim: SimAdmin) -> None:

@@ -1,4 +1,4 @@
-"""A volume's reconciler (z9.resources.volume.jobs.reconcile, z9.executor.disks): the pure plan on hand-built worlds, the
+"""A volume's reconciler (z9.resources.volume.jobs.reconcile, z9.resources.volume.disks): the pure plan on hand-built worlds, the
 disk finder and the deletion guard, and the steps against the simulator over HTTPS — create, attach to a
 running server (the guest sees the disk by its serial), grow online, detach, attach elsewhere, delete —
 including a job cut short after any step and resumed from what exists."""
@@ -14,10 +14,10 @@ from z9.common.errors import GuardRefusal, PermanentError, Snooze
 from z9.common.settings import RegionSettings
 from z9.common.tags import customer_vm_tags, format_tags, identity_tag
 from z9.executor.context import Step
-from z9.executor.disks import find_volume_disk, free_drive_key, parse_disks, volume_serial
-from z9.executor.guard import guard_disks
+from z9.resources.volume.disks import find_volume_disk, free_drive_key, parse_disks, volume_serial
+from z9.resources.volume.guard import guard_disks
 from z9.executor.proxmox import ProxmoxClient, VmState
-from z9.executor.proxmox_disks import ProxmoxDisks
+from z9.resources.volume.pve import ProxmoxDisks
 from z9.resources.volume.jobs.reconcile import Placed, StepEnv, VolumeIntent, VolumeWorld, apply_step, observe, plan
 
 from tests.support import wait_until, SimAdmin

@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from z9.common.models import _ts, row_of
 
 from z9.resources import Buffered, QuotaUnit, QuotaUsage, ResourceType, on_deletion, on_final_delete, on_restore, register
+from z9.resources.volume.disks import volume_serial
+from z9.resources.volume.guard import refuse_destroy_with_volumes
 
 STATUSES = ("creating", "available", "attached", "deleting", "destroying", "deleted", "failed")
 
@@ -76,8 +78,8 @@ class Volume:
 
 def serial_of(volume_id: str) -> str:
     """The drive serial a volume's disk carries (``z9`` + the id's last 18 characters; the executor's
-    ``z9.executor.disks.volume_serial``): what the guest sees in lsblk and ``/dev/disk/by-id``."""
-    return "z9" + volume_id.rsplit("_", 1)[-1].lower()[-18:]
+    ``disks.volume_serial``): what the guest sees in lsblk and ``/dev/disk/by-id``."""
+    return volume_serial(volume_id)
 
 
 def restore(v: Volume) -> tuple[str, dict[str, Any]]:
@@ -114,6 +116,8 @@ VOLUME: ResourceType[Volume] = register(ResourceType(
     statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale, order=50,
     quotas=(QuotaUnit("volume_gib", "GiB of volumes", example=(1000, 50)),),
     quota_usage=QuotaUsage("volume_quota_usage", {"volume_gib": "volumes' sizes (GiB)"}),
+    vm_destroy_guard=refuse_destroy_with_volumes,
+    pve_endpoints=("POST /nodes/{node}/qemu", "POST /nodes/{node}/qemu/{vmid}/move_disk"),
 ))
 
 

@@ -128,8 +128,8 @@ class Accepted(Response):
     asks for more than one job's work — a server created with ``public_ipv4`` is a ServerCreate
     and an AddressAssign — is done (what was asked for is in place: the server reachable at its
     address) when every job of ``jobs`` has succeeded; ``z9 … --wait`` follows them all. So does a
-    delete or a cancelled deletion whose dependents react (a server's volumes detached, attached
-    back: their VolumeDetach/VolumeAttach are in ``jobs``). Every other 202 makes one job (``jobs`` is
+    delete or a cancelled deletion whose dependents react (the jobs of the registry's deletion and
+    restore hooks — what another type does with its rows on that resource — are in ``jobs``). Every other 202 makes one job (``jobs`` is
     ``[job]``)."""
 
     jobs: list[JobRef] = Field(default_factory=list, description="every job the request made, `job` first: the "

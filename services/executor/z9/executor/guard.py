@@ -13,19 +13,20 @@ and checked again (:func:`reread_guarded`); a VM whose config another task locks
 
 Kept apart from the VM machinery (:mod:`z9.executor.vms`), which calls it before every
 destructive step, so that what decides "may z9 touch this VM" is one short module with its own
-tests (tests/unit/test_deletion_guard.py).
+tests (tests/unit/test_deletion_guard.py). What another resource type keeps on a VM that is not the
+VM's own (a volume's disk on a server) is guarded by that type, through the registry
+(:func:`z9.resources.refuse_vm_destroy`, called before every destroy).
 """
 from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Mapping
+from typing import Any
 
 from z9.common.errors import GuardRefusal, TemporaryError
 from z9.common.tags import ROLE_CUSTOMER, identity_tag, platform_roles
 
 from .context import JobContext
-from .disks import is_volume_serial, parse_disks
 from .proxmox import VmLocked, VmState
 
 log = logging.getLogger("z9.executor.vms")  # the guard's refusals log where they always did
@@ -109,25 +110,3 @@ async def reread_guarded(ctx: JobContext, owner: str, vm: VmState) -> VmState:
     guard(owner, st)
     refuse_if_locked(st)
     return st
-
-
-def guard_disks(vmid: int, node: str, config: Mapping[str, Any], *, allowed_serials: set[str],
-                own_keys: tuple[str, ...] = (), allowed_volids: set[str] | None = None, what: str = "destroy") -> None:
-    """Refuse (GuardRefusal, logged at error level) to ``what`` VM ``vmid`` while it holds a disk that
-    belongs to no volume of the job: any disk other than ``own_keys`` (the VM's own, e.g. a server's boot
-    disk) that carries a z9 volume serial not in ``allowed_serials``, or carries no such serial and is
-    not in ``allowed_volids`` (None: such disks — ones z9 did not attach — are the VM's own)."""
-    for d in parse_disks(config):
-        if d.key in own_keys:
-            continue
-        if d.serial is not None and is_volume_serial(d.serial):
-            if d.serial in allowed_serials:
-                continue
-            why = f"{d.key} ({d.volid}) is volume disk {d.serial}, not one this job deletes"
-        elif allowed_volids is None or d.volid in allowed_volids:
-            continue
-        else:
-            why = f"{d.key} ({d.volid}) belongs to no volume of this job"
-        msg = f"deletion guard refused to {what} VM {vmid} on {node}: {why}"
-        log.error(msg)
-        raise GuardRefusal(msg)

@@ -41,6 +41,7 @@ import orjson
 from proxmoxer import ProxmoxAPI
 from proxmoxer.core import ResourceException
 
+from z9 import resources
 from z9.common import metrics, tracing
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.settings import RegionSettings
@@ -214,7 +215,7 @@ class ProxmoxClient:
             service="PVE",
         )
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix=f"pve-{region}")
-        metrics.init_proxmox(region, ENDPOINTS)
+        metrics.init_proxmox(region, (*ENDPOINTS, *resources.pve_endpoints()))
         self.view = ClusterView(self._fetch_vms, settings.resources_snapshot_s, region,
                                 settings.resources_snapshot_create_s)
         self._vmid_lane = random.SystemRandom().randrange(VMID_LANES)
@@ -229,6 +230,19 @@ class ProxmoxClient:
         self.local_templates: set[int] = set()
         # (node, target) -> (read at, the images storages the two nodes share): see shared_storages
         self._shared: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}
+
+    @property
+    def api(self) -> ProxmoxAPI:
+        """The proxmoxer handle, for a capability adapter outside this module (a slice's own calls,
+        ``resources/z9/resources/<type>/pve.py``): only ever called inside :meth:`call`."""
+        return self._api
+
+    async def call(self, endpoint: str, what: str, fn: Callable[[], Any],
+                   answers: tuple[type[Exception], ...] = ()) -> Any:
+        """This adapter's one error boundary (:meth:`_call`) for a slice's capability adapter:
+        ``endpoint`` must be one its type declares (``ResourceType.pve_endpoints``, given
+        pre-created metric series like :data:`ENDPOINTS`)."""
+        return await self._call(endpoint, what, fn, answers)
 
     def close(self) -> None:
         """Stop the client's threads (requests in flight finish in the background)."""

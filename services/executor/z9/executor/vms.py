@@ -37,13 +37,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 from urllib.parse import quote
 
+from z9 import resources
 from z9.common import store
 from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.tags import (MEMBER_PREFIX, customer_vm_tags, format_tags, identity_tag, normalize_tags,
                             platform_roles)
 
 from .context import JobContext, Step, StepKind, StepKinds
-from .guard import (MAIN, carries_marker, guard, guard_disks, guard_own_clone, guard_suspect, marker, refuse_if_locked,
+from .guard import (MAIN, carries_marker, guard, guard_own_clone, guard_suspect, marker, refuse_if_locked,
                     refuse_platform)
 from .proxmox import CloneNeedsSharedStorage, OutcomeUnknown, TaskFailed, Upid, VmidTaken, VmLocked, VmRef, VmState
 
@@ -951,8 +952,9 @@ async def _stop_vm(ctx: JobContext, st: VmState, step: Step) -> None:
 async def _destroy_vm(ctx: JobContext, st: VmState, step: Step) -> None:
     if st.running:
         raise TemporaryError(f"VM {st.vmid} is running again; stopping it first next attempt")
-    # destroy_vm frees every disk the VM owns: never one of a volume (detached before, by its jobs)
-    guard_disks(st.vmid, st.node, st.config, allowed_serials=set(), allowed_volids=None)
+    # destroy_vm frees every disk the VM owns: never one another type keeps on it (a volume's, detached
+    # before by its jobs) — each type's vm_destroy_guard, through the registry
+    resources.refuse_vm_destroy(st.vmid, st.node, st.config)
     if str(st.config.get("protection", "0")) == "1":
         # Lift our protection on exactly the config the guard just read (digest), then destroy.
         await ctx.fence()

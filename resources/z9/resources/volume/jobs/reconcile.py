@@ -1,7 +1,7 @@
 """A volume's reconciler: its world, the pure plan and the idempotent steps (create, attach, detach,
 resize, delete).
 
-Where a volume's disk lives (see :mod:`z9.executor.disks` for identity):
+Where a volume's disk lives (see :mod:`z9.resources.volume.disks` for identity):
 
 - **detached**: on the volume's *anchor*, a stopped config-only VM (no NIC, never started) tagged
   ``z9-id-<vol>``, ``z9-member-volume``, ``z9-role-customer``, holding the disk as ``scsi0`` with the
@@ -27,7 +27,7 @@ behind (a detach ends on the anchor).
 
 The deletion guard: ``destroy`` re-reads the anchor and destroys it only if it carries the volume's
 identity and role tags (:func:`z9.executor.vms.guard`) and holds no disk but this volume's
-(:func:`z9.executor.guard.guard_disks`).
+(:func:`z9.resources.volume.guard.guard_disks`).
 """
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.tags import customer_vm_tags, format_tags
 
 from z9.executor.context import Step
-from z9.executor.disks import Disk, find_volume_disk, free_drive_key, parse_disks, volume_serial
-from z9.executor.guard import guard_disks
+from z9.resources.volume.disks import Disk, find_volume_disk, free_drive_key, parse_disks, volume_serial
+from z9.resources.volume.guard import guard_disks
 from z9.executor.proxmox import VmidTaken, VmState
-from z9.executor.proxmox_disks import DiskOps
+from z9.resources.volume.pve import DiskOps
 from z9.executor.vms import guard, refuse_if_locked
 
 log = logging.getLogger("z9.resources.volume")

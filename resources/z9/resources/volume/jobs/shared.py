@@ -21,7 +21,7 @@ from z9.common.errors import TemporaryError
 from z9.common.models import Job
 from z9.executor import vms
 from z9.executor.context import JobContext, Step
-from z9.executor.proxmox_disks import ProxmoxDisks
+from z9.resources.volume.pve import ProxmoxDisks
 from z9.resources import volume as vol
 from z9.resources.volume import VOLUME
 

@@ -1,5 +1,5 @@
 """VM disks as z9 sees them: a volume's disk found by its identity, never by its slot (the deletion
-guard for disks, :func:`z9.executor.guard.guard_disks`, reads them through :func:`parse_disks`).
+guard for disks, :func:`z9.resources.volume.guard.guard_disks`, reads them through :func:`parse_disks`).
 
 Identity. A volume's disk carries the volume's **serial** on its drive (``scsi2: ceph-vm:vm-123-disk-1,
 serial=z9…,size=10G``): :func:`volume_serial` (20 bytes, the most QEMU/PVE take: QemuServer/Drive.pm
@@ -13,7 +13,7 @@ recorded the volid it saw under the serial just before (:func:`find_volume_disk`
 detached volume lives on its own **anchor VM** (a stopped config-only VM tagged with the volume's identity,
 member ``volume``): any disk there is the volume's.
 
-Guard (in :mod:`z9.executor.guard`, beside the VM guard). :func:`~z9.executor.guard.guard_disks` refuses (GuardRefusal) to destroy a VM, or free one of its disks, when it
+Guard (:mod:`z9.resources.volume.guard`). :func:`~z9.resources.volume.guard.guard_disks` refuses (GuardRefusal) to destroy a VM, or free one of its disks, when it
 holds a disk that belongs to no volume the job is allowed to destroy: a server's delete refuses while a
 volume it was not told to delete is still on the VM (``destroy_vm`` frees every volume the VM owns, and a
 reassigned volume is owned by the VM it was moved to), and a volume's delete refuses when its anchor

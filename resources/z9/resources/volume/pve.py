@@ -1,8 +1,9 @@
-"""The Proxmox adapter's storage and disk capability: what a volume's job asks of a region.
+"""The volume's capability of the Proxmox adapter: what a volume's job asks of a region's storage and disks.
 
 A narrow Protocol (:class:`DiskOps`) that the volume steps depend on, and its implementation over the
 region's :class:`~z9.executor.proxmox.ProxmoxClient` (the one module that imports proxmoxer; its single
-error boundary, ``_call``, translates every failure). The calls, and the PVE sources they follow:
+error boundary, ``call``, translates every failure; the endpoints called here that the client does not
+call itself are the type's ``pve_endpoints``). The calls, and the PVE sources they follow:
 
 - :meth:`create_vm` — ``POST /nodes/{node}/qemu`` with ``scsi0=<storage>:<GiB>,serial=…``: qemu-server
   API2/Qemu.pm create_vm → create_disks → PVE::Storage::vdisk_alloc (a ``qmcreate`` task; the config
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from .proxmox import ProxmoxClient, VmState
+from z9.executor.proxmox import ProxmoxClient, VmState
 
 
 class DiskOps(Protocol):
@@ -50,8 +51,6 @@ class ProxmoxDisks:
     """:class:`DiskOps` over a region's client: reads and the VM calls are the client's own; the
     storage calls go through its one error boundary."""
 
-    ENDPOINTS = ("POST /nodes/{node}/qemu", "POST /nodes/{node}/qemu/{vmid}/move_disk")
-
     def __init__(self, pve: ProxmoxClient):
         self.pve = pve
         self.vm_state = pve.vm_state
@@ -63,8 +62,8 @@ class ProxmoxDisks:
 
     async def create_vm(self, node: str, vmid: int, params: dict[str, Any]) -> str:
         """``POST /nodes/{node}/qemu`` → the ``qmcreate`` UPID (its disks allocated by the task)."""
-        api = self.pve._api
-        return await self.pve._call("POST /nodes/{node}/qemu", f"create VM {vmid} on {node}",
+        api = self.pve.api
+        return await self.pve.call("POST /nodes/{node}/qemu", f"create VM {vmid} on {node}",
                                     lambda: api.nodes(node).qemu.post(vmid=vmid, **params))
 
     async def reassign(self, node: str, vmid: int, disk: str, target_vmid: int, target_disk: str, *,
@@ -75,15 +74,15 @@ class ProxmoxDisks:
             data["digest"] = digest
         if target_digest:
             data["target-digest"] = target_digest
-        api = self.pve._api
-        return await self.pve._call("POST /nodes/{node}/qemu/{vmid}/move_disk",
+        api = self.pve.api
+        return await self.pve.call("POST /nodes/{node}/qemu/{vmid}/move_disk",
                                     f"reassign {disk} of VM {vmid} to VM {target_vmid} as {target_disk}",
                                     lambda: api.nodes(node).qemu(vmid).move_disk.post(**data))
 
     async def images(self, node: str, storage: str, vmid: int | None = None) -> list[dict[str, Any]]:
-        api = self.pve._api
+        api = self.pve.api
         params: dict[str, Any] = {"content": "images", **({"vmid": vmid} if vmid is not None else {})}
-        rows = await self.pve._call("GET /nodes/{node}/storage/{storage}/content", f"list images on {storage}",
+        rows = await self.pve.call("GET /nodes/{node}/storage/{storage}/content", f"list images on {storage}",
                                     lambda: api.nodes(node).storage(storage).content.get(**params))
         return [dict(r) for r in rows or []]
 
