@@ -2,7 +2,7 @@
 of that region at a time, grows online and deletes in two phases (detached at once during the
 buffer — VolumeDetach —, destroyed at its end — VolumeDelete —; a cancellation attaches it back to the
 server it was on). Its slice is this folder (``resources/z9/resources/volume/``): the type, its row model, its kind
-names, its SQL in ``queries.sql`` and its store functions in ``store.py``; its API operations in ``api.py``, its job
+names (its row model in ``model.py``), its SQL in ``queries.sql`` and its store functions in ``store.py``; its API operations in ``api.py``, its job
 kinds in ``jobs/`` (one module per kind; the reconciler they share in ``jobs/reconcile.py``), its client
 commands in ``client.py``; its table is ``db/z9/db/migrations/0018_volumes.sql``.
 
@@ -12,16 +12,12 @@ it instead (the API starts their deletions).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from z9.common.models import _ts, row_of
-
 from z9.resources import Buffered, QuotaUnit, QuotaUsage, ResourceType, on_deletion, on_final_delete, on_restore, register
-from z9.resources.volume.disks import volume_serial
+from z9.resources.volume.model import Volume, serial_of  # noqa: F401  (serial_of: the slice's public name)
 from z9.resources.volume.guard import refuse_destroy_with_volumes
 
 STATUSES = ("creating", "available", "attached", "deleting", "destroying", "deleted", "failed")
@@ -32,54 +28,6 @@ VOLUME_ATTACH = "VolumeAttach"
 VOLUME_DETACH = "VolumeDetach"
 VOLUME_RESIZE = "VolumeResize"
 VOLUME_DELETE = "VolumeDelete"
-
-
-@dataclass(frozen=True)
-class Volume:
-    """A row of ``volumes``."""
-
-    id: str
-    tenant_id: str
-    region: str
-    name: str
-    size_gib: int
-    storage: str
-    server_id: str | None
-    status: str
-    status_reason: str | None
-    status_before_delete: str | None
-    server_before_delete: str | None
-    delete_after: datetime | None
-    observed: dict[str, Any] | None
-    observed_at: datetime | None
-    created_at: datetime
-    updated_at: datetime
-    deleted_at: datetime | None
-    labels: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_record(cls, r: Any) -> "Volume":
-        return row_of(cls, r)
-
-    def public(self) -> dict[str, Any]:
-        """``GET /v1/volumes/{id}``."""
-        obs = dict(self.observed) if self.observed else None
-        if obs is not None:
-            obs["at"] = _ts(self.observed_at)
-        return {
-            "id": self.id, "name": self.name, "region": self.region, "size_gib": self.size_gib,
-            "server_id": self.server_id, "labels": dict(self.labels), "status": self.status,
-            "status_reason": self.status_reason, "observed": obs,
-            "linux_device": f"/dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_{serial_of(self.id)}",
-            "delete_after": _ts(self.delete_after), "created_at": _ts(self.created_at),
-            "updated_at": _ts(self.updated_at), "deleted_at": _ts(self.deleted_at),
-        }
-
-
-def serial_of(volume_id: str) -> str:
-    """The drive serial a volume's disk carries (``z9`` + the id's last 18 characters; the executor's
-    ``disks.volume_serial``): what the guest sees in lsblk and ``/dev/disk/by-id``."""
-    return volume_serial(volume_id)
 
 
 def restore(v: Volume) -> tuple[str, dict[str, Any]]:
