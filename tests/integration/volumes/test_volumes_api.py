@@ -73,7 +73,9 @@ async def test_create_attach_grow_detach_move_delete_and_cancel(stack: Stack, si
     assert status == 202, out
     vid = out["volume"]["id"]
     assert out["volume"]["status"] == "creating" and out["job"]["kind"] == "VolumeCreate"
-    await _settled(stack, vid)
+    created = await _settled(stack, vid)
+    # the anchor its create made is found by the job's own record at once: no second attempt
+    assert [(j["kind"], j["attempt"]) for j in created] == [("VolumeCreate", 1)], created
     v = await _volume(stack, vid)
     serial = v["observed"]["serial"]
     assert v["status"] == "available" and v["observed"]["server_id"] is None and len(serial) == 20
@@ -126,7 +128,10 @@ async def test_a_server_deleted_with_a_volume_attached(stack: Stack, sim: SimAdm
                                                               "server_id": s["id"]})
     assert status == 202, out
     keep = out["volume"]["id"]
-    await _settled(stack, keep)
+    created = await _settled(stack, keep)
+    # the anchor its create made is found by the job's own record at once (the attach step after it
+    # does not wait for the next listing): one attempt
+    assert [(j["kind"], j["attempt"]) for j in created] == [("VolumeCreate", 1)], created
     assert (await _volume(stack, keep))["status"] == "attached"
     status, out = await stack.call("DELETE", f"/servers/{s['id']}")
     assert status == 202, out

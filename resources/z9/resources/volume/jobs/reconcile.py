@@ -117,9 +117,17 @@ async def observe(ops: DiskOps, intent: VolumeIntent, *, find_anchor: FindVm, fi
                          and s.get("detail", {}).get("vmid") == rec), None)
             if node is None:
                 continue
-            st = await ops.vm_state(node, int(rec), status=False)
-            if st is not None and st.lock == "create":
+            st = await ops.vm_state(node, int(rec))
+            if st is None:
+                continue
+            if st.lock == "create":
                 w.creating = st
+            elif st.tags >= customer_vm_tags(intent.volume_id, ANCHOR_MEMBER):
+                # the anchor our own recorded create made: the job's record is an authority of its own
+                # for it (as a server's clone ledger is), so it is found at once, not only once the
+                # process's /cluster/resources snapshot lists it (that listing may predate the create)
+                w.anchor = st
+                break
     if w.anchor is not None:
         d = find_volume_disk(w.anchor.config, serial, volids) or next(iter(parse_disks(w.anchor.config)), None)
         if d is not None:
