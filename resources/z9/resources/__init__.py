@@ -176,6 +176,11 @@ class ResourceType(Generic[R]):
     # guard(vmid, node, config) raises GuardRefusal when destroying that VM would destroy it too; the
     # executor runs every type's before it destroys any VM (refuse_vm_destroy)
     vm_destroy_guard: Callable[[int, str, Any], None] | None = None
+    # a cancelled deletion's first step, before the row is locked: lock the rows of other types its
+    # restore changes (a volume: the server it goes back to), in the order every other request takes
+    # them (the server before the volume), so it neither races that row's own deletion nor deadlocks
+    # with a request holding it: hook(conn, resource_id, tenant_id)
+    lock_before_restore: Callable[[Any, str, str], Awaitable[None]] | None = None
     # the Proxmox endpoints the type's own capability adapter calls through ProxmoxClient.call
     # ("METHOD /path/template"), beyond the client's: their metric series are pre-created
     pve_endpoints: tuple[str, ...] = ()

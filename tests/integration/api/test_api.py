@@ -428,7 +428,7 @@ async def test_cancel_when_not_deleting_is_409(api: Stack) -> None:
     n = await counts(api)
     status, out = await api.call("POST", f"/servers/{srv['id']}/actions/cancel-deletion")
     assert status == 409, out
-    assert_error(out, "conflict", "not deleting")
+    assert_error(out, "not_deleting", "not deleting")
     assert await counts(api) == n
 
 
@@ -439,7 +439,7 @@ async def test_cancel_after_the_buffer_expired_is_409(api: Stack) -> None:
     n = await counts(api)
     status, out = await api.call("POST", f"/servers/{srv['id']}/actions/cancel-deletion")
     assert status == 409, out
-    msg = assert_error(out, "conflict", "buffer expired")
+    msg = assert_error(out, "deletion_expired", "buffer expired")
     assert "cannot be cancelled" in msg or "no longer" in msg
     assert await counts(api) == n
     assert (await api.pool.fetchval("SELECT status FROM servers WHERE id = $1", srv["id"])) == "deleting"
@@ -447,7 +447,7 @@ async def test_cancel_after_the_buffer_expired_is_409(api: Stack) -> None:
     await api.pool.execute("UPDATE servers SET status = 'destroying' WHERE id = $1", srv["id"])
     status, out = await api.call("POST", f"/servers/{srv['id']}/actions/cancel-deletion")
     assert status == 409, out
-    assert_error(out, "conflict", "buffer has expired")
+    assert_error(out, "deletion_expired", "buffer has expired")
 
 
 # ---------------------------------------------------------------------------------- jobs

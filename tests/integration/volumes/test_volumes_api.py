@@ -280,3 +280,41 @@ async def test_an_attach_racing_the_servers_delete_never_leaves_it_meant_for_a_d
 
 async def _ge2(db: Any) -> bool:
     return await _api_waiters(db) >= 2
+
+
+async def test_a_cancelled_deletion_racing_the_servers_delete_never_gives_the_volume_to_a_deleting_server(
+        stack: Stack, sim: SimAdmin) -> None:
+    """A volume's cancel-deletion gives it back to the server it was on — unless that server is being
+    deleted. With the server's DELETE in flight (marked deleting under its row lock, its hook not yet
+    run), the cancel waits for it and then leaves the volume on no server (available): never meant for a
+    server whose deletion has already looked for its volumes."""
+    import asyncpg
+
+    s = await _server(stack, "vol-cancel-race")
+    status, out = await stack.call("POST", "/volumes", json={"name": "back", "region": REGION, "size_gib": 1,
+                                                              "server_id": s["id"]})
+    assert status == 202, out
+    vid = out["volume"]["id"]
+    await _settled(stack, vid)
+    status, out = await stack.call("DELETE", f"/volumes/{vid}")
+    assert status == 202, out
+    await _settled(stack, vid)
+    assert (await _volume(stack, vid))["status"] == "deleting"
+    blocker = await asyncpg.connect(stack.settings.database_url)
+    try:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        delete = asyncio.create_task(stack.call("DELETE", f"/servers/{s['id']}"))
+        await wait_until(lambda: _api_waiters(blocker), 20, "the DELETE waiting on the held lock", interval_s=0.02)
+        cancel = asyncio.create_task(stack.call("POST", f"/volumes/{vid}/actions/cancel-deletion"))
+        await wait_until(lambda: _ge2(blocker), 20, "the cancel waiting too", interval_s=0.02)
+        await tx.commit()
+        (ds, dout), (cs, cout) = await asyncio.wait_for(asyncio.gather(delete, cancel), 20)
+    finally:
+        await blocker.close()
+    assert ds == 202, dout
+    assert cs == 202, cout
+    await _settled(stack, vid)
+    v = await _volume(stack, vid)
+    assert v["server_id"] is None and v["status"] == "available", v

@@ -38,6 +38,18 @@ def restore(v: Volume) -> tuple[str, dict[str, Any]]:
     return VOLUME_DETACH, {}
 
 
+async def lock_server_first(conn: Any, volume_id: str, tenant_id: str) -> None:
+    """A cancelled deletion gives the volume back to the server it was on unless that server is being
+    deleted (the table's trigger reads its status): that server's row is locked first (FOR UPDATE, the
+    order an attach takes), so a DELETE of it in flight is waited for — the trigger then sees it deleting
+    — and one arriving later waits for this and finds the volume meant for it (its hook detaches it)."""
+    from z9.resources.server import store as server_store
+
+    row = await get(conn, volume_id, tenant_id)
+    if row is not None and row.server_before_delete:
+        await server_store.server_get_for_update(conn, row.server_before_delete, tenant_id)
+
+
 def lock_keys(v: Volume) -> tuple[str, ...]:
     """The servers a volume job touches: the one it is meant for, and during a deletion the one it was
     on — its jobs are ordered with those servers' own (a server's delete waits for an attach)."""
@@ -64,7 +76,7 @@ VOLUME: ResourceType[Volume] = register(ResourceType(
     statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale, order=50,
     quotas=(QuotaUnit("volume_gib", "GiB of volumes", example=(1000, 50)),),
     quota_usage=QuotaUsage("volume_quota_usage", {"volume_gib": "volumes' sizes (GiB)"}),
-    vm_destroy_guard=refuse_destroy_with_volumes,
+    vm_destroy_guard=refuse_destroy_with_volumes, lock_before_restore=lock_server_first,
     pve_endpoints=("POST /nodes/{node}/qemu", "POST /nodes/{node}/qemu/{vmid}/move_disk"),
 ))
 

@@ -489,6 +489,8 @@ def _cancel_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
             replay = await idempotency_begin(conn, tenant_id, key, req_hash)
             if replay is not None:
                 return replay
+            if rt.lock_before_restore is not None:
+                await rt.lock_before_restore(conn, rid, tenant_id)  # other types' rows first, e.g. the server
             row = await rt.cancel_deletion(conn, rid, tenant_id, now=clock_of(request.app).db_now())
             if row is None:
                 current = await rt.get(conn, rid, tenant_id)
@@ -496,11 +498,14 @@ def _cancel_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
                     raise NotFound(f"no {rt.name} {rid!r}")
                 if current.status == "deleting":
                     raise Conflict(f"{rt.name} {rid}: the deletion buffer expired at "
-                                   f"{current.public()['delete_after']}; the deletion can no longer be cancelled")
+                                   f"{current.public()['delete_after']}; the deletion can no longer be cancelled",
+                                   code="deletion_expired", details=[{"kind": rt.name, "id": rid, "status": current.status}])
                 if current.status in ("destroying", "deleted"):
                     raise Conflict(f"{rt.name} {rid} is {current.status}: the deletion buffer has expired and "
-                                   "the deletion can no longer be cancelled")
-                raise Conflict(f"{rt.name} {rid} is {current.status}, not deleting: there is no deletion to cancel")
+                                   "the deletion can no longer be cancelled", code="deletion_expired",
+                                   details=[{"kind": rt.name, "id": rid, "status": current.status}])
+                raise Conflict(f"{rt.name} {rid} is {current.status}, not deleting: there is no deletion to cancel",
+                               code="not_deleting", details=[{"kind": rt.name, "id": rid, "status": current.status}])
             await room_for_a_job(conn, settings, rt.name, row.id)
             kind, args = rt.restore(row)
             job = await store.job_insert(conn, rt.new_job(row, kind, args=args, max_attempts=settings.max_attempts),

@@ -207,7 +207,9 @@ class JobList(Response):
 class ErrorDetail(Response):
     code: str = Field(description="machine-readable, one per precondition across kinds: not_found, conflict, "
                                   "validation_failed, uniqueness_error (a name taken), resource_deleting (the resource "
-                                  "is being or was deleted; details name it), quota_exceeded, …. Changed: a taken "
+                                  "is being or was deleted; details name it), quota_exceeded, not_deleting and "
+                                  "deletion_expired (a cancel-deletion with no deletion to cancel, or too late), …. "
+                                  "Changed: those two were `conflict`; a taken "
                                   "name on POST /servers was `conflict`; `server_deleting`, `address_deleting`, "
                                   "`load_balancer_deleting` and `cluster_deleting` are `resource_deleting`")
     message: str = Field(description="names the field or the precondition")
