@@ -212,8 +212,9 @@ class Client:
         _, out, _ = self.request("GET", f"/{kind.plural}/{rid}")
         return kind.model.model_validate(out[kind.name])
 
-    def delete(self, kind: ResourceKind[Any], rid: str) -> Accepted[Any]:
-        _, out, _ = self.request("DELETE", f"/{kind.plural}/{rid}")
+    def delete(self, kind: ResourceKind[Any], rid: str, params: dict[str, Any] | None = None) -> Accepted[Any]:
+        """``DELETE /{plural}/{id}`` (``params``: the query options the route declares)."""
+        _, out, _ = self.request("DELETE", f"/{kind.plural}/{rid}", params=params)
         return self._accepted(kind, out)
 
     def restore(self, kind: ResourceKind[Any], rid: str) -> Accepted[Any]:

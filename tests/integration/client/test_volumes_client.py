@@ -49,3 +49,12 @@ async def test_volume_walkthrough_from_the_client(stack: Stack, sim: SimAdmin, t
 
     quota = await _ok("quota", "show", env=env)
     assert quota["quotas"]["volume_gib"]["used"] == 3, quota
+
+    # a server deleted with its volumes (z9 servers delete --delete-volumes: the option the volume type
+    # declares on that route); the default keeps them, detached
+    out = await _ok("volumes", "attach", vol["id"], "--server", srv["id"], "--wait", env=env)
+    assert out["volume"]["status"] == "attached"
+    out = await _ok("servers", "delete", srv["id"], "--delete-volumes", "--wait", env=env)
+    assert out["server"]["status"] == "deleting"
+    out = await _ok("volumes", "get", vol["id"], env=env)
+    assert out["volume"]["status"] == "deleting" and out["volume"]["server_id"] is None, out

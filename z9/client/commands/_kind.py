@@ -41,6 +41,26 @@ class Arg:
 
 
 @dataclass(frozen=True)
+class DeleteOption:
+    """A flag of another kind's ``z9 <plural> delete`` that becomes a query parameter of its
+    ``DELETE`` (``param=true`` when given): declared by the kind that reacts to that deletion (the
+    volume's ``--delete-volumes`` on ``z9 servers delete``), as the API declares it on that route."""
+
+    plural: str
+    flag: str
+    param: str
+    help: str
+
+
+DELETE_OPTIONS: list[DeleteOption] = []
+
+
+def delete_option(plural: str, flag: str, param: str, help: str) -> None:
+    """Add a flag to ``z9 <plural> delete`` (see :class:`DeleteOption`)."""
+    DELETE_OPTIONS.append(DeleteOption(plural, flag, param, help))
+
+
+@dataclass(frozen=True)
 class Action:
     """``z9 <plural> NAME ID [args…]`` → ``POST /<plural>/{id}/actions/<path>`` with ``body(args)``
     (202 and a job). ``aliases``: older command names that keep working."""
@@ -190,7 +210,15 @@ class KindSpec:
             f"delete a {k.label}: restorable until its deletion buffer ends" if k.buffered
             else f"delete a {k.label} at once (no buffer, no restore)"), [common, waiting])
         p.add_argument("id", help=id_help)
-        p.set_defaults(run=self._simple(lambda c, i: c.delete(k, i)))
+        options = [o for o in DELETE_OPTIONS if o.plural == k.plural]
+        for o in options:
+            p.add_argument(o.flag, dest=f"delete_option_{o.param}", action="store_true", help=o.help)
+
+        def delete(ctx: Ctx) -> int:
+            params = {o.param: "true" for o in options if getattr(ctx.args, f"delete_option_{o.param}")}
+            accepted = ctx.client.delete(k, ctx.args.id, params=params or None)
+            return mutation(ctx, accepted, self.detail, lambda: self._refetch(ctx, ctx.args.id))
+        p.set_defaults(run=delete)
         if k.buffered:
             p = verb(verbs, "restore", self.restore_help or f"cancel a {k.label}'s deletion within its buffer",
                      [common, waiting])

@@ -9,7 +9,8 @@ from typing import Any
 from pydantic import Field
 
 from z9.client.models import ResourceKind, _Answer
-from z9.client.commands._kind import LABEL_ARGS, Action, Arg, KindSpec, Update, given, labels_of, labels_text, status_text
+from z9.client.commands._kind import (LABEL_ARGS, Action, Arg, KindSpec, Update, delete_option, given, labels_of, labels_text,
+                                      status_text)
 
 STATUSES = ("creating", "available", "attached", "deleting", "destroying", "deleted", "failed")
 
@@ -77,3 +78,9 @@ KIND = KindSpec(
 )
 
 register = KIND.register
+
+
+# a server's DELETE takes the volume type's option (declared on that route by this slice's on_deletion)
+delete_option("servers", "--delete-volumes", "delete_volumes",
+              "delete the volumes attached to the server with it (each two-phase: detached now, destroyed when "
+              "its own buffer ends); without it they are detached and stay, available")
