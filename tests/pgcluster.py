@@ -25,10 +25,7 @@ def pg_bindir() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.ports import free_port  # noqa: E402,F401
 
 
 def _run_as(user: str = "postgres") -> list[str]:

@@ -100,10 +100,7 @@ class SimAdmin:
                    and not r["path"].endswith("/agent/exec"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.ports import free_port, free_ports  # noqa: E402,F401  (where the tests take ports from)
 
 
 @dataclass

@@ -14,27 +14,12 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support import free_port, poll_sync, wait_until
+from tests.support import free_port, free_ports, poll_sync, wait_until
 
 
 def _metrics_base() -> int:
     """A port p with p … p+3 free (z9 dev's scheduler, executor, reaper and api metrics)."""
-    for _ in range(50):
-        base = free_port()
-        if base + 3 < 65536 and all(_free(base + i) for i in (1, 2, 3)):
-            return base
-    raise AssertionError("no four consecutive free ports")
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    return free_ports(4)
 
 
 def _start(data_dir: Path, port: int, metrics_base: int) -> subprocess.Popen:

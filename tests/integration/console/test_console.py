@@ -152,3 +152,27 @@ def test_phone_sized_window_fits_and_errors_quote_the_request_id(stack: DevStack
     page.wait_for_selector(".notice.bad .request-id code")
     assert page.inner_text(".notice.bad .request-id code").strip()
     assert page.console_errors == [] or all("404" in e for e in page.console_errors), page.console_errors
+
+
+def test_a_create_form_shows_its_region_and_image_as_selects_from_the_start(stack: DevStack, chromium: Any) -> None:
+    # the regions are held back: the page says it is loading and shows no form meanwhile — the
+    # fields are never text boxes that turn into selects under the user's (or a test's) hands
+    page = new_page(chromium)
+    sign_in(page, stack)
+    held: list[Any] = []
+    page.route("**/v1/regions", lambda route: held.append(route))
+    page.click("nav >> text=Servers")
+    with page.expect_request("**/v1/regions"):
+        page.click("text=Create server")
+    page.wait_for_selector("text=Loading the regions and images offered")
+    assert page.locator("[name=region]").count() == 0 and page.locator("[name=image]").count() == 0
+    deadline = time.monotonic() + 60
+    while not held:  # the route handler runs while Playwright processes events: let it, until it has
+        assert time.monotonic() < deadline, "the held request never reached its route handler"
+        page.wait_for_timeout(20)
+    held[0].continue_()
+    page.wait_for_selector("form.form")
+    assert page.eval_on_selector("[name=region]", "e => e.tagName") == "SELECT"
+    assert page.eval_on_selector("[name=image]", "e => e.tagName") == "SELECT"
+    page.select_option("[name=region]", "dev-1")
+    assert page.console_errors == [], page.console_errors

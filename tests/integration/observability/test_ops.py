@@ -629,8 +629,16 @@ async def test_every_dashboard_and_rule_query_returns_data_from_a_running_stack(
         # "not running" answers are no longer counted, but on this young stack's few calls the injected
         # clone 500 and PVE's expected 500s ("does not exist" for a VM z9 just destroyed, read back by
         # verify) can still pass 10 % (seen in .ci/run; follow-up: count only unexpected answers).
-        assert {name for name, state in alerts if (name, state) != ("Z9ProxmoxErrorRateHigh", "pending")} <= {
-            "Z9DeletionGuardRefusal", "Z9JobsFailed", "Z9JobRetryRateHigh"}, alerts
+        # A target's absence alerts may be pending — never firing — only when Prometheus did see that target
+        # down: a scrape missed its 1 s timeout on a loaded machine (up was 0 once in the window).
+        missed = {a["metric"].get("service") for a in check_queries.instant_query(
+            prom_url, 'min_over_time(up{job="z9"}[10m]) == 0')}
+        absent = {("Z9TargetDown", "pending")} if missed else set()
+        if "executor" in missed:
+            absent.add(("Z9ExecutorAbsent", "pending"))
+        assert {name for name, state in alerts if (name, state) != ("Z9ProxmoxErrorRateHigh", "pending")
+                and (name, state) not in absent} <= {
+            "Z9DeletionGuardRefusal", "Z9JobsFailed", "Z9JobRetryRateHigh"}, (alerts, missed)
 
         # "Jobs by status" shows the total over kinds, as the job table counts it: several kinds
         # finished (ServerCreate, ServerStop, ServerDelete), so the largest kind would not do.

@@ -400,6 +400,12 @@ function schemaForm(schema, { submit, onSubmit, values, skip, fillFromExample = 
 
 async function createPage(kind) {
   if (!canWrite()) return page(`Create ${kind.oneKey.replace(/_/g, " ")}`, h("p", {}, "This token is read-only."));
+  // what the installation offers (GET /v1/regions, /v1/images), read before the form is shown: its
+  // region and image fields are selects of those from the start (an image list follows the region
+  // chosen), never a text field that turns into a select under the user's hands
+  const title = `Create ${kind.oneKey.replace(/_/g, " ")}`;
+  page(title, h("p", { role: "status" }, "Loading the regions and images offered…"));
+  const [regions, images] = await Promise.all([api("GET", "regions").catch(() => null), api("GET", "images").catch(() => null)]);
   const hints = h("div", {});
   const form = schemaForm(kind.createSchema, {
     submit: "Create", fillFromExample: true,
@@ -409,10 +415,7 @@ async function createPage(kind) {
       go(`/${kind.plural}/${r[kind.oneKey].id}`);
     },
   });
-  page(`Create ${kind.oneKey.replace(/_/g, " ")}`, h("p", {}, "Every field is checked against the API's own constraints before it is sent."), hints, form);
-  // what the installation offers (GET /v1/regions, /v1/images): the region and image fields become
-  // selects of those (an image list follows the region chosen)
-  const [regions, images] = await Promise.all([api("GET", "regions").catch(() => null), api("GET", "images").catch(() => null)]);
+  page(title, h("p", {}, "Every field is checked against the API's own constraints before it is sent."), hints, form);
   if (regions && regions.regions.length) {
     const region = choose(form, "region", regions.regions.map((r) => r.name));
     const imageInput = form.querySelector("input[type=text][name=image]");
