@@ -249,28 +249,13 @@ async def test_an_attach_racing_the_servers_delete_never_leaves_it_meant_for_a_d
     """A DELETE of the server and an attach to it in flight at once: either the attach comes first (and the
     delete's hook detaches the volume again) or it is refused (409 resource_deleting) — never a volume meant
     for a server whose deletion has already looked for its volumes."""
-    import asyncpg
-
     s = await _server(stack, "vol-race")
     status, out = await stack.call("POST", "/volumes", json={"name": "racer", "region": REGION, "size_gib": 1})
     assert status == 202, out
     vid = out["volume"]["id"]
     await _settled(stack, vid)
-    blocker = await asyncpg.connect(stack.settings.database_url)
-    try:
-        # hold the jobs table: the DELETE stops after marking the server deleting (its row lock held) and
-        # before its hook looks for the server's volumes; the attach arrives meanwhile
-        tx = blocker.transaction()
-        await tx.start()
-        await blocker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
-        delete = asyncio.create_task(stack.call("DELETE", f"/servers/{s['id']}"))
-        await wait_until(lambda: _api_waiters(blocker), 20, "the DELETE waiting on the held lock", interval_s=0.02)
-        attach = asyncio.create_task(stack.call("POST", f"/volumes/{vid}/actions/attach", json={"server_id": s["id"]}))
-        await wait_until(lambda: _ge2(blocker), 20, "the attach waiting too", interval_s=0.02)
-        await tx.commit()
-        (ds, dout), (ast, aout) = await asyncio.wait_for(asyncio.gather(delete, attach), 20)
-    finally:
-        await blocker.close()
+    (ds, dout), (ast, aout) = await _while_the_servers_delete_is_held(
+        stack, s["id"], lambda: stack.call("POST", f"/volumes/{vid}/actions/attach", json={"server_id": s["id"]}))
     assert ds == 202, dout
     assert ast == 409 and aout["error"]["code"] == "resource_deleting", aout
     await _settled(stack, vid)
@@ -282,14 +267,34 @@ async def _ge2(db: Any) -> bool:
     return await _api_waiters(db) >= 2
 
 
+async def _while_the_servers_delete_is_held(stack: Stack, server_id: str, request: Any) -> tuple[Any, Any]:
+    """A DELETE of the server held in flight — the jobs table locked: it stops after marking the server
+    deleting (its row lock held) and before its hook looks for the server's volumes — and ``request()``
+    sent meanwhile, waiting too; then both let go. Returns (the DELETE's answer, the request's)."""
+    import asyncpg
+
+    blocker = await asyncpg.connect(stack.settings.database_url)
+    try:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        delete = asyncio.create_task(stack.call("DELETE", f"/servers/{server_id}"))
+        await wait_until(lambda: _api_waiters(blocker), 20, "the DELETE waiting on the held lock", interval_s=0.02)
+        other = asyncio.create_task(request())
+        await wait_until(lambda: _ge2(blocker), 20, "the other request waiting too", interval_s=0.02)
+        await tx.commit()
+        first, second = await asyncio.wait_for(asyncio.gather(delete, other), 20)
+    finally:
+        await blocker.close()
+    return first, second
+
+
 async def test_a_cancelled_deletion_racing_the_servers_delete_never_gives_the_volume_to_a_deleting_server(
         stack: Stack, sim: SimAdmin) -> None:
     """A volume's cancel-deletion gives it back to the server it was on — unless that server is being
     deleted. With the server's DELETE in flight (marked deleting under its row lock, its hook not yet
     run), the cancel waits for it and then leaves the volume on no server (available): never meant for a
     server whose deletion has already looked for its volumes."""
-    import asyncpg
-
     s = await _server(stack, "vol-cancel-race")
     status, out = await stack.call("POST", "/volumes", json={"name": "back", "region": REGION, "size_gib": 1,
                                                               "server_id": s["id"]})
@@ -300,19 +305,8 @@ async def test_a_cancelled_deletion_racing_the_servers_delete_never_gives_the_vo
     assert status == 202, out
     await _settled(stack, vid)
     assert (await _volume(stack, vid))["status"] == "deleting"
-    blocker = await asyncpg.connect(stack.settings.database_url)
-    try:
-        tx = blocker.transaction()
-        await tx.start()
-        await blocker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
-        delete = asyncio.create_task(stack.call("DELETE", f"/servers/{s['id']}"))
-        await wait_until(lambda: _api_waiters(blocker), 20, "the DELETE waiting on the held lock", interval_s=0.02)
-        cancel = asyncio.create_task(stack.call("POST", f"/volumes/{vid}/actions/cancel-deletion"))
-        await wait_until(lambda: _ge2(blocker), 20, "the cancel waiting too", interval_s=0.02)
-        await tx.commit()
-        (ds, dout), (cs, cout) = await asyncio.wait_for(asyncio.gather(delete, cancel), 20)
-    finally:
-        await blocker.close()
+    (ds, dout), (cs, cout) = await _while_the_servers_delete_is_held(
+        stack, s["id"], lambda: stack.call("POST", f"/volumes/{vid}/actions/cancel-deletion"))
     assert ds == 202, dout
     assert cs == 202, cout
     await _settled(stack, vid)
