@@ -166,20 +166,24 @@ def mutation(ctx: Ctx, accepted: Accepted[Any], show: Callable[[Any], Table], re
     """After a 202: without ``--wait`` print the resource and its job (``-o json``: the API's
     answer, ``{"server": …, "job": …}``); with it, follow the job — and every other job the answer
     lists (``jobs``), within the one deadline — and print the resource as it then is, with the
-    finished job."""
+    finished job (and, when the request made more than one, every one of them as ``jobs``)."""
     if not ctx.args.wait:
         ctx.emit(accepted.api_shape(), lambda: _accepted_table(accepted, show))
         return OK
     ctx.err.print(f"{accepted.job.kind} {accepted.job.id} accepted; waiting (deadline {ctx.args.timeout:g}s)",
                   highlight=False, soft_wrap=True)
     deadline = time.monotonic() + ctx.args.timeout
-    for job_id in accepted.job_ids():
+    ids = accepted.job_ids()
+    for job_id in ids:
         code = follow(ctx, job_id, max(0.001, deadline - time.monotonic()))
         if code != OK:
             break
     if code in (OK, FAILED):
         resource = refetch()
-        ctx.emit({accepted.key: resource, "job": ctx.client.get_job(accepted.job.id)}, lambda: show(resource))
+        done: dict[str, Any] = {accepted.key: resource, "job": ctx.client.get_job(accepted.job.id)}
+        if len(ids) > 1:
+            done["jobs"] = [done["job"], *(ctx.client.get_job(i) for i in ids[1:])]
+        ctx.emit(done, lambda: show(resource))
     return code
 
 

@@ -398,6 +398,7 @@ async def test_delete_and_cancel_cannot_queue_jobs_without_end(api: Stack) -> No
         else ("DELETE", f"/servers/{srv['id']}")
     status, out = await api.call(*action)
     assert status == 409 and f"{limit} jobs waiting or running" in out["error"]["message"], out
+    assert out["error"]["code"] == "too_many_jobs", out
     after = await api.pool.fetchrow("SELECT status, delete_after FROM servers WHERE id = $1", srv["id"])
     assert after == before
     assert await api.pool.fetchval("SELECT count(*) FROM jobs WHERE resource_id = $1", srv["id"]) == limit

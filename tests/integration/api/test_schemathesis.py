@@ -32,7 +32,7 @@ from z9.resources.load_balancer import RULE_TEXT
 # accepted; a 422 whose every detail is one of these is the API's answer, not a mismatch. Anything
 # else, and every other check, counts (but see _deletion_only_accepted).
 NOT_IN_ANY_SCHEMA = ("unknown region", "unknown image", "unknown pool", "unknown server", "unknown job",
-                     "unknown address", "no pool of this family", "reused", "cannot shrink",
+                     "unknown address", "no pool of this family", "reused", "cannot shrink", "already that size",
                      "timeout_s must not exceed interval_s", "two services listen on the same port",
                      "a target is listed twice", "duplicate pool name", "http is only for protocol http",
                      "the load balancer's own address", "above the region's volume_max_gib",

@@ -56,5 +56,7 @@ async def test_volume_walkthrough_from_the_client(stack: Stack, sim: SimAdmin, t
     assert out["volume"]["status"] == "attached"
     out = await _ok("servers", "delete", srv["id"], "--delete-volumes", "--wait", env=env)
     assert out["server"]["status"] == "deleting"
+    # every job the request made, finished: the server's stop and the volume's detach
+    assert {(j["kind"], j["status"]) for j in out["jobs"]} >= {("VolumeDetach", "succeeded")}, out
     out = await _ok("volumes", "get", vol["id"], env=env)
     assert out["volume"]["status"] == "deleting" and out["volume"]["server_id"] is None, out

@@ -91,6 +91,16 @@ def test_plan_create_then_attach_and_nothing_when_converged() -> None:
     assert plan(VolumeIntent(VOL, "data", 10, "ceph-vm", server_id=SRV_A), w) == []
 
 
+def test_plan_never_makes_again_a_disk_that_once_existed() -> None:
+    # found nowhere, a volume that never had a disk is created; one whose disk a verify once saw is lost
+    assert names(plan(VolumeIntent(VOL, "data", 10, "ceph-vm"), VolumeWorld())) == ["create"]
+    with pytest.raises(PermanentError, match="on no VM z9 can find"):
+        plan(VolumeIntent(VOL, "data", 20, "ceph-vm", had_disk=True), VolumeWorld())
+    with pytest.raises(PermanentError, match="on no VM z9 can find"):
+        plan(VolumeIntent(VOL, "data", 10, "ceph-vm", server_id=SRV_A, had_disk=True), VolumeWorld(target=SERVER_A))
+    assert plan(VolumeIntent(VOL, "data", 10, "ceph-vm", delete=True, had_disk=True), VolumeWorld()) == []
+
+
 def test_plan_moves_between_servers_through_the_anchor() -> None:
     assert ON_A is not None
     w = VolumeWorld(anchor=EMPTY_ANCHOR, placed=Placed(SERVER_A, ON_A, SRV_A), target=SERVER_B)

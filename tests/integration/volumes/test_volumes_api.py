@@ -9,6 +9,7 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 
 from z9.common import store
 from z9.common.clock import TestClock
@@ -312,3 +313,57 @@ async def test_a_cancelled_deletion_racing_the_servers_delete_never_gives_the_vo
     await _settled(stack, vid)
     v = await _volume(stack, vid)
     assert v["server_id"] is None and v["status"] == "available", v
+
+
+async def test_a_volume_whose_create_failed_but_that_was_in_use_since_keeps_its_deletion_buffer(
+        stack: Stack, sim: SimAdmin) -> None:
+    """The 'no buffer for a failed create' shortcut is for a resource nothing of which was ever in use:
+    a volume whose create failed at its attach (its disk made) and that a later job put to use goes
+    through the buffer like any other — cancellable, never destroyed at once."""
+    s = await _server(stack, "vol-buffer")
+    sim.allow_rejections = True  # the injected fault answers 400
+    await sim.fault(method="POST", path=r"/move_disk$", action="error", status=400, reason="simulated refusal", times=1)
+    status, out = await stack.call("POST", "/volumes", json={"name": "kept", "region": REGION, "size_gib": 1,
+                                                              "server_id": s["id"]})
+    assert status == 202, out
+    vid = out["volume"]["id"]
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=90))["status"] == "failed"
+    await _act(stack, vid, "detach")             # a job of it succeeds: it is in use from now on
+    await _act(stack, vid, "attach", {"server_id": s["id"]})
+    # and a later job fails: the volume is failed again, with its data on the server
+    await sim.fault(method="PUT", path=r"/resize$", action="error", status=400, reason="simulated refusal", times=1)
+    status, out = await stack.call("POST", f"/volumes/{vid}/actions/resize", json={"size_gib": 2})
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=90))["status"] == "failed"
+    assert (await _volume(stack, vid))["status"] == "failed"
+    status, out = await stack.call("DELETE", f"/volumes/{vid}")
+    assert status == 202, out
+    assert out["volume"]["status"] == "deleting" and out["volume"]["delete_after"] is not None, out
+    assert out["job"]["kind"] == "VolumeDetach", out
+
+
+async def test_a_server_takes_a_bounded_number_of_volumes(stack: Stack, sim: SimAdmin,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """More volumes than a server takes are refused at the request (409 server_volume_limit), never accepted
+    and then failed by the job for want of a free SCSI slot (the limit lowered to 1 for the test)."""
+    from z9.resources.volume import api as volume_api
+
+    monkeypatch.setattr(volume_api, "MAX_VOLUMES_PER_SERVER", 1)
+    s = await _server(stack, "vol-limit")
+    status, out = await stack.call("POST", "/volumes", json={"name": "one", "region": REGION, "size_gib": 1,
+                                                              "server_id": s["id"]})
+    assert status == 202, out
+    first = out["volume"]["id"]
+    status, out = await stack.call("POST", "/volumes", json={"name": "two", "region": REGION, "size_gib": 1,
+                                                              "server_id": s["id"]})
+    assert status == 409 and out["error"]["code"] == "server_volume_limit", out
+    status, out = await stack.call("POST", "/volumes", json={"name": "two", "region": REGION, "size_gib": 1})
+    assert status == 202, out
+    second = out["volume"]["id"]
+    await _settled(stack, first)
+    await _settled(stack, second)
+    status, out = await stack.call("POST", f"/volumes/{second}/actions/attach", json={"server_id": s["id"]})
+    assert status == 409 and out["error"]["code"] == "server_volume_limit", out
+    assert out["error"]["details"] == [{"kind": "server", "id": s["id"], "limit": 1}], out
+    await _act(stack, first, "detach")
+    await _act(stack, second, "attach", {"server_id": s["id"]})

@@ -243,7 +243,7 @@ async def resource_count_own_live_jobs(db: DB, resource_id: str) -> int:
 
 
 async def resource_create_failed(db: DB, resource_id: str, create_kind: str) -> bool:
-    """True when the resource's create job failed and none succeeded (a failed create)."""
+    """True when the resource's create job failed and no job of it ever succeeded (nothing of it in use)."""
     return bool(await db.fetchval(q("resource_create_failed"), resource_id, create_kind))
 
 

@@ -133,7 +133,13 @@ def check(settings: Settings, spec: VolumeCreate) -> None:
     _size_limit(settings, spec.region, spec.size_gib)
 
 
-async def _server(conn: Any, tenant_id: str, server_id: str, region: str) -> Server:
+#: the most volumes one server takes (Hetzner's limit): a VM has 31 SCSI slots (QemuServer/Drive.pm
+#: $MAX_SCSI_DISKS), its boot disk in scsi0; refused at the request (409 server_volume_limit) rather than
+#: accepted and failed by its job for want of a free slot
+MAX_VOLUMES_PER_SERVER = 16
+
+
+async def _server(conn: Any, tenant_id: str, server_id: str, region: str, volume_id: str = "") -> Server:
     """The server a volume is to be attached to, locked (FOR UPDATE) until the request's transaction ends:
     a DELETE of the server marks it deleting under that lock and then detaches the volumes meant for it,
     so an attach either commits first (and that delete finds it) or sees the server deleting (409)."""
@@ -148,6 +154,10 @@ async def _server(conn: Any, tenant_id: str, server_id: str, region: str) -> Ser
     if server.status in ("deleting", "destroying", "deleted"):
         raise Conflict(f"server {server.id} is {server.status}; a volume cannot be attached to it",
                        **deleting("server", server.id, server.status))
+    if await vol.store.count_of_server(conn, server.id, volume_id) >= MAX_VOLUMES_PER_SERVER:
+        raise Conflict(f"server {server.id} has {MAX_VOLUMES_PER_SERVER} volumes, the most a server takes; "
+                       "detach one first", code="server_volume_limit",
+                       details={"kind": "server", "id": server.id, "limit": MAX_VOLUMES_PER_SERVER})
     return server
 
 
@@ -158,9 +168,9 @@ def _unique(e: UniqueViolation, name: str | None) -> Conflict:
 
 
 async def create(ctx: CreateContext, spec: VolumeCreate) -> tuple[Volume, dict[str, Any]]:
-    await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, volume_gib=spec.size_gib)
-    if spec.server_id is not None:
+    if spec.server_id is not None:  # what the request names is checked (and locked) before the quota is counted
         await _server(ctx.conn, ctx.tenant_id, spec.server_id, spec.region)
+    await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, volume_gib=spec.size_gib)
     try:
         row = await vol.insert(ctx.conn, id=new_id("vol"), tenant_id=ctx.tenant_id, region=spec.region,
                                name=spec.name, size_gib=spec.size_gib,
@@ -222,7 +232,7 @@ def _operations(api: ApiResource) -> list[Operation]:
                 raise Conflict(f"volume {v.id} is attached to server {v.server_id}: a volume is on at most one "
                                "server at a time; detach it first", code="volume_already_attached",
                                details={"kind": "server", "id": v.server_id})
-            server = await _server(conn, tenant_id, spec.server_id, v.region)
+            server = await _server(conn, tenant_id, spec.server_id, v.region, v.id)
             row = await vol.set_server(conn, v.id, server.id)
             return row, vol.VOLUME_ATTACH, {"server_id": server.id}, (server.id,)
 
@@ -244,7 +254,8 @@ def _operations(api: ApiResource) -> list[Operation]:
         async def fn(conn: Any, settings: Settings, tenant_id: str, v: Volume) -> Any:
             if spec.size_gib <= v.size_gib:
                 raise ValidationFailed(f"size_gib: {spec.size_gib} is not larger than the volume's {v.size_gib} GiB: "
-                                       "volumes only grow", details=[{"field": "size_gib", "message": "cannot shrink"}])
+                                       "volumes only grow", details=[{"field": "size_gib", "message": (
+                                           "already that size" if spec.size_gib == v.size_gib else "cannot shrink")}])
             _size_limit(settings, v.region, spec.size_gib)
             await quotas.check(conn, settings, tenant_id, volume_gib=spec.size_gib - v.size_gib)
             row = await vol.set_size(conn, v.id, spec.size_gib)

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from z9.client.models import ResourceKind, _Answer
-from z9.client.commands._kind import (LABEL_ARGS, Action, Arg, KindSpec, Update, delete_option, given, labels_of, labels_text,
+from z9.client.commands._kind import (LABEL_ARGS, Action, Arg, KindSpec, Update, delete_option, given, label, labels_of, labels_text,
                                       status_text)
 
 STATUSES = ("creating", "available", "attached", "deleting", "destroying", "deleted", "failed")
@@ -59,7 +59,8 @@ KIND = KindSpec(
     create_help="create a volume (attached at once with --server)",
     create_args=(Arg("--name", required=True), Arg("--region", required=True),
                  Arg("--size-gib", type=int, required=True, help="GiB (grows later, never shrinks)"),
-                 Arg("--server", help="attach it to this server id"), *LABEL_ARGS),
+                 Arg("--server", help="attach it to this server id"),
+                 Arg("--label", action="append", type=label, metavar="KEY=VALUE", help="repeatable")),
     create_body=create_body,
     list_args=(Arg("--server", dest="server_id", help="only the volumes attached to this server id"),
                Arg("--region", dest="region", help="only the volumes of this region")),

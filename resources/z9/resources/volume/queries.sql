@@ -55,6 +55,12 @@ RETURNING *;
 SELECT * FROM volumes WHERE server_id = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
 ORDER BY id FOR UPDATE;
 
+-- name: volume_count_of_server
+-- How many live volumes are meant for server $1, other than volume $2 (an attach or a create counts
+-- against the per-server limit; read under the server's row lock, which every attach takes first).
+SELECT count(*) FROM volumes
+WHERE server_id = $1 AND id <> $2 AND status NOT IN ('deleting', 'destroying', 'deleted');
+
 -- name: volume_detached_by_deletion_of
 -- The live volumes of tenant $2 that server $1's deletion detached and nothing has changed since: meant
 -- for no server, and their newest job the detach ($3, VolumeDetach) that deletion made (args.from).

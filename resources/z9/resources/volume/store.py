@@ -62,6 +62,10 @@ async def of_server(db: Any, server_id: str) -> list[Volume]:
     return [Volume.from_record(r) for r in await db.fetch(q("volume_of_server"), server_id)]
 
 
+async def count_of_server(db: Any, server_id: str, other_than: str = "") -> int:
+    return int(await db.fetchval(q("volume_count_of_server"), server_id, other_than))
+
+
 async def detached_by_deletion_of(db: Any, server_id: str, tenant_id: str, detach_kind: str) -> list[Volume]:
     """The volumes server ``server_id``'s deletion detached, unchanged since (locked FOR UPDATE)."""
     return [Volume.from_record(r) for r in await db.fetch(q("volume_detached_by_deletion_of"), server_id, tenant_id,

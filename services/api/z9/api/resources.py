@@ -210,7 +210,8 @@ async def room_for_a_job(conn: Any, settings: Settings, name: str, rid: str) -> 
     live = await store.resource_count_live_jobs(conn, rid)
     if live >= settings.max_live_jobs_per_resource:
         raise Conflict(f"{name} {rid} already has {live} jobs waiting or running; "
-                       "retry once they have finished (GET /v1/jobs?resource_id=...)")
+                       "retry once they have finished (GET /v1/jobs?resource_id=...)", code="too_many_jobs",
+                       details={"kind": name, "id": rid, "limit": settings.max_live_jobs_per_resource})
 
 
 ActionChange = Callable[[Any, Settings, str, str], Awaitable[tuple[Any, str, "dict[str, Any] | None", tuple[str, ...]]]]

@@ -208,7 +208,8 @@ class ErrorDetail(Response):
     code: str = Field(description="machine-readable, one per precondition across kinds: not_found, conflict, "
                                   "validation_failed, uniqueness_error (a name taken), resource_deleting (the resource "
                                   "is being or was deleted; details name it), quota_exceeded, not_deleting and "
-                                  "deletion_expired (a cancel-deletion with no deletion to cancel, or too late), …. "
+                                  "deletion_expired (a cancel-deletion with no deletion to cancel, or too late), too_many_jobs (a "
+                                  "resource's queue is full), …. "
                                   "Changed: those two were `conflict`; a taken "
                                   "name on POST /servers was `conflict`; `server_deleting`, `address_deleting`, "
                                   "`load_balancer_deleting` and `cluster_deleting` are `resource_deleting`")

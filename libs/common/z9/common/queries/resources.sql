@@ -130,11 +130,13 @@ SELECT (SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending
           AND status IN ('pending', 'running', 'retry'));
 
 -- name: resource_create_failed
--- Whether the resource's create ($2: its create kind) failed and never succeeded: a failed
--- create, nothing of it ever in use (its deletion needs no buffer). NULL (false) when no create
--- job is kept (pruned): the buffer then applies, as for any resource that may hold data.
-SELECT bool_or(status = 'failed') AND NOT bool_or(status = 'succeeded')
-FROM jobs WHERE resource_id = $1 AND kind = $2;
+-- Whether the resource's create ($2: its create kind) failed and no job of the resource ever
+-- succeeded: nothing of it was ever in use (its deletion needs no buffer). A volume whose create
+-- failed but which a later attach put on a server holds data like any other: any succeeded job
+-- keeps the buffer. NULL (false) when no job is kept (pruned): the buffer then applies, as for any
+-- resource that may hold data.
+SELECT bool_or(kind = $2 AND status = 'failed') AND NOT bool_or(status = 'succeeded')
+FROM jobs WHERE resource_id = $1;
 
 -- name: resource_latest_job_args
 -- The args of the resource's latest job of kind $2 (NULL: none kept).

@@ -64,6 +64,9 @@ class VolumeIntent:
     server_id: str | None = None
     delete: bool = False
     node: str | None = None  # where to create the anchor (None: the target server's, else the first)
+    # a verify once saw the volume's disk (the row's observed names its volid): a disk found nowhere now
+    # is lost, never made again — a new blank disk would silently stand in for the customer's data
+    had_disk: bool = False
 
     @property
     def serial(self) -> str:
@@ -177,6 +180,10 @@ def plan(intent: VolumeIntent, w: VolumeWorld) -> list[Step]:
         return steps
 
     if w.anchor is None and placed is None:
+        if intent.had_disk:
+            raise PermanentError(f"volume {intent.volume_id}: its disk (serial {intent.serial}) is on no VM z9 can "
+                                 "find — not its anchor, not a server it was meant for; it is not made again "
+                                 "empty. An operator must find the disk (or delete the volume)")
         steps.append(Step("create", {"storage": intent.storage, "size_gib": intent.size_gib}))
     elif w.anchor is None:
         steps.append(Step("create", {"storage": intent.storage, "size_gib": 0, "empty": True}))
@@ -407,6 +414,12 @@ _STEPS: dict[str, Callable[[StepEnv, VolumeIntent, Step, VolumeWorld], Awaitable
 }
 
 
+def _gib(size: float) -> int | float:
+    """A size in GiB as JSON shows it: a whole number as an integer (``size=10G`` and a size read back
+    in bytes are both 10), a fraction as it is."""
+    return int(size) if float(size).is_integer() else size
+
+
 def observed(intent: VolumeIntent, w: VolumeWorld) -> dict[str, Any]:
     """What verify records: where the disk is, its key and size, the anchor."""
     p = w.placed
@@ -415,6 +428,6 @@ def observed(intent: VolumeIntent, w: VolumeWorld) -> dict[str, Any]:
         "server_id": None if p is None else p.server_id,
         "vmid": None if p is None else p.vm.vmid, "node": None if p is None else p.vm.node,
         "disk": None if p is None else p.disk.key, "volid": None if p is None else p.disk.volid,
-        "size_gib": None if p is None else p.disk.size_gib, "serial": intent.serial,
+        "size_gib": None if p is None or p.disk.size_gib is None else _gib(p.disk.size_gib), "serial": intent.serial,
         "device": f"/dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_{intent.serial}",
     }
