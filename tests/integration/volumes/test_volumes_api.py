@@ -367,3 +367,28 @@ async def test_a_server_takes_a_bounded_number_of_volumes(stack: Stack, sim: Sim
     assert out["error"]["details"] == [{"kind": "server", "id": s["id"], "limit": 1}], out
     await _act(stack, first, "detach")
     await _act(stack, second, "attach", {"server_id": s["id"]})
+
+
+async def test_a_failed_detach_can_be_asked_again(stack: Stack, sim: SimAdmin) -> None:
+    """A detach whose job failed leaves the disk on the server it was last seen on, the volume failed and
+    meant for none: detach again is accepted (its disk is taken off that server), not 409 volume_not_attached."""
+    s = await _server(stack, "vol-redetach")
+    status, out = await stack.call("POST", "/volumes", json={"name": "stuck", "region": REGION, "size_gib": 1,
+                                                              "server_id": s["id"]})
+    assert status == 202, out
+    vid = out["volume"]["id"]
+    await _settled(stack, vid)
+    sim.allow_rejections = True  # the injected fault answers 400
+    await sim.fault(method="POST", path=r"/move_disk$", action="error", status=400, reason="simulated refusal", times=1)
+    status, out = await stack.call("POST", f"/volumes/{vid}/actions/detach")
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=90))["status"] == "failed"
+    v = await _volume(stack, vid)
+    assert v["status"] == "failed" and v["server_id"] is None and v["observed"]["server_id"] == s["id"], v
+    await _act(stack, vid, "detach")
+    v = await _volume(stack, vid)
+    assert v["status"] == "available" and v["observed"]["server_id"] is None, v
+    cfg = (await sim.vm(s["observed"]["vmid"]))["config"]
+    assert _disk_of(cfg, v["observed"]["serial"]) is None and not [k for k in cfg if k.startswith("unused")]
+    status, out = await stack.call("POST", f"/volumes/{vid}/actions/detach")
+    assert status == 409 and out["error"]["code"] == "volume_not_attached", out

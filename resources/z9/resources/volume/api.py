@@ -241,6 +241,10 @@ def _operations(api: ApiResource) -> list[Operation]:
 
     async def detach(request: web.Request) -> web.Response:
         async def fn(conn: Any, settings: Settings, tenant_id: str, v: Volume) -> Any:
+            seen_on = (v.observed or {}).get("server_id")
+            if v.server_id is None and v.status == "failed" and seen_on:
+                # a detach that failed (its disk still on the server it was last seen on): detach it again
+                return v, vol.VOLUME_DETACH, {"from": seen_on}, (seen_on,)
             if v.server_id is None:
                 raise Conflict(f"volume {v.id} is not attached to a server", code="volume_not_attached")
             row = await vol.set_server(conn, v.id, None)

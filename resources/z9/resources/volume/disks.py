@@ -95,8 +95,8 @@ def find_volume_disk(config: Mapping[str, Any], serial: str, volids: tuple[str, 
         if d.serial == serial:
             return d
     for d in disks:
-        if d.volid in volids:
-            return d
+        if d.volid in volids and not (d.serial is not None and is_volume_serial(d.serial)):
+            return d  # by a recorded volid only a disk that carries no other volume's serial
     return None
 
 

@@ -67,6 +67,9 @@ class VolumeIntent:
     # a verify once saw the volume's disk (the row's observed names its volid): a disk found nowhere now
     # is lost, never made again — a new blank disk would silently stand in for the customer's data
     had_disk: bool = False
+    # where a failed volume's disk was last seen (the row's observed volid): a bare unusedN of that volid is
+    # its disk after an unplug whose job failed before the reassign (that job's own record is gone with it)
+    last_volid: str | None = None
 
     @property
     def serial(self) -> str:
@@ -112,7 +115,8 @@ async def observe(ops: DiskOps, intent: VolumeIntent, *, find_anchor: FindVm, fi
     serial = intent.serial
     # the volids the volume's disk had when a step of ours took it off a server (each plan carries them
     # on, so the record outlives the attempt that made it: a replan keeps it in its detach step)
-    volids = [*recorded(last_steps or [], "unplug", "volid"), *recorded(last_steps or [], "detach", "volid")]
+    volids = [*recorded(last_steps or [], "unplug", "volid"), *recorded(last_steps or [], "detach", "volid"),
+              *([intent.last_volid] if intent.last_volid else [])]
     w.anchor = await find_anchor(intent.volume_id)
     if w.anchor is None:
         for rec in recorded(last_steps or [], "create", "vmid"):

@@ -31,7 +31,8 @@ from . import reconcile as rec
 def intent_of(row: vol.Volume, kind: str) -> rec.VolumeIntent:
     return rec.VolumeIntent(row.id, row.name, row.size_gib, row.storage, server_id=row.server_id,
                             delete=kind == vol.VOLUME_DELETE,
-                            had_disk=bool(row.observed and row.observed.get("volid")))
+                            had_disk=bool(row.observed and row.observed.get("volid")),
+                            last_volid=(row.observed or {}).get("volid") if row.status == "failed" else None)
 
 
 def known_servers(row: vol.Volume, job: Job) -> list[str]:
