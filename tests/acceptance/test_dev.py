@@ -170,6 +170,21 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has exited
 
 
+def _services_of(pid: int) -> list[int]:
+    """The service processes ``z9 dev`` (``pid``) started: its children running ``-m z9 <service>``
+    (not its database's watchdog, which by design outlives it until the database is stopped)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"-m" in argv and argv[argv.index(b"-m") + 1:argv.index(b"-m") + 2] == [b"z9"]:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def _wait_gone(pids: list[int], timeout_s: float = 40) -> list[int]:
     """The pids still alive after ``timeout_s`` (none: all gone)."""
     try:

@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 from tests.support import free_port
-from tests.acceptance.test_dev import _alive, _metrics_base, _start, _wait_banner, _wait_gone
+from tests.acceptance.test_dev import _alive, _metrics_base, _services_of, _start, _wait_banner, _wait_gone
 
 
 def _postmaster(data_dir: Path) -> int:
@@ -26,8 +26,13 @@ async def test_z9_dev_after_a_sigkill_still_stops_its_database(tmp_path: Path) -
     try:
         await asyncio.to_thread(_wait_banner, proc)
         pg = _postmaster(data_dir)
+        services = _services_of(proc.pid)
+        assert len(services) >= 4, services
         proc.kill()  # no shutdown runs
         proc.wait()
+        # its services follow it (parent-death signal, then their own shutdown): the next z9 dev starts once
+        # they are gone — they hold the ports it is given again
+        assert await asyncio.to_thread(_wait_gone, services, 60) == [], "z9 dev's services outlived it"
         # the next z9 dev on that folder takes the server over …
         proc = _start(data_dir, port, metrics_base)
         await asyncio.to_thread(_wait_banner, proc)
