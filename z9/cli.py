@@ -282,11 +282,12 @@ def cmd_quota(args: argparse.Namespace, settings: Settings) -> int:
     code, got = _db_command("quota", go)
     if code == 0:
         own, used = got
-        print(f"{'quota':<12} {'limit':>10} {'source':<9} {'used':>10}")
+        width = max(len("quota"), *(len(k) for k in units))  # the longest unit name (load_balancers)
+        print(f"{'quota':<{width}} {'limit':>10} {'source':<9} {'used':>10}")
         for k in units:
             limit = own.get(k, settings.quota_defaults.get(k))
             source = "tenant" if k in own else "default"
-            print(f"{k:<12} {'none' if limit is None else limit:>10} {source:<9} {used[k]:>10}")
+            print(f"{k:<{width}} {'none' if limit is None else limit:>10} {source:<9} {used[k]:>10}")
     return code
 
 

@@ -173,7 +173,10 @@ async def test_operator_sets_a_tenants_quota_with_z9_quota(api: Stack) -> None:
 
     out = run("--servers", "1", "--memory-mib", "4096")
     assert out.returncode == 0, out.stderr
-    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()[1:]}
+    lines = out.stdout.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    # one column each: every row's fields start where the header's do (the longest unit name fits)
+    assert len({line.index(line.split()[1]) + len(line.split()[1]) for line in lines}) == 1, out.stdout
     assert rows["servers"] == ["1", "tenant", "0"] and rows["addresses"] == ["5", "default", "0"]
     assert rows["cores"] == ["none", "default", "0"]
     body = {"name": "one", "region": "dev-1", "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10}
