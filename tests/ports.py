@@ -57,7 +57,7 @@ def free_ports(count: int = 1) -> int:
             return s.getsockname()[1]
     with _lock:
         if _cycle is None:
-            _cycle = itertools.cycle(range(block.start, block.stop - count + 1, 1))
+            _cycle = itertools.cycle(block)  # a run too near the block's end is skipped below
         for _ in range(len(block)):
             first = next(_cycle)
             if first + count > block.stop:
