@@ -24,12 +24,20 @@ from z9.common.settings import AddressPoolSettings, RegionSettings, Settings
 from z9.db import migrate
 from z9.sim.server import SimConfig, SimServer, start_simulator
 
+from tests.file_order import known_durations, longest_files_first
 from tests.support import REGION, SERVICE_SETTINGS, SIM_TIMING, Services, SimAdmin, Stack, api_stack, service_env, with_database
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "settings(**overrides): the test's Settings built with these values (``region={...}``: "
         "overrides of the test region's RegionSettings); settings are frozen, never changed under a running stack")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest test files first (:mod:`tests.file_order`; the workers hand files out in this order,
+    ``--no-loadscope-reorder``)."""
+    longest_files_first(items, known_durations())
 
 
 @pytest.fixture(scope="session")
