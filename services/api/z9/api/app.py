@@ -8,7 +8,6 @@ as a 500 without being logged once.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import time
@@ -260,13 +259,19 @@ def operations() -> list[Operation]:
     return ops
 
 
-@functools.cache
 def served_document() -> dict[str, Any]:
-    """The OpenAPI document the API serves: built once per process (it depends on the code alone,
-    not on the settings; about 0.1 s of CPU that every ``create_app`` paid), shared read-only by
-    every app of the process."""
-    return openapi_document(operations(), tag_descriptions={a.rtype.plural: a.tag_description
-                                                            for a in RESOURCES if a.tag_description})
+    """The OpenAPI document the API serves: built once per process for the registered resource
+    types (it depends on the code and the registry alone, not on the settings; about 0.1 s of CPU
+    that every ``create_app`` paid), shared read-only by the apps of the process."""
+    key = tuple((id(a), a.rtype.name) for a in RESOURCES)
+    if key not in _DOCUMENTS:
+        _DOCUMENTS.clear()  # a type registered or removed (tests): the old document is for another registry
+        _DOCUMENTS[key] = openapi_document(operations(), tag_descriptions={
+            a.rtype.plural: a.tag_description for a in RESOURCES if a.tag_description})
+    return _DOCUMENTS[key]
+
+
+_DOCUMENTS: dict[tuple[tuple[int, str], ...], dict[str, Any]] = {}
 
 
 async def openapi(request: web.Request) -> web.Response:
