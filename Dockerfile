@@ -13,9 +13,9 @@ RUN useradd --system --uid 10001 --create-home --home-dir /home/z9 --shell /usr/
     && mkdir -p /var/lib/z9-sim && chown z9:z9 /var/lib/z9-sim
 
 WORKDIR /app
-# Only what the package needs (see pyproject.toml's package-dir); secrets and state stay out
+# Only what the package needs (see pyproject.toml's package-dir; setup.py finds the packages); secrets and state stay out
 # (.dockerignore).
-COPY pyproject.toml README.md LICENSE constraints.txt ./
+COPY pyproject.toml setup.py README.md LICENSE constraints.txt ./
 COPY z9 ./z9
 COPY libs ./libs
 COPY services ./services

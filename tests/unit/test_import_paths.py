@@ -4,12 +4,14 @@ top-level folder holds its part of the ``z9`` namespace (PEP 420) as ``<root>/z9
 from __future__ import annotations
 
 import ast
+import runpy
 import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SOURCE_ROOTS = [ROOT / r for r in PYPROJECT["tool"]["pyright"]["extraPaths"]]
+find_packages = runpy.run_path(str(ROOT / "setup.py"), run_name="z9_setup")["find_packages"]
 
 
 #: top-level folders that are source roots, not packages: importing them works only by accident
@@ -75,5 +77,23 @@ def test_the_source_roots_are_the_package_directories() -> None:
         assert str(Path(*rel.parts[:-2]) or ".") in {str(Path(r)) for r in tool["pyright"]["extraPaths"]}, directory
     for root in SOURCE_ROOTS:
         assert not (root / "z9" / "__init__.py").exists(), root
-    for package in tool["setuptools"]["packages"]:
+    for package in find_packages():
         assert _module_file(package) is not None, package
+
+
+def test_every_package_directory_is_installed_and_every_slice_with_it() -> None:
+    """setup.py finds the packages (no hand-kept list): every directory with an ``__init__.py``
+    under a source root is one, each registered resource type's slice and its ``jobs`` among them
+    (a listed one left the volume slice out of every wheel)."""
+    found = set(find_packages())
+    for root in SOURCE_ROOTS:
+        for init in (root / "z9").rglob("__init__.py"):
+            if "__pycache__" not in init.parts and "node_modules" not in init.parts:
+                assert ".".join(init.parent.relative_to(root).parts) in found, init
+    from z9 import resources
+
+    slices = resources.slice_modules("jobs")
+    assert len(slices) == len(resources.REGISTRY)
+    for rtype, jobs in slices:
+        assert {jobs.__name__, jobs.__name__.rsplit(".", 1)[0]} <= found, rtype.name
+    assert "packages" not in PYPROJECT["tool"]["setuptools"], "the packages are found by setup.py, not listed"
