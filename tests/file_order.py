@@ -28,11 +28,16 @@ DURATIONS = Path(__file__).with_name("durations.json")
 
 
 def known_durations() -> dict[str, float]:
-    """``{test file path (from the repository root): seconds}``; empty when the list is missing."""
+    """``{test file path (from the repository root): seconds}``; empty when the list is missing or
+    not such a mapping, and an entry that is not a number is left out (order only: never an error)."""
     try:
-        return {k: float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+        data = json.loads(DURATIONS.read_text())
     except (OSError, ValueError):
         return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: float(v) for k, v in data.items()
+            if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def longest_files_first(items: list[pytest.Item], durations: dict[str, float]) -> None:

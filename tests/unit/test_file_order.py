@@ -5,7 +5,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tests.file_order import durations_from_junit, longest_files_first
+import pytest
+
+from tests import file_order
+from tests.file_order import durations_from_junit, known_durations, longest_files_first
 
 
 def _items(*nodeids: str) -> list[Any]:
@@ -29,3 +32,17 @@ def test_durations_are_summed_per_file_from_a_junit_report(tmp_path: Path) -> No
 <testcase classname="tests.nowhere.test_gone" name="d" time="9"/>
 </testsuite></testsuites>""")
     assert durations_from_junit(report) == {"tests/unit/test_file_order.py": 3.8}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"tests/a.py": 5, "tests/b.py": 2.5}', {"tests/a.py": 5.0, "tests/b.py": 2.5}),
+    ('{"tests/a.py": null, "tests/b.py": "7", "tests/c.py": true, "tests/d.py": 1}', {"tests/d.py": 1.0}),
+    ("[]", {}), ('"x"', {}), ("{not json", {}), (None, {}),
+])
+def test_a_missing_or_malformed_list_orders_nothing_and_fails_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      text: str | None, expected: dict[str, float]) -> None:
+    path = tmp_path / "durations.json"
+    if text is not None:
+        path.write_text(text)
+    monkeypatch.setattr(file_order, "DURATIONS", path)
+    assert known_durations() == expected

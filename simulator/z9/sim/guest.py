@@ -93,6 +93,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import contextlib
 import email.utils
 import hashlib
 import ipaddress
@@ -384,61 +385,113 @@ def cloud_init_binary() -> str | None:
 class _WarmCloudInit:
     """Debian's ``cloud-init`` kept running (:mod:`z9.sim.cloud_init_worker`, under cloud-init's own
     interpreter): the same entry point ``/usr/bin/cloud-init`` runs, without a new process and its
-    imports (about 0.3 s of CPU) per check. Idle workers are reused, one per concurrent check; a
-    worker that dies or hangs is dropped (its check answered by a fresh one)."""
+    imports (about 0.3 s of CPU) per check. Used only when the binary is cloud-init's own
+    console-script wrapper; a worker that cannot start is not tried again for that binary. Up to
+    :attr:`KEEP` idle workers are kept (one per concurrent check is started); one that dies, hangs
+    past the timeout or answers garbage is killed, and the check goes to a fresh one."""
+
+    KEEP = 2
+    #: what the console-script wrapper of cloud-init holds (Debian's: setuptools' easy-install one)
+    _WRAPPER_MARKS = ("load_entry_point('cloud-init", 'load_entry_point("cloud-init', "'cloud-init==")
 
     def __init__(self) -> None:
-        self._idle: list[subprocess.Popen[str]] = []
+        self._idle: list[subprocess.Popen[bytes]] = []
         self._lock = threading.Lock()
+        self._unusable: set[str] = set()
 
-    @staticmethod
-    def interpreter(binary: str) -> str | None:
-        """The interpreter of the ``cloud-init`` script (its ``#!`` line), if it is a Python."""
+    @classmethod
+    def interpreter(cls, binary: str) -> str | None:
+        """The Python running the ``cloud-init`` script, if the script is cloud-init's console-script
+        wrapper (its ``#!`` line names that Python); otherwise None (the binary is run as it is)."""
         try:
             with open(binary, "rb") as f:
-                first = f.readline(200).decode("utf-8", "replace")
+                head = f.read(4096).decode("utf-8", "replace")
         except OSError:
             return None
+        first = head.split("\n", 1)[0]
         argv = first[2:].split() if first.startswith("#!") else []
-        return argv[0] if argv and os.path.basename(argv[0]).startswith("python") and os.access(argv[0], os.X_OK) \
-            else None
+        if not (argv and len(argv) == 1 and os.path.basename(argv[0]).startswith("python")
+                and os.access(argv[0], os.X_OK) and any(m in head for m in cls._WRAPPER_MARKS)):
+            return None
+        return argv[0]
 
-    def run(self, binary: str, args: list[str], timeout_s: float) -> tuple[int, str, str] | None:
-        """(exit code, stdout, stderr) of ``cloud-init ARGS``; None when no worker can run (then the
-        caller runs the CLI itself)."""
-        python = self.interpreter(binary)
+    def _start(self, python: str, deadline: float) -> subprocess.Popen[bytes] | None:
+        proc = subprocess.Popen([python, "-I", str(Path(__file__).with_name("cloud_init_worker.py"))],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "LANG": "C.UTF-8"})
+        if (self._read_line(proc, deadline) or {}).get("ready") is not True:
+            self._discard(proc)
+            return None
+        return proc
+
+    @staticmethod
+    def _read_line(proc: subprocess.Popen[bytes], deadline: float) -> dict[str, Any] | None:
+        """The next JSON line of ``proc`` before ``deadline`` (monotonic); None when it ended, sent
+        something else, or the deadline passed (a poll, not select: no limit on the fd's number)."""
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        buf = b""
+        while not buf.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            buf += chunk
+        try:
+            answer = json.loads(buf)
+        except ValueError:
+            return None
+        return answer if isinstance(answer, dict) else None
+
+    @staticmethod
+    def _discard(proc: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        proc.wait()
+
+    def run(self, binary: str, args: list[str], timeout_s: float) -> tuple[int, bytes, bytes] | None:
+        """(exit code, stdout, stderr) of ``cloud-init ARGS``; None when no worker answers it (then
+        the caller runs the CLI itself). Raises TimeoutExpired when a worker took ``timeout_s``."""
+        python = None if binary in self._unusable else self.interpreter(binary)
         if python is None:
             return None
+        deadline = time.monotonic() + timeout_s
         for _ in range(2):  # a worker found dead is replaced once
             with self._lock:
                 proc = self._idle.pop() if self._idle else None
             if proc is None or proc.poll() is not None:
-                try:
-                    proc = subprocess.Popen([python, "-I", str(Path(__file__).with_name("cloud_init_worker.py"))],
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                            env={**os.environ, "LANG": "C.UTF-8"})
-                except OSError:
+                proc = self._start(python, deadline)
+                if proc is None:
+                    self._unusable.add(binary)  # its Python has no cloud-init distribution: the CLI from now on
                     return None
             try:
-                assert proc.stdin is not None and proc.stdout is not None
-                proc.stdin.write(json.dumps(args) + "\n")
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps(args).encode() + b"\n")
                 proc.stdin.flush()
-                ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-                if not ready:
-                    proc.kill()
-                    proc.wait()
-                    raise subprocess.TimeoutExpired([binary, *args], timeout_s)
-                line = proc.stdout.readline()
-            except (BrokenPipeError, OSError):
-                line = ""
-            if not line:  # it died: its imports failed, or it was killed
-                proc.kill()
-                proc.wait()
+                answer = self._read_line(proc, deadline)
+            except OSError:  # a broken pipe: it died
+                answer = None
+            if answer is None or answer.get("crashed"):
+                self._discard(proc)
+                if answer is not None:  # cloud-init raised: its traceback is the CLI's own to print
+                    return None
+                if time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired(["cloud-init", *args], timeout_s)
                 continue
-            answer = json.loads(line)
             with self._lock:
-                self._idle.append(proc)
-            return answer["rc"], answer["stdout"], answer["stderr"]
+                keep = len(self._idle) < self.KEEP
+                if keep:
+                    self._idle.append(proc)
+            if not keep:
+                self._discard(proc)
+            try:
+                return int(answer["rc"]), base64.b64decode(answer["stdout"]), base64.b64decode(answer["stderr"])
+            except (KeyError, TypeError, ValueError):
+                return None
         return None
 
 
@@ -464,11 +517,11 @@ def schema_check(user_data: bytes) -> tuple[str, str]:
         args = ["schema", "--config-file", f.name]
         warm = _WARM_CLOUD_INIT.run(binary, args, timeout_s=60)
         if warm is not None:
-            returncode, err = warm[0], warm[2]
+            returncode, raw_err = warm[0], warm[2]
         else:
             r = subprocess.run([binary, *args], capture_output=True, timeout=60, env={**os.environ, "LANG": "C.UTF-8"})
-            returncode, err = r.returncode, r.stderr.decode("utf-8", "replace")
-        err = err.replace(f.name, USER_DATA_PATH)
+            returncode, raw_err = r.returncode, r.stderr
+        err = raw_err.decode("utf-8", "replace").replace(f.name, USER_DATA_PATH)
     if returncode == 0:
         verdict = ("valid", "")
     else:

@@ -262,16 +262,20 @@ def operations() -> list[Operation]:
 def served_document() -> dict[str, Any]:
     """The OpenAPI document the API serves: built once per process for the registered resource
     types (it depends on the code and the registry alone, not on the settings; about 0.1 s of CPU
-    that every ``create_app`` paid), shared read-only by the apps of the process."""
-    key = tuple((id(a), a.rtype.name) for a in RESOURCES)
-    if key not in _DOCUMENTS:
-        _DOCUMENTS.clear()  # a type registered or removed (tests): the old document is for another registry
-        _DOCUMENTS[key] = openapi_document(operations(), tag_descriptions={
-            a.rtype.plural: a.tag_description for a in RESOURCES if a.tag_description})
-    return _DOCUMENTS[key]
+    that every ``create_app`` paid), shared by the apps of the process, which only read it. Built
+    again when the registry holds other objects (a type registered or replaced, in tests): the
+    cache keeps the objects it was built for and compares them by identity."""
+    global _DOCUMENT
+    built_for, document = _DOCUMENT or ((), None)
+    if document is None or len(built_for) != len(RESOURCES) or any(a is not b for a, b in zip(built_for, RESOURCES)):
+        built_for = tuple(RESOURCES)
+        document = openapi_document(operations(), tag_descriptions={
+            a.rtype.plural: a.tag_description for a in built_for if a.tag_description})
+        _DOCUMENT = (built_for, document)
+    return document
 
 
-_DOCUMENTS: dict[tuple[tuple[int, str], ...], dict[str, Any]] = {}
+_DOCUMENT: tuple[tuple[ApiResource, ...], dict[str, Any]] | None = None
 
 
 async def openapi(request: web.Request) -> web.Response:
