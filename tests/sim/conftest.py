@@ -4,12 +4,14 @@ synchronous proxmoxer/requests clients can drive it from plain test functions.""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 import pytest
 import requests
 from proxmoxer import ProxmoxAPI
 
+from z9.sim.guest import cloud_init_binary
 from z9.sim.server import SimConfig, SimServer, start_simulator
 
 from tests.support import poll_sync
@@ -98,3 +100,14 @@ def wait(pve):
 def sim_thread_factory():
     """SimThread(config, cert_dir) for tests that need their own simulator."""
     return SimThread
+
+
+@pytest.fixture
+def cloud_init_tool() -> str:
+    """Debian's cloud-init: skipped without it, a failure under Z9_REQUIRE_GUEST_TOOLS=1 (CI)."""
+    path = cloud_init_binary()
+    if path is None:
+        if os.environ.get("Z9_REQUIRE_GUEST_TOOLS") == "1":
+            pytest.fail("cloud-init is not installed (Z9_REQUIRE_GUEST_TOOLS=1): apt-get install cloud-init")
+        pytest.skip("cloud-init is not installed")
+    return path

@@ -4,27 +4,12 @@ user-data judged by Debian's ``cloud-init schema``, and a failure reported throu
 
 from __future__ import annotations
 
-import os
 from urllib.parse import quote
 
-import pytest
-
 from z9.common.nocloud import build_nocloud_iso
-from z9.sim.guest import cloud_init_binary
 
 from .conftest import SSH_KEY
 from .test_sim_guest import agent_exec, ci_status, clone, until, upload
-
-
-@pytest.fixture
-def cloud_init_tool() -> str:
-    """Debian's cloud-init: skipped without it, a failure under Z9_REQUIRE_GUEST_TOOLS=1 (CI)."""
-    path = cloud_init_binary()
-    if path is None:
-        if os.environ.get("Z9_REQUIRE_GUEST_TOOLS") == "1":
-            pytest.fail("cloud-init is not installed (Z9_REQUIRE_GUEST_TOOLS=1): apt-get install cloud-init")
-        pytest.skip("cloud-init is not installed")
-    return path
 
 
 def finished(vm) -> dict:
