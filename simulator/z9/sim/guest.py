@@ -466,7 +466,9 @@ class _WarmCloudInit:
             if proc is None or proc.poll() is not None:
                 proc = self._start(python, deadline)
                 if proc is None:
-                    self._unusable.add(binary)  # its Python has no cloud-init distribution: the CLI from now on
+                    # it could not start (its Python lacks the cloud-init distribution, or it did not
+                    # come up within the deadline): the CLI, a process per check, from now on
+                    self._unusable.add(binary)
                     return None
             try:
                 assert proc.stdin is not None
