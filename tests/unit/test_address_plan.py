@@ -53,8 +53,18 @@ def test_move_takes_entry_off_the_old_holder_before_its_tag_and_tags_the_new_one
     a = address()
     old = Holder(vm(101, SRV_A, address_tag(ADR)), ENTRY)
     new = Holder(vm(102, SRV_B), None, {"enable": 0})
-    steps = _address.plan(None, world(a, target=new, holders=[old]))  # type: ignore[arg-type]
-    assert names(steps) == ["remove_entry@101", "untag@101", "tag@102", "create_ipset@102", "add_entry@102"]
+    steps = _address.plan(None, world(a, target=new, holders=[old], enforce=True))  # type: ignore[arg-type]
+    assert names(steps) == ["remove_entry@101", "untag@101", "tag@102", "create_ipset@102", "add_entry@102",
+                            "enable_ipfilter@102"]
+
+
+def test_a_vm_without_a_filter_set_gets_none_while_not_enforced() -> None:
+    # a DHCP server (nothing to enforce): its VM firewall is on (the server's policies), so a set
+    # would filter by existing (pve-firewall generate_tap_rules) and drop its leased address
+    a = address()
+    new = Holder(vm(102, SRV_B), None, {"enable": 1})
+    steps = _address.plan(None, world(a, target=new))  # type: ignore[arg-type]
+    assert names(steps) == ["tag@102"]
 
 
 def test_converged_plans_nothing() -> None:
@@ -112,7 +122,8 @@ def test_a_primary_taken_off_a_stopped_vm_leaves_its_cloud_init_on_dhcp() -> Non
     old = Holder(vm(101, SRV_A, address_tag(ADR), running=False, ipconfig0="ip=198.51.100.7/24,gw=198.51.100.1"),
                  ENTRY)
     steps = _address.plan(None, world(a, target=None, holders=[old]))  # type: ignore[arg-type]
-    assert names(steps) == ["remove_entry@101", "clear_ipconfig@101", "untag@101"]
+    # back on DHCP: the filter goes (its switch and its set), never the VM's firewall
+    assert names(steps) == ["remove_entry@101", "clear_ipconfig@101", "disable_ipfilter@101", "untag@101"]
     running = Holder(vm(101, SRV_A, address_tag(ADR), ipconfig0="ip=198.51.100.7/24"), ENTRY)
     with pytest.raises(PermanentError, match="running"):
         _address.plan(None, world(a, target=None, holders=[running]))  # type: ignore[arg-type]

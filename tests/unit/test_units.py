@@ -289,8 +289,9 @@ class TestServerCreatePlan:
     def test_no_vm_clones_configures_resizes_starts(self) -> None:
         sid = new_id("srv")
         world = server_create.World(template=template(), vm=None)
+        # its firewall (explicit policies) before its first start
         assert names(server_create.plan(make_job("ServerCreate", sid, create_args()), world)) == [
-            "clone", "configure", "resize_disk", "start"]
+            "clone", "configure", "resize_disk", "firewall", "start"]
 
     def test_missing_template_is_waited_for(self) -> None:
         """Not visible yet (imported moments ago, being renamed) is waiting on the world, never a
@@ -309,7 +310,7 @@ class TestServerCreatePlan:
                                        server_create.World(template=tpl, vm=cloning))
             assert names(steps)[0] == "wait_clone"
             assert steps[0].detail["vmid"] == 130
-            assert names(steps) == ["wait_clone", "configure", "resize_disk", "start"]
+            assert names(steps) == ["wait_clone", "configure", "resize_disk", "firewall", "start"]
 
     def test_converged_vm_gives_empty_plan(self) -> None:
         sid = new_id("srv")

@@ -27,6 +27,7 @@ An immediate deletion goes from live to ``destroying`` (and the final job) at on
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
 import re
 from dataclasses import dataclass, field
@@ -35,11 +36,13 @@ from types import ModuleType
 from typing import Any, Awaitable, Callable, Generic, Protocol, TypeVar
 
 from z9.common import store
+from z9.common.errors import GuardRefusal
 from z9.common.ids import GENERIC_PREFIXES
 from z9.common.models import utc_now_iso
 from z9.common.store import DB, NewJob
 
 _TABLE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_guard_log = logging.getLogger("z9.executor.vms")  # where the deletion guard's refusals log
 
 
 class Row(Protocol):
@@ -123,6 +126,37 @@ class QuotaUsage:
 
 
 @dataclass(frozen=True)
+class VmParts:
+    """What a type keeps on VMs — on its own VMs beyond what the VM machinery's spec writes, and on
+    VMs other types made (an address on a server's VM, a volume's disk): the ownership contract of a
+    VM (docs/architecture.md, "Who owns what on a VM"). The VM machinery (``z9.executor.vms``)
+    converges a VM to its owner's spec, keeps every part some type declares, deletes what no one
+    declares in the namespaces it manages (cloud-init keys, ``ipconfigN``, z9's tags, IP-set entries
+    and firewall rules), and refuses to destroy a VM holding a part declared ``outlives_vm``.
+
+    ``config``: config keys by pattern (``re.fullmatch``); ``config_value(key, value)``: a config
+    entry it owns by its value, returning what it is ("volume disk vol…") or None; ``tags``: tag
+    prefixes; ``ipset_entries``: the comment prefixes of its entries in a VM's ``ipfilter-netN``
+    sets; ``firewall_options``: the VM firewall options it writes; ``firewall_rules``: the comment
+    prefixes of the VM firewall rules it writes (each rule z9 writes carries its writer's comment);
+    ``outlives_vm``: what it keeps on a VM must survive that VM (a VM holding it is never destroyed)."""
+
+    config: tuple[str, ...] = ()
+    config_value: Callable[[str, Any], str | None] | None = None
+    tags: tuple[str, ...] = ()
+    ipset_entries: tuple[str, ...] = ()
+    firewall_options: tuple[str, ...] = ()
+    firewall_rules: tuple[str, ...] = ()
+    outlives_vm: bool = False
+
+    def owns_config(self, key: str, value: Any) -> str | None:
+        """What this part is when config entry ``key: value`` belongs to it, else None."""
+        if any(re.fullmatch(p, key) for p in self.config):
+            return f"config key {key}"
+        return self.config_value(key, value) if self.config_value is not None else None
+
+
+@dataclass(frozen=True)
 class ResourceType(Generic[R]):
     """One type of resource. ``restore(row) -> (kind, args)`` is the job that gives a resource
     back what it had before a cancelled deletion (``Buffered`` only). ``statuses`` is the status
@@ -172,10 +206,9 @@ class ResourceType(Generic[R]):
     # type's): every list of quota units is derived from these (quota_units())
     quotas: tuple[QuotaUnit, ...] = ()
     quota_usage: QuotaUsage | None = None
-    # the deletion guard of what this type keeps on other types' VMs (a volume's disk on a server):
-    # guard(vmid, node, config) raises GuardRefusal when destroying that VM would destroy it too; the
-    # executor runs every type's before it destroys any VM (refuse_vm_destroy)
-    vm_destroy_guard: Callable[[int, str, Any], None] | None = None
+    # what the type keeps on VMs, its own and other types' (VmParts): the VM machinery keeps it,
+    # and refuses to destroy a VM holding a part that outlives the VM (refuse_vm_destroy)
+    vm_parts: VmParts = VmParts()
     # a cancelled deletion's first step, before the row is locked: lock the rows of other types its
     # restore changes (a volume: the server it goes back to), in the order every other request takes
     # them (the server before the volume), so it neither races that row's own deletion nor deadlocks
@@ -432,11 +465,44 @@ async def restore_dependents(conn: Any, type_name: str, row: Any, settings: Any)
 
 
 def refuse_vm_destroy(vmid: int, node: str, config: Any) -> None:
-    """Every type's ``vm_destroy_guard`` on the config of a VM about to be destroyed: the first that
-    refuses raises its GuardRefusal (permanent)."""
-    for rt in types():
-        if rt.vm_destroy_guard is not None:
-            rt.vm_destroy_guard(vmid, node, config)
+    """The deletion guard of the declared parts: GuardRefusal (permanent, logged at error level) when
+    the config of a VM about to be destroyed holds an entry some type declares ``outlives_vm`` (PVE's
+    destroy frees every disk the VM owns: a volume's disk on it would go with it)."""
+    for key, value in (config or {}).items():
+        for rt in types():
+            what = rt.vm_parts.owns_config(key, value) if rt.vm_parts.outlives_vm else None
+            if what is not None:
+                msg = (f"deletion guard refused to destroy VM {vmid} on {node}: {key} ({str(value).split(',', 1)[0]}) "
+                       f"is {what} of a {rt.name}, which outlives the VM; its own jobs take it off first")
+                _guard_log.error(msg)
+                raise GuardRefusal(msg)
+
+
+def config_owner(key: str, value: Any) -> ResourceType[Any] | None:
+    """The type declaring config entry ``key: value`` as its part on VMs (:class:`VmParts`), or None."""
+    return next((rt for rt in types() if rt.vm_parts.owns_config(key, value) is not None), None)
+
+
+def declared_tag(tag: str) -> bool:
+    """Some type declares ``tag`` (by prefix) as its part on VMs."""
+    return any(tag.startswith(p) for rt in types() for p in rt.vm_parts.tags)
+
+
+def declared_ipset_entry(comment: str | None) -> bool:
+    """Some type declares the IP-set entry commented ``comment`` (by prefix) as its part."""
+    return bool(comment) and any(str(comment).startswith(p) for rt in types() for p in rt.vm_parts.ipset_entries)
+
+
+def declared_firewall_rule(comment: str | None) -> ResourceType[Any] | None:
+    """The type declaring the firewall rule commented ``comment`` (by prefix), or None."""
+    if not comment:
+        return None
+    return next((rt for rt in types() if any(str(comment).startswith(p) for p in rt.vm_parts.firewall_rules)), None)
+
+
+def declared_firewall_options() -> set[str]:
+    """The VM firewall options some type declares as its part."""
+    return {o for rt in types() for o in rt.vm_parts.firewall_options}
 
 
 def pve_endpoints() -> tuple[str, ...]:

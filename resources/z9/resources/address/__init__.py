@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from z9.resources.address.model import Address
-from z9.resources import Buffered, QuotaUnit, QuotaUsage, ResourceType, on_final_delete, register
+from z9.resources import Buffered, QuotaUnit, QuotaUsage, ResourceType, VmParts, on_final_delete, register
 
 # the job kinds of this type (the ``kind`` column's values)
 ADDRESS_CREATE = "AddressCreate"
@@ -62,6 +62,9 @@ ADDRESS: ResourceType[Address] = register(ResourceType(
     # cluster's address goes with its owner)
     deletion_rules=("protected", "must_be_unassigned", "load_balancer_address", "cluster_endpoint"),
     order=20,
+    # on the server's VM it is on: its tag (how its holder is found), its entry in the VM's IP filter
+    # set, and the filter's switch (``ipfilter``: on once every address the VM uses is in the set)
+    vm_parts=VmParts(tags=("z9-addr-",), ipset_entries=("z9 address ",), firewall_options=("ipfilter",)),
     quotas=(QuotaUnit("addresses", "addresses", example=(5, 1)),),
     quota_usage=QuotaUsage("address_quota_usage", {
         "addresses": "addresses (whoever holds them: primary ones, load balancers' VIPs and appliances', "

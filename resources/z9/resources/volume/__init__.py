@@ -16,9 +16,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from z9.resources import Buffered, QuotaUnit, QuotaUsage, ResourceType, on_deletion, on_final_delete, on_restore, register
+from z9.resources import (Buffered, QuotaUnit, QuotaUsage, ResourceType, VmParts, on_deletion, on_final_delete, on_restore,
+                          register)
 from z9.resources.volume.model import Volume, serial_of  # noqa: F401  (serial_of: the slice's public name)
-from z9.resources.volume.guard import refuse_destroy_with_volumes
+from z9.resources.volume.guard import volume_disk
 
 STATUSES = ("creating", "available", "attached", "deleting", "destroying", "deleted", "failed")
 
@@ -76,7 +77,8 @@ VOLUME: ResourceType[Volume] = register(ResourceType(
     statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale, order=50,
     quotas=(QuotaUnit("volume_gib", "GiB of volumes", example=(1000, 50)),),
     quota_usage=QuotaUsage("volume_quota_usage", {"volume_gib": "volumes' sizes (GiB)"}),
-    vm_destroy_guard=refuse_destroy_with_volumes, lock_before_restore=lock_server_first,
+    # its disk, on whatever VM it is (found by serial): kept by every convergence, never destroyed with the VM
+    vm_parts=VmParts(config_value=volume_disk, outlives_vm=True), lock_before_restore=lock_server_first,
     pve_endpoints=("POST /nodes/{node}/qemu", "POST /nodes/{node}/qemu/{vmid}/move_disk"),
 ))
 

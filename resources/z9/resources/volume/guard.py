@@ -5,8 +5,9 @@ when every disk on it belongs to what the job is allowed to destroy.
 VM *owns*, and a reassigned disk is owned by the VM it was moved to (pve-storage ``rename_volume``): a
 server's VM destroyed with a volume still on it would take the volume's data with it. So:
 
-- :func:`refuse_destroy_with_volumes` — the type's ``vm_destroy_guard`` (the registry runs it before the
-  executor destroys any VM, of any type): refuses while the VM holds a disk carrying a volume serial.
+- :func:`volume_disk` — the type's declared part of a VM (``VmParts.config_value``, ``outlives_vm``): the
+  registry's deletion guard (``z9.resources.refuse_vm_destroy``, run before the executor destroys any VM,
+  of any type) refuses while the VM holds a disk carrying a volume serial.
 - :func:`guard_disks` — the volume jobs' own check: a volume's delete refuses when its anchor holds any
   disk other than this volume's; a server deleted with ``delete_volumes`` passes the serials it may take.
 
@@ -48,7 +49,11 @@ def guard_disks(vmid: int, node: str, config: Mapping[str, Any], *, allowed_seri
         raise GuardRefusal(msg)
 
 
-def refuse_destroy_with_volumes(vmid: int, node: str, config: Mapping[str, Any]) -> None:
-    """Any VM's destroy (the registry's ``vm_destroy_guard`` of the volume type): never while it holds a
-    volume's disk — its jobs detach it first; a disk still there means they have not."""
-    guard_disks(vmid, node, config, allowed_serials=set(), allowed_volids=None)
+def volume_disk(key: str, value: Any) -> str | None:
+    """The volume's part on a VM (its ``VmParts.config_value``): a disk carrying a z9 volume serial is
+    that volume's, whichever VM it is on — never destroyed with the VM (the registry's deletion guard of
+    declared parts refuses), never deleted by another type's convergence."""
+    for d in parse_disks({key: value}):
+        if d.serial is not None and is_volume_serial(d.serial):
+            return f"volume disk {d.serial}"
+    return None

@@ -50,7 +50,7 @@ from z9.common.tags import normalize_tags
 # the adapter's answers and errors, and the cluster view, live beside it (imported here: what
 # the adapter raises and returns is importable from it as before)
 from .cluster_view import ClusterSnapshot, ClusterView  # noqa: F401
-from .pve_types import (AgentUnavailable, CloneNeedsSharedStorage, EntryExists, EntryMissing,  # noqa: F401
+from .pve_types import (AgentUnavailable, CloneNeedsSharedStorage, DigestMismatch, EntryExists, EntryMissing,  # noqa: F401
                         MissingPrivilege, OutcomeUnknown, TaskFailed, TaskFailedPermanently, Upid, VmidTaken,
                         VmLocked, VmMissing, VmRef, VmState)
 
@@ -82,6 +82,8 @@ ENDPOINTS = (
     "DELETE /nodes/{node}/storage/{storage}/content/{volume}",
     "GET /nodes/{node}/qemu/{vmid}/cloudinit/dump", "GET /nodes/{node}/qemu/{vmid}/cloudinit",
     "GET /nodes/{node}/qemu/{vmid}/agent/get-host-name", "GET /nodes/{node}/storage",
+    "GET /nodes/{node}/qemu/{vmid}/firewall/rules", "POST /nodes/{node}/qemu/{vmid}/firewall/rules",
+    "DELETE /nodes/{node}/qemu/{vmid}/firewall/rules/{pos}", "DELETE /nodes/{node}/qemu/{vmid}/firewall/ipset/{name}",
 )
 
 
@@ -106,6 +108,7 @@ _LOCAL_CLONE = re.compile(r"can't clone VM to node '[^']*' \(VM uses local stora
 _TAKEN = re.compile(r"already exists")
 _IPSET_EXISTS = re.compile(r"(address '[^']*'|IPSet '[^']*') already exists")
 _IPSET_MISSING = re.compile(r"no such IPSet '[^']*'|no such IP/Network")
+_MODIFIED = re.compile(r"detected modified configuration - file changed by other user\? Try again\.")
 
 
 def translate(exc: BaseException, what: str) -> Exception:
@@ -126,6 +129,8 @@ def translate(exc: BaseException, what: str) -> Exception:
             return CloneNeedsSharedStorage(msg)
         if _LOCK_TIMEOUT.search(reason):
             return TemporaryError(msg)
+        if _MODIFIED.search(reason):
+            return DigestMismatch(msg)
         if status in (400, 500) and _IPSET_EXISTS.search(msg):
             return EntryExists(msg)
         if status in (400, 500) and _IPSET_MISSING.search(msg):
@@ -622,9 +627,13 @@ class ProxmoxClient:
                                      f"read firewall options of VM {vmid}",
                                      lambda: self._api.nodes(node).qemu(vmid).firewall.options.get()) or {})
 
-    async def set_firewall_options(self, node: str, vmid: int, **options: bool) -> None:
-        """``PUT …/firewall/options`` (booleans sent as 1/0)."""
-        data = {k: _bool(v) for k, v in options.items()}
+    async def set_firewall_options(self, node: str, vmid: int, *, digest: str | None = None,
+                                   **options: bool | int | str) -> None:
+        """``PUT …/firewall/options`` (booleans sent as 1/0; ``policy_in`` … as given), guarded by
+        ``digest`` when given (a stale one: :class:`DigestMismatch`)."""
+        data: dict[str, Any] = {k: _bool(v) if isinstance(v, bool) else v for k, v in options.items()}
+        if digest:
+            data["digest"] = digest
         await self._call("PUT /nodes/{node}/qemu/{vmid}/firewall/options", f"set firewall options of VM {vmid}",
                          lambda: self._api.nodes(node).qemu(vmid).firewall.options.put(**data))
 
@@ -667,6 +676,35 @@ class ProxmoxClient:
                              lambda: self._api.nodes(node).qemu(vmid).firewall.ipset(name)(cidr).delete())
         except EntryMissing:
             return
+
+    async def ipset_delete(self, node: str, vmid: int, name: str) -> None:
+        """Delete IP set ``name`` of VM ``vmid`` with its entries (``force``; absent: done)."""
+        try:
+            await self._call("DELETE /nodes/{node}/qemu/{vmid}/firewall/ipset/{name}", f"delete IP set {name} of VM {vmid}",
+                             lambda: self._api.nodes(node).qemu(vmid).firewall.ipset(name).delete(force=1))
+        except EntryMissing:
+            return
+
+    async def firewall_rules(self, node: str, vmid: int) -> tuple[list[dict[str, Any]], str | None]:
+        """``GET …/firewall/rules``: VM ``vmid``'s rules in order (each with ``pos``) and the list's
+        ``digest`` (every rule row carries it: pve-firewall ``copy_list_with_digest``)."""
+        rows = [dict(r) for r in await self._call("GET /nodes/{node}/qemu/{vmid}/firewall/rules",
+                                                  f"read firewall rules of VM {vmid}",
+                                                  lambda: self._api.nodes(node).qemu(vmid).firewall.rules.get()) or []]
+        return sorted(rows, key=lambda r: int(r.get("pos", 0))), (str(rows[0]["digest"]) if rows else None)
+
+    async def firewall_rule_add(self, node: str, vmid: int, rule: dict[str, str]) -> None:
+        """``POST …/firewall/rules``: ``rule`` inserted first in VM ``vmid``'s list."""
+        await self._call("POST /nodes/{node}/qemu/{vmid}/firewall/rules", f"add a firewall rule to VM {vmid}",
+                         lambda: self._api.nodes(node).qemu(vmid).firewall.rules.post(**rule))
+
+    async def firewall_rule_delete(self, node: str, vmid: int, pos: int, *, digest: str | None) -> None:
+        """``DELETE …/firewall/rules/{pos}`` under the list's ``digest`` (the rule at ``pos`` is the one
+        read only while the list is unchanged: a stale digest is :class:`DigestMismatch`)."""
+        params = {"digest": digest} if digest else {}
+        await self._call("DELETE /nodes/{node}/qemu/{vmid}/firewall/rules/{pos}",
+                         f"delete firewall rule {pos} of VM {vmid}",
+                         lambda: self._api.nodes(node).qemu(vmid).firewall.rules(pos).delete(**params))
 
     async def cloudinit_regenerate(self, node: str, vmid: int) -> None:
         """``PUT …/cloudinit``: rebuild the cloud-init drive from the config now (the guest

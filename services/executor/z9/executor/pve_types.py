@@ -41,6 +41,12 @@ class EntryMissing(PermanentError):
     """``no such IPSet '<name>'`` (500) or ``no such IP/Network`` (400): it is not there."""
 
 
+class DigestMismatch(TemporaryError):
+    """500 ``detected modified configuration - file changed by other user? Try again.`` (pve-common
+    ``PVE::Tools::assert_if_modified``): the write named a digest the file no longer has — someone
+    changed it since it was read. Nothing was written; read again, then write."""
+
+
 class MissingPrivilege(PermanentError):
     """403 ``Permission check failed (<path>, <privilege>)``: the region's token lacks that privilege."""
 

@@ -46,7 +46,8 @@ from z9.common.tags import (MEMBER_PREFIX, customer_vm_tags, format_tags, identi
 from .context import JobContext, Step, StepKind, StepKinds
 from .guard import (MAIN, carries_marker, guard, guard_own_clone, guard_suspect, marker, refuse_if_locked,
                     refuse_platform)
-from .proxmox import CloneNeedsSharedStorage, OutcomeUnknown, TaskFailed, Upid, VmidTaken, VmLocked, VmRef, VmState
+from .proxmox import (CloneNeedsSharedStorage, DigestMismatch, OutcomeUnknown, TaskFailed, Upid, VmidTaken, VmLocked,
+                      VmRef, VmState)
 
 log = logging.getLogger("z9.executor.vms")
 
@@ -78,13 +79,16 @@ class VmSpec:
     only_own_identity: bool = False
     config: Mapping[str, str] = field(default_factory=dict)
     node: str | None = None  # clone onto this node (default: the template's); members spread over nodes
-    # The addresses the VM may send from (its own static address, a VIP it may hold): non-empty →
-    # the Proxmox IP filter is put on before it starts (:func:`ip_filter_ok`), so its guest cannot
-    # take an address it was not given. Empty: no filter (a DHCP guest — its lease is unknown).
+    # The addresses the VM may send from on ``nic`` (its own static address, a VIP it may hold):
+    # non-empty → the Proxmox IP filter is put on before it starts (:func:`firewall_drift`), so its
+    # guest cannot take an address it was not given. Empty: no filter of the machinery's (a DHCP
+    # guest — its lease is unknown; or a server whose addresses' jobs filter it). Entries other types
+    # declare (``VmParts.ipset_entries``: a server's floating addresses) stay beside these.
     ip_filter: tuple[str, ...] = ()
-    # entries of ``ipfilter-net0`` the address jobs own (comment ``z9 address adr_…``: a server's
-    # floating addresses) stay beside ``ip_filter``; any other entry goes
-    ip_filter_keeps_addresses: bool = False
+    nic: str = "net0"
+    # The VM firewall z9 writes on this VM (explicit policies, the kind's platform rules), on before
+    # the VM first starts: never a default z9 did not write (pve-firewall's policy_in default DROP).
+    firewall: FirewallSpec | None = None
 
     @property
     def tags(self) -> frozenset[str]:
@@ -113,7 +117,9 @@ class VmSpec:
         return cfg
 
     def foreign_keys(self, current: Mapping[str, Any], vmid: int) -> list[str]:
-        """The config keys of ``current`` that a VM with :attr:`only_own_identity` must not keep: the
+        """The config keys of ``current`` that a VM with :attr:`only_own_identity` must not keep — in
+        the namespaces the machinery manages (cloud-init values, ``ipconfigN``), what neither the spec
+        nor any type's declared part (``VmParts.config``) holds: the
         template's cloud-init values the request did not ask for (a clone copies every key: the
         template builder's ``sshkeys`` would be authorized on the customer's VM, its ``ciuser`` be
         the user) and its seed media (PVE clones a CD-ROM's ISO as it is: cloud-init's NoCloud would
@@ -124,9 +130,9 @@ class VmSpec:
         desired = self.desired_config()
         out = []
         for k, v in current.items():
-            if k in desired:
-                continue
-            if k in CI_VALUE_KEYS or (_IPCONFIG_RE.fullmatch(k) and k != "ipconfig0"):
+            if k in desired or resources.config_owner(k, v) is not None:
+                continue  # the spec's, or a part another type declares (VmParts)
+            if k in CI_VALUE_KEYS or _IPCONFIG_RE.fullmatch(k):
                 out.append(k)
             elif _DRIVE_RE.fullmatch(k) and "media=cdrom" in str(v):
                 volid = str(v).split(",", 1)[0]
@@ -366,17 +372,15 @@ def encode_ssh_keys(keys: list[str]) -> str:
     return quote("\n".join(keys) + "\n", safe="")
 
 
-ADDRESS_TAG_PREFIX = "z9-addr-"  # an address's tag on the VM it is on: the address jobs own it
-
-
 def config_diff(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
     """The desired keys whose current value differs (tags compared as normalised sets)."""
     out = {}
     for k, v in desired.items():
         cur = current.get(k)
         if k == "tags":
-            # the address tags (z9-addr-…) are the address jobs' (issue 8): kept, never compared
-            keep = {t for t in normalize_tags(cur) if t.startswith(ADDRESS_TAG_PREFIX)}
+            # tags other types declare as their part (VmParts.tags: an address's z9-addr-…) are kept,
+            # never compared
+            keep = {t for t in normalize_tags(cur) if resources.declared_tag(t)}
             if normalize_tags(cur) - keep != normalize_tags(v):
                 out[k] = format_tags(normalize_tags(v) | keep)
         elif str(cur) != str(v):
@@ -406,7 +410,7 @@ class MemberWorld:
     template_shared: bool = False
     template_config: Mapping[str, Any] | None = None  # the template's config as observe read it
     clone_in_flight_s: float = 0.0  # a clone request without answer may land for this long yet
-    ip_filter_ok: bool = True  # the VM's IP filter is as its spec wants (observed only when it wants one)
+    firewall_drift: list[str] = field(default_factory=list)  # what of the VM's firewall is not as its spec wants
     private: PrivateAddress | None = None  # the address z9 gave the member on the private network (its job sets it)
     # the VM's config in ``vm`` was read after this attempt's last change of it (or has that change
     # laid over it): the next step needs no new read of the config
@@ -451,9 +455,10 @@ async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
             disk = found[1] if found else None
             if spec.node and spec.node != tpl.node and tpl.vmid not in ctx.pve.local_templates:
                 shared = await template_on_shared_storage(ctx, tpl.node, spec.node, tpl.config)
-    ok = await ip_filter_ok(ctx, spec, vm) if vm is not None and spec.ip_filter and vm.lock != "clone" else True
+    drift = (firewall_drift(spec, vm, await observe_firewall(ctx, spec, vm))
+             if vm is not None and vm.lock != "clone" else [])
     return MemberWorld(template=template, vm=vm, template_disk_gib=disk, clone_in_flight_s=in_flight,
-                       ip_filter_ok=ok, template_shared=shared, template_config=tpl_config)
+                       firewall_drift=drift, template_shared=shared, template_config=tpl_config)
 
 
 def template_volume_storages(config: Mapping[str, Any]) -> set[str]:
@@ -476,8 +481,6 @@ async def template_on_shared_storage(ctx: JobContext, node: str, target: str, co
     return bool(stores) and stores <= await ctx.pve.shared_storages(node, target)
 
 
-IPFILTER_SET = "ipfilter-net0"
-ADDRESS_ENTRY_COMMENT = "z9 address "  # how the address jobs comment their entries (jobs/_address.py)
 
 
 @dataclass(frozen=True)
@@ -539,57 +542,230 @@ async def release_private_address(ctx: JobContext, owner: str, member: str) -> N
     await store.vm_private_address_release(ctx.pool, owner, member)
 
 
-def _entry_wanted(spec: VmSpec, e: Mapping[str, Any]) -> bool:
-    """An entry of ``ipfilter-net0`` that may stay: one of the spec's addresses, or (servers) one the
-    address jobs put there."""
+def ipfilter_set(nic: str) -> str:
+    """The IP set pve-firewall filters a NIC's sources by: ``ipfilter-<nic>`` (Firewall.pm
+    ``generate_tap_rules``: ``my $ipfilter_name = "ipfilter-$netid"``)."""
+    return f"ipfilter-{nic}"
+
+
+# The comment of every firewall rule the VM machinery writes: the owner kind's platform rules
+# (FirewallSpec.rules). Rules of other types carry the comment prefixes they declare (VmParts.
+# firewall_rules); a rule whose comment starts "z9 " and that no one declares is a stale z9 rule
+# (deleted); any other rule is an operator's (left alone, wherever it is).
+PLATFORM_RULE = "z9 platform: "
+Z9_RULE = "z9 "
+#: the VM firewall options the machinery writes (with ``ipfilter`` when the spec filters)
+MACHINE_OPTIONS = ("enable", "policy_in", "policy_out")
+
+
+@dataclass(frozen=True)
+class FwRule:
+    """One rule of a VM's firewall, in the fields PVE stores (pve-firewall ``Rules.pm`` /
+    ``Firewall.pm`` ``$rule_properties``): ``type`` in|out, ``action``, ``proto`` (a name of
+    /etc/protocols or a number), ``dport`` (a port, ``a:b`` range or a comma list; tcp/udp only),
+    ``source``/``dest`` (addresses, CIDRs, comma lists). ``why`` says what it lets through and where
+    the port comes from; it is the rule's comment after :data:`PLATFORM_RULE`."""
+
+    direction: str
+    action: str
+    why: str
+    proto: str | None = None
+    dport: str | None = None
+    source: str | None = None
+    dest: str | None = None
+
+    @property
+    def comment(self) -> str:
+        return PLATFORM_RULE + self.why
+
+    def params(self) -> dict[str, str]:
+        """The rule as ``POST …/firewall/rules`` takes it (``enable`` explicit: a rule created
+        without it is disabled — Rules.pm ``create_rule``)."""
+        out = {"type": self.direction, "action": self.action, "enable": "1", "comment": self.comment}
+        for k in ("proto", "dport", "source", "dest"):
+            v = getattr(self, k)
+            if v:
+                out[k] = v
+        return out
+
+
+def rule_key(r: Mapping[str, Any]) -> tuple[str, ...]:
+    """A rule as compared: its fields as PVE lists them (``pos`` and ``digest`` aside; ``enable``
+    absent is 0), so a rule changed out of band in any field compares unequal."""
+    return tuple(str(r.get(k) if r.get(k) is not None else "") for k in
+                 ("type", "action", "proto", "dport", "sport", "source", "dest", "macro", "iface", "comment")) \
+        + (str(int(r.get("enable") or 0)),)
+
+
+@dataclass(frozen=True)
+class FirewallSpec:
+    """The VM firewall z9 writes on a VM: explicit ``policy_in``/``policy_out`` (never pve-firewall's
+    defaults — ``policy_in`` DROP, ``policy_out`` ACCEPT, Firewall.pm ``generate_tap_rules_direction``)
+    and the kind's platform rules, in order, above any rule of an operator's."""
+
+    policy_in: str = "ACCEPT"
+    policy_out: str = "ACCEPT"
+    rules: tuple[FwRule, ...] = ()
+
+
+@dataclass
+class FirewallState:
+    """A VM's firewall as read: its options, its ``ipfilter-<nic>`` set (None: no such set; not read
+    when the spec has no filter) and its rules (each with ``pos``; ``digest`` of the list)."""
+
+    options: dict[str, Any]
+    entries: list[dict[str, Any]] | None
+    rules: list[dict[str, Any]]
+    rules_digest: str | None
+
+
+def _mine_entry(spec: VmSpec, e: Mapping[str, Any]) -> bool:
+    """An entry of the VM's filter set that may stay: one of the spec's addresses, or one another
+    type declares (``VmParts.ipset_entries``: an address's)."""
     if e.get("nomatch"):
         return False
-    return str(e.get("cidr")) in spec.ip_filter or (
-        spec.ip_filter_keeps_addresses and str(e.get("comment") or "").startswith(ADDRESS_ENTRY_COMMENT))
+    return str(e.get("cidr")) in spec.ip_filter or resources.declared_ipset_entry(e.get("comment"))
 
 
-async def ip_filter_ok(ctx: JobContext, spec: VmSpec, vm: VmState) -> bool:
-    """The PVE IP filter as ``spec`` wants it on ``vm``: the VM firewall's ``enable`` and ``ipfilter``
-    on, ``net0`` with ``firewall=1``, and IP set ``ipfilter-net0`` holding exactly ``spec.ip_filter``
-    (and, with ``ip_filter_keeps_addresses``, the address jobs' entries)
-    (pve-firewall ``Firewall.pm``: with those, what the guest sends from any other source is dropped;
-    the set of a clone starts as its template's — ``clone_vmfw_conf`` — so extra entries go)."""
-    if "firewall=1" not in str(vm.config.get("net0", "")).split(","):
-        return False
+def _platform(r: Mapping[str, Any]) -> bool:
+    return str(r.get("comment") or "").startswith(PLATFORM_RULE)
+
+
+def _stale(r: Mapping[str, Any]) -> bool:
+    """A z9 rule no one writes any more: commented as z9's, neither platform nor declared by a type."""
+    c = str(r.get("comment") or "")
+    return c.startswith(Z9_RULE) and not c.startswith(PLATFORM_RULE) and resources.declared_firewall_rule(c) is None
+
+
+def firewall_drift(spec: VmSpec, vm: VmState, fw: FirewallState | None) -> list[str]:
+    """Pure: what of the VM's firewall is not as ``spec`` wants (empty: as wanted). Only z9's parts
+    are compared: an operator's rules and options stay as they are."""
+    if spec.firewall is None and not spec.ip_filter:
+        return []
+    if fw is None:
+        return ["firewall not read"]
+    out = []
+    if "firewall=1" not in str(vm.config.get(spec.nic, "")).split(","):
+        out.append(f"{spec.nic} not through the firewall")
+    o = fw.options
+    if spec.firewall is not None:
+        if str(o.get("enable", 0)) != "1":
+            out.append("firewall off")
+        for k in ("policy_in", "policy_out"):
+            if str(o.get(k) or "") != getattr(spec.firewall, k):
+                out.append(f"{k} {o.get(k) or '(default)'} not {getattr(spec.firewall, k)}")
+        have = [rule_key(r) for r in fw.rules if _platform(r)]
+        want = [rule_key(r.params()) for r in spec.firewall.rules]
+        if have != want:
+            out.append("platform rules differ")
+        if any(_stale(r) for r in fw.rules):
+            out.append("stale z9 rules")
+    if spec.ip_filter:
+        if str(o.get("ipfilter", 0)) != "1" or (spec.firewall is None and str(o.get("enable", 0)) != "1"):
+            out.append("IP filter off")
+        ents = fw.entries
+        if ents is None or not set(spec.ip_filter) <= {str(e.get("cidr")) for e in ents} \
+                or not all(_mine_entry(spec, e) for e in ents):
+            out.append(f"{ipfilter_set(spec.nic)} not {sorted(spec.ip_filter)}")
+    return out
+
+
+async def observe_firewall(ctx: JobContext, spec: VmSpec, vm: VmState) -> FirewallState | None:
+    """The VM's firewall as :func:`firewall_drift` compares it (None when the spec wants none)."""
+    if spec.firewall is None and not spec.ip_filter:
+        return None
     opts = await ctx.pve.firewall_options(vm.node, vm.vmid)
-    if str(opts.get("enable", 0)) != "1" or str(opts.get("ipfilter", 0)) != "1":
-        return False
-    entries = await ctx.pve.ipset_entries(vm.node, vm.vmid, IPFILTER_SET)
-    return entries is not None and set(spec.ip_filter) <= {str(e.get("cidr")) for e in entries} \
-        and all(_entry_wanted(spec, e) for e in entries)
+    entries = await ctx.pve.ipset_entries(vm.node, vm.vmid, ipfilter_set(spec.nic)) if spec.ip_filter else None
+    rules, digest = (await ctx.pve.firewall_rules(vm.node, vm.vmid)) if spec.firewall is not None else ([], None)
+    return FirewallState(opts, entries, rules, digest)
 
 
-async def apply_ip_filter(ctx: JobContext, spec: VmSpec, vm: VmState, step: Step) -> None:
-    """Put the IP filter on (each part re-checked): the NIC through the firewall, the set's entries
-    (missing added, extra removed) *before* the options turn the filter on — never a moment with the
-    filter on and the VM's own address missing."""
-    net0 = str(vm.config.get("net0", ""))
-    if net0 and "firewall=1" not in net0.split(","):
-        parts = [p for p in net0.split(",") if not p.startswith("firewall=")]
+async def firewall_ok(ctx: JobContext, spec: VmSpec, vm: VmState) -> bool:
+    """The VM's firewall is as ``spec`` wants it (read now)."""
+    return not firewall_drift(spec, vm, await observe_firewall(ctx, spec, vm))
+
+
+async def nic_through_firewall(ctx: JobContext, vm: VmState, nic: str, step: Step) -> None:
+    """``<nic>`` with ``firewall=1`` (qemu-server ``net[n]``: only then does its tap go through
+    pve-firewall's bridge), written on the VM's config as read (digest)."""
+    net = str(vm.config.get(nic, ""))
+    if net and "firewall=1" not in net.split(","):
+        parts = [p for p in net.split(",") if not p.startswith("firewall=")]
         await ctx.fence()
-        await ctx.wait_task(step, await ctx.pve.configure(vm.node, vm.vmid, {"net0": ",".join([*parts, "firewall=1"])},
+        await ctx.wait_task(step, await ctx.pve.configure(vm.node, vm.vmid, {nic: ",".join([*parts, "firewall=1"])},
                                                           digest=vm.config.get("digest")))
-    entries = await ctx.pve.ipset_entries(vm.node, vm.vmid, IPFILTER_SET)
+
+
+async def _converge_rules(ctx: JobContext, vm: VmState, want: tuple[FwRule, ...]) -> None:
+    """The platform rules exactly ``want``, in order, above every other rule; stale z9 rules gone;
+    an operator's rules untouched. Rules are positional: every delete names the list's digest as
+    read just before (a rule moved by anyone in between fails it: 500 "detected modified
+    configuration", a :class:`DigestMismatch`), deleting from the bottom up; then the wanted rules
+    go in at the top (PVE inserts a new rule first: Rules.pm ``create_rule`` ``unshift``), last first."""
+    rules, digest = await ctx.pve.firewall_rules(vm.node, vm.vmid)
+    have = [rule_key(r) for r in rules if _platform(r)]
+    if have == [rule_key(r.params()) for r in want] and not any(_stale(r) for r in rules):
+        return
+    while True:
+        gone = [r for r in rules if _platform(r) or _stale(r)]
+        if not gone:
+            break
+        await ctx.fence()
+        await ctx.pve.firewall_rule_delete(vm.node, vm.vmid, int(max(r["pos"] for r in gone)), digest=digest)
+        rules, digest = await ctx.pve.firewall_rules(vm.node, vm.vmid)
+    for r in reversed(want):
+        await ctx.fence()
+        await ctx.pve.firewall_rule_add(vm.node, vm.vmid, r.params())
+
+
+async def _converge_ip_filter(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
+    """The filter set holding exactly the spec's addresses (and the entries other types declare):
+    missing ones added, extra ones removed."""
+    name = ipfilter_set(spec.nic)
+    entries = await ctx.pve.ipset_entries(vm.node, vm.vmid, name)
     if entries is None:
         await ctx.fence()
-        await ctx.pve.ipset_create(vm.node, vm.vmid, IPFILTER_SET, comment="z9: addresses this VM may send from")
+        await ctx.pve.ipset_create(vm.node, vm.vmid, name, comment="z9: addresses this VM may send from")
         entries = []
     have = {str(e.get("cidr")) for e in entries}
     for ip in spec.ip_filter:
         if ip not in have:
             await ctx.fence()
-            await ctx.pve.ipset_add(vm.node, vm.vmid, IPFILTER_SET, ip, comment=f"z9 {spec.owner} {spec.member}")
+            await ctx.pve.ipset_add(vm.node, vm.vmid, name, ip, comment=f"z9 {spec.owner} {spec.member}")
     for e in entries:
-        if not _entry_wanted(spec, e):
+        if not _mine_entry(spec, e):
             await ctx.fence()
-            await ctx.pve.ipset_remove(vm.node, vm.vmid, IPFILTER_SET, str(e.get("cidr")))
-    await ctx.fence()
-    await ctx.pve.set_firewall_options(vm.node, vm.vmid, enable=True, ipfilter=True)
+            await ctx.pve.ipset_remove(vm.node, vm.vmid, name, str(e.get("cidr")))
+
+
+async def apply_firewall(ctx: JobContext, spec: VmSpec, vm: VmState, step: Step) -> None:
+    """Put the VM's firewall as ``spec`` wants it, each part re-read: the NIC through the firewall,
+    the filter set's entries, the platform rules — all *before* the options switch the firewall (and
+    the filter) on with the spec's policies: never a moment with the filter on and the VM's own
+    address missing, nor with the firewall on and its rules not there yet. A write PVE refuses for a
+    stale digest (someone changed the VM's firewall in between) is done again once on a fresh read."""
+    await nic_through_firewall(ctx, vm, spec.nic, step)
+    if spec.ip_filter:
+        await _converge_ip_filter(ctx, spec, vm)
+    want: dict[str, Any] = {}
+    if spec.firewall is not None:
+        want = {"enable": 1, "policy_in": spec.firewall.policy_in, "policy_out": spec.firewall.policy_out}
+    if spec.ip_filter:
+        want.update(enable=1, ipfilter=1)
+    for again in (False, True):
+        try:
+            if spec.firewall is not None:
+                await _converge_rules(ctx, vm, spec.firewall.rules)
+            opts = await ctx.pve.firewall_options(vm.node, vm.vmid)
+            if any(str(opts.get(k, "")) != str(v) for k, v in want.items()):
+                await ctx.fence()
+                await ctx.pve.set_firewall_options(vm.node, vm.vmid, digest=opts.get("digest"), **want)
+            return
+        except DigestMismatch:
+            if again:
+                raise
+            log.info("job %s: VM %s's firewall changed while z9 wrote it; once more on a fresh read",
+                     ctx.job.id, vm.vmid)
 
 
 def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[Step]:
@@ -615,13 +791,13 @@ def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[S
         move = ([MIGRATE.step({"target": spec.node})]
                 if spec.node and spec.node != world.template.node and not world.template_shared else [])
         return [CLONE.step(), CONFIGURE.step(), RESIZE_DISK.step(),
-                *([IP_FILTER.step()] if spec.ip_filter else []), *move, START.step()]
+                *([FIREWALL.step()] if spec.ip_filter or spec.firewall else []), *move, START.step()]
     vm = world.vm
     refuse_platform(spec.owner, vm)
     if vm.lock == "clone":
         move = [MIGRATE.step({"target": spec.node})] if spec.node and spec.node != vm.node else []
         return [WAIT_CLONE.step({"vmid": vm.vmid}), CONFIGURE.step(), RESIZE_DISK.step(),
-                *([IP_FILTER.step()] if spec.ip_filter else []), *move, START.step()]
+                *([FIREWALL.step()] if spec.ip_filter or spec.firewall else []), *move, START.step()]
     refuse_if_locked(vm)
     steps = []
     if config_diff(vm.config, spec.desired_config()) or spec.foreign_keys(vm.config, vm.vmid):
@@ -632,8 +808,8 @@ def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[S
     check_no_shrink(spec, disk[1])
     if disk[1] < spec.disk_gib - 1e-9:
         steps.append(RESIZE_DISK.step())
-    if spec.ip_filter and not world.ip_filter_ok:
-        steps.append(IP_FILTER.step())
+    if world.firewall_drift:
+        steps.append(FIREWALL.step({"drift": world.firewall_drift}))
     if not vm.running:
         if spec.node and vm.node != spec.node:  # cloned on the template's node: moved before its first start
             steps.append(MIGRATE.step({"target": spec.node}))
@@ -678,13 +854,14 @@ async def _resize_disk(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: 
             await ctx.wait_task(step, upid)
 
 
-async def _ip_filter(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
+async def _firewall(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
     vm = await _current(ctx, world)
     refuse_platform(spec.owner, vm)
     refuse_if_locked(vm)
-    if not await ip_filter_ok(ctx, spec, vm):
-        await apply_ip_filter(ctx, spec, vm, step)
-    world.ip_filter_ok = True
+    if firewall_drift(spec, vm, await observe_firewall(ctx, spec, vm)):
+        await apply_firewall(ctx, spec, vm, step)
+        world.fresh = False  # the NIC's firewall flag may have changed the config
+    world.firewall_drift = []
 
 
 async def _migrate(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
@@ -997,10 +1174,10 @@ CLONE = StepKind("clone", _clone)
 WAIT_CLONE = StepKind("wait_clone", _wait_clone)
 CONFIGURE = StepKind("configure", _configure)
 RESIZE_DISK = StepKind("resize_disk", _resize_disk)
-IP_FILTER = StepKind("ip_filter", _ip_filter)
+FIREWALL = StepKind("firewall", _firewall)
 MIGRATE = StepKind("migrate", _migrate)
 START = StepKind("start", _start)
-MEMBER_STEPS = StepKinds(CLONE, WAIT_CLONE, CONFIGURE, RESIZE_DISK, IP_FILTER, MIGRATE, START)
+MEMBER_STEPS = StepKinds(CLONE, WAIT_CLONE, CONFIGURE, RESIZE_DISK, FIREWALL, MIGRATE, START)
 
 #: a removal's steps: run(ctx, the VM just re-read and guarded, step)
 STOP = StepKind("stop", _stop_vm)

@@ -18,10 +18,13 @@ Enforcement: the VM's ``ipfilter`` is turned on only when every address the VM u
 set — that is, when the server's VM uses a static address its set holds (``ipconfig0``: its
 primary, or its address on the region's private network; read from the VM, not from the
 database). A server on DHCP (no primary and no private network
-address) would lose its own address to the filter; its floating addresses are tagged and listed,
-and ``observed.enforced`` says the filter is off. So taking a primary off a VM (its ``ipconfig0``
-back to DHCP) turns the VM's filter off again — unless the region has a private network: then the
-VM goes to its address there (the filter stays on, holding it).
+address) would lose its own address to the filter — and its VM firewall is on (the server's own
+policies, the VM machinery's), where an ``ipfilter-net0`` set filters by merely existing: its floating
+addresses are tagged but not listed, and ``observed.enforced`` says the filter is off. So taking a
+primary off a VM (its ``ipconfig0`` back to DHCP) turns the VM's filter off again — the address's
+``ipfilter`` switch, and the set deleted; never the VM firewall, whose policies and rules are the
+server's — unless the region has a private network: then the VM goes to its address there (the
+filter stays on, holding it). What the address keeps on a VM it declares (``VmParts`` on its type).
 
 A VM that is not z9's (no ``z9-id-…`` tag) configured with the same IP (``ipconfigN``), or
 carrying the address's tag, is a *conflict*: reported on the address (``observed.conflicts``,
@@ -52,7 +55,7 @@ from z9.resources.server import store as server_store
 
 log = logging.getLogger("z9.executor.jobs")
 
-IPSET = "ipfilter-net0"
+IPSET = vms.ipfilter_set("net0")  # the filter of a server's first NIC, where its addresses are
 IPCONFIG_KEY = re.compile(r"ipconfig\d+")
 _IPCONFIG_IP = re.compile(r"(?:^|,)ip6?=([0-9a-fA-F.:]+)(?:/\d+)?(?:,|$)")
 
@@ -248,11 +251,12 @@ def plan(job: Job, world: World) -> list[Step]:
             steps.append(CLEAR_IPCONFIG.step(dict(d, **({"ipconfig0": private.ipconfig0} if private else {}),
                                                      **({"nameserver": " ".join(private.nameservers)}
                                                         if private and private.nameservers else {}))))
-        if a.kind == "primary" and private is None and (_on(h.firewall.get("ipfilter")) or _on(h.firewall.get("enable"))):
+        if a.kind == "primary" and private is None and (_on(h.firewall.get("ipfilter")) or h.entries is not None):
             # the VM is back on DHCP: its IP filter (turned on for this primary) would drop its
             # own address from the next boot on — and with the VM's firewall on, the set alone
             # filters (pve-firewall Firewall.pm generate_tap_rules: "$options->{ipfilter} ||
-            # $vmfw_conf->{ipset}->{ipfilter-net0}"), so the VM's firewall goes off
+            # $vmfw_conf->{ipset}->{ipfilter-net0}"), so the filter goes: its switch off, its set
+            # deleted. The VM's firewall stays on with its policies and rules (the server's).
             steps.append(DISABLE_IPFILTER.step(dict(d)))
         steps.append(UNTAG.step(dict(d)))
     t = world.target
@@ -263,10 +267,13 @@ def plan(job: Job, world: World) -> list[Step]:
                                  "z9 puts no address on it")
         if tag not in t.vm.tags:
             steps.append(TAG.step(dict(d)))
-        if t.entries is None:
-            steps.append(CREATE_IPSET.step(dict(d)))
-        if not t.has_entry(ip):
-            steps.append(ADD_ENTRY.step(dict(d)))
+        # listed in the VM's filter set only where the VM is filtered (a set that exists filters:
+        # Firewall.pm generate_tap_rules): a DHCP server (not enforced, no set) would lose its lease
+        if world.enforce or t.entries is not None:
+            if t.entries is None:
+                steps.append(CREATE_IPSET.step(dict(d)))
+            if not t.has_entry(ip):
+                steps.append(ADD_ENTRY.step(dict(d)))
         if a.kind == "primary":
             want = {"ipconfig0": ipconfig0(a)}
             if world.nameservers:
@@ -276,8 +283,7 @@ def plan(job: Job, world: World) -> list[Step]:
                     raise PermanentError(f"server {world.want} is running: a primary address is written to "
                                          "cloud-init only on a stopped server (it takes effect at the next boot)")
                 steps.append(SET_IPCONFIG.step(dict(d, **want)))
-        if world.enforce and not (_on(t.firewall.get("enable")) and _on(t.firewall.get("ipfilter"))
-                                  and "firewall=1" in str(t.vm.config.get("net0", ""))):
+        if world.enforce and not (_on(t.firewall.get("ipfilter")) and "firewall=1" in str(t.vm.config.get("net0", ""))):
             steps.append(ENABLE_IPFILTER.step(dict(d)))
     for s in steps:
         vm = t.vm if t is not None and s.detail["vmid"] == t.vm.vmid else \
@@ -382,25 +388,25 @@ async def _clear_ipconfig(ctx: JobContext, world: World, step: Step) -> None:
 
 
 async def _enable_ipfilter(ctx: JobContext, world: World, step: Step) -> None:
+    """The filter's switch on (the address's part: ``ipfilter``), the NIC through the firewall (the VM
+    machinery's helper); the VM firewall's ``enable`` and policies are the server's (its VM spec)."""
     node, vmid = step.detail["node"], step.detail["vmid"]
     st = await ctx.pve.vm_state(node, vmid)
     if st is None:
         raise TemporaryError(f"VM {vmid} disappeared from {node}")
-    net0 = str(st.config.get("net0", ""))
-    if net0 and "firewall=1" not in net0:
-        new = re.sub(r"(^|,)firewall=0(,|$)", r"\1firewall=1\2", net0)
-        if "firewall=1" not in new:
-            new = net0 + ",firewall=1"
-        await ctx.fence()
-        await ctx.wait_task(step, await ctx.pve.configure(node, vmid, {"net0": new},
-                                                          digest=st.config.get("digest")))
+    await vms.nic_through_firewall(ctx, st, "net0", step)
     await ctx.fence()
-    await ctx.pve.set_firewall_options(node, vmid, enable=True, ipfilter=True)
+    await ctx.pve.set_firewall_options(node, vmid, ipfilter=True)
 
 
 async def _disable_ipfilter(ctx: JobContext, world: World, step: Step) -> None:
+    """The filter off — its switch, and its set (which filters by existing) with the addresses'
+    entries in it — never the VM's firewall: its policies and rules stay in force."""
+    node, vmid = step.detail["node"], step.detail["vmid"]
     await ctx.fence()
-    await ctx.pve.set_firewall_options(step.detail["node"], step.detail["vmid"], enable=False, ipfilter=False)
+    await ctx.pve.set_firewall_options(node, vmid, ipfilter=False)
+    await ctx.fence()
+    await ctx.pve.ipset_delete(node, vmid, IPSET)
 
 
 # The address's steps, each bound to what runs it (``run(ctx, world, step)``); idempotent: each
@@ -433,11 +439,13 @@ async def verify(ctx: JobContext, want: str | None) -> dict[str, Any]:
         raise TemporaryError("verify: other VMs still carry the address: "
                              + ", ".join(f"{h.vm.vmid} on {h.vm.node}" for h in w.holders))
     t = w.target
-    if t is not None and (address_tag(w.address.id) not in t.vm.tags or not t.has_entry(ip)):
+    listed = t is not None and (t.has_entry(ip) or (not w.enforce and t.entries is None))
+    if t is not None and (address_tag(w.address.id) not in t.vm.tags or not listed):
         raise TemporaryError(f"verify: VM {t.vm.vmid} does not show the address yet (tag and IP-set entry)")
     holder = None
     if t is not None:
-        holder = {"server_id": w.want, "vmid": t.vm.vmid, "node": t.vm.node, "tag": True, "ipset_entry": True,
+        holder = {"server_id": w.want, "vmid": t.vm.vmid, "node": t.vm.node, "tag": True,
+                  "ipset_entry": t.has_entry(ip),
                   "ipconfig0": t.vm.config.get("ipconfig0") if w.address.kind == "primary" else None}
     enforced = bool(t is not None and _on(t.firewall.get("enable")) and _on(t.firewall.get("ipfilter"))
                     and w.cluster_firewall)

@@ -89,6 +89,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,7 +160,7 @@ class World:
     client_ca_signers: list[str] = field(default_factory=list)  # control planes holding the signer's files
     client_ca_stale: list[str] = field(default_factory=list)
     client_ca_unreachable: list[str] = field(default_factory=list)  # control planes not running
-    unfiltered: list[str] = field(default_factory=list)  # members whose IP filter is not as wanted
+    unfiltered: list[str] = field(default_factory=list)  # members whose firewall (IP filter, rules) is not as wanted
 
 
 def desired_members(cluster: Cluster) -> list[MemberSpec]:
@@ -185,11 +186,14 @@ def member_hostname(cluster: Cluster, m: MemberSpec) -> str:
     return vms.dns_label(cluster.name, m.name)
 
 
-def vm_spec(cluster: Cluster, m: MemberSpec, private: vms.PrivateAddress | None = None) -> vms.VmSpec:
+def vm_spec(cluster: Cluster, m: MemberSpec, private: vms.PrivateAddress | None = None,
+            addresses: Mapping[str, str] | None = None) -> vms.VmSpec:
     """The member's VM: cloned from the cluster's image, agent on (readiness is read inside). With an
     address on the region's private network (``private``; its bootstrap ISO's network-config gives
     it to the guest: :func:`network_config`) the VM's IP filter lets it send from that address only
-    — and, on a control plane, from the cluster's endpoint, which kube-vip moves between them."""
+    — and, on a control plane, from the cluster's endpoint, which kube-vip moves between them. Its
+    firewall (:func:`member_firewall`) opens what kubeadm's members need of each other, from
+    ``addresses`` (member → its private address: every member's known so far)."""
     allowed: tuple[str, ...] = ()
     if private is not None:
         allowed = (private.ip,)
@@ -197,7 +201,47 @@ def vm_spec(cluster: Cluster, m: MemberSpec, private: vms.PrivateAddress | None 
             allowed += (_ip(cluster.endpoint_ip),)
     return vms.VmSpec(owner=cluster.id, member=m.name, name=member_hostname(cluster, m), image=cluster.image,
                       cores=m.cores, memory_mib=m.memory_mib, disk_gib=m.disk_gib, config={"agent": "1"},
-                      ip_filter=allowed)
+                      ip_filter=allowed, firewall=member_firewall(cluster, m, addresses or {}))
+
+
+# What a member accepts, from kubeadm's "Ports and Protocols" (kubernetes/website
+# content/en/docs/reference/networking/ports-and-protocols.md) and Flannel's backends
+# (flannel-io/flannel Documentation/backends.md: VXLAN "Port: UDP port to use for sending encapsulated
+# packets. Defaults to kernel default, currently 8472"). kube-scheduler (10259) and
+# kube-controller-manager (10257) serve "Self" only: loopback, not through the VM's tap. kube-vip
+# (ARP mode) elects its leader through the API server and announces the endpoint by ARP, which
+# pve-firewall's IP rules do not filter: it needs no port of its own.
+API_SERVER = ("tcp", "6443", "kube-apiserver (kubeadm Ports and Protocols: used by All)")
+ETCD = ("tcp", "2379:2380", "etcd server client API and peers (kubeadm Ports and Protocols: kube-apiserver, etcd)")
+KUBELET = ("tcp", "10250", "kubelet API (kubeadm Ports and Protocols: Self, Control plane)")
+POD_NETWORK_VXLAN = ("udp", "8472", "Flannel VXLAN, the pod network (flannel Documentation/backends.md)")
+
+
+def member_firewall(cluster: Cluster, m: MemberSpec, addresses: Mapping[str, str]) -> vms.FirewallSpec:
+    """A member's VM firewall: nothing in but the ports kubeadm's members need of each other, from
+    those members only (their private addresses; a region without a private network gives members
+    DHCP leases z9 cannot know: the ports are then open to the network), and the API server from
+    anywhere on a control plane (the customers' kubectl, through the endpoint). Outbound accepted
+    (image pulls, the join's discovery); replies come back as ESTABLISHED."""
+    def src(members: list[str]) -> str | None:
+        ips = [addresses[n] for n in sorted(members, key=ordinal_key) if n in addresses]
+        return ",".join(ips) if ips else None
+
+    cps = [n for n in addresses if n.startswith("cp-")]
+    everyone = list(addresses)
+    rules = []
+
+    def rule(port: tuple[str, str, str], members: list[str] | None) -> None:
+        proto, dport, why = port
+        rules.append(vms.FwRule("in", "ACCEPT", f"cluster {cluster.id}: {why}", proto=proto, dport=dport,
+                                source=src(members) if members is not None else None))
+
+    if m.role == "control-plane":
+        rule(API_SERVER, None)
+        rule(ETCD, cps)
+    rule(KUBELET, cps)
+    rule(POD_NETWORK_VXLAN, everyone)
+    return vms.FirewallSpec(policy_in="DROP", policy_out="ACCEPT", rules=tuple(rules))
 
 
 async def member_private_address(ctx: JobContext, world: World, m: MemberSpec) -> vms.PrivateAddress | None:
@@ -225,8 +269,8 @@ async def _observe_filters(ctx: JobContext, world: World) -> None:
         private = vms.private_address_at(ctx, have[m.name]) if m.name in have else None
         if vm is None or private is None or vm.lock:
             continue
-        todo.append((m, vm, vm_spec(world.cluster, m, private)))
-    oks = await asyncio.gather(*(vms.ip_filter_ok(ctx, spec, vm) for _, vm, spec in todo))
+        todo.append((m, vm, vm_spec(world.cluster, m, private, have)))
+    oks = await asyncio.gather(*(vms.firewall_ok(ctx, spec, vm) for _, vm, spec in todo))
     world.unfiltered = sorted((m.name for (m, _, _), ok in zip(todo, oks) if not ok), key=ordinal_key)
 
 
@@ -419,7 +463,7 @@ def plan(job: Job, world: World) -> list[Step]:
     # (the init and join steps' own VM plans put the filter of the members they provision on)
     unfiltered = [m for m in world.unfiltered if m in desired and m not in joining and not (init and m == "cp-0")]
     if unfiltered:
-        steps.insert(0, IP_FILTER.step({"members": unfiltered}))
+        steps.insert(0, FIREWALL.step({"members": unfiltered}))
     if joining:
         steps.append(JOIN.step({"members": joining}))
     extra = sorted({m for m in world.vms if m not in desired} | {n for n in nodes if n not in desired},
@@ -495,19 +539,29 @@ async def _replace_step(ctx: JobContext, world: World, step: Step) -> None:
     await _remove_member(ctx, world, step, for_good=False)
 
 
-async def _ip_filter(ctx: JobContext, world: World, step: Step) -> None:
+async def _firewall(ctx: JobContext, world: World, step: Step) -> None:
+    await converge_firewalls(ctx, world, step, step.detail["members"])
+
+
+async def converge_firewalls(ctx: JobContext, world: World, step: Step, members: list[str]) -> None:
+    """The VM firewall (and IP filter) of each of ``members`` as its spec wants it now, with every
+    member's address known so far in its rules: run before a member joins (the control planes'
+    etcd must accept a joining control plane) and for members that drifted."""
     assert world.cluster is not None
-    for member in step.detail["members"]:
+    have = await store.vm_private_addresses_of(ctx.pool, world.cluster.id)
+    for member in members:
+        if member not in world.vms:
+            continue
         m = _spec(world, member)
-        private = await member_private_address(ctx, world, m)
+        private = vms.private_address_at(ctx, have[member]) if member in have else None
         vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
         if private is None or vm is None:
             continue
         vms.refuse_platform(world.cluster.id, vm)
         vms.refuse_if_locked(vm)
-        spec = vm_spec(world.cluster, m, private)
-        if not await vms.ip_filter_ok(ctx, spec, vm):
-            await vms.apply_ip_filter(ctx, spec, vm, step)
+        spec = vm_spec(world.cluster, m, private, have)
+        if not await vms.firewall_ok(ctx, spec, vm):
+            await vms.apply_firewall(ctx, spec, vm, step)
 
 
 async def _remove_clone(ctx: JobContext, world: World, step: Step) -> None:
@@ -552,12 +606,12 @@ JOIN = StepKind("join", _join)
 DRAIN = StepKind("drain", _drain_step)
 REMOVE = StepKind("remove", _remove_step)
 REPLACE = StepKind("replace", _replace_step)
-IP_FILTER = StepKind("ip_filter", _ip_filter)
+FIREWALL = StepKind("firewall", _firewall)
 REMOVE_CLONE = StepKind("remove_clone", _remove_clone)
 PUSH_CLIENT_CA = StepKind("push_client_ca", _push_client_ca)
 DELETE_ISOS = StepKind("delete_isos", _delete_isos)
 DETACH_BOOTSTRAP = StepKind("detach_bootstrap", _detach_bootstrap)
-STEPS = StepKinds(INIT, JOIN, DRAIN, REMOVE, REPLACE, IP_FILTER, REMOVE_CLONE, PUSH_CLIENT_CA, DELETE_ISOS,
+STEPS = StepKinds(INIT, JOIN, DRAIN, REMOVE, REPLACE, FIREWALL, REMOVE_CLONE, PUSH_CLIENT_CA, DELETE_ISOS,
                   DETACH_BOOTSTRAP)
 
 
@@ -600,8 +654,11 @@ async def provision(ctx: JobContext, world: World, m: MemberSpec, *, init: bool)
     cluster = world.cluster
     assert cluster is not None
     private = await member_private_address(ctx, world, m)
-    spec = vm_spec(cluster, m, private)
     step = Step(f"member {m.name}")
+    # the members already there accept the new one first (its address in their rules: a joining
+    # control plane's etcd peers, the pod network), then its own VM comes with every address known
+    await converge_firewalls(ctx, world, step, [n for n in world.vms if n != m.name])
+    spec = vm_spec(cluster, m, private, await store.vm_private_addresses_of(ctx.pool, cluster.id))
     mw = await vms.observe_member(ctx, spec)
     for s in vms.plan_member(spec, mw, region=ctx.job.region):
         if s.name != "start":
@@ -1135,7 +1192,7 @@ async def verify(ctx: JobContext) -> Seen:
     if extra:
         raise TemporaryError("verify: members still to remove: " + ", ".join(sorted(extra)))
     if world.unfiltered:
-        raise TemporaryError("verify: the IP filter of " + ", ".join(world.unfiltered) + " is not as wanted yet")
+        raise TemporaryError("verify: the firewall of " + ", ".join(world.unfiltered) + " is not as wanted yet")
     return await seen_of(ctx, world)
 
 

@@ -204,7 +204,28 @@ def spec(lb: LoadBalancer, member: str, image: str, node: str | None) -> vms.VmS
     # between the two), nothing else — a compromised appliance cannot take another guest's address.
     allowed = tuple(dict.fromkeys(str(x["ip"]) for x in (a, lb.addresses.get("vip")) if x and x.get("ip")))
     return vms.VmSpec(owner=lb.id, member=member, name=vm_name(lb.name, member), image=image, node=node,
-                      config=cfg, ip_filter=allowed, **APPLIANCE)
+                      config=cfg, ip_filter=allowed, firewall=appliance_firewall(lb, member), **APPLIANCE)
+
+
+def appliance_firewall(lb: LoadBalancer, member: str) -> vms.FirewallSpec:
+    """An appliance's VM firewall: nothing in but its services' listen ports (from anywhere: the
+    VIP's clients) and, on an lb-ha, VRRP from its peer appliance only — keepalived's adverts are IP
+    protocol 112 (RFC 5798 §5.1.1.4), wrapped in IPsec-AH, IP protocol 51 (RFC 4302), with ``auth_type
+    AH`` (:func:`render_keepalived`); without them each member would hear no master and both would
+    hold the VIP. Outbound is accepted: HAProxy's connections and health checks to the targets (a
+    server target's own firewall accepts them: its policy is ACCEPT), DNS, the guest agent needs no
+    network (virtio-serial). Replies to what it sends come back as pve-firewall accepts ESTABLISHED
+    and RELATED first (Firewall.pm ``ruleset_create_vm_chain``)."""
+    rules = [vms.FwRule("in", "ACCEPT", f"load balancer {lb.id} service port {p}", proto="tcp", dport=str(p))
+             for p in sorted({int(s["listen_port"]) for s in lb.services})]
+    peers = [str(lb.addresses[m]["ip"]) for m in lb.members if m != member and lb.addresses.get(m)]
+    if len(lb.members) > 1 and peers:
+        src = ",".join(peers)
+        rules += [vms.FwRule("in", "ACCEPT", f"load balancer {lb.id} VRRP from its peer (IP protocol 112)",
+                             proto="vrrp", source=src),
+                  vms.FwRule("in", "ACCEPT", f"load balancer {lb.id} VRRP's IPsec-AH from its peer (IP protocol 51)",
+                             proto="ah", source=src)]
+    return vms.FirewallSpec(policy_in="DROP", policy_out="ACCEPT", rules=tuple(rules))
 
 
 def vm_name(lb_name: str, member: str) -> str:

@@ -19,7 +19,7 @@ from z9.resources.server import SERVER
 
 from z9.executor.context import JobContext
 from z9.executor.proxmox import VmState
-from z9.executor.vms import MAIN, PrivateAddress, VmSpec, agent_configured
+from z9.executor.vms import MAIN, FirewallSpec, PrivateAddress, VmSpec, agent_configured
 from z9.executor.vms import private_address as vm_private_address
 from z9.resources.server import store as server_store
 
@@ -43,7 +43,14 @@ def spec(job: Job, private: PrivateAddress | None = None) -> VmSpec:
     return VmSpec(owner=job.resource_id, member=MAIN, name=a["name"], image=a["image"], cores=int(a["cores"]),
                   memory_mib=int(a["memory_mib"]), disk_gib=int(a["disk_gib"]),
                   ssh_keys=tuple(a.get("ssh_keys") or ()), only_own_identity=True,
-                  config=config, ip_filter=ip_filter, ip_filter_keeps_addresses=True)
+                  config=config, ip_filter=ip_filter, firewall=FIREWALL)
+
+
+# A server's VM firewall: explicit policies accepting every connection in and out, as a Hetzner or
+# DigitalOcean server without a firewall does — its guest decides what it serves — while its IP
+# filter (its addresses' jobs, or its private address) still holds what it may send from. A load
+# balancer's appliances reach it on its targets' ports under this policy (nothing to open for them).
+FIREWALL = FirewallSpec(policy_in="ACCEPT", policy_out="ACCEPT")
 
 
 async def private_address(ctx: JobContext) -> PrivateAddress | None:
