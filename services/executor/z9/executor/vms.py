@@ -818,6 +818,17 @@ def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[S
 
 
 async def _configure(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
+    try:
+        await _configure_once(ctx, spec, world)
+    except DigestMismatch:
+        # someone wrote the VM's config since it was read: once more on a fresh read (the same
+        # attempt), then it is a temporary error like any other
+        log.info("job %s: VM config changed while z9 wrote it; once more on a fresh read", ctx.job.id)
+        world.fresh = False
+        await _configure_once(ctx, spec, world)
+
+
+async def _configure_once(ctx: JobContext, spec: VmSpec, world: MemberWorld) -> None:
     vm = await _current(ctx, world)
     refuse_platform(spec.owner, vm)  # never rewrite a platform VM's tags
     refuse_if_locked(vm)
