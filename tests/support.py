@@ -98,7 +98,7 @@ class SimAdmin:
         other, e.g. ``203.0.113.9`` for "outside" — or a vmid) to ``dst`` (a vmid, or an address a
         guest holds) with ``proto`` (``tcp``, ``udp``, ``icmp``, ``vrrp``/``112``, ``ah``/``51`` …)
         and destination ``port`` be delivered, by what pve-firewall last compiled? →
-        ``{"delivered": bool, "reason": str, "src_vmid", "dst_vmid", "steps": [str]}`` (the reason
+        ``{"delivered": bool, "reason": str, "src_vmid", "dst_vmid", "steps": [str], "rejected": bool}`` (the reason
         names the VM, NIC, direction and the rule or policy that decided)."""
         params = {"src": str(src), "dst": str(dst), "proto": proto}
         if port is not None:

@@ -336,7 +336,7 @@ def test_the_question_itself(pve, admin, fw_on, wait):
     assert _ask(admin, OUTSIDE, 651, port=22) == _ask(admin, OUTSIDE, "203.0.113.91", port=22)
     d = _ask(admin, OUTSIDE, "203.0.113.200", port=22)
     assert d == {"delivered": False, "reason": "no running guest holds 203.0.113.200", "src_vmid": None,
-                 "dst_vmid": None, "steps": []}
+                 "dst_vmid": None, "steps": [], "rejected": False}
     assert _ask(admin, OUTSIDE, 999)["reason"] == "no VM 999"
     assert wait(pve.nodes("pve1").qemu(651).status.stop.post())["exitstatus"] == "OK"
     assert _ask(admin, OUTSIDE, 651)["reason"] == "VM 651 is not running (or its guest is not up)"

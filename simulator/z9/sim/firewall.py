@@ -744,6 +744,7 @@ def proto_number(p: str | None) -> int | None:
 class ChainVerdict:
     accepted: bool
     reason: str
+    rejected: bool = False  # REJECT (``PVEFW-reject``: a TCP reset, an ICMP unreachable) rather than DROP
 
 
 def _ports_match(spec: str, port: int | None, icmp: bool) -> bool:
@@ -914,12 +915,14 @@ def chain_verdict(c: Compiled, vmid: int, nic: str, direction: str, pkt: Packet)
             continue
         if _rule_matches(r, pkt, fw):
             action = r["action"]
-            return ChainVerdict(action == "ACCEPT", f"{where}: {_rule_text(i, r)} decided {action}")
+            return ChainVerdict(action == "ACCEPT", f"{where}: {_rule_text(i, r)} decided {action}",
+                                action == "REJECT")
     key = f"policy_{direction}"
     # `$policy = $options->{policy_out} || 'ACCEPT'` / `$options->{policy_in} || 'DROP'`
     policy = opts.get(key) or ("ACCEPT" if direction == "out" else "DROP")
     default = "" if opts.get(key) else " (the default: not set)"
-    return ChainVerdict(policy == "ACCEPT", f"{where}: no rule matched; {key} {policy}{default} decided")
+    return ChainVerdict(policy == "ACCEPT", f"{where}: no rule matched; {key} {policy}{default} decided",
+                        policy == "REJECT")
 
 
 # ---- the world: which guest holds an address -------------------------------------------------------
@@ -1018,10 +1021,11 @@ class Delivery:
     src_vmid: int | None = None
     dst_vmid: int | None = None
     steps: list[str] = field(default_factory=list)
+    rejected: bool = False  # not delivered, and the sender is told (REJECT) rather than left waiting (DROP)
 
     def to_json(self) -> dict:
         return {"delivered": self.delivered, "reason": self.reason, "src_vmid": self.src_vmid,
-                "dst_vmid": self.dst_vmid, "steps": list(self.steps)}
+                "dst_vmid": self.dst_vmid, "steps": list(self.steps), "rejected": self.rejected}
 
 
 def _through(c: Compiled, sender: Endpoint | None, receiver: Endpoint, pkt: Packet) -> Delivery:
@@ -1034,10 +1038,11 @@ def _through(c: Compiled, sender: Endpoint | None, receiver: Endpoint, pkt: Pack
         out = chain_verdict(c, sender.vmid, sender.nic, "out", pkt)
         steps.append(out.reason)
         if not out.accepted:
-            return Delivery(False, out.reason, sender.vmid, receiver.vmid, steps)
+            return Delivery(False, out.reason, sender.vmid, receiver.vmid, steps, out.rejected)
     inn = chain_verdict(c, receiver.vmid, receiver.nic, "in", pkt)
     steps.append(inn.reason)
-    return Delivery(inn.accepted, inn.reason, sender.vmid if sender else None, receiver.vmid, steps)
+    return Delivery(inn.accepted, inn.reason, sender.vmid if sender else None, receiver.vmid, steps,
+                    inn.rejected)
 
 
 def deliver(cluster: Any, src: str, dst: str, proto: str = "tcp", port: int | None = None,
@@ -1117,35 +1122,57 @@ def deliver(cluster: Any, src: str, dst: str, proto: str = "tcp", port: int | No
 
 
 def exchange(cluster: Any, a: Endpoint, b: Endpoint, proto: str) -> tuple[bool, bool, str]:
-    """Two guests sending to each other all the time (VRRP adverts, unicast): (does ``a`` hear
-    ``b``, does ``b`` hear ``a``, why). Conntrack (PVEFW-FORWARD's ``RELATED,ESTABLISHED -j ACCEPT``,
-    before any VM chain) makes a packet of a flow a host has already let through in the other
-    direction a reply: on one host the two directions share one conntrack table, so either direction
-    accepted as NEW (sender's OUT and receiver's IN) carries the other; across hosts each host tracks
-    what crossed it (a sender's OUT accepted confirms the flow on the sender's host, where the peer's
-    packets then arrive as replies). The steady state is the least fixpoint from no flow known."""
+    """Two guests that keep sending to each other (keepalived's unicast VRRP adverts: ``a`` to ``b``
+    and ``b`` to ``a``, same addresses, same protocol): (does ``a`` hear ``b``, does ``b`` hear ``a``,
+    why).
+
+    Conntrack decides, not the IN chains: with ``bridge-nf-call-iptables`` (``enable_bridge_firewall``)
+    every bridge hop runs the host's conntrack, and PVEFW-FORWARD accepts ``RELATED,ESTABLISHED``
+    before any tap chain (``ruleset_chain_add_conn_filters``). A packet that passes its sender's OUT
+    chain is confirmed as a flow at that bridge hop (and again at the next host's vmbr0 hop, before
+    the receiver's IN chain); the peer's packets in the other direction are that flow's replies —
+    ESTABLISHED, past the peer's OUT and the sender's IN chains — and from then on both directions
+    are ESTABLISHED (a protocol without ports is tracked by addresses and protocol:
+    ``nf_conntrack_proto_generic``; "UDP hole punching" works the same way). So both hear each other
+    when **either** OUT chain lets its adverts out (an IN chain dropping them only delays it one
+    advert), and neither does when both OUT chains drop them."""
     c = cluster.firewall.compiled()
-    ab = Packet(a.addr, b.addr, proto)
-    ba = Packet(b.addr, a.addr, proto)
-    out_a = chain_verdict(c, a.vmid, a.nic, "out", ab)
-    in_b = chain_verdict(c, b.vmid, b.nic, "in", ab)
-    out_b = chain_verdict(c, b.vmid, b.nic, "out", ba)
-    in_a = chain_verdict(c, a.vmid, a.nic, "in", ba)
-    if a.node == b.node:
-        new_ab = out_a.accepted and in_b.accepted
-        new_ba = out_b.accepted and in_a.accepted
-        ok = new_ab or new_ba
-        why = "; ".join(v.reason for v in (out_a, in_b, out_b, in_a))
-        return ok, ok, why
-    ca = cb = False  # node(a) / node(b) knows the flow (either orientation)
-    while True:
-        l_ab, l_ba = out_a.accepted or ca, out_b.accepted or cb
-        na = ca or out_a.accepted or (l_ba and in_a.accepted)
-        nb = cb or out_b.accepted or (l_ab and in_b.accepted)
-        if (na, nb) == (ca, cb):
-            break
-        ca, cb = na, nb
-    r_ab = (out_a.accepted or ca) and (in_b.accepted or cb)
-    r_ba = (out_b.accepted or cb) and (in_a.accepted or ca)
-    why = "; ".join(v.reason for v in (out_a, in_b, out_b, in_a))
-    return r_ba, r_ab, why
+    out_a = chain_verdict(c, a.vmid, a.nic, "out", Packet(a.addr, b.addr, proto))
+    out_b = chain_verdict(c, b.vmid, b.nic, "out", Packet(b.addr, a.addr, proto))
+    ok = out_a.accepted or out_b.accepted
+    why = "; ".join(v.reason for v in (out_a, out_b))
+    return ok, ok, why
+
+
+# ---- for the guest models (appliance, keepalived, kubeadm) ------------------------------------------
+def nic_holding(cluster: Any, vmid: int, ip: str) -> Endpoint | None:
+    """The endpoint of ``ip`` on VM ``vmid`` from its applied network config (cloud-init), without
+    asking the guest's interfaces (which the keepalived model itself provides: no recursion). An
+    address configured otherwise (a VIP) is on ``net0``. None: not a valid address or no such VM."""
+    import ipaddress
+
+    vm = cluster.vms.get(vmid)
+    try:
+        addr = ipaddress.ip_address(str(ip).split("/", 1)[0])
+    except ValueError:
+        return None
+    if vm is None:
+        return None
+    g = cluster.guests.guests.get(vmid)
+    for n in (g.net_applied if g is not None else []):
+        if any(ipaddress.ip_interface(a).ip == addr for a in n.get("addresses") or []):
+            return Endpoint(vmid, _nic_of(vm.config, n.get("mac")), addr, vm.node)
+    return Endpoint(vmid, "net0", addr, vm.node)
+
+
+def dropped(cluster: Any, src_vmid: int, src_ip: str, dst_vmid: int, dst_ip: str, proto: str,
+            port: int | None = None) -> Delivery | None:
+    """The firewall's verdict on the first packet of a connection a guest model opens (``src_vmid``
+    sending from ``src_ip`` to ``dst_ip`` held by ``dst_vmid``): the :class:`Delivery` when a chain
+    drops or rejects it, None when it passes (or an end is unknown: not the firewall's business)."""
+    a, b = nic_holding(cluster, src_vmid, src_ip), nic_holding(cluster, dst_vmid, dst_ip)
+    if a is None or b is None or a.addr.version != b.addr.version:
+        return None
+    c = cluster.firewall.compiled()
+    d = _through(c, a, b, Packet(a.addr, b.addr, proto, port))
+    return None if d.delivered else d
