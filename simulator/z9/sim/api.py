@@ -71,8 +71,8 @@ Admin API (no auth, loopback peers only), JSON in and out:
   ``models``, ``inputs.source`` (the CD-ROM cloud-init read)); 404 when the VM never started (nor was cloned from one that did) or is gone.
   ``GET /_sim/state`` has ``"guests": {"<vmid>": summary}`` and ``"storage": {"local@pve1": [{volid,
   content, format, size, ctime, sha256}], "isos": [...]}``.
-- ``GET /_sim/firewall/deliver?src=&dst=&proto=&port=&sport=`` → ``{delivered, reason, src_vmid, dst_vmid, rejected,
-  steps}``: would the first packet of a new connection from ``src`` (an address — a guest's, or any other:
+- ``GET /_sim/firewall/deliver?src=&dst=&proto=&port=&sport=`` → ``{delivered, reason, src_vmid, dst_vmid,
+  rejected, steps}``: would the first packet of a new connection from ``src`` (an address — a guest's, or any other:
   "outside" — or a vmid) to ``dst`` (a vmid, or an address a running guest holds), ``proto`` (a name or
   number of /etc/protocols; default tcp), destination ``port`` be delivered, by what pve-firewall last
   compiled (:func:`z9.sim.firewall.deliver`)? ``reason`` names the VM, NIC, direction and the rule or
