@@ -32,7 +32,10 @@ SIM_TIMING: dict[str, Any] = {"task_default_s": 0.05, "task_seconds": {"qmclone"
                               # a guest boots and runs cloud-init in 0.2 s each (the simulator's default: 1 s
                               # each, which every server create of the suite waited out); a test about a
                               # slow guest configures its own
-                              "guest_boot_s": 0.2, "cloud_init_s": 0.2}
+                              "guest_boot_s": 0.2, "cloud_init_s": 0.2,
+                              # pve-firewall's 10 s compile cycle moves only when a test steps it
+                              # (SimAdmin.firewall_cycle): what a test asks never races the cycle
+                              "firewall_clock": "manual"}
 
 
 def with_database(url: str, database: str) -> str:
@@ -88,6 +91,30 @@ class SimAdmin:
 
     async def delete_vm(self, vmid: int) -> None:
         await self._req("DELETE", f"/vms/{vmid}")
+
+    async def deliver(self, src: str | int, dst: str | int, proto: str = "tcp", port: int | None = None,
+                      sport: int | None = None) -> dict[str, Any]:
+        """Would the first packet of a new connection from ``src`` (an address — a guest's or any
+        other, e.g. ``203.0.113.9`` for "outside" — or a vmid) to ``dst`` (a vmid, or an address a
+        guest holds) with ``proto`` (``tcp``, ``udp``, ``icmp``, ``vrrp``/``112``, ``ah``/``51`` …)
+        and destination ``port`` be delivered, by what pve-firewall last compiled? →
+        ``{"delivered": bool, "reason": str, "src_vmid", "dst_vmid", "steps": [str], "rejected": bool}`` (the reason
+        names the VM, NIC, direction and the rule or policy that decided)."""
+        params = {"src": str(src), "dst": str(dst), "proto": proto}
+        if port is not None:
+            params["port"] = str(port)
+        if sport is not None:
+            params["sport"] = str(sport)
+        return await self._req("GET", "/firewall/deliver", params=params)
+
+    async def firewall_cycle(self) -> dict[str, Any]:
+        """Step the simulator's firewall clock to pve-firewall's next compile (its 10 s cycle): what
+        was written through the PVE API before is enforced from now on."""
+        return await self._req("POST", "/firewall/clock", json={"next_cycle": True})
+
+    async def firewall_clock(self, advance: float = 0.0) -> dict[str, Any]:
+        """Move the firewall clock by ``advance`` seconds → ``{now, manual, cycle, compiled_at, next_cycle_in}``."""
+        return await self._req("POST", "/firewall/clock", json={"advance": advance})
 
     async def counters(self) -> dict[str, Any]:
         return (await self.state())["counters"]

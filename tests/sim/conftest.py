@@ -42,7 +42,8 @@ class SimThread:
 @pytest.fixture(scope="session")
 def sim_thread(tmp_path_factory):
     config = SimConfig(task_seconds=TASK_SECONDS, task_default_s=0.1, stats_lag_s=3600, guest_boot_s=GUEST_BOOT_S,
-                       cloud_init_s=CLOUD_INIT_S, auth_delay_s=0.0)  # PVE's 3 s 401 delay: test_auth_delay
+                       cloud_init_s=CLOUD_INIT_S, auth_delay_s=0.0,  # PVE's 3 s 401 delay: test_auth_delay
+                       firewall_clock="manual")  # pve-firewall's 10 s cycle: tests step it
     st = SimThread(config, tmp_path_factory.mktemp("simcert"))
     yield st
     st.close()

@@ -22,7 +22,8 @@ Success: ``{"data": ...}``. Error: reason phrase = first line of the message, bo
 Endpoints with a handler (everything else in the schema answers 501 ``… not implemented (z9 simulator)``):
 version, nodes, cluster resources/nextid, qemu list/create/config/clone/destroy/resize/status/power,
 tasks; firewall (:mod:`z9.sim.firewall`): ``/nodes/{n}/qemu/{vmid}/firewall`` index, ``options``
-GET/PUT, ``ipset`` GET/POST, ``ipset/{name}`` GET/POST/DELETE, ``ipset/{name}/{cidr}`` GET/PUT/DELETE,
+GET/PUT, ``ipset`` GET/POST, ``ipset/{name}`` GET/POST/DELETE, ``ipset/{name}/{cidr}`` GET/PUT/DELETE, ``rules``
+GET/POST, ``rules/{pos}`` GET/PUT/DELETE,
 ``/cluster/firewall/options`` GET/PUT; cloud-init (:mod:`z9.sim.cloudinit`): ``…/cloudinit`` GET/PUT,
 ``…/cloudinit/dump``; storage (:mod:`z9.sim.storage`): ``/nodes/{n}/storage``, ``…/{storage}`` index,
 ``status``, ``content`` GET, ``content/{volume}`` GET/DELETE, ``upload``; guest agent
@@ -70,6 +71,15 @@ Admin API (no auth, loopback peers only), JSON in and out:
   ``models``, ``inputs.source`` (the CD-ROM cloud-init read)); 404 when the VM never started (nor was cloned from one that did) or is gone.
   ``GET /_sim/state`` has ``"guests": {"<vmid>": summary}`` and ``"storage": {"local@pve1": [{volid,
   content, format, size, ctime, sha256}], "isos": [...]}``.
+- ``GET /_sim/firewall/deliver?src=&dst=&proto=&port=&sport=`` → ``{delivered, reason, src_vmid, dst_vmid,
+  rejected, steps}``: would the first packet of a new connection from ``src`` (an address — a guest's, or any other:
+  "outside" — or a vmid) to ``dst`` (a vmid, or an address a running guest holds), ``proto`` (a name or
+  number of /etc/protocols; default tcp), destination ``port`` be delivered, by what pve-firewall last
+  compiled (:func:`z9.sim.firewall.deliver`)? ``reason`` names the VM, NIC, direction and the rule or
+  policy that decided; 400 for a malformed question.
+- ``GET``/``POST /_sim/firewall/clock`` ``{advance?: seconds, next_cycle?: true}`` → ``{now, manual, cycle,
+  compiled_at, next_cycle_in}``: the clock of pve-firewall's 10 s compile cycle (a write through the API
+  is enforced from the next cycle on); ``SimConfig.firewall_clock="manual"`` (the tests') moves only here.
 - ``POST /_sim/guests/{vmid}/addresses`` ``{iface: "eth0", address: "203.0.113.7/32"}`` → ``{interfaces}``:
   configure an address inside a booted guest (as ``ip addr add`` through ``agent/exec`` does); it is
   reported by ``network-get-interfaces`` until the next boot. ``DELETE`` with the same body removes it.
@@ -93,6 +103,7 @@ import collections
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -393,6 +404,26 @@ async def h_fw_ip_delete(ctx, p, user, fail):
     ctx.cluster.firewall.remove_ip(_fw(ctx, p), p["name"], p["cidr"], p)
 
 
+async def h_fw_rules_list(ctx, p, user, fail):
+    return ctx.cluster.firewall.list_rules(_fw(ctx, p))
+
+
+async def h_fw_rule_create(ctx, p, user, fail):
+    ctx.cluster.firewall.create_rule(_fw(ctx, p), p)
+
+
+async def h_fw_rule_get(ctx, p, user, fail):
+    return ctx.cluster.firewall.get_rule(_fw(ctx, p), int(p["pos"]))
+
+
+async def h_fw_rule_put(ctx, p, user, fail):
+    ctx.cluster.firewall.update_rule(_fw(ctx, p), int(p["pos"]), p)
+
+
+async def h_fw_rule_delete(ctx, p, user, fail):
+    ctx.cluster.firewall.delete_rule(_fw(ctx, p), int(p["pos"]), p)
+
+
 async def h_cluster_fw_options_get(ctx, p, user, fail):
     return ctx.cluster.firewall.get_cluster_options()
 
@@ -683,6 +714,11 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("GET", "/nodes/{node}/qemu/{vmid}/firewall/ipset/{name}/{cidr}"): h_fw_ip_get,
     ("PUT", "/nodes/{node}/qemu/{vmid}/firewall/ipset/{name}/{cidr}"): h_fw_ip_put,
     ("DELETE", "/nodes/{node}/qemu/{vmid}/firewall/ipset/{name}/{cidr}"): h_fw_ip_delete,
+    ("GET", "/nodes/{node}/qemu/{vmid}/firewall/rules"): h_fw_rules_list,
+    ("POST", "/nodes/{node}/qemu/{vmid}/firewall/rules"): h_fw_rule_create,
+    ("GET", "/nodes/{node}/qemu/{vmid}/firewall/rules/{pos}"): h_fw_rule_get,
+    ("PUT", "/nodes/{node}/qemu/{vmid}/firewall/rules/{pos}"): h_fw_rule_put,
+    ("DELETE", "/nodes/{node}/qemu/{vmid}/firewall/rules/{pos}"): h_fw_rule_delete,
     ("GET", "/cluster/firewall/options"): h_cluster_fw_options_get,
     ("PUT", "/cluster/firewall/options"): h_cluster_fw_options_put,
     ("GET", "/nodes/{node}/qemu/{vmid}/status"): h_status_index,
@@ -1189,6 +1225,53 @@ async def admin_k8s_clusters(request: web.Request) -> web.Response:
     return web.json_response(kubeadm.clusters(request.app[CTX].cluster.guests))
 
 
+async def admin_firewall_deliver(request: web.Request) -> web.Response:
+    """``GET /_sim/firewall/deliver?src=&dst=&proto=&port=&sport=``: would the first packet of a new
+    connection from ``src`` (an address — a guest's or any other — or a vmid) to ``dst`` (a vmid or
+    an address a guest holds) be delivered, by what pve-firewall last compiled (z9.sim.firewall
+    ``deliver``)? → ``{delivered, reason, src_vmid, dst_vmid, steps}``; 400 for a malformed question."""
+    from .firewall import deliver
+
+    q = request.query
+    try:
+        if not q.get("src") or not q.get("dst"):
+            raise ValueError("src and dst are required")
+        port = int(q["port"]) if q.get("port") else None
+        sport = int(q["sport"]) if q.get("sport") else None
+        d = deliver(request.app[CTX].cluster, q["src"], q["dst"], q.get("proto", "tcp"), port, sport)
+    except ValueError as e:
+        return web.json_response({"error": f"bad question: {e}"}, status=400)
+    return web.json_response(d.to_json())
+
+
+def _clock_json(fw) -> dict:
+    c = fw.compiled()
+    return {"now": fw.clock.now(), "manual": fw.clock.manual, "cycle": c.cycle, "compiled_at": c.at,
+            "next_cycle_in": fw.next_cycle_in()}
+
+
+async def admin_firewall_clock(request: web.Request) -> web.Response:
+    """``GET``/``POST /_sim/firewall/clock`` ``{advance?: seconds, next_cycle?: true}``: the clock of
+    pve-firewall's 10 s compile cycle; ``advance`` moves it, ``next_cycle`` moves it to the next
+    compile (a write made before is enforced after it) → ``{now, manual, cycle, compiled_at,
+    next_cycle_in}``."""
+    fw = request.app[CTX].cluster.firewall
+    if request.method == "POST":
+        b = await _json(request)
+        try:
+            seconds = float(b.get("advance", 0))
+            if seconds < 0 or not math.isfinite(seconds):
+                raise ValueError("advance: seconds >= 0")
+        except (TypeError, ValueError) as e:
+            return web.json_response({"error": f"bad clock step: {e}"}, status=400)
+        fw.tick()  # what was written so far belongs to the cycle it was written in
+        if b.get("next_cycle"):
+            seconds += fw.next_cycle_in() + 1e-6  # past the boundary, whatever the float rounding
+        fw.clock.advance(seconds)
+        fw.tick()
+    return web.json_response(_clock_json(fw))
+
+
 async def admin_config(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     c = ctx.cluster
@@ -1245,6 +1328,9 @@ def create_app(ctx: SimContext) -> web.Application:
     app.router.add_post("/_sim/tasks/hold", admin_tasks_hold)
     app.router.add_post("/_sim/tasks/release", admin_tasks_release)
     app.router.add_put("/_sim/config", admin_config)
+    app.router.add_get("/_sim/firewall/deliver", admin_firewall_deliver)
+    app.router.add_get("/_sim/firewall/clock", admin_firewall_clock)
+    app.router.add_post("/_sim/firewall/clock", admin_firewall_clock)
     app.router.add_get("/_sim/guests/{vmid:\\d+}", admin_guest)
     app.router.add_post("/_sim/k8s/expire-tokens", admin_k8s_expire_tokens)
     app.router.add_get("/_sim/k8s/clusters", admin_k8s_clusters)

@@ -518,6 +518,13 @@ def vip_holders(guests: Guests) -> dict[int, dict[str, list[str]]]:
         vips = sorted({c for _, i in d for c, _ in i["vips"]})
         key = ",".join(vips)
         ids = {g.vmid: i for g, i in d}
+        masters = _vrrp_masters(guests, d)
+        if masters is not None:  # the firewall keeps some members from hearing others
+            seen.add(key)
+            for vmid in masters:
+                for cidr, dev in ids[vmid]["vips"]:
+                    out.setdefault(vmid, {}).setdefault(dev or "", []).append(cidr)
+            continue
         holder = sticky.get(key)
         if holder not in ids or not ids[holder]["nopreempt"] or key in seen:
             holder = sorted(d, key=lambda p: (-p[1]["priority"], p[0].vmid))[0][0].vmid
@@ -529,6 +536,40 @@ def vip_holders(guests: Guests) -> dict[int, dict[str, list[str]]]:
     for key in [k for k in sticky if k not in seen]:
         del sticky[key]
     return out
+
+
+def _vrrp_masters(guests: Guests, domain: list[tuple[Guest, dict[str, Any]]]) -> list[int] | None:
+    """The members that are MASTER when the firewall keeps some from hearing others' adverts (None:
+    every member hears every other — one master, as :func:`vip_holders` elects it). The adverts are
+    IP protocol 112 (``vrrp``), or 51 (``ah``) with ``auth_type AH`` (keepalived's IPSEC-AH), sent
+    unicast to each peer; whether each side hears the other is :func:`z9.sim.firewall.exchange`
+    (conntrack makes one accepted direction carry the other). RFC 5798 §6.4: a backup that hears no
+    advert from a master of higher priority becomes master when its Master_Down_Timer fires, and a
+    master steps down only on an advert of higher priority — so a member is MASTER unless it hears a
+    member that outranks it (higher priority; on a tie the lowest vmid, as elected above)."""
+    cluster = guests.cluster
+    if cluster is None or len(domain) < 2:
+        return None
+    from .firewall import exchange, nic_holding
+
+    hears: dict[tuple[int, int], bool] = {}
+    for i, (ga, ia) in enumerate(domain):
+        for gb, ib in domain[i + 1:]:
+            a = nic_holding(cluster, ga.vmid, ia["src"]) if ia["src"] else None
+            b = nic_holding(cluster, gb.vmid, ib["src"]) if ib["src"] else None
+            if a is None or b is None:
+                continue
+            proto = "ah" if str(ia["auth"][0] or "").upper() == "AH" else "vrrp"
+            hears[(ga.vmid, gb.vmid)], hears[(gb.vmid, ga.vmid)], _ = exchange(cluster, a, b, proto)
+    if all(hears.values()):
+        return None
+
+    def rank(p: tuple[Guest, dict[str, Any]]) -> tuple[int, int]:
+        return (p[1]["priority"], -p[0].vmid)
+
+    return [g.vmid for g, i in domain
+            if not any(hears.get((g.vmid, o.vmid), True) for o, oi in domain
+                       if o.vmid != g.vmid and rank((o, oi)) > rank((g, i)))]
 
 
 def extra_interfaces(g: Guest) -> dict[str, list[str]]:
@@ -543,8 +584,14 @@ def listening(g: Guest) -> dict[str, Any]:
     return g.model("net").setdefault("listen", {})
 
 
-def _probe(guests: Guests, addr: str, port: int, backend: dict[str, Any]) -> tuple[str, str, str]:
-    """(status, check_status, check_code) of one backend server, from the world."""
+def _probe(guests: Guests, addr: str, port: int, backend: dict[str, Any],
+           prober: Guest | None = None) -> tuple[str, str, str]:
+    """(status, check_status, check_code) of one backend server, from the world. ``prober``: the
+    appliance whose HAProxy checks — its check's first packet (a TCP SYN from its own address) must
+    pass the firewall (:func:`z9.sim.firewall.dropped`: the appliance's OUT chain, the target's IN
+    chain): dropped → ``L4TOUT`` (the SYN goes unanswered), rejected (``PVEFW-reject``: a TCP reset) →
+    ``L4CON``; why is kept in the appliance's model (``models.appliance.firewall``, ``GET
+    /_sim/guests/{vmid}``) — HAProxy itself cannot tell a firewall from a dead host."""
     holder = None
     for g in guests.guests.values():
         if _running(guests, g) and "appliance" not in g.models and _holds(g, addr) and not _filtered(guests, g, addr):
@@ -552,6 +599,16 @@ def _probe(guests: Guests, addr: str, port: int, backend: dict[str, Any]) -> tup
             break
     if holder is None:
         return "DOWN", "L4TOUT", ""
+    if prober is not None and guests.cluster is not None:
+        from .firewall import dropped
+
+        src = next(iter(sorted(_own_ips(prober))), None)
+        verdicts = prober.model("appliance").setdefault("firewall", {})
+        d = dropped(guests.cluster, prober.vmid, src, holder.vmid, addr, "tcp", port) if src else None
+        if d is not None:
+            verdicts[f"{addr}:{port}"] = d.reason
+            return "DOWN", "L4CON" if d.rejected else "L4TOUT", ""
+        verdicts.pop(f"{addr}:{port}", None)
     lst = listening(holder).get(str(port))
     if lst is None:
         return "DOWN", "L4CON", ""
@@ -563,7 +620,7 @@ def _probe(guests: Guests, addr: str, port: int, backend: dict[str, Any]) -> tup
     return "UP", "L4OK", ""
 
 
-def show_stat(guests: Guests, conf: str) -> str:
+def show_stat(guests: Guests, conf: str, prober: Guest | None = None) -> str:
     model = parse_haproxy(conf)
     rows = []
 
@@ -578,7 +635,7 @@ def show_stat(guests: Guests, conf: str) -> str:
     for name, b in model["backends"].items():
         ups = 0
         for sname, addr, _port, cport in b["servers"]:
-            st, chk, code = _probe(guests, addr, cport, b)
+            st, chk, code = _probe(guests, addr, cport, b, prober)
             ups += st == "UP"
             row(name, sname, st, 2, chk, code)
         row(name, "BACKEND", "UP" if ups else "DOWN", 1)
@@ -596,7 +653,7 @@ def _socat(ctx: ExecContext) -> ExecResult:
         return ExecResult(1, err=f"socat E connect(5, AF=1 \"{args[1]}\", 23): No such file or directory\n")
     cmd = ctx.stdin.decode("utf-8", "replace").strip()
     if cmd == "show stat":
-        return ExecResult(0, out=show_stat(ctx.guest.guests, conf))
+        return ExecResult(0, out=show_stat(ctx.guest.guests, conf, ctx.guest))
     return ExecResult(0, out="Unknown command. Please enter one of the following commands only :\n  show stat\n")
 
 

@@ -41,7 +41,7 @@ import orjson
 from .disks import DISK_RE, format_size, parse_size, print_drive
 from .errors import PveError, param_error
 from . import cloudinit
-from .firewall import Firewall
+from .firewall import Firewall, FirewallClock
 from .guest import Guests, GuestSettings
 from . import kubeadm  # noqa: F401  (registers the kubeadm/kubectl command models with the guests)
 from . import blockdev  # noqa: F401  (registers lsblk, ls /dev/disk/by-id, readlink with the guests)
@@ -271,7 +271,7 @@ class Cluster:
 
     def __init__(self, nodes: list[str], *, task_seconds: dict[str, float] | None = None,
                  task_default_s: float = 0.2, stats_lag_s: float = 10.0, task_invisible_s: float = 0.0,
-                 guest: GuestSettings | None = None):
+                 guest: GuestSettings | None = None, firewall_clock: FirewallClock | None = None):
         self.nodes = list(nodes)
         self.task_seconds = dict(task_seconds or {})
         self._held: dict[str, asyncio.Event] = {}  # task type → released when set (hold_tasks)
@@ -290,7 +290,8 @@ class Cluster:
         self.stats_refreshed_at = 0.0
         self.tasks_started: dict[str, int] = {}
         self._workers: set[asyncio.Task] = set()
-        self.firewall = Firewall()
+        self.firewall = Firewall(firewall_clock)
+        self.firewall.vm_configs = lambda: {v.vmid: v.config for v in self.vms.values()}
         self.storage = Storage(self)
         self.guests = Guests(self, guest)
         self._stats_loop: asyncio.Task | None = None
@@ -350,6 +351,7 @@ class Cluster:
     def add_vm(self, vm: VM) -> None:
         """Put a VM in place as if its config file appeared (seed, state file, ``POST /_sim/vms``): its
         cloud-init keys count as applied, and a running VM has the drive it was started with."""
+        self.firewall.tick()
         if vm.ci_applied is None:
             vm.ci_applied = cloudinit.ci_values(vm.config)
         if vm.running and vm.ci_drive is None:
@@ -936,6 +938,7 @@ class Cluster:
         """Qemu.pm $update_vm_api's updatefn: every change is written to [PENDING] first; a stopped
         VM then gets all pending changes applied (vmconfig_apply_pending), a running one only the
         hot-pluggable ones (vmconfig_hotplug_pending) - the rest waits for the next start."""
+        self.firewall.tick()  # pve-firewall compiles the NICs (firewall=1) as of its last cycle
         deletes = split_list(params.get("delete", ""))
         if params.get("boot"):
             # Qemu.pm $update_vm_api: every device of the new boot order must exist (config, pending

@@ -406,6 +406,24 @@ def _api_up(guests: Guests, c: dict[str, Any]) -> bool:
     return False
 
 
+def _firewall_drops(guest: Any, dst_vmid: int, dst_ip: str, port: int) -> Any:
+    """The PVE firewall's verdict on a TCP connection ``guest`` opens from its own address to
+    ``dst_ip:port`` held by ``dst_vmid`` (:func:`z9.sim.firewall.dropped`): the Delivery when it is
+    dropped or rejected, None when it passes (or the firewall has no say)."""
+    from .firewall import dropped
+
+    cluster = guest.guests.cluster
+    src = next((a.split("/", 1)[0] for n in guest.net_applied for a in n.get("addresses") or []), None)
+    if cluster is None or src is None:
+        return None
+    return dropped(cluster, guest.vmid, src, int(dst_vmid), dst_ip, "tcp", port)
+
+
+def _own_ip(guests: Guests, vmid: int) -> str | None:
+    g = guests.guests.get(int(vmid))
+    return next((a.split("/", 1)[0] for n in (g.net_applied if g else []) for a in n.get("addresses") or []), None)
+
+
 def _guest_up(guests: Guests, vmid: int) -> bool:
     g = guests.guests.get(int(vmid))
     return bool(g is not None and g.powered and g.booted)
@@ -595,6 +613,20 @@ def _join(ctx: ExecContext) -> ExecResult:
         return ExecResult(1, err=warnings + "error execution phase preflight: couldn't validate the identity of the "
                                  f"API Server: Get \"https://{endpoint}/api/v1/namespaces/kube-public/configmaps/"
                                  f"cluster-info?timeout=10s\": dial tcp {endpoint}: i/o timeout\n")
+    if c is not None and _api_up(guests, c):
+        # the discovery's dial to the endpoint (the control plane whose kube-vip holds it) crosses the
+        # PVE firewall: a dropped SYN times out (the same "i/o timeout" as above), a rejected one is
+        # reset ("connection refused": PVEFW-reject answers TCP with a reset)
+        host, _, port = endpoint.rpartition(":")
+        holder = next(v for v in c["control_planes"] if _guest_up(guests, v)
+                      and kube_vip_problem(guests.guests[int(v)], host) is None)
+        blocked = _firewall_drops(ctx.guest, holder, host, int(port or 6443))
+        if blocked is not None and blocked.rejected:
+            return ExecResult(1, err=warnings + _refused(endpoint))
+        if blocked is not None:
+            return ExecResult(1, err=warnings + "error execution phase preflight: couldn't validate the identity of "
+                                     f"the API Server: Get \"https://{endpoint}/api/v1/namespaces/kube-public/"
+                                     f"configmaps/cluster-info?timeout=10s\": dial tcp {endpoint}: i/o timeout\n")
     if c is None or not _api_up(guests, c):
         return ExecResult(1, err=warnings + _refused(endpoint))
     tid = token.split(".", 1)[0]
@@ -615,6 +647,20 @@ def _join(ctx: ExecContext) -> ExecResult:
         if missing:
             return ExecResult(1, err=f"error execution phase control-plane-prepare/certs: {PKI}{missing}: "
                                      "no such file or directory\n")
+    if control_plane:
+        # phases/join/controlplanejoin.go runEtcdPhase → etcd/local.go CreateStackedEtcdStaticPodManifestFile:
+        # the new member is added through the existing members' client port (2379), then the new etcd
+        # must sync with them over the peer port (2380, both ways); etcdutil WaitForClusterAvailable gives
+        # up with "timeout waiting for etcd cluster to be available" (the PVE firewall dropping either)
+        for v in c["control_planes"]:
+            peer_ip, own_ip = _own_ip(guests, v), _own_ip(guests, ctx.guest.vmid)
+            if int(v) == ctx.guest.vmid or not _guest_up(guests, v) or peer_ip is None or own_ip is None:
+                continue
+            if (_firewall_drops(ctx.guest, v, peer_ip, 2379) or _firewall_drops(ctx.guest, v, peer_ip, 2380)
+                    or _firewall_drops(guests.guests[int(v)], ctx.guest.vmid, own_ip, 2380)):
+                return ExecResult(1, err=warnings + "error execution phase control-plane-join/etcd: error creating "
+                                         "local etcd static pod manifest file: timeout waiting for etcd cluster "
+                                         "to be available\n" + _TRACE)
     if name in c["nodes"] and c["nodes"][name]["vmid"] != ctx.guest.vmid and _guest_up(guests, c["nodes"][name]["vmid"]):
         return ExecResult(1, err=f"error execution phase kubelet-start: a Node with name \"{name}\" and status "
                                  "\"Ready\" already exists in the cluster\n")

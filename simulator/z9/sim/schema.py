@@ -10,7 +10,8 @@ Checked, in PVE's order (``check_prop``): missing non-optional → ``property is
 optional``; type (``integer``/``number`` regexes of ``is_integer``/``is_number``; ``boolean`` accepts
 only ``1`` and ``0`` as ``check_type`` does, so Python's ``True`` → ``type check ('boolean') failed -
 got 'True'``); format (``pve-tag-list``, ``urlencoded``, ``pve-vmid``, ``pve-node``, ``dns-name``,
-``pve-configid``, ``pve-configid-list``; every other format is accepted) → ``invalid format - <msg>``;
+``pve-configid``, ``pve-configid-list``, the firewall rule formats of :mod:`z9.sim.firewall`; every other
+format is accepted) → ``invalid format - <msg>``;
 pattern (anchored) → ``value does not match the regex pattern``; maxLength/minLength; maximum/minimum;
 enum. Unknown parameters → ``property is not defined in schema and the schema does not allow additional
 properties``. Path placeholders (``{node}``, ``{vmid}``, ``{upid}``, ...) are parameters too.
@@ -268,6 +269,17 @@ def _fmt_mac(v: str) -> None:
 
 
 _FORMATS["mac-addr"] = _fmt_mac
+
+
+def _register_firewall_formats() -> None:
+    """pve-firewall's registered formats of the rule parameters (``pve-fw-addr-spec``,
+    ``pve-fw-dport-spec`` …, ``Firewall.pm`` ``register_format``) and pve-common's ``pve-iface``."""
+    from .firewall_formats import FORMATS
+
+    _FORMATS.update(FORMATS)
+
+
+_register_firewall_formats()
 
 
 def check_format(fmt: Any, value: str, path: str = "") -> None:

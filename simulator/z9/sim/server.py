@@ -39,6 +39,7 @@ from pydantic import BaseModel, Field
 
 from .api import SimContext, create_app
 from .cluster import VM, Cluster
+from .firewall import FirewallClock
 from .guest import GuestSettings
 from .faults import FaultStore
 from .tls import ensure_certificate, server_context
@@ -69,6 +70,9 @@ class SimConfig(BaseModel):
     guest_boot_s: float = 1.0  # from a VM's start to its guest agent answering
     cloud_init_s: float = 1.0  # cloud-init runs this long after the boot
     seed_vms: int = Field(0, ge=0, le=200_000)  # customer-shaped VMs added to the seed (scale runs)
+    # the clock pve-firewall's 10 s compile cycle runs on (z9.sim.firewall): "real" — seconds since the
+    # start, as on a node; "manual" — it moves only when POST /_sim/firewall/clock steps it (tests)
+    firewall_clock: Literal["real", "manual"] = "real"
 
 
 SCALE_FIRST_VMID = 10_000
@@ -236,7 +240,8 @@ async def start_simulator(config: SimConfig | None = None, host: str = "127.0.0.
     cert_path, key_path = ensure_certificate(cert_dir or tempfile.mkdtemp(prefix="z9-sim-"))
     cluster = Cluster(config.nodes, task_seconds=config.task_seconds, task_default_s=config.task_default_s,
                       stats_lag_s=config.stats_lag_s, task_invisible_s=config.task_invisible_s,
-                      guest=GuestSettings(boot_s=config.guest_boot_s, cloud_init_s=config.cloud_init_s))
+                      guest=GuestSettings(boot_s=config.guest_boot_s, cloud_init_s=config.cloud_init_s),
+                      firewall_clock=FirewallClock(manual=config.firewall_clock == "manual"))
     vms = seed_dev_region(config)
     if config.state_file and Path(config.state_file).exists():
         saved = json.loads(Path(config.state_file).read_text())
