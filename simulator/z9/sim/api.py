@@ -1279,9 +1279,11 @@ async def admin_config(request: web.Request) -> web.Response:
     scalars = ("guest_boot_s", "cloud_init_s", "task_default_s", "stats_lag_s", "task_invisible_s", "auth_delay_s",
                "k8s_api_delay_s")
     try:  # all values checked before any is applied
-        unknown = sorted(set(b) - set(scalars) - {"task_seconds", "clone_race"})
+        unknown = sorted(set(b) - set(scalars) - {"task_seconds", "clone_race", "firewall_clock"})
         if unknown:
             raise ValueError(f"unknown setting(s) {unknown}")
+        if b.get("firewall_clock", "manual") not in ("manual", "real"):
+            raise ValueError("firewall_clock is 'manual' or 'real'")
         vals = {k: float(b[k]) for k in scalars if k in b}
         if any(v < 0 for v in vals.values()):
             raise ValueError("durations must not be negative")
@@ -1293,6 +1295,8 @@ async def admin_config(request: web.Request) -> web.Response:
     if "cloud_init_s" in vals:
         c.guests.settings.cloud_init_s = vals["cloud_init_s"]
     c.task_seconds.update(task_seconds)
+    if "firewall_clock" in b:  # SimConfig.firewall_clock: the tests' clock moves only when they step it
+        c.firewall.clock.manual = b["firewall_clock"] == "manual"
     if "clone_race" in b:  # the next n clones lose PVE's racy newid check (Cluster.clone)
         c.clone_race = int(b["clone_race"])
     for k in ("task_default_s", "stats_lag_s", "task_invisible_s"):

@@ -7,13 +7,14 @@ targets; a cluster's members accept kubeadm's ports from each other. An operator
 a z9 rule changed by hand is put back by the next job of its kind."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, AsyncIterator
 
 import pytest
 
 from z9.common.tags import identity_tag, normalize_tags
 
-from tests.support import REGION, SimAdmin, Stack, make_tenant, wait_until
+from tests.support import SimAdmin, Stack, make_tenant, wait_until
 from z9.sim.appliance import vip_holders
 
 from tests.integration.load_balancers.test_load_balancers import (LB_TEMPLATE, SERVICE, _appliances, _get, _lb,
@@ -43,6 +44,11 @@ async def _why(sim: SimAdmin, src: str | int, dst: str | int, proto: str = "tcp"
     return str((await sim.deliver(src, dst, proto, port))["reason"])
 
 
+def _ipv4(server: dict[str, Any]) -> str:
+    v = server["public_ipv4"]
+    return str(v["ip"] if isinstance(v, dict) else v)
+
+
 def _platform_rules(sim: SimAdmin, vmid: int) -> list[dict[str, Any]]:
     return [r for r in sim.server.cluster.firewall.vm(vmid).to_json().get("rules", [])
             if str(r.get("comment", "")).startswith("z9 platform: ")]
@@ -51,20 +57,15 @@ def _platform_rules(sim: SimAdmin, vmid: int) -> list[dict[str, Any]]:
 async def test_a_server_is_reachable_on_ssh_from_outside_and_from_another_tenant(
         stack: Stack, sim: SimAdmin, firewall_on: None) -> None:
     mine = await _server(stack, "reachable")
-    _, other_token = await make_tenant(stack.pool, "globex")
-    status, out = await stack.call("POST", "/servers", token=other_token, json={
-        "name": "neighbour", "region": REGION, "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10,
-        "public_ipv4": True})
-    assert status == 202, out
-    assert (await stack.wait_job(out["job"]["id"], timeout_s=90))["status"] == "succeeded"
+    other_tenant, other_token = await make_tenant(stack.pool, "globex")
+    other = dataclasses.replace(stack, token=other_token, tenant_id=other_tenant)
+    neighbour = await _server(other, "neighbour")
     await sim.firewall_cycle()
-    vmid, ip = mine["observed"]["vmid"], mine["public_ipv4"]["ip"] if isinstance(mine["public_ipv4"], dict) \
-        else mine["public_ipv4"]
+    vmid, ip = mine["observed"]["vmid"], _ipv4(mine)
     opts = sim.server.cluster.firewall.vm(vmid).options
     # explicit, never pve-firewall's default DROP
     assert (opts.get("enable"), opts.get("policy_in"), opts.get("policy_out")) == ("1", "ACCEPT", "ACCEPT"), opts
     assert await _deliver(sim, OUTSIDE, ip, "tcp", 22), await _why(sim, OUTSIDE, ip, "tcp", 22)
-    neighbour = (await stack.call("GET", f"/servers/{out['server']['id']}", token=other_token))[1]["server"]
     assert await _deliver(sim, neighbour["observed"]["vmid"], ip, "tcp", 22)
     # and the other way: each tenant's server reaches the other's (a public address, both ACCEPT)
     assert await _deliver(sim, vmid, neighbour["observed"]["vmid"], "tcp", 22)
@@ -132,7 +133,8 @@ async def test_a_load_balancer_forwards_to_its_targets_and_opens_nothing_else(
     lb = await _get(stack, lb["id"])
     health = {t["server_id"]: t["health_status"] for t in lb["targets"]}
     assert all(h["status"] == "healthy" for h in health[a["id"]]), health
-    assert all(h["status"] == "unhealthy" and "firewall" in (h["reason"] or "") for h in health[b["id"]]), health
+    assert all(h["status"] == "unhealthy" and h["reason"] == "firewall" and "operator: maintenance" in h["detail"]
+               for h in health[b["id"]]), health
     # the operator's rule is theirs: a job of the target's kind leaves it alone
     status, out = await stack.call("POST", f"/servers/{b['id']}/actions/reboot")
     assert status == 202, out
@@ -211,8 +213,10 @@ async def test_cluster_members_reach_each_other_on_kubeadm_ports_only(private: S
     ips = await store.vm_private_addresses_of(private.pool, c["id"])
     vms = {next(t[len("z9-member-"):] for t in normalize_tags(v["config"]["tags"]) if t.startswith("z9-member-")):
            v["vmid"] for v in await sim.vms_tagged(identity_tag(c["id"]))}
-    endpoint = got["endpoint"]["address"]
-    assert await _deliver(sim, OUTSIDE, endpoint, "tcp", 6443)  # the customers' kubectl
+    # the customers' kubectl reaches the API server on every control plane (the endpoint, which
+    # kube-vip moves between them)
+    for cp in ("cp-0", "cp-1", "cp-2"):
+        assert await _deliver(sim, OUTSIDE, vms[cp], "tcp", 6443), await sim.deliver(OUTSIDE, vms[cp], "tcp", 6443)
     assert await _deliver(sim, ips["workers-0"], vms["cp-1"], "tcp", 6443)
     assert await _deliver(sim, ips["cp-0"], vms["cp-2"], "tcp", 2380)  # etcd peers
     assert not await _deliver(sim, ips["workers-0"], vms["cp-0"], "tcp", 2379)  # etcd: control planes only

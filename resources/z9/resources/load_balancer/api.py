@@ -253,9 +253,12 @@ class TargetHealth(schemas.Response):
     listen_port: int
     status: Literal["healthy", "unhealthy", "unknown", "unused", "refused"]
     reason: str = Field(description="initial, connect_failed, timeout, response_code_mismatch, server_stopped, "
-                                    "server_deleted, no_address, no_appliance, ...; for refused (an ip target the "
+                                    "server_deleted, no_address, no_appliance, firewall (the target server's VM "
+                                    "firewall drops the appliance: see detail), ...; for refused (an ip target the "
                                     "last configure left out of the config) the rule: platform_network, "
                                     "another_tenant, load_balancer_address, address_pool, private_range")
+    detail: str | None = Field(None, description="for reason firewall: which rule or policy of which VM drops "
+                                                 "the appliance's connections")
 
 
 class TargetOut(schemas.Response):

@@ -670,6 +670,57 @@ def firewall_drift(spec: VmSpec, vm: VmState, fw: FirewallState | None) -> list[
     return out
 
 
+_PROTO_NUMBERS = {"tcp": "6", "udp": "17", "icmp": "1", "ah": "51", "esp": "50", "gre": "47", "vrrp": "112"}
+
+
+def _port_in(spec: str, port: int) -> bool:
+    """``port`` within a rule's ``dport``: ports, ``a:b`` ranges, comma lists (numbers only: a service
+    name is not evaluated — :func:`inbound_drop` then answers "not known")."""
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition(":")
+        if int(lo) <= port <= int(hi or lo):
+            return True
+    return False
+
+
+def inbound_drop(options: Mapping[str, Any], rules: list[Mapping[str, Any]], nic: str, src: str, proto: str,
+                 port: int | None) -> str | None:
+    """What of a VM's firewall drops a new connection from ``src`` (``proto``, destination ``port``)
+    arriving on its NIC (its config value ``nic``), as pve-firewall compiles its inbound chain
+    (Firewall.pm ``ruleset_create_vm_chain``: the rules in order, the first match decides, then
+    ``policy_in``, DROP when unset) — or None when it accepts, or when a rule it would meet first is
+    not one this reads exactly (an IP set, alias, macro, service name): a diagnosis that names the
+    firewall only when sure. The datacenter firewall's switch is the caller's to check."""
+    import ipaddress
+
+    if str(options.get("enable", 0)) != "1" or "firewall=1" not in nic.split(","):
+        return None
+    addr = ipaddress.ip_address(src)
+    for r in sorted(rules, key=lambda r: int(r.get("pos", 0))):
+        if r.get("type") != "in" or str(r.get("enable") or 0) != "1":
+            continue
+        if r.get("macro") or r.get("iface") or r.get("dest") or r.get("sport"):
+            return None
+        rp = str(r.get("proto") or "")
+        if rp and _PROTO_NUMBERS.get(rp, rp) != _PROTO_NUMBERS.get(proto, proto):
+            continue
+        try:
+            if r.get("dport") and (port is None or not _port_in(str(r["dport"]), port)):
+                continue
+            if r.get("source"):
+                nets = [ipaddress.ip_network(x.strip(), strict=False) for x in str(r["source"]).split(",")]
+                if not any(addr.version == n.version and addr in n for n in nets):
+                    continue
+        except ValueError:
+            return None  # an IP set, alias, range or service name: not read here
+        if r.get("action") == "ACCEPT":
+            return None
+        what = f"{r.get('action')} {rp or 'any'}" + (f" port {r['dport']}" if r.get("dport") else "")
+        return f"its firewall's rule {r.get('pos')} ({what}" + (f", '{r['comment']}'" if r.get("comment") else "") + ")"
+    policy = str(options.get("policy_in") or "DROP")
+    return None if policy == "ACCEPT" else f"its firewall's policy_in {policy}"
+
+
 async def observe_firewall(ctx: JobContext, spec: VmSpec, vm: VmState) -> FirewallState | None:
     """The VM's firewall as :func:`firewall_drift` compares it (None when the spec wants none)."""
     if spec.firewall is None and not spec.ip_filter:

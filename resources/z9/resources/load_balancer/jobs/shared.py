@@ -557,6 +557,38 @@ def health(lb: LoadBalancer, targets: list[dict[str, Any]], stat: dict[tuple[str
     return overall, {"targets": out}
 
 
+async def explain_by_firewall(ctx: JobContext, lb: LoadBalancer, member: str | None, targets: list[dict[str, Any]],
+                              detail: dict[str, Any]) -> None:
+    """A server target HAProxy cannot reach (``timeout``, ``connect_failed``) whose own VM firewall
+    drops the appliance's connections — a rule or policy someone put there: z9 writes its servers'
+    policies ``ACCEPT`` — is ``unhealthy`` with reason ``firewall``, ``detail`` naming the rule
+    (HAProxy itself cannot tell a firewall from a dead host). Read only for such targets, with the
+    datacenter firewall on."""
+    if member is None:
+        return
+    todo = [t for t in targets if t.get("type") == "server" and t.get("addr")
+            and any(r["status"] == "unhealthy" and r["reason"] in ("timeout", "connect_failed")
+                    for r in detail["targets"].get(t["key"], []))]
+    if not todo or str((await ctx.pve.cluster_firewall_options()).get("enable", 0)) != "1":
+        return
+    src = str(lb.addresses[member]["ip"])
+    ports = {int(s["listen_port"]): int(s["destination_port"]) for s in lb.services}
+    for t in todo:
+        vm = await vms.find_one_vm(ctx, t["server_id"])
+        if vm is None:
+            continue
+        opts = await ctx.pve.firewall_options(vm.node, vm.vmid)
+        rules, _ = await ctx.pve.firewall_rules(vm.node, vm.vmid)
+        for row in detail["targets"][t["key"]]:
+            if row["status"] != "unhealthy" or row["reason"] not in ("timeout", "connect_failed"):
+                continue
+            why = vms.inbound_drop(opts, rules, str(vm.config.get("net0", "")), src, "tcp", ports[row["listen_port"]])
+            if why is not None:
+                row["reason"] = "firewall"
+                row["detail"] = (f"the target's VM {vm.vmid} drops the appliance ({src}) on tcp "
+                                 f"{ports[row['listen_port']]}: {why}")
+
+
 async def read_health(ctx: JobContext, world: World) -> dict[str, Any]:
     """Per member: VM, power, running hash, VIP; HAProxy's stats from the VIP holder (else the
     first appliance that answers); the health that follows."""
@@ -596,6 +628,7 @@ async def read_health(ctx: JobContext, world: World) -> dict[str, Any]:
     holder = next((k for k, m in members.items() if m["holds_vip"] and k in stats), None)
     stat = stats.get(holder) if holder else next(iter(stats.values()), None)
     overall, detail = health(lb, world.targets, stat)
+    await explain_by_firewall(ctx, lb, holder or next(iter(stats), None), world.targets, detail)
     nodes = [m["node"] for m in members.values() if m["node"]]
     return {"members": members, "vip_holder": next((k for k, m in members.items() if m["holds_vip"]), None),
             "spread": len(set(nodes)) == len(nodes), "health": overall, "health_detail": detail,
