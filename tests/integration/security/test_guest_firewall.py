@@ -8,18 +8,25 @@ a z9 rule changed by hand is put back by the next job of its kind."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
-
 from z9.common.tags import identity_tag, normalize_tags
-
-from tests.support import SimAdmin, Stack, make_tenant, wait_until
 from z9.sim.appliance import vip_holders
 
-from tests.integration.load_balancers.test_load_balancers import (LB_TEMPLATE, SERVICE, _appliances, _get, _lb,
-                                                                  _listen, _pve, _server)
+from tests.integration.load_balancers.test_load_balancers import (
+    LB_TEMPLATE,
+    SERVICE,
+    _appliances,
+    _get,
+    _lb,
+    _listen,
+    _pve,
+    _server,
+)
 from tests.integration.security.test_private_network import private  # noqa: F401  (the fixture)
+from tests.support import SimAdmin, Stack, make_tenant, wait_until
 
 OUTSIDE = "203.0.113.9"  # no guest's: the internet, as pve-firewall sees a packet from beyond the bridge
 
@@ -200,8 +207,9 @@ async def test_a_z9_rule_changed_by_hand_is_put_back_an_operators_rule_is_left(
 
 
 async def test_cluster_members_reach_each_other_on_kubeadm_ports_only(private: Stack, sim: SimAdmin) -> None:  # noqa: F811
-    from tests.integration.clusters.test_clusters_e2e import create as create_cluster
     from z9.common import store
+
+    from tests.integration.clusters.test_clusters_e2e import create as create_cluster
 
     await sim.firewall_cycle()
     c, job = await create_cluster(private, sim, name="walls", cps=3, workers=2)
