@@ -163,6 +163,8 @@ async def test_lb_ha_holds_its_vip_on_one_member_and_fails_over(stack: Stack, si
     got = await _get(stack, lb["id"])
     vip = got["public_net"]["ipv4"]["ip"]
     # VRRP passes between the two appliances (their platform rules): exactly one master
+    x, y = _appliances(await sim.state(), lb["id"])
+    assert await _deliver(sim, x["vmid"], y["vmid"], "ah") and await _deliver(sim, y["vmid"], x["vmid"], "ah")
     assert len(holders()) == 1, vip_holders(sim.server.cluster.guests)
     holder = next(m for m in got["members"] if m["vmid"] == holders()[0])
     other = next(m for m in got["members"] if m["vmid"] != holder["vmid"])
