@@ -14,7 +14,7 @@ async def test_ipv6_floating_address_moves_and_goes(stack: Stack, sim: SimAdmin)
         AddressPoolSettings(name="public6", cidr="2001:db8:0:1::/120", gateway="2001:db8:0:1::1"))
     async with stack.pool.acquire() as conn:
         await address_store.address_pools_sync(conn, stack.settings.regions)
-    a, b = await _server(stack, "v6a"), await _server(stack, "v6b")
+    a, b = await _server(stack, "v6a", public_ipv4=True), await _server(stack, "v6b", public_ipv4=True)  # filtered: listed
     adr = await _address(stack, family=6, server_id=a["id"])
     assert (adr["family"], adr["ip"], adr["prefix"], adr["pool"]) == (6, "2001:db8:0:1::2", 120, "public6")
     tag = f"z9-addr-{adr['id']}"

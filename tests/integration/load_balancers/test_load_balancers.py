@@ -124,7 +124,7 @@ async def test_lb_ha_two_server_targets(stack: Stack, sim: SimAdmin) -> None:
         return cur if cur["health"] == "degraded" else None
     cur = await wait_until(degraded, stack.settings.lb_health_interval_s + 15, "health degraded")
     ta = next(t for t in cur["targets"] if t.get("server_id") == a["id"])
-    assert ta["health_status"] == [{"listen_port": 80, "status": "unhealthy", "reason": "server_stopped"}]
+    assert ta["health_status"] == [{"listen_port": 80, "status": "unhealthy", "reason": "server_stopped", "detail": None}]
 
     # 6: delete that server to the end (its buffer ends now): the config no longer names it,
     # and the configure job was enqueued in the transaction that finished the server

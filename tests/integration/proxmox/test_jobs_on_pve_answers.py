@@ -97,7 +97,11 @@ async def test_a_server_create_reads_each_vm_once_per_phase(stack: Stack, sim: S
     vm_work = {k: n for k, n in used.items() if k not in polls and k not in guest and k[1] != "/cluster/resources"}
     assert used.get(("GET", vm + "/config"), 0) <= 3 and used.get(("GET", vm + "/status/current"), 0) <= 1, used
     assert used.get(("PUT", vm + "/config")) == 1 and ("POST", vm + "/config") not in used, used
-    assert sum(vm_work.values()) - used.get(("GET", "/cluster/nextid"), 0) <= 8, vm_work
+    # 8, and the VM firewall's 5: its options and rules read before the one write of its policies
+    # (its NIC's firewall=1 goes with the configure step's write), and read again by verify
+    assert used.get(("PUT", vm + "/firewall/options")) == 1, used
+    assert used.get(("GET", vm + "/firewall/options"), 0) <= 2 and used.get(("GET", vm + "/firewall/rules"), 0) <= 2
+    assert sum(vm_work.values()) - used.get(("GET", "/cluster/nextid"), 0) <= 13, vm_work
     assert used.get(("GET", "/nodes/{node}/tasks/{upid}/status"), 0) >= 3, used  # each task waited on
     # one look (a "not running" answer of an agent still booting aside) and the drive's meta-data
     assert guest.get(("GET", vm + "/cloudinit/dump")) == 1 and set(guest) == {

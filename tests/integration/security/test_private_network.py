@@ -79,7 +79,7 @@ async def test_a_server_without_a_primary_sends_only_from_its_private_address(pr
     server, job = await private.create_server("inside")
     done = await private.wait_job(job["id"], timeout_s=120)
     assert done["status"] == "succeeded", done
-    assert "ip_filter" in [s["name"] for s in done["steps"]]
+    assert "firewall" in [s["name"] for s in done["steps"]]
     vm = _vm(await sim.state(), server["id"])
     mine = await store.vm_private_addresses_of(private.pool, server["id"])
     ip = mine["main"]
@@ -97,7 +97,7 @@ async def test_a_server_without_a_primary_sends_only_from_its_private_address(pr
     from z9.resources.server.jobs import create as server_create
     ctx = await _ctx(private, job["id"])
     world = await server_create.observe(ctx)
-    assert world.ip_filter_ok and server_create.plan(ctx.job, world) == []
+    assert not world.firewall_drift and server_create.plan(ctx.job, world) == []
     assert (await store.vm_private_addresses_of(private.pool, server["id"])) == mine  # the same address
 
 
@@ -134,7 +134,7 @@ async def test_floating_addresses_join_the_private_servers_filter(private: Stack
     from z9.resources.server.jobs import create as server_create
     ctx = await _ctx(private, job["id"])
     world = await server_create.observe(ctx)
-    assert world.ip_filter_ok and server_create.plan(ctx.job, world) == []
+    assert not world.firewall_drift and server_create.plan(ctx.job, world) == []
 
 
 async def test_a_primary_taken_off_leaves_the_server_on_its_private_address(private: Stack, sim: SimAdmin) -> None:
@@ -241,7 +241,7 @@ async def test_cluster_members_send_only_from_their_addresses(private: Stack, si
     third = await private.wait_job(out["job"]["id"], timeout_s=180)
     assert third["status"] == "succeeded", third
     assert [(s["name"], s["detail"].get("members")) for s in third["steps"]] == [
-        ("ip_filter", ["workers-0"]), ("join", ["workers-2"])], third["steps"]
+        ("firewall", ["workers-0"]), ("join", ["workers-2"])], third["steps"]
     assert w0.options["ipfilter"] == "1"
     grown = await store.vm_private_addresses_of(private.pool, c["id"])
     assert _filter(sim, _vm(await sim.state(), c["id"], "workers-2"))[1] == {grown["workers-2"]}

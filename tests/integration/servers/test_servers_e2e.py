@@ -45,7 +45,7 @@ async def _rerun(stack: Stack, job_id: str) -> dict:
 # 1
 async def test_create_server_end_to_end(stack: Stack, sim: SimAdmin) -> None:
     server, job = await _created(stack, sim)
-    assert [s["name"] for s in job["steps"]] == ["clone", "configure", "resize_disk", "start"]
+    assert [s["name"] for s in job["steps"]] == ["clone", "configure", "resize_disk", "firewall", "start"]
     assert all(s["state"] == "done" for s in job["steps"])
     assert job["steps"][0]["detail"]["upid"].startswith("UPID:pve1:")
     vms = await sim.vms_tagged(identity_tag(server["id"]))

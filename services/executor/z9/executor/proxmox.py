@@ -510,8 +510,11 @@ class ProxmoxClient:
         data = dict(params)
         if digest:
             data["digest"] = digest
+        started = time.monotonic()
         await self._call("PUT /nodes/{node}/qemu/{vmid}/config", f"configure VM {vmid}",
                          lambda: self._api.nodes(node).qemu(vmid).config.put(**data))
+        if "tags" in params:  # done when answered: this process's listings see the VM's new tags at once
+            self.view.saw(vmid, node, normalize_tags(params["tags"]), started, name=params.get("name"))
 
     async def resize(self, node: str, vmid: int, disk: str, size_gib: int) -> str | None:
         """``PUT …/resize`` to an absolute ``size_gib`` GiB; returns the task's UPID (PVE ≥ 8)."""

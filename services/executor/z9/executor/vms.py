@@ -388,6 +388,25 @@ def config_diff(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, A
     return out
 
 
+def spec_diff(spec: VmSpec, current: dict[str, Any]) -> dict[str, Any]:
+    """What the configure step writes: the desired keys that differ and, for a VM whose firewall z9
+    keeps, its NIC through the firewall (``firewall=1``, the rest of the NIC as it is: its MAC and
+    bridge are the clone's) — in the same write, ahead of the firewall step."""
+    diff = config_diff(current, spec.desired_config())
+    if spec.firewall is not None or spec.ip_filter:
+        nic = nic_with_firewall(str(current.get(spec.nic, "")))
+        if nic is not None:
+            diff[spec.nic] = nic
+    return diff
+
+
+def nic_with_firewall(net: str) -> str | None:
+    """The NIC's value with ``firewall=1`` (qemu-server ``net[n]``), None when it has it (or no NIC)."""
+    if not net or "firewall=1" in net.split(","):
+        return None
+    return ",".join([*(p for p in net.split(",") if not p.startswith("firewall=")), "firewall=1"])
+
+
 def check_no_shrink(spec: VmSpec, size_gib: float) -> None:
     """PermanentError when the disk (``size_gib`` GiB) is already larger than the spec's:
     Proxmox cannot shrink disks (``shrinking disks is not supported``)."""
@@ -739,21 +758,21 @@ async def firewall_ok(ctx: JobContext, spec: VmSpec, vm: VmState) -> bool:
 async def nic_through_firewall(ctx: JobContext, vm: VmState, nic: str, step: Step) -> None:
     """``<nic>`` with ``firewall=1`` (qemu-server ``net[n]``: only then does its tap go through
     pve-firewall's bridge), written on the VM's config as read (digest)."""
-    net = str(vm.config.get(nic, ""))
-    if net and "firewall=1" not in net.split(","):
-        parts = [p for p in net.split(",") if not p.startswith("firewall=")]
+    net = nic_with_firewall(str(vm.config.get(nic, "")))
+    if net is not None:
         await ctx.fence()
-        await ctx.wait_task(step, await ctx.pve.configure(vm.node, vm.vmid, {nic: ",".join([*parts, "firewall=1"])},
-                                                          digest=vm.config.get("digest")))
+        await ctx.wait_task(step, await ctx.pve.configure(vm.node, vm.vmid, {nic: net}, digest=vm.config.get("digest")))
 
 
-async def _converge_rules(ctx: JobContext, vm: VmState, want: tuple[FwRule, ...]) -> None:
+async def _converge_rules(ctx: JobContext, vm: VmState, want: tuple[FwRule, ...],
+                          read: tuple[list[dict[str, Any]], str | None] | None = None) -> None:
     """The platform rules exactly ``want``, in order, above every other rule; stale z9 rules gone;
     an operator's rules untouched. Rules are positional: every delete names the list's digest as
     read just before (a rule moved by anyone in between fails it: 500 "detected modified
     configuration", a :class:`DigestMismatch`), deleting from the bottom up; then the wanted rules
-    go in at the top (PVE inserts a new rule first: Rules.pm ``create_rule`` ``unshift``), last first."""
-    rules, digest = await ctx.pve.firewall_rules(vm.node, vm.vmid)
+    go in at the top (PVE inserts a new rule first: Rules.pm ``create_rule`` ``unshift``), last first.
+    ``read``: the list and digest as just read (else read now)."""
+    rules, digest = read if read is not None else await ctx.pve.firewall_rules(vm.node, vm.vmid)
     have = [rule_key(r) for r in rules if _platform(r)]
     if have == [rule_key(r.params()) for r in want] and not any(_stale(r) for r in rules):
         return
@@ -789,12 +808,14 @@ async def _converge_ip_filter(ctx: JobContext, spec: VmSpec, vm: VmState) -> Non
             await ctx.pve.ipset_remove(vm.node, vm.vmid, name, str(e.get("cidr")))
 
 
-async def apply_firewall(ctx: JobContext, spec: VmSpec, vm: VmState, step: Step) -> None:
+async def apply_firewall(ctx: JobContext, spec: VmSpec, vm: VmState, step: Step,
+                         read: FirewallState | None = None) -> None:
     """Put the VM's firewall as ``spec`` wants it, each part re-read: the NIC through the firewall,
     the filter set's entries, the platform rules — all *before* the options switch the firewall (and
     the filter) on with the spec's policies: never a moment with the filter on and the VM's own
     address missing, nor with the firewall on and its rules not there yet. A write PVE refuses for a
-    stale digest (someone changed the VM's firewall in between) is done again once on a fresh read."""
+    stale digest (someone changed the VM's firewall in between) is done again once on a fresh read.
+    ``read``: the firewall as the caller just read it (its rules and options are not read again)."""
     await nic_through_firewall(ctx, vm, spec.nic, step)
     if spec.ip_filter:
         await _converge_ip_filter(ctx, spec, vm)
@@ -806,8 +827,10 @@ async def apply_firewall(ctx: JobContext, spec: VmSpec, vm: VmState, step: Step)
     for again in (False, True):
         try:
             if spec.firewall is not None:
-                await _converge_rules(ctx, vm, spec.firewall.rules)
-            opts = await ctx.pve.firewall_options(vm.node, vm.vmid)
+                await _converge_rules(ctx, vm, spec.firewall.rules,
+                                      (read.rules, read.rules_digest) if read is not None and not again else None)
+            opts = (read.options if read is not None and not again
+                    else await ctx.pve.firewall_options(vm.node, vm.vmid))
             if any(str(opts.get(k, "")) != str(v) for k, v in want.items()):
                 await ctx.fence()
                 await ctx.pve.set_firewall_options(vm.node, vm.vmid, digest=opts.get("digest"), **want)
@@ -851,7 +874,7 @@ def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[S
                 *([FIREWALL.step()] if spec.ip_filter or spec.firewall else []), *move, START.step()]
     refuse_if_locked(vm)
     steps = []
-    if config_diff(vm.config, spec.desired_config()) or spec.foreign_keys(vm.config, vm.vmid):
+    if spec_diff(spec, vm.config) or spec.foreign_keys(vm.config, vm.vmid):
         steps.append(CONFIGURE.step())
     disk = boot_disk(vm.config)
     if disk is None:
@@ -883,7 +906,7 @@ async def _configure_once(ctx: JobContext, spec: VmSpec, world: MemberWorld) -> 
     vm = await _current(ctx, world)
     refuse_platform(spec.owner, vm)  # never rewrite a platform VM's tags
     refuse_if_locked(vm)
-    diff = config_diff(vm.config, spec.desired_config())
+    diff = spec_diff(spec, vm.config)
     foreign = spec.foreign_keys(vm.config, vm.vmid)
     if foreign:
         diff["delete"] = ",".join(foreign)
@@ -911,17 +934,20 @@ async def _resize_disk(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: 
         step.detail["disk"] = disk[0]
         await ctx.fence()
         upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], spec.disk_gib)
-        world.fresh = False
         if upid:
             await ctx.wait_task(step, upid)
+        # only the disk's size changed (the next steps do not read it): the rest of the config as
+        # read still holds, but not its digest
+        world.vm = replace(vm, config={k: v for k, v in vm.config.items() if k != "digest"})
 
 
 async def _firewall(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) -> None:
     vm = await _current(ctx, world)
     refuse_platform(spec.owner, vm)
     refuse_if_locked(vm)
-    if firewall_drift(spec, vm, await observe_firewall(ctx, spec, vm)):
-        await apply_firewall(ctx, spec, vm, step)
+    fw = await observe_firewall(ctx, spec, vm)
+    if firewall_drift(spec, vm, fw):
+        await apply_firewall(ctx, spec, vm, step, fw)
         world.fresh = False  # the NIC's firewall flag may have changed the config
     world.firewall_drift = []
 

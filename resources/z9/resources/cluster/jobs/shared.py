@@ -560,8 +560,9 @@ async def converge_firewalls(ctx: JobContext, world: World, step: Step, members:
         vms.refuse_platform(world.cluster.id, vm)
         vms.refuse_if_locked(vm)
         spec = vm_spec(world.cluster, m, private, have)
-        if not await vms.firewall_ok(ctx, spec, vm):
-            await vms.apply_firewall(ctx, spec, vm, step)
+        fw = await vms.observe_firewall(ctx, spec, vm)
+        if vms.firewall_drift(spec, vm, fw):
+            await vms.apply_firewall(ctx, spec, vm, step, fw)
 
 
 async def _remove_clone(ctx: JobContext, world: World, step: Step) -> None:
