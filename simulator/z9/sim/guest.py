@@ -1063,6 +1063,32 @@ def agent_enabled(config: dict[str, str]) -> bool:
     return first.partition("=")[2] == "1" if first.startswith("enabled=") else first == "1"
 
 
+# What the guest's kernel sees of the VM's hardware (kubeadm's NumCPU and Mem preflight read these).
+# The kernel's image, its early reservations and the firmware's holes are not in sysinfo's Totalram
+# (``MemTotal``): a Debian 12 VM of 2048 MiB reports about 1950 MiB. The model keeps this much out.
+KERNEL_RESERVED_MIB = 96
+
+
+def guest_cpus(config: dict[str, str]) -> int:
+    """The guest's online CPUs: qemu-server (QemuServer.pm ``config_to_command``) starts
+    ``vcpus`` of ``sockets * cores`` (``vcpus`` unset: all of them); ``cores`` and ``sockets``
+    default to 1."""
+    def num(key: str, default: int) -> int:
+        m = re.match(r"\d+", config.get(key) or "")
+        return int(m.group(0)) if m and int(m.group(0)) > 0 else default
+
+    maxcpus = num("sockets", 1) * num("cores", 1)
+    return min(num("vcpus", maxcpus), maxcpus)
+
+
+def guest_ram_mb(config: dict[str, str]) -> int:
+    """sysinfo's Totalram in MB as kubeadm computes it (``Totalram * Unit / 1024 / 1024``): the VM's
+    ``memory`` (``[current=]<MiB>``, qemu-server's default 512; Memory.pm ``get_current_memory``)
+    less what the kernel keeps (:data:`KERNEL_RESERVED_MIB`)."""
+    m = re.match(r"(?:current=)?(\d+)", config.get("memory") or "")
+    return max(0, (int(m.group(1)) if m else 512) - KERNEL_RESERVED_MIB)
+
+
 # ---- built-in commands ----------------------------------------------------------------------------
 def _ci_status_json(g: Guest) -> dict:
     ci = g.ci

@@ -102,7 +102,7 @@ async def test_create_three_plus_two(stack: Stack, sim: SimAdmin) -> None:
 
 def two_pools(name: str, version: str, cps: int) -> dict[str, Any]:
     return {"name": name, "region": REGION, "version": version,
-            "control_plane": {"count": cps, "cores": 1, "memory_mib": 1024, "disk_gib": 10},
+            "control_plane": {"count": cps, "cores": 2, "memory_mib": 2048, "disk_gib": 10},
             "node_pools": [{"name": "workers", "count": 1, "cores": 1, "memory_mib": 1024, "disk_gib": 10},
                            {"name": "batch", "count": 1, "cores": 1, "memory_mib": 1024, "disk_gib": 10}]}
 

@@ -21,7 +21,7 @@ from tests.integration.security.test_tokens import call
 from z9.resources.cluster import store as cluster_store
 
 BODY = {"name": "kc", "region": REGION, "version": "1.33",
-        "control_plane": {"count": 1, "cores": 1, "memory_mib": 1024, "disk_gib": 10}, "node_pools": []}
+        "control_plane": {"count": 1, "cores": 2, "memory_mib": 2048, "disk_gib": 10}, "node_pools": []}
 
 
 async def _ready_cluster(api: Stack) -> str:
