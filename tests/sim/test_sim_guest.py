@@ -10,6 +10,7 @@ import time
 
 import pytest
 import requests
+import yaml
 from proxmoxer import ResourceException
 
 from z9.common.nocloud import build_nocloud_iso, read_nocloud_iso
@@ -561,3 +562,63 @@ def test_large_answers_are_gzipped_for_clients_that_accept_it(sim, pve):
     r = requests.get(f"{base}/nodes/pve1/qemu/100/config", headers={**sim.auth_header, "Accept-Encoding": "gzip"},
                      verify=False, timeout=10)
     assert r.headers.get("Content-Encoding") is None  # under 1 KiB: sent as is
+
+
+def ended(status: dict) -> dict | None:
+    return status if status["status"] != "running" else None
+
+
+# A guest's DNS is what Debian's renderer makes of its network-config (cloud-init's ENI renderer:
+# dns-nameservers, through resolvconf into /etc/resolv.conf): a static network naming none leaves
+# the guest without a nameserver; v1's global "type: nameserver" (PVE's form) and a subnet's
+# dns_nameservers give them; PVE's own drive falls back to the node's resolv.conf (get_dns_conf); a
+# network-config Debian's renderer refuses fails cloud-init.
+@pytest.mark.parametrize("dns,expect", [
+    (None, []),
+    ({"type": "nameserver", "address": ["198.51.100.53", "198.51.100.54"]}, ["198.51.100.53", "198.51.100.54"]),
+    ("subnet", ["198.51.100.55"]),
+])
+def test_a_guests_dns_is_what_its_network_config_names(pve, wait, tmp_path, admin, dns, expect):
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    mac = vm.config.get()["net0"].split(",")[0].split("=")[1].lower()
+    subnet = {"type": "static", "address": "172.16.0.9/16", "gateway": "172.16.0.1"}
+    if dns == "subnet":
+        subnet["dns_nameservers"] = ["198.51.100.55"]
+    config = [{"type": "physical", "name": "eth0", "mac_address": mac, "subnets": [subnet]}]
+    if isinstance(dns, dict):
+        config.append(dns)
+    net = yaml.safe_dump({"version": 1, "config": config})
+    wait(upload(pve, tmp_path, build_nocloud_iso("#cloud-config\nhostname: dns-1\n", "instance-id: dns-1\n", net)))
+    vm.config.put(ide3="local:iso/seed-101.iso,media=cdrom")
+    wait(vm.status.start.post())
+    st = until(lambda: ended(ci_status(vm)), timeout=30)
+    assert st["status"] == "done", st
+    resolv = vm.agent("file-read").get(file="/etc/resolv.conf")["content"]
+    assert [ln.split()[1] for ln in resolv.splitlines() if ln.startswith("nameserver ")] == expect, resolv
+
+
+def test_pve_drives_dns_and_a_network_config_debian_refuses(pve, wait, tmp_path, admin):
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    vm.config.put(ipconfig0="ip=198.51.100.9/24,gw=198.51.100.1", nameserver="198.51.100.53")
+    wait(vm.status.start.post())
+    until(lambda: ci_status(vm)["status"] == "done")
+    assert "nameserver 198.51.100.53\n" in vm.agent("file-read").get(file="/etc/resolv.conf")["content"]
+    clone(pve, wait, 102, name="web-2")
+    vm2 = pve.nodes("pve1").qemu(102)
+    vm2.config.put(ipconfig0="ip=198.51.100.10/24")  # no nameserver: the node's resolv.conf's (get_dns_conf)
+    wait(vm2.status.start.post())
+    until(lambda: ci_status(vm2)["status"] == "done")
+    assert "nameserver " in vm2.agent("file-read").get(file="/etc/resolv.conf")["content"]
+    clone(pve, wait, 103, name="web-3")
+    vm3 = pve.nodes("pve1").qemu(103)
+    mac = vm3.config.get()["net0"].split(",")[0].split("=")[1].lower()
+    bad = yaml.safe_dump({"version": 1, "config": [{"type": "physical", "name": "eth0", "mac_address": mac,
+                                                     "subnets": [{"type": "static", "address": "nope"}]}]})
+    wait(upload(pve, tmp_path, build_nocloud_iso("#cloud-config\nhostname: bad\n", "instance-id: bad\n", bad), name="seed-103.iso"))
+    vm3.config.put(ide3="local:iso/seed-103.iso,media=cdrom")
+    wait(vm3.status.start.post())
+    st = until(lambda: ended(ci_status(vm3)), timeout=30)
+    assert st["status"] == "error" and any("Failed to apply network config" in e and "nope" in e
+                                           for e in st["errors"]), st

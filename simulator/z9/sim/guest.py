@@ -251,6 +251,7 @@ class Guest:
     fault_agent_dead: bool = False
     fault_ci: str | None = None
     schema: Any = None  # the real `cloud-init schema` of the seed's user-data, started at power-on (a Future)
+    render: Any = None  # Debian's rendering of the seed's network-config (render_network), started at power-on
     block: dict[str, str] = field(default_factory=dict)  # drive identity -> kernel name (z9.sim.blockdev)
 
     # -- API for handlers --
@@ -325,7 +326,10 @@ class Guest:
                 "agent": self.powered and self.booted and self.agent_port and not self.fault_agent_dead}
 
     def to_json(self) -> dict:
+        resolv = _text(self._files.get(RESOLV_CONF, b""))
         return {**self.summary(), "files": sorted(self._files), "interfaces": self.interfaces(),
+                "nameservers": [ln.split()[1] for ln in resolv.splitlines()
+                                if ln.split()[:1] == ["nameserver"] and len(ln.split()) > 1],
                 "extra_addresses": {k: list(v) for k, v in self.extra.items()}, "models": self.models,
                 "inputs": None if self.inputs is None else {"source": self.inputs.get("source")}}
 
@@ -533,6 +537,101 @@ def schema_check(user_data: bytes) -> tuple[str, str]:
     return verdict
 
 
+RESOLV_CONF = "/etc/resolv.conf"
+ENI_FILE = "etc/network/interfaces.d/50-cloud-init"  # what Debian's renderer writes (under the target root)
+_RENDER_CACHE: dict[str, tuple[str, str]] = {}
+
+
+def render_network(network_config: bytes) -> tuple[str, str]:
+    """Debian's rendering of a NoCloud ``network-config``, by the real tool: ``cloud-init devel
+    net-convert --kind yaml --output-kind eni --distro debian`` (cloud-init 22.4: the same
+    ``network_state`` parser and ENI renderer the guest's init-local stage runs). ``("ok", <the
+    interfaces file>)``, ``("invalid", <cloud-init's error>)``, or ``("unavailable", "")`` without
+    the tool. Cached by content; thread-safe (started at power-on, like :func:`schema_check`)."""
+    import tempfile
+
+    digest = hashlib.sha256(network_config).hexdigest()
+    if digest in _RENDER_CACHE:
+        return _RENDER_CACHE[digest]
+    binary = cloud_init_binary()
+    if binary is None:
+        return ("unavailable", "")
+    with tempfile.TemporaryDirectory(prefix="z9-sim-net-") as d:
+        src = Path(d, "network-config")
+        src.write_bytes(network_config)
+        args = ["devel", "net-convert", "--network-data", str(src), "--kind", "yaml", "--output-kind", "eni",
+                "--distro", "debian", "--directory", str(Path(d, "out"))]
+        warm = _WARM_CLOUD_INIT.run(binary, args, timeout_s=60)
+        if warm is not None:
+            returncode, raw_err = warm[0], warm[2]
+        else:
+            r = subprocess.run([binary, *args], capture_output=True, timeout=60, check=False,
+                               env={**os.environ, "LANG": "C.UTF-8"})
+            returncode, raw_err = r.returncode, r.stderr
+        out = Path(d, "out", ENI_FILE)
+        if returncode == 0 and out.exists():
+            verdict = ("ok", out.read_text())
+        else:
+            lines = [ln for ln in raw_err.decode("utf-8", "replace").splitlines() if ln.strip()]
+            verdict = ("invalid", (lines[-1] if lines else f"cloud-init devel net-convert exited {returncode}")
+                       .replace(str(src), "network-config"))
+    _RENDER_CACHE[digest] = verdict
+    return verdict
+
+
+def eni_dns(eni: str) -> tuple[list[str], list[str]]:
+    """``(nameservers, search)`` of a rendered interfaces file: its ``dns-nameservers`` and
+    ``dns-search`` lines, in order (ifupdown hands them to resolvconf, which writes resolv.conf)."""
+    ns: list[str] = []
+    search: list[str] = []
+    for line in eni.splitlines():
+        key, _, rest = line.strip().partition(" ")
+        if key == "dns-nameservers":
+            ns += [x for x in rest.split() if x not in ns]
+        elif key == "dns-search":
+            search += [x for x in rest.split() if x not in search]
+    return ns, search
+
+
+def config_dns(netcfg: Any) -> tuple[list[str], list[str]]:
+    """The same read from the YAML itself (the model without the tool): v1 ``type: nameserver``
+    entries and subnets' ``dns_nameservers``/``dns_search``; v2 ``nameservers`` of each ethernet."""
+    ns: list[str] = []
+    search: list[str] = []
+
+    def add(into: list[str], vals: Any) -> None:
+        for v in vals if isinstance(vals, list) else [vals] if vals else []:
+            if str(v) not in into:
+                into.append(str(v))
+
+    if not isinstance(netcfg, dict):
+        return ns, search
+    if isinstance(netcfg.get("network"), dict):
+        netcfg = netcfg["network"]
+    if int(netcfg.get("version", 1)) == 1:
+        for item in netcfg.get("config") or []:
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") == "nameserver":
+                add(ns, item.get("address"))
+                add(search, item.get("search"))
+            for sub in item.get("subnets") or []:
+                if isinstance(sub, dict):
+                    add(ns, sub.get("dns_nameservers"))
+                    add(search, sub.get("dns_search"))
+    else:
+        for eth in (netcfg.get("ethernets") or {}).values():
+            add(ns, ((eth or {}).get("nameservers") or {}).get("addresses"))
+            add(search, ((eth or {}).get("nameservers") or {}).get("search"))
+    return ns, search
+
+
+def resolv_conf(ns: list[str], search: list[str]) -> str:
+    """What resolvconf writes from them (at most 3 nameservers: glibc's MAXNS)."""
+    return ("# Generated by resolvconf\n" + (f"search {' '.join(search)}\n" if search else "")
+            + "".join(f"nameserver {n}\n" for n in ns[:3]))
+
+
 def schema_error_keys(text: str) -> set[str]:
     """The top-level cloud-config keys ``cloud-init schema`` names in its errors (``hostname: 5 is not
     of type 'string'``, ``ssh_authorized_keys.0: …``): the modules reading them fail."""
@@ -649,6 +748,9 @@ class Guests:
         user = (g.inputs.get("files") or {}).get("user-data") or b""
         g.schema = (_schema_pool().submit(schema_check, user)
                     if not already_up and user.startswith(b"#cloud-config") and cloud_init_binary() else None)
+        net = (g.inputs.get("files") or {}).get("network-config") or b""
+        g.render = (_schema_pool().submit(render_network, net)
+                    if not already_up and net and cloud_init_binary() else None)
         g.fault_agent_dead = any(f.kind == "agent_never_starts" and f.matches(vm) for f in self.faults)
         fault = next((f for f in self.faults if f.kind == "cloud_init_fails" and f.matches(vm)), None)
         g.fault_ci = (fault.message or "simulated cloud-init failure") if fault else None
@@ -747,7 +849,7 @@ class Guests:
         # until then the guest is still booting (agent not up) — never a wait on the event loop,
         # which would hold every other request of the simulator (100 boots at once queue there)
         if g.powered and not g.booted and g.boot_at is not None and now >= g.boot_at \
-                and (g.schema is None or g.schema.done()):
+                and (g.schema is None or g.schema.done()) and (g.render is None or g.render.done()):
             self._boot(g, vm, g.boot_at)
         ci = g.ci
         if ci["status"] == "running" and ci["done_at"] is not None and now >= ci["done_at"]:
@@ -839,10 +941,14 @@ class Guests:
             g.write_file("/etc/ssh/ssh_host_ed25519_key.pub", pub)
             net_raw = files.get("network-config")
             try:
-                g.net_applied = self._network(vm, yaml.safe_load(net_raw) if net_raw else None)
+                netcfg = yaml.safe_load(net_raw) if net_raw else None
+                g.net_applied = self._network(vm, netcfg)
             except (yaml.YAMLError, ValueError, TypeError) as e:
                 ci["errors"].append(f"Failed loading network config: {e}")
                 g.net_applied = self._network(vm, None)
+                netcfg = None
+            if net_raw:
+                self._dns(g, net_raw, netcfg, ci)
             self._users(g, cfg)
             for wf in cfg.get("write_files") or []:
                 try:
@@ -857,6 +963,27 @@ class Guests:
                     ci["errors"].append("Failed to run module scripts_user (scripts in "
                                         "/var/lib/cloud/instance/scripts)")
         g.write_file("/var/log/cloud-init-output.log", f"Cloud-init finished at boot {g.boots}\n", append=True)
+
+    @staticmethod
+    def _dns(g: Guest, net_raw: bytes, netcfg: Any, ci: dict) -> None:
+        """The guest's resolver from its network-config, as a Debian guest gets it: cloud-init's
+        ENI renderer writes ``dns-nameservers``/``dns-search`` (on the interface, or on ``lo`` for
+        v1's global ``type: nameserver``), ifupdown hands them to resolvconf, which writes
+        /etc/resolv.conf (the image carries resolvconf: part of the image contract, like the
+        guest agent). No nameserver there: a resolv.conf without one — the guest has no DNS. A
+        network-config Debian's renderer refuses fails cloud-init (init-local's
+        apply_network_config raises)."""
+        try:
+            verdict = g.render.result(timeout=60) if g.render is not None else render_network(net_raw)
+        except Exception:  # the tool hung or could not run: read from the YAML itself
+            log.exception("cloud-init net-convert failed to run")
+            verdict = ("unavailable", "")
+        g.render = None
+        if verdict[0] == "invalid":
+            ci["errors"].append(f"Failed to apply network config: {verdict[1]}")
+            return
+        ns, search = eni_dns(verdict[1]) if verdict[0] == "ok" else config_dns(netcfg)
+        g.write_file(RESOLV_CONF, resolv_conf(ns, search))
 
     def _run_item(self, g: Guest, vm: "VM", item: Any, ci: dict, module: str) -> None:
         argv = [str(x) for x in item] if isinstance(item, list) else ["sh", "-c", str(item)]
