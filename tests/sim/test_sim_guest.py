@@ -230,9 +230,10 @@ def boot_with_iso(pve, wait, tmp_path, iso: bytes, vmid=101):
 @pytest.fixture
 def slow_boot(admin):
     """A boot delay long enough to observe the agent before it answers, even on a loaded machine."""
-    admin("put", "/config", json={"guest_boot_s": 2.0})
+    # (PVE's agent ping waits 3 s for a booting guest's agent: shorter here, so that the boot outlasts it)
+    admin("put", "/config", json={"guest_boot_s": 2.0, "agent_timeout_s": 0.5})
     yield 2.0
-    admin("put", "/config", json={"guest_boot_s": GUEST_BOOT_S})
+    admin("put", "/config", json={"guest_boot_s": GUEST_BOOT_S, "agent_timeout_s": 3.0})
 
 
 def test_vm_boots_from_the_uploaded_iso(pve, wait, tmp_path, admin, slow_boot):
@@ -355,7 +356,19 @@ def test_exec_file_write_limits_and_unknown_command(pve, wait, admin, sim):
     admin("post", "/vms", json={"vmid": 150, "node": "pve2", "running": True, "config": {
         "name": "box", "agent": "1", "net0": "virtio=BC:24:11:15:00:00,bridge=vmbr0"}})
     vm = pve.nodes("pve2").qemu(150)
-    r = agent_exec(vm, ["/usr/bin/frobnicate", "--now"])
+    # qemu-ga spawns the program itself (no shell): one the guest lacks is guest-exec's error, no pid
+    e = err(lambda: vm.agent.exec.post(command=["/usr/bin/frobnicate", "--now"]))
+    # (glib's message quotes the name with “”: UTF-8 in the HTTP status line, which clients read as latin-1)
+    assert (e.status_code, e.content.encode("latin-1").decode("utf-8")) == (
+        500, "VM 150 qmp command 'guest-exec' failed - Guest agent command failed, error was 'Failed to execute "
+             "child process “/usr/bin/frobnicate” (No such file or directory)'")
+    # one string with spaces is one file name (a raw request: proxmoxer would split it)
+    r = requests.post(f"{sim.url}/api2/json/nodes/pve2/qemu/150/agent/exec", verify=False, timeout=10,
+                      headers=sim.auth_header, data={"command": "echo two words"})
+    assert r.status_code == 500 and "Failed to execute child process “echo two words”" in \
+        r.reason.encode("latin-1").decode("utf-8"), r.reason
+    # through a shell, the shell's own answer
+    r = agent_exec(vm, ["sh", "-c", "/usr/bin/frobnicate --now"])
     assert r == {"exited": 1, "exitcode": 127, "err-data": "/bin/sh: 1: /usr/bin/frobnicate: not found\n"}
     pid = vm.agent.exec.post(command=["true"])["pid"]
     assert vm.agent("exec-status").get(pid=pid)["exitcode"] == 0
@@ -622,3 +635,35 @@ def test_pve_drives_dns_and_a_network_config_debian_refuses(pve, wait, tmp_path,
     st = until(lambda: ended(ci_status(vm3)), timeout=30)
     assert st["status"] == "error" and any("Failed to apply network config" in e and "nope" in e
                                            for e in st["errors"]), st
+
+
+# qemu-server Agent.pm assert_agent_available → qga_check_running: a guest-ping with a 3 s timeout.
+# An agent with its port but not answering (the guest still booting) is "not running" only after
+# that timeout; one that comes up within it is answered as soon as it does; a VM whose agent was
+# enabled after its start (no port) is refused at once.
+def test_agent_not_running_after_pves_ping_timeout(pve, wait, admin):
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    admin("put", "/config", json={"guest_boot_s": 30.0, "agent_timeout_s": 3.0})
+    try:
+        wait(vm.status.start.post())
+        t0 = time.monotonic()
+        e = err(lambda: vm.agent.ping.post())
+        took = time.monotonic() - t0
+        assert (e.status_code, e.content) == (500, "QEMU guest agent is not running")
+        assert took >= 2.9, took
+        admin("put", "/config", json={"guest_boot_s": 1.0})
+        wait(vm.status.stop.post())
+        wait(vm.status.start.post())
+        t0 = time.monotonic()
+        assert vm.agent.ping.post() == {"result": {}}  # up within the ping's timeout: answered then
+        assert time.monotonic() - t0 < 2.9
+        wait(vm.status.stop.post())
+        vm.config.put(agent="0")
+        wait(vm.status.start.post())
+        vm.config.put(agent="1")  # enabled after the start: no port, refused at once
+        t0 = time.monotonic()
+        assert err(lambda: vm.agent.ping.post()).content == "QEMU guest agent is not running"
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        admin("put", "/config", json={"guest_boot_s": GUEST_BOOT_S})

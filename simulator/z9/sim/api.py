@@ -543,6 +543,35 @@ def _agent_vm(ctx, p):
     return ctx.cluster.vm_on(p["node"], _vmid(p))
 
 
+async def _agent_up(ctx, p) -> VM:
+    """qemu-server Agent.pm ``assert_agent_available`` before every agent call: ``qga_check_running``
+    is a ``guest-ping`` with ``timeout => 3``. Where the guest has the agent's virtio port but
+    nothing answers on it (booting, the agent dead), that ping waits its whole timeout before PVE
+    answers ``QEMU guest agent is not running`` — or goes through as soon as the agent comes up
+    meanwhile. No port (agent off at start), no VM running, no ``agent`` key: at once."""
+    vm = _agent_vm(ctx, p)
+    guests = ctx.cluster.guests
+    try:
+        guests.agent(vm)
+        return vm
+    except PveError as e:
+        g = guests.get(vm.vmid)
+        if "guest agent is not running" not in str(e) or g is None or not g.agent_port:
+            raise
+    deadline = time.monotonic() + guests.settings.agent_timeout_s
+    while time.monotonic() < deadline:
+        await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        vm = _agent_vm(ctx, p)
+        try:
+            guests.agent(vm)
+            return vm
+        except PveError as e:
+            if "guest agent is not running" not in str(e):
+                raise
+    guests.agent(_agent_vm(ctx, p))  # still not answering: PVE's error
+    return vm
+
+
 async def h_agent_index(ctx, p, user, fail):
     _agent_vm(ctx, p)
     return [{"name": n} for n in ("exec", "exec-status", "file-read", "file-write", "get-host-name", "get-osinfo",
@@ -551,7 +580,7 @@ async def h_agent_index(ctx, p, user, fail):
 
 def _agent_simple(name: str) -> Handler:
     async def h(ctx, p, user, fail):
-        vm = _agent_vm(ctx, p)
+        vm = await _agent_up(ctx, p)
         g = ctx.cluster.guests.agent(vm)
         cmd = p.get("command", name)
         if cmd == "ping":
@@ -569,7 +598,9 @@ def _agent_simple(name: str) -> Handler:
 
 
 async def h_agent_exec(ctx, p, user, fail):
-    vm = _agent_vm(ctx, p)
+    """qemu-server API2/Qemu/Agent.pm exec → Agent.pm ``qemu_exec``: ``path`` is the command's first
+    element, ``arg`` the rest — no shell (qemu-ga's guest-exec spawns ``path`` itself)."""
+    vm = await _agent_up(ctx, p)
     cmd = p.get("command")
     argv = list(cmd) if isinstance(cmd, list) else [cmd] if cmd else []
     stdin = p.get("input-data", "").encode()
@@ -577,11 +608,11 @@ async def h_agent_exec(ctx, p, user, fail):
 
 
 async def h_agent_exec_status(ctx, p, user, fail):
-    return ctx.cluster.guests.exec_status(_agent_vm(ctx, p), int(p["pid"]))
+    return ctx.cluster.guests.exec_status(await _agent_up(ctx, p), int(p["pid"]))
 
 
 async def h_agent_file_read(ctx, p, user, fail):
-    vm = _agent_vm(ctx, p)
+    vm = await _agent_up(ctx, p)
     data, truncated = ctx.cluster.guests.file_read(vm, p["file"], int(p.get("offset", 0)),
                                                    int(p.get("count", 16777216)))
     # PVE returns the bytes as a Perl byte string: JSON-encoded as if latin-1 (decode=0: base64)
@@ -592,7 +623,7 @@ async def h_agent_file_read(ctx, p, user, fail):
 
 
 async def h_agent_file_write(ctx, p, user, fail):
-    vm = _agent_vm(ctx, p)
+    vm = await _agent_up(ctx, p)
     content = p["content"]
     if p.get("encode", "1") == "1":
         data = content.encode("utf-8")
@@ -1282,7 +1313,7 @@ async def admin_config(request: web.Request) -> web.Response:
     c = ctx.cluster
     b = await _json(request)
     scalars = ("guest_boot_s", "cloud_init_s", "task_default_s", "stats_lag_s", "task_invisible_s", "auth_delay_s",
-               "k8s_api_delay_s")
+               "k8s_api_delay_s", "agent_timeout_s")
     try:  # all values checked before any is applied
         unknown = sorted(set(b) - set(scalars) - {"task_seconds", "clone_race"})
         if unknown:
@@ -1297,6 +1328,8 @@ async def admin_config(request: web.Request) -> web.Response:
         c.guests.settings.boot_s = vals["guest_boot_s"]
     if "cloud_init_s" in vals:
         c.guests.settings.cloud_init_s = vals["cloud_init_s"]
+    if "agent_timeout_s" in vals:
+        c.guests.settings.agent_timeout_s = vals["agent_timeout_s"]
     c.task_seconds.update(task_seconds)
     if "clone_race" in b:  # the next n clones lose PVE's racy newid check (Cluster.clone)
         c.clone_race = int(b["clone_race"])
@@ -1311,7 +1344,8 @@ async def admin_config(request: web.Request) -> web.Response:
                               "task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
                               "stats_lag_s": c.stats_lag_s, "task_invisible_s": c.task_invisible_s,
                               "auth_delay_s": ctx.auth_delay_s, "guest_boot_s": c.guests.settings.boot_s,
-                              "cloud_init_s": c.guests.settings.cloud_init_s, "clone_race": c.clone_race})
+                              "cloud_init_s": c.guests.settings.cloud_init_s, "clone_race": c.clone_race,
+                              "agent_timeout_s": c.guests.settings.agent_timeout_s})
 
 
 def create_app(ctx: SimContext) -> web.Application:

@@ -57,8 +57,14 @@ final status is reported once, then it is forgotten, as qemu-ga does).
 
 Command handlers (the extension point for HAProxy, kubeadm, kubectl models)
 -------------------------------------------------------------------------
-``agent/exec`` runs ``command`` (an argv array) through a registry keyed by the program's base name
-(``/usr/sbin/haproxy`` → ``haproxy``). Unknown programs exit 127 with ``/bin/sh: 1: <prog>: not found``.
+``agent/exec`` runs ``command`` (an argv array: ``path`` and ``arg`` of qemu-ga's guest-exec, no shell)
+through a registry keyed by the program's base name (``/usr/sbin/haproxy`` → ``haproxy``). A program
+the guest does not have — a one-string command is one, its whole text the file name — fails the
+spawn: HTTP 500 ``… 'guest-exec' failed - Guest agent command failed, error was 'Failed to execute
+child process “<prog>” (No such file or directory)'`` and no pid; inside ``sh -c`` it exits 127
+with ``/bin/sh: 1: <prog>: not found`` as dash says. An agent with its port but not answering
+(booting, dead) is answered "not running" only after PVE's guest-ping timeout (``agent_timeout_s``,
+3 s as ``qga_check_running``), or as soon as it comes up within it.
 Register a handler once, for every simulator in the process::
 
     from z9.sim.guest import command, ExecContext, ExecResult
@@ -211,6 +217,9 @@ def _text(b: str | bytes) -> str:
 class GuestSettings:
     boot_s: float = 1.0  # from power-on to the agent answering
     cloud_init_s: float = 1.0  # cloud-init runs this long after boot
+    # qemu-server Agent.pm qga_check_running: guest-ping with timeout => 3 — how long PVE waits for an
+    # agent that has its port but does not answer before "QEMU guest agent is not running"
+    agent_timeout_s: float = 3.0
 
 
 @dataclass
@@ -1092,7 +1101,16 @@ class Guests:
         return g
 
     def exec(self, vm: "VM", argv: list[str], stdin: bytes) -> int:
+        """qemu-ga ``guest-exec`` (qga/commands.c): ``g_spawn_async_with_pipes`` of ``path`` (searched
+        in PATH when it has no ``/``) with ``arg`` — no shell. A program the guest does not have
+        (a one-string command included: its whole text is the file name) fails the spawn, and
+        guest-exec answers the error: PVE's HTTP 500 (``QERR_QGA_COMMAND_FAILED`` with glib's
+        ``Failed to execute child process “…” (No such file or directory)``), no pid."""
         g = self.agent(vm)
+        if not argv or self._handler(argv[0]) is None:
+            prog = argv[0] if argv else ""
+            raise qmp_error(vm.vmid, "exec", "Guest agent command failed, error was 'Failed to execute child "
+                                             f"process “{prog}” (No such file or directory)'")
         r = self.run_command(g, argv, stdin, vm.config, top=True)
         pid = g.next_pid
         g.next_pid += 1
@@ -1128,12 +1146,20 @@ class Guests:
             out["err-data"] = _text(p.result.err)
         return out
 
+    def _handler(self, prog: str) -> CommandHandler | None:
+        """The program a path names in the guest (its base name: the handlers are the guest's
+        binaries, wherever they lie), or None when the guest has no such program."""
+        name = prog.rsplit("/", 1)[-1]
+        if not name or any(c.isspace() for c in prog):
+            return None
+        return self.commands.get(name) or COMMANDS.get(name)
+
     def run_command(self, g: Guest, argv: list[str], stdin: bytes, config: dict[str, str],
                     top: bool = False) -> ExecResult:
         if not argv:
             return ExecResult(127, err="/bin/sh: 1: : not found\n")
+        handler = self._handler(argv[0])
         name = argv[0].rsplit("/", 1)[-1]
-        handler = self.commands.get(name) or COMMANDS.get(name)
         if handler is None:
             return ExecResult(127, err=f"/bin/sh: 1: {argv[0]}: not found\n")
         try:
