@@ -923,3 +923,47 @@ def test_the_other_endpoints_z9_calls_check_in_code_as_pve_does(sim, admin, wait
     assert (e.value.status_code, e.value.content) == (403, "Permission check failed (/nodes/pve1, Sys.Audit)")
     own = full.nodes("pve1").qemu(7302).config.post(description="by the token")
     assert wait(own)["exitstatus"] == "OK" and full.nodes("pve1").tasks(own).status.get()["exitstatus"] == "OK"
+
+
+def test_checks_pve_makes_before_the_task_and_what_stays_pending(pve, wait, admin):
+    """qemu-server, as PVE 9 has it: template's $load_and_check refuses a VM with snapshots before
+    any task; create_disks refuses a second cloud-init drive (QemuConfig has_cloudinit); on a
+    running VM ``agent`` and a disk's ``cache=`` are no hot-plug option (vmconfig_hotplug_pending,
+    vmconfig_update_disk: "skip") — they stay pending until the next start."""
+    clone(pve, wait, newid=160)
+    vm = pve.nodes("pve1").qemu(160)
+    assert wait(vm.snapshot.post(snapname="before"))["exitstatus"] == "OK"
+    with pytest.raises(ResourceException) as e:
+        vm.template.post()
+    assert (e.value.status_code, e.value.content) == (500, "unable to create template, because VM contains snapshots")
+    assert wait(vm.snapshot("before").delete())["exitstatus"] == "OK"
+    # a second cloud-init drive
+    ci = next(k for k, v in vm.config.get().items() if "cloudinit" in str(v))
+    other = "ide0" if ci != "ide0" else "ide1"
+    with pytest.raises(ResourceException) as e:
+        vm.config.put(**{other: "local-lvm:cloudinit"})
+    assert (e.value.status_code, e.value.content) == (500, f"{other} - cloud-init drive is already attached at '{ci}'")
+    # on a running VM: agent and a disk's cache stay pending
+    assert wait(vm.status.start.post())["exitstatus"] == "OK"
+    disk = next(k for k, v in vm.config.get().items() if k.startswith("scsi") and "cloudinit" not in str(v))
+    vm.config.put(agent="0", **{disk: vm.config.get()[disk] + ",cache=writeback"})
+    pending = {r["key"]: r for r in vm.pending.get()}
+    assert pending["agent"].get("pending") == "0" and pending["agent"]["value"] != "0", pending["agent"]
+    assert "cache=writeback" in pending[disk]["pending"] and "cache=" not in pending[disk]["value"], pending[disk]
+
+
+def test_two_clones_to_one_newid_sent_at_once_both_get_a_upid_and_one_task_fails(pve, wait, admin):
+    """qemu-server clone_vm checks the newid before fork_worker without the target's lock; the
+    worker writes the temporary config under it and checks again: two clones sent before either
+    worker ran both pass, and the second worker dies ("config file already exists", or its flock
+    times out) — without any admin switch (the target's flock is held here so that both requests land before the workers)."""
+    admin("post", "/flock", json={"vmid": 170, "seconds": 1.0})
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        upids = list(pool.map(lambda n: pve.nodes("pve1").qemu(9000).clone.post(newid=170, name=f"twin-{n}", full=1),
+                              (1, 2)))
+    results = sorted(wait(u)["exitstatus"] for u in upids)
+    # the loser finds the file, or times out on the target's flock while the winner copies the
+    # disks under it (lock_config_full($newid, 1, …): one second) — both are PVE's answers
+    assert results[0] == "OK" and results[1] in ("unable to create VM 170: config file already exists",
+                                                 "can't lock file '/var/lock/qemu-server/lock-170.conf' - got timeout"), results
+    assert pve.nodes("pve1").qemu(170).config.get()["name"] in ("twin-1", "twin-2")
