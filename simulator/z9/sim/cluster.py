@@ -795,7 +795,7 @@ class Cluster:
         drive's own key skipped): ``<key> - cloud-init drive is already attached at '<other>'``."""
         def is_ci(v: str) -> bool:
             volid = str(v).split(",", 1)[0]
-            return volid == "cloudinit" or volid.endswith(":cloudinit") or volid.endswith("-cloudinit")
+            return volid == "cloudinit" or volid.endswith((":cloudinit", "-cloudinit"))
 
         done: dict[str, str] = {}
         for k in sorted(k for k in params if DISK_RE.fullmatch(k) and not k.startswith("unused")):
