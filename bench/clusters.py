@@ -87,7 +87,8 @@ async def one(admin_dsn: str, rnd: int, workers: int, timeout_s: float) -> dict[
                        Z9_INSTALLATION_KEY=InstallationKey.generate(), Z9_EXECUTOR_CONCURRENCY="8", Z9_API_RATE_LIMIT_PER_S="0",
                        Z9_REGIONS=json.dumps({REGION: {"url": sim.url, "token_id": sim.token_id,
                                                        "token_secret": sim.token_secret, "verify_ssl": False,
-                                                       "images": ["debian-12"], "address_pools": [POOL]}}))
+                                                       "images": ["debian-12"], "address_pools": [POOL],
+                                                       "nameservers": ["198.51.100.53"]}}))
             z9 = os.path.join(os.path.dirname(sys.executable), "z9")
             for args in (["api", "--port", str(port)], ["scheduler"], ["executor", "--region", REGION]):
                 log = tempfile.TemporaryFile()

@@ -274,7 +274,8 @@ def service_env(settings: Settings, **overrides: Any) -> dict[str, str]:
     plus ``overrides`` given as setting names (``lease_ttl_s=2`` → ``Z9_LEASE_TTL_S=2``)."""
     regions = {name: {"url": r.url, "token_id": r.token_id, "token_secret": r.token_secret.get_secret_value(),
                       "verify_ssl": r.verify_ssl, "images": r.images,
-                      "address_pools": [p.model_dump(mode="json") for p in r.address_pools]}
+                      "address_pools": [p.model_dump(mode="json") for p in r.address_pools],
+                      "nameservers": [str(n) for n in r.nameservers]}
                for name, r in settings.regions.items()}
     env = {k: v for k, v in os.environ.items() if not k.startswith("Z9_")}
     env.update(Z9_DATABASE_URL=settings.require_database_url(), Z9_REGIONS=json.dumps(regions), Z9_LOG_LEVEL="INFO")

@@ -308,7 +308,10 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
                   "platform_networks": ["10.0.0.0/8"],
                   # every guest without a pool address (a server without a primary, cluster members)
                   # gets its address here, chosen by z9, and the Proxmox IP filter holding exactly it
-                  "private_network": {"cidr": "172.16.0.0/16", "gateway": "172.16.0.1"}}
+                  "private_network": {"cidr": "172.16.0.0/16", "gateway": "172.16.0.1"},
+                  # every guest's DNS, written into its network-config (a pool's own nameservers win):
+                  # the private network's gateway, as a router running a resolver (dnsmasq) would be
+                  "nameservers": ["172.16.0.1"]}
         env.setdefault("Z9_LOG_FORMAT", "text")
         env.setdefault("Z9_METRICS_HOST", "127.0.0.1")
         # The executor looks at a task and a booting guest about as often as the simulator's tasks

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import requests
+import yaml
 from proxmoxer import ResourceException
 
 from z9.common.nocloud import build_nocloud_iso, read_nocloud_iso
@@ -229,9 +230,10 @@ def boot_with_iso(pve, wait, tmp_path, iso: bytes, vmid=101):
 @pytest.fixture
 def slow_boot(admin):
     """A boot delay long enough to observe the agent before it answers, even on a loaded machine."""
-    admin("put", "/config", json={"guest_boot_s": 2.0})
+    # (PVE's agent ping waits 3 s for a booting guest's agent: shorter here, so that the boot outlasts it)
+    admin("put", "/config", json={"guest_boot_s": 2.0, "agent_timeout_s": 0.5})
     yield 2.0
-    admin("put", "/config", json={"guest_boot_s": GUEST_BOOT_S})
+    admin("put", "/config", json={"guest_boot_s": GUEST_BOOT_S, "agent_timeout_s": 3.0})
 
 
 def test_vm_boots_from_the_uploaded_iso(pve, wait, tmp_path, admin, slow_boot):
@@ -354,7 +356,19 @@ def test_exec_file_write_limits_and_unknown_command(pve, wait, admin, sim):
     admin("post", "/vms", json={"vmid": 150, "node": "pve2", "running": True, "config": {
         "name": "box", "agent": "1", "net0": "virtio=BC:24:11:15:00:00,bridge=vmbr0"}})
     vm = pve.nodes("pve2").qemu(150)
-    r = agent_exec(vm, ["/usr/bin/frobnicate", "--now"])
+    # qemu-ga spawns the program itself (no shell): one the guest lacks is guest-exec's error, no pid
+    e = err(lambda: vm.agent.exec.post(command=["/usr/bin/frobnicate", "--now"]))
+    # (glib's message quotes the name with “”: UTF-8 in the HTTP status line, which clients read as latin-1)
+    assert (e.status_code, e.content.encode("latin-1").decode("utf-8")) == (
+        500, "VM 150 qmp command 'guest-exec' failed - Guest agent command failed, error was 'Failed to execute "
+             "child process “/usr/bin/frobnicate” (No such file or directory)'")
+    # one string with spaces is one file name (a raw request: proxmoxer would split it)
+    r = requests.post(f"{sim.url}/api2/json/nodes/pve2/qemu/150/agent/exec", verify=False, timeout=10,
+                      headers=sim.auth_header, data={"command": "echo two words"})
+    assert r.status_code == 500 and "Failed to execute child process “echo two words”" in \
+        r.reason.encode("latin-1").decode("utf-8"), r.reason
+    # through a shell, the shell's own answer
+    r = agent_exec(vm, ["sh", "-c", "/usr/bin/frobnicate --now"])
     assert r == {"exited": 1, "exitcode": 127, "err-data": "/bin/sh: 1: /usr/bin/frobnicate: not found\n"}
     pid = vm.agent.exec.post(command=["true"])["pid"]
     assert vm.agent("exec-status").get(pid=pid)["exitcode"] == 0
@@ -561,3 +575,95 @@ def test_large_answers_are_gzipped_for_clients_that_accept_it(sim, pve):
     r = requests.get(f"{base}/nodes/pve1/qemu/100/config", headers={**sim.auth_header, "Accept-Encoding": "gzip"},
                      verify=False, timeout=10)
     assert r.headers.get("Content-Encoding") is None  # under 1 KiB: sent as is
+
+
+def ended(status: dict) -> dict | None:
+    return status if status["status"] != "running" else None
+
+
+# A guest's DNS is what Debian's renderer makes of its network-config (cloud-init's ENI renderer:
+# dns-nameservers, through resolvconf into /etc/resolv.conf): a static network naming none leaves
+# the guest without a nameserver; v1's global "type: nameserver" (PVE's form) and a subnet's
+# dns_nameservers give them; PVE's own drive falls back to the node's resolv.conf (get_dns_conf); a
+# network-config Debian's renderer refuses fails cloud-init.
+@pytest.mark.parametrize("dns,expect", [
+    (None, []),
+    ({"type": "nameserver", "address": ["198.51.100.53", "198.51.100.54"]}, ["198.51.100.53", "198.51.100.54"]),
+    ("subnet", ["198.51.100.55"]),
+])
+def test_a_guests_dns_is_what_its_network_config_names(pve, wait, tmp_path, admin, dns, expect):
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    mac = vm.config.get()["net0"].split(",")[0].split("=")[1].lower()
+    subnet = {"type": "static", "address": "172.16.0.9/16", "gateway": "172.16.0.1"}
+    if dns == "subnet":
+        subnet["dns_nameservers"] = ["198.51.100.55"]
+    config = [{"type": "physical", "name": "eth0", "mac_address": mac, "subnets": [subnet]}]
+    if isinstance(dns, dict):
+        config.append(dns)
+    net = yaml.safe_dump({"version": 1, "config": config})
+    wait(upload(pve, tmp_path, build_nocloud_iso("#cloud-config\nhostname: dns-1\n", "instance-id: dns-1\n", net)))
+    vm.config.put(ide3="local:iso/seed-101.iso,media=cdrom")
+    wait(vm.status.start.post())
+    st = until(lambda: ended(ci_status(vm)), timeout=30)
+    assert st["status"] == "done", st
+    resolv = vm.agent("file-read").get(file="/etc/resolv.conf")["content"]
+    assert [ln.split()[1] for ln in resolv.splitlines() if ln.startswith("nameserver ")] == expect, resolv
+
+
+def test_pve_drives_dns_and_a_network_config_debian_refuses(pve, wait, tmp_path, admin):
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    vm.config.put(ipconfig0="ip=198.51.100.9/24,gw=198.51.100.1", nameserver="198.51.100.53")
+    wait(vm.status.start.post())
+    until(lambda: ci_status(vm)["status"] == "done")
+    assert "nameserver 198.51.100.53\n" in vm.agent("file-read").get(file="/etc/resolv.conf")["content"]
+    clone(pve, wait, 102, name="web-2")
+    vm2 = pve.nodes("pve1").qemu(102)
+    vm2.config.put(ipconfig0="ip=198.51.100.10/24")  # no nameserver: the node's resolv.conf's (get_dns_conf)
+    wait(vm2.status.start.post())
+    until(lambda: ci_status(vm2)["status"] == "done")
+    assert "nameserver " in vm2.agent("file-read").get(file="/etc/resolv.conf")["content"]
+    clone(pve, wait, 103, name="web-3")
+    vm3 = pve.nodes("pve1").qemu(103)
+    mac = vm3.config.get()["net0"].split(",")[0].split("=")[1].lower()
+    bad = yaml.safe_dump({"version": 1, "config": [{"type": "physical", "name": "eth0", "mac_address": mac,
+                                                     "subnets": [{"type": "static", "address": "nope"}]}]})
+    wait(upload(pve, tmp_path, build_nocloud_iso("#cloud-config\nhostname: bad\n", "instance-id: bad\n", bad), name="seed-103.iso"))
+    vm3.config.put(ide3="local:iso/seed-103.iso,media=cdrom")
+    wait(vm3.status.start.post())
+    st = until(lambda: ended(ci_status(vm3)), timeout=30)
+    assert st["status"] == "error" and any("Failed to apply network config" in e and "nope" in e
+                                           for e in st["errors"]), st
+
+
+# qemu-server Agent.pm assert_agent_available → qga_check_running: a guest-ping with a 3 s timeout.
+# An agent with its port but not answering (the guest still booting) is "not running" only after
+# that timeout; one that comes up within it is answered as soon as it does; a VM whose agent was
+# enabled after its start (no port) is refused at once.
+def test_agent_not_running_after_pves_ping_timeout(pve, wait, admin):
+    clone(pve, wait, 101)
+    vm = pve.nodes("pve1").qemu(101)
+    admin("put", "/config", json={"guest_boot_s": 30.0, "agent_timeout_s": 3.0})
+    try:
+        wait(vm.status.start.post())
+        t0 = time.monotonic()
+        e = err(lambda: vm.agent.ping.post())
+        took = time.monotonic() - t0
+        assert (e.status_code, e.content) == (500, "QEMU guest agent is not running")
+        assert took >= 2.9, took
+        admin("put", "/config", json={"guest_boot_s": 1.0})
+        wait(vm.status.stop.post())
+        wait(vm.status.start.post())
+        t0 = time.monotonic()
+        assert vm.agent.ping.post() == {"result": {}}  # up within the ping's timeout: answered then
+        assert time.monotonic() - t0 < 2.9
+        wait(vm.status.stop.post())
+        vm.config.put(agent="0")
+        wait(vm.status.start.post())
+        vm.config.put(agent="1")  # enabled after the start: no port, refused at once
+        t0 = time.monotonic()
+        assert err(lambda: vm.agent.ping.post()).content == "QEMU guest agent is not running"
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        admin("put", "/config", json={"guest_boot_s": GUEST_BOOT_S})

@@ -46,8 +46,12 @@ def guest(guests: Guests, vmid: int) -> Guest:
     return g
 
 
-def run(guests: Guests, g: Guest, *argv: str):
-    return guests.run_command(g, list(argv), b"", {})
+# a VM of kubeadm's control-plane minimum and more (z9's smallest control plane: 2 cores, 2048 MiB)
+VM = {"cores": "2", "memory": "2048"}
+
+
+def run(guests: Guests, g: Guest, *argv: str, config: dict[str, str] | None = None):
+    return guests.run_command(g, list(argv), b"", VM if config is None else config)
 
 
 def write_pki(g: Guest, material: dict[str, str]) -> None:
@@ -198,6 +202,61 @@ def test_a_worker_join_with_the_ca_prewritten_fails_preflight() -> None:
     assert r.exitcode == 1 and "FileAvailable--etc-kubernetes-kubelet.conf" in r.err and "Port-10250" in r.err, r.err
 
 
+# checks.go InitNodeChecks: NumCPUCheck{ControlPlaneNumCPU} and MemCheck{ControlPlaneMem} (constants.go:
+# 2 CPUs, 1700 MB), for init and for a control plane joining (isSecondaryControlPlane); the CPUs are
+# the VM's vCPUs, the RAM what the guest's kernel reports (sysinfo's Totalram: less than the VM's memory)
+@pytest.mark.parametrize("config,errors", [
+    ({"cores": "1", "memory": "4096"}, ["[ERROR NumCPU]: the number of available CPUs 1 is less than the required 2"]),
+    ({"cores": "1", "sockets": "2", "memory": "4096"}, []),
+    ({"cores": "4", "vcpus": "1", "memory": "4096"}, ["[ERROR NumCPU]: the number of available CPUs 1"]),
+    ({"cores": "2", "memory": "1024"}, ["[ERROR Mem]: the system RAM (928 MB) is less than the minimum 1700 MB"]),
+    ({"cores": "2", "memory": "1700"}, ["[ERROR Mem]"]),  # the VM's 1700 MiB: the kernel keeps some
+    ({"cores": "2", "memory": "current=2048"}, []),
+    ({}, ["[ERROR NumCPU]", "[ERROR Mem]"]),  # qemu-server's defaults: 1 core, 512 MiB
+])
+def test_a_control_plane_below_kubeadms_minimum_fails_preflight(config: dict[str, str], errors: list[str]) -> None:
+    guests = _fresh()
+    cp = guest(guests, 100)
+    write_pki(cp, pki.new_cluster_pki())
+    cp.write_file(kubeadm.KUBE_VIP, kube_vip())
+    cp.write_file("/etc/z9/kubeadm.yaml", init_config())
+    r = run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml", config=config)
+    if not errors:
+        assert r.exitcode == 0, r.err
+        return
+    assert r.exitcode == 1 and "error execution phase preflight" in r.err, r.err
+    for e in errors:
+        assert e in r.err, r.err
+    assert EP not in kubeadm.clusters(guests)
+    # kubeadm's own escape hatch (z9 passes none)
+    r = run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml",
+            "--ignore-preflight-errors=NumCPU,Mem", config=config)
+    assert r.exitcode == 0 and "[WARNING" in r.err, r.err
+
+
+def test_a_control_plane_join_below_kubeadms_minimum_fails_preflight_a_worker_does_not() -> None:
+    guests = _fresh()
+    material = pki.new_cluster_pki()
+    cp = init(guests, material)
+    small = {"cores": "1", "memory": "1024"}
+    token = pki.new_bootstrap_token()
+    assert run(guests, cp, "kubeadm", "token", "create", token, "--ttl", "900s").exitcode == 0
+    ca_hash = pki.ca_cert_hash(material["ca.crt"])
+    w = joiner(guests, 201, token, ca_hash)
+    assert run(guests, w, "kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml", config=small).exitcode == 0
+    c2 = guest(guests, 102)
+    write_pki(c2, material)
+    c2.write_file(kubeadm.KUBE_VIP, kube_vip(kubeadm.ADMIN_CONF))
+    c2.write_file("/etc/z9/kubeadm.yaml", yaml.safe_dump({
+        "apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "JoinConfiguration", "nodeRegistration": {"name": "cp-1"},
+        "controlPlane": {}, "discovery": {"bootstrapToken": {"apiServerEndpoint": EP, "token": token,
+                                                             "caCertHashes": [ca_hash]}}}))
+    r = run(guests, c2, "kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml", config=small)
+    assert r.exitcode == 1 and "[ERROR NumCPU]" in r.err and "[ERROR Mem]" in r.err, r.err
+    assert "cp-1" not in kubeadm.clusters(guests)[EP]["nodes"]
+    assert run(guests, c2, "kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml").exitcode == 0
+
+
 def test_a_second_init_on_the_same_disk_fails_preflight() -> None:
     guests = _fresh()
     cp = init(guests, pki.new_cluster_pki())
@@ -304,7 +363,7 @@ def test_two_seeds_leave_the_bootstrap_to_cloud_inits_device_order(pve, wait, tm
         clone(pve, wait, vmid, name=f"cp-{vmid}")
         vm = pve.nodes("pve1").qemu(vmid)
         assert "cloudinit" in vm.config.get()["ide2"]  # the template's PVE drive came with the clone
-        vm.config.put(**{key: f"local:iso/seed-{vmid}.iso,media=cdrom"})
+        vm.config.put(**{key: f"local:iso/seed-{vmid}.iso,media=cdrom"}, **VM)  # kubeadm's minimum
         assert wait(vm.status.start.post())["exitstatus"] == "OK"
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and admin("get", f"/guests/{vmid}")["cloud_init"]["status"] != "done":

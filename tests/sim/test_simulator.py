@@ -806,3 +806,164 @@ def test_a_token_of_another_user_holds_its_users_acl_intersected_with_its_own(si
     # a user without any ACL sees no VM at all
     nobody = client(admin("post", "/tokens", json={"tokenid": "nobody@pve!none", "privsep": False}))
     assert nobody.cluster.resources.get(type="vm") == []
+
+
+def test_a_vm_create_checks_each_key_as_create_vm_does(sim, admin, wait):
+    """qemu-server API2/Qemu.pm create_vm (``user => 'all', # check inside``), before the task: the
+    default ``storage``'s Datastore.AllocateSpace, VM.PowerMgmt for ``start``, VM.Allocate on
+    /vms/<vmid> (else ``raise_perm_exc()``: "Permission check failed"), each drive
+    ($check_storage_access: a new disk's storage Datastore.AllocateSpace, an existing volume
+    pve-storage check_volume_access, an ISO AllocateSpace|Audit), each key by its class
+    ($check_vm_modify_config_perm: scsihw is VM.Config.HWType, memory VM.Config.Memory…; an option
+    of no class: "only root can set"), the NICs' bridges (check_bridge_access: SDN.Use), tags
+    (assert_tag_permissions: VM.Config.Options) — and nothing is created when one fails."""
+    def client(tok):
+        user, _, name = tok["tokenid"].partition("!")
+        return ProxmoxAPI("127.0.0.1", port=sim.port, user=user, token_name=name, token_value=tok["value"],
+                          verify_ssl=str(sim.cert_path), timeout=10)
+
+    role = ["VM.Allocate", "VM.Audit", "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Options", "VM.Config.Network",
+            "VM.Config.Disk", "VM.Config.CDROM", "VM.Config.HWType", "VM.PowerMgmt", "Datastore.AllocateSpace",
+            "Datastore.Audit", "SDN.Use"]
+    base = {"name": "made", "memory": 64, "cores": 1, "onboot": 0, "description": "d", "tags": "z9-a",
+            "scsi0": "local-lvm:1,serial=abc", "net0": "virtio,bridge=vmbr0"}
+    cases = [
+        ("VM.Allocate", {}, "Permission check failed"),
+        ("Datastore.AllocateSpace", {}, "Permission check failed (/storage/local-lvm, Datastore.AllocateSpace)"),
+        ("Datastore.AllocateSpace", {"storage": "local-lvm", "scsi0": "1"},
+         "Permission check failed (/storage/local-lvm, Datastore.AllocateSpace)"),
+        ("SDN.Use", {}, "Permission check failed (/sdn/zones/localnetwork/vmbr0, SDN.Use)"),
+        ("VM.Config.Memory", {}, "Permission check failed (/vms/{vmid}, VM.Config.Memory)"),
+        ("VM.Config.CPU", {}, "Permission check failed (/vms/{vmid}, VM.Config.CPU)"),
+        ("VM.Config.HWType", {"scsihw": "virtio-scsi-single"}, "Permission check failed (/vms/{vmid}, VM.Config.HWType)"),
+        ("VM.Config.Options", {"memory": None, "cores": None, "name": None, "onboot": None, "description": None},
+         "Permission check failed (/vms/{vmid}, VM.Config.Options)"),  # tags alone
+        ("VM.Config.Network", {}, "Permission check failed (/vms/{vmid}, VM.Config.Network)"),
+        ("VM.PowerMgmt", {"start": 1}, "Permission check failed (/vms/{vmid}, VM.PowerMgmt)"),
+        ("", {"scsi1": "local-lvm:vm-100-disk-0"}, "Permission check failed (/storage/local-lvm, Datastore.Allocate)"),
+        ("Datastore.Audit", {"ide2": "local:iso/none.iso,media=cdrom", "scsi0": None},
+         "Permission check failed (/storage/local, Datastore.AllocateSpace|Datastore.Audit)"),
+    ]
+    for vmid, (lacking, over, expect) in enumerate(cases, start=7100):
+        privs = [p for p in role if p != lacking and not (lacking == "Datastore.Audit" and p == "Datastore.AllocateSpace")]
+        pve = client(admin("post", "/tokens", json={"tokenid": f"z9@pve!c{vmid}", "privsep": True,
+                                                    "user_acl": [{"path": "/", "privs": role}],
+                                                    "acl": [{"path": "/", "privs": privs}]}))
+        params = {k: v for k, v in {**base, **over}.items() if v is not None}
+        with pytest.raises(ResourceException) as e:
+            pve.nodes("pve1").qemu.post(vmid=vmid, **params)
+        assert (e.value.status_code, e.value.content) == (403, expect.format(vmid=vmid)), (lacking, e.value.content)
+        assert vmid not in {v["vmid"] for v in admin("get", "/state")["vms"]}, lacking
+    pve = client(admin("post", "/tokens", json={"tokenid": "z9@pve!all", "privsep": True,
+                                                "user_acl": [{"path": "/", "privs": role}],
+                                                "acl": [{"path": "/", "privs": role}]}))
+    with pytest.raises(ResourceException) as e:  # an option of no class: root only (a plain die: 500)
+        pve.nodes("pve1").qemu.post(vmid=7199, args="-no-reboot", **base)
+    assert (e.value.status_code, e.value.content) == (500, "only root can set 'args' config")
+    assert wait(pve.nodes("pve1").qemu.post(vmid=7199, scsihw="virtio-scsi-single", **base))["exitstatus"] == "OK"
+
+
+def test_the_other_endpoints_z9_calls_check_in_code_as_pve_does(sim, admin, wait, pve):
+    """Beyond the schema's ``check``, before any task: move_vm_disk (qemu-server API2/Qemu.pm: the
+    target VM's VM.Config.Disk and the disk's storage's Datastore.AllocateSpace), migrate_vm's
+    ``targetstorage`` (VM.Config.Disk, then ``$check_storage_access_migrate``: the storage exists,
+    Datastore.AllocateSpace), destroy_vm's ``skiplock`` (root only: 400), pve-storage's storage index
+    (only storages the caller may audit or allocate on) and pve-manager's task status/log (Sys.Audit on
+    /nodes/<node> unless the caller owns the task)."""
+    def client(tok):
+        user, _, name = tok["tokenid"].partition("!")
+        return ProxmoxAPI("127.0.0.1", port=sim.port, user=user, token_name=name, token_value=tok["value"],
+                          verify_ssl=str(sim.cert_path), timeout=10)
+
+    role = ["VM.Allocate", "VM.Audit", "VM.Config.Disk", "VM.Config.Options", "VM.Config.Memory", "VM.Config.CPU",
+            "VM.Migrate", "Datastore.AllocateSpace", "Datastore.Audit"]
+
+    def token(name, acl):
+        return client(admin("post", "/tokens", json={"tokenid": f"z9@pve!{name}", "privsep": True,
+                                                     "user_acl": [{"path": "/", "privs": role}], "acl": acl}))
+
+    full = token("full", [{"path": "/", "privs": role}])
+    params = {"memory": 64, "cores": 1, "tags": "z9-x"}
+    assert wait(full.nodes("pve1").qemu.post(vmid=7301, scsi0="local-lvm:1,serial=mv1", **params))["exitstatus"] == "OK"
+    assert wait(full.nodes("pve1").qemu.post(vmid=7302, **params))["exitstatus"] == "OK"
+    # move_disk to a VM the token may not configure
+    narrow = token("narrow", [{"path": "/vms/7301", "privs": role}, {"path": "/storage", "privs": role}])
+    with pytest.raises(ResourceException) as e:
+        narrow.nodes("pve1").qemu(7301).move_disk.post(disk="scsi0", **{"target-vmid": 7302, "target-disk": "scsi0"})
+    assert (e.value.status_code, e.value.content) == (403, "Permission check failed (/vms/7302, VM.Config.Disk)")
+    nospace = token("nospace", [{"path": "/vms", "privs": role}])
+    with pytest.raises(ResourceException) as e:
+        nospace.nodes("pve1").qemu(7301).move_disk.post(disk="scsi0", **{"target-vmid": 7302, "target-disk": "scsi0"})
+    assert (e.value.status_code, e.value.content) == (
+        403, "Permission check failed (/storage/local-lvm, Datastore.AllocateSpace)")
+    with pytest.raises(ResourceException) as e:
+        nospace.nodes("pve1").qemu(7301).move_disk.post(disk="scsi0", storage="ceph-vm")
+    assert (e.value.status_code, e.value.content) == (
+        403, "Permission check failed (/storage/ceph-vm, Datastore.AllocateSpace)")
+    # the storage index lists only what the token may audit or allocate on
+    assert nospace.nodes("pve1").storage.get() == []
+    assert {r["storage"] for r in full.nodes("pve1").storage.get()} == {
+        r["storage"] for r in pve.nodes("pve1").storage.get()}
+    # migrate with a target storage: it must exist (before the task), and the token must allocate there
+    with pytest.raises(ResourceException) as e:
+        full.nodes("pve1").qemu(7302).migrate.post(target="pve2", targetstorage="nosuch")
+    assert (e.value.status_code, e.value.content) == (500, "storage 'nosuch' does not exist")
+    with pytest.raises(ResourceException) as e:
+        nospace.nodes("pve1").qemu(7302).migrate.post(target="pve2", targetstorage="local-lvm")
+    assert (e.value.status_code, e.value.content) == (
+        403, "Permission check failed (/storage/local-lvm, Datastore.AllocateSpace)")
+    # skiplock is root's: a token's DELETE is refused before anything
+    with pytest.raises(ResourceException) as e:
+        full.nodes("pve1").qemu(7302).delete(skiplock=1)
+    assert e.value.status_code == 400 and e.value.errors == {"skiplock": "Only root may use this option."}
+    # a task of another owner: Sys.Audit on /nodes/<node> (the token has none)
+    upid = pve.nodes("pve1").qemu(7302).config.post(description="by root")
+    with pytest.raises(ResourceException) as e:
+        full.nodes("pve1").tasks(upid).status.get()
+    assert (e.value.status_code, e.value.content) == (403, "Permission check failed (/nodes/pve1, Sys.Audit)")
+    own = full.nodes("pve1").qemu(7302).config.post(description="by the token")
+    assert wait(own)["exitstatus"] == "OK" and full.nodes("pve1").tasks(own).status.get()["exitstatus"] == "OK"
+
+
+def test_checks_pve_makes_before_the_task_and_what_stays_pending(pve, wait, admin):
+    """qemu-server, as PVE 9 has it: template's $load_and_check refuses a VM with snapshots before
+    any task; create_disks refuses a second cloud-init drive (QemuConfig has_cloudinit); on a
+    running VM ``agent`` and a disk's ``cache=`` are no hot-plug option (vmconfig_hotplug_pending,
+    vmconfig_update_disk: "skip") — they stay pending until the next start."""
+    clone(pve, wait, newid=160)
+    vm = pve.nodes("pve1").qemu(160)
+    assert wait(vm.snapshot.post(snapname="before"))["exitstatus"] == "OK"
+    with pytest.raises(ResourceException) as e:
+        vm.template.post()
+    assert (e.value.status_code, e.value.content) == (500, "unable to create template, because VM contains snapshots")
+    assert wait(vm.snapshot("before").delete())["exitstatus"] == "OK"
+    # a second cloud-init drive
+    ci = next(k for k, v in vm.config.get().items() if "cloudinit" in str(v))
+    other = "ide0" if ci != "ide0" else "ide1"
+    with pytest.raises(ResourceException) as e:
+        vm.config.put(**{other: "local-lvm:cloudinit"})
+    assert (e.value.status_code, e.value.content) == (500, f"{other} - cloud-init drive is already attached at '{ci}'")
+    # on a running VM: agent and a disk's cache stay pending
+    assert wait(vm.status.start.post())["exitstatus"] == "OK"
+    disk = next(k for k, v in vm.config.get().items() if k.startswith("scsi") and "cloudinit" not in str(v))
+    vm.config.put(agent="0", **{disk: vm.config.get()[disk] + ",cache=writeback"})
+    pending = {r["key"]: r for r in vm.pending.get()}
+    assert pending["agent"].get("pending") == "0" and pending["agent"]["value"] != "0", pending["agent"]
+    assert "cache=writeback" in pending[disk]["pending"] and "cache=" not in pending[disk]["value"], pending[disk]
+
+
+def test_two_clones_to_one_newid_sent_at_once_both_get_a_upid_and_one_task_fails(pve, wait, admin):
+    """qemu-server clone_vm checks the newid before fork_worker without the target's lock; the
+    worker writes the temporary config under it and checks again: two clones sent before either
+    worker ran both pass, and the second worker dies ("config file already exists", or its flock
+    times out) — without any admin switch (the target's flock is held here so that both requests land before the workers)."""
+    admin("post", "/flock", json={"vmid": 170, "seconds": 1.0})
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        upids = list(pool.map(lambda n: pve.nodes("pve1").qemu(9000).clone.post(newid=170, name=f"twin-{n}", full=1),
+                              (1, 2)))
+    results = sorted(wait(u)["exitstatus"] for u in upids)
+    # the loser finds the file, or times out on the target's flock while the winner copies the
+    # disks under it (lock_config_full($newid, 1, …): one second) — both are PVE's answers
+    assert results[0] == "OK" and results[1] in ("unable to create VM 170: config file already exists",
+                                                 "can't lock file '/var/lock/qemu-server/lock-170.conf' - got timeout"), results
+    assert pve.nodes("pve1").qemu(170).config.get()["name"] in ("twin-1", "twin-2")

@@ -149,20 +149,21 @@ def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version
         material = pki.new_cluster_pki()
         guests = Guests(cluster=None)  # type: ignore[arg-type]
 
-        def boot(vmid: int, files: dict[str, str]) -> Guest:
+        def boot(vmid: int, files: dict[str, str], m: _cluster.MemberSpec) -> Guest:
             g = guests.guests[vmid] = Guest(guests=guests, vmid=vmid, powered=True, booted=True)
+            vm = {"cores": str(m.cores), "memory": str(m.memory_mib)}  # kubeadm's preflight reads them
             user = yaml.safe_load(files["user-data"])
             for f in user["write_files"]:
                 g.write_file(f["path"], f["content"])
                 if f["path"].endswith("kube-vip.yaml"):  # a Pod as this version's API server takes it
                     kubernetes_validate.validate(yaml.safe_load(f["content"]), f"{version}.0", strict=True)
             for item in user["runcmd"]:
-                r = guests.run_command(g, item, b"", {})
+                r = guests.run_command(g, item, b"", vm)
                 assert r.exitcode == 0, (vmid, item, r.err)
             return g
 
         members = _cluster.desired_members(c)
-        cp0 = boot(100, _cluster.bootstrap_files(c, material, members[0], None))
+        cp0 = boot(100, _cluster.bootstrap_files(c, material, members[0], None), members[0])
         admin = ["kubectl", "--kubeconfig", kubeadm.ADMIN_CONF]
         r = guests.run_command(cp0, [*admin, "apply", "-f", _cluster.POD_NETWORK["manifest"]], b"", {})
         assert r.exitcode == 0, r.err
@@ -170,7 +171,7 @@ def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version
             token = pki.new_bootstrap_token()
             assert guests.run_command(cp0, ["kubeadm", "token", "create", token, "--ttl", "900s"], b"",
                                       {}).exitcode == 0
-            boot(i, _cluster.bootstrap_files(c, material, m, token))
+            boot(i, _cluster.bootstrap_files(c, material, m, token), m)
         nodes = json.loads(guests.run_command(cp0, [*admin, "get", "nodes", "-o", "json"], b"", {}).out)
         ready = {n["metadata"]["name"]: n["status"]["conditions"][0]["status"] for n in nodes["items"]}
         assert ready == {m.name: "True" for m in members}

@@ -30,13 +30,17 @@ Modelled (each behaviour cites its qemu-server / pve-guest-common / pve-manager 
   clone_vm); a target clone's ``lock: clone`` config lives on the source node until the task ends;
   the clone's ``storage`` is honoured; ``POST …/migrate`` (offline with local disks, ``lock: migrate``);
 - locks: PUT/POST config check digest and ``check_lock`` before the flock (``VM is locked (clone)`` at
-  once); ``skiplock`` is root@pam's only (a token is refused); the racy newid check of clone (admin
-  ``clone_race: n``: the next n clones get a UPID whose task fails);
+  once); ``skiplock`` is root@pam's only (a token is refused: config writes, destroy); the racy newid
+  check of clone (two clones to one newid sent before either worker wrote the temporary config both
+  get a UPID, the second task fails; admin ``clone_race: n`` makes the next n lose deterministically);
+  template refused before the task for a VM with snapshots; a second cloud-init drive refused;
+  ``migrate``'s ``targetstorage`` checked before the task;
 - power: reboot/reset of a stopped VM answer 500 ``VM n not running`` before any task; a reboot is a
   stop task, then qmeventd's own ``qmstart``; suspend/resume (``qmpstatus: paused``); template;
   snapshots (list with ``current``, create under ``lock: snapshot``, delete relinking parents, rollback);
 - config: ``[PENDING]`` on a running VM for what is not hot-pluggable (QemuServer.pm
-  vmconfig_hotplug_pending: cores never, memory only with the memory feature), GET config with pending
+  vmconfig_hotplug_pending: cores never, memory only with the memory feature, ``agent`` never, a disk's
+  ``cache``/``aio``/``discard``/… never — vmconfig_update_disk), GET config with pending
   laid over (``current=1`` without), ``/pending``, applied at start; ``STORAGE:SIZE`` allocation;
   ``unusedN`` for a detached disk; a MAC for a NIC without one; ``cipassword`` stored as crypt ``$5$``
   and read ``**********``; empty writes and ``delete=`` of unknown options refused;

@@ -116,13 +116,14 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from .cluster import VM, Cluster, PveError
+from .errors import param_error
 from .faults import FaultSpec, FaultStore
 from . import appliance
 from .guest import OSINFO as GUEST_OSINFO
 from . import kubeadm
 from . import permissions
 from .schema import JsonRef, PveSchema, stringify
-from .storage import check_volname
+from .storage import check_volname, volume_type
 
 log = logging.getLogger("z9.sim")
 
@@ -219,6 +220,8 @@ async def h_qemu_list(ctx, p, user, fail):
 
 
 async def h_qemu_create(ctx, p, user, fail):
+    # qemu-server API2/Qemu.pm create_vm checks in code (schema: user => 'all'), before the task
+    permissions.check_create(ctx.token_of(user), user, p, volume_type)
     return await ctx.cluster.create(p["node"], p, user, fail)
 
 
@@ -255,7 +258,46 @@ async def h_snapshot_rollback(ctx, p, user, fail):
     return await ctx.cluster.rollback(p["node"], _vmid(p), p["snapname"], p, user, fail)
 
 
+def _check_migrate(ctx, p, user) -> None:
+    """qemu-server API2/Qemu.pm migrate_vm, before the task: ``targetstorage`` is a storage map
+    (pve-common JSONSchema.pm ``parse_idmap``: ``1`` keeps each storage, ``<sid>`` maps all to one,
+    ``<src>:<dst>,…`` per storage; a bad one 400 ``failed to parse storage map``); without the
+    identity, VM.Config.Disk on the VM; each target storage ``$check_storage_access_migrate``:
+    ``storage_check_enabled`` (an unknown storage dies ``storage '<sid>' does not exist``),
+    Datastore.AllocateSpace on it, and it must hold images."""
+    raw = p.get("targetstorage")
+    if raw is None or raw == "":
+        return
+    token = ctx.token_of(user)
+    entries = [e.strip() for e in re.split(r"[,;\s]+", str(raw)) if e.strip()]
+    identity = False
+    targets: list[str] = []
+    for e in entries:
+        if e == "1":
+            identity = True
+            continue
+        src, sep, dst = e.partition(":")
+        sid = dst if sep else src
+        if not re.fullmatch(r"[a-z][a-z0-9\-_.]*[a-z0-9]", sid, re.IGNORECASE) or (sep and not re.fullmatch(
+                r"[a-z][a-z0-9\-_.]*[a-z0-9]", src, re.IGNORECASE)):
+            raise param_error({"targetstorage": f"failed to parse storage map: invalid format - "
+                                                f"storage ID '{sid}' contains illegal characters\n"})
+        targets.append(sid)
+    if not identity and user != "root@pam":
+        permissions.require(token, user, f"/vms/{_vmid(p)}", ["VM.Config.Disk"])
+    for sid in targets:
+        try:
+            sdef = ctx.cluster.storage.definition(sid)
+        except PveError:
+            raise PveError(500, f"storage '{sid}' does not exist") from None
+        if user != "root@pam":
+            permissions.require(token, user, f"/storage/{sid}", ["Datastore.AllocateSpace"])
+        if "images" not in sdef.content:
+            raise PveError(500, f"storage '{sid}' does not support vm images")
+
+
 async def h_migrate(ctx, p, user, fail):
+    _check_migrate(ctx, p, user)
     return await ctx.cluster.migrate(p["node"], _vmid(p), p, user, fail)
 
 
@@ -322,10 +364,36 @@ async def h_clone(ctx, p, user, fail):
 
 
 async def h_destroy(ctx, p, user, fail):
+    # qemu-server API2/Qemu.pm destroy_vm, first of all: raise_param_exc({ skiplock => "Only root
+    # may use this option." }) if $skiplock && $authuser ne 'root@pam'
+    if p.get("skiplock") not in (None, "", "0") and user != "root@pam":
+        raise param_error({"skiplock": "Only root may use this option."})
     return await ctx.cluster.destroy(p["node"], _vmid(p), p, user, fail)
 
 
+def _check_move_disk(ctx, p, user) -> None:
+    """qemu-server API2/Qemu.pm move_vm_disk, after the schema's VM.Config.Disk on the source and
+    before the task: to another VM (``target-vmid``) VM.Config.Disk on the target and
+    Datastore.AllocateSpace on the disk's own storage; to a storage, Datastore.AllocateSpace there.
+    (Both or neither is the cluster's 400, which PVE raises first for both.)"""
+    if user == "root@pam" or bool(p.get("target-vmid")) == bool(p.get("storage")):
+        return
+    token = ctx.token_of(user)
+    if p.get("target-vmid"):
+        permissions.require(token, user, f"/vms/{p['target-vmid']}", ["VM.Config.Disk"])
+        try:
+            value = ctx.cluster.vm_on(p["node"], _vmid(p)).config.get(str(p.get("disk")), "")
+        except PveError:
+            return  # the move answers the missing VM itself
+        sid = str(value).split(",", 1)[0].partition(":")[0]
+        if sid:
+            permissions.require(token, user, f"/storage/{sid}", ["Datastore.AllocateSpace"])
+    else:
+        permissions.require(token, user, f"/storage/{p['storage']}", ["Datastore.AllocateSpace"])
+
+
 async def h_move_disk(ctx, p, user, fail):
+    _check_move_disk(ctx, p, user)
     return await ctx.cluster.move_disk(p["node"], _vmid(p), p, user, fail)
 
 
@@ -434,7 +502,14 @@ async def h_cluster_fw_options_put(ctx, p, user, fail):
 
 # ---- storage --------------------------------------------------------------------------------------
 async def h_storage_list(ctx, p, user, fail):
-    return ctx.cluster.storage.list_storages(p["node"], p)
+    # pve-storage API2/Storage/Status.pm index: only the storages the caller holds Datastore.Audit
+    # or Datastore.AllocateSpace on (check_any, noerr)
+    rows = ctx.cluster.storage.list_storages(p["node"], p)
+    if user == "root@pam":
+        return rows
+    token = ctx.token_of(user)
+    return [r for r in rows if permissions.privileges(token, user, f"/storage/{r['storage']}")
+            & {"Datastore.Audit", "Datastore.AllocateSpace"}]
 
 
 async def h_storage_index(ctx, p, user, fail):
@@ -499,6 +574,35 @@ def _agent_vm(ctx, p):
     return ctx.cluster.vm_on(p["node"], _vmid(p))
 
 
+async def _agent_up(ctx, p) -> VM:
+    """qemu-server Agent.pm ``assert_agent_available`` before every agent call: ``qga_check_running``
+    is a ``guest-ping`` with ``timeout => 3``. Where the guest has the agent's virtio port but
+    nothing answers on it (booting, the agent dead), that ping waits its whole timeout before PVE
+    answers ``QEMU guest agent is not running`` — or goes through as soon as the agent comes up
+    meanwhile. No port (agent off at start), no VM running, no ``agent`` key: at once."""
+    vm = _agent_vm(ctx, p)
+    guests = ctx.cluster.guests
+    try:
+        guests.agent(vm)
+        return vm
+    except PveError as e:
+        g = guests.get(vm.vmid)
+        if "guest agent is not running" not in str(e) or g is None or not g.agent_port:
+            raise
+    deadline = time.monotonic() + guests.settings.agent_timeout_s
+    while time.monotonic() < deadline:
+        await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        vm = _agent_vm(ctx, p)
+        try:
+            guests.agent(vm)
+            return vm
+        except PveError as e:
+            if "guest agent is not running" not in str(e):
+                raise
+    guests.agent(_agent_vm(ctx, p))  # still not answering: PVE's error
+    return vm
+
+
 async def h_agent_index(ctx, p, user, fail):
     _agent_vm(ctx, p)
     return [{"name": n} for n in ("exec", "exec-status", "file-read", "file-write", "get-host-name", "get-osinfo",
@@ -507,7 +611,7 @@ async def h_agent_index(ctx, p, user, fail):
 
 def _agent_simple(name: str) -> Handler:
     async def h(ctx, p, user, fail):
-        vm = _agent_vm(ctx, p)
+        vm = await _agent_up(ctx, p)
         g = ctx.cluster.guests.agent(vm)
         cmd = p.get("command", name)
         if cmd == "ping":
@@ -525,7 +629,9 @@ def _agent_simple(name: str) -> Handler:
 
 
 async def h_agent_exec(ctx, p, user, fail):
-    vm = _agent_vm(ctx, p)
+    """qemu-server API2/Qemu/Agent.pm exec → Agent.pm ``qemu_exec``: ``path`` is the command's first
+    element, ``arg`` the rest — no shell (qemu-ga's guest-exec spawns ``path`` itself)."""
+    vm = await _agent_up(ctx, p)
     cmd = p.get("command")
     argv = list(cmd) if isinstance(cmd, list) else [cmd] if cmd else []
     stdin = p.get("input-data", "").encode()
@@ -533,11 +639,11 @@ async def h_agent_exec(ctx, p, user, fail):
 
 
 async def h_agent_exec_status(ctx, p, user, fail):
-    return ctx.cluster.guests.exec_status(_agent_vm(ctx, p), int(p["pid"]))
+    return ctx.cluster.guests.exec_status(await _agent_up(ctx, p), int(p["pid"]))
 
 
 async def h_agent_file_read(ctx, p, user, fail):
-    vm = _agent_vm(ctx, p)
+    vm = await _agent_up(ctx, p)
     data, truncated = ctx.cluster.guests.file_read(vm, p["file"], int(p.get("offset", 0)),
                                                    int(p.get("count", 16777216)))
     # PVE returns the bytes as a Perl byte string: JSON-encoded as if latin-1 (decode=0: base64)
@@ -548,7 +654,7 @@ async def h_agent_file_read(ctx, p, user, fail):
 
 
 async def h_agent_file_write(ctx, p, user, fail):
-    vm = _agent_vm(ctx, p)
+    vm = await _agent_up(ctx, p)
     content = p["content"]
     if p.get("encode", "1") == "1":
         data = content.encode("utf-8")
@@ -577,11 +683,24 @@ def _power(action: str) -> Handler:
     return h
 
 
+def _check_task_user(ctx, p, user) -> None:
+    """pve-manager API2/Tasks.pm read_task_status / read_task_log: Sys.Audit on /nodes/<node> unless
+    the caller owns the task (``$check_task_user``: a token sees its own tasks, a user its own and
+    its tokens')."""
+    task = ctx.cluster.get_task(p["node"], p["upid"])
+    owner = task.user
+    if user == "root@pam" or user == owner or owner.split("!", 1)[0] == user:
+        return
+    permissions.require(ctx.token_of(user), user, f"/nodes/{p['node']}", ["Sys.Audit"])
+
+
 async def h_task_status(ctx, p, user, fail):
+    _check_task_user(ctx, p, user)
     return ctx.cluster.get_task(p["node"], p["upid"]).status_json()
 
 
 async def h_task_log(ctx, p, user, fail):
+    _check_task_user(ctx, p, user)
     return _with_total(*ctx.cluster.task_log(p["node"], p["upid"], int(p.get("start", 0)), int(p.get("limit", 50))))
 
 
@@ -1277,7 +1396,7 @@ async def admin_config(request: web.Request) -> web.Response:
     c = ctx.cluster
     b = await _json(request)
     scalars = ("guest_boot_s", "cloud_init_s", "task_default_s", "stats_lag_s", "task_invisible_s", "auth_delay_s",
-               "k8s_api_delay_s")
+               "k8s_api_delay_s", "agent_timeout_s")
     try:  # all values checked before any is applied
         unknown = sorted(set(b) - set(scalars) - {"task_seconds", "clone_race", "firewall_clock"})
         if unknown:
@@ -1294,6 +1413,8 @@ async def admin_config(request: web.Request) -> web.Response:
         c.guests.settings.boot_s = vals["guest_boot_s"]
     if "cloud_init_s" in vals:
         c.guests.settings.cloud_init_s = vals["cloud_init_s"]
+    if "agent_timeout_s" in vals:
+        c.guests.settings.agent_timeout_s = vals["agent_timeout_s"]
     c.task_seconds.update(task_seconds)
     if "firewall_clock" in b:  # SimConfig.firewall_clock: the tests' clock moves only when they step it
         c.firewall.clock.manual = b["firewall_clock"] == "manual"
@@ -1310,7 +1431,8 @@ async def admin_config(request: web.Request) -> web.Response:
                               "task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
                               "stats_lag_s": c.stats_lag_s, "task_invisible_s": c.task_invisible_s,
                               "auth_delay_s": ctx.auth_delay_s, "guest_boot_s": c.guests.settings.boot_s,
-                              "cloud_init_s": c.guests.settings.cloud_init_s, "clone_race": c.clone_race})
+                              "cloud_init_s": c.guests.settings.cloud_init_s, "clone_race": c.clone_race,
+                              "agent_timeout_s": c.guests.settings.agent_timeout_s})
 
 
 def create_app(ctx: SimContext) -> web.Application:

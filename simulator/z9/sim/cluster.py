@@ -503,17 +503,23 @@ class Cluster:
         ``qmtemplate`` task under the flock each disk becomes ``base-<vmid>-disk-<n>`` and the config
         gets ``template: 1``; a template again: "you can't convert a template to a template"."""
         vm = self.vm_on(node, vmid)
-        self.check_lock(vm)
-        if vm.template:
-            raise PveError(500, "you can't convert a template to a template")
-        if vm.running:
-            raise PveError(500, "you can't convert a VM to template if VM is running")
+
+        def load_and_check(v: VM) -> None:
+            # Qemu.pm template's $load_and_check, before the task and again in it under the lock
+            self.check_lock(v)
+            if v.snapshots:
+                raise PveError(500, "unable to create template, because VM contains snapshots")
+            if v.template:
+                raise PveError(500, "you can't convert a template to a template")
+            if v.running:
+                raise PveError(500, "you can't convert a VM to template if VM is running")
+
+        load_and_check(vm)
 
         async def run(task: Task) -> None:
             async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["config"]):
                 v = self.vm_alive(vm)
-                if v.running:
-                    raise PveError(500, "you can't convert a VM to template if VM is running")
+                load_and_check(v)
                 await self.task_time("qmtemplate")
                 for k, val in sorted(v.config.items()):
                     if DISK_RE.fullmatch(k) and not k.startswith("unused") and "media=cdrom" not in val:
@@ -785,6 +791,26 @@ class Cluster:
 
     # ---- config ----------------------------------------------------------------------------------
     @staticmethod
+    def _one_cloudinit(config: dict[str, str], pending: dict[str, str], params: dict[str, str]) -> None:
+        """Qemu.pm create_disks: a new cloud-init drive (``<storage>:cloudinit``) where the config,
+        its pending changes or this very write already has one (QemuConfig.pm has_cloudinit, the
+        drive's own key skipped): ``<key> - cloud-init drive is already attached at '<other>'``."""
+        def is_ci(v: str) -> bool:
+            volid = str(v).split(",", 1)[0]
+            return volid == "cloudinit" or volid.endswith((":cloudinit", "-cloudinit"))
+
+        done: dict[str, str] = {}
+        for k in sorted(k for k in params if DISK_RE.fullmatch(k) and not k.startswith("unused")):
+            v = str(params[k])
+            if v.split(",", 1)[0].endswith(":cloudinit") or v.split(",", 1)[0] == "cloudinit":
+                for where in (config, pending, done):
+                    other = next((x for x, y in sorted(where.items())
+                                  if x != k and DISK_RE.fullmatch(x) and not x.startswith("unused") and is_ci(y)), None)
+                    if other is not None:
+                        raise PveError(500, f"{k} - cloud-init drive is already attached at '{other}'")
+            done[k] = v
+
+    @staticmethod
     def _cloudinit_alloc(vmid: int, key: str, value: str) -> str:
         """qemu-server ``create_disks``: a drive ``<storage>:cloudinit`` allocates the VM's cloud-init
         volume ``<storage>:vm-<vmid>-cloudinit`` and is a CD-ROM; any other value is kept as sent."""
@@ -843,7 +869,9 @@ class Cluster:
         feats = self.hotplug_features(vm)
         if key in self.FAST_PLUG or re.fullmatch(r"ipconfig\d+", key):
             return True
-        if key in ("balloon", "cpuunits", "cpulimit", "agent", "hotplug"):
+        # vmconfig_hotplug_pending's branches: balloon, cpuunits, cpulimit and hotplug apply live;
+        # ``agent`` is none of them (nor a fast-plug option): "skip", it stays pending until a restart
+        if key in ("balloon", "cpuunits", "cpulimit", "hotplug"):
             return True
         if key == "vcpus":
             return "cpu" in feats
@@ -857,6 +885,15 @@ class Cluster:
                 return True  # vmconfig_update_disk: a CD-ROM's medium is changed through QMP
             if "cloudinit" in (value or "") or "cloudinit" in cur:
                 return False  # the cloud-init drive is (re)generated with the pending changes
+            if value is not None and cur and cur.split(",", 1)[0] == value.split(",", 1)[0]:
+                # vmconfig_update_disk: the same volume with another aio, discard, iothread, queues,
+                # product, cache, ssd, vendor or ro is "skip" (pending: QEMU applies them at start)
+                def opts(v: str) -> dict[str, str]:
+                    return dict(o.partition("=")[::2] for o in v.split(",")[1:] if o)
+                a, b = opts(cur), opts(value)
+                if any(a.get(o) != b.get(o) for o in ("aio", "discard", "iothread", "queues", "product", "cache",
+                                                      "ssd", "vendor", "ro")):
+                    return False
             return "disk" in feats and not re.match(r"(efidisk|ide|sata|tpmstate)\d", key)
         if key.startswith("unused"):
             return True
@@ -940,6 +977,7 @@ class Cluster:
         hot-pluggable ones (vmconfig_hotplug_pending) - the rest waits for the next start."""
         self.firewall.tick()  # pve-firewall compiles the NICs (firewall=1) as of its last cycle
         deletes = split_list(params.get("delete", ""))
+        self._one_cloudinit(vm.config, vm.pending, params)
         if params.get("boot"):
             # Qemu.pm $update_vm_api: every device of the new boot order must exist (config, pending
             # or this write) and not be deleted by it
@@ -1134,6 +1172,7 @@ class Cluster:
         async def run(task: Task) -> None:
             async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["create"]):
                 await self.task_time("qmcreate")
+                self._one_cloudinit({}, {}, params)
                 conf: dict[str, str] = {}
                 disk_n = 0
                 for k, v in params.items():
@@ -1213,16 +1252,20 @@ class Cluster:
             await self.clone(node, vmid, {"newid": str(newid), "full": "1", "name": f"race-winner-{newid}"},
                              "root@pam")
             racing = True
-        # the temporary config "lock: clone" is written on the *source* node and renamed into the
-        # target node's directory only when the worker is done (Qemu.pm clone_vm: file_set_contents
-        # of config_file($newid), then rename to config_file($newid, $target))
+        # the temporary config "lock: clone" is written by the worker, under the target's flock, on
+        # the *source* node and renamed into the target node's directory only when the worker is
+        # done (Qemu.pm clone_vm: $load_and_check again, file_set_contents of config_file($newid),
+        # then rename to config_file($newid, $target)). Until the worker writes it nothing holds
+        # the newid: two clones to one newid sent at once both pass the check above, both get a
+        # UPID, and the second worker finds the file: its task fails (no admin switch needed).
         placeholder = VM(newid, node, {"lock": "clone"})
-        if not racing:
-            self.vms[newid] = placeholder
 
         async def run(task: Task) -> None:
             async with self.flock(vmid).hold(vmid, timeout=FLOCK_WAIT_S["clone"], shared=not src.running):
                 async with self.flock(newid).hold(newid, timeout=FLOCK_WAIT_S["clone"]):
+                    if racing or self.vms.get(newid, placeholder) is not placeholder:
+                        raise PveError(500, f"unable to create VM {newid}: config file already exists")
+                    self.vms[newid] = placeholder
                     source = self.vm_alive(src)
                     self.check_lock(source)
                     conf: dict[str, str] = {}
@@ -1265,11 +1308,6 @@ class Cluster:
                     conf["name"] = params.get("name") or f"Copy-of-VM-{source.config.get('name', vmid)}"
                     if params.get("description") is not None:
                         conf["description"] = params["description"]
-                    if racing:
-                        # the loser of a racy clone to one newid: its check before fork_worker
-                        # passed, the worker finds the config file there (Qemu.pm clone_vm,
-                        # $load_and_check run again under the target's flock)
-                        raise PveError(500, f"unable to create VM {newid}: config file already exists")
                     await self.task_time("qmclone")
                     if self.vms.get(newid) is not placeholder:
                         raise PveError(500, f"unable to create VM {newid}: config file already exists")

@@ -57,8 +57,14 @@ final status is reported once, then it is forgotten, as qemu-ga does).
 
 Command handlers (the extension point for HAProxy, kubeadm, kubectl models)
 -------------------------------------------------------------------------
-``agent/exec`` runs ``command`` (an argv array) through a registry keyed by the program's base name
-(``/usr/sbin/haproxy`` → ``haproxy``). Unknown programs exit 127 with ``/bin/sh: 1: <prog>: not found``.
+``agent/exec`` runs ``command`` (an argv array: ``path`` and ``arg`` of qemu-ga's guest-exec, no shell)
+through a registry keyed by the program's base name (``/usr/sbin/haproxy`` → ``haproxy``). A program
+the guest does not have — a one-string command is one, its whole text the file name — fails the
+spawn: HTTP 500 ``… 'guest-exec' failed - Guest agent command failed, error was 'Failed to execute
+child process “<prog>” (No such file or directory)'`` and no pid; inside ``sh -c`` it exits 127
+with ``/bin/sh: 1: <prog>: not found`` as dash says. An agent with its port but not answering
+(booting, dead) is answered "not running" only after PVE's guest-ping timeout (``agent_timeout_s``,
+3 s as ``qga_check_running``), or as soon as it comes up within it.
 Register a handler once, for every simulator in the process::
 
     from z9.sim.guest import command, ExecContext, ExecResult
@@ -211,6 +217,9 @@ def _text(b: str | bytes) -> str:
 class GuestSettings:
     boot_s: float = 1.0  # from power-on to the agent answering
     cloud_init_s: float = 1.0  # cloud-init runs this long after boot
+    # qemu-server Agent.pm qga_check_running: guest-ping with timeout => 3 — how long PVE waits for an
+    # agent that has its port but does not answer before "QEMU guest agent is not running"
+    agent_timeout_s: float = 3.0
 
 
 @dataclass
@@ -251,6 +260,7 @@ class Guest:
     fault_agent_dead: bool = False
     fault_ci: str | None = None
     schema: Any = None  # the real `cloud-init schema` of the seed's user-data, started at power-on (a Future)
+    render: Any = None  # Debian's rendering of the seed's network-config (render_network), started at power-on
     block: dict[str, str] = field(default_factory=dict)  # drive identity -> kernel name (z9.sim.blockdev)
 
     # -- API for handlers --
@@ -325,7 +335,10 @@ class Guest:
                 "agent": self.powered and self.booted and self.agent_port and not self.fault_agent_dead}
 
     def to_json(self) -> dict:
+        resolv = _text(self._files.get(RESOLV_CONF, b""))
         return {**self.summary(), "files": sorted(self._files), "interfaces": self.interfaces(),
+                "nameservers": [ln.split()[1] for ln in resolv.splitlines()
+                                if ln.split()[:1] == ["nameserver"] and len(ln.split()) > 1],
                 "extra_addresses": {k: list(v) for k, v in self.extra.items()}, "models": self.models,
                 "inputs": None if self.inputs is None else {"source": self.inputs.get("source")}}
 
@@ -533,6 +546,101 @@ def schema_check(user_data: bytes) -> tuple[str, str]:
     return verdict
 
 
+RESOLV_CONF = "/etc/resolv.conf"
+ENI_FILE = "etc/network/interfaces.d/50-cloud-init"  # what Debian's renderer writes (under the target root)
+_RENDER_CACHE: dict[str, tuple[str, str]] = {}
+
+
+def render_network(network_config: bytes) -> tuple[str, str]:
+    """Debian's rendering of a NoCloud ``network-config``, by the real tool: ``cloud-init devel
+    net-convert --kind yaml --output-kind eni --distro debian`` (cloud-init 22.4: the same
+    ``network_state`` parser and ENI renderer the guest's init-local stage runs). ``("ok", <the
+    interfaces file>)``, ``("invalid", <cloud-init's error>)``, or ``("unavailable", "")`` without
+    the tool. Cached by content; thread-safe (started at power-on, like :func:`schema_check`)."""
+    import tempfile
+
+    digest = hashlib.sha256(network_config).hexdigest()
+    if digest in _RENDER_CACHE:
+        return _RENDER_CACHE[digest]
+    binary = cloud_init_binary()
+    if binary is None:
+        return ("unavailable", "")
+    with tempfile.TemporaryDirectory(prefix="z9-sim-net-") as d:
+        src = Path(d, "network-config")
+        src.write_bytes(network_config)
+        args = ["devel", "net-convert", "--network-data", str(src), "--kind", "yaml", "--output-kind", "eni",
+                "--distro", "debian", "--directory", str(Path(d, "out"))]
+        warm = _WARM_CLOUD_INIT.run(binary, args, timeout_s=60)
+        if warm is not None:
+            returncode, raw_err = warm[0], warm[2]
+        else:
+            r = subprocess.run([binary, *args], capture_output=True, timeout=60, check=False,
+                               env={**os.environ, "LANG": "C.UTF-8"})
+            returncode, raw_err = r.returncode, r.stderr
+        out = Path(d, "out", ENI_FILE)
+        if returncode == 0 and out.exists():
+            verdict = ("ok", out.read_text())
+        else:
+            lines = [ln for ln in raw_err.decode("utf-8", "replace").splitlines() if ln.strip()]
+            verdict = ("invalid", (lines[-1] if lines else f"cloud-init devel net-convert exited {returncode}")
+                       .replace(str(src), "network-config"))
+    _RENDER_CACHE[digest] = verdict
+    return verdict
+
+
+def eni_dns(eni: str) -> tuple[list[str], list[str]]:
+    """``(nameservers, search)`` of a rendered interfaces file: its ``dns-nameservers`` and
+    ``dns-search`` lines, in order (ifupdown hands them to resolvconf, which writes resolv.conf)."""
+    ns: list[str] = []
+    search: list[str] = []
+    for line in eni.splitlines():
+        key, _, rest = line.strip().partition(" ")
+        if key == "dns-nameservers":
+            ns += [x for x in rest.split() if x not in ns]
+        elif key == "dns-search":
+            search += [x for x in rest.split() if x not in search]
+    return ns, search
+
+
+def config_dns(netcfg: Any) -> tuple[list[str], list[str]]:
+    """The same read from the YAML itself (the model without the tool): v1 ``type: nameserver``
+    entries and subnets' ``dns_nameservers``/``dns_search``; v2 ``nameservers`` of each ethernet."""
+    ns: list[str] = []
+    search: list[str] = []
+
+    def add(into: list[str], vals: Any) -> None:
+        for v in vals if isinstance(vals, list) else [vals] if vals else []:
+            if str(v) not in into:
+                into.append(str(v))
+
+    if not isinstance(netcfg, dict):
+        return ns, search
+    if isinstance(netcfg.get("network"), dict):
+        netcfg = netcfg["network"]
+    if int(netcfg.get("version", 1)) == 1:
+        for item in netcfg.get("config") or []:
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") == "nameserver":
+                add(ns, item.get("address"))
+                add(search, item.get("search"))
+            for sub in item.get("subnets") or []:
+                if isinstance(sub, dict):
+                    add(ns, sub.get("dns_nameservers"))
+                    add(search, sub.get("dns_search"))
+    else:
+        for eth in (netcfg.get("ethernets") or {}).values():
+            add(ns, ((eth or {}).get("nameservers") or {}).get("addresses"))
+            add(search, ((eth or {}).get("nameservers") or {}).get("search"))
+    return ns, search
+
+
+def resolv_conf(ns: list[str], search: list[str]) -> str:
+    """What resolvconf writes from them (at most 3 nameservers: glibc's MAXNS)."""
+    return ("# Generated by resolvconf\n" + (f"search {' '.join(search)}\n" if search else "")
+            + "".join(f"nameserver {n}\n" for n in ns[:3]))
+
+
 def schema_error_keys(text: str) -> set[str]:
     """The top-level cloud-config keys ``cloud-init schema`` names in its errors (``hostname: 5 is not
     of type 'string'``, ``ssh_authorized_keys.0: …``): the modules reading them fail."""
@@ -649,6 +757,9 @@ class Guests:
         user = (g.inputs.get("files") or {}).get("user-data") or b""
         g.schema = (_schema_pool().submit(schema_check, user)
                     if not already_up and user.startswith(b"#cloud-config") and cloud_init_binary() else None)
+        net = (g.inputs.get("files") or {}).get("network-config") or b""
+        g.render = (_schema_pool().submit(render_network, net)
+                    if not already_up and net and cloud_init_binary() else None)
         g.fault_agent_dead = any(f.kind == "agent_never_starts" and f.matches(vm) for f in self.faults)
         fault = next((f for f in self.faults if f.kind == "cloud_init_fails" and f.matches(vm)), None)
         g.fault_ci = (fault.message or "simulated cloud-init failure") if fault else None
@@ -747,7 +858,7 @@ class Guests:
         # until then the guest is still booting (agent not up) — never a wait on the event loop,
         # which would hold every other request of the simulator (100 boots at once queue there)
         if g.powered and not g.booted and g.boot_at is not None and now >= g.boot_at \
-                and (g.schema is None or g.schema.done()):
+                and (g.schema is None or g.schema.done()) and (g.render is None or g.render.done()):
             self._boot(g, vm, g.boot_at)
         ci = g.ci
         if ci["status"] == "running" and ci["done_at"] is not None and now >= ci["done_at"]:
@@ -839,10 +950,14 @@ class Guests:
             g.write_file("/etc/ssh/ssh_host_ed25519_key.pub", pub)
             net_raw = files.get("network-config")
             try:
-                g.net_applied = self._network(vm, yaml.safe_load(net_raw) if net_raw else None)
+                netcfg = yaml.safe_load(net_raw) if net_raw else None
+                g.net_applied = self._network(vm, netcfg)
             except (yaml.YAMLError, ValueError, TypeError) as e:
                 ci["errors"].append(f"Failed loading network config: {e}")
                 g.net_applied = self._network(vm, None)
+                netcfg = None
+            if net_raw:
+                self._dns(g, net_raw, netcfg, ci)
             self._users(g, cfg)
             for wf in cfg.get("write_files") or []:
                 try:
@@ -857,6 +972,27 @@ class Guests:
                     ci["errors"].append("Failed to run module scripts_user (scripts in "
                                         "/var/lib/cloud/instance/scripts)")
         g.write_file("/var/log/cloud-init-output.log", f"Cloud-init finished at boot {g.boots}\n", append=True)
+
+    @staticmethod
+    def _dns(g: Guest, net_raw: bytes, netcfg: Any, ci: dict) -> None:
+        """The guest's resolver from its network-config, as a Debian guest gets it: cloud-init's
+        ENI renderer writes ``dns-nameservers``/``dns-search`` (on the interface, or on ``lo`` for
+        v1's global ``type: nameserver``), ifupdown hands them to resolvconf, which writes
+        /etc/resolv.conf (the image carries resolvconf: part of the image contract, like the
+        guest agent). No nameserver there: a resolv.conf without one — the guest has no DNS. A
+        network-config Debian's renderer refuses fails cloud-init (init-local's
+        apply_network_config raises)."""
+        try:
+            verdict = g.render.result(timeout=60) if g.render is not None else render_network(net_raw)
+        except Exception:  # the tool hung or could not run: read from the YAML itself
+            log.exception("cloud-init net-convert failed to run")
+            verdict = ("unavailable", "")
+        g.render = None
+        if verdict[0] == "invalid":
+            ci["errors"].append(f"Failed to apply network config: {verdict[1]}")
+            return
+        ns, search = eni_dns(verdict[1]) if verdict[0] == "ok" else config_dns(netcfg)
+        g.write_file(RESOLV_CONF, resolv_conf(ns, search))
 
     def _run_item(self, g: Guest, vm: "VM", item: Any, ci: dict, module: str) -> None:
         argv = [str(x) for x in item] if isinstance(item, list) else ["sh", "-c", str(item)]
@@ -965,7 +1101,16 @@ class Guests:
         return g
 
     def exec(self, vm: "VM", argv: list[str], stdin: bytes) -> int:
+        """qemu-ga ``guest-exec`` (qga/commands.c): ``g_spawn_async_with_pipes`` of ``path`` (searched
+        in PATH when it has no ``/``) with ``arg`` — no shell. A program the guest does not have
+        (a one-string command included: its whole text is the file name) fails the spawn, and
+        guest-exec answers the error: PVE's HTTP 500 (``QERR_QGA_COMMAND_FAILED`` with glib's
+        ``Failed to execute child process “…” (No such file or directory)``), no pid."""
         g = self.agent(vm)
+        if not argv or self._handler(argv[0]) is None:
+            prog = argv[0] if argv else ""
+            raise qmp_error(vm.vmid, "exec", "Guest agent command failed, error was 'Failed to execute child "
+                                             f"process “{prog}” (No such file or directory)'")
         r = self.run_command(g, argv, stdin, vm.config, top=True)
         pid = g.next_pid
         g.next_pid += 1
@@ -1001,12 +1146,20 @@ class Guests:
             out["err-data"] = _text(p.result.err)
         return out
 
+    def _handler(self, prog: str) -> CommandHandler | None:
+        """The program a path names in the guest (its base name: the handlers are the guest's
+        binaries, wherever they lie), or None when the guest has no such program."""
+        name = prog.rsplit("/", 1)[-1]
+        if not name or any(c.isspace() for c in prog):
+            return None
+        return self.commands.get(name) or COMMANDS.get(name)
+
     def run_command(self, g: Guest, argv: list[str], stdin: bytes, config: dict[str, str],
                     top: bool = False) -> ExecResult:
         if not argv:
             return ExecResult(127, err="/bin/sh: 1: : not found\n")
+        handler = self._handler(argv[0])
         name = argv[0].rsplit("/", 1)[-1]
-        handler = self.commands.get(name) or COMMANDS.get(name)
         if handler is None:
             return ExecResult(127, err=f"/bin/sh: 1: {argv[0]}: not found\n")
         try:
@@ -1061,6 +1214,32 @@ def agent_enabled(config: dict[str, str]) -> bool:
     """``agent: [enabled=]1[,...]``."""
     first = (config.get("agent") or "0").split(",", 1)[0]
     return first.partition("=")[2] == "1" if first.startswith("enabled=") else first == "1"
+
+
+# What the guest's kernel sees of the VM's hardware (kubeadm's NumCPU and Mem preflight read these).
+# The kernel's image, its early reservations and the firmware's holes are not in sysinfo's Totalram
+# (``MemTotal``): a Debian 12 VM of 2048 MiB reports about 1950 MiB. The model keeps this much out.
+KERNEL_RESERVED_MIB = 96
+
+
+def guest_cpus(config: dict[str, str]) -> int:
+    """The guest's online CPUs: qemu-server (QemuServer.pm ``config_to_command``) starts
+    ``vcpus`` of ``sockets * cores`` (``vcpus`` unset: all of them); ``cores`` and ``sockets``
+    default to 1."""
+    def num(key: str, default: int) -> int:
+        m = re.match(r"\d+", config.get(key) or "")
+        return int(m.group(0)) if m and int(m.group(0)) > 0 else default
+
+    maxcpus = num("sockets", 1) * num("cores", 1)
+    return min(num("vcpus", maxcpus), maxcpus)
+
+
+def guest_ram_mb(config: dict[str, str]) -> int:
+    """sysinfo's Totalram in MB as kubeadm computes it (``Totalram * Unit / 1024 / 1024``): the VM's
+    ``memory`` (``[current=]<MiB>``, qemu-server's default 512; Memory.pm ``get_current_memory``)
+    less what the kernel keeps (:data:`KERNEL_RESERVED_MIB`)."""
+    m = re.match(r"(?:current=)?(\d+)", config.get("memory") or "")
+    return max(0, (int(m.group(1)) if m else 512) - KERNEL_RESERVED_MIB)
 
 
 # ---- built-in commands ----------------------------------------------------------------------------

@@ -16,7 +16,9 @@ checks:
   ``--allow-experimental-api``) and the current API from 1.31; ``v1beta2`` and older refused. The node's kubeadm is the cluster's minor
   (the image contract: the image for version X ships kubeadm/kubelet/kubectl X): ``init`` reads it
   from ``ClusterConfiguration.kubernetesVersion``, ``join`` from the cluster it joins.
-- **preflight** (``cmd/kubeadm/app/preflight/checks.go``): ``init`` — ``InitNodeChecks``: ports
+- **preflight** (``cmd/kubeadm/app/preflight/checks.go``): ``init`` — ``InitNodeChecks``: at least
+  ``ControlPlaneNumCPU`` (2) CPUs and ``ControlPlaneMem`` (1700) MB of the guest kernel's RAM
+  (``NumCPU``, ``Mem``; the VM's vCPUs and memory less what the kernel keeps), ports
   6443, 10259, 10257 (and 10250, 2379, 2380) free, the four control-plane static pod manifests
   absent (``FileAvailable--etc-kubernetes-manifests-*.yaml``), ``DirAvailable--var-lib-etcd``;
   ``join`` — ``JoinNodeChecks``: ``FileAvailable--etc-kubernetes-kubelet.conf``,
@@ -101,7 +103,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from .guest import ExecContext, ExecResult, Guests, command
+from .guest import ExecContext, ExecResult, Guests, command, guest_cpus, guest_ram_mb
 
 SETTINGS = {"api_delay_s": 1.0}
 PKI_FILES = ("ca.crt", "ca.key", "sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key", "etcd/ca.crt",
@@ -119,6 +121,10 @@ CONTROL_PLANE_PODS = ("kube-apiserver", "kube-controller-manager", "kube-schedul
 # constants.go: KubeletPort 10250; InitNodeChecks: LocalAPIEndpoint.BindPort (6443), KubeSchedulerPort
 # 10259, KubeControllerManagerPort 10257, EtcdListenClientPort 2379, EtcdListenPeerPort 2380
 NODE_PORTS = (10250,)
+# constants.go: ControlPlaneNumCPU = 2 ("the number of CPUs required on control-plane") and
+# ControlPlaneMem = 1700 ("the number of megabytes of memory required on the control-plane")
+CONTROL_PLANE_NUM_CPU = 2
+CONTROL_PLANE_MEM_MB = 1700
 CONTROL_PLANE_PORTS = (6443, 10259, 10257, 2379, 2380)
 # The pod networks the model knows (it fetches nothing): the manifest's URL → what it installs.
 # Flannel v0.26.1's kube-flannel.yml: namespace kube-flannel, its RBAC, the kube-flannel-cfg
@@ -296,8 +302,16 @@ def _ports_in_use(ctx: ExecContext, ports: tuple[int, ...]) -> list[tuple[str, s
 def _control_plane_checks(ctx: ExecContext, *, kubelet: bool) -> list[tuple[str, str]]:
     """checks.go ``InitNodeChecks``: the control plane's ports free, its static pod manifests
     absent, (local etcd) etcd's ports free and its data dir empty; ``kubelet``: with
-    addCommonChecks' Port-10250 (init; a joining control plane had it in JoinNodeChecks)."""
-    out = _ports_in_use(ctx, (6443, 10259, 10257))
+    addCommonChecks' Port-10250 (init; a joining control plane had it in JoinNodeChecks). First in
+    that list: ``NumCPUCheck{NumCPU: ControlPlaneNumCPU}`` (``runtime.NumCPU()``) and (Linux)
+    ``MemCheck{Mem: ControlPlaneMem}`` (checks_linux.go: sysinfo's Totalram), with their texts."""
+    out: list[tuple[str, str]] = []
+    cpus, ram = guest_cpus(ctx.config), guest_ram_mb(ctx.config)
+    if cpus < CONTROL_PLANE_NUM_CPU:
+        out.append(("NumCPU", f"the number of available CPUs {cpus} is less than the required {CONTROL_PLANE_NUM_CPU}"))
+    if ram < CONTROL_PLANE_MEM_MB:
+        out.append(("Mem", f"the system RAM ({ram} MB) is less than the minimum {CONTROL_PLANE_MEM_MB} MB"))
+    out += _ports_in_use(ctx, (6443, 10259, 10257))
     for pod in CONTROL_PLANE_PODS[:3]:
         out += _file_available(ctx, f"{MANIFESTS}{pod}.yaml")
     out += _file_available(ctx, f"{MANIFESTS}etcd.yaml")

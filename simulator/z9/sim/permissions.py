@@ -26,6 +26,7 @@ storage, ``/cluster/resources`` showing only the VMs the caller may audit) are m
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import PveError
@@ -120,10 +121,12 @@ def require(token: Token | None, user: str, path: str, privs: list[str], any_of:
             raise PveError(403, f"Permission check failed ({path}, {p})")
 
 
-# qemu-server src/PVE/API2/Qemu.pm: the option classes of $check_vm_modify_config_perm
-CPU_OPTIONS = frozenset({"affinity", "cores", "cpu", "cpulimit", "cpuunits", "numa", "smp", "sockets", "vcpus"})
-MEMORY_OPTIONS = frozenset({"memory", "balloon", "shares"})
-HWTYPE_OPTIONS = frozenset({"acpi", "hotplug", "kvm", "machine", "scsihw", "smbios1", "tablet", "vga", "watchdog"})
+# qemu-server src/PVE/API2/Qemu.pm (9.2): the option classes of $check_vm_modify_config_perm
+CPU_OPTIONS = frozenset({"affinity", "cores", "cpu", "runningcpu", "cpulimit", "cpuunits", "numa", "smp", "sockets",
+                         "vcpus"})
+MEMORY_OPTIONS = frozenset({"memory", "balloon", "shares", "allow-ksm"})
+HWTYPE_OPTIONS = frozenset({"acpi", "hotplug", "kvm", "machine", "runningmachine", "scsihw", "smbios1", "tablet", "vga",
+                            "watchdog", "audio0", "rng0"})
 GENERAL_OPTIONS = frozenset({"agent", "autostart", "bios", "description", "keyboard", "localtime", "migrate_downtime",
                              "migrate_speed", "name", "onboot", "ostype", "protection", "reboot", "startdate",
                              "startup", "tdf", "template"})
@@ -135,14 +138,17 @@ CLOUDINIT_OPTIONS = frozenset({"cicustom", "cipassword", "citype", "ciuser", "ci
 _DRIVE = re.compile(r"(ide|sata|scsi|virtio|efidisk|tpmstate)\d+")
 
 
-def check_config_keys(token: Token | None, user: str, vmid: int, keys: list[str]) -> None:
+def check_config_keys(token: Token | None, user: str, vmid: int, keys: list[str], *, create: bool = False) -> None:
     """``$check_vm_modify_config_perm`` (qemu-server API2/Qemu.pm), for the keys a config write
     sets or deletes: CPU, memory, hardware, general (name, description, protection, agent…),
     disk-order, network (``netN``) and cloud-init keys (``ipconfigN``, sshkeys…: VM.Config.Cloudinit
     or VM.Config.Network) each need their privilege on ``/vms/<vmid>``; ``tags`` need
     VM.Config.Options (pve-guest-common GuestHelpers.pm ``assert_tag_permissions``, under the
     default ``user-tag-access: free``); drives are checked by :func:`check_drive`; ``args``,
-    ``lock``, ``hookscript``: ``only root can set '<key>' config`` (HTTP 500, as PVE's die)."""
+    ``lock``, ``hookscript``: ``only root can set '<key>' config`` (HTTP 500, as PVE's die).
+    ``create`` (create_vm, which hands it exactly the config keys): every key of no class is
+    root's alone (the ``else`` branch, "catches args, lock, etc."), and ``tags`` are left to
+    :func:`check_create` (create_vm's assert_tag_permissions)."""
     if user == "root@pam":
         return
     path = f"/vms/{vmid}"
@@ -150,7 +156,8 @@ def check_config_keys(token: Token | None, user: str, vmid: int, keys: list[str]
         if _DRIVE.fullmatch(k) or k == "cdrom" or re.fullmatch(r"(unused|serial|usb|hostpci|virtiofs)\d+", k):
             continue
         if k == "tags":
-            require(token, user, path, ["VM.Config.Options"])
+            if not create:
+                require(token, user, path, ["VM.Config.Options"])
         elif k in CPU_OPTIONS or re.fullmatch(r"numa\d+", k):
             require(token, user, path, ["VM.Config.CPU"])
         elif k in MEMORY_OPTIONS:
@@ -169,7 +176,9 @@ def check_config_keys(token: Token | None, user: str, vmid: int, keys: list[str]
             require(token, user, path, ["VM.Config.Cloudinit", "VM.Config.Network"], any_of=True)
         elif k in POWER_OPTIONS:
             require(token, user, path, ["VM.PowerMgmt"])
-        elif k in ROOT_ONLY:
+        elif k == "vmstate":
+            require(token, user, path, ["VM.Config.Disk", "VM.PowerMgmt"])
+        elif k in ROOT_ONLY or create:
             raise PveError(500, f"only root can set '{k}' config")
         # (other keys — rng0, audio0, hugepages… — have checks of their own there: not modelled, allowed)
 
@@ -182,6 +191,75 @@ def check_drive(token: Token | None, user: str, vmid: int, value: str) -> None:
         return
     cdrom = "media=cdrom" in value or "cloudinit" in value.split(",", 1)[0]
     require(token, user, f"/vms/{vmid}", ["VM.Config.CDROM" if cdrom else "VM.Config.Disk"])
+
+
+# create_vm's own parameters, extracted before any check (qemu-server API2/Qemu.pm create_vm)
+CREATE_PARAMS = frozenset({"node", "vmid", "archive", "bwlimit", "force", "pool", "start", "ha-managed", "storage",
+                           "unique", "live-restore", "import-working-storage"})
+
+
+def check_create(token: Token | None, user: str, params: dict, volume_owner: Callable[[str], tuple[str, int | None]]) -> None:
+    """qemu-server API2/Qemu.pm ``create_vm`` (its schema: ``user => 'all', # check inside``), in its
+    order, before anything is created: ``storage`` (the default storage) Datastore.AllocateSpace;
+    ``start`` VM.PowerMgmt; VM.Allocate on ``/vms/<vmid>`` (else ``raise_perm_exc()``: "Permission
+    check failed"); ``$check_storage_access`` per drive (a new disk ``<storage>:<size>``: that
+    storage's — or the default's — Datastore.AllocateSpace; ``none``/cloud-init: nothing; an
+    existing volume: pve-storage ``check_volume_access`` — an ISO Datastore.AllocateSpace or
+    Datastore.Audit, a volume of this vmid nothing, another Datastore.Allocate); then
+    ``$check_vm_modify_config_perm`` over the config keys; ``check_bridge_access`` (QemuServer.pm:
+    SDN.Use on each NIC's bridge, sorted); and in the create worker, before the config is written,
+    ``assert_tag_permissions`` (pve-guest-common GuestHelpers.pm: new tags need VM.Config.Options
+    under the default ``user-tag-access: free``). ``volume_owner(volid)`` is ``(vtype, owner vmid)``
+    of an existing volume (pve-storage ``parse_volname``)."""
+    if user == "root@pam":
+        return
+    vmid = int(params["vmid"])
+    path = f"/vms/{vmid}"
+    default_storage = params.get("storage")
+    if default_storage is not None:
+        require(token, user, f"/storage/{default_storage}", ["Datastore.AllocateSpace"])
+    if params.get("ha-managed") not in (None, 0, "0"):
+        require(token, user, "/", ["Sys.Console"])
+    if params.get("start") not in (None, 0, "0"):
+        require(token, user, path, ["VM.PowerMgmt"])
+    if "VM.Allocate" not in privileges(token, user, path):
+        raise PveError(403, "Permission check failed")
+    conf = {k: v for k, v in params.items() if k not in CREATE_PARAMS and not str(k).startswith("@")}
+    for k in sorted(conf):  # $check_storage_access ($foreach_volume_with_alloc: sorted keys)
+        if not (_DRIVE.fullmatch(k) or k == "cdrom"):
+            continue
+        value = str(conf[k])
+        volid = value.split(",", 1)[0].removeprefix("file=")
+        cdrom = "media=cdrom" in value or k == "cdrom"
+        sid, _, volname = volid.partition(":")
+        if volid in ("", "none", "cloudinit") or volname == "cloudinit" or volname.endswith("-cloudinit"):
+            continue
+        if cdrom and volid == "cdrom":
+            require(token, user, "/", ["Sys.Console"])
+        elif not cdrom and re.fullmatch(r"(?:([^:\s]+):)?(\d+(?:\.\d+)?)", volid):
+            m = re.fullmatch(r"(?:([^:\s]+):)?(\d+(?:\.\d+)?)", volid)
+            storeid = (m.group(1) if m else None) or default_storage
+            if not storeid:
+                raise PveError(500, "no storage ID specified (and no default storage)")
+            require(token, user, f"/storage/{storeid}", ["Datastore.AllocateSpace"])
+        elif not volname:
+            raise PveError(500, "Only root can pass arbitrary filesystem paths.")
+        else:  # pve-storage PVE/Storage.pm check_volume_access
+            if "Datastore.Allocate" in privileges(token, user, f"/storage/{sid}"):
+                continue
+            vtype, owner = volume_owner(volid)
+            if vtype in ("iso", "vztmpl"):
+                require(token, user, f"/storage/{sid}", ["Datastore.AllocateSpace", "Datastore.Audit"], any_of=True)
+            elif owner is not None and owner == vmid:
+                continue
+            else:
+                require(token, user, f"/storage/{sid}", ["Datastore.Allocate"])
+    check_config_keys(token, user, vmid, sorted(conf), create=True)
+    for k in sorted(conf):
+        if re.fullmatch(r"net\d+", k) and (bridge := bridge_path(str(conf[k]))):
+            require(token, user, bridge, ["SDN.Use"])
+    if conf.get("tags"):
+        require(token, user, path, ["VM.Config.Options"])
 
 
 def bridge_path(net: str) -> str | None:

@@ -170,6 +170,18 @@ def owner_of(volname: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def volume_type(volid: str) -> tuple[str, int | None]:
+    """``(vtype, owner vmid)`` of a volume id as pve-storage ``parse_volname`` gives them (Plugin.pm:
+    ``iso/…``, ``vztmpl/…``, ``backup/…``, ``snippets/…``, ``import/…``; an image ``<vmid>/<name>`` on a
+    directory storage, ``vm-<vmid>-…``/``base-<vmid>-…`` on LVM-thin and RBD)."""
+    volname = volid.partition(":")[2]
+    kind = volname.split("/", 1)[0]
+    if kind in ("iso", "vztmpl", "backup", "snippets", "import") and "/" in volname:
+        return kind, None
+    m = re.fullmatch(r"(\d+)/.+", volname)
+    return "images", int(m.group(1)) if m else owner_of(volname)
+
+
 def normalize_filename(name: str) -> str:
     """``PVE::Storage::normalize_content_filename``: base name, ``[^a-zA-Z0-9_.-]`` → ``_``."""
     name = name.replace("\\", "/").rsplit("/", 1)[-1]

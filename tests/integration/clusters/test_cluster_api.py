@@ -139,3 +139,32 @@ async def test_cancelled_reconcile_settles_the_cluster(api: Stack) -> None:
     assert c["status"] == "degraded" and jobs[1] in c["status_reason"] and "resize again" in c["status_reason"], c
     status, out = await api.call("POST", f"/jobs/{jobs[1]}/actions/rerun")
     assert status == 202 and out["job"]["kind"] == "ClusterReconcile", out
+
+
+# kubeadm's preflight on a control plane (init and control-plane join; checks.go InitNodeChecks):
+# ControlPlaneNumCPU = 2 CPUs, ControlPlaneMem = 1700 MB of the guest kernel's RAM
+# (cmd/kubeadm/app/constants/constants.go). z9 passes no --ignore-preflight-errors, so a smaller
+# control plane would never become a cluster: the API refuses it, naming the field and the minimum.
+async def test_a_control_plane_kubeadm_would_refuse_is_refused(api: Stack) -> None:
+    for shape, field, words in (({"cores": 1}, "control_plane.cores", ("2", "ControlPlaneNumCPU")),
+                                ({"memory_mib": 1024}, "control_plane.memory_mib", ("1700", "ControlPlaneMem", "2048")),
+                                ({"memory_mib": 1792}, "control_plane.memory_mib", ("1700", "2048"))):
+        b = body(name="small", cps=1, workers=0)
+        b["control_plane"].update(shape)
+        status, out = await api.call("POST", "/clusters", json=b)
+        assert status == 422, out
+        fields = {d["field"]: d["message"] for d in out["error"]["details"]}
+        assert list(fields) == [field], out
+        for w in words:
+            assert w in fields[field], out
+        assert "kubeadm" in fields[field], out
+    # workers have no such preflight (JoinNodeChecks): 1 core and 1024 MiB are accepted
+    b = body(name="small", cps=1, workers=1)
+    b["control_plane"].update(cores=2, memory_mib=2048)
+    b["node_pools"][0].update(cores=1, memory_mib=1024)
+    status, out = await api.call("POST", "/clusters", json=b)
+    assert status == 202, out
+    # the OpenAPI document carries the minimums (the console and the schemathesis run read them)
+    status, doc = await api.call("GET", "/openapi.json")
+    cp = doc["components"]["schemas"]["ControlPlaneSpec"]["properties"]
+    assert cp["cores"]["minimum"] == 2 and cp["memory_mib"]["minimum"] == 2048, cp

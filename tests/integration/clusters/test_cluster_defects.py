@@ -16,7 +16,7 @@ from tests.integration.clusters.test_clusters_e2e import K8S_TIMING, cluster, re
 
 def body(name: str = "prod", pools: list[dict[str, Any]] | None = None, cps: int = 1) -> dict[str, Any]:
     return {"name": name, "region": REGION, "version": "1.33",
-            "control_plane": {"count": cps, "cores": 1, "memory_mib": 1024, "disk_gib": 10},
+            "control_plane": {"count": cps, "cores": 2, "memory_mib": 2048, "disk_gib": 10},
             "node_pools": pools if pools is not None else [
                 {"name": "workers", "count": 1, "cores": 1, "memory_mib": 1024, "disk_gib": 10}]}
 

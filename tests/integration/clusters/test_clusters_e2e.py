@@ -102,7 +102,7 @@ async def test_create_three_plus_two(stack: Stack, sim: SimAdmin) -> None:
 
 def two_pools(name: str, version: str, cps: int) -> dict[str, Any]:
     return {"name": name, "region": REGION, "version": version,
-            "control_plane": {"count": cps, "cores": 1, "memory_mib": 1024, "disk_gib": 10},
+            "control_plane": {"count": cps, "cores": 2, "memory_mib": 2048, "disk_gib": 10},
             "node_pools": [{"name": "workers", "count": 1, "cores": 1, "memory_mib": 1024, "disk_gib": 10},
                            {"name": "batch", "count": 1, "cores": 1, "memory_mib": 1024, "disk_gib": 10}]}
 
@@ -306,7 +306,8 @@ def _executor(stack: Stack) -> subprocess.Popen:
                Z9_TASK_POLL_S="0.1", Z9_POLL_INTERVAL_S="0.5", Z9_BACKOFF_BASE_S="0.2", Z9_BACKOFF_CAP_S="1",
                Z9_INSTALLATION_KEY=s.installation_key.get_secret_value(), Z9_REGIONS=json.dumps(
                    {REGION: {"url": s.regions[REGION].url, "token_id": s.regions[REGION].token_id,
-                             "token_secret": s.regions[REGION].token_secret.get_secret_value(), "verify_ssl": False}}))
+                             "token_secret": s.regions[REGION].token_secret.get_secret_value(), "verify_ssl": False,
+                             "nameservers": [str(n) for n in s.regions[REGION].nameservers]}}))
     return subprocess.Popen([sys.executable, "-m", "z9", "executor", "--region", REGION], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -21,7 +21,7 @@ from tests.integration.security.test_tokens import call
 from z9.resources.cluster import store as cluster_store
 
 BODY = {"name": "kc", "region": REGION, "version": "1.33",
-        "control_plane": {"count": 1, "cores": 1, "memory_mib": 1024, "disk_gib": 10}, "node_pools": []}
+        "control_plane": {"count": 1, "cores": 2, "memory_mib": 2048, "disk_gib": 10}, "node_pools": []}
 
 
 async def _ready_cluster(api: Stack) -> str:
@@ -243,3 +243,35 @@ def test_the_csr_api_signs_users_certificates_with_the_rotatable_client_ca() -> 
     bad = controller_manager_signers({"cluster-signing-kube-apiserver-client-cert-file": pki.CLIENT_CA_CRT,
                                       "cluster-signing-kube-apiserver-client-key-file": pki.CLIENT_CA_KEY})
     assert "at the same time" in (bad["controller_manager_error"] or ""), bad
+
+
+# A minted kubeconfig's client certificate is one a strict verifier takes: OpenSSL's -x509_strict
+# (RFC 5280 profile checks: a certificate not self-issued needs an Authority Key Identifier —
+# error 85 "Missing Authority Key Identifier" —, a CA a Subject Key Identifier), issued by the CA
+# the kubeconfig carries as the users' client CA; the answer's expires_at is the certificate's
+# notAfter exactly (a certificate has whole seconds), as is the credential record's.
+async def test_a_minted_kubeconfig_certificate_is_x509_strict_and_expires_when_it_says(api: Stack, tmp_path) -> None:
+    import subprocess
+
+    cid = await _ready_cluster(api)
+    status, kc = await api.call("GET", f"/clusters/{cid}/kubeconfig", params={"expiry_s": "3600"})
+    assert status == 200, kc
+    pem = base64.b64decode(yaml.safe_load(kc["kubeconfig"])["users"][0]["user"]["client-certificate-data"])
+    crt = x509.load_pem_x509_certificate(pem)
+    key = pki.InstallationKey.parse(api.settings.installation_key.get_secret_value())
+    material = key.open(cid, *await cluster_store.cluster_keys_get(api.pool, cid))
+    (tmp_path / "ca.crt").write_text(material["client-ca.crt"])
+    (tmp_path / "user.crt").write_bytes(pem)
+    r = subprocess.run(["openssl", "verify", "-x509_strict", "-purpose", "sslclient", "-CAfile",
+                        str(tmp_path / "ca.crt"), str(tmp_path / "user.crt")], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 0 and r.stdout.strip().endswith(": OK"), (r.stdout, r.stderr)
+    ski = x509.load_pem_x509_certificate(material["client-ca.crt"].encode()).extensions.get_extension_for_class(
+        x509.SubjectKeyIdentifier).value
+    aki = crt.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+    assert aki.key_identifier == ski.digest
+    assert crt.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value == \
+        x509.SubjectKeyIdentifier.from_public_key(crt.public_key())
+    assert datetime.fromisoformat(kc["expires_at"]) == crt.not_valid_after_utc, (kc["expires_at"], crt.not_valid_after_utc)
+    status, listed = await api.call("GET", f"/clusters/{cid}/credentials")
+    assert datetime.fromisoformat(listed["credentials"][0]["expires_at"]) == crt.not_valid_after_utc, listed

@@ -1,6 +1,7 @@
 """z9 on a privilege-separated Proxmox API token holding exactly the privileges the README's operator
-section names (its ``pveum role add`` line is read here, so the two cannot drift): a server, an lb-ha
-and a 1+1 cluster are created and deleted. A token lacking one privilege gets PVE's 403
+section names (its ``pveum role add`` line is read here, so the two cannot drift): every flow —
+a server, an address, an lb-small and an lb-ha, a 1+1 cluster, a volume created, attached, grown,
+detached and deleted — runs and is deleted. A token lacking one privilege gets PVE's 403
 ``Permission check failed (<path>, <privilege>)`` (the simulator checks as pve-access-control
 ``RPCEnvironment.pm`` and qemu-server ``API2/Qemu.pm`` do) and the job fails at once with a
 permanent error naming it."""
@@ -56,31 +57,54 @@ async def _gone(stack: Stack, sim: SimAdmin, path: str, rid: str, key: str) -> N
     assert await sim.vms_tagged(identity_tag(rid)) == []
 
 
-@pytest.mark.timeout(600)
+async def _ok(stack: Stack, status: int, out: dict) -> dict:
+    assert status == 202, out
+    done = await stack.wait_job(out["job"]["id"], timeout_s=300)
+    assert done["status"] == "succeeded", done
+    return out
+
+
+# Every flow of z9 on the README's role: server; address (assigned, moved off, deleted); lb-small
+# and lb-ha; a 1+1 cluster; a volume created, attached, grown, detached, deleted.
+@pytest.mark.timeout(900)
 @pytest.mark.settings(deletion_buffer_s=0.3)
-async def test_a_token_with_the_readme_privileges_runs_servers_lbs_and_clusters(stack: Stack, sim: SimAdmin) -> None:
+async def test_a_token_with_the_readme_privileges_runs_every_flow(stack: Stack, sim: SimAdmin) -> None:
     from tests.integration.clusters.test_clusters_e2e import K8S_TIMING, body as cluster_body
     from tests.integration.load_balancers.test_load_balancers import LB_TEMPLATE
 
     await sim._req("POST", "/vms", json=LB_TEMPLATE)
     await sim.configure(**K8S_TIMING)
     server, job = await stack.create_server("privsep")
+    status, small = await stack.call("POST", "/load-balancers", json={"region": REGION, "name": "privsep-s",
+                                                                       "type": "lb-small"})
+    assert status == 202, small
     status, lb = await stack.call("POST", "/load-balancers", json={"region": REGION, "name": "privsep", "type": "lb-ha"})
     assert status == 202, lb
     status, cl = await stack.call("POST", "/clusters", json=cluster_body("privsep", cps=1, workers=1))
     assert status == 202, cl
-    for j in (job, lb["job"], cl["job"]):
+    status, vol = await stack.call("POST", "/volumes", json={"name": "privsep", "region": REGION, "size_gib": 2})
+    assert status == 202, vol
+    for j in (job, small["job"], lb["job"], cl["job"], vol["job"]):
         done = await stack.wait_job(j["id"], timeout_s=300)
         assert done["status"] == "succeeded", done
     apps = await sim.vms_tagged(identity_tag(lb["load_balancer"]["id"]))
     assert len({a["node"] for a in apps}) == 2  # the lb-ha's members on two nodes (a migration: VM.Migrate)
-    for path, rid, key in (("servers", server["id"], "server"), ("load-balancers", lb["load_balancer"]["id"], "load_balancer"),
-                           ("clusters", cl["cluster"]["id"], "cluster")):
+
+    sid, vid = server["id"], vol["volume"]["id"]
+    adr = (await _ok(stack, *await stack.call("POST", "/addresses", json={
+        "region": REGION, "name": "privsep", "server_id": sid})))["address"]["id"]
+    await _ok(stack, *await stack.call("POST", f"/addresses/{adr}/actions/unassign"))
+    await _ok(stack, *await stack.call("POST", f"/volumes/{vid}/actions/attach", json={"server_id": sid}))
+    await _ok(stack, *await stack.call("POST", f"/volumes/{vid}/actions/resize", json={"size_gib": 3}))
+    await _ok(stack, *await stack.call("POST", f"/volumes/{vid}/actions/detach"))
+
+    kinds = (("volumes", vid, "volume"), ("addresses", adr, "address"), ("servers", sid, "server"),
+             ("load-balancers", small["load_balancer"]["id"], "load_balancer"),
+             ("load-balancers", lb["load_balancer"]["id"], "load_balancer"), ("clusters", cl["cluster"]["id"], "cluster"))
+    for path, rid, _ in kinds:
         status, out = await stack.call("DELETE", f"/{path}/{rid}")
         assert status == 202, out
-    await asyncio.gather(_gone(stack, sim, "servers", server["id"], "server"),
-                         _gone(stack, sim, "load-balancers", lb["load_balancer"]["id"], "load_balancer"),
-                         _gone(stack, sim, "clusters", cl["cluster"]["id"], "cluster"))
+    await asyncio.gather(*(_gone(stack, sim, path, rid, key) for path, rid, key in kinds))
     refused = [r for r in (await sim.counters())["requests"] if r["status"] == 403]
     assert refused == [], refused  # not one call the token may not make
 

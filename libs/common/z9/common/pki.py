@@ -178,12 +178,21 @@ def ca_cert_hash(ca_crt_pem: str) -> str:
 
 def client_certificate(ca_crt_pem: str, ca_key_pem: str, *, cn: str, orgs: tuple[str, ...],
                        expiry_s: int) -> tuple[str, str, dt.datetime]:
-    """A fresh client certificate signed by the CA: ``(cert pem, key pem, not_after)``."""
+    """A fresh client certificate signed by the CA: ``(cert pem, key pem, not_after)``. RFC 5280's
+    profile as a strict verifier holds it (``openssl verify -x509_strict``): an Authority Key
+    Identifier naming the CA's key (§4.2.1.1: required in every certificate not self-signed) and a
+    Subject Key Identifier of its own (§4.2.1.2). ``not_after`` is the certificate's notAfter exactly:
+    whole seconds (a certificate's time has no fraction)."""
     ca = x509.load_pem_x509_certificate(ca_crt_pem.encode())
     ca_key = serialization.load_pem_private_key(ca_key_pem.encode(), None)
     k = _key()
-    now = _now()
+    now = _now().replace(microsecond=0)
     not_after = now + dt.timedelta(seconds=expiry_s)
+    try:  # the CA's own SKI (z9's CAs carry one), else one derived from its key as RFC 5280 method 1 does
+        aki = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(
+            ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value)
+    except x509.ExtensionNotFound:
+        aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key())  # type: ignore[arg-type]
     subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
                         + [x509.NameAttribute(NameOID.COMMON_NAME, cn)])
     cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(ca.subject).public_key(k.public_key())
@@ -194,6 +203,8 @@ def client_certificate(ca_crt_pem: str, ca_key_pem: str, *, cn: str, orgs: tuple
                                          content_commitment=False, data_encipherment=False, key_agreement=False,
                                          crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(k.public_key()), critical=False)
+            .add_extension(aki, critical=False)
             .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
     return cert.public_bytes(serialization.Encoding.PEM).decode(), _key_pem(k), not_after
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import os
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
@@ -266,6 +267,17 @@ class RegionSettings(BaseModel):
     # z9 and enforced by the Proxmox IP filter (PrivateNetworkSettings). Unset: such guests take
     # DHCP from the bridge and z9 puts no IP filter on them (it cannot know their lease).
     private_network: PrivateNetworkSettings | None = None
+    nameservers: list[IPAddr] = Field(default_factory=list, max_length=3, description=(
+        "the DNS resolvers of the region's guests (at most 3: resolv.conf's MAXNS): written into every guest's "
+        "network-config (cloud-init) — a server's, a load balancer's, a cluster member's — unless its own network "
+        "(an address pool's or the private network's `nameservers`) names its own. A guest whose network names "
+        "none has no DNS (its image pulls, package installs and the pod network fail): z9 fails its verify "
+        "naming that"))
+
+    def guest_nameservers(self, own: Sequence[Any] = ()) -> list[str]:
+        """The nameservers a guest is given: its network's own (``own``: the pool's or the private
+        network's), else the region's."""
+        return [str(n) for n in own] if own else [str(n) for n in self.nameservers]
 
     @model_validator(mode="before")
     @classmethod

@@ -61,13 +61,47 @@ class InstallationKeyMissing(ApiError):
     status, code = 503, "installation_key_missing"
 
 
+# kubeadm's preflight on a control plane (cmd/kubeadm/app/preflight/checks.go InitNodeChecks, run by
+# init and by a control plane's join): NumCPUCheck{ControlPlaneNumCPU} and MemCheck{ControlPlaneMem},
+# cmd/kubeadm/app/constants/constants.go: ControlPlaneNumCPU = 2, ControlPlaneMem = 1700 (MB, of
+# sysinfo's Totalram — what the guest's kernel reports, below the VM's memory). z9 passes no
+# --ignore-preflight-errors: a smaller control plane never initializes. The memory minimum is
+# kubeadm's documented "2 GB or more of RAM per machine" (kubeadm install docs, "Before you begin"),
+# which leaves the kernel its share above 1700 MB.
+KUBEADM_CONTROL_PLANE_NUM_CPU = 2
+KUBEADM_CONTROL_PLANE_MEM_MB = 1700
+CONTROL_PLANE_MIN_MEMORY_MIB = 2048
+
+
 class ControlPlaneSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     count: Literal[1, 3, 5] = Field(description="etcd quorum: 1, 3 or 5 control-plane members")
-    cores: StrictInt = Field(2, ge=1, le=64)
-    memory_mib: StrictInt = Field(4096, ge=1024, le=1048576)
+    cores: StrictInt = Field(2, ge=KUBEADM_CONTROL_PLANE_NUM_CPU, le=64,
+                             description="at least 2: kubeadm's preflight (ControlPlaneNumCPU)")
+    memory_mib: StrictInt = Field(4096, ge=CONTROL_PLANE_MIN_MEMORY_MIB, le=1048576,
+                                  description="at least 2048: kubeadm's preflight needs 1700 MB of the guest's "
+                                              "RAM (ControlPlaneMem)")
     disk_gib: StrictInt = Field(30, ge=10, le=65536)
+
+    @field_validator("cores", mode="before")
+    @classmethod
+    def _kubeadm_cpus(cls, v: Any) -> Any:
+        if type(v) is int and v < KUBEADM_CONTROL_PLANE_NUM_CPU:
+            raise ValueError(f"kubeadm's preflight refuses a control plane of fewer than "
+                             f"{KUBEADM_CONTROL_PLANE_NUM_CPU} CPUs (ControlPlaneNumCPU = "
+                             f"{KUBEADM_CONTROL_PLANE_NUM_CPU}): at least {KUBEADM_CONTROL_PLANE_NUM_CPU} cores")
+        return v
+
+    @field_validator("memory_mib", mode="before")
+    @classmethod
+    def _kubeadm_memory(cls, v: Any) -> Any:
+        if type(v) is int and v < CONTROL_PLANE_MIN_MEMORY_MIB:
+            raise ValueError(f"kubeadm's preflight refuses a control plane with less than "
+                             f"{KUBEADM_CONTROL_PLANE_MEM_MB} MB of RAM in the guest (ControlPlaneMem = "
+                             f"{KUBEADM_CONTROL_PLANE_MEM_MB}), which the kernel reports below the VM's memory: "
+                             f"at least {CONTROL_PLANE_MIN_MEMORY_MIB} MiB")
+        return v
 
 
 class NodePoolSpec(BaseModel):

@@ -427,7 +427,8 @@ async def create(ctx: CreateContext, spec: LoadBalancerCreate) -> tuple[LoadBala
         gw = adr.gateway
         addresses[member or "vip"] = {"id": adr.id, "ip": adr.ip_text, "prefix": adr.prefix,
                                       "gateway": str(getattr(gw, "ip", gw)) if gw is not None else None}
-    addresses["nameservers"] = await address_store.address_pool_nameservers(ctx.conn, pool["id"])
+    addresses["nameservers"] = ctx.settings.regions[lb.region].guest_nameservers(
+        await address_store.address_pool_nameservers(ctx.conn, pool["id"]))
     lb = await load_balancer_store.lb_set_addresses(ctx.conn, lb.id, addresses)
     _check_not_own_address(lb, targets)
     job = await store.job_insert(ctx.conn, LOAD_BALANCER.new_job(lb, LOAD_BALANCER_CREATE,

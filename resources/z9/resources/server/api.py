@@ -56,8 +56,11 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
     given) and the AddressAssign job that puts it in the VM's IP filter set once ServerCreate has
     made the VM (its lock keys hold the server: it runs after the create); the answer's ``jobs``
     names both (the server is reachable at its address when both have succeeded). ServerCreate's
-    configure step writes the address as cloud-init ``ipconfig0`` (+ the pool's nameservers)."""
+    configure step writes the address as cloud-init ``ipconfig0`` (+ the pool's nameservers, else the region's)."""
     args = spec.model_dump(exclude={"public_ipv4"})
+    region_ns = ctx.settings.regions[spec.region].guest_nameservers()
+    if region_ns:  # the guest's DNS (a private network's own nameservers, or a pool's, take its place)
+        args["nameserver"] = " ".join(region_ns)
     job = NewJob(kind=SERVER_CREATE, region=spec.region, args=args, max_attempts=ctx.settings.max_attempts)
     await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, servers=1, cores=spec.cores, memory_mib=spec.memory_mib,
                        addresses=1 if spec.public_ipv4 is True else 0)
@@ -67,7 +70,8 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
         server, brief = await _insert(ctx, spec, job)
         address = await _primary(ctx, spec, server)
         network = {"ipconfig0": address.ipconfig0()}
-        nameservers = await address_store.address_pool_nameservers(ctx.conn, address.pool_id)
+        nameservers = ctx.settings.regions[spec.region].guest_nameservers(
+            await address_store.address_pool_nameservers(ctx.conn, address.pool_id))
         if nameservers:
             network["nameserver"] = " ".join(nameservers)
         await store.job_args_merge(ctx.conn, brief["id"], network)

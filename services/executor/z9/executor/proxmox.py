@@ -563,6 +563,10 @@ class ProxmoxClient:
         except TemporaryError as e:
             if re.search(r"agent is not running|No QEMU guest agent configured|is not running", str(e)):
                 raise AgentUnavailable(str(e)) from e
+            if "Failed to execute child process" in str(e):
+                # qemu-ga's guest-exec could not spawn the program (no such binary in the guest):
+                # the image lacks what z9 runs in it — no retry brings it
+                raise PermanentError(f"{what}: the guest has no such program: {e}") from e
             raise
 
     async def agent_ping(self, node: str, vmid: int) -> None:

@@ -530,7 +530,30 @@ def private_address_at(ctx: JobContext, ip: str) -> PrivateAddress | None:
     if net is None:
         return None
     return PrivateAddress(ip=ip, prefix=net.cidr.prefixlen, gateway=str(net.gateway) if net.gateway else None,
-                          nameservers=tuple(str(n) for n in net.nameservers))
+                          nameservers=tuple(guest_nameservers(ctx, net.nameservers)))
+
+
+RESOLV_CONF = "/etc/resolv.conf"  # a guest's resolver: resolvconf writes its network-config's nameservers there
+
+
+def resolv_nameservers(text: str) -> list[str]:
+    """The ``nameserver`` lines of a resolv.conf (resolv.conf(5))."""
+    return [ln.split()[1] for ln in text.splitlines() if ln.split()[:1] == ["nameserver"] and len(ln.split()) > 1]
+
+
+def no_dns(vmid: int) -> str:
+    """Why a guest fails verify when its resolv.conf names no nameserver."""
+    return (f"the guest of VM {vmid} has no DNS: its {RESOLV_CONF} names no nameserver (its network-config gave "
+            "none: set the region's nameservers, Z9_REGIONS[<region>].nameservers)")
+
+
+def guest_nameservers(ctx: JobContext, own: Any = ()) -> list[str]:
+    """The nameservers a guest of the job's region is given (settings ``nameservers``): its
+    network's own (``own``), else the region's; [] when the region is unknown here."""
+    region = ctx.settings.regions.get(ctx.job.region)
+    if region is None:
+        return [str(n) for n in own]
+    return region.guest_nameservers(own)
 
 
 async def private_address(ctx: JobContext, owner: str, member: str = MAIN) -> PrivateAddress | None:

@@ -189,7 +189,7 @@ async def observe(ctx: JobContext, want: str | None) -> World:
                 if used == ip:
                     conflicts.append({"vmid": r.vmid, "node": r.node, "name": st.config.get("name") if st else None,
                                       "why": f"{key} uses {ip}"})
-    pool_ns = await address_store.address_pool_nameservers(ctx.pool, address.pool_id)
+    pool_ns = vms.guest_nameservers(ctx, await address_store.address_pool_nameservers(ctx.pool, address.pool_id))
     try:
         cluster_fw = bool(int((await ctx.pve.cluster_firewall_options()).get("enable", 0)))
     except (TemporaryError, PermanentError) as e:

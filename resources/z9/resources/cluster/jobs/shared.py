@@ -89,7 +89,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,6 +161,7 @@ class World:
     client_ca_stale: list[str] = field(default_factory=list)
     client_ca_unreachable: list[str] = field(default_factory=list)  # control planes not running
     unfiltered: list[str] = field(default_factory=list)  # members whose firewall (IP filter, rules) is not as wanted
+    dns_ok: set[str] = field(default_factory=set)  # members whose resolv.conf this attempt saw name a nameserver
 
 
 def desired_members(cluster: Cluster) -> list[MemberSpec]:
@@ -274,11 +275,15 @@ async def _observe_filters(ctx: JobContext, world: World) -> None:
     world.unfiltered = sorted((m.name for (m, _, _), ok in zip(todo, oks) if not ok), key=ordinal_key)
 
 
-def network_config(vm: VmState, private: vms.PrivateAddress) -> str:
-    """The NoCloud ``network-config`` giving the member's first NIC (by its MAC) its private
-    address: version 1, as Proxmox's own cloud-init drive writes it (qemu-server
-    ``PVE/QemuServer/Cloudinit.pm`` ``nocloud_network``: ``physical``, ``name: eth0``, a ``static``
-    subnet with ``address``/``netmask``/``gateway`` and ``dns_nameservers``)."""
+def network_config(vm: VmState, private: vms.PrivateAddress | None, nameservers: Sequence[str] = ()) -> str:
+    """The NoCloud ``network-config`` of a member: its first NIC (by its MAC) with its private
+    address (``private``) or DHCP (the region has no private network), and its DNS — version 1, as
+    Proxmox's own cloud-init drive writes it (qemu-server ``PVE/QemuServer/Cloudinit.pm``
+    ``nocloud_network``: ``physical``, ``name: eth0``, a ``static`` subnet with ``address``/
+    ``gateway`` or ``dhcp4``, then ``type: nameserver`` with the ``address`` list). The nameservers
+    are the private network's own, else the region's (``nameservers``): Proxmox's drive, which a
+    member no longer has, fell back to the node's resolv.conf (``get_dns_conf``); z9's ISO must
+    name them, or Debian's renderer writes no ``dns-nameservers`` and the guest has no DNS."""
     mac = ""
     for part in str(vm.config.get("net0", "")).split(","):
         k, _, v = part.partition("=")
@@ -286,13 +291,16 @@ def network_config(vm: VmState, private: vms.PrivateAddress) -> str:
             mac = v.lower()
     if not mac:
         raise TemporaryError(f"VM {vm.vmid}: no MAC address on net0 yet ({vm.config.get('net0')!r})")
-    subnet: dict[str, Any] = {"type": "static", "address": f"{private.ip}/{private.prefix}"}
-    if private.gateway:
-        subnet["gateway"] = private.gateway
-    if private.nameservers:
-        subnet["dns_nameservers"] = list(private.nameservers)
-    return yaml.safe_dump({"version": 1, "config": [{"type": "physical", "name": "eth0", "mac_address": mac,
-                                                      "subnets": [subnet]}]}, sort_keys=False)
+    subnet: dict[str, Any] = {"type": "dhcp4"}
+    if private is not None:
+        subnet = {"type": "static", "address": f"{private.ip}/{private.prefix}"}
+        if private.gateway:
+            subnet["gateway"] = private.gateway
+        nameservers = private.nameservers or nameservers
+    config: list[dict[str, Any]] = [{"type": "physical", "name": "eth0", "mac_address": mac, "subnets": [subnet]}]
+    if nameservers:
+        config.append({"type": "nameserver", "address": list(nameservers)})
+    return yaml.safe_dump({"version": 1, "config": config}, sort_keys=False)
 
 
 # ================================================================ observe
@@ -983,11 +991,12 @@ async def cluster_isos(ctx: JobContext, cluster_id: str) -> list[tuple[str, str]
 async def _ensure_iso(ctx: JobContext, cluster: Cluster, m: MemberSpec, vm: VmState, token: str | None,
                       step: Step, private: vms.PrivateAddress | None = None) -> str:
     """Build the member's ISO; upload it unless a file of that (content-addressed) name exists.
-    With an address on the region's private network (``private``), the ISO's network-config gives it."""
+    Its network-config gives the member its address on the region's private network (``private``;
+    else DHCP) and the region's DNS (:func:`network_config`)."""
     files = bootstrap_files(cluster, await material_of(ctx, cluster), m, token,
                             signing_duration_s=ctx.settings.kubeconfig_max_expiry_s)
     data = nocloud.build_nocloud_iso(user_data=files["user-data"], meta_data=files["meta-data"],
-                                     network_config=network_config(vm, private) if private is not None else None)
+                                     network_config=network_config(vm, private, vms.guest_nameservers(ctx)))
     name = f"{iso_prefix(cluster.id)}{m.name}-{hashlib.sha256(data).hexdigest()[:16]}.iso"
     storage = ctx.settings.cluster_bootstrap_storage
     volid = f"{storage}:iso/{name}"
@@ -1053,6 +1062,11 @@ async def _ready_once(ctx: JobContext, world: World, m: MemberSpec, vm: VmState)
                              f"{_bootstrap_volume(vm)} is attached: its bootstrap did not run")
     if status not in ("done", "disabled"):  # disabled: no seed at this boot (a member restarted after
         return f"cloud-init is {status}"     # its ISO was detached: its bootstrap ran at its first boot)
+    if m.name not in world.dns_ok:  # its resolver, once per attempt: image pulls and the pod network need DNS
+        resolv = await ctx.pve.agent_file_read(vm.node, vm.vmid, vms.RESOLV_CONF)
+        if not vms.resolv_nameservers((resolv or b"").decode("utf-8", "replace")):
+            raise PermanentError(f"member {m.name} (VM {vm.vmid} on {vm.node}): {vms.no_dns(vm.vmid)}")
+        world.dns_ok.add(m.name)
     if m.role == "control-plane":
         code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["kubectl", *ADMIN, "get", "--raw", "/readyz"],
                                                   timeout_s=30)

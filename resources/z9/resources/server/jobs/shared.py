@@ -19,7 +19,8 @@ from z9.resources.server import SERVER
 
 from z9.executor.context import JobContext
 from z9.executor.proxmox import VmState
-from z9.executor.vms import MAIN, FirewallSpec, PrivateAddress, VmSpec, agent_configured
+from z9.executor.vms import (MAIN, RESOLV_CONF, FirewallSpec, PrivateAddress, VmSpec, agent_configured, no_dns,
+                             resolv_nameservers)
 from z9.executor.vms import private_address as vm_private_address
 from z9.resources.server import store as server_store
 
@@ -86,7 +87,7 @@ GUEST_SNOOZE_S = 10.0  # a snoozed look into a guest not up yet: again after thi
 async def check_guest(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
     """Inside the running guest (its agent): cloud-init ended without error, the instance is the
     one z9's cloud-init drive describes (its ``meta-data`` instance-id, as PVE generates it from the
-    config) and the hostname is the server's name. Raises GuestFailed naming what is wrong.
+    config), the hostname is the server's name and its resolv.conf names a nameserver (DNS). Raises GuestFailed naming what is wrong.
     A guest not up yet is waited on for at most ``server_guest_slot_s`` in this claim, then the job
     snoozes (its attempt given back, its executor slot free for other jobs — a few guests that never
     boot must not hold every slot of the region) and looks again; ``server_guest_ready_s`` after the
@@ -166,25 +167,25 @@ _SEP = "z9-guest-look-part"
 # guest-get-host-name answers: gethostname()). ``echo`` before each separator: a file without a
 # final newline does not run into it.
 GUEST_LOOK = ["sh", "-c", f"cloud-init status --wait --format json; echo; echo {_SEP}; "
-                          f"cat {INSTANCE_ID_FILE}; echo; echo {_SEP}; hostname"]
+                          f"cat {INSTANCE_ID_FILE}; echo; echo {_SEP}; hostname; echo {_SEP}; cat {RESOLV_CONF}"]
 
 
-def parse_guest_look(out: str) -> tuple[dict[str, Any], str, str]:
-    """``(cloud-init status, instance-id, hostname)`` from :data:`GUEST_LOOK`'s output (an empty
-    status and '' where a part is missing)."""
+def parse_guest_look(out: str) -> tuple[dict[str, Any], str, str, list[str]]:
+    """``(cloud-init status, instance-id, hostname, nameservers)`` from :data:`GUEST_LOOK`'s output
+    (an empty status, '' and [] where a part is missing)."""
     parts = [p.strip() for p in out.split(f"\n{_SEP}\n")]
-    parts += [""] * (3 - len(parts))
+    parts += [""] * (4 - len(parts))
     try:
         st = json.loads(parts[0]) if parts[0] else {}
     except ValueError:
         st = {}
-    return (st if isinstance(st, dict) else {}), parts[1], parts[2]
+    return (st if isinstance(st, dict) else {}), parts[1], parts[2], resolv_nameservers(parts[3])
 
 
 async def _judge(ctx: JobContext, spec: VmSpec, vm: VmState, out: str, err: str) -> str:
     """What one ended :data:`GUEST_LOOK` says: '' when the guest is as asked, else what is still
     missing; raises GuestFailed."""
-    st, iid, host = parse_guest_look(out)
+    st, iid, host, nameservers = parse_guest_look(out)
     status = str(st.get("status") or "")
     if status == "error":
         errors = "; ".join(str(e) for e in st.get("errors") or []) or str(st.get("detail") or "").strip()
@@ -205,6 +206,8 @@ async def _judge(ctx: JobContext, spec: VmSpec, vm: VmState, out: str, err: str)
     if host.split(".", 1)[0] != spec.name:
         raise GuestFailed(f"the guest of VM {vm.vmid} calls itself {host!r}, not {spec.name!r}: "
                           "it did not take its hostname from z9's cloud-init drive")
+    if not nameservers:
+        raise GuestFailed(no_dns(vm.vmid))
     return ""
 
 

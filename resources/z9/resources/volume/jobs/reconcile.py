@@ -245,13 +245,16 @@ class StepEnv:
 
 
 def anchor_config(intent: VolumeIntent, *, with_disk: bool) -> dict[str, Any]:
-    """The anchor VM's create parameters: stopped, never started, no NIC, its identity in the tags."""
+    """The anchor VM's create parameters: stopped, never started, no NIC, its identity in the tags.
+    No ``scsihw``: the SCSI controller's model matters only to a running VM (the disk is hot-plugged
+    on the server's own controller), and qemu-server's create_vm checks it as VM.Config.HWType
+    (API2/Qemu.pm ``$hwtypeoptions``), a privilege the README's role does not need otherwise."""
     cfg: dict[str, Any] = {
         "name": f"vol-{intent.volume_id.replace('_', '-')}"[:63],
         "tags": format_tags(customer_vm_tags(intent.volume_id, ANCHOR_MEMBER)),
         "description": f"z9 volume {intent.volume_id} ({intent.name}); holds the volume's disk while it is "
                        "detached. Do not start or delete by hand.",
-        "scsihw": "virtio-scsi-single", "memory": 64, "cores": 1, "onboot": 0,
+        "memory": 64, "cores": 1, "onboot": 0,
     }
     if with_disk:
         cfg[ANCHOR_KEY] = f"{intent.storage}:{intent.size_gib},serial={intent.serial}"
