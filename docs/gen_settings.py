@@ -119,6 +119,11 @@ DESCRIPTIONS: dict[str, str] = {
     "heartbeat_s": "How often an executor renews the leases of its running jobs (shorter than `Z9_LEASE_TTL_S`, or the "
                    "service refuses to start): `Z9_LEASE_TTL_S` − this is how late one renewal may be before the lease "
                    "expires.",
+    "lease_safety_margin": "The part of `Z9_LEASE_TTL_S` before a lease's expiry after which a job sends no more "
+                           "Proxmox calls: each attempt keeps a local deadline (monotonic clock, from the last "
+                           "renewal it sent) and refuses a call past it, so an executor stopped past its lease "
+                           "(SIGSTOP, a frozen VM) sends nothing when it wakes. `Z9_HEARTBEAT_S` plus this margin "
+                           "must be shorter than the TTL.",
     "poll_interval_s": "Fallback claim poll of executors (besides NOTIFY), and the LISTEN connection's liveness check.",
     "step_timeout_s": "No progress (no answer about the job's task) for this long: the executor stops renewing the job's lease.",
     "task_poll_s": "How often a Proxmox task (UPID) is polled while a job waits for it.",

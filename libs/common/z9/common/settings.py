@@ -410,6 +410,11 @@ class Settings(BaseSettings):
     executor_concurrency: int = Field(8, ge=1, le=1024)
     lease_ttl_s: float = Field(30.0, gt=0)
     heartbeat_s: float = Field(10.0, gt=0)
+    # A job sends no Proxmox call later than this part of the TTL before its lease would expire,
+    # counted from the last renewal this executor sent (monotonic clock): covers a request's time in
+    # flight and queued at the node, and the clock skew between executor and database for the claim's
+    # own expiry (z9.executor.lease_deadline). 0.2 of the default 30 s TTL: 6 s.
+    lease_safety_margin: float = Field(0.2, ge=0, lt=1)
     poll_interval_s: float = Field(5.0, gt=0)
     # No progress (no answer about the job's task) for this long: stop renewing its lease.
     step_timeout_s: float = Field(120.0, gt=0)
@@ -534,9 +539,18 @@ class Settings(BaseSettings):
         if self.heartbeat_s >= self.lease_ttl_s:
             raise ValueError(f"Z9_HEARTBEAT_S ({self.heartbeat_s}) must be shorter than Z9_LEASE_TTL_S "
                              f"({self.lease_ttl_s}), or every lease expires between heartbeats")
+        if self.heartbeat_s + self.lease_safety_margin_s >= self.lease_ttl_s:
+            raise ValueError(f"Z9_HEARTBEAT_S ({self.heartbeat_s}) plus Z9_LEASE_SAFETY_MARGIN "
+                             f"({self.lease_safety_margin}) of Z9_LEASE_TTL_S must be shorter than Z9_LEASE_TTL_S "
+                             f"({self.lease_ttl_s}), or a job stops calling Proxmox between heartbeats")
         if self.backoff_cap_s < self.backoff_base_s:
             raise ValueError("Z9_BACKOFF_CAP_S must be at least Z9_BACKOFF_BASE_S")
         return self
+
+    @property
+    def lease_safety_margin_s(self) -> float:
+        """The lease's safety margin in seconds (``lease_safety_margin`` of ``lease_ttl_s``)."""
+        return self.lease_safety_margin * self.lease_ttl_s
 
     def db_lock_timeout_s(self, role: str) -> float:
         """``lock_timeout`` (seconds) of a service's pooled connections: ``api``, ``executor``,

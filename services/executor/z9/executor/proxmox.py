@@ -50,6 +50,8 @@ from z9.common.tags import normalize_tags
 # the adapter's answers and errors, and the cluster view, live beside it (imported here: what
 # the adapter raises and returns is importable from it as before)
 from .cluster_view import ClusterSnapshot, ClusterView  # noqa: F401
+from . import lease_deadline
+from .lease_deadline import LeaseHeaderAdapter
 from .pve_types import (AgentUnavailable, CloneNeedsSharedStorage, EntryExists, EntryMissing,  # noqa: F401
                         MissingPrivilege, OutcomeUnknown, TaskFailed, TaskFailedPermanently, Upid, VmidTaken,
                         VmLocked, VmMissing, VmRef, VmState)
@@ -214,6 +216,9 @@ class ProxmoxClient:
             timeout=settings.request_timeout_s,
             service="PVE",
         )
+        # the last place before a request leaves: the job's lease deadline, its fencing token
+        # (z9.executor.lease_deadline)
+        self._api._store["session"].mount("https://", LeaseHeaderAdapter())
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix=f"pve-{region}")
         metrics.init_proxmox(region, (*ENDPOINTS, *resources.pve_endpoints()))
         self.view = ClusterView(self._fetch_vms, settings.resources_snapshot_s, region,
@@ -279,14 +284,15 @@ class ProxmoxClient:
         status Proxmox answered)."""
         loop = asyncio.get_running_loop()
         method, _, path = endpoint.partition(" ")
+        lease_deadline.check(what)  # checked again in the sending thread (LeaseHeaderAdapter)
         with metrics.proxmox_request(self.region, endpoint):
             with tracing.span(endpoint, {"http.request.method": method, "url.template": path, "z9.region": self.region},
                               kind=SpanKind.CLIENT) as span:
                 try:
                     # In a copy of this context, so the thread sees this call's span as current.
                     result = await loop.run_in_executor(self._pool, contextvars.copy_context().run, fn)
-                except asyncio.CancelledError:
-                    raise
+                except (asyncio.CancelledError, lease_deadline.LeaseExpired):
+                    raise  # (refused before it was sent: nothing to translate)
                 except Exception as exc:  # translated at this single boundary
                     log.debug("%s (%s) failed: %r", what, endpoint, exc)
                     if isinstance(exc, ResourceException):
@@ -318,9 +324,11 @@ class ProxmoxClient:
 
     async def _fetch_vms(self) -> list[dict[str, Any]]:
         """``GET /cluster/resources?type=vm``: the raw rows of every VM and template of the
-        cluster. Callers use :meth:`list_vms` (the shared snapshot) instead."""
-        return await self._call("GET /cluster/resources", "list VMs",
-                                lambda: self._get_rows("/cluster/resources", type="vm")) or []
+        cluster. Callers use :meth:`list_vms` (the shared snapshot) instead. A read for every job
+        of the process (several wait on it): sent for none of them, so no one lease holds it back."""
+        with lease_deadline.unbound():
+            return await self._call("GET /cluster/resources", "list VMs",
+                                    lambda: self._get_rows("/cluster/resources", type="vm")) or []
 
     async def snapshot(self, *, not_before: float | None = None, for_create: bool = False) -> "ClusterSnapshot":
         """This process's shared ``/cluster/resources`` snapshot (:class:`ClusterView`): at most
@@ -508,10 +516,14 @@ class ProxmoxClient:
         await self._call("PUT /nodes/{node}/qemu/{vmid}/config", f"configure VM {vmid}",
                          lambda: self._api.nodes(node).qemu(vmid).config.put(**data))
 
-    async def resize(self, node: str, vmid: int, disk: str, size_gib: int) -> str | None:
-        """``PUT …/resize`` to an absolute ``size_gib`` GiB; returns the task's UPID (PVE ≥ 8)."""
+    async def resize(self, node: str, vmid: int, disk: str, size_gib: int, *, digest: str | None = None) -> str | None:
+        """``PUT …/resize`` to an absolute ``size_gib`` GiB; returns the task's UPID (PVE ≥ 8).
+        ``digest``: the config's as this attempt read it — the task fails ``checksum mismatch`` when
+        another writer (a later attempt) changed it since (qemu-server API2/Qemu.pm resize_vm:
+        ``die "checksum mismatch …" if $digest && $digest ne $conf->{digest}``)."""
+        data: dict[str, Any] = {"disk": disk, "size": f"{size_gib}G", **({"digest": digest} if digest else {})}
         return await self._call("PUT /nodes/{node}/qemu/{vmid}/resize", f"resize {disk} of VM {vmid}",
-                                lambda: self._api.nodes(node).qemu(vmid).resize.put(disk=disk, size=f"{size_gib}G"))
+                                lambda: self._api.nodes(node).qemu(vmid).resize.put(**data))
 
     async def start(self, node: str, vmid: int) -> str:
         """``POST …/status/start`` → UPID. On a running VM the *task* fails (``already running``)."""

@@ -92,7 +92,7 @@ async def _resize_disk(ctx: JobContext, vm: VmState, step: Step) -> None:
     want = int(ctx.job.args["disk_gib"])
     if disk is not None and disk[1] < want - 1e-9:
         await ctx.fence()
-        upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], want)
+        upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], want, digest=vm.config.get("digest"))
         if upid:
             await ctx.wait_task(step, upid)
 

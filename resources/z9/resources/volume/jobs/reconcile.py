@@ -391,7 +391,8 @@ async def _resize(env: StepEnv, intent: VolumeIntent, step: Step, w: VolumeWorld
         return
     refuse_if_locked(p.vm)
     await env.fence()
-    upid = await env.ops.resize(p.vm.node, p.vm.vmid, p.disk.key, intent.size_gib)
+    upid = await env.ops.resize(p.vm.node, p.vm.vmid, p.disk.key, intent.size_gib,
+                                digest=p.vm.config.get("digest"))
     if upid:
         await env.wait_task(step, upid)
 
