@@ -53,6 +53,7 @@ from .cluster_view import ClusterSnapshot, ClusterView  # noqa: F401
 from . import lease_deadline
 from .lease_deadline import LeaseHeaderAdapter
 from .pve_types import (AgentUnavailable, CloneNeedsSharedStorage, EntryExists, EntryMissing,  # noqa: F401
+                        ExecStatusLost,
                         MissingPrivilege, OutcomeUnknown, TaskFailed, TaskFailedPermanently, Upid, VmidTaken,
                         VmLocked, VmMissing, VmRef, VmState)
 
@@ -156,6 +157,12 @@ def translate(exc: BaseException, what: str) -> Exception:
         return TemporaryError(f"{what}: {exc.__class__.__name__}: {exc}")
     return TemporaryError(f"{what}: unexpected {exc.__class__.__name__}: {exc}")
 
+
+#: how often one guest-agent call is tried when it fails in passing (ProxmoxClient._agent)
+AGENT_TRIES = 5
+#: the guest agent did not answer this once ("QEMU guest agent is not running": qemu-server's QMP
+#: timeout or an agent restarting) — unlike "No QEMU guest agent configured" or a stopped VM
+_AGENT_NOT_RUNNING = re.compile(r"QEMU guest agent is not running")
 
 #: how often one Proxmox call is tried when it fails transiently (not performed), and the backoff
 CALL_TRIES = 4
@@ -561,13 +568,32 @@ class ProxmoxClient:
         rows = await self._call("GET /nodes", "list nodes", lambda: self._api.nodes.get())
         return sorted(r["node"] for r in rows or [] if r.get("status", "online") == "online")
 
-    async def _agent(self, endpoint: str, what: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return await self._call(endpoint, what, fn)
-        except TemporaryError as e:
-            if re.search(r"agent is not running|No QEMU guest agent configured|is not running", str(e)):
-                raise AgentUnavailable(str(e)) from e
-            raise
+    async def _agent(self, endpoint: str, what: str, fn: Callable[[], Any], *, repeatable: bool = True) -> Any:
+        """One guest-agent call, tried again within the step (at most :data:`AGENT_TRIES` times, with
+        backoff) when it failed in passing: answered ``QEMU guest agent is not running`` (a QMP
+        command that timed out — qemu-server PVE/QemuServer.pm vm_qmp_command — or the agent
+        restarting: nothing was done), or — when ``repeatable``, a call that may be sent twice (a
+        read, a ping, a file written whole) — performed with its answer lost (:class:`OutcomeUnknown`).
+        An ``exec`` is not ``repeatable``: its command may have run; the caller decides. Raises
+        :class:`AgentUnavailable` when the agent still does not answer (booting, not configured,
+        the VM not running) and :class:`ExecStatusLost` for a pid the agent no longer knows."""
+        delay = CALL_BACKOFF_S
+        for tries_left in range(AGENT_TRIES - 1, -1, -1):
+            try:
+                return await self._call(endpoint, what, fn)
+            except TemporaryError as e:
+                text = str(e)
+                if "Invalid parameter 'pid'" in text:
+                    raise ExecStatusLost(text) from e
+                passing = bool(_AGENT_NOT_RUNNING.search(text)) or (repeatable and isinstance(e, OutcomeUnknown))
+                if tries_left == 0 or not passing:
+                    if re.search(r"agent is not running|No QEMU guest agent configured|is not running", text):
+                        raise AgentUnavailable(text) from e
+                    raise
+                log.info("%s: %s; trying again in %.2fs (%d more)", what, e, delay, tries_left)
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, CALL_BACKOFF_CAP_S)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def agent_ping(self, node: str, vmid: int) -> None:
         """Raises AgentUnavailable while the guest agent does not answer."""
@@ -581,7 +607,7 @@ class ProxmoxClient:
         if stdin is not None:
             data["input-data"] = stdin
         r = await self._agent("POST /nodes/{node}/qemu/{vmid}/agent/exec", f"exec {argv[0]} in VM {vmid}",
-                              lambda: self._api.nodes(node).qemu(vmid).agent.exec.post(**data))
+                              lambda: self._api.nodes(node).qemu(vmid).agent.exec.post(**data), repeatable=False)
         return int(r["pid"])
 
     async def agent_exec_status(self, node: str, vmid: int, pid: int) -> dict[str, Any]:
