@@ -57,6 +57,12 @@ DESCRIPTIONS: dict[str, str] = {
     "database_require_sync_replication": "Refuse to run (pool and LISTEN connections) on a server whose commits do not wait for a "
                                          "synchronous standby (`synchronous_standby_names` empty or `synchronous_commit` off/local): "
                                          "the 202 promise survives a failover only with synchronous replication.",
+    "database_sync_commit_timeout_s": "A commit of a service's pooled connection (an explicit `COMMIT`, or a statement outside a "
+                                      "transaction) without an answer after this many seconds is abandoned: the connection is "
+                                      "closed, the outcome taken as unknown, and the next connection chosen again (the writable "
+                                      "host on the newest timeline). A commit waiting on synchronous replication for a standby "
+                                      "that is gone would otherwise wait until `statement_timeout` ends it with a success that "
+                                      "is not durable. Shorter than `Z9_DB_STATEMENT_TIMEOUT_S`; 0: no bound.",
     "api_db_lock_timeout_s": "`lock_timeout` of the API's pooled connections (seconds, 0 = none): a request waiting on a row another "
                              "transaction holds gives up after this long (503, retry) instead of piling up behind it.",
     "executor_db_lock_timeout_s": "`lock_timeout` of the executor's pooled connections (seconds, 0 = none). A batched finish that hits it "
@@ -119,6 +125,11 @@ DESCRIPTIONS: dict[str, str] = {
     "heartbeat_s": "How often an executor renews the leases of its running jobs (shorter than `Z9_LEASE_TTL_S`, or the "
                    "service refuses to start): `Z9_LEASE_TTL_S` − this is how late one renewal may be before the lease "
                    "expires.",
+    "lease_safety_margin": "The part of `Z9_LEASE_TTL_S` before a lease's expiry after which a job sends no more "
+                           "Proxmox calls: each attempt keeps a local deadline (monotonic clock, from the last "
+                           "renewal it sent) and refuses a call past it, so an executor stopped past its lease "
+                           "(SIGSTOP, a frozen VM) sends nothing when it wakes. `Z9_HEARTBEAT_S` plus this margin "
+                           "must be shorter than the TTL.",
     "poll_interval_s": "Fallback claim poll of executors (besides NOTIFY), and the LISTEN connection's liveness check.",
     "step_timeout_s": "No progress (no answer about the job's task) for this long: the executor stops renewing the job's lease.",
     "task_poll_s": "How often a Proxmox task (UPID) is polled while a job waits for it.",

@@ -163,6 +163,15 @@ def settings(request: pytest.FixtureRequest, db_url: str, sim_server: SimServer)
     return make_settings(db_url, sim_server, **overrides)
 
 
+@pytest.fixture(autouse=True)
+def _database_fence_forgotten() -> None:
+    """Each test starts as a new process would: knowing no database's timeline (z9.common.dbfence),
+    since tests build their own clusters on ports an earlier test's cluster may have had."""
+    from z9.common import dbfence
+
+    dbfence.FENCE.reset()
+
+
 @pytest.fixture
 def clock() -> TestClock:
     """A clock the test moves (:class:`z9.common.clock.TestClock`); a test naming it gets a stack

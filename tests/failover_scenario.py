@@ -216,3 +216,138 @@ async def run(workdir: Path, base_settings: Settings, sim: SimAdmin, *, before: 
         standby.stop()
         primary.stop()
         remove_workdir(primary.datadir.parent)
+
+
+@dataclass
+class OldPrimaryFigures:
+    """The failover with the old primary back writable and unfenced (issue "Nothing lost…" §3)."""
+
+    accepted: int = 0
+    jobs_lost: int = 0  # a 202'd job that did not succeed on the new primary
+    jobs_run_twice_at_once: int = 0
+    servers_without_exactly_one_vm: int = 0
+    duplicate_clones: int = 0
+    old_primary_writes: int = 0  # job rows the old primary changed after it came back
+    refusals_logged: int = 0  # "refusing database server <old primary>" lines in the services' logs
+    first_job_after_reset_s: float = 0.0  # from the connection reset to the first later job's success
+    detail: list[str] = field(default_factory=list)
+
+
+async def run_old_primary_back(workdir: Path, base_settings: Settings, sim: SimAdmin, *, before: int = 2,
+                               between: int = 2, after: int = 3, timeout_s: float = 90) -> OldPrimaryFigures:
+    """The primary SIGKILLed, the synchronous standby promoted, services on it; then the old primary
+    started again, writable, on its old timeline and still waiting for a synchronous standby that
+    is gone (nothing fences it), listed *first* in every service's URL (as a two-host URL written
+    before the failover lists it); every z9 connection of the new primary reset and one executor
+    restarted (a new process: no memory of the timeline). Creates submitted before the kill,
+    between, and after the reset; the figures."""
+    primary, standby = primary_and_standby()
+    services: Services | None = None
+    fig = OldPrimaryFigures()
+    try:
+        wait_sync_standby(primary)
+        admin = await asyncpg.connect(primary.url())
+        await admin.execute("CREATE DATABASE z9")
+        await admin.close()
+        conn = await connect(primary.url("z9"))
+        await migrate(conn)
+        await install_job_log(conn)
+        tenant = await store.tenant_upsert(conn, "failover")
+        token = "z9t_" + secrets.token_urlsafe(32)
+        await store.api_token_insert(conn, tenant, token)
+        await conn.close()
+        await sim.configure(task_seconds={"qmclone": 0.5})
+
+        settings = base_settings.model_copy(update={"database_url": ha_url(primary, standby)})
+        services = Services(service_env(settings, **FAST, database_sync_commit_timeout_s=3, log_format="json"),
+                            workdir)
+        api_port = free_port()
+        services.start("api", "--port", str(api_port))
+        services.start("scheduler")
+        executors = [services.start("executor") for _ in range(2)]
+        services.start("reaper")
+        base = f"http://127.0.0.1:{api_port}/v1"
+        for p in executors:
+            await p.wait_log(rf"LISTEN connection on 127\.0\.0\.1:{primary.port}", 30)
+
+        accepted: list[dict[str, Any]] = []
+
+        async def all_done(db: asyncpg.Connection, ids: list[str]) -> bool:
+            rows = await db.fetch("SELECT status FROM jobs WHERE id = ANY($1)", ids)
+            return len(rows) == len(ids) and all(r["status"] in ("succeeded", "failed") for r in rows)
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            for i in range(before):
+                accepted.append(await _post_until_accepted(http, base, token, f"pre-{i}", 30))
+            old = await asyncpg.connect(primary.url("z9"))
+            try:
+                await wait_until(lambda: all_done(old, [o["job"]["id"] for o in accepted]), timeout_s,
+                                 "the first jobs to end")
+            finally:
+                await old.close()
+            primary.kill()
+            standby.promote()
+            for i in range(between):
+                accepted.append(await _post_until_accepted(http, base, token, f"between-{i}", timeout_s))
+            new = await asyncpg.connect(standby.url("z9"))
+            try:
+                await wait_until(lambda: all_done(new, [o["job"]["id"] for o in accepted]), timeout_s,
+                                 "the jobs submitted after the failover to end")
+                # The old primary comes back writable on its old timeline: nothing fences it.
+                primary.start_again()
+                t_back = time.time()
+                # Every z9 connection of the new primary is reset, and one executor restarted.
+                await new.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE application_name LIKE 'z9-%' AND pid <> pg_backend_pid()")
+                t_reset = time.time()
+                executors[0].signal(15)
+                await wait_until(lambda: not executors[0].alive(), 30, "the executor to stop")
+                services.start("executor")
+                late = await asyncio.gather(*(_post_until_accepted(http, base, token, f"after-{i}", timeout_s)
+                                              for i in range(after)))
+                accepted += late
+                late_ids = [o["job"]["id"] for o in late]
+                await wait_until(lambda: all_done(new, late_ids), timeout_s, "the jobs submitted after the reset to end")
+                first = await new.fetchval("SELECT min(finished_at) FROM jobs WHERE id = ANY($1)", late_ids)
+                fig.first_job_after_reset_s = first.timestamp() - t_reset
+                fig.accepted = len(accepted)
+                ids = [o["job"]["id"] for o in accepted]
+                jobs = {r["id"]: r["status"] for r in await new.fetch("SELECT id, status FROM jobs WHERE id = ANY($1)", ids)}
+                for o in accepted:
+                    jid, sid = o["job"]["id"], o["server"]["id"]
+                    if jobs.get(jid) != "succeeded":
+                        fig.jobs_lost += 1
+                        fig.detail.append(f"job {jid}: {jobs.get(jid)} on the new primary")
+                    vms = await sim.vms_tagged(identity_tag(sid))
+                    if len(vms) != 1:
+                        fig.servers_without_exactly_one_vm += 1
+                        fig.detail.append(f"server {sid}: {len(vms)} VMs")
+                fig.jobs_run_twice_at_once = len(overlapping(runs(await job_log(new))))
+                clones = (await sim.counters())["tasks_started"].get("qmclone", 0)
+                fig.duplicate_clones = max(0, clones - len(accepted))
+            finally:
+                await new.close()
+            # The old primary: nothing of z9 written there since it came back (a read does not wait
+            # on synchronous replication).
+            old = await asyncpg.connect(primary.url("z9"))
+            try:
+                fig.old_primary_writes = await old.fetchval(
+                    "SELECT count(*) FROM jobs WHERE updated_at >= to_timestamp($1)", t_back)
+            finally:
+                await old.close()
+        fig.refusals_logged = sum(p.log().count(f"refusing database server 127.0.0.1:{primary.port}")
+                                  for p in services.procs)
+        return fig
+    finally:
+        if services is not None:
+            for p in services.procs:
+                p.signal(15)
+            try:
+                await wait_until(lambda: not any(p.alive() for p in services.procs), 5, "the services to exit")
+            except AssertionError:
+                pass
+            fig.detail.append(services.logs()[-6000:] if fig.jobs_lost or fig.old_primary_writes else "")
+            services.close()
+        standby.stop()
+        primary.stop()
+        remove_workdir(primary.datadir.parent)

@@ -106,6 +106,20 @@ class PgServer:
         self._cmd("pg_ctl", "-D", str(self.datadir), "-l", str(self.log), "-w", "-t", "60", "start")
         return self
 
+    def start_again(self, timeout_s: float = 60) -> PgServer:
+        """:meth:`start` after :meth:`kill`, tried until the port is bound: the sockets of the killed
+        server's connections may hold it for a moment ("could not bind … Address already in use")."""
+        def started() -> bool:
+            try:
+                self.start()
+            except RuntimeError as e:
+                if "could not start server" not in str(e):
+                    raise
+                return False
+            return True
+        poll_sync(started, timeout_s, f"{self.name} to start again", interval_s=0.5)
+        return self
+
     def stop(self) -> None:
         if (self.datadir / "postmaster.pid").exists():
             self._cmd("pg_ctl", "-D", str(self.datadir), "-m", "immediate", "-w", "stop", check=False)
@@ -122,12 +136,25 @@ class PgServer:
 
     def kill(self) -> None:
         """SIGKILL the postmaster and every backend at once: the machine is gone (clients get
-        their connections reset; nothing is flushed or handed over)."""
-        for pid in self.pids():
+        their connections reset; nothing is flushed or handed over). Returns once every one of
+        them is gone (its port free again: :meth:`start` may follow at once)."""
+        pids = self.pids()
+        for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+        def gone() -> bool:
+            for pid in pids:
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        if f.read().rpartition(")")[2].split()[0] != "Z":  # a zombie holds no socket
+                            return False
+                except FileNotFoundError:
+                    continue
+            return True
+        poll_sync(gone, 30, f"the processes of {self.name} to end")
 
     def promote(self) -> None:
         self._cmd("pg_ctl", "-D", str(self.datadir), "-w", "-t", "60", "promote")

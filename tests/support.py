@@ -119,6 +119,12 @@ class SimAdmin:
     async def counters(self) -> dict[str, Any]:
         return (await self.state())["counters"]
 
+    async def requests(self, lease: str | None = None) -> list[dict[str, Any]]:
+        """The simulator's request log (``{at, method, path, status, lease}``, oldest first); with
+        ``lease``, the requests whose fencing token (``X-Z9-Lease: <job>/<attempt>/<owner>``)
+        contains that text."""
+        return await self._req("GET", "/requests", params={} if lease is None else {"lease": lease})
+
     async def mutations(self) -> int:
         """How many non-GET requests the simulator answered successfully — but ``agent/exec``: a
         command in the guest is a POST, and verify's (``cloud-init status``) only reads."""

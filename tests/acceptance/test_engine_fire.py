@@ -16,6 +16,7 @@ import os
 import random
 import re
 import signal
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ async def test_fencing_a_stopped_executor_is_fenced_out_after_reclaim(api: Stack
     finally:
         a.signal(signal.SIGCONT)
     # A resumes while B runs the job: its next fenced write is rejected and it drops the job.
-    await a.wait_log(rf"lease of {re.escape(owner_a)} \(attempt 1\) is lost", 20)
+    await a.wait_log(rf"lease of {re.escape(owner_a)} \(attempt 1\) (is lost|may be gone)", 20)
     done = await api.wait_job(job["id"], timeout_s=40)
     assert done["status"] == "succeeded" and done["attempt"] == 2, done
     assert a.alive() and b.alive()
@@ -96,6 +97,56 @@ async def test_fencing_a_stopped_executor_is_fenced_out_after_reclaim(api: Stack
     assert len(vms) == 1 and vms[0]["running"], vms
     assert all(n == 1 for n in (await _tasks(sim)).values()), await _tasks(sim)
     assert all(n == 1 for n in (await _mutations_by_path(sim)).values()), await _mutations_by_path(sim)
+
+
+def _expired_at(log: list[dict[str, Any]], owner: str) -> float:
+    """The epoch time the lease of ``owner`` expired, as the scheduler's reclaim recorded it."""
+    for e in log:
+        m = re.search(rf"lease of {re.escape(owner)} expired at (\S+)", ((e["error"] or {}).get("message") or ""))
+        if m:
+            return datetime.fromisoformat(m.group(1)).timestamp()
+    raise AssertionError(f"no reclaim of {owner}'s lease in {log}")
+
+
+async def test_a_stopped_executor_sends_no_proxmox_call_after_its_lease(api: Stack, sim: SimAdmin,
+                                                                       services: Services) -> None:
+    """Executor A is SIGSTOPped mid-apply (waiting on its clone task, polling it) until its lease
+    has expired, the scheduler reclaimed the job and executor B claimed it; then A wakes. The
+    simulator's request log (each request with the fencing token z9 sends, ``X-Z9-Lease``) shows
+    no request of A's attempt that came in after the lease's expiry: A's own local deadline
+    refused them before its heartbeat or a fenced write could notice the loss."""
+    await install_job_log(api.pool)
+    await sim.configure(task_seconds={"qmclone": 4.0})
+    services.start("scheduler")
+    a = services.start("executor", task_poll_s=0.05)
+    owner_a = await services.executor_owner(a)
+    server, job = await api.create_server("deadline-1")
+    await wait_until(lambda: _tasks(sim, "qmclone"), 20, "the clone task to start")
+    # A is polling the clone's task: its calls carry its fencing token
+    await wait_until(lambda: sim.requests(lease=f"/1/{owner_a}"), 20, "A's first calls")
+    a.signal(signal.SIGSTOP)
+    try:
+        b = services.start("executor")
+        owner_b = await services.executor_owner(b)
+
+        async def taken_by_b() -> bool:
+            r = await _row(api.pool, job["id"])
+            return r["status"] == "running" and r["lease_owner"] == owner_b
+
+        await wait_until(taken_by_b, 30, "the scheduler to reclaim the job and executor B to claim it")
+    finally:
+        a.signal(signal.SIGCONT)
+    await a.wait_log(rf"lease of {re.escape(owner_a)} \(attempt 1\) (is lost|may be gone)", 20)
+    done = await api.wait_job(job["id"], timeout_s=40)
+    assert done["status"] == "succeeded" and done["attempt"] == 2, done
+    expired = _expired_at(await job_log(api.pool, job["id"]), owner_a)
+    calls_a = await sim.requests(lease=f"{job['id']}/1/{owner_a}")
+    assert calls_a, "A sent its calls with its fencing token"
+    late = [c for c in calls_a if c["at"] >= expired]
+    assert late == [], f"{len(late)} call(s) of A after its lease expired at {expired}: {late}"
+    assert all(c["lease"].startswith(f"{job['id']}/2/{owner_b}")
+               for c in await sim.requests(lease=owner_b) if job["id"] in c["lease"])
+    assert len(await sim.vms_tagged(identity_tag(server["id"]))) == 1
 
 
 # 2

@@ -109,3 +109,74 @@ async def test_failover_loses_nothing_and_every_service_moves_to_the_new_primary
     assert fig.listen_on_new_primary_s == fig.listen_on_new_primary_s  # measured (not NaN)
     assert fig.first_new_job_succeeded_s == fig.first_new_job_succeeded_s
     assert "executor metrics do not name the new primary" not in fig.detail
+
+
+async def test_an_old_primary_back_unfenced_takes_nothing(tmp_path: Path, settings: Settings, sim: SimAdmin) -> None:
+    """The old primary restarted writable after the failover, listed first in every service's URL,
+    every z9 connection reset and an executor restarted: each service stays on (or goes back to) the
+    new primary — the writable host on the newest timeline — and refuses the old one (logged);
+    nothing is claimed or written there, every job succeeds, one VM per server."""
+    fig = await failover_scenario.run_old_primary_back(tmp_path, settings, sim)
+    print(fig)
+    assert fig.jobs_lost == 0, fig.detail
+    assert fig.old_primary_writes == 0, fig.detail
+    assert fig.jobs_run_twice_at_once == 0, fig.detail
+    assert fig.servers_without_exactly_one_vm == 0, fig.detail
+    assert fig.duplicate_clones == 0, fig.detail
+    assert fig.refusals_logged > 0, fig.detail
+
+
+async def test_a_writable_host_on_an_older_timeline_is_refused(pair: tuple[PgServer, PgServer]) -> None:
+    """Fence by timeline (z9.common.dbfence), one host list: before the failover the primary; after,
+    the promoted standby (timeline 2); the old primary back writable is refused — while the new one
+    answers (the newest timeline wins, whatever the order) and when it is alone (remembered)."""
+    from z9.common import metrics
+    from z9.common.dbfence import FENCE, StaleServerError
+
+    primary, standby = pair
+    s = Settings(database_url=_hosts(primary, standby))
+    conn = await connect_listener(s, application_name="t")
+    assert server_label(conn) == f"127.0.0.1:{primary.port}"
+    await conn.close()
+    primary.kill()
+    standby.promote()
+    conn = await connect_listener(s, application_name="t")
+    assert server_label(conn) == f"127.0.0.1:{standby.port}"
+    await conn.close()
+    assert [i.timeline for i in FENCE.newest.values()] == [2]
+    primary.start_again()  # back, writable, on timeline 1, listed first
+    refused = metrics.DATABASE_REFUSALS.labels("older_timeline")._value.get()
+    conn = await connect_listener(s, application_name="t")
+    assert server_label(conn) == f"127.0.0.1:{standby.port}"
+    await conn.close()
+    assert metrics.DATABASE_REFUSALS.labels("older_timeline")._value.get() == refused + 1
+    standby.stop()  # only the old primary answers: refused, not used
+    with pytest.raises(StaleServerError, match="older than timeline 2"):
+        await connect_listener(s, application_name="t")
+
+
+async def test_a_commit_waiting_on_a_gone_standby_is_abandoned(pair: tuple[PgServer, PgServer]) -> None:
+    """The synchronous standby is gone: a commit waits in SyncRep. A pooled connection abandons it
+    after the bound (Z9_DATABASE_SYNC_COMMIT_TIMEOUT_S) — a statement outside a transaction and an
+    explicit COMMIT alike —, closes the connection, and the pool opens a new one."""
+    from z9.common import metrics
+    from z9.common.db import create_pool
+
+    primary, standby = pair
+    pool = await create_pool(primary.url(), min_size=1, max_size=1, commit_timeout_s=1.0)
+    try:
+        await pool.execute("CREATE TABLE t (x int)")  # committed while the standby answers
+        pid = await pool.fetchval("SELECT pg_backend_pid()")
+        standby.stop()
+        abandoned = metrics.DATABASE_ABANDONED._value.get()
+        with pytest.raises(TimeoutError):
+            await pool.execute("INSERT INTO t VALUES (1)")
+        assert metrics.DATABASE_ABANDONED._value.get() == abandoned + 1
+        assert await pool.fetchval("SELECT pg_backend_pid()") != pid  # a new connection
+        with pytest.raises(TimeoutError):
+            async with pool.acquire() as conn, conn.transaction():
+                await conn.execute("INSERT INTO t VALUES ($1)", 2)  # inside: not bounded
+        assert metrics.DATABASE_ABANDONED._value.get() == abandoned + 2
+        assert await pool.fetchval("SELECT count(*) FROM t") == 0  # a read needs no standby
+    finally:
+        pool.terminate()

@@ -39,6 +39,10 @@ Admin API (no auth, loopback peers only), JSON in and out:
   or 404.
 - ``POST /_sim/reset`` → ``{"ok": true}``: seeded VMs back, tasks, faults and counters cleared.
 - ``GET /_sim/counters`` → the ``counters`` of ``/_sim/state`` alone (cheap at any size).
+- ``GET /_sim/requests[?lease=<text>]`` → ``[{at, method, path, status, lease}]``: the request log (the
+  latest :data:`REQUEST_LOG_MAX`, oldest first; ``at`` the epoch time the request came in, ``lease``
+  its ``X-Z9-Lease`` header — the fencing token z9 sends with a job's calls — or null); with ``lease``,
+  only the requests whose token contains that text. Cleared by a reset.
 - ``GET /_sim/state`` → ``{"vms": [{vmid, node, config, running, template, lock}], "tasks": [{upid, node,
   type, id, user, status, exitstatus, starttime, endtime, log: [str]}], "counters": {"requests":
   [{method, path, status, count}], "tasks_started": {type: n}}, "stats_refreshed_at": unix_s,
@@ -130,6 +134,10 @@ log = logging.getLogger("z9.sim")
 Handler = Callable[["SimContext", dict[str, str], str, "str | None"], Awaitable[Any]]
 
 
+#: how many requests the request log keeps (``GET /_sim/requests``)
+REQUEST_LOG_MAX = 200_000
+
+
 @dataclass
 class SimContext:
     """Everything the handlers share (one per running simulator)."""
@@ -143,6 +151,8 @@ class SimContext:
     schema: PveSchema = field(default_factory=PveSchema.load)
     faults: FaultStore = field(default_factory=FaultStore)
     requests: collections.Counter = field(default_factory=collections.Counter)
+    # the request log: (came in at, method, template or path, status, X-Z9-Lease or None)
+    request_log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=REQUEST_LOG_MAX))
     tickets: dict[str, tuple[str, str, float]] = field(default_factory=dict)
     # local port -> node: the simulator listens once per node; a request is received by that node
     port_nodes: dict[int, str] = field(default_factory=dict)
@@ -956,6 +966,7 @@ async def api_handler(request: web.Request) -> web.StreamResponse:
     path = "/" + request.match_info["tail"].lstrip("/")
     template: str | None = None
     status = 500
+    came_in = time.time()
     try:
         resp, template, drop = await _handle(ctx, request, method, path)
         status = resp.status
@@ -967,6 +978,7 @@ async def api_handler(request: web.Request) -> web.StreamResponse:
         return resp
     finally:
         ctx.requests[(method, template or path, status)] += 1
+        ctx.request_log.append((came_in, method, template or path, status, request.headers.get("X-Z9-Lease")))
 
 
 async def _handle(ctx: SimContext, request: web.Request, method: str, path: str):
@@ -1129,6 +1141,7 @@ async def admin_reset(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     ctx.faults.clear()
     ctx.requests.clear()
+    ctx.request_log.clear()
     ctx.tickets.clear()
     ctx.tokens.clear()
     await ctx.cluster.reset(ctx.seed())
@@ -1155,6 +1168,15 @@ async def admin_counters(request: web.Request) -> web.Response:
     """``GET /_sim/counters``: the request and task counters of ``/_sim/state`` alone (that one
     also summarises every guest, which evaluates each one's boot — at 10,000 seeded guests, minutes)."""
     return web.json_response(request.app[CTX].counters())
+
+
+async def admin_requests(request: web.Request) -> web.Response:
+    """``GET /_sim/requests[?lease=<text>]``: the request log (module docstring)."""
+    want = request.query.get("lease")
+    rows = [{"at": at, "method": m, "path": p, "status": st, "lease": lease}
+            for at, m, p, st, lease in list(request.app[CTX].request_log)
+            if want is None or (lease is not None and want in lease)]
+    return web.json_response(rows)
 
 
 async def admin_stats_refresh(request: web.Request) -> web.Response:
@@ -1447,6 +1469,7 @@ def create_app(ctx: SimContext) -> web.Application:
     app.router.add_post("/_sim/tokens", admin_token_add)
     app.router.add_get("/_sim/state", admin_state)
     app.router.add_get("/_sim/counters", admin_counters)
+    app.router.add_get("/_sim/requests", admin_requests)
     app.router.add_post("/_sim/stats/refresh", admin_stats_refresh)
     app.router.add_post("/_sim/vms", admin_vm_put)
     app.router.add_delete("/_sim/vms/{vmid:\\d+}", admin_vm_delete)

@@ -196,6 +196,7 @@ class SimServer:
         """Same as ``POST /_sim/reset``."""
         self.ctx.faults.clear()
         self.ctx.requests.clear()
+        self.ctx.request_log.clear()
         await self.cluster.reset(seed_dev_region(self.config))
 
     def save_state(self) -> None:

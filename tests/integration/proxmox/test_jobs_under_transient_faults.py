@@ -43,6 +43,27 @@ async def test_an_lb_ha_is_created_under_transient_faults(stack: Stack, sim: Sim
     assert await _hits(sim) >= 5  # the faults did fire
 
 
+async def test_an_lb_ha_is_created_under_transient_guest_agent_faults(stack: Stack, sim: SimAdmin) -> None:
+    """About 30 % of the guest-agent calls fail as PVE and the agent fail in passing: answered
+    "QEMU guest agent is not running" (qemu-server's check_agent_available / a QMP timeout), or
+    performed and their answer lost (the connection dropped: a ping, an exec, a file-write — and an
+    exec-status whose ``exited`` answer is lost, after which the agent no longer knows the pid). The
+    agent calls are tried again within the attempt (an exec whose outcome is lost is run again: the
+    appliance's commands are idempotent); the lb-ha is created within 3 attempts."""
+    await sim._req("POST", "/vms", json=LB_TEMPLATE)
+    agent = r"/qemu/\d+/agent/(ping|exec|exec-status|file-write|file-read)$"
+    await sim.fault(method="*", path=agent, action="error", status=500, reason="QEMU guest agent is not running",
+                    probability=0.15)
+    await sim.fault(method="*", path=agent, action="drop", probability=0.18)
+    status, out = await stack.call("POST", "/load-balancers", json={"region": REGION, "name": "agent-faults", "type": "lb-ha"})
+    assert status == 202, out
+    done = await _done(stack, out["job"], 240)
+    print("faults injected:", await _hits(sim))
+    assert done["status"] == "succeeded", done
+    assert done["attempt"] <= 3, done
+    assert await _hits(sim) >= 5
+
+
 async def test_a_one_plus_two_cluster_is_created_under_transient_faults(stack: Stack, sim: SimAdmin) -> None:
     await sim.configure(**K8S_TIMING)
     await _faults(sim)

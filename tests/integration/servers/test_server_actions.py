@@ -188,3 +188,32 @@ async def test_operator_sets_a_tenants_quota_with_z9_quota(api: Stack) -> None:
     assert out.returncode == 0 and "servers" in out.stdout
     assert (await api.call("POST", "/servers", token=token, json={**body, "name": "two"}))[0] == 202
     assert run("--servers", "-3").returncode == 2
+
+
+async def test_a_failed_reboot_then_a_verified_start_leaves_the_server_running_and_resizable(
+        stack: Stack, sim: SimAdmin) -> None:
+    """Status from the latest verify: a reboot Proxmox refuses for good (403) fails its job and
+    marks the server failed with the reason; a later start whose verify reads the VM running
+    makes it ``running`` again (the reason gone from the server, kept on the failed job), and a
+    resize is then accepted — a stop, a start and a resize all succeed."""
+    server = await _created(stack)
+    sid = server["id"]
+    # (stopped first: the reboot of a stopped VM is a start, whatever the VM's uptime — a reboot asked
+    # for within a second of the boot reads as done, uptime having whole seconds)
+    await _done(stack, await _act(stack, sid, "shutdown"))
+    await sim.fault(method="POST", path=r"/status/start$", action="error", status=403,
+                    reason="Permission check failed (/vms/100, VM.PowerMgmt)", times=1)
+    failed = await stack.wait_job((await _act(stack, sid, "reboot"))["job"]["id"])
+    assert failed["status"] == "failed" and "VM.PowerMgmt" in failed["error"]["message"], failed
+    got = await stack.server(sid)
+    assert got["status"] == "failed" and "VM.PowerMgmt" in got["status_reason"], got
+
+    await _done(stack, await _act(stack, sid, "start"))  # the VM runs: nothing to do, verify reads it
+    got = await stack.server(sid)
+    assert got["status"] == "running" and got["status_reason"] is None, got
+    assert (await stack.job(failed["id"]))["error"]["message"] == failed["error"]["message"]
+    await _done(stack, await _act(stack, sid, "shutdown"))
+    await _done(stack, await _act(stack, sid, "resize", json={"cores": 4}))
+    await _done(stack, await _act(stack, sid, "start"))
+    got = await stack.server(sid)
+    assert (got["status"], got["cores"]) == ("running", 4), got

@@ -20,6 +20,14 @@ lands on the new primary. z9 asks for that itself when the string says nothing
 standby with :class:`NotPrimaryError` — a transient error: services back off and reconnect, and a
 LISTEN is never issued on a standby ("cannot execute LISTEN during recovery"). The server a
 connection landed on is logged and exported as ``z9_database_server_info``.
+
+Fence by timeline (:mod:`z9.common.dbfence`): with several hosts, a service's pooled and LISTEN
+connections go to the writable host on the newest timeline of *every* host listed (not the first
+writable one), and every connection is judged against the newest (system identifier, timeline) the
+process has used: an old primary back writable after a failover is refused. A statement (a commit
+waiting on synchronous replication, most often) that has no answer after
+``Z9_DATABASE_SYNC_COMMIT_TIMEOUT_S`` is abandoned: its
+connection is closed (its outcome unknown, as any lost connection's) and the next one is chosen again.
 """
 from __future__ import annotations
 
@@ -32,6 +40,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
+from . import dbfence
+from .dbfence import StaleServerError
 from .errors import DatabaseMisconfigured, DatabaseUnavailable
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -89,7 +99,7 @@ def _primary_or_not() -> Iterator[None]:
     read-only): :class:`NotPrimaryError`, like z9's own check."""
     try:
         yield
-    except asyncpg.TargetServerAttributeNotMatched as e:
+    except (asyncpg.TargetServerAttributeNotMatched, dbfence.NotWritable) as e:
         raise NotPrimaryError(f"no host is the primary: every host named is a standby (in recovery) or "
                               f"read-only ({e})") from e
 
@@ -264,7 +274,7 @@ async def _no_session_reset(conn: asyncpg.Connection) -> None:
 async def create_pool(
     dsn: str, *, min_size: int = 1, max_size: int = 10, application_name: str = "z9",
     pooler: str = "none", require_sync_replication: bool = False, bounds: dict[str, str] | None = None,
-    keepalive: tuple[int, int, int] | None = None, **kw: Any
+    keepalive: tuple[int, int, int] | None = None, commit_timeout_s: float | None = None, **kw: Any
 ) -> asyncpg.Pool:
     """An asyncpg pool on ``dsn`` whose connections decode jsonb and passed :func:`check_server`
     (primary, ``plan_cache_mode``; with ``require_sync_replication``,
@@ -279,6 +289,8 @@ async def create_pool(
     with _primary_or_not():
         return await asyncpg.create_pool(
             dsn,
+            connect=_connect_newest,  # the writable host on the newest timeline (dbfence)
+            connection_class=dbfence.commit_bound_class(commit_timeout_s),
             min_size=min_size,
             max_size=max_size,
             init=_pooled_init(require_sync_replication, keepalive,
@@ -287,6 +299,12 @@ async def create_pool(
             server_settings=_server_settings(application_name, pooler, bounds),
             **kw,
         )
+
+
+async def _connect_newest(dsn: str, **kw: Any) -> asyncpg.Connection:
+    """A pool's connect: :func:`dbfence.connect_newest`, its errors as :func:`_primary_or_not` says."""
+    with _primary_or_not():
+        return await dbfence.connect_newest(dsn, **kw)
 
 
 def _keepalive(settings: "Settings") -> tuple[int, int, int]:
@@ -305,7 +323,8 @@ async def create_service_pool(settings: "Settings", *, application_name: str, mi
     return await create_pool(settings.require_database_url(), min_size=min_size, max_size=max_size,
                              application_name=application_name, pooler=settings.database_pooler,
                              require_sync_replication=settings.database_require_sync_replication,
-                             bounds=session_bounds(settings, role), keepalive=_keepalive(settings))
+                             bounds=session_bounds(settings, role), keepalive=_keepalive(settings),
+                             commit_timeout_s=settings.database_sync_commit_timeout_s)
 
 
 async def connect(dsn: str, *, application_name: str = "z9", primary: bool = False,
@@ -361,9 +380,8 @@ async def connect_direct(settings: "Settings", *, application_name: str) -> asyn
     :func:`check_synchronous_replication`. Logs and exports which server it reached."""
     dsn = direct_url(settings)
     with _primary_or_not():
-        conn = await asyncpg.connect(dsn, target_session_attrs=target_session_attrs(dsn),
-                                     server_settings=_server_settings(application_name,
-                                                                      bounds=session_bounds(settings, None)))
+        conn = await dbfence.connect_newest(dsn, server_settings=_server_settings(
+            application_name, bounds=session_bounds(settings, None)))
     try:
         set_client_keepalive(conn, *_keepalive(settings))
         await check_server(conn)
@@ -417,6 +435,7 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     socket.gaierror,
     TimeoutError,  # connect timeout
     NotPrimaryError,  # landed on a standby (a failover in progress): reconnect
+    StaleServerError,  # an old primary back after a failover (dbfence): choose again
     # A statement reached a server that is (now) a standby or read-only: "cannot execute … in a
     # read-only transaction" / "… during recovery" (SQLSTATE 25006).
     asyncpg.ReadOnlySQLTransactionError,

@@ -159,6 +159,24 @@ DATABASE_SERVER = Gauge(
     "(pool, listen) last reached and checked as the primary; after a failover it names the new one.",
     ["connection", "server"])
 
+DATABASE_REFUSALS = Counter(
+    "z9_database_refusals_total",
+    "Writable PostgreSQL hosts this process refused (z9.common.dbfence): on an older timeline than one it "
+    "used (an old primary back after a failover: split brain), or of another database system.",
+    ["reason"])
+for _reason in ("older_timeline", "other_system"):  # every series from the start: increase() sees the first
+    DATABASE_REFUSALS.labels(_reason)
+
+DATABASE_TIMELINE = Gauge(
+    "z9_database_timeline",
+    "The newest PostgreSQL timeline this process has used (it grows by one at each failover).")
+
+DATABASE_ABANDONED = Counter(
+    "z9_database_abandoned_statements_total",
+    "Statements (commits waiting on synchronous replication, most often) abandoned after "
+    "statement_timeout + Z9_DATABASE_SYNC_COMMIT_TIMEOUT_S without an answer: the connection was closed "
+    "and the next one chosen again.")
+
 # ---------------------------------------------------------------------------------- reaper
 
 DELETION_BUFFER_EXPIRIES = Counter(
@@ -408,6 +426,19 @@ def database_server(connection: str, server: str) -> None:
         if labels[0] == connection and labels[1] != server:
             DATABASE_SERVER.remove(*labels)
     DATABASE_SERVER.labels(connection, server).set(1)
+
+
+def database_refused(reason: str) -> None:
+    """A writable database host was refused (``older_timeline`` or ``other_system``)."""
+    DATABASE_REFUSALS.labels(reason).inc()
+
+
+def database_timeline(timeline: int) -> None:
+    DATABASE_TIMELINE.set(timeline)
+
+
+def database_abandoned() -> None:
+    DATABASE_ABANDONED.inc()
 
 
 def listen_down() -> None:

@@ -358,6 +358,10 @@ class Settings(BaseSettings):
     # Refuse to LISTEN (so executors and the scheduler do not run) on a primary whose commits
     # do not wait for a synchronous standby: the 202 promise survives a failover only then.
     database_require_sync_replication: bool = False
+    # A commit (or a statement outside a transaction) of a service's pooled connection without an
+    # answer after this long is abandoned and its connection closed (z9.common.dbfence): a commit
+    # waiting on synchronous replication for a standby that is gone. 0: no bound.
+    database_sync_commit_timeout_s: float = Field(20.0, ge=0)
     # Bounded waits of every pooled connection (seconds; 0 = no bound), per role: a transaction
     # frozen while holding a row lock (a SIGSTOPped or partitioned process) stalls whoever waits on
     # it only this long. lock_timeout per role (the executor's is short: a finish that hits it is
@@ -422,6 +426,11 @@ class Settings(BaseSettings):
     executor_concurrency: int = Field(8, ge=1, le=1024)
     lease_ttl_s: float = Field(30.0, gt=0)
     heartbeat_s: float = Field(10.0, gt=0)
+    # A job sends no Proxmox call later than this part of the TTL before its lease would expire,
+    # counted from the last renewal this executor sent (monotonic clock): covers a request's time in
+    # flight and queued at the node, and the clock skew between executor and database for the claim's
+    # own expiry (z9.executor.lease_deadline). 0.2 of the default 30 s TTL: 6 s.
+    lease_safety_margin: float = Field(0.2, ge=0, lt=1)
     poll_interval_s: float = Field(5.0, gt=0)
     # No progress (no answer about the job's task) for this long: stop renewing its lease.
     step_timeout_s: float = Field(120.0, gt=0)
@@ -546,9 +555,23 @@ class Settings(BaseSettings):
         if self.heartbeat_s >= self.lease_ttl_s:
             raise ValueError(f"Z9_HEARTBEAT_S ({self.heartbeat_s}) must be shorter than Z9_LEASE_TTL_S "
                              f"({self.lease_ttl_s}), or every lease expires between heartbeats")
+        if self.heartbeat_s + self.lease_safety_margin_s >= self.lease_ttl_s:
+            raise ValueError(f"Z9_HEARTBEAT_S ({self.heartbeat_s}) plus Z9_LEASE_SAFETY_MARGIN "
+                             f"({self.lease_safety_margin}) of Z9_LEASE_TTL_S must be shorter than Z9_LEASE_TTL_S "
+                             f"({self.lease_ttl_s}), or a job stops calling Proxmox between heartbeats")
+        if (self.database_sync_commit_timeout_s and self.db_statement_timeout_s
+                and self.database_sync_commit_timeout_s >= self.db_statement_timeout_s):
+            raise ValueError(f"Z9_DATABASE_SYNC_COMMIT_TIMEOUT_S ({self.database_sync_commit_timeout_s}) must be "
+                             f"shorter than Z9_DB_STATEMENT_TIMEOUT_S ({self.db_statement_timeout_s}): PostgreSQL's "
+                             "statement_timeout ends a commit's wait on synchronous replication with a success")
         if self.backoff_cap_s < self.backoff_base_s:
             raise ValueError("Z9_BACKOFF_CAP_S must be at least Z9_BACKOFF_BASE_S")
         return self
+
+    @property
+    def lease_safety_margin_s(self) -> float:
+        """The lease's safety margin in seconds (``lease_safety_margin`` of ``lease_ttl_s``)."""
+        return self.lease_safety_margin * self.lease_ttl_s
 
     def db_lock_timeout_s(self, role: str) -> float:
         """``lock_timeout`` (seconds) of a service's pooled connections: ``api``, ``executor``,

@@ -33,6 +33,10 @@ SET vmid = $2, node = $3, power_state = $4, observed_at = now(), updated_at = no
 WHERE id = $1
 RETURNING *;
 
+-- name: server_last_failed_job_kind
+-- The kind of server $1's latest failed job (its status `failed` came from it), or none.
+SELECT kind FROM jobs WHERE resource_id = $1 AND status = 'failed' ORDER BY seq DESC LIMIT 1;
+
 -- name: server_get_for_update
 SELECT * FROM servers WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
 

@@ -52,6 +52,11 @@ async def server_observed(db: DB, server_id: str, *, vmid: int | None, node: str
     return Server.from_record(row) if row else None
 
 
+async def server_last_failed_job_kind(db: DB, server_id: str) -> str | None:
+    """The kind of the server's latest failed job (None: none failed)."""
+    return await db.fetchval(q("server_last_failed_job_kind"), server_id)
+
+
 async def server_get_for_update(db: DB, server_id: str, tenant_id: str) -> Server | None:
     """The tenant's server, its row locked until commit (an action's checks and writes)."""
     row = await db.fetchrow(q("server_get_for_update"), server_id, tenant_id)

@@ -11,7 +11,9 @@ progress (an answer from the hypervisor about the job's task counts): once nothi
 progressed for ``step_timeout_s`` seconds the executor cancels the job, the lease expires and
 the scheduler hands the job to another worker. Right before each mutating hypervisor call a
 job calls :meth:`JobContext.fence`, a fenced renewal, so a worker that lost its lease sends
-nothing more to the hypervisor.
+nothing more to the hypervisor. Every renewal also moves the attempt's local deadline
+(:attr:`JobContext.deadline`, :mod:`z9.executor.lease_deadline`): past it, the region's client
+sends nothing for the job, whether or not a fenced write has noticed the loss yet.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from z9.common.settings import Settings
 from z9.common.store import Lease
 
 from .batching import succeed_one
+from .lease_deadline import LeaseDeadline
 from .proxmox import ProxmoxClient, Upid
 
 
@@ -99,6 +102,10 @@ class JobContext:
         self.job = job
         self.finisher = finisher  # the executor's FinishBatcher; None: finish on its own
         self.lease = Lease(job.id, owner, job.attempt)
+        # the lease's local deadline: no Proxmox call for this attempt after it (lease_deadline.py)
+        self.deadline = LeaseDeadline(job.id, job.attempt, owner, ttl_s=settings.lease_ttl_s,
+                                      margin_s=settings.lease_safety_margin_s, clock=clock,
+                                      expires_at=job.lease_expires_at)
         self.pool = pool
         self.pve = pve
         self.settings = settings
@@ -132,12 +139,16 @@ class JobContext:
         """A fenced lease renewal right before a mutating hypervisor call: raises LeaseLost when
         the job is no longer ours, so a worker that lost its lease sends nothing more."""
         self.touch()
+        sent_at = self.clock.monotonic()
         await store.job_heartbeat(self.pool, self.lease, self.settings.lease_ttl_s, now=self.clock.db_now())
+        self.deadline.renewed(sent_at)
 
     async def _write_steps(self) -> None:
         self.touch()
+        sent_at = self.clock.monotonic()
         await store.job_progress(self.pool, self.lease, self.steps_json(), self.settings.lease_ttl_s,
                                  now=self.clock.db_now())
+        self.deadline.renewed(sent_at)
 
     async def check_superseded(self) -> None:
         """Raise :class:`Cancelled` when a later job of this job's resource supersedes it (its
@@ -198,7 +209,9 @@ class JobContext:
         """Persist facts about what this job told the world (kept across attempts), fenced."""
         self.memo.update(facts)
         self.touch()
+        sent_at = self.clock.monotonic()
         await store.job_remember(self.pool, self.lease, facts, self.settings.lease_ttl_s, now=self.clock.db_now())
+        self.deadline.renewed(sent_at)
 
     async def wait_task(self, step: Step, upid: str) -> str:
         """Record ``upid`` in ``step`` and wait for the task to stop (see ProxmoxClient.wait_task)."""

@@ -50,7 +50,10 @@ from z9.common.tags import normalize_tags
 # the adapter's answers and errors, and the cluster view, live beside it (imported here: what
 # the adapter raises and returns is importable from it as before)
 from .cluster_view import ClusterSnapshot, ClusterView  # noqa: F401
+from . import lease_deadline
+from .lease_deadline import LeaseHeaderAdapter
 from .pve_types import (AgentUnavailable, CloneNeedsSharedStorage, DigestMismatch, EntryExists, EntryMissing,  # noqa: F401
+                        ExecStatusLost,
                         MissingPrivilege, OutcomeUnknown, TaskFailed, TaskFailedPermanently, Upid, VmidTaken,
                         VmLocked, VmMissing, VmRef, VmState)
 
@@ -160,6 +163,12 @@ def translate(exc: BaseException, what: str) -> Exception:
     return TemporaryError(f"{what}: unexpected {exc.__class__.__name__}: {exc}")
 
 
+#: how often one guest-agent call is tried when it fails in passing (ProxmoxClient._agent)
+AGENT_TRIES = 5
+#: the guest agent did not answer this once ("QEMU guest agent is not running": qemu-server's QMP
+#: timeout or an agent restarting) — unlike "No QEMU guest agent configured" or a stopped VM
+_AGENT_NOT_RUNNING = re.compile(r"QEMU guest agent is not running")
+
 #: how often one Proxmox call is tried when it fails transiently (not performed), and the backoff
 CALL_TRIES = 4
 CALL_BACKOFF_S = 0.25
@@ -219,6 +228,9 @@ class ProxmoxClient:
             timeout=settings.request_timeout_s,
             service="PVE",
         )
+        # the last place before a request leaves: the job's lease deadline, its fencing token
+        # (z9.executor.lease_deadline)
+        self._api._store["session"].mount("https://", LeaseHeaderAdapter())
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix=f"pve-{region}")
         metrics.init_proxmox(region, (*ENDPOINTS, *resources.pve_endpoints()))
         self.view = ClusterView(self._fetch_vms, settings.resources_snapshot_s, region,
@@ -284,14 +296,15 @@ class ProxmoxClient:
         status Proxmox answered)."""
         loop = asyncio.get_running_loop()
         method, _, path = endpoint.partition(" ")
+        lease_deadline.check(what)  # checked again in the sending thread (LeaseHeaderAdapter)
         with metrics.proxmox_request(self.region, endpoint):
             with tracing.span(endpoint, {"http.request.method": method, "url.template": path, "z9.region": self.region},
                               kind=SpanKind.CLIENT) as span:
                 try:
                     # In a copy of this context, so the thread sees this call's span as current.
                     result = await loop.run_in_executor(self._pool, contextvars.copy_context().run, fn)
-                except asyncio.CancelledError:
-                    raise
+                except (asyncio.CancelledError, lease_deadline.LeaseExpired):
+                    raise  # (refused before it was sent: nothing to translate)
                 except Exception as exc:  # translated at this single boundary
                     log.debug("%s (%s) failed: %r", what, endpoint, exc)
                     if isinstance(exc, ResourceException):
@@ -323,9 +336,11 @@ class ProxmoxClient:
 
     async def _fetch_vms(self) -> list[dict[str, Any]]:
         """``GET /cluster/resources?type=vm``: the raw rows of every VM and template of the
-        cluster. Callers use :meth:`list_vms` (the shared snapshot) instead."""
-        return await self._call("GET /cluster/resources", "list VMs",
-                                lambda: self._get_rows("/cluster/resources", type="vm")) or []
+        cluster. Callers use :meth:`list_vms` (the shared snapshot) instead. A read for every job
+        of the process (several wait on it): sent for none of them, so no one lease holds it back."""
+        with lease_deadline.unbound():
+            return await self._call("GET /cluster/resources", "list VMs",
+                                    lambda: self._get_rows("/cluster/resources", type="vm")) or []
 
     async def snapshot(self, *, not_before: float | None = None, for_create: bool = False) -> "ClusterSnapshot":
         """This process's shared ``/cluster/resources`` snapshot (:class:`ClusterView`): at most
@@ -516,10 +531,14 @@ class ProxmoxClient:
         if "tags" in params:  # done when answered: this process's listings see the VM's new tags at once
             self.view.saw(vmid, node, normalize_tags(params["tags"]), started, name=params.get("name"))
 
-    async def resize(self, node: str, vmid: int, disk: str, size_gib: int) -> str | None:
-        """``PUT …/resize`` to an absolute ``size_gib`` GiB; returns the task's UPID (PVE ≥ 8)."""
+    async def resize(self, node: str, vmid: int, disk: str, size_gib: int, *, digest: str | None = None) -> str | None:
+        """``PUT …/resize`` to an absolute ``size_gib`` GiB; returns the task's UPID (PVE ≥ 8).
+        ``digest``: the config's as this attempt read it — the task fails ``checksum mismatch`` when
+        another writer (a later attempt) changed it since (qemu-server API2/Qemu.pm resize_vm:
+        ``die "checksum mismatch …" if $digest && $digest ne $conf->{digest}``)."""
+        data: dict[str, Any] = {"disk": disk, "size": f"{size_gib}G", **({"digest": digest} if digest else {})}
         return await self._call("PUT /nodes/{node}/qemu/{vmid}/resize", f"resize {disk} of VM {vmid}",
-                                lambda: self._api.nodes(node).qemu(vmid).resize.put(disk=disk, size=f"{size_gib}G"))
+                                lambda: self._api.nodes(node).qemu(vmid).resize.put(**data))
 
     async def start(self, node: str, vmid: int) -> str:
         """``POST …/status/start`` → UPID. On a running VM the *task* fails (``already running``)."""
@@ -557,17 +576,36 @@ class ProxmoxClient:
         rows = await self._call("GET /nodes", "list nodes", lambda: self._api.nodes.get())
         return sorted(r["node"] for r in rows or [] if r.get("status", "online") == "online")
 
-    async def _agent(self, endpoint: str, what: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return await self._call(endpoint, what, fn)
-        except TemporaryError as e:
-            if re.search(r"agent is not running|No QEMU guest agent configured|is not running", str(e)):
-                raise AgentUnavailable(str(e)) from e
-            if "Failed to execute child process" in str(e):
-                # qemu-ga's guest-exec could not spawn the program (no such binary in the guest):
-                # the image lacks what z9 runs in it — no retry brings it
-                raise PermanentError(f"{what}: the guest has no such program: {e}") from e
-            raise
+    async def _agent(self, endpoint: str, what: str, fn: Callable[[], Any], *, repeatable: bool = True) -> Any:
+        """One guest-agent call, tried again within the step (at most :data:`AGENT_TRIES` times, with
+        backoff) when it failed in passing: answered ``QEMU guest agent is not running`` (a QMP
+        command that timed out — qemu-server PVE/QemuServer.pm vm_qmp_command — or the agent
+        restarting: nothing was done), or — when ``repeatable``, a call that may be sent twice (a
+        read, a ping, a file written whole) — performed with its answer lost (:class:`OutcomeUnknown`).
+        An ``exec`` is not ``repeatable``: its command may have run; the caller decides. Raises
+        :class:`AgentUnavailable` when the agent still does not answer (booting, not configured,
+        the VM not running) and :class:`ExecStatusLost` for a pid the agent no longer knows."""
+        delay = CALL_BACKOFF_S
+        for tries_left in range(AGENT_TRIES - 1, -1, -1):
+            try:
+                return await self._call(endpoint, what, fn)
+            except TemporaryError as e:
+                text = str(e)
+                if "Invalid parameter 'pid'" in text:
+                    raise ExecStatusLost(text) from e
+                passing = bool(_AGENT_NOT_RUNNING.search(text)) or (repeatable and isinstance(e, OutcomeUnknown))
+                if tries_left == 0 or not passing:
+                    if re.search(r"agent is not running|No QEMU guest agent configured|is not running", text):
+                        raise AgentUnavailable(text) from e
+                    if "Failed to execute child process" in text:
+                        # qemu-ga's guest-exec could not spawn the program (no such binary in the guest):
+                        # the image lacks what z9 runs in it — no retry brings it
+                        raise PermanentError(f"{what}: the guest has no such program: {e}") from e
+                    raise
+                log.info("%s: %s; trying again in %.2fs (%d more)", what, e, delay, tries_left)
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, CALL_BACKOFF_CAP_S)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def agent_ping(self, node: str, vmid: int) -> None:
         """Raises AgentUnavailable while the guest agent does not answer."""
@@ -581,7 +619,7 @@ class ProxmoxClient:
         if stdin is not None:
             data["input-data"] = stdin
         r = await self._agent("POST /nodes/{node}/qemu/{vmid}/agent/exec", f"exec {argv[0]} in VM {vmid}",
-                              lambda: self._api.nodes(node).qemu(vmid).agent.exec.post(**data))
+                              lambda: self._api.nodes(node).qemu(vmid).agent.exec.post(**data), repeatable=False)
         return int(r["pid"])
 
     async def agent_exec_status(self, node: str, vmid: int, pid: int) -> dict[str, Any]:

@@ -20,6 +20,13 @@ class AgentUnavailable(TemporaryError):
     """The VM's guest agent does not answer (not configured, VM not running, still booting)."""
 
 
+class ExecStatusLost(TemporaryError):
+    """The guest agent no longer knows an ``exec``'s pid (``Invalid parameter 'pid'``): qemu-ga
+    forgets a process once it reported its exit, so an ``exec-status`` whose answer was lost cannot
+    be asked again — the command's result is gone (qemu-ga qmp_guest_exec_status: the process is
+    removed from its list once ``exited`` was returned). Run the command again if it may be."""
+
+
 class VmMissing(TemporaryError):
     """The VM's config file does not exist on that node (gone, moved, or never made)."""
 

@@ -30,6 +30,7 @@ from z9.common.errors import (Cancelled, GuardRefusal, InternalError, JobError, 
 from z9.common.logs import job_fields
 from z9.common.models import utc_now_iso
 
+from . import lease_deadline
 from .context import JobContext
 from .kind import JobKind
 
@@ -61,6 +62,7 @@ async def run_job(ctx: JobContext, kind: JobKind) -> str:
     (``TRANSIENT_DB_ERRORS``: the lease then expires and the scheduler hands the job on)."""
     job = ctx.job
     extra = job_fields(job)
+    lease_deadline.bind(ctx.deadline)  # this task's Proxmox calls stop at the lease's local deadline
     try:
         try:
             await ctx.check_superseded()

@@ -348,6 +348,7 @@ class Executor:
             self.pool, [ctx.lease for _, _, ctx in renew], s.lease_ttl_s, now=self.clock.db_now())}
         for job_id, task, ctx in renew:
             if (ctx.lease.job_id, ctx.lease.attempt) not in lost:
+                ctx.deadline.renewed(now)  # (read before the renewal was sent)
                 continue
             if ctx.finished:  # it finished while we were renewing: nothing was lost
                 continue

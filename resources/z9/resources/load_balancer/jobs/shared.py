@@ -28,6 +28,7 @@ import csv
 import hashlib
 import hmac
 import io
+import logging
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -40,9 +41,11 @@ from z9.resources.load_balancer import LOAD_BALANCER, ip_target_refusal, target_
 
 from z9.executor import vms
 from z9.executor.context import JobContext, Step, StepKind, StepKinds
-from z9.executor.proxmox import AgentUnavailable, VmState
+from z9.executor.proxmox import AgentUnavailable, ExecStatusLost, OutcomeUnknown, VmState
 from z9.resources.address import store as address_store
 from z9.resources.load_balancer import store as load_balancer_store
+
+log = logging.getLogger("z9.load_balancer")
 
 HAPROXY_CFG = "/etc/haproxy/haproxy.cfg"
 KEEPALIVED_CFG = "/etc/keepalived/keepalived.conf"
@@ -439,9 +442,30 @@ async def wait_agent(ctx: JobContext, vm: VmState, deadline_s: float = 120.0) ->
             await asyncio.sleep(min(0.5, ctx.settings.task_poll_s * 5))
 
 
+#: how often :func:`run` runs a command again whose outcome was lost
+RUN_AGAIN = 3
+
+
 async def run(ctx: JobContext, vm: VmState, argv: list[str], stdin: str | None = None,
               deadline_s: float = 60.0) -> tuple[int, str, str]:
-    """Run a command in the appliance through the agent; ``(exitcode, stdout, stderr)``."""
+    """Run a command in the appliance through the agent; ``(exitcode, stdout, stderr)``. Every
+    command this slice runs may run twice (a check, or a swap written to be idempotent: see
+    :func:`push`): one whose outcome was lost — the ``exec`` performed without an answer, or its
+    ``exec-status`` answer lost, after which the agent no longer knows the pid — is run again
+    (at most :data:`RUN_AGAIN` times) within the attempt."""
+    for again in range(RUN_AGAIN, -1, -1):
+        try:
+            return await _run_once(ctx, vm, argv, stdin, deadline_s)
+        except (OutcomeUnknown, ExecStatusLost) as e:
+            if again == 0:
+                raise
+            ctx.touch()
+            log.info("%s in VM %s: its outcome is lost (%s); running it again", argv[0], vm.vmid, e)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _run_once(ctx: JobContext, vm: VmState, argv: list[str], stdin: str | None,
+                    deadline_s: float) -> tuple[int, str, str]:
     pid = await ctx.pve.agent_exec_start(vm.node, vm.vmid, argv, stdin)
     end = time.monotonic() + deadline_s
     delay = 0.02  # these commands take milliseconds: ask at once, then back off to task_poll_s
@@ -470,8 +494,11 @@ async def write_file(ctx: JobContext, vm: VmState, path: str, data: bytes) -> No
     for i, part in enumerate(parts):
         await ctx.pve.agent_file_write(vm.node, vm.vmid, part, data[i * WRITE_CHUNK:(i + 1) * WRITE_CHUNK])
         ctx.touch()
-    code, out, err = await run(ctx, vm, ["sh", "-c", f"cat {' '.join(parts)} > {path}.tmp && mv {path}.tmp {path} "
-                                                     f"&& rm -f {' '.join(parts)}"])
+    # idempotent (run may run it twice): the parts are removed only after the whole file is in place,
+    # and a second run, finding them gone, succeeds ((a && b && c && d) || e: left to right)
+    code, out, err = await run(ctx, vm, ["sh", "-c", f"test -e {parts[-1]} && cat {' '.join(parts)} > {path}.tmp "
+                                                     f"&& mv {path}.tmp {path} && rm -f {' '.join(parts)} "
+                                                     f"|| test ! -e {parts[-1]}"])
     if code != 0:
         raise TemporaryError(f"joining {path} from {len(parts)} parts in VM {vm.vmid} failed: {(err or out).strip()}")
 
@@ -492,7 +519,10 @@ async def push(ctx: JobContext, app: Appliance, step: Step, text: str, path: str
         raise PermanentError(f"{service} rejected the configuration on {app.member} (VM {vm.vmid}), the running "
                              f"one is untouched: {(err or out).strip()}")
     await ctx.fence()
-    code, out, err = await run(ctx, vm, ["sh", "-c", f"mv {new} {path} && systemctl reload {service}"])
+    # idempotent, so that it may run twice (run): a second run finds the new file moved already
+    # ((test || mv) && reload: && and || bind left to right, alike)
+    code, out, err = await run(ctx, vm, ["sh", "-c", f"test ! -e {new} || mv {new} {path} "
+                                                     f"&& systemctl reload {service}"])
     if code != 0:
         raise TemporaryError(f"reloading {service} on {app.member} (VM {vm.vmid}) failed: {(err or out).strip()}")
     await ctx.step_detail(step, vmid=vm.vmid, node=vm.node, hash=want)

@@ -26,7 +26,6 @@ import asyncpg
 
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
-from z9.resources.server import SERVER
 from z9.common.tags import identity_tag
 
 from z9.executor.context import JobContext, Step
@@ -127,7 +126,7 @@ async def verify(ctx: JobContext) -> VmState:
 async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None:
     """Power state ``running``; status ``running`` when it was running or stopped."""
     await server_store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node, power_state="running")
-    await SERVER.observed(conn, ctx.job.resource_id, status="running", from_statuses=("running", "stopped"))
+    await _server.verified_power(conn, ctx, "running")
 
 
 record_failure = _server.record_failure

@@ -23,7 +23,6 @@ import asyncpg
 
 from z9.common.errors import PermanentError, TemporaryError
 from z9.common.models import Job
-from z9.resources.server import SERVER
 from z9.common.tags import identity_tag
 
 from z9.executor.context import JobContext, Step, StepKind, StepKinds
@@ -92,7 +91,7 @@ async def _resize_disk(ctx: JobContext, vm: VmState, step: Step) -> None:
     want = int(ctx.job.args["disk_gib"])
     if disk is not None and disk[1] < want - 1e-9:
         await ctx.fence()
-        upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], want)
+        upid = await ctx.pve.resize(vm.node, vm.vmid, disk[0], want, digest=vm.config.get("digest"))
         if upid:
             await ctx.wait_task(step, upid)
 
@@ -136,7 +135,7 @@ async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState) -> None
     """The observed power state; the status is left alone."""
     await server_store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
                                 power_state="running" if vm.running else "stopped")
-    await SERVER.observed(conn, ctx.job.resource_id)
+    await _server.verified_power(conn, ctx, "running" if vm.running else "stopped")
 
 
 record_failure = _server.record_failure

@@ -15,7 +15,7 @@ import yaml
 
 from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.models import Job
-from z9.resources.server import SERVER
+from z9.resources.server import SERVER, SERVER_REBOOT, SERVER_RESIZE, SERVER_START, SERVER_STOP
 
 from z9.executor.context import JobContext
 from z9.executor.proxmox import VmState
@@ -66,6 +66,24 @@ async def recorded_vm(ctx: JobContext) -> list[tuple[int, str]]:
     """The (vmid, node) the database last recorded for the server (a suspect, never trusted)."""
     server = await server_store.server_get(ctx.pool, ctx.job.resource_id)
     return [(server.vmid, server.node)] if server is not None and server.vmid is not None else []
+
+
+#: the jobs whose failure a later power action's verify mends: a failed power action or resize says
+#: nothing the next verify that reads the VM as intended does not answer (a failed create — a guest
+#: that did not come up as asked — is not mended by a start: its verify does not look at the guest)
+MENDED_BY_VERIFY = frozenset({SERVER_START, SERVER_STOP, SERVER_REBOOT, SERVER_RESIZE})
+
+
+async def verified_power(conn: Any, ctx: JobContext, status: str) -> None:
+    """Status from the latest verify: the server moves to ``status`` (what verify read: ``running``
+    or ``stopped``) from ``running``/``stopped`` — and from ``failed`` when its latest failed job was
+    a power action or a resize (:data:`MENDED_BY_VERIFY`): that job keeps its reason, the server no
+    longer carries it."""
+    rid = ctx.job.resource_id
+    allowed: tuple[str, ...] = ("running", "stopped")
+    if await server_store.server_last_failed_job_kind(conn, rid) in MENDED_BY_VERIFY:
+        allowed += ("failed",)
+    await SERVER.observed(conn, rid, status=status, from_statuses=allowed)
 
 
 async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:

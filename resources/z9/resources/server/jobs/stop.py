@@ -102,7 +102,10 @@ async def record(conn: asyncpg.Connection, ctx: JobContext, vm: VmState | None) 
     else:
         await server_store.server_observed(conn, ctx.job.resource_id, vmid=vm.vmid, node=vm.node,
                                     power_state="stopped")
-    await SERVER.observed(conn, ctx.job.resource_id, status="stopped", from_statuses=("running", "stopped"))
+    if vm is None:  # no VM: stopped as far as power goes, but nothing a failure is mended by
+        await SERVER.observed(conn, ctx.job.resource_id, status="stopped", from_statuses=("running", "stopped"))
+    else:
+        await _server.verified_power(conn, ctx, "stopped")
 
 
 record_failure = _server.record_failure

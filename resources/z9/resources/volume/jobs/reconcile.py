@@ -155,6 +155,11 @@ async def observe(ops: DiskOps, intent: VolumeIntent, *, find_anchor: FindVm, fi
 
 # ================================================================ plan (pure)
 
+#: how long a volume waits before it looks again for the VM of the server it is meant for (a snooze:
+#: bounded by Z9_SNOOZE_LIMIT_S, no attempt spent)
+WAIT_FOR_SERVER_S = 5.0
+
+
 def plan(intent: VolumeIntent, w: VolumeWorld) -> list[Step]:
     """Pure: the steps still missing, in order. Raises Snooze (a create of ours still running, a VM
     locked), PermanentError (the disk is lost, the target VM gone, a shrink), GuardRefusal."""
@@ -206,9 +211,9 @@ def plan(intent: VolumeIntent, w: VolumeWorld) -> list[Step]:
     elif on_anchor and placed is not None and placed.disk.serial != intent.serial:
         steps.append(Step("label", {}))
     if intent.server_id is not None and on_anchor:
-        if w.target is None:
-            raise TemporaryError(f"volume {intent.volume_id}: the VM of server {intent.server_id} is not "
-                                 "found (yet); attaching when it is")
+        if w.target is None:  # (its create still cloning): waiting on the world spends no attempt
+            raise Snooze(f"volume {intent.volume_id}: the VM of server {intent.server_id} is not there yet; "
+                         "attaching when it is", delay_s=WAIT_FOR_SERVER_S)
         anchor_node = w.anchor.node if w.anchor is not None else None
         if anchor_node is not None and anchor_node != w.target.node:
             steps.append(Step("move_anchor", {"target": w.target.node}))
@@ -369,7 +374,8 @@ async def _attach(env: StepEnv, intent: VolumeIntent, step: Step, w: VolumeWorld
         raise TemporaryError(f"volume {intent.volume_id}: its disk is not on its anchor; planning again")
     target = w.target
     if target is None:
-        raise TemporaryError(f"server {intent.server_id}: its VM is not found (yet)")
+        raise Snooze(f"volume {intent.volume_id}: the VM of server {intent.server_id} is not there yet; "
+                     "attaching when it is", delay_s=WAIT_FOR_SERVER_S)
     refuse_if_locked(target)
     if target.node != anchor.node:
         raise TemporaryError(f"anchor VM {anchor.vmid} is on {anchor.node}, the server on {target.node}; "
@@ -394,7 +400,8 @@ async def _resize(env: StepEnv, intent: VolumeIntent, step: Step, w: VolumeWorld
         return
     refuse_if_locked(p.vm)
     await env.fence()
-    upid = await env.ops.resize(p.vm.node, p.vm.vmid, p.disk.key, intent.size_gib)
+    upid = await env.ops.resize(p.vm.node, p.vm.vmid, p.disk.key, intent.size_gib,
+                                digest=p.vm.config.get("digest"))
     if upid:
         await env.wait_task(step, upid)
 
