@@ -171,7 +171,8 @@ class Executor:
         jobs: list[Job] = []
         try:
             jobs = await store.job_claim(self.pool, self._claim_order(), free, self.owner, self.settings.lease_ttl_s,
-                                         self.caps, self._cap_held, now=self.clock.db_now())
+                                         self.caps, self._cap_held, now=self.clock.db_now(),
+                                         tenant_cap=self.settings.tenant_max_running_jobs)
         except (*TRANSIENT_DB_ERRORS, LockWaitTimeout) as e:  # a lock wait: a capped region's lock
             log.warning("claim failed (%s); retrying after a pause", e)
             await asyncio.sleep(1.0)
@@ -198,7 +199,8 @@ class Executor:
         try:
             return free, await store.job_claim(conn, self._claim_order(), free, self.owner,
                                                self.settings.lease_ttl_s, self.caps, self._cap_held,
-                                               now=self.clock.db_now())
+                                               now=self.clock.db_now(),
+                                               tenant_cap=self.settings.tenant_max_running_jobs)
         except BaseException:
             self._reserved -= free
             raise
@@ -217,16 +219,17 @@ class Executor:
                  "claimable jobs wait for a slot (%d more held-back claims in the last minute; "
                  "max_concurrent_jobs in Z9_REGIONS)", region, cap, running, waits)
 
-    def _claim_in_finish_statement(self, freed: int) -> tuple[int, str | None, str, float]:
+    def _claim_in_finish_statement(self, freed: int) -> tuple[int, str | None, str, float, int | None]:
         """For a finish and claim in one statement (batching.py): reserve the slots the ``freed``
         jobs and any other free ones leave, in the region this claim asks (one region per
         statement; the next claim asks the next one first). Returns (slots reserved, region or
-        None, lease owner, lease TTL); :meth:`_claimed` runs after commit."""
-        free = self.settings.executor_concurrency - len(self.inflight) - self._reserved + freed
+        None, lease owner, lease TTL, tenant cap); :meth:`_claimed` runs after commit."""
+        s = self.settings
+        free = s.executor_concurrency - len(self.inflight) - self._reserved + freed
         if self._stopping.is_set() or free <= 0:
-            return 0, None, self.owner, self.settings.lease_ttl_s
+            return 0, None, self.owner, s.lease_ttl_s, s.tenant_max_running_jobs
         self._reserved += free
-        return free, self._claim_order()[0], self.owner, self.settings.lease_ttl_s
+        return free, self._claim_order()[0], self.owner, s.lease_ttl_s, s.tenant_max_running_jobs
 
     def _claimed(self, reserved: int, jobs: list[Job]) -> None:
         """Release ``reserved`` slots and start ``jobs`` (claimed, and committed)."""
