@@ -7,16 +7,21 @@ and executors, and expired leases stop counting toward it."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
-from z9.common import store
+import pytest
+from prometheus_client import REGISTRY as PROM
+from z9.common import metrics, store
+from z9.common.clock import TestClock
 from z9.common.store import Lease, NewJob
 from z9.executor.worker import Executor
+from z9.scheduler import Scheduler
 
 from tests.integration.engine import test_region_cap as region_cap
-from tests.support import make_tenant, wait_until
+from tests.support import REGION, make_tenant, wait_until
 
 TTL = 30.0
 sleeper = region_cap.sleeper  # the fixture: a job kind that holds its slot a while
@@ -27,8 +32,8 @@ async def _tenant(pool: asyncpg.Pool, name: str) -> str:
 
 
 async def _enqueue(pool: asyncpg.Pool, tenant: str | None, n: int = 1, *, kind: str = "Noop",
-                   resource: str | None = None) -> list[str]:
-    return [(await store.job_insert(pool, NewJob(kind=kind, region="r1", tenant_id=tenant,
+                   resource: str | None = None, region: str = "r1") -> list[str]:
+    return [(await store.job_insert(pool, NewJob(kind=kind, region=region, tenant_id=tenant,
                                                  resource_type="server" if resource else None,
                                                  resource_id=resource))).id for _ in range(n)]
 
@@ -200,3 +205,59 @@ async def test_executors_together_keep_each_tenant_under_its_cap(pool: asyncpg.P
         await asyncio.gather(*tasks)
     assert sleeper.done == set(ids)
     assert peak == {a: 2, b: 3}, peak
+
+
+# ---------------------------------------------------------------------------------- who is waiting
+
+@pytest.mark.settings(tenant_metrics_top_n=2, tenant_max_running_jobs=3)
+async def test_the_operator_and_the_metrics_see_who_is_waiting(api: Any, settings: Any, clock: TestClock) -> None:
+    """Four tenants wait in a region (one with its own cap, one running a job) and z9's own job:
+    GET /v1/operator/regions lists them most pending first with their caps and waits; the metrics
+    name the top 2 tenants and sum the rest as `_other` — and drop a tenant that left the top."""
+    pool = api.pool
+    t = [await _tenant(pool, f"wait-{i}") for i in range(4)]
+    await store.tenant_quota_set(pool, t[1], {"running_jobs": 7})
+    for i, n in enumerate((5, 4, 2, 1)):
+        await _enqueue(pool, t[i], n, region=REGION)
+    await _enqueue(pool, None, 1, region=REGION)
+    (running,) = await store.job_claim(pool, [REGION], 1, "w", TTL, tenant_cap=3)  # z9's own ('' goes first)
+    assert running.tenant_id is None
+    clock.step(2.0)
+    op = "z9t_" + secrets.token_urlsafe(24)
+    await store.api_token_insert(pool, api.tenant_id, op, "ops", scopes=["read", "operator"])
+    status, out = await api.call("GET", "/operator/regions", token=op)
+    assert status == 200, out
+    (region,) = [r for r in out["regions"] if r["name"] == REGION]
+    rows = {r["tenant"]: r for r in region["tenants"]}
+    assert [r["tenant"] for r in region["tenants"]][:2] == [t[0], t[1]]  # most pending first
+    assert rows[t[1]]["running_cap"] == 7 and rows[t[0]]["running_cap"] == 3  # its own; the installation's
+    assert rows[None]["running"] == 1 and rows[None]["running_cap"] is None and rows[None]["pending"] == 0
+    assert all(r["wait_s"] >= 0 and r["waiting_since"] for r in rows.values() if r["pending"])  # the API: now()
+    assert region["tenants_more"] == 0
+
+    scheduler = Scheduler(settings, clock=clock)
+    scheduler.pool = pool
+    await scheduler.refresh_job_metrics()
+    series = _tenant_series()
+    assert set(series) == {t[0], t[1], metrics.TENANT_OTHER}, series
+    pending_total = await pool.fetchval("SELECT count(*) FROM jobs WHERE status = 'pending' AND region = $1", REGION)
+    assert sum(n for n, _ in series.values()) == pending_total  # nothing lost in the bucket
+    assert all(age >= 2.0 for _, age in series.values())  # the scheduler: the clock's time
+    # t[0]'s jobs all claimed: it leaves the metrics (no stale series), t[2] enters the top
+    await pool.execute("UPDATE jobs SET status = 'failed', error = '{\"class\": \"cancelled\", \"message\": \"x\"}', "
+                       "finished_at = now() WHERE tenant_id = $1 AND status = 'pending'", t[0])
+    await scheduler.refresh_job_metrics()
+    assert set(_tenant_series()) == {t[1], t[2], metrics.TENANT_OTHER}
+
+
+def _tenant_series(region: str = REGION) -> dict[str, tuple[float, float]]:
+    out: dict[str, list[float]] = {}
+    for fam in PROM.collect():
+        for s in fam.samples:
+            if s.labels.get("region") != region:
+                continue
+            if s.name == "z9_tenant_jobs_pending":
+                out.setdefault(s.labels["tenant"], [0.0, 0.0])[0] = s.value
+            elif s.name == "z9_tenant_oldest_pending_age_seconds":
+                out.setdefault(s.labels["tenant"], [0.0, 0.0])[1] = s.value
+    return {k: (v[0], v[1]) for k, v in out.items()}

@@ -747,6 +747,13 @@ async def job_live_counts_by_region(db: DB) -> list[dict[str, Any]]:
     return [dict(r) for r in await db.fetch(q("job_live_counts_by_region"))]
 
 
+async def job_live_by_tenant(db: DB, *, now: datetime | None = None) -> list[dict[str, Any]]:
+    """``[{region, tenant_id, pending, running, retry, oldest_runnable, running_cap, wait_s}]``: the
+    live jobs of every region by tenant, most pending first (``job_live_by_tenant``); ``wait_s``
+    is how long the tenant's oldest pending job has waited at ``now`` (None: the database's)."""
+    return [dict(r) for r in await db.fetch(q("job_live_by_tenant"), now)]
+
+
 async def job_list_guard_refusals(db: DB, *, region: str | None = None, limit: int = 100) -> list[Job]:
     """The jobs the deletion guard refused, newest first."""
     return [Job.from_record(r) for r in await db.fetch(q("job_list_guard_refusals"), region, limit)]

@@ -491,6 +491,28 @@ SELECT region, status::text AS status, count(*)::int AS n, min(created_at) AS ol
 FROM jobs WHERE status IN ('pending', 'retry', 'running')
 GROUP BY region, status;
 
+-- name: job_live_by_tenant
+-- Who is waiting: the live jobs of every region by tenant (NULL: z9's own jobs) — pending, running
+-- (leases unexpired or not: what the table says), retry — with the tenant's oldest pending job's
+-- time runnable (max(created_at, run_after)) and its own cap on running jobs (tenant_quota_limits,
+-- unit running_jobs; NULL: the installation's) and how long that job has waited at $1 (NULL: the
+-- server's now()), never below 0. For the scheduler's z9_tenant_* metrics and
+-- GET /v1/operator/regions. Walks the live jobs once (jobs_resource_live holds no tenant: the rows
+-- themselves), bounded by what waits and runs, never by the finished jobs.
+SELECT g.region, g.tenant_id, g.pending, g.running, g.retry, g.oldest_runnable, l.quota AS running_cap,
+       greatest(coalesce(extract(epoch FROM coalesce($1::timestamptz, now()) - g.oldest_runnable), 0), 0)::float8 AS wait_s
+FROM (
+    SELECT region, tenant_id,
+           count(*) FILTER (WHERE status = 'pending')::int AS pending,
+           count(*) FILTER (WHERE status = 'running')::int AS running,
+           count(*) FILTER (WHERE status = 'retry')::int AS retry,
+           min(greatest(created_at, run_after)) FILTER (WHERE status = 'pending') AS oldest_runnable
+    FROM jobs WHERE status IN ('pending', 'running', 'retry')
+    GROUP BY region, tenant_id
+) g
+LEFT JOIN tenant_quota_limits l ON l.tenant_id = g.tenant_id AND l.unit = 'running_jobs'
+ORDER BY g.region, g.pending DESC, g.oldest_runnable, g.tenant_id;
+
 -- name: job_list_guard_refusals
 -- Jobs the deletion guard refused (the executor marks their error `refused`), newest first.
 SELECT * FROM jobs
