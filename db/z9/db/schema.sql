@@ -412,7 +412,8 @@ BEGIN
             WHERE t.k IS NOT NULL
         ), candidates AS (
             SELECT j.id, h.rn, h.later, h.k FROM heads h JOIN jobs j ON j.id = h.id
-            WHERE j.status = 'pending'
+            WHERE j.id = ANY(ARRAY(SELECT id FROM heads))  -- primary-key probes, never a scan of the pending jobs
+              AND j.status = 'pending'
             ORDER BY h.rn, h.later, h.k
             LIMIT claim_limit
             FOR UPDATE OF j SKIP LOCKED
