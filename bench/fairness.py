@@ -81,7 +81,7 @@ class Stack:
             self.logs.append(log)
             self.procs.append(subprocess.Popen([z9, *args], env=env, stdout=log, stderr=log))
         self.base = f"http://127.0.0.1:{port}/v1"
-        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120))
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=90))
         for _ in range(300):
             try:
                 async with self.http.get(f"http://127.0.0.1:{port}/healthz") as r:
@@ -149,8 +149,10 @@ class Stack:
         return list(await asyncio.gather(*(one(i) for i in range(n))))
 
     async def drained(self, token: str, jobs: list[str]) -> float:
-        """Wait until every job of ``jobs`` succeeded; the monotonic time then."""
-        await asyncio.gather(*(self.wait(token, j) for j in jobs))
+        """Wait until every job of ``jobs`` succeeded (one long-poll at a time: a tenant's jobs end
+        about in order); the monotonic time then."""
+        for j in jobs:
+            await self.wait(token, j)
         return time.monotonic()
 
     async def quiet(self, token: str, prefix: str, n: int) -> list[float]:

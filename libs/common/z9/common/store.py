@@ -596,7 +596,7 @@ async def job_succeed_many(db: DB, finishes: list[tuple[Lease, list[dict[str, An
     if not finishes:
         return []
     rows = await db.fetch(q("job_succeed_many"), [l.job_id for l, _ in finishes], [l.owner for l, _ in finishes],
-                          [l.attempt for l, _ in finishes], [json.dumps(s) for _, s in finishes])
+                          [l.attempt for l, _ in finishes], [json.dumps(s) if s else "[]" for _, s in finishes])
     done = {(r["id"], r["attempt"]) for r in rows}
     return [l for l, _ in finishes if (l.job_id, l.attempt) not in done]
 
@@ -609,7 +609,7 @@ async def job_finish_and_claim(db: DB, finishes: list[tuple[Lease, list[dict[str
     ``region`` (None: no claim) less one per lost lease — for jobs whose kinds record nothing
     (``jobs_finish_and_claim``, migration 0012). Returns (the leases that were lost, the jobs claimed)."""
     rows = await db.fetch(q("job_finish_and_claim"), [l.job_id for l, _ in finishes], [l.owner for l, _ in finishes],
-                          [l.attempt for l, _ in finishes], [json.dumps(s) for _, s in finishes],
+                          [l.attempt for l, _ in finishes], [json.dumps(s) if s else "[]" for _, s in finishes],
                           region, limit if region is not None else 0, owner, lease_ttl_s, tenant_cap)
     done = {(r["finished_id"], r["finished_attempt"]) for r in rows if r["finished_id"] is not None}
     claimed = [Job.from_record(r) for r in rows if r["finished_id"] is None and r["id"] is not None]
