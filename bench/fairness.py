@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fairness benchmark (the fair claim, migration 0022): does one tenant's backlog delay another's job?
 
-Real volume creates (``POST /v1/volumes``, ``VolumeCreate`` jobs, about a second each against the
+Real volume creates (``POST /v1/volumes``: a job each, about a second against the
 Proxmox VE simulator with its default latencies) through ``z9 api``, ``z9 scheduler`` and one ``z9
 executor`` (concurrency ``--concurrency``, 8 by default) on a fresh database (``z9_bench_<random>``)
 and an in-process simulator, like ``bench/clusters.py``. Scenarios, each on a fresh stack:
