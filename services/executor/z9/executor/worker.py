@@ -4,7 +4,9 @@
   every ``poll_interval_s``. A dropped LISTEN connection is re-established with backoff and
   followed at once by a catch-up claim.
 - Claims take at most the free capacity (``executor_concurrency`` − in flight), with
-  ``FOR UPDATE SKIP LOCKED``; at most the earliest live job of a resource is claimable. A region
+  ``FOR UPDATE SKIP LOCKED``; at most the earliest live job of a resource is claimable. Tenants
+  take turns (round-robin), each tenant's jobs oldest first, each tenant under its cap on running
+  jobs per region (``tenant_max_running_jobs``, or its own; docs/architecture.md). A region
   with ``max_concurrent_jobs`` is claimed under its cap across all executors (``store.job_claim``);
   a claim the cap held back is counted (``z9_region_cap_waits_total``) and logged at most once a
   minute per region.
