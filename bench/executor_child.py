@@ -7,6 +7,9 @@ seconds, user + system, since ``go``; statements sent to PostgreSQL, BEGIN/COMMI
 the executor and exits.
 
 Usage: ``executor_child.py DSN CONCURRENCY [PLAN_CACHE_MODE|-]``
+
+``Z9_BENCH_PROFILE=<file>``: the executor runs under :mod:`cProfile` from ``go`` to ``stop``; the
+stats go to ``<file>.c<CONCURRENCY>`` (``python -m pstats``, or ``bench/README.md`` for the top).
 """
 from __future__ import annotations
 
@@ -89,12 +92,21 @@ async def main() -> None:
     count_round_trips()
     from z9.common import tracing  # tracing as deployed when the parent sets OTEL_EXPORTER_OTLP_ENDPOINT
     traced = tracing.setup_tracing("executor") if os.environ.get("Z9_BENCH_TRACING") == "1" else None
+    profile = None
+    if os.environ.get("Z9_BENCH_PROFILE"):
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     cpu0 = time.process_time()
     ex = Executor(settings, ["bench"], client_factory=lambda r: _NoClient())  # type: ignore[arg-type,return-value]
     task = asyncio.create_task(ex.run())
     print("started", flush=True)
     line = await reader.readline()
     cpu = time.process_time() - cpu0
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(f"{os.environ['Z9_BENCH_PROFILE']}.c{conc}")
     print(json.dumps({"cpu_s": cpu, "round_trips": ROUND_TRIPS,
                       "handler_started": noop.HANDLER_STARTED if os.environ.get("Z9_BENCH_HANDLER_TIMES") else {}}),
           flush=True)

@@ -267,6 +267,8 @@ def cmd_quota(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     units = resources.quota_units()
     given = {k: getattr(args, k) for k in units if getattr(args, k) is not _UNSET}
+    if args.running_jobs is not _UNSET:  # not a quota of resources: the engine's cap (RUNNING_JOBS)
+        given[RUNNING_JOBS] = args.running_jobs
     async def go() -> tuple[dict[str, Any], dict[str, int]]:
         conn = await connect_tool(settings, application_name="z9-quota")
         try:
@@ -288,7 +290,16 @@ def cmd_quota(args: argparse.Namespace, settings: Settings) -> int:
             limit = own.get(k, settings.quota_defaults.get(k))
             source = "tenant" if k in own else "default"
             print(f"{k:<{width}} {'none' if limit is None else limit:>10} {source:<9} {used[k]:>10}")
+        cap = own.get(RUNNING_JOBS, settings.tenant_max_running_jobs)
+        print(f"{RUNNING_JOBS:<{width}} {'none' if cap is None else cap:>10} "
+              f"{'tenant' if RUNNING_JOBS in own else 'default':<9} {'-':>10}  (per region, at once)")
     return code
+
+
+RUNNING_JOBS = "running_jobs"
+"""The tenant's own cap on its running jobs per region (a ``tenant_quota_limits`` row the claim
+reads, jobs_tenant_room; the default: ``Z9_TENANT_MAX_RUNNING_JOBS``). Not a resource quota: the
+API never refuses by it, the claim makes the tenant's jobs wait their turn."""
 
 
 _UNSET: Any = object()
@@ -389,6 +400,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--tenant", help="the tenant (required, but for `z9 quota show`)")
     for k, flag in zip(units, flags):
         s.add_argument(flag, dest=k, type=_quota_value, default=_UNSET, metavar="N|default")
+    s.add_argument("--running-jobs", dest="running_jobs", type=_quota_value, default=_UNSET, metavar="N|default",
+                   help="most of the tenant's jobs running at once per region (the default: "
+                        "Z9_TENANT_MAX_RUNNING_JOBS; its jobs wait their turn, nothing is refused)")
     s.set_defaults(fn=cmd_quota)
 
     from z9.client.cli import common_parents

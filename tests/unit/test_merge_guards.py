@@ -20,7 +20,7 @@ from z9.common.sql import NULL, ql, queries, qt
 
 
 #: sample values of the queries whose values are literals (sql.ql), by placeholder
-LITERAL_SAMPLES = {"limit": 1, "lease_ttl_s": 30.0, "now": NULL}
+LITERAL_SAMPLES = {"limit": 1, "lease_ttl_s": 30.0, "now": NULL, "tenant_cap": 4}
 
 
 async def test_every_named_query_prepares(pool: asyncpg.Pool) -> None:

@@ -158,9 +158,9 @@ CREATE TABLE jobs (
     CONSTRAINT jobs_extra_lock_keys_need_resource CHECK (cardinality(extra_lock_keys) = 0 OR resource_id IS NOT NULL)
 );
 
--- Claim: pending jobs of a region in submission order (the only ordered path to them: seq has
--- no index of its own, see migrations/0003_claim_index.sql).
-CREATE INDEX jobs_claimable ON jobs (region, seq) WHERE status = 'pending' AND NOT blocked;
+-- Claim: pending jobs of a region by tenant, each tenant's in submission order (migration 0022;
+-- seq has no index of its own, see migrations/0003_claim_index.sql).
+CREATE INDEX jobs_claimable ON jobs (region, (coalesce(tenant_id, '')), seq) WHERE status = 'pending' AND NOT blocked;
 -- Per-resource order: the earliest live job of a resource. Also the z9_jobs counts of live jobs,
 -- index-only (migration 0012: the INCLUDEd columns replace jobs_live_counts).
 CREATE INDEX jobs_resource_live ON jobs (resource_id, seq) INCLUDE (status, region, kind)
@@ -290,26 +290,62 @@ CREATE CONSTRAINT TRIGGER jobs_unblock_after_delete
     WHEN (OLD.resource_id IS NOT NULL AND OLD.status IN ('pending', 'running', 'retry'))
     EXECUTE FUNCTION jobs_unblock_after_end();
 
--- (migration 0012) The executor's finish of jobs whose kinds record nothing, and its next claim, as one statement:
--- one round trip and one commit where the transaction took four round trips (BEGIN, finish,
--- claim, COMMIT). The finish is fenced row by row exactly like job_succeed_many (a row that does
--- not match is reported missing: its lease is lost, and one slot fewer is claimed); the claim is
--- job_claim's, one job at a time (`LIMIT 1`: a literal, so this function's cached generic plan
--- is the ordered walk of jobs_claimable — a generic `LIMIT n` would sort every pending job; the
--- function sets plan_cache_mode for itself, so its plans are built once per connection, not on
--- every call as force_custom_plan would). tests/integration/engine/test_engine_batching.py checks that the claim
--- below says what job_claim in queries.sql says. A finished job with a resource: its waiters are
--- unblocked before the claim (SET CONSTRAINTS … IMMEDIATE, as jobs_unblock_now).
+-- (migration 0022) Fair share by tenant: the claim's turn per region, a tenant's room under its cap.
+-- The tenant served last in each region: the next claim starts with the tenant after it (in
+-- tenant id order, wrapping). Written by the claim only when the tenant changes, and only when no
+-- other claim holds the row (FOR UPDATE SKIP LOCKED: never waits; the first row of a region is
+-- inserted by one claim holding an advisory lock, the others skip it), so a queue of one tenant
+-- writes nothing here and two executors never wait on each other for it.
+CREATE TABLE job_claim_turns (
+    region      text PRIMARY KEY,
+    tenant_key  text NOT NULL
+);
+
+-- How many more jobs of tenant `tenant` (its key: '' for z9's own jobs, never capped) region
+-- `claim_region` may start now: NULL when no cap applies (the tenant's `running_jobs` row of
+-- tenant_quota_limits, else `default_cap`, Z9_TENANT_MAX_RUNNING_JOBS). A capped tenant is counted
+-- under its advisory lock (per region and tenant), held to commit, in a statement of its own
+-- (VOLATILE: a fresh snapshot, which sees every claim committed before the lock was had) — so
+-- concurrent claims never pass the cap together. Never waits: a lock another claim holds means 0
+-- (that claim is taking this tenant's jobs; the next wakeup takes the rest). Running jobs whose
+-- lease expired do not count (as the region cap, job_region_running).
+CREATE FUNCTION jobs_tenant_room(claim_region text, tenant text, default_cap int, at timestamptz) RETURNS int
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    cap bigint := default_cap;
+BEGIN
+    IF tenant IS NULL OR tenant = '' THEN
+        RETURN NULL;
+    END IF;
+    SELECT l.quota INTO cap FROM tenant_quota_limits l WHERE l.tenant_id = tenant AND l.unit = 'running_jobs';
+    IF NOT FOUND THEN
+        cap := default_cap;
+    END IF;
+    IF cap IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('z9-tenant-cap:' || claim_region || ':' || tenant, 0)) THEN
+        RETURN 0;
+    END IF;
+    RETURN greatest(cap - (SELECT count(*) FROM jobs
+                           WHERE status = 'running' AND region = claim_region AND tenant_id = tenant
+                             AND lease_expires_at > coalesce(at, now())), 0);
+END
+$$;
+
+-- (migrations 0012, 0022) The executor's finish of jobs whose kinds record nothing, and its next
+-- claim, as one statement: one round trip and one commit where the transaction took four (BEGIN,
+-- finish, claim, COMMIT). The finish is fenced row by row like job_succeed_many; the claim is a copy
+-- of job_claim (tests/integration/engine/test_engine_batching.py checks it).
 CREATE FUNCTION jobs_finish_and_claim(fin_ids text[], fin_owners text[], fin_attempts int[], fin_steps text[],
-                                      claim_region text, claim_limit int, claim_owner text, lease_ttl_s float8)
+                                      claim_region text, claim_limit int, claim_owner text, lease_ttl_s float8,
+                                      tenant_cap int DEFAULT NULL)
 RETURNS TABLE (finished_id text, finished_attempt int, claimed jobs)
 LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     matched int := 0;
     with_resource boolean := false;
     r record;
-    got jobs;
-    after_seq bigint := 0;
 BEGIN
     FOR r IN
         UPDATE jobs
@@ -338,40 +374,82 @@ BEGIN
     END IF;
     finished_id := NULL;
     finished_attempt := NULL;
-    FOR i IN 1 .. claim_limit LOOP
-        -- `j.seq > after_seq`: the next walk starts past the job this loop claimed last (the rows
-        -- before it were taken, or not claimable in this statement), so k claims walk k entries.
-        WITH candidates AS (
-            SELECT j.id FROM jobs j
-            WHERE j.seq > after_seq
-              AND j.status = 'pending' AND NOT j.blocked AND j.region = claim_region AND j.run_after <= now()
-              AND (j.resource_id IS NULL OR (
-                  NOT EXISTS (
-                      SELECT 1 FROM jobs e
-                      WHERE e.resource_id = j.resource_id AND e.seq < j.seq
-                        AND e.status IN ('pending', 'running', 'retry'))
-                  AND ((cardinality(j.extra_lock_keys) = 0
-                        AND NOT (SELECT EXISTS (SELECT 1 FROM jobs x WHERE cardinality(x.extra_lock_keys) > 0
-                                                                        AND x.status IN ('pending', 'running', 'retry'))))
-                       OR NOT jobs_lock_held(j.resource_id, j.extra_lock_keys, j.seq))))
-            ORDER BY j.seq
+    FOR r IN
+        WITH RECURSIVE tenants (k) AS (
+            (SELECT coalesce(j.tenant_id, '') FROM jobs j
+             WHERE j.status = 'pending' AND NOT j.blocked AND j.region = claim_region
+             ORDER BY coalesce(j.tenant_id, '')
+             LIMIT 1)
+            UNION ALL
+            SELECT (SELECT coalesce(j.tenant_id, '') FROM jobs j
+                    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = claim_region
+                      AND coalesce(j.tenant_id, '') > t.k
+                    ORDER BY coalesce(j.tenant_id, '')
+                    LIMIT 1)
+            FROM tenants t WHERE t.k IS NOT NULL
+        ), turn AS (
+            SELECT (SELECT c.tenant_key FROM job_claim_turns c WHERE c.region = claim_region) AS last
+        ), heads AS (
+            SELECT h.id, h.rn, t.k, coalesce(t.k <= turn.last, false) AS later
+            FROM tenants t CROSS JOIN turn CROSS JOIN LATERAL (
+                SELECT s.id, row_number() OVER (ORDER BY s.seq) AS rn FROM (
+                    SELECT j.id, j.seq FROM jobs j
+                    WHERE coalesce(j.tenant_id, '') = t.k
+                      AND j.status = 'pending' AND NOT j.blocked AND j.region = claim_region AND j.run_after <= now()
+                      AND (j.resource_id IS NULL OR (
+                          NOT EXISTS (
+                              SELECT 1 FROM jobs e
+                              WHERE e.resource_id = j.resource_id AND e.seq < j.seq
+                                AND e.status IN ('pending', 'running', 'retry'))
+                          AND ((cardinality(j.extra_lock_keys) = 0
+                                AND NOT (SELECT EXISTS (SELECT 1 FROM jobs x WHERE cardinality(x.extra_lock_keys) > 0
+                                                                                AND x.status IN ('pending', 'running', 'retry'))))
+                               OR NOT jobs_lock_held(j.resource_id, j.extra_lock_keys, j.seq))))
+                    ORDER BY j.seq
+                    LIMIT least(claim_limit, jobs_tenant_room(claim_region, t.k, tenant_cap, NULL))
+                ) s
+            ) h
+            WHERE t.k IS NOT NULL
+        ), candidates AS (
+            SELECT j.id, h.rn, h.later, h.k FROM heads h JOIN jobs j ON j.id = h.id
+            WHERE j.id = ANY(ARRAY(SELECT id FROM heads))  -- primary-key probes, never a scan of the pending jobs
+              AND j.status = 'pending'
+            ORDER BY h.rn, h.later, h.k
+            LIMIT claim_limit
+            FOR UPDATE OF j SKIP LOCKED
+        ), taken AS (
+            UPDATE jobs
+            SET status = 'running',
+                attempt = jobs.attempt + 1,
+                lease_owner = claim_owner,
+                lease_expires_at = now() + make_interval(secs => lease_ttl_s),
+                started_at = coalesce(jobs.started_at, now()),
+                updated_at = now()
+            FROM candidates
+            WHERE jobs.id = candidates.id
+            RETURNING jobs AS got, jobs.id, jobs.seq
+        ), served AS (
+            SELECT c.k FROM candidates c WHERE c.id IN (SELECT id FROM taken)
+            ORDER BY c.rn DESC, c.later DESC, c.k DESC
             LIMIT 1
-            FOR UPDATE SKIP LOCKED
+        ), turn_held AS (
+            SELECT m.region FROM job_claim_turns m, served s
+            WHERE m.region = claim_region AND m.tenant_key <> s.k
+            FOR UPDATE OF m SKIP LOCKED
+        ), turn_moved AS (
+            UPDATE job_claim_turns m SET tenant_key = s.k FROM served s, turn_held
+            WHERE m.region = turn_held.region
+        ), turn_first AS (
+            INSERT INTO job_claim_turns (region, tenant_key)
+            SELECT claim_region, s.k FROM served s, turn
+            WHERE CASE WHEN turn.last IS NULL  -- the region's first claim; one inserts, none waits
+                       THEN pg_try_advisory_xact_lock(hashtextextended('z9-claim-turn:' || claim_region, 0)) ELSE false END
+            ON CONFLICT (region) DO NOTHING
         )
-        UPDATE jobs
-        SET status = 'running',
-            attempt = jobs.attempt + 1,
-            lease_owner = claim_owner,
-            lease_expires_at = now() + make_interval(secs => lease_ttl_s),
-            started_at = coalesce(jobs.started_at, now()),
-            updated_at = now()
-        FROM candidates
-        WHERE jobs.id = candidates.id
-        RETURNING jobs.* INTO got;
-        EXIT WHEN NOT FOUND;
-        after_seq := got.seq;
-        PERFORM pg_notify('z9_job_changed', got.id);
-        claimed := got;
+        SELECT t.got FROM taken t ORDER BY t.seq
+    LOOP
+        PERFORM pg_notify('z9_job_changed', (r.got).id);
+        claimed := r.got;
         RETURN NEXT;
     END LOOP;
 END

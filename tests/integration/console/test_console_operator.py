@@ -57,6 +57,9 @@ def test_operator_sees_a_retrying_job_and_cancels_it(stack: DevStack, chromium: 
         assert mine["tenant"].startswith("ten_") and mine["attempt"] >= 1
         status, regions = stack.api("GET", "operator/regions", token=operator_token)
         assert status == 200 and [r["name"] for r in regions["regions"]] == ["dev-1"]
+        # who is waiting: the tenant, with its live job (retrying, or pending/running between tries)
+        (waiting,) = [t for t in regions["regions"][0]["tenants"] if t["tenant"] == mine["tenant"]]
+        assert waiting["pending"] + waiting["running"] + waiting["retry"] >= 1 and waiting["running_cap"] is None
         status, detail = stack.api("GET", f"operator/jobs/{job_id}", token=operator_token)
         assert status == 200 and detail["job"]["actor"] and detail["job"]["request_id"]
         assert [j["id"] for j in detail["history"]] == [job_id]
@@ -69,6 +72,7 @@ def test_operator_sees_a_retrying_job_and_cancels_it(stack: DevStack, chromium: 
         row = page.wait_for_selector(f"tr:has(code:text-is('{job_id}'))")
         text = row.inner_text()
         assert "ServerCreate" in text and "retry: on its way" in text and "Service Unavailable" in text, text
+        assert mine["tenant"] in page.inner_text("[aria-label='Who is waiting: tenants by pending jobs']")
         # cancel it (a running attempt answers 409: the page shows why; the next retry is cancellable)
         deadline = time.monotonic() + 300
         while True:

@@ -72,15 +72,25 @@ async def test_a_session_that_finished_and_claimed_before_0014_still_can_after(p
             await migrate_to(conn, 13)
             ids = [(await store.job_insert(conn, store.NewJob(kind="Noop", region="r1"))) for _ in range(3)]
             assert len(ids) == 3
-            (job,) = await store.job_claim(conn, ["r1"], 1, "ex", 30)
-            lost, claimed = await store.job_finish_and_claim(conn, [(store.Lease(job.id, "ex", job.attempt), [])],
-                                                             "r1", 1, "ex", 30)
-            assert lost == [] and len(claimed) == 1
+            # the statement as the release of migration 13 sent it (eight arguments: still served by
+            # the function of migration 0022, whose ninth has a default), and no finish: a claim
+            sql = ("SELECT f.finished_id, (f.claimed).* FROM jobs_finish_and_claim($1::text[], $2::text[], "
+                   "$3::int[], $4::text[], $5::text, $6::int, $7::text, $8::float8) AS f")
+
+            async def finish_and_claim(job: Any) -> list[Any]:
+                fin = [] if job is None else [job]
+                rows = await conn.fetch(sql, [j["id"] for j in fin], ["ex"] * len(fin), [j["attempt"] for j in fin],
+                                        ["[]"] * len(fin), "r1", 1, "ex", 30.0)
+                assert len([r for r in rows if r["finished_id"] is not None]) == len(fin)
+                return [r for r in rows if r["finished_id"] is None and r["id"] is not None]
+
+            (job,) = await finish_and_claim(None)
+            claimed = await finish_and_claim(job)
+            assert len(claimed) == 1
             await migrate_to_14(other)
             (job,) = claimed
-            lost, claimed = await store.job_finish_and_claim(conn, [(store.Lease(job.id, "ex", job.attempt), [])],
-                                                             "r1", 1, "ex", 30)
-            assert lost == [] and len(claimed) == 1
+            claimed = await finish_and_claim(job)
+            assert len(claimed) == 1
         finally:
             await conn.close()
             await other.close()
@@ -158,9 +168,15 @@ async def test_a_finish_whose_statements_a_migration_retyped_commits_at_once(pg_
             for _ in range(3):
                 await store.job_insert(pool, store.NewJob(kind="Noop", region="r1"))
             claimed_in_finish: list[Any] = []
+            # a claim that runs on a schema at 13 (today's job_claim needs migration 0022's turns)
+            # and returns jobs.* like it: the statement the migration retypes
+            legacy_claim = ("UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = 'ex', "
+                            "lease_expires_at = now() + interval '30 s', started_at = now(), updated_at = now() "
+                            "WHERE id IN (SELECT id FROM jobs WHERE status = 'pending' AND region = 'r1' "
+                            "ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING *")
 
             async def claim_next(conn: Any, freed: int) -> tuple[int, list[Any]]:
-                return freed, await store.job_claim(conn, ["r1"], freed, "ex", 30)
+                return freed, [store.Job.from_record(r) for r in await conn.fetch(legacy_claim, freed)]
 
             batcher = FinishBatcher(pool, claim_next=claim_next,
                                     on_claimed=lambda n, jobs: claimed_in_finish.extend(jobs))
@@ -169,7 +185,7 @@ async def test_a_finish_whose_statements_a_migration_retyped_commits_at_once(pg_
             def ctx(job: Any) -> Any:
                 return SimpleNamespace(job=job, lease=store.Lease(job.id, "ex", job.attempt), steps_json=lambda: [])
 
-            (first,) = await store.job_claim(pool, ["r1"], 1, "ex", 30)
+            (first,) = (await claim_next(pool, 1))[1]
             await batcher.succeed(ctx(first), kind, None)  # every statement of the finish prepared
             (second,) = claimed_in_finish
             await migrate_to_14(other)

@@ -369,9 +369,9 @@ async def test_finish_and_next_claim_in_one_statement_stay_fenced(pool: asyncpg.
     reservations: list[int] = []
     got: list[Any] = []
 
-    def claim_one(freed: int) -> tuple[int, str | None, str, float]:
+    def claim_one(freed: int) -> tuple[int, str | None, str, float, int | None]:
         reservations.append(freed)
-        return freed, "r1", "w-old", TTL
+        return freed, "r1", "w-old", TTL, None
 
     def on_claimed(reserved: int, jobs: list[Any]) -> None:
         got.extend(jobs)
@@ -392,7 +392,7 @@ async def test_finish_and_next_claim_in_one_statement_stay_fenced(pool: asyncpg.
 
 
 def test_the_one_statement_claim_says_what_job_claim_says() -> None:
-    """jobs_finish_and_claim (migration 0012) carries a copy of job_claim: the two must agree."""
+    """jobs_finish_and_claim (migration 0022) carries a copy of job_claim: the two must agree."""
     import re
     from pathlib import Path
 
@@ -401,17 +401,18 @@ def test_the_one_statement_claim_says_what_job_claim_says() -> None:
     def norm(text: str) -> str:
         return re.sub(r"\s+", " ", text).strip()
 
-    mig = (Path(__file__).resolve().parents[3] / "db" / "z9" / "db" / "migrations" / "0012_fewer_job_index_entries.sql").read_text()
-    copy = mig[mig.index("WITH candidates AS ("):mig.index("RETURNING jobs.* INTO got")]
-    copy = copy.replace("WHERE j.seq > after_seq\n              AND j.status", "WHERE j.status")  # its one addition
+    mig = (Path(__file__).resolve().parents[3] / "db" / "z9" / "db" / "migrations" / "0022_fair_claim.sql").read_text()
+    body = mig[mig.index("CREATE FUNCTION jobs_finish_and_claim"):]
+    copy = body[body.index("WITH RECURSIVE tenants"):body.index("SELECT t.got FROM taken t")]
     claim = q("job_claim")
-    claim = claim[:claim.index("RETURNING jobs.*")]
-    for placeholder, var in (("{region}", "claim_region"), ("{limit}", "1"), ("{owner}", "claim_owner"),
-                             ("{lease_ttl_s}", "lease_ttl_s")):
+    claim = claim[claim.index("WITH RECURSIVE tenants"):claim.index("SELECT (t.got).*")]
+    for placeholder, var in (("{region}", "claim_region"), ("{limit}", "claim_limit"), ("{owner}", "claim_owner"),
+                             ("{lease_ttl_s}", "lease_ttl_s"), ("{tenant_cap}", "tenant_cap")):
         claim = claim.replace(placeholder, var)
     # the function runs only without a test clock: {now} is NULL there, and coalesce(NULL, now()) is now()
-    claim = claim.replace("coalesce({now}::timestamptz, now())", "now()").replace("{now}::timestamptz, ", "")
-    assert "{now}" not in claim
+    claim = (claim.replace("coalesce({now}::timestamptz, now())", "now()").replace("{now}::timestamptz, ", "")
+             .replace("{now}::timestamptz", "NULL"))
+    assert "{" not in claim
     assert norm(copy) == norm(claim)
 
 

@@ -188,6 +188,14 @@ async def test_operator_sets_a_tenants_quota_with_z9_quota(api: Stack) -> None:
     assert out.returncode == 0 and "servers" in out.stdout
     assert (await api.call("POST", "/servers", token=token, json={**body, "name": "two"}))[0] == 202
     assert run("--servers", "-3").returncode == 2
+    # the engine's cap on running jobs per region (not a resource quota: nothing is refused by it)
+    assert rows["running_jobs"][:2] == ["none", "default"]
+    out = run("--running-jobs", "3")
+    assert out.returncode == 0, out.stderr
+    assert [line.split()[1:3] for line in out.stdout.splitlines() if line.startswith("running_jobs")] == [["3", "tenant"]]
+    assert await api.pool.fetchval("SELECT quota FROM tenant_quota_limits l JOIN tenants t ON t.id = l.tenant_id "
+                                   "WHERE t.name = 'quota-cli' AND l.unit = 'running_jobs'") == 3
+    assert "running_jobs" not in (await api.call("GET", "/quota", token=token))[1]["quotas"]
 
 
 async def test_a_failed_reboot_then_a_verified_start_leaves_the_server_running_and_resizable(

@@ -201,10 +201,21 @@ async def check_synchronous_replication(conn: asyncpg.Connection) -> None:
             f"synchronous_commit={row['commit']!r})")
 
 
+def _json_loads(text: str) -> Any:
+    """``json.loads``, with the empty object and array (a job's ``args``, ``steps`` and ``memo``
+    as most claims return them) made without the parser: a new object each time (callers mutate
+    them). The executor's claim decodes three jsonb columns per job (issue 33's profile)."""
+    if text == "{}":
+        return {}
+    if text == "[]":
+        return []
+    return json.loads(text)
+
+
 async def init_connection(conn: asyncpg.Connection) -> None:
     """Register json/jsonb codecs so jsonb columns read and write as Python objects."""
     for typ in ("json", "jsonb"):
-        await conn.set_type_codec(typ, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+        await conn.set_type_codec(typ, encoder=json.dumps, decoder=_json_loads, schema="pg_catalog")
 
 
 _BOUNDED_WAITS = ("lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout")

@@ -21,7 +21,7 @@ import asyncio
 import time
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
 from prometheus_client.exposition import choose_encoder
@@ -74,6 +74,19 @@ JOB_OLDEST_PENDING_AGE = Gauge(
     "z9_job_oldest_pending_age_seconds",
     "Age of the oldest runnable pending job (now - max(created_at, run_after)); 0 when none.",
     ["region"])
+TENANT_JOBS_PENDING = Gauge(
+    "z9_tenant_jobs_pending",
+    "Pending jobs by tenant, refreshed by the scheduler: in each region the Z9_TENANT_METRICS_TOP_N "
+    "tenants with the most pending jobs by id, every other tenant summed as tenant=\"_other\" (z9's own "
+    "jobs: tenant=\"_none\"); a tenant leaving the top is removed, so a region has at most N + 1 series.",
+    ["region", "tenant"])
+TENANT_OLDEST_PENDING_AGE = Gauge(
+    "z9_tenant_oldest_pending_age_seconds",
+    "How long each tenant's oldest pending job has waited (now - max(created_at, run_after)), for the "
+    "tenants of z9_tenant_jobs_pending (tenant=\"_other\": the longest wait among the rest).",
+    ["region", "tenant"])
+TENANT_OTHER = "_other"
+TENANT_NONE = "_none"
 LEASE_RECLAIMS = Counter(
     "z9_lease_reclaims_total",
     "Running jobs whose lease expired and were taken back (attempt spent).",
@@ -515,6 +528,37 @@ def set_job_counts(rows: Iterable[tuple[str, str, str, int]], statuses: Iterable
 
 
 _seen_job_series: set[tuple[str, str, str]] = set()
+
+
+def set_tenant_waits(rows: Iterable[Mapping[str, Any]], top_n: int) -> None:
+    """Replace ``z9_tenant_jobs_pending`` and ``z9_tenant_oldest_pending_age_seconds`` with
+    ``rows`` (``store.job_live_by_tenant``: region, tenant_id, pending, wait_s): per region
+    the ``top_n`` tenants with the most pending jobs by name, the rest as ``_other`` (present only
+    when some are left out); the series of a tenant no longer among them are removed (bounded
+    cardinality: at most ``top_n + 1`` per region)."""
+    by_region: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        if r["pending"]:
+            by_region.setdefault(r["region"], []).append(r)
+    fresh: dict[tuple[str, str], tuple[int, float]] = {}
+    for region, rs in by_region.items():
+        rs.sort(key=lambda r: (-r["pending"], -r["wait_s"], r["tenant_id"] or ""))
+        for r in rs[:top_n]:
+            fresh[(region, r["tenant_id"] or TENANT_NONE)] = (r["pending"], r["wait_s"])
+        rest = rs[top_n:]
+        if rest:
+            fresh[(region, TENANT_OTHER)] = (sum(r["pending"] for r in rest), max(r["wait_s"] for r in rest))
+    for labels in _seen_tenant_series - fresh.keys():
+        TENANT_JOBS_PENDING.remove(*labels)
+        TENANT_OLDEST_PENDING_AGE.remove(*labels)
+    for labels, (n, a) in fresh.items():
+        TENANT_JOBS_PENDING.labels(*labels).set(n)
+        TENANT_OLDEST_PENDING_AGE.labels(*labels).set(a)
+    _seen_tenant_series.clear()
+    _seen_tenant_series.update(fresh)
+
+
+_seen_tenant_series: set[tuple[str, str]] = set()
 
 
 # ---------------------------------------------------------------------------------- serving

@@ -438,6 +438,16 @@ class Settings(BaseSettings):
     task_deadline_s: float = Field(600.0, gt=0)
     shutdown_grace_s: float = Field(20.0, ge=0)
     snooze_s: float = Field(5.0, gt=0)
+    tenant_max_running_jobs: int | None = Field(None, ge=0, description=(
+        "Most jobs of one tenant running at once in a region, across every executor (unset: no cap). "
+        "A tenant's own cap overrides it: `z9 quota --tenant T --running-jobs N` (a `running_jobs` row "
+        "of tenant_quota_limits; `default` removes it). Whatever the caps, claims take tenants in turn "
+        "(round-robin) and each tenant's jobs oldest first (docs/architecture.md, how a job is chosen). "
+        "z9's own jobs (no tenant) are never capped."))
+    tenant_metrics_top_n: int = Field(10, ge=0, le=1000, description=(
+        "z9_tenant_jobs_pending and z9_tenant_oldest_pending_age_seconds name at most this many tenants "
+        "per region (those with the most pending jobs); the rest are summed as tenant=\"_other\", so the "
+        "metrics' cardinality is bounded whatever the number of tenants."))
     snooze_limit_s: float = Field(1800.0, ge=0)
     # With OTLP export on: the share of job attempts that ended succeeded with nothing to do (an
     # empty plan) whose spans are exported anyway; eventful attempts are always exported whole.

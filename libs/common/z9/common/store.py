@@ -427,21 +427,24 @@ async def jobs_unblock_missed(db: DB, limit: int = 1000) -> list[Any]:
 
 async def job_claim(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float,
                     caps: Mapping[str, int] | None = None, on_held: CapHeld | None = None, *,
-                    now: datetime | None = None) -> list[Job]:
+                    now: datetime | None = None, tenant_cap: int | None = None) -> list[Job]:
     """Claim up to ``limit`` pending jobs of ``regions`` (``FOR UPDATE SKIP LOCKED``), at most the
     earliest live job of each resource; each gets ``lease_owner = owner`` and attempt + 1.
+    Tenants are taken in turn, each one's jobs oldest first (``job_claim`` in queries/jobs.sql).
     One statement per region (in the order given) until ``limit`` jobs are claimed.
     ``caps``: region → most running jobs across all executors (``max_concurrent_jobs``); a
     region without one is claimed as above, at no extra cost (see :func:`_job_claim_capped`).
+    ``tenant_cap``: most running jobs of one tenant per region (``tenant_max_running_jobs``; a
+    tenant's own ``running_jobs`` limit overrides it; None: none but the tenants' own).
     ``now``: the time jobs are due by and leases run from (None: the database's now())."""
     if caps and any(r in caps for r in regions):
-        return await _job_claim_capped(db, regions, limit, owner, lease_ttl_s, caps, on_held, now)
+        return await _job_claim_capped(db, regions, limit, owner, lease_ttl_s, caps, on_held, now, tenant_cap)
     out: list[Job] = []
     for region in regions:
         if len(out) >= limit:
             break
         try:
-            rows = await db.fetch(job_claim_sql(region, limit - len(out), owner, lease_ttl_s, now))
+            rows = await db.fetch(job_claim_sql(region, limit - len(out), owner, lease_ttl_s, now, tenant_cap))
         except Exception as e:
             _claim_interrupted(db, out, region, e)
             return out
@@ -469,7 +472,7 @@ executor because the region was at its cap, while claimable jobs of the region w
 
 async def _job_claim_capped(db: DB, regions: list[str], limit: int, owner: str, lease_ttl_s: float,
                             caps: Mapping[str, int], on_held: CapHeld | None,
-                            now: datetime | None = None) -> list[Job]:
+                            now: datetime | None = None, tenant_cap: int | None = None) -> list[Job]:
     """:func:`job_claim` with per-region caps. A capped region's claim runs under its advisory
     lock (``job_region_cap_lock``, held to commit): count the region's running jobs with an
     unexpired lease, claim at most ``cap − running`` through the ordinary ``job_claim`` query.
@@ -490,14 +493,15 @@ async def _job_claim_capped(db: DB, regions: list[str], limit: int, owner: str, 
         want = limit - len(out)
         try:
             if region not in caps:
-                got = await job_claim(db, [region], want, owner, lease_ttl_s, now=now)
+                got = await job_claim(db, [region], want, owner, lease_ttl_s, now=now, tenant_cap=tenant_cap)
             elif in_tx:
-                got = await _claim_under_cap(db, region, caps[region], want, owner, lease_ttl_s, on_held, now)
+                got = await _claim_under_cap(db, region, caps[region], want, owner, lease_ttl_s, on_held, now,
+                                             tenant_cap)
             else:
                 async with _transaction(db) as conn:
                     await conn.execute(q("job_region_cap_lock"), [region])
                     got = await _claim_under_cap(conn, region, caps[region], want, owner, lease_ttl_s, on_held,
-                                                 now)
+                                                 now, tenant_cap)
         except Exception as e:  # a cap lock not had within lock_timeout, a lost connection
             _claim_interrupted(db, out, region, e)
             return out
@@ -506,11 +510,12 @@ async def _job_claim_capped(db: DB, regions: list[str], limit: int, owner: str, 
 
 
 async def _claim_under_cap(conn: Any, region: str, cap: int, want: int, owner: str, lease_ttl_s: float,
-                           on_held: CapHeld | None, now: datetime | None = None) -> list[Job]:
+                           on_held: CapHeld | None, now: datetime | None = None,
+                           tenant_cap: int | None = None) -> list[Job]:
     """Holding the region's cap lock: claim at most ``min(want, cap − running)`` of its jobs."""
     running = await conn.fetchval(q("job_region_running"), region, now)
     room = min(want, cap - running)
-    got = await job_claim(conn, [region], room, owner, lease_ttl_s, now=now) if room > 0 else []
+    got = await job_claim(conn, [region], room, owner, lease_ttl_s, now=now, tenant_cap=tenant_cap) if room > 0 else []
     if room < want and len(got) == max(room, 0) and on_held is not None:
         # the cap, not the queue, limited this claim (if anything claimable is left waiting)
         if await conn.fetchval(q("job_region_claimable"), region, now):
@@ -529,7 +534,8 @@ async def _transaction(db: DB) -> AsyncIterator[Any]:
             yield db
 
 
-def job_claim_sql(region: str, limit: int, owner: str, lease_ttl_s: float, now: datetime | None = None) -> str:
+def job_claim_sql(region: str, limit: int, owner: str, lease_ttl_s: float, now: datetime | None = None,
+                  tenant_cap: int | None = None) -> str:
     """The claim of one region as a statement without parameters (values as literals, see
     ``job_claim`` in queries/jobs.sql and :func:`z9.common.sql.ql`): planned once per connection for
     its real ``LIMIT`` instead of on every execution. ``now`` None (production) is the literal
@@ -537,7 +543,7 @@ def job_claim_sql(region: str, limit: int, owner: str, lease_ttl_s: float, now: 
     if not isinstance(limit, int) or limit < 1:
         raise ValueError(f"claim limit must be a positive int, not {limit!r}")
     return ql("job_claim", region=str(region), limit=limit, owner=str(owner), lease_ttl_s=float(lease_ttl_s),
-              now=NULL if now is None else now)
+              now=NULL if now is None else now, tenant_cap=NULL if tenant_cap is None else int(tenant_cap))
 
 
 async def _fenced(db: DB, name: str, lease: Lease, *args: Any) -> Any:
@@ -590,20 +596,21 @@ async def job_succeed_many(db: DB, finishes: list[tuple[Lease, list[dict[str, An
     if not finishes:
         return []
     rows = await db.fetch(q("job_succeed_many"), [l.job_id for l, _ in finishes], [l.owner for l, _ in finishes],
-                          [l.attempt for l, _ in finishes], [json.dumps(s) for _, s in finishes])
+                          [l.attempt for l, _ in finishes], [json.dumps(s) if s else "[]" for _, s in finishes])
     done = {(r["id"], r["attempt"]) for r in rows}
     return [l for l, _ in finishes if (l.job_id, l.attempt) not in done]
 
 
 async def job_finish_and_claim(db: DB, finishes: list[tuple[Lease, list[dict[str, Any]]]], region: str | None,
-                               limit: int, owner: str, lease_ttl_s: float) -> tuple[list[Lease], list[Job]]:
+                               limit: int, owner: str, lease_ttl_s: float,
+                               tenant_cap: int | None = None) -> tuple[list[Lease], list[Job]]:
     """``running`` → ``succeeded`` for ``finishes`` (``[(lease, final steps)]``, each row fenced like
     :func:`job_succeed`) and, in the same statement and commit, the claim of up to ``limit`` jobs of
     ``region`` (None: no claim) less one per lost lease — for jobs whose kinds record nothing
     (``jobs_finish_and_claim``, migration 0012). Returns (the leases that were lost, the jobs claimed)."""
     rows = await db.fetch(q("job_finish_and_claim"), [l.job_id for l, _ in finishes], [l.owner for l, _ in finishes],
-                          [l.attempt for l, _ in finishes], [json.dumps(s) for _, s in finishes],
-                          region, limit if region is not None else 0, owner, lease_ttl_s)
+                          [l.attempt for l, _ in finishes], [json.dumps(s) if s else "[]" for _, s in finishes],
+                          region, limit if region is not None else 0, owner, lease_ttl_s, tenant_cap)
     done = {(r["finished_id"], r["finished_attempt"]) for r in rows if r["finished_id"] is not None}
     claimed = [Job.from_record(r) for r in rows if r["finished_id"] is None and r["id"] is not None]
     return [l for l, _ in finishes if (l.job_id, l.attempt) not in done], claimed
@@ -738,6 +745,13 @@ async def job_list_operator(db: DB, *, region: str | None = None, kind: str | No
 async def job_live_counts_by_region(db: DB) -> list[dict[str, Any]]:
     """``[{region, status, n, oldest}]`` of the live jobs."""
     return [dict(r) for r in await db.fetch(q("job_live_counts_by_region"))]
+
+
+async def job_live_by_tenant(db: DB, *, now: datetime | None = None) -> list[dict[str, Any]]:
+    """``[{region, tenant_id, pending, running, retry, oldest_runnable, running_cap, wait_s}]``: the
+    live jobs of every region by tenant, most pending first (``job_live_by_tenant``); ``wait_s``
+    is how long the tenant's oldest pending job has waited at ``now`` (None: the database's)."""
+    return [dict(r) for r in await db.fetch(q("job_live_by_tenant"), now)]
 
 
 async def job_list_guard_refusals(db: DB, *, region: str | None = None, limit: int = 100) -> list[Job]:

@@ -12,7 +12,11 @@ deletion guard's refusals, a job's history, and cancelling any tenant's waiting 
 - ``POST /v1/operator/jobs/{id}/actions/cancel``: as the tenant's own cancel
   (:mod:`z9.api.job_actions`), for a job of any tenant.
 - ``GET /v1/operator/regions``: each configured region with its cap (``max_concurrent_jobs``)
-  and its live jobs by status (running across every executor, from the job table).
+  and its live jobs by status (running across every executor, from the job table), and who is
+  waiting: its tenants with live jobs, most pending first (at most ``TENANTS_SHOWN``; the number
+  left out in ``tenants_more``), each with its running jobs against its cap
+  (``Z9_TENANT_MAX_RUNNING_JOBS`` or its own ``running_jobs``) and how long its oldest pending
+  job has waited.
 - ``GET /v1/operator/guard-refusals?region=&limit=``: the jobs the deletion guard refused,
   newest first.
 """
@@ -65,6 +69,21 @@ class OperatorJobDetail(schemas.Response):
     history: list[OperatorJob] = Field(description="every job of the same resource, oldest first")
 
 
+TENANTS_SHOWN = 20  # tenants listed per region in GET /v1/operator/regions
+
+
+class TenantLoad(schemas.Response):
+    tenant: str | None = Field(description="the tenant's id (null: z9's own jobs)")
+    pending: int
+    running: int
+    retry: int
+    running_cap: int | None = Field(description="most of its jobs running at once in the region (its own "
+                                                "running_jobs limit, else Z9_TENANT_MAX_RUNNING_JOBS; null: none)")
+    waiting_since: schemas.OptTimestamp = Field(description="since when its oldest pending job could run "
+                                                            "(max(created_at, run_after); null: none pending)")
+    wait_s: float = Field(description="how long that job has waited, in seconds (0: none pending)")
+
+
 class RegionLoad(schemas.Response):
     name: str
     max_concurrent_jobs: int | None = Field(description="the cap on its running jobs across executors (null: none)")
@@ -72,6 +91,9 @@ class RegionLoad(schemas.Response):
     pending: int
     retry: int
     oldest_pending_at: schemas.OptTimestamp = Field(description="when its oldest pending job was created")
+    tenants: list[TenantLoad] = Field(description="who is waiting: its tenants with live jobs, most pending jobs "
+                                                  f"first (at most {TENANTS_SHOWN})")
+    tenants_more: int = Field(description="tenants with live jobs left out of `tenants`")
 
 
 class RegionLoadList(schemas.Response):
@@ -177,9 +199,18 @@ async def list_regions(request: web.Request) -> web.Response:
         if row["status"] == "pending":
             r["oldest_pending_at"] = row["oldest"].astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
     settings = request.app[SETTINGS]
+    tenants: dict[str, list[dict[str, Any]]] = {}
+    for row in await store.job_live_by_tenant(request.app[POOL]):  # most pending first
+        cap = row["running_cap"] if row["running_cap"] is not None else settings.tenant_max_running_jobs
+        tenants.setdefault(row["region"], []).append({
+            "tenant": row["tenant_id"], "pending": row["pending"], "running": row["running"], "retry": row["retry"],
+            "running_cap": None if row["tenant_id"] is None else cap, "wait_s": round(row["wait_s"], 3),
+            "waiting_since": None if row["oldest_runnable"] is None else
+            row["oldest_runnable"].astimezone(timezone.utc).isoformat().replace("+00:00", "Z")})
     names = sorted(set(settings.regions) | set(counts))
     regions = [{"name": n, "max_concurrent_jobs": settings.regions[n].max_concurrent_jobs if n in settings.regions
-                else None, **counts.get(n, {"running": 0, "pending": 0, "retry": 0, "oldest_pending_at": None})}
+                else None, **counts.get(n, {"running": 0, "pending": 0, "retry": 0, "oldest_pending_at": None}),
+                "tenants": tenants.get(n, [])[:TENANTS_SHOWN], "tenants_more": max(0, len(tenants.get(n, [])) - TENANTS_SHOWN)}
                for n in names]
     return web.json_response(dump(RegionLoadList, {"regions": regions}))
 
@@ -210,10 +241,13 @@ def operations(job_example: dict[str, Any]) -> list[Operation]:
                   {200: job_actions.JobOne, **errors, 404: None, 409: None, 429: None}, path_id="the job's id (job_…)",
                   example={"job": {**job_example, "status": "failed"}}, description=desc),
         Operation("GET", "/operator/regions", list_regions, "operatorListRegions",
-                  "Every region with its cap and its live jobs by status", "operator",
+                  "Every region with its cap, its live jobs by status and who is waiting", "operator",
                   {200: RegionLoadList, **errors}, example={"regions": [
                       {"name": "dev-1", "max_concurrent_jobs": 12, "running": 3, "pending": 1, "retry": 2,
-                       "oldest_pending_at": "2026-12-01T04:00:00Z"}]}, description=desc),
+                       "oldest_pending_at": "2026-12-01T04:00:00Z", "tenants_more": 0, "tenants": [
+                           {"tenant": "ten_01jd3x5v8q2m6n4p7r9s1t3w5y", "pending": 1, "running": 3, "retry": 2,
+                            "running_cap": 4, "waiting_since": "2026-12-01T04:00:00Z", "wait_s": 12.5}]}]},
+                  description=desc),
         Operation("GET", "/operator/guard-refusals", list_guard_refusals, "operatorListGuardRefusals",
                   "Jobs the deletion guard refused, newest first", "operator",
                   {200: OperatorJobList, **errors, 422: None}, query=GuardRefusalQuery,

@@ -96,12 +96,12 @@ class FinishBatcher:
     def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 256,
                  claim_next: Callable[[Any, int], Awaitable[tuple[int, list[Any]]]] | None = None,
                  on_claimed: Callable[[int, list[Any]], None] | None = None,
-                 claim_one: Callable[[int], tuple[int, str | None, str, float]] | None = None):
+                 claim_one: Callable[[int], tuple[int, str | None, str, float, int | None]] | None = None):
         self.pool = pool
         self.max_batch = max_batch
         self.claim_next = claim_next
         self.on_claimed = on_claimed
-        # claim_one(freed) -> (slots reserved, region or None, lease owner, lease TTL): the claim of
+        # claim_one(freed) -> (slots reserved, region or None, lease owner, lease TTL, tenant cap): the claim of
         # the one-statement path (module docstring); its reservation is released by on_claimed.
         self.claim_one = claim_one
         self.one_statement_flushes = 0  # flushes that took the one-statement path (tests, benchmarks)
@@ -211,11 +211,12 @@ class FinishBatcher:
         """The one-statement path: fenced finish of ``batch`` and the next claim, one commit.
         Returns (the (id, attempt) of the lost leases, (slots reserved, jobs claimed))."""
         assert self.claim_one is not None
-        reserved, region, owner, ttl = self.claim_one(len(batch))
+        reserved, region, owner, ttl, tenant_cap = self.claim_one(len(batch))
         try:
             async with self.pool.acquire() as conn:
                 lost, jobs = await store.job_finish_and_claim(
-                    conn, [(f.ctx.lease, f.ctx.steps_json()) for f in batch], region, reserved, owner, ttl)
+                    conn, [(f.ctx.lease, f.ctx.steps_json()) for f in batch], region, reserved, owner, ttl,
+                    tenant_cap)
         except BaseException:
             if reserved and self.on_claimed is not None:
                 self.on_claimed(reserved, [])  # nothing committed: those claims never happened

@@ -4,7 +4,9 @@
   every ``poll_interval_s``. A dropped LISTEN connection is re-established with backoff and
   followed at once by a catch-up claim.
 - Claims take at most the free capacity (``executor_concurrency`` − in flight), with
-  ``FOR UPDATE SKIP LOCKED``; at most the earliest live job of a resource is claimable. A region
+  ``FOR UPDATE SKIP LOCKED``; at most the earliest live job of a resource is claimable. Tenants
+  take turns (round-robin), each tenant's jobs oldest first, each tenant under its cap on running
+  jobs per region (``tenant_max_running_jobs``, or its own; docs/architecture.md). A region
   with ``max_concurrent_jobs`` is claimed under its cap across all executors (``store.job_claim``);
   a claim the cap held back is counted (``z9_region_cap_waits_total``) and logged at most once a
   minute per region.
@@ -171,7 +173,8 @@ class Executor:
         jobs: list[Job] = []
         try:
             jobs = await store.job_claim(self.pool, self._claim_order(), free, self.owner, self.settings.lease_ttl_s,
-                                         self.caps, self._cap_held, now=self.clock.db_now())
+                                         self.caps, self._cap_held, now=self.clock.db_now(),
+                                         tenant_cap=self.settings.tenant_max_running_jobs)
         except (*TRANSIENT_DB_ERRORS, LockWaitTimeout) as e:  # a lock wait: a capped region's lock
             log.warning("claim failed (%s); retrying after a pause", e)
             await asyncio.sleep(1.0)
@@ -198,7 +201,8 @@ class Executor:
         try:
             return free, await store.job_claim(conn, self._claim_order(), free, self.owner,
                                                self.settings.lease_ttl_s, self.caps, self._cap_held,
-                                               now=self.clock.db_now())
+                                               now=self.clock.db_now(),
+                                               tenant_cap=self.settings.tenant_max_running_jobs)
         except BaseException:
             self._reserved -= free
             raise
@@ -217,16 +221,17 @@ class Executor:
                  "claimable jobs wait for a slot (%d more held-back claims in the last minute; "
                  "max_concurrent_jobs in Z9_REGIONS)", region, cap, running, waits)
 
-    def _claim_in_finish_statement(self, freed: int) -> tuple[int, str | None, str, float]:
+    def _claim_in_finish_statement(self, freed: int) -> tuple[int, str | None, str, float, int | None]:
         """For a finish and claim in one statement (batching.py): reserve the slots the ``freed``
         jobs and any other free ones leave, in the region this claim asks (one region per
         statement; the next claim asks the next one first). Returns (slots reserved, region or
-        None, lease owner, lease TTL); :meth:`_claimed` runs after commit."""
-        free = self.settings.executor_concurrency - len(self.inflight) - self._reserved + freed
+        None, lease owner, lease TTL, tenant cap); :meth:`_claimed` runs after commit."""
+        s = self.settings
+        free = s.executor_concurrency - len(self.inflight) - self._reserved + freed
         if self._stopping.is_set() or free <= 0:
-            return 0, None, self.owner, self.settings.lease_ttl_s
+            return 0, None, self.owner, s.lease_ttl_s, s.tenant_max_running_jobs
         self._reserved += free
-        return free, self._claim_order()[0], self.owner, self.settings.lease_ttl_s
+        return free, self._claim_order()[0], self.owner, s.lease_ttl_s, s.tenant_max_running_jobs
 
     def _claimed(self, reserved: int, jobs: list[Job]) -> None:
         """Release ``reserved`` slots and start ``jobs`` (claimed, and committed)."""

@@ -118,14 +118,19 @@ class Scheduler:
         and the finished ones too when ``finished``) and ``z9_job_oldest_pending_age_seconds``
         (configured regions, any region with pending jobs, and every region set before, so a
         region whose pending jobs are gone reads 0 instead of its last age), with index-only
-        queries (``job_count_by_status``, ``job_oldest_pending_age``)."""
+        queries (``job_count_by_status``, ``job_oldest_pending_age``); and who is waiting —
+        ``z9_tenant_jobs_pending`` / ``z9_tenant_oldest_pending_age_seconds``, the top
+        ``tenant_metrics_top_n`` tenants of each region, the rest as ``_other``
+        (``job_live_by_tenant``: one walk of the live jobs)."""
         statuses = metrics.JOB_STATUSES if finished else metrics.LIVE_JOB_STATUSES
         async with self.pool.acquire() as conn:
             rows = await store.job_count_by_status(conn, statuses)
             regions = sorted(set(self.settings.regions) | self._age_regions
                              | {r[1] for r in rows if r[2] == "pending"})
             ages = await store.job_oldest_pending_age(conn, regions, now=self.clock.db_now())
+            by_tenant = await store.job_live_by_tenant(conn, now=self.clock.db_now())
         metrics.set_job_counts(rows, statuses, self._kinds, self.settings.regions)
+        metrics.set_tenant_waits(by_tenant, self.settings.tenant_metrics_top_n)
         for region, age_s in ages.items():
             metrics.JOB_OLDEST_PENDING_AGE.labels(region).set(age_s)
         self._age_regions.update(ages)

@@ -79,52 +79,109 @@ ORDER BY seq DESC
 LIMIT $3;
 
 -- name: job_claim
--- No parameters: {region}, {limit}, {owner}, {lease_ttl_s} and {now} (NULL: the server's now(); a
--- test clock's time otherwise) are filled in as literals (sql.ql), so
--- PostgreSQL plans this statement once per connection and keeps the plan (force_custom_plan only
--- re-plans statements with parameters), and that plan knows the real LIMIT: a generic plan of a
--- `LIMIT $n` parameter assumes a tenth of the rows and could trade the ordered walk below for a sort of every
--- pending job. Planning was about half of the server's time per job at concurrency 1 (issue 14).
--- The earliest pending jobs of one region whose lock keys no earlier live job holds (per-resource
--- order, extended to a job's extra_lock_keys), oldest first. `NOT blocked` (migration 0010): jobs
--- waiting behind a live job of one of their keys are not in jobs_claimable at all, so the walk never
--- steps over them; the checks below stay as a guard: `region = {region}` (a scalar, not
--- `= ANY(array)`) lets the scan walk jobs_claimable in seq order and stop after {limit} rows; with an
--- array PostgreSQL 15 cannot take the order from that index and walks every finished job. The
--- check for an earlier live job of the candidate's resource is a correlated subplan probing
--- jobs_resource_live by resource_id (skipped for jobs without a resource): written as an
--- anti-join, stale statistics (a queue table that looked empty at its last ANALYZE) made the
--- planner scan the whole live index for every candidate. The other keys — a candidate's extra
--- keys, and earlier jobs holding its keys as extra keys — are checked by jobs_lock_held
--- (migration 0004), only for a candidate with extra keys or while any live job has some (one
--- probe of jobs_multikey_live per claim). Jobs wait only for earlier jobs (a total order), so
--- there is no lock cycle.
-WITH candidates AS (
-    SELECT j.id FROM jobs j
-    WHERE j.status = 'pending' AND NOT j.blocked AND j.region = {region} AND j.run_after <= coalesce({now}::timestamptz, now())
-      AND (j.resource_id IS NULL OR (
-          NOT EXISTS (
-              SELECT 1 FROM jobs e
-              WHERE e.resource_id = j.resource_id AND e.seq < j.seq
-                AND e.status IN ('pending', 'running', 'retry'))
-          AND ((cardinality(j.extra_lock_keys) = 0
-                AND NOT (SELECT EXISTS (SELECT 1 FROM jobs x WHERE cardinality(x.extra_lock_keys) > 0
-                                                                AND x.status IN ('pending', 'running', 'retry'))))
-               OR NOT jobs_lock_held(j.resource_id, j.extra_lock_keys, j.seq))))
-    ORDER BY j.seq
+-- No parameters: {region}, {limit}, {owner}, {lease_ttl_s}, {tenant_cap} (Z9_TENANT_MAX_RUNNING_JOBS,
+-- NULL: none) and {now} (NULL: the server's now(); a test clock's time otherwise) are filled in as
+-- literals (sql.ql), so PostgreSQL plans this statement once per connection and keeps the plan
+-- (force_custom_plan only re-plans statements with parameters), and that plan knows the real LIMIT:
+-- a generic plan of a `LIMIT $n` parameter assumes a tenth of the rows and could trade the ordered
+-- walks below for a sort of every pending job. Planning was about half of the server's time per job
+-- at concurrency 1 (issue 14).
+--
+-- Fair share by tenant (migration 0022): the tenants with pending jobs in the region (`tenants`: a
+-- skip scan of jobs_claimable, one probe per tenant; z9's own jobs are the tenant ''), each one's
+-- earliest claimable jobs (`heads`: an ordered walk of its part of jobs_claimable, at most {limit},
+-- and at most its room under its cap: jobs_tenant_room), taken round-robin — every tenant's first
+-- job, then every tenant's second, ... — the tenants in id order starting after the one this region
+-- served last (job_claim_turns: moved to the last tenant served, never waited for). So a tenant's
+-- backlog delays another tenant's job by one claim at most.
+--
+-- Claimable, as before: pending and not `blocked` (migration 0010: jobs waiting behind a live job
+-- of one of their keys are not in jobs_claimable at all, so the walk never steps over them), due,
+-- and no earlier live job holds one of its lock keys (per-resource order, extended to a job's
+-- extra_lock_keys) — the checks below stay as a guard: `region = {region}` (a scalar, not
+-- `= ANY(array)`) keeps each walk an index range. The check for an earlier live job of the
+-- candidate's resource is a correlated subplan probing jobs_resource_live by resource_id (skipped
+-- for jobs without a resource): written as an anti-join, stale statistics (a queue table that
+-- looked empty at its last ANALYZE) made the planner scan the whole live index for every
+-- candidate. The other keys — a candidate's extra keys, and earlier jobs holding its keys as extra
+-- keys — are checked by jobs_lock_held (migration 0004), only for a candidate with extra keys or
+-- while any live job has some (one probe of jobs_multikey_live per claim). Jobs wait only for
+-- earlier jobs (a total order), so there is no lock cycle. The candidates are locked in the order
+-- they are taken (FOR UPDATE SKIP LOCKED, re-checked on the locked row: pending), so concurrent
+-- claims never take a job twice and never wait on each other.
+-- jobs_finish_and_claim (migration 0022) carries a copy (tests/integration/engine/test_engine_batching.py).
+WITH RECURSIVE tenants (k) AS (
+    (SELECT coalesce(j.tenant_id, '') FROM jobs j
+     WHERE j.status = 'pending' AND NOT j.blocked AND j.region = {region}
+     ORDER BY coalesce(j.tenant_id, '')
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT coalesce(j.tenant_id, '') FROM jobs j
+            WHERE j.status = 'pending' AND NOT j.blocked AND j.region = {region}
+              AND coalesce(j.tenant_id, '') > t.k
+            ORDER BY coalesce(j.tenant_id, '')
+            LIMIT 1)
+    FROM tenants t WHERE t.k IS NOT NULL
+), turn AS (
+    SELECT (SELECT c.tenant_key FROM job_claim_turns c WHERE c.region = {region}) AS last
+), heads AS (
+    SELECT h.id, h.rn, t.k, coalesce(t.k <= turn.last, false) AS later
+    FROM tenants t CROSS JOIN turn CROSS JOIN LATERAL (
+        SELECT s.id, row_number() OVER (ORDER BY s.seq) AS rn FROM (
+            SELECT j.id, j.seq FROM jobs j
+            WHERE coalesce(j.tenant_id, '') = t.k
+              AND j.status = 'pending' AND NOT j.blocked AND j.region = {region} AND j.run_after <= coalesce({now}::timestamptz, now())
+              AND (j.resource_id IS NULL OR (
+                  NOT EXISTS (
+                      SELECT 1 FROM jobs e
+                      WHERE e.resource_id = j.resource_id AND e.seq < j.seq
+                        AND e.status IN ('pending', 'running', 'retry'))
+                  AND ((cardinality(j.extra_lock_keys) = 0
+                        AND NOT (SELECT EXISTS (SELECT 1 FROM jobs x WHERE cardinality(x.extra_lock_keys) > 0
+                                                                        AND x.status IN ('pending', 'running', 'retry'))))
+                       OR NOT jobs_lock_held(j.resource_id, j.extra_lock_keys, j.seq))))
+            ORDER BY j.seq
+            LIMIT least({limit}, jobs_tenant_room({region}, t.k, {tenant_cap}, {now}::timestamptz))
+        ) s
+    ) h
+    WHERE t.k IS NOT NULL
+), candidates AS (
+    SELECT j.id, h.rn, h.later, h.k FROM heads h JOIN jobs j ON j.id = h.id
+    WHERE j.id = ANY(ARRAY(SELECT id FROM heads))  -- primary-key probes, never a scan of the pending jobs
+      AND j.status = 'pending'
+    ORDER BY h.rn, h.later, h.k
     LIMIT {limit}
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF j SKIP LOCKED
+), taken AS (
+    UPDATE jobs
+    SET status = 'running',
+        attempt = jobs.attempt + 1,
+        lease_owner = {owner},
+        lease_expires_at = coalesce({now}::timestamptz, now()) + make_interval(secs => {lease_ttl_s}),
+        started_at = coalesce(jobs.started_at, {now}::timestamptz, now()),
+        updated_at = coalesce({now}::timestamptz, now())
+    FROM candidates
+    WHERE jobs.id = candidates.id
+    RETURNING jobs AS got, jobs.id, jobs.seq
+), served AS (
+    SELECT c.k FROM candidates c WHERE c.id IN (SELECT id FROM taken)
+    ORDER BY c.rn DESC, c.later DESC, c.k DESC
+    LIMIT 1
+), turn_held AS (
+    SELECT m.region FROM job_claim_turns m, served s
+    WHERE m.region = {region} AND m.tenant_key <> s.k
+    FOR UPDATE OF m SKIP LOCKED
+), turn_moved AS (
+    UPDATE job_claim_turns m SET tenant_key = s.k FROM served s, turn_held
+    WHERE m.region = turn_held.region
+), turn_first AS (
+    INSERT INTO job_claim_turns (region, tenant_key)
+    SELECT {region}, s.k FROM served s, turn
+    WHERE CASE WHEN turn.last IS NULL  -- the region's first claim; one inserts, none waits
+               THEN pg_try_advisory_xact_lock(hashtextextended('z9-claim-turn:' || {region}, 0)) ELSE false END
+    ON CONFLICT (region) DO NOTHING
 )
-UPDATE jobs
-SET status = 'running',
-    attempt = jobs.attempt + 1,
-    lease_owner = {owner},
-    lease_expires_at = coalesce({now}::timestamptz, now()) + make_interval(secs => {lease_ttl_s}),
-    started_at = coalesce(jobs.started_at, {now}::timestamptz, now()),
-    updated_at = coalesce({now}::timestamptz, now())
-FROM candidates
-WHERE jobs.id = candidates.id
-RETURNING jobs.*, pg_notify('z9_job_changed', jobs.id)::text AS notified;
+SELECT (t.got).*, pg_notify('z9_job_changed', t.id)::text AS notified FROM taken t ORDER BY t.seq;
 
 -- name: job_region_cap_lock
 -- The per-region cap (RegionSettings.max_concurrent_jobs; store.job_claim): the transaction-scoped
@@ -259,7 +316,7 @@ RETURNING j.id, j.attempt, pg_notify('z9_job_changed', j.id)::text AS notified;
 -- job (finished_id, finished_attempt; a lease missing from them is lost), then one per claimed
 -- job (its columns; finished_id NULL).
 SELECT f.finished_id, f.finished_attempt, (f.claimed).*
-FROM jobs_finish_and_claim($1::text[], $2::text[], $3::int[], $4::text[], $5::text, $6::int, $7::text, $8::float8) AS f;
+FROM jobs_finish_and_claim($1::text[], $2::text[], $3::int[], $4::text[], $5::text, $6::int, $7::text, $8::float8, $9::int) AS f;
 
 -- name: job_retry
 -- $7 = attempts to give back (1 for a snooze or a hand-over, else 0).
@@ -434,6 +491,28 @@ LIMIT $5;
 SELECT region, status::text AS status, count(*)::int AS n, min(created_at) AS oldest
 FROM jobs WHERE status IN ('pending', 'retry', 'running')
 GROUP BY region, status;
+
+-- name: job_live_by_tenant
+-- Who is waiting: the live jobs of every region by tenant (NULL: z9's own jobs) — pending, running
+-- (leases unexpired or not: what the table says), retry — with the tenant's oldest pending job's
+-- time runnable (max(created_at, run_after)) and its own cap on running jobs (tenant_quota_limits,
+-- unit running_jobs; NULL: the installation's) and how long that job has waited at $1 (NULL: the
+-- server's now()), never below 0. For the scheduler's z9_tenant_* metrics and
+-- GET /v1/operator/regions. Walks the live jobs once (jobs_resource_live holds no tenant: the rows
+-- themselves), bounded by what waits and runs, never by the finished jobs.
+SELECT g.region, g.tenant_id, g.pending, g.running, g.retry, g.oldest_runnable, l.quota AS running_cap,
+       greatest(coalesce(extract(epoch FROM coalesce($1::timestamptz, now()) - g.oldest_runnable), 0), 0)::float8 AS wait_s
+FROM (
+    SELECT region, tenant_id,
+           count(*) FILTER (WHERE status = 'pending')::int AS pending,
+           count(*) FILTER (WHERE status = 'running')::int AS running,
+           count(*) FILTER (WHERE status = 'retry')::int AS retry,
+           min(greatest(created_at, run_after)) FILTER (WHERE status = 'pending') AS oldest_runnable
+    FROM jobs WHERE status IN ('pending', 'running', 'retry')
+    GROUP BY region, tenant_id
+) g
+LEFT JOIN tenant_quota_limits l ON l.tenant_id = g.tenant_id AND l.unit = 'running_jobs'
+ORDER BY g.region, g.pending DESC, g.oldest_runnable, g.tenant_id;
 
 -- name: job_list_guard_refusals
 -- Jobs the deletion guard refused (the executor marks their error `refused`), newest first.

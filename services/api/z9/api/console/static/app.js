@@ -772,7 +772,10 @@ async function operatorPage() {
     for (const [k, v] of new FormData(f)) if (v) q.set(k, v);
     go(`/operator${q.toString() ? "?" + q : ""}`);
   });
-  page("Operator", h("h2", {}, "Regions"), regionsBox, h("h2", {}, "Jobs of every tenant"),
+  const waitingBox = h("div", {});
+  page("Operator", h("h2", {}, "Regions"), regionsBox, h("h2", {}, "Who is waiting"),
+    h("p", { class: "muted" }, "Each region's tenants with live jobs, most pending first: claims take tenants in turn, each tenant's jobs oldest first, up to its cap on running jobs."),
+    waitingBox, h("h2", {}, "Jobs of every tenant"),
     h("p", { class: "muted" }, "Retrying, pending and running first, oldest first; refreshed every 10 s."), f, jobsBox,
     h("h2", {}, "Deletion-guard refusals"), guardBox);
   const load = async () => {
@@ -782,6 +785,11 @@ async function operatorPage() {
     put(regionsBox, table("Regions: cap and live jobs", ["region", "cap", "running", "pending", "retry", "oldest pending"],
       regions.regions.map((r) => [r.name, r.max_concurrent_jobs === null ? "none" : String(r.max_concurrent_jobs), String(r.running), String(r.pending), String(r.retry),
         r.oldest_pending_at ? `${ago(r.oldest_pending_at)} ago` : "—"])));
+    put(waitingBox, table("Who is waiting: tenants by pending jobs", ["region", "tenant", "pending", "running", "cap", "retry", "oldest pending waited"],
+      regions.regions.flatMap((r) => [...r.tenants.map((t) => [r.name, h("code", {}, t.tenant || "z9"), String(t.pending), String(t.running),
+        t.running_cap === null ? "none" : String(t.running_cap), String(t.retry), t.pending ? `${t.wait_s.toFixed(1)} s` : "—"]),
+        ...(r.tenants_more ? [[r.name, `${r.tenants_more} more tenants`, "", "", "", "", ""]] : [])]),
+      "Nobody is waiting: no live jobs."));
     put(jobsBox, table(`Jobs: ${jobs.jobs.length}`, ["job", "tenant", "region", "kind", "status", "attempts", "age", "error", "UPID", ""],
       jobs.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), h("code", {}, j.tenant || "z9"), j.region, j.kind, jobBadge(j), `${j.attempt}/${j.max_attempts}`,
         ago(j.created_at), j.error ? `${j.error.class}: ${j.error.message}` : "", upidOf(j) ? h("code", {}, upidOf(j)) : "",
