@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import os
 import re
-import signal
 import sys
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -18,10 +17,12 @@ if TYPE_CHECKING:  # imported in main() for an operator command only: a customer
 
 
 async def _serve(service: Any) -> None:
-    """Run ``service.run()`` until SIGINT/SIGTERM, which call ``service.stop()``."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, service.stop)
+    """Run ``service.run()`` until SIGINT/SIGTERM, which call ``service.stop()``; the process ends
+    at the latest ``Z9_SHUTDOWN_GRACE_S`` + 5 s after the signal, or at a second one, whatever it
+    waits on (:mod:`z9.common.shutdown`)."""
+    from z9.common.shutdown import guard_stop
+
+    guard_stop(service.stop, service.settings.shutdown_grace_s)
     await service.run()
 
 
