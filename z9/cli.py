@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import os
 import re
-import signal
 import sys
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -18,10 +17,12 @@ if TYPE_CHECKING:  # imported in main() for an operator command only: a customer
 
 
 async def _serve(service: Any) -> None:
-    """Run ``service.run()`` until SIGINT/SIGTERM, which call ``service.stop()``."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, service.stop)
+    """Run ``service.run()`` until SIGINT/SIGTERM, which call ``service.stop()``; the process ends
+    at the latest ``Z9_SHUTDOWN_GRACE_S`` + 5 s after the signal, or at a second one, whatever it
+    waits on (:mod:`z9.common.shutdown`)."""
+    from z9.common.shutdown import guard_stop
+
+    guard_stop(service.stop, service.settings.shutdown_grace_s)
     await service.run()
 
 
@@ -329,16 +330,40 @@ class _SectionedHelp(argparse.RawDescriptionHelpFormatter):
 OPERATOR_COMMANDS = ("api", "scheduler", "executor", "reaper", "migrate", "token", "quota", "sim", "dev")
 
 
-class _Parser(argparse.ArgumentParser):
+def _parser_class() -> type[argparse.ArgumentParser]:
     """``z9``'s own parser: every usage error it reports (an unknown command, a bare ``z9``, an
     unknown flag of an operator command) exits 64, as the customer commands' own do — 2 means
-    "deadline" (a wait's), never "usage"."""
+    "deadline" (a wait's), never "usage" — with the command line, its secrets masked."""
+    from z9.client.cli import UsageParser
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
-        from z9.client.cli import USAGE
+    return UsageParser
 
-        self.print_usage(sys.stderr)
-        self.exit(USAGE, f"{self.prog}: error: {message}\n")
+
+#: the connection and output flags of every customer command, which may come before the command
+#: as hcloud's and kubectl's do (``z9 --context prod servers list``)
+GLOBAL_FLAGS = ("--context", "--api-url", "--token", "-o", "--output")
+
+
+def hoist_global_flags(argv: list[str]) -> list[str]:
+    """``z9 --token T servers list`` → ``z9 servers list --token T``: the connection and output
+    flags given before a customer command move after it (every customer command takes them). A
+    line whose command is an operator one, or none, is left as it is (its usage error says so)."""
+    moved: list[str] = []
+    i = 0
+    while i < len(argv):
+        flag, eq, _ = argv[i].partition("=")
+        if flag not in GLOBAL_FLAGS:
+            break
+        step = 1 if eq else 2
+        moved.extend(argv[i:i + step])
+        i += step
+    rest = argv[i:]
+    if not moved or not rest or (rest[0] in OPERATOR_COMMANDS and rest[:2] != ["quota", "show"]):
+        return argv
+    if "--" in rest:  # the flags go before a `--`, never among the arguments after it
+        cut = rest.index("--")
+        return [*rest[:cut], *moved, *rest[cut:]]
+    return [*rest, *moved]
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -347,10 +372,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     that line is ``z9 quota …``: a customer command starts without the server side (its modules
     are never imported, tests/unit/test_client_imports.py). Without ``argv``: everything."""
     quota_flags = argv is None or argv[:1] == ["quota"]
-    p = _Parser(prog="z9", description="z9 control-plane job system", formatter_class=_SectionedHelp)
+    from z9.client.redact import MaskingParser
+
+    p = _parser_class()(prog="z9", description="z9 control-plane job system", formatter_class=_SectionedHelp)
     # the operator commands' own parsers keep argparse's exit code (their checks answer 2, as
-    # before); the customer groups use z9.client.cli.UsageParser (64)
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=argparse.ArgumentParser)
+    # before); the customer groups use z9.client.cli.UsageParser (64); both mask secrets
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=MaskingParser)
 
     s = sub.add_parser("api", help="serve the REST API")
     s.add_argument("--host")
@@ -471,6 +498,10 @@ def main(argv: list[str] | None = None) -> int:
         from z9.sim.server import main as sim_main
 
         return sim_main(argv[1:])
+    from z9.client.redact import remember
+
+    remember(argv)  # as typed: its secrets are masked in any usage error, which shows it
+    argv = hoist_global_flags(list(argv))
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command not in OPERATOR_COMMANDS or hasattr(args, "run"):  # a customer command: the API, no settings

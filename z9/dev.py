@@ -137,7 +137,14 @@ def _die_with_parent() -> None:
 
 def _spawn(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
     """A child of ``z9 dev`` that never outlives it (:func:`_die_with_parent`)."""
-    return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    parent = os.getpid()
+
+    def die_with_parent() -> None:
+        _die_with_parent()
+        if os.getppid() != parent:  # z9 dev died before the death signal was set: no signal comes
+            os._exit(1)
+
+    return subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent if sys.platform == "linux" else None)
 
 
 def _start_watchdog(pgdata: Path, lockfile: Path) -> subprocess.Popen:
@@ -319,6 +326,9 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         # poll, every step of a stack run with --task-seconds 0.05 still took a second.
         poll_s = f"{min(1.0, max(0.05, args.task_seconds)):g}"
         env.setdefault("Z9_TASK_POLL_S", poll_s)
+        # A stop (Ctrl-C, or the death signal when z9 dev is killed, its database stopping at the
+        # same moment) ends every service within this + 5 s, whatever it waits on (z9.common.shutdown)
+        env.setdefault("Z9_SHUTDOWN_GRACE_S", "3")
         env.setdefault("Z9_SERVER_GUEST_POLL_S", poll_s)
         key = os.environ.get("Z9_INSTALLATION_KEY") or key_file.read_text().strip()
         for name, extra in (("api", ["--port", str(args.port)]), ("scheduler", []),

@@ -35,19 +35,18 @@ from .api import ApiError, Client, Deadline, Unreachable
 from .config import ConfigError, max_retries, resolve
 from .models import Accepted, Job
 from .progress import StepProgress
+from .redact import MaskingParser
 
 OK, FAILED, DEADLINE, REFUSED, UNREACHABLE, USAGE = 0, 1, 2, 3, 4, 64
 DEFAULT_TIMEOUT_S = 1800.0
 
 
-class UsageParser(argparse.ArgumentParser):
+class UsageParser(MaskingParser):
     """Customer commands exit 64 on a usage error: 2 means "deadline" (the seeds' convention).
     An unknown argument is reported by the innermost command that got it, with that command's
-    usage (not ``z9``'s)."""
+    usage (not ``z9``'s), and the command line with its secrets masked (:mod:`.redact`)."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        self.exit(USAGE, f"{self.prog}: error: {message}\n")
+    usage_exit = USAGE
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
         ns, extras = super().parse_known_args(args, namespace)

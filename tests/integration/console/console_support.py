@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -203,3 +204,50 @@ def import_lb_appliance(stack: DevStack) -> None:
     except urllib.error.HTTPError as e:
         if e.code != 409:
             raise
+
+
+REF = re.compile(r"^([a-z0-9]+)_[0-9a-z]{26}$")
+
+
+def real_ids(value: Any, refs: dict[str, str]) -> Any:
+    """``value`` with every example id (``srv_…``) replaced by the real one of its prefix in ``refs``."""
+    if isinstance(value, dict):
+        return {k: real_ids(v, refs) for k, v in value.items()}
+    if isinstance(value, list):
+        return [real_ids(v, refs) for v in value]
+    if isinstance(value, str) and (m := REF.match(value)) and m.group(1) in refs:
+        return refs[m.group(1)]
+    return value
+
+
+def fill_form(form: Any, value: dict[str, Any], refs: dict[str, str], prefix: str = "") -> None:
+    """Fill the generated form from an example body: a union's branch first, rows added as the
+    example has items, a picker set to the real resource standing for the example's id."""
+    def at(key: str) -> str:
+        return f"{prefix}.{key}" if prefix else key
+
+    keys = sorted(value, key=lambda k: form.locator(f"select[data-variant][name='{at(k)}']").count() == 0)
+    for key in keys:
+        v, path = value[key], at(key)
+        if isinstance(v, list) and v and isinstance(v[0], dict):
+            for i, item in enumerate(v):
+                if form.locator(f"[data-row='{path}[{i}]']").count() == 0:
+                    form.locator(f"[data-add='{path}']").click()
+                fill_form(form, item, refs, f"{path}[{i}]")
+        elif isinstance(v, dict):
+            fill_form(form, v, refs, path)
+        else:
+            el = form.locator(f"[name='{path}']")
+            assert el.count() == 1, (path, form.inner_html())
+            tag = el.evaluate("e => e.tagName.toLowerCase() + ':' + (e.type || '')")
+            if tag.startswith("select"):
+                if el.get_attribute("data-ref") is not None:
+                    form.locator(f"select[name='{path}'][data-state=ready]").wait_for()
+                    v = real_ids(v, refs)
+                el.select_option(str(v).lower() if isinstance(v, bool) else str(v))
+            elif tag == "input:checkbox":
+                el.set_checked(bool(v))
+            elif tag.startswith("textarea"):
+                el.fill("\n".join(map(str, v)) if isinstance(v, list) else str(v))
+            else:
+                el.fill(str(v))

@@ -143,10 +143,24 @@ def test_phone_sized_window_fits_and_errors_quote_the_request_id(stack: DevStack
             page.wait_for_load_state("networkidle")
         wide = page.evaluate("document.documentElement.scrollWidth")
         assert wide <= 390, (path, wide, page.evaluate(OVERFLOWING))
-    # the JSON fields show an example
+    # a list of objects is rows of fields (no JSON box): a target's kind a select of the union's
+    # branches, its server a picker of the tenant's servers; the form fits the narrow screen too
     page.goto(stack.console + "load-balancers/new")
-    page.wait_for_selector("[data-field=targets] code.example")
-    assert "server_id" in page.inner_text("[data-field=targets] code.example")
+    page.click("[data-field=targets] [data-add=targets]")
+    page.wait_for_selector("select[name='targets[0].type']")
+    assert page.eval_on_selector_all("select[name='targets[0].type'] option", "os => os.map(o => o.value)") == [
+        "server", "ip"]
+    page.wait_for_selector("select[name='targets[0].server_id'][data-ref=srv][data-state=ready]")
+    assert out["server"]["id"] in page.eval_on_selector_all("select[name='targets[0].server_id'] option",
+                                                            "os => os.map(o => o.value)")
+    page.select_option("select[name='targets[0].type']", "ip")
+    page.wait_for_selector("input[name='targets[0].ip']")
+    assert page.locator("[name='targets[0].server_id']").count() == 0
+    assert page.locator("textarea[name=_json]").is_hidden()  # raw JSON only behind the advanced switch
+    page.check("[data-advanced]")
+    assert '"targets"' in page.input_value("textarea[name=_json]")
+    wide = page.evaluate("document.documentElement.scrollWidth")
+    assert wide <= 390, ("load-balancers/new", wide, page.evaluate(OVERFLOWING))
     # an API refusal shows the request id the API answered
     page.goto(stack.console + "servers/srv_" + "0" * 26)
     page.wait_for_selector(".notice.bad .request-id code")

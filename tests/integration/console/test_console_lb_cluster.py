@@ -3,13 +3,21 @@ console's forms reach healthy / running with their steps live, and the cluster's
 downloads."""
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Iterator
 
 import pytest
 
-from tests.integration.console.console_support import DevStack, browser, dev_stack, import_lb_appliance, new_page, require_browser, sign_in
+from tests.integration.console.console_support import (
+    DevStack,
+    browser,
+    dev_stack,
+    fill_form,
+    import_lb_appliance,
+    new_page,
+    require_browser,
+    sign_in,
+)
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -47,10 +55,14 @@ def test_load_balancer_from_the_console_reaches_healthy(stack: DevStack, chromiu
     name = f"front-{time.time_ns() % 10**8}"
     page.fill("[name=name]", name)
     page.select_option("[name=region]", "dev-1")
-    page.fill("[name=services]", json.dumps([{"protocol": "tcp", "listen_port": 80, "destination_port": 8080,
-                                              "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 3,
-                                                               "timeout_s": 2, "retries": 2}}]))
-    page.fill("[name=targets]", json.dumps([{"type": "server", "server_id": web}]))
+    form = page.locator("form.form")
+    # a list of objects is rows of fields (a service's health check a union: tcp or http; a target
+    # one of server or ip, the server picked from the tenant's own), never a JSON text box
+    assert page.locator("textarea[name=services], textarea[name=targets]").count() == 0
+    fill_form(form, {"services": [{"protocol": "tcp", "listen_port": 80, "destination_port": 8080,
+                                   "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 3,
+                                                    "timeout_s": 2, "retries": 2}}],
+                     "targets": [{"type": "server", "server_id": web}]}, {"srv": web})
     page.click("button:has-text('Create')")
     page.wait_for_selector(f"h1:has-text('{name}')")
     page.wait_for_selector(".job .step-state")  # its steps, live
@@ -79,8 +91,9 @@ def test_cluster_from_the_console_runs_and_its_kubeconfig_downloads(stack: DevSt
     page.fill("[name='control_plane.cores']", "2")
     page.fill("[name='control_plane.memory_mib']", "4096")
     page.fill("[name='control_plane.disk_gib']", "30")
-    page.fill("[name=node_pools]", json.dumps([{"name": "workers", "count": 1, "cores": 2, "memory_mib": 4096,
-                                                "disk_gib": 30}]))
+    assert page.locator("textarea[name=node_pools]").count() == 0
+    fill_form(page.locator("form.form"), {"node_pools": [{"name": "workers", "count": 1, "cores": 2,
+                                                          "memory_mib": 4096, "disk_gib": 30}]}, {})
     page.click("button:has-text('Create')")
     page.wait_for_selector(f"h1:has-text('{name}')")
     page.wait_for_selector(".job .step-state")

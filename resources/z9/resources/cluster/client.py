@@ -6,12 +6,14 @@ A kubeconfig holds a private key: written mode 0600 (``--file``), or merged (``-
 ``$KUBECONFIG`` (else ``~/.kube/config``; with several files, kubectl's rule: the one defining that
 context already, else the first that exists, else the last) with a cluster, user and context all
 named ``z9-<cluster name>`` — as ``doctl kubernetes cluster kubeconfig save`` does — replacing
-those of an earlier merge and becoming the current context (``--no-set-current``: not). Without
-either it is printed on stdout.
+those of an earlier merge where they are and becoming the current context (``--no-set-current``:
+not); the rest of the file is kept as it was, comments and quotes included (ruamel.yaml's round
+trip: :func:`merge_kubeconfig`). Without either it is printed on stdout.
 """
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 from collections.abc import Mapping
@@ -20,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from z9.client.cli import OK, USAGE, Ctx
+from z9.client.cli import FAILED, OK, USAGE, Ctx
 from z9.client.models import CLUSTERS, Cluster
 from z9.client.commands._kind import (LABEL_ARGS, Action, Arg, KindSpec, Update, given, label, labels_of, labels_text, status_text)
 
@@ -106,21 +108,94 @@ def _write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+#: Plain scalars kubectl's YAML reader (sigs.k8s.io/yaml → go-yaml v2, YAML 1.1: ``resolve.go``'s
+#: resolve table and its strconv number parsing) takes for something other than a string: a name
+#: ``y`` or ``no`` becomes a boolean, ``1.20`` or ``1e10`` a number, and kubectl refuses the file.
+_GO_YAML_V2_NOT_STRINGS = frozenset({
+    "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "true", "True", "TRUE", "false", "False", "FALSE",
+    "on", "On", "ON", "off", "Off", "OFF", "~", "null", "Null", "NULL", "", "<<", ".inf", ".Inf", ".INF",
+    "+.inf", "+.Inf", "+.INF", "-.inf", "-.Inf", "-.INF", ".nan", ".NaN", ".NAN"})
+_NUMBER_OR_DATE = re.compile(r"[-+]?(0[xob][0-9a-fA-F_]+|[0-9_]*\.?[0-9_]*([eE][-+]?[0-9]+)?|\d{4}-\d\d?-\d\d?.*)")
+
+
+def _read_as_string_by_kubectl(text: str) -> bool:
+    return text not in _GO_YAML_V2_NOT_STRINGS and not (
+        text[:1] in "-+.0123456789" and _NUMBER_OR_DATE.fullmatch(text) and any(c.isdigit() for c in text))
+
+
+def _quoted_where_needed(value: Any) -> Any:
+    """``value`` (a kubeconfig entry about to be written) with every string kubectl would not
+    read back as that string double-quoted (and the rest as it is)."""
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+    from ruamel.yaml.scalarstring import DoubleQuotedScalarString, ScalarString
+
+    if isinstance(value, dict):
+        out = CommentedMap()
+        for k, v in value.items():
+            out[k] = _quoted_where_needed(v)
+        return out
+    if isinstance(value, list):
+        return CommentedSeq(_quoted_where_needed(v) for v in value)
+    if isinstance(value, str) and not isinstance(value, ScalarString) and not _read_as_string_by_kubectl(value):
+        return DoubleQuotedScalarString(value)
+    return value
+
+
+class NotAKubeconfig(ValueError):
+    """The file to merge into is not a kubeconfig z9 can merge into (left as it is)."""
+
+
 def merge_kubeconfig(existing: str | None, fetched: str, name: str, *, set_current: bool = True) -> str:
     """``existing`` (a kubeconfig's YAML, or None) with the cluster, user and context of ``fetched``
-    under ``name``, replacing entries of that name; the current context ``name`` when asked."""
-    new = yaml.safe_load(fetched)
-    cluster = new["clusters"][0]["cluster"]
-    user = new["users"][0]["user"]
-    doc = yaml.safe_load(existing) if existing and existing.strip() else None
-    if not isinstance(doc, dict):
-        doc = {"apiVersion": "v1", "kind": "Config", "preferences": {}}
+    under ``name``, as ``kubectl config set-cluster/set-credentials/set-context`` would leave it:
+    the entries of other names kept, those named ``name`` replaced where they are (else added at
+    the end), ``current-context`` set to ``name`` only when ``set_current``.
+
+    Round-tripped with ruamel.yaml: the comments, quotes, key order, flow or block style and the
+    indentation of the file stay as they were — a ``"y"`` stays quoted, which kubectl needs
+    (go-yaml v2 reads a plain ``y`` as a boolean and refuses the whole file) — and the strings
+    written anew are quoted where kubectl would read them as something else. Raises
+    :class:`NotAKubeconfig` for a file whose YAML is not a mapping (or not YAML)."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+    from ruamel.yaml.error import YAMLError
+    from ruamel.yaml.util import load_yaml_guess_indent
+
+    rt = YAML(typ="rt")
+    rt.preserve_quotes = True
+    rt.width = 1 << 16  # never fold a long value (a certificate) onto several lines
+    new = rt.load(fetched)
+    cluster, user = new["clusters"][0]["cluster"], new["users"][0]["user"]
+    doc, indent, seq_offset = None, 2, 0
+    if existing and existing.strip():
+        try:
+            doc, indent, seq_offset = load_yaml_guess_indent(existing, yaml=rt)
+        except YAMLError as e:
+            raise NotAKubeconfig(f"not YAML ({str(e).splitlines()[0]})") from None
+        if doc is not None and not isinstance(doc, dict):
+            raise NotAKubeconfig(f"its YAML is a {type(doc).__name__}, not a mapping")
+    # a file of only comments stays at the top of the one written
+    prefix = existing.rstrip() + "\n" if doc is None and existing and existing.strip() else ""
+    if doc is None:
+        doc = CommentedMap([("apiVersion", "v1"), ("kind", "Config"), ("preferences", CommentedMap())])
+    # the file's own indentation (ruamel.yaml's documented way of keeping it)
+    rt.indent(mapping=indent or 2, sequence=indent or 2, offset=seq_offset or 0)
     for key, entry in (("clusters", {"name": name, "cluster": cluster}), ("users", {"name": name, "user": user}),
                        ("contexts", {"name": name, "context": {"cluster": name, "user": name}})):
-        doc[key] = [e for e in (doc.get(key) or []) if isinstance(e, dict) and e.get("name") != name] + [entry]
-    if set_current or not doc.get("current-context"):
+        entries = doc.get(key)
+        if not isinstance(entries, list):
+            entries = doc[key] = CommentedSeq()
+        value = _quoted_where_needed(entry)
+        at = next((i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("name") == name), None)
+        if at is None:
+            entries.append(value)
+        else:
+            entries[at] = value
+    if set_current:
         doc["current-context"] = name
-    return yaml.safe_dump(doc, sort_keys=False)
+    out = io.StringIO()
+    rt.dump(doc, out)
+    return prefix + out.getvalue()
 
 
 def kubeconfig(ctx: Ctx) -> int:
@@ -140,7 +215,13 @@ def kubeconfig(ctx: Ctx) -> int:
         name = f"z9-{cluster.name}"
         path = kubeconfig_path(name)
         existing = path.read_text() if path.exists() else None
-        _write_private(path, merge_kubeconfig(existing, got.kubeconfig, name, set_current=a.set_current))
+        try:
+            merged = merge_kubeconfig(existing, got.kubeconfig, name, set_current=a.set_current)
+        except NotAKubeconfig as e:
+            ctx.refuse("configuration", f"z9 clusters kubeconfig: cannot merge into {path}: {e}; the file is "
+                                        "left as it is (--file PATH writes a file of its own)")
+            return FAILED
+        _write_private(path, merged)
     else:
         path, name = Path(a.file).expanduser(), None
         _write_private(path, got.kubeconfig)

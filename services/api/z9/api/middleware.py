@@ -26,7 +26,6 @@ import logging
 import math
 import re
 import secrets
-import signal
 import time
 from typing import Any, Awaitable, Callable
 
@@ -36,6 +35,7 @@ from aiohttp.web_protocol import RequestHandler
 from z9.common import metrics
 from z9.common.errors import ApiError, BadRequest, TooManyRequests, ValidationFailed
 from z9.common.requestctx import REQUEST_ID
+from z9.common.shutdown import guard_stop
 
 from . import connections
 
@@ -325,7 +325,8 @@ class Runner(web.AppRunner):
 async def serve(app: web.Application, host: str, port: int, *, metrics_app: web.Application | None = None,
                 metrics_host: str = "127.0.0.1", metrics_port: int = 0) -> None:
     """Serve ``app`` on host:port until SIGINT/SIGTERM (what ``web.run_app`` does, with
-    :class:`Runner`), and ``metrics_app`` (``/metrics``) on its own listener when
+    :class:`Runner`; the process ends at the latest ``Z9_SHUTDOWN_GRACE_S`` + 5 s after the
+    signal, or at a second one: :mod:`z9.common.shutdown`), and ``metrics_app`` (``/metrics``) on its own listener when
     ``metrics_port`` is set — never on the tenants' port."""
     connections.install_loop_exception_handler(asyncio.get_running_loop())
     runner = Runner(app, access_log=None)
@@ -337,9 +338,11 @@ async def serve(app: web.Application, host: str, port: int, *, metrics_app: web.
             await metrics_runner.setup()
             await web.TCPSite(metrics_runner, metrics_host, metrics_port).start()
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        from .resources import SETTINGS
+
+        settings = app.get(SETTINGS)
+        # the stop has a deadline: a database gone silent must not hold the process (z9.common.shutdown)
+        guard_stop(stop.set, settings.shutdown_grace_s if settings is not None else 20.0)
         await stop.wait()
     finally:
         if metrics_runner is not None:

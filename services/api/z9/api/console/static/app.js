@@ -368,16 +368,42 @@ async function listPage(kind) {
 
 // ------------------------------------------------------------------ create and action forms
 
+// The tenant's resources of an id prefix (srv → servers), for the forms' pickers: [{id, label}].
+function refs(prefix) {
+  const plural = prefixKinds()[prefix];
+  if (!plural) return Promise.resolve([]);
+  const kind = state.kinds.find((k) => k.plural === plural);
+  return api("GET", `${plural}?limit=500`).then((r) => r[kind.listKey]
+    .filter((x) => !["deleted", "destroying"].includes(x.status))
+    .map((x) => ({ id: x.id, label: `${x.name || x.id} (${x.id}${x.ip ? ", " + x.ip : ""}${x.server_id ? ", on " + x.server_id : ""})` })));
+}
+
+// A form generated from a request schema (schema.js), with an "advanced" switch to the raw JSON
+// body (the same validation before sending).
 function schemaForm(schema, { submit, onSubmit, values, skip, fillFromExample = false }) {
-  const fields = objectFields(state.doc, schema, { values, skip, fillFromExample });
+  const fields = objectFields(state.doc, schema, { values, skip, fillFromExample, refs });
   const summary = h("div", { class: "notice bad", role: "alert", tabindex: "-1", hidden: "" });
   const status = h("div", { role: "status" });
-  const form = h("form", { class: "form", novalidate: "" }, summary, fields.element,
+  const rawId = `raw-${Math.random().toString(36).slice(2)}`;
+  const raw = h("textarea", { id: rawId, name: "_json", rows: "10", class: "mono", spellcheck: "false" });
+  const rawBox = h("div", { class: "field", "data-field": "", hidden: "" },
+    h("label", { for: rawId }, "Request body (JSON)"), raw, h("p", { class: "error", hidden: "" }));
+  const toggle = h("input", { type: "checkbox", id: `${rawId}-on`, "data-advanced": "" });
+  toggle.addEventListener("change", () => {
+    if (toggle.checked) raw.value = JSON.stringify(fields.read().value, null, 2);
+    rawBox.hidden = !toggle.checked;
+    fields.element.hidden = toggle.checked;
+  });
+  const form = h("form", { class: "form", novalidate: "" }, summary, fields.element, rawBox,
+    h("div", { class: "advanced" }, toggle, h("label", { for: `${rawId}-on` }, " Advanced: edit the request as JSON")),
     h("div", {}, h("button", { class: "primary", type: "submit" }, submit)), status);
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
-    const r = fields.read();
-    const errors = [...r.errors, ...validate(state.doc, schema, r.value).filter((e) => !r.errors.some((x) => x.path === e.path))];
+    let r = fields.read();
+    if (toggle.checked) {
+      try { r = { value: raw.value.trim() ? JSON.parse(raw.value) : {}, errors: [] }; } catch { r = { value: undefined, errors: [{ path: "", message: "not valid JSON" }] }; }
+    }
+    const errors = [...r.errors, ...(r.value === undefined ? [] : validate(state.doc, schema, r.value).filter((e) => !r.errors.some((x) => x.path === e.path)))];
     showErrors(form, errors, summary);
     if (errors.length) return;
     const btn = form.querySelector("button[type=submit]");
@@ -522,6 +548,7 @@ async function detailPage(kind, id) {
     const deleting = ["deleting", "destroying"].includes(item.status);
     const whys = [];
     for (const a of kind.actions) {
+      if (a.op.deprecated) continue; // an older name of another action (add_target: add-target)
       if (a.name === "cancel-deletion" && item.status !== "deleting") continue;
       if (a.name !== "cancel-deletion" && deleting) continue;
       const reqSchema = a.op.requestBody && a.op.requestBody.content["application/json"].schema;
@@ -530,8 +557,9 @@ async function detailPage(kind, id) {
       if (why) whys.push(`${label}: ${why}`);
       bar.append(h("button", { type: "button", "data-action": a.name, disabled: Boolean(why), title: why || null,
         "aria-describedby": why ? "actions-why" : null, onclick: async () => {
-        const props = reqSchema ? resolve(state.doc, reqSchema).properties || {} : {};
-        if (!reqSchema || !Object.keys(props).length) {
+        const rs = reqSchema ? resolve(state.doc, reqSchema) : {};
+        // a body with nothing to fill in (no properties, no union of bodies): sent at once
+        if (!reqSchema || (!Object.keys(rs.properties || {}).length && !rs.oneOf && !rs.anyOf)) {
           try { accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, reqSchema ? {} : undefined)); } catch (e) { put(formBox, errorNotice(e)); }
           return;
         }
@@ -559,7 +587,8 @@ async function detailPage(kind, id) {
         formBox.querySelector("[data-action=confirm-delete]").focus();
       } }, "Delete"));
     }
-    actionsBox.append(bar, whys.length ? h("p", { class: "muted", id: "actions-why" }, `Not now — ${whys.join("; ")}.`) : null, formBox);
+    // (append(null) would show "null": only what applies is appended)
+    put(actionsBox, bar, whys.length ? h("p", { class: "muted", id: "actions-why" }, `Not now — ${whys.join("; ")}.`) : null, formBox);
   };
   // a kind's sub-resources (a cluster's kubeconfig, credentials)
   for (const s of kind.subs) {

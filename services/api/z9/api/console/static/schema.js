@@ -131,15 +131,23 @@ export function label(name) {
 // {value, errors} (errors from reading: bad JSON, not a number).
 // fillFromExample: a number with no default starts at the schema's example's (a create form's
 // cores, memory, disk: the OpenAPI document's example body), never in an action's form.
-export function objectFields(doc, schema, { prefix = "", values = {}, skip = [], fillFromExample = false } = {}) {
+// refs(prefix): a promise of the tenant's resources whose ids start `<prefix>_` ([{id, label}]):
+// a field holding such an id (its pattern ^srv_[0-9a-z]{26}$) is a picker of them.
+// A schema that is a union of objects (oneOf/anyOf, told apart by a discriminator or a property
+// each branch holds a const of: a load balancer's target, server or ip) is a select of the
+// branches, then the chosen branch's fields.
+export function objectFields(doc, schema, { prefix = "", values = {}, skip = [], fillFromExample = false, refs = null } = {}) {
   const s = resolve(doc, schema);
+  const union = variantsOf(doc, s);
+  if (union) return unionFields(doc, union, { prefix, values: values || {}, refs, required: true });
   const ex = fillFromExample && Array.isArray(s.examples) && s.examples[0] && typeof s.examples[0] === "object" ? s.examples[0] : {};
   const required = new Set(s.required || []);
   const fields = [];
   const box = h("div", { class: "fields" });
   for (const [name, raw] of Object.entries(s.properties || {})) {
     if (skip.includes(name)) continue;
-    const f = field(doc, raw, join(prefix, name), name, required.has(name), values[name], ex[name]);
+    if (nonNull(doc, raw).type === "null") continue; // nothing to enter (an ip target's server_id)
+    const f = field(doc, raw, join(prefix, name), name, required.has(name), (values || {})[name], ex[name], refs);
     fields.push([name, f]);
     box.append(f.element);
   }
@@ -159,8 +167,100 @@ export function objectFields(doc, schema, { prefix = "", values = {}, skip = [],
   };
 }
 
-function field(doc, raw, path, name, required, initial, exampleValue) {
+// A union of object schemas: {key, branches: [{value, schema}]} (null: not one).
+export function variantsOf(doc, raw) {
+  const s = resolve(doc, raw);
+  const alts = (s.oneOf || s.anyOf || []).map((a) => resolve(doc, a)).filter((a) => a.type !== "null");
+  if (alts.length < 2 || !alts.every((a) => a.type === "object" && a.properties)) return null;
+  const constOf = (b, k) => {
+    const p = b.properties[k] && resolve(doc, b.properties[k]);
+    if (!p) return undefined;
+    if (p.const !== undefined) return p.const;
+    return Array.isArray(p.enum) && p.enum.length === 1 ? p.enum[0] : undefined;
+  };
+  const key = (s.discriminator && s.discriminator.propertyName)
+    || Object.keys(alts[0].properties).find((k) => alts.every((b) => constOf(b, k) !== undefined));
+  if (!key || !alts.every((b) => constOf(b, key) !== undefined)) return null;
+  return { key, branches: alts.map((b) => ({ value: constOf(b, key), schema: b })), description: s.description };
+}
+
+function unionFields(doc, union, { prefix, values, refs, required, name = null }) {
+  const id = `f${++uid}`;
+  const path = join(prefix, union.key);
+  const select = h("select", { id, name: path, "data-variant": prefix || "body" },
+    required ? null : h("option", { value: "" }, "—"),
+    ...union.branches.map((b) => h("option", { value: String(b.value) }, String(b.value))));
+  const start = values && values[union.key] !== undefined ? values[union.key] : (required ? union.branches[0].value : undefined);
+  if (start !== undefined) select.value = String(start);
+  const err = h("p", { class: "error", id: `${id}-err`, hidden: "" });
+  select.setAttribute("aria-describedby", `${id}-err`);
+  const inner = h("div", {});
+  let current = null;
+  const show = (keep) => {
+    const b = union.branches.find((x) => String(x.value) === select.value);
+    current = b ? objectFields(doc, b.schema, { prefix, values: keep || {}, skip: [union.key], refs }) : null;
+    inner.replaceChildren(...(current ? [current.element] : []));
+    const hint = b && b.schema.description;
+    hintBox.textContent = hint || "";
+    hintBox.hidden = !hint;
+  };
+  const hintBox = h("p", { class: "hint" });
+  select.addEventListener("change", () => show(current ? current.read().value : {}));
+  const element = h("div", { class: "fields union" },
+    h("div", { class: "field", "data-field": path },
+      h("label", { for: id }, label(name ? `${name}_${union.key}` : union.key), required ? "" : h("span", { class: "muted" }, " (optional)")),
+      select, err),
+    hintBox, inner);
+  show(values);
+  return {
+    element,
+    fields: [],
+    read() {
+      const b = union.branches.find((x) => String(x.value) === select.value);
+      if (!b) return { value: undefined, errors: required ? [{ path, message: "required" }] : [] };
+      const r = current.read();
+      return { value: { [union.key]: b.value, ...r.value }, errors: r.errors };
+    },
+  };
+}
+
+// The kind prefix of a field holding another resource's id (its pattern ^srv_[0-9a-z]{26}$), or null.
+export function refPrefix(s) {
+  const m = s && s.type === "string" && (s.pattern || "").match(/^\^([a-z0-9]+)_\[0-9a-z\]\{26\}\$$/);
+  return m ? m[1] : null;
+}
+
+// A select of the tenant's resources with that prefix (filled once refs() answers).
+function picker(refs, prefix, { optional, initial, extra = [] }) {
+  const select = h("select", { "data-ref": prefix },
+    optional ? h("option", { value: "" }, "—") : null, ...extra.map(([v, t]) => h("option", { value: v }, t)),
+    h("option", { value: "", disabled: "", "data-loading": "" }, "loading…"));
+  select.dataset.state = "loading";
+  refs(prefix).then((items) => {
+    select.querySelector("[data-loading]")?.remove();
+    for (const it of items) select.append(h("option", { value: it.id }, it.label));
+    if (!items.length && !optional && !extra.length) select.append(h("option", { value: "", disabled: "" }, `none of yours (${prefix}_…)`));
+    if (initial !== undefined && initial !== null && [...select.options].some((o) => o.value === String(initial))) select.value = String(initial);
+    else if (!optional && !extra.length && items.length) select.value = items[0].id;
+    select.dataset.state = "ready";
+  }).catch(() => { select.dataset.state = "ready"; });
+  return select;
+}
+
+function field(doc, raw, path, name, required, initial, exampleValue, refs = null) {
   const s = nonNull(doc, raw);
+  const union = variantsOf(doc, s);
+  if (union) { // a union of objects: its own fieldset, the branch chosen by a select
+    const optional = !required;
+    const u = unionFields(doc, union, { prefix: path, values: initial || {}, refs, required, name });
+    const fs = h("fieldset", { "data-group": path }, h("legend", {}, label(name), optional ? " (optional)" : ""),
+      s.description || union.description ? h("p", { class: "hint" }, s.description || union.description) : null, u.element);
+    return { element: fs, read: () => u.read() };
+  }
+  const items = s.type === "array" ? nonNull(doc, s.items) : null;
+  if (items && ((items.type === "object" && items.properties) || variantsOf(doc, items))) {
+    return rowsField(doc, s, path, name, required, initial, refs);
+  }
   const id = `f${++uid}`;
   const hintId = `${id}-hint`;
   const errId = `${id}-err`;
@@ -206,6 +306,15 @@ function field(doc, raw, path, name, required, initial, exampleValue) {
       if (!Number.isFinite(n)) throw new Error("must be a number");
       return n;
     };
+  } else if (t === "string" && refs && refPrefix(s)) {
+    control = picker(refs, refPrefix(s), { optional: !required, initial });
+    read = () => (control.value === "" ? undefined : control.value);
+  } else if (refs && boolOrRef(doc, s)) {
+    // true: a new one; an id: that one of yours; — : the default (false)
+    const prefix = boolOrRef(doc, s);
+    control = picker(refs, prefix, { optional: true, initial: initial === true ? "true" : initial,
+                                     extra: [["true", `a new one`]] });
+    read = () => (control.value === "" ? undefined : control.value === "true" ? true : control.value);
   } else if (t === "string") {
     control = h("input", { type: "text", autocomplete: "off", spellcheck: "false" });
     if (s.maxLength) control.maxLength = s.maxLength;
@@ -229,7 +338,7 @@ function field(doc, raw, path, name, required, initial, exampleValue) {
       return Object.keys(out).length || initial ? out : undefined;
     };
   } else if (t === "object" && s.properties) {
-    const inner = objectFields(doc, s, { prefix: path, values: initial || {} });
+    const inner = objectFields(doc, s, { prefix: path, values: initial || {}, refs });
     const enable = required ? null : h("input", { type: "checkbox", id: `${id}-on` });
     const fs = h("fieldset", { "data-field": path }, h("legend", {}, label(name), required ? "" : " (optional)"),
       s.description ? h("p", { class: "hint" }, s.description) : null,
@@ -273,6 +382,54 @@ function field(doc, raw, path, name, required, initial, exampleValue) {
       } catch (e) {
         return { value: undefined, errors: [{ path, message: e.message }] };
       }
+    },
+  };
+}
+
+// anyOf [boolean, an id of kind <prefix>] (a server's public_ipv4): the prefix, else null.
+function boolOrRef(doc, s) {
+  const alts = (s.anyOf || s.oneOf || []).map((a) => nonNull(doc, a)).filter((a) => a.type !== "null");
+  if (alts.length !== 2 || !alts.some((a) => a.type === "boolean")) return null;
+  const ref = alts.find((a) => refPrefix(a));
+  return ref ? refPrefix(ref) : null;
+}
+
+// An array of objects (or of a union of them): a group of rows, each the item's fields, added
+// and removed with buttons (data-add, data-remove: the tests find them by path).
+function rowsField(doc, s, path, name, required, initial, refs) {
+  const id = `f${++uid}`;
+  const err = h("p", { class: "error", id: `${id}-err`, hidden: "" });
+  const list = h("div", { class: "rows" });
+  let rows = [];
+  const one = label(name).replace(/s$/, "").toLowerCase();
+  const render = (values) => {
+    rows = values.map((v, i) => {
+      const f = objectFields(doc, s.items, { prefix: `${path}[${i}]`, values: v || {}, refs });
+      const rm = h("button", { type: "button", "data-remove": `${path}[${i}]`, "aria-label": `Remove ${one} ${i + 1}` }, "Remove");
+      rm.addEventListener("click", () => render(rows.filter((_, j) => j !== i).map((r) => r.read().value)));
+      const fs = h("fieldset", { class: "row", "data-row": `${path}[${i}]` }, h("legend", {}, `${label(name).replace(/s$/, "")} ${i + 1}`), f.element, h("div", {}, rm));
+      return { element: fs, read: () => f.read() };
+    });
+    list.replaceChildren(...rows.map((r) => r.element));
+  };
+  const start = Array.isArray(initial) ? initial : Array.from({ length: Math.max(s.minItems || 0, required ? 1 : 0) }, () => ({}));
+  render(start);
+  const add = h("button", { type: "button", "data-add": path }, `Add ${one}`);
+  add.addEventListener("click", () => {
+    render([...rows.map((r) => r.read().value), {}]);
+    list.lastElementChild?.querySelector("input, select, textarea")?.focus();
+  });
+  const element = h("div", { class: "field group", "data-field": path },
+    h("fieldset", {}, h("legend", {}, label(name), required ? "" : " (optional)"),
+      s.description ? h("p", { class: "hint" }, s.description) : null, list, h("div", {}, add), err));
+  return {
+    element,
+    read() {
+      const values = [];
+      const errors = [];
+      for (const r of rows) { const x = r.read(); values.push(x.value); errors.push(...x.errors); }
+      if (!values.length && !required) return { value: undefined, errors };
+      return { value: values, errors };
     },
   };
 }
