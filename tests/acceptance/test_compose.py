@@ -139,8 +139,8 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _stack_folder(tmp: Path, ports: dict[str, int]) -> Path:
-    """compose.yaml and deploy/, with an .env of fresh secrets and the ports, z9.env from its example."""
+def _stack_folder(tmp: Path) -> Path:
+    """compose.yaml and deploy/, with an .env of fresh secrets, z9.env from its example."""
     folder = tmp / "stack"
     folder.mkdir()
     shutil.copy(ROOT / "compose.yaml", folder / "compose.yaml")
@@ -154,17 +154,33 @@ def _stack_folder(tmp: Path, ports: dict[str, int]) -> Path:
                 value = secrets.token_urlsafe(24)
             line = f"{key}={value}"
         lines.append(line)
-    lines += [f"{name}={port}" for name, port in ports.items()]
     (folder / ".env").write_text("\n".join(lines) + "\n")
     return folder
+
+
+def _up_on_free_ports(stack: Stack) -> dict[str, int]:
+    """``up -d`` with the host ports in .env; ports free when chosen can be taken by another test
+    process before podman binds them (other worktrees' tests draw from the same block): then
+    ``down -v`` and again on other ports, three tries."""
+    env_file = stack.folder / ".env"
+    lines = env_file.read_text()
+    for _ in range(3):
+        ports = {"Z9_API_PORT": free_port(), "Z9_SIM_PORT": free_port(), "Z9_PROMETHEUS_PORT": free_port()}
+        env_file.write_text(lines + "".join(f"{name}={port}\n" for name, port in ports.items()))
+        out = stack.compose("up", "-d")
+        if out.returncode == 0:
+            return ports
+        if "address already in use" not in out.stderr:
+            break
+        stack.ok("down", "-v")
+    raise AssertionError(f"compose up -d: {out.returncode}\n{out.stdout}\n{out.stderr}")
 
 
 @pytest.mark.timeout(900)
 def test_the_compose_stack_comes_up_serves_a_server_is_scraped_and_goes_away(tmp_path: Path) -> None:
     tag = f"test-{uuid.uuid4().hex[:10]}"
     project = f"z9compose{uuid.uuid4().hex[:8]}"
-    ports = {"Z9_API_PORT": free_port(), "Z9_SIM_PORT": free_port(), "Z9_PROMETHEUS_PORT": free_port()}
-    folder = _stack_folder(tmp_path, ports)
+    folder = _stack_folder(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("Z9_", "COMPOSE_", "OTEL_"))}
     env["Z9_IMAGE_TAG"] = tag
     if ENGINE == "podman":
@@ -180,7 +196,7 @@ def test_the_compose_stack_comes_up_serves_a_server_is_scraped_and_goes_away(tmp
                            env={**env, "Z9_COMPOSE_ENGINE": ENGINE}, capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stdout + built.stderr[-20000:]
     try:
-        stack.ok("up", "-d")
+        ports = _up_on_free_ports(stack)
         api = f"http://127.0.0.1:{ports['Z9_API_PORT']}"
         try:
             poll_sync(lambda: _answers(f"{api}/healthz"), 180, "the API's /healthz", interval_s=0.5)

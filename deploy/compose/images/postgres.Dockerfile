@@ -17,7 +17,6 @@ RUN mkdir -p /etc/postgresql-common \
 COPY postgres-entrypoint.sh /usr/local/bin/postgres-entrypoint.sh
 ENV PATH=/usr/lib/postgresql/bin:$PATH PGDATA=/var/lib/postgresql/data
 USER postgres
-VOLUME /var/lib/postgresql/data
 EXPOSE 5432
 STOPSIGNAL SIGINT
 ENTRYPOINT ["/usr/local/bin/postgres-entrypoint.sh"]

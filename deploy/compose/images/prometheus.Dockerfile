@@ -9,7 +9,6 @@ RUN apt-get update -q \
     && rm -rf /var/lib/apt/lists/* \
     && install -d -o nobody -g nogroup /prometheus
 USER nobody
-VOLUME /prometheus
 WORKDIR /prometheus
 EXPOSE 9090
 ENTRYPOINT ["/usr/bin/prometheus"]
