@@ -92,7 +92,7 @@ class Stack:
         else:
             argv = ["docker", "compose", "-f", "compose.yaml", "-p", self.project, *args]
         return subprocess.run(argv, check=False, cwd=self.folder, env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+                              stdin=subprocess.DEVNULL, timeout=timeout)
 
     def ok(self, *args: str, timeout: float = 300) -> str:
         out = self.compose(*args, timeout=timeout)
@@ -201,8 +201,8 @@ def test_the_compose_stack_comes_up_serves_a_server_is_scraped_and_goes_away(tmp
         try:
             poll_sync(lambda: _answers(f"{api}/healthz"), 180, "the API's /healthz", interval_s=0.5)
 
-            # A token as the README makes one, then a server on the composed simulator.
-            token = stack.ok("run", "--rm", "api", "token", "--tenant", "compose").strip().splitlines()[-1]
+            # A token as the README makes one (-T: no terminal), then a server on the composed simulator.
+            token = stack.ok("run", "--rm", "-T", "api", "token", "--tenant", "compose").strip().splitlines()[-1]
             status, out = _http(f"{api}/v1/servers", {"name": "compose-web", "region": "dev-1", "image": "debian-12",
                                                      "cores": 1, "memory_mib": 1024, "disk_gib": 4}, token)
             assert status == 202, out
