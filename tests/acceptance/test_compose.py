@@ -1,8 +1,8 @@
 """compose.yaml run for real, as the README's compose section says, on images built from Debian
 (``deploy/compose/local-images.sh``): ``up -d``, the API's ``/healthz``, a token from ``run --rm api
 token``, a server created against the composed simulator (its job succeeds), Prometheus in the
-stack scraping every z9 service (``up == 1``), then ``down -v`` leaving no container, network or
-volume behind.
+stack scraping every z9 service (``up == 1``), every service passing compose.yaml's health check,
+then ``down -v`` leaving no container, network or volume behind.
 
 With podman (``deploy/compose/podman-compose.sh``, podman-compose) or, where a Docker engine
 answers, ``docker compose``; as root (debootstrap). The stack runs from a copy of compose.yaml and
@@ -109,6 +109,26 @@ class Stack:
             assert out.returncode == 0, out.stderr
             found[what] = [n for n in out.stdout.split() if n.startswith((f"{self.project}_", f"{self.project}-"))]
         return found
+
+    def running(self) -> dict[str, str]:
+        """service -> its running container (podman-compose names them project_service_1, docker
+        compose project-service-1)."""
+        out = subprocess.run([ENGINE, "ps", "--format", "{{.Names}}"], check=False, capture_output=True, text=True,
+                             timeout=60, env=ENGINE_ENV)
+        assert out.returncode == 0, out.stderr
+        sep = "_" if ENGINE == "podman" else "-"
+        return {n[len(self.project) + 1:].rsplit(sep, 1)[0]: n for n in out.stdout.split()
+                if n.startswith(self.project + sep)}
+
+    def healthy(self, name: str) -> bool:
+        """compose.yaml's health check of the container passes: podman runs it here (without
+        systemd it runs none by itself), docker reports its own runs."""
+        if ENGINE == "podman":
+            argv = ["podman", "healthcheck", "run", name]
+        else:
+            argv = ["docker", "inspect", "--format", "{{.State.Health.Status}}", name]
+        out = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60, env=ENGINE_ENV)
+        return out.returncode == 0 and (ENGINE == "podman" or out.stdout.strip() == "healthy")
 
     def logs(self) -> str:
         out = self.compose("logs", "--tail", "40", timeout=120)
@@ -235,6 +255,14 @@ def test_the_compose_stack_comes_up_serves_a_server_is_scraped_and_goes_away(tmp
                 return up if up == {s: "1" for s in services} else None
 
             poll_sync(all_up, 120, f"Prometheus to scrape {sorted(services)} with up == 1", interval_s=0.5)
+
+            # Every running service passes its compose health check on these images (postgres's
+            # pg_isready, prometheus's wget, the z9 services' python), as Docker would run them.
+            running = stack.running()
+            assert set(running) == {"postgres", "sim", "prometheus", "api", "scheduler", "reaper",
+                                    "executor-dev-1"}, running
+            for name in running.values():
+                poll_sync(lambda name=name: stack.healthy(name), 120, f"{name}'s health check", interval_s=0.5)
         except BaseException:
             print(stack.logs())
             raise
