@@ -918,7 +918,10 @@ def chain_verdict(c: Compiled, vmid: int, nic: str, direction: str, pkt: Packet)
         if r.get("ipversion") and int(r["ipversion"]) != pkt.version:
             continue
         if r["type"] == "group":
-            continue  # security groups (cluster.fw [group …]) are not modelled: z9 writes none
+            # security groups (cluster.fw [group …]) are not modelled (z9 writes none): as the
+            # simulator has none, a group rule jumps to an empty chain (generate_group_rules: "no
+            # such security group", an empty GROUP-<name>-IN/OUT) and decides nothing
+            continue
         if r["type"] != direction or not _compiles(r, fw, pkt):
             continue
         if _rule_matches(r, pkt, fw):
