@@ -209,3 +209,16 @@ def test_a_member_that_cannot_reach_the_api_server_or_etcd_never_joins(sim, sim_
     r = _run(sim_thread, guests, cp2, "kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml")
     assert r.exitcode == 0, r.err
     assert set(kubeadm.clusters(guests)[EP]["nodes"]) == {"cp-0", "w-0", "cp-1"}
+    # a worker whose kubelet can no longer reach the API server: its node goes Unknown
+    ready = _nodes(sim_thread, guests, cp)
+    assert ready == {"cp-0": "True", "w-0": "True", "cp-1": "True"}
+    fw.rules.post(type="in", action="DROP", proto="tcp", dport="6443", source="203.0.113.162", enable=1)
+    _cycle(admin)
+    assert _nodes(sim_thread, guests, cp) == {"cp-0": "True", "w-0": "Unknown", "cp-1": "True"}
+
+
+def _nodes(sim_thread, guests, cp) -> dict[str, str]:
+    import json
+
+    out = _run(sim_thread, guests, cp, "kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "get", "nodes", "-o", "json").out
+    return {n["metadata"]["name"]: n["status"]["conditions"][0]["status"] for n in json.loads(out)["items"]}

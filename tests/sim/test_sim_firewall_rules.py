@@ -350,3 +350,16 @@ def test_the_question_itself(pve, admin, fw_on, wait):
     with pytest.raises(requests.HTTPError) as e:
         admin("post", "/firewall/clock", json={"advance": -1})
     assert e.value.response.status_code == 400
+
+
+def test_the_firewall_clock_switches_between_real_and_manual(admin):
+    before = admin("get", "/firewall/clock")
+    assert admin("put", "/config", json={"firewall_clock": "real"})["firewall_clock"] == "real"
+    try:
+        now = admin("get", "/firewall/clock")
+        assert not now["manual"] and now["now"] >= before["now"]  # it goes on from where it was
+    finally:
+        assert admin("put", "/config", json={"firewall_clock": "manual"})["firewall_clock"] == "manual"
+    with pytest.raises(requests.HTTPError) as e:
+        admin("put", "/config", json={"firewall_clock": "sundial"})
+    assert e.value.response.status_code == 400

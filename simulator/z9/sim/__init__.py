@@ -8,7 +8,10 @@ Modules:
 - :mod:`z9.sim.server` — config (:class:`~z9.sim.server.SimConfig`), the dev seed, one HTTPS listener per node.
 - :mod:`z9.sim.api` — the HTTP layer: PVE pipeline (auth → schema → faults → handler), the admin API ``/_sim``.
 - :mod:`z9.sim.cluster` — VMs, tasks (UPIDs), config flocks and locks, clone/destroy/power, ``/cluster/resources``.
-- :mod:`z9.sim.firewall` — VM firewall options and IP sets (keyed by vmid, copied by clone), cluster options.
+- :mod:`z9.sim.firewall` — VM firewall options, IP sets and rules (keyed by vmid, copied by clone), cluster
+  options, and what pve-firewall enforces from them every 10 s: ``deliver`` (``GET /_sim/firewall/deliver``)
+  answers whether a packet from X to guest Y would be delivered; the guest models ask it.
+  :mod:`z9.sim.firewall_formats` — the rule parameters' names, numbers and schema formats.
 - :mod:`z9.sim.cloudinit` — PVE's own cloud-init drive: generation, pending keys, dump, when it is regenerated.
 - :mod:`z9.sim.storage` — storages, ISO uploads (``imgcopy``), node-local vs shared, deletion.
 - :mod:`z9.sim.guest` — **the guest model**: boot, cloud-init from the CD-ROM bytes, instance-id, network,
@@ -63,6 +66,12 @@ Modelled (each behaviour cites its qemu-server / pve-guest-common / pve-manager 
 - JSON types as Perl's encoder writes them: ``nextid`` a string, config values as check_type leaves
   them (integer/boolean options numbers, ``number`` options and property strings strings), counters
   of status, resources, storages and tasks numbers;
+- firewall (pve-firewall ``Firewall.pm``, ``API2/Firewall/Rules.pm``, ``Service/pve_firewall.pm``): the
+  VM rules API (insert first, disabled unless enabled, digest, moveto, ``verify_rule``'s errors), the
+  compiled chains (cluster/VM/NIC switches, policies, rules in order, ports, protocols, addresses,
+  IP sets, the IP filter, DHCP), the daemon's 10 s cycle on a clock tests step, conntrack where it
+  decides (replies; unicast VRRP's two directions); security groups, aliases, cluster IP sets, most
+  macros and ICMP types other than echo-request are not modelled;
 - storage: a shared images storage ``ceph-vm`` (rbd) beside node-local ``local-lvm``: a template on it
   is cloned with ``target=`` another node directly (storage.py); the content listing has templates'
   ``base-…`` volumes and linked clones as each plugin names them (rbd ``<base>/vm-…`` with its

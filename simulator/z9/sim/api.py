@@ -67,7 +67,8 @@ Admin API (no auth, loopback peers only), JSON in and out:
   ``{tokenid, value}``: an API token (privilege-separated by default) for the permission model
   (z9.sim.permissions); ``user_acl`` is its user's ACL (root@pam holds every privilege without one).
 - ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
-  guest_boot_s?, cloud_init_s?, k8s_api_delay_s?}`` → the current values (changes timing at run time);
+  guest_boot_s?, cloud_init_s?, k8s_api_delay_s?, firewall_clock?: "manual"|"real"}`` → the current values
+  (changes timing at run time);
   400 on an unknown key or a bad value, and then nothing is applied.
 - ``GET /_sim/guests/{vmid}`` → the guest (:meth:`z9.sim.guest.Guest.to_json`: ``powered``, ``booted``,
   ``boots``, ``instance_id``, ``host_key`` (SSH host key fingerprint), ``hostname``, ``cloud_init``
@@ -1424,7 +1425,7 @@ async def admin_config(request: web.Request) -> web.Response:
         if unknown:
             raise ValueError(f"unknown setting(s) {unknown}")
         if b.get("firewall_clock", "manual") not in ("manual", "real"):
-            raise ValueError("firewall_clock is 'manual' or 'real'")
+            raise ValueError("firewall_clock: manual or real")
         vals = {k: float(b[k]) for k in scalars if k in b}
         if any(v < 0 for v in vals.values()):
             raise ValueError("durations must not be negative")
@@ -1438,8 +1439,6 @@ async def admin_config(request: web.Request) -> web.Response:
     if "agent_timeout_s" in vals:
         c.guests.settings.agent_timeout_s = vals["agent_timeout_s"]
     c.task_seconds.update(task_seconds)
-    if "firewall_clock" in b:  # SimConfig.firewall_clock: the tests' clock moves only when they step it
-        c.firewall.clock.manual = b["firewall_clock"] == "manual"
     if "clone_race" in b:  # the next n clones lose PVE's racy newid check (Cluster.clone)
         c.clone_race = int(b["clone_race"])
     for k in ("task_default_s", "stats_lag_s", "task_invisible_s"):
@@ -1449,12 +1448,15 @@ async def admin_config(request: web.Request) -> web.Response:
         ctx.auth_delay_s = vals["auth_delay_s"]
     if "k8s_api_delay_s" in vals:
         kubeadm.SETTINGS["api_delay_s"] = vals["k8s_api_delay_s"]
+    if "firewall_clock" in b:
+        c.firewall.clock.set_manual(b["firewall_clock"] == "manual")
     return web.json_response({"k8s_api_delay_s": kubeadm.SETTINGS["api_delay_s"],
                               "task_seconds": c.task_seconds, "task_default_s": c.task_default_s,
                               "stats_lag_s": c.stats_lag_s, "task_invisible_s": c.task_invisible_s,
                               "auth_delay_s": ctx.auth_delay_s, "guest_boot_s": c.guests.settings.boot_s,
                               "cloud_init_s": c.guests.settings.cloud_init_s, "clone_race": c.clone_race,
-                              "agent_timeout_s": c.guests.settings.agent_timeout_s})
+                              "agent_timeout_s": c.guests.settings.agent_timeout_s,
+                              "firewall_clock": "manual" if c.firewall.clock.manual else "real"})
 
 
 def create_app(ctx: SimContext) -> web.Application:

@@ -181,6 +181,12 @@ class FirewallClock:
     def advance(self, seconds: float) -> None:
         self.offset += seconds
 
+    def set_manual(self, manual: bool) -> None:
+        """Switch between the real and the manual clock; ``now`` goes on from where it is."""
+        now = self.now()
+        self.manual = manual
+        self.offset += now - self.now()
+
 
 # pve-firewall src/PVE/Service/pve_firewall.pm: ``my $updatetime = 10;`` — the daemon's loop runs
 # ``PVE::Firewall::update()`` (compile + apply) then waits until ``time() + $updatetime``
@@ -291,7 +297,9 @@ class Firewall:
         (:4514-4536) adds to every such set the NIC's IPv6 link-local address derived from its MAC
         (``mac_to_linklocal``, RFC 4291 modified EUI-64) and ``fe80::/10`` as ``nomatch``: no other
         link-local address passes. An entry may be a network (``10.0.0.0/24``); ``nomatch``
-        excludes (ipset semantics)."""
+        excludes (ipset semantics). Reads the configuration as it is now, not the daemon's last
+        compile (what the appliance and kubeadm models ask of an address a guest answers from); the
+        question of :func:`deliver` applies the same filter as compiled (:func:`ipfilter_refuses`)."""
         if str(self.cluster_options.get("enable", "0")) != "1":
             return False
         fw = self.vm(vmid)
@@ -910,7 +918,10 @@ def chain_verdict(c: Compiled, vmid: int, nic: str, direction: str, pkt: Packet)
         if r.get("ipversion") and int(r["ipversion"]) != pkt.version:
             continue
         if r["type"] == "group":
-            continue  # security groups (cluster.fw [group …]) are not modelled: z9 writes none
+            # security groups (cluster.fw [group …]) are not modelled (z9 writes none): as the
+            # simulator has none, a group rule jumps to an empty chain (generate_group_rules: "no
+            # such security group", an empty GROUP-<name>-IN/OUT) and decides nothing
+            continue
         if r["type"] != direction or not _compiles(r, fw, pkt):
             continue
         if _rule_matches(r, pkt, fw):

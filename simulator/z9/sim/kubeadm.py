@@ -763,8 +763,21 @@ def network_problem(c: dict[str, Any], node: str) -> str | None:
     return None
 
 
+def _kubelet_cut_off(guests: Guests, c: dict[str, Any], n: dict[str, Any]) -> bool:
+    """A worker's kubelet posts its node status to the API server through the endpoint (its
+    kubelet.conf); when the PVE firewall drops that connection the node-lifecycle controller marks
+    the node Unknown once the grace period passes ("Kubelet stopped posting node status")."""
+    if n["role"] != "worker":
+        return False
+    host, _, port = c["endpoint"].rpartition(":")
+    holder = next((v for v in c["control_planes"] if _guest_up(guests, v)
+                   and kube_vip_problem(guests.guests[int(v)], host) is None), None)
+    g = guests.guests.get(int(n["vmid"]))
+    return holder is not None and g is not None and _firewall_drops(g, holder, host, int(port or 6443)) is not None
+
+
 def _node_json(guests: Guests, c: dict[str, Any], name: str, n: dict[str, Any]) -> dict[str, Any]:
-    up = _guest_up(guests, n["vmid"])
+    up = _guest_up(guests, n["vmid"]) and not _kubelet_cut_off(guests, c, n)
     net = network_problem(c, name)
     labels = {"kubernetes.io/hostname": name}
     if n["role"] == "control-plane":

@@ -217,6 +217,9 @@ async def test_cluster_members_reach_each_other_on_kubeadm_ports_only(private: S
     c, job = await create_cluster(private, sim, name="walls", cps=3, workers=2)
     done = await private.wait_job(job["id"], timeout_s=300)
     assert done["status"] == "succeeded", done
+    # one attempt: the joiners' addresses go into the members' rules once, before they join (never
+    # a rewrite per joiner racing the others' on one VM: a stale digest, a verify seeing drift)
+    assert done["attempt"] == 1, done
     await sim.firewall_cycle()
     got = (await private.call("GET", f"/clusters/{c['id']}"))[1]["cluster"]
     assert got["status"] == "running" and all(m["ready"] for m in got["members"]), got

@@ -640,6 +640,12 @@ async def _join_all(ctx: JobContext, world: World, members: list[str]) -> None:
     """Every member in parallel (each: VM, token, ISO, start, Ready); the first failure — a
     permanent one first — is raised once all have ended, naming every member that failed."""
     specs = [_spec(world, m) for m in members]
+    # every joiner's address first, then the members already there accept them all — once, before
+    # any joins (a joining control plane's etcd peers, the pod network); never one rewrite per joiner
+    # racing the others' on the same VM
+    for s in specs:
+        await member_private_address(ctx, world, s)
+    await converge_firewalls(ctx, world, Step("firewall"), [n for n in world.vms if n not in members])
     results = await asyncio.gather(*(provision(ctx, world, s, init=False) for s in specs), return_exceptions=True)
     failed = [(s.name, r) for s, r in zip(specs, results) if isinstance(r, BaseException)]
     if not failed:
@@ -664,9 +670,8 @@ async def provision(ctx: JobContext, world: World, m: MemberSpec, *, init: bool)
     assert cluster is not None
     private = await member_private_address(ctx, world, m)
     step = Step(f"member {m.name}")
-    # the members already there accept the new one first (its address in their rules: a joining
-    # control plane's etcd peers, the pod network), then its own VM comes with every address known
-    await converge_firewalls(ctx, world, step, [n for n in world.vms if n != m.name])
+    # its own VM comes with every member's address known (the members already there were given the
+    # joiners' before: _join_all)
     spec = vm_spec(cluster, m, private, await store.vm_private_addresses_of(ctx.pool, cluster.id))
     mw = await vms.observe_member(ctx, spec)
     for s in vms.plan_member(spec, mw, region=ctx.job.region):
