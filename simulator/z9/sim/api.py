@@ -67,12 +67,14 @@ Admin API (no auth, loopback peers only), JSON in and out:
   ``{tokenid, value}``: an API token (privilege-separated by default) for the permission model
   (z9.sim.permissions); ``user_acl`` is its user's ACL (root@pam holds every privilege without one).
 - ``PUT /_sim/config`` ``{task_seconds?, task_default_s?, stats_lag_s?, task_invisible_s?, auth_delay_s?,
-  guest_boot_s?, cloud_init_s?, k8s_api_delay_s?, firewall_clock?: "manual"|"real"}`` → the current values
-  (changes timing at run time);
+  guest_boot_s?, cloud_init_s?, k8s_api_delay_s?, agent_timeout_s?, clone_race?, firewall_clock?: "manual"|"real"}``
+  → the current values (changes timing at run time; ``agent_timeout_s``: how long a silent guest agent is waited
+  for, PVE's 3 s);
   400 on an unknown key or a bad value, and then nothing is applied.
 - ``GET /_sim/guests/{vmid}`` → the guest (:meth:`z9.sim.guest.Guest.to_json`: ``powered``, ``booted``,
   ``boots``, ``instance_id``, ``host_key`` (SSH host key fingerprint), ``hostname``, ``cloud_init``
-  ``{status, errors, datasource}``, ``agent``, ``files`` (paths), ``interfaces``, ``extra_addresses``,
+  ``{status, errors, datasource}``, ``agent``, ``files`` (paths), ``nameservers`` (its resolv.conf's),
+  ``interfaces``, ``extra_addresses``,
   ``models``, ``inputs.source`` (the CD-ROM cloud-init read)); 404 when the VM never started (nor was cloned from one that did) or is gone.
   ``GET /_sim/state`` has ``"guests": {"<vmid>": summary}`` and ``"storage": {"local@pve1": [{volid,
   content, format, size, ctime, sha256}], "isos": [...]}``.
