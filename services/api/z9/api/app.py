@@ -158,6 +158,10 @@ async def list_jobs(request: web.Request) -> web.Response:
     kind = request.query.get("kind")
     if kind is not None and not 1 <= len(kind) <= 63:
         raise ValidationFailed("kind: 1 to 63 characters", details=[{"field": "kind", "message": "1..63 characters"}])
+    if kind is not None and kind not in kinds.all_kinds():  # a typo would otherwise list nothing, silently
+        known = sorted(kinds.all_kinds())
+        raise ValidationFailed(f"kind: no job kind {kind!r} (the kinds: {', '.join(known)})",
+                               details=[{"field": "kind", "message": f"unknown job kind {kind!r}"}])
     include_observe = bool_param(request, "include_observe", default=True)
     jobs: list[Job] = await store.job_list(pool, tenant_id, resource_id=rid, after_seq=after_seq, limit=limit,
                                            actor_token_id=actor, newest_first=order == "newest", status=status,
