@@ -193,6 +193,24 @@ def test_the_jobs_page_goes_page_by_page_and_filters_by_kind(stack: DevStack, ch
     page.wait_for_selector(".notice.bad:has-text('no job kind')")
 
 
+def test_a_servers_page_lists_the_jobs_of_its_address_too(stack: DevStack, chromium: Any) -> None:
+    """A server with a public address: its page lists the address's AddressAssign next to its own
+    ServerCreate (the jobs of every resource tied to it: ?server_id= lists)."""
+    status, out = stack.api("POST", "servers", {"name": f"tied-{time.time_ns() % 10**8}", "region": "dev-1",
+                                                "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10,
+                                                "public_ipv4": True})
+    assert status == 202, out
+    kinds = {j["kind"] for j in out["jobs"]}
+    assert "AddressAssign" in kinds, out["jobs"]
+    for j in out["jobs"]:
+        stack.wait_job(j["id"])
+    page = new_page(chromium)
+    sign_in(page, stack)
+    page.goto(f"{stack.console}servers/{out['server']['id']}")
+    page.wait_for_selector("table:has(caption:has-text('tied to it')) td:text-is('AddressAssign')")
+    page.wait_for_selector("table:has(caption:has-text('tied to it')) td:text-is('ServerCreate')")
+
+
 def test_a_create_form_shows_its_region_and_image_as_selects_from_the_start(stack: DevStack, chromium: Any) -> None:
     # the regions are held back: the page says it is loading and shows no form meanwhile — the
     # fields are never text boxes that turn into selects under the user's (or a test's) hands

@@ -617,13 +617,33 @@ async function detailPage(kind, id) {
   // the resource's jobs: the live one (or the latest) followed as it changes
   // the resource's recent jobs: read again whenever the followed job changes (a new one, a status)
   const histBox = h("div", { class: "history" });
-  const recentJobs = () => api("GET", `jobs?resource_id=${encodeURIComponent(id)}&order=newest&limit=10&include_observe=false`);
+  // every job that touched it: its own and those of the resources another kind ties to it (a
+  // server's addresses and volumes: their list takes ?server_id=), newest first
+  const related = async () => {
+    const param = `${kind.oneKey}_id`;
+    const ids = [id];
+    for (const k of state.kinds) {
+      if (k === kind || !queryParams(k.listOp).some((p) => p.name === param)) continue;
+      try {
+        const r = await api("GET", `${k.plural}?${param}=${encodeURIComponent(id)}&limit=50&include_deleted=true`);
+        ids.push(...r[k.listKey].map((x) => x.id));
+      } catch { /* that kind's jobs left out */ }
+    }
+    return ids;
+  };
+  const recentJobs = async () => {
+    const ids = await related();
+    const lists = await Promise.all(ids.map((rid) => api("GET", `jobs?resource_id=${encodeURIComponent(rid)}&order=newest&limit=10&include_observe=false`)
+      .then((r) => r.jobs, () => [])));
+    const all = lists.flat().sort((a, b) => (a.created_at < b.created_at ? 1 : a.created_at > b.created_at ? -1 : 0));
+    return { jobs: all.slice(0, 15) };
+  };
   let histSeq = 0;
   const loadHistory = async () => {
     const seq = ++histSeq;
     try {
       const r = await recentJobs();
-      if (seq === histSeq) put(histBox, jobsTable(r.jobs, "This resource's recent jobs"));
+      if (seq === histSeq) put(histBox, jobsTable(r.jobs, "The recent jobs of this resource and of those tied to it"));
     } catch { /* shown next time */ }
   };
   followLatest = (jobId) => {
@@ -634,7 +654,7 @@ async function detailPage(kind, id) {
     loadHistory();
   };
   const jobs = await recentJobs().catch(() => ({ jobs: [] }));
-  put(histBox, jobsTable(jobs.jobs, "This resource's recent jobs"));
+  put(histBox, jobsTable(jobs.jobs, "The recent jobs of this resource and of those tied to it"));
   main().append(h("section", { "aria-labelledby": "hist-h" }, h("h2", { id: "hist-h" }, "Recent jobs"), histBox));
   const live = jobs.jobs.find((j) => ["pending", "running", "retry"].includes(j.status)) || jobs.jobs[0];
   if (live) followLatest(live.id);
