@@ -135,7 +135,7 @@ DESCRIPTIONS: dict[str, str] = {
     "task_poll_s": "How often a Proxmox task (UPID) is polled while a job waits for it.",
     "task_deadline_s": "Longest wait for one Proxmox task before the attempt fails as temporary.",
     "shutdown_grace_s": "On SIGTERM, how long an executor lets running jobs finish before handing them back. Every "
-                        "service (api, scheduler, executor, reaper) ends at the latest this + 5 s after SIGTERM or "
+                        "service (api, scheduler, executor, reaper) ends at the latest this + 10 s after SIGTERM or "
                         "SIGINT, or at a second signal, whatever it waits on (a database gone silent).",
     "snooze_s": "Wait before retrying a job whose VM is locked by another task (no attempt spent).",
     "snooze_limit_s": "Longest a job waits on a locked VM (since its first snooze); after that the wait is a temporary error that spends an attempt.",

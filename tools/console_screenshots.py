@@ -80,6 +80,11 @@ def shoot(stack: DevStack, b: Any, out: Path, ids: dict[str, str], operator_toke
                 continue
             page.goto(stack.console + path)
             settle(page)
+            if name == "load-balancer-create":  # a row of each list: a service (its health check), a target
+                page.click("[data-add=services]")
+                page.select_option("select[name='services[0].health_check.protocol']", "tcp")
+                page.click("[data-add=targets]")
+                page.wait_for_selector("select[name='targets[0].server_id'][data-state=ready]")
             made.append(out / f"{name}-{scheme}.png")
             page.screenshot(path=str(made[-1]), full_page=True)
         page.context.close()

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # imported in main() for an operator command only: a customer
 
 async def _serve(service: Any) -> None:
     """Run ``service.run()`` until SIGINT/SIGTERM, which call ``service.stop()``; the process ends
-    at the latest ``Z9_SHUTDOWN_GRACE_S`` + 5 s after the signal, or at a second one, whatever it
+    at the latest ``Z9_SHUTDOWN_GRACE_S`` + 10 s after the signal, or at a second one, whatever it
     waits on (:mod:`z9.common.shutdown`)."""
     from z9.common.shutdown import guard_stop
 

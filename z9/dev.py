@@ -327,7 +327,7 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         poll_s = f"{min(1.0, max(0.05, args.task_seconds)):g}"
         env.setdefault("Z9_TASK_POLL_S", poll_s)
         # A stop (Ctrl-C, or the death signal when z9 dev is killed, its database stopping at the
-        # same moment) ends every service within this + 5 s, whatever it waits on (z9.common.shutdown)
+        # same moment) ends every service within this + 10 s, whatever it waits on (z9.common.shutdown)
         env.setdefault("Z9_SHUTDOWN_GRACE_S", "3")
         env.setdefault("Z9_SERVER_GUEST_POLL_S", poll_s)
         key = os.environ.get("Z9_INSTALLATION_KEY") or key_file.read_text().strip()

@@ -168,7 +168,7 @@ async def test_a_service_exits_on_sigterm_once_its_database_is_gone(db_url: str,
     await link.start()
     via = urlunsplit(u._replace(netloc=f"{u.username or 'postgres'}@127.0.0.1:{link.port}", query=""))
     env = {k: v for k, v in os.environ.items() if not k.startswith("Z9_")}
-    # a grace of 1 s: the stop's deadline is that + 5 s (z9.common.shutdown); without one, a silent
+    # a grace of 1 s: the stop's deadline is that + 10 s (z9.common.shutdown); without one, a silent
     # database held the API past any bound
     env.update(Z9_DATABASE_URL=via, Z9_METRICS_PORT="0", Z9_LOG_FORMAT="text", Z9_SHUTDOWN_GRACE_S="1",
                Z9_REGIONS='{"dev-1": {"url": "https://127.0.0.1:9", "token_id": "root@pam!z9", '

@@ -171,6 +171,11 @@ class Client:
         err = body.get("error") if isinstance(body, dict) else None
         if not isinstance(err, dict):
             err = {"code": "http_error", "message": (r.text or r.reason or "").strip()[:500]}
+            if r.status_code == 404:  # not z9's own 404 (which names what is missing): not its API there
+                base = r.url.split("?")[0]
+                err["message"] = (f"nothing answers {base} as the z9 API does (404 {err['message'] or 'Not Found'}): "
+                                  "the API URL ends in /v1, e.g. http://127.0.0.1:8080/v1 (--api-url, Z9_API_URL "
+                                  "or the context's)")
         cls = Conflict if r.status_code == 409 else ApiError
         raise cls(r.status_code, str(err.get("code")), str(err.get("message")), err.get("details"), headers)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -74,9 +75,11 @@ class Ctx:
         return self.args.output == "json"
 
     def refuse(self, code: str, message: str, details: Any = None) -> None:
-        """A refusal or failure on stderr: one line, or ``{"error": …}`` under ``-o json``."""
+        """A refusal or failure on stderr: one line, or ``{"error": …}`` under ``-o json`` — its
+        ``details`` a list of objects, as the API's (one object becomes a list of it)."""
         if self.json:
-            print(json.dumps({"error": {"code": code, "message": message, "details": to_jsonable(details)}}),
+            listed = [] if details is None else details if isinstance(details, list) else [details]
+            print(json.dumps({"error": {"code": code, "message": message, "details": to_jsonable(listed)}}),
                   file=sys.stderr)
         else:
             self.err.print(message, highlight=False, markup=False, soft_wrap=True)
@@ -224,6 +227,39 @@ def register(sub: Any) -> list[str]:
     return names
 
 
+#: a pattern's refusal in words (never the regex): the API's name and id patterns
+_PATTERN_WORDS = (
+    (re.compile(r"\^\[a-z0-9\]\(\[a-z0-9-\]\{0,61\}\[a-z0-9\]\)\?\$"),
+     "must be a DNS label: lower case letters, digits and inner hyphens, 1 to 63 characters"),
+    (re.compile(r"\^([a-z0-9]+)_\[0-9a-z\]\{26\}\$"), "must be an id like {0}_… (26 more characters)"),
+)
+
+
+def problem_text(err: Any) -> str:
+    """pydantic's message for one field, a pattern said in words rather than as its regex."""
+    msg = str(err.get("msg", "")).removeprefix("Value error, ")
+    pattern = (err.get("ctx") or {}).get("pattern")
+    if err.get("type") == "string_pattern_mismatch" and pattern:
+        for regex, words in _PATTERN_WORDS:
+            m = regex.fullmatch(str(pattern))
+            if m:
+                return words.format(*m.groups())
+        return "is not in the expected form (see the command's --help)"
+    return msg
+
+
+def flag_of(field: str) -> str | None:
+    """The flag the user typed for a request field (``expires_in_s`` → ``--expires-in``), else None."""
+    from .redact import _argv
+
+    top = field.split(".")[0].split("[")[0]
+    for cand in (top, top.removesuffix("_s"), top.removesuffix("_id"), top.removesuffix("_ids")):
+        flag = "--" + cand.replace("_", "-")
+        if any(a == flag or a.startswith(flag + "=") for a in _argv):
+            return flag
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run a parsed customer command; map every error to its exit code."""
     out = Console(soft_wrap=True)
@@ -251,12 +287,13 @@ def run(args: argparse.Namespace) -> int:
         problems = []
         for x in e.errors(include_url=False, include_input=False):  # one line per field, as the API answers
             field = ".".join(str(part) for part in x.get("loc", ())) or "request"
-            problems.append({"field": field, "message": str(x.get("msg", "")).removeprefix("Value error, ")})
+            problems.append({"field": field, "flag": flag_of(field),
+                             "message": problem_text(x)})
         if ctx.json:
             ctx.refuse("validation_error", "; ".join(f"{p['field']}: {p['message']}" for p in problems), problems)
         for p in problems if not ctx.json else ():
-            err.print(f"invalid request: {p['field']}: {p['message']}",
-                      highlight=False, markup=False)  # a pattern's [a-z0-9] is not markup
+            err.print(f"invalid request: {p['flag'] or p['field']}: {p['message']}",
+                      highlight=False, markup=False)
         return USAGE
     except KeyboardInterrupt:
         return 130

@@ -29,10 +29,12 @@ class _Answer(BaseModel):
 
 
 class Step(_Answer):
-    """One step of a job: ``state`` pending, running, done, failed or skipped; ``detail`` holds
-    e.g. the UPID waited on."""
+    """One step of a job: ``state`` pending, running, done, failed or skipped; ``member`` the
+    member of a multi-VM resource it acts on (``lb-1``; None: the resource as a whole); ``detail``
+    holds e.g. the UPID waited on."""
 
     name: str
+    member: str | None = None  # the member of a multi-VM resource it acts on (lb-1, cp-0); None: the whole
     state: str
     started_at: datetime | None = None
     finished_at: datetime | None = None

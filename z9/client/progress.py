@@ -1,9 +1,12 @@
 """Live display of a job's steps while ``--wait`` follows it (on stderr, so ``--output json``
 keeps stdout clean).
 
-On a terminal: a ``rich`` live table (status line, one row per step with its state and time),
-redrawn on every change the long-poll reports. Elsewhere (a pipe, CI logs): one line per change
-(the job's status, a step's state), nothing redrawn.
+On a terminal: a ``rich`` live table (status line, one row per step — with the member it acts on,
+for a load balancer's or a cluster's — its state and time), redrawn on every change the long-poll
+reports. Elsewhere (a pipe, CI logs): one line per transition (the job's status or attempt; a step
+entering a new state, named by its member and name: ``lb-1 start: done``), nothing redrawn and
+nothing repeated: a step is known by its place in the attempt's plan, so two steps of one name
+(each member's ``clone``) never take each other's state, vmid or node.
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ class StepProgress:
         self.console = console
         self.live: Live | None = None
         self.t0 = time.monotonic()
-        self._seen: dict[str, str] = {}
+        self._seen: dict[tuple[int, int, str | None, str], str] = {}
         self._status: tuple[str, int] | None = None
 
     def update(self, job: Job) -> None:
@@ -61,12 +64,14 @@ class StepProgress:
             if job.status == "retry" and job.error is not None:
                 extra += f": {job.error.message}"
             self.console.print(f"{job.id} {job.kind}: {job.status}{extra}", highlight=False, soft_wrap=True)
-        for step in job.steps:
-            if self._seen.get(step.name) != step.state:
-                self._seen[step.name] = step.state
+        for i, step in enumerate(job.steps):
+            key = (job.attempt, i, step.member, step.name)  # its place in this attempt's plan
+            if self._seen.get(key) != step.state:
+                self._seen[key] = step.state
                 tail = f" ({_secs(step)})" if step.state in ("done", "failed") and _secs(step) else ""
                 detail = _detail(step)
-                self.console.print(f"  step {step.name}: {step.state}{tail}" + (f"  {detail}" if detail else ""),
+                who = f"{step.member} " if step.member else ""
+                self.console.print(f"  step {who}{step.name}: {step.state}{tail}" + (f"  {detail}" if detail else ""),
                                    highlight=False, soft_wrap=True)
 
     def _render(self, job: Job) -> Any:
@@ -74,13 +79,17 @@ class StepProgress:
                              (job.status, _STATUS_STYLE.get(job.status, "")),
                              f" · attempt {job.attempt}/{job.max_attempts}" if job.attempt else "",
                              f" · {time.monotonic() - self.t0:.0f}s")
+        members = any(step.member for step in job.steps)
         table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        if members:
+            table.add_column("member")
         table.add_column("step")
         table.add_column("state")
         table.add_column("time", justify="right")
         table.add_column("detail")
         for step in job.steps:
-            table.add_row(step.name, Text(step.state, _STATE_STYLE.get(step.state, "")), _secs(step), _detail(step))
+            table.add_row(*((step.member or "",) if members else ()), step.name,
+                          Text(step.state, _STATE_STYLE.get(step.state, "")), _secs(step), _detail(step))
         parts: list[Any] = [head]
         if job.steps:
             parts.append(table)

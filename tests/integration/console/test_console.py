@@ -168,6 +168,49 @@ def test_phone_sized_window_fits_and_errors_quote_the_request_id(stack: DevStack
     assert page.console_errors == [] or all("404" in e for e in page.console_errors), page.console_errors
 
 
+def test_the_jobs_page_goes_page_by_page_and_filters_by_kind(stack: DevStack, chromium: Any) -> None:
+    for _ in range(2):  # at least three jobs of the tenant (the other tests' and these)
+        status, out = stack.api("POST", "servers", {"name": f"pages-{time.time_ns() % 10**8}", "region": "dev-1",
+                                                    "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10})
+        assert status == 202, out
+    page = new_page(chromium)
+    sign_in(page, stack)
+    page.goto(stack.console + "jobs?limit=1")
+    first = page.locator("table tbody tr td code").first.inner_text()
+    page.click("text=Older jobs →")
+    page.wait_for_url("**after=**")
+    page.wait_for_selector("table tbody tr")
+    second = page.locator("table tbody tr td code").first.inner_text()
+    assert second != first and page.locator("nav.pages a:text-is('Newest')").count() == 1
+    page.goto(stack.console + "jobs")
+    page.fill("#j-kind", "ServerCreate")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url("**kind=ServerCreate**")
+    page.wait_for_selector("table tbody tr")
+    kinds = set(page.locator("table tbody tr td:nth-child(2)").all_inner_texts())
+    assert kinds == {"ServerCreate"}, kinds
+    page.goto(stack.console + "jobs?kind=Bogus")
+    page.wait_for_selector(".notice.bad:has-text('no job kind')")
+
+
+def test_a_servers_page_lists_the_jobs_of_its_address_too(stack: DevStack, chromium: Any) -> None:
+    """A server with a public address: its page lists the address's AddressAssign next to its own
+    ServerCreate (the jobs of every resource tied to it: ?server_id= lists)."""
+    status, out = stack.api("POST", "servers", {"name": f"tied-{time.time_ns() % 10**8}", "region": "dev-1",
+                                                "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10,
+                                                "public_ipv4": True})
+    assert status == 202, out
+    kinds = {j["kind"] for j in out["jobs"]}
+    assert "AddressAssign" in kinds, out["jobs"]
+    for j in out["jobs"]:
+        stack.wait_job(j["id"])
+    page = new_page(chromium)
+    sign_in(page, stack)
+    page.goto(f"{stack.console}servers/{out['server']['id']}")
+    page.wait_for_selector("table:has(caption:has-text('tied to it')) td:text-is('AddressAssign')")
+    page.wait_for_selector("table:has(caption:has-text('tied to it')) td:text-is('ServerCreate')")
+
+
 def test_a_create_form_shows_its_region_and_image_as_selects_from_the_start(stack: DevStack, chromium: Any) -> None:
     # the regions are held back: the page says it is loading and shows no form meanwhile — the
     # fields are never text boxes that turn into selects under the user's (or a test's) hands

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from z9.api.app import served_document
 
 from tests.integration.console.console_support import (
     DevStack,
@@ -28,7 +29,6 @@ from tests.integration.console.console_support import (
     require_browser,
     sign_in,
 )
-from z9.api.app import served_document
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -149,7 +149,7 @@ def test_every_action_of_the_kind_from_its_form(plural: str, stack: DevStack, ch
                 form.wait_for()
                 assert form.locator("[name=_json]").is_hidden()  # raw JSON only behind the advanced switch
                 fill_form(form, body, refs)
-                job = _submit_and_watch(page, lambda: form.locator("button[type=submit]").click())
+                job = _submit_and_watch(page, form.locator("button[type=submit]").click)
             else:
                 job = _submit_and_watch(page, button.click)
             if job is None:

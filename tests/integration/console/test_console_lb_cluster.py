@@ -67,6 +67,8 @@ def test_load_balancer_from_the_console_reaches_healthy(stack: DevStack, chromiu
     page.wait_for_selector(f"h1:has-text('{name}')")
     page.wait_for_selector(".job .step-state")  # its steps, live
     page.wait_for_selector(".job .job-status[data-status=succeeded]", timeout=600_000)
+    page.wait_for_selector(".job th:text-is('member')")  # each step names the appliance it acts on
+    page.wait_for_selector(".job .step-state[data-member=lb-0][data-step=clone]")
     # health comes from the periodic observe: the page shows it once the job's change refreshed it
     lb_id = page.url.rsplit("/", 1)[-1]
     deadline = time.monotonic() + 300

@@ -219,3 +219,10 @@ async def test_ended_sessions_are_pruned_after_a_day(web: Stack, clock: TestCloc
     clock.step(web.settings.console_session_idle_s + 86400)
     assert await store.console_session_prune(web.pool, 86400, now=clock.now()) == 1  # the expired one
     assert await web.pool.fetchval("SELECT count(*) FROM console_sessions") == 0
+
+
+async def test_the_session_names_its_tenant(web: Stack) -> None:
+    """The console shows the tenant by the name people know it by, not its id."""
+    cookie, _, _ = await sign_in(web, web.token)
+    status, me, _ = await raw(web, "GET", "/console/session", cookie=cookie)
+    assert status == 200 and me["tenant"] == web.tenant_id and me["tenant_name"] == "acme", me

@@ -175,18 +175,18 @@ class KindSpec:
         id_help = self.id_help or f"the {k.label}'s id"
         verbs = group(sub, k.plural, self.help)
         if self.create_body is not None:
-            p = verb(verbs, "create", self.create_help or f"create a {k.label}", [common, waiting])
+            p = verb(verbs, "create", self.create_help or f"create {_a(k.label)}", [common, waiting])
             for a in self.create_args:
                 a.add(p)
             p.set_defaults(run=self._create)
 
-        p = verb(verbs, "list", f"list {k.label}s (the deleted ones with --include-deleted or --status deleted)",
+        p = verb(verbs, "list", f"list {k.plural.replace('-', ' ')} (the deleted ones with --include-deleted or --status deleted)",
                  [common])
         p.add_argument("--status", choices=tuple(self.statuses))
         p.add_argument("--name", help=f"only the {k.label} of this name")
         p.add_argument("-l", "--selector", metavar="SELECTOR",
                        help="label selector: k=v, k!=v, k, !k, k in (a,b), comma-separated")
-        p.add_argument("--include-deleted", action="store_true", help=f"the deleted {k.label}s too")
+        p.add_argument("--include-deleted", action="store_true", help=f"the deleted {k.plural.replace('-', ' ')} too")
         p.add_argument("--limit", type=int, help="page size (1-500, default 100)")
         p.add_argument("--after", help="the next_after of the previous page")
         p.add_argument("--all", action="store_true", help="every page")
@@ -195,7 +195,7 @@ class KindSpec:
             self._list_filters.append(a.kw.get("dest") or a.flags[0].lstrip("-").replace("-", "_"))
         p.set_defaults(run=self._list)
 
-        p = verb(verbs, "get", f"show a {k.label}", [common])
+        p = verb(verbs, "get", f"show {_a(k.label)}", [common])
         p.add_argument("id", help=id_help)
         p.set_defaults(run=self._get)
 
@@ -207,8 +207,8 @@ class KindSpec:
             p.set_defaults(run=self._update)
 
         p = verb(verbs, "delete", self.delete_help or (
-            f"delete a {k.label}: restorable until its deletion buffer ends" if k.buffered
-            else f"delete a {k.label} at once (no buffer, no restore)"), [common, waiting])
+            f"delete {_a(k.label)}: restorable until its deletion buffer ends" if k.buffered
+            else f"delete {_a(k.label)} at once (no buffer, no restore)"), [common, waiting])
         p.add_argument("id", help=id_help)
         options = [o for o in DELETE_OPTIONS if o.plural == k.plural]
         for o in options:
@@ -220,7 +220,7 @@ class KindSpec:
             return mutation(ctx, accepted, self.detail, lambda: self._refetch(ctx, ctx.args.id))
         p.set_defaults(run=delete)
         if k.buffered:
-            p = verb(verbs, "restore", self.restore_help or f"cancel a {k.label}'s deletion within its buffer",
+            p = verb(verbs, "restore", self.restore_help or f"cancel {_a(k.label)}'s deletion within its buffer",
                      [common, waiting])
             p.add_argument("id", help=id_help)
             p.set_defaults(run=self._simple(lambda c, i: c.restore(k, i)))
@@ -235,6 +235,11 @@ class KindSpec:
         if self.extra is not None:
             self.extra(verbs, common, waiting)
         return k.plural
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its article: "an address", "a server"."""
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
 # ---------------------------------------------------------------------------------- shared argument types

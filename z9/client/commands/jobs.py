@@ -20,8 +20,10 @@ def job_table(j: Job) -> Any:
         ("resource", f"{j.resource.type} {j.resource.id}" if j.resource else None), ("region", j.region),
         ("error", f"{j.error.class_}: {j.error.message}" if j.error else None), ("actor", j.actor),
         ("request id", j.request_id), ("created", j.created_at), ("finished", j.finished_at)) if r[1] is not None])
-    steps = table(("STEP", "STATE", "STARTED", "FINISHED"),
-                  [(s.name, s.state, s.started_at, s.finished_at) for s in j.steps])
+    members = any(s.member for s in j.steps)  # a multi-VM resource's job: which member each step acts on
+    steps = table(("STEP", *(("MEMBER",) if members else ()), "STATE", "STARTED", "FINISHED"),
+                  [(s.name, *((s.member or "",) if members else ()), s.state, s.started_at, s.finished_at)
+                   for s in j.steps])
     return Group(head, steps) if j.steps else head
 
 

@@ -86,7 +86,7 @@ class Job:
             "attempt": self.attempt,
             "max_attempts": self.max_attempts,
             "run_after": _ts(self.run_after) if self.status in ("pending", "retry") else None,
-            "steps": self.steps,
+            "steps": public_steps(self.steps),
             "error": self.error,
             "created_at": _ts(self.created_at),
             "started_at": _ts(self.started_at),
@@ -95,6 +95,17 @@ class Job:
             "actor": self.actor_token_id,
             "request_id": self.request_id,
         }
+
+
+def public_steps(steps: Any) -> list[dict[str, Any]]:
+    """A job's steps as the API shows them: each with ``member`` (the member of a multi-VM
+    resource it acts on, from its ``detail``; null for the resource as a whole) — rows written
+    before steps carried it get it here too."""
+    out = []
+    for s in steps or []:
+        member = s.get("member", (s.get("detail") or {}).get("member"))
+        out.append({**s, "member": member if isinstance(member, str) else None})
+    return out
 
 
 def _ip(v: Any) -> str:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 log = logging.getLogger("z9.shutdown")
 
 #: seconds past the service's own grace (the executor's drain) before a stop is forced
-HARD_EXIT_MARGIN_S = 5.0
+HARD_EXIT_MARGIN_S = 10.0  # room for a drain's hand-over and a pool's close on a loaded machine
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 

@@ -69,6 +69,11 @@ async def tenant_upsert(db: DB, name: str) -> str:
     return row["id"]
 
 
+async def tenant_name(db: DB, tenant_id: str) -> str | None:
+    """The name of tenant ``tenant_id`` (what people know it by), None when there is none."""
+    return await db.fetchval(q("tenant_name"), tenant_id)
+
+
 async def api_token_insert(db: DB, tenant_id: str, token: str, name: str = "default", *,
                            scopes: Iterable[str] = ("read", "write"), expires_at: datetime | None = None,
                            created_by: str | None = None) -> str:

@@ -158,6 +158,10 @@ async def list_jobs(request: web.Request) -> web.Response:
     kind = request.query.get("kind")
     if kind is not None and not 1 <= len(kind) <= 63:
         raise ValidationFailed("kind: 1 to 63 characters", details=[{"field": "kind", "message": "1..63 characters"}])
+    if kind is not None and kind not in kinds.all_kinds():  # a typo would otherwise list nothing, silently
+        known = sorted(kinds.all_kinds())
+        raise ValidationFailed(f"kind: no job kind {kind!r} (the kinds: {', '.join(known)})",
+                               details=[{"field": "kind", "message": f"unknown job kind {kind!r}"}])
     include_observe = bool_param(request, "include_observe", default=True)
     jobs: list[Job] = await store.job_list(pool, tenant_id, resource_id=rid, after_seq=after_seq, limit=limit,
                                            actor_token_id=actor, newest_first=order == "newest", status=status,
@@ -212,9 +216,9 @@ JOB_EXAMPLE: dict[str, Any] = {
     "id": "job_01jd3x5v8q2m6n4p7r9s1t3w5y", "kind": "ServerCreate", "region": "dev-1",
     "resource": {"type": "server", "id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"}, "status": "running",
     "attempt": 1, "max_attempts": 10, "run_after": None,
-    "steps": [{"name": "clone", "state": "done", "started_at": "2026-12-01T04:00:01Z",
+    "steps": [{"name": "clone", "member": None, "state": "done", "started_at": "2026-12-01T04:00:01Z",
                "finished_at": "2026-12-01T04:00:09Z", "detail": {"vmid": 105, "node": "pve1"}},
-              {"name": "configure", "state": "running", "started_at": "2026-12-01T04:00:09Z",
+              {"name": "configure", "member": None, "state": "running", "started_at": "2026-12-01T04:00:09Z",
                "finished_at": None, "detail": {}}],
     "error": None, "created_at": "2026-12-01T04:00:00Z", "started_at": "2026-12-01T04:00:01Z",
     "finished_at": None, "updated_at": "2026-12-01T04:00:09Z",

@@ -136,7 +136,7 @@ OVER_CAP_ANSWER = (lambda body: (b"HTTP/1.1 503 Service Unavailable\r\nContent-T
                                  b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
                                  + str(len(body)).encode() + b"\r\n\r\n" + body))(json.dumps(
     {"error": {"code": "too_many_connections",
-               "message": "too many connections open from this address or in all; retry shortly", "details": None}}
+               "message": "too many connections open from this address or in all; retry shortly", "details": []}}
 ).encode())
 
 

@@ -325,7 +325,7 @@ class Runner(web.AppRunner):
 async def serve(app: web.Application, host: str, port: int, *, metrics_app: web.Application | None = None,
                 metrics_host: str = "127.0.0.1", metrics_port: int = 0) -> None:
     """Serve ``app`` on host:port until SIGINT/SIGTERM (what ``web.run_app`` does, with
-    :class:`Runner`; the process ends at the latest ``Z9_SHUTDOWN_GRACE_S`` + 5 s after the
+    :class:`Runner`; the process ends at the latest ``Z9_SHUTDOWN_GRACE_S`` + 10 s after the
     signal, or at a second one: :mod:`z9.common.shutdown`), and ``metrics_app`` (``/metrics``) on its own listener when
     ``metrics_port`` is set — never on the tenants' port."""
     connections.install_loop_exception_handler(asyncio.get_running_loop())

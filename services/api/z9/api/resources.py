@@ -39,6 +39,11 @@ TENANT = web.RequestKey("tenant_id", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+
+def _a(noun: str) -> str:
+    """``noun`` with its article: "an address", "a server" (the type names z9 has; by the first letter)."""
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+
 def clock_of(app: web.Application) -> Clock:
     """The application's clock (:func:`z9.api.app.create_app`'s ``clock``; the real one by default)."""
     return app.get(CLOCK, SYSTEM)
@@ -322,12 +327,12 @@ async def _name_taken(pool: Any, rt: ResourceType[Any], tenant_id: str, name: st
     public = h.public()
     item = f"/v1/{rt.plural}/{h.id}"
     if h.status == "deleting":
-        text = (f"a {rt.name} named {name!r} already exists in this tenant: {h.id}, being deleted; the name is free "
+        text = (f"{_a(rt.name)} named {name!r} already exists in this tenant: {h.id}, being deleted; the name is free "
                 f"once it is deleted, after its deletion buffer ends at {public.get('delete_after')}. To free the "
                 f"name now, rename it (PATCH {item} with another name), or restore it "
                 f"(POST {item}/actions/cancel-deletion)")
     elif h.status == "destroying":
-        text = (f"a {rt.name} named {name!r} already exists in this tenant: {h.id}, being destroyed; the name is "
+        text = (f"{_a(rt.name)} named {name!r} already exists in this tenant: {h.id}, being destroyed; the name is "
                 f"free as soon as its deletion job ends (GET /v1/jobs?resource_id={h.id})"
                 + (f", or now if you rename it (PATCH {item})" if isinstance(rt.deletion, Buffered) else ""))
     else:
@@ -377,8 +382,8 @@ def _list_handler(api: ApiResource, page: type[BaseModel]) -> Handler:
     async def list_(request: web.Request) -> web.Response:
         after = request.query.get("after")
         if after is not None and not is_id(after, rt.prefix):
-            raise ValidationFailed(f"after: {after!r} is not a {rt.name} id",
-                                   details=[{"field": "after", "message": f"not a {rt.name} id"}])
+            raise ValidationFailed(f"after: {after!r} is not {_a(rt.name)} id",
+                                   details=[{"field": "after", "message": f"not {_a(rt.name)} id"}])
         status = request.query.get("status")
         if status is not None and status not in rt.statuses:
             raise ValidationFailed(f"status: must be one of {', '.join(rt.statuses)}",
@@ -568,20 +573,20 @@ def resource_operations(api: ApiResource) -> list[Operation]:
     delete_query = create_model(f"{cap}DeleteQuery", __base__=tuple(options)) if options else None
     delete_answers: dict[int, Any] = {202: accepted, 401: None, 404: None, 409: None, **({422: None} if options else {})}
     ops = [
-        Operation("POST", base, _create_handler(api, accepted), f"create{cap}", f"Create a {rt.name}", rt.plural,
+        Operation("POST", base, _create_handler(api, accepted), f"create{cap}", f"Create {_a(rt.name)}", rt.plural,
                   {202: accepted, 400: None, 401: None, 409: None, 422: None}, request=api.create_model,
                   idempotent=True,
                   example={rt.name: api.example, "job": {**job_ref, "kind": rt.kinds[0]}}),
         Operation("GET", base, _list_handler(api, page), f"list{plural_cap}", f"List {rt.plural}", rt.plural,
                   {200: page, 401: None, 422: None}, query=status_enum,
                   example={rt.plural.replace("-", "_"): [api.example], "next_after": None}),
-        Operation("GET", item, _get_handler(api, one), f"get{cap}", f"Get a {rt.name}", rt.plural,
+        Operation("GET", item, _get_handler(api, one), f"get{cap}", f"Get {_a(rt.name)}", rt.plural,
                   {200: one, 401: None, 404: None}, path_id=id_doc, example={rt.name: api.example}),
     ]
     if isinstance(rt.deletion, Buffered):
         deleting = {**api.example, "status": "deleting", "delete_after": "2026-12-01T04:05:00Z"}
         ops.append(Operation("DELETE", item, _delete_handler(api, accepted), f"delete{cap}",
-                             f"Delete a {rt.name} (two-phase: a buffer during which it can be cancelled)", rt.plural,
+                             f"Delete {_a(rt.name)} (two-phase: a buffer during which it can be cancelled)", rt.plural,
                              delete_answers, path_id=id_doc, query=delete_query,
                              example={rt.name: deleting, "job": {**job_ref, "kind": first_kind}}))
         ops.append(Operation("POST", f"{item}/actions/cancel-deletion", _cancel_handler(api, accepted),
@@ -591,7 +596,7 @@ def resource_operations(api: ApiResource) -> list[Operation]:
                              example={rt.name: api.example, "job": {**job_ref, "kind": rt.kinds[0]}}))
     else:
         ops.append(Operation("DELETE", item, _delete_handler(api, accepted), f"delete{cap}",
-                             f"Delete a {rt.name} (at once: its final job is enqueued)", rt.plural,
+                             f"Delete {_a(rt.name)} (at once: its final job is enqueued)", rt.plural,
                              delete_answers, path_id=id_doc, query=delete_query,
                              example={rt.name: {**api.example, "status": "destroying"},
                                       "job": {**job_ref, "kind": first_kind}}))

@@ -149,6 +149,9 @@ class Step(BaseModel):
     model_config = ConfigDict(extra="allow", json_schema_serialization_defaults_required=True)
 
     name: str
+    member: str | None = Field(None, description="the member of a multi-VM resource the step acts on (a load "
+                                                 "balancer's lb-1, a cluster's cp-0 or workers-2); null for a step "
+                                                 "of the resource as a whole")
     state: Literal["pending", "running", "done", "failed", "skipped"]
     started_at: OptTimestamp = None
     finished_at: OptTimestamp = None

@@ -49,8 +49,15 @@ class Step:
     finished_at: str | None = None
     kind: "StepKind | None" = field(default=None, compare=False, repr=False)
 
+    @property
+    def member(self) -> str | None:
+        """The member of a multi-VM resource the step acts on (``lb-1``, ``cp-0``), from its
+        ``detail`` (where plans put it); None for a step of the resource as a whole."""
+        m = self.detail.get("member")
+        return m if isinstance(m, str) else None
+
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "state": self.state, "started_at": self.started_at,
+        return {"name": self.name, "member": self.member, "state": self.state, "started_at": self.started_at,
                 "finished_at": self.finished_at, "detail": self.detail}
 
 

@@ -167,8 +167,11 @@ async def static(request: web.Request) -> web.Response:
     return web.Response(body=path.read_bytes(), headers={**_headers(cache=False), "Content-Type": _TYPES[path.suffix]})
 
 
-def _session_body(p: Any, session_id: str) -> dict[str, Any]:
-    return {"tenant": p.tenant_id, "token_id": p.token_id, "scopes": sorted(p.scopes),
+async def _session_body(request: web.Request, p: Any, session_id: str) -> dict[str, Any]:
+    from .. import resources as api
+
+    return {"tenant": p.tenant_id, "tenant_name": await store.tenant_name(request.app[api.POOL], p.tenant_id),
+            "token_id": p.token_id, "scopes": sorted(p.scopes),
             "csrf_token": csrf_token(session_id), "expires_at": p.expires_at.isoformat() if p.expires_at else None}
 
 
@@ -216,7 +219,7 @@ async def sign_in(request: web.Request) -> web.Response:
     expires_at = await store.console_session_create(request.app[api.POOL], _digest(session_id), p.token_id,
                                                     settings.console_session_idle_s, settings.console_session_max_s,
                                                     now=api.clock_of(request.app).db_now())
-    resp = web.json_response({"signed_in": True, **_session_body(p, session_id),
+    resp = web.json_response({"signed_in": True, **(await _session_body(request, p, session_id)),
                               "session_expires_at": expires_at.isoformat()}, headers=_headers())
     secure = _scheme(request) == "https"
     resp.set_cookie(SECURE_COOKIE if secure else COOKIE, session_id, httponly=True, samesite="Strict",
@@ -240,7 +243,7 @@ async def session(request: web.Request) -> web.Response:
         if session_id:
             _clear_cookie(request, resp)
         return resp
-    return web.json_response({"signed_in": True, **_session_body(p, session_id)}, headers=_headers())
+    return web.json_response({"signed_in": True, **(await _session_body(request, p, session_id))}, headers=_headers())
 
 
 async def sign_out(request: web.Request) -> web.Response:

@@ -257,7 +257,7 @@ function renderNav(current) {
   put(nav, h("ul", {}, ...items.map(([p, t]) =>
     h("li", {}, h("a", { href: `${BASE}/${p}`, "data-nav": "", "aria-current": p === current ? "page" : null }, t)))));
   const out = h("button", { type: "button", onclick: signOut }, "Sign out");
-  put(who, h("span", {}, `Tenant ${state.session.tenant}`),
+  put(who, h("span", { title: state.session.tenant }, `Tenant ${state.session.tenant_name || state.session.tenant}`),
     badge(canWrite() ? "" : "warn", state.session.scopes.join(" + ")), out);
 }
 
@@ -617,13 +617,33 @@ async function detailPage(kind, id) {
   // the resource's jobs: the live one (or the latest) followed as it changes
   // the resource's recent jobs: read again whenever the followed job changes (a new one, a status)
   const histBox = h("div", { class: "history" });
-  const recentJobs = () => api("GET", `jobs?resource_id=${encodeURIComponent(id)}&order=newest&limit=10&include_observe=false`);
+  // every job that touched it: its own and those of the resources another kind ties to it (a
+  // server's addresses and volumes: their list takes ?server_id=), newest first
+  const related = async () => {
+    const param = `${kind.oneKey}_id`;
+    const ids = [id];
+    for (const k of state.kinds) {
+      if (k === kind || !queryParams(k.listOp).some((p) => p.name === param)) continue;
+      try {
+        const r = await api("GET", `${k.plural}?${param}=${encodeURIComponent(id)}&limit=50&include_deleted=true`);
+        ids.push(...r[k.listKey].map((x) => x.id));
+      } catch { /* that kind's jobs left out */ }
+    }
+    return ids;
+  };
+  const recentJobs = async () => {
+    const ids = await related();
+    const lists = await Promise.all(ids.map((rid) => api("GET", `jobs?resource_id=${encodeURIComponent(rid)}&order=newest&limit=10&include_observe=false`)
+      .then((r) => r.jobs, () => [])));
+    const all = lists.flat().sort((a, b) => (a.created_at < b.created_at ? 1 : a.created_at > b.created_at ? -1 : 0));
+    return { jobs: all.slice(0, 15) };
+  };
   let histSeq = 0;
   const loadHistory = async () => {
     const seq = ++histSeq;
     try {
       const r = await recentJobs();
-      if (seq === histSeq) put(histBox, jobsTable(r.jobs, "This resource's recent jobs"));
+      if (seq === histSeq) put(histBox, jobsTable(r.jobs, "The recent jobs of this resource and of those tied to it"));
     } catch { /* shown next time */ }
   };
   followLatest = (jobId) => {
@@ -634,7 +654,7 @@ async function detailPage(kind, id) {
     loadHistory();
   };
   const jobs = await recentJobs().catch(() => ({ jobs: [] }));
-  put(histBox, jobsTable(jobs.jobs, "This resource's recent jobs"));
+  put(histBox, jobsTable(jobs.jobs, "The recent jobs of this resource and of those tied to it"));
   main().append(h("section", { "aria-labelledby": "hist-h" }, h("h2", { id: "hist-h" }, "Recent jobs"), histBox));
   const live = jobs.jobs.find((j) => ["pending", "running", "retry"].includes(j.status)) || jobs.jobs[0];
   if (live) followLatest(live.id);
@@ -686,8 +706,10 @@ function jobPanel(jobId, { onChange, operator = false } = {}) {
       j.status === "failed" && j.error ? h("div", { class: "notice bad", role: "alert" }, h("strong", {}, `Failed (${j.error.class}): `), j.error.message,
         j.error.task_log ? h("pre", { class: "mono" }, j.error.task_log.join("\n")) : null) : null,
       j.status === "succeeded" ? h("div", { class: "notice ok" }, "Succeeded ", when(j.finished_at), ` after ${duration(j.started_at, j.finished_at)}.`) : null,
-      steps.length ? table(`Steps of ${j.kind}`, ["step", "state", "started", "took", "detail"],
-        steps.map((s) => [s.name, h("span", { class: "step-state", "data-step": s.name, "data-state": s.state }, badge(s.state)), when(s.started_at),
+      // a multi-VM resource's job (a load balancer's appliances, a cluster's nodes): which member each step acts on
+      steps.length ? table(`Steps of ${j.kind}`, [...(steps.some((s) => s.member) ? ["member"] : []), "step", "state", "started", "took", "detail"],
+        steps.map((s) => [...(steps.some((x) => x.member) ? [s.member || ""] : []), s.name,
+          h("span", { class: "step-state", "data-step": s.name, "data-member": s.member || null, "data-state": s.state }, badge(s.state)), when(s.started_at),
           duration(s.started_at, s.finished_at), s.detail && Object.keys(s.detail).length ? value(s.detail) : ""])) : h("p", { class: "muted" }, j.status === "pending" ? "Waiting to be picked up; its steps appear once it has looked at the world." : "No steps."),
       controls);
   };
@@ -730,20 +752,37 @@ async function jobPage(id) {
   main().append(jobPanel(id));
 }
 
+// Jobs, newest first, a page at a time (the API's page tokens: ?after=<next_after>), filtered by
+// status and kind (kind: the API refuses one it does not run, naming those it does).
 async function jobsPage() {
   const params = new URLSearchParams(location.search);
   const status = h("select", { id: "j-status", name: "status" }, h("option", { value: "" }, "any"),
     ...["pending", "running", "retry", "succeeded", "failed"].map((s) => h("option", { value: s }, s)));
   status.value = params.get("status") || "";
+  const kindInput = h("input", { id: "j-kind", name: "kind", type: "text", placeholder: "e.g. ServerCreate", value: params.get("kind") || "" });
   const f = h("form", { class: "filters", role: "search", "aria-label": "Filter jobs" },
-    h("div", { class: "field" }, h("label", { for: "j-status" }, "status"), status), h("div", {}, h("button", { type: "submit" }, "Filter")));
-  f.addEventListener("submit", (ev) => { ev.preventDefault(); go(`/jobs${status.value ? "?status=" + status.value : ""}`); });
+    h("div", { class: "field" }, h("label", { for: "j-status" }, "status"), status),
+    h("div", { class: "field" }, h("label", { for: "j-kind" }, "kind"), kindInput),
+    h("div", {}, h("button", { type: "submit" }, "Filter")));
+  const filters = () => {
+    const q = new URLSearchParams();
+    if (status.value) q.set("status", status.value);
+    if (kindInput.value.trim()) q.set("kind", kindInput.value.trim());
+    if (params.get("limit")) q.set("limit", params.get("limit"));
+    return q;
+  };
+  f.addEventListener("submit", (ev) => { ev.preventDefault(); const q = filters(); go(`/jobs${q.toString() ? "?" + q : ""}`); });
   const box = h("div", {});
   page("Jobs", h("p", {}, "Your tenant's jobs, newest first (the periodic observe-only ones left out)."), f, box);
-  const q = new URLSearchParams({ order: "newest", limit: "100", include_observe: "false" });
-  if (status.value) q.set("status", status.value);
-  const r = await api("GET", `jobs?${q}`);
-  put(box, jobsTable(r.jobs, `Jobs: ${r.jobs.length}`));
+  const size = Math.min(500, Math.max(1, Number(params.get("limit")) || 50));
+  const q = new URLSearchParams({ order: "newest", limit: String(size), include_observe: "false" });
+  for (const k of ["status", "kind", "after"]) if (params.get(k)) q.set(k, params.get(k));
+  let r;
+  try { r = await api("GET", `jobs?${q}`); } catch (e) { put(box, errorNotice(e)); return; }
+  const nav = h("nav", { class: "bar pages", "aria-label": "Pages of jobs" },
+    params.get("after") ? link(`/jobs${filters().toString() ? "?" + filters() : ""}`, "Newest") : null,
+    r.next_after ? link(`/jobs?${new URLSearchParams([...filters(), ["after", r.next_after]])}`, "Older jobs →") : null);
+  put(box, jobsTable(r.jobs, `Jobs: ${r.jobs.length}${params.get("after") || r.next_after ? " on this page" : ""}`), nav);
 }
 
 // ------------------------------------------------------------------ tokens
