@@ -493,13 +493,6 @@ def declared_ipset_entry(comment: str | None) -> bool:
     return bool(comment) and any(str(comment).startswith(p) for rt in types() for p in rt.vm_parts.ipset_entries)
 
 
-def declared_firewall_rule(comment: str | None) -> ResourceType[Any] | None:
-    """The type declaring the firewall rule commented ``comment`` (by prefix), or None."""
-    if not comment:
-        return None
-    return next((rt for rt in types() if any(str(comment).startswith(p) for p in rt.vm_parts.firewall_rules)), None)
-
-
 def declared_firewall_options() -> set[str]:
     """The VM firewall options some type declares as its part."""
     return {o for rt in types() for o in rt.vm_parts.firewall_options}

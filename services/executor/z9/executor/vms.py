@@ -34,7 +34,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 from urllib.parse import quote
 
 from z9 import resources
@@ -592,10 +592,9 @@ def ipfilter_set(nic: str) -> str:
 
 # The comment of every firewall rule the VM machinery writes: the owner kind's platform rules
 # (FirewallSpec.rules). Rules of other types carry the comment prefixes they declare (VmParts.
-# firewall_rules); a rule whose comment starts "z9 " and that no one declares is a stale z9 rule
-# (deleted); any other rule is an operator's (left alone, wherever it is).
+# firewall_rules); any other rule is an operator's (left alone, wherever it is — whatever its
+# comment says: only the exact prefixes are z9's).
 PLATFORM_RULE = "z9 platform: "
-Z9_RULE = "z9 "
 #: the VM firewall options the machinery writes (with ``ipfilter`` when the spec filters)
 MACHINE_OPTIONS = ("enable", "policy_in", "policy_out")
 
@@ -661,7 +660,36 @@ class FirewallState:
     rules_digest: str | None
 
 
-def _mine_entry(spec: VmSpec, e: Mapping[str, Any]) -> bool:
+class FirewallOwner(Protocol):
+    """What of a VM's firewall its owner keeps (a :class:`VmSpec`, or a :class:`FirewallPart` of a job
+    that converges the firewall alone)."""
+
+    @property
+    def owner(self) -> str: ...
+    @property
+    def member(self) -> str: ...
+    @property
+    def nic(self) -> str: ...
+    @property
+    def ip_filter(self) -> tuple[str, ...]: ...
+    @property
+    def firewall(self) -> FirewallSpec | None: ...
+
+
+@dataclass(frozen=True)
+class FirewallPart:
+    """The owner's firewall part of a VM, for a job that keeps it without the rest of the VM's spec
+    (a server's power and resize jobs put a changed policy back): ``ip_filter`` empty leaves the
+    filter set to the jobs that keep it."""
+
+    owner: str
+    firewall: FirewallSpec | None
+    member: str = MAIN
+    nic: str = "net0"
+    ip_filter: tuple[str, ...] = ()
+
+
+def _mine_entry(spec: FirewallOwner, e: Mapping[str, Any]) -> bool:
     """An entry of the VM's filter set that may stay: one of the spec's addresses, or one another
     type declares (``VmParts.ipset_entries``: an address's)."""
     if e.get("nomatch"):
@@ -673,13 +701,7 @@ def _platform(r: Mapping[str, Any]) -> bool:
     return str(r.get("comment") or "").startswith(PLATFORM_RULE)
 
 
-def _stale(r: Mapping[str, Any]) -> bool:
-    """A z9 rule no one writes any more: commented as z9's, neither platform nor declared by a type."""
-    c = str(r.get("comment") or "")
-    return c.startswith(Z9_RULE) and not c.startswith(PLATFORM_RULE) and resources.declared_firewall_rule(c) is None
-
-
-def firewall_drift(spec: VmSpec, vm: VmState, fw: FirewallState | None) -> list[str]:
+def firewall_drift(spec: FirewallOwner, vm: VmState, fw: FirewallState | None) -> list[str]:
     """Pure: what of the VM's firewall is not as ``spec`` wants (empty: as wanted). Only z9's parts
     are compared: an operator's rules and options stay as they are."""
     if spec.firewall is None and not spec.ip_filter:
@@ -700,8 +722,6 @@ def firewall_drift(spec: VmSpec, vm: VmState, fw: FirewallState | None) -> list[
         want = [rule_key(r.params()) for r in spec.firewall.rules]
         if have != want:
             out.append("platform rules differ")
-        if any(_stale(r) for r in fw.rules):
-            out.append("stale z9 rules")
     if spec.ip_filter:
         if str(o.get("ipfilter", 0)) != "1" or (spec.firewall is None and str(o.get("enable", 0)) != "1"):
             out.append("IP filter off")
@@ -739,10 +759,10 @@ def inbound_drop(options: Mapping[str, Any], rules: list[Mapping[str, Any]], nic
         return None
     addr = ipaddress.ip_address(src)
     for r in sorted(rules, key=lambda r: int(r.get("pos", 0))):
-        if r.get("type") != "in" or str(r.get("enable") or 0) != "1":
+        if str(r.get("enable") or 0) != "1" or r.get("type") == "out":
             continue
-        if r.get("macro") or r.get("iface") or r.get("dest") or r.get("sport"):
-            return None
+        if r.get("type") != "in" or r.get("macro") or r.get("iface") or r.get("dest") or r.get("sport"):
+            return None  # a security group, a macro …: not read here
         rp = str(r.get("proto") or "")
         if rp and _PROTO_NUMBERS.get(rp, rp) != _PROTO_NUMBERS.get(proto, proto):
             continue
@@ -763,7 +783,7 @@ def inbound_drop(options: Mapping[str, Any], rules: list[Mapping[str, Any]], nic
     return None if policy == "ACCEPT" else f"its firewall's policy_in {policy}"
 
 
-async def observe_firewall(ctx: JobContext, spec: VmSpec, vm: VmState) -> FirewallState | None:
+async def observe_firewall(ctx: JobContext, spec: FirewallOwner, vm: VmState) -> FirewallState | None:
     """The VM's firewall as :func:`firewall_drift` compares it (None when the spec wants none)."""
     if spec.firewall is None and not spec.ip_filter:
         return None
@@ -773,7 +793,7 @@ async def observe_firewall(ctx: JobContext, spec: VmSpec, vm: VmState) -> Firewa
     return FirewallState(opts, entries, rules, digest)
 
 
-async def firewall_ok(ctx: JobContext, spec: VmSpec, vm: VmState) -> bool:
+async def firewall_ok(ctx: JobContext, spec: FirewallOwner, vm: VmState) -> bool:
     """The VM's firewall is as ``spec`` wants it (read now)."""
     return not firewall_drift(spec, vm, await observe_firewall(ctx, spec, vm))
 
@@ -789,29 +809,31 @@ async def nic_through_firewall(ctx: JobContext, vm: VmState, nic: str, step: Ste
 
 async def _converge_rules(ctx: JobContext, vm: VmState, want: tuple[FwRule, ...],
                           read: tuple[list[dict[str, Any]], str | None] | None = None) -> None:
-    """The platform rules exactly ``want``, in order, above every other rule; stale z9 rules gone;
-    an operator's rules untouched. Rules are positional: every delete names the list's digest as
-    read just before (a rule moved by anyone in between fails it: 500 "detected modified
-    configuration", a :class:`DigestMismatch`), deleting from the bottom up; then the wanted rules
-    go in at the top (PVE inserts a new rule first: Rules.pm ``create_rule`` ``unshift``), last first.
-    ``read``: the list and digest as just read (else read now)."""
+    """The platform rules exactly ``want``, in order, above the platform rules they replace; an
+    operator's rules untouched. The new rules go in first, at the top (PVE inserts a new rule first:
+    Rules.pm ``create_rule`` ``unshift``; last first), so no moment — a failed write, a lost lease, a
+    pve-firewall compile in between — has fewer ports open than before; then the old ones go, from the
+    bottom up, each delete naming the list's digest as read just before (rules are positional: a rule
+    moved by anyone in between fails it with 500 "detected modified configuration", a
+    :class:`DigestMismatch`). ``read``: the list and digest as just read (else read now)."""
     rules, digest = read if read is not None else await ctx.pve.firewall_rules(vm.node, vm.vmid)
-    have = [rule_key(r) for r in rules if _platform(r)]
-    if have == [rule_key(r.params()) for r in want] and not any(_stale(r) for r in rules):
+    if [rule_key(r) for r in rules if _platform(r)] == [rule_key(r.params()) for r in want]:
         return
-    while True:
-        gone = [r for r in rules if _platform(r) or _stale(r)]
-        if not gone:
-            break
-        await ctx.fence()
-        await ctx.pve.firewall_rule_delete(vm.node, vm.vmid, int(max(r["pos"] for r in gone)), digest=digest)
-        rules, digest = await ctx.pve.firewall_rules(vm.node, vm.vmid)
     for r in reversed(want):
         await ctx.fence()
         await ctx.pve.firewall_rule_add(vm.node, vm.vmid, r.params())
+    rules, digest = await ctx.pve.firewall_rules(vm.node, vm.vmid)
+    while True:
+        # the first len(want) platform rules are the ones just added; every later one is replaced
+        old = [r for r in rules if _platform(r)][len(want):]
+        if not old:
+            break
+        await ctx.fence()
+        await ctx.pve.firewall_rule_delete(vm.node, vm.vmid, int(max(r["pos"] for r in old)), digest=digest)
+        rules, digest = await ctx.pve.firewall_rules(vm.node, vm.vmid)
 
 
-async def _converge_ip_filter(ctx: JobContext, spec: VmSpec, vm: VmState) -> None:
+async def _converge_ip_filter(ctx: JobContext, spec: FirewallOwner, vm: VmState) -> None:
     """The filter set holding exactly the spec's addresses (and the entries other types declare):
     missing ones added, extra ones removed."""
     name = ipfilter_set(spec.nic)
@@ -831,7 +853,7 @@ async def _converge_ip_filter(ctx: JobContext, spec: VmSpec, vm: VmState) -> Non
             await ctx.pve.ipset_remove(vm.node, vm.vmid, name, str(e.get("cidr")))
 
 
-async def apply_firewall(ctx: JobContext, spec: VmSpec, vm: VmState, step: Step,
+async def apply_firewall(ctx: JobContext, spec: FirewallOwner, vm: VmState, step: Step,
                          read: FirewallState | None = None) -> None:
     """Put the VM's firewall as ``spec`` wants it, each part re-read: the NIC through the firewall,
     the filter set's entries, the platform rules — all *before* the options switch the firewall (and

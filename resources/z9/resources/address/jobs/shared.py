@@ -395,6 +395,17 @@ async def _enable_ipfilter(ctx: JobContext, world: World, step: Step) -> None:
     if st is None:
         raise TemporaryError(f"VM {vmid} disappeared from {node}")
     await vms.nic_through_firewall(ctx, st, "net0", step)
+    # every other address the VM holds (its tag) listed first: a set deleted when the VM went back to
+    # DHCP took their entries with it, and the filter must not drop an address the server was given
+    entries = await ctx.pve.ipset_entries(node, vmid, IPSET) or []
+    for tag in sorted(t for t in st.tags if t.startswith("z9-addr-") and t != address_tag(world.address.id)):
+        # the tag says the address is on this VM (how its holder is found); its entry follows it
+        other = await address_store.address_get(ctx.pool, tag[len("z9-addr-"):])
+        if other is None or other.status in ("destroying", "deleted") \
+                or any(same_ip(str(e.get("cidr", "")), other.ip_text) for e in entries):
+            continue
+        await ctx.fence()
+        await ctx.pve.ipset_add(node, vmid, IPSET, other.ip_text, comment=f"z9 address {other.id}")
     await ctx.fence()
     await ctx.pve.set_firewall_options(node, vmid, ipfilter=True)
 

@@ -216,6 +216,7 @@ API_SERVER = ("tcp", "6443", "kube-apiserver (kubeadm Ports and Protocols: used 
 ETCD = ("tcp", "2379:2380", "etcd server client API and peers (kubeadm Ports and Protocols: kube-apiserver, etcd)")
 KUBELET = ("tcp", "10250", "kubelet API (kubeadm Ports and Protocols: Self, Control plane)")
 POD_NETWORK_VXLAN = ("udp", "8472", "Flannel VXLAN, the pod network (flannel Documentation/backends.md)")
+SOURCE_MAX = 512  # pve-firewall Firewall.pm $rule_properties: source/dest maxLength 512
 
 
 def member_firewall(cluster: Cluster, m: MemberSpec, addresses: Mapping[str, str]) -> vms.FirewallSpec:
@@ -224,9 +225,16 @@ def member_firewall(cluster: Cluster, m: MemberSpec, addresses: Mapping[str, str
     DHCP leases z9 cannot know: the ports are then open to the network), and the API server from
     anywhere on a control plane (the customers' kubectl, through the endpoint). Outbound accepted
     (image pulls, the join's discovery); replies come back as ESTABLISHED."""
-    def src(members: list[str]) -> str | None:
-        ips = [addresses[n] for n in sorted(members, key=ordinal_key) if n in addresses]
-        return ",".join(ips) if ips else None
+    def sources(members: list[str]) -> list[str]:
+        """The members' addresses as ``source`` lists of at most 512 characters each (pve-firewall's
+        ``source`` maxLength: a large cluster's members need several rules)."""
+        out: list[str] = []
+        for ip in (addresses[n] for n in sorted(members, key=ordinal_key) if n in addresses):
+            if out and len(out[-1]) + 1 + len(ip) <= SOURCE_MAX:
+                out[-1] += "," + ip
+            else:
+                out.append(ip)
+        return out
 
     cps = [n for n in addresses if n.startswith("cp-")]
     everyone = list(addresses)
@@ -234,8 +242,9 @@ def member_firewall(cluster: Cluster, m: MemberSpec, addresses: Mapping[str, str
 
     def rule(port: tuple[str, str, str], members: list[str] | None) -> None:
         proto, dport, why = port
-        rules.append(vms.FwRule("in", "ACCEPT", f"cluster {cluster.id}: {why}", proto=proto, dport=dport,
-                                source=src(members) if members is not None else None))
+        for source in (sources(members) or [None]) if members is not None else [None]:
+            rules.append(vms.FwRule("in", "ACCEPT", f"cluster {cluster.id}: {why}", proto=proto, dport=dport,
+                                    source=source))
 
     if m.role == "control-plane":
         rule(API_SERVER, None)
@@ -268,8 +277,8 @@ async def _observe_filters(ctx: JobContext, world: World) -> None:
     for m in world.desired:
         vm = world.vms.get(m.name)
         private = vms.private_address_at(ctx, have[m.name]) if m.name in have else None
-        if vm is None or private is None or vm.lock:
-            continue
+        if vm is None or vm.lock:
+            continue  # (a member on DHCP — no private address — has its firewall compared all the same)
         todo.append((m, vm, vm_spec(world.cluster, m, private, have)))
     oks = await asyncio.gather(*(vms.firewall_ok(ctx, spec, vm) for _, vm, spec in todo))
     world.unfiltered = sorted((m.name for (m, _, _), ok in zip(todo, oks) if not ok), key=ordinal_key)
@@ -563,7 +572,7 @@ async def converge_firewalls(ctx: JobContext, world: World, step: Step, members:
         m = _spec(world, member)
         private = vms.private_address_at(ctx, have[member]) if member in have else None
         vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
-        if private is None or vm is None:
+        if vm is None:
             continue
         vms.refuse_platform(world.cluster.id, vm)
         vms.refuse_if_locked(vm)

@@ -602,7 +602,9 @@ async def explain_by_firewall(ctx: JobContext, lb: LoadBalancer, member: str | N
     if not todo or str((await ctx.pve.cluster_firewall_options()).get("enable", 0)) != "1":
         return
     src = str(lb.addresses[member]["ip"])
-    ports = {int(s["listen_port"]): int(s["destination_port"]) for s in lb.services}
+    # HAProxy's check goes to the health check's port (the service's destination port by default)
+    ports = {int(s["listen_port"]): int((s.get("health_check") or {}).get("port") or s["destination_port"])
+             for s in lb.services}
     for t in todo:
         vm = await vms.find_one_vm(ctx, t["server_id"])
         if vm is None:

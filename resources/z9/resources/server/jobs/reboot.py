@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import asyncpg
@@ -43,6 +43,7 @@ REBOOT_TIMEOUT_S = 60
 class World:
     vm: VmState | None
     requested_ago_s: float  # seconds since the job was created (the customer's request)
+    firewall: list[str] = field(default_factory=list)  # what of its VM firewall drifted (shared.firewall_drift)
 
 
 def _age(job: Job, now: datetime) -> float:
@@ -51,7 +52,8 @@ def _age(job: Job, now: datetime) -> float:
 
 async def observe(ctx: JobContext) -> World:
     """Our VM by tag (or None), and the request's age."""
-    return World(vm=await vms.find_one_vm(ctx, ctx.job.resource_id), requested_ago_s=_age(ctx.job, ctx.clock.now()))
+    vm = await vms.find_one_vm(ctx, ctx.job.resource_id)
+    return World(vm=vm, requested_ago_s=_age(ctx.job, ctx.clock.now()), firewall=await _server.firewall_drift(ctx, vm))
 
 
 def booted_since_request(vm: VmState, requested_ago_s: float) -> bool:
@@ -66,14 +68,19 @@ def plan(job: Job, world: World) -> list[Step]:
     if vm is None:
         raise PermanentError(f"no VM carries {identity_tag(job.resource_id)}: the server's VM is gone")
     guard.guard(job.resource_id, vm)
+    steps = _server.firewall_steps(vm, world.firewall)  # its firewall put back first when it drifted
     if booted_since_request(vm, world.requested_ago_s):
-        return []
+        return steps
     vms.refuse_if_locked(vm)
-    return [Step("reboot" if vm.running else "start", {"vmid": vm.vmid, "node": vm.node})]
+    return [*steps, Step("reboot" if vm.running else "start", {"vmid": vm.vmid, "node": vm.node})]
 
 
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
     """Reboot (or start) the VM, re-read and guarded first, and wait for the task."""
+    if step.name == _server.FIREWALL_STEP:
+        assert world.vm is not None
+        await _server.apply_firewall(ctx, world.vm, step)
+        return
     if step.name not in ("reboot", "start"):
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
     assert world.vm is not None
@@ -120,6 +127,8 @@ async def verify(ctx: JobContext) -> VmState:
     world = await observe(ctx)
     if world.vm is None or not booted_since_request(world.vm, world.requested_ago_s):
         raise TemporaryError("verify: the VM has not booted since the reboot was asked for")
+    if world.firewall:
+        raise TemporaryError("verify: its firewall is not as z9 keeps it: " + ", ".join(world.firewall))
     return world.vm
 
 

@@ -16,7 +16,7 @@ verify   observe again: the plan is empty. Records the observed power state.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -38,6 +38,7 @@ KIND = SERVER_RESIZE
 @dataclass
 class World:
     vm: VmState | None
+    firewall: list[str] = field(default_factory=list)  # what of its VM firewall drifted (shared.firewall_drift)
 
 
 def desired(job: Job) -> dict[str, Any]:
@@ -46,7 +47,8 @@ def desired(job: Job) -> dict[str, Any]:
 
 
 async def observe(ctx: JobContext) -> World:
-    return World(vm=await vms.find_one_vm(ctx, ctx.job.resource_id))
+    vm = await vms.find_one_vm(ctx, ctx.job.resource_id)
+    return World(vm=vm, firewall=await _server.firewall_drift(ctx, vm))
 
 
 def plan(job: Job, world: World) -> list[Step]:
@@ -56,7 +58,7 @@ def plan(job: Job, world: World) -> list[Step]:
     if vm is None:
         raise PermanentError(f"no VM carries {identity_tag(job.resource_id)}: the server's VM is gone")
     guard.guard(job.resource_id, vm)
-    steps = []
+    steps = _server.firewall_steps(vm, world.firewall)  # its firewall put back first when it drifted
     diff = vms.config_diff(vm.config, desired(job))
     if diff:
         if vm.running:
@@ -105,6 +107,9 @@ STEPS = StepKinds(CONFIGURE, RESIZE_DISK)
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
     """One step on the VM as it is now (re-read and guarded first); waits for its task."""
     assert world.vm is not None
+    if step.name == _server.FIREWALL_STEP:
+        await _server.apply_firewall(ctx, world.vm, step)
+        return
     kind = STEPS.of(step, KIND)
     vm = await guard.reread_guarded(ctx, ctx.job.resource_id, world.vm)
     vms.refuse_if_locked(vm)

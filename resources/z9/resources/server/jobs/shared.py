@@ -17,10 +17,11 @@ from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.models import Job
 from z9.resources.server import SERVER, SERVER_REBOOT, SERVER_RESIZE, SERVER_START, SERVER_STOP
 
-from z9.executor.context import JobContext
+from z9.executor import guard, vms
+from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
-from z9.executor.vms import (MAIN, RESOLV_CONF, FirewallSpec, PrivateAddress, VmSpec, agent_configured, no_dns,
-                             resolv_nameservers)
+from z9.executor.vms import (MAIN, RESOLV_CONF, FirewallPart, FirewallSpec, PrivateAddress, VmSpec, agent_configured,
+                             no_dns, resolv_nameservers)
 from z9.executor.vms import private_address as vm_private_address
 from z9.resources.server import store as server_store
 
@@ -52,6 +53,38 @@ def spec(job: Job, private: PrivateAddress | None = None) -> VmSpec:
 # filter (its addresses' jobs, or its private address) still holds what it may send from. A load
 # balancer's appliances reach it on its targets' ports under this policy (nothing to open for them).
 FIREWALL = FirewallSpec(policy_in="ACCEPT", policy_out="ACCEPT")
+
+
+# Every job of a server that finds its VM keeps its firewall part (ServerCreate through its VM spec;
+# start, reboot, resize through these): a policy changed by hand, or a VM made before z9 wrote one, is
+# put back by the next job of the server (the filter set stays the addresses' and the create's).
+FIREWALL_STEP = "firewall"
+
+
+def firewall_part(server_id: str) -> FirewallPart:
+    return FirewallPart(owner=server_id, firewall=FIREWALL)
+
+
+async def firewall_drift(ctx: JobContext, vm: VmState | None) -> list[str]:
+    """What of the server's VM firewall is not as z9 keeps it (read now; [] without a VM, or locked)."""
+    if vm is None or vm.lock:
+        return []
+    part = firewall_part(ctx.job.resource_id)
+    return vms.firewall_drift(part, vm, await vms.observe_firewall(ctx, part, vm))
+
+
+def firewall_steps(vm: VmState, drift: list[str]) -> list[Step]:
+    """Pure: the step putting the firewall back, first, when it drifted."""
+    return [Step(FIREWALL_STEP, {"vmid": vm.vmid, "node": vm.node, "drift": drift})] if drift else []
+
+
+async def apply_firewall(ctx: JobContext, vm: VmState, step: Step) -> None:
+    st = await guard.reread_guarded(ctx, ctx.job.resource_id, vm)
+    vms.refuse_if_locked(st)
+    part = firewall_part(ctx.job.resource_id)
+    fw = await vms.observe_firewall(ctx, part, st)
+    if vms.firewall_drift(part, st, fw):
+        await vms.apply_firewall(ctx, part, st, step, fw)
 
 
 async def private_address(ctx: JobContext) -> PrivateAddress | None:

@@ -9,7 +9,7 @@ verify   observe again: running. Records ``running`` (outside the deletion state
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 
@@ -30,27 +30,35 @@ KIND = SERVER_START
 @dataclass
 class World:
     vm: VmState | None
+    firewall: list[str] = field(default_factory=list)  # what of its VM firewall drifted (shared.firewall_drift)
 
 
 async def observe(ctx: JobContext) -> World:
     """Our VM by tag (or None)."""
-    return World(vm=await vms.find_one_vm(ctx, ctx.job.resource_id))
+    vm = await vms.find_one_vm(ctx, ctx.job.resource_id)
+    return World(vm=vm, firewall=await _server.firewall_drift(ctx, vm))
 
 
 def plan(job: Job, world: World) -> list[Step]:
-    """Pure: ``start`` when stopped. Raises PermanentError (no VM), GuardRefusal, Snooze."""
+    """Pure: its firewall put back when it drifted; ``start`` when stopped. Raises PermanentError (no
+    VM), GuardRefusal, Snooze."""
     vm = world.vm
     if vm is None:
         raise PermanentError(f"no VM carries {identity_tag(job.resource_id)}: the server's VM is gone")
     guard.guard(job.resource_id, vm)
+    steps = _server.firewall_steps(vm, world.firewall)
     if vm.running:
-        return []
+        return steps
     vms.refuse_if_locked(vm)
-    return [Step("start", {"vmid": vm.vmid, "node": vm.node})]
+    return [*steps, Step("start", {"vmid": vm.vmid, "node": vm.node})]
 
 
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
     """Start the VM (re-read and guarded first) and wait for the task."""
+    assert world.vm is not None
+    if step.name == _server.FIREWALL_STEP:
+        await _server.apply_firewall(ctx, world.vm, step)
+        return
     if step.name != "start":
         raise PermanentError(f"{KIND}: unknown step {step.name!r}")
     assert world.vm is not None
@@ -62,6 +70,8 @@ async def verify(ctx: JobContext) -> VmState:
     world = await observe(ctx)
     if world.vm is None or not world.vm.running:
         raise TemporaryError("verify: the VM is not running")
+    if world.firewall:
+        raise TemporaryError("verify: its firewall is not as z9 keeps it: " + ", ".join(world.firewall))
     return world.vm
 
 
