@@ -67,7 +67,8 @@ def _guest(admin, pve, vmid: int, ip: str, *, appliance: bool = False, node: str
     """A running guest behind the firewall bridge (net0 ``firewall=1``); ``appliance``: of the
     load balancer image (its NIC is ens18)."""
     body = {"vmid": vmid, "node": node, "running": True, "config": {
-        "name": f"g-{vmid}", "agent": "1", "net0": f"virtio=BC:24:11:08:{vmid % 100:02d}:01,bridge=vmbr0,firewall=1",
+        # (2 cores, 2 GiB: kubeadm's preflight refuses a control plane below ControlPlaneNumCPU/-Mem)
+        "name": f"g-{vmid}", "agent": "1", "cores": "2", "memory": "2048", "net0": f"virtio=BC:24:11:08:{vmid % 100:02d}:01,bridge=vmbr0,firewall=1",
         "ide2": f"local-lvm:vm-{vmid}-cloudinit,media=cdrom", "ipconfig0": f"ip={ip}/24,gw=203.0.113.1"}}
     if appliance:
         body["guest"] = {"models": {"appliance": {"nic_names": "predictable"}}}
