@@ -158,7 +158,7 @@ def test_vrrp_splits_into_two_masters_only_when_no_advert_gets_out(admin, pve, f
 
 def _run(sim_thread, guests, g, *argv: str):
     async def call():
-        return guests.run_command(g, list(argv), b"", {})
+        return guests.run_command(g, list(argv), b"", dict(guests.cluster.vms[g.vmid].config))  # (its VM's cores, memory)
     return sim_thread.run(call())
 
 
