@@ -365,7 +365,9 @@ def replica_aggregation_errors(expr: str, gauges: dict[str, set[str]]) -> list[s
 
 def test_the_replica_aggregation_check_catches_max_over_part_of_the_labels() -> None:
     gauges = _scheduler_gauges()
-    assert gauges == {"z9_jobs": {"kind", "region", "status"}, "z9_job_oldest_pending_age_seconds": {"region"}}
+    assert gauges == {"z9_jobs": {"kind", "region", "status"}, "z9_job_oldest_pending_age_seconds": {"region"},
+                      "z9_tenant_jobs_pending": {"region", "tenant"},
+                      "z9_tenant_oldest_pending_age_seconds": {"region", "tenant"}}
     bad = replica_aggregation_errors
     assert bad('max by (region, status) (z9_jobs{region=~"$region"})', gauges) == [
         "max over z9_jobs drops ['kind']: keep them in the max, then sum"]

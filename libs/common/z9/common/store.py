@@ -567,12 +567,22 @@ async def job_heartbeat_many(db: DB, leases: list[Lease], lease_ttl_s: float, *,
                              now: datetime | None = None) -> list[Lease]:
     """Extend every lease of ``leases`` by ``lease_ttl_s`` seconds in one statement (each row
     fenced like :func:`job_heartbeat`); returns the leases that were *lost* (matched no row)."""
+    return (await job_renew_leases(db, leases, lease_ttl_s, now=now))[0]
+
+
+async def job_renew_leases(db: DB, leases: list[Lease], lease_ttl_s: float, *,
+                           now: datetime | None = None) -> tuple[list[Lease], list[Lease]]:
+    """:func:`job_heartbeat_many`, answering (the leases lost, the leases extended): a lease held
+    but not extended — its row locked by another transaction, skipped — is in neither (its expiry
+    stands as it was: an executor's local lease deadline must not move for it)."""
     if not leases:
-        return []
+        return [], []
     rows = await db.fetch(q("job_heartbeat_many"), [l.job_id for l in leases], [l.owner for l in leases],
                           [l.attempt for l in leases], lease_ttl_s, now)
     held = {(r["id"], r["attempt"]) for r in rows}
-    return [l for l in leases if (l.job_id, l.attempt) not in held]
+    renewed = {(r["id"], r["attempt"]) for r in rows if r["renewed"]}
+    return ([l for l in leases if (l.job_id, l.attempt) not in held],
+            [l for l in leases if (l.job_id, l.attempt) in renewed])
 
 
 async def job_progress(db: DB, lease: Lease, steps: list[dict[str, Any]], lease_ttl_s: float, *,

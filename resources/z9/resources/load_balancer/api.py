@@ -312,7 +312,7 @@ EXAMPLE: dict[str, Any] = {
                   "health_check": {"protocol": "tcp", "port": 8080, "interval_s": 15, "timeout_s": 10, "retries": 3,
                                    "http": None}}],
     "targets": [{"type": "ip", "server_id": None, "ip": "198.51.100.200",
-                 "health_status": [{"listen_port": 80, "status": "unknown", "reason": "initial"}]}],
+                 "health_status": [{"listen_port": 80, "status": "unknown", "reason": "initial", "detail": None}]}],
     "members": [{"name": "lb-0", "ip": "203.0.113.11", "vmid": None, "node": None, "running": None,
                  "config_hash": None, "holds_vip": None}], "config_hash": None, "spread": None, "health": "unknown",
     "health_at": None, "status": "creating", "status_reason": None, "delete_after": None,

@@ -57,7 +57,7 @@ class LoadBalancer:
         targets = []
         for t in self.targets:
             key = target_key(t)
-            default = [{"listen_port": s["listen_port"], "status": "unknown", "reason": "initial"}
+            default = [{"listen_port": s["listen_port"], "status": "unknown", "reason": "initial", "detail": None}
                        for s in self.services]
             seen = {h["listen_port"]: h for h in detail.get(key, [])}
             health = [seen.get(d["listen_port"], d) for d in default]

@@ -349,11 +349,14 @@ class Executor:
             renew.append((job_id, task, ctx))
         if not renew:
             return
-        lost = {(l.job_id, l.attempt) for l in await store.job_heartbeat_many(
-            self.pool, [ctx.lease for _, _, ctx in renew], s.lease_ttl_s, now=self.clock.db_now())}
+        lost_leases, renewed_leases = await store.job_renew_leases(
+            self.pool, [ctx.lease for _, _, ctx in renew], s.lease_ttl_s, now=self.clock.db_now())
+        lost = {(l.job_id, l.attempt) for l in lost_leases}
+        extended = {(l.job_id, l.attempt) for l in renewed_leases}
         for job_id, task, ctx in renew:
             if (ctx.lease.job_id, ctx.lease.attempt) not in lost:
-                ctx.deadline.renewed(now)  # (read before the renewal was sent)
+                if (ctx.lease.job_id, ctx.lease.attempt) in extended:  # (a skipped row was not)
+                    ctx.deadline.renewed(now)  # (read before the renewal was sent)
                 continue
             if ctx.finished:  # it finished while we were renewing: nothing was lost
                 continue

@@ -240,8 +240,9 @@ WHERE id = $1 AND lease_owner = $2 AND attempt = $3 AND status::text = 'running'
 RETURNING id;
 
 -- name: job_heartbeat_many
--- Batch renewal: ($1 ids, $2 owners, $3 attempts) fenced row by row; returns the (id, attempt)
--- of the leases still held — a lease missing from the answer is lost. Never waits on a row lock:
+-- Batch renewal: ($1 ids, $2 owners, $3 attempts) fenced row by row; returns the (id, attempt,
+-- renewed) of the leases still held — a lease missing from the answer is lost; renewed false: held
+-- but not extended (the row was locked), its expiry as it was. Never waits on a row lock:
 -- a row another transaction holds (this executor's own finish waiting on a lock, a frozen API
 -- process) is skipped and answered from the statement's snapshot (still ours: not lost, renewed
 -- at the next beat) — one locked row must not hold up every other job's renewal. An expired lease
@@ -263,9 +264,9 @@ WITH f AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.id = held.id
     RETURNING j.id, j.attempt
 )
-SELECT id, attempt FROM renewed
+SELECT id, attempt, true AS renewed FROM renewed
 UNION ALL
-SELECT j.id, j.attempt FROM jobs j JOIN f ON j.id = f.id
+SELECT j.id, j.attempt, false AS renewed FROM jobs j JOIN f ON j.id = f.id
 WHERE j.id = ANY($1::text[]) AND j.lease_owner = f.owner AND j.attempt = f.attempt
   AND j.status::text = 'running' AND j.lease_expires_at > coalesce($5::timestamptz, now()) AND j.id NOT IN (SELECT id FROM held);
 
