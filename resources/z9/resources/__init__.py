@@ -493,11 +493,6 @@ def declared_ipset_entry(comment: str | None) -> bool:
     return bool(comment) and any(str(comment).startswith(p) for rt in types() for p in rt.vm_parts.ipset_entries)
 
 
-def declared_firewall_options() -> set[str]:
-    """The VM firewall options some type declares as its part."""
-    return {o for rt in types() for o in rt.vm_parts.firewall_options}
-
-
 def pve_endpoints() -> tuple[str, ...]:
     """Every endpoint the types' own Proxmox adapters declare (no duplicates, in registry order)."""
     return tuple(dict.fromkeys(e for rt in types() for e in rt.pve_endpoints))
