@@ -91,8 +91,15 @@ class Stack:
             argv = [str(self.folder / "deploy" / "compose" / "podman-compose.sh"), "-p", self.project, *args]
         else:
             argv = ["docker", "compose", "-f", "compose.yaml", "-p", self.project, *args]
-        return subprocess.run(argv, check=False, cwd=self.folder, env=self.env, capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=timeout)
+        try:
+            return subprocess.run(argv, check=False, cwd=self.folder, env=self.env, capture_output=True, text=True,
+                                  stdin=subprocess.DEVNULL, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            # podman-compose waits for ever on a container that failed to start ("netavark: No such
+            # file or directory" without iptables): say what it printed, not only that it hung
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            raise AssertionError(f"compose {' '.join(args)} still running after {timeout} s; its stderr:\n"
+                                 f"{err[-4000:]}") from None
 
     def ok(self, *args: str, timeout: float = 300) -> str:
         out = self.compose(*args, timeout=timeout)
