@@ -540,55 +540,77 @@ async function detailPage(kind, id) {
     followLatest(r.job.id);
     refresh();
   };
+  // The action bar is redrawn on a live refresh only when what it offers changed (its buttons,
+  // which are disabled and why), and the box under it holding an open form (an action's form, an
+  // edit, a delete confirmation) is made once and never taken out of the page by a refresh: what
+  // the user is filling in or about to click stays. The open form closes when its action is no
+  // longer offered (a delete confirmation once the resource is deleting), or when it is sent.
+  const formBox = h("div", {});
+  let open = null; // the action whose form formBox holds (null: nothing, or a notice)
+  let barKey = null;
+  const openForm = (name, ...content) => { open = name; put(formBox, ...content); };
+  const closeForm = () => { open = null; put(formBox, ); };
   const renderActions = () => {
-    put(actionsBox, );
-    if (!canWrite() || item.status === "deleted") return;
+    const offered = [];
+    if (canWrite() && item.status !== "deleted") {
+      const deleting = ["deleting", "destroying"].includes(item.status);
+      for (const a of kind.actions) {
+        if (a.op.deprecated) continue; // an older name of another action (add_target: add-target)
+        if (a.name === "cancel-deletion" && item.status !== "deleting") continue;
+        if (a.name !== "cancel-deletion" && deleting) continue;
+        offered.push({ a, label: a.name === "cancel-deletion" ? "Restore" : a.name.replace(/-/g, " ").replace(/^./, (c) => c.toUpperCase()),
+          why: unavailable(kind, a.name, item) });
+      }
+      if (kind.patch && !deleting) offered.push({ name: "edit" });
+      if (kind.del && !deleting) offered.push({ name: "delete" });
+    }
+    const key = JSON.stringify(offered.map((o) => [o.a ? o.a.name : o.name, o.why || null]));
+    if (open && !offered.some((o) => (o.a ? o.a.name : o.name) === open)) closeForm();
+    if (key === barKey) return;
+    barKey = key;
+    for (const c of [...actionsBox.children]) if (c !== formBox) c.remove();
+    if (!offered.length) { closeForm(); formBox.remove(); return; }
     const bar = h("div", { class: "bar", role: "group", "aria-label": "Actions" });
-    const formBox = h("div", {});
-    const deleting = ["deleting", "destroying"].includes(item.status);
     const whys = [];
-    for (const a of kind.actions) {
-      if (a.op.deprecated) continue; // an older name of another action (add_target: add-target)
-      if (a.name === "cancel-deletion" && item.status !== "deleting") continue;
-      if (a.name !== "cancel-deletion" && deleting) continue;
+    for (const { a, label, why } of offered.filter((o) => o.a)) {
       const reqSchema = a.op.requestBody && a.op.requestBody.content["application/json"].schema;
-      const label = a.name === "cancel-deletion" ? "Restore" : a.name.replace(/-/g, " ").replace(/^./, (c) => c.toUpperCase());
-      const why = unavailable(kind, a.name, item);
       if (why) whys.push(`${label}: ${why}`);
       bar.append(h("button", { type: "button", "data-action": a.name, disabled: Boolean(why), title: why || null,
         "aria-describedby": why ? "actions-why" : null, onclick: async () => {
         const rs = reqSchema ? resolve(state.doc, reqSchema) : {};
         // a body with nothing to fill in (no properties, no union of bodies): sent at once
         if (!reqSchema || (!Object.keys(rs.properties || {}).length && !rs.oneOf && !rs.anyOf)) {
-          try { accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, reqSchema ? {} : undefined)); } catch (e) { put(formBox, errorNotice(e)); }
+          try { closeForm(); accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, reqSchema ? {} : undefined)); } catch (e) { openForm(null, errorNotice(e)); }
           return;
         }
-        put(formBox, h("h2", {}, label), h("p", { class: "muted" }, a.op.summary || ""),
-          schemaForm(reqSchema, { submit: label, onSubmit: async (b) => { accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, b)); put(formBox, ); } }));
+        openForm(a.name, h("h2", {}, label), h("p", { class: "muted" }, a.op.summary || ""),
+          schemaForm(reqSchema, { submit: label, onSubmit: async (b) => { const r = await api("POST", `${kind.plural}/${id}/actions/${a.name}`, b); closeForm(); accepted(r); } }));
         formBox.querySelector("input, select, textarea")?.focus();
       } }, label));
     }
-    if (kind.patch && !deleting) {
+    if (offered.some((o) => o.name === "edit")) {
       const ps = kind.patch.requestBody.content["application/json"].schema;
       bar.append(h("button", { type: "button", "data-action": "edit", onclick: () => {
-        put(formBox, h("h2", {}, "Edit"), schemaForm(ps, {
+        openForm("edit", h("h2", {}, "Edit"), schemaForm(ps, {
           submit: "Save", values: { name: item.name, labels: item.labels },
-          onSubmit: async (b) => { const r = await api("PATCH", `${kind.plural}/${id}`, b); put(formBox, ); if (r && r.job) accepted(r); else refresh(); },
+          onSubmit: async (b) => { const r = await api("PATCH", `${kind.plural}/${id}`, b); closeForm(); if (r && r.job) accepted(r); else refresh(); },
         }));
       } }, "Edit"));
     }
-    if (kind.del && !deleting) {
+    if (offered.some((o) => o.name === "delete")) {
       bar.append(h("button", { type: "button", class: "danger", "data-action": "delete", onclick: () => {
-        put(formBox, h("div", { class: "notice warn", role: "alertdialog", "aria-labelledby": "del-q" },
+        openForm("delete", h("div", { class: "notice warn", role: "alertdialog", "aria-labelledby": "del-q" },
           h("p", { id: "del-q" }, `Delete ${item.name || item.id}?`, kind.actions.some((x) => x.name === "cancel-deletion") ? " It can be restored during the deletion buffer." : " There is no buffer: it goes at once."),
           h("button", { type: "button", class: "danger", "data-action": "confirm-delete", onclick: async () => {
-            try { accepted(await api("DELETE", `${kind.plural}/${id}`)); put(formBox, ); } catch (e) { put(formBox, errorNotice(e)); }
-          } }, "Delete"), " ", h("button", { type: "button", onclick: () => put(formBox, ) }, "Keep it")));
+            try { const r = await api("DELETE", `${kind.plural}/${id}`); closeForm(); accepted(r); } catch (e) { openForm(null, errorNotice(e)); }
+          } }, "Delete"), " ", h("button", { type: "button", onclick: closeForm }, "Keep it")));
         formBox.querySelector("[data-action=confirm-delete]").focus();
       } }, "Delete"));
     }
-    // (append(null) would show "null": only what applies is appended)
-    put(actionsBox, bar, whys.length ? h("p", { class: "muted", id: "actions-why" }, `Not now — ${whys.join("; ")}.`) : null, formBox);
+    // the bar and its "not now" line go before the form box, which stays where it is
+    // (append(null) would show "null": only what applies is added)
+    if (!formBox.isConnected) actionsBox.append(formBox);
+    formBox.before(...[bar, whys.length ? h("p", { class: "muted", id: "actions-why" }, `Not now — ${whys.join("; ")}.`) : null].filter(Boolean));
   };
   // a kind's sub-resources (a cluster's kubeconfig, credentials)
   for (const s of kind.subs) {
