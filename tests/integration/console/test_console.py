@@ -328,3 +328,36 @@ def test_an_open_form_stays_through_the_pages_live_refresh(stack: DevStack, chro
     page.wait_for_selector("[data-action=cancel-deletion]")
     assert page.locator("[data-action=confirm-delete]").count() == 0  # sent: the confirmation closed
     assert page.console_errors == [], page.console_errors
+
+
+def test_a_server_is_ready_only_once_its_public_address_is_in_place(stack: DevStack, chromium: Any) -> None:
+    """`z9 servers create --public-ipv4 --wait` returns once the ServerCreate and the address's
+    AddressAssign (which runs after it) have both succeeded. The server's page says "ready" only
+    then: before, it says not ready, names the job it waits for, follows that job live, and does not
+    show the server's `running` as done. The simulator refuses the address's IP filter set (the
+    AddressAssign retries) until the test lets it through."""
+    fault = stack.sim("POST", "/faults", {"method": "POST", "path": "/firewall/ipset", "action": "error", "status": 500,
+                                          "reason": "simulated: ipset refused", "probability": 1.0})
+    try:
+        status, out = stack.api("POST", "servers", {"name": f"ready-{time.time_ns() % 10**8}", "region": "dev-1",
+                                                    "image": "debian-12", "cores": 1, "memory_mib": 1024,
+                                                    "disk_gib": 10, "public_ipv4": True})
+        assert status == 202, out
+        jobs = {j["kind"]: j["id"] for j in out["jobs"]}
+        assert stack.wait_job(jobs["ServerCreate"])["status"] == "succeeded"
+        page = new_page(chromium)
+        sign_in(page, stack)
+        page.goto(f"{stack.console}servers/{out['server']['id']}")
+        page.wait_for_selector("#main > div > p .readiness[data-ready=false]")
+        assert "AddressAssign" in page.inner_text(".readiness")
+        page.wait_for_selector(f".job[data-job='{jobs['AddressAssign']}']")  # the address's job, live, on this page
+        status_badge = page.locator("#main > div > p > .badge").first
+        assert status_badge.inner_text() == "running" and "ok" not in (status_badge.get_attribute("class") or "")
+        assert page.locator(".readiness[data-ready=true]").count() == 0
+    finally:
+        stack.sim("DELETE", f"/faults/{fault['id']}")
+    page.wait_for_selector(f".job[data-job='{jobs['AddressAssign']}'] .job-status[data-status=succeeded]")
+    page.wait_for_selector("#main > div > p .readiness[data-ready=true]")  # without a reload
+    assert "ok" in (page.locator("#main > div > p > .badge").first.get_attribute("class") or "")
+    assert stack.api("GET", f"jobs/{jobs['AddressAssign']}")[1]["status"] == "succeeded"
+    assert page.console_errors == [], page.console_errors

@@ -519,9 +519,26 @@ async function detailPage(kind, id) {
   const jobBox = h("section", { "aria-labelledby": "job-h" });
   const subsBox = h("div", {});
   page(item.name || item.id, head, actionsBox, jobBox, body, subsBox);
+  // Ready as the client's --wait means it: no job of this resource, nor of a resource tied to it
+  // (a server's address: its AddressAssign runs after the ServerCreate), still to finish, and a
+  // settled status. null until the jobs are read: nothing is claimed before.
+  let liveJobs = null;
+  const readiness = () => {
+    if (liveJobs === null || item.status === "deleted") return null;
+    if (liveJobs.length) {
+      return [" · ", h("span", { class: "readiness", "data-ready": "false" }, badge("pending", "not ready"), " waiting for ",
+        ...liveJobs.flatMap((j, i) => [i ? ", " : "", link(`/jobs/${j.id}`, j.kind), ` (${j.status})`]))];
+    }
+    if (STATUS_CLASS[item.status] === "ok" || item.status === "stopped") {
+      return [" · ", h("span", { class: "readiness", "data-ready": "true" }, badge("ready"))];
+    }
+    return null;
+  };
   const render = () => {
-    put(head, h("p", {}, badge(item.status), " ", h("code", {}, item.id),
-      item.region ? ` · ${item.region}` : "", item.health ? [" · health ", badge(item.health)] : ""));
+    // a status that reads as done ("running") is not shown as done while a job is still on its way
+    const status = liveJobs && liveJobs.length && STATUS_CLASS[item.status] === "ok" ? h("span", { class: "badge info" }, item.status) : badge(item.status);
+    put(head, h("p", {}, status, " ", h("code", {}, item.id),
+      item.region ? ` · ${item.region}` : "", item.health ? [" · health ", badge(item.health)] : "", readiness()));
     if (item.status_reason) head.append(h("div", { class: `notice ${item.status === "failed" ? "bad" : "warn"}` }, h("strong", {}, "Why: "), item.status_reason));
     if (item.delete_after) head.append(h("div", { class: "notice warn" }, "Deleting: the buffer ends ", when(item.delete_after), " (restore before then)."));
     const observed = item.observed;
@@ -660,26 +677,43 @@ async function detailPage(kind, id) {
     const all = lists.flat().sort((a, b) => (a.created_at < b.created_at ? 1 : a.created_at > b.created_at ? -1 : 0));
     return { jobs: all.slice(0, 15) };
   };
+  // the jobs followed live: the latest one, and every other job still on its way (a server's
+  // address assign once its create is done: --wait follows them all)
+  const shown = new Set();
+  const watch = (jobId) => {
+    if (shown.has(jobId)) return;
+    shown.add(jobId);
+    jobBox.append(jobPanel(jobId, { onChange: () => { refresh(); loadHistory(); } }));
+  };
+  const isLive = (j) => ["pending", "running", "retry"].includes(j.status);
+  const jobsRead = (list) => {
+    liveJobs = list.filter(isLive);
+    if (shown.size) for (const j of liveJobs) watch(j.id);
+    render();
+  };
   let histSeq = 0;
   const loadHistory = async () => {
     const seq = ++histSeq;
     try {
       const r = await recentJobs();
-      if (seq === histSeq) put(histBox, jobsTable(r.jobs, "The recent jobs of this resource and of those tied to it"));
+      if (seq !== histSeq) return;
+      put(histBox, jobsTable(r.jobs, "The recent jobs of this resource and of those tied to it"));
+      jobsRead(r.jobs);
     } catch { /* shown next time */ }
   };
   followLatest = (jobId) => {
     stopLive();
-    put(jobBox, h("h2", { id: "job-h" }, "Latest job"));
-    const panel = jobPanel(jobId, { onChange: () => { refresh(); loadHistory(); } });
-    jobBox.append(panel);
+    shown.clear();
+    put(jobBox, h("h2", { id: "job-h" }, "Latest jobs"));
+    watch(jobId);
     loadHistory();
   };
   const jobs = await recentJobs().catch(() => ({ jobs: [] }));
   put(histBox, jobsTable(jobs.jobs, "The recent jobs of this resource and of those tied to it"));
   main().append(h("section", { "aria-labelledby": "hist-h" }, h("h2", { id: "hist-h" }, "Recent jobs"), histBox));
-  const live = jobs.jobs.find((j) => ["pending", "running", "retry"].includes(j.status)) || jobs.jobs[0];
+  const live = jobs.jobs.find(isLive) || jobs.jobs[0];
   if (live) followLatest(live.id);
+  else jobsRead(jobs.jobs);
 }
 
 // ------------------------------------------------------------------ jobs
@@ -854,7 +888,7 @@ async function operatorPage() {
     return h("div", { class: "field" }, h("label", { for: `o-${name}` }, name), c);
   };
   const f = h("form", { class: "filters", role: "search", "aria-label": "Filter every tenant's jobs" },
-    mk("region"), mk("kind"), mk("status", ["retry", "pending", "running", "failed", "succeeded"]),
+    mk("region"), mk("kind"), mk("status", ["retry", "pending", "running", "failed", "succeeded"]), mk("tenant"),
     h("div", {}, h("button", { type: "submit" }, "Filter")));
   f.addEventListener("submit", (ev) => {
     ev.preventDefault();
@@ -866,28 +900,38 @@ async function operatorPage() {
   page("Operator", h("h2", {}, "Regions"), regionsBox, h("h2", {}, "Who is waiting"),
     h("p", { class: "muted" }, "Each region's tenants with live jobs, most pending first: claims take tenants in turn, each tenant's jobs oldest first, up to its cap on running jobs."),
     waitingBox, h("h2", {}, "Jobs of every tenant"),
-    h("p", { class: "muted" }, "Retrying, pending and running first, oldest first; refreshed every 10 s."), f, jobsBox,
+    h("p", { class: "muted" }, "Retrying, pending and running first, oldest first, then the finished ones, newest first; a page at a time, refreshed every 10 s."), f, jobsBox,
     h("h2", {}, "Deletion-guard refusals"), guardBox);
+  // a page of jobs at a time (the API's page tokens: ?after=<next_after>), the filters kept
+  const size = Math.min(500, Math.max(1, Number(params.get("limit")) || 50));
+  const filtered = () => {
+    const q = new URLSearchParams();
+    for (const k of ["region", "kind", "status", "tenant", "limit"]) if (params.get(k)) q.set(k, params.get(k));
+    return q;
+  };
   const load = async () => {
-    const q = new URLSearchParams({ limit: "200" });
-    for (const k of ["region", "kind", "status"]) if (params.get(k)) q.set(k, params.get(k));
+    const q = new URLSearchParams({ limit: String(size) });
+    for (const k of ["region", "kind", "status", "tenant", "after"]) if (params.get(k)) q.set(k, params.get(k));
     const [regions, jobs, guard] = await Promise.all([api("GET", "operator/regions"), api("GET", `operator/jobs?${q}`), api("GET", "operator/guard-refusals?limit=50")]);
     put(regionsBox, table("Regions: cap and live jobs", ["region", "cap", "running", "pending", "retry", "oldest pending"],
       regions.regions.map((r) => [r.name, r.max_concurrent_jobs === null ? "none" : String(r.max_concurrent_jobs), String(r.running), String(r.pending), String(r.retry),
         r.oldest_pending_at ? `${ago(r.oldest_pending_at)} ago` : "—"])));
     put(waitingBox, table("Who is waiting: tenants by pending jobs", ["region", "tenant", "pending", "running", "cap", "retry", "oldest pending waited"],
-      regions.regions.flatMap((r) => [...r.tenants.map((t) => [r.name, h("code", {}, t.tenant || "z9"), String(t.pending), String(t.running),
+      regions.regions.flatMap((r) => [...r.tenants.map((t) => [r.name, tenantCell(t), String(t.pending), String(t.running),
         t.running_cap === null ? "none" : String(t.running_cap), String(t.retry), t.pending ? `${t.wait_s.toFixed(1)} s` : "—"]),
         ...(r.tenants_more ? [[r.name, `${r.tenants_more} more tenants`, "", "", "", "", ""]] : [])]),
       "Nobody is waiting: no live jobs."));
-    put(jobsBox, table(`Jobs: ${jobs.jobs.length}`, ["job", "tenant", "region", "kind", "status", "attempts", "age", "error", "UPID", ""],
-      jobs.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), h("code", {}, j.tenant || "z9"), j.region, j.kind, jobBadge(j), `${j.attempt}/${j.max_attempts}`,
+    const pages = h("nav", { class: "bar pages", "aria-label": "Pages of jobs" },
+      params.get("after") ? link(`/operator${filtered().toString() ? "?" + filtered() : ""}`, "First page") : null,
+      jobs.next_after ? link(`/operator?${new URLSearchParams([...filtered(), ["after", jobs.next_after]])}`, "Next page →") : null);
+    put(jobsBox, table(`Jobs: ${jobs.jobs.length}${params.get("after") || jobs.next_after ? " on this page" : ""}`, ["job", "tenant", "region", "kind", "status", "attempts", "age", "error", "UPID", ""],
+      jobs.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), tenantCell(j), j.region, j.kind, jobBadge(j), `${j.attempt}/${j.max_attempts}`,
         ago(j.created_at), j.error ? `${j.error.class}: ${j.error.message}` : "", upidOf(j) ? h("code", {}, upidOf(j)) : "",
         ["pending", "retry"].includes(j.status) ? h("button", { type: "button", "data-action": "cancel-job", "aria-label": `Cancel ${j.id}`, onclick: async () => {
           try { await api("POST", `operator/jobs/${j.id}/actions/cancel`); announce(`Job ${j.id} cancelled`); await load(); } catch (e) { jobsBox.prepend(errorNotice(e)); }
-        } }, "Cancel") : ""]), "No jobs match."));
+        } }, "Cancel") : ""]), "No jobs match."), pages);
     put(guardBox, table("Jobs the deletion guard refused", ["job", "tenant", "region", "kind", "when", "why"],
-      guard.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), h("code", {}, j.tenant || "z9"), j.region, j.kind, when(j.finished_at), j.error ? j.error.message : ""]),
+      guard.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), tenantCell(j), j.region, j.kind, when(j.finished_at), j.error ? j.error.message : ""]),
       "No refusals: the deletion guard has refused nothing."));
   };
   await load();
@@ -895,12 +939,18 @@ async function operatorPage() {
   state.stop.push(() => clearInterval(timer));
 }
 
+// A tenant as operators know it: its name (its id on hover), the link listing its jobs; z9's own jobs: "z9".
+function tenantCell(x) {
+  if (!x.tenant) return "z9";
+  return link(`/operator?tenant=${encodeURIComponent(x.tenant)}`, h("span", { class: "tenant", title: x.tenant, "data-tenant": x.tenant }, x.tenant_name || x.tenant));
+}
+
 async function operatorJobPage(id) {
   const r = await api("GET", `operator/jobs/${encodeURIComponent(id)}`);
   const j = r.job;
   page(`Job ${j.id}`,
     h("dl", { class: "kv" },
-      h("dt", {}, "tenant"), h("dd", {}, h("code", {}, j.tenant || "z9")),
+      h("dt", {}, "tenant"), h("dd", {}, tenantCell(j)),
       h("dt", {}, "resource"), h("dd", {}, j.resource ? value(j.resource.id) : "—"),
       h("dt", {}, "asked by"), h("dd", {}, j.actor ? h("code", {}, j.actor) : "z9 itself"),
       h("dt", {}, "request id"), h("dd", {}, j.request_id ? h("code", {}, j.request_id) : "—"),
