@@ -5,6 +5,7 @@ waiting tenant named by its tenant's name as well as its id."""
 from __future__ import annotations
 
 import secrets
+
 from z9.common import store
 from z9.common.store import Lease, NewJob
 

@@ -4,11 +4,19 @@ tenant's jobs, and the operator cancels it. A token without the operator scope g
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from tests.integration.console.console_support import DevStack, browser, dev_stack, new_page, require_browser, sign_in
+from tests.integration.console.console_support import (
+    DevStack,
+    browser,
+    dev_stack,
+    new_page,
+    require_browser,
+    sign_in,
+)
 
 pytestmark = pytest.mark.timeout(900)
 
