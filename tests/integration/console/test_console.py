@@ -354,10 +354,20 @@ def test_a_server_is_ready_only_once_its_public_address_is_in_place(stack: DevSt
         status_badge = page.locator("#main > div > p > .badge").first
         assert status_badge.inner_text() == "running" and "ok" not in (status_badge.get_attribute("class") or "")
         assert page.locator(".readiness[data-ready=true]").count() == 0
+        # the list says so too (in another tab: this one waits, unreloaded, for the job to end)
+        listing = new_page(chromium)
+        sign_in(listing, stack)
+        listing.goto(f"{stack.console}servers")
+        row = listing.locator(f"tr:has(a[href$='{out['server']['id']}'])")
+        row.locator(".readiness[data-ready=false]").wait_for()
+        assert row.locator(".badge.ok").count() == 0
     finally:
         stack.sim("DELETE", f"/faults/{fault['id']}")
     page.wait_for_selector(f".job[data-job='{jobs['AddressAssign']}'] .job-status[data-status=succeeded]")
     page.wait_for_selector("#main > div > p .readiness[data-ready=true]")  # without a reload
     assert "ok" in (page.locator("#main > div > p > .badge").first.get_attribute("class") or "")
     assert stack.api("GET", f"jobs/{jobs['AddressAssign']}")[1]["status"] == "succeeded"
-    assert page.console_errors == [], page.console_errors
+    listing.reload()
+    row.locator(".badge.ok:text-is('running')").wait_for()
+    assert row.locator(".readiness").count() == 0
+    assert page.console_errors == [] and listing.console_errors == [], (page.console_errors, listing.console_errors)

@@ -360,10 +360,36 @@ async function listPage(kind) {
   let data;
   try { data = await api("GET", `${kind.plural}?${q}`); } catch (e) { put(box, errorNotice(e)); return; }
   const items = data[kind.listKey];
+  const [busy, tied] = await Promise.all([busyIds(), tiedTo(kind)]);
+  const waiting = new Set([...busy].map((rid) => tied[rid] || rid));
   const extra = ["health", "type", "ip", "version"].filter((f) => kind.itemSchema.properties && kind.itemSchema.properties[f]);
   put(box, table(`${kind.title}: ${items.length}`, ["name", "status", ...extra, "region", "labels", "created"],
-    items.map((x) => [link(`/${kind.plural}/${x.id}`, x.name || x.id), badge(x.status), ...extra.map((f) => f === "health" ? badge(x[f]) : value(x[f])),
+    items.map((x) => [link(`/${kind.plural}/${x.id}`, x.name || x.id), statusCell(x, waiting.has(x.id)), ...extra.map((f) => f === "health" ? badge(x[f]) : value(x[f])),
       x.region || "", labelsText(x.labels), when(x.created_at)]), `No ${kind.title.toLowerCase()} yet.`));
+}
+
+// The ids of the tenant's resources with a job still on its way (pending, running, retry).
+async function busyIds() {
+  const lists = await Promise.all(["pending", "running", "retry"].map((st) =>
+    api("GET", `jobs?status=${st}&limit=500&include_observe=false`).then((r) => r.jobs, () => [])));
+  return new Set(lists.flat().map((j) => j.resource && j.resource.id).filter(Boolean));
+}
+
+// {id of a resource tied to one of `kind` (a server's address, volume): that one's id}, from the
+// other kinds' lists that take ?<kind>_id=
+async function tiedTo(kind) {
+  const param = `${kind.oneKey}_id`;
+  const out = {};
+  await Promise.all(state.kinds.filter((k) => k !== kind && queryParams(k.listOp).some((p) => p.name === param)).map((k) =>
+    api("GET", `${k.plural}?limit=500`).then((r) => { for (const x of r[k.listKey]) if (x[param]) out[x.id] = x[param]; }, () => {})));
+  return out;
+}
+
+// A status in a list: one that reads as done ("running") is not shown as done while a job of the
+// resource, or of one tied to it, is still on its way (what --wait would still be waiting for).
+function statusCell(x, waiting) {
+  if (!waiting || STATUS_CLASS[x.status] !== "ok") return badge(x.status);
+  return h("span", { class: "readiness", "data-ready": "false" }, h("span", { class: "badge info" }, x.status), " not ready");
 }
 
 // ------------------------------------------------------------------ create and action forms
