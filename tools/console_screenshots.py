@@ -80,6 +80,10 @@ def shoot(stack: DevStack, b: Any, out: Path, ids: dict[str, str], operator_toke
                 continue
             page.goto(stack.console + path)
             settle(page)
+            if name in ("server", "address", "retrying", "job", "operator-job"):
+                page.wait_for_selector(".job .job-status")  # its job panel drawn (not "Loading the job…")
+            if name in ("server", "address", "retrying"):
+                page.wait_for_selector("#main > div > p .readiness")  # ready, or not ready and why
             if name == "load-balancer-create":  # a row of each list: a service (its health check), a target
                 page.click("[data-add=services]")
                 page.select_option("select[name='services[0].health_check.protocol']", "tcp")
@@ -93,6 +97,8 @@ def shoot(stack: DevStack, b: Any, out: Path, ids: dict[str, str], operator_toke
     for name, path in (("servers", "servers"), ("server", f"servers/{ids['server']}")):
         phone.goto(stack.console + path)
         settle(phone)
+        if name == "server":
+            phone.wait_for_selector("#main > div > p .readiness")
         made.append(out / f"{name}-phone.png")
         phone.screenshot(path=str(made[-1]), full_page=True)
     return made

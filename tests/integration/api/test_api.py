@@ -532,15 +532,23 @@ async def test_concurrent_retries_with_one_idempotency_key_both_succeed(api: Sta
         tx = blocker.transaction()
         await tx.start()
         await blocker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        # The requests get new connections (as under load, when the pool's are busy elsewhere):
+        # backends that start after this transaction did. pg_stat_activity is read once per
+        # transaction (a snapshot kept to its end: it never shows them), pg_locks live each time:
+        # the waits are read from pg_locks alone: one request on the jobs table, the other on
+        # the key's advisory lock.
+        await api.pool.expire_connections()
         t1 = asyncio.create_task(raw(api, "POST", "/servers", json=body(), headers=h))
         t2 = asyncio.create_task(raw(api, "POST", "/servers", json=body(), headers=h))
+
         async def both_waiting() -> bool:
             return await blocker.fetchval(
-                "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                "WHERE NOT l.granted AND a.datname = current_database()") >= 2
-        await wait_until(both_waiting, 20, "both requests waiting on the held lock", interval_s=0.02)
+                "SELECT count(*) FILTER (WHERE locktype = 'relation' AND relation = 'jobs'::regclass) = 1 "
+                "AND count(*) FILTER (WHERE locktype = 'advisory') = 1 FROM pg_locks WHERE NOT granted "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+        await wait_until(both_waiting, 60, "both requests waiting on the held lock", interval_s=0.02)
         await tx.commit()
-        (s1, o1, _), (s2, o2, _) = await asyncio.wait_for(asyncio.gather(t1, t2), 10)
+        (s1, o1, _), (s2, o2, _) = await asyncio.wait_for(asyncio.gather(t1, t2), 60)
     finally:
         await blocker.close()
     assert s1 == 202 and s2 == 202, (s1, o1, s2, o2)

@@ -5,12 +5,19 @@ a reload, see it running with what verify observed, delete it, restore it, sign 
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from tests.integration.console.console_support import DevStack, browser, dev_stack, new_page, require_browser, sign_in
+from tests.integration.console.console_support import (
+    DevStack,
+    browser,
+    dev_stack,
+    new_page,
+    require_browser,
+    sign_in,
+)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -233,3 +240,134 @@ def test_a_create_form_shows_its_region_and_image_as_selects_from_the_start(stac
     assert page.eval_on_selector("[name=image]", "e => e.tagName") == "SELECT"
     page.select_option("[name=region]", "dev-1")
     assert page.console_errors == [], page.console_errors
+
+
+class _JobReadsHeld:
+    """The page's reads of one job (its live panel) held in the browser: the page refreshes the
+    resource when an answer comes, and only then. ``release()`` lets them through, held and new."""
+
+    def __init__(self, page: Any) -> None:
+        self.page, self.released = page, False
+        self.held: list[Any] = []
+        page.route(lambda url: "/v1/jobs/job_" in url, self._route)
+
+    def _route(self, route: Any) -> None:
+        if self.released:
+            route.continue_()
+        else:
+            self.held.append(route)
+
+    def wait_held(self) -> None:
+        deadline = time.monotonic() + 120
+        while not self.held:  # the route handler runs while Playwright processes events: let it, until it has
+            assert time.monotonic() < deadline, "the page never read its job"
+            self.page.wait_for_timeout(20)
+
+    def release(self) -> None:
+        self.released = True
+        for r in self.held:
+            r.continue_()
+
+
+def test_an_open_form_stays_through_the_pages_live_refresh(stack: DevStack, chromium: Any) -> None:
+    """A resource's page refreshes itself whenever the job it follows changes. An action's form
+    being filled in, and a delete confirmation about to be clicked, stay where they are through it
+    (the same elements, what was typed kept); the action bar is redrawn only when what it offers
+    changed. The job's answer is held in the browser until the form is open, so the refresh comes
+    while it is open, every time."""
+    status, out = stack.api("POST", "servers", {"name": f"stay-{time.time_ns() % 10**8}", "region": "dev-1",
+                                                "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10})
+    assert status == 202, out
+    assert stack.wait_job(out["job"]["id"])["status"] == "succeeded"
+    sid = out["server"]["id"]
+    page = new_page(chromium)
+    sign_in(page, stack)
+
+    # 1. the resize form open, a value typed; the server powered off meanwhile: the refresh that
+    # follows changes the bar (Start offered again) and leaves the form as it was
+    held = _JobReadsHeld(page)
+    page.goto(f"{stack.console}servers/{sid}")
+    page.wait_for_selector("[data-action=start][disabled]")
+    held.wait_held()
+    page.click("[role=group][aria-label=Actions] [data-action=resize]")
+    form = page.locator("[role=group][aria-label=Actions] ~ div form")
+    form.locator("[name=cores]").fill("2")
+    form.evaluate("f => { window.__form = f; }")
+    status, off = stack.api("POST", f"servers/{sid}/actions/poweroff", {})
+    assert status == 202, off
+    assert stack.wait_job(off["job"]["id"])["status"] == "succeeded"
+    held.release()
+    page.wait_for_selector("[data-action=start]:not([disabled])")  # the refresh has redrawn the bar
+    assert page.evaluate("window.__form.isConnected && window.__form === document.querySelector("
+                         "'[role=group][aria-label=Actions] ~ div form')"), "the open form was taken away"
+    assert form.locator("[name=cores]").input_value() == "2"
+
+    # 2. a delete confirmation open; the refresh changes nothing the bar offers: neither the bar
+    # nor the confirmation is redrawn, and its button deletes
+    page.unroute_all()
+    held = _JobReadsHeld(page)
+    page.goto(f"{stack.console}servers/{sid}")
+    page.wait_for_selector("[data-action=start]:not([disabled])")
+    held.wait_held()
+    page.click("[data-action=delete]")
+    page.wait_for_selector("[data-action=confirm-delete]")
+    page.evaluate("""() => {
+        window.__confirm = document.querySelector('[data-action=confirm-delete]');
+        window.__bar = document.querySelector('[role=group][aria-label=Actions]');
+        document.querySelector('#main > div > p').__before = true;
+    }""")
+    held.release()
+    # the refresh has rendered: the head's line is drawn anew by every render
+    page.wait_for_function("() => { const p = document.querySelector('#main > div > p'); return p && !p.__before; }")
+    assert page.evaluate("window.__confirm.isConnected"), "the delete confirmation was taken away"
+    assert page.evaluate("window.__bar === document.querySelector('[role=group][aria-label=Actions]')")
+    with page.expect_response(lambda r: r.request.method == "DELETE" and f"/v1/servers/{sid}" in r.url) as resp:
+        page.click("[data-action=confirm-delete]")
+    assert resp.value.status == 202, resp.value.text()
+    page.wait_for_selector("p .badge:text-is('deleting')")
+    page.wait_for_selector("[data-action=cancel-deletion]")
+    assert page.locator("[data-action=confirm-delete]").count() == 0  # sent: the confirmation closed
+    assert page.console_errors == [], page.console_errors
+
+
+def test_a_server_is_ready_only_once_its_public_address_is_in_place(stack: DevStack, chromium: Any) -> None:
+    """`z9 servers create --public-ipv4 --wait` returns once the ServerCreate and the address's
+    AddressAssign (which runs after it) have both succeeded. The server's page says "ready" only
+    then: before, it says not ready, names the job it waits for, follows that job live, and does not
+    show the server's `running` as done. The simulator refuses the address's IP filter set (the
+    AddressAssign retries) until the test lets it through."""
+    fault = stack.sim("POST", "/faults", {"method": "POST", "path": "/firewall/ipset", "action": "error", "status": 500,
+                                          "reason": "simulated: ipset refused", "probability": 1.0})
+    try:
+        status, out = stack.api("POST", "servers", {"name": f"ready-{time.time_ns() % 10**8}", "region": "dev-1",
+                                                    "image": "debian-12", "cores": 1, "memory_mib": 1024,
+                                                    "disk_gib": 10, "public_ipv4": True})
+        assert status == 202, out
+        jobs = {j["kind"]: j["id"] for j in out["jobs"]}
+        assert stack.wait_job(jobs["ServerCreate"])["status"] == "succeeded"
+        page = new_page(chromium)
+        sign_in(page, stack)
+        page.goto(f"{stack.console}servers/{out['server']['id']}")
+        page.wait_for_selector("#main > div > p .readiness[data-ready=false]")
+        assert "AddressAssign" in page.inner_text(".readiness")
+        page.wait_for_selector(f".job[data-job='{jobs['AddressAssign']}']")  # the address's job, live, on this page
+        status_badge = page.locator("#main > div > p > .badge").first
+        assert status_badge.inner_text() == "running" and "ok" not in (status_badge.get_attribute("class") or "")
+        assert page.locator(".readiness[data-ready=true]").count() == 0
+        # the list says so too (in another tab: this one waits, unreloaded, for the job to end)
+        listing = new_page(chromium)
+        sign_in(listing, stack)
+        listing.goto(f"{stack.console}servers")
+        row = listing.locator(f"tr:has(a[href$='{out['server']['id']}'])")
+        row.locator(".readiness[data-ready=false]").wait_for()
+        assert row.locator(".badge.ok").count() == 0
+    finally:
+        stack.sim("DELETE", f"/faults/{fault['id']}")
+    page.wait_for_selector(f".job[data-job='{jobs['AddressAssign']}'] .job-status[data-status=succeeded]")
+    page.wait_for_selector("#main > div > p .readiness[data-ready=true]")  # without a reload
+    assert "ok" in (page.locator("#main > div > p > .badge").first.get_attribute("class") or "")
+    assert stack.api("GET", f"jobs/{jobs['AddressAssign']}")[1]["status"] == "succeeded"
+    listing.reload()
+    row.locator(".badge.ok:text-is('running')").wait_for()
+    assert row.locator(".readiness").count() == 0
+    assert page.console_errors == [] and listing.console_errors == [], (page.console_errors, listing.console_errors)

@@ -4,11 +4,19 @@ tenant's jobs, and the operator cancels it. A token without the operator scope g
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from tests.integration.console.console_support import DevStack, browser, dev_stack, new_page, require_browser, sign_in
+from tests.integration.console.console_support import (
+    DevStack,
+    browser,
+    dev_stack,
+    new_page,
+    require_browser,
+    sign_in,
+)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -72,7 +80,11 @@ def test_operator_sees_a_retrying_job_and_cancels_it(stack: DevStack, chromium: 
         row = page.wait_for_selector(f"tr:has(code:text-is('{job_id}'))")
         text = row.inner_text()
         assert "ServerCreate" in text and "retry: on its way" in text and "Service Unavailable" in text, text
-        assert mine["tenant"] in page.inner_text("[aria-label='Who is waiting: tenants by pending jobs']")
+        # tenants by name (the id on hover and in the link that lists the tenant's jobs)
+        assert mine["tenant_name"] and mine["tenant_name"] in page.inner_text(
+            "[aria-label='Who is waiting: tenants by pending jobs']")
+        assert page.locator(f"[aria-label='Who is waiting: tenants by pending jobs'] [data-tenant='{mine['tenant']}']"
+                            ).first.inner_text() == mine["tenant_name"]
         # cancel it (a running attempt answers 409: the page shows why; the next retry is cancellable)
         deadline = time.monotonic() + 300
         while True:
@@ -90,3 +102,35 @@ def test_operator_sees_a_retrying_job_and_cancels_it(stack: DevStack, chromium: 
         assert page.console_errors == [] or all("409" in e for e in page.console_errors), page.console_errors
     finally:
         stack.sim("DELETE", f"/faults/{fault['id']}")
+
+
+JOBS = "[role=region][aria-label^='Jobs:']"  # the table of every tenant's jobs
+
+
+def test_operator_jobs_go_page_by_page_and_filter_by_tenant(stack: DevStack, chromium: Any, operator_token: str) -> None:
+    """Every tenant's jobs a page at a time (the API's page tokens), the filters kept from page to
+    page; a tenant's name lists that tenant's jobs alone."""
+    other = stack.token_for("initech", "read", "write")
+    for token in (None, other, None):
+        status, out = stack.api("POST", "servers", {"name": f"opage-{time.time_ns() % 10**8}", "region": "dev-1",
+                                                    "image": "debian-12", "cores": 1, "memory_mib": 1024,
+                                                    "disk_gib": 10}, token=token)
+        assert status == 202, out
+    page = new_page(chromium)
+    sign_in(page, stack, operator_token)
+    page.goto(stack.console + "operator?limit=1&kind=ServerCreate")
+    first = page.locator(f"{JOBS} tbody tr td code").first.inner_text()
+    page.click("text=Next page →")
+    page.wait_for_url("**after=**")
+    assert "kind=ServerCreate" in page.url and "limit=1" in page.url
+    page.wait_for_selector("nav.pages a:text-is('First page')")
+    second = page.locator(f"{JOBS} tbody tr td code").first.inner_text()
+    assert second != first
+    assert page.locator(f"{JOBS} tbody tr").count() == 1
+    page.goto(stack.console + "operator?kind=ServerCreate")
+    page.click(f"{JOBS} a:has(.tenant:text-is('initech'))")
+    page.wait_for_url("**tenant=ten_**")
+    page.wait_for_selector(f"{JOBS} tbody tr")
+    names = set(page.locator(f"{JOBS} tbody tr td:nth-child(2)").all_inner_texts())
+    assert names == {"initech"}, names
+    assert page.console_errors == [], page.console_errors

@@ -74,6 +74,12 @@ async def tenant_name(db: DB, tenant_id: str) -> str | None:
     return await db.fetchval(q("tenant_name"), tenant_id)
 
 
+async def tenant_names(db: DB, tenant_ids: Iterable[str | None]) -> dict[str, str]:
+    """{id: name} of the tenants ``tenant_ids`` (None and unknown ids left out)."""
+    ids = sorted({t for t in tenant_ids if t is not None})
+    return {r["id"]: r["name"] for r in await db.fetch(q("tenant_names"), ids)} if ids else {}
+
+
 async def api_token_insert(db: DB, tenant_id: str, token: str, name: str = "default", *,
                            scopes: Iterable[str] = ("read", "write"), expires_at: datetime | None = None,
                            created_by: str | None = None) -> str:
@@ -748,12 +754,23 @@ async def job_cancel(db: DB, job_id: str, tenant_id: str, error: dict[str, Any])
 
 # ---------------------------------------------------------------- operator views
 
+OPERATOR_RANK = {"retry": 0, "pending": 1, "running": 2}  # any other status: 3 (finished)
+
+
+def job_operator_position(job: Job) -> tuple[int, int]:
+    """Where ``job`` is in ``job_list_operator``'s order: (rank, key)."""
+    rank = OPERATOR_RANK.get(job.status, 3)
+    return rank, job.seq if rank < 3 else -job.seq
+
+
 async def job_list_operator(db: DB, *, region: str | None = None, kind: str | None = None, status: str | None = None,
-                            tenant_id: str | None = None, limit: int = 100,
-                            exclude_kinds: Iterable[str] = ()) -> list[Job]:
+                            tenant_id: str | None = None, limit: int = 100, exclude_kinds: Iterable[str] = (),
+                            after: tuple[int, int] | None = None) -> list[Job]:
     """Every tenant's jobs, live ones first (retry, pending, running; oldest first), then the
-    finished ones newest first (``job_list_operator``)."""
-    rows = await db.fetch(q("job_list_operator"), region, kind, status, tenant_id, limit, sorted(exclude_kinds))
+    finished ones newest first (``job_list_operator``); ``after``: the page starts after the job at
+    that position (:func:`job_operator_position` of the previous page's last)."""
+    rows = await db.fetch(q("job_list_operator"), region, kind, status, tenant_id, limit, sorted(exclude_kinds),
+                          *(after or (None, None)))
     return [Job.from_record(r) for r in rows]
 
 

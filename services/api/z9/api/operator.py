@@ -2,10 +2,12 @@
 token: 403 ``insufficient_scope``): every tenant's jobs, the regions' caps and load, the
 deletion guard's refusals, a job's history, and cancelling any tenant's waiting job.
 
-- ``GET /v1/operator/jobs?region=&kind=&status=&tenant=&include_observe=&limit=``: the live jobs
-  first — ``retry``, then ``pending``, then ``running``, each oldest first (what is stuck is on
-  top) — then the finished ones, newest first; each with its tenant, attempts, error, lease
-  owner and the UPID its running step waits on (in its steps).
+- ``GET /v1/operator/jobs?region=&kind=&status=&tenant=&include_observe=&limit=&after=``: the live
+  jobs first — ``retry``, then ``pending``, then ``running``, each oldest first (what is stuck is
+  on top) — then the finished ones, newest first; each with its tenant (id and name), attempts,
+  error, lease owner and the UPID its running step waits on (in its steps); a page at a time
+  (``next_after``: an opaque page token, :mod:`z9.api.page_tokens`, holding the last job's place in
+  that order — a job that changed status since may show twice or not at all, as in any live list).
 - ``GET /v1/operator/jobs/{id}``: one job of any tenant with who asked (``actor``), the request
   id, the W3C trace id (``trace_url`` when ``Z9_TRACING_UI_URL`` is set) and its resource's
   other jobs (``history``, oldest first).
@@ -33,7 +35,7 @@ from z9.common.errors import Forbidden, NotFound, ValidationFailed
 from z9.common.ids import id_pattern, is_id
 from z9.common.models import Job
 
-from . import job_actions, schemas
+from . import job_actions, page_tokens, schemas
 from .resources import POOL, SETTINGS, Operation, bool_param, dump, limit_param, path_id
 
 JOB_STATUSES = ("pending", "running", "retry", "succeeded", "failed")
@@ -54,6 +56,7 @@ class OperatorJob(schemas.Job):
     """A job as operators see it: the tenant's fields and the platform's."""
 
     tenant: str | None = Field(description="the tenant the job belongs to (null: z9's own)")
+    tenant_name: str | None = Field(description="that tenant's name (null: z9's own)")
     lease_owner: str | None = Field(description="the executor process running it (while running)")
     lease_expires_at: schemas.OptTimestamp = Field(description="when its lease runs out (while running)")
     trace_id: str | None = Field(description="the W3C trace id of the request that made it")
@@ -61,6 +64,11 @@ class OperatorJob(schemas.Job):
 
 class OperatorJobList(schemas.Response):
     jobs: list[OperatorJob]
+
+
+class OperatorJobPage(schemas.Response):
+    jobs: list[OperatorJob]
+    next_after: str | None = Field(description="the next page's `after` (null: this is the last page)")
 
 
 class OperatorJobDetail(schemas.Response):
@@ -74,6 +82,7 @@ TENANTS_SHOWN = 20  # tenants listed per region in GET /v1/operator/regions
 
 class TenantLoad(schemas.Response):
     tenant: str | None = Field(description="the tenant's id (null: z9's own jobs)")
+    tenant_name: str | None = Field(description="the tenant's name (null: z9's own jobs)")
     pending: int
     running: int
     retry: int
@@ -110,6 +119,8 @@ class OperatorJobQuery(BaseModel):
                                json_schema_extra={"pattern": id_pattern("ten")})
     include_observe: bool = Field(default=False, description="the periodic observe-only jobs too")
     limit: int = Field(default=100, ge=1, le=500)
+    after: str | None = Field(default=None, description="the previous page's `next_after` (a page token)",
+                              json_schema_extra={"pattern": page_tokens.PATTERN})
 
 
 class GuardRefusalQuery(BaseModel):
@@ -130,8 +141,9 @@ def _trace_id(job: Job) -> str | None:
     return None
 
 
-def _public(job: Job) -> dict[str, Any]:
-    return {**job.public(), "tenant": job.tenant_id, "lease_owner": job.lease_owner,
+def _public(job: Job, names: dict[str, str]) -> dict[str, Any]:
+    return {**job.public(), "tenant": job.tenant_id, "tenant_name": names.get(job.tenant_id or ""),
+            "lease_owner": job.lease_owner,
             "lease_expires_at": job.lease_expires_at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
             if isinstance(job.lease_expires_at, datetime) else None, "trace_id": _trace_id(job)}
 
@@ -141,6 +153,33 @@ def _text_param(request: web.Request, name: str) -> str | None:
     if raw is not None and not 1 <= len(raw) <= 63:
         raise ValidationFailed(f"{name}: 1 to 63 characters", details=[{"field": name, "message": "1..63 characters"}])
     return raw
+
+
+# Operator page tokens are made for this name in place of a tenant's id (a tenant's token is refused
+# here, and an operator's by a tenant's list); the position (rank 0-3, key ±seq) in one number.
+_PAGES_FOR = "operator jobs"
+_KEY_BIAS = 1 << 60
+
+
+def _page_token(request: web.Request, job: Job) -> str:
+    rank, key = store.job_operator_position(job)
+    return request.app[page_tokens.PAGE_KEYS].encode(_PAGES_FOR, (rank << 61) + key + _KEY_BIAS)
+
+
+def _page_position(request: web.Request) -> tuple[int, int] | None:
+    after = request.query.get("after")
+    if after is None:
+        return None
+    n = request.app[page_tokens.PAGE_KEYS].decode(_PAGES_FOR, after)
+    if n is None:
+        raise ValidationFailed(f"after: {after!r} is not a page token of this list (the previous page's next_after)",
+                               details=[{"field": "after", "message": "not a page token of this list"}])
+    return n >> 61, (n & ((1 << 61) - 1)) - _KEY_BIAS
+
+
+async def _with_names(request: web.Request, jobs: list[Job]) -> list[dict[str, Any]]:
+    names = await store.tenant_names(request.app[POOL], (j.tenant_id for j in jobs))
+    return [_public(j, names) for j in jobs]
 
 
 async def list_jobs(request: web.Request) -> web.Response:
@@ -154,11 +193,14 @@ async def list_jobs(request: web.Request) -> web.Response:
         raise ValidationFailed(f"tenant: {tenant_id!r} is not a tenant id (ten_…)",
                                details=[{"field": "tenant", "message": "not a tenant id"}])
     include_observe = bool_param(request, "include_observe", default=False)
+    limit = limit_param(request)
     jobs = await store.job_list_operator(request.app[POOL], region=_text_param(request, "region"),
                                          kind=_text_param(request, "kind"), status=status, tenant_id=tenant_id,
-                                         limit=limit_param(request),
-                                         exclude_kinds=() if include_observe else kinds.observe_only())
-    return web.json_response(dump(OperatorJobList, {"jobs": [_public(j) for j in jobs]}))
+                                         limit=limit, exclude_kinds=() if include_observe else kinds.observe_only(),
+                                         after=_page_position(request))
+    return web.json_response(dump(OperatorJobPage, {
+        "jobs": await _with_names(request, jobs),
+        "next_after": _page_token(request, jobs[-1]) if len(jobs) == limit else None}))
 
 
 async def _any_job(request: web.Request) -> Job:
@@ -178,8 +220,9 @@ async def get_job(request: web.Request) -> web.Response:
     template = request.app[SETTINGS].tracing_ui_url
     trace_id = _trace_id(job)
     url = template.replace("{trace_id}", trace_id) if template and trace_id else None
-    return web.json_response(dump(OperatorJobDetail, {"job": _public(job), "trace_url": url,
-                                                      "history": [_public(j) for j in history]}))
+    names = await store.tenant_names(request.app[POOL], [job.tenant_id])
+    return web.json_response(dump(OperatorJobDetail, {"job": _public(job, names), "trace_url": url,
+                                                      "history": [_public(j, names) for j in history]}))
 
 
 async def cancel_job(request: web.Request) -> web.Response:
@@ -200,10 +243,12 @@ async def list_regions(request: web.Request) -> web.Response:
             r["oldest_pending_at"] = row["oldest"].astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
     settings = request.app[SETTINGS]
     tenants: dict[str, list[dict[str, Any]]] = {}
-    for row in await store.job_live_by_tenant(request.app[POOL]):  # most pending first
+    rows = await store.job_live_by_tenant(request.app[POOL])  # most pending first
+    tenant_names = await store.tenant_names(request.app[POOL], (row["tenant_id"] for row in rows))
+    for row in rows:
         cap = row["running_cap"] if row["running_cap"] is not None else settings.tenant_max_running_jobs
         tenants.setdefault(row["region"], []).append({
-            "tenant": row["tenant_id"], "pending": row["pending"], "running": row["running"], "retry": row["retry"],
+            "tenant": row["tenant_id"], "tenant_name": tenant_names.get(row["tenant_id"]), "pending": row["pending"], "running": row["running"], "retry": row["retry"],
             "running_cap": None if row["tenant_id"] is None else cap, "wait_s": round(row["wait_s"], 3),
             "waiting_since": None if row["oldest_runnable"] is None else
             row["oldest_runnable"].astimezone(timezone.utc).isoformat().replace("+00:00", "Z")})
@@ -219,19 +264,19 @@ async def list_guard_refusals(request: web.Request) -> web.Response:
     require_operator(request)
     jobs = await store.job_list_guard_refusals(request.app[POOL], region=_text_param(request, "region"),
                                                limit=limit_param(request))
-    return web.json_response(dump(OperatorJobList, {"jobs": [_public(j) for j in jobs]}))
+    return web.json_response(dump(OperatorJobList, {"jobs": await _with_names(request, jobs)}))
 
 
 def operations(job_example: dict[str, Any]) -> list[Operation]:
-    op_job = {**job_example, "tenant": "ten_01jd3x5v8q2m6n4p7r9s1t3w5y", "lease_owner": "pve-exec-1:4242:ab12",
+    op_job = {**job_example, "tenant": "ten_01jd3x5v8q2m6n4p7r9s1t3w5y", "tenant_name": "acme", "lease_owner": "pve-exec-1:4242:ab12",
               "lease_expires_at": "2026-12-01T04:00:39Z", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}
     errors: dict[int, Any] = {401: None, 403: None}
     desc = "Needs a token with the operator scope (`z9 token --scope operator`); any other answers 403."
     return [
         Operation("GET", "/operator/jobs", list_jobs, "operatorListJobs",
                   "Every tenant's jobs: retrying, pending, running (oldest first), then finished (newest first)",
-                  "operator", {200: OperatorJobList, **errors, 422: None}, query=OperatorJobQuery,
-                  example={"jobs": [op_job]}, description=desc),
+                  "operator", {200: OperatorJobPage, **errors, 422: None}, query=OperatorJobQuery,
+                  example={"jobs": [op_job], "next_after": None}, description=desc),
         Operation("GET", "/operator/jobs/{id}", get_job, "operatorGetJob",
                   "Any tenant's job with its trace and its resource's job history", "operator",
                   {200: OperatorJobDetail, **errors, 404: None}, path_id="the job's id (job_…)",
@@ -245,7 +290,7 @@ def operations(job_example: dict[str, Any]) -> list[Operation]:
                   {200: RegionLoadList, **errors}, example={"regions": [
                       {"name": "dev-1", "max_concurrent_jobs": 12, "running": 3, "pending": 1, "retry": 2,
                        "oldest_pending_at": "2026-12-01T04:00:00Z", "tenants_more": 0, "tenants": [
-                           {"tenant": "ten_01jd3x5v8q2m6n4p7r9s1t3w5y", "pending": 1, "running": 3, "retry": 2,
+                           {"tenant": "ten_01jd3x5v8q2m6n4p7r9s1t3w5y", "tenant_name": "acme", "pending": 1, "running": 3, "retry": 2,
                             "running_cap": 4, "waiting_since": "2026-12-01T04:00:00Z", "wait_s": 12.5}]}]},
                   description=desc),
         Operation("GET", "/operator/guard-refusals", list_guard_refusals, "operatorListGuardRefusals",

@@ -477,14 +477,18 @@ LIMIT 1;
 -- name: job_list_operator
 -- Every tenant's jobs: $1 region, $2 kind, $3 status, $4 tenant (each NULL: any), $5 the limit, $6 kinds
 -- left out. The live ones first — retry, then pending, then running, each oldest first — then the
--- finished ones, newest first.
+-- finished ones, newest first: the order of (rank, key), rank 0 retry, 1 pending, 2 running, 3
+-- finished, key the job's seq when it is live and -seq when finished. $7, $8: the page starts after
+-- the job at (rank, key) $7, $8 (the previous page's last; NULL: the first page).
 SELECT * FROM jobs
 WHERE ($1::text IS NULL OR region = $1) AND ($2::text IS NULL OR kind = $2)
   AND ($3::text IS NULL OR status::text = $3) AND ($4::text IS NULL OR tenant_id = $4)
   AND NOT (kind = ANY($6::text[]))
+  AND ($7::int IS NULL
+       OR (CASE status::text WHEN 'retry' THEN 0 WHEN 'pending' THEN 1 WHEN 'running' THEN 2 ELSE 3 END,
+           CASE WHEN status::text IN ('retry', 'pending', 'running') THEN seq ELSE -seq END) > ($7::int, $8::bigint))
 ORDER BY CASE status::text WHEN 'retry' THEN 0 WHEN 'pending' THEN 1 WHEN 'running' THEN 2 ELSE 3 END,
-         CASE WHEN status::text IN ('retry', 'pending', 'running') THEN seq END,
-         seq DESC
+         CASE WHEN status::text IN ('retry', 'pending', 'running') THEN seq ELSE -seq END
 LIMIT $5;
 
 -- name: job_live_counts_by_region

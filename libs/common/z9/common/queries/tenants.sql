@@ -7,3 +7,7 @@ RETURNING id, name;
 
 -- name: tenant_name
 SELECT name FROM tenants WHERE id = $1;
+
+-- name: tenant_names
+-- The names of the tenants $1 (ids; those that exist).
+SELECT id, name FROM tenants WHERE id = ANY($1::text[]);

@@ -360,10 +360,36 @@ async function listPage(kind) {
   let data;
   try { data = await api("GET", `${kind.plural}?${q}`); } catch (e) { put(box, errorNotice(e)); return; }
   const items = data[kind.listKey];
+  const [busy, tied] = await Promise.all([busyIds(), tiedTo(kind)]);
+  const waiting = new Set([...busy].map((rid) => tied[rid] || rid));
   const extra = ["health", "type", "ip", "version"].filter((f) => kind.itemSchema.properties && kind.itemSchema.properties[f]);
   put(box, table(`${kind.title}: ${items.length}`, ["name", "status", ...extra, "region", "labels", "created"],
-    items.map((x) => [link(`/${kind.plural}/${x.id}`, x.name || x.id), badge(x.status), ...extra.map((f) => f === "health" ? badge(x[f]) : value(x[f])),
+    items.map((x) => [link(`/${kind.plural}/${x.id}`, x.name || x.id), statusCell(x, waiting.has(x.id)), ...extra.map((f) => f === "health" ? badge(x[f]) : value(x[f])),
       x.region || "", labelsText(x.labels), when(x.created_at)]), `No ${kind.title.toLowerCase()} yet.`));
+}
+
+// The ids of the tenant's resources with a job still on its way (pending, running, retry).
+async function busyIds() {
+  const lists = await Promise.all(["pending", "running", "retry"].map((st) =>
+    api("GET", `jobs?status=${st}&limit=500&include_observe=false`).then((r) => r.jobs, () => [])));
+  return new Set(lists.flat().map((j) => j.resource && j.resource.id).filter(Boolean));
+}
+
+// {id of a resource tied to one of `kind` (a server's address, volume): that one's id}, from the
+// other kinds' lists that take ?<kind>_id=
+async function tiedTo(kind) {
+  const param = `${kind.oneKey}_id`;
+  const out = {};
+  await Promise.all(state.kinds.filter((k) => k !== kind && queryParams(k.listOp).some((p) => p.name === param)).map((k) =>
+    api("GET", `${k.plural}?limit=500`).then((r) => { for (const x of r[k.listKey]) if (x[param]) out[x.id] = x[param]; }, () => {})));
+  return out;
+}
+
+// A status in a list: one that reads as done ("running") is not shown as done while a job of the
+// resource, or of one tied to it, is still on its way (what --wait would still be waiting for).
+function statusCell(x, waiting) {
+  if (!waiting || STATUS_CLASS[x.status] !== "ok") return badge(x.status);
+  return h("span", { class: "readiness", "data-ready": "false" }, h("span", { class: "badge info" }, x.status), " not ready");
 }
 
 // ------------------------------------------------------------------ create and action forms
@@ -519,9 +545,26 @@ async function detailPage(kind, id) {
   const jobBox = h("section", { "aria-labelledby": "job-h" });
   const subsBox = h("div", {});
   page(item.name || item.id, head, actionsBox, jobBox, body, subsBox);
+  // Ready as the client's --wait means it: no job of this resource, nor of a resource tied to it
+  // (a server's address: its AddressAssign runs after the ServerCreate), still to finish, and a
+  // settled status. null until the jobs are read: nothing is claimed before.
+  let liveJobs = null;
+  const readiness = () => {
+    if (liveJobs === null || item.status === "deleted") return null;
+    if (liveJobs.length) {
+      return [" · ", h("span", { class: "readiness", "data-ready": "false" }, badge("pending", "not ready"), " waiting for ",
+        ...liveJobs.flatMap((j, i) => [i ? ", " : "", link(`/jobs/${j.id}`, j.kind), ` (${j.status})`]))];
+    }
+    if (STATUS_CLASS[item.status] === "ok" || item.status === "stopped") {
+      return [" · ", h("span", { class: "readiness", "data-ready": "true" }, badge("ready"))];
+    }
+    return null;
+  };
   const render = () => {
-    put(head, h("p", {}, badge(item.status), " ", h("code", {}, item.id),
-      item.region ? ` · ${item.region}` : "", item.health ? [" · health ", badge(item.health)] : ""));
+    // a status that reads as done ("running") is not shown as done while a job is still on its way
+    const status = liveJobs && liveJobs.length && STATUS_CLASS[item.status] === "ok" ? h("span", { class: "badge info" }, item.status) : badge(item.status);
+    put(head, h("p", {}, status, " ", h("code", {}, item.id),
+      item.region ? ` · ${item.region}` : "", item.health ? [" · health ", badge(item.health)] : "", readiness()));
     if (item.status_reason) head.append(h("div", { class: `notice ${item.status === "failed" ? "bad" : "warn"}` }, h("strong", {}, "Why: "), item.status_reason));
     if (item.delete_after) head.append(h("div", { class: "notice warn" }, "Deleting: the buffer ends ", when(item.delete_after), " (restore before then)."));
     const observed = item.observed;
@@ -540,55 +583,77 @@ async function detailPage(kind, id) {
     followLatest(r.job.id);
     refresh();
   };
+  // The action bar is redrawn on a live refresh only when what it offers changed (its buttons,
+  // which are disabled and why), and the box under it holding an open form (an action's form, an
+  // edit, a delete confirmation) is made once and never taken out of the page by a refresh: what
+  // the user is filling in or about to click stays. The open form closes when its action is no
+  // longer offered (a delete confirmation once the resource is deleting), or when it is sent.
+  const formBox = h("div", {});
+  let open = null; // the action whose form formBox holds (null: nothing, or a notice)
+  let barKey = null;
+  const openForm = (name, ...content) => { open = name; put(formBox, ...content); };
+  const closeForm = () => { open = null; put(formBox, ); };
   const renderActions = () => {
-    put(actionsBox, );
-    if (!canWrite() || item.status === "deleted") return;
+    const offered = [];
+    if (canWrite() && item.status !== "deleted") {
+      const deleting = ["deleting", "destroying"].includes(item.status);
+      for (const a of kind.actions) {
+        if (a.op.deprecated) continue; // an older name of another action (add_target: add-target)
+        if (a.name === "cancel-deletion" && item.status !== "deleting") continue;
+        if (a.name !== "cancel-deletion" && deleting) continue;
+        offered.push({ a, label: a.name === "cancel-deletion" ? "Restore" : a.name.replace(/-/g, " ").replace(/^./, (c) => c.toUpperCase()),
+          why: unavailable(kind, a.name, item) });
+      }
+      if (kind.patch && !deleting) offered.push({ name: "edit" });
+      if (kind.del && !deleting) offered.push({ name: "delete" });
+    }
+    const key = JSON.stringify(offered.map((o) => [o.a ? o.a.name : o.name, o.why || null]));
+    if (open && !offered.some((o) => (o.a ? o.a.name : o.name) === open)) closeForm();
+    if (key === barKey) return;
+    barKey = key;
+    for (const c of [...actionsBox.children]) if (c !== formBox) c.remove();
+    if (!offered.length) { closeForm(); formBox.remove(); return; }
     const bar = h("div", { class: "bar", role: "group", "aria-label": "Actions" });
-    const formBox = h("div", {});
-    const deleting = ["deleting", "destroying"].includes(item.status);
     const whys = [];
-    for (const a of kind.actions) {
-      if (a.op.deprecated) continue; // an older name of another action (add_target: add-target)
-      if (a.name === "cancel-deletion" && item.status !== "deleting") continue;
-      if (a.name !== "cancel-deletion" && deleting) continue;
+    for (const { a, label, why } of offered.filter((o) => o.a)) {
       const reqSchema = a.op.requestBody && a.op.requestBody.content["application/json"].schema;
-      const label = a.name === "cancel-deletion" ? "Restore" : a.name.replace(/-/g, " ").replace(/^./, (c) => c.toUpperCase());
-      const why = unavailable(kind, a.name, item);
       if (why) whys.push(`${label}: ${why}`);
       bar.append(h("button", { type: "button", "data-action": a.name, disabled: Boolean(why), title: why || null,
         "aria-describedby": why ? "actions-why" : null, onclick: async () => {
         const rs = reqSchema ? resolve(state.doc, reqSchema) : {};
         // a body with nothing to fill in (no properties, no union of bodies): sent at once
         if (!reqSchema || (!Object.keys(rs.properties || {}).length && !rs.oneOf && !rs.anyOf)) {
-          try { accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, reqSchema ? {} : undefined)); } catch (e) { put(formBox, errorNotice(e)); }
+          try { closeForm(); accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, reqSchema ? {} : undefined)); } catch (e) { openForm(null, errorNotice(e)); }
           return;
         }
-        put(formBox, h("h2", {}, label), h("p", { class: "muted" }, a.op.summary || ""),
-          schemaForm(reqSchema, { submit: label, onSubmit: async (b) => { accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, b)); put(formBox, ); } }));
+        openForm(a.name, h("h2", {}, label), h("p", { class: "muted" }, a.op.summary || ""),
+          schemaForm(reqSchema, { submit: label, onSubmit: async (b) => { const r = await api("POST", `${kind.plural}/${id}/actions/${a.name}`, b); closeForm(); accepted(r); } }));
         formBox.querySelector("input, select, textarea")?.focus();
       } }, label));
     }
-    if (kind.patch && !deleting) {
+    if (offered.some((o) => o.name === "edit")) {
       const ps = kind.patch.requestBody.content["application/json"].schema;
       bar.append(h("button", { type: "button", "data-action": "edit", onclick: () => {
-        put(formBox, h("h2", {}, "Edit"), schemaForm(ps, {
+        openForm("edit", h("h2", {}, "Edit"), schemaForm(ps, {
           submit: "Save", values: { name: item.name, labels: item.labels },
-          onSubmit: async (b) => { const r = await api("PATCH", `${kind.plural}/${id}`, b); put(formBox, ); if (r && r.job) accepted(r); else refresh(); },
+          onSubmit: async (b) => { const r = await api("PATCH", `${kind.plural}/${id}`, b); closeForm(); if (r && r.job) accepted(r); else refresh(); },
         }));
       } }, "Edit"));
     }
-    if (kind.del && !deleting) {
+    if (offered.some((o) => o.name === "delete")) {
       bar.append(h("button", { type: "button", class: "danger", "data-action": "delete", onclick: () => {
-        put(formBox, h("div", { class: "notice warn", role: "alertdialog", "aria-labelledby": "del-q" },
+        openForm("delete", h("div", { class: "notice warn", role: "alertdialog", "aria-labelledby": "del-q" },
           h("p", { id: "del-q" }, `Delete ${item.name || item.id}?`, kind.actions.some((x) => x.name === "cancel-deletion") ? " It can be restored during the deletion buffer." : " There is no buffer: it goes at once."),
           h("button", { type: "button", class: "danger", "data-action": "confirm-delete", onclick: async () => {
-            try { accepted(await api("DELETE", `${kind.plural}/${id}`)); put(formBox, ); } catch (e) { put(formBox, errorNotice(e)); }
-          } }, "Delete"), " ", h("button", { type: "button", onclick: () => put(formBox, ) }, "Keep it")));
+            try { const r = await api("DELETE", `${kind.plural}/${id}`); closeForm(); accepted(r); } catch (e) { openForm(null, errorNotice(e)); }
+          } }, "Delete"), " ", h("button", { type: "button", onclick: closeForm }, "Keep it")));
         formBox.querySelector("[data-action=confirm-delete]").focus();
       } }, "Delete"));
     }
-    // (append(null) would show "null": only what applies is appended)
-    put(actionsBox, bar, whys.length ? h("p", { class: "muted", id: "actions-why" }, `Not now — ${whys.join("; ")}.`) : null, formBox);
+    // the bar and its "not now" line go before the form box, which stays where it is
+    // (append(null) would show "null": only what applies is added)
+    if (!formBox.isConnected) actionsBox.append(formBox);
+    formBox.before(...[bar, whys.length ? h("p", { class: "muted", id: "actions-why" }, `Not now — ${whys.join("; ")}.`) : null].filter(Boolean));
   };
   // a kind's sub-resources (a cluster's kubeconfig, credentials)
   for (const s of kind.subs) {
@@ -638,26 +703,43 @@ async function detailPage(kind, id) {
     const all = lists.flat().sort((a, b) => (a.created_at < b.created_at ? 1 : a.created_at > b.created_at ? -1 : 0));
     return { jobs: all.slice(0, 15) };
   };
+  // the jobs followed live: the latest one, and every other job still on its way (a server's
+  // address assign once its create is done: --wait follows them all)
+  const shown = new Set();
+  const watch = (jobId) => {
+    if (shown.has(jobId)) return;
+    shown.add(jobId);
+    jobBox.append(jobPanel(jobId, { onChange: () => { refresh(); loadHistory(); } }));
+  };
+  const isLive = (j) => ["pending", "running", "retry"].includes(j.status);
+  const jobsRead = (list) => {
+    liveJobs = list.filter(isLive);
+    if (shown.size) for (const j of liveJobs) watch(j.id);
+    render();
+  };
   let histSeq = 0;
   const loadHistory = async () => {
     const seq = ++histSeq;
     try {
       const r = await recentJobs();
-      if (seq === histSeq) put(histBox, jobsTable(r.jobs, "The recent jobs of this resource and of those tied to it"));
+      if (seq !== histSeq) return;
+      put(histBox, jobsTable(r.jobs, "The recent jobs of this resource and of those tied to it"));
+      jobsRead(r.jobs);
     } catch { /* shown next time */ }
   };
   followLatest = (jobId) => {
     stopLive();
-    put(jobBox, h("h2", { id: "job-h" }, "Latest job"));
-    const panel = jobPanel(jobId, { onChange: () => { refresh(); loadHistory(); } });
-    jobBox.append(panel);
+    shown.clear();
+    put(jobBox, h("h2", { id: "job-h" }, "Latest jobs"));
+    watch(jobId);
     loadHistory();
   };
   const jobs = await recentJobs().catch(() => ({ jobs: [] }));
   put(histBox, jobsTable(jobs.jobs, "The recent jobs of this resource and of those tied to it"));
   main().append(h("section", { "aria-labelledby": "hist-h" }, h("h2", { id: "hist-h" }, "Recent jobs"), histBox));
-  const live = jobs.jobs.find((j) => ["pending", "running", "retry"].includes(j.status)) || jobs.jobs[0];
+  const live = jobs.jobs.find(isLive) || jobs.jobs[0];
   if (live) followLatest(live.id);
+  else jobsRead(jobs.jobs);
 }
 
 // ------------------------------------------------------------------ jobs
@@ -832,7 +914,7 @@ async function operatorPage() {
     return h("div", { class: "field" }, h("label", { for: `o-${name}` }, name), c);
   };
   const f = h("form", { class: "filters", role: "search", "aria-label": "Filter every tenant's jobs" },
-    mk("region"), mk("kind"), mk("status", ["retry", "pending", "running", "failed", "succeeded"]),
+    mk("region"), mk("kind"), mk("status", ["retry", "pending", "running", "failed", "succeeded"]), mk("tenant"),
     h("div", {}, h("button", { type: "submit" }, "Filter")));
   f.addEventListener("submit", (ev) => {
     ev.preventDefault();
@@ -844,28 +926,38 @@ async function operatorPage() {
   page("Operator", h("h2", {}, "Regions"), regionsBox, h("h2", {}, "Who is waiting"),
     h("p", { class: "muted" }, "Each region's tenants with live jobs, most pending first: claims take tenants in turn, each tenant's jobs oldest first, up to its cap on running jobs."),
     waitingBox, h("h2", {}, "Jobs of every tenant"),
-    h("p", { class: "muted" }, "Retrying, pending and running first, oldest first; refreshed every 10 s."), f, jobsBox,
+    h("p", { class: "muted" }, "Retrying, pending and running first, oldest first, then the finished ones, newest first; a page at a time, refreshed every 10 s."), f, jobsBox,
     h("h2", {}, "Deletion-guard refusals"), guardBox);
+  // a page of jobs at a time (the API's page tokens: ?after=<next_after>), the filters kept
+  const size = Math.min(500, Math.max(1, Number(params.get("limit")) || 50));
+  const filtered = () => {
+    const q = new URLSearchParams();
+    for (const k of ["region", "kind", "status", "tenant", "limit"]) if (params.get(k)) q.set(k, params.get(k));
+    return q;
+  };
   const load = async () => {
-    const q = new URLSearchParams({ limit: "200" });
-    for (const k of ["region", "kind", "status"]) if (params.get(k)) q.set(k, params.get(k));
+    const q = new URLSearchParams({ limit: String(size) });
+    for (const k of ["region", "kind", "status", "tenant", "after"]) if (params.get(k)) q.set(k, params.get(k));
     const [regions, jobs, guard] = await Promise.all([api("GET", "operator/regions"), api("GET", `operator/jobs?${q}`), api("GET", "operator/guard-refusals?limit=50")]);
     put(regionsBox, table("Regions: cap and live jobs", ["region", "cap", "running", "pending", "retry", "oldest pending"],
       regions.regions.map((r) => [r.name, r.max_concurrent_jobs === null ? "none" : String(r.max_concurrent_jobs), String(r.running), String(r.pending), String(r.retry),
         r.oldest_pending_at ? `${ago(r.oldest_pending_at)} ago` : "—"])));
     put(waitingBox, table("Who is waiting: tenants by pending jobs", ["region", "tenant", "pending", "running", "cap", "retry", "oldest pending waited"],
-      regions.regions.flatMap((r) => [...r.tenants.map((t) => [r.name, h("code", {}, t.tenant || "z9"), String(t.pending), String(t.running),
+      regions.regions.flatMap((r) => [...r.tenants.map((t) => [r.name, tenantCell(t), String(t.pending), String(t.running),
         t.running_cap === null ? "none" : String(t.running_cap), String(t.retry), t.pending ? `${t.wait_s.toFixed(1)} s` : "—"]),
         ...(r.tenants_more ? [[r.name, `${r.tenants_more} more tenants`, "", "", "", "", ""]] : [])]),
       "Nobody is waiting: no live jobs."));
-    put(jobsBox, table(`Jobs: ${jobs.jobs.length}`, ["job", "tenant", "region", "kind", "status", "attempts", "age", "error", "UPID", ""],
-      jobs.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), h("code", {}, j.tenant || "z9"), j.region, j.kind, jobBadge(j), `${j.attempt}/${j.max_attempts}`,
+    const pages = h("nav", { class: "bar pages", "aria-label": "Pages of jobs" },
+      params.get("after") ? link(`/operator${filtered().toString() ? "?" + filtered() : ""}`, "First page") : null,
+      jobs.next_after ? link(`/operator?${new URLSearchParams([...filtered(), ["after", jobs.next_after]])}`, "Next page →") : null);
+    put(jobsBox, table(`Jobs: ${jobs.jobs.length}${params.get("after") || jobs.next_after ? " on this page" : ""}`, ["job", "tenant", "region", "kind", "status", "attempts", "age", "error", "UPID", ""],
+      jobs.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), tenantCell(j), j.region, j.kind, jobBadge(j), `${j.attempt}/${j.max_attempts}`,
         ago(j.created_at), j.error ? `${j.error.class}: ${j.error.message}` : "", upidOf(j) ? h("code", {}, upidOf(j)) : "",
         ["pending", "retry"].includes(j.status) ? h("button", { type: "button", "data-action": "cancel-job", "aria-label": `Cancel ${j.id}`, onclick: async () => {
           try { await api("POST", `operator/jobs/${j.id}/actions/cancel`); announce(`Job ${j.id} cancelled`); await load(); } catch (e) { jobsBox.prepend(errorNotice(e)); }
-        } }, "Cancel") : ""]), "No jobs match."));
+        } }, "Cancel") : ""]), "No jobs match."), pages);
     put(guardBox, table("Jobs the deletion guard refused", ["job", "tenant", "region", "kind", "when", "why"],
-      guard.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), h("code", {}, j.tenant || "z9"), j.region, j.kind, when(j.finished_at), j.error ? j.error.message : ""]),
+      guard.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), tenantCell(j), j.region, j.kind, when(j.finished_at), j.error ? j.error.message : ""]),
       "No refusals: the deletion guard has refused nothing."));
   };
   await load();
@@ -873,12 +965,18 @@ async function operatorPage() {
   state.stop.push(() => clearInterval(timer));
 }
 
+// A tenant as operators know it: its name (its id on hover), the link listing its jobs; z9's own jobs: "z9".
+function tenantCell(x) {
+  if (!x.tenant) return "z9";
+  return link(`/operator?tenant=${encodeURIComponent(x.tenant)}`, h("span", { class: "tenant", title: x.tenant, "data-tenant": x.tenant }, x.tenant_name || x.tenant));
+}
+
 async function operatorJobPage(id) {
   const r = await api("GET", `operator/jobs/${encodeURIComponent(id)}`);
   const j = r.job;
   page(`Job ${j.id}`,
     h("dl", { class: "kv" },
-      h("dt", {}, "tenant"), h("dd", {}, h("code", {}, j.tenant || "z9")),
+      h("dt", {}, "tenant"), h("dd", {}, tenantCell(j)),
       h("dt", {}, "resource"), h("dd", {}, j.resource ? value(j.resource.id) : "—"),
       h("dt", {}, "asked by"), h("dd", {}, j.actor ? h("code", {}, j.actor) : "z9 itself"),
       h("dt", {}, "request id"), h("dd", {}, j.request_id ? h("code", {}, j.request_id) : "—"),
