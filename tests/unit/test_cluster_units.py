@@ -139,7 +139,8 @@ def test_plan_replaces_a_member_whose_cloud_init_failed_after_it_joined() -> Non
 def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version: str) -> None:
     from z9.resources.cluster.api import VERSIONS
     from z9.sim import kubeadm
-    from z9.sim.guest import Guest, Guests
+    from z9.sim.guest import DPKG_STATUS, Guest, Guests, dpkg_status
+    from z9.sim.server import KUBERNETES_IMAGES
 
     assert version in VERSIONS
     kubeadm.SETTINGS["api_delay_s"] = 0.0
@@ -149,8 +150,11 @@ def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version
         material = pki.new_cluster_pki()
         guests = Guests(cluster=None)  # type: ignore[arg-type]
 
+        release = KUBERNETES_IMAGES[f"debian-12-k8s-{version}"]  # the seed's image of that minor
+
         def boot(vmid: int, files: dict[str, str], m: _cluster.MemberSpec) -> Guest:
             g = guests.guests[vmid] = Guest(guests=guests, vmid=vmid, powered=True, booted=True)
+            g.write_file(DPKG_STATUS, dpkg_status({p: f"{release}-1.1" for p in ("kubeadm", "kubelet", "kubectl")}))
             vm = {"cores": str(m.cores), "memory": str(m.memory_mib)}  # kubeadm's preflight reads them
             user = yaml.safe_load(files["user-data"])
             for f in user["write_files"]:
@@ -163,7 +167,7 @@ def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version
             return g
 
         members = _cluster.desired_members(c)
-        cp0 = boot(100, _cluster.bootstrap_files(c, material, members[0], None), members[0])
+        cp0 = boot(100, _cluster.bootstrap_files(c, material, members[0], None, release=release), members[0])
         admin = ["kubectl", "--kubeconfig", kubeadm.ADMIN_CONF]
         r = guests.run_command(cp0, [*admin, "apply", "-f", _cluster.POD_NETWORK["manifest"]], b"", {})
         assert r.exitcode == 0, r.err
@@ -171,7 +175,7 @@ def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version
             token = pki.new_bootstrap_token()
             assert guests.run_command(cp0, ["kubeadm", "token", "create", token, "--ttl", "900s"], b"",
                                       {}).exitcode == 0
-            boot(i, _cluster.bootstrap_files(c, material, m, token), m)
+            boot(i, _cluster.bootstrap_files(c, material, m, token, release=release), m)
         nodes = json.loads(guests.run_command(cp0, [*admin, "get", "nodes", "-o", "json"], b"", {}).out)
         ready = {n["metadata"]["name"]: n["status"]["conditions"][0]["status"] for n in nodes["items"]}
         assert ready == {m.name: "True" for m in members}

@@ -162,6 +162,7 @@ class World:
     client_ca_unreachable: list[str] = field(default_factory=list)  # control planes not running
     unfiltered: list[str] = field(default_factory=list)  # members whose firewall (IP filter, rules) is not as wanted
     dns_ok: set[str] = field(default_factory=set)  # members whose resolv.conf this attempt saw name a nameserver
+    kubeadm_ok: set[str] = field(default_factory=set)  # members whose kubeadm this attempt saw at the image's release
 
 
 def desired_members(cluster: Cluster) -> list[MemberSpec]:
@@ -871,8 +872,22 @@ def _extra_args(api: str, args: dict[str, str]) -> list[dict[str, str]] | dict[s
     return [{"name": k, "value": v} for k, v in args.items()] if api.endswith("v1beta4") else dict(args)
 
 
+def cluster_release(settings: Any, cluster: Cluster) -> str:
+    """The Kubernetes release of the cluster's image (``MAJOR.MINOR.PATCH``), from the region's
+    catalogue (``kubernetes_images``, the API picked the image by it): kubeadm's
+    ``kubernetesVersion`` and what every member's kubeadm and kubelet must say. A permanent error
+    when the executor's catalogue names none for the image, or one of another minor."""
+    region = settings.regions.get(cluster.region)
+    release = region.kubernetes_images.get(cluster.image) if region is not None else None
+    if release is None or release.rsplit(".", 1)[0] != cluster.version:
+        why = f"carries Kubernetes {release}" if release else "has no Kubernetes release in the catalogue"
+        raise PermanentError(f"cluster {cluster.id} (Kubernetes {cluster.version}): its image {cluster.image!r} {why} "
+                             f"(Z9_REGIONS[{cluster.region}].kubernetes_images)")
+    return release
+
+
 def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, token: str | None,
-                    *, signing_duration_s: int = 86400) -> dict[str, str]:
+                    *, signing_duration_s: int = 86400, release: str | None = None) -> dict[str, str]:
     """``user-data`` and ``meta-data`` of member ``m`` (deterministic for one token).
 
     - cp-0 (``token`` None): the cluster's PKI, ``kubeadm init``; its kube-vip static pod mounts
@@ -885,12 +900,13 @@ def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, t
     - a worker: no PKI file at all — ``kubeadm join``'s preflight refuses an existing
       ``/etc/kubernetes/pki/ca.crt`` (``FileAvailable--etc-kubernetes-pki-ca.crt``) and the CA hash
       in ``caCertHashes`` authenticates the CA discovery fetches.
-    The config's apiVersion is the one the cluster's minor reads (:func:`kubeadm_api_version`); the
+    ``kubernetesVersion`` is ``release``, the image's own (:func:`cluster_release`; without one, the
+    minor's .0). The config's apiVersion is the one the cluster's minor reads (:func:`kubeadm_api_version`); the
     pod subnet is the pinned pod network's (:data:`POD_NETWORK`). With a users' client CA, every
     control plane holds it (crt and key) for kube-controller-manager's kube-apiserver-client signer
     (:func:`controller_manager_signing_args`, ``signing_duration_s`` its longest certificate)."""
     endpoint = f"{_ip(cluster.endpoint_ip)}:6443"
-    version = f"v{cluster.version}.0"
+    version = f"v{release or cluster.version + '.0'}"  # the image's release (:func:`cluster_release`)
     api = kubeadm_api_version(cluster.version)
     minor = int(str(cluster.version).split(".")[1])
     files: list[dict[str, str]] = []
@@ -1008,7 +1024,8 @@ async def _ensure_iso(ctx: JobContext, cluster: Cluster, m: MemberSpec, vm: VmSt
     Its network-config gives the member its address on the region's private network (``private``;
     else DHCP) and the region's DNS (:func:`network_config`)."""
     files = bootstrap_files(cluster, await material_of(ctx, cluster), m, token,
-                            signing_duration_s=ctx.settings.kubeconfig_max_expiry_s)
+                            signing_duration_s=ctx.settings.kubeconfig_max_expiry_s,
+                            release=cluster_release(ctx.settings, cluster))
     data = nocloud.build_nocloud_iso(user_data=files["user-data"], meta_data=files["meta-data"],
                                      network_config=network_config(vm, private, vms.guest_nameservers(ctx)))
     name = f"{iso_prefix(cluster.id)}{m.name}-{hashlib.sha256(data).hexdigest()[:16]}.iso"
@@ -1081,6 +1098,13 @@ async def _ready_once(ctx: JobContext, world: World, m: MemberSpec, vm: VmState)
         if not vms.resolv_nameservers((resolv or b"").decode("utf-8", "replace")):
             raise PermanentError(f"member {m.name} (VM {vm.vmid} on {vm.node}): {vms.no_dns(vm.vmid)}")
         world.dns_ok.add(m.name)
+    assert world.cluster is not None
+    release = cluster_release(ctx.settings, world.cluster)
+    if m.name not in world.kubeadm_ok:  # the image's kubeadm, once per attempt (its kubelet: the node's report)
+        code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["kubeadm", "version", "-o", "short"], timeout_s=30)
+        if code != 0 or out.strip() != f"v{release}":
+            raise PermanentError(_wrong_binary(world, m, vm, "kubeadm", (out or err).strip(), release))
+        world.kubeadm_ok.add(m.name)
     if m.role == "control-plane":
         code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["kubectl", *ADMIN, "get", "--raw", "/readyz"],
                                                   timeout_s=30)
@@ -1099,9 +1123,22 @@ async def _ready_once(ctx: JobContext, world: World, m: MemberSpec, vm: VmState)
         return f"the control plane does not answer ({err.strip()})"
     for it in json.loads(out).get("items", []):
         if it["metadata"]["name"] == m.name:
+            kubelet = ((it.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion")
+            if kubelet != f"v{release}":  # what the member's kubelet reports of itself (NodeSystemInfo)
+                raise PermanentError(_wrong_binary(world, m, vm, "kubelet", str(kubelet), release))
             conds = {c.get("type"): c.get("status") for c in (it.get("status") or {}).get("conditions") or []}
             return "" if conds.get("Ready") == "True" else "its node is not Ready"
     return "it is not a node of the cluster yet"
+
+
+def _wrong_binary(world: World, m: MemberSpec, vm: VmState, binary: str, found: str, release: str) -> str:
+    """A member whose image does not carry the release its catalogue entry names: the cluster would
+    run another Kubernetes than asked (kubeadm's own skew checks pass a patch or a minor apart)."""
+    cluster = world.cluster
+    assert cluster is not None
+    return (f"member {m.name} (VM {vm.vmid} on {vm.node}): its {binary} is {found or 'missing'}, but its image "
+            f"{cluster.image!r} is declared to carry Kubernetes v{release} (Z9_REGIONS[{cluster.region}]."
+            "kubernetes_images): the image or the catalogue is wrong")
 
 
 async def _apply_pod_network(ctx: JobContext, m: MemberSpec, vm: VmState) -> None:
