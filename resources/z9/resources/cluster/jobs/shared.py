@@ -614,7 +614,8 @@ async def _delete_isos(ctx: JobContext, world: World, step: Step) -> None:
 async def _detach_bootstrap(ctx: JobContext, world: World, step: Step) -> None:
     assert world.cluster is not None
     for member in step.detail["members"]:
-        vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
+        # its config (the drive, the digest): a CD-ROM is set to none whatever the power state
+        vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid, status=False)
         if vm is not None:
             await detach_bootstrap(ctx, world.cluster, vm, Step(f"detach {member}"))
 
@@ -708,7 +709,7 @@ async def provision(ctx: JobContext, world: World, m: MemberSpec, *, init: bool)
             if init or rejoins == MAX_REJOINS:
                 raise PermanentError(f"{e} (re-joined {rejoins} times)") from e
             vm = await _rejoin(ctx, world, m, vm, step, str(e))
-    vm = await ctx.pve.vm_state(vm.node, vm.vmid) or vm
+    vm = await ctx.pve.vm_state(vm.node, vm.vmid, status=False) or vm  # its config (the drive, the digest)
     await detach_bootstrap(ctx, cluster, vm, step)
 
 
@@ -735,7 +736,9 @@ async def _attach_seed(ctx: JobContext, vm: VmState, volid: str, step: Step) -> 
         params["delete"] = ",".join(drop)
     await ctx.fence()
     await ctx.wait_task(step, await ctx.pve.configure(vm.node, vm.vmid, params, digest=vm.config.get("digest")))
-    return await ctx.pve.vm_state(vm.node, vm.vmid) or vm
+    # the config as written (its new digest); no power state: the caller starts the VM, and the start
+    # task answers "already running" for a VM someone else started (vms.ensure_running), as a read would
+    return await ctx.pve.vm_state(vm.node, vm.vmid, status=False) or vm
 
 
 async def _rejoin(ctx: JobContext, world: World, m: MemberSpec, vm: VmState, step: Step, why: str) -> VmState:
@@ -1163,10 +1166,11 @@ async def detach_bootstrap(ctx: JobContext, cluster: Cluster, vm: VmState, step:
                                                       digest=vm.config.get("digest")))
     member = vms.member_of(vm)
     storage = volid.split(":", 1)[0]
-    for other in await ctx.pve.storage_isos(vm.node, storage):
+    listed = await ctx.pve.storage_isos(vm.node, storage)  # one listing for all of them
+    for other in listed:
         if other != volid and iso_member(cluster.id, other) == member:
-            await delete_iso(ctx, vm.node, other, step)
-    await delete_iso(ctx, vm.node, volid, step)
+            await delete_iso(ctx, vm.node, other, step, listed=listed)
+    await delete_iso(ctx, vm.node, volid, step, listed=listed)
 
 
 async def _drop_failed_iso(ctx: JobContext, vm: VmState) -> None:
@@ -1183,9 +1187,11 @@ async def _drop_failed_iso(ctx: JobContext, vm: VmState) -> None:
         log.warning("VM %s: could not delete its bootstrap ISO %s after cloud-init failed: %s", vm.vmid, volid, e)
 
 
-async def delete_iso(ctx: JobContext, node: str, volid: str, step: Step) -> None:
+async def delete_iso(ctx: JobContext, node: str, volid: str, step: Step, *, listed: list[str] | None = None) -> None:
+    """Delete the ISO ``volid`` unless the storage does not hold it (``listed``: the storage's
+    listing the caller has just read in this step, not read again)."""
     storage = volid.split(":", 1)[0]
-    if volid not in await ctx.pve.storage_isos(node, storage):
+    if volid not in (listed if listed is not None else await ctx.pve.storage_isos(node, storage)):
         return
     await ctx.fence()
     upid = await ctx.pve.delete_volume(node, storage, volid)
