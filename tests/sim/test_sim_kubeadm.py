@@ -459,3 +459,32 @@ def test_the_binaries_are_the_images_own() -> None:
     for prog in ("kubeadm", "kubelet", "kubectl"):  # a plain image has none of them
         r = run(guests, plain, prog, "version")
         assert r.exitcode == 127 and f"{prog}: not found" in r.err, r
+
+
+def test_the_pod_network_is_applied_from_the_file_the_seed_shipped() -> None:
+    """``kubectl apply -f <file>``: the model reads the manifest in the guest (z9's rendering of
+    Flannel v0.26.1), its release from the flanneld image and its network from net-conf.json; a
+    missing file is kubectl's error, and another manifest is not a pod network the model knows."""
+    from z9.resources.cluster.jobs import shared as _cluster
+
+    guests = _fresh()
+    cp = guest(guests, 100)
+    write_pki(cp, pki.new_cluster_pki())
+    cp.write_file(kubeadm.KUBE_VIP, kube_vip())
+    cp.write_file("/etc/z9/kubeadm.yaml", init_config())
+    assert run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml").exitcode == 0
+    admin = ["kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "apply", "-f"]
+    r = run(guests, cp, *admin, "/etc/z9/kube-flannel.yml")
+    assert r.exitcode == 1 and r.err == 'error: the path "/etc/z9/kube-flannel.yml" does not exist\n', r
+    cp.write_file("/etc/z9/other.yml", yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap",
+                                                       "metadata": {"name": "x"}}))
+    assert run(guests, cp, *admin, "/etc/z9/other.yml").exitcode == 1
+    assert set(_ready(guests, cp).values()) == {("False", kubeadm.NO_CNI)}
+    cp.write_file("/etc/z9/kube-flannel.yml", yaml.safe_dump_all(_cluster.pod_network_manifest()))
+    r = run(guests, cp, *admin, "/etc/z9/kube-flannel.yml")
+    assert r.exitcode == 0 and "daemonset.apps/kube-flannel-ds created" in r.out, r
+    assert "clusterrole.rbac.authorization.k8s.io/flannel created" in r.out, r.out
+    c = kubeadm.clusters(guests)[EP]
+    assert (c["cni"]["version"], c["cni"]["network"]) == ("v0.26.1", "10.244.0.0/16")
+    assert _ready(guests, cp)["cp-0"][0] == "True"
+    assert "unchanged" in run(guests, cp, *admin, "/etc/z9/kube-flannel.yml").out

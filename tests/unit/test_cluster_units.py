@@ -151,6 +151,7 @@ def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version
         guests = Guests(cluster=None)  # type: ignore[arg-type]
 
         release = KUBERNETES_IMAGES[f"debian-12-k8s-{version}"]  # the seed's image of that minor
+        validated: set[int] = set()  # the control planes whose seed carried the pod network's manifest
 
         def boot(vmid: int, files: dict[str, str], m: _cluster.MemberSpec) -> Guest:
             g = guests.guests[vmid] = Guest(guests=guests, vmid=vmid, powered=True, booted=True)
@@ -161,6 +162,10 @@ def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version
                 g.write_file(f["path"], f["content"])
                 if f["path"].endswith("kube-vip.yaml"):  # a Pod as this version's API server takes it
                     kubernetes_validate.validate(yaml.safe_load(f["content"]), f"{version}.0", strict=True)
+                if f["path"] == _cluster.POD_NETWORK["manifest"]:  # the shipped pod network, object by object
+                    for doc in yaml.safe_load_all(f["content"]):
+                        kubernetes_validate.validate(doc, f"{version}.0", strict=True)
+                    validated.add(vmid)
             for item in user["runcmd"]:
                 r = guests.run_command(g, item, b"", vm)
                 assert r.exitcode == 0, (vmid, item, r.err)
@@ -171,6 +176,7 @@ def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version
         admin = ["kubectl", "--kubeconfig", kubeadm.ADMIN_CONF]
         r = guests.run_command(cp0, [*admin, "apply", "-f", _cluster.POD_NETWORK["manifest"]], b"", {})
         assert r.exitcode == 0, r.err
+        assert "daemonset.apps/kube-flannel-ds created" in r.out, r.out
         for i, m in enumerate(members[1:], start=101):
             token = pki.new_bootstrap_token()
             assert guests.run_command(cp0, ["kubeadm", "token", "create", token, "--ttl", "900s"], b"",
@@ -182,6 +188,8 @@ def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version
         # every control plane holds the VIP (each alone answers at the endpoint)
         ep = kubeadm.clusters(guests)[f"{c.endpoint_ip}:6443"]
         assert len(ep["control_planes"]) == 3
+        assert validated == {100, 101, 102}, validated  # every control plane (cp-0, cp-1, cp-2) ships it
+        assert ep["cni"]["source"] == _cluster.POD_NETWORK["manifest"] and ep["cni"]["version"] == "v0.26.1"
         for vmid in ep["control_planes"]:
             assert kubeadm.kube_vip_problem(guests.guests[vmid], str(c.endpoint_ip)) is None
     finally:

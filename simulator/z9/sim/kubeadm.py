@@ -51,8 +51,9 @@ checks:
   init itself, after the endpoint must already answer (kubernetes/kubernetes#121305,
   kube-vip/kube-vip#684), so init times out; ``super-admin.conf`` is written on that node only.
 - **``Ready`` needs a pod network**: the kubelet reports ``NetworkReady=false`` ("cni plugin not
-  initialized") until a CNI is installed; the model knows the manifests of :data:`CNI_MANIFESTS`
-  (``kubectl apply -f <url>``: Flannel v0.26.1, whose ``net-conf.json`` network is
+  initialized") until a CNI is installed: ``kubectl apply -f <file>`` of Flannel's manifest in the
+  guest (:func:`flannel_in`: its release from the flanneld image, its network from
+  ``net-conf.json``), or of a URL among :data:`CNI_MANIFESTS` (it fetches nothing; Flannel v0.26.1, whose ``net-conf.json`` network is
   ``10.244.0.0/16`` — it needs ``networking.podSubnet`` inside that network so that the
   controller-manager allocates each node a ``podCIDR``; otherwise flanneld fails "pod cidr not
   assigned" and the nodes stay NotReady).
@@ -867,7 +868,7 @@ def network_problem(c: dict[str, Any], node: str) -> str | None:
     cni = c.get("cni")
     if cni is None:
         return NO_CNI
-    known = CNI_MANIFESTS[cni["url"]]
+    known = {"network": cni.get("network") or CNI_MANIFESTS.get(cni.get("url") or "", {}).get("network")}
     try:
         ok = bool(c.get("pod_subnet")) and ipaddress.ip_network(c["pod_subnet"]).subnet_of(
             ipaddress.ip_network(known["network"]))  # type: ignore[arg-type]
@@ -914,16 +915,62 @@ def _node_json(guests: Guests, c: dict[str, Any], name: str, n: dict[str, Any]) 
             "status": {"conditions": [cond], "nodeInfo": info}}
 
 
-def _apply(c: dict[str, Any], args: list[str]) -> ExecResult:
-    url = args[2] if len(args) > 2 else ""
-    known = CNI_MANIFESTS.get(url)
-    if known is None:
-        return ExecResult(1, err=f"error: unable to read URL \"{url}\" (the kubectl model fetches nothing; it knows "
-                                 f"{', '.join(CNI_MANIFESTS)})\n")
-    again = (c.get("cni") or {}).get("url") == url
-    c["cni"] = {"name": known["cni"], "version": known["version"], "url": url,
+# kubectl's resource names in apply's output: <kind>[.<group>]/<name> (core kinds have no group)
+def _object_name(doc: dict[str, Any]) -> str:
+    group = str(doc.get("apiVersion") or "").rpartition("/")[0]
+    return f"{str(doc.get('kind', '')).lower()}{'.' + group if group else ''}/{(doc.get('metadata') or {}).get('name')}"
+
+
+def flannel_in(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What a manifest of Flannel installs (None: it is not Flannel's): its release (the flanneld
+    image's tag in the DaemonSet), its network (``net-conf.json``'s ``Network`` in the
+    ``kube-flannel-cfg`` ConfigMap, None when unreadable: flanneld would not start) and its objects."""
+    version = None
+    for d in docs:
+        if d.get("kind") == "DaemonSet":
+            for ctr in (((d.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []:
+                img = str(ctr.get("image") or "")
+                if img.rpartition(":")[0].endswith("flannel/flannel"):
+                    version = img.rpartition(":")[2]
+    if version is None:
+        return None
+    network = None
+    for d in docs:
+        if d.get("kind") == "ConfigMap" and (d.get("metadata") or {}).get("name") == "kube-flannel-cfg":
+            try:
+                network = json.loads(((d.get("data") or {}).get("net-conf.json")) or "{}").get("Network")
+            except ValueError:
+                network = None
+    return {"cni": "flannel", "version": version, "network": network, "objects": [_object_name(d) for d in docs]}
+
+
+def _apply(ctx: ExecContext, c: dict[str, Any], args: list[str]) -> ExecResult:
+    """``kubectl apply -f <file>`` of a pod network's manifest in the guest (a URL: only the ones
+    the model knows — it fetches nothing)."""
+    src = args[2] if len(args) > 2 else ""
+    if src.startswith(("http://", "https://")):
+        known = CNI_MANIFESTS.get(src)
+        if known is None:
+            return ExecResult(1, err=f"error: unable to read URL \"{src}\" (the kubectl model fetches nothing; it "
+                                     f"knows {', '.join(CNI_MANIFESTS)})\n")
+    else:
+        raw = ctx.guest.read_file(src)
+        if raw is None:
+            return ExecResult(1, err=f"error: the path \"{src}\" does not exist\n")
+        try:
+            docs = [d for d in yaml.safe_load_all(raw) if isinstance(d, dict)]
+        except yaml.YAMLError as e:
+            return ExecResult(1, err=f"error: error parsing {src}: {e}\n")
+        found = flannel_in(docs)
+        if found is None:
+            return ExecResult(1, err=f"error: {src}: the kubectl model installs Flannel's manifest only (a DaemonSet "
+                                     "running docker.io/flannel/flannel)\n")
+        known = found
+    again = (c.get("cni") or {}).get("source") == src
+    c["cni"] = {"name": known["cni"], "version": known["version"], "source": src, "network": known["network"],
+                "url": src if src.startswith("https://") else None,
                 "applied_at": (c.get("cni") or {}).get("applied_at") if again else time.time()}
-    c["events"].append(["apply", url, time.time()])
+    c["events"].append(["apply", src, time.time()])
     return ExecResult(0, out="".join(f"{o} {'unchanged' if again else 'created'}\n" for o in known["objects"]))
 
 
@@ -987,7 +1034,7 @@ def kubectl(ctx: ExecContext) -> ExecResult:
         items = [_node_json(guests, c, n, v) for n, v in sorted(c["nodes"].items())]
         return ExecResult(0, out=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     if args[:2] == ["apply", "-f"]:
-        return _apply(c, args)
+        return _apply(ctx, c, args)
     if args[:1] == ["drain"] and len(args) > 1:
         node = args[1]
         if node not in c["nodes"]:

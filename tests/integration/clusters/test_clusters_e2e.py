@@ -115,6 +115,8 @@ async def _strictly_built(stack: Stack, sim: SimAdmin, cid: str, version: str) -
     assert c["status"] == "running" and all(m["ready"] for m in c["members"]), c
     k = (await model(sim))[f"{c['endpoint']['address']}:6443"]
     assert k["cni"]["name"] == "flannel" and k["cni"]["version"] == "v0.26.1" and k["pod_subnet"] == "10.244.0.0/16"
+    # applied from the manifest the seed shipped, not fetched
+    assert k["cni"]["source"] == "/etc/z9/kube-flannel.yml" and k["cni"]["network"] == "10.244.0.0/16", k["cni"]
     assert k["minor"] == int(version.split(".")[1])
     # built from the image of that minor, kubeadm asked for exactly the release it carries
     assert c["image"] == f"debian-12-k8s-{version}" and k["version"] == f"v{KUBERNETES_IMAGES[c['image']]}", (c, k)

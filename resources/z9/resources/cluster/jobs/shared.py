@@ -35,9 +35,9 @@ Image contract
     what Flannel's CNI config chains), cloud-init with NoCloud, and the QEMU guest agent. z9 brings
     the rest: the kubeadm config in the API the minor reads (:func:`kubeadm_api_version`), the
     kube-vip static pod, and the pod network (:data:`POD_NETWORK`: Flannel at a pinned release,
-    whose manifest the node fetches when the job applies it on a control plane whose API answers —
-    applied by the job, not by runcmd, so that z9 reads its result back; ``kubectl apply`` is
-    idempotent). The simulator's kubeadm model (``simulator/z9/sim/kubeadm.py``) holds z9 to kubeadm's
+    whose manifest z9 renders and ships in every control plane's seed — never fetched — and the job
+    applies on a control plane whose API answers — by the job, not by runcmd, so that z9 reads its
+    result back; ``kubectl apply`` is idempotent). The simulator's kubeadm model (``simulator/z9/sim/kubeadm.py``) holds z9 to kubeadm's
     documented rules for all of it.
 
 Joins
@@ -116,12 +116,93 @@ KUBEADM_CONFIG = "/etc/z9/kubeadm.yaml"
 KUBE_VIP_MANIFEST = "/etc/kubernetes/manifests/kube-vip.yaml"
 KUBE_VIP_STAGED = "/etc/z9/kube-vip.yaml"  # put in place after kubeadm init/join (see bootstrap_files)
 KUBE_VIP_IMAGE = "ghcr.io/kube-vip/kube-vip:v0.8.0"
-# The pod network every cluster gets: Flannel, its release manifest at a pinned version, applied by
-# the job on the first control plane whose API answers (kubectl apply: idempotent) — the node
-# fetches it. Its net-conf.json network is 10.244.0.0/16, which the ClusterConfiguration's
-# networking.podSubnet must be (the controller-manager then allocates each node a podCIDR).
+# The pod network every cluster gets: Flannel at a pinned release, its manifest rendered by z9
+# (:func:`pod_network_manifest`) and shipped in every control plane's seed (``manifest``: the file),
+# applied by the job on the first control plane whose API answers (kubectl apply: idempotent) —
+# never fetched at boot. Its net-conf.json network is 10.244.0.0/16, which the
+# ClusterConfiguration's networking.podSubnet must be (the controller-manager then allocates each
+# node a podCIDR).
 POD_NETWORK = {"name": "flannel", "version": "v0.26.1", "pod_subnet": "10.244.0.0/16",
-               "manifest": "https://github.com/flannel-io/flannel/releases/download/v0.26.1/kube-flannel.yml"}
+               "manifest": "/etc/z9/kube-flannel.yml",
+               # the release's images (its kube-flannel.yml): flanneld and its CNI plugin
+               "image": "docker.io/flannel/flannel:v0.26.1",
+               "cni_plugin_image": "docker.io/flannel/flannel-cni-plugin:v1.5.1-flannel2"}
+
+
+def pod_network_manifest() -> list[dict[str, Any]]:
+    """Flannel v0.26.1's objects as its release's ``kube-flannel.yml`` defines them (flannel-io/
+    flannel ``Documentation/kube-flannel.yml`` at v0.26.1): the ``kube-flannel`` namespace (Pod
+    Security ``privileged``: flanneld needs the host network and NET_ADMIN), its RBAC (nodes read,
+    ``nodes/status`` patched: flanneld's kube subnet manager writes each node's lease annotations),
+    the ``kube-flannel-cfg`` ConfigMap (the CNI conflist — flannel delegating to the bridge plugin,
+    portmap chained — and ``net-conf.json``: :data:`POD_NETWORK`'s subnet, VXLAN) and the
+    ``kube-flannel-ds`` DaemonSet (init containers copying the flannel CNI binary to /opt/cni/bin and
+    the conflist to /etc/cni/net.d; flanneld ``--ip-masq --kube-subnet-mgr``). Rendered here and
+    shipped in the seed, so a node never fetches it; validated against Kubernetes' schemas of every
+    offered minor in the tests."""
+    labels = {"tier": "node", "app": "flannel", "k8s-app": "flannel"}
+    ns = "kube-flannel"
+    cni_conf = {"name": "cbr0", "cniVersion": "0.3.1", "plugins": [
+        {"type": "flannel", "delegate": {"hairpinMode": True, "isDefaultGateway": True}},
+        {"type": "portmap", "capabilities": {"portMappings": True}}]}
+    net_conf = {"Network": POD_NETWORK["pod_subnet"], "EnableNFTables": False, "Backend": {"Type": "vxlan"}}
+    image, plugin = POD_NETWORK["image"], POD_NETWORK["cni_plugin_image"]
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {
+            "k8s-app": "flannel", "pod-security.kubernetes.io/enforce": "privileged"}}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "flannel", "labels": {"k8s-app": "flannel"}},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+                   {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+                   {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "flannel", "labels": {"k8s-app": "flannel"}},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flannel"},
+         "subjects": [{"kind": "ServiceAccount", "name": "flannel", "namespace": ns}]},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": "flannel", "namespace": ns, "labels": {"k8s-app": "flannel"}}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-flannel-cfg", "namespace": ns,
+                                                               "labels": labels},
+         "data": {"cni-conf.json": json.dumps(cni_conf, indent=2) + "\n",
+                  "net-conf.json": json.dumps(net_conf, indent=2) + "\n"}},
+        {"apiVersion": "apps/v1", "kind": "DaemonSet",
+         "metadata": {"name": "kube-flannel-ds", "namespace": ns, "labels": labels},
+         "spec": {"selector": {"matchLabels": {"app": "flannel"}},
+                  "template": {"metadata": {"labels": labels}, "spec": {
+                      "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                          "nodeSelectorTerms": [{"matchExpressions": [
+                              {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}},
+                      "hostNetwork": True, "priorityClassName": "system-node-critical",
+                      "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
+                      "serviceAccountName": "flannel",
+                      "initContainers": [
+                          {"name": "install-cni-plugin", "image": plugin, "command": ["cp"],
+                           "args": ["-f", "/flannel", "/opt/cni/bin/flannel"],
+                           "volumeMounts": [{"name": "cni-plugin", "mountPath": "/opt/cni/bin"}]},
+                          {"name": "install-cni", "image": image, "command": ["cp"],
+                           "args": ["-f", "/etc/kube-flannel/cni-conf.json", "/etc/cni/net.d/10-flannel.conflist"],
+                           "volumeMounts": [{"name": "cni", "mountPath": "/etc/cni/net.d"},
+                                            {"name": "flannel-cfg", "mountPath": "/etc/kube-flannel/"}]}],
+                      "containers": [{
+                          "name": "kube-flannel", "image": image, "command": ["/opt/bin/flanneld"],
+                          "args": ["--ip-masq", "--kube-subnet-mgr"],
+                          "resources": {"requests": {"cpu": "100m", "memory": "50Mi"}},
+                          "securityContext": {"privileged": False,
+                                              "capabilities": {"add": ["NET_ADMIN", "NET_RAW"]}},
+                          "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                                  {"name": "POD_NAMESPACE",
+                                   "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                                  {"name": "EVENT_QUEUE_DEPTH", "value": "5000"}],
+                          "volumeMounts": [{"name": "run", "mountPath": "/run/flannel"},
+                                           {"name": "flannel-cfg", "mountPath": "/etc/kube-flannel/"},
+                                           {"name": "xtables-lock", "mountPath": "/run/xtables.lock"}]}],
+                      "volumes": [{"name": "run", "hostPath": {"path": "/run/flannel"}},
+                                  {"name": "cni-plugin", "hostPath": {"path": "/opt/cni/bin"}},
+                                  {"name": "cni", "hostPath": {"path": "/etc/cni/net.d"}},
+                                  {"name": "flannel-cfg", "configMap": {"name": "kube-flannel-cfg"}},
+                                  {"name": "xtables-lock",
+                                   "hostPath": {"path": "/run/xtables.lock", "type": "FileOrCreate"}}]}}}},
+    ]
 # kubeadm's discovery when the token is unknown or expired (cmd/kubeadm/app/discovery/token/token.go)
 _TOKEN_REFUSED = re.compile(r"could not find a JWS signature in the cluster-info ConfigMap for token ID")
 MAX_REJOINS = 3
@@ -921,6 +1002,9 @@ def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, t
                           "permissions": "0600" if name.endswith(".key") else "0644"})
         files.append({"path": KUBE_VIP_STAGED, "permissions": "0600",
                       "content": yaml.safe_dump(_kube_vip(vip, ADMIN_CONF), sort_keys=False)})
+        # the pod network's manifest: applied from here by the job, never fetched (POD_NETWORK)
+        files.append({"path": POD_NETWORK["manifest"], "permissions": "0644",
+                      "content": yaml.safe_dump_all(pod_network_manifest(), sort_keys=False)})
         if token is None:
             files.append({"path": KUBE_VIP_MANIFEST, "permissions": "0600", "content": yaml.safe_dump(
                 _kube_vip(vip, SUPER_ADMIN_CONF if minor >= 29 else ADMIN_CONF), sort_keys=False)})
@@ -1145,8 +1229,9 @@ def _wrong_binary(world: World, m: MemberSpec, vm: VmState, binary: str, found: 
 
 
 async def _apply_pod_network(ctx: JobContext, m: MemberSpec, vm: VmState) -> None:
-    """``kubectl apply -f`` the pinned pod network's manifest on a control plane whose API answers
-    (idempotent: ``unchanged`` when it is there). The nodes are Ready only once it runs."""
+    """``kubectl apply -f`` the pinned pod network's manifest — the file the control plane's seed
+    wrote (:func:`pod_network_manifest`) — on a control plane whose API answers (idempotent:
+    ``unchanged`` when it is there). The nodes are Ready only once it runs."""
     await ctx.fence()
     code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["kubectl", *ADMIN, "apply", "-f",
                                                                  POD_NETWORK["manifest"]], timeout_s=120)
