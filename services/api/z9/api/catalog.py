@@ -90,5 +90,7 @@ def operations() -> list[Operation]:
                                         "address_pools": [{"name": "public", "family": 4, "cidr": "203.0.113.0/24"}]}]}),
         Operation("GET", "/images", list_images, "listImages", "List the images servers can be created from",
                   "regions", {200: ImageList, 400: None, 422: None, **errors}, query=ImageQuery,
-                  example={"images": [{"name": "debian-12", "regions": ["dev-1"], "disk_gib": 2}]}),
+                  example={"images": [{"name": "debian-12", "regions": ["dev-1"], "disk_gib": 2, "kubernetes": None},
+                                      {"name": "debian-12-k8s-1.33", "regions": ["dev-1"], "disk_gib": 4,
+                                       "kubernetes": "1.33.5"}]}),
     ]
