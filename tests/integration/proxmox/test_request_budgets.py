@@ -20,8 +20,12 @@ from tests.support import REGION, SimAdmin, Stack, wait_until
 # The budgets: the requests of one operation that do work or read the world (``work``), without
 # the polls of a task, a guest command or a booting agent, whose number follows how long those took
 # (machine load: they are printed, not held). The goals for the whole operation beside them.
-BUDGET = {"server_create": 15, "address_attach": 14, "volume_attach": 13, "lb_small_create": 42,
-          "cluster_create_1cp": 41, "lb_observe": 10}
+# Measured (2026-12-08, 6 runs): server 15, address 14, volume 13 every time; lb-small 39–41 and a
+# cluster 41–42, whose waits repeat a command or a read while a guest boots or a snapshot lags (a
+# `cloud-init status` asked again, a VM read again when the listing disagreed): those two have a margin
+# for that, as the periodic observe has.
+BUDGET = {"server_create": 15, "address_attach": 14, "volume_attach": 13, "lb_small_create": 46,
+          "cluster_create_1cp": 48, "lb_observe": 8}
 GOAL = {"server_create": 15, "address_attach": 10, "volume_attach": 10, "lb_small_create": 30,
         "cluster_create_1cp": 40}
 POLLS = {("GET", "/nodes/{node}/tasks/{upid}/status"), ("GET", "/nodes/{node}/qemu/{vmid}/agent/exec-status"),
