@@ -22,7 +22,7 @@ from z9.common.clock import SYSTEM, TestClock
 from z9.common.db import connect, create_pool
 from z9.common.settings import AddressPoolSettings, RegionSettings, Settings
 from z9.db import migrate
-from z9.sim.server import SimConfig, SimServer, start_simulator
+from z9.sim.server import KUBERNETES_IMAGES, SimConfig, SimServer, start_simulator
 
 from tests.file_order import known_durations, longest_files_first
 from tests.support import REGION, SERVICE_SETTINGS, SIM_TIMING, Services, SimAdmin, Stack, api_stack, service_env, with_database
@@ -136,6 +136,7 @@ def make_settings(db_url: str, sim_server: SimServer, **overrides: Any) -> Setti
             "url": sim_server.url, "token_id": sim_server.token_id, "token_secret": sim_server.token_secret,
             "verify_ssl": str(sim_server.cert_path), "images": ["debian-12"], "address_pools": [TEST_POOL],
             "nameservers": ["198.51.100.53"],  # every guest's DNS (the pool's own: 203.0.113.53)
+            "kubernetes_images": KUBERNETES_IMAGES,  # the simulator's seeded Kubernetes images
             **region})},
         lease_ttl_s=5.0, heartbeat_s=1.0, poll_interval_s=1.0, task_poll_s=0.05, task_deadline_s=60,
         backoff_base_s=0.2, backoff_cap_s=2.0,

@@ -42,6 +42,7 @@ from z9.common.db import connect
 from z9.common.embedded_pg import EmbeddedPostgres
 from z9.common.settings import Settings
 from z9.db import migrate
+from z9.sim.server import KUBERNETES_IMAGES
 
 REGION = "dev-1"
 # The dev region's address pool (documentation range TEST-NET-3, RFC 5737): the API syncs it
@@ -310,6 +311,8 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
                   "verify_ssl": False, "images": ["debian-12"],
                   # the simulator's debian-12 template has a 2 GiB disk (simulator/z9/sim/server.py)
                   "image_disk_gib": {"debian-12": 2}, "address_pools": DEV_ADDRESS_POOLS,
+                  # the simulator's Kubernetes images (debian-12-k8s-1.29 … 1.34): a cluster's version picks one
+                  "kubernetes_images": KUBERNETES_IMAGES,
                   # the simulated bridge's DHCP network (10/8), where the region agent VM lives: never a
                   # load balancer's ip target (resources/z9/resources/load_balancer/README.md)
                   "platform_networks": ["10.0.0.0/8"],

@@ -14,7 +14,14 @@ from z9.sim import kubeadm
 
 from tests.guest_tools import require_guest_tools
 from tests.sim.test_sim_guest import agent_exec, until
-from tests.sim.test_sim_kubeadm import EP, FLANNEL, init_config, kube_vip, write_pki
+from tests.sim.test_sim_kubeadm import (
+    EP,
+    FLANNEL,
+    init_config,
+    install_kubernetes,
+    kube_vip,
+    write_pki,
+)
 
 GOOD = """global
     stats socket /run/haproxy/admin.sock mode 660 level admin
@@ -167,7 +174,7 @@ def test_a_member_that_cannot_reach_the_api_server_or_etcd_never_joins(sim, sim_
     for vmid in (861, 862, 863):
         _guest(admin, pve, vmid, f"203.0.113.{vmid - 700}")
     guests = sim.cluster.guests
-    cp, worker, cp2 = (guests.guests[v] for v in (861, 862, 863))
+    cp, worker, cp2 = (install_kubernetes(guests.guests[v]) for v in (861, 862, 863))
     material = pki.new_cluster_pki()
     write_pki(cp, material)
     cp.write_file(kubeadm.KUBE_VIP, kube_vip())

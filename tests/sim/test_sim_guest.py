@@ -39,10 +39,10 @@ def err(call) -> ResourceException:
     return e.value
 
 
-def clone(pve, wait, newid=101, name="web-1", node="pve1"):
+def clone(pve, wait, newid=101, name="web-1", node="pve1", template=9000):
     # template 9000 is on local-lvm: PVE refuses a clone with target= to another node ("VM uses
     # local storage"), so a VM on another node is cloned on pve1 and migrated (offline) there
-    assert wait(pve.nodes("pve1").qemu(9000).clone.post(newid=newid, name=name, full=1))["exitstatus"] == "OK"
+    assert wait(pve.nodes("pve1").qemu(template).clone.post(newid=newid, name=name, full=1))["exitstatus"] == "OK"
     if node != "pve1":
         assert wait(pve.nodes("pve1").qemu(newid).migrate.post(target=node))["exitstatus"] == "OK"
 

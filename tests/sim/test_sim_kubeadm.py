@@ -10,10 +10,9 @@ import time
 
 import pytest
 import yaml
-
 from z9.common import pki
 from z9.sim import kubeadm
-from z9.sim.guest import ExecResult, Guest, Guests
+from z9.sim.guest import DPKG_STATUS, ExecResult, Guest, Guests, dpkg_status
 
 from tests.support import poll_sync
 
@@ -40,10 +39,18 @@ def init_config(version: str = "v1.33.0", api: str = "kubeadm.k8s.io/v1beta4", p
          "networking": {"podSubnet": pod_subnet}}])
 
 
-def guest(guests: Guests, vmid: int) -> Guest:
+def install_kubernetes(g: Guest, release: str = "1.33.5", kubelet: str | None = None) -> Guest:
+    """The guest's disk as a Kubernetes image has it: kubeadm, kubelet and kubectl installed (dpkg)."""
+    g.write_file(DPKG_STATUS, dpkg_status({"kubeadm": f"{release}-1.1", "kubectl": f"{release}-1.1",
+                                           "kubelet": f"{kubelet or release}-1.1"}))
+    return g
+
+
+def guest(guests: Guests, vmid: int, release: str | None = "1.33.5", kubelet: str | None = None) -> Guest:
+    """A running guest of a Kubernetes image carrying ``release`` (None: a plain image)."""
     g = Guest(guests=guests, vmid=vmid, powered=True, booted=True, hostname=f"vm{vmid}")
     guests.guests[vmid] = g
-    return g
+    return install_kubernetes(g, release, kubelet) if release else g
 
 
 # a VM of kubeadm's control-plane minimum and more (z9's smallest control plane: 2 cores, 2048 MiB)
@@ -70,8 +77,8 @@ def init(guests: Guests, material: dict[str, str]) -> Guest:
     return cp
 
 
-def joiner(guests: Guests, vmid: int, token: str, ca_hash: str) -> Guest:
-    w = guest(guests, vmid)
+def joiner(guests: Guests, vmid: int, token: str, ca_hash: str, release: str = "1.33.5") -> Guest:
+    w = guest(guests, vmid, release)
     w.write_file("/etc/z9/kubeadm.yaml", yaml.safe_dump({"apiVersion": "kubeadm.k8s.io/v1beta4",
                                                          "kind": "JoinConfiguration", "nodeRegistration": {
         "name": f"workers-{vmid}"}, "discovery": {"bootstrapToken": {"apiServerEndpoint": EP, "token": token,
@@ -167,7 +174,7 @@ def _ready(guests: Guests, cp: Guest) -> dict[str, tuple[str, str]]:
 ])
 def test_init_reads_the_config_api_its_minor_supports(version: str, api: str, refused: str | None) -> None:
     guests = _fresh()
-    cp = guest(guests, 100)
+    cp = guest(guests, 100, release=version.lstrip("v"))  # an image of that release reads the config
     write_pki(cp, pki.new_cluster_pki())
     cp.write_file(kubeadm.KUBE_VIP, kube_vip())
     cp.write_file("/etc/z9/kubeadm.yaml", init_config(version, api))
@@ -349,10 +356,11 @@ def test_a_token_past_its_ttl_has_no_jws_signature() -> None:
 # becomes a node. Which placement loses is the NoCloud order the guest model implements; z9 attaches
 # exactly one seed (test_clusters_e2e checks the members).
 def test_two_seeds_leave_the_bootstrap_to_cloud_inits_device_order(pve, wait, tmp_path, admin) -> None:
-    from tests.sim.test_sim_guest import clone, upload
-    from tests.unit.test_cluster_units import _cluster_row
     from z9.common.nocloud import build_nocloud_iso
     from z9.resources.cluster.jobs import shared as _cluster
+
+    from tests.sim.test_sim_guest import clone, upload
+    from tests.unit.test_cluster_units import _cluster_row
 
     ran = {}
     for vmid, key, ip in ((101, "ide0", "203.0.113.21"), (102, "ide3", "203.0.113.22")):
@@ -360,7 +368,7 @@ def test_two_seeds_leave_the_bootstrap_to_cloud_inits_device_order(pve, wait, tm
         files = _cluster.bootstrap_files(c, pki.new_cluster_pki(), _cluster.desired_members(c)[0], None)
         iso = build_nocloud_iso(user_data=files["user-data"], meta_data=files["meta-data"])
         assert wait(upload(pve, tmp_path, iso, name=f"seed-{vmid}.iso"))["exitstatus"] == "OK"
-        clone(pve, wait, vmid, name=f"cp-{vmid}")
+        clone(pve, wait, vmid, name=f"cp-{vmid}", template=9133)  # the seed's Kubernetes 1.33 image
         vm = pve.nodes("pve1").qemu(vmid)
         assert "cloudinit" in vm.config.get()["ide2"]  # the template's PVE drive came with the clone
         vm.config.put(**{key: f"local:iso/seed-{vmid}.iso,media=cdrom"}, **VM)  # kubeadm's minimum
@@ -376,3 +384,107 @@ def test_two_seeds_leave_the_bootstrap_to_cloud_inits_device_order(pve, wait, tm
     loser = next(k for k in ran if k not in booted_iso)
     assert "cloudinit" in ran[loser][0] and ran[loser][1] is None, ran  # kubeadm never ran there
     assert ran[booted_iso[0]][1] == "control-plane", ran
+
+
+# The image's kubeadm and kubelet against the control plane's version (kubeadm's skew rules:
+# constants.go MinimumControlPlaneVersion = minor − 1, MinimumKubeletVersion = minor − 3;
+# util/config/common.go NormalizeKubernetesVersion; preflight/checks.go KubernetesVersionCheck and
+# KubeletVersionCheck; the Version Skew Policy: "kubelet must not be newer than kube-apiserver").
+@pytest.mark.parametrize("image,kubelet,asked,outcome", [
+    ("1.33.5", None, "v1.33.5", "ok"),
+    ("1.33.5", "1.32.9", "v1.32.9", "ok"),  # one minor behind kubeadm, with a kubelet not newer: deployable
+    ("1.33.5", None, "v1.32.9", "[ERROR KubeletVersion]: the kubelet version is higher than the control plane"),
+    ("1.33.5", None, "v1.31.0", ("this version of kubeadm only supports deploying clusters with the control plane "
+                                 "version >= 1.32.0. Current version: v1.31.0")),
+    ("1.33.5", None, "v1.34.1", "warning: Kubernetes version is greater than kubeadm version"),
+    ("1.33.5", "1.34.1", "v1.33.5", ("[ERROR KubeletVersion]: the kubelet version is higher than the control plane "
+                                     "version. This is not a supported version skew and may lead to a malfunctional "
+                                     "cluster. Kubelet version: \"1.34.1\" Control plane version: \"1.33.5\"")),
+    ("1.33.5", "1.29.15", "v1.33.5", ("[ERROR KubeletVersion]: Kubelet version \"1.29.15\" is lower than kubeadm can "
+                                      "support. Please upgrade kubelet")),
+])
+def test_init_holds_the_images_kubeadm_and_kubelet_to_the_version_skew(image: str, kubelet: str | None, asked: str,
+                                                                        outcome: str) -> None:
+    guests = _fresh()
+    cp = guest(guests, 100, image, kubelet)
+    write_pki(cp, pki.new_cluster_pki())
+    cp.write_file(kubeadm.KUBE_VIP, kube_vip())
+    cp.write_file("/etc/z9/kubeadm.yaml", init_config(asked))
+    r = run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml")
+    if outcome == "ok" or outcome.startswith("warning: "):
+        assert r.exitcode == 0, r.err
+        assert ("[WARNING KubernetesVersion]" in r.err) == outcome.startswith("warning: "), r.err
+        if outcome.startswith("warning: "):
+            assert outcome.removeprefix("warning: ") in r.err
+        return
+    assert r.exitcode == 1 and outcome in r.err, r.err
+    assert EP not in kubeadm.clusters(guests)
+
+
+def test_join_refuses_a_kubeadm_two_minors_ahead_of_the_cluster_and_reports_each_kubelet() -> None:
+    guests = _fresh()
+    material = pki.new_cluster_pki()
+    cp = guest(guests, 100, "1.32.9")
+    write_pki(cp, material)
+    cp.write_file(kubeadm.KUBE_VIP, kube_vip())
+    cp.write_file("/etc/z9/kubeadm.yaml", init_config("v1.32.9"))
+    assert run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml").exitcode == 0
+    assert run(guests, cp, "kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "apply", "-f", FLANNEL).exitcode == 0
+    ca_hash = pki.ca_cert_hash(material["ca.crt"])
+    tokens = [pki.new_bootstrap_token() for _ in range(3)]
+    for t in tokens:
+        assert run(guests, cp, "kubeadm", "token", "create", t, "--ttl", "900s").exitcode == 0
+    # kubeadm 1.34 fetches the cluster's ClusterConfiguration (v1.32.9): below its minimum (1.33.0)
+    w = joiner(guests, 201, tokens[0], ca_hash, release="1.34.1")
+    r = run(guests, w, "kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml")
+    assert r.exitcode == 1 and ("this version of kubeadm only supports deploying clusters with the control plane "
+                                "version >= 1.33.0. Current version: v1.32.9") in r.err, r.err
+    # one minor ahead (1.33 into 1.32) and one behind (1.31 into 1.32): kubeadm joins both
+    for vmid, token, release in ((202, tokens[1], "1.33.5"), (203, tokens[2], "1.31.13")):
+        w = joiner(guests, vmid, token, ca_hash, release=release)
+        r = run(guests, w, "kubeadm", "join", "--config", "/etc/z9/kubeadm.yaml")
+        assert r.exitcode == 0, (release, r.err)
+    nodes = json.loads(run(guests, cp, "kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "get", "nodes", "-o",
+                           "json").out)["items"]
+    assert {n["metadata"]["name"]: n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes} == {
+        "cp-0": "v1.32.9", "workers-202": "v1.33.5", "workers-203": "v1.31.13"}
+
+
+def test_the_binaries_are_the_images_own() -> None:
+    guests = _fresh()
+    k8s, plain = guest(guests, 100, "1.33.5", kubelet="1.32.9"), guest(guests, 101, None)
+    assert run(guests, k8s, "kubeadm", "version", "-o", "short").out == "v1.33.5\n"
+    assert 'GitVersion:"v1.33.5"' in run(guests, k8s, "kubeadm", "version").out
+    assert run(guests, k8s, "kubelet", "--version").out == "Kubernetes v1.32.9\n"
+    for prog in ("kubeadm", "kubelet", "kubectl"):  # a plain image has none of them
+        r = run(guests, plain, prog, "version")
+        assert r.exitcode == 127 and f"{prog}: not found" in r.err, r
+
+
+def test_the_pod_network_is_applied_from_the_file_the_seed_shipped() -> None:
+    """``kubectl apply -f <file>``: the model reads the manifest in the guest (z9's rendering of
+    Flannel v0.26.1), its release from the flanneld image and its network from net-conf.json; a
+    missing file is kubectl's error, and another manifest is not a pod network the model knows."""
+    from z9.resources.cluster.jobs import shared as _cluster
+
+    guests = _fresh()
+    cp = guest(guests, 100)
+    write_pki(cp, pki.new_cluster_pki())
+    cp.write_file(kubeadm.KUBE_VIP, kube_vip())
+    cp.write_file("/etc/z9/kubeadm.yaml", init_config())
+    assert run(guests, cp, "kubeadm", "init", "--config", "/etc/z9/kubeadm.yaml").exitcode == 0
+    admin = ["kubectl", "--kubeconfig", kubeadm.ADMIN_CONF, "apply", "-f"]
+    r = run(guests, cp, *admin, "/etc/z9/kube-flannel.yml")
+    assert r.exitcode == 1 and r.err == 'error: the path "/etc/z9/kube-flannel.yml" does not exist\n', r
+    cp.write_file("/etc/z9/other.yml", yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap",
+                                                       "metadata": {"name": "x"}}))
+    assert run(guests, cp, *admin, "/etc/z9/other.yml").exitcode == 1
+    assert set(_ready(guests, cp).values()) == {("False", kubeadm.NO_CNI)}
+    cp.write_file("/etc/z9/kube-flannel.yml", yaml.safe_dump_all(_cluster.pod_network_manifest()))
+    r = run(guests, cp, *admin, "/etc/z9/kube-flannel.yml")
+    assert r.exitcode == 0 and "daemonset.apps/kube-flannel-ds created" in r.out, r
+    assert "clusterrole.rbac.authorization.k8s.io/flannel created" in r.out, r.out
+    c = kubeadm.clusters(guests)[EP]
+    assert (c["cni"]["version"], c["cni"]["network"]) == ("v0.26.1", "10.244.0.0/16")
+    assert _ready(guests, cp)["cp-0"][0] == "True"
+    assert "unchanged" in run(guests, cp, *admin, "/etc/z9/kube-flannel.yml").out

@@ -294,7 +294,8 @@ def test_status_current_and_stats_lag(pve, wait, admin):
     res = resources(pve)
     assert (res[101]["name"], res[101]["status"]) == ("web-1", "stopped")
     assert res[100]["name"] == "renamed"
-    assert [v["vmid"] for v in pve.nodes("pve1").qemu.get()] == [100, 101, 9000]
+    # the seed's templates (debian-12 and one Kubernetes image per offered minor) and the region agent
+    assert [v["vmid"] for v in pve.nodes("pve1").qemu.get()] == [100, 101, 9000, *range(9129, 9135)]
 
 
 # ---- schema / auth -------------------------------------------------------------------------------
@@ -447,12 +448,12 @@ def test_reset_and_counters(pve, wait, admin):
     clone(pve, wait)
     admin("post", "/faults", json={"path": ".*", "action": "delay", "seconds": 0, "times": 5})
     state = admin("get", "/state")
-    assert {vm["vmid"] for vm in state["vms"]} == {100, 101, 9000}
+    assert {vm["vmid"] for vm in state["vms"]} == {100, 101, 9000, *range(9129, 9135)}
     assert any(r["path"] == "/nodes/{node}/tasks/{upid}/status" and r["status"] == 200
                for r in state["counters"]["requests"])
     admin("post", "/reset")
     state = admin("get", "/state")
-    assert {vm["vmid"] for vm in state["vms"]} == {100, 9000}
+    assert {vm["vmid"] for vm in state["vms"]} == {100, 9000, *range(9129, 9135)}
     assert state["tasks"] == [] and state["counters"] == {"requests": [], "tasks_started": {}}
     assert admin("get", "/faults") == []
     vm = next(v for v in state["vms"] if v["vmid"] == 9000)

@@ -139,7 +139,8 @@ def test_plan_replaces_a_member_whose_cloud_init_failed_after_it_joined() -> Non
 def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version: str) -> None:
     from z9.resources.cluster.api import VERSIONS
     from z9.sim import kubeadm
-    from z9.sim.guest import Guest, Guests
+    from z9.sim.guest import DPKG_STATUS, Guest, Guests, dpkg_status
+    from z9.sim.server import KUBERNETES_IMAGES
 
     assert version in VERSIONS
     kubeadm.SETTINGS["api_delay_s"] = 0.0
@@ -149,35 +150,46 @@ def test_the_bootstrap_of_every_offered_version_passes_the_kubeadm_model(version
         material = pki.new_cluster_pki()
         guests = Guests(cluster=None)  # type: ignore[arg-type]
 
+        release = KUBERNETES_IMAGES[f"debian-12-k8s-{version}"]  # the seed's image of that minor
+        validated: set[int] = set()  # the control planes whose seed carried the pod network's manifest
+
         def boot(vmid: int, files: dict[str, str], m: _cluster.MemberSpec) -> Guest:
             g = guests.guests[vmid] = Guest(guests=guests, vmid=vmid, powered=True, booted=True)
+            g.write_file(DPKG_STATUS, dpkg_status({p: f"{release}-1.1" for p in ("kubeadm", "kubelet", "kubectl")}))
             vm = {"cores": str(m.cores), "memory": str(m.memory_mib)}  # kubeadm's preflight reads them
             user = yaml.safe_load(files["user-data"])
             for f in user["write_files"]:
                 g.write_file(f["path"], f["content"])
                 if f["path"].endswith("kube-vip.yaml"):  # a Pod as this version's API server takes it
                     kubernetes_validate.validate(yaml.safe_load(f["content"]), f"{version}.0", strict=True)
+                if f["path"] == _cluster.POD_NETWORK["manifest"]:  # the shipped pod network, object by object
+                    for doc in yaml.safe_load_all(f["content"]):
+                        kubernetes_validate.validate(doc, f"{version}.0", strict=True)
+                    validated.add(vmid)
             for item in user["runcmd"]:
                 r = guests.run_command(g, item, b"", vm)
                 assert r.exitcode == 0, (vmid, item, r.err)
             return g
 
         members = _cluster.desired_members(c)
-        cp0 = boot(100, _cluster.bootstrap_files(c, material, members[0], None), members[0])
+        cp0 = boot(100, _cluster.bootstrap_files(c, material, members[0], None, release=release), members[0])
         admin = ["kubectl", "--kubeconfig", kubeadm.ADMIN_CONF]
         r = guests.run_command(cp0, [*admin, "apply", "-f", _cluster.POD_NETWORK["manifest"]], b"", {})
         assert r.exitcode == 0, r.err
+        assert "daemonset.apps/kube-flannel-ds created" in r.out, r.out
         for i, m in enumerate(members[1:], start=101):
             token = pki.new_bootstrap_token()
             assert guests.run_command(cp0, ["kubeadm", "token", "create", token, "--ttl", "900s"], b"",
                                       {}).exitcode == 0
-            boot(i, _cluster.bootstrap_files(c, material, m, token), m)
+            boot(i, _cluster.bootstrap_files(c, material, m, token, release=release), m)
         nodes = json.loads(guests.run_command(cp0, [*admin, "get", "nodes", "-o", "json"], b"", {}).out)
         ready = {n["metadata"]["name"]: n["status"]["conditions"][0]["status"] for n in nodes["items"]}
         assert ready == {m.name: "True" for m in members}
         # every control plane holds the VIP (each alone answers at the endpoint)
         ep = kubeadm.clusters(guests)[f"{c.endpoint_ip}:6443"]
         assert len(ep["control_planes"]) == 3
+        assert validated == {100, 101, 102}, validated  # every control plane (cp-0, cp-1, cp-2) ships it
+        assert ep["cni"]["source"] == _cluster.POD_NETWORK["manifest"] and ep["cni"]["version"] == "v0.26.1"
         for vmid in ep["control_planes"]:
             assert kubeadm.kube_vip_problem(guests.guests[vmid], str(c.endpoint_ip)) is None
     finally:

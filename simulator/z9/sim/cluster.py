@@ -161,6 +161,9 @@ class VM:
     # and ``parent`` (the snapshot the current state derives from)
     snapshots: dict[str, dict] = field(default_factory=dict)
     parent: str | None = None
+    # what the VM's disk holds when it is put in place (an image builder's template: the packages it
+    # installed, z9.sim.guest.dpkg_status); its guest's disk from then on (clones copy it)
+    disk_files: dict[str, bytes] | None = None
 
     @property
     def template(self) -> bool:
@@ -360,6 +363,8 @@ class Cluster:
             except PveError:  # e.g. cicustom snippets nobody can have written: no drive to boot from
                 vm.ci_drive = None
         self.vms[vm.vmid] = vm
+        if vm.disk_files:
+            self.guests.put_disk(vm.vmid, vm.disk_files)
         if vm.running:
             self.guests.power_on(vm, already_up=True)
         else:

@@ -170,6 +170,29 @@ class ExecContext:
 
 CommandHandler = Callable[[ExecContext], ExecResult]
 COMMANDS: dict[str, CommandHandler] = {}
+#: programs a guest has only when its disk holds their Debian package (the image's builder installed
+#: it): program name -> package. A guest without the package has no such program (qemu-ga's spawn
+#: fails; a shell answers 127) — z9 cannot bring kubeadm to an image that lacks it.
+PACKAGED: dict[str, str] = {}
+#: dpkg's database of installed packages (dpkg(1), "/var/lib/dpkg/status"): one stanza per package
+DPKG_STATUS = "/var/lib/dpkg/status"
+
+
+def dpkg_status(packages: dict[str, str]) -> bytes:
+    """``/var/lib/dpkg/status`` of an image holding ``packages`` (name -> Debian version, as
+    pkgs.k8s.io numbers them: ``1.33.5-1.1``): the stanzas dpkg writes (Package, Status, Version)."""
+    return "".join(f"Package: {name}\nStatus: install ok installed\nPriority: optional\nArchitecture: amd64\n"
+                   f"Version: {version}\n\n" for name, version in sorted(packages.items())).encode()
+
+
+def installed_version(g: "Guest", package: str) -> str | None:
+    """The Debian version of ``package`` installed on the guest's disk (dpkg's status database:
+    a stanza with ``Status: install ok installed``), or None."""
+    for stanza in _text(g.read_file(DPKG_STATUS) or b"").split("\n\n"):
+        fields = dict(ln.split(": ", 1) for ln in stanza.splitlines() if ": " in ln)
+        if fields.get("Package") == package and fields.get("Status") == "install ok installed":
+            return fields.get("Version")
+    return None
 #: models that configure addresses inside a guest (keepalived's VIP): fn(guest) -> {iface: [cidr]},
 #: reported by network-get-interfaces next to the addresses of :meth:`Guest.add_address`
 INTERFACE_PROVIDERS: list[Callable[["Guest"], dict[str, list[str]]]] = []
@@ -1107,7 +1130,7 @@ class Guests:
         guest-exec answers the error: PVE's HTTP 500 (``QERR_QGA_COMMAND_FAILED`` with glib's
         ``Failed to execute child process “…” (No such file or directory)``), no pid."""
         g = self.agent(vm)
-        if not argv or self._handler(argv[0]) is None:
+        if not argv or self._handler(argv[0], g) is None:
             prog = argv[0] if argv else ""
             raise qmp_error(vm.vmid, "exec", "Guest agent command failed, error was 'Failed to execute child "
                                              f"process “{prog}” (No such file or directory)'")
@@ -1146,19 +1169,32 @@ class Guests:
             out["err-data"] = _text(p.result.err)
         return out
 
-    def _handler(self, prog: str) -> CommandHandler | None:
+    def _handler(self, prog: str, g: Guest | None = None) -> CommandHandler | None:
         """The program a path names in the guest (its base name: the handlers are the guest's
-        binaries, wherever they lie), or None when the guest has no such program."""
+        binaries, wherever they lie), or None when the guest has no such program (a packaged one,
+        :data:`PACKAGED`, only when its package is installed on the guest's disk)."""
         name = prog.rsplit("/", 1)[-1]
         if not name or any(c.isspace() for c in prog):
             return None
+        if g is not None and name in PACKAGED and name not in self.commands \
+                and installed_version(g, PACKAGED[name]) is None:
+            return None
         return self.commands.get(name) or COMMANDS.get(name)
+
+    def put_disk(self, vmid: int, files: dict[str, bytes]) -> None:
+        """A VM put in place with a disk already holding ``files`` (an image builder's template:
+        what it installed): its clones copy them (:meth:`clone_disk`)."""
+        g = self.guests.get(vmid)
+        if g is None:
+            g = self.guests[vmid] = Guest(self, vmid)
+        for path, data in files.items():
+            g.write_file(path, data)
 
     def run_command(self, g: Guest, argv: list[str], stdin: bytes, config: dict[str, str],
                     top: bool = False) -> ExecResult:
         if not argv:
             return ExecResult(127, err="/bin/sh: 1: : not found\n")
-        handler = self._handler(argv[0])
+        handler = self._handler(argv[0], g)
         name = argv[0].rsplit("/", 1)[-1]
         if handler is None:
             return ExecResult(127, err=f"/bin/sh: 1: {argv[0]}: not found\n")

@@ -13,9 +13,15 @@ checks:
   from 1.31 (kubernetes/kubernetes#125029: "supported until version 1.34 or later") and removed in
   1.36 (kubernetes/kubernetes#136016: "The 1.35 kubeadm binary can be used to migrate");
   ``v1beta4`` experimental in 1.28–1.30 (refused by ``init``/``join``, which have no
-  ``--allow-experimental-api``) and the current API from 1.31; ``v1beta2`` and older refused. The node's kubeadm is the cluster's minor
-  (the image contract: the image for version X ships kubeadm/kubelet/kubectl X): ``init`` reads it
-  from ``ClusterConfiguration.kubernetesVersion``, ``join`` from the cluster it joins.
+  ``--allow-experimental-api``) and the current API from 1.31; ``v1beta2`` and older refused, by
+  the node's own kubeadm.
+- **the image's binaries and the version skew**: ``kubeadm``, ``kubelet`` and ``kubectl`` exist in a
+  guest only when its disk's dpkg database holds their packages (an image builder installed them;
+  a clone copies its template's disk), at the packages' versions (``kubeadm version``, ``kubelet
+  --version``, a node's ``status.nodeInfo.kubeletVersion``). kubeadm refuses a control plane more
+  than one minor behind it, warns of one newer than it, and its preflight refuses a kubelet newer
+  than the control plane or more than three minors behind kubeadm (:func:`skew_problems`, citing
+  constants.go, util/config/common.go and preflight/checks.go).
 - **preflight** (``cmd/kubeadm/app/preflight/checks.go``): ``init`` — ``InitNodeChecks``: at least
   ``ControlPlaneNumCPU`` (2) CPUs and ``ControlPlaneMem`` (1700) MB of the guest kernel's RAM
   (``NumCPU``, ``Mem``; the VM's vCPUs and memory less what the kernel keeps), ports
@@ -45,8 +51,9 @@ checks:
   init itself, after the endpoint must already answer (kubernetes/kubernetes#121305,
   kube-vip/kube-vip#684), so init times out; ``super-admin.conf`` is written on that node only.
 - **``Ready`` needs a pod network**: the kubelet reports ``NetworkReady=false`` ("cni plugin not
-  initialized") until a CNI is installed; the model knows the manifests of :data:`CNI_MANIFESTS`
-  (``kubectl apply -f <url>``: Flannel v0.26.1, whose ``net-conf.json`` network is
+  initialized") until a CNI is installed: ``kubectl apply -f <file>`` of Flannel's manifest in the
+  guest (:func:`flannel_in`: its release from the flanneld image, its network from
+  ``net-conf.json``), or of a URL among :data:`CNI_MANIFESTS` (it fetches nothing; Flannel v0.26.1, whose ``net-conf.json`` network is
   ``10.244.0.0/16`` — it needs ``networking.podSubnet`` inside that network so that the
   controller-manager allocates each node a ``podCIDR``; otherwise flanneld fails "pod cidr not
   assigned" and the nodes stay NotReady).
@@ -103,7 +110,16 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from .guest import ExecContext, ExecResult, Guests, command, guest_cpus, guest_ram_mb
+from .guest import (
+    PACKAGED,
+    ExecContext,
+    ExecResult,
+    Guests,
+    command,
+    guest_cpus,
+    guest_ram_mb,
+    installed_version,
+)
 
 SETTINGS = {"api_delay_s": 1.0}
 PKI_FILES = ("ca.crt", "ca.key", "sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key", "etcd/ca.crt",
@@ -172,6 +188,69 @@ def minor_of(version: Any) -> int | None:
     """``v1.33.0`` / ``1.33`` → 33 (Kubernetes 1.x); None when unparsable."""
     m = re.fullmatch(r"v?1\.(\d+)(?:\.\d+)?(?:[-+].*)?", str(version or "").strip())
     return int(m[1]) if m else None
+
+
+# kubeadm, kubelet and kubectl are the image's: a guest has them only when its disk holds their
+# Debian packages (z9.sim.guest.PACKAGED), and their version is the package's
+PACKAGED.update(kubeadm="kubeadm", kubelet="kubelet", kubectl="kubectl")
+
+
+def release_of(g: Any, package: str) -> str | None:
+    """The Kubernetes release (``1.33.5``) of an installed package: its Debian version without the
+    revision (pkgs.k8s.io: ``1.33.5-1.1``)."""
+    v = installed_version(g, package)
+    return v.split("-", 1)[0] if v else None
+
+
+def _semver(release: str | None) -> tuple[int, int, int] | None:
+    m = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)(?:[-+].*)?", str(release or "").strip())
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
+def skew_problems(kubeadm_release: str, kubelet_release: str | None, control_plane: str | None,
+                  *, joining: bool = False) -> tuple[str | None, list[tuple[str, str]], list[tuple[str, str]]]:
+    """What kubeadm ``kubeadm_release`` makes of a control plane of ``control_plane`` (init: the
+    config's kubernetesVersion; join: the cluster's, as fetched from its kubeadm-config) with this
+    node's kubelet: ``(fatal, preflight errors, preflight warnings)``.
+
+    - ``NormalizeKubernetesVersion`` (cmd/kubeadm/app/util/config/common.go; init's config, and
+      join's ``FetchInitConfigurationFromCluster``): a control plane older than
+      ``MinimumControlPlaneVersion`` = kubeadm's minor − 1 (``getSkewedKubernetesVersion(-1)``,
+      cmd/kubeadm/app/constants/constants.go) is fatal before any preflight: "this version of kubeadm
+      only supports deploying clusters with the control plane version >= 1.<m-1>.0. Current version: …".
+    - ``KubernetesVersionCheck`` (preflight/checks.go, init and a joining control plane): a control
+      plane of a newer minor than kubeadm is a *warning* ("Kubernetes version is greater than kubeadm
+      version. Please consider to upgrade kubeadm. …").
+    - ``KubeletVersionCheck`` (preflight/checks.go, addCommonChecks: init with the config's version,
+      join with none): a kubelet older than ``MinimumKubeletVersion`` = kubeadm's minor − 3 is an
+      error ("Kubelet version %q is lower than kubeadm can support. Please upgrade kubelet"); with a
+      control-plane version (init), a kubelet of a newer minor is an error ("the kubelet version is
+      higher than the control plane version. This is not a supported version skew and may lead to a
+      malfunctional cluster. …" — the Version Skew Policy's "kubelet must not be newer than
+      kube-apiserver")."""
+    adm, cp, kl = _semver(kubeadm_release), _semver(control_plane), _semver(kubelet_release)
+    assert adm is not None
+    errors: list[tuple[str, str]] = []
+    warnings: list[tuple[str, str]] = []
+    if cp is not None and cp < (adm[0], adm[1] - 1, 0):
+        return (f"this version of kubeadm only supports deploying clusters with the control plane version >= "
+                f"{adm[0]}.{adm[1] - 1}.0. Current version: v{cp[0]}.{cp[1]}.{cp[2]}"), [], []
+    if cp is not None and cp >= (adm[0], adm[1] + 1, 0):
+        text = (f"Kubernetes version is greater than kubeadm version. Please consider to upgrade kubeadm. Kubernetes "
+                f"version: {cp[0]}.{cp[1]}.{cp[2]}. Kubeadm version: {adm[0]}.{adm[1]}.x")
+        warnings.append(("KubernetesVersion", text))
+    if kl is None:
+        text = "couldn't get kubelet version: exec: \"kubelet\": executable file not found in $PATH"
+        errors.append(("KubeletVersion", text))
+    elif kl < (adm[0], adm[1] - 3, 0):
+        text = f"Kubelet version \"{kl[0]}.{kl[1]}.{kl[2]}\" is lower than kubeadm can support. Please upgrade kubelet"
+        errors.append(("KubeletVersion", text))
+    elif cp is not None and not joining and (kl[0] > cp[0] or kl[1] > cp[1]):
+        text = ("the kubelet version is higher than the control plane version. This is not a supported version skew "
+                f"and may lead to a malfunctional cluster. Kubelet version: \"{kl[0]}.{kl[1]}.{kl[2]}\" Control plane "
+                f"version: \"{cp[0]}.{cp[1]}.{cp[2]}\"")
+        errors.append(("KubeletVersion", text))
+    return None, errors, warnings
 
 
 def _ca_hash(pem: bytes) -> str:
@@ -262,10 +341,13 @@ def _ignored(argv: list[str]) -> set[str]:
     return out
 
 
-def _preflight(checks: list[tuple[str, str]], argv: list[str], prefix: str = "") -> ExecResult | None:
-    """checks.go ``RunChecks``/``handleError``: every failed check, then exit 1 (ignored ones: warnings)."""
+def _preflight(checks: list[tuple[str, str]], argv: list[str], prefix: str = "",
+               warn_only: frozenset[str] | set[str] = frozenset()) -> ExecResult | None:
+    """checks.go ``RunChecks``/``handleError``: every failed check, then exit 1 (ignored ones and
+    the checks that return warnings, ``warn_only``: warnings)."""
     ignored = _ignored(argv)
-    errs = [(n, m) for n, m in checks if "all" not in ignored and n.lower() not in ignored]
+    errs = [(n, m) for n, m in checks
+            if n not in warn_only and "all" not in ignored and n.lower() not in ignored]
     warns = [(n, m) for n, m in checks if (n, m) not in errs]
     warn_text = "".join(f"\t[WARNING {n}]: {m}\n" for n, m in warns)
     if not errs:
@@ -479,7 +561,9 @@ def _init(ctx: ExecContext) -> ExecResult:
         return err
     cc, ic = docs.get("ClusterConfiguration") or {}, docs.get("InitConfiguration") or {}
     minor = minor_of(cc.get("kubernetesVersion"))
-    bad, warnings = _check_api_versions(docs, minor)
+    adm = release_of(ctx.guest, "kubeadm") or ""
+    # the config is read by this node's kubeadm: its minor decides which config APIs it knows
+    bad, warnings = _check_api_versions(docs, minor_of(adm))
     if bad:
         return bad
     endpoint = str(cc.get("controlPlaneEndpoint") or "")
@@ -489,9 +573,14 @@ def _init(ctx: ExecContext) -> ExecResult:
     if minor is None:
         return ExecResult(1, err=f"this model needs ClusterConfiguration.kubernetesVersion (v1.<minor>.<patch>), "
                                  f"not {cc.get('kubernetesVersion')!r}\n")
+    kubelet = release_of(ctx.guest, "kubelet")
+    fatal, skew, skew_warn = skew_problems(adm, kubelet, str(cc.get("kubernetesVersion")))
+    if fatal:
+        return ExecResult(1, err=warnings + fatal + "\n" + _TRACE)
     # phases/init/preflight.go: RunInitNodeChecks (checks.go InitNodeChecks + addCommonChecks)
-    failed = _preflight(_control_plane_checks(ctx, kubelet=True), ctx.argv, "[init] Using Kubernetes version: "
-                        f"{cc.get('kubernetesVersion')}\n")
+    failed = _preflight(skew_warn + _control_plane_checks(ctx, kubelet=True) + skew, ctx.argv,
+                        f"[init] Using Kubernetes version: {cc.get('kubernetesVersion')}\n",
+                        warn_only={n for n, _ in skew_warn})
     if failed is not None and failed.exitcode:
         failed.err = warnings + _text(failed.err)
         return failed
@@ -538,7 +627,8 @@ def _init(ctx: ExecContext) -> ExecResult:
         "pod_subnet": str(net.get("podSubnet") or ""), "cni": None, "init_vmid": ctx.guest.vmid,
         "ca_crt": (ca_crt or b"").decode(), "ca_hash": _ca_hash(ca_crt or b""),
         "api_up_at": now + SETTINGS["api_delay_s"], "tokens": {}, "control_planes": [ctx.guest.vmid],
-        "nodes": {name: {"vmid": ctx.guest.vmid, "role": "control-plane", "unschedulable": False, "joined_at": now}},
+        "nodes": {name: {"vmid": ctx.guest.vmid, "role": "control-plane", "unschedulable": False, "joined_at": now,
+                         "kubelet": kubelet}},
         "events": [["init", name, now]],
     }
     for bt in ic.get("bootstrapTokens") or []:
@@ -605,8 +695,10 @@ def _join(ctx: ExecContext) -> ExecResult:
     endpoint, token = str(bt.get("apiServerEndpoint") or ""), str(bt.get("token") or "")
     guests = ctx.guest.guests
     c = clusters(guests).get(endpoint)
-    # the node's kubeadm is the cluster's minor (the image contract); unknown cluster: version-free rules
-    bad, warnings = _check_api_versions(docs, c["minor"] if c else None)
+    adm = release_of(ctx.guest, "kubeadm") or ""
+    kubelet = release_of(ctx.guest, "kubelet")
+    # the config is read by this node's kubeadm (the image's)
+    bad, warnings = _check_api_versions(docs, minor_of(adm))
     if bad:
         return bad
     hashes = [str(h) for h in bt.get("caCertHashes") or []]
@@ -615,6 +707,7 @@ def _join(ctx: ExecContext) -> ExecResult:
     # phases/join/preflight.go: RunJoinNodeChecks first (checks.go JoinNodeChecks) ...
     checks = _file_available(ctx, KUBELET_CONF) + _file_available(ctx, BOOTSTRAP_KUBELET_CONF)
     checks += _ports_in_use(ctx, (10250,))
+    checks += skew_problems(adm, kubelet, None, joining=True)[1]  # addCommonChecks: KubeletVersionCheck{""}
     if not control_plane:  # JoinNodeChecks: cfg.ControlPlane == nil → FileAvailableCheck{cfg.CACertPath}
         checks += _file_available(ctx, str(jc.get("caCertPath") or PKI + "ca.crt"))
     failed = _preflight(checks, ctx.argv)
@@ -652,8 +745,16 @@ def _join(ctx: ExecContext) -> ExecResult:
         return ExecResult(1, err=warnings + "error execution phase preflight: couldn't validate the identity of the "
                                  "API Server: cluster CA found in cluster-info ConfigMap is invalid: none of the public "
                                  f"keys \"{c['ca_hash']}\" are pinned\n" + _TRACE)
+    # ... the cluster's ClusterConfiguration fetched (FetchInitConfigurationFromCluster →
+    # SetClusterDynamicDefaults → NormalizeKubernetesVersion): this kubeadm against the cluster's version
+    fatal, _, skew_warn = skew_problems(adm, kubelet, c.get("version"), joining=True)
+    if fatal:
+        return ExecResult(1, err=warnings + "[preflight] Reading configuration from the cluster...\n"
+                                 f"error execution phase preflight: unable to fetch the kubeadm-config ConfigMap: "
+                                 f"{fatal}\n" + _TRACE)
     if control_plane:  # ... then, for a control plane, RunInitNodeChecks(isSecondaryControlPlane=true)
-        failed = _preflight(_control_plane_checks(ctx, kubelet=False), ctx.argv)
+        failed = _preflight(skew_warn + _control_plane_checks(ctx, kubelet=False), ctx.argv,
+                            warn_only={n for n, _ in skew_warn})
         if failed is not None and failed.exitcode:
             failed.err = warnings + _text(failed.err)
             return failed
@@ -686,7 +787,7 @@ def _join(ctx: ExecContext) -> ExecResult:
                                  "error execution phase kubelet-start: timed out waiting for the condition\n" + _TRACE)
     now = time.time()
     c["nodes"][name] = {"vmid": ctx.guest.vmid, "role": "control-plane" if control_plane else "worker",
-                        "unschedulable": False, "joined_at": now, "token": tid}
+                        "unschedulable": False, "joined_at": now, "token": tid, "kubelet": kubelet}
     c["events"].append(["join", name, now])
     ctx.guest.write_file(KUBELET_CONF, _kubeconfig(endpoint, f"system:node:{name}"))
     ctx.guest.write_file(PKI + "ca.crt", c["ca_crt"])  # kubelet-start writes the discovered CA (worker)
@@ -740,9 +841,26 @@ def kubeadm(ctx: ExecContext) -> ExecResult:
         return _join(ctx)
     if sub == ["token", "create"]:
         return _token_create(ctx)
-    if sub[:1] == ["version"]:
-        return ExecResult(0, out="kubeadm version: &version.Info{Major:\"1\"}\n")
+    if sub[:1] == ["version"]:  # cmd/kubeadm/app/cmd/version.go: -o short is the GitVersion alone
+        v = _semver(release_of(ctx.guest, "kubeadm"))
+        assert v is not None
+        if ctx.argv[2:] in (["-o", "short"], ["--output=short"], ["-oshort"], ["--output", "short"]):
+            return ExecResult(0, out=f"v{v[0]}.{v[1]}.{v[2]}\n")
+        return ExecResult(0, out=f"kubeadm version: &version.Info{{Major:\"{v[0]}\", Minor:\"{v[1]}\", "
+                                 f"GitVersion:\"v{v[0]}.{v[1]}.{v[2]}\", GoVersion:\"go1.24\", Compiler:\"gc\", "
+                                 f"Platform:\"linux/amd64\"}}\n")
     return ExecResult(1, err=f"unknown command \"{' '.join(sub)}\" for \"kubeadm\"\n")
+
+
+@command("kubelet")
+def kubelet(ctx: ExecContext) -> ExecResult:
+    """``kubelet --version`` (component-base's version flag: "Kubernetes v1.33.5"); the kubelet
+    itself runs as a systemd unit, never by z9."""
+    if ctx.argv[1:] == ["--version"]:
+        v = _semver(release_of(ctx.guest, "kubelet"))
+        assert v is not None
+        return ExecResult(0, out=f"Kubernetes v{v[0]}.{v[1]}.{v[2]}\n")
+    return ExecResult(1, err="this model runs only `kubelet --version` (the kubelet is a systemd unit)\n")
 
 
 def network_problem(c: dict[str, Any], node: str) -> str | None:
@@ -750,7 +868,7 @@ def network_problem(c: dict[str, Any], node: str) -> str | None:
     cni = c.get("cni")
     if cni is None:
         return NO_CNI
-    known = CNI_MANIFESTS[cni["url"]]
+    known = {"network": cni.get("network") or CNI_MANIFESTS.get(cni.get("url") or "", {}).get("network")}
     try:
         ok = bool(c.get("pod_subnet")) and ipaddress.ip_network(c["pod_subnet"]).subnet_of(
             ipaddress.ip_network(known["network"]))  # type: ignore[arg-type]
@@ -790,21 +908,69 @@ def _node_json(guests: Guests, c: dict[str, Any], name: str, n: dict[str, Any]) 
     else:
         cond = {"type": "Ready", "status": "True", "reason": "KubeletReady",
                 "message": "kubelet is posting ready status"}
+    # status.nodeInfo.kubeletVersion: what the node's kubelet reports of itself (core/v1 NodeSystemInfo)
+    info = {"kubeletVersion": f"v{n['kubelet']}"} if n.get("kubelet") else {}
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
             "spec": {"unschedulable": True} if n["unschedulable"] else {},
-            "status": {"conditions": [cond]}}
+            "status": {"conditions": [cond], "nodeInfo": info}}
 
 
-def _apply(c: dict[str, Any], args: list[str]) -> ExecResult:
-    url = args[2] if len(args) > 2 else ""
-    known = CNI_MANIFESTS.get(url)
-    if known is None:
-        return ExecResult(1, err=f"error: unable to read URL \"{url}\" (the kubectl model fetches nothing; it knows "
-                                 f"{', '.join(CNI_MANIFESTS)})\n")
-    again = (c.get("cni") or {}).get("url") == url
-    c["cni"] = {"name": known["cni"], "version": known["version"], "url": url,
+# kubectl's resource names in apply's output: <kind>[.<group>]/<name> (core kinds have no group)
+def _object_name(doc: dict[str, Any]) -> str:
+    group = str(doc.get("apiVersion") or "").rpartition("/")[0]
+    return f"{str(doc.get('kind', '')).lower()}{'.' + group if group else ''}/{(doc.get('metadata') or {}).get('name')}"
+
+
+def flannel_in(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What a manifest of Flannel installs (None: it is not Flannel's): its release (the flanneld
+    image's tag in the DaemonSet), its network (``net-conf.json``'s ``Network`` in the
+    ``kube-flannel-cfg`` ConfigMap, None when unreadable: flanneld would not start) and its objects."""
+    version = None
+    for d in docs:
+        if d.get("kind") == "DaemonSet":
+            for ctr in (((d.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []:
+                img = str(ctr.get("image") or "")
+                if img.rpartition(":")[0].endswith("flannel/flannel"):
+                    version = img.rpartition(":")[2]
+    if version is None:
+        return None
+    network = None
+    for d in docs:
+        if d.get("kind") == "ConfigMap" and (d.get("metadata") or {}).get("name") == "kube-flannel-cfg":
+            try:
+                network = json.loads(((d.get("data") or {}).get("net-conf.json")) or "{}").get("Network")
+            except ValueError:
+                network = None
+    return {"cni": "flannel", "version": version, "network": network, "objects": [_object_name(d) for d in docs]}
+
+
+def _apply(ctx: ExecContext, c: dict[str, Any], args: list[str]) -> ExecResult:
+    """``kubectl apply -f <file>`` of a pod network's manifest in the guest (a URL: only the ones
+    the model knows — it fetches nothing)."""
+    src = args[2] if len(args) > 2 else ""
+    if src.startswith(("http://", "https://")):
+        known = CNI_MANIFESTS.get(src)
+        if known is None:
+            return ExecResult(1, err=f"error: unable to read URL \"{src}\" (the kubectl model fetches nothing; it "
+                                     f"knows {', '.join(CNI_MANIFESTS)})\n")
+    else:
+        raw = ctx.guest.read_file(src)
+        if raw is None:
+            return ExecResult(1, err=f"error: the path \"{src}\" does not exist\n")
+        try:
+            docs = [d for d in yaml.safe_load_all(raw) if isinstance(d, dict)]
+        except yaml.YAMLError as e:
+            return ExecResult(1, err=f"error: error parsing {src}: {e}\n")
+        found = flannel_in(docs)
+        if found is None:
+            return ExecResult(1, err=f"error: {src}: the kubectl model installs Flannel's manifest only (a DaemonSet "
+                                     "running docker.io/flannel/flannel)\n")
+        known = found
+    again = (c.get("cni") or {}).get("source") == src
+    c["cni"] = {"name": known["cni"], "version": known["version"], "source": src, "network": known["network"],
+                "url": src if src.startswith("https://") else None,
                 "applied_at": (c.get("cni") or {}).get("applied_at") if again else time.time()}
-    c["events"].append(["apply", url, time.time()])
+    c["events"].append(["apply", src, time.time()])
     return ExecResult(0, out="".join(f"{o} {'unchanged' if again else 'created'}\n" for o in known["objects"]))
 
 
@@ -868,7 +1034,7 @@ def kubectl(ctx: ExecContext) -> ExecResult:
         items = [_node_json(guests, c, n, v) for n, v in sorted(c["nodes"].items())]
         return ExecResult(0, out=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     if args[:2] == ["apply", "-f"]:
-        return _apply(c, args)
+        return _apply(ctx, c, args)
     if args[:1] == ["drain"] and len(args) > 1:
         node = args[1]
         if node not in c["nodes"]:

@@ -121,7 +121,37 @@ def seed_dev_region(config: SimConfig) -> list[VM]:
         "serial0": "socket", "vga": "serial0", "agent": "1", "tags": "z9-role-agent",
         "smbios1": f"uuid={uuid.UUID(int=100)}", "vmgenid": str(uuid.UUID(int=0x100)),
     }, running=True, started_at=time.time())
-    return [template, agent, *extra]
+    images = [kubernetes_template(KUBERNETES_IMAGE_VMID + int(release.split(".")[1]), node, name, release)
+              for name, release in KUBERNETES_IMAGES.items()]
+    return [template, *images, agent, *extra]
+
+
+#: The dev region's cluster images: Debian 12 with kubeadm, kubelet and kubectl of one Kubernetes
+#: release each (the Debian packages of pkgs.k8s.io, version ``<release>-1.1``), vmid 9100 + minor.
+#: ``z9 dev`` (and the tests) declare them in the region's ``kubernetes_images``.
+KUBERNETES_IMAGES = {"debian-12-k8s-1.29": "1.29.15", "debian-12-k8s-1.30": "1.30.14",
+                     "debian-12-k8s-1.31": "1.31.13", "debian-12-k8s-1.32": "1.32.9",
+                     "debian-12-k8s-1.33": "1.33.5", "debian-12-k8s-1.34": "1.34.1"}
+KUBERNETES_IMAGE_VMID = 9100
+
+
+def kubernetes_template(vmid: int, node: str, name: str, release: str, *,
+                        kubelet: str | None = None) -> VM:
+    """A template as a Kubernetes image builder leaves it (kubernetes-sigs/image-builder's Proxmox
+    builds, a Packer recipe running ``apt-get install kubeadm=<v> kubelet=<v> kubectl=<v>``): the seed
+    template's shape, and a disk whose dpkg database holds the three packages of ``release``
+    (``kubelet``: another release for the kubelet — an image built wrong)."""
+    from .guest import DPKG_STATUS, dpkg_status
+
+    packages = {"kubeadm": f"{release}-1.1", "kubectl": f"{release}-1.1", "kubelet": f"{kubelet or release}-1.1"}
+    return VM(vmid, node, {
+        "name": name, "template": "1", "cores": "1", "memory": "1024", "ostype": "l26",
+        "scsihw": "virtio-scsi-single", "scsi0": f"local-lvm:base-{vmid}-disk-0,size=4G",
+        "ide2": f"local-lvm:vm-{vmid}-cloudinit,media=cdrom", "boot": "order=scsi0",
+        "net0": f"virtio=BC:24:11:91:{vmid % 100:02d}:00,bridge=vmbr0", "serial0": "socket", "vga": "serial0",
+        "agent": "1", "tags": "z9-image", "smbios1": f"uuid={uuid.UUID(int=vmid)}",
+        "vmgenid": str(uuid.UUID(int=vmid + 3)),
+    }, disk_files={DPKG_STATUS: dpkg_status(packages)})
 
 
 # the image builder's key (a real public key: PVE refuses one ssh-keygen cannot read)

@@ -214,7 +214,11 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     await w.call("GET", "/regions", "/regions", 401, token="z9t_unknown")
     await w.call("GET", "/regions", "/regions?color=red", 400)
     images = await w.call("GET", "/images", "/images?region=dev-1", 200)
-    assert images["images"] == [{"name": "debian-12", "regions": ["dev-1"], "disk_gib": None}]
+    from z9.sim.server import KUBERNETES_IMAGES
+
+    assert images["images"] == [{"name": "debian-12", "regions": ["dev-1"], "disk_gib": None, "kubernetes": None},
+                                *({"name": i, "regions": ["dev-1"], "disk_gib": None, "kubernetes": r}
+                                  for i, r in sorted(KUBERNETES_IMAGES.items()))]
     await w.call("GET", "/images", "/images?region=nowhere", 422)
     await w.call("GET", "/images", "/images", 401, token="z9t_unknown")
     # the load balancer actions (a fresh one: the generic walk deleted its own)

@@ -255,7 +255,8 @@ async def test_power_resize_labels_addresses_and_catalogue_from_the_client(stack
     code, out, err = await z9("regions", "list", "-o", "json", env=env)
     assert code == 0 and json.loads(out)["regions"][0]["name"] == REGION
     code, out, err = await z9("images", "list", env=env)
-    assert code == 0 and "debian-12" in out
+    assert code == 0 and "debian-12" in out and "KUBERNETES" in out, out
+    assert any(ln.split()[:1] == ["debian-12-k8s-1.33"] and ln.split()[-1] == "1.33.5" for ln in out.splitlines()), out
     code, out, err = await z9(*CREATE, "--name", "cli-p", "--wait", "-o", "json", env=env)
     assert code == 0, err
     sid = json.loads(out)["server"]["id"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from z9.common import store
 
 from tests.support import REGION, SimAdmin, Stack
@@ -168,3 +170,29 @@ async def test_a_control_plane_kubeadm_would_refuse_is_refused(api: Stack) -> No
     status, doc = await api.call("GET", "/openapi.json")
     cp = doc["components"]["schemas"]["ControlPlaneSpec"]["properties"]
     assert cp["cores"]["minimum"] == 2 and cp["memory_mib"]["minimum"] == 2048, cp
+
+
+# The image carries the Kubernetes the cluster asks for (kubeadm deploys a control plane of its own
+# minor or one behind, MinimumControlPlaneVersion in cmd/kubeadm/app/constants/constants.go, and its
+# preflight refuses a kubelet newer than the control plane, KubeletVersionCheck in
+# cmd/kubeadm/app/preflight/checks.go): the version picks the region's image of that minor, a named
+# image must carry it, and a version no image carries is refused — not failed later by cloud-init.
+@pytest.mark.settings(region={"kubernetes_images": {"debian-12-k8s-1.32": "1.32.9", "debian-12-k8s-1.33": "1.33.5"},
+                              "images": ["debian-12", "debian-12-k8s-1.32", "debian-12-k8s-1.33"]})
+async def test_the_version_picks_an_image_that_carries_it_or_is_refused(api: Stack) -> None:
+    status, out = await api.call("POST", "/clusters", json=body(name="v31", version="1.31"))
+    assert status == 422, out
+    assert [d["field"] for d in out["error"]["details"]] == ["version"], out
+    assert "1.31" in out["error"]["message"] and "1.32.9 (debian-12-k8s-1.32)" in out["error"]["message"], out
+    for image, carried in (("debian-12-k8s-1.33", "1.33.5"), ("debian-12", None)):
+        status, out = await api.call("POST", "/clusters", json=body(name="named", version="1.32", image=image))
+        assert status == 422, out
+        assert [d["field"] for d in out["error"]["details"]] == ["image"], out
+        assert (carried or "kubernetes_images") in out["error"]["message"], out
+    status, out = await api.call("POST", "/clusters", json=body(name="v32", version="1.32"))
+    assert status == 202 and out["cluster"]["image"] == "debian-12-k8s-1.32", out
+    status, out = await api.call("POST", "/clusters", json=body(name="v33", version="1.33", image="debian-12-k8s-1.33"))
+    assert status == 202 and out["cluster"]["image"] == "debian-12-k8s-1.33", out
+    status, out = await api.call("GET", "/images")
+    assert status == 200 and {i["name"]: i["kubernetes"] for i in out["images"]} == {
+        "debian-12": None, "debian-12-k8s-1.32": "1.32.9", "debian-12-k8s-1.33": "1.33.5"}, out

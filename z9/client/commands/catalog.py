@@ -18,9 +18,11 @@ def regions(ctx: Ctx) -> int:
 
 def images(ctx: Ctx) -> int:
     got = ctx.client.list_images(region=ctx.args.region)
-    # DISK: the image's boot disk (GiB), the least --disk-gib a server of it may ask for
-    ctx.emit({"images": got}, lambda: table(("IMAGE", "REGIONS", "DISK GIB"), [
-        (i["name"], ", ".join(i["regions"]), "-" if i.get("disk_gib") is None else f"{i['disk_gib']:g}") for i in got]))
+    # DISK: the image's boot disk (GiB), the least --disk-gib a server of it may ask for; KUBERNETES:
+    # the release it carries (a cluster's --version picks the image of its minor)
+    ctx.emit({"images": got}, lambda: table(("IMAGE", "REGIONS", "DISK GIB", "KUBERNETES"), [
+        (i["name"], ", ".join(i["regions"]), "-" if i.get("disk_gib") is None else f"{i['disk_gib']:g}",
+         i.get("kubernetes") or "-") for i in got]))
     return OK
 
 

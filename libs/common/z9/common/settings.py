@@ -12,6 +12,7 @@ Defaults follow the architecture notes (§5): backoff base 2 s, cap 300 s, jitte
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -202,6 +203,10 @@ class PrivateNetworkSettings(BaseModel):
         return f"ip={ip}/{self.cidr.prefixlen}" + (f",gw={self.gateway}" if self.gateway else "")
 
 
+# a Kubernetes release as z9 keeps it (kubeadm's kubernetesVersion is it with a leading v)
+KUBERNETES_RELEASE = re.compile(r"1\.(?:[0-9]|[1-9][0-9])\.(?:0|[1-9][0-9]*)")
+
+
 class RegionSettings(BaseModel):
     """One region = one Proxmox VE cluster.
 
@@ -238,6 +243,12 @@ class RegionSettings(BaseModel):
         "each image's boot disk size in GiB, as its template has it (e.g. `{\"debian-12\": 2}`): a server asking for a "
         "smaller `disk_gib` is refused at the request (422 naming `disk_gib`) rather than accepted and failed by its "
         "job (disks cannot shrink); an image not listed is checked by the job only. `GET /v1/images` shows it"))
+    kubernetes_images: dict[str, str] = Field(default_factory=dict, description=(
+        "the Kubernetes release each cluster image carries — its kubeadm, kubelet and kubectl, as its builder "
+        "installed them (e.g. `{\"debian-12-k8s-1.33\": \"1.33.5\"}`): a cluster's `version` picks the first image "
+        "of that minor (or its `image` must carry that minor), its kubeadm config asks for exactly that release "
+        "(`kubernetesVersion`), and a version no image carries is refused at the request (422 naming `version`). "
+        "Members check the binaries they boot with against it"))
     request_timeout_s: float = 10.0
     resources_snapshot_s: float = Field(2.0, ge=0.0, le=60.0)
     resources_snapshot_create_s: float = Field(30.0, ge=0.0, le=600.0)
@@ -273,6 +284,24 @@ class RegionSettings(BaseModel):
         "(an address pool's or the private network's `nameservers`) names its own. A guest whose network names "
         "none has no DNS (its image pulls, package installs and the pod network fail): z9 fails its verify "
         "naming that"))
+
+    @field_validator("kubernetes_images")
+    @classmethod
+    def _kubernetes_releases(cls, v: dict[str, str]) -> dict[str, str]:
+        for image, release in v.items():
+            if not KUBERNETES_RELEASE.fullmatch(str(release)):
+                raise ValueError(f"kubernetes_images: {image!r} carries {release!r}, not a Kubernetes release "
+                                 "MAJOR.MINOR.PATCH (as `kubelet --version` prints it, without the v)")
+        return v
+
+    def kubernetes_image(self, minor: str, image: str | None = None) -> tuple[str, str] | None:
+        """``(image, release)`` of a cluster of Kubernetes ``minor`` (``1.33``): the named ``image``
+        when it carries that minor, else (no image named) the first image of the catalogue that does;
+        None when there is none."""
+        for name, release in self.kubernetes_images.items():
+            if (image is None or name == image) and release.rsplit(".", 1)[0] == minor:
+                return name, release
+        return None
 
     def guest_nameservers(self, own: Sequence[Any] = ()) -> list[str]:
         """The nameservers a guest is given: its network's own (``own``: the pool's or the private

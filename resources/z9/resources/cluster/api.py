@@ -135,7 +135,8 @@ class ClusterCreate(BaseModel):
     region: StrictStr = Field(min_length=1, max_length=63)
     version: Literal[VERSIONS] = Field(description="Kubernetes minor version")  # type: ignore[valid-type]
     image: StrictStr | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-                                    description="template the members are cloned from (default: the region's first image)")
+                                    description="template the members are cloned from: one carrying the asked Kubernetes minor "
+                                                "(default: the region's first image that does, `GET /v1/images`)")
     control_plane: ControlPlaneSpec
     node_pools: list[NodePoolSpec] = Field(default_factory=list, max_length=MAX_POOLS)
     address_pool: StrictStr | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
@@ -309,7 +310,36 @@ def check(settings: Settings, spec: ClusterCreate) -> None:
     if spec.image is not None and region.images and spec.image not in region.images:
         raise ValidationFailed(f"image: {spec.image!r} is not offered in region {spec.region}",
                                details=[{"field": "image", "message": "unknown image"}])
+    kubernetes_image(settings, spec)
     installation_key(settings)
+
+
+def kubernetes_image(settings: Settings, spec: ClusterCreate) -> tuple[str, str]:
+    """``(image, release)`` the cluster is built from: the image of the region's catalogue
+    (``kubernetes_images``) carrying the asked minor — the named one, or the first — else 422.
+
+    The image's kubeadm and kubelet are the cluster's: kubeadm deploys a control plane of its own
+    minor or one behind (``MinimumControlPlaneVersion = getSkewedKubernetesVersion(-1)``,
+    cmd/kubeadm/app/constants/constants.go; ``NormalizeKubernetesVersion``, cmd/kubeadm/app/util/
+    config/common.go: "this version of kubeadm only supports deploying clusters with the control
+    plane version >= …") and its preflight refuses a kubelet newer than the control plane
+    (``KubeletVersionCheck``, cmd/kubeadm/app/preflight/checks.go; the Version Skew Policy: "kubelet
+    must not be newer than kube-apiserver"). An image of another minor fails late (cloud-init's
+    error on the first member) or builds a cluster of another version than asked: refused here."""
+    region = settings.regions[spec.region]
+    picked = region.kubernetes_image(spec.version, spec.image)
+    if picked is not None:
+        return picked
+    if spec.image is not None:
+        carried = region.kubernetes_images.get(spec.image)
+        why = (f"it carries Kubernetes {carried}" if carried else
+               "the region's catalogue (kubernetes_images) names no Kubernetes release for it")
+        raise ValidationFailed(f"image: {spec.image!r} cannot build a Kubernetes {spec.version} cluster: {why}",
+                               details=[{"field": "image", "message": f"no Kubernetes {spec.version} in this image"}])
+    offered = ", ".join(f"{r} ({i})" for i, r in region.kubernetes_images.items()) or "none"
+    raise ValidationFailed(f"version: no image of region {spec.region} carries Kubernetes {spec.version} "
+                           f"(its cluster images carry: {offered})",
+                           details=[{"field": "version", "message": f"no image of the region carries {spec.version}"}])
 
 
 def member_totals(control_plane: dict[str, Any], node_pools: list[dict[str, Any]]) -> tuple[int, int]:
@@ -337,8 +367,7 @@ async def create(ctx: CreateContext, spec: ClusterCreate) -> tuple[Cluster, dict
     key = installation_key(ctx.settings)
     cores, memory_mib = member_totals(spec.control_plane.model_dump(), [p.model_dump() for p in spec.node_pools])
     await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, cores=cores, memory_mib=memory_mib, addresses=1)
-    region = ctx.settings.regions[spec.region]
-    image = spec.image or (region.images[0] if region.images else "debian-12")
+    image, _release = kubernetes_image(ctx.settings, spec)
     cid = new_id("k8s")
     pool = await addresses.pick_pool(ctx.conn, ctx.settings, spec.region, 4, spec.address_pool,
                                      field="address_pool", family_field="region")

@@ -270,7 +270,8 @@ KIND = KindSpec(
         Arg("--name", required=True, help="DNS label, unique in your tenant"),
         Arg("--region", required=True),
         Arg("--version", required=True, choices=VERSIONS, help="Kubernetes minor version"),
-        Arg("--image", help="template of the members (default: the region's first image)"),
+        Arg("--image", help="template of the members, carrying the --version (default: the region's first image "
+                                  "that does: z9 images list)"),
         Arg("--control-plane-count", type=int, choices=(1, 3, 5), default=1, help="1, 3 or 5 (default 1)"),
         Arg("--control-plane-cores", type=int),
         Arg("--control-plane-memory-mib", type=int, metavar="MiB"),

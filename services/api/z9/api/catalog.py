@@ -35,6 +35,8 @@ class Image(schemas.Response):
     regions: list[str] = Field(description="the regions offering it")
     disk_gib: float | None = Field(description="its boot disk's size (GiB; the largest of its regions'): the least "
                                                "`disk_gib` a server of it may ask for; null: not configured")
+    kubernetes: str | None = Field(None, description="the Kubernetes release it carries (kubeadm, kubelet, kubectl): "
+                                                     "a cluster of that minor is built from it; null: none")
 
 
 class ImageList(schemas.Response):
@@ -65,13 +67,17 @@ async def list_images(request: web.Request) -> web.Response:
                                details=[{"field": "region", "message": "unknown region"}])
     offered: dict[str, list[str]] = {}
     sizes: dict[str, float] = {}
+    releases: dict[str, str] = {}
     for name, r in sorted(settings.regions.items()):
         if only is None or name == only:
-            for image in r.images:
+            for image in [*r.images, *(i for i in r.kubernetes_images if i not in r.images)]:
                 offered.setdefault(image, []).append(name)
                 if image in r.image_disk_gib:
                     sizes[image] = max(sizes.get(image, 0.0), r.image_disk_gib[image])
-    return web.json_response(dump(ImageList, {"images": [{"name": i, "regions": rs, "disk_gib": sizes.get(i)}
+                if image in r.kubernetes_images:
+                    releases[image] = r.kubernetes_images[image]
+    return web.json_response(dump(ImageList, {"images": [{"name": i, "regions": rs, "disk_gib": sizes.get(i),
+                                                          "kubernetes": releases.get(i)}
                                                          for i, rs in sorted(offered.items())]}))
 
 
@@ -84,5 +90,7 @@ def operations() -> list[Operation]:
                                         "address_pools": [{"name": "public", "family": 4, "cidr": "203.0.113.0/24"}]}]}),
         Operation("GET", "/images", list_images, "listImages", "List the images servers can be created from",
                   "regions", {200: ImageList, 400: None, 422: None, **errors}, query=ImageQuery,
-                  example={"images": [{"name": "debian-12", "regions": ["dev-1"], "disk_gib": 2}]}),
+                  example={"images": [{"name": "debian-12", "regions": ["dev-1"], "disk_gib": 2, "kubernetes": None},
+                                      {"name": "debian-12-k8s-1.33", "regions": ["dev-1"], "disk_gib": 4,
+                                       "kubernetes": "1.33.5"}]}),
     ]

@@ -833,11 +833,13 @@ async def _converge_rules(ctx: JobContext, vm: VmState, want: tuple[FwRule, ...]
         rules, digest = await ctx.pve.firewall_rules(vm.node, vm.vmid)
 
 
-async def _converge_ip_filter(ctx: JobContext, spec: FirewallOwner, vm: VmState) -> None:
+async def _converge_ip_filter(ctx: JobContext, spec: FirewallOwner, vm: VmState,
+                              read: FirewallState | None = None) -> None:
     """The filter set holding exactly the spec's addresses (and the entries other types declare):
-    missing ones added, extra ones removed."""
+    missing ones added, extra ones removed. ``read``: the firewall as the caller just read it (its
+    set's entries — None: no such set — are not read again)."""
     name = ipfilter_set(spec.nic)
-    entries = await ctx.pve.ipset_entries(vm.node, vm.vmid, name)
+    entries = read.entries if read is not None else await ctx.pve.ipset_entries(vm.node, vm.vmid, name)
     if entries is None:
         await ctx.fence()
         await ctx.pve.ipset_create(vm.node, vm.vmid, name, comment="z9: addresses this VM may send from")
@@ -860,10 +862,11 @@ async def apply_firewall(ctx: JobContext, spec: FirewallOwner, vm: VmState, step
     the filter) on with the spec's policies: never a moment with the filter on and the VM's own
     address missing, nor with the firewall on and its rules not there yet. A write PVE refuses for a
     stale digest (someone changed the VM's firewall in between) is done again once on a fresh read.
-    ``read``: the firewall as the caller just read it (its rules and options are not read again)."""
+    ``read``: the firewall as the caller just read it (its set's entries, rules and options are not read
+    again; a write refused for a stale digest reads them anew)."""
     await nic_through_firewall(ctx, vm, spec.nic, step)
     if spec.ip_filter:
-        await _converge_ip_filter(ctx, spec, vm)
+        await _converge_ip_filter(ctx, spec, vm, read)
     want: dict[str, Any] = {}
     if spec.firewall is not None:
         want = {"enable": 1, "policy_in": spec.firewall.policy_in, "policy_out": spec.firewall.policy_out}

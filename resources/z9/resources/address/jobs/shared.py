@@ -183,8 +183,8 @@ async def observe(ctx: JobContext, want: str | None) -> World:
             h = await _holder(ctx, r, firewall=address.kind == "primary")
             if h is not None:
                 holders.append(h)
-        elif not is_z9_vm(r):
-            st = await ctx.pve.vm_state(r.node, r.vmid)
+        elif not is_z9_vm(r):  # its config's addresses only: no power state (one request, not two)
+            st = await ctx.pve.vm_state(r.node, r.vmid, status=False)
             for key, used in config_ips(st.config if st else {}).items():
                 if used == ip:
                     conflicts.append({"vmid": r.vmid, "node": r.node, "name": st.config.get("name") if st else None,
@@ -299,8 +299,9 @@ def _on(v: Any) -> bool:
 
 async def _retag(ctx: JobContext, step: Step, node: str, vmid: int, *, add: str | None = None,
                  remove: str | None = None) -> None:
-    """Add or remove one tag on the VM's fresh config (digest-checked), waiting for the task."""
-    st = await ctx.pve.vm_state(node, vmid)
+    """Add or remove one tag on the VM's fresh config (digest-checked), waiting for the task. The
+    config alone (tags, lock, digest): a tag is written whatever the VM's power state."""
+    st = await ctx.pve.vm_state(node, vmid, status=False)
     if st is None:
         raise TemporaryError(f"VM {vmid} disappeared from {node}")
     if st.lock:
@@ -391,7 +392,7 @@ async def _enable_ipfilter(ctx: JobContext, world: World, step: Step) -> None:
     """The filter's switch on (the address's part: ``ipfilter``), the NIC through the firewall (the VM
     machinery's helper); the VM firewall's ``enable`` and policies are the server's (its VM spec)."""
     node, vmid = step.detail["node"], step.detail["vmid"]
-    st = await ctx.pve.vm_state(node, vmid)
+    st = await ctx.pve.vm_state(node, vmid, status=False)  # its NIC's config: whatever its power state
     if st is None:
         raise TemporaryError(f"VM {vmid} disappeared from {node}")
     await vms.nic_through_firewall(ctx, st, "net0", step)

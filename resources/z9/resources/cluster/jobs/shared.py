@@ -35,9 +35,9 @@ Image contract
     what Flannel's CNI config chains), cloud-init with NoCloud, and the QEMU guest agent. z9 brings
     the rest: the kubeadm config in the API the minor reads (:func:`kubeadm_api_version`), the
     kube-vip static pod, and the pod network (:data:`POD_NETWORK`: Flannel at a pinned release,
-    whose manifest the node fetches when the job applies it on a control plane whose API answers —
-    applied by the job, not by runcmd, so that z9 reads its result back; ``kubectl apply`` is
-    idempotent). The simulator's kubeadm model (``simulator/z9/sim/kubeadm.py``) holds z9 to kubeadm's
+    whose manifest z9 renders and ships in every control plane's seed — never fetched — and the job
+    applies on a control plane whose API answers — by the job, not by runcmd, so that z9 reads its
+    result back; ``kubectl apply`` is idempotent). The simulator's kubeadm model (``simulator/z9/sim/kubeadm.py``) holds z9 to kubeadm's
     documented rules for all of it.
 
 Joins
@@ -116,12 +116,93 @@ KUBEADM_CONFIG = "/etc/z9/kubeadm.yaml"
 KUBE_VIP_MANIFEST = "/etc/kubernetes/manifests/kube-vip.yaml"
 KUBE_VIP_STAGED = "/etc/z9/kube-vip.yaml"  # put in place after kubeadm init/join (see bootstrap_files)
 KUBE_VIP_IMAGE = "ghcr.io/kube-vip/kube-vip:v0.8.0"
-# The pod network every cluster gets: Flannel, its release manifest at a pinned version, applied by
-# the job on the first control plane whose API answers (kubectl apply: idempotent) — the node
-# fetches it. Its net-conf.json network is 10.244.0.0/16, which the ClusterConfiguration's
-# networking.podSubnet must be (the controller-manager then allocates each node a podCIDR).
+# The pod network every cluster gets: Flannel at a pinned release, its manifest rendered by z9
+# (:func:`pod_network_manifest`) and shipped in every control plane's seed (``manifest``: the file),
+# applied by the job on the first control plane whose API answers (kubectl apply: idempotent) —
+# never fetched at boot. Its net-conf.json network is 10.244.0.0/16, which the
+# ClusterConfiguration's networking.podSubnet must be (the controller-manager then allocates each
+# node a podCIDR).
 POD_NETWORK = {"name": "flannel", "version": "v0.26.1", "pod_subnet": "10.244.0.0/16",
-               "manifest": "https://github.com/flannel-io/flannel/releases/download/v0.26.1/kube-flannel.yml"}
+               "manifest": "/etc/z9/kube-flannel.yml",
+               # the release's images (its kube-flannel.yml): flanneld and its CNI plugin
+               "image": "docker.io/flannel/flannel:v0.26.1",
+               "cni_plugin_image": "docker.io/flannel/flannel-cni-plugin:v1.5.1-flannel2"}
+
+
+def pod_network_manifest() -> list[dict[str, Any]]:
+    """Flannel v0.26.1's objects as its release's ``kube-flannel.yml`` defines them (flannel-io/
+    flannel ``Documentation/kube-flannel.yml`` at v0.26.1): the ``kube-flannel`` namespace (Pod
+    Security ``privileged``: flanneld needs the host network and NET_ADMIN), its RBAC (nodes read,
+    ``nodes/status`` patched: flanneld's kube subnet manager writes each node's lease annotations),
+    the ``kube-flannel-cfg`` ConfigMap (the CNI conflist — flannel delegating to the bridge plugin,
+    portmap chained — and ``net-conf.json``: :data:`POD_NETWORK`'s subnet, VXLAN) and the
+    ``kube-flannel-ds`` DaemonSet (init containers copying the flannel CNI binary to /opt/cni/bin and
+    the conflist to /etc/cni/net.d; flanneld ``--ip-masq --kube-subnet-mgr``). Rendered here and
+    shipped in the seed, so a node never fetches it; validated against Kubernetes' schemas of every
+    offered minor in the tests."""
+    labels = {"tier": "node", "app": "flannel", "k8s-app": "flannel"}
+    ns = "kube-flannel"
+    cni_conf = {"name": "cbr0", "cniVersion": "0.3.1", "plugins": [
+        {"type": "flannel", "delegate": {"hairpinMode": True, "isDefaultGateway": True}},
+        {"type": "portmap", "capabilities": {"portMappings": True}}]}
+    net_conf = {"Network": POD_NETWORK["pod_subnet"], "EnableNFTables": False, "Backend": {"Type": "vxlan"}}
+    image, plugin = POD_NETWORK["image"], POD_NETWORK["cni_plugin_image"]
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {
+            "k8s-app": "flannel", "pod-security.kubernetes.io/enforce": "privileged"}}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "flannel", "labels": {"k8s-app": "flannel"}},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+                   {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+                   {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "flannel", "labels": {"k8s-app": "flannel"}},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flannel"},
+         "subjects": [{"kind": "ServiceAccount", "name": "flannel", "namespace": ns}]},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": "flannel", "namespace": ns, "labels": {"k8s-app": "flannel"}}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-flannel-cfg", "namespace": ns,
+                                                               "labels": labels},
+         "data": {"cni-conf.json": json.dumps(cni_conf, indent=2) + "\n",
+                  "net-conf.json": json.dumps(net_conf, indent=2) + "\n"}},
+        {"apiVersion": "apps/v1", "kind": "DaemonSet",
+         "metadata": {"name": "kube-flannel-ds", "namespace": ns, "labels": labels},
+         "spec": {"selector": {"matchLabels": {"app": "flannel"}},
+                  "template": {"metadata": {"labels": labels}, "spec": {
+                      "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                          "nodeSelectorTerms": [{"matchExpressions": [
+                              {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}},
+                      "hostNetwork": True, "priorityClassName": "system-node-critical",
+                      "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
+                      "serviceAccountName": "flannel",
+                      "initContainers": [
+                          {"name": "install-cni-plugin", "image": plugin, "command": ["cp"],
+                           "args": ["-f", "/flannel", "/opt/cni/bin/flannel"],
+                           "volumeMounts": [{"name": "cni-plugin", "mountPath": "/opt/cni/bin"}]},
+                          {"name": "install-cni", "image": image, "command": ["cp"],
+                           "args": ["-f", "/etc/kube-flannel/cni-conf.json", "/etc/cni/net.d/10-flannel.conflist"],
+                           "volumeMounts": [{"name": "cni", "mountPath": "/etc/cni/net.d"},
+                                            {"name": "flannel-cfg", "mountPath": "/etc/kube-flannel/"}]}],
+                      "containers": [{
+                          "name": "kube-flannel", "image": image, "command": ["/opt/bin/flanneld"],
+                          "args": ["--ip-masq", "--kube-subnet-mgr"],
+                          "resources": {"requests": {"cpu": "100m", "memory": "50Mi"}},
+                          "securityContext": {"privileged": False,
+                                              "capabilities": {"add": ["NET_ADMIN", "NET_RAW"]}},
+                          "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                                  {"name": "POD_NAMESPACE",
+                                   "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                                  {"name": "EVENT_QUEUE_DEPTH", "value": "5000"}],
+                          "volumeMounts": [{"name": "run", "mountPath": "/run/flannel"},
+                                           {"name": "flannel-cfg", "mountPath": "/etc/kube-flannel/"},
+                                           {"name": "xtables-lock", "mountPath": "/run/xtables.lock"}]}],
+                      "volumes": [{"name": "run", "hostPath": {"path": "/run/flannel"}},
+                                  {"name": "cni-plugin", "hostPath": {"path": "/opt/cni/bin"}},
+                                  {"name": "cni", "hostPath": {"path": "/etc/cni/net.d"}},
+                                  {"name": "flannel-cfg", "configMap": {"name": "kube-flannel-cfg"}},
+                                  {"name": "xtables-lock",
+                                   "hostPath": {"path": "/run/xtables.lock", "type": "FileOrCreate"}}]}}}},
+    ]
 # kubeadm's discovery when the token is unknown or expired (cmd/kubeadm/app/discovery/token/token.go)
 _TOKEN_REFUSED = re.compile(r"could not find a JWS signature in the cluster-info ConfigMap for token ID")
 MAX_REJOINS = 3
@@ -162,6 +243,7 @@ class World:
     client_ca_unreachable: list[str] = field(default_factory=list)  # control planes not running
     unfiltered: list[str] = field(default_factory=list)  # members whose firewall (IP filter, rules) is not as wanted
     dns_ok: set[str] = field(default_factory=set)  # members whose resolv.conf this attempt saw name a nameserver
+    kubeadm_ok: set[str] = field(default_factory=set)  # members whose kubeadm this attempt saw at the image's release
 
 
 def desired_members(cluster: Cluster) -> list[MemberSpec]:
@@ -613,7 +695,8 @@ async def _delete_isos(ctx: JobContext, world: World, step: Step) -> None:
 async def _detach_bootstrap(ctx: JobContext, world: World, step: Step) -> None:
     assert world.cluster is not None
     for member in step.detail["members"]:
-        vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid)
+        # its config (the drive, the digest): a CD-ROM is set to none whatever the power state
+        vm = await ctx.pve.vm_state(world.vms[member].node, world.vms[member].vmid, status=False)
         if vm is not None:
             await detach_bootstrap(ctx, world.cluster, vm, Step(f"detach {member}"))
 
@@ -707,7 +790,7 @@ async def provision(ctx: JobContext, world: World, m: MemberSpec, *, init: bool)
             if init or rejoins == MAX_REJOINS:
                 raise PermanentError(f"{e} (re-joined {rejoins} times)") from e
             vm = await _rejoin(ctx, world, m, vm, step, str(e))
-    vm = await ctx.pve.vm_state(vm.node, vm.vmid) or vm
+    vm = await ctx.pve.vm_state(vm.node, vm.vmid, status=False) or vm  # its config (the drive, the digest)
     await detach_bootstrap(ctx, cluster, vm, step)
 
 
@@ -734,7 +817,9 @@ async def _attach_seed(ctx: JobContext, vm: VmState, volid: str, step: Step) -> 
         params["delete"] = ",".join(drop)
     await ctx.fence()
     await ctx.wait_task(step, await ctx.pve.configure(vm.node, vm.vmid, params, digest=vm.config.get("digest")))
-    return await ctx.pve.vm_state(vm.node, vm.vmid) or vm
+    # the config as written (its new digest); no power state: the caller starts the VM, and the start
+    # task answers "already running" for a VM someone else started (vms.ensure_running), as a read would
+    return await ctx.pve.vm_state(vm.node, vm.vmid, status=False) or vm
 
 
 async def _rejoin(ctx: JobContext, world: World, m: MemberSpec, vm: VmState, step: Step, why: str) -> VmState:
@@ -871,8 +956,22 @@ def _extra_args(api: str, args: dict[str, str]) -> list[dict[str, str]] | dict[s
     return [{"name": k, "value": v} for k, v in args.items()] if api.endswith("v1beta4") else dict(args)
 
 
+def cluster_release(settings: Any, cluster: Cluster) -> str:
+    """The Kubernetes release of the cluster's image (``MAJOR.MINOR.PATCH``), from the region's
+    catalogue (``kubernetes_images``, the API picked the image by it): kubeadm's
+    ``kubernetesVersion`` and what every member's kubeadm and kubelet must say. A permanent error
+    when the executor's catalogue names none for the image, or one of another minor."""
+    region = settings.regions.get(cluster.region)
+    release = region.kubernetes_images.get(cluster.image) if region is not None else None
+    if release is None or release.rsplit(".", 1)[0] != cluster.version:
+        why = f"carries Kubernetes {release}" if release else "has no Kubernetes release in the catalogue"
+        raise PermanentError(f"cluster {cluster.id} (Kubernetes {cluster.version}): its image {cluster.image!r} {why} "
+                             f"(Z9_REGIONS[{cluster.region}].kubernetes_images)")
+    return release
+
+
 def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, token: str | None,
-                    *, signing_duration_s: int = 86400) -> dict[str, str]:
+                    *, signing_duration_s: int = 86400, release: str | None = None) -> dict[str, str]:
     """``user-data`` and ``meta-data`` of member ``m`` (deterministic for one token).
 
     - cp-0 (``token`` None): the cluster's PKI, ``kubeadm init``; its kube-vip static pod mounts
@@ -885,12 +984,13 @@ def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, t
     - a worker: no PKI file at all — ``kubeadm join``'s preflight refuses an existing
       ``/etc/kubernetes/pki/ca.crt`` (``FileAvailable--etc-kubernetes-pki-ca.crt``) and the CA hash
       in ``caCertHashes`` authenticates the CA discovery fetches.
-    The config's apiVersion is the one the cluster's minor reads (:func:`kubeadm_api_version`); the
+    ``kubernetesVersion`` is ``release``, the image's own (:func:`cluster_release`; without one, the
+    minor's .0). The config's apiVersion is the one the cluster's minor reads (:func:`kubeadm_api_version`); the
     pod subnet is the pinned pod network's (:data:`POD_NETWORK`). With a users' client CA, every
     control plane holds it (crt and key) for kube-controller-manager's kube-apiserver-client signer
     (:func:`controller_manager_signing_args`, ``signing_duration_s`` its longest certificate)."""
     endpoint = f"{_ip(cluster.endpoint_ip)}:6443"
-    version = f"v{cluster.version}.0"
+    version = f"v{release or cluster.version + '.0'}"  # the image's release (:func:`cluster_release`)
     api = kubeadm_api_version(cluster.version)
     minor = int(str(cluster.version).split(".")[1])
     files: list[dict[str, str]] = []
@@ -902,6 +1002,9 @@ def bootstrap_files(cluster: Cluster, material: dict[str, str], m: MemberSpec, t
                           "permissions": "0600" if name.endswith(".key") else "0644"})
         files.append({"path": KUBE_VIP_STAGED, "permissions": "0600",
                       "content": yaml.safe_dump(_kube_vip(vip, ADMIN_CONF), sort_keys=False)})
+        # the pod network's manifest: applied from here by the job, never fetched (POD_NETWORK)
+        files.append({"path": POD_NETWORK["manifest"], "permissions": "0644",
+                      "content": yaml.safe_dump_all(pod_network_manifest(), sort_keys=False)})
         if token is None:
             files.append({"path": KUBE_VIP_MANIFEST, "permissions": "0600", "content": yaml.safe_dump(
                 _kube_vip(vip, SUPER_ADMIN_CONF if minor >= 29 else ADMIN_CONF), sort_keys=False)})
@@ -1008,7 +1111,8 @@ async def _ensure_iso(ctx: JobContext, cluster: Cluster, m: MemberSpec, vm: VmSt
     Its network-config gives the member its address on the region's private network (``private``;
     else DHCP) and the region's DNS (:func:`network_config`)."""
     files = bootstrap_files(cluster, await material_of(ctx, cluster), m, token,
-                            signing_duration_s=ctx.settings.kubeconfig_max_expiry_s)
+                            signing_duration_s=ctx.settings.kubeconfig_max_expiry_s,
+                            release=cluster_release(ctx.settings, cluster))
     data = nocloud.build_nocloud_iso(user_data=files["user-data"], meta_data=files["meta-data"],
                                      network_config=network_config(vm, private, vms.guest_nameservers(ctx)))
     name = f"{iso_prefix(cluster.id)}{m.name}-{hashlib.sha256(data).hexdigest()[:16]}.iso"
@@ -1081,6 +1185,13 @@ async def _ready_once(ctx: JobContext, world: World, m: MemberSpec, vm: VmState)
         if not vms.resolv_nameservers((resolv or b"").decode("utf-8", "replace")):
             raise PermanentError(f"member {m.name} (VM {vm.vmid} on {vm.node}): {vms.no_dns(vm.vmid)}")
         world.dns_ok.add(m.name)
+    assert world.cluster is not None
+    release = cluster_release(ctx.settings, world.cluster)
+    if m.name not in world.kubeadm_ok:  # the image's kubeadm, once per attempt (its kubelet: the node's report)
+        code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["kubeadm", "version", "-o", "short"], timeout_s=30)
+        if code != 0 or out.strip() != f"v{release}":
+            raise PermanentError(_wrong_binary(world, m, vm, "kubeadm", (out or err).strip(), release))
+        world.kubeadm_ok.add(m.name)
     if m.role == "control-plane":
         code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["kubectl", *ADMIN, "get", "--raw", "/readyz"],
                                                   timeout_s=30)
@@ -1099,14 +1210,28 @@ async def _ready_once(ctx: JobContext, world: World, m: MemberSpec, vm: VmState)
         return f"the control plane does not answer ({err.strip()})"
     for it in json.loads(out).get("items", []):
         if it["metadata"]["name"] == m.name:
+            kubelet = ((it.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion")
+            if kubelet != f"v{release}":  # what the member's kubelet reports of itself (NodeSystemInfo)
+                raise PermanentError(_wrong_binary(world, m, vm, "kubelet", str(kubelet), release))
             conds = {c.get("type"): c.get("status") for c in (it.get("status") or {}).get("conditions") or []}
             return "" if conds.get("Ready") == "True" else "its node is not Ready"
     return "it is not a node of the cluster yet"
 
 
+def _wrong_binary(world: World, m: MemberSpec, vm: VmState, binary: str, found: str, release: str) -> str:
+    """A member whose image does not carry the release its catalogue entry names: the cluster would
+    run another Kubernetes than asked (kubeadm's own skew checks pass a patch or a minor apart)."""
+    cluster = world.cluster
+    assert cluster is not None
+    return (f"member {m.name} (VM {vm.vmid} on {vm.node}): its {binary} is {found or 'missing'}, but its image "
+            f"{cluster.image!r} is declared to carry Kubernetes v{release} (Z9_REGIONS[{cluster.region}]."
+            "kubernetes_images): the image or the catalogue is wrong")
+
+
 async def _apply_pod_network(ctx: JobContext, m: MemberSpec, vm: VmState) -> None:
-    """``kubectl apply -f`` the pinned pod network's manifest on a control plane whose API answers
-    (idempotent: ``unchanged`` when it is there). The nodes are Ready only once it runs."""
+    """``kubectl apply -f`` the pinned pod network's manifest — the file the control plane's seed
+    wrote (:func:`pod_network_manifest`) — on a control plane whose API answers (idempotent:
+    ``unchanged`` when it is there). The nodes are Ready only once it runs."""
     await ctx.fence()
     code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["kubectl", *ADMIN, "apply", "-f",
                                                                  POD_NETWORK["manifest"]], timeout_s=120)
@@ -1126,10 +1251,11 @@ async def detach_bootstrap(ctx: JobContext, cluster: Cluster, vm: VmState, step:
                                                       digest=vm.config.get("digest")))
     member = vms.member_of(vm)
     storage = volid.split(":", 1)[0]
-    for other in await ctx.pve.storage_isos(vm.node, storage):
+    listed = await ctx.pve.storage_isos(vm.node, storage)  # one listing for all of them
+    for other in listed:
         if other != volid and iso_member(cluster.id, other) == member:
-            await delete_iso(ctx, vm.node, other, step)
-    await delete_iso(ctx, vm.node, volid, step)
+            await delete_iso(ctx, vm.node, other, step, listed=listed)
+    await delete_iso(ctx, vm.node, volid, step, listed=listed)
 
 
 async def _drop_failed_iso(ctx: JobContext, vm: VmState) -> None:
@@ -1146,9 +1272,11 @@ async def _drop_failed_iso(ctx: JobContext, vm: VmState) -> None:
         log.warning("VM %s: could not delete its bootstrap ISO %s after cloud-init failed: %s", vm.vmid, volid, e)
 
 
-async def delete_iso(ctx: JobContext, node: str, volid: str, step: Step) -> None:
+async def delete_iso(ctx: JobContext, node: str, volid: str, step: Step, *, listed: list[str] | None = None) -> None:
+    """Delete the ISO ``volid`` unless the storage does not hold it (``listed``: the storage's
+    listing the caller has just read in this step, not read again)."""
     storage = volid.split(":", 1)[0]
-    if volid not in await ctx.pve.storage_isos(node, storage):
+    if volid not in (listed if listed is not None else await ctx.pve.storage_isos(node, storage)):
         return
     await ctx.fence()
     upid = await ctx.pve.delete_volume(node, storage, volid)
