@@ -1263,8 +1263,8 @@ async def _destroy_vm(ctx: JobContext, st: VmState, step: Step) -> None:
     if st.running:
         raise TemporaryError(f"VM {st.vmid} is running again; stopping it first next attempt")
     # destroy_vm frees every disk the VM owns: never one another type keeps on it (a volume's, detached
-    # before by its jobs) — each type's vm_destroy_guard, through the registry
-    resources.refuse_vm_destroy(st.vmid, st.node, st.config)
+    # before by its jobs) — the parts declared outlives_vm, through the registry: held (a snooze) until gone
+    await resources.refuse_vm_destroy(ctx, st)
     if str(st.config.get("protection", "0")) == "1":
         # Lift our protection on exactly the config the guard just read (digest), then destroy.
         await ctx.fence()

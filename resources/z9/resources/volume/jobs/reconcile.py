@@ -67,9 +67,10 @@ class VolumeIntent:
     # a verify once saw the volume's disk (the row's observed names its volid): a disk found nowhere now
     # is lost, never made again — a new blank disk would silently stand in for the customer's data
     had_disk: bool = False
-    # where a failed volume's disk was last seen (the row's observed volid): a bare unusedN of that volid is
-    # its disk after an unplug whose job failed before the reassign (that job's own record is gone with it)
-    last_volid: str | None = None
+    # every volid z9 recorded for the disk (the row's ``disk_volids``: where a verify last saw it, and what
+    # steps acted on since): a bare unusedN of one of them is its disk — an operator unplugged the drive
+    # (``delete=scsiN`` drops the serial), or an unplug whose job failed before the reassign
+    volids: tuple[str, ...] = ()
 
     @property
     def serial(self) -> str:
@@ -116,7 +117,7 @@ async def observe(ops: DiskOps, intent: VolumeIntent, *, find_anchor: FindVm, fi
     # the volids the volume's disk had when a step of ours took it off a server (each plan carries them
     # on, so the record outlives the attempt that made it: a replan keeps it in its detach step)
     volids = [*recorded(last_steps or [], "unplug", "volid"), *recorded(last_steps or [], "detach", "volid"),
-              *([intent.last_volid] if intent.last_volid else [])]
+              *intent.volids]
     w.anchor = await find_anchor(intent.volume_id)
     if w.anchor is None:
         for rec in recorded(last_steps or [], "create", "vmid"):
@@ -388,6 +389,12 @@ async def _attach(env: StepEnv, intent: VolumeIntent, step: Step, w: VolumeWorld
     await env.wait_task(step, await env.ops.reassign(anchor.node, anchor.vmid, p.disk.key, target.vmid, key,
                                                      digest=anchor.config.get("digest"),
                                                      target_digest=target.config.get("digest")))
+    # the disk's name on the server (pve-storage rename_volume picks it): recorded at once, so that an
+    # operator's unplug before the next verify still leaves a disk z9 knows (the deletion guard, a detach)
+    after = await env.ops.vm_state(target.node, target.vmid, status=False)
+    d = find_volume_disk(after.config, intent.serial) if after is not None else None
+    if d is not None:
+        await env.record(step, vmid=target.vmid, node=target.node, key=d.key, volid=d.volid)
 
 
 async def _resize(env: StepEnv, intent: VolumeIntent, step: Step, w: VolumeWorld) -> None:

@@ -32,7 +32,8 @@ def intent_of(row: vol.Volume, kind: str) -> rec.VolumeIntent:
     return rec.VolumeIntent(row.id, row.name, row.size_gib, row.storage, server_id=row.server_id,
                             delete=kind == vol.VOLUME_DELETE,
                             had_disk=bool(row.observed and row.observed.get("volid")),
-                            last_volid=(row.observed or {}).get("volid") if row.status == "failed" else None)
+                            volids=tuple(dict.fromkeys([*row.disk_volids, *([row.observed["volid"]] if row.observed
+                                                                            and row.observed.get("volid") else [])])))
 
 
 def known_servers(row: vol.Volume, job: Job) -> list[str]:
@@ -51,6 +52,8 @@ def _env(ctx: JobContext, row: vol.Volume, intent: rec.VolumeIntent) -> rec.Step
     ops = ProxmoxDisks(ctx.pve)
 
     async def record(step: Step, **detail: Any) -> None:
+        if detail.get("volid"):  # one more place the disk may be, for the deletion guard too, before acting
+            await vol.store.add_disk_volid(ctx.pool, row.id, detail["volid"])
         await ctx.step_detail(step, **detail)
         seen = list(ctx.memo.get("seen", [])) + [{"name": step.name, "detail": dict(detail)}]
         await ctx.remember(seen=seen[-20:])
