@@ -58,7 +58,11 @@ def _env(ctx: JobContext, row: vol.Volume, intent: rec.VolumeIntent) -> rec.Step
         seen = list(ctx.memo.get("seen", [])) + [{"name": step.name, "detail": dict(detail)}]
         await ctx.remember(seen=seen[-20:])
 
-    return rec.StepEnv(ops, lambda: _observe(ctx, row, intent), ctx.wait_task, ctx.fence, record, ctx.pve.nodes)
+    async def send_create(vmid: int, node: str, send: Any) -> str:
+        return await vms.send_create(ctx, row.id, rec.ANCHOR_MEMBER, vmid, node, send)
+
+    return rec.StepEnv(ops, lambda: _observe(ctx, row, intent), ctx.wait_task, ctx.fence, record, ctx.pve.nodes,
+                       send_create)
 
 
 async def _observe(ctx: JobContext, row: vol.Volume, intent: rec.VolumeIntent) -> rec.VolumeWorld:
@@ -68,8 +72,13 @@ async def _observe(ctx: JobContext, row: vol.Volume, intent: rec.VolumeIntent) -
     async def server(owner: str) -> Any:
         return await vms.find_one_vm(ctx, owner)
 
+    # the anchor creates ever sent for it (the ledger every VM create goes through): one whose answer was
+    # lost may still land, and a late one is adopted by its vmid
+    requests = await vms.clone_requests(ctx, row.id, rec.ANCHOR_MEMBER)
     return await rec.observe(ProxmoxDisks(ctx.pve), intent, find_anchor=anchor, find_server=server,
-                             known_servers=known_servers(row, ctx.job), last_steps=list(ctx.memo.get("seen", [])))
+                             known_servers=known_servers(row, ctx.job), last_steps=list(ctx.memo.get("seen", [])),
+                             created=tuple((m.vmid, m.node) for m in requests),
+                             create_uncertain_s=vms.create_uncertain_left_s(ctx, requests))
 
 
 class VolumeKind:
