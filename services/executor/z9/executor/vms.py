@@ -330,6 +330,21 @@ def create_uncertain_left_s(ctx: JobContext, requests: list[store.CloneRequest])
     return 0.0 if since is None else max(0.0, since + ctx.settings.uncertain_window_s - ctx.clock.time())
 
 
+async def create_adopted(ctx: JobContext, owner: str, vmid: int,
+                         requests: list[store.CloneRequest]) -> list[store.CloneRequest]:
+    """VM ``vmid``, made by a create of ``owner``'s whose answer was lost, is found and taken as
+    ours (it carries our marker or identity): that request's outcome is known now — recorded as
+    answered, so that nothing waits out its window any more (a final delete after the create
+    adopted its clone). Returns ``requests`` as they stand after."""
+    out = []
+    for m in requests:
+        if m.vmid == vmid and m.uncertain_since is not None:
+            await store.vm_clone_answered(ctx.pool, owner, m.member, m.vmid, None)
+            m = replace(m, uncertain_since=None)
+        out.append(m)
+    return out
+
+
 async def send_create(ctx: JobContext, owner: str, member: str, vmid: int, node: str,
                       send: Callable[[], Awaitable[str]],
                       refused: tuple[type[BaseException], ...] = (VmidTaken,)) -> str:
@@ -496,6 +511,8 @@ async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
         requests = await clone_requests(ctx, spec.owner, spec.member)
         clones = await find_own_clones(ctx, spec.owner, requests, set())
         vm = clones[0] if clones else None
+        if vm is not None and vm.lock != "clone":  # made (our marker on it): its request is answered
+            requests = await create_adopted(ctx, spec.owner, vm.vmid, requests)
         if vm is None and any(m.upid or m.uncertain_since is not None for m in requests):
             # The ledger names a clone that was (or may have been) made, and it is not at the node
             # it recorded: deleted — or moved (a migration, an HA relocation), where only a listing

@@ -75,10 +75,15 @@ async def _observe(ctx: JobContext, row: vol.Volume, intent: rec.VolumeIntent) -
     # the anchor creates ever sent for it (the ledger every VM create goes through): one whose answer was
     # lost may still land, and a late one is adopted by its vmid
     requests = await vms.clone_requests(ctx, row.id, rec.ANCHOR_MEMBER)
-    return await rec.observe(ProxmoxDisks(ctx.pve), intent, find_anchor=anchor, find_server=server,
-                             known_servers=known_servers(row, ctx.job), last_steps=list(ctx.memo.get("seen", [])),
-                             created=tuple((m.vmid, m.node) for m in requests),
-                             create_uncertain_s=vms.create_uncertain_left_s(ctx, requests))
+    w = await rec.observe(ProxmoxDisks(ctx.pve), intent, find_anchor=anchor, find_server=server,
+                          known_servers=known_servers(row, ctx.job), last_steps=list(ctx.memo.get("seen", [])),
+                          created=tuple((m.vmid, m.node) for m in requests),
+                          create_uncertain_s=vms.create_uncertain_left_s(ctx, requests))
+    if w.anchor is not None and any(m.vmid == w.anchor.vmid and m.uncertain_since is not None for m in requests):
+        # the late create landed and is the anchor: its outcome is known (a delete later waits for nothing)
+        requests = await vms.create_adopted(ctx, row.id, w.anchor.vmid, requests)
+        w.create_uncertain_s = vms.create_uncertain_left_s(ctx, requests)
+    return w
 
 
 class VolumeKind:
