@@ -91,6 +91,10 @@ class VolumeObserved(schemas.Response):
     size_gib: float | None
     serial: str = Field(description="the drive's serial: the guest's /dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_<serial>")
     device: str
+    extra_anchors: list[VolumeAnchor] = Field(
+        default_factory=list, description="other VMs carrying the volume's anchor identity (copies made by hand: "
+                                          "a clone inherits the tags); z9 keeps the one holding the volume's disk, "
+                                          "reports these and never touches them")
     at: schemas.OptTimestamp
 
 

@@ -95,6 +95,7 @@ class VolumeWorld:
     placed: Placed | None = None
     target: VmState | None = None  # the VM of intent.server_id (found by its tag), if any
     creating: VmState | None = None  # a VM our recorded create made, still locked (lock: create)
+    extra_anchors: list[VmState] = field(default_factory=list)  # copies of the anchor z9 reports, never touches
     # how long a create of ours whose answer was lost may still be performed (the create ledger's window):
     # while no anchor is found, no other is made
     create_uncertain_s: float = 0.0
@@ -159,6 +160,21 @@ async def observe(ops: DiskOps, intent: VolumeIntent, *, find_anchor: FindVm, fi
             if d is not None:
                 w.placed = Placed(vm, d, sid)
     return w
+
+
+def anchor_of(found: list[VmState], intent: VolumeIntent) -> tuple[VmState, list[VmState]]:
+    """Pure: of several VMs carrying the volume's anchor identity (an operator cloned the anchor: the clone
+    inherits its tags, and a full clone copies its disk, serial and all), the one holding the volume's
+    disk — by a volid z9 recorded for it first (a copy's disk has a new name), else by its serial — and
+    the others, which z9 reports and never touches. PermanentError when that does not single one out."""
+    for holds in (lambda v: any(d.volid in intent.volids for d in parse_disks(v.config)),
+                  lambda v: find_volume_disk(v.config, intent.serial) is not None):
+        keep = [v for v in found if holds(v)]
+        if len(keep) == 1:
+            return keep[0], [v for v in found if v is not keep[0]]
+    where = ", ".join(f"{v.vmid} on {v.node}" for v in found)
+    raise PermanentError(f"volume {intent.volume_id}: {len(found)} VMs carry its anchor's identity ({where}) and "
+                         "none alone holds its disk; an operator must remove the extra ones")
 
 
 # ================================================================ plan (pure)
@@ -470,4 +486,6 @@ def observed(intent: VolumeIntent, w: VolumeWorld) -> dict[str, Any]:
         "disk": None if p is None else p.disk.key, "volid": None if p is None else p.disk.volid,
         "size_gib": None if p is None or p.disk.size_gib is None else _gib(p.disk.size_gib), "serial": intent.serial,
         "device": f"/dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_{intent.serial}",
+        **({"extra_anchors": [{"vmid": v.vmid, "node": v.node} for v in w.extra_anchors]} if w.extra_anchors
+           else {}),
     }

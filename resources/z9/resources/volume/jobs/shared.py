@@ -13,6 +13,7 @@ verify   observe again: the plan must be empty; records where the disk is (``att
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import asyncpg
@@ -26,6 +27,8 @@ from z9.resources import volume as vol
 from z9.resources.volume import VOLUME
 
 from . import reconcile as rec
+
+log = logging.getLogger("z9.resources.volume")
 
 
 def intent_of(row: vol.Volume, kind: str) -> rec.VolumeIntent:
@@ -66,8 +69,25 @@ def _env(ctx: JobContext, row: vol.Volume, intent: rec.VolumeIntent) -> rec.Step
 
 
 async def _observe(ctx: JobContext, row: vol.Volume, intent: rec.VolumeIntent) -> rec.VolumeWorld:
+    extra: list[Any] = []
+    # copies of the anchor reported before (by a verify, or earlier in this job): never the anchor again,
+    # not even once the real one is gone (a delete destroys the volume's anchor, never an operator's copy)
+    reported = {int(a["vmid"]) for a in (row.observed or {}).get("extra_anchors") or []} | {
+        int(x) for x in ctx.memo.get("extra_anchors", [])}
+
     async def anchor(owner: str) -> Any:
-        return await vms.find_one_vm(ctx, owner, rec.ANCHOR_MEMBER)
+        found = await vms.find_vms(ctx, owner, rec.ANCHOR_MEMBER)
+        extra.extend(v for v in found if v.vmid in reported)
+        found = [v for v in found if v.vmid not in reported]
+        if len(found) <= 1:
+            return found[0] if found else None
+        keep, others = rec.anchor_of(found, intent)
+        log.warning("volume %s: VMs %s carry its anchor's identity too (copies made by hand?); keeping VM %s, "
+                    "which holds its disk, and leaving them alone", row.id,
+                    ", ".join(f"{v.vmid} on {v.node}" for v in others), keep.vmid)
+        extra.extend(others)
+        await ctx.remember(extra_anchors=sorted(reported | {v.vmid for v in others}))
+        return keep
 
     async def server(owner: str) -> Any:
         return await vms.find_one_vm(ctx, owner)
@@ -79,6 +99,7 @@ async def _observe(ctx: JobContext, row: vol.Volume, intent: rec.VolumeIntent) -
                           known_servers=known_servers(row, ctx.job), last_steps=list(ctx.memo.get("seen", [])),
                           created=tuple((m.vmid, m.node) for m in requests),
                           create_uncertain_s=vms.create_uncertain_left_s(ctx, requests))
+    w.extra_anchors = extra
     if w.anchor is not None and any(m.vmid == w.anchor.vmid and m.uncertain_since is not None for m in requests):
         # the late create landed and is the anchor: its outcome is known (a delete later waits for nothing)
         requests = await vms.create_adopted(ctx, row.id, w.anchor.vmid, requests)
