@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from z9.common.clock import TestClock
 from z9.executor.proxmox import ProxmoxClient
+from z9.resources.volume.pve import ProxmoxDisks
 
 from tests.support import REGION, SimAdmin, Stack, wait_until
 
@@ -137,3 +138,36 @@ async def test_a_detach_that_failed_part_way_holds_the_servers_destroy(stack: St
     after = await _volume(stack, v["id"])
     assert after["status"] == "available", after
     assert await _disk_is_on(sim, after["observed"]["anchor"]["vmid"], after["observed"]["serial"])
+
+
+async def test_a_disk_left_only_on_the_storage_holds_the_servers_destroy(stack: Stack, sim: SimAdmin,
+                                                                        clock: TestClock) -> None:
+    """The volume's drive taken out of the server VM's config file by hand (not through the API: the image
+    stays on the storage, owned by the VM's vmid, named in no config). z9's destroy sends
+    ``destroy-unreferenced-disks=1`` (qemu-server destroy_vm ``$purge_unreferenced``: every image of the
+    vmid on every storage), so the guard lists the VM's images on the storage of each volid it recorded:
+    the server's final delete waits, naming the volume, and the image is kept."""
+    s, v = await _attached(stack, "storage-only")
+    obs = v["observed"]
+    vm = await sim.vm(obs["vmid"])
+    cfg = {k: val for k, val in vm["config"].items() if k != obs["disk"]}
+    await sim._req("POST", "/vms", json={"vmid": vm["vmid"], "node": vm["node"], "running": vm["running"],
+                                         "config": cfg})
+    status, out = await stack.call("DELETE", f"/servers/{s['id']}")
+    assert status == 202, out
+    await _settled(stack, v["id"])  # its detach cannot find the disk in any config: it fails
+    clock.step(stack.settings.deletion_buffer_s)
+
+    async def held() -> dict | None:
+        jobs = [j for j in await _jobs(stack, s["id"]) if j["kind"] == "ServerDelete"]
+        j = jobs[-1] if jobs else None
+        return j if j is not None and j["status"] == "retry" and j.get("error") else None
+    job = await wait_until(held, 120, "the server's final delete held")
+    assert v["id"] in job["error"]["message"] and obs["volid"] in job["error"]["message"], job
+    assert await sim.vm(obs["vmid"]) is not None
+    pve = ProxmoxClient(REGION, stack.settings.regions[REGION])
+    try:
+        listed = await ProxmoxDisks(pve).images(obs["node"], obs["volid"].split(":", 1)[0], obs["vmid"])
+    finally:
+        pve.close()
+    assert obs["volid"] in {r["volid"] for r in listed}  # the volume's data is still there
