@@ -78,6 +78,10 @@ class SimAdmin:
     async def fault(self, **spec: Any) -> str:
         return (await self._req("POST", "/faults", json=spec))["id"]
 
+    async def delete_fault(self, fault_id: str) -> None:
+        """The rule :meth:`fault` added fires no more."""
+        await self._req("DELETE", f"/faults/{fault_id}")
+
     async def configure(self, **cfg: Any) -> None:
         await self._req("PUT", "/config", json=cfg)
 

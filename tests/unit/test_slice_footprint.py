@@ -18,6 +18,7 @@ VOLUME_NAMES = re.compile(
 
 OUTSIDE = {
     "db/z9/db/migrations/0018_volumes.sql": "its table (a migration)",
+    "db/z9/db/migrations/0029_volume_disk_volids.sql": "its disk's recorded volids (a migration)",
     "db/z9/db/schema.sql": "the schema snapshot, regenerated from the migrations",
     "db/z9/db/migrations/0020_quota_limits.sql": "the quota rows' migration mirrors the old per-unit columns",
     "libs/common/z9/common/settings.py": "its region settings volume_storage, volume_max_gib",

@@ -1080,3 +1080,7 @@ CREATE TRIGGER tenant_quota_limits_to_columns
     FOR EACH ROW WHEN (pg_trigger_depth() < 1)
     EXECUTE FUNCTION tenant_quota_limits_to_columns();
 
+
+-- migration 0029: a volume's disk by every volid z9 recorded for it (see db/z9/db/migrations/0029_volume_disk_volids.sql)
+ALTER TABLE volumes ADD COLUMN disk_volids text[] NOT NULL DEFAULT '{}';
+CREATE INDEX volumes_region_disk_volids ON volumes (region) WHERE status <> 'deleted' AND disk_volids <> '{}';

@@ -36,7 +36,7 @@ from types import ModuleType
 from typing import Any, Awaitable, Callable, Generic, Protocol, TypeVar
 
 from z9.common import store
-from z9.common.errors import GuardRefusal
+from z9.common.errors import Snooze
 from z9.common.ids import GENERIC_PREFIXES
 from z9.common.models import utc_now_iso
 from z9.common.store import DB, NewJob
@@ -139,7 +139,11 @@ class VmParts:
     prefixes; ``ipset_entries``: the comment prefixes of its entries in a VM's ``ipfilter-netN``
     sets; ``firewall_options``: the VM firewall options it writes; ``firewall_rules``: the comment
     prefixes of the VM firewall rules it writes (each rule z9 writes carries its writer's comment);
-    ``outlives_vm``: what it keeps on a VM must survive that VM (a VM holding it is never destroyed)."""
+    ``outlives_vm``: what it keeps on a VM must survive that VM (a VM holding it is never destroyed);
+    ``recorded(ctx, vm)``: what of VM ``vm`` its rows recorded as its parts beyond what the config shows
+    by value (a volume's disk by every volid z9 recorded for it: a bare ``unusedN`` an operator's unplug
+    left, an image of the VM's vmid on a storage): config key (or image) → what it is, for each part
+    found — asked before every destroy with the job's context (its database pool, region, Proxmox client)."""
 
     config: tuple[str, ...] = ()
     config_value: Callable[[str, Any], str | None] | None = None
@@ -148,6 +152,7 @@ class VmParts:
     firewall_options: tuple[str, ...] = ()
     firewall_rules: tuple[str, ...] = ()
     outlives_vm: bool = False
+    recorded: Callable[[Any, Any], Awaitable[dict[str, str]]] | None = None
 
     def owns_config(self, key: str, value: Any) -> str | None:
         """What this part is when config entry ``key: value`` belongs to it, else None."""
@@ -464,18 +469,34 @@ async def restore_dependents(conn: Any, type_name: str, row: Any, settings: Any)
     return list(await store.job_insert_many(conn, jobs))
 
 
-def refuse_vm_destroy(vmid: int, node: str, config: Any) -> None:
-    """The deletion guard of the declared parts: GuardRefusal (permanent, logged at error level) when
-    the config of a VM about to be destroyed holds an entry some type declares ``outlives_vm`` (PVE's
-    destroy frees every disk the VM owns: a volume's disk on it would go with it)."""
-    for key, value in (config or {}).items():
-        for rt in types():
-            what = rt.vm_parts.owns_config(key, value) if rt.vm_parts.outlives_vm else None
+#: how long a destroy held by a part that outlives the VM waits before it looks again (a snooze: no attempt)
+HELD_DESTROY_RETRY_S = 30.0
+
+
+async def refuse_vm_destroy(ctx: Any, vm: Any) -> None:
+    """The deletion guard of the declared parts, right before the executor destroys VM ``vm`` (a fresh
+    :class:`~z9.executor.proxmox.VmState`; ``ctx`` the job's context): PVE's destroy frees every disk the
+    VM owns — in its config, ``unusedN`` included, and with ``destroy-unreferenced-disks`` every image of
+    its vmid — so while the VM holds a part some type declares ``outlives_vm`` (by value in its config,
+    or by what that type's rows recorded: ``VmParts.recorded``) the destroy waits: a Snooze naming the
+    parts (the job in ``retry``, no attempt spent, until ``snooze_limit_s``), logged at warning level,
+    until their own jobs have taken them off (a volume's detach, to its anchor)."""
+    held: dict[str, str] = {}  # config key (or image) -> what it is
+    for rt in types():
+        if not rt.vm_parts.outlives_vm:
+            continue
+        for key, value in (vm.config or {}).items():
+            what = rt.vm_parts.owns_config(key, value)
             if what is not None:
-                msg = (f"deletion guard refused to destroy VM {vmid} on {node}: {key} ({str(value).split(',', 1)[0]}) "
-                       f"is {what} of a {rt.name}, which outlives the VM; its own jobs take it off first")
-                _guard_log.error(msg)
-                raise GuardRefusal(msg)
+                held[key] = f"{key} ({str(value).split(',', 1)[0]}) is {what} of a {rt.name}"
+        if rt.vm_parts.recorded is not None:
+            held.update(await rt.vm_parts.recorded(ctx, vm))  # its own words name the row
+    if held:
+        msg = (f"deletion guard: VM {vm.vmid} on {vm.node} is not destroyed while it holds "
+               + "; ".join(held[k] for k in sorted(held))
+               + " — which outlive the VM; waiting for their own jobs to take them off")
+        _guard_log.warning(msg)
+        raise Snooze(msg, delay_s=HELD_DESTROY_RETRY_S)
 
 
 def config_owner(key: str, value: Any) -> ResourceType[Any] | None:

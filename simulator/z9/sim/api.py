@@ -52,7 +52,8 @@ Admin API (no auth, loopback peers only), JSON in and out:
 - ``POST /_sim/stats/refresh`` → ``{"ok": true}`` (refresh the ``/cluster/resources`` stats cache now).
 - ``POST /_sim/vms`` ``{vmid, node, config: {k: v}, running}`` → the VM (upsert) — a VM changed out of
   band, e.g. a foreign VM with its own ``ipconfig0``: its cloud-init keys count as applied and, when
-  running, it booted from the drive they generate;
+  running, it booted from the drive they generate; a disk an upsert no longer names stays on its storage
+  (the config file edited by hand: an image of the vmid no config references);
   ``DELETE /_sim/vms/{vmid}`` → ``{"deleted": 1}``.
   ``guest`` (optional, ``{files?: {path: base64}, models?: {...}}``): the VM's guest disk state — a
   template's image content, which its clones inherit with the disk (``{"models": {"appliance":
@@ -1198,6 +1199,7 @@ async def admin_vm_put(request: web.Request) -> web.Response:
         return web.json_response({"error": f"bad VM: {e}"}, status=400)
     if vm.node not in ctx.cluster.nodes:
         return web.json_response({"error": f"unknown node {vm.node}"}, status=400)
+    _keep_dropped_images(ctx.cluster, vm)
     guest = b.get("guest")
     if guest is not None:
         if not isinstance(guest, dict):
@@ -1216,6 +1218,25 @@ async def admin_vm_put(request: web.Request) -> web.Response:
             have._files.update(g._files)
             have.models.update(g.models)
     return web.json_response(vm.to_json())
+
+
+def _keep_dropped_images(c: Cluster, new: VM) -> None:
+    """A VM put in place over an existing one is its config file edited by hand: a disk the new config
+    no longer names stays on its storage, an image owned by the vmid that no config references (pve-storage
+    keeps images apart from configs: ``vdisk_list`` lists it by its ``vm-<vmid>-…`` name, and qemu-server
+    destroy_vm's ``$purge_unreferenced`` frees it with ``destroy-unreferenced-disks``)."""
+    from .disks import DISK_RE
+
+    old = c.vms.get(new.vmid)
+    if old is None:
+        return
+    named = {str(v).split(",", 1)[0] for v in new.config.values()}
+    for k, val in sorted(old.config.items()):
+        volid = str(val).split(",", 1)[0]
+        if not DISK_RE.fullmatch(k) or ":" not in volid or "cloudinit" in volid or "media=cdrom" in str(val):
+            continue
+        if volid not in named:
+            c.storage.orphan_add(volid, old.node, c.volume_size(old, k), old.vmid)
 
 
 async def admin_vm_delete(request: web.Request) -> web.Response:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from z9.resources import (Buffered, QuotaUnit, QuotaUsage, ResourceType, VmParts, on_deletion, on_final_delete, on_restore,
                           register)
 from z9.resources.volume.model import Volume, serial_of  # noqa: F401  (serial_of: the slice's public name)
-from z9.resources.volume.guard import volume_disk
+from z9.resources.volume.guard import recorded_disks, volume_disk
 
 STATUSES = ("creating", "available", "attached", "deleting", "destroying", "deleted", "failed")
 
@@ -77,8 +77,9 @@ VOLUME: ResourceType[Volume] = register(ResourceType(
     statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale, order=50,
     quotas=(QuotaUnit("volume_gib", "GiB of volumes", example=(1000, 50)),),
     quota_usage=QuotaUsage("volume_quota_usage", {"volume_gib": "volumes' sizes (GiB)"}),
-    # its disk, on whatever VM it is (found by serial): kept by every convergence, never destroyed with the VM
-    vm_parts=VmParts(config_value=volume_disk, outlives_vm=True), lock_before_restore=lock_server_first,
+    # its disk, on whatever VM it is (found by serial, and by every volid z9 recorded for it): kept by every
+    # convergence, never destroyed with the VM
+    vm_parts=VmParts(config_value=volume_disk, recorded=recorded_disks, outlives_vm=True), lock_before_restore=lock_server_first,
     pve_endpoints=("POST /nodes/{node}/qemu", "POST /nodes/{node}/qemu/{vmid}/move_disk"),
 ))
 
@@ -117,6 +118,11 @@ async def server_deleting(conn: Any, server: Any, options: Any, settings: Any) -
     given = {k: v for k, v in (options or {}).items() if k in ServerDeleteOptions.model_fields}
     delete_volumes = ServerDeleteOptions.model_validate(given).delete_volumes  # the API validated it first
     jobs = []
+    # a volume meant for none whose disk was last seen on this server (its own detach failed part-way: a
+    # bare unusedN there) is taken off it too — the server's destroy waits for it (the deletion guard)
+    for v in await store.last_seen_on(conn, server.id):
+        jobs.append(VOLUME.new_job(v, VOLUME_DETACH, args={}, max_attempts=settings.max_attempts,
+                                   extra_lock_keys=(server.id,)))
     for v in await of_server(conn, server.id):
         if delete_volumes:
             row = await VOLUME.mark_deleting(conn, v.id, v.tenant_id, settings.deletion_buffer_s)

@@ -91,6 +91,10 @@ class VolumeObserved(schemas.Response):
     size_gib: float | None
     serial: str = Field(description="the drive's serial: the guest's /dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_<serial>")
     device: str
+    extra_anchors: list[VolumeAnchor] = Field(
+        default_factory=list, description="other VMs carrying the volume's anchor identity (copies made by hand: "
+                                          "a clone inherits the tags); z9 keeps the one holding the volume's disk, "
+                                          "reports these and never touches them")
     at: schemas.OptTimestamp
 
 
@@ -243,8 +247,12 @@ def _operations(api: ApiResource) -> list[Operation]:
         async def fn(conn: Any, settings: Settings, tenant_id: str, v: Volume) -> Any:
             seen_on = (v.observed or {}).get("server_id")
             if v.server_id is None and v.status == "failed" and seen_on:
-                # a detach that failed (its disk still on the server it was last seen on): detach it again
-                return v, vol.VOLUME_DETACH, {"from": seen_on}, (seen_on,)
+                # a detach that failed (its disk still on the server it was last seen on): detach it again —
+                # after that server's own jobs, unless it is being deleted: its final delete waits for this
+                # detach (the deletion guard holds the VM's destroy while the disk is on it), never before it
+                seen = await server_store.server_get(conn, seen_on, tenant_id)
+                deleting_seen = seen is not None and seen.status in ("deleting", "destroying", "deleted")
+                return v, vol.VOLUME_DETACH, {"from": seen_on}, (() if deleting_seen else (seen_on,))
             if v.server_id is None:
                 raise Conflict(f"volume {v.id} is not attached to a server", code="volume_not_attached")
             row = await vol.set_server(conn, v.id, None)

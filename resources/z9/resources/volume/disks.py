@@ -100,6 +100,16 @@ def find_volume_disk(config: Mapping[str, Any], serial: str, volids: tuple[str, 
     return None
 
 
+_OWNER_RE = re.compile(r"(?:^|/)(?:vm|base)-(\d+)-")
+
+
+def owner_vmid(volid: str) -> int | None:
+    """The VM owning image ``volid`` by its name (pve-storage Plugin.pm ``parse_volname``: ``vm-<vmid>-…``,
+    ``base-<vmid>-…``; a directory storage's ``<vmid>/vm-<vmid>-disk-0.qcow2``), or None."""
+    m = _OWNER_RE.search(volid.split(":", 1)[-1])
+    return int(m.group(1)) if m else None
+
+
 def free_drive_key(config: Mapping[str, Any], pending: Mapping[str, Any] | None = None, bus: str = "scsi",
                    first: int = 1) -> str | None:
     """The lowest free ``<bus>N`` (N ≥ ``first``) of a VM, its pending keys counted; None: all taken."""

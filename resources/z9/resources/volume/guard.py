@@ -5,9 +5,12 @@ when every disk on it belongs to what the job is allowed to destroy.
 VM *owns*, and a reassigned disk is owned by the VM it was moved to (pve-storage ``rename_volume``): a
 server's VM destroyed with a volume still on it would take the volume's data with it. So:
 
-- :func:`volume_disk` — the type's declared part of a VM (``VmParts.config_value``, ``outlives_vm``): the
-  registry's deletion guard (``z9.resources.refuse_vm_destroy``, run before the executor destroys any VM,
-  of any type) refuses while the VM holds a disk carrying a volume serial.
+- :func:`volume_disk` and :func:`recorded_disks` — the type's declared part of a VM (``VmParts.config_value``,
+  ``VmParts.recorded``, ``outlives_vm``): the registry's deletion guard (``z9.resources.refuse_vm_destroy``,
+  run before the executor destroys any VM, of any type) holds the destroy while the VM holds a disk
+  carrying a volume serial, or a disk z9 recorded for a volume by its volid — a bare ``unusedN`` (an
+  operator's ``delete=scsiN``, a detach of the volume's own cut short) or an image of the VM's vmid on a
+  storage that its config no longer names (``destroy-unreferenced-disks`` frees those too).
 - :func:`guard_disks` — the volume jobs' own check: a volume's delete refuses when its anchor holds any
   disk other than this volume's; a server deleted with ``delete_volumes`` passes the serials it may take.
 
@@ -22,7 +25,7 @@ from typing import Any, Mapping
 
 from z9.common.errors import GuardRefusal
 
-from .disks import is_volume_serial, parse_disks
+from .disks import is_volume_serial, owner_vmid, parse_disks
 
 log = logging.getLogger("z9.executor.vms")  # where the VM guard's refusals log
 
@@ -57,3 +60,29 @@ def volume_disk(key: str, value: Any) -> str | None:
         if d.serial is not None and is_volume_serial(d.serial):
             return f"volume disk {d.serial}"
     return None
+
+
+async def recorded_disks(ctx: Any, vm: Any) -> dict[str, str]:
+    """The volume's part on VM ``vm`` by what z9 recorded (its ``VmParts.recorded``): each disk of its config
+    whose volid z9 recorded for a volume not deleted (``volumes.disk_volids``), serial or not, and each
+    such image of the VM's vmid on a storage that the config does not name (listed: PVE's
+    ``destroy-unreferenced-disks`` would free it). Config key (or the image's volid) → what it is."""
+    from z9.resources.volume import store
+    from z9.resources.volume.pve import ProxmoxDisks
+
+    recorded = await store.disks_of_region(ctx.pool, ctx.job.region)
+    if not recorded:
+        return {}
+    held: dict[str, str] = {}
+    named = set()
+    for d in parse_disks(vm.config or {}):
+        named.add(d.volid)
+        if d.volid in recorded:
+            held[d.key] = f"{d.key} ({d.volid}) is the disk of volume {recorded[d.volid]}"
+    owned = {volid: vid for volid, vid in recorded.items() if volid not in named and owner_vmid(volid) == vm.vmid}
+    for storage in sorted({volid.split(":", 1)[0] for volid in owned}):
+        present = {str(r.get("volid")) for r in await ProxmoxDisks(ctx.pve).images(vm.node, storage, vm.vmid)}
+        for volid in sorted(v for v in owned if v in present and v.startswith(storage + ":")):
+            held[volid] = (f"{volid} (on its storage, not in its config: PVE's destroy frees it with the VM) is "
+                           f"the disk of volume {owned[volid]}")
+    return held

@@ -31,6 +31,8 @@ class Volume:
     created_at: datetime
     updated_at: datetime
     deleted_at: datetime | None
+    # every volid the disk may have now, as z9 recorded it (verify's, and the steps' since): db migration 0029
+    disk_volids: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
 
     @classmethod

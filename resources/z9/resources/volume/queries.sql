@@ -42,9 +42,11 @@ WHERE id = $1 AND tenant_id = $2 AND status <> 'deleted'
 RETURNING *;
 
 -- name: volume_observed
--- What verify saw; the status it established ($3) only from one of $4 (never over a deletion).
+-- What verify saw; the status it established ($3) only from one of $4 (never over a deletion). The disk
+-- is where verify saw it: its recorded volids are that one alone.
 UPDATE volumes
 SET observed = $2, observed_at = now(), updated_at = now(),
+    disk_volids = CASE WHEN $2::jsonb->>'volid' IS NULL THEN disk_volids ELSE ARRAY[$2::jsonb->>'volid'] END,
     status = {{status_if_allowed($3, $4, volume_status)}},
     status_reason = {{reason_cleared_if_allowed($3, $4)}}
 WHERE id = $1
@@ -53,6 +55,23 @@ RETURNING *;
 -- name: volume_of_server
 -- The live volumes meant to be on server $1 (a server's delete detaches them or deletes them).
 SELECT * FROM volumes WHERE server_id = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
+ORDER BY id FOR UPDATE;
+
+-- name: volume_add_disk_volid
+-- A step is about to move or unplug the volume's disk ($2: the volid it acts on), or an attach moved it
+-- ($2: the volid it got on the server): one more place the disk may be until a verify sees it.
+UPDATE volumes SET disk_volids = array_append(disk_volids, $2)
+WHERE id = $1 AND status <> 'deleted' AND NOT ($2 = ANY (disk_volids));
+
+-- name: volume_disks_of_region
+-- The deletion guard's record of region $1: every volume not deleted, with the volids its disk may have.
+SELECT id, disk_volids FROM volumes WHERE region = $1 AND status <> 'deleted' AND disk_volids <> '{}';
+
+-- name: volume_last_seen_on_server
+-- The live volumes meant for no server whose disk a verify last saw on server $1 (a detach of theirs failed
+-- part-way, the disk left there): a server's deletion takes them off it too.
+SELECT * FROM volumes
+WHERE server_id IS NULL AND observed->>'server_id' = $1 AND status NOT IN ('deleting', 'destroying', 'deleted')
 ORDER BY id FOR UPDATE;
 
 -- name: volume_count_of_server

@@ -62,6 +62,20 @@ async def of_server(db: Any, server_id: str) -> list[Volume]:
     return [Volume.from_record(r) for r in await db.fetch(q("volume_of_server"), server_id)]
 
 
+async def last_seen_on(db: Any, server_id: str) -> list[Volume]:
+    """The live volumes meant for no server whose disk was last seen on ``server_id`` (locked FOR UPDATE)."""
+    return [Volume.from_record(r) for r in await db.fetch(q("volume_last_seen_on_server"), server_id)]
+
+
+async def add_disk_volid(db: Any, volume_id: str, volid: str) -> None:
+    await db.execute(q("volume_add_disk_volid"), volume_id, volid)
+
+
+async def disks_of_region(db: Any, region: str) -> dict[str, str]:
+    """Every volid recorded for a volume of ``region`` not deleted → that volume's id."""
+    return {volid: r["id"] for r in await db.fetch(q("volume_disks_of_region"), region) for volid in r["disk_volids"]}
+
+
 async def count_of_server(db: Any, server_id: str, other_than: str = "") -> int:
     return int(await db.fetchval(q("volume_count_of_server"), server_id, other_than))
 

@@ -165,6 +165,8 @@ def translate(exc: BaseException, what: str) -> Exception:
 
 #: how often one guest-agent call is tried when it fails in passing (ProxmoxClient._agent)
 AGENT_TRIES = 5
+#: how often ProxmoxClient.agent_exec runs a command again whose outcome was lost
+RUN_AGAIN = 3
 #: the guest agent did not answer this once ("QEMU guest agent is not running": qemu-server's QMP
 #: timeout or an agent restarting) — unlike "No QEMU guest agent configured" or a stopped VM
 _AGENT_NOT_RUNNING = re.compile(r"QEMU guest agent is not running")
@@ -808,17 +810,41 @@ class ProxmoxClient:
     # ------------------------------------------------------------------ the guest agent
 
     async def agent_exec(self, node: str, vmid: int, argv: list[str], *, timeout_s: float = 60.0,
-                         poll_s: float = 0.2, learn: str | None = None) -> tuple[int, str, str]:
+                         poll_s: float = 0.2, learn: str | None = None,
+                         in_passing: bool = True) -> tuple[int, str, str]:
         """Run ``argv`` in the guest (``agent/exec``, then ``agent/exec-status`` until it exited):
         ``(exitcode, stdout, stderr)``. Raises TemporaryError while the agent does not answer
         (booting: ``QEMU guest agent is not running``) or when the command outlives ``timeout_s``.
+
+        Every command run so may run twice (z9's are checks, or written to be idempotent: ``kubectl
+        apply``, a token create that takes "already exists" as done): one whose outcome was lost — the
+        ``exec`` performed without an answer (:class:`OutcomeUnknown`), or its ``exec-status`` answer
+        lost, after which qemu-ga no longer knows the pid (:class:`ExecStatusLost`) — is run again, at
+        most :data:`RUN_AGAIN` times, within the step. An agent that answers "not running" once is
+        asked again (:meth:`_agent`) unless ``in_passing`` is False (a caller that polls a booting
+        guest itself: each poll answers at once).
 
         ``learn`` names a command whose runs take about as long as each other (a guest's look at
         its cloud-init): its first ``exec-status`` waits about as long as it took lately (as a
         task's first poll does, :meth:`_poll_task`) instead of asking at once — qemu-ga answers
         ``exited: 0`` until the process ends, and each question is a request through pveproxy."""
-        res = await self._call("POST /nodes/{node}/qemu/{vmid}/agent/exec", f"exec {argv[0]} in VM {vmid}",
-                               lambda: self._api.nodes(node).qemu(vmid).agent.exec.post(command=list(argv)))
+        for again in range(RUN_AGAIN, -1, -1):
+            try:
+                return await self._agent_exec_once(node, vmid, argv, timeout_s, poll_s, learn, in_passing)
+            except (OutcomeUnknown, ExecStatusLost) as e:
+                if again == 0:
+                    raise
+                log.info("%s in VM %s: its outcome is lost (%s); running it again", argv[0], vmid, e)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _agent_exec_once(self, node: str, vmid: int, argv: list[str], timeout_s: float, poll_s: float,
+                               learn: str | None, in_passing: bool) -> tuple[int, str, str]:
+        endpoint, what = "POST /nodes/{node}/qemu/{vmid}/agent/exec", f"exec {argv[0]} in VM {vmid}"
+
+        def post() -> Any:
+            return self._api.nodes(node).qemu(vmid).agent.exec.post(command=list(argv))
+        res = await (self._agent(endpoint, what, post, repeatable=False) if in_passing
+                     else self._call(endpoint, what, post))
         pid = int(res["pid"])
         t0 = time.monotonic()
         deadline = t0 + timeout_s
@@ -827,8 +853,7 @@ class ProxmoxClient:
             await asyncio.sleep(min(first, timeout_s))
         seen_running = False
         while True:
-            st = await self._call("GET /nodes/{node}/qemu/{vmid}/agent/exec-status", f"exec-status in VM {vmid}",
-                                  lambda: self._api.nodes(node).qemu(vmid).agent("exec-status").get(pid=pid))
+            st = await self.agent_exec_status(node, vmid, pid)
             if int(st.get("exited") or 0):
                 if learn:
                     self.exec_took(learn, time.monotonic() - t0, seen_running)

@@ -34,6 +34,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable
 from typing import Any, Mapping, Protocol
 from urllib.parse import quote
 
@@ -322,6 +323,61 @@ def clone_uncertain_since(requests: list[store.CloneRequest]) -> float | None:
     return max(times) if times else None
 
 
+def create_uncertain_left_s(ctx: JobContext, requests: list[store.CloneRequest]) -> float:
+    """How long a create request in ``requests`` without a recorded answer may still be performed
+    (``uncertain_window_s`` from when it was last known in flight), 0 when none may."""
+    since = clone_uncertain_since(requests)
+    return 0.0 if since is None else max(0.0, since + ctx.settings.uncertain_window_s - ctx.clock.time())
+
+
+async def create_adopted(ctx: JobContext, owner: str, vmid: int,
+                         requests: list[store.CloneRequest]) -> list[store.CloneRequest]:
+    """VM ``vmid``, made by a create of ``owner``'s whose answer was lost, is found and taken as
+    ours (it carries our marker or identity): that request's outcome is known now — recorded as
+    answered, so that nothing waits out its window any more (a final delete after the create
+    adopted its clone). Returns ``requests`` as they stand after."""
+    out = []
+    for m in requests:
+        if m.vmid == vmid and m.uncertain_since is not None:
+            await store.vm_clone_answered(ctx.pool, owner, m.member, m.vmid, None)
+            m = replace(m, uncertain_since=None)
+        out.append(m)
+    return out
+
+
+async def send_create(ctx: JobContext, owner: str, member: str, vmid: int, node: str,
+                      send: Callable[[], Awaitable[str]],
+                      refused: tuple[type[BaseException], ...] = (VmidTaken,)) -> str:
+    """Send one request that creates VM ``vmid`` on ``node`` for ``owner``'s ``member`` — a clone, a
+    volume's anchor ``POST /nodes/{n}/qemu``: every VM create goes through this one ledger
+    (``vm_clone_requests``). The request is recorded *before* it is sent (fenced by the lease) and
+    its answer right after: an answer lost (timeout, connection dropped: OutcomeUnknown), or a
+    sender killed in between, leaves it uncertain for ``uncertain_window_s`` — the next attempt
+    finds the VM it may still make by the recorded vmid, and makes no other meanwhile
+    (:func:`create_uncertain_left_s`). ``refused``: answers that say nothing was made (the vmid
+    taken…): the request is forgotten. Any other error is an answer (nothing in flight); the vmid
+    stays recorded, so a deletion still looks there. Returns the task's UPID."""
+    await store.vm_clone_sent(ctx.pool, ctx.lease, owner, member, vmid, node)
+    try:
+        upid = await send()
+    except refused:
+        await store.vm_clone_refused(ctx.pool, owner, member, vmid)
+        raise
+    except (OutcomeUnknown, asyncio.CancelledError):
+        # The answer is lost: the request stays unanswered; it was in flight until now (a sender
+        # that dies here leaves it uncertain from when it was recorded).
+        try:
+            await store.vm_clone_lost(ctx.pool, owner, member, vmid)
+        except Exception as e:  # database gone: it stays uncertain from sent_at
+            log.warning("job %s: could not mark the create request of VM %s lost: %s", ctx.job.id, vmid, e)
+        raise
+    except Exception:
+        await store.vm_clone_answered(ctx.pool, owner, member, vmid, None)
+        raise
+    await store.vm_clone_answered(ctx.pool, owner, member, vmid, upid)
+    return upid
+
+
 async def find_suspect(ctx: JobContext, recorded: tuple[int, str] | None, ours: list[VmState]) -> VmState | None:
     """The VM at the (vmid, node) the database last recorded, when it is not one of ``ours``: a
     row can be stale and point at someone else's VM — or at a platform VM."""
@@ -455,6 +511,8 @@ async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
         requests = await clone_requests(ctx, spec.owner, spec.member)
         clones = await find_own_clones(ctx, spec.owner, requests, set())
         vm = clones[0] if clones else None
+        if vm is not None and vm.lock != "clone":  # made (our marker on it): its request is answered
+            requests = await create_adopted(ctx, spec.owner, vm.vmid, requests)
         if vm is None and any(m.upid or m.uncertain_since is not None for m in requests):
             # The ledger names a clone that was (or may have been) made, and it is not at the node
             # it recorded: deleted — or moved (a migration, an HA relocation), where only a listing
@@ -1083,24 +1141,24 @@ async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) 
         node = spec.node or tpl.node
         if tpl.vmid in ctx.pve.local_templates:
             node = tpl.node
-        # Record the request *before* sending it: until its answer is recorded it is uncertain
+        # Recorded *before* it is sent (send_create): until its answer is recorded it is uncertain
         # (the next attempt waits for it and a deletion looks at every vmid ever asked for).
-        await store.vm_clone_sent(ctx.pool, ctx.lease, spec.owner, spec.member, newid, node)
         await ctx.remember(clone={"member": spec.member, "vmid": newid, "node": node, "upid": None})
         await ctx.step_detail(step, vmid=newid, node=node, template=tpl.vmid)
+        def clone(newid: int = newid, node: str = node) -> Awaitable[str]:
+            return ctx.pve.clone(tpl.node, tpl.vmid, newid=newid, name=spec.name, description=spec.marker,
+                                 target=node)
         try:
-            upid = await ctx.pve.clone(tpl.node, tpl.vmid, newid=newid, name=spec.name, description=spec.marker,
-                                       target=node)
+            upid = await send_create(ctx, spec.owner, spec.member, newid, node, clone,
+                                     refused=(VmidTaken, CloneNeedsSharedStorage))
         except VmidTaken:
-            # A parallel create won this vmid (a definite answer: nothing was cloned). Forget it
-            # and pick again; never adopt that VM.
-            await store.vm_clone_refused(ctx.pool, spec.owner, spec.member, newid)
+            # A parallel create won this vmid (a definite answer: nothing was cloned; forgotten).
+            # Pick again; never adopt that VM.
             ctx.pve.vmid_taken(newid)
             continue
         except CloneNeedsSharedStorage:
-            # Refused before any task (nothing cloned): this template is on local storage. Forget
-            # the request and clone on the template's node (the migrate step moves it).
-            await store.vm_clone_refused(ctx.pool, spec.owner, spec.member, newid)
+            # Refused before any task (nothing cloned; forgotten): this template is on local
+            # storage. Clone on the template's node (the migrate step moves it).
             ctx.pve.local_templates.add(tpl.vmid)
             if world.template_shared:
                 # planned without a migrate step (the storages looked shared): plan again, now
@@ -1109,20 +1167,6 @@ async def _clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Step) 
                 raise TemporaryError(f"PVE refused to clone template {tpl.vmid} to node {node} (VM uses "
                                      "local storage) though its storages looked shared; planning a migration")
             continue
-        except (OutcomeUnknown, asyncio.CancelledError):
-            # The answer is lost: the request stays unanswered; it was in flight until now (a
-            # sender that dies here leaves it uncertain from when it was recorded).
-            try:
-                await store.vm_clone_lost(ctx.pool, spec.owner, spec.member, newid)
-            except Exception as e:  # database gone: it stays uncertain from sent_at
-                log.warning("job %s: could not mark the clone request to VM %s lost: %s", ctx.job.id, newid, e)
-            raise
-        except Exception:
-            # Any other error is an answer (the hypervisor refused or failed the request): not
-            # uncertain. The vmid stays recorded, so a deletion still looks there.
-            await store.vm_clone_answered(ctx.pool, spec.owner, spec.member, newid, None)
-            raise
-        await store.vm_clone_answered(ctx.pool, spec.owner, spec.member, newid, upid)
         await ctx.remember(clone={"member": spec.member, "vmid": newid, "node": node, "upid": upid})
         try:
             await ctx.wait_task(step, upid)
@@ -1266,8 +1310,8 @@ async def _destroy_vm(ctx: JobContext, st: VmState, step: Step) -> None:
     if st.running:
         raise TemporaryError(f"VM {st.vmid} is running again; stopping it first next attempt")
     # destroy_vm frees every disk the VM owns: never one another type keeps on it (a volume's, detached
-    # before by its jobs) — each type's vm_destroy_guard, through the registry
-    resources.refuse_vm_destroy(st.vmid, st.node, st.config)
+    # before by its jobs) — the parts declared outlives_vm, through the registry: held (a snooze) until gone
+    await resources.refuse_vm_destroy(ctx, st)
     if str(st.config.get("protection", "0")) == "1":
         # Lift our protection on exactly the config the guard just read (digest), then destroy.
         await ctx.fence()

@@ -475,7 +475,7 @@ async def cloud_init_error(ctx: JobContext, vm: VmState) -> str | None:
     """cloud-init's error text when it ended in error in ``vm``; None otherwise (or unknown)."""
     try:
         code, out, _ = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cloud-init", "status", "--format", "json"],
-                                                timeout_s=30)
+                                                timeout_s=30, in_passing=False)
         st = json.loads(out) if out else {}
     except (TemporaryError, PermanentError, ValueError):
         return None
@@ -780,6 +780,7 @@ async def provision(ctx: JobContext, world: World, m: MemberSpec, *, init: bool)
         volid = await _ensure_iso(ctx, cluster, m, vm, token, step, private)
         vm = await ctx.pve.vm_state(vm.node, vm.vmid) or vm
         vm = await _attach_seed(ctx, vm, volid, step)
+    booting_since = None if vm.running else time.monotonic()  # a boot this attempt starts is measured
     if not vm.running:
         await vms.ensure_running(ctx, step, vm)
     for rejoins in range(MAX_REJOINS + 1):
@@ -789,7 +790,9 @@ async def provision(ctx: JobContext, world: World, m: MemberSpec, *, init: bool)
         except JoinTokenRefused as e:
             if init or rejoins == MAX_REJOINS:
                 raise PermanentError(f"{e} (re-joined {rejoins} times)") from e
-            vm = await _rejoin(ctx, world, m, vm, step, str(e))
+            booted_s = await _boot_took_s(ctx, vm, booting_since)
+            vm = await _rejoin(ctx, world, m, vm, step, str(e), ttl_s=join_ttl_s(ctx, booted_s))
+            booting_since = time.monotonic()
     vm = await ctx.pve.vm_state(vm.node, vm.vmid, status=False) or vm  # its config (the drive, the digest)
     await detach_bootstrap(ctx, cluster, vm, step)
 
@@ -822,15 +825,35 @@ async def _attach_seed(ctx: JobContext, vm: VmState, volid: str, step: Step) -> 
     return await ctx.pve.vm_state(vm.node, vm.vmid, status=False) or vm
 
 
-async def _rejoin(ctx: JobContext, world: World, m: MemberSpec, vm: VmState, step: Step, why: str) -> VmState:
+def join_ttl_s(ctx: JobContext, booted_s: float) -> float:
+    """The life of a token minted again for a member whose join it refused: long enough for the boot z9
+    measured (``booted_s``: from its start to the refusal — the boot, cloud-init and the join's own
+    retries, an upper bound) twice over, on top of ``cluster_join_token_ttl_s`` — a guest that boots
+    slower than a token lives would otherwise outlive every re-minted token alike."""
+    return ctx.settings.cluster_join_token_ttl_s + 2.0 * max(0.0, booted_s)
+
+
+async def _boot_took_s(ctx: JobContext, vm: VmState, since: float | None) -> float:
+    """How long the member's boot took until its join was refused: since this attempt started or
+    rebooted it, else its uptime (a boot an earlier attempt started)."""
+    if since is not None:
+        return time.monotonic() - since
+    st = await ctx.pve.vm_state(vm.node, vm.vmid)
+    return float(st.uptime_s or 0) if st is not None else 0.0
+
+
+async def _rejoin(ctx: JobContext, world: World, m: MemberSpec, vm: VmState, step: Step, why: str, *,
+                  ttl_s: float | None = None) -> VmState:
     """The member's join was refused for its token (it booted after the token's lifetime): a new
-    token minted and registered, a new ISO with it (a new instance-id: cloud-init runs the
-    bootstrap again) swapped in for the old one, which is deleted, and the VM rebooted."""
+    token minted and registered (living ``ttl_s``: the boot time z9 measured, :func:`join_ttl_s`), a
+    new ISO with it (a new instance-id: cloud-init runs the bootstrap again) swapped in for the old
+    one, which is deleted, and the VM rebooted."""
     cluster = world.cluster
     assert cluster is not None
-    log.info("cluster %s: %s — minting a new join token and joining again", cluster.id, why)
+    log.info("cluster %s: %s — minting a new join token (living %.0fs) and joining again", cluster.id, why,
+             ttl_s or ctx.settings.cluster_join_token_ttl_s)
     old = _bootstrap_volume(vm)
-    token = await _token(ctx, world, m, fresh=True)
+    token = await _token(ctx, world, m, fresh=True, ttl_s=ttl_s)
     volid = await _ensure_iso(ctx, cluster, m, vm, token, step, await member_private_address(ctx, world, m))
     vm = await _attach_seed(ctx, await ctx.pve.vm_state(vm.node, vm.vmid) or vm, volid, step)
     if old and old != volid:
@@ -850,18 +873,21 @@ def token_clock() -> float:
     return time.time()
 
 
-async def _token(ctx: JobContext, world: World, m: MemberSpec, *, fresh: bool = False) -> str:
-    """The member's join token: remembered (memo) before it is registered on a control plane;
-    replaced when older than half its ttl, or when ``fresh`` (the guest reported the join refused it)."""
-    ttl = ctx.settings.cluster_join_token_ttl_s
+async def _token(ctx: JobContext, world: World, m: MemberSpec, *, fresh: bool = False,
+                 ttl_s: float | None = None) -> str:
+    """The member's join token: remembered (memo, with its ttl) before it is registered on a control
+    plane; replaced when older than half its ttl, or when ``fresh`` (the guest reported the join refused
+    it: then it lives ``ttl_s``, else ``cluster_join_token_ttl_s``)."""
     key = f"token:{m.name}"  # one memo key per member: parallel members' writes never overwrite each other
     got = ctx.memo.get(key)
     now = token_clock()
     cluster_id = ctx.job.resource_id or ""
     token = open_join_token(ctx, cluster_id, m.name, got) if got is not None else None
+    ttl = float((got or {}).get("ttl_s") or ctx.settings.cluster_join_token_ttl_s)
     if token is None or fresh or now - float(got["minted_at"]) > ttl / 2:
+        ttl = ttl_s if fresh and ttl_s else ctx.settings.cluster_join_token_ttl_s
         token = pki.new_bootstrap_token()
-        got = {**seal_join_token(ctx, cluster_id, m.name, token), "minted_at": now}
+        got = {**seal_join_token(ctx, cluster_id, m.name, token), "minted_at": now, "ttl_s": ttl}
         await ctx.remember(**{key: got})
     cp = await _api_vm(ctx, world)
     code, out, err = await ctx.pve.agent_exec(cp.node, cp.vmid, ["kubeadm", "token", "create", token, "--ttl",
@@ -1158,8 +1184,9 @@ async def wait_ready(ctx: JobContext, world: World, m: MemberSpec, vm: VmState) 
 
 async def _ready_once(ctx: JobContext, world: World, m: MemberSpec, vm: VmState) -> str:
     """'' when Ready, else what is still missing. Raises PermanentError when cloud-init failed."""
+    # (polled while the guest boots: an agent not running yet answers at once, the loop asks again)
     code, out, err = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cloud-init", "status", "--format", "json"],
-                                              timeout_s=30)
+                                              timeout_s=30, in_passing=False)
     try:
         st = json.loads(out) if out else {}
     except ValueError:

@@ -6,7 +6,10 @@ Where a volume's disk lives (see :mod:`z9.resources.volume.disks` for identity):
 - **detached**: on the volume's *anchor*, a stopped config-only VM (no NIC, never started) tagged
   ``z9-id-<vol>``, ``z9-member-volume``, ``z9-role-customer``, holding the disk as ``scsi0`` with the
   volume's serial. Created with the disk in one ``POST /nodes/{node}/qemu`` (``scsi0=<storage>:<GiB>,
-  serial=…``: Qemu.pm create_disks → vdisk_alloc).
+  serial=…``: Qemu.pm create_disks → vdisk_alloc), through the create ledger every VM create goes through
+  (:func:`z9.executor.vms.send_create`, ``vm_clone_requests``): recorded before it is sent, a create whose
+  answer was lost may still be performed for ``uncertain_window_s`` — no other anchor is made meanwhile,
+  and a late one is adopted by its recorded vmid.
 - **attached**: on the server's VM, at the lowest free ``scsiN`` (N ≥ 1), moved there from the anchor by
   ``move_disk target-vmid`` (a reassign: no copy, hot-plugged into a running server). PVE reassigns only
   between VMs of one node: the anchor is migrated (offline, config only on shared storage) to the
@@ -67,9 +70,10 @@ class VolumeIntent:
     # a verify once saw the volume's disk (the row's observed names its volid): a disk found nowhere now
     # is lost, never made again — a new blank disk would silently stand in for the customer's data
     had_disk: bool = False
-    # where a failed volume's disk was last seen (the row's observed volid): a bare unusedN of that volid is
-    # its disk after an unplug whose job failed before the reassign (that job's own record is gone with it)
-    last_volid: str | None = None
+    # every volid z9 recorded for the disk (the row's ``disk_volids``: where a verify last saw it, and what
+    # steps acted on since): a bare unusedN of one of them is its disk — an operator unplugged the drive
+    # (``delete=scsiN`` drops the serial), or an unplug whose job failed before the reassign
+    volids: tuple[str, ...] = ()
 
     @property
     def serial(self) -> str:
@@ -91,6 +95,10 @@ class VolumeWorld:
     placed: Placed | None = None
     target: VmState | None = None  # the VM of intent.server_id (found by its tag), if any
     creating: VmState | None = None  # a VM our recorded create made, still locked (lock: create)
+    extra_anchors: list[VmState] = field(default_factory=list)  # copies of the anchor z9 reports, never touches
+    # how long a create of ours whose answer was lost may still be performed (the create ledger's window):
+    # while no anchor is found, no other is made
+    create_uncertain_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
 
@@ -107,23 +115,24 @@ def recorded(steps: list[dict[str, Any]], name: str, key: str) -> list[Any]:
 
 
 async def observe(ops: DiskOps, intent: VolumeIntent, *, find_anchor: FindVm, find_server: FindVm,
-                  known_servers: list[str], last_steps: list[dict[str, Any]] | None = None) -> VolumeWorld:
-    """The anchor (by tag), the VM holding the disk (by the disk's serial: the anchor, the target
-    server, or a server the row last knew it on — ``known_servers``; by a recorded volid for a bare
-    ``unusedN``), the target server's VM, and a create of ours still running."""
-    w = VolumeWorld()
+                  known_servers: list[str], last_steps: list[dict[str, Any]] | None = None,
+                  created: tuple[tuple[int, str], ...] = (), create_uncertain_s: float = 0.0) -> VolumeWorld:
+    """The anchor (by tag, else at a vmid a create of ours asked for: the job's steps and the create
+    ledger's ``created`` (vmid, node)), the VM holding the disk (by the disk's serial: the anchor, the
+    target server, or a server the row last knew it on — ``known_servers``; by a recorded volid for a
+    bare ``unusedN``), the target server's VM, a create of ours still running, and how long one whose
+    answer was lost may still land (``create_uncertain_s``)."""
+    w = VolumeWorld(create_uncertain_s=create_uncertain_s)
     serial = intent.serial
     # the volids the volume's disk had when a step of ours took it off a server (each plan carries them
     # on, so the record outlives the attempt that made it: a replan keeps it in its detach step)
     volids = [*recorded(last_steps or [], "unplug", "volid"), *recorded(last_steps or [], "detach", "volid"),
-              *([intent.last_volid] if intent.last_volid else [])]
+              *intent.volids]
     w.anchor = await find_anchor(intent.volume_id)
     if w.anchor is None:
-        for rec in recorded(last_steps or [], "create", "vmid"):
-            node = next((s["detail"].get("node") for s in last_steps or [] if s.get("name") == "create"
-                         and s.get("detail", {}).get("vmid") == rec), None)
-            if node is None:
-                continue
+        asked = [(int(s["detail"]["vmid"]), s["detail"]["node"]) for s in last_steps or [] if s.get("name") == "create"
+                 and s.get("detail", {}).get("vmid") is not None and s["detail"].get("node")]
+        for rec, node in dict.fromkeys([*asked, *created]):
             st = await ops.vm_state(node, int(rec))
             if st is None:
                 continue
@@ -153,6 +162,21 @@ async def observe(ops: DiskOps, intent: VolumeIntent, *, find_anchor: FindVm, fi
     return w
 
 
+def anchor_of(found: list[VmState], intent: VolumeIntent) -> tuple[VmState, list[VmState]]:
+    """Pure: of several VMs carrying the volume's anchor identity (an operator cloned the anchor: the clone
+    inherits its tags, and a full clone copies its disk, serial and all), the one holding the volume's
+    disk — by a volid z9 recorded for it first (a copy's disk has a new name), else by its serial — and
+    the others, which z9 reports and never touches. PermanentError when that does not single one out."""
+    for holds in (lambda v: any(d.volid in intent.volids for d in parse_disks(v.config)),
+                  lambda v: find_volume_disk(v.config, intent.serial) is not None):
+        keep = [v for v in found if holds(v)]
+        if len(keep) == 1:
+            return keep[0], [v for v in found if v is not keep[0]]
+    where = ", ".join(f"{v.vmid} on {v.node}" for v in found)
+    raise PermanentError(f"volume {intent.volume_id}: {len(found)} VMs carry its anchor's identity ({where}) and "
+                         "none alone holds its disk; an operator must remove the extra ones")
+
+
 # ================================================================ plan (pure)
 
 #: how long a volume waits before it looks again for the VM of the server it is meant for (a snooze:
@@ -165,6 +189,12 @@ def plan(intent: VolumeIntent, w: VolumeWorld) -> list[Step]:
     locked), PermanentError (the disk is lost, the target VM gone, a shrink), GuardRefusal."""
     if w.creating is not None and w.anchor is None:
         raise Snooze(f"volume {intent.volume_id}: VM {w.creating.vmid} is still being created", delay_s=2.0)
+    if w.anchor is None and w.create_uncertain_s > 0:
+        # PVE may still perform a create whose answer was lost (the ledger's window): making another now
+        # would give the volume two anchors and two disks with one serial
+        raise Snooze(f"volume {intent.volume_id}: a create of its anchor got no answer and may still be performed; "
+                     f"checking again, another is made only after {w.create_uncertain_s:.0f}s",
+                     delay_s=min(w.create_uncertain_s, 2.0))
     steps: list[Step] = []
     placed = w.placed
     if w.anchor is not None:
@@ -247,6 +277,9 @@ class StepEnv:
     fence: Callable[[], Awaitable[None]]
     record: Callable[..., Awaitable[None]]  # record(step, **detail): before acting
     nodes: Callable[[], Awaitable[list[str]]]
+    # send_create(vmid, node, send) -> UPID: the create ledger every VM create goes through
+    # (z9.executor.vms.send_create); None: sent as it is (the reconciler's own tests)
+    send_create: Callable[[int, str, Callable[[], Awaitable[str]]], Awaitable[str]] | None = None
 
 
 def anchor_config(intent: VolumeIntent, *, with_disk: bool) -> dict[str, Any]:
@@ -287,8 +320,11 @@ async def _create(env: StepEnv, intent: VolumeIntent, step: Step, w: VolumeWorld
         vmid = await env.ops.pick_vmid()
         await env.record(step, vmid=vmid, node=node)  # before the POST: a lost answer is found by it
         await env.fence()
+
+        def send(vmid: int = vmid, node: str = node) -> Awaitable[str]:
+            return env.ops.create_vm(node, vmid, params)
         try:
-            upid = await env.ops.create_vm(node, vmid, params)
+            upid = await (env.send_create(vmid, node, send) if env.send_create is not None else send())
         except VmidTaken:
             continue
         await env.wait_task(step, upid)
@@ -388,6 +424,12 @@ async def _attach(env: StepEnv, intent: VolumeIntent, step: Step, w: VolumeWorld
     await env.wait_task(step, await env.ops.reassign(anchor.node, anchor.vmid, p.disk.key, target.vmid, key,
                                                      digest=anchor.config.get("digest"),
                                                      target_digest=target.config.get("digest")))
+    # the disk's name on the server (pve-storage rename_volume picks it): recorded at once, so that an
+    # operator's unplug before the next verify still leaves a disk z9 knows (the deletion guard, a detach)
+    after = await env.ops.vm_state(target.node, target.vmid, status=False)
+    d = find_volume_disk(after.config, intent.serial) if after is not None else None
+    if d is not None:
+        await env.record(step, vmid=target.vmid, node=target.node, key=d.key, volid=d.volid)
 
 
 async def _resize(env: StepEnv, intent: VolumeIntent, step: Step, w: VolumeWorld) -> None:
@@ -444,4 +486,6 @@ def observed(intent: VolumeIntent, w: VolumeWorld) -> dict[str, Any]:
         "disk": None if p is None else p.disk.key, "volid": None if p is None else p.disk.volid,
         "size_gib": None if p is None or p.disk.size_gib is None else _gib(p.disk.size_gib), "serial": intent.serial,
         "device": f"/dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_{intent.serial}",
+        **({"extra_anchors": [{"vmid": v.vmid, "node": v.node} for v in w.extra_anchors]} if w.extra_anchors
+           else {}),
     }

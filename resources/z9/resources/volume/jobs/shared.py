@@ -13,6 +13,7 @@ verify   observe again: the plan must be empty; records where the disk is (``att
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import asyncpg
@@ -27,12 +28,15 @@ from z9.resources.volume import VOLUME
 
 from . import reconcile as rec
 
+log = logging.getLogger("z9.resources.volume")
+
 
 def intent_of(row: vol.Volume, kind: str) -> rec.VolumeIntent:
     return rec.VolumeIntent(row.id, row.name, row.size_gib, row.storage, server_id=row.server_id,
                             delete=kind == vol.VOLUME_DELETE,
                             had_disk=bool(row.observed and row.observed.get("volid")),
-                            last_volid=(row.observed or {}).get("volid") if row.status == "failed" else None)
+                            volids=tuple(dict.fromkeys([*row.disk_volids, *([row.observed["volid"]] if row.observed
+                                                                            and row.observed.get("volid") else [])])))
 
 
 def known_servers(row: vol.Volume, job: Job) -> list[str]:
@@ -51,22 +55,56 @@ def _env(ctx: JobContext, row: vol.Volume, intent: rec.VolumeIntent) -> rec.Step
     ops = ProxmoxDisks(ctx.pve)
 
     async def record(step: Step, **detail: Any) -> None:
+        if detail.get("volid"):  # one more place the disk may be, for the deletion guard too, before acting
+            await vol.store.add_disk_volid(ctx.pool, row.id, detail["volid"])
         await ctx.step_detail(step, **detail)
         seen = list(ctx.memo.get("seen", [])) + [{"name": step.name, "detail": dict(detail)}]
         await ctx.remember(seen=seen[-20:])
 
-    return rec.StepEnv(ops, lambda: _observe(ctx, row, intent), ctx.wait_task, ctx.fence, record, ctx.pve.nodes)
+    async def send_create(vmid: int, node: str, send: Any) -> str:
+        return await vms.send_create(ctx, row.id, rec.ANCHOR_MEMBER, vmid, node, send)
+
+    return rec.StepEnv(ops, lambda: _observe(ctx, row, intent), ctx.wait_task, ctx.fence, record, ctx.pve.nodes,
+                       send_create)
 
 
 async def _observe(ctx: JobContext, row: vol.Volume, intent: rec.VolumeIntent) -> rec.VolumeWorld:
+    extra: list[Any] = []
+    # copies of the anchor reported before (by a verify, or earlier in this job): never the anchor again,
+    # not even once the real one is gone (a delete destroys the volume's anchor, never an operator's copy)
+    reported = {int(a["vmid"]) for a in (row.observed or {}).get("extra_anchors") or []} | {
+        int(x) for x in ctx.memo.get("extra_anchors", [])}
+
     async def anchor(owner: str) -> Any:
-        return await vms.find_one_vm(ctx, owner, rec.ANCHOR_MEMBER)
+        found = await vms.find_vms(ctx, owner, rec.ANCHOR_MEMBER)
+        extra.extend(v for v in found if v.vmid in reported)
+        found = [v for v in found if v.vmid not in reported]
+        if len(found) <= 1:
+            return found[0] if found else None
+        keep, others = rec.anchor_of(found, intent)
+        log.warning("volume %s: VMs %s carry its anchor's identity too (copies made by hand?); keeping VM %s, "
+                    "which holds its disk, and leaving them alone", row.id,
+                    ", ".join(f"{v.vmid} on {v.node}" for v in others), keep.vmid)
+        extra.extend(others)
+        await ctx.remember(extra_anchors=sorted(reported | {v.vmid for v in others}))
+        return keep
 
     async def server(owner: str) -> Any:
         return await vms.find_one_vm(ctx, owner)
 
-    return await rec.observe(ProxmoxDisks(ctx.pve), intent, find_anchor=anchor, find_server=server,
-                             known_servers=known_servers(row, ctx.job), last_steps=list(ctx.memo.get("seen", [])))
+    # the anchor creates ever sent for it (the ledger every VM create goes through): one whose answer was
+    # lost may still land, and a late one is adopted by its vmid
+    requests = await vms.clone_requests(ctx, row.id, rec.ANCHOR_MEMBER)
+    w = await rec.observe(ProxmoxDisks(ctx.pve), intent, find_anchor=anchor, find_server=server,
+                          known_servers=known_servers(row, ctx.job), last_steps=list(ctx.memo.get("seen", [])),
+                          created=tuple((m.vmid, m.node) for m in requests),
+                          create_uncertain_s=vms.create_uncertain_left_s(ctx, requests))
+    w.extra_anchors = extra
+    if w.anchor is not None and any(m.vmid == w.anchor.vmid and m.uncertain_since is not None for m in requests):
+        # the late create landed and is the anchor: its outcome is known (a delete later waits for nothing)
+        requests = await vms.create_adopted(ctx, row.id, w.anchor.vmid, requests)
+        w.create_uncertain_s = vms.create_uncertain_left_s(ctx, requests)
+    return w
 
 
 class VolumeKind:
