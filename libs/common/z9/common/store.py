@@ -242,6 +242,16 @@ async def resource_mark_failed(db: DB, sql: SqlTarget, rid: str, reason: str, en
     await db.fetchval(qt("resource_mark_failed", *sql), rid, reason, ends_deletion)
 
 
+async def session_name_local(db: DB, name: str) -> None:
+    """Name the session ``name`` in ``pg_stat_activity`` until the transaction ends (``SET LOCAL``)."""
+    await db.execute(q("session_name_local"), name)
+
+
+async def resource_live_jobs(db: DB, resource_id: str) -> list[Any]:
+    """The live (pending, running, retry) jobs of ``resource_id`` itself, oldest first: id, kind, status."""
+    return list(await db.fetch(q("resource_live_jobs"), resource_id))
+
+
 async def resource_count_own_live_jobs(db: DB, resource_id: str) -> int:
     """How many live (pending, running, retry) jobs have ``resource_id`` as their resource."""
     return await db.fetchval(q("resource_count_own_live_jobs"), resource_id)

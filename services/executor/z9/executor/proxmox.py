@@ -201,6 +201,10 @@ _AGENT_DOWN = re.compile(r"agent is not running|No QEMU guest agent configured|i
                          r"Invalid parameter 'pid'")
 
 
+class ReadOnlyRefused(PermanentError):
+    """A read-only client (a plan's) was asked to send a request that is not a GET: refused unsent."""
+
+
 def _bool(v: bool) -> int:
     # Proxmox booleans are 1/0; Python True would be sent as 'True' and rejected (JSONSchema.pm).
     return 1 if v else 0
@@ -213,8 +217,11 @@ class ProxmoxClient:
     no answer —, PermanentError, Snooze subclasses). ``max_threads`` bounds concurrent requests.
     """
 
-    def __init__(self, region: str, settings: RegionSettings, *, max_threads: int = 32):
+    def __init__(self, region: str, settings: RegionSettings, *, max_threads: int = 32, read_only: bool = False):
         self.region = region
+        # a preview's client (the API's, z9.executor.preview): every request but a GET is refused
+        # before it is sent (ReadOnlyRefused), whatever code asks for it
+        self.read_only = read_only
         self.settings = settings
         url = urlsplit(settings.url)
         user, _, token_name = settings.token_id.partition("!")
@@ -296,6 +303,8 @@ class ProxmoxClient:
         status Proxmox answered)."""
         loop = asyncio.get_running_loop()
         method, _, path = endpoint.partition(" ")
+        if self.read_only and method != "GET":
+            raise ReadOnlyRefused(f"{what}: a read-only client sends no {endpoint} (a plan makes no Proxmox writes)")
         lease_deadline.check(what)  # checked again in the sending thread (LeaseHeaderAdapter)
         with metrics.proxmox_request(self.region, endpoint):
             with tracing.span(endpoint, {"http.request.method": method, "url.template": path, "z9.region": self.region},

@@ -142,6 +142,15 @@ FROM jobs WHERE resource_id = $1;
 -- The args of the resource's latest job of kind $2 (NULL: none kept).
 SELECT args FROM jobs WHERE resource_id = $1 AND kind = $2 ORDER BY seq DESC LIMIT 1;
 
+-- name: session_name_local
+-- The session's application_name until the transaction ends (a read-only plan's: pg_stat_activity).
+SELECT set_config('application_name', $1, true);
+
+-- name: resource_live_jobs
+-- The live (pending, running, retry) jobs of resource $1 itself, oldest first: id, kind, status.
+SELECT id, kind, status::text AS status FROM jobs
+WHERE resource_id = $1 AND status IN ('pending', 'running', 'retry') ORDER BY seq;
+
 -- name: resource_count_own_live_jobs
 -- Live (pending, running, retry) jobs of resource $1 itself (index-only on jobs_resource_live).
 SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending', 'running', 'retry');
