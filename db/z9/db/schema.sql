@@ -1080,3 +1080,21 @@ CREATE TRIGGER tenant_quota_limits_to_columns
     FOR EACH ROW WHEN (pg_trigger_depth() < 1)
     EXECUTE FUNCTION tenant_quota_limits_to_columns();
 
+
+-- each resource's drift state, as the reaper's periodic plan found it (0028)
+CREATE TABLE resource_drift (
+    resource_id    text PRIMARY KEY,
+    resource_type  text NOT NULL,
+    tenant_id      text NOT NULL,
+    region         text NOT NULL,
+    in_sync        boolean NOT NULL,
+    job_kind       text,
+    drift          jsonb NOT NULL DEFAULT '[]',
+    steps          jsonb NOT NULL DEFAULT '[]',
+    error          text,
+    checked_at     timestamptz NOT NULL,
+    drifted_since  timestamptz,
+    CHECK ((drifted_since IS NULL) = in_sync)
+);
+
+CREATE INDEX resource_drift_drifted ON resource_drift (resource_type, drifted_since) WHERE NOT in_sync;

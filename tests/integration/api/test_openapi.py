@@ -366,12 +366,14 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     for template, real in (("/operator/jobs", "/operator/jobs?region=dev-1&status=succeeded&limit=5"),
                            ("/operator/regions", "/operator/regions"),
                            ("/operator/guard-refusals", "/operator/guard-refusals?limit=5"),
+                           ("/operator/drift", "/operator/drift?kind=server&limit=5"),
                            ("/operator/jobs/{id}", f"/operator/jobs/{some_job}")):
         await w.call("GET", template, real, 200, token=op)
         await w.call("GET", template, real, 403)  # the tenant's own token
         await w.call("GET", template, real, 401, token="z9t_unknown")
     await w.call("GET", "/operator/jobs", "/operator/jobs?status=done", 422, token=op)
     await w.call("GET", "/operator/guard-refusals", "/operator/guard-refusals?limit=0", 422, token=op)
+    await w.call("GET", "/operator/drift", "/operator/drift?kind=nope", 422, token=op)
     await w.call("GET", "/operator/jobs/{id}", "/operator/jobs/job_nope", 404, token=op)
     cancel_op = "/operator/jobs/{id}/actions/cancel"
     failed = (await w.call("GET", "/jobs", "/jobs?status=failed&limit=500", 200))["jobs"]

@@ -50,7 +50,7 @@ async def test_untouched_server_plans_in_sync_ten_times_without_a_write(stack: S
     seen = len(await sim.requests())
     for _ in range(10):
         plan = await _plan(stack, server["id"])
-        assert plan == {"in_sync": True, "job_kind": "ServerCreate", "drift": [], "steps": [], "blocked_by": []}
+        assert plan == {"in_sync": True, "job_kind": "ServerCreate", "drift": [], "steps": [], "blocked_by": [], "waiting": None}
     assert await _writes_since(sim, seen) == []
 
 

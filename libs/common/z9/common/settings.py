@@ -503,6 +503,13 @@ class Settings(BaseSettings):
     # scheduler, reaper, retention
     scheduler_interval_s: float = Field(1.0, gt=0)
     reaper_interval_s: float = Field(2.0, gt=0)
+    drift_interval_s: float = Field(600.0, ge=0, description=(
+        "How often the reaper plans each live resource read-only (its converging job's observe and plan, "
+        "no Proxmox write) and records whether it drifted (z9_resources_drifted, the operator's drift "
+        "view). 0: never."))
+    drift_batch: int = Field(10, ge=1, description=(
+        "At most this many resources of each type and region are planned per reaper pass (the stalest "
+        "first): the drift check's load on a region's Proxmox is bounded."))
     deletion_buffer_s: float = Field(600.0, ge=0)
     job_retention_s: float = Field(7 * 86400.0, gt=0)
     idempotency_retention_s: float = Field(86400.0, gt=0)

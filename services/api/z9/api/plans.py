@@ -24,7 +24,6 @@ from z9.common.errors import (
     Conflict,
     NotFound,
     PermanentError,
-    Snooze,
     TemporaryError,
     deleting,
 )
@@ -79,13 +78,15 @@ class PlanAnswer(schemas.Response):
     steps: list[PlanStep]
     blocked_by: list[LiveJob] = Field(description="the resource's live jobs: the plan is of the world as it is "
                                                   "now, which they change first (empty: none)")
+    waiting: str | None = Field(description="the job would first wait on the world (a VM locked by another task, "
+                                            "an image not there yet): why; its steps are known once it is over")
 
 
 EXAMPLE = {"in_sync": False, "job_kind": "ServerCreate",
            "drift": [{"path": "config.cores", "want": 2, "have": 4}],
            "steps": [{"name": "configure", "member": "main", "disruptive": False,
                       "why": "write cores (cores: pending until the VM's next boot, no restart here)"}],
-           "blocked_by": []}
+           "blocked_by": [], "waiting": None}
 
 
 def pve_client(app: web.Application, region: str) -> Any:
@@ -129,9 +130,6 @@ def _handler(api: ApiResource) -> Any:
             pve = pve_client(request.app, row.region)
             try:
                 found = await preview.plan(conn, pve, request.app[SETTINGS], rt, row, clock=clock_of(request.app))
-            except Snooze as e:
-                raise Conflict(f"the world is busy: {e}; plan again shortly", code="world_busy",
-                               details=[{"kind": rt.name, "id": rid}]) from e
             except PermanentError as e:
                 raise Conflict(f"the {rt.name}'s job could not converge it: {e}", code="plan_refused",
                                details=[{"kind": rt.name, "id": rid}]) from e

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from z9.common.clock import SYSTEM, Clock
+from z9.common.errors import Snooze, TemporaryError
 from z9.common.models import Job
 from z9.common.settings import Settings
 
@@ -74,10 +75,13 @@ class Plan:
 
     kind: str | None
     steps: list[Step] = field(default_factory=list)
+    # the job would wait on the world first (its plan snoozed: a VM locked by another task, an image
+    # not there yet): why; the steps after the wait are not known yet
+    waiting: str | None = None
 
     @property
     def in_sync(self) -> bool:
-        return not self.steps
+        return not self.steps and self.waiting is None
 
     @property
     def drift(self) -> list[Drift]:
@@ -90,7 +94,7 @@ class Plan:
 
     def as_json(self) -> dict[str, Any]:
         return {"in_sync": self.in_sync, "job_kind": self.kind, "drift": [d.as_json() for d in self.drift],
-                "steps": [s.preview() for s in self.steps]}
+                "steps": [s.preview() for s in self.steps], "waiting": self.waiting}
 
 
 def _job(rtype: resources.ResourceType[Any], row: Any, of: resources.PlanOf) -> Job:
@@ -105,13 +109,22 @@ def _job(rtype: resources.ResourceType[Any], row: Any, of: resources.PlanOf) -> 
 async def plan(conn: Any, pve: ProxmoxClient, settings: Settings, rtype: resources.ResourceType[Any], row: Any,
                *, clock: Clock = SYSTEM) -> Plan:
     """The plan of ``row`` now: its converging job's observe and plan, read-only. ``conn`` must be
-    in a read-only transaction (the caller's). Raises what observe and plan raise (TemporaryError:
-    Proxmox trouble; PermanentError, GuardRefusal; Snooze: the world is busy — a VM locked)."""
+    in a read-only transaction (the caller's). A plan that snoozes (the world is busy: a VM locked, an
+    image not there yet), or that meets a temporary error of its own (a server without its VM yet: the job
+    would try again), is answered as ``waiting``. Raises what observe and plan raise otherwise
+    (TemporaryError: Proxmox trouble; PermanentError, GuardRefusal: the job would fail)."""
     of = await rtype.plan_of(conn, row) if rtype.plan_of is not None else None
     if of is None:
         return Plan(kind=None)
     kind = REGISTRY[of.kind]
     job = _job(rtype, row, of)
     ctx = PlanContext(job, conn, pve, settings, clock)
-    world = await kind.observe(ctx)
-    return Plan(kind=of.kind, steps=[s for s in kind.plan(job, world) if s.name not in of.leave_out])
+    try:
+        steps = kind.plan(job, await kind.observe(ctx))
+    except Snooze as e:
+        return Plan(kind=of.kind, waiting=str(e))
+    except TemporaryError as e:
+        if e.__cause__ is not None:  # translated from Proxmox's answer (or its absence): no plan now
+            raise
+        return Plan(kind=of.kind, waiting=f"{e} (the job would try again)")  # the world not ready for it yet
+    return Plan(kind=of.kind, steps=[s for s in steps if s.name not in of.leave_out])

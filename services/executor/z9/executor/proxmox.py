@@ -205,6 +205,12 @@ class ReadOnlyRefused(PermanentError):
     """A read-only client (a plan's) was asked to send a request that is not a GET: refused unsent."""
 
 
+#: a command in the guest is a POST (``agent/exec``); a read-only client sends it only for a command
+#: its caller says only reads (``agent_exec(..., reads=True)``: ``kubectl get``, ``cat`` a log)
+AGENT_EXEC = "POST /nodes/{node}/qemu/{vmid}/agent/exec"
+_EXEC_READS: contextvars.ContextVar[bool] = contextvars.ContextVar("z9_exec_reads", default=False)
+
+
 def _bool(v: bool) -> int:
     # Proxmox booleans are 1/0; Python True would be sent as 'True' and rejected (JSONSchema.pm).
     return 1 if v else 0
@@ -303,7 +309,7 @@ class ProxmoxClient:
         status Proxmox answered)."""
         loop = asyncio.get_running_loop()
         method, _, path = endpoint.partition(" ")
-        if self.read_only and method != "GET":
+        if self.read_only and method != "GET" and not (endpoint == AGENT_EXEC and _EXEC_READS.get()):
             raise ReadOnlyRefused(f"{what}: a read-only client sends no {endpoint} (a plan makes no Proxmox writes)")
         lease_deadline.check(what)  # checked again in the sending thread (LeaseHeaderAdapter)
         with metrics.proxmox_request(self.region, endpoint):
@@ -817,7 +823,7 @@ class ProxmoxClient:
     # ------------------------------------------------------------------ the guest agent
 
     async def agent_exec(self, node: str, vmid: int, argv: list[str], *, timeout_s: float = 60.0,
-                         poll_s: float = 0.2, learn: str | None = None) -> tuple[int, str, str]:
+                         poll_s: float = 0.2, learn: str | None = None, reads: bool = False) -> tuple[int, str, str]:
         """Run ``argv`` in the guest (``agent/exec``, then ``agent/exec-status`` until it exited):
         ``(exitcode, stdout, stderr)``. Raises TemporaryError while the agent does not answer
         (booting: ``QEMU guest agent is not running``) or when the command outlives ``timeout_s``.
@@ -825,9 +831,15 @@ class ProxmoxClient:
         ``learn`` names a command whose runs take about as long as each other (a guest's look at
         its cloud-init): its first ``exec-status`` waits about as long as it took lately (as a
         task's first poll does, :meth:`_poll_task`) instead of asking at once — qemu-ga answers
-        ``exited: 0`` until the process ends, and each question is a request through pveproxy."""
-        res = await self._call("POST /nodes/{node}/qemu/{vmid}/agent/exec", f"exec {argv[0]} in VM {vmid}",
-                               lambda: self._api.nodes(node).qemu(vmid).agent.exec.post(command=list(argv)))
+        ``exited: 0`` until the process ends, and each question is a request through pveproxy.
+
+        ``reads``: the command only reads the guest (a read-only client sends only such a one)."""
+        token = _EXEC_READS.set(reads)
+        try:
+            res = await self._call(AGENT_EXEC, f"exec {argv[0]} in VM {vmid}",
+                                   lambda: self._api.nodes(node).qemu(vmid).agent.exec.post(command=list(argv)))
+        finally:
+            _EXEC_READS.reset(token)
         pid = int(res["pid"])
         t0 = time.monotonic()
         deadline = t0 + timeout_s

@@ -32,7 +32,9 @@ def intent_of(row: vol.Volume, kind: str) -> rec.VolumeIntent:
     return rec.VolumeIntent(row.id, row.name, row.size_gib, row.storage, server_id=row.server_id,
                             delete=kind == vol.VOLUME_DELETE,
                             had_disk=bool(row.observed and row.observed.get("volid")),
-                            last_volid=(row.observed or {}).get("volid") if row.status == "failed" else None)
+                            # the volid a verify last saw: a bare unusedN of it is the volume's disk (after an
+                            # unplug whose job failed before the reassign, or a drive unplugged by hand)
+                            last_volid=(row.observed or {}).get("volid"))
 
 
 def known_servers(row: vol.Volume, job: Job) -> list[str]:

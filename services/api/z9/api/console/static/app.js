@@ -510,6 +510,30 @@ function unavailable(kind, action, item) {
   return null;
 }
 
+// an action that changes nothing: it answers 200 with what it read (no 202, no job)
+function readsOnly(op) {
+  return Boolean(op.responses && op.responses["200"] && !op.responses["202"]);
+}
+
+// what a read-only action answered: a plan as its drift and steps (each step saying whether it
+// interrupts the guest), any other answer as its fields
+function answerView(a, r) {
+  const heading = h("h2", { id: `${a.name}-h` }, a.name.replace(/-/g, " ").replace(/^./, (c) => c.toUpperCase()));
+  if (!r || typeof r.in_sync !== "boolean") return h("section", { class: "panel", "aria-labelledby": `${a.name}-h` }, heading, value(r));
+  const blocked = (r.blocked_by || []).map((j) => h("div", { class: "notice warn" }, "Job ", idLink(j.id),
+    ` (${j.kind}, ${j.status}) comes first: this plan is of the world as it is now.`));
+  if (r.waiting) blocked.push(h("div", { class: "notice warn" }, `The job would first wait: ${r.waiting}`));
+  if (r.in_sync) {
+    return h("section", { class: "panel plan", "aria-labelledby": `${a.name}-h`, "data-in-sync": "true" }, heading, ...blocked,
+      h("p", {}, badge("healthy", "in sync"), ` ${r.job_kind || "Its job"} would change nothing.`));
+  }
+  return h("section", { class: "panel plan", "aria-labelledby": `${a.name}-h`, "data-in-sync": "false" }, heading, ...blocked,
+    h("p", {}, badge("degraded", "drift"), ` ${r.job_kind} would run ${r.steps.length} step${r.steps.length === 1 ? "" : "s"}.`),
+    table("Drift", ["What", "Wanted", "Found"], r.drift.map((d) => [h("code", {}, d.path), value(d.want), value(d.have)])),
+    table("Steps", ["#", "Step", "Member", "Guest", "Why"], r.steps.map((st, i) => [String(i + 1), st.name, st.member || "—",
+      st.disruptive ? badge("failed", "disruptive") : "not interrupted", st.why])));
+}
+
 async function detailPage(kind, id) {
   const data = await api("GET", `${kind.plural}/${encodeURIComponent(id)}`);
   let item = data[kind.oneKey];
@@ -542,13 +566,24 @@ async function detailPage(kind, id) {
   };
   const renderActions = () => {
     put(actionsBox, );
-    if (!canWrite() || item.status === "deleted") return;
+    if (item.status === "deleted") return;
     const bar = h("div", { class: "bar", role: "group", "aria-label": "Actions" });
     const formBox = h("div", {});
     const deleting = ["deleting", "destroying"].includes(item.status);
     const whys = [];
+    // actions that only read (a 200 answer, no job: the plan) — a read-only token has them too
+    for (const a of kind.actions.filter((x) => readsOnly(x.op))) {
+      if (deleting) continue;
+      const label = a.name.replace(/-/g, " ").replace(/^./, (c) => c.toUpperCase());
+      bar.append(h("button", { type: "button", "data-action": a.name, title: a.op.summary || null, onclick: async () => {
+        put(formBox, h("p", { role: "status" }, `${label}…`));
+        try { put(formBox, answerView(a, await api("POST", `${kind.plural}/${id}/actions/${a.name}`))); } catch (e) { put(formBox, errorNotice(e)); }
+      } }, label));
+    }
+    if (!canWrite()) { put(actionsBox, bar, formBox); return; }
     for (const a of kind.actions) {
       if (a.op.deprecated) continue; // an older name of another action (add_target: add-target)
+      if (readsOnly(a.op)) continue;
       if (a.name === "cancel-deletion" && item.status !== "deleting") continue;
       if (a.name !== "cancel-deletion" && deleting) continue;
       const reqSchema = a.op.requestBody && a.op.requestBody.content["application/json"].schema;
