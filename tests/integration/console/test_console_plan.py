@@ -56,10 +56,18 @@ def test_plan_button_shows_in_sync_then_the_drift_and_steps(stack: DevStack, chr
     assert stack.wait_job(out["job"]["id"], 600)["status"] == "succeeded"
     sid = out["server"]["id"]
     page = new_page(chromium)
+    logs: list[str] = []
+    page.on("console", lambda m: logs.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: logs.append(f"pageerror: {e}"))
+    page.on("response", lambda r: logs.append(f"{r.request.method} {r.url} {r.status}") if "/v1/" in r.url else None)
     sign_in(page, stack)
     page.goto(f"{stack.console}servers/{sid}")
     page.click("[data-action=plan]")
-    page.wait_for_selector("section.plan[data-in-sync=true]")
+    try:
+        page.wait_for_selector("section.plan, .notice.bad", timeout=60_000)
+    except Exception:
+        raise AssertionError("\n".join(logs) + "\n---\n" + page.inner_text("body")) from None
+    assert page.locator("section.plan[data-in-sync=true]").count() == 1, page.inner_text("main")
     assert "would change nothing" in page.inner_text("section.plan")
 
     status, srv = stack.api("GET", f"servers/{sid}")

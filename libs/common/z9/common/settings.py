@@ -296,8 +296,8 @@ class RegionSettings(BaseModel):
         if self.token_secret is None:
             where = (f"its token_secret_file {str(self.token_secret_file)!r} is not readable here"
                      if self.token_secret_file else "it has neither token_secret nor token_secret_file")
-            raise ValueError(f"Z9_REGIONS[{region}]: the Proxmox token secret is missing ({where}); only the "
-                             "executor needs it")
+            raise ValueError(f"Z9_REGIONS[{region}]: the Proxmox token secret is missing ({where}); the "
+                             "executor needs it, and the API and the reaper to plan (they only read)")
         return self.token_secret.get_secret_value()
 
     @field_validator("url")

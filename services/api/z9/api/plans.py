@@ -99,7 +99,11 @@ def pve_client(app: web.Application, region: str) -> Any:
         if region not in settings.regions:
             raise Conflict(f"region {region!r} is not configured on this API process (Z9_REGIONS): it cannot plan",
                            code="region_unknown", details=[{"region": region}])
-        clients[region] = ProxmoxClient(region, settings.regions[region], max_threads=4, read_only=True)
+        try:
+            clients[region] = ProxmoxClient(region, settings.regions[region], max_threads=4, read_only=True)
+        except ValueError as e:  # no token secret given to this process
+            raise Unavailable(f"this API process cannot plan in region {region}: {e}",
+                              details=[{"region": region}]) from e
     return clients[region]
 
 

@@ -66,6 +66,8 @@ class DriftChecker:
                 continue
             statuses = [s for s in rtype.statuses if s not in NOT_PLANNED]
             for region in self.settings.regions:
+                if self.settings.regions[region].token_secret is None:
+                    continue  # this process was given no Proxmox token for the region: it cannot plan there
                 due = await store.resource_drift_due(pool, rtype.sql, region, statuses, self.settings.drift_interval_s,
                                                      self.settings.drift_batch, now=self.clock.db_now())
                 for record in due:

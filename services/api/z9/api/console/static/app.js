@@ -540,9 +540,10 @@ async function detailPage(kind, id) {
   const head = h("div", {});
   const body = h("div", {});
   const actionsBox = h("div", {});
+  const readBox = h("div", { "aria-live": "polite" }); // what a read-only action (the plan) answered: kept across renders
   const jobBox = h("section", { "aria-labelledby": "job-h" });
   const subsBox = h("div", {});
-  page(item.name || item.id, head, actionsBox, jobBox, body, subsBox);
+  page(item.name || item.id, head, actionsBox, readBox, jobBox, body, subsBox);
   const render = () => {
     put(head, h("p", {}, badge(item.status), " ", h("code", {}, item.id),
       item.region ? ` · ${item.region}` : "", item.health ? [" · health ", badge(item.health)] : ""));
@@ -576,8 +577,8 @@ async function detailPage(kind, id) {
       if (deleting) continue;
       const label = a.name.replace(/-/g, " ").replace(/^./, (c) => c.toUpperCase());
       bar.append(h("button", { type: "button", "data-action": a.name, title: a.op.summary || null, onclick: async () => {
-        put(formBox, h("p", { role: "status" }, `${label}…`));
-        try { put(formBox, answerView(a, await api("POST", `${kind.plural}/${id}/actions/${a.name}`))); } catch (e) { put(formBox, errorNotice(e)); }
+        put(readBox, h("p", { role: "status" }, `${label}…`));
+        try { put(readBox, answerView(a, await api("POST", `${kind.plural}/${id}/actions/${a.name}`))); } catch (e) { put(readBox, errorNotice(e)); }
       } }, label));
     }
     if (!canWrite()) { put(actionsBox, bar, formBox); return; }
