@@ -63,9 +63,11 @@ def test_plan_button_shows_in_sync_then_the_drift_and_steps(stack: DevStack, chr
     sign_in(page, stack)
     page.goto(f"{stack.console}servers/{sid}")
     page.click("[data-action=plan]")
+    from playwright.sync_api import TimeoutError as PageTimeout
+
     try:
         page.wait_for_selector("section.plan, .notice.bad", timeout=60_000)
-    except Exception:
+    except PageTimeout:
         raise AssertionError("\n".join(logs) + "\n---\n" + page.inner_text("body")) from None
     assert page.locator("section.plan[data-in-sync=true]").count() == 1, page.inner_text("main")
     assert "would change nothing" in page.inner_text("section.plan")
