@@ -29,7 +29,8 @@ pytestmark = pytest.mark.timeout(900)
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
     require_browser()
-    yield from dev_stack(tmp_path_factory.mktemp("console-plan"))
+    # the reaper plans every live resource each second (its drift shows on the Operator page)
+    yield from dev_stack(tmp_path_factory.mktemp("console-plan"), Z9_DRIFT_INTERVAL_S="1")
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +91,10 @@ def test_plan_button_shows_in_sync_then_the_drift_and_steps(stack: DevStack, chr
     page2.click("[data-action=plan]")
     page2.wait_for_selector("section.plan[data-in-sync=false]")
     assert page2.locator("[data-action=delete]").count() == 0  # a read token: the plan, nothing that writes
+
+    # the reaper's periodic plan found it too: the Operator page lists it with its drift and steps
+    page3 = new_page(chromium)
+    sign_in(page3, stack, stack.token_for("dev", "read", "write", "operator"))
+    page3.goto(f"{stack.console}operator")
+    row = page3.wait_for_selector(f"tr:has(code:text-is('{sid}'))")
+    assert "config.cores: want 1, have 4" in row.inner_text() and "configure" in row.inner_text()

@@ -861,6 +861,7 @@ async function operatorPage() {
   const regionsBox = h("div", {});
   const jobsBox = h("div", {});
   const guardBox = h("div", {});
+  const driftBox = h("div", {});
   const mk = (name, options) => {
     const c = options ? h("select", { id: `o-${name}`, name }, h("option", { value: "" }, "any"), ...options.map((o) => h("option", { value: o }, o)))
       : h("input", { id: `o-${name}`, name, type: "text" });
@@ -881,11 +882,19 @@ async function operatorPage() {
     h("p", { class: "muted" }, "Each region's tenants with live jobs, most pending first: claims take tenants in turn, each tenant's jobs oldest first, up to its cap on running jobs."),
     waitingBox, h("h2", {}, "Jobs of every tenant"),
     h("p", { class: "muted" }, "Retrying, pending and running first, oldest first; refreshed every 10 s."), f, jobsBox,
-    h("h2", {}, "Deletion-guard refusals"), guardBox);
+    h("h2", {}, "Deletion-guard refusals"), guardBox,
+    h("h2", {}, "Drifted resources"),
+    h("p", { class: "muted" }, "What the reaper's periodic plans found different from what z9 keeps (changed by hand in Proxmox, or not converged), drifted longest first."),
+    driftBox);
   const load = async () => {
     const q = new URLSearchParams({ limit: "200" });
     for (const k of ["region", "kind", "status"]) if (params.get(k)) q.set(k, params.get(k));
-    const [regions, jobs, guard] = await Promise.all([api("GET", "operator/regions"), api("GET", `operator/jobs?${q}`), api("GET", "operator/guard-refusals?limit=50")]);
+    const [regions, jobs, guard, drift] = await Promise.all([api("GET", "operator/regions"), api("GET", `operator/jobs?${q}`), api("GET", "operator/guard-refusals?limit=50"), api("GET", "operator/drift?limit=100")]);
+    put(driftBox, table("Resources whose last plan found drift", ["resource", "tenant", "region", "drifted since", "drift", "steps"],
+      drift.resources.map((r) => [idLink(r.id), h("code", {}, r.tenant), r.region, `${ago(r.drifted_since)} ago`,
+        r.drift.map((d) => `${d.path}: want ${JSON.stringify(d.want)}, have ${JSON.stringify(d.have)}`).join("; "),
+        r.steps.map((st) => `${st.name}${st.member ? ` (${st.member})` : ""}${st.disruptive ? " — disruptive" : ""}`).join(", ")]),
+      "No drift: every resource checked is as z9 keeps it."));
     put(regionsBox, table("Regions: cap and live jobs", ["region", "cap", "running", "pending", "retry", "oldest pending"],
       regions.regions.map((r) => [r.name, r.max_concurrent_jobs === null ? "none" : String(r.max_concurrent_jobs), String(r.running), String(r.pending), String(r.retry),
         r.oldest_pending_at ? `${ago(r.oldest_pending_at)} ago` : "—"])));
