@@ -92,6 +92,14 @@ async def test_tags_reordered_and_upper_cased_are_no_drift(stack: Stack, sim: Si
     assert (await _plan(stack, server["id"]))["in_sync"] is True
 
 
+async def test_a_renamed_server_is_no_drift(stack: Stack, sim: SimAdmin) -> None:
+    """A rename is the database's alone (PATCH): the VM keeps the name it was made with."""
+    server = await _created(stack)
+    status, out = await stack.call("PATCH", f"/servers/{server['id']}", json={"name": "web-renamed"})
+    assert status == 200, out
+    assert (await _plan(stack, server["id"]))["in_sync"] is True
+
+
 async def test_stopped_server_plans_no_start(stack: Stack, sim: SimAdmin) -> None:
     server = await _created(stack)
     status, out = await stack.call("POST", f"/servers/{server['id']}/actions/poweroff")

@@ -61,12 +61,16 @@ async def rerun_with(db: Any, server: Server, kind: str) -> list[str]:
 
 async def plan_of(db: Any, server: Server) -> PlanOf:
     """What a plan of the server previews: its ServerCreate as a re-run would take it (its row's
-    intent, the create request's network: :func:`intent`) — it converges the VM to the server's
-    spec (config, tags, disk, firewall) and starts it. A stopped server (or a failed one that was
+    intent, the create request's network: :func:`intent`; the VM's name the one it was made with, a
+    rename being the database's alone) — it converges the VM to the server's spec (config, tags,
+    disk, firewall) and starts it. A stopped server (or a failed one that was
     stopped) is meant to be stopped: that plan's ``start`` is no drift of it."""
     args = await common_store.resource_latest_job_args(db, server.id, SERVER_CREATE) or {}
     stopped = server.status == "stopped" or (server.status == "failed" and server.power_state == "stopped")
-    return PlanOf(SERVER_CREATE, intent(server, SERVER_CREATE, dict(args)), leave_out=("start",) if stopped else ())
+    want = intent(server, SERVER_CREATE, dict(args))
+    # a rename is the database's alone (PATCH: the VM keeps the name it was made with): no drift
+    want["name"] = args.get("name") or want["name"]
+    return PlanOf(SERVER_CREATE, want, leave_out=("start",) if stopped else ())
 
 
 SERVER: ResourceType[Server] = register(ResourceType(
