@@ -25,7 +25,7 @@ deletion guard's refusals, a job's history, and cancelling any tenant's waiting 
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from typing import Any
 
 from aiohttp import web
@@ -253,7 +253,7 @@ async def list_guard_refusals(request: web.Request) -> web.Response:
 
 
 def _iso(at: datetime) -> str:
-    return at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 async def list_drift(request: web.Request) -> web.Response:

@@ -69,9 +69,9 @@ class Reaper:
         a failure of it (the database, a bug) is logged and leaves the reaping alone. Returns how many."""
         try:
             return await self.drift.run_once(self.pool)
-        except (*TRANSIENT_DB_ERRORS, LockWaitTimeout, *LOCK_WAIT_ERRORS):
-            raise
-        except Exception:  # a bug in a kind's observe must not stop deletion buffers from expiring
+        except Exception as e:  # a bug in a kind's observe must not stop deletion buffers from expiring
+            if isinstance(e, (*TRANSIENT_DB_ERRORS, LockWaitTimeout, *LOCK_WAIT_ERRORS)):
+                raise  # the database's trouble: the loop's own handling
             log.exception("drift check failed")
             return 0
 

@@ -290,7 +290,7 @@ def plan(job: Job, world: World) -> list[Step]:
                 Drift("firewall.options.ipfilter", "1", None if t.firewall.get("ipfilter") is None
                       else str(t.firewall.get("ipfilter")))]))
     where = sorted({*(server_of(h.vm) or f"VM {h.vm.vmid}" for h in world.holders),
-                    *([world.want] if t is not None and tag in t.vm.tags else [])})
+                    *([world.want] if t is not None and world.want and tag in t.vm.tags else [])})
     if steps and where != ([world.want] if world.want else []):
         steps[0].explained(drift=[Drift("on", world.want, where[0] if len(where) == 1 else (where or None))])
     for s in steps:
