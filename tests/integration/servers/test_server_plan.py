@@ -138,14 +138,15 @@ async def test_a_plan_takes_no_row_lock_and_no_transaction_id(stack: Stack, sim:
     """While a plan waits on Proxmox (a slow answer of the simulator's), its transaction holds no
     transaction id (it wrote and locked nothing) and another session locks the server's row at once."""
     server = await _created(stack)
-    await sim.fault(method="GET", path=r"/firewall/options$", action="delay", seconds=15.0, times=1)
+    # (a wide window: the plan's transaction is open from its first read until its last Proxmox answer)
+    await sim.fault(method="GET", path=r"/firewall/options$", action="delay", seconds=30.0, times=1)
     planning = asyncio.ensure_future(_plan(stack, server["id"]))
 
     async def plan_waiting() -> Any:
         return await stack.pool.fetchrow(
             "SELECT pid, backend_xid, state FROM pg_stat_activity WHERE application_name = 'z9-plan' "
             "AND state = 'idle in transaction'")
-    seen = await wait_until(plan_waiting, 15, "the plan's transaction waiting on Proxmox")
+    seen = await wait_until(plan_waiting, 60, "the plan's transaction waiting on Proxmox")
     assert seen["backend_xid"] is None
     async with stack.pool.acquire() as conn, conn.transaction():
         locked = await conn.fetchval("SELECT id FROM servers WHERE id = $1 FOR UPDATE NOWAIT", server["id"])
@@ -153,5 +154,7 @@ async def test_a_plan_takes_no_row_lock_and_no_transaction_id(stack: Stack, sim:
     held = await stack.pool.fetchval("SELECT count(*) FROM pg_locks WHERE pid = $1 AND locktype = 'transactionid'",
                                      seen["pid"])
     assert held == 0
-    assert not planning.done()
+    # ... all of it while the plan's transaction was still open (the same session, still the plan's)
+    assert await stack.pool.fetchval("SELECT application_name FROM pg_stat_activity WHERE pid = $1",
+                                     seen["pid"]) == "z9-plan"
     assert (await planning)["in_sync"] is True
