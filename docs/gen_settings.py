@@ -187,8 +187,10 @@ DESCRIPTIONS: dict[str, str] = {
 REGION_DESCRIPTIONS: dict[str, str] = {
     "url": "Proxmox VE API endpoint, `https://host:8006` (HTTPS only).",
     "token_id": "API token id, `USER@REALM!TOKENID`.",
-    "token_secret": "API token secret. Only the executor uses it: give it to the executor alone (or use "
-                    "`token_secret_file`).",
+    "token_secret": "API token secret. The executor needs it; the api (plans: `POST …/actions/plan`) and "
+                    "the reaper (periodic drift checks) use it when given, and only read with it (their client "
+                    "refuses any request but a GET); without it a plan answers 503 and the reaper checks no drift "
+                    "in the region (or use `token_secret_file`).",
     "token_secret_file": "A file holding the token secret (a secret mounted into the executor only), read when "
                          "`token_secret` is unset; a process without the file (the api, scheduler, reaper) has none.",
     "verify_ssl": "`true`/`false`, or the path of a CA bundle.",
@@ -312,7 +314,7 @@ def _bounds(f: FieldInfo) -> str:
 
 SECRETS_BY_SERVICE = [
     ("Proxmox token secret (`Z9_REGIONS[r].token_secret` / `token_secret_file`)",
-     ("no", "**yes**", "no", "no", "no")),
+     ("for plans", "**yes**", "no", "for drift checks", "no")),
     ("installation key (`Z9_INSTALLATION_KEY` / `Z9_INSTALLATION_KEY_FILE`): clusters' keys, join tokens, job page "
      "tokens, API token tags", ("**yes**", "**yes**", "no", "no", "no")),
     ("database password (`Z9_DATABASE_URL`)", ("**yes**", "**yes**", "**yes**", "**yes**", "**yes**")),

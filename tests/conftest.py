@@ -146,6 +146,9 @@ def make_settings(db_url: str, sim_server: SimServer, **overrides: Any) -> Setti
         scheduler_interval_s=0.5, reaper_interval_s=0.25,
         snooze_s=0.2, shutdown_grace_s=5.0, uncertain_window_s=1.0, lb_health_interval_s=2.0,
         server_guest_poll_s=0.1,  # the simulator's guests boot in SIM_TIMING's guest_boot_s
+        # the reaper's periodic drift plans read Proxmox: off, but in the tests of drift detection
+        # (tests/integration/observability/test_drift_detection.py), which count the requests of others
+        drift_interval_s=0,
         installation_key=TEST_INSTALLATION_KEY,
         api_rate_limit_per_s=0,  # tests poll jobs at 20 Hz, often several at once (tests/integration/api/test_http.py tests the limits)
         api_auth_failures_per_s=0,  # tests send unknown tokens on purpose (tests/integration/security/test_token_lineage.py tests it)

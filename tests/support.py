@@ -494,5 +494,5 @@ async def api_stack(settings: Settings, pool: asyncpg.Pool, *, clock: Any = SYST
 SERVICE_SETTINGS: dict[str, Any] = dict(
     lease_ttl_s=2, heartbeat_s=0.25, task_poll_s=0.1, poll_interval_s=1, scheduler_interval_s=0.5,
     reaper_interval_s=0.25, backoff_base_s=0.2, backoff_cap_s=1, snooze_s=0.2, uncertain_window_s=1,
-    shutdown_grace_s=5, task_deadline_s=60, server_guest_poll_s=0.1)
+    shutdown_grace_s=5, task_deadline_s=60, server_guest_poll_s=0.1, drift_interval_s=0)
 

@@ -77,6 +77,10 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 
     raise SystemExit(f"z9 dev: {what} did not listen on port {port} within {timeout_s:.0f}s")
 
 
+#: the services that talk to Proxmox: the executor, the API (a plan) and the reaper (drift detection)
+PROXMOX_READERS = ("executor", "api", "reaper")
+
+
 def _enable_datacenter_firewall(sim_port: int, secret: str) -> None:
     """Turn the simulated cluster's datacenter firewall on, as an operator of a real region must
     (Datacenter → Firewall → Options → Firewall: Yes; ``PUT /cluster/firewall/options enable=1``):
@@ -337,10 +341,11 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         for name, extra in (("api", ["--port", str(args.port)]), ("scheduler", []),
                             ("executor", ["--region", REGION]), ("reaper", [])):
             # each service only the secrets it uses (docs/settings.md): the Proxmox token secret
-            # the executor alone, the installation key the api and the executor
+            # the executor, and the api and the reaper for plans (their client sends only GETs:
+            # z9.executor.preview), the installation key the api and the executor
             own = {"Z9_METRICS_PORT": str(ports[name]),
                    "Z9_REGIONS": json.dumps({REGION: {**region, **({"token_secret": sim_secret}
-                                                                 if name == "executor" else {})}})}
+                                                                 if name in PROXMOX_READERS else {})}})}
             if name in SERVICES_WITH_INSTALLATION_KEY:
                 own["Z9_INSTALLATION_KEY"] = key
             children.append((name, _spawn(z9 + [name] + extra, env={**env, **own})))

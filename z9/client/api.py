@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 
 import requests
 
-from .models import (ADDRESSES, CLUSTERS, LOAD_BALANCERS, SERVERS, Accepted, Address, Cluster, Job, Kubeconfig,
+from .models import (ADDRESSES, CLUSTERS, LOAD_BALANCERS, SERVERS, Accepted, Address, Cluster, Job, Kubeconfig, Plan,
                      LoadBalancer, Page, Quota, ResourceKind, Server, ServerCreate, Token, TokenCreate, TokenCreated)
 
 USER_AGENT = "z9-client/1"
@@ -230,6 +230,11 @@ class Client:
         """``POST /{plural}/{id}/actions/{action}`` (202: the resource and its job)."""
         _, out, _ = self.request("POST", f"/{kind.plural}/{rid}/actions/{action}", json=body)
         return self._accepted(kind, out)
+
+    def plan(self, kind: ResourceKind[Any], rid: str) -> Plan:
+        """``POST /{plural}/{id}/actions/plan`` (200, at once: changes nothing, so no Idempotency-Key)."""
+        _, out, _ = self.request("POST", f"/{kind.plural}/{rid}/actions/plan", retry=False)
+        return Plan.model_validate(out)
 
     def update(self, kind: ResourceKind[Any], rid: str, body: dict[str, Any]) -> Any:
         """``PATCH /{plural}/{id}`` (no job): the resource as it now is."""

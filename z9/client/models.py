@@ -197,6 +197,36 @@ class Quota(_Answer):
 T = TypeVar("T")
 
 
+class PlanDrift(_Answer):
+    """One difference a plan found: ``path`` (``config.cores``…), ``want`` (the intent), ``have`` (the world)."""
+
+    path: str
+    want: Any = None
+    have: Any = None
+
+
+class PlanStep(_Answer):
+    """A step the resource's job would run: ``disruptive`` when it stops, reboots, hot-unplugs or
+    re-addresses a guest."""
+
+    name: str
+    member: str | None = None
+    disruptive: bool
+    why: str
+
+
+class Plan(_Answer):
+    """``POST /{plural}/{id}/actions/plan``: the drift and the steps the resource's job would run now
+    (nothing changed); ``blocked_by`` the resource's live jobs (the plan is of the world before them)."""
+
+    in_sync: bool
+    job_kind: str | None = None
+    drift: list[PlanDrift] = Field(default_factory=list)
+    steps: list[PlanStep] = Field(default_factory=list)
+    blocked_by: list[dict[str, Any]] = Field(default_factory=list)
+    waiting: str | None = None  # the job would first wait on the world (a VM locked…): why
+
+
 @dataclass(frozen=True)
 class ResourceKind(Generic[T]):
     """What the client knows of a resource type's REST shape: ``name`` (the JSON key of one, e.g.

@@ -1081,6 +1081,24 @@ CREATE TRIGGER tenant_quota_limits_to_columns
     EXECUTE FUNCTION tenant_quota_limits_to_columns();
 
 
+-- each resource's drift state, as the reaper's periodic plan found it (0028)
+CREATE TABLE resource_drift (
+    resource_id    text PRIMARY KEY,
+    resource_type  text NOT NULL,
+    tenant_id      text NOT NULL,
+    region         text NOT NULL,
+    in_sync        boolean NOT NULL,
+    job_kind       text,
+    drift          jsonb NOT NULL DEFAULT '[]',
+    steps          jsonb NOT NULL DEFAULT '[]',
+    error          text,
+    checked_at     timestamptz NOT NULL,
+    drifted_since  timestamptz,
+    CHECK ((drifted_since IS NULL) = in_sync)
+);
+
+CREATE INDEX resource_drift_drifted ON resource_drift (resource_type, drifted_since) WHERE NOT in_sync;
+
 -- migration 0029: a volume's disk by every volid z9 recorded for it (see db/z9/db/migrations/0029_volume_disk_volids.sql)
 ALTER TABLE volumes ADD COLUMN disk_volids text[] NOT NULL DEFAULT '{}';
 CREATE INDEX volumes_region_disk_volids ON volumes (region) WHERE status <> 'deleted' AND disk_volids <> '{}';

@@ -93,6 +93,19 @@ class Periodic:
     statuses: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class PlanOf:
+    """What a plan of a resource previews (``POST /v1/<plural>/{id}/actions/plan``): the job of
+    ``kind`` with ``args`` — the type's job that converges the resource to its row's intent — whose
+    own observe and plan run read-only (``z9.executor.preview``). ``leave_out``: the names of steps
+    that plan makes which are not drift from this row's intent (a stopped server's ``start``: its
+    converging job would start it; stopped is what its owner asked for)."""
+
+    kind: str
+    args: dict[str, Any]
+    leave_out: tuple[str, ...] = ()
+
+
 _UNIT_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
@@ -222,6 +235,9 @@ class ResourceType(Generic[R]):
     # the Proxmox endpoints the type's own capability adapter calls through ProxmoxClient.call
     # ("METHOD /path/template"), beyond the client's: their metric series are pre-created
     pve_endpoints: tuple[str, ...] = ()
+    # the job a plan of a row previews (PlanOf), from the row and what the database holds of its
+    # intent (a read-only connection: hook(db, row)); None: the row has nothing to converge yet
+    plan_of: Callable[[Any, R], Awaitable[PlanOf | None]] | None = None
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9]{1,3}", self.prefix) or self.prefix in GENERIC_PREFIXES:

@@ -125,6 +125,11 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
         await w.call("GET", item, f"{base}/{rid}", 200)
         await w.call("GET", item, f"{base}/{rt.prefix}_nope", 404)
         await w.call("GET", item, f"{base}/{rid}", 401, token="z9t_unknown")
+        if ("/" + rt.plural + "/{id}/actions/plan") in doc["paths"]:
+            plan = f"{item}/actions/plan"
+            await w.call("POST", plan, f"{base}/{rid}/actions/plan", 200)  # of the world as it is: its create pending
+            await w.call("POST", plan, f"{base}/{rt.prefix}_nope/actions/plan", 404)
+            await w.call("POST", plan, f"{base}/{rid}/actions/plan", 401, token="z9t_unknown")
         if ("/" + rt.plural + "/{id}/actions/cancel-deletion") in doc["paths"]:
             cancel = f"{item}/actions/cancel-deletion"
             await w.call("POST", cancel, f"{base}/{rid}/actions/cancel-deletion", 409)  # nothing to cancel
@@ -365,12 +370,14 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     for template, real in (("/operator/jobs", "/operator/jobs?region=dev-1&status=succeeded&limit=5"),
                            ("/operator/regions", "/operator/regions"),
                            ("/operator/guard-refusals", "/operator/guard-refusals?limit=5"),
+                           ("/operator/drift", "/operator/drift?kind=server&limit=5"),
                            ("/operator/jobs/{id}", f"/operator/jobs/{some_job}")):
         await w.call("GET", template, real, 200, token=op)
         await w.call("GET", template, real, 403)  # the tenant's own token
         await w.call("GET", template, real, 401, token="z9t_unknown")
     await w.call("GET", "/operator/jobs", "/operator/jobs?status=done", 422, token=op)
     await w.call("GET", "/operator/guard-refusals", "/operator/guard-refusals?limit=0", 422, token=op)
+    await w.call("GET", "/operator/drift", "/operator/drift?kind=nope", 422, token=op)
     await w.call("GET", "/operator/jobs/{id}", "/operator/jobs/job_nope", 404, token=op)
     cancel_op = "/operator/jobs/{id}/actions/cancel"
     failed = (await w.call("GET", "/jobs", "/jobs?status=failed&limit=500", 200))["jobs"]
@@ -420,7 +427,10 @@ async def test_refusals_before_the_handler_are_documented_on_every_route(api: St
                 await w.call(method.upper(), path, real, 400, headers={"Idempotency-Key": "bad key"},
                              json=op.get("requestBody", {}).get("content", {}).get("application/json", {})
                              .get("example"))
-            await w.call(method.upper(), path, real, 403, token=ro["secret"], json={})
+            if path.endswith("/actions/plan"):  # a POST that only reads: a read token may send it
+                await w.call(method.upper(), path, real, 200, token=ro["secret"])
+            else:
+                await w.call(method.upper(), path, real, 403, token=ro["secret"], json={})
             if "requestBody" in op:
                 await w.call(method.upper(), path, real, 413, data=b"{" + b" " * (300 * 1024) + b"}",
                              headers={"Content-Type": "application/json"})

@@ -17,7 +17,8 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..cli import OK, USAGE, Ctx, mutation, table
+from ..api import ApiError
+from ..cli import FAILED, OK, USAGE, Ctx, mutation, table
 from ..models import ResourceKind
 from ._group import group, verb
 
@@ -164,6 +165,23 @@ class KindSpec:
             return mutation(ctx, accepted, self.detail, lambda: self._refetch(ctx, ctx.args.id))
         return run
 
+    def _plan(self, ctx: Ctx) -> int:
+        """``z9 <plural> plan ID``: the drift and the steps; exit 0 in sync, 2 drift, 1 error (as
+        ``terraform plan -detailed-exitcode``)."""
+        try:
+            plan = ctx.client.plan(self.kind, ctx.args.id)
+        except ApiError as e:  # (a 409 too, and an API out of reach: an error is 1 here, not 3 or 4)
+            ctx.refuse(e.code, f"refused ({e.status} {e.code}): {e.message}" if e.status else f"z9: {e.message}",
+                       e.details)
+            return FAILED
+        ctx.emit(plan, lambda: plan_table(plan))
+        if plan.waiting and not ctx.json:
+            ctx.err.print(f"the job would first wait: {plan.waiting}", highlight=False, markup=False)
+        for j in plan.blocked_by if not ctx.json else ():
+            ctx.err.print(f"job {j.get('id')} ({j.get('kind')}, {j.get('status')}) of this {self.kind.label} comes "
+                          "first: the plan is of the world as it is now", highlight=False, markup=False)
+        return OK if plan.in_sync else DRIFT
+
     def _simple(self, call: Callable[[Any, str], Any]) -> Callable[[Ctx], int]:
         def run(ctx: Ctx) -> int:
             accepted = call(ctx.client, ctx.args.id)
@@ -225,6 +243,11 @@ class KindSpec:
             p.add_argument("id", help=id_help)
             p.set_defaults(run=self._simple(lambda c, i: c.restore(k, i)))
 
+        p = verb(verbs, "plan", f"what {_a(k.label)}'s job would change now: its drift and steps, each saying "
+                 "whether it interrupts the guest (changes nothing; exit 0 in sync, 2 drift, 1 error)", [common])
+        p.add_argument("id", help=id_help)
+        p.set_defaults(run=self._plan)
+
         for action in self.actions:
             p = verbs.add_parser(action.name, help=action.help, description=action.help, parents=[common, waiting],
                                  aliases=list(action.aliases))
@@ -235,6 +258,20 @@ class KindSpec:
         if self.extra is not None:
             self.extra(verbs, common, waiting)
         return k.plural
+
+
+DRIFT = 2  # z9 <plural> plan: the world differs from the intent (terraform plan -detailed-exitcode's 2)
+
+
+def plan_table(plan: Any) -> Any:
+    """A plan as people read it: in sync, or the drift then the steps."""
+    if plan.in_sync:
+        return table(("plan",), [[f"in sync ({plan.job_kind or 'nothing to converge'} would change nothing)"]])
+    rows = [["waiting", plan.waiting, ""]] if plan.waiting else []
+    rows += [[f"drift {d.path}", f"want {d.want!r}, have {d.have!r}", ""] for d in plan.drift]
+    rows += [[f"step {i} {s.name}" + (f" ({s.member})" if s.member else ""), s.why,
+              "DISRUPTIVE" if s.disruptive else ""] for i, s in enumerate(plan.steps, 1)]
+    return table(("what", "detail", "guest"), rows)
 
 
 def _a(noun: str) -> str:

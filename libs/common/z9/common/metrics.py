@@ -318,10 +318,23 @@ def proxmox_snapshot_lookup(region: str, outcome: str) -> None:
     PROXMOX_SNAPSHOT_LOOKUPS.labels(region, outcome).inc()
 
 
-def init_reaper(regions: Iterable[str]) -> None:
-    """Create the reaper's series at 0 for every region."""
+RESOURCES_DRIFTED = Gauge(
+    "z9_resources_drifted",
+    "Live resources whose last periodic plan found drift (their job would change something), by kind.",
+    ["kind"])
+RESOURCES_DRIFTED_OLDEST = Gauge(
+    "z9_resources_drifted_oldest_seconds",
+    "How long the resource of this kind drifted longest has stayed drifted (0: none is).",
+    ["kind"])
+
+
+def init_reaper(regions: Iterable[str], planned_kinds: Iterable[str] = ()) -> None:
+    """Create the reaper's series at 0 for every region, and the drift gauges for every kind it plans."""
     for region in regions:
         DELETION_BUFFER_EXPIRIES.labels(region)
+    for kind in planned_kinds:
+        RESOURCES_DRIFTED.labels(kind)
+        RESOURCES_DRIFTED_OLDEST.labels(kind)
 
 
 #: HTTP methods kept as ``method`` label values; any other (``PROPFIND``, an invented token the

@@ -325,8 +325,8 @@ class RegionSettings(BaseModel):
         if self.token_secret is None:
             where = (f"its token_secret_file {str(self.token_secret_file)!r} is not readable here"
                      if self.token_secret_file else "it has neither token_secret nor token_secret_file")
-            raise ValueError(f"Z9_REGIONS[{region}]: the Proxmox token secret is missing ({where}); only the "
-                             "executor needs it")
+            raise ValueError(f"Z9_REGIONS[{region}]: the Proxmox token secret is missing ({where}); the "
+                             "executor needs it, and the API and the reaper to plan (they only read)")
         return self.token_secret.get_secret_value()
 
     @field_validator("url")
@@ -532,6 +532,13 @@ class Settings(BaseSettings):
     # scheduler, reaper, retention
     scheduler_interval_s: float = Field(1.0, gt=0)
     reaper_interval_s: float = Field(2.0, gt=0)
+    drift_interval_s: float = Field(600.0, ge=0, description=(
+        "How often the reaper plans each live resource read-only (its converging job's observe and plan, "
+        "no Proxmox write) and records whether it drifted (z9_resources_drifted, the operator's drift "
+        "view). 0: never."))
+    drift_batch: int = Field(10, ge=1, description=(
+        "At most this many resources of each type and region are planned per reaper pass (the stalest "
+        "first): the drift check's load on a region's Proxmox is bounded."))
     deletion_buffer_s: float = Field(600.0, ge=0)
     job_retention_s: float = Field(7 * 86400.0, gt=0)
     idempotency_retention_s: float = Field(86400.0, gt=0)

@@ -248,6 +248,46 @@ async def resource_mark_failed(db: DB, sql: SqlTarget, rid: str, reason: str, en
     await db.fetchval(qt("resource_mark_failed", *sql), rid, reason, ends_deletion)
 
 
+async def resource_drift_due(db: DB, sql: SqlTarget, region: str, statuses: list[str], interval_s: float,
+                             limit: int, *, now: datetime | None = None) -> list[Any]:
+    """Rows of a type in ``region`` due for a drift check (no live job; unchecked for ``interval_s``)."""
+    return list(await db.fetch(qt("resource_drift_due", *sql), region, statuses, interval_s, limit, now))
+
+
+async def resource_drift_record(db: DB, rid: str, rtype: str, tenant_id: str, region: str, *, in_sync: bool,
+                                job_kind: str | None, drift: list[Any], steps: list[Any],
+                                now: datetime | None = None) -> None:
+    """What a periodic plan found for one resource (``drifted_since`` kept while it stays drifted)."""
+    await db.execute(q("resource_drift_record"), rid, rtype, tenant_id, region, in_sync, job_kind, drift, steps, now)
+
+
+async def resource_drift_unknown(db: DB, rid: str, rtype: str, tenant_id: str, region: str, why: str, *,
+                                 now: datetime | None = None) -> None:
+    """A periodic plan that could not be made now: checked, its last known state kept."""
+    await db.execute(q("resource_drift_unknown"), rid, rtype, tenant_id, region, why, now)
+
+
+async def resource_drift_summary(db: DB, sql: SqlTarget, rtype: str) -> tuple[int, datetime | None]:
+    """(how many of the type's live resources are drifted, since when the oldest)."""
+    row = await db.fetchrow(qt("resource_drift_summary", *sql), rtype)
+    return int(row["drifted"]), row["since"]
+
+
+async def resource_drift_drifted(db: DB, sql: SqlTarget, rtype: str, limit: int) -> list[Any]:
+    """The type's live drifted resources, drifted longest first."""
+    return list(await db.fetch(qt("resource_drift_drifted", *sql), rtype, limit))
+
+
+async def session_name_local(db: DB, name: str) -> None:
+    """Name the session ``name`` in ``pg_stat_activity`` until the transaction ends (``SET LOCAL``)."""
+    await db.execute(q("session_name_local"), name)
+
+
+async def resource_live_jobs(db: DB, resource_id: str) -> list[Any]:
+    """The live (pending, running, retry) jobs of ``resource_id`` itself, oldest first: id, kind, status."""
+    return list(await db.fetch(q("resource_live_jobs"), resource_id))
+
+
 async def resource_count_own_live_jobs(db: DB, resource_id: str) -> int:
     """How many live (pending, running, retry) jobs have ``resource_id`` as their resource."""
     return await db.fetchval(q("resource_count_own_live_jobs"), resource_id)

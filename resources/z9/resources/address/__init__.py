@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from z9.resources.address.model import Address
-from z9.resources import Buffered, QuotaUnit, QuotaUsage, ResourceType, VmParts, on_final_delete, register
+from z9.resources import Buffered, PlanOf, QuotaUnit, QuotaUsage, ResourceType, VmParts, on_final_delete, register
 
 # the job kinds of this type (the ``kind`` column's values)
 ADDRESS_CREATE = "AddressCreate"
@@ -53,11 +53,17 @@ def stale(address: Address, kind: str, args: dict[str, Any]) -> str | None:
             "Assign or unassign the address again instead")
 
 
+async def plan_of(db: Any, address: Address) -> PlanOf:
+    """A plan of an address previews the job that puts it where its row says (on its server's VM, or
+    on none): its assignment, as a cancelled deletion would restore it (:func:`restore`)."""
+    return PlanOf(*restore(address))
+
+
 ADDRESS: ResourceType[Address] = register(ResourceType(
     name="address", prefix="adr", table="addresses", model=Address, plural="addresses",
     kinds=(ADDRESS_CREATE, ADDRESS_ASSIGN, ADDRESS_UNASSIGN, ADDRESS_DELETE),
     deletion=Buffered(first_kind=ADDRESS_UNASSIGN, final_kind=ADDRESS_DELETE),
-    statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale,
+    statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale, plan_of=plan_of,
     # the address's own rules and its holders' (triggers on addresses: a load balancer's or a
     # cluster's address goes with its owner)
     deletion_rules=("protected", "must_be_unassigned", "load_balancer_address", "cluster_endpoint"),

@@ -15,7 +15,7 @@ from typing import Any
 
 from z9.common import store as common_store  # (not `store`: the slice's own store module is z9.resources.cluster.store)
 from z9.resources.cluster.model import Cluster
-from z9.resources import Immediate, Periodic, QuotaUsage, ResourceType, register
+from z9.resources import Immediate, Periodic, PlanOf, QuotaUsage, ResourceType, register
 from z9.resources.cluster import store as cluster_store
 
 # the job kinds of this type (the ``kind`` column's values)
@@ -41,10 +41,17 @@ async def _cancelled(db: Any, row: Cluster, kind: str, reason: str) -> bool:
     return True
 
 
+async def plan_of(db: Any, cluster: Cluster) -> PlanOf:
+    """A plan of a cluster previews its reconcile: every desired member a Ready node (a stopped one
+    started), the extra ones drained and removed, the members' firewalls and bootstrap media as z9
+    keeps them."""
+    return PlanOf(CLUSTER_RECONCILE, {})
+
+
 CLUSTER: ResourceType[Cluster] = register(ResourceType(
     name="cluster", prefix="k8s", table="clusters", model=Cluster,
     kinds=(CLUSTER_CREATE, CLUSTER_RECONCILE, CLUSTER_DELETE, CLUSTER_OBSERVE),
-    deletion=Immediate(final_kind=CLUSTER_DELETE), statuses=STATUSES, cancelled=_cancelled,
+    deletion=Immediate(final_kind=CLUSTER_DELETE), statuses=STATUSES, cancelled=_cancelled, plan_of=plan_of,
     periodic=Periodic(kind=CLUSTER_OBSERVE, interval_setting="cluster_observe_interval_s",
                       statuses=("running", "degraded")),
     order=40,

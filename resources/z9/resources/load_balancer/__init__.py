@@ -8,7 +8,7 @@ import ipaddress
 from typing import Any
 
 from z9.resources.load_balancer.model import LoadBalancer
-from z9.resources import Buffered, Periodic, QuotaUnit, QuotaUsage, ResourceType, on_final_delete, register
+from z9.resources import Buffered, Periodic, PlanOf, QuotaUnit, QuotaUsage, ResourceType, on_final_delete, register
 from z9.resources.load_balancer import store as load_balancer_store
 
 # the job kinds of this type (the ``kind`` column's values)
@@ -30,12 +30,18 @@ def restore(lb: LoadBalancer) -> tuple[str, dict[str, Any]]:
     return LOAD_BALANCER_START, {}
 
 
+async def plan_of(db: Any, lb: LoadBalancer) -> PlanOf:
+    """A plan of a load balancer previews its configure job: its appliances converged (the VM
+    machinery's steps per member) and running the files rendered from the database now."""
+    return PlanOf(LOAD_BALANCER_CONFIGURE, {})
+
+
 LOAD_BALANCER: ResourceType[LoadBalancer] = register(ResourceType(
     name="load_balancer", prefix="lb", table="load_balancers", model=LoadBalancer, plural="load-balancers",
     kinds=(LOAD_BALANCER_CREATE, LOAD_BALANCER_CONFIGURE, LOAD_BALANCER_STOP,
            LOAD_BALANCER_START, LOAD_BALANCER_DELETE, LOAD_BALANCER_OBSERVE),
     deletion=Buffered(first_kind=LOAD_BALANCER_STOP, final_kind=LOAD_BALANCER_DELETE),
-    statuses=STATUSES, restore=restore,
+    statuses=STATUSES, restore=restore, plan_of=plan_of,
     periodic=Periodic(kind=LOAD_BALANCER_OBSERVE, interval_setting="lb_health_interval_s",
                       statuses=("active", "failed")),
     order=30,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from z9.resources.server.model import Server
-from z9.resources import Buffered, QuotaUnit, QuotaUsage, ResourceType, register
+from z9.common import store as common_store
+from z9.resources import Buffered, PlanOf, QuotaUnit, QuotaUsage, ResourceType, register
 from z9.resources.server import store as server_store
 from z9.resources.address import ADDRESS_ASSIGN
 
@@ -58,13 +59,27 @@ async def rerun_with(db: Any, server: Server, kind: str) -> list[str]:
     return await server_store.job_failed_primary_assign_of_server(db, server.id, ADDRESS_ASSIGN)
 
 
+async def plan_of(db: Any, server: Server) -> PlanOf:
+    """What a plan of the server previews: its ServerCreate as a re-run would take it (its row's
+    intent, the create request's network: :func:`intent`; the VM's name the one it was made with, a
+    rename being the database's alone) — it converges the VM to the server's spec (config, tags,
+    disk, firewall) and starts it. A stopped server (or a failed one that was
+    stopped) is meant to be stopped: that plan's ``start`` is no drift of it."""
+    args = await common_store.resource_latest_job_args(db, server.id, SERVER_CREATE) or {}
+    stopped = server.status == "stopped" or (server.status == "failed" and server.power_state == "stopped")
+    want = intent(server, SERVER_CREATE, dict(args))
+    # a rename is the database's alone (PATCH: the VM keeps the name it was made with): no drift
+    want["name"] = args.get("name") or want["name"]
+    return PlanOf(SERVER_CREATE, want, leave_out=("start",) if stopped else ())
+
+
 SERVER: ResourceType[Server] = register(ResourceType(
     name="server", prefix="srv", table="servers", model=Server,
     kinds=(SERVER_CREATE, SERVER_START, SERVER_STOP, SERVER_DELETE, SERVER_REBOOT,
            SERVER_RESIZE),
     deletion=Buffered(first_kind=SERVER_STOP, final_kind=SERVER_DELETE),
     statuses=STATUSES, restore=restore, intent=intent, rerun_with=rerun_with,
-    order=10,
+    order=10, plan_of=plan_of,
     quotas=(QuotaUnit("servers", "servers", example=(10, 2)), QuotaUnit("cores", "cores", example=(None, 4)),
             QuotaUnit("memory_mib", "MiB of memory", example=(None, 4096))),
     quota_usage=QuotaUsage("server_quota_usage", {"servers": "servers", "cores": "servers' cores",

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from z9.resources import (Buffered, QuotaUnit, QuotaUsage, ResourceType, VmParts, on_deletion, on_final_delete, on_restore,
+from z9.resources import (Buffered, PlanOf, QuotaUnit, QuotaUsage, ResourceType, VmParts, on_deletion, on_final_delete, on_restore,
                           register)
 from z9.resources.volume.model import Volume, serial_of  # noqa: F401  (serial_of: the slice's public name)
 from z9.resources.volume.guard import recorded_disks, volume_disk
@@ -70,11 +70,19 @@ def stale(v: Volume, kind: str, args: dict[str, Any]) -> str | None:
             f"request; attach or detach it again instead")
 
 
+async def plan_of(db: Any, v: Volume) -> PlanOf:
+    """A plan of a volume previews its reconciler as an attach (meant for a server) or a detach: every
+    kind of the volume converges the world to its row (the server it is meant for, its size)."""
+    if v.server_id:
+        return PlanOf(VOLUME_ATTACH, {"server_id": v.server_id})
+    return PlanOf(VOLUME_DETACH, {})
+
+
 VOLUME: ResourceType[Volume] = register(ResourceType(
     name="volume", prefix="vol", table="volumes", model=Volume,
     kinds=(VOLUME_CREATE, VOLUME_ATTACH, VOLUME_DETACH, VOLUME_RESIZE, VOLUME_DELETE),
     deletion=Buffered(first_kind=VOLUME_DETACH, final_kind=VOLUME_DELETE),
-    statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale, order=50,
+    statuses=STATUSES, restore=restore, lock_keys=lock_keys, stale=stale, order=50, plan_of=plan_of,
     quotas=(QuotaUnit("volume_gib", "GiB of volumes", example=(1000, 50)),),
     quota_usage=QuotaUsage("volume_quota_usage", {"volume_gib": "volumes' sizes (GiB)"}),
     # its disk, on whatever VM it is (found by serial, and by every volid z9 recorded for it): kept by every

@@ -28,7 +28,7 @@ from z9.common.settings import Settings
 
 from .connections import RateLimitedLog
 from . import page_tokens
-from . import catalog, console, job_actions, middleware, operator, quotas, schemas, tokens, waiting
+from . import catalog, console, job_actions, middleware, operator, plans, quotas, schemas, tokens, waiting
 from z9 import resources
 from .openapi import openapi_document
 from .resources import (CLOCK, NOTIFIER, POOL, SETTINGS, TENANT, ApiResource, Handler, Operation, bool_param, dump,
@@ -237,6 +237,8 @@ def operations() -> list[Operation]:
     ops: list[Operation] = []
     for api in RESOURCES:
         ops += resource_operations(api)
+        if api.rtype.plan_of is not None:  # a type that says which job converges it can be planned
+            ops.append(plans.operation(api))
     ops += [
         Operation("GET", "/jobs", list_jobs, "listJobs", "List jobs, oldest first (order=newest: newest first)", "jobs",
                   {200: schemas.JobList, 401: None, 422: None}, query=JobListQuery,
@@ -326,6 +328,7 @@ def create_app(settings: Settings, *, pool: asyncpg.Pool | None = None, clock: C
             await app[POOL].close()
 
     app.cleanup_ctx.append(pool_ctx)
+    app.cleanup_ctx.append(plans.pve_clients_ctx)
     ops = operations()
     app[OPENAPI] = served_document()
     waiting.install(app, settings, clock)

@@ -21,10 +21,13 @@ deletion guard's refusals, a job's history, and cancelling any tenant's waiting 
   job has waited.
 - ``GET /v1/operator/guard-refusals?region=&limit=``: the jobs the deletion guard refused,
   newest first.
+- ``GET /v1/operator/drift?kind=&limit=``: the live resources whose last periodic plan (the reaper's,
+  :mod:`z9.reaper.drift`) found drift, drifted longest first, each with its drift and the steps its
+  job would run.
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from typing import Any
 
 from aiohttp import web
@@ -128,6 +131,33 @@ class GuardRefusalQuery(BaseModel):
 
     region: str | None = Field(default=None, min_length=1, max_length=63)
     limit: int = Field(default=100, ge=1, le=500)
+
+
+class DriftQuery(BaseModel):
+    """Query parameters of ``GET /v1/operator/drift``."""
+
+    kind: str | None = Field(default=None, min_length=1, max_length=63, description="only resources of this type")
+    limit: int = Field(default=100, ge=1, le=500)
+
+
+class DriftedResource(schemas.Response):
+    """A resource whose last periodic plan found drift."""
+
+    kind: str
+    id: str
+    tenant: str
+    region: str
+    job_kind: str | None = Field(description="the job whose plan it is")
+    drift: list[dict[str, Any]] = Field(description="{path, want, have} each")
+    steps: list[dict[str, Any]] = Field(description="{name, member, disruptive, why} each")
+    checked_at: schemas.Timestamp
+    drifted_since: schemas.Timestamp
+
+
+class DriftedList(schemas.Response):
+    """The drifted resources, drifted longest first."""
+
+    resources: list[DriftedResource]
 
 
 # ---------------------------------------------------------------------------------- handlers
@@ -267,6 +297,28 @@ async def list_guard_refusals(request: web.Request) -> web.Response:
     return web.json_response(dump(OperatorJobList, {"jobs": await _with_names(request, jobs)}))
 
 
+def _iso(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+async def list_drift(request: web.Request) -> web.Response:
+    from z9 import resources
+
+    require_operator(request)
+    kind = _text_param(request, "kind")
+    types = [t for t in resources.types() if t.plan_of is not None and kind in (None, t.name)]
+    if kind is not None and not types:
+        raise ValidationFailed(f"kind: {kind!r} is no resource type that is planned",
+                               details=[{"field": "kind", "message": "unknown"}])
+    limit = limit_param(request)
+    rows = [r for t in types for r in await store.resource_drift_drifted(request.app[POOL], t.sql, t.name, limit)]
+    rows.sort(key=lambda r: (r["drifted_since"], r["resource_id"]))
+    out = [{"kind": r["resource_type"], "id": r["resource_id"], "tenant": r["tenant_id"], "region": r["region"],
+            "job_kind": r["job_kind"], "drift": r["drift"], "steps": r["steps"],
+            "checked_at": _iso(r["checked_at"]), "drifted_since": _iso(r["drifted_since"])} for r in rows[:limit]]
+    return web.json_response(dump(DriftedList, {"resources": out}))
+
+
 def operations(job_example: dict[str, Any]) -> list[Operation]:
     op_job = {**job_example, "tenant": "ten_01jd3x5v8q2m6n4p7r9s1t3w5y", "tenant_name": "acme", "lease_owner": "pve-exec-1:4242:ab12",
               "lease_expires_at": "2026-12-01T04:00:39Z", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}
@@ -297,4 +349,14 @@ def operations(job_example: dict[str, Any]) -> list[Operation]:
                   "Jobs the deletion guard refused, newest first", "operator",
                   {200: OperatorJobList, **errors, 422: None}, query=GuardRefusalQuery,
                   example={"jobs": [op_job]}, description=desc),
+        Operation("GET", "/operator/drift", list_drift, "operatorListDrift",
+                  "Resources whose last periodic plan found drift, drifted longest first", "operator",
+                  {200: DriftedList, **errors, 422: None}, query=DriftQuery,
+                  example={"resources": [{
+                      "kind": "server", "id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y", "tenant": "ten_01jd3x5v8q2m6n4p7r9s1t3w5y",
+                      "region": "dev-1", "job_kind": "ServerCreate",
+                      "drift": [{"path": "config.cores", "want": 2, "have": 4}],
+                      "steps": [{"name": "configure", "member": None, "disruptive": False, "why": "write cores"}],
+                      "checked_at": "2026-12-01T04:10:00Z", "drifted_since": "2026-12-01T03:40:00Z"}]},
+                  description=desc),
     ]

@@ -36,11 +36,31 @@ from .lease_deadline import LeaseDeadline
 from .proxmox import ProxmoxClient, Upid
 
 
+@dataclass(frozen=True)
+class Drift:
+    """One difference a plan found between the resource's intent and the world: ``path`` (what:
+    ``config.cores``, ``firewall.policy_in``, ``power``…), ``want`` (the intent), ``have`` (the world;
+    None: absent). The step that fixes it carries it (:attr:`Step.drift`): the plan's own reading of
+    the world, which ``POST …/actions/plan`` answers as it is."""
+
+    path: str
+    want: Any
+    have: Any
+
+    def as_json(self) -> dict[str, Any]:
+        return {"path": self.path, "want": self.want, "have": self.have}
+
+
 @dataclass
 class Step:
     """One planned step: ``name`` (a verb such as ``clone``), ``detail`` (free-form, e.g. the
     UPID being waited on) and ``state`` pending|running|done|failed|skipped. ``kind``: the
-    :class:`StepKind` it was planned as — what runs it (None for a step built by name only)."""
+    :class:`StepKind` it was planned as — what runs it (None for a step built by name only).
+
+    What a plan says about the step for a preview (``POST …/actions/plan``), none of it stored in
+    the job's row: ``drift``, the differences it fixes; ``why``, a sentence; ``disruptive``, whether
+    it stops, reboots, hot-unplugs or re-addresses a guest (None: its kind's
+    :attr:`StepKind.disruptive`)."""
 
     name: str
     detail: dict[str, Any] = field(default_factory=dict)
@@ -48,6 +68,31 @@ class Step:
     started_at: str | None = None
     finished_at: str | None = None
     kind: "StepKind | None" = field(default=None, compare=False, repr=False)
+    drift: list[Drift] = field(default_factory=list, compare=False, repr=False)
+    why: str = field(default="", compare=False, repr=False)
+    disruptive: bool | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def interrupts(self) -> bool:
+        """The step stops, reboots, hot-unplugs or re-addresses a guest (as planned, else as its kind is)."""
+        if self.disruptive is not None:
+            return self.disruptive
+        return self.kind.disruptive if self.kind is not None else False
+
+    def explained(self, why: str = "", drift: list[Drift] | tuple[Drift, ...] = (),
+                  disruptive: bool | None = None) -> Step:
+        """The step with what a preview says about it (returns it: ``plan`` code chains it)."""
+        self.why = why or self.why
+        self.drift = [*self.drift, *drift]
+        if disruptive is not None:
+            self.disruptive = disruptive
+        return self
+
+    def preview(self) -> dict[str, Any]:
+        """The step as ``POST …/actions/plan`` answers it."""
+        why = self.why or "; ".join(f"{d.path}: {d.have!r} → {d.want!r}" for d in self.drift)
+        return {"name": self.name, "member": self.member, "disruptive": self.interrupts,
+                "why": why or (self.kind.why if self.kind is not None else "") or self.name}
 
     @property
     def member(self) -> str | None:
@@ -70,6 +115,10 @@ class StepKind:
 
     name: str
     run: Callable[..., Awaitable[None]]
+    # what a preview says of such a step when its plan says nothing more: whether it stops, reboots,
+    # hot-unplugs or re-addresses a guest, and why it is done
+    disruptive: bool = False
+    why: str = ""
 
     def step(self, detail: dict[str, Any] | None = None) -> Step:
         return Step(self.name, dict(detail or {}), kind=self)
@@ -125,6 +174,9 @@ class JobContext:
         # ... except while its success finish is being retried after a lock wait (batching.py):
         # the job is done but not recorded, so it is still running and its lease is renewed.
         self.flushing = False
+
+    #: a preview's context (z9.executor.preview.PlanContext): observe reads, nothing is written
+    read_only = False
 
     @property
     def args(self) -> dict[str, Any]:

@@ -203,6 +203,16 @@ _AGENT_DOWN = re.compile(r"agent is not running|No QEMU guest agent configured|i
                          r"Invalid parameter 'pid'")
 
 
+class ReadOnlyRefused(PermanentError):
+    """A read-only client (a plan's) was asked to send a request that is not a GET: refused unsent."""
+
+
+#: a command in the guest is a POST (``agent/exec``); a read-only client sends it only for a command
+#: its caller says only reads (``agent_exec(..., reads=True)``: ``kubectl get``, ``cat`` a log)
+AGENT_EXEC = "POST /nodes/{node}/qemu/{vmid}/agent/exec"
+_EXEC_READS: contextvars.ContextVar[bool] = contextvars.ContextVar("z9_exec_reads", default=False)
+
+
 def _bool(v: bool) -> int:
     # Proxmox booleans are 1/0; Python True would be sent as 'True' and rejected (JSONSchema.pm).
     return 1 if v else 0
@@ -215,8 +225,11 @@ class ProxmoxClient:
     no answer —, PermanentError, Snooze subclasses). ``max_threads`` bounds concurrent requests.
     """
 
-    def __init__(self, region: str, settings: RegionSettings, *, max_threads: int = 32):
+    def __init__(self, region: str, settings: RegionSettings, *, max_threads: int = 32, read_only: bool = False):
         self.region = region
+        # a preview's client (the API's, z9.executor.preview): every request but a GET is refused
+        # before it is sent (ReadOnlyRefused), whatever code asks for it
+        self.read_only = read_only
         self.settings = settings
         url = urlsplit(settings.url)
         user, _, token_name = settings.token_id.partition("!")
@@ -298,6 +311,8 @@ class ProxmoxClient:
         status Proxmox answered)."""
         loop = asyncio.get_running_loop()
         method, _, path = endpoint.partition(" ")
+        if self.read_only and method != "GET" and not (endpoint == AGENT_EXEC and _EXEC_READS.get()):
+            raise ReadOnlyRefused(f"{what}: a read-only client sends no {endpoint} (a plan makes no Proxmox writes)")
         lease_deadline.check(what)  # checked again in the sending thread (LeaseHeaderAdapter)
         with metrics.proxmox_request(self.region, endpoint):
             with tracing.span(endpoint, {"http.request.method": method, "url.template": path, "z9.region": self.region},
@@ -811,7 +826,7 @@ class ProxmoxClient:
 
     async def agent_exec(self, node: str, vmid: int, argv: list[str], *, timeout_s: float = 60.0,
                          poll_s: float = 0.2, learn: str | None = None,
-                         in_passing: bool = True) -> tuple[int, str, str]:
+                         in_passing: bool = True, reads: bool = False) -> tuple[int, str, str]:
         """Run ``argv`` in the guest (``agent/exec``, then ``agent/exec-status`` until it exited):
         ``(exitcode, stdout, stderr)``. Raises TemporaryError while the agent does not answer
         (booting: ``QEMU guest agent is not running``) or when the command outlives ``timeout_s``.
@@ -827,19 +842,25 @@ class ProxmoxClient:
         ``learn`` names a command whose runs take about as long as each other (a guest's look at
         its cloud-init): its first ``exec-status`` waits about as long as it took lately (as a
         task's first poll does, :meth:`_poll_task`) instead of asking at once — qemu-ga answers
-        ``exited: 0`` until the process ends, and each question is a request through pveproxy."""
-        for again in range(RUN_AGAIN, -1, -1):
-            try:
-                return await self._agent_exec_once(node, vmid, argv, timeout_s, poll_s, learn, in_passing)
-            except (OutcomeUnknown, ExecStatusLost) as e:
-                if again == 0:
-                    raise
-                log.info("%s in VM %s: its outcome is lost (%s); running it again", argv[0], vmid, e)
+        ``exited: 0`` until the process ends, and each question is a request through pveproxy.
+
+        ``reads``: the command only reads the guest (a read-only client sends only such a one)."""
+        token = _EXEC_READS.set(reads)
+        try:
+            for again in range(RUN_AGAIN, -1, -1):
+                try:
+                    return await self._agent_exec_once(node, vmid, argv, timeout_s, poll_s, learn, in_passing)
+                except (OutcomeUnknown, ExecStatusLost) as e:
+                    if again == 0:
+                        raise
+                    log.info("%s in VM %s: its outcome is lost (%s); running it again", argv[0], vmid, e)
+        finally:
+            _EXEC_READS.reset(token)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _agent_exec_once(self, node: str, vmid: int, argv: list[str], timeout_s: float, poll_s: float,
                                learn: str | None, in_passing: bool) -> tuple[int, str, str]:
-        endpoint, what = "POST /nodes/{node}/qemu/{vmid}/agent/exec", f"exec {argv[0]} in VM {vmid}"
+        endpoint, what = AGENT_EXEC, f"exec {argv[0]} in VM {vmid}"
 
         def post() -> Any:
             return self._api.nodes(node).qemu(vmid).agent.exec.post(command=list(argv))

@@ -44,7 +44,7 @@ from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.tags import (MEMBER_PREFIX, customer_vm_tags, format_tags, identity_tag, normalize_tags,
                             platform_roles)
 
-from .context import JobContext, Step, StepKind, StepKinds
+from .context import Drift, JobContext, Step, StepKind, StepKinds
 from .guard import (MAIN, carries_marker, guard, guard_own_clone, guard_suspect, marker, refuse_if_locked,
                     refuse_platform)
 from .proxmox import (CloneNeedsSharedStorage, DigestMismatch, OutcomeUnknown, TaskFailed, Upid, VmidTaken, VmLocked,
@@ -456,6 +456,49 @@ def spec_diff(spec: VmSpec, current: dict[str, Any]) -> dict[str, Any]:
     return diff
 
 
+#: config keys a running VM takes only at its next boot (PVE's default ``hotplug`` is
+#: ``network,disk,usb``: qemu-server vmconfig_hotplug_pending keeps cores and memory pending; the
+#: cloud-init drive is read by the guest at boot)
+NEXT_BOOT_KEYS = frozenset({"cores", "memory", "sockets", "ipconfig0", "nameserver", "sshkeys", "searchdomain",
+                            "ciuser", "cipassword"})
+
+
+def _like(value: Any, want: Any) -> Any:
+    """``value`` (a config string) in the type of ``want`` (an int stays an int): drift compares as PVE stores."""
+    if value is not None and isinstance(want, int) and str(value).isdigit():
+        return int(value)
+    return value
+
+
+def config_drift(spec: VmSpec, vm: VmState) -> list[Drift]:
+    """Pure: the configure step's drift — each key :func:`spec_diff` would write (tags as the sets
+    compared, other types' declared tags aside; the NIC's firewall flag), and each foreign key it
+    would delete (want None)."""
+    desired, cur = spec.desired_config(), vm.config
+    out = []
+    for k in spec_diff(spec, cur):
+        if k == "tags":
+            have = {t for t in normalize_tags(cur.get(k)) if not resources.declared_tag(t)}
+            out.append(Drift("config.tags", sorted(normalize_tags(desired[k])), sorted(have)))
+        elif k == spec.nic and k not in desired:
+            fw = [p for p in str(cur.get(k, "")).split(",") if p.startswith("firewall=")]
+            out.append(Drift(f"config.{k}.firewall", "1", fw[0].partition("=")[2] if fw else None))
+        else:
+            out.append(Drift(f"config.{k}", desired[k], _like(cur.get(k), desired[k])))
+    out += [Drift(f"config.{k}", None, cur.get(k)) for k in spec.foreign_keys(cur, vm.vmid)]
+    return out
+
+
+def configure_why(vm: VmState, drift: list[Drift]) -> str:
+    """Why the configure step runs, and what of it a running VM takes only at its next boot."""
+    keys = [d.path.split(".")[1] for d in drift]
+    why = "write " + ", ".join(dict.fromkeys(keys))
+    later = sorted({k for k in keys if k in NEXT_BOOT_KEYS})
+    if vm.running and later:
+        why += f" ({', '.join(later)}: pending until the VM's next boot, no restart here)"
+    return why
+
+
 def nic_with_firewall(net: str) -> str | None:
     """The NIC's value with ``firewall=1`` (qemu-server ``net[n]``), None when it has it (or no NIC)."""
     if not net or "firewall=1" in net.split(","):
@@ -486,6 +529,7 @@ class MemberWorld:
     template_config: Mapping[str, Any] | None = None  # the template's config as observe read it
     clone_in_flight_s: float = 0.0  # a clone request without answer may land for this long yet
     firewall_drift: list[str] = field(default_factory=list)  # what of the VM's firewall is not as its spec wants
+    firewall_drifts: list[Drift] = field(default_factory=list)  # the same, as drift (a plan's preview)
     private: PrivateAddress | None = None  # the address z9 gave the member on the private network (its job sets it)
     # the VM's config in ``vm`` was read after this attempt's last change of it (or has that change
     # laid over it): the next step needs no new read of the config
@@ -532,10 +576,11 @@ async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
             disk = found[1] if found else None
             if spec.node and spec.node != tpl.node and tpl.vmid not in ctx.pve.local_templates:
                 shared = await template_on_shared_storage(ctx, tpl.node, spec.node, tpl.config)
-    drift = (firewall_drift(spec, vm, await observe_firewall(ctx, spec, vm))
-             if vm is not None and vm.lock != "clone" else [])
+    fw = await observe_firewall(ctx, spec, vm) if vm is not None and vm.lock != "clone" else None
+    findings = _firewall_findings(spec, vm, fw) if vm is not None and vm.lock != "clone" else []
     return MemberWorld(template=template, vm=vm, template_disk_gib=disk, clone_in_flight_s=in_flight,
-                       firewall_drift=drift, template_shared=shared, template_config=tpl_config)
+                       firewall_drift=[t for t, _ in findings], firewall_drifts=[d for _, d in findings],
+                       template_shared=shared, template_config=tpl_config)
 
 
 def template_volume_storages(config: Mapping[str, Any]) -> set[str]:
@@ -627,6 +672,9 @@ async def private_address(ctx: JobContext, owner: str, member: str = MAIN) -> Pr
     net = _private_network(ctx)
     if net is None:
         return None
+    if ctx.read_only:  # a plan takes no address: the one the member has, or none yet
+        ip = (await store.vm_private_addresses_of(ctx.pool, owner)).get(member)
+        return private_address_at(ctx, ip) if ip is not None else None
     first, last = net.first_last
     ip = await store.vm_private_address(ctx.pool, owner, member, ctx.job.region, first=first,
                                         count=int(last) - int(first) + 1, excluded=net.excluded,
@@ -760,33 +808,55 @@ def _platform(r: Mapping[str, Any]) -> bool:
 
 
 def firewall_drift(spec: FirewallOwner, vm: VmState, fw: FirewallState | None) -> list[str]:
-    """Pure: what of the VM's firewall is not as ``spec`` wants (empty: as wanted). Only z9's parts
-    are compared: an operator's rules and options stay as they are."""
+    """Pure: what of the VM's firewall is not as ``spec`` wants (empty: as wanted), in words. Only
+    z9's parts are compared: an operator's rules and options stay as they are."""
+    return [text for text, _ in _firewall_findings(spec, vm, fw)]
+
+
+def firewall_drifts(spec: FirewallOwner, vm: VmState, fw: FirewallState | None) -> list[Drift]:
+    """Pure: the same findings as :func:`firewall_drift`, as drift (path, want, have)."""
+    return [d for _, d in _firewall_findings(spec, vm, fw)]
+
+
+def _rule_text(r: Mapping[str, Any]) -> str:
+    k = rule_key(r)
+    return " ".join(f"{n}={v}" for n, v in zip(("type", "action", "proto", "dport", "sport", "source", "dest",
+                                                  "macro", "iface", "comment", "enable"), k) if v)
+
+
+def _firewall_findings(spec: FirewallOwner, vm: VmState, fw: FirewallState | None) -> list[tuple[str, Drift]]:
     if spec.firewall is None and not spec.ip_filter:
         return []
     if fw is None:
-        return ["firewall not read"]
-    out = []
-    if "firewall=1" not in str(vm.config.get(spec.nic, "")).split(","):
-        out.append(f"{spec.nic} not through the firewall")
+        return [("firewall not read", Drift("firewall", "read", None))]
+    out: list[tuple[str, Drift]] = []
+    nic = [p for p in str(vm.config.get(spec.nic, "")).split(",") if p.startswith("firewall=")]
+    if "firewall=1" not in nic:
+        out.append((f"{spec.nic} not through the firewall",
+                    Drift(f"config.{spec.nic}.firewall", "1", nic[0].partition("=")[2] if nic else None)))
     o = fw.options
     if spec.firewall is not None:
         if str(o.get("enable", 0)) != "1":
-            out.append("firewall off")
+            out.append(("firewall off", Drift("firewall.options.enable", "1", str(o.get("enable", 0)))))
         for k in ("policy_in", "policy_out"):
             if str(o.get(k) or "") != getattr(spec.firewall, k):
-                out.append(f"{k} {o.get(k) or '(default)'} not {getattr(spec.firewall, k)}")
+                out.append((f"{k} {o.get(k) or '(default)'} not {getattr(spec.firewall, k)}",
+                            Drift(f"firewall.options.{k}", getattr(spec.firewall, k), o.get(k))))
         have = [rule_key(r) for r in fw.rules if _platform(r)]
         want = [rule_key(r.params()) for r in spec.firewall.rules]
         if have != want:
-            out.append("platform rules differ")
+            out.append(("platform rules differ",
+                        Drift("firewall.rules", [_rule_text(r.params()) for r in spec.firewall.rules],
+                              [_rule_text(r) for r in fw.rules if _platform(r)])))
     if spec.ip_filter:
         if str(o.get("ipfilter", 0)) != "1" or (spec.firewall is None and str(o.get("enable", 0)) != "1"):
-            out.append("IP filter off")
+            out.append(("IP filter off", Drift("firewall.options.ipfilter", "1", str(o.get("ipfilter", 0)))))
         ents = fw.entries
         if ents is None or not set(spec.ip_filter) <= {str(e.get("cidr")) for e in ents} \
                 or not all(_mine_entry(spec, e) for e in ents):
-            out.append(f"{ipfilter_set(spec.nic)} not {sorted(spec.ip_filter)}")
+            out.append((f"{ipfilter_set(spec.nic)} not {sorted(spec.ip_filter)}",
+                        Drift(f"firewall.ipset.{ipfilter_set(spec.nic)}", sorted(spec.ip_filter),
+                              None if ents is None else sorted(str(e.get("cidr")) for e in ents))))
     return out
 
 
@@ -970,7 +1040,10 @@ def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[S
         # a template on storage both nodes share is cloned there with target=: nothing to move
         move = ([MIGRATE.step({"target": spec.node})]
                 if spec.node and spec.node != world.template.node and not world.template_shared else [])
-        return [CLONE.step(), CONFIGURE.step(), RESIZE_DISK.step(),
+        gone = Drift(f"vm.{spec.member}", "exists", None)
+        return [CLONE.step().explained(f"no VM carries {identity_tag(spec.owner)} (member {spec.member}): "
+                                       f"clone {spec.image!r}", [gone]),
+                CONFIGURE.step(), RESIZE_DISK.step(),
                 *([FIREWALL.step()] if spec.ip_filter or spec.firewall else []), *move, START.step()]
     vm = world.vm
     refuse_platform(spec.owner, vm)
@@ -980,20 +1053,27 @@ def plan_member(spec: VmSpec, world: MemberWorld, *, region: str = "") -> list[S
                 *([FIREWALL.step()] if spec.ip_filter or spec.firewall else []), *move, START.step()]
     refuse_if_locked(vm)
     steps = []
-    if spec_diff(spec, vm.config) or spec.foreign_keys(vm.config, vm.vmid):
-        steps.append(CONFIGURE.step())
+    changed = config_drift(spec, vm)
+    if changed:
+        steps.append(CONFIGURE.step().explained(configure_why(vm, changed), changed))
     disk = boot_disk(vm.config)
     if disk is None:
         raise PermanentError(f"VM {vm.vmid} has no data disk to size")
     check_no_shrink(spec, disk[1])
     if disk[1] < spec.disk_gib - 1e-9:
-        steps.append(RESIZE_DISK.step())
+        steps.append(RESIZE_DISK.step().explained(f"grow {disk[0]} to {spec.disk_gib} GiB (online)",
+                                                  [Drift(f"config.{disk[0]}.size_gib", spec.disk_gib, disk[1])]))
     if world.firewall_drift:
-        steps.append(FIREWALL.step({"drift": world.firewall_drift}))
+        fixed: list[Drift] = [f for planned in steps for f in planned.drift]
+        fixes = [f for f in world.firewall_drifts if f not in fixed]
+        steps.append(FIREWALL.step({"drift": world.firewall_drift}).explained(
+            "put the VM firewall back as z9 keeps it: " + "; ".join(world.firewall_drift), fixes))
     if not vm.running:
         if spec.node and vm.node != spec.node:  # cloned on the template's node: moved before its first start
-            steps.append(MIGRATE.step({"target": spec.node}))
-        steps.append(START.step())
+            steps.append(MIGRATE.step({"target": spec.node}).explained(
+                f"move the stopped VM to {spec.node} before its first start", [Drift(f"node.{spec.member}", spec.node, vm.node)]))
+        steps.append(START.step().explained(f"start VM {vm.vmid} (it is {vm.status})",
+                                            [Drift(f"power.{spec.member}", "running", vm.status)]))
     return steps
 
 
@@ -1350,16 +1430,16 @@ async def verify_removed(ctx: JobContext, owner: str) -> None:
 # ================================================================ the steps, as values
 
 #: a member's steps: run(ctx, spec, world, step)
-CLONE = StepKind("clone", _clone)
-WAIT_CLONE = StepKind("wait_clone", _wait_clone)
-CONFIGURE = StepKind("configure", _configure)
-RESIZE_DISK = StepKind("resize_disk", _resize_disk)
-FIREWALL = StepKind("firewall", _firewall)
-MIGRATE = StepKind("migrate", _migrate)
-START = StepKind("start", _start)
+CLONE = StepKind("clone", _clone, why="clone the template: the VM does not exist")
+WAIT_CLONE = StepKind("wait_clone", _wait_clone, why="wait for the clone under way")
+CONFIGURE = StepKind("configure", _configure, why="write the VM's config as its spec says")
+RESIZE_DISK = StepKind("resize_disk", _resize_disk, why="grow the boot disk to the spec's size (online)")
+FIREWALL = StepKind("firewall", _firewall, why="put the VM firewall as z9 keeps it")
+MIGRATE = StepKind("migrate", _migrate, why="move the stopped VM to its node (offline)")
+START = StepKind("start", _start, why="start the VM")
 MEMBER_STEPS = StepKinds(CLONE, WAIT_CLONE, CONFIGURE, RESIZE_DISK, FIREWALL, MIGRATE, START)
 
 #: a removal's steps: run(ctx, the VM just re-read and guarded, step)
-STOP = StepKind("stop", _stop_vm)
-DESTROY = StepKind("destroy", _destroy_vm)
+STOP = StepKind("stop", _stop_vm, disruptive=True, why="stop the VM before its destroy")
+DESTROY = StepKind("destroy", _destroy_vm, disruptive=True, why="destroy the VM")
 REMOVAL_STEPS = StepKinds(STOP, DESTROY)

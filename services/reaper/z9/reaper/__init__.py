@@ -22,6 +22,8 @@ from z9.common.logs import job_fields
 from z9.common.settings import Settings
 from z9.common.tracing import current_trace_context
 
+from .drift import DriftChecker
+
 log = logging.getLogger("z9.reaper")
 
 
@@ -33,7 +35,8 @@ class Reaper:
         self.clock = clock  # what "expired" and "due" are decided at (store queries get clock.db_now())
         self.pool: asyncpg.Pool | None = None
         self._stopping = asyncio.Event()
-        metrics.init_reaper(settings.regions)
+        self.drift = DriftChecker(settings, clock=clock)  # periodic read-only plans (drift.py)
+        metrics.init_reaper(settings.regions, [t.name for t in resources.types() if t.plan_of is not None])
 
     def stop(self) -> None:
         """Make :meth:`run` return after its current pass."""
@@ -58,7 +61,19 @@ class Reaper:
                          extra=job_fields(job))
             total += len(reaped)
         await self.enqueue_periodic(batch)
+        await self.check_drift()
         return total
+
+    async def check_drift(self) -> int:
+        """Plan a bounded number of resources read-only and record their drift (:mod:`z9.reaper.drift`);
+        a failure of it (the database, a bug) is logged and leaves the reaping alone. Returns how many."""
+        try:
+            return await self.drift.run_once(self.pool)
+        except Exception as e:  # a bug in a kind's observe must not stop deletion buffers from expiring
+            if isinstance(e, (*TRANSIENT_DB_ERRORS, LockWaitTimeout, *LOCK_WAIT_ERRORS)):
+                raise  # the database's trouble: the loop's own handling
+            log.exception("drift check failed")
+            return 0
 
     async def enqueue_periodic(self, batch: int = 100) -> int:
         """The periodic observe-only jobs (types with ``periodic`` in the registry, e.g. load
@@ -106,5 +121,6 @@ class Reaper:
                 await asyncio.wait_for(self._stopping.wait(), timeout=self.settings.reaper_interval_s)
             except TimeoutError:
                 pass
+        self.drift.close()
         if self.pool is not None:
             await self.pool.close()

@@ -142,6 +142,15 @@ FROM jobs WHERE resource_id = $1;
 -- The args of the resource's latest job of kind $2 (NULL: none kept).
 SELECT args FROM jobs WHERE resource_id = $1 AND kind = $2 ORDER BY seq DESC LIMIT 1;
 
+-- name: session_name_local
+-- The session's application_name until the transaction ends (a read-only plan's: pg_stat_activity).
+SELECT set_config('application_name', $1, true);
+
+-- name: resource_live_jobs
+-- The live (pending, running, retry) jobs of resource $1 itself, oldest first: id, kind, status.
+SELECT id, kind, status::text AS status FROM jobs
+WHERE resource_id = $1 AND status IN ('pending', 'running', 'retry') ORDER BY seq;
+
 -- name: resource_count_own_live_jobs
 -- Live (pending, running, retry) jobs of resource $1 itself (index-only on jobs_resource_live).
 SELECT count(*) FROM jobs WHERE resource_id = $1 AND status IN ('pending', 'running', 'retry');
@@ -156,3 +165,49 @@ CASE WHEN <status>::text IS NOT NULL AND status::text = ANY(<allowed>::text[])
 -- fragment: reason_cleared_if_allowed(status, allowed)
 -- The reason goes when status_if_allowed moved the row.
 CASE WHEN <status>::text IS NOT NULL AND status::text = ANY(<allowed>::text[]) THEN NULL ELSE status_reason END
+
+-- ---------------------------------------------------------------- drift (the reaper's periodic plan, 0028)
+
+-- name: resource_drift_due
+-- Rows of region $1 in a status of $2 with no live job (a job will change them first), whose drift
+-- was checked more than $3 seconds before $5 (or now) or never: the stalest first, at most $4.
+SELECT r.* FROM {table} r LEFT JOIN resource_drift d ON d.resource_id = r.id
+WHERE r.region = $1 AND r.status::text = ANY($2::text[])
+  AND (d.checked_at IS NULL OR d.checked_at < coalesce($5::timestamptz, now()) - make_interval(secs => $3))
+  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.resource_id = r.id AND j.status IN ('pending', 'running', 'retry'))
+ORDER BY d.checked_at NULLS FIRST, r.id
+LIMIT $4;
+
+-- name: resource_drift_record
+-- What a plan found for resource $1 (type $2, tenant $3, region $4): in sync ($5), the job kind, drift
+-- and steps, at $9 (or now); drifted_since kept while it stays drifted, cleared once in sync.
+INSERT INTO resource_drift AS d (resource_id, resource_type, tenant_id, region, in_sync, job_kind, drift, steps,
+                                 error, checked_at, drifted_since)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, coalesce($9::timestamptz, now()),
+        CASE WHEN $5 THEN NULL ELSE coalesce($9::timestamptz, now()) END)
+ON CONFLICT (resource_id) DO UPDATE SET
+    in_sync = EXCLUDED.in_sync, job_kind = EXCLUDED.job_kind, drift = EXCLUDED.drift, steps = EXCLUDED.steps,
+    error = NULL, checked_at = EXCLUDED.checked_at,
+    drifted_since = CASE WHEN EXCLUDED.in_sync THEN NULL ELSE coalesce(d.drifted_since, EXCLUDED.checked_at) END;
+
+-- name: resource_drift_unknown
+-- A plan of resource $1 that could not be made now ($5: why; Proxmox unreachable, a VM locked): checked
+-- at $6 (or now), its last known state kept (a first check: in sync until a plan says otherwise).
+INSERT INTO resource_drift AS d (resource_id, resource_type, tenant_id, region, in_sync, error, checked_at)
+VALUES ($1, $2, $3, $4, true, $5, coalesce($6::timestamptz, now()))
+ON CONFLICT (resource_id) DO UPDATE SET error = EXCLUDED.error, checked_at = EXCLUDED.checked_at;
+
+-- name: resource_drift_summary
+-- The drifted rows of type $1 still live: how many, and since when the oldest.
+SELECT count(*) AS drifted, min(d.drifted_since) AS since
+FROM resource_drift d JOIN {table} r ON r.id = d.resource_id
+WHERE d.resource_type = $1 AND NOT d.in_sync AND r.status::text NOT IN ('deleting', 'destroying', 'deleted');
+
+-- name: resource_drift_drifted
+-- The drifted rows of type $1 still live, drifted longest first, at most $2 (the operator's view).
+SELECT d.resource_id, d.resource_type, d.tenant_id, d.region, d.job_kind, d.drift, d.steps, d.checked_at,
+       d.drifted_since
+FROM resource_drift d JOIN {table} r ON r.id = d.resource_id
+WHERE d.resource_type = $1 AND NOT d.in_sync AND r.status::text NOT IN ('deleting', 'destroying', 'deleted')
+ORDER BY d.drifted_since, d.resource_id
+LIMIT $2;

@@ -48,7 +48,7 @@ from z9.resources.address import ADDRESS
 from z9.common.tags import ROLE_CUSTOMER, format_tags, identity_tag, platform_roles
 
 from z9.executor import vms
-from z9.executor.context import JobContext, Step, StepKind, StepKinds
+from z9.executor.context import Drift, JobContext, Step, StepKind, StepKinds
 from z9.executor.proxmox import VmLocked, VmRef, VmState
 from z9.resources.address import store as address_store
 from z9.resources.server import store as server_store
@@ -273,7 +273,8 @@ def plan(job: Job, world: World) -> list[Step]:
             if t.entries is None:
                 steps.append(CREATE_IPSET.step(dict(d)))
             if not t.has_entry(ip):
-                steps.append(ADD_ENTRY.step(dict(d)))
+                steps.append(ADD_ENTRY.step(dict(d)).explained(drift=[Drift(
+                    f"firewall.ipset.{IPSET}", ip, sorted(str(e.get("cidr")) for e in t.entries or []))]))
         if a.kind == "primary":
             want = {"ipconfig0": ipconfig0(a)}
             if world.nameservers:
@@ -282,9 +283,16 @@ def plan(job: Job, world: World) -> list[Step]:
                 if t.vm.running:
                     raise PermanentError(f"server {world.want} is running: a primary address is written to "
                                          "cloud-init only on a stopped server (it takes effect at the next boot)")
-                steps.append(SET_IPCONFIG.step(dict(d, **want)))
+                steps.append(SET_IPCONFIG.step(dict(d, **want)).explained(drift=[
+                    Drift(f"config.{k}", v, t.vm.config.get(k)) for k, v in want.items() if str(t.vm.config.get(k)) != v]))
         if world.enforce and not (_on(t.firewall.get("ipfilter")) and "firewall=1" in str(t.vm.config.get("net0", ""))):
-            steps.append(ENABLE_IPFILTER.step(dict(d)))
+            steps.append(ENABLE_IPFILTER.step(dict(d)).explained(drift=[
+                Drift("firewall.options.ipfilter", "1", None if t.firewall.get("ipfilter") is None
+                      else str(t.firewall.get("ipfilter")))]))
+    where = sorted({*(server_of(h.vm) or f"VM {h.vm.vmid}" for h in world.holders),
+                    *([world.want] if t is not None and world.want and tag in t.vm.tags else [])})
+    if steps and where != ([world.want] if world.want else []):
+        steps[0].explained(drift=[Drift("on", world.want, where[0] if len(where) == 1 else (where or None))])
     for s in steps:
         vm = t.vm if t is not None and s.detail["vmid"] == t.vm.vmid else \
             next(h.vm for h in world.holders if h.vm.vmid == s.detail["vmid"])
@@ -423,16 +431,22 @@ async def _disable_ipfilter(ctx: JobContext, world: World, step: Step) -> None:
 
 # The address's steps, each bound to what runs it (``run(ctx, world, step)``); idempotent: each
 # re-reads what it changes, or treats "already so" as done.
-TAG = StepKind("tag", _tag)
-UNTAG = StepKind("untag", _untag)
-CREATE_IPSET = StepKind("create_ipset", _create_ipset)
-ADD_ENTRY = StepKind("add_entry", _add_entry)
-ADD_PRIVATE_ENTRY = StepKind("add_private_entry", _add_private_entry)
-REMOVE_ENTRY = StepKind("remove_entry", _remove_entry)
-SET_IPCONFIG = StepKind("set_ipconfig", _set_ipconfig)
-CLEAR_IPCONFIG = StepKind("clear_ipconfig", _clear_ipconfig)
-ENABLE_IPFILTER = StepKind("enable_ipfilter", _enable_ipfilter)
-DISABLE_IPFILTER = StepKind("disable_ipfilter", _disable_ipfilter)
+# (disruptive: a step that takes an address from a guest — it can no longer send from it — or
+# re-addresses it: a cloud-init ipconfig0 written for its next boot)
+TAG = StepKind("tag", _tag, why="tag the server's VM with the address (how its holder is found)")
+UNTAG = StepKind("untag", _untag, why="take the address's tag off a VM that should not hold it")
+CREATE_IPSET = StepKind("create_ipset", _create_ipset, why="create the VM's IP filter set")
+ADD_ENTRY = StepKind("add_entry", _add_entry, why="let the VM send from the address (its IP filter set)")
+ADD_PRIVATE_ENTRY = StepKind("add_private_entry", _add_private_entry,
+                             why="list the old holder's private address in its IP filter before its primary leaves")
+REMOVE_ENTRY = StepKind("remove_entry", _remove_entry, disruptive=True,
+                        why="take the address out of a VM's IP filter: that guest can no longer send from it")
+SET_IPCONFIG = StepKind("set_ipconfig", _set_ipconfig, disruptive=True,
+                        why="write the primary address to the stopped VM's cloud-init (re-addressed at its next boot)")
+CLEAR_IPCONFIG = StepKind("clear_ipconfig", _clear_ipconfig, disruptive=True,
+                          why="take the primary address off the stopped VM's cloud-init (re-addressed at its next boot)")
+ENABLE_IPFILTER = StepKind("enable_ipfilter", _enable_ipfilter, why="turn the VM's IP filter on")
+DISABLE_IPFILTER = StepKind("disable_ipfilter", _disable_ipfilter, why="turn the VM's IP filter off (back to DHCP)")
 STEPS = StepKinds(TAG, UNTAG, CREATE_IPSET, ADD_ENTRY, ADD_PRIVATE_ENTRY, REMOVE_ENTRY, SET_IPCONFIG, CLEAR_IPCONFIG,
                   ENABLE_IPFILTER, DISABLE_IPFILTER)
 

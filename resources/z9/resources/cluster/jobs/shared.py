@@ -103,7 +103,7 @@ from z9.resources.cluster import CLUSTER
 from z9.common.tags import identity_tag
 
 from z9.executor import guard, vms
-from z9.executor.context import JobContext, Step, StepKind, StepKinds
+from z9.executor.context import Drift, JobContext, Step, StepKind, StepKinds
 from z9.executor.proxmox import AgentUnavailable, VmState
 from z9.resources.cluster import store as cluster_store
 
@@ -475,7 +475,7 @@ async def cloud_init_error(ctx: JobContext, vm: VmState) -> str | None:
     """cloud-init's error text when it ended in error in ``vm``; None otherwise (or unknown)."""
     try:
         code, out, _ = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cloud-init", "status", "--format", "json"],
-                                                timeout_s=30, in_passing=False)
+                                                timeout_s=30, in_passing=False, reads=True)
         st = json.loads(out) if out else {}
     except (TemporaryError, PermanentError, ValueError):
         return None
@@ -497,7 +497,8 @@ def _last_boot(log_text: str) -> list[str]:
 
 async def _boot_log(ctx: JobContext, vm: VmState) -> list[str]:
     try:
-        _, out, _ = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cat", "/var/log/cloud-init-output.log"], timeout_s=30)
+        _, out, _ = await ctx.pve.agent_exec(vm.node, vm.vmid, ["cat", "/var/log/cloud-init-output.log"], timeout_s=30,
+                                             reads=True)
     except (TemporaryError, PermanentError):
         return []
     return _last_boot(out)
@@ -519,7 +520,7 @@ async def read_nodes(ctx: JobContext, world: World) -> tuple[dict[str, bool] | N
             continue
         try:
             code, out, _ = await ctx.pve.agent_exec(vm.node, vm.vmid, ["kubectl", *ADMIN, "get", "nodes", "-o", "json"],
-                                                    timeout_s=30)
+                                                    timeout_s=30, reads=True)
         except (TemporaryError, PermanentError):
             continue  # agent not up yet, VM gone meanwhile
         if code != 0:
@@ -546,7 +547,7 @@ def plan(job: Job, world: World) -> list[Step]:
     steps: list[Step] = []
     init = world.nodes is None and "cp-0" in desired
     if init:
-        steps.append(INIT.step({"member": "cp-0"}))
+        steps.append(INIT.step({"member": "cp-0"}).explained(drift=[Drift("api", "answers", None)]))
     for vm in world.vms.values():
         guard.refuse_platform(world.cluster.id, vm)
     for member in sorted(world.failed_boot, key=ordinal_key):
@@ -556,7 +557,8 @@ def plan(job: Job, world: World) -> list[Step]:
                                      f"({world.failed_boot[member]}); a control plane (an etcd member) is not "
                                      "replaced automatically: an operator must look at it")
             steps.append(DRAIN.step({"member": member}))
-        steps.append(REPLACE.step({"member": member, "cloud_init": world.failed_boot[member]}))
+        steps.append(REPLACE.step({"member": member, "cloud_init": world.failed_boot[member]}).explained(
+            drift=[Drift(f"members.{member}.cloud_init", "done", world.failed_boot[member])]))
     joining = [m.name for m in world.desired
                if (not nodes.get(m.name) or m.name in world.failed_boot) and not (init and m.name == "cp-0")]
     # (the init and join steps' own VM plans put the filter of the members they provision on)
@@ -564,12 +566,18 @@ def plan(job: Job, world: World) -> list[Step]:
     if unfiltered:
         steps.insert(0, FIREWALL.step({"members": unfiltered}))
     if joining:
-        steps.append(JOIN.step({"members": joining}))
+        steps.append(JOIN.step({"members": joining}).explained(
+            "make " + ", ".join(joining) + " Ready nodes (a stopped member is started: it was a node before; a new "
+            "one is cloned, booted with its bootstrap ISO and joined)",
+            [Drift(f"members.{m}.ready", True, nodes.get(m) if world.nodes is not None else None) for m in joining]
+            + [Drift(f"members.{m}.power", "running", world.vms[m].status) for m in joining
+               if m in world.vms and not world.vms[m].running]))
     extra = sorted({m for m in world.vms if m not in desired} | {n for n in nodes if n not in desired},
                    key=ordinal_key, reverse=True)
     for member in extra:
-        steps.append(DRAIN.step({"member": member}))
-        steps.append(REMOVE.step({"member": member}))
+        gone = [Drift(f"members.{member}", None, "node" if member in nodes else "vm")]
+        steps.append(DRAIN.step({"member": member}).explained(drift=gone))
+        steps.append(REMOVE.step({"member": member}).explained(drift=gone))
     for vm in world.clones:  # half-made VMs of members no longer desired
         vms.refuse_if_locked(vm)  # a clone still being made: wait for it (Snooze), then remove it
         guard.guard_own_clone(world.cluster.id, vm)
@@ -702,16 +710,18 @@ async def _detach_bootstrap(ctx: JobContext, world: World, step: Step) -> None:
 
 
 #: the cluster's steps: run(ctx, world, step)
-INIT = StepKind("init", _init)
-JOIN = StepKind("join", _join)
-DRAIN = StepKind("drain", _drain_step)
-REMOVE = StepKind("remove", _remove_step)
-REPLACE = StepKind("replace", _replace_step)
-FIREWALL = StepKind("firewall", _firewall)
-REMOVE_CLONE = StepKind("remove_clone", _remove_clone)
-PUSH_CLIENT_CA = StepKind("push_client_ca", _push_client_ca)
-DELETE_ISOS = StepKind("delete_isos", _delete_isos)
-DETACH_BOOTSTRAP = StepKind("detach_bootstrap", _detach_bootstrap)
+INIT = StepKind("init", _init, why="initialize the cluster on cp-0 (kubeadm init): no control plane answers")
+JOIN = StepKind("join", _join, why="make the members Ready nodes")
+DRAIN = StepKind("drain", _drain_step, disruptive=True, why="drain the member's node (its pods are evicted)")
+REMOVE = StepKind("remove", _remove_step, disruptive=True, why="delete the member's node and destroy its VM")
+REPLACE = StepKind("replace", _replace_step, disruptive=True,
+                   why="replace the member's VM (its cloud-init failed): destroyed, made again")
+FIREWALL = StepKind("firewall", _firewall, why="put the members' VM firewalls as z9 keeps them")
+REMOVE_CLONE = StepKind("remove_clone", _remove_clone, why="remove a half-made clone of a member no longer desired")
+PUSH_CLIENT_CA = StepKind("push_client_ca", _push_client_ca, why="give the API servers the rotated client CA")
+DELETE_ISOS = StepKind("delete_isos", _delete_isos, why="delete bootstrap ISOs no member boots from")
+DETACH_BOOTSTRAP = StepKind("detach_bootstrap", _detach_bootstrap,
+                            why="eject the bootstrap ISO (keys, a token) from Ready members")
 STEPS = StepKinds(INIT, JOIN, DRAIN, REMOVE, REPLACE, FIREWALL, REMOVE_CLONE, PUSH_CLIENT_CA, DELETE_ISOS,
                   DETACH_BOOTSTRAP)
 

@@ -40,7 +40,7 @@ from z9.resources.load_balancer.model import LoadBalancer, target_key
 from z9.resources.load_balancer import LOAD_BALANCER, ip_target_refusal, target_networks
 
 from z9.executor import vms
-from z9.executor.context import JobContext, Step, StepKind, StepKinds
+from z9.executor.context import Drift, JobContext, Step, StepKind, StepKinds
 from z9.executor.proxmox import AgentUnavailable, ExecStatusLost, OutcomeUnknown, VmState
 from z9.resources.address import store as address_store
 from z9.resources.load_balancer import store as load_balancer_store
@@ -380,10 +380,18 @@ def plan(job: Job, world: World) -> list[Step]:
             steps.append(s)
         want_k = world.desired_keepalived.get(member)
         if want_k is None or app.keepalived_hash != sha256(want_k):
-            steps.append(PUSH_KEEPALIVED.step({"member": member}))
+            steps.append(PUSH_KEEPALIVED.step({"member": member}).explained(drift=[Drift(
+                f"appliances.{member}.keepalived.conf", _digest(None if want_k is None else sha256(want_k)),
+                _digest(app.keepalived_hash))]))
         if app.haproxy_hash != want_h:
-            steps.append(PUSH_HAPROXY.step({"member": member, "hash": want_h}))
+            steps.append(PUSH_HAPROXY.step({"member": member, "hash": want_h}).explained(drift=[Drift(
+                f"appliances.{member}.haproxy.cfg", _digest(want_h), _digest(app.haproxy_hash))]))
     return steps
+
+
+def _digest(h: str | None) -> str | None:
+    """A file's content as a plan shows it: ``sha256:<hex>`` (None: not readable, or not rendered yet)."""
+    return None if h is None else f"sha256:{h}"
 
 
 async def _push_haproxy(ctx: JobContext, world: World, app: Appliance, step: Step) -> None:
@@ -405,8 +413,12 @@ async def _push_keepalived(ctx: JobContext, world: World, app: Appliance, step: 
 
 
 #: an appliance's pushes: run(ctx, world, appliance, step); its other steps are the VM machinery's
-PUSH_HAPROXY = StepKind("push_haproxy", _push_haproxy)
-PUSH_KEEPALIVED = StepKind("push_keepalived", _push_keepalived)
+# (a push validates the file in the guest, swaps it and reloads the daemon: HAProxy's reload keeps
+# the connections it holds, keepalived's keeps the VIP where it is — neither interrupts the guest)
+PUSH_HAPROXY = StepKind("push_haproxy", _push_haproxy,
+                        why="validate and swap haproxy.cfg as rendered from the database, then reload HAProxy")
+PUSH_KEEPALIVED = StepKind("push_keepalived", _push_keepalived,
+                           why="validate and swap keepalived.conf as rendered, then reload keepalived")
 PUSHES = StepKinds(PUSH_HAPROXY, PUSH_KEEPALIVED)
 
 

@@ -41,7 +41,7 @@ from typing import Any, Awaitable, Callable
 from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.tags import customer_vm_tags, format_tags
 
-from z9.executor.context import Step
+from z9.executor.context import Drift, Step
 from z9.resources.volume.disks import Disk, find_volume_disk, free_drive_key, parse_disks, volume_serial
 from z9.resources.volume.guard import guard_disks
 from z9.executor.proxmox import VmidTaken, VmState
@@ -223,9 +223,12 @@ def plan(intent: VolumeIntent, w: VolumeWorld) -> list[Step]:
             raise PermanentError(f"volume {intent.volume_id}: its disk (serial {intent.serial}) is on no VM z9 can "
                                  "find — not its anchor, not a server it was meant for; it is not made again "
                                  "empty. An operator must find the disk (or delete the volume)")
-        steps.append(Step("create", {"storage": intent.storage, "size_gib": intent.size_gib}))
+        steps.append(Step("create", {"storage": intent.storage, "size_gib": intent.size_gib}).explained(
+            f"make the volume's disk ({intent.size_gib} GiB on {intent.storage}) on a new anchor VM",
+            [Drift("disk", "exists", None)]))
     elif w.anchor is None:
-        steps.append(Step("create", {"storage": intent.storage, "size_gib": 0, "empty": True}))
+        steps.append(Step("create", {"storage": intent.storage, "size_gib": 0, "empty": True}).explained(
+            "make the volume's anchor VM (empty: the disk is on a server)", [Drift("anchor", "exists", None)]))
     elif placed is None:
         raise PermanentError(f"volume {intent.volume_id}: its disk is on no VM z9 can find (anchor VM "
                              f"{w.anchor.vmid} on {w.anchor.node} holds none, nor does any server it was on)")
@@ -234,34 +237,51 @@ def plan(intent: VolumeIntent, w: VolumeWorld) -> list[Step]:
                              f"than the {intent.size_gib} GiB asked for: volumes never shrink")
 
     on_anchor = placed is None or placed.server_id is None
+    where = attached_to(placed)
+    moved = [Drift("attached_to", intent.server_id, where)] if where != intent.server_id else []
     if placed is not None and placed.server_id is not None and (
             placed.server_id != intent.server_id or placed.disk.unused):
-        steps += _detach_steps(placed)
+        steps += _detach_steps(placed, moved)
         on_anchor = True
     elif on_anchor and placed is not None and placed.disk.serial != intent.serial:
-        steps.append(Step("label", {}))
+        steps.append(Step("label", {}).explained(f"label the disk with the volume's serial {intent.serial}",
+                                                 [Drift("disk.serial", intent.serial, placed.disk.serial)]))
     if intent.server_id is not None and on_anchor:
         if w.target is None:  # (its create still cloning): waiting on the world spends no attempt
             raise Snooze(f"volume {intent.volume_id}: the VM of server {intent.server_id} is not there yet; "
                          "attaching when it is", delay_s=WAIT_FOR_SERVER_S)
         anchor_node = w.anchor.node if w.anchor is not None else None
         if anchor_node is not None and anchor_node != w.target.node:
-            steps.append(Step("move_anchor", {"target": w.target.node}))
-        steps.append(Step("attach", {"server_id": intent.server_id}))
+            steps.append(Step("move_anchor", {"target": w.target.node}).explained(
+                f"move the (stopped, config-only) anchor VM to {w.target.node}, the server's node"))
+        steps.append(Step("attach", {"server_id": intent.server_id}).explained(
+            f"reassign the disk to server {intent.server_id}'s VM {w.target.vmid}"
+            + (" (hot-plugged: the guest sees a new disk)" if w.target.running else ""), moved))
     # a new disk is made at its size; a bare unusedN's size is read again once it is on the anchor
     if placed is not None and placed.disk.size_gib is not None and placed.disk.size_gib < intent.size_gib - 1e-9:
-        steps.append(Step("resize", {"size_gib": intent.size_gib}))
+        steps.append(Step("resize", {"size_gib": intent.size_gib}).explained(
+            f"grow the disk to {intent.size_gib} GiB (online)",
+            [Drift("size_gib", intent.size_gib, _gib(placed.disk.size_gib))]))
     return steps
 
 
-def _detach_steps(placed: Placed) -> list[Step]:
-    vm, disk = placed.vm, placed.disk
+def attached_to(placed: Placed | None) -> str | None:
+    """The server whose VM has the volume's disk plugged (None: on the anchor, nowhere, or a bare
+    ``unusedN`` of a server: unplugged, the guest does not see it)."""
+    return placed.server_id if placed is not None and not placed.disk.unused else None
+
+
+def _detach_steps(placed: Placed, moved: list[Drift] | None = None) -> list[Step]:
+    vm, disk, moved = placed.vm, placed.disk, moved or []
     out = []
     where = {"server_id": placed.server_id, "vmid": vm.vmid, "node": vm.node, "volid": disk.volid}
     if vm.running and not disk.unused:
-        out.append(Step("unplug", dict(where)))
-    out.append(Step("detach", dict(where)))
-    out.append(Step("label", {}))
+        out.append(Step("unplug", dict(where)).explained(
+            f"hot-unplug {disk.key} from server {placed.server_id}'s running VM {vm.vmid}", moved, disruptive=True))
+    out.append(Step("detach", dict(where)).explained(
+        f"reassign the disk ({disk.key} of VM {vm.vmid}) to the volume's anchor VM",
+        [] if out else moved))
+    out.append(Step("label", {}).explained("label the disk on the anchor with the volume's serial"))
     return out
 
 

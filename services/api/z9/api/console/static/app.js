@@ -536,15 +536,40 @@ function unavailable(kind, action, item) {
   return null;
 }
 
+// an action that changes nothing: it answers 200 with what it read (no 202, no job)
+function readsOnly(op) {
+  return Boolean(op.responses && op.responses["200"] && !op.responses["202"]);
+}
+
+// what a read-only action answered: a plan as its drift and steps (each step saying whether it
+// interrupts the guest), any other answer as its fields
+function answerView(a, r) {
+  const heading = h("h2", { id: `${a.name}-h` }, a.name.replace(/-/g, " ").replace(/^./, (c) => c.toUpperCase()));
+  if (!r || typeof r.in_sync !== "boolean") return h("section", { class: "panel", "aria-labelledby": `${a.name}-h` }, heading, value(r));
+  const blocked = (r.blocked_by || []).map((j) => h("div", { class: "notice warn" }, "Job ", idLink(j.id),
+    ` (${j.kind}, ${j.status}) comes first: this plan is of the world as it is now.`));
+  if (r.waiting) blocked.push(h("div", { class: "notice warn" }, `The job would first wait: ${r.waiting}`));
+  if (r.in_sync) {
+    return h("section", { class: "panel plan", "aria-labelledby": `${a.name}-h`, "data-in-sync": "true" }, heading, ...blocked,
+      h("p", {}, badge("healthy", "in sync"), ` ${r.job_kind || "Its job"} would change nothing.`));
+  }
+  return h("section", { class: "panel plan", "aria-labelledby": `${a.name}-h`, "data-in-sync": "false" }, heading, ...blocked,
+    h("p", {}, badge("degraded", "drift"), ` ${r.job_kind} would run ${r.steps.length} step${r.steps.length === 1 ? "" : "s"}.`),
+    table("Drift", ["What", "Wanted", "Found"], r.drift.map((d) => [h("code", {}, d.path), value(d.want), value(d.have)])),
+    table("Steps", ["#", "Step", "Member", "Guest", "Why"], r.steps.map((st, i) => [String(i + 1), st.name, st.member || "—",
+      st.disruptive ? badge("failed", "disruptive") : "not interrupted", st.why])));
+}
+
 async function detailPage(kind, id) {
   const data = await api("GET", `${kind.plural}/${encodeURIComponent(id)}`);
   let item = data[kind.oneKey];
   const head = h("div", {});
   const body = h("div", {});
   const actionsBox = h("div", {});
+  const readBox = h("div", { "aria-live": "polite" }); // what a read-only action (the plan) answered: kept across renders
   const jobBox = h("section", { "aria-labelledby": "job-h" });
   const subsBox = h("div", {});
-  page(item.name || item.id, head, actionsBox, jobBox, body, subsBox);
+  page(item.name || item.id, head, actionsBox, readBox, jobBox, body, subsBox);
   // Ready as the client's --wait means it: no job of this resource, nor of a resource tied to it
   // (a server's address: its AddressAssign runs after the ServerCreate), still to finish, and a
   // settled status. null until the jobs are read: nothing is claimed before.
@@ -595,10 +620,17 @@ async function detailPage(kind, id) {
   const closeForm = () => { open = null; put(formBox, ); };
   const renderActions = () => {
     const offered = [];
+    const deleting = ["deleting", "destroying"].includes(item.status);
+    // actions that only read (a 200 answer, no job: the plan) — a read-only token has them too
+    if (item.status !== "deleted" && !deleting) {
+      for (const a of kind.actions.filter((x) => !x.op.deprecated && readsOnly(x.op))) {
+        offered.push({ a, reads: true, label: a.name.replace(/-/g, " ").replace(/^./, (c) => c.toUpperCase()) });
+      }
+    }
     if (canWrite() && item.status !== "deleted") {
-      const deleting = ["deleting", "destroying"].includes(item.status);
       for (const a of kind.actions) {
         if (a.op.deprecated) continue; // an older name of another action (add_target: add-target)
+        if (readsOnly(a.op)) continue;
         if (a.name === "cancel-deletion" && item.status !== "deleting") continue;
         if (a.name !== "cancel-deletion" && deleting) continue;
         offered.push({ a, label: a.name === "cancel-deletion" ? "Restore" : a.name.replace(/-/g, " ").replace(/^./, (c) => c.toUpperCase()),
@@ -615,7 +647,13 @@ async function detailPage(kind, id) {
     if (!offered.length) { closeForm(); formBox.remove(); return; }
     const bar = h("div", { class: "bar", role: "group", "aria-label": "Actions" });
     const whys = [];
-    for (const { a, label, why } of offered.filter((o) => o.a)) {
+    for (const { a, label } of offered.filter((o) => o.reads)) {
+      bar.append(h("button", { type: "button", "data-action": a.name, title: a.op.summary || null, onclick: async () => {
+        put(readBox, h("p", { role: "status" }, `${label}…`));
+        try { put(readBox, answerView(a, await api("POST", `${kind.plural}/${id}/actions/${a.name}`))); } catch (e) { put(readBox, errorNotice(e)); }
+      } }, label));
+    }
+    for (const { a, label, why } of offered.filter((o) => o.a && !o.reads)) {
       const reqSchema = a.op.requestBody && a.op.requestBody.content["application/json"].schema;
       if (why) whys.push(`${label}: ${why}`);
       bar.append(h("button", { type: "button", "data-action": a.name, disabled: Boolean(why), title: why || null,
@@ -907,6 +945,7 @@ async function operatorPage() {
   const regionsBox = h("div", {});
   const jobsBox = h("div", {});
   const guardBox = h("div", {});
+  const driftBox = h("div", {});
   const mk = (name, options) => {
     const c = options ? h("select", { id: `o-${name}`, name }, h("option", { value: "" }, "any"), ...options.map((o) => h("option", { value: o }, o)))
       : h("input", { id: `o-${name}`, name, type: "text" });
@@ -927,7 +966,10 @@ async function operatorPage() {
     h("p", { class: "muted" }, "Each region's tenants with live jobs, most pending first: claims take tenants in turn, each tenant's jobs oldest first, up to its cap on running jobs."),
     waitingBox, h("h2", {}, "Jobs of every tenant"),
     h("p", { class: "muted" }, "Retrying, pending and running first, oldest first, then the finished ones, newest first; a page at a time, refreshed every 10 s."), f, jobsBox,
-    h("h2", {}, "Deletion-guard refusals"), guardBox);
+    h("h2", {}, "Deletion-guard refusals"), guardBox,
+    h("h2", {}, "Drifted resources"),
+    h("p", { class: "muted" }, "What the reaper's periodic plans found different from what z9 keeps (changed by hand in Proxmox, or not converged), drifted longest first."),
+    driftBox);
   // a page of jobs at a time (the API's page tokens: ?after=<next_after>), the filters kept
   const size = Math.min(500, Math.max(1, Number(params.get("limit")) || 50));
   const filtered = () => {
@@ -938,7 +980,12 @@ async function operatorPage() {
   const load = async () => {
     const q = new URLSearchParams({ limit: String(size) });
     for (const k of ["region", "kind", "status", "tenant", "after"]) if (params.get(k)) q.set(k, params.get(k));
-    const [regions, jobs, guard] = await Promise.all([api("GET", "operator/regions"), api("GET", `operator/jobs?${q}`), api("GET", "operator/guard-refusals?limit=50")]);
+    const [regions, jobs, guard, drift] = await Promise.all([api("GET", "operator/regions"), api("GET", `operator/jobs?${q}`), api("GET", "operator/guard-refusals?limit=50"), api("GET", "operator/drift?limit=100")]);
+    put(driftBox, table("Resources whose last plan found drift", ["resource", "tenant", "region", "drifted since", "drift", "steps"],
+      drift.resources.map((r) => [idLink(r.id), h("code", {}, r.tenant), r.region, `${ago(r.drifted_since)} ago`,
+        r.drift.map((d) => `${d.path}: want ${JSON.stringify(d.want)}, have ${JSON.stringify(d.have)}`).join("; "),
+        r.steps.map((st) => `${st.name}${st.member ? ` (${st.member})` : ""}${st.disruptive ? " — disruptive" : ""}`).join(", ")]),
+      "No drift: every resource checked is as z9 keeps it."));
     put(regionsBox, table("Regions: cap and live jobs", ["region", "cap", "running", "pending", "retry", "oldest pending"],
       regions.regions.map((r) => [r.name, r.max_concurrent_jobs === null ? "none" : String(r.max_concurrent_jobs), String(r.running), String(r.pending), String(r.retry),
         r.oldest_pending_at ? `${ago(r.oldest_pending_at)} ago` : "—"])));
