@@ -242,6 +242,10 @@ def test_the_compose_stack_comes_up_serves_a_server_is_scraped_and_goes_away(tmp
             assert job["status"] == "succeeded", job
             server = _http(f"{api}/v1/servers/{out['server']['id']}", token=token)[1]["server"]
             assert server["status"] == "running" and server["observed"]["vmid"], server
+            # a plan through the composed API: it reads the region with dev-1's token (compose.yaml
+            # gives the api that secret too) and finds the server as its job left it
+            status, plan = _http(f"{api}/v1/servers/{server['id']}/actions/plan", {}, token)
+            assert status == 200 and plan["in_sync"] is True, (status, plan)
 
             # Prometheus of the stack scrapes every z9 service its configuration names.
             config = yaml.safe_load((folder / "deploy" / "prometheus" / "prometheus.yml").read_text())
