@@ -38,9 +38,25 @@ async def create_network(stack: Stack, name: str, ip_range: str = "10.0.0.0/24",
     return out
 
 
-async def succeeded(stack: Stack, out: dict[str, Any], timeout_s: float = 90) -> None:
+async def sdn_jobs(stack: Stack) -> list[tuple[str, str, int, str | None]]:
+    rows = await stack.pool.fetch("SELECT id, status::text, attempt, error FROM jobs WHERE kind = 'SdnApply' ORDER BY seq")
+    return [(r["id"], r["status"], r["attempt"], str(r["error"])[:300] if r["error"] else None) for r in rows]
+
+
+async def wait_job(stack: Stack, job_id: str, token: str | None = None, timeout_s: float = 120) -> dict[str, Any]:
+    async def done() -> dict[str, Any] | None:
+        status, out = await stack.call("GET", f"/jobs/{job_id}", token=token)
+        assert status == 200, out
+        return out if out["status"] in ("succeeded", "failed") else None
+    try:
+        return await wait_until(done, timeout_s, f"job {job_id}", interval_s=0.1)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the region's SDN apply jobs: {await sdn_jobs(stack)}") from None
+
+
+async def succeeded(stack: Stack, out: dict[str, Any], token: str | None = None) -> None:
     for j in [out["job"], *out.get("jobs", [])[1:]]:
-        got = await stack.wait_job(j["id"], timeout_s=timeout_s)
+        got = await wait_job(stack, j["id"], token)
         assert got["status"] == "succeeded", got
 
 
@@ -69,3 +85,85 @@ async def test_bad_ranges_and_a_region_without_sdn_are_refused(stack: Stack) -> 
                      ("10.0.0.0/30", "/16 to /28"), ("not-a-network", "IPv4 network")):
         status, out = await stack.call("POST", "/networks", json={"name": "x", "region": REGION, "ip_range": bad})
         assert status == 422 and out["error"]["details"][0]["field"] == "ip_range" and why in out["error"]["message"], out
+
+
+SSH = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIMQ+ctuWvPKZcSiB0avvBJbVNptRfvJ+8krZNKKKLvo alice@example"
+
+
+async def create_server(stack: Stack, name: str, networks: list[dict[str, Any]], token: str | None = None,
+                        expect: int = 202) -> dict[str, Any]:
+    body = {"name": name, "region": REGION, "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10,
+            "ssh_keys": [SSH], "networks": networks}
+    status, out = await stack.call("POST", "/servers", json=body, token=token)
+    assert status == expect, out
+    return out
+
+
+async def server_done(stack: Stack, out: dict[str, Any], token: str | None = None) -> dict[str, Any]:
+    for j in out["jobs"]:
+        got = await wait_job(stack, j["id"], token)
+        assert got["status"] == "succeeded", got
+    status, srv = await stack.call("GET", f"/servers/{out['server']['id']}", token=token)
+    return srv["server"]
+
+
+async def test_two_tenants_with_the_same_range_never_reach_each_other(stack: Stack, sim: SimAdmin) -> None:
+    _, other = await make_tenant(stack.pool, "tenant-b")
+    a_net = await create_network(stack, "app", "172.16.10.0/24")
+    b_net = await create_network(stack, "app", "172.16.10.0/24", token=other)
+    await succeeded(stack, a_net)
+    await succeeded(stack, b_net, other)
+    a1 = await create_server(stack, "a1", [{"network_id": a_net["network"]["id"], "ip": "172.16.10.5"}])
+    a2 = await create_server(stack, "a2", [{"network_id": a_net["network"]["id"]}])
+    b1 = await create_server(stack, "b1", [{"network_id": b_net["network"]["id"], "ip": "172.16.10.5"}], token=other)
+    assert [j["kind"] for j in a1["jobs"]] == ["ServerCreate", "NetworkAttach"]
+    sa1, sa2 = await server_done(stack, a1), await server_done(stack, a2)
+    sb1 = await server_done(stack, b1, token=other)
+    va1, va2, vb1 = (s["observed"]["vmid"] for s in (sa1, sa2, sb1))
+    cfg = (await sim.vm(va1))["config"]
+    assert "bridge=" + a_net["network"]["vnet"] in cfg["net1"] and "firewall=1" in cfg["net1"] and "mtu=1450" in cfg["net1"]
+    assert cfg["ipconfig1"] == "ip=172.16.10.5/24"
+    status, members = await stack.call("GET", f"/networks/{a_net['network']['id']}/members")
+    assert {(m["ip"], m["state"]) for m in members["members"]} == {("172.16.10.5", "attached"), ("172.16.10.1", "attached")}
+    # a2 reaches a1 on their network; b1 holds the same address on its own network: never reached
+    got = await sim.deliver(va2, "172.16.10.5", "tcp", 22)
+    assert got["delivered"] and got["dst_vmid"] == va1, got
+    got = await sim.deliver(vb1, "172.16.10.1", "tcp", 22)   # a2's address, from tenant b's network
+    assert not got["delivered"], got
+    got = await sim.deliver(va2, vb1, "tcp", 22)  # b1 by its vmid: only its public NIC, never the network
+    assert got.get("dst_vmid") in (vb1, None)
+    # the address asked for is taken; and a /28 runs out
+    out = await create_server(stack, "a3", [{"network_id": a_net["network"]["id"], "ip": "172.16.10.5"}], expect=409)
+    assert out["error"]["code"] == "ip_not_available", out
+    small = await create_network(stack, "small", "10.20.0.0/28")
+    await succeeded(stack, small)
+    status, out = await stack.call("POST", "/servers", json={
+        "name": "s-x", "region": REGION, "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10,
+        "networks": [{"network_id": small["network"]["id"], "ip": "10.20.0.15"}]})
+    assert status == 422 and "ip" in out["error"]["message"], out  # the broadcast address is no host
+    # 14 host addresses in a /28: the 15th server asking for one is refused at its request
+    for i in range(14):
+        await create_server(stack, f"s{i}", [{"network_id": small["network"]["id"]}])
+    out = await create_server(stack, "s-full", [{"network_id": small["network"]["id"]}], expect=409)
+    assert out["error"]["code"] == "no_subnet_available", out
+
+
+async def test_a_server_on_two_networks_reaches_each_peer_only_on_its_network(stack: Stack, sim: SimAdmin) -> None:
+    front = await create_network(stack, "front", "192.168.1.0/24")
+    back = await create_network(stack, "back", "192.168.2.0/24")
+    await succeeded(stack, front)
+    await succeeded(stack, back)
+    fid, bid = front["network"]["id"], back["network"]["id"]
+    both = await create_server(stack, "both", [{"network_id": fid}, {"network_id": bid}])
+    f1 = await create_server(stack, "f1", [{"network_id": fid}])
+    b1 = await create_server(stack, "b1", [{"network_id": bid}])
+    v_both, v_f1, v_b1 = [(await server_done(stack, o))["observed"]["vmid"] for o in (both, f1, b1)]
+    cfg = (await sim.vm(v_both))["config"]
+    assert cfg["ipconfig1"] == "ip=192.168.1.1/24" and cfg["ipconfig2"] == "ip=192.168.2.1/24"
+    assert (await sim.deliver(v_both, "192.168.1.2", "tcp", 80))["delivered"]   # f1 on front
+    assert (await sim.deliver(v_both, "192.168.2.2", "tcp", 80))["delivered"]   # b1 on back
+    assert (await sim.deliver(v_f1, "192.168.1.1", "tcp", 80))["delivered"]     # f1 reaches both on front
+    d = await sim.deliver(v_f1, "192.168.2.2", "tcp", 80)                        # f1 never reaches b1
+    assert not d["delivered"] and "no NIC on" in d["reason"], d
+    d = await sim.deliver(v_b1, "192.168.1.2", "tcp", 80)
+    assert not d["delivered"], d

@@ -67,7 +67,7 @@ class Member:
 
     @classmethod
     def from_record(cls, r: Any) -> "Member":
-        return row_of(cls, r)
+        return cls(**{k: r[k] for k in cls.__dataclass_fields__})
 
     @property
     def address(self) -> str:

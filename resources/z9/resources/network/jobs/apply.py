@@ -272,14 +272,21 @@ async def verify(ctx: JobContext) -> dict[str, Any]:
     left = plan_world(w)
     if left:
         raise TemporaryError(f"verify: the region's SDN is not as wanted yet: {left[0].detail}")
+    # the region's row is written here, not in record: the finishing transaction holds the job's
+    # lock keys (sdn:<region>), which a network edit takes *after* this row (ensure_apply) — the
+    # other order would deadlock the two
+    if ctx.memo.get("applied"):
+        await net_store.sdn_region_applied(ctx.pool, ctx.job.region)
+    else:
+        await net_store.sdn_region_set_condition(ctx.pool, ctx.job.region, None)
     return {"vnets": sorted(wanted.present), "nodes": w.nodes}
 
 
+RECORDS_NOTHING = True
+
+
 async def record(conn: Any, ctx: JobContext, seen: dict[str, Any]) -> None:
-    if ctx.memo.get("applied"):
-        await net_store.sdn_region_applied(conn, ctx.job.region)
-    else:
-        await net_store.sdn_region_set_condition(conn, ctx.job.region, None)
+    return None
 
 
 async def record_failure(conn: Any, ctx: JobContext, error: dict[str, Any]) -> None:
