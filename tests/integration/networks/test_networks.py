@@ -167,3 +167,51 @@ async def test_a_server_on_two_networks_reaches_each_peer_only_on_its_network(st
     assert not d["delivered"] and "no NIC on" in d["reason"], d
     d = await sim.deliver(v_b1, "192.168.1.2", "tcp", 80)
     assert not d["delivered"], d
+
+
+async def guest_addresses(sim: SimAdmin, vmid: int) -> dict[str, list[str]]:
+    g = await sim._req("GET", f"/guests/{vmid}")
+    return {i["name"]: [a["ip-address"] for a in i["ip-addresses"]] for i in g.get("interfaces", [])}
+
+
+@pytest.mark.settings(region={"sdn": SDN}, sdn_apply_batch_s=0.3, deletion_buffer_s=0.5)
+async def test_attach_detach_and_delete_with_members(stack: Stack, sim: SimAdmin) -> None:
+    out = await create_network(stack, "db", "192.168.50.0/24")
+    await succeeded(stack, out)
+    nid, vnet = out["network"]["id"], out["network"]["vnet"]
+    srv = await server_done(stack, await create_server(stack, "db1", []))
+    peer = await server_done(stack, await create_server(stack, "db2", [{"network_id": nid, "ip": "192.168.50.9"}]))
+    vmid = srv["observed"]["vmid"]
+    # attach later: a NIC hot-plugged into the running VM, the address set in the guest at once
+    status, got = await stack.call("POST", f"/servers/{srv['id']}/actions/attach_to_network",
+                                   json={"network_id": nid, "ip": "192.168.50.7"})
+    assert status == 202 and got["job"]["kind"] == "NetworkAttach", got
+    assert (await wait_job(stack, got["job"]["id"]))["status"] == "succeeded"
+    cfg = (await sim.vm(vmid))["config"]
+    assert f"bridge={vnet}" in cfg["net1"] and cfg["ipconfig1"] == "ip=192.168.50.7/24"
+    assert "192.168.50.7" in [a for addrs in (await guest_addresses(sim, vmid)).values() for a in addrs]
+    assert (await sim.deliver(peer["observed"]["vmid"], "192.168.50.7", "tcp", 5432))["delivered"]
+    status, again = await stack.call("POST", f"/servers/{srv['id']}/actions/attach_to_network", json={"network_id": nid})
+    assert status == 409 and again["error"]["code"] == "server_already_attached", again
+    # a network with members cannot go: 409 naming them
+    status, refused = await stack.call("DELETE", f"/networks/{nid}")
+    assert status == 409 and refused["error"]["code"] == "resource_in_use", refused
+    assert {d["server_id"] for d in refused["error"]["details"]} == {srv["id"], peer["id"]}
+    # detach both (the peer through the same action): the NICs leave the VMs, the addresses are free
+    for s in (srv, peer):
+        status, got = await stack.call("POST", f"/servers/{s['id']}/actions/detach_from_network", json={"network_id": nid})
+        assert status == 202, got
+        assert (await wait_job(stack, got["job"]["id"]))["status"] == "succeeded"
+    cfg = (await sim.vm(vmid))["config"]
+    assert "net1" not in cfg and "ipconfig1" not in cfg
+    status, members = await stack.call("GET", f"/networks/{nid}/members")
+    assert members["members"] == []
+    status, gone = await stack.call("DELETE", f"/networks/{nid}")
+    assert status == 202, gone
+
+    async def deleted() -> bool:
+        status, got = await stack.call("GET", f"/networks/{nid}")
+        return status == 200 and got["network"]["status"] == "deleted"
+    await wait_until(deleted, 60, "the network deleted")
+    st = await sdn_state(sim)
+    assert vnet not in st["running"]["vnets"] and vnet not in st["vnets"]  # gone after the apply
