@@ -14,7 +14,7 @@ import pytest
 
 from tests.support import REGION, SimAdmin, Stack, make_tenant, wait_until
 
-SDN = {"type": "vxlan", "peers": ["192.0.2.1", "192.0.2.2", "192.0.2.3"], "tags": [500, 599]}
+SDN = {"type": "vxlan", "peers": ["192.0.2.11", "192.0.2.12", "192.0.2.13"], "tags": [500, 599]}
 pytestmark = pytest.mark.settings(region={"sdn": SDN}, sdn_apply_batch_s=0.5, sdn_reload_wait_s=3.0)
 
 

@@ -317,8 +317,9 @@ def _operations(api: ApiResource) -> list[Operation]:
         async def fn(conn: Any, settings: Settings, server: Any) -> Any:
             row = await net_store.get_for_update(conn, spec.network_id, server.tenant_id)
             member = await net_store.member_get(conn, spec.network_id, server.id) if row is not None else None
-            if row is None or member is None:
-                raise Conflict(f"server {server.id} is not attached to network {spec.network_id}",
+            if row is None or member is None or member.state == "detaching":
+                raise Conflict(f"server {server.id} is not attached to network {spec.network_id}"
+                               + (" (its detach is under way)" if member is not None else ""),
                                code="server_not_attached")
             await net_store.member_set_state(conn, row.id, server.id, "detaching")
             return row, NETWORK.new_job(row, NETWORK_DETACH, args={"server_id": server.id},
