@@ -382,6 +382,7 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     for template, real in (("/operator/jobs", "/operator/jobs?region=dev-1&status=succeeded&limit=5"),
                            ("/operator/regions", "/operator/regions"),
                            ("/operator/guard-refusals", "/operator/guard-refusals?limit=5"),
+                           ("/operator/sdn", "/operator/sdn"),
                            ("/operator/jobs/{id}", f"/operator/jobs/{some_job}")):
         await w.call("GET", template, real, 200, token=op)
         await w.call("GET", template, real, 403)  # the tenant's own token

@@ -11,6 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from z9.common import metrics
+
 from tests.support import REGION, SimAdmin, Stack, wait_until
 
 from .test_networks import SDN, applies, create_network, sdn_state, succeeded
@@ -49,6 +51,14 @@ async def test_foreign_pending_edits_block_the_apply_named_and_untouched(stack: 
     cond = await wait_until(lambda: condition(stack), 60, "the region's condition")
     assert cond["code"] == "foreign_sdn_edits", cond
     assert cond["objects"] == ["zone ops (new)", "vnet opsnet (new)"], cond
+    # the operator's view and the metric say the same
+    from z9.common import store as common_store
+
+    op = "z9t_sdn-operator-token-0123456789abcdef"
+    await common_store.api_token_insert(stack.pool, stack.tenant_id, op, "ops", scopes=["read", "write", "operator"])
+    status, view = await stack.call("GET", "/operator/sdn", token=op)
+    assert status == 200 and view["regions"][0]["condition"]["code"] == "foreign_sdn_edits", view
+    assert metrics.SDN_APPLY_BLOCKED.labels(REGION, "foreign_sdn_edits")._value.get() == 1
     st = await sdn_state(sim)
     assert "opsnet" in st["vnets"] and "opsnet" not in st["running"]["vnets"]  # untouched: still pending
     assert st["lock"] is None and await applies(sim) == 0  # nothing applied, the lock given back
@@ -59,6 +69,7 @@ async def test_foreign_pending_edits_block_the_apply_named_and_untouched(stack: 
     await succeeded(stack, out)
     assert await condition(stack) is None
     assert out["network"]["vnet"] in (await sdn_state(sim))["running"]["vnets"]
+    assert metrics.SDN_APPLY_BLOCKED.labels(REGION, "foreign_sdn_edits")._value.get() == 0
 
 
 async def test_a_foreign_lock_is_left_alone_and_reported(stack: Stack, sim: SimAdmin) -> None:

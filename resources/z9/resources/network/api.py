@@ -115,6 +115,21 @@ class NetworkOut(schemas.Response):
     deleted_at: schemas.OptTimestamp
 
 
+class SdnRegionOut(schemas.Response):
+    region: str
+    condition: dict[str, Any] | None = Field(description=(
+        "what blocks the region's SDN apply (null: nothing): `code` foreign_sdn_edits (pending SDN edits z9 "
+        "did not make, named in `objects`), sdn_locked (a lock another client holds), node_reload_failed "
+        "(`nodes` that did not reload), with `message` and the apply `job_id`"))
+    locked: bool = Field(description="z9 holds PVE's SDN lock now (its token recorded)")
+    applies: int = Field(description="SDN applies z9 made in the region")
+    applied_at: schemas.OptTimestamp
+
+
+class SdnRegionList(schemas.Response):
+    regions: list[SdnRegionOut]
+
+
 class MemberOut(schemas.Response):
     network_id: str
     server_id: str
@@ -350,8 +365,31 @@ def _operations(api: ApiResource) -> list[Operation]:
             raise Conflict(f"network {rid} is deleted; it cannot be changed", **deleting("network", rid, "deleted"))
         return web.json_response(dump(one, {"network": row.public()}))
 
+    async def operator_sdn(request: web.Request) -> web.Response:
+        from z9.api.operator import require_operator
+
+        require_operator(request)
+        rows = await net_store.sdn_region_conditions(request.app[POOL])
+        out = [{"region": r["region"], "condition": dict(r["condition"]) if r["condition"] else None,
+                "locked": bool(r["locked"]), "applies": int(r["applies"]),
+                "applied_at": r["applied_at"].isoformat().replace("+00:00", "Z") if r["applied_at"] else None}
+               for r in rows]
+        return web.json_response(dump(SdnRegionList, {"regions": out}))
+
     server_doc = "the server's id (srv_…)"
     return [
+        Operation("GET", "/operator/sdn", operator_sdn, "operatorListSdn",
+                  "Each region's SDN apply: what blocks it (foreign pending edits, a foreign lock, a node that did "
+                  "not reload), whether z9 holds the lock, its applies", "operator",
+                  {200: SdnRegionList, 401: None, 403: None},
+                  description="Needs a token with the operator scope (`z9 token --scope operator`); any other "
+                              "answers 403.",
+                  example={"regions": [{"region": "dev-1", "locked": False, "applies": 3,
+                                        "applied_at": "2026-12-01T04:00:00Z", "condition": {
+                                            "code": "foreign_sdn_edits", "objects": ["vnet ops1 (new)"],
+                                            "message": "pending SDN edits z9 did not make block the region's "
+                                                       "SDN apply: vnet ops1 (new)",
+                                            "job_id": "job_01jd3x5v8q2m6n4p7r9s1t3w5y"}}]}),
         Operation("PATCH", "/networks/{id}", patch, "updateNetwork", "Rename a network or set its labels (no job)",
                   "networks", {200: one, 400: None, 401: None, 404: None, 409: None, 422: None}, request=NetworkPatch,
                   path_id=id_doc, example={"network": {**EXAMPLE, "status": "available"}}),

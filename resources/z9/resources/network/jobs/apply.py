@@ -35,6 +35,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from z9.common import metrics
 from z9.common.errors import Snooze, TemporaryError
 from z9.common.models import Job
 from z9.executor.context import JobContext, Step
@@ -152,9 +153,16 @@ def plan(job: Job, world: World) -> list[Step]:
     return plan_world(world)
 
 
+def _blocked_metric(region: str, code: str | None) -> None:
+    """``z9_sdn_apply_blocked{region, code}``: 1 for the condition now, 0 for the others."""
+    for c in metrics.SDN_BLOCK_CODES:
+        metrics.SDN_APPLY_BLOCKED.labels(region, c).set(1 if c == code else 0)
+
+
 async def _condition(ctx: JobContext, code: str | None, message: str = "", **more: Any) -> None:
     cond = {"code": code, "message": message, "job_id": ctx.job.id, **more} if code else None
     await net_store.sdn_region_set_condition(ctx.pool, ctx.job.region, cond)
+    _blocked_metric(ctx.job.region, code)
 
 
 async def _record_lock(ctx: JobContext, token: str | None) -> None:
@@ -279,6 +287,7 @@ async def verify(ctx: JobContext) -> dict[str, Any]:
         await net_store.sdn_region_applied(ctx.pool, ctx.job.region)
     else:
         await net_store.sdn_region_set_condition(ctx.pool, ctx.job.region, None)
+    _blocked_metric(ctx.job.region, None)
     return {"vnets": sorted(wanted.present), "nodes": w.nodes}
 
 
