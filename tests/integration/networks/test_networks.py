@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import aiohttp
 import pytest
 
 from tests.support import REGION, SimAdmin, Stack, make_tenant, wait_until
@@ -72,7 +71,7 @@ async def test_twenty_networks_created_at_once_take_at_most_two_applies(stack: S
         len({v["tag"] for v in st["running"]["vnets"].values()}) == 20
     assert all(len(v) <= 8 for v in vnets)
     for o in outs:
-        status, got = await stack.call("GET", f"/networks/{o['network']['id']}")
+        _, got = await stack.call("GET", f"/networks/{o['network']['id']}")
         assert got["network"]["status"] == "available", got
         assert got["network"]["observed"]["mtu"] == 1450
         assert set(got["network"]["observed"]["nodes"].values()) == {"available"}
@@ -103,7 +102,7 @@ async def server_done(stack: Stack, out: dict[str, Any], token: str | None = Non
     for j in out["jobs"]:
         got = await wait_job(stack, j["id"], token)
         assert got["status"] == "succeeded", got
-    status, srv = await stack.call("GET", f"/servers/{out['server']['id']}", token=token)
+    _, srv = await stack.call("GET", f"/servers/{out['server']['id']}", token=token)
     return srv["server"]
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-
 from z9.common import metrics
 
 from tests.support import REGION, SimAdmin, Stack, wait_until
@@ -123,5 +122,5 @@ async def test_a_node_that_fails_its_reload_keeps_the_job_in_retry_naming_it(sta
     assert cond["code"] == "node_reload_failed" and cond["nodes"] == ["pve2"], cond
     await sim._req("POST", "/sdn/reload-fault", json={"node": "pve2", "fail": False})
     await succeeded(stack, out)
-    status, got = await stack.call("GET", f"/networks/{out['network']['id']}")
+    _, got = await stack.call("GET", f"/networks/{out['network']['id']}")
     assert got["network"]["observed"]["nodes"] == {"pve1": "available", "pve2": "available", "pve3": "available"}

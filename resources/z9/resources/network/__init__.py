@@ -24,8 +24,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from z9.resources import (Buffered, ResourceType, VmParts, on_create, on_deletion, on_final_delete,
-                          register)
+from z9.resources import (
+    Buffered,
+    ResourceType,
+    VmParts,
+    on_create,
+    on_deletion,
+    on_final_delete,
+    register,
+)
 from z9.resources.network.model import Member, Network
 
 STATUSES = ("creating", "available", "deleting", "destroying", "deleted", "failed")
@@ -69,8 +76,7 @@ NETWORK: ResourceType[Network] = register(ResourceType(
 
 # ---------------------------------------------------------------- store (store.py, queries.sql)
 
-from z9.resources.network import store  # noqa: E402  (the slice's store needs the type above)
-
+from z9.resources.network import store
 
 # ---------------------------------------------------------------- other types' events
 

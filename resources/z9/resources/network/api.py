@@ -20,21 +20,47 @@ from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
-
+from z9.api import schemas
+from z9.api.resources import (
+    NOTIFIER,
+    POOL,
+    SETTINGS,
+    ApiResource,
+    CreateContext,
+    Operation,
+    dump,
+    idempotency_begin,
+    idempotency_end,
+    idempotency_key,
+    parse_body,
+    path_id,
+    request_hash,
+    room_for_a_job,
+    tenant,
+)
 from z9.common import store
-from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
+from z9.common.errors import (
+    Conflict,
+    NotFound,
+    UniqueViolation,
+    ValidationFailed,
+    deleting,
+)
 from z9.common.ids import new_id
 from z9.common.settings import Settings
 from z9.common.store import NewJob
-from z9.resources.network import (NETWORK, NETWORK_ATTACH, NETWORK_CREATE, NETWORK_DETACH, SDN_APPLY, Member,
-                                  Network, sdn_resource)
+from z9.resources.network import (
+    NETWORK,
+    NETWORK_ATTACH,
+    NETWORK_CREATE,
+    NETWORK_DETACH,
+    SDN_APPLY,
+    Member,
+    Network,
+    sdn_resource,
+)
 from z9.resources.network import store as net_store
 from z9.resources.server import store as server_store
-
-from z9.api import schemas
-from z9.api.resources import (NOTIFIER, POOL, SETTINGS, ApiResource, CreateContext, Operation, dump, idempotency_begin,
-                              idempotency_end, idempotency_key, parse_body, path_id, request_hash, room_for_a_job,
-                              tenant)
 
 STATUSES = Literal["creating", "available", "deleting", "destroying", "deleted", "failed"]
 PRIVATE = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
@@ -62,7 +88,7 @@ class NetworkPatch(BaseModel):
     labels: schemas.Labels | None = None
 
     @model_validator(mode="after")
-    def _something(self) -> "NetworkPatch":
+    def _something(self) -> NetworkPatch:
         if not self.model_fields_set:
             raise ValueError("give at least one of name, labels")
         return self
@@ -140,6 +166,14 @@ class MemberOut(schemas.Response):
 
 class MembersOut(schemas.Response):
     members: list[MemberOut]
+
+
+class ServerNetworkAccepted(schemas.Accepted):
+    """Accepted: the server, the network it joins or leaves, and the job (NetworkAttach or NetworkDetach)."""
+
+    server: schemas.Server
+    network: NetworkOut
+    job: schemas.JobRef
 
 
 EXAMPLE: dict[str, Any] = {
@@ -291,7 +325,7 @@ async def join_at_create(conn: Any, server: Any, wanted: list[Any], settings: Se
 # ---------------------------------------------------------------------------------- routes
 
 def _operations(api: ApiResource) -> list[Operation]:
-    accepted, one = api.models["accepted"], api.models["one"]
+    one = api.models["one"]
     id_doc = "the network's id (net_…)"
     job_ref = {"id": "job_01jd3x5v8q2m6n4p7r9s1t3w5y", "status": "pending"}
 
@@ -312,7 +346,8 @@ def _operations(api: ApiResource) -> list[Operation]:
             row, job_spec = await fn(conn, settings, server)
             await room_for_a_job(conn, settings, "network", row.id)
             job = await store.job_insert(conn, job_spec, notify=False)
-            answer = dump(accepted, {"network": row.public(), "job": job.brief()})
+            answer = dump(ServerNetworkAccepted, {"server": server.public(), "network": row.public(),
+                                                  "job": job.brief(), "jobs": [job.brief()]})
             await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
         request.app[NOTIFIER].notify(job.region)
         return web.json_response(answer, status=202)
@@ -377,6 +412,7 @@ def _operations(api: ApiResource) -> list[Operation]:
         return web.json_response(dump(SdnRegionList, {"regions": out}))
 
     server_doc = "the server's id (srv_…)"
+    from z9.resources.server.api import EXAMPLE as SERVER_EXAMPLE
     return [
         Operation("GET", "/operator/sdn", operator_sdn, "operatorListSdn",
                   "Each region's SDN apply: what blocks it (foreign pending edits, a foreign lock, a node that did "
@@ -400,14 +436,16 @@ def _operations(api: ApiResource) -> list[Operation]:
                                         "ip": "10.0.0.1", "nic": "net1", "state": "attached"}]}),
         Operation("POST", "/servers/{id}/actions/attach_to_network", attach, "attachServerToNetwork",
                   "Attach a server to a private network of its region (a NIC hot-plugged on the network)",
-                  "networks", {202: accepted, 400: None, 401: None, 404: None, 409: None, 422: None},
+                  "networks", {202: ServerNetworkAccepted, 400: None, 401: None, 404: None, 409: None, 422: None},
                   request=AttachToNetwork, path_id=server_doc, idempotent=True,
-                  example={"network": {**EXAMPLE, "status": "available"}, "job": {**job_ref, "kind": NETWORK_ATTACH}}),
+                  example={"server": SERVER_EXAMPLE, "network": {**EXAMPLE, "status": "available"},
+                           "job": {**job_ref, "kind": NETWORK_ATTACH}}),
         Operation("POST", "/servers/{id}/actions/detach_from_network", detach, "detachServerFromNetwork",
                   "Detach a server from a network (its NIC there unplugged, its address freed)", "networks",
-                  {202: accepted, 400: None, 401: None, 404: None, 409: None, 422: None},
+                  {202: ServerNetworkAccepted, 400: None, 401: None, 404: None, 409: None, 422: None},
                   request=DetachFromNetwork, path_id=server_doc, idempotent=True,
-                  example={"network": {**EXAMPLE, "status": "available"}, "job": {**job_ref, "kind": NETWORK_DETACH}}),
+                  example={"server": SERVER_EXAMPLE, "network": {**EXAMPLE, "status": "available"},
+                           "job": {**job_ref, "kind": NETWORK_DETACH}}),
     ]
 
 

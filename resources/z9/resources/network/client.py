@@ -9,8 +9,18 @@ from typing import Any
 
 from pydantic import Field
 
+from z9.client.commands._kind import (
+    LABEL_ARGS,
+    Arg,
+    KindSpec,
+    Update,
+    given,
+    label,
+    labels_of,
+    labels_text,
+    status_text,
+)
 from z9.client.models import ResourceKind, _Answer
-from z9.client.commands._kind import LABEL_ARGS, Arg, KindSpec, Update, given, label, labels_of, labels_text, status_text
 
 STATUSES = ("creating", "available", "deleting", "destroying", "deleted", "failed")
 

@@ -32,7 +32,7 @@ class Network:
     labels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_record(cls, r: Any) -> "Network":
+    def from_record(cls, r: Any) -> Network:
         return row_of(cls, r)
 
     @property
@@ -66,7 +66,7 @@ class Member:
     updated_at: datetime
 
     @classmethod
-    def from_record(cls, r: Any) -> "Member":
+    def from_record(cls, r: Any) -> Member:
         return cls(**{k: r[k] for k in cls.__dataclass_fields__})
 
     @property

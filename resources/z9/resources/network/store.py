@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import z9.resources.network as _network
 from z9.common.labels import Selector
 from z9.common.sql import q
 from z9.common.store import translate_errors
-
-import z9.resources.network as _network
 from z9.resources.network.model import Member, Network
 
 

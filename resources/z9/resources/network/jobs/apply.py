@@ -32,6 +32,7 @@ verify   the running config and the nodes as wanted; record: the region's apply 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,8 @@ from z9.executor.context import JobContext, Step
 from z9.resources.network import SDN_APPLY
 from z9.resources.network import store as net_store
 from z9.resources.network.pve import LOCK_REFUSED, ProxmoxSdn
+
+log = logging.getLogger("z9.executor.sdn")
 
 KIND = SDN_APPLY
 APPLY = "apply"
@@ -242,8 +245,9 @@ async def apply(ctx: JobContext, world: World, step: Step) -> None:
             try:
                 await ops.unlock(token)
                 await _record_lock(ctx, None)
-            except Exception:  # noqa: BLE001 — the token stays recorded: the next job releases it
-                pass
+            except Exception as e:  # noqa: BLE001 — the token stays recorded: the next job releases it
+                log.warning("job %s: the SDN lock could not be released (%s); its token stays recorded for "
+                            "the next apply job to release", ctx.job.id, e)
     await _wait_nodes(ctx, ops, world.zone)
 
 

@@ -26,7 +26,13 @@ from z9.common.models import Job
 from z9.executor import guard, vms
 from z9.executor.context import JobContext, Step
 from z9.executor.proxmox import VmState
-from z9.resources.network import ENTRY_COMMENT, NETWORK_ATTACH, NETWORK_DETACH, Member, Network
+from z9.resources.network import (
+    ENTRY_COMMENT,
+    NETWORK_ATTACH,
+    NETWORK_DETACH,
+    Member,
+    Network,
+)
 from z9.resources.network import store as net_store
 
 NIC, IP_FILTER, GUEST, UNPLUG = "nic", "ip_filter", "guest", "unplug"
@@ -221,7 +227,7 @@ class MemberKind:
             return None
         left = plan(self.KIND, w)
         if left:
-            raise TemporaryError(f"verify: the server's NIC on the network is not as wanted yet: "
+            raise TemporaryError("verify: the server's NIC on the network is not as wanted yet: "
                                  + ", ".join(s.name for s in left))
         return {"server_id": ctx.job.args.get("server_id")}
 

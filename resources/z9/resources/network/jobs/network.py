@@ -20,7 +20,13 @@ from typing import Any
 from z9.common.errors import Snooze, TemporaryError
 from z9.common.models import Job
 from z9.executor.context import JobContext, Step
-from z9.resources.network import NETWORK, NETWORK_CREATE, NETWORK_DELETE, NETWORK_VERIFY, Network
+from z9.resources.network import (
+    NETWORK,
+    NETWORK_CREATE,
+    NETWORK_DELETE,
+    NETWORK_VERIFY,
+    Network,
+)
 from z9.resources.network import store as net_store
 from z9.resources.network.pve import ProxmoxSdn
 
