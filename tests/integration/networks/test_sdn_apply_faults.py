@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from z9.common import metrics
 
-from tests.support import REGION, SimAdmin, Stack, wait_until
+from tests.support import REGION, Services, SimAdmin, Stack, wait_until
 
 from .test_networks import SDN, applies, create_network, sdn_state, succeeded
 
@@ -124,3 +124,30 @@ async def test_a_node_that_fails_its_reload_keeps_the_job_in_retry_naming_it(sta
     await succeeded(stack, out)
     _, got = await stack.call("GET", f"/networks/{out['network']['id']}")
     assert got["network"]["observed"]["nodes"] == {"pve1": "available", "pve2": "available", "pve3": "available"}
+
+
+async def test_an_executor_sigkilled_holding_the_sdn_lock(api: Stack, sim: SimAdmin, services: Services) -> None:
+    """The executor dies (SIGKILL) after taking PVE's SDN lock — recorded — and before its apply: PVE's
+    lock has no expiry, every other SDN writer is refused. The next executor's attempt releases exactly
+    the recorded token, then applies."""
+    services.start("scheduler")
+    first = services.start("executor")
+    # the VNet write right after the lock is held up: the executor is killed during it
+    await sim.fault(method="POST", path="^/cluster/sdn/vnets$", action="delay", seconds=6, times=1)
+    out = await create_network(api, "killed", "10.7.0.0/24")
+
+    async def recorded() -> str | None:
+        row = await api.pool.fetchrow("SELECT lock_token FROM sdn_regions WHERE region = $1", REGION)
+        return row["lock_token"] if row else None
+
+    token = await wait_until(recorded, 60, "the SDN lock taken and recorded")
+    assert (await sdn_state(sim))["lock"] == token
+    await first.kill()
+    assert (await sdn_state(sim))["lock"] == token  # held by no one alive, and no expiry
+    services.start("executor")
+    await succeeded(api, out)
+    st = await sdn_state(sim)
+    assert st["lock"] is None and out["network"]["vnet"] in st["running"]["vnets"]
+    unlocks = [r for r in await sim.requests() if (r["method"], r["path"]) == ("DELETE", "/cluster/sdn/lock")]
+    assert [r["status"] for r in unlocks] == [200], unlocks  # the recorded token, released once
+    assert await recorded() is None
