@@ -120,3 +120,10 @@ WHERE region = $1 RETURNING *;
 -- name: sdn_region_conditions
 -- Every region's SDN condition (the operator's view and the metric).
 SELECT region, condition, lock_token IS NOT NULL AS locked, applies, applied_at FROM sdn_regions ORDER BY region;
+
+-- name: sdn_apply_last_finished
+-- The region's ($1: its apply resource, sdn:<region>) newest finished SDN apply job: a permanent
+-- failure (the token lacks SDN.Allocate) ends the network jobs waiting on it.
+SELECT id, status::text AS status, error, finished_at FROM jobs
+WHERE resource_id = $1 AND status IN ('succeeded', 'failed')
+ORDER BY seq DESC LIMIT 1;

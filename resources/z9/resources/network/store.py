@@ -117,6 +117,11 @@ async def sdn_region_applied(db: Any, region: str) -> None:
     await db.fetchrow(q("sdn_region_applied"), region)
 
 
+async def sdn_apply_last_finished(db: Any, resource_id: str) -> dict[str, Any] | None:
+    row = await db.fetchrow(q("sdn_apply_last_finished"), resource_id)
+    return dict(row) if row else None
+
+
 async def sdn_region_conditions(db: Any) -> list[dict[str, Any]]:
     return [dict(r) for r in await db.fetch(q("sdn_region_conditions"))]
 

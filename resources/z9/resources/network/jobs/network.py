@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from z9.common.errors import Snooze, TemporaryError
+from z9.common.errors import PermanentError, Snooze, TemporaryError
 from z9.common.models import Job
 from z9.executor.context import JobContext, Step
 from z9.resources.network import (
@@ -26,6 +26,7 @@ from z9.resources.network import (
     NETWORK_DELETE,
     NETWORK_VERIFY,
     Network,
+    sdn_resource,
 )
 from z9.resources.network import store as net_store
 from z9.resources.network.pve import ProxmoxSdn
@@ -125,6 +126,12 @@ class NetworkKind:
 
         assert world.row is not None and world.view is not None
         row, view = world.row, world.view
+        last = await net_store.sdn_apply_last_finished(ctx.pool, sdn_resource(row.region))
+        err = (last or {}).get("error") or {}
+        if last and last["status"] == "failed" and err.get("class") in ("permanent", "guard") \
+                and last["finished_at"] > ctx.job.created_at:  # (an older failure: a later apply may succeed)
+            # no retry mends it (a privilege the token lacks): this job ends with the apply's reason
+            raise PermanentError(f"the region's SDN apply (job {last['id']}) failed: {err.get('message')}")
         async with ctx.pool.acquire() as conn, conn.transaction():
             apply_job = await ensure_apply(conn, row.region, ctx.settings.max_attempts)
         await ctx.step_detail(step, apply_job=apply_job)
