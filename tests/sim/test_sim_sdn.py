@@ -7,6 +7,8 @@ networks. Sources: pve-network ``src/PVE/Network/SDN.pm``, ``API2/Network/SDN.pm
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import requests
 from proxmoxer import ResourceException
@@ -147,6 +149,10 @@ def test_vnet_bridges_carry_guests_only_between_nics_on_the_same_network(pve, wa
     _plug(b, wait, "net1", "na", "10.0.0.3/24")
     _plug(c, wait, "net1", "nb", "10.0.0.3/24")  # another network, the same address as b
     _plug(c, wait, "net2", "na", "10.0.0.4/24")  # c is on both
+    # a virtio NIC's mtu= is the device MTU the guest's driver starts with (QEMU host_mtu)
+    assert wait(a.config.post(net3="virtio,bridge=na,mtu=1400"))["exitstatus"] == "OK"
+    rows = json.loads(agent_exec(a, ["ip", "-j", "addr", "show"])["out-data"])
+    assert {r["ifname"]: r["mtu"] for r in rows}["ens21"] == 1400
 
     def deliver(src, dst):
         return admin("get", "/firewall/deliver", params={"src": str(src), "dst": str(dst), "proto": "tcp",

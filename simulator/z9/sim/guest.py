@@ -1545,6 +1545,18 @@ def _ssh_keygen(ctx: ExecContext) -> ExecResult:
     return ExecResult(1, err="usage: ssh-keygen -lf <file> (only this form is simulated)\n")
 
 
+def _device_mtu(ctx: ExecContext, mac: str) -> int:
+    """The MTU a virtio NIC's driver starts with: the NIC's ``mtu=`` (qemu-server passes it to QEMU as
+    ``host_mtu``; Linux virtio_net adopts the device MTU, VIRTIO_NET_F_MTU), else 1500; ``ip link set
+    … mtu`` in the guest overrides it."""
+    for k, v in ctx.config.items():
+        if re.fullmatch(r"net\d+", k) and cloudinit.parse_net(str(v)).get("macaddr", "").lower() == mac.lower():
+            m = re.search(r"(?:^|,)mtu=(\d+)", str(v))
+            if m and int(m.group(1)) > 1:
+                return int(m.group(1))
+    return 1500
+
+
 @command("ip")
 def _ip(ctx: ExecContext) -> ExecResult:
     args = ctx.argv[1:]
@@ -1583,14 +1595,15 @@ def _ip(ctx: ExecContext) -> ExecResult:
         ifaces = ctx.guest.interfaces()
         if as_json:
             mtus = ctx.guest.model("ip").get("mtu", {})
-            rows = [{"ifname": i["name"], "address": i["hardware-address"], "mtu": mtus.get(i["name"], 1500),
+            rows = [{"ifname": i["name"], "address": i["hardware-address"],
+                     "mtu": mtus.get(i["name"], _device_mtu(ctx, i["hardware-address"])),
                      "addr_info": [
                 {"family": "inet" if a["ip-address-type"] == "ipv4" else "inet6", "local": a["ip-address"],
                  "prefixlen": a["prefix"]} for a in i["ip-addresses"]]} for i in ifaces]
             return ExecResult(0, out=json.dumps(rows) + "\n")
         lines = []
         for n, i in enumerate(ifaces, 1):
-            mtu = ctx.guest.model("ip").get("mtu", {}).get(i["name"], 1500)
+            mtu = ctx.guest.model("ip").get("mtu", {}).get(i["name"], _device_mtu(ctx, i["hardware-address"]))
             lines.append(f"{n}: {i['name']}: <UP> mtu {mtu}\n    link/ether {i['hardware-address']}\n")
             for a in i["ip-addresses"]:
                 fam = "inet" if a["ip-address-type"] == "ipv4" else "inet6"

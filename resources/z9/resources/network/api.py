@@ -64,6 +64,11 @@ from z9.resources.server import store as server_store
 
 STATUSES = Literal["creating", "available", "deleting", "destroying", "deleted", "failed"]
 PRIVATE = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+#: an RFC 1918 IPv4 network of /16 to /28, as the document states it (host bits set: refused by the API)
+RANGE_PATTERN = (rf"^(10\.{_OCTET}\.{_OCTET}\.{_OCTET}|172\.(1[6-9]|2[0-9]|3[01])\.{_OCTET}\.{_OCTET}"
+                 rf"|192\.168\.{_OCTET}\.{_OCTET})/(1[6-9]|2[0-8])$")
+IP_PATTERN = rf"^{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}$"
 
 
 class NetworkCreate(BaseModel):
@@ -75,7 +80,7 @@ class NetworkCreate(BaseModel):
 
     name: StrictStr = Field(pattern=schemas.NAME_PATTERN, description="DNS label, lower case, 1-63 chars")
     region: StrictStr = Field(min_length=1, max_length=63)
-    ip_range: StrictStr = Field(min_length=9, max_length=18, description=(
+    ip_range: StrictStr = Field(pattern=RANGE_PATTERN, description=(
         "an RFC 1918 IPv4 network, /16 to /28 (e.g. 10.0.0.0/24); other networks — of this tenant or "
         "another — may use the same range: they never reach each other"))
     labels: schemas.Labels | None = None
@@ -101,8 +106,8 @@ class AttachToNetwork(BaseModel):
         {"network_id": "net_01jd3x5v8q2m6n4p7r9s1t3w5y", "ip": "10.0.0.7"}]})
 
     network_id: StrictStr = Field(pattern=r"^net_[0-9a-z]{26}$")
-    ip: StrictStr | None = Field(None, max_length=15, description="an address of the network's range; none: the "
-                                                                  "lowest free one")
+    ip: StrictStr | None = Field(None, pattern=IP_PATTERN, description="an address of the network's range; none: "
+                                                                       "the lowest free one")
 
 
 class DetachFromNetwork(BaseModel):
@@ -192,6 +197,9 @@ def parse_range(text: str) -> ipaddress.IPv4Network:
     try:
         net = ipaddress.IPv4Network(text, strict=True)
     except ValueError as e:
+        if "has host bits set" in str(e):
+            loose = ipaddress.IPv4Network(text, strict=False)
+            raise bad(f"has host bits set: the network is {loose}") from None
         raise bad(f"is not an IPv4 network with its prefix ({e})") from None
     if "/" not in text:
         raise bad("has no prefix length")

@@ -53,8 +53,9 @@ class NetworkJoin(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     network_id: StrictStr = Field(pattern=r"^net_[0-9a-z]{26}$")
-    ip: StrictStr | None = Field(None, max_length=15, description="an address of the network's range; none: the "
-                                                                  "lowest free one")
+    ip: StrictStr | None = Field(None, pattern=r"^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
+                                               r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])$",
+                                 description="an IPv4 address of the network's range; none: the lowest free one")
 
 
 class ServerCreate(BaseModel):
