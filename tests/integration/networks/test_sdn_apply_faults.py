@@ -118,8 +118,12 @@ async def test_a_node_that_fails_its_reload_keeps_the_job_in_retry_naming_it(sta
 
     j = await wait_until(retry_naming_pve2, 60, "the network's job in retry naming pve2")
     assert "pve2 (pending)" in j["error"]["message"], j
-    cond = await wait_until(lambda: condition(stack), 30, "the region's condition")
-    assert cond["code"] == "node_reload_failed" and cond["nodes"] == ["pve2"], cond
+    async def only_pve2() -> dict[str, Any] | None:
+        c = await condition(stack)
+        return c if c and c["code"] == "node_reload_failed" and c["nodes"] == ["pve2"] else None
+
+    cond = await wait_until(only_pve2, 60, "the region's condition naming pve2 alone")
+    assert "pve2 (pending)" in cond["message"], cond
     await sim._req("POST", "/sdn/reload-fault", json={"node": "pve2", "fail": False})
     await succeeded(stack, out)
     _, got = await stack.call("GET", f"/networks/{out['network']['id']}")
