@@ -11,7 +11,7 @@ import json
 
 import pytest
 import requests
-from proxmoxer import ResourceException
+from proxmoxer import ProxmoxAPI, ResourceException
 
 from .test_sim_guest import agent_exec, clone, until
 
@@ -166,3 +166,34 @@ def test_vnet_bridges_carry_guests_only_between_nics_on_the_same_network(pve, wa
     assert wait(c.config.post(delete="net2"))["exitstatus"] == "OK"  # c leaves na
     d = deliver(303, "10.0.0.2")
     assert not d["delivered"] and "has no NIC on na" in d["reason"], d
+
+
+def test_sdn_privileges_as_pve_network_checks_them(pve, sim, admin, wait):
+    """API2/Network/SDN.pm: ``PUT /cluster/sdn`` and the lock need ``SDN.Allocate`` on ``/sdn``; Zones.pm
+    create ``SDN.Allocate`` on ``/sdn/zones``; Vnets.pm create on ``/sdn/zones/<zone>``; the listings and a
+    node's zone status show only what the token may audit (``SDN.Audit``); a NIC on a VNet needs
+    ``SDN.Use`` on ``/sdn/zones/<zone>/<vnet>`` (qemu-server check_bridge_access)."""
+    def client(tok):
+        user, _, name = tok["tokenid"].partition("!")
+        return ProxmoxAPI("127.0.0.1", port=sim.port, user=user, token_name=name, token_value=tok["value"],
+                          verify_ssl=str(sim.cert_path), timeout=10)
+
+    zone(pve)
+    pve.cluster.sdn.vnets.post(vnet="n1", zone="z9a", tag=7)
+    assert apply(pve, wait)["exitstatus"] == "OK"
+    audit = client(admin("post", "/tokens", json={"tokenid": "root@pam!sdnaudit", "privsep": True,
+                                                  "acl": [{"path": "/sdn", "privs": ["SDN.Audit"]}]}))
+    assert [v["vnet"] for v in audit.cluster.sdn.vnets.get(running=1)] == ["n1"]
+    e = err(lambda: audit.cluster.sdn.put())
+    assert e.status_code == 403 and e.content == "Permission check failed (/sdn, SDN.Allocate)"
+    assert err(lambda: audit.cluster.sdn.lock.post()).content == "Permission check failed (/sdn, SDN.Allocate)"
+    e = err(lambda: audit.cluster.sdn.vnets.post(vnet="n2", zone="z9a", tag=8))
+    assert e.content == "Permission check failed (/sdn/zones/z9a, SDN.Allocate)"
+    blind = client(admin("post", "/tokens", json={"tokenid": "root@pam!blind", "privsep": True,
+                                                  "acl": [{"path": "/vms", "privs": ["VM.Audit"]}]}))
+    assert blind.cluster.sdn.vnets.get() == [] and blind.nodes("pve1").sdn.zones.get() == []
+    nic = client(admin("post", "/tokens", json={"tokenid": "root@pam!nic", "privsep": True, "acl": [
+        {"path": "/vms", "privs": ["VM.Config.Network", "VM.Audit"]}]}))
+    clone(pve, wait, newid=310, name="g-310")
+    e = err(lambda: nic.nodes("pve1").qemu(310).config.put(net1="virtio,bridge=n1"))
+    assert e.status_code == 403 and e.content == "Permission check failed (/sdn/zones/z9a/n1, SDN.Use)"

@@ -7,7 +7,8 @@ Sources (pve-network, ``src/PVE/``; research ``networks-firewalls.md`` §1.5):
   ``maxLength 8`` (the schema shipped with the simulator checks both before a handler runs).
 - ``API2/Network/SDN/Zones.pm`` create: ``sdn zone object ID '<id>' already defined``; VXLAN
   ``Zones/VxlanPlugin.pm`` on_update_hook: ``peers``/``fabric`` "must have exactly one of peers /
-  fabric defined"; delete of a zone a VNet still names: ``Zones.pm`` ``zone … is used by vnet …``.
+  fabric defined"; delete of a zone a VNet still names: ``Zones/Plugin.pm`` on_delete_hook ``zone <z>
+  is used by vnet <v>``.
 - ``API2/Network/SDN/Vnets.pm`` create: ``sdn vnet object ID '<id>' already defined``;
   ``VxlanPlugin.pm`` vnet_update_hook: ``missing vxlan tag``, ``vxlan tag max value is 16777216``,
   ``vxlan tag <t> already exist in vnet <id> in zone <z> `` (VNIs unique across every VXLAN/EVPN
@@ -113,10 +114,11 @@ class Sdn:
     def zone_delete(self, zid: str, token: str | None) -> None:
         self._locked(token, "delete sdn zone object failed")
         if zid not in self.zones:
+            # Zones.pm sdn_zones_config
             raise PveError(500, f"delete sdn zone object failed: sdn '{zid}' does not exist")
         users = sorted(v for v, c in self.vnets.items() if c.get("zone") == zid)
-        if users:  # Zones.pm: a zone a VNet names cannot go
-            raise PveError(500, f"delete sdn zone object failed: zone '{zid}' is used by vnet '{users[0]}'")
+        if users:  # Zones/Plugin.pm on_delete_hook: a zone a VNet names cannot go
+            raise PveError(500, f"delete sdn zone object failed: zone {zid} is used by vnet {users[0]}")
         del self.zones[zid]
 
     # ---- vnets ------------------------------------------------------------------------------------------
@@ -153,7 +155,8 @@ class Sdn:
     def vnet_delete(self, vid: str, token: str | None) -> None:
         self._locked(token, "delete sdn vnet object failed")
         if vid not in self.vnets:
-            raise PveError(500, f"delete sdn vnet object failed: sdn '{vid}' does not exist")
+            # Vnets.pm sdn_vnets_config
+            raise PveError(500, f"delete sdn vnet object failed: sdn vnet '{vid}' does not exist")
         del self.vnets[vid]
 
     def vnet_zone(self, vid: str) -> str | None:
