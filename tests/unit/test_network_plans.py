@@ -3,20 +3,25 @@ pending SDN edits are someone else's, what a network's job waits for, and a memb
 from __future__ import annotations
 
 import ipaddress
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from z9.resources.network import NETWORK_ATTACH, NETWORK_CREATE, NETWORK_DELETE, NETWORK_DETACH
+from z9.resources.network import (
+    NETWORK_ATTACH,
+    NETWORK_CREATE,
+    NETWORK_DELETE,
+    NETWORK_DETACH,
+)
 from z9.resources.network.jobs import apply, members, network
 from z9.resources.network.model import Member, Network, vnet_id
 
-NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def world(**kw: object) -> apply.World:
-    base: dict[str, object] = dict(
-        wanted=apply.Wanted(present={"z9186a0": 100000}, ours={"z9186a0", "z9186a1"}), zone="z9net",
-        zone_running=True, zone_pending=True, running={"z9186a0": {"zone": "z9net"}}, pending={"z9186a0": {}},
-        pending_zones={"z9net": {}}, nodes={"pve1": "available", "pve2": "available"}, recorded_token=None)
+    base: dict[str, object] = {
+        "wanted": apply.Wanted(present={"z9186a0": 100000}, ours={"z9186a0", "z9186a1"}), "zone": "z9net",
+        "zone_running": True, "zone_pending": True, "running": {"z9186a0": {"zone": "z9net"}}, "pending": {"z9186a0": {}},
+        "pending_zones": {"z9net": {}}, "nodes": {"pve1": "available", "pve2": "available"}, "recorded_token": None}
     base.update(kw)
     return apply.World(**base)  # type: ignore[arg-type]
 
