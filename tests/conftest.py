@@ -137,6 +137,8 @@ def make_settings(db_url: str, sim_server: SimServer, **overrides: Any) -> Setti
             "verify_ssl": str(sim_server.cert_path), "images": ["debian-12"], "address_pools": [TEST_POOL],
             "nameservers": ["198.51.100.53"],  # every guest's DNS (the pool's own: 203.0.113.53)
             "kubernetes_images": KUBERNETES_IMAGES,  # the simulator's seeded Kubernetes images
+            # tenants' private networks: a VXLAN zone between the simulated nodes
+            "sdn": {"type": "vxlan", "peers": ["192.0.2.11", "192.0.2.12", "192.0.2.13"]},
             **region})},
         lease_ttl_s=5.0, heartbeat_s=1.0, poll_interval_s=1.0, task_poll_s=0.05, task_deadline_s=60,
         backoff_base_s=0.2, backoff_cap_s=2.0,

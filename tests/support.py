@@ -285,7 +285,8 @@ def service_env(settings: Settings, **overrides: Any) -> dict[str, str]:
     regions = {name: {"url": r.url, "token_id": r.token_id, "token_secret": r.token_secret.get_secret_value(),
                       "verify_ssl": r.verify_ssl, "images": r.images,
                       "address_pools": [p.model_dump(mode="json") for p in r.address_pools],
-                      "nameservers": [str(n) for n in r.nameservers], "kubernetes_images": r.kubernetes_images}
+                      "nameservers": [str(n) for n in r.nameservers], "kubernetes_images": r.kubernetes_images,
+                      **({"sdn": r.sdn.model_dump(mode="json")} if r.sdn is not None else {})}
                for name, r in settings.regions.items()}
     env = {k: v for k, v in os.environ.items() if not k.startswith("Z9_")}
     env.update(Z9_DATABASE_URL=settings.require_database_url(), Z9_REGIONS=json.dumps(regions), Z9_LOG_LEVEL="INFO")

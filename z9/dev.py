@@ -325,7 +325,9 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
                   "private_network": {"cidr": "172.16.0.0/16", "gateway": "172.16.0.1"},
                   # every guest's DNS, written into its network-config (a pool's own nameservers win):
                   # the private network's gateway, as a router running a resolver (dnsmasq) would be
-                  "nameservers": ["172.16.0.1"]}
+                  "nameservers": ["172.16.0.1"],
+                  # tenants' private networks (POST /v1/networks): a VXLAN zone between the nodes
+                  "sdn": {"type": "vxlan", "peers": ["192.0.2.11", "192.0.2.12", "192.0.2.13"]}}
         env.setdefault("Z9_LOG_FORMAT", "text")
         env.setdefault("Z9_METRICS_HOST", "127.0.0.1")
         # The executor looks at a task and a booting guest about as often as the simulator's tasks

@@ -1081,6 +1081,79 @@ CREATE TRIGGER tenant_quota_limits_to_columns
     EXECUTE FUNCTION tenant_quota_limits_to_columns();
 
 
+-- networks (migration 0026)
+CREATE TYPE network_status AS ENUM ('creating', 'available', 'deleting', 'destroying', 'deleted', 'failed');
+
+CREATE TABLE networks (
+    id                    text PRIMARY KEY CHECK (id ~ '^net_[0-9a-z]{26}$'),
+    tenant_id             text NOT NULL REFERENCES tenants (id),
+    region                text NOT NULL,
+    name                  text NOT NULL CHECK (name ~ '^[a-z0-9][a-z0-9-]{0,62}$'),
+    ip_range              cidr NOT NULL CHECK (family(ip_range) = 4 AND masklen(ip_range) BETWEEN 16 AND 28
+                                               AND (ip_range <<= '10.0.0.0/8' OR ip_range <<= '172.16.0.0/12'
+                                                    OR ip_range <<= '192.168.0.0/16')),
+    vni                   integer NOT NULL CHECK (vni BETWEEN 1 AND 16777215),
+    vnet                  text NOT NULL CHECK (vnet ~ '^[a-z][a-z0-9]{0,6}[a-z0-9]$'),
+    labels                jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(labels) = 'object'),
+    status                network_status NOT NULL DEFAULT 'creating',
+    status_reason         text,
+    status_before_delete  network_status,
+    delete_after          timestamptz,
+    observed              jsonb,
+    observed_at           timestamptz,
+    created_at            timestamptz NOT NULL DEFAULT now(),
+    updated_at            timestamptz NOT NULL DEFAULT now(),
+    deleted_at            timestamptz,
+    CHECK (status <> 'deleting' OR delete_after IS NOT NULL),
+    CHECK ((status = 'deleted') = (deleted_at IS NOT NULL))
+);
+
+CREATE UNIQUE INDEX networks_tenant_name_live ON networks (tenant_id, name) WHERE status <> 'deleted';
+-- a VXLAN id (VLAN tag) is one network's in its region until that network is deleted for good (its
+-- VNet gone from the running config): pve-network refuses a VNI twice across every VXLAN zone
+CREATE UNIQUE INDEX network_vni_live ON networks (region, vni) WHERE status <> 'deleted';
+CREATE UNIQUE INDEX network_vnet_live ON networks (region, vnet) WHERE status <> 'deleted';
+CREATE INDEX networks_tenant_id ON networks (tenant_id, id);
+CREATE INDEX networks_deletion_due ON networks (delete_after) WHERE status = 'deleting';
+
+-- A member: a server on a network, by its NIC (net1…net31: net0 is the server's own) and the address
+-- z9 gave it there (unique in the network: ip_not_available; every address of the range but its
+-- network and broadcast addresses may be given). The row stays until the detach job has taken the NIC
+-- off the VM: its address is not given again before (the order Hetzner's #586 lacked).
+CREATE TABLE network_members (
+    network_id  text NOT NULL REFERENCES networks (id),
+    server_id   text NOT NULL REFERENCES servers (id),
+    tenant_id   text NOT NULL REFERENCES tenants (id),
+    ip          inet NOT NULL CHECK (family(ip) = 4 AND masklen(ip) = 32),
+    nic         text NOT NULL CHECK (nic ~ '^net([1-9]|[12][0-9]|3[01])$'),
+    state       text NOT NULL DEFAULT 'attaching' CHECK (state IN ('attaching', 'attached', 'detaching')),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (network_id, server_id)
+);
+CREATE UNIQUE INDEX network_members_ip ON network_members (network_id, ip);
+CREATE UNIQUE INDEX network_members_nic ON network_members (server_id, nic);
+
+-- A region's SDN apply (one row per region that has networks): the apply job its next network edit
+-- waits for (apply_job_id: pending, not yet started; NULL: the next edit enqueues one — the job
+-- clears it as it starts, under this row's lock, so an edit is either seen by a running apply or
+-- enqueues the next), the PVE 9 SDN lock token z9 holds (lock_token, taken by lock_job_id at
+-- lock_taken_at: recorded before it is used, so a job after an executor died holding it releases
+-- exactly this token and never one z9 did not mint), and what blocks the apply (condition: foreign
+-- pending edits, a foreign lock, a node that failed to reload — null when nothing does).
+CREATE TABLE sdn_regions (
+    region         text PRIMARY KEY,
+    apply_job_id   text,
+    lock_token     text,
+    lock_job_id    text,
+    lock_taken_at  timestamptz,
+    condition      jsonb CHECK (condition IS NULL OR jsonb_typeof(condition) = 'object'),
+    applies        bigint NOT NULL DEFAULT 0,
+    applied_at     timestamptz,
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    CHECK ((lock_token IS NULL) = (lock_job_id IS NULL))
+);
+
 -- each resource's drift state, as the reaper's periodic plan found it (0028)
 CREATE TABLE resource_drift (
     resource_id    text PRIMARY KEY,

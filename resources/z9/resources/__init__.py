@@ -485,6 +485,30 @@ async def restore_dependents(conn: Any, type_name: str, row: Any, settings: Any)
     return list(await store.job_insert_many(conn, jobs))
 
 
+# (type name) -> hooks run in the transaction that creates a resource of that type (its API create):
+# hook(conn, row, spec, settings) -> list[NewJob] (a dependent type joining the new resource at once: a
+# server attached to the networks its request names); ``spec`` is the validated create body
+CREATE_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
+
+
+def on_create(type_name: str, hook: Callable[..., Awaitable[list[Any]]]) -> None:
+    """Register ``hook(conn, row, spec, settings) -> [NewJob]`` for when a ``type_name`` resource is
+    created (in its transaction, after its own job). A hook may raise an ApiError (a 4xx naming the
+    field) to refuse the create."""
+    CREATE_HOOKS.setdefault(type_name, []).append(hook)
+
+
+async def create_dependents(conn: Any, type_name: str, row: Any, spec: Any, settings: Any) -> list[Any]:
+    """Run the hooks registered for a create of ``type_name`` and insert the jobs they ask for (same
+    transaction, without NOTIFY: the caller notifies). Returns the inserted jobs."""
+    jobs: list[NewJob] = []
+    for hook in CREATE_HOOKS.get(type_name, []):
+        jobs.extend(await hook(conn, row, spec, settings))
+    if not jobs:
+        return []
+    return list(await store.job_insert_many(conn, jobs))
+
+
 #: how long a destroy held by a part that outlives the VM waits before it looks again (a snooze: no attempt)
 HELD_DESTROY_RETRY_S = 30.0
 

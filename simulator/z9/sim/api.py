@@ -333,7 +333,7 @@ def _check_config_write(ctx, p, user) -> None:
     for k in keys:
         if permissions._DRIVE.fullmatch(k):
             permissions.check_drive(token, user, vmid, str(p.get(k) if k in p else current.get(k, "")))
-        if re.fullmatch(r"net\d+", k) and k in p and (bridge := permissions.bridge_path(str(p[k]))):
+        if re.fullmatch(r"net\d+", k) and k in p and (bridge := permissions.bridge_path(str(p[k]), ctx.cluster.sdn.vnet_zone)):
             permissions.require(token, user, bridge, ["SDN.Use"])
 
 
@@ -368,7 +368,7 @@ def _check_clone(ctx, p, user) -> None:
             sid = p.get("storage") or volid.split(":", 1)[0]
             permissions.require(token, user, f"/storage/{sid}", ["Datastore.AllocateSpace"])
     for k, v in sorted(conf.items()):
-        if re.fullmatch(r"net\d+", k) and (bridge := permissions.bridge_path(str(v))):
+        if re.fullmatch(r"net\d+", k) and (bridge := permissions.bridge_path(str(v), ctx.cluster.sdn.vnet_zone)):
             permissions.require(token, user, bridge, ["SDN.Use"])
 
 
@@ -512,6 +512,79 @@ async def h_cluster_fw_options_get(ctx, p, user, fail):
 
 async def h_cluster_fw_options_put(ctx, p, user, fail):
     ctx.cluster.firewall.set_cluster_options(p)
+
+
+# ---- SDN (pve-network API2/Network/SDN.pm, SDN/Zones.pm, SDN/Vnets.pm, SDN/Nodes/Zones.pm) --------------
+def _sdn_may(ctx, user: str, path: str, privs: tuple[str, ...]) -> bool:
+    return user == "root@pam" or any(p in permissions.privileges(ctx.token_of(user), user, path) for p in privs)
+
+
+def _sdn_require(ctx, user: str, path: str, priv: str) -> None:
+    """A ``user => 'all'`` method's own check in code (Vnets.pm ``$check_vnet_access``)."""
+    if not _sdn_may(ctx, user, path, (priv,)):
+        raise PveError(403, f"Permission check failed ({path}, {priv})")
+
+
+def _flag(p, key: str) -> bool:
+    return str(p.get(key, "0")) in ("1", "true")
+
+
+async def h_sdn_index(ctx, p, user, fail):
+    return [{"id": i} for i in ("vnets", "zones", "controllers", "ipams", "dns", "fabrics")]
+
+
+async def h_sdn_apply(ctx, p, user, fail):
+    return ctx.cluster.sdn_apply(p, user)
+
+
+async def h_sdn_lock(ctx, p, user, fail):
+    return ctx.cluster.sdn.lock(_flag(p, "allow-pending"))
+
+
+async def h_sdn_unlock(ctx, p, user, fail):
+    ctx.cluster.sdn.unlock(p.get("lock-token"), _flag(p, "force"))
+
+
+async def h_sdn_zones(ctx, p, user, fail):
+    # Zones.pm index: only the zones the caller holds SDN.Audit or SDN.Allocate on
+    rows = ctx.cluster.sdn.zones_list(_flag(p, "pending"), _flag(p, "running"))
+    return [r for r in rows if _sdn_may(ctx, user, f"/sdn/zones/{r['zone']}", ("SDN.Audit", "SDN.Allocate"))]
+
+
+async def h_sdn_zone_create(ctx, p, user, fail):
+    ctx.cluster.sdn.zone_create(p)
+
+
+async def h_sdn_zone_delete(ctx, p, user, fail):
+    ctx.cluster.sdn.zone_delete(p["zone"], p.get("lock-token"))
+
+
+async def h_sdn_vnets(ctx, p, user, fail):
+    # Vnets.pm index: only the VNets the caller holds SDN.Audit or SDN.Allocate on (/sdn/zones/<zone>/<vnet>)
+    rows = ctx.cluster.sdn.vnets_list(_flag(p, "pending"), _flag(p, "running"))
+    out = []
+    for r in rows:
+        zone = r.get("zone") or (r.get("pending") or {}).get("zone")
+        if _sdn_may(ctx, user, f"/sdn/zones/{zone}/{r['vnet']}", ("SDN.Audit", "SDN.Allocate")):
+            out.append(r)
+    return out
+
+
+async def h_sdn_vnet_create(ctx, p, user, fail):
+    ctx.cluster.sdn.vnet_create(p)
+
+
+async def h_sdn_vnet_delete(ctx, p, user, fail):
+    zone = ctx.cluster.sdn.vnet_zone(p["vnet"])
+    _sdn_require(ctx, user, f"/sdn/zones/{zone}/{p['vnet']}", "SDN.Allocate")
+    ctx.cluster.sdn.vnet_delete(p["vnet"], p.get("lock-token"))
+
+
+async def h_node_sdn_zones(ctx, p, user, fail):
+    # Nodes/Zones.pm index: "Only list entries where you have 'SDN.Audit'" (/sdn/zones/<zone>)
+    ctx.cluster.check_node(p["node"])
+    return [r for r in ctx.cluster.sdn.node_zones(p["node"])
+            if _sdn_may(ctx, user, f"/sdn/zones/{r['zone']}", ("SDN.Audit",))]
 
 
 # ---- storage --------------------------------------------------------------------------------------
@@ -852,6 +925,17 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("GET", "/nodes/{node}/qemu/{vmid}/firewall/rules/{pos}"): h_fw_rule_get,
     ("PUT", "/nodes/{node}/qemu/{vmid}/firewall/rules/{pos}"): h_fw_rule_put,
     ("DELETE", "/nodes/{node}/qemu/{vmid}/firewall/rules/{pos}"): h_fw_rule_delete,
+    ("GET", "/cluster/sdn"): h_sdn_index,
+    ("PUT", "/cluster/sdn"): h_sdn_apply,
+    ("POST", "/cluster/sdn/lock"): h_sdn_lock,
+    ("DELETE", "/cluster/sdn/lock"): h_sdn_unlock,
+    ("GET", "/cluster/sdn/zones"): h_sdn_zones,
+    ("POST", "/cluster/sdn/zones"): h_sdn_zone_create,
+    ("DELETE", "/cluster/sdn/zones/{zone}"): h_sdn_zone_delete,
+    ("GET", "/cluster/sdn/vnets"): h_sdn_vnets,
+    ("POST", "/cluster/sdn/vnets"): h_sdn_vnet_create,
+    ("DELETE", "/cluster/sdn/vnets/{vnet}"): h_sdn_vnet_delete,
+    ("GET", "/nodes/{node}/sdn/zones"): h_node_sdn_zones,
     ("GET", "/cluster/firewall/options"): h_cluster_fw_options_get,
     ("PUT", "/cluster/firewall/options"): h_cluster_fw_options_put,
     ("GET", "/nodes/{node}/qemu/{vmid}/status"): h_status_index,
@@ -1139,6 +1223,23 @@ async def admin_token_add(request: web.Request) -> web.Response:
     tok = permissions.Token(tokenid, str(uuid.uuid4()), bool(b.get("privsep", True)), acl, user_acl)
     ctx.tokens[tokenid] = tok
     return web.json_response({"tokenid": tokenid, "value": tok.secret})
+
+
+async def admin_sdn_reload_fault(request: web.Request) -> web.Response:
+    """``POST /_sim/sdn/reload-fault`` ``{node, fail: bool}``: that node's network reload fails
+    (``ifreload -a`` exits 1) until cleared: its zones stay ``pending``, its VNets do not come up."""
+    ctx = request.app[CTX]
+    body = await request.json()
+    node = str(body.get("node") or "")
+    if node not in ctx.cluster.nodes:
+        return web.json_response({"error": f"no node {node!r}"}, status=400)
+    ctx.cluster.sdn.fail_reload(node, bool(body.get("fail", True)))
+    return web.json_response({"failing": sorted(ctx.cluster.sdn.failing)})
+
+
+async def admin_sdn_state(request: web.Request) -> web.Response:
+    """``GET /_sim/sdn``: pending and running config, the lock, each node's applied copy, applies."""
+    return web.json_response(request.app[CTX].cluster.sdn.dump())
 
 
 async def admin_reset(request: web.Request) -> web.Response:
@@ -1518,5 +1619,7 @@ def create_app(ctx: SimContext) -> web.Application:
     app.router.add_get("/_sim/guest-faults", admin_guest_fault_list)
     app.router.add_delete("/_sim/guest-faults", admin_guest_fault_clear)
     app.router.add_delete("/_sim/guest-faults/{id:\\d+}", admin_guest_fault_delete)
+    app.router.add_post("/_sim/sdn/reload-fault", admin_sdn_reload_fault)
+    app.router.add_get("/_sim/sdn", admin_sdn_state)
     app.router.add_route("*", "/api2/json{tail:.*}", api_handler)
     return app

@@ -41,6 +41,7 @@ import orjson
 from .disks import DISK_RE, format_size, parse_size, print_drive
 from .errors import PveError, param_error
 from . import cloudinit
+from .sdn import Sdn
 from .firewall import Firewall, FirewallClock
 from .guest import Guests, GuestSettings
 from . import kubeadm  # noqa: F401  (registers the kubeadm/kubectl command models with the guests)
@@ -294,6 +295,7 @@ class Cluster:
         self.tasks_started: dict[str, int] = {}
         self._workers: set[asyncio.Task] = set()
         self.firewall = Firewall(firewall_clock)
+        self.sdn = Sdn(self.nodes)
         self.firewall.vm_configs = lambda: {v.vmid: v.config for v in self.vms.values()}
         self.storage = Storage(self)
         self.guests = Guests(self, guest)
@@ -322,6 +324,7 @@ class Cluster:
         await asyncio.gather(*self._workers, return_exceptions=True)
         self.vms = TrackedDict()
         self.firewall.clear()
+        self.sdn.clear()
         self.storage.clear()
         self.guests.clear()
         for vm in vms:
@@ -1030,6 +1033,13 @@ class Cluster:
         if not vm.running:
             self._apply_pending(vm)
             return
+        for k, v in list(vm.pending.items()):
+            m = re.search(r"(?:^|,)bridge=([^,]+)", v) if re.fullmatch(r"net\d+", k) else None
+            if m and self._hotpluggable(vm, k, v) and m.group(1) not in self.node_bridges(vm.node):
+                # qemu-server vm_deviceplug → PVE::Network tap_plug (pve-common Network.pm
+                # $read_bridge_mtu): the NIC is not plugged, the change stays pending
+                raise PveError(500, f"hotplug problem - bridge '{m.group(1)}' does not exist")
+        nics_before = {k for k in vm.config if re.fullmatch(r"net\d+", k)}
         for k in list(vm.pending_delete):
             if self._hotpluggable(vm, k, None):
                 vm.pending_delete.remove(k)
@@ -1045,6 +1055,8 @@ class Cluster:
                     self._unused(vm, old)
             elif vm.config.get(k) == v:
                 vm.pending.pop(k)  # Qemu.pm: "remove pending changes when nothing changed"
+        if nics_before != {k for k in vm.config if re.fullmatch(r"net\d+", k)}:
+            self.guests.nics_changed(vm)  # a hot-(un)plugged virtio NIC appears in (leaves) the guest
         Generation.bump()
 
     def _check_config_params(self, params: dict[str, str], user: str) -> None:
@@ -1134,15 +1146,21 @@ class Cluster:
         vm = self.vm_on(node, vmid)
         return cloudinit.dump(vm.config, vmid, kind)
 
+    def node_bridges(self, node: str) -> set[str]:
+        """The bridges ``node`` has: ``vmbr0`` (:attr:`bridges`) and the SDN VNets its last network
+        reload brought up (:meth:`z9.sim.sdn.Sdn.bridges`)."""
+        return set(self.bridges) | set(self.sdn.bridges(node))
+
     def check_bridges(self, vm: VM, task: Task) -> None:
         """At start: QEMU's ``pve-bridge`` script plugs each NIC's tap into its bridge (pve-common
         PVE/Network.pm ``$read_bridge_mtu``: ``bridge '<b>' does not exist``); QEMU exits and the
-        start task fails. Every node has ``vmbr0`` only (:attr:`bridges`)."""
+        start task fails. Every node has ``vmbr0`` and the VNets it reloaded (:meth:`node_bridges`)."""
+        have = self.node_bridges(vm.node)
         for k, val in sorted(vm.config.items()):
             if not re.fullmatch(r"net\d+", k):
                 continue
             m = re.search(r"(?:^|,)bridge=([^,]+)", val)
-            if m and m.group(1) not in self.bridges:
+            if m and m.group(1) not in have:
                 task.lines.append(f"bridge '{m.group(1)}' does not exist")
                 task.lines.append(f"kvm: -netdev type=tap,id={k},ifname=tap{vm.vmid}i{k[3:]},"
                                   "script=/usr/libexec/qemu-server/pve-bridge,downscript=/usr/libexec/qemu-server/"
@@ -1836,6 +1854,28 @@ class Cluster:
         return self.spawn(node, "qmigrate", vmid, user, TaskPlan(run), fail)
 
     # ---- persistence -----------------------------------------------------------------------------
+    def sdn_apply(self, params: dict[str, str], user: str) -> str:
+        """``PUT /cluster/sdn`` (pve-network API2/Network/SDN.pm reload): commit everything pending
+        (under the lock: a held lock needs its token), release the lock when asked (``release-lock``,
+        default 1), then a ``reloadnetworkall`` worker starts one ``srvreload`` task per node (``pvesh
+        set /nodes/<n>/network``) and ends without watching them ("FIXME: … monitor the tasks"): a node
+        whose reload fails leaves the apply task OK and reports its zones ``pending``."""
+        release = str(params.get("release-lock", "1")) not in ("0", "false")
+        self.sdn.commit(params.get("lock-token"), release)
+
+        async def run(task: Task) -> None:
+            for node in self.nodes:
+                task.lines.append(f"{node}: reloading network config")
+
+                async def reload(t: Task, node: str = node) -> None:
+                    await self.task_time("srvreload")
+                    self.sdn.reload_node(node)
+
+                self.spawn(node, "srvreload", "networking", user, TaskPlan(reload))
+            await self.task_time("reloadnetworkall")
+
+        return self.spawn(self.nodes[0], "reloadnetworkall", "", user, TaskPlan(run))
+
     def dump(self) -> dict:
         """The state file: VMs (with the cloud-init keys of their last regeneration, PVE's
         ``[special:cloudinit]``, and the drive's files), firewall, storage, guests' disks, and what the

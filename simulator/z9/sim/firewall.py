@@ -1116,20 +1116,73 @@ def deliver(cluster: Any, src: str, dst: str, proto: str = "tcp", port: int | No
         else:
             sender_addr = sender.addr
     src_addr = sender.addr if sender is not None else sender_addr
+    src_vmid = int(src) if re.fullmatch(r"\d+", str(src)) else None
     results = []
     for r in receivers:
+        # layer 2 first: the two ends must share a bridge (vmbr0, or an SDN VNet both NICs are on)
+        seg, how = _segment(cluster, r), None
+        if sender is not None:
+            via = _on_segment(cluster, sender, seg, src_vmid)
+            if via is None:
+                results.append(Delivery(False, f"VM {sender.vmid} has no NIC on {seg}, where VM {r.vmid} holds "
+                                               f"{r.addr} ({r.nic}): no path between them", sender.vmid, r.vmid))
+                continue
+            sender_here: Endpoint | None = via
+        else:
+            sender_here = None
+            if seg != PUBLIC_BRIDGE:
+                results.append(Delivery(False, f"{src_addr} is outside; VM {r.vmid}'s {r.nic} is on VNet {seg}, a "
+                                               "private network: not reachable from outside", None, r.vmid))
+                continue
+        how = _segment_up(cluster, seg, [e for e in (sender_here, r) if e is not None])
+        if how is not None:
+            results.append(Delivery(False, how, sender_here.vmid if sender_here else None, r.vmid))
+            continue
+        s_addr = sender_here.addr if sender_here is not None else src_addr
         dst_addr = r.addr if r.addr is not None else None
-        if dst_addr is not None and src_addr.version != dst_addr.version:
+        if dst_addr is not None and s_addr.version != dst_addr.version:
             raise ValueError("src and dst are of different IP versions")
-        pkt = Packet(src_addr, dst_addr, str(proto), int(port) if port is not None else None,
+        pkt = Packet(s_addr, dst_addr, str(proto), int(port) if port is not None else None,
                      int(sport) if sport is not None else None)
-        d = _through(c, sender, r, pkt)
+        d = _through(c, sender_here, r, pkt)
         if sender is None:
             d.steps.insert(0, f"{src_addr} is outside (no guest holds it): no OUT chain")
         results.append(d)
         if d.delivered:
             return d
     return results[0]
+
+
+PUBLIC_BRIDGE = "vmbr0"  # every node's bridge to the outside (Cluster.bridges); SDN VNets are private
+
+
+def _segment(cluster: Any, ep: Endpoint) -> str:
+    """The bridge an endpoint's NIC is plugged into (``bridge=`` of its ``netN``; vmbr0 otherwise)."""
+    vm = cluster.vms.get(ep.vmid)
+    m = re.search(r"(?:^|,)bridge=([^,]+)", str((vm.config if vm else {}).get(ep.nic, "")))
+    return m.group(1) if m else PUBLIC_BRIDGE
+
+
+def _on_segment(cluster: Any, sender: Endpoint, seg: str, vmid: int | None) -> Endpoint | None:
+    """The sender's endpoint on bridge ``seg``: the address it sends from there (a guest on two
+    networks sends from the NIC on the receiver's one), None when it has no NIC there."""
+    if _segment(cluster, sender) == seg:
+        return sender
+    if vmid is None:  # an address held by a guest: it sends from that NIC only
+        return None
+    eps = [e for e in guest_endpoints(cluster, vmid) if _segment(cluster, e) == seg]
+    return min(eps, key=lambda e: e.addr.version) if eps else None
+
+
+def _segment_up(cluster: Any, seg: str, ends: list[Endpoint]) -> str | None:
+    """Why a VNet cannot carry the packet (None: it can): each end's node must have brought the VNet
+    up (its last SDN reload held it: pve-network ``SDN.pm`` generate_etc_network_config per node)."""
+    if seg == PUBLIC_BRIDGE or getattr(cluster, "sdn", None) is None:
+        return None
+    for e in ends:
+        if seg not in cluster.sdn.bridges(e.node):
+            return f"VNet {seg} is not up on node {e.node} (its SDN config was not applied and reloaded there)"
+    return None
 
 
 def exchange(cluster: Any, a: Endpoint, b: Endpoint, proto: str) -> tuple[bool, bool, str]:

@@ -1109,6 +1109,25 @@ class Guests:
                     nic["addresses"].append(str(ipaddress.ip_interface(str(a))))
         return nics
 
+    def nics_changed(self, vm: "VM") -> None:
+        """A virtio NIC hot-plugged into (or out of) the running guest: the kernel names a new one
+        by its PCI slot (qemu-server ``PVE/QemuServer/PCI.pm``: ``net<n>`` at slot 18 + n, so
+        ``ens<18+n>`` with systemd's predictable names) and leaves it without an address until
+        something configures it; an unplugged NIC's interface is gone."""
+        g = self.guests.get(vm.vmid)
+        if g is None or not g.booted:
+            return
+        macs = {}
+        for k in (k for k in vm.config if re.fullmatch(r"net\d+", k)):
+            mac = cloudinit.parse_net(vm.config[k]).get("macaddr", "").lower()
+            if mac:
+                macs[mac] = k
+        g.net_applied = [n for n in g.net_applied if n["mac"] in macs]
+        have = {n["mac"] for n in g.net_applied}
+        for mac, k in sorted(macs.items(), key=lambda i: int(i[1][3:])):
+            if mac not in have:
+                g.net_applied.append({"name": f"ens{18 + int(k[3:])}", "mac": mac, "addresses": []})
+
     # -- agent --
     def agent(self, vm: "VM") -> Guest:
         """``assert_agent_available`` (qemu-server Agent.pm): the guest whose agent answers, or the PVE
@@ -1562,6 +1581,18 @@ def _ssh_keygen(ctx: ExecContext) -> ExecResult:
     return ExecResult(1, err="usage: ssh-keygen -lf <file> (only this form is simulated)\n")
 
 
+def _device_mtu(ctx: ExecContext, mac: str) -> int:
+    """The MTU a virtio NIC's driver starts with: the NIC's ``mtu=`` (qemu-server passes it to QEMU as
+    ``host_mtu``; Linux virtio_net adopts the device MTU, VIRTIO_NET_F_MTU), else 1500; ``ip link set
+    … mtu`` in the guest overrides it."""
+    for k, v in ctx.config.items():
+        if re.fullmatch(r"net\d+", k) and cloudinit.parse_net(str(v)).get("macaddr", "").lower() == mac.lower():
+            m = re.search(r"(?:^|,)mtu=(\d+)", str(v))
+            if m and int(m.group(1)) > 1:
+                return int(m.group(1))
+    return 1500
+
+
 @command("ip")
 def _ip(ctx: ExecContext) -> ExecResult:
     args = ctx.argv[1:]
@@ -1581,16 +1612,35 @@ def _ip(ctx: ExecContext) -> ExecResult:
         except ValueError:
             return ExecResult(1, err=f'Error: any valid prefix is expected rather than "{args[2]}".\n')
         return ExecResult(0)
+    if args[:2] == ["link", "set"]:
+        # ``ip link set [dev] <iface> [up|down] [mtu <n>]`` (iproute2 iplink.c): an unknown device is
+        # "Cannot find device"; the MTU is kept per interface (``ip addr`` shows it)
+        rest = args[2:]
+        if rest[:1] == ["dev"]:
+            rest = rest[1:]
+        names = {i["name"] for i in ctx.guest.interfaces()}
+        if not rest or rest[0] not in names:
+            return ExecResult(1, err=f'Cannot find device "{rest[0] if rest else ""}"\n')
+        if "mtu" in rest:
+            try:
+                ctx.guest.model("ip").setdefault("mtu", {})[rest[0]] = int(rest[rest.index("mtu") + 1])
+            except (IndexError, ValueError):
+                return ExecResult(1, err="Error: argument is wrong: mtu\n")
+        return ExecResult(0)
     if args[:1] in (["addr"], ["address"], ["a"]) and args[1:2] in ([], ["show"]):
         ifaces = ctx.guest.interfaces()
         if as_json:
-            rows = [{"ifname": i["name"], "address": i["hardware-address"], "addr_info": [
+            mtus = ctx.guest.model("ip").get("mtu", {})
+            rows = [{"ifname": i["name"], "address": i["hardware-address"],
+                     "mtu": mtus.get(i["name"], _device_mtu(ctx, i["hardware-address"])),
+                     "addr_info": [
                 {"family": "inet" if a["ip-address-type"] == "ipv4" else "inet6", "local": a["ip-address"],
                  "prefixlen": a["prefix"]} for a in i["ip-addresses"]]} for i in ifaces]
             return ExecResult(0, out=json.dumps(rows) + "\n")
         lines = []
         for n, i in enumerate(ifaces, 1):
-            lines.append(f"{n}: {i['name']}: <UP> mtu 1500\n    link/ether {i['hardware-address']}\n")
+            mtu = ctx.guest.model("ip").get("mtu", {}).get(i["name"], _device_mtu(ctx, i["hardware-address"]))
+            lines.append(f"{n}: {i['name']}: <UP> mtu {mtu}\n    link/ether {i['hardware-address']}\n")
             for a in i["ip-addresses"]:
                 fam = "inet" if a["ip-address-type"] == "ipv4" else "inet6"
                 lines.append(f"    {fam} {a['ip-address']}/{a['prefix']}\n")

@@ -262,12 +262,19 @@ def check_create(token: Token | None, user: str, params: dict, volume_owner: Cal
         require(token, user, path, ["VM.Config.Options"])
 
 
-def bridge_path(net: str) -> str | None:
+def _no_vnets(bridge: str) -> str | None:
+    return None
+
+
+def bridge_path(net: str, vnet_zone: Callable[[str], "str | None"] = _no_vnets) -> str | None:
     """The SDN path a NIC's bridge is checked on (qemu-server QemuServer.pm ``check_bridge_access`` →
-    pve-guest-common GuestHelpers.pm ``check_vnet_access``: a plain Linux bridge is a vnet of zone
-    ``localnetwork``): ``/sdn/zones/localnetwork/<bridge>``, None without a bridge."""
+    pve-guest-common GuestHelpers.pm ``check_vnet_access``: a VNet is checked on its zone,
+    ``/sdn/zones/<zone>/<vnet>``; a plain Linux bridge is a vnet of zone ``localnetwork``):
+    None without a bridge."""
     m = re.search(r"(?:^|,)bridge=([^,]+)", net)
-    return f"/sdn/zones/localnetwork/{m.group(1)}" if m else None
+    if not m:
+        return None
+    return f"/sdn/zones/{vnet_zone(m.group(1)) or 'localnetwork'}/{m.group(1)}"
 
 
 def _fill(path: str, params: dict) -> str:

@@ -125,7 +125,21 @@ def _fmt_storage_id(v: str) -> None:
         raise ValueError(f"storage ID '{v}' contains illegal characters\n")
 
 
+def _fmt_sdn_id(v: str) -> None:
+    """pve-network ``VnetPlugin.pm`` / ``Zones/Plugin.pm``: the standard options ``pve-sdn-vnet-id`` and
+    ``pve-sdn-zone-id`` are ``pattern => '[a-zA-Z][a-zA-Z0-9]*[a-zA-Z0-9]', minLength => 2, maxLength =>
+    8`` (the shipped schema names them by format only); pve-common JSONSchema.pm check_type's texts."""
+    if len(v) < 2:
+        raise ValueError("value must be at least 2 characters long\n")
+    if len(v) > 8:
+        raise ValueError("value may only be 8 characters long\n")
+    if not re.fullmatch(r"[a-zA-Z][a-zA-Z0-9]*[a-zA-Z0-9]", v):
+        raise ValueError("value does not match the regex pattern\n")
+
+
 _FORMATS = {
+    "pve-sdn-vnet-id": _fmt_sdn_id,
+    "pve-sdn-zone-id": _fmt_sdn_id,
     "pve-storage-id": _fmt_storage_id,
     "pve-tag": _fmt_tag,
     "urlencoded": _fmt_urlencoded,

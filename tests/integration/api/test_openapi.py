@@ -340,6 +340,27 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     await w.call("POST", "/volumes/{id}/actions/detach", f"/volumes/{vol}/actions/detach", 409)  # not attached
     await w.call("DELETE", "/servers/{id}", f"/servers/{srv}?delete_volumes=maybe", 422)
 
+    # the network's own routes (a server joins and leaves it through the server's actions)
+    net = (await w.call("GET", "/networks", "/networks?region=dev-1", 200))["networks"][0]["id"]
+    nitem = "/networks/{id}"
+    await w.call("PATCH", nitem, f"/networks/{net}", 200, json={"labels": {"env": "walk"}})
+    await w.call("PATCH", nitem, f"/networks/{net}", 422, json={})
+    await w.call("PATCH", nitem, "/networks/net_nope", 404, json={"name": "x"})
+    await w.call("PATCH", nitem, f"/networks/{net}", 401, token="z9t_unknown", json={"name": "x"})
+    members = "/networks/{id}/members"
+    await w.call("GET", members, f"/networks/{net}/members", 200)
+    await w.call("GET", members, "/networks/net_nope/members", 404)
+    await w.call("GET", members, f"/networks/{net}/members", 401, token="z9t_unknown")
+    for action, good, bad in (("attach_to_network", {"network_id": net, "ip": "10.0.0.9"}, {"network_id": "nope"}),
+                              ("detach_from_network", {"network_id": net}, {"network_id": "nope"})):
+        tpl = f"/servers/{{id}}/actions/{action}"
+        await w.call("POST", tpl, f"/servers/{srv}/actions/{action}", 202, json=good)
+        await w.call("POST", tpl, f"/servers/{srv}/actions/{action}", 422, json=bad)
+        await w.call("POST", tpl, f"/servers/srv_nope/actions/{action}", 404, json=good)
+        await w.call("POST", tpl, f"/servers/{srv}/actions/{action}", 401, token="z9t_unknown", json=good)
+    await w.call("POST", "/servers/{id}/actions/detach_from_network", f"/servers/{srv}/actions/detach_from_network",
+                 409, json={"network_id": net})  # not attached (its detach is under way: the row says detaching)
+
     # the caller's own quotas and use
     quota = await w.call("GET", "/quota", "/quota", 200)
     assert set(quota["quotas"]) == {"servers", "cores", "memory_mib", "addresses", "load_balancers", "volume_gib"}
@@ -371,6 +392,7 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
                            ("/operator/regions", "/operator/regions"),
                            ("/operator/guard-refusals", "/operator/guard-refusals?limit=5"),
                            ("/operator/drift", "/operator/drift?kind=server&limit=5"),
+                           ("/operator/sdn", "/operator/sdn"),
                            ("/operator/jobs/{id}", f"/operator/jobs/{some_job}")):
         await w.call("GET", template, real, 200, token=op)
         await w.call("GET", template, real, 403)  # the tenant's own token

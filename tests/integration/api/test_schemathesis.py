@@ -46,6 +46,9 @@ SEED = int(os.environ.get("Z9_TEST_SCHEMATHESIS_SEED", "0")) or random.randrange
 # An ssh key the pattern admits is still refused when its blob is no key ssh-keygen reads or its
 # comment would break the user-data Proxmox writes (z9.common.sshkeys): no regex checks a blob.
 NOT_IN_ANY_SCHEMA += ("not a public key ssh-keygen can read", "its comment holds YAML syntax")
+# A network's range without host bits (no regex says it), an address inside the network named (its
+# range is the network's), a network id that exists.
+NOT_IN_ANY_SCHEMA += ("has host bits set", "unknown network", "not in ", "named twice")
 
 
 def _spare_the_token_in_use(own_id: str, stand_in_id: str) -> Any:

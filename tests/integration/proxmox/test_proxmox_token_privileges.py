@@ -117,3 +117,48 @@ async def test_a_token_lacking_a_privilege_fails_the_job_naming_it(stack: Stack,
     msg = done["error"]["message"]
     assert "the region's API token lacks a privilege" in msg and re.search(r"Permission check failed \(/vms/\d+, VM\.Clone\)", msg), msg
     assert await sim.vms_tagged(identity_tag(server["id"])) == []
+
+
+# Private networks on the README's role: the zone, VNets, the lock and the apply (SDN.Allocate, SDN.Audit),
+# a server's NIC on a VNet at its create and later (SDN.Use on /sdn/zones/<zone>/<vnet>), detached, deleted.
+@pytest.mark.timeout(300)
+@pytest.mark.settings(deletion_buffer_s=0.3, sdn_apply_batch_s=0.3)
+async def test_a_token_with_the_readme_privileges_runs_the_network_flow(stack: Stack, sim: SimAdmin) -> None:
+    net = await _ok(stack, *await stack.call("POST", "/networks", json={"name": "privsep", "region": REGION,
+                                                                          "ip_range": "10.9.0.0/24"}))
+    nid = net["network"]["id"]
+    status, out = await stack.call("POST", "/servers", json={
+        "name": "privsep-n", "region": REGION, "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10,
+        "networks": [{"network_id": nid}]})
+    assert status == 202, out
+    for j in out["jobs"]:
+        done = await stack.wait_job(j["id"], timeout_s=120)
+        assert done["status"] == "succeeded", done
+    other, job = await stack.create_server("privsep-m")
+    assert (await stack.wait_job(job["id"], timeout_s=120))["status"] == "succeeded"
+    await _ok(stack, *await stack.call("POST", f"/servers/{other['id']}/actions/attach_to_network",
+                                       json={"network_id": nid}))
+    for sid in (out["server"]["id"], other["id"]):
+        await _ok(stack, *await stack.call("POST", f"/servers/{sid}/actions/detach_from_network",
+                                           json={"network_id": nid}))
+    status, gone = await stack.call("DELETE", f"/networks/{nid}")
+    assert status == 202, gone
+
+    async def deleted() -> bool:
+        _, got = await stack.call("GET", f"/networks/{nid}")
+        return got["network"]["status"] == "deleted"
+    await wait_until(deleted, 120, f"{nid} deleted")
+    refused = [r for r in (await sim.counters())["requests"] if r["status"] == 403]
+    assert refused == [], refused  # not one call the token may not make
+
+
+@pytest.mark.without("SDN.Allocate")
+@pytest.mark.settings(sdn_apply_batch_s=0.2)
+async def test_a_token_lacking_sdn_allocate_fails_the_network_naming_it(stack: Stack, sim: SimAdmin) -> None:
+    status, out = await stack.call("POST", "/networks", json={"name": "no-sdn", "region": REGION,
+                                                               "ip_range": "10.8.0.0/24"})
+    assert status == 202, out
+    done = await stack.wait_job(out["job"]["id"], timeout_s=120)
+    assert done["status"] == "failed", done
+    msg = done["error"]["message"]
+    assert "the region's API token lacks a privilege" in msg and "SDN.Allocate" in msg, msg

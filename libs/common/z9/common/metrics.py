@@ -153,6 +153,13 @@ EXECUTOR_LISTEN_RECONNECTS = Counter(
     "LISTEN connections re-established (each followed by a catch-up claim).",
     registry=None)  # registered by init_executor
 
+SDN_APPLY_BLOCKED = Gauge(
+    "z9_sdn_apply_blocked",
+    "1 while the region's SDN apply is blocked, by why (code: foreign_sdn_edits — pending SDN edits "
+    "z9 did not make; sdn_locked — a lock z9 did not take; node_reload_failed — a node did not reload): "
+    "set by the executor running the region's SdnApply job, 0 once an apply goes through.",
+    ["region", "code"])
+SDN_BLOCK_CODES = ("foreign_sdn_edits", "sdn_locked", "node_reload_failed")
 REGION_CAP = Gauge(
     "z9_region_cap_jobs",
     "The region's cap on running jobs across all executors (RegionSettings.max_concurrent_jobs) "
@@ -275,6 +282,8 @@ def init_executor(kinds: Iterable[str], regions: Iterable[str]) -> None:
     EXECUTOR_LISTEN_HEALTHY.set(0)
     for region in regions:
         EXECUTOR_IN_FLIGHT.labels(region)
+        for code in SDN_BLOCK_CODES:
+            SDN_APPLY_BLOCKED.labels(region, code)
         for kind in kinds:
             JOB_QUEUE_WAIT.labels(kind, region)
             DELETION_GUARD_REFUSALS.labels(kind, region)

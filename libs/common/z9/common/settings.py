@@ -207,6 +207,42 @@ class PrivateNetworkSettings(BaseModel):
 KUBERNETES_RELEASE = re.compile(r"1\.(?:[0-9]|[1-9][0-9])\.(?:0|[1-9][0-9]*)")
 
 
+class SdnZoneSettings(BaseModel):
+    """The Proxmox SDN zone z9 keeps a region's private networks in (one VNet per network; z9 creates
+    the zone itself, under the id ``zone``). ``type`` ``vxlan`` (the default: L2 over UDP between
+    ``peers``, the nodes' addresses; no switch to configure) or ``vlan`` (on the Linux bridge ``bridge``,
+    its tags carried by the switch). ``mtu``: the zone's (default PVE's — a VXLAN zone 1450, the
+    uplink's 1500 − 50 —, a VLAN zone 1500); every guest NIC on a network is given it (the NIC's
+    ``mtu``, set in the guest). ``tags``: the VXLAN ids (VLAN tags) z9 hands its networks, a range no
+    other VNet of the cluster uses (pve-network refuses a VNI twice across every VXLAN zone)."""
+
+    model_config = {"extra": "forbid", "frozen": True}
+
+    zone: str = Field("z9net", pattern=r"^[a-zA-Z][a-zA-Z0-9]*[a-zA-Z0-9]$", min_length=2, max_length=8)
+    type: Literal["vxlan", "vlan"] = "vxlan"
+    peers: list[IPAddr] = Field(default_factory=list)
+    bridge: str | None = Field(None, min_length=1, max_length=15)
+    mtu: int | None = Field(None, ge=1280, le=65520)
+    tags: tuple[int, int] = (100000, 199999)
+
+    @model_validator(mode="after")
+    def _complete(self) -> "SdnZoneSettings":
+        if self.type == "vxlan" and not self.peers:
+            raise ValueError("sdn: a vxlan zone needs its peers (the nodes' addresses)")
+        if self.type == "vlan" and not self.bridge:
+            raise ValueError("sdn: a vlan zone needs its bridge")
+        first, last = self.tags
+        top = 16777215 if self.type == "vxlan" else 4094
+        if not 1 <= first <= last <= top:
+            raise ValueError(f"sdn: tags {first}-{last} is not a range within 1-{top}")
+        return self
+
+    @property
+    def guest_mtu(self) -> int:
+        """The MTU a guest NIC on the zone needs (pve-network VxlanPlugin.pm: 1450 unless set)."""
+        return self.mtu or (1450 if self.type == "vxlan" else 1500)
+
+
 class RegionSettings(BaseModel):
     """One region = one Proxmox VE cluster.
 
@@ -278,6 +314,10 @@ class RegionSettings(BaseModel):
     # z9 and enforced by the Proxmox IP filter (PrivateNetworkSettings). Unset: such guests take
     # DHCP from the bridge and z9 puts no IP filter on them (it cannot know their lease).
     private_network: PrivateNetworkSettings | None = None
+    sdn: SdnZoneSettings | None = Field(None, description=(
+        "the Proxmox SDN zone of the region's private networks (`POST /v1/networks`): `{\"type\": \"vxlan\", "
+        "\"peers\": [node addresses]}` or `{\"type\": \"vlan\", \"bridge\": \"vmbr1\"}`, and `mtu`, `tags`, `zone`; "
+        "unset: the region offers no networks (409 naming it)"))
     nameservers: list[IPAddr] = Field(default_factory=list, max_length=3, description=(
         "the DNS resolvers of the region's guests (at most 3: resolv.conf's MAXNS): written into every guest's "
         "network-config (cloud-init) — a server's, a load balancer's, a cluster member's — unless its own network "
@@ -478,6 +518,14 @@ class Settings(BaseSettings):
         "per region (those with the most pending jobs); the rest are summed as tenant=\"_other\", so the "
         "metrics' cardinality is bounded whatever the number of tenants."))
     snooze_limit_s: float = Field(1800.0, ge=0)
+    sdn_apply_batch_s: float = Field(1.0, ge=0, le=60, description=(
+        "A region's SDN apply job waits this long after it was enqueued before it looks at what is "
+        "pending: every network edit within the window goes out in the same `PUT /cluster/sdn` (PVE's "
+        "apply is cluster-wide and reloads every node)."))
+    sdn_reload_wait_s: float = Field(30.0, gt=0, le=600, description=(
+        "After an SDN apply, how long z9 waits for every node to report z9's zone `available` (`GET "
+        "/nodes/{node}/sdn/zones`: PVE's apply task ends OK whatever the nodes' reloads did) before the "
+        "job retries naming the nodes that did not."))
     # With OTLP export on: the share of job attempts that ended succeeded with nothing to do (an
     # empty plan) whose spans are exported anyway; eventful attempts are always exported whole.
     trace_uneventful_ratio: float = Field(0.01, ge=0.0, le=1.0)

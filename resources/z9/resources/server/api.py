@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from z9 import resources
 from z9.common import store
 from z9.common.errors import Conflict, UniqueViolation, ValidationFailed, deleting
 from z9.resources.address.model import Address
@@ -57,7 +58,7 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
     made the VM (its lock keys hold the server: it runs after the create); the answer's ``jobs``
     names both (the server is reachable at its address when both have succeeded). ServerCreate's
     configure step writes the address as cloud-init ``ipconfig0`` (+ the pool's nameservers, else the region's)."""
-    args = spec.model_dump(exclude={"public_ipv4"})
+    args = spec.model_dump(exclude={"public_ipv4", "networks"})
     region_ns = ctx.settings.regions[spec.region].guest_nameservers()
     if region_ns:  # the guest's DNS (a private network's own nameservers, or a pool's, take its place)
         args["nameserver"] = " ".join(region_ns)
@@ -65,9 +66,12 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
     await quotas.check(ctx.conn, ctx.settings, ctx.tenant_id, servers=1, cores=spec.cores, memory_mib=spec.memory_mib,
                        addresses=1 if spec.public_ipv4 is True else 0)
     if spec.public_ipv4 is False:
-        return await _insert(ctx, spec, job)
+        server, brief = await _insert(ctx, spec, job)
+        await _dependents(ctx, server, spec)
+        return server, brief
     async with ctx.conn.transaction():  # (a savepoint when the handler's transaction is open)
         server, brief = await _insert(ctx, spec, job)
+        await _dependents(ctx, server, spec)
         address = await _primary(ctx, spec, server)
         network = {"ipconfig0": address.ipconfig0()}
         nameservers = ctx.settings.regions[spec.region].guest_nameservers(
@@ -81,6 +85,13 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
         ctx.more_jobs.append(assign.brief())  # the answer's jobs: done when both have succeeded
         server = await SERVER.get(ctx.conn, server.id)
     return server, brief
+
+
+async def _dependents(ctx: CreateContext, server: Server, spec: schemas.ServerCreate) -> None:
+    """What other types do with a new server its request asks for (``resources.on_create``: the networks
+    it joins), their jobs after its ServerCreate; the answer's ``jobs`` names them."""
+    for job in await resources.create_dependents(ctx.conn, "server", server, spec, ctx.settings):
+        ctx.more_jobs.append(job.brief())
 
 
 async def _insert(ctx: CreateContext, spec: schemas.ServerCreate, job: NewJob) -> tuple[Server, dict[str, Any]]:

@@ -29,10 +29,19 @@ def _public_ipv4(text: str) -> str:
     return text
 
 
+def _network(text: str) -> dict[str, Any]:
+    """``--network NET[=IP]``: a private network to join (and the address to take there)."""
+    nid, _, ip = text.partition("=")
+    if not nid.startswith("net_"):
+        raise argparse.ArgumentTypeError(f"a network id (net_…), optionally =IP, not {text!r}")
+    return {"network_id": nid, **({"ip": ip} if ip else {})}
+
+
 def create_body(a: argparse.Namespace) -> dict[str, Any]:
     # the API's own model checks the request before it is sent (a bad name: 64, no request)
     spec = ServerCreate(name=a.name, region=a.region, image=a.image, cores=a.cores, memory_mib=a.memory_mib,
-                        disk_gib=a.disk_gib, ssh_keys=a.ssh_key or [], public_ipv4=a.public_ipv4)
+                        disk_gib=a.disk_gib, ssh_keys=a.ssh_key or [], public_ipv4=a.public_ipv4,
+                        networks=getattr(a, "network", None) or [])
     return spec.model_dump(mode="json")
 
 
@@ -75,7 +84,10 @@ KIND = KindSpec(
             help="an OpenSSH public key, or @path of one (repeatable)"),
         Arg("--public-ipv4", nargs="?", const=True, default=False, type=_public_ipv4, metavar="ADDRESS_ID",
             help="a primary IPv4 address: the region pool's lowest free IP, or the given unassigned "
-                 "address (adr_…) of the region; without it the server uses DHCP")),
+                 "address (adr_…) of the region; without it the server uses DHCP"),
+        Arg("--network", action="append", type=_network, metavar="NET_ID[=IP]",
+            help="join a private network of the region (repeatable): a NIC on it with the address given or "
+                 "the lowest free one")),
     create_body=create_body,
     update=Update(args=(Arg("--name", help="the new name"), *LABEL_ARGS),
                   body=lambda a: given(name=a.name, labels=labels_of(a)),
@@ -92,6 +104,12 @@ KIND = KindSpec(
                (Arg("--cores", type=int), Arg("--memory-mib", type=int, metavar="MiB"),
                 Arg("--disk-gib", type=int, metavar="GiB", help="grow only: disks never shrink")),
                lambda a: given(cores=a.cores, memory_mib=a.memory_mib, disk_gib=a.disk_gib), check=_resize_check),
+        Action("attach-to-network", "attach_to_network",
+               "join a private network (a NIC hot-plugged on it; a NetworkAttach job)",
+               (Arg("--network", required=True, metavar="NET_ID"), Arg("--ip", help="the address to take there")),
+               lambda a: given(network_id=a.network, ip=a.ip)),
+        Action("detach-from-network", "detach_from_network", "leave a private network (a NetworkDetach job)",
+               (Arg("--network", required=True, metavar="NET_ID"),), lambda a: {"network_id": a.network}),
     ),
 )
 

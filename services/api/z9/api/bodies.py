@@ -47,6 +47,17 @@ SSH_KEY_PATTERN = r"^[ \t\r\n]*(ssh-|ecdsa-sha2-|sk-ssh-|sk-ecdsa-)[!-~]*( +[!-~
 
 # ---------------------------------------------------------------------------------- servers
 
+class NetworkJoin(BaseModel):
+    """A private network a server joins at its create (``networks`` of ``POST /v1/servers``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    network_id: StrictStr = Field(pattern=r"^net_[0-9a-z]{26}$")
+    ip: StrictStr | None = Field(None, pattern=r"^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
+                                               r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])$",
+                                 description="an IPv4 address of the network's range; none: the lowest free one")
+
+
 class ServerCreate(BaseModel):
     """``POST /v1/servers``. ``memory_mib`` in MiB, ``disk_gib`` in GiB (the boot disk's size;
     it can only grow from the image's size)."""
@@ -68,6 +79,9 @@ class ServerCreate(BaseModel):
         False, description="true: a primary IPv4 address from the region's pool (the lowest free IP), "
                            "written as cloud-init ipconfig0; or the id of an unassigned address of the "
                            "region to use as the primary; false: DHCP")
+    networks: list[NetworkJoin] = Field(default_factory=list, max_length=8, description=(
+        "private networks of the region to join at once: a NIC on each (net1, net2, …) with the address "
+        "asked for or the lowest free one"))
 
     @field_validator("ssh_keys")
     @classmethod
