@@ -52,6 +52,28 @@ DEV_ADDRESS_POOLS = [{"name": "public", "cidr": "203.0.113.0/24", "gateway": "20
                       "bridge": "vmbr0"}]
 SIM_TOKEN_ID = "root@pam!z9"
 
+#: region dev-1's settings but its address and token (the simulator's seed: its images, its bridge's
+#: networks, its nodes): ``z9 dev``'s, and the compose stack's (z9.env.example's Z9_REGIONS carries the
+#: same, tests/unit/test_compose_region.py holds them equal)
+DEV_REGION: dict = {
+    "images": ["debian-12"],
+    # the simulator's debian-12 template has a 2 GiB disk (simulator/z9/sim/server.py)
+    "image_disk_gib": {"debian-12": 2}, "address_pools": DEV_ADDRESS_POOLS,
+    # the simulator's Kubernetes images (debian-12-k8s-1.29 … 1.34): a cluster's version picks one
+    "kubernetes_images": KUBERNETES_IMAGES,
+    # the simulated bridge's DHCP network (10/8), where the region agent VM lives: never a
+    # load balancer's ip target (resources/z9/resources/load_balancer/README.md)
+    "platform_networks": ["10.0.0.0/8"],
+    # every guest without a pool address (a server without a primary, cluster members)
+    # gets its address here, chosen by z9, and the Proxmox IP filter holding exactly it
+    "private_network": {"cidr": "172.16.0.0/16", "gateway": "172.16.0.1"},
+    # every guest's DNS, written into its network-config (a pool's own nameservers win):
+    # the private network's gateway, as a router running a resolver (dnsmasq) would be
+    "nameservers": ["172.16.0.1"],
+    # tenants' private networks (POST /v1/networks): a VXLAN zone between the nodes
+    "sdn": {"type": "vxlan", "peers": ["192.0.2.11", "192.0.2.12", "192.0.2.13"]},
+}
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -311,23 +333,8 @@ def _run_locked(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
 
         env = {k: v for k, v in os.environ.items() if k not in SECRET_VARIABLES}
         env["Z9_DATABASE_URL"] = url
-        region = {"url": f"https://127.0.0.1:{sim_port}", "token_id": SIM_TOKEN_ID,
-                  "verify_ssl": False, "images": ["debian-12"],
-                  # the simulator's debian-12 template has a 2 GiB disk (simulator/z9/sim/server.py)
-                  "image_disk_gib": {"debian-12": 2}, "address_pools": DEV_ADDRESS_POOLS,
-                  # the simulator's Kubernetes images (debian-12-k8s-1.29 … 1.34): a cluster's version picks one
-                  "kubernetes_images": KUBERNETES_IMAGES,
-                  # the simulated bridge's DHCP network (10/8), where the region agent VM lives: never a
-                  # load balancer's ip target (resources/z9/resources/load_balancer/README.md)
-                  "platform_networks": ["10.0.0.0/8"],
-                  # every guest without a pool address (a server without a primary, cluster members)
-                  # gets its address here, chosen by z9, and the Proxmox IP filter holding exactly it
-                  "private_network": {"cidr": "172.16.0.0/16", "gateway": "172.16.0.1"},
-                  # every guest's DNS, written into its network-config (a pool's own nameservers win):
-                  # the private network's gateway, as a router running a resolver (dnsmasq) would be
-                  "nameservers": ["172.16.0.1"],
-                  # tenants' private networks (POST /v1/networks): a VXLAN zone between the nodes
-                  "sdn": {"type": "vxlan", "peers": ["192.0.2.11", "192.0.2.12", "192.0.2.13"]}}
+        region = {"url": f"https://127.0.0.1:{sim_port}", "token_id": SIM_TOKEN_ID, "verify_ssl": False,
+                  **DEV_REGION}
         env.setdefault("Z9_LOG_FORMAT", "text")
         env.setdefault("Z9_METRICS_HOST", "127.0.0.1")
         # The executor looks at a task and a booting guest about as often as the simulator's tasks
