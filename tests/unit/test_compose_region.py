@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 
 from z9.common.settings import RegionSettings
+
 from z9.dev import DEV_REGION
 
 ROOT = Path(__file__).resolve().parents[2]
