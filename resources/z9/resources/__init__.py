@@ -126,6 +126,19 @@ class QuotaUsage:
 
 
 @dataclass(frozen=True)
+class FirewallContribution:
+    """What a type adds to one VM's firewall (``VmParts.firewall``): ``rules``, each as ``POST
+    …/firewall/rules`` takes it (``type``, ``action``, ``proto``, ``dport``, ``source``, ``dest``) and
+    commented with one of the type's declared ``firewall_rules`` prefixes, written after the owner kind's
+    platform rules (which no contribution removes); ``policy_in``/``policy_out`` ``DROP`` closes that
+    direction but for the rules (None: the owner kind's policy stands). Contributions add up: DROP wins."""
+
+    rules: tuple[dict[str, str], ...] = ()
+    policy_in: str | None = None
+    policy_out: str | None = None
+
+
+@dataclass(frozen=True)
 class VmParts:
     """What a type keeps on VMs — on its own VMs beyond what the VM machinery's spec writes, and on
     VMs other types made (an address on a server's VM, a volume's disk): the ownership contract of a
@@ -139,7 +152,11 @@ class VmParts:
     prefixes; ``ipset_entries``: the comment prefixes of its entries in a VM's ``ipfilter-netN``
     sets; ``firewall_options``: the VM firewall options it writes; ``firewall_rules``: the comment
     prefixes of the VM firewall rules it writes (each rule z9 writes carries its writer's comment);
-    ``outlives_vm``: what it keeps on a VM must survive that VM (a VM holding it is never destroyed)."""
+    ``outlives_vm``: what it keeps on a VM must survive that VM (a VM holding it is never destroyed);
+    ``firewall(db, owner, member)``: what it adds to the VM firewall of member ``member`` of resource
+    ``owner`` now (:class:`FirewallContribution`, None: nothing) — every job that converges that VM's
+    firewall asks every type and writes the sum (rules carrying one of its ``firewall_rules`` prefixes,
+    and the policies it names in ``firewall_options``)."""
 
     config: tuple[str, ...] = ()
     config_value: Callable[[str, Any], str | None] | None = None
@@ -148,6 +165,7 @@ class VmParts:
     firewall_options: tuple[str, ...] = ()
     firewall_rules: tuple[str, ...] = ()
     outlives_vm: bool = False
+    firewall: Callable[[Any, str, str], Awaitable[FirewallContribution | None]] | None = None
 
     def owns_config(self, key: str, value: Any) -> str | None:
         """What this part is when config entry ``key: value`` belongs to it, else None."""
@@ -491,6 +509,45 @@ def declared_tag(tag: str) -> bool:
 def declared_ipset_entry(comment: str | None) -> bool:
     """Some type declares the IP-set entry commented ``comment`` (by prefix) as its part."""
     return bool(comment) and any(str(comment).startswith(p) for rt in types() for p in rt.vm_parts.ipset_entries)
+
+
+def declared_firewall_rule(comment: str | None) -> bool:
+    """Some type declares the VM firewall rule commented ``comment`` (by prefix) as its part."""
+    return bool(comment) and any(str(comment).startswith(p) for rt in types() for p in rt.vm_parts.firewall_rules)
+
+
+async def vm_firewall(db: Any, owner: str, member: str) -> list[FirewallContribution]:
+    """What every type adds to the firewall of member ``member`` of resource ``owner`` (in registry order)."""
+    out = []
+    for rt in types():
+        if rt.vm_parts.firewall is not None:
+            got = await rt.vm_parts.firewall(db, owner, member)
+            if got is not None:
+                out.append(got)
+    return out
+
+
+# (type name) -> hooks run in the transaction that creates a resource of that type (POST /v1/<plural>):
+# hook(conn, row, settings) -> list[NewJob] (a dependent type reacting: a firewall whose label selector
+# matches a new server's labels takes it as a member)
+CREATE_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
+
+
+def on_create(type_name: str, hook: Callable[..., Awaitable[list[Any]]]) -> None:
+    """Register ``hook(conn, row, settings) -> [NewJob]`` for when a ``type_name`` resource is created (in
+    its transaction, after the resource's own row and job: the jobs are inserted there)."""
+    CREATE_HOOKS.setdefault(type_name, []).append(hook)
+
+
+async def create_dependents(conn: Any, type_name: str, row: Any, settings: Any) -> list[Any]:
+    """Run the hooks registered for a create of ``type_name`` and insert the jobs they ask for (same
+    transaction, without NOTIFY: the caller notifies). Returns the inserted jobs."""
+    jobs: list[NewJob] = []
+    for hook in CREATE_HOOKS.get(type_name, []):
+        jobs.extend(await hook(conn, row, settings))
+    if not jobs:
+        return []
+    return list(await store.job_insert_many(conn, jobs))
 
 
 def pve_endpoints() -> tuple[str, ...]:

@@ -331,6 +331,28 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     await w.call("POST", "/volumes/{id}/actions/detach", f"/volumes/{vol}/actions/detach", 409)  # not attached
     await w.call("DELETE", "/servers/{id}", f"/servers/{srv}?delete_volumes=maybe", 422)
 
+    # the firewall's own routes
+    fw = (await w.call("POST", "/firewalls", "/firewalls", 202, json={"name": "walk-fw", "region": "dev-1"}))["firewall"]["id"]
+    await w.call("GET", "/firewalls", "/firewalls?region=dev-1", 200)
+    fitem = "/firewalls/{id}"
+    await w.call("PATCH", fitem, f"/firewalls/{fw}", 200, json={"labels": {"env": "walk"}})
+    await w.call("PATCH", fitem, f"/firewalls/{fw}", 422, json={})
+    await w.call("PATCH", fitem, "/firewalls/fw_nope", 404, json={"name": "x"})
+    await w.call("PATCH", fitem, f"/firewalls/{fw}", 401, token="z9t_unknown", json={"name": "x"})
+    for action, good, bad in (("set_rules", {"rules": []}, {"rules": [{"direction": "in", "protocol": "tcp"}]}),
+                              ("apply_to_resources", {"apply_to": [{"server_id": srv}]}, {"apply_to": [{}]}),
+                              ("remove_from_resources", {"remove_from": [{"server_id": srv}]}, {"remove_from": []})):
+        tpl = f"/firewalls/{{id}}/actions/{action}"
+        await w.call("POST", tpl, f"/firewalls/{fw}/actions/{action}", 202, json=good)
+        await w.call("POST", tpl, f"/firewalls/{fw}/actions/{action}", 422, json=bad)
+        await w.call("POST", tpl, f"/firewalls/fw_nope/actions/{action}", 404, json=good)
+        await w.call("POST", tpl, f"/firewalls/{fw}/actions/{action}", 401, token="z9t_unknown", json=good)
+    await w.call("POST", "/firewalls/{id}/actions/apply_to_resources", f"/firewalls/{fw}/actions/apply_to_resources",
+                 202, json={"apply_to": [{"server_id": srv}]})
+    await w.call("POST", "/firewalls/{id}/actions/apply_to_resources", f"/firewalls/{fw}/actions/apply_to_resources",
+                 409, json={"apply_to": [{"server_id": srv}]})  # firewall_already_applied
+    await w.call("DELETE", fitem, f"/firewalls/{fw}", 409)  # resource_in_use
+
     # the caller's own quotas and use
     quota = await w.call("GET", "/quota", "/quota", 200)
     assert set(quota["quotas"]) == {"servers", "cores", "memory_mib", "addresses", "load_balancers", "volume_gib"}
