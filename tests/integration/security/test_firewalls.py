@@ -94,3 +94,141 @@ async def test_a_firewall_on_a_server_opens_its_ports_and_drops_the_rest(
     assert await _deliver(sim, OUTSIDE, _ip(b), "tcp", 80)
     comments = [r.get("comment") for r in sim.server.cluster.firewall.vm(vmid).rules]
     assert comments == [f"z9 firewall {fw['id']}: rule 0", f"z9 firewall {fw['id']}: rule 1: https"], comments
+
+
+async def test_applied_only_after_the_cycle_and_enforced_from_it(
+        stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
+    a = await _server(stack, "fw-cycle")
+    fw, job = await _firewall(stack, name="cycle", rules=SSH_HTTPS, applied_to=[{"server_id": a["id"]}])
+
+    async def waiting() -> Any:
+        j = await stack.job(job["id"])
+        return j if any(s["name"] == "wait_cycle" and s["state"] == "running" for s in j["steps"]) else None
+    await wait_until(waiting, 60, "the job waiting for pve-firewall's cycle")
+    # written, not yet compiled: still open, and the member says so
+    assert [m["status"] for m in (await _get(stack, fw["id"]))["members"]] == ["pending"]
+    assert await _deliver(sim, OUTSIDE, _ip(a), "tcp", 80)
+    await sim.firewall_cycle()
+    assert not await _deliver(sim, OUTSIDE, _ip(a), "tcp", 80)
+    assert [m["status"] for m in (await _get(stack, fw["id"]))["members"]] == ["pending"]
+    clock.step(12)
+    assert (await stack.wait_job(job["id"], timeout_s=60))["status"] == "succeeded"
+    [m] = (await _get(stack, fw["id"]))["members"]
+    assert (m["status"], m["enforced"]) == ("applied", True) and m["applied_at"], m
+
+
+async def test_enforced_false_while_the_datacenter_firewall_is_off(
+        stack: Stack, sim: SimAdmin, clock: TestClock) -> None:
+    a = await _server(stack, "fw-off")
+    fw, job = await _firewall(stack, name="off", rules=SSH_HTTPS, applied_to=[{"server_id": a["id"]}])
+    assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
+    [m] = (await _get(stack, fw["id"]))["members"]
+    assert (m["status"], m["enforced"]) == ("applied", False), m
+    await sim.firewall_cycle()
+    assert await _deliver(sim, OUTSIDE, _ip(a), "tcp", 80)  # nothing is filtered at all
+
+
+async def test_a_label_selector_takes_matching_servers_and_later_ones(
+        stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
+    web1 = await _server(stack, "web-1", labels={"role": "web"})
+    web2 = await _server(stack, "web-2", labels={"role": "web"})
+    db = await _server(stack, "db-1", labels={"role": "db"})
+    fw, job = await _firewall(stack, name="web", rules=SSH_HTTPS, applied_to=[{"label_selector": "role=web"}])
+    assert sorted(m["server_id"] for m in fw["members"]) == sorted([web1["id"], web2["id"]])
+    assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
+    await sim.firewall_cycle()
+    for s in (web1, web2):
+        assert await _deliver(sim, OUTSIDE, _ip(s), "tcp", 22)
+        assert await _deliver(sim, OUTSIDE, _ip(s), "tcp", 443)
+        assert not await _deliver(sim, OUTSIDE, _ip(s), "tcp", 80)
+    assert await _deliver(sim, OUTSIDE, _ip(db), "tcp", 80)
+    got = await _get(stack, fw["id"])
+    assert got["applied_to"][0]["applied_to_resources"] == sorted([web1["id"], web2["id"]])
+
+    # a server made later with matching labels: its create writes the firewall before it first starts,
+    # and a firewall job after it sees it applied
+    server, sjob = await stack.create_server("web-3", public_ipv4=True, labels={"role": "web"})
+    fw_jobs = [j for j in (await stack.call("GET", f"/jobs?resource_id={fw['id']}"))[1]["jobs"]
+               if j["kind"] == "FirewallApplyToResources"]
+    assert len(fw_jobs) == 1, fw_jobs
+    assert (await stack.wait_job(sjob["id"], timeout_s=90))["status"] == "succeeded"
+    assert (await _applied(stack, clock, fw_jobs[0]["id"]))["status"] == "succeeded"
+    web3 = await stack.server(server["id"])
+    await sim.firewall_cycle()
+    assert not await _deliver(sim, OUTSIDE, _ip(web3), "tcp", 80)
+    assert await _deliver(sim, OUTSIDE, _ip(web3), "tcp", 443)
+    members = {m["server_id"]: m["status"] for m in (await _get(stack, fw["id"]))["members"]}
+    assert members == {web1["id"]: "applied", web2["id"]: "applied", web3["id"]: "applied"}, members
+
+    # taken off: the selector's members leave, their VMs open again (the server kind's ACCEPT)
+    status, out = await stack.call("POST", f"/firewalls/{fw['id']}/actions/remove_from_resources",
+                                   json={"remove_from": [{"label_selector": "role=web"}]})
+    assert status == 202, out
+    assert {m["status"] for m in out["firewall"]["members"]} == {"removing"}
+    assert (await _applied(stack, clock, out["job"]["id"]))["status"] == "succeeded"
+    assert (await _get(stack, fw["id"]))["members"] == []
+    await sim.firewall_cycle()
+    assert await _deliver(sim, OUTSIDE, _ip(web1), "tcp", 80)
+    opts = sim.server.cluster.firewall.vm(web1["observed"]["vmid"]).options
+    assert opts.get("policy_in") == "ACCEPT", opts
+    status, out = await stack.call("DELETE", f"/firewalls/{fw['id']}")
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    assert (await _get(stack, fw["id"]))["status"] == "deleted"
+
+
+async def test_an_empty_rule_set_closes_inbound_and_keeps_the_ip_filter(
+        stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
+    a = await _server(stack, "fw-empty")
+    vmid = a["observed"]["vmid"]
+    fw, job = await _firewall(stack, name="empty", rules=SSH_HTTPS, applied_to=[{"server_id": a["id"]}])
+    assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
+    before = sim.server.cluster.firewall.vm(vmid)
+    ipfilter_before = (before.options.get("ipfilter"), [e["cidr"] for e in before.ipsets.get("ipfilter-net0", [])])
+    status, out = await stack.call("POST", f"/firewalls/{fw['id']}/actions/set_rules", json={"rules": []})
+    assert status == 202, out
+    assert [m["status"] for m in out["firewall"]["members"]] == ["pending"]
+    assert (await _applied(stack, clock, out["job"]["id"]))["status"] == "succeeded"
+    await sim.firewall_cycle()
+    after = sim.server.cluster.firewall.vm(vmid)
+    assert [r for r in after.rules if str(r.get("comment", "")).startswith("z9 firewall ")] == []
+    assert after.options.get("policy_in") == "DROP"
+    # the server's own part stays: its IP filter (what it may send from), on, with its address
+    assert (after.options.get("ipfilter"), [e["cidr"] for e in after.ipsets.get("ipfilter-net0", [])]) == ipfilter_before
+    assert str(ipfilter_before[0]) == "1" and ipfilter_before[1] == [_ip(a)], ipfilter_before
+    for port in (22, 443, 80):
+        assert not await _deliver(sim, OUTSIDE, _ip(a), "tcp", port)
+    [m] = (await _get(stack, fw["id"]))["members"]
+    assert m["status"] == "applied", m
+
+
+async def test_a_rule_changed_by_hand_is_put_back_by_the_next_job(
+        stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
+    a = await _server(stack, "fw-oob")
+    vmid = a["observed"]["vmid"]
+    fw, job = await _firewall(stack, name="oob", rules=SSH_HTTPS, applied_to=[{"server_id": a["id"]}])
+    assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
+    vmfw = sim.server.cluster.firewall.vm(vmid)
+    want = [dict(r) for r in vmfw.rules]
+    # by hand: the https rule opened to port 80 instead, the ssh rule deleted, an operator's rule added
+    https = next(r for r in vmfw.rules if str(r.get("comment")).endswith("https"))
+    https["dport"] = "80"
+    vmfw.rules.remove(next(r for r in vmfw.rules if r.get("dport") == "22"))
+    vmfw.rules.append({"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "9100", "enable": 1,
+                       "comment": "operator: node exporter"})
+    vmfw.options["policy_in"] = "ACCEPT"
+    await sim.firewall_cycle()
+    assert await _deliver(sim, OUTSIDE, _ip(a), "tcp", 80)
+    # the server's next job (a reboot) puts the firewall's part back; the operator's rule stays
+    status, out = await stack.call("POST", f"/servers/{a['id']}/actions/reboot")
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    vmfw = sim.server.cluster.firewall.vm(vmid)
+    ours = [{k: v for k, v in r.items() if k != "pos"} for r in vmfw.rules
+            if str(r.get("comment", "")).startswith("z9 firewall ")]
+    assert ours == [{k: v for k, v in r.items() if k != "pos"} for r in want], (ours, want)
+    assert any(r.get("comment") == "operator: node exporter" for r in vmfw.rules)
+    assert vmfw.options.get("policy_in") == "DROP"
+    await sim.firewall_cycle()
+    assert not await _deliver(sim, OUTSIDE, _ip(a), "tcp", 80)
+    assert await _deliver(sim, OUTSIDE, _ip(a), "tcp", 22)

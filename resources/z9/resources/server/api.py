@@ -57,7 +57,7 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
     made the VM (its lock keys hold the server: it runs after the create); the answer's ``jobs``
     names both (the server is reachable at its address when both have succeeded). ServerCreate's
     configure step writes the address as cloud-init ``ipconfig0`` (+ the pool's nameservers, else the region's)."""
-    args = spec.model_dump(exclude={"public_ipv4"})
+    args = spec.model_dump(exclude={"public_ipv4", "labels"})
     region_ns = ctx.settings.regions[spec.region].guest_nameservers()
     if region_ns:  # the guest's DNS (a private network's own nameservers, or a pool's, take its place)
         args["nameserver"] = " ".join(region_ns)
@@ -85,9 +85,14 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
 
 async def _insert(ctx: CreateContext, spec: schemas.ServerCreate, job: NewJob) -> tuple[Server, dict[str, Any]]:
     try:
-        return await server_store.server_insert_with_job(
+        server, brief = await server_store.server_insert_with_job(
             ctx.conn, tenant_id=ctx.tenant_id, region=spec.region, name=spec.name, image=spec.image,
             cores=spec.cores, memory_mib=spec.memory_mib, disk_gib=spec.disk_gib, ssh_keys=spec.ssh_keys, job=job)
+        if spec.labels:  # (the create's own transaction: its hooks run after this, on the labelled row)
+            labelled = await server_store.server_patch(ctx.conn, server.id, ctx.tenant_id, name=None,
+                                                       labels=dict(spec.labels))
+            server = labelled or server
+        return server, brief
     except UniqueViolation as e:
         if e.constraint != "servers_tenant_name_live":
             raise
