@@ -206,7 +206,7 @@ async def test_a_rule_changed_by_hand_is_put_back_by_the_next_job(
         stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
     a = await _server(stack, "fw-oob")
     vmid = a["observed"]["vmid"]
-    fw, job = await _firewall(stack, name="oob", rules=SSH_HTTPS, applied_to=[{"server_id": a["id"]}])
+    _, job = await _firewall(stack, name="oob", rules=SSH_HTTPS, applied_to=[{"server_id": a["id"]}])
     assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
     vmfw = sim.server.cluster.firewall.vm(vmid)
     want = [dict(r) for r in vmfw.rules]

@@ -406,9 +406,10 @@ async def create(ctx: CreateContext, spec: FirewallCreate) -> tuple[Firewall, di
         raise _unique(e, spec.name)
     row = (await fw_store.with_members(ctx.conn, [row]))[0]
     applied, _ = await _apply(ctx.conn, row, spec.applied_to, field="applied_to")
-    row = await fw_store.set_rows(ctx.conn, row.id, applied_to=applied) if applied else row
-    assert row is not None
-    row = (await fw_store.with_members(ctx.conn, [row]))[0]
+    if applied:
+        changed = await fw_store.set_rows(ctx.conn, row.id, applied_to=applied)
+        assert changed is not None
+        row = (await fw_store.with_members(ctx.conn, [changed]))[0]
     job = await store.job_insert(ctx.conn, _job(row, fwt.FIREWALL_CREATE, _touched(row), ctx.settings), notify=False)
     return row, job.brief()
 
@@ -439,7 +440,9 @@ def _operations(api: ApiResource) -> list[Operation]:
                 return replay
             row0 = await _locked(conn, request)
             kind = await fn(conn, settings, row0)
-            row = (await fw_store.with_members(conn, [await fw_store.get(conn, row0.id)]))[0]
+            now = await fw_store.get(conn, row0.id)
+            assert now is not None
+            row = (await fw_store.with_members(conn, [now]))[0]
             await room_for_a_job(conn, settings, "firewall", row.id)
             job = await store.job_insert(conn, _job(row, kind, _touched(row), settings), notify=False)
             answer = dump(accepted, {"firewall": row.public(), "job": job.brief()})

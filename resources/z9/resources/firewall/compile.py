@@ -21,7 +21,7 @@ whole, under the list's digest, after the owner kind's platform rules, which no 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,11 +133,11 @@ class Compiled:
     policy_out: str | None
 
 
-def compile_firewall(firewall_id: str, rules: list[Mapping[str, Any]]) -> list[dict[str, str]]:
+def compile_firewall(firewall_id: str, rules: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     return [r for n, rule in enumerate(rules) for r in compile_rule(firewall_id, n, rule)]
 
 
-def compile_server(firewalls: list[tuple[str, list[Mapping[str, Any]]]]) -> Compiled | None:
+def compile_server(firewalls: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> Compiled | None:
     """A server's firewalls (id, rules), in id order → its VM's part; None when none applies (the server
     kind's own policies stand)."""
     if not firewalls:
@@ -147,6 +147,6 @@ def compile_server(firewalls: list[tuple[str, list[Mapping[str, Any]]]]) -> Comp
     return Compiled(rules, "DROP", "DROP" if any_out else None)
 
 
-def effective_count(firewall_id: str, rules: list[Mapping[str, Any]]) -> int:
+def effective_count(firewall_id: str, rules: Sequence[Mapping[str, Any]]) -> int:
     """How many PVE rules ``rules`` compile to (the 500 effective rules limit)."""
     return len(compile_firewall(firewall_id, rules))

@@ -25,7 +25,7 @@ import ipaddress
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC
-from typing import Any
+from typing import Any, Mapping
 
 from z9.common.errors import TemporaryError
 from z9.common.models import Job
@@ -163,7 +163,8 @@ def check_member(firewalls: list[Firewall], s: ServerFw, cluster_enabled: bool) 
         return False, False, "the server has no VM (yet)"
     if s.drift:
         return False, False, "its VM firewall differs: " + "; ".join(s.drift)
-    opts, rules = s.read.options, s.read.rules
+    opts = s.read.options
+    rules: list[Mapping[str, Any]] = list(s.read.rules)
     nic = str(s.vm.config.get("net0", ""))
     enforced = cluster_enabled and str(opts.get("enable", 0)) == "1" and "firewall=1" in nic.split(",")
     # the check runs on the VM's own switches (the datacenter's aside: off, nothing is filtered at all)
