@@ -232,3 +232,46 @@ async def test_a_rule_changed_by_hand_is_put_back_by_the_next_job(
     await sim.firewall_cycle()
     assert not await _deliver(sim, OUTSIDE, _ip(a), "tcp", 80)
     assert await _deliver(sim, OUTSIDE, _ip(a), "tcp", 22)
+
+
+async def test_a_rule_naming_the_members_of_another_firewall(
+        stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
+    app = await _server(stack, "app-1", labels={"role": "app"})
+    db = await _server(stack, "db-1", labels={"role": "db"})
+    stranger = await _server(stack, "other-1")
+    apps, job = await _firewall(stack, name="apps", rules=SSH_HTTPS, applied_to=[{"label_selector": "role=app"}])
+    assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
+    # the database opens 5432 to the members of "apps" only: one cluster IP set per firewall
+    dbs, job = await _firewall(stack, name="dbs", applied_to=[{"server_id": db["id"]}], rules=[
+        {"direction": "in", "protocol": "tcp", "port": "5432", "source_firewalls": [apps["id"]]}])
+    assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
+    cluster_fw = sim.server.cluster.firewall
+    name = f"z9-{apps['id']}"
+    assert [e["cidr"] for e in cluster_fw.cluster_ipsets[name]] == [_ip(app)]
+    [rule] = [r for r in cluster_fw.vm(db["observed"]["vmid"]).rules if r.get("dport") == "5432"]
+    assert rule["source"] == f"+dc/{name}"
+    await sim.firewall_cycle()
+    assert await _deliver(sim, app["observed"]["vmid"], _ip(db), "tcp", 5432)
+    assert not await _deliver(sim, stranger["observed"]["vmid"], _ip(db), "tcp", 5432)
+    assert not await _deliver(sim, OUTSIDE, _ip(db), "tcp", 5432)
+
+    # a new member of "apps" (a server labelled later… here: applied directly) joins the set in the
+    # same job as its membership
+    status, out = await stack.call("POST", f"/firewalls/{apps['id']}/actions/apply_to_resources",
+                                   json={"apply_to": [{"server_id": stranger["id"]}]})
+    assert status == 202, out
+    assert (await _applied(stack, clock, out["job"]["id"]))["status"] == "succeeded"
+    assert sorted(e["cidr"] for e in cluster_fw.cluster_ipsets[name]) == sorted([_ip(app), _ip(stranger)])
+    await sim.firewall_cycle()
+    assert await _deliver(sim, stranger["observed"]["vmid"], _ip(db), "tcp", 5432)
+    # taken off its servers, "apps" still cannot go while "dbs" names it; its set is then empty
+    status, out = await stack.call("POST", f"/firewalls/{apps['id']}/actions/remove_from_resources", json={
+        "remove_from": [{"label_selector": "role=app"}, {"server_id": stranger["id"]}]})
+    assert status == 202, out
+    assert (await _applied(stack, clock, out["job"]["id"]))["status"] == "succeeded"
+    assert cluster_fw.cluster_ipsets[name] == []
+    await sim.firewall_cycle()
+    assert not await _deliver(sim, app["observed"]["vmid"], _ip(db), "tcp", 5432)
+    status, out = await stack.call("DELETE", f"/firewalls/{apps['id']}")
+    assert status == 409 and out["error"]["code"] == "resource_in_use", out
+    assert dbs["id"] in out["error"]["message"]

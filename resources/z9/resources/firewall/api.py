@@ -569,6 +569,10 @@ async def deleting_hook(conn: Any, row: Firewall, options: Any, settings: Any) -
         raise Conflict(f"firewall {fw.id} is still applied to {', '.join(live) or 'a label selector'}; remove it "
                        "from its resources first (actions/remove_from_resources)", code="resource_in_use",
                        details={"applied_to": fw.public()["applied_to"], "servers": live})
+    naming = [f for f in await fw_store.referenced_by(conn, fw.id) if f != fw.id]
+    if naming:
+        raise Conflict(f"firewall {fw.id} is named by the rules of {', '.join(naming)} (\"members of\"); change "
+                       "their rules first", code="resource_in_use", details={"firewalls": naming})
     return []
 
 

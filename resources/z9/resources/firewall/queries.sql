@@ -122,3 +122,11 @@ SET observed = $2, observed_at = now(), updated_at = now(),
     status_reason = {{reason_cleared_if_allowed($3, $4)}}
 WHERE id = $1
 RETURNING *;
+
+-- name: firewall_referenced_by
+-- The live firewalls whose rules name the members of firewall $1 (source_firewalls/destination_firewalls).
+SELECT id FROM firewalls
+WHERE status NOT IN ('deleting', 'destroying', 'deleted')
+  AND (rules @> jsonb_build_array(jsonb_build_object('source_firewalls', jsonb_build_array($1::text)))
+       OR rules @> jsonb_build_array(jsonb_build_object('destination_firewalls', jsonb_build_array($1::text))))
+ORDER BY id;

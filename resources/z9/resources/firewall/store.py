@@ -104,6 +104,11 @@ async def servers_matching(db: Any, tenant_id: str, region: str, selector: Selec
     return [r["id"] for r in await db.fetch(q("firewall_servers_matching"), tenant_id, region, *selector.params())]
 
 
+async def referenced_by(db: Any, firewall_id: str) -> list[str]:
+    """The live firewalls whose rules name firewall ``firewall_id``'s members."""
+    return [r["id"] for r in await db.fetch(q("firewall_referenced_by"), firewall_id)]
+
+
 async def list_rows(db: Any, tenant_id: str, *, after: str | None = None, status: str | None = None,
                     limit: int = 100, name: str | None = None, selector: Selector | None = None,
                     include_deleted: bool = True, region: str | None = None) -> list[Firewall]:

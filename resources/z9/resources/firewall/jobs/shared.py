@@ -35,7 +35,8 @@ from z9.executor.proxmox import VmState
 from z9.resources import firewall as fwt
 from z9.resources.firewall import FIREWALL, Firewall
 from z9.resources.firewall import store as fw_store
-from z9.resources.firewall.compile import WITH_PORTS
+from z9.resources.firewall.compile import WITH_PORTS, ipset_name
+from z9.resources.firewall.pve import ClusterIpsets
 from z9.resources.server.jobs.shared import firewall_part
 
 log = logging.getLogger("z9.resources.firewall")
@@ -61,6 +62,9 @@ class World:
     servers: dict[str, ServerFw] = field(default_factory=dict)
     cluster_enabled: bool = False
     superseded: str | None = None
+    # the cluster IP sets ("members of firewall X") this job keeps: set name → (want, have; None: no set)
+    ipsets: dict[str, tuple[list[str], list[str] | None]] = field(default_factory=dict)
+    drop_ipset: bool = False  # the final delete: the firewall's own set goes (nobody names it any more)
 
 
 def touched(row: Firewall, job: Job) -> list[str]:
@@ -77,6 +81,52 @@ async def observe_server(ctx: JobContext, server_id: str) -> ServerFw:
     return ServerFw(server_id, vm, part, read, vms.firewall_drift(part, vm, read))
 
 
+def vm_address(vm: VmState | None) -> str | None:
+    """The address a server's VM has from z9 (its cloud-init ``ipconfig0``: a pool's or the private
+    network's); None for a DHCP guest (its lease is not known to z9)."""
+    if vm is None:
+        return None
+    for part in str(vm.config.get("ipconfig0", "")).split(","):
+        k, _, v = part.partition("=")
+        if k == "ip" and v and v != "dhcp":
+            return v.split("/", 1)[0]
+    return None
+
+
+async def member_addresses(ctx: JobContext, firewall_id: str) -> list[str]:
+    """What firewall ``firewall_id``'s cluster IP set holds: its members' addresses (leaving ones not)."""
+    out = []
+    for m in await fw_store.members(ctx.pool, [firewall_id]):
+        if m.state == "removing":
+            continue
+        addr = vm_address(await vms.find_one_vm(ctx, m.server_id))
+        if addr:
+            out.append(addr)
+    return sorted(set(out))
+
+
+async def observe_ipsets(ctx: JobContext, row: Firewall, delete: bool) -> dict[str, tuple[list[str], list[str] | None]]:
+    """The cluster IP sets this job keeps: the firewall's own when some live firewall's rule names its
+    members (updated in the job that changes its membership), and every set its own rules name (they
+    must exist, filled, before a rule naming them is written: PVE refuses ``no such ipset``)."""
+    wanted = set()
+    if not delete and await fw_store.referenced_by(ctx.pool, row.id):
+        wanted.add(row.id)
+    for r in row.rules if not delete else []:
+        wanted.update(r.get("source_firewalls") or [])
+        wanted.update(r.get("destination_firewalls") or [])
+    if not wanted:
+        return {}
+    sets = ClusterIpsets(ctx.pve)
+    have_names = await sets.names()
+    out = {}
+    for fid in sorted(wanted):
+        name = ipset_name(fid)
+        have = [str(e["cidr"]) for e in (await sets.entries(name) or [])] if name in have_names else None
+        out[name] = (await member_addresses(ctx, fid), have)
+    return out
+
+
 async def observe(ctx: JobContext) -> World:
     row = await fw_store.get(ctx.pool, ctx.job.resource_id or "")
     if row is None or row.status == "deleted":
@@ -85,6 +135,10 @@ async def observe(ctx: JobContext) -> World:
         return World(row, superseded=row.status)
     row = (await fw_store.with_members(ctx.pool, [row]))[0]
     w = World(row, cluster_enabled=str((await ctx.pve.cluster_firewall_options()).get("enable", 0)) == "1")
+    delete = ctx.job.kind == fwt.FIREWALL_DELETE
+    w.ipsets = await observe_ipsets(ctx, row, delete)
+    if delete:
+        w.drop_ipset = ipset_name(row.id) in await ClusterIpsets(ctx.pve).names()
     for sid in touched(row, ctx.job):
         w.servers[sid] = await observe_server(ctx, sid)
     return w
@@ -101,14 +155,40 @@ def plan(job: Job, w: World) -> list[Step]:
     with a VM is pending."""
     if w.superseded or w.row is None:
         return []
-    steps = [Step("firewall", {"server_id": s.server_id, "vmid": s.vm.vmid, "node": s.vm.node, "drift": s.drift})
+    if w.drop_ipset:
+        return [Step("delete_ipset", {"name": ipset_name(w.row.id)})]
+    # the sets first: a rule naming one is refused while it does not exist
+    steps = [Step("ipset", {"name": name, "want": want})
+             for name, (want, have) in w.ipsets.items() if have is None or sorted(have) != want]
+    steps += [Step("firewall", {"server_id": s.server_id, "vmid": s.vm.vmid, "node": s.vm.node, "drift": s.drift})
              for s in w.servers.values() if s.vm is not None and s.drift]
-    if steps or pending(w):
+    if any(s.name == "firewall" for s in steps) or pending(w):
         steps.append(Step("wait_cycle", {"seconds": CYCLE_S}))
     return steps
 
 
 async def apply(ctx: JobContext, w: World, step: Step) -> None:
+    if step.name == "ipset":
+        name, want = step.detail["name"], list(step.detail["want"])
+        sets = ClusterIpsets(ctx.pve)
+        have = await sets.entries(name)
+        if have is None:
+            await ctx.fence()
+            await sets.create(name, f"z9: the members of firewall {name.removeprefix('z9-')}")
+            have = []
+        for ip in want:
+            if ip not in {str(e["cidr"]) for e in have}:
+                await ctx.fence()
+                await sets.add(name, ip, "z9 firewall member")
+        for e in have:
+            if str(e["cidr"]) not in want:
+                await ctx.fence()
+                await sets.remove(name, str(e["cidr"]))
+        return
+    if step.name == "delete_ipset":
+        await ctx.fence()
+        await ClusterIpsets(ctx.pve).delete(step.detail["name"])
+        return
     if step.name == "firewall":
         sid = step.detail["server_id"]
         cur = w.servers[sid]
@@ -192,6 +272,11 @@ async def verify(ctx: JobContext) -> dict[str, Any] | None:
     w = await observe(ctx)
     if w.superseded or w.row is None:
         return None
+    if w.drop_ipset:
+        raise TemporaryError(f"verify: the cluster IP set {ipset_name(w.row.id)} is still there")
+    stale = [n for n, (want, have) in w.ipsets.items() if have is None or sorted(have) != want]
+    if stale:
+        raise TemporaryError("verify: the cluster IP sets " + ", ".join(stale) + " do not hold the members yet")
     left = [s.server_id for s in w.servers.values() if s.vm is not None and s.drift]
     if left:
         raise TemporaryError("verify: the VM firewall of " + ", ".join(left) + " is not as its firewalls say yet")
