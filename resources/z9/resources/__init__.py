@@ -131,11 +131,14 @@ class FirewallContribution:
     …/firewall/rules`` takes it (``type``, ``action``, ``proto``, ``dport``, ``source``, ``dest``) and
     commented with one of the type's declared ``firewall_rules`` prefixes, written after the owner kind's
     platform rules (which no contribution removes); ``policy_in``/``policy_out`` ``DROP`` closes that
-    direction but for the rules (None: the owner kind's policy stands). Contributions add up: DROP wins."""
+    direction but for the rules (None: the owner kind's policy stands). Contributions add up: DROP wins.
+    ``when_closed``: the rules are written only while the VM's inbound policy (the sum) is DROP — what a
+    VM open to everything needs no rule for (a load balancer's health checks to its target servers)."""
 
     rules: tuple[dict[str, str], ...] = ()
     policy_in: str | None = None
     policy_out: str | None = None
+    when_closed: bool = False
 
 
 @dataclass(frozen=True)

@@ -275,3 +275,45 @@ async def test_a_rule_naming_the_members_of_another_firewall(
     status, out = await stack.call("DELETE", f"/firewalls/{apps['id']}")
     assert status == 409 and out["error"]["code"] == "resource_in_use", out
     assert dbs["id"] in out["error"]["message"]
+
+
+async def test_a_firewall_on_a_load_balancers_target_keeps_its_health_checks(
+        stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
+    from tests.integration.load_balancers.test_load_balancers import LB_TEMPLATE, SERVICE, _appliances, _lb, _listen
+
+    await sim._req("POST", "/vms", json=LB_TEMPLATE)
+    t = await _server(stack, "lb-target")
+    await _listen(sim, t["observed"]["vmid"], 8080)
+    lb, job = await _lb(stack, name="fw-lb", type="lb-small", services=[SERVICE],
+                        targets=[{"type": "server", "server_id": t["id"]}])
+    assert (await stack.wait_job(job["id"], timeout_s=150))["status"] == "succeeded"
+    [app] = _appliances(await sim.state(), lb["id"])
+    fw, fjob = await _firewall(stack, name="ssh-only", rules=SSH_HTTPS[:1], applied_to=[{"server_id": t["id"]}])
+    assert (await _applied(stack, clock, fjob["id"]))["status"] == "succeeded"
+    await sim.firewall_cycle()
+    vmfw = sim.server.cluster.firewall.vm(t["observed"]["vmid"])
+    comments = [str(r.get("comment")) for r in vmfw.rules]
+    # the load balancer's part first, then the tenant's
+    assert comments[0].startswith(f"z9 load balancer {lb['id']}: ") and comments[1].startswith("z9 firewall "), comments
+    assert await _deliver(sim, app["vmid"], _ip(t), "tcp", 8080)
+    assert not await _deliver(sim, OUTSIDE, _ip(t), "tcp", 8080)
+    # an empty rule set: inbound closed to all — but the load balancer
+    status, out = await stack.call("POST", f"/firewalls/{fw['id']}/actions/set_rules", json={"rules": []})
+    assert status == 202, out
+    assert (await _applied(stack, clock, out["job"]["id"]))["status"] == "succeeded"
+    await sim.firewall_cycle()
+    assert await _deliver(sim, app["vmid"], _ip(t), "tcp", 8080)
+    assert not await _deliver(sim, OUTSIDE, _ip(t), "tcp", 22)
+    status, out = await stack.call("POST", f"/load-balancers/{lb['id']}/actions/change_algorithm",
+                                   json={"type": "least_connections"})
+    assert status == 202, out
+    assert (await stack.wait_job(out["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    status, got = await stack.call("GET", f"/load-balancers/{lb['id']}")
+    assert got["load_balancer"]["health"] == "healthy", got
+    # taken off: nothing of either is left on the server (its VM open again as the server kind keeps it)
+    status, out = await stack.call("POST", f"/firewalls/{fw['id']}/actions/remove_from_resources",
+                                   json={"remove_from": [{"server_id": t["id"]}]})
+    assert status == 202, out
+    assert (await _applied(stack, clock, out["job"]["id"]))["status"] == "succeeded"
+    assert [r for r in sim.server.cluster.firewall.vm(t["observed"]["vmid"]).rules
+            if str(r.get("comment", "")).startswith("z9 ")] == []

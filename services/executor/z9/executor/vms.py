@@ -731,9 +731,13 @@ async def effective_firewall(ctx: JobContext, spec: Any) -> Any:
     if not contributions:
         return spec
     fw = spec.firewall
-    rules = fw.rules + tuple(_contributed_rule(r) for c in contributions for r in c.rules)
     policy_in = "DROP" if any(c.policy_in == "DROP" for c in contributions) else fw.policy_in
     policy_out = "DROP" if any(c.policy_out == "DROP" for c in contributions) else fw.policy_out
+    # the platform's part of another type first (a load balancer's health checks: when_closed), then
+    # the tenant's: no tenant rule is ever above what the platform needs
+    ordered = sorted((c for c in contributions if policy_in == "DROP" or not c.when_closed),
+                     key=lambda c: not c.when_closed)
+    rules = fw.rules + tuple(_contributed_rule(r) for c in ordered for r in c.rules)
     return replace(spec, firewall=FirewallSpec(policy_in=policy_in, policy_out=policy_out, rules=rules))
 
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC
-from typing import Any, Mapping
+from typing import Any
 
 from z9.common.errors import TemporaryError
 from z9.common.models import Job
