@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from z9.client.models import SERVERS, Server, ServerCreate
-from z9.client.commands._kind import (LABEL_ARGS, Action, Arg, KindSpec, Update, given, labels_of, labels_text, status_text)
+from z9.client.commands._kind import (LABEL_ARGS, Action, Arg, KindSpec, Update, given, label, labels_of, labels_text, status_text)
 
 STATUSES = ("creating", "running", "stopped", "deleting", "destroying", "deleted", "failed")
 
@@ -32,8 +32,9 @@ def _public_ipv4(text: str) -> str:
 def create_body(a: argparse.Namespace) -> dict[str, Any]:
     # the API's own model checks the request before it is sent (a bad name: 64, no request)
     spec = ServerCreate(name=a.name, region=a.region, image=a.image, cores=a.cores, memory_mib=a.memory_mib,
-                        disk_gib=a.disk_gib, ssh_keys=a.ssh_key or [], public_ipv4=a.public_ipv4)
-    return spec.model_dump(mode="json")
+                        disk_gib=a.disk_gib, ssh_keys=a.ssh_key or [], public_ipv4=a.public_ipv4,
+                        labels=labels_of(a))
+    return spec.model_dump(mode="json", exclude_none=True)
 
 
 def _public_ip(s: Server) -> str | None:
@@ -75,7 +76,9 @@ KIND = KindSpec(
             help="an OpenSSH public key, or @path of one (repeatable)"),
         Arg("--public-ipv4", nargs="?", const=True, default=False, type=_public_ipv4, metavar="ADDRESS_ID",
             help="a primary IPv4 address: the region pool's lowest free IP, or the given unassigned "
-                 "address (adr_…) of the region; without it the server uses DHCP")),
+                 "address (adr_…) of the region; without it the server uses DHCP"),
+        Arg("--label", action="append", type=label, metavar="KEY=VALUE",
+            help="repeatable; a firewall whose label selector matches applies before the server first starts")),
     create_body=create_body,
     update=Update(args=(Arg("--name", help="the new name"), *LABEL_ARGS),
                   body=lambda a: given(name=a.name, labels=labels_of(a)),
