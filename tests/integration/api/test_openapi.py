@@ -339,7 +339,11 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     await w.call("PATCH", fitem, f"/firewalls/{fw}", 422, json={})
     await w.call("PATCH", fitem, "/firewalls/fw_nope", 404, json={"name": "x"})
     await w.call("PATCH", fitem, f"/firewalls/{fw}", 401, token="z9t_unknown", json={"name": "x"})
-    for action, good, bad in (("set_rules", {"rules": []}, {"rules": [{"direction": "in", "protocol": "tcp"}]}),
+    for action, good, bad in (("set-rules", {"rules": []}, {"rules": [{"direction": "in", "protocol": "tcp"}]}),
+                              ("apply-to-resources", {"apply_to": [{"server_id": srv}]}, {"apply_to": [{}]}),
+                              ("remove-from-resources", {"remove_from": [{"server_id": srv}]}, {"remove_from": []}),
+                              # Hetzner's spellings (aliases)
+                              ("set_rules", {"rules": []}, {"rules": [{"direction": "in", "protocol": "tcp"}]}),
                               ("apply_to_resources", {"apply_to": [{"server_id": srv}]}, {"apply_to": [{}]}),
                               ("remove_from_resources", {"remove_from": [{"server_id": srv}]}, {"remove_from": []})):
         tpl = f"/firewalls/{{id}}/actions/{action}"
@@ -347,9 +351,9 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
         await w.call("POST", tpl, f"/firewalls/{fw}/actions/{action}", 422, json=bad)
         await w.call("POST", tpl, f"/firewalls/fw_nope/actions/{action}", 404, json=good)
         await w.call("POST", tpl, f"/firewalls/{fw}/actions/{action}", 401, token="z9t_unknown", json=good)
-    await w.call("POST", "/firewalls/{id}/actions/apply_to_resources", f"/firewalls/{fw}/actions/apply_to_resources",
+    await w.call("POST", "/firewalls/{id}/actions/apply-to-resources", f"/firewalls/{fw}/actions/apply-to-resources",
                  202, json={"apply_to": [{"server_id": srv}]})
-    await w.call("POST", "/firewalls/{id}/actions/apply_to_resources", f"/firewalls/{fw}/actions/apply_to_resources",
+    await w.call("POST", "/firewalls/{id}/actions/apply-to-resources", f"/firewalls/{fw}/actions/apply-to-resources",
                  409, json={"apply_to": [{"server_id": srv}]})  # firewall_already_applied
     await w.call("DELETE", fitem, f"/firewalls/{fw}", 409)  # resource_in_use
 

@@ -161,7 +161,7 @@ async def test_a_label_selector_takes_matching_servers_and_later_ones(
     assert members == {web1["id"]: "applied", web2["id"]: "applied", web3["id"]: "applied"}, members
 
     # taken off: the selector's members leave, their VMs open again (the server kind's ACCEPT)
-    status, out = await stack.call("POST", f"/firewalls/{fw['id']}/actions/remove_from_resources",
+    status, out = await stack.call("POST", f"/firewalls/{fw['id']}/actions/remove-from-resources",
                                    json={"remove_from": [{"label_selector": "role=web"}]})
     assert status == 202, out
     assert {m["status"] for m in out["firewall"]["members"]} == {"removing"}
@@ -185,7 +185,7 @@ async def test_an_empty_rule_set_closes_inbound_and_keeps_the_ip_filter(
     assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
     before = sim.server.cluster.firewall.vm(vmid)
     ipfilter_before = (before.options.get("ipfilter"), [e["cidr"] for e in before.ipsets.get("ipfilter-net0", [])])
-    status, out = await stack.call("POST", f"/firewalls/{fw['id']}/actions/set_rules", json={"rules": []})
+    status, out = await stack.call("POST", f"/firewalls/{fw['id']}/actions/set-rules", json={"rules": []})
     assert status == 202, out
     assert [m["status"] for m in out["firewall"]["members"]] == ["pending"]
     assert (await _applied(stack, clock, out["job"]["id"]))["status"] == "succeeded"
@@ -257,7 +257,7 @@ async def test_a_rule_naming_the_members_of_another_firewall(
 
     # a new member of "apps" (a server labelled later… here: applied directly) joins the set in the
     # same job as its membership
-    status, out = await stack.call("POST", f"/firewalls/{apps['id']}/actions/apply_to_resources",
+    status, out = await stack.call("POST", f"/firewalls/{apps['id']}/actions/apply-to-resources",
                                    json={"apply_to": [{"server_id": stranger["id"]}]})
     assert status == 202, out
     assert (await _applied(stack, clock, out["job"]["id"]))["status"] == "succeeded"
@@ -265,7 +265,7 @@ async def test_a_rule_naming_the_members_of_another_firewall(
     await sim.firewall_cycle()
     assert await _deliver(sim, stranger["observed"]["vmid"], _ip(db), "tcp", 5432)
     # taken off its servers, "apps" still cannot go while "dbs" names it; its set is then empty
-    status, out = await stack.call("POST", f"/firewalls/{apps['id']}/actions/remove_from_resources", json={
+    status, out = await stack.call("POST", f"/firewalls/{apps['id']}/actions/remove-from-resources", json={
         "remove_from": [{"label_selector": "role=app"}, {"server_id": stranger["id"]}]})
     assert status == 202, out
     assert (await _applied(stack, clock, out["job"]["id"]))["status"] == "succeeded"
@@ -298,7 +298,7 @@ async def test_a_firewall_on_a_load_balancers_target_keeps_its_health_checks(
     assert await _deliver(sim, app["vmid"], _ip(t), "tcp", 8080)
     assert not await _deliver(sim, OUTSIDE, _ip(t), "tcp", 8080)
     # an empty rule set: inbound closed to all — but the load balancer
-    status, out = await stack.call("POST", f"/firewalls/{fw['id']}/actions/set_rules", json={"rules": []})
+    status, out = await stack.call("POST", f"/firewalls/{fw['id']}/actions/set-rules", json={"rules": []})
     assert status == 202, out
     assert (await _applied(stack, clock, out["job"]["id"]))["status"] == "succeeded"
     await sim.firewall_cycle()
@@ -311,9 +311,29 @@ async def test_a_firewall_on_a_load_balancers_target_keeps_its_health_checks(
     status, got = await stack.call("GET", f"/load-balancers/{lb['id']}")
     assert got["load_balancer"]["health"] == "healthy", got
     # taken off: nothing of either is left on the server (its VM open again as the server kind keeps it)
-    status, out = await stack.call("POST", f"/firewalls/{fw['id']}/actions/remove_from_resources",
+    status, out = await stack.call("POST", f"/firewalls/{fw['id']}/actions/remove-from-resources",
                                    json={"remove_from": [{"server_id": t["id"]}]})
     assert status == 202, out
     assert (await _applied(stack, clock, out["job"]["id"]))["status"] == "succeeded"
     assert [r for r in sim.server.cluster.firewall.vm(t["observed"]["vmid"]).rules
             if str(r.get("comment", "")).startswith("z9 ")] == []
+
+
+async def test_a_load_balancer_made_after_the_firewall_opens_its_way_to_the_target(
+        stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
+    from tests.integration.load_balancers.test_load_balancers import LB_TEMPLATE, SERVICE, _appliances, _lb, _listen
+
+    await sim._req("POST", "/vms", json=LB_TEMPLATE)
+    t = await _server(stack, "lb-later")
+    await _listen(sim, t["observed"]["vmid"], 8080)
+    _, fjob = await _firewall(stack, name="closed", rules=[], applied_to=[{"server_id": t["id"]}])
+    assert (await _applied(stack, clock, fjob["id"]))["status"] == "succeeded"
+    lb, job = await _lb(stack, name="fw-later", type="lb-small", services=[SERVICE],
+                        targets=[{"type": "server", "server_id": t["id"]}])
+    done = await stack.wait_job(job["id"], timeout_s=150)
+    assert done["status"] == "succeeded", done
+    assert any(s["name"] == "target_firewall" for s in done["steps"]), done["steps"]
+    await sim.firewall_cycle()
+    [app] = _appliances(await sim.state(), lb["id"])
+    assert await _deliver(sim, app["vmid"], _ip(t), "tcp", 8080)
+    assert not await _deliver(sim, OUTSIDE, _ip(t), "tcp", 8080)

@@ -1,6 +1,6 @@
 """The ``firewall`` type's API: the create hook (the row, its members and its FirewallCreate in one
-transaction) and the type's own routes — ``PATCH``, ``actions/set_rules``, ``actions/apply_to_resources``,
-``actions/remove_from_resources``. List, get and delete (immediate; refused while applied) are the generic
+transaction) and the type's own routes — ``PATCH``, ``actions/set-rules``, ``actions/apply-to-resources``,
+``actions/remove-from-resources``. List, get and delete (immediate; refused while applied) are the generic
 ones (:mod:`z9.api.resources`), the rows shown with their members (``ApiResource.enrich``).
 
 Refusals, each naming the field or the precondition (Hetzner Cloud's codes where it has one):
@@ -196,7 +196,9 @@ class FirewallPatch(BaseModel):
 
 
 class SetRules(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"rules": []}]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"rules": [{"direction": "in", "protocol": "tcp", "port": "443", "source_ips": ["0.0.0.0/0", "::/0"]}]},
+        {"rules": []}]})
 
     rules: list[Rule] = Field(description=f"replaces every rule (at most {MAX_RULES}); [] removes all")
 
@@ -210,7 +212,7 @@ class ApplyTo(BaseModel):
 
 class RemoveFrom(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"remove_from": [{"label_selector": "role=web"}]}]})
+        {"remove_from": [{"server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"}]}]})
 
     remove_from: list[AppliedTo] = Field(min_length=1, max_length=100)
 
@@ -460,7 +462,7 @@ def _operations(api: ApiResource) -> list[Operation]:
             await fw_store.members_pending(conn, fw.id)
             return fwt.FIREWALL_SET_RULES
 
-        return await _action(request, "POST /firewalls/{id}/actions/set_rules", spec.model_dump(), fn)
+        return await _action(request, "POST /firewalls/{id}/actions/set-rules", spec.model_dump(), fn)
 
     async def apply_to(request: web.Request) -> web.Response:
         spec = await parse_body(request, ApplyTo)
@@ -470,7 +472,7 @@ def _operations(api: ApiResource) -> list[Operation]:
             await fw_store.set_rows(conn, fw.id, applied_to=applied)
             return fwt.FIREWALL_APPLY
 
-        return await _action(request, "POST /firewalls/{id}/actions/apply_to_resources", spec.model_dump(), fn)
+        return await _action(request, "POST /firewalls/{id}/actions/apply-to-resources", spec.model_dump(), fn)
 
     async def remove_from(request: web.Request) -> web.Response:
         spec = await parse_body(request, RemoveFrom)
@@ -503,7 +505,7 @@ def _operations(api: ApiResource) -> list[Operation]:
             await fw_store.set_rows(conn, fw.id, applied_to=applied)
             return fwt.FIREWALL_REMOVE
 
-        return await _action(request, "POST /firewalls/{id}/actions/remove_from_resources", spec.model_dump(), fn)
+        return await _action(request, "POST /firewalls/{id}/actions/remove-from-resources", spec.model_dump(), fn)
 
     async def patch(request: web.Request) -> web.Response:
         spec = await parse_body(request, FirewallPatch)
@@ -521,22 +523,29 @@ def _operations(api: ApiResource) -> list[Operation]:
 
     ex = {"firewall": EXAMPLE, "job": {**job_ref, "kind": fwt.FIREWALL_SET_RULES}}
     errors = {202: accepted, 400: None, 401: None, 404: None, 409: None, 422: None}
-    return [
-        Operation("PATCH", "/firewalls/{id}", patch, "updateFirewall", "Rename a firewall or set its labels (no job)",
-                  "firewalls", {200: one, 400: None, 401: None, 404: None, 409: None, 422: None},
-                  request=FirewallPatch, path_id=id_doc, example={"firewall": EXAMPLE}),
-        Operation("POST", "/firewalls/{id}/actions/set_rules", set_rules, "setFirewallRules",
-                  "Replace every rule of a firewall ([] removes all: inbound then closed but for the platform's own "
-                  "rules)", "firewalls", errors, request=SetRules, path_id=id_doc, idempotent=True, example=ex),
-        Operation("POST", "/firewalls/{id}/actions/apply_to_resources", apply_to, "applyFirewall",
-                  "Apply a firewall to servers, by id or label selector", "firewalls", errors, request=ApplyTo,
-                  path_id=id_doc, idempotent=True,
-                  example={**ex, "job": {**job_ref, "kind": fwt.FIREWALL_APPLY}}),
-        Operation("POST", "/firewalls/{id}/actions/remove_from_resources", remove_from, "removeFirewall",
-                  "Take a firewall off servers or label selectors", "firewalls", errors, request=RemoveFrom,
-                  path_id=id_doc, idempotent=True,
-                  example={**ex, "job": {**job_ref, "kind": fwt.FIREWALL_REMOVE}}),
-    ]
+    ops = [Operation("PATCH", "/firewalls/{id}", patch, "updateFirewall", "Rename a firewall or set its labels (no job)",
+                     "firewalls", {200: one, 400: None, 401: None, 404: None, 409: None, 422: None},
+                     request=FirewallPatch, path_id=id_doc, example={"firewall": EXAMPLE})]
+    for name, handler, body, kind, summary in (
+            ("set_rules", set_rules, SetRules, fwt.FIREWALL_SET_RULES,
+             "Replace every rule of a firewall ([] removes all: inbound then closed but for the platform's own rules)"),
+            ("apply_to_resources", apply_to, ApplyTo, fwt.FIREWALL_APPLY,
+             "Apply a firewall to servers, by id or label selector"),
+            ("remove_from_resources", remove_from, RemoveFrom, fwt.FIREWALL_REMOVE,
+             "Take a firewall off servers or label selectors")):
+        op_id = "".join(p.capitalize() for p in name.split("_"))
+        path = f"/firewalls/{{id}}/actions/{name.replace('_', '-')}"  # kebab-case, as every action path
+        example = {**ex, "job": {**job_ref, "kind": kind}}
+        ops.append(Operation("POST", path, handler, f"{op_id[0].lower()}{op_id[1:]}Firewall", summary, "firewalls",
+                             errors, request=body, path_id=id_doc, idempotent=True, example=example))
+        # Hetzner Cloud's spelling of the same action (snake_case): an alias, marked deprecated in the document
+        ops.append(Operation("POST", f"/firewalls/{{id}}/actions/{name}", handler,
+                             f"{op_id[0].lower()}{op_id[1:]}FirewallSnakeCase", f"{summary} (Hetzner's path)",
+                             "firewalls", errors, request=body, path_id=id_doc, idempotent=True, example=example,
+                             deprecated=True,
+                             description=f"Hetzner Cloud's spelling of `POST {path}` (the same operation), kept as "
+                                         "an alias: z9's action paths are kebab-case."))
+    return ops
 
 
 class FirewallFilters(BaseModel):
@@ -567,7 +576,7 @@ async def deleting_hook(conn: Any, row: Firewall, options: Any, settings: Any) -
     live = [m.server_id for m in (fw.members or ())]
     if fw.applied_to or live:
         raise Conflict(f"firewall {fw.id} is still applied to {', '.join(live) or 'a label selector'}; remove it "
-                       "from its resources first (actions/remove_from_resources)", code="resource_in_use",
+                       "from its resources first (actions/remove-from-resources)", code="resource_in_use",
                        details={"applied_to": fw.public()["applied_to"], "servers": live})
     naming = [f for f in await fw_store.referenced_by(conn, fw.id) if f != fw.id]
     if naming:

@@ -131,12 +131,12 @@ KIND = KindSpec(
                   help="rename a firewall or set its labels (no job)"),
     delete_help="delete a firewall (refused while it applies to anything)",
     actions=(
-        Action("set-rules", "set_rules", "replace every rule (none given: remove all — inbound closed)",
+        Action("set-rules", "set-rules", "replace every rule (none given: remove all — inbound closed)",
                (Arg("--rule", action="append", type=rule, metavar="DIR:PROTO:PORT:ADDRS", help="repeatable"),),
                lambda a: {"rules": a.rule or []}),
-        Action("apply", "apply_to_resources", "apply the firewall to servers or label selectors", RESOURCE_ARGS,
+        Action("apply", "apply-to-resources", "apply the firewall to servers or label selectors", RESOURCE_ARGS,
                lambda a: {"apply_to": _applied(a)}, check=_resources_check),
-        Action("remove", "remove_from_resources", "take the firewall off servers or label selectors", RESOURCE_ARGS,
+        Action("remove", "remove-from-resources", "take the firewall off servers or label selectors", RESOURCE_ARGS,
                lambda a: {"remove_from": _applied(a)}, check=_resources_check),
     ),
 )
