@@ -13,8 +13,18 @@ from typing import Any
 
 from pydantic import Field
 
-from z9.client.commands._kind import (LABEL_ARGS, Action, Arg, KindSpec, Update, given, label, labels_of, labels_text,
-                                      status_text)
+from z9.client.commands._kind import (
+    LABEL_ARGS,
+    Action,
+    Arg,
+    KindSpec,
+    Update,
+    given,
+    label,
+    labels_of,
+    labels_text,
+    status_text,
+)
 from z9.client.models import ResourceKind, _Answer
 
 STATUSES = ("creating", "active", "deleting", "destroying", "deleted", "failed")
