@@ -553,6 +553,28 @@ async def create_dependents(conn: Any, type_name: str, row: Any, settings: Any) 
     return list(await store.job_insert_many(conn, jobs))
 
 
+# (type name) -> hooks run in the transaction that changes a resource's labels (PATCH /v1/<plural>/{id}):
+# hook(conn, row, settings) -> list[NewJob] (a firewall's label selector takes or lets go of a server)
+RELABEL_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
+
+
+def on_relabel(type_name: str, hook: Callable[..., Awaitable[list[Any]]]) -> None:
+    """Register ``hook(conn, row, settings) -> [NewJob]`` for when a ``type_name`` resource's labels change
+    (in that transaction, the row as changed; a hook may raise an ApiError to refuse the change)."""
+    RELABEL_HOOKS.setdefault(type_name, []).append(hook)
+
+
+async def relabel_dependents(conn: Any, type_name: str, row: Any, settings: Any) -> list[Any]:
+    """Run the hooks registered for a label change of ``type_name`` and insert the jobs they ask for (same
+    transaction, without NOTIFY: the caller notifies). Returns the inserted jobs."""
+    jobs: list[NewJob] = []
+    for hook in RELABEL_HOOKS.get(type_name, []):
+        jobs.extend(await hook(conn, row, settings))
+    if not jobs:
+        return []
+    return list(await store.job_insert_many(conn, jobs))
+
+
 def pve_endpoints() -> tuple[str, ...]:
     """Every endpoint the types' own Proxmox adapters declare (no duplicates, in registry order)."""
     return tuple(dict.fromkeys(e for rt in types() for e in rt.pve_endpoints))

@@ -279,7 +279,13 @@ async def test_a_rule_naming_the_members_of_another_firewall(
 
 async def test_a_firewall_on_a_load_balancers_target_keeps_its_health_checks(
         stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
-    from tests.integration.load_balancers.test_load_balancers import LB_TEMPLATE, SERVICE, _appliances, _lb, _listen
+    from tests.integration.load_balancers.test_load_balancers import (
+        LB_TEMPLATE,
+        SERVICE,
+        _appliances,
+        _lb,
+        _listen,
+    )
 
     await sim._req("POST", "/vms", json=LB_TEMPLATE)
     t = await _server(stack, "lb-target")
@@ -321,7 +327,13 @@ async def test_a_firewall_on_a_load_balancers_target_keeps_its_health_checks(
 
 async def test_a_load_balancer_made_after_the_firewall_opens_its_way_to_the_target(
         stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
-    from tests.integration.load_balancers.test_load_balancers import LB_TEMPLATE, SERVICE, _appliances, _lb, _listen
+    from tests.integration.load_balancers.test_load_balancers import (
+        LB_TEMPLATE,
+        SERVICE,
+        _appliances,
+        _lb,
+        _listen,
+    )
 
     await sim._req("POST", "/vms", json=LB_TEMPLATE)
     t = await _server(stack, "lb-later")
@@ -337,3 +349,33 @@ async def test_a_load_balancer_made_after_the_firewall_opens_its_way_to_the_targ
     [app] = _appliances(await sim.state(), lb["id"])
     assert await _deliver(sim, app["vmid"], _ip(t), "tcp", 8080)
     assert not await _deliver(sim, OUTSIDE, _ip(t), "tcp", 8080)
+
+
+async def test_labels_changed_later_join_and_leave_a_selector(
+        stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
+    s = await _server(stack, "relabel-1")
+    fw, job = await _firewall(stack, name="web", rules=SSH_HTTPS, applied_to=[{"label_selector": "role=web"}])
+    assert fw["members"] == []
+    assert (await stack.wait_job(job["id"], timeout_s=60))["status"] == "succeeded"
+    await sim.firewall_cycle()
+    assert await _deliver(sim, OUTSIDE, _ip(s), "tcp", 80)
+
+    async def fw_job(kind: str) -> dict:
+        jobs = (await stack.call("GET", f"/jobs?resource_id={fw['id']}"))[1]["jobs"]
+        return next(j for j in jobs if j["kind"] == kind and j["status"] not in ("succeeded", "failed"))
+
+    status, out = await stack.call("PATCH", f"/servers/{s['id']}", json={"labels": {"role": "web"}})
+    assert status == 200, out
+    assert [(m["server_id"], m["status"]) for m in (await _get(stack, fw["id"]))["members"]] == [(s["id"], "pending")]
+    assert (await _applied(stack, clock, (await fw_job("FirewallApplyToResources"))["id"]))["status"] == "succeeded"
+    await sim.firewall_cycle()
+    assert not await _deliver(sim, OUTSIDE, _ip(s), "tcp", 80)
+    assert await _deliver(sim, OUTSIDE, _ip(s), "tcp", 443)
+
+    status, out = await stack.call("PATCH", f"/servers/{s['id']}", json={"labels": {"role": "db"}})
+    assert status == 200, out
+    assert [m["status"] for m in (await _get(stack, fw["id"]))["members"]] == ["removing"]
+    assert (await _applied(stack, clock, (await fw_job("FirewallRemoveFromResources"))["id"]))["status"] == "succeeded"
+    assert (await _get(stack, fw["id"]))["members"] == []
+    await sim.firewall_cycle()
+    assert await _deliver(sim, OUTSIDE, _ip(s), "tcp", 80)

@@ -23,6 +23,7 @@ from z9.resources import (
     VmParts,
     on_create,
     on_final_delete,
+    on_relabel,
     register,
 )
 from z9.resources.firewall.compile import RULE_PREFIX, compile_server
@@ -94,5 +95,39 @@ async def server_deleted(conn: Any, server_id: str, max_attempts: int = 10) -> l
     return []
 
 
+async def server_relabelled(conn: Any, server: Any, settings: Any) -> list[Any]:
+    """A server's labels changed (``PATCH /v1/servers/{id}``, its transaction): the firewalls of its tenant
+    and region whose selectors match them now take it (``pending``, a FirewallApplyToResources), those whose
+    selectors held it and no longer match let it go (``removing``, a FirewallRemoveFromResources). A
+    server applied directly stays so (one owner per membership: a selector matching it adds no second
+    path). Refused with 409 ``server_firewall_limit`` when it would be in more than 5 firewalls."""
+    from z9.common.errors import Conflict
+
+    if server.status in ("deleting", "destroying", "deleted"):
+        return []
+    now = {fw.id: fw for fw in await store.selecting(conn, server.tenant_id, server.region, dict(server.labels or {}))}
+    jobs = []
+    current = {fw.id: fw for fw in await store.of_server(conn, server.id)}
+    vias = {m.firewall_id: m.via for m in await store.members(conn, list(current)) if m.server_id == server.id}
+    for fid, fw in current.items():
+        if vias.get(fid) == "label_selector" and fid not in now:
+            await store.member_removing(conn, fid, server.id)
+            row = await store.bump(conn, fid)
+            jobs.append(FIREWALL.new_job(row, FIREWALL_REMOVE, args={"servers": [server.id]},
+                                         max_attempts=settings.max_attempts, extra_lock_keys=(server.id,)))
+    added = [fid for fid in now if fid not in current]
+    if added and len([f for f in current if f in now or vias.get(f) == "server"]) + len(added) > 5:
+        raise Conflict(f"with these labels server {server.id} would be in more than 5 firewalls (the most a server "
+                       f"takes): {', '.join(sorted(set(current) | set(added)))}", code="server_firewall_limit",
+                       details={"kind": "server", "id": server.id, "limit": 5})
+    for fid in added:
+        await store.member_upsert(conn, fid, server.id, "label_selector")
+        row = await store.bump(conn, fid)
+        jobs.append(FIREWALL.new_job(row, FIREWALL_APPLY, args={"servers": [server.id]},
+                                     max_attempts=settings.max_attempts, extra_lock_keys=(server.id,)))
+    return jobs
+
+
 on_create("server", server_created)
+on_relabel("server", server_relabelled)
 on_final_delete("server", server_deleted)
