@@ -109,7 +109,7 @@ async def server_relabelled(conn: Any, server: Any, settings: Any) -> list[Any]:
     jobs = []
     current = {fw.id: fw for fw in await store.of_server(conn, server.id)}
     vias = {m.firewall_id: m.via for m in await store.members(conn, list(current)) if m.server_id == server.id}
-    for fid, fw in current.items():
+    for fid in current:
         if vias.get(fid) == "label_selector" and fid not in now:
             await store.member_removing(conn, fid, server.id)
             row = await store.bump(conn, fid)

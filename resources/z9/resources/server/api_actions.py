@@ -170,7 +170,7 @@ def operations(api: ApiResource) -> list[Operation]:
             raise Conflict(f"server {rid} is deleted; it cannot be changed", **deleting("server", rid, "deleted"))
         row = await SERVER.get(pool, rid, tenant_id)
         if more:
-            request.app[NOTIFIER].notify(row.region)
+            request.app[NOTIFIER].notify(more[0].region)
         return web.json_response(dump(one, {"server": row.public()}))
 
     errors: dict[int, Any] = {400: None, 401: None, 403: None, 404: None, 409: None, 422: None, 429: None}
