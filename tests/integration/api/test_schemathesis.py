@@ -46,6 +46,13 @@ SEED = int(os.environ.get("Z9_TEST_SCHEMATHESIS_SEED", "0")) or random.randrange
 # An ssh key the pattern admits is still refused when its blob is no key ssh-keygen reads or its
 # comment would break the user-data Proxmox writes (z9.common.sshkeys): no regex checks a blob.
 NOT_IN_ANY_SCHEMA += ("not a public key ssh-keygen can read", "its comment holds YAML syntax")
+# A firewall rule's fields depend on each other as Hetzner's do (a port for tcp/udp only, sources on an
+# in rule, destinations on an out rule), an address is a CIDR (no pattern says it of IPv6), the rules'
+# compiled size is a sum, and a rule may name a firewall this tenant does not have
+NOT_IN_ANY_SCHEMA += ("required for protocol", "not allowed for protocol", "an in rule needs",
+                      "an out rule needs", "not allowed on an in rule", "not allowed on an out rule",
+                      "is not a port 1-65535", "is not an IP address or CIDR", "effective rules",
+                      "unknown firewall")
 
 
 def _spare_the_token_in_use(own_id: str, stand_in_id: str) -> Any:

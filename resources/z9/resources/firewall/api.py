@@ -15,7 +15,7 @@ never both, so never the ownership deadlock of hcloud #911), ``server_firewall_l
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
 from pydantic import (
@@ -89,9 +89,10 @@ class Rule(BaseModel):
     port: StrictStr | None = Field(None, pattern=PORT, description='"80", "80-85" or "any"; tcp and udp only')
     source_ips: list[StrictStr] = Field(default_factory=list, max_length=MAX_CIDRS)
     destination_ips: list[StrictStr] = Field(default_factory=list, max_length=MAX_CIDRS)
-    source_firewalls: list[StrictStr] = Field(default_factory=list, max_length=5,
-                                              description="the members of these firewalls (ids)")
-    destination_firewalls: list[StrictStr] = Field(default_factory=list, max_length=5)
+    source_firewalls: list[Annotated[StrictStr, Field(pattern=FIREWALL_ID)]] = Field(
+        default_factory=list, max_length=5, description="the members of these firewalls (ids)")
+    destination_firewalls: list[Annotated[StrictStr, Field(pattern=FIREWALL_ID)]] = Field(
+        default_factory=list, max_length=5)
     description: StrictStr | None = Field(None, max_length=255)
 
     @field_validator("source_ips", "destination_ips")
@@ -108,11 +109,6 @@ class Rule(BaseModel):
     @field_validator("source_firewalls", "destination_firewalls")
     @classmethod
     def _fw_ids(cls, v: list[str]) -> list[str]:
-        import re
-
-        for f in v:
-            if not re.fullmatch(FIREWALL_ID, f):
-                raise ValueError(f"{f!r} is not a firewall id")
         return list(dict.fromkeys(v))
 
     @model_validator(mode="after")
@@ -141,27 +137,46 @@ class Rule(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
-class AppliedTo(BaseModel):
-    """A server (``server_id``) or every server of the region whose labels match ``label_selector``."""
+class AppliedToServer(BaseModel):
+    """A server, by id."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"label_selector": "role=web"}]})
+    model_config = ConfigDict(extra="forbid", title="AppliedToServer",
+                              json_schema_extra={"examples": [{"server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"}]})
 
-    server_id: StrictStr | None = Field(None, pattern=SERVER_ID)
-    label_selector: StrictStr | None = Field(None, min_length=1, max_length=1024)
+    server_id: StrictStr = Field(pattern=SERVER_ID)
 
-    @model_validator(mode="after")
-    def _one(self) -> AppliedTo:
-        if (self.server_id is None) == (self.label_selector is None):
-            raise ValueError("give exactly one of server_id, label_selector")
-        if self.label_selector is not None:
-            try:
-                labels_.parse(self.label_selector)
-            except ValueError as e:
-                raise ValueError(f"label_selector: {e}") from None
-        return self
+    @property
+    def label_selector(self) -> str | None:
+        return None
 
     def stored(self) -> dict[str, Any]:
-        return self.model_dump(exclude_none=True)
+        return {"server_id": self.server_id}
+
+
+class AppliedToSelector(BaseModel):
+    """Every server of the firewall's region whose labels match, now and later."""
+
+    model_config = ConfigDict(extra="forbid", title="AppliedToSelector",
+                              json_schema_extra={"examples": [{"label_selector": "role=web"}]})
+
+    label_selector: StrictStr = Field(min_length=1, max_length=1024, pattern=labels_.SELECTOR_PATTERN,
+                                      description="comma-separated requirements `k=v`, `k!=v`, `k`, `!k`, `k in (a,b)`")
+
+    @property
+    def server_id(self) -> str | None:
+        return None
+
+    @field_validator("label_selector")
+    @classmethod
+    def _parses(cls, v: str) -> str:
+        labels_.parse(v)  # (the pattern admits only what parses; a ValueError here names the field)
+        return v
+
+    def stored(self) -> dict[str, Any]:
+        return {"label_selector": self.label_selector}
+
+
+AppliedTo = AppliedToServer | AppliedToSelector
 
 
 class FirewallCreate(BaseModel):
@@ -178,7 +193,7 @@ class FirewallCreate(BaseModel):
     name: StrictStr = Field(pattern=schemas.NAME_PATTERN, description="DNS label, lower case, 1-63 chars")
     region: StrictStr = Field(min_length=1, max_length=63)
     labels: schemas.Labels | None = None
-    rules: list[Rule] = Field(default_factory=list, description=f"at most {MAX_RULES}")
+    rules: list[Rule] = Field(default_factory=list, max_length=MAX_RULES, description=f"at most {MAX_RULES}")
     applied_to: list[AppliedTo] = Field(default_factory=list, max_length=100)
 
 
@@ -200,7 +215,7 @@ class SetRules(BaseModel):
         {"rules": [{"direction": "in", "protocol": "tcp", "port": "443", "source_ips": ["0.0.0.0/0", "::/0"]}]},
         {"rules": []}]})
 
-    rules: list[Rule] = Field(description=f"replaces every rule (at most {MAX_RULES}); [] removes all")
+    rules: list[Rule] = Field(max_length=MAX_RULES, description=f"replaces every rule (at most {MAX_RULES}); [] removes all")
 
 
 class ApplyTo(BaseModel):
@@ -304,7 +319,8 @@ async def _check_referenced(conn: Any, tenant_id: str, region: str, firewall_id:
                     continue
                 row = await fw_store.get(conn, other, tenant_id)
                 if row is None or row.status in ("deleting", "destroying", "deleted"):
-                    raise _field_error(f"rules.{i}.{key}", f"no firewall {other!r}")
+                    raise ValidationFailed(f"rules.{i}.{key}: no firewall {other!r}",
+                                           details=[{"field": f"rules.{i}.{key}", "message": "unknown firewall"}])
                 if row.region != region:
                     raise Conflict(f"firewall {other} is in region {row.region}, this one in {region}",
                                    code="region_mismatch", details={"kind": "firewall", "id": other})
@@ -314,7 +330,7 @@ async def _server(conn: Any, tenant_id: str, server_id: str, region: str, field:
     """A server to apply a firewall to, locked (FOR UPDATE) until the request's transaction ends."""
     s = await server_store.server_get_for_update(conn, server_id, tenant_id)
     if s is None:
-        raise _field_error(field, f"no server {server_id!r}")
+        raise ValidationFailed(f"{field}: no server {server_id!r}", details=[{"field": field, "message": "unknown server"}])
     if s.region != region:
         raise Conflict(f"server {s.id} is in region {s.region}, the firewall in {region}: a firewall applies only "
                        "to servers of its region", code="region_mismatch",
@@ -491,7 +507,8 @@ def _operations(api: ApiResource) -> list[Operation]:
                                        "labels", code="firewall_managed_by_label_selector",
                                        details={"kind": "label_selector", "label_selector": sel,
                                                 "server_id": e.server_id})
-                    raise _field_error(f"remove_from.{i}", "the firewall is not applied to it")
+                    raise Conflict(f"firewall {fw.id} is not applied to {e.server_id or e.label_selector!r}",
+                                   code="firewall_not_applied", details={"entry": i, **entry})
                 applied.remove(entry)
                 if e.server_id is not None:
                     await fw_store.member_removing(conn, fw.id, e.server_id)
