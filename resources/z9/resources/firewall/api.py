@@ -143,6 +143,7 @@ class AppliedToServer(BaseModel):
     model_config = ConfigDict(extra="forbid", title="AppliedToServer",
                               json_schema_extra={"examples": [{"server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y"}]})
 
+    type: Literal["server"] = Field("server", description="Hetzner's discriminator (optional here)")
     server_id: StrictStr = Field(pattern=SERVER_ID)
 
     @property
@@ -159,6 +160,7 @@ class AppliedToSelector(BaseModel):
     model_config = ConfigDict(extra="forbid", title="AppliedToSelector",
                               json_schema_extra={"examples": [{"label_selector": "role=web"}]})
 
+    type: Literal["label_selector"] = Field("label_selector", description="Hetzner's discriminator (optional here)")
     label_selector: StrictStr = Field(min_length=1, max_length=1024, pattern=labels_.SELECTOR_PATTERN,
                                       description="comma-separated requirements `k=v`, `k!=v`, `k`, `!k`, `k in (a,b)`")
 
