@@ -53,3 +53,31 @@ def test_the_slice_readme_names_what_lies_outside() -> None:
     readme = (ROOT / "resources/z9/resources/volume/README.md").read_text()
     for rel in ("db/z9/db/migrations/0018_volumes.sql", "libs/common/z9/common/settings.py", "simulator/z9/sim/"):
         assert rel in readme
+
+
+# what names the firewall kind: its job kinds, module, ids, its member table
+FIREWALL_NAMES = re.compile(
+    r"\bFirewall(?:Create|SetRules|ApplyToResources|RemoveFromResources|Delete)\b|\bz9\.resources\.firewall\b"
+    r"|resources/firewall\b|\bfw_[0-9a-z]{6,}|\bfirewall_members\b")
+
+FIREWALL_OUTSIDE = {
+    "db/z9/db/migrations/0027_firewalls.sql": "its tables (a migration)",
+    "db/z9/db/schema.sql": "the schema snapshot, regenerated from the migrations",
+    "README.md": "the API's row, the walkthrough",
+    "docs/architecture.md": "who owns what on a VM",
+}
+
+
+def test_the_firewall_kind_is_named_outside_its_slice_only_where_listed() -> None:
+    found = set()
+    for rel in _tracked():
+        if rel.startswith(("tests/", "resources/z9/resources/firewall/")):
+            continue
+        try:
+            text = (ROOT / rel).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue
+        if FIREWALL_NAMES.search(text):
+            found.add(rel)
+    assert found - set(FIREWALL_OUTSIDE) == set(), "the firewall kind named outside its slice"
+    assert set(FIREWALL_OUTSIDE) - found == set(), "listed but no longer naming it: drop from FIREWALL_OUTSIDE"

@@ -1098,6 +1098,22 @@ CREATE TABLE networks (
     status                network_status NOT NULL DEFAULT 'creating',
     status_reason         text,
     status_before_delete  network_status,
+
+-- migration 0027: firewalls (see db/z9/db/migrations/0027_firewalls.sql)
+CREATE TYPE firewall_status AS ENUM ('creating', 'active', 'deleting', 'destroying', 'deleted', 'failed');
+
+CREATE TABLE firewalls (
+    id                    text PRIMARY KEY CHECK (id ~ '^fw_[0-9a-z]{26}$'),
+    tenant_id             text NOT NULL REFERENCES tenants (id),
+    region                text NOT NULL,
+    name                  text NOT NULL CHECK (name ~ '^[a-z0-9][a-z0-9-]{0,62}$'),
+    rules                 jsonb NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(rules) = 'array' AND jsonb_array_length(rules) <= 50),
+    applied_to            jsonb NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(applied_to) = 'array'),
+    generation            bigint NOT NULL DEFAULT 1 CHECK (generation >= 1),
+    labels                jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(labels) = 'object'),
+    status                firewall_status NOT NULL DEFAULT 'creating',
+    status_reason         text,
+    status_before_delete  firewall_status,
     delete_after          timestamptz,
     observed              jsonb,
     observed_at           timestamptz,
@@ -1175,3 +1191,24 @@ CREATE INDEX resource_drift_drifted ON resource_drift (resource_type, drifted_si
 -- migration 0029: a volume's disk by every volid z9 recorded for it (see db/z9/db/migrations/0029_volume_disk_volids.sql)
 ALTER TABLE volumes ADD COLUMN disk_volids text[] NOT NULL DEFAULT '{}';
 CREATE INDEX volumes_region_disk_volids ON volumes (region) WHERE status <> 'deleted' AND disk_volids <> '{}';
+
+CREATE UNIQUE INDEX firewalls_tenant_name_live ON firewalls (tenant_id, name) WHERE status <> 'deleted';
+CREATE INDEX firewalls_tenant_id ON firewalls (tenant_id, id);
+CREATE INDEX firewalls_deletion_due ON firewalls (delete_after) WHERE status = 'deleting';
+
+CREATE TYPE firewall_member_state AS ENUM ('pending', 'applied', 'removing');
+
+CREATE TABLE firewall_members (
+    firewall_id   text NOT NULL REFERENCES firewalls (id),
+    server_id     text NOT NULL REFERENCES servers (id),
+    via           text NOT NULL CHECK (via IN ('server', 'label_selector')),
+    state         firewall_member_state NOT NULL DEFAULT 'pending',
+    generation    bigint,                 -- the firewall's generation last seen applied on the VM
+    enforced      boolean,                -- the datacenter firewall, the VM's and its NIC's switches on (NULL: not seen)
+    detail        text,                   -- what the last check saw when not applied
+    applied_at    timestamptz,
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (firewall_id, server_id)
+);
+
+CREATE INDEX firewall_members_server ON firewall_members (server_id);

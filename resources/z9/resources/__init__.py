@@ -139,6 +139,22 @@ class QuotaUsage:
 
 
 @dataclass(frozen=True)
+class FirewallContribution:
+    """What a type adds to one VM's firewall (``VmParts.firewall``): ``rules``, each as ``POST
+    …/firewall/rules`` takes it (``type``, ``action``, ``proto``, ``dport``, ``source``, ``dest``) and
+    commented with one of the type's declared ``firewall_rules`` prefixes, written after the owner kind's
+    platform rules (which no contribution removes); ``policy_in``/``policy_out`` ``DROP`` closes that
+    direction but for the rules (None: the owner kind's policy stands). Contributions add up: DROP wins.
+    ``when_closed``: the rules are written only while the VM's inbound policy (the sum) is DROP — what a
+    VM open to everything needs no rule for (a load balancer's health checks to its target servers)."""
+
+    rules: tuple[dict[str, str], ...] = ()
+    policy_in: str | None = None
+    policy_out: str | None = None
+    when_closed: bool = False
+
+
+@dataclass(frozen=True)
 class VmParts:
     """What a type keeps on VMs — on its own VMs beyond what the VM machinery's spec writes, and on
     VMs other types made (an address on a server's VM, a volume's disk): the ownership contract of a
@@ -156,7 +172,11 @@ class VmParts:
     ``recorded(ctx, vm)``: what of VM ``vm`` its rows recorded as its parts beyond what the config shows
     by value (a volume's disk by every volid z9 recorded for it: a bare ``unusedN`` an operator's unplug
     left, an image of the VM's vmid on a storage): config key (or image) → what it is, for each part
-    found — asked before every destroy with the job's context (its database pool, region, Proxmox client)."""
+    found — asked before every destroy with the job's context (its database pool, region, Proxmox client).
+    ``firewall(db, owner, member)``: what it adds to the VM firewall of member ``member`` of resource
+    ``owner`` now (:class:`FirewallContribution`, None: nothing) — every job that converges that VM's
+    firewall asks every type and writes the sum (rules carrying one of its ``firewall_rules`` prefixes,
+    and the policies it names in ``firewall_options``)."""
 
     config: tuple[str, ...] = ()
     config_value: Callable[[str, Any], str | None] | None = None
@@ -166,6 +186,7 @@ class VmParts:
     firewall_rules: tuple[str, ...] = ()
     outlives_vm: bool = False
     recorded: Callable[[Any, Any], Awaitable[dict[str, str]]] | None = None
+    firewall: Callable[[Any, str, str], Awaitable[FirewallContribution | None]] | None = None
 
     def owns_config(self, key: str, value: Any) -> str | None:
         """What this part is when config entry ``key: value`` belongs to it, else None."""
@@ -485,9 +506,10 @@ async def restore_dependents(conn: Any, type_name: str, row: Any, settings: Any)
     return list(await store.job_insert_many(conn, jobs))
 
 
-# (type name) -> hooks run in the transaction that creates a resource of that type (its API create):
-# hook(conn, row, spec, settings) -> list[NewJob] (a dependent type joining the new resource at once: a
-# server attached to the networks its request names); ``spec`` is the validated create body
+# (type name) -> hooks run in the transaction that creates a resource of that type (POST /v1/<plural>):
+# hook(conn, row, spec, settings) -> list[NewJob] (a dependent type reacting to the new resource at once:
+# a server joining the networks its request names, a firewall whose label selector matches a new
+# server's labels taking it as a member); ``spec`` is the validated create body
 CREATE_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
 
 
@@ -552,6 +574,44 @@ def declared_tag(tag: str) -> bool:
 def declared_ipset_entry(comment: str | None) -> bool:
     """Some type declares the IP-set entry commented ``comment`` (by prefix) as its part."""
     return bool(comment) and any(str(comment).startswith(p) for rt in types() for p in rt.vm_parts.ipset_entries)
+
+
+def declared_firewall_rule(comment: str | None) -> bool:
+    """Some type declares the VM firewall rule commented ``comment`` (by prefix) as its part."""
+    return bool(comment) and any(str(comment).startswith(p) for rt in types() for p in rt.vm_parts.firewall_rules)
+
+
+async def vm_firewall(db: Any, owner: str, member: str) -> list[FirewallContribution]:
+    """What every type adds to the firewall of member ``member`` of resource ``owner`` (in registry order)."""
+    out = []
+    for rt in types():
+        if rt.vm_parts.firewall is not None:
+            got = await rt.vm_parts.firewall(db, owner, member)
+            if got is not None:
+                out.append(got)
+    return out
+
+
+# (type name) -> hooks run in the transaction that changes a resource's labels (PATCH /v1/<plural>/{id}):
+# hook(conn, row, settings) -> list[NewJob] (a firewall's label selector takes or lets go of a server)
+RELABEL_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
+
+
+def on_relabel(type_name: str, hook: Callable[..., Awaitable[list[Any]]]) -> None:
+    """Register ``hook(conn, row, settings) -> [NewJob]`` for when a ``type_name`` resource's labels change
+    (in that transaction, the row as changed; a hook may raise an ApiError to refuse the change)."""
+    RELABEL_HOOKS.setdefault(type_name, []).append(hook)
+
+
+async def relabel_dependents(conn: Any, type_name: str, row: Any, settings: Any) -> list[Any]:
+    """Run the hooks registered for a label change of ``type_name`` and insert the jobs they ask for (same
+    transaction, without NOTIFY: the caller notifies). Returns the inserted jobs."""
+    jobs: list[NewJob] = []
+    for hook in RELABEL_HOOKS.get(type_name, []):
+        jobs.extend(await hook(conn, row, settings))
+    if not jobs:
+        return []
+    return list(await store.job_insert_many(conn, jobs))
 
 
 def pve_endpoints() -> tuple[str, ...]:

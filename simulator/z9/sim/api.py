@@ -24,7 +24,7 @@ version, nodes, cluster resources/nextid, qemu list/create/config/clone/destroy/
 tasks; firewall (:mod:`z9.sim.firewall`): ``/nodes/{n}/qemu/{vmid}/firewall`` index, ``options``
 GET/PUT, ``ipset`` GET/POST, ``ipset/{name}`` GET/POST/DELETE, ``ipset/{name}/{cidr}`` GET/PUT/DELETE, ``rules``
 GET/POST, ``rules/{pos}`` GET/PUT/DELETE,
-``/cluster/firewall/options`` GET/PUT; cloud-init (:mod:`z9.sim.cloudinit`): ``…/cloudinit`` GET/PUT,
+``/cluster/firewall/options`` GET/PUT, ``/cluster/firewall/ipset[/{name}[/{cidr}]]`` (cluster IP sets); cloud-init (:mod:`z9.sim.cloudinit`): ``…/cloudinit`` GET/PUT,
 ``…/cloudinit/dump``; storage (:mod:`z9.sim.storage`): ``/nodes/{n}/storage``, ``…/{storage}`` index,
 ``status``, ``content`` GET, ``content/{volume}`` GET/DELETE, ``upload``; guest agent
 (:mod:`z9.sim.guest`): ``agent`` index, POST ``agent`` (command=ping|get-osinfo|…), ``ping``,
@@ -587,6 +587,32 @@ async def h_node_sdn_zones(ctx, p, user, fail):
             if _sdn_may(ctx, user, f"/sdn/zones/{r['zone']}", ("SDN.Audit",))]
 
 
+# cluster IP sets (cluster.fw ``[IPSET <name>]``; pve-firewall API2/Firewall/IPSet.pm ClusterIPSetList,
+# ClusterIPset): the handlers a VM's sets use, on the cluster's file
+async def h_cluster_ipset_list(ctx, p, user, fail):
+    return ctx.cluster.firewall.list_cluster_ipsets()
+
+
+async def h_cluster_ipset_create(ctx, p, user, fail):
+    ctx.cluster.firewall.create_cluster_ipset(p)
+
+
+async def h_cluster_ipset_get(ctx, p, user, fail):
+    return ctx.cluster.firewall.get_cluster_ipset(p["name"])
+
+
+async def h_cluster_ipset_add(ctx, p, user, fail):
+    ctx.cluster.firewall.add_cluster_ip(p["name"], p)
+
+
+async def h_cluster_ipset_delete(ctx, p, user, fail):
+    ctx.cluster.firewall.delete_cluster_ipset(p["name"], p.get("force") == "1")
+
+
+async def h_cluster_ip_delete(ctx, p, user, fail):
+    ctx.cluster.firewall.remove_cluster_ip(p["name"], p["cidr"], p)
+
+
 # ---- storage --------------------------------------------------------------------------------------
 async def h_storage_list(ctx, p, user, fail):
     # pve-storage API2/Storage/Status.pm index: only the storages the caller holds Datastore.Audit
@@ -937,6 +963,12 @@ ROUTES: dict[tuple[str, str], Handler] = {
     ("DELETE", "/cluster/sdn/vnets/{vnet}"): h_sdn_vnet_delete,
     ("GET", "/nodes/{node}/sdn/zones"): h_node_sdn_zones,
     ("GET", "/cluster/firewall/options"): h_cluster_fw_options_get,
+    ("GET", "/cluster/firewall/ipset"): h_cluster_ipset_list,
+    ("POST", "/cluster/firewall/ipset"): h_cluster_ipset_create,
+    ("GET", "/cluster/firewall/ipset/{name}"): h_cluster_ipset_get,
+    ("POST", "/cluster/firewall/ipset/{name}"): h_cluster_ipset_add,
+    ("DELETE", "/cluster/firewall/ipset/{name}"): h_cluster_ipset_delete,
+    ("DELETE", "/cluster/firewall/ipset/{name}/{cidr}"): h_cluster_ip_delete,
     ("PUT", "/cluster/firewall/options"): h_cluster_fw_options_put,
     ("GET", "/nodes/{node}/qemu/{vmid}/status"): h_status_index,
     ("GET", "/nodes/{node}/qemu/{vmid}/status/current"): h_status_current,

@@ -155,6 +155,9 @@ class VmFirewall:
     comments: dict[str, str] = field(default_factory=dict)
     # the ``[RULES]`` section, in order: each rule as ``parse_fw_rule`` reads it back from the file
     rules: list[dict] = field(default_factory=list)
+    # the cluster's IP sets (cluster.fw ``[IPSET <name>]``) as the rules see them (``+dc/<name>``): not
+    # part of the VM's file; set by the cluster before a rule is verified and in every compile
+    dc_ipsets: dict[str, list[dict]] = field(default_factory=dict, compare=False, repr=False)
 
     def to_json(self) -> dict:
         return {"options": dict(self.options), "ipsets": copy.deepcopy(self.ipsets), "comments": dict(self.comments),
@@ -213,6 +216,9 @@ class Firewall:
     def __init__(self, clock: FirewallClock | None = None) -> None:
         self.vms: dict[int, VmFirewall] = {}
         self.cluster_options: dict[str, str] = {}
+        # cluster.fw ``[IPSET <name>]`` sections (``/cluster/firewall/ipset``): name → entries, and comments
+        self.cluster_ipsets: dict[str, list[dict]] = {}
+        self.cluster_ipset_comments: dict[str, str] = {}
         self.clock = clock or FirewallClock()
         # the VMs' configs by vmid (set by the cluster): what the compile reads the NICs from
         self.vm_configs: Callable[[], Mapping[int, Mapping[str, str]]] = dict
@@ -234,6 +240,8 @@ class Firewall:
     def clear(self) -> None:
         self.vms.clear()
         self.cluster_options.clear()
+        self.cluster_ipsets.clear()
+        self.cluster_ipset_comments.clear()
         self._compiled = None  # a fresh world: the daemon compiles it at its next look
 
     # ---- the daemon's cycle ------------------------------------------------------------------------
@@ -251,6 +259,9 @@ class Firewall:
         configs = self.vm_configs()
         vms = {vmid: VmFirewall.from_json(fw.to_json()) for vmid, fw in self.vms.items()
                if str(fw.options.get("enable", "0")) not in ("0", "")} if enabled else {}
+        dc = copy.deepcopy(self.cluster_ipsets)  # compile_ipsets: the cluster's sets, as they are now
+        for fw in vms.values():
+            fw.dc_ipsets = dc
         nics = {vmid: {k: str(v) for k, v in configs[vmid].items() if re.fullmatch(r"net\d+", k)}
                 for vmid in vms if vmid in configs}
         return Compiled(self.clock.now(), cycle, enabled, vms, nics)
@@ -268,15 +279,82 @@ class Firewall:
 
     def dump(self) -> dict:
         return {"vms": {str(k): v.to_json() for k, v in sorted(self.vms.items())},
-                "cluster_options": dict(self.cluster_options)}
+                "cluster_options": dict(self.cluster_options),
+                "cluster_ipsets": copy.deepcopy(self.cluster_ipsets),
+                "cluster_ipset_comments": dict(self.cluster_ipset_comments)}
 
     def load(self, d: dict) -> None:
         self.vms = {int(k): VmFirewall.from_json(v) for k, v in (d.get("vms") or {}).items()}
         self.cluster_options = dict(d.get("cluster_options") or {})
+        self.cluster_ipsets = copy.deepcopy(d.get("cluster_ipsets") or {})
+        self.cluster_ipset_comments = dict(d.get("cluster_ipset_comments") or {})
 
     def vm(self, vmid: int) -> VmFirewall:
-        """The VM's firewall file as ``load_vmfw_conf`` reads it (empty when absent; not created)."""
-        return self.vms.get(vmid) or VmFirewall()
+        """The VM's firewall file as ``load_vmfw_conf`` reads it (empty when absent; not created), the
+        cluster's IP sets beside it (what its rules' ``+dc/<name>`` refer to)."""
+        fw = self.vms.get(vmid) or VmFirewall()
+        fw.dc_ipsets = self.cluster_ipsets
+        return fw
+
+    # ---- cluster IP sets (API2/Firewall/IPSet.pm ClusterIPSetList / ClusterIPset: cluster.fw) ------
+    # The same handlers as a VM's sets (``register_*`` in IPSet.pm are shared by both levels), on the
+    # cluster's file: the same texts, ``Sys.Audit``/``Sys.Modify`` on ``/`` (the schema's permissions).
+    def _dc(self) -> VmFirewall:
+        return VmFirewall(ipsets=self.cluster_ipsets, comments=self.cluster_ipset_comments)
+
+    def list_cluster_ipsets(self) -> list[dict]:
+        fw = self._dc()
+        return list_digest([{"name": n, **({"comment": fw.comments[n]} if fw.comments.get(n) else {})}
+                            for n in sorted(fw.ipsets)])[0]
+
+    def create_cluster_ipset(self, params: dict[str, str]) -> None:
+        self.tick()
+        name = params["name"]
+        if params.get("rename"):
+            raise param_error({"rename": "renaming cluster IP sets is not modelled"})
+        if name in self.cluster_ipsets:
+            raise param_error({"name": f"IPSet '{name}' already exists"})
+        self.cluster_ipsets[name] = []
+        if "comment" in params:
+            self.cluster_ipset_comments[name] = params["comment"]
+
+    def _cluster_ipset(self, name: str) -> list[dict]:
+        if name not in self.cluster_ipsets:
+            raise PveError(500, f"no such IPSet '{name}'")
+        return self.cluster_ipsets[name]
+
+    def get_cluster_ipset(self, name: str) -> list[dict]:
+        return list_digest(self._cluster_ipset(name))[0]
+
+    def delete_cluster_ipset(self, name: str, force: bool = False) -> None:
+        """``delete_ipset``: a set still holding entries needs ``force``; a set a VM's rule names is
+        deleted all the same (the rule then fails to compile: ``no such ipset``, warned and left out)."""
+        self.tick()
+        if self._cluster_ipset(name) and not force:
+            raise PveError(500, f"IPSet '{name}' is not empty")
+        del self.cluster_ipsets[name]
+        self.cluster_ipset_comments.pop(name, None)
+
+    def add_cluster_ip(self, name: str, params: dict[str, str]) -> None:
+        self.tick()
+        entries = self._cluster_ipset(name)
+        cidr = normalize_cidr(params["cidr"])
+        if any(e["cidr"] == cidr for e in entries):
+            raise param_error({"cidr": f"address '{cidr}' already exists"})
+        if re.search(r"/0+$", cidr):
+            raise param_error({"cidr": "a zero prefix is not allowed in ipset entries"})
+        entry: dict = {"cidr": cidr}
+        if params.get("nomatch") == "1":
+            entry["nomatch"] = 1
+        if params.get("comment"):
+            entry["comment"] = params["comment"]
+        entries.insert(0, entry)
+
+    def remove_cluster_ip(self, name: str, cidr: str, params: dict[str, str]) -> None:
+        self.tick()
+        entries = self._cluster_ipset(name)
+        assert_if_modified(list_digest(entries)[1], params.get("digest"))
+        self.cluster_ipsets[name] = [e for e in entries if e["cidr"] != cidr]
 
     def _save(self, vmid: int, fw: VmFirewall) -> None:
         self.vms[vmid] = fw
@@ -572,9 +650,13 @@ def verify_rule(rule: dict, fw: VmFirewall, noerr: bool = False) -> dict:
         if value.startswith("+"):
             m = IPSET_REF_RE.fullmatch(value)
             if m:
-                # the simulator has no cluster IP sets (cluster.fw [IPSET]) nor SDN ones: the VM's own only
-                if m.group(2) not in fw.ipsets:
-                    add(name, f"no such ipset '{m.group(2)}'")
+                # check_ipset_ref: ``+dc/<name>`` a cluster set, ``+<name>``/``+guest/<name>`` the VM's
+                # own, then the cluster's (Firewall.pm resolve order); no SDN sets are modelled
+                scope, set_name = m.group(1) or "", m.group(2)
+                known = (set_name in fw.dc_ipsets if scope == "dc/" else
+                         set_name in fw.ipsets or (scope == "" and set_name in fw.dc_ipsets))
+                if not known:
+                    add(name, f"no such ipset '{set_name}'")
             else:
                 add(name, f"invalid ipset name '{value}'")
         elif ALIAS_REF_RE.fullmatch(value):
@@ -798,6 +880,8 @@ def _addr_matches(spec: str, addr: Any, fw: VmFirewall) -> bool:
         scope, name = m.group(1) or "", m.group(2)
         if scope in ("", "guest/") and name in fw.ipsets:
             return ipset_matches(fw.ipsets[name], addr)
+        if scope in ("", "dc/") and name in fw.dc_ipsets:  # the cluster's (compile_ipsets: PVEFW-<name>)
+            return ipset_matches(fw.dc_ipsets[name], addr)
         raise RuleNotCompiled(f"no such ipset '{name}'")
     if ALIAS_REF_RE.fullmatch(spec):
         raise RuleNotCompiled(f"no such alias '{spec}'")

@@ -360,6 +360,31 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
         await w.call("POST", tpl, f"/servers/{srv}/actions/{action}", 401, token="z9t_unknown", json=good)
     await w.call("POST", "/servers/{id}/actions/detach_from_network", f"/servers/{srv}/actions/detach_from_network",
                  409, json={"network_id": net})  # not attached (its detach is under way: the row says detaching)
+    # the firewall's own routes
+    fw = (await w.call("POST", "/firewalls", "/firewalls", 202, json={"name": "walk-fw", "region": "dev-1"}))["firewall"]["id"]
+    await w.call("GET", "/firewalls", "/firewalls?region=dev-1", 200)
+    fitem = "/firewalls/{id}"
+    await w.call("PATCH", fitem, f"/firewalls/{fw}", 200, json={"labels": {"env": "walk"}})
+    await w.call("PATCH", fitem, f"/firewalls/{fw}", 422, json={})
+    await w.call("PATCH", fitem, "/firewalls/fw_nope", 404, json={"name": "x"})
+    await w.call("PATCH", fitem, f"/firewalls/{fw}", 401, token="z9t_unknown", json={"name": "x"})
+    for action, good, bad in (("set-rules", {"rules": []}, {"rules": [{"direction": "in", "protocol": "tcp"}]}),
+                              ("apply-to-resources", {"apply_to": [{"server_id": srv}]}, {"apply_to": [{}]}),
+                              ("remove-from-resources", {"remove_from": [{"server_id": srv}]}, {"remove_from": []}),
+                              # Hetzner's spellings (aliases)
+                              ("set_rules", {"rules": []}, {"rules": [{"direction": "in", "protocol": "tcp"}]}),
+                              ("apply_to_resources", {"apply_to": [{"server_id": srv}]}, {"apply_to": [{}]}),
+                              ("remove_from_resources", {"remove_from": [{"server_id": srv}]}, {"remove_from": []})):
+        tpl = f"/firewalls/{{id}}/actions/{action}"
+        await w.call("POST", tpl, f"/firewalls/{fw}/actions/{action}", 202, json=good)
+        await w.call("POST", tpl, f"/firewalls/{fw}/actions/{action}", 422, json=bad)
+        await w.call("POST", tpl, f"/firewalls/fw_nope/actions/{action}", 404, json=good)
+        await w.call("POST", tpl, f"/firewalls/{fw}/actions/{action}", 401, token="z9t_unknown", json=good)
+    await w.call("POST", "/firewalls/{id}/actions/apply-to-resources", f"/firewalls/{fw}/actions/apply-to-resources",
+                 202, json={"apply_to": [{"server_id": srv}]})
+    await w.call("POST", "/firewalls/{id}/actions/apply-to-resources", f"/firewalls/{fw}/actions/apply-to-resources",
+                 409, json={"apply_to": [{"server_id": srv}]})  # firewall_already_applied
+    await w.call("DELETE", fitem, f"/firewalls/{fw}", 409)  # resource_in_use
 
     # the caller's own quotas and use
     quota = await w.call("GET", "/quota", "/quota", 200)

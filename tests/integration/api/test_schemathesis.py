@@ -49,6 +49,13 @@ NOT_IN_ANY_SCHEMA += ("not a public key ssh-keygen can read", "its comment holds
 # A network's range without host bits (no regex says it), an address inside the network named (its
 # range is the network's), a network id that exists.
 NOT_IN_ANY_SCHEMA += ("has host bits set", "unknown network", "not in ", "named twice")
+# A firewall rule's fields depend on each other as Hetzner's do (a port for tcp/udp only, sources on an
+# in rule, destinations on an out rule), an address is a CIDR (no pattern says it of IPv6), the rules'
+# compiled size is a sum, and a rule may name a firewall this tenant does not have
+NOT_IN_ANY_SCHEMA += ("required for protocol", "not allowed for protocol", "an in rule needs",
+                      "an out rule needs", "not allowed on an in rule", "not allowed on an out rule",
+                      "is not a port 1-65535", "is not an IP address or CIDR", "effective rules",
+                      "unknown firewall")
 
 
 def _spare_the_token_in_use(own_id: str, stand_in_id: str) -> Any:

@@ -162,3 +162,22 @@ async def test_a_token_lacking_sdn_allocate_fails_the_network_naming_it(stack: S
     assert done["status"] == "failed", done
     msg = done["error"]["message"]
     assert "the region's API token lacks a privilege" in msg and "SDN.Allocate" in msg, msg
+
+
+@pytest.mark.without("Sys.Modify")
+async def test_a_firewall_naming_another_firewalls_members_needs_sys_modify(stack: Stack, sim: SimAdmin) -> None:
+    """Cluster IP sets ("members of firewall X") are written on cluster.fw: pve-firewall's ClusterIPSetList
+    checks Sys.Modify on / (the README's role holds it for that alone); without it the job fails at once,
+    naming it — a firewall without such a rule needs none."""
+    server, job = await stack.create_server("fw-priv")
+    assert (await stack.wait_job(job["id"], timeout_s=90))["status"] == "succeeded"
+    status, apps = await stack.call("POST", "/firewalls", json={"name": "apps", "region": REGION})
+    assert status == 202, apps
+    assert (await stack.wait_job(apps["job"]["id"], timeout_s=60))["status"] == "succeeded"
+    status, out = await stack.call("POST", "/firewalls", json={
+        "name": "dbs", "region": REGION, "applied_to": [{"server_id": server["id"]}],
+        "rules": [{"direction": "in", "protocol": "tcp", "port": "5432", "source_firewalls": [apps["firewall"]["id"]]}]})
+    assert status == 202, out
+    done = await stack.wait_job(out["job"]["id"], timeout_s=60)
+    assert done["status"] == "failed" and done["attempt"] == 1, done
+    assert re.search(r"Permission check failed \(/, Sys\.Modify\)", done["error"]["message"]), done["error"]

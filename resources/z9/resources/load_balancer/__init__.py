@@ -8,7 +8,8 @@ import ipaddress
 from typing import Any
 
 from z9.resources.load_balancer.model import LoadBalancer
-from z9.resources import Buffered, Periodic, PlanOf, QuotaUnit, QuotaUsage, ResourceType, on_final_delete, register
+from z9.resources import (Buffered, FirewallContribution, Periodic, PlanOf, QuotaUnit, QuotaUsage, ResourceType,
+                          VmParts, on_final_delete, register)
 from z9.resources.load_balancer import store as load_balancer_store
 
 # the job kinds of this type (the ``kind`` column's values)
@@ -20,6 +21,33 @@ LOAD_BALANCER_DELETE = "LoadBalancerDelete"
 LOAD_BALANCER_OBSERVE = "LoadBalancerObserve"
 
 STATUSES = ("creating", "active", "deleting", "destroying", "deleted", "failed")
+
+
+#: the comment prefix of the rules a load balancer writes on its target servers' VMs
+TARGET_RULE = "z9 load balancer "
+
+
+async def target_contribution(db: Any, owner: str, member: str) -> FirewallContribution | None:
+    """What the load balancers targeting server ``owner`` need on its VM: their appliances' addresses in,
+    on each service's destination and health-check ports — the platform's part of a target: a tenant's
+    firewall on the server (inbound closed) never cuts its load balancer off (``when_closed``: a server
+    open to everything needs no rule). None when no live load balancer targets it."""
+    if member != "main":
+        return None
+    rules: list[dict[str, str]] = []
+    for lb in await load_balancer_store.lb_targeting_server(db, owner):
+        if lb.status in ("deleted", "destroying"):
+            continue
+        ips = sorted({str(a["ip"]) for a in (lb.addresses or {}).values() if isinstance(a, dict) and a.get("ip")})
+        ports = sorted({int(s["destination_port"]) for s in lb.services}
+                       | {int((s.get("health_check") or {}).get("port") or s["destination_port"]) for s in lb.services})
+        for version in (4, 6):
+            src = [ip for ip in ips if ipaddress.ip_address(ip).version == version]
+            if src and ports:
+                rules.append({"type": "in", "action": "ACCEPT", "proto": "tcp", "source": ",".join(src),
+                              "dport": ",".join(str(p) for p in ports),
+                              "comment": f"{TARGET_RULE}{lb.id}: its appliances to its target ports and health checks"})
+    return FirewallContribution(rules=tuple(rules), when_closed=True) if rules else None
 
 
 def restore(lb: LoadBalancer) -> tuple[str, dict[str, Any]]:
@@ -45,6 +73,9 @@ LOAD_BALANCER: ResourceType[LoadBalancer] = register(ResourceType(
     periodic=Periodic(kind=LOAD_BALANCER_OBSERVE, interval_setting="lb_health_interval_s",
                       statuses=("active", "failed")),
     order=30,
+    # on its target servers' VMs: its appliances reach the targets' ports and health checks through a
+    # tenant's firewall (rules written only while the server's inbound is closed: target_contribution)
+    vm_parts=VmParts(firewall_rules=(TARGET_RULE,), firewall=target_contribution),
     quotas=(QuotaUnit("load_balancers", "load balancers", example=(2, 0)),),
     quota_usage=QuotaUsage("load_balancer_quota_usage", {
         "load_balancers": "load balancers (each also uses 2 or 3 addresses)"}),

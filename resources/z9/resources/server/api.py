@@ -58,7 +58,7 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
     made the VM (its lock keys hold the server: it runs after the create); the answer's ``jobs``
     names both (the server is reachable at its address when both have succeeded). ServerCreate's
     configure step writes the address as cloud-init ``ipconfig0`` (+ the pool's nameservers, else the region's)."""
-    args = spec.model_dump(exclude={"public_ipv4", "networks"})
+    args = spec.model_dump(exclude={"public_ipv4", "networks", "labels"})
     region_ns = ctx.settings.regions[spec.region].guest_nameservers()
     if region_ns:  # the guest's DNS (a private network's own nameservers, or a pool's, take its place)
         args["nameserver"] = " ".join(region_ns)
@@ -67,11 +67,9 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
                        addresses=1 if spec.public_ipv4 is True else 0)
     if spec.public_ipv4 is False:
         server, brief = await _insert(ctx, spec, job)
-        await _dependents(ctx, server, spec)
         return server, brief
     async with ctx.conn.transaction():  # (a savepoint when the handler's transaction is open)
         server, brief = await _insert(ctx, spec, job)
-        await _dependents(ctx, server, spec)
         address = await _primary(ctx, spec, server)
         network = {"ipconfig0": address.ipconfig0()}
         nameservers = ctx.settings.regions[spec.region].guest_nameservers(
@@ -87,18 +85,16 @@ async def create(ctx: CreateContext, spec: schemas.ServerCreate) -> tuple[Server
     return server, brief
 
 
-async def _dependents(ctx: CreateContext, server: Server, spec: schemas.ServerCreate) -> None:
-    """What other types do with a new server its request asks for (``resources.on_create``: the networks
-    it joins), their jobs after its ServerCreate; the answer's ``jobs`` names them."""
-    for job in await resources.create_dependents(ctx.conn, "server", server, spec, ctx.settings):
-        ctx.more_jobs.append(job.brief())
-
-
 async def _insert(ctx: CreateContext, spec: schemas.ServerCreate, job: NewJob) -> tuple[Server, dict[str, Any]]:
     try:
-        return await server_store.server_insert_with_job(
+        server, brief = await server_store.server_insert_with_job(
             ctx.conn, tenant_id=ctx.tenant_id, region=spec.region, name=spec.name, image=spec.image,
             cores=spec.cores, memory_mib=spec.memory_mib, disk_gib=spec.disk_gib, ssh_keys=spec.ssh_keys, job=job)
+        if spec.labels:  # (the create's own transaction: its hooks run after this, on the labelled row)
+            labelled = await server_store.server_patch(ctx.conn, server.id, ctx.tenant_id, name=None,
+                                                       labels=dict(spec.labels))
+            server = labelled or server
+        return server, brief
     except UniqueViolation as e:
         if e.constraint != "servers_tenant_name_live":
             raise

@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
+from z9 import resources
 from z9.common import store
 from z9.common.errors import Conflict, NotFound, UniqueViolation, ValidationFailed, deleting
 from z9.resources.server.model import Server
@@ -28,7 +29,7 @@ from z9.resources.server import SERVER
 from z9.common.settings import Settings
 
 from z9.api import quotas, schemas
-from z9.api.resources import POOL, ApiResource, action_transaction, Operation, dump, parse_body, path_id, tenant
+from z9.api.resources import NOTIFIER, POOL, SETTINGS, ApiResource, action_transaction, Operation, dump, parse_body, path_id, tenant
 from z9.resources.server import store as server_store
 from z9.resources.server import SERVER_CREATE, SERVER_REBOOT, SERVER_RESIZE, SERVER_START, SERVER_STOP
 
@@ -152,8 +153,13 @@ def operations(api: ApiResource) -> list[Operation]:
         spec = await parse_body(request, ServerPatch)
         pool, tenant_id = request.app[POOL], tenant(request)
         rid = path_id(request, "srv", "server")
+        more: list[Any] = []
         try:
-            row = await server_store.server_patch(pool, rid, tenant_id, name=spec.name, labels=spec.labels)
+            async with pool.acquire() as conn, conn.transaction():
+                row = await server_store.server_patch(conn, rid, tenant_id, name=spec.name, labels=spec.labels)
+                if row is not None and spec.labels is not None:
+                    # types reacting to the new labels (a firewall's selector), in this transaction
+                    more = await resources.relabel_dependents(conn, "server", row, request.app[SETTINGS])
         except UniqueViolation as e:
             if e.constraint != "servers_tenant_name_live":
                 raise
@@ -163,6 +169,8 @@ def operations(api: ApiResource) -> list[Operation]:
                 raise NotFound(f"no server {rid!r}")
             raise Conflict(f"server {rid} is deleted; it cannot be changed", **deleting("server", rid, "deleted"))
         row = await SERVER.get(pool, rid, tenant_id)
+        if more:
+            request.app[NOTIFIER].notify(more[0].region)
         return web.json_response(dump(one, {"server": row.public()}))
 
     errors: dict[int, Any] = {400: None, 401: None, 403: None, 404: None, 409: None, 422: None, 429: None}

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from z9.client.models import SERVERS, Server, ServerCreate
-from z9.client.commands._kind import (LABEL_ARGS, Action, Arg, KindSpec, Update, given, labels_of, labels_text, status_text)
+from z9.client.commands._kind import (LABEL_ARGS, Action, Arg, KindSpec, Update, given, label, labels_of, labels_text, status_text)
 
 STATUSES = ("creating", "running", "stopped", "deleting", "destroying", "deleted", "failed")
 
@@ -41,8 +41,8 @@ def create_body(a: argparse.Namespace) -> dict[str, Any]:
     # the API's own model checks the request before it is sent (a bad name: 64, no request)
     spec = ServerCreate(name=a.name, region=a.region, image=a.image, cores=a.cores, memory_mib=a.memory_mib,
                         disk_gib=a.disk_gib, ssh_keys=a.ssh_key or [], public_ipv4=a.public_ipv4,
-                        networks=getattr(a, "network", None) or [])
-    return spec.model_dump(mode="json")
+                        networks=getattr(a, "network", None) or [], labels=labels_of(a))
+    return spec.model_dump(mode="json", exclude_none=True)
 
 
 def _public_ip(s: Server) -> str | None:
@@ -87,7 +87,9 @@ KIND = KindSpec(
                  "address (adr_…) of the region; without it the server uses DHCP"),
         Arg("--network", action="append", type=_network, metavar="NET_ID[=IP]",
             help="join a private network of the region (repeatable): a NIC on it with the address given or "
-                 "the lowest free one")),
+                 "the lowest free one"),
+        Arg("--label", action="append", type=label, metavar="KEY=VALUE",
+            help="repeatable; a firewall whose label selector matches applies before the server first starts")),
     create_body=create_body,
     update=Update(args=(Arg("--name", help="the new name"), *LABEL_ARGS),
                   body=lambda a: given(name=a.name, labels=labels_of(a)),

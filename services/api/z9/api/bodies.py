@@ -47,6 +47,21 @@ SSH_KEY_PATTERN = r"^[ \t\r\n]*(ssh-|ecdsa-sha2-|sk-ssh-|sk-ecdsa-)[!-~]*( +[!-~
 
 # ---------------------------------------------------------------------------------- servers
 
+# Labels (every resource type, migration 0011): Kubernetes' syntax, without key prefixes' DNS
+# subdomains longer than one name: a key is 1-63 characters ``[A-Za-z0-9._-]`` (optionally
+# ``prefix/``), starting and ending alphanumeric; a value 0-63 of the same.
+LABEL_KEY = r"^([a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
+LABEL_VALUE = r"^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$"
+LabelKey = Annotated[str, Field(pattern=LABEL_KEY, max_length=127)]
+LabelValue = Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)]
+# (the document says it with propertyNames: pydantic's patternProperties would let keys that
+# do not match through with any value)
+Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=64, description="labels: key → value (at most 64)"),
+                   WithJsonSchema({"type": "object", "maxProperties": 64, "description": "labels: key → value (at most 64)",
+                                   "propertyNames": {"pattern": LABEL_KEY, "maxLength": 127},
+                                   "additionalProperties": {"type": "string", "pattern": LABEL_VALUE, "maxLength": 63}})]
+
+
 class NetworkJoin(BaseModel):
     """A private network a server joins at its create (``networks`` of ``POST /v1/servers``)."""
 
@@ -82,6 +97,8 @@ class ServerCreate(BaseModel):
     networks: list[NetworkJoin] = Field(default_factory=list, max_length=8, description=(
         "private networks of the region to join at once: a NIC on each (net1, net2, …) with the address "
         "asked for or the lowest free one"))
+    labels: Labels | None = Field(None, description="the server's labels from the start (a firewall whose label "
+                                                    "selector matches them applies before its VM first starts)")
 
     @field_validator("ssh_keys")
     @classmethod

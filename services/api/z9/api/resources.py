@@ -108,6 +108,9 @@ class ApiResource:
     list_rows: Callable[..., Awaitable[list[Any]]] | None = None
     tag_description: str = ""
     models: dict[str, type[BaseModel]] = field(default_factory=dict)  # filled by resource_operations
+    # what GET and list add to rows before their public shape (a firewall's member rows):
+    # ``enrich(db, rows) -> rows``
+    enrich: Callable[[Any, list[Any]], Awaitable[list[Any]]] | None = None
 
     @property
     def name(self) -> str:
@@ -356,7 +359,7 @@ def _create_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
         # Without an Idempotency-Key (and for a type whose create is one statement) row and job
         # go in one statement: atomic on its own, one round trip; otherwise the key's lock and
         # answer share an explicit transaction with the writes.
-        tx = key is not None or api.transactional
+        tx = key is not None or api.transactional or bool(resources.CREATE_HOOKS.get(rt.name))
         try:
             async with pool.acquire() as conn, (conn.transaction() if tx else contextlib.nullcontext()):
                 replay = await idempotency_begin(conn, tenant_id, key, req_hash)
@@ -364,6 +367,9 @@ def _create_handler(api: ApiResource, accepted: type[BaseModel]) -> Handler:
                     return replay
                 ctx = CreateContext(conn, settings, tenant_id)
                 row, job = await api.create(ctx, spec)
+                # dependents reacting in the same transaction (a server's networks, a firewall whose selector takes it)
+                more = await resources.create_dependents(conn, rt.name, row, spec, settings)
+                ctx.more_jobs.extend(j.brief() for j in more)
                 answer = dump(accepted, {rt.name: row.public(), "job": job, "jobs": [job, *ctx.more_jobs]})
                 await idempotency_end(conn, tenant_id, key, req_hash, 202, answer)
         except Conflict as e:
@@ -409,6 +415,8 @@ def _list_handler(api: ApiResource, page: type[BaseModel]) -> Handler:
         else:
             rows = await rt.list(request.app[POOL], tenant(request), after=after, status=status, limit=limit,
                                  name=name, selector=selector, include_deleted=include_deleted)
+        if api.enrich is not None:
+            rows = await api.enrich(request.app[POOL], rows)
         return web.json_response(dump(page, {rt.plural.replace("-", "_"): [r.public() for r in rows],
                                              "next_after": rows[-1].id if len(rows) == limit else None}))
 
@@ -423,6 +431,8 @@ def _get_handler(api: ApiResource, one: type[BaseModel]) -> Handler:
         row = await rt.get(request.app[POOL], rid, tenant(request))
         if row is None:
             raise NotFound(f"no {rt.name} {rid!r}")
+        if api.enrich is not None:
+            [row] = await api.enrich(request.app[POOL], [row])
         return web.json_response(dump(one, {rt.name: row.public()}))
 
     return get

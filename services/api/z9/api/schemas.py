@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, WithJsonSchema, model_validator)
 
 # shared with the client (pydantic only): re-exported here, where the API and its slices look for them
-from .bodies import (NAME_PATTERN, PATTERN_WORDS, SSH_KEY_MAX, SSH_KEY_PATTERN, SSH_KEY_PREFIXES,  # noqa: F401
+from .bodies import (LABEL_KEY, LABEL_VALUE, LabelKey, Labels, LabelValue,  # noqa: F401
+                     NAME_PATTERN, PATTERN_WORDS, SSH_KEY_MAX, SSH_KEY_PATTERN, SSH_KEY_PREFIXES,  # noqa: F401
                      SSH_KEY_SPACE, ServerCreate, pattern_words)
 
 
@@ -42,19 +43,7 @@ Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-tim
 """A time as the API writes it: ISO 8601 in UTC with a ``Z``."""
 OptTimestamp = Annotated[str | None, WithJsonSchema({"type": ["string", "null"], "format": "date-time"})]
 
-# Labels (every resource type, migration 0011): Kubernetes' syntax, without key prefixes' DNS
-# subdomains longer than one name: a key is 1-63 characters ``[A-Za-z0-9._-]`` (optionally
-# ``prefix/``), starting and ending alphanumeric; a value 0-63 of the same.
-LABEL_KEY = r"^([a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
-LABEL_VALUE = r"^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$"
-LabelKey = Annotated[str, Field(pattern=LABEL_KEY, max_length=127)]
-LabelValue = Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)]
-# (the document says it with propertyNames: pydantic's patternProperties would let keys that
-# do not match through with any value)
-Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=64, description="labels: key → value (at most 64)"),
-                   WithJsonSchema({"type": "object", "maxProperties": 64, "description": "labels: key → value (at most 64)",
-                                   "propertyNames": {"pattern": LABEL_KEY, "maxLength": 127},
-                                   "additionalProperties": {"type": "string", "pattern": LABEL_VALUE, "maxLength": 63}})]
+# Labels: defined in bodies.py (requests take them), re-exported here
 
 
 class Response(BaseModel):

@@ -576,8 +576,9 @@ async def observe_member(ctx: JobContext, spec: VmSpec) -> MemberWorld:
             disk = found[1] if found else None
             if spec.node and spec.node != tpl.node and tpl.vmid not in ctx.pve.local_templates:
                 shared = await template_on_shared_storage(ctx, tpl.node, spec.node, tpl.config)
-    fw = await observe_firewall(ctx, spec, vm) if vm is not None and vm.lock != "clone" else None
-    findings = _firewall_findings(spec, vm, fw) if vm is not None and vm.lock != "clone" else []
+    eff = await effective_firewall(ctx, spec) if vm is not None and vm.lock != "clone" else spec
+    fw = await observe_firewall(ctx, eff, vm) if vm is not None and vm.lock != "clone" else None
+    findings = _firewall_findings(eff, vm, fw) if vm is not None and vm.lock != "clone" else []
     return MemberWorld(template=template, vm=vm, template_disk_gib=disk, clone_in_flight_s=in_flight,
                        firewall_drift=[t for t, _ in findings], firewall_drifts=[d for _, d in findings],
                        template_shared=shared, template_config=tpl_config)
@@ -720,10 +721,13 @@ class FwRule:
     dport: str | None = None
     source: str | None = None
     dest: str | None = None
+    # the comment's prefix: the platform's, or the one another type declares for the rules it adds to
+    # this VM (VmParts.firewall_rules; FirewallContribution)
+    prefix: str = PLATFORM_RULE
 
     @property
     def comment(self) -> str:
-        return PLATFORM_RULE + self.why
+        return self.prefix + self.why
 
     def params(self) -> dict[str, str]:
         """The rule as ``POST …/firewall/rules`` takes it (``enable`` explicit: a rule created
@@ -804,7 +808,43 @@ def _mine_entry(spec: FirewallOwner, e: Mapping[str, Any]) -> bool:
 
 
 def _platform(r: Mapping[str, Any]) -> bool:
-    return str(r.get("comment") or "").startswith(PLATFORM_RULE)
+    """A rule z9 writes and keeps whole: a platform rule, or one of a type's declared rules (VmParts.
+    firewall_rules: a tenant firewall's compiled rules) — rewritten together, in the spec's order."""
+    comment = str(r.get("comment") or "")
+    return comment.startswith(PLATFORM_RULE) or resources.declared_firewall_rule(comment)
+
+
+def _contributed_rule(params: Mapping[str, str]) -> FwRule:
+    """A rule a type contributes (``FirewallContribution.rules``) as the machinery writes it: its comment
+    split at the declared prefix it carries."""
+    comment = str(params.get("comment") or "")
+    prefix = next((p for rt in resources.types() for p in rt.vm_parts.firewall_rules if comment.startswith(p)), None)
+    if prefix is None:
+        raise PermanentError(f"a contributed firewall rule's comment {comment!r} carries no declared prefix")
+    return FwRule(str(params["type"]), str(params.get("action") or "ACCEPT"), comment[len(prefix):],
+                  proto=params.get("proto") or None, dport=params.get("dport") or None,
+                  source=params.get("source") or None, dest=params.get("dest") or None, prefix=prefix)
+
+
+async def effective_firewall(ctx: JobContext, spec: Any) -> Any:
+    """``spec`` (a :class:`VmSpec` or :class:`FirewallPart`) with what every type contributes to its VM's
+    firewall now (``VmParts.firewall``: a tenant's firewalls on a server): the owner kind's platform rules
+    first — no contribution removes them —, then the contributed rules; a policy is DROP when the owner
+    kind's or any contribution says so. No contribution: ``spec`` as it is."""
+    if spec.firewall is None:
+        return spec
+    contributions = await resources.vm_firewall(ctx.pool, spec.owner, spec.member)
+    if not contributions:
+        return spec
+    fw = spec.firewall
+    policy_in = "DROP" if any(c.policy_in == "DROP" for c in contributions) else fw.policy_in
+    policy_out = "DROP" if any(c.policy_out == "DROP" for c in contributions) else fw.policy_out
+    # the platform's part of another type first (a load balancer's health checks: when_closed), then
+    # the tenant's: no tenant rule is ever above what the platform needs
+    ordered = sorted((c for c in contributions if policy_in == "DROP" or not c.when_closed),
+                     key=lambda c: not c.when_closed)
+    rules = fw.rules + tuple(_contributed_rule(r) for c in ordered for r in c.rules)
+    return replace(spec, firewall=FirewallSpec(policy_in=policy_in, policy_out=policy_out, rules=rules))
 
 
 def firewall_drift(spec: FirewallOwner, vm: VmState, fw: FirewallState | None) -> list[str]:
@@ -1131,9 +1171,10 @@ async def _firewall(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: Ste
     vm = await _current(ctx, world)
     refuse_platform(spec.owner, vm)
     refuse_if_locked(vm)
-    fw = await observe_firewall(ctx, spec, vm)
-    if firewall_drift(spec, vm, fw):
-        await apply_firewall(ctx, spec, vm, step, fw)
+    eff = await effective_firewall(ctx, spec)
+    fw = await observe_firewall(ctx, eff, vm)
+    if firewall_drift(eff, vm, fw):
+        await apply_firewall(ctx, eff, vm, step, fw)
         world.fresh = False  # the NIC's firewall flag may have changed the config
     world.firewall_drift = []
 

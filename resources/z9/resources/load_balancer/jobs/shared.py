@@ -258,6 +258,9 @@ class World:
     targets: list[dict[str, Any]] = field(default_factory=list)
     appliances: dict[str, Appliance] = field(default_factory=dict)
     superseded: str | None = None
+    # server target → its VM, firewall part (every type's contribution) and drift, for the targets whose
+    # inbound is closed (a tenant's firewall) and whose VM does not hold this load balancer's rules yet
+    target_firewalls: dict[str, tuple[VmState, Any, list[str]]] = field(default_factory=dict)
 
 
 async def load(ctx: JobContext) -> tuple[LoadBalancer, list[dict[str, Any]]]:
@@ -344,7 +347,40 @@ async def observe(ctx: JobContext, *, active_statuses: tuple[str, ...] = ("creat
         app.interface = interface_of(app.interfaces or [], lb.addresses[app.member]["ip"])
         world.desired_keepalived[app.member] = (None if app.interface is None else
                                                 render_keepalived(lb, app.member, app.interface, world.vrrp_key))
+    world.target_firewalls = await target_firewalls(ctx, lb)
     return world
+
+
+async def target_firewalls(ctx: JobContext, lb: LoadBalancer) -> dict[str, tuple[VmState, Any, list[str]]]:
+    """The server targets whose VM firewall lacks this load balancer's rules (written only while the
+    target's inbound is closed by a tenant's firewall: ``TARGET_RULE``), with what to write there — the
+    sum every type contributes (:func:`z9.executor.vms.effective_firewall`), as the server's own jobs do."""
+    from z9.resources.load_balancer import TARGET_RULE
+    from z9.resources.server.jobs.shared import firewall_part
+
+    out = {}
+    for sid in sorted({t["server_id"] for t in lb.targets if t["type"] == "server"}):
+        part = await vms.effective_firewall(ctx, firewall_part(sid))
+        if part.firewall is None or not any(r.prefix == f"{TARGET_RULE}" and lb.id in r.why for r in part.firewall.rules):
+            continue
+        vm = await vms.find_one_vm(ctx, sid)
+        if vm is None or vm.lock:
+            continue
+        drift = vms.firewall_drift(part, vm, await vms.observe_firewall(ctx, part, vm))
+        if drift:
+            out[sid] = (vm, part, drift)
+    return out
+
+
+async def _target_firewall(ctx: JobContext, world: World, step: Step) -> None:
+    from z9.executor import guard
+
+    sid = step.detail["server_id"]
+    vm, part, _ = world.target_firewalls[sid]
+    st = await guard.reread_guarded(ctx, sid, vm)
+    fw = await vms.observe_firewall(ctx, part, st)
+    if vms.firewall_drift(part, st, fw):
+        await vms.apply_firewall(ctx, part, st, step, fw)
 
 
 async def interfaces(ctx: JobContext, vm: VmState | None) -> list[dict[str, Any]] | None:
@@ -386,6 +422,9 @@ def plan(job: Job, world: World) -> list[Step]:
         if app.haproxy_hash != want_h:
             steps.append(PUSH_HAPROXY.step({"member": member, "hash": want_h}).explained(drift=[Drift(
                 f"appliances.{member}.haproxy.cfg", _digest(want_h), _digest(app.haproxy_hash))]))
+    # its targets reachable through their tenants' firewalls (before the health verify reads)
+    steps += [Step("target_firewall", {"server_id": sid, "vmid": vm.vmid, "node": vm.node, "drift": drift})
+              for sid, (vm, _, drift) in world.target_firewalls.items()]
     return steps
 
 
@@ -423,6 +462,9 @@ PUSHES = StepKinds(PUSH_HAPROXY, PUSH_KEEPALIVED)
 
 
 async def apply(ctx: JobContext, world: World, step: Step) -> None:
+    if step.name == "target_firewall":
+        await _target_firewall(ctx, world, step)
+        return
     app = world.appliances[step.detail["member"]]
     kind = PUSHES.find(step)
     if kind is not None:

@@ -69,7 +69,7 @@ async def firewall_drift(ctx: JobContext, vm: VmState | None) -> list[str]:
     """What of the server's VM firewall is not as z9 keeps it (read now; [] without a VM, or locked)."""
     if vm is None or vm.lock:
         return []
-    part = firewall_part(ctx.job.resource_id)
+    part = await vms.effective_firewall(ctx, firewall_part(ctx.job.resource_id))
     return vms.firewall_drift(part, vm, await vms.observe_firewall(ctx, part, vm))
 
 
@@ -81,7 +81,7 @@ def firewall_steps(vm: VmState, drift: list[str]) -> list[Step]:
 async def apply_firewall(ctx: JobContext, vm: VmState, step: Step) -> None:
     st = await guard.reread_guarded(ctx, ctx.job.resource_id, vm)
     vms.refuse_if_locked(st)
-    part = firewall_part(ctx.job.resource_id)
+    part = await vms.effective_firewall(ctx, firewall_part(ctx.job.resource_id))
     fw = await vms.observe_firewall(ctx, part, st)
     if vms.firewall_drift(part, st, fw):
         await vms.apply_firewall(ctx, part, st, step, fw)

@@ -1,0 +1,17 @@
+"""FirewallSetRules: the firewall's rules replaced: every member's VM rewritten.
+
+The phases are :mod:`z9.resources.firewall.jobs.shared`'s (one reconciler over the database's intent)."""
+from __future__ import annotations
+
+from z9.resources.firewall import FIREWALL_SET_RULES
+
+from . import shared
+
+KIND = FIREWALL_SET_RULES
+_phases = shared.FirewallKind(KIND)
+observe = _phases.observe
+plan = _phases.plan
+apply = _phases.apply
+verify = _phases.verify
+record = _phases.record
+record_failure = _phases.record_failure
