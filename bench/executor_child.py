@@ -2,8 +2,9 @@
 
 Protocol on stdin/stdout (one line each): the parent writes ``go`` → the executor starts (pool,
 LISTEN, claims: start-up is inside the measured window) and the child answers ``started``;
-the parent writes ``stop`` → the child prints ``{"cpu_s": …, "round_trips": …}`` (process CPU
-seconds, user + system, since ``go``; statements sent to PostgreSQL, BEGIN/COMMIT included), stops
+the parent writes ``stop`` → the child prints ``{"cpu_s": …, "user_s": …, "sys_s": …, "round_trips": …}``
+(process CPU seconds, user + system, and each, since ``go``; ``steady_cpu_s_per_job``: from the
+first job's handler to the last one's, per job — :data:`noop.STEADY`; statements sent to PostgreSQL, BEGIN/COMMIT included), stops
 the executor and exits.
 
 Usage: ``executor_child.py DSN CONCURRENCY [PLAN_CACHE_MODE|-]``
@@ -98,16 +99,19 @@ async def main() -> None:
 
         profile = cProfile.Profile()
         profile.enable()
-    cpu0 = time.process_time()
+    cpu0, t0 = time.process_time(), os.times()
     ex = Executor(settings, ["bench"], client_factory=lambda r: _NoClient())  # type: ignore[arg-type,return-value]
     task = asyncio.create_task(ex.run())
     print("started", flush=True)
     line = await reader.readline()
-    cpu = time.process_time() - cpu0
+    cpu, t1 = time.process_time() - cpu0, os.times()
     if profile is not None:
         profile.disable()
         profile.dump_stats(f"{os.environ['Z9_BENCH_PROFILE']}.c{conc}")
-    print(json.dumps({"cpu_s": cpu, "round_trips": ROUND_TRIPS,
+    print(json.dumps({"cpu_s": cpu, "user_s": t1.user - t0.user, "sys_s": t1.system - t0.system,
+                      "round_trips": ROUND_TRIPS,
+                      "steady_cpu_s_per_job": (noop.STEADY[2] - noop.STEADY[1]) / (noop.STEADY[0] - 1)
+                      if noop.STEADY[0] > 1 else None,
                       "handler_started": noop.HANDLER_STARTED if os.environ.get("Z9_BENCH_HANDLER_TIMES") else {}}),
           flush=True)
     ex.stop()

@@ -83,7 +83,8 @@ def emit_median(workload: str, rounds: list[dict[str, Any]], **extra: Any) -> di
     for k in ("jobs_per_s", "seconds", "p50_ms", "p90_ms", "p99_ms", "max_ms", "client_cpu_us_per_job",
               "requests_per_s", "errors", "commit_p50_ms", "commit_p99_ms", "notifies_sent",
               "api_cpu_us_per_request", "round_trips_per_job", "commits_per_job", "claim_buffers",
-              "claim_p50_ms", "claim_p99_ms", "server_cpu_us_per_job"):
+              "claim_p50_ms", "claim_p99_ms", "server_cpu_us_per_job", "client_user_us_per_job",
+              "client_sys_us_per_job", "client_steady_cpu_us_per_job"):
         vals = [r[k] for r in rounds if isinstance(r.get(k), (int, float))]
         if vals:
             out[k] = round(statistics.median(vals), 3)
@@ -188,6 +189,9 @@ class Child:
         if handler_times:
             env["Z9_BENCH_HANDLER_TIMES"] = "1"
         self.log = tempfile.TemporaryFile()
+        self.user_s: float | None = None  # its user and system CPU seconds since go (stop())
+        self.sys_s: float | None = None
+        self.steady_s: float | None = None  # CPU per job from the first job to the last (noop.STEADY)
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "executor_child.py"), dsn, str(concurrency), plan_cache_mode],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env, text=True)
@@ -213,6 +217,8 @@ class Child:
         try:
             out = json.loads(line)
             self.round_trips = int(out.get("round_trips", 0))
+            self.user_s, self.sys_s = out.get("user_s"), out.get("sys_s")
+            self.steady_s = out.get("steady_cpu_s_per_job")
             self.handler_started = {k: float(v) for k, v in out.get("handler_started", {}).items()}
             return float(out["cpu_s"])
         except (ValueError, KeyError) as e:
@@ -322,6 +328,9 @@ async def drain_round(dsn: str, n: int, conc: int, rnd: int, workload: str, plan
                 client_cpu_us_per_job=round(cpu / n * 1e6, 1), plan_cache_mode=plan_cache_mode,
                 round_trips_per_job=round(child.round_trips / n, 2), commits_per_job=round(commits / n, 2),
                 claim_buffers=claim_buffers,
+                client_user_us_per_job=round(child.user_s / n * 1e6, 1) if child.user_s is not None else None,
+                client_sys_us_per_job=round(child.sys_s / n * 1e6, 1) if child.sys_s is not None else None,
+                client_steady_cpu_us_per_job=round(child.steady_s * 1e6, 1) if child.steady_s is not None else None,
                 server_cpu_us_per_job=round(server_cpu / n * 1e6, 1) if server_cpu is not None else None,
                 **extra)
 
