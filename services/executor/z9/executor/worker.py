@@ -270,7 +270,11 @@ class Executor:
             entry = self.inflight.get(job.id)
             if entry is not None and entry[1] is ctx:
                 del self.inflight[job.id]
-            self._wake.set()
+            # A slot is free: the claim loop fills it. Not when the finish already claimed this
+            # job's successor (batching.py: at concurrency 1, nearly every job) — the loop would
+            # wake to find no free slot (``_claim_once``), a task and a timer per job for nothing.
+            if len(self.inflight) < self.settings.executor_concurrency:
+                self._wake.set()
 
     # ---------------------------------------------------------------- LISTEN
 
