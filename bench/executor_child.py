@@ -9,6 +9,10 @@ the executor and exits.
 
 Usage: ``executor_child.py DSN CONCURRENCY [PLAN_CACHE_MODE|-]``
 
+``Z9_BENCH_CALLGRIND=<dir>``: the parent runs this process under ``valgrind --tool=callgrind
+--instr-atstart=no``; instructions are counted from the first job's handler to ``stop``
+(``bench/callgrind_marks.c``, built here into ``<dir>``), the parent reads the dump.
+
 ``Z9_BENCH_PROFILE=<file>``: the executor runs under :mod:`cProfile` from ``go`` to ``stop``; the
 stats go to ``<file>.c<CONCURRENCY>`` (``python -m pstats``, or ``bench/README.md`` for the top).
 """
@@ -52,6 +56,17 @@ def strip_job_change_notify() -> None:
     assert not any("z9_job_changed" in t for t in qs.values())
 
 
+def load_callgrind_marks(folder: str) -> Any:
+    """``bench/callgrind_marks.c`` built into ``folder`` and loaded (its start/stop marks)."""
+    import ctypes
+    import subprocess
+
+    so = os.path.join(folder, "callgrind_marks.so")
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", so,
+                    os.path.join(os.path.dirname(os.path.abspath(__file__)), "callgrind_marks.c")], check=True)
+    return ctypes.CDLL(so)
+
+
 ROUND_TRIPS = 0
 
 
@@ -84,6 +99,8 @@ async def main() -> None:
     if os.environ.get("Z9_BENCH_NO_JOB_NOTIFY") == "1":  # baseline of bench/waiters.py
         strip_job_change_notify()
     noop.register()
+    if os.environ.get("Z9_BENCH_CALLGRIND"):
+        noop.CALLGRIND = load_callgrind_marks(os.environ["Z9_BENCH_CALLGRIND"])
     settings = Settings(database_url=dsn, executor_concurrency=conc, regions={})
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -105,6 +122,8 @@ async def main() -> None:
     print("started", flush=True)
     line = await reader.readline()
     cpu, t1 = time.process_time() - cpu0, os.times()
+    if noop.CALLGRIND is not None:
+        noop.CALLGRIND.z9_cg_stop()
     if profile is not None:
         profile.disable()
         profile.dump_stats(f"{os.environ['Z9_BENCH_PROFILE']}.c{conc}")
