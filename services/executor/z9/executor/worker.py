@@ -242,7 +242,9 @@ class Executor:
         if self._stopping.is_set() or free <= 0:
             return 0, None, self.owner, s.lease_ttl_s, s.tenant_max_running_jobs
         self._reserved += free
-        return free, self._claim_order()[0], self.owner, s.lease_ttl_s, s.tenant_max_running_jobs
+        region = self.regions[self._claim_turn % len(self.regions)]  # _claim_order()[0], without the list
+        self._claim_turn += 1
+        return free, region, self.owner, s.lease_ttl_s, s.tenant_max_running_jobs
 
     def _claimed(self, reserved: int, jobs: list[Job]) -> None:
         """Release ``reserved`` slots and start ``jobs`` (claimed, and committed)."""
