@@ -2,11 +2,16 @@
 
 Protocol on stdin/stdout (one line each): the parent writes ``go`` → the executor starts (pool,
 LISTEN, claims: start-up is inside the measured window) and the child answers ``started``;
-the parent writes ``stop`` → the child prints ``{"cpu_s": …, "round_trips": …}`` (process CPU
-seconds, user + system, since ``go``; statements sent to PostgreSQL, BEGIN/COMMIT included), stops
+the parent writes ``stop`` → the child prints ``{"cpu_s": …, "user_s": …, "sys_s": …, "round_trips": …}``
+(process CPU seconds, user + system, and each, since ``go``; ``steady_cpu_s_per_job``: from the
+first job's handler to the last one's, per job — :data:`noop.STEADY`; statements sent to PostgreSQL, BEGIN/COMMIT included), stops
 the executor and exits.
 
 Usage: ``executor_child.py DSN CONCURRENCY [PLAN_CACHE_MODE|-]``
+
+``Z9_BENCH_CALLGRIND=<dir>``: the parent runs this process under ``valgrind --tool=callgrind
+--instr-atstart=no``; instructions are counted from the first job's handler to ``stop``
+(``bench/callgrind_marks.c``, built here into ``<dir>``), the parent reads the dump.
 
 ``Z9_BENCH_PROFILE=<file>``: the executor runs under :mod:`cProfile` from ``go`` to ``stop``; the
 stats go to ``<file>.c<CONCURRENCY>`` (``python -m pstats``, or ``bench/README.md`` for the top).
@@ -51,6 +56,17 @@ def strip_job_change_notify() -> None:
     assert not any("z9_job_changed" in t for t in qs.values())
 
 
+def load_callgrind_marks(folder: str) -> Any:
+    """``bench/callgrind_marks.c`` built into ``folder`` and loaded (its start/stop marks)."""
+    import ctypes
+    import subprocess
+
+    so = os.path.join(folder, "callgrind_marks.so")
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", so,
+                    os.path.join(os.path.dirname(os.path.abspath(__file__)), "callgrind_marks.c")], check=True)
+    return ctypes.CDLL(so)
+
+
 ROUND_TRIPS = 0
 
 
@@ -83,6 +99,8 @@ async def main() -> None:
     if os.environ.get("Z9_BENCH_NO_JOB_NOTIFY") == "1":  # baseline of bench/waiters.py
         strip_job_change_notify()
     noop.register()
+    if os.environ.get("Z9_BENCH_CALLGRIND"):
+        noop.CALLGRIND = load_callgrind_marks(os.environ["Z9_BENCH_CALLGRIND"])
     settings = Settings(database_url=dsn, executor_concurrency=conc, regions={})
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -98,16 +116,21 @@ async def main() -> None:
 
         profile = cProfile.Profile()
         profile.enable()
-    cpu0 = time.process_time()
+    cpu0, t0 = time.process_time(), os.times()
     ex = Executor(settings, ["bench"], client_factory=lambda r: _NoClient())  # type: ignore[arg-type,return-value]
     task = asyncio.create_task(ex.run())
     print("started", flush=True)
     line = await reader.readline()
-    cpu = time.process_time() - cpu0
+    cpu, t1 = time.process_time() - cpu0, os.times()
+    if noop.CALLGRIND is not None:
+        noop.CALLGRIND.z9_cg_stop()
     if profile is not None:
         profile.disable()
         profile.dump_stats(f"{os.environ['Z9_BENCH_PROFILE']}.c{conc}")
-    print(json.dumps({"cpu_s": cpu, "round_trips": ROUND_TRIPS,
+    print(json.dumps({"cpu_s": cpu, "user_s": t1.user - t0.user, "sys_s": t1.system - t0.system,
+                      "round_trips": ROUND_TRIPS,
+                      "steady_cpu_s_per_job": (noop.STEADY[2] - noop.STEADY[1]) / (noop.STEADY[0] - 1)
+                      if noop.STEADY[0] > 1 else None,
                       "handler_started": noop.HANDLER_STARTED if os.environ.get("Z9_BENCH_HANDLER_TIMES") else {}}),
           flush=True)
     ex.stop()
@@ -117,4 +140,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    # the event loop the executor process runs on (``z9 executor``), where the code measured has one
+    from z9.executor import worker
+
+    getattr(worker, "run_event_loop", asyncio.run)(main())

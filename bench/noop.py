@@ -15,9 +15,26 @@ HANDLER_STARTED: dict[str, float] = {}
 """job id → wall clock (``time.time()``) when the handler started (W4 measures to it)."""
 
 
+CALLGRIND: Any = None
+"""bench/callgrind_marks.c loaded (ctypes) when the executor runs under callgrind."""
+
+STEADY: list[float] = [0.0, 0.0, 0.0]
+"""[jobs seen, process CPU seconds at the first job's handler, … at the latest one's]: the
+executor's CPU per job in the steady state, start-up and the drain's tail left out
+(``executor_child.py`` reports (latest − first) / (jobs − 1))."""
+
+
 async def observe(ctx: Any) -> None:
-    """Nothing to observe; notes when the handler started (the first thing a job runs)."""
+    """Nothing to observe; notes when the handler started (the first thing a job runs) and the
+    process's CPU time then (:data:`STEADY`)."""
     HANDLER_STARTED[ctx.job.id] = time.time()
+    cpu = time.process_time()
+    if not STEADY[0]:
+        STEADY[1] = cpu
+        if CALLGRIND is not None:  # count instructions from here (executor_child.py, Z9_BENCH_CALLGRIND)
+            CALLGRIND.z9_cg_start()
+    STEADY[0] += 1
+    STEADY[2] = cpu
     return None
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
 import json
 import os
 import random
@@ -83,7 +84,8 @@ def emit_median(workload: str, rounds: list[dict[str, Any]], **extra: Any) -> di
     for k in ("jobs_per_s", "seconds", "p50_ms", "p90_ms", "p99_ms", "max_ms", "client_cpu_us_per_job",
               "requests_per_s", "errors", "commit_p50_ms", "commit_p99_ms", "notifies_sent",
               "api_cpu_us_per_request", "round_trips_per_job", "commits_per_job", "claim_buffers",
-              "claim_p50_ms", "claim_p99_ms", "server_cpu_us_per_job"):
+              "claim_p50_ms", "claim_p99_ms", "server_cpu_us_per_job", "client_user_us_per_job",
+              "client_sys_us_per_job", "client_steady_cpu_us_per_job", "instructions_per_job"):
         vals = [r[k] for r in rounds if isinstance(r.get(k), (int, float))]
         if vals:
             out[k] = round(statistics.median(vals), 3)
@@ -188,8 +190,16 @@ class Child:
         if handler_times:
             env["Z9_BENCH_HANDLER_TIMES"] = "1"
         self.log = tempfile.TemporaryFile()
+        self.user_s: float | None = None  # its user and system CPU seconds since go (stop())
+        self.sys_s: float | None = None
+        self.steady_s: float | None = None  # CPU per job from the first job to the last (noop.STEADY)
+        self.instructions: int | None = None  # under callgrind: from the first job to stop
+        # Z9_BENCH_CALLGRIND=<dir>: under callgrind, instructions counted from the first job to stop
+        self.callgrind_dir = env.get("Z9_BENCH_CALLGRIND") or None
+        prefix = (["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                   f"--callgrind-out-file={self.callgrind_dir}/cg.%p"] if self.callgrind_dir else [])
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "executor_child.py"), dsn, str(concurrency), plan_cache_mode],
+            [*prefix, sys.executable, os.path.join(HERE, "executor_child.py"), dsn, str(concurrency), plan_cache_mode],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env, text=True)
 
     def go(self) -> None:
@@ -213,10 +223,29 @@ class Child:
         try:
             out = json.loads(line)
             self.round_trips = int(out.get("round_trips", 0))
+            self.user_s, self.sys_s = out.get("user_s"), out.get("sys_s")
+            self.steady_s = out.get("steady_cpu_s_per_job")
+            self.instructions = self._callgrind_instructions()
             self.handler_started = {k: float(v) for k, v in out.get("handler_started", {}).items()}
             return float(out["cpu_s"])
         except (ValueError, KeyError) as e:
             raise RuntimeError(f"executor child failed: {line!r}\n{self.stderr()}") from e
+
+    def _callgrind_instructions(self) -> int | None:
+        """Instructions callgrind counted from the first job's handler to stop (its dump named
+        ``z9-drain``), or None when not under callgrind."""
+        if not self.callgrind_dir:
+            return None
+        base = os.path.join(self.callgrind_dir, f"cg.{self.proc.pid}")
+        for path in sorted(glob.glob(base + ".*")) + [base]:
+            if not os.path.exists(path):
+                continue
+            with open(path) as f:
+                text = f.read()
+            if "z9-drain" in text:
+                m = re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE)
+                return int(m.group(1)) if m else None
+        return None
 
     def stderr(self) -> str:
         self.log.seek(0)
@@ -322,6 +351,10 @@ async def drain_round(dsn: str, n: int, conc: int, rnd: int, workload: str, plan
                 client_cpu_us_per_job=round(cpu / n * 1e6, 1), plan_cache_mode=plan_cache_mode,
                 round_trips_per_job=round(child.round_trips / n, 2), commits_per_job=round(commits / n, 2),
                 claim_buffers=claim_buffers,
+                client_user_us_per_job=round(child.user_s / n * 1e6, 1) if child.user_s is not None else None,
+                client_sys_us_per_job=round(child.sys_s / n * 1e6, 1) if child.sys_s is not None else None,
+                client_steady_cpu_us_per_job=round(child.steady_s * 1e6, 1) if child.steady_s is not None else None,
+                instructions_per_job=round(child.instructions / (n - 1)) if child.instructions else None,
                 server_cpu_us_per_job=round(server_cpu / n * 1e6, 1) if server_cpu is not None else None,
                 **extra)
 

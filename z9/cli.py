@@ -26,9 +26,9 @@ async def _serve(service: Any) -> None:
     await service.run()
 
 
-def _run(coro_fn: Callable[[], Awaitable[Any]]) -> int:
+def _run(coro_fn: Callable[[], Awaitable[Any]], runner: Callable[[Any], Any] = asyncio.run) -> int:
     try:
-        asyncio.run(coro_fn())
+        runner(coro_fn())
     except KeyboardInterrupt:
         pass
     return 0
@@ -85,7 +85,7 @@ def cmd_reaper(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_executor(args: argparse.Namespace, settings: Settings) -> int:
-    from z9.executor.worker import Executor
+    from z9.executor.worker import Executor, run_event_loop
 
     if args.concurrency is not None:
         settings = settings.model_copy(update={"executor_concurrency": args.concurrency})
@@ -97,7 +97,7 @@ def cmd_executor(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     if not _serve_metrics("executor", settings):
         return 2
-    return _run(lambda: _serve(executor))
+    return _run(lambda: _serve(executor), run_event_loop)
 
 
 def _database_error(command: str, e: BaseException) -> str:

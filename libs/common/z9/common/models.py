@@ -67,7 +67,8 @@ class Job:
 
     @classmethod
     def from_record(cls, r: asyncpg.Record) -> "Job":
-        return cls(**{k: r[k] for k in cls.__dataclass_fields__})
+        # positionally, in the fields' order (the executor makes one per claimed job)
+        return cls(*map(r.__getitem__, _JOB_FIELDS))
 
     def brief(self) -> dict[str, Any]:
         """The ``job`` object of a 202 answer: id, kind, status."""
@@ -95,6 +96,10 @@ class Job:
             "actor": self.actor_token_id,
             "request_id": self.request_id,
         }
+
+
+_JOB_FIELDS: tuple[str, ...] = tuple(Job.__dataclass_fields__)
+"""Job's fields in declaration order: the order of its ``__init__``'s parameters."""
 
 
 def public_steps(steps: Any) -> list[dict[str, Any]]:
