@@ -347,19 +347,26 @@ async def test_every_route_answers_what_the_document_says(api: Stack, doc: dict[
     await w.call("PATCH", nitem, f"/networks/{net}", 422, json={})
     await w.call("PATCH", nitem, "/networks/net_nope", 404, json={"name": "x"})
     await w.call("PATCH", nitem, f"/networks/{net}", 401, token="z9t_unknown", json={"name": "x"})
+    net2 = (await w.call("POST", "/networks", "/networks", 202, json={"name": "walk-net2", "region": "dev-1",
+                                                                       "ip_range": "10.77.0.0/24"}))["network"]["id"]
     members = "/networks/{id}/members"
     await w.call("GET", members, f"/networks/{net}/members", 200)
     await w.call("GET", members, "/networks/net_nope/members", 404)
     await w.call("GET", members, f"/networks/{net}/members", 401, token="z9t_unknown")
-    for action, good, bad in (("attach_to_network", {"network_id": net, "ip": "10.0.0.9"}, {"network_id": "nope"}),
-                              ("detach_from_network", {"network_id": net}, {"network_id": "nope"})):
+    for action, good, bad in (("attach-to-network", {"network_id": net, "ip": "10.0.0.9"}, {"network_id": "nope"}),
+                              ("detach-from-network", {"network_id": net}, {"network_id": "nope"}),
+                              # Hetzner's spellings (aliases of the same operations), on a second network
+                              ("attach_to_network", {"network_id": net2}, {"network_id": "nope"}),
+                              ("detach_from_network", {"network_id": net2}, {"network_id": "nope"})):
         tpl = f"/servers/{{id}}/actions/{action}"
         await w.call("POST", tpl, f"/servers/{srv}/actions/{action}", 202, json=good)
         await w.call("POST", tpl, f"/servers/{srv}/actions/{action}", 422, json=bad)
         await w.call("POST", tpl, f"/servers/srv_nope/actions/{action}", 404, json=good)
         await w.call("POST", tpl, f"/servers/{srv}/actions/{action}", 401, token="z9t_unknown", json=good)
     await w.call("POST", "/servers/{id}/actions/detach_from_network", f"/servers/{srv}/actions/detach_from_network",
-                 409, json={"network_id": net})  # not attached (its detach is under way: the row says detaching)
+                 409, json={"network_id": net})
+    await w.call("POST", "/servers/{id}/actions/attach_to_network", f"/servers/{srv}/actions/attach_to_network",
+                 409, json={"network_id": net})  # its detach under way: server_already_attached until it is done  # not attached (its detach is under way: the row says detaching)
     # the firewall's own routes
     fw = (await w.call("POST", "/firewalls", "/firewalls", 202, json={"name": "walk-fw", "region": "dev-1"}))["firewall"]["id"]
     await w.call("GET", "/firewalls", "/firewalls?region=dev-1", 200)

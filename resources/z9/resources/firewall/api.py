@@ -241,7 +241,7 @@ class AppliedToOut(schemas.Response):
     applied_to_resources: list[str] | None = Field(description="the servers the selector applies to now")
 
 
-class MemberOut(schemas.Response):
+class FirewallMemberOut(schemas.Response):
     """A server the firewall applies to and where its rules stand there (DigitalOcean's pending_changes)."""
 
     server_id: str
@@ -275,7 +275,7 @@ class FirewallOut(schemas.Response):
     labels: dict[str, str]
     rules: list[RuleOut]
     applied_to: list[AppliedToOut]
-    members: list[MemberOut]
+    members: list[FirewallMemberOut]
     status: STATUSES
     status_reason: str | None
     created_at: schemas.Timestamp

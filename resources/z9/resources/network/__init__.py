@@ -14,7 +14,7 @@ its VNet to be in the running config and every node to report the zone ``availab
 batches whatever is pending (:mod:`z9.resources.network.jobs.apply`).
 
 A server joins at its create (``networks: [{network_id, ip?}]`` in ``POST /v1/servers``: the
-:func:`server_created` hook) or later (``actions/attach_to_network``); its NIC (``net1``…) is
+:func:`server_created` hook) or later (``actions/attach-to-network``); its NIC (``net1``…) is
 hot-plugged on the VNet's bridge with ``firewall=1``, its address written as cloud-init
 ``ipconfigN`` and configured in the running guest (by MAC, through the guest agent), and its IP
 filter set ``ipfilter-netN`` holds that address only. What the network keeps on a VM it declares

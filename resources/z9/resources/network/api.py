@@ -161,7 +161,7 @@ class SdnRegionList(schemas.Response):
     regions: list[SdnRegionOut]
 
 
-class MemberOut(schemas.Response):
+class NetworkMemberOut(schemas.Response):
     network_id: str
     server_id: str
     ip: str
@@ -169,8 +169,8 @@ class MemberOut(schemas.Response):
     state: Literal["attaching", "attached", "detaching"]
 
 
-class MembersOut(schemas.Response):
-    members: list[MemberOut]
+class NetworkMembersOut(schemas.Response):
+    members: list[NetworkMemberOut]
 
 
 class ServerNetworkAccepted(schemas.Accepted):
@@ -391,7 +391,7 @@ def _operations(api: ApiResource) -> list[Operation]:
         if await net_store.get(pool, rid, tenant_id) is None:
             raise NotFound(f"no network {rid!r}")
         rows = await net_store.members_of(pool, rid)
-        return web.json_response(dump(MembersOut, {"members": [m.public() for m in rows]}))
+        return web.json_response(dump(NetworkMembersOut, {"members": [m.public() for m in rows]}))
 
     async def patch(request: web.Request) -> web.Response:
         spec = await parse_body(request, NetworkPatch)
@@ -421,7 +421,7 @@ def _operations(api: ApiResource) -> list[Operation]:
 
     server_doc = "the server's id (srv_…)"
     from z9.resources.server.api import EXAMPLE as SERVER_EXAMPLE
-    return [
+    ops = [
         Operation("GET", "/operator/sdn", operator_sdn, "operatorListSdn",
                   "Each region's SDN apply: what blocks it (foreign pending edits, a foreign lock, a node that did "
                   "not reload), whether z9 holds the lock, its applies", "operator",
@@ -439,22 +439,28 @@ def _operations(api: ApiResource) -> list[Operation]:
                   path_id=id_doc, example={"network": {**EXAMPLE, "status": "available"}}),
         Operation("GET", "/networks/{id}/members", members, "listNetworkMembers",
                   "The servers on a network, each with its address and NIC", "networks",
-                  {200: MembersOut, 401: None, 404: None}, path_id=id_doc,
+                  {200: NetworkMembersOut, 401: None, 404: None}, path_id=id_doc,
                   example={"members": [{"network_id": EXAMPLE["id"], "server_id": "srv_01jd3x5v8q2m6n4p7r9s1t3w5y",
                                         "ip": "10.0.0.1", "nic": "net1", "state": "attached"}]}),
-        Operation("POST", "/servers/{id}/actions/attach_to_network", attach, "attachServerToNetwork",
-                  "Attach a server to a private network of its region (a NIC hot-plugged on the network)",
-                  "networks", {202: ServerNetworkAccepted, 400: None, 401: None, 404: None, 409: None, 422: None},
-                  request=AttachToNetwork, path_id=server_doc, idempotent=True,
-                  example={"server": SERVER_EXAMPLE, "network": {**EXAMPLE, "status": "available"},
-                           "job": {**job_ref, "kind": NETWORK_ATTACH}}),
-        Operation("POST", "/servers/{id}/actions/detach_from_network", detach, "detachServerFromNetwork",
-                  "Detach a server from a network (its NIC there unplugged, its address freed)", "networks",
-                  {202: ServerNetworkAccepted, 400: None, 401: None, 404: None, 409: None, 422: None},
-                  request=DetachFromNetwork, path_id=server_doc, idempotent=True,
-                  example={"server": SERVER_EXAMPLE, "network": {**EXAMPLE, "status": "available"},
-                           "job": {**job_ref, "kind": NETWORK_DETACH}}),
     ]
+    errors = {202: ServerNetworkAccepted, 400: None, 401: None, 404: None, 409: None, 422: None}
+    for name, handler, body, kind, op_id, summary in (
+            ("attach_to_network", attach, AttachToNetwork, NETWORK_ATTACH, "attachServerToNetwork",
+             "Attach a server to a private network of its region (a NIC hot-plugged on the network)"),
+            ("detach_from_network", detach, DetachFromNetwork, NETWORK_DETACH, "detachServerFromNetwork",
+             "Detach a server from a network (its NIC there unplugged, its address freed)")):
+        path = f"/servers/{{id}}/actions/{name.replace('_', '-')}"  # kebab-case, as every action path
+        example = {"server": SERVER_EXAMPLE, "network": {**EXAMPLE, "status": "available"},
+                   "job": {**job_ref, "kind": kind}}
+        ops.append(Operation("POST", path, handler, op_id, summary, "networks", errors, request=body,
+                             path_id=server_doc, idempotent=True, example=example))
+        # Hetzner Cloud's spelling of the same action (snake_case): an alias, marked deprecated in the document
+        ops.append(Operation("POST", f"/servers/{{id}}/actions/{name}", handler, f"{op_id}SnakeCase",
+                             f"{summary} (Hetzner's path)", "networks", errors, request=body, path_id=server_doc,
+                             idempotent=True, example=example, deprecated=True,
+                             description=f"Hetzner Cloud's spelling of `POST {path}` (the same operation), kept as "
+                                         "an alias: z9's action paths are kebab-case."))
+    return ops
 
 
 class NetworkFilters(BaseModel):

@@ -1,6 +1,6 @@
 """``z9 networks create|list|get|update|delete|restore`` (the network type's client commands, and its
 answer model). A server joins a network at its create (``z9 servers create --network NET[=IP]``, in
-the server's client) or later through the API (``POST /v1/servers/{id}/actions/attach_to_network``)."""
+the server's client) or later through the API (``POST /v1/servers/{id}/actions/attach-to-network``)."""
 from __future__ import annotations
 
 import argparse

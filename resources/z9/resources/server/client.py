@@ -106,11 +106,11 @@ KIND = KindSpec(
                (Arg("--cores", type=int), Arg("--memory-mib", type=int, metavar="MiB"),
                 Arg("--disk-gib", type=int, metavar="GiB", help="grow only: disks never shrink")),
                lambda a: given(cores=a.cores, memory_mib=a.memory_mib, disk_gib=a.disk_gib), check=_resize_check),
-        Action("attach-to-network", "attach_to_network",
+        Action("attach-to-network", "attach-to-network",
                "join a private network (a NIC hot-plugged on it; a NetworkAttach job)",
                (Arg("--network", required=True, metavar="NET_ID"), Arg("--ip", help="the address to take there")),
                lambda a: given(network_id=a.network, ip=a.ip)),
-        Action("detach-from-network", "detach_from_network", "leave a private network (a NetworkDetach job)",
+        Action("detach-from-network", "detach-from-network", "leave a private network (a NetworkDetach job)",
                (Arg("--network", required=True, metavar="NET_ID"),), lambda a: {"network_id": a.network}),
     ),
 )
