@@ -226,9 +226,11 @@ async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: St
         "node_pools": [{"name": "workers", "count": 1, "cores": 2, "memory_mib": 4096, "disk_gib": 30}]})
     _, vol, _ = await call(fast, "POST", "/volumes", json={"name": "mine-v", "region": "dev-1", "size_gib": 10})
     _, fw, _ = await call(fast, "POST", "/firewalls", json={"name": "mine-fw", "region": "dev-1"})
+    _, net, _ = await call(fast, "POST", "/networks", json={"name": "mine-net", "region": "dev-1",
+                                                             "ip_range": "10.42.0.0/24"})
     ids = {"srv": server["id"], "job": job["id"], "tok": tok["token"]["id"], "adr": adr["address"]["id"],
            "lb": lb["load_balancer"]["id"], "k8s": k8s["cluster"]["id"], "vol": vol["volume"]["id"],
-           "fw": fw["firewall"]["id"]}
+           "fw": fw["firewall"]["id"], "net": net["network"]["id"]}
     _, other = await make_tenant(fast.pool, "intruder")
     routes = sorted({(r.method, r.resource.canonical) for r in fast.app.router.routes()
                      if r.resource is not None and "{id}" in r.resource.canonical and r.method != "HEAD"})
@@ -243,7 +245,8 @@ async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: St
             assert status == 403 and out["error"]["code"] == "insufficient_scope", (method, template, status, out)
             continue
         prefix = {"servers": "srv", "jobs": "job", "tokens": "tok", "addresses": "adr", "load-balancers": "lb",
-                  "clusters": "k8s", "volumes": "vol", "firewalls": "fw", "operator": "job"}[template.split("/")[2]]
+                  "clusters": "k8s", "volumes": "vol", "firewalls": "fw", "networks": "net",
+                  "operator": "job"}[template.split("/")[2]]
         path = template.removeprefix("/v1").replace("{id}", ids[prefix])
         # a valid body for each action, so that only the id can make it fail
         action = template.rsplit("/", 1)[-1]
@@ -263,6 +266,8 @@ async def test_another_tenants_token_gets_404_on_every_route_with_an_id(fast: St
         if prefix == "fw" and method == "POST":  # a firewall's own action bodies (either spelling)
             body = {"set_rules": {"rules": []}, "apply_to_resources": {"apply_to": [{"server_id": server["id"]}]},
                     "remove_from_resources": {"remove_from": [{"server_id": server["id"]}]}}[action.replace("-", "_")]
+        if prefix == "srv" and action.replace("-", "_") in ("attach_to_network", "detach_from_network"):
+            body = {"network_id": net["network"]["id"]}  # this tenant's network: only the server's id can fail
         status, out, _ = await call(fast, method, path, other, json=body if method in ("POST", "PATCH") else None)
         if template.startswith("/v1/operator/"):  # the operator's views: a tenant's token never gets in
             assert status == 403 and out["error"]["code"] == "insufficient_scope", (method, path, status, out)
