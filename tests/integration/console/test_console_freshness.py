@@ -1,0 +1,179 @@
+"""A resource's page stays true without a reload (Debian's chromium through Playwright): a job
+started elsewhere (the API, the CLI) shows on the resource's page and its list, followed live,
+and the page says "not ready" while it runs; a failed read of the jobs is no "no jobs" (readiness
+unknown, never "ready"); every kind's settled statuses read as ready (a volume's available and
+attached too); and a double click on an action or on the delete confirmation sends one request,
+with an Idempotency-Key."""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.integration.console.console_support import (
+    DevStack,
+    browser,
+    dev_stack,
+    new_page,
+    require_browser,
+    sign_in,
+)
+
+pytestmark = pytest.mark.timeout(900)
+
+# statuses on the way somewhere, or no longer anything: never "ready"
+UNSETTLED = {"creating", "updating", "deleting", "destroying", "deleted", "failed", "degraded"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+    require_browser()
+    yield from dev_stack(tmp_path_factory.mktemp("console-fresh"))
+
+
+@pytest.fixture(scope="module")
+def chromium(stack: DevStack) -> Iterator[Any]:
+    yield from browser()
+
+
+def _server(stack: DevStack, name: str) -> str:
+    status, out = stack.api("POST", "servers", {"name": f"{name}-{time.time_ns() % 10**8}", "region": "dev-1",
+                                                "image": "debian-12", "cores": 1, "memory_mib": 1024, "disk_gib": 10})
+    assert status == 202, out
+    assert stack.wait_job(out["job"]["id"])["status"] == "succeeded"
+    return str(out["server"]["id"])
+
+
+def test_a_job_started_elsewhere_shows_on_the_resources_page(stack: DevStack, chromium: Any) -> None:
+    """The page opened once the server is ready; a reboot asked through the API (its PVE call
+    refused, so it stays on its way until the test lets it through) turns the page "not ready",
+    names the job and follows it, and the list's row too — without a reload."""
+    sid = _server(stack, "elsewhere")
+    page = new_page(chromium)
+    sign_in(page, stack)
+    page.goto(f"{stack.console}servers/{sid}")
+    page.wait_for_selector("#main > div > p .readiness[data-ready=true]")
+    listing = new_page(chromium)
+    sign_in(listing, stack)
+    listing.goto(f"{stack.console}servers")
+    row = listing.locator(f"tr:has(a[href$='{sid}'])")
+    row.locator(".badge.ok:text-is('running')").wait_for()
+    fault = stack.sim("POST", "/faults", {"method": "POST", "path": "/status/reboot", "action": "error", "status": 500,
+                                          "reason": "simulated: reboot refused", "probability": 1.0})
+    try:
+        status, out = stack.api("POST", f"servers/{sid}/actions/reboot", {})
+        assert status == 202, out
+        page.wait_for_selector("#main > div > p .readiness[data-ready=false]")
+        assert "ServerReboot" in page.inner_text("#main > div > p .readiness")
+        page.wait_for_selector(f".job[data-job='{out['job']['id']}']")  # followed live on this page
+        row.locator(".readiness[data-ready=false]").wait_for()
+    finally:
+        stack.sim("DELETE", f"/faults/{fault['id']}")
+    page.wait_for_selector(f".job[data-job='{out['job']['id']}'] .job-status[data-status=succeeded]")
+    page.wait_for_selector("#main > div > p .readiness[data-ready=true]")
+    assert page.console_errors == [] and listing.console_errors == [], (page.console_errors, listing.console_errors)
+
+
+def test_a_failed_read_of_the_jobs_claims_no_readiness(stack: DevStack, chromium: Any) -> None:
+    """The jobs lists answer 503: the page and the list say readiness unknown, never ready."""
+    sid = _server(stack, "unread")
+    page = new_page(chromium)
+    sign_in(page, stack)
+    page.route("**/v1/jobs?**", lambda route: route.fulfill(status=503, content_type="application/json",
+                                                            body=json.dumps({"error": {"message": "down"}})))
+    page.goto(f"{stack.console}servers/{sid}")
+    page.wait_for_selector("#main > div > p .readiness[data-ready=unknown]")
+    assert page.locator(".readiness[data-ready=true]").count() == 0
+    page.goto(f"{stack.console}servers")
+    page.locator(f"tr:has(a[href$='{sid}']) .readiness[data-ready=unknown]").wait_for()
+    assert page.locator(".badge.ok:text-is('running')").count() == 0
+
+
+def test_every_kinds_settled_statuses_read_as_ready(stack: DevStack, chromium: Any) -> None:
+    """Each kind's status enum (the OpenAPI document's): every status but those on their way (or
+    gone) is settled in the console; and a volume's page says ready once it is available."""
+    status, doc = stack.api("GET", "openapi.json")
+    assert status == 200
+
+    def enums(schema: Any) -> set[str]:
+        if not isinstance(schema, dict):
+            return set()
+        if "$ref" in schema:
+            return enums(doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]])
+        out = set(schema.get("enum") or ())
+        for k in ("anyOf", "oneOf", "allOf"):
+            for s in schema.get(k, ()):
+                out |= enums(s)
+        return out
+
+    statuses: dict[str, set[str]] = {}
+    for path, ops in doc["paths"].items():
+        if path.count("/") == 2 and path.endswith("/{id}") and "get" in ops:
+            one = ops["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+            for prop in enums_props(doc, one):
+                statuses[path.split("/")[1]] = enums(prop)
+    assert {"servers", "volumes", "addresses", "load-balancers", "clusters"} <= set(statuses), statuses
+    page = new_page(chromium)
+    sign_in(page, stack)
+    verdicts = page.evaluate("async (all) => { const m = await import('/console/static/status.js');"
+                             " return Object.fromEntries(all.map((s) => [s, m.settled(s)])); }",
+                             sorted(set().union(*statuses.values())))
+    for plural, ss in statuses.items():
+        assert ss, plural
+        for s in ss:
+            assert verdicts[s] == (s not in UNSETTLED), (plural, s, verdicts[s])
+    status, out = stack.api("POST", "volumes", {"name": f"ready-{time.time_ns() % 10**8}", "region": "dev-1",
+                                                "size_gib": 1})
+    assert status == 202, out
+    assert stack.wait_job(out["job"]["id"])["status"] == "succeeded"
+    page.goto(f"{stack.console}volumes/{out['volume']['id']}")
+    page.wait_for_selector("#main > div > p .readiness[data-ready=true]")
+    assert page.locator("#main > div > p > .badge.ok:text-is('available')").count() == 1
+
+
+def enums_props(doc: dict[str, Any], schema: dict[str, Any]) -> list[Any]:
+    """The ``status`` property schema of the one resource a GET of one answers."""
+    def deref(s: Any) -> Any:
+        return doc["components"]["schemas"][s["$ref"].rsplit("/", 1)[-1]] if "$ref" in s else s
+    outer = deref(schema)
+    out = []
+    for v in (outer.get("properties") or {}).values():
+        inner = deref(v)
+        if "status" in (inner.get("properties") or {}):
+            out.append(inner["properties"]["status"])
+    return out
+
+
+def test_a_double_click_sends_one_request_with_an_idempotency_key(stack: DevStack, chromium: Any) -> None:
+    """Reboot double-clicked: one POST (with an Idempotency-Key), one job. The delete confirmation
+    double-clicked: one DELETE, no error shown, the server deleting."""
+    sid = _server(stack, "twice")
+    page = new_page(chromium)
+    sign_in(page, stack)
+    sent: list[Any] = []
+    page.on("request", lambda r: sent.append(r) if f"/v1/servers/{sid}" in r.url and r.method != "GET" else None)
+    page.goto(f"{stack.console}servers/{sid}")
+    page.wait_for_selector("#main > div > p .readiness[data-ready=true]")
+    with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith("/actions/reboot")) as resp:
+        page.dblclick("[role=group][aria-label=Actions] [data-action=reboot]")
+    assert resp.value.status == 202, resp.value.text()
+    job = resp.value.json()["job"]["id"]
+    assert stack.wait_job(job)["status"] == "succeeded"
+    page.wait_for_selector(f".job[data-job='{job}'] .job-status[data-status=succeeded]")
+    reboots = [r for r in sent if r.url.endswith("/actions/reboot")]
+    assert len(reboots) == 1, [r.url for r in reboots]
+    assert reboots[0].headers.get("idempotency-key"), reboots[0].headers
+    _, jobs = stack.api("GET", f"jobs?resource_id={sid}&kind=ServerReboot")
+    assert len(jobs["jobs"]) == 1, jobs
+    page.wait_for_selector("#main > div > p .readiness[data-ready=true]")
+    page.click("[data-action=delete]")
+    with page.expect_response(lambda r: r.request.method == "DELETE") as resp:
+        page.dblclick("[data-action=confirm-delete]")
+    assert resp.value.status == 202, resp.value.text()
+    page.wait_for_selector("p .badge:text-is('deleting')")
+    assert len([r for r in sent if r.method == "DELETE"]) == 1
+    assert page.locator(".notice.bad").count() == 0
+    assert page.console_errors == [], page.console_errors
