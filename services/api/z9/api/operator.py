@@ -10,7 +10,8 @@ deletion guard's refusals, a job's history, and cancelling any tenant's waiting 
   that order — a job that changed status since may show twice or not at all, as in any live list).
 - ``GET /v1/operator/jobs/{id}``: one job of any tenant with who asked (``actor``), the request
   id, the W3C trace id (``trace_url`` when ``Z9_TRACING_UI_URL`` is set) and its resource's
-  other jobs (``history``, oldest first).
+  newest other jobs (``history``: at most ``HISTORY_MAX``, the periodic observe-only ones left
+  out, oldest first; the job itself always in it).
 - ``POST /v1/operator/jobs/{id}/actions/cancel``: as the tenant's own cancel
   (:mod:`z9.api.job_actions`), for a job of any tenant.
 - ``GET /v1/operator/regions``: each configured region with its cap (``max_concurrent_jobs``)
@@ -77,7 +78,8 @@ class OperatorJobPage(schemas.Response):
 class OperatorJobDetail(schemas.Response):
     job: OperatorJob
     trace_url: str | None = Field(description="the job's trace in the tracing UI (Z9_TRACING_UI_URL; null: none)")
-    history: list[OperatorJob] = Field(description="every job of the same resource, oldest first")
+    history: list[OperatorJob] = Field(description="the newest jobs of the same resource (at most 500, the periodic "
+                                                   "observe-only ones left out), oldest first; the job itself always")
 
 
 TENANTS_SHOWN = 20  # tenants listed per region in GET /v1/operator/regions
@@ -241,12 +243,21 @@ async def _any_job(request: web.Request) -> Job:
     return job
 
 
+HISTORY_MAX = 500
+
+
 async def get_job(request: web.Request) -> web.Response:
     require_operator(request)
     job = await _any_job(request)
     history: list[Job] = [job]
     if job.resource_id is not None and job.tenant_id is not None:
-        history = await store.job_list(request.app[POOL], job.tenant_id, resource_id=job.resource_id, limit=500)
+        # the resource's newest jobs (a long-lived resource has thousands of periodic observes:
+        # left out, as the tenant's own job list does), oldest first, the job itself always in
+        newest = await store.job_list(request.app[POOL], job.tenant_id, resource_id=job.resource_id,
+                                      limit=HISTORY_MAX, newest_first=True, exclude_kinds=kinds.observe_only())
+        if all(j.id != job.id for j in newest):
+            newest.append(job)
+        history = sorted(newest, key=lambda j: j.seq)
     template = request.app[SETTINGS].tracing_ui_url
     trace_id = _trace_id(job)
     url = template.replace("{trace_id}", trace_id) if template and trace_id else None
