@@ -177,3 +177,47 @@ def test_a_double_click_sends_one_request_with_an_idempotency_key(stack: DevStac
     assert len([r for r in sent if r.method == "DELETE"]) == 1
     assert page.locator(".notice.bad").count() == 0
     assert page.console_errors == [], page.console_errors
+
+
+def test_operator_filters_keep_the_page_and_a_read_token_gets_no_cancel(stack: DevStack, chromium: Any) -> None:
+    """A tenant's name typed where its id goes, or a page token from elsewhere: the refusal shows
+    under the filters, the rest of the Operator page stays. A job waiting to retry: an operator
+    token with write has its Cancel button, one with only read has none (the API would refuse it)."""
+    fault = stack.sim("POST", "/faults", {"method": "POST", "path": "/firewall/ipset", "action": "error", "status": 500,
+                                          "reason": "simulated: ipset refused", "probability": 1.0})
+    try:
+        status, out = stack.api("POST", "servers", {"name": f"ops-{time.time_ns() % 10**8}", "region": "dev-1",
+                                                    "image": "debian-12", "cores": 1, "memory_mib": 1024,
+                                                    "disk_gib": 10, "public_ipv4": True})
+        assert status == 202, out
+        assign = next(j["id"] for j in out["jobs"] if j["kind"] == "AddressAssign")
+        writer = new_page(chromium)
+        sign_in(writer, stack, stack.token_for("platform", "read", "write", "operator"))
+        writer.goto(stack.console + "operator?status=retry&kind=AddressAssign")
+        writer.wait_for_selector(f"tr:has(a[href$='{assign}']) [data-action=cancel-job]")
+        reader = new_page(chromium)
+        sign_in(reader, stack, stack.token_for("platform", "read", "operator"))
+        reader.goto(stack.console + "operator?status=retry&kind=AddressAssign")
+        reader.wait_for_selector(f"tr:has(a[href$='{assign}'])")
+        assert reader.locator("[data-action=cancel-job]").count() == 0
+    finally:
+        stack.sim("DELETE", f"/faults/{fault['id']}")
+    for query, said in (("tenant=acme", "not a tenant id"), ("after=bogus", "after")):
+        reader.goto(stack.console + f"operator?{query}")
+        notice = reader.locator("form[role=search] + div .notice")
+        notice.wait_for()
+        assert said in notice.inner_text(), notice.inner_text()
+        assert reader.locator("h1").inner_text() == "Operator"
+        reader.wait_for_selector("caption:text-is('Regions: cap and live jobs')")  # the rest of the page is there
+    reader.goto(stack.console + "operator?tenant=acme")
+    reader.wait_for_selector("[name=tenant][aria-invalid=true]")
+    # the browser logs the refused reads (422) themselves; nothing else
+    errors = [e for e in reader.console_errors if "status of 422" not in e]
+    assert errors == [] and writer.console_errors == [], (reader.console_errors, writer.console_errors)
+
+
+def test_the_sign_in_page_says_the_cookie_holds_a_session_not_the_token(stack: DevStack, chromium: Any) -> None:
+    page = new_page(chromium)
+    page.goto(stack.console + "sign-in")
+    hint = page.locator("#token-hint").inner_text()
+    assert "session id" in hint and "never the token" in hint and "It is kept in" not in hint, hint

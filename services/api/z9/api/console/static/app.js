@@ -290,7 +290,7 @@ async function signInPage() {
   const status = h("div", { role: "status" });
   const form = h("form", { class: "form" },
     h("div", { class: "field" }, h("label", { for: "token" }, "API token"),
-      h("p", { class: "hint", id: "token-hint" }, "z9 dev prints one (also in .z9/dev-token); z9 token --tenant NAME makes one. It is kept in an HttpOnly cookie for this site only."),
+      h("p", { class: "hint", id: "token-hint" }, "z9 dev prints one (also in .z9/dev-token); z9 token --tenant NAME makes one. Signing in makes a session: this site's HttpOnly cookie holds a random session id, never the token."),
       input),
     h("div", {}, h("button", { class: "primary", type: "submit" }, "Sign in")), status);
   form.addEventListener("submit", async (ev) => {
@@ -1037,7 +1037,9 @@ async function operatorPage() {
   const load = async () => {
     const q = new URLSearchParams({ limit: String(size) });
     for (const k of ["region", "kind", "status", "tenant", "after"]) if (params.get(k)) q.set(k, params.get(k));
-    const [regions, jobs, guard, drift] = await Promise.all([api("GET", "operator/regions"), api("GET", `operator/jobs?${q}`), api("GET", "operator/guard-refusals?limit=50"), api("GET", "operator/drift?limit=100")]);
+    // the jobs' filters are what the user typed: a refusal (a tenant's name where its id goes, a
+    // page token from elsewhere) is shown under the filters, the rest of the page kept
+    const [regions, jobs, guard, drift] = await Promise.all([api("GET", "operator/regions"), api("GET", `operator/jobs?${q}`).catch((e) => ({ refused: e })), api("GET", "operator/guard-refusals?limit=50"), api("GET", "operator/drift?limit=100")]);
     put(driftBox, table("Resources whose last plan found drift", ["resource", "tenant", "region", "drifted since", "drift", "steps"],
       drift.resources.map((r) => [idLink(r.id), h("code", {}, r.tenant), r.region, `${ago(r.drifted_since)} ago`,
         r.drift.map((d) => `${d.path}: want ${JSON.stringify(d.want)}, have ${JSON.stringify(d.have)}`).join("; "),
@@ -1051,18 +1053,26 @@ async function operatorPage() {
         t.running_cap === null ? "none" : String(t.running_cap), String(t.retry), t.pending ? `${t.wait_s.toFixed(1)} s` : "—"]),
         ...(r.tenants_more ? [[r.name, `${r.tenants_more} more tenants`, "", "", "", "", ""]] : [])]),
       "Nobody is waiting: no live jobs."));
+    put(guardBox, table("Jobs the deletion guard refused", ["job", "tenant", "region", "kind", "when", "why"],
+      guard.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), tenantCell(j), j.region, j.kind, when(j.finished_at), j.error ? j.error.message : ""]),
+      "No refusals: the deletion guard has refused nothing."));
+    if (jobs.refused) {
+      const field = (jobs.refused.details || []).map((d) => d.field).find(Boolean);
+      const input = field && f.querySelector(`[name="${field}"]`);
+      if (input) input.setAttribute("aria-invalid", "true");
+      put(jobsBox, errorNotice(jobs.refused), field === "tenant" ? h("p", { class: "hint" }, "The tenant filter takes a tenant's id (ten_…): a tenant's name in the lists above shows its id on hover and links to its jobs.") : null,
+        params.get("after") ? link(`/operator${filtered().toString() ? "?" + filtered() : ""}`, "First page") : null);
+      return;
+    }
     const pages = h("nav", { class: "bar pages", "aria-label": "Pages of jobs" },
       params.get("after") ? link(`/operator${filtered().toString() ? "?" + filtered() : ""}`, "First page") : null,
       jobs.next_after ? link(`/operator?${new URLSearchParams([...filtered(), ["after", jobs.next_after]])}`, "Next page →") : null);
     put(jobsBox, table(`Jobs: ${jobs.jobs.length}${params.get("after") || jobs.next_after ? " on this page" : ""}`, ["job", "tenant", "region", "kind", "status", "attempts", "age", "error", "UPID", ""],
       jobs.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), tenantCell(j), j.region, j.kind, jobBadge(j), `${j.attempt}/${j.max_attempts}`,
         ago(j.created_at), j.error ? `${j.error.class}: ${j.error.message}` : "", upidOf(j) ? h("code", {}, upidOf(j)) : "",
-        ["pending", "retry"].includes(j.status) ? h("button", { type: "button", "data-action": "cancel-job", "aria-label": `Cancel ${j.id}`, onclick: async () => {
+        canWrite() && ["pending", "retry"].includes(j.status) ? h("button", { type: "button", "data-action": "cancel-job", "aria-label": `Cancel ${j.id}`, onclick: async () => {
           try { await api("POST", `operator/jobs/${j.id}/actions/cancel`); announce(`Job ${j.id} cancelled`); await load(); } catch (e) { jobsBox.prepend(errorNotice(e)); }
         } }, "Cancel") : ""]), "No jobs match."), pages);
-    put(guardBox, table("Jobs the deletion guard refused", ["job", "tenant", "region", "kind", "when", "why"],
-      guard.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), tenantCell(j), j.region, j.kind, when(j.finished_at), j.error ? j.error.message : ""]),
-      "No refusals: the deletion guard has refused nothing."));
   };
   await load();
   const timer = setInterval(() => { if (document.visibilityState === "visible") load().catch(() => {}); }, 10000);
