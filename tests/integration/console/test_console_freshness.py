@@ -202,18 +202,33 @@ def test_operator_filters_keep_the_page_and_a_read_token_gets_no_cancel(stack: D
         assert reader.locator("[data-action=cancel-job]").count() == 0
     finally:
         stack.sim("DELETE", f"/faults/{fault['id']}")
-    for query, said in (("tenant=acme", "not a tenant id"), ("after=bogus", "after")):
+    for query, said in (("tenant=no-such-tenant", "nor a tenant's name"), ("after=bogus", "after")):
         reader.goto(stack.console + f"operator?{query}")
         notice = reader.locator("form[role=search] + div .notice")
         notice.wait_for()
         assert said in notice.inner_text(), notice.inner_text()
         assert reader.locator("h1").inner_text() == "Operator"
         reader.wait_for_selector("caption:text-is('Regions: cap and live jobs')")  # the rest of the page is there
-    reader.goto(stack.console + "operator?tenant=acme")
+    reader.goto(stack.console + "operator?tenant=no-such-tenant")
     reader.wait_for_selector("[name=tenant][aria-invalid=true]")
+    # the name a tenant is shown by filters by that tenant
+    reader.goto(stack.console + "operator?tenant=platform&kind=AddressAssign")
+    reader.wait_for_selector("caption:text-is('Jobs: 0'), p.muted:text-is('No jobs match.')")
+    reader.goto(stack.console + f"operator?tenant={dev_tenant_name(stack)}&kind=AddressAssign")
+    reader.wait_for_selector(f"tr:has(a[href$='{assign}'])")
     # the browser logs the refused reads (422) themselves; nothing else
     errors = [e for e in reader.console_errors if "status of 422" not in e]
     assert errors == [] and writer.console_errors == [], (reader.console_errors, writer.console_errors)
+
+
+def dev_tenant_name(stack: DevStack) -> str:
+    """The name of the dev token's tenant (what the console shows it as)."""
+    status, jobs = stack.api("GET", "jobs?limit=1&order=newest")
+    assert status == 200 and jobs["jobs"], jobs
+    status, op = stack.api("GET", f"operator/jobs/{jobs['jobs'][0]['id']}",
+                           token=stack.token_for("platform", "read", "operator"))
+    assert status == 200, op
+    return str(op["job"]["tenant_name"])
 
 
 def test_the_sign_in_page_says_the_cookie_holds_a_session_not_the_token(stack: DevStack, chromium: Any) -> None:

@@ -36,7 +36,7 @@ from pydantic import BaseModel, Field
 
 from z9.common import kinds, store
 from z9.common.errors import Forbidden, NotFound, ValidationFailed
-from z9.common.ids import id_pattern, is_id
+from z9.common.ids import is_id
 from z9.common.models import Job
 
 from . import job_actions, page_tokens, schemas
@@ -120,8 +120,8 @@ class OperatorJobQuery(BaseModel):
     region: str | None = Field(default=None, min_length=1, max_length=63)
     kind: str | None = Field(default=None, min_length=1, max_length=63)
     status: str | None = Field(default=None, json_schema_extra={"enum": list(JOB_STATUSES)})
-    tenant: str | None = Field(default=None, description="only this tenant's jobs",
-                               json_schema_extra={"pattern": id_pattern("ten")})
+    tenant: str | None = Field(default=None, min_length=1, max_length=63,
+                               description="only this tenant's jobs: its id (ten_…) or its name")
     include_observe: bool = Field(default=False, description="the periodic observe-only jobs too")
     limit: int = Field(default=100, ge=1, le=500)
     after: str | None = Field(default=None, description="the previous page's `next_after` (a page token)",
@@ -221,9 +221,12 @@ async def list_jobs(request: web.Request) -> web.Response:
         raise ValidationFailed(f"status: must be one of {', '.join(JOB_STATUSES)}",
                                details=[{"field": "status", "message": "unknown status"}])
     tenant_id = request.query.get("tenant")
-    if tenant_id is not None and not is_id(tenant_id, "ten"):
-        raise ValidationFailed(f"tenant: {tenant_id!r} is not a tenant id (ten_…)",
-                               details=[{"field": "tenant", "message": "not a tenant id"}])
+    if tenant_id is not None and not is_id(tenant_id, "ten"):  # a tenant's name (what operators see): its id
+        named = await store.tenant_id_by_name(request.app[POOL], tenant_id)
+        if named is None:
+            raise ValidationFailed(f"tenant: {tenant_id!r} is neither a tenant id (ten_…) nor a tenant's name",
+                                   details=[{"field": "tenant", "message": "no such tenant"}])
+        tenant_id = named
     include_observe = bool_param(request, "include_observe", default=False)
     limit = limit_param(request)
     jobs = await store.job_list_operator(request.app[POOL], region=_text_param(request, "region"),
