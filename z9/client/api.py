@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterator
 
 import requests
 
+from .config import masked_url
+
 from .models import (ADDRESSES, CLUSTERS, LOAD_BALANCERS, SERVERS, Accepted, Address, Cluster, Job, Kubeconfig, Plan,
                      LoadBalancer, Page, Quota, ResourceKind, Server, ServerCreate, Token, TokenCreate, TokenCreated)
 
@@ -142,11 +144,14 @@ class Client:
                                          timeout=timeout_s or self.request_timeout_s)
             except (requests.ConnectionError, requests.Timeout) as e:
                 if not retry or attempt >= self.max_retries:
-                    raise Unreachable(0, "unreachable", f"cannot reach the z9 API at {self.api_url}: {_why(e)}") from e
+                    raise Unreachable(0, "unreachable", f"cannot reach the z9 API at {masked_url(self.api_url)}: {_why(e)}") from e
                 attempt += 1
                 self.retries += 1
                 self.sleep(self._backoff(attempt))
                 continue
+            except requests.RequestException as e:  # a URL requests cannot use: no retry helps
+                raise Unreachable(0, "unreachable", f"cannot use the z9 API URL {masked_url(self.api_url)}: "
+                                  f"{masked_url(str(e))}") from e
             if r.status_code in self.RETRY_STATUSES and retry and attempt < self.max_retries:
                 attempt += 1
                 self.retries += 1

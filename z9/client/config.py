@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 
 class ConfigError(Exception):
@@ -95,6 +97,30 @@ class Target:
     token_source: str = ""
 
 
+def masked_url(url: str) -> str:
+    """``url`` with the password of its credentials (``http://user:password@host``) masked."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^/@:\s]*):[^/@\s]*@", r"\1:***@", url)
+
+
+def check_api_url(url: str, source: str = "--api-url") -> str:
+    """``url`` if it is one an API can be at (``http`` or ``https``, a host, a port 1-65535);
+    otherwise :class:`ConfigError` naming ``source`` and the URL, its password masked."""
+    shown = masked_url(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when not 0-65535
+    except ValueError as e:
+        raise ConfigError(f"{source} is {shown!r}: not a URL ({e}); expected e.g. http://127.0.0.1:8080/v1") from None
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(f"{source} is {shown!r}: an http:// or https:// URL is expected "
+                          "(e.g. http://127.0.0.1:8080/v1)")
+    if not parts.hostname:
+        raise ConfigError(f"{source} is {shown!r}: the URL names no host")
+    if port == 0:
+        raise ConfigError(f"{source} is {shown!r}: port 0 is no port")
+    return url
+
+
 def resolve(*, api_url: str | None = None, token: str | None = None, context: str | None = None,
             env: dict[str, str] | None = None) -> Target:
     """The API URL and token to use, each from the first of: its flag (``--api-url``,
@@ -137,6 +163,7 @@ def resolve(*, api_url: str | None = None, token: str | None = None, context: st
         missing = " and ".join(n for n, v in (("Z9_API_URL", url), ("Z9_TOKEN", tok)) if not v)
         raise ConfigError(f"{missing} not set: export them, pass --api-url/--token, or make a context "
                           "(z9 context set NAME --api-url URL --token TOKEN)")
+    check_api_url(url, url_src)
     source = url_src if url_src == tok_src else f"api url from {url_src}, token from {tok_src}"
     return Target(url.rstrip("/"), tok, source, url_src, tok_src)
 

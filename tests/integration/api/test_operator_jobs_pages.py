@@ -100,3 +100,44 @@ async def test_operator_regions_and_a_job_name_the_tenant(api: Stack) -> None:
     assert status == 200 and detail["job"]["tenant_name"] == "globex", detail
     assert all(h["tenant_name"] == "globex" for h in detail["history"])
 
+
+
+async def test_a_jobs_history_holds_it_on_a_resource_with_many_observes(api: Stack) -> None:
+    """A long-lived resource: one job asked for, then more periodic observe-only jobs than a
+    history holds, then more asked-for jobs than it holds. The first job's history has the job
+    itself, no observe, and the newest jobs, oldest first."""
+    from z9.common import kinds
+
+    observe = sorted(kinds.observe_only())[0]
+    rid = "srv_" + "0" * 26
+
+    async def job(kind: str) -> str:
+        return (await store.job_insert(api.pool, NewJob(kind=kind, region=REGION, tenant_id=api.tenant_id,
+                                                        resource_type="server", resource_id=rid))).id
+
+    first = await job("Noop")
+    for _ in range(510):
+        await job(observe)
+    asked = [await job("Noop") for _ in range(505)]
+    op = await _operator(api)
+    status, detail = await api.call("GET", f"/operator/jobs/{first}", token=op)
+    assert status == 200, detail
+    ids = [h["id"] for h in detail["history"]]
+    assert first in ids and all(h["kind"] != observe for h in detail["history"]), ids[:3]
+    assert ids[-1] == asked[-1] and ids[0] == first and len(ids) == 501, (len(ids), ids[:2], ids[-2:])
+    status, detail = await api.call("GET", f"/operator/jobs/{asked[-1]}", token=op)
+    assert status == 200 and detail["history"][-1]["id"] == asked[-1] and len(detail["history"]) == 500
+
+
+async def test_operator_jobs_filter_by_a_tenants_name_too(api: Stack) -> None:
+    """``?tenant=`` takes the name operators see as well as the id; an unknown one is a 422 naming
+    the field."""
+    made = await _jobs(api)
+    op = await _operator(api)
+    by_id = await api.call("GET", f"/operator/jobs?tenant={api.tenant_id}&limit=500", token=op)
+    by_name = await api.call("GET", "/operator/jobs?tenant=acme&limit=500", token=op)
+    assert by_id[0] == by_name[0] == 200, by_name
+    ids = [j["id"] for j in by_name[1]["jobs"]]
+    assert ids == [j["id"] for j in by_id[1]["jobs"]] and set(ids) >= {i for i, n in made.items() if n == "acme"}
+    status, out = await api.call("GET", "/operator/jobs?tenant=no-such-tenant", token=op)
+    assert status == 422 and out["error"]["details"][0]["field"] == "tenant", out

@@ -69,3 +69,24 @@ async def test_every_json_refusal_has_a_list_of_details(tmp_path: Path) -> None:
                  ("tokens", "create", "--name", "x", "--expires-in", "10", "-o", "json")):  # a field refused
         code, _, err = await z9(*args, env=env)
         assert code != 0 and isinstance(json.loads(err)["error"]["details"], list), (args, err)
+
+
+async def test_a_bad_api_url_is_one_line_and_its_password_is_masked(tmp_path: Path) -> None:
+    """A URL the client cannot use is one line naming it (never a traceback), with the password of
+    its credentials masked; ``z9 context set`` refuses it before saving."""
+    env = client_env(None, tmp_path, Z9_TOKEN="z9t_x", Z9_CLIENT_MAX_RETRIES="0")
+    port = free_port()  # nothing listens there
+    code, out, err = await z9("servers", "list", "--api-url", f"http://u:hunter2pass@127.0.0.1:{port}/v1", env=env)
+    assert code == 4 and "hunter2pass" not in out + err and "Traceback" not in err, err
+    assert err.strip().count("\n") == 0 and "u:***@127.0.0.1" in err, err
+    for url, why in (("http://127.0.0.1:99999/v1", "Port out of range"), ("127.0.0.1:8080/v1", "http:// or https://"),
+                     ("ftp://x", "http:// or https://"), ("http://[::1", "not a URL"),
+                     ("http://u:hunter2pass@[::1/v1", "not a URL"), ("http:///v1", "no host")):
+        code, out, err = await z9("servers", "list", "--api-url", url, env=env)
+        assert code == 4 and "Traceback" not in err and err.strip().count("\n") == 0, (url, err)
+        assert why in err and "--api-url" in err and "hunter2pass" not in err, (url, err)
+    code, _, err = await z9("context", "set", "dev", "--api-url", "notaurl", "--token", "z9t_x", env=env)
+    assert code != 0 and "notaurl" in err and "http:// or https://" in err and "Traceback" not in err, err
+    assert not (tmp_path / "z9-config.toml").exists()
+    code, _, err = await z9("context", "set", "dev", "--api-url", "http://127.0.0.1:8080/v1", "--token", "z9t_x", env=env)
+    assert code == 0, err

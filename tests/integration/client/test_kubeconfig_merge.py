@@ -181,3 +181,34 @@ def test_kubectl_refuses_what_a_yaml_1_2_dump_makes_of_a_quoted_name(tmp_path: P
     bad = yaml.safe_dump(yaml.safe_load(KUBECTL_WRITTEN), sort_keys=False)
     assert "name: y\n" in bad
     assert not isinstance(_yaml11(bad)["contexts"][0]["name"], str)
+
+
+def test_a_merge_writes_through_a_symlink_and_refuses_what_is_no_kubeconfig(tmp_path: Path) -> None:
+    """``$KUBECONFIG`` a symlink (dotfiles kept elsewhere): the file it points to gets the merge,
+    the link stays a link. A directory, or a file that is not UTF-8, where the kubeconfig goes:
+    a clean refusal (:class:`NotAKubeconfig`), nothing written, no traceback."""
+    from z9.resources.cluster.client import NotAKubeconfig, _write_private, existing_kubeconfig, kubeconfig_path
+
+    real = tmp_path / "dotfiles" / "kubeconfig"
+    real.parent.mkdir()
+    real.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    link = tmp_path / "config"
+    link.symlink_to(real)
+    path = kubeconfig_path("z9-demo", {"KUBECONFIG": str(link)})
+    _write_private(path, merge_kubeconfig(existing_kubeconfig(path), FETCHED, "z9-demo"))
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert "z9-demo" in [c["name"] for c in yaml.safe_load(real.read_text())["contexts"]]
+    assert oct(real.stat().st_mode & 0o777) == "0o600"
+
+    a_dir = tmp_path / "kube-dir"
+    a_dir.mkdir()
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"apiVersion: v1\n\xff\xfe\n")
+    for bad, why in ((a_dir, "directory"), (binary, "not UTF-8")):
+        path = kubeconfig_path("z9-demo", {"KUBECONFIG": str(bad)})
+        assert path == bad
+        with pytest.raises(NotAKubeconfig, match=why):
+            existing_kubeconfig(path)
+    assert binary.read_bytes() == b"apiVersion: v1\n\xff\xfe\n"
+    with pytest.raises(IsADirectoryError):
+        _write_private(a_dir, FETCHED)

@@ -6,6 +6,7 @@ sign-in, like Bearer authentication, goes through the failed-authentication limi
 session cookie counts too). In-process API, no browser."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from http.cookies import SimpleCookie
 from typing import Any, AsyncIterator
@@ -226,3 +227,42 @@ async def test_the_session_names_its_tenant(web: Stack) -> None:
     cookie, _, _ = await sign_in(web, web.token)
     status, me, _ = await raw(web, "GET", "/console/session", cookie=cookie)
     assert status == 200 and me["tenant"] == web.tenant_id and me["tenant_name"] == "acme", me
+
+
+async def raw_bytes(stack: Stack, method: str, path: str, header: bytes, body: bytes = b"") -> tuple[int, bytes]:
+    """A request whose header line is sent as these exact bytes (no client library re-encodes
+    them): the status and body of its answer."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(root(stack))
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    try:
+        writer.write(f"{method} {path} HTTP/1.1\r\nHost: {url.netloc}\r\nConnection: close\r\n".encode() + header
+                     + b"\r\n" + (b"Content-Type: application/json\r\n" if body else b"")
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+        answer = await reader.read()
+    finally:
+        writer.close()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), rest
+
+
+async def test_undecodable_credentials_are_failed_authentications_not_errors(limited: Stack) -> None:
+    """Bytes that are no UTF-8 in the Authorization header or the session cookie, and a lone
+    surrogate in a sign-in token, are refused as unknown credentials (401, spending from the
+    failed-authentication bucket), never a 500."""
+    attempts = [("GET", "/v1/servers", b"Authorization: Bearer \xff", b""),
+                ("GET", "/v1/servers", b"Authorization: Bearer z9t_\xff\xfe", b""),
+                ("GET", "/console/session", b"Cookie: z9_console=z9s_\xff\xfe", b""),
+                ("GET", "/v1/servers", b"Cookie: z9_console=z9s_\xff\xfe", b""),
+                ("POST", "/console/session", b"X-Z9: 1", b'{"token": "z9t_\\udcff"}')]
+    statuses = []
+    for method, path, header, body in attempts:
+        status, answer = await raw_bytes(limited, method, path, header, body)
+        statuses.append(status)
+        assert status != 500, answer
+    # the session read says "not signed in" (200); the others refuse (401): five failures spent
+    assert statuses == [401, 401, 200, 401, 401], statuses
+    for method, path, header, body in attempts:
+        assert (await raw_bytes(limited, method, path, header, body))[0] == 429

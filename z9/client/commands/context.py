@@ -5,7 +5,7 @@ import argparse
 from typing import Any
 
 from ..cli import Ctx, OK, USAGE, table
-from ..config import ConfigFile, describe, mask, resolve
+from ..config import ConfigFile, check_api_url, describe, mask, resolve
 from ._group import group, verb
 
 
@@ -13,7 +13,7 @@ def set_(ctx: Ctx) -> int:
     cfg = ConfigFile.load()
     ctxd = cfg.contexts.setdefault(ctx.args.name, {})
     if ctx.args.api_url:
-        ctxd["api_url"] = ctx.args.api_url
+        ctxd["api_url"] = check_api_url(ctx.args.api_url)
     if ctx.args.token:
         ctxd["token"] = ctx.args.token
     if not ctxd.get("api_url") or not ctxd.get("token"):

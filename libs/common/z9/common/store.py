@@ -74,6 +74,11 @@ async def tenant_name(db: DB, tenant_id: str) -> str | None:
     return await db.fetchval(q("tenant_name"), tenant_id)
 
 
+async def tenant_id_by_name(db: DB, name: str) -> str | None:
+    """The id of the tenant named ``name``, None when there is none."""
+    return await db.fetchval(q("tenant_id_by_name"), name)
+
+
 async def tenant_names(db: DB, tenant_ids: Iterable[str | None]) -> dict[str, str]:
     """{id: name} of the tenants ``tenant_ids`` (None and unknown ids left out)."""
     ids = sorted({t for t in tenant_ids if t is not None})

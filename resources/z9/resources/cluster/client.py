@@ -88,8 +88,8 @@ def kubeconfig_path(name: str, env: Mapping[str, str] | None = None) -> Path:
         return Path.home() / ".kube" / "config"
     for p in paths:
         try:
-            doc = yaml.safe_load(p.read_text()) if p.exists() else None
-        except (OSError, yaml.YAMLError):
+            doc = yaml.safe_load(p.read_text()) if p.is_file() else None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):  # merged into never: refused there
             continue
         if isinstance(doc, dict) and any(isinstance(c, dict) and c.get("name") == name
                                          for c in doc.get("contexts") or []):
@@ -98,7 +98,12 @@ def kubeconfig_path(name: str, env: Mapping[str, str] | None = None) -> Path:
 
 
 def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` mode 0600, whole (a temporary file renamed over it)."""
+    """Write ``text`` to ``path`` mode 0600, whole (a temporary file renamed over it). A symlink
+    is written through: the file it points to is replaced, the link stays (kubectl writes
+    through ``$KUBECONFIG`` links too)."""
+    path = Path(os.path.realpath(path))
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.z9-tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -143,6 +148,21 @@ def _quoted_where_needed(value: Any) -> Any:
 
 class NotAKubeconfig(ValueError):
     """The file to merge into is not a kubeconfig z9 can merge into (left as it is)."""
+
+
+def existing_kubeconfig(path: Path) -> str | None:
+    """The text of the kubeconfig at ``path`` (None: no file yet); :class:`NotAKubeconfig` when it
+    is something z9 cannot merge into: a directory, unreadable, not UTF-8."""
+    if not path.exists():
+        return None
+    if path.is_dir():
+        raise NotAKubeconfig("it is a directory")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise NotAKubeconfig(f"it is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise NotAKubeconfig(f"it cannot be read ({e.strerror or e})") from None
 
 
 def merge_kubeconfig(existing: str | None, fetched: str, name: str, *, set_current: bool = True) -> str:
@@ -214,17 +234,19 @@ def kubeconfig(ctx: Ctx) -> int:
         cluster = ctx.client.get_cluster(a.id)
         name = f"z9-{cluster.name}"
         path = kubeconfig_path(name)
-        existing = path.read_text() if path.exists() else None
         try:
-            merged = merge_kubeconfig(existing, got.kubeconfig, name, set_current=a.set_current)
+            merged = merge_kubeconfig(existing_kubeconfig(path), got.kubeconfig, name, set_current=a.set_current)
         except NotAKubeconfig as e:
             ctx.refuse("configuration", f"z9 clusters kubeconfig: cannot merge into {path}: {e}; the file is "
                                         "left as it is (--file PATH writes a file of its own)")
             return FAILED
-        _write_private(path, merged)
     else:
-        path, name = Path(a.file).expanduser(), None
-        _write_private(path, got.kubeconfig)
+        path, name, merged = Path(a.file).expanduser(), None, got.kubeconfig
+    try:
+        _write_private(path, merged)
+    except OSError as e:
+        ctx.refuse("configuration", f"z9 clusters kubeconfig: cannot write {path}: {e.strerror or e}")
+        return FAILED
     info = {"path": str(path), "context": name or yaml.safe_load(got.kubeconfig).get("current-context"),
             "expires_at": got.model_dump(mode="json")["expires_at"], "user": got.user}
     if ctx.json:

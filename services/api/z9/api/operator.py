@@ -10,7 +10,8 @@ deletion guard's refusals, a job's history, and cancelling any tenant's waiting 
   that order — a job that changed status since may show twice or not at all, as in any live list).
 - ``GET /v1/operator/jobs/{id}``: one job of any tenant with who asked (``actor``), the request
   id, the W3C trace id (``trace_url`` when ``Z9_TRACING_UI_URL`` is set) and its resource's
-  other jobs (``history``, oldest first).
+  newest other jobs (``history``: at most ``HISTORY_MAX``, the periodic observe-only ones left
+  out, oldest first; the job itself always in it).
 - ``POST /v1/operator/jobs/{id}/actions/cancel``: as the tenant's own cancel
   (:mod:`z9.api.job_actions`), for a job of any tenant.
 - ``GET /v1/operator/regions``: each configured region with its cap (``max_concurrent_jobs``)
@@ -35,7 +36,7 @@ from pydantic import BaseModel, Field
 
 from z9.common import kinds, store
 from z9.common.errors import Forbidden, NotFound, ValidationFailed
-from z9.common.ids import id_pattern, is_id
+from z9.common.ids import is_id
 from z9.common.models import Job
 
 from . import job_actions, page_tokens, schemas
@@ -77,7 +78,8 @@ class OperatorJobPage(schemas.Response):
 class OperatorJobDetail(schemas.Response):
     job: OperatorJob
     trace_url: str | None = Field(description="the job's trace in the tracing UI (Z9_TRACING_UI_URL; null: none)")
-    history: list[OperatorJob] = Field(description="every job of the same resource, oldest first")
+    history: list[OperatorJob] = Field(description="the newest jobs of the same resource (at most 500, the periodic "
+                                                   "observe-only ones left out), oldest first; the job itself always")
 
 
 TENANTS_SHOWN = 20  # tenants listed per region in GET /v1/operator/regions
@@ -118,8 +120,8 @@ class OperatorJobQuery(BaseModel):
     region: str | None = Field(default=None, min_length=1, max_length=63)
     kind: str | None = Field(default=None, min_length=1, max_length=63)
     status: str | None = Field(default=None, json_schema_extra={"enum": list(JOB_STATUSES)})
-    tenant: str | None = Field(default=None, description="only this tenant's jobs",
-                               json_schema_extra={"pattern": id_pattern("ten")})
+    tenant: str | None = Field(default=None, min_length=1, max_length=63,
+                               description="only this tenant's jobs: its id (ten_…) or its name")
     include_observe: bool = Field(default=False, description="the periodic observe-only jobs too")
     limit: int = Field(default=100, ge=1, le=500)
     after: str | None = Field(default=None, description="the previous page's `next_after` (a page token)",
@@ -219,9 +221,12 @@ async def list_jobs(request: web.Request) -> web.Response:
         raise ValidationFailed(f"status: must be one of {', '.join(JOB_STATUSES)}",
                                details=[{"field": "status", "message": "unknown status"}])
     tenant_id = request.query.get("tenant")
-    if tenant_id is not None and not is_id(tenant_id, "ten"):
-        raise ValidationFailed(f"tenant: {tenant_id!r} is not a tenant id (ten_…)",
-                               details=[{"field": "tenant", "message": "not a tenant id"}])
+    if tenant_id is not None and not is_id(tenant_id, "ten"):  # a tenant's name (what operators see): its id
+        named = await store.tenant_id_by_name(request.app[POOL], tenant_id)
+        if named is None:
+            raise ValidationFailed(f"tenant: {tenant_id!r} is neither a tenant id (ten_…) nor a tenant's name",
+                                   details=[{"field": "tenant", "message": "no such tenant"}])
+        tenant_id = named
     include_observe = bool_param(request, "include_observe", default=False)
     limit = limit_param(request)
     jobs = await store.job_list_operator(request.app[POOL], region=_text_param(request, "region"),
@@ -241,12 +246,21 @@ async def _any_job(request: web.Request) -> Job:
     return job
 
 
+HISTORY_MAX = 500
+
+
 async def get_job(request: web.Request) -> web.Response:
     require_operator(request)
     job = await _any_job(request)
     history: list[Job] = [job]
     if job.resource_id is not None and job.tenant_id is not None:
-        history = await store.job_list(request.app[POOL], job.tenant_id, resource_id=job.resource_id, limit=500)
+        # the resource's newest jobs (a long-lived resource has thousands of periodic observes:
+        # left out, as the tenant's own job list does), oldest first, the job itself always in
+        newest = await store.job_list(request.app[POOL], job.tenant_id, resource_id=job.resource_id,
+                                      limit=HISTORY_MAX, newest_first=True, exclude_kinds=kinds.observe_only())
+        if all(j.id != job.id for j in newest):
+            newest.append(job)
+        history = sorted(newest, key=lambda j: j.seq)
     template = request.app[SETTINGS].tracing_ui_url
     trace_id = _trace_id(job)
     url = template.replace("{trace_id}", trace_id) if template and trace_id else None

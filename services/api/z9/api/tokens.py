@@ -305,8 +305,14 @@ async def authenticate(request: web.Request, token: str) -> Principal | None:
     """The principal of API token ``token`` through the failed-authentication limiter (429 before
     any lookup once the client's bucket is empty; a failure spends from it): None when unknown,
     expired or revoked. Bearer requests and the console's sign-in both come here."""
+    if not (token.isascii() and len(token) <= 200):
+        # no token z9 mints (undecodable bytes arrive as lone surrogates, which nothing may
+        # encode): a failed authentication, with nothing of it looked at
+        limit_failures(request)
+        authentication_failed(request)
+        return None
     limit_failures(request, token)
-    principal = await _principal(request.app, token) if token.isascii() and len(token) <= 200 else None
+    principal = await _principal(request.app, token)
     if principal is None:
         authentication_failed(request, token)
     return principal

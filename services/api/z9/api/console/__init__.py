@@ -90,6 +90,8 @@ def session_cached(app: web.Application, session_id: str) -> bool:
     from .. import resources as api
     from .. import tokens
 
+    if not _SESSION_ID.fullmatch(session_id):  # never one of ours (nor anything encodable, maybe)
+        return False
     hit = app[SESSIONS].get(_digest(session_id))
     if hit is None or app[api.SETTINGS].api_token_cache_s <= 0 or hit[1] <= api.clock_of(app).monotonic():
         return False

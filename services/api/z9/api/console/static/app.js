@@ -4,10 +4,12 @@
 // API's OpenAPI document: a kind the API registers appears here without console code.
 import { h } from "./dom.js";
 import { label, nonNull, objectFields, resolve, showErrors, validate } from "./schema.js";
+import { STATUS_CLASS, settled } from "./status.js";
 
 const BASE = "/console";
 const LONG_POLL_S = 25; // GET /v1/jobs/{id}?wait_s=: answers on each change
-const MIN_GAP_MS = 5000; // never a request for the same job sooner than this after an error or an unchanged answer
+const MIN_GAP_MS = 5000;
+const POLL_MS = 5000; // a resource's page (and a list) reads its jobs again this often while visible: jobs started elsewhere show // never a request for the same job sooner than this after an error or an unchanged answer
 const OWN_PAGES = new Set(["jobs", "tokens", "quota", "operator", "sign-in", "static", "session"]);
 
 const state = { session: null, doc: null, kinds: [], stop: [] };
@@ -29,8 +31,9 @@ class ApiError extends Error {
   }
 }
 
-async function api(method, path, body, { signal } = {}) {
+async function api(method, path, body, { signal, idempotencyKey } = {}) {
   const headers = { Accept: "application/json" };
+  if (idempotencyKey) headers["Idempotency-Key"] = idempotencyKey;
   if (method !== "GET" && state.session) headers["X-CSRF-Token"] = state.session.csrf_token;
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const r = await fetch(path.startsWith("/") ? path : `/v1/${path}`, {
@@ -42,6 +45,23 @@ async function api(method, path, body, { signal } = {}) {
   if (r.status === 401 && !path.startsWith("/console/")) { state.session = null; go("/sign-in"); }
   if (!r.ok) throw new ApiError(r.status, data, r.headers.get("X-Request-Id"));
   return data;
+}
+
+// A fresh Idempotency-Key (128 random bits, hex): one per click, so that the API answers a resent
+// request (a retry of the same click) as it answered the first, never making a second job.
+function newKey() {
+  const b = new Uint8Array(16);
+  crypto.getRandomValues(b);
+  return [...b].map((x) => x.toString(16).padStart(2, "0")).join("");
+}
+
+// Run a click's request with its button disabled until the answer is in: a double click (or an
+// impatient second one) sends nothing more. The button is left disabled if it was disabled.
+async function inFlight(button, send) {
+  if (!button || button.disabled) return undefined;
+  button.disabled = true;
+  button.setAttribute("aria-busy", "true");
+  try { return await send(newKey()); } finally { button.disabled = false; button.removeAttribute("aria-busy"); }
 }
 
 const canWrite = () => Boolean(state.session && state.session.scopes.includes("write"));
@@ -93,12 +113,6 @@ function deriveKinds(doc) {
 
 // ------------------------------------------------------------------ helpers
 
-const STATUS_CLASS = {
-  running: "ok", succeeded: "ok", healthy: "ok", active: "ok", assigned: "ok", done: "ok", ready: "ok",
-  creating: "info", pending: "info", updating: "info", configuring: "info",
-  retry: "warn", deleting: "warn", destroying: "warn", degraded: "warn", stopped: "warn", unknown: "warn", skipped: "",
-  failed: "bad", deleted: "", unhealthy: "bad",
-};
 
 function badge(status, text) {
   return h("span", { class: `badge ${STATUS_CLASS[status] ?? ""}` }, text || status || "—");
@@ -276,7 +290,7 @@ async function signInPage() {
   const status = h("div", { role: "status" });
   const form = h("form", { class: "form" },
     h("div", { class: "field" }, h("label", { for: "token" }, "API token"),
-      h("p", { class: "hint", id: "token-hint" }, "z9 dev prints one (also in .z9/dev-token); z9 token --tenant NAME makes one. It is kept in an HttpOnly cookie for this site only."),
+      h("p", { class: "hint", id: "token-hint" }, "z9 dev prints one (also in .z9/dev-token); z9 token --tenant NAME makes one. Signing in makes a session: this site's HttpOnly cookie holds a random session id, never the token."),
       input),
     h("div", {}, h("button", { class: "primary", type: "submit" }, "Sign in")), status);
   form.addEventListener("submit", async (ev) => {
@@ -357,22 +371,36 @@ async function listPage(kind) {
   const q = new URLSearchParams();
   for (const [k, v] of params) q.set(k, v);
   q.set("limit", "200");
-  let data;
-  try { data = await api("GET", `${kind.plural}?${q}`); } catch (e) { put(box, errorNotice(e)); return; }
-  const items = data[kind.listKey];
-  const [busy, tied] = await Promise.all([busyIds(), tiedTo(kind)]);
-  const waiting = new Set([...busy].map((rid) => tied[rid] || rid));
-  const extra = ["health", "type", "ip", "version"].filter((f) => kind.itemSchema.properties && kind.itemSchema.properties[f]);
-  put(box, table(`${kind.title}: ${items.length}`, ["name", "status", ...extra, "region", "labels", "created"],
-    items.map((x) => [link(`/${kind.plural}/${x.id}`, x.name || x.id), statusCell(x, waiting.has(x.id)), ...extra.map((f) => f === "health" ? badge(x[f]) : value(x[f])),
-      x.region || "", labelsText(x.labels), when(x.created_at)]), `No ${kind.title.toLowerCase()} yet.`));
+  const here = location.href;
+  const load = async (first) => {
+    let data;
+    try { data = await api("GET", `${kind.plural}?${q}`); } catch (e) { if (first) put(box, errorNotice(e)); return; }
+    const items = data[kind.listKey];
+    const [busy, tied] = await Promise.all([busyIds(), tiedTo(kind)]);
+    if (location.href !== here) return;
+    // busy null: the jobs could not be read — no row is claimed done
+    const waiting = busy && new Set([...busy].map((rid) => tied[rid] || rid));
+    const extra = ["health", "type", "ip", "version"].filter((f) => kind.itemSchema.properties && kind.itemSchema.properties[f]);
+    put(box, table(`${kind.title}: ${items.length}`, ["name", "status", ...extra, "region", "labels", "created"],
+      items.map((x) => [link(`/${kind.plural}/${x.id}`, x.name || x.id), statusCell(x, waiting ? waiting.has(x.id) : null), ...extra.map((f) => f === "health" ? badge(x[f]) : value(x[f])),
+        x.region || "", labelsText(x.labels), when(x.created_at)]), `No ${kind.title.toLowerCase()} yet.`));
+  };
+  await load(true);
+  // read again while shown: a job started elsewhere (the CLI, the API) turns its row "not ready"
+  const timer = setInterval(() => {
+    if (location.href !== here) clearInterval(timer);
+    else if (document.visibilityState === "visible") load(false).catch(() => {});
+  }, 2 * POLL_MS);
+  state.stop.push(() => clearInterval(timer));
 }
 
-// The ids of the tenant's resources with a job still on its way (pending, running, retry).
+// The ids of the tenant's resources with a job still on its way (pending, running, retry); null
+// when the jobs could not be read (unknown is not "none").
 async function busyIds() {
+  let failed = false;
   const lists = await Promise.all(["pending", "running", "retry"].map((st) =>
-    api("GET", `jobs?status=${st}&limit=500&include_observe=false`).then((r) => r.jobs, () => [])));
-  return new Set(lists.flat().map((j) => j.resource && j.resource.id).filter(Boolean));
+    api("GET", `jobs?status=${st}&limit=500&include_observe=false`).then((r) => r.jobs, () => { failed = true; return []; })));
+  return failed ? null : new Set(lists.flat().map((j) => j.resource && j.resource.id).filter(Boolean));
 }
 
 // {id of a resource tied to one of `kind` (a server's address, volume): that one's id}, from the
@@ -388,6 +416,9 @@ async function tiedTo(kind) {
 // A status in a list: one that reads as done ("running") is not shown as done while a job of the
 // resource, or of one tied to it, is still on its way (what --wait would still be waiting for).
 function statusCell(x, waiting) {
+  if (waiting === null && STATUS_CLASS[x.status] === "ok") {
+    return h("span", { class: "readiness", "data-ready": "unknown", title: "its jobs could not be read" }, h("span", { class: "badge" }, x.status), " readiness unknown");
+  }
   if (!waiting || STATUS_CLASS[x.status] !== "ok") return badge(x.status);
   return h("span", { class: "readiness", "data-ready": "false" }, h("span", { class: "badge info" }, x.status), " not ready");
 }
@@ -574,13 +605,17 @@ async function detailPage(kind, id) {
   // (a server's address: its AddressAssign runs after the ServerCreate), still to finish, and a
   // settled status. null until the jobs are read: nothing is claimed before.
   let liveJobs = null;
+  let jobsKnown = false; // every list of jobs read (a failed read is no "no jobs")
   const readiness = () => {
     if (liveJobs === null || item.status === "deleted") return null;
     if (liveJobs.length) {
       return [" · ", h("span", { class: "readiness", "data-ready": "false" }, badge("pending", "not ready"), " waiting for ",
         ...liveJobs.flatMap((j, i) => [i ? ", " : "", link(`/jobs/${j.id}`, j.kind), ` (${j.status})`]))];
     }
-    if (STATUS_CLASS[item.status] === "ok" || item.status === "stopped") {
+    if (!jobsKnown) {
+      return [" · ", h("span", { class: "readiness", "data-ready": "unknown", title: "its jobs could not be read" }, badge("unknown", "readiness unknown"))];
+    }
+    if (settled(item.status)) {
       return [" · ", h("span", { class: "readiness", "data-ready": "true" }, badge("ready"))];
     }
     return null;
@@ -657,15 +692,17 @@ async function detailPage(kind, id) {
       const reqSchema = a.op.requestBody && a.op.requestBody.content["application/json"].schema;
       if (why) whys.push(`${label}: ${why}`);
       bar.append(h("button", { type: "button", "data-action": a.name, disabled: Boolean(why), title: why || null,
-        "aria-describedby": why ? "actions-why" : null, onclick: async () => {
+        "aria-describedby": why ? "actions-why" : null, onclick: async (ev) => {
         const rs = reqSchema ? resolve(state.doc, reqSchema) : {};
         // a body with nothing to fill in (no properties, no union of bodies): sent at once
         if (!reqSchema || (!Object.keys(rs.properties || {}).length && !rs.oneOf && !rs.anyOf)) {
-          try { closeForm(); accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, reqSchema ? {} : undefined)); } catch (e) { openForm(null, errorNotice(e)); }
+          await inFlight(ev.currentTarget, async (key) => {
+            try { closeForm(); accepted(await api("POST", `${kind.plural}/${id}/actions/${a.name}`, reqSchema ? {} : undefined, { idempotencyKey: key })); } catch (e) { openForm(null, errorNotice(e)); }
+          });
           return;
         }
         openForm(a.name, h("h2", {}, label), h("p", { class: "muted" }, a.op.summary || ""),
-          schemaForm(reqSchema, { submit: label, onSubmit: async (b) => { const r = await api("POST", `${kind.plural}/${id}/actions/${a.name}`, b); closeForm(); accepted(r); } }));
+          schemaForm(reqSchema, { submit: label, onSubmit: async (b) => { const r = await api("POST", `${kind.plural}/${id}/actions/${a.name}`, b, { idempotencyKey: newKey() }); closeForm(); accepted(r); } }));
         formBox.querySelector("input, select, textarea")?.focus();
       } }, label));
     }
@@ -682,9 +719,9 @@ async function detailPage(kind, id) {
       bar.append(h("button", { type: "button", class: "danger", "data-action": "delete", onclick: () => {
         openForm("delete", h("div", { class: "notice warn", role: "alertdialog", "aria-labelledby": "del-q" },
           h("p", { id: "del-q" }, `Delete ${item.name || item.id}?`, kind.actions.some((x) => x.name === "cancel-deletion") ? " It can be restored during the deletion buffer." : " There is no buffer: it goes at once."),
-          h("button", { type: "button", class: "danger", "data-action": "confirm-delete", onclick: async () => {
-            try { const r = await api("DELETE", `${kind.plural}/${id}`); closeForm(); accepted(r); } catch (e) { openForm(null, errorNotice(e)); }
-          } }, "Delete"), " ", h("button", { type: "button", onclick: closeForm }, "Keep it")));
+          h("button", { type: "button", class: "danger", "data-action": "confirm-delete", onclick: (ev) => inFlight(ev.currentTarget, async (key) => {
+            try { const r = await api("DELETE", `${kind.plural}/${id}`, undefined, { idempotencyKey: key }); closeForm(); accepted(r); } catch (e) { openForm(null, errorNotice(e)); }
+          }) }, "Delete"), " ", h("button", { type: "button", onclick: closeForm }, "Keep it")));
         formBox.querySelector("[data-action=confirm-delete]").focus();
       } }, "Delete"));
     }
@@ -722,24 +759,27 @@ async function detailPage(kind, id) {
   const histBox = h("div", { class: "history" });
   // every job that touched it: its own and those of the resources another kind ties to it (a
   // server's addresses and volumes: their list takes ?server_id=), newest first
+  // complete: false when a read failed (what is shown is then not all there is)
   const related = async () => {
     const param = `${kind.oneKey}_id`;
     const ids = [id];
+    let complete = true;
     for (const k of state.kinds) {
       if (k === kind || !queryParams(k.listOp).some((p) => p.name === param)) continue;
       try {
         const r = await api("GET", `${k.plural}?${param}=${encodeURIComponent(id)}&limit=50&include_deleted=true`);
         ids.push(...r[k.listKey].map((x) => x.id));
-      } catch { /* that kind's jobs left out */ }
+      } catch { complete = false; /* that kind's jobs left out */ }
     }
-    return ids;
+    return { ids, complete };
   };
   const recentJobs = async () => {
-    const ids = await related();
+    const { ids, complete } = await related();
+    let read = complete;
     const lists = await Promise.all(ids.map((rid) => api("GET", `jobs?resource_id=${encodeURIComponent(rid)}&order=newest&limit=10&include_observe=false`)
-      .then((r) => r.jobs, () => [])));
+      .then((r) => r.jobs, () => { read = false; return []; })));
     const all = lists.flat().sort((a, b) => (a.created_at < b.created_at ? 1 : a.created_at > b.created_at ? -1 : 0));
-    return { jobs: all.slice(0, 15) };
+    return { jobs: all.slice(0, 15), complete: read };
   };
   // the jobs followed live: the latest one, and every other job still on its way (a server's
   // address assign once its create is done: --wait follows them all)
@@ -750,9 +790,14 @@ async function detailPage(kind, id) {
     jobBox.append(jobPanel(jobId, { onChange: () => { refresh(); loadHistory(); } }));
   };
   const isLive = (j) => ["pending", "running", "retry"].includes(j.status);
-  const jobsRead = (list) => {
+  // every job on its way is followed, a job started elsewhere (the CLI, the API) too
+  const jobsRead = (list, complete) => {
     liveJobs = list.filter(isLive);
-    if (shown.size) for (const j of liveJobs) watch(j.id);
+    jobsKnown = complete;
+    for (const j of liveJobs) {
+      if (!shown.size && !shown.has(j.id)) put(jobBox, h("h2", { id: "job-h" }, "Latest jobs"));
+      watch(j.id);
+    }
     render();
   };
   let histSeq = 0;
@@ -762,22 +807,34 @@ async function detailPage(kind, id) {
       const r = await recentJobs();
       if (seq !== histSeq) return;
       put(histBox, jobsTable(r.jobs, "The recent jobs of this resource and of those tied to it"));
-      jobsRead(r.jobs);
+      jobsRead(r.jobs, r.complete);
     } catch { /* shown next time */ }
+  };
+  // the resource and its jobs read again every POLL_MS while the page is shown (an open form
+  // stays: renderActions keeps it)
+  const here = location.href;
+  const startPoll = () => {
+    const timer = setInterval(() => {
+      if (location.href !== here) { clearInterval(timer); return; }
+      if (document.visibilityState === "visible") { refresh(); loadHistory(); }
+    }, POLL_MS);
+    state.stop.push(() => clearInterval(timer));
   };
   followLatest = (jobId) => {
     stopLive();
+    startPoll();
     shown.clear();
     put(jobBox, h("h2", { id: "job-h" }, "Latest jobs"));
     watch(jobId);
     loadHistory();
   };
-  const jobs = await recentJobs().catch(() => ({ jobs: [] }));
+  const jobs = await recentJobs().catch(() => ({ jobs: [], complete: false }));
   put(histBox, jobsTable(jobs.jobs, "The recent jobs of this resource and of those tied to it"));
   main().append(h("section", { "aria-labelledby": "hist-h" }, h("h2", { id: "hist-h" }, "Recent jobs"), histBox));
+  if (location.href !== here) return;
   const live = jobs.jobs.find(isLive) || jobs.jobs[0];
   if (live) followLatest(live.id);
-  else jobsRead(jobs.jobs);
+  else { startPoll(); jobsRead(jobs.jobs, jobs.complete); }
 }
 
 // ------------------------------------------------------------------ jobs
@@ -980,7 +1037,9 @@ async function operatorPage() {
   const load = async () => {
     const q = new URLSearchParams({ limit: String(size) });
     for (const k of ["region", "kind", "status", "tenant", "after"]) if (params.get(k)) q.set(k, params.get(k));
-    const [regions, jobs, guard, drift] = await Promise.all([api("GET", "operator/regions"), api("GET", `operator/jobs?${q}`), api("GET", "operator/guard-refusals?limit=50"), api("GET", "operator/drift?limit=100")]);
+    // the jobs' filters are what the user typed: a refusal (a tenant's name where its id goes, a
+    // page token from elsewhere) is shown under the filters, the rest of the page kept
+    const [regions, jobs, guard, drift] = await Promise.all([api("GET", "operator/regions"), api("GET", `operator/jobs?${q}`).catch((e) => ({ refused: e })), api("GET", "operator/guard-refusals?limit=50"), api("GET", "operator/drift?limit=100")]);
     put(driftBox, table("Resources whose last plan found drift", ["resource", "tenant", "region", "drifted since", "drift", "steps"],
       drift.resources.map((r) => [idLink(r.id), h("code", {}, r.tenant), r.region, `${ago(r.drifted_since)} ago`,
         r.drift.map((d) => `${d.path}: want ${JSON.stringify(d.want)}, have ${JSON.stringify(d.have)}`).join("; "),
@@ -994,18 +1053,26 @@ async function operatorPage() {
         t.running_cap === null ? "none" : String(t.running_cap), String(t.retry), t.pending ? `${t.wait_s.toFixed(1)} s` : "—"]),
         ...(r.tenants_more ? [[r.name, `${r.tenants_more} more tenants`, "", "", "", "", ""]] : [])]),
       "Nobody is waiting: no live jobs."));
+    put(guardBox, table("Jobs the deletion guard refused", ["job", "tenant", "region", "kind", "when", "why"],
+      guard.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), tenantCell(j), j.region, j.kind, when(j.finished_at), j.error ? j.error.message : ""]),
+      "No refusals: the deletion guard has refused nothing."));
+    if (jobs.refused) {
+      const field = (jobs.refused.details || []).map((d) => d.field).find(Boolean);
+      const input = field && f.querySelector(`[name="${field}"]`);
+      if (input) input.setAttribute("aria-invalid", "true");
+      put(jobsBox, errorNotice(jobs.refused), field === "tenant" ? h("p", { class: "hint" }, "The tenant filter takes a tenant's id (ten_…): a tenant's name in the lists above shows its id on hover and links to its jobs.") : null,
+        params.get("after") ? link(`/operator${filtered().toString() ? "?" + filtered() : ""}`, "First page") : null);
+      return;
+    }
     const pages = h("nav", { class: "bar pages", "aria-label": "Pages of jobs" },
       params.get("after") ? link(`/operator${filtered().toString() ? "?" + filtered() : ""}`, "First page") : null,
       jobs.next_after ? link(`/operator?${new URLSearchParams([...filtered(), ["after", jobs.next_after]])}`, "Next page →") : null);
     put(jobsBox, table(`Jobs: ${jobs.jobs.length}${params.get("after") || jobs.next_after ? " on this page" : ""}`, ["job", "tenant", "region", "kind", "status", "attempts", "age", "error", "UPID", ""],
       jobs.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), tenantCell(j), j.region, j.kind, jobBadge(j), `${j.attempt}/${j.max_attempts}`,
         ago(j.created_at), j.error ? `${j.error.class}: ${j.error.message}` : "", upidOf(j) ? h("code", {}, upidOf(j)) : "",
-        ["pending", "retry"].includes(j.status) ? h("button", { type: "button", "data-action": "cancel-job", "aria-label": `Cancel ${j.id}`, onclick: async () => {
+        canWrite() && ["pending", "retry"].includes(j.status) ? h("button", { type: "button", "data-action": "cancel-job", "aria-label": `Cancel ${j.id}`, onclick: async () => {
           try { await api("POST", `operator/jobs/${j.id}/actions/cancel`); announce(`Job ${j.id} cancelled`); await load(); } catch (e) { jobsBox.prepend(errorNotice(e)); }
         } }, "Cancel") : ""]), "No jobs match."), pages);
-    put(guardBox, table("Jobs the deletion guard refused", ["job", "tenant", "region", "kind", "when", "why"],
-      guard.jobs.map((j) => [link(`/operator/jobs/${j.id}`, h("code", {}, j.id)), tenantCell(j), j.region, j.kind, when(j.finished_at), j.error ? j.error.message : ""]),
-      "No refusals: the deletion guard has refused nothing."));
   };
   await load();
   const timer = setInterval(() => { if (document.visibilityState === "visible") load().catch(() => {}); }, 10000);
