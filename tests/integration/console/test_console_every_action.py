@@ -82,11 +82,16 @@ def _accepted(stack: DevStack, status: int, out: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def refs(stack: DevStack) -> dict[str, str]:
-    """The resources the examples' ids stand for: a running server with a public address."""
+    """The resources the examples' ids stand for: a running server with a public address, and a
+    private network (a server's attach-to-network example names one; made from its own example)."""
     out = _accepted(stack, *stack.api("POST", "servers", {
         "name": f"ref-{time.time_ns() % 10**8}", "region": "dev-1", "image": "debian-12", "cores": 1,
         "memory_mib": 1024, "disk_gib": 10, "public_ipv4": True}))
-    return {"srv": out["server"]["id"]}
+    refs = {"srv": out["server"]["id"]}
+    net = _example(DOC["paths"]["/networks"]["post"])
+    net = _accepted(stack, *stack.api("POST", "networks", {**net, "name": f"ref-{time.time_ns() % 10**8}"}))
+    refs["net"] = net["network"]["id"]
+    return refs
 
 
 def _create(stack: DevStack, plural: str, refs: dict[str, str]) -> str:
