@@ -91,6 +91,9 @@ DESCRIPTIONS: dict[str, str] = {
     "api_token_last_used_s": "How often an API process writes the last use of the tokens it saw (one write for all of them, not one per request); `GET /v1/tokens` shows last use this coarsely.",
     "api_rate_limit_per_s": "Rate limit per tenant and API process (every token of a tenant spends from one bucket: a new token brings no new requests): requests per second refilling the bucket; 0 turns rate limiting off. Over it: 429 with `Retry-After` and `RateLimit` headers.",
     "api_rate_limit_burst": "Rate limit per tenant and API process: the bucket's size (requests allowed at once).",
+    "api_max_concurrent_plans": "Plans (`POST /v1/<kind>/{id}/actions/plan`) running at once per API process, each waiting on its "
+                                "region's Proxmox VE (no database connection held meanwhile); one tenant holds at most half of "
+                                "them (rounded up). Past it: 429 `too_many_plans` with `Retry-After` at once.",
     "api_auth_failures_per_s": "Failed authentications (unknown, expired or revoked bearer token) per client address and API process: "
                                "failures per second refilling the address's bucket (an IPv6 address: its /64); 0 turns the limit off. "
                                "Once the bucket is empty, a request from that address answers 429 `rate_limited` with "

@@ -78,6 +78,11 @@ class SimAdmin:
     async def fault(self, **spec: Any) -> str:
         return (await self._req("POST", "/faults", json=spec))["id"]
 
+    async def faults(self) -> list[dict[str, Any]]:
+        """The fault rules still in force, each with its ``hits`` so far (a ``delay`` hit: a request
+        the simulator is holding now, or has held)."""
+        return await self._req("GET", "/faults")
+
     async def delete_fault(self, fault_id: str) -> None:
         """The rule :meth:`fault` added fires no more."""
         await self._req("DELETE", f"/faults/{fault_id}")

@@ -1,7 +1,8 @@
 """The console's Plan button, in a real browser against `z9 dev`: a resource's page plans it (POST
 …/actions/plan, generated from the document: an action answering 200 without a job) and shows "in
 sync", or the drift and the steps — each saying whether it interrupts the guest — after a change made
-by hand through the simulator's PVE API; a read-only token has the button too."""
+by hand through the simulator's PVE API; a read-only token has the button too; a type without a plan
+route (a network) has none."""
 from __future__ import annotations
 
 import json
@@ -91,6 +92,14 @@ def test_plan_button_shows_in_sync_then_the_drift_and_steps(stack: DevStack, chr
     page2.click("[data-action=plan]")
     page2.wait_for_selector("section.plan[data-in-sync=false]")
     assert page2.locator("[data-action=delete]").count() == 0  # a read token: the plan, nothing that writes
+
+    # a type the document has no plan route for (a network: no ResourceType.plan_of) has no Plan button
+    status, net = stack.api("POST", "networks", {"name": f"plan-{time.time_ns() % 10**8}", "region": "dev-1",
+                                                  "ip_range": "10.77.0.0/24"})
+    assert status == 202, net
+    page.goto(f"{stack.console}networks/{net['network']['id']}")
+    page.wait_for_selector("[data-action=delete]")
+    assert page.locator("[data-action=plan]").count() == 0, page.inner_text("main")
 
     # the reaper's periodic plan found it too: the Operator page lists it with its drift and steps
     page3 = new_page(chromium)

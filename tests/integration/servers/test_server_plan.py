@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from proxmoxer import ProxmoxAPI
 from z9.common import store
 from z9.common.tags import normalize_tags
 
-from tests.support import REGION, SimAdmin, Stack, wait_until
+from tests.support import REGION, SimAdmin, Stack, make_tenant, wait_until
 
 
 def _pve(sim: SimAdmin) -> ProxmoxAPI:
@@ -134,27 +135,66 @@ async def test_unknown_server_is_404_and_a_deleting_one_409(stack: Stack, sim: S
     assert status == 409 and body["error"]["code"] == "resource_deleting", body
 
 
-async def test_a_plan_takes_no_row_lock_and_no_transaction_id(stack: Stack, sim: SimAdmin) -> None:
-    """While a plan waits on Proxmox (a slow answer of the simulator's), its transaction holds no
-    transaction id (it wrote and locked nothing) and another session locks the server's row at once."""
-    server = await _created(stack)
-    # (a wide window: the plan's transaction is open from its first read until its last Proxmox answer)
-    await sim.fault(method="GET", path=r"/firewall/options$", action="delay", seconds=30.0, times=1)
-    planning = asyncio.ensure_future(_plan(stack, server["id"]))
+async def _fault_hits(sim: SimAdmin, fault_id: str) -> int:
+    return next((f["hits"] for f in await sim.faults() if str(f["id"]) == str(fault_id)), -1)
 
-    async def plan_waiting() -> Any:
-        return await stack.pool.fetchrow(
-            "SELECT pid, backend_xid, state FROM pg_stat_activity WHERE application_name = 'z9-plan' "
-            "AND state = 'idle in transaction'")
-    seen = await wait_until(plan_waiting, 60, "the plan's transaction waiting on Proxmox")
-    assert seen["backend_xid"] is None
+
+async def test_a_plan_waiting_on_proxmox_holds_no_connection_and_no_row_lock(stack: Stack, sim: SimAdmin) -> None:
+    """While a plan waits on Proxmox (a slow answer of the simulator's), it holds no database
+    connection (no z9-plan session in pg_stat_activity: its reads each took one and gave it back) and
+    another session locks the server's row at once."""
+    server = await _created(stack)
+    fault = await sim.fault(method="GET", path=r"/firewall/options$", action="delay", seconds=20.0, times=2)
+    planning = asyncio.ensure_future(_plan(stack, server["id"]))
+    await wait_until(lambda: _fault_hits(sim, fault), 60, "the plan waiting on Proxmox")
+    assert not planning.done()
+    assert await stack.pool.fetch("SELECT pid FROM pg_stat_activity WHERE application_name = 'z9-plan'") == []
     async with stack.pool.acquire() as conn, conn.transaction():
         locked = await conn.fetchval("SELECT id FROM servers WHERE id = $1 FOR UPDATE NOWAIT", server["id"])
         assert locked == server["id"]
-    held = await stack.pool.fetchval("SELECT count(*) FROM pg_locks WHERE pid = $1 AND locktype = 'transactionid'",
-                                     seen["pid"])
-    assert held == 0
-    # ... all of it while the plan's transaction was still open (the same session, still the plan's)
-    assert await stack.pool.fetchval("SELECT application_name FROM pg_stat_activity WHERE pid = $1",
-                                     seen["pid"]) == "z9-plan"
+    assert not planning.done()  # ... all of it while the plan was still waiting
+    await sim.delete_fault(fault)
     assert (await planning)["in_sync"] is True
+
+
+@pytest.mark.settings(api_max_concurrent_plans=2)  # one tenant: at most 1 at once
+async def test_plans_past_the_limit_are_429_at_once_and_other_requests_go_on(stack: Stack, sim: SimAdmin) -> None:
+    """Plans held by a slow Proxmox take their slots; the next plan, of the same tenant (its share is
+    full) or of any tenant (the process is full), is answered 429 too_many_plans with Retry-After at
+    once, and an unrelated GET answers while the plans are still held."""
+    _, b_token = await make_tenant(stack.pool, "neighbour")
+    _, c_token = await make_tenant(stack.pool, "third")
+    mine = await _created(stack)
+    status, out = await stack.call("POST", "/servers", token=b_token, json={
+        "name": "theirs", "region": REGION, "image": "debian-12", "cores": 2, "memory_mib": 2048, "disk_gib": 10})
+    assert status == 202, out
+    theirs, job_path = out["server"]["id"], f"/jobs/{out['job']['id']}"
+
+    async def created() -> str | None:
+        status = (await stack.call("GET", job_path, token=b_token))[1]["status"]
+        return status if status in ("succeeded", "failed", "cancelled") else None
+    assert await wait_until(created, 60, "the neighbour's server created") == "succeeded"
+    vmids = [(await stack.server(mine["id"]))["observed"]["vmid"],
+             (await stack.call("GET", f"/servers/{theirs}", token=b_token))[1]["server"]["observed"]["vmid"]]
+    fault = await sim.fault(method="GET", path=rf"/qemu/({vmids[0]}|{vmids[1]})/config$", action="delay",
+                            seconds=20.0, times=3)
+    held = [asyncio.ensure_future(_plan(stack, mine["id"])), asyncio.ensure_future(_plan(stack, theirs, b_token))]
+
+    async def both_held() -> bool:
+        return await _fault_hits(sim, fault) == 2
+    await wait_until(both_held, 60, "both plans waiting on Proxmox")
+
+    async def refused(sid: str, token: str | None) -> dict[str, Any]:
+        async with stack.http.post(f"{stack.base}/servers/{sid}/actions/plan", headers=stack.headers(token)) as r:
+            assert r.status == 429, await r.text()
+            assert r.headers["Retry-After"] == "1"
+            return dict(await r.json())
+    assert (await refused(mine["id"], None))["error"]["code"] == "too_many_plans"  # this tenant's share
+    body = await refused(mine["id"], c_token)  # the process's limit (checked before the id is looked up)
+    assert body["error"]["code"] == "too_many_plans" and "process" in body["error"]["message"]
+    status, listed = await stack.call("GET", "/servers")
+    assert status == 200 and [s["id"] for s in listed["servers"]] == [mine["id"]]
+    assert not any(t.done() for t in held) and await _fault_hits(sim, fault) == 2  # still held meanwhile
+    await sim.delete_fault(fault)
+    assert [p["in_sync"] for p in await asyncio.gather(*held)] == [True, True]
+    assert (await _plan(stack, mine["id"]))["in_sync"] is True  # the slots were given back

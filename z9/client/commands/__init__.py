@@ -13,6 +13,7 @@ ordered by the ``order=`` its ``ResourceType(...)`` declares (read from the slic
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -21,15 +22,42 @@ from types import ModuleType, SimpleNamespace
 from . import catalog, context, jobs, tokens
 
 
+@functools.cache
+def _declared(init: Path) -> dict[str, ast.expr]:
+    """The keywords of the ``ResourceType(...)`` call in a slice's ``__init__.py`` (read, not run)."""
+    for node in ast.walk(ast.parse(init.read_text(), str(init))):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "ResourceType":
+            return {kw.arg: kw.value for kw in node.keywords if kw.arg is not None}
+    return {}
+
+
 def _declared_order(init: Path) -> int:
     """The ``order=`` keyword of the ``ResourceType(...)`` call in a slice's ``__init__.py``
     (the registry's default, 100, when it gives none)."""
-    for node in ast.walk(ast.parse(init.read_text(), str(init))):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "ResourceType":
-            for kw in node.keywords:
-                if kw.arg == "order" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, int):
-                    return kw.value.value
-    return 100
+    order = _declared(init).get("order")
+    return order.value if isinstance(order, ast.Constant) and isinstance(order.value, int) else 100
+
+
+def _slice_roots() -> list[str]:
+    spec = importlib.util.find_spec("z9.resources")  # finds the package without running it
+    assert spec is not None and spec.submodule_search_locations
+    return list(spec.submodule_search_locations)
+
+
+def plannable(name: str) -> bool:
+    """Whether the resource type ``name`` says which job converges it (``ResourceType.plan_of``): only
+    such a type has a plan route (``POST /v1/<plural>/{id}/actions/plan``), hence ``z9 <plural> plan``."""
+    if "z9.resources" in sys.modules:  # the registry is there anyway: ask it
+        from z9 import resources
+
+        rtype = resources.get(name)
+        return rtype is not None and rtype.plan_of is not None
+    for root in _slice_roots():
+        init = Path(root) / name / "__init__.py"
+        if init.exists():
+            plan_of = _declared(init).get("plan_of")
+            return plan_of is not None and not (isinstance(plan_of, ast.Constant) and plan_of.value is None)
+    return False
 
 
 def _load(name: str, path: Path) -> ModuleType:
@@ -53,10 +81,8 @@ def slice_clients() -> list[ModuleType]:
         from z9 import resources
 
         return [m for _, m in resources.slice_modules("client")]
-    spec = importlib.util.find_spec("z9.resources")  # finds the package without running it
-    assert spec is not None and spec.submodule_search_locations
     found = []
-    for root in spec.submodule_search_locations:
+    for root in _slice_roots():
         for client in Path(root).glob("*/client.py"):
             init = client.parent / "__init__.py"
             if init.exists():

@@ -243,10 +243,13 @@ class KindSpec:
             p.add_argument("id", help=id_help)
             p.set_defaults(run=self._simple(lambda c, i: c.restore(k, i)))
 
-        p = verb(verbs, "plan", f"what {_a(k.label)}'s job would change now: its drift and steps, each saying "
-                 "whether it interrupts the guest (changes nothing; exit 0 in sync, 2 drift, 1 error)", [common])
-        p.add_argument("id", help=id_help)
-        p.set_defaults(run=self._plan)
+        from . import plannable
+
+        if plannable(k.name):  # the API has a plan route only for a type that says which job converges it
+            p = verb(verbs, "plan", f"what {_a(k.label)}'s job would change now: its drift and steps, each saying "
+                     "whether it interrupts the guest (changes nothing; exit 0 in sync, 2 drift, 1 error)", [common])
+            p.add_argument("id", help=id_help)
+            p.set_defaults(run=self._plan)
 
         for action in self.actions:
             p = verbs.add_parser(action.name, help=action.help, description=action.help, parents=[common, waiting],
@@ -270,7 +273,7 @@ def plan_table(plan: Any) -> Any:
     rows = [["waiting", plan.waiting, ""]] if plan.waiting else []
     rows += [[f"drift {d.path}", f"want {d.want!r}, have {d.have!r}", ""] for d in plan.drift]
     rows += [[f"step {i} {s.name}" + (f" ({s.member})" if s.member else ""), s.why,
-              "DISRUPTIVE" if s.disruptive else ""] for i, s in enumerate(plan.steps, 1)]
+              "DISRUPTIVE" if s.disruptive else "not interrupted"] for i, s in enumerate(plan.steps, 1)]
     return table(("what", "detail", "guest"), rows)
 
 

@@ -469,6 +469,10 @@ class Settings(BaseSettings):
     # with Retry-After.
     api_rate_limit_per_s: float = Field(20.0, ge=0)
     api_rate_limit_burst: int = Field(200, ge=0)
+    # Plans (POST /v1/<kind>/{id}/actions/plan) running at once per API process, each waiting on
+    # its region's Proxmox VE (4 threads per region): over it, 429 `too_many_plans` with Retry-After
+    # at once. One tenant holds at most half of them (rounded up), so another tenant can still plan.
+    api_max_concurrent_plans: int = Field(4, ge=1)
     # Failed authentications (unknown, expired or revoked bearer tokens) per client address and
     # API process: a bucket of this many, refilled at this rate (per second); 0 turns it off. Once
     # empty, a request with any bearer token from that address answers 429 with Retry-After

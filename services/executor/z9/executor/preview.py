@@ -13,9 +13,12 @@ Nothing is written, by construction rather than by care:
 
 - Proxmox: the region's client is read-only (``ProxmoxClient(read_only=True)``): any request but a
   GET is refused before it is sent (:class:`~z9.executor.proxmox.ReadOnlyRefused`).
-- the database: ``ctx.pool`` is one connection inside a ``READ ONLY`` transaction: PostgreSQL refuses
-  every write in it and every row lock (``SELECT … FOR UPDATE`` "cannot be executed in a read-only
-  transaction"), so a plan takes no job lease and locks no row.
+- the database: ``ctx.pool`` is either one connection inside a ``READ ONLY`` transaction (the reaper's)
+  or a :class:`ReadOnlyPool` (the API's), whose every query runs in a ``READ ONLY`` transaction of its
+  own on a pool connection taken for that query alone: PostgreSQL refuses every write in it and every
+  row lock (``SELECT … FOR UPDATE`` "cannot be executed in a read-only transaction"), so a plan takes
+  no job lease and locks no row. With a :class:`ReadOnlyPool` a plan holds no connection while it waits
+  on Proxmox (its reads see the database as a job's do: each query its own snapshot).
 - the job: there is none. :class:`PlanContext` refuses every write a running job makes (steps, memo,
   fence); ``observe`` code that must differ reads :attr:`JobContext.read_only` (the private
   address a server would be given is looked up, not taken).
@@ -23,10 +26,13 @@ Nothing is written, by construction rather than by care:
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from z9.common import store
 from z9.common.clock import SYSTEM, Clock
 from z9.common.errors import Snooze, TemporaryError
 from z9.common.models import Job
@@ -39,6 +45,39 @@ from .jobs import REGISTRY
 from .proxmox import ProxmoxClient, ReadOnlyRefused
 
 PLAN_OWNER = "plan"  # the lease owner a plan's context names (it has no lease: nothing is fenced)
+PLAN_SESSION = "z9-plan"  # the application_name of a plan's transactions (pg_stat_activity)
+
+
+class ReadOnlyPool:
+    """The database as a plan reads it: ``fetch``/``fetchrow``/``fetchval``/``execute`` and
+    ``acquire()`` as an asyncpg pool's, each on a connection of ``pool`` taken for that query (or
+    that ``acquire`` block) alone, inside a ``READ ONLY`` transaction named :data:`PLAN_SESSION` in
+    pg_stat_activity. A plan waiting on Proxmox holds no connection and no transaction."""
+
+    def __init__(self, pool: Any):
+        self._pool = pool
+
+    @asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Any]:
+        async with self._pool.acquire() as conn, conn.transaction(readonly=True):
+            await store.session_name_local(conn, PLAN_SESSION)
+            yield conn
+
+    async def fetch(self, query: str, *args: Any, **kw: Any) -> Any:
+        async with self.acquire() as conn:
+            return await conn.fetch(query, *args, **kw)
+
+    async def fetchrow(self, query: str, *args: Any, **kw: Any) -> Any:
+        async with self.acquire() as conn:
+            return await conn.fetchrow(query, *args, **kw)
+
+    async def fetchval(self, query: str, *args: Any, **kw: Any) -> Any:
+        async with self.acquire() as conn:
+            return await conn.fetchval(query, *args, **kw)
+
+    async def execute(self, query: str, *args: Any, **kw: Any) -> Any:
+        async with self.acquire() as conn:
+            return await conn.execute(query, *args, **kw)
 
 
 class PlanContext(JobContext):
@@ -109,7 +148,7 @@ def _job(rtype: resources.ResourceType[Any], row: Any, of: resources.PlanOf) -> 
 async def plan(conn: Any, pve: ProxmoxClient, settings: Settings, rtype: resources.ResourceType[Any], row: Any,
                *, clock: Clock = SYSTEM) -> Plan:
     """The plan of ``row`` now: its converging job's observe and plan, read-only. ``conn`` must be
-    in a read-only transaction (the caller's). A plan that snoozes (the world is busy: a VM locked, an
+    a connection in a read-only transaction (the caller's) or a :class:`ReadOnlyPool`. A plan that snoozes (the world is busy: a VM locked, an
     image not there yet), or that meets a temporary error of its own (a server without its VM yet: the job
     would try again), is answered as ``waiting``. Raises what observe and plan raise otherwise
     (TemporaryError: Proxmox trouble; PermanentError, GuardRefusal: the job would fail)."""

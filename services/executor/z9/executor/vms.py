@@ -34,7 +34,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field, replace
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Mapping, Protocol
 from urllib.parse import quote
 
@@ -814,6 +814,29 @@ def _platform(r: Mapping[str, Any]) -> bool:
     return comment.startswith(PLATFORM_RULE) or resources.declared_firewall_rule(comment)
 
 
+def _rule_owner(comment: str) -> str:
+    """Whose rule it is, as people read it: "platform", or "z9 <type>" (the type declaring its prefix)."""
+    if comment.startswith(PLATFORM_RULE):
+        return "platform"
+    owner = next((rt for rt in resources.types() for p in rt.vm_parts.firewall_rules if comment.startswith(p)), None)
+    return f"z9 {owner.name.replace('_', ' ')}" if owner is not None else "z9"
+
+
+def _rules_differ(want: Sequence[FwRule], have: Sequence[Mapping[str, Any]]) -> str:
+    """Why the kept rules differ, naming whose (platform rules, a tenant firewall's, a load balancer's):
+    "platform rules differ", "z9 firewall rules differ", "platform and z9 firewall rules differ"."""
+    def by_owner(rules: list[Mapping[str, Any]]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {}
+        for r in rules:
+            out.setdefault(_rule_owner(str(r.get("comment") or "")), []).append(rule_key(r))
+        return out
+    w, h = by_owner([r.params() for r in want]), by_owner([r for r in have if _platform(r)])
+    owners = sorted((o for o in {*w, *h} if w.get(o) != h.get(o)), key=lambda o: (o != "platform", o))
+    if not owners:  # each owner's rules as they should be, interleaved otherwise
+        return "the order of z9's firewall rules differs"
+    return f"{' and '.join(owners)} rules differ"
+
+
 def _contributed_rule(params: Mapping[str, str]) -> FwRule:
     """A rule a type contributes (``FirewallContribution.rules``) as the machinery writes it: its comment
     split at the declared prefix it carries."""
@@ -885,7 +908,7 @@ def _firewall_findings(spec: FirewallOwner, vm: VmState, fw: FirewallState | Non
         have = [rule_key(r) for r in fw.rules if _platform(r)]
         want = [rule_key(r.params()) for r in spec.firewall.rules]
         if have != want:
-            out.append(("platform rules differ",
+            out.append((_rules_differ(spec.firewall.rules, fw.rules),
                         Drift("firewall.rules", [_rule_text(r.params()) for r in spec.firewall.rules],
                               [_rule_text(r) for r in fw.rules if _platform(r)])))
     if spec.ip_filter:
