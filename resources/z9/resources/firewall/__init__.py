@@ -89,10 +89,21 @@ async def server_created(conn: Any, server: Any, spec: Any, settings: Any) -> li
 
 
 async def server_deleted(conn: Any, server_id: str, max_attempts: int = 10) -> list[Any]:
-    """A server is deleted for good: it is no firewall's member any more (its VM, and the rules on it, are
-    gone). Member-of IP sets naming its address are brought up to date by each firewall's next job."""
+    """A server is deleted for good (its final job's finishing transaction): it is no firewall's member any
+    more — its VM, and the rules on it, are gone — and no firewall is applied to it by id any more (its
+    ``{server_id}`` entry leaves ``applied_to``, so the firewall can be deleted). Each firewall it was in gets
+    a FirewallRemoveFromResources in this transaction: its "members of" cluster IP set loses the server's
+    address now, before another server (another tenant's) is given that address."""
+    jobs = []
+    for fw in await store.holding_server(conn, server_id):
+        applied = [dict(a) for a in fw.applied_to if a.get("server_id") != server_id]
+        if applied != [dict(a) for a in fw.applied_to]:
+            await store.set_rows(conn, fw.id, applied_to=applied)
+        await store.member_forget(conn, fw.id, server_id)
+        row = await store.bump(conn, fw.id)
+        jobs.append(FIREWALL.new_job(row, FIREWALL_REMOVE, args={"servers": []}, max_attempts=max_attempts))
     await store.member_forget_server(conn, server_id)
-    return []
+    return jobs
 
 
 async def server_relabelled(conn: Any, server: Any, settings: Any) -> list[Any]:

@@ -70,6 +70,19 @@ DELETE FROM firewall_members WHERE firewall_id = $1 AND server_id = $2 AND state
 -- Server $1 is deleted for good: a member of no firewall.
 DELETE FROM firewall_members WHERE server_id = $1;
 
+-- name: firewall_member_forget
+-- Server $2 is deleted for good: no member of firewall $1 (whatever its state).
+DELETE FROM firewall_members WHERE firewall_id = $1 AND server_id = $2;
+
+-- name: firewall_holding_server
+-- The live firewalls server $1 is a member of (any state) or that name it in applied_to, by id, locked
+-- (server first, then its firewalls: the order of a relabel and of apply-to-resources).
+SELECT f.* FROM firewalls f
+WHERE f.status NOT IN ('deleting', 'destroying', 'deleted')
+  AND (EXISTS (SELECT 1 FROM firewall_members m WHERE m.firewall_id = f.id AND m.server_id = $1)
+       OR f.applied_to @> jsonb_build_array(jsonb_build_object('server_id', $1::text)))
+ORDER BY f.id FOR UPDATE OF f;
+
 -- name: firewall_of_server
 -- The live firewalls applied to server $1 (its VM's part), by id.
 SELECT f.* FROM firewalls f JOIN firewall_members m ON m.firewall_id = f.id

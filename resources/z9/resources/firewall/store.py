@@ -81,6 +81,15 @@ async def member_forget_server(db: Any, server_id: str) -> None:
     await db.execute(q("firewall_member_forget_server"), server_id)
 
 
+async def member_forget(db: Any, firewall_id: str, server_id: str) -> None:
+    await db.execute(q("firewall_member_forget"), firewall_id, server_id)
+
+
+async def holding_server(db: Any, server_id: str) -> list[Firewall]:
+    """The not yet deleted firewalls server ``server_id`` is a member of or applied to by id, locked."""
+    return [Firewall.from_record(r) for r in await db.fetch(q("firewall_holding_server"), server_id)]
+
+
 async def of_server(db: Any, server_id: str) -> list[Firewall]:
     return [Firewall.from_record(r) for r in await db.fetch(q("firewall_of_server"), server_id)]
 
