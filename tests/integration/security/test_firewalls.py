@@ -381,16 +381,6 @@ async def test_labels_changed_later_join_and_leave_a_selector(
     assert await _deliver(sim, OUTSIDE, _ip(s), "tcp", 80)
 
 
-async def _deleted_for_good(stack: Stack, clock: TestClock, server_id: str) -> None:
-    status, out = await stack.call("DELETE", f"/servers/{server_id}")
-    assert status == 202, out
-    clock.step(stack.settings.deletion_buffer_s)  # the reaper's final ServerDelete
-
-    async def gone() -> bool:
-        return (await stack.server(server_id))["status"] == "deleted"
-    await wait_until(gone, 120, "the server deleted")
-
-
 async def _firewall_jobs_done(stack: Stack, clock: TestClock, fid: str) -> None:
     """Every job of firewall ``fid`` ended (stepping pve-firewall's cycle while one waits for it)."""
     async def open_job() -> Any:
@@ -419,7 +409,19 @@ async def test_a_deleted_server_leaves_the_members_of_sets_and_its_address_is_dr
     await sim.firewall_cycle()
     assert await _deliver(sim, address, _ip(db), "tcp", 5432)  # the address is let in while a member's
 
-    await _deleted_for_good(stack, clock, app["id"])
+    # its deletion starts: it leaves the set at once (still a member until its final delete)
+    status, out = await stack.call("DELETE", f"/servers/{app['id']}")
+    assert status == 202, out
+    await _firewall_jobs_done(stack, clock, apps["id"])
+    assert cluster_fw.cluster_ipsets[name] == []
+    await sim.firewall_cycle()
+    assert not await _deliver(sim, address, _ip(db), "tcp", 5432)
+    # deleted for good (the reaper's final ServerDelete): a member of nothing, named by no applied_to
+    clock.step(stack.settings.deletion_buffer_s)
+
+    async def gone() -> bool:
+        return (await stack.server(app["id"]))["status"] == "deleted"
+    await wait_until(gone, 120, "the server deleted")
     await _firewall_jobs_done(stack, clock, apps["id"])
     assert cluster_fw.cluster_ipsets[name] == []
     after = await _get(stack, apps["id"])

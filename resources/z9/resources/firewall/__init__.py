@@ -22,8 +22,10 @@ from z9.resources import (
     ResourceType,
     VmParts,
     on_create,
+    on_deletion,
     on_final_delete,
     on_relabel,
+    on_restore,
     register,
 )
 from z9.resources.firewall.compile import RULE_PREFIX, compile_server
@@ -106,6 +108,31 @@ async def server_deleted(conn: Any, server_id: str, max_attempts: int = 10) -> l
     return jobs
 
 
+async def _sets_again(conn: Any, server_id: str, max_attempts: int) -> list[Any]:
+    """A FirewallApplyToResources of every live firewall server ``server_id`` is a member of that some rule
+    names ("members of"): its cluster IP set is brought up to date with the server's status."""
+    jobs = []
+    for fw in await store.holding_server(conn, server_id):
+        if not await store.referenced_by(conn, fw.id):
+            continue
+        row = await store.bump(conn, fw.id)
+        jobs.append(FIREWALL.new_job(row, FIREWALL_APPLY, args={"servers": []}, max_attempts=max_attempts))
+    return jobs
+
+
+async def server_deleting(conn: Any, server: Any, options: Any, settings: Any) -> list[Any]:
+    """A server's deletion starts (``DELETE /v1/servers/{id}``, its transaction): it leaves every "members
+    of" cluster IP set at once (a deleting server is no member whose address a rule lets in), by a job of
+    each firewall naming it; it stays a member (its VM keeps the rules) until its final delete, and a
+    cancelled deletion puts its address back (:func:`server_restored`)."""
+    return await _sets_again(conn, server.id, settings.max_attempts)
+
+
+async def server_restored(conn: Any, server: Any, settings: Any) -> list[Any]:
+    """A server's deletion is cancelled: its address is back in the "members of" sets it was in."""
+    return await _sets_again(conn, server.id, settings.max_attempts)
+
+
 async def server_relabelled(conn: Any, server: Any, settings: Any) -> list[Any]:
     """A server's labels changed (``PATCH /v1/servers/{id}``, its transaction): the firewalls of its tenant
     and region whose selectors match them now take it (``pending``, a FirewallApplyToResources), those whose
@@ -142,3 +169,5 @@ async def server_relabelled(conn: Any, server: Any, settings: Any) -> list[Any]:
 on_create("server", server_created)
 on_relabel("server", server_relabelled)
 on_final_delete("server", server_deleted)
+on_deletion("server", server_deleting)
+on_restore("server", server_restored)

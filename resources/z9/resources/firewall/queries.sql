@@ -74,6 +74,12 @@ DELETE FROM firewall_members WHERE server_id = $1;
 -- Server $2 is deleted for good: no member of firewall $1 (whatever its state).
 DELETE FROM firewall_members WHERE firewall_id = $1 AND server_id = $2;
 
+-- name: firewall_members_live_servers
+-- The members of firewall $1 that its "members of" set holds: not leaving, their server not being deleted.
+SELECT m.server_id FROM firewall_members m JOIN servers s ON s.id = m.server_id
+WHERE m.firewall_id = $1 AND m.state <> 'removing' AND s.status NOT IN ('deleting', 'destroying', 'deleted')
+ORDER BY m.server_id;
+
 -- name: firewall_holding_server
 -- The live firewalls server $1 is a member of (any state) or that name it in applied_to, by id, locked
 -- (server first, then its firewalls: the order of a relabel and of apply-to-resources).

@@ -85,6 +85,11 @@ async def member_forget(db: Any, firewall_id: str, server_id: str) -> None:
     await db.execute(q("firewall_member_forget"), firewall_id, server_id)
 
 
+async def members_with_live_servers(db: Any, firewall_id: str) -> list[str]:
+    """The servers of firewall ``firewall_id``'s members not leaving whose server is not being deleted."""
+    return [r["server_id"] for r in await db.fetch(q("firewall_members_live_servers"), firewall_id)]
+
+
 async def holding_server(db: Any, server_id: str) -> list[Firewall]:
     """The not yet deleted firewalls server ``server_id`` is a member of or applied to by id, locked."""
     return [Firewall.from_record(r) for r in await db.fetch(q("firewall_holding_server"), server_id)]
