@@ -9,6 +9,11 @@ RETURNING *;
 -- name: firewall_get_for_update
 SELECT * FROM firewalls WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
 
+-- name: firewall_get_for_share
+-- Firewall $1 of tenant $2 that a rule being written names ("members of"), share-locked until the request's
+-- transaction ends: its deletion (an UPDATE, which waits for this lock) then sees the rule naming it.
+SELECT * FROM firewalls WHERE id = $1 AND tenant_id = $2 FOR SHARE;
+
 -- name: firewall_set
 -- A change of rules ($2, NULL: kept) or of applied_to ($3, NULL: kept): a new generation (every member
 -- pending again: its rules are to be written and seen enforced).

@@ -30,6 +30,11 @@ async def get_for_update(db: Any, firewall_id: str, tenant_id: str) -> Firewall 
     return Firewall.from_record(row) if row else None
 
 
+async def get_for_share(db: Any, firewall_id: str, tenant_id: str) -> Firewall | None:
+    row = await db.fetchrow(q("firewall_get_for_share"), firewall_id, tenant_id)
+    return Firewall.from_record(row) if row else None
+
+
 async def set_rows(db: Any, firewall_id: str, *, rules: list[dict[str, Any]] | None = None,
                    applied_to: list[dict[str, Any]] | None = None) -> Firewall | None:
     row = await db.fetchrow(q("firewall_set"), firewall_id, rules, applied_to)
