@@ -618,7 +618,10 @@ async def deleting_hook(conn: Any, row: Firewall, options: Any, settings: Any) -
     fw = (await fw_store.with_members(conn, [row]))[0]
     live = [m.server_id for m in (fw.members or ())]
     if fw.applied_to or live:
-        raise Conflict(f"firewall {fw.id} is still applied to {', '.join(live) or 'a label selector'}; remove it "
+        what = [f"label selector {a['label_selector']!r}" if a.get("label_selector") is not None
+                else f"server {a.get('server_id')}" for a in fw.applied_to]
+        what += [f"server {sid}" for sid in live if f"server {sid}" not in what]
+        raise Conflict(f"firewall {fw.id} is still applied to {', '.join(what)}; remove it "
                        "from its resources first (actions/remove-from-resources)", code="resource_in_use",
                        details={"applied_to": fw.public()["applied_to"], "servers": live})
     naming = [f for f in await fw_store.referenced_by(conn, fw.id) if f != fw.id]
