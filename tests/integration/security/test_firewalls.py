@@ -251,7 +251,8 @@ async def test_a_rule_naming_the_members_of_another_firewall(
     [rule] = [r for r in cluster_fw.vm(db["observed"]["vmid"]).rules if r.get("dport") == "5432"]
     assert rule["source"] == f"+dc/{name}"
     await sim.firewall_cycle()
-    assert await _deliver(sim, app["observed"]["vmid"], _ip(db), "tcp", 5432)
+    # (the deletion stopped the server's VM: the packet is sent from its address)
+    assert await _deliver(sim, _ip(app), _ip(db), "tcp", 5432)
     assert not await _deliver(sim, stranger["observed"]["vmid"], _ip(db), "tcp", 5432)
     assert not await _deliver(sim, OUTSIDE, _ip(db), "tcp", 5432)
 
@@ -435,3 +436,30 @@ async def test_a_deleted_server_leaves_the_members_of_sets_and_its_address_is_dr
     await _firewall_jobs_done(stack, clock, dbs["id"])
     status, out = await stack.call("DELETE", f"/firewalls/{apps['id']}")
     assert status == 202, out
+
+
+async def test_a_cancelled_server_deletion_puts_its_address_back_in_the_members_of_set(
+        stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
+    app = await _server(stack, "app-back", labels={"role": "app"})
+    db = await _server(stack, "db-back")
+    apps, job = await _firewall(stack, name="apps", rules=SSH_HTTPS, applied_to=[{"label_selector": "role=app"}])
+    assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
+    _, job = await _firewall(stack, name="dbs", applied_to=[{"server_id": db["id"]}], rules=[
+        {"direction": "in", "protocol": "tcp", "port": "5432", "source_firewalls": [apps["id"]]}])
+    assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
+    cluster_fw = sim.server.cluster.firewall
+    name = f"z9-{apps['id']}"
+    status, out = await stack.call("DELETE", f"/servers/{app['id']}")
+    assert status == 202, out
+    await _firewall_jobs_done(stack, clock, apps["id"])
+    assert cluster_fw.cluster_ipsets[name] == []
+    assert [m["server_id"] for m in (await _get(stack, apps["id"]))["members"]] == [app["id"]]  # still a member
+    await sim.firewall_cycle()
+    assert not await _deliver(sim, _ip(app), _ip(db), "tcp", 5432)
+    status, out = await stack.call("POST", f"/servers/{app['id']}/actions/cancel-deletion")
+    assert status == 202, out
+    await _firewall_jobs_done(stack, clock, apps["id"])
+    assert [e["cidr"] for e in cluster_fw.cluster_ipsets[name]] == [_ip(app)]
+    await sim.firewall_cycle()
+    # (the deletion stopped the server's VM: the packet is sent from its address)
+    assert await _deliver(sim, _ip(app), _ip(db), "tcp", 5432)
