@@ -112,11 +112,11 @@ async def _sets_again(conn: Any, server_id: str, max_attempts: int) -> list[Any]
     """A FirewallApplyToResources of every live firewall server ``server_id`` is a member of that some rule
     names ("members of"): its cluster IP set is brought up to date with the server's status."""
     jobs = []
-    for fw in await store.holding_server(conn, server_id):
-        if not await store.referenced_by(conn, fw.id):
-            continue
-        row = await store.bump(conn, fw.id)
-        jobs.append(FIREWALL.new_job(row, FIREWALL_APPLY, args={"servers": []}, max_attempts=max_attempts))
+    # (read, not locked: the membership does not change; a firewall's row lock here, after the server's,
+    # could meet a set-rules holding that firewall and share-locking another it names)
+    for fw in await store.of_server(conn, server_id):
+        if await store.referenced_by(conn, fw.id):
+            jobs.append(FIREWALL.new_job(fw, FIREWALL_APPLY, args={"servers": []}, max_attempts=max_attempts))
     return jobs
 
 
