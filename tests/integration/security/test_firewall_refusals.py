@@ -128,3 +128,93 @@ async def test_five_firewalls_a_server(api: Stack) -> None:
     # nothing of the refused request stays (its name is free)
     status, out = await _post(api, "/firewalls", {"name": "sixth", "region": REGION, "rules": [SSH]})
     assert status == 202, out
+
+
+async def _api_waiters(db: Any) -> int:
+    """How many of the API's requests wait on a lock now (its pool's connections are named ``z9``)."""
+    return int(await db.fetchval(
+        "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE NOT l.granted AND a.datname = current_database() AND a.pid <> pg_backend_pid() "
+        "AND a.application_name = 'z9'"))
+
+
+async def _held(api: Stack, hold: str, args: tuple[Any, ...], first: Any, second: Any) -> tuple[Any, Any]:
+    """``first()`` sent while a lock (``hold``, in a transaction of the test's) stops it, then ``second()``
+    once ``first`` waits, and the lock let go once both wait. Returns their answers."""
+    import asyncio
+
+    import asyncpg
+
+    from tests.support import wait_until
+
+    blocker = await asyncpg.connect(api.settings.database_url)
+    try:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute(hold, *args)
+        a = asyncio.create_task(first())
+        await wait_until(lambda: _api_waiters(blocker), 20, "the first request waiting", interval_s=0.02)
+        b = asyncio.create_task(second())
+
+        async def both() -> bool:
+            return await _api_waiters(blocker) >= 2
+        await wait_until(both, 20, "the second request waiting too", interval_s=0.02)
+        await tx.rollback()
+        out = await asyncio.wait_for(asyncio.gather(a, b), 20)
+    finally:
+        await blocker.close()
+    return out[0], out[1]
+
+
+async def test_set_rules_naming_a_firewall_racing_its_delete_refuses_one_of_them(api: Stack) -> None:
+    """``set-rules`` of G naming the members of X in flight with ``DELETE /firewalls/X`` — each held just
+    before its job is written (the jobs table locked): the rule's check share-locks X, so the delete waits
+    for it and sees the rule (409 ``resource_in_use``); the other way round, the rule's check waits for the
+    delete and finds X gone (422). Never both 202: a rule naming a deleted firewall (before: both were)."""
+    lock_jobs = "LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE"
+    for first in ("set-rules", "delete"):
+        x = await _firewall(api, f"x-{first}")
+        g = await _firewall(api, f"g-{first}")
+        rule = {"direction": "in", "protocol": "tcp", "port": "5432", "source_firewalls": [x["id"]]}
+
+        async def set_rules(g: dict = g, rule: dict = rule) -> tuple[int, dict]:
+            return await _post(api, f"/firewalls/{g['id']}/actions/set-rules", {"rules": [rule]})
+
+        async def delete(x: dict = x) -> tuple[int, dict]:
+            return await api.call("DELETE", f"/firewalls/{x['id']}")
+
+        if first == "set-rules":
+            (ss, sout), (ds, dout) = await _held(api, lock_jobs, (), set_rules, delete)
+            assert ss == 202, sout
+            assert ds == 409 and _error(dout)[0] == "resource_in_use" and g["id"] in _error(dout)[1], dout
+        else:
+            (ds, dout), (ss, sout) = await _held(api, lock_jobs, (), delete, set_rules)
+            assert ds == 202, dout
+            assert ss == 422 and sout["error"]["details"][0]["field"] == "rules.0.source_firewalls", sout
+        _, out = await api.call("GET", f"/firewalls/{g['id']}")
+        named = [f for r in out["firewall"]["rules"] for f in r["source_firewalls"]]
+        _, out = await api.call("GET", f"/firewalls/{x['id']}")
+        assert (named == [x["id"]]) == (out["firewall"]["status"] not in ("deleting", "destroying", "deleted")), out
+
+
+async def test_apply_to_a_server_racing_its_label_change_takes_one_lock_order(api: Stack) -> None:
+    """``apply-to-resources`` of a firewall with a label selector to server S, in flight with ``PATCH
+    /servers/S`` (its labels): both take S before the firewall (a relabel locks the server, then the
+    firewalls whose selectors could take it), so both answer — never a deadlock's 503 (before: the apply
+    locked the firewall, then S)."""
+    s, _ = await api.create_server("racing-1", labels={"role": "db"})
+    fw = await _firewall(api, "race-web", applied_to=[{"label_selector": "role=web"}])
+
+    async def relabel() -> tuple[int, dict]:
+        return await api.call("PATCH", f"/servers/{s['id']}", json={"labels": {"role": "db", "env": "prod"}})
+
+    async def apply() -> tuple[int, dict]:
+        return await _post(api, f"/firewalls/{fw['id']}/actions/apply-to-resources",
+                           {"apply_to": [{"server_id": s["id"]}]})
+
+    (rs, rout), (as_, aout) = await _held(api, "SELECT 1 FROM servers WHERE id = $1 FOR UPDATE", (s["id"],),
+                                          relabel, apply)
+    assert rs == 200, rout
+    assert as_ == 202, aout
+    _, out = await api.call("GET", f"/firewalls/{fw['id']}")
+    assert [m["server_id"] for m in out["firewall"]["members"]] == [s["id"]], out

@@ -251,7 +251,8 @@ async def test_a_rule_naming_the_members_of_another_firewall(
     [rule] = [r for r in cluster_fw.vm(db["observed"]["vmid"]).rules if r.get("dport") == "5432"]
     assert rule["source"] == f"+dc/{name}"
     await sim.firewall_cycle()
-    assert await _deliver(sim, app["observed"]["vmid"], _ip(db), "tcp", 5432)
+    # (the deletion stopped the server's VM: the packet is sent from its address)
+    assert await _deliver(sim, _ip(app), _ip(db), "tcp", 5432)
     assert not await _deliver(sim, stranger["observed"]["vmid"], _ip(db), "tcp", 5432)
     assert not await _deliver(sim, OUTSIDE, _ip(db), "tcp", 5432)
 
@@ -379,3 +380,86 @@ async def test_labels_changed_later_join_and_leave_a_selector(
     assert (await _get(stack, fw["id"]))["members"] == []
     await sim.firewall_cycle()
     assert await _deliver(sim, OUTSIDE, _ip(s), "tcp", 80)
+
+
+async def _firewall_jobs_done(stack: Stack, clock: TestClock, fid: str) -> None:
+    """Every job of firewall ``fid`` ended (stepping pve-firewall's cycle while one waits for it)."""
+    async def open_job() -> Any:
+        jobs = (await stack.call("GET", f"/jobs?resource_id={fid}"))[1]["jobs"]
+        return [j for j in jobs if j["status"] not in ("succeeded", "failed")] or "none"
+    while (left := await wait_until(open_job, 30, "the firewall's jobs")) != "none":
+        assert (await _applied(stack, clock, left[0]["id"]))["status"] == "succeeded"
+
+
+async def test_a_deleted_server_leaves_the_members_of_sets_and_its_address_is_dropped(
+        stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
+    """A member of "apps" deleted for good: the cluster IP set ``z9-<apps>`` no longer holds its address,
+    ``applied_to`` no longer names it, and a new server given that address does not reach the database
+    (before: the final delete forgot the member row but queued no job, the set kept the address)."""
+    app = await _server(stack, "app-gone")
+    db = await _server(stack, "db-kept")
+    apps, job = await _firewall(stack, name="apps", rules=SSH_HTTPS, applied_to=[{"server_id": app["id"]}])
+    assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
+    dbs, job = await _firewall(stack, name="dbs", applied_to=[{"server_id": db["id"]}], rules=[
+        {"direction": "in", "protocol": "tcp", "port": "5432", "source_firewalls": [apps["id"]]}])
+    assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
+    cluster_fw = sim.server.cluster.firewall
+    name = f"z9-{apps['id']}"
+    address = _ip(app)
+    assert [e["cidr"] for e in cluster_fw.cluster_ipsets[name]] == [address]
+    await sim.firewall_cycle()
+    assert await _deliver(sim, address, _ip(db), "tcp", 5432)  # the address is let in while a member's
+
+    # its deletion starts: it leaves the set at once (still a member until its final delete)
+    status, out = await stack.call("DELETE", f"/servers/{app['id']}")
+    assert status == 202, out
+    await _firewall_jobs_done(stack, clock, apps["id"])
+    assert cluster_fw.cluster_ipsets[name] == []
+    await sim.firewall_cycle()
+    assert not await _deliver(sim, address, _ip(db), "tcp", 5432)
+    # deleted for good (the reaper's final ServerDelete): a member of nothing, named by no applied_to
+    clock.step(stack.settings.deletion_buffer_s)
+
+    async def gone() -> bool:
+        return (await stack.server(app["id"]))["status"] == "deleted"
+    await wait_until(gone, 120, "the server deleted")
+    await _firewall_jobs_done(stack, clock, apps["id"])
+    assert cluster_fw.cluster_ipsets[name] == []
+    after = await _get(stack, apps["id"])
+    assert after["applied_to"] == [] and after["members"] == [], after
+    await sim.firewall_cycle()
+    # whoever holds that address next (another tenant's server) is a stranger to the database
+    assert not await _deliver(sim, address, _ip(db), "tcp", 5432)
+    # a firewall applied directly to a deleted server is applied to nothing: it can be deleted
+    status, out = await stack.call("POST", f"/firewalls/{dbs['id']}/actions/set-rules", json={"rules": []})
+    assert status == 202, out
+    await _firewall_jobs_done(stack, clock, dbs["id"])
+    status, out = await stack.call("DELETE", f"/firewalls/{apps['id']}")
+    assert status == 202, out
+
+
+async def test_a_cancelled_server_deletion_puts_its_address_back_in_the_members_of_set(
+        stack: Stack, sim: SimAdmin, firewall_on: None, clock: TestClock) -> None:
+    app = await _server(stack, "app-back", labels={"role": "app"})
+    db = await _server(stack, "db-back")
+    apps, job = await _firewall(stack, name="apps", rules=SSH_HTTPS, applied_to=[{"label_selector": "role=app"}])
+    assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
+    _, job = await _firewall(stack, name="dbs", applied_to=[{"server_id": db["id"]}], rules=[
+        {"direction": "in", "protocol": "tcp", "port": "5432", "source_firewalls": [apps["id"]]}])
+    assert (await _applied(stack, clock, job["id"]))["status"] == "succeeded"
+    cluster_fw = sim.server.cluster.firewall
+    name = f"z9-{apps['id']}"
+    status, out = await stack.call("DELETE", f"/servers/{app['id']}")
+    assert status == 202, out
+    await _firewall_jobs_done(stack, clock, apps["id"])
+    assert cluster_fw.cluster_ipsets[name] == []
+    assert [m["server_id"] for m in (await _get(stack, apps["id"]))["members"]] == [app["id"]]  # still a member
+    await sim.firewall_cycle()
+    assert not await _deliver(sim, _ip(app), _ip(db), "tcp", 5432)
+    status, out = await stack.call("POST", f"/servers/{app['id']}/actions/cancel-deletion")
+    assert status == 202, out
+    await _firewall_jobs_done(stack, clock, apps["id"])
+    assert [e["cidr"] for e in cluster_fw.cluster_ipsets[name]] == [_ip(app)]
+    await sim.firewall_cycle()
+    # (the deletion stopped the server's VM: the packet is sent from its address)
+    assert await _deliver(sim, _ip(app), _ip(db), "tcp", 5432)

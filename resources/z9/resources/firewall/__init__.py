@@ -22,8 +22,10 @@ from z9.resources import (
     ResourceType,
     VmParts,
     on_create,
+    on_deletion,
     on_final_delete,
     on_relabel,
+    on_restore,
     register,
 )
 from z9.resources.firewall.compile import RULE_PREFIX, compile_server
@@ -89,10 +91,46 @@ async def server_created(conn: Any, server: Any, spec: Any, settings: Any) -> li
 
 
 async def server_deleted(conn: Any, server_id: str, max_attempts: int = 10) -> list[Any]:
-    """A server is deleted for good: it is no firewall's member any more (its VM, and the rules on it, are
-    gone). Member-of IP sets naming its address are brought up to date by each firewall's next job."""
+    """A server is deleted for good (its final job's finishing transaction): it is no firewall's member any
+    more — its VM, and the rules on it, are gone — and no firewall is applied to it by id any more (its
+    ``{server_id}`` entry leaves ``applied_to``, so the firewall can be deleted). Each firewall it was in gets
+    a FirewallRemoveFromResources in this transaction: its "members of" cluster IP set loses the server's
+    address now, before another server (another tenant's) is given that address."""
+    jobs = []
+    for fw in await store.holding_server(conn, server_id):
+        applied = [dict(a) for a in fw.applied_to if a.get("server_id") != server_id]
+        if applied != [dict(a) for a in fw.applied_to]:
+            await store.set_rows(conn, fw.id, applied_to=applied)
+        await store.member_forget(conn, fw.id, server_id)
+        row = await store.bump(conn, fw.id)
+        jobs.append(FIREWALL.new_job(row, FIREWALL_REMOVE, args={"servers": []}, max_attempts=max_attempts))
     await store.member_forget_server(conn, server_id)
-    return []
+    return jobs
+
+
+async def _sets_again(conn: Any, server_id: str, max_attempts: int) -> list[Any]:
+    """A FirewallApplyToResources of every live firewall server ``server_id`` is a member of that some rule
+    names ("members of"): its cluster IP set is brought up to date with the server's status."""
+    jobs = []
+    # (read, not locked: the membership does not change; a firewall's row lock here, after the server's,
+    # could meet a set-rules holding that firewall and share-locking another it names)
+    for fw in await store.of_server(conn, server_id):
+        if await store.referenced_by(conn, fw.id):
+            jobs.append(FIREWALL.new_job(fw, FIREWALL_APPLY, args={"servers": []}, max_attempts=max_attempts))
+    return jobs
+
+
+async def server_deleting(conn: Any, server: Any, options: Any, settings: Any) -> list[Any]:
+    """A server's deletion starts (``DELETE /v1/servers/{id}``, its transaction): it leaves every "members
+    of" cluster IP set at once (a deleting server is no member whose address a rule lets in), by a job of
+    each firewall naming it; it stays a member (its VM keeps the rules) until its final delete, and a
+    cancelled deletion puts its address back (:func:`server_restored`)."""
+    return await _sets_again(conn, server.id, settings.max_attempts)
+
+
+async def server_restored(conn: Any, server: Any, settings: Any) -> list[Any]:
+    """A server's deletion is cancelled: its address is back in the "members of" sets it was in."""
+    return await _sets_again(conn, server.id, settings.max_attempts)
 
 
 async def server_relabelled(conn: Any, server: Any, settings: Any) -> list[Any]:
@@ -131,3 +169,5 @@ async def server_relabelled(conn: Any, server: Any, settings: Any) -> list[Any]:
 on_create("server", server_created)
 on_relabel("server", server_relabelled)
 on_final_delete("server", server_deleted)
+on_deletion("server", server_deleting)
+on_restore("server", server_restored)

@@ -313,13 +313,16 @@ def _check_rules(firewall_id: str, rules: list[Rule]) -> list[dict[str, Any]]:
 
 
 async def _check_referenced(conn: Any, tenant_id: str, region: str, firewall_id: str, rules: list[Rule]) -> None:
-    """A rule naming "members of firewall X": X is a firewall of the tenant and region (itself included)."""
+    """A rule naming "members of firewall X": X is a firewall of the tenant and region (itself included),
+    share-locked until the request's transaction ends — a ``DELETE`` of X racing this request either waits
+    and then sees the rule naming X (409 ``resource_in_use``), or commits first and X is refused here (its
+    status ``deleting``): never a rule naming a deleted firewall."""
     for i, r in enumerate(rules):
         for key in ("source_firewalls", "destination_firewalls"):
             for other in getattr(r, key):
                 if other == firewall_id:
                     continue
-                row = await fw_store.get(conn, other, tenant_id)
+                row = await fw_store.get_for_share(conn, other, tenant_id)
                 if row is None or row.status in ("deleting", "destroying", "deleted"):
                     raise ValidationFailed(f"rules.{i}.{key}: no firewall {other!r}",
                                            details=[{"field": f"rules.{i}.{key}", "message": "unknown firewall"}])
@@ -450,7 +453,24 @@ def _operations(api: ApiResource) -> list[Operation]:
             raise Conflict(f"firewall {row.id} is {row.status}", **deleting("firewall", row.id, row.status))
         return (await fw_store.with_members(conn, [row]))[0]
 
-    async def _action(request: web.Request, route: str, body: Any, fn: Any) -> web.Response:
+    async def _servers_first(conn: Any, request: web.Request, entries: list[AppliedTo], current: bool) -> None:
+        """Lock the servers an action on the firewall will lock, before the firewall: one lock order, a
+        server then its firewalls, as a server's label change (``PATCH /servers/{id}``) and its deletion
+        take them — never a deadlock between the two (the firewall's region read unlocked: it never
+        changes)."""
+        fw = await fw_store.get(conn, path_id(request, "fw", "firewall"), tenant(request))
+        if fw is None:
+            return  # (404 from _locked)
+        selectors = [e.label_selector for e in entries if e.label_selector is not None]
+        if current:  # (a removal matches the selectors the firewall keeps)
+            selectors += [a["label_selector"] for a in fw.applied_to if a.get("label_selector") is not None]
+        for sel in dict.fromkeys(selectors):
+            await fw_store.servers_matching(conn, fw.tenant_id, fw.region, labels_.parse(sel))
+        for sid in sorted({e.server_id for e in entries if e.server_id is not None}):
+            await server_store.server_get_for_update(conn, sid, fw.tenant_id)
+
+    async def _action(request: web.Request, route: str, body: Any, fn: Any,
+                      lock_first: list[AppliedTo] | None = None, current: bool = False) -> web.Response:
         settings, pool, tenant_id = request.app[SETTINGS], request.app[POOL], tenant(request)
         key = idempotency_key(request)
         req_hash = request_hash(route, [request.match_info["id"], body])
@@ -458,6 +478,8 @@ def _operations(api: ApiResource) -> list[Operation]:
             replay = await idempotency_begin(conn, tenant_id, key, req_hash)
             if replay is not None:
                 return replay
+            if lock_first is not None:
+                await _servers_first(conn, request, lock_first, current)
             row0 = await _locked(conn, request)
             kind = await fn(conn, settings, row0)
             now = await fw_store.get(conn, row0.id)
@@ -490,7 +512,8 @@ def _operations(api: ApiResource) -> list[Operation]:
             await fw_store.set_rows(conn, fw.id, applied_to=applied)
             return fwt.FIREWALL_APPLY
 
-        return await _action(request, "POST /firewalls/{id}/actions/apply-to-resources", spec.model_dump(), fn)
+        return await _action(request, "POST /firewalls/{id}/actions/apply-to-resources", spec.model_dump(), fn,
+                             lock_first=list(spec.apply_to))
 
     async def remove_from(request: web.Request) -> web.Response:
         spec = await parse_body(request, RemoveFrom)
@@ -524,7 +547,8 @@ def _operations(api: ApiResource) -> list[Operation]:
             await fw_store.set_rows(conn, fw.id, applied_to=applied)
             return fwt.FIREWALL_REMOVE
 
-        return await _action(request, "POST /firewalls/{id}/actions/remove-from-resources", spec.model_dump(), fn)
+        return await _action(request, "POST /firewalls/{id}/actions/remove-from-resources", spec.model_dump(), fn,
+                             lock_first=list(spec.remove_from), current=True)
 
     async def patch(request: web.Request) -> web.Response:
         spec = await parse_body(request, FirewallPatch)
@@ -594,7 +618,10 @@ async def deleting_hook(conn: Any, row: Firewall, options: Any, settings: Any) -
     fw = (await fw_store.with_members(conn, [row]))[0]
     live = [m.server_id for m in (fw.members or ())]
     if fw.applied_to or live:
-        raise Conflict(f"firewall {fw.id} is still applied to {', '.join(live) or 'a label selector'}; remove it "
+        what = [f"label selector {a['label_selector']!r}" if a.get("label_selector") is not None
+                else f"server {a.get('server_id')}" for a in fw.applied_to]
+        what += [f"server {sid}" for sid in live if f"server {sid}" not in what]
+        raise Conflict(f"firewall {fw.id} is still applied to {', '.join(what)}; remove it "
                        "from its resources first (actions/remove-from-resources)", code="resource_in_use",
                        details={"applied_to": fw.public()["applied_to"], "servers": live})
     naming = [f for f in await fw_store.referenced_by(conn, fw.id) if f != fw.id]

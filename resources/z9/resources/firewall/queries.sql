@@ -9,6 +9,11 @@ RETURNING *;
 -- name: firewall_get_for_update
 SELECT * FROM firewalls WHERE id = $1 AND tenant_id = $2 FOR UPDATE;
 
+-- name: firewall_get_for_share
+-- Firewall $1 of tenant $2 that a rule being written names ("members of"), share-locked until the request's
+-- transaction ends: its deletion (an UPDATE, which waits for this lock) then sees the rule naming it.
+SELECT * FROM firewalls WHERE id = $1 AND tenant_id = $2 FOR SHARE;
+
 -- name: firewall_set
 -- A change of rules ($2, NULL: kept) or of applied_to ($3, NULL: kept): a new generation (every member
 -- pending again: its rules are to be written and seen enforced).
@@ -69,6 +74,25 @@ DELETE FROM firewall_members WHERE firewall_id = $1 AND server_id = $2 AND state
 -- name: firewall_member_forget_server
 -- Server $1 is deleted for good: a member of no firewall.
 DELETE FROM firewall_members WHERE server_id = $1;
+
+-- name: firewall_member_forget
+-- Server $2 is deleted for good: no member of firewall $1 (whatever its state).
+DELETE FROM firewall_members WHERE firewall_id = $1 AND server_id = $2;
+
+-- name: firewall_members_live_servers
+-- The members of firewall $1 that its "members of" set holds: not leaving, their server not being deleted.
+SELECT m.server_id FROM firewall_members m JOIN servers s ON s.id = m.server_id
+WHERE m.firewall_id = $1 AND m.state <> 'removing' AND s.status NOT IN ('deleting', 'destroying', 'deleted')
+ORDER BY m.server_id;
+
+-- name: firewall_holding_server
+-- The live firewalls server $1 is a member of (any state) or that name it in applied_to, by id, locked
+-- (server first, then its firewalls: the order of a relabel and of apply-to-resources).
+SELECT f.* FROM firewalls f
+WHERE f.status NOT IN ('deleting', 'destroying', 'deleted')
+  AND (EXISTS (SELECT 1 FROM firewall_members m WHERE m.firewall_id = f.id AND m.server_id = $1)
+       OR f.applied_to @> jsonb_build_array(jsonb_build_object('server_id', $1::text)))
+ORDER BY f.id FOR UPDATE OF f;
 
 -- name: firewall_of_server
 -- The live firewalls applied to server $1 (its VM's part), by id.

@@ -30,6 +30,11 @@ async def get_for_update(db: Any, firewall_id: str, tenant_id: str) -> Firewall 
     return Firewall.from_record(row) if row else None
 
 
+async def get_for_share(db: Any, firewall_id: str, tenant_id: str) -> Firewall | None:
+    row = await db.fetchrow(q("firewall_get_for_share"), firewall_id, tenant_id)
+    return Firewall.from_record(row) if row else None
+
+
 async def set_rows(db: Any, firewall_id: str, *, rules: list[dict[str, Any]] | None = None,
                    applied_to: list[dict[str, Any]] | None = None) -> Firewall | None:
     row = await db.fetchrow(q("firewall_set"), firewall_id, rules, applied_to)
@@ -79,6 +84,20 @@ async def member_removed(db: Any, firewall_id: str, server_id: str) -> None:
 
 async def member_forget_server(db: Any, server_id: str) -> None:
     await db.execute(q("firewall_member_forget_server"), server_id)
+
+
+async def member_forget(db: Any, firewall_id: str, server_id: str) -> None:
+    await db.execute(q("firewall_member_forget"), firewall_id, server_id)
+
+
+async def members_with_live_servers(db: Any, firewall_id: str) -> list[str]:
+    """The servers of firewall ``firewall_id``'s members not leaving whose server is not being deleted."""
+    return [r["server_id"] for r in await db.fetch(q("firewall_members_live_servers"), firewall_id)]
+
+
+async def holding_server(db: Any, server_id: str) -> list[Firewall]:
+    """The not yet deleted firewalls server ``server_id`` is a member of or applied to by id, locked."""
+    return [Firewall.from_record(r) for r in await db.fetch(q("firewall_holding_server"), server_id)]
 
 
 async def of_server(db: Any, server_id: str) -> list[Firewall]:

@@ -95,12 +95,11 @@ def vm_address(vm: VmState | None) -> str | None:
 
 
 async def member_addresses(ctx: JobContext, firewall_id: str) -> list[str]:
-    """What firewall ``firewall_id``'s cluster IP set holds: its members' addresses (leaving ones not)."""
+    """What firewall ``firewall_id``'s cluster IP set holds: its members' addresses (not those leaving, nor
+    those of a server being deleted)."""
     out = []
-    for m in await fw_store.members(ctx.pool, [firewall_id]):
-        if m.state == "removing":
-            continue
-        addr = vm_address(await vms.find_one_vm(ctx, m.server_id))
+    for sid in await fw_store.members_with_live_servers(ctx.pool, firewall_id):
+        addr = vm_address(await vms.find_one_vm(ctx, sid))
         if addr:
             out.append(addr)
     return sorted(set(out))
