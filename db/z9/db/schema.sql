@@ -1098,22 +1098,6 @@ CREATE TABLE networks (
     status                network_status NOT NULL DEFAULT 'creating',
     status_reason         text,
     status_before_delete  network_status,
-
--- migration 0027: firewalls (see db/z9/db/migrations/0027_firewalls.sql)
-CREATE TYPE firewall_status AS ENUM ('creating', 'active', 'deleting', 'destroying', 'deleted', 'failed');
-
-CREATE TABLE firewalls (
-    id                    text PRIMARY KEY CHECK (id ~ '^fw_[0-9a-z]{26}$'),
-    tenant_id             text NOT NULL REFERENCES tenants (id),
-    region                text NOT NULL,
-    name                  text NOT NULL CHECK (name ~ '^[a-z0-9][a-z0-9-]{0,62}$'),
-    rules                 jsonb NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(rules) = 'array' AND jsonb_array_length(rules) <= 50),
-    applied_to            jsonb NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(applied_to) = 'array'),
-    generation            bigint NOT NULL DEFAULT 1 CHECK (generation >= 1),
-    labels                jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(labels) = 'object'),
-    status                firewall_status NOT NULL DEFAULT 'creating',
-    status_reason         text,
-    status_before_delete  firewall_status,
     delete_after          timestamptz,
     observed              jsonb,
     observed_at           timestamptz,
@@ -1170,27 +1154,30 @@ CREATE TABLE sdn_regions (
     CHECK ((lock_token IS NULL) = (lock_job_id IS NULL))
 );
 
--- each resource's drift state, as the reaper's periodic plan found it (0028)
-CREATE TABLE resource_drift (
-    resource_id    text PRIMARY KEY,
-    resource_type  text NOT NULL,
-    tenant_id      text NOT NULL,
-    region         text NOT NULL,
-    in_sync        boolean NOT NULL,
-    job_kind       text,
-    drift          jsonb NOT NULL DEFAULT '[]',
-    steps          jsonb NOT NULL DEFAULT '[]',
-    error          text,
-    checked_at     timestamptz NOT NULL,
-    drifted_since  timestamptz,
-    CHECK ((drifted_since IS NULL) = in_sync)
+-- migration 0027: firewalls (see db/z9/db/migrations/0027_firewalls.sql)
+CREATE TYPE firewall_status AS ENUM ('creating', 'active', 'deleting', 'destroying', 'deleted', 'failed');
+
+CREATE TABLE firewalls (
+    id                    text PRIMARY KEY CHECK (id ~ '^fw_[0-9a-z]{26}$'),
+    tenant_id             text NOT NULL REFERENCES tenants (id),
+    region                text NOT NULL,
+    name                  text NOT NULL CHECK (name ~ '^[a-z0-9][a-z0-9-]{0,62}$'),
+    rules                 jsonb NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(rules) = 'array' AND jsonb_array_length(rules) <= 50),
+    applied_to            jsonb NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(applied_to) = 'array'),
+    generation            bigint NOT NULL DEFAULT 1 CHECK (generation >= 1),
+    labels                jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(labels) = 'object'),
+    status                firewall_status NOT NULL DEFAULT 'creating',
+    status_reason         text,
+    status_before_delete  firewall_status,
+    delete_after          timestamptz,
+    observed              jsonb,
+    observed_at           timestamptz,
+    created_at            timestamptz NOT NULL DEFAULT now(),
+    updated_at            timestamptz NOT NULL DEFAULT now(),
+    deleted_at            timestamptz,
+    CHECK (status <> 'deleting' OR delete_after IS NOT NULL),
+    CHECK ((status = 'deleted') = (deleted_at IS NOT NULL))
 );
-
-CREATE INDEX resource_drift_drifted ON resource_drift (resource_type, drifted_since) WHERE NOT in_sync;
-
--- migration 0029: a volume's disk by every volid z9 recorded for it (see db/z9/db/migrations/0029_volume_disk_volids.sql)
-ALTER TABLE volumes ADD COLUMN disk_volids text[] NOT NULL DEFAULT '{}';
-CREATE INDEX volumes_region_disk_volids ON volumes (region) WHERE status <> 'deleted' AND disk_volids <> '{}';
 
 CREATE UNIQUE INDEX firewalls_tenant_name_live ON firewalls (tenant_id, name) WHERE status <> 'deleted';
 CREATE INDEX firewalls_tenant_id ON firewalls (tenant_id, id);
@@ -1212,3 +1199,25 @@ CREATE TABLE firewall_members (
 );
 
 CREATE INDEX firewall_members_server ON firewall_members (server_id);
+
+-- each resource's drift state, as the reaper's periodic plan found it (0028)
+CREATE TABLE resource_drift (
+    resource_id    text PRIMARY KEY,
+    resource_type  text NOT NULL,
+    tenant_id      text NOT NULL,
+    region         text NOT NULL,
+    in_sync        boolean NOT NULL,
+    job_kind       text,
+    drift          jsonb NOT NULL DEFAULT '[]',
+    steps          jsonb NOT NULL DEFAULT '[]',
+    error          text,
+    checked_at     timestamptz NOT NULL,
+    drifted_since  timestamptz,
+    CHECK ((drifted_since IS NULL) = in_sync)
+);
+
+CREATE INDEX resource_drift_drifted ON resource_drift (resource_type, drifted_since) WHERE NOT in_sync;
+
+-- migration 0029: a volume's disk by every volid z9 recorded for it (see db/z9/db/migrations/0029_volume_disk_volids.sql)
+ALTER TABLE volumes ADD COLUMN disk_volids text[] NOT NULL DEFAULT '{}';
+CREATE INDEX volumes_region_disk_volids ON volumes (region) WHERE status <> 'deleted' AND disk_volids <> '{}';
