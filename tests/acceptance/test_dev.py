@@ -142,7 +142,8 @@ def _datacenter_firewall(data_dir: Path) -> str:
 
 def _check_service_secrets(dev_pid: int, data_dir: Path) -> None:
     """Each service process has only the secrets it uses in its environment (docs/settings.md):
-    the Proxmox token secret the executor alone, the installation key the api and the executor."""
+    the Proxmox token secret the executor, the api and the reaper (they read the region: a plan, the
+    periodic drift check), the installation key the api and the executor."""
     pve_secret = (data_dir / "sim-secret").read_text().strip()
     key = (data_dir / "installation-key").read_text().strip()
     seen = {}
@@ -151,10 +152,10 @@ def _check_service_secrets(dev_pid: int, data_dir: Path) -> None:
         service = argv[3].decode() if len(argv) > 3 else ""
         environ = Path(f"/proc/{pid}/environ").read_bytes()
         seen[service] = (pve_secret.encode() in environ, key.encode() in environ)
-    assert seen.get("api") == (False, True), seen
+    assert seen.get("api") == (True, True), seen
     assert seen.get("executor") == (True, True), seen
     assert seen.get("scheduler") == (False, False), seen
-    assert seen.get("reaper") == (False, False), seen
+    assert seen.get("reaper") == (True, False), seen
 
 
 def _children(pid: int) -> list[int]:

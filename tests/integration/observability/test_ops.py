@@ -215,10 +215,12 @@ def test_compose_has_no_secrets_health_checks_restart_policies_and_ordered_start
         assert f"{name}:{services[name]['environment']['Z9_METRICS_PORT']}" in targets
     assert f"api:{services['api']['environment']['Z9_METRICS_PORT']}" in targets
     assert "api:8080" not in targets  # the API's metrics are never on its tenants' port
-    # each service only the secrets it uses (docs/settings.md)
-    assert set(services["api"]["secrets"]) == {"installation_key"}
+    # each service only the secrets it uses (docs/settings.md): the region's token the executor, and the
+    # api and the reaper, which read the region (a plan, the periodic drift check)
+    assert set(services["api"]["secrets"]) == {"installation_key", "sim_token_secret"}
     assert set(services["executor-dev-1"]["secrets"]) == {"sim_token_secret", "installation_key"}
-    for name in ("scheduler", "reaper", "migrate"):
+    assert set(services["reaper"]["secrets"]) == {"sim_token_secret"}
+    for name in ("scheduler", "migrate"):
         assert not services[name].get("secrets"), name
     for name, svc in services.items():
         assert ".env" not in svc.get("env_file", []), f"{name} is handed .env (every secret) whole"
