@@ -1372,6 +1372,9 @@ async def _wait_clone(ctx: JobContext, spec: VmSpec, world: MemberWorld, step: S
     st = await ctx.pve.vm_state(vm.node, vm.vmid)
     if st is None or not carries_marker(st.config.get("description"), spec.owner, spec.member):
         raise TemporaryError(f"the clone at VM {vm.vmid} did not produce our VM; observing again")
+    # made, our marker on it: a request whose answer was lost is answered now (create_adopted) — a clone
+    # still locked when the retry observed it (a slow task) is adopted here, not in observe_member
+    await create_adopted(ctx, spec.owner, vm.vmid, await clone_requests(ctx, spec.owner, spec.member))
     world.vm, world.fresh = st, True
 
 
