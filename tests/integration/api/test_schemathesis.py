@@ -56,6 +56,9 @@ NOT_IN_ANY_SCHEMA += ("required for protocol", "not allowed for protocol", "an i
                       "an out rule needs", "not allowed on an in rule", "not allowed on an out rule",
                       "is not a port 1-65535", "is not an IP address or CIDR", "effective rules",
                       "unknown firewall")
+# A cluster's version must be one an image of the region carries (the region's kubernetes_images), and a
+# named image must carry it: the catalogue is installation data, no schema says it.
+NOT_IN_ANY_SCHEMA += ("in this image", "no image of the region carries")
 
 
 def _spare_the_token_in_use(own_id: str, stand_in_id: str) -> Any:
