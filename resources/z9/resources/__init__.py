@@ -446,9 +446,16 @@ async def final_delete_dependents(conn: Any, type_name: str, resource_id: str, m
     """Run the hooks registered for ``type_name`` and insert the jobs they ask for (same
     transaction, without NOTIFY: the executor's poll or the caller's notify picks them up).
     Returns the inserted jobs."""
+    return await _insert_dependent_jobs(DEPENDENT_HOOKS.get(type_name, []), conn, resource_id, max_attempts)
+
+
+async def _insert_dependent_jobs(hooks: list[Callable[..., Awaitable[list[Any]]]], conn: Any,
+                                 *args: Any) -> list[Any]:
+    """Run ``hooks`` with ``(conn, *args)`` and insert the jobs they ask for (same transaction, without
+    NOTIFY: the caller notifies). Returns the inserted jobs."""
     jobs: list[NewJob] = []
-    for hook in DEPENDENT_HOOKS.get(type_name, []):
-        jobs.extend(await hook(conn, resource_id, max_attempts))
+    for hook in hooks:
+        jobs.extend(await hook(conn, *args))
     if not jobs:
         return []
     return list(await store.job_insert_many(conn, jobs))
@@ -475,12 +482,7 @@ def on_deletion(type_name: str, hook: Callable[..., Awaitable[list[Any]]], optio
 async def deletion_dependents(conn: Any, type_name: str, row: Any, options: Any, settings: Any) -> list[Any]:
     """Run the hooks registered for ``type_name``'s deletion and insert the jobs they ask for (same
     transaction, without NOTIFY: the caller notifies). Returns the inserted jobs."""
-    jobs: list[NewJob] = []
-    for hook in DELETION_HOOKS.get(type_name, []):
-        jobs.extend(await hook(conn, row, options, settings))
-    if not jobs:
-        return []
-    return list(await store.job_insert_many(conn, jobs))
+    return await _insert_dependent_jobs(DELETION_HOOKS.get(type_name, []), conn, row, options, settings)
 
 
 # (type name) -> hooks run in the transaction that cancels a deletion of that type (POST
@@ -498,12 +500,7 @@ def on_restore(type_name: str, hook: Callable[..., Awaitable[list[Any]]]) -> Non
 async def restore_dependents(conn: Any, type_name: str, row: Any, settings: Any) -> list[Any]:
     """Run the hooks registered for a cancelled deletion of ``type_name`` and insert the jobs they
     ask for (same transaction, without NOTIFY: the caller notifies). Returns the inserted jobs."""
-    jobs: list[NewJob] = []
-    for hook in RESTORE_HOOKS.get(type_name, []):
-        jobs.extend(await hook(conn, row, settings))
-    if not jobs:
-        return []
-    return list(await store.job_insert_many(conn, jobs))
+    return await _insert_dependent_jobs(RESTORE_HOOKS.get(type_name, []), conn, row, settings)
 
 
 # (type name) -> hooks run in the transaction that creates a resource of that type (POST /v1/<plural>):
@@ -523,12 +520,24 @@ def on_create(type_name: str, hook: Callable[..., Awaitable[list[Any]]]) -> None
 async def create_dependents(conn: Any, type_name: str, row: Any, spec: Any, settings: Any) -> list[Any]:
     """Run the hooks registered for a create of ``type_name`` and insert the jobs they ask for (same
     transaction, without NOTIFY: the caller notifies). Returns the inserted jobs."""
-    jobs: list[NewJob] = []
-    for hook in CREATE_HOOKS.get(type_name, []):
-        jobs.extend(await hook(conn, row, spec, settings))
-    if not jobs:
-        return []
-    return list(await store.job_insert_many(conn, jobs))
+    return await _insert_dependent_jobs(CREATE_HOOKS.get(type_name, []), conn, row, spec, settings)
+
+
+# (type name) -> hooks run in the transaction that changes a resource's labels (PATCH /v1/<plural>/{id}):
+# hook(conn, row, settings) -> list[NewJob] (a firewall's label selector takes or lets go of a server)
+RELABEL_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
+
+
+def on_relabel(type_name: str, hook: Callable[..., Awaitable[list[Any]]]) -> None:
+    """Register ``hook(conn, row, settings) -> [NewJob]`` for when a ``type_name`` resource's labels change
+    (in that transaction, the row as changed; a hook may raise an ApiError to refuse the change)."""
+    RELABEL_HOOKS.setdefault(type_name, []).append(hook)
+
+
+async def relabel_dependents(conn: Any, type_name: str, row: Any, settings: Any) -> list[Any]:
+    """Run the hooks registered for a label change of ``type_name`` and insert the jobs they ask for (same
+    transaction, without NOTIFY: the caller notifies). Returns the inserted jobs."""
+    return await _insert_dependent_jobs(RELABEL_HOOKS.get(type_name, []), conn, row, settings)
 
 
 #: how long a destroy held by a part that outlives the VM waits before it looks again (a snooze: no attempt)
@@ -590,28 +599,6 @@ async def vm_firewall(db: Any, owner: str, member: str) -> list[FirewallContribu
             if got is not None:
                 out.append(got)
     return out
-
-
-# (type name) -> hooks run in the transaction that changes a resource's labels (PATCH /v1/<plural>/{id}):
-# hook(conn, row, settings) -> list[NewJob] (a firewall's label selector takes or lets go of a server)
-RELABEL_HOOKS: dict[str, list[Callable[..., Awaitable[list[Any]]]]] = {}
-
-
-def on_relabel(type_name: str, hook: Callable[..., Awaitable[list[Any]]]) -> None:
-    """Register ``hook(conn, row, settings) -> [NewJob]`` for when a ``type_name`` resource's labels change
-    (in that transaction, the row as changed; a hook may raise an ApiError to refuse the change)."""
-    RELABEL_HOOKS.setdefault(type_name, []).append(hook)
-
-
-async def relabel_dependents(conn: Any, type_name: str, row: Any, settings: Any) -> list[Any]:
-    """Run the hooks registered for a label change of ``type_name`` and insert the jobs they ask for (same
-    transaction, without NOTIFY: the caller notifies). Returns the inserted jobs."""
-    jobs: list[NewJob] = []
-    for hook in RELABEL_HOOKS.get(type_name, []):
-        jobs.extend(await hook(conn, row, settings))
-    if not jobs:
-        return []
-    return list(await store.job_insert_many(conn, jobs))
 
 
 def pve_endpoints() -> tuple[str, ...]:
